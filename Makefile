@@ -1,0 +1,32 @@
+# TrainGuard — developer entry points. Everything installs into .venv (python3 -m venv).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck proto bench clean
+
+$(STAMP): requirements/dev.txt sdk/pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv with the SDK (editable), torch (CPU) and the test tools
+
+demo: install  ## the main job on the embedded default: real trainings instrumented with the SDK
+	$(BIN)/python -m demo
+
+test: install  ## the whole suite: lint, types, tests
+	$(BIN)/ruff check sdk tests bench tools demo
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
+
+proto: install  ## regenerate sdk/src/trainguard/v1 from proto/ (reproducible; see docs/wire-format.md)
+	$(BIN)/python tools/gen_proto.py
+
+bench: install  ## SDK overhead figures (see bench/README.md)
+	$(BIN)/python bench/sdk_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

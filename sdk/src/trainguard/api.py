@@ -1,0 +1,163 @@
+"""The public API: thin functions over one process-wide :class:`~trainguard.client.Client`.
+
+Every function here is safe to call at any time — before ``init``, after ``shutdown``, twice, from any
+thread, with any arguments — and never raises into the training loop. Without an endpoint (argument or
+``TRAINGUARD_ENDPOINT``) the SDK stays disabled and each call returns at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Dict, List, Mapping, Optional
+
+from .client import Client
+from .guard import never_raise, warn_once
+from .integrations.base import DidNotEnable, Integration
+from .integrations.exit import ExitIntegration
+from .integrations.logging import LoggingIntegration
+from .options import build_options
+
+_client: Optional[Client] = None
+_integrations: List[Integration] = []
+_lock = threading.RLock()
+
+
+@never_raise()
+def init(endpoint: Optional[str] = None, project: Optional[str] = None, token: Optional[str] = None,
+         run_name: Optional[str] = None, tags: Optional[Mapping[str, Any]] = None,
+         **options: Any) -> None:
+    """Start reporting this process's run to ``endpoint``.
+
+    ``endpoint``: ``http(s)://host:port``, ``grpc://host:port`` (``trainguard[grpc]``) or
+    ``file:///path.jsonl``; None falls back to ``TRAINGUARD_ENDPOINT``, and without either the SDK is a
+    no-op. Every other option is documented in :class:`trainguard.options.Options` and may also come from
+    ``TRAINGUARD_<OPTION>``. Calling ``init`` again flushes and replaces the previous client.
+    """
+    global _client
+    explicit: Dict[str, Any] = dict(options)
+    explicit.update({"endpoint": endpoint, "project": project, "token": token, "run_name": run_name,
+                     "tags": tags})
+    opts, problems = build_options(explicit, os.environ)
+    for problem in problems:
+        warn_once(f"option:{problem}", problem)
+    with _lock:
+        if _client is not None:
+            warn_once("init-twice", "init() called again: the previous client was flushed and replaced")
+            _shutdown_locked(timeout=min(2.0, _client.options.shutdown_timeout))
+        if not opts.endpoint:
+            return
+        try:
+            client = Client(opts)
+        except ValueError as exc:
+            warn_once("endpoint", f"{exc}; the SDK is disabled")
+            return
+        _client = client
+        for integration in (ExitIntegration(), LoggingIntegration()):
+            try:
+                integration.setup(client)
+            except DidNotEnable as exc:
+                warn_once(f"integration:{integration.identifier}", f"{integration.identifier}: {exc}")
+                continue
+            _integrations.append(integration)
+        client.capture_lifecycle_start()
+
+
+def log(step: Optional[int] = None, **metrics: Any) -> None:
+    """Record scalar metrics at ``step`` (default: the current step). Costs ~1 µs; never blocks.
+
+    Values may be floats, ints, bools, numpy scalars or one-element torch tensors (read back on the
+    SDK's thread, never synchronising the training step). NaN and Inf are legal and are reported at
+    once with the recent history of every metric.
+    """
+    client = _client
+    if client is None:
+        return
+    try:
+        if step is not None and type(step) is not int:
+            step = int(step)
+        client.log_metrics(step, metrics)
+    except Exception as exc:  # never into user code
+        warn_once(f"log:{type(exc).__name__}", f"log() failed ({type(exc).__name__}: {exc}); continuing")
+
+
+@never_raise()
+def capture_exception(exc: Optional[BaseException] = None) -> Optional[str]:
+    """Report ``exc`` (default: the exception being handled) as a handled error; returns its event id."""
+    client = _client
+    if client is None:
+        return None
+    if exc is None:
+        import sys
+
+        exc = sys.exc_info()[1]
+        if exc is None:
+            return None
+    return client.capture_exception(exc, handled=True, mechanism="capture_exception")
+
+
+@never_raise()
+def watch(model: Any, optimizer: Any = None, scaler: Any = None, clip: Optional[float] = None,
+          every: Optional[int] = None, **kwargs: Any) -> Any:
+    """Hook ``model``/``optimizer`` for loss-independent training signals (needs ``trainguard[torch]``).
+
+    Gradient L2 norms (global and per layer, fused on the device, read back off the step path), clip
+    triggers when ``clip`` is known, the GradScaler's scale, step time, and CUDA memory every
+    ``memory_every`` steps. ``every`` overrides ``per_layer_every``. Returns a handle with ``remove()``.
+    """
+    client = _client
+    if client is None:
+        return None
+    from .integrations.torch import watch as torch_watch
+
+    return torch_watch(client, model, optimizer=optimizer, scaler=scaler, clip=clip, every=every,
+                       **kwargs)
+
+
+@never_raise(default=False)
+def flush(timeout: float = 5.0) -> bool:
+    """Wait up to ``timeout`` s for delivery of everything recorded so far; True if all arrived."""
+    client = _client
+    if client is None:
+        return True
+    return client.flush(timeout)
+
+
+@never_raise()
+def shutdown(timeout: Optional[float] = None) -> None:
+    """Flush (bounded by ``timeout``, default ``shutdown_timeout``) and disable the SDK."""
+    with _lock:
+        _shutdown_locked(timeout)
+
+
+def _shutdown_locked(timeout: Optional[float]) -> None:
+    global _client
+    client = _client
+    if client is None:
+        return
+    _client = None
+    for integration in reversed(_integrations):
+        try:
+            integration.teardown()
+        except Exception:
+            pass
+    _integrations.clear()
+    client.close(client.options.shutdown_timeout if timeout is None else timeout)
+
+
+def get_client() -> Optional[Client]:
+    """The active client, or None when the SDK is disabled."""
+    return _client
+
+
+def _after_fork_in_child() -> None:
+    client = _client
+    if client is not None:
+        try:
+            client.after_fork_in_child()
+        except Exception:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

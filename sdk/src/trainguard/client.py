@@ -1,0 +1,472 @@
+"""The client: turns calls on the training thread into envelopes and hands them to the worker.
+
+Hot path (``log_metrics``): a few type checks and one ``deque.append`` of a tuple; envelope construction,
+tensor read-back, history and JSON encoding all happen later on the worker thread. Everything else
+(exceptions, lifecycle, logs, memory) is rare and built on the calling thread, where the traceback lives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+import re
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+
+from . import identity as identity_mod
+from .core import events as ev
+from .guard import warn_once
+from .options import Options, default_spool_dir
+from .stats import SdkStats
+from .transport.base import Transport
+from .transport.spool import DiskSpool, MemorySpool
+from .transport.worker import Spool, Worker
+from .version import SDK_NAME, __version__
+
+K_METRICS = 0
+K_EVENT = 1
+K_VECTOR = 2  # (K_VECTOR, step, t_ns, names, 1-D tensor): many metrics read back with one copy
+
+ExceptionEnricher = Callable[[BaseException], Optional[Mapping[str, str]]]
+_CAPTURED_ATTR = "__trainguard_captured__"
+
+
+def make_transport(options: Options) -> Transport:
+    """The transport for ``options.endpoint`` (http, https, grpc, grpcs, file, memory)."""
+    endpoint = options.endpoint or ""
+    scheme = endpoint.split("://", 1)[0].lower() if "://" in endpoint else ""
+    user_agent = f"{SDK_NAME}/{__version__}"
+    if scheme in ("http", "https"):
+        from .transport.http import HttpTransport
+
+        return HttpTransport(endpoint, options.token, user_agent)
+    if scheme in ("grpc", "grpcs"):
+        from .transport.grpc import GrpcTransport
+
+        return GrpcTransport(endpoint.split("://", 1)[1].rstrip("/"), options.token,
+                             secure=scheme == "grpcs")
+    if scheme == "file":
+        from .transport.file import FileTransport
+
+        return FileTransport(endpoint)
+    if scheme == "memory":
+        from .transport.file import MemoryTransport
+
+        return MemoryTransport()
+    raise ValueError(f"unsupported endpoint {endpoint!r}: use http(s)://, grpc(s)://, file:// or memory://")
+
+
+class Client:
+    """One per process (``trainguard.init`` creates it). Thread-safe for producers."""
+
+    def __init__(self, options: Options, transport: Optional[Transport] = None) -> None:
+        self.options = options
+        self.stats = SdkStats()
+        self.identity = identity_mod.detect(
+            generated_run_id=os.urandom(8).hex(), run_id=options.run_id, trace_id=options.trace_id,
+            run_name=options.run_name, rank=options.rank, local_rank=options.local_rank,
+            world_size=options.world_size)
+        self._base = self._envelope_base()
+        self._queue: Deque[Tuple[Any, ...]] = deque()
+        self._max_queue = options.max_queue_events
+        self._wake_at = options.max_batch_events
+        self._history: Dict[str, Deque[Tuple[int, float]]] = {}
+        self._enrichers: List[ExceptionEnricher] = []
+        self.step = -1
+        self._user_steps = False
+        self.last_progress_ns = 0
+        self.step_time_ewma = 0.0
+        self.started_at = time.time()
+        self._next_heartbeat = time.monotonic() + options.heartbeat_interval
+        self._transport = transport
+        self._pid = os.getpid()
+        self.worker = Worker(self, self._new_transport, self._new_spool, options, self.stats)
+        self.worker.start()
+
+    # --- identity -------------------------------------------------------------------------------
+    def _envelope_base(self) -> Dict[str, Any]:
+        ident = self.identity
+        return {"project": self.options.project, "run_id": ident.run_id, "trace_id": ident.trace_id,
+                "host": ident.host, "pid": ident.pid, "rank": ident.rank,
+                "local_rank": ident.local_rank, "world_size": ident.world_size,
+                "group_rank": ident.group_rank, "run_name": ident.run_name,
+                "sdk": f"{SDK_NAME}/{__version__}"}
+
+    def _new_transport(self) -> Transport:
+        if self._transport is not None and self._pid == os.getpid():
+            return self._transport
+        return make_transport(self.options)
+
+    def _new_spool(self) -> Spool:
+        if self.options.spool_dir == "":
+            return MemorySpool(self.options.max_queue_events)
+        root = self.options.spool_dir or default_spool_dir()
+        key = hashlib.sha1(f"{self.options.endpoint}|{self.options.project}".encode()).hexdigest()[:12]
+        run = re.sub(r"[^A-Za-z0-9_.-]", "_", self.identity.run_id)[:64]
+        return DiskSpool(os.path.join(root, key, f"{run}-rank{self.identity.rank}-pid{os.getpid()}"),
+                         self.options.spool_max_bytes)
+
+    # --- hot path -------------------------------------------------------------------------------
+    def log_metrics(self, step: Optional[int], metrics: Dict[str, Any]) -> None:
+        """Queue scalar metrics observed at ``step`` (None: the current step). Never blocks."""
+        if step is None:
+            step = self.step
+        else:
+            if step != self.step:
+                self.last_progress_ns = time.time_ns()
+            self.step = step
+            self._user_steps = True
+        urgent = False
+        for value in metrics.values():
+            kind = type(value)
+            if kind is float:
+                if value - value != 0.0:
+                    urgent = True
+            elif kind is not int:
+                metrics, urgent = self._normalise(metrics)
+                break
+        queue = self._queue
+        if len(queue) >= self._max_queue:
+            self.stats.drop("queue_full")
+            return
+        queue.append((K_METRICS, step, time.time_ns(), metrics, urgent))
+        if urgent or len(queue) >= self._wake_at:
+            self.worker.wake()
+
+    def log_vector(self, step: int, names: Tuple[str, ...], values: Any) -> None:
+        """Queue ``len(names)`` metrics held in one 1-D device tensor (e.g. stacked per-layer grad
+        norms). The tensor is read back on the worker thread with a single copy; the caller must not
+        modify it afterwards (pass a fresh tensor, e.g. the output of ``torch.stack``)."""
+        queue = self._queue
+        if len(queue) >= self._max_queue:
+            self.stats.drop("queue_full", len(names))
+            return
+        queue.append((K_VECTOR, step, time.time_ns(), names, values))
+        if len(queue) >= self._wake_at:
+            self.worker.wake()
+
+    def _normalise(self, metrics: Dict[str, Any]) -> Tuple[Dict[str, Any], bool]:
+        """Slow path: numpy scalars, tensors, bools, garbage. Returns (clean metrics, urgent)."""
+        clean: Dict[str, Any] = {}
+        urgent = False
+        for name, value in metrics.items():
+            kind = type(value)
+            if kind is float or kind is int:
+                clean[name] = value
+            elif kind is bool:
+                clean[name] = float(value)
+            elif hasattr(value, "detach") and hasattr(value, "numel"):  # a torch tensor
+                if value.numel() != 1:
+                    self._invalid(name, f"a tensor with {value.numel()} elements")
+                    continue
+                clean[name] = value.detach()
+                continue
+            elif hasattr(value, "item") and hasattr(value, "dtype"):  # numpy scalar / 0-d array
+                try:
+                    clean[name] = float(value.item())
+                except (TypeError, ValueError):
+                    self._invalid(name, f"a non-numeric {kind.__name__}")
+                    continue
+            elif isinstance(value, (int, float)) or (hasattr(value, "__float__") and not isinstance(value, str)):
+                try:
+                    clean[name] = float(value)
+                except (TypeError, ValueError, OverflowError):
+                    self._invalid(name, f"a {kind.__name__} that float() refuses")
+                    continue
+            else:
+                self._invalid(name, f"{kind.__name__} value {ev.safe_str(value, 40)!r}")
+                continue
+            number = clean[name]
+            if number - number != 0.0:
+                urgent = True
+        return clean, urgent
+
+    def _invalid(self, name: str, what: str) -> None:
+        self.stats.drop("invalid_value")
+        warn_once(f"invalid:{name}", f"metric {name!r} is {what}, not a number; dropped (counted)")
+
+    # --- progress (called by integrations) -------------------------------------------------------
+    def note_optimizer_step(self, duration_s: Optional[float] = None) -> int:
+        """An optimizer step finished: advance the step (unless the user passes steps to ``log``),
+        record progress for the heartbeat and fold ``duration_s`` into the step-time average."""
+        if not self._user_steps:
+            self.step += 1
+        self.last_progress_ns = time.time_ns()
+        if duration_s is not None and duration_s > 0:
+            ewma = self.step_time_ewma
+            self.step_time_ewma = duration_s if ewma == 0.0 else 0.9 * ewma + 0.1 * duration_s
+        return self.step
+
+    def add_exception_enricher(self, enricher: ExceptionEnricher) -> None:
+        """Register ``enricher(exc) -> {key: text}``, merged into ExceptionEvent.context (e.g. OOM stats)."""
+        self._enrichers.append(enricher)
+
+    # --- rare events ----------------------------------------------------------------------------
+    def capture_event(self, kind: str, payload: Mapping[str, Any], severity: str = "INFO",
+                      step: Optional[int] = None, urgent: bool = False) -> str:
+        """Queue a fully built payload of ``kind``; returns its event_id. Never dropped for queue space."""
+        event = ev.envelope(self._base, kind, payload, step=self.step if step is None else step,
+                            time_unix_nano=time.time_ns(), severity=severity)
+        self._queue.append((K_EVENT, event))
+        if urgent or len(self._queue) >= self._wake_at:
+            self.worker.wake()
+        return str(event["event_id"])
+
+    def capture_exception(self, exc: BaseException, *, handled: bool, mechanism: str,
+                          severity: Optional[str] = None) -> Optional[str]:
+        """Queue an ExceptionEvent for ``exc`` (once per exception object); returns its event_id."""
+        try:
+            if getattr(exc, _CAPTURED_ATTR, False):
+                return None
+            setattr(exc, _CAPTURED_ATTR, True)
+        except Exception:  # exceptions with __slots__ or read-only attributes
+            pass
+        payload = self._exception_payload(exc, handled, mechanism)
+        sev = severity or ("ERROR" if handled else "CRITICAL")
+        return self.capture_event("exception", payload, severity=sev, urgent=True)
+
+    def _exception_payload(self, exc: BaseException, handled: bool, mechanism: str) -> Dict[str, Any]:
+        opts = self.options
+        payload: Dict[str, Any] = {
+            "type": _qualified_type(exc), "message": ev.safe_str(exc, opts.max_string_length),
+            "handled": handled, "mechanism": mechanism,
+            "thread": threading.current_thread().name,
+        }
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            payload["traceback"] = ev.safe_str(text, opts.max_traceback_chars)
+        except Exception:
+            pass
+        try:
+            from .core import fingerprint as fp
+
+            frames = fp.frames_from_traceback(exc.__traceback__)[-opts.max_frames:]
+            payload["frames"] = [_frame_dict(f) for f in frames]
+            payload.update(fp.fingerprint(payload["type"], str(payload["message"]), frames).to_dict())
+            payload["chain"] = _chain(exc, fp, opts.max_frames)
+        except Exception as err:  # a fingerprint bug must not lose the exception itself
+            warn_once("fingerprint", f"could not fingerprint {payload['type']}: {err}")
+        context: Dict[str, str] = {}
+        for enricher in list(self._enrichers):
+            try:
+                extra = enricher(exc)
+            except Exception:
+                continue
+            if extra:
+                context.update(ev.string_map(extra, opts.max_traceback_chars))
+        if context:
+            payload["context"] = context
+        recent = self.recent_metrics()
+        if recent:
+            payload["recent_metrics"] = [{"name": n, "step": s, "value": ev.wire_float(v)}
+                                         for n, s, v in recent]
+        return payload
+
+    def recent_metrics(self) -> List[Tuple[str, int, float]]:
+        """The last values of every metric, (name, step, value), oldest first per metric."""
+        out: List[Tuple[str, int, float]] = []
+        try:
+            for name, values in list(self._history.items()):
+                out.extend((name, step, value) for step, value in list(values))
+        except RuntimeError:  # mutated by the worker while we read; the context is best-effort
+            pass
+        return out
+
+    def capture_lifecycle_start(self) -> None:
+        """The START event: argv, versions, tags, config and the launcher's identity."""
+        torch_mod = sys.modules.get("torch")
+        tags = dict(self.identity.tags)
+        tags.update(self.options.tags)
+        tags["launcher"] = self.identity.launcher
+        payload: Dict[str, Any] = {
+            "phase": "START", "argv": [ev.safe_str(a, 1024) for a in sys.argv[:64]],
+            "python": platform.python_version(), "tags": ev.string_map(tags),
+            "config": ev.string_map(self.options.config),
+        }
+        if torch_mod is not None:
+            payload["torch"] = str(getattr(torch_mod, "__version__", ""))
+            cuda = getattr(getattr(torch_mod, "version", None), "cuda", None)
+            if cuda:
+                payload["cuda"] = str(cuda)
+        self.capture_event("lifecycle", payload, step=max(self.step, 0))
+
+    def capture_lifecycle_exit(self, exit_code: int, signal_number: int, reason: str) -> None:
+        """The EXIT event with the exit code (128+n when killed by signal n) and the SDK's counters."""
+        payload = {"phase": "EXIT", "exit_code": exit_code, "signal": signal_number, "reason": reason,
+                   "sdk_stats": self.stats.snapshot()}
+        severity = "INFO" if exit_code == 0 else "ERROR"
+        self.capture_event("lifecycle", payload, severity=severity, urgent=True)
+
+    # --- worker side ----------------------------------------------------------------------------
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def tick(self) -> None:
+        """Heartbeat when due (runs on the worker thread)."""
+        interval = self.options.heartbeat_interval
+        if interval <= 0:
+            return
+        now = time.monotonic()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + interval
+        self.capture_event("heartbeat", {
+            "last_step": self.step, "last_step_time_unix_nano": self.last_progress_ns,
+            "step_time_ewma_s": self.step_time_ewma, "uptime_s": time.time() - self.started_at,
+            "sdk_stats": self.stats.snapshot()})
+
+    def drain(self, max_events: int) -> List[Dict[str, Any]]:
+        """Pop up to ``max_events`` queue items and build their envelopes (worker thread)."""
+        queue = self._queue
+        items: List[Tuple[Any, ...]] = []
+        try:
+            while len(items) < max_events:
+                items.append(queue.popleft())
+        except IndexError:
+            pass
+        if not items:
+            return []
+        items = [_expand_vector(item) if item[0] == K_VECTOR else item for item in items]
+        _resolve_tensors(items)
+        out: List[Dict[str, Any]] = []
+        for item in items:
+            if item[0] == K_EVENT:
+                out.append(item[1])
+                continue
+            if item[3] is None:
+                self.stats.drop("invalid_value", 1)
+                continue
+            try:
+                out.append(self._metrics_envelope(item))
+            except Exception as exc:
+                self.stats.drop("encode_error")
+                warn_once(f"encode:{type(exc).__name__}", f"could not encode metrics: {exc}")
+        return out
+
+    def _metrics_envelope(self, item: Tuple[Any, ...]) -> Dict[str, Any]:
+        _, step, t_ns, values, _urgent = item
+        alert = ""
+        for name, value in values.items():
+            if not math.isfinite(value):
+                alert = f"non_finite:{name}"
+                break
+        recent = self.recent_metrics() if alert else ()
+        keep = self.options.recent_metrics
+        history = self._history
+        for name, value in values.items():
+            series = history.get(name)
+            if series is None:
+                series = history[name] = deque(maxlen=keep)
+            series.append((step, value))
+        payload = ev.metrics_payload(values, alert=alert, recent=recent)
+        return ev.envelope(self._base, "metrics", payload, step=step, time_unix_nano=t_ns,
+                           severity="ERROR" if alert else "INFO")
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for delivery of everything queued; True if all was acknowledged."""
+        return self.worker.flush(timeout)
+
+    def close(self, timeout: float) -> bool:
+        """Flush within ``timeout`` and stop the worker."""
+        return self.worker.close(timeout)
+
+    def after_fork_in_child(self) -> None:
+        """Called in a forked child (DataLoader workers): fresh queue, identity pid, worker and spool."""
+        self._pid = os.getpid()
+        self._queue = deque()
+        self.identity = identity_mod.RunIdentity(**{**self.identity.__dict__, "pid": self._pid})
+        self._base = self._envelope_base()
+        self.worker.reset_after_fork()
+        self.worker.start()
+
+
+def _expand_vector(item: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """A K_VECTOR item as a K_METRICS item (one device→host copy for the whole vector)."""
+    _, step, t_ns, names, tensor = item
+    try:
+        values = tensor.detach().double().cpu().tolist()
+    except Exception:
+        return (K_METRICS, step, t_ns, None, False)
+    return (K_METRICS, step, t_ns, dict(zip(names, values)), False)
+
+
+def _resolve_tensors(items: List[Tuple[Any, ...]]) -> None:
+    """Replace deferred tensor values in metric items with floats, with one device sync per device."""
+    pending: List[Tuple[Dict[str, Any], str, Any]] = []
+    for item in items:
+        if item[0] != K_METRICS or item[3] is None:
+            continue
+        values = item[3]
+        for name, value in values.items():
+            kind = type(value)
+            if kind is not float and kind is not int:
+                pending.append((values, name, value))
+            elif kind is int:
+                values[name] = float(value)
+    if not pending:
+        return
+    by_device: Dict[str, List[Tuple[Dict[str, Any], str, Any]]] = {}
+    for entry in pending:
+        by_device.setdefault(str(getattr(entry[2], "device", "cpu")), []).append(entry)
+    for device, entries in by_device.items():
+        try:
+            if device == "cpu" or len(entries) == 1:
+                floats = [float(t) for _, _, t in entries]
+            else:
+                torch = sys.modules["torch"]
+                floats = torch.stack([t.reshape(()).double() for _, _, t in entries]).tolist()
+        except Exception:
+            floats = []
+            for _, _, tensor in entries:
+                try:
+                    floats.append(float(tensor))
+                except Exception:
+                    floats.append(math.nan)
+        for (values, name, _), number in zip(entries, floats):
+            values[name] = float(number)
+
+
+def _qualified_type(exc: BaseException) -> str:
+    cls = type(exc)
+    module = cls.__module__
+    if module in ("builtins", "__main__", None):
+        return cls.__qualname__
+    return f"{module}.{cls.__qualname__}"
+
+
+def _frame_dict(frame: Any) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"filename": frame.filename, "module": frame.module,
+                           "function": frame.function, "lineno": frame.lineno, "in_app": frame.in_app}
+    if getattr(frame, "context_line", ""):
+        out["context_line"] = frame.context_line
+    return out
+
+
+def _chain(exc: BaseException, fp: Any, max_frames: int) -> List[Dict[str, Any]]:
+    """Causes and contexts of ``exc``, outermost first (the order Python prints them)."""
+    chain: List[Dict[str, Any]] = []
+    seen = {id(exc)}
+    current: Optional[BaseException] = exc
+    while current is not None and len(chain) < 16:
+        if current.__cause__ is not None:
+            nxt, relation = current.__cause__, "cause"
+        elif current.__context__ is not None and not current.__suppress_context__:
+            nxt, relation = current.__context__, "context"
+        else:
+            break
+        if id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        frames = fp.frames_from_traceback(nxt.__traceback__)[-max_frames:]
+        chain.append({"type": _qualified_type(nxt), "message": ev.safe_str(nxt, 2048),
+                      "relation": relation, "frames": [_frame_dict(f) for f in frames]})
+        current = nxt
+    chain.reverse()
+    return chain

@@ -1,0 +1,159 @@
+"""SDK options: every knob ``trainguard.init()`` accepts, with its documented default.
+
+Each option can also come from the environment as ``TRAINGUARD_<NAME>`` (upper case); an explicit
+``init()`` argument wins. Unknown options are reported once and ignored, never raised.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+
+@dataclass
+class Options:
+    """All SDK options. Defaults are chosen so that the SDK costs < 1% of a training step."""
+
+    #: Where events go: ``http(s)://host:port``, ``grpc://host:port`` (needs ``trainguard[grpc]``),
+    #: ``file:///path.jsonl`` (offline). None (and no TRAINGUARD_ENDPOINT): the SDK is a no-op.
+    endpoint: Optional[str] = None
+    #: Project the events belong to; the ingest token must be valid for it.
+    project: str = "default"
+    #: Ingest token, sent as ``Authorization: Bearer``.
+    token: Optional[str] = None
+    run_name: Optional[str] = None
+    #: Free-form labels of the run (strings), sent with the start event.
+    tags: Dict[str, str] = field(default_factory=dict)
+    #: Hyper-parameters / config of the run, sent with the start event.
+    config: Dict[str, str] = field(default_factory=dict)
+    #: Override the identity read from the launcher's environment.
+    run_id: Optional[str] = None
+    trace_id: Optional[str] = None
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+
+    # --- delivery -----------------------------------------------------------------------------
+    #: Most events held in memory waiting for the worker; beyond it new metrics are dropped (counted).
+    max_queue_events: int = 10_000
+    #: Most envelopes per request.
+    max_batch_events: int = 500
+    #: The worker sends at least this often (seconds) when anything is queued.
+    flush_interval: float = 1.0
+    #: Per-request network timeout (seconds).
+    send_timeout: float = 10.0
+    #: Retry backoff bounds (seconds); the server's Retry-After wins when it is longer.
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    #: Directory for the on-disk spool used while the backend is unreachable; "" disables spooling.
+    #: Default: $TRAINGUARD_SPOOL_DIR or ~/.cache/trainguard/spool.
+    spool_dir: Optional[str] = None
+    #: Bound on the spool's size on disk; the oldest batches are evicted (and counted) beyond it.
+    spool_max_bytes: int = 256 * 1024 * 1024
+    #: How long ``shutdown()`` / exit may wait for delivery (seconds).
+    shutdown_timeout: float = 5.0
+    #: Most characters kept of any string (messages, tracebacks are bounded separately).
+    max_string_length: int = 8_192
+    max_traceback_chars: int = 64_000
+    #: Most stack frames kept per exception (innermost kept).
+    max_frames: int = 128
+
+    # --- signals ------------------------------------------------------------------------------
+    #: Seconds between heartbeats from the background thread (0 disables).
+    heartbeat_interval: float = 15.0
+    #: How many recent values per metric ride along when a non-finite value is reported at once.
+    recent_metrics: int = 20
+    #: Install sys.excepthook / threading.excepthook capture (the original hooks still run).
+    capture_uncaught: bool = True
+    #: Report a lifecycle exit event at interpreter exit and on SIGTERM.
+    capture_exit: bool = True
+    #: Loggers whose WARNING+ records are forwarded as log events ("" is the root logger).
+    log_loggers: List[str] = field(default_factory=list)
+    log_level: str = "WARNING"
+
+    # --- torch (used by watch()) ---------------------------------------------------------------
+    #: Report per-layer gradient norms every N optimizer steps (0 disables per-layer norms).
+    per_layer_every: int = 50
+    #: Sample CUDA memory every N optimizer steps (0 disables periodic sampling; OOM still captured).
+    memory_every: int = 50
+    #: Module depth that defines a "layer" for per-layer norms (1 = top-level children of the model).
+    layer_depth: int = 2
+
+    #: Internal: use an in-memory transport (tests). Not for users.
+    debug: bool = False
+
+
+_COERCE_TYPES: Tuple[type, ...] = (int, float, str)
+
+
+def option_names() -> List[str]:
+    """Every valid option name."""
+    return [f.name for f in fields(Options)]
+
+
+def _coerce(current: Any, raw: str) -> Any:
+    """Convert an environment string to the type of the option's default."""
+    if isinstance(current, bool):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(current, int):
+        return int(raw)
+    if isinstance(current, float):
+        return float(raw)
+    if isinstance(current, list):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(current, dict):
+        out: Dict[str, str] = {}
+        for part in raw.split(","):
+            if "=" in part:
+                key, value = part.split("=", 1)
+                out[key.strip()] = value.strip()
+        return out
+    return raw
+
+
+def build_options(explicit: Mapping[str, Any], env: Mapping[str, str]) -> Tuple[Options, List[str]]:
+    """Options from ``init()`` keyword arguments over ``TRAINGUARD_*`` environment variables.
+
+    Returns the options and a list of human-readable problems (unknown names, unparsable values),
+    which the caller reports once. Never raises.
+    """
+    opts = Options()
+    problems: List[str] = []
+    names = set(option_names())
+    for name in names:
+        raw = env.get("TRAINGUARD_" + name.upper())
+        if raw is None or raw == "":
+            continue
+        try:
+            setattr(opts, name, _coerce(getattr(opts, name), raw))
+        except (TypeError, ValueError):
+            problems.append(f"TRAINGUARD_{name.upper()}={raw!r} is not a valid {name}; using the default")
+    for name, value in explicit.items():
+        if name not in names:
+            problems.append(f"unknown option {name!r} ignored")
+            continue
+        if value is None and name != "endpoint":
+            continue
+        default = getattr(Options(), name)
+        if isinstance(default, dict):
+            if not isinstance(value, Mapping):
+                problems.append(f"option {name} must be a mapping; ignored")
+                continue
+            value = {str(k): str(v) for k, v in value.items()}
+        elif isinstance(default, list):
+            value = [value] if isinstance(value, str) else [str(v) for v in value]
+        setattr(opts, name, value)
+    if opts.endpoint is None:
+        opts.endpoint = env.get("TRAINGUARD_ENDPOINT") or None
+    for name in ("max_queue_events", "max_batch_events"):
+        if getattr(opts, name) < 1:
+            problems.append(f"option {name} must be >= 1; using the default")
+            setattr(opts, name, getattr(Options(), name))
+    return opts, problems
+
+
+def default_spool_dir(env: Mapping[str, str] = os.environ) -> str:
+    """Where the spool lives when ``spool_dir`` is not set."""
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "trainguard", "spool")

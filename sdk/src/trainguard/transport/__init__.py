@@ -1,0 +1,1 @@
+"""Delivery of encoded batches: a background worker, the HTTP/gRPC/file transports and the disk spool."""

@@ -1,0 +1,68 @@
+"""The Transport contract: deliver one batch of envelope dicts, synchronously, from the worker thread.
+
+Transports never run on the training thread: only :class:`trainguard.transport.worker.Worker` calls them.
+They report failure by raising :class:`TransportError`, which tells the worker whether a retry can help
+and how long the server asked it to wait.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+
+@dataclass
+class SendResult:
+    """What the server said about a batch that it acknowledged (HTTP 200 / gRPC OK)."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: List[Dict[str, Any]] = field(default_factory=list)  # {"index", "event_id", "code", "message"}
+
+
+class TransportError(Exception):
+    """A batch was not acknowledged.
+
+    ``retryable``: the same batch may succeed later (connection refused, timeout, 5xx, 429,
+    RESOURCE_EXHAUSTED, UNAVAILABLE). Not retryable: the server rejected the batch itself (400, 401, 403,
+    413, INVALID_ARGUMENT, UNAUTHENTICATED ...), so re-sending it would fail again.
+    ``retry_after``: seconds the server asked us to wait (Retry-After), if it said.
+    """
+
+    def __init__(self, message: str, *, retryable: bool, retry_after: Optional[float] = None,
+                 status: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.status = status
+
+
+class Transport(ABC):
+    """Sends batches to one endpoint. Instances are used from a single thread (the worker)."""
+
+    #: short name for stats and warnings: "http", "grpc", "file"
+    name: str = "transport"
+
+    @abstractmethod
+    def send(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
+        """Deliver ``events`` (envelope dicts in the JSON mapping) within ``timeout`` seconds.
+
+        Returns only once the server acknowledged the batch; raises TransportError otherwise.
+        """
+
+    def close(self) -> None:
+        """Release connections. Safe to call twice."""
+
+
+def parse_retry_after(value: Optional[str]) -> Optional[float]:
+    """Seconds from a Retry-After header / metadata value (delta-seconds form only); None if absent/bad."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except (TypeError, ValueError):
+        return None
+    if seconds != seconds or seconds < 0:
+        return None
+    return min(seconds, 300.0)
