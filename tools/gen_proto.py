@@ -12,6 +12,11 @@ Contract:
   * Both modes need exactly the grpcio-tools version pinned in ``tools/requirements-proto.txt`` (protoc is
     bundled in that wheel, so the pin alone makes the output reproducible); any other version is exit 2
     with the command that fixes it.
+  * The generator is a build tool, kept out of the dev/runtime venv: the pinned grpcio-tools requires
+    protobuf < 6 while the dev venv runs protobuf 6/7 (protoc itself needs no protobuf runtime). It is
+    looked up first in ``.venv-proto/`` (a ``pip install --target`` directory, git-ignored; override with
+    ``$TRAINGUARD_PROTO_TOOLS``), then in the running interpreter. ``--install-tools`` creates that
+    directory from the pin (``pip install --no-deps --only-binary=:all: --target .venv-proto``).
 
 The generated modules import each other as ``from trainguard.v1 import events_pb2``: ``trainguard.v1`` is a
 real subpackage of the SDK. Run from any directory; paths are resolved from this file.
@@ -21,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +41,7 @@ PROTO_ROOT = REPO_ROOT / "proto"
 PACKAGE_DIR = Path("trainguard") / "v1"  # relative to both the proto root and the SDK source root
 OUT_DIR = REPO_ROOT / "sdk" / "src" / PACKAGE_DIR
 REQUIREMENTS = REPO_ROOT / "tools" / "requirements-proto.txt"
+TOOLS_DIR = Path(os.environ.get("TRAINGUARD_PROTO_TOOLS") or REPO_ROOT / ".venv-proto")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 MAX_DIFF_LINES = 40  # per file, in --check output
 
@@ -53,18 +61,44 @@ def pinned_version(requirements: Path = REQUIREMENTS) -> str:
     return match.group(1)
 
 
-def check_tool_version(pinned: str) -> None:
-    """Raise GenError unless the installed grpcio-tools is exactly ``pinned``."""
-    fix = f"pip install -r {REQUIREMENTS.relative_to(REPO_ROOT)}"
+def _installed_in(path: Path) -> Optional[str]:
+    """The grpcio-tools version installed in the ``--target`` directory ``path``, or None."""
+    for dist in metadata.distributions(path=[str(path)]):
+        if (dist.metadata["Name"] or "").lower().replace("_", "-") == "grpcio-tools":
+            return dist.version
+    return None
+
+
+def find_tools(pinned: str) -> Optional[Path]:
+    """Where the pinned grpcio-tools is: TOOLS_DIR, or None for the running interpreter; else GenError."""
+    fix = "python tools/gen_proto.py --install-tools"
+    found = _installed_in(TOOLS_DIR) if TOOLS_DIR.is_dir() else None
+    if found == pinned:
+        return TOOLS_DIR
     try:
-        installed = metadata.version("grpcio-tools")
+        here: Optional[str] = metadata.version("grpcio-tools")
     except metadata.PackageNotFoundError:
-        raise GenError(f"grpcio-tools is not installed; this repository pins grpcio-tools=={pinned}: "
-                       f"run `{fix}`") from None
-    if installed != pinned:
-        raise GenError(f"grpcio-tools {installed} is installed but the generated code is pinned to "
-                       f"grpcio-tools=={pinned} (other versions emit different code and raise the runtime "
-                       f"floor of protobuf/grpcio): run `{fix}`")
+        here = None
+    if here == pinned:
+        return None
+    seen = "; ".join(f"{where}: grpcio-tools {version}" for where, version in
+                     ((TOOLS_DIR, found), (sys.executable, here)) if version) or "not installed anywhere"
+    raise GenError(f"the generated code is pinned to grpcio-tools=={pinned} ({REQUIREMENTS.name}); "
+                   f"found {seen}. Other versions emit different code and raise the runtime floor of "
+                   f"protobuf/grpcio. "
+                   f"Fix: `{fix}` (installs the pin into {TOOLS_DIR.name}/, isolated from your venv)")
+
+
+def install_tools() -> None:
+    """(Re)create TOOLS_DIR with exactly the pinned grpcio-tools; raise GenError if pip fails."""
+    if TOOLS_DIR.exists():
+        shutil.rmtree(TOOLS_DIR)
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+           "--only-binary=:all:", "--target", str(TOOLS_DIR), "-r", str(REQUIREMENTS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise GenError(f"could not install the pinned grpcio-tools (`{' '.join(cmd)}`):\n"
+                       f"{proc.stderr.strip()}\n(no wheel for this Python? the pin has wheels for 3.8-3.12)")
 
 
 def proto_files() -> List[Path]:
@@ -86,12 +120,18 @@ def expected_outputs(protos: Sequence[Path]) -> List[str]:
     return sorted(names)
 
 
-def generate(dest: Path) -> Dict[str, bytes]:
-    """Run protoc into ``dest`` (a scratch dir) and return {file name: bytes} of the expected outputs."""
+def generate(dest: Path, tools: Optional[Path]) -> Dict[str, bytes]:
+    """Run protoc (from ``tools``, or this interpreter when None) into scratch dir ``dest``.
+
+    Returns {file name: bytes} of the expected outputs.
+    """
     protos = proto_files()
     cmd = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_ROOT}", f"--python_out={dest}",
            f"--pyi_out={dest}", f"--grpc_python_out={dest}", *(str(p) for p in protos)]
-    proc = subprocess.run(cmd, cwd=PROTO_ROOT, capture_output=True, text=True, check=False)
+    env = dict(os.environ)
+    if tools is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tools), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run(cmd, cwd=PROTO_ROOT, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise GenError(f"protoc failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
     out: Dict[str, bytes] = {}
@@ -154,11 +194,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true",
                         help="verify the committed generated code is reproducible; write nothing")
+    parser.add_argument("--install-tools", action="store_true",
+                        help=f"first install the pinned grpcio-tools into {TOOLS_DIR.name}/ (needs pip)")
     args = parser.parse_args(argv)
     try:
-        check_tool_version(pinned_version())
+        if args.install_tools:
+            install_tools()
+        tools = find_tools(pinned_version())
         with tempfile.TemporaryDirectory(prefix="tg-gen-proto-") as tmp:
-            fresh = generate(Path(tmp))
+            fresh = generate(Path(tmp), tools)
     except GenError as exc:
         print(f"gen_proto: error: {exc}", file=sys.stderr)
         return 2

@@ -75,7 +75,12 @@ def log(step: Optional[int] = None, **metrics: Any) -> None:
         return
     try:
         if step is not None and type(step) is not int:
-            step = int(step)
+            try:
+                step = int(step)
+            except (TypeError, ValueError):
+                client.stats.drop("invalid_value", len(metrics))
+                warn_once("log:step", f"log(step={step!r}): step must be an integer; call dropped")
+                return
         client.log_metrics(step, metrics)
     except Exception as exc:  # never into user code
         warn_once(f"log:{type(exc).__name__}", f"log() failed ({type(exc).__name__}: {exc}); continuing")

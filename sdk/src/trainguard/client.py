@@ -21,6 +21,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 from . import identity as identity_mod
 from .core import events as ev
+from .core import fingerprint as fp
 from .guard import warn_once
 from .options import Options, default_spool_dir
 from .stats import SdkStats
@@ -84,8 +85,10 @@ class Client:
         self.step_time_ewma = 0.0
         self.started_at = time.time()
         self._next_heartbeat = time.monotonic() + options.heartbeat_interval
-        self._transport = transport
         self._pid = os.getpid()
+        # built now, not lazily: a bad endpoint fails init() (and nothing gets imported at exit time,
+        # where an import that exec()s code would make CPython forget an unhandled KeyboardInterrupt)
+        self._transport = transport or make_transport(options)
         self.worker = Worker(self, self._new_transport, self._new_spool, options, self.stats)
         self.worker.start()
 
@@ -170,13 +173,13 @@ class Client:
             elif hasattr(value, "item") and hasattr(value, "dtype"):  # numpy scalar / 0-d array
                 try:
                     clean[name] = float(value.item())
-                except (TypeError, ValueError):
+                except Exception:
                     self._invalid(name, f"a non-numeric {kind.__name__}")
                     continue
             elif isinstance(value, (int, float)) or (hasattr(value, "__float__") and not isinstance(value, str)):
                 try:
                     clean[name] = float(value)
-                except (TypeError, ValueError, OverflowError):
+                except Exception:  # a user type whose __float__ raises anything at all
                     self._invalid(name, f"a {kind.__name__} that float() refuses")
                     continue
             else:
@@ -244,12 +247,10 @@ class Client:
         except Exception:
             pass
         try:
-            from .core import fingerprint as fp
-
             frames = fp.frames_from_traceback(exc.__traceback__)[-opts.max_frames:]
             payload["frames"] = [_frame_dict(f) for f in frames]
             payload.update(fp.fingerprint(payload["type"], str(payload["message"]), frames).to_dict())
-            payload["chain"] = _chain(exc, fp, opts.max_frames)
+            payload["chain"] = _chain(exc, opts.max_frames)
         except Exception as err:  # a fingerprint bug must not lose the exception itself
             warn_once("fingerprint", f"could not fingerprint {payload['type']}: {err}")
         context: Dict[str, str] = {}
@@ -262,10 +263,8 @@ class Client:
                 context.update(ev.string_map(extra, opts.max_traceback_chars))
         if context:
             payload["context"] = context
-        recent = self.recent_metrics()
-        if recent:
-            payload["recent_metrics"] = [{"name": n, "step": s, "value": ev.wire_float(v)}
-                                         for n, s, v in recent]
+        # filled in by drain(), in queue order, so metrics logged just before the error are included
+        payload["recent_metrics"] = None
         return payload
 
     def recent_metrics(self) -> List[Tuple[str, int, float]]:
@@ -337,7 +336,7 @@ class Client:
         out: List[Dict[str, Any]] = []
         for item in items:
             if item[0] == K_EVENT:
-                out.append(item[1])
+                out.append(self._complete_event(item[1]))
                 continue
             if item[3] is None:
                 self.stats.drop("invalid_value", 1)
@@ -348,6 +347,18 @@ class Client:
                 self.stats.drop("encode_error")
                 warn_once(f"encode:{type(exc).__name__}", f"could not encode metrics: {exc}")
         return out
+
+    def _complete_event(self, event: Dict[str, Any]) -> Dict[str, Any]:
+        """Worker-side completion of a rare event: an exception's recent metric values."""
+        exc = event.get("exception")
+        if exc is not None and "recent_metrics" in exc and exc["recent_metrics"] is None:
+            recent = self.recent_metrics()
+            if recent:
+                exc["recent_metrics"] = [{"name": n, "step": s, "value": ev.wire_float(v)}
+                                         for n, s, v in recent]
+            else:
+                del exc["recent_metrics"]
+        return event
 
     def _metrics_envelope(self, item: Tuple[Any, ...]) -> Dict[str, Any]:
         _, step, t_ns, values, _urgent = item
@@ -449,7 +460,7 @@ def _frame_dict(frame: Any) -> Dict[str, Any]:
     return out
 
 
-def _chain(exc: BaseException, fp: Any, max_frames: int) -> List[Dict[str, Any]]:
+def _chain(exc: BaseException, max_frames: int) -> List[Dict[str, Any]]:
     """Causes and contexts of ``exc``, outermost first (the order Python prints them)."""
     chain: List[Dict[str, Any]] = []
     seen = {id(exc)}

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from .core.events import safe_str, string_map
+
 
 @dataclass
 class Options:
@@ -84,9 +86,6 @@ class Options:
     debug: bool = False
 
 
-_COERCE_TYPES: Tuple[type, ...] = (int, float, str)
-
-
 def option_names() -> List[str]:
     """Every valid option name."""
     return [f.name for f in fields(Options)]
@@ -140,9 +139,9 @@ def build_options(explicit: Mapping[str, Any], env: Mapping[str, str]) -> Tuple[
             if not isinstance(value, Mapping):
                 problems.append(f"option {name} must be a mapping; ignored")
                 continue
-            value = {str(k): str(v) for k, v in value.items()}
+            value = string_map(value)
         elif isinstance(default, list):
-            value = [value] if isinstance(value, str) else [str(v) for v in value]
+            value = [value] if isinstance(value, str) else [safe_str(v) for v in value]
         setattr(opts, name, value)
     if opts.endpoint is None:
         opts.endpoint = env.get("TRAINGUARD_ENDPOINT") or None

@@ -1,0 +1,553 @@
+"""``watch()``: gradient norms, clip triggers, GradScaler state, step time and memory of a torch model.
+
+Hook design (all hooks are registered once, at ``watch`` time; the per-parameter work is cached):
+
+1. **End of backward** — a ``register_post_accumulate_grad_hook`` on one *sentinel* parameter per layer
+   queues an autograd-engine final callback (``Variable._execution_engine.queue_callback``) once per
+   backward pass; that callback re-queues itself once so that it runs after every other final callback
+   of the pass (DDP's gradient all-reduce finaliser among them). It then computes, on the gradients'
+   device, ``torch._foreach_norm`` over all gradients (one fused kernel per device and dtype, fp32
+   accumulation for fp16/bf16), stacks the per-parameter norms and takes their L2 norm: exactly what
+   ``clip_grad_norm_`` computes. Nothing is read back. The norms are those of the accumulated gradient
+   **before clipping** (clipping happens after backward) and, with a GradScaler, divided on the device by
+   the scale (i.e. unscaled). With gradient accumulation each micro-batch's backward recomputes them and
+   the last one before the optimizer step wins. Callbacks run on the streams that called ``backward()``.
+2. **Step boundary** — with a GradScaler, a wrapper around the scaler's ``update`` (restored by
+   ``remove()``): it is called once per iteration even when the scaler skips ``optimizer.step`` because
+   of an overflow, so overflows (and a collapsing scale) are seen. Otherwise ``register_step_post_hook``
+   on the optimizer (the last one, when several are given). Without optimizer and scaler, every end of
+   backward is a step. At the boundary the host-measured step time (``perf_counter`` between boundaries)
+   goes to ``client.note_optimizer_step`` and one ``log_metrics`` call queues the step's values; device
+   values are 0-d tensors that the client's worker thread reads back later — never the training thread.
+3. **Per-layer norms** every ``per_layer_every`` steps (and at the first step): the squared per-parameter
+   norms are summed per layer with one ``index_add_`` on the device and queued with ``log_vector`` (one
+   copy on the worker thread).
+4. **Memory** every ``memory_every`` steps (and at the first step): :func:`cuda_memory.report_memory`
+   (host-side allocator counters and RSS; no device call).
+
+Where the host and device synchronise: nowhere on the training thread. The worker thread reads the queued
+0-d tensors (one stacked copy per drain per device). Metrics, by name: ``grad/global_norm``,
+``grad/layer/<layer>``, ``grad/clip_triggered`` (1.0 when ``clip_grad_norm_(max_norm=clip)`` would scale,
+i.e. ``norm + 1e-6 > clip``), ``amp/scale`` (the scale this step's backward used), ``amp/overflow`` (1.0
+when the scaler found Inf/NaN gradients and skipped the step), ``time/step_s``, ``opt/lr``, ``mem/*``.
+A non-finite norm is alerted by the worker with the recent history of every metric.
+
+A layer is the module path of a parameter up to and including its first numeric component (an element of a
+ModuleList/Sequential: ``encoder.layers.3``, ``transformer.h.0``), or else its first ``layer_depth``
+components (``bert.embeddings``, ``lm_head``); a parameter of the root module is its own layer.
+
+Every hook body is guarded: an exception disables that part of the watch (gradients, step, memory) with one
+warning and never reaches the training step. Limits: FSDP/ZeRO shard gradients, so the norms are of this
+rank's shard; hooks are not traced by ``torch.compile`` (the optimizer-step and backward-callback hooks
+still run around compiled regions).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..guard import warn_once
+from .base import DidNotEnable
+
+try:
+    import torch
+    from torch import nn
+except ImportError as _exc:  # pragma: no cover - exercised only without torch
+    raise DidNotEnable("torch is not installed: pip install 'trainguard[torch]'") from _exc
+
+from . import cuda_memory
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+_WATCH_KWARGS = ("layer_depth", "memory_every", "log_lr")
+_active: weakref.WeakKeyDictionary[nn.Module, WatchHandle] = weakref.WeakKeyDictionary()
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _engine_queue_callback() -> Optional[Callable[[Callable[[], None]], None]]:
+    try:
+        from torch.autograd import Variable
+
+        return Variable._execution_engine.queue_callback  # type: ignore[attr-defined,no-any-return]
+    except Exception:
+        return None
+
+
+_queue_callback = _engine_queue_callback()
+_graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
+
+
+# --- layers ----------------------------------------------------------------------------------------
+def layer_of(param_name: str, depth: int) -> str:
+    """The layer a parameter belongs to (see the module docstring for the rule)."""
+    parts = param_name.split(".")[:-1]
+    if not parts:
+        return param_name
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[: max(1, depth)])
+
+
+def unwrap_model(model: Any) -> Any:
+    """The user's module inside DDP / DataParallel / ``torch.compile`` wrappers."""
+    for _ in range(8):
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+            continue
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+            continue
+        break
+    return model
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside Lightning's ``LightningOptimizer`` / accelerate's wrapper."""
+    for _ in range(8):
+        inner = getattr(optimizer, "_optimizer", None) or getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer or not hasattr(inner, "param_groups"):
+            break
+        optimizer = inner
+    return optimizer
+
+
+class ParamLayout:
+    """The watched parameters (``requires_grad`` ones, in ``named_parameters`` order), the layer of
+    each, and the layer names. Built once at ``watch`` time."""
+
+    def __init__(self, model: nn.Module, depth: int) -> None:
+        self.params: List[nn.Parameter] = []
+        self.param_layer: List[int] = []
+        names: List[str] = []
+        index: Dict[str, int] = {}
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                continue
+            layer = layer_of(name, depth)
+            if layer not in index:
+                index[layer] = len(names)
+                names.append(layer)
+            self.params.append(param)
+            self.param_layer.append(index[layer])
+        self.layer_names: Tuple[str, ...] = tuple(names)
+        self.metric_names: Tuple[str, ...] = tuple(f"grad/layer/{n}" for n in names)
+
+    def sentinels(self) -> List[nn.Parameter]:
+        """One parameter per layer: the first of each (enough to notice that a backward pass ran)."""
+        seen = set()
+        out: List[nn.Parameter] = []
+        for param, layer in zip(self.params, self.param_layer):
+            if layer not in seen:
+                seen.add(layer)
+                out.append(param)
+        return out
+
+
+# --- norms -----------------------------------------------------------------------------------------
+class Norms:
+    """One step's gradient norms, still on the device: ``total`` (0-d) and ``per_param`` (1-D, the
+    norms of the parameters at ``positions`` in the layout; None = all of them)."""
+
+    __slots__ = ("per_param", "positions", "total")
+
+    def __init__(self, total: torch.Tensor, per_param: torch.Tensor,
+                 positions: Optional[Tuple[int, ...]]) -> None:
+        self.total = total
+        self.per_param = per_param
+        self.positions = positions
+
+
+class GradNormComputer:
+    """Fused gradient norms over a :class:`ParamLayout`; no host-device sync.
+
+    Fast path: all gradients dense on one device, fp32/fp16/bf16 (or all fp64) → one
+    ``torch._foreach_norm`` call. Anything else (sparse gradients, several devices, mixed fp64) takes
+    the general path, grouped by device and dtype; the choice is re-made when the first gradient's device
+    or dtype changes, and the fast path falls back to the general one for good if it ever raises.
+    """
+
+    def __init__(self, layout: ParamLayout) -> None:
+        self.layout = layout
+        self._plan: Optional[Tuple[torch.device, torch.dtype, Optional[torch.dtype]]] = None
+        self._general = False
+        self._index_cache: Dict[Tuple[Optional[Tuple[int, ...]], torch.device], torch.Tensor] = {}
+
+    def compute(self, divide_by: Optional[torch.Tensor] = None) -> Optional[Norms]:
+        """Norms of the current ``.grad`` of the layout's parameters (None when no parameter has one),
+        divided by ``divide_by`` (a GradScaler scale) when given."""
+        grads = [p.grad for p in self.layout.params]
+        present: List[torch.Tensor] = [g for g in grads if g is not None]
+        if not present:
+            return None
+        positions = None
+        if len(present) != len(grads):
+            positions = tuple(i for i, g in enumerate(grads) if g is not None)
+        per_param = self._per_param_norms(present)
+        if divide_by is not None:
+            per_param = per_param / divide_by.to(per_param.dtype)
+        total = torch.linalg.vector_norm(per_param)
+        return Norms(total, per_param, positions)
+
+    def _per_param_norms(self, grads: List[torch.Tensor]) -> torch.Tensor:
+        if not self._general:
+            first = grads[0]
+            plan = self._plan
+            if plan is None or first.device != plan[0] or first.dtype != plan[1]:
+                plan = self._plan = self._make_plan(grads)
+            if plan is not None:
+                try:
+                    return torch.stack(torch._foreach_norm(grads, 2.0, dtype=plan[2]))
+                except Exception:
+                    self._general = True
+            else:
+                self._general = True
+        return self._general_norms(grads)
+
+    @staticmethod
+    def _make_plan(grads: List[torch.Tensor]) -> Optional[Tuple[torch.device, torch.dtype,
+                                                                 Optional[torch.dtype]]]:
+        first = grads[0]
+        device = first.device
+        all_f64 = first.dtype == torch.float64
+        for g in grads:
+            if g.layout != torch.strided or g.device != device:
+                return None
+            if (g.dtype == torch.float64) != all_f64:
+                return None
+        return (device, first.dtype, None if all_f64 else torch.float32)
+
+    def _general_norms(self, grads: List[torch.Tensor]) -> torch.Tensor:
+        first_device = grads[0].device
+        out_dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
+        norms: List[Optional[torch.Tensor]] = [None] * len(grads)
+        groups: Dict[Tuple[torch.device, torch.dtype], List[int]] = {}
+        for i, g in enumerate(grads):
+            if g.layout != torch.strided:
+                values = g.coalesce().values() if g.layout == torch.sparse_coo else g.values()
+                norm = torch.linalg.vector_norm(values, dtype=_acc_dtype(values.dtype))
+                norms[i] = norm.to(first_device, out_dtype)
+            else:
+                groups.setdefault((g.device, g.dtype), []).append(i)
+        for (_device, dtype), members in groups.items():
+            result = torch._foreach_norm([grads[i] for i in members], 2.0, dtype=_acc_dtype(dtype))
+            for i, norm in zip(members, result):
+                norms[i] = norm.to(first_device, out_dtype)
+        return torch.stack([n for n in norms if n is not None])
+
+    def layer_norms(self, norms: Norms) -> torch.Tensor:
+        """Per-layer L2 norms (1-D, one per layer name; 0 for a layer without gradients), on device."""
+        per_param = norms.per_param
+        key = (norms.positions, per_param.device)
+        index = self._index_cache.get(key)
+        if index is None:
+            layers = self.layout.param_layer
+            chosen = layers if norms.positions is None else [layers[i] for i in norms.positions]
+            index = torch.tensor(chosen, dtype=torch.long, device=per_param.device)
+            if len(self._index_cache) > 16:
+                self._index_cache.clear()
+            self._index_cache[key] = index
+        out = torch.zeros(len(self.layout.layer_names), dtype=per_param.dtype, device=per_param.device)
+        return out.index_add_(0, index, per_param * per_param).sqrt_()
+
+
+def _acc_dtype(dtype: torch.dtype) -> Optional[torch.dtype]:
+    return torch.float32 if dtype in _LOW_PRECISION else None
+
+
+# --- the watch -------------------------------------------------------------------------------------
+class WatchHandle:
+    """What :func:`watch` returns: the installed hooks and their state. ``remove()`` undoes it all."""
+
+    def __init__(self, client: Client, model: nn.Module, optimizers: Sequence[Any], scaler: Any,
+                 clip: Optional[float], per_layer_every: int, memory_every: int, layer_depth: int,
+                 log_lr: bool = True) -> None:
+        self._client = client
+        self._model_ref = weakref.ref(model)
+        self.layout = ParamLayout(model, layer_depth)
+        self._norms = GradNormComputer(self.layout)
+        self._optimizers = list(optimizers)
+        self._scaler = scaler
+        self.clip = float(clip) if clip is not None and clip > 0 and math.isfinite(clip) else None
+        self.per_layer_every = max(0, int(per_layer_every))
+        self.memory_every = max(0, int(memory_every))
+        self._log_lr = log_lr and bool(self._optimizers)
+        self.steps = 0  #: step boundaries seen
+        self.removed = False
+        self._disabled: Dict[str, str] = {}
+        self._pending: Optional[Norms] = None
+        self._backward_seen = False
+        self._queued_task = -2
+        self._last_boundary = 0.0
+        self._handles: List[Any] = []
+        self._scaler_update: Optional[Callable[..., Any]] = None
+        self._scaler_wrapper: Optional[Callable[..., Any]] = None
+        self._attribution = self._memory_attribution
+        self.boundary = "backward"
+        self._install()
+
+    # --- installation -------------------------------------------------------------------------
+    def _install(self) -> None:
+        if _queue_callback is not None:
+            for param in self.layout.sentinels():
+                try:
+                    self._handles.append(param.register_post_accumulate_grad_hook(self._on_grad_ready))
+                except Exception as exc:  # e.g. a non-leaf parameter (parametrizations)
+                    warn_once(f"watch:sentinel:{type(exc).__name__}",
+                              f"watch(): cannot hook a parameter ({exc}); norms read at the step instead")
+        else:
+            warn_once("watch:engine", "watch(): autograd callbacks unavailable; norms read at the step")
+        if self._scaler is not None and callable(getattr(self._scaler, "update", None)):
+            original = self._scaler.update
+            self._scaler_update = original
+
+            def update(*args: Any, **kwargs: Any) -> Any:
+                amp = self._guard("step", self._before_scaler_update)
+                result = original(*args, **kwargs)
+                self._guard("step", self._on_boundary, amp)
+                return result
+
+            self._scaler.update = update
+            self._scaler_wrapper = update
+            self.boundary = "scaler.update"
+        elif self._optimizers:
+            opt = self._optimizers[-1]
+            try:
+                self._handles.append(opt.register_step_post_hook(self._on_optimizer_step))
+                self.boundary = "optimizer.step"
+            except Exception as exc:
+                warn_once(f"watch:optimizer:{type(opt).__name__}",
+                          f"watch(): cannot hook {type(opt).__name__}.step ({exc}); "
+                          "each backward pass counts as a step")
+        cuda_memory.add_attribution(self._client, self._attribution)
+
+    def remove(self) -> None:
+        """Remove every hook and restore the scaler's ``update``. Idempotent."""
+        if self.removed:
+            return
+        self.removed = True
+        for handle in self._handles:
+            try:
+                handle.remove()
+            except Exception:
+                pass
+        self._handles.clear()
+        scaler = self._scaler
+        if scaler is not None and self._scaler_update is not None:
+            if getattr(scaler, "__dict__", {}).get("update") is self._scaler_wrapper:
+                try:
+                    del scaler.update
+                except AttributeError:
+                    pass
+        cuda_memory.remove_attribution(self._client, self._attribution)
+        self._pending = None
+        model = self._model_ref()
+        if model is not None and _active.get(model) is self:
+            del _active[model]
+
+    @property
+    def disabled(self) -> Dict[str, str]:
+        """Parts switched off after an internal error: {part: reason}."""
+        return dict(self._disabled)
+
+    # --- guard --------------------------------------------------------------------------------
+    def _guard(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.removed or part in self._disabled:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:  # never into the training step
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            self._disabled[part] = reason
+            warn_once(f"watch:{part}:{type(exc).__name__}",
+                      f"watch(): the {part} hook failed ({reason}); it is disabled, training continues")
+            return None
+
+    # --- backward ------------------------------------------------------------------------------
+    def _on_grad_ready(self, _param: Any) -> None:
+        """Sentinel hook: queue the end-of-backward callback once per backward pass."""
+        if self.removed or "gradients" in self._disabled:
+            return
+        try:
+            task = _graph_task_id() if _graph_task_id is not None else -1
+            if task == self._queued_task and task != -1:
+                return
+            if task == -1 and self._backward_seen:
+                return
+            self._queued_task = task
+            self._backward_seen = True
+            _queue_callback(self._requeue)  # type: ignore[misc]
+        except Exception as exc:
+            self._guard("gradients", _raise, exc)
+
+    def _requeue(self) -> None:
+        """First final callback: go to the back of the queue, after DDP's finaliser and friends."""
+        try:
+            _queue_callback(self._after_backward)  # type: ignore[misc]
+        except Exception:
+            self._after_backward()
+
+    def _after_backward(self) -> None:
+        self._backward_seen = False
+        self._queued_task = -2
+        self._guard("gradients", self._compute_norms)
+        if self.boundary == "backward":
+            self._guard("step", self._on_boundary, None)
+
+    def _compute_norms(self) -> None:
+        scale = None
+        scaler = self._scaler
+        if scaler is not None and getattr(scaler, "_enabled", False):
+            scale = getattr(scaler, "_scale", None)
+        with torch.no_grad():
+            self._pending = self._norms.compute(scale if isinstance(scale, torch.Tensor) else None)
+
+    # --- step boundary -------------------------------------------------------------------------
+    def _on_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self._guard("step", self._on_boundary, None)
+
+    def _before_scaler_update(self) -> Optional[Dict[str, Any]]:
+        """The scale this step used and whether it overflowed, as device tensors (before update)."""
+        scaler = self._scaler
+        if not getattr(scaler, "_enabled", False):
+            return None
+        scale = getattr(scaler, "_scale", None)
+        if not isinstance(scale, torch.Tensor):
+            return None
+        out: Dict[str, Any] = {"amp/scale": scale.detach().clone()}
+        found: List[torch.Tensor] = []
+        for state in getattr(scaler, "_per_optimizer_states", {}).values():
+            found.extend(state.get("found_inf_per_device", {}).values())
+        if len(found) == 1:
+            out["amp/overflow"] = found[0]
+        elif found:
+            out["amp/overflow"] = torch.stack([f.to(found[0].device) for f in found]).amax()
+        return out
+
+    def _on_boundary(self, amp: Optional[Dict[str, Any]]) -> None:
+        now = time.perf_counter()
+        dt = now - self._last_boundary if self._last_boundary else None
+        self._last_boundary = now
+        self._backward_seen = False
+        self.steps += 1
+        count = self.steps
+        client = self._client
+        step = client.note_optimizer_step(dt)
+        metrics: Dict[str, Any] = {}
+        if dt is not None:
+            metrics["time/step_s"] = dt
+        norms = self._pending
+        self._pending = None
+        if norms is None and "gradients" not in self._disabled:
+            # No backward callback ran since the last step (unhooked parameters, no autograd engine
+            # callbacks): read the gradients as they are now (after any clipping / unscaling).
+            with torch.no_grad():
+                norms = self._guard("gradients", self._norms.compute)
+        if norms is not None:
+            metrics["grad/global_norm"] = norms.total
+            if self.clip is not None:
+                metrics["grad/clip_triggered"] = torch.gt(norms.total, self.clip - 1e-6)
+        if amp:
+            metrics.update(amp)
+        if self._log_lr:
+            try:
+                metrics["opt/lr"] = self._optimizers[0].param_groups[0]["lr"]
+            except Exception:
+                self._log_lr = False
+        if metrics:
+            client.log_metrics(None, metrics)
+        every = self.per_layer_every
+        if norms is not None and every and (count == 1 or count % every == 0):
+            self._guard("layers", self._report_layers, step, norms)
+        every = self.memory_every
+        if every and (count == 1 or count % every == 0):
+            self._guard("memory", self._report_memory)
+
+    def _report_layers(self, step: int, norms: Norms) -> None:
+        with torch.no_grad():
+            vector = self._norms.layer_norms(norms)
+        self._client.log_vector(step, self.layout.metric_names, vector)
+
+    def _devices(self) -> List[torch.device]:
+        devices: List[torch.device] = []
+        for param in self.layout.params:
+            if param.device not in devices:
+                devices.append(param.device)
+        return devices or [torch.device("cpu")]
+
+    def _report_memory(self) -> None:
+        cuda_memory.report_memory(self._client, self._devices())
+
+    def _memory_attribution(self) -> Dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state on CUDA (for OOM context)."""
+        params = self.layout.params
+        out = {"params_bytes": cuda_memory.tensor_bytes(params),
+               "grads_bytes": cuda_memory.tensor_bytes(p.grad for p in params if p.grad is not None)}
+        state_bytes = 0
+        for opt in self._optimizers:
+            for state in getattr(opt, "state", {}).values():
+                if isinstance(state, dict):
+                    state_bytes += cuda_memory.tensor_bytes(state.values())
+        out["optimizer_state_bytes"] = state_bytes
+        return out
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+# --- entry points ----------------------------------------------------------------------------------
+def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
+          clip: Optional[float] = None, every: Optional[int] = None, **kwargs: Any) -> WatchHandle:
+    """Hook ``model`` (and ``optimizer``, ``scaler``) to report gradient, AMP, step-time and memory signals.
+
+    ``optimizer``: a torch optimizer (or a list of them; the last one's step ends an iteration),
+    possibly wrapped by Lightning/accelerate. ``scaler``: a ``torch.amp.GradScaler``; its ``update`` then
+    ends an iteration. ``clip``: the ``max_norm`` given to ``clip_grad_norm_``, enabling
+    ``grad/clip_triggered``. ``every``: per-layer norms every N steps (default ``per_layer_every``).
+    Keyword options: ``layer_depth`` and ``memory_every`` (default: the client's options), ``log_lr``
+    (default True). Watching a model again replaces the previous watch of it. Also installs the OOM
+    enricher. Raises TypeError when ``model`` is not an ``nn.Module`` (``trainguard.watch`` reports it).
+    """
+    module = unwrap_model(model)
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
+    for name in kwargs:
+        if name not in _WATCH_KWARGS:
+            warn_once(f"watch:kwarg:{name}", f"watch(): unknown option {name!r} ignored")
+    opts = client.options
+    memory_every = kwargs.get("memory_every")
+    layer_depth = kwargs.get("layer_depth")
+    if optimizer is None:
+        optimizers: List[Any] = []
+    elif isinstance(optimizer, (list, tuple)):
+        optimizers = [unwrap_optimizer(o) for o in optimizer if o is not None]
+    else:
+        optimizers = [unwrap_optimizer(optimizer)]
+    previous = _active.get(module)
+    if previous is not None:
+        previous.remove()
+    cuda_memory.install_oom_enricher(client)
+    handle = WatchHandle(
+        client, module, optimizers, scaler, clip,
+        per_layer_every=opts.per_layer_every if every is None else int(every),
+        memory_every=opts.memory_every if memory_every is None else int(memory_every),
+        layer_depth=opts.layer_depth if layer_depth is None else int(layer_depth),
+        log_lr=bool(kwargs.get("log_lr", True)))
+    _active[module] = handle
+    return handle
+
+
+def unwatch_all(client: Optional[Client] = None) -> int:
+    """Remove every active watch (of ``client`` only, when given); returns how many were removed."""
+    removed = 0
+    for handle in list(_active.values()):
+        if client is None or handle._client is client:
+            handle.remove()
+            removed += 1
+    return removed
