@@ -102,9 +102,8 @@ class Client:
                 "sdk": f"{SDK_NAME}/{__version__}"}
 
     def _new_transport(self) -> Transport:
-        if self._transport is not None and self._pid == os.getpid():
-            return self._transport
-        return make_transport(self.options)
+        transport, self._transport = self._transport, None
+        return transport if transport is not None else make_transport(self.options)
 
     def _new_spool(self) -> Spool:
         if self.options.spool_dir == "":
@@ -394,6 +393,7 @@ class Client:
         self._queue = deque()
         self.identity = identity_mod.RunIdentity(**{**self.identity.__dict__, "pid": self._pid})
         self._base = self._envelope_base()
+        self._transport = None  # the parent's connection is not ours to use
         self.worker.reset_after_fork()
         self.worker.start()
 

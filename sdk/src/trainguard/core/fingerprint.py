@@ -233,6 +233,7 @@ _ADDR_RE = re.compile(r"\b0[xX][0-9a-fA-F]+\b")
 _IPV6_RE = re.compile(r"\[[0-9a-fA-F]*:[0-9a-fA-F:.]*\](?::\d{1,5})?")
 _IPV4_RE = re.compile(r"(?<![\w.])\[?\d{1,3}(?:\.\d{1,3}){3}\]?(?::\d{1,5})?(?![\w.])")
 _HOST_PORT_RE = re.compile(r"(?<![\w.<>-])(?P<name>[A-Za-z][\w-]*(?:\.[\w-]+)*):(?P<port>\d{2,5})(?![\w.])")
+_HOST_TUPLE_RE = re.compile(r"\((?P<name>[A-Za-z0-9][\w.-]*[A-Za-z][\w.-]*),\s*(?P<port>\d{2,5})\)")
 _HOST_FIELD_RE = re.compile(r"\b(?P<key>host(?:name)?|MASTER_ADDR)(?P<sep>\s*[:=]\s*)(?P<val>[^\s,;)\]'\"]+)",
                             re.IGNORECASE)
 _SIZE_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?\s?(?:[KMGTPE]i?B|bytes?|B)\b")
@@ -339,6 +340,7 @@ def normalize_message(message: str) -> str:
     text = _ADDR_RE.sub("<addr>", text)
     text = _IPV6_RE.sub("<host>", text)
     text = _IPV4_RE.sub("<host>", text)
+    text = _HOST_TUPLE_RE.sub(lambda m: f"(<host>, {m.group('port')})", text)  # c10d: "(host, port)"
     text = _HOST_FIELD_RE.sub(lambda m: f"{m.group('key')}{m.group('sep')}<host>", text)
     text = _HOST_PORT_RE.sub(_host_port, text)
     text = _SIZE_RE.sub("<size>", text)
