@@ -10,8 +10,9 @@
                   chosen device; on CUDA also a GPT-2-small-sized decoder (12 layers, d_model 768, 12 heads,
                   seq 1024, vocab 50257) under AMP (bf16, or fp16 with a GradScaler). The two conditions
                   alternate block by block (ABAB..., the first of each pair alternating) to cancel drift;
-                  each block's mean step time is one sample. Printed: median block time of each condition,
-                  their ratio, and the median of the per-pair ratios (the most drift-proof figure).
+                  each block gives one sample (CPU: its median step time; CUDA: its mean step time between
+                  two syncs). Printed: the median sample of each condition, their ratio, and the median of
+                  the per-pair ratios (the most drift-proof figure).
 
     python bench/sdk_overhead.py                 # CPU: (a) + MLP + transformer
     python bench/sdk_overhead.py --device cuda   # adds GPT-2 small with AMP; --amp fp16 uses a GradScaler
@@ -32,9 +33,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 import trainguard
+from torch import nn
 
 
 # --- (a) the cost of one log call -------------------------------------------------------------------
@@ -216,15 +216,22 @@ def _sync(device: torch.device) -> None:
 
 
 def _block(work: Workload, steps: int, device: torch.device, log_loss: bool) -> float:
-    """Mean seconds per step over ``steps`` steps (one device sync at each end of the block)."""
+    """Seconds per step over one block of ``steps`` steps. CPU: the median of the per-step times (steps
+    are synchronous there, and the median shrugs off a preempted step). CUDA: the block's mean, between
+    two device syncs (the only honest figure without syncing every step)."""
+    times: List[float] = []
     _sync(device)
     start = time.perf_counter()
     for _ in range(steps):
+        t0 = time.perf_counter()
         loss = work.step()
         if log_loss:
             trainguard.log(loss=loss)
+        times.append(time.perf_counter() - t0)
     _sync(device)
-    return (time.perf_counter() - start) / steps
+    if device.type == "cuda":
+        return (time.perf_counter() - start) / steps
+    return statistics.median(times)
 
 
 def bench_train(work: Workload, device: torch.device, blocks: int, block_steps: int, warmup: int,

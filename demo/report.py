@@ -21,7 +21,8 @@ class RunReport:
     finding: str = ""
 
     def render(self) -> str:
-        lines = [f"== {self.kind}: exit code {self.exit_code}, {self.events} events, last step {self.last_step}"]
+        lines = [f"== {self.kind}: exit code {self.exit_code}, {self.events} events, "
+                 f"last step {self.last_step}"]
         if self.finding:
             lines.append(f"   finding: {self.finding}")
         else:

@@ -12,9 +12,8 @@ import argparse
 import sys
 
 import torch
-from torch import nn
-
 import trainguard
+from torch import nn
 
 
 def _model() -> nn.Module:

@@ -10,9 +10,9 @@ from typing import Iterator
 import numpy as np
 import pytest
 import torch
-
 import trainguard
 from trainguard.guard import reset_warnings
+
 from tests.sdk.scripting import of_kind, read_jsonl
 
 

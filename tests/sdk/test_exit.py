@@ -20,7 +20,8 @@ CASES = {
     "sigterm": ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nimport time\ntime.sleep(30)\n",
                 -signal.SIGTERM),
     "keyboard_interrupt": ("raise KeyboardInterrupt\n", -signal.SIGINT),
-    "chained": ("try:\n    {}['k']\nexcept KeyError as e:\n    raise RuntimeError('lookup failed') from e\n", 1),
+    "chained": ("try:\n    {}['k']\nexcept KeyError as e:\n"
+                "    raise RuntimeError('lookup failed') from e\n", 1),
 }
 
 
@@ -121,5 +122,6 @@ signal.signal(signal.SIGTERM, graceful)
     result = run_python(body)
     assert result.returncode == 0
     assert "saving checkpoint" in result.stdout
-    [end] = [e["lifecycle"] for e in of_kind(read_jsonl(out), "lifecycle") if e["lifecycle"]["phase"] == "EXIT"]
+    lifecycle = [e["lifecycle"] for e in of_kind(read_jsonl(out), "lifecycle")]
+    [end] = [e for e in lifecycle if e["phase"] == "EXIT"]
     assert (end["exit_code"], end["reason"]) == (0, "sys.exit")

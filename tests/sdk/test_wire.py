@@ -350,3 +350,19 @@ def _env() -> Dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), str(REPO), env.get("PYTHONPATH")]))
     return env
+
+
+def test_docs_wire_format_examples_are_valid() -> None:
+    """Every JSON example in docs/wire-format.md parses (envelopes strictly, with our converter)."""
+    text = (REPO / "docs" / "wire-format.md").read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in text.split("```json\n")[1:]]
+    kinds = set()
+    for block in blocks:
+        doc = json.loads(block)
+        if "accepted" in doc:
+            json_format.ParseDict(doc, ingest_pb2.IngestResponse())
+            continue
+        msg = wire.envelope_from_dict(doc)
+        kinds.add(msg.WhichOneof("payload"))
+        assert _same(msg, json_format.ParseDict(doc, events_pb2.Envelope()))
+    assert kinds == set(ev.PAYLOAD_KINDS)

@@ -157,6 +157,9 @@ class _HttpServer(ThreadingHTTPServer):
     receiver: HttpReceiver
     connections: Set[socket.socket]
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: a client that went away, or a connection cut by stop(), is not a test failure."""
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, like the SDK's HttpTransport

@@ -88,7 +88,7 @@ class Client:
         self._pid = os.getpid()
         # built now, not lazily: a bad endpoint fails init() (and nothing gets imported at exit time,
         # where an import that exec()s code would make CPython forget an unhandled KeyboardInterrupt)
-        self._transport = transport or make_transport(options)
+        self._transport: Optional[Transport] = transport or make_transport(options)
         self.worker = Worker(self, self._new_transport, self._new_spool, options, self.stats)
         self.worker.start()
 
@@ -175,7 +175,7 @@ class Client:
                 except Exception:
                     self._invalid(name, f"a non-numeric {kind.__name__}")
                     continue
-            elif isinstance(value, (int, float)) or (hasattr(value, "__float__") and not isinstance(value, str)):
+            elif hasattr(value, "__float__") and not isinstance(value, str):  # Decimal, Fraction, ...
                 try:
                     clean[name] = float(value)
                 except Exception:  # a user type whose __float__ raises anything at all

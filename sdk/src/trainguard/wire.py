@@ -518,18 +518,18 @@ def _build(cls: Any, kwargs: Dict[str, Any], index: Optional[int] = None) -> Any
         raise WireError(cls.DESCRIPTOR.name, str(exc), index) from None
 
 
-def envelope_from_dict(d: Mapping[str, Any], *, ignore_unknown_fields: bool = False) -> Any:
+def envelope_from_dict(d: Mapping[str, Any], *, ignore_unknown_fields: bool = False) -> events_pb2.Envelope:
     """The ``events_pb2.Envelope`` for envelope dict ``d``; raises :class:`WireError` (see module doc)."""
     return _build(Envelope, _envelope_kwargs(d, ignore_unknown_fields))
 
 
-def envelope_to_dict(msg: Any, *, include_defaults: bool = False) -> Dict[str, Any]:
+def envelope_to_dict(msg: events_pb2.Envelope, *, include_defaults: bool = False) -> Dict[str, Any]:
     """The envelope dict of ``msg`` (an ``events_pb2.Envelope``), inverse of :func:`envelope_from_dict`."""
     return _ENVELOPE_STRICT.to_dict(msg, include_defaults)
 
 
 def ingest_request_from_dicts(events: Iterable[Mapping[str, Any]], *,
-                              ignore_unknown_fields: bool = False) -> Any:
+                              ignore_unknown_fields: bool = False) -> ingest_pb2.IngestRequest:
     """An ``IngestRequest`` of all ``events``; raises WireError (with ``index``) on the first bad one."""
     kwargs = [_envelope_kwargs(d, ignore_unknown_fields, i) for i, d in enumerate(events)]
     try:
@@ -538,7 +538,7 @@ def ingest_request_from_dicts(events: Iterable[Mapping[str, Any]], *,
         return IngestRequest(events=[_build(Envelope, kw, i) for i, kw in enumerate(kwargs)])
 
 
-def ingest_request_to_dicts(request: Any) -> List[Dict[str, Any]]:
+def ingest_request_to_dicts(request: ingest_pb2.IngestRequest) -> List[Dict[str, Any]]:
     """The envelope dicts of an ``IngestRequest``, in order."""
     to_dict = _ENVELOPE_STRICT.to_dict
     return [to_dict(m, False) for m in request.events]
@@ -553,7 +553,7 @@ class PreparedBatch:
     "message"}`` with code ``"invalid_field"`` — the same shape the server uses for per-item results.
     """
 
-    request: Any
+    request: ingest_pb2.IngestRequest
     indices: List[int]
     rejected: List[Dict[str, Any]]
 

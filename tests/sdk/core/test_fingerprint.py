@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable, List
 
 import pytest
-
 from trainguard.core import fingerprint as fp_module
 from trainguard.core.fingerprint import (
     FINGERPRINT_VERSION,

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
-
 import trainguard
 from trainguard.guard import reset_warnings
+
 from tests.support.receivers import GrpcReceiver, HttpReceiver
 
 FAST = {"flush_interval": 0.05, "backoff_initial": 0.05, "backoff_max": 0.2, "heartbeat_interval": 0,
@@ -142,8 +142,8 @@ def test_a_stalled_server_never_blocks_the_training_thread(receiver: Any, tmp_pa
 def test_spool_bound_evicts_oldest_and_counts(tmp_path: Path) -> None:
     with HttpReceiver() as rx:
         rx.stop()
-        trainguard.init(endpoint=rx.url, project="p", spool_dir=str(tmp_path), spool_max_bytes=64 * 1024, max_batch_events=50,
-                        **FAST)
+        trainguard.init(endpoint=rx.url, project="p", spool_dir=str(tmp_path),
+                        spool_max_bytes=64 * 1024, max_batch_events=50, **FAST)
         for step in range(5000):
             trainguard.log(step=step, loss=float(step))
             if step % 500 == 0:

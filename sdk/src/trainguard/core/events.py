@@ -124,15 +124,17 @@ def encode_batch(events: Sequence[Event]) -> bytes:
     """The HTTP ingest body for ``events`` (an IngestRequest in the JSON mapping), UTF-8 JSON.
 
     ``allow_nan=False`` guarantees that a non-finite float that skipped :func:`wire_float` fails here,
-    loudly, instead of producing invalid JSON that the server would reject as a whole batch.
+    loudly, instead of producing invalid JSON that the server would reject as a whole batch. Lone
+    surrogates (argv or file names that are not UTF-8) become "?" rather than failing the batch.
     """
     return json.dumps({"events": list(events)}, separators=(",", ":"), allow_nan=False,
-                      ensure_ascii=False).encode("utf-8")
+                      ensure_ascii=False).encode("utf-8", "replace")
 
 
 def encode_event(event: Event) -> bytes:
     """One envelope as a JSON line (the ``file://`` transport and the spool use this)."""
-    return json.dumps(event, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode("utf-8")
+    return json.dumps(event, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode("utf-8",
+                                                                                               "replace")
 
 
 def decode_events(body: bytes) -> List[Event]:

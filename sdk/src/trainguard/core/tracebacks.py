@@ -87,6 +87,7 @@ _BREAK_RE = re.compile(
     r"|\[[IWEF]\d{0,4}[ \]]"                               # c10d "[E ProcessGroupNCCL.cpp:...]"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:"      # logging.basicConfig default format
     r"|Exception in thread |Exception ignored in|Process [\w-]+:$"
+    r"|(?:srun|slurmstepd|wandb|mpirun|torchrun): "         # launchers and trackers sharing the log
     r"|Fatal Python error: |terminate called after throwing)"
 )
 
@@ -316,8 +317,15 @@ def _streams(text: str) -> List[Tuple[str, List[int], List[str]]]:
 
 
 def parse_traceback_text(text: str, library_prefixes: Sequence[str] = ()) -> List[ParsedException]:
-    """Every exception printed in ``text``, in printed order (by the line where each starts; an
-    embedded exception comes just before the exception whose message holds it)."""
+    """Every exception printed in ``text``, in printed order: ordered by the line where each printed
+    traceback starts, the exceptions of one printed chain kept together in their order, an embedded
+    exception just before the exception whose message holds it.
+
+    A message runs until a chain separator, a new traceback, a recognisable log record (glog, c10d
+    ``[E ...]``, timestamped, ``logging`` default format, srun/wandb lines) or the end of its stream;
+    other plain lines printed right after an exception cannot be told from a multi-line message and
+    are taken as part of it.
+    """
     found: List[Tuple[int, int, ParsedException]] = []
     for stream, numbers, lines in _streams(text):
         for seq, (index, exc) in enumerate(_Parser(lines, stream, library_prefixes).parse()):

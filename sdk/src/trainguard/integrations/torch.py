@@ -2,8 +2,8 @@
 
 Hook design (all hooks are registered once, at ``watch`` time; the per-parameter work is cached):
 
-1. **End of backward** — a ``register_post_accumulate_grad_hook`` on one *sentinel* parameter per layer
-   queues an autograd-engine final callback (``Variable._execution_engine.queue_callback``) once per
+1. **End of backward** — a ``register_post_accumulate_grad_hook`` on a few *sentinel* parameters (the
+   first parameter of up to four layers spread over the model) queues an autograd-engine final callback (``Variable._execution_engine.queue_callback``) once per
    backward pass; that callback re-queues itself once so that it runs after every other final callback
    of the pass (DDP's gradient all-reduce finaliser among them). It then computes, on the gradients'
    device, ``torch._foreach_norm`` over all gradients (one fused kernel per device and dtype, fp32
@@ -138,15 +138,19 @@ class ParamLayout:
         self.layer_names: Tuple[str, ...] = tuple(names)
         self.metric_names: Tuple[str, ...] = tuple(f"grad/layer/{n}" for n in names)
 
-    def sentinels(self) -> List[nn.Parameter]:
-        """One parameter per layer: the first of each (enough to notice that a backward pass ran)."""
+    def sentinels(self, most: int = 4) -> List[nn.Parameter]:
+        """The first parameter of up to ``most`` layers spread over the model (first, last and evenly
+        between): enough to notice that a backward pass ran, without a Python hook call per layer."""
+        firsts: List[nn.Parameter] = []
         seen = set()
-        out: List[nn.Parameter] = []
         for param, layer in zip(self.params, self.param_layer):
             if layer not in seen:
                 seen.add(layer)
-                out.append(param)
-        return out
+                firsts.append(param)
+        if len(firsts) <= most:
+            return firsts
+        picks = sorted({round(i * (len(firsts) - 1) / (most - 1)) for i in range(most)})
+        return [firsts[i] for i in picks]
 
 
 # --- norms -----------------------------------------------------------------------------------------

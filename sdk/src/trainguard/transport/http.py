@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import urllib.parse
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..core.events import encode_batch
 from .base import SendResult, Transport, TransportError, parse_retry_after
 
 INGEST_PATH = "/v1/ingest"
+# errors that mean "the server closed our idle kept-alive connection", not "the server is down"
+_STALE_CONNECTION = (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected)
 
 
 class HttpTransport(Transport):
@@ -50,14 +51,21 @@ class HttpTransport(Transport):
 
     def send(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
         body = encode_batch(events)
+        reused = self._conn is not None
         try:
-            conn = self._connection(timeout)
-            conn.request("POST", self._path, body=body, headers=self._headers)
-            response = conn.getresponse()
-            data = response.read()
-            status = response.status
-            retry_after = parse_retry_after(response.getheader("Retry-After"))
-        except (OSError, http.client.HTTPException, socket.timeout) as exc:
+            status, data, retry_after = self._post(body, timeout)
+        except _STALE_CONNECTION:
+            self.close()
+            if not reused:
+                raise TransportError("connection dropped", retryable=True, status="connection") from None
+            # a kept-alive connection the server closed (restart, idle timeout): one fresh try
+            try:
+                status, data, retry_after = self._post(body, timeout)
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                raise TransportError(f"{type(exc).__name__}: {exc}", retryable=True,
+                                     status="connection") from None
+        except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise TransportError(f"{type(exc).__name__}: {exc}", retryable=True,
                                  status="connection") from None
@@ -68,6 +76,13 @@ class HttpTransport(Transport):
             raise TransportError(f"HTTP {status}: {message}", retryable=True, retry_after=retry_after,
                                  status=str(status))
         raise TransportError(f"HTTP {status}: {message}", retryable=False, status=str(status))
+
+    def _post(self, body: bytes, timeout: float) -> Tuple[int, bytes, Optional[float]]:
+        conn = self._connection(timeout)
+        conn.request("POST", self._path, body=body, headers=self._headers)
+        response = conn.getresponse()
+        data = response.read()
+        return response.status, data, parse_retry_after(response.getheader("Retry-After"))
 
     def close(self) -> None:
         if self._conn is not None:
