@@ -265,7 +265,8 @@ def bench_train(work: Workload, device: torch.device, blocks: int, block_steps: 
 
 # --- main -------------------------------------------------------------------------------------------
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per condition per model (default: 400 CPU, 200 CUDA)")

@@ -10,10 +10,10 @@ from typing import Iterator
 import numpy as np
 import pytest
 import torch
-import trainguard
-from trainguard.guard import reset_warnings
 
+import trainguard
 from tests.sdk.scripting import of_kind, read_jsonl
+from trainguard.guard import reset_warnings
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ pytest.importorskip("google.protobuf")
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
+
 from trainguard import wire
 from trainguard.core import events as ev
 from trainguard.v1 import events_pb2, ingest_pb2

@@ -310,6 +310,7 @@ class GrpcReceiver(_Receiver):
 
     def start(self) -> None:
         import grpc
+
         from trainguard.v1 import ingest_pb2_grpc
 
         if self._server is not None:

@@ -51,58 +51,91 @@ def std(function: str, module: str = "threading") -> FrameInfo:
 # ------------------------------------------------------------------------------------------------------
 # Message templates
 
-@pytest.mark.parametrize(("message", "template"), [
-    ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.15 GiB of which "
-     "3.19 MiB is free.",
-     "CUDA out of memory. Tried to allocate <size>. GPU <num> has a total capacity of <size> of which <size> "
-     "is free."),
-    ("Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 13.12 GiB already allocated)",
-     "Tried to allocate <size> (GPU <num>; <size> total capacity; <size> already allocated)"),
-    ("mat1 and mat2 shapes cannot be multiplied (8x32 and 16x4)",
-     "mat1 and mat2 shapes cannot be multiplied (<shape> and <shape>)"),
-    ("Expected size [32, 128] but got torch.Size([16, 128])", "Expected size <shape> but got torch.Size(<shape>)"),
-    ("shape '(4, 8)' is invalid for input of size 64", "shape '<shape>' is invalid for input of size <num>"),
-    ("object at 0x7f3a2b1c9d40", "object at <addr>"),
-    ("No such file or directory: '/data/shards/shard_0017.bin'", "No such file or directory: '<path>'"),
-    ("cannot open C:\\Users\\me\\data\\x.bin now", "cannot open <path> now"),
-    ("Connection to 10.0.3.17:29500 refused", "Connection to <host> refused"),
-    ("Read error [127.0.0.1]:47012: Connection reset by peer", "Read error <host>: Connection reset by peer"),
-    ("connect() to [::1]:29500 timed out", "connect() to <host> timed out"),
-    ("timed out after 1800000ms while trying to connect to (node-17.cluster.local, 29500).",
-     "timed out after <duration> while trying to connect to (<host>, <num>)."),
-    ("Socket Timeout: gpu-node-3:29500 unreachable", "Socket Timeout: <host> unreachable"),
-    ("host      : gpu-node-07", "host : <host>"),
-    ("[Rank 3] failed: rank 3 exited (pid 12345)", "[Rank <num>] failed: rank <num> exited (pid <num>)"),
-    ("[rank3]: failed at 2024-06-01 12:00:03.123", "[rank<num>]: failed at <time>"),
-    ("time      : 2026-11-29_08:30:25", "time : <time>"),
-    ("Timed out after 0:30:00", "Timed out after <time>"),
-    ("run 550e8400-e29b-41d4-a716-446655440000 job a3f9c2d81b7e", "run <id> job <id>"),
-    ("ran for 600012 milliseconds before timing out", "ran for <duration> before timing out"),
-    ("Timed out waiting 2000ms for recv operation", "Timed out waiting <duration> for recv operation"),
-    ("WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1048576, Timeout(ms)=600000)",
-     "WorkNCCL(SeqNum=<num>, OpType=ALLREDUCE, NumelIn=<num>, Timeout(ms)=<num>)"),
-    ("Function 'MulBackward0' returned nan values in its 0th output.",
-     "Function 'MulBackward0' returned nan values in its <num>th output."),
-    ("could not convert string to float: 'abc def'", "could not convert string to float: '<str>'"),
-    ("Missing key(s) in state_dict: 'fc.weight'", "Missing key(s) in state_dict: 'fc.weight'"),
-    ("unexpected key 'layer.17.weight' in bucket", "unexpected key 'layer.<num>.weight' in bucket"),
-    ("see https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
-     "see https://pytorch.org/docs/stable/notes/cuda.html#environment-variables"),
-    ("at ../torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:123",
-     "at ../torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:<num>"),
-    ("Tensor on device cuda:0 is not on the expected device cuda:1!",
-     "Tensor on device cuda:<num> is not on the expected device cuda:<num>!"),
-    ("  lots   of\tspace  \n\n\n next line  ", "lots of space\nnext line"),
-    ("lr -1.5e-06 and +3, dtype float32 fp16", "lr <num> and <num>, dtype float32 fp16"),
-])
+
+@pytest.mark.parametrize(
+    ("message", "template"),
+    [
+        (
+            "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.15 GiB "
+            "of which 3.19 MiB is free.",
+            "CUDA out of memory. Tried to allocate <size>. GPU <num> has a total capacity of <size> "
+            "of which <size> is free.",
+        ),
+        (
+            "Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 13.12 GiB already allocated)",
+            "Tried to allocate <size> (GPU <num>; <size> total capacity; <size> already allocated)",
+        ),
+        (
+            "mat1 and mat2 shapes cannot be multiplied (8x32 and 16x4)",
+            "mat1 and mat2 shapes cannot be multiplied (<shape> and <shape>)",
+        ),
+        (
+            "Expected size [32, 128] but got torch.Size([16, 128])",
+            "Expected size <shape> but got torch.Size(<shape>)",
+        ),
+        (
+            "shape '(4, 8)' is invalid for input of size 64",
+            "shape '<shape>' is invalid for input of size <num>",
+        ),
+        ("object at 0x7f3a2b1c9d40", "object at <addr>"),
+        ("No such file or directory: '/data/shards/shard_0017.bin'", "No such file or directory: '<path>'"),
+        ("cannot open C:\\Users\\me\\data\\x.bin now", "cannot open <path> now"),
+        ("Connection to 10.0.3.17:29500 refused", "Connection to <host> refused"),
+        (
+            "Read error [127.0.0.1]:47012: Connection reset by peer",
+            "Read error <host>: Connection reset by peer",
+        ),
+        ("connect() to [::1]:29500 timed out", "connect() to <host> timed out"),
+        (
+            "timed out after 1800000ms while trying to connect to (node-17.cluster.local, 29500).",
+            "timed out after <duration> while trying to connect to (<host>, <num>).",
+        ),
+        ("Socket Timeout: gpu-node-3:29500 unreachable", "Socket Timeout: <host> unreachable"),
+        ("host      : gpu-node-07", "host : <host>"),
+        ("[Rank 3] failed: rank 3 exited (pid 12345)", "[Rank <num>] failed: rank <num> exited (pid <num>)"),
+        ("[rank3]: failed at 2024-06-01 12:00:03.123", "[rank<num>]: failed at <time>"),
+        ("time      : 2026-11-29_08:30:25", "time : <time>"),
+        ("Timed out after 0:30:00", "Timed out after <time>"),
+        ("run 550e8400-e29b-41d4-a716-446655440000 job a3f9c2d81b7e", "run <id> job <id>"),
+        ("ran for 600012 milliseconds before timing out", "ran for <duration> before timing out"),
+        ("Timed out waiting 2000ms for recv operation", "Timed out waiting <duration> for recv operation"),
+        (
+            "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1048576, Timeout(ms)=600000)",
+            "WorkNCCL(SeqNum=<num>, OpType=ALLREDUCE, NumelIn=<num>, Timeout(ms)=<num>)",
+        ),
+        (
+            "Function 'MulBackward0' returned nan values in its 0th output.",
+            "Function 'MulBackward0' returned nan values in its <num>th output.",
+        ),
+        ("could not convert string to float: 'abc def'", "could not convert string to float: '<str>'"),
+        ("Missing key(s) in state_dict: 'fc.weight'", "Missing key(s) in state_dict: 'fc.weight'"),
+        ("unexpected key 'layer.17.weight' in bucket", "unexpected key 'layer.<num>.weight' in bucket"),
+        (
+            "see https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
+            "see https://pytorch.org/docs/stable/notes/cuda.html#environment-variables",
+        ),
+        (
+            "at ../torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:123",
+            "at ../torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:<num>",
+        ),
+        (
+            "Tensor on device cuda:0 is not on the expected device cuda:1!",
+            "Tensor on device cuda:<num> is not on the expected device cuda:<num>!",
+        ),
+        ("  lots   of\tspace  \n\n\n next line  ", "lots of space\nnext line"),
+        ("lr -1.5e-06 and +3, dtype float32 fp16", "lr <num> and <num>, dtype float32 fp16"),
+    ],
+)
 def test_normalize_message(message: str, template: str) -> None:
     assert normalize_message(message) == template
 
 
 def test_normalize_message_is_idempotent_and_keeps_words() -> None:
-    message = ("[PG ID 0 PG GUID 0(default_pg) Rank 3] Process group watchdog thread terminated with exception: "
-               "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=781, OpType=BROADCAST, "
-               "NumelIn=80, NumelOut=80, Timeout(ms)=600000) ran for 600087 milliseconds before timing out.")
+    message = (
+        "[PG ID 0 PG GUID 0(default_pg) Rank 3] Process group watchdog thread terminated with exception: "
+        "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=781, OpType=BROADCAST, "
+        "NumelIn=80, NumelOut=80, Timeout(ms)=600000) ran for 600087 milliseconds before timing out."
+    )
     template = normalize_message(message)
     assert normalize_message(template) == template
     words = [w for w in re.findall(r"[A-Za-z_]{3,}", message) if w != "milliseconds"]  # "<duration>"
@@ -136,23 +169,27 @@ def test_normalize_message_is_bounded() -> None:
 # ------------------------------------------------------------------------------------------------------
 # Filenames
 
-@pytest.mark.parametrize(("filename", "module", "library"), [
-    (f"{SITE}/torch/distributed/distributed_c10d.py", "torch.distributed.distributed_c10d", True),
-    ("/usr/lib/python3/dist-packages/torch/nn/__init__.py", "torch.nn", True),
-    ("/usr/lib/python3.11/multiprocessing/process.py", "multiprocessing.process", True),
-    ("/root/.pyenv/versions/3.11.7/lib/python3.11/json/decoder.py", "json.decoder", True),
-    ("<frozen runpy>", "runpy", True),
-    ("/src/pytorch/torch/nn/functional.py", "torch.nn.functional", True),
-    ("/opt/venv/bin/torchrun", "torchrun", True),
-    ("C:\\Python311\\Lib\\site-packages\\torch\\nn\\modules\\linear.py", "torch.nn.modules.linear", True),
-    ("C:\\Python311\\Lib\\json\\decoder.py", "json.decoder", True),
-    ("/home/me/run-7/train.py", "train", False),
-    ("/tmp/copy-b/train.py", "train", False),
-    ("/home/me/proj/mypkg/__init__.py", "mypkg", False),
-    ("train.py", "train", False),
-    ("<string>", "<string>", False),
-    ("<ipython-input-12-3f2a9c1b>", "<ipython-input>", False),
-])
+
+@pytest.mark.parametrize(
+    ("filename", "module", "library"),
+    [
+        (f"{SITE}/torch/distributed/distributed_c10d.py", "torch.distributed.distributed_c10d", True),
+        ("/usr/lib/python3/dist-packages/torch/nn/__init__.py", "torch.nn", True),
+        ("/usr/lib/python3.11/multiprocessing/process.py", "multiprocessing.process", True),
+        ("/root/.pyenv/versions/3.11.7/lib/python3.11/json/decoder.py", "json.decoder", True),
+        ("<frozen runpy>", "runpy", True),
+        ("/src/pytorch/torch/nn/functional.py", "torch.nn.functional", True),
+        ("/opt/venv/bin/torchrun", "torchrun", True),
+        ("C:\\Python311\\Lib\\site-packages\\torch\\nn\\modules\\linear.py", "torch.nn.modules.linear", True),
+        ("C:\\Python311\\Lib\\json\\decoder.py", "json.decoder", True),
+        ("/home/me/run-7/train.py", "train", False),
+        ("/tmp/copy-b/train.py", "train", False),
+        ("/home/me/proj/mypkg/__init__.py", "mypkg", False),
+        ("train.py", "train", False),
+        ("<string>", "<string>", False),
+        ("<ipython-input-12-3f2a9c1b>", "<ipython-input>", False),
+    ],
+)
 def test_module_and_library(filename: str, module: str, library: bool) -> None:
     assert module_from_filename(filename) == module
     assert is_library_path(filename) is library
@@ -175,6 +212,7 @@ def test_stdlib() -> None:
 # ------------------------------------------------------------------------------------------------------
 # Frame selection and hints
 
+
 def contributing(frames: List[FrameInfo]) -> List[str]:
     result = fingerprint("E", "m", frames)
     assert [h.frame_index for h in result.hints] == list(range(len(frames)))
@@ -186,12 +224,23 @@ def reasons(frames: List[FrameInfo]) -> List[str]:
 
 
 def test_in_app_frames_preferred_and_innermost_library_frame_kept() -> None:
-    frames = [std("_bootstrap"), app("main"), lib("_call_impl", "torch.nn.modules.module"),
-              app("forward", "model"), lib("forward", "torch.nn.modules.sparse"), lib("embedding")]
+    frames = [
+        std("_bootstrap"),
+        app("main"),
+        lib("_call_impl", "torch.nn.modules.module"),
+        app("forward", "model"),
+        lib("forward", "torch.nn.modules.sparse"),
+        lib("embedding"),
+    ]
     assert contributing(frames) == ["main", "forward", "embedding"]
-    assert reasons(frames) == ["stdlib frame", "in-app frame", "library frame: in-app frames present",
-                               "in-app frame", "library frame: in-app frames present",
-                               "innermost library frame: raised the exception"]
+    assert reasons(frames) == [
+        "stdlib frame",
+        "in-app frame",
+        "library frame: in-app frames present",
+        "in-app frame",
+        "library frame: in-app frames present",
+        "innermost library frame: raised the exception",
+    ]
 
 
 def test_innermost_in_app_frame_means_no_library_frame() -> None:
@@ -238,7 +287,7 @@ def test_only_the_innermost_frames_contribute() -> None:
     frames = [app(f"f{i}") for i in range(MAX_FRAMES + 5)]
     assert contributing(frames) == [f"f{i}" for i in range(5, MAX_FRAMES + 5)]
     assert reasons(frames)[:5] == ["beyond frame limit"] * 5
-    outer_changed = [app("other_entry")] + frames[1:]
+    outer_changed = [app("other_entry"), *frames[1:]]
     assert fingerprint("E", "m", outer_changed).hash == fingerprint("E", "m", frames).hash
 
 
@@ -247,17 +296,26 @@ def test_hash_is_sha256_of_the_versioned_canonical_input() -> None:
     result = fingerprint("RuntimeError", "Timed out waiting 2000ms", frames)
     text = canonical_input("RuntimeError", result.message_template, frames)
     assert text.splitlines()[0] == FINGERPRINT_VERSION == result.version == "fp:v1"
-    assert text == ("fp:v1\ntype:RuntimeError\nframe:train:main\nframe:train:step\n"
-                    "frame:torch.distributed.distributed_c10d:all_reduce\nmessage:Timed out waiting <duration>")
+    assert text == (
+        "fp:v1\ntype:RuntimeError\nframe:train:main\nframe:train:step\n"
+        "frame:torch.distributed.distributed_c10d:all_reduce\nmessage:Timed out waiting <duration>"
+    )
     assert result.hash == hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def test_line_numbers_paths_and_context_lines_do_not_matter() -> None:
-    one = [FrameInfo("/a/train.py", "train", "main", 10, True, "main()"),
-           FrameInfo("/a/train.py", "train", "step", 20, True, "x @ w")]
-    two = [FrameInfo("/b/c/train.py", "train", "main", 99, True, ""),
-           FrameInfo("/b/c/train.py", "train", "step", 7, True, "y @ v")]
-    assert fingerprint("E", "shape (4x8 and 16x2)", one).hash == fingerprint("E", "shape (2x3 and 5x1)", two).hash
+    one = [
+        FrameInfo("/a/train.py", "train", "main", 10, True, "main()"),
+        FrameInfo("/a/train.py", "train", "step", 20, True, "x @ w"),
+    ]
+    two = [
+        FrameInfo("/b/c/train.py", "train", "main", 99, True, ""),
+        FrameInfo("/b/c/train.py", "train", "step", 7, True, "y @ v"),
+    ]
+    assert (
+        fingerprint("E", "shape (4x8 and 16x2)", one).hash
+        == fingerprint("E", "shape (2x3 and 5x1)", two).hash
+    )
 
 
 def test_type_site_and_message_words_each_change_the_hash() -> None:
@@ -265,7 +323,10 @@ def test_type_site_and_message_words_each_change_the_hash() -> None:
     base = fingerprint("RuntimeError", "Timed out waiting 2000ms for recv", frames).hash
     assert fingerprint("ValueError", "Timed out waiting 2000ms for recv", frames).hash != base
     assert fingerprint("RuntimeError", "Timed out waiting 2000ms for send", frames).hash != base
-    assert fingerprint("RuntimeError", "Timed out waiting 2000ms for recv", [app("main"), app("eval")]).hash != base
+    assert (
+        fingerprint("RuntimeError", "Timed out waiting 2000ms for recv", [app("main"), app("eval")]).hash
+        != base
+    )
     via_broadcast = [*frames, lib("broadcast", "torch.distributed.distributed_c10d")]
     via_all_reduce = [*frames, lib("all_reduce", "torch.distributed.distributed_c10d")]
     assert fingerprint("E", "m", via_broadcast).hash != fingerprint("E", "m", via_all_reduce).hash
@@ -275,7 +336,7 @@ def test_to_dict_matches_the_proto_field_names() -> None:
     proto = (REPO / "proto" / "trainguard" / "v1" / "events.proto").read_text()
 
     def fields(message: str) -> set:
-        body = re.search(r"message %s \{(.*?)\n\}" % message, proto, re.S)
+        body = re.search(r"message " + message + r" \{(.*?)\n\}", proto, re.S)
         assert body, message
         return set(re.findall(r"^\s+(?:repeated\s+)?[\w.]+\s+(\w+)\s*=", body.group(1), re.M))
 
@@ -296,6 +357,7 @@ def test_exception_type_names() -> None:
 
 # ------------------------------------------------------------------------------------------------------
 # A live exception and its printed text have one fingerprint
+
 
 def _recurse(n: int) -> int:
     return _recurse(n + 1)
@@ -326,8 +388,10 @@ def _context() -> None:
 
 
 def _multiline() -> None:
-    raise RuntimeError("Error(s) in loading state_dict for Linear:\n\tsize mismatch for weight: "
-                       "torch.Size([4, 16]) vs torch.Size([4, 8]).\n\n  trailing detail  ")
+    raise RuntimeError(
+        "Error(s) in loading state_dict for Linear:\n\tsize mismatch for weight: "
+        "torch.Size([4, 16]) vs torch.Size([4, 8]).\n\n  trailing detail  "
+    )
 
 
 def _embedded() -> None:
@@ -353,8 +417,17 @@ def _json_error() -> None:
     json.loads("{oops")
 
 
-LIVE_CASES: List[Callable[[], object]] = [lambda: _recurse(0), lambda: _even(0), _chained, _context, _multiline,
-                                          _embedded, _noted, _empty_message, _json_error]
+LIVE_CASES: List[Callable[[], object]] = [
+    lambda: _recurse(0),
+    lambda: _even(0),
+    _chained,
+    _context,
+    _multiline,
+    _embedded,
+    _noted,
+    _empty_message,
+    _json_error,
+]
 
 
 @pytest.mark.parametrize("raiser", LIVE_CASES, ids=lambda f: getattr(f, "__name__", "case"))
@@ -369,7 +442,10 @@ def test_live_exception_and_printed_text_agree(raiser: Callable[[], object], pre
     parsed = fingerprint_text(printed)
     assert parsed is not None
     assert (parsed.exc_type, parsed.message_template, parsed.hash) == (
-        live.exc_type, live.message_template, live.hash)
+        live.exc_type,
+        live.message_template,
+        live.hash,
+    )
 
 
 def test_live_and_text_agree_with_torch() -> None:
@@ -389,7 +465,7 @@ def test_live_and_text_agree_with_torch() -> None:
         assert parsed is not None and parsed.hash == live.hash
 
 
-CHILD = r'''
+CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from trainguard.core.fingerprint import fingerprint_exception
@@ -418,7 +494,7 @@ def load(path):
 
 
 load("/data/run-17/ckpt_0003.pt")
-'''
+"""
 
 
 def test_default_excepthook_output_matches_live_fingerprint(tmp_path: Path) -> None:
@@ -426,16 +502,23 @@ def test_default_excepthook_output_matches_live_fingerprint(tmp_path: Path) -> N
     script = tmp_path / "job.py"
     script.write_text(CHILD)
     result_file = tmp_path / "live.json"
-    proc = subprocess.run([sys.executable, str(script), str(REPO / "sdk" / "src"), str(result_file)],
-                          capture_output=True, text=True, timeout=60, check=False,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    proc = subprocess.run(
+        [sys.executable, str(script), str(REPO / "sdk" / "src"), str(result_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert proc.returncode == 1, proc.stderr
     assert "[Previous line repeated" in proc.stderr
     live = json.loads(result_file.read_text())
     parsed = fingerprint_text(proc.stderr)
     assert parsed is not None
     assert parsed.to_dict()["fingerprint"] == live["fingerprint"]
-    assert parsed.message_template == live["message_template"] == "cannot load <path> on rank <num> (pid <num>)"
+    assert (
+        parsed.message_template == live["message_template"] == "cannot load <path> on rank <num> (pid <num>)"
+    )
 
 
 def test_frames_from_traceback_context_only_on_request() -> None:
@@ -454,14 +537,23 @@ def test_frames_from_traceback_context_only_on_request() -> None:
 # ------------------------------------------------------------------------------------------------------
 # Contracts of the module itself
 
+
 @pytest.mark.parametrize("name", ["fingerprint.py", "tracebacks.py"])
 def test_pure_and_python39_syntax(name: str) -> None:
     path = REPO / "sdk" / "src" / "trainguard" / "core" / name
     tree = ast.parse(path.read_text(), feature_version=(3, 9))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    allowed = {"__future__", "hashlib", "re", "types", "dataclasses", "typing", "linecache",
-               "trainguard.core.fingerprint"}
+    allowed = {
+        "__future__",
+        "hashlib",
+        "re",
+        "types",
+        "dataclasses",
+        "typing",
+        "linecache",
+        "trainguard.core.fingerprint",
+    }
     assert imported <= allowed, imported - allowed
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert "linecache" not in {a.name for n in top if isinstance(n, ast.Import) for a in n.names}

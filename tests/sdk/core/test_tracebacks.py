@@ -35,6 +35,7 @@ def final(parsed: List[ParsedException]) -> ParsedException:
 # ------------------------------------------------------------------------------------------------------
 # Snapshots
 
+
 def test_every_fixture_has_a_snapshot() -> None:
     assert len(FILES) >= 25
     assert set(FILES) == set(SNAPSHOTS), "run generate.py --snapshots after adding or removing fixtures"
@@ -52,14 +53,20 @@ def test_snapshot(name: str) -> None:
     assert result.exc_type == expected["exc_type"]
     assert result.message_template == expected["message_template"]
     assert [[h.frame_index, h.contributes, h.reason] for h in result.hints] == expected["hints"]
-    assert [f"{outer.frames[h.frame_index].module}:{outer.frames[h.frame_index].function}"
-            for h in result.hints if h.contributes] == expected["contributing_frames"]
-    assert [f"{p.exc_type} | {p.relation or '-'} | {p.stream or '-'}" for p in parsed] == expected["exceptions"]
+    assert [
+        f"{outer.frames[h.frame_index].module}:{outer.frames[h.frame_index].function}"
+        for h in result.hints
+        if h.contributes
+    ] == expected["contributing_frames"]
+    assert [f"{p.exc_type} | {p.relation or '-'} | {p.stream or '-'}" for p in parsed] == expected[
+        "exceptions"
+    ]
     assert result.hash == expected["fingerprint"]
 
 
 # ------------------------------------------------------------------------------------------------------
 # Grouping over the real captures
+
 
 def test_same_failure_on_every_rank_directory_line_number_size_and_host_is_one_fingerprint() -> None:
     """Ranks 0..3 of two gloo runs: the script copied to two directories, moved down 8 lines in the
@@ -82,18 +89,31 @@ def test_a_different_failure_site_is_a_different_fingerprint() -> None:
     assert fp_of("shape_mismatch_linear.txt") != same
 
 
-@pytest.mark.parametrize("group", [
-    ["gloo_mismatch_detail_rank0.txt", "gloo_mismatch_detail_rank1.txt"],
-    ["gloo_timeout_rank1.txt", "gloo_timeout_rank2.txt"],
-    ["synthetic_from_source_cuda_oom_rank0.txt", "synthetic_from_source_cuda_oom_rank3.txt"],
-    ["synthetic_from_source_nccl_watchdog_rank1.txt", "synthetic_from_source_nccl_watchdog_rank5.txt"],
-    ["gpu_cuda_oom_a.txt", "gpu_cuda_oom_b.txt"],
-])
+@pytest.mark.parametrize(
+    "group",
+    [
+        ["gloo_mismatch_detail_rank0.txt", "gloo_mismatch_detail_rank1.txt"],
+        ["gloo_timeout_rank1.txt", "gloo_timeout_rank2.txt"],
+        ["synthetic_from_source_cuda_oom_rank0.txt", "synthetic_from_source_cuda_oom_rank3.txt"],
+        ["synthetic_from_source_nccl_watchdog_rank1.txt", "synthetic_from_source_nccl_watchdog_rank5.txt"],
+        ["gpu_cuda_oom_a.txt", "gpu_cuda_oom_b.txt"],
+    ],
+)
 def test_one_fingerprint_per_group(group: List[str]) -> None:
     present = [name for name in group if name in FILES]
     if len(present) < 2:
         pytest.skip("fixtures not generated here (gpu_* need a CUDA machine)")
     assert len({fp_of(name) for name in present}) == 1
+
+
+def test_synthetic_nccl_text_matches_the_real_capture() -> None:
+    """The hand-written watchdog text (for machines without NCCL) has the real capture's template."""
+    if "gpu_nccl_watchdog_timeout.txt" not in FILES:
+        pytest.skip("gpu_nccl_watchdog_timeout.txt needs a CUDA machine to generate")
+    real = fingerprint_text(text_of("gpu_nccl_watchdog_timeout.txt"))
+    synthetic = fingerprint_text(text_of("synthetic_from_source_nccl_watchdog_rank1.txt"))
+    assert real is not None and synthetic is not None
+    assert (real.exc_type, real.message_template) == (synthetic.exc_type, synthetic.message_template)
 
 
 def test_gloo_timeout_send_and_recv_sides_differ_by_their_words() -> None:
@@ -119,10 +139,14 @@ def test_torchrun_ranks_are_separate_streams_with_one_fingerprint() -> None:
 # ------------------------------------------------------------------------------------------------------
 # Structure of what the parser finds
 
+
 def test_chained_exceptions_and_relations() -> None:
     parsed = parse_traceback_text(text_of("chained_cause_context.txt"))
     assert [(p.exc_type, p.relation) for p in parsed] == [
-        ("RuntimeError", "cause"), ("ValueError", "context"), ("RuntimeError", "")]
+        ("RuntimeError", "cause"),
+        ("ValueError", "context"),
+        ("RuntimeError", ""),
+    ]
     assert parsed[0].message.startswith("Error(s) in loading state_dict for Linear:\n\tsize mismatch")
     assert parsed[0].frames[-1].module == "torch.nn.modules.module"
     assert parsed[0].frames[-1].in_app is False and parsed[0].frames[0].in_app is True
@@ -143,8 +167,10 @@ def test_dataloader_worker_error_embeds_the_worker_traceback() -> None:
 def test_spawn_embeds_a_chained_child_traceback() -> None:
     parsed = parse_traceback_text(text_of("spawn_process_raised.txt"))
     assert [(p.exc_type, p.relation) for p in parsed] == [
-        ("KeyError", "cause"), ("RuntimeError", "embedded"),
-        ("torch.multiprocessing.spawn.ProcessRaisedException", "")]
+        ("KeyError", "cause"),
+        ("RuntimeError", "embedded"),
+        ("torch.multiprocessing.spawn.ProcessRaisedException", ""),
+    ]
     assert parsed[-1].message.lstrip().startswith("-- Process ")
 
 
@@ -176,8 +202,12 @@ def test_recursion_elision_is_tolerated() -> None:
 def test_module_derivation_from_printed_paths() -> None:
     (exc,) = parse_traceback_text(text_of("gloo_timeout_rank0.txt"))
     assert [f.module for f in exc.frames] == [
-        "straggler", "straggler", "straggler", "torch.distributed.c10d_logger",
-        "torch.distributed.distributed_c10d"]
+        "straggler",
+        "straggler",
+        "straggler",
+        "torch.distributed.c10d_logger",
+        "torch.distributed.distributed_c10d",
+    ]
     assert exc.frames[-1].context_line == "work.wait()"
     assert exc.stream == "rank0"
 
@@ -189,6 +219,7 @@ def test_anomaly_warning_file_lines_are_not_a_traceback() -> None:
 
 # ------------------------------------------------------------------------------------------------------
 # Robustness: prefixes, interleaving, noise, line endings, size
+
 
 def _prefixed(text: str, prefix: str) -> str:
     return "".join(prefix + line + "\n" for line in text.splitlines())
@@ -205,25 +236,36 @@ def test_interleaved_ranks_parse_one_traceback_each() -> None:
     two = _prefixed(text_of("embedding_index_error.txt"), "[rank1]: ").splitlines()
     mixed = []
     for i in range(max(len(one), len(two))):
-        mixed += one[i:i + 1] + two[i:i + 1]
+        mixed += one[i : i + 1] + two[i : i + 1]
     parsed = parse_traceback_text("\n".join(mixed))
     assert [(p.stream, p.exc_type, p.relation) for p in parsed] == [  # a chain stays together
-        ("rank0", "RuntimeError", "cause"), ("rank0", "ValueError", "context"), ("rank0", "RuntimeError", ""),
-        ("rank1", "IndexError", "")]
+        ("rank0", "RuntimeError", "cause"),
+        ("rank0", "ValueError", "context"),
+        ("rank0", "RuntimeError", ""),
+        ("rank1", "IndexError", ""),
+    ]
     by_stream = {p.stream: p.fingerprint().hash for p in parsed if p.relation == ""}
-    assert by_stream == {"rank0": fp_of("chained_cause_context.txt"), "rank1": fp_of("embedding_index_error.txt")}
+    assert by_stream == {
+        "rank0": fp_of("chained_cause_context.txt"),
+        "rank1": fp_of("embedding_index_error.txt"),
+    }
 
 
 def test_surrounding_log_lines_do_not_change_the_fingerprint() -> None:
     text = text_of("embedding_index_error.txt")
-    noisy = ("2026-01-01 00:00:00,001 INFO step 10 loss 2.31\nepoch 3: 100%|#####| 10/10\n" + text
-             + "I1129 08:30:25.541000 4271 torch/distributed/elastic/agent/server/api.py:880] worker group "
-               "FAILED\nWARNING:root:retrying\n")
+    noisy = (
+        "2026-01-01 00:00:00,001 INFO step 10 loss 2.31\nepoch 3: 100%|#####| 10/10\n"
+        + text
+        + "I1129 08:30:25.541000 4271 torch/distributed/elastic/agent/server/api.py:880] worker group "
+        "FAILED\nWARNING:root:retrying\n"
+    )
     assert fingerprint_text(noisy) == fingerprint_text(text)
-    for trailer in ("[W1129 08:30:26.001 ProcessGroupNCCL.cpp:1250] Warning: process group not destroyed\n",
-                    "srun: error: node-3: task 5: Exited with exit code 1\n",
-                    "wandb: View run at https://wandb.ai/team/run/abc123\n",
-                    "[2026-11-29 08:30:26,001] torch.distributed.elastic: worker failed\n"):
+    for trailer in (
+        "[W1129 08:30:26.001 ProcessGroupNCCL.cpp:1250] Warning: process group not destroyed\n",
+        "srun: error: node-3: task 5: Exited with exit code 1\n",
+        "wandb: View run at https://wandb.ai/team/run/abc123\n",
+        "[2026-11-29 08:30:26,001] torch.distributed.elastic: worker failed\n",
+    ):
         assert fingerprint_text(text + trailer) == fingerprint_text(text), trailer
     assert fingerprint_text(noisy) == fingerprint_text(text)
 
@@ -233,9 +275,16 @@ def test_crlf_line_endings() -> None:
     assert fingerprint_text(text.replace("\n", "\r\n")) == fingerprint_text(text)
 
 
-@pytest.mark.parametrize("text", ["", "no traceback here\njust logs\n", "Traceback (most recent call last):\n",
-                                  'Traceback (most recent call last):\n  File "x.py", line 1, in f\n',
-                                  "terminate called after throwing an instance of 'std::bad_alloc'\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "no traceback here\njust logs\n",
+        "Traceback (most recent call last):\n",
+        'Traceback (most recent call last):\n  File "x.py", line 1, in f\n',
+        "terminate called after throwing an instance of 'std::bad_alloc'\n",
+    ],
+)
 def test_garbage_and_truncated_input(text: str) -> None:
     parsed = parse_traceback_text(text)
     result = fingerprint_text(text)
@@ -245,14 +294,21 @@ def test_garbage_and_truncated_input(text: str) -> None:
 
 
 def test_truncated_traceback_keeps_its_frames() -> None:
-    (exc,) = parse_traceback_text('Traceback (most recent call last):\n  File "/a/train.py", line 3, in main\n'
-                                  "    step()\n")
-    assert exc.exc_type == "" and exc.frames == (FrameInfo("/a/train.py", "train", "main", 3, True, "step()"),)
+    (exc,) = parse_traceback_text(
+        'Traceback (most recent call last):\n  File "/a/train.py", line 3, in main\n    step()\n'
+    )
+    assert exc.exc_type == "" and exc.frames == (
+        FrameInfo("/a/train.py", "train", "main", 3, True, "step()"),
+    )
 
 
 def test_large_log_parses_quickly() -> None:
-    noise = "".join(f"[rank{i % 8}]: step {i} loss {i * 0.001:.4f} grad_norm 1.{i % 97}\n" for i in range(40_000))
-    after = "".join(f"[rank{i % 8}]: 2026-11-29 08:{i % 60:02d}:00,000 INFO step {i}\n" for i in range(40_000))
+    noise = "".join(
+        f"[rank{i % 8}]: step {i} loss {i * 0.001:.4f} grad_norm 1.{i % 97}\n" for i in range(40_000)
+    )
+    after = "".join(
+        f"[rank{i % 8}]: 2026-11-29 08:{i % 60:02d}:00,000 INFO step {i}\n" for i in range(40_000)
+    )
     text = noise + _prefixed(text_of("dataloader_worker_error.txt"), "[rank5]: ") + after
     started = time.perf_counter()
     result = fingerprint_text(text)

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
-import trainguard
-from trainguard.guard import reset_warnings
 
+import trainguard
 from tests.support.receivers import GrpcReceiver, HttpReceiver
+from trainguard.guard import reset_warnings
 
 FAST = {"flush_interval": 0.05, "backoff_initial": 0.05, "backoff_max": 0.2, "heartbeat_interval": 0,
         "capture_exit": False, "capture_uncaught": False, "send_timeout": 2.0}

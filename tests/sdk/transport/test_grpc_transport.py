@@ -16,13 +16,13 @@ pytest.importorskip("grpc")
 pytest.importorskip("google.protobuf")
 
 import grpc
+
+from tests.support.receivers import GrpcReceiver
 from trainguard import wire
 from trainguard.core import events as ev
 from trainguard.transport.base import TransportError
 from trainguard.transport.grpc import GrpcTransport, rpc_error_to_transport_error, split_target
 from trainguard.v1 import ingest_pb2, ingest_pb2_grpc
-
-from tests.support.receivers import GrpcReceiver
 
 TOKEN = "s3cret-token"
 BASE = {"project": "p", "run_id": "r" * 32, "host": "h", "pid": 7, "rank": 1, "world_size": 2}

@@ -13,13 +13,12 @@ import pytest
 
 pytest.importorskip("google.protobuf")
 
+from tests.support.receivers import HttpReceiver
 from trainguard import wire
 from trainguard.core import events as ev
 from trainguard.transport.base import TransportError
 from trainguard.transport.http import HttpTransport
 from trainguard.v1 import ingest_pb2
-
-from tests.support.receivers import HttpReceiver
 
 TOKEN = "tok"
 

@@ -3,43 +3,46 @@
 Hook design (all hooks are registered once, at ``watch`` time; the per-parameter work is cached):
 
 1. **End of backward** — a ``register_post_accumulate_grad_hook`` on a few *sentinel* parameters (the
-   first parameter of up to four layers spread over the model) queues an autograd-engine final callback (``Variable._execution_engine.queue_callback``) once per
-   backward pass; that callback re-queues itself once so that it runs after every other final callback
-   of the pass (DDP's gradient all-reduce finaliser among them). It then computes, on the gradients'
-   device, ``torch._foreach_norm`` over all gradients (one fused kernel per device and dtype, fp32
-   accumulation for fp16/bf16), stacks the per-parameter norms and takes their L2 norm: exactly what
-   ``clip_grad_norm_`` computes. Nothing is read back. The norms are those of the accumulated gradient
-   **before clipping** (clipping happens after backward) and, with a GradScaler, divided on the device by
-   the scale (i.e. unscaled). With gradient accumulation each micro-batch's backward recomputes them and
-   the last one before the optimizer step wins. Callbacks run on the streams that called ``backward()``.
+   first parameter of up to four layers spread over the model) queues an autograd-engine final callback
+   (``Variable._execution_engine.queue_callback``) once per backward pass; that callback re-queues
+   itself once so that it runs after every other final callback of the pass (DDP's gradient all-reduce
+   finaliser among them). It then computes, on the gradients' device, ``torch._foreach_norm`` over all
+   gradients (one fused kernel per device and dtype, fp32 accumulation for fp16/bf16), stacks the
+   per-parameter norms and takes their L2 norm: exactly what ``clip_grad_norm_`` computes. Nothing is
+   read back. The norms are those of the accumulated gradient **before clipping** (clipping happens
+   after backward) and, with a GradScaler, divided on the device by the scale (i.e. unscaled). With
+   gradient accumulation each micro-batch's backward recomputes them and the last one before the
+   optimizer step wins. Final callbacks run on the streams that called ``backward()``.
 2. **Step boundary** — with a GradScaler, a wrapper around the scaler's ``update`` (restored by
-   ``remove()``): it is called once per iteration even when the scaler skips ``optimizer.step`` because
-   of an overflow, so overflows (and a collapsing scale) are seen. Otherwise ``register_step_post_hook``
-   on the optimizer (the last one, when several are given). Without optimizer and scaler, every end of
-   backward is a step. At the boundary the host-measured step time (``perf_counter`` between boundaries)
-   goes to ``client.note_optimizer_step`` and one ``log_metrics`` call queues the step's values; device
-   values are 0-d tensors that the client's worker thread reads back later — never the training thread.
-3. **Per-layer norms** every ``per_layer_every`` steps (and at the first step): the squared per-parameter
-   norms are summed per layer with one ``index_add_`` on the device and queued with ``log_vector`` (one
-   copy on the worker thread).
+   ``remove()``): it is called once per iteration even when the scaler skips ``optimizer.step``
+   because of an overflow, so overflows (and a collapsing scale) are seen. Otherwise
+   ``register_step_post_hook`` on the optimizer (the last one, when several are given). Without
+   optimizer and scaler, every end of backward is a step. At the boundary the host-measured step time
+   (``perf_counter`` between boundaries) goes to ``client.note_optimizer_step`` and one ``log_metrics``
+   call queues the step's values; device values are 0-d tensors that the client's worker thread reads
+   back later — never the training thread. If no backward callback ran since the last step (no
+   sentinel got a gradient), the norms are computed here from the gradients as they are now.
+3. **Per-layer norms** every ``per_layer_every`` steps (and at the first step): the squared
+   per-parameter norms are summed per layer with one ``index_add_`` on the device and queued with
+   ``log_vector`` (one copy on the worker thread).
 4. **Memory** every ``memory_every`` steps (and at the first step): :func:`cuda_memory.report_memory`
    (host-side allocator counters and RSS; no device call).
 
-Where the host and device synchronise: nowhere on the training thread. The worker thread reads the queued
-0-d tensors (one stacked copy per drain per device). Metrics, by name: ``grad/global_norm``,
-``grad/layer/<layer>``, ``grad/clip_triggered`` (1.0 when ``clip_grad_norm_(max_norm=clip)`` would scale,
-i.e. ``norm + 1e-6 > clip``), ``amp/scale`` (the scale this step's backward used), ``amp/overflow`` (1.0
-when the scaler found Inf/NaN gradients and skipped the step), ``time/step_s``, ``opt/lr``, ``mem/*``.
-A non-finite norm is alerted by the worker with the recent history of every metric.
+Where host and device synchronise: nowhere on the training thread. The worker thread reads the queued
+0-d tensors (one stacked copy per drain per device). Metrics: ``grad/global_norm``,
+``grad/layer/<layer>``, ``grad/clip_triggered`` (1.0 when ``clip_grad_norm_(max_norm=clip)`` scales the
+gradients, i.e. norm > clip - 1e-6), ``amp/scale`` (the scale this step's backward used),
+``amp/overflow`` (1.0 when the scaler found Inf/NaN gradients and skipped the step), ``time/step_s``,
+``opt/lr``, ``mem/*``. The worker alerts on a non-finite norm with the recent history of every metric.
 
-A layer is the module path of a parameter up to and including its first numeric component (an element of a
-ModuleList/Sequential: ``encoder.layers.3``, ``transformer.h.0``), or else its first ``layer_depth``
-components (``bert.embeddings``, ``lm_head``); a parameter of the root module is its own layer.
+A layer is the module path of a parameter up to and including its first numeric component (an element
+of a ModuleList/Sequential: ``encoder.layers.3``, ``transformer.h.0``), or else its first
+``layer_depth`` components (``bert.embeddings``, ``lm_head``); a root-module parameter is its own layer.
 
-Every hook body is guarded: an exception disables that part of the watch (gradients, step, memory) with one
-warning and never reaches the training step. Limits: FSDP/ZeRO shard gradients, so the norms are of this
-rank's shard; hooks are not traced by ``torch.compile`` (the optimizer-step and backward-callback hooks
-still run around compiled regions).
+Every hook body is guarded: an exception disables that part of the watch (gradients, step, layers,
+memory) with one warning and never reaches the training step. Limits: under FSDP/ZeRO the gradients are
+sharded, so the norms are of this rank's shard; with reentrant activation checkpointing a nested
+backward may compute early norms, which the outer backward's callback then overwrites.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from . import cuda_memory
 if TYPE_CHECKING:
     from ..client import Client
 
-_WATCH_KWARGS = ("layer_depth", "memory_every", "log_lr")
+_WATCH_KWARGS = ("layer_depth", "memory_every", "norm_every", "log_lr")
 _active: weakref.WeakKeyDictionary[nn.Module, WatchHandle] = weakref.WeakKeyDictionary()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -270,7 +273,7 @@ class WatchHandle:
 
     def __init__(self, client: Client, model: nn.Module, optimizers: Sequence[Any], scaler: Any,
                  clip: Optional[float], per_layer_every: int, memory_every: int, layer_depth: int,
-                 log_lr: bool = True) -> None:
+                 norm_every: int = 1, log_lr: bool = True) -> None:
         self._client = client
         self._model_ref = weakref.ref(model)
         self.layout = ParamLayout(model, layer_depth)
@@ -280,6 +283,7 @@ class WatchHandle:
         self.clip = float(clip) if clip is not None and clip > 0 and math.isfinite(clip) else None
         self.per_layer_every = max(0, int(per_layer_every))
         self.memory_every = max(0, int(memory_every))
+        self.norm_every = max(1, int(norm_every))
         self._log_lr = log_lr and bool(self._optimizers)
         self.steps = 0  #: step boundaries seen
         self.removed = False
@@ -396,10 +400,16 @@ class WatchHandle:
         except Exception:
             self._after_backward()
 
+    def _norms_due(self, count: int) -> bool:
+        """Whether the step numbered ``count`` (1-based) reports norms (global or per layer)."""
+        every = self.per_layer_every
+        return count == 1 or count % self.norm_every == 0 or bool(every and count % every == 0)
+
     def _after_backward(self) -> None:
         self._backward_seen = False
         self._queued_task = -2
-        self._guard("gradients", self._compute_norms)
+        if self._norms_due(self.steps + 1):
+            self._guard("gradients", self._compute_norms)
         if self.boundary == "backward":
             self._guard("step", self._on_boundary, None)
 
@@ -447,7 +457,7 @@ class WatchHandle:
             metrics["time/step_s"] = dt
         norms = self._pending
         self._pending = None
-        if norms is None and "gradients" not in self._disabled:
+        if norms is None and "gradients" not in self._disabled and self._norms_due(count):
             # No backward callback ran since the last step (unhooked parameters, no autograd engine
             # callbacks): read the gradients as they are now (after any clipping / unscaling).
             with torch.no_grad():
@@ -514,9 +524,11 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
     possibly wrapped by Lightning/accelerate. ``scaler``: a ``torch.amp.GradScaler``; its ``update`` then
     ends an iteration. ``clip``: the ``max_norm`` given to ``clip_grad_norm_``, enabling
     ``grad/clip_triggered``. ``every``: per-layer norms every N steps (default ``per_layer_every``).
-    Keyword options: ``layer_depth`` and ``memory_every`` (default: the client's options), ``log_lr``
-    (default True). Watching a model again replaces the previous watch of it. Also installs the OOM
-    enricher. Raises TypeError when ``model`` is not an ``nn.Module`` (``trainguard.watch`` reports it).
+    Keyword options: ``layer_depth`` and ``memory_every`` (default: the client's options),
+    ``norm_every`` (global norm every N steps, default 1: on CPU the fused norm costs ~1.5 µs per
+    parameter tensor per step, as ``clip_grad_norm_`` does), ``log_lr`` (default True). Watching a model
+    again replaces the previous watch of it. Also installs the OOM enricher. Raises TypeError when
+    ``model`` is not an ``nn.Module`` (``trainguard.watch`` reports it).
     """
     module = unwrap_model(model)
     if not isinstance(module, nn.Module):
@@ -542,7 +554,7 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
         per_layer_every=opts.per_layer_every if every is None else int(every),
         memory_every=opts.memory_every if memory_every is None else int(memory_every),
         layer_depth=opts.layer_depth if layer_depth is None else int(layer_depth),
-        log_lr=bool(kwargs.get("log_lr", True)))
+        norm_every=int(kwargs.get("norm_every") or 1), log_lr=bool(kwargs.get("log_lr", True)))
     _active[module] = handle
     return handle
 

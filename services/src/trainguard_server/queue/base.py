@@ -1,0 +1,59 @@
+"""Queue contract: ``publish`` is durable when it returns; ``consume`` hands out records in order per key;
+``commit`` marks records done so they are never handed out again (at-least-once delivery).
+
+The embedded queue is a SQLite table; the production one is Kafka (a later issue) with topic partitions
+keyed by run id. Both satisfy tests/services/queue/test_contract.py.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import List, Sequence
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """One published message. ``value`` is a serialized ``trainguard.v1.IngestRequest``."""
+
+    partition: int
+    offset: int
+    key: str            # run id: records with one key are consumed in publish order
+    value: bytes
+    published_ns: int   # when the gateway published it (for processing-lag figures)
+
+
+class QueueFull(Exception):
+    """Backpressure: the queue holds more unconsumed data than allowed; retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Queue(ABC):
+    """A durable, ordered-per-key log of ingest batches with one consumer group."""
+
+    @abstractmethod
+    def publish(self, key: str, values: Sequence[bytes]) -> List[int]:
+        """Append ``values`` under ``key``; returns their offsets once they are durable.
+
+        Raises QueueFull when over capacity (nothing of the call is stored then).
+        """
+
+    @abstractmethod
+    def consume(self, max_records: int, timeout: float) -> List[QueueRecord]:
+        """Up to ``max_records`` records not yet committed and not yet handed out to this consumer,
+        waiting up to ``timeout`` s for the first one. After a restart, everything uncommitted is
+        handed out again."""
+
+    @abstractmethod
+    def commit(self, records: Sequence[QueueRecord]) -> None:
+        """Mark ``records`` (and everything before them in their partition) as processed."""
+
+    @abstractmethod
+    def depth(self) -> int:
+        """Records published and not yet committed."""
+
+    def close(self) -> None:
+        """Release resources; published data stays (for durable implementations)."""

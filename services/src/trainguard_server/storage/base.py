@@ -1,0 +1,216 @@
+"""Store contracts. Every implementation (memory, SQLite; later Elasticsearch, ClickHouse) passes the same
+contract suites in tests/services/storage/. All methods are scoped by project: no call returns another
+project's data. Writes are idempotent (event_id; (run, rank, name, step); record ids), so the processor
+can re-apply a batch after a crash.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Dict, Generic, List, Optional, Sequence, TypeVar
+
+from trainguard.core.records import Cluster, Incident, RunRecord
+
+T = TypeVar("T")
+
+
+@dataclass
+class Page(Generic[T]):
+    """One page of results; ``next_cursor`` is opaque and None on the last page."""
+
+    items: List[T]
+    next_cursor: Optional[str] = None
+
+
+@dataclass
+class StoredEvent:
+    """Raw context kept for search and drill-down: exceptions, logs, lifecycle, alerts."""
+
+    event_id: str
+    project: str
+    run_id: str
+    rank: int
+    host: str
+    kind: str                  # payload kind: "exception", "log", "lifecycle", "metrics" (alerts), ...
+    severity: str
+    step: int
+    time_ns: int
+    text: str                  # what full-text search looks at: type, message, traceback, log line
+    payload: Dict[str, Any] = field(default_factory=dict)  # the envelope in the JSON mapping
+
+
+@dataclass
+class SearchHit:
+    event: StoredEvent
+    snippet: str               # the matching part of ``text`` with the match marked [like this]
+    score: float
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    project: str
+    run_id: str
+    rank: int
+    name: str
+    step: int
+    time_ns: int
+    value: float               # NaN and +-Inf are legal and stored as such
+
+
+@dataclass
+class Bucket:
+    """One downsampled bucket: spikes survive because min and max are kept."""
+
+    step_start: int
+    step_end: int
+    count: int
+    min: float
+    max: float
+    mean: float                # mean of the finite values; NaN if none
+    last: float
+    nonfinite: int             # NaN/Inf values in the bucket
+
+
+@dataclass
+class MetricSummary:
+    name: str
+    count: int
+    first_step: int
+    last_step: int
+    min: float
+    max: float
+    last: float
+    nonfinite: int
+
+
+class EventStore(ABC):
+    @abstractmethod
+    def put(self, events: Sequence[StoredEvent]) -> int:
+        """Store events; duplicates (same event_id) are ignored. Returns how many were new."""
+
+    @abstractmethod
+    def get(self, project: str, event_id: str) -> Optional[StoredEvent]:
+        """One event of ``project`` or None."""
+
+    @abstractmethod
+    def search(self, project: str, query: str, *, run_id: Optional[str] = None, limit: int = 50,
+               cursor: Optional[str] = None) -> Page[SearchHit]:
+        """Full-text search over ``text``: words are ANDed; "quoted phrases" match exactly; best first.
+        Raises ValueError with a message for a query it cannot parse."""
+
+    @abstractmethod
+    def list_for_run(self, project: str, run_id: str, *, kinds: Optional[Sequence[str]] = None,
+                     limit: int = 100, cursor: Optional[str] = None) -> Page[StoredEvent]:
+        """A run's events, oldest first."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+class MetricStore(ABC):
+    @abstractmethod
+    def put(self, points: Sequence[MetricPoint]) -> None:
+        """Store points; a point with the same (project, run, rank, name, step) replaces the old one."""
+
+    @abstractmethod
+    def names(self, project: str, run_id: str) -> List[str]:
+        """Metric names of a run, sorted."""
+
+    @abstractmethod
+    def series(self, project: str, run_id: str, names: Sequence[str], *, rank: Optional[int] = None,
+               start_step: Optional[int] = None, end_step: Optional[int] = None,
+               max_points: int = 1000) -> Dict[str, Dict[int, List[Bucket]]]:
+        """``{name: {rank: buckets}}``: at most ``max_points`` buckets per (name, rank), equal step
+        widths over the requested range; a bucket per step when the data is small enough."""
+
+    @abstractmethod
+    def summary(self, project: str, run_id: str) -> List[MetricSummary]:
+        """Per-name aggregates over all ranks."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+class IncidentStore(ABC):
+    """Runs, incidents, clusters and the processor's state snapshots."""
+
+    @abstractmethod
+    def upsert_runs(self, runs: Sequence[RunRecord]) -> None: ...
+
+    @abstractmethod
+    def get_run(self, project: str, run_id: str) -> Optional[RunRecord]: ...
+
+    @abstractmethod
+    def list_runs(self, project: str, *, status: Optional[str] = None, tag: Optional[str] = None,
+                  limit: int = 50, cursor: Optional[str] = None) -> Page[RunRecord]:
+        """Most recently active first. ``tag`` is "key=value" or "key"."""
+
+    @abstractmethod
+    def upsert_incidents(self, incidents: Sequence[Incident]) -> None: ...
+
+    @abstractmethod
+    def get_incident(self, project: str, incident_id: str) -> Optional[Incident]: ...
+
+    @abstractmethod
+    def list_incidents(self, project: str, *, run_id: Optional[str] = None, status: Optional[str] = None,
+                       limit: int = 50, cursor: Optional[str] = None) -> Page[Incident]:
+        """Most recent first (by first_ns)."""
+
+    @abstractmethod
+    def upsert_clusters(self, clusters: Sequence[Cluster]) -> None: ...
+
+    @abstractmethod
+    def get_cluster(self, project: str, fingerprint: str) -> Optional[Cluster]: ...
+
+    @abstractmethod
+    def list_clusters(self, project: str, *, limit: int = 50,
+                      cursor: Optional[str] = None) -> Page[Cluster]:
+        """Most recently seen first."""
+
+    @abstractmethod
+    def save_state(self, key: str, state: bytes) -> None:
+        """Persist the processor's state snapshot under ``key``."""
+
+    @abstractmethod
+    def load_state(self, key: str) -> Optional[bytes]: ...
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+@dataclass
+class Project:
+    name: str
+    created_ns: int
+
+
+@dataclass
+class TokenInfo:
+    token_id: str
+    project: str
+    kind: str                  # "ingest" | "read"
+    created_ns: int
+    revoked: bool = False
+    description: str = ""
+
+
+class ProjectStore(ABC):
+    """Projects and their tokens. Tokens are stored hashed; the secret is shown once at creation."""
+
+    @abstractmethod
+    def create_token(self, project: str, kind: str, description: str = "") -> str:
+        """Create (and the project if new); returns the secret token text."""
+
+    @abstractmethod
+    def authenticate(self, token: str) -> Optional[TokenInfo]:
+        """The token's info if it exists and is not revoked, else None."""
+
+    @abstractmethod
+    def list_tokens(self, project: Optional[str] = None) -> List[TokenInfo]: ...
+
+    @abstractmethod
+    def revoke(self, token_id: str) -> bool: ...
+
+    def close(self) -> None:
+        """Release resources."""
