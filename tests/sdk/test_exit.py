@@ -125,3 +125,19 @@ signal.signal(signal.SIGTERM, graceful)
     lifecycle = [e["lifecycle"] for e in of_kind(read_jsonl(out), "lifecycle")]
     [end] = [e for e in lifecycle if e["phase"] == "EXIT"]
     assert (end["exit_code"], end["reason"]) == (0, "sys.exit")
+
+
+def test_captured_fingerprint_equals_the_printed_tracebacks(tmp_path: Path) -> None:
+    """The SDK's live fingerprint and the fingerprint of what Python printed agree (the agent parses
+    printed tracebacks), even past the frames the SDK ships (a deep recursion)."""
+    from trainguard.core.tracebacks import fingerprint_text
+
+    out = tmp_path / "events.jsonl"
+    body = "import sys\nsys.setrecursionlimit(400)\ndef down(n):\n    return down(n + 1)\ndown(0)\n"
+    result = run_python(INIT.format(out=out) + body)
+    [exc] = [e["exception"] for e in of_kind(read_jsonl(out), "exception")]
+    assert exc["type"] == "RecursionError"
+    assert len(exc["frames"]) == 128  # max_frames shipped
+    printed = fingerprint_text(result.stderr)
+    assert printed is not None and exc["fingerprint"] == printed.hash
+    assert all(0 <= h["frame_index"] < 128 for h in exc["hints"])

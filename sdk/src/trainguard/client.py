@@ -236,7 +236,8 @@ class Client:
     def _exception_payload(self, exc: BaseException, handled: bool, mechanism: str) -> Dict[str, Any]:
         opts = self.options
         payload: Dict[str, Any] = {
-            "type": _qualified_type(exc), "message": ev.safe_str(exc, opts.max_string_length),
+            "type": fp.exception_type_name(type(exc)),
+            "message": ev.safe_str(fp.exception_message(exc), opts.max_string_length),
             "handled": handled, "mechanism": mechanism,
             "thread": threading.current_thread().name,
         }
@@ -246,9 +247,16 @@ class Client:
         except Exception:
             pass
         try:
-            frames = fp.frames_from_traceback(exc.__traceback__)[-opts.max_frames:]
-            payload["frames"] = [_frame_dict(f) for f in frames]
-            payload.update(fp.fingerprint(payload["type"], str(payload["message"]), frames).to_dict())
+            # fingerprint the whole exception (equal to fingerprinting its printed text); ship only the
+            # innermost max_frames frames, with the hints re-indexed to them
+            frames = fp.frames_from_traceback(exc.__traceback__)
+            print_ = fp.fingerprint(payload["type"], fp.exception_message(exc), frames).to_dict()
+            offset = max(0, len(frames) - opts.max_frames)
+            print_["hints"] = [dict(h, frame_index=h["frame_index"] - offset) for h in print_["hints"]
+                               if h["frame_index"] >= offset]
+            print_["message_template"] = ev.safe_str(print_["message_template"], opts.max_string_length)
+            payload["frames"] = [_frame_dict(f) for f in frames[offset:]]
+            payload.update(print_)
             payload["chain"] = _chain(exc, opts.max_frames)
         except Exception as err:  # a fingerprint bug must not lose the exception itself
             warn_once("fingerprint", f"could not fingerprint {payload['type']}: {err}")
@@ -444,14 +452,6 @@ def _resolve_tensors(items: List[Tuple[Any, ...]]) -> None:
             values[name] = float(number)
 
 
-def _qualified_type(exc: BaseException) -> str:
-    cls = type(exc)
-    module = cls.__module__
-    if module in ("builtins", "__main__", None):
-        return cls.__qualname__
-    return f"{module}.{cls.__qualname__}"
-
-
 def _frame_dict(frame: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {"filename": frame.filename, "module": frame.module,
                            "function": frame.function, "lineno": frame.lineno, "in_app": frame.in_app}
@@ -476,7 +476,8 @@ def _chain(exc: BaseException, max_frames: int) -> List[Dict[str, Any]]:
             break
         seen.add(id(nxt))
         frames = fp.frames_from_traceback(nxt.__traceback__)[-max_frames:]
-        chain.append({"type": _qualified_type(nxt), "message": ev.safe_str(nxt, 2048),
+        chain.append({"type": fp.exception_type_name(type(nxt)),
+                      "message": ev.safe_str(fp.exception_message(nxt), 2048),
                       "relation": relation, "frames": [_frame_dict(f) for f in frames]})
         current = nxt
     chain.reverse()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, List
 
 import pytest
+
 from trainguard.core import fingerprint as fp_module
 from trainguard.core.fingerprint import (
     FINGERPRINT_VERSION,
@@ -417,6 +418,10 @@ def _json_error() -> None:
     json.loads("{oops")
 
 
+def _syntax_error() -> None:
+    compile("weights = (1,\n", "<generated config>", "exec")
+
+
 LIVE_CASES: List[Callable[[], object]] = [
     lambda: _recurse(0),
     lambda: _even(0),
@@ -427,6 +432,7 @@ LIVE_CASES: List[Callable[[], object]] = [
     _noted,
     _empty_message,
     _json_error,
+    _syntax_error,
 ]
 
 

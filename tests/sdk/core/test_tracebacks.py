@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+
 from trainguard.core.fingerprint import FrameInfo
 from trainguard.core.tracebacks import ParsedException, fingerprint_text, parse_traceback_text
 
@@ -314,3 +315,50 @@ def test_large_log_parses_quickly() -> None:
     result = fingerprint_text(text)
     assert time.perf_counter() - started < 3.0
     assert result is not None and result.hash == fp_of("dataloader_worker_error.txt")
+
+
+TRICKY_LINES = [
+    "Traceback (most recent call last):",
+    "Original Traceback (most recent call last):",
+    "  traceback : Traceback (most recent call last):",
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+    '  File "/a/site-packages/torch/nn/functional.py", line 12, in linear',
+    '  File "/home/me/train.py", line 3, in main',
+    "    return F.linear(x)",
+    "           ^^^^^^^^^^",
+    "  [Previous line repeated 996 more times]",
+    "RuntimeError: boom 17 at 0xdeadbeef",
+    "ValueError:",
+    "-- Process 3 terminated with the following error:",
+    "Fatal Python error: Segmentation fault",
+    "Current thread 0x00007f (most recent call first):",
+    '  File "/home/me/train.py", line 9 in step',
+    "terminate called after throwing an instance of 'c10::Error'",
+    "  what():  CUDA error: device-side assert triggered",
+    "Exception raised from c10_cuda_check_implementation at /pytorch/c10/cuda/CUDAException.cpp:43 "
+    "(most recent call first):",
+    "frame #0: c10::Error::Error() + 0x9d (0x7f6da337305d in /x/libc10.so)",
+    "",
+    "   ",
+    "[rank1]: Traceback (most recent call last):",
+    "[rank1]: KeyError: 'x'",
+    "I1129 08:30:25.541000 4271 api.py:880] log",
+]
+
+
+def test_arbitrary_line_soup_never_raises() -> None:
+    import random
+
+    rng = random.Random(1234)
+    for _ in range(400):
+        text = "\n".join(rng.choice(TRICKY_LINES) for _ in range(rng.randint(0, 60)))
+        parsed = parse_traceback_text(text)
+        result = fingerprint_text(text)
+        assert (result is None) == all(p.relation != "" for p in parsed)
+
+
+def test_deeply_nested_embedding_is_bounded() -> None:
+    text = "Traceback (most recent call last):\n" + "Original Traceback (most recent call last):\n" * 5000
+    parsed = parse_traceback_text(text)
+    assert 1 <= len(parsed) <= 20

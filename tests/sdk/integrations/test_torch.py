@@ -285,13 +285,13 @@ def test_a_diverging_run_is_alerted_with_recent_history() -> None:
 def test_grad_scaler_on_cpu_reports_scale_overflow_and_unscaled_norms() -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 125, growth_interval=1000)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24, growth_interval=1000)
     handle = trainguard.watch(model, opt, scaler=scaler)
     assert handle.boundary == "scaler.update" and "update" in scaler.__dict__
     scales, refs, skipped = [], [], []
-    for _ in range(12):
+    for _ in range(14):  # fp16 activations' gradients overflow at this scale until it backs off
         x, y = batch()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.float16):
             loss = nn.functional.mse_loss(model(x).float(), y)
         opt.zero_grad()
         scales.append(float(scaler.get_scale()))  # the test may sync; the SDK does not
@@ -308,7 +308,7 @@ def test_grad_scaler_on_cpu_reports_scale_overflow_and_unscaled_norms() -> None:
     assert overflow == [1.0 if s else 0.0 for s in skipped]
     assert overflow[0] == 1.0 and overflow[-1] == 0.0  # the scale backed off until gradients fit
     norms = series(evs, "grad/global_norm")
-    assert [s for s, _ in norms] == list(range(12))  # skipped optimizer steps still count
+    assert [s for s, _ in norms] == list(range(14))  # skipped optimizer steps still count
     for (_, value), ref, skip in zip(norms, refs, skipped):
         assert (not math.isfinite(value)) if skip else rel_close(value, ref)
     handle.remove()

@@ -485,9 +485,10 @@ def exception_type_name(exc_type: type) -> str:
 
 
 def exception_message(exc: BaseException) -> str:
-    """``str(exc)`` plus its ``__notes__`` (one per line), as Python prints them; never raises."""
+    """The message as Python's traceback prints it -- ``str(exc)`` (for a ``SyntaxError`` its ``msg``;
+    the location goes on separate lines) plus its ``__notes__``, one per line; never raises."""
     try:
-        message = str(exc)
+        message = exc.msg if isinstance(exc, SyntaxError) and isinstance(exc.msg, str) else str(exc)
     except Exception:  # a broken __str__ must not break capture; Python prints the same placeholder
         message = "<exception str() failed>"
     notes = getattr(exc, "__notes__", None)

@@ -43,6 +43,8 @@ RELATION_CAUSE = "cause"
 RELATION_CONTEXT = "context"
 RELATION_EMBEDDED = "embedded"
 FATAL_ERROR_TYPE = "Fatal Python error"
+MAX_EMBEDDING_DEPTH = 8
+"""Tracebacks embedded deeper than this are kept as plain message text (bounded recursion)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ class _Parser:
         self.lines = lines
         self.stream = stream
         self.prefixes = prefixes
+        self.depth = 0  # nesting of embedded tracebacks being parsed
 
     # -- top level ------------------------------------------------------------------------------------
     def parse(self) -> List[Tuple[int, ParsedException]]:
@@ -218,10 +221,14 @@ class _Parser:
                                                 or _BREAK_RE.match(line.lstrip())):
                 break
             header = _HEADER_RE.match(line)
-            if header:
+            if header and self.depth < MAX_EMBEDDING_DEPTH:
                 previous = next((m for m in reversed(msg_lines) if m.strip()), "")
                 if header.group("lead") or indent > base or previous.rstrip().endswith(":"):
-                    sub, end = self._print(i, RELATION_EMBEDDED)
+                    self.depth += 1
+                    try:
+                        sub, end = self._print(i, RELATION_EMBEDDED)
+                    finally:
+                        self.depth -= 1
                     embedded.extend(sub)
                     msg_lines.extend(_dedent(x, base) for x in lines[i:end])
                     i = end

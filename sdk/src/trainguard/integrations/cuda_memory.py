@@ -39,8 +39,9 @@ except ImportError as _exc:  # pragma: no cover - exercised only without torch
     raise DidNotEnable("torch is not installed: pip install 'trainguard[torch]'") from _exc
 
 DeviceLike = Union[str, int, "torch.device", None]
-#: ``provider() -> {name: bytes}`` (e.g. params/grads/optimizer state), called only on an OOM.
-AttributionProvider = Callable[[], Mapping[str, int]]
+#: ``provider(device_type) -> {name: bytes}`` (params/grads/optimizer state on devices of that type,
+#: "cuda" or "cpu"), called only on an OOM.
+AttributionProvider = Callable[[str], Mapping[str, int]]
 
 #: memory_stats() entries copied into MemorySnapshot.stats (the rest are in the OOM context's JSON).
 SELECTED_STATS = (
@@ -225,7 +226,7 @@ def oom_context(exc: BaseException, client: Optional[Client] = None) -> Dict[str
     dev = oom_device(exc)
     context: Dict[str, str] = {"oom_device": str(dev)}
     snap = memory_snapshot(dev, with_free=True, summary=True)
-    attribution = _attribution(client) if client is not None else {}
+    attribution = _attribution(client, dev.type) if client is not None else {}
     if attribution:
         context["memory_attribution"] = json.dumps(attribution, separators=(",", ":"), sort_keys=True)
         stats = snap.setdefault("stats", {})
@@ -276,7 +277,8 @@ def install_oom_enricher(client: Client) -> None:
 
 
 def add_attribution(client: Client, provider: AttributionProvider) -> None:
-    """Have OOM context include ``provider()`` (bytes by category); installs the enricher if needed."""
+    """Have OOM context include ``provider(device_type)`` (bytes by category); installs the enricher
+    if needed."""
     install_oom_enricher(client)
     with _lock:
         _installed[client].append(provider)
@@ -290,13 +292,13 @@ def remove_attribution(client: Client, provider: AttributionProvider) -> None:
             providers.remove(provider)
 
 
-def _attribution(client: Client) -> Dict[str, int]:
+def _attribution(client: Client, device_type: str) -> Dict[str, int]:
     with _lock:
         providers = list(_installed.get(client, ()))
     out: Dict[str, int] = {}
     for provider in providers:
         try:
-            for key, value in provider().items():
+            for key, value in provider(device_type).items():
                 out[key] = out.get(key, 0) + int(value)
         except Exception:
             continue

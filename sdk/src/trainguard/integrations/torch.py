@@ -497,16 +497,18 @@ class WatchHandle:
     def _report_memory(self) -> None:
         cuda_memory.report_memory(self._client, self._devices())
 
-    def _memory_attribution(self) -> Dict[str, int]:
-        """Bytes of parameters, gradients and optimizer state on CUDA (for OOM context)."""
-        params = self.layout.params
-        out = {"params_bytes": cuda_memory.tensor_bytes(params),
-               "grads_bytes": cuda_memory.tensor_bytes(p.grad for p in params if p.grad is not None)}
+    def _memory_attribution(self, device_type: str) -> Dict[str, int]:
+        """Bytes of parameters (frozen ones too), gradients and optimizer state on ``device_type``."""
+        model = self._model_ref()
+        params = list(model.parameters()) if model is not None else self.layout.params
+        out = {"params_bytes": cuda_memory.tensor_bytes(params, device_type),
+               "grads_bytes": cuda_memory.tensor_bytes((p.grad for p in params if p.grad is not None),
+                                                       device_type)}
         state_bytes = 0
         for opt in self._optimizers:
             for state in getattr(opt, "state", {}).values():
                 if isinstance(state, dict):
-                    state_bytes += cuda_memory.tensor_bytes(state.values())
+                    state_bytes += cuda_memory.tensor_bytes(state.values(), device_type)
         out["optimizer_state_bytes"] = state_bytes
         return out
 

@@ -1,0 +1,115 @@
+"""PyTorch Lightning: ``TrainGuardCallback`` watches the LightningModule and reports loss and crashes.
+
+    import trainguard
+    from trainguard.integrations.lightning import TrainGuardCallback
+
+    trainguard.init(endpoint=...)
+    trainer = lightning.pytorch.Trainer(callbacks=[TrainGuardCallback()], gradient_clip_val=1.0)
+
+- ``on_fit_start``: ``trainguard.watch(pl_module, trainer.optimizers, scaler=<the precision plugin's
+  GradScaler, if any>, clip=<gradient_clip_val when clipping by norm>)``. Lightning runs backward inside
+  the optimizer's closure; the watch reads gradients at the end of backward, so the norms are the
+  pre-clip ones and the step ends at the optimizer (or scaler) step as usual.
+- ``on_train_batch_end``: ``outputs["loss"]`` (a tensor; read back on the SDK's thread) as ``loss``.
+  Steps are the SDK's optimizer-step count (0-based, i.e. ``trainer.global_step - 1`` after the step),
+  the same numbering as the watch's gradient metrics; a batch that only accumulates gradients logs its
+  loss at the step it contributes to minus one, like Lightning's own loggers do with ``global_step``.
+- ``on_exception``: the exception, as unhandled (mechanism ``lightning``), before Lightning re-raises it.
+- ``on_fit_end`` / ``teardown``: the watch is removed.
+
+Uses ``lightning.pytorch`` when installed, else ``pytorch_lightning``; without either, importing this
+module raises ImportError saying what to install. Never raises into training: every hook is guarded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:
+    try:
+        from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
+    except ImportError as exc:
+        raise ImportError(
+            "trainguard.integrations.lightning needs PyTorch Lightning: pip install 'trainguard[lightning]'"
+        ) from exc
+
+from .. import api
+from ..guard import never_raise
+
+__all__ = ["TrainGuardCallback"]
+
+
+class TrainGuardCallback(Callback):  # type: ignore[misc]
+    """Lightning callback reporting gradient/AMP/memory signals, the training loss and crashes.
+
+    ``clip``: overrides the clip threshold read from the trainer. ``log_loss``: log
+    ``outputs["loss"]`` after each training batch (default True). Other keyword arguments go to
+    ``trainguard.watch`` (``every``, ``layer_depth``, ``memory_every``, ``norm_every``, ``log_lr``).
+    """
+
+    def __init__(self, clip: Optional[float] = None, log_loss: bool = True, **watch_kwargs: Any) -> None:
+        super().__init__()
+        self.clip = clip
+        self.log_loss = log_loss
+        self.watch_kwargs = watch_kwargs
+        self.handle: Any = None
+
+    @never_raise()
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._remove()
+        scaler = getattr(_precision_plugin(trainer), "scaler", None)
+        self.handle = api.watch(pl_module, list(getattr(trainer, "optimizers", []) or []) or None,
+                                scaler=scaler, clip=self.clip if self.clip is not None else _clip(trainer),
+                                **self.watch_kwargs)
+
+    @never_raise()
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not self.log_loss:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is None or not hasattr(loss, "detach"):
+            return
+        step = None if self._watching() else int(getattr(trainer, "global_step", 0))
+        api.log(step=step, loss=loss.detach())
+
+    @never_raise()
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        client = api.get_client()
+        if client is not None:
+            client.capture_exception(exception, handled=False, mechanism="lightning")
+
+    @never_raise()
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._remove()
+
+    @never_raise()
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self._remove()
+
+    def _watching(self) -> bool:
+        return self.handle is not None and not getattr(self.handle, "removed", True)
+
+    def _remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+def _precision_plugin(trainer: Any) -> Any:
+    plugin = getattr(trainer, "precision_plugin", None)
+    if plugin is None:
+        plugin = getattr(getattr(trainer, "strategy", None), "precision_plugin", None)
+    return plugin
+
+
+def _clip(trainer: Any) -> Optional[float]:
+    """``gradient_clip_val`` when Lightning clips by norm (its default algorithm), else None."""
+    value = getattr(trainer, "gradient_clip_val", None)
+    algorithm = getattr(trainer, "gradient_clip_algorithm", None)
+    if not value or (algorithm is not None and str(getattr(algorithm, "value", algorithm)) != "norm"):
+        return None
+    return float(value)

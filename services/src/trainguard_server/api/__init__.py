@@ -1,0 +1,1 @@
+"""The query API (FastAPI): runs, metrics, incidents, clusters, search, health and Prometheus metrics."""

@@ -1,0 +1,53 @@
+"""Request dependencies: the services container and read-token authentication (project scoping)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Optional
+
+from fastapi import Depends, Header, HTTPException, Request
+
+from ..storage.base import EventStore, IncidentStore, MetricStore, ProjectStore
+
+
+@dataclass
+class Services:
+    """Everything a route may use; built once by the server and put on ``app.state.services``."""
+
+    events: EventStore
+    metrics: MetricStore
+    incidents: IncidentStore
+    projects: ProjectStore
+    queue: Any = None
+    gateway: Any = None
+    processor: Any = None
+    settings: Any = None
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def read_project(services: ServicesDep,
+                 authorization: Annotated[Optional[str], Header()] = None) -> str:
+    """The project a read token grants. 401 without a valid token, 403 for an ingest token."""
+    if not authorization:
+        raise HTTPException(401, "missing Authorization: Bearer <read token>",
+                            headers={"WWW-Authenticate": "Bearer"})
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise HTTPException(401, "Authorization must be 'Bearer <read token>'",
+                            headers={"WWW-Authenticate": "Bearer"})
+    info = services.projects.authenticate(token.strip())
+    if info is None:
+        raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
+    if info.kind != "read":
+        raise HTTPException(403, f"a {info.kind} token cannot read; use a read token")
+    return info.project
+
+
+ProjectDep = Annotated[str, Depends(read_project)]

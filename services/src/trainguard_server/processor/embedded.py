@@ -1,0 +1,217 @@
+"""The embedded processor runtime: queue → pure pipeline → stores, in a thread of ``trainguard serve``.
+
+Exactly-once effect from at-least-once delivery:
+1. records are consumed and their events run through the pipeline; raw context, metric points and the
+   pipeline's upserts are written to the stores (all writes are idempotent);
+2. every ``snapshot_every_s`` the pipeline state is saved *with the offsets it covers*, and only then are
+   those records committed on the queue;
+3. after a crash the last snapshot is restored and the queue redelivers everything after it; re-applying
+   those records yields the same stores, and the pipeline's event-id memory keeps counts exact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from trainguard import wire
+from trainguard.core import extract
+from trainguard.core.catalogue import DetectionSettings
+from trainguard.core.pipeline import Pipeline, PipelineOutput
+from trainguard.v1 import ingest_pb2
+
+from ..queue.base import Queue, QueueRecord
+from ..storage.base import EventStore, IncidentStore, MetricPoint, MetricStore, StoredEvent
+
+log = logging.getLogger("trainguard.processor")
+
+STATE_KEY = "pipeline/embedded"
+
+
+@dataclass
+class ProcessorStats:
+    """Counters exposed on /metrics."""
+
+    records: int = 0
+    events: int = 0
+    metric_points: int = 0
+    undecodable: int = 0
+    errors: int = 0
+    snapshots: int = 0
+    last_lag_s: float = 0.0
+    lag_samples: List[float] = field(default_factory=list)  # recent publish→processed seconds
+
+
+class EmbeddedProcessor:
+    """Consumes the queue on a thread; ``drain()`` processes everything queued and checkpoints."""
+
+    def __init__(self, queue: Queue, events: EventStore, metrics: MetricStore, incidents: IncidentStore,
+                 detection: Optional[DetectionSettings] = None, *, batch: int = 256,
+                 snapshot_every_s: float = 5.0, tick_interval_s: float = 1.0) -> None:
+        self.queue = queue
+        self.events = events
+        self.metrics = metrics
+        self.incidents = incidents
+        self.detection = detection or DetectionSettings()
+        self.batch = batch
+        self.snapshot_every_s = snapshot_every_s
+        self.tick_interval_s = tick_interval_s
+        self.stats = ProcessorStats()
+        self.pipeline = self._restore()
+        self._uncommitted: List[QueueRecord] = []
+        self._last_snapshot = time.monotonic()
+        self._last_tick = 0.0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()  # one processing round at a time (thread vs drain())
+        self.listeners: List[Any] = []  # callables(PipelineOutput) — live updates
+
+    # --- state ----------------------------------------------------------------------------------
+    def _restore(self) -> Pipeline:
+        blob = self.incidents.load_state(STATE_KEY)
+        if blob is None:
+            return Pipeline(self.detection)
+        try:
+            return Pipeline.restore(blob, self.detection)
+        except Exception as exc:  # an unreadable snapshot: start clean, the stores keep the history
+            log.error("pipeline snapshot unreadable (%s); starting from an empty state", exc)
+            return Pipeline(self.detection)
+
+    def checkpoint(self) -> None:
+        """Save the pipeline state, then commit the records it covers."""
+        with self._lock:
+            self._checkpoint_locked()
+
+    def _checkpoint_locked(self) -> None:
+        self.incidents.save_state(STATE_KEY, self.pipeline.snapshot())
+        if self._uncommitted:
+            self.queue.commit(self._uncommitted)
+            self._uncommitted = []
+        self.stats.snapshots += 1
+        self._last_snapshot = time.monotonic()
+
+    # --- processing -----------------------------------------------------------------------------
+    def run_once(self, timeout: float) -> int:
+        """One round: consume up to ``batch`` records (waiting up to ``timeout``), process, maybe
+        checkpoint and run timers. Returns the number of records processed."""
+        records = self.queue.consume(self.batch, timeout)
+        with self._lock:
+            if records:
+                self._process(records)
+            now = time.monotonic()
+            if now - self._last_tick >= self.tick_interval_s:
+                self._last_tick = now
+                self._apply(self.pipeline.advance(time.time_ns()))
+            if self._uncommitted and now - self._last_snapshot >= self.snapshot_every_s:
+                self._checkpoint_locked()
+        return len(records)
+
+    def _process(self, records: Sequence[QueueRecord]) -> None:
+        envelopes: List[Dict[str, Any]] = []
+        for record in records:
+            try:
+                request = ingest_pb2.IngestRequest.FromString(record.value)
+                envelopes.extend(wire.envelope_to_dict(ev) for ev in request.events)
+            except Exception as exc:  # the gateway validated it; a bad record is a bug, not data
+                self.stats.undecodable += 1
+                log.error("undecodable queue record %s/%s: %s", record.partition, record.offset, exc)
+        self._store_raw(envelopes)
+        self._apply(self.pipeline.process(envelopes))
+        now_ns = time.time_ns()
+        for record in records:
+            lag = max(0.0, (now_ns - record.published_ns) / 1e9)
+            self.stats.last_lag_s = lag
+            self.stats.lag_samples.append(lag)
+        del self.stats.lag_samples[:-1000]
+        self.stats.records += len(records)
+        self.stats.events += len(envelopes)
+        self._uncommitted.extend(records)
+
+    def _store_raw(self, envelopes: Sequence[Dict[str, Any]]) -> None:
+        points: List[MetricPoint] = []
+        stored: List[StoredEvent] = []
+        for env in envelopes:
+            project = env.get("project", "")
+            run_id = env.get("run_id", "")
+            rank = int(env.get("rank", 0))
+            time_ns = int(env.get("time_unix_nano", 0))
+            for name, step, value in extract.metric_points(env):
+                points.append(MetricPoint(project, run_id, rank, name, step, time_ns, value))
+            if extract.is_raw_context(env):
+                stored.append(StoredEvent(
+                    event_id=env["event_id"], project=project, run_id=run_id, rank=rank,
+                    host=env.get("host", ""), kind=_kind(env), severity=env.get("severity", "INFO"),
+                    step=int(env.get("step", 0)), time_ns=time_ns, text=extract.raw_text(env),
+                    payload=env))
+        if points:
+            self.metrics.put(points)
+            self.stats.metric_points += len(points)
+        if stored:
+            self.events.put(stored)
+
+    def _apply(self, output: PipelineOutput) -> None:
+        if output.runs:
+            self.incidents.upsert_runs(output.runs)
+        if output.incidents:
+            self.incidents.upsert_incidents(output.incidents)
+        if output.clusters:
+            self.incidents.upsert_clusters(output.clusters)
+        if output.runs or output.incidents or output.clusters:
+            for listener in list(self.listeners):
+                try:
+                    listener(output)
+                except Exception:
+                    log.exception("processor listener failed")
+
+    # --- thread ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="trainguard-processor", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once(timeout=0.2)
+            except Exception:
+                self.stats.errors += 1
+                log.exception("processing round failed; retrying")
+                time.sleep(0.5)
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
+        """Stop the thread; with ``drain``, process what is queued first. Always checkpoints."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if drain:
+            self.drain(timeout)
+        self.checkpoint()
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Process until the queue has nothing uncommitted left to hand out (or ``timeout``)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.run_once(timeout=0.0) == 0:
+                break
+
+
+def _kind(env: Dict[str, Any]) -> str:
+    for kind in ("exception", "log", "lifecycle", "heartbeat", "memory", "metrics"):
+        if kind in env:
+            return kind
+    return "unknown"
+
+
+def summarise_lag(samples: Sequence[float]) -> Dict[str, float]:
+    """p50/p99 of recent processing lags (seconds)."""
+    if not samples:
+        return {"p50": 0.0, "p99": 0.0}
+    ordered = sorted(samples)
+    return {"p50": ordered[len(ordered) // 2], "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]}
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))

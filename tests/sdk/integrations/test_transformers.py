@@ -1,0 +1,101 @@
+"""transformers callback: a real ``Trainer`` run on CPU when transformers is installed; the clean refusal
+always (a missing install is tested, never skipped)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List
+
+import pytest
+import torch
+import trainguard
+from torch import nn
+from trainguard.guard import reset_warnings
+
+HAVE_TRANSFORMERS = (importlib.util.find_spec("transformers") is not None
+                     and importlib.util.find_spec("accelerate") is not None)
+
+
+def test_import_without_transformers_raises_a_clear_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what `import` sees when it is absent
+    monkeypatch.delitem(sys.modules, "trainguard.integrations.transformers", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'trainguard\[transformers\]'"):
+        importlib.import_module("trainguard.integrations.transformers")
+
+
+def usable_or_refused() -> bool:
+    """True when transformers (and the accelerate its Trainer needs) are installed; otherwise asserts the
+    refusal when transformers itself is missing and returns False."""
+    if HAVE_TRANSFORMERS:
+        module = importlib.import_module("trainguard.integrations.transformers")
+        assert module.TrainGuardCallback.__mro__[1].__name__ == "TrainerCallback"
+        return True
+    if importlib.util.find_spec("transformers") is None:
+        with pytest.raises(ImportError, match=r"pip install 'trainguard\[transformers\]'"):
+            importlib.import_module("trainguard.integrations.transformers")
+    return False
+
+
+@pytest.fixture
+def sdk() -> Iterator[Callable[[], List[Dict[str, Any]]]]:
+    reset_warnings()
+    torch.manual_seed(0)
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    capture_uncaught=False)
+
+    def events() -> List[Dict[str, Any]]:
+        assert trainguard.flush(5)
+        client = trainguard.get_client()
+        assert client is not None
+        return list(client.worker._transport.events)  # type: ignore[attr-defined]
+
+    yield events
+    trainguard.shutdown(timeout=2)
+
+
+class Regressor(nn.Module):
+    """The smallest model ``Trainer`` accepts: returns a dict with ``loss``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> Dict[str, torch.Tensor]:
+        return {"loss": nn.functional.mse_loss(self.net(x), labels)}
+
+
+def test_trainer_run_reports_logs_and_matching_grad_norms(
+        sdk: Callable[[], List[Dict[str, Any]]], tmp_path: Path) -> None:
+    if not usable_or_refused():
+        return
+    from transformers import Trainer, TrainingArguments
+    from trainguard.integrations.transformers import TrainGuardCallback
+
+    x = torch.randn(48, 8)
+    data = [{"x": x[i], "labels": x[i].sum().sin().reshape(1)} for i in range(48)]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=2, logging_steps=1, learning_rate=0.05,
+                             max_grad_norm=0.5, report_to=[], save_strategy="no", use_cpu=True,
+                             disable_tqdm=True, lr_scheduler_type="constant", dataloader_num_workers=0)
+    callback = TrainGuardCallback()
+    trainer = Trainer(model=Regressor(), args=args, train_dataset=data, callbacks=[callback])
+    trainer.train()
+    assert callback.handle is None  # removed at the end of training
+    evs = sdk()
+
+    def series(name: str) -> List[Any]:
+        return [(e["step"], p["value"]) for e in evs for p in e.get("metrics", {}).get("points", [])
+                if p["name"] == name]
+
+    ours = dict(series("grad/global_norm"))
+    theirs = dict(series("grad_norm"))  # Trainer's own (pre-clip) norm, logged through on_log
+    assert sorted(ours) == list(range(6)) and sorted(theirs) == list(range(6))
+    for step in range(6):
+        assert abs(ours[step] - theirs[step]) <= 1e-4 * theirs[step]
+    assert [v for _, v in series("grad/clip_triggered")] == [
+        1.0 if theirs[s] > 0.5 - 1e-6 else 0.0 for s in range(6)]
+    assert [s for s, _ in series("loss")] == list(range(6))
+    assert {"learning_rate", "epoch"} <= {p["name"] for e in evs for p in e.get("metrics", {}).get("points", [])}
