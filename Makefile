@@ -6,19 +6,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test lint typecheck proto bench clean
 
-$(STAMP): requirements/dev.txt sdk/pyproject.toml
+$(STAMP): requirements/dev.txt sdk/pyproject.toml services/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.txt
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk -e services
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with the SDK (editable), torch (CPU) and the test tools
 
-demo: install  ## the main job on the embedded default: real trainings instrumented with the SDK
-	$(BIN)/python -m demo
+demo: install  ## the main job on the embedded default: server + real trainings going wrong
+	$(BIN)/trainguard demo
 
 test: install  ## the whole suite: lint, types, tests
-	$(BIN)/ruff check sdk tests bench tools demo
+	$(BIN)/ruff check sdk services tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 

@@ -17,11 +17,16 @@
     python bench/sdk_overhead.py                 # CPU: (a) + MLP + transformer
     python bench/sdk_overhead.py --device cuda   # adds GPT-2 small with AMP; --amp fp16 uses a GradScaler
     python bench/sdk_overhead.py --quick         # seconds-long smoke run (tests/bench runs it)
+
+(c) ``sync``    — CUDA only, after each workload: watched steps under
+                  ``torch.cuda.set_sync_debug_mode("error")`` prove the training thread never synchronises
+                  (see :func:`check_sync`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -33,8 +38,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-import trainguard
 from torch import nn
+
+import trainguard
 
 
 # --- (a) the cost of one log call -------------------------------------------------------------------
@@ -263,6 +269,51 @@ def bench_train(work: Workload, device: torch.device, blocks: int, block_steps: 
            f"pair_ratio_range=[{min(pair_ratios):.4f},{max(pair_ratios):.4f}] target_ratio=1.01")
 
 
+def check_sync(work: Workload, device: torch.device, steps: int, tmp: str,
+               report: Callable[[str], None]) -> None:
+    """CUDA only: run steps under ``torch.cuda.set_sync_debug_mode("error")`` — first the bare step (the
+    workload itself must be sync-free), then watched steps with every per-step path switched on
+    (per-layer norms and memory every step) plus ``log(loss=<tensor>)``. The SDK's worker is told not to
+    drain during the window (the debug mode is process-wide and the worker's read-back *is* a sync, by
+    design off the training thread); it drains afterwards and the delivered points are counted."""
+    trainguard.shutdown()
+    trainguard.init(endpoint=f"file://{tmp}/sync.jsonl", spool_dir="", capture_exit=False,
+                    capture_uncaught=False, heartbeat_interval=0, flush_interval=3600.0,
+                    max_batch_events=1_000_000, max_queue_events=1_000_000)
+    name = f"sync_check[{work.name}]"
+    _sync(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        work.step()
+    except RuntimeError as exc:
+        torch.cuda.set_sync_debug_mode(0)
+        report(f"{name} SKIPPED: the bare step itself synchronises ({str(exc).splitlines()[0][:120]})")
+        return
+    handle = None
+    verdict = "OK"
+    try:
+        handle = trainguard.watch(work.model, work.optimizer, scaler=work.scaler, clip=work.clip,
+                                  every=1, memory_every=1)
+        for _ in range(steps):
+            loss = work.step()
+            trainguard.log(loss=loss)
+    except RuntimeError as exc:
+        verdict = f"FAILED: {str(exc).splitlines()[0][:160]}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    client = trainguard.get_client()
+    pending = client.pending() if client is not None else -1
+    if handle is not None:
+        handle.remove()
+    trainguard.flush(30.0)
+    points = 0
+    with open(f"{tmp}/sync.jsonl") as fh:
+        for line in fh:
+            points += len(json.loads(line).get("metrics", {}).get("points", []))
+    report(f"{name} watched_steps={steps} training_thread_syncs={'0' if verdict == 'OK' else '>0'} "
+           f"{verdict} queued_during_window={pending} points_delivered_after={points}")
+
+
 # --- main -------------------------------------------------------------------------------------------
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
@@ -274,10 +325,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--log-calls", type=int, default=200_000, help="log() calls timed in (a)")
     parser.add_argument("--amp", choices=("bf16", "fp16"), default="bf16",
                         help="GPT-2 precision on CUDA: bf16 autocast, or fp16 autocast + GradScaler")
-    parser.add_argument("--batch", type=int, default=16, help="GPT-2 batch size (sequences of 1024)")
+    parser.add_argument("--batch", type=int, default=48,
+                        help="GPT-2 batch size in sequences of 1024 (48: a step of ~100 ms on an H200)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for CPU runs")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few steps (smoke test)")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: log,mlp,transformer,gpt2")
+    parser.add_argument("--skip", default="",
+                        help="comma list of parts to skip: log,mlp,transformer,gpt2,sync")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -333,7 +386,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         for make in workloads:
             work = make()
             bench_train(work, device, blocks, block_steps, warmup=2 if quick else 10, report=report)
+            if device.type == "cuda" and "sync" not in skip:
+                check_sync(work, device, 3 if quick else 20, tmp, report)
+                trainguard.shutdown()
+                trainguard.init(endpoint=f"file://{tmp}/train.jsonl", spool_dir="", capture_exit=False,
+                                capture_uncaught=False)
             del work
+        trainguard.flush(30.0)
         client = trainguard.get_client()
         report(f"sdk_stats {client.stats.snapshot() if client is not None else {}}")
         trainguard.shutdown()

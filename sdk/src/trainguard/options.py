@@ -20,8 +20,8 @@ class Options:
     #: Where events go: ``http(s)://host:port``, ``grpc://host:port`` (needs ``trainguard[grpc]``),
     #: ``file:///path.jsonl`` (offline). None (and no TRAINGUARD_ENDPOINT): the SDK is a no-op.
     endpoint: Optional[str] = None
-    #: Project the events belong to; the ingest token must be valid for it.
-    project: str = "default"
+    #: Project the events belong to; empty: the ingest token's project (the gateway fills it in).
+    project: str = ""
     #: Ingest token, sent as ``Authorization: Bearer``.
     token: Optional[str] = None
     run_name: Optional[str] = None

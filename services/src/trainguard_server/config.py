@@ -43,3 +43,5 @@ class Settings(BaseSettings):
     processor_batch: int = Field(256, description="queue records consumed per processing round")
     snapshot_every_s: float = Field(5.0, description="how often the processor snapshots its state")
     tick_interval_s: float = Field(1.0, description="how often processing-time timers run")
+    detection_overrides: str = Field(
+        "", description='JSON object of DetectionSettings overrides, e.g. {"stall_min_s": 5}')

@@ -9,8 +9,9 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 import torch
-import trainguard
 from torch import nn
+
+import trainguard
 from trainguard.guard import reset_warnings
 
 HAVE_LIGHTNING = importlib.util.find_spec("lightning") is not None
@@ -65,6 +66,7 @@ def _series(evs: List[Dict[str, Any]], name: str) -> List[Any]:
 def _fit(fail_at: int = -1, steps: int = 6) -> Dict[str, Any]:
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader, TensorDataset
+
     from trainguard.integrations.lightning import TrainGuardCallback
 
     class Lit(pl.LightningModule):

@@ -9,8 +9,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import torch
-import trainguard
 from torch import nn
+
+import trainguard
 from trainguard.guard import reset_warnings
 from trainguard.integrations import torch as tg_torch
 
@@ -229,6 +230,45 @@ def test_sparse_gradients_take_the_general_path() -> None:
     assert len(got) == 3 and all(rel_close(v, r) for (_, v), r in zip(got, refs))
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float64,), (torch.bfloat16,), (torch.float16,),
+                                    (torch.float32, torch.float64)], ids=["fp64", "bf16", "fp16", "mixed"])
+def test_norms_for_every_gradient_dtype(dtypes: Tuple[torch.dtype, ...]) -> None:
+    model = mlp()
+    for i, layer in enumerate(m for m in model if isinstance(m, nn.Linear)):
+        layer.to(dtypes[i % len(dtypes)])
+    handle = trainguard.watch(model)
+    refs = []
+    for _ in range(3):
+        model.zero_grad()
+        h = torch.randn(16, 8)
+        for layer in model:
+            h = layer(h.to(layer.weight.dtype)) if isinstance(layer, nn.Linear) else layer(h)
+        h.float().pow(2).mean().backward()
+        refs.append(ref_norm([p.grad for p in model.parameters()]))
+    got = series(events(), "grad/global_norm")
+    assert len(got) == 3 and all(rel_close(v, r) for (_, v), r in zip(got, refs))
+    assert handle._norms._general == (len(dtypes) > 1)  # one fused call unless fp64 is mixed in
+
+
+def test_norm_every_samples_the_global_norm() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    trainguard.watch(model, opt, norm_every=3, every=0)
+    _train(model, opt, 7)
+    assert [s for s, _ in series(events(), "grad/global_norm")] == [0, 2, 5]  # first, then every 3rd
+
+
+def test_a_disabled_scaler_leaves_the_optimizer_step_as_the_boundary() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    handle = trainguard.watch(model, opt, scaler=scaler)
+    assert handle.boundary == "optimizer.step" and "update" not in scaler.__dict__
+    _train(model, opt, 2)  # never calls scaler.update()
+    evs = events()
+    assert len(series(evs, "grad/global_norm")) == 2 and series(evs, "amp/scale") == []
+
+
 def test_ddp_norms_are_read_after_the_all_reduce(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
@@ -413,7 +453,70 @@ def test_remove_stops_reporting_and_is_idempotent() -> None:
 def test_watch_refuses_what_is_not_a_module(capsys: pytest.CaptureFixture[str]) -> None:
     client = trainguard.get_client()
     assert client is not None
-    with pytest.raises(TypeError, match="torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         tg_torch.watch(client, object())
     assert trainguard.watch(object()) is None  # the public API reports instead of raising
     assert "watch() needs a torch.nn.Module" in capsys.readouterr().err
+
+
+# --- CUDA (run on the GPU machine; skipped where there is no GPU) -----------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_on_cuda_the_training_thread_never_synchronises() -> None:
+    """Every per-step path on (norms, per-layer every step, clip, memory every step, a tensor loss) under
+    ``set_sync_debug_mode("error")``; the worker does not drain during the window (the debug mode is
+    process-wide and the worker's read-back is a sync by design), then the values are checked."""
+    trainguard.shutdown()
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    capture_uncaught=False, flush_interval=3600.0, max_batch_events=100_000,
+                    max_queue_events=100_000)
+    device = torch.device("cuda")
+    model = Net().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    xs = [torch.randn(32, 4, device=device) for _ in range(6)]
+    torch.cuda.synchronize()
+    refs = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        trainguard.watch(model, opt, clip=0.5, every=1, memory_every=1)
+        for x in xs:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            refs.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))  # stays on the device
+            opt.step()
+            trainguard.log(loss=loss.detach())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    evs = events()
+    got = series(evs, "grad/global_norm")
+    assert [s for s, _ in got] == list(range(6))
+    assert all(rel_close(v, float(r)) for (_, v), r in zip(got, refs))
+    assert [v for _, v in series(evs, "grad/clip_triggered")] == [1.0 if float(r) > 0.5 else 0.0 for r in refs]
+    assert len(series(evs, "grad/layer/blocks.1")) == 6 and len(series(evs, "mem/allocated")) == 6
+    assert len(series(evs, "loss")) == 6
+
+
+@needs_cuda
+def test_on_cuda_fp16_grad_scaler_overflows_are_reported() -> None:
+    device = torch.device("cuda")
+    model = mlp().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 24)
+    trainguard.watch(model, opt, scaler=scaler)
+    skipped = []
+    for _ in range(14):
+        x = torch.randn(16, 8, device=device)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = nn.functional.mse_loss(model(x).float(), x.sum(1, keepdim=True).sin())
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(scaler.get_scale() < before)
+    evs = events()
+    assert [v for _, v in series(evs, "amp/overflow")] == [1.0 if s else 0.0 for s in skipped]
+    assert any(skipped) and [s for s, _ in series(evs, "grad/global_norm")] == list(range(14))

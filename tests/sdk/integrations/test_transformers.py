@@ -11,8 +11,9 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 import torch
-import trainguard
 from torch import nn
+
+import trainguard
 from trainguard.guard import reset_warnings
 
 HAVE_TRANSFORMERS = (importlib.util.find_spec("transformers") is not None
@@ -72,6 +73,7 @@ def test_trainer_run_reports_logs_and_matching_grad_norms(
     if not usable_or_refused():
         return
     from transformers import Trainer, TrainingArguments
+
     from trainguard.integrations.transformers import TrainGuardCallback
 
     x = torch.randn(48, 8)

@@ -1,9 +1,11 @@
 """Memory signals: periodic CUDA allocator snapshots, host RSS, and context for out-of-memory errors.
 
-Everything on the periodic path is host-side bookkeeping: ``torch.cuda.memory_stats`` reads the caching
-allocator's counters (no device sync, no kernel), the device capacity comes from the cached device
-properties and RSS from ``/proc/self/statm``. ``torch.cuda.mem_get_info`` (a driver query) is only called
-on an out-of-memory error, where the cost does not matter and "how much is free" matters most.
+The periodic path never synchronises with the device: ``torch.cuda.memory_stats`` reads the caching
+allocator's host-side counters (about 0.13 ms on the H200 machine's host), the capacity comes from the
+cached device properties, RSS from ``/proc/self/statm``, and ``free`` from ``torch.cuda.mem_get_info``
+(``cudaMemGetInfo``): measured there at 0.09-0.10 ms, returning while 300 ms of queued GPU work was still
+pending, i.e. a driver query that does not wait for the device. All of it runs every ``memory_every``
+optimizer steps only.
 
 Public functions:
 
@@ -105,8 +107,8 @@ def memory_snapshot(device: DeviceLike = None, *, with_free: bool = False,
     CUDA: allocated, reserved, active, max_allocated, total_capacity, fragmentation =
     (reserved - active) / reserved (0 when nothing is reserved), num_alloc_retries, num_ooms, rss and
     ``stats`` (:data:`SELECTED_STATS`). Host-side only: no device sync, no kernel launch. ``with_free``
-    adds ``free`` from ``torch.cuda.mem_get_info`` (a driver call; keep it off periodic paths) and
-    ``summary`` adds ``torch.cuda.memory_summary()``. A CPU device, or CUDA not initialised, gives
+    adds ``free`` from ``torch.cuda.mem_get_info`` (a driver query, ~0.1 ms, no sync) and ``summary``
+    adds ``torch.cuda.memory_summary()``. A CPU device, or CUDA not initialised, gives
     ``{"device": ..., "rss": ...}`` only. Never initialises CUDA.
     """
     dev = _as_device(device)
@@ -170,7 +172,7 @@ def report_memory(client: Client, devices: Iterable[DeviceLike]) -> None:
     metrics: Dict[str, Any] = {}
     sent_cpu = False
     for device in devices:
-        snap = memory_snapshot(device)
+        snap = memory_snapshot(device, with_free=True)
         if "reserved" not in snap:  # CPU, or CUDA not initialised: one RSS snapshot is enough
             if sent_cpu:
                 continue

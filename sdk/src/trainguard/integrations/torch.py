@@ -39,7 +39,7 @@ A layer is the module path of a parameter up to and including its first numeric 
 of a ModuleList/Sequential: ``encoder.layers.3``, ``transformer.h.0``), or else its first
 ``layer_depth`` components (``bert.embeddings``, ``lm_head``); a root-module parameter is its own layer.
 
-Every hook body is guarded: an exception disables that part of the watch (gradients, step, layers,
+Every hook body is guarded: an exception disables that part of the watch (gradients, step, amp, layers,
 memory) with one warning and never reaches the training step. Limits: under FSDP/ZeRO the gradients are
 sharded, so the norms are of this rank's shard; with reentrant activation checkpointing a nested
 backward may compute early norms, which the outer backward's callback then overwrites.
@@ -255,7 +255,11 @@ class GradNormComputer:
         if index is None:
             layers = self.layout.param_layer
             chosen = layers if norms.positions is None else [layers[i] for i in norms.positions]
-            index = torch.tensor(chosen, dtype=torch.long, device=per_param.device)
+            index = torch.tensor(chosen, dtype=torch.long)
+            if per_param.device.type == "cuda":  # pinned + non_blocking: no host-device sync
+                index = index.pin_memory().to(per_param.device, non_blocking=True)
+            else:
+                index = index.to(per_param.device)
             if len(self._index_cache) > 16:
                 self._index_cache.clear()
             self._index_cache[key] = index
@@ -279,7 +283,9 @@ class WatchHandle:
         self.layout = ParamLayout(model, layer_depth)
         self._norms = GradNormComputer(self.layout)
         self._optimizers = list(optimizers)
-        self._scaler = scaler
+        # a disabled GradScaler (enabled=False) has nothing to report, and code that shares one path for
+        # bf16 and fp16 may not call its update(): the optimizer's step ends the iteration then
+        self._scaler = scaler if getattr(scaler, "_enabled", True) else None
         self.clip = float(clip) if clip is not None and clip > 0 and math.isfinite(clip) else None
         self.per_layer_every = max(0, int(per_layer_every))
         self.memory_every = max(0, int(memory_every))
@@ -315,7 +321,7 @@ class WatchHandle:
             self._scaler_update = original
 
             def update(*args: Any, **kwargs: Any) -> Any:
-                amp = self._guard("step", self._before_scaler_update)
+                amp = self._guard("amp", self._before_scaler_update)
                 result = original(*args, **kwargs)
                 self._guard("step", self._on_boundary, amp)
                 return result
@@ -470,7 +476,9 @@ class WatchHandle:
             metrics.update(amp)
         if self._log_lr:
             try:
-                metrics["opt/lr"] = self._optimizers[0].param_groups[0]["lr"]
+                lr = self._optimizers[0].param_groups[0]["lr"]
+                # a tensor lr is updated in place by schedulers: copy it (on the device) for the worker
+                metrics["opt/lr"] = lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
             except Exception:
                 self._log_lr = False
         if metrics:

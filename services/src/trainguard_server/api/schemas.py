@@ -13,7 +13,7 @@ WireFloat = Union[float, str]
 
 class PagePublic(BaseModel, Generic[T]):
     items: List[T]
-    next_cursor: Optional[str] = Field(None, description="pass as ?cursor= for the next page; null at the end")
+    next_cursor: Optional[str] = Field(None, description="?cursor= for the next page; null at the end")
 
 
 class RunPublic(BaseModel):

@@ -210,7 +210,8 @@ def summarise_lag(samples: Sequence[float]) -> Dict[str, float]:
     if not samples:
         return {"p50": 0.0, "p99": 0.0}
     ordered = sorted(samples)
-    return {"p50": ordered[len(ordered) // 2], "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]}
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return {"p50": ordered[len(ordered) // 2], "p99": p99}
 
 
 def dumps(obj: Any) -> str:

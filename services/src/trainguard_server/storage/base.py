@@ -203,6 +203,11 @@ class ProjectStore(ABC):
         """Create (and the project if new); returns the secret token text."""
 
     @abstractmethod
+    def add_token(self, project: str, kind: str, token: str, description: str = "") -> TokenInfo:
+        """Register a token text chosen by the operator (e.g. from TRAINGUARD_BOOTSTRAP_INGEST_TOKEN).
+        Raises ValueError if the text is not a well-formed token or already exists."""
+
+    @abstractmethod
     def authenticate(self, token: str) -> Optional[TokenInfo]:
         """The token's info if it exists and is not revoked, else None."""
 

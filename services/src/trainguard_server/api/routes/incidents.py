@@ -17,7 +17,8 @@ STATUSES = ("open", "ongoing", "resolved")
 @router.get("", response_model=PagePublic[IncidentPublic], summary="Incidents, most recent first")
 def list_incidents(project: ProjectDep, services: ServicesDep,
                    status: Optional[str] = Query(None, description="open | ongoing | resolved"),
-                   limit: int = LimitQuery, cursor: Optional[str] = CursorQuery) -> PagePublic[IncidentPublic]:
+                   limit: int = LimitQuery,
+                   cursor: Optional[str] = CursorQuery) -> PagePublic[IncidentPublic]:
     if status is not None and status not in STATUSES:
         raise HTTPException(400, f"status must be one of {', '.join(STATUSES)}")
     page = bad_request_on_value_error(

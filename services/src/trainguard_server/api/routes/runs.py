@@ -8,8 +8,15 @@ from typing import List, Optional
 from fastapi import APIRouter, HTTPException, Query
 
 from ..deps import ProjectDep, ServicesDep
-from ..schemas import (BucketPublic, EventPublic, IncidentPublic, MetricSeriesPublic, MetricSummaryPublic,
-                       PagePublic, RunPublic)
+from ..schemas import (
+    BucketPublic,
+    EventPublic,
+    IncidentPublic,
+    MetricSeriesPublic,
+    MetricSummaryPublic,
+    PagePublic,
+    RunPublic,
+)
 from .common import CursorQuery, LimitQuery, bad_request_on_value_error, not_found, wf
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])

@@ -1,0 +1,52 @@
+"""Detectors: pure functions from (run state, one observation, settings) to findings.
+
+Each module owns one family of the catalogue and returns :class:`~trainguard.core.incidents.Finding`
+objects (or resolves incidents whose condition cleared); :mod:`trainguard.core.pipeline` calls them in a
+fixed order. First version (issue 3): :mod:`.loss` (non-finite loss, told apart from a gradient explosion),
+:mod:`.process` (uncaught exceptions and the exit-code decision path) and :mod:`.progress` (stalled and
+lost runs). The helpers below format numbers and evidence windows the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List
+
+from ..events import wire_float
+from ..state import RankState
+
+
+def fmt_number(value: float) -> str:
+    """``NaN``, ``Infinity``, or 4 significant digits (``0.4503``, ``2.067e+06``)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return f"{value:.4g}"
+
+
+def fmt_duration(seconds: float) -> str:
+    """``"2.5 s"``, ``"5 min 3 s"``, ``"2 h 5 min"``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def window(rank: RankState, name: str, upto_step: int, most: int) -> List[Dict[str, Any]]:
+    """The last ``most`` values of ``name`` at steps <= ``upto_step``, as evidence ``[{"step", "value"}]``
+    with non-finite values in the JSON mapping's spelling."""
+    points = rank.series(name, -(2**63), upto_step)[-most:]
+    return [{"step": s, "value": wire_float(v)} for s, v, _t in points]
+
+
+def first_line(text: str, most: int = 160) -> str:
+    """The first non-empty line of ``text``, cut at ``most`` characters."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line if len(line) <= most else line[: most - 3] + "..."
+    return ""

@@ -1,0 +1,148 @@
+"""No progress: stalled runs (alive, no step) and lost runs (silent, never exited).
+
+**Stalled** (``progress/stalled``), on every heartbeat of a rank that has not exited: the rank is stalled
+when ``heartbeat time - last progress`` exceeds
+:meth:`~trainguard.core.catalogue.DetectionSettings.stall_threshold_s` of the run's step time (its
+slowest rank's; the SDK's own measurement when it sends one). "Last progress" is the later of the event
+time at which the rank's step last advanced and the SDK's ``last_step_time_unix_nano``; before any
+progress, the rank's start. Only heartbeats can say a rank is alive, so only heartbeats open a stall, and
+only event times are used: deterministic. All stalled ranks of a run share one incident per episode (slot
+``stall:<n>``); it begins when the lead rank stopped (``first_ns``) at its last step (``first_step``: the
+last step that completed; the rank is stuck in the one after). Each heartbeat refreshes the rank's
+evidence (how long, against which threshold). A rank leaves the stall when it progresses again or exits;
+the incident resolves when no rank is left (so a run that exits resolves its stall).
+
+**Lost** (``progress/lost``), from :func:`check_lost`, which the pipeline's ``advance(now_ns)`` calls
+with the processor's clock: a run that has not ended (some rank never sent an EXIT) and sent no event at
+all for longer than ``lost_after_s``. One incident per episode (slot ``lost:<n>``) listing the ranks that
+never exited, led by the one silent longest; it resolves when an event newer than the silence arrives.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from ..catalogue import DetectionSettings
+from ..incidents import Finding, add_timeline, resolve
+from ..records import Evidence, TimelineEntry
+from ..state import RankState, RunState
+from . import fmt_duration
+
+STALL_PREFIX = "stall:"
+LOST_PREFIX = "lost:"
+
+
+def on_heartbeat(run: RunState, rank: RankState, time_ns: int, event_id: str,
+                 settings: DetectionSettings) -> Optional[Finding]:
+    """A stall finding when ``rank`` (its heartbeat already observed) has made no progress for too long."""
+    if rank.exited:
+        return None
+    since = rank.progress_ns or rank.started_ns or rank.first_ns
+    stalled_for = (time_ns - since) / 1e9
+    step_time = run.step_time()
+    threshold = settings.stall_threshold_s(step_time)
+    if stalled_for <= threshold:
+        return None
+    current = run.open_incident(STALL_PREFIX)
+    key = current.key if current is not None else f"{STALL_PREFIX}{run.episodes.get('stall', 0) + 1}"
+    joins = current is None or str(rank.rank) not in current.extra.get("stalled", {})
+    step = rank.max_step
+    how = (f"clamp({settings.stall_factor:g} x step time {step_time:.3g} s, {settings.stall_min_s:g} s, "
+           f"{settings.stall_max_s:g} s)" if step_time > 0 else "stall_max_s: step time unknown")
+    evidence = Evidence(
+        rule="progress.stalled",
+        description=(f"rank {rank.rank}: heartbeats arrive but no progress since step {step} for "
+                     f"{fmt_duration(stalled_for)}; threshold {fmt_duration(threshold)} = {how}"),
+        step=step, time_ns=time_ns, rank=rank.rank, metric="seconds_without_progress",
+        threshold=threshold, value=round(stalled_for, 3),
+        window=[{"step": step, "value": round(stalled_for, 3)}], event_id=event_id)
+    timeline = [TimelineEntry(time_ns=since, step=step, rank=rank.rank,
+                              what=f"rank {rank.rank}: last progress (step {step})"),
+                TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                              what=f"rank {rank.rank}: no progress for {fmt_duration(stalled_for)} "
+                                   f"(threshold {fmt_duration(threshold)}): stalled")] if joins else []
+    return Finding(
+        "progress", "stalled", key, rank.rank, step, since, seen_ns=time_ns, host=rank.host,
+        event_id=event_id, evidence=[evidence], timeline=timeline,
+        values={"stalled_for": fmt_duration(stalled_for), "step": step, "rank": rank.rank},
+        summary=(f"Rank {rank.rank} is alive (heartbeats arrive) but has made no progress since step {step}, "
+                 f"for longer than {fmt_duration(threshold)} ({how}): a communication hang, a deadlock or "
+                 f"a blocked data pipeline."),
+        counts=joins, replace_evidence=True, update_values=True)
+
+
+def joined_stall(run: RunState, rank: RankState, key: str) -> None:
+    """Remember that ``rank`` is in the stall incident ``key``, as of its current progress."""
+    st = run.incidents[key]
+    st.extra.setdefault("stalled", {})[str(rank.rank)] = rank.progress_ns or rank.started_ns or rank.first_ns
+    run.episodes["stall"] = max(run.episodes.get("stall", 0), int(key[len(STALL_PREFIX):]))
+
+
+def on_progress(run: RunState, rank: RankState, time_ns: int, settings: DetectionSettings) -> None:
+    """``rank`` progressed or exited: it leaves an open stall, which resolves when no rank is left."""
+    current = run.open_incident(STALL_PREFIX)
+    if current is None:
+        return
+    stalled = current.extra.get("stalled", {})
+    since = stalled.get(str(rank.rank))
+    if since is None or (not rank.exited and rank.progress_ns <= since):
+        return
+    del stalled[str(rank.rank)]
+    what = (f"rank {rank.rank} exited (code {rank.exit_code})" if rank.exited
+            else f"rank {rank.rank} progressed again (step {rank.max_step})")
+    if stalled:
+        add_timeline(current.record, TimelineEntry(time_ns=time_ns, step=rank.max_step, rank=rank.rank,
+                                                   what=what), settings)
+        current.dirty = True
+    else:
+        resolve(current, time_ns, rank.max_step, rank.rank, what + "; no rank is stalled any more", settings)
+
+
+def check_lost(run: RunState, now_ns: int, settings: DetectionSettings) -> List[Finding]:
+    """Lost findings when ``run`` has not ended and has been silent for longer than lost_after_s."""
+    if run.lost or not run.ranks or run.ended():
+        return []
+    silent = (now_ns - run.last_event_ns) / 1e9
+    if silent <= settings.lost_after_s:
+        return []
+    key = f"{LOST_PREFIX}{run.episodes.get('lost', 0) + 1}"
+    alive = sorted((r for r in run.ranks.values() if not r.exited), key=lambda r: (r.last_ns, r.rank))
+    if alive:
+        names = ", ".join(str(r.rank) for r in alive[:16]) + (" ..." if len(alive) > 16 else "")
+        missing = f"no exit from rank(s) {names}"
+    else:  # every rank seen exited, but fewer than world_size ever reported
+        alive = sorted(run.ranks.values(), key=lambda r: (r.last_ns, r.rank))
+        missing = f"only {len(run.ranks)} of {run.world_size} ranks ever reported"
+    findings = []
+    for i, r in enumerate(alive):
+        timeline = [TimelineEntry(time_ns=r.last_ns, step=r.max_step, rank=r.rank,
+                                  what=f"rank {r.rank}: last event (step {r.max_step})")]
+        evidence = []
+        if i == 0:
+            evidence.append(Evidence(
+                rule="progress.lost",
+                description=(f"no event from the run for {fmt_duration(silent)} (threshold "
+                             f"{fmt_duration(settings.lost_after_s)}) and {missing}"),
+                step=run.last_step(), time_ns=now_ns, rank=r.rank, metric="seconds_silent",
+                threshold=settings.lost_after_s, value=round(silent, 3)))
+            timeline.append(TimelineEntry(time_ns=now_ns, step=run.last_step(), rank=r.rank,
+                                          what=f"no event for {fmt_duration(silent)}: lost"))
+        findings.append(Finding(
+            "progress", "lost", key, r.rank, r.max_step, r.last_ns, seen_ns=now_ns, host=r.host,
+            evidence=evidence, timeline=timeline, counts=i == 0,
+            values={"silent_for": fmt_duration(settings.lost_after_s), "step": run.last_step()},
+            summary=(f"No event from this run for {fmt_duration(silent)} and {missing}: the process or its "
+                     f"node died without a word (SIGKILL by the OOM-killer or a preemption sends nothing), "
+                     f"or the network path to TrainGuard is broken.")))
+    return findings
+
+
+def on_alive(run: RunState, rank: RankState, time_ns: int, settings: DetectionSettings) -> None:
+    """An event newer than the silence arrived: a lost run is back."""
+    if not run.lost or time_ns <= run.lost_since_ns:
+        return
+    run.lost = False
+    current = run.open_incident(LOST_PREFIX)
+    if current is not None:
+        resolve(current, time_ns, rank.max_step, rank.rank,
+                f"rank {rank.rank} is sending events again (step {rank.max_step})", settings)

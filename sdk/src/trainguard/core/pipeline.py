@@ -1,0 +1,448 @@
+"""The pure pipeline: envelopes in, run/incident/cluster records out (DESIGN §2 rule 1).
+
+::
+
+    pipeline = Pipeline(DetectionSettings())
+    out = pipeline.process(events)        # envelope dicts in the JSON mapping, in arrival order
+    out = pipeline.advance(now_ns)        # processing-time timers: lost runs, eviction
+    blob = pipeline.snapshot()            # bytes (versioned JSON)
+    pipeline = Pipeline.restore(blob, settings)
+
+**Contract.**
+
+* *Pure and deterministic*: no I/O, no clock, no randomness. Event time is the envelopes'
+  ``time_unix_nano``; processing time is only what a runtime passes to :meth:`Pipeline.advance`. The same
+  inputs in the same order give the same outputs, in every runtime (embedded, Flink).
+* *Upserts*: a :class:`PipelineOutput` holds every record that changed, whole, in a deterministic order.
+  Applying an output twice leaves a store as applying it once.
+* *Idempotent under replay* (at-least-once delivery): duplicates of exceptions, lifecycle, logs and alert
+  or non-finite metric batches are dropped by event id (remembered per run, ``dedupe_ids_per_run``);
+  everything else folds in idempotently by construction (steps and times are maxima, histories are keyed
+  by step, a heartbeat not newer than the rank's last is ignored). Replaying a stream changes nothing and
+  emits nothing.
+* *Snapshots*: :meth:`snapshot` → :meth:`restore` → continue gives exactly the outputs of running straight
+  through (the digests of the records last emitted are part of the state).
+* *Bounded*: every collection is capped by a setting (see :mod:`trainguard.core.state`); ended runs are
+  evicted ``ended_run_ttl_s`` after their last event, others after ``idle_run_ttl_s``; at most
+  ``max_runs`` runs and ``max_clusters`` clusters are kept (these two and ``evicted_runs_remembered`` are
+  read from the pipeline's default settings; everything else from the event's project's settings).
+* *Never raises on input*: an envelope that cannot be read (no payload, no run id, a non-integer step) is
+  counted in ``counters["malformed"]`` and skipped; a bug in a detector does raise.
+
+**Run status**, by precedence: ``failed`` (a rank exited non-zero or by a signal) > ``finished`` (every
+rank exited 0, at least world_size ranks seen) > ``lost`` (silent, see :mod:`.detectors.progress`) >
+``stalled`` (an open stall incident) > ``running``. **Health**: ``critical`` when an open incident is of
+severity error or critical, ``warning`` for warning, else ``healthy``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import clusters as clusters_mod
+from . import incidents as incident_mod
+from .catalogue import DetectionSettings
+from .detectors import loss, process, progress
+from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
+from .incidents import Finding
+from .records import (
+    RUN_FAILED,
+    RUN_FINISHED,
+    RUN_LOST,
+    RUN_RUNNING,
+    RUN_STALLED,
+    Cluster,
+    Incident,
+    RunRecord,
+)
+from .state import ClusterState, IncidentState, RankState, RunState, bounded_put, cluster_key, run_key
+
+SNAPSHOT_FORMAT = "trainguard.pipeline"
+SNAPSHOT_VERSION = 1
+
+COUNTERS = ("events", "duplicates", "malformed", "late", "ranks_dropped", "incidents_suppressed",
+            "runs_evicted", "clusters_evicted")
+"""``Pipeline.counters``: events seen; replayed duplicates dropped; malformed envelopes skipped; events
+for runs already evicted (dropped); events of ranks beyond max_ranks_per_run; findings dropped because a
+run had max_incidents_per_run incidents; runs and clusters evicted."""
+
+_PHASE_START = ("START", 1, "1")
+_PHASE_EXIT = ("EXIT", 2, "2")
+
+
+@dataclass
+class PipelineOutput:
+    """Every record that changed, whole (copies: the pipeline keeps mutating its own)."""
+
+    runs: List[RunRecord] = field(default_factory=list)
+    incidents: List[Incident] = field(default_factory=list)
+    clusters: List[Cluster] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.runs or self.incidents or self.clusters)
+
+
+@dataclass
+class _Event:
+    raw: Mapping[str, Any]
+    kind: str
+    body: Mapping[str, Any]
+    event_id: str
+    project: str
+    run_id: str
+    rank: int
+    step: int
+    time_ns: int
+    host: str
+    pid: int
+    world_size: int
+    run_name: str
+    trace_id: str
+
+
+def _parse(raw: Any) -> _Event:
+    """Read the envelope fields the pipeline uses; ValueError/TypeError when it cannot."""
+    if not isinstance(raw, (dict, Mapping)):
+        raise TypeError(f"an envelope must be an object, got {type(raw).__name__}")
+    kind, body = payload(raw)
+    if kind is None:
+        raise ValueError("envelope without a payload")
+    run_id = as_str(raw.get("run_id"))
+    if not run_id:
+        raise ValueError("envelope without a run_id")
+    return _Event(raw=raw, kind=kind, body=body, event_id=as_str(raw.get("event_id")),
+                  project=as_str(raw.get("project")), run_id=run_id, rank=as_int(raw.get("rank"), 0),
+                  step=as_int(raw.get("step"), 0), time_ns=as_int(raw.get("time_unix_nano"), 0),
+                  host=as_str(raw.get("host")), pid=as_int(raw.get("pid"), 0),
+                  world_size=max(1, as_int(raw.get("world_size"), 1)), run_name=as_str(raw.get("run_name")),
+                  trace_id=as_str(raw.get("trace_id")))
+
+
+def _digest(data: Mapping[str, Any]) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+
+
+class Pipeline:
+    """Per-run state, per-(project, fingerprint) clusters, the detectors and the incident lifecycle.
+
+    ``settings`` apply to every project without an entry in ``project_settings`` (project name →
+    settings, e.g. built with :meth:`DetectionSettings.from_overrides`). Not thread-safe: one pipeline per
+    key range, called by one thread (as Flink's keyed operators and the embedded runtime do).
+    """
+
+    def __init__(self, settings: Optional[DetectionSettings] = None,
+                 project_settings: Optional[Mapping[str, DetectionSettings]] = None) -> None:
+        self.settings = settings or DetectionSettings()
+        self.project_settings: Dict[str, DetectionSettings] = dict(project_settings or {})
+        self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._runs: Dict[str, RunState] = {}
+        self._clusters: Dict[str, ClusterState] = {}
+        self._evicted: Dict[str, int] = {}   # run key -> when evicted (ns), bounded
+        self._dirty_runs: Dict[str, None] = {}
+        self._dirty_clusters: Dict[str, None] = {}
+
+    def settings_for(self, project: str) -> DetectionSettings:
+        """The settings that apply to ``project``."""
+        return self.project_settings.get(project, self.settings)
+
+    # --- inputs -----------------------------------------------------------------------------
+    def process(self, events: Sequence[Mapping[str, Any]]) -> PipelineOutput:
+        """Fold ``events`` (envelope dicts, arrival order) into the state; every record that changed."""
+        for raw in events:
+            self._process_one(raw)
+        return self._flush()
+
+    def advance(self, now_ns: int) -> PipelineOutput:
+        """Processing-time timers at ``now_ns`` (the runtime's clock): runs silent for longer than
+        ``lost_after_s`` become lost; runs past their TTL are evicted (no output: their records stay in
+        the stores). Returns every record that changed."""
+        for run in list(self._runs.values()):
+            settings = self.settings_for(run.project)
+            findings = progress.check_lost(run, now_ns, settings)
+            if not findings:
+                continue
+            for finding in findings:
+                self._apply(run, finding, settings)
+            run.lost, run.lost_since_ns = True, run.last_event_ns
+            run.next_episode("lost")
+            self._mark(run)
+        self._evict(now_ns)
+        return self._flush()
+
+    def _process_one(self, raw: Any) -> None:
+        self.counters["events"] += 1
+        try:
+            ev = _parse(raw)
+            points = batch_points(ev.body, ev.step) if ev.kind == "metrics" else []
+        except (TypeError, ValueError, AttributeError):
+            self.counters["malformed"] += 1
+            return
+        key = run_key(ev.project, ev.run_id)
+        if key in self._evicted:
+            self.counters["late"] += 1
+            return
+        settings = self.settings_for(ev.project)
+        run = self._run(ev, key)
+        if ev.event_id and self._notable(ev, points) and not run.remember(ev.event_id, settings):
+            self.counters["duplicates"] += 1
+            return
+        rank = run.rank_state(ev.rank, settings)
+        if rank is None:
+            self.counters["ranks_dropped"] += 1
+            return
+        rank.touch(ev.time_ns, ev.host, ev.pid)
+        run.world_size = max(run.world_size, ev.world_size)
+        run.run_name = run.run_name or ev.run_name
+        run.trace_id = run.trace_id or ev.trace_id
+        if ev.time_ns:
+            run.first_ns = min(run.first_ns, ev.time_ns) if run.first_ns else ev.time_ns
+            run.last_event_ns = max(run.last_event_ns, ev.time_ns)
+        progress.on_alive(run, rank, ev.time_ns, settings)
+        if ev.kind == "metrics":
+            self._on_metrics(run, rank, ev, points, settings)
+        elif ev.kind == "heartbeat":
+            self._on_heartbeat(run, rank, ev, settings)
+        elif ev.kind == "exception":
+            self._on_exception(run, rank, ev, settings)
+        elif ev.kind == "lifecycle":
+            self._on_lifecycle(run, rank, ev, settings)
+        # log and memory payloads: identity and liveness only, for now (issue 4 reads them)
+        self._mark(run)
+
+    @staticmethod
+    def _notable(ev: _Event, points: Sequence[Any]) -> bool:
+        """Events whose effect is not idempotent by construction: remembered by id to drop replays."""
+        if ev.kind in ("exception", "lifecycle", "log"):
+            return True
+        if ev.kind == "metrics":
+            return bool(ev.body.get("alert")) or any(v - v != 0.0 for _n, _s, v in points)  # NaN/Inf
+        return False
+
+    # --- handlers ---------------------------------------------------------------------------
+    def _on_metrics(self, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],
+                    settings: DetectionSettings) -> None:
+        if points and rank.observe_step(max(s for _n, s, _v in points), ev.time_ns):
+            progress.on_progress(run, rank, ev.time_ns, settings)
+        for name, step, value in points:
+            if settings.keeps_history(name):
+                rank.observe_point(name, step, value, ev.time_ns, settings)
+        if ev.body.get("recent"):
+            for name, step, value in recent_points(ev.raw):
+                if settings.keeps_history(name):
+                    rank.observe_point(name, step, value, ev.time_ns, settings, context=True)
+        for finding in loss.on_metrics(run, rank, points, ev.time_ns, ev.event_id, settings):
+            self._apply(run, finding, settings)
+
+    def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
+        if ev.time_ns <= rank.last_hb_ns:
+            return  # a replayed or reordered heartbeat says nothing new
+        before = rank.progress_ns
+        body = ev.body
+        rank.observe_heartbeat(as_int(body.get("last_step"), 0),
+                               as_int(body.get("last_step_time_unix_nano"), 0),
+                               as_float(body.get("step_time_ewma_s"), 0.0), ev.time_ns)
+        if rank.progress_ns > before:
+            progress.on_progress(run, rank, ev.time_ns, settings)
+        finding = progress.on_heartbeat(run, rank, ev.time_ns, ev.event_id, settings)
+        if finding is not None:
+            st = self._apply(run, finding, settings)
+            if st is not None:
+                progress.joined_stall(run, rank, st.key)
+
+    def _on_exception(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
+        cluster, evicted = clusters_mod.observe(self._clusters, ev.project, ev.run_id, ev.rank, ev.host,
+                                                ev.event_id, ev.time_ns, ev.body, self.settings)
+        self.counters["clusters_evicted"] += evicted
+        self._dirty_clusters[cluster_key(ev.project, cluster.record.fingerprint)] = None
+        finding = process.on_exception(run, rank, ev.raw, ev.body, cluster.record.fingerprint, ev.step,
+                                       ev.time_ns, settings)
+        if finding is not None:
+            self._apply(run, finding, settings)
+
+    def _on_lifecycle(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
+        phase = ev.body.get("phase")
+        if phase in _PHASE_START:
+            rank.started_ns = min(rank.started_ns, ev.time_ns) if rank.started_ns else ev.time_ns
+            run.started_ns = min(run.started_ns, ev.time_ns) if run.started_ns else ev.time_ns
+            tags = ev.body.get("tags")
+            if isinstance(tags, Mapping):
+                for k, v in tags.items():
+                    if ev.rank == 0 or k not in run.tags:
+                        run.tags[str(k)] = as_str(v)
+        elif phase in _PHASE_EXIT:
+            rank.exited = True
+            rank.exit_code = as_int(ev.body.get("exit_code"), 0)
+            rank.exit_signal = as_int(ev.body.get("signal"), 0)
+            rank.exit_reason = as_str(ev.body.get("reason"))
+            rank.exit_ns = ev.time_ns
+            finding = process.on_exit(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings)
+            if finding is not None:
+                self._apply(run, finding, settings)
+            progress.on_progress(run, rank, ev.time_ns, settings)
+
+    # --- bookkeeping --------------------------------------------------------------------------
+    def _apply(self, run: RunState, finding: Finding, settings: DetectionSettings) -> Optional[IncidentState]:
+        st = incident_mod.apply(run, finding, settings)
+        if st is None:
+            self.counters["incidents_suppressed"] += 1
+        return st
+
+    def _mark(self, run: RunState) -> None:
+        self._dirty_runs[run.key] = None
+
+    def _run(self, ev: _Event, key: str) -> RunState:
+        run = self._runs.get(key)
+        if run is None:
+            if len(self._runs) >= self.settings.max_runs:
+                victim = min(self._runs, key=lambda k: (not self._runs[k].ended(),
+                                                        self._runs[k].last_event_ns, k))
+                self._drop_run(victim, ev.time_ns)
+            run = self._runs[key] = RunState(project=ev.project, run_id=ev.run_id)
+        return run
+
+    def _drop_run(self, key: str, now_ns: int) -> None:
+        del self._runs[key]
+        self._dirty_runs.pop(key, None)
+        if self.settings.evicted_runs_remembered:
+            bounded_put(self._evicted, key, now_ns, self.settings.evicted_runs_remembered)
+        self.counters["runs_evicted"] += 1
+
+    def _evict(self, now_ns: int) -> None:
+        for key, run in list(self._runs.items()):
+            settings = self.settings_for(run.project)
+            ttl = settings.ended_run_ttl_s if run.ended() else settings.idle_run_ttl_s
+            if run.last_event_ns and (now_ns - run.last_event_ns) / 1e9 > ttl:
+                self._drop_run(key, now_ns)
+
+    # --- outputs ------------------------------------------------------------------------------
+    def _flush(self) -> PipelineOutput:
+        out = PipelineOutput()
+        for key in sorted(self._dirty_runs):
+            run = self._runs.get(key)
+            if run is None:
+                continue
+            record = run_record(run)
+            digest = _digest(record.to_dict())
+            if digest != run.emitted:
+                run.emitted = digest
+                out.runs.append(record)
+            for st in run.incidents.values():
+                if not st.dirty:
+                    continue
+                st.dirty = False
+                data = st.record.to_dict()
+                digest = _digest(data)
+                if digest != st.emitted:
+                    st.emitted = digest
+                    out.incidents.append(Incident.from_dict(data))
+        for key in sorted(self._dirty_clusters):
+            cluster = self._clusters.get(key)
+            if cluster is None:
+                continue
+            cluster.dirty = False
+            data = cluster.record.to_dict()
+            digest = _digest(data)
+            if digest != cluster.emitted:
+                cluster.emitted = digest
+                out.clusters.append(Cluster.from_dict(data))
+        self._dirty_runs.clear()
+        self._dirty_clusters.clear()
+        out.incidents.sort(key=lambda i: (i.project, i.run_id, i.first_ns, i.incident_id))
+        return out
+
+    # --- inspection ---------------------------------------------------------------------------
+    def runs(self) -> List[RunRecord]:
+        """The current record of every run in state, by (project, run_id)."""
+        return [run_record(self._runs[k]) for k in sorted(self._runs)]
+
+    def incidents(self) -> List[Incident]:
+        """The current record of every incident in state."""
+        out = [Incident.from_dict(st.record.to_dict()) for k in sorted(self._runs)
+               for st in self._runs[k].incidents.values()]
+        out.sort(key=lambda i: (i.project, i.run_id, i.first_ns, i.incident_id))
+        return out
+
+    def clusters(self) -> List[Cluster]:
+        """The current record of every cluster in state, by (project, fingerprint)."""
+        return [Cluster.from_dict(self._clusters[k].record.to_dict()) for k in sorted(self._clusters)]
+
+    def run_state(self, project: str, run_id: str) -> Optional[RunState]:
+        """The live state of a run (for detectors' tests and debugging; do not mutate)."""
+        return self._runs.get(run_key(project, run_id))
+
+    # --- snapshots ----------------------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """The whole state as versioned JSON (UTF-8, ASCII-escaped). Call between process/advance calls."""
+        doc = {
+            "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
+            "runs": [run.to_json() for run in self._runs.values()],
+            "clusters": [c.to_json() for c in self._clusters.values()],
+            "evicted": [[k, t] for k, t in self._evicted.items()],
+            "counters": self.counters,
+        }
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+    @classmethod
+    def restore(cls, data: bytes, settings: Optional[DetectionSettings] = None,
+                project_settings: Optional[Mapping[str, DetectionSettings]] = None) -> Pipeline:
+        """A pipeline continuing from ``data`` (from :meth:`snapshot`) under ``settings``.
+        ValueError when ``data`` is not a snapshot of a version this code reads."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a pipeline snapshot: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError("not a pipeline snapshot (format field missing or wrong)")
+        if doc.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"pipeline snapshot version {doc.get('version')!r} is not supported "
+                             f"(this code reads version {SNAPSHOT_VERSION})")
+        pipeline = cls(settings, project_settings)
+        for item in doc.get("runs", []):
+            run = RunState.from_json(item)
+            pipeline._runs[run.key] = run
+        for item in doc.get("clusters", []):
+            cluster = ClusterState.from_json(item)
+            pipeline._clusters[cluster_key(cluster.record.project, cluster.record.fingerprint)] = \
+                cluster
+        pipeline._evicted = {str(k): int(t) for k, t in doc.get("evicted", [])}
+        pipeline.counters.update({k: int(v) for k, v in doc.get("counters", {}).items() if k in COUNTERS})
+        return pipeline
+
+
+def run_status(run: RunState) -> str:
+    """failed > finished > lost > stalled > running (see the module docstring)."""
+    if run.failed():
+        return RUN_FAILED
+    if run.ended():
+        return RUN_FINISHED
+    if run.lost:
+        return RUN_LOST
+    if run.open_incident(progress.STALL_PREFIX) is not None:
+        return RUN_STALLED
+    return RUN_RUNNING
+
+
+def run_record(run: RunState) -> RunRecord:
+    """The RunRecord of ``run`` as the state says now."""
+    open_states = incident_mod.open_incidents(run)
+    worst = incident_mod.worst_severity(open_states)
+    health = "critical" if worst in ("error", "critical") else "warning" if worst == "warning" else "healthy"
+    ranks = sorted(run.ranks)
+    hosts: List[str] = []
+    for r in ranks:
+        host = run.ranks[r].host
+        if host and host not in hosts:
+            hosts.append(host)
+    return RunRecord(
+        project=run.project, run_id=run.run_id, run_name=run.run_name, trace_id=run.trace_id,
+        status=run_status(run), health=health, started_ns=run.started_ns or run.first_ns,
+        last_event_ns=run.last_event_ns,
+        last_progress_ns=max((s.progress_ns for s in run.ranks.values()), default=0),
+        last_step=run.last_step(), world_size=run.world_size, ranks=ranks, hosts=hosts, tags=dict(run.tags),
+        exit_codes={str(r): run.ranks[r].exit_code for r in ranks if run.ranks[r].exited},
+        open_incidents=len(open_states), step_time_s=round(run.step_time(), 9))

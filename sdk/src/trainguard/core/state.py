@@ -1,0 +1,312 @@
+"""The pipeline's explicit state: per run, per rank, per incident and per cluster, with a JSON codec.
+
+Everything the pipeline knows lives in these objects, so a snapshot (:mod:`json` of ``to_json()``) and a
+restore (``from_json``) give a pipeline that continues exactly as the original would have. Every
+collection is bounded by a :class:`~trainguard.core.catalogue.DetectionSettings` field (the bound is named
+where the collection is declared). The elementary updates (a step observed, a metric point, a heartbeat)
+are methods here; deciding what they mean is the detectors' job. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from .catalogue import DetectionSettings
+from .events import from_wire_float, wire_float
+from .records import INCIDENT_RESOLVED, Cluster, Incident
+
+STEP_TIME_EWMA_ALPHA = 0.1
+"""Weight of a new observation in the per-rank step-time average (the SDK uses the same)."""
+
+# A history point: (value, event time in ns; 0 when it came from an alert's context and has no time).
+HistoryPoint = Tuple[float, int]
+
+
+def bounded_put(mapping: Dict[Any, Any], key: Any, value: Any, most: int) -> None:
+    """Insert ``key`` (as the most recent entry) into an insertion-ordered dict of at most ``most``
+    entries, dropping the oldest."""
+    mapping.pop(key, None)
+    mapping[key] = value
+    while len(mapping) > most:
+        del mapping[next(iter(mapping))]
+
+
+def bounded_append(items: List[Any], item: Any, most: int) -> None:
+    """Append, keeping at most ``most`` items: beyond it the item in the middle goes, so the beginning
+    (how it started) and the most recent entries (how it goes) both survive."""
+    items.append(item)
+    while len(items) > most:
+        del items[most // 2]
+
+
+@dataclass
+class RankState:
+    """One process of a run."""
+
+    rank: int
+    host: str = ""
+    pid: int = 0
+    first_ns: int = 0
+    last_ns: int = 0
+    started_ns: int = 0          # time of its START event, 0 if none seen
+    max_step: int = -1           # highest step seen in metrics and heartbeats
+    progress_ns: int = 0         # when the step last advanced (event time, or the SDK's own record)
+    step_time_s: float = 0.0     # EWMA of seconds per step, from step advances seen here
+    sdk_step_time_s: float = 0.0  # the SDK's own EWMA (heartbeats), preferred when known
+    last_hb_ns: int = 0
+    exited: bool = False
+    exit_code: int = 0
+    exit_signal: int = 0
+    exit_reason: str = ""
+    exit_ns: int = 0
+    exc_key: str = ""            # incident slot of its last uncaught exception ("" if none)
+    # name -> {step: (value, time_ns)}; at most history_max_series names x 2 history_len steps
+    history: Dict[str, Dict[int, HistoryPoint]] = field(default_factory=dict)
+    history_floor: Dict[str, int] = field(default_factory=dict)  # name -> lowest step still accepted
+    # name -> (step, time_ns) of its first non-finite value (history names only)
+    first_nonfinite: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+
+    # --- elementary updates -----------------------------------------------------------------
+    def touch(self, time_ns: int, host: str, pid: int) -> None:
+        """An event of this rank was observed at ``time_ns``."""
+        if host:
+            self.host = host
+        if pid:
+            self.pid = pid
+        if self.first_ns == 0 or 0 < time_ns < self.first_ns:
+            self.first_ns = time_ns
+        self.last_ns = max(self.last_ns, time_ns)
+
+    def observe_step(self, step: int, time_ns: int) -> bool:
+        """A metric at ``step`` was logged at ``time_ns``; True when the step advanced (progress)."""
+        if step <= self.max_step:
+            return False
+        if self.max_step >= 0 and self.progress_ns > 0 and time_ns > self.progress_ns:
+            per_step = (time_ns - self.progress_ns) / 1e9 / (step - self.max_step)
+            self.step_time_s = per_step if self.step_time_s == 0.0 else (
+                (1 - STEP_TIME_EWMA_ALPHA) * self.step_time_s + STEP_TIME_EWMA_ALPHA * per_step)
+        self.max_step = step
+        self.progress_ns = max(self.progress_ns, time_ns)
+        return True
+
+    def observe_heartbeat(self, last_step: int, last_step_time_ns: int, step_time_ewma_s: float,
+                          time_ns: int) -> None:
+        """A heartbeat: the SDK's last step, when it last progressed and its step-time average."""
+        if last_step > self.max_step:
+            self.max_step = last_step
+            self.progress_ns = max(self.progress_ns, last_step_time_ns or time_ns)
+        if last_step_time_ns > self.progress_ns:
+            self.progress_ns = last_step_time_ns  # optimizer steps count even when the label is unchanged
+        if step_time_ewma_s > 0 and math.isfinite(step_time_ewma_s):
+            self.sdk_step_time_s = step_time_ewma_s
+        self.last_hb_ns = max(self.last_hb_ns, time_ns)
+
+    def observe_point(self, name: str, step: int, value: float, time_ns: int,
+                      settings: DetectionSettings, context: bool = False) -> None:
+        """Keep a metric value in the history (if ``name`` has one). ``context`` points (an alert's
+        recent values) only fill steps the history does not have yet. A series keeps at least its last
+        ``history_len`` steps: it is trimmed back to that many when it reaches twice as many, and steps
+        below what a trim kept are ignored from then on (so a replay cannot bring them back)."""
+        series = self.history.get(name)
+        if series is None:
+            if len(self.history) >= settings.history_max_series:
+                return
+            series = self.history[name] = {}
+        floor = self.history_floor.get(name)
+        if floor is not None and step < floor:
+            return
+        if context and step in series:
+            return
+        series[step] = (value, 0 if context else time_ns)
+        if len(series) > 2 * settings.history_len:
+            keep = sorted(series)[-settings.history_len:]
+            self.history_floor[name] = keep[0]
+            self.history[name] = {s: series[s] for s in keep}
+        if value - value != 0.0:  # NaN or +-Inf
+            first = self.first_nonfinite.get(name)
+            if first is None or step < first[0]:
+                self.first_nonfinite[name] = (step, 0 if context else time_ns)
+
+    def step_time(self) -> float:
+        """Seconds per step: the SDK's measurement when it sent one, else what the steps' pace shows."""
+        return self.sdk_step_time_s if self.sdk_step_time_s > 0 else self.step_time_s
+
+    def series(self, name: str, lo: int, hi: int) -> List[Tuple[int, float, int]]:
+        """``(step, value, time_ns)`` of ``name`` for lo <= step <= hi, by step."""
+        data = self.history.get(name, {})
+        return [(s, v, t) for s, (v, t) in sorted(data.items()) if lo <= s <= hi]
+
+    # --- codec ----------------------------------------------------------------------------------
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "rank": self.rank, "host": self.host, "pid": self.pid, "first_ns": self.first_ns,
+            "last_ns": self.last_ns, "started_ns": self.started_ns, "max_step": self.max_step,
+            "progress_ns": self.progress_ns, "step_time_s": self.step_time_s,
+            "sdk_step_time_s": self.sdk_step_time_s, "last_hb_ns": self.last_hb_ns,
+            "exited": self.exited, "exit_code": self.exit_code, "exit_signal": self.exit_signal,
+            "exit_reason": self.exit_reason, "exit_ns": self.exit_ns, "exc_key": self.exc_key,
+            "history": {name: [[s, wire_float(v), t] for s, (v, t) in sorted(series.items())]
+                        for name, series in self.history.items()},
+            "history_floor": self.history_floor,
+            "first_nonfinite": {name: list(v) for name, v in self.first_nonfinite.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> RankState:
+        plain = {k: v for k, v in data.items() if k not in ("history", "history_floor", "first_nonfinite")}
+        state = cls(**plain)
+        state.history_floor = {name: int(v) for name, v in data.get("history_floor", {}).items()}
+        state.history = {name: {int(s): (from_wire_float(v), int(t)) for s, v, t in points}
+                         for name, points in data.get("history", {}).items()}
+        state.first_nonfinite = {name: (int(v[0]), int(v[1]))
+                                 for name, v in data.get("first_nonfinite", {}).items()}
+        return state
+
+
+@dataclass
+class IncidentState:
+    """One incident of a run and what the pipeline needs to keep folding signals into it."""
+
+    key: str                     # slot within the run: "exc:<fingerprint>", "numeric", "stall:1", ...
+    record: Incident
+    rank_first: Dict[int, Tuple[int, int]] = field(default_factory=dict)  # rank -> (time_ns, step)
+    values: Dict[str, Any] = field(default_factory=dict)  # title placeholders
+    extra: Dict[str, Any] = field(default_factory=dict)   # detector-specific, JSON-able
+    emitted: str = ""            # digest of the record last emitted
+    dirty: bool = False          # changed since the last output (never serialized: always False then)
+
+    @property
+    def is_open(self) -> bool:
+        return self.record.status != INCIDENT_RESOLVED
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"key": self.key, "record": self.record.to_dict(),
+                "rank_first": [[r, t, s] for r, (t, s) in self.rank_first.items()],
+                "values": self.values, "extra": self.extra, "emitted": self.emitted}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> IncidentState:
+        return cls(key=data["key"], record=Incident.from_dict(data["record"]),
+                   rank_first={int(r): (int(t), int(s)) for r, t, s in data.get("rank_first", [])},
+                   values=dict(data.get("values", {})), extra=dict(data.get("extra", {})),
+                   emitted=data.get("emitted", ""))
+
+
+@dataclass
+class ClusterState:
+    """One stack-fingerprint cluster of a project."""
+
+    record: Cluster
+    sample_key: Tuple[int, str] = (0, "")   # (time_ns, event_id) of the sample: the earliest exception
+    emitted: str = ""
+    dirty: bool = False
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"record": self.record.to_dict(), "sample_key": list(self.sample_key),
+                "emitted": self.emitted}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> ClusterState:
+        key = data.get("sample_key", [0, ""])
+        return cls(record=Cluster.from_dict(data["record"]), sample_key=(int(key[0]), str(key[1])),
+                   emitted=data.get("emitted", ""))
+
+
+@dataclass
+class RunState:
+    """Everything known about one run (all of its ranks)."""
+
+    project: str
+    run_id: str
+    run_name: str = ""
+    trace_id: str = ""
+    world_size: int = 1
+    tags: Dict[str, str] = field(default_factory=dict)
+    started_ns: int = 0          # earliest START event, 0 if none seen
+    first_ns: int = 0
+    last_event_ns: int = 0
+    ranks: Dict[int, RankState] = field(default_factory=dict)      # at most max_ranks_per_run
+    incidents: Dict[str, IncidentState] = field(default_factory=dict)  # at most max_incidents_per_run
+    seen: Dict[str, None] = field(default_factory=dict)  # notable event ids, at most dedupe_ids_per_run
+    lost: bool = False
+    lost_since_ns: int = 0       # last_event_ns when it was declared lost
+    episodes: Dict[str, int] = field(default_factory=dict)  # "stall"/"lost" -> episodes opened so far
+    emitted: str = ""
+    dirty: bool = False
+
+    @property
+    def key(self) -> str:
+        return run_key(self.project, self.run_id)
+
+    def rank_state(self, rank: int, settings: DetectionSettings) -> Optional[RankState]:
+        """The state of ``rank``, created on first sight; None beyond max_ranks_per_run."""
+        state = self.ranks.get(rank)
+        if state is None:
+            if len(self.ranks) >= settings.max_ranks_per_run:
+                return None
+            state = self.ranks[rank] = RankState(rank)
+        return state
+
+    def remember(self, event_id: str, settings: DetectionSettings) -> bool:
+        """Record a notable event id; False when it was seen already (a replayed duplicate)."""
+        if event_id in self.seen:
+            return False
+        bounded_put(self.seen, event_id, None, settings.dedupe_ids_per_run)
+        return True
+
+    def ended(self) -> bool:
+        """Every rank exited, and at least world_size ranks were seen."""
+        return bool(self.ranks) and len(self.ranks) >= self.world_size and \
+            all(r.exited for r in self.ranks.values())
+
+    def failed(self) -> bool:
+        return any(r.exited and (r.exit_code != 0 or r.exit_signal != 0) for r in self.ranks.values())
+
+    def step_time(self) -> float:
+        """The run's seconds per step: its slowest rank's (ranks of one job wait for each other)."""
+        return max((r.step_time() for r in self.ranks.values()), default=0.0)
+
+    def last_step(self) -> int:
+        return max((r.max_step for r in self.ranks.values()), default=-1)
+
+    def open_incident(self, prefix: str) -> Optional[IncidentState]:
+        """The open incident whose key starts with ``prefix`` (e.g. ``"stall:"``), if any."""
+        for st in self.incidents.values():
+            if st.key.startswith(prefix) and st.is_open:
+                return st
+        return None
+
+    def next_episode(self, name: str) -> int:
+        self.episodes[name] = self.episodes.get(name, 0) + 1
+        return self.episodes[name]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "project": self.project, "run_id": self.run_id, "run_name": self.run_name,
+            "trace_id": self.trace_id, "world_size": self.world_size, "tags": self.tags,
+            "started_ns": self.started_ns, "first_ns": self.first_ns, "last_event_ns": self.last_event_ns,
+            "ranks": [r.to_json() for r in self.ranks.values()],
+            "incidents": [i.to_json() for i in self.incidents.values()],
+            "seen": list(self.seen), "lost": self.lost, "lost_since_ns": self.lost_since_ns,
+            "episodes": self.episodes, "emitted": self.emitted,
+        }
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> RunState:
+        plain = {k: v for k, v in data.items() if k not in ("ranks", "incidents", "seen")}
+        state = cls(**plain)
+        state.ranks = {r["rank"]: RankState.from_json(r) for r in data.get("ranks", [])}
+        state.incidents = {i["key"]: IncidentState.from_json(i) for i in data.get("incidents", [])}
+        state.seen = dict.fromkeys(data.get("seen", []))
+        return state
+
+
+def run_key(project: str, run_id: str) -> str:
+    """The state key of a run (project and run id cannot contain NUL on the wire)."""
+    return f"{project}\x00{run_id}"
+
+
+def cluster_key(project: str, fingerprint: str) -> str:
+    return f"{project}\x00{fingerprint}"

@@ -1,0 +1,36 @@
+"""The FastAPI application: query API, HTTP ingest, health, OpenAPI at /openapi.json and /docs."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+
+from .. import __version__
+from .deps import Services
+from .routes import clusters, health, incidents, runs, search
+
+
+def create_app(services: Services, ingest_router: Optional[object] = None) -> FastAPI:
+    """Build the app around ``services``; ``ingest_router`` adds ``POST /v1/ingest``."""
+    app = FastAPI(title="TrainGuard", version=__version__,
+                  description="Capture, classify and root-cause anomalies in PyTorch training jobs.")
+    app.state.services = services
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # one readable sentence instead of pydantic's nested list: "query.max_points: ..."
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()))
+            parts.append(f"{where}: {err.get('msg')}")
+        return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
+
+    for module in (health, runs, incidents, clusters, search):
+        app.include_router(module.router)
+    if ingest_router is not None:
+        app.include_router(ingest_router)  # type: ignore[arg-type]
+    return app

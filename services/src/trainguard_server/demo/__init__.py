@@ -1,0 +1,1 @@
+"""``trainguard demo``: the embedded server watching real small trainings go wrong."""

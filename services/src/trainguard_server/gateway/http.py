@@ -1,0 +1,207 @@
+"""HTTP ingest: ``POST /v1/ingest`` as a FastAPI router over a :class:`~.ingest.Gateway`.
+
+Contract (docs/wire-format.md; every error body is JSON ``{"detail": "<message>"}``):
+
+=====================================================================  ===========================
+request                                                                answer
+=====================================================================  ===========================
+``Content-Length`` over ``max_batch_bytes`` (checked before reading)   413
+body over ``max_batch_bytes`` while reading (chunked uploads)          413
+no / malformed ``Authorization: Bearer <token>``, unknown or revoked   401 + ``WWW-Authenticate``
+a read token                                                           403
+``Content-Type`` not ``application/json`` / ``application/x-protobuf``  415
+``Content-Encoding`` not ``gzip`` / ``identity``                       415
+gzip body that is corrupt / inflates past ``max_batch_bytes``          400 / 413
+not JSON / not a serialized IngestRequest / no ``events`` array        400
+more than ``max_batch_events`` events                                  413
+queue full / queue failing                                             429 / 503 + ``Retry-After``
+otherwise (per-item results)                                           200
+=====================================================================  ===========================
+
+A 200 body is ``{"accepted": n, "duplicates": n, "rejected": [{index, event_id, code, message}]}`` for a JSON
+request and a serialized ``trainguard.v1.IngestResponse`` for a protobuf one. The body is read raw from the
+ASGI stream (never through pydantic); decoding, validation and the queue run in the threadpool so the event
+loop keeps serving other connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any, Dict, Optional
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, Response
+
+from .ingest import (
+    Backpressure,
+    Batch,
+    Gateway,
+    GatewayError,
+    IngestResult,
+    InvalidRequest,
+    PermissionDenied,
+    RequestTooLarge,
+    Unauthenticated,
+    Unavailable,
+    batch_from_json,
+    batch_from_protobuf,
+    bearer_token,
+    retry_after_header,
+)
+
+__all__ = ["INGEST_PATH", "JSON_TYPE", "PROTOBUF_TYPES", "UnsupportedMediaType", "gunzip", "ingest_router"]
+
+log = logging.getLogger(__name__)
+
+INGEST_PATH = "/v1/ingest"
+JSON_TYPE = "application/json"
+PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
+PROTOBUF_RESPONSE_TYPE = "application/x-protobuf"
+
+
+class UnsupportedMediaType(GatewayError):
+    """A Content-Type or Content-Encoding this endpoint does not take (HTTP 415)."""
+
+
+_STATUS: Dict[type, int] = {
+    Unauthenticated: 401, PermissionDenied: 403, InvalidRequest: 400, RequestTooLarge: 413,
+    UnsupportedMediaType: 415, Backpressure: 429, Unavailable: 503,
+}
+
+
+def error_response(exc: GatewayError) -> JSONResponse:
+    """The HTTP answer for a whole-request failure."""
+    status = next((code for cls, code in _STATUS.items() if isinstance(exc, cls)), 500)
+    headers: Dict[str, str] = {}
+    if isinstance(exc, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, (Backpressure, Unavailable)):
+        headers["Retry-After"] = retry_after_header(exc.retry_after)
+    return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
+
+
+def gunzip(body: bytes, limit: int) -> bytes:
+    """Inflate a gzip body (one or more members) without ever holding more than ``limit`` + 1 bytes.
+
+    :class:`RequestTooLarge` when it inflates past ``limit`` (a gzip bomb stops there);
+    :class:`InvalidRequest` when it is not gzip or is truncated.
+    """
+    out = bytearray()
+    data = body
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out += inflater.decompress(data, limit + 1 - len(out))  # max_length >= 1 here
+        except zlib.error as exc:
+            raise InvalidRequest(f"malformed gzip body: {exc}") from None
+        if len(out) > limit:
+            raise RequestTooLarge(f"gzip body inflates to more than max_batch_bytes={limit} bytes; "
+                                  f"split the batch")
+        if not inflater.eof:
+            raise InvalidRequest("malformed gzip body: truncated")
+        data = inflater.unused_data
+        if not data:
+            return bytes(out)
+
+
+def _media_type(value: Optional[str]) -> str:
+    return (value or "").split(";", 1)[0].strip().lower()
+
+
+def _declared_length(value: Optional[str], limit: int) -> None:
+    if value is None:
+        return
+    try:
+        length = int(value)
+    except ValueError:
+        raise InvalidRequest(f"invalid Content-Length {value!r}") from None
+    if length > limit:
+        raise RequestTooLarge(f"body of {length} bytes is larger than max_batch_bytes={limit}; "
+                              f"split the batch")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing to buffer more than ``limit`` bytes (chunked uploads included)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestTooLarge(f"body is larger than max_batch_bytes={limit}; split the batch")
+    return bytes(body)
+
+
+def _decode(gateway: Gateway, body: bytes, media_type: str, gzipped: bool) -> Batch:
+    limit = gateway.settings.max_batch_bytes
+    if gzipped:
+        body = gunzip(body, limit)
+    if media_type == JSON_TYPE:
+        return batch_from_json(body, max_events=gateway.settings.max_batch_events)
+    return batch_from_protobuf(body)
+
+
+def _ingest(gateway: Gateway, auth: Any, body: bytes, media_type: str, gzipped: bool) -> IngestResult:
+    return gateway.ingest_batch(auth, _decode(gateway, body, media_type, gzipped))
+
+
+def _check_media(content_type: Optional[str], content_encoding: Optional[str]) -> tuple[str, bool]:
+    media_type = _media_type(content_type)
+    if media_type != JSON_TYPE and media_type not in PROTOBUF_TYPES:
+        shown = repr(content_type) if content_type else "missing"
+        raise UnsupportedMediaType(f"Content-Type {shown} is not supported; use {JSON_TYPE} or "
+                                   f"{PROTOBUF_TYPES[0]}")
+    encoding = _media_type(content_encoding)
+    if encoding not in ("", "identity", "gzip", "x-gzip"):
+        raise UnsupportedMediaType(f"Content-Encoding {content_encoding!r} is not supported; use gzip or "
+                                   f"none")
+    return media_type, encoding in ("gzip", "x-gzip")
+
+
+def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
+    """A router with ``POST {path}`` serving ingest through ``gateway`` (see the module docstring)."""
+    router = APIRouter(tags=["ingest"])
+    limit = gateway.settings.max_batch_bytes
+    request_body = {
+        "required": True,
+        "description": "A trainguard.v1.IngestRequest: JSON {\"events\": [...]} in the proto3 JSON mapping "
+                       "(docs/wire-format.md) or serialized protobuf; optionally gzip-encoded.",
+        "content": {JSON_TYPE: {"schema": {"type": "object", "required": ["events"],
+                                           "properties": {"events": {"type": "array",
+                                                                     "items": {"type": "object"}}}}},
+                    PROTOBUF_TYPES[0]: {"schema": {"type": "string", "format": "binary"}}},
+    }
+    detail_schema = {"type": "object", "properties": {"detail": {"type": "string"}}}
+    error = {"content": {JSON_TYPE: {"schema": detail_schema}}}
+    responses: Dict[int | str, Dict[str, Any]] = {
+        200: {"description": "acknowledged (durably queued); per-item results"},
+        400: {"description": "the body is unusable", **error},
+        401: {"description": "missing, unknown or revoked token", **error},
+        403: {"description": "not an ingest token", **error},
+        413: {"description": "too many bytes or events: split the batch", **error},
+        415: {"description": "unsupported Content-Type / Content-Encoding", **error},
+        429: {"description": "queue full: retry after Retry-After seconds", **error},
+        503: {"description": "queue failing: retry after Retry-After seconds", **error},
+    }
+
+    @router.post(path, summary="Ingest a batch of envelopes", responses=responses,
+                 openapi_extra={"requestBody": request_body}, response_model=None)
+    async def ingest(request: Request) -> Response:
+        headers = request.headers
+        try:
+            _declared_length(headers.get("content-length"), limit)
+            token = bearer_token(headers.get("authorization"))
+            auth = await run_in_threadpool(gateway.authenticate, token)
+            media_type, gzipped = _check_media(headers.get("content-type"), headers.get("content-encoding"))
+            body = await _read_body(request, limit)
+            result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped)
+        except GatewayError as exc:
+            return error_response(exc)
+        except Exception as exc:  # a bug or a store failure: 500 (retryable for clients), logged
+            log.exception("ingest failed")
+            return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+        if media_type == JSON_TYPE:
+            return Response(result.to_json(), media_type=JSON_TYPE)
+        return Response(result.to_proto().SerializeToString(), media_type=PROTOBUF_RESPONSE_TYPE)
+
+    return router

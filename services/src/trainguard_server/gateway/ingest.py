@@ -1,0 +1,521 @@
+"""The transport-independent ingest core: auth → decode → validate → de-duplicate → queue → per-item result.
+
+Contract of :class:`Gateway` (HTTP and gRPC are thin adapters over it):
+
+* **Auth.** Every request carries a bearer token. None/empty → :class:`Unauthenticated`; a token the
+  :class:`~trainguard_server.storage.base.ProjectStore` does not know (or revoked) → :class:`Unauthenticated`;
+  a read token → :class:`PermissionDenied` ("token is not an ingest token"). Events are scoped to the token's
+  project (an event naming another project is rejected ``wrong_project``; an empty one is filled in).
+* **Per-item semantics.** A request is never all-or-nothing because of its *content*: each event is validated
+  on its own (:mod:`.validate`) and the good events are queued even when others in the same request are
+  rejected. Rejected events come back as ``rejected[{index, event_id, code, message}]`` and are never queued;
+  re-sending them cannot help. Only whole-request problems fail the request: auth, an undecodable body,
+  more than ``max_batch_events`` events (:class:`RequestTooLarge`), and the queue refusing the batch.
+* **Duplicates.** An ``event_id`` seen earlier in the same request (or the same gRPC stream) is counted in
+  ``duplicates`` and not queued again. Across requests, idempotency is downstream: the stores keep each
+  ``event_id`` once, so a re-sent batch is safe (the gateway does not remember earlier requests).
+* **Ordering and durability.** Accepted events are grouped by ``run_id``; each group is published as ONE
+  serialized ``IngestRequest`` with ``key = run_id`` (events in request order), so a run's events stay in
+  order in the queue. The result is returned only after every ``Queue.publish`` returned, i.e. once durable.
+* **Backpressure.** ``QueueFull`` → :class:`Backpressure` (``retry_after`` seconds): for a single-run batch
+  (what one SDK process sends) nothing of it was queued; the client retries the whole batch. When one batch
+  holds several runs, the groups published before the queue filled stay queued — a retry is still safe
+  (idempotent by ``event_id``). Any other publish failure (disk full, broker down) → :class:`Unavailable`.
+* **Zero-copy fast path.** When the request's serialized bytes are known (HTTP protobuf, gRPC) and every
+  event is accepted unchanged and belongs to one run, those exact bytes are what gets queued.
+* :attr:`Gateway.stats` counts requests, accepted, duplicates, rejected (by code), backpressure, bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+
+from trainguard import wire
+from trainguard.v1 import events_pb2, ingest_pb2
+
+from ..config import Settings
+from ..queue.base import Queue, QueueFull
+from ..storage.base import ProjectStore, TokenInfo
+from .validate import Limits, validate_batch
+
+__all__ = [
+    "Backpressure",
+    "Batch",
+    "Gateway",
+    "GatewayError",
+    "IngestResult",
+    "InvalidRequest",
+    "PermissionDenied",
+    "RejectedItem",
+    "RequestTooLarge",
+    "Stats",
+    "Unauthenticated",
+    "Unavailable",
+    "batch_from_json",
+    "batch_from_protobuf",
+    "bearer_token",
+    "retry_after_header",
+]
+
+IngestRequest = ingest_pb2.IngestRequest
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+class GatewayError(Exception):
+    """A whole-request failure; ``str(err)`` is the message for the client."""
+
+
+class Unauthenticated(GatewayError):
+    """No token, or one the project store does not know (or that was revoked). HTTP 401 / UNAUTHENTICATED."""
+
+
+class PermissionDenied(GatewayError):
+    """A valid token that may not ingest (a read token). HTTP 403 / PERMISSION_DENIED."""
+
+
+class InvalidRequest(GatewayError):
+    """The request itself is unusable (undecodable, no events array). HTTP 400 / INVALID_ARGUMENT."""
+
+
+class RequestTooLarge(GatewayError):
+    """Too many bytes or events in one request: split it. HTTP 413 / RESOURCE_EXHAUSTED "larger than max"."""
+
+
+class Backpressure(GatewayError):
+    """The queue is full: retry the whole batch after ``retry_after`` s. HTTP 429 / RESOURCE_EXHAUSTED."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Unavailable(GatewayError):
+    """The queue failed (disk full, broker down): retry after ``retry_after`` s. HTTP 503 / UNAVAILABLE."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after_header(seconds: float) -> str:
+    """``Retry-After`` / ``retry-after`` value: whole seconds (HTTP delta-seconds), at least 1."""
+    return str(max(1, math.ceil(seconds)))
+
+
+def bearer_token(authorization: Optional[str]) -> Optional[str]:
+    """The token of an ``Authorization: Bearer <token>`` value; None when absent; raises
+    :class:`Unauthenticated` for another scheme or an empty token."""
+    if authorization is None or not authorization.strip():
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        raise Unauthenticated(f"authorization scheme {scheme!r} is not supported; "
+                              f"use 'Bearer <ingest token>'")
+    token = token.strip()
+    if not token:
+        raise Unauthenticated("empty bearer token")
+    return token
+
+
+# ----------------------------------------------------------------------------------------------- results
+
+@dataclass(frozen=True)
+class RejectedItem:
+    """One refused event: its position in the request (or stream), id, code and message."""
+
+    index: int
+    event_id: str
+    code: str
+    message: str
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"index": self.index, "event_id": self.event_id, "code": self.code, "message": self.message}
+
+
+@dataclass
+class IngestResult:
+    """Per-item outcome of an acknowledged request (the wire's ``IngestResponse``)."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    rejected: List[RejectedItem] = field(default_factory=list)
+
+    def merge(self, other: IngestResult) -> None:
+        """Add ``other`` (a later message of the same stream) to this result."""
+        self.accepted += other.accepted
+        self.duplicates += other.duplicates
+        self.rejected.extend(other.rejected)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"accepted": self.accepted, "duplicates": self.duplicates,
+                "rejected": [r.to_dict() for r in self.rejected]}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), ensure_ascii=False).encode()
+
+    def to_proto(self) -> ingest_pb2.IngestResponse:
+        return ingest_pb2.IngestResponse(accepted=self.accepted, duplicates=self.duplicates,
+                                         rejected=[r.to_dict() for r in self.rejected])
+
+
+# -------------------------------------------------------------------------------------------- raw split
+
+def _raw_request_class() -> Any:
+    """``IngestRequest`` seen as ``repeated bytes events = 1``: splits a serialized request into its
+    serialized envelopes at C speed (no per-event parsing), and joins them back."""
+    proto = descriptor_pb2.FileDescriptorProto(name="trainguard_server/gateway/raw_ingest.proto",
+                                               package="trainguard_server.gateway", syntax="proto3")
+    message = proto.message_type.add(name="RawIngestRequest")
+    message.field.add(name="events", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
+                      label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    descriptor = pool.FindMessageTypeByName("trainguard_server.gateway.RawIngestRequest")
+    return message_factory.GetMessageClass(descriptor)
+
+
+_RawIngestRequest = _raw_request_class()
+
+
+def split_events(raw: bytes) -> List[bytes]:
+    """The serialized envelopes of serialized ``IngestRequest`` ``raw``, in order (DecodeError if the
+    framing is broken)."""
+    return list(_RawIngestRequest.FromString(raw).events)
+
+
+def join_events(parts: Sequence[bytes]) -> bytes:
+    """A serialized ``IngestRequest`` of serialized envelopes ``parts`` (inverse of :func:`split_events`)."""
+    return bytes(_RawIngestRequest(events=parts).SerializeToString())
+
+
+# ------------------------------------------------------------------------------------------------ batch
+
+@dataclass
+class Batch:
+    """A decoded request, ready for :meth:`Gateway.ingest_batch`.
+
+    ``request.events[k]`` is event ``indices[k]`` of the client's request (``indices`` None: ``k``);
+    ``raw``, when known, is exactly ``request`` serialized (what the client sent); ``rejected`` are events
+    refused while decoding (indexed in the client's request); ``count`` is the number of events the
+    client sent; ``wire_bytes`` the decoded body size.
+    """
+
+    request: ingest_pb2.IngestRequest
+    raw: Optional[bytes] = None
+    indices: Optional[List[int]] = None
+    rejected: List[RejectedItem] = field(default_factory=list)
+    count: int = -1
+    wire_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            self.count = len(self.request.events) + len(self.rejected)
+
+
+def batch_from_protobuf(raw: bytes) -> Batch:
+    """Decode a serialized ``IngestRequest``.
+
+    When the request parses, it is used as is. When it does not but its framing does (one envelope inside is
+    corrupt, e.g. bad UTF-8), each envelope is parsed alone and the corrupt ones are rejected per item
+    (``invalid_field``), so the good ones are not lost. Only a broken framing raises :class:`InvalidRequest`.
+    """
+    try:
+        return Batch(IngestRequest.FromString(raw), raw=raw, wire_bytes=len(raw))
+    except DecodeError as exc:
+        whole_error = _decode_reason(exc)
+    try:
+        parts = split_events(raw)
+    except DecodeError:
+        raise InvalidRequest(f"malformed protobuf: body is not a serialized trainguard.v1.IngestRequest "
+                             f"({whole_error})") from None
+    good: List[bytes] = []
+    indices: List[int] = []
+    rejected: List[RejectedItem] = []
+    for i, part in enumerate(parts):
+        try:
+            events_pb2.Envelope.FromString(part)
+        except DecodeError as exc:
+            rejected.append(RejectedItem(i, "", "invalid_field",
+                                         f"events[{i}]: malformed protobuf: {_decode_reason(exc)}"))
+            continue
+        good.append(part)
+        indices.append(i)
+    good_raw = join_events(good)
+    return Batch(IngestRequest.FromString(good_raw), raw=good_raw, indices=indices, rejected=rejected,
+                 count=len(parts), wire_bytes=len(raw))
+
+
+def _decode_reason(exc: Exception) -> str:
+    text = str(exc)
+    # upb: "Error parsing message with type 'X': Wire format was corrupt"
+    _, sep, reason = text.partition("': ")
+    return reason if sep else (text or "cannot parse")
+
+
+def _reject_nan_tokens(token: str) -> Any:
+    raise ValueError(f"bare {token} is not valid JSON (write the string \"{token}\")")
+
+
+def batch_from_json(body: bytes, *, max_events: int) -> Batch:
+    """Decode a JSON ``{"events": [<envelope>, ...]}`` body (the proto3 JSON mapping, strict).
+
+    Whole-body problems raise :class:`InvalidRequest` (not UTF-8 / not JSON / not an object / no ``events``
+    array / an unknown top-level field) or :class:`RequestTooLarge` (over ``max_events`` events). An
+    envelope that does not fit the schema (unknown field, wrong type, ...) is rejected per item with code
+    ``invalid_field`` and the field path (``events[3].metrics.points[1]: unknown field "vaule" ...``).
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"malformed JSON: body is not valid UTF-8 ({exc.reason} at byte "
+                             f"{exc.start})") from None
+    try:
+        doc = json.loads(text, parse_constant=_reject_nan_tokens)
+    except ValueError as exc:
+        raise InvalidRequest(f"malformed JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f'IngestRequest: expected an object with an "events" array, got {_kind(doc)}')
+    unknown = [k for k in doc if k != "events"]
+    if unknown:
+        raise InvalidRequest(f'IngestRequest: unknown field {json.dumps(unknown[0])} '
+                             f'(trainguard.v1.IngestRequest has: events)')
+    events = doc.get("events")
+    if events is None:
+        raise InvalidRequest('IngestRequest.events: required (an array of envelopes)')
+    if not isinstance(events, list):
+        raise InvalidRequest(f"IngestRequest.events: expected an array, got {_kind(events)}")
+    if len(events) > max_events:
+        raise RequestTooLarge(_too_many_events(len(events), max_events))
+    prepared = wire.prepare_batch(events)
+    rejected = [RejectedItem(int(r["index"]), str(r["event_id"]), str(r["code"]),
+                             _events_path(int(r["index"]), str(r["message"])))
+                for r in prepared.rejected]
+    indices = prepared.indices if rejected else None
+    return Batch(prepared.request, indices=indices, rejected=rejected, count=len(events),
+                 wire_bytes=len(body))
+
+
+def _events_path(index: int, message: str) -> str:
+    """``Envelope.x.y: reason`` (trainguard.wire's path) → ``events[i].x.y: reason``."""
+    if message.startswith("Envelope"):
+        return f"events[{index}]{message[len('Envelope'):]}"
+    return f"events[{index}]: {message}"
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null" if value is None else json.dumps(value)[:40]
+
+
+def _too_many_events(count: int, limit: int) -> str:
+    # "larger than max" is what makes the SDK split a batch instead of retrying it (gRPC and HTTP 413 alike)
+    return f"request has {count} events, larger than max_batch_events={limit}; split the batch"
+
+
+# ------------------------------------------------------------------------------------------------ stats
+
+class Stats:
+    """Gateway counters: plain ints updated under a lock; reading an attribute needs no lock, and
+    ``rejected`` is replaced (never mutated) on update, so iterating it is safe too. :meth:`snapshot`
+    reads them all at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0           # requests that reached validation (authenticated, decoded)
+        self.accepted = 0           # events queued
+        self.duplicates = 0         # events skipped as repeats within a request / stream
+        self.rejected: Dict[str, int] = {}  # events refused, by code (copy-on-write)
+        self.backpressure = 0       # requests refused with QueueFull
+        self.unavailable = 0        # requests refused because the queue failed
+        self.auth_failures = 0      # unauthenticated or permission denied
+        self.bytes_received = 0     # decoded request bytes that reached validation
+        self.bytes_queued = 0       # bytes published to the queue
+
+    def add(self, **deltas: int) -> None:
+        """Add to counters by name (``rejected`` takes no part; see :meth:`add_rejected`)."""
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def add_result(self, result: IngestResult, received: int, queued: int) -> None:
+        with self._lock:
+            self.requests += 1
+            self.accepted += result.accepted
+            self.duplicates += result.duplicates
+            self.bytes_received += received
+            self.bytes_queued += queued
+            if result.rejected:
+                rejected = Counter(self.rejected)
+                rejected.update(item.code for item in result.rejected)
+                self.rejected = dict(rejected)
+
+    @property
+    def bytes(self) -> int:
+        """Request bytes received (alias of ``bytes_received``)."""
+        return self.bytes_received
+
+    def snapshot(self) -> Dict[str, Any]:
+        """All counters; ``rejected`` as ``{code: n}``."""
+        with self._lock:
+            return {"requests": self.requests, "accepted": self.accepted, "duplicates": self.duplicates,
+                    "rejected": dict(self.rejected), "backpressure": self.backpressure,
+                    "unavailable": self.unavailable, "auth_failures": self.auth_failures,
+                    "bytes_received": self.bytes_received, "bytes_queued": self.bytes_queued}
+
+
+# ---------------------------------------------------------------------------------------------- gateway
+
+class Gateway:
+    """Authenticates, validates and queues ingest requests (see the module docstring for the contract).
+
+    Thread-safe: transports call it from many threads at once. ``clock`` gives the receive time (ns).
+    """
+
+    def __init__(self, queue: Queue, projects: ProjectStore, settings: Settings, *,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        self.queue = queue
+        self.projects = projects
+        self.settings = settings
+        self.limits = Limits.from_settings(settings)
+        self.clock = clock
+        self.stats = Stats()
+
+    # ------------------------------------------------------------------------------------------ auth
+    def authenticate(self, token: Optional[str]) -> TokenInfo:
+        """The ingest token's info; :class:`Unauthenticated` / :class:`PermissionDenied` otherwise."""
+        if not token:
+            self.stats.add(auth_failures=1)
+            raise Unauthenticated("missing bearer token (send 'Authorization: Bearer <ingest token>')")
+        info = self.projects.authenticate(token)
+        if info is None:
+            self.stats.add(auth_failures=1)
+            raise Unauthenticated("invalid or revoked token")
+        if info.kind != "ingest":
+            self.stats.add(auth_failures=1)
+            raise PermissionDenied("token is not an ingest token")
+        return info
+
+    # ---------------------------------------------------------------------------------------- ingest
+    def ingest(self, token: Optional[str], request: ingest_pb2.IngestRequest, *,
+               raw: Optional[bytes] = None) -> IngestResult:
+        """Authenticate ``token`` and ingest ``request`` (``raw``: its exact serialized form, if known)."""
+        info = self.authenticate(token)
+        return self.ingest_batch(info, Batch(request, raw=raw, wire_bytes=len(raw) if raw is not None else 0))
+
+    def ingest_batch(self, auth: TokenInfo, batch: Batch, *, index_offset: int = 0,
+                     seen: Optional[Set[str]] = None) -> IngestResult:
+        """Validate and queue a decoded batch for an authenticated token; the per-item result.
+
+        ``index_offset`` shifts every reported index (a stream's earlier messages); ``seen`` holds the
+        event ids accepted earlier in the same stream and is updated (None: this request alone).
+        """
+        limit = self.settings.max_batch_events
+        if batch.count > limit:
+            raise RequestTooLarge(_too_many_events(batch.count, limit))
+        request = batch.request
+        events = list(request.events)
+        raw = batch.raw if batch.raw is not None else request.SerializeToString()
+        total = len(raw)
+        parts: Optional[List[bytes]] = None
+
+        def sizes() -> List[int]:
+            nonlocal parts
+            if parts is None:
+                parts = split_events(raw)
+            return list(map(len, parts))
+
+        verdict = validate_batch(events, project=auth.project, now_ns=self.clock(), limits=self.limits,
+                                 total_bytes=total, sizes=sizes, index_offset=index_offset,
+                                 indices=batch.indices)
+        ids = verdict.event_ids
+        result = IngestResult(rejected=[RejectedItem(r.index + index_offset, r.event_id, r.code,
+                                                     _shift(r.message, r.index, index_offset))
+                                        for r in batch.rejected])
+        position = batch.indices
+        for k, rejection in verdict.rejected.items():
+            index = (position[k] if position is not None else k) + index_offset
+            result.rejected.append(RejectedItem(index, ids[k], rejection.code, rejection.message))
+
+        accepted: List[int]
+        if not verdict.rejected and seen is None and len(set(ids)) == len(ids):
+            accepted = list(range(len(events)))  # the common case: every event new and valid
+        else:
+            accepted = []
+            known = seen if seen is not None else set()
+            for k, event_id in enumerate(ids):
+                if k in verdict.rejected:
+                    continue
+                if event_id in known:
+                    result.duplicates += 1
+                    continue
+                known.add(event_id)
+                accepted.append(k)
+        if len(result.rejected) > 1:
+            result.rejected.sort(key=lambda r: r.index)
+        result.accepted = len(accepted)
+
+        queued = self._publish(events, accepted, verdict.run_ids, verdict.mutated, request, raw, parts)
+        self.stats.add_result(result, batch.wire_bytes or total, queued)
+        return result
+
+    # --------------------------------------------------------------------------------------- publish
+    def _publish(self, events: List[Any], accepted: List[int], run_ids: List[str], mutated: Set[int],
+                 request: Any, raw: bytes, parts: Optional[List[bytes]]) -> int:
+        """Publish the accepted events, one serialized IngestRequest per run; returns the bytes queued."""
+        if not accepted:
+            return 0
+        groups: Dict[str, List[int]] = {}
+        first_run = run_ids[accepted[0]]
+        if run_ids.count(first_run) == len(run_ids) and len(accepted) == len(events):
+            groups[first_run] = accepted
+        else:
+            for k in accepted:
+                groups.setdefault(run_ids[k], []).append(k)
+        values: List[Tuple[str, bytes]] = []
+        if len(groups) == 1 and len(accepted) == len(events):
+            # zero-copy when nothing was normalised: exactly the bytes the client sent
+            values.append((first_run, request.SerializeToString() if mutated else raw))
+        else:
+            if parts is None:
+                parts = split_events(raw)
+            if len(parts) != len(events):  # pragma: no cover - a framing the split cannot mirror
+                parts = [e.SerializeToString() for e in events]
+            for k in mutated:
+                parts[k] = events[k].SerializeToString()
+            for run_id, members in groups.items():
+                values.append((run_id, join_events([parts[k] for k in members])))
+        queued = 0
+        for run_id, value in values:
+            try:
+                self.queue.publish(run_id, [value])
+            except QueueFull as exc:
+                self.stats.add(backpressure=1)
+                raise Backpressure(f"ingest queue is full ({exc}); retry after "
+                                   f"{retry_after_header(exc.retry_after)} s", exc.retry_after) from None
+            except Exception as exc:
+                self.stats.add(unavailable=1)
+                raise Unavailable(f"ingest queue unavailable: {type(exc).__name__}: {exc}",
+                                  self.settings.retry_after_s) from None
+            queued += len(value)
+        return queued
+
+
+def _shift(message: str, index: int, offset: int) -> str:
+    """Re-index a decode-time message ``events[index]...`` for a stream position."""
+    if not offset:
+        return message
+    prefix = f"events[{index}]"
+    return f"events[{index + offset}]" + message[len(prefix):] if message.startswith(prefix) else message

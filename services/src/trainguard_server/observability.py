@@ -1,0 +1,56 @@
+"""The server's own health in Prometheus text format: ingest rate, queue depth, rejected/dropped events,
+processing lag."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Tuple
+
+Sample = Tuple[str, str, str, Iterable[Tuple[str, float]]]  # name, type, help, [(labels, value)]
+
+
+def _lines(samples: Iterable[Sample]) -> List[str]:
+    out: List[str] = []
+    for name, kind, help_text, values in samples:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        for labels, value in values:
+            out.append(f"{name}{labels} {float(value)!r}")
+    return out
+
+
+def render_prometheus(services: Any) -> str:
+    """Text exposition of the gateway's, queue's and processor's counters."""
+    samples: List[Sample] = []
+    gateway = getattr(services, "gateway", None)
+    stats = getattr(gateway, "stats", None)
+    if stats is not None:
+        samples.append(("trainguard_ingest_events_total", "counter", "events accepted by the gateway",
+                        [("", getattr(stats, "accepted", 0))]))
+        samples.append(("trainguard_ingest_duplicates_total", "counter",
+                        "events already seen in the same request", [("", getattr(stats, "duplicates", 0))]))
+        rejected = getattr(stats, "rejected", {}) or {}
+        samples.append(("trainguard_ingest_rejected_total", "counter", "events rejected, by reason",
+                        [(f'{{code="{code}"}}', n) for code, n in sorted(rejected.items())] or [("", 0)]))
+        samples.append(("trainguard_ingest_backpressure_total", "counter",
+                        "requests answered 429/RESOURCE_EXHAUSTED",
+                        [("", getattr(stats, "backpressure", 0))]))
+        samples.append(("trainguard_ingest_bytes_total", "counter", "request bytes received",
+                        [("", getattr(stats, "bytes", 0))]))
+    queue = getattr(services, "queue", None)
+    if queue is not None:
+        samples.append(("trainguard_queue_depth", "gauge", "batches queued and not yet committed",
+                        [("", queue.depth())]))
+    processor = getattr(services, "processor", None)
+    if processor is not None:
+        pstats = processor.stats
+        samples.append(("trainguard_processed_events_total", "counter", "events run through the pipeline",
+                        [("", pstats.events)]))
+        samples.append(("trainguard_processed_metric_points_total", "counter", "metric points stored",
+                        [("", pstats.metric_points)]))
+        samples.append(("trainguard_processor_undecodable_total", "counter",
+                        "queue records that could not be decoded (dropped)", [("", pstats.undecodable)]))
+        samples.append(("trainguard_processor_errors_total", "counter", "processing rounds that failed",
+                        [("", pstats.errors)]))
+        samples.append(("trainguard_processing_lag_seconds", "gauge",
+                        "publish-to-processed time of the latest record", [("", pstats.last_lag_s)]))
+    return "\n".join(_lines(samples)) + "\n"

@@ -1,0 +1,159 @@
+"""``trainguard serve``: gateway (gRPC + HTTP), queue, processor, stores and query API in one process.
+
+Start order: stores → queue → processor → gateway → listeners. Stop order (SIGTERM/SIGINT): stop
+accepting (listeners), drain the queue through the processor, checkpoint, close the stores — so nothing
+that was acknowledged is left unprocessed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import uvicorn
+
+from trainguard.core.catalogue import DetectionSettings
+
+from .api.app import create_app
+from .api.deps import Services
+from .config import Settings
+from .gateway.grpc import build_grpc_server
+from .gateway.http import ingest_router
+from .gateway.ingest import Gateway
+from .processor.embedded import EmbeddedProcessor
+from .queue.sqlite import QUEUE_DB, SqliteQueue
+from .storage.sqlite import open_sqlite_stores
+
+log = logging.getLogger("trainguard.server")
+
+TOKENS_FILE = "bootstrap-tokens.json"
+
+
+@dataclass
+class BootstrapTokens:
+    project: str
+    ingest: str
+    read: str
+
+
+class EmbeddedServer:
+    """The all-in-one backend. ``start()`` returns once every listener is bound."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.data_dir = Path(settings.data_dir)
+        self.tokens: Optional[BootstrapTokens] = None
+        self.http_port = 0
+        self.grpc_port = 0
+        self._uvicorn: Optional[uvicorn.Server] = None
+        self._http_thread: Optional[threading.Thread] = None
+        self._grpc: Any = None
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        s = self.settings
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.stores = open_sqlite_stores(self.data_dir)
+        self.queue = SqliteQueue(self.data_dir / QUEUE_DB, max_depth=s.max_queue_depth,
+                                 retry_after=s.retry_after_s)
+        self.tokens = self._bootstrap_tokens()
+        detection = DetectionSettings.from_overrides(json.loads(s.detection_overrides or "{}"))
+        self.processor = EmbeddedProcessor(self.queue, self.stores.events, self.stores.metrics,
+                                           self.stores.incidents, detection, batch=s.processor_batch,
+                                           snapshot_every_s=s.snapshot_every_s,
+                                           tick_interval_s=s.tick_interval_s)
+        self.gateway = Gateway(self.queue, self.stores.projects, s)
+        self.services = Services(events=self.stores.events, metrics=self.stores.metrics,
+                                 incidents=self.stores.incidents, projects=self.stores.projects,
+                                 queue=self.queue, gateway=self.gateway, processor=self.processor,
+                                 settings=s)
+        self.processor.start()
+        self._grpc, self.grpc_port = build_grpc_server(self.gateway, s.host, s.grpc_port,
+                                                       max_message_bytes=s.max_batch_bytes)
+        self._grpc.start()
+        app = create_app(self.services, ingest_router(self.gateway))
+        sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((s.host, s.http_port))
+        self.http_port = sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        self._uvicorn = uvicorn.Server(config)
+        self._http_thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [sock]},
+                                             name="trainguard-http", daemon=True)
+        self._http_thread.start()
+        while not self._uvicorn.started and self._http_thread.is_alive():
+            self._stopped.wait(0.02)
+
+    def stop(self, drain: bool = True) -> None:
+        """Stop accepting, drain what was acknowledged, checkpoint, close. Idempotent."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            if self._grpc is not None:
+                self._grpc.stop(grace=2).wait(5)
+            if self._uvicorn is not None:
+                self._uvicorn.should_exit = True
+                if self._http_thread is not None:
+                    self._http_thread.join(10)
+            self.processor.stop(drain=drain)
+            self.queue.close()
+            self.stores.close()
+            self._stopped.set()
+
+    def serve_forever(self) -> None:
+        """Block until SIGTERM/SIGINT, then stop cleanly (draining the queue)."""
+        def _on_signal(signum: int, _frame: Any) -> None:
+            log.warning("signal %s: draining and stopping", signum)
+            threading.Thread(target=self.stop, name="trainguard-stop", daemon=True).start()
+
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        while not self._stopped.wait(0.5):
+            pass
+
+    # --- URLs -----------------------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"http://{_url_host(self.settings.host)}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"grpc://{_url_host(self.settings.host)}:{self.grpc_port}"
+
+    # --- tokens ---------------------------------------------------------------------------------
+    def _bootstrap_tokens(self) -> BootstrapTokens:
+        """The bootstrap project's tokens: from settings, else from the data dir, else new (saved 0600)."""
+        s = self.settings
+        path = self.data_dir / TOKENS_FILE
+        saved: Dict[str, str] = {}
+        if path.exists():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        project = saved.get("project", s.bootstrap_project)
+        tokens: Dict[str, str] = {}
+        for kind, explicit in (("ingest", s.bootstrap_ingest_token), ("read", s.bootstrap_read_token)):
+            token = explicit or saved.get(kind)
+            if token is None or self.stores.projects.authenticate(token) is None:
+                if token is not None:
+                    self.stores.projects.add_token(project, kind, token, "bootstrap")
+                else:
+                    token = self.stores.projects.create_token(project, kind, "bootstrap")
+            tokens[kind] = token
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"project": project, **tokens}, fh)
+        return BootstrapTokens(project, tokens["ingest"], tokens["read"])
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,820 @@
+"""SQLite implementations of the store contracts (``storage/base.py``): the embedded backend's stores.
+
+Files. One database file per store family under the data directory — ``events.db``, ``metrics.db``,
+``incidents.db``, ``projects.db`` (the queue has its own ``queue.db``, see ``queue/sqlite.py``). SQLite
+allows one writer per database file, so separate files let the gateway (tokens, queue), the processor
+(events, metrics, incidents) and any maintenance (vacuum, retention) write without waiting on each other;
+the interfaces never span two families in one transaction, so a single file would buy nothing, and each
+family can be sized, backed up or dropped on its own.
+
+Durability. WAL journal; ``synchronous=FULL`` by default: every commit is fsynced to the WAL before the
+call returns, so an acknowledged write survives a process kill *and* a power loss. That matters because
+the processor commits queue offsets once its store writes return: with NORMAL, a power loss could keep
+the (FULL) queue commit and lose the store writes it covered. Cost measured on this machine (fsync
+~0.2 ms): 2,400-point metric puts 185k points/s (NORMAL 307k), 100 KB queue publishes 1.7k/s (NORMAL
+2.5k/s); large batches barely notice. ``synchronous="NORMAL"`` is accepted: it survives a process crash
+or kill -9, but the last commits may roll back on power loss.
+
+Concurrency. Each store has one writer connection behind a lock (writes are serialised, as SQLite would
+anyway) and one reader connection per thread: in WAL mode readers see the last committed state and never
+wait for the writer, so the API's thread pool keeps answering while the processor writes. Connections of
+threads that have exited are closed when the next thread opens one; ``close()`` closes them all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+
+from trainguard.core.records import Cluster, Incident, RunRecord
+
+from .base import (
+    Bucket,
+    EventStore,
+    IncidentStore,
+    MetricPoint,
+    MetricStore,
+    MetricSummary,
+    Page,
+    ProjectStore,
+    SearchHit,
+    StoredEvent,
+    TokenInfo,
+)
+from .memory import (
+    FINITE,
+    SNIPPET_TOKENS,
+    bucket_width,
+    check_limit,
+    check_project_name,
+    decode_cursor,
+    encode_cursor,
+    from_nonfinite_code,
+    hash_secret,
+    new_token,
+    nonfinite_code,
+    parse_operator_token,
+    parse_search_query,
+    parse_tag_filter,
+    secret_matches,
+    split_token,
+)
+
+T = TypeVar("T")
+
+EVENTS_DB = "events.db"
+METRICS_DB = "metrics.db"
+INCIDENTS_DB = "incidents.db"
+PROJECTS_DB = "projects.db"
+DEFAULT_SYNCHRONOUS = "FULL"
+SCHEMA_VERSION = 1
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+PathLike = Union[str, Path]
+
+
+def connect(path: PathLike, synchronous: str = DEFAULT_SYNCHRONOUS) -> sqlite3.Connection:
+    """A connection in autocommit mode (explicit BEGIN/COMMIT) with the embedded backend's pragmas:
+    WAL journal, the given ``synchronous`` level, a busy timeout, in-memory temp tables."""
+    if synchronous.upper() not in _SYNCHRONOUS:
+        raise ValueError(f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, not {synchronous!r}")
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute("PRAGMA journal_size_limit = 67108864")  # shrink the WAL back to 64 MB after a checkpoint
+    return conn
+
+
+class Database:
+    """One SQLite file: a writer connection behind a lock and a reader connection per thread."""
+
+    def __init__(self, path: PathLike, schema: str, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._synchronous = synchronous
+        self._lock = threading.RLock()
+        self._readers: Dict[threading.Thread, sqlite3.Connection] = {}
+        self._readers_lock = threading.Lock()
+        self._closed = False
+        self._writer = connect(self.path, synchronous)
+        with self.write() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path} has schema version {version}; this server knows "
+                                   f"{SCHEMA_VERSION}: upgrade trainguard-server")
+            for statement in _statements(schema):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """The writer connection inside ``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on an exception).
+        The commit has happened — durably, per ``synchronous`` — when the block exits."""
+        with self._lock:
+            self._check_open()
+            conn = self._writer
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def reader(self) -> sqlite3.Connection:
+        """This thread's reader connection (autocommit: each statement sees the latest commit)."""
+        self._check_open()
+        me = threading.current_thread()
+        conn = self._readers.get(me)
+        if conn is None:
+            conn = connect(self.path, self._synchronous)
+            conn.execute("PRAGMA query_only = ON")
+            with self._readers_lock:
+                for thread in [t for t in self._readers if not t.is_alive()]:
+                    self._readers.pop(thread).close()
+                self._readers[me] = conn
+        return conn
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """This thread's reader inside one read transaction: several statements, one consistent view."""
+        conn = self.reader()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock, self._readers_lock:
+            if self._closed:
+                return
+            self._closed = True
+            for conn in self._readers.values():
+                conn.close()
+            self._readers.clear()
+            self._writer.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.path.name} is closed")
+
+
+def _statements(schema: str) -> List[str]:
+    """Split a schema script into statements (``CREATE TRIGGER`` bodies contain ``;`` too)."""
+    out: List[str] = []
+    buf = ""
+    for piece in schema.split(";"):
+        buf += piece + ";"
+        if sqlite3.complete_statement(buf):
+            if buf.strip(" \n;"):
+                out.append(buf.strip())
+            buf = ""
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Events
+# ----------------------------------------------------------------------------------------------------------
+
+_EVENTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,  -- insertion order; FTS rowid; never reused
+    project    TEXT NOT NULL,
+    event_id   TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    rank       INTEGER NOT NULL,
+    host       TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    severity   TEXT NOT NULL,
+    step       INTEGER NOT NULL,
+    time_ns    INTEGER NOT NULL,
+    text       TEXT NOT NULL,
+    payload    TEXT NOT NULL,                      -- JSON
+    UNIQUE (project, event_id)
+);
+CREATE INDEX IF NOT EXISTS events_by_run ON events (project, run_id, time_ns, seq);
+CREATE VIRTUAL TABLE IF NOT EXISTS events_fts USING fts5 (
+    text, content = 'events', content_rowid = 'seq', tokenize = 'unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER IF NOT EXISTS events_fts_insert AFTER INSERT ON events BEGIN
+    INSERT INTO events_fts (rowid, text) VALUES (new.seq, new.text);
+END;
+CREATE TRIGGER IF NOT EXISTS events_fts_delete AFTER DELETE ON events BEGIN
+    INSERT INTO events_fts (events_fts, rowid, text) VALUES ('delete', old.seq, old.text);
+END;
+"""
+
+_EVENT_COLUMNS = "event_id, project, run_id, rank, host, kind, severity, step, time_ns, text, payload"
+
+
+def _event_row(event: StoredEvent) -> Tuple[Any, ...]:
+    return (event.event_id, event.project, event.run_id, int(event.rank), event.host, event.kind,
+            event.severity, int(event.step), int(event.time_ns), event.text,
+            json.dumps(event.payload, separators=(",", ":")))
+
+
+def _event_from_row(row: Sequence[Any]) -> StoredEvent:
+    return StoredEvent(event_id=row[0], project=row[1], run_id=row[2], rank=row[3], host=row[4], kind=row[5],
+                       severity=row[6], step=row[7], time_ns=row[8], text=row[9], payload=json.loads(row[10]))
+
+
+def fts5_query(query: str) -> str:
+    """The user's query (see ``memory.parse_search_query``) as an FTS5 expression in which every term is a
+    quoted string, so no user input is ever read as FTS5 syntax. Raises ValueError for a bad query."""
+    parts = []
+    for term in parse_search_query(query):
+        quoted = '"' + term.raw.replace('"', '""') + '"'
+        parts.append(quoted + ("*" if term.prefix else ""))
+    return " AND ".join(parts)
+
+
+class SqliteEventStore(EventStore):
+    """Raw context in ``events`` with an external-content FTS5 index over ``text`` (bm25 ranking,
+    ``[bracketed]`` snippets). Idempotent on (project, event_id)."""
+
+    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
+        self._db = Database(path, _EVENTS_SCHEMA, synchronous=synchronous)
+
+    def put(self, events: Sequence[StoredEvent]) -> int:
+        if not events:
+            return 0
+        rows = [_event_row(e) for e in events]
+        with self._db.write() as conn:
+            cur = conn.executemany(f"INSERT OR IGNORE INTO events ({_EVENT_COLUMNS}) "
+                                   f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            return max(cur.rowcount, 0)
+
+    def get(self, project: str, event_id: str) -> Optional[StoredEvent]:
+        row = self._db.reader().execute(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE project = ? AND event_id = ?",
+            (project, event_id)).fetchone()
+        return _event_from_row(row) if row else None
+
+    def list_for_run(self, project: str, run_id: str, *, kinds: Optional[Sequence[str]] = None,
+                     limit: int = 100, cursor: Optional[str] = None) -> Page[StoredEvent]:
+        check_limit(limit)
+        kind_set = sorted(set(kinds)) if kinds is not None else None
+        scope = [project, run_id, kind_set]
+        sql = f"SELECT {_EVENT_COLUMNS}, seq FROM events WHERE project = ? AND run_id = ?"
+        args: List[Any] = [project, run_id]
+        if kind_set is not None:
+            sql += f" AND kind IN ({', '.join('?' * len(kind_set))})" if kind_set else " AND 0"
+            args += kind_set
+        if cursor:
+            time_ns, seq = decode_cursor(cursor, "events", scope, (int, int))
+            sql += " AND (time_ns, seq) > (?, ?)"
+            args += [time_ns, seq]
+        sql += " ORDER BY time_ns, seq LIMIT ?"
+        args.append(limit + 1)
+        rows = self._db.reader().execute(sql, args).fetchall()
+        page = _page(rows, limit, lambda r: encode_cursor("events", scope, [r[8], r[11]]))
+        return Page(items=[_event_from_row(r) for r in page.items], next_cursor=page.next_cursor)
+
+    def search(self, project: str, query: str, *, run_id: Optional[str] = None, limit: int = 50,
+               cursor: Optional[str] = None) -> Page[SearchHit]:
+        """Best first by bm25, ties by insertion order. Cursors are keyset ``(score, seq)`` within the
+        snapshot of the first page (events stored later never show up in a pagination that started
+        before them). bm25 uses corpus-wide statistics, so new events may shift scores slightly between
+        pages; with no writes in between the pages are exact."""
+        match = fts5_query(query)
+        check_limit(limit)
+        scope = [project, query, run_id]
+        after = decode_cursor(cursor, "search", scope, (int, float, int)) if cursor else None
+        with self._db.snapshot() as conn:
+            if after is None:
+                snapshot = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+            else:
+                snapshot = int(after[0])
+            sql = ("WITH hits AS (SELECT rowid AS seq, -bm25(events_fts) AS score FROM events_fts "
+                   "WHERE events_fts MATCH ?) "
+                   f"SELECT hits.score, {', '.join('e.' + c.strip() for c in _EVENT_COLUMNS.split(','))}, "
+                   "e.seq FROM hits JOIN events e ON e.seq = hits.seq "
+                   "WHERE e.project = ? AND e.seq <= ?")
+            args: List[Any] = [match, project, snapshot]
+            if run_id is not None:
+                sql += " AND e.run_id = ?"
+                args.append(run_id)
+            if after is not None:
+                sql += " AND (hits.score < ? OR (hits.score = ? AND e.seq > ?))"
+                args += [after[1], after[1], after[2]]
+            sql += " ORDER BY hits.score DESC, e.seq LIMIT ?"
+            args.append(limit + 1)
+            try:
+                rows = conn.execute(sql, args).fetchall()
+                page = _page(rows, limit, lambda r: encode_cursor("search", scope, [snapshot, r[0], r[12]]))
+                snippets = self._snippets(conn, match, [r[12] for r in page.items])
+            except sqlite3.OperationalError as exc:  # defensive: fts5_query quotes everything
+                if any(word in str(exc) for word in ("fts5", "syntax", "unterminated", "MATCH")):
+                    raise ValueError(f"cannot parse search query: {exc}") from None
+                raise
+        hits = [SearchHit(event=_event_from_row(r[1:12]), snippet=snippets.get(r[12], ""), score=float(r[0]))
+                for r in page.items]
+        return Page(items=hits, next_cursor=page.next_cursor)
+
+    @staticmethod
+    def _snippets(conn: sqlite3.Connection, match: str, seqs: List[int]) -> Dict[int, str]:
+        if not seqs:
+            return {}
+        rows = conn.execute(
+            f"SELECT rowid, snippet(events_fts, 0, '[', ']', '…', {SNIPPET_TOKENS}) FROM events_fts "
+            f"WHERE events_fts MATCH ? AND rowid IN ({', '.join('?' * len(seqs))})",
+            [match, *seqs]).fetchall()
+        return {int(r[0]): str(r[1]) for r in rows}
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _page(rows: List[T], limit: int, make_cursor: Callable[[T], str]) -> Page[T]:
+    """``rows`` holds up to ``limit + 1`` entries: the extra one only says that a next page exists."""
+    if len(rows) > limit:
+        rows = rows[:limit]
+        return Page(items=rows, next_cursor=make_cursor(rows[-1]))
+    return Page(items=rows)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------------------
+
+_METRICS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS series (
+    sid        INTEGER PRIMARY KEY,
+    project    TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    rank       INTEGER NOT NULL,
+    min_step   INTEGER NOT NULL,
+    max_step   INTEGER NOT NULL,
+    UNIQUE (project, run_id, name, rank)
+);
+CREATE TABLE IF NOT EXISTS points (
+    sid        INTEGER NOT NULL,    -- series: (project, run_id, name, rank)
+    step       INTEGER NOT NULL,
+    time_ns    INTEGER NOT NULL,
+    value      REAL,                -- NULL unless finite: MIN/MAX/AVG then see finite values only
+    nf         INTEGER NOT NULL,    -- 0 finite, 1 NaN, 2 +Inf, 3 -Inf
+    PRIMARY KEY (sid, step)
+) WITHOUT ROWID;
+"""
+
+_NEXT_STEP_SQL = "SELECT step FROM points WHERE sid = ? AND step >= ? AND step <= ? ORDER BY step LIMIT 1"
+_BUCKET_SQL = ("SELECT COUNT(*), MIN(value), MAX(value), AVG(value), SUM(nf != 0), MAX(step) "
+               "FROM points WHERE sid = ? AND step BETWEEN ? AND ?")
+_POINT_SQL = "SELECT value, nf FROM points WHERE sid = ? AND step = ?"
+
+
+def _nan_if_none(value: Optional[float]) -> float:
+    return math.nan if value is None else float(value)
+
+
+class SqliteMetricStore(MetricStore):
+    """Points in ``points`` keyed (series id, step) — the series id stands for (project, run, name, rank)
+    in ``series``, which also keeps each series' step range. Non-finite values are stored as NULL plus a
+    code in ``nf`` (SQLite would turn NaN into NULL and lose it). Downsampling runs in SQL: one
+    primary-key range aggregate per non-empty bucket (see :func:`_buckets`)."""
+
+    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
+        self._db = Database(path, _METRICS_SCHEMA, synchronous=synchronous)
+
+    def put(self, points: Sequence[MetricPoint]) -> None:
+        if not points:
+            return
+        ranges: Dict[Tuple[str, str, str, int], List[int]] = {}
+        for p in points:
+            key = (p.project, p.run_id, p.name, int(p.rank))
+            bounds = ranges.get(key)
+            if bounds is None:
+                ranges[key] = [p.step, p.step]
+            elif p.step < bounds[0]:
+                bounds[0] = p.step
+            elif p.step > bounds[1]:
+                bounds[1] = p.step
+        with self._db.write() as conn:
+            sids: Dict[Tuple[str, str, str, int], int] = {}
+            for key, (lo, hi) in ranges.items():
+                sids[key] = conn.execute(
+                    "INSERT INTO series (project, run_id, name, rank, min_step, max_step) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, run_id, name, rank) DO UPDATE SET "
+                    "min_step = MIN(min_step, excluded.min_step), "
+                    "max_step = MAX(max_step, excluded.max_step) "
+                    "RETURNING sid", (*key, int(lo), int(hi))).fetchone()[0]
+            rows = list(_point_rows(points, sids))
+            rows.sort(key=_SERIES_STEP)  # B-tree order: ~1.6x faster inserts; stable, so the last wins
+            conn.executemany("INSERT OR REPLACE INTO points (sid, step, time_ns, value, nf) "
+                             "VALUES (?, ?, ?, ?, ?)", rows)
+
+    def names(self, project: str, run_id: str) -> List[str]:
+        rows = self._db.reader().execute(
+            "SELECT DISTINCT name FROM series WHERE project = ? AND run_id = ? ORDER BY name",
+            (project, run_id)).fetchall()
+        return [r[0] for r in rows]
+
+    def series(self, project: str, run_id: str, names: Sequence[str], *, rank: Optional[int] = None,
+               start_step: Optional[int] = None, end_step: Optional[int] = None,
+               max_points: int = 1000) -> Dict[str, Dict[int, List[Bucket]]]:
+        bucket_width(0, 0, max_points)  # validates max_points
+        out: Dict[str, Dict[int, List[Bucket]]] = {}
+        with self._db.snapshot() as conn:
+            for name in dict.fromkeys(names):
+                sql = ("SELECT sid, rank, min_step, max_step FROM series "
+                       "WHERE project = ? AND run_id = ? AND name = ?")
+                args: List[Any] = [project, run_id, name]
+                if rank is not None:
+                    sql += " AND rank = ?"
+                    args.append(int(rank))
+                series = conn.execute(sql + " ORDER BY rank", args).fetchall()
+                out[name] = {}
+                if not series:
+                    continue
+                lo = int(start_step) if start_step is not None else min(s[2] for s in series)
+                hi = int(end_step) if end_step is not None else max(s[3] for s in series)
+                if lo > hi:
+                    continue
+                width = bucket_width(lo, hi, max_points)
+                for sid, series_rank, _, _ in series:
+                    buckets = _buckets(conn, sid, lo, hi, width)
+                    if buckets:
+                        out[name][int(series_rank)] = buckets
+        return out
+
+    def summary(self, project: str, run_id: str) -> List[MetricSummary]:
+        out = []
+        with self._db.snapshot() as conn:
+            rows = conn.execute(
+                "SELECT s.name, COUNT(*), MIN(p.step), MAX(p.step), MIN(p.value), MAX(p.value), "
+                "SUM(p.nf != 0) "
+                "FROM series s JOIN points p ON p.sid = s.sid WHERE s.project = ? AND s.run_id = ? "
+                "GROUP BY s.name ORDER BY s.name", (project, run_id)).fetchall()
+            for name, count, first, last_step, mn, mx, nonfinite in rows:
+                last = conn.execute(
+                    "SELECT p.value, p.nf FROM series s JOIN points p ON p.sid = s.sid AND p.step = ? "
+                    "WHERE s.project = ? AND s.run_id = ? AND s.name = ? ORDER BY s.rank LIMIT 1",
+                    (last_step, project, run_id, name)).fetchone()
+                out.append(MetricSummary(name=name, count=count, first_step=first, last_step=last_step,
+                                         min=_nan_if_none(mn), max=_nan_if_none(mx),
+                                         last=from_nonfinite_code(last[1], last[0]),
+                                         nonfinite=int(nonfinite)))
+        return out
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _buckets(conn: sqlite3.Connection, sid: int, lo: int, hi: int, width: int) -> List[Bucket]:
+    """Non-empty buckets of one series over ``[lo, hi]``: seek the next stored step, aggregate its bucket
+    with one range scan on the primary key, repeat after the bucket. Empty stretches cost one seek, and
+    no sort is needed — 2.5x faster than ``GROUP BY (step - lo) / width`` on 1M points (measured)."""
+    out: List[Bucket] = []
+    at = lo
+    while at <= hi:
+        row = conn.execute(_NEXT_STEP_SQL, (sid, at, hi)).fetchone()
+        if row is None:
+            break
+        index = (int(row[0]) - lo) // width
+        b_lo, b_hi = lo + index * width, min(lo + (index + 1) * width - 1, hi)
+        count, mn, mx, mean, nonfinite, last_step = conn.execute(_BUCKET_SQL, (sid, b_lo, b_hi)).fetchone()
+        value, code = conn.execute(_POINT_SQL, (sid, last_step)).fetchone()
+        out.append(Bucket(step_start=b_lo, step_end=b_hi, count=int(count), min=_nan_if_none(mn),
+                          max=_nan_if_none(mx), mean=_nan_if_none(mean),
+                          last=from_nonfinite_code(code, value), nonfinite=int(nonfinite)))
+        at = b_hi + 1
+    return out
+
+
+_PointRow = Tuple[int, int, int, Optional[float], int]
+_SERIES_STEP = operator.itemgetter(0, 1)
+
+
+def _point_rows(points: Sequence[MetricPoint],
+                sids: Dict[Tuple[str, str, str, int], int]) -> Iterator[_PointRow]:
+    last_key: Optional[Tuple[str, str, str, int]] = None
+    sid = 0
+    for p in points:
+        key = (p.project, p.run_id, p.name, p.rank)
+        if key != last_key:  # points usually arrive grouped by series
+            sid, last_key = sids[(p.project, p.run_id, p.name, int(p.rank))], key
+        value = float(p.value)
+        if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+            yield sid, int(p.step), int(p.time_ns), value, FINITE
+        else:
+            yield sid, int(p.step), int(p.time_ns), None, nonfinite_code(value)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Runs, incidents, clusters, state
+# ----------------------------------------------------------------------------------------------------------
+
+_INCIDENTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    project        TEXT NOT NULL,
+    run_id         TEXT NOT NULL,
+    status         TEXT NOT NULL,
+    started_ns     INTEGER NOT NULL,
+    last_event_ns  INTEGER NOT NULL,
+    doc            TEXT NOT NULL,     -- RunRecord.to_dict() as JSON
+    PRIMARY KEY (project, run_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS runs_recent ON runs (project, last_event_ns DESC, run_id);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (project, status, last_event_ns DESC, run_id);
+CREATE TABLE IF NOT EXISTS run_tags (
+    project  TEXT NOT NULL,
+    run_id   TEXT NOT NULL,
+    key      TEXT NOT NULL,
+    value    TEXT NOT NULL,
+    PRIMARY KEY (project, run_id, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS run_tags_by_value ON run_tags (project, key, value);
+CREATE TABLE IF NOT EXISTS incidents (
+    project      TEXT NOT NULL,
+    incident_id  TEXT NOT NULL,
+    run_id       TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    first_ns     INTEGER NOT NULL,
+    last_ns      INTEGER NOT NULL,
+    doc          TEXT NOT NULL,       -- Incident.to_dict() as JSON
+    PRIMARY KEY (project, incident_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS incidents_recent ON incidents (project, first_ns DESC, incident_id);
+CREATE INDEX IF NOT EXISTS incidents_by_run ON incidents (project, run_id, first_ns DESC, incident_id);
+CREATE INDEX IF NOT EXISTS incidents_by_status ON incidents (project, status, first_ns DESC, incident_id);
+CREATE TABLE IF NOT EXISTS clusters (
+    project      TEXT NOT NULL,
+    fingerprint  TEXT NOT NULL,
+    first_ns     INTEGER NOT NULL,
+    last_ns      INTEGER NOT NULL,
+    doc          TEXT NOT NULL,       -- Cluster.to_dict() as JSON
+    PRIMARY KEY (project, fingerprint)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS clusters_recent ON clusters (project, last_ns DESC, fingerprint);
+CREATE TABLE IF NOT EXISTS state (
+    key         TEXT PRIMARY KEY,
+    value       BLOB NOT NULL,
+    updated_ns  INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+
+
+class SqliteIncidentStore(IncidentStore):
+    """Records as JSON documents plus the columns listings filter and order on; upserts replace the whole
+    document. Listings are newest first with keyset cursors ``(ns, id)``."""
+
+    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
+        self._db = Database(path, _INCIDENTS_SCHEMA, synchronous=synchronous)
+
+    # runs
+    def upsert_runs(self, runs: Sequence[RunRecord]) -> None:
+        if not runs:
+            return
+        rows = [(r.project, r.run_id, r.status, int(r.started_ns), int(r.last_event_ns),
+                 json.dumps(r.to_dict())) for r in runs]
+        with self._db.write() as conn:
+            conn.executemany("INSERT OR REPLACE INTO runs (project, run_id, status, started_ns, "
+                             "last_event_ns, doc) VALUES (?, ?, ?, ?, ?, ?)", rows)
+            for r in runs:
+                conn.execute("DELETE FROM run_tags WHERE project = ? AND run_id = ?", (r.project, r.run_id))
+                conn.executemany("INSERT OR REPLACE INTO run_tags (project, run_id, key, value) "
+                                 "VALUES (?, ?, ?, ?)",
+                                 [(r.project, r.run_id, str(k), str(v)) for k, v in r.tags.items()])
+
+    def get_run(self, project: str, run_id: str) -> Optional[RunRecord]:
+        row = self._db.reader().execute("SELECT doc FROM runs WHERE project = ? AND run_id = ?",
+                                        (project, run_id)).fetchone()
+        return RunRecord.from_dict(json.loads(row[0])) if row else None
+
+    def list_runs(self, project: str, *, status: Optional[str] = None, tag: Optional[str] = None,
+                  limit: int = 50, cursor: Optional[str] = None) -> Page[RunRecord]:
+        where, args = ["project = ?"], [project]
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if tag is not None:
+            key, value = parse_tag_filter(tag)
+            sub = ("SELECT 1 FROM run_tags t WHERE t.project = runs.project AND t.run_id = runs.run_id "
+                   "AND t.key = ?")
+            args.append(key)
+            if value is not None:
+                sub += " AND t.value = ?"
+                args.append(value)
+            where.append(f"EXISTS ({sub})")
+        return self._list("runs", "run_id", "last_event_ns", where, args, [project, status, tag], limit,
+                          cursor, RunRecord.from_dict)
+
+    # incidents
+    def upsert_incidents(self, incidents: Sequence[Incident]) -> None:
+        if not incidents:
+            return
+        rows = [(i.project, i.incident_id, i.run_id, i.status, int(i.first_ns), int(i.last_ns),
+                 json.dumps(i.to_dict())) for i in incidents]
+        with self._db.write() as conn:
+            conn.executemany("INSERT OR REPLACE INTO incidents (project, incident_id, run_id, status, "
+                             "first_ns, last_ns, doc) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def get_incident(self, project: str, incident_id: str) -> Optional[Incident]:
+        row = self._db.reader().execute("SELECT doc FROM incidents WHERE project = ? AND incident_id = ?",
+                                        (project, incident_id)).fetchone()
+        return Incident.from_dict(json.loads(row[0])) if row else None
+
+    def list_incidents(self, project: str, *, run_id: Optional[str] = None, status: Optional[str] = None,
+                       limit: int = 50, cursor: Optional[str] = None) -> Page[Incident]:
+        where, args = ["project = ?"], [project]
+        if run_id is not None:
+            where.append("run_id = ?")
+            args.append(run_id)
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        return self._list("incidents", "incident_id", "first_ns", where, args, [project, run_id, status],
+                          limit, cursor, Incident.from_dict)
+
+    # clusters
+    def upsert_clusters(self, clusters: Sequence[Cluster]) -> None:
+        if not clusters:
+            return
+        rows = [(c.project, c.fingerprint, int(c.first_ns), int(c.last_ns), json.dumps(c.to_dict()))
+                for c in clusters]
+        with self._db.write() as conn:
+            conn.executemany("INSERT OR REPLACE INTO clusters (project, fingerprint, first_ns, last_ns, doc) "
+                             "VALUES (?, ?, ?, ?, ?)", rows)
+
+    def get_cluster(self, project: str, fingerprint: str) -> Optional[Cluster]:
+        row = self._db.reader().execute("SELECT doc FROM clusters WHERE project = ? AND fingerprint = ?",
+                                        (project, fingerprint)).fetchone()
+        return Cluster.from_dict(json.loads(row[0])) if row else None
+
+    def list_clusters(self, project: str, *, limit: int = 50,
+                      cursor: Optional[str] = None) -> Page[Cluster]:
+        return self._list("clusters", "fingerprint", "last_ns", ["project = ?"], [project], [project], limit,
+                          cursor, Cluster.from_dict)
+
+    # state
+    def save_state(self, key: str, state: bytes) -> None:
+        with self._db.write() as conn:
+            conn.execute("INSERT OR REPLACE INTO state (key, value, updated_ns) VALUES (?, ?, ?)",
+                         (key, bytes(state), time.time_ns()))
+
+    def load_state(self, key: str) -> Optional[bytes]:
+        row = self._db.reader().execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return bytes(row[0]) if row else None
+
+    def _list(self, table: str, id_col: str, ns_col: str, where: List[str], args: List[Any],
+              scope: List[Any], limit: int, cursor: Optional[str],
+              load: Callable[[Dict[str, Any]], T]) -> Page[T]:
+        """Newest first by ``ns_col``, ties by ``id_col`` ascending; keyset cursor ``(ns, id)``."""
+        check_limit(limit)
+        if cursor:
+            ns, key = decode_cursor(cursor, table, scope, (int, str))
+            where = [*where, f"({ns_col} < ? OR ({ns_col} = ? AND {id_col} > ?))"]
+            args = [*args, ns, ns, key]
+        rows = self._db.reader().execute(
+            f"SELECT {ns_col}, {id_col}, doc FROM {table} WHERE {' AND '.join(where)} "
+            f"ORDER BY {ns_col} DESC, {id_col} LIMIT ?", [*args, limit + 1]).fetchall()
+        page = _page(rows, limit, lambda r: encode_cursor(table, scope, [r[0], r[1]]))
+        return Page(items=[load(json.loads(r[2])) for r in page.items], next_cursor=page.next_cursor)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Projects and tokens
+# ----------------------------------------------------------------------------------------------------------
+
+_PROJECTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS projects (
+    name        TEXT PRIMARY KEY,
+    created_ns  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tokens (
+    token_id       TEXT PRIMARY KEY,   -- the public part of the token text
+    project        TEXT NOT NULL,
+    kind           TEXT NOT NULL,      -- ingest | read
+    secret_sha256  TEXT NOT NULL,      -- the secret itself is never stored
+    created_ns     INTEGER NOT NULL,
+    revoked        INTEGER NOT NULL DEFAULT 0,
+    description    TEXT NOT NULL DEFAULT ''
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tokens_by_project ON tokens (project, created_ns);
+"""
+
+_TOKEN_COLUMNS = "token_id, project, kind, created_ns, revoked, description"
+
+
+def _token_info(row: Sequence[Any]) -> TokenInfo:
+    return TokenInfo(token_id=row[0], project=row[1], kind=row[2], created_ns=row[3], revoked=bool(row[4]),
+                     description=row[5])
+
+
+class SqliteProjectStore(ProjectStore):
+    """Projects and tokens. Token text is ``tg_<kind>_<id>_<secret>``: the id is looked up, the secret's
+    SHA-256 compared in constant time."""
+
+    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
+        self._db = Database(path, _PROJECTS_SCHEMA, synchronous=synchronous)
+
+    def create_token(self, project: str, kind: str, description: str = "") -> str:
+        check_project_name(project)
+        text, token_id, secret = new_token(kind)
+        self._insert(project, kind, token_id, secret, description)
+        return text
+
+    def add_token(self, project: str, kind: str, token: str, description: str = "") -> TokenInfo:
+        """Register operator-chosen token text (see ``memory.parse_operator_token``); ValueError if its
+        id already exists."""
+        check_project_name(project)
+        token_id, secret = parse_operator_token(kind, token)
+        with self._db.write() as conn:
+            if conn.execute("SELECT 1 FROM tokens WHERE token_id = ?", (token_id,)).fetchone():
+                raise ValueError(f"token {token_id} already exists")
+            self._insert_in(conn, project, kind, token_id, secret, description)
+            info = conn.execute(f"SELECT {_TOKEN_COLUMNS} FROM tokens WHERE token_id = ?",
+                                (token_id,)).fetchone()
+        return _token_info(info)
+
+    def _insert(self, project: str, kind: str, token_id: str, secret: str, description: str) -> None:
+        with self._db.write() as conn:
+            self._insert_in(conn, project, kind, token_id, secret, description)
+
+    @staticmethod
+    def _insert_in(conn: sqlite3.Connection, project: str, kind: str, token_id: str, secret: str,
+                   description: str) -> None:
+        now = time.time_ns()
+        conn.execute("INSERT OR IGNORE INTO projects (name, created_ns) VALUES (?, ?)", (project, now))
+        conn.execute("INSERT INTO tokens (token_id, project, kind, secret_sha256, created_ns, description) "
+                     "VALUES (?, ?, ?, ?, ?, ?)",
+                     (token_id, project, kind, hash_secret(secret), now, description))
+
+    def authenticate(self, token: str) -> Optional[TokenInfo]:
+        parts = split_token(token)
+        if parts is None:
+            return None
+        kind, token_id, secret = parts
+        row = self._db.reader().execute(
+            f"SELECT {_TOKEN_COLUMNS}, secret_sha256 FROM tokens WHERE token_id = ?", (token_id,)).fetchone()
+        if row is None or not secret_matches(secret, row[6]):
+            return None
+        info = _token_info(row)
+        return None if info.revoked or info.kind != kind else info
+
+    def list_tokens(self, project: Optional[str] = None) -> List[TokenInfo]:
+        sql = f"SELECT {_TOKEN_COLUMNS} FROM tokens"
+        args: List[Any] = []
+        if project is not None:
+            sql += " WHERE project = ?"
+            args.append(project)
+        rows = self._db.reader().execute(sql + " ORDER BY created_ns, token_id", args).fetchall()
+        return [_token_info(r) for r in rows]
+
+    def revoke(self, token_id: str) -> bool:
+        """True when the token exists (it is revoked afterwards, idempotently); False when unknown."""
+        with self._db.write() as conn:
+            return conn.execute("UPDATE tokens SET revoked = 1 WHERE token_id = ?", (token_id,)).rowcount > 0
+
+    def close(self) -> None:
+        self._db.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# All of them under one data directory
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SqliteStores:
+    """The four store families of one data directory."""
+
+    events: SqliteEventStore
+    metrics: SqliteMetricStore
+    incidents: SqliteIncidentStore
+    projects: SqliteProjectStore
+
+    def close(self) -> None:
+        for store in (self.events, self.metrics, self.incidents, self.projects):
+            store.close()
+
+
+def open_sqlite_stores(data_dir: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> SqliteStores:
+    """Open (creating if needed) ``events.db``, ``metrics.db``, ``incidents.db`` and ``projects.db``."""
+    root = Path(data_dir)
+    return SqliteStores(events=SqliteEventStore(root / EVENTS_DB, synchronous=synchronous),
+                        metrics=SqliteMetricStore(root / METRICS_DB, synchronous=synchronous),
+                        incidents=SqliteIncidentStore(root / INCIDENTS_DB, synchronous=synchronous),
+                        projects=SqliteProjectStore(root / PROJECTS_DB, synchronous=synchronous))
+
+
+__all__ = [
+    "DEFAULT_SYNCHRONOUS", "EVENTS_DB", "INCIDENTS_DB", "METRICS_DB", "PROJECTS_DB", "Database",
+    "SqliteEventStore", "SqliteIncidentStore", "SqliteMetricStore", "SqliteProjectStore", "SqliteStores",
+    "connect", "fts5_query", "open_sqlite_stores",
+]

@@ -1,0 +1,263 @@
+"""Queue contract, written once against the ABC and run against every implementation.
+
+Adding an implementation is one line in IMPLEMENTATIONS: ``Impl(factory, durable)``, where the factory
+takes (tmp_path, pytest request, max_depth) and opens the queue living under tmp_path — calling it again
+after ``close()`` must reopen the same queue when ``durable`` is true (a restart).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, NamedTuple
+
+import pytest
+
+from trainguard_server.queue.base import Queue, QueueFull, QueueRecord
+from trainguard_server.queue.memory import MemoryQueue
+from trainguard_server.queue.sqlite import SqliteQueue
+
+
+class Impl(NamedTuple):
+    open: Callable[[Path, pytest.FixtureRequest, int], Queue]
+    durable: bool
+
+
+IMPLEMENTATIONS: Dict[str, Impl] = {
+    "memory": Impl(lambda tmp_path, request, max_depth: MemoryQueue(max_depth=max_depth), durable=False),
+    "sqlite": Impl(lambda tmp_path, request, max_depth: SqliteQueue(tmp_path / "queue.db", max_depth=max_depth),
+                   durable=True),
+}
+
+OpenQueue = Callable[..., Queue]
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def impl(request: pytest.FixtureRequest) -> Impl:
+    return IMPLEMENTATIONS[request.param]
+
+
+@pytest.fixture
+def open_queue(impl: Impl, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenQueue]:
+    opened: List[Queue] = []
+
+    def open_(max_depth: int = 10_000) -> Queue:
+        queue = impl.open(tmp_path, request, max_depth)
+        opened.append(queue)
+        return queue
+
+    yield open_
+    for queue in opened:
+        queue.close()
+
+
+@pytest.fixture
+def queue(open_queue: OpenQueue) -> Queue:
+    return open_queue()
+
+
+def drain(queue: Queue, timeout: float = 0.2) -> List[QueueRecord]:
+    out: List[QueueRecord] = []
+    while True:
+        got = queue.consume(1000, timeout)
+        if not got:
+            return out
+        out += got
+
+
+def test_publish_returns_increasing_offsets_and_consume_hands_them_out_in_order(queue: Queue) -> None:
+    first = queue.publish("run-a", [b"a0", b"a1"])
+    second = queue.publish("run-b", [b"b0"])
+    third = queue.publish("run-a", [b"a2"])
+    offsets = first + second + third
+    assert len(offsets) == 4 and offsets == sorted(offsets) and len(set(offsets)) == 4
+    records = drain(queue)
+    assert [(r.key, r.value, r.offset) for r in records] == [
+        ("run-a", b"a0", offsets[0]), ("run-a", b"a1", offsets[1]), ("run-b", b"b0", offsets[2]),
+        ("run-a", b"a2", offsets[3])]
+    assert len({r.partition for r in records}) == 1
+    now = time.time_ns()
+    assert all(now - 60 * 10**9 < r.published_ns <= now for r in records)
+
+
+def test_records_of_one_key_keep_publish_order_across_many_batches(queue: Queue) -> None:
+    for i in range(200):
+        queue.publish(f"run-{i % 3}", [f"{i}".encode()])
+    records = drain(queue)
+    for key in ("run-0", "run-1", "run-2"):
+        values = [int(r.value) for r in records if r.key == key]
+        assert values == sorted(values) and len(values) in (66, 67)
+
+
+def test_consume_never_hands_out_a_record_twice_and_respects_max_records(queue: Queue) -> None:
+    queue.publish("k", [bytes([i]) for i in range(10)])
+    batches = [queue.consume(3, 0.5) for _ in range(4)]
+    assert [len(b) for b in batches] == [3, 3, 3, 1]
+    values = [r.value for b in batches for r in b]
+    assert values == [bytes([i]) for i in range(10)]
+    assert queue.consume(3, 0.05) == []
+
+
+def test_depth_counts_published_and_uncommitted_records(queue: Queue) -> None:
+    assert queue.depth() == 0
+    queue.publish("k", [b"1", b"2", b"3"])
+    assert queue.depth() == 3
+    records = queue.consume(10, 0.5)
+    assert queue.depth() == 3  # handed out is not committed
+    queue.commit(records[:1])
+    assert queue.depth() == 2
+    queue.commit(records)
+    assert queue.depth() == 0
+    queue.commit(records)  # committing again is harmless
+    assert queue.depth() == 0
+
+
+def test_commit_covers_everything_before_the_record(queue: Queue) -> None:
+    queue.publish("k", [b"1", b"2", b"3", b"4"])
+    records = queue.consume(10, 0.5)
+    queue.commit([records[2]])
+    assert queue.depth() == 1
+    queue.publish("k", [b"5"])
+    assert [r.value for r in queue.consume(10, 0.5)] == [b"5"]
+
+
+def test_commit_of_nothing_is_a_no_op(queue: Queue) -> None:
+    queue.publish("k", [b"1"])
+    queue.commit([])
+    assert queue.depth() == 1
+
+
+def test_empty_publish_stores_nothing(queue: Queue) -> None:
+    assert queue.publish("k", []) == []
+    assert queue.depth() == 0 and queue.consume(10, 0.05) == []
+
+
+def test_large_values_round_trip(queue: Queue) -> None:
+    blob = bytes(range(256)) * 4096  # 1 MiB
+    queue.publish("k", [blob, b""])
+    records = queue.consume(10, 0.5)
+    assert [r.value for r in records] == [blob, b""]
+
+
+def test_consume_waits_for_the_timeout_when_empty(queue: Queue) -> None:
+    start = time.monotonic()
+    assert queue.consume(10, 0.3) == []
+    assert time.monotonic() - start >= 0.28
+    start = time.monotonic()
+    assert queue.consume(10, 0) == []
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_blocked_consumer_wakes_when_a_record_is_published(queue: Queue) -> None:
+    got: List[QueueRecord] = []
+    woke_after: List[float] = []
+
+    def consumer() -> None:
+        start = time.monotonic()
+        got.extend(queue.consume(10, 20.0))
+        woke_after.append(time.monotonic() - start)
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    time.sleep(0.3)
+    assert not got
+    queue.publish("k", [b"wake up"])
+    thread.join(10)
+    assert [r.value for r in got] == [b"wake up"]
+    assert woke_after[0] < 10.0  # long before the 20 s timeout (typically ~0.3 s)
+
+
+def test_queue_full_rejects_the_whole_call_and_recovers_after_commit(open_queue: OpenQueue) -> None:
+    queue = open_queue(max_depth=3)
+    queue.publish("k", [b"1", b"2"])
+    queue.publish("k", [b"3", b"4"])  # the call crossing the line is accepted whole
+    with pytest.raises(QueueFull) as err:
+        queue.publish("k", [b"5"])
+    assert err.value.retry_after > 0
+    assert queue.depth() == 4
+    records = queue.consume(10, 0.5)
+    assert [r.value for r in records] == [b"1", b"2", b"3", b"4"]  # nothing of the rejected call
+    queue.commit(records)
+    queue.publish("k", [b"6"])
+    assert [r.value for r in queue.consume(10, 0.5)] == [b"6"]
+
+
+@pytest.mark.parametrize("max_records, timeout", [(0, 0.1), (-1, 0.1), (1, -1.0)])
+def test_invalid_consume_arguments_are_value_errors(queue: Queue, max_records: int, timeout: float) -> None:
+    with pytest.raises(ValueError):
+        queue.consume(max_records, timeout)
+
+
+def test_concurrent_publishers_lose_nothing(queue: Queue) -> None:
+    def publisher(n: int) -> None:
+        for i in range(100):
+            queue.publish(f"run-{n}", [f"{n}:{i}".encode()])
+
+    threads = [threading.Thread(target=publisher, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    consumed: List[QueueRecord] = []
+    deadline = time.monotonic() + 30
+    while len(consumed) < 400 and time.monotonic() < deadline:
+        batch = queue.consume(50, 0.5)
+        consumed += batch
+        queue.commit(batch)
+    for t in threads:
+        t.join()
+    consumed += drain(queue, 0.1)
+    assert sorted(r.value for r in consumed) == sorted(f"{n}:{i}".encode() for n in range(4) for i in range(100))
+    for n in range(4):
+        mine = [int(r.value.split(b":")[1]) for r in consumed if r.key == f"run-{n}"]
+        assert mine == sorted(mine)
+    assert queue.depth() == 0
+
+
+def test_uncommitted_records_are_redelivered_after_reopen(impl: Impl, open_queue: OpenQueue) -> None:
+    if not impl.durable:
+        pytest.skip("not a durable queue")
+    queue = open_queue()
+    queue.publish("k", [b"1", b"2", b"3"])
+    queue.publish("j", [b"4"])
+    records = queue.consume(10, 0.5)
+    queue.commit(records[:2])
+    queue.close()
+    reopened = open_queue()
+    assert reopened.depth() == 2
+    again = drain(reopened)
+    assert [(r.key, r.value) for r in again] == [("k", b"3"), ("j", b"4")]
+    assert [r.offset for r in again] == [r.offset for r in records[2:]]
+    new = reopened.publish("k", [b"5"])
+    assert new[0] > records[-1].offset  # offsets are never reused
+    reopened.commit(again)
+    reopened.close()
+    assert [r.value for r in drain(open_queue())] == [b"5"]
+
+
+def test_offsets_are_never_reused_after_everything_is_committed(impl: Impl, open_queue: OpenQueue) -> None:
+    queue = open_queue()
+    offsets = queue.publish("k", [b"1", b"2"])
+    queue.commit(queue.consume(10, 0.5))
+    if impl.durable:
+        queue.close()
+        queue = open_queue()
+    assert queue.publish("k", [b"3"])[0] > offsets[-1]
+
+
+def test_close_wakes_a_blocked_consumer(open_queue: OpenQueue) -> None:
+    queue = open_queue()
+    result: List[object] = []
+
+    def consumer() -> None:
+        try:
+            result.append(queue.consume(10, 20.0))
+        except Exception as exc:  # a closed queue may also say so
+            result.append(exc)
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    time.sleep(0.2)
+    queue.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert result == [[]] or isinstance(result[0], Exception)

@@ -1,0 +1,130 @@
+"""SqliteQueue beyond the contract: a publisher SIGKILLed mid-stream loses no acknowledged record, a
+consumer SIGKILLed before committing gets its records again, and the file is laid out as documented."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import List
+
+from trainguard_server.queue.sqlite import PAGE_SIZE, QUEUE_DB, SqliteQueue
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_until_killed(code: str, acks: int, timeout: float = 60.0) -> List[str]:
+    """Run ``code`` in a fresh interpreter, SIGKILL it after ``acks`` lines starting with 'done ', and
+    return the payload of every 'done' line it printed before dying."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "services" / "src"), str(ROOT / "sdk" / "src"),
+                                         env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    done: List[str] = []
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    try:
+        for line in proc.stdout:
+            if line.startswith("done "):
+                done.append(line[5:].strip())
+                if len(done) == acks:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    break
+        proc.wait(timeout)
+        done += [line[5:].strip() for line in proc.stdout.read().splitlines() if line.startswith("done ")]
+    finally:
+        killer.cancel()
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    return done
+
+
+def test_acknowledged_publishes_survive_kill_9_mid_stream(tmp_path: Path) -> None:
+    path = tmp_path / QUEUE_DB
+    code = f"""
+        import os
+        from trainguard_server.queue.sqlite import SqliteQueue
+        queue = SqliteQueue({str(path)!r}, max_depth=10**9)
+        filler = os.urandom(20_000)
+        i = 0
+        while True:
+            offsets = queue.publish(f"run-{{i % 3}}", [f"{{i}}:".encode() + filler, f"{{i}}:tail".encode()])
+            print(f"done {{i}} {{offsets[0]}} {{offsets[1]}}", flush=True)
+            i += 1
+    """
+    acked = [tuple(int(x) for x in line.split()) for line in run_until_killed(code, acks=300)]
+    assert len(acked) >= 300
+    queue = SqliteQueue(path)
+    try:
+        records = []
+        while True:
+            batch = queue.consume(500, 0.1)
+            if not batch:
+                break
+            records += batch
+        by_offset = {r.offset: r for r in records}
+        for i, first, second in acked:
+            assert by_offset[first].value.startswith(f"{i}:".encode()) and by_offset[first].key == f"run-{i % 3}"
+            assert by_offset[second].value == f"{i}:tail".encode()
+        offsets = [r.offset for r in records]
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+        assert len(records) in (2 * len(acked), 2 * len(acked) + 2)  # at most the batch not yet acknowledged
+        assert queue.depth() == len(records)
+    finally:
+        queue.close()
+
+
+def test_records_a_killed_consumer_did_not_commit_are_handed_out_again(tmp_path: Path) -> None:
+    path = tmp_path / QUEUE_DB
+    code = f"""
+        import time
+        from trainguard_server.queue.sqlite import SqliteQueue
+        queue = SqliteQueue({str(path)!r})
+        queue.publish("k", [str(i).encode() for i in range(100)])
+        records = queue.consume(100, 1.0)
+        assert len(records) == 100
+        queue.commit(records[:40])
+        print("done committed 40", flush=True)
+        time.sleep(60)
+    """
+    run_until_killed(code, acks=1)
+    queue = SqliteQueue(path)
+    try:
+        assert queue.depth() == 60
+        records = queue.consume(1000, 0.5)
+        assert [r.value for r in records] == [str(i).encode() for i in range(40, 100)]
+    finally:
+        queue.close()
+
+
+def test_queue_file_layout(tmp_path: Path) -> None:
+    queue = SqliteQueue(tmp_path / QUEUE_DB)
+    queue.publish("k", [b"x"])
+    queue.close()
+    conn = sqlite3.connect(tmp_path / QUEUE_DB)
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+def test_a_publish_from_another_process_reaches_a_waiting_consumer(tmp_path: Path) -> None:
+    path = tmp_path / QUEUE_DB
+    queue = SqliteQueue(path, poll_interval=0.05)
+    other = SqliteQueue(path)  # stands in for another process: it cannot notify our Condition
+    try:
+        got: List[bytes] = []
+        thread = threading.Thread(target=lambda: got.extend(r.value for r in queue.consume(10, 10.0)))
+        thread.start()
+        other.publish("k", [b"from elsewhere"])
+        thread.join(10)
+        assert got == [b"from elsewhere"]
+    finally:
+        other.close()
+        queue.close()

@@ -1,0 +1,257 @@
+"""IncidentStore contract, written once against the ABC and run against every implementation.
+
+Adding an implementation is one line in IMPLEMENTATIONS (factory: tmp_path, pytest request → empty store).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import pytest
+
+from trainguard.core.records import Cluster, Evidence, Incident, RunRecord, TimelineEntry
+from trainguard_server.storage.base import IncidentStore, Page
+from trainguard_server.storage.memory import MemoryIncidentStore
+from trainguard_server.storage.sqlite import SqliteIncidentStore
+
+Factory = Callable[[Path, pytest.FixtureRequest], IncidentStore]
+IMPLEMENTATIONS: Dict[str, Factory] = {
+    "memory": lambda tmp_path, request: MemoryIncidentStore(),
+    "sqlite": lambda tmp_path, request: SqliteIncidentStore(tmp_path / "incidents.db"),
+}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[IncidentStore]:
+    impl = IMPLEMENTATIONS[request.param](tmp_path, request)
+    yield impl
+    impl.close()
+
+
+def run(run_id: str, last_event_ns: int = 0, *, project: str = "p", status: str = "running",
+        tags: Optional[Dict[str, str]] = None) -> RunRecord:
+    return RunRecord(project=project, run_id=run_id, run_name=f"name-{run_id}", status=status,
+                     started_ns=1, last_event_ns=last_event_ns, last_step=10, world_size=2, ranks=[0, 1],
+                     hosts=["h0"], tags=tags or {}, exit_codes={"1": 137}, step_time_s=0.25)
+
+
+def incident(incident_id: str, first_ns: int = 0, *, project: str = "p", run_id: str = "r1",
+             status: str = "open") -> Incident:
+    return Incident(incident_id=incident_id, project=project, run_id=run_id, category="loss", subtype="non_finite",
+                    severity="critical", status=status, title="loss became NaN", first_step=120, last_step=130,
+                    first_ns=first_ns, last_ns=first_ns + 5, lead_rank=1, ranks=[0, 1], hosts=["h0"],
+                    fingerprint="fp:v1:abc", checks=["check the data"],
+                    evidence=[Evidence(rule="loss.non_finite", description="loss is NaN", step=120, rank=1,
+                                       metric="loss", threshold=None, value=math.nan,
+                                       window=[{"step": 119, "value": 2.5}, {"step": 120, "value": "NaN"}])],
+                    timeline=[TimelineEntry(time_ns=first_ns, step=120, rank=1, what="loss became NaN")], count=3)
+
+
+def cluster(fingerprint: str, last_ns: int = 0, *, project: str = "p") -> Cluster:
+    return Cluster(project=project, fingerprint=fingerprint, fingerprint_version="fp:v1", exc_type="RuntimeError",
+                   message_template="CUDA out of memory. Tried to allocate <size>", count=4, first_ns=1,
+                   last_ns=last_ns, runs=["r1", "r2"], ranks=["r1:0"], hosts=["h0"], sample_event_id="e1",
+                   sample={"type": "RuntimeError", "frames": [{"module": "train", "function": "step"}]})
+
+
+def collect(fetch: Callable[[Optional[str]], Page[Any]], key: Callable[[Any], str]) -> List[str]:
+    """Every item of a paginated listing, in order."""
+    out: List[str] = []
+    cursor = None
+    while True:
+        page = fetch(cursor)
+        out += [key(item) for item in page.items]
+        if page.next_cursor is None:
+            return out
+        cursor = page.next_cursor
+
+
+# --- runs ---------------------------------------------------------------------------------------------------
+
+def test_run_round_trip_and_upsert_replaces(store: IncidentStore) -> None:
+    original = run("r1", 100, tags={"model": "gpt", "lr": "3e-4"})
+    store.upsert_runs([original])
+    assert store.get_run("p", "r1") == original
+    changed = run("r1", 200, status="failed", tags={"model": "llama"})
+    store.upsert_runs([changed])
+    assert store.get_run("p", "r1") == changed
+    assert store.get_run("p", "missing") is None
+    assert [r.run_id for r in store.list_runs("p").items] == ["r1"]
+
+
+def test_returned_records_are_copies(store: IncidentStore) -> None:
+    store.upsert_runs([run("r1", tags={"a": "1"})])
+    got = store.get_run("p", "r1")
+    assert got is not None
+    got.tags["a"] = "mutated"
+    got.ranks.append(99)
+    assert store.get_run("p", "r1") == run("r1", tags={"a": "1"})
+
+
+def test_runs_are_listed_most_recently_active_first(store: IncidentStore) -> None:
+    store.upsert_runs([run("a", 100), run("b", 300), run("c", 200), run("d", 300)])
+    assert [r.run_id for r in store.list_runs("p").items] == ["b", "d", "c", "a"]
+
+
+def test_run_filters_by_status_and_tag(store: IncidentStore) -> None:
+    store.upsert_runs([run("a", 1, status="failed", tags={"team": "nlp", "gpu": "h100"}),
+                       run("b", 2, status="running", tags={"team": "vision"}),
+                       run("c", 3, status="failed", tags={"team": "nlp"}),
+                       run("d", 4, tags={"eq": "x=y"})])
+    assert [r.run_id for r in store.list_runs("p", status="failed").items] == ["c", "a"]
+    assert [r.run_id for r in store.list_runs("p", tag="team=nlp").items] == ["c", "a"]
+    assert [r.run_id for r in store.list_runs("p", tag="team").items] == ["c", "b", "a"]
+    assert [r.run_id for r in store.list_runs("p", tag="gpu=h100", status="failed").items] == ["a"]
+    assert [r.run_id for r in store.list_runs("p", tag="eq=x=y").items] == ["d"]  # value may hold '='
+    assert [r.run_id for r in store.list_runs("p", tag="team=").items] == []  # empty value, exactly
+    assert store.list_runs("p", tag="team=nlp", status="running").items == []
+    store.upsert_runs([run("a", 5, status="failed", tags={"team": "infra"})])  # tags are replaced
+    assert [r.run_id for r in store.list_runs("p", tag="team=nlp").items] == ["c"]
+    assert [r.run_id for r in store.list_runs("p", tag="gpu").items] == []
+
+
+@pytest.mark.parametrize("tag", ["=x", "", " =nlp"])
+def test_invalid_tag_filter_is_a_value_error(store: IncidentStore, tag: str) -> None:
+    with pytest.raises(ValueError, match="tag"):
+        store.list_runs("p", tag=tag)
+
+
+def test_run_pages_are_complete_without_duplicates(store: IncidentStore) -> None:
+    store.upsert_runs([run(f"r{i:03d}", i // 3) for i in range(47)])
+    listed = collect(lambda c: store.list_runs("p", limit=5, cursor=c), lambda r: r.run_id)
+    assert len(listed) == 47 and set(listed) == {f"r{i:03d}" for i in range(47)}
+    expected = [r.run_id for r in sorted((run(f"r{i:03d}", i // 3) for i in range(47)),
+                                         key=lambda r: (-r.last_event_ns, r.run_id))]
+    assert listed == expected
+
+
+def test_run_pagination_has_no_duplicates_while_runs_keep_reporting(store: IncidentStore) -> None:
+    store.upsert_runs([run(f"r{i:02d}", 100 + i) for i in range(20)])
+    seen: List[str] = []
+    page = store.list_runs("p", limit=5)
+    seen += [r.run_id for r in page.items]
+    store.upsert_runs([run("r19", 1000), run("r00", 1001)])  # activity moves runs to the front
+    while page.next_cursor:
+        page = store.list_runs("p", limit=5, cursor=page.next_cursor)
+        seen += [r.run_id for r in page.items]
+    assert len(seen) == len(set(seen))
+
+
+def test_projects_never_see_each_others_records(store: IncidentStore) -> None:
+    store.upsert_runs([run("shared", 1, project="a", tags={"t": "1"}), run("shared", 2, project="b")])
+    store.upsert_incidents([incident("i1", project="a", run_id="shared"), incident("i2", project="b")])
+    store.upsert_clusters([cluster("fp1", project="a"), cluster("fp2", project="b")])
+    run_a, run_b = store.get_run("a", "shared"), store.get_run("b", "shared")
+    assert run_a is not None and run_b is not None
+    assert (run_a.last_event_ns, run_b.last_event_ns) == (1, 2)
+    assert [r.project for r in store.list_runs("a").items] == ["a"]
+    assert store.list_runs("b", tag="t").items == []
+    assert store.get_incident("b", "i1") is None and store.get_incident("a", "i1") is not None
+    assert [i.incident_id for i in store.list_incidents("b").items] == ["i2"]
+    assert store.list_incidents("b", run_id="shared").items == []
+    assert store.get_cluster("b", "fp1") is None
+    assert [c.fingerprint for c in store.list_clusters("a").items] == ["fp1"]
+    assert store.list_runs("c").items == [] and store.list_incidents("c").items == []
+    assert store.list_clusters("c").items == []
+
+
+# --- incidents ----------------------------------------------------------------------------------------------
+
+def test_incident_round_trip_with_evidence_timeline_and_nan(store: IncidentStore) -> None:
+    store.upsert_incidents([incident("i1", 50)])
+    got = store.get_incident("p", "i1")
+    assert got is not None
+    assert isinstance(got.evidence[0], Evidence) and isinstance(got.timeline[0], TimelineEntry)
+    assert math.isnan(got.evidence[0].value)
+    got.evidence[0].value = None
+    expected = incident("i1", 50)
+    expected.evidence[0].value = None
+    assert got == expected
+    store.upsert_incidents([incident("i1", 50, status="resolved")])
+    resolved = store.get_incident("p", "i1")
+    assert resolved is not None and resolved.status == "resolved"
+    assert store.get_incident("p", "nope") is None
+
+
+def test_incidents_are_listed_most_recent_first_and_filter(store: IncidentStore) -> None:
+    store.upsert_incidents([incident("a", 10, run_id="r1"), incident("b", 30, run_id="r2"),
+                            incident("c", 20, run_id="r1", status="resolved"), incident("d", 30, run_id="r1")])
+    assert [i.incident_id for i in store.list_incidents("p").items] == ["b", "d", "c", "a"]
+    assert [i.incident_id for i in store.list_incidents("p", run_id="r1").items] == ["d", "c", "a"]
+    assert [i.incident_id for i in store.list_incidents("p", status="resolved").items] == ["c"]
+    assert [i.incident_id for i in store.list_incidents("p", run_id="r1", status="open").items] == ["d", "a"]
+
+
+def test_incident_pages_are_complete_without_duplicates(store: IncidentStore) -> None:
+    store.upsert_incidents([incident(f"i{i:03d}", i % 4, run_id=f"r{i % 2}") for i in range(33)])
+    listed = collect(lambda c: store.list_incidents("p", limit=4, cursor=c), lambda i: i.incident_id)
+    assert sorted(listed) == [f"i{i:03d}" for i in range(33)]
+    by_run = collect(lambda c: store.list_incidents("p", run_id="r1", limit=3, cursor=c), lambda i: i.incident_id)
+    assert sorted(by_run) == [f"i{i:03d}" for i in range(1, 33, 2)]
+
+
+# --- clusters -----------------------------------------------------------------------------------------------
+
+def test_cluster_round_trip_and_ordering(store: IncidentStore) -> None:
+    store.upsert_clusters([cluster("old", 10), cluster("new", 30), cluster("mid", 20)])
+    assert store.get_cluster("p", "new") == cluster("new", 30)
+    assert [c.fingerprint for c in store.list_clusters("p").items] == ["new", "mid", "old"]
+    store.upsert_clusters([cluster("old", 40)])
+    assert [c.fingerprint for c in store.list_clusters("p").items] == ["old", "new", "mid"]
+    listed = collect(lambda c: store.list_clusters("p", limit=2, cursor=c), lambda c: c.fingerprint)
+    assert listed == ["old", "new", "mid"]
+
+
+# --- cursors ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["x", "bm90IGpzb24", "eyJrIjoicnVucyIsInMiOiIiLCJ2IjpbMSwiYSJdfQ", "%%%", "=" * 10])
+def test_invalid_cursors_are_value_errors(store: IncidentStore, bad: str) -> None:
+    store.upsert_runs([run(f"r{i}", i) for i in range(3)])
+    for call in (lambda: store.list_runs("p", cursor=bad), lambda: store.list_incidents("p", cursor=bad),
+                 lambda: store.list_clusters("p", cursor=bad)):
+        with pytest.raises(ValueError, match="invalid cursor"):
+            call()
+
+
+def test_cursors_only_work_for_their_listing_and_filters(store: IncidentStore) -> None:
+    store.upsert_runs([run(f"r{i}", i, status="failed") for i in range(5)])
+    store.upsert_incidents([incident(f"i{i}", i) for i in range(5)])
+    runs_cursor = store.list_runs("p", limit=2).next_cursor
+    failed_cursor = store.list_runs("p", status="failed", limit=2).next_cursor
+    assert runs_cursor and failed_cursor
+    for call in (lambda: store.list_incidents("p", cursor=runs_cursor),
+                 lambda: store.list_clusters("p", cursor=runs_cursor),
+                 lambda: store.list_runs("other", cursor=runs_cursor),
+                 lambda: store.list_runs("p", cursor=failed_cursor),
+                 lambda: store.list_runs("p", status="running", cursor=failed_cursor)):
+        with pytest.raises(ValueError, match="invalid cursor"):
+            call()
+
+
+def test_non_positive_limit_is_a_value_error(store: IncidentStore) -> None:
+    for call in (lambda: store.list_runs("p", limit=0), lambda: store.list_incidents("p", limit=-1),
+                 lambda: store.list_clusters("p", limit=0)):
+        with pytest.raises(ValueError):
+            call()
+
+
+# --- state --------------------------------------------------------------------------------------------------
+
+def test_state_blobs_round_trip_and_overwrite(store: IncidentStore) -> None:
+    assert store.load_state("processor") is None
+    blob = bytes(range(256)) * 1000
+    store.save_state("processor", blob)
+    assert store.load_state("processor") == blob
+    store.save_state("processor", b"")
+    assert store.load_state("processor") == b""
+    store.save_state("other", b"x")
+    assert store.load_state("processor") == b"" and store.load_state("other") == b"x"
+
+
+def test_upserting_nothing_is_a_no_op(store: IncidentStore) -> None:
+    store.upsert_runs([])
+    store.upsert_incidents([])
+    store.upsert_clusters([])
+    assert store.list_runs("p").items == []
