@@ -8,6 +8,7 @@ thread, with any arguments — and never raises into the training loop. Without 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -60,6 +61,13 @@ def init(endpoint: Optional[str] = None, project: Optional[str] = None, token: O
                 warn_once(f"integration:{integration.identifier}", f"{integration.identifier}: {exc}")
                 continue
             _integrations.append(integration)
+        if "torch" in sys.modules:  # OOM context even without watch(); never imports torch itself
+            try:
+                from .integrations.cuda_memory import install_oom_enricher
+
+                install_oom_enricher(client)
+            except Exception as exc:
+                warn_once("integration:oom", f"OOM capture not installed: {exc}")
         client.capture_lifecycle_start()
 
 
@@ -93,8 +101,6 @@ def capture_exception(exc: Optional[BaseException] = None) -> Optional[str]:
     if client is None:
         return None
     if exc is None:
-        import sys
-
         exc = sys.exc_info()[1]
         if exc is None:
             return None
@@ -141,6 +147,12 @@ def _shutdown_locked(timeout: Optional[float]) -> None:
     if client is None:
         return
     _client = None
+    torch_integration = sys.modules.get("trainguard.integrations.torch")
+    if torch_integration is not None:
+        try:
+            torch_integration.unwatch_all(client)
+        except Exception:
+            pass
     for integration in reversed(_integrations):
         try:
             integration.teardown()

@@ -116,7 +116,7 @@ class Client:
 
     # --- hot path -------------------------------------------------------------------------------
     def log_metrics(self, step: Optional[int], metrics: Dict[str, Any]) -> None:
-        """Queue scalar metrics observed at ``step`` (None: the current step). Never blocks."""
+        """Queue scalar metrics the user logged at ``step`` (None: the current step). Never blocks."""
         if step is None:
             step = self.step
         else:
@@ -124,6 +124,10 @@ class Client:
                 self.last_progress_ns = time.time_ns()
             self.step = step
             self._user_steps = True
+        self.record_metrics(step, metrics)
+
+    def record_metrics(self, step: int, metrics: Dict[str, Any]) -> None:
+        """Queue metrics at ``step`` without touching step tracking (integrations use this)."""
         urgent = False
         for value in metrics.values():
             kind = type(value)
@@ -167,7 +171,7 @@ class Client:
                 if value.numel() != 1:
                     self._invalid(name, f"a tensor with {value.numel()} elements")
                     continue
-                clean[name] = value.detach()
+                clean[name] = value.detach() if value.requires_grad else value
                 continue
             elif hasattr(value, "item") and hasattr(value, "dtype"):  # numpy scalar / 0-d array
                 try:
@@ -195,15 +199,24 @@ class Client:
 
     # --- progress (called by integrations) -------------------------------------------------------
     def note_optimizer_step(self, duration_s: Optional[float] = None) -> int:
-        """An optimizer step finished: advance the step (unless the user passes steps to ``log``),
-        record progress for the heartbeat and fold ``duration_s`` into the step-time average."""
+        """An optimizer step finished: record progress for the heartbeat, fold ``duration_s`` into the
+        step-time average, and return the step this optimizer step belongs to.
+
+        Without user steps, optimizer steps are counted from 0. When the user passes ``step=`` to
+        ``log``, the step is the last one they logged plus one: the usual loop logs *after*
+        ``optimizer.step()`` (as do the Lightning and transformers callbacks), so that is the step their
+        next ``log`` call will carry.
+        """
         if not self._user_steps:
             self.step += 1
+            step = self.step
+        else:
+            step = self.step + 1
         self.last_progress_ns = time.time_ns()
         if duration_s is not None and duration_s > 0:
             ewma = self.step_time_ewma
             self.step_time_ewma = duration_s if ewma == 0.0 else 0.9 * ewma + 0.1 * duration_s
-        return self.step
+        return step
 
     def add_exception_enricher(self, enricher: ExceptionEnricher) -> None:
         """Register ``enricher(exc) -> {key: text}``, merged into ExceptionEvent.context (e.g. OOM stats)."""
@@ -374,6 +387,8 @@ class Client:
             if not math.isfinite(value):
                 alert = f"non_finite:{name}"
                 break
+        if alert.startswith("non_finite:grad/") and values.get("amp/overflow") == 1.0:
+            alert = ""  # a routine fp16 overflow: the GradScaler skips the step and lowers the scale
         recent = self.recent_metrics() if alert else ()
         keep = self.options.recent_metrics
         history = self._history
@@ -440,7 +455,8 @@ def _resolve_tensors(items: List[Tuple[Any, ...]]) -> None:
                 floats = [float(t) for _, _, t in entries]
             else:
                 torch = sys.modules["torch"]
-                floats = torch.stack([t.reshape(()).double() for _, _, t in entries]).tolist()
+                flat = [t if t.dim() == 0 else t.reshape(()) for _, _, t in entries]
+                floats = torch.stack(flat).double().tolist()  # one kernel, one copy per device
         except Exception:
             floats = []
             for _, _, tensor in entries:

@@ -579,7 +579,8 @@ class DetectionSettings:
     evidence_window: int = _setting(
         20, "Values around the trigger kept in an evidence window.", minimum=1)
     max_evidence: int = _setting(
-        20, "Evidence entries per incident (beyond it the oldest after the first half are dropped).",
+        20, "Evidence entries per incident; beyond it the entry in the middle goes, so the first ones "
+        "(how it started) and the latest (how it goes) stay.",
         minimum=2)
     max_timeline: int = _setting(
         50, "Timeline entries per incident (same policy as max_evidence).", minimum=2)

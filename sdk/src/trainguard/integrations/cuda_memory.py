@@ -167,7 +167,7 @@ def _total_capacity(dev: torch.device) -> int:
 def report_memory(client: Client, devices: Iterable[DeviceLike]) -> None:
     """Send one ``memory`` event per device and the metrics ``mem/allocated``, ``mem/reserved``,
     ``mem/fragmentation`` (first CUDA device) and ``mem/rss``, at the client's current step. On CPU-only
-    runs: the RSS only. (Never passes an explicit step to ``log_metrics``: that would switch the client
+    runs: the RSS only. (Uses ``record_metrics``, not ``log_metrics``, whose explicit step would switch the client
     to user-supplied steps.)"""
     metrics: Dict[str, Any] = {}
     sent_cpu = False
@@ -186,7 +186,7 @@ def report_memory(client: Client, devices: Iterable[DeviceLike]) -> None:
         if "rss" in snap:
             metrics["mem/rss"] = float(snap["rss"])
     if metrics:
-        client.log_metrics(None, metrics)
+        client.record_metrics(client.step, metrics)
 
 
 # --- out of memory ---------------------------------------------------------------------------------

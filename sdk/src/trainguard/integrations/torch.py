@@ -18,7 +18,7 @@ Hook design (all hooks are registered once, at ``watch`` time; the per-parameter
    because of an overflow, so overflows (and a collapsing scale) are seen. Otherwise
    ``register_step_post_hook`` on the optimizer (the last one, when several are given). Without
    optimizer and scaler, every end of backward is a step. At the boundary the host-measured step time
-   (``perf_counter`` between boundaries) goes to ``client.note_optimizer_step`` and one ``log_metrics``
+   (``perf_counter`` between boundaries) goes to ``client.note_optimizer_step`` and one ``record_metrics``
    call queues the step's values; device values are 0-d tensors that the client's worker thread reads
    back later — never the training thread. If no backward callback ran since the last step (no
    sentinel got a gradient), the norms are computed here from the gradients as they are now.
@@ -482,7 +482,7 @@ class WatchHandle:
             except Exception:
                 self._log_lr = False
         if metrics:
-            client.log_metrics(None, metrics)
+            client.record_metrics(step, metrics)
         every = self.per_layer_every
         if norms is not None and every and (count == 1 or count % every == 0):
             self._guard("layers", self._report_layers, step, norms)

@@ -1,1 +1,0 @@
-"""`make demo`: real small torch trainings instrumented with the SDK, and what it captured of each."""
