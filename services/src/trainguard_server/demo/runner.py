@@ -159,9 +159,11 @@ def _report(runs: List[DemoRun], server: EmbeddedServer, read_token: str, elapse
             ok &= not demo_run.incidents
         else:
             ok &= bool(categories & set(expected))
-    print(f"\nLook closer (server stopped; `trainguard serve --data-dir {server.data_dir}` reopens it):")
-    print(f"  curl -H 'Authorization: Bearer {read_token}' {server.http_url}/api/v1/runs")
-    print(f"  curl -H 'Authorization: Bearer {read_token}' {server.http_url}/api/v1/incidents")
-    print(f"  curl -H 'Authorization: Bearer {read_token}' '{server.http_url}/api/v1/search?q=shapes'")
+    base = f"http://127.0.0.1:{Settings().http_port}"
+    print(f"\nLook closer: `trainguard serve --data-dir {server.data_dir}` reopens this data, then")
+    print(f"  curl -H 'Authorization: Bearer {read_token}' {base}/api/v1/runs")
+    print(f"  curl -H 'Authorization: Bearer {read_token}' {base}/api/v1/incidents")
+    print(f"  curl -H 'Authorization: Bearer {read_token}' '{base}/api/v1/search?q=shapes'")
+    print(f"  {base}/docs  (OpenAPI)")
     print("\nresult: " + ("every run classified as expected" if ok else "UNEXPECTED findings (see above)"))
     return ok

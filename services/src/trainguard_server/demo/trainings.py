@@ -44,7 +44,7 @@ def train(kind: str, steps: int, step_sleep: float = 0.0) -> None:
     model = _model()
     lr = 0.05
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    trainguard.init(project="demo", run_name=f"demo-{kind}", tags={"kind": kind})
+    trainguard.init(run_name=f"demo-{kind}", tags={"kind": kind})  # endpoint, token, project: env
     trainguard.watch(model, optimizer, clip=5.0)
     loss_fn = nn.MSELoss()
     for step in range(steps):
