@@ -46,7 +46,7 @@ def read_project(services: ServicesDep,
     if info is None:
         raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
     if info.kind != "read":
-        raise HTTPException(403, f"a {info.kind} token cannot read; use a read token")
+        raise HTTPException(403, f"{info.kind} tokens cannot read; use a read token")
     return info.project
 
 

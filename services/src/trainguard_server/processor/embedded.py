@@ -11,7 +11,6 @@ Exactly-once effect from at-least-once delivery:
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -168,6 +167,11 @@ class EmbeddedProcessor:
                     log.exception("processor listener failed")
 
     # --- thread ---------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """True while the processing thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="trainguard-processor", daemon=True)
         self._thread.start()
@@ -213,6 +217,3 @@ def summarise_lag(samples: Sequence[float]) -> Dict[str, float]:
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
     return {"p50": ordered[len(ordered) // 2], "p99": p99}
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
