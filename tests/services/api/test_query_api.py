@@ -18,8 +18,12 @@ from trainguard_server.gateway.http import ingest_router
 from trainguard_server.gateway.ingest import Gateway
 from trainguard_server.processor.embedded import EmbeddedProcessor
 from trainguard_server.queue.memory import MemoryQueue
-from trainguard_server.storage.memory import (MemoryEventStore, MemoryIncidentStore, MemoryMetricStore,
-                                              MemoryProjectStore)
+from trainguard_server.storage.memory import (
+    MemoryEventStore,
+    MemoryIncidentStore,
+    MemoryMetricStore,
+    MemoryProjectStore,
+)
 
 STREAMS = Path(__file__).resolve().parents[2] / "fixtures" / "streams"
 
