@@ -167,8 +167,8 @@ def _total_capacity(dev: torch.device) -> int:
 def report_memory(client: Client, devices: Iterable[DeviceLike]) -> None:
     """Send one ``memory`` event per device and the metrics ``mem/allocated``, ``mem/reserved``,
     ``mem/fragmentation`` (first CUDA device) and ``mem/rss``, at the client's current step. On CPU-only
-    runs: the RSS only. (Uses ``record_metrics``, not ``log_metrics``, whose explicit step would switch the client
-    to user-supplied steps.)"""
+    runs: the RSS only. (Uses ``record_metrics``, not ``log_metrics``, whose explicit step would
+    switch the client to user-supplied steps.)"""
     metrics: Dict[str, Any] = {}
     sent_cpu = False
     for device in devices:
