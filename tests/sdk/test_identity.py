@@ -53,3 +53,13 @@ def test_no_launcher_generates_a_run_id_and_overrides_win() -> None:
 def test_garbage_ranks_fall_back_to_defaults() -> None:
     ident = from_environment({"RANK": "abc", "WORLD_SIZE": ""}, **BASE)
     assert (ident.rank, ident.world_size) == (0, 1)
+
+
+def test_torchrun_without_rdzv_id_gets_a_per_launcher_run_id() -> None:
+    """torchrun sets TORCHELASTIC_RUN_ID=none by default: every job would share it."""
+    env = {"TORCHELASTIC_RUN_ID": "none", "RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}
+    ident = from_environment(env, parent_pid=777, **BASE)
+    assert ident.run_id == ident.trace_id == "torchrun-10.0.0.5-29500-777"
+    assert ident.launcher == "torchelastic"
+    other_job = from_environment(env, parent_pid=778, **BASE)
+    assert other_job.run_id != ident.run_id

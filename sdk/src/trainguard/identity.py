@@ -51,6 +51,7 @@ def _int(env: Mapping[str, str], default: int, *names: str) -> int:
 
 
 def from_environment(env: Mapping[str, str], *, pid: int, host: str, generated_run_id: str,
+                     parent_pid: int = 0,
                      script: str = "", k8s_namespace: Optional[str] = None,
                      run_id: Optional[str] = None, trace_id: Optional[str] = None,
                      run_name: Optional[str] = None, rank: Optional[int] = None,
@@ -63,6 +64,12 @@ def from_environment(env: Mapping[str, str], *, pid: int, host: str, generated_r
     """
     tags: Dict[str, str] = {}
     elastic_id = _first(env, "TORCHELASTIC_RUN_ID")
+    if elastic_id == "none":
+        # torchrun's default when no --rdzv-id is given: the same for every job. The ranks of one
+        # node share the launcher process, so name the run after it (multi-node jobs: pass --rdzv-id
+        # or TRAINGUARD_RUN_ID so every node agrees).
+        master = f"{_first(env, 'MASTER_ADDR') or 'local'}-{_first(env, 'MASTER_PORT') or '0'}"
+        elastic_id = f"torchrun-{master}-{parent_pid}"
     slurm_job = _first(env, "SLURM_JOB_ID", "SLURM_JOBID")
     if elastic_id is not None or _first(env, "TORCHELASTIC_RESTART_COUNT") is not None:
         launcher = "torchelastic"
@@ -123,6 +130,6 @@ def detect(generated_run_id: str, **overrides: Optional[object]) -> RunIdentity:
         except OSError:
             namespace = None
     script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
-    return from_environment(os.environ, pid=os.getpid(), host=socket.gethostname(),
+    return from_environment(os.environ, pid=os.getpid(), host=socket.gethostname(), parent_pid=os.getppid(),
                             generated_run_id=generated_run_id, script=script,
                             k8s_namespace=namespace, **overrides)  # type: ignore[arg-type]

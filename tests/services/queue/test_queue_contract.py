@@ -214,8 +214,12 @@ def test_concurrent_publishers_lose_nothing(queue: Queue) -> None:
 
 
 def test_uncommitted_records_are_redelivered_after_reopen(impl: Impl, open_queue: OpenQueue) -> None:
-    if not impl.durable:
-        pytest.skip("not a durable queue")
+    if not impl.durable:  # the documented difference: a memory queue starts empty after a restart
+        queue = open_queue()
+        queue.publish("k", [b"1"])
+        queue.close()
+        assert open_queue().depth() == 0
+        return
     queue = open_queue()
     queue.publish("k", [b"1", b"2", b"3"])
     queue.publish("j", [b"4"])

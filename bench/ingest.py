@@ -1,0 +1,1014 @@
+"""Ingest throughput and event → incident latency of the embedded server, measured in one run.
+
+Prints numbers and ratios, asserts nothing. The server is a real ``trainguard serve`` subprocess (its own
+interpreter, so its CPU is not shared with this script's GIL), a fresh data directory per phase:
+
+(1) ``grpc_prebuilt`` — K client processes (``--clients``) send batches of B metric envelopes
+    (``--batch``; identity fields + ``--points`` points, unique event ids) to ``IngestService.Send``,
+    ``--inflight`` calls outstanding per client, for ``--duration`` s. The ``IngestRequest`` bytes are built
+    and serialized *before* the timed window, and sent as raw bytes without compression, so a client's
+    cost in the window is the gRPC send alone. Reported: accepted events/s (the sum of the acks'
+    ``accepted`` that arrived inside the window), ack round trip p50/p99, the server's CPU (100% = one
+    core) and the clients', and whether the processor kept up: events it processed in the window, queue
+    depth and processing lag (``/metrics``) at the end, then its rate with ingest stopped (``processor
+    alone``, measured for a few seconds while it works off the backlog).
+(2) ``grpc_sdk`` — the same, but each client builds every batch in the window the way the SDK does:
+    envelope dicts (:func:`trainguard.core.events.envelope`) sent through the SDK's own
+    :class:`~trainguard.transport.grpc.GrpcTransport` (``wire.prepare_batch`` + gzip + ``Send``): what a
+    real SDK client costs, client CPU included.
+(3) ``http_json`` — ``POST /v1/ingest`` with pre-encoded JSON bodies (the SDK's ``encode_batch``),
+    keep-alive connections, ``--inflight`` per client; and ``http_protobuf`` the same bodies as
+    serialized ``IngestRequest`` (``application/x-protobuf``).
+(4) ``latency`` — while one background client sends pre-built gRPC batches at ``--bg-fraction`` of the
+    rate measured in (1), a probe sends every ``--probe-interval`` s one metric batch with
+    ``loss = NaN`` (and the SDK's ``non_finite:loss`` alert) for a fresh run, then polls
+    ``GET /api/v1/runs/{run}/incidents`` (read token) every ``--poll-ms`` until the incident is there.
+    latency = when the poll that saw it returned − just before the Send. p50/p99 over ``--probes``
+    probes; ``ack`` is the Send's own round trip (durably queued). The poll interval bounds the
+    precision (a reading is late by at most one interval).
+(5) ``latency_sdk`` — a subprocess with the real SDK: ``trainguard.init(endpoint="grpc://...")``, a few
+    finite steps, then ``trainguard.log(loss=nan)``; latency from that call to the incident being
+    visible (the SDK sends a non-finite batch at once, but it goes through its worker thread and
+    batching). A handful of probes, one fresh run each.
+
+    python bench/ingest.py                          # the full run (~2 minutes)
+    python bench/ingest.py --duration 20 --clients 3
+    python bench/ingest.py --profile /tmp/prof      # + py-spy over the server in phase (1), by component
+    python bench/ingest.py --quick                  # seconds; what tests/bench/test_ingest_smoke.py runs
+
+Targets (issue 3, this 2-core machine): ≥ 120,000 metric events/s through batched gRPC; event → incident
+p99 < 1 s. The final ``summary`` block prints each figure next to its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import http.client
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+for _src in (REPO / "sdk" / "src", REPO / "services" / "src"):
+    if _src.is_dir() and str(_src) not in sys.path:
+        sys.path.insert(0, str(_src))
+
+GRPC_TARGET = 120_000      # metric events/s through batched gRPC
+P99_TARGET_S = 1.0         # event → incident
+SEND_METHOD = "/trainguard.v1.IngestService/Send"
+METRIC_NAMES = ("loss", "lr", "grad/global_norm", "throughput/samples_per_s", "amp/scale", "loss/aux",
+                "data/wait_s", "mem/allocated_gb")
+SDK_NAME = "trainguard-python/bench"
+
+
+# ----------------------------------------------------------------------------------------- server
+
+@dataclass
+class Server:
+    """A ``trainguard serve`` subprocess on free ports with its own data directory."""
+
+    proc: subprocess.Popen  # type: ignore[type-arg]
+    data_dir: Path
+    http_port: int
+    grpc_port: int
+    project: str
+    ingest_token: str
+    read_token: str
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the server process so far (all threads)."""
+        return proc_cpu_s(self.pid)
+
+    def metrics(self) -> Dict[str, float]:
+        """The server's ``/metrics`` as {name: value} (labelled series summed)."""
+        status, body = http_get(self.http_port, "/metrics")
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}")
+        out: Dict[str, float] = collections.defaultdict(float)
+        for line in body.decode().splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            out[name.split("{", 1)[0]] += float(value)
+        return dict(out)
+
+    def stop(self) -> None:
+        """SIGTERM (the server drains what it holds), then SIGKILL after a few seconds: a benchmark does not
+        wait for a backlog; acknowledged records are durable either way."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+
+
+def http_get(port: int, path: str, token: Optional[str] = None,
+             conn: Optional[http.client.HTTPConnection] = None) -> Tuple[int, bytes]:
+    own = conn is None
+    c = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        c.request("GET", path, headers=headers)
+        resp = c.getresponse()
+        return resp.status, resp.read()
+    finally:
+        if own:
+            c.close()
+
+
+def start_server(data_dir: Path, serve_cmd: Optional[List[str]] = None,
+                 server_env: Sequence[str] = ()) -> Server:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    http_port, grpc_port = free_port(), free_port()
+    log_path = data_dir / "serve.log"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sdk" / "src"), str(REPO / "services" / "src"),
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    for key in [k for k in env if k.startswith("TRAINGUARD_")]:
+        del env[key]
+    for item in server_env:
+        key, _, value = item.partition("=")
+        env[key] = value
+    cmd = list(serve_cmd or [sys.executable, "-m", "trainguard_server", "serve"])
+    cmd += ["--data-dir", str(data_dir), "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    with open(log_path, "wb") as log_fh:
+        proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    tokens_path = data_dir / "bootstrap-tokens.json"
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"trainguard serve exited with {proc.returncode}:\n"
+                               f"{log_path.read_text(errors='replace')[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("trainguard serve did not become ready in 60 s")
+        try:
+            if tokens_path.exists() and http_get(http_port, "/readyz")[0] == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    tokens = json.loads(tokens_path.read_text())
+    return Server(proc, data_dir, http_port, grpc_port, tokens["project"], tokens["ingest"], tokens["read"],
+                  log_path)
+
+
+# --------------------------------------------------------------------------------- event building
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _key(field_number: int, wire_type: int) -> bytes:
+    return _varint(field_number << 3 | wire_type)
+
+
+def identity(project: str, run_id: str, rank: int, world: int) -> Dict[str, Any]:
+    """The identity fields the SDK stamps on every envelope of one process."""
+    return {"project": project, "run_id": run_id, "trace_id": run_id, "host": f"bench-node-{rank // 8}",
+            "pid": 40_000 + rank, "rank": rank, "local_rank": rank % 8, "world_size": world,
+            "run_name": "ingest-bench", "sdk": SDK_NAME, "group_rank": rank // 8}
+
+
+def metric_values(step: int, points: int) -> Dict[str, float]:
+    """A realistic set of ``points`` scalars for one training step (periodic in the step: 16 value sets,
+    which lets :class:`BatchFactory` pre-serialize the bodies)."""
+    step %= BatchFactory.VARIANTS
+    values = {"loss": 2.5 - 0.01 * step + 0.003 * ((step * 7919) % 13),
+              "lr": 3e-4 * min(1.0, step / 1000.0), "grad/global_norm": 0.5 + 0.05 * ((step * 31) % 7),
+              "throughput/samples_per_s": 1200.0 + (step % 17), "amp/scale": 65536.0,
+              "loss/aux": 0.1 + 0.001 * (step % 11), "data/wait_s": 0.002 * (step % 5),
+              "mem/allocated_gb": 21.5 + 0.01 * (step % 3)}
+    return {name: values[name] for name in METRIC_NAMES[:points]}
+
+
+def event_dicts(ident: Dict[str, Any], first_step: int, count: int, points: int, prefix: str,
+                now_ns: int) -> List[Dict[str, Any]]:
+    """``count`` metric envelopes as the SDK builds them (one per step), ids ``prefix`` + a counter."""
+    from trainguard.core import events as ev
+
+    return [ev.envelope(ident, "metrics", ev.metrics_payload(metric_values(s, points)), step=s,
+                        time_unix_nano=now_ns, event_id=f"{prefix}{s:016x}")
+            for s in range(first_step, first_step + count)]
+
+
+class BatchFactory:
+    """Serialized ``IngestRequest`` bytes of B metric envelopes, fast (~0.5 µs/event): each envelope is a
+    fixed serialized body (identity, time, severity, payload: one of a few value sets) plus its own
+    ``event_id`` and ``step`` fields in front (protobuf accepts fields in any order). Equal, after
+    parsing, to what the SDK would send for those steps (checked once per factory)."""
+
+    VARIANTS = 16
+
+    def __init__(self, ident: Dict[str, Any], points: int, prefix: str, now_ns: int) -> None:
+        from trainguard import wire
+        from trainguard.v1 import events_pb2
+
+        self.prefix = prefix
+        self.bodies: List[bytes] = []
+        for v in range(self.VARIANTS):
+            d = event_dicts(ident, v, 1, points, prefix, now_ns)[0]
+            env = wire.envelope_from_dict(d)
+            env.ClearField("event_id")
+            env.ClearField("step")
+            self.bodies.append(env.SerializeToString())
+        self._check(ident, points, now_ns, events_pb2)
+
+    def envelope(self, step: int) -> bytes:
+        event_id = f"{self.prefix}{step:016x}".encode()
+        inner = (b"\x0a" + _varint(len(event_id)) + event_id + b"\x50" + _varint(step)
+                 + self.bodies[step % self.VARIANTS])
+        return b"\x0a" + _varint(len(inner)) + inner  # IngestRequest.events (field 1)
+
+    def request(self, first_step: int, count: int) -> bytes:
+        return b"".join([self.envelope(s) for s in range(first_step, first_step + count)])
+
+    def _check(self, ident: Dict[str, Any], points: int, now_ns: int, events_pb2: Any) -> None:
+        from trainguard import wire
+        from trainguard.v1 import ingest_pb2
+
+        got = ingest_pb2.IngestRequest.FromString(self.request(16, 3))
+        want = wire.prepare_batch(event_dicts(ident, 16, 3, points, self.prefix, now_ns)).request
+        for a, b in zip(got.events, want.events):
+            a.metrics.points.sort(key=lambda p: p.name)
+            b.metrics.points.sort(key=lambda p: p.name)
+        if got != want:
+            raise AssertionError("BatchFactory does not reproduce the SDK's envelopes")
+
+
+def probe_request(project: str, run_id: str, now_ns: int) -> bytes:
+    """One metric batch with ``loss = NaN`` as the SDK sends it (alert + recent history)."""
+    from trainguard import wire
+    from trainguard.core import events as ev
+
+    ident = identity(project, run_id, 0, 1)
+    recent = [(name, 99, value) for name, value in metric_values(99, 3).items()]
+    values = dict(metric_values(100, 3), loss=float("nan"))
+    d = ev.envelope(ident, "metrics", ev.metrics_payload(values, alert="non_finite:loss", recent=recent),
+                    step=100, time_unix_nano=now_ns, severity="ERROR")
+    return bytes(wire.prepare_batch([d]).request.SerializeToString())
+
+
+# ------------------------------------------------------------------------------------ client workers
+
+@dataclass
+class ClientResult:
+    accepted: int = 0
+    batches: int = 0
+    errors: Dict[str, int] = field(default_factory=dict)
+    rtts: List[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+    exhausted: bool = False
+    build_s: float = 0.0
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _grpc_channel(target: str) -> Any:
+    import grpc
+
+    return grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20),
+                                                  ("grpc.max_receive_message_length", 64 << 20)])
+
+
+def grpc_client(kind: str, target: str, token: str, project: str, client: int, clients: int, batch: int,
+                points: int, inflight: int, n_batches: int, ready: Any, start: Any, window: Any,
+                out: Any) -> None:
+    """One client process. ``kind``: ``prebuilt`` (raw bytes built before the window), ``sdk`` (the SDK's
+    converter + GrpcTransport in the window) or ``rate:<events/s>`` (prebuilt, paced; background load)."""
+    import grpc
+
+    from trainguard.v1 import ingest_pb2
+
+    res = ClientResult()
+    now_ns = time.time_ns()
+    run_id = f"bench-{kind.split(':')[0]}-{os.getpid()}-{client}"
+    ident = identity(project, run_id, client, clients)
+    prefix = f"{client:04x}{os.getpid() & 0xFFFFFFFF:08x}"  # + 16 hex digits of the step: 28 chars
+    metadata = (("authorization", f"Bearer {token}"),)
+    t0 = time.perf_counter()
+    requests: List[bytes] = []
+    transport = None
+    if kind == "sdk":
+        from trainguard.transport.grpc import GrpcTransport
+
+        transport = GrpcTransport(target, token)  # gzip on, as the SDK's default
+        transport.send(event_dicts(ident, 0, 1, points, prefix + "w", now_ns), 10.0)  # warm the channel
+    else:
+        factory = BatchFactory(ident, points, prefix, now_ns)
+        requests = [factory.request(i * batch, batch) for i in range(n_batches)]
+    res.build_s = time.perf_counter() - t0
+    channel = _grpc_channel(target)
+    send = channel.unary_unary(SEND_METHOD, request_serializer=None,
+                               response_deserializer=ingest_pb2.IngestResponse.FromString)
+    if kind != "sdk":
+        send(requests[0][:0], metadata=metadata, timeout=10)  # an empty batch: connects and authenticates
+    ready.wait()
+    start_at, end_at = window[0], window[1]
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu0 = time.process_time()
+
+    def note_error(code: str) -> None:
+        res.errors[code] = res.errors.get(code, 0) + 1
+
+    if kind == "sdk":
+        assert transport is not None
+        step = 0
+        while time.time() < end_at:
+            events = event_dicts(ident, step, batch, points, prefix, time.time_ns())
+            step += batch
+            t = time.perf_counter()
+            try:
+                result = transport.send(events, 30.0)
+            except Exception as exc:  # TransportError: counted, the window goes on
+                note_error(getattr(exc, "status", type(exc).__name__))
+                continue
+            if time.time() <= end_at:
+                res.accepted += result.accepted
+                res.batches += 1
+                res.rtts.append(time.perf_counter() - t)
+    else:
+        interval = 0.0
+        if kind.startswith("rate:"):
+            interval = batch / float(kind.split(":", 1)[1])
+        pending: collections.deque = collections.deque()  # (future, sent perf_counter)
+        nxt = 0
+        next_send = time.perf_counter()
+        while True:
+            now = time.time()
+            if now >= end_at:
+                break
+            while len(pending) < inflight and now < end_at:
+                if nxt >= len(requests):
+                    res.exhausted = True
+                    break
+                if interval:
+                    delay = next_send - time.perf_counter()
+                    if delay > 0:
+                        if pending:
+                            break
+                        time.sleep(delay)
+                    next_send += interval
+                pending.append((send.future(requests[nxt], metadata=metadata, timeout=60),
+                                time.perf_counter()))
+                nxt += 1
+                now = time.time()
+            if not pending:
+                if res.exhausted:
+                    break
+                continue
+            fut, sent = pending.popleft()
+            try:
+                resp = fut.result()
+            except grpc.RpcError as err:
+                note_error(err.code().name)
+                continue
+            if time.time() <= end_at:
+                res.accepted += resp.accepted
+                res.batches += 1
+                res.rtts.append(time.perf_counter() - sent)
+        for fut, _ in pending:  # answered after the window: not counted
+            try:
+                fut.result()
+            except grpc.RpcError:
+                pass
+    res.cpu_s = time.process_time() - cpu0
+    if transport is not None:
+        transport.close()
+    channel.close()
+    out.put(res)
+
+
+def http_client(kind: str, port: int, token: str, project: str, client: int, clients: int, batch: int,
+                points: int, inflight: int, n_batches: int, ready: Any, start: Any, window: Any,
+                out: Any) -> None:
+    """One HTTP client process: ``inflight`` keep-alive connections (a thread each) posting pre-encoded
+    bodies (``json``: the SDK's encode_batch; ``protobuf``: serialized IngestRequest)."""
+    from trainguard.core import events as ev
+
+    res = ClientResult()
+    now_ns = time.time_ns()
+    run_id = f"bench-http-{kind}-{os.getpid()}-{client}"
+    ident = identity(project, run_id, client, clients)
+    prefix = f"{client:04x}{os.getpid() & 0xFFFFFFFF:08x}"
+    t0 = time.perf_counter()
+    if kind == "json":
+        bodies = [ev.encode_batch(event_dicts(ident, i * batch, batch, points, prefix, now_ns))
+                  for i in range(n_batches)]
+        ctype = "application/json"
+    else:
+        factory = BatchFactory(ident, points, prefix, now_ns)
+        bodies = [factory.request(i * batch, batch) for i in range(n_batches)]
+        ctype = "application/x-protobuf"
+    res.build_s = time.perf_counter() - t0
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": ctype}
+    lock = threading.Lock()
+    counter = iter(range(len(bodies)))
+    conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=60) for _ in range(inflight)]
+    for c in conns:
+        c.connect()
+    ready.wait()
+    start_at, end_at = window[0], window[1]
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu0 = time.process_time()
+
+    def run(conn: http.client.HTTPConnection) -> None:
+        while time.time() < end_at:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                res.exhausted = True
+                return
+            t = time.perf_counter()
+            try:
+                conn.request("POST", "/v1/ingest", body=bodies[i], headers=headers)
+                resp = conn.getresponse()
+                body = resp.read()
+            except OSError as exc:
+                with lock:
+                    res.errors[type(exc).__name__] = res.errors.get(type(exc).__name__, 0) + 1
+                return
+            with lock:
+                if resp.status != 200:
+                    res.errors[str(resp.status)] = res.errors.get(str(resp.status), 0) + 1
+                elif time.time() <= end_at:
+                    if kind == "json":
+                        res.accepted += int(json.loads(body)["accepted"])
+                    else:
+                        from trainguard.v1 import ingest_pb2
+                        res.accepted += ingest_pb2.IngestResponse.FromString(body).accepted
+                    res.batches += 1
+                    res.rtts.append(time.perf_counter() - t)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    res.cpu_s = time.process_time() - cpu0
+    for c in conns:
+        c.close()
+    out.put(res)
+
+
+# ------------------------------------------------------------------------------------------ phases
+
+@dataclass
+class LoadResult:
+    label: str
+    duration: float
+    accepted: int
+    batches: int
+    errors: Dict[str, int]
+    rtts: List[float]
+    server_cpu_pct: float
+    clients_cpu_pct: float
+    exhausted: bool
+    build_s: float
+    before: Dict[str, float]
+    after: Dict[str, float]
+
+    @property
+    def events_per_s(self) -> float:
+        return self.accepted / self.duration
+
+
+class Profiler:
+    """py-spy over the server for the length of a window (``--profile``): raw collapsed stacks."""
+
+    def __init__(self, directory: Optional[Path], gil: bool = False) -> None:
+        self.directory = directory
+        self.gil = gil
+        self.proc: Optional[subprocess.Popen] = None  # type: ignore[type-arg]
+        self.path: Optional[Path] = None
+
+    def start(self, pid: int, seconds: float, name: str) -> None:
+        if self.directory is None:
+            return
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(exe).exists():
+            print("profile skipped: py-spy not found (pip install py-spy)", flush=True)
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / f"{name}.txt"
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))), "--rate", "200",
+             "--format", "raw", "--threads", "--nonblocking", "-o", str(self.path)]
+            + (["--gil"] if self.gil else []),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def finish(self) -> Optional[Path]:
+        if self.proc is None:
+            return None
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        return self.path if self.path is not None and self.path.exists() else None
+
+
+def run_load(label: str, target: Any, server: Server, args: argparse.Namespace, kind: str, clients: int,
+             duration: float, n_batches: int, profiler: Optional[Profiler] = None) -> LoadResult:
+    """Start ``clients`` processes running ``target``, open the window when all are ready, collect."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    window = ctx.Array("d", 2)
+    out = ctx.Queue()
+    conn_arg: Any = server.grpc_target if target is grpc_client else server.http_port
+    procs = [ctx.Process(target=target, args=(kind, conn_arg, server.ingest_token, server.project, i, clients,
+                                              args.batch, args.points, args.inflight, n_batches, ready,
+                                              None, window, out), daemon=True)
+             for i in range(clients)]
+    for p in procs:
+        p.start()
+    # the clients build their batches, connect, then wait for ``ready``; give them until they are idle
+    wait_idle(procs, timeout=300)
+    start_at = time.time() + 0.3
+    window[0], window[1] = start_at, start_at + duration
+    ready.set()
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu0, before = server.cpu_s(), server.metrics()
+    if profiler is not None:
+        profiler.start(server.pid, duration, label)
+    time.sleep(max(0.0, start_at + duration - time.time()))
+    cpu1, after = server.cpu_s(), server.metrics()
+    results: List[ClientResult] = []
+    for _ in procs:
+        results.append(out.get(timeout=120))
+    for p in procs:
+        p.join(30)
+    errors: Dict[str, int] = collections.Counter()
+    for r in results:
+        errors.update(r.errors)
+    return LoadResult(label, duration, sum(r.accepted for r in results), sum(r.batches for r in results),
+                      dict(errors), [x for r in results for x in r.rtts], 100.0 * (cpu1 - cpu0) / duration,
+                      100.0 * sum(r.cpu_s for r in results) / duration, any(r.exhausted for r in results),
+                      max(r.build_s for r in results), before, after)
+
+
+def wait_idle(procs: Sequence[Any], timeout: float) -> None:
+    """Wait until every client process has finished building (its CPU stops growing) or died."""
+    deadline = time.monotonic() + timeout
+    last: Dict[int, float] = {}
+    steady = 0
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        dead = [p for p in procs if not p.is_alive()]
+        if dead:
+            raise RuntimeError(f"a client process exited early (exit code {dead[0].exitcode})")
+        now = {p.pid: proc_cpu_s(p.pid) for p in procs}
+        if last and all(now[pid] - last.get(pid, 0.0) < 0.02 for pid in now):
+            steady += 1
+            if steady >= 2:
+                return
+        else:
+            steady = 0
+        last = now
+    raise RuntimeError("client processes did not get ready in time")
+
+
+def print_load(r: LoadResult, batch: int) -> None:
+    rtt = [x * 1000 for x in r.rtts]
+    errors = ",".join(f"{k}:{v}" for k, v in sorted(r.errors.items())) or "0"
+    print(f"{r.label} events_per_s={r.events_per_s:.0f} batches_per_s={r.batches / r.duration:.1f} "
+          f"batch={batch} ack_p50_ms={_percentile(rtt, 0.5):.1f} ack_p99_ms={_percentile(rtt, 0.99):.1f} "
+          f"server_cpu_pct={r.server_cpu_pct:.0f} clients_cpu_pct={r.clients_cpu_pct:.0f} "
+          f"errors={errors}" + (" exhausted=yes(lower bound)" if r.exhausted else ""), flush=True)
+
+
+def processor_report(label: str, server: Server, r: LoadResult, alone_s: float) -> Dict[str, float]:
+    """Did the processor keep up during the window, and how fast is it with ingest stopped?"""
+    b, a = r.before, r.after
+    processed = a.get("trainguard_processed_events_total", 0) - b.get("trainguard_processed_events_total", 0)
+    ingested = a.get("trainguard_ingest_events_total", 0) - b.get("trainguard_ingest_events_total", 0)
+    depth = a.get("trainguard_queue_depth", 0)
+    lag = a.get("trainguard_processing_lag_seconds", 0)
+    rate = processed / r.duration
+    kept_up = depth <= 2 and processed >= 0.95 * ingested
+    alone = float("nan")
+    if alone_s > 0 and depth > 0:
+        m0, c0, t0 = server.metrics(), server.cpu_s(), time.monotonic()
+        time.sleep(alone_s)
+        m1, c1, t1 = server.metrics(), server.cpu_s(), time.monotonic()
+        alone = (m1["trainguard_processed_events_total"] - m0["trainguard_processed_events_total"]) / (t1 - t0)
+        alone_cpu = 100.0 * (c1 - c0) / (t1 - t0)
+        backlog_events = m1.get("trainguard_ingest_events_total", 0) - m1["trainguard_processed_events_total"]
+        drain_s = backlog_events / alone if alone > 0 else float("inf")
+    print(f"{label} processor events_per_s={rate:.0f} ingested_per_s={ingested / r.duration:.0f} "
+          f"queue_depth_end={depth:.0f} processing_lag_s={lag:.2f} kept_up={'yes' if kept_up else 'no'}",
+          flush=True)
+    if not math.isnan(alone):
+        print(f"{label} processor_alone events_per_s={alone:.0f} server_cpu_pct={alone_cpu:.0f} "
+              f"backlog_events={backlog_events:.0f} drain_eta_s={drain_s:.0f}", flush=True)
+    return {"processed_per_s": rate, "alone": alone, "depth": depth, "lag": lag}
+
+
+def latency_phase(server: Server, args: argparse.Namespace, bg_rate: float) -> Dict[str, Any]:
+    """Probes while a paced background client runs; see the module docstring (4)."""
+    import grpc
+
+    from trainguard.v1 import ingest_pb2
+
+    ctx = mp.get_context("spawn")
+    ready, window, out = ctx.Event(), ctx.Array("d", 2), ctx.Queue()
+    probe_span = args.probes * args.probe_interval + 5.0
+    bg_batches = int(bg_rate * (probe_span + 30) / args.batch) + 2 if bg_rate > 0 else 0
+    bg = None
+    if bg_rate > 0:
+        bg = ctx.Process(target=grpc_client, args=(f"rate:{bg_rate}", server.grpc_target, server.ingest_token,
+                                                   server.project, 0, 1, args.batch, args.points, 2,
+                                                   bg_batches, ready, None, window, out), daemon=True)
+        bg.start()
+        wait_idle([bg], timeout=300)
+    start_at = time.time() + 0.3
+    window[0], window[1] = start_at, start_at + probe_span + 30
+    ready.set()
+    time.sleep(max(0.0, start_at - time.time()) + 1.0)  # let the background load settle
+    m0, c0, t0w = server.metrics(), server.cpu_s(), time.monotonic()
+
+    channel = _grpc_channel(server.grpc_target)
+    send = channel.unary_unary(SEND_METHOD, request_serializer=None,
+                               response_deserializer=ingest_pb2.IngestResponse.FromString)
+    metadata = (("authorization", f"Bearer {server.ingest_token}"),)
+    send(b"", metadata=metadata, timeout=10)
+    poll_s = args.poll_ms / 1000.0
+    tag = os.urandom(3).hex()
+
+    def probe(i: int, at: float) -> Tuple[float, float, str]:
+        time.sleep(max(0.0, at - time.monotonic()))
+        run_id = f"probe-{tag}-{i:04d}"
+        body = probe_request(server.project, run_id, time.time_ns())
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+        t_sent = time.monotonic()
+        resp = send(body, metadata=metadata, timeout=30)
+        t_ack = time.monotonic()
+        if resp.accepted != 1:
+            raise RuntimeError(f"probe batch not accepted: {resp}")
+        path = f"/api/v1/runs/{run_id}/incidents"
+        try:
+            while True:
+                status, data = http_get(server.http_port, path, server.read_token, conn)
+                if status == 200:
+                    items = json.loads(data)["items"]
+                    if items:
+                        return time.monotonic() - t_sent, t_ack - t_sent, str(items[0].get("category")) + "/" + \
+                            str(items[0].get("subtype"))
+                elif status != 404:
+                    raise RuntimeError(f"GET {path} answered {status}: {data[:200]!r}")
+                if time.monotonic() - t_sent > 60:
+                    return float("inf"), t_ack - t_sent, "timeout"
+                time.sleep(poll_s)
+        finally:
+            conn.close()
+
+    begin = time.monotonic() + 0.1
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        futures = [pool.submit(probe, i, begin + i * args.probe_interval) for i in range(args.probes)]
+        results = [f.result() for f in futures]
+    m1, c1, t1w = server.metrics(), server.cpu_s(), time.monotonic()
+    channel.close()
+    if bg is not None:
+        window[1] = time.time()  # end the background client now
+        res = out.get(timeout=120)
+        bg.join(30)
+    lat = [r[0] for r in results]
+    acks = [r[1] for r in results]
+    kinds = collections.Counter(r[2] for r in results)
+    ingested = (m1["trainguard_ingest_events_total"] - m0["trainguard_ingest_events_total"]) / (t1w - t0w)
+    processed = (m1["trainguard_processed_events_total"] - m0["trainguard_processed_events_total"]) / (t1w - t0w)
+    out_d = {"p50": _percentile(lat, 0.5), "p99": _percentile(lat, 0.99), "max": max(lat),
+             "ack_p50": _percentile(acks, 0.5), "ack_p99": _percentile(acks, 0.99), "bg": ingested,
+             "processed": processed, "cpu": 100.0 * (c1 - c0) / (t1w - t0w), "depth": m1["trainguard_queue_depth"],
+             "kinds": dict(kinds), "n": len(lat)}
+    print(f"latency background_events_per_s={ingested:.0f} (asked {bg_rate:.0f}) "
+          f"processed_per_s={processed:.0f} server_cpu_pct={out_d['cpu']:.0f} "
+          f"queue_depth_end={out_d['depth']:.0f}", flush=True)
+    print(f"latency event_to_incident probes={len(lat)} p50_ms={out_d['p50'] * 1000:.0f} "
+          f"p99_ms={out_d['p99'] * 1000:.0f} max_ms={out_d['max'] * 1000:.0f} "
+          f"ack_p50_ms={out_d['ack_p50'] * 1000:.1f} ack_p99_ms={out_d['ack_p99'] * 1000:.1f} "
+          f"poll_ms={args.poll_ms:g} incidents={','.join(f'{k}:{v}' for k, v in sorted(kinds.items()))}",
+          flush=True)
+    return out_d
+
+
+SDK_PROBE = r"""
+import json, math, sys, time
+import trainguard
+endpoint, token, project, tag, n = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+for i in range(n):
+    run_id = f"sdkprobe-{tag}-{i:03d}"
+    trainguard.init(endpoint=endpoint, token=token, project=project, run_id=run_id, run_name="ingest-bench")
+    for step in range(5):
+        trainguard.log(step=step, loss=2.0 - 0.1 * step, lr=3e-4)
+    time.sleep(0.3)
+    t = time.time()
+    trainguard.log(step=5, loss=math.nan, lr=3e-4)
+    print(json.dumps({"run_id": run_id, "t": t}), flush=True)
+    sys.stdin.readline()
+    trainguard.shutdown()
+"""
+
+
+def sdk_latency_phase(server: Server, args: argparse.Namespace) -> Dict[str, Any]:
+    """Real SDK probes in one subprocess (init → log finite → log NaN), see the module docstring (5)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sdk" / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    for key in [k for k in env if k.startswith("TRAINGUARD_")]:
+        del env[key]
+    tag = os.urandom(3).hex()
+    proc = subprocess.Popen([sys.executable, "-c", SDK_PROBE, f"grpc://{server.grpc_target}", server.ingest_token,
+                             server.project, tag, str(args.sdk_probes)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    lat: List[float] = []
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        for _ in range(args.sdk_probes):
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"SDK probe process ended: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+            info = json.loads(line)
+            path = f"/api/v1/runs/{info['run_id']}/incidents"
+            while True:
+                status, data = http_get(server.http_port, path, server.read_token, conn)
+                if status == 200 and json.loads(data)["items"]:
+                    lat.append(time.time() - info["t"])
+                    break
+                if time.time() - info["t"] > 60:
+                    lat.append(float("inf"))
+                    break
+                time.sleep(args.poll_ms / 1000.0)
+            proc.stdin.write("next\n")
+            proc.stdin.flush()
+        proc.stdin.close()
+        proc.wait(60)
+    finally:
+        conn.close()
+        if proc.poll() is None:
+            proc.kill()
+    out = {"p50": _percentile(lat, 0.5), "max": max(lat), "n": len(lat)}
+    print(f"latency_sdk event_to_incident probes={len(lat)} p50_ms={out['p50'] * 1000:.0f} "
+          f"max_ms={out['max'] * 1000:.0f} values_ms={','.join(f'{x * 1000:.0f}' for x in lat)}", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ profile
+
+#: (component, path fragment): the deepest frame of a sample that matches names its component
+COMPONENTS: Tuple[Tuple[str, str], ...] = (
+    ("queue.publish (SQLite insert + commit/fsync)", "queue/sqlite.py:publish"),
+    ("queue.commit/consume", "queue/sqlite.py"),
+    ("gateway.validate", "gateway/validate.py"),
+    ("gateway.auth (token lookup)", "authenticate"),
+    ("gateway.decode (IngestRequest.FromString)", "batch_from_protobuf"),
+    ("gateway.decode json (json + wire.prepare_batch)", "batch_from_json"),
+    ("gateway.other", "gateway/"),
+    ("processor.decode (envelope_to_dict)", "envelope_to_dict"),
+    ("processor.pipeline", "core/"),
+    ("stores (SQLite writes)", "storage/sqlite.py"),
+    ("processor.other", "processor/embedded.py"),
+    ("grpc python server", "grpc/_server.py"),
+    ("http/api (uvicorn, starlette, fastapi)", "uvicorn/"),
+    ("http/api (uvicorn, starlette, fastapi)", "starlette/"),
+    ("http/api (uvicorn, starlette, fastapi)", "fastapi/"),
+)
+
+
+def summarise_profile(path: Path, top: int = 12) -> None:
+    """Samples by component and by thread, and the hottest leaf frames, from py-spy's raw output."""
+    by_component: Dict[str, int] = collections.Counter()
+    by_thread: Dict[str, int] = collections.Counter()
+    leaves: Dict[str, int] = collections.Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_s = line.rpartition(" ")
+        if not stack or not count_s.isdigit():
+            continue
+        count = int(count_s)
+        frames = stack.split(";")
+        thread = re.sub(r"\(0x[0-9a-f]+\)|\d+", "", frames[0]).strip(' "') if frames else "?"
+        frames = frames[1:]
+        component = "other (threading, idle waits, interpreter)"
+        for raw in reversed(frames):
+            name = raw.split(" (", 1)[0]
+            where = raw.split(" (", 1)[-1]
+            hit = next((c for c, frag in COMPONENTS
+                        if (":" in frag and frag.split(":")[0] in where
+                            and name.rsplit(".", 1)[-1] == frag.split(":")[1])
+                        or (":" not in frag and (frag in where or name.rsplit(".", 1)[-1] == frag))), None)
+            if hit:
+                component = hit
+                break
+        by_component[component] += count
+        by_thread[thread] += count
+        leaves[frames[-1] if frames else "?"] += count
+        total += count
+    if not total:
+        print(f"profile {path}: no samples", flush=True)
+        return
+    print(f"profile samples={total} file={path}", flush=True)
+    for name, n in sorted(by_component.items(), key=lambda kv: -kv[1]):
+        print(f"profile component {100.0 * n / total:5.1f}% {name}", flush=True)
+    for name, n in sorted(by_thread.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"profile thread    {100.0 * n / total:5.1f}% {name}", flush=True)
+    for name, n in leaves.most_common(top):
+        print(f"profile leaf      {100.0 * n / total:5.1f}% {name}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------- main
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=None, help="seconds per throughput window (10)")
+    p.add_argument("--clients", type=int, default=2, help="client processes per throughput phase")
+    p.add_argument("--batch", type=int, default=500, help="envelopes per request")
+    p.add_argument("--points", type=int, default=5, help="metric points per envelope (3-8)")
+    p.add_argument("--inflight", type=int, default=2, help="requests outstanding per client")
+    p.add_argument("--max-rate", type=float, default=250_000,
+                   help="events/s the pre-built batches can sustain (memory: ~270 B/event)")
+    p.add_argument("--probes", type=int, default=None, help="event → incident probes (60)")
+    p.add_argument("--probe-interval", type=float, default=0.1, help="seconds between probes")
+    p.add_argument("--poll-ms", type=float, default=10.0, help="query API poll interval of a probe")
+    p.add_argument("--bg-fraction", type=float, default=0.2,
+                   help="background load during the probes, as a fraction of the gRPC rate measured")
+    p.add_argument("--sdk-probes", type=int, default=None, help="probes through the real SDK (5)")
+    p.add_argument("--skip", default="", help="comma list of: grpc,sdk,http,latency,latency_sdk")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="directory: py-spy the server during the gRPC window and print a breakdown")
+    p.add_argument("--data-dir", type=Path, default=None, help="parent of the servers' data dirs")
+    p.add_argument("--serve-cmd", default=None,
+                   help="command that runs the server, split on spaces (default: <python> -m trainguard_server "
+                        "serve); --data-dir/--http-port/--grpc-port are appended")
+    p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment for the server, e.g. TRAINGUARD_PROCESSOR_BATCH=512 (repeatable)")
+    p.add_argument("--gil", action="store_true", help="with --profile: sample only the GIL holder")
+    p.add_argument("--keep-data", action="store_true", help="keep the servers' data directories")
+    p.add_argument("--quick", action="store_true", help="a few seconds per phase (smoke test)")
+    args = p.parse_args(argv)
+    if not 3 <= args.points <= len(METRIC_NAMES):
+        p.error(f"--points must be 3..{len(METRIC_NAMES)}")
+    if args.duration is None:
+        args.duration = 1.5 if args.quick else 10.0
+    if args.probes is None:
+        args.probes = 8 if args.quick else 60
+    if args.sdk_probes is None:
+        args.sdk_probes = 1 if args.quick else 5
+    if args.quick:
+        args.max_rate = min(args.max_rate, 150_000)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    alone_s = 0.0 if args.quick else 5.0
+
+    import google.protobuf
+    import grpc
+
+    print(f"env python={platform.python_version()} grpcio={grpc.__version__} "
+          f"protobuf={google.protobuf.__version__} cpus={os.cpu_count()} duration_s={args.duration:g} "
+          f"clients={args.clients} batch={args.batch} points={args.points} inflight={args.inflight}",
+          flush=True)
+    root = args.data_dir or Path(tempfile.mkdtemp(prefix="trainguard-ingest-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    n_grpc = max(2, math.ceil(args.duration * args.max_rate / args.clients / args.batch))
+    n_http = max(2, math.ceil(args.duration * min(args.max_rate, 80_000) / args.clients / args.batch))
+    summary: Dict[str, Any] = {}
+    profiler = Profiler(args.profile, gil=args.gil)
+    serve_cmd = args.serve_cmd.split() if args.serve_cmd else None
+
+    def serve(data_dir: Path) -> Server:
+        return start_server(data_dir, serve_cmd, args.server_env)
+
+    try:
+        if "grpc" not in skip:
+            server = serve(root / "grpc")
+            try:
+                r = run_load("grpc_prebuilt", grpc_client, server, args, "prebuilt", args.clients,
+                             args.duration, n_grpc, profiler)
+                print_load(r, args.batch)
+                summary["grpc"] = r.events_per_s
+                summary["grpc_proc"] = processor_report("grpc_prebuilt", server, r, alone_s)
+            finally:
+                server.stop()
+            prof = profiler.finish()
+            if prof is not None:
+                summarise_profile(prof)
+        if "sdk" not in skip:
+            server = serve(root / "grpc-sdk")
+            try:
+                r = run_load("grpc_sdk", grpc_client, server, args, "sdk", args.clients, args.duration, 0)
+                print_load(r, args.batch)
+                summary["grpc_sdk"] = r.events_per_s
+            finally:
+                server.stop()
+        if "http" not in skip:
+            for kind in ("json", "protobuf"):
+                server = serve(root / f"http-{kind}")
+                try:
+                    r = run_load(f"http_{kind}", http_client, server, args, kind, args.clients,
+                                 args.duration, n_http)
+                    print_load(r, args.batch)
+                    summary[f"http_{kind}"] = r.events_per_s
+                finally:
+                    server.stop()
+        if "latency" not in skip or "latency_sdk" not in skip:
+            server = serve(root / "latency")
+            try:
+                if "latency" not in skip:
+                    bg = args.bg_fraction * summary.get("grpc", GRPC_TARGET)
+                    summary["latency"] = latency_phase(server, args, bg)
+                if "latency_sdk" not in skip:
+                    summary["latency_sdk"] = sdk_latency_phase(server, args)
+            finally:
+                server.stop()
+    finally:
+        if args.keep_data:
+            print(f"data kept in {root}", flush=True)
+        elif args.data_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    print("summary", flush=True)
+    if "grpc" in summary:
+        g = summary["grpc"]
+        print(f"summary grpc_events_per_s={g:.0f} target={GRPC_TARGET} ratio={g / GRPC_TARGET:.2f} "
+              f"{'OK' if g >= GRPC_TARGET else 'BELOW'}", flush=True)
+        pr = summary["grpc_proc"]
+        print(f"summary processor_events_per_s={pr['processed_per_s']:.0f} (during ingest) "
+              f"alone={pr['alone']:.0f} queue_depth_end={pr['depth']:.0f} lag_s={pr['lag']:.2f}", flush=True)
+    if "grpc_sdk" in summary:
+        print(f"summary grpc_sdk_events_per_s={summary['grpc_sdk']:.0f} (SDK converter + gzip in the clients)",
+              flush=True)
+    for kind in ("json", "protobuf"):
+        if f"http_{kind}" in summary:
+            print(f"summary http_{kind}_events_per_s={summary[f'http_{kind}']:.0f}", flush=True)
+    if "latency" in summary:
+        lat = summary["latency"]
+        ok = lat["p99"] < P99_TARGET_S
+        print(f"summary event_to_incident_p50_ms={lat['p50'] * 1000:.0f} p99_ms={lat['p99'] * 1000:.0f} "
+              f"target_p99_ms={P99_TARGET_S * 1000:.0f} {'OK' if ok else 'OVER'} "
+              f"(background {lat['bg']:.0f} events/s)", flush=True)
+    if "latency_sdk" in summary:
+        s = summary["latency_sdk"]
+        print(f"summary sdk_event_to_incident_p50_ms={s['p50'] * 1000:.0f} max_ms={s['max'] * 1000:.0f}",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
