@@ -147,6 +147,59 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
 
 
+def thread_cpu_s(pid: int) -> Dict[int, Tuple[str, float]]:
+    """{tid: (comm, user + system CPU seconds)} of every thread of ``pid``."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: Dict[int, Tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            raw = (task / "stat").read_bytes()
+        except OSError:
+            continue
+        comm = raw[raw.index(b"(") + 1:raw.rindex(b")")].decode(errors="replace")
+        fields = raw.rsplit(b")", 1)[1].split()
+        out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / ticks)
+    return out
+
+
+def python_thread_names(pid: int) -> Dict[int, str]:
+    """{native tid: Python thread name} from ``py-spy dump`` (empty when py-spy is not installed)."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        return {}
+    try:
+        text = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {int(m.group(1), 0): m.group(2) for m in re.finditer(r'^Thread (\S+) \([^)]*\): "([^"]*)"', text,
+                                                               re.MULTILINE)}
+
+
+#: thread name pattern → the server component it belongs to (per-thread CPU accounting)
+THREAD_GROUPS: Tuple[Tuple[str, str], ...] = (
+    (r"^grpc-ingest", "gateway: gRPC handlers (decode, validate, queue publish)"),
+    (r"^trainguard-processor", "processor (decode, pipeline, stores)"),
+    (r"\(_serve\)", "grpc python server loop"),
+    (r"^trainguard-http|^AnyIO|^asyncio", "http/api (uvicorn event loop + threadpool)"),
+    (r"^event_engine|^grpc_|^lifeguard|^default-exec|^resolver|^timer", "grpc C-core threads"),
+    (r"^MainThread", "main thread"),
+)
+
+
+def group_threads(before: Dict[int, Tuple[str, float]], after: Dict[int, Tuple[str, float]],
+                  names: Dict[int, str], seconds: float) -> List[Tuple[str, float]]:
+    """CPU % (100 = one core) per component over a window, from two :func:`thread_cpu_s` readings."""
+    groups: Dict[str, float] = collections.Counter()
+    for tid, (comm, cpu) in after.items():
+        delta = cpu - before.get(tid, (comm, 0.0))[1]
+        name = names.get(tid, comm)
+        group = next((g for pattern, g in THREAD_GROUPS if re.search(pattern, name)),
+                     "python threads (unnamed: py-spy not installed)" if name == "python" else f"other ({name})")
+        groups[group] += delta
+    return sorted(((g, 100.0 * cpu / seconds) for g, cpu in groups.items() if cpu > 0), key=lambda kv: -kv[1])
+
+
 def http_get(port: int, path: str, token: Optional[str] = None,
              conn: Optional[http.client.HTTPConnection] = None) -> Tuple[int, bytes]:
     own = conn is None
@@ -526,6 +579,7 @@ class LoadResult:
     build_s: float
     before: Dict[str, float]
     after: Dict[str, float]
+    threads: List[Tuple[str, float]] = field(default_factory=list)
 
     @property
     def events_per_s(self) -> float:
@@ -563,6 +617,7 @@ class Profiler:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self.proc = None
         return self.path if self.path is not None and self.path.exists() else None
 
 
@@ -586,11 +641,12 @@ def run_load(label: str, target: Any, server: Server, args: argparse.Namespace, 
     window[0], window[1] = start_at, start_at + duration
     ready.set()
     time.sleep(max(0.0, start_at - time.time()))
-    cpu0, before = server.cpu_s(), server.metrics()
+    cpu0, threads0, before = server.cpu_s(), thread_cpu_s(server.pid), server.metrics()
     if profiler is not None:
         profiler.start(server.pid, duration, label)
     time.sleep(max(0.0, start_at + duration - time.time()))
-    cpu1, after = server.cpu_s(), server.metrics()
+    cpu1, threads1, after = server.cpu_s(), thread_cpu_s(server.pid), server.metrics()
+    threads = group_threads(threads0, threads1, python_thread_names(server.pid), duration)
     results: List[ClientResult] = []
     for _ in procs:
         results.append(out.get(timeout=120))
@@ -602,7 +658,7 @@ def run_load(label: str, target: Any, server: Server, args: argparse.Namespace, 
     return LoadResult(label, duration, sum(r.accepted for r in results), sum(r.batches for r in results),
                       dict(errors), [x for r in results for x in r.rtts], 100.0 * (cpu1 - cpu0) / duration,
                       100.0 * sum(r.cpu_s for r in results) / duration, any(r.exhausted for r in results),
-                      max(r.build_s for r in results), before, after)
+                      max(r.build_s for r in results), before, after, threads)
 
 
 def wait_idle(procs: Sequence[Any], timeout: float) -> None:
@@ -633,9 +689,12 @@ def print_load(r: LoadResult, batch: int) -> None:
           f"batch={batch} ack_p50_ms={_percentile(rtt, 0.5):.1f} ack_p99_ms={_percentile(rtt, 0.99):.1f} "
           f"server_cpu_pct={r.server_cpu_pct:.0f} clients_cpu_pct={r.clients_cpu_pct:.0f} "
           f"errors={errors}" + (" exhausted=yes(lower bound)" if r.exhausted else ""), flush=True)
+    for group, pct in r.threads:
+        print(f"{r.label} server_threads cpu_pct={pct:5.1f} {group}", flush=True)
 
 
-def processor_report(label: str, server: Server, r: LoadResult, alone_s: float) -> Dict[str, float]:
+def processor_report(label: str, server: Server, r: LoadResult, alone_s: float,
+                     profiler: Optional[Profiler] = None) -> Dict[str, float]:
     """Did the processor keep up during the window, and how fast is it with ingest stopped?"""
     b, a = r.before, r.after
     processed = a.get("trainguard_processed_events_total", 0) - b.get("trainguard_processed_events_total", 0)
@@ -647,6 +706,8 @@ def processor_report(label: str, server: Server, r: LoadResult, alone_s: float) 
     alone = float("nan")
     if alone_s > 0 and depth > 0:
         m0, c0, t0 = server.metrics(), server.cpu_s(), time.monotonic()
+        if profiler is not None:
+            profiler.start(server.pid, alone_s, label + "_processor_alone")
         time.sleep(alone_s)
         m1, c1, t1 = server.metrics(), server.cpu_s(), time.monotonic()
         alone = (m1["trainguard_processed_events_total"] - m0["trainguard_processed_events_total"]) / (t1 - t0)
@@ -938,16 +999,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if "grpc" not in skip:
             server = serve(root / "grpc")
+            profiles: List[Path] = []
             try:
                 r = run_load("grpc_prebuilt", grpc_client, server, args, "prebuilt", args.clients,
                              args.duration, n_grpc, profiler)
                 print_load(r, args.batch)
                 summary["grpc"] = r.events_per_s
-                summary["grpc_proc"] = processor_report("grpc_prebuilt", server, r, alone_s)
+                prof = profiler.finish()
+                profiles += [prof] if prof is not None else []
+                summary["grpc_proc"] = processor_report("grpc_prebuilt", server, r, alone_s, profiler)
+                prof = profiler.finish()
+                profiles += [prof] if prof is not None else []
             finally:
                 server.stop()
-            prof = profiler.finish()
-            if prof is not None:
+            for prof in profiles:
                 summarise_profile(prof)
         if "sdk" not in skip:
             server = serve(root / "grpc-sdk")
