@@ -81,6 +81,9 @@ class Options:
     memory_every: int = 50
     #: Module depth that defines a "layer" for per-layer norms (1 = top-level children of the model).
     layer_depth: int = 2
+    #: Most of a step's time watch()'s gradient-norm pass may take; beyond it the global norm is read
+    #: every few steps instead of every step (small models on CPU). 0: every step, whatever it costs.
+    watch_overhead_budget: float = 0.005
 
     #: Internal: use an in-memory transport (tests). Not for users.
     debug: bool = False

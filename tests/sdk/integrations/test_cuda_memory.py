@@ -24,6 +24,7 @@ CUDA_OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a to
 def _sdk() -> Iterator[None]:
     reset_warnings()
     trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    watch_overhead_budget=0,  # exact per-step semantics; the budget has its own test
                     capture_uncaught=False)
     yield
     tg_torch.unwatch_all()

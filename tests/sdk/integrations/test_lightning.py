@@ -46,6 +46,7 @@ def sdk() -> Iterator[Callable[[], List[Dict[str, Any]]]]:
     reset_warnings()
     torch.manual_seed(0)
     trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    watch_overhead_budget=0,  # exact per-step semantics; the budget has its own test
                     capture_uncaught=False)
 
     def events() -> List[Dict[str, Any]]:

@@ -23,6 +23,7 @@ def _sdk() -> Iterator[None]:
     reset_warnings()
     torch.manual_seed(0)
     trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    watch_overhead_budget=0,  # exact per-step semantics; the budget has its own test
                     capture_uncaught=False)
     yield
     tg_torch.unwatch_all()
@@ -470,6 +471,7 @@ def test_on_cuda_the_training_thread_never_synchronises() -> None:
     process-wide and the worker's read-back is a sync by design), then the values are checked."""
     trainguard.shutdown()
     trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    watch_overhead_budget=0,  # exact per-step semantics; the budget has its own test
                     capture_uncaught=False, flush_interval=3600.0, max_batch_events=100_000,
                     max_queue_events=100_000)
     device = torch.device("cuda")
@@ -520,3 +522,37 @@ def test_on_cuda_fp16_grad_scaler_overflows_are_reported() -> None:
     evs = events()
     assert [v for _, v in series(evs, "amp/overflow")] == [1.0 if s else 0.0 for s in skipped]
     assert any(skipped) and [s for s, _ in series(evs, "grad/global_norm")] == list(range(14))
+
+
+def test_overhead_budget_stretches_the_norm_cadence_and_keeps_values_exact() -> None:
+    """A tiny model on CPU: one norm pass is a visible share of the step, so with a budget the global
+    norm is read every few steps — and the values it reports are still exact for their steps."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    handle = trainguard.watch(model, opt, overhead_budget=0.0001, every=0)
+    refs = []
+    for _ in range(60):
+        x, y = batch()
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        refs.append(ref_norm([p.grad for p in model.parameters()]))
+        opt.step()
+    assert handle.adaptive_every > 1
+    got = series(events(), "grad/global_norm")
+    steps = [s for s, _ in got]
+    assert 0 in steps and len(steps) < 60  # the first step always, then sampled
+    for step, value in got:
+        assert rel_close(value, refs[step])
+    handle.remove()
+    trainguard.shutdown()
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    capture_uncaught=False)  # the default budget: 0.5% of the step
+    generous = trainguard.watch(model, opt, overhead_budget=1.0, every=0)
+    for _ in range(20):
+        x, y = batch()
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    assert generous.adaptive_every == 1
+    assert len(series(events(), "grad/global_norm")) == 20

@@ -66,7 +66,9 @@ from . import cuda_memory
 if TYPE_CHECKING:
     from ..client import Client
 
-_WATCH_KWARGS = ("layer_depth", "memory_every", "norm_every", "log_lr")
+_WATCH_KWARGS = ("layer_depth", "memory_every", "norm_every", "log_lr", "overhead_budget")
+#: Most steps between two global-norm readings when the overhead budget stretches the cadence.
+MAX_ADAPTIVE_EVERY = 64
 _active: weakref.WeakKeyDictionary[nn.Module, WatchHandle] = weakref.WeakKeyDictionary()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -277,7 +279,7 @@ class WatchHandle:
 
     def __init__(self, client: Client, model: nn.Module, optimizers: Sequence[Any], scaler: Any,
                  clip: Optional[float], per_layer_every: int, memory_every: int, layer_depth: int,
-                 norm_every: int = 1, log_lr: bool = True) -> None:
+                 norm_every: int = 1, log_lr: bool = True, overhead_budget: float = 0.005) -> None:
         self._client = client
         self._model_ref = weakref.ref(model)
         self.layout = ParamLayout(model, layer_depth)
@@ -290,6 +292,11 @@ class WatchHandle:
         self.per_layer_every = max(0, int(per_layer_every))
         self.memory_every = max(0, int(memory_every))
         self.norm_every = max(1, int(norm_every))
+        #: Most of a step's time the norm computation may take (host-side time: the whole cost on CPU,
+        #: the launch cost on CUDA); beyond it norms are read every few steps instead of every step.
+        self.overhead_budget = max(0.0, float(overhead_budget))
+        self.adaptive_every = 1  #: the cadence the budget currently asks for
+        self._norm_cost_s = 0.0  #: EWMA of the host time one norm computation takes
         self._log_lr = log_lr and bool(self._optimizers)
         self.steps = 0  #: step boundaries seen
         self.removed = False
@@ -406,10 +413,19 @@ class WatchHandle:
         except Exception:
             self._after_backward()
 
+    def _adapt_cadence(self) -> None:
+        """Stretch the global-norm cadence so its cost stays within ``overhead_budget`` of a step."""
+        step_time = self._client.step_time_ewma
+        if self.overhead_budget <= 0 or step_time <= 0 or self._norm_cost_s <= 0:
+            return
+        needed = math.ceil(self._norm_cost_s / (self.overhead_budget * step_time))
+        self.adaptive_every = min(MAX_ADAPTIVE_EVERY, max(1, needed))
+
     def _norms_due(self, count: int) -> bool:
         """Whether the step numbered ``count`` (1-based) reports norms (global or per layer)."""
         every = self.per_layer_every
-        return count == 1 or count % self.norm_every == 0 or bool(every and count % every == 0)
+        norm_every = max(self.norm_every, self.adaptive_every)
+        return count == 1 or count % norm_every == 0 or bool(every and count % every == 0)
 
     def _after_backward(self) -> None:
         self._backward_seen = False
@@ -424,8 +440,11 @@ class WatchHandle:
         scaler = self._scaler
         if scaler is not None and getattr(scaler, "_enabled", False):
             scale = getattr(scaler, "_scale", None)
+        started = time.perf_counter()
         with torch.no_grad():
             self._pending = self._norms.compute(scale if isinstance(scale, torch.Tensor) else None)
+        cost = time.perf_counter() - started
+        self._norm_cost_s = cost if self._norm_cost_s == 0.0 else 0.8 * self._norm_cost_s + 0.2 * cost
 
     # --- step boundary -------------------------------------------------------------------------
     def _on_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
@@ -458,6 +477,7 @@ class WatchHandle:
         count = self.steps
         client = self._client
         step = client.note_optimizer_step(dt)
+        self._adapt_cadence()
         metrics: Dict[str, Any] = {}
         if dt is not None:
             metrics["time/step_s"] = dt
@@ -535,8 +555,10 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
     ends an iteration. ``clip``: the ``max_norm`` given to ``clip_grad_norm_``, enabling
     ``grad/clip_triggered``. ``every``: per-layer norms every N steps (default ``per_layer_every``).
     Keyword options: ``layer_depth`` and ``memory_every`` (default: the client's options),
-    ``norm_every`` (global norm every N steps, default 1: on CPU the fused norm costs ~1.5 µs per
-    parameter tensor per step, as ``clip_grad_norm_`` does), ``log_lr`` (default True). Watching a model
+    ``norm_every`` (global norm at least every N steps, default 1), ``overhead_budget`` (default: the ``watch_overhead_budget`` option, 0.005:
+    when computing the norms takes more than this fraction of a step — a small model on CPU, where the
+    norm pass is a real read of every gradient — they are computed every few steps instead, at most
+    every ``MAX_ADAPTIVE_EVERY``; 0 disables), ``log_lr`` (default True). Watching a model
     again replaces the previous watch of it. Also installs the OOM enricher. Raises TypeError when
     ``model`` is not an ``nn.Module`` (``trainguard.watch`` reports it).
     """
@@ -564,7 +586,8 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
         per_layer_every=opts.per_layer_every if every is None else int(every),
         memory_every=opts.memory_every if memory_every is None else int(memory_every),
         layer_depth=opts.layer_depth if layer_depth is None else int(layer_depth),
-        norm_every=int(kwargs.get("norm_every") or 1), log_lr=bool(kwargs.get("log_lr", True)))
+        norm_every=int(kwargs.get("norm_every") or 1), log_lr=bool(kwargs.get("log_lr", True)),
+        overhead_budget=float(kwargs.get("overhead_budget", opts.watch_overhead_budget)))
     _active[module] = handle
     return handle
 
