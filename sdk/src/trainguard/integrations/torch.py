@@ -555,10 +555,11 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
     ends an iteration. ``clip``: the ``max_norm`` given to ``clip_grad_norm_``, enabling
     ``grad/clip_triggered``. ``every``: per-layer norms every N steps (default ``per_layer_every``).
     Keyword options: ``layer_depth`` and ``memory_every`` (default: the client's options),
-    ``norm_every`` (global norm at least every N steps, default 1), ``overhead_budget`` (default: the ``watch_overhead_budget`` option, 0.005:
-    when computing the norms takes more than this fraction of a step — a small model on CPU, where the
-    norm pass is a real read of every gradient — they are computed every few steps instead, at most
-    every ``MAX_ADAPTIVE_EVERY``; 0 disables), ``log_lr`` (default True). Watching a model
+    ``norm_every`` (global norm at least every N steps, default 1), ``overhead_budget`` (default: the
+    ``watch_overhead_budget`` option, 0.005: when computing the norms takes more than this fraction of a
+    step — a small model on CPU, where the norm pass is a real read of every gradient — they are
+    computed every few steps instead, at most every ``MAX_ADAPTIVE_EVERY``; 0 disables), ``log_lr``
+    (default True). Watching a model
     again replaces the previous watch of it. Also installs the OOM enricher. Raises TypeError when
     ``model`` is not an ``nn.Module`` (``trainguard.watch`` reports it).
     """
