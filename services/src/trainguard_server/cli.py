@@ -1,11 +1,13 @@
-"""``trainguard`` command line: serve, demo, token (admin)."""
+"""``trainguard`` command line: serve, demo, token (admin), replay (import a run that had no SDK)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import List, Optional
+from pathlib import Path
+from typing import Any, List, Optional, Tuple
 
 from .config import Settings
 
@@ -65,6 +67,178 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rank_value(text: str, what: str) -> Tuple[int, str]:
+    """``RANK=VALUE`` → (rank, value); ValueError naming the flag otherwise."""
+    rank, sep, value = text.partition("=")
+    if not sep or not rank.strip().isdigit() or not value.strip():
+        raise ValueError(f"{what} wants RANK=VALUE (e.g. 1={'rank1.log' if 'log' in what else '137'}), "
+                         f"got {text!r}")
+    return int(rank), value.strip()
+
+
+def _replay_options(args: argparse.Namespace) -> Any:
+    """The ReplayOptions of the parsed ``replay`` flags; ValueError with a message for the user."""
+    from .replay import ReplayOptions
+    from .replay.metrics_jsonl import parse_map_rule
+    from .replay.times import parse_time_value
+
+    metrics = [(0, Path(p)) for p in args.metrics or []]
+    metrics += [(r, Path(p)) for r, p in (_rank_value(t, "--metrics-rank") for t in args.metrics_rank or [])]
+    logs = [(0, Path(p)) for p in args.log or []]
+    logs += [(r, Path(p)) for r, p in (_rank_value(t, "--log-rank") for t in args.log_rank or [])]
+    if not metrics and not logs:
+        raise ValueError("nothing to import: give --metrics and/or --log (or their -rank forms)")
+    for _, path in metrics + logs:
+        if not path.is_file():
+            raise ValueError(f"no such file: {path}")
+    exit_codes = {}
+    for text in args.exit_code_rank or []:
+        rank, value = _rank_value(text, "--exit-code-rank")
+        exit_codes[rank] = int(value)
+    tags = {}
+    for text in args.tag or []:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--tag wants KEY=VALUE, got {text!r}")
+        tags[key] = value
+    end_time_ns = None
+    if args.end_time:
+        end_time_ns = parse_time_value(args.end_time)
+        if end_time_ns is None:
+            raise ValueError(f"--end-time: not an ISO 8601 time or unix timestamp: {args.end_time!r}")
+    if args.step_seconds <= 0:
+        raise ValueError("--step-seconds must be > 0")
+    if args.batch_size < 1:
+        raise ValueError("--batch-size must be >= 1")
+    return ReplayOptions(
+        run_id=args.run_id, run_name=args.run_name or "", project=args.project or "", metrics=metrics,
+        logs=logs, exit_code=args.exit_code, exit_codes=exit_codes, world_size=args.world_size,
+        mapping=[parse_map_rule(t) for t in args.map or []], auto_map=not args.no_auto_map,
+        step_field=args.step_field, time_field=args.time_field, step_seconds=args.step_seconds,
+        end_time_ns=end_time_ns, min_log_level="" if args.log_level == "all" else args.log_level,
+        host=args.host or "", tags=tags, batch_size=args.batch_size)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import Importer, LocalBackend, RemoteBackend, wait_for_run
+    from .replay.backends import Backend
+    from .replay.report import Progress, print_status, print_summary
+
+    try:
+        options = _replay_options(args)
+        endpoint = args.endpoint or os.environ.get("TRAINGUARD_ENDPOINT")
+        if args.data_dir and args.endpoint:
+            raise ValueError("give --endpoint or --data-dir, not both")
+        backend: Backend
+        if args.data_dir:
+            backend = LocalBackend(Path(args.data_dir), project=args.project, token=args.token)
+        elif endpoint:
+            backend = RemoteBackend(endpoint, args.token or os.environ.get("TRAINGUARD_TOKEN"),
+                                    read_token=args.read_token or os.environ.get("TRAINGUARD_READ_TOKEN"),
+                                    api=args.api, user_agent="trainguard-replay")
+        else:
+            raise ValueError("where to? give --endpoint URL --token T (a running backend) or --data-dir D")
+    except ValueError as exc:
+        print(f"trainguard replay: {exc}", file=sys.stderr)
+        return 2
+    progress = Progress(sys.stderr, enabled=not args.quiet)
+    try:
+        summary = Importer(options, backend, progress=progress).run()
+        progress.finish()
+        print_summary(summary, sys.stdout)
+        if summary.accepted and not args.no_wait:
+            if backend.can_report:
+                run, complete = wait_for_run(backend, summary, timeout_s=args.wait_timeout)
+                incidents = backend.incidents(options.run_id) if run is not None else []
+                print_status(run, incidents, sys.stdout, complete=complete)
+            else:
+                backend.finish()
+                print("not waiting for the result: give --read-token (and --api for a gRPC endpoint) to "
+                      "see the run's status and incidents")
+        sys.stdout.flush()
+    finally:
+        backend.close()
+    return 0 if summary.ok else 1
+
+
+REPLAY_EPILOG = """\
+metrics JSON-lines: one object per step; the step is the first of step, global_step,
+trainer/global_step, iteration, iter, _step (or --step-field); the time the first of time, timestamp,
+_timestamp, wall_time, walltime, time_unix_nano holding a unix time (s/ms/us/ns) or ISO 8601 text
+(or --time-field); a "rank" field routes the object to that rank. Other numeric fields are metrics,
+nested objects are flattened with "/", NaN/Infinity and "nan"/"inf" are values.
+
+automatic renames (off with --no-auto-map): train/loss, train_loss, training_loss -> loss;
+grad_norm, train/grad_norm, grad/norm, global_grad_norm, gradient_norm, total_grad_norm ->
+grad/global_norm; grad_norm/<layer> -> grad/layer/<layer>; lr, learning_rate, train/learning_rate,
+train/lr -> opt/lr; loss_scale, grad_scale, scaler/scale -> amp/scale.
+
+examples:
+  trainguard replay --data-dir ./tg-data --run-id job-42 --metrics metrics.jsonl --log train.log \\
+      --exit-code 1
+  trainguard replay --endpoint http://127.0.0.1:4318 --token $INGEST --read-token $READ \\
+      --run-id job-43 --metrics-rank 0=r0.jsonl --metrics-rank 1=r1.jsonl --log torchrun.log \\
+      --exit-code 1 --exit-code-rank 1=137 --map 'val/ppl=eval/perplexity' --map 'epoch='
+"""
+
+
+def _add_replay(sub: Any) -> None:
+    replay = sub.add_parser(
+        "replay", help="import a finished run that had no SDK: metrics JSON-lines, logs, exit codes",
+        description="Import a finished run (metrics JSON-lines, log files, exit codes, optionally per\n"
+                    "rank) as a TrainGuard run and run detection on it. Re-importing the same files under\n"
+                    "the same --run-id changes nothing (event ids derive from run, rank, file and line).",
+        epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = replay.add_argument_group("the run")
+    what.add_argument("--run-id", required=True, help="the run's id (re-use it to re-import idempotently)")
+    what.add_argument("--run-name", help="display name (default: the run id)")
+    what.add_argument("--project",
+                      help="project (default: the token's; with --data-dir its bootstrap project)")
+    what.add_argument("--metrics", action="append", metavar="FILE", help="metrics JSON-lines of rank 0 "
+                      "(repeatable; objects with a \"rank\" field go to that rank)")
+    what.add_argument("--metrics-rank", action="append", metavar="RANK=FILE", help="metrics of one rank")
+    what.add_argument("--log", action="append", metavar="FILE", help="log file (stdout/stderr) of rank 0; "
+                      "[rankN]: prefixed lines go to rank N (repeatable)")
+    what.add_argument("--log-rank", action="append", metavar="RANK=FILE", help="log file of one rank")
+    what.add_argument("--exit-code", type=int, help="every rank's exit code (default: 1 for a rank whose "
+                      "log has a traceback, else 0; 128+N = killed by signal N)")
+    what.add_argument("--exit-code-rank", action="append", metavar="RANK=CODE", help="one rank's exit code")
+    what.add_argument("--world-size", type=int, help="number of ranks (default: highest rank seen + 1)")
+    what.add_argument("--host", help="host name to record")
+    what.add_argument("--tag", action="append", metavar="KEY=VALUE", help="tag for the run (repeatable)")
+    fields = replay.add_argument_group("fields and times")
+    fields.add_argument("--map", action="append", metavar="SOURCE=TARGET",
+                        help="rename a metric (after flattening); 'prefix/*=new/*' renames a prefix; an "
+                             "empty TARGET drops the field; wins over the automatic renames (repeatable)")
+    fields.add_argument("--no-auto-map", action="store_true", help="keep field names as they are")
+    fields.add_argument("--step-field", help="the field that holds the step")
+    fields.add_argument("--time-field", help="the field that holds the time (unit by magnitude: s/ms/us/ns)")
+    fields.add_argument("--step-seconds", type=float, default=1.0,
+                        help="spacing of steps when the file has no times (default 1.0)")
+    fields.add_argument("--end-time", help="time of the last step when the file has no times (ISO 8601 "
+                        "or unix seconds; default: the logs' last timestamp, else the file's "
+                        "modification time)")
+    fields.add_argument("--log-level", default="WARNING",
+                        choices=["all", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="keep log lines at or above this level (default WARNING, as the SDK forwards; "
+                             "tracebacks are always kept; 'all' keeps every line)")
+    where = replay.add_argument_group("where to")
+    where.add_argument("--endpoint", help="ingest URL of a running backend: http(s)://host:4318 or "
+                       "grpc(s)://host:4317 (TRAINGUARD_ENDPOINT)")
+    where.add_argument("--token", help="ingest token (TRAINGUARD_TOKEN); optional with --data-dir")
+    where.add_argument("--data-dir", help="write into this embedded data directory with an in-process "
+                       "gateway and processor (no server; not while a server uses it)")
+    where.add_argument("--read-token", help="read token, to wait for and print the result over the query API "
+                       "(TRAINGUARD_READ_TOKEN)")
+    where.add_argument("--api", help="query API base URL (default: the endpoint when it is HTTP)")
+    where.add_argument("--batch-size", type=int, default=500, help="envelopes per request (default 500)")
+    where.add_argument("--no-wait", action="store_true", help="do not wait for the result")
+    where.add_argument("--wait-timeout", type=float, default=120.0,
+                       help="seconds to wait for it (default 120)")
+    where.add_argument("--quiet", action="store_true", help="no progress display")
+    replay.set_defaults(func=cmd_replay)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainguard", description="TrainGuard backend")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--token-id", dest="token_id", default=None)
     token.add_argument("--data-dir")
     token.set_defaults(func=cmd_token)
+
+    _add_replay(sub)
     return parser
 
 

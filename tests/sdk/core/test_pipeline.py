@@ -256,6 +256,18 @@ def test_stalling_run_killed_without_exit_becomes_lost() -> None:
     assert pipeline.advance(end + int(2 * DEMO.lost_after_s * 1e9)).is_empty()  # once, not every tick
 
 
+def test_a_replayed_run_is_never_lost() -> None:
+    """`trainguard replay` tags its runs replay=true: old events and the end of a file are not silence."""
+    events = copy.deepcopy(load("stalling"))
+    for event in events:
+        lifecycle = event.get("lifecycle")
+        if lifecycle and lifecycle.get("phase") == "START":
+            lifecycle.setdefault("tags", {})["replay"] = "true"
+    pipeline = run_all(events)
+    assert not [i for i in pipeline.advance(last_time(events) + int(10 * DEMO.lost_after_s * 1e9)).incidents
+                if i.subtype == "lost"]
+
+
 def _heartbeat_after(events: Sequence[Dict[str, Any]], seconds: float, last_step: int) -> Dict[str, Any]:
     """The recording's last heartbeat, ``seconds`` later, with ``last_step`` (a new event id)."""
     beat = copy.deepcopy(_heartbeats(events)[-1])

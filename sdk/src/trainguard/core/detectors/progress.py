@@ -99,8 +99,11 @@ def on_progress(run: RunState, rank: RankState, time_ns: int, settings: Detectio
 
 
 def check_lost(run: RunState, now_ns: int, settings: DetectionSettings) -> List[Finding]:
-    """Lost findings when ``run`` has not ended and has been silent for longer than lost_after_s."""
-    if run.lost or not run.ranks or run.ended():
+    """Lost findings when ``run`` has not ended and has been silent for longer than lost_after_s.
+
+    Runs imported by ``trainguard replay`` (tag ``replay=true``) are never lost: their events are old by
+    nature, and silence after the import is the end of the file, not of the job."""
+    if run.lost or not run.ranks or run.ended() or run.tags.get("replay") == "true":
         return []
     silent = (now_ns - run.last_event_ns) / 1e9
     if silent <= settings.lost_after_s:

@@ -1,0 +1,416 @@
+"""Log files → log lines and exceptions (tracebacks assembled from their lines), per rank.
+
+Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
+
+* **Lines.** The file is read as UTF-8 (undecodable bytes replaced). ANSI colour codes are removed; a line
+  rewritten with carriage returns (progress bars) keeps only its final text. Blank lines produce nothing.
+* **Ranks.** A launcher prefix ``[rankN]:`` (torch >= 2.2) or ``[defaultN]:`` (older torchrun) routes the
+  line to rank N and is stripped; other ``[nameN]:`` prefixes are stripped and the line stays with the
+  file's rank, as do unprefixed lines (in a torchrun log: the agent's own output). Each rank's lines are
+  segmented on their own, so interleaved output of several ranks gives one traceback per rank.
+* **Tracebacks.** A block starts at a top-level ``Traceback (most recent call last):`` line, a
+  ``Fatal Python error:`` (faulthandler) or ``terminate called after throwing an instance of`` (C++)
+  line. A Python block takes its frames, chained tracebacks (after "The above exception was the direct
+  cause ..." / "During handling ..."), its exception line and message lines, including tracebacks
+  embedded in the message (DataLoader "Original Traceback", ``mp.spawn`` "-- Process N terminated with
+  the following error:", torchrun's failure summary). The message ends at a new top-level traceback that
+  does not follow a line ending in ``:``, at a log record (glog / c10d ``[E ...]``, a timestamped line,
+  ``logging``'s default format, srun/wandb/torchrun lines, "Exception in thread") or after
+  :data:`MAX_MESSAGE_LINES` plain lines. A faulthandler block ends after its trailer ("Extension modules:
+  ..."), a C++ block at a blank line. The block's text goes to
+  :func:`trainguard.core.tracebacks.parse_traceback_text`; its final exception becomes one exception item
+  whose fingerprint (fp:v1, over the whole un-truncated text) is the one the SDK computes for the same
+  exception live, with the chained causes/contexts as ``chain``. A block that parses to nothing is
+  emitted as plain lines.
+* **Everything else** is one log item per line, with the level found in it (glog letter or a level
+  word) as ``level``.
+* **Time.** An item's ``time_ns`` is the timestamp its first line starts with (see
+  :func:`.times.leading_timestamp`; glog lines take the year of the file's modification time), else the
+  last timestamp seen earlier in the file, else None.
+* **Order.** Items come out ordered by their first line; ``line`` and ``last_line`` are 1-based.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from trainguard.core.events import safe_str
+from trainguard.core.tracebacks import RELATION_CAUSE, RELATION_CONTEXT, ParsedException, parse_traceback_text
+
+from .times import leading_timestamp
+
+MAX_MESSAGE_LINES = 100
+"""Plain lines after an exception line that may still belong to its message."""
+MAX_BLOCK_LINES = 5000
+MAX_FRAMES = 128          # the SDK's defaults (trainguard.options): frames shipped, message and text sizes
+MAX_MESSAGE_CHARS = 8192
+MAX_TRACEBACK_CHARS = 64_000
+MAX_LINE_CHARS = 8192
+
+_PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)\]:(?: )?")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_TOP_HEADER_RE = re.compile(r"^Traceback \(most recent call last\):\s*$")
+_ANY_HEADER_RE = re.compile(r"Traceback \(most recent call last\):\s*$")
+_SEPARATOR_RE = re.compile(r"^\s*(?:The above exception was the direct cause of the following exception:"
+                           r"|During handling of the above exception, another exception occurred:)\s*$")
+_FATAL_RE = re.compile(r"^Fatal Python error: ")
+_TERMINATE_RE = re.compile(r"^terminate called after throwing an instance of ")
+_THREAD_RE = re.compile(r"^(?:Current thread|Thread|Stack)\b.*\(most recent call first\):\s*$")
+_RECORD_RE = re.compile(
+    r"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d"
+    r"|\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d"
+    r"|\[[IWEF]\d{0,4}[ \]]"
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:"
+    r"|Exception in thread |Exception ignored in|Process [\w-]+:$"
+    r"|(?:srun|slurmstepd|wandb|mpirun|torchrun): )"
+)
+_GLOG_LEVEL_RE = re.compile(r"^\[?([IWEF])\d{4} \d\d:\d\d:\d\d")
+_LEVEL_RE = re.compile(r"\b(CRITICAL|FATAL|ERROR|WARNING|WARN|INFO|DEBUG)\b|\b\w*(Warning):")
+_ERROR_TEXT_RE = re.compile(r"Segmentation fault|core dumped|Bus error|^Killed\b|\bAborted\b|out of memory",
+                            re.IGNORECASE)
+_GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_LEVELS = {"CRITICAL": "CRITICAL", "FATAL": "CRITICAL", "ERROR": "ERROR", "WARNING": "WARNING",
+           "WARN": "WARNING", "INFO": "INFO", "DEBUG": "DEBUG", "Warning": "WARNING"}
+LEVEL_ORDER = {"": 0, "DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+"""Numeric levels (``logging``'s); a line without a level counts as 0."""
+
+_PYTHON, _FATAL, _TERMINATE = "python", "fatal", "terminate"
+
+
+def clean_line(raw: str) -> str:
+    """A line as a terminal would have shown it: colour codes removed, carriage-return rewrites resolved."""
+    line = raw.rstrip("\r\n")
+    if "\x1b" in line:
+        line = _ANSI_RE.sub("", line)
+    if "\r" in line:
+        parts = [p for p in line.split("\r") if p.strip()]
+        line = parts[-1] if parts else ""
+    return line.rstrip()
+
+
+def split_prefix(line: str) -> Tuple[Optional[int], str]:
+    """(rank named by a ``[rankN]:`` / ``[defaultN]:`` prefix or None, the line without any prefix)."""
+    match = _PREFIX_RE.match(line)
+    if match is None:
+        return None, line
+    rank = int(match.group("num")) if match.group("name") in ("rank", "default") else None
+    return rank, line[match.end():]
+
+
+def line_level(line: str) -> str:
+    """The level a line states: a glog letter (``E1129 ...``), a level word near its start (``ERROR``,
+    ``WARN``, ``...Warning:``), or ERROR for crash text without one ("Segmentation fault", "Killed",
+    "out of memory", ...); "" when none."""
+    match = _GLOG_LEVEL_RE.match(line)
+    if match is not None:
+        return _GLOG_LEVELS[match.group(1)]
+    match = _LEVEL_RE.search(line[:120])
+    if match is not None:
+        return _LEVELS[match.group(1) or match.group(2)]
+    return "ERROR" if _ERROR_TEXT_RE.search(line) else ""
+
+
+def _starts_block(line: str) -> Optional[str]:
+    if _TOP_HEADER_RE.match(line):
+        return _PYTHON
+    if _FATAL_RE.match(line):
+        return _FATAL
+    if _TERMINATE_RE.match(line):
+        return _TERMINATE
+    return None
+
+
+def _indented(line: str) -> bool:
+    return line[:1] in (" ", "\t")
+
+
+# ----------------------------------------------------------------------------------------------- items
+
+@dataclass
+class LogItem:
+    """One log line (``kind == "log"``) or one exception (``"exception"``, ``payload`` is the
+    ExceptionEvent in the JSON mapping) of ``rank``."""
+
+    kind: str
+    rank: int
+    line: int
+    last_line: int
+    time_ns: Optional[int]
+    level: str = ""
+    message: str = ""
+    payload: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LogStats:
+    lines: int = 0            # non-blank lines
+    log_lines: int = 0        # emitted as log items
+    below_level: int = 0      # lines left out by ``min_level``
+    exceptions: int = 0
+    timestamped: int = 0      # lines that start with a timestamp
+    ranks: Dict[int, int] = field(default_factory=dict)  # items per rank
+
+
+def exception_payload(parsed: Sequence[ParsedException], text: str) -> Optional[Dict[str, Any]]:
+    """The ExceptionEvent (JSON mapping) for the final exception of one printed block, as the SDK builds
+    it for a live exception (frames capped to the innermost :data:`MAX_FRAMES`, hints re-indexed); None
+    when ``parsed`` is empty."""
+    if not parsed:
+        return None
+    index = max((i for i, p in enumerate(parsed) if not p.relation), default=len(parsed) - 1)
+    final = parsed[index]
+    chain: List[Dict[str, Any]] = []
+    for earlier in reversed(parsed[:index]):  # the final exception's own causes/contexts, outermost first
+        if earlier.relation not in (RELATION_CAUSE, RELATION_CONTEXT):
+            break
+        chain.insert(0, {"type": earlier.exc_type, "message": safe_str(earlier.message, 2048),
+                         "relation": earlier.relation,
+                         "frames": [_frame(f) for f in earlier.frames[-MAX_FRAMES:]]})
+    printed = final.fingerprint().to_dict()
+    frames = list(final.frames)
+    offset = max(0, len(frames) - MAX_FRAMES)
+    printed["hints"] = [dict(h, frame_index=h["frame_index"] - offset) for h in printed["hints"]
+                        if h["frame_index"] >= offset]
+    printed["message_template"] = safe_str(printed["message_template"], MAX_MESSAGE_CHARS)
+    payload: Dict[str, Any] = {
+        "type": final.exc_type or "<unknown exception>",
+        "message": safe_str(final.message, MAX_MESSAGE_CHARS),
+        "handled": False, "mechanism": "log",
+        "traceback": safe_str(text, MAX_TRACEBACK_CHARS),
+        "frames": [_frame(f) for f in frames[offset:]],
+    }
+    payload.update(printed)
+    if chain:
+        payload["chain"] = chain
+    return payload
+
+
+def _frame(frame: Any) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"filename": frame.filename, "module": frame.module, "function": frame.function,
+                           "lineno": frame.lineno, "in_app": frame.in_app}
+    if frame.context_line:
+        out["context_line"] = frame.context_line
+    return out
+
+
+# ------------------------------------------------------------------------------------------- segmenter
+
+class _Stream:
+    """The lines of one rank: outside a block, or inside one (Python, faulthandler, C++)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.mode: Optional[str] = None
+        self.block: List[Tuple[int, str]] = []   # (line number, text)
+        self.time_ns: Optional[int] = None       # time of the block's first line
+        self.in_message = False
+        self.message_lines = 0
+        self.seen_thread = False
+        self.prev = ""                           # previous non-blank line of the block
+
+    @property
+    def first_line(self) -> int:
+        return self.block[0][0] if self.block else 0
+
+    def start(self, mode: str, number: int, text: str, time_ns: Optional[int]) -> None:
+        self.mode, self.block, self.time_ns = mode, [(number, text)], time_ns
+        self.in_message, self.message_lines, self.seen_thread, self.prev = False, 0, False, text
+
+    def continues(self, text: str) -> Tuple[bool, bool]:
+        """(the line belongs to the open block, the block ends with it)."""
+        if len(self.block) >= MAX_BLOCK_LINES:
+            return False, False
+        blank = not text.strip()
+        if self.mode == _TERMINATE:
+            if blank or _starts_block(text) or _RECORD_RE.match(text):
+                return False, False
+            return True, False
+        if blank:
+            return True, False
+        if _RECORD_RE.match(text) or _FATAL_RE.match(text) or _TERMINATE_RE.match(text):
+            return False, False
+        if self.mode == _FATAL:
+            if _TOP_HEADER_RE.match(text):
+                return False, False
+            if _THREAD_RE.match(text):
+                self.seen_thread = True
+                return True, False
+            if not _indented(text) and self.seen_thread:
+                return True, True  # "Extension modules: ..." or another trailer
+            return True, False
+        # Python traceback
+        if _TOP_HEADER_RE.match(text):
+            previous = self.prev.rstrip()
+            if _SEPARATOR_RE.match(previous) or (self.in_message and previous.endswith(":")):
+                self.in_message, self.message_lines = False, 0
+                return True, False
+            return False, False
+        if _SEPARATOR_RE.match(text) or _indented(text):
+            if _ANY_HEADER_RE.search(text):
+                self.message_lines = 0
+            return True, False
+        if not self.in_message:
+            self.in_message = True  # the exception line
+            return True, False
+        if _ANY_HEADER_RE.search(text):
+            self.message_lines = 0
+            return True, False
+        self.message_lines += 1
+        return self.message_lines <= MAX_MESSAGE_LINES, False
+
+    def take(self) -> List[Tuple[int, str]]:
+        block = self.block
+        while block and not block[-1][1].strip():
+            block.pop()
+        self.mode, self.block = None, []
+        return block
+
+
+class LogReader:
+    """Iterates the :class:`LogItem` of one log file (see the module doc). ``rank``: the rank of lines
+    without a rank prefix; ``min_level``: log lines whose level (:func:`line_level`) is below it are left
+    out and counted (``""``: every line; exceptions are always kept); ``on_bytes(n)`` is called with the
+    size of every line read (progress)."""
+
+    def __init__(self, path: Path, rank: int = 0, *, min_level: str = "",
+                 on_bytes: Optional[Callable[[int], None]] = None) -> None:
+        self.path = path
+        self.rank = rank
+        self.min_level = LEVEL_ORDER[min_level]
+        self.on_bytes = on_bytes
+        self.stats = LogStats()
+        try:
+            self.year = datetime.fromtimestamp(path.stat().st_mtime).year
+        except OSError:
+            self.year = datetime.now().year
+        self._streams: Dict[int, _Stream] = {}
+        self._pending: List[Tuple[int, int, LogItem]] = []  # (first line, seq, item): released in order
+        self._seq = 0
+        self._last_ts: Optional[int] = None
+
+    def __iter__(self) -> Iterator[LogItem]:
+        with open(self.path, "rb") as fh:
+            for number, raw in enumerate(fh, 1):
+                if self.on_bytes is not None:
+                    self.on_bytes(len(raw))
+                self._feed(number, clean_line(raw.decode("utf-8", "replace")))
+                yield from self._release()
+        for stream in self._streams.values():
+            if stream.mode is not None:
+                self._close(stream)
+        yield from self._release(final=True)
+
+    # -- feeding ----------------------------------------------------------------------------------------
+    def _feed(self, number: int, line: str) -> None:
+        prefixed, text = split_prefix(line)
+        rank = self.rank if prefixed is None else prefixed
+        stream = self._streams.get(rank)
+        if stream is None:
+            stream = self._streams[rank] = _Stream(rank)
+        if text.strip():
+            self.stats.lines += 1
+            stamp = leading_timestamp(text, self.year)
+            if stamp is not None:
+                self.stats.timestamped += 1
+                self._last_ts = stamp
+        if stream.mode is not None:
+            belongs, ends = stream.continues(text)
+            if belongs:
+                stream.block.append((number, text))
+                if text.strip():
+                    stream.prev = text
+                if ends:
+                    self._close(stream)
+                return
+            self._close(stream)
+        if not text.strip():
+            return
+        mode = _starts_block(text)
+        if mode is not None:
+            stream.start(mode, number, text, self._last_ts)
+            return
+        self._line(rank, number, text, self._last_ts)
+
+    def _close(self, stream: _Stream) -> None:
+        time_ns = stream.time_ns
+        block = stream.take()
+        if not block:
+            return
+        text = "\n".join(t for _, t in block)
+        payload = exception_payload(parse_traceback_text(text), text)
+        if payload is None:
+            for number, line in block:
+                if line.strip():
+                    self._line(stream.rank, number, line, time_ns)
+            return
+        self._emit(LogItem("exception", stream.rank, block[0][0], block[-1][0], time_ns, "CRITICAL",
+                           payload=payload))
+
+    def _line(self, rank: int, number: int, text: str, time_ns: Optional[int]) -> None:
+        level = line_level(text)
+        if LEVEL_ORDER[level] < self.min_level:
+            self.stats.below_level += 1
+            return
+        self._emit(LogItem("log", rank, number, number, time_ns, level, safe_str(text, MAX_LINE_CHARS)))
+
+    def _emit(self, item: LogItem) -> None:
+        stats = self.stats
+        if item.kind == "log":
+            stats.log_lines += 1
+        else:
+            stats.exceptions += 1
+        stats.ranks[item.rank] = stats.ranks.get(item.rank, 0) + 1
+        self._seq += 1
+        heapq.heappush(self._pending, (item.line, self._seq, item))
+
+    def _release(self, final: bool = False) -> Iterator[LogItem]:
+        """Items whose first line precedes every open block's (all of them at the end)."""
+        pending = self._pending
+        if not pending:
+            return
+        limit = None if final else min((s.first_line for s in self._streams.values() if s.mode is not None),
+                                       default=None)
+        while pending and (limit is None or pending[0][0] < limit):
+            yield heapq.heappop(pending)[2]
+
+
+@dataclass
+class LogScan:
+    """What one cheap pass over a log file found (no segmenting)."""
+
+    lines: int                    # physical lines, blank ones included (line numbers run 1..lines)
+    first_ns: Optional[int]       # first and last line timestamps
+    last_ns: Optional[int]
+    ranks: List[int]              # ranks named by prefixes, plus the file's rank if a line had none
+
+
+def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], None]] = None) -> LogScan:
+    """One pass over ``path``: line count, first and last timestamp, ranks present (``on_bytes(n)``: the
+    size of every line read)."""
+    try:
+        year = datetime.fromtimestamp(path.stat().st_mtime).year
+    except OSError:
+        year = datetime.now().year
+    lines = 0
+    first: Optional[int] = None
+    last: Optional[int] = None
+    ranks: Dict[int, None] = {}
+    with open(path, "rb") as fh:
+        for raw in fh:
+            lines += 1
+            if on_bytes is not None:
+                on_bytes(len(raw))
+            if not raw.strip():
+                continue
+            prefixed, text = split_prefix(clean_line(raw.decode("utf-8", "replace")))
+            ranks[rank if prefixed is None else prefixed] = None
+            stamp = leading_timestamp(text, year)
+            if stamp is not None:
+                first = stamp if first is None else first
+                last = stamp
+    return LogScan(lines, first, last, sorted(ranks))

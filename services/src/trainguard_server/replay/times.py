@@ -1,0 +1,108 @@
+"""Timestamps as training jobs write them, to unix nanoseconds (pure; the local time zone is the only input
+besides the text).
+
+Contract:
+
+* :func:`number_to_ns`: a unix time in seconds, milliseconds, microseconds or nanoseconds (told apart by
+  magnitude: >= 1e17 ns, >= 1e14 µs, >= 1e11 ms, else s). Numbers below :data:`MIN_UNIX_SECONDS` (1e8 s,
+  March 1973) are not timestamps -- a ``time`` field holding a step duration stays a metric -- and give None,
+  as do NaN, infinities and booleans.
+* :func:`parse_time_value`: a JSON value (number, numeric string or ISO 8601 string) to ns, else None.
+* :func:`parse_iso` / :func:`leading_timestamp`: ``2024-05-01T12:00:00Z``, ``2024-05-01 12:00:00,123``
+  (Python ``logging``), ``...+02:00`` offsets, fractions up to nanoseconds, optionally in brackets. Text
+  without an offset is **local time** (as ``logging`` prints it; set ``TZ`` to read it otherwise).
+  :func:`leading_timestamp` also reads glog / c10 records (``E1129 08:12:43.061727 ...`` and
+  ``[E1129 08:12:43.061727749 ProcessGroupNCCL.cpp:632]``), which carry no year: ``year`` supplies it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional
+
+MIN_UNIX_SECONDS = 1e8
+
+_ISO_RE = re.compile(
+    r"(?P<date>\d{4})-(?P<mon>\d{2})-(?P<day>\d{2})[T ](?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})"
+    r"(?:[.,](?P<frac>\d{1,9})\d*)?\s?(?P<tz>Z|[+-]\d{2}:?\d{2})?"
+)
+_LEADING_ISO_RE = re.compile(r"^\s*\[?\s*" + _ISO_RE.pattern)
+_GLOG_RE = re.compile(
+    r"^\s*\[?[IWEF](?P<mon>\d{2})(?P<day>\d{2}) (?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})"
+    r"(?:\.(?P<frac>\d{1,9})\d*)?"
+)
+
+
+def number_to_ns(value: float) -> Optional[int]:
+    """``value`` as a unix time in ns (unit by magnitude), or None when it cannot be one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value >= 1e17:
+        return int(value)
+    if value >= 1e14:
+        return int(value * 1_000)
+    if value >= 1e11:
+        return int(value * 1_000_000)
+    if value >= MIN_UNIX_SECONDS:
+        return round(value * 1e6) * 1_000  # microsecond precision: floats hold no more
+    return None
+
+
+def parse_time_value(value: Any) -> Optional[int]:
+    """A metrics record's time field (number, numeric string, ISO 8601 string) in unix ns, or None."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return number_to_ns(float(text))
+        except ValueError:
+            return parse_iso(text)
+    return number_to_ns(value)
+
+
+def _fraction_ns(frac: Optional[str]) -> int:
+    return int((frac or "0").ljust(9, "0")[:9])
+
+
+def _to_ns(match: re.Match[str], year: int) -> Optional[int]:
+    groups = match.groupdict()
+    try:
+        naive = datetime(year, int(groups["mon"]), int(groups["day"]), int(groups["h"]), int(groups["m"]),
+                         int(groups["s"]))
+    except ValueError:
+        return None
+    tz = groups.get("tz")
+    if tz:
+        if tz == "Z":
+            offset = timezone.utc
+        else:
+            sign = -1 if tz[0] == "-" else 1
+            digits = tz[1:].replace(":", "")
+            offset = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
+        stamp = naive.replace(tzinfo=offset)
+    else:
+        stamp = naive.astimezone()  # naive = local time, as logging prints it
+    return int(stamp.timestamp()) * 1_000_000_000 + _fraction_ns(groups.get("frac"))
+
+
+def parse_iso(text: str) -> Optional[int]:
+    """An ISO 8601 date-time anywhere at the start of ``text`` (see the module doc), in ns; else None."""
+    match = _ISO_RE.match(text.strip())
+    if match is None:
+        return None
+    return _to_ns(match, int(match.group("date")))
+
+
+def leading_timestamp(line: str, year: int) -> Optional[int]:
+    """The timestamp a log line starts with (ISO 8601 or glog; ``year`` for glog), in ns; else None."""
+    head = line[:64]
+    match = _LEADING_ISO_RE.match(head)
+    if match is not None:
+        return _to_ns(match, int(match.group("date")))
+    match = _GLOG_RE.match(head)
+    if match is not None:
+        return _to_ns(match, year)
+    return None

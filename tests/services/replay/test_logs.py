@@ -1,0 +1,124 @@
+"""Log files → log lines and exceptions: every real captured traceback keeps the fingerprint the whole-text
+parser (and the SDK, live) gives it; ranks are demultiplexed; levels, timestamps and filtering."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from trainguard.core.tracebacks import parse_traceback_text
+from trainguard_server.replay.logs import LogItem, LogReader, clean_line, line_level, scan_log, split_prefix
+from trainguard_server.replay.times import leading_timestamp, number_to_ns, parse_time_value
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "tracebacks"
+TRACEBACKS = sorted(FIXTURES.glob("*.txt"))
+
+
+def _items(path: Path, rank: int = 0, min_level: str = "") -> List[LogItem]:
+    return list(LogReader(path, rank, min_level=min_level))
+
+
+@pytest.mark.parametrize("path", TRACEBACKS, ids=[p.name for p in TRACEBACKS])
+def test_every_captured_traceback_keeps_its_fingerprint(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    expected = [(e.stream, e.fingerprint().hash, e.exc_type) for e in parse_traceback_text(text)
+                if not e.relation]
+    found = [i for i in _items(path) if i.kind == "exception"]
+    assert [(i.payload["fingerprint"], i.payload["type"]) for i in found] == [(h, t) for _, h, t in expected]
+    for item, (stream, _, _) in zip(found, expected):
+        assert item.rank == (int(stream[4:]) if stream.startswith("rank") else 0)
+        payload = item.payload
+        assert payload["fingerprint_version"] == "fp:v1" and payload["mechanism"] == "log"
+        assert payload["handled"] is False and payload["traceback"] and isinstance(payload["frames"], list)
+        assert all(0 <= h["frame_index"] < len(payload["frames"]) for h in payload["hints"])
+
+
+def test_torchrun_log_routes_ranks_and_keeps_launcher_records() -> None:
+    path = FIXTURES / "torchrun_two_ranks.txt"
+    items = _items(path)
+    exceptions = [i for i in items if i.kind == "exception"]
+    assert [(i.rank, i.payload["type"]) for i in exceptions] == [
+        (0, "RuntimeError"), (1, "RuntimeError"),
+        (0, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError")]
+    # rank 0 and 1 failed the same way with different sizes: one fingerprint
+    assert exceptions[0].payload["fingerprint"] == exceptions[1].payload["fingerprint"]
+    records = [i for i in items if i.kind == "log"]
+    assert records and all(i.level == "ERROR" and i.message.startswith("E1129") for i in records)
+    assert [i.line for i in items] == sorted(i.line for i in items)
+    assert all(i.time_ns is not None for i in items[2:])  # after the first glog timestamp
+    scan = scan_log(path)
+    assert scan.ranks == [0, 1] and scan.first_ns is not None and scan.lines == len(
+        path.read_text().splitlines())
+
+
+def test_mixed_log_lines_tracebacks_timestamps_and_levels(tmp_path: Path) -> None:
+    handled = (FIXTURES / "chained_cause_context.txt").read_text().rstrip("\n").splitlines()
+    crash = (FIXTURES / "shape_mismatch_linear.txt").read_text().rstrip("\n").splitlines()
+    lines = ["\x1b[32m2026-11-29 08:00:00,000 INFO train: starting\x1b[0m",
+             "2026-11-29 08:00:01,000 WARNING train: gradient overflow, skipping step",
+             "epoch 1:  10%|#  | 1/10\repoch 1:  20%|## | 2/10",
+             *handled,
+             "2026-11-29 08:00:05,000 INFO train: resumed",
+             "",
+             "NCCL WARN Call to connect returned Connection refused",
+             *crash]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    items = _items(path)
+    kinds = [(i.kind, i.level) for i in items]
+    assert kinds == [("log", "INFO"), ("log", "WARNING"), ("log", ""), ("exception", "CRITICAL"),
+                     ("log", "INFO"), ("log", "WARNING"), ("exception", "CRITICAL")]
+    assert items[0].message == "2026-11-29 08:00:00,000 INFO train: starting"
+    assert items[2].message == "epoch 1:  20%|## | 2/10"
+    first = 4
+    assert items[3].line == first and items[3].last_line == first + len(handled) - 1
+    assert items[3].payload["chain"] and items[3].payload["fingerprint"] == \
+        parse_traceback_text("\n".join(handled))[-1].fingerprint().hash
+    assert items[6].payload["fingerprint"] == parse_traceback_text("\n".join(crash))[-1].fingerprint().hash
+    t1 = leading_timestamp("2026-11-29 08:00:01,000", 2026)
+    t5 = leading_timestamp("2026-11-29 08:00:05,000", 2026)
+    assert [i.time_ns for i in items] == [t1 - 10**9, t1, t1, t1, t5, t5, t5]
+    kept = _items(path, min_level="WARNING")
+    assert [(i.kind, i.level) for i in kept] == [("log", "WARNING"), ("exception", "CRITICAL"),
+                                                 ("log", "WARNING"), ("exception", "CRITICAL")]
+
+
+def test_interleaved_ranks_are_assembled_separately(tmp_path: Path) -> None:
+    crash = (FIXTURES / "shape_mismatch_linear.txt").read_text().rstrip("\n").splitlines()
+    lines: List[str] = []
+    for k, line in enumerate(crash):
+        lines.append(f"[rank1]:{line}")
+        lines.append(f"[rank0]:step {k} loss 0.5 WARNING slow")
+    path = tmp_path / "all.log"
+    path.write_text("\n".join(lines) + "\n")
+    items = _items(path)
+    exc = [i for i in items if i.kind == "exception"]
+    assert len(exc) == 1 and exc[0].rank == 1
+    assert exc[0].payload["fingerprint"] == parse_traceback_text("\n".join(crash))[-1].fingerprint().hash
+    assert sum(1 for i in items if i.kind == "log" and i.rank == 0) == len(crash)
+    assert [i.line for i in items] == sorted(i.line for i in items)
+
+
+def test_line_helpers_and_timestamps() -> None:
+    assert split_prefix("[rank12]: boom") == (12, "boom")
+    assert split_prefix("[default3]:boom") == (3, "boom")
+    assert split_prefix("[host7]: boom") == (None, "boom")
+    assert clean_line("\x1b[1;31mred\x1b[0m\r\n") == "red"
+    assert line_level("[E1129 08:12:43.061727749 ProcessGroupNCCL.cpp:632] timeout") == "ERROR"
+    assert line_level("/x/y.py:3: UserWarning: deprecated") == "WARNING"
+    assert line_level("Segmentation fault (core dumped)") == "ERROR"
+    assert line_level("step 3 loss 0.1") == ""
+    local = int(datetime(2026, 11, 29, 8, 12, 43).timestamp()) * 10**9
+    assert leading_timestamp("[E1129 08:12:43.061727749 x]", 2026) == local + 61727749
+    assert leading_timestamp("I1129 08:12:43.5 x", 2026) == local + 500_000_000
+    assert leading_timestamp("2026-11-29T08:12:43Z rest", 1) == 1795939963 * 10**9
+    assert leading_timestamp("no time here", 2026) is None
+    assert number_to_ns(1795939963) == 1795939963 * 10**9
+    assert number_to_ns(1795939963123) == 1795939963123 * 10**6
+    assert number_to_ns(1795939963123456) == 1795939963123456 * 10**3
+    assert number_to_ns(12.5) is None and number_to_ns(float("nan")) is None
+    assert parse_time_value("1795939963.25") == 1795939963250 * 10**6
+    assert parse_time_value("yesterday") is None
