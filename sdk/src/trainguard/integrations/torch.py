@@ -67,8 +67,13 @@ if TYPE_CHECKING:
     from ..client import Client
 
 _WATCH_KWARGS = ("layer_depth", "memory_every", "norm_every", "log_lr", "overhead_budget")
-#: Most steps between two global-norm readings when the overhead budget stretches the cadence.
-MAX_ADAPTIVE_EVERY = 64
+#: Most steps between two global-norm readings when the overhead budget stretches the cadence: small
+#: enough that a gradient climbing over tens of steps is still seen climbing.
+MAX_ADAPTIVE_EVERY = 8
+#: After a norm this many times the running typical norm (or a non-finite one), every step is read
+#: again for SUSPICIOUS_STEPS steps, whatever the budget says.
+SUSPICIOUS_FACTOR = 2.0
+SUSPICIOUS_STEPS = 32
 _active: weakref.WeakKeyDictionary[nn.Module, WatchHandle] = weakref.WeakKeyDictionary()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -296,7 +301,10 @@ class WatchHandle:
         #: the launch cost on CUDA); beyond it norms are read every few steps instead of every step.
         self.overhead_budget = max(0.0, float(overhead_budget))
         self.adaptive_every = 1  #: the cadence the budget currently asks for
+        self._on_cpu = all(p.device.type == "cpu" for p in self.layout.params)
         self._norm_cost_s = 0.0  #: EWMA of the host time one norm computation takes
+        self._typical_norm = 0.0  #: EWMA of the global norm (CPU models: read for free)
+        self._every_step_until = 0  #: step count up to which the budget is suspended
         self._log_lr = log_lr and bool(self._optimizers)
         self.steps = 0  #: step boundaries seen
         self.removed = False
@@ -414,9 +422,14 @@ class WatchHandle:
             self._after_backward()
 
     def _adapt_cadence(self) -> None:
-        """Stretch the global-norm cadence so its cost stays within ``overhead_budget`` of a step."""
+        """Stretch the global-norm cadence so its cost stays within ``overhead_budget`` of a step.
+
+        Only for parameters on the CPU, where the host time measured is the norm pass itself (on CUDA it
+        would only be the launch cost, and the pass is a sliver of a GPU step anyway)."""
         step_time = self._client.step_time_ewma
-        if self.overhead_budget <= 0 or step_time <= 0 or self._norm_cost_s <= 0:
+        if (self.overhead_budget <= 0 or step_time <= 0 or self._norm_cost_s <= 0
+                or not self._on_cpu or self.steps < self._every_step_until):
+            self.adaptive_every = 1
             return
         needed = math.ceil(self._norm_cost_s / (self.overhead_budget * step_time))
         self.adaptive_every = min(MAX_ADAPTIVE_EVERY, max(1, needed))
@@ -445,6 +458,18 @@ class WatchHandle:
             self._pending = self._norms.compute(scale if isinstance(scale, torch.Tensor) else None)
         cost = time.perf_counter() - started
         self._norm_cost_s = cost if self._norm_cost_s == 0.0 else 0.8 * self._norm_cost_s + 0.2 * cost
+        pending = self._pending
+        if pending is not None and pending.total.device.type == "cpu":
+            self._watch_for_climbs(float(pending.total))
+
+    def _watch_for_climbs(self, norm: float) -> None:
+        """A CPU norm is on the host already: when it jumps (or is not finite), read every step for a
+        while, so a sampled cadence never hides the start of an explosion."""
+        typical = self._typical_norm
+        if not math.isfinite(norm) or (typical > 0 and norm > SUSPICIOUS_FACTOR * typical):
+            self._every_step_until = self.steps + 1 + SUSPICIOUS_STEPS
+        if math.isfinite(norm):
+            self._typical_norm = norm if typical == 0 else 0.9 * typical + 0.1 * norm
 
     # --- step boundary -------------------------------------------------------------------------
     def _on_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
