@@ -63,7 +63,7 @@ def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transpor
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
     assert found is not None, "no incident for the diverging run"
-    assert found["category"] == "gradient" and found["subtype"] == "explosion"
+    assert (found["category"], found["subtype"]) == ("gradient", "explosion"), found
     assert found["evidence"] and found["checks"]
     # the first non-finite value in the run's own metrics is where the incident starts
     series = server.get(f"/api/v1/runs/{run_id}/metrics", names="loss,grad/global_norm")

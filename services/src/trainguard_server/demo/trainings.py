@@ -52,7 +52,7 @@ def train(kind: str, steps: int, step_sleep: float = 0.0) -> None:
         if kind == "diverging" and step >= steps // 2:
             # a learning-rate schedule bug: the LR is multiplied instead of decayed
             for group in optimizer.param_groups:
-                group["lr"] *= 3.0
+                group["lr"] *= 1.5
         if kind == "crashing" and step == steps // 2:
             x = torch.randn(64, 15)  # a malformed batch from the data pipeline
         if kind == "stalling" and step == steps // 2:
