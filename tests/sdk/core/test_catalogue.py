@@ -32,6 +32,8 @@ DETECTED_NOW = (
     "loss/non_finite", "gradient/explosion", "memory/oom", "memory/oom-or-cuda-error", "comm/failure",
     "process/exception", "process/killed", "process/terminated", "process/exit", "progress/stalled",
     "progress/lost",
+    # the error-text classifier (trainguard.core.classify), from exceptions and log records
+    "memory/cuda-error", "comm/init-failure", "comm/timeout", "comm/mismatch", "comm/rank-lost",
 )
 
 

@@ -8,7 +8,8 @@ Three things live here, all pure data plus small lookups (no I/O, stdlib only):
    ``detected`` says whether this version of the pipeline raises it; the others are waiting for their
    detectors (issue 4) and are here so titles, checklists and the README table have one source.
 2. The decision path for a process that ended (:data:`EXIT_RULES`, :func:`classify_exit`) and the
-   first-version error-text rules (:data:`EXCEPTION_RULES`, :func:`classify_exception`).
+   exception-type rules (:data:`EXCEPTION_RULES`). The error-text classifier that uses them is
+   :mod:`trainguard.core.classify`; :func:`classify_exception` here is its ``(category, subtype)``.
 3. :class:`DetectionSettings` -- every threshold and state bound of the pipeline with its documented
    default; :meth:`DetectionSettings.from_overrides` validates per-project overrides.
 
@@ -19,7 +20,6 @@ Subtype names: the DESIGN's hyphenated names (``rise-after-fall``, ``oom-or-cuda
 from __future__ import annotations
 
 import difflib
-import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -49,8 +49,11 @@ class IncidentKind:
     """One row of the catalogue.
 
     ``title`` is a :meth:`str.format` template; the pipeline passes ``step``, ``value``, ``detail``,
-    ``rank`` and kind-specific fields (missing ones render as ``?``). ``checks`` are ordered hardware →
-    framework → model (enforced when the module is imported).
+    ``rank`` and kind-specific fields (missing ones render as ``?``). A title of just ``{detail}`` (the
+    kinds the error-text classifier opens) takes the producer's ``detail`` as the whole title: the
+    classifier's headline, e.g. "CUDA OOM on GPU 0: tried to allocate 20.00 MiB with 3.19 MiB free of
+    79.15 GiB". ``checks`` are ordered hardware → framework → model (enforced when the module is
+    imported).
     """
 
     category: str
@@ -190,9 +193,11 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
          _model("the batch at that step: NaN/Inf or extreme values"))),
     # --- memory -------------------------------------------------------------------------------------
     IncidentKind(
-        "memory", "oom", "error", "Out of memory: {detail}",
+        "memory", "oom", "error", "{detail}",
         "The CUDA caching allocator could not allocate: the process ran out of device memory.",
-        '"CUDA out of memory" (torch.OutOfMemoryError); memory_summary and memory_stats at the error',
+        '"CUDA out of memory" (torch.OutOfMemoryError; current and older message formats, amounts '
+        'parsed); "CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED; memory_summary and memory_stats '
+        'at the error',
         ("activations too large: batch size or sequence length beyond plan, checkpointing off",
          "optimizer state larger than expected (e.g. Adam states in fp32)",
          "fragmentation: enough free memory in total but no block large enough",
@@ -215,6 +220,26 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
          _fw("stderr of the rank: 'CUDA out of memory' vs 'device-side assert' vs 'illegal memory access'; "
              "rerun with `CUDA_LAUNCH_BLOCKING=1` to get the failing op"),
          _model("indices: embedding ids < vocabulary size, class targets < number of classes")),
+        detected=True),
+    IncidentKind(
+        "memory", "cuda-error", "error", "{detail}",
+        "A CUDA error on the device: an illegal memory access, a device-side assertion, an ECC / Xid "
+        "hardware fault or a failed CUDA library call. Kernel errors are reported asynchronously: the Python "
+        "stack may point past the op that failed.",
+        '"CUDA error: ..." (illegal memory access, device-side assert triggered, uncorrectable ECC error, '
+        "...), a kernel's \"Assertion `...` failed\" line, NVRM Xid lines, CUBLAS/CUDNN_STATUS_*_FAILED, "
+        "ncclUnhandledCudaError",
+        ("an index out of range in a kernel (embedding ids, class targets): a device-side assert",
+         "an out-of-bounds access in a custom or fused kernel",
+         "a GPU hardware fault (ECC, Xid 48/79/94/95, fallen off the bus)",
+         "a PyTorch build without kernels for this GPU, or a driver older than its CUDA runtime"),
+        (_hw("`dmesg | grep -i xid` and `nvidia-smi -q -d ECC,PAGE_RETIREMENT` on this node: an Xid or "
+             "uncorrectable ECC error means drain the node"),
+         _fw("rerun the failing step with `CUDA_LAUNCH_BLOCKING=1` to find the op that failed "
+             "(`compute-sanitizer` for custom kernels)"),
+         _fw("driver, CUDA runtime and PyTorch build match the GPU (`torch.cuda.get_arch_list()`)"),
+         _model("indices: embedding ids < num_embeddings, class targets < number of classes, gather/scatter "
+                "indices in range")),
         detected=True),
     IncidentKind(
         "memory", "fragmentation", "warning", "Allocator fragmentation {detail} since step {step}",
@@ -258,35 +283,47 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
          _fw("the other ranks' incidents: a crashed or killed rank explains its peers' failures")),
         detected=True),
     IncidentKind(
-        "comm", "init-failure", "error", "Rendezvous failed: {detail}",
+        "comm", "init-failure", "error", "{detail}",
         "Ranks could not connect to each other at start-up.",
-        "rendezvous cannot connect; TCPStore / DistNetworkError / DistStoreError timeouts",
-        ("MASTER_ADDR/MASTER_PORT wrong", "firewall", "nodes isolated from each other"),
+        "rendezvous cannot connect; TCPStore / DistNetworkError / DistStoreError timeouts (\"k/n clients "
+        "joined\"), client socket connect timeouts, port in use, NCCL bootstrap / socket connect failures",
+        ("MASTER_ADDR/MASTER_PORT wrong", "firewall", "nodes isolated from each other",
+         "a rank that never started (scheduler, image, crash before init)"),
         (_hw("reachability: from each node `nc -zv $MASTER_ADDR $MASTER_PORT`"),
          _fw("MASTER_ADDR / MASTER_PORT / WORLD_SIZE identical on every rank; the port is free"),
-         _fw("firewall / security groups between the nodes"))),
+         _fw("firewall / security groups between the nodes; NCCL_SOCKET_IFNAME names an interface every "
+             "node has"),
+         _fw("every rank started: the scheduler's view of the job and the missing ranks' own logs")),
+        detected=True),
     IncidentKind(
-        "comm", "timeout", "error", "Collective timed out ({detail})",
+        "comm", "timeout", "error", "{detail}",
         "A collective (AllReduce, AllGather, ...) waited past its timeout in the middle of training.",
-        "collective watchdog timeout mid-training; name the lagging rank",
+        "collective watchdog timeout mid-training (NCCL \"Watchdog caught collective operation timeout\", "
+        "gloo \"Timed out waiting ... for recv\", monitoredBarrier); name the lagging rank (desync report)",
         ("a GPU dropped off the bus", "PCIe or network bandwidth degraded or contended",
          "one rank slower or stuck (data loading, a different code path)"),
         (_HW_GPU, _HW_NET, _FW_NCCL,
-         _model("code paths that differ per rank (a collective skipped under a rank-dependent `if`)"))),
+         _model("code paths that differ per rank (a collective skipped under a rank-dependent `if`)")),
+        detected=True),
     IncidentKind(
-        "comm", "mismatch", "error", "Collective mismatch between ranks ({detail})",
+        "comm", "mismatch", "error", "{detail}",
         "Ranks called a collective with different shapes, dtypes or operations.",
-        '"mismatch", "invalid argument", "Detected mismatch between collectives"',
+        '"Detected mismatch between collectives" (TORCH_DISTRIBUTED_DEBUG=DETAIL), gloo "Received data size '
+        'doesn\'t match expected size", ncclInvalidUsage / ncclInvalidArgument',
         ("rank-dependent tensor shapes", "a collective skipped or reordered on some rank"),
         (_fw("run with `TORCH_DISTRIBUTED_DEBUG=DETAIL` to get the mismatching calls"),
-         _model("shapes/dtypes of tensors passed to collectives on every rank; uneven last batches"))),
+         _model("shapes/dtypes of tensors passed to collectives on every rank; uneven last batches")),
+        detected=True),
     IncidentKind(
-        "comm", "rank-lost", "error", "Rank {rank} lost; its peers failed as a consequence",
+        "comm", "rank-lost", "error", "{detail}",
         "A peer process died; the survivors' errors are consequences, not causes.",
-        "a peer process died (exit, kill, OOM) before the others' communication errors",
-        ("the lost rank's own failure (see its incident)", "node failure or preemption"),
-        (_hw("the lost rank's node: power, kernel log, OOM-killer"),
-         _fw("the first failing rank's own incident: fix that, the rest follows"))),
+        "a peer process died (exit, kill, OOM) before the others' communication errors: gloo \"Connection "
+        "reset/closed by peer\", ncclRemoteError, the TCPStore server gone",
+        ("the lost rank's own failure (see its incident)", "node failure or preemption",
+         "a network partition between the nodes"),
+        (_hw("the lost rank's node: power, kernel log, OOM-killer"), _HW_NET,
+         _fw("the first failing rank's own incident: fix that, the rest follows")),
+        detected=True),
     # --- sequence / adapter -------------------------------------------------------------------------
     IncidentKind(
         "sequence", "truncation", "warning", "Truncation without a consistent attention mask ({detail})",
@@ -476,30 +513,42 @@ def classify_exit(exit_code: int, signal: int = 0) -> Optional[ExitVerdict]:
 @dataclass(frozen=True)
 class ExceptionRule:
     """An exception means ``category/subtype`` when its type is one of ``types`` (qualified, as the SDK
-    sends them) or ``pattern`` (a case-insensitive regex) matches its message."""
+    sends them, or bare: the last dotted component) or ``pattern`` (a case-insensitive regex) matches its
+    message. ``confidence`` is what the classifier reports for a match by type alone."""
 
     category: str
     subtype: str
     types: Tuple[str, ...] = ()
     pattern: str = ""
+    confidence: float = 0.9
 
 
 EXCEPTION_RULES: Tuple[ExceptionRule, ...] = (
-    ExceptionRule("memory", "oom", ("torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"),
-                  r"\b(?:CUDA|HIP|XPU|MPS) out of memory\b"),
-    ExceptionRule("process", "terminated", ("KeyboardInterrupt",)),  # Ctrl-C / SIGINT, exit 130
+    ExceptionRule("memory", "oom",
+                  ("torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError", "OutOfMemoryError"),
+                  confidence=0.95),
+    ExceptionRule("process", "terminated", ("KeyboardInterrupt",), confidence=1.0),  # Ctrl-C / SIGINT: 130
+    ExceptionRule("comm", "init-failure",
+                  ("torch.distributed.DistNetworkError", "torch.distributed.DistStoreError",
+                   "DistNetworkError", "DistStoreError", "RendezvousTimeoutError",
+                   "RendezvousConnectionError", "RendezvousClosedError"), confidence=0.6),
+    ExceptionRule("comm", "failure", ("torch.distributed.DistBackendError", "DistBackendError"),
+                  confidence=0.6),
+    ExceptionRule("memory", "cuda-error", ("torch.AcceleratorError", "AcceleratorError"), confidence=0.6),
 )
-"""First-version error-text rules, first match wins; issue 4's classifier extends this table."""
-
-_COMPILED = [(r, re.compile(r.pattern, re.IGNORECASE) if r.pattern else None) for r in EXCEPTION_RULES]
+"""Exception-type rules, first match wins. The classifier (:mod:`trainguard.core.classify`) applies them
+only when no text rule matched the message: a ``DistNetworkError`` saying "Failed to recv, got 0 bytes"
+mid-training is a lost peer, not a rendezvous failure."""
 
 
 def classify_exception(exc_type: str, message: str) -> Tuple[str, str]:
-    """``(category, subtype)`` for an exception; ``("process", "exception")`` when no rule matches."""
-    for rule, pattern in _COMPILED:
-        if exc_type in rule.types or (pattern is not None and pattern.search(message[:4096])):
-            return rule.category, rule.subtype
-    return "process", "exception"
+    """``(category, subtype)`` of an exception by the error-text classifier
+    (:func:`trainguard.core.classify.classify_exception`); ``("process", "exception")`` when nothing more
+    specific matches."""
+    from .classify import classify_exception as classify  # classify imports this module
+
+    found = classify(exc_type, message)
+    return found.category, found.subtype
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -567,6 +616,15 @@ class DetectionSettings:
     incident_on_handled_exceptions: bool = _setting(
         False, "Open a process/exception incident for exceptions the job caught and reported "
         "(capture_exception); by default they only count in their cluster.")
+    # --- error text -----------------------------------------------------------------------------
+    log_text_incidents: bool = _setting(
+        True, "Classify the text of log records (NCCL/gloo/CUDA errors a process prints, forwarded by the "
+        "logging integration or an agent's log tailer) and open or join comm/* and memory/* incidents "
+        "from them.")
+    log_min_confidence: float = _setting(
+        0.6, "Least classifier confidence (0..1) for a log record to open or join an incident; generic "
+        "phrases score ~0.5, exact PyTorch/NCCL messages ~0.9. Exceptions always open an incident.",
+        minimum=0.0, maximum=1.0)
     # --- evidence and history bounds --------------------------------------------------------------
     history_metrics: Tuple[str, ...] = _setting(
         ("lr", "opt/lr", "amp/*", "grad/clip_triggered", "time/step_s"),

@@ -1,23 +1,44 @@
-"""Uncaught exceptions and the exit-code decision path (DESIGN §4, seed 000 §3.5).
+"""Exceptions, error text in logs, and the exit-code decision path (DESIGN §4, seed 000 §3.5).
 
-* An **uncaught exception** (``handled`` false; handled ones too with
-  ``incident_on_handled_exceptions``) opens or joins the incident of its fingerprint (slot
-  ``exc:<fingerprint>``): the same failure on many ranks is one incident listing them all. Its kind comes
-  from the error text (:func:`~trainguard.core.catalogue.classify_exception`: ``torch.OutOfMemoryError`` /
-  "CUDA out of memory" → ``memory/oom``; otherwise ``process/exception``).
-* A non-zero **exit** goes through :func:`~trainguard.core.catalogue.classify_exit`. When the rank
-  reported an uncaught exception before and the exit rule refines (exit 1; 134/135 and SIGABRT/SIGBUS) or
-  names the same kind (KeyboardInterrupt then exit 130), the exit is evidence on that exception's
-  incident (a generic ``process/exception`` becomes ``memory/oom-or-cuda-error`` on a 134). Otherwise
-  the exit opens or joins the incident of its kind (slot ``exit:<category>/<subtype>``), so e.g. every
-  rank SIGKILLed at once is one ``process/killed`` incident. Exit 0 opens nothing.
+Everything here goes through the error-text classifier (:mod:`trainguard.core.classify`):
+
+* An **uncaught exception** (``handled`` false; handled ones too with ``incident_on_handled_exceptions``)
+  is classified from its type and message (and, when that says only "a Python exception", from its
+  chained causes, so a wrapper does not hide an OOM).
+
+  - **comm/\\* or memory/\\*** (a CUDA OOM, a CUDA error, an NCCL watchdog timeout, a collective mismatch,
+    a lost peer, a rendezvous failure, ...): it opens or joins the run's incident **of that kind** (slot
+    ``text:<category>/<subtype>``), so the same failure reported by many ranks -- as exceptions or as log
+    lines -- is one incident listing them all. The title is the classifier's headline (what was parsed:
+    "CUDA OOM on GPU 0: tried to allocate 20.00 MiB with 3.19 MiB free of 79.15 GiB"); the evidence's
+    ``value`` is ``{"rule", "confidence", "facts", "lines", "exc_type"}``.
+  - anything else opens or joins the incident of its fingerprint (slot ``exc:<fingerprint>``) as
+    ``process/exception`` (``process/terminated`` for KeyboardInterrupt), as before. Model-side errors
+    (shape / device / index), DataLoader worker errors and autograd anomaly NaNs keep that kind; the
+    summary names what the classifier recognised and what to check.
+
+* A **log record** (``event["log"]``: the SDK's logging integration, later the agent's log tailer) whose
+  message classifies as comm/\\* or memory/\\* with at least ``log_min_confidence`` opens or joins the same
+  ``text:<kind>`` incident (``log_text_incidents`` turns this off). A repeated identical signal (same rank,
+  rule and parsed facts: NCCL prints its watchdog line three times) adds nothing.
+
+* The incident a rank's error text opened is the one its exit explains (``RankState.exc_key``). A non-zero
+  **exit** goes through :func:`~trainguard.core.catalogue.classify_exit`. When that incident exists and the
+  exit rule refines (exit 1; 134/135 and SIGABRT/SIGBUS: the abort after an NCCL watchdog timeout), names
+  the same kind (KeyboardInterrupt then exit 130), or is a communication exit (255) after a communication
+  error, the exit is evidence on that incident (a generic ``process/exception`` becomes
+  ``memory/oom-or-cuda-error`` on a 134). Otherwise the exit opens or joins the incident of its kind (slot
+  ``exit:<category>/<subtype>``), so e.g. every rank SIGKILLed at once is one ``process/killed`` incident.
+  Exit 0 opens nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+import json
+from typing import Any, Dict, Mapping, Optional, Sequence
 
-from ..catalogue import DetectionSettings, classify_exception, classify_exit
+from ..catalogue import DetectionSettings, classify_exit
+from ..classify import Classification, classify_chain, classify_text
 from ..events import wire_float
 from ..extract import as_int, as_str, recent_points
 from ..incidents import Finding
@@ -26,10 +47,17 @@ from ..state import RankState, RunState
 from . import first_line
 
 GENERIC_EXCEPTION = ("process", "exception")
+TEXT_CATEGORIES = ("comm", "memory")
+"""Classified error text of these categories opens an incident of its own kind (one per run)."""
 
 
 def exception_key(fingerprint: str) -> str:
     return f"exc:{fingerprint}"
+
+
+def text_key(category: str, subtype: str) -> str:
+    """The incident slot of classified error text of one kind: one per run per kind."""
+    return f"text:{category}/{subtype}"
 
 
 def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mapping[str, Any],
@@ -40,28 +68,122 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
         return None
     exc_type = as_str(body.get("type")) or "<unknown exception>"
     message = as_str(body.get("message"))
-    category, subtype = classify_exception(exc_type, message)
+    chain = body.get("chain")
+    found = classify_chain(exc_type, message, chain if isinstance(chain, Sequence) else ())
+    mechanism = as_str(body.get("mechanism")) or ("capture_exception" if handled else "uncaught")
+    rule = "exception.handled" if handled else "exception.uncaught"
+    event_id = as_str(event.get("event_id"))
+    if found.category in TEXT_CATEGORIES:
+        key = text_key(found.category, found.subtype)
+        if not handled:
+            rank.exc_key = key
+        return _text_finding(run, rank, found, key, rule, f"{exc_type} ({mechanism})", step, time_ns,
+                             event_id, fingerprint=fingerprint, exc_type=exc_type)
+    category, subtype = (found.category, found.subtype) if found.category == "process" else GENERIC_EXCEPTION
     line = first_line(message)
     detail = f"{exc_type}: {line}" if line else exc_type
-    mechanism = as_str(body.get("mechanism")) or ("capture_exception" if handled else "uncaught")
+    if found.rule.startswith("torchrun."):
+        detail = found.headline  # the launcher's summary: name the root-cause rank, not a "=====" line
     loss_context = [{"step": s, "value": wire_float(v)}
                     for n, s, v in recent_points(event) if settings.is_loss(n)][-settings.evidence_window:]
     key = exception_key(fingerprint)
     rank.exc_key = key if not handled else rank.exc_key
+    recognised = _recognised(found)
     evidence = Evidence(
-        rule="exception.handled" if handled else "exception.uncaught",
-        description=f"rank {rank.rank} raised {detail} at step {step} ({mechanism})",
-        step=step, time_ns=time_ns, rank=rank.rank, value=exc_type, window=loss_context,
-        event_id=as_str(event.get("event_id")))
+        rule=rule, description=f"rank {rank.rank} raised {detail} at step {step} ({mechanism})" + (
+            f"; classified {found.rule}" if recognised else ""),
+        step=step, time_ns=time_ns, rank=rank.rank, value=exc_type, window=loss_context, event_id=event_id)
     timeline = TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
                              what=f"rank {rank.rank} raised {detail}")
+    summary = (f"{exc_type} on rank {rank.rank} at step {step} (fingerprint {fingerprint[:12]}): "
+               f"{line or 'no message'}. ")
+    if recognised:
+        summary += f"{found.headline} ({found.rule})" + (f": {found.note}. " if found.note else ". ")
+    summary += "Read the traceback: the innermost in-app frame is where to start."
     return Finding(category, subtype, key, rank.rank, step, time_ns, host=rank.host,
                    event_id=evidence.event_id, evidence=[evidence], timeline=[timeline],
-                   values={"detail": detail, "step": step, "exc_type": exc_type},
-                   summary=(f"{exc_type} on rank {rank.rank} at step {step} (fingerprint "
-                            f"{fingerprint[:12]}): {line or 'no message'}. Read the traceback: the "
-                            f"innermost in-app frame is where to start."),
+                   values={"detail": detail, "step": step, "exc_type": exc_type}, summary=summary,
                    fingerprint=fingerprint)
+
+
+def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mapping[str, Any], step: int,
+           time_ns: int, settings: DetectionSettings) -> Optional[Finding]:
+    """The finding for one log record whose message is comm/* or memory/* error text (None otherwise)."""
+    if not settings.log_text_incidents:
+        return None
+    message = as_str(body.get("message"))
+    if not message.strip():
+        return None
+    found = classify_text(message)
+    if found is None or found.category not in TEXT_CATEGORIES:
+        return None
+    if found.confidence < settings.log_min_confidence:
+        return None
+    key = text_key(found.category, found.subtype)
+    rank.exc_key = key  # the exit this error leads to (an abort after a watchdog timeout) is evidence on it
+    origin = as_str(body.get("logger")) or as_str(body.get("source")) or "log"
+    return _text_finding(run, rank, found, key, "log.text", f"log {origin}", step, time_ns,
+                         as_str(event.get("event_id")))
+
+
+def _recognised(found: Classification) -> bool:
+    """Whether the classifier said more than "a Python exception"."""
+    return found.rule != "python.exception" and not found.rule.startswith("type:")
+
+
+def _jsonable(facts: Mapping[str, Any]) -> Dict[str, Any]:
+    """A JSON-clean deep copy of the classifier's facts (the evidence is stored and snapshotted)."""
+    data = json.loads(json.dumps(dict(facts), default=str, allow_nan=False))
+    return data if isinstance(data, dict) else {}
+
+
+def _seen(run: RunState, key: str, rank: int, rule: str, facts: Mapping[str, Any]) -> bool:
+    """The incident in ``key`` already has this rank's evidence for this rule with these facts."""
+    st = run.incidents.get(key)
+    if st is None:
+        return False
+    for ev in st.record.evidence:
+        value = ev.value
+        if ev.rank == rank and isinstance(value, dict) and value.get("rule") == rule and \
+                value.get("facts") == facts:
+            return True
+    return False
+
+
+def _text_finding(run: RunState, rank: RankState, found: Classification, key: str, rule: str, source: str,
+                  step: int, time_ns: int, event_id: str, *, fingerprint: str = "",
+                  exc_type: str = "") -> Optional[Finding]:
+    facts = _jsonable(found.facts)
+    if _seen(run, key, rank.rank, found.rule, facts):
+        return None
+    value: Dict[str, Any] = {"rule": found.rule, "confidence": found.confidence, "facts": facts,
+                             "lines": list(found.lines)}
+    if exc_type:
+        value["exc_type"] = exc_type
+    said = found.lines[0] if found.lines else ""
+    evidence = Evidence(
+        rule=rule, description=f"rank {rank.rank} at step {step}, {source}: {found.headline}"
+        + (f' -- "{said}"' if said else ""),
+        step=step, time_ns=time_ns, rank=rank.rank, value=value, event_id=event_id)
+    timeline = TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                             what=f"rank {rank.rank}: {found.headline}")
+    return Finding(found.category, found.subtype, key, rank.rank, step, time_ns, host=rank.host,
+                   event_id=event_id, evidence=[evidence], timeline=[timeline],
+                   values={"detail": found.headline, "step": step, "rank": rank.rank},
+                   summary=_text_summary(found, rank.rank, step, source), fingerprint=fingerprint)
+
+
+def _text_summary(found: Classification, rank: int, step: int, source: str) -> str:
+    text = f"{found.headline} (rank {rank}, step {step}, from {source}; rule {found.rule})."
+    if found.note:
+        text += f" {found.note[0].upper()}{found.note[1:]}."
+    facts = found.facts
+    lagging = facts.get("lagging_ranks")
+    if isinstance(lagging, list) and lagging:
+        text += f" Lagging rank(s): {', '.join(str(r) for r in lagging[:16])} -- start with them."
+    if facts.get("collective_call_site"):
+        text += f" The collective was called from {facts['collective_call_site']}."
+    return text
 
 
 def on_exit(run: RunState, rank: RankState, body: Mapping[str, Any], step: int, time_ns: int,
@@ -79,21 +201,21 @@ def on_exit(run: RunState, rank: RankState, body: Mapping[str, Any], step: int, 
     timeline = TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
                              what=f"rank {rank.rank} exited with {said}")
     explained = run.incidents.get(rank.exc_key) if rank.exc_key else None
-    if explained is not None and (verdict.refine or (explained.record.category, explained.record.subtype)
-                                  == (verdict.category, verdict.subtype)):
-        inc = explained.record
-        category, subtype, relabel = inc.category, inc.subtype, False
-        exit_kind = (verdict.category, verdict.subtype)
-        if (category, subtype) == GENERIC_EXCEPTION and exit_kind != GENERIC_EXCEPTION:
-            category, subtype, relabel = verdict.category, verdict.subtype, True
-        return Finding(category, subtype, explained.key, rank.rank, -1, time_ns, host=rank.host,
-                       event_id=event_id, evidence=[evidence], timeline=[timeline], counts=False,
-                       relabel=relabel)
+    exit_kind = (verdict.category, verdict.subtype)
+    if explained is not None:
+        kind_then = (explained.record.category, explained.record.subtype)
+        same_family = verdict.category == "comm" and kind_then[0] == "comm"
+        if verdict.refine or kind_then == exit_kind or same_family:
+            category, subtype, relabel = kind_then[0], kind_then[1], False
+            if kind_then == GENERIC_EXCEPTION and exit_kind != GENERIC_EXCEPTION:
+                category, subtype, relabel = verdict.category, verdict.subtype, True
+            return Finding(category, subtype, explained.key, rank.rank, -1, time_ns, host=rank.host,
+                           event_id=event_id, evidence=[evidence], timeline=[timeline], counts=False,
+                           relabel=relabel)
     values: Dict[str, Any] = {"detail": said, "step": step, "exit_code": verdict.exit_code}
     summary = f"Rank {rank.rank} exited with {said} at step {step}: {verdict.meaning}."
     if rank.exc_key:
-        summary += " It had raised an exception before (see that incident)."
+        summary += " It had reported an error before (see that incident)."
     return Finding(verdict.category, verdict.subtype, f"exit:{verdict.category}/{verdict.subtype}",
                    rank.rank, step, time_ns, host=rank.host, event_id=event_id, evidence=[evidence],
                    timeline=[timeline], values=values, summary=summary)
-
