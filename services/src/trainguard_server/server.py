@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,11 +68,16 @@ class EmbeddedServer:
                                  retry_after=s.retry_after_s)
         self.tokens = self._bootstrap_tokens()
         detection = DetectionSettings.from_overrides(json.loads(s.detection_overrides or "{}"))
+        self.gateway = Gateway(self.queue, self.stores.projects, s)
+        gateway = self.gateway
         self.processor = EmbeddedProcessor(self.queue, self.stores.events, self.stores.metrics,
                                            self.stores.incidents, detection, batch=s.processor_batch,
                                            snapshot_every_s=s.snapshot_every_s,
-                                           tick_interval_s=s.tick_interval_s)
-        self.gateway = Gateway(self.queue, self.stores.projects, s)
+                                           tick_interval_s=s.tick_interval_s,
+                                           yield_to=lambda: gateway.busy)
+        # ingest threads and the processor share one interpreter: switch often so an ingest request
+        # waiting for the GIL is not held for the default 5 ms at every hand-over
+        sys.setswitchinterval(0.0005)
         self.services = Services(events=self.stores.events, metrics=self.stores.metrics,
                                  incidents=self.stores.incidents, projects=self.stores.projects,
                                  queue=self.queue, gateway=self.gateway, processor=self.processor,
@@ -81,7 +87,8 @@ class EmbeddedServer:
                                                        max_message_bytes=s.max_batch_bytes)
         self._grpc.start()
         app = create_app(self.services, ingest_router(self.gateway))
-        sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET, socket.SOCK_STREAM,
+                             socket.IPPROTO_TCP)  # proto set: asyncio turns TCP_NODELAY on per connection
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((s.host, s.http_port))
         self.http_port = sock.getsockname()[1]

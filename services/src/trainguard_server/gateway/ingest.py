@@ -392,6 +392,13 @@ class Gateway:
         self.limits = Limits.from_settings(settings)
         self.clock = clock
         self.stats = Stats()
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+
+    @property
+    def busy(self) -> bool:
+        """True while a request is being ingested: the embedded processor yields the GIL meanwhile."""
+        return self._inflight > 0
 
     # ------------------------------------------------------------------------------------------ auth
     def authenticate(self, token: Optional[str]) -> TokenInfo:
@@ -422,6 +429,16 @@ class Gateway:
         ``index_offset`` shifts every reported index (a stream's earlier messages); ``seen`` holds the
         event ids accepted earlier in the same stream and is updated (None: this request alone).
         """
+        with self._inflight_lock:
+            self._inflight += 1
+        try:
+            return self._ingest_batch(auth, batch, index_offset, seen)
+        finally:
+            with self._inflight_lock:
+                self._inflight -= 1
+
+    def _ingest_batch(self, auth: TokenInfo, batch: Batch, index_offset: int,
+                      seen: Optional[Set[str]]) -> IngestResult:
         limit = self.settings.max_batch_events
         if batch.count > limit:
             raise RequestTooLarge(_too_many_events(batch.count, limit))

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from trainguard import wire
 from trainguard.core import extract
@@ -50,7 +50,8 @@ class EmbeddedProcessor:
 
     def __init__(self, queue: Queue, events: EventStore, metrics: MetricStore, incidents: IncidentStore,
                  detection: Optional[DetectionSettings] = None, *, batch: int = 256,
-                 snapshot_every_s: float = 5.0, tick_interval_s: float = 1.0) -> None:
+                 snapshot_every_s: float = 5.0, tick_interval_s: float = 1.0,
+                 yield_to: Optional[Callable[[], bool]] = None, max_yield_s: float = 0.05) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -60,6 +61,11 @@ class EmbeddedProcessor:
         self.snapshot_every_s = snapshot_every_s
         self.tick_interval_s = tick_interval_s
         self.stats = ProcessorStats()
+        #: ``yield_to()`` is True while ingest requests are in flight: between records the processor
+        #: sleeps (releasing the GIL) for up to ``max_yield_s`` so acknowledgements are never starved —
+        #: ingest is the latency clients feel, processing can lag a little.
+        self.yield_to = yield_to
+        self.max_yield_s = max_yield_s
         self.pipeline = self._restore()
         self._uncommitted: List[QueueRecord] = []
         self._last_snapshot = time.monotonic()
@@ -98,9 +104,12 @@ class EmbeddedProcessor:
         """One round: consume up to ``batch`` records (waiting up to ``timeout``), process, maybe
         checkpoint and run timers. Returns the number of records processed."""
         records = self.queue.consume(self.batch, timeout)
+        for i, record in enumerate(records):
+            with self._lock:
+                self._process([record])
+            if i + 1 < len(records):
+                self._yield_to_ingest()
         with self._lock:
-            if records:
-                self._process(records)
             now = time.monotonic()
             if now - self._last_tick >= self.tick_interval_s:
                 self._last_tick = now
@@ -108,6 +117,14 @@ class EmbeddedProcessor:
             if self._uncommitted and now - self._last_snapshot >= self.snapshot_every_s:
                 self._checkpoint_locked()
         return len(records)
+
+    def _yield_to_ingest(self) -> None:
+        busy = self.yield_to
+        if busy is None:
+            return
+        end = time.monotonic() + self.max_yield_s
+        while busy() and time.monotonic() < end:
+            time.sleep(0.0005)
 
     def _process(self, records: Sequence[QueueRecord]) -> None:
         envelopes: List[Dict[str, Any]] = []
