@@ -34,6 +34,9 @@ DETECTED_NOW = (
     "progress/lost",
     # the error-text classifier (trainguard.core.classify), from exceptions and log records
     "memory/cuda-error", "comm/init-failure", "comm/timeout", "comm/mismatch", "comm/rank-lost",
+    # the loss-curve and gradient detectors (core/detectors/loss.py, gradient.py)
+    "loss/oscillation", "loss/rise-after-fall", "loss/plateau", "gradient/vanishing", "gradient/clip-stale",
+    "gradient/nan-source",
 )
 
 

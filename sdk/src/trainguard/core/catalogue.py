@@ -129,7 +129,8 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         ("learning rate too high", "batch size and learning rate mismatched", "label noise"),
         (_fw("data order: shuffling on, no sampler repeating a few batches, labels aligned with inputs"),
          _model("learning rate: lower it (or lengthen warmup); scale it with the batch size"),
-         _model("label noise: spot-check labels of the batches with the largest loss"))),
+         _model("label noise: spot-check labels of the batches with the largest loss")),
+        detected=True),
     IncidentKind(
         "loss", "rise-after-fall", "warning", "Loss rising again since step {step}",
         "The loss fell normally, then turned and keeps rising.",
@@ -139,7 +140,8 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         (_fw("LR schedule: plot the logged LR around the turning step; check the scheduler is stepped once "
              "per optimizer step"),
          _model("peak LR after warmup: lower it"),
-         _model("validation loss: if it diverges from the training loss, regularise or stop earlier"))),
+         _model("validation loss: if it diverges from the training loss, regularise or stop earlier")),
+        detected=True),
     IncidentKind(
         "loss", "plateau", "warning", "Loss flat since step {step}",
         "The loss stays at one level for a long window, neither falling nor rising.",
@@ -149,7 +151,8 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         (_fw("optimizer: parameters actually registered, LR not zero, momentum/betas sane"),
          _model("gradient norms per layer: tiny everywhere means optimisation is stuck, healthy norms mean "
                 "capacity"),
-         _model("activations: saturation of sigmoid/tanh layers; normalisation layers present"))),
+         _model("activations: saturation of sigmoid/tanh layers; normalisation layers present")),
+        detected=True),
     # --- gradient -----------------------------------------------------------------------------------
     IncidentKind(
         "gradient", "explosion", "error", "Gradient explosion: {detail}; loss became {value} at step {step}",
@@ -172,7 +175,8 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         ("deep stack without residuals/normalisation", "saturating activations", "bad initialisation"),
         (_fw("mixed precision: bf16/fp16 underflow of small gradients (check the GradScaler scale)"),
          _model("initialisation and normalisation layers of the first blocks"),
-         _model("activations: replace saturating sigmoid/tanh, add residual connections"))),
+         _model("activations: replace saturating sigmoid/tanh, add residual connections")),
+        detected=True),
     IncidentKind(
         "gradient", "clip-stale", "warning", "Gradient clipping is eating the update since step {step}",
         "The gradient norm sits at the clip threshold and the loss curve is flat: clipping removes the "
@@ -182,7 +186,8 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         ("clip threshold too low for this model/phase", "learning rate too high, so every step clips"),
         (_fw("confirm which clipping is applied (global vs per layer, before/after unscaling with AMP)"),
          _model("raise the clip threshold (the recommended adaptive value is in the evidence)"),
-         _model("lower the learning rate if almost every step clips"))),
+         _model("lower the learning rate if almost every step clips")),
+        detected=True),
     IncidentKind(
         "gradient", "nan-source", "error", "First non-finite gradient in {detail} at step {step}",
         "Where the first NaN/Inf appeared: the layer and step, before it spread.",
@@ -190,7 +195,8 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         ("log(0) / division by zero in the loss or a custom layer", "a bad sample"),
         (_fw("rerun the step with `torch.autograd.set_detect_anomaly(True)`"),
          _model("the named layer's forward: eps in norms/softmax, clamps before log/sqrt/div"),
-         _model("the batch at that step: NaN/Inf or extreme values"))),
+         _model("the batch at that step: NaN/Inf or extreme values")),
+        detected=True),
     # --- memory -------------------------------------------------------------------------------------
     IncidentKind(
         "memory", "oom", "error", "{detail}",
@@ -612,6 +618,94 @@ class DetectionSettings:
         "non-finite grad norm (seed 000 §3.5: the norm climbed for 50 steps before the NaN).", minimum=1)
     explosion_min_points: int = _setting(
         4, "Finite grad-norm values needed in that window to judge a climb.", minimum=2)
+    # --- loss curve and gradient detectors (core/detectors/loss.py, gradient.py) ----------------------
+    # shared ---------------------------------------------------------------------------------------
+    trend_z: float = _setting(
+        2.33, "Mann-Kendall |z| that makes a trend significant (one-sided p ~ 0.01); used by every "
+        "trend test below.", minimum=0.0)
+    confirm_checks: int = _setting(
+        3, "Consecutive steps a loss-curve or clip-stale condition must hold before it opens an incident "
+        "(seed: 'after 3 steps').", minimum=1)
+    # --- loss curve -----------------------------------------------------------------------------------
+    loss_window: int = _setting(
+        40, "Loss values (the rank's last ones, one per step) judged by the oscillation and plateau tests; "
+        "at most DetectionSettings.history_len.", minimum=8)
+    loss_baseline_points: int = _setting(
+        5, "The run's initial loss level is the median of its first this-many finite loss values.", minimum=1)
+    oscillation_min_cv: float = _setting(
+        0.3, "loss/oscillation: robust spread 1.4826 x MAD / median of the window >= this (violent swings).")
+    oscillation_min_level: float = _setting(
+        0.8, "loss/oscillation: the window's median >= this x the initial level (swinging at a high "
+        "level, no real progress); here the lower of the first value and the initial median, since a "
+        "far-too-high LR moves the loss from the first update on.")
+    plateau_min_level: float = _setting(
+        0.9, "loss/plateau: the window's median >= this x the initial level (fell by less than 10% since "
+        "the start: a run that fell and then flattened is converging, not on a plateau).")
+    plateau_max_change: float = _setting(
+        0.1, "loss/plateau: |Theil-Sen slope (through 4-value block medians)| x window <= this x the "
+        "window's median (flat), with no significant Mann-Kendall trend and a spread below "
+        "oscillation_min_cv.")
+    plateau_small_grad: float = _setting(
+        1e-2, "loss/plateau verdict: a median global grad norm below this, a layer with exactly zero "
+        "gradient (last per-layer report) or an LR of 0 means 'optimisation stuck' (saturated or dead "
+        "units, zero LR); otherwise 'capacity or data'.")
+    rise_smooth: int = _setting(
+        5, "loss/rise-after-fall: the loss level is a rolling median of this many values.", minimum=1)
+    rise_min_fall: float = _setting(
+        0.5, "loss/rise-after-fall: the level first fell by >= this x the initial level (to at most half of "
+        "it: a real learning phase; the dips of a flat, noisy loss reach ~30%). Lower it for fine-tuning "
+        "runs that start near their optimum.")
+    rise_min_rise: float = _setting(
+        0.5, "loss/rise-after-fall: then rose again by >= this x that fall above its lowest level.")
+    rise_min_points: int = _setting(
+        8, "loss/rise-after-fall: the fewest values in the Mann-Kendall test of the rebound (z >= "
+        "trend_z), and how many values in a row the rebound must hold (a short spike is not a rebound).",
+        minimum=3)
+    # --- gradient explosion before the NaN --------------------------------------------------------------
+    explosion_sustain: int = _setting(
+        3, "gradient/explosion (before NaN): the last this-many grad norms all >= explosion_jump_factor x "
+        "the running median (one spike is not an explosion).", minimum=1)
+    explosion_trend_points: int = _setting(
+        10, "gradient/explosion (before NaN): the last this-many grad norms rise (Mann-Kendall "
+        "z >= trend_z).", minimum=3)
+    explosion_onset_factor: float = _setting(
+        2.0, "gradient/explosion: first_step is where the norm last rose above this x its running median "
+        "and stayed there.", minimum=1.0)
+    layer_norm_warn: float = _setting(
+        10.0, "Per-layer grad norm above which a layer is named in explosion evidence (seed: > 10 warns).")
+    clip_rate_warn: float = _setting(
+        0.3, "Clip-trigger rate over the explosion window above which it is named in explosion evidence "
+        "(seed: clipping on > 30% of steps).")
+    # --- vanishing ----------------------------------------------------------------------------------------
+    vanishing_ratio: float = _setting(
+        1000.0, "gradient/vanishing: L2 grad norm of the last third of layers / of the first third >= this "
+        "(seed: 3 orders of magnitude).", minimum=1.0)
+    vanishing_min_layers: int = _setting(3, "gradient/vanishing: layers needed in a per-layer report.",
+        minimum=3)
+    vanishing_min_reports: int = _setting(
+        3, "gradient/vanishing: consecutive per-layer reports over the ratio.", minimum=1)
+    # --- clip-stale ---------------------------------------------------------------------------------------
+    clip_stale_window: int = _setting(
+        5, "gradient/clip-stale: steps whose grad norm is compared with the clip threshold (seed: 5).",
+            minimum=1)
+    clip_stale_norm_ratio: float = _setting(
+        0.98, "gradient/clip-stale: mean pre-clip grad norm of the window > this x tau (seed: 0.98) when tau "
+        "is reported; otherwise every step of the window clipped.")
+    clip_stale_curvature: float = _setting(
+        1e-5, "gradient/clip-stale: loss curvature (2nd derivative / loss level, per step^2) below this, or "
+        "within trend_z standard errors of 0 (seed: < 1e-5).")
+    clip_stale_curve_window: int = _setting(
+        20, "gradient/clip-stale: loss values in the curvature fit.", minimum=4)
+    clip_stale_growth: float = _setting(
+        0.05, "Adaptive clip threshold recommended when stale: tau <- tau x (1 + this x stale_count) (seed).")
+    clip_onset_growth: float = _setting(
+        1.2, "Adaptive clip threshold at an explosion onset: tau <- min(this x tau, clip_max_tau) (seed).",
+            minimum=1.0)
+    clip_max_tau: float = _setting(10.0, "Cap of the adaptive clip threshold at an explosion onset (seed).")
+    clip_threshold_metrics: Tuple[str, ...] = _setting(
+        ("grad/clip_threshold", "grad/max_norm"),
+        "Metric names carrying the clip threshold tau (max_norm), when the job reports it; without one, "
+        "tau is bounded by the smallest clipped pre-clip norm.")
     # --- exceptions -----------------------------------------------------------------------------
     incident_on_handled_exceptions: bool = _setting(
         False, "Open a process/exception incident for exceptions the job caught and reported "

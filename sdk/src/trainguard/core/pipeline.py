@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import clusters as clusters_mod
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
-from .detectors import loss, process, progress
+from .detectors import gradient, loss, process, progress
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
 from .records import (
@@ -211,7 +211,11 @@ class Pipeline:
             self._on_exception(run, rank, ev, settings)
         elif ev.kind == "lifecycle":
             self._on_lifecycle(run, rank, ev, settings)
-        # log and memory payloads: identity and liveness only, for now (issue 4 reads them)
+        elif ev.kind == "log":  # NCCL / CUDA error text printed by the job: the error-text classifier
+            finding = process.on_log(run, rank, ev.raw, ev.body, ev.step, ev.time_ns, settings)
+            if finding is not None:
+                self._apply(run, finding, settings)
+        # memory payloads: identity and liveness only, for now
         self._mark(run)
 
     @staticmethod
@@ -235,8 +239,11 @@ class Pipeline:
             for name, step, value in recent_points(ev.raw):
                 if settings.keeps_history(name):
                     rank.observe_point(name, step, value, ev.time_ns, settings, context=True)
-        for finding in loss.on_metrics(run, rank, points, ev.time_ns, ev.event_id, settings):
-            self._apply(run, finding, settings)
+        # in this order: a non-finite loss is judged first (explosion / NaN source / plain), then the
+        # gradient detectors (which see that), then the loss curve (which defers to all of them)
+        for detect in (loss.on_metrics, gradient.on_metrics, loss.on_curve):
+            for finding in detect(run, rank, points, ev.time_ns, ev.event_id, settings):
+                self._apply(run, finding, settings)
 
     def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         if ev.time_ns <= rank.last_hb_ns:

@@ -67,6 +67,9 @@ class RankState:
     history_floor: Dict[str, int] = field(default_factory=dict)  # name -> lowest step still accepted
     # name -> (step, time_ns) of its first non-finite value (history names only)
     first_nonfinite: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+    # detector family -> its streaming state for this rank: small, JSON-able (finite floats only), bounded
+    # by the family's own settings (see trainguard.core.detectors.gradient.rank_state)
+    detectors: Dict[str, Any] = field(default_factory=dict)
 
     # --- elementary updates -----------------------------------------------------------------
     def touch(self, time_ns: int, host: str, pid: int) -> None:
@@ -151,12 +154,15 @@ class RankState:
                         for name, series in self.history.items()},
             "history_floor": self.history_floor,
             "first_nonfinite": {name: list(v) for name, v in self.first_nonfinite.items()},
+            "detectors": self.detectors,
         }
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> RankState:
-        plain = {k: v for k, v in data.items() if k not in ("history", "history_floor", "first_nonfinite")}
+        plain = {k: v for k, v in data.items()
+                 if k not in ("history", "history_floor", "first_nonfinite", "detectors")}
         state = cls(**plain)
+        state.detectors = dict(data.get("detectors", {}))
         state.history_floor = {name: int(v) for name, v in data.get("history_floor", {}).items()}
         state.history = {name: {int(s): (from_wire_float(v), int(t)) for s, v, t in points}
                          for name, points in data.get("history", {}).items()}

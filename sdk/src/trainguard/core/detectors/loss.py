@@ -1,19 +1,48 @@
-"""Non-finite loss, and the first correlation rule: was it a gradient explosion?
+"""Loss detectors: a non-finite loss (told apart from a gradient explosion and a NaN source), and the
+three non-convergence shapes of a loss curve (oscillation, rise after a fall, plateau).
 
-Rule (DESIGN §4 "Correlation", first version). When a loss metric (``settings.loss_metrics``) of a rank
+**Non-finite loss** (DESIGN §4 "Correlation"). When a loss metric (``settings.loss_metrics``) of a rank
 becomes NaN or +-Inf at step L, look at that rank's gradient-norm history (``settings.grad_norm_metrics``)
 over the steps [L - explosion_window_steps, L):
 
-* **non-finite first**: a grad-norm value was NaN/Inf at a step before L; or
-* **climb**: with at least ``explosion_min_points`` finite values, the peak is
-  >= ``explosion_jump_factor`` x the running median (the median of the earlier half of the values
-  before the peak: a gradual climb does not inflate its own baseline).
+* **climb**: with at least ``explosion_min_points`` finite values, the peak is >= ``explosion_jump_factor``
+  x the running median (the median of the earlier half of the values before the peak: a gradual climb
+  does not inflate its own baseline) -> ``gradient/explosion`` (root cause: data outlier / LR / clipping);
+  a grad norm that went non-finite before the loss is part of that story;
+* otherwise, a **non-finite gradient** at a step <= L (global norm, or per-layer norms) with no climb
+  before it -> ``gradient/nan-source`` (see :mod:`.gradient`: the first non-finite value and its layers);
+* otherwise ``loss/non_finite``.
 
-Either way the incident is ``gradient/explosion`` (root cause: data outlier / LR / clipping), otherwise
-``loss/non_finite``. One incident per run (slot ``numeric``) merges all ranks; the rank whose signal came
-first leads; ``first_step`` is the first non-finite step of the evidence (the grad norm's when it went
-non-finite before the loss). A later rank whose evidence shows an explosion re-classifies a
-``loss/non_finite`` incident (same id). Every further non-finite loss value counts as a signal.
+One incident per run (slot ``numeric``) merges all ranks; the rank whose signal came first leads;
+``first_step`` is the first non-finite step of the evidence. A later rank whose evidence shows an explosion
+re-classifies a ``loss/non_finite`` incident (same id). If the incident was opened before the NaN (the
+climb rule of :func:`trainguard.core.detectors.gradient.check_climb`, or a NaN source with a finite
+loss), the rank's first non-finite loss joins it as evidence and the title's loss value. Every further
+non-finite loss value counts as a signal.
+
+**Loss curve** (:func:`on_curve`, seed 000 §3.1), checked once per new finite loss value of a rank
+against the run's initial level (median of its first ``loss_baseline_points`` values; losses are assumed
+positive, as training losses are) and a window of its last ``loss_window`` values, all thresholds relative
+so they hold for any loss scale:
+
+* **loss/oscillation**: robust spread (1.4826 MAD / median) >= ``oscillation_min_cv``, median >=
+  ``oscillation_min_level`` x initial, and no significant trend either way (Mann-Kendall |z| < trend_z);
+* **loss/rise-after-fall**: the level (rolling median of ``rise_smooth``) fell to its lowest by >=
+  ``rise_min_fall`` x initial (here the higher of the first value and the initial median: a fast start
+  already falls within the first values), then rose again by >= ``rise_min_rise`` x that fall with a
+  significant upward trend since the lowest point (z >= trend_z); ``first_step`` is the turning point;
+* **loss/plateau**: median >= ``plateau_min_level`` x initial (no progress since the start), flat
+  (|Theil-Sen slope of 4-value block medians| x window <= ``plateau_max_change`` x median, |z| <
+  trend_z) and not swinging (spread < oscillation_min_cv). The gradient statistics give the verdict the
+  seed asks for: a median grad norm below ``plateau_small_grad``, a layer with exactly zero gradient (or
+  an LR of 0) is an optimisation problem (saturated or dead units, LR), otherwise capacity or data.
+
+Each must hold on ``confirm_checks`` consecutive values (rise-after-fall: ``rise_min_points``, so that a
+short spike is not a rebound; a rise is also not judged while the gradient norm itself climbs, which is
+the explosion rule's call). One loss-curve incident explains a rank's curve:
+while one is open on a rank (or a ``numeric``, vanishing or clip-stale incident, which explain a rising or
+flat loss better), the others are not opened for it. An open one is refreshed (``last_step``) while its
+condition holds (checked every max(confirm_checks, loss_window / 4) values).
 """
 
 from __future__ import annotations
@@ -21,111 +50,45 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import robust
 from ..catalogue import DetectionSettings
 from ..events import wire_float
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from . import fmt_number, window
+from .gradient import (
+    CLIP_STALE_KEY,
+    NUMERIC_KEY,
+    RISE,
+    VANISHING_KEY,
+    Explosion,
+    LossGradientSettings,
+    climb_baseline,
+    find_explosion,
+    finite_series,
+    grad_metric,
+    lr_span,
+    nan_source,
+    nan_source_evidence,
+    numeric_final,
+    point_time,
+    rank_has_open,
+    rank_state,
+    recent,
+    upgrades,
+)
 
-NUMERIC_KEY = "numeric"
+__all__ = ["NUMERIC_KEY", "Explosion", "find_explosion", "on_curve", "on_metrics"]
 
-
-@dataclass
-class Explosion:
-    """The gradient evidence that turns a non-finite loss into a gradient explosion."""
-
-    metric: str
-    detail: str                  # one sentence, for the summary
-    short: str = ""              # a few words, for the title
-    evidence: List[Evidence] = field(default_factory=list)
-    timeline: List[TimelineEntry] = field(default_factory=list)
-    nonfinite_step: Optional[int] = None
-    earliest_ns: int = 0
-
-
-def _climb(finite: Sequence[Tuple[int, float, int]], settings: DetectionSettings
-           ) -> Optional[Tuple[Tuple[int, float, int], float, Tuple[int, float, int]]]:
-    """(peak, baseline median, onset point) when the values jump >= the factor above their baseline."""
-    if len(finite) < settings.explosion_min_points:
-        return None
-    peak = max(finite, key=lambda p: (p[1], -p[0]))
-    before = [p for p in finite if p[0] < peak[0]]
-    if len(before) < settings.explosion_min_points - 1:
-        return None
-    earlier_half = before[: max(1, (len(before) + 1) // 2)]
-    baseline = statistics.median(v for _s, v, _t in earlier_half)
-    if baseline <= 0 or peak[1] < settings.explosion_jump_factor * baseline:
-        return None
-    onset = next(p for p in finite if p[1] >= settings.explosion_jump_factor * baseline)
-    return peak, baseline, onset
-
-
-def find_explosion(rank: RankState, loss_step: int, time_ns: int, settings: DetectionSettings
-                   ) -> Optional[Explosion]:
-    """The explosion evidence in ``rank``'s gradient-norm history before ``loss_step``, if any."""
-    lo = loss_step - settings.explosion_window_steps
-    for name in settings.grad_norm_metrics:
-        if name not in rank.history:
-            continue
-        series = rank.series(name, lo, loss_step - 1)
-        nonfinite = next((p for p in series if not math.isfinite(p[1])), None)
-        first = rank.first_nonfinite.get(name)
-        earlier = nonfinite is None or (first is not None and first[0] < nonfinite[0])
-        if first is not None and lo <= first[0] < loss_step and earlier:
-            kept = rank.history[name].get(first[0])  # gone only when the history moved past it
-            nonfinite = (first[0], kept[0] if kept is not None else math.nan, first[1])
-        finite = [p for p in series if math.isfinite(p[1]) and (nonfinite is None or p[0] < nonfinite[0])]
-        climb = _climb(finite, settings)
-        if climb is None and nonfinite is None:
-            continue
-        found = Explosion(metric=name, detail="")
-        win = window(rank, name, loss_step, settings.evidence_window)
-        parts: List[str] = []
-        short: List[str] = []
-        times: List[int] = []
-        if climb is not None:
-            peak, baseline, onset = climb
-            ratio = peak[1] / baseline
-            parts.append(f"{name} rose to {fmt_number(peak[1])} ({ratio:.3g}x its median "
-                         f"{fmt_number(baseline)}) by step {peak[0]}")
-            short.append(f"{name} {ratio:.3g}x its median by step {peak[0]}")
-            found.evidence.append(Evidence(
-                rule="gradient.norm_climb",
-                description=(f"{name} peaked at {fmt_number(peak[1])} at step {peak[0]}, {ratio:.3g}x its "
-                             f"running median {fmt_number(baseline)}; first above "
-                             f"{settings.explosion_jump_factor:g}x at step {onset[0]} "
-                             f"({fmt_number(onset[1])})"),
-                step=onset[0], time_ns=onset[2] or time_ns, rank=rank.rank, metric=name,
-                threshold=settings.explosion_jump_factor, value=ratio, window=win))
-            found.timeline.append(TimelineEntry(
-                time_ns=onset[2] or time_ns, step=onset[0], rank=rank.rank,
-                what=(f"rank {rank.rank}: {name} {fmt_number(onset[1])} at step {onset[0]}, "
-                      f"{onset[1] / baseline:.3g}x its median")))
-            times.append(onset[2])
-        if nonfinite is not None:
-            step, value, t = nonfinite
-            shown = fmt_number(value)
-            parts.append(f"{name} became {shown} at step {step}")
-            short.append(f"{shown} at step {step}" if short else f"{name} {shown} at step {step}")
-            found.nonfinite_step = step
-            found.evidence.append(Evidence(
-                rule="gradient.non_finite",
-                description=f"{name} was {shown} at step {step}, before the loss went non-finite "
-                            f"(step {loss_step})",
-                step=step, time_ns=t or time_ns, rank=rank.rank, metric=name,
-                value=wire_float(value), window=win))
-            found.timeline.append(TimelineEntry(
-                time_ns=t or time_ns, step=step, rank=rank.rank,
-                what=f"rank {rank.rank}: {name} became {shown} at step {step}"))
-            times.append(t)
-        found.detail = ", then ".join(parts)
-        found.short = ", ".join(short)
-        found.earliest_ns = min([t for t in times if t > 0] + [time_ns])
-        return found
-    return None
+CURVE_KINDS = ("rise-after-fall", "oscillation", "plateau")
+"""Loss-curve subtypes, in the order they are judged (the first that confirms wins)."""
+CURVE_KEYS = {"rise-after-fall": NUMERIC_KEY, "oscillation": "loss:oscillation", "plateau": "loss:plateau"}
+"""Their incident slots (one per run each, all ranks merged). A rise after a fall shares the ``numeric``
+slot: when it turns out to be the start of an explosion or a NaN, that finding re-classifies it (one
+incident, first_step = where the loss turned)."""
 
 
 def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
@@ -140,25 +103,58 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
 def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: float, time_ns: int,
                   event_id: str, settings: DetectionSettings) -> Finding:
     shown = fmt_number(value)
-    current = run.incidents.get(NUMERIC_KEY)
-    if current is not None and rank.rank in current.rank_first:
-        # the same rank again: one more signal, the story is already told
-        return Finding(current.record.category, current.record.subtype, NUMERIC_KEY, rank.rank, step, time_ns,
-                       host=rank.host, event_id=event_id)
-    explosion = find_explosion(rank, step, time_ns, settings)
     evidence = [Evidence(rule="loss.non_finite", description=f"{name} was {shown} at step {step} on rank "
                          f"{rank.rank}", step=step, time_ns=time_ns, rank=rank.rank, metric=name,
                          value=wire_float(value), window=window(rank, name, step, settings.evidence_window),
                          event_id=event_id)]
     timeline = [TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
                               what=f"rank {rank.rank}: {name} became {shown} at step {step}")]
+    state = rank_state(rank)
+    first_time = "loss_nonfinite" not in state
+    if first_time:
+        state["loss_nonfinite"] = step
+    current = run.incidents.get(NUMERIC_KEY)
+    escalate = current is not None and (current.record.category, current.record.subtype) == RISE
+    if current is not None and rank.rank in current.rank_first and not escalate:
+        # the same rank again: one more signal; its first non-finite loss joins an incident opened earlier
+        if not first_time:
+            return Finding(current.record.category, current.record.subtype, NUMERIC_KEY, rank.rank, step,
+                           time_ns, host=rank.host, event_id=event_id)
+        exploded = (current.record.category, current.record.subtype) == ("gradient", "explosion")
+        return Finding(current.record.category, current.record.subtype, NUMERIC_KEY, rank.rank, step, time_ns,
+                       host=rank.host, event_id=event_id, evidence=evidence, timeline=timeline,
+                       values={"value": shown, "step": step} if exploded else {}, update_values=exploded)
+    explosion = find_explosion(rank, step, time_ns, settings)
     values = {"value": shown, "step": step, "metric": name, "rank": rank.rank, "detail": ""}
     if explosion is None:
+        source = nan_source(rank)
+        if source is not None and source.step <= step:
+            began = min(step, source.step)
+            gname = grad_metric(rank, settings)
+            before = finite_series(rank, gname, began - settings.explosion_window_steps, began - 1) \
+                if gname else []
+            calm = (f"; before it {gname} was steady (median "
+                    f"{fmt_number(robust.median([v for _s, v, _t in before]))}, max "
+                    f"{fmt_number(max(v for _s, v, _t in before))}: no climb, so not an explosion)"
+                    if len(before) >= 2 else "")
+            values.update({"detail": source.detail, "step": began})
+            return Finding(
+                "gradient", "nan-source", NUMERIC_KEY, rank.rank, began, source.time_ns or time_ns,
+                seen_ns=time_ns, seen_step=step, host=rank.host, event_id=event_id,
+                evidence=[nan_source_evidence(rank, source, time_ns, settings), *evidence],
+                timeline=[TimelineEntry(time_ns=source.time_ns or time_ns, step=source.step, rank=rank.rank,
+                                        what=f"rank {rank.rank}: {source.metric} became {source.value} at "
+                                             f"step {source.step}"), *timeline],
+                values=values, relabel=upgrades(run, "gradient", "nan-source"),
+                summary=(f"On rank {rank.rank}, {name} became {shown} at step {step}; {source.description}"
+                         f"{calm}. Look at the batch of step {source.step} and at log/div/sqrt in the loss "
+                         f"and the named layers."))
         grads = [g for g in settings.grad_norm_metrics if g in rank.history]
         why = (f"{', '.join(grads)} showed no climb (< {settings.explosion_jump_factor:g}x its median) and "
                f"stayed finite before it" if grads else "no gradient-norm metric was reported")
         return Finding("loss", "non_finite", NUMERIC_KEY, rank.rank, step, time_ns, host=rank.host,
                        event_id=event_id, evidence=evidence, timeline=timeline, values=values,
+                       relabel=upgrades(run, "loss", "non_finite"),
                        summary=f"On rank {rank.rank}, {name} became {shown} at step {step}; {why}.")
     began = step if explosion.nonfinite_step is None else min(step, explosion.nonfinite_step)
     values["detail"] = explosion.short
@@ -170,3 +166,302 @@ def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: f
         summary=(f"On rank {rank.rank}, {explosion.detail}, and {name} became {shown} at step {step}: the "
                  f"gradients blew up first, so this is a gradient explosion (look for a data outlier, the "
                  f"learning rate or the clipping), not a loss or communication problem."))
+
+
+# ----------------------------------------------------------------------------------------------------
+# the loss curve
+
+
+@dataclass
+class _Check:
+    """One loss-curve rule's verdict on the current window. ``summary`` may hold ``{since}``, filled in
+    with the first step of the streak when the finding is made."""
+
+    holds: bool
+    since: int = -1              # where the condition began, as this check sees it
+    deferred: bool = False       # not judged now (neither counts nor resets the streak)
+    evidence: List[Evidence] = field(default_factory=list)
+    detail: str = ""
+    summary: str = ""
+
+
+def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
+             event_id: str, settings: DetectionSettings) -> List[Finding]:
+    """Loss-curve findings for one metric batch of ``rank`` (already folded into its history): judged
+    once per new finite loss value (module docstring)."""
+    point = next(((n, s, v) for n, s, v in points if settings.is_loss(n) and math.isfinite(v)), None)
+    if point is None:
+        return []
+    name, step, value = point
+    tuned = settings
+    state: Dict[str, Any] = rank_state(rank).setdefault("loss", {})
+    if state.setdefault("metric", name) != name or step <= state.get("last", -1):
+        return []
+    state["last"] = step
+    init: List[float] = state.setdefault("init", [])
+    if len(init) < tuned.loss_baseline_points:
+        init.append(value)
+        return []
+    initial = statistics.median(init)
+    series = recent(rank, name, tuned.loss_window, step)
+    _track_level(state, series, tuned)
+    if initial <= 0 or numeric_final(run, rank) or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY):
+        return []
+    open_kind = next((k for k in CURVE_KINDS if rank_has_open(run, rank, CURVE_KEYS[k])), None)
+    if open_kind is not None and state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
+        return []  # an open incident's last step is refreshed every few values, not on each
+    streaks: Dict[str, int] = state.setdefault("streak", {})
+    since: Dict[str, int] = state.setdefault("since", {})
+    win = _Window(series, tuned.loss_window)
+    for kind in CURVE_KINDS:
+        if open_kind is not None and kind != open_kind:
+            continue
+        check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, False)
+        if check.deferred:
+            continue
+        if not check.holds:
+            streaks[kind] = 0
+            continue
+        if streaks.get(kind, 0) == 0:
+            since[kind] = check.since
+        streaks[kind] = streaks.get(kind, 0) + 1
+        first = since[kind]
+        began_ns = point_time(rank, name, first, time_ns)
+        if open_kind is not None:  # still so: extend the incident's last step
+            return [Finding("loss", kind, CURVE_KEYS[kind], rank.rank, first, began_ns, seen_ns=time_ns,
+                            seen_step=step, host=rank.host, event_id=event_id, counts=False)]
+        needed = tuned.rise_min_points if kind == "rise-after-fall" else tuned.confirm_checks
+        if streaks[kind] < needed:
+            continue
+        check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, True)
+        return [Finding(
+            "loss", kind, CURVE_KEYS[kind], rank.rank, first, began_ns, seen_ns=time_ns, seen_step=step,
+            host=rank.host, event_id=event_id, evidence=check.evidence,
+            timeline=[TimelineEntry(time_ns=began_ns, step=first, rank=rank.rank,
+                                    what=f"rank {rank.rank}: {name} {check.detail} since step {first}"),
+                      TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                                    what=f"rank {rank.rank}: confirmed on {streaks[kind]} values in a row")],
+            values={"step": first, "detail": check.detail, "value": fmt_number(value), "rank": rank.rank},
+            summary=f"On rank {rank.rank}, {check.summary.format(since=first)}")]
+    return []
+
+
+def _track_level(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]],
+                 tuned: LossGradientSettings) -> None:
+    """Fold the newest rolling-median level into the lowest level seen (streaming: a few numbers)."""
+    width = tuned.rise_smooth
+    if len(series) < width:
+        return
+    level = statistics.median(v for _s, v, _t in series[-width:])
+    centre = series[-(width // 2) - 1][0]
+    state["levels"] = state.get("levels", 0) + 1
+    if "best" not in state or level < state["best"]:
+        state["best"], state["best_step"] = level, centre
+    state["level"] = level
+
+
+class _Window:
+    """The last ``size`` loss values, with their statistics computed once, when first asked for."""
+
+    def __init__(self, series: Sequence[Tuple[int, float, int]], size: int) -> None:
+        self.full = len(series) >= size
+        tail = series[-size:]
+        self.steps = [s for s, _v, _t in tail]
+        self.values = [v for _s, v, _t in tail]
+        self._median: Optional[float] = None
+        self._cv: Optional[float] = None
+        self._trend: Optional[robust.MannKendall] = None
+
+    @property
+    def median(self) -> float:
+        if self._median is None:
+            self._median = robust.median(self.values)
+        return self._median
+
+    @property
+    def cv(self) -> float:
+        if self._cv is None:
+            self._cv = robust.robust_cv(self.values)
+        return self._cv
+
+    @property
+    def trend(self) -> robust.MannKendall:
+        if self._trend is None:
+            self._trend = robust.mann_kendall(self.values)
+        return self._trend
+
+
+def _braces(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]], win: _Window,
+                       initial: float, state: Dict[str, Any], settings: DetectionSettings,
+                       tuned: LossGradientSettings, explain: bool) -> _Check:
+    if not win.full:
+        return _Check(False)
+    # the first value is the untrained model's loss: a far-too-high LR moves the loss from the first
+    # update on, so the initial median may already be part of the swings
+    initial = min(initial, state["init"][0])
+    if win.median < tuned.oscillation_min_level * initial or win.cv < tuned.oscillation_min_cv:
+        return _Check(False)
+    trend = win.trend
+    if abs(trend.z) >= tuned.trend_z:
+        return _Check(False)
+    if not explain:
+        return _Check(True, since=win.steps[0])
+    steps, values, med, cv = win.steps, win.values, win.median, win.cv
+    lo, hi = min(values), max(values)
+    level = med / initial
+    description = (f"{name} over steps {steps[0]}-{steps[-1]}: robust spread {cv:.2f} of its median "
+                   f"{fmt_number(med)} (>= {tuned.oscillation_min_cv:g}), median {level:.2f}x the initial "
+                   f"level {fmt_number(initial)} (>= {tuned.oscillation_min_level:g}x), no trend "
+                   f"(Mann-Kendall z = {trend.z:.2f}, |z| < {tuned.trend_z:g})")
+    summary = (f"{name} has been swinging between {fmt_number(lo)} and {fmt_number(hi)} (spread {cv:.2f} of "
+               f"its level) since step {{since}} without a downward trend, at {level:.2f}x where it started"
+               + _braces(lr_span(rank, steps[0], steps[-1]))
+               + ": typical of a learning rate too high for the batch size, or of label noise.")
+    return _Check(True, since=steps[0], detail=f"swinging {fmt_number(lo)}-{fmt_number(hi)}", summary=summary,
+                  evidence=[Evidence(rule="loss.oscillation", description=description, step=steps[0],
+                                     time_ns=point_time(rank, name, steps[0], 0), rank=rank.rank, metric=name,
+                                     threshold=tuned.oscillation_min_cv, value=cv,
+                                     window=window(rank, name, steps[-1], settings.evidence_window))])
+
+
+def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]], win: _Window,
+                initial: float, state: Dict[str, Any], settings: DetectionSettings,
+                tuned: LossGradientSettings, explain: bool) -> _Check:
+    best, best_step, level = state.get("best"), state.get("best_step", -1), state.get("level")
+    if best is None or level is None:
+        return _Check(False)
+    # where it started: the first value (the untrained model) when the first values already fell fast
+    initial = max(initial, state["init"][0])
+    fall = initial - best
+    rise = level - best
+    if fall < tuned.rise_min_fall * initial or rise < tuned.rise_min_rise * fall:
+        return _Check(False)
+    longer = recent(rank, name, 2 * tuned.loss_window, series[-1][0])
+    after = [(s, v) for s, v, _t in longer if s >= best_step]
+    if len(after) < tuned.rise_min_points:
+        return _Check(False)
+    most = 2 * tuned.loss_window
+    if len(after) > most:  # keep the test bounded: an even subsample, first and last kept
+        after = [after[round(i * (len(after) - 1) / (most - 1))] for i in range(most)]
+    trend = robust.mann_kendall([v for _s, v in after])
+    if trend.z < tuned.trend_z:
+        return _Check(False)
+    if _grad_climbing(rank, series[-1][0], settings, tuned):
+        return _Check(False, deferred=True)  # a rising loss with a climbing gradient: the explosion rule's
+    if not explain:
+        return _Check(True, since=best_step)
+    now = series[-1][0]
+    description = (f"{name} level (rolling median of {tuned.rise_smooth}) fell from {fmt_number(initial)} to "
+                   f"{fmt_number(best)} at step {best_step} (a fall of {fall / initial:.0%} >= "
+                   f"{tuned.rise_min_fall:.0%}), then rose to {fmt_number(level)} by step {now} "
+                   f"({rise / fall:.2f}x the fall >= {tuned.rise_min_rise:g}x; Mann-Kendall "
+                   f"z = {trend.z:.2f} >= {tuned.trend_z:g} over {trend.n} values)")
+    summary = (f"{name} fell from {fmt_number(initial)} to {fmt_number(best)} by step {best_step}, then "
+               f"turned and rose to {fmt_number(level)}" + _braces(lr_span(rank, best_step, now))
+               + ": a too-high peak learning rate after warmup, a schedule that increases the LR, or "
+                 "overfitting of noisy samples.")
+    return _Check(True, since=best_step, detail=f"up from {fmt_number(best)} to {fmt_number(level)}",
+                  summary=summary,
+                  evidence=[Evidence(rule="loss.rise_after_fall", description=description, step=best_step,
+                                     time_ns=point_time(rank, name, best_step, 0), rank=rank.rank,
+                                     metric=name,
+                                     threshold=tuned.rise_min_rise, value=rise / fall,
+                                     window=window(rank, name, now, settings.evidence_window))])
+
+
+def _grad_climbing(rank: RankState, step: int, settings: DetectionSettings,
+                   tuned: LossGradientSettings) -> bool:
+    """Whether the rank's gradient norm is climbing: the latest >= explosion_onset_factor x its running
+    median, rising over the last explosion_trend_points values."""
+    gname = grad_metric(rank, settings)
+    if gname is None:
+        return False
+    lo = step - settings.explosion_window_steps
+    values = [v for s, v, _t in recent(rank, gname, settings.explosion_window_steps + 1, step) if s >= lo]
+    if len(values) < tuned.explosion_trend_points:
+        return False
+    baseline = climb_baseline(values)
+    return baseline > 0 and values[-1] >= tuned.explosion_onset_factor * baseline and \
+        robust.mann_kendall(values[-tuned.explosion_trend_points:]).z >= tuned.trend_z
+
+
+def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]], win: _Window,
+                   initial: float, state: Dict[str, Any], settings: DetectionSettings,
+                   tuned: LossGradientSettings, explain: bool) -> _Check:
+    if not win.full or win.median < tuned.plateau_min_level * initial or win.cv >= tuned.oscillation_min_cv:
+        return _Check(False)
+    trend = win.trend
+    if abs(trend.z) >= tuned.trend_z:
+        return _Check(False)
+    steps, values, med = win.steps, win.values, win.median
+    # Theil-Sen slope through the medians of blocks of 4 values: robust, and cheap on any window
+    blocks = [(statistics.median(steps[i:i + 4]), statistics.median(values[i:i + 4]))
+              for i in range(0, len(values) - 3, 4)]
+    slope, _ = robust.theil_sen([b[0] for b in blocks], [b[1] for b in blocks])
+    change = abs(slope) * (steps[-1] - steps[0] + 1)
+    if change > tuned.plateau_max_change * med:
+        return _Check(False)
+    if not explain:
+        return _Check(True, since=steps[0])
+    verdict, grad_evidence = _plateau_verdict(rank, steps[0], steps[-1], settings, tuned)
+    level = med / initial
+    description = (f"{name} over steps {steps[0]}-{steps[-1]}: median {fmt_number(med)} = {level:.2f}x the "
+                   f"initial level (>= {tuned.plateau_min_level:g}x), trend {change / med:.1%} of the level "
+                   f"over the window (<= {tuned.plateau_max_change:.0%}), Mann-Kendall z = {trend.z:.2f} "
+                   f"(|z| < {tuned.trend_z:g})")
+    evidence = [Evidence(rule="loss.plateau", description=description, step=steps[0],
+                         time_ns=point_time(rank, name, steps[0], 0), rank=rank.rank, metric=name,
+                         threshold=tuned.plateau_max_change, value=change / med,
+                         window=window(rank, name, steps[-1], settings.evidence_window)), *grad_evidence]
+    summary = (f"{name} has stayed at {fmt_number(med)} ({level:.2f}x where it started) since step "
+               f"{{since}}, neither falling nor rising. " + _braces(verdict))
+    return _Check(True, since=steps[0], detail=f"at {fmt_number(med)}", evidence=evidence, summary=summary)
+
+
+def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSettings,
+                     tuned: LossGradientSettings) -> Tuple[str, List[Evidence]]:
+    """The seed's "capacity or optimisation?" from the gradient statistics of the window."""
+    gname = grad_metric(rank, settings)
+    lrs = next((finite_series(rank, n, lo, hi) for n in ("opt/lr", "lr") if n in rank.history), [])
+    lr_zero = bool(lrs) and all(v == 0 for _s, v, _t in lrs)
+    norms = finite_series(rank, gname, lo, hi) if gname is not None else []
+    if not norms:
+        return ("Optimisation: the learning rate is 0." if lr_zero else
+                "No gradient norms were reported, so capacity and optimisation cannot be told apart."), []
+    med = robust.median([v for _s, v, _t in norms])
+    layers = rank_state(rank).get("layers", {})
+    dead: List[str] = list(layers.get("zero", []))
+    stuck = lr_zero or bool(dead) or med < tuned.plateau_small_grad
+    if lr_zero:
+        verdict = "Optimisation: the learning rate is 0."
+    elif dead:
+        verdict = (f"Optimisation, not capacity: {len(dead)} of {layers.get('count', '?')} layers have "
+                   f"exactly zero gradient ({', '.join(dead[:8])}) on the last per-layer report (step "
+                   f"{layers.get('last', '?')}): dead ReLUs (a bad initialisation or a too-high LR killed "
+                   f"them) or a part of the model detached from the loss; only the rest learns (median "
+                   f"{gname} {fmt_number(med)}).")
+    elif stuck:
+        verdict = (f"Optimisation, not capacity: the gradients are tiny (median {gname} {fmt_number(med)} < "
+                   f"{tuned.plateau_small_grad:g}), so updates cannot move the loss: saturated sigmoid/tanh "
+                   f"units or dead ReLUs (check the initialisation scale and normalisation), or sparse "
+                   f"gradients.")
+    else:
+        verdict = (f"Gradients are not small (median {gname} {fmt_number(med)} >= "
+                   f"{tuned.plateau_small_grad:g}): the optimiser is moving but the loss does not improve: "
+                   f"model capacity, labels without signal, or a learning rate / momentum that cancels the "
+                   f"updates.")
+    dead_text = f"; zero-gradient layers: {', '.join(dead[:8])}" if dead else ""
+    return verdict, [Evidence(
+        rule="gradient.plateau_stats",
+        description=(f"{gname} over steps {lo}-{hi}: median {fmt_number(med)} (threshold "
+                     f"{tuned.plateau_small_grad:g}){dead_text}; verdict: "
+                     f"{'optimisation' if stuck else 'capacity or data'}"),
+        step=lo, rank=rank.rank, metric=gname or "", threshold=tuned.plateau_small_grad, value=med,
+        window=window(rank, gname or "", hi, settings.evidence_window))]
+
+
+_CHECKS = {"oscillation": _check_oscillation, "rise-after-fall": _check_rise, "plateau": _check_plateau}

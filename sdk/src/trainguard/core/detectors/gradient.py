@@ -1,0 +1,779 @@
+"""Gradient detectors: explosion before the NaN, vanishing gradients, stale clipping, the NaN source.
+
+All four read what ``watch()`` sends (``grad/global_norm`` before clipping, ``grad/clip_triggered``,
+``grad/layer/<name>`` every ``per_layer_every`` steps, in the model's parameter order) and the user's loss.
+They are streaming: each keeps a few numbers per rank in ``RankState.detectors["lg"]`` (bounded, JSON) and
+reads at most ``explosion_window_steps`` / ``clip_stale_curve_window`` points of the rank's history. Every
+check runs once per new step (a replayed or late point never counts twice). Thresholds live in
+:class:`LossGradientSettings` (defaults = the seeds' numbers; see the table in its docstring).
+
+Rules (their thresholds are documented fields of ``DetectionSettings``):
+
+* **gradient/explosion, before the NaN** (:func:`check_climb`) -- on a rank whose loss is still finite:
+  the last ``explosion_sustain`` grad norms are all >= ``explosion_jump_factor`` x the running median
+  (median of the earlier half of the last ``explosion_window_steps`` steps, so a gradual climb does not
+  inflate its own baseline) **and** the last ``explosion_trend_points`` norms rise (Mann-Kendall
+  z >= ``trend_z``) **and** the loss over the climb (since the onset, at least those steps) is not falling
+  significantly (a norm that grows while the loss falls is a model starting to learn). One spike is not
+  an explosion; a sustained, still-rising climb is. ``first_step`` is the onset: the first step of the
+  trailing run of norms >= ``explosion_onset_factor`` x the baseline. Evidence: the norm window, the
+  ratio, the LR over the climb, the clip-trigger rate (> 30% is the seed's warning) and per-layer norms >
+  ``layer_norm_warn``. Opens the run's ``numeric`` incident (or re-classifies the rise-after-fall that
+  was its beginning), which the non-finite loss later joins (see :mod:`.loss`).
+* **gradient/vanishing** (:func:`check_layers`) -- per-layer norms of >= ``vanishing_min_layers`` layers:
+  L2 norm of the last third / L2 norm of the first third (in parameter order, input first) >=
+  ``vanishing_ratio`` (seed: 3 orders of magnitude) on ``vanishing_min_reports`` consecutive reports.
+* **gradient/clip-stale** (:func:`check_clip`) -- the seed's rule on what the SDK reports: the norm is
+  measured *before* clipping, so "mean norm of the last 5 steps > 0.98 x tau" holds exactly when it is
+  computable (tau reported, see ``clip_threshold_metrics``) and otherwise reads "every one of the last
+  ``clip_stale_window`` steps was clipped"; **and** the loss curve is not bending: the curvature (second
+  derivative of a least-squares quadratic over the last ``clip_stale_curve_window`` losses, relative to
+  the loss level) is below ``clip_stale_curvature`` in magnitude (seed: 1e-5) or within ``trend_z``
+  standard errors of 0 (minibatch noise makes 1e-5 unmeasurable on a raw loss; a clipped phase that
+  still makes normal progress has a clearly curved loss: decelerating decay, or a warmup's acceleration);
+  for ``confirm_checks`` consecutive steps (seed: after 3 steps). The evidence carries the adaptive
+  threshold of the seed as a recommendation: stale tau <- tau (1 + 0.05 stale_count), explosion onset
+  tau <- min(1.2 tau, 10).
+* **gradient/nan-source** -- a non-finite gradient norm (without a GradScaler overflow) on a rank with no
+  climb before it: where the first NaN/Inf appeared (step, metric) and, when per-layer norms were
+  reported at that step, which layers (a prefix of the model, in parameter order, means the NaN arose in
+  the backward of the deepest one; all layers at once means the forward pass or the loss). Judged once the
+  step's loss is known: a non-finite loss at that step is classified by :mod:`.loss` (which calls
+  :func:`nan_source`), a finite loss (or the next step) opens it here (an explosion instead when the norm
+  climbed before it: :func:`find_explosion`, the rule the non-finite loss uses).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import robust
+from ..catalogue import DetectionSettings
+from ..events import from_wire_float, wire_float
+from ..incidents import Finding
+from ..records import Evidence, TimelineEntry
+from ..state import RankState, RunState
+from . import fmt_number, window
+
+NUMERIC_KEY = "numeric"
+"""The incident slot of the run's divergence story (one per run): non-finite loss, gradient explosion,
+NaN source, and the loss rising after a fall, which they re-classify when it turns out to be their start."""
+RISE = ("loss", "rise-after-fall")
+"""The one kind in the numeric slot that a later explosion / NaN re-classifies (escalates)."""
+VANISHING_KEY = "gradient:vanishing"
+CLIP_STALE_KEY = "gradient:clip-stale"
+STATE_KEY = "lg"
+"""``RankState.detectors`` key of the loss/gradient family's per-rank state."""
+LAYER_PREFIX = "grad/layer/"
+MAX_LAYERS_KEPT = 16
+"""Most layer names kept in state and evidence (first ones, and the largest norms)."""
+
+
+LossGradientSettings = DetectionSettings
+"""The loss-curve and gradient detectors' thresholds are fields of :class:`DetectionSettings` (section
+"loss curve and gradient detectors"), so every one of them can be overridden per project."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-rank state (plain JSON inside RankState.detectors)
+
+
+def rank_state(rank: RankState) -> Dict[str, Any]:
+    """The family's state of ``rank`` (created empty): ``loss`` (curve tests, see :mod:`.loss`),
+    ``grad`` (last norm step checked), ``clip`` (streak, tau), ``layers`` (vanishing streak and ratios,
+    the last report's largest and zero-gradient layers), ``nonfinite`` (the first non-finite gradient
+    seen, and whether it still waits for its step's loss)."""
+    state: Dict[str, Any] = rank.detectors.setdefault(STATE_KEY, {})
+    return state
+
+
+def rank_has_open(run: RunState, rank: RankState, *keys: str) -> bool:
+    """Whether an open incident in one of the slots ``keys`` lists ``rank``."""
+    for key in keys:
+        st = run.incidents.get(key)
+        if st is not None and st.is_open and rank.rank in st.rank_first:
+            return True
+    return False
+
+
+NUMERIC_STRENGTH = {"loss/rise-after-fall": 0, "loss/non_finite": 1, "gradient/nan-source": 2,
+                    "gradient/explosion": 3}
+"""How specific each kind of the numeric slot is: a finding re-classifies the incident only upwards."""
+
+
+def upgrades(run: RunState, category: str, subtype: str) -> bool:
+    """Whether a ``category/subtype`` finding re-classifies the run's numeric incident (it is more
+    specific than the incident's kind; True when there is none)."""
+    st = run.incidents.get(NUMERIC_KEY)
+    if st is None:
+        return True
+    now = NUMERIC_STRENGTH.get(f"{st.record.category}/{st.record.subtype}", 0)
+    return NUMERIC_STRENGTH.get(f"{category}/{subtype}", 0) > now
+
+
+def numeric_final(run: RunState, rank: RankState) -> bool:
+    """Whether ``rank`` is in an open numeric incident that is final (not a rise-after-fall that could
+    still escalate): its gradients and loss curve have told their story."""
+    st = run.incidents.get(NUMERIC_KEY)
+    return st is not None and st.is_open and rank.rank in st.rank_first and \
+        (st.record.category, st.record.subtype) != RISE
+
+
+def point_time(rank: RankState, name: str, step: int, default: int) -> int:
+    """The event time of ``name`` at ``step`` in the history (``default`` when unknown)."""
+    kept = rank.history.get(name, {}).get(step)
+    return kept[1] if kept is not None and kept[1] else default
+
+
+def finite_series(rank: RankState, name: str, lo: int, hi: int) -> List[Tuple[int, float, int]]:
+    """``(step, value, time_ns)`` of ``name`` for lo <= step <= hi, finite values only, by step."""
+    data = rank.history.get(name)
+    if not data:
+        return []
+    steps = sorted(s for s in data if lo <= s <= hi)
+    out = []
+    for s in steps:
+        value, t = data[s]
+        if value - value == 0.0:
+            out.append((s, value, t))
+    return out
+
+
+def recent(rank: RankState, name: str, most: int, upto: Optional[int] = None) -> List[Tuple[int, float, int]]:
+    """``(step, value, time_ns)`` of the finite values among the last ``most`` points of ``name`` received
+    (at steps <= ``upto`` when given), by step. Cheap (no sort of the whole history): the history keeps
+    arrival order, which is step order except for late points, which then count as recent."""
+    data = rank.history.get(name)
+    if not data:
+        return []
+    out = [(s, v, t) for s, (v, t) in itertools.islice(reversed(data.items()), most)
+           if v - v == 0.0 and (upto is None or s <= upto)]
+    out.sort()
+    return out
+
+
+def last_finite(rank: RankState, name: str, upto: int, most: int) -> List[Tuple[int, float]]:
+    """The last ``most`` finite ``(step, value)`` of ``name`` received at steps <= ``upto``, by step."""
+    return [(s, v) for s, v, _t in recent(rank, name, most, upto)][-most:]
+
+
+def grad_metric(rank: RankState, settings: DetectionSettings) -> Optional[str]:
+    """The rank's global grad-norm metric (first of ``grad_norm_metrics`` it has a history of)."""
+    return next((n for n in settings.grad_norm_metrics if n in rank.history), None)
+
+
+def loss_metric(rank: RankState, settings: DetectionSettings) -> Optional[str]:
+    """The rank's loss metric (first of ``loss_metrics`` it has a history of)."""
+    return next((n for n in settings.loss_metrics if n in rank.history), None)
+
+
+def lr_span(rank: RankState, lo: int, hi: int) -> str:
+    """``"; the LR went from 0.05 to 0.82"`` over [lo, hi] when an LR metric is in the history."""
+    for name in ("opt/lr", "lr"):
+        series = finite_series(rank, name, lo, hi)
+        if len(series) >= 2:
+            first, last = series[0][1], series[-1][1]
+            if first != last:
+                return (f"; the LR went from {fmt_number(first)} to {fmt_number(last)} "
+                        f"(steps {series[0][0]}-{series[-1][0]})")
+            return f"; the LR stayed at {fmt_number(first)}"
+    return ""
+
+
+# ----------------------------------------------------------------------------------------------------
+# entry point
+
+
+def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
+               event_id: str, settings: DetectionSettings) -> List[Finding]:
+    """Findings of the gradient detectors for one metric batch of ``rank`` (already in its history, and
+    after :func:`trainguard.core.detectors.loss.on_metrics` judged any non-finite loss in it)."""
+    tuned = settings
+    state = rank_state(rank)
+    out: List[Finding] = []
+    grad_names = settings.grad_norm_metrics
+    layers: List[Tuple[str, int, float]] = []
+    grad_point: Optional[Tuple[str, int, float]] = None
+    loss_point: Optional[Tuple[str, int, float]] = None
+    overflow = False
+    for name, step, value in points:
+        if name in grad_names:
+            grad_point = (name, step, value)
+        elif name.startswith(LAYER_PREFIX):
+            layers.append((name, step, value))
+        elif name in settings.loss_metrics:
+            loss_point = loss_point or (name, step, value)
+        elif name == "amp/overflow" and value == 1.0:
+            overflow = True
+        elif name in tuned.clip_threshold_metrics and math.isfinite(value) and value > 0:
+            state.setdefault("clip", {})["tau"] = value
+    numeric_open = numeric_final(run, rank)
+    # 1. a non-finite gradient waiting for its step's loss
+    if not numeric_open and not overflow:
+        _note_nonfinite(state, grad_point, layers, time_ns)
+    if layers:
+        out.extend(check_layers(run, rank, layers, time_ns, event_id, settings, tuned))
+    pending = state.get("nonfinite")
+    if pending is not None and pending.get("waiting"):
+        if numeric_open:
+            pending["waiting"] = False
+        else:
+            loss_seen = loss_point is not None and loss_point[1] >= pending["step"] and \
+                math.isfinite(loss_point[2])
+            if loss_seen or (grad_point is not None and grad_point[1] > pending["step"]):
+                pending["waiting"] = False
+                out.append(_pending_finding(run, rank, pending, loss_seen, time_ns, event_id, settings))
+                numeric_open = True
+    # 2. a climbing gradient norm before any NaN
+    if grad_point is not None and math.isfinite(grad_point[2]) and not numeric_open:
+        grad_state = state.setdefault("grad", {})
+        if grad_point[1] > grad_state.get("last", -1):
+            grad_state["last"] = grad_point[1]
+            found = check_climb(run, rank, grad_point[0], grad_point[1], time_ns, event_id, settings, tuned)
+            if found is not None:
+                out.append(found)
+                numeric_open = True
+    # 3. clipping that eats the update (judged when the step's loss arrives)
+    if loss_point is not None and math.isfinite(loss_point[2]) and not numeric_open:
+        found = check_clip(run, rank, loss_point[0], loss_point[1], time_ns, event_id, settings, tuned)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# explosion, judged when the loss goes non-finite (DESIGN §4 "Correlation", first version)
+
+
+@dataclass
+class Explosion:
+    """The gradient evidence that turns a non-finite loss into a gradient explosion."""
+
+    metric: str
+    detail: str                  # one sentence, for the summary
+    short: str = ""              # a few words, for the title
+    evidence: List[Evidence] = field(default_factory=list)
+    timeline: List[TimelineEntry] = field(default_factory=list)
+    nonfinite_step: Optional[int] = None
+    earliest_ns: int = 0
+
+
+def _climb(finite: Sequence[Tuple[int, float, int]], settings: DetectionSettings
+           ) -> Optional[Tuple[Tuple[int, float, int], float, Tuple[int, float, int]]]:
+    """(peak, baseline median, onset point) when the values jump >= the factor above their baseline."""
+    if len(finite) < settings.explosion_min_points:
+        return None
+    peak = max(finite, key=lambda p: (p[1], -p[0]))
+    before = [p for p in finite if p[0] < peak[0]]
+    if len(before) < settings.explosion_min_points - 1:
+        return None
+    earlier_half = before[: max(1, (len(before) + 1) // 2)]
+    baseline = statistics.median(v for _s, v, _t in earlier_half)
+    if baseline <= 0 or peak[1] < settings.explosion_jump_factor * baseline:
+        return None
+    onset = next(p for p in finite if p[1] >= settings.explosion_jump_factor * baseline)
+    return peak, baseline, onset
+
+
+def find_explosion(rank: RankState, loss_step: int, time_ns: int, settings: DetectionSettings
+                   ) -> Optional[Explosion]:
+    """The explosion evidence in ``rank``'s gradient-norm history before ``loss_step``, if any."""
+    lo = loss_step - settings.explosion_window_steps
+    for name in settings.grad_norm_metrics:
+        if name not in rank.history:
+            continue
+        series = rank.series(name, lo, loss_step - 1)
+        nonfinite = next((p for p in series if not math.isfinite(p[1])), None)
+        first = rank.first_nonfinite.get(name)
+        earlier = nonfinite is None or (first is not None and first[0] < nonfinite[0])
+        if first is not None and lo <= first[0] < loss_step and earlier:
+            kept = rank.history[name].get(first[0])  # gone only when the history moved past it
+            nonfinite = (first[0], kept[0] if kept is not None else math.nan, first[1])
+        finite = [p for p in series if math.isfinite(p[1]) and (nonfinite is None or p[0] < nonfinite[0])]
+        climb = _climb(finite, settings)
+        if climb is None:
+            continue  # a non-finite gradient without a climb is a NaN source, not an explosion
+        found = Explosion(metric=name, detail="")
+        win = window(rank, name, loss_step, settings.evidence_window)
+        parts: List[str] = []
+        short: List[str] = []
+        times: List[int] = []
+        peak, baseline, onset = climb
+        ratio = peak[1] / baseline
+        parts.append(f"{name} rose to {fmt_number(peak[1])} ({ratio:.3g}x its median "
+                     f"{fmt_number(baseline)}) by step {peak[0]}")
+        short.append(f"{name} {ratio:.3g}x its median by step {peak[0]}")
+        found.evidence.append(Evidence(
+            rule="gradient.norm_climb",
+            description=(f"{name} peaked at {fmt_number(peak[1])} at step {peak[0]}, {ratio:.3g}x its "
+                         f"running median {fmt_number(baseline)}; first above "
+                         f"{settings.explosion_jump_factor:g}x at step {onset[0]} "
+                         f"({fmt_number(onset[1])})"),
+            step=onset[0], time_ns=onset[2] or time_ns, rank=rank.rank, metric=name,
+            threshold=settings.explosion_jump_factor, value=ratio, window=win))
+        found.timeline.append(TimelineEntry(
+            time_ns=onset[2] or time_ns, step=onset[0], rank=rank.rank,
+            what=(f"rank {rank.rank}: {name} {fmt_number(onset[1])} at step {onset[0]}, "
+                  f"{onset[1] / baseline:.3g}x its median")))
+        times.append(onset[2])
+        if nonfinite is not None:
+            step, value, t = nonfinite
+            shown = fmt_number(value)
+            parts.append(f"{name} became {shown} at step {step}")
+            short.append(f"{shown} at step {step}" if short else f"{name} {shown} at step {step}")
+            found.nonfinite_step = step
+            found.evidence.append(Evidence(
+                rule="gradient.non_finite",
+                description=f"{name} was {shown} at step {step}, before the loss went non-finite "
+                            f"(step {loss_step})",
+                step=step, time_ns=t or time_ns, rank=rank.rank, metric=name,
+                value=wire_float(value), window=win))
+            found.timeline.append(TimelineEntry(
+                time_ns=t or time_ns, step=step, rank=rank.rank,
+                what=f"rank {rank.rank}: {name} became {shown} at step {step}"))
+            times.append(t)
+        found.detail = ", then ".join(parts)
+        found.short = ", ".join(short)
+        found.earliest_ns = min([t for t in times if t > 0] + [time_ns])
+        return found
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# explosion before the NaN
+
+
+def climb_baseline(values: Sequence[float]) -> float:
+    """The running median a climb is measured against: the median of the earlier half of ``values``."""
+    return robust.median(values[: max(1, len(values) // 2)])
+
+
+def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: int, event_id: str,
+                settings: DetectionSettings, tuned: LossGradientSettings) -> Optional[Finding]:
+    """The pre-NaN explosion rule (module docstring) at the grad norm of ``step``; a Finding or None."""
+    lo = step - settings.explosion_window_steps
+    series = [p for p in recent(rank, name, settings.explosion_window_steps + 1, step) if p[0] >= lo]
+    if len(series) < max(tuned.explosion_trend_points, 2 * tuned.explosion_sustain, 4):
+        return None
+    values = [v for _s, v, _t in series]
+    baseline = climb_baseline(values)
+    if not baseline > 0:
+        return None
+    factor = settings.explosion_jump_factor
+    if not all(v >= factor * baseline for v in values[-tuned.explosion_sustain:]):
+        return None
+    trend = robust.mann_kendall(values[-tuned.explosion_trend_points:])
+    if trend.z < tuned.trend_z:
+        return None
+    onset_index = len(series) - robust.trailing_run([v >= tuned.explosion_onset_factor * baseline
+                                                      for v in values])
+    onset = series[onset_index]
+    loss_name = loss_metric(rank, settings)
+    if loss_name is not None:  # a norm growing while the loss falls is a model starting to learn
+        lo = min(onset[0], series[-tuned.explosion_trend_points][0])
+        losses = [v for _s, v, _t in finite_series(rank, loss_name, lo, step)]
+        if len(losses) >= 4 and robust.mann_kendall(losses).z <= -tuned.trend_z:
+            return None
+    ratio = values[-1] / baseline
+    win = window(rank, name, step, settings.evidence_window)
+    evidence = [Evidence(
+        rule="gradient.norm_climb",
+        description=(f"{name} climbed from its running median {fmt_number(baseline)} to "
+                     f"{fmt_number(values[-1])} ({ratio:.3g}x) at step {step}: the last "
+                     f"{tuned.explosion_sustain} values >= {factor:g}x, rising (Mann-Kendall "
+                     f"z = {trend.z:.2f} >= {tuned.trend_z:g} over {trend.n} values); above "
+                     f"{tuned.explosion_onset_factor:g}x since step {onset[0]}"),
+        step=onset[0], time_ns=onset[2] or time_ns, rank=rank.rank, metric=name, threshold=factor,
+        value=ratio, window=win, event_id=event_id)]
+    evidence.extend(_explosion_context(rank, onset[0], step, time_ns, settings, tuned))
+    last_loss = rank.history.get(loss_name, {}).get(step) if loss_name else None
+    loss_text = fmt_number(last_loss[0]) if last_loss is not None else "?"
+    lr = lr_span(rank, onset[0], step)
+    detail = f"{name} {ratio:.3g}x its median and rising since step {onset[0]}"
+    timeline = [
+        TimelineEntry(time_ns=onset[2] or time_ns, step=onset[0], rank=rank.rank,
+                      what=f"rank {rank.rank}: {name} {fmt_number(onset[1])} at step {onset[0]}, "
+                           f"{onset[1] / baseline:.3g}x its median: the climb begins"),
+        TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                      what=f"rank {rank.rank}: {name} {fmt_number(values[-1])} at step {step}, "
+                           f"{ratio:.3g}x its median and still rising; {loss_name or 'the loss'} "
+                           f"{loss_text}, still finite")]
+    return Finding(
+        "gradient", "explosion", NUMERIC_KEY, rank.rank, onset[0], onset[2] or time_ns, seen_ns=time_ns,
+        seen_step=step, host=rank.host, event_id=event_id, evidence=evidence, timeline=timeline,
+        values={"detail": detail, "value": f"{loss_text} (still finite)", "step": step, "metric": name,
+                "rank": rank.rank}, relabel=upgrades(run, "gradient", "explosion"),
+        summary=(f"On rank {rank.rank}, {name} has been climbing since step {onset[0]} and is "
+                 f"{ratio:.3g}x its running median at step {step}{lr}. The loss is still finite: a gradient "
+                 f"explosion in the making, flagged before the first NaN. Look at the learning rate and its "
+                 f"schedule, the clipping, and the data around step {onset[0]}."))
+
+
+def _explosion_context(rank: RankState, lo: int, hi: int, time_ns: int, settings: DetectionSettings,
+                       tuned: LossGradientSettings) -> List[Evidence]:
+    """Corroborating evidence of the seed's other explosion signals: clip rate and large layer norms."""
+    out: List[Evidence] = []
+    clipped = finite_series(rank, "grad/clip_triggered", hi - settings.explosion_window_steps, hi)
+    if clipped:
+        rate = sum(1 for _s, v, _t in clipped if v >= 0.5) / len(clipped)
+        if rate > tuned.clip_rate_warn:
+            out.append(Evidence(
+                rule="gradient.clip_rate", description=f"clipping triggered on {rate:.0%} of the last "
+                f"{len(clipped)} steps (> {tuned.clip_rate_warn:.0%})", step=hi, time_ns=time_ns,
+                rank=rank.rank, metric="grad/clip_triggered", threshold=tuned.clip_rate_warn, value=rate,
+                window=window(rank, "grad/clip_triggered", hi, settings.evidence_window)))
+    layers = rank_state(rank).get("layers", {}).get("largest", [])
+    big = [(n, v) for n, v in layers if from_wire_float(v) > tuned.layer_norm_warn]
+    if big:
+        shown = ", ".join(f"{n} {fmt_number(from_wire_float(v))}" for n, v in big)
+        out.append(Evidence(
+            rule="gradient.layer_norm",
+            description=f"per-layer grad norms above {tuned.layer_norm_warn:g}: {shown}",
+            step=int(rank_state(rank)["layers"].get("last", hi)), time_ns=time_ns, rank=rank.rank,
+            metric=LAYER_PREFIX + "*", threshold=tuned.layer_norm_warn,
+            value=max(from_wire_float(v) for _n, v in big),
+            window=[{"step": n, "value": v} for n, v in big]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# vanishing
+
+
+def layer_ratio(norms: Sequence[float]) -> Optional[float]:
+    """L2 norm of the last third / L2 norm of the first third of ``norms`` (input layers first); None
+    when it cannot be judged (fewer than 3 layers, a non-finite norm, no gradient in the last third);
+    +inf when the first third has no gradient at all."""
+    if len(norms) < 3 or not all(math.isfinite(v) for v in norms):
+        return None
+    k = len(norms) // 3
+    first = math.sqrt(sum(v * v for v in norms[:k]))
+    last = math.sqrt(sum(v * v for v in norms[-k:]))
+    if last <= 0:
+        return None
+    return math.inf if first == 0 else last / first
+
+
+def check_layers(run: RunState, rank: RankState, layers: Sequence[Tuple[str, int, float]], time_ns: int,
+                 event_id: str, settings: DetectionSettings, tuned: LossGradientSettings) -> List[Finding]:
+    """The vanishing rule on one per-layer report (the ``grad/layer/*`` points of one batch)."""
+    step = layers[0][1]
+    state = rank_state(rank).setdefault("layers", {})
+    if any(s != step for _n, s, _v in layers) or step <= state.get("last", -1):
+        return []
+    state["last"] = step
+    norms = [v for _n, _s, v in layers]
+    finite = [(n, v) for n, _s, v in layers if math.isfinite(v)]
+    finite.sort(key=lambda item: -item[1])
+    state["largest"] = [[n[len(LAYER_PREFIX):], wire_float(v)] for n, v in finite[:4]]
+    state["zero"] = [n[len(LAYER_PREFIX):] for n, _s, v in layers if v == 0.0][:MAX_LAYERS_KEPT]
+    state["count"] = len(layers)
+    if len(layers) < tuned.vanishing_min_layers:
+        return []
+    ratio = layer_ratio(norms)
+    ratios: List[List[Any]] = state.setdefault("ratios", [])
+    if ratio is not None:
+        ratios.append([step, wire_float(ratio)])
+        del ratios[: max(0, len(ratios) - settings.evidence_window)]
+    if ratio is None or ratio < tuned.vanishing_ratio:
+        state["streak"], state["since"] = 0, -1
+        return []
+    if state.get("streak", 0) == 0:
+        state["since"], state["since_ns"] = step, time_ns
+    state["streak"] = state.get("streak", 0) + 1
+    if state["streak"] < tuned.vanishing_min_reports:
+        return []
+    if rank_has_open(run, rank, VANISHING_KEY):
+        return [Finding("gradient", "vanishing", VANISHING_KEY, rank.rank, state["since"],
+                        state.get("since_ns") or time_ns, seen_ns=time_ns, seen_step=step, host=rank.host,
+                        event_id=event_id, counts=False)]
+    k = len(layers) // 3
+    names = [n[len(LAYER_PREFIX):] for n, _s, _v in layers]
+    first = ", ".join(f"{n} {fmt_number(v)}" for n, v in zip(names[:k], norms[:k]))
+    last = ", ".join(f"{n} {fmt_number(v)}" for n, v in zip(names[-k:], norms[-k:]))
+    shown = "inf" if math.isinf(ratio) else f"{ratio:.3g}"
+    evidence = [Evidence(
+        rule="gradient.layer_ratio",
+        description=(f"grad norm of the last third of {len(layers)} layers / the first third = {shown} "
+                     f">= {tuned.vanishing_ratio:g} on {state['streak']} consecutive per-layer reports "
+                     f"since step {state['since']} (first third: {_cut(first)}; last third: {_cut(last)})"),
+        step=state["since"], time_ns=state.get("since_ns") or time_ns, rank=rank.rank,
+        metric=LAYER_PREFIX + "*", threshold=tuned.vanishing_ratio, value=wire_float(ratio),
+        window=[{"step": s, "value": v} for s, v in ratios], event_id=event_id)]
+    return [Finding(
+        "gradient", "vanishing", VANISHING_KEY, rank.rank, state["since"], state.get("since_ns") or time_ns,
+        seen_ns=time_ns, seen_step=step, host=rank.host, event_id=event_id, evidence=evidence,
+        timeline=[TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                                what=f"rank {rank.rank}: first-third layers' gradients {shown}x smaller than "
+                                     f"the last third's ({state['streak']} reports in a row)")],
+        values={"step": state["since"], "detail": f"{shown}x", "value": shown, "rank": rank.rank},
+        summary=(f"On rank {rank.rank}, the gradients of the first {k} of {len(layers)} layers are {shown}x "
+                 f"smaller than those of the last {k} on every per-layer report since step "
+                 f"{state['since']}: the layers near the input barely update (vanishing gradients). A flat "
+                 f"loss on this rank is explained by it and is not reported separately."))]
+
+
+def _cut(text: str, most: int = 240) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+# ----------------------------------------------------------------------------------------------------
+# clip-stale
+
+
+def clip_tau(rank: RankState, lo: int, hi: int, name: str) -> Tuple[Optional[float], Optional[float], bool]:
+    """``(lower, upper, known)`` bounds of the clip threshold tau from the rank's history over [lo, hi]:
+    tau itself when the job reported it (``known``), else tau > the largest unclipped pre-clip norm and
+    tau <= the smallest clipped one (either may be None)."""
+    tau = rank_state(rank).get("clip", {}).get("tau")
+    if tau is not None:
+        return float(tau), float(tau), True
+    norms = {s: v for s, v, _t in finite_series(rank, name, lo, hi)}
+    clipped = [norms[s] for s, v, _t in finite_series(rank, "grad/clip_triggered", lo, hi)
+               if s in norms and v >= 0.5]
+    unclipped = [norms[s] for s, v, _t in finite_series(rank, "grad/clip_triggered", lo, hi)
+                 if s in norms and v < 0.5]
+    return (max(unclipped) if unclipped else None), (min(clipped) if clipped else None), False
+
+
+def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_ns: int, event_id: str,
+               settings: DetectionSettings, tuned: LossGradientSettings) -> Optional[Finding]:
+    """The clip-stale rule when the loss of ``step`` arrives (judged at steps with a reported grad norm:
+    a sparse norm cadence makes the streak count reports, not steps); a Finding or None."""
+    state = rank_state(rank).setdefault("clip", {})
+    if step <= state.get("last", -1):
+        return None
+    state["last"] = step
+    gname = grad_metric(rank, settings)
+    if gname is None or step not in rank.history.get(gname, {}):
+        return None  # no norm reported at this step (a sparse cadence): nothing new to judge
+    flags = rank.history.get("grad/clip_triggered")
+    flag = flags.get(step) if flags else None
+    if "tau" not in state and (flag is None or flag[0] < 0.5):  # not clipped now (or no clip): cheap
+        state["streak"], state["since"] = 0, -1
+        return None
+    pinned, norms, mean_norm = _pinned(rank, gname, step, tuned)
+    stale = False
+    curve: Optional[robust.Curvature] = None
+    rel = rel_se = math.nan
+    if pinned:
+        losses = last_finite(rank, loss_name, step, tuned.clip_stale_curve_window)
+        if len(losses) >= tuned.clip_stale_curve_window:
+            curve = robust.curvature([float(s) for s, _v in losses], [v for _s, v in losses])
+        if curve is not None and curve.level != 0:
+            rel, rel_se = curve.d2 / abs(curve.level), curve.se / abs(curve.level)
+            stale = abs(rel) < tuned.clip_stale_curvature or abs(rel) <= tuned.trend_z * rel_se
+    if not stale:
+        state["streak"], state["since"] = 0, -1
+        return None
+    if state.get("streak", 0) == 0:
+        state["since"] = _clipped_since(rank, step, norms[0][0] if norms else step)
+        state["since_ns"] = point_time(rank, "grad/clip_triggered", state["since"], time_ns)
+    state["streak"] = state.get("streak", 0) + 1
+    if state["streak"] < tuned.confirm_checks:
+        return None
+    stale_count = state["streak"]
+    since = int(state["since"])
+    if rank_has_open(run, rank, CLIP_STALE_KEY):
+        return Finding("gradient", "clip-stale", CLIP_STALE_KEY, rank.rank, since,
+                       state.get("since_ns") or time_ns, seen_ns=time_ns, seen_step=step, host=rank.host,
+                       event_id=event_id, counts=False)
+    lower, upper, known = clip_tau(rank, step - settings.explosion_window_steps, step, gname or "")
+    grow = 1 + tuned.clip_stale_growth * stale_count
+    if known and upper is not None:
+        tau_text = f"tau = {fmt_number(upper)}"
+        rec = (f"adaptive threshold (seed): stale tau <- tau x (1 + {tuned.clip_stale_growth:g} x "
+               f"{stale_count}) = {fmt_number(upper * grow)}; at an explosion onset tau <- min("
+               f"{tuned.clip_onset_growth:g} tau, {tuned.clip_max_tau:g}) = "
+               f"{fmt_number(min(tuned.clip_onset_growth * upper, tuned.clip_max_tau))}")
+    else:
+        bound = f"tau <= {fmt_number(upper)} (the smallest clipped pre-clip norm)" if upper is not None \
+            else "tau unknown"
+        if lower is not None:
+            bound += f", > {fmt_number(lower)}"
+        tau_text = bound
+        rec = (f"adaptive threshold (seed): stale tau <- tau x (1 + {tuned.clip_stale_growth:g} x "
+               f"{stale_count}) = {grow:.3g} x your max_norm; at an explosion onset tau <- "
+               f"min({tuned.clip_onset_growth:g} tau, {tuned.clip_max_tau:g})")
+    median_norm = robust.median([v for _s, v in norms]) if norms else math.nan
+    rule_text = (f"mean pre-clip grad norm of the last {len(norms)} steps {fmt_number(mean_norm)} > "
+                 f"{tuned.clip_stale_norm_ratio:g} x tau" if known else
+                 f"clipping triggered on each of the last {len(norms)} steps (the pre-clip norm, median "
+                 f"{fmt_number(median_norm)}, was >= tau every time)")
+    curve_text = (f"loss curvature {rel:.3g} per step^2 relative to the level (+- {rel_se:.2g}), "
+                  f"below {tuned.clip_stale_curvature:g} or within {tuned.trend_z:g} standard errors of 0: "
+                  f"the loss is not bending down")
+    evidence = [
+        Evidence(rule="gradient.clip_pinned", description=f"{rule_text}; {tau_text}; since step {since}",
+                 step=since, time_ns=state.get("since_ns") or time_ns, rank=rank.rank,
+                 metric=gname or "grad/clip_triggered", threshold=tuned.clip_stale_norm_ratio,
+                 value=mean_norm / upper if known and upper else wire_float(median_norm),
+                 window=window(rank, gname or "grad/clip_triggered", step, settings.evidence_window),
+                 event_id=event_id),
+        Evidence(rule="loss.curvature", description=curve_text, step=step, time_ns=time_ns, rank=rank.rank,
+                 metric=loss_name, threshold=tuned.clip_stale_curvature, value=wire_float(rel),
+                 window=window(rank, loss_name, step, settings.evidence_window)),
+        Evidence(rule="gradient.clip_recommendation",
+                 description=f"{rec}; stale for {stale_count} steps. Every update is scaled down to tau: "
+                             f"raise max_norm (or lower the LR if nearly every step clips)",
+                 step=step, time_ns=time_ns, rank=rank.rank, metric="grad/clip_triggered",
+                 threshold=tuned.clip_stale_growth, value=grow,
+                 window=window(rank, "grad/clip_triggered", step, settings.evidence_window)),
+    ]
+    return Finding(
+        "gradient", "clip-stale", CLIP_STALE_KEY, rank.rank, since, state.get("since_ns") or time_ns,
+        seen_ns=time_ns, seen_step=step, host=rank.host, event_id=event_id, evidence=evidence,
+        timeline=[TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                                what=f"rank {rank.rank}: every step clipped since step {since} and the "
+                                     f"loss is flat ({stale_count} steps stale)")],
+        values={"step": since, "detail": tau_text, "value": fmt_number(median_norm), "rank": rank.rank},
+        summary=(f"On rank {rank.rank}, gradient clipping has scaled down every update since step {since} "
+                 f"(pre-clip grad norm median {fmt_number(median_norm)}, {tau_text}) while the loss curve "
+                 f"stays flat: clipping is eating the update. Recommendation: {rec}."))
+
+
+def _pinned(rank: RankState, gname: Optional[str], step: int, tuned: LossGradientSettings
+            ) -> Tuple[bool, List[Tuple[int, float]], float]:
+    """Whether the clip threshold pinned the last ``clip_stale_window`` reported norms; the norms
+    ``(step, value)`` and their mean."""
+    if gname is None:
+        return False, [], math.nan
+    norms = last_finite(rank, gname, step, tuned.clip_stale_window)
+    if len(norms) < tuned.clip_stale_window:
+        return False, norms, math.nan
+    mean_norm = sum(v for _s, v in norms) / len(norms)
+    tau = rank_state(rank).get("clip", {}).get("tau")
+    if tau is not None:
+        return mean_norm > tuned.clip_stale_norm_ratio * float(tau), norms, mean_norm
+    flags = rank.history.get("grad/clip_triggered", {})
+    clipped = [flags.get(s) for s, _v in norms]
+    return all(f is not None and f[0] >= 0.5 for f in clipped), norms, mean_norm
+
+
+def _clipped_since(rank: RankState, step: int, fallback: int) -> int:
+    """The first step of the run of consecutively clipped steps that ends at ``step`` (``fallback`` when
+    the trigger flags are not in the history, e.g. tau is reported instead)."""
+    flags = finite_series(rank, "grad/clip_triggered", -(2**63), step)
+    run = robust.trailing_run([v >= 0.5 for _s, v, _t in flags])
+    return flags[len(flags) - run][0] if run else fallback
+
+
+# ----------------------------------------------------------------------------------------------------
+# NaN source
+
+
+def _note_nonfinite(state: Dict[str, Any], grad_point: Optional[Tuple[str, int, float]],
+                    layers: Sequence[Tuple[str, int, float]], time_ns: int) -> None:
+    """Remember the first non-finite gradient (global norm or layers) of the rank and its layers."""
+    bad_layers = [n[len(LAYER_PREFIX):] for n, _s, v in layers if not math.isfinite(v)]
+    pending = state.get("nonfinite")
+    if grad_point is not None and not math.isfinite(grad_point[2]) and pending is None:
+        pending = state["nonfinite"] = {"step": grad_point[1], "metric": grad_point[0],
+                                        "value": wire_float(grad_point[2]), "time_ns": time_ns,
+                                        "waiting": True, "layers": [], "layer_count": 0}
+    if bad_layers and pending is None:
+        first_bad = next(v for _n, _s, v in layers if not math.isfinite(v))
+        pending = state["nonfinite"] = {"step": layers[0][1], "metric": LAYER_PREFIX + bad_layers[0],
+                                        "value": wire_float(first_bad), "time_ns": time_ns, "waiting": True,
+                                        "layers": [], "layer_count": 0}
+    if pending is not None and layers and layers[0][1] == pending["step"] and not pending["layers"]:
+        names = [n[len(LAYER_PREFIX):] for n, _s, _v in layers]
+        pending["layer_count"] = len(names)
+        pending["layers"] = [n for n in names if n in set(bad_layers)][:MAX_LAYERS_KEPT]
+        pending["deepest"] = max((i for i, n in enumerate(names) if n in set(bad_layers)), default=-1)
+        pending["prefix"] = all(n in set(bad_layers) for n in names[: pending["deepest"] + 1])
+        pending["last_layer"] = names[pending["deepest"]] if pending["deepest"] >= 0 else ""
+
+
+@dataclass
+class NanSource:
+    """Where the first non-finite gradient of a rank appeared (see :func:`nan_source`)."""
+
+    step: int
+    metric: str
+    value: str
+    time_ns: int
+    detail: str                  # for the title: "every layer at once (3 of 3)", "layer 2 (and ...)", ...
+    description: str
+    layers: List[str]
+
+
+def nan_source(rank: RankState) -> Optional[NanSource]:
+    """The rank's first non-finite gradient as the NaN-source story, if one was seen."""
+    pending = rank_state(rank).get("nonfinite")
+    if pending is None:
+        return None
+    layers: List[str] = list(pending.get("layers", []))
+    count = int(pending.get("layer_count", 0))
+    step = int(pending["step"])
+    if layers and count and len(layers) >= count:
+        detail = f"every layer at once ({count} of {count})"
+        where = (f"all {count} layers' gradients were non-finite at step {step}: the NaN/Inf came from the "
+                 f"forward pass or the loss (a bad sample, log(0), a division by zero), not from one layer")
+    elif layers and pending.get("prefix") and pending.get("last_layer"):
+        detail = f"layer {pending['last_layer']} (and the {len(layers) - 1} before it)"
+        where = (f"the gradients of layers {', '.join(layers)} were non-finite at step {step} and the layers "
+                 f"after {pending['last_layer']} stayed finite: the NaN/Inf arose in the backward of "
+                 f"{pending['last_layer']}")
+    elif layers:
+        detail = f"layers {', '.join(layers[:4])}{'...' if len(layers) > 4 else ''}"
+        where = f"the gradients of layers {', '.join(layers)} were non-finite at step {step}"
+    else:
+        detail = str(pending["metric"])
+        where = (f"{pending['metric']} was {pending['value']} at step {step} (no per-layer norms at that "
+                 f"step: report them more often with watch(every=...) to name the layer)")
+    return NanSource(step=step, metric=str(pending["metric"]), value=str(pending["value"]),
+                     time_ns=int(pending.get("time_ns", 0)), detail=detail, description=where, layers=layers)
+
+
+def nan_source_evidence(rank: RankState, source: NanSource, time_ns: int, settings: DetectionSettings
+                        ) -> Evidence:
+    """The ``gradient.non_finite`` evidence of a NaN source (window: the grad norms before it)."""
+    name = grad_metric(rank, settings) or source.metric
+    return Evidence(rule="gradient.non_finite", description=source.description, step=source.step,
+                    time_ns=source.time_ns or time_ns, rank=rank.rank, metric=source.metric,
+                    value=source.value, window=window(rank, name, source.step, settings.evidence_window))
+
+
+def _pending_finding(run: RunState, rank: RankState, pending: Dict[str, Any], loss_seen: bool, time_ns: int,
+                     event_id: str, settings: DetectionSettings) -> Finding:
+    """A non-finite gradient whose step's loss stayed finite (``loss_seen``) or was not reported by the
+    next step: an explosion when the norm climbed before it, else a NaN source."""
+    source = nan_source(rank)
+    assert source is not None
+    loss_text = "the loss of that step was still finite" if loss_seen else \
+        "no non-finite loss was reported for that step"
+    explosion = find_explosion(rank, source.step + 1, time_ns, settings)
+    if explosion is not None:
+        return Finding(
+            "gradient", "explosion", NUMERIC_KEY, rank.rank, source.step, explosion.earliest_ns,
+            seen_ns=time_ns, host=rank.host, event_id=event_id, evidence=explosion.evidence,
+            timeline=explosion.timeline, relabel=upgrades(run, "gradient", "explosion"),
+            values={"detail": explosion.short, "value": f"finite ({source.metric} {source.value})",
+                    "step": source.step, "rank": rank.rank},
+            summary=(f"On rank {rank.rank}, {explosion.detail}; {loss_text}: the gradients blew up (look at "
+                     f"the learning rate, the clipping and the data around the climb)."))
+    gname = grad_metric(rank, settings)
+    before = finite_series(rank, gname, source.step - settings.explosion_window_steps, source.step - 1) \
+        if gname else []
+    calm = ""
+    if len(before) >= 2:
+        calm = (f"; before it the norm was steady (median "
+                f"{fmt_number(robust.median([v for _s, v, _t in before]))}, max "
+                f"{fmt_number(max(v for _s, v, _t in before))}): no climb, so not an explosion")
+    evidence = [nan_source_evidence(rank, source, time_ns, settings)]
+    return Finding(
+        "gradient", "nan-source", NUMERIC_KEY, rank.rank, source.step, source.time_ns or time_ns,
+        seen_ns=time_ns, host=rank.host, event_id=event_id, evidence=evidence,
+        timeline=[TimelineEntry(time_ns=source.time_ns or time_ns, step=source.step, rank=rank.rank,
+                                what=f"rank {rank.rank}: {source.metric} became {source.value} at step "
+                                     f"{source.step}; {loss_text}")],
+        values={"detail": source.detail, "step": source.step, "value": source.value, "rank": rank.rank},
+        relabel=upgrades(run, "gradient", "nan-source"),
+        summary=(f"On rank {rank.rank}, {source.description}; {loss_text} (a backward-only singularity "
+                 f"such as sqrt(0) or a division by a value that reached 0, or a loop that skips non-finite "
+                 f"losses){calm}."))
