@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -19,6 +14,7 @@ from typing import List
 
 import pytest
 
+from tests.services.killing import run_until_killed
 from trainguard.core.records import Cluster, Incident, RunRecord
 from trainguard_server.storage.base import MetricPoint, StoredEvent
 from trainguard_server.storage.sqlite import (
@@ -28,36 +24,6 @@ from trainguard_server.storage.sqlite import (
     SqliteMetricStore,
     open_sqlite_stores,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def run_until_killed(code: str, acks: int, timeout: float = 60.0) -> List[str]:
-    """Run ``code`` in a fresh interpreter, SIGKILL it after ``acks`` lines starting with 'done ', and
-    return the payload of every 'done' line it printed before dying."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "services" / "src"), str(ROOT / "sdk" / "src"),
-                                         env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None and proc.stderr is not None
-    done: List[str] = []
-    killer = threading.Timer(timeout, proc.kill)
-    killer.start()
-    try:
-        for line in proc.stdout:
-            if line.startswith("done "):
-                done.append(line[5:].strip())
-                if len(done) == acks:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    break
-        proc.wait(timeout)
-        done += [line[5:].strip() for line in proc.stdout.read().splitlines() if line.startswith("done ")]
-    finally:
-        killer.cancel()
-        proc.kill()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
-    return done
 
 
 def event(i: int, text: str = "checkpoint saved", project: str = "p") -> StoredEvent:
