@@ -11,12 +11,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ..api.read_client import ReadClient
 from ..config import Settings
 from ..server import EmbeddedServer
 
@@ -38,26 +37,6 @@ class DemoRun:
     run: Dict[str, Any] = field(default_factory=dict)
 
 
-class Api:
-    """A tiny read-token client of the query API (what a person would curl)."""
-
-    def __init__(self, base: str, token: str) -> None:
-        self.base = base
-        self.token = token
-
-    def get(self, path: str, **params: Any) -> Any:
-        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
-        req = urllib.request.Request(f"{self.base}{path}" + (f"?{query}" if query else ""),
-                                     headers={"Authorization": f"Bearer {self.token}"})
-        try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
-
-
 def run_demo(data_dir: str = ".data/demo", quick: bool = False) -> int:
     """Run the demo; returns 0 when every training got the expected finding and the healthy one none."""
     root = Path(data_dir).resolve()
@@ -68,7 +47,7 @@ def run_demo(data_dir: str = ".data/demo", quick: bool = False) -> int:
     server.start()
     tokens = server.tokens
     assert tokens is not None
-    api = Api(server.http_url, tokens.read)
+    api = ReadClient(server.http_url, tokens.read, timeout=5)
     print(f"TrainGuard demo — embedded server: API {server.http_url}, gRPC {server.grpc_url}, data {root}")
     print(f"demo thresholds (production defaults are minutes): {DEMO_DETECTION}\n")
     steps = 60 if quick else 240
@@ -109,7 +88,7 @@ def _launch(demo_run: DemoRun, server: EmbeddedServer, token: str, project: str,
                             env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _watch(runs: List[DemoRun], api: Api, started: float, timeout: float) -> None:
+def _watch(runs: List[DemoRun], api: ReadClient, started: float, timeout: float) -> None:
     """Print one status line per second until every training ended (the stalled one is killed once
     TrainGuard has flagged it — as an operator would)."""
     last_line = ""

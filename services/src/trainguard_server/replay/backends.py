@@ -34,6 +34,7 @@ from trainguard.core.catalogue import DetectionSettings
 from trainguard.core.events import encode_batch
 from trainguard.transport.base import SendResult, Transport, TransportError
 
+from ..api.read_client import ReadClient
 from ..config import Settings
 from ..gateway.ingest import (
     Backpressure,
@@ -144,16 +145,8 @@ class RemoteBackend(Backend):
         return self.transport.send(events, timeout)
 
     def _get(self, path: str, **params: Any) -> Any:
-        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
-        url = f"{self.api}{path}" + (f"?{query}" if query else "")
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.read_token}"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
+        assert self.api is not None and self.read_token is not None
+        return ReadClient(self.api, self.read_token).get(path, **params)
 
     def run(self, run_id: str) -> Optional[Dict[str, Any]]:
         if not self.can_report:
