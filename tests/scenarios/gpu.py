@@ -275,7 +275,7 @@ def _env(endpoint: Path, spool: str) -> Dict[str, str]:
 def run_all(out: Path, names: Sequence[str], small: bool = False) -> Dict[str, object]:
     out.mkdir(parents=True, exist_ok=True)
     summary: Dict[str, object] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                  "command": " ".join([Path(sys.executable).name] + sys.argv),
+                                  "command": " ".join([Path(sys.executable).name, *sys.argv]),
                                   "scenarios": {}}
     for name in names:
         endpoint = out / f"{name}.jsonl"
