@@ -70,6 +70,8 @@ STATE_KEY = "lg"
 """``RankState.detectors`` key of the loss/gradient family's per-rank state."""
 LAYER_PREFIX = "grad/layer/"
 MAX_LAYERS_KEPT = 16
+CLIMB_GATE_STEPS = 8
+"""Steps a computed climb baseline gates the explosion check (see :func:`check_climb`)."""
 """Most layer names kept in state and evidence (first ones, and the largest norms)."""
 
 
@@ -233,7 +235,11 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
         grad_state = state.setdefault("grad", {})
         if grad_point[1] > grad_state.get("last", -1):
             grad_state["last"] = grad_point[1]
-            found = check_climb(run, rank, grad_point[0], grad_point[1], time_ns, event_id, settings, tuned)
+            gate = grad_state.get("gate")  # [baseline, step it was computed at]
+            far_below = (gate is not None and grad_point[1] - gate[1] < CLIMB_GATE_STEPS
+                         and grad_point[2] < 0.5 * settings.explosion_jump_factor * gate[0])
+            found = None if far_below else check_climb(run, rank, grad_point[0], grad_point[1], time_ns,
+                                                       event_id, settings, tuned, memo=grad_state)
             if found is not None:
                 out.append(found)
                 numeric_open = True
@@ -353,14 +359,22 @@ def climb_baseline(values: Sequence[float]) -> float:
 
 
 def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: int, event_id: str,
-                settings: DetectionSettings, tuned: LossGradientSettings) -> Optional[Finding]:
-    """The pre-NaN explosion rule (module docstring) at the grad norm of ``step``; a Finding or None."""
+                settings: DetectionSettings, tuned: LossGradientSettings,
+                memo: Optional[Dict[str, Any]] = None) -> Optional[Finding]:
+    """The pre-NaN explosion rule (module docstring) at the grad norm of ``step``; a Finding or None.
+
+    ``memo`` (the rank's grad state) receives ``gate = [baseline, step]``: for the next
+    CLIMB_GATE_STEPS steps a norm below half the jump threshold over that baseline skips this check (the
+    baseline, a median over the window's earlier half, cannot halve that fast), which keeps the
+    per-event cost of a healthy run low."""
     lo = step - settings.explosion_window_steps
     series = [p for p in recent(rank, name, settings.explosion_window_steps + 1, step) if p[0] >= lo]
     if len(series) < max(tuned.explosion_trend_points, 2 * tuned.explosion_sustain, 4):
         return None
     values = [v for _s, v, _t in series]
     baseline = climb_baseline(values)
+    if memo is not None and baseline > 0:
+        memo["gate"] = [baseline, step]
     if not baseline > 0:
         return None
     factor = settings.explosion_jump_factor
