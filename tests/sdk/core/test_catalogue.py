@@ -37,6 +37,8 @@ DETECTED_NOW = (
     # the loss-curve and gradient detectors (core/detectors/loss.py, gradient.py)
     "loss/oscillation", "loss/rise-after-fall", "loss/plateau", "gradient/vanishing", "gradient/clip-stale",
     "gradient/nan-source",
+    # the memory detectors (core/detectors/memory.py)
+    "memory/fragmentation", "memory/amp-overflow",
 )
 
 

@@ -254,7 +254,8 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         "> 0.7 with std > 0.15 over 60 s; alloc rate > 5 GB/s with few large free blocks is level 2",
         ("many differently sized allocations (dynamic shapes)", "caching allocator settings"),
         (_fw("`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (or max_split_size_mb)"),
-         _model("pad dynamic shapes to a few bucket sizes"))),
+         _model("pad dynamic shapes to a few bucket sizes")),
+        detected=True),
     IncidentKind(
         "memory", "leak", "warning", "Memory growing steadily since step {step}",
         "Allocated device memory (or host RSS) grows across steps instead of staying flat.",
@@ -271,7 +272,8 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         ("fp16 range exceeded by activations or gradients", "loss scale growth too aggressive"),
         (_fw("switch to bf16 where the hardware supports it"),
          _fw("GradScaler settings: growth_interval, init_scale"),
-         _model("layers with huge activations (attention logits, unnormalised outputs)"))),
+         _model("layers with huge activations (attention logits, unnormalised outputs)")),
+        detected=True),
     IncidentKind(
         "memory", "context-leak", "warning", "Device memory left after the process exited",
         "CUDA contexts or device memory remain after the process ended.",
@@ -706,6 +708,34 @@ class DetectionSettings:
         ("grad/clip_threshold", "grad/max_norm"),
         "Metric names carrying the clip threshold tau (max_norm), when the job reports it; without one, "
         "tau is bounded by the smallest clipped pre-clip norm.")
+    # --- memory detectors (core/detectors/memory.py) ----------------------------------------------------
+    frag_mild: float = _setting(0.2, "memory/fragmentation: (reserved - active) / reserved below this is "
+                                "healthy (DESIGN §4).", minimum=0.0, maximum=1.0)
+    frag_severe: float = _setting(0.5, "memory/fragmentation: above this is severe (DESIGN §4).",
+                                  minimum=0.0, maximum=1.0)
+    frag_sustain_samples: int = _setting(3, "memory/fragmentation: samples in a row above frag_severe before "
+                                         "it opens.", minimum=1)
+    frag_peak_headroom: float = _setting(0.5, "memory/fragmentation: (reserved - peak allocated) / reserved "
+                                         "needed before anything opens (memory never needed even at the "
+                                         "peak; a training step's own cached buffers are not fragmentation).",
+                                         minimum=0.0, maximum=1.0)
+    frag_warn: float = _setting(0.7, "memory/fragmentation early warning: fragmentation above this ...",
+                                minimum=0.0, maximum=1.0)
+    frag_warn_std: float = _setting(0.15, "... with its standard deviation over frag_window_s above this "
+                                    "(DESIGN §4).", minimum=0.0)
+    frag_window_s: float = _setting(60.0, "memory/fragmentation early-warning window, seconds (DESIGN §4).",
+                                    minimum=1.0)
+    frag_min_samples: int = _setting(5, "Fewest samples the early-warning standard deviation is computed on.",
+                                     minimum=2)
+    frag_max_samples: int = _setting(256, "Fragmentation samples kept per rank.", minimum=8)
+    frag_update_step: float = _setting(0.05, "Rise in fragmentation that refreshes an open incident.",
+                                       minimum=0.0)
+    amp_overflow_consecutive: int = _setting(10, "memory/amp-overflow: GradScaler overflow steps in a row "
+                                             "(scale halving each time) that open it.", minimum=2)
+    amp_overflow_episodes: int = _setting(4, "memory/amp-overflow: separate overflow episodes within "
+                                          "amp_overflow_window steps that open it (the scale collapsing "
+                                          "repeatedly).", minimum=2)
+    amp_overflow_window: int = _setting(200, "Steps over which overflow episodes are counted.", minimum=1)
     # --- exceptions -----------------------------------------------------------------------------
     incident_on_handled_exceptions: bool = _setting(
         False, "Open a process/exception incident for exceptions the job caught and reported "

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import clusters as clusters_mod
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
-from .detectors import gradient, loss, process, progress
+from .detectors import gradient, loss, memory, process, progress
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
 from .records import (
@@ -215,7 +215,9 @@ class Pipeline:
             finding = process.on_log(run, rank, ev.raw, ev.body, ev.step, ev.time_ns, settings)
             if finding is not None:
                 self._apply(run, finding, settings)
-        # memory payloads: identity and liveness only, for now
+        elif ev.kind == "memory":
+            for finding in memory.on_memory(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings):
+                self._apply(run, finding, settings)
         self._mark(run)
 
     @staticmethod
@@ -244,6 +246,8 @@ class Pipeline:
         for detect in (loss.on_metrics, gradient.on_metrics, loss.on_curve):
             for finding in detect(run, rank, points, ev.time_ns, ev.event_id, settings):
                 self._apply(run, finding, settings)
+        for finding in memory.on_metrics(run, rank, points, ev.step, ev.time_ns, ev.event_id, settings):
+            self._apply(run, finding, settings)
 
     def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         if ev.time_ns <= rank.last_hb_ns:

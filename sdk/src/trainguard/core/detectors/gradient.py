@@ -213,6 +213,10 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
             overflow = True
         elif name in tuned.clip_threshold_metrics and math.isfinite(value) and value > 0:
             state.setdefault("clip", {})["tau"] = value
+    if not overflow:  # the SDK's alert batch of per-layer NaNs has no amp/overflow itself; the history does
+        steps = {p[1] for p in layers} | ({grad_point[1]} if grad_point is not None else set())
+        overflow_history = rank.history.get("amp/overflow", {})
+        overflow = any(overflow_history.get(s, (0.0, 0))[0] >= 0.5 for s in steps)
     numeric_open = numeric_final(run, rank)
     # 1. a non-finite gradient waiting for its step's loss
     if not numeric_open and not overflow:
