@@ -374,8 +374,7 @@ class Client:
         if exc is not None and "recent_metrics" in exc and exc["recent_metrics"] is None:
             recent = self.recent_metrics()
             if recent:
-                exc["recent_metrics"] = [{"name": n, "step": s, "value": ev.wire_float(v)}
-                                         for n, s, v in recent]
+                exc["recent_metrics"] = ev.recent_points(recent)
             else:
                 del exc["recent_metrics"]
         return event

@@ -53,11 +53,6 @@ def from_wire_float(value: WireFloat) -> float:
     raise ValueError(f"not a double: {value!r}")
 
 
-def is_finite(value: float) -> bool:
-    """True for finite floats (fast path used on every logged value)."""
-    return value - value == 0.0
-
-
 def metric_points(values: Mapping[str, float], step: Optional[int] = None) -> List[Dict[str, Any]]:
     """Metric messages for ``values``; ``step`` (if given) is stamped on each point."""
     points: List[Dict[str, Any]] = []
@@ -69,13 +64,18 @@ def metric_points(values: Mapping[str, float], step: Optional[int] = None) -> Li
     return points
 
 
+def recent_points(recent: Iterable[Tuple[str, int, float]]) -> List[Dict[str, Any]]:
+    """Metric messages for ``(name, step, value)`` context values, each with its own step."""
+    return [{"name": n, "step": s, "value": wire_float(v)} for n, s, v in recent]
+
+
 def metrics_payload(values: Mapping[str, float], alert: str = "",
                     recent: Iterable[Tuple[str, int, float]] = ()) -> Dict[str, Any]:
     """A MetricBatch: ``values`` observed at the envelope's step, an optional alert and its context."""
     payload: Dict[str, Any] = {"points": metric_points(values)}
     if alert:
         payload["alert"] = alert
-        payload["recent"] = [{"name": n, "step": s, "value": wire_float(v)} for n, s, v in recent]
+        payload["recent"] = recent_points(recent)
     return payload
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from trainguard import wire
@@ -42,7 +42,6 @@ class ProcessorStats:
     errors: int = 0
     snapshots: int = 0
     last_lag_s: float = 0.0
-    lag_samples: List[float] = field(default_factory=list)  # recent publish→processed seconds
 
 
 class EmbeddedProcessor:
@@ -138,11 +137,8 @@ class EmbeddedProcessor:
         self._store_raw(envelopes)
         self._apply(self.pipeline.process(envelopes))
         now_ns = time.time_ns()
-        for record in records:
-            lag = max(0.0, (now_ns - record.published_ns) / 1e9)
-            self.stats.last_lag_s = lag
-            self.stats.lag_samples.append(lag)
-        del self.stats.lag_samples[:-1000]
+        if records:
+            self.stats.last_lag_s = max(0.0, (now_ns - records[-1].published_ns) / 1e9)
         self.stats.records += len(records)
         self.stats.events += len(envelopes)
         self._uncommitted.extend(records)
@@ -224,13 +220,4 @@ def _kind(env: Dict[str, Any]) -> str:
         if kind in env:
             return kind
     return "unknown"
-
-
-def summarise_lag(samples: Sequence[float]) -> Dict[str, float]:
-    """p50/p99 of recent processing lags (seconds)."""
-    if not samples:
-        return {"p50": 0.0, "p99": 0.0}
-    ordered = sorted(samples)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return {"p50": ordered[len(ordered) // 2], "p99": p99}
 
