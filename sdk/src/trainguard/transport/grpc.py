@@ -22,6 +22,10 @@ import os
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+# gRPC's C core deadlocks in a forked child (DataLoader workers, os.fork) unless its fork support is on;
+# it must be set before grpc is first imported (a user's explicit setting wins).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "1")
+
 try:
     import grpc
 
