@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Record every scenario training (tests/scenarios/trainings.py) as a real event stream in ``streams/``.
+"""Record every CPU scenario training of the corpus (tests/scenarios/corpus.py) as a real event stream in
+``streams/``.
 
 Each ``streams/<scenario>.jsonl`` is exactly what the SDK of the real training process wrote through its
 ``file://`` endpoint (one envelope per line, the JSON mapping of docs/wire-format.md), nothing edited.
@@ -34,7 +35,9 @@ STREAMS = HERE / "streams"
 MAX_STREAM_BYTES = 150_000
 
 sys.path.insert(0, str(REPO))
-from tests.scenarios.trainings import SCENARIOS  # noqa: E402
+from tests.scenarios.corpus import BY_NAME, of_source  # noqa: E402
+
+SCENARIOS = tuple(s.name for s in of_source("cpu"))
 
 
 def _env(endpoint: Path, spool: str) -> Dict[str, str]:
@@ -59,7 +62,7 @@ def record(name: str, tmp: str, seed: int = 0, out_dir: Path = STREAMS) -> Path:
     """Run scenario ``name`` (with ``seed``) with the SDK writing to a file; copy the stream into
     ``out_dir`` (default ``streams/``, where only seed 0 belongs)."""
     endpoint = Path(tmp) / f"{name}-{seed}.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "tests.scenarios.trainings", name, "--seed", str(seed)],
+    proc = subprocess.run([sys.executable, "-m", BY_NAME[name].module, name, "--seed", str(seed)],
                           env=_env(endpoint, tmp), cwd=REPO, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise SystemExit(f"{name}: exit code {proc.returncode}\n{proc.stderr[-2000:]}")

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import clusters as clusters_mod
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
-from .detectors import gradient, loss, memory, process, progress
+from .detectors import adapter, gradient, loss, memory, process, progress, sequence
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
 from .records import (
@@ -246,8 +246,9 @@ class Pipeline:
         for detect in (loss.on_metrics, gradient.on_metrics, loss.on_curve):
             for finding in detect(run, rank, points, ev.time_ns, ev.event_id, settings):
                 self._apply(run, finding, settings)
-        for finding in memory.on_metrics(run, rank, points, ev.step, ev.time_ns, ev.event_id, settings):
-            self._apply(run, finding, settings)
+        for detect_batch in (memory.on_metrics, sequence.on_metrics, adapter.on_metrics):
+            for finding in detect_batch(run, rank, points, ev.step, ev.time_ns, ev.event_id, settings):
+                self._apply(run, finding, settings)
 
     def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         if ev.time_ns <= rank.last_hb_ns:

@@ -1,0 +1,106 @@
+"""The scenario corpus as one manifest: every real training run the detection engine is judged on, what it
+must be classified as, and where its recorded event streams live.
+
+Three sources, one shape:
+
+* ``cpu``  -- single-process CPU trainings that run in seconds. ``module`` runs one with
+  ``python -m <module> <name> [--seed N]`` and the SDK configured from the environment
+  (``tests/scenarios/record.py`` records them into ``streams/<name>.jsonl``).
+* ``gpu``  -- trainings that need a CUDA device, run on the lent H200 and committed as recorded streams
+  (``streams_gpu/<name>.jsonl``; the command is in ``streams_gpu/README.md``).
+* ``dist`` -- two-process ``torch.distributed`` (gloo) jobs launched by torchrun; each rank's stream is
+  ``streams_dist/<name>/rank<N>.events.jsonl``.
+
+``expected`` is the one incident kind ``(category, subtype)`` the run must yield; ``None`` marks a
+healthy run, which must yield none. ``lead_rank`` (dist only) is the rank the incident must name as where
+it started. Tests and ``bench/detection.py`` read this manifest; nothing else lists scenarios.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+HERE = Path(__file__).resolve().parent
+STREAMS = HERE / "streams"
+STREAMS_GPU = HERE / "streams_gpu"
+STREAMS_DIST = HERE / "streams_dist"
+
+Kind = Tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One run of the corpus (see the module docstring)."""
+
+    name: str
+    expected: Optional[Kind]
+    source: str = "cpu"                      # "cpu" | "gpu" | "dist"
+    module: str = "tests.scenarios.trainings"  # cpu: the module whose main() runs it
+    lead_rank: int = -1                      # dist: the rank the incident must lead with
+    note: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        return self.expected is None
+
+    @property
+    def label(self) -> str:
+        """``"category/subtype"``, or ``"healthy"``."""
+        return "/".join(self.expected) if self.expected else "healthy"
+
+    def stream_files(self) -> List[Path]:
+        """The recorded stream file(s): one per rank for ``dist``."""
+        if self.source == "dist":
+            return sorted((STREAMS_DIST / self.name).glob("rank*.events.jsonl"))
+        folder = STREAMS_GPU if self.source == "gpu" else STREAMS
+        return [folder / f"{self.name}.jsonl"]
+
+    def events(self) -> List[Dict[str, Any]]:
+        """Every envelope of the recorded run, ranks merged in event-time order (ties: file order)."""
+        out: List[Tuple[int, int, Dict[str, Any]]] = []
+        for path in self.stream_files():
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip():
+                        event = json.loads(line)
+                        out.append((int(event.get("time_unix_nano") or 0), len(out), event))
+        out.sort(key=lambda item: (item[0], item[1]))
+        return [event for _t, _i, event in out]
+
+
+SCENARIOS: Tuple[Scenario, ...] = (
+    # healthy negatives: realistic noise, LR warmup, clipping
+    Scenario("healthy_mlp", None),
+    Scenario("healthy_lm", None),
+    Scenario("healthy_cnn", None),
+    # loss and gradient dynamics (tests/scenarios/trainings.py)
+    Scenario("oscillation", ("loss", "oscillation")),
+    Scenario("rise_after_fall", ("loss", "rise-after-fall")),
+    Scenario("plateau", ("loss", "plateau")),
+    Scenario("explosion", ("gradient", "explosion")),
+    Scenario("vanishing", ("gradient", "vanishing")),
+    Scenario("clip_stale", ("gradient", "clip-stale")),
+    Scenario("nan_source", ("gradient", "nan-source")),
+    # real H200 runs (tests/scenarios/gpu.py)
+    Scenario("gpu_oom", ("memory", "oom"), source="gpu"),
+    Scenario("gpu_fragmentation", ("memory", "fragmentation"), source="gpu"),
+    Scenario("gpu_amp_overflow", ("memory", "amp-overflow"), source="gpu"),
+)
+
+BY_NAME: Dict[str, Scenario] = {s.name: s for s in SCENARIOS}
+
+
+def of_source(source: str) -> Tuple[Scenario, ...]:
+    """The scenarios recorded from ``source`` ("cpu" | "gpu" | "dist")."""
+    return tuple(s for s in SCENARIOS if s.source == source)
+
+
+def healthy() -> Tuple[Scenario, ...]:
+    return tuple(s for s in SCENARIOS if s.healthy)
+
+
+def anomalous() -> Tuple[Scenario, ...]:
+    return tuple(s for s in SCENARIOS if not s.healthy)
