@@ -599,6 +599,10 @@ class DetectionSettings:
     stall_max_s: float = _setting(
         600.0, "Ceiling of the stall threshold, seconds (DESIGN §4: 10 minutes); also the threshold "
         "while the run's step time is unknown.", minimum=0.0)
+    rank_lost_grace_s: float = _setting(
+        20.0, "Correlation: a rank that sent nothing since before its peers' collective failure began, "
+        "and has not exited, is declared lost (comm/rank-lost, leading) once the failure is this many "
+        "seconds old -- or 2.5x the rank's own heartbeat interval, if longer.", minimum=0.0)
     lost_after_s: float = _setting(
         300.0, "A run that has not exited and sent no event at all for this long (by the processor's "
         "clock, see Pipeline.advance) is lost: 20 missed heartbeats at the SDK's 15 s default.",
@@ -751,7 +755,7 @@ class DetectionSettings:
         minimum=0.0, maximum=1.0)
     # --- evidence and history bounds --------------------------------------------------------------
     history_metrics: Tuple[str, ...] = _setting(
-        ("lr", "opt/lr", "amp/*", "grad/clip_triggered", "time/step_s"),
+        ("lr", "opt/lr", "amp/*", "grad/clip_triggered", "time/step_s", "seq/*", "batch/*"),
         "Metrics kept in the per-rank history besides the loss and grad-norm metrics; 'prefix*' "
         "matches a prefix.")
     history_len: int = _setting(

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import clusters as clusters_mod
+from . import correlate, diagnosis
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
 from .detectors import adapter, gradient, loss, memory, process, progress, sequence
@@ -163,6 +164,8 @@ class Pipeline:
         the stores). Returns every record that changed."""
         for run in list(self._runs.values()):
             settings = self.settings_for(run.project)
+            if run.incidents:
+                self._correlate(run, now_ns, settings)
             findings = progress.check_lost(run, now_ns, settings)
             if not findings:
                 continue
@@ -216,8 +219,11 @@ class Pipeline:
             if finding is not None:
                 self._apply(run, finding, settings)
         elif ev.kind == "memory":
+            diagnosis.observe_memory(rank, ev.body)
             for finding in memory.on_memory(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings):
                 self._apply(run, finding, settings)
+        if run.incidents:
+            self._correlate(run, ev.time_ns, settings)
         self._mark(run)
 
     @staticmethod
@@ -237,6 +243,7 @@ class Pipeline:
         for name, step, value in points:
             if settings.keeps_history(name):
                 rank.observe_point(name, step, value, ev.time_ns, settings)
+        diagnosis.observe(rank, points)
         if ev.body.get("recent"):
             for name, step, value in recent_points(ev.raw):
                 if settings.keeps_history(name):
@@ -299,10 +306,23 @@ class Pipeline:
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _apply(self, run: RunState, finding: Finding, settings: DetectionSettings) -> Optional[IncidentState]:
-        st = incident_mod.apply(run, finding, settings)
+        st = incident_mod.apply(run, correlate.route(run, finding), settings)
         if st is None:
             self.counters["incidents_suppressed"] += 1
+        else:
+            # event-driven (never at flush): the record is then the same however events are batched
+            diagnosis.enrich(run, st, settings)
         return st
+
+    def _correlate(self, run: RunState, now_ns: int, settings: DetectionSettings) -> None:
+        """Cross-rank correlation at ``now_ns`` (see :mod:`.correlate`): consequences folded into their
+        cause, silent ranks named as the lost rank of their peers' failures."""
+        for st in correlate.explain(run, settings):
+            diagnosis.enrich(run, st, settings)
+            self._mark(run)
+        for finding in correlate.check_silent_peers(run, now_ns, settings):
+            self._apply(run, finding, settings)
+            self._mark(run)
 
     def _mark(self, run: RunState) -> None:
         self._dirty_runs[run.key] = None

@@ -97,6 +97,15 @@ class Incident:
     timeline: List[TimelineEntry] = field(default_factory=list)
     count: int = 1              # signals folded into it
     resolved_ns: int = 0
+    # --- diagnosis (seed 000 §3.6), recomputed whenever the incident changes: see core/diagnosis.py ---
+    duration_s: float = 0.0     # last_ns - first_ns
+    related: Dict[str, Any] = field(default_factory=dict)   # loss / grad norm / LR / peak memory / ...
+    trigger: Dict[str, Any] = field(default_factory=dict)   # LR phase, batch features at first_step
+    hypotheses: List[Dict[str, Any]] = field(default_factory=list)  # [{"cause", "confidence", "why"}]
+    # --- correlation (core/correlate.py) ---
+    consequences: List[str] = field(default_factory=list)  # what it caused on other ranks, e.g.
+    #                                                        "comm/timeout on rank 0"
+    explained_by: str = ""      # id of the incident this one is a consequence of (then it is resolved)
 
     def to_dict(self) -> Dict[str, Any]:
         data = asdict(self)

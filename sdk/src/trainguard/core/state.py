@@ -62,6 +62,8 @@ class RankState:
     exit_reason: str = ""
     exit_ns: int = 0
     exc_key: str = ""            # incident slot of its last uncaught exception ("" if none)
+    hb_interval_s: float = 0.0   # average spacing of its heartbeats (0: fewer than two seen)
+    lost_ns: int = 0             # when correlation declared it lost (silent while its peers failed)
     # name -> {step: (value, time_ns)}; at most history_max_series names x 2 history_len steps
     history: Dict[str, Dict[int, HistoryPoint]] = field(default_factory=dict)
     history_floor: Dict[str, int] = field(default_factory=dict)  # name -> lowest step still accepted
@@ -104,6 +106,9 @@ class RankState:
             self.progress_ns = last_step_time_ns  # optimizer steps count even when the label is unchanged
         if step_time_ewma_s > 0 and math.isfinite(step_time_ewma_s):
             self.sdk_step_time_s = step_time_ewma_s
+        if 0 < self.last_hb_ns < time_ns:
+            gap = (time_ns - self.last_hb_ns) / 1e9
+            self.hb_interval_s = gap if self.hb_interval_s == 0.0 else 0.7 * self.hb_interval_s + 0.3 * gap
         self.last_hb_ns = max(self.last_hb_ns, time_ns)
 
     def observe_point(self, name: str, step: int, value: float, time_ns: int,
@@ -150,6 +155,7 @@ class RankState:
             "sdk_step_time_s": self.sdk_step_time_s, "last_hb_ns": self.last_hb_ns,
             "exited": self.exited, "exit_code": self.exit_code, "exit_signal": self.exit_signal,
             "exit_reason": self.exit_reason, "exit_ns": self.exit_ns, "exc_key": self.exc_key,
+            "hb_interval_s": self.hb_interval_s, "lost_ns": self.lost_ns,
             "history": {name: [[s, wire_float(v), t] for s, (v, t) in sorted(series.items())]
                         for name, series in self.history.items()},
             "history_floor": self.history_floor,
@@ -263,12 +269,14 @@ class RunState:
         return True
 
     def ended(self) -> bool:
-        """Every rank exited, and at least world_size ranks were seen."""
+        """Every rank exited (or was declared lost), and at least world_size ranks were seen."""
         return bool(self.ranks) and len(self.ranks) >= self.world_size and \
-            all(r.exited for r in self.ranks.values())
+            all(r.exited or r.lost_ns for r in self.ranks.values())
 
     def failed(self) -> bool:
-        return any(r.exited and (r.exit_code != 0 or r.exit_signal != 0) for r in self.ranks.values())
+        """A rank exited non-zero or by a signal, or was declared lost (killed without a word)."""
+        return any((r.exited and (r.exit_code != 0 or r.exit_signal != 0)) or r.lost_ns
+                   for r in self.ranks.values())
 
     def step_time(self) -> float:
         """The run's seconds per step: its slowest rank's (ranks of one job wait for each other)."""

@@ -79,6 +79,15 @@ class IncidentPublic(BaseModel):
     timeline: List[TimelineEntryPublic] = []
     count: int = 1
     resolved_ns: int = 0
+    duration_s: float = Field(0.0, description="last_ns - first_ns, seconds")
+    related: Dict[str, Any] = Field({}, description="loss / grad_norm / lr / clip_rate / amp_scale / "
+                                    "peak_memory_bytes / step_time_s around the incident's first step")
+    trigger: Dict[str, Any] = Field({}, description="conditions at the first step: step, lr, lr_phase "
+                                    "(rising | constant | decaying | zero), lr_growth, batch features")
+    hypotheses: List[Dict[str, Any]] = Field([], description="ranked root-cause hypotheses: "
+                                             "[{cause, confidence, why}], confidences sum to 1")
+    consequences: List[str] = Field([], description="what it caused on other ranks (folded in)")
+    explained_by: str = Field("", description="id of the incident this one is a consequence of")
 
 
 class ClusterPublic(BaseModel):

@@ -109,7 +109,10 @@ def check_lost(run: RunState, now_ns: int, settings: DetectionSettings) -> List[
     if silent <= settings.lost_after_s:
         return []
     key = f"{LOST_PREFIX}{run.episodes.get('lost', 0) + 1}"
-    alive = sorted((r for r in run.ranks.values() if not r.exited), key=lambda r: (r.last_ns, r.rank))
+    alive = sorted((r for r in run.ranks.values() if not r.exited and not r.lost_ns),
+                   key=lambda r: (r.last_ns, r.rank))
+    if any(r.lost_ns for r in run.ranks.values()) and not alive:
+        return []  # the silent ranks are named by their comm/rank-lost incident already
     if alive:
         names = ", ".join(str(r.rank) for r in alive[:16]) + (" ..." if len(alive) > 16 else "")
         missing = f"no exit from rank(s) {names}"

@@ -1,0 +1,235 @@
+"""Cross-rank root-cause correlation (DESIGN §4 "Correlation", seed 000 §3.5): the earliest signal leads,
+and what a failure causes on other ranks is evidence on it, not an incident of its own.
+
+Two rules, both pure and deterministic (event times decide; processing time only through
+:func:`check_silent_peers` called from ``Pipeline.advance``):
+
+**1. Consequences fold into their cause.** A *consequence* is a collective failing
+(``comm/timeout``, ``comm/failure``, ``comm/rank-lost``) or a rank being terminated by its launcher
+(``process/terminated``). A *cause* is an open incident of a kind that makes peers' collectives fail:
+a non-finite loss or gradient (``loss/non_finite``, ``gradient/explosion``, ``gradient/nan-source``), a
+device failure (``memory/oom``, ``memory/oom-or-cuda-error``, ``memory/cuda-error``) or a crash
+(``process/exception``, ``process/killed``, ``process/exit``). When a consequence signal arrives at time
+*t* and the run has a cause whose earliest signal is at or before *t*, the signal joins the cause (the
+earliest such cause) as evidence instead of opening an incident of its own: a gradient-norm climb → Inf →
+NaN loss → NCCL error is one ``gradient/explosion`` incident. The cause lists it in ``consequences``
+("comm/timeout on rank 0, 1"). :func:`route` does this as findings arrive; :func:`explain` does it after
+the fact when the cause's evidence arrives later than the consequence (ranks flush independently):
+the consequence incident is then resolved with ``explained_by`` = the cause's id, its evidence, ranks and
+timeline copied onto the cause, and later findings for it go to the cause.
+
+**2. A silent rank explains its peers' failures.** A process killed by SIGKILL (OOM-killer, preemption)
+or a node that died sends nothing more -- no exception, no exit. When a run has an open ``comm/timeout``,
+``comm/failure`` or ``comm/rank-lost`` incident (not explained by rule 1) first signalled at *t*, a rank
+that has not exited, is not in that incident, sent its last event before *t*, and is still silent
+``max(rank_lost_grace_s, 2.5 x its heartbeat interval)`` after *t* (by the event time of a later event of
+the run, or by the processor's clock in ``advance``) is **lost**: the incident becomes
+``comm/rank-lost`` (same id), led by that rank from its last event, with evidence of the silence. The
+rank counts as ended (failed) and is not reported again by ``progress/lost``. A rank heard from after
+*t* is never declared lost.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from .catalogue import DetectionSettings
+from .detectors import fmt_duration
+from .incidents import Finding, add_timeline, resolve
+from .records import Evidence, TimelineEntry
+from .state import IncidentState, RankState, RunState
+
+Kind = Tuple[str, str]
+
+CAUSES: Tuple[Kind, ...] = (
+    ("loss", "non_finite"), ("gradient", "explosion"), ("gradient", "nan-source"),
+    ("memory", "oom"), ("memory", "oom-or-cuda-error"), ("memory", "cuda-error"),
+    ("process", "exception"), ("process", "killed"), ("process", "exit"),
+)
+"""Kinds that make the collectives of the other ranks fail (rule 1)."""
+
+CONSEQUENCES: Tuple[Kind, ...] = (
+    ("comm", "timeout"), ("comm", "failure"), ("comm", "rank-lost"), ("process", "terminated"),
+)
+"""Kinds that are the other ranks' view of a failure elsewhere (rule 1)."""
+
+PEER_FAILURES: Tuple[Kind, ...] = (("comm", "timeout"), ("comm", "failure"), ("comm", "rank-lost"))
+"""Kinds a silent rank can explain (rule 2)."""
+
+HEARTBEAT_SLACK = 2.5
+"""A rank is silent when it missed this many of its own heartbeat intervals (and rank_lost_grace_s)."""
+
+
+def _kind(st: IncidentState) -> Kind:
+    return st.record.category, st.record.subtype
+
+
+def find_cause(run: RunState, at_ns: int, exclude: str = "") -> Optional[IncidentState]:
+    """The open cause incident of ``run`` whose earliest signal is at or before ``at_ns`` (the earliest
+    such; None if there is none)."""
+    best: Optional[IncidentState] = None
+    for st in run.incidents.values():
+        if st.key == exclude or not st.is_open or _kind(st) not in CAUSES or st.record.explained_by:
+            continue
+        first = st.record.first_ns
+        if first and first <= at_ns and (best is None or (first, st.key) < (best.record.first_ns, best.key)):
+            best = st
+    return best
+
+
+def _by_id(run: RunState, incident_id: str) -> Optional[IncidentState]:
+    for st in run.incidents.values():
+        if st.record.incident_id == incident_id:
+            return st
+    return None
+
+
+def _note_consequence(cause: IncidentState, kind: Kind, ranks: List[int]) -> None:
+    """Remember on ``cause`` that ``kind`` happened on ``ranks`` because of it; render the list."""
+    table: Dict[str, List[int]] = cause.extra.setdefault("consequences", {})
+    name = f"{kind[0]}/{kind[1]}"
+    listed = table.setdefault(name, [])
+    for r in ranks:
+        if r >= 0 and r not in listed:
+            listed.append(r)
+    listed.sort()
+    cause.record.consequences = [
+        f"{k} on rank{'s' if len(v) > 1 else ''} {', '.join(str(r) for r in v[:16])}"
+        + (" ..." if len(v) > 16 else "") for k, v in sorted(table.items())]
+
+
+def _as_consequence(finding: Finding, cause: IncidentState) -> Finding:
+    """``finding`` re-addressed to ``cause``: evidence and timeline say it is a consequence."""
+    cause_name = f"{cause.record.category}/{cause.record.subtype}"
+    how = f"a consequence of the {cause_name} that began"
+    if cause.record.lead_rank >= 0:
+        how += f" on rank {cause.record.lead_rank}"
+    if cause.record.first_step >= 0:
+        how += f" at step {cause.record.first_step}"
+    evidence = [Evidence(rule=ev.rule, description=f"{ev.description} -- {how}", step=ev.step,
+                         time_ns=ev.time_ns, rank=ev.rank, metric=ev.metric, threshold=ev.threshold,
+                         value=ev.value, window=ev.window, event_id=ev.event_id) for ev in finding.evidence]
+    timeline = [TimelineEntry(time_ns=t.time_ns, step=t.step, rank=t.rank, what=f"{t.what} ({how})")
+                for t in finding.timeline]
+    return Finding(cause.record.category, cause.record.subtype, cause.key, finding.rank, finding.step,
+                   finding.time_ns, host=finding.host, seen_ns=finding.seen_ns, seen_step=finding.seen_step,
+                   event_id=finding.event_id, evidence=evidence, timeline=timeline, counts=False)
+
+
+def route(run: RunState, finding: Finding) -> Finding:
+    """The finding to apply for ``finding`` (rule 1): itself, or its consequence form addressed to the
+    incident that explains it. Keeps the reporting rank's ``exc_key`` pointing at the cause, so that its
+    exit joins the cause too."""
+    kind = (finding.category, finding.subtype)
+    cause: Optional[IncidentState] = None
+    current = run.incidents.get(finding.key)
+    if current is not None and current.record.explained_by:
+        cause = _by_id(run, current.record.explained_by)
+        kind = _kind(current)
+    elif kind in CONSEQUENCES:
+        cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key)
+    if cause is None or cause.key == finding.key:
+        return finding
+    rank = run.ranks.get(finding.rank)
+    if rank is not None and rank.exc_key == finding.key:
+        rank.exc_key = cause.key
+    _note_consequence(cause, kind, [finding.rank])
+    return _as_consequence(finding, cause)
+
+
+def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
+    """Rule 1 after the fact: fold every open consequence incident whose cause began earlier into that
+    cause, and resolve it as explained. Returns the incidents changed (causes and consequences)."""
+    changed: List[IncidentState] = []
+    for st in list(run.incidents.values()):
+        if not st.is_open or st.record.explained_by or _kind(st) not in CONSEQUENCES:
+            continue
+        cause = find_cause(run, st.record.first_ns, exclude=st.key)
+        if cause is None:
+            continue
+        _fold_into(run, st, cause, settings)
+        changed += [st, cause]
+    return changed
+
+
+def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings: DetectionSettings) -> None:
+    inc, target = st.record, cause.record
+    name = f"{target.category}/{target.subtype}"
+    for ev in inc.evidence:
+        finding = Finding(inc.category, inc.subtype, st.key, ev.rank, ev.step, ev.time_ns, evidence=[ev])
+        moved = _as_consequence(finding, cause)
+        for e in moved.evidence:
+            if len(target.evidence) < settings.max_evidence:
+                target.evidence.append(e)
+    for t in inc.timeline:
+        add_timeline(target, TimelineEntry(time_ns=t.time_ns, step=t.step, rank=t.rank,
+                                           what=f"{t.what} (a consequence of the {name})"), settings)
+    for r, first in st.rank_first.items():
+        if r not in cause.rank_first and len(cause.rank_first) < settings.max_incident_ranks:
+            cause.rank_first[r] = first
+    if cause.rank_first:
+        target.ranks = sorted(cause.rank_first)
+        target.lead_rank = min(cause.rank_first, key=lambda r: (cause.rank_first[r][0], r))
+    for host in inc.hosts:
+        if host not in target.hosts and len(target.hosts) < settings.max_incident_ranks:
+            target.hosts.append(host)
+    target.last_ns = max(target.last_ns, inc.last_ns)
+    target.last_step = max(target.last_step, inc.last_step)
+    _note_consequence(cause, (inc.category, inc.subtype), sorted(st.rank_first))
+    for rank in run.ranks.values():
+        if rank.exc_key == st.key:
+            rank.exc_key = cause.key
+    inc.explained_by = target.incident_id
+    resolve(st, inc.last_ns or inc.first_ns, inc.last_step, inc.lead_rank,
+            f"explained by the {name} incident {target.incident_id} (it began earlier"
+            + (f", on rank {target.lead_rank}" if target.lead_rank >= 0 else "") + ")", settings)
+    cause.dirty = True
+
+
+def silence_grace_s(rank: RankState, settings: DetectionSettings) -> float:
+    """How long ``rank`` may be silent before it counts as lost (rule 2)."""
+    return max(settings.rank_lost_grace_s, HEARTBEAT_SLACK * rank.hb_interval_s)
+
+
+def check_silent_peers(run: RunState, now_ns: int, settings: DetectionSettings) -> List[Finding]:
+    """Rule 2 at ``now_ns`` (an event time of the run, or the processor's clock): findings that turn
+    an open peer failure into ``comm/rank-lost`` led by the rank(s) silent since before it began. Marks
+    those ranks lost."""
+    out: List[Finding] = []
+    for st in list(run.incidents.values()):
+        inc = st.record
+        if not st.is_open or inc.explained_by or _kind(st) not in PEER_FAILURES or not inc.first_ns:
+            continue
+        began = inc.first_ns
+        silent = [r for r in run.ranks.values()
+                  if not r.exited and not r.lost_ns and r.rank not in st.rank_first and r.last_ns < began
+                  and now_ns - began > silence_grace_s(r, settings) * 1e9]
+        for i, r in enumerate(sorted(silent, key=lambda r: (r.last_ns, r.rank))):
+            r.lost_ns = now_ns
+            quiet = (now_ns - r.last_ns) / 1e9
+            reporters = ", ".join(str(x) for x in sorted(st.rank_first)[:16])
+            what = (f"rank {r.rank} went silent after step {r.max_step} and never exited; rank(s) "
+                    f"{reporters} then failed in a collective")
+            evidence = Evidence(
+                rule="correlation.silent_peer",
+                description=(f"rank {r.rank}: last event at step {r.max_step}, before its peers' "
+                             f"{inc.category}/{inc.subtype} began; silent for {fmt_duration(quiet)} "
+                             f"(threshold {fmt_duration(silence_grace_s(r, settings))} = "
+                             f"max(rank_lost_grace_s, {HEARTBEAT_SLACK:g} x its heartbeat interval)) with no "
+                             f"exit: killed without a word (SIGKILL: the OOM-killer, a preemption) or its "
+                             f"node died"),
+                step=r.max_step, time_ns=r.last_ns, rank=r.rank, metric="seconds_silent",
+                threshold=silence_grace_s(r, settings), value=round(quiet, 3))
+            timeline = [TimelineEntry(time_ns=r.last_ns, step=r.max_step, rank=r.rank,
+                                      what=f"rank {r.rank}: last event (step {r.max_step}), then silence"),
+                        TimelineEntry(time_ns=now_ns, step=r.max_step, rank=r.rank, what=what)]
+            out.append(Finding(
+                "comm", "rank-lost", st.key, r.rank, r.max_step, r.last_ns, host=r.host,
+                evidence=[evidence], timeline=timeline, relabel=(i == 0), update_values=True, counts=False,
+                values={"detail": f"rank {r.rank} lost at step {r.max_step}: its peers' collectives failed",
+                        "rank": r.rank, "step": r.max_step},
+                summary=(f"Rank {r.rank} stopped sending anything after step {r.max_step} and never "
+                         f"exited; its peers' collectives then failed ({inc.title}). The peers' errors "
+                         f"are consequences: find out why rank {r.rank} died (host `dmesg` for the "
+                         f"OOM-killer, the scheduler's preemption log, the node's health).")))
+    return out

@@ -1,0 +1,381 @@
+"""The incident record's diagnosis (seed 000 §3.6): duration, related metrics, trigger conditions and
+ranked root-cause hypotheses with a confidence. Pure; recomputed from the run's state whenever an incident
+changes (``Pipeline`` calls :func:`enrich` each time a finding is applied to the incident or correlation
+changes it: event-driven, never at output time, so the record does not depend on how events are batched
+and survives snapshot/restore unchanged). "Peak" and "last" values are therefore as of the incident's
+latest signal.
+
+* ``duration_s`` -- last_ns - first_ns.
+* ``related`` -- from the lead rank's history around the incident's ``first_step``: ``loss``
+  (``at_first_step``, ``min``, ``last``), ``grad_norm`` (``at_first_step``, ``median_before``, ``max``),
+  ``lr``, ``clip_rate`` (share of the last steps clipped, when the SDK reports ``grad/clip_triggered``),
+  ``amp_scale`` (last GradScaler scale), ``peak_memory_bytes`` (the highest ``mem/max_allocated`` /
+  ``mem/allocated`` / ``mem/reserved`` / ``mem/rss`` seen on the rank, by name) and ``step_time_s``.
+  Keys without data are left out; non-finite values use the JSON mapping's spelling (``"NaN"``).
+  Values at ``first_step`` are kept as first computed when the history (the last ``history_len``
+  steps) no longer holds that step.
+* ``trigger`` -- ``step``, the LR phase at that step (``rising``: warmup or a schedule bug; ``constant``;
+  ``decaying``; ``zero``) with ``lr_growth`` (LR at the step / the earliest LR kept), and ``batch``: the
+  batch features the SDK reported at that step (``seq/*``, ``batch/*`` metrics, e.g. the truncation
+  check's fractions).
+* ``hypotheses`` -- the kind's likely causes (catalogue order is the prior: the first is the most common
+  in the seeds' experience), re-weighted by what this incident's data says (:data:`RULES`: e.g. an LR that
+  grew 30x before an explosion makes "learning rate too high / schedule bug" the lead; an OOM whose
+  reserved-but-unallocated memory exceeds the request makes fragmentation the lead; a rank that went
+  silent makes "node failure or preemption" the lead of a rank-lost incident), normalised to confidences
+  summing to 1, each with the reasons ("why"). These are heuristics over the evidence, stated as such;
+  the incident library (similar past incidents with confirmed causes) refines them later.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .catalogue import DetectionSettings, kind
+from .events import wire_float
+from .state import IncidentState, RankState, RunState, bounded_append
+
+STATE_KEY = "diag"
+"""``RankState.detectors`` key: ``{"peak": {metric: bytes}, "lr": [[step, lr], ...]}``."""
+MEMORY_METRICS = ("mem/max_allocated", "mem/allocated", "mem/reserved", "mem/rss")
+LR_METRICS = ("opt/lr", "lr")
+BATCH_PREFIXES = ("seq/", "batch/")
+LR_LOG_CHANGE = 0.05
+"""The LR change log records a value that moved by more than this fraction since the last record."""
+LR_LOG_MAX = 64
+LR_RECENT_STEPS = 16
+"""An LR record within this many steps of the incident's step means the LR was moving there."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# streaming input: peak memory per rank
+
+
+def observe(rank: RankState, points: Sequence[Tuple[str, int, float]]) -> None:
+    """Keep the peak of the memory metrics in ``points`` (one metric batch of ``rank``) and the LR's
+    change points (the history drops old steps; an incident's onset can be older)."""
+    peak: Optional[Dict[str, float]] = None
+    for name, step, value in points:
+        if value - value != 0.0:
+            continue
+        if name.startswith("mem/") and name in MEMORY_METRICS:
+            if peak is None:
+                peak = rank.detectors.setdefault(STATE_KEY, {}).setdefault("peak", {})
+            if value > peak.get(name, -1.0):
+                peak[name] = float(value)
+        elif name in LR_METRICS:
+            _log_lr(rank, step, value)
+
+
+def _log_lr(rank: RankState, step: int, value: float) -> None:
+    """Record (step, lr) when the LR moved by more than LR_LOG_CHANGE since the last record (bounded:
+    LR_LOG_MAX entries, the middle goes first)."""
+    log: List[List[float]] = rank.detectors.setdefault(STATE_KEY, {}).setdefault("lr", [])
+    if log:
+        last_step, last = log[-1]
+        if step <= last_step:
+            return
+        if abs(value - last) <= LR_LOG_CHANGE * abs(last) and not (last == 0.0) != (value == 0.0):
+            return
+    bounded_append(log, [step, float(value)], LR_LOG_MAX)
+
+
+def lr_phase(rank: RankState, step: int) -> Dict[str, Any]:
+    """``{"lr", "lr_phase", "lr_growth"}`` at ``step`` from the LR change log (empty when unknown).
+    The phase is ``rising`` / ``decaying`` when the LR moved within LR_RECENT_STEPS before the step,
+    ``zero`` for an LR of 0, else ``constant``; growth is the LR at the step / the first LR seen."""
+    log = rank.detectors.get(STATE_KEY, {}).get("lr") or []
+    below = [i for i, (s, _v) in enumerate(log) if s <= step]
+    if not below:
+        return {}
+    i = below[-1]
+    s_i, lr = log[i]
+    out: Dict[str, Any] = {"lr": _number(lr)}
+    if lr == 0:
+        out["lr_phase"] = "zero"
+    elif i > 0 and step - s_i <= LR_RECENT_STEPS:
+        out["lr_phase"] = "rising" if lr > log[i - 1][1] else "decaying"
+    elif i + 1 < len(log) and log[i + 1][0] - step <= LR_RECENT_STEPS:
+        out["lr_phase"] = "rising" if log[i + 1][1] > lr else "decaying"
+    else:
+        out["lr_phase"] = "constant"
+    if log[0][1] > 0:
+        out["lr_growth"] = round(lr / log[0][1], 4)
+    return out
+
+
+def observe_memory(rank: RankState, body: Mapping[str, Any]) -> None:
+    """Keep the peaks of a ``memory`` event (allocated / max_allocated / reserved / rss). Zero is "not
+    reported" (a protobuf default), not a peak."""
+    points = []
+    for field_name, metric in (("max_allocated", "mem/max_allocated"), ("allocated", "mem/allocated"),
+                               ("reserved", "mem/reserved"), ("rss", "mem/rss")):
+        value = body.get(field_name)
+        if isinstance(value, str) and value.isdigit():  # int64 in the JSON mapping
+            value = int(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            points.append((metric, 0, float(value)))
+    observe(rank, points)
+
+
+# ----------------------------------------------------------------------------------------------------
+# facts
+
+
+@dataclass
+class Facts:
+    """What the rules look at, computed once per enrichment."""
+
+    related: Dict[str, Any] = field(default_factory=dict)
+    trigger: Dict[str, Any] = field(default_factory=dict)
+    lr_phase: str = ""
+    lr_growth: float = 0.0
+    clip_rate: Optional[float] = None
+    has_amp: bool = False
+    grad_jump: float = 0.0          # grad norm at the first step / median before (0: unknown)
+    rules: Tuple[str, ...] = ()     # evidence rules present
+    facts: Dict[str, Any] = field(default_factory=dict)  # the classifier's parsed facts, merged
+    world_size: int = 1
+    silent_rank: bool = False
+
+
+def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[str, List[Tuple[int, float]]]:
+    for name in names:
+        data = rank.history.get(name)
+        if data:
+            return name, [(s, v) for s, (v, _t) in sorted(data.items()) if s <= upto]
+    return "", []
+
+
+def _finite(values: Sequence[Tuple[int, float]]) -> List[Tuple[int, float]]:
+    return [(s, v) for s, v in values if v - v == 0.0]
+
+
+def _at(values: Sequence[Tuple[int, float]], step: int) -> Optional[float]:
+    """The value at ``step`` or the nearest before it."""
+    best = None
+    for s, v in values:
+        if s <= step:
+            best = v
+    return best
+
+
+def _number(value: float) -> Any:
+    """7 significant digits, or the JSON mapping's spelling of a non-finite value."""
+    out = wire_float(value)
+    return float(f"{out:.7g}") if isinstance(out, float) else out
+
+
+def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings: DetectionSettings) -> Facts:
+    inc = st.record
+    facts = Facts(world_size=run.world_size)
+    facts.rules = tuple(ev.rule for ev in inc.evidence)
+    facts.silent_rank = "correlation.silent_peer" in facts.rules
+    for ev in inc.evidence:
+        if isinstance(ev.value, dict) and isinstance(ev.value.get("facts"), dict):
+            for k, v in ev.value["facts"].items():
+                facts.facts.setdefault(k, v)
+    if rank is None:
+        return facts
+    last = rank.max_step
+    step = inc.first_step if inc.first_step >= 0 else last
+    related, trigger = facts.related, facts.trigger
+    trigger["step"] = step
+    _name, loss = _series(rank, settings.loss_metrics, max(last, step))
+    if loss:
+        finite = _finite(loss)
+        item: Dict[str, Any] = {}
+        at = _at(loss, step)
+        if at is not None:
+            item["at_first_step"] = _number(at)
+        if finite:
+            item["min"] = _number(min(v for _s, v in finite))
+        item["last"] = _number(loss[-1][1])
+        related["loss"] = item
+    _name, grads = _series(rank, settings.grad_norm_metrics, max(last, step))
+    if grads:
+        item = {}
+        at = _at(grads, step)
+        before = [v for s, v in _finite(grads) if s < step][-32:]
+        if at is not None:
+            item["at_first_step"] = _number(at)
+        if before:
+            median = statistics.median(before)
+            item["median_before"] = _number(median)
+            if at is not None and median > 0 and at - at == 0.0:
+                facts.grad_jump = at / median
+        finite_all = _finite(grads)
+        if finite_all:
+            item["max"] = _number(max(v for _s, v in finite_all))
+        related["grad_norm"] = item
+    phase = lr_phase(rank, step)
+    if phase:
+        related["lr"] = phase["lr"]
+        trigger.update(phase)
+    clips = _finite(_series(rank, ("grad/clip_triggered",), step)[1])
+    if clips:
+        window = [v for _s, v in clips[-32:]]
+        facts.clip_rate = sum(1 for v in window if v > 0) / len(window)
+        related["clip_rate"] = round(facts.clip_rate, 4)
+    _name, scale = _series(rank, ("amp/scale",), max(last, step))
+    if scale:
+        facts.has_amp = True
+        related["amp_scale"] = _number(scale[-1][1])
+    peak = rank.detectors.get(STATE_KEY, {}).get("peak")
+    if peak:
+        related["peak_memory_bytes"] = {k: int(v) for k, v in sorted(peak.items())}
+    step_time = run.step_time()
+    if step_time > 0:
+        related["step_time_s"] = round(step_time, 6)
+    batch = {}
+    for name, data in rank.history.items():
+        if name.startswith(BATCH_PREFIXES):
+            value = data.get(step)
+            if value is None:
+                below = [s for s in data if s <= step]
+                value = data[max(below)] if below else None
+            if value is not None:
+                batch[name] = _number(value[0])
+    if batch:
+        trigger["batch"] = dict(sorted(batch.items()))
+    return facts
+
+
+# ----------------------------------------------------------------------------------------------------
+# hypotheses
+
+# A rule: (kind name, substring of the cause it weighs -- a catalogue cause, or a new cause's full text --,
+# predicate over the facts, weight factor, reason template).
+Rule = Tuple[str, str, Callable[[Facts], bool], float, Callable[[Facts], str]]
+
+
+def _lr_grew(f: Facts) -> bool:
+    return f.lr_growth >= 2.0 or f.lr_phase == "rising"
+
+
+def _lr_why(f: Facts) -> str:
+    if f.lr_growth >= 2.0:
+        return f"the LR grew {f.lr_growth:.3g}x over the kept history before this step"
+    return "the LR was still rising at this step"
+
+
+def _oom_frag(f: Facts) -> bool:
+    ru, req = f.facts.get("reserved_unallocated"), f.facts.get("requested")
+    return isinstance(ru, int) and isinstance(req, int) and ru >= req > 0
+
+
+def _big_request(f: Facts) -> bool:
+    req, cap, free = f.facts.get("requested"), f.facts.get("capacity"), f.facts.get("free")
+    unalloc = f.facts.get("reserved_unallocated", 0)
+    if not isinstance(req, int) or req <= 0:
+        return False
+    if isinstance(cap, int) and req > cap / 4:
+        return True
+    return isinstance(free, int) and isinstance(unalloc, int) and req > free + unalloc
+
+
+def _oom_other(f: Facts) -> bool:
+    other = f.facts.get("other_processes")
+    return isinstance(other, (int, list)) and bool(other)
+
+
+RULES: Tuple[Rule, ...] = (
+    ("gradient/explosion", "learning rate too high", _lr_grew, 4.0, _lr_why),
+    ("gradient/explosion", "outlier sample", lambda f: f.grad_jump >= 50.0, 3.0,
+     lambda f: f"the gradient norm jumped {f.grad_jump:.3g}x its median at once (no gradual climb)"),
+    ("gradient/explosion", "clipping too loose", lambda f: f.clip_rate is None, 1.5,
+     lambda f: "no clipping reported (grad/clip_triggered absent)"),
+    ("gradient/explosion", "clipping too loose", lambda f: f.clip_rate is not None and f.clip_rate > 0.3, 2.0,
+     lambda f: f"clipping triggered on {f.clip_rate or 0:.0%} of the steps before: it did not hold"),
+    ("loss/non_finite", "learning rate too high", _lr_grew, 3.0, _lr_why),
+    ("loss/non_finite", "overflow in fp16", lambda f: f.has_amp, 2.0, lambda f: "mixed precision is on"),
+    ("gradient/nan-source", "a bad sample", lambda f: f.grad_jump == 0.0 or f.grad_jump < 10.0, 1.2,
+     lambda f: "no gradient climb before the first non-finite value: one batch, not a trend"),
+    ("loss/rise-after-fall", "warmup peak", lambda f: f.lr_phase == "rising", 2.0,
+     lambda f: "the LR was still rising when the loss turned"),
+    ("loss/rise-after-fall", "schedule bug", lambda f: f.lr_growth >= 10.0, 3.0,
+     lambda f: f"the LR grew {f.lr_growth:.3g}x: beyond any usual warmup"),
+    ("loss/rise-after-fall", "overfitting", lambda f: f.lr_phase in ("constant", "decaying"), 2.0,
+     lambda f: f"the LR was {f.lr_phase} when the loss turned"),
+    ("loss/oscillation", "learning rate too high", lambda f: f.clip_rate is None or f.clip_rate < 0.3, 1.5,
+     lambda f: "steps are not clipped, so every update has the LR's full size"),
+    ("loss/plateau", "optimizer momentum", lambda f: f.lr_phase == "zero", 3.0,
+     lambda f: "the LR is 0"),
+    ("memory/oom", "activations too large", lambda f: _big_request(f), 3.0,
+     lambda f: "the failed request alone is over a quarter of the GPU (or more than all it had left)"),
+    ("memory/oom", "fragmentation", _oom_frag, 5.0,
+     lambda f: "reserved-but-unallocated memory was larger than the failed request"),
+    ("memory/oom", "another process", _oom_other, 5.0,
+     lambda f: "the OOM message lists memory held by other processes"),
+    ("comm/timeout", "one rank slower or stuck", lambda f: bool(f.facts.get("lagging_ranks")), 4.0,
+     lambda f: f"the desync report names lagging rank(s) {f.facts.get('lagging_ranks')}"),
+    ("comm/rank-lost", "node failure or preemption", lambda f: f.silent_rank, 3.0,
+     lambda f: "the lost rank went silent without an exit event: SIGKILL or a dead node"),
+    ("comm/rank-lost", "killed by the host's OOM-killer (host memory)", lambda f: f.silent_rank, 2.0,
+     lambda f: "a SIGKILLed process sends nothing; check `dmesg` on its node for oom-kill"),
+    ("progress/stalled", "a collective waiting", lambda f: f.world_size <= 1, 0.1,
+     lambda f: "a single-process run has no peers to wait for"),
+)
+
+PRIORS = (3.0, 2.0, 1.5, 1.0)
+"""Weights of a kind's causes in catalogue order (the most common first); later ones get the last."""
+
+
+def hypotheses(category: str, subtype: str, facts: Facts, most: int = 5) -> List[Dict[str, Any]]:
+    """Ranked ``[{"cause", "confidence", "why"}]`` for an incident of this kind with these facts."""
+    spec = kind(category, subtype)
+    weights: Dict[str, float] = {}
+    why: Dict[str, List[str]] = {}
+    for i, cause in enumerate(spec.causes):
+        weights[cause] = PRIORS[min(i, len(PRIORS) - 1)]
+        why[cause] = []
+    name = spec.name
+    for rule_kind, needle, predicate, factor, reason in RULES:
+        if rule_kind != name or not predicate(facts):
+            continue
+        matches = [c for c in weights if needle in c]
+        if not matches:  # a cause the catalogue does not list for this kind
+            weights[needle] = 1.0
+            why[needle] = []
+            matches = [needle]
+        for cause in matches:
+            weights[cause] *= factor
+            why[cause].append(reason(facts))
+    total = sum(weights.values()) or 1.0
+    ranked = sorted(weights.items(), key=lambda kv: (-kv[1], list(weights).index(kv[0])))
+    return [{"cause": cause, "confidence": round(w / total, 2),
+             "why": why[cause] or ["prior: how often this is the cause of this kind"]}
+            for cause, w in ranked[:most]]
+
+
+# ----------------------------------------------------------------------------------------------------
+# entry point
+
+
+def enrich(run: RunState, st: IncidentState, settings: DetectionSettings) -> None:
+    """Recompute ``st.record``'s duration, related metrics, trigger and hypotheses from ``run``'s state."""
+    inc = st.record
+    inc.duration_s = round(max(0, inc.last_ns - inc.first_ns) / 1e9, 3)
+    rank = run.ranks.get(inc.lead_rank)
+    if rank is None and inc.ranks:
+        rank = run.ranks.get(inc.ranks[0])
+    facts = _facts(run, rank, st, settings)
+    same_start = inc.trigger.get("step") == facts.trigger.get("step")
+    inc.trigger = _merged(inc.trigger if same_start else {}, facts.trigger)
+    inc.related = _merged(inc.related if same_start else {}, facts.related)
+    # what the history no longer holds (it keeps the last history_len steps) stays as first computed
+    facts.lr_phase = str(inc.trigger.get("lr_phase", ""))
+    growth = inc.trigger.get("lr_growth", 0.0)
+    facts.lr_growth = float(growth) if isinstance(growth, (int, float)) else 0.0
+    inc.hypotheses = hypotheses(inc.category, inc.subtype, facts)
+
+
+def _merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Any]:
+    """``new`` over ``old``, one level deep: keys ``new`` lacks keep their earlier value."""
+    out = dict(old)
+    for key, value in new.items():
+        before = out.get(key)
+        out[key] = {**before, **value} if isinstance(value, dict) and isinstance(before, dict) else value
+    return out
