@@ -84,6 +84,14 @@ SCENARIOS: Tuple[Scenario, ...] = (
     Scenario("vanishing", ("gradient", "vanishing")),
     Scenario("clip_stale", ("gradient", "clip-stale")),
     Scenario("nan_source", ("gradient", "nan-source")),
+    # process-level: a real bug that raises, a real deadlock (tests/scenarios/trainings_process.py)
+    Scenario("crash", ("process", "exception"), module="tests.scenarios.trainings_process",
+             note="x.view(BATCH, ...) of the epoch's incomplete last batch: RuntimeError, exit 1"),
+    Scenario("stall", ("progress", "stalled"), module="tests.scenarios.trainings_process",
+             note="DataLoader workers forked while a thread holds the dataset's lock; SIGTERMed after 12 s"),
+    # memory: a real leak in a CPU training loop (tests/scenarios/trainings_memory.py)
+    Scenario("leak", ("memory", "leak"), module="tests.scenarios.trainings_memory",
+             note="held-out loss computed outside no_grad and summed as a tensor: every step's graph kept"),
     # real H200 runs (tests/scenarios/gpu.py)
     Scenario("gpu_oom", ("memory", "oom"), source="gpu"),
     Scenario("gpu_fragmentation", ("memory", "fragmentation"), source="gpu"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,17 +40,30 @@ from tests.scenarios.corpus import BY_NAME, of_source  # noqa: E402
 
 SCENARIOS = tuple(s.name for s in of_source("cpu"))
 
+SCENARIO_ENV: Dict[str, Dict[str, str]] = {
+    # a hang (tests/scenarios/trainings_process.py): a heartbeat every second, so that the stall is seen
+    # within a second of the detection threshold; the scenario's watchdog SIGTERMs the hung process after
+    # 12 s without a step (long enough for a 5 s stall floor, the benchmark's default)
+    "stall": {"TRAINGUARD_HEARTBEAT_INTERVAL": "1", "SCENARIO_STALL_LIMIT_S": "12"},
+}
+"""Environment added for one scenario, on top of :func:`scenario_env`'s."""
+EXIT_CODES: Dict[str, int] = {"crash": 1, "stall": -signal.SIGTERM}
+"""How a scenario's process ends (``subprocess`` return code) when it is not 0."""
 
-def _env(endpoint: Path, spool: str) -> Dict[str, str]:
+
+def scenario_env(name: str, endpoint: str, spool: str) -> Dict[str, str]:
+    """The environment a scenario training runs with: the SDK configured only through ``TRAINGUARD_*``
+    variables, sending to ``endpoint`` (a URL), plus :data:`SCENARIO_ENV`'s for ``name``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SCENARIO_DEBUG"):
-        env.pop(name, None)
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SCENARIO_DEBUG"):
+        env.pop(var, None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sdk" / "src"), str(REPO)])
-    env["TRAINGUARD_ENDPOINT"] = endpoint.resolve().as_uri()
+    env["TRAINGUARD_ENDPOINT"] = endpoint
     env["TRAINGUARD_PROJECT"] = "scenarios"
     env["TRAINGUARD_SPOOL_DIR"] = spool
     env["TRAINGUARD_FLUSH_INTERVAL"] = "0.25"
     env["TRAINGUARD_WATCH_OVERHEAD_BUDGET"] = "0"
+    env.update(SCENARIO_ENV.get(name, {}))
     return env
 
 
@@ -63,9 +77,11 @@ def record(name: str, tmp: str, seed: int = 0, out_dir: Path = STREAMS) -> Path:
     ``out_dir`` (default ``streams/``, where only seed 0 belongs)."""
     endpoint = Path(tmp) / f"{name}-{seed}.jsonl"
     proc = subprocess.run([sys.executable, "-m", BY_NAME[name].module, name, "--seed", str(seed)],
-                          env=_env(endpoint, tmp), cwd=REPO, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name}: exit code {proc.returncode}\n{proc.stderr[-2000:]}")
+                          env=scenario_env(name, endpoint.resolve().as_uri(), tmp), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != EXIT_CODES.get(name, 0):
+        raise SystemExit(f"{name}: exit code {proc.returncode} (expected {EXIT_CODES.get(name, 0)})\n"
+                         f"{proc.stderr[-2000:]}")
     events = _read(endpoint)
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / (f"{name}.jsonl" if seed == 0 else f"{name}.seed{seed}.jsonl")
