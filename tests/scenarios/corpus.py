@@ -96,6 +96,28 @@ SCENARIOS: Tuple[Scenario, ...] = (
     Scenario("gpu_oom", ("memory", "oom"), source="gpu"),
     Scenario("gpu_fragmentation", ("memory", "fragmentation"), source="gpu"),
     Scenario("gpu_amp_overflow", ("memory", "amp-overflow"), source="gpu"),
+    # two-process torch.distributed jobs on the CPU, gloo (tests/scenarios/dist.py runs
+    # tests/fixtures/nccl/capture.py; streams_dist/README.md). Judged as a runtime would: the events, then
+    # Pipeline.advance() a minute after the last one (a silent rank is only known to be lost by then)
+    Scenario("dist_timeout", ("comm", "timeout"), source="dist",
+             note="rank 1 sleeps 90 s before an all_reduce rank 0 entered: rank 0's gloo recv times out "
+                  "after the 10 s PG timeout, then torchrun SIGTERMs rank 1"),
+    Scenario("dist_mismatch", ("comm", "mismatch"), source="dist",
+             note="TORCH_DISTRIBUTED_DEBUG=DETAIL, gradients all-reduced by hand; all_reduce of 1024 vs 2048 "
+                  "floats: 'Detected mismatch between collectives' on both ranks"),
+    Scenario("dist_rank_lost", ("comm", "rank-lost"), source="dist", lead_rank=1,
+             note="rank 1 SIGKILLs itself after step 10 (no exit event); rank 0's next all-reduce fails "
+                  "with gloo 'Connection reset by peer'"),
+    Scenario("dist_init_failure", ("comm", "init-failure"), source="dist",
+             note="no torchrun; rank 1's MASTER_PORT has no listener: its TCPStore client times out, rank 0 "
+                  "times out waiting for clients (1/2 joined)"),
+    Scenario("dist_nan_one_rank", ("gradient", "nan-source"), source="dist", lead_rank=1,
+             note="rank 1's batch of step 10 holds an inf: its loss goes NaN, DDP's all-reduce spreads NaN "
+                  "gradients to rank 0 (whose loss is NaN from step 11)"),
+    Scenario("dist_hang", ("progress", "stalled"), source="dist",
+             note="uneven shards under DDP: rank 1 waits in the final barrier, rank 0 in DDP's all-reduce "
+                  "(PG timeout 600 s), both heartbeating; SIGKILLed after 40 s. Needs stall_min_s < ~30 s "
+                  "(the tests use 5 s; the default floor is 120 s)"),
 )
 
 BY_NAME: Dict[str, Scenario] = {s.name: s for s in SCENARIOS}
