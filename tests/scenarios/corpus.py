@@ -92,6 +92,13 @@ SCENARIOS: Tuple[Scenario, ...] = (
     # memory: a real leak in a CPU training loop (tests/scenarios/trainings_memory.py)
     Scenario("leak", ("memory", "leak"), module="tests.scenarios.trainings_memory",
              note="held-out loss computed outside no_grad and summed as a tensor: every step's graph kept"),
+    # fine-tuning: what only the job can see (tests/scenarios/trainings_finetune.py)
+    Scenario("truncation", ("sequence", "truncation"), module="tests.scenarios.trainings_finetune",
+             note="collator builds a right-padding mask from pre-truncation lengths; tokenizer pads left; EOS cut"),
+    Scenario("lora_break", ("adapter", "lora-grad-break"), module="tests.scenarios.trainings_finetune",
+             note="reentrant checkpointing from step 24 over frozen embeddings: adapters get no grad, head learns"),
+    Scenario("healthy_lora", None, module="tests.scenarios.trainings_finetune",
+             note="the same LoRA fine-tune with enable_input_require_grads; correct collation, checked"),
     # real H200 runs (tests/scenarios/gpu.py)
     Scenario("gpu_oom", ("memory", "oom"), source="gpu"),
     Scenario("gpu_fragmentation", ("memory", "fragmentation"), source="gpu"),

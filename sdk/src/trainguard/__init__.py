@@ -8,7 +8,17 @@
 Nothing here ever raises into the training loop; see :mod:`trainguard.api`.
 """
 
-from .api import capture_exception, flush, get_client, init, log, shutdown, watch
+from .api import (
+    capture_exception,
+    check_batch,
+    flush,
+    get_client,
+    init,
+    log,
+    shutdown,
+    watch,
+    watch_lora,
+)
 from .options import Options
 from .version import __version__
 
@@ -16,10 +26,12 @@ __all__ = [
            "Options",
            "__version__",
            "capture_exception",
+           "check_batch",
            "flush",
            "get_client",
            "init",
            "log",
            "shutdown",
            "watch",
+           "watch_lora",
 ]
