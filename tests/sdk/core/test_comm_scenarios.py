@@ -12,8 +12,7 @@ The streams are judged as a runtime judges them: every event, then ``Pipeline.ad
 :data:`SETTLE_S` after the last event (the processor's clock; a rank SIGKILLed without a word is only known
 to be lost once its silence outlasts ``rank_lost_grace_s``), under the benchmark's stall floor
 (:data:`STALL_FLOOR_S`; each job is shorter than a minute, the default floor is 120 s).
-
-Strict xfails mark what the cross-rank correlation does not do yet (see each reason)."""
+"""
 
 from __future__ import annotations
 
@@ -47,24 +46,6 @@ DIST: Tuple[Scenario, ...] = of_source("dist")
 NAMES = tuple(s.name for s in DIST)
 COMM = tuple(s.name for s in DIST if s.expected and s.expected[0] == "comm")
 LEADS = tuple(s.name for s in DIST if s.lead_rank >= 0)
-
-XFAIL_EXACT = {
-    "dist_timeout": "correlation: the lagging rank's SIGTERM by torchrun after its peer's timeout opens "
-                    "process/terminated, and the 10 s without progress before the timeout opens "
-                    "progress/stalled; both are the timeout's consequences/precursor (comm/timeout "
-                    "is not a cause in correlate.CAUSES, and a stall is not folded)",
-}
-XFAIL_LEAD = {
-    "dist_nan_one_rank": "correlation: one rank's NaN shared through the all-reduce should point at that rank "
-                         "(its loss is non-finite at the step where the others' is finite); today the lead is "
-                         "whichever rank's NaN grad-norm event carries the earlier timestamp, microseconds apart",
-}
-
-
-def _param(names: Sequence[str], xfails: Dict[str, str]) -> List[Any]:
-    return [pytest.param(n, marks=pytest.mark.xfail(reason=xfails[n], strict=True)) if n in xfails else n
-            for n in names]
-
 
 # ------------------------------------------------------------------------------------------------ helpers
 
@@ -226,7 +207,7 @@ def test_print_what_the_pipeline_says(capsys: pytest.CaptureFixture[str]) -> Non
     assert all(yielded(judge(s.events())) for s in DIST)  # every scenario is an anomaly
 
 
-@pytest.mark.parametrize("name", _param(NAMES, XFAIL_EXACT))
+@pytest.mark.parametrize("name", NAMES)
 def test_each_scenario_yields_exactly_its_expected_kind(name: str) -> None:
     assert kinds(yielded(judge(BY_NAME[name].events()))) == [BY_NAME[name].expected]
 
@@ -252,7 +233,7 @@ def test_the_manifest_lead_rank_is_the_rank_the_recording_names(name: str) -> No
         pytest.fail(f"no check of {name}'s lead rank against its recording")
 
 
-@pytest.mark.parametrize("name", _param(LEADS, XFAIL_LEAD))
+@pytest.mark.parametrize("name", LEADS)
 def test_the_incident_is_led_by_the_scenarios_lead_rank(name: str) -> None:
     incident = the_incident(name)
     assert incident.lead_rank == BY_NAME[name].lead_rank
@@ -292,13 +273,17 @@ def test_timeout_evidence_carries_the_process_group_timeout() -> None:
     assert ms == [int(record("dist_timeout")["pg_timeout_s"] * 1000)]
 
 
-@pytest.mark.xfail(reason="correlation: DESIGN §4 'comm/timeout: name the lagging rank'; the lagging rank "
-                          "(alive, never entered the collective, then SIGTERMed) is not in the incident",
-                   strict=True)
-def test_timeout_names_the_lagging_rank() -> None:
+def test_timeout_names_the_lagging_rank_and_folds_the_stall_and_the_sigterm_into_it() -> None:
     (lagging,) = facts("dist_timeout")["lagging_ranks"]
     incident = the_incident("dist_timeout")
-    assert lagging in incident.ranks
+    assert lagging in incident.ranks and incident.lead_rank == lagging
+    assert [e.rank for e in incident.evidence if e.rule == "correlation.lagging_rank"] == [lagging]
+    assert "one rank slower or stuck" in incident.hypotheses[0]["cause"]
+    # the stall before the timeout and the launcher's SIGTERM of the lagging rank are this incident's
+    folded = [i for i in judge(BY_NAME["dist_timeout"].events()).incidents() if i.explained_by]
+    assert {(i.category, i.subtype) for i in folded} <= {("progress", "stalled"), ("process", "terminated")}
+    assert all(i.explained_by == incident.incident_id and i.status == "resolved" for i in folded)
+    assert any(c.startswith("process/terminated on rank") for c in incident.consequences)
     assert re.search(rf"lagging rank\(?s?\)?:? {lagging}\b", f"{incident.title} {incident.summary}", re.I)
 
 

@@ -9,7 +9,9 @@ Two rules, both pure and deterministic (event times decide; processing time only
 (``process/terminated``). A *cause* is an open incident of a kind that makes peers' collectives fail:
 a non-finite loss or gradient (``loss/non_finite``, ``gradient/explosion``, ``gradient/nan-source``), a
 device failure (``memory/oom``, ``memory/oom-or-cuda-error``, ``memory/cuda-error``) or a crash
-(``process/exception``, ``process/killed``, ``process/exit``). When a consequence signal arrives at time
+(``process/exception``, ``process/killed``, ``process/exit``). An exception whose message says the values
+went non-finite (the job's own NaN guard raising) is a consequence of an earlier non-finite loss or
+gradient incident. When a consequence signal arrives at time
 *t* and the run has a cause whose earliest signal is at or before *t*, the signal joins the cause (the
 earliest such cause) as evidence instead of opening an incident of its own: a gradient-norm climb → Inf →
 NaN loss → NCCL error is one ``gradient/explosion`` incident. The cause lists it in ``consequences``
@@ -31,11 +33,12 @@ rank counts as ended (failed) and is not reported again by ``progress/lost``. A 
 
 from __future__ import annotations
 
+import re
 from typing import Dict, List, Optional, Tuple
 
 from .catalogue import DetectionSettings
 from .detectors import fmt_duration
-from .incidents import Finding, add_timeline, resolve
+from .incidents import Finding, add_timeline, refresh_ranks, resolve
 from .records import Evidence, TimelineEntry
 from .state import IncidentState, RankState, RunState
 
@@ -53,8 +56,19 @@ CONSEQUENCES: Tuple[Kind, ...] = (
 )
 """Kinds that are the other ranks' view of a failure elsewhere (rule 1)."""
 
+NUMERIC: Tuple[Kind, ...] = CAUSES[:3]
+_NON_FINITE_TEXT = re.compile(r"\b(nan|inf|infinity|non-?finite|not finite)\b", re.IGNORECASE)
+"""An exception whose message says the values went non-finite (a job's own ``isfinite`` guard raising,
+``FloatingPointError``, anomaly mode) after a non-finite loss or gradient is that incident's consequence."""
+
 PEER_FAILURES: Tuple[Kind, ...] = (("comm", "timeout"), ("comm", "failure"), ("comm", "rank-lost"))
 """Kinds a silent rank can explain (rule 2)."""
+
+COMM_FAILURES: Tuple[Kind, ...] = (*PEER_FAILURES, ("comm", "mismatch"), ("comm", "init-failure"))
+TERMINATION_CAUSES: Tuple[Kind, ...] = (*CAUSES, *COMM_FAILURES)
+"""A rank terminated by its launcher (``process/terminated``) after any of these on another rank is
+that failure's consequence: torchrun stops the survivors when one rank fails."""
+STALLED: Kind = ("progress", "stalled")
 
 HEARTBEAT_SLACK = 2.5
 """A rank is silent when it missed this many of its own heartbeat intervals (and rank_lost_grace_s)."""
@@ -64,12 +78,13 @@ def _kind(st: IncidentState) -> Kind:
     return st.record.category, st.record.subtype
 
 
-def find_cause(run: RunState, at_ns: int, exclude: str = "") -> Optional[IncidentState]:
-    """The open cause incident of ``run`` whose earliest signal is at or before ``at_ns`` (the earliest
-    such; None if there is none)."""
+def find_cause(run: RunState, at_ns: int, exclude: str = "",
+               kinds: Tuple[Kind, ...] = CAUSES) -> Optional[IncidentState]:
+    """The open incident of ``run`` of one of ``kinds`` whose earliest signal is at or before ``at_ns``
+    (the earliest such; None if there is none)."""
     best: Optional[IncidentState] = None
     for st in run.incidents.values():
-        if st.key == exclude or not st.is_open or _kind(st) not in CAUSES or st.record.explained_by:
+        if st.key == exclude or not st.is_open or _kind(st) not in kinds or st.record.explained_by:
             continue
         first = st.record.first_ns
         if first and first <= at_ns and (best is None or (first, st.key) < (best.record.first_ns, best.key)):
@@ -113,7 +128,8 @@ def _as_consequence(finding: Finding, cause: IncidentState) -> Finding:
                 for t in finding.timeline]
     return Finding(cause.record.category, cause.record.subtype, cause.key, finding.rank, finding.step,
                    finding.time_ns, host=finding.host, seen_ns=finding.seen_ns, seen_step=finding.seen_step,
-                   event_id=finding.event_id, evidence=evidence, timeline=timeline, counts=False)
+                   event_id=finding.event_id, evidence=evidence, timeline=timeline, counts=False,
+                   replace_evidence=finding.replace_evidence)
 
 
 def route(run: RunState, finding: Finding) -> Finding:
@@ -126,8 +142,14 @@ def route(run: RunState, finding: Finding) -> Finding:
     if current is not None and current.record.explained_by:
         cause = _by_id(run, current.record.explained_by)
         kind = _kind(current)
+    elif kind == ("process", "terminated"):
+        cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=TERMINATION_CAUSES)
     elif kind in CONSEQUENCES:
         cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key)
+    elif kind == STALLED and current is None:
+        cause = _hang_incident(run, finding.time_ns)
+    elif kind == ("process", "exception") and _NON_FINITE_TEXT.search(str(finding.values.get("detail", ""))):
+        cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=NUMERIC)
     if cause is None or cause.key == finding.key:
         return finding
     rank = run.ranks.get(finding.rank)
@@ -142,14 +164,47 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
     cause, and resolve it as explained. Returns the incidents changed (causes and consequences)."""
     changed: List[IncidentState] = []
     for st in list(run.incidents.values()):
-        if not st.is_open or st.record.explained_by or _kind(st) not in CONSEQUENCES:
+        if st.record.explained_by:
             continue
-        cause = find_cause(run, st.record.first_ns, exclude=st.key)
+        kind = _kind(st)
+        if kind == STALLED:
+            cause = _ended_in(run, st)
+        elif not st.is_open or kind not in CONSEQUENCES:
+            continue
+        elif kind == ("process", "terminated"):
+            cause = find_cause(run, st.record.first_ns, exclude=st.key, kinds=TERMINATION_CAUSES)
+        else:
+            cause = find_cause(run, st.record.first_ns, exclude=st.key)
         if cause is None:
             continue
         _fold_into(run, st, cause, settings)
+        if kind == STALLED:
+            cause.extra["hang"] = True
         changed += [st, cause]
     return changed
+
+
+def _ended_in(run: RunState, stall: IncidentState) -> Optional[IncidentState]:
+    """The open communication failure a stall ended in: it began while the stall lasted, on a rank of
+    the stall. A hang that ends in a collective timeout is one incident: the timeout's."""
+    s = stall.record
+    end = s.resolved_ns if not stall.is_open else 2**63 - 1
+    for st in run.incidents.values():
+        if st is stall or not st.is_open or st.record.explained_by or _kind(st) not in COMM_FAILURES:
+            continue
+        began = st.record.first_ns
+        if s.first_ns <= began <= end and set(st.rank_first) & set(stall.rank_first):
+            return st
+    return None
+
+
+def _hang_incident(run: RunState, at_ns: int) -> Optional[IncidentState]:
+    """The open communication failure that already absorbed a stall (a new stall episode of the same
+    hang joins it instead of opening another incident)."""
+    for st in run.incidents.values():
+        if st.extra.get("hang") and st.is_open and not st.record.explained_by and st.record.first_ns <= at_ns:
+            return st
+    return None
 
 
 def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings: DetectionSettings) -> None:
@@ -167,9 +222,12 @@ def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings:
     for r, first in st.rank_first.items():
         if r not in cause.rank_first and len(cause.rank_first) < settings.max_incident_ranks:
             cause.rank_first[r] = first
-    if cause.rank_first:
-        target.ranks = sorted(cause.rank_first)
-        target.lead_rank = min(cause.rank_first, key=lambda r: (cause.rank_first[r][0], r))
+    if st.rank_first:
+        target.first_ns = min(target.first_ns, inc.first_ns) if target.first_ns else inc.first_ns
+    if inc.first_step >= 0:
+        target.first_step = inc.first_step if target.first_step < 0 else \
+            min(target.first_step, inc.first_step)
+    refresh_ranks(cause)
     for host in inc.hosts:
         if host not in target.hosts and len(target.hosts) < settings.max_incident_ranks:
             target.hosts.append(host)
@@ -233,3 +291,110 @@ def check_silent_peers(run: RunState, now_ns: int, settings: DetectionSettings) 
                          f"are consequences: find out why rank {r.rank} died (host `dmesg` for the "
                          f"OOM-killer, the scheduler's preemption log, the node's health).")))
     return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# who leads: the lagging rank of a timeout, the rank whose loss went non-finite first
+
+REPORTED = ("exception.", "log.")
+"""Evidence rules of a rank that reported the failure itself (error text), as opposed to ranks folded in
+by correlation or by their exit."""
+
+
+def check_lagging(run: RunState, now_ns: int, settings: DetectionSettings) -> List[Finding]:
+    """Name the lagging rank(s) of an open ``comm/timeout`` / ``comm/failure`` (DESIGN §4): ranks that were
+    alive (a heartbeat at least max(3 x step time, one heartbeat interval) after their last progress, and
+    recent when the failure began) but made no progress since before it and never reported it. Judged
+    once per incident, when nobody is left to report (every rank exited or reported) or
+    ``rank_lost_grace_s`` after the failure began. The first such rank (earliest last progress) leads."""
+    out: List[Finding] = []
+    for st in run.incidents.values():
+        inc = st.record
+        if st.extra.get("lagging_done") or not st.is_open or inc.explained_by or \
+                _kind(st) not in (("comm", "timeout"), ("comm", "failure")):
+            continue
+        began = st.extra.setdefault("began", inc.first_ns)
+        reporters = {ev.rank for ev in inc.evidence if ev.rule.startswith(REPORTED)}
+        settled = all(r.exited or r.lost_ns or r.rank in reporters for r in run.ranks.values())
+        if not settled and now_ns - began <= settings.rank_lost_grace_s * 1e9:
+            continue
+        st.extra["lagging_done"] = True
+        step_time = run.step_time()
+        lagging = []
+        for r in run.ranks.values():
+            if r.rank in reporters or (r.exited and r.exit_ns < began) or not r.progress_ns or \
+                    r.progress_ns >= began:
+                continue
+            stuck = (r.last_hb_ns - r.progress_ns) / 1e9
+            if stuck > max(3 * step_time, r.hb_interval_s) and \
+                    began - r.last_hb_ns <= silence_grace_s(r, settings) * 1e9:
+                lagging.append(r)
+        if not lagging:
+            continue
+        lagging.sort(key=lambda r: (r.progress_ns, r.rank))
+        names = ", ".join(str(r.rank) for r in lagging[:16])
+        st.extra["lead"] = lagging[0].rank
+        inc.summary += (f" Lagging rank(s): {names} -- alive (heartbeats) but without progress since before "
+                        f"the failure and silent about it: they never reached the collective; start with "
+                        f"them.")
+        for r in lagging:
+            stuck = (r.last_hb_ns - r.progress_ns) / 1e9
+            evidence = Evidence(
+                rule="correlation.lagging_rank",
+                description=(f"rank {r.rank}: last progress at step {r.max_step}, still heartbeating "
+                             f"{fmt_duration(stuck)} later, and no error of its own: it was not in the "
+                             f"collective its peers failed in"),
+                step=r.max_step, time_ns=r.progress_ns, rank=r.rank, metric="seconds_without_progress",
+                value=round(stuck, 3))
+            out.append(Finding(inc.category, inc.subtype, st.key, r.rank, r.max_step, r.progress_ns,
+                               host=r.host, evidence=[evidence], counts=False, timeline=[TimelineEntry(
+                                   time_ns=r.progress_ns, step=r.max_step, rank=r.rank,
+                                   what=f"rank {r.rank}: last progress (step {r.max_step}); lagging")]))
+    return out
+
+
+def pin_numeric_lead(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
+    """Lead a multi-rank non-finite incident with the rank whose loss went non-finite at the earliest
+    *step* (DESIGN §4: one rank's NaN that all ranks then share through the all-reduce points at that
+    rank's data), when exactly one rank did; event times across hosts cannot order ranks within a step.
+    Returns the incidents whose lead changed."""
+    changed = []
+    for st in run.incidents.values():
+        if not st.is_open or _kind(st) not in NUMERIC or len(st.rank_first) < 2:
+            continue
+        firsts = {}
+        for r in st.rank_first:
+            rank = run.ranks.get(r)
+            if rank is None:
+                continue
+            steps = [rank.first_nonfinite[n][0] for n in settings.loss_metrics if n in rank.first_nonfinite]
+            if steps:
+                firsts[r] = min(steps)
+        if not firsts:
+            continue
+        earliest = min(firsts.values())
+        leaders = sorted(r for r, s in firsts.items() if s == earliest)
+        others = sorted(s for r, s in firsts.items() if s != earliest)
+        lead = leaders[0] if len(leaders) == 1 and (others or len(firsts) < len(st.rank_first)) else None
+        if lead == st.extra.get("lead"):
+            continue
+        if lead is None:
+            st.extra.pop("lead", None)
+        else:
+            st.extra["lead"] = lead
+            note = (f"rank {lead}'s loss went non-finite first, at step {earliest}"
+                    + (f"; the other ranks' from step {others[0]}" if others else
+                       "; the other ranks' losses stayed finite")
+                    + f": the NaN started in rank {lead}'s batch and reached the others through the "
+                      f"gradient all-reduce")
+            rank = run.ranks[lead]
+            rules = {ev.rule for ev in st.record.evidence}
+            if len(st.record.evidence) < settings.max_evidence and \
+                    "correlation.first_non_finite_rank" not in rules:
+                st.record.evidence.append(Evidence(
+                    rule="correlation.first_non_finite_rank", description=note, step=earliest,
+                    time_ns=rank.first_nonfinite.get(settings.loss_metrics[0], (earliest, 0))[1], rank=lead))
+        refresh_ranks(st)
+        st.dirty = True
+        changed.append(st)
+    return changed

@@ -311,6 +311,8 @@ RULES: Tuple[Rule, ...] = (
      lambda f: "the OOM message lists memory held by other processes"),
     ("comm/timeout", "one rank slower or stuck", lambda f: bool(f.facts.get("lagging_ranks")), 4.0,
      lambda f: f"the desync report names lagging rank(s) {f.facts.get('lagging_ranks')}"),
+    ("comm/timeout", "one rank slower or stuck", lambda f: "correlation.lagging_rank" in f.rules, 4.0,
+     lambda f: "a rank was alive but never reached the collective (heartbeats without progress)"),
     ("comm/rank-lost", "node failure or preemption", lambda f: f.silent_rank, 3.0,
      lambda f: "the lost rank went silent without an exit event: SIGKILL or a dead node"),
     ("comm/rank-lost", "killed by the host's OOM-killer (host memory)", lambda f: f.silent_rank, 2.0,

@@ -129,9 +129,7 @@ def _merge_members(st: IncidentState, finding: Finding, settings: DetectionSetti
             pass  # listed ranks are bounded; the signal still counts
         elif first is None or (finding.time_ns, finding.step) < first:
             st.rank_first[finding.rank] = (finding.time_ns, finding.step)
-        if st.rank_first:
-            inc.ranks = sorted(st.rank_first)
-            inc.lead_rank = min(st.rank_first, key=lambda r: (st.rank_first[r][0], r))
+        refresh_ranks(st)
     if finding.host and finding.host not in inc.hosts and len(inc.hosts) < settings.max_incident_ranks:
         inc.hosts.append(finding.host)
     if finding.time_ns:
@@ -140,6 +138,21 @@ def _merge_members(st: IncidentState, finding: Finding, settings: DetectionSetti
     if finding.step >= 0:
         inc.first_step = finding.step if inc.first_step < 0 else min(inc.first_step, finding.step)
     inc.last_step = max(inc.last_step, finding.step, finding.seen_step)
+
+
+def refresh_ranks(st: IncidentState) -> None:
+    """``ranks`` and ``lead_rank`` from ``st.rank_first``: the lead is the rank correlation pinned
+    (``st.extra["lead"]``: a lagging rank, the rank whose loss went non-finite first) if it is listed,
+    else the rank with the earliest signal (event time, then rank number)."""
+    if not st.rank_first:
+        return
+    inc = st.record
+    inc.ranks = sorted(st.rank_first)
+    pinned = st.extra.get("lead")
+    if isinstance(pinned, int) and pinned in st.rank_first:
+        inc.lead_rank = pinned
+    else:
+        inc.lead_rank = min(st.rank_first, key=lambda r: (st.rank_first[r][0], r))
 
 
 def _add_evidence(inc: Incident, ev: Evidence, replace: bool, settings: DetectionSettings) -> None:

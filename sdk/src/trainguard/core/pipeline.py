@@ -270,7 +270,7 @@ class Pipeline:
         finding = progress.on_heartbeat(run, rank, ev.time_ns, ev.event_id, settings)
         if finding is not None:
             st = self._apply(run, finding, settings)
-            if st is not None:
+            if st is not None and st.key.startswith(progress.STALL_PREFIX):
                 progress.joined_stall(run, rank, st.key)
 
     def _on_exception(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
@@ -317,11 +317,17 @@ class Pipeline:
     def _correlate(self, run: RunState, now_ns: int, settings: DetectionSettings) -> None:
         """Cross-rank correlation at ``now_ns`` (see :mod:`.correlate`): consequences folded into their
         cause, silent ranks named as the lost rank of their peers' failures."""
-        for st in correlate.explain(run, settings):
+        changed = False
+        for finding in correlate.check_lagging(run, now_ns, settings):
+            self._apply(run, finding, settings)
+            changed = True
+        for st in correlate.explain(run, settings) + correlate.pin_numeric_lead(run, settings):
             diagnosis.enrich(run, st, settings)
-            self._mark(run)
+            changed = True
         for finding in correlate.check_silent_peers(run, now_ns, settings):
             self._apply(run, finding, settings)
+            changed = True
+        if changed:
             self._mark(run)
 
     def _mark(self, run: RunState) -> None:
