@@ -308,10 +308,26 @@ def test_stall_resolves_when_the_run_exits_and_lost_resolves_when_events_return(
     exit_event["lifecycle"].update(exit_code=143, signal=15, reason="signal")
     out = pipeline.process([exit_event])
     by_kind = {i.subtype: i for i in out.incidents}
-    assert by_kind["stalled"].status == INCIDENT_RESOLVED and "exited" in by_kind["stalled"].timeline[-1].what
-    assert by_kind["lost"].status == INCIDENT_RESOLVED
-    assert by_kind["terminated"].status == INCIDENT_OPEN
+    # killed while hung: the SIGTERM is evidence on the stall (why it was killed), which stays open
+    stalled = by_kind["stalled"]
+    assert stalled.status != INCIDENT_RESOLVED and "exited (code 143) while stalled" in stalled.timeline[-1].what
+    assert stalled.consequences == ["process/terminated on rank 0"]
+    assert [e.value for e in stalled.evidence if e.rule == "exit.code"] == [143]
+    assert "terminated" not in by_kind and by_kind["lost"].status == INCIDENT_RESOLVED
     assert out.runs[0].status == RUN_FAILED and out.runs[0].exit_codes == {"0": 143}
+    assert out.runs[0].health == "warning"
+
+
+def test_a_stall_resolves_when_the_rank_exits_cleanly() -> None:
+    events = load("stalling")
+    exit_event = copy.deepcopy([e for e in load("crashing") if "lifecycle" in e][-1])
+    pipeline = run_all(events)
+    for field_ in ("project", "run_id", "host", "pid", "rank"):
+        exit_event[field_] = events[0][field_]
+    exit_event["time_unix_nano"] = last_time(events) + 10**9
+    exit_event["lifecycle"].update(exit_code=0, signal=0, reason="normal")
+    (stalled,) = pipeline.process([exit_event]).incidents
+    assert stalled.status == INCIDENT_RESOLVED and "exited (code 0)" in stalled.timeline[-1].what
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -67,7 +67,8 @@ PEER_FAILURES: Tuple[Kind, ...] = (("comm", "timeout"), ("comm", "failure"), ("c
 COMM_FAILURES: Tuple[Kind, ...] = (*PEER_FAILURES, ("comm", "mismatch"), ("comm", "init-failure"))
 TERMINATION_CAUSES: Tuple[Kind, ...] = (*CAUSES, *COMM_FAILURES)
 """A rank terminated by its launcher (``process/terminated``) after any of these on another rank is
-that failure's consequence: torchrun stops the survivors when one rank fails."""
+that failure's consequence: torchrun stops the survivors when one rank fails. A rank terminated while it
+is in an open stall is the stall's (it was killed because it hung)."""
 STALLED: Kind = ("progress", "stalled")
 
 HEARTBEAT_SLACK = 2.5
@@ -143,7 +144,8 @@ def route(run: RunState, finding: Finding) -> Finding:
         cause = _by_id(run, current.record.explained_by)
         kind = _kind(current)
     elif kind == ("process", "terminated"):
-        cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=TERMINATION_CAUSES)
+        cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=TERMINATION_CAUSES) or \
+            _stall_of(run, finding.rank)
     elif kind in CONSEQUENCES:
         cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key)
     elif kind == STALLED and current is None:
@@ -194,6 +196,15 @@ def _ended_in(run: RunState, stall: IncidentState) -> Optional[IncidentState]:
             continue
         began = st.record.first_ns
         if s.first_ns <= began <= end and set(st.rank_first) & set(stall.rank_first):
+            return st
+    return None
+
+
+def _stall_of(run: RunState, rank: int) -> Optional[IncidentState]:
+    """The open stall ``rank`` is in: a hung process that is then terminated (by a person, the
+    scheduler's time limit, a watchdog) was terminated *because* it hung."""
+    for st in run.incidents.values():
+        if _kind(st) == STALLED and st.is_open and not st.record.explained_by and rank in st.rank_first:
             return st
     return None
 

@@ -10,7 +10,9 @@ only event times are used: deterministic. All stalled ranks of a run share one i
 ``stall:<n>``); it begins when the lead rank stopped (``first_ns``) at its last step (``first_step``: the
 last step that completed; the rank is stuck in the one after). Each heartbeat refreshes the rank's
 evidence (how long, against which threshold). A rank leaves the stall when it progresses again or exits;
-the incident resolves when no rank is left (so a run that exits resolves its stall).
+the incident resolves when no rank is left -- unless a rank left it by a non-zero exit or a signal (a hung
+job killed by a person, a time limit or a watchdog): then the hang is why the run failed and the incident
+stays open, with the termination as evidence (see :mod:`trainguard.core.correlate`).
 
 **Lost** (``progress/lost``), from :func:`check_lost`, which the pipeline's ``advance(now_ns)`` calls
 with the processor's clock: a run that has not ended (some rank never sent an EXIT) and sent no event at
@@ -88,9 +90,13 @@ def on_progress(run: RunState, rank: RankState, time_ns: int, settings: Detectio
     if since is None or (not rank.exited and rank.progress_ns <= since):
         return
     del stalled[str(rank.rank)]
+    killed = rank.exited and (rank.exit_code != 0 or rank.exit_signal != 0)
     what = (f"rank {rank.rank} exited (code {rank.exit_code})" if rank.exited
             else f"rank {rank.rank} progressed again (step {rank.max_step})")
-    if stalled:
+    if killed:  # ended by a failure or a signal while stalled: the hang is why the run failed
+        current.extra["killed"] = True
+        what += " while stalled"
+    if stalled or current.extra.get("killed"):
         add_timeline(current.record, TimelineEntry(time_ns=time_ns, step=rank.max_step, rank=rank.rank,
                                                    what=what), settings)
         current.dirty = True
