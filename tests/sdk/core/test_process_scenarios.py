@@ -9,8 +9,6 @@ import math
 import re
 from typing import Any, Dict, List, Sequence, Tuple
 
-import pytest
-
 from tests.scenarios.corpus import BY_NAME
 from trainguard.core.catalogue import DetectionSettings
 from trainguard.core.pipeline import Pipeline
@@ -123,22 +121,26 @@ def test_stall_opens_a_stall_at_the_last_step_within_one_heartbeat_of_the_thresh
     (flagged,) = [t for t in inc.timeline if t.what.endswith(": stalled")]
     detected_after = (flagged.time_ns - inc.first_ns) / 1e9
     assert STALL_FLOOR_S < detected_after <= STALL_FLOOR_S + HEARTBEAT_S + 0.1
-    # the SIGTERM ends the stall: the run exited, so no rank is stalled any more
-    assert inc.status == "resolved" and "exited (code 143)" in inc.timeline[-1].what
     assert record.status == "failed" and record.exit_codes == {"0": 143}
 
 
-@pytest.mark.xfail(strict=True, reason="the SIGTERM that ended the hung process opens a second incident, "
-                   "process/terminated, instead of being evidence on the stall it ended")
-def test_stall_is_exactly_one_incident() -> None:
+def test_stall_is_exactly_one_incident_and_the_sigterm_that_ended_it_is_its_evidence() -> None:
+    events = BY_NAME["stall"].events()
+    exit_event = lifecycle(events, "EXIT")
     incidents, _record = run("stall", DetectionSettings(stall_min_s=STALL_FLOOR_S))
     assert kinds(incidents) == [("progress", "stalled")]
+    (inc,) = incidents
+    # the hang is why the run failed: the stall stays open, the exit is a consequence on it
+    assert inc.status != "resolved"
+    (exit_evidence,) = [e for e in inc.evidence if e.rule == "exit.code"]
+    assert exit_evidence.value == 143 and exit_evidence.time_ns == exit_event["time_unix_nano"]
+    assert any("143" in t.what and t.time_ns == exit_event["time_unix_nano"] for t in inc.timeline)
 
 
 def test_stall_below_the_production_floor_is_not_a_stall() -> None:
     """12 s without progress is under the default 120 s floor: only the termination is reported."""
     incidents, _record = run("stall", DetectionSettings())
-    assert ("progress", "stalled") not in kinds(incidents)
+    assert kinds(incidents) == [("process", "terminated")]
     assert math.isclose(DetectionSettings().stall_min_s, 120.0)
 
 
