@@ -103,6 +103,10 @@ SCENARIOS: Tuple[Scenario, ...] = (
     Scenario("gpu_oom", ("memory", "oom"), source="gpu"),
     Scenario("gpu_fragmentation", ("memory", "fragmentation"), source="gpu"),
     Scenario("gpu_amp_overflow", ("memory", "amp-overflow"), source="gpu"),
+    Scenario("gpu_leak", ("memory", "leak"), source="gpu",
+             note="every step's logits kept on the GPU for an epoch-end report: +4 MiB allocated per step"),
+    Scenario("gpu_context_leak", ("memory", "context-leak"), source="gpu",
+             note="a previous job's orphaned evaluation worker holds a CUDA context and 3 GiB on the GPU"),
     # two-process torch.distributed jobs on the CPU, gloo (tests/scenarios/dist.py runs
     # tests/fixtures/nccl/capture.py; streams_dist/README.md). Judged as a runtime would: the events, then
     # Pipeline.advance() a minute after the last one (a silent rank is only known to be lost by then)

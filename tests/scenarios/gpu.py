@@ -5,7 +5,7 @@ job (``trainguard.init()`` from the environment, ``trainguard.watch(model, optim
 ``trainguard.log(step=..., loss=...)``). They need a GPU, so they are run on the lent H200 machine and
 committed as recorded event streams in ``streams_gpu/`` (see its README for the command and versions).
 
-    python tests/scenarios/gpu.py --out DIR            # run all three, one subprocess each
+    python tests/scenarios/gpu.py --out DIR            # run all of them, one subprocess each
     python tests/scenarios/gpu.py --out DIR gpu_oom    # some of them
     python tests/scenarios/gpu.py --dry-run            # import check; exits 0 when CUDA is unavailable
     python tests/scenarios/gpu.py --scenario NAME      # one training in this process (what --out runs)
@@ -35,6 +35,18 @@ gpu_amp_overflow   fp16 autocast + ``torch.amp.GradScaler`` (default init scale 
                    the batch: the scaled gradients overflow fp16 at every scale the scaler tries, the
                    steps are skipped and the scale halves step after step, far below 1.
                    ``watch(model, opt, scaler=scaler)``.
+gpu_leak           an MLP classifier (1000 classes, batch 1024) whose loop keeps every step's logits and
+                   targets on the GPU "for the epoch-end accuracy and calibration report"
+                   (``epoch_logits.append(logits)``, no ``.detach().cpu()``): 4 MB of logits per step
+                   stay allocated, so allocated device memory grows steadily while the step's working
+                   set does not. AdamW, no clipping; 80 steps, ``memory_every=1``.
+gpu_context_leak   a previous job (its own process, no TrainGuard) starts an evaluation worker with
+                   ``subprocess.Popen(..., start_new_session=True)`` that initialises CUDA and loads its
+                   evaluation set (3 GiB) onto the GPU, trains 5 steps and exits normally -- without
+                   stopping the worker, which lives on as an orphan holding its CUDA context and the
+                   3 GiB. The new training (a healthy MLP, 30 steps, ``memory_every=1``, TrainGuard from
+                   the environment) then starts on the same GPU. The orphan is ended (SIGTERM, by its
+                   pid) once the new training is done; it also exits by itself after 240 s.
 =================  =====================================================================================
 """
 
@@ -54,7 +66,7 @@ from typing import Dict, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-SCENARIOS = ("gpu_oom", "gpu_fragmentation", "gpu_amp_overflow")
+SCENARIOS = ("gpu_oom", "gpu_fragmentation", "gpu_amp_overflow", "gpu_leak", "gpu_context_leak")
 #: set in every process (NVLink multicast stays off on the lent machines).
 NV_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 for _k, _v in NV_ENV.items():
@@ -233,7 +245,147 @@ def gpu_amp_overflow(device, small: bool = False, seed: int = 0) -> None:  # typ
              f"{' (overflow, step skipped)' if skipped else ''}")
 
 
-RUNNERS = {"gpu_oom": gpu_oom, "gpu_fragmentation": gpu_fragmentation, "gpu_amp_overflow": gpu_amp_overflow}
+# --- gpu_leak ----------------------------------------------------------------------------------------
+def gpu_leak(device, small: bool = False, seed: int = 0) -> None:  # type: ignore[no-untyped-def]
+    """Every step's logits and targets kept on the GPU for an epoch-end report: allocated grows."""
+    import torch
+    from torch import nn
+
+    import trainguard
+
+    torch.manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    features, hidden, classes, batch = (32, 64, 10, 16) if small else (256, 2048, 1000, 1024)
+    steps = 20 if small else 80
+    teacher = nn.Linear(features, classes).to(device)
+    model = nn.Sequential(nn.Linear(features, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                          nn.Linear(hidden, classes)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _start("gpu_leak", model, optimizer, memory_every=1)
+    epoch_logits: list = []   # "for the epoch-end accuracy / calibration report"
+    epoch_targets: list = []
+    for step in range(steps):
+        x = torch.randn(batch, features, device=device, generator=gen)
+        with torch.no_grad():
+            y = teacher(x).argmax(dim=1)
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        epoch_logits.append(logits)      # the bug: kept on the device (and with its graph) until the epoch ends
+        epoch_targets.append(y)
+        trainguard.log(step=step, loss=loss)
+        _log(f"step {step:3d} loss {loss.item():.4f} kept {len(epoch_logits)} logits" + _mem_line(device))
+
+
+# --- gpu_context_leak --------------------------------------------------------------------------------
+WORKER_BYTES = 3 * 2**30
+WORKER_LIFETIME_S = 240.0
+
+
+def _eval_worker(pid_file: str) -> None:
+    """The previous job's evaluation worker: loads its evaluation set onto the GPU, then waits for
+    checkpoints that never come (until WORKER_LIFETIME_S)."""
+    import torch
+
+    started = time.monotonic()
+    device = torch.device("cuda", 0)
+    eval_set = torch.empty(WORKER_BYTES // 4, dtype=torch.float32, device=device).normal_()
+    torch.cuda.synchronize(device)
+    with open(pid_file + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(f"{os.getpid()} {eval_set.numel() * 4}\n")
+    os.replace(pid_file + ".tmp", pid_file)
+    while time.monotonic() - started < WORKER_LIFETIME_S:   # "poll for new checkpoints to evaluate"
+        time.sleep(0.5)
+
+
+def _previous_job(pid_file: str) -> None:
+    """A previous training job: starts its evaluation worker, trains a few steps, exits normally without
+    stopping the worker (which is in its own session, so nothing stops it)."""
+    import torch
+    from torch import nn
+
+    worker = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--eval-worker", pid_file],
+                              start_new_session=True, stdin=subprocess.DEVNULL, cwd=REPO)
+    device = torch.device("cuda", 0)
+    model = nn.Linear(512, 512).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(5):
+        opt.zero_grad()
+        model(torch.randn(64, 512, device=device)).square().mean().backward()
+        opt.step()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(pid_file) and time.monotonic() < deadline and worker.poll() is None:
+        time.sleep(0.1)
+    _log(f"previous job: done, exiting; its evaluation worker {worker.pid} keeps running")
+
+
+def gpu_context_leak(device, small: bool = False, seed: int = 0) -> None:  # type: ignore[no-untyped-def]
+    """A previous job's orphaned evaluation worker holds a CUDA context and 3 GiB on the GPU; a new,
+    healthy training starts on it."""
+    import signal
+
+    import torch
+    from torch import nn
+
+    import trainguard
+
+    orphan = 0
+    if device.type == "cuda":
+        with tempfile.TemporaryDirectory(prefix="tg-prev-job-") as tmp:
+            pid_file = os.path.join(tmp, "eval_worker.pid")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+            prev = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--previous-job", pid_file],
+                                  env=env, cwd=REPO, timeout=TIMEOUT_S)
+            text = open(pid_file, encoding="utf-8").read().split() if os.path.exists(pid_file) else []
+        orphan = int(text[0]) if text else 0
+        alive = bool(orphan) and os.path.exists(f"/proc/{orphan}")
+        free, total = torch.cuda.mem_get_info(device)
+        _log(f"previous job exited with {prev.returncode}; orphaned worker pid {orphan} alive={alive} "
+             f"holding {_gib(float(text[1])) if len(text) > 1 else '?'} of tensors; driver: used "
+             f"{_gib(total - free)} of {_gib(total)} before this training allocates")
+        try:
+            _log(torch.cuda.list_gpu_processes(device))
+        except Exception as err:  # NVML (pynvml) missing or not answering here
+            _log(f"list_gpu_processes: {err!r}")
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"],
+                                 capture_output=True, text=True, timeout=30)
+            _log("nvidia-smi --query-compute-apps: " + " | ".join((smi.stdout + smi.stderr).splitlines()))
+        except Exception as err:
+            _log(f"nvidia-smi: {err!r}")
+    try:
+        torch.manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        features, hidden = (16, 32) if small else (256, 1024)
+        teacher = nn.Linear(features, 1).to(device)
+        model = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1)).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        _start("gpu_context_leak", model, optimizer, clip=1.0, memory_every=1)
+        for step in range(30):
+            x = torch.randn(256, features, device=device, generator=gen)
+            with torch.no_grad():
+                y = teacher(x)
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            optimizer.step()
+            trainguard.log(step=step, loss=loss)
+            _log(f"step {step:3d} loss {loss.item():.4f}" + _mem_line(device))
+        trainguard.flush(10.0)
+    finally:
+        if orphan:
+            try:
+                os.kill(orphan, signal.SIGTERM)
+                _log(f"ended the orphaned worker {orphan}")
+            except OSError as err:
+                _log(f"could not end the orphaned worker {orphan}: {err}")
+
+
+RUNNERS = {"gpu_oom": gpu_oom, "gpu_fragmentation": gpu_fragmentation, "gpu_amp_overflow": gpu_amp_overflow,
+           "gpu_leak": gpu_leak, "gpu_context_leak": gpu_context_leak}
 
 
 def _run_one(name: str, small: bool) -> None:
@@ -316,7 +468,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="check imports; exit 0 without CUDA")
     parser.add_argument("--small-cpu", action="store_true",
                         help="tiny CPU versions (no OOM, no fp16): checks the code paths, records nothing real")
+    parser.add_argument("--previous-job", metavar="PID_FILE", help=argparse.SUPPRESS)  # gpu_context_leak
+    parser.add_argument("--eval-worker", metavar="PID_FILE", help=argparse.SUPPRESS)   # gpu_context_leak
     args = parser.parse_args(argv)
+    if args.previous_job:
+        _previous_job(args.previous_job)
+        return
+    if args.eval_worker:
+        _eval_worker(args.eval_worker)
+        return
     unknown = sorted(set(args.only) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenarios {unknown}; choose from {list(SCENARIOS)}")

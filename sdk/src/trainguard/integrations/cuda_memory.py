@@ -7,6 +7,16 @@ cached device properties, RSS from ``/proc/self/statm``, and ``free`` from ``tor
 pending, i.e. a driver query that does not wait for the device. All of it runs every ``memory_every``
 optimizer steps only.
 
+**Other processes on the device** (memory/context-leak). A snapshot with ``free`` also carries, in its
+``stats`` map, ``device_used`` = total - free from the driver (every process's memory on the GPU, contexts
+included), so the detector can compare it with this process's ``reserved``. When NVML is importable
+(``pynvml``, from ``nvidia-ml-py``; never required, never installed by us) the compute processes that hold
+a context on the device are listed too (:func:`nvml_process_stats`): ``nvml_processes``,
+``nvml_own_found``, ``nvml_other_processes``, ``nvml_other_bytes``, ``nvml_used_bytes``. NVML is a
+separate driver library: querying it creates no CUDA context. It is initialised once per process, at the
+first CUDA snapshot, and the process list of a device is read at most every :data:`NVML_REFRESH_S`
+seconds (cached in between); any NVML error turns it off for the process.
+
 Public functions:
 
 - :func:`memory_snapshot` — a MemorySnapshot payload (proto3 JSON mapping) for one device or ``"cpu"``;
@@ -25,6 +35,7 @@ import os
 import re
 import sys
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
@@ -53,7 +64,11 @@ SELECTED_STATS = (
     "reserved_bytes.large_pool.current", "allocated_bytes.small_pool.current",
     "reserved_bytes.small_pool.current", "oversize_allocations.current", "oversize_segments.current",
     "num_device_alloc", "num_device_free", "num_sync_all_streams", "max_split_size",
+    # cumulative counters: their deltas between snapshots give the allocation rate (fragmentation level 2)
+    "allocated_bytes.all.allocated", "allocation.all.allocated",
 )
+#: Seconds between two reads of a device's NVML process list (the snapshots in between reuse it).
+NVML_REFRESH_S = 30.0
 OOM_MARKERS = ("CUDA out of memory", "out of memory", "DefaultCPUAllocator: can't allocate memory")
 _GPU_IN_MESSAGE = re.compile(r"GPU (\d+)")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -134,16 +149,155 @@ def memory_snapshot(device: DeviceLike = None, *, with_free: bool = False,
     })
     if with_free:
         try:
-            free, _total = torch.cuda.mem_get_info(dev)
+            free, total = torch.cuda.mem_get_info(dev)
             payload["free"] = int(free)
+            payload["stats"]["device_used"] = float(total - free)  # every process's, contexts included
         except Exception:
             pass
+        payload["stats"].update(_NVML.device_stats(dev))
     if summary:
         try:
             payload["summary"] = torch.cuda.memory_summary(dev, abbreviated=True)
         except Exception:
             pass
     return payload
+
+# --- other processes on the device (NVML, optional) ------------------------------------------------
+def own_pids() -> frozenset:
+    """This process's ids: ``os.getpid()`` and, in nested PID namespaces, every id ``NSpid`` lists."""
+    pids = {os.getpid()}
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    pids.update(int(p) for p in line.split()[1:] if p.isdigit())
+                    break
+    except OSError:
+        pass
+    return frozenset(pids)
+
+
+def nvml_process_stats(processes: Iterable[Any], own: Iterable[int]) -> Dict[str, float]:
+    """``stats`` entries from NVML's compute-process list of one device (objects with ``pid`` and
+    ``usedGpuMemory``, None when NVML cannot tell): how many processes hold a context there
+    (``nvml_processes``), whether this one is among them (``nvml_own_found``: 1/0), how many others
+    (``nvml_other_processes``; when this process's id is not listed -- another PID namespace -- it is
+    assumed to be one of them, so ``count - 1``) and the memory NVML attributes to all of them
+    (``nvml_used_bytes``) and to the others (``nvml_other_bytes``, only when this process was found and
+    every other process's usage is known)."""
+    own_set = set(own)
+    procs = list(processes)
+    others = [p for p in procs if int(getattr(p, "pid", -1)) not in own_set]
+    found = len(others) < len(procs)
+    out: Dict[str, float] = {"nvml_processes": float(len(procs)), "nvml_own_found": 1.0 if found else 0.0,
+                             "nvml_other_processes": float(len(others) if found else max(0, len(procs) - 1))}
+    used = [getattr(p, "usedGpuMemory", None) for p in procs]
+    if all(isinstance(u, int) for u in used):
+        out["nvml_used_bytes"] = float(sum(used))  # type: ignore[arg-type]
+    other_used = [getattr(p, "usedGpuMemory", None) for p in others]
+    if found and all(isinstance(u, int) for u in other_used):
+        out["nvml_other_bytes"] = float(sum(other_used))  # type: ignore[arg-type]
+    return out
+
+
+def _uuid_key(text: Any) -> str:
+    value = text.decode() if isinstance(text, bytes) else str(text)
+    value = value.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if value.startswith(prefix):
+            value = value[len(prefix):]
+    return value
+
+
+class _Nvml:
+    """Optional NVML access: the module (``pynvml``) is imported and initialised lazily, once; a failure
+    at any point turns it off for the process. Per device: the NVML handle (matched by UUID, so
+    ``CUDA_VISIBLE_DEVICES`` remapping is handled) and the last process stats with their read time."""
+
+    def __init__(self, module: Any = None, clock: Callable[[], float] = time.monotonic,
+                 refresh_s: float = NVML_REFRESH_S) -> None:
+        self._module = module
+        self._state = "ready" if module is not None else "unknown"  # unknown | ready | off
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self._handles: Dict[int, Any] = {}
+        self._cache: Dict[int, Any] = {}
+        self._own: Optional[frozenset] = None
+        self._lock = threading.Lock()
+
+    def _start(self) -> bool:
+        if self._state == "unknown":
+            try:
+                import pynvml  # nvidia-ml-py; optional
+
+                self._module = pynvml
+                self._state = "ready"
+            except Exception:
+                self._state = "off"
+        if self._state == "ready":
+            try:
+                self._module.nvmlInit()
+                self._state = "on"
+            except Exception:
+                self._state = "off"
+        return self._state == "on"
+
+    def _handle(self, index: int, uuid: Optional[str]) -> Any:
+        if index in self._handles:
+            return self._handles[index]
+        nv = self._module
+        handle = None
+        count = int(nv.nvmlDeviceGetCount())
+        if uuid:
+            for i in range(count):
+                candidate = nv.nvmlDeviceGetHandleByIndex(i)
+                if _uuid_key(nv.nvmlDeviceGetUUID(candidate)) == _uuid_key(uuid):
+                    handle = candidate
+                    break
+        if handle is None and not os.environ.get("CUDA_VISIBLE_DEVICES") and index < count:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        self._handles[index] = handle
+        return handle
+
+    def stats(self, index: int, uuid: Optional[str]) -> Dict[str, float]:
+        """Process stats of CUDA device ``index`` (UUID ``uuid``), cached for ``refresh_s``; {} when
+        NVML is unavailable or the device cannot be matched."""
+        with self._lock:
+            now = self._clock()
+            cached = self._cache.get(index)
+            if cached is not None and now - cached[0] < self._refresh_s:
+                return dict(cached[1])
+            if not self._start():
+                return {}
+            try:
+                handle = self._handle(index, uuid)
+                if handle is None:
+                    return {}
+                if self._own is None:
+                    self._own = own_pids()
+                out = nvml_process_stats(self._module.nvmlDeviceGetComputeRunningProcesses(handle),
+                                         self._own)
+            except Exception as err:
+                self._state = "off"
+                warn_once("nvml", f"NVML process listing unavailable ({err}); other processes on the GPU "
+                                  "are judged from the driver's free memory only")
+                return {}
+            self._cache[index] = (now, out)
+            return dict(out)
+
+    def device_stats(self, dev: torch.device) -> Dict[str, float]:
+        """:meth:`stats` for a torch CUDA device (UUID from its cached properties)."""
+        if self._state == "off":
+            return {}
+        index = dev.index or 0
+        try:
+            uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        except Exception:
+            uuid = None
+        return self.stats(index, str(uuid) if uuid is not None else None)
+
+
+_NVML = _Nvml()
 
 
 def fragmentation(reserved: int, active: int) -> float:

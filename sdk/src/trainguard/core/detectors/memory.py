@@ -29,6 +29,78 @@ the module constants documented here.
   2^16) is one short episode and opens nothing. Evidence: the scale trajectory (the steps where it
   changed), the overflow steps, the lowest scale. Non-finite gradient norms on overflow steps are the
   scaler doing its job (the step is skipped); :mod:`.gradient` must not call them a NaN source.
+
+  DESIGN's other AMP rule, "fp16 grads Inf/NaN with reserved > 90% of capacity", is measured as:
+  overflow episodes *after* the scaler's initial calibration (its first episode), each starting while
+  the rank's last ``memory`` sample had reserved > ``amp_reserved_ratio`` (0.9) x capacity;
+  ``amp_near_capacity_episodes`` (2) of them within ``amp_overflow_window`` steps open
+  memory/amp-overflow (rule ``memory.amp_overflow.near_capacity``). A single overflow near capacity is
+  not enough: large jobs keep reserved near capacity by design (the caching allocator grows to fill the
+  GPU), and every healthy GradScaler overflows once per ``growth_interval`` (2000 steps) when it probes
+  a higher scale; two post-calibration episodes within 200 steps under memory pressure are not that.
+  Evidence: reserved / capacity at each such episode. Without memory samples (no CUDA, or
+  ``memory_every`` 0) the rule is not measurable and never fires.
+* **memory/fragmentation level 2** -- DESIGN: "alloc rate > 5 GB/s with few large free blocks". What a real
+  run reports (``torch.cuda.memory_stats`` in the snapshot's ``stats``): the allocation rate is the delta of
+  the cumulative counter ``allocated_bytes.all.allocated`` over the event time between two samples; the
+  allocator's largest free block is *not* in memory_stats (only ``torch.cuda.memory_snapshot()`` has it,
+  far too costly to take periodically), so "few large free blocks" is measured by the share of the
+  cached-but-free memory (reserved - active) that lies in *split* blocks (``inactive_split_bytes``: free
+  pieces of partly used segments) rather than in whole free segments: >= ``frag_l2_split_share`` (0.5).
+  Level 2 holds on a sample with rate > ``frag_l2_rate`` (5e9 B/s), that share, and frag >= ``frag_mild``;
+  ``frag_sustain_samples`` such samples in a row, under the peak gate above, open memory/fragmentation
+  with level "level 2" (and add the evidence to an incident opened by the other rules). The gate is not
+  optional: the real H200 stream ``gpu_leak`` (a small MLP, nothing wrong with its allocator) allocates at
+  51 GB/s (median between samples), with up to 80% of its free cached memory in split blocks and frag up
+  to 0.29 -- DESIGN's level-2 condition, literally, on a healthy allocator; its reserved memory is within
+  5% of its peak, so the gate keeps it quiet. Streams recorded without the cumulative counter (before it
+  was added to the SDK's selection) cannot show level 2.
+* **memory/leak** (:func:`on_memory`; :func:`on_metrics` for ``mem/allocated`` / ``mem/rss`` when the rank
+  sends no ``memory`` events) -- per rank and device, the series of ``allocated`` (CUDA snapshots) or
+  ``rss`` (CPU snapshots: no CUDA) at each sample. The first ``leak_skip_samples`` (2) samples of a series
+  are skipped (allocator warm-up, optimizer state created at the first step). A window (the last
+  ``leak_window`` samples, at least ``leak_min_samples``) is a leak when *all* of:
+
+  - Mann-Kendall z >= ``leak_z`` (3.0): the values rise, by rank order (scale-free, outlier-proof);
+  - the Theil-Sen growth over the window (slope x steps spanned) >= ``leak_min_growth_bytes`` (64 MiB)
+    and >= ``leak_min_growth_ratio`` (0.1) x the level at the window's start: normal noise and the caches
+    of the first steps never reach it;
+  - steady: the window split into ``leak_blocks`` (4) consecutive blocks, each block's floor (minimum) is
+    above the previous block's -- kept memory never comes back; a single jump (a cache filled once, an
+    evaluation buffer) raises one floor, not all of them;
+  - (CUDA, when ``max_allocated`` is reported) the growth is not the working set's: the Theil-Sen slope of
+    the all-time peak is <= ``leak_peak_ratio`` (2) x the slope of allocated. When inputs grow (a length
+    curriculum, dynamic shapes), the memory a step needs grows much faster than what survives it, and
+    what survives it (the last step's outputs) grows with it; a leak adds the same bytes to both.
+
+  The same test also runs on a coarse series (one point, the median, per ``leak_coarse_every`` samples;
+  at most ``leak_window`` points) so a slow leak that no window of single samples can show (a long run
+  with ``memory_every`` 50) is still seen. ``first_step`` is where the growth began as the window shows
+  it: the last sample still at or below the first block's floor (for a leak from the start: the window's
+  first sample). Evidence: the window (step, bytes), the trend (z), the growth and slope (bytes/step),
+  the block floors and, when the capacity is known (CUDA), the steps left until it is reached at that
+  slope (capacity - allocated, or the driver's free memory + the allocator's cache if less). Later
+  samples refresh the evidence (no new count) each time the value has grown by another
+  ``leak_min_growth_bytes``. A snapshot taken at an OOM is skipped.
+* **memory/context-leak** (:func:`on_memory`) -- DESIGN: "CUDA contexts or device memory left after a
+  process exits (> 0 contexts high, > 0.5% memory medium)". A process cannot report after it exited, so
+  this is judged where it is observable: on the GPU of a running rank, memory and contexts that belong to
+  *other* processes. From the snapshot (``cuda_memory`` adds these to ``stats``):
+
+  - *high*: NVML lists other compute processes with a context on this GPU (``nvml_other_processes`` > 0,
+    trusted when this process was found in the list or at least two processes are listed);
+  - *medium*: other processes' memory > ``context_leak_memory_ratio`` (0.005) x capacity -- from NVML
+    when it attributes memory per process (``nvml_other_bytes``), otherwise from the driver:
+    ``device_used`` (total - free) - ``reserved`` (this process's allocator) - ``context_leak_allowance``
+    (1 GiB: this process's own CUDA context and non-allocator memory -- 0.73 GiB measured on the H200
+    with torch 2.11 / CUDA 13 -- plus a margin for cuBLAS/NCCL buffers).
+
+  Opens on ``context_leak_samples`` (2) consecutive samples of the same device (one sample could be a
+  short-lived neighbour); ``first_step`` is the first of them. Evidence: device used, reserved, the
+  estimate of other processes' memory, the NVML process count when known. Distributed jobs whose ranks all
+  open a context on GPU 0 (``torch.cuda.set_device`` missing) show the same symptom and are reported the
+  same way. Severity by the rule is given in ``values["level"]`` (high / medium); the catalogue kind has
+  one fixed severity (see the report to the lead).
 """
 
 from __future__ import annotations
@@ -40,6 +112,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
+from ..robust import mann_kendall, theil_sen
 from ..state import RankState, RunState, bounded_append
 from . import fmt_duration, fmt_number
 
@@ -47,6 +120,8 @@ STATE_KEY = "mem"
 """``RankState.detectors`` key of this family's per-rank state."""
 FRAG_KEY = "memory:fragmentation"
 AMP_KEY = "memory:amp-overflow"
+LEAK_KEY = "memory:leak"
+CONTEXT_KEY = "memory:context-leak"
 
 # --- defaults (overridable by DetectionSettings fields of the same names) -------------------------
 FRAG_MILD = 0.2
@@ -81,8 +156,47 @@ AMP_MAX_TRAJECTORY = 32
 """Most scale changes kept (first and most recent survive)."""
 AMP_MAX_EPISODES = 64
 """Most overflow episode starts kept."""
+AMP_RESERVED_RATIO = 0.9
+"""DESIGN §4: fp16 overflows with reserved above this share of capacity are a memory/amp-overflow."""
+AMP_NEAR_CAPACITY_EPISODES = 2
+"""Overflow episodes after the initial calibration, each starting with reserved > AMP_RESERVED_RATIO x
+capacity, within AMP_OVERFLOW_WINDOW steps, that open memory/amp-overflow."""
+FRAG_L2_RATE = 5e9
+"""Fragmentation level 2: allocation rate above this, bytes per second of event time (DESIGN §4: 5 GB/s)."""
+FRAG_L2_SPLIT_SHARE = 0.5
+"""Fragmentation level 2: share of the free cached memory (reserved - active) in split blocks (free pieces
+of partly used segments) at or above which 'few large free blocks' holds."""
+LEAK_WINDOW = 48
+"""Samples in the leak trend window (the last ones of the series)."""
+LEAK_MIN_SAMPLES = 12
+"""Fewest samples in a leak window."""
+LEAK_SKIP_SAMPLES = 2
+"""First samples of a series not judged: allocator warm-up, optimizer state created at the first step."""
+LEAK_Z = 3.0
+"""Mann-Kendall z the window's values must reach (one-sided p ~ 0.001)."""
+LEAK_MIN_GROWTH_BYTES = float(64 * 2**20)
+"""Least growth over the window (Theil-Sen slope x steps spanned), bytes."""
+LEAK_MIN_GROWTH_RATIO = 0.1
+"""Least growth over the window relative to the level at its start."""
+LEAK_BLOCKS = 4
+"""The window is split into this many blocks whose floors (minima) must each rise."""
+LEAK_PEAK_RATIO = 2.0
+"""(CUDA) the all-time peak may rise at most this many times as fast as allocated: faster means the
+working set grows with the inputs, not a leak."""
+LEAK_COARSE_EVERY = 8
+"""Samples folded into one point (their median) of the coarse series that catches slow leaks."""
+LEAK_MAX_DEVICES = 16
+"""Most device series kept per rank."""
+CONTEXT_LEAK_MEMORY_RATIO = 0.005
+"""DESIGN §4: other processes' memory above this share of capacity is a context leak (medium)."""
+CONTEXT_LEAK_ALLOWANCE = float(2**30)
+"""Bytes of the device's used memory allowed for this process beyond its allocator's reserved memory
+(its own CUDA context and non-allocator buffers) when NVML cannot attribute memory per process."""
+CONTEXT_LEAK_SAMPLES = 2
+"""Consecutive samples of one device showing other processes before memory/context-leak opens."""
 
 GIB = float(2**30)
+MIB = float(2**20)
 
 
 def _cfg(settings: DetectionSettings, name: str, default: Any) -> Any:
@@ -110,8 +224,39 @@ def _num(value: Any) -> Optional[float]:
 
 def on_memory(run: RunState, rank: RankState, payload: Mapping[str, Any], step: int, time_ns: int,
               event_id: str, settings: DetectionSettings) -> List[Finding]:
-    """Findings for one ``memory`` event (a MemorySnapshot payload) of ``rank``."""
-    state = rank_state(rank).setdefault("frag", {})
+    """Findings for one ``memory`` event (a MemorySnapshot payload) of ``rank``: leak (allocated or RSS
+    series), context leak (other processes on the device), fragmentation; and the reserved / capacity
+    ratio the AMP near-capacity rule reads."""
+    family = rank_state(rank)
+    family["events"] = True
+    frag_state = family.setdefault("frag", {})
+    ooms = int(_num(payload.get("num_ooms")) or 0)
+    at_oom = ooms > int(frag_state.get("ooms", 0))
+    device = str(payload.get("device") or "cpu")
+    cuda = "reserved" in payload
+    out: List[Finding] = []
+    if cuda:
+        reserved = _num(payload.get("reserved"))
+        total = _num(payload.get("total_capacity"))
+        if reserved is not None and total and total > 0:
+            family["cap"] = [step, round(reserved / total, 6)]
+        out.extend(_context(run, rank, payload, device, step, time_ns, event_id, settings))
+        value = _num(payload.get("allocated"))
+        if value is not None and not at_oom:
+            out.extend(_leak_sample(rank, device, step, time_ns, event_id, settings, value,
+                                    _num(payload.get("max_allocated")) or 0.0, payload, "allocated"))
+    else:
+        value = _num(payload.get("rss"))
+        if value is not None and not at_oom:
+            out.extend(_leak_sample(rank, device, step, time_ns, event_id, settings, value, 0.0, payload,
+                                    "rss"))
+    out.extend(_frag_memory(run, rank, frag_state, payload, step, time_ns, event_id, settings))
+    return out
+
+
+def _frag_memory(run: RunState, rank: RankState, state: Dict[str, Any], payload: Mapping[str, Any],
+                 step: int, time_ns: int, event_id: str, settings: DetectionSettings) -> List[Finding]:
+    """The fragmentation part of :func:`on_memory`."""
     state["events"] = True
     reserved = _num(payload.get("reserved"))
     if reserved is None or reserved <= 0:
@@ -129,20 +274,30 @@ def on_memory(run: RunState, rank: RankState, payload: Mapping[str, Any], step: 
     frag = _num(payload.get("fragmentation"))
     if frag is None:
         frag = max(0.0, (reserved - active) / reserved)
+    l2 = _level2(state, payload, time_ns, reserved, active, settings)
     return _sample(run, rank, state, step, time_ns, event_id, settings, frag, reserved, active, peak,
-                   "memory")
+                   "memory", l2)
 
 
 def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], step: int,
                time_ns: int, event_id: str, settings: DetectionSettings) -> List[Finding]:
     """Findings for one metric batch of ``rank`` (``points``: ``(name, step, value)``, as the pipeline's
     ``batch_points`` gives them; ``step`` the envelope's): ``amp/scale``/``amp/overflow`` and, for ranks
-    that send no ``memory`` events, ``mem/fragmentation`` (with ``mem/reserved``/``mem/allocated``)."""
+    that send no ``memory`` events, ``mem/fragmentation`` (with ``mem/reserved``/``mem/allocated``) and
+    the leak series of ``mem/allocated`` (else ``mem/rss``)."""
     out: List[Finding] = []
     by_name = {name: (s, v) for name, s, v in points}
     if "amp/scale" in by_name or "amp/overflow" in by_name:
         out.extend(_amp(run, rank, by_name, step, time_ns, event_id, settings))
-    frag_state = rank_state(rank).setdefault("frag", {}) if "mem/fragmentation" in by_name else None
+    family = rank_state(rank)
+    if not family.get("events"):
+        for name, device in (("mem/allocated", "mem/allocated"), ("mem/rss", "mem/rss")):
+            if name in by_name and math.isfinite(by_name[name][1]):
+                s, value = by_name[name]
+                out.extend(_leak_sample(rank, device, s, time_ns, event_id, settings, value, 0.0, {},
+                                        name))
+                break
+    frag_state = family.setdefault("frag", {}) if "mem/fragmentation" in by_name else None
     if frag_state is not None and not frag_state.get("events"):
         s, frag = by_name["mem/fragmentation"]
         reserved = by_name.get("mem/reserved", (s, math.nan))[1]
@@ -167,10 +322,45 @@ def level(frag: float, settings: DetectionSettings) -> str:
     return "mild" if frag >= _cfg(settings, "frag_mild", FRAG_MILD) else "healthy"
 
 
+def _level2(state: Dict[str, Any], payload: Mapping[str, Any], time_ns: int, reserved: float,
+            active: float, settings: DetectionSettings) -> Optional[Dict[str, float]]:
+    """Level-2 measures of one snapshot (None when not measurable): ``rate`` = delta of the cumulative
+    ``allocated_bytes.all.allocated`` / delta of event time since the previous sample (B/s), ``share`` =
+    ``inactive_split_bytes.all.current`` / (reserved - active), ``holds`` = both above their thresholds."""
+    stats = payload.get("stats")
+    if not isinstance(stats, Mapping):
+        return None
+    cum = _num(stats.get("allocated_bytes.all.allocated"))
+    if cum is None:
+        return None
+    prev = state.get("cum")
+    if prev is not None and time_ns <= int(prev[0]):
+        return None  # replayed or reordered: the rate needs time to move forward
+    state["cum"] = [time_ns, cum]
+    if prev is None or cum < float(prev[1]):
+        return None  # first sample, or the counters were reset
+    rate = (cum - float(prev[1])) / ((time_ns - int(prev[0])) / 1e9)
+    split = _num(stats.get("inactive_split_bytes.all.current"))
+    free = reserved - active
+    share = min(1.0, split / free) if split is not None and free > 0 else 0.0
+    holds = (rate > _cfg(settings, "frag_l2_rate", FRAG_L2_RATE)
+             and share >= _cfg(settings, "frag_l2_split_share", FRAG_L2_SPLIT_SHARE))
+    return {"rate": rate, "share": share, "holds": 1.0 if holds else 0.0}
+
+
 def _sample(run: RunState, rank: RankState, state: Dict[str, Any], step: int, time_ns: int,
             event_id: str, settings: DetectionSettings, frag: float, reserved: float, active: float,
-            peak: float, source: str) -> List[Finding]:
+            peak: float, source: str, l2: Optional[Dict[str, float]] = None) -> List[Finding]:
     severe_t = _cfg(settings, "frag_severe", FRAG_SEVERE)
+    sustain = int(_cfg(settings, "frag_sustain_samples", FRAG_SUSTAIN_SAMPLES))
+    if l2 is not None and l2["holds"] and frag >= _cfg(settings, "frag_mild", FRAG_MILD):
+        if not state.get("l2_streak"):
+            state["l2_since"] = [step, time_ns]
+        state["l2_streak"] = int(state.get("l2_streak", 0)) + 1
+        state["l2_last"] = [round(l2["rate"], 3), round(l2["share"], 6)]
+    elif l2 is not None:
+        state["l2_streak"] = 0
+    level2 = int(state.get("l2_streak", 0)) >= sustain
     samples: List[List[Any]] = state.setdefault("samples", [])
     samples.append([step, time_ns, round(frag, 6)])
     while len(samples) > int(_cfg(settings, "frag_max_samples", FRAG_MAX_SAMPLES)):
@@ -186,24 +376,26 @@ def _sample(run: RunState, rank: RankState, state: Dict[str, Any], step: int, ti
             state["reported"] = False  # healthy again: a later episode may open a new finding
     headroom = (reserved - state["peak"]) / reserved if reserved > 0 else 0.0
     if state.get("reported"):
-        if frag < float(state.get("reported_frag", 1.0)) + _cfg(settings, "frag_update_step",
-                                                                FRAG_UPDATE_STEP):
+        new_l2 = level2 and not state.get("l2_reported")
+        if not new_l2 and frag < float(state.get("reported_frag", 1.0)) + _cfg(
+                settings, "frag_update_step", FRAG_UPDATE_STEP):
             return []
-        state["reported_frag"] = frag
+        state["reported_frag"] = max(frag, float(state.get("reported_frag", 0.0)))
+        state["l2_reported"] = bool(state.get("l2_reported")) or level2
         warn, std, span_s, n = _early_warning(samples, time_ns, frag, settings)
-        severe = state["streak"] >= int(_cfg(settings, "frag_sustain_samples", FRAG_SUSTAIN_SAMPLES))
+        severe = state["streak"] >= sustain
         return [_frag_finding(run, rank, state, step, time_ns, event_id, settings, frag, reserved, active,
-                              headroom, severe, warn, std, span_s, n, source, update=True)]
+                              headroom, severe, warn, std, span_s, n, source, update=True, level2=level2)]
     gate = headroom >= _cfg(settings, "frag_peak_headroom", FRAG_PEAK_HEADROOM)
     if not gate:
         return []
-    severe = state["streak"] >= int(_cfg(settings, "frag_sustain_samples", FRAG_SUSTAIN_SAMPLES))
+    severe = state["streak"] >= sustain
     warn, std, span_s, n = _early_warning(samples, time_ns, frag, settings)
-    if not (severe or warn):
+    if not (severe or warn or level2):
         return []
-    state["reported"], state["reported_frag"] = True, frag
+    state["reported"], state["reported_frag"], state["l2_reported"] = True, frag, level2
     return [_frag_finding(run, rank, state, step, time_ns, event_id, settings, frag, reserved, active,
-                          headroom, severe, warn, std, span_s, n, source)]
+                          headroom, severe, warn, std, span_s, n, source, level2=level2)]
 
 
 def _early_warning(samples: List[List[Any]], time_ns: int, frag: float,
@@ -224,12 +416,14 @@ def _early_warning(samples: List[List[Any]], time_ns: int, frag: float,
 def _frag_finding(run: RunState, rank: RankState, state: Dict[str, Any], step: int, time_ns: int,
                   event_id: str, settings: DetectionSettings, frag: float, reserved: float, active: float,
                   headroom: float, severe: bool, warn: bool, std: float, span_s: float, n: int,
-                  source: str, update: bool = False) -> Finding:
+                  source: str, update: bool = False, level2: bool = False) -> Finding:
     """The finding that opens the incident, or (``update``) refreshes its evidence and title."""
     window_s = float(_cfg(settings, "frag_window_s", FRAG_WINDOW_S))
     severe_t = _cfg(settings, "frag_severe", FRAG_SEVERE)
     since = int(state["since"]) if severe and "since" in state else step
     since_ns = int(state.get("since_ns") or time_ns) if severe else time_ns
+    if level2 and not severe:
+        since, since_ns = int(state["l2_since"][0]), int(state["l2_since"][1]) or time_ns
     shown = [{"step": s, "value": v} for s, _t, v in state["samples"][-int(
         _cfg(settings, "evidence_window", 20)):]]
     coverage = (f"the stream covers only {fmt_duration(span_s)} (< {fmt_duration(window_s)}): the "
@@ -244,7 +438,19 @@ def _frag_finding(run: RunState, rank: RankState, state: Dict[str, Any], step: i
                          f"{severe_t:g}); reserved {reserved / GIB:.2f} GiB, active {active / GIB:.2f} GiB"),
             step=since, time_ns=since_ns, rank=rank.rank, metric=source, threshold=severe_t,
             value=round(frag, 6), window=shown, event_id=event_id))
-    if warn or not severe:
+    if level2:
+        rate, share = (float(x) for x in state["l2_last"])
+        l2_step, l2_ns = (int(x) for x in state["l2_since"])
+        evidence.append(Evidence(
+            rule="memory.fragmentation.level2",
+            description=(f"allocation rate {rate / 1e9:.2f} GB/s > "
+                         f"{_cfg(settings, 'frag_l2_rate', FRAG_L2_RATE) / 1e9:g} GB/s with {share:.0%} of "
+                         f"the free cached memory in split blocks (>= "
+                         f"{_cfg(settings, 'frag_l2_split_share', FRAG_L2_SPLIT_SHARE):.0%}: few large free "
+                         f"blocks) on {state['l2_streak']} samples in a row since step {l2_step}"),
+            step=l2_step, time_ns=l2_ns, rank=rank.rank, metric="allocated_bytes.all.allocated",
+            threshold=_cfg(settings, "frag_l2_rate", FRAG_L2_RATE), value=round(rate, 3), event_id=event_id))
+    if (warn or not severe) and not (level2 and not warn):
         evidence.append(Evidence(
             rule="memory.fragmentation.early_warning",
             description=(f"frag {frag:.3f} > {_cfg(settings, 'frag_warn', FRAG_WARN):g} with std "
@@ -262,7 +468,9 @@ def _frag_finding(run: RunState, rank: RankState, state: Dict[str, Any], step: i
         step=step, time_ns=time_ns, rank=rank.rank, metric=source,
         threshold=_cfg(settings, "frag_peak_headroom", FRAG_PEAK_HEADROOM), value=round(headroom, 6),
         event_id=event_id))
-    lvl = "severe" if severe else "early warning"
+    lvl = "severe" if severe else "level 2" if level2 else "early warning"
+    if level2 and severe:
+        lvl = "severe, level 2"
     detail = f"{lvl} ({frag:.2f})"
     return Finding(
         "memory", "fragmentation", FRAG_KEY, rank.rank, since, since_ns, seen_ns=time_ns, seen_step=step,
@@ -318,8 +526,11 @@ def _amp(run: RunState, rank: RankState, by_name: Mapping[str, Tuple[int, float]
         state["streak"] = int(state["streak"]) + 1
     else:
         state["streak"] = 1
-        state.setdefault("episodes", []).append([overflow, time_ns])
+        cap = rank_state(rank).get("cap")  # [step, reserved / capacity] of the last memory sample
+        state.setdefault("episodes", []).append([overflow, time_ns, float(cap[1]) if cap else -1.0])
         del state["episodes"][:-AMP_MAX_EPISODES]
+        if "first_ep" not in state:
+            state["first_ep"] = overflow  # the fresh scaler's calibration
     state["prev_of"] = overflow
     state["max_streak"] = max(int(state.get("max_streak", 0)), int(state["streak"]))
     steps: List[int] = state.setdefault("steps", [])
@@ -339,7 +550,16 @@ def _amp(run: RunState, rank: RankState, by_name: Mapping[str, Tuple[int, float]
         rule, threshold, value = "memory.amp_overflow.episodes", float(need), float(len(episodes))
         start = episodes[0]
     else:
-        return []
+        ratio_t = float(_cfg(settings, "amp_reserved_ratio", AMP_RESERVED_RATIO))
+        near = [e for e in episodes
+                if len(e) > 2 and e[2] > ratio_t and e[0] != int(state.get("first_ep", -1))]
+        need_near = int(_cfg(settings, "amp_near_capacity_episodes", AMP_NEAR_CAPACITY_EPISODES))
+        if len(near) < need_near:
+            return []
+        rule, threshold, value = "memory.amp_overflow.near_capacity", float(need_near), float(len(near))
+        start = near[0]
+        state["near"] = [[int(e[0]), round(float(e[2]), 6)] for e in near[-AMP_MAX_TRAJECTORY:]]
+        state["near_t"] = ratio_t
     state["reported"] = [rule, threshold, value, int(start[0]), int(start[1]) or time_ns]
     return [_amp_finding(rank, state, rule, threshold, value, int(start[0]), int(start[1]) or time_ns,
                          overflow, len(episodes), span, time_ns, event_id)]
@@ -366,6 +586,9 @@ def _amp_finding(rank: RankState, state: Dict[str, Any], rule: str, threshold: f
     path = " -> ".join(fmt_number(v) for _s, v in state.get("trajectory", [])[:12])
     if rule.endswith("consecutive"):
         what = f"{int(value)} consecutive overflow steps (from step {first})"
+    elif rule.endswith("near_capacity"):
+        what = (f"{int(value)} overflow episodes after the scaler's calibration with reserved > "
+                f"{float(state.get('near_t', AMP_RESERVED_RATIO)):.0%} of capacity within {span} steps")
     else:
         what = f"{n_episodes} separate overflow episodes within {span} steps"
     below_one = "; the scale is below 1: the gradients overflow fp16 even unscaled" if lowest < 1 else ""
@@ -379,6 +602,17 @@ def _amp_finding(rank: RankState, state: Dict[str, Any], rule: str, threshold: f
             f"amp/scale trajectory (steps where it changed): {path}; lowest {fmt_number(lowest)}"
             f"{below_one}"), step=step, time_ns=time_ns, rank=rank.rank, metric="amp/scale",
             value=lowest, window=trajectory, event_id=event_id)]
+    if state.get("near"):
+        near = state["near"]
+        shares = ", ".join(f"step {s} {r:.1%}" for s, r in near[:8])
+        evidence.append(Evidence(
+            rule="memory.amp_overflow.reserved", description=(
+                f"reserved / capacity at the start of each post-calibration overflow episode: {shares} "
+                f"(> {float(state.get('near_t', AMP_RESERVED_RATIO)):.0%}): the fp16 overflows happen "
+                f"with the device's memory almost full"),
+            step=int(near[0][0]), time_ns=first_ns, rank=rank.rank, metric="reserved/total_capacity",
+            threshold=float(state.get("near_t", AMP_RESERVED_RATIO)), value=float(near[-1][1]),
+            window=[{"step": s, "value": r} for s, r in near], event_id=event_id))
     detail = f"scale down to {fmt_number(lowest)}, {what}"
     return Finding(
         "memory", "amp-overflow", AMP_KEY, rank.rank, first, first_ns, seen_ns=time_ns, seen_step=step,
@@ -392,3 +626,315 @@ def _amp_finding(rank: RankState, state: Dict[str, Any], rule: str, threshold: f
                  f"skips each such step and halves its scale, now {fmt_number(lowest)}. The NaN/Inf "
                  f"gradient norms on those steps are this, not a NaN source. Use bf16, or rescale the loss / "
                  f"targets (a loss in the 1e10 range overflows fp16 at any scale)."))
+
+
+# ----------------------------------------------------------------------------------------------------
+# leak
+
+
+def _fmt_bytes(n: float) -> str:
+    """``"1.25 GiB"``, ``"37.4 MiB"``, ``"512 KiB"`` (sign kept)."""
+    size = abs(n)
+    if size >= GIB:
+        text = f"{size / GIB:.2f} GiB"
+    elif size >= MIB:
+        text = f"{size / MIB:.1f} MiB"
+    else:
+        text = f"{size / 1024:.0f} KiB"
+    return ("-" if n < 0 else "") + text
+
+
+def _blocks(values: Sequence[float], k: int) -> List[List[float]]:
+    """``values`` cut into ``k`` consecutive blocks of (almost) equal size."""
+    n = len(values)
+    k = max(1, min(k, n))
+    return [list(values[i * n // k:(i + 1) * n // k]) for i in range(k)]
+
+
+def leak_test(points: Sequence[Sequence[float]], settings: DetectionSettings,
+              use_peak: bool) -> Optional[Dict[str, Any]]:
+    """The leak rules (module docstring) on ``points`` = ``[step, time_ns, value, peak]`` in step order;
+    None unless every rule holds, else the figures: ``z``, ``slope`` (bytes/step), ``growth``, ``need``
+    (the growth threshold), ``floors``, ``peak_slope`` (None when not judged) and ``onset`` (index of the
+    first point of the growth)."""
+    n = len(points)
+    if n < int(_cfg(settings, "leak_min_samples", LEAK_MIN_SAMPLES)):
+        return None
+    xs = [float(p[0]) for p in points]
+    ys = [float(p[2]) for p in points]
+    if xs[-1] <= xs[0]:
+        return None
+    mk = mann_kendall(ys)
+    if mk.z < _cfg(settings, "leak_z", LEAK_Z):
+        return None
+    slope, _intercept = theil_sen(xs, ys)
+    growth = slope * (xs[-1] - xs[0])
+    floors = [min(b) for b in _blocks(ys, int(_cfg(settings, "leak_blocks", LEAK_BLOCKS)))]
+    need = max(float(_cfg(settings, "leak_min_growth_bytes", LEAK_MIN_GROWTH_BYTES)),
+               float(_cfg(settings, "leak_min_growth_ratio", LEAK_MIN_GROWTH_RATIO)) * max(0.0, floors[0]))
+    if growth < need or any(b <= a for a, b in zip(floors, floors[1:])):
+        return None
+    peak_slope: Optional[float] = None
+    peaks = [float(p[3]) for p in points]
+    if use_peak and all(pk > 0 for pk in peaks):
+        peak_slope = theil_sen(xs, peaks)[0]
+        if peak_slope > float(_cfg(settings, "leak_peak_ratio", LEAK_PEAK_RATIO)) * slope:
+            return None  # the working set grows with the inputs: not a leak
+    onset = max(i for i, y in enumerate(ys) if y <= floors[0])
+    return {"z": mk.z, "slope": slope, "growth": growth, "need": need, "floors": floors,
+            "peak_slope": peak_slope, "onset": onset}
+
+
+def _leak_sample(rank: RankState, device: str, step: int, time_ns: int, event_id: str,
+                 settings: DetectionSettings, value: float, peak: float, payload: Mapping[str, Any],
+                 source: str) -> List[Finding]:
+    """Fold one sample of ``device``'s series (``source``: allocated, rss, mem/allocated, mem/rss)."""
+    family = rank_state(rank).setdefault("leak", {})
+    series = family.get(device)
+    if series is None:
+        if len(family) >= LEAK_MAX_DEVICES:
+            return []
+        series = family[device] = {"n": 0, "fine": [], "acc": [], "coarse": []}
+    last = series.get("last")
+    if last is not None and (step < int(last[0]) or (step == int(last[0]) and time_ns <= int(last[1]))):
+        return []  # replayed or reordered: never judged twice
+    series["last"] = [step, time_ns]
+    series["n"] = int(series["n"]) + 1
+    if series["n"] <= int(_cfg(settings, "leak_skip_samples", LEAK_SKIP_SAMPLES)):
+        return []
+    window_n = int(_cfg(settings, "leak_window", LEAK_WINDOW))
+    point = [step, time_ns, value, peak]
+    fine: List[List[Any]] = series["fine"]
+    acc: List[List[Any]] = series["acc"]
+    if fine and int(fine[-1][0]) == step:  # a second sample of one step: the later one stands
+        fine[-1] = point
+        if acc and int(acc[-1][0]) == step:
+            acc[-1] = point
+    else:
+        fine.append(point)
+        del fine[:-window_n]
+        acc.append(point)
+        if len(acc) >= int(_cfg(settings, "leak_coarse_every", LEAK_COARSE_EVERY)):
+            values = sorted(float(p[2]) for p in acc)
+            series["coarse"].append([acc[0][0], acc[0][1], values[len(values) // 2],
+                                     max(float(p[3]) for p in acc)])
+            del series["coarse"][:-window_n]
+            acc.clear()
+    use_peak = source == "allocated"
+    verdict, points, scale = leak_test(fine, settings, use_peak), fine, "samples"
+    if verdict is None:
+        verdict, points, scale = leak_test(series["coarse"], settings, use_peak), series["coarse"], "coarse"
+    reported = series.get("reported")
+    if reported is not None:
+        if verdict is None or value - float(reported[2]) < float(
+                _cfg(settings, "leak_min_growth_bytes", LEAK_MIN_GROWTH_BYTES)):
+            return []
+        series["reported"] = [reported[0], reported[1], value]
+        return [_leak_finding(rank, device, int(reported[0]), int(reported[1]), step, time_ns, event_id,
+                              settings, value, payload, source, verdict, points, scale, update=True)]
+    if verdict is None:
+        return []
+    onset = points[int(verdict["onset"])]
+    first, first_ns = int(onset[0]), int(onset[1]) or time_ns
+    series["reported"] = [first, first_ns, value]
+    return [_leak_finding(rank, device, first, first_ns, step, time_ns, event_id, settings, value, payload,
+                          source, verdict, points, scale)]
+
+
+def _leak_finding(rank: RankState, device: str, first: int, first_ns: int, step: int, time_ns: int,
+                  event_id: str, settings: DetectionSettings, value: float, payload: Mapping[str, Any],
+                  source: str, verdict: Mapping[str, Any], points: Sequence[Sequence[Any]], scale: str,
+                  update: bool = False) -> Finding:
+    slope, growth, need = float(verdict["slope"]), float(verdict["growth"]), float(verdict["need"])
+    floors = [float(f) for f in verdict["floors"]]
+    metric = source if source.startswith("mem/") else f"memory.{source}"
+    host = source in ("rss", "mem/rss")
+    what = "host RSS" if host else f"allocated device memory ({device})"
+    most = int(_cfg(settings, "evidence_window", 20))
+    shown = [{"step": int(p[0]), "value": float(p[2])} for p in points]
+    if len(shown) > most:
+        shown = shown[:most // 2] + shown[-(most - most // 2):]
+    span = int(points[-1][0]) - int(points[0][0])
+    unit = "samples" if scale == "samples" else f"coarse points (medians of "\
+        f"{int(_cfg(settings, 'leak_coarse_every', LEAK_COARSE_EVERY))} samples)"
+    min_bytes = float(_cfg(settings, "leak_min_growth_bytes", LEAK_MIN_GROWTH_BYTES))
+    min_ratio = float(_cfg(settings, "leak_min_growth_ratio", LEAK_MIN_GROWTH_RATIO))
+    evidence = [
+        Evidence(rule="memory.leak.trend", description=(
+            f"{what} rises over the last {len(points)} {unit} (steps {int(points[0][0])}-"
+            f"{int(points[-1][0])}): Mann-Kendall z = {float(verdict['z']):.2f} >= "
+            f"{float(_cfg(settings, 'leak_z', LEAK_Z)):g}"),
+            step=first, time_ns=first_ns, rank=rank.rank, metric=metric,
+            threshold=float(_cfg(settings, "leak_z", LEAK_Z)), value=round(float(verdict["z"]), 4),
+            window=shown, event_id=event_id),
+        Evidence(rule="memory.leak.growth", description=(
+            f"Theil-Sen slope {_fmt_bytes(slope)}/step: {_fmt_bytes(growth)} over {span} steps >= "
+            f"{_fmt_bytes(need)} (max of {_fmt_bytes(min_bytes)} and {min_ratio:.0%} of the level at the "
+            f"window's start, {_fmt_bytes(floors[0])}); now {_fmt_bytes(value)}"),
+            step=first, time_ns=first_ns, rank=rank.rank, metric=metric, threshold=round(need, 3),
+            value=round(growth, 3), window=shown, event_id=event_id),
+        Evidence(rule="memory.leak.steady", description=(
+            f"the floor (minimum) of each of {len(floors)} consecutive blocks of the window rises: "
+            f"{' < '.join(_fmt_bytes(f) for f in floors)} -- kept memory never comes back"),
+            step=first, time_ns=first_ns, rank=rank.rank, metric=metric,
+            value=round(floors[-1] - floors[0], 3),
+            window=[{"step": int(points[i * len(points) // len(floors)][0]), "value": f}
+                    for i, f in enumerate(floors)], event_id=event_id)]
+    if verdict.get("peak_slope") is not None:
+        ratio = float(_cfg(settings, "leak_peak_ratio", LEAK_PEAK_RATIO))
+        evidence.append(Evidence(rule="memory.leak.working_set", description=(
+            f"the all-time peak rises {_fmt_bytes(float(verdict['peak_slope']))}/step <= {ratio:g} x the "
+            f"allocated slope: what a step needs does not grow faster than what it keeps (not larger "
+            f"inputs)"),
+            step=step, time_ns=time_ns, rank=rank.rank, metric="memory.max_allocated", threshold=ratio,
+            value=round(float(verdict["peak_slope"]) / slope, 4) if slope > 0 else 0.0, event_id=event_id))
+    projection = ""
+    steps_left: Optional[float] = None
+    capacity = _num(payload.get("total_capacity")) if not host else None
+    if capacity and slope > 0:
+        room = capacity - value
+        free, reserved = _num(payload.get("free")), _num(payload.get("reserved"))
+        if free is not None and reserved is not None:
+            room = min(room, free + max(0.0, reserved - value))
+        steps_left = max(0.0, room) / slope
+        projection = f"; at this rate the device's {_fmt_bytes(capacity)} run out in ~{steps_left:,.0f} steps"
+        evidence.append(Evidence(rule="memory.leak.projection", description=(
+            f"{_fmt_bytes(max(0.0, room))} left on the device (capacity {_fmt_bytes(capacity)}, "
+            f"allocated {_fmt_bytes(value)}) / {_fmt_bytes(slope)} per step = ~{steps_left:,.0f} steps "
+            f"until an out-of-memory error"),
+            step=step, time_ns=time_ns, rank=rank.rank, metric=metric, threshold=round(capacity, 3),
+            value=round(steps_left, 1), event_id=event_id))
+    rate = f"{_fmt_bytes(slope)}/step"
+    values = {"step": first, "rank": rank.rank, "device": device, "rate": rate, "what": what,
+              "value": _fmt_bytes(value), "detail": f"{what} +{rate}",
+              "steps_left": "" if steps_left is None else f"{steps_left:,.0f}"}
+    cause = ("Host memory that grows per step: tensors kept with their graph (a loss or metric summed "
+             "without .item()/.detach(), or computed outside torch.no_grad()), growing Python lists or "
+             "caches, DataLoader workers' copy-on-write" if host else
+             "Tensors kept on the device across steps: outputs or losses appended to a list (with their "
+             "graph unless detached), autograd.grad results not detached, a cache that never evicts")
+    return Finding(
+        "memory", "leak", LEAK_KEY, rank.rank, first, first_ns, seen_ns=time_ns, seen_step=step,
+        host=rank.host, event_id=event_id, evidence=evidence,
+        timeline=[] if update else [TimelineEntry(
+            time_ns=time_ns, step=step, rank=rank.rank,
+            what=f"rank {rank.rank}: {what} growing {rate} since step {first} ({_fmt_bytes(value)} now)")],
+        values=values, counts=not update, replace_evidence=update, update_values=update,
+        summary=(f"On rank {rank.rank}, {what} has grown steadily since step {first}: {rate} "
+                 f"({_fmt_bytes(growth)} over {span} steps, now {_fmt_bytes(value)}){projection}. {cause}."))
+
+
+# ----------------------------------------------------------------------------------------------------
+# context leak (other processes' contexts and memory on this rank's GPU)
+
+
+def _context(run: RunState, rank: RankState, payload: Mapping[str, Any], device: str, step: int,
+             time_ns: int, event_id: str, settings: DetectionSettings) -> List[Finding]:
+    total = _num(payload.get("total_capacity"))
+    if not total or total <= 0:
+        return []
+    stats = payload.get("stats") if isinstance(payload.get("stats"), Mapping) else {}
+    assert isinstance(stats, Mapping)
+    used = _num(stats.get("device_used"))
+    if used is None:
+        free = _num(payload.get("free"))
+        used = total - free if free is not None else None
+    reserved = _num(payload.get("reserved")) or 0.0
+    contexts = int(_num(stats.get("nvml_other_processes")) or 0)
+    listed = _num(stats.get("nvml_processes"))
+    own_found = (_num(stats.get("nvml_own_found")) or 0.0) >= 0.5
+    allowance = float(_cfg(settings, "context_leak_allowance", CONTEXT_LEAK_ALLOWANCE))
+    other: Optional[float] = None
+    source = ""
+    nvml_other = _num(stats.get("nvml_other_bytes"))
+    if own_found and nvml_other is not None:
+        other, source = nvml_other, "nvml"
+    elif used is not None:
+        other, source = max(0.0, used - reserved - allowance), "driver"
+    if other is None and listed is None:
+        return []  # neither the driver's free memory nor NVML: not measurable
+    ratio_t = float(_cfg(settings, "context_leak_memory_ratio", CONTEXT_LEAK_MEMORY_RATIO))
+    high = contexts > 0
+    medium = other is not None and other > ratio_t * total
+    family = rank_state(rank).setdefault("ctx", {})
+    if device not in family and len(family) >= LEAK_MAX_DEVICES:
+        return []
+    st = family.setdefault(device, {})
+    last = st.get("last")
+    if last is not None and (step < int(last[0]) or (step == int(last[0]) and time_ns <= int(last[1]))):
+        return []  # replayed or reordered
+    st["last"] = [step, time_ns]
+    if not (high or medium):
+        st["streak"] = 0
+        return []
+    if not st.get("streak"):
+        st["since"] = [step, time_ns]
+    st["streak"] = int(st.get("streak", 0)) + 1
+    level = "high" if high else "medium"
+    reported = st.get("reported")
+    if reported:
+        if reported == "medium" and level == "high":
+            st["reported"] = level
+            return [_context_finding(rank, device, st, step, time_ns, event_id, settings, total, used,
+                                     reserved, other, source, contexts, listed, own_found, level, True)]
+        return []
+    if int(st["streak"]) < int(_cfg(settings, "context_leak_samples", CONTEXT_LEAK_SAMPLES)):
+        return []
+    st["reported"] = level
+    return [_context_finding(rank, device, st, step, time_ns, event_id, settings, total, used, reserved,
+                             other, source, contexts, listed, own_found, level, False)]
+
+
+def _context_finding(rank: RankState, device: str, st: Mapping[str, Any], step: int, time_ns: int,
+                     event_id: str, settings: DetectionSettings, total: float, used: Optional[float],
+                     reserved: float, other: Optional[float], source: str, contexts: int,
+                     listed: Optional[float], own_found: bool, level: str, update: bool) -> Finding:
+    first, first_ns = int(st["since"][0]), int(st["since"][1]) or time_ns
+    ratio_t = float(_cfg(settings, "context_leak_memory_ratio", CONTEXT_LEAK_MEMORY_RATIO))
+    allowance = float(_cfg(settings, "context_leak_allowance", CONTEXT_LEAK_ALLOWANCE))
+    samples = int(st["streak"])
+    evidence: List[Evidence] = []
+    if contexts > 0:
+        evidence.append(Evidence(
+            rule="memory.context_leak.contexts", description=(
+                f"NVML lists {int(listed or 0)} compute processes with a context on {device}; "
+                f"{contexts} of them not this rank's process"
+                + ("" if own_found else " (this process's id is not in the list -- another PID namespace -- "
+                                        "so it is taken to be one of them)")
+                + f" (> 0: high); on {samples} samples since step {first}"),
+            step=first, time_ns=first_ns, rank=rank.rank, metric="nvml_other_processes", threshold=0.0,
+            value=float(contexts), event_id=event_id))
+    if other is not None:
+        share = other / total
+        if source == "nvml":
+            how = f"NVML attributes {_fmt_bytes(other)} of {device} to other processes"
+        else:
+            how = (f"{device}: used {_fmt_bytes(used or 0.0)} (total - free, every process) - reserved by "
+                   f"this process's allocator {_fmt_bytes(reserved)} - allowance for its own context and "
+                   f"non-allocator buffers {_fmt_bytes(allowance)} = {_fmt_bytes(other)} held by other "
+                   f"processes")
+        evidence.append(Evidence(
+            rule="memory.context_leak.memory", description=(
+                f"{how}: {share:.2%} of the {_fmt_bytes(total)} capacity "
+                f"{'>' if share > ratio_t else '<='} {ratio_t:.1%} (medium); on {samples} samples since "
+                f"step {first}"),
+            step=first, time_ns=first_ns, rank=rank.rank, metric="device_used", threshold=ratio_t,
+            value=round(share, 6), event_id=event_id))
+    held = _fmt_bytes(other) if other is not None and other > ratio_t * total else ""
+    parts = [p for p in (held, f"{contexts} other CUDA context{'s' if contexts != 1 else ''}"
+                         if contexts > 0 else "") if p]
+    detail = " and ".join(parts)
+    return Finding(
+        "memory", "context-leak", CONTEXT_KEY, rank.rank, first, first_ns, seen_ns=time_ns, seen_step=step,
+        host=rank.host, event_id=event_id, evidence=evidence,
+        timeline=[] if update else [TimelineEntry(
+            time_ns=first_ns, step=first, rank=rank.rank,
+            what=f"rank {rank.rank}: other processes hold {detail} on {device} ({level})")],
+        values={"step": first, "rank": rank.rank, "device": device, "level": level, "detail": detail,
+                "value": _fmt_bytes(other) if other is not None else ""},
+        counts=not update, replace_evidence=update, update_values=update,
+        summary=(f"When rank {rank.rank} ran on {device}, other processes already held {detail} of it "
+                 f"({level}): typically a previous job's leftover process (an orphaned DataLoader "
+                 f"worker or spawned child still holding its CUDA context), or other ranks opening a context "
+                 f"on this GPU (torch.cuda.set_device missing). `nvidia-smi` lists them; end them, or reset "
+                 f"the GPU if none is listed but memory is held."))
