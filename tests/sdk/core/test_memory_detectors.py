@@ -257,6 +257,21 @@ def test_cpu_leak_from_mem_rss_metrics_alone() -> None:
     assert f[0].step == rss_steps[memory.LEAK_SKIP_SAMPLES]
 
 
+@pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
+def test_leak_from_mem_metrics_alone_only_where_there_is_one(name: str) -> None:
+    """Without memory events (a replay of the metrics only), mem/allocated is judged with mem/reserved
+    standing in for the peak: gpu_fragmentation's and gpu_oom's growing working sets stay quiet."""
+    events = [e for e in BY_NAME[name].events() if "memory" not in e]
+    leaks = opened(drive(events), "leak")
+    assert len(leaks) == (1 if BY_NAME[name].expected == ("memory", "leak") else 0)
+    if name == "gpu_leak":
+        steps = [s for e in events if "metrics" in e
+                 for n, s, _v in batch_points(payload(e)[1], e["step"]) if n == "mem/allocated"]
+        assert leaks[0].values["device"] == "mem/allocated"
+        assert leaks[0].step == steps[memory.LEAK_SKIP_SAMPLES]
+        assert "mem/reserved" == rules(leaks[0])["memory.leak.working_set"].metric
+
+
 def test_gpu_leak_stream() -> None:
     """gpu_leak: every step's logits (batch x classes fp32) stay allocated. The slope is the size of what
     one step keeps, read from the stream's allocated deltas; the projection is capacity / slope."""

@@ -71,7 +71,10 @@ the module constants documented here.
   - (CUDA, when ``max_allocated`` is reported) the growth is not the working set's: the Theil-Sen slope of
     the all-time peak is <= ``leak_peak_ratio`` (2) x the slope of allocated. When inputs grow (a length
     curriculum, dynamic shapes), the memory a step needs grows much faster than what survives it, and
-    what survives it (the last step's outputs) grows with it; a leak adds the same bytes to both.
+    what survives it (the last step's outputs) grows with it; a leak adds the same bytes to both. On the
+    metrics path (``mem/allocated``, no peak among the metrics) ``mem/reserved`` stands in for the peak:
+    the caching allocator's reserved memory is sized by the largest working set so far and does not
+    shrink by itself. Without either, the rule cannot be judged and is skipped.
 
   The same test also runs on a coarse series (one point, the median, per ``leak_coarse_every`` samples;
   at most ``leak_window`` points) so a slow leak that no window of single samples can show (a long run
@@ -291,11 +294,14 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
         out.extend(_amp(run, rank, by_name, step, time_ns, event_id, settings))
     family = rank_state(rank)
     if not family.get("events"):
-        for name, device in (("mem/allocated", "mem/allocated"), ("mem/rss", "mem/rss")):
+        for name in ("mem/allocated", "mem/rss"):
             if name in by_name and math.isfinite(by_name[name][1]):
                 s, value = by_name[name]
-                out.extend(_leak_sample(rank, device, s, time_ns, event_id, settings, value, 0.0, {},
-                                        name))
+                # no all-time peak among the metrics: reserved (the allocator's cache, sized by the
+                # largest working set so far, never shrinking on its own) stands in for it
+                reserved = by_name.get("mem/reserved", (s, 0.0))[1] if name == "mem/allocated" else 0.0
+                out.extend(_leak_sample(rank, name, s, time_ns, event_id, settings, value,
+                                        reserved if math.isfinite(reserved) else 0.0, {}, name))
                 break
     frag_state = family.setdefault("frag", {}) if "mem/fragmentation" in by_name else None
     if frag_state is not None and not frag_state.get("events"):
@@ -720,7 +726,7 @@ def _leak_sample(rank: RankState, device: str, step: int, time_ns: int, event_id
                                      max(float(p[3]) for p in acc)])
             del series["coarse"][:-window_n]
             acc.clear()
-    use_peak = source == "allocated"
+    use_peak = source in ("allocated", "mem/allocated")
     verdict, points, scale = leak_test(fine, settings, use_peak), fine, "samples"
     if verdict is None:
         verdict, points, scale = leak_test(series["coarse"], settings, use_peak), series["coarse"], "coarse"
@@ -782,11 +788,13 @@ def _leak_finding(rank: RankState, device: str, first: int, first_ns: int, step:
                     for i, f in enumerate(floors)], event_id=event_id)]
     if verdict.get("peak_slope") is not None:
         ratio = float(_cfg(settings, "leak_peak_ratio", LEAK_PEAK_RATIO))
+        peak_name = "the all-time peak" if source == "allocated" else "reserved (standing in for the peak)"
         evidence.append(Evidence(rule="memory.leak.working_set", description=(
-            f"the all-time peak rises {_fmt_bytes(float(verdict['peak_slope']))}/step <= {ratio:g} x the "
+            f"{peak_name} rises {_fmt_bytes(float(verdict['peak_slope']))}/step <= {ratio:g} x the "
             f"allocated slope: what a step needs does not grow faster than what it keeps (not larger "
             f"inputs)"),
-            step=step, time_ns=time_ns, rank=rank.rank, metric="memory.max_allocated", threshold=ratio,
+            step=step, time_ns=time_ns, rank=rank.rank,
+            metric="memory.max_allocated" if source == "allocated" else "mem/reserved", threshold=ratio,
             value=round(float(verdict["peak_slope"]) / slope, 4) if slope > 0 else 0.0, event_id=event_id))
     projection = ""
     steps_left: Optional[float] = None
