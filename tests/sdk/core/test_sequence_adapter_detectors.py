@@ -279,7 +279,7 @@ def test_sequence_thresholds_are_overridable() -> None:
                                    seq_labels_on_pad_max=1.0))
     assert tolerant and {e.rule for f in tolerant for e in f.evidence} == {"sequence.truncation.eos_cut"}
     assert drive(events, tuned(seq_pad_attended_max=1.0, seq_mask_mismatch_max=1.0,
-                               seq_labels_on_pad_max=1.0, seq_eos_kept_min_frac=1.01)) == []
+                               seq_labels_on_pad_max=1.0, seq_eos_cut_min_frac=1.0)) == []
 
 
 def test_adapter_thresholds_are_overridable() -> None:

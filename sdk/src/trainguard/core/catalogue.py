@@ -257,14 +257,15 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
          _model("pad dynamic shapes to a few bucket sizes")),
         detected=True),
     IncidentKind(
-        "memory", "leak", "warning", "Memory growing steadily since step {step}",
+        "memory", "leak", "warning", "Memory leak: {detail} since step {step}",
         "Allocated device memory (or host RSS) grows across steps instead of staying flat.",
         "allocated (or RSS) grows steadily across steps",
         ("tensors kept alive with their graph (losses appended to a list without .item()/.detach())",
          "autograd.grad results not detached", "a growing cache in user code"),
         (_fw("DataLoader workers' RSS (copy-on-write of Python objects in large datasets)"),
          _model("metrics accumulated as tensors: use `.item()` / `.detach()`"),
-         _model("caches and lists that grow per step"))),
+         _model("caches and lists that grow per step")),
+        detected=True),
     IncidentKind(
         "memory", "amp-overflow", "warning", "AMP overflow: {detail} since step {step}",
         "fp16 gradients overflow repeatedly and the GradScaler's scale keeps collapsing.",
@@ -275,12 +276,14 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
          _model("layers with huge activations (attention logits, unnormalised outputs)")),
         detected=True),
     IncidentKind(
-        "memory", "context-leak", "warning", "Device memory left after the process exited",
-        "CUDA contexts or device memory remain after the process ended.",
-        "> 0 contexts left: high; > 0.5% memory left: medium",
+        "memory", "context-leak", "warning", "Other processes hold {detail} on {device} since step {step}",
+        "Another process's CUDA context or device memory sits on this rank's GPU: usually what a previous "
+        "job left behind when it exited.",
+        "another CUDA context on the device (NVML): high; > 0.5% of capacity used by others: medium",
         ("zombie processes (DataLoader workers, spawned children)", "driver not releasing the context"),
         (_hw("`nvidia-smi` for leftover processes; reset the GPU if none is listed but memory is held"),
-         _fw("child processes terminated on exit (DataLoader workers, multiprocessing)"))),
+         _fw("child processes terminated on exit (DataLoader workers, multiprocessing)")),
+        detected=True),
     # --- communication ------------------------------------------------------------------------------
     IncidentKind(
         "comm", "failure", "error", "Communication failure ({detail})",
@@ -338,17 +341,23 @@ _KIND_LIST: Tuple[IncidentKind, ...] = (
         "Sequences are truncated while padding is attended or EOS is cut off.",
         "truncation without a consistent attention mask (padding attended), EOS cut off; loss offset vs "
         "reference",
-        ("tokenizer truncation without regenerating the attention mask", "max_length too small"),
+        ("tokenizer truncation without regenerating the attention mask (mask built before truncation, or "
+         "for the other padding side)", "max_length too small", "labels not set to -100 on padding"),
         (_fw("tokenizer call: truncation=True with return_attention_mask=True, padding side"),
-         _model("max sequence length vs the data's length distribution; EOS kept after truncation"))),
+         _model("max sequence length vs the data's length distribution; EOS kept after truncation")),
+        detected=True),
     IncidentKind(
         "adapter", "lora-grad-break", "warning", "LoRA adapters not learning since step {step}",
         "The LoRA A/B gradients are ~0 while the loss still moves: the adapters are cut off from the graph.",
         "LoRA A/B grad mean < 1e-6 while the loss still moves",
-        ("adapters not attached to the modules used in forward", "requires_grad off on the adapters",
-         "base model in a no_grad/inference context"),
-        (_fw("peft: `print_trainable_parameters()`; target_modules match the model's module names"),
-         _model("the forward path actually goes through the adapted modules"))),
+        ("reentrant gradient checkpointing over a frozen base: the checkpointed input does not require "
+         "grad, so no gradient reaches the adapters inside", "adapters not attached to the modules used in "
+         "forward", "requires_grad off on the adapters", "base model in a no_grad/inference context"),
+        (_fw("gradient checkpointing: `use_reentrant=False`, or `model.enable_input_require_grads()` with "
+             "a frozen embedding"),
+         _fw("peft: `print_trainable_parameters()`; target_modules match the model's module names"),
+         _model("the forward path actually goes through the adapted modules")),
+        detected=True),
     # --- process (the decision path for a process that ended) ----------------------------------------
     IncidentKind(
         "process", "exception", "error", "Crashed: {detail}",
@@ -740,6 +749,79 @@ class DetectionSettings:
                                           "amp_overflow_window steps that open it (the scale collapsing "
                                           "repeatedly).", minimum=2)
     amp_overflow_window: int = _setting(200, "Steps over which overflow episodes are counted.", minimum=1)
+    amp_reserved_ratio: float = _setting(
+        0.9, "memory/amp-overflow near capacity (DESIGN §4): reserved / capacity above which an overflow "
+        "episode counts as happening near capacity.", minimum=0.0, maximum=1.0)
+    amp_near_capacity_episodes: int = _setting(
+        2, "memory/amp-overflow near capacity: overflow episodes after the scaler's calibration, each "
+        "starting with reserved > amp_reserved_ratio x capacity, within amp_overflow_window steps.",
+        minimum=1)
+    frag_l2_rate: float = _setting(
+        5e9, "memory/fragmentation level 2 (DESIGN §4): allocation rate above this, bytes/s ...",
+        minimum=0.0)
+    frag_l2_split_share: float = _setting(
+        0.5, "... with at least this share of the free cached memory in split blocks (few large free "
+        "blocks).", minimum=0.0, maximum=1.0)
+    leak_window: int = _setting(
+        48, "memory/leak: samples (of allocated device memory, else host RSS) in the trend window; also "
+        "the most coarse points kept.", minimum=8)
+    leak_min_samples: int = _setting(12, "memory/leak: fewest samples before a window is judged.", minimum=4)
+    leak_skip_samples: int = _setting(
+        2, "memory/leak: first samples of each series not judged (allocator warm-up, optimizer state "
+        "created at the first step).", minimum=0)
+    leak_z: float = _setting(3.0, "memory/leak: Mann-Kendall z the window must reach.", minimum=0.0)
+    leak_min_growth_bytes: float = _setting(
+        67108864.0, "memory/leak: least Theil-Sen growth over the window, bytes (64 MiB); also the "
+        "growth that refreshes an open incident.", minimum=0.0)
+    leak_min_growth_ratio: float = _setting(
+        0.1, "memory/leak: least growth relative to the first block's floor.", minimum=0.0)
+    leak_blocks: int = _setting(4, "memory/leak: blocks of the window whose floors (minima) must each rise.",
+                                minimum=2)
+    leak_peak_ratio: float = _setting(
+        2.0, "memory/leak working-set rule: the all-time peak (mem/reserved on the metrics-only path) may "
+        "rise at most this many times as fast as allocated memory (growing inputs are not a leak).",
+        minimum=1.0)
+    leak_coarse_every: int = _setting(
+        8, "memory/leak: samples folded into one coarse point (median), for slow leaks.", minimum=2)
+    context_leak_memory_ratio: float = _setting(
+        0.005, "memory/context-leak (DESIGN §4): other processes' memory on the rank's GPU above this "
+        "share of capacity is level medium; another CUDA context listed by NVML is level high.",
+        minimum=0.0, maximum=1.0)
+    context_leak_allowance: float = _setting(
+        1073741824.0, "memory/context-leak without NVML: bytes of the driver's 'used' allowed to this "
+        "process beyond what its allocator reserved (its own context, cuBLAS/NCCL workspaces): 1 GiB.",
+        minimum=0.0)
+    context_leak_samples: int = _setting(
+        2, "memory/context-leak: consecutive samples of one device before it opens.", minimum=1)
+    # --- sequence / adapter (the SDK's check_batch and watch_lora reports) -------------------------
+    seq_window_checks: int = _setting(
+        10, "sequence/truncation: check_batch reports (not sampled out) a rule is judged over.", minimum=1)
+    seq_confirm_checks: int = _setting(
+        3, "sequence/truncation: reports within the window on which a rule must hold.", minimum=1)
+    seq_pad_attended_max: float = _setting(
+        0.0, "sequence/truncation: seq/pad_attended_frac above this on a report is padding attended.",
+        minimum=0.0, maximum=1.0)
+    seq_mask_mismatch_max: float = _setting(
+        0.0, "sequence/truncation: seq/mask_mismatch_frac above this: the mask disagrees with the padding.",
+        minimum=0.0, maximum=1.0)
+    seq_labels_on_pad_max: float = _setting(
+        0.0, "sequence/truncation: seq/labels_on_pad_frac above this: the loss is computed on padding.",
+        minimum=0.0, maximum=1.0)
+    seq_eos_cut_min_frac: float = _setting(
+        0.05, "sequence/truncation EOS cut off: the window's mean share of rows cut at max_length without "
+        "EOS must reach this ...", minimum=0.0, maximum=1.0)
+    seq_eos_kept_min_frac: float = _setting(
+        0.9, "... while at least this share of the rows that were not cut end in EOS (the data has one).",
+        minimum=0.0, maximum=1.0)
+    lora_grad_min: float = _setting(
+        1e-6, "adapter/lora-grad-break: both adapter gradient means (lora/grad_mean_A, _B) below this "
+        "(DESIGN §4), or adapter parameters without a gradient ...", minimum=0.0)
+    lora_confirm_reports: int = _setting(
+        5, "... on this many watch_lora reports in a row ...", minimum=1)
+    lora_loss_window: int = _setting(
+        32, "... while the loss still moves: Mann-Kendall |z| >= trend_z over the last this-many loss "
+        "values since the break began ...", minimum=4)
+    lora_loss_min_points: int = _setting(8, "... and at least this many of them.", minimum=3)
     # --- exceptions -----------------------------------------------------------------------------
     incident_on_handled_exceptions: bool = _setting(
         False, "Open a process/exception incident for exceptions the job caught and reported "

@@ -65,6 +65,7 @@ class Finding:
     relabel: bool = False        # may change the kind of an existing incident
     replace_evidence: bool = False  # replace evidence of the same (rule, rank) instead of appending
     update_values: bool = False  # refresh the title placeholders of an existing incident
+    severity: str = ""           # overrides the kind's severity (a rule with levels); only ever raises it
 
 
 def apply(run: RunState, finding: Finding, settings: DetectionSettings) -> Optional[IncidentState]:
@@ -97,7 +98,8 @@ def _open(run: RunState, finding: Finding) -> IncidentState:
     inc = Incident(
         incident_id=incident_id(run.project, run.run_id, finding.category, finding.subtype, finding.key),
         project=run.project, run_id=run.run_id, category=finding.category, subtype=finding.subtype,
-        severity=spec.severity, status=INCIDENT_OPEN, summary=finding.summary or spec.description,
+        severity=finding.severity or spec.severity, status=INCIDENT_OPEN,
+        summary=finding.summary or spec.description,
         first_ns=finding.time_ns, last_ns=max(finding.time_ns, finding.seen_ns),
         fingerprint=finding.fingerprint, checks=spec.checklist(), count=1 if finding.counts else 0)
     st = IncidentState(key=finding.key, record=inc, values=dict(finding.values))
@@ -119,6 +121,8 @@ def _fold(st: IncidentState, finding: Finding) -> None:
         st.values.update(finding.values)
     elif finding.update_values:
         st.values.update(finding.values)
+    if finding.severity and SEVERITY_ORDER.get(finding.severity, 0) > SEVERITY_ORDER.get(inc.severity, 0):
+        inc.severity = finding.severity
 
 
 def _merge_members(st: IncidentState, finding: Finding, settings: DetectionSettings) -> None:

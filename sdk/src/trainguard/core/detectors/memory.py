@@ -122,6 +122,8 @@ from . import fmt_duration, fmt_number
 STATE_KEY = "mem"
 """``RankState.detectors`` key of this family's per-rank state."""
 FRAG_KEY = "memory:fragmentation"
+CONTEXT_LEAK_SEVERITY = {"high": "error", "medium": "warning"}
+"""DESIGN §4's context-leak levels as incident severities."""
 AMP_KEY = "memory:amp-overflow"
 LEAK_KEY = "memory:leak"
 CONTEXT_KEY = "memory:context-leak"
@@ -941,6 +943,7 @@ def _context_finding(rank: RankState, device: str, st: Mapping[str, Any], step: 
         values={"step": first, "rank": rank.rank, "device": device, "level": level, "detail": detail,
                 "value": _fmt_bytes(other) if other is not None else ""},
         counts=not update, replace_evidence=update, update_values=update,
+        severity=CONTEXT_LEAK_SEVERITY.get(level, ""),
         summary=(f"When rank {rank.rank} ran on {device}, other processes already held {detail} of it "
                  f"({level}): typically a previous job's leftover process (an orphaned DataLoader "
                  f"worker or spawned child still holding its CUDA context), or other ranks opening a context "
