@@ -31,6 +31,7 @@ def _sdk() -> Iterator[None]:
     reset_warnings()
     torch.manual_seed(0)
     trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    watch_overhead_budget=0,  # check every call; the adaptive cadence has its own test
                     capture_uncaught=False)
     yield
     tg_lora.unwatch_all()
@@ -505,6 +506,26 @@ def test_a_failing_lora_hook_is_disabled_once_and_training_continues(
     assert capsys.readouterr().err.count("watch_lora(): a hook failed") == 1
 
 
+def test_the_default_cadence_adapts_to_the_overhead_budget() -> None:
+    """every=None: back-to-back calls (a check costs ~100% of the time between calls) are thinned to one in
+    MAX_ADAPTIVE_EVERY; calls 500 ms apart (a check well under 0.5% of it) are all checked."""
+    trainguard.shutdown()
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    capture_uncaught=False)  # the default budget, 0.5%
+    ids, mask = random_batch(torch.Generator().manual_seed(0), "right", 0, 1, 16, 64)
+    for step in range(40):
+        trainguard.check_batch(ids, mask, pad_id=0, eos_id=1, step=step)
+    every = tg_seq.MAX_ADAPTIVE_EVERY
+    assert [s for s, _ in series(events(), tg_seq.PAD_ATTENDED)] == [0, 1, 1 + every, 1 + 2 * every]
+    trainguard.shutdown()
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    capture_uncaught=False)
+    for step in range(4):
+        trainguard.check_batch(ids, mask, pad_id=0, eos_id=1, step=step)
+        time.sleep(0.5)
+    assert [s for s, _ in series(events(), tg_seq.PAD_ATTENDED)] == [0, 1, 2, 3]
+
+
 # --- cost -------------------------------------------------------------------------------------------------
 def test_check_batch_cost_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     """Host time per check_batch call on CPU (printed; the bound is loose for a busy 2-core runner)."""
@@ -567,7 +588,7 @@ def test_on_cuda_the_training_thread_never_synchronises() -> None:
         trainguard.watch_lora(model, optimizer=opt)
         for step, (ids, mask, labels) in enumerate(batches):
             trainguard.check_batch(ids, mask, labels=labels, pad_id=ft.PAD, eos_id=ft.EOS,
-                                   max_length=ft.MAX_LEN, step=step)
+                                   max_length=ft.MAX_LEN, step=step, every=1)
             loss = ft._lm_loss(model, ids, mask, labels)
             opt.zero_grad(set_to_none=True)
             loss.backward()

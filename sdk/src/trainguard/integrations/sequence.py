@@ -36,16 +36,23 @@ Masks may be 0/1 (int, float) or bool, or additive floats (0 = attend, negative 
 the device when any value is negative). A mask of another shape than the ids is compared on their common
 leading columns. 3-D/4-D masks are not checked (one warning).
 
-Cost (measured on this repository's 2-core CPU runner, ``tests/sdk/integrations/test_sequence_lora.py``
-prints it): about 0.2-0.3 ms of host time per checked batch of 16 x 64 tokens, mostly op-dispatch overhead
-(~30 small tensor ops); on CUDA the same ops are kernel launches the training thread does not wait for.
-``every=N`` checks one batch in N (the first always); the sampled-out calls cost about a microsecond.
+Cost, host time per checked batch (``test_check_batch_cost_on_cpu`` prints it): on this repository's 2-core
+CPU runner, one thread, ~120-130 us for 16 x 64 tokens and ~230-270 us for 32 x 512 (mask and labels
+given), mostly the dispatch of ~40 small tensor ops; on CUDA tensors the same ops are kernel launches the
+training thread does not wait for: ~450 us of host time per 16 x 512 check on the lent H200 machine.
+``every=None`` (the default) therefore adapts the cadence: every batch while a check's host time stays
+within the ``watch_overhead_budget`` option (0.5%) of the time between calls, else one batch in N, N at
+most ``MAX_ADAPTIVE_EVERY`` (16); ``every=N`` checks exactly one call in N (the first always). A
+sampled-out call costs ~2 us.
 """
 
 from __future__ import annotations
 
+import math
 import threading
-from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Tuple
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from ..guard import warn_once
 from .base import DidNotEnable
@@ -66,8 +73,15 @@ LABELS_ON_PAD = "seq/labels_on_pad_frac"
 METRICS = (PAD_ATTENDED, MASK_MISMATCH, TRUNCATED, EOS_MISSING, LABELS_ON_PAD)
 PADDING_SIDES = ("auto", "left", "right")
 
+MAX_ADAPTIVE_EVERY = 16
+"""With ``every=None``, the most calls between two checks when the overhead budget stretches the cadence
+(a data-preparation bug shows on nearly every batch: one in 16 still sees it within a few dozen steps)."""
+
 _lock = threading.Lock()
-_calls = {"client": 0, "count": 0}  # id of the client counted for, calls seen (for ``every``)
+# the client counted for, calls seen, the call number of the next check, the host cost of the last few
+# checks (s; the least is used: waiting for the GIL, a cold cache, the first call's warm-up only add to a
+# check's own cost) and the EWMA of the time between calls (adaptive cadence)
+_calls: Dict[str, Any] = {"client": None, "count": 0, "next": 0, "costs": [], "interval": 0.0, "last": 0.0}
 
 
 def _tensor(value: Any, name: str) -> torch.Tensor:
@@ -186,22 +200,52 @@ def batch_stats(input_ids: Any, attention_mask: Any = None, *, pad_id: int, eos_
     return tuple(names), values
 
 
+def _due(client: Client, every: Optional[int]) -> bool:
+    """Whether this call is checked: one in ``every``, or (None) the adaptive cadence."""
+    now = time.perf_counter()
+    with _lock:
+        state = _calls
+        ref = state["client"]
+        if ref is None or ref() is not client:  # a new client (init again): start counting afresh
+            state.update(client=weakref.ref(client), count=0, next=0, costs=[], interval=0.0, last=0.0)
+        count = state["count"]
+        state["count"] = count + 1
+        if state["last"]:
+            gap = now - state["last"]
+            state["interval"] = gap if not state["interval"] else 0.8 * state["interval"] + 0.2 * gap
+        state["last"] = now
+        if every is not None:
+            return count % max(1, int(every)) == 0
+        if count < state["next"]:
+            return False
+        state["next"] = count + _adaptive_every(client)
+        return True
+
+
+def _adaptive_every(client: Client) -> int:
+    """Calls until the next check, so that checks cost at most ``watch_overhead_budget`` of the time
+    between calls (host time; 1 while unknown)."""
+    budget = float(getattr(client.options, "watch_overhead_budget", 0.005) or 0.0)
+    costs, interval = _calls["costs"], _calls["interval"]
+    cost = min(costs) if costs else 0.0
+    if budget <= 0 or cost <= 0 or interval <= 0:
+        return 1
+    return min(MAX_ADAPTIVE_EVERY, max(1, math.ceil(cost / (budget * interval))))
+
+
 def check_batch(client: Client, input_ids: Any, attention_mask: Any = None, *, pad_id: Optional[int] = None,
                 eos_id: Optional[int] = None, labels: Any = None, max_length: Optional[int] = None,
-                padding_side: str = "auto", ignore_index: int = -100, every: int = 1,
+                padding_side: str = "auto", ignore_index: int = -100, every: Optional[int] = None,
                 step: Optional[int] = None, tokenizer: Any = None) -> bool:
     """Check one batch and queue its ``seq/*`` metrics; True when this call was checked (not sampled out).
 
     See :func:`trainguard.check_batch` for the arguments. Raises ValueError for unreadable input (the
     public function turns that into one warning and a counted drop)."""
-    every = max(1, int(every))
-    with _lock:
-        if _calls["client"] != id(client):
-            _calls["client"], _calls["count"] = id(client), 0
-        count = _calls["count"]
-        _calls["count"] = count + 1
-    if count % every:
+    if every is not None:
+        every = int(every)
+    if not _due(client, every):
         return False
+    started = time.perf_counter()
     if isinstance(input_ids, Mapping):  # a dict / transformers BatchEncoding
         batch = input_ids
         input_ids = batch.get("input_ids")
@@ -228,4 +272,7 @@ def check_batch(client: Client, input_ids: Any, attention_mask: Any = None, *, p
     if step is None:
         step = client.step + 1  # the step this batch is about to be trained in (see check_batch's doc)
     client.log_vector(int(step), names, values)
+    cost = time.perf_counter() - started
+    with _lock:
+        _calls["costs"] = [*_calls["costs"][-4:], cost]
     return True
