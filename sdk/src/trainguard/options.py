@@ -83,6 +83,7 @@ class Options:
     layer_depth: int = 2
     #: Most of a step's time watch()'s gradient-norm pass may take; beyond it the global norm is read
     #: every few steps instead of every step (small models on CPU). 0: every step, whatever it costs.
+    #: check_batch(every=None) uses the same budget to sample itself down (one batch in N, N <= 16).
     watch_overhead_budget: float = 0.005
 
     #: Internal: use an in-memory transport (tests). Not for users.
