@@ -23,7 +23,10 @@ the run is compared with the kind the manifest expects:
 
 Recorded envelopes and replayed records are delivered **step-synchronously**: after each request the bench
 waits until the server processed everything it ingested and reads the run's incidents, so the step at
-which an incident first became visible is exact. Live runs are watched by a poller (``--poll-ms``).
+which an incident first became visible is exact. Live runs are watched by a poller (``--poll-ms``). A run
+one of whose ranks never reported an exit (SIGKILLed, or a hang killed from outside) is watched ``--settle``
+seconds more, because the server judges such runs with processing-time timers too (a silent rank leads a
+collective failure after its grace); the verdict is read after that, and what changed is noted.
 
 Figures, per way: the confusion matrix (expected kind x found kinds: a run counts once per distinct kind
 found, so every extra kind is a false positive; ``-`` = nothing found; an incident the backend resolved as
@@ -485,9 +488,31 @@ class Bench:
         return out
 
     def _finish(self, out: Outcome, api: Api, watcher: Watcher) -> None:
+        """Read the verdict once the server processed everything. A run with a rank that never exited (a
+        SIGKILLed rank, a hang killed from outside) is judged by the server's processing-time timers too
+        (a silent rank becomes the lead of a collective failure after its grace): keep watching it for up
+        to ``--settle`` seconds, and note what changed."""
         api.wait_processed()
         watcher.observe()
         out.run = api.run(out.run_id) or {}
+        at_end = _verdict_of(api.incidents(out.run_id))
+        if self.args.settle > 0 and _unfinished(out.run):
+            started = time.monotonic()
+            settled, changed_after = at_end, None
+            while time.monotonic() - started < self.args.settle and _unfinished(out.run):
+                time.sleep(0.5)
+                watcher.observe()
+                out.run = api.run(out.run_id) or out.run
+                settled = _verdict_of(api.incidents(out.run_id))
+                if settled != at_end and changed_after is None:
+                    changed_after = time.monotonic() - started
+            waited = time.monotonic() - started
+            if changed_after is not None:
+                out.notes.append(f"at the end of the run: {at_end or 'nothing'}; {changed_after:.1f} s later "
+                                 f"(processing-time timers): {settled or 'nothing'}")
+            else:
+                out.notes.append(f"unchanged after {waited:.0f} s of processing-time timers (a rank never "
+                                 f"exited)")
         out.incidents = [_brief(i) for i in api.incidents(out.run_id)]
         out.kinds = sorted({i["kind"] for i in out.incidents if not i["explained_by"]})
         out.consequences = sorted({i["kind"] for i in out.incidents if i["explained_by"]})
@@ -711,6 +736,17 @@ class Bench:
         crash["ttd_s"] = round(seen - reference, 3) if seen is not None else None
         crash["ok"] = crash["ttd_s"] is not None and crash["ttd_s"] < CRASH_TARGET_S
         return crash
+
+
+def _unfinished(run: Dict[str, Any]) -> bool:
+    """Some rank of the run has not reported an exit."""
+    ranks = max(int(run.get("world_size") or 1), len(run.get("ranks") or []))
+    return len(run.get("exit_codes") or {}) < ranks
+
+
+def _verdict_of(incidents: Sequence[Dict[str, Any]]) -> str:
+    return ", ".join(sorted(f"{i['category']}/{i['subtype']} led by rank {i.get('lead_rank')}"
+                            for i in incidents if not i.get("explained_by")))
 
 
 def _quote(run_id: str) -> str:
@@ -962,6 +998,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="SDK way: the transport of live runs and recorded sends (default: alternate)")
     parser.add_argument("--poll-ms", type=float, default=20.0, help="live runs: API poll interval (ms)")
     parser.add_argument("--timeout", type=float, default=180.0, help="live runs: seconds before giving up")
+    parser.add_argument("--settle", type=float, default=30.0,
+                        help="seconds to keep watching a run one of whose ranks never exited, for the "
+                             "server's processing-time timers (a silent rank's grace is 20 s; default 30)")
     parser.add_argument("--verbose", action="store_true", help="tracebacks of harness errors")
     args = parser.parse_args(argv)
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
@@ -992,6 +1031,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results.update(env={"python": platform.python_version(), "torch": torch.__version__,
                                 "cpus": os.cpu_count(), "commit": _git()},
                            settings={"seed": args.seed, "stall_floor_s": args.stall_floor,
+                                     "settle_s": args.settle,
                                      "overrides": bench.overrides, "transport": args.transport,
                                      "poll_ms": args.poll_ms})
             for way in ways:
