@@ -46,7 +46,7 @@ import argparse
 import math
 import os
 import sys
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -366,14 +366,20 @@ RUNNERS: Dict[str, Callable[..., None]] = {
 }
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    global _DEBUG
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenario", choices=SCENARIOS)
-    parser.add_argument("--debug", action="store_true", help="print loss, grad norm and LR per step")
+def scenario_args(doc: Optional[str], names: Sequence[str], debug_help: str,
+                  argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line every scenario module takes: ``<scenario> [--debug] [--seed N]``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenario", choices=names)
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     parser.add_argument("--seed", type=int, default=0,
                         help="seed offset (0: the recorded streams; others: the same training, other draws)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    global _DEBUG
+    args = scenario_args(__doc__, SCENARIOS, "print loss, grad norm and LR per step", argv)
     _DEBUG = _DEBUG or args.debug
     RUNNERS[args.scenario](seed=args.seed)
 

@@ -48,7 +48,6 @@ healthy_lora  The same fine-tune done right: the embedding output is made to req
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -59,7 +58,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import trainguard
-from tests.scenarios.trainings import _set_lr, _start, _step, _warmup_cosine
+from tests.scenarios.trainings import _set_lr, _start, _step, _warmup_cosine, scenario_args
 
 SCENARIOS = ("truncation", "lora_break", "healthy_lora")
 PAD, EOS, UNK = 0, 1, 2
@@ -297,12 +296,7 @@ RUNNERS: Dict[str, Callable[..., None]] = {
 
 def main(argv: Optional[List[str]] = None) -> None:
     global _DEBUG
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenario", choices=SCENARIOS)
-    parser.add_argument("--debug", action="store_true", help="print loss and adapter gradients per step")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed offset (0: the recorded streams; others: the same training, other draws)")
-    args = parser.parse_args(argv)
+    args = scenario_args(__doc__, SCENARIOS, "print loss and adapter gradients per step", argv)
     _DEBUG = _DEBUG or args.debug
     RUNNERS[args.scenario](seed=args.seed)
 

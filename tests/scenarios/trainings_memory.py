@@ -23,7 +23,6 @@ leak               MLP regression (AdamW, warmup + cosine, clip 1.0) that also t
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Callable, Dict, List, Optional
 
@@ -31,7 +30,7 @@ import torch
 from torch import nn
 
 import trainguard
-from tests.scenarios.trainings import _mlp, _set_lr, _step, _warmup_cosine
+from tests.scenarios.trainings import _mlp, _set_lr, _step, _warmup_cosine, scenario_args
 
 SCENARIOS = ("leak",)
 MEMORY_EVERY = 3
@@ -90,12 +89,7 @@ RUNNERS: Dict[str, Callable[..., None]] = {"leak": leak}
 
 def main(argv: Optional[List[str]] = None) -> None:
     global _DEBUG
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenario", choices=SCENARIOS)
-    parser.add_argument("--debug", action="store_true", help="print loss, validation loss and RSS per step")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed offset (0: the recorded streams; others: the same training, other draws)")
-    args = parser.parse_args(argv)
+    args = scenario_args(__doc__, SCENARIOS, "print loss, validation loss and RSS per step", argv)
     _DEBUG = args.debug
     RUNNERS[args.scenario](seed=args.seed)
 

@@ -48,7 +48,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..guard import warn_once
-from .base import DidNotEnable
+from .base import DidNotEnable, WatchRegistry
 
 try:
     import torch
@@ -69,7 +69,7 @@ NO_GRAD = "lora/no_grad_params"
 PARAMS = "lora/params"
 NameFilter = Union[str, Callable[[str], bool], None]
 
-_active: weakref.WeakKeyDictionary[nn.Module, LoraWatch] = weakref.WeakKeyDictionary()
+_active: WatchRegistry[LoraWatch] = WatchRegistry()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: The autograd node being evaluated on this thread (None outside a backward pass): in an end-of-backward
 #: callback it is not None only when that backward is nested in another one.
@@ -195,8 +195,8 @@ class LoraWatch:
                 pass
         self._handles.clear()
         model = self._model_ref()
-        if model is not None and _active.get(model) is self:
-            del _active[model]
+        if model is not None:
+            _active.forget(model, self)
 
     def _guard(self, fn: Callable[..., Any], *args: Any) -> None:
         if self.removed or self.disabled:
@@ -290,19 +290,11 @@ def watch_lora(client: Client, model: Any, every: int = 1, *, name_filter: NameF
     module = unwrap_model(model)
     if not isinstance(module, nn.Module):
         raise TypeError(f"watch_lora() needs a torch.nn.Module, got {type(model).__name__}")
-    previous = _active.get(module)
-    if previous is not None:
-        previous.remove()
     handle = LoraWatch(client, module, every, name_filter, a_names, b_names, optimizer)
-    _active[module] = handle
+    _active.replace(module, handle)
     return handle
 
 
 def unwatch_all(client: Optional[Client] = None) -> int:
     """Remove every active LoRA watch (of ``client`` only, when given); returns how many were removed."""
-    removed = 0
-    for handle in list(_active.values()):
-        if client is None or handle._client is client:
-            handle.remove()
-            removed += 1
-    return removed
+    return _active.remove_all(client)

@@ -53,7 +53,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..guard import warn_once
-from .base import DidNotEnable
+from .base import DidNotEnable, WatchRegistry
 
 try:
     import torch
@@ -74,7 +74,7 @@ MAX_ADAPTIVE_EVERY = 8
 #: again for SUSPICIOUS_STEPS steps, whatever the budget says.
 SUSPICIOUS_FACTOR = 2.0
 SUSPICIOUS_STEPS = 32
-_active: weakref.WeakKeyDictionary[nn.Module, WatchHandle] = weakref.WeakKeyDictionary()
+_active: WatchRegistry[WatchHandle] = WatchRegistry()
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -376,8 +376,8 @@ class WatchHandle:
         cuda_memory.remove_attribution(self._client, self._attribution)
         self._pending = None
         model = self._model_ref()
-        if model is not None and _active.get(model) is self:
-            del _active[model]
+        if model is not None:
+            _active.forget(model, self)
 
     @property
     def disabled(self) -> Dict[str, str]:
@@ -603,9 +603,6 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
         optimizers = [unwrap_optimizer(o) for o in optimizer if o is not None]
     else:
         optimizers = [unwrap_optimizer(optimizer)]
-    previous = _active.get(module)
-    if previous is not None:
-        previous.remove()
     cuda_memory.install_oom_enricher(client)
     handle = WatchHandle(
         client, module, optimizers, scaler, clip,
@@ -614,15 +611,10 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
         layer_depth=opts.layer_depth if layer_depth is None else int(layer_depth),
         norm_every=int(kwargs.get("norm_every") or 1), log_lr=bool(kwargs.get("log_lr", True)),
         overhead_budget=float(kwargs.get("overhead_budget", opts.watch_overhead_budget)))
-    _active[module] = handle
+    _active.replace(module, handle)
     return handle
 
 
 def unwatch_all(client: Optional[Client] = None) -> int:
     """Remove every active watch (of ``client`` only, when given); returns how many were removed."""
-    removed = 0
-    for handle in list(_active.values()):
-        if client is None or handle._client is client:
-            handle.remove()
-            removed += 1
-    return removed
+    return _active.remove_all(client)
