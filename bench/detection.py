@@ -117,6 +117,16 @@ class Trace:
     heartbeat_s: Optional[float] = None                            # the run's heartbeat interval
 
 
+LIVE_PACING: Dict[str, Dict[str, str]] = {
+    # The explosion's lead time is measured in steps, live. Its toy step takes ~0.6 ms, so the whole run
+    # fits in one SDK flush and nothing can be seen "before" anything. A real step is at least as long as
+    # the SDK's flush interval (1 s by default; LLM steps take seconds): pace it to 50 ms per step with a
+    # 50 ms flush -- the same ratio -- so the live figure means what it means for a real job.
+    "explosion": {"SCENARIO_STEP_SECONDS": "0.05", "TRAINGUARD_FLUSH_INTERVAL": "0.05"},
+}
+"""Environment added to a live cpu scenario in the SDK way only (not to its recording)."""
+
+
 @dataclass
 class Outcome:
     """One scenario through one way."""
@@ -375,6 +385,11 @@ def replay_files(scenario: Scenario, events: Sequence[Event], folder: Path) -> T
             elif kind == "exception":
                 text = body.get("traceback") or f"{body.get('type', 'Exception')}: {body.get('message', '')}"
                 lines.append((t, len(lines), str(text).rstrip("\n")))
+            elif kind == "memory":  # what a user's own memory logging gives: torch.cuda.memory_stats()
+                record = steps.get(int(event.get("step") or 0))
+                for field in ("allocated", "reserved", "max_allocated"):
+                    if record is not None and field in body and f"mem/{field}" not in record:
+                        record[f"mem/{field}"] = float(body[field])
             elif kind == "lifecycle" and _is_exit(event):
                 exits[rank] = int(body.get("exit_code") or 0)
                 exit_from[rank] = "EXIT event"
@@ -529,6 +544,7 @@ class Bench:
         spool = self.tmp / "spool"
         env = recorder.scenario_env(scenario.name, endpoint, str(spool))
         env.update(TRAINGUARD_TOKEN=ingest, TRAINGUARD_PROJECT=PROJECT, TRAINGUARD_RUN_ID=out.run_id)
+        env.update(LIVE_PACING.get(scenario.name, {}))
         log_path = self.tmp / f"{scenario.name}-s{self.args.seed}.log"
         watcher = Watcher(api, out.run_id)
         watcher.start(self.args.poll_ms / 1000)

@@ -46,6 +46,7 @@ import argparse
 import math
 import os
 import sys
+import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -59,6 +60,9 @@ ANOMALOUS = ("oscillation", "rise_after_fall", "plateau", "explosion", "vanishin
 SCENARIOS = HEALTHY + ANOMALOUS
 
 _DEBUG = bool(os.environ.get("SCENARIO_DEBUG"))
+_STEP_SECONDS = float(os.environ.get("SCENARIO_STEP_SECONDS") or 0.0)
+"""Seconds to sleep after each step (``$SCENARIO_STEP_SECONDS``): a live benchmark gives a toy step the
+length a real one has relative to the SDK's flush interval."""
 
 
 def _start(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, clip: Optional[float] = None,
@@ -102,6 +106,8 @@ def _step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip)
     optimizer.step()
     trainguard.log(step=step, loss=loss, lr=optimizer.param_groups[0]["lr"])
+    if _STEP_SECONDS:
+        time.sleep(_STEP_SECONDS)  # pacing for live measurements (bench/detection.py); dynamics unchanged
 
 
 def _mlp(sizes: List[int], act: Callable[[], nn.Module]) -> nn.Sequential:

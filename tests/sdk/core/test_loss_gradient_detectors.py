@@ -463,3 +463,23 @@ def test_a_reported_clip_threshold_gives_the_seeds_rule_and_a_concrete_recommend
     assert rules["gradient.clip_pinned"].value > 0.98
     assert "= 0.0115" in rules["gradient.clip_recommendation"].description  # 0.01 x (1 + 0.05 x 3)
     assert "= 0.012" in rules["gradient.clip_recommendation"].description   # min(1.2 x 0.01, 10)
+
+
+def test_a_step_logged_as_one_batch_with_loss_and_gradient_nan_is_still_a_nan_source() -> None:
+    """A metrics file (``trainguard replay``) puts a step's loss and gradient norms on one line; the SDK
+    sends the norms first. The verdict must not depend on that order."""
+    merged: Dict[int, Event] = {}
+    rest: List[Event] = []
+    for e in load("nan_source"):
+        if "metrics" not in e:
+            rest.append(e)
+            continue
+        for p in e["metrics"]["points"]:
+            step = int(p.get("step") or e["step"])
+            if step not in merged:
+                merged[step] = {**copy.deepcopy(e), "step": step, "metrics": {"points": []}}
+            merged[step]["metrics"]["points"].append({**p, "step": step})
+    one_line_per_step = [merged[s] for s in sorted(merged)]
+    (incident,) = run(one_line_per_step + rest).incidents()
+    assert (incident.category, incident.subtype) == ("gradient", "nan-source")
+    assert incident.first_step == first_nonfinite(series(load("nan_source"), "loss"))

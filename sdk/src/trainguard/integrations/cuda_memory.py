@@ -337,6 +337,8 @@ def report_memory(client: Client, devices: Iterable[DeviceLike]) -> None:
             metrics["mem/allocated"] = float(snap["allocated"])
             metrics["mem/reserved"] = float(snap["reserved"])
             metrics["mem/fragmentation"] = float(snap["fragmentation"])
+            if "max_allocated" in snap:  # the peak: what tells a cache sized by it from fragmentation
+                metrics["mem/max_allocated"] = float(snap["max_allocated"])
         if "rss" in snap:
             metrics["mem/rss"] = float(snap["rss"])
     if metrics:

@@ -197,26 +197,7 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     tuned = settings
     state = rank_state(rank)
     out: List[Finding] = []
-    grad_names = settings.grad_norm_metrics
-    layers: List[Tuple[str, int, float]] = []
-    grad_point: Optional[Tuple[str, int, float]] = None
-    loss_point: Optional[Tuple[str, int, float]] = None
-    overflow = False
-    for name, step, value in points:
-        if name in grad_names:
-            grad_point = (name, step, value)
-        elif name.startswith(LAYER_PREFIX):
-            layers.append((name, step, value))
-        elif name in settings.loss_metrics:
-            loss_point = loss_point or (name, step, value)
-        elif name == "amp/overflow" and value == 1.0:
-            overflow = True
-        elif name in tuned.clip_threshold_metrics and math.isfinite(value) and value > 0:
-            state.setdefault("clip", {})["tau"] = value
-    if not overflow:  # the SDK's alert batch of per-layer NaNs has no amp/overflow itself; the history does
-        steps = {p[1] for p in layers} | ({grad_point[1]} if grad_point is not None else set())
-        overflow_history = rank.history.get("amp/overflow", {})
-        overflow = any(overflow_history.get(s, (0.0, 0))[0] >= 0.5 for s in steps)
+    grad_point, layers, loss_point, overflow = _read_batch(rank, state, points, settings)
     numeric_open = numeric_final(run, rank)
     # 1. a non-finite gradient waiting for its step's loss
     if not numeric_open and not overflow:
@@ -253,6 +234,46 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
         if found is not None:
             out.append(found)
     return out
+
+
+Point = Tuple[str, int, float]
+
+
+def _read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], settings: DetectionSettings
+                ) -> Tuple[Optional[Point], List[Point], Optional[Point], bool]:
+    """(global grad norm point, per-layer points, loss point, a GradScaler overflow step) of one batch;
+    remembers a clip threshold it carries."""
+    layers: List[Point] = []
+    grad_point: Optional[Point] = None
+    loss_point: Optional[Point] = None
+    overflow = False
+    for name, step, value in points:
+        if name in settings.grad_norm_metrics:
+            grad_point = (name, step, value)
+        elif name.startswith(LAYER_PREFIX):
+            layers.append((name, step, value))
+        elif name in settings.loss_metrics:
+            loss_point = loss_point or (name, step, value)
+        elif name == "amp/overflow" and value == 1.0:
+            overflow = True
+        elif name in settings.clip_threshold_metrics and math.isfinite(value) and value > 0:
+            state.setdefault("clip", {})["tau"] = value
+    if not overflow:  # the SDK's alert batch of per-layer NaNs has no amp/overflow itself; the history does
+        steps = {p[1] for p in layers} | ({grad_point[1]} if grad_point is not None else set())
+        overflow_history = rank.history.get("amp/overflow", {})
+        overflow = any(overflow_history.get(s, (0.0, 0))[0] >= 0.5 for s in steps)
+    return grad_point, layers, loss_point, overflow
+
+
+def note_nonfinite_batch(run: RunState, rank: RankState, points: Sequence[Point], time_ns: int,
+                         settings: DetectionSettings) -> None:
+    """Register a non-finite gradient of this batch before a non-finite loss of the same batch is judged:
+    a metrics file (``trainguard replay``) logs a step's loss and gradient norms on one line, where the
+    SDK sends the norms first. Idempotent with :func:`on_metrics`'s own registration."""
+    state = rank_state(rank)
+    grad_point, layers, _loss, overflow = _read_batch(rank, state, points, settings)
+    if not overflow and not numeric_final(run, rank):
+        _note_nonfinite(state, grad_point, layers, time_ns)
 
 
 # ----------------------------------------------------------------------------------------------------

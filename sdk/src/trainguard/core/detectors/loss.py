@@ -73,6 +73,7 @@ from .gradient import (
     lr_span,
     nan_source,
     nan_source_evidence,
+    note_nonfinite_batch,
     numeric_final,
     point_time,
     rank_has_open,
@@ -96,6 +97,7 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     """Findings for one metric batch of ``rank`` (already folded into its history)."""
     for name, step, value in points:
         if settings.is_loss(name) and not math.isfinite(value):
+            note_nonfinite_batch(run, rank, points, time_ns, settings)
             return [_loss_finding(run, rank, name, step, value, time_ns, event_id, settings)]
     return []
 

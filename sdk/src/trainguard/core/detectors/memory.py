@@ -288,7 +288,8 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
                time_ns: int, event_id: str, settings: DetectionSettings) -> List[Finding]:
     """Findings for one metric batch of ``rank`` (``points``: ``(name, step, value)``, as the pipeline's
     ``batch_points`` gives them; ``step`` the envelope's): ``amp/scale``/``amp/overflow`` and, for ranks
-    that send no ``memory`` events, ``mem/fragmentation`` (with ``mem/reserved``/``mem/allocated``) and
+    that send no ``memory`` events, ``mem/fragmentation`` (with ``mem/reserved``/``mem/allocated`` and,
+    when sent, ``mem/max_allocated``: the peak the headroom gate needs) and
     the leak series of ``mem/allocated`` (else ``mem/rss``)."""
     out: List[Finding] = []
     by_name = {name: (s, v) for name, s, v in points}
@@ -312,7 +313,9 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
         allocated = by_name.get("mem/allocated", (s, math.nan))[1]
         if math.isfinite(frag) and math.isfinite(reserved) and reserved > 0:
             active = reserved * (1.0 - frag)
-            peak = max(float(frag_state.get("peak", 0.0)), allocated if math.isfinite(allocated) else 0.0)
+            max_allocated = by_name.get("mem/max_allocated", (s, math.nan))[1]
+            peak = max(float(frag_state.get("peak", 0.0)), allocated if math.isfinite(allocated) else 0.0,
+                       max_allocated if math.isfinite(max_allocated) else 0.0)
             frag_state["peak"] = peak
             out.extend(_sample(run, rank, frag_state, s, time_ns, event_id, settings, frag, reserved,
                                active, peak, "mem/fragmentation"))
