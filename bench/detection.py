@@ -393,6 +393,9 @@ def replay_files(scenario: Scenario, events: Sequence[Event], folder: Path) -> T
             elif kind == "lifecycle" and _is_exit(event):
                 exits[rank] = int(body.get("exit_code") or 0)
                 exit_from[rank] = "EXIT event"
+                if exits[rank]:  # the launcher's (torchrun's, the scheduler's) line when a rank fails
+                    lines.append((t, len(lines), f"{_ts(t)} WARNING launcher: rank {rank} exited with code "
+                                                 f"{exits[rank]}"))
         # the loss on each progress line, as training logs print it
         for i, (t, order, text) in enumerate(lines):
             match = re.fullmatch(r"(.* INFO train: step )(\d+)", text)
@@ -407,6 +410,9 @@ def replay_files(scenario: Scenario, events: Sequence[Event], folder: Path) -> T
                 for record in steps.values():
                     fh.write(json.dumps(record) + "\n")  # NaN / Infinity literals, as json.dumps writes them
             metrics_files.append((rank, path))
+        if rank not in exits and scenario.source == "dist":  # killed: the launcher saw it go (below)
+            t = max(int(e.get("time_unix_nano") or 0) for e in rank_events)
+            lines.append((t, len(lines), f"{_ts(t)} WARNING launcher: rank {rank} was killed"))
         if lines:
             path = folder / f"rank{rank}.log"
             with open(path, "w", encoding="utf-8") as fh:
@@ -731,6 +737,8 @@ class Bench:
             hang["ttd_s"] = round((seen.sent_time_ns - began) / 1e9, 3)
             hang["measured"] = "event time, last progress -> the event that made it visible"
         hang["ok"] = hang["ttd_s"] is not None and hang["ttd_s"] <= hang["target_s"]
+        if out.way == "replay":  # a user's files carry no heartbeats: the stall shows when it was stopped
+            hang["applies"] = False
         return hang
 
     def _crash(self, out: Outcome, incident: Dict[str, Any], trace: Trace) -> Dict[str, Any]:
@@ -947,7 +955,10 @@ def report(way: str, outcomes: Sequence[Outcome], bench: Bench, w: Callable[[str
                 w(f"  explosion lead {o.name}: first non-finite loss at step {L['first_nonfinite_step']}, "
                   f"gradient/explosion visible at step {L['visible_step']} ({how}): {L['lead_steps']} steps "
                   f"(target >= {LEAD_TARGET_STEPS}) {_verdict(L['ok'])}")
-        if o.hang is not None and o.hang["ttd_s"] is not None:
+        if o.hang is not None and o.hang["ttd_s"] is not None and o.hang.get("applies") is False:
+            w(f"  hang {o.name}: seen at the kill, {o.hang['ttd_s']:.2f} s after the last progress (a replay "
+              f"has no heartbeats: the time target applies to live runs)")
+        elif o.hang is not None and o.hang["ttd_s"] is not None:
             H = o.hang
             over = "" if H["ok"] else f" by {H['ttd_s'] - H['target_s']:.2f} s"
             beat = f"; heartbeat every {H['heartbeat_s']:g} s" if H["heartbeat_s"] else ""

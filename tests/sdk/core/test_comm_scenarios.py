@@ -16,6 +16,7 @@ to be lost once its silence outlasts ``rank_lost_grace_s``), under the benchmark
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -407,3 +408,27 @@ def test_the_classifier_reads_torchruns_summary(name: str) -> None:
         assert found.kind == "process/killed"
     else:
         assert found.kind == BY_NAME[name].label
+
+
+def test_a_rank_the_launcher_reports_killed_is_the_lost_rank_in_either_order() -> None:
+    """Without the SDK's silence (a replay, or an agent reporting the launcher's exit codes), the killed
+    rank's exit (torchrun's -9 for it, in scenario.json) arrives as an EXIT with signal 9: the peers'
+    collective failure is still comm/rank-lost led by it, with the kill folded in -- whether the exit is
+    seen before or after the peer's error."""
+    (killed,) = facts("dist_rank_lost")["killed_ranks"]
+    assert record("dist_rank_lost")["facts"]["exit_codes"][str(killed)] == -9
+    per_rank = rank_events("dist_rank_lost")
+    template = exits(per_rank[1 - killed])[0]
+    peer_exit_ns = int(template["time_unix_nano"])
+    for at in (peer_exit_ns + 1_000_000, last_ns(per_rank[killed]) + 1_000_000):
+        exit_event = {**copy.deepcopy(template), "rank": killed, "event_id": f"killed-{at}",
+                      "time_unix_nano": at, "pid": per_rank[killed][0]["pid"]}
+        exit_event["lifecycle"] = {"phase": "EXIT", "exit_code": 137, "signal": 9, "reason": "signal"}
+        events = sorted([*BY_NAME["dist_rank_lost"].events(), exit_event], key=lambda e: e["time_unix_nano"])
+        pipeline = Pipeline(SETTINGS)
+        pipeline.process(events)  # no advance(): the silence rule is not what decides here
+        (incident,) = yielded(pipeline)
+        assert (incident.category, incident.subtype, incident.lead_rank) == ("comm", "rank-lost", killed)
+        assert sorted(incident.ranks) == sorted(per_rank)
+        assert any(e.rule == "exit.code" and e.rank == killed for e in incident.evidence)
+        assert [r.status for r in pipeline.runs()] == ["failed"]

@@ -150,3 +150,21 @@ def test_crash_title_names_the_shape_in_the_message_template() -> None:
     template = exc.get("message_template", "")
     # sizes are parameterised in the fingerprint's template, so every epoch-end crash groups as one
     assert template and not re.search(r"\b1536\b", template)
+
+
+def test_a_hang_without_heartbeats_is_seen_at_the_kill() -> None:
+    """Heartbeats off (or a replayed run, which has none): the same hung run is still a stall -- from its
+    last progress, seen when the watchdog's SIGTERM ended it -- with the termination as its evidence."""
+    events = [e for e in BY_NAME["stall"].events() if "heartbeat" not in e]
+    pipeline = Pipeline(DetectionSettings(stall_min_s=STALL_FLOOR_S))
+    pipeline.process(events)
+    (incident,) = pipeline.incidents()
+    last_step = max(s for s, _t in metric_steps(events))
+    assert (incident.category, incident.subtype, incident.first_step) == ("progress", "stalled", last_step)
+    assert {e.rule for e in incident.evidence} >= {"progress.stalled_until_exit", "exit.code"}
+    assert incident.consequences == ["process/terminated on rank 0"]
+    # a crash right after its last step is not a hang
+    crash = [e for e in BY_NAME["crash"].events() if "heartbeat" not in e]
+    crashed = Pipeline(DetectionSettings(stall_min_s=STALL_FLOOR_S))
+    crashed.process(crash)
+    assert kinds(crashed.incidents()) == [("process", "exception")]

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .catalogue import DetectionSettings
 from .detectors import fmt_duration
-from .incidents import Finding, add_timeline, refresh_ranks, resolve
+from .incidents import Finding, add_timeline, apply, refresh_ranks, resolve
 from .records import Evidence, TimelineEntry
 from .state import IncidentState, RankState, RunState
 
@@ -70,6 +70,7 @@ TERMINATION_CAUSES: Tuple[Kind, ...] = (*CAUSES, *COMM_FAILURES)
 that failure's consequence: torchrun stops the survivors when one rank fails. A rank terminated while it
 is in an open stall is the stall's (it was killed because it hung)."""
 STALLED: Kind = ("progress", "stalled")
+KILLED: Kind = ("process", "killed")
 
 HEARTBEAT_SLACK = 2.5
 """A rank is silent when it missed this many of its own heartbeat intervals (and rank_lost_grace_s)."""
@@ -84,13 +85,59 @@ def find_cause(run: RunState, at_ns: int, exclude: str = "",
     """The open incident of ``run`` of one of ``kinds`` whose earliest signal is at or before ``at_ns``
     (the earliest such; None if there is none)."""
     best: Optional[IncidentState] = None
+    best_first = 0
     for st in run.incidents.values():
-        if st.key == exclude or not st.is_open or _kind(st) not in kinds or st.record.explained_by:
-            continue
-        first = st.record.first_ns
-        if first and first <= at_ns and (best is None or (first, st.key) < (best.record.first_ns, best.key)):
-            best = st
+        if st.key == exclude or not st.is_open or st.record.explained_by or \
+                (_kind(st) not in kinds and not st.extra.get("consequences")):
+            continue  # an incident that already explains consequences stays their cause, whatever its kind
+        first = _began(run, st)
+        if first and first <= at_ns and (best is None or (first, st.key) < (best_first, best.key)):
+            best, best_first = st, first
     return best
+
+
+def _began(run: RunState, st: IncidentState) -> int:
+    """When the incident's cause began. A rank killed by a signal is reported at its exit (by the launcher,
+    often long after); it died after its last progress, so that is when its peers' trouble can start."""
+    first = st.record.first_ns
+    if _kind(st) == KILLED:
+        rank = run.ranks.get(st.extra.get("killed_rank", st.record.lead_rank))
+        if rank is not None and rank.progress_ns:
+            return min(first, rank.progress_ns) if first else rank.progress_ns
+    return first
+
+
+def _remember_killed(cause: IncidentState) -> None:
+    """Note which rank a process/killed incident is about, before consequences add other ranks to it."""
+    if _kind(cause) == KILLED:
+        cause.extra.setdefault("killed_rank", cause.record.lead_rank)
+
+
+def _killed_as_rank_lost(run: RunState, cause: IncidentState, consequence: Kind,
+                         settings: DetectionSettings) -> None:
+    """A rank killed by a signal whose peers' collectives then failed is the lost rank (DESIGN §4
+    comm/rank-lost: the survivors' errors are consequences): the incident becomes comm/rank-lost, led by
+    the killed rank."""
+    if _kind(cause) != KILLED or consequence[0] != "comm":
+        return
+    q = int(cause.extra["killed_rank"])
+    rank = run.ranks.get(q)
+    step = rank.max_step if rank is not None else cause.record.first_step
+    cause.extra["lead"] = q
+    began = _began(run, cause)
+    said = (f"rank {q} was killed by a signal after its last progress (step {step}); its peers' collectives "
+            f"failed after that: their errors are consequences")
+    summary = (f"Rank {q} was killed by a signal (SIGKILL: the OOM-killer, a preemption) after step {step}, "
+               f"and its peers' collectives then failed. Find out why rank {q} was killed (host `dmesg` "
+               f"for the OOM-killer, the scheduler's preemption log).")
+    apply(run, Finding(
+        "comm", "rank-lost", cause.key, q, step, began, relabel=True, counts=False, update_values=True,
+        values={"detail": f"rank {q} was killed at step {step}: its peers' collectives failed", "rank": q,
+                "step": step},
+        evidence=[Evidence(rule="correlation.killed_peer", description=said, step=step, time_ns=began,
+                           rank=q)],
+        summary=summary), settings)
+    refresh_ranks(cause)
 
 
 def _by_id(run: RunState, incident_id: str) -> Optional[IncidentState]:
@@ -133,7 +180,7 @@ def _as_consequence(finding: Finding, cause: IncidentState) -> Finding:
                    replace_evidence=finding.replace_evidence)
 
 
-def route(run: RunState, finding: Finding) -> Finding:
+def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Finding:
     """The finding to apply for ``finding`` (rule 1): itself, or its consequence form addressed to the
     incident that explains it. Keeps the reporting rank's ``exc_key`` pointing at the cause, so that its
     exit joins the cause too."""
@@ -146,6 +193,8 @@ def route(run: RunState, finding: Finding) -> Finding:
     elif kind == ("process", "terminated"):
         cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=TERMINATION_CAUSES) or \
             _stall_of(run, finding.rank)
+    elif kind == ("process", "killed") and current is None:
+        cause = _stall_of(run, finding.rank)  # a hung rank SIGKILLed by a watchdog or the scheduler
     elif kind in CONSEQUENCES:
         cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key)
     elif kind == STALLED and current is None:
@@ -154,9 +203,11 @@ def route(run: RunState, finding: Finding) -> Finding:
         cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=NUMERIC)
     if cause is None or cause.key == finding.key:
         return finding
+    _remember_killed(cause)
     rank = run.ranks.get(finding.rank)
     if rank is not None and rank.exc_key == finding.key:
         rank.exc_key = cause.key
+    _killed_as_rank_lost(run, cause, kind, settings)
     _note_consequence(cause, kind, [finding.rank])
     return _as_consequence(finding, cause)
 
@@ -220,6 +271,7 @@ def _hang_incident(run: RunState, at_ns: int) -> Optional[IncidentState]:
 
 def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings: DetectionSettings) -> None:
     inc, target = st.record, cause.record
+    _remember_killed(cause)
     name = f"{target.category}/{target.subtype}"
     for ev in inc.evidence:
         finding = Finding(inc.category, inc.subtype, st.key, ev.rank, ev.step, ev.time_ns, evidence=[ev])
@@ -244,6 +296,7 @@ def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings:
             target.hosts.append(host)
     target.last_ns = max(target.last_ns, inc.last_ns)
     target.last_step = max(target.last_step, inc.last_step)
+    _killed_as_rank_lost(run, cause, (inc.category, inc.subtype), settings)
     _note_consequence(cause, (inc.category, inc.subtype), sorted(st.rank_first))
     for rank in run.ranks.values():
         if rank.exc_key == st.key:

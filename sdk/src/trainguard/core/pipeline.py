@@ -299,6 +299,11 @@ class Pipeline:
             rank.exit_signal = as_int(ev.body.get("signal"), 0)
             rank.exit_reason = as_str(ev.body.get("reason"))
             rank.exit_ns = ev.time_ns
+            stall = progress.on_exit(run, rank, ev.time_ns, ev.event_id, settings)
+            if stall is not None:
+                st = self._apply(run, stall, settings)
+                if st is not None and st.key.startswith(progress.STALL_PREFIX):
+                    progress.joined_stall(run, rank, st.key)
             finding = process.on_exit(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings)
             if finding is not None:
                 self._apply(run, finding, settings)
@@ -306,7 +311,7 @@ class Pipeline:
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _apply(self, run: RunState, finding: Finding, settings: DetectionSettings) -> Optional[IncidentState]:
-        st = incident_mod.apply(run, correlate.route(run, finding), settings)
+        st = incident_mod.apply(run, correlate.route(run, finding, settings), settings)
         if st is None:
             self.counters["incidents_suppressed"] += 1
         else:

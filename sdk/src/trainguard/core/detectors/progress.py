@@ -73,6 +73,47 @@ def on_heartbeat(run: RunState, rank: RankState, time_ns: int, event_id: str,
         counts=joins, replace_evidence=True, update_values=True)
 
 
+def on_exit(run: RunState, rank: RankState, time_ns: int, event_id: str,
+            settings: DetectionSettings) -> Optional[Finding]:
+    """A stall seen only at the end: ``rank`` exited non-zero or by a signal after going without progress
+    for longer than the stall threshold, and no heartbeat had shown it (heartbeats off, too sparse, or a
+    run imported by ``trainguard replay``, which has none). The hang is why it was killed: the stall opens
+    (or the rank joins the open one) from its last progress, with the exit as what showed it. Call before
+    the rank is marked as having left the stall (``on_progress``)."""
+    if not (rank.exit_code != 0 or rank.exit_signal != 0):
+        return None
+    current = run.open_incident(STALL_PREFIX)
+    if current is not None and str(rank.rank) in current.extra.get("stalled", {}):
+        return None
+    since = rank.progress_ns or rank.started_ns or rank.first_ns
+    stalled_for = (time_ns - since) / 1e9
+    threshold = settings.stall_threshold_s(run.step_time())
+    if not since or stalled_for <= threshold:
+        return None
+    key = current.key if current is not None else f"{STALL_PREFIX}{run.episodes.get('stall', 0) + 1}"
+    step = rank.max_step
+    evidence = Evidence(
+        rule="progress.stalled_until_exit",
+        description=(f"rank {rank.rank}: no progress after step {step} for {fmt_duration(stalled_for)} "
+                     f"(threshold {fmt_duration(threshold)}), then it exited with code {rank.exit_code}"
+                     + (f" (signal {rank.exit_signal})" if rank.exit_signal else "")
+                     + ": it was hung when it was stopped"),
+        step=step, time_ns=time_ns, rank=rank.rank, metric="seconds_without_progress", threshold=threshold,
+        value=round(stalled_for, 3), window=[{"step": step, "value": round(stalled_for, 3)}],
+        event_id=event_id)
+    timeline = [TimelineEntry(time_ns=since, step=step, rank=rank.rank,
+                              what=f"rank {rank.rank}: last progress (step {step})")]
+    return Finding(
+        "progress", "stalled", key, rank.rank, step, since, seen_ns=time_ns, host=rank.host,
+        event_id=event_id, evidence=[evidence], timeline=timeline,
+        values={"stalled_for": fmt_duration(stalled_for), "step": step, "rank": rank.rank},
+        summary=(f"Rank {rank.rank} made no progress after step {step} for {fmt_duration(stalled_for)} "
+                 f"(longer than {fmt_duration(threshold)}) and was then stopped: it was hung -- a "
+                 f"communication hang, a deadlock or a blocked data pipeline. No heartbeat showed the stall "
+                 f"while it lasted (heartbeats off or a replayed run)."),
+        update_values=True)
+
+
 def joined_stall(run: RunState, rank: RankState, key: str) -> None:
     """Remember that ``rank`` is in the stall incident ``key``, as of its current progress."""
     st = run.incidents[key]
