@@ -168,3 +168,31 @@ def test_a_hang_without_heartbeats_is_seen_at_the_kill() -> None:
     crashed = Pipeline(DetectionSettings(stall_min_s=STALL_FLOOR_S))
     crashed.process(crash)
     assert kinds(crashed.incidents()) == [("process", "exception")]
+
+
+def test_a_runtime_that_advances_at_next_timer_flags_the_hang_at_the_threshold_itself() -> None:
+    """Heartbeats arrive every second; the stall threshold (5 s floor) falls between two of them. A runtime
+    calling ``advance`` at ``next_timer_ns`` flags the hang at the threshold, not at the next heartbeat."""
+    settings = DetectionSettings(stall_min_s=STALL_FLOOR_S)
+    events = BY_NAME["stall"].events()
+    last_progress = max(t for _s, t in metric_steps(events))
+    threshold_ns = int(STALL_FLOOR_S * 1e9)
+    before = [e for e in events if int(e["time_unix_nano"]) < last_progress + threshold_ns]
+    pipeline = Pipeline(settings)
+    pipeline.process(before)
+    assert not pipeline.incidents()  # no heartbeat past the threshold yet
+    assert pipeline.advance(int(before[-1]["time_unix_nano"])).is_empty()
+    deadline = pipeline.next_timer_ns
+    assert deadline > int(before[-1]["time_unix_nano"])
+    assert pipeline.advance(deadline - 1).is_empty()
+    out = pipeline.advance(deadline)
+    (incident,) = out.incidents
+    assert (incident.category, incident.subtype) == ("progress", "stalled")
+    assert incident.last_ns - incident.first_ns <= threshold_ns + 1
+    # the heartbeats that follow join the same incident; a silent rank is never called stalled by the clock
+    pipeline.process([e for e in events if int(e["time_unix_nano"]) >= last_progress + threshold_ns])
+    assert len(pipeline.incidents()) == 1
+    silent = Pipeline(settings)
+    silent.process(before)
+    silent.advance(int(before[-1]["time_unix_nano"]))
+    assert silent.advance(silent.next_timer_ns + int(60e9)).incidents == []

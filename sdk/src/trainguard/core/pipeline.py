@@ -146,6 +146,10 @@ class Pipeline:
         self._evicted: Dict[str, int] = {}   # run key -> when evicted (ns), bounded
         self._dirty_runs: Dict[str, None] = {}
         self._dirty_clusters: Dict[str, None] = {}
+        self.next_timer_ns = 0
+        """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
+        as of the last ``advance``; 0: none). Runtimes call ``advance`` at it (besides their regular tick):
+        progress after it only moves deadlines later, so an early call is harmless. Not snapshotted."""
 
     def settings_for(self, project: str) -> DetectionSettings:
         """The settings that apply to ``project``."""
@@ -159,13 +163,24 @@ class Pipeline:
         return self._flush()
 
     def advance(self, now_ns: int) -> PipelineOutput:
-        """Processing-time timers at ``now_ns`` (the runtime's clock): runs silent for longer than
-        ``lost_after_s`` become lost; runs past their TTL are evicted (no output: their records stay in
-        the stores). Returns every record that changed."""
+        """Processing-time timers at ``now_ns`` (the runtime's clock): correlation's waits (a silent
+        rank, a lagging rank), live ranks whose stall deadline passed become stalled (see
+        :attr:`next_timer_ns`), runs silent for longer than ``lost_after_s`` become lost; runs past their TTL
+        are evicted (no output: their records stay in the stores). Returns every record that changed."""
+        next_timer = 0
         for run in list(self._runs.values()):
             settings = self.settings_for(run.project)
             if run.incidents:
                 self._correlate(run, now_ns, settings)
+            for rank, stall in progress.check_stalled(run, now_ns, settings):
+                st = self._apply(run, stall, settings)
+                if st is not None and st.key.startswith(progress.STALL_PREFIX):
+                    progress.joined_stall(run, rank, st.key)
+                self._mark(run)
+            for rank in run.ranks.values():
+                deadline = progress.stall_deadline_ns(run, rank, settings)
+                if deadline and (not next_timer or deadline < next_timer):
+                    next_timer = deadline
             findings = progress.check_lost(run, now_ns, settings)
             if not findings:
                 continue
@@ -175,6 +190,7 @@ class Pipeline:
             run.next_episode("lost")
             self._mark(run)
         self._evict(now_ns)
+        self.next_timer_ns = next_timer
         return self._flush()
 
     def _process_one(self, raw: Any) -> None:

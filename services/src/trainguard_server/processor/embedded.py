@@ -110,7 +110,8 @@ class EmbeddedProcessor:
                 self._yield_to_ingest()
         with self._lock:
             now = time.monotonic()
-            if now - self._last_tick >= self.tick_interval_s:
+            due = self.pipeline.next_timer_ns
+            if now - self._last_tick >= self.tick_interval_s or (due and time.time_ns() >= due):
                 self._last_tick = now
                 self._apply(self.pipeline.advance(time.time_ns()))
             if self._uncommitted and now - self._last_snapshot >= self.snapshot_every_s:
@@ -192,7 +193,9 @@ class EmbeddedProcessor:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.run_once(timeout=0.2)
+                due = self.pipeline.next_timer_ns  # wake up for the pipeline's next deadline (a stall)
+                wait = 0.2 if not due else min(0.2, max(0.0, (due - time.time_ns()) / 1e9))
+                self.run_once(timeout=wait)
             except Exception:
                 self.stats.errors += 1
                 log.exception("processing round failed; retrying")

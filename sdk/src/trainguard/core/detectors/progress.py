@@ -22,7 +22,7 @@ never exited, led by the one silent longest; it resolves when an event newer tha
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding, add_timeline, resolve
@@ -112,6 +112,43 @@ def on_exit(run: RunState, rank: RankState, time_ns: int, event_id: str,
                  f"communication hang, a deadlock or a blocked data pipeline. No heartbeat showed the stall "
                  f"while it lasted (heartbeats off or a replayed run)."),
         update_values=True)
+
+
+ALIVE_HEARTBEATS = 2.5
+"""A rank counts as alive (for the processing-time stall check) while its last heartbeat is less than this
+many of its own heartbeat intervals old."""
+
+
+def stall_deadline_ns(run: RunState, rank: RankState, settings: DetectionSettings) -> int:
+    """When ``rank`` becomes stalled if it makes no progress (0: not applicable -- exited, lost, already
+    in the open stall, or fewer than two heartbeats seen, so its liveness cannot be judged)."""
+    if rank.exited or rank.lost_ns or rank.hb_interval_s <= 0:
+        return 0
+    current = run.open_incident(STALL_PREFIX)
+    if current is not None and str(rank.rank) in current.extra.get("stalled", {}):
+        return 0
+    since = rank.progress_ns or rank.started_ns or rank.first_ns
+    if not since:
+        return 0
+    return since + int(settings.stall_threshold_s(run.step_time()) * 1e9) + 1
+
+
+def check_stalled(run: RunState, now_ns: int, settings: DetectionSettings) -> List[Tuple[RankState, Finding]]:
+    """The stall check of :func:`on_heartbeat` at ``now_ns`` (the processor's clock), for ranks whose
+    deadline passed while they are alive (last heartbeat within ALIVE_HEARTBEATS of their interval): a
+    runtime that calls ``Pipeline.advance`` at ``Pipeline.next_timer_ns`` flags a hang at the threshold
+    itself, not at the first heartbeat after it."""
+    out = []
+    for rank in run.ranks.values():
+        deadline = stall_deadline_ns(run, rank, settings)
+        if not deadline or now_ns < deadline:
+            continue
+        if now_ns - rank.last_hb_ns > ALIVE_HEARTBEATS * rank.hb_interval_s * 1e9:
+            continue  # silent: not known to be alive (lost-run and lost-rank rules handle silence)
+        finding = on_heartbeat(run, rank, now_ns, "", settings)
+        if finding is not None:
+            out.append((rank, finding))
+    return out
 
 
 def joined_stall(run: RunState, rank: RankState, key: str) -> None:
