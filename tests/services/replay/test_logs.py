@@ -11,7 +11,7 @@ import pytest
 
 from trainguard.core.tracebacks import parse_traceback_text
 from trainguard_server.replay.logs import LogItem, LogReader, clean_line, line_level, scan_log, split_prefix
-from trainguard_server.replay.times import leading_timestamp, number_to_ns, parse_time_value
+from trainguard_server.replay.times import leading_stamp, leading_timestamp, number_to_ns, parse_time_value
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "tracebacks"
 TRACEBACKS = sorted(FIXTURES.glob("*.txt"))
@@ -122,3 +122,21 @@ def test_line_helpers_and_timestamps() -> None:
     assert number_to_ns(12.5) is None and number_to_ns(float("nan")) is None
     assert parse_time_value("1795939963.25") == 1795939963250 * 10**6
     assert parse_time_value("yesterday") is None
+
+
+def test_stamps_have_the_precision_they_were_written_with(tmp_path: Path) -> None:
+    local = int(datetime(2026, 11, 29, 8, 12, 43).timestamp()) * 10**9
+    assert leading_stamp("2026-11-29 08:12:43,061 INFO x", 2026) == (local + 61_000_000, 10**6)
+    assert leading_stamp("I1129 08:12:43.061727 x", 2026) == (local + 61_727_000, 10**3)
+    assert leading_stamp("[E1129 08:12:43.061727749 x]", 2026) == (local + 61_727_749, 1)
+    assert leading_stamp("I1129 08:12:43.5 x", 2026) == (local + 500_000_000, 10**8)
+    assert leading_stamp("2026-11-29T08:12:43Z rest", 1) == (1795939963 * 10**9, 10**9)
+    assert leading_stamp("2026-11-29T08:12:43.0611234567Z", 1) == (1795939963 * 10**9 + 61_123_456, 1)
+    assert leading_stamp("no time here", 2026) is None
+    crash = (FIXTURES / "shape_mismatch_linear.txt").read_text().rstrip("\n")
+    path = tmp_path / "train.log"
+    path.write_text("2026-11-29 08:12:43,061 WARNING train: step 3\n" + crash + "\n")
+    line, exception = _items(path)
+    # the traceback has no stamp of its own: the line's before it, with its precision
+    assert (line.time_ns, line.precision_ns) == (exception.time_ns, exception.precision_ns) == (
+        local + 61_000_000, 10**6)

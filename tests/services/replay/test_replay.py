@@ -18,6 +18,7 @@ import pytest
 
 from tests.services.e2e.serve_process import ServeProcess
 from trainguard.core.events import from_wire_float
+from trainguard.core.extract import batch_points
 from trainguard.core.pipeline import Pipeline
 from trainguard.core.tracebacks import parse_traceback_text
 from trainguard_server.cli import main
@@ -25,6 +26,7 @@ from trainguard_server.storage.sqlite import open_sqlite_stores
 
 REPO = Path(__file__).resolve().parents[3]
 STREAMS = REPO / "tests" / "fixtures" / "streams"
+SCENARIO_STREAMS = REPO / "tests" / "scenarios" / "streams"
 TORCHRUN_LOG = REPO / "tests" / "fixtures" / "tracebacks" / "torchrun_two_ranks.txt"
 AS_USERS_LOG = {"loss": "loss", "grad/global_norm": "grad_norm", "lr": "lr"}  # what a user's logger writes
 
@@ -206,6 +208,73 @@ def test_malformed_lines_nan_literals_and_field_mapping(tmp_path: Path, capsys: 
     assert code == 0, out
     assert _stored(data, "as-is")["metrics"] == ["grad_norm/enc", "grad_norm/total", "learning_rate",
                                                  "train/loss", "val/ppl"]
+
+
+def _asctime(ns: int) -> str:
+    """``logging``'s default asctime: local time, milliseconds (truncated) after a comma."""
+    stamp = datetime.fromtimestamp(ns / 1e9)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S") + f",{stamp.microsecond // 1000:03d}"
+
+
+def _as_user_files(events: Sequence[Mapping[str, Any]], folder: Path) -> Tuple[Path, Path]:
+    """What a user without the SDK has of a recorded run (as bench/detection.py's replay way writes it): a
+    metrics JSON-lines file, one object per step with its ``time.time()`` (µs), and a ``logging`` log, a
+    progress line per step at the step's time (ms) and the traceback as Python prints it, without a stamp."""
+    steps: Dict[int, Dict[str, Any]] = {}
+    lines: List[Tuple[int, int, str]] = []
+    for event in events:
+        t = int(event["time_unix_nano"])
+        if "metrics" in event:
+            for name, step, value in batch_points(event["metrics"], int(event.get("step") or 0)):
+                if step not in steps:
+                    steps[step] = {"step": step, "time": round(t / 1e9, 6)}
+                    lines.append((t, len(lines), f"{_asctime(t)} INFO train: step {step}"))
+                steps[step][name] = value
+        elif "exception" in event:
+            lines.append((t, len(lines), event["exception"]["traceback"].rstrip("\n")))
+    log = folder / "train.log"
+    log.write_text("".join(text + "\n" for _, _, text in sorted(lines)), encoding="utf-8")
+    return _write_jsonl(folder / "metrics.jsonl", list(steps.values())), log
+
+
+def test_a_traceback_in_the_millisecond_of_the_last_step_belongs_to_that_step(tmp_path: Path, capsys: Any) -> None:
+    """The crash scenario dies ~1.5 ms after logging step 92 (µs metrics time). Its log's progress line
+    for step 92 is stamped with that millisecond, truncated, and the traceback after it takes the same
+    stamp -- earlier than step 92's metrics time. The traceback must still come after step 92's record:
+    the exception is step 92's, as the SDK reported it live, not step 91's."""
+    with open(SCENARIO_STREAMS / "crash.jsonl", encoding="utf-8") as fh:
+        events = [json.loads(line) for line in fh if line.strip()]
+    _, live_incidents = _live(events)
+    (live,) = [i for i in live_incidents if (i["category"], i["subtype"]) == ("process", "exception")]
+    assert live["first_step"] == 92
+    metrics, log = _as_user_files(events, tmp_path)
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    assert last["step"] == 92
+    stamp = int(datetime.strptime(_asctime(int(last["time"] * 1e9)), "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1e3)
+    assert stamp * 10**6 < round(last["time"] * 1e6) * 10**3  # the precondition: the stamp sorts first
+    data = tmp_path / "data"
+    seen = []
+    for _ in range(2):
+        code, out = _replay(capsys, "--data-dir", data, "--run-id", "crash", "--metrics", metrics, "--log", log,
+                            "--exit-code", 1)
+        assert code == 0, out
+        seen.append(_stored(data, "crash"))
+    assert seen[0] == seen[1]  # re-importing is still idempotent
+    (incident,) = [i for i in seen[0]["incidents"] if (i["category"], i["subtype"]) == ("process", "exception")]
+    assert incident["first_step"] == live["first_step"] == 92
+    assert incident["fingerprint"] == live["fingerprint"]
+    assert "process/exception from step 92" in out
+    stores = open_sqlite_stores(data)
+    try:
+        stored = stores.events.list_for_run("default", "crash", limit=1000).items
+    finally:
+        stores.close()
+    (exception,) = [e for e in stored if e.kind == "exception"]
+    assert exception.step == 92
+    # sent no earlier than step 92's record and within the millisecond its stamp names (modulo the whole
+    # days an old recording is shifted by)
+    after_92 = (exception.time_ns - round(last["time"] * 1e6) * 10**3) % (86400 * 10**9)
+    assert 0 <= after_92 < (stamp + 1) * 10**6 - round(last["time"] * 1e6) * 10**3
 
 
 def test_nothing_importable_exits_non_zero(tmp_path: Path, capsys: Any) -> None:

@@ -8,9 +8,9 @@ Contract of :class:`Importer` (``Importer(options, backend).run()`` → :class:`
   ERROR, as the SDK does), one log envelope per kept log line, one exception envelope per traceback
   (``mechanism="log"``, ``recent_metrics`` from the rank's history), and one lifecycle EXIT per rank after
   everything else. Log and exception events carry the step of the rank's latest metrics record before
-  them (-1 before any). Identity: ``run_id``, ``trace_id = run_id``, ``run_name``, ``project`` (empty:
-  the token's), ``host``, ``rank``, ``world_size`` (``options.world_size``, else highest rank + 1),
-  ``sdk = "trainguard-replay/<version>"``.
+  them in the merged order (-1 before any; see **Times** for ties). Identity: ``run_id``, ``trace_id =
+  run_id``, ``run_name``, ``project`` (empty: the token's), ``host``, ``rank``, ``world_size``
+  (``options.world_size``, else highest rank + 1), ``sdk = "trainguard-replay/<version>"``.
 * **Event ids are deterministic**: the first 32 hex digits of SHA-256 over (run_id, rank, source, key),
   source being ``metrics:<file name>``, ``log:<file name>``, ``start`` or ``exit`` and key the line
   number (plus ``.<chunk>`` for the second and later envelopes of a record). Replaying the same files
@@ -23,11 +23,18 @@ Contract of :class:`Importer` (``Importer(options, backend).run()`` → :class:`
   the last at the *anchor*: ``end_time_ns``, else the last log timestamp when a log has timestamps, else
   the modification time of the untimed files (when the job last wrote them). A log with timestamps: each
   item at its own or the last earlier timestamp (the first one before any); a log without: items spread
-  evenly over the metrics' time span by line number. So re-importing the same files sends the same
-  times. When the import would fall outside the gateway's window (older than ``max_past_age_s`` less one
-  day, or more than a minute in the future) every time is shifted by the same whole number of days so
-  that the latest lands within the last day (times of day and spacing kept; the same shift all day;
-  tag ``replay.time_shift_s``). START is 1 ms before a rank's first event; EXIT 1 ms after its last.
+  evenly over the metrics' time span by line number. A log timestamp of precision *p* (1 ms for
+  ``logging``'s ``,123``; :func:`.times.leading_stamp`) says the line was written within ``[t, t + p)``
+  (a line without a stamp of its own, a traceback's, at or after the stamped line before it), so in the
+  merged order a log item stands at the *end* of that interval, ``t + p - 1``: a metrics record timed
+  within the same millisecond (µs times, as ``time.time()`` gives them) comes first -- a traceback
+  printed after step N's record belongs to step N, not N - 1. Such an item is sent at ``t``, or at the
+  rank's previous event time when that is later (still within the interval), so times follow the order.
+  Re-importing the same files sends the same times. When the import would fall outside the gateway's
+  window (older than ``max_past_age_s`` less one day, or more than a minute in the future) every time is
+  shifted by the same whole number of days so that the latest lands within the last day (times of day
+  and spacing kept; the same shift all day; tag ``replay.time_shift_s``). START is 1 ms before a rank's
+  first event; EXIT 1 ms after its last.
 * **Exit codes**: ``exit_codes[rank]``, else ``exit_code``, else inferred: 1 when the rank's logs had a
   traceback, 0 otherwise. Codes 129..192 are reported as killed by signal code - 128.
 * **Order and batching**: all sources are merged by (time, rank, source, line) and sent in batches of
@@ -232,7 +239,7 @@ def event_id(run_id: str, rank: int, source: str, key: str) -> str:
 
 @dataclass
 class _Item:
-    time_ns: int
+    time_ns: int                    # its place in the merged order: the latest it can have been written
     rank: int
     src: int
     line: int
@@ -241,6 +248,7 @@ class _Item:
     step: int = -1
     values: Optional[Dict[str, float]] = None
     log: Optional[LogItem] = None
+    earliest_ns: Optional[int] = None   # a log item: the earliest it can have been written (None: time_ns)
 
 
 def _key(item: _Item) -> Tuple[int, int, int, int]:
@@ -300,16 +308,19 @@ class _Builder:
         if state is None:
             state = self.ranks[item.rank] = _Rank()
         out: List[Tuple[Event, str, int]] = []
+        time_ns = item.time_ns
+        if item.earliest_ns is not None:  # within [earliest, latest]: no earlier than what came before
+            time_ns = min(item.time_ns, max(item.earliest_ns, state.last_ns))
         if not state.started:
             state.started = True
-            out.append(self.start(item.rank, item.time_ns - MS))
-        state.last_ns = max(state.last_ns, item.time_ns)
+            out.append(self.start(item.rank, time_ns - MS))
+        state.last_ns = max(state.last_ns, time_ns)
         where = f"{item.source.path.name}:{item.line}"
         if item.kind == "metrics":
             assert item.values is not None
             out.extend(self._metrics(item, state, where))
         elif item.log is not None:
-            out.append(self._log(item, state, where))
+            out.append(self._log(item, state, where, time_ns))
         return out
 
     def _metrics(self, item: _Item, state: _Rank, where: str) -> List[Tuple[Event, str, int]]:
@@ -345,7 +356,7 @@ class _Builder:
         state.last_step = item.step
         return out
 
-    def _log(self, item: _Item, state: _Rank, where: str) -> Tuple[Event, str, int]:
+    def _log(self, item: _Item, state: _Rank, where: str, time_ns: int) -> Tuple[Event, str, int]:
         log = item.log
         assert log is not None
         source = f"log:{item.source.path.name}"
@@ -356,13 +367,13 @@ class _Builder:
             if recent:
                 payload["recent_metrics"] = recent
             event = ev.envelope(self.base(item.rank), "exception", payload, step=state.last_step,
-                                time_unix_nano=item.time_ns, severity="CRITICAL",
+                                time_unix_nano=time_ns, severity="CRITICAL",
                                 event_id=self._id(item.rank, source, str(log.line)))
             return event, where, len(json.dumps(payload, default=str)) + 400
         payload = {"logger": "", "level": log.level, "message": log.message,
                    "source": f"file:{item.source.path.name}"}
         event = ev.envelope(self.base(item.rank), "log", payload, step=state.last_step,
-                            time_unix_nano=item.time_ns,
+                            time_unix_nano=time_ns,
                             severity=log.level if log.level in ev.SEVERITIES else "INFO",
                             event_id=self._id(item.rank, source, str(log.line)))
         return event, where, 400 + 2 * len(log.message)
@@ -575,12 +586,15 @@ class Importer:
         lo, hi = src.span
         last_index = max(1, src.lines - 1)
         for item in reader:
-            if src.timed:
+            if src.timed and item.time_ns is not None:  # written within [stamp, stamp + precision)
+                earliest, latest = item.time_ns, item.time_ns + max(1, item.precision_ns) - 1
+            elif src.timed:  # before the first stamp
                 assert src.first_ns is not None
-                time_ns = item.time_ns if item.time_ns is not None else src.first_ns
+                earliest = latest = src.first_ns
             else:
-                time_ns = lo + (hi - lo) * min(item.last_line - 1, last_index) // last_index
-            yield _Item(time_ns + self.shift, item.rank, src.index, item.line, item.kind, src, log=item)
+                earliest = latest = lo + (hi - lo) * min(item.last_line - 1, last_index) // last_index
+            yield _Item(latest + self.shift, item.rank, src.index, item.line, item.kind, src, log=item,
+                        earliest_ns=earliest + self.shift)
 
     # -- run ----------------------------------------------------------------------------------------------
     def run(self) -> ReplaySummary:

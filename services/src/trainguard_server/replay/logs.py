@@ -25,8 +25,10 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
 * **Everything else** is one log item per line, with the level found in it (glog letter or a level
   word) as ``level``.
 * **Time.** An item's ``time_ns`` is the timestamp its first line starts with (see
-  :func:`.times.leading_timestamp`; glog lines take the year of the file's modification time), else the
-  last timestamp seen earlier in the file, else None.
+  :func:`.times.leading_stamp`; glog lines take the year of the file's modification time), else the
+  last timestamp seen earlier in the file, else None; ``precision_ns`` is that timestamp's precision (1 ms
+  for ``logging``'s ``,123``): the item was written at some time in ``[time_ns, time_ns + precision_ns)``
+  (an item without a stamp of its own: no earlier than ``time_ns``).
 * **Order.** Items come out ordered by their first line; ``line`` and ``last_line`` are 1-based.
 """
 
@@ -42,7 +44,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from trainguard.core.events import safe_str
 from trainguard.core.tracebacks import RELATION_CAUSE, RELATION_CONTEXT, ParsedException, parse_traceback_text
 
-from .times import leading_timestamp
+from .times import leading_stamp
 
 MAX_MESSAGE_LINES = 100
 """Plain lines after an exception line that may still belong to its message."""
@@ -144,6 +146,7 @@ class LogItem:
     level: str = ""
     message: str = ""
     payload: Dict[str, Any] = field(default_factory=dict)
+    precision_ns: int = 1       # of ``time_ns`` (see the module doc)
 
 
 @dataclass
@@ -208,6 +211,7 @@ class _Stream:
         self.mode: Optional[str] = None
         self.block: List[Tuple[int, str]] = []   # (line number, text)
         self.time_ns: Optional[int] = None       # time of the block's first line
+        self.precision_ns = 1                    # ... and its precision
         self.in_message = False
         self.message_lines = 0
         self.seen_thread = False
@@ -217,8 +221,8 @@ class _Stream:
     def first_line(self) -> int:
         return self.block[0][0] if self.block else 0
 
-    def start(self, mode: str, number: int, text: str, time_ns: Optional[int]) -> None:
-        self.mode, self.block, self.time_ns = mode, [(number, text)], time_ns
+    def start(self, mode: str, number: int, text: str, time_ns: Optional[int], precision_ns: int) -> None:
+        self.mode, self.block, self.time_ns, self.precision_ns = mode, [(number, text)], time_ns, precision_ns
         self.in_message, self.message_lines, self.seen_thread, self.prev = False, 0, False, text
 
     def continues(self, text: str) -> Tuple[bool, bool]:
@@ -292,6 +296,7 @@ class LogReader:
         self._pending: List[Tuple[int, int, LogItem]] = []  # (first line, seq, item): released in order
         self._seq = 0
         self._last_ts: Optional[int] = None
+        self._last_precision = 1
 
     def __iter__(self) -> Iterator[LogItem]:
         with open(self.path, "rb") as fh:
@@ -314,10 +319,10 @@ class LogReader:
             stream = self._streams[rank] = _Stream(rank)
         if text.strip():
             self.stats.lines += 1
-            stamp = leading_timestamp(text, self.year)
+            stamp = leading_stamp(text, self.year)
             if stamp is not None:
                 self.stats.timestamped += 1
-                self._last_ts = stamp
+                self._last_ts, self._last_precision = stamp
         if stream.mode is not None:
             belongs, ends = stream.continues(text)
             if belongs:
@@ -332,12 +337,12 @@ class LogReader:
             return
         mode = _starts_block(text)
         if mode is not None:
-            stream.start(mode, number, text, self._last_ts)
+            stream.start(mode, number, text, self._last_ts, self._last_precision)
             return
-        self._line(rank, number, text, self._last_ts)
+        self._line(rank, number, text, self._last_ts, self._last_precision)
 
     def _close(self, stream: _Stream) -> None:
-        time_ns = stream.time_ns
+        time_ns, precision_ns = stream.time_ns, stream.precision_ns
         block = stream.take()
         if not block:
             return
@@ -346,17 +351,18 @@ class LogReader:
         if payload is None:
             for number, line in block:
                 if line.strip():
-                    self._line(stream.rank, number, line, time_ns)
+                    self._line(stream.rank, number, line, time_ns, precision_ns)
             return
         self._emit(LogItem("exception", stream.rank, block[0][0], block[-1][0], time_ns, "CRITICAL",
-                           payload=payload))
+                           payload=payload, precision_ns=precision_ns))
 
-    def _line(self, rank: int, number: int, text: str, time_ns: Optional[int]) -> None:
+    def _line(self, rank: int, number: int, text: str, time_ns: Optional[int], precision_ns: int) -> None:
         level = line_level(text)
         if LEVEL_ORDER[level] < self.min_level:
             self.stats.below_level += 1
             return
-        self._emit(LogItem("log", rank, number, number, time_ns, level, safe_str(text, MAX_LINE_CHARS)))
+        self._emit(LogItem("log", rank, number, number, time_ns, level, safe_str(text, MAX_LINE_CHARS),
+                           precision_ns=precision_ns))
 
     def _emit(self, item: LogItem) -> None:
         stats = self.stats
@@ -409,8 +415,8 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
                 continue
             prefixed, text = split_prefix(clean_line(raw.decode("utf-8", "replace")))
             ranks[rank if prefixed is None else prefixed] = None
-            stamp = leading_timestamp(text, year)
+            stamp = leading_stamp(text, year)
             if stamp is not None:
-                first = stamp if first is None else first
-                last = stamp
+                first = stamp[0] if first is None else first
+                last = stamp[0]
     return LogScan(lines, first, last, sorted(ranks))

@@ -13,6 +13,9 @@ Contract:
   without an offset is **local time** (as ``logging`` prints it; set ``TZ`` to read it otherwise).
   :func:`leading_timestamp` also reads glog / c10 records (``E1129 08:12:43.061727 ...`` and
   ``[E1129 08:12:43.061727749 ProcessGroupNCCL.cpp:632]``), which carry no year: ``year`` supplies it.
+* :func:`leading_stamp`: the same with the stamp's **precision** in ns -- ``10 ** (9 - digits)`` for the
+  fraction digits written (1 s without a fraction, 1 ms for ``logging``'s ``,123``, 1 µs for glog, at
+  least 1 ns): the line was written some time in ``[stamp, stamp + precision)``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import datetime, timedelta, timezone
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 MIN_UNIX_SECONDS = 1e8
 
@@ -67,6 +70,10 @@ def _fraction_ns(frac: Optional[str]) -> int:
     return int((frac or "0").ljust(9, "0")[:9])
 
 
+def _precision_ns(frac: Optional[str]) -> int:
+    return 10 ** (9 - min(9, len(frac or "")))
+
+
 def _to_ns(match: re.Match[str], year: int) -> Optional[int]:
     groups = match.groupdict()
     try:
@@ -96,13 +103,22 @@ def parse_iso(text: str) -> Optional[int]:
     return _to_ns(match, int(match.group("date")))
 
 
-def leading_timestamp(line: str, year: int) -> Optional[int]:
-    """The timestamp a log line starts with (ISO 8601 or glog; ``year`` for glog), in ns; else None."""
+def leading_stamp(line: str, year: int) -> Optional[Tuple[int, int]]:
+    """(the timestamp a log line starts with, in ns; its precision, in ns) -- ISO 8601 or glog (``year`` for
+    glog); else None."""
     head = line[:64]
     match = _LEADING_ISO_RE.match(head)
     if match is not None:
-        return _to_ns(match, int(match.group("date")))
-    match = _GLOG_RE.match(head)
-    if match is not None:
-        return _to_ns(match, year)
-    return None
+        stamp = _to_ns(match, int(match.group("date")))
+    else:
+        match = _GLOG_RE.match(head)
+        if match is None:
+            return None
+        stamp = _to_ns(match, year)
+    return None if stamp is None else (stamp, _precision_ns(match.group("frac")))
+
+
+def leading_timestamp(line: str, year: int) -> Optional[int]:
+    """The timestamp a log line starts with (ISO 8601 or glog; ``year`` for glog), in ns; else None."""
+    found = leading_stamp(line, year)
+    return None if found is None else found[0]
