@@ -86,6 +86,7 @@ class Client:
         self.started_at = time.time()
         self._next_heartbeat = time.monotonic() + options.heartbeat_interval
         self._pid = os.getpid()
+        self._init_pid = self._pid  # the process that called init(): the rank (see forked_child)
         # built now, not lazily: a bad endpoint fails init() (and nothing gets imported at exit time,
         # where an import that exec()s code would make CPython forget an unhandled KeyboardInterrupt)
         self._transport: Optional[Transport] = transport or make_transport(options)
@@ -93,6 +94,13 @@ class Client:
         self.worker.start()
 
     # --- identity -------------------------------------------------------------------------------
+    @property
+    def forked_child(self) -> bool:
+        """Whether this process is a fork of the one that created the client (a DataLoader worker). A
+        forked child is not the rank: it sends what is logged or captured in it (under its own pid), but no
+        heartbeat and no lifecycle event -- the rank's liveness, progress and exit are its parent's."""
+        return os.getpid() != self._init_pid
+
     def _envelope_base(self) -> Dict[str, Any]:
         ident = self.identity
         return {"project": self.options.project, "run_id": ident.run_id, "trace_id": ident.trace_id,
@@ -298,7 +306,9 @@ class Client:
         return out
 
     def capture_lifecycle_start(self) -> None:
-        """The START event: argv, versions, tags, config and the launcher's identity."""
+        """The START event: argv, versions, tags, config, the launcher's identity (not in a forked child)."""
+        if self.forked_child:
+            return
         torch_mod = sys.modules.get("torch")
         tags = dict(self.identity.tags)
         tags.update(self.options.tags)
@@ -316,7 +326,10 @@ class Client:
         self.capture_event("lifecycle", payload, step=max(self.step, 0))
 
     def capture_lifecycle_exit(self, exit_code: int, signal_number: int, reason: str) -> None:
-        """The EXIT event with the exit code (128+n when killed by signal n) and the SDK's counters."""
+        """The EXIT event with the exit code (128+n when killed by signal n) and the SDK's counters; not in a
+        forked child (a DataLoader worker terminated at shutdown is not the rank exiting)."""
+        if self.forked_child:
+            return
         payload = {"phase": "EXIT", "exit_code": exit_code, "signal": signal_number, "reason": reason,
                    "sdk_stats": self.stats.snapshot()}
         severity = "INFO" if exit_code == 0 else "ERROR"
@@ -327,9 +340,9 @@ class Client:
         return len(self._queue)
 
     def tick(self) -> None:
-        """Heartbeat when due (runs on the worker thread)."""
+        """Heartbeat when due (runs on the worker thread; never in a forked child: see forked_child)."""
         interval = self.options.heartbeat_interval
-        if interval <= 0:
+        if interval <= 0 or self.forked_child:
             return
         now = time.monotonic()
         if now < self._next_heartbeat:
@@ -410,7 +423,8 @@ class Client:
         return self.worker.close(timeout)
 
     def after_fork_in_child(self) -> None:
-        """Called in a forked child (DataLoader workers): fresh queue, identity pid, worker and spool."""
+        """Called in a forked child (DataLoader workers): fresh queue, identity pid, worker and spool, for
+        what the user logs or captures in it; no heartbeats or lifecycle events (:attr:`forked_child`)."""
         self._pid = os.getpid()
         self._queue = deque()
         self.identity = identity_mod.RunIdentity(**{**self.identity.__dict__, "pid": self._pid})
