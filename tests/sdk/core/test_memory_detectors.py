@@ -524,3 +524,38 @@ def test_context_leak_thresholds_are_overridable() -> None:
     slow = opened(drive(events, Overrides(context_leak_samples=5)), "context-leak")
     assert slow[0].step == memory_events(events)[0]["step"]
     assert slow[0].seen_step == memory_events(events)[4]["step"]
+
+
+def _memory_as_metrics(name: str) -> List[Dict[str, Any]]:
+    """The scenario's stream with each memory event replaced by the metrics a system monitor logs for the
+    device (NVML's used bytes, the capacity, the allocator's reserved bytes) -- a metrics-only run."""
+    out = []
+    for e in BY_NAME[name].events():
+        if "memory" not in e:
+            out.append(e)
+            continue
+        body = e["memory"]
+        used = (body.get("stats") or {}).get("device_used")
+        if used is None or "total_capacity" not in body:
+            continue
+        points = [{"name": "mem/device_used", "value": float(used)},
+                  {"name": "mem/total_capacity", "value": float(body["total_capacity"])},
+                  {"name": "mem/reserved", "value": float(body.get("reserved", 0))}]
+        out.append({**{k: v for k, v in e.items() if k != "memory"}, "metrics": {"points": points}})
+    return out
+
+
+def test_context_leak_from_device_memory_metrics_alone() -> None:
+    events = _memory_as_metrics("gpu_context_leak")
+    assert not any("memory" in e for e in events)
+    pipeline = Pipeline(DetectionSettings())
+    pipeline.process(events)
+    (incident,) = [i for i in pipeline.incidents() if i.subtype == "context-leak"]
+    assert incident.severity == "warning"  # medium: no NVML process list among metrics
+    first = next(e for e in BY_NAME["gpu_context_leak"].events() if "memory" in e)["memory"]
+    other = int(first["stats"]["device_used"]) - int(first["reserved"]) - DetectionSettings().context_leak_allowance
+    assert other > DetectionSettings().context_leak_memory_ratio * int(first["total_capacity"])
+    for healthy in ("gpu_fragmentation", "gpu_leak", "gpu_amp_overflow", "gpu_oom"):
+        quiet = Pipeline(DetectionSettings())
+        quiet.process(_memory_as_metrics(healthy))
+        assert not [i for i in quiet.incidents() if i.subtype == "context-leak"], healthy

@@ -290,7 +290,8 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     ``batch_points`` gives them; ``step`` the envelope's): ``amp/scale``/``amp/overflow`` and, for ranks
     that send no ``memory`` events, ``mem/fragmentation`` (with ``mem/reserved``/``mem/allocated`` and,
     when sent, ``mem/max_allocated``: the peak the headroom gate needs) and
-    the leak series of ``mem/allocated`` (else ``mem/rss``)."""
+    the leak series of ``mem/allocated`` (else ``mem/rss``), and the context-leak check from
+    ``mem/device_used`` + ``mem/total_capacity`` (device-level memory, e.g. NVML's "used")."""
     out: List[Finding] = []
     by_name = {name: (s, v) for name, s, v in points}
     if "amp/scale" in by_name or "amp/overflow" in by_name:
@@ -306,6 +307,13 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
                 out.extend(_leak_sample(rank, name, s, time_ns, event_id, settings, value,
                                         reserved if math.isfinite(reserved) else 0.0, {}, name))
                 break
+    if not family.get("events") and "mem/device_used" in by_name and "mem/total_capacity" in by_name:
+        # device-level memory as metrics (a metrics file: NVML "used" and the GPU's capacity)
+        s, used = by_name["mem/device_used"]
+        context_payload = {"total_capacity": by_name["mem/total_capacity"][1],
+                           "reserved": by_name.get("mem/reserved", (s, 0.0))[1],
+                           "stats": {"device_used": used}}
+        out.extend(_context(run, rank, context_payload, "gpu", s, time_ns, event_id, settings))
     frag_state = family.setdefault("frag", {}) if "mem/fragmentation" in by_name else None
     if frag_state is not None and not frag_state.get("events"):
         s, frag = by_name["mem/fragmentation"]
