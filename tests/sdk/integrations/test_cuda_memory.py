@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import trainguard
+from tests.support.sdk_events import events
 from trainguard.guard import reset_warnings
 from trainguard.integrations import cuda_memory
 from trainguard.integrations import torch as tg_torch
@@ -31,11 +32,6 @@ def _sdk() -> Iterator[None]:
     trainguard.shutdown(timeout=2)
 
 
-def events() -> List[Dict[str, Any]]:
-    assert trainguard.flush(5)
-    client = trainguard.get_client()
-    assert client is not None
-    return list(client.worker._transport.events)  # type: ignore[attr-defined]
 
 
 def vm_rss() -> int:

@@ -18,12 +18,11 @@ from torch.utils.checkpoint import checkpoint
 
 import trainguard
 from tests.scenarios import trainings_finetune as ft
+from tests.support.sdk_events import events, series
 from trainguard.client import K_VECTOR
 from trainguard.guard import reset_warnings
 from trainguard.integrations import lora as tg_lora
 from trainguard.integrations import sequence as tg_seq
-
-Series = List[Tuple[int, float]]
 
 
 @pytest.fixture(autouse=True)
@@ -38,20 +37,8 @@ def _sdk() -> Iterator[None]:
     trainguard.shutdown(timeout=2)
 
 
-def events() -> List[Dict[str, Any]]:
-    assert trainguard.flush(5)
-    client = trainguard.get_client()
-    assert client is not None
-    return list(client.worker._transport.events)  # type: ignore[attr-defined]
 
 
-def series(evs: List[Dict[str, Any]], name: str) -> Series:
-    out: Series = []
-    for e in evs:
-        for p in e.get("metrics", {}).get("points", []):
-            if p["name"] == name:
-                out.append((e["step"], float(p["value"])))
-    return out
 
 
 # --- an independent reference: row by row, in plain Python ----------------------------------------------

@@ -12,10 +12,9 @@ import torch
 from torch import nn
 
 import trainguard
+from tests.support.sdk_events import events, series
 from trainguard.guard import reset_warnings
 from trainguard.integrations import torch as tg_torch
-
-Series = List[Tuple[int, float]]
 
 
 @pytest.fixture(autouse=True)
@@ -30,24 +29,8 @@ def _sdk() -> Iterator[None]:
     trainguard.shutdown(timeout=2)
 
 
-def events() -> List[Dict[str, Any]]:
-    """Every envelope delivered so far (flushes first)."""
-    assert trainguard.flush(5)
-    client = trainguard.get_client()
-    assert client is not None
-    return list(client.worker._transport.events)  # type: ignore[attr-defined]
 
 
-def series(evs: List[Dict[str, Any]], name: str) -> Series:
-    """(envelope step, value) of every point named ``name``, in delivery order."""
-    out: Series = []
-    for e in evs:
-        for p in e.get("metrics", {}).get("points", []):
-            if p["name"] == name:
-                value = p["value"]
-                out.append((e["step"], float(value) if not isinstance(value, str)
-                            else float(value.replace("Infinity", "inf"))))
-    return out
 
 
 def ref_norm(grads: List[torch.Tensor]) -> float:

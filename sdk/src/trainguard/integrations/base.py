@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Generic, Optional, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, List, Optional, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -25,6 +25,16 @@ class Integration(ABC):
 
     def teardown(self) -> None:
         """Undo ``setup`` where possible (restore hooks and handlers)."""
+
+
+def remove_hooks(handles: List[Any]) -> None:
+    """Remove every torch hook handle in ``handles`` (one that fails is skipped) and empty the list."""
+    for handle in handles:
+        try:
+            handle.remove()
+        except Exception:
+            pass
+    handles.clear()
 
 
 class Removable(Protocol):

@@ -48,7 +48,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..guard import warn_once
-from .base import DidNotEnable, WatchRegistry
+from .base import DidNotEnable, WatchRegistry, remove_hooks
 
 try:
     import torch
@@ -188,12 +188,7 @@ class LoraWatch:
         if self.removed:
             return
         self.removed = True
-        for handle in self._handles:
-            try:
-                handle.remove()
-            except Exception:
-                pass
-        self._handles.clear()
+        remove_hooks(self._handles)
         model = self._model_ref()
         if model is not None:
             _active.forget(model, self)

@@ -53,7 +53,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..guard import warn_once
-from .base import DidNotEnable, WatchRegistry
+from .base import DidNotEnable, WatchRegistry, remove_hooks
 
 try:
     import torch
@@ -360,12 +360,7 @@ class WatchHandle:
         if self.removed:
             return
         self.removed = True
-        for handle in self._handles:
-            try:
-                handle.remove()
-            except Exception:
-                pass
-        self._handles.clear()
+        remove_hooks(self._handles)
         scaler = self._scaler
         if scaler is not None and self._scaler_update is not None:
             if getattr(scaler, "__dict__", {}).get("update") is self._scaler_wrapper:
