@@ -1,8 +1,8 @@
 """Cross-rank root-cause correlation (DESIGN §4 "Correlation", seed 000 §3.5): the earliest signal leads,
 and what a failure causes on other ranks is evidence on it, not an incident of its own.
 
-Two rules, both pure and deterministic (event times decide; processing time only through
-:func:`check_silent_peers` called from ``Pipeline.advance``):
+Pure and deterministic (event times decide; processing time only through :func:`check_silent_peers` and
+:func:`check_lagging` when ``Pipeline.advance`` calls them):
 
 **1. Consequences fold into their cause.** A *consequence* is a collective failing
 (``comm/timeout``, ``comm/failure``, ``comm/rank-lost``) or a rank being terminated by its launcher
@@ -20,15 +20,27 @@ the fact when the cause's evidence arrives later than the consequence (ranks flu
 the consequence incident is then resolved with ``explained_by`` = the cause's id, its evidence, ranks and
 timeline copied onto the cause, and later findings for it go to the cause.
 
-**2. A silent rank explains its peers' failures.** A process killed by SIGKILL (OOM-killer, preemption)
-or a node that died sends nothing more -- no exception, no exit. When a run has an open ``comm/timeout``,
-``comm/failure`` or ``comm/rank-lost`` incident (not explained by rule 1) first signalled at *t*, a rank
-that has not exited, is not in that incident, sent its last event before *t*, and is still silent
-``max(rank_lost_grace_s, 2.5 x its heartbeat interval)`` after *t* (by the event time of a later event of
-the run, or by the processor's clock in ``advance``) is **lost**: the incident becomes
+**2. A silent or killed rank explains its peers' failures.** A process killed by SIGKILL (OOM-killer,
+preemption) or a node that died sends nothing more -- no exception, no exit. When a run has an open
+``comm/timeout``, ``comm/failure`` or ``comm/rank-lost`` incident (not explained by rule 1) first signalled
+at *t*, a rank that has not exited, is not in that incident, sent its last event before *t*, and is still
+silent ``max(rank_lost_grace_s, 2.5 x its heartbeat interval)`` after *t* (by the event time of a later
+event of the run, or by the processor's clock in ``advance``) is **lost**: the incident becomes
 ``comm/rank-lost`` (same id), led by that rank from its last event, with evidence of the silence. The
 rank counts as ended (failed) and is not reported again by ``progress/lost``. A rank heard from after
-*t* is never declared lost.
+*t* is never declared lost. A rank *reported* killed by a signal (a launcher's or agent's exit code,
+``trainguard replay``) after its last progress is the same story: its ``process/killed`` incident becomes
+the ``comm/rank-lost`` its peers' errors fold into, led by it.
+
+**3. Who leads.** The lead is the rank with the earliest signal, unless correlation pins it
+(``IncidentState.extra["lead"]``): a collective timeout's **lagging rank** (alive -- heartbeats well after
+its last progress -- but without progress since before the timeout and without an error of its own)
+leads the timeout (:func:`check_lagging`); the rank whose loss went non-finite at the earliest *step*
+leads a NaN all ranks share through the all-reduce (:func:`pin_numeric_lead`).
+
+**4. Hangs.** A stall that ends in a communication failure on one of its ranks is that failure's
+precursor and folds into it; further stall episodes of the same hang join it. A rank terminated or killed
+while it is in an open stall was stopped because it hung: its exit is evidence on the stall.
 """
 
 from __future__ import annotations
