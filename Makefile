@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test lint typecheck proto bench clean
 
-$(STAMP): requirements/dev.txt sdk/pyproject.toml services/pyproject.toml
+$(STAMP): requirements/dev.txt requirements/chdb.txt sdk/pyproject.toml services/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements/chdb.txt  # see the file
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk -e services
 	touch $(STAMP)
 

@@ -12,11 +12,16 @@ from typing import Callable, Dict, Iterator, List
 import pytest
 
 from trainguard_server.storage.base import Bucket, MetricPoint, MetricStore
+from trainguard_server.storage.clickhouse import ClickHouseMetricStore
 from trainguard_server.storage.memory import MemoryMetricStore
 from trainguard_server.storage.sqlite import SqliteMetricStore
 
 Factory = Callable[[Path, pytest.FixtureRequest], MetricStore]
 IMPLEMENTATIONS: Dict[str, Factory] = {
+    # chDB (the ClickHouse engine in-process) through clickhouse-connect: one data directory per test (chDB
+    # hosts one engine path per process at a time; the previous test's store closed its client, so a new
+    # path opens).
+    "clickhouse": lambda tmp_path, request: ClickHouseMetricStore.open(dsn=f"chdb://{tmp_path / 'ch'}"),
     "memory": lambda tmp_path, request: MemoryMetricStore(),
     "sqlite": lambda tmp_path, request: SqliteMetricStore(tmp_path / "metrics.db"),
 }
