@@ -12,6 +12,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
+from tests.support.elasticsearch import make_test_store
 from trainguard_server.storage.base import EventStore, SearchHit, StoredEvent
 from trainguard_server.storage.memory import MemoryEventStore
 from trainguard_server.storage.sqlite import SqliteEventStore
@@ -20,6 +21,8 @@ Factory = Callable[[Path, pytest.FixtureRequest], EventStore]
 IMPLEMENTATIONS: Dict[str, Factory] = {
     "memory": lambda tmp_path, request: MemoryEventStore(),
     "sqlite": lambda tmp_path, request: SqliteEventStore(tmp_path / "events.db"),
+    "elasticsearch": lambda tmp_path, request: make_test_store(request.getfixturevalue("elasticsearch_server").url,
+                                                               request),
 }
 
 
