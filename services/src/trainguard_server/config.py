@@ -4,7 +4,7 @@ flag. Defaults run the embedded backend under ``./.data/trainguard``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -45,3 +45,24 @@ class Settings(BaseSettings):
     tick_interval_s: float = Field(1.0, description="how often processing-time timers run")
     detection_overrides: str = Field(
         "", description='JSON object of DetectionSettings overrides, e.g. {"stall_min_s": 5}')
+
+    # --- queue backend ------------------------------------------------------------------------------
+    queue: Literal["sqlite", "kafka"] = Field(
+        "sqlite", description="sqlite: the embedded durable queue under data_dir; kafka: a Kafka topic")
+    kafka_bootstrap_servers: str = Field("127.0.0.1:9092", description="host:port[,host:port...] of brokers")
+    kafka_topic: str = Field("trainguard.ingest", description="ingest topic (created if absent)")
+    kafka_dead_letter_topic: str = Field(
+        "", description="where undecodable records go, with the reason in a header (default: <topic>.dlq)")
+    kafka_partitions: int = Field(12, ge=1, description="partitions of the ingest topic when it is created")
+    kafka_replication_factor: int = Field(
+        -1, description="replication factor of created topics (-1: the broker's default.replication.factor)")
+    kafka_retention_ms: int = Field(7 * 86400 * 1000, description="retention.ms of created topics")
+    kafka_group_id: str = Field("trainguard-processor", description="the processors' consumer group")
+    kafka_session_timeout_ms: int = Field(10_000, description="consumer group session timeout")
+    kafka_delivery_timeout_s: float = Field(
+        30.0, description="longest a publish waits for the brokers' acknowledgement before failing (503)")
+    kafka_create_topics: bool = Field(True, description="create the topics at start when they are absent")
+    kafka_client_config: str = Field(
+        "", description='JSON object of librdkafka properties for every Kafka client, e.g. '
+                        '{"security.protocol": "SASL_SSL", "sasl.mechanisms": "SCRAM-SHA-512", '
+                        '"sasl.username": "tg", "sasl.password": "...", "ssl.ca.location": "/etc/ca.pem"}')

@@ -29,7 +29,7 @@ from .gateway.grpc import build_grpc_server
 from .gateway.http import ingest_router
 from .gateway.ingest import Gateway
 from .processor.embedded import EmbeddedProcessor
-from .queue.sqlite import QUEUE_DB, SqliteQueue
+from .queue import open_queue
 from .storage.sqlite import open_sqlite_stores
 
 log = logging.getLogger("trainguard.server")
@@ -64,8 +64,7 @@ class EmbeddedServer:
         s = self.settings
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.stores = open_sqlite_stores(self.data_dir)
-        self.queue = SqliteQueue(self.data_dir / QUEUE_DB, max_depth=s.max_queue_depth,
-                                 retry_after=s.retry_after_s)
+        self.queue = open_queue(s, self.data_dir)  # SQLite under data_dir unless TRAINGUARD_QUEUE=kafka
         self.tokens = self._bootstrap_tokens()
         detection = DetectionSettings.from_overrides(json.loads(s.detection_overrides or "{}"))
         self.gateway = Gateway(self.queue, self.stores.projects, s)

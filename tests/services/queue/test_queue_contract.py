@@ -3,6 +3,11 @@
 Adding an implementation is one line in IMPLEMENTATIONS: ``Impl(factory, durable)``, where the factory
 takes (tmp_path, pytest request, max_depth) and opens the queue living under tmp_path — calling it again
 after ``close()`` must reopen the same queue when ``durable`` is true (a restart).
+
+The contract is what the ABC promises: order per key (a key stays in one partition), offsets increasing
+per partition, commits per partition. The memory and SQLite queues have one partition; the Kafka queue
+runs here with three, on a real broker (Tansu, tests/support/kafka.py), each test on its own topic and
+consumer group.
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ from typing import Callable, Dict, Iterator, List, NamedTuple
 
 import pytest
 
+from tests.support.kafka import ReadyKafkaQueues, open_test_queue
 from trainguard_server.queue.base import Queue, QueueFull, QueueRecord
 from trainguard_server.queue.memory import MemoryQueue
 from trainguard_server.queue.sqlite import SqliteQueue
+
+DEFAULT_MAX_DEPTH = 10_000
+KAFKA_NAMES = pytest.StashKey[Dict[str, str]]()
 
 
 class Impl(NamedTuple):
@@ -24,10 +33,25 @@ class Impl(NamedTuple):
     durable: bool
 
 
+def open_kafka(tmp_path: Path, request: pytest.FixtureRequest, max_depth: int) -> Queue:
+    """A KafkaQueue on the session's broker, its own topic and consumer group per test. The first open of
+    a test takes one opened ahead (its group joined: ~2 s on Tansu); opening again in the same test joins
+    the same group on the same topic (a restarted consumer), as does an open with a non-default depth."""
+    queues: ReadyKafkaQueues = request.getfixturevalue("kafka_queues")
+    names: Dict[str, str] = request.node.stash.setdefault(KAFKA_NAMES, {})
+    key = str(tmp_path)
+    if key not in names and max_depth == DEFAULT_MAX_DEPTH:
+        names[key], queue = queues.take()
+        return queue
+    name = names.setdefault(key, queues.new_name())
+    return open_test_queue(queues.bootstrap, name, max_depth=max_depth)
+
+
 IMPLEMENTATIONS: Dict[str, Impl] = {
     "memory": Impl(lambda tmp_path, request, max_depth: MemoryQueue(max_depth=max_depth), durable=False),
     "sqlite": Impl(lambda tmp_path, request, max_depth: SqliteQueue(tmp_path / "queue.db", max_depth=max_depth),
                    durable=True),
+    "kafka": Impl(open_kafka, durable=True),
 }
 
 OpenQueue = Callable[..., Queue]
@@ -42,7 +66,7 @@ def impl(request: pytest.FixtureRequest) -> Impl:
 def open_queue(impl: Impl, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenQueue]:
     opened: List[Queue] = []
 
-    def open_(max_depth: int = 10_000) -> Queue:
+    def open_(max_depth: int = DEFAULT_MAX_DEPTH) -> Queue:
         queue = impl.open(tmp_path, request, max_depth)
         opened.append(queue)
         return queue
@@ -70,13 +94,16 @@ def test_publish_returns_increasing_offsets_and_consume_hands_them_out_in_order(
     first = queue.publish("run-a", [b"a0", b"a1"])
     second = queue.publish("run-b", [b"b0"])
     third = queue.publish("run-a", [b"a2"])
-    offsets = first + second + third
-    assert len(offsets) == 4 and offsets == sorted(offsets) and len(set(offsets)) == 4
+    published = [("run-a", b"a0", first[0]), ("run-a", b"a1", first[1]), ("run-b", b"b0", second[0]),
+                 ("run-a", b"a2", third[0])]
     records = drain(queue)
-    assert [(r.key, r.value, r.offset) for r in records] == [
-        ("run-a", b"a0", offsets[0]), ("run-a", b"a1", offsets[1]), ("run-b", b"b0", offsets[2]),
-        ("run-a", b"a2", offsets[3])]
-    assert len({r.partition for r in records}) == 1
+    assert sorted((r.key, r.value, r.offset) for r in records) == sorted(published)
+    partition = {r.value: r.partition for r in records}
+    assert partition[b"a0"] == partition[b"a1"] == partition[b"a2"]  # one key, one partition
+    for p in set(partition.values()):  # per partition: offsets increase in publish order, handed out so
+        mine = [x for x in published if partition[x[1]] == p]
+        assert [x[2] for x in mine] == sorted(x[2] for x in mine) and len({x[2] for x in mine}) == len(mine)
+        assert [(r.key, r.value, r.offset) for r in records if r.partition == p] == mine
     now = time.time_ns()
     assert all(now - 60 * 10**9 < r.published_ns <= now for r in records)
 
@@ -136,7 +163,7 @@ def test_empty_publish_stores_nothing(queue: Queue) -> None:
 def test_large_values_round_trip(queue: Queue) -> None:
     blob = bytes(range(256)) * 4096  # 1 MiB
     queue.publish("k", [blob, b""])
-    records = queue.consume(10, 0.5)
+    records = drain(queue)
     assert [r.value for r in records] == [blob, b""]
 
 
@@ -176,7 +203,7 @@ def test_queue_full_rejects_the_whole_call_and_recovers_after_commit(open_queue:
         queue.publish("k", [b"5"])
     assert err.value.retry_after > 0
     assert queue.depth() == 4
-    records = queue.consume(10, 0.5)
+    records = drain(queue)
     assert [r.value for r in records] == [b"1", b"2", b"3", b"4"]  # nothing of the rejected call
     queue.commit(records)
     queue.publish("k", [b"6"])
@@ -223,16 +250,19 @@ def test_uncommitted_records_are_redelivered_after_reopen(impl: Impl, open_queue
     queue = open_queue()
     queue.publish("k", [b"1", b"2", b"3"])
     queue.publish("j", [b"4"])
-    records = queue.consume(10, 0.5)
-    queue.commit(records[:2])
+    records = drain(queue)
+    k = [r for r in records if r.key == "k"]
+    j = [r for r in records if r.key == "j"]
+    assert [r.value for r in k] == [b"1", b"2", b"3"] and [r.value for r in j] == [b"4"]
+    queue.commit(k[:2])
     queue.close()
     reopened = open_queue()
     assert reopened.depth() == 2
     again = drain(reopened)
-    assert [(r.key, r.value) for r in again] == [("k", b"3"), ("j", b"4")]
-    assert [r.offset for r in again] == [r.offset for r in records[2:]]
+    assert sorted((r.key, r.value) for r in again) == [("j", b"4"), ("k", b"3")]
+    assert sorted((r.partition, r.offset) for r in again) == sorted((r.partition, r.offset) for r in k[2:] + j)
     new = reopened.publish("k", [b"5"])
-    assert new[0] > records[-1].offset  # offsets are never reused
+    assert new[0] > k[-1].offset  # offsets are never reused
     reopened.commit(again)
     reopened.close()
     assert [r.value for r in drain(open_queue())] == [b"5"]

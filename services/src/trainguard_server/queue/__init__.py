@@ -1,1 +1,41 @@
-"""The queue between the gateway and the processor: base contract, memory and SQLite implementations."""
+"""The queue between the gateway and the processor: base contract, memory, SQLite and Kafka implementations.
+
+:func:`open_queue` picks the one the settings name (``TRAINGUARD_QUEUE``: ``sqlite``, the embedded default,
+or ``kafka``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict
+
+from .base import Queue
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+
+def open_queue(settings: Settings, data_dir: Path) -> Queue:
+    """The queue ``settings.queue`` selects, configured from ``settings``."""
+    if settings.queue == "kafka":
+        from .kafka import KafkaQueue, ingest_request_problem  # confluent-kafka only when asked for
+
+        client_config: Dict[str, Any] = json.loads(settings.kafka_client_config or "{}")
+        if not isinstance(client_config, dict):
+            raise ValueError("TRAINGUARD_KAFKA_CLIENT_CONFIG must be a JSON object of librdkafka properties")
+        return KafkaQueue(
+            settings.kafka_bootstrap_servers, settings.kafka_topic, group_id=settings.kafka_group_id,
+            partitions=settings.kafka_partitions, replication_factor=settings.kafka_replication_factor,
+            retention_ms=settings.kafka_retention_ms,
+            # a published value is one run's share of a request: at most the request's size
+            max_message_bytes=max(2**20, 2 * settings.max_batch_bytes),
+            dead_letter_topic=settings.kafka_dead_letter_topic or None, validate=ingest_request_problem,
+            max_depth=settings.max_queue_depth, retry_after=settings.retry_after_s,
+            session_timeout_ms=settings.kafka_session_timeout_ms,
+            delivery_timeout_s=settings.kafka_delivery_timeout_s, client_config=client_config,
+            create_topics=settings.kafka_create_topics)
+    from .sqlite import QUEUE_DB, SqliteQueue
+
+    return SqliteQueue(data_dir / QUEUE_DB, max_depth=settings.max_queue_depth,
+                       retry_after=settings.retry_after_s)
