@@ -116,6 +116,7 @@ def test_undecodable_records_go_to_the_dead_letter_topic_with_the_reason(tansu: 
         assert all(h[HEADER_REASON].startswith(b"not a serialized trainguard.v1.IngestRequest") for h in headers)
         assert letters[0].key() == b"run-1"
         assert queue.depth() == 0  # the dead letters count as done: nothing is handed out again
+        assert queue.dead_letters == 2
         admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
         group = admin.list_consumer_group_offsets(
             [ConsumerGroupTopicPartitions(name, [TopicPartition(name, 0)])])[name].result(10)

@@ -199,6 +199,7 @@ class KafkaQueue(Queue):
         self._partitions: List[int] = []
         self._refresh_lock = threading.Lock()
 
+        self.dead_letters = 0  # records moved to the dead-letter topic by this process (for /metrics)
         self._closed = False
         self._closing = threading.Event()  # stops the background threads
         self._close_lock = threading.Lock()
@@ -421,6 +422,7 @@ class KafkaQueue(Queue):
                         delivery.done.set()
         delivery.done.wait(self._delivery_timeout_s + 5.0)
         failed: Dict[int, int] = {}
+        self.dead_letters += sum(1 for offset in delivery.offsets if offset >= 0)
         for i, (msg, _) in enumerate(bad):
             if delivery.offsets[i] < 0:
                 partition, offset = _position(msg)
