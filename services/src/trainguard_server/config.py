@@ -46,6 +46,38 @@ class Settings(BaseSettings):
     detection_overrides: str = Field(
         "", description='JSON object of DetectionSettings overrides, e.g. {"stall_min_s": 5}')
 
+    # --- store backends -----------------------------------------------------------------------------
+    event_store: Literal["sqlite", "elasticsearch"] = Field(
+        "sqlite", description="raw context (tracebacks, logs, envelopes): sqlite under data_dir (FTS5), or "
+                              "Elasticsearch")
+    elasticsearch_hosts: str = Field("http://127.0.0.1:9200",
+                                     description="comma-separated Elasticsearch URLs")
+    elasticsearch_api_key: Optional[str] = Field(None, description="API key (instead of username/password)")
+    elasticsearch_username: Optional[str] = Field(None, description="basic auth user")
+    elasticsearch_password: Optional[str] = Field(None, description="basic auth password")
+    elasticsearch_verify_certs: bool = Field(True, description="verify the cluster's TLS certificate")
+    elasticsearch_ca_certs: Optional[str] = Field(None, description="CA bundle for the cluster's TLS")
+    elasticsearch_index_prefix: str = Field("trainguard",
+                                            description="indices are <prefix>-events-YYYY.MM.DD")
+    elasticsearch_retention_days: int = Field(30, ge=0,
+                                              description="drop daily indices older than this (0: keep)")
+    elasticsearch_shards: int = Field(1, ge=1, description="primary shards of new daily indices")
+    elasticsearch_replicas: int = Field(1, ge=0, description="replicas of new daily indices")
+    elasticsearch_manage_template: bool = Field(
+        True, description="put the index template at first write (false: an operator manages it)")
+    metric_store: Literal["sqlite", "clickhouse"] = Field(
+        "sqlite", description="metrics and aggregates: sqlite under data_dir, or ClickHouse")
+    clickhouse_url: str = Field(
+        "", description="http[s]://user:password@host:port of a ClickHouse server, or chdb:///dir for the "
+                        "in-process engine (one process per directory); empty: host/port/user/password")
+    clickhouse_host: str = Field("127.0.0.1", description="ClickHouse host (when clickhouse_url is empty)")
+    clickhouse_port: Optional[int] = Field(None, description="ClickHouse HTTP(S) port (default 8123 / 8443)")
+    clickhouse_user: str = Field("default", description="ClickHouse user")
+    clickhouse_password: str = Field("", description="ClickHouse password")
+    clickhouse_secure: bool = Field(False, description="HTTPS to ClickHouse")
+    clickhouse_database: str = Field("trainguard", description="database of the tables (created if absent)")
+    clickhouse_retention_days: int = Field(90, ge=0, description="TTL of metric points (0: keep)")
+
     # --- queue backend ------------------------------------------------------------------------------
     queue: Literal["sqlite", "kafka"] = Field(
         "sqlite", description="sqlite: the embedded durable queue under data_dir; kafka: a Kafka topic")

@@ -30,7 +30,7 @@ from .gateway.http import ingest_router
 from .gateway.ingest import Gateway
 from .processor.embedded import EmbeddedProcessor
 from .queue import open_queue
-from .storage.sqlite import open_sqlite_stores
+from .storage.select import open_stores
 
 log = logging.getLogger("trainguard.server")
 
@@ -63,7 +63,7 @@ class EmbeddedServer:
     def start(self) -> None:
         s = self.settings
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.stores = open_sqlite_stores(self.data_dir)
+        self.stores = open_stores(s, self.data_dir)  # SQLite unless TRAINGUARD_EVENT_STORE/METRIC_STORE
         self.queue = open_queue(s, self.data_dir)  # SQLite under data_dir unless TRAINGUARD_QUEUE=kafka
         self.tokens = self._bootstrap_tokens()
         detection = DetectionSettings.from_overrides(json.loads(s.detection_overrides or "{}"))
