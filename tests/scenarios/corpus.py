@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 STREAMS = HERE / "streams"
@@ -60,15 +60,20 @@ class Scenario:
 
     def events(self) -> List[Dict[str, Any]]:
         """Every envelope of the recorded run, ranks merged in event-time order (ties: file order)."""
-        out: List[Tuple[int, int, Dict[str, Any]]] = []
-        for path in self.stream_files():
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    if line.strip():
-                        event = json.loads(line)
-                        out.append((int(event.get("time_unix_nano") or 0), len(out), event))
-        out.sort(key=lambda item: (item[0], item[1]))
-        return [event for _t, _i, event in out]
+        return load_events(self.stream_files())
+
+
+def load_events(paths: Sequence[Path]) -> List[Dict[str, Any]]:
+    """Every envelope of the stream files ``paths`` merged in event-time order (ties: file order)."""
+    out: List[Tuple[int, int, Dict[str, Any]]] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    event = json.loads(line)
+                    out.append((int(event.get("time_unix_nano") or 0), len(out), event))
+    out.sort(key=lambda item: (item[0], item[1]))
+    return [event for _t, _i, event in out]
 
 
 SCENARIOS: Tuple[Scenario, ...] = (
