@@ -24,11 +24,14 @@ from trainguard.core.pipeline import Pipeline, PipelineOutput
 from trainguard.v1 import ingest_pb2
 
 from ..queue.base import Queue, QueueRecord
-from ..storage.base import EventStore, IncidentStore, MetricPoint, MetricStore, StoredEvent
+from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricPoint, MetricStore, StoredEvent
 
 log = logging.getLogger("trainguard.processor")
 
 STATE_KEY = "pipeline/embedded"
+MIN_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+"""A round that failed (a store unavailable) is retried after a backoff doubling from MIN to MAX."""
 
 
 @dataclass
@@ -42,6 +45,8 @@ class ProcessorStats:
     errors: int = 0
     snapshots: int = 0
     last_lag_s: float = 0.0
+    rejected_events: int = 0   # raw-context events a store refused for good (a bad document), logged
+    store_retries: int = 0     # rounds retried because a store was unavailable
 
 
 class EmbeddedProcessor:
@@ -67,6 +72,11 @@ class EmbeddedProcessor:
         self.max_yield_s = max_yield_s
         self.pipeline = self._restore()
         self._uncommitted: List[QueueRecord] = []
+        #: records whose round failed (a store unavailable): processed again, before anything new, after
+        #: a backoff -- never committed until they went through. The pipeline is idempotent under replay.
+        self._retry: List[QueueRecord] = []
+        self._retry_at = 0.0
+        self._backoff_s = 0.0
         self._last_snapshot = time.monotonic()
         self._last_tick = 0.0
         self._stop = threading.Event()
@@ -102,12 +112,29 @@ class EmbeddedProcessor:
     def run_once(self, timeout: float) -> int:
         """One round: consume up to ``batch`` records (waiting up to ``timeout``), process, maybe
         checkpoint and run timers. Returns the number of records processed."""
-        records = self.queue.consume(self.batch, timeout)
+        if self._retry:
+            wait = self._retry_at - time.monotonic()
+            if wait > 0:
+                time.sleep(min(wait, timeout))
+                return 0
+            records, self._retry = self._retry, []
+            self.stats.store_retries += 1
+        else:
+            records = self.queue.consume(self.batch, timeout)
         for i, record in enumerate(records):
-            with self._lock:
-                self._process([record])
+            try:
+                with self._lock:
+                    self._process([record])
+            except Exception:
+                # a store is unavailable: keep this record and the rest for a retry after a backoff
+                # (doubling to MAX_BACKOFF_S); nothing of them is committed meanwhile
+                self._retry = list(records[i:])
+                self._backoff_s = min(MAX_BACKOFF_S, max(MIN_BACKOFF_S, 2 * self._backoff_s))
+                self._retry_at = time.monotonic() + self._backoff_s
+                raise
             if i + 1 < len(records):
                 self._yield_to_ingest()
+        self._backoff_s = 0.0
         with self._lock:
             now = time.monotonic()
             due = self.pipeline.next_timer_ns
@@ -164,7 +191,13 @@ class EmbeddedProcessor:
             self.metrics.put(points)
             self.stats.metric_points += len(points)
         if stored:
-            self.events.put(stored)
+            try:
+                self.events.put(stored)
+            except EventsRejected as exc:  # the store wrote the rest of the batch
+                if not exc.permanent:
+                    raise  # unavailable for some of them: the round is retried
+                self.stats.rejected_events += len(exc.rejected)  # refused for good: logged, not retried
+                log.error("%s", exc)
 
     def _apply(self, output: PipelineOutput) -> None:
         if output.runs:

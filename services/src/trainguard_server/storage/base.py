@@ -84,6 +84,19 @@ class MetricSummary:
     nonfinite: int
 
 
+class EventsRejected(RuntimeError):
+    """``EventStore.put`` wrote every event of the batch except ``rejected`` (objects with an HTTP-like
+    ``status``; 0 = the store kept failing). :attr:`permanent` when the store refused every one of them for
+    good (a 4xx other than 429: retrying the same document cannot help)."""
+
+    rejected: List[Any]
+
+    @property
+    def permanent(self) -> bool:
+        return bool(self.rejected) and all(400 <= int(getattr(r, "status", 0)) < 500 and
+                                           int(getattr(r, "status", 0)) != 429 for r in self.rejected)
+
+
 class EventStore(ABC):
     @abstractmethod
     def put(self, events: Sequence[StoredEvent]) -> int:

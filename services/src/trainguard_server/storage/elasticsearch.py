@@ -81,7 +81,7 @@ from elastic_transport import ConnectionError as TransportConnectionError
 from elastic_transport import ConnectionTimeout
 from elasticsearch import ApiError, Elasticsearch
 
-from .base import EventStore, Page, SearchHit, StoredEvent
+from .base import EventsRejected, EventStore, Page, SearchHit, StoredEvent
 from .memory import (
     SearchTerm,
     _Doc,
@@ -154,7 +154,7 @@ class RejectedEvent:
         return f"{self.project}/{self.event_id} -> {self.index}: {self.status} {self.error}"
 
 
-class EventIndexingError(RuntimeError):
+class EventIndexingError(EventsRejected):
     """Raised by :meth:`ElasticsearchEventStore.put` when events were rejected (a 4xx, or retries
     exhausted). Every other event of the batch was written; ``rejected`` lists the others, ``new`` counts
     the events created before the error. Re-applying the batch is safe (writes are idempotent)."""
