@@ -16,7 +16,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     overrides = {k: v for k, v in {"data_dir": getattr(args, "data_dir", None),
                                    "host": getattr(args, "host", None),
                                    "http_port": getattr(args, "http_port", None),
-                                   "grpc_port": getattr(args, "grpc_port", None)}.items() if v is not None}
+                                   "grpc_port": getattr(args, "grpc_port", None),
+                                   "roles": getattr(args, "roles", None)}.items() if v is not None}
     return Settings(**overrides)
 
 
@@ -27,12 +28,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server.start()
     tokens = server.tokens
     assert tokens is not None
-    print(f"TrainGuard serving (embedded): data in {server.data_dir}\n"
-          f"  HTTP ingest + API  {server.http_url}   (OpenAPI: {server.http_url}/docs)\n"
-          f"  gRPC ingest        {server.grpc_url}\n"
-          f"  project {tokens.project!r}: ingest token {tokens.ingest}\n"
-          f"                      read token   {tokens.read}\n"
-          f"  tokens are kept in {server.data_dir / 'bootstrap-tokens.json'} (mode 0600)", flush=True)
+    roles = server.roles
+    lines = [f"TrainGuard serving ({', '.join(roles)}): data in {server.data_dir}"]
+    if "gateway" in roles or "api" in roles:
+        what = " + ".join(w for w, r in (("HTTP ingest", "gateway"), ("API", "api")) if r in roles)
+        lines.append(f"  {what:<18} {server.http_url}   (OpenAPI: {server.http_url}/docs)")
+    if "gateway" in roles:
+        lines.append(f"  gRPC ingest        {server.grpc_url}")
+    if "processor" in roles:
+        st = server.settings
+        lines.append(f"  processor          queue {st.queue} -> events {st.event_store}, "
+                     f"metrics {st.metric_store}")
+    lines += [f"  project {tokens.project!r}: ingest token {tokens.ingest}",
+              f"                      read token   {tokens.read}",
+              f"  tokens are kept in {server.data_dir / 'bootstrap-tokens.json'} (mode 0600)"]
+    print("\n".join(lines), flush=True)
     server.serve_forever()
     print("stopped: queue drained, state checkpointed", flush=True)
     return 0
@@ -249,6 +259,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, help="HTTP ingest + API port (TRAINGUARD_HTTP_PORT)")
     serve.add_argument("--grpc-port", type=int, help="gRPC ingest port (TRAINGUARD_GRPC_PORT)")
     serve.set_defaults(func=cmd_serve)
+    for role, text in (("gateway", "gRPC + HTTP ingest only: publishes to the queue (TRAINGUARD_QUEUE)"),
+                       ("processor", "the processor only: queue -> pipeline -> stores"),
+                       ("api", "the query API only, over the stores")):
+        one = sub.add_parser(role, help=text)
+        one.add_argument("--data-dir", help="SQLite stores (incidents, tokens) shared by the processes")
+        one.add_argument("--host", help="interface to bind (TRAINGUARD_HOST)")
+        if role != "processor":
+            one.add_argument("--http-port", type=int, help="HTTP port (TRAINGUARD_HTTP_PORT)")
+        if role == "gateway":
+            one.add_argument("--grpc-port", type=int, help="gRPC ingest port (TRAINGUARD_GRPC_PORT)")
+        one.set_defaults(func=cmd_serve, roles=role)
 
     demo = sub.add_parser("demo", help="start the embedded server and watch real failing trainings")
     demo.add_argument("--data-dir", default=".data/demo", help="demo data (wiped at start)")

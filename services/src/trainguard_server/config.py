@@ -4,10 +4,21 @@ flag. Defaults run the embedded backend under ``./.data/trainguard``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Tuple
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ROLES = ("gateway", "processor", "api")
+
+
+def parse_roles(text: str) -> Tuple[str, ...]:
+    """The roles of a ``roles`` setting, in canonical order; ValueError naming an unknown one."""
+    wanted = [r.strip() for r in text.split(",") if r.strip()]
+    unknown = sorted(set(wanted) - set(ROLES))
+    if unknown or not wanted:
+        raise ValueError(f"roles must be a comma list of {', '.join(ROLES)}; got {text!r}")
+    return tuple(r for r in ROLES if r in wanted)
 
 
 class Settings(BaseSettings):
@@ -46,6 +57,10 @@ class Settings(BaseSettings):
     detection_overrides: str = Field(
         "", description='JSON object of DetectionSettings overrides, e.g. {"stall_min_s": 5}')
 
+    roles: str = Field(
+        "gateway,processor,api", description="what this process runs: any of gateway (gRPC + HTTP ingest), "
+        "processor (queue -> pipeline -> stores) and api (query API); `trainguard serve` runs all three, "
+        "`trainguard gateway|processor|api` one each (they share the queue -- Kafka -- and the stores)")
     # --- store backends -----------------------------------------------------------------------------
     event_store: Literal["sqlite", "elasticsearch"] = Field(
         "sqlite", description="raw context (tracebacks, logs, envelopes): sqlite under data_dir (FTS5), or "

@@ -24,7 +24,7 @@ from trainguard.core.catalogue import DetectionSettings
 
 from .api.app import create_app
 from .api.deps import Services
-from .config import Settings
+from .config import Settings, parse_roles
 from .gateway.grpc import build_grpc_server
 from .gateway.http import ingest_router
 from .gateway.ingest import Gateway
@@ -64,16 +64,19 @@ class EmbeddedServer:
         s = self.settings
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.stores = open_stores(s, self.data_dir)  # SQLite unless TRAINGUARD_EVENT_STORE/METRIC_STORE
-        self.queue = open_queue(s, self.data_dir)  # SQLite under data_dir unless TRAINGUARD_QUEUE=kafka
+        roles = self.roles = parse_roles(s.roles)
+        # SQLite under data_dir unless TRAINGUARD_QUEUE=kafka; only a processor joins the consumer group
+        self.queue = open_queue(s, self.data_dir, consume="processor" in roles)
         self.tokens = self._bootstrap_tokens()
         detection = DetectionSettings.from_overrides(json.loads(s.detection_overrides or "{}"))
-        self.gateway = Gateway(self.queue, self.stores.projects, s)
+        self.gateway = Gateway(self.queue, self.stores.projects, s) if "gateway" in roles else None
         gateway = self.gateway
         self.processor = EmbeddedProcessor(self.queue, self.stores.events, self.stores.metrics,
                                            self.stores.incidents, detection, batch=s.processor_batch,
                                            snapshot_every_s=s.snapshot_every_s,
                                            tick_interval_s=s.tick_interval_s,
-                                           yield_to=lambda: gateway.busy)
+                                           yield_to=(lambda: gateway.busy) if gateway is not None else None
+                                           ) if "processor" in roles else None
         # ingest threads and the processor share one interpreter: switch often so an ingest request
         # waiting for the GIL is not held for the default 5 ms at every hand-over
         sys.setswitchinterval(0.0005)
@@ -81,11 +84,15 @@ class EmbeddedServer:
                                  incidents=self.stores.incidents, projects=self.stores.projects,
                                  queue=self.queue, gateway=self.gateway, processor=self.processor,
                                  settings=s)
-        self.processor.start()
-        self._grpc, self.grpc_port = build_grpc_server(self.gateway, s.host, s.grpc_port,
-                                                       max_message_bytes=s.max_batch_bytes)
-        self._grpc.start()
-        app = create_app(self.services, ingest_router(self.gateway))
+        if self.processor is not None:
+            self.processor.start()
+        if self.gateway is not None:
+            self._grpc, self.grpc_port = build_grpc_server(self.gateway, s.host, s.grpc_port,
+                                                           max_message_bytes=s.max_batch_bytes)
+            self._grpc.start()
+        elif "api" not in roles:
+            return  # a processor alone serves nothing
+        app = create_app(self.services, ingest_router(self.gateway) if self.gateway is not None else None)
         sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET, socket.SOCK_STREAM,
                              socket.IPPROTO_TCP)  # proto set: asyncio turns TCP_NODELAY on per connection
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -110,7 +117,8 @@ class EmbeddedServer:
                 self._uvicorn.should_exit = True
                 if self._http_thread is not None:
                     self._http_thread.join(10)
-            self.processor.stop(drain=drain)
+            if self.processor is not None:
+                self.processor.stop(drain=drain)
             self.queue.close()
             self.stores.close()
             self._stopped.set()

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from ..config import Settings
 
 
-def open_queue(settings: Settings, data_dir: Path) -> Queue:
-    """The queue ``settings.queue`` selects, configured from ``settings``."""
+def open_queue(settings: Settings, data_dir: Path, consume: bool = True) -> Queue:
+    """The queue ``settings.queue`` selects, configured from ``settings``; ``consume=False`` for a process
+    that only publishes (a Kafka gateway does not join the processors' consumer group)."""
     if settings.queue == "kafka":
         from .kafka import KafkaQueue, ingest_request_problem  # confluent-kafka only when asked for
 
@@ -34,7 +35,7 @@ def open_queue(settings: Settings, data_dir: Path) -> Queue:
             max_depth=settings.max_queue_depth, retry_after=settings.retry_after_s,
             session_timeout_ms=settings.kafka_session_timeout_ms,
             delivery_timeout_s=settings.kafka_delivery_timeout_s, client_config=client_config,
-            create_topics=settings.kafka_create_topics)
+            create_topics=settings.kafka_create_topics, consume=consume)
     from .sqlite import QUEUE_DB, SqliteQueue
 
     return SqliteQueue(data_dir / QUEUE_DB, max_depth=settings.max_queue_depth,
