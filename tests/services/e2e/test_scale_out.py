@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import pytest
 
 from tests.scenarios import record as recorder
 from tests.support.elasticsearch import NoidaElasticsearch
 from tests.support.kafka import Tansu
+from tests.support.waiting import poll
 from trainguard_server.api.read_client import ReadClient
 from trainguard_server.config import Settings
 from trainguard_server.queue.kafka import KafkaQueue
@@ -50,14 +50,6 @@ def server(tmp_path: Path) -> Iterator[EmbeddedServer]:
         broker.stop(kill=True)
 
 
-def _poll(fn: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    return None
 
 
 def test_a_crashing_training_through_kafka_elasticsearch_and_clickhouse(server: EmbeddedServer,
@@ -77,7 +69,7 @@ def test_a_crashing_training_through_kafka_elasticsearch_and_clickhouse(server: 
     assert last_line.startswith("RuntimeError: ")
     api = ReadClient(server.http_url, server.tokens.read)
 
-    incidents = _poll(lambda: (api.get(f"/api/v1/runs/{run_id}/incidents") or {}).get("items"))
+    incidents = poll(lambda: (api.get(f"/api/v1/runs/{run_id}/incidents") or {}).get("items"))
     assert incidents, f"no incident through Kafka; processor {server.processor.stats}"
     (incident,) = incidents
     assert (incident["category"], incident["subtype"]) == ("process", "exception")
@@ -85,7 +77,7 @@ def test_a_crashing_training_through_kafka_elasticsearch_and_clickhouse(server: 
 
     # raw context: the traceback is searchable (Elasticsearch) and the hit is this run's exception
     words = "invalid for input of size"
-    hits = _poll(lambda: (api.get("/api/v1/search", q=f'"{words}"', run_id=run_id) or {}).get("items"))
+    hits = poll(lambda: (api.get("/api/v1/search", q=f'"{words}"', run_id=run_id) or {}).get("items"))
     assert hits and hits[0]["event"]["run_id"] == run_id and hits[0]["event"]["kind"] == "exception"
     stored = server.stores.events.search(server.tokens.project, f'"{words}"', run_id=run_id)
     assert stored.items and stored.items[0].event.event_id == hits[0]["event"]["event_id"]

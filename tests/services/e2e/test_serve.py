@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Set
 import pytest
 
 from tests.services.e2e.serve_process import ServeProcess
+from tests.support.waiting import poll
 from trainguard.core.events import new_event_id
 from trainguard.transport.base import TransportError
 from trainguard.transport.grpc import GrpcTransport
@@ -38,14 +39,6 @@ def _train(kind: str, endpoint: str, token: str, run_id: str, steps: int) -> sub
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def _poll(fn: Any, timeout: float = 20.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
@@ -58,7 +51,7 @@ def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transpor
         page = server.get_or_none(f"/api/v1/runs/{run_id}/incidents")
         return page["items"][0] if page and page["items"] else None
 
-    found = _poll(incident)
+    found = poll(incident)
     seen_ns = time.time_ns()
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
@@ -85,7 +78,7 @@ def test_crash_is_clustered_and_searchable(server: ServeProcess) -> None:
     proc = _train("crashing", server.http_url, server.tokens["ingest"], run_id, steps=30)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "mat1 and mat2 shapes cannot be multiplied" in output
-    run = _poll(lambda: (r := server.get_or_none(f"/api/v1/runs/{run_id}")) and r["status"] == "failed" and r)
+    run = poll(lambda: (r := server.get_or_none(f"/api/v1/runs/{run_id}")) and r["status"] == "failed" and r)
     assert run["exit_codes"] == {"0": 1}
     [incident] = server.get(f"/api/v1/runs/{run_id}/incidents")["items"]
     assert (incident["category"], incident["subtype"]) == ("process", "exception")
@@ -143,7 +136,7 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged_and_duplicates_nothing(tmp
             stored = restarted.pages(f"/api/v1/runs/{run_id}/events", kinds="log,exception")
             return stored if len(stored) >= len(acked) else None
 
-        stored = _poll(all_there, timeout=60, interval=0.5) or restarted.pages(
+        stored = poll(all_there, timeout=60, interval=0.5) or restarted.pages(
             f"/api/v1/runs/{run_id}/events", kinds="log,exception")
         ids = [e["event_id"] for e in stored]
         assert acked <= set(ids), f"{len(acked - set(ids))} acknowledged events lost"

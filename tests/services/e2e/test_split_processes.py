@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -20,6 +19,7 @@ import pytest
 
 from tests.scenarios import record as recorder
 from tests.support.kafka import Tansu, free_port
+from tests.support.waiting import poll
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -33,14 +33,6 @@ def _get(url: str, token: Optional[str] = None) -> Any:
         return None
 
 
-def _wait(fn: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    return None
 
 
 @pytest.fixture
@@ -61,9 +53,9 @@ def cluster(tmp_path: Path) -> Iterator[Dict[str, Any]]:
             procs.append(subprocess.Popen([sys.executable, "-m", "trainguard_server", role, *extra], env=env,
                                           stdout=logs[role], stderr=subprocess.STDOUT, text=True))
             if role == "gateway":  # first: it creates the data dir's tokens the others then read
-                assert _wait(lambda: _get(f"http://127.0.0.1:{ports['gateway']}/healthz"), 30), \
+                assert poll(lambda: _get(f"http://127.0.0.1:{ports['gateway']}/healthz"), 30), \
                     (tmp_path / "gateway.log").read_text()
-        assert _wait(lambda: _get(f"http://127.0.0.1:{ports['api']}/healthz"), 30), \
+        assert poll(lambda: _get(f"http://127.0.0.1:{ports['api']}/healthz"), 30), \
             (tmp_path / "api.log").read_text()
         tokens = json.loads((tmp_path / "data" / "bootstrap-tokens.json").read_text())
         yield {"ports": ports, "tokens": tokens, "tmp": tmp_path, "procs": procs}
@@ -89,7 +81,7 @@ def test_gateway_processor_and_api_as_separate_processes(cluster: Dict[str, Any]
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
     api = f"http://127.0.0.1:{ports['api']}"
-    page = _wait(lambda: (_get(f"{api}/api/v1/runs/{run_id}/incidents", tokens["read"]) or {}).get("items"))
+    page = poll(lambda: (_get(f"{api}/api/v1/runs/{run_id}/incidents", tokens["read"]) or {}).get("items"))
     assert page, (tmp / "processor.log").read_text()[-3000:]
     assert (page[0]["category"], page[0]["subtype"]) == ("process", "exception")
     # the API process has no ingest; the gateway's /readyz does not depend on a processor
