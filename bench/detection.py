@@ -73,7 +73,7 @@ for _src in (REPO, REPO / "sdk" / "src", REPO / "services" / "src"):
         sys.path.insert(0, str(_src))
 
 from tests.scenarios import record as recorder  # noqa: E402
-from tests.scenarios.corpus import SCENARIOS, Scenario, load_events  # noqa: E402
+from tests.scenarios.corpus import SCENARIOS, Scenario, load_events, retimed  # noqa: E402
 from trainguard.core.catalogue import DetectionSettings  # noqa: E402
 from trainguard.core.extract import batch_points, payload  # noqa: E402
 from trainguard.transport.base import SendResult, Transport  # noqa: E402
@@ -275,29 +275,6 @@ class Watcher:
 
 
 # ------------------------------------------------------------------------------------------------ streams
-
-def _time_fields(obj: Any, shift: int) -> None:
-    """Add ``shift`` to every positive integer ``*_unix_nano`` field, in place (nested)."""
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            if key.endswith("unix_nano") and type(value) is int and value > 0:
-                obj[key] = value + shift
-            elif isinstance(value, (dict, list)):
-                _time_fields(value, shift)
-    elif isinstance(obj, list):
-        for item in obj:
-            _time_fields(item, shift)
-
-
-def retimed(events: Sequence[Event], end_ns: int) -> List[Event]:
-    """Copies of ``events`` with every time shifted by one constant so that the last one is ``end_ns``."""
-    last = max(int(e.get("time_unix_nano") or 0) for e in events)
-    shift = end_ns - last
-    out = json.loads(json.dumps(list(events)))
-    for event in out:
-        _time_fields(event, shift)
-    return out
-
 
 def _is_exit(event: Event) -> bool:
     return event.get("lifecycle", {}).get("phase") in EXIT_PHASES
