@@ -1,0 +1,88 @@
+"""docker-compose.yml and deploy/Dockerfile, validated statically (no Docker engine runs on these machines;
+the README says so): every image pinned, every dependency waits for a health check, the TrainGuard
+services' commands are real `trainguard` subcommands, every TRAINGUARD_* variable is a real setting with a
+valid value, published ports match the ports the commands bind, and the Dockerfile installs extras that
+exist from paths that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import tomllib
+import yaml
+
+from trainguard_server.cli import build_parser
+from trainguard_server.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE: Dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: Dict[str, Any] = COMPOSE["services"]
+TRAINGUARD = {name for name, svc in SERVICES.items() if "build" in svc}
+DOCKERFILE = (ROOT / "deploy" / "Dockerfile").read_text()
+
+
+def test_the_stack_has_the_designs_parts() -> None:
+    assert {"kafka", "elasticsearch", "clickhouse"} <= set(SERVICES)
+    assert TRAINGUARD == {"gateway", "processor", "api"}
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_image_is_pinned_to_a_version(name: str) -> None:
+    image = SERVICES[name]["image"]
+    repo, _, tag = image.rpartition(":")
+    assert repo and re.fullmatch(r"\d+(\.\d+)+(-[\w.]+)?", tag), image
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_dependencies_wait_for_health_checks_that_exist(name: str) -> None:
+    for dep, cond in (SERVICES[name].get("depends_on") or {}).items():
+        assert dep in SERVICES and cond == {"condition": "service_healthy"}, (name, dep, cond)
+        check = SERVICES[dep].get("healthcheck", {}).get("test")
+        assert check and check[0] in ("CMD", "CMD-SHELL"), dep
+
+
+def test_infrastructure_is_health_checked_and_kafka_runs_in_kraft_mode() -> None:
+    for name in ("kafka", "elasticsearch", "clickhouse"):
+        assert SERVICES[name]["healthcheck"]["test"], name
+    kafka = SERVICES["kafka"]["environment"]
+    assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller" and "ZOOKEEPER" not in " ".join(kafka)
+
+
+@pytest.mark.parametrize("name", sorted(TRAINGUARD))
+def test_trainguard_services_run_real_commands_with_real_settings(name: str, monkeypatch: Any) -> None:
+    svc = SERVICES[name]
+    args = build_parser().parse_args(svc["command"])
+    assert args.command == name and args.roles == name
+    env = svc["environment"]
+    fields = set(Settings.model_fields)
+    for key, value in env.items():
+        assert key.startswith("TRAINGUARD_") and key[len("TRAINGUARD_"):].lower() in fields, key
+        monkeypatch.setenv(key, str(value))
+    settings = Settings()  # validates every value (types, literals)
+    assert (settings.queue, settings.event_store, settings.metric_store) == ("kafka", "elasticsearch", "clickhouse")
+    host_of = {"kafka": settings.kafka_bootstrap_servers, "elasticsearch": settings.elasticsearch_hosts,
+               "clickhouse": settings.clickhouse_url}
+    for dep, address in host_of.items():
+        assert dep in address, (dep, address)  # the in-network service names
+    for binding in svc.get("ports", []):
+        _host_port, container_port = binding.split(":")
+        assert container_port in svc["command"], (name, binding)
+    assert any(v.endswith(":/var/lib/trainguard") for v in svc["volumes"])  # the shared SQLite data dir
+
+
+def test_the_dockerfile_installs_what_exists() -> None:
+    copies = re.findall(r"^COPY (\S+) ", DOCKERFILE, re.M)
+    assert copies and all((ROOT / c).exists() for c in copies), copies
+    extras = set(tomllib.loads((ROOT / "services" / "pyproject.toml").read_text())["project"]
+                 ["optional-dependencies"])
+    wanted = re.search(r'\./services\[([\w,]+)\]', DOCKERFILE)
+    assert wanted and set(wanted.group(1).split(",")) <= extras
+    sdk_extras = set(tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())["project"]
+                     ["optional-dependencies"])
+    assert set(re.search(r"\./sdk\[([\w,]+)\]", DOCKERFILE).group(1).split(",")) <= sdk_extras  # type: ignore[union-attr]
+    scripts = tomllib.loads((ROOT / "services" / "pyproject.toml").read_text())["project"]["scripts"]
+    assert 'ENTRYPOINT ["trainguard"]' in DOCKERFILE and "trainguard" in scripts
+    assert re.search(r"^FROM python:3\.11[\w.-]*$", DOCKERFILE, re.M)
