@@ -147,6 +147,7 @@ class Pipeline:
         self._dirty_runs: Dict[str, None] = {}
         self._dirty_clusters: Dict[str, None] = {}
         self.next_timer_ns = 0
+        self._applied = 0  # findings applied so far (tells _correlate whether anything was folded in)
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
         as of the last ``advance``; 0: none). Runtimes call ``advance`` at it (besides their regular tick):
         progress after it only moves deadlines later, so an early call is harmless. Not snapshotted."""
@@ -195,6 +196,7 @@ class Pipeline:
 
     def _process_one(self, raw: Any) -> None:
         self.counters["events"] += 1
+        applied_before = self._applied
         try:
             ev = _parse(raw)
             points = batch_points(ev.body, ev.step) if ev.kind == "metrics" else []
@@ -239,7 +241,7 @@ class Pipeline:
             for finding in memory.on_memory(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings):
                 self._apply(run, finding, settings)
         if run.incidents:
-            self._correlate(run, ev.time_ns, settings)
+            self._correlate(run, ev.time_ns, settings, folded=self._applied != applied_before)
         self._mark(run)
 
     @staticmethod
@@ -327,6 +329,7 @@ class Pipeline:
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _apply(self, run: RunState, finding: Finding, settings: DetectionSettings) -> Optional[IncidentState]:
+        self._applied += 1
         st = incident_mod.apply(run, correlate.route(run, finding, settings), settings)
         if st is None:
             self.counters["incidents_suppressed"] += 1
@@ -335,16 +338,21 @@ class Pipeline:
             diagnosis.enrich(run, st, settings)
         return st
 
-    def _correlate(self, run: RunState, now_ns: int, settings: DetectionSettings) -> None:
+    def _correlate(self, run: RunState, now_ns: int, settings: DetectionSettings,
+                   folded: bool = True) -> None:
         """Cross-rank correlation at ``now_ns`` (see :mod:`.correlate`): consequences folded into their
-        cause, silent ranks named as the lost rank of their peers' failures."""
+        cause, silent ranks named as the lost rank of their peers' failures. ``folded``: a finding was
+        applied since the last call -- only then can a consequence have a new cause or a shared NaN a new
+        lead (they are recomputed over the run's ranks: not on every metric event of a run with an
+        incident); the waits (lagging, silent ranks) are checked every time, as time passes."""
         changed = False
         for finding in correlate.check_lagging(run, now_ns, settings):
             self._apply(run, finding, settings)
-            changed = True
-        for st in correlate.explain(run, settings) + correlate.pin_numeric_lead(run, settings):
-            diagnosis.enrich(run, st, settings)
-            changed = True
+            changed = folded = True
+        if folded:
+            for st in correlate.explain(run, settings) + correlate.pin_numeric_lead(run, settings):
+                diagnosis.enrich(run, st, settings)
+                changed = True
         for finding in correlate.check_silent_peers(run, now_ns, settings):
             self._apply(run, finding, settings)
             changed = True
