@@ -39,13 +39,21 @@ leads the timeout (:func:`check_lagging`); the rank whose loss went non-finite a
 leads a NaN all ranks share through the all-reduce (:func:`pin_numeric_lead`).
 
 **4. Hangs.** A stall that ends in a communication failure on one of its ranks is that failure's
-precursor and folds into it; further stall episodes of the same hang join it. A rank terminated or killed
+precursor and folds into it; further stall episodes of the same hang join it; the survivors of a lost
+rank stall waiting for it, and that stall folds into the ``comm/rank-lost``. A rank terminated or killed
 while it is in an open stall was stopped because it hung: its exit is evidence on the stall.
+
+**5. Desync is a mismatch.** Ranks whose watchdogs time out in *different* collectives of one process
+group (rank A stuck in #13 while rank B is stuck in #12, or both in #12 with different sizes) issued
+different collectives: NCCL does not compare what ranks pass, so a size mismatch shows as exactly this
+(recorded on two H200s: ``tests/fixtures/nccl/mismatch``). :func:`check_desync` turns such a
+``comm/timeout`` into ``comm/mismatch`` naming both collectives.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from .catalogue import DetectionSettings
@@ -233,7 +241,7 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
             continue
         kind = _kind(st)
         if kind == STALLED:
-            cause = _ended_in(run, st)
+            cause = _ended_in(run, st, settings)
         elif not st.is_open or kind not in CONSEQUENCES:
             continue
         elif kind == ("process", "terminated"):
@@ -249,9 +257,12 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
     return changed
 
 
-def _ended_in(run: RunState, stall: IncidentState) -> Optional[IncidentState]:
+def _ended_in(run: RunState, stall: IncidentState, settings: DetectionSettings) -> Optional[IncidentState]:
     """The open communication failure a stall ended in: it began while the stall lasted, on a rank of
-    the stall. A hang that ends in a collective timeout is one incident: the timeout's."""
+    the stall. A hang that ends in a collective timeout is one incident: the timeout's. The survivors of a
+    lost rank stall waiting for it: a stall of other ranks that lasted past the lost rank's last event and
+    began at most ``rank_lost_grace_s`` before it (a rank's last metrics can be lost with it, so its
+    recorded last progress may be a few steps early) folds into the ``comm/rank-lost``."""
     s = stall.record
     end = s.resolved_ns if not stall.is_open else 2**63 - 1
     for st in run.incidents.values():
@@ -259,6 +270,10 @@ def _ended_in(run: RunState, stall: IncidentState) -> Optional[IncidentState]:
             continue
         began = st.record.first_ns
         if s.first_ns <= began <= end and set(st.rank_first) & set(stall.rank_first):
+            return st
+        lost = st.record.lead_rank
+        if _kind(st) == ("comm", "rank-lost") and lost >= 0 and lost not in stall.rank_first and \
+                began - settings.rank_lost_grace_s * 1e9 <= s.first_ns and end >= began:
             return st
     return None
 
@@ -474,3 +489,113 @@ def pin_numeric_lead(run: RunState, settings: DetectionSettings) -> List[Inciden
         st.dirty = True
         changed.append(st)
     return changed
+
+
+# ----------------------------------------------------------------------------------------------------
+# ranks that time out in different collectives: a mismatch, not a straggler
+
+WATCHDOG_RULE = "nccl.watchdog-timeout"
+"""The classifier rule whose facts (``seq_num``, ``op_type``, ``numel_in``, ``pg_id``) say which collective
+a rank's watchdog gave up on."""
+
+
+@dataclass
+class _Work:
+    """The collective one rank's watchdog gave up on."""
+
+    seq: int
+    op: str
+    numel: Optional[int]
+    pg: Optional[int]
+    step: int
+
+    def text(self) -> str:
+        size = f" ({self.numel:,} elements)" if self.numel is not None else ""
+        return f"{self.op} #{self.seq}{size}"
+
+    def as_dict(self) -> Dict[str, object]:
+        return {"seq_num": self.seq, "op_type": self.op, "numel_in": self.numel, "pg_id": self.pg}
+
+
+def _opt_int(value: object) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _timed_out_works(st: IncidentState) -> Dict[int, _Work]:
+    """rank -> the collective its watchdog timed out in (the lowest sequence number it reported), with the
+    process group filled in from any of the rank's reports of that same work that named it."""
+    works: Dict[int, _Work] = {}
+    for ev in st.record.evidence:
+        value = ev.value
+        if ev.rank < 0 or not isinstance(value, dict) or value.get("rule") != WATCHDOG_RULE:
+            continue
+        facts = value.get("facts")
+        seq = _opt_int(facts.get("seq_num")) if isinstance(facts, dict) else None
+        if not isinstance(facts, dict) or seq is None:
+            continue
+        work = _Work(seq, str(facts.get("op_type") or "collective"), _opt_int(facts.get("numel_in")),
+                     _opt_int(facts.get("pg_id")), ev.step)
+        seen = works.get(ev.rank)
+        if seen is None or work.seq < seen.seq:
+            works[ev.rank] = work
+        elif work.seq == seen.seq and seen.pg is None:
+            seen.pg = work.pg
+    return works
+
+
+def _disagree(a: _Work, b: _Work) -> bool:
+    """Two ranks' stuck collectives of one process group that cannot be the same call."""
+    if a.pg is not None and b.pg is not None and a.pg != b.pg:
+        return False
+    if a.seq != b.seq:
+        return True
+    return a.op != b.op or (a.numel is not None and b.numel is not None and a.numel != b.numel)
+
+
+def check_desync(run: RunState, settings: DetectionSettings) -> List[Finding]:
+    """An open ``comm/timeout`` whose ranks' watchdogs gave up on *different* collectives of one process
+    group is a ``comm/mismatch`` (the ranks issued different collectives). Sequence numbers count a
+    process group's collectives in issue order on every rank, so a rank cannot have completed #n while a
+    peer is still stuck in #n unless their #n calls disagreed (sizes, operation): NCCL does not check that,
+    it may even return a wrong result, and the ranks drift apart until a watchdog fires -- rank A stuck in
+    #n+1 while rank B is stuck in #n (or both in #n with different operations or sizes). A straggler gives
+    every reporting rank the same stuck collective, a dead rank too. Process groups are compared only when
+    both reports name theirs or neither does (a line without a ``[PG ID ...]`` prefix is taken to be in the
+    same group as the other rank's report without one)."""
+    out: List[Finding] = []
+    for st in run.incidents.values():
+        if not st.is_open or st.record.explained_by or _kind(st) != ("comm", "timeout"):
+            continue
+        works = _timed_out_works(st)
+        if len(works) < 2:
+            continue
+        ranks = sorted(works, key=lambda r: (works[r].seq, r))
+        pair = next(((a, b) for i, a in enumerate(ranks) for b in ranks[i + 1:]
+                     if _disagree(works[a], works[b])), None)
+        if pair is None:
+            continue
+        a, b = pair
+        wa, wb = works[a], works[b]
+        group = f" of process group {wa.pg}" if wa.pg is not None else ""
+        detail = f"Collective desync{group}: rank {a} timed out in {wa.text()}, rank {b} in {wb.text()}"
+        listed = "; ".join(f"rank {r}: {w.text()}" for r, w in sorted(works.items())[:16])
+        why = (f"the ranks' watchdogs gave up on different collectives ({listed}). Collectives are numbered "
+               f"in issue order on every rank, so a rank that got past #{wa.seq} while another is stuck in "
+               f"it means their #{wa.seq} calls disagreed" if wa.seq != wb.seq
+               else f"the ranks' watchdogs gave up on collective #{wa.seq} with different operations or "
+                    f"sizes ({listed})")
+        st.extra["lead"] = a
+        evidence = Evidence(rule="correlation.desync", description=why, step=wa.step,
+                            time_ns=st.record.first_ns, rank=a,
+                            value={"works": {str(r): w.as_dict() for r, w in sorted(works.items())[:16]}})
+        out.append(Finding(
+            "comm", "mismatch", st.key, a, -1, st.record.first_ns, evidence=[evidence], relabel=True,
+            update_values=True, counts=False, values={"detail": detail},
+            timeline=[TimelineEntry(time_ns=st.record.first_ns, step=-1, rank=a, what=detail)],
+            summary=(f"{detail}. This is a mismatch, not a slow rank: {why}. NCCL does not compare what the "
+                     f"ranks pass (a size mismatch can even complete with wrong values before the ranks "
+                     f"drift apart); find the collective whose shape, dtype, operation or call order "
+                     f"depends on the rank (a rank-dependent `if`, an uneven last batch) -- "
+                     f"TORCH_DISTRIBUTED_DEBUG=DETAIL makes torch raise at the first mismatched call, and "
+                     f"the flight recorder dump (TORCH_FR_BUFFER_SIZE) lists each rank's collectives.")))
+    return out

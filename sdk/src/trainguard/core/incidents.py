@@ -66,6 +66,7 @@ class Finding:
     replace_evidence: bool = False  # replace evidence of the same (rule, rank) instead of appending
     update_values: bool = False  # refresh the title placeholders of an existing incident
     severity: str = ""           # overrides the kind's severity (a rule with levels); only ever raises it
+    provisional: bool = False    # a relayed report: the first direct one replaces its title and summary
 
 
 def apply(run: RunState, finding: Finding, settings: DetectionSettings) -> Optional[IncidentState]:
@@ -103,6 +104,8 @@ def _open(run: RunState, finding: Finding) -> IncidentState:
         first_ns=finding.time_ns, last_ns=max(finding.time_ns, finding.seen_ns),
         fingerprint=finding.fingerprint, checks=spec.checklist(), count=1 if finding.counts else 0)
     st = IncidentState(key=finding.key, record=inc, values=dict(finding.values))
+    if finding.provisional:
+        st.extra["provisional"] = True
     run.incidents[finding.key] = st
     return st
 
@@ -121,6 +124,11 @@ def _fold(st: IncidentState, finding: Finding) -> None:
         st.values.update(finding.values)
     elif finding.update_values:
         st.values.update(finding.values)
+    elif st.extra.get("provisional") and not finding.provisional and finding.values and \
+            (finding.category, finding.subtype) == (inc.category, inc.subtype):
+        del st.extra["provisional"]  # a direct report of what a relayed one opened the incident with
+        st.values.update(finding.values)
+        inc.summary = finding.summary or inc.summary
     if finding.severity and SEVERITY_ORDER.get(finding.severity, 0) > SEVERITY_ORDER.get(inc.severity, 0):
         inc.severity = finding.severity
 

@@ -233,7 +233,7 @@ class Pipeline:
         elif ev.kind == "lifecycle":
             self._on_lifecycle(run, rank, ev, settings)
         elif ev.kind == "log":  # NCCL / CUDA error text printed by the job: the error-text classifier
-            finding = process.on_log(run, rank, ev.raw, ev.body, ev.step, ev.time_ns, settings)
+            finding = process.on_log(run, rank, ev.raw, ev.body, _step_of(ev, rank), ev.time_ns, settings)
             if finding is not None:
                 self._apply(run, finding, settings)
         elif ev.kind == "memory":
@@ -296,8 +296,8 @@ class Pipeline:
                                                 ev.event_id, ev.time_ns, ev.body, self.settings)
         self.counters["clusters_evicted"] += evicted
         self._dirty_clusters[cluster_key(ev.project, cluster.record.fingerprint)] = None
-        finding = process.on_exception(run, rank, ev.raw, ev.body, cluster.record.fingerprint, ev.step,
-                                       ev.time_ns, settings)
+        finding = process.on_exception(run, rank, ev.raw, ev.body, cluster.record.fingerprint,
+                                       _step_of(ev, rank), ev.time_ns, settings)
         if finding is not None:
             self._apply(run, finding, settings)
 
@@ -346,6 +346,10 @@ class Pipeline:
         lead (they are recomputed over the run's ranks: not on every metric event of a run with an
         incident); the waits (lagging, silent ranks) are checked every time, as time passes."""
         changed = False
+        if folded:
+            for finding in correlate.check_desync(run, settings):
+                self._apply(run, finding, settings)
+                changed = True
         for finding in correlate.check_lagging(run, now_ns, settings):
             self._apply(run, finding, settings)
             changed = folded = True
@@ -479,6 +483,12 @@ class Pipeline:
         pipeline._evicted = {str(k): int(t) for k, t in doc.get("evicted", [])}
         pipeline.counters.update({k: int(v) for k, v in doc.get("counters", {}).items() if k in COUNTERS})
         return pipeline
+
+
+def _step_of(ev: _Event, rank: RankState) -> int:
+    """The step an error event belongs to: its own, else (-1: a log line or a traceback read from a log
+    by the agent or ``trainguard replay``, which do not know it) the last step the rank reported."""
+    return ev.step if ev.step >= 0 else rank.max_step
 
 
 def run_status(run: RunState) -> str:

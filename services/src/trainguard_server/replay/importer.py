@@ -36,7 +36,8 @@ Contract of :class:`Importer` (``Importer(options, backend).run()`` → :class:`
   and spacing kept; the same shift all day; tag ``replay.time_shift_s``). START is 1 ms before a rank's
   first event; EXIT 1 ms after its last.
 * **Exit codes**: ``exit_codes[rank]``, else ``exit_code``, else inferred: 1 when the rank's logs had a
-  traceback, 0 otherwise. Codes 129..192 are reported as killed by signal code - 128.
+  traceback, 0 otherwise. Codes 129..192 are reported as killed by signal code - 128. Given exit codes
+  are sent even when the files held nothing importable (a quiet log of a SIGKILLed rank says only that).
 * **Order and batching**: all sources are merged by (time, rank, source, line) and sent in batches of
   ``batch_size`` envelopes (smaller when a batch would exceed ~4 MiB); a batch the backend finds too
   large is split; retryable failures (connection, 429, 503) are retried with backoff for up to
@@ -618,7 +619,7 @@ class Importer:
             for item in heapq.merge(*streams, key=_key):
                 for event, origin, size in builder.item(item):
                     sender.add(event, origin, size)
-            if builder.items == 0:
+            if builder.items == 0 and not o.exit_codes and o.exit_code is None:
                 summary.error = "nothing to import: no metrics record and no log line could be read"
             else:
                 default_ns = max((s.span[1] for s in sources), default=self.anchor) + self.shift

@@ -22,6 +22,16 @@ Everything here goes through the error-text classifier (:mod:`trainguard.core.cl
   ``text:<kind>`` incident (``log_text_incidents`` turns this off). A repeated identical signal (same rank,
   rule and parsed facts: NCCL prints its watchdog line three times) adds nothing.
 
+* A rank's note that **another** rank's watchdog timed out (NCCL's "Received a dump signal due to a
+  collective timeout from rank N", printed by every rank, the lagging one included) is a relayed report:
+  it opens the ``comm/timeout`` incident for rank N only provisionally (the first direct report takes over
+  its title and summary) and does not make the noting rank a reporter (its evidence rule is
+  ``relay.text``), so correlation can still name it as the lagging rank.
+
+* faulthandler's ``Fatal Python error: Aborted`` (or a segfault's) from a rank that already reported an
+  error is how that error ended the process (the abort after a watchdog timeout): evidence on that
+  incident (``exception.fatal``), not an ``oom-or-cuda-error`` of its own.
+
 * The incident a rank's error text opened is the one its exit explains (``RankState.exc_key``). A non-zero
   **exit** goes through :func:`~trainguard.core.catalogue.classify_exit`. When that incident exists and the
   exit rule refines (exit 1; 134/135 and SIGABRT/SIGBUS: the abort after an NCCL watchdog timeout), names
@@ -47,6 +57,10 @@ from ..state import RankState, RunState
 from . import first_line
 
 GENERIC_EXCEPTION = ("process", "exception")
+FATAL_RULE = "python.fatal-error"
+RELAY_RULE = "nccl.dump-signal"
+"""A rank's note that *another* rank's watchdog timed out ("Received a dump signal due to a collective
+timeout from rank N"): a relayed report, see :func:`on_log`."""
 TEXT_CATEGORIES = ("comm", "memory")
 """Classified error text of these categories opens an incident of its own kind (one per run)."""
 
@@ -73,6 +87,10 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
     mechanism = as_str(body.get("mechanism")) or ("capture_exception" if handled else "uncaught")
     rule = "exception.handled" if handled else "exception.uncaught"
     event_id = as_str(event.get("event_id"))
+    if found.rule == FATAL_RULE and not handled:
+        notice = _death_notice(run, rank, found, step, time_ns, event_id)
+        if notice is not None:
+            return notice
     if found.category in TEXT_CATEGORIES:
         key = text_key(found.category, found.subtype)
         if not handled:
@@ -106,6 +124,27 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
                    fingerprint=fingerprint)
 
 
+def _death_notice(run: RunState, rank: RankState, found: Classification, step: int, time_ns: int,
+                  event_id: str) -> Optional[Finding]:
+    """faulthandler's ``Fatal Python error: Aborted`` (or a segfault's) printed after this rank already
+    reported an error is how that error killed the process -- the abort after an NCCL watchdog timeout,
+    ``terminate called after throwing ...`` -- so it is evidence on that error's incident, not a new one
+    (None when the rank reported nothing before)."""
+    explained = run.incidents.get(rank.exc_key) if rank.exc_key else None
+    if explained is None or explained.record.explained_by:
+        return None
+    said = found.headline or found.rule
+    evidence = Evidence(rule="exception.fatal", description=f"rank {rank.rank}: {said} -- the process died "
+                        f"of the error it reported before ({explained.record.title})",
+                        step=step, time_ns=time_ns, rank=rank.rank, value={"rule": found.rule,
+                                                                           "facts": _jsonable(found.facts)},
+                        event_id=event_id)
+    timeline = TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank, what=f"rank {rank.rank}: {said}")
+    record = explained.record
+    return Finding(record.category, record.subtype, explained.key, rank.rank, -1, time_ns, host=rank.host,
+                   event_id=event_id, evidence=[evidence], timeline=[timeline], counts=False)
+
+
 def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mapping[str, Any], step: int,
            time_ns: int, settings: DetectionSettings) -> Optional[Finding]:
     """The finding for one log record whose message is comm/* or memory/* error text (None otherwise)."""
@@ -120,8 +159,16 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
     if found.confidence < settings.log_min_confidence:
         return None
     key = text_key(found.category, found.subtype)
-    rank.exc_key = key  # the exit this error leads to (an abort after a watchdog timeout) is evidence on it
     origin = as_str(body.get("logger")) or as_str(body.get("source")) or "log"
+    about = found.facts.get("timed_out_rank")
+    if found.rule == RELAY_RULE and isinstance(about, int) and about != rank.rank:
+        # what this rank was told about another: it names where the timeout happened, but this rank was not
+        # in the collective (the lagging rank prints it too), and the glog time of the note may even precede
+        # the timed-out rank's own line. It opens the incident provisionally, for that rank; the first
+        # direct report takes over its title and summary, and this rank is not counted as a reporter
+        return _text_finding(run, rank, found, key, "relay.text", f"log {origin}", step, time_ns,
+                             as_str(event.get("event_id")), about=about)
+    rank.exc_key = key  # the exit this error leads to (an abort after a watchdog timeout) is evidence on it
     return _text_finding(run, rank, found, key, "log.text", f"log {origin}", step, time_ns,
                          as_str(event.get("event_id")))
 
@@ -152,7 +199,9 @@ def _seen(run: RunState, key: str, rank: int, rule: str, facts: Mapping[str, Any
 
 def _text_finding(run: RunState, rank: RankState, found: Classification, key: str, rule: str, source: str,
                   step: int, time_ns: int, event_id: str, *, fingerprint: str = "",
-                  exc_type: str = "") -> Optional[Finding]:
+                  exc_type: str = "", about: int = -1) -> Optional[Finding]:
+    """The finding of classified error text ``found`` seen on ``rank``; ``about`` >= 0: a relayed report
+    of what happened on rank ``about`` (provisional, the incident's member is ``about``)."""
     facts = _jsonable(found.facts)
     if _seen(run, key, rank.rank, found.rule, facts):
         return None
@@ -167,6 +216,11 @@ def _text_finding(run: RunState, rank: RankState, found: Classification, key: st
         step=step, time_ns=time_ns, rank=rank.rank, value=value, event_id=event_id)
     timeline = TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
                              what=f"rank {rank.rank}: {found.headline}")
+    if about >= 0:
+        return Finding(found.category, found.subtype, key, about, -1, time_ns, event_id=event_id,
+                       evidence=[evidence], timeline=[timeline], counts=False, provisional=True,
+                       values={"detail": found.headline, "step": step, "rank": about},
+                       summary=_text_summary(found, rank.rank, step, source))
     return Finding(found.category, found.subtype, key, rank.rank, step, time_ns, host=rank.host,
                    event_id=event_id, evidence=[evidence], timeline=[timeline],
                    values={"detail": found.headline, "step": step, "rank": rank.rank},
@@ -209,6 +263,11 @@ def on_exit(run: RunState, rank: RankState, body: Mapping[str, Any], step: int, 
             category, subtype, relabel = kind_then[0], kind_then[1], False
             if kind_then == GENERIC_EXCEPTION and exit_kind != GENERIC_EXCEPTION:
                 category, subtype, relabel = verdict.category, verdict.subtype, True
+            else:  # the exit code's generic meaning ("OOM or a CUDA error" for 134) says less than the error
+                evidence = Evidence(rule="exit.code", description=f"rank {rank.rank} exited with {said}: how "
+                                    f"the {kind_then[0]}/{kind_then[1]} it reported ended the process",
+                                    step=step, time_ns=time_ns, rank=rank.rank, metric="exit_code",
+                                    value=verdict.exit_code, event_id=event_id)
             return Finding(category, subtype, explained.key, rank.rank, -1, time_ns, host=rank.host,
                            event_id=event_id, evidence=[evidence], timeline=[timeline], counts=False,
                            relabel=relabel)
