@@ -22,6 +22,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 from . import identity as identity_mod
 from .core import events as ev
 from .core import fingerprint as fp
+from .device_reader import DeviceReader
 from .guard import warn_once
 from .options import Options, default_spool_dir
 from .stats import SdkStats
@@ -33,6 +34,14 @@ from .version import SDK_NAME, __version__
 K_METRICS = 0
 K_EVENT = 1
 K_VECTOR = 2  # (K_VECTOR, step, t_ns, names, 1-D tensor): many metrics read back with one copy
+
+DEVICE_READ_WAIT_S = 0.05
+"""How long one ``drain`` waits for device read-backs in flight (they finish in microseconds unless the
+device stream is stuck; see :mod:`.device_reader`)."""
+FINAL_DEVICE_READ_WAIT_S = 2.0
+"""The same while a flush or the final drain at exit is waiting for everything queued."""
+DEVICE_WAIT_REPORT_S = 1.0
+"""A heartbeat reports ``sdk_stats["device_wait_s"]`` once the current read-back waited this long."""
 
 ExceptionEnricher = Callable[[BaseException], Optional[Mapping[str, str]]]
 _CAPTURED_ATTR = "__trainguard_captured__"
@@ -76,6 +85,8 @@ class Client:
         self._base = self._envelope_base()
         self._queue: Deque[Tuple[Any, ...]] = deque()
         self._max_queue = options.max_queue_events
+        self._reader = DeviceReader(_read_back, max_items=options.max_queue_events)
+        self._final = False
         self._wake_at = options.max_batch_events
         self._history: Dict[str, Deque[Tuple[int, float]]] = {}
         self._enrichers: List[ExceptionEnricher] = []
@@ -337,7 +348,7 @@ class Client:
 
     # --- worker side ----------------------------------------------------------------------------
     def pending(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + self._reader.pending()
 
     def tick(self) -> None:
         """Heartbeat when due (runs on the worker thread; never in a forked child: see forked_child)."""
@@ -348,10 +359,14 @@ class Client:
         if now < self._next_heartbeat:
             return
         self._next_heartbeat = now + interval
+        sdk_stats = self.stats.snapshot()
+        device_wait = self._reader.waiting_s()
+        if device_wait >= DEVICE_WAIT_REPORT_S:  # alive, but the device has not computed the last values
+            sdk_stats["device_wait_s"] = round(device_wait, 3)
         self.capture_event("heartbeat", {
             "last_step": self.step, "last_step_time_unix_nano": self.last_progress_ns,
             "step_time_ewma_s": self.step_time_ewma, "uptime_s": time.time() - self.started_at,
-            "sdk_stats": self.stats.snapshot()})
+            "sdk_stats": sdk_stats})
 
     def drain(self, max_events: int) -> List[Dict[str, Any]]:
         """Pop up to ``max_events`` queue items and build their envelopes (worker thread)."""
@@ -362,10 +377,22 @@ class Client:
                 items.append(queue.popleft())
         except IndexError:
             pass
-        if not items:
+        reader = self._reader
+        if not items and not reader.pending():
             return []
-        items = [_expand_vector(item) if item[0] == K_VECTOR else item for item in items]
-        _resolve_tensors(items)
+        host: List[Tuple[Any, ...]] = []
+        device: List[Tuple[Any, ...]] = []
+        for item in items:
+            (device if _on_device(item) else host).append(item)
+        if device:  # read back on the reader's thread: a stuck device stream must not stop this one
+            dropped = reader.submit(device)
+            if dropped:
+                self.stats.drop("device_stalled", dropped)
+        ready: List[Tuple[Any, ...]] = []
+        if reader.pending():
+            final = self._final or self.worker.flushing
+            ready = reader.collect(FINAL_DEVICE_READ_WAIT_S if final else DEVICE_READ_WAIT_S)
+        items = ready + _read_back(host)
         out: List[Dict[str, Any]] = []
         for item in items:
             if item[0] == K_EVENT:
@@ -419,6 +446,7 @@ class Client:
         return self.worker.flush(timeout)
 
     def close(self, timeout: float) -> bool:
+        self._final = True
         """Flush within ``timeout`` and stop the worker."""
         return self.worker.close(timeout)
 
@@ -430,8 +458,31 @@ class Client:
         self.identity = identity_mod.RunIdentity(**{**self.identity.__dict__, "pid": self._pid})
         self._base = self._envelope_base()
         self._transport = None  # the parent's connection is not ours to use
+        self._reader.reset()
         self.worker.reset_after_fork()
         self.worker.start()
+
+
+def _on_device(item: Tuple[Any, ...]) -> bool:
+    """Whether reading ``item``'s values back waits for a device (a non-CPU tensor among them)."""
+    if item[0] == K_VECTOR:
+        device = getattr(item[4], "device", None)
+        return device is not None and getattr(device, "type", "cpu") != "cpu"
+    if item[0] != K_METRICS or item[3] is None:
+        return False
+    for value in item[3].values():
+        if type(value) is not float and type(value) is not int:
+            device = getattr(value, "device", None)
+            if device is not None and getattr(device, "type", "cpu") != "cpu":
+                return True
+    return False
+
+
+def _read_back(items: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
+    """``items`` with their tensor values read back as floats (vectors expanded); never raises."""
+    out = [_expand_vector(item) if item[0] == K_VECTOR else item for item in items]
+    _resolve_tensors(out)
+    return out
 
 
 def _expand_vector(item: Tuple[Any, ...]) -> Tuple[Any, ...]:
@@ -464,12 +515,12 @@ def _resolve_tensors(items: List[Tuple[Any, ...]]) -> None:
         by_device.setdefault(str(getattr(entry[2], "device", "cpu")), []).append(entry)
     for device, entries in by_device.items():
         try:
-            if device == "cpu" or len(entries) == 1:
+            if device == "cpu":
                 floats = [float(t) for _, _, t in entries]
-            else:
+            else:  # one kernel, one copy per device; .cpu() waits for the device with the GIL released
                 torch = sys.modules["torch"]
                 flat = [t if t.dim() == 0 else t.reshape(()) for _, _, t in entries]
-                floats = torch.stack(flat).double().tolist()  # one kernel, one copy per device
+                floats = torch.stack(flat).double().cpu().tolist()
         except Exception:
             floats = []
             for _, _, tensor in entries:

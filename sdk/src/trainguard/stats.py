@@ -19,6 +19,7 @@ DROP_REASONS = (
     "spool_error",       # the spool could not be written (disk full, permissions)
     "send_failed",       # undeliverable and no spool to keep it in
     "shutdown",          # still queued when shutdown's timeout ran out
+    "device_stalled",    # device metrics waiting behind a read-back the device never completed
 )
 
 

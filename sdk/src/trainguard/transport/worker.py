@@ -73,6 +73,11 @@ class Worker:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def flushing(self) -> bool:
+        """A :meth:`flush` is waiting for what is queued."""
+        return self._flush_requested > self._flush_done
+
     def wake(self) -> None:
         """Ask the worker to look at the queue now rather than at the next interval."""
         self._wake.set()
