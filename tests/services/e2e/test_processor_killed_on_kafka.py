@@ -23,6 +23,8 @@ from trainguard.transport.http import HttpTransport
 from trainguard_server.storage.sqlite import open_sqlite_stores
 
 RUNS = ("crash", "explosion", "nan_source", "clip_stale", "healthy_mlp")
+COPIES = 4
+"""Each run is queued this many times (new run ids): a backlog long enough that the kill lands mid-way."""
 
 
 def _start(role: str, env: Dict[str, str], log: Path, *extra: str) -> subprocess.Popen[str]:
@@ -49,7 +51,7 @@ def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) ->
         expected: Dict[str, Any] = {}
         raw_ids: List[str] = []
         sender = HttpTransport(f"http://127.0.0.1:{port}", tokens["ingest"], "trainguard-test")
-        for name in RUNS:  # the whole backlog is queued before any processor runs
+        for name in RUNS * COPIES:  # the whole backlog is queued before any processor runs
             events = retimed(BY_NAME[name].events(), time.time_ns() - 10**9)
             run_id = f"{name}-{uuid.uuid4().hex[:6]}"
             for e in events:
@@ -64,11 +66,11 @@ def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) ->
         first = _start("processor", env, tmp_path / "processor.log")
         procs.append(first)
         incidents_db = tmp_path / "data" / "incidents.db"
-        assert poll(lambda: incidents_db.exists() and _count_runs(tmp_path) >= 1, 60), \
+        assert poll(lambda: incidents_db.exists() and _judged(tmp_path, expected) >= 1, 60, interval=0.02), \
             (tmp_path / "processor.log").read_text()[-3000:]
-        os.kill(first.pid, signal.SIGKILL)  # mid-stream: some runs done, the rest not yet committed
+        os.kill(first.pid, signal.SIGKILL)  # mid-stream: some runs done, the backlog not yet worked through
         first.wait(10)
-        done_before = _count_runs(tmp_path)
+        done_before = _judged(tmp_path, expected)
         print(f"runs judged before the kill: {done_before} of {len(expected)}")
 
         procs.append(_start("processor", env, tmp_path / "processor.log"))
@@ -84,7 +86,7 @@ def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) ->
                 assert stores.events.get(tokens["project"], event_id) is not None
         finally:
             stores.close()
-        assert 1 <= done_before < len(expected)  # killed with part of the backlog not yet committed
+        assert 1 <= done_before < len(expected)  # killed with part of the backlog not yet processed
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -110,25 +112,23 @@ def _tokens(tmp_path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _count_runs(tmp_path: Path) -> int:
+def _judged(tmp_path: Path, expected: Dict[str, Any]) -> int:
+    """How many of the runs are finished in the stores (not running; their incident stored)."""
     stores = open_sqlite_stores(tmp_path / "data")
     try:
-        return len(stores.incidents.list_runs(_tokens(tmp_path)["project"], limit=100).items)
+        project = _tokens(tmp_path)["project"]
+        done = 0
+        for run_id, kind in expected.items():
+            run = stores.incidents.get_run(project, run_id)
+            if run is None or run.status == "running":
+                continue
+            if kind and not stores.incidents.list_incidents(project, run_id=run_id).items:
+                continue
+            done += 1
+        return done
     finally:
         stores.close()
 
 
 def _all_judged(tmp_path: Path, expected: Dict[str, Any]) -> bool:
-    stores = open_sqlite_stores(tmp_path / "data")
-    try:
-        project = _tokens(tmp_path)["project"]
-        for run_id, kind in expected.items():
-            run = stores.incidents.get_run(project, run_id)
-            if run is None or run.status == "running":
-                return False
-            if kind and not stores.incidents.list_incidents(project, run_id=run_id).items:
-                return False
-        return True
-    finally:
-        stores.close()
-
+    return _judged(tmp_path, expected) == len(expected)
