@@ -3,7 +3,8 @@
 What the user sees does not change: the original ``sys.excepthook`` / ``threading.excepthook`` still print
 exactly what they printed, and the process exits with the code it would have had without the SDK (a
 SIGTERM with the default disposition is re-raised after the exit event is flushed, so the parent still
-sees "killed by signal 15").
+sees "killed by signal 15"; a main thread stuck in native code, which cannot run a Python handler, is
+ended the same way from a watch thread: ``signal_watch.py``).
 
 Exit code bookkeeping: an uncaught exception means 1 (KeyboardInterrupt: 130, Python re-raises SIGINT);
 ``sys.exit(n)`` records n; otherwise 0. ``raise SystemExit(n)`` without ``sys.exit`` and ``os._exit`` are
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Type
 
 from ..guard import warn_once
 from .base import Integration
+from .signal_watch import StuckSignalWatch
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -45,6 +47,7 @@ class ExitIntegration(Integration):
         self._prev_threading_hook: Optional[Callable[..., Any]] = None
         self._prev_exit: Optional[Callable[..., Any]] = None
         self._prev_handlers: Dict[int, Any] = {}
+        self._watch: Optional[StuckSignalWatch] = None
 
     def setup(self, client: Client) -> None:
         self._client = client
@@ -68,6 +71,9 @@ class ExitIntegration(Integration):
                 continue
             self._prev_handlers[signum] = previous
             signal.signal(signum, self._on_signal)
+            if previous in (signal.SIG_DFL, None) and self._watch is None:
+                watch = StuckSignalWatch(signum, self._handler_installed(signum), self._on_stuck)
+                self._watch = watch if watch.start() else None
 
     def teardown(self) -> None:
         if self._prev_excepthook is not None and sys.excepthook == self._excepthook:
@@ -78,6 +84,9 @@ class ExitIntegration(Integration):
             sys.exit = self._prev_exit  # type: ignore[assignment]
         atexit.unregister(self._atexit)
         if threading.current_thread() is threading.main_thread():
+            if self._watch is not None:
+                self._watch.stop()
+                self._watch = None
             for signum, previous in self._prev_handlers.items():
                 if signal.getsignal(signum) == self._on_signal:
                     signal.signal(signum, previous)
@@ -126,6 +135,9 @@ class ExitIntegration(Integration):
         self._prev_exit(status)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        watch = self._watch
+        if watch is not None:
+            watch.handled()
         previous = self._prev_handlers.get(signum, signal.SIG_DFL)
         self._record(128 + signum, signum, "signal", overwrite=True)
         if callable(previous):
@@ -135,6 +147,17 @@ class ExitIntegration(Integration):
         self._report()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+    def _handler_installed(self, signum: int) -> Callable[[], bool]:
+        def installed() -> bool:
+            return bool(signal.getsignal(signum) == self._on_signal)
+        return installed
+
+    def _on_stuck(self, signum: int) -> None:
+        """The signal arrived while the main thread is inside native code (signal_watch.py): report the
+        exit from the watch's thread; the watch then ends the process with the default disposition."""
+        self._record(128 + signum, signum, "signal", overwrite=True)
+        self._report()
 
     def _atexit(self) -> None:
         self._report()
