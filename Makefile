@@ -3,6 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+FLINK_VENV := .venv-flink
+FLINK_STAMP := $(FLINK_VENV)/.installed
 
 .PHONY: install demo test lint typecheck proto bench clean
 
@@ -13,7 +15,12 @@ $(STAMP): requirements/dev.txt requirements/chdb.txt sdk/pyproject.toml services
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk -e services
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv with the SDK (editable), torch (CPU) and the test tools
+$(FLINK_STAMP): requirements/flink.txt
+	test -x $(FLINK_VENV)/bin/python || $(PY) -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/flink.txt
+	touch $(FLINK_STAMP)
+
+install: $(STAMP) $(FLINK_STAMP)  ## .venv: the SDK (editable), torch (CPU), test tools; .venv-flink: PyFlink
 
 demo: install  ## the main job on the embedded default: server + real trainings going wrong
 	$(BIN)/trainguard demo
@@ -30,4 +37,4 @@ bench: install  ## SDK overhead figures (see bench/README.md)
 	$(BIN)/python bench/sdk_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLINK_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,124 @@
+"""The two keyed stages of the Flink runtime as plain functions of (state, input) → (state, outputs), so the
+PyFlink glue (``flink_job.py``) stays thin and this logic is tested and type-checked without Flink.
+
+Records between the stages and out of the job are JSON lines (``str``):
+
+* input: the queue's record values, serialized ``trainguard.v1.IngestRequest`` batches (what the gateway
+  publishes to Kafka); :func:`decode_record` splits one into envelope JSON lines, :func:`run_key_of` keys
+  each by its run.
+* stage 1, **per run** (:class:`RunStage`, keyed by project + run id): the pure
+  :class:`~trainguard.core.pipeline.Pipeline` holding that one run; its state is the pipeline's snapshot
+  (versioned JSON bytes). Per event it emits every run and incident record that changed
+  (``{"kind": "run"|"incident", "record": ...}``) and, for an exception the run counted (not a replayed
+  duplicate), an observation for stage 2 (``{"kind": "observation", "key": <cluster key>, "event": ...}``).
+  :meth:`RunStage.on_timer` is the pipeline's ``advance`` (stalls, silent and lagging ranks, lost runs).
+* stage 2, **per stack fingerprint** (:class:`ClusterStage`, keyed by project + fingerprint): the cluster
+  across runs and ranks, counted exactly as the embedded pipeline counts it
+  (:func:`trainguard.core.clusters.observe`); emits ``{"kind": "cluster", "record": ...}``.
+
+The records are upserts: a later record with the same id (incident id, run, cluster key) replaces an
+earlier one. A cluster's ``runs``/``ranks``/``hosts`` lists keep arrival order, which across runs depends on
+how the engine interleaves them; compared as sets they are the embedded runtime's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from trainguard import wire
+from trainguard.core import clusters as clusters_mod
+from trainguard.core.catalogue import DetectionSettings
+from trainguard.core.extract import as_int, as_str
+from trainguard.core.pipeline import Pipeline, PipelineOutput
+from trainguard.core.state import ClusterState, run_key
+from trainguard.v1 import ingest_pb2
+
+Line = str
+
+
+def decode_record(value: Union[bytes, str]) -> List[Line]:
+    """The envelopes of one queue record as JSON lines; [] for a value that is not an IngestRequest (the
+    Kafka queue dead-letters those before any runtime sees them). A ``str`` value is the record's bytes in
+    base64 (how a bounded source hands binary values to PyFlink)."""
+    try:
+        raw = base64.b64decode(value) if isinstance(value, str) else bytes(value)
+        request = ingest_pb2.IngestRequest.FromString(raw)
+    except Exception:
+        return []
+    return [json.dumps(wire.envelope_to_dict(ev), separators=(",", ":")) for ev in request.events]
+
+
+def run_key_of(line: Line) -> str:
+    """The stage-1 key of an envelope line: its project and run id."""
+    event = json.loads(line)
+    return run_key(as_str(event.get("project")), as_str(event.get("run_id")))
+
+
+def _records(out: PipelineOutput) -> List[Line]:
+    lines = [json.dumps({"kind": "run", "record": r.to_dict()}, sort_keys=True) for r in out.runs]
+    lines += [json.dumps({"kind": "incident", "record": i.to_dict()}, sort_keys=True) for i in out.incidents]
+    return lines
+
+
+class RunStage:
+    """Stage 1: one run's pipeline (see the module doc)."""
+
+    def __init__(self, settings: Optional[DetectionSettings] = None) -> None:
+        self.settings = settings or DetectionSettings()
+
+    def _pipeline(self, state: Optional[bytes]) -> Pipeline:
+        return Pipeline.restore(state, self.settings) if state else Pipeline(self.settings)
+
+    def on_event(self, state: Optional[bytes], line: Line) -> Tuple[bytes, List[Line], int]:
+        """Fold one envelope into the run; (new state, output lines, the run's last event time in ns)."""
+        pipeline = self._pipeline(state)
+        event = json.loads(line)
+        out = pipeline.process([event])
+        lines = _records(out)
+        if out.clusters and isinstance(event.get("exception"), Mapping):  # counted: not a duplicate
+            body = event["exception"]
+            fingerprint = clusters_mod.identify(body)[0]
+            key = clusters_mod.cluster_key(as_str(event.get("project")), fingerprint)
+            lines.append(json.dumps({"kind": "observation", "key": key, "event": event}))
+        run = pipeline.run_state(as_str(event.get("project")), as_str(event.get("run_id")))
+        last = run.last_event_ns if run is not None else 0
+        return pipeline.snapshot(), lines, last
+
+    def on_timer(self, state: Optional[bytes], now_ns: int) -> Tuple[bytes, List[Line]]:
+        """The pipeline's processing-time decisions at ``now_ns``; (new state, output lines)."""
+        pipeline = self._pipeline(state)
+        out = pipeline.advance(now_ns)
+        return pipeline.snapshot(), _records(out)
+
+
+class ClusterStage:
+    """Stage 2: one stack-fingerprint cluster across runs (see the module doc)."""
+
+    def __init__(self, settings: Optional[DetectionSettings] = None) -> None:
+        self.settings = settings or DetectionSettings()
+
+    def on_observation(self, state: Optional[str], line: Line) -> Tuple[str, List[Line]]:
+        """Count one observation (from :meth:`RunStage.on_event`); (new state, output lines)."""
+        observation = json.loads(line)
+        event: Dict[str, Any] = observation["event"]
+        clusters: Dict[str, ClusterState] = {}
+        if state:
+            restored = ClusterState.from_json(json.loads(state))
+            clusters[observation["key"]] = restored
+        cluster, _evicted = clusters_mod.observe(
+            clusters, as_str(event.get("project")), as_str(event.get("run_id")), as_int(event.get("rank"), 0),
+            as_str(event.get("host")), as_str(event.get("event_id")), as_int(event.get("time_unix_nano"), 0),
+            event["exception"], self.settings)
+        record = json.dumps({"kind": "cluster", "record": cluster.record.to_dict()}, sort_keys=True)
+        return json.dumps(cluster.to_json()), [record]
+
+
+def observation_key(line: Line) -> str:
+    """The stage-2 key of an observation line."""
+    return str(json.loads(line)["key"])
+
+
+def is_observation(line: Line) -> bool:
+    return line.startswith('{"kind": "observation"')
