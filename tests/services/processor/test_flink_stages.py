@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pickle
 from typing import Dict, List, Optional
 
 from tests.scenarios.corpus import BY_NAME
@@ -13,6 +14,7 @@ from trainguard.core.catalogue import DetectionSettings
 from trainguard.core.pipeline import Pipeline
 from trainguard_server.processor.flink_stages import (
     ClusterStage,
+    PipelineBox,
     RunStage,
     decode_record,
     is_observation,
@@ -20,7 +22,8 @@ from trainguard_server.processor.flink_stages import (
     run_key_of,
 )
 
-SETTINGS = DetectionSettings(stall_min_s=5.0)
+OVERRIDES = json.dumps({"stall_min_s": 5.0})
+SETTINGS = DetectionSettings.from_overrides(json.loads(OVERRIDES))
 
 
 def lines_of(name: str) -> List[str]:
@@ -41,14 +44,15 @@ def test_decode_reads_bytes_and_base64_and_refuses_garbage() -> None:
     assert len({run_key_of(line) for line in decoded}) == 1
 
 
-def test_run_stage_with_state_round_tripped_per_event_equals_one_pipeline() -> None:
-    stage = RunStage(SETTINGS)
+def test_run_stage_with_state_pickled_per_event_equals_one_pipeline() -> None:
+    """State serialized and restored after every event (the worst a checkpoint/restore can do)."""
+    stage = RunStage(OVERRIDES)
     reference = Pipeline(SETTINGS)
-    state: Optional[bytes] = None
+    state: Optional[PipelineBox] = None
     incidents: Dict[str, dict] = {}
     for line in lines_of("dist_rank_lost"):
         reference.process([json.loads(line)])
-        state, out, last = stage.on_event(state, line)
+        state, out, last = stage.on_event(pickle.loads(pickle.dumps(state)) if state else None, line)
         assert last > 0
         for record in (json.loads(x) for x in out):
             if record["kind"] == "incident":
@@ -64,10 +68,10 @@ def test_run_stage_with_state_round_tripped_per_event_equals_one_pipeline() -> N
 
 
 def test_only_counted_exceptions_become_observations_and_clusters_span_runs() -> None:
-    stage, clusters = RunStage(SETTINGS), ClusterStage(SETTINGS)
+    stage, clusters = RunStage(OVERRIDES), ClusterStage(OVERRIDES)
     observations: List[str] = []
     for run in ("a", "b"):
-        state: Optional[bytes] = None
+        state: Optional[PipelineBox] = None
         for line in lines_of("crash"):
             event = json.loads(line)
             event["run_id"] = run

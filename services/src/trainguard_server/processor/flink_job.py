@@ -4,7 +4,7 @@
 place the graph is defined:
 
     records (bytes: IngestRequest) ─flat_map(decode)→ envelopes (JSON lines, event-time timestamps)
-      ─key_by(project, run)→ RunStage (keyed state: the run's pipeline snapshot; timers: advance)
+      ─key_by(project, run)→ RunStage (keyed state: the run's pipeline; timers: advance)
       ├─ run / incident upserts ────────────────────────────────────────────────┐
       └─ observations ─key_by(project, fingerprint)→ ClusterStage (keyed state) ─┴→ sink (JSON lines)
 
@@ -50,7 +50,7 @@ class _RunFunction(KeyedProcessFunction):  # type: ignore[misc]
         self.tick_ms = int(processing_time_s * 1000)
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        self.stage = RunStage(DetectionSettings.from_overrides(json.loads(self.overrides)))
+        self.stage = RunStage(self.overrides)
         self.pipeline = runtime_context.get_state(
             ValueStateDescriptor("pipeline", Types.PICKLED_BYTE_ARRAY()))
         self.timer = runtime_context.get_state(ValueStateDescriptor("timer", Types.LONG()))
@@ -93,7 +93,7 @@ class _ClusterFunction(KeyedProcessFunction):  # type: ignore[misc]
         self.overrides = overrides
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        self.stage = ClusterStage(DetectionSettings.from_overrides(json.loads(self.overrides)))
+        self.stage = ClusterStage(self.overrides)
         self.cluster = runtime_context.get_state(ValueStateDescriptor("cluster", Types.STRING()))
 
     def process_element(self, value: str, ctx: KeyedProcessFunction.Context) -> Iterable[str]:
