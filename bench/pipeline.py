@@ -79,6 +79,31 @@ def rate_alone(server: ingest.Server, seconds: float) -> Tuple[float, float]:
     return (last[1] - first[1]) / (last[0] - first[0]), depth
 
 
+def warm_up(server: ingest.Server, timeout: float = 90.0) -> float:
+    """Seconds until the server turns one probe into a queryable incident (a Kafka processor first joins
+    its consumer group: Tansu answers a JoinGroup after half the session timeout). The latency probes start
+    after this, so they measure the path, not the start."""
+    from trainguard.v1 import ingest_pb2
+
+    channel = ingest._grpc_channel(server.grpc_target)
+    send = channel.unary_unary(ingest.SEND_METHOD, request_serializer=None,
+                               response_deserializer=ingest_pb2.IngestResponse.FromString)
+    run_id = f"warm-up-{uuid.uuid4().hex[:6]}"
+    started = time.monotonic()
+    try:
+        send(ingest.probe_request(server.project, run_id, time.time_ns()),
+             metadata=(("authorization", f"Bearer {server.ingest_token}"),), timeout=30)
+        while time.monotonic() - started < timeout:
+            status, data = ingest.http_get(server.http_port, f"/api/v1/runs/{run_id}/incidents",
+                                           server.read_token)
+            if status == 200 and json.loads(data)["items"]:
+                return time.monotonic() - started
+            time.sleep(0.05)
+    finally:
+        channel.close()
+    return float("inf")
+
+
 def kafka_env(bootstrap: str, topic: str, roles: str) -> List[str]:
     return ["TRAINGUARD_QUEUE=kafka", f"TRAINGUARD_KAFKA_BOOTSTRAP_SERVERS={bootstrap}",
             f"TRAINGUARD_KAFKA_TOPIC={topic}", "TRAINGUARD_KAFKA_PARTITIONS=4",
@@ -202,6 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                         "gateway,processor,api")
                     server = ingest.start_server(root / f"{path}-latency-{attempt}", server_env=env)
                     try:
+                        print(f"{path}_latency warm_up_s={warm_up(server):.2f}", flush=True)
                         lat = ingest.latency_phase(server, load, bg, f"{path}_latency")
                     finally:
                         server.stop()
