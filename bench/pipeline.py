@@ -238,7 +238,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     bg = 0.5 * lat["processed"]  # what this server processed under the probes, halved
                     print(f"{path}_latency did not keep up: again at {bg:.0f} events/s", flush=True)
         if "flink" not in skip:
-            flink = flink_phase(root, (1, 2) if quick else (2, 6))
+            flink = flink_phase(root, (1, 2) if quick else (2, 10))
             if flink is not None:
                 results["flink"] = flink
     finally:

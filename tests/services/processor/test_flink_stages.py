@@ -1,12 +1,12 @@
 """The Flink runtime's two keyed stages as plain functions (processor/flink_stages.py), without Flink: state
-round-trips through bytes on every event, exactly as the job's keyed state holds it."""
+pickled and restored after every record, as a checkpoint restore could do it at any point."""
 
 from __future__ import annotations
 
 import base64
 import json
 import pickle
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from tests.scenarios.corpus import BY_NAME
 from trainguard import wire
@@ -17,6 +17,7 @@ from trainguard_server.processor.flink_stages import (
     PipelineBox,
     RunStage,
     decode_record,
+    events_of,
     is_observation,
     observation_key,
     run_key_of,
@@ -26,38 +27,39 @@ OVERRIDES = json.dumps({"stall_min_s": 5.0})
 SETTINGS = DetectionSettings.from_overrides(json.loads(OVERRIDES))
 
 
-def lines_of(name: str) -> List[str]:
-    events = BY_NAME[name].events()
+def lines_of(events: List[Dict[str, Any]]) -> List[str]:
+    """Stage-1 input lines of ``events`` sent in records of 50, as the gateway would queue them."""
     out: List[str] = []
     for i in range(0, len(events), 50):
         out += decode_record(wire.ingest_request_from_dicts(events[i:i + 50]).SerializeToString())
     return out
 
 
-def test_decode_reads_bytes_and_base64_and_refuses_garbage() -> None:
-    events = BY_NAME["crash"].events()[:3]
-    value = wire.ingest_request_from_dicts(events).SerializeToString()
+def test_decode_keys_each_runs_events_and_refuses_garbage() -> None:
+    crash, healthy = BY_NAME["crash"].events()[:3], BY_NAME["healthy_mlp"].events()[:2]
+    value = wire.ingest_request_from_dicts(crash + healthy).SerializeToString()
     decoded = decode_record(value)
-    assert [json.loads(line)["event_id"] for line in decoded] == [e["event_id"] for e in events]
+    assert [[e["event_id"] for e in events_of(line)] for line in decoded] == \
+        [[e["event_id"] for e in crash], [e["event_id"] for e in healthy]]  # one line per run, in order
+    assert [run_key_of(line).split("\x00")[1] for line in decoded] == [crash[0]["run_id"], healthy[0]["run_id"]]
     assert decode_record(base64.b64encode(value).decode("ascii")) == decoded
     assert decode_record(b"\xff\x00not protobuf") == []
-    assert len({run_key_of(line) for line in decoded}) == 1
 
 
-def test_run_stage_with_state_pickled_per_event_equals_one_pipeline() -> None:
-    """State serialized and restored after every event (the worst a checkpoint/restore can do)."""
+def test_run_stage_with_state_pickled_per_record_equals_one_pipeline() -> None:
     stage = RunStage(OVERRIDES)
     reference = Pipeline(SETTINGS)
     state: Optional[PipelineBox] = None
     incidents: Dict[str, dict] = {}
-    for line in lines_of("dist_rank_lost"):
-        reference.process([json.loads(line)])
+    events = BY_NAME["dist_rank_lost"].events()
+    for line in lines_of(events):
+        reference.process(events_of(line))
         state, out, last = stage.on_event(pickle.loads(pickle.dumps(state)) if state else None, line)
         assert last > 0
         for record in (json.loads(x) for x in out):
             if record["kind"] == "incident":
                 incidents[record["record"]["incident_id"]] = record["record"]
-    settle = max(json.loads(line).get("time_unix_nano", 0) for line in lines_of("dist_rank_lost")) + 60 * 10**9
+    settle = max(e["time_unix_nano"] for e in events) + 60 * 10**9
     reference.advance(settle)
     state, out = stage.on_timer(state, settle)
     for record in (json.loads(x) for x in out):
@@ -71,12 +73,11 @@ def test_only_counted_exceptions_become_observations_and_clusters_span_runs() ->
     stage, clusters = RunStage(OVERRIDES), ClusterStage(OVERRIDES)
     observations: List[str] = []
     for run in ("a", "b"):
+        events = [dict(e, run_id=run) for e in BY_NAME["crash"].events()]
         state: Optional[PipelineBox] = None
-        for line in lines_of("crash"):
-            event = json.loads(line)
-            event["run_id"] = run
-            for _ in range(2):  # every event delivered twice: the replay must not count again
-                state, out, _last = stage.on_event(state, json.dumps(event))
+        for _ in range(2):  # the whole run delivered twice: the redelivery must not count again
+            for line in lines_of(events):
+                state, out, _last = stage.on_event(state, line)
                 observations += [x for x in out if is_observation(x)]
     assert len(observations) == 2  # one exception per run, its redelivery ignored
     assert len({observation_key(x) for x in observations}) == 1

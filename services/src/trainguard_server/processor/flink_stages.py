@@ -4,10 +4,11 @@ PyFlink glue (``flink_job.py``) stays thin and this logic is tested and type-che
 Records between the stages and out of the job are JSON lines (``str``):
 
 * input: the queue's record values, serialized ``trainguard.v1.IngestRequest`` batches (what the gateway
-  publishes to Kafka); :func:`decode_record` splits one into envelope JSON lines, :func:`run_key_of` keys
-  each by its run.
+  publishes to Kafka, one run per record); :func:`decode_record` turns one into a line per run (its key,
+  then its envelopes), :func:`run_key_of` reads the key. A record is one element: the Python worker's
+  per-element cost is paid once per batch of envelopes, not per envelope.
 * stage 1, **per run** (:class:`RunStage`, keyed by project + run id): the pure
-  :class:`~trainguard.core.pipeline.Pipeline` holding that one run. Per event it emits every run and
+  :class:`~trainguard.core.pipeline.Pipeline` holding that one run. Per record it emits every run and
   incident record that changed
   (``{"kind": "run"|"incident", "record": ...}``) and, for an exception the run counted (not a replayed
   duplicate), an observation for stage 2 (``{"kind": "observation", "key": <cluster key>, "event": ...}``).
@@ -41,21 +42,35 @@ Line = str
 
 
 def decode_record(value: Union[bytes, str]) -> List[Line]:
-    """The envelopes of one queue record as JSON lines; [] for a value that is not an IngestRequest (the
-    Kafka queue dead-letters those before any runtime sees them). A ``str`` value is the record's bytes in
-    base64 (how a bounded source hands binary values to PyFlink)."""
+    """One stage-1 input line per run in one queue record (the gateway publishes one run per record, so
+    normally one line): ``"<len>:<run key><JSON array of its envelopes>"``, the key first so that keying
+    does not parse the events. [] for a value that is not an IngestRequest (the Kafka queue dead-letters
+    those before any runtime sees them). A ``str`` value is the record's bytes in base64 (how a bounded
+    source hands binary values to PyFlink)."""
     try:
         raw = base64.b64decode(value) if isinstance(value, str) else bytes(value)
         request = ingest_pb2.IngestRequest.FromString(raw)
     except Exception:
         return []
-    return [json.dumps(wire.envelope_to_dict(ev), separators=(",", ":")) for ev in request.events]
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for ev in request.events:
+        event = wire.envelope_to_dict(ev)
+        key = run_key(as_str(event.get("project")), as_str(event.get("run_id")))
+        groups.setdefault(key, []).append(event)
+    return [f"{len(key)}:{key}{json.dumps(events, separators=(',', ':'))}" for key, events in groups.items()]
 
 
 def run_key_of(line: Line) -> str:
-    """The stage-1 key of an envelope line: its project and run id."""
-    event = json.loads(line)
-    return run_key(as_str(event.get("project")), as_str(event.get("run_id")))
+    """The stage-1 key of an input line: its run's project and run id."""
+    size, rest = line.split(":", 1)
+    return rest[:int(size)]
+
+
+def events_of(line: Line) -> List[Dict[str, Any]]:
+    """The envelopes of an input line, in record order."""
+    size, rest = line.split(":", 1)
+    events: List[Dict[str, Any]] = json.loads(rest[int(size):])
+    return events
 
 
 def _records(out: PipelineOutput) -> List[Line]:
@@ -94,18 +109,32 @@ class RunStage:
         return state if state is not None else PipelineBox(Pipeline(self.settings), self.overrides)
 
     def on_event(self, state: Optional[PipelineBox], line: Line) -> Tuple[PipelineBox, List[Line], int]:
-        """Fold one envelope into the run; (new state, output lines, the run's last event time in ns)."""
+        """Fold one input line (a record's envelopes of this run) into the run; (new state, output lines,
+        the run's last event time in ns). Envelopes go through the pipeline in order, as the embedded
+        processor passes a record; each exception alone, so that one the run counted (not a replayed
+        duplicate) is known and becomes an observation for stage 2."""
         box = self._box(state)
         pipeline = box.pipeline
-        event = json.loads(line)
-        out = pipeline.process([event])
-        lines = _records(out)
-        if out.clusters and isinstance(event.get("exception"), Mapping):  # counted: not a duplicate
-            body = event["exception"]
-            fingerprint = clusters_mod.identify(body)[0]
-            key = clusters_mod.cluster_key(as_str(event.get("project")), fingerprint)
-            lines.append(json.dumps({"kind": "observation", "key": key, "event": event}))
-        run = pipeline.run_state(as_str(event.get("project")), as_str(event.get("run_id")))
+        events = events_of(line)
+        lines: List[Line] = []
+        pending: List[Dict[str, Any]] = []
+        for event in events:
+            if not isinstance(event.get("exception"), Mapping):
+                pending.append(event)
+                continue
+            if pending:
+                lines += _records(pipeline.process(pending))
+                pending = []
+            out = pipeline.process([event])
+            lines += _records(out)
+            if out.clusters:  # counted: not a duplicate
+                fingerprint = clusters_mod.identify(event["exception"])[0]
+                key = clusters_mod.cluster_key(as_str(event.get("project")), fingerprint)
+                lines.append(json.dumps({"kind": "observation", "key": key, "event": event}))
+        if pending:
+            lines += _records(pipeline.process(pending))
+        first = events[0] if events else {}
+        run = pipeline.run_state(as_str(first.get("project")), as_str(first.get("run_id")))
         last = run.last_event_ns if run is not None else 0
         return box, lines, last
 
