@@ -15,9 +15,10 @@ $(STAMP): requirements/dev.txt requirements/chdb.txt sdk/pyproject.toml services
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk -e services
 	touch $(STAMP)
 
-$(FLINK_STAMP): requirements/flink.txt
+$(FLINK_STAMP): requirements/flink.txt requirements/flink-connectors.txt tools/flink_jars.py
 	test -x $(FLINK_VENV)/bin/python || $(PY) -m venv $(FLINK_VENV)
 	$(FLINK_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/flink.txt
+	$(FLINK_VENV)/bin/python tools/flink_jars.py $(FLINK_VENV)/jars  # Kafka connector jars, see the file
 	touch $(FLINK_STAMP)
 
 install: $(STAMP) $(FLINK_STAMP)  ## .venv: the SDK (editable), torch (CPU), test tools; .venv-flink: PyFlink

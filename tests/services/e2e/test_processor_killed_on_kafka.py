@@ -5,19 +5,17 @@ raw-context event is stored once."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List
 
 from tests.scenarios.corpus import BY_NAME, retimed
 from tests.support.kafka import Tansu, free_port
+from tests.support.processes import bootstrap_tokens, healthy, start_role
 from tests.support.waiting import poll
 from trainguard.transport.http import HttpTransport
 from trainguard_server.storage.sqlite import open_sqlite_stores
@@ -25,11 +23,6 @@ from trainguard_server.storage.sqlite import open_sqlite_stores
 RUNS = ("crash", "explosion", "nan_source", "clip_stale", "healthy_mlp")
 COPIES = 4
 """Each run is queued this many times (new run ids): a backlog long enough that the kill lands mid-way."""
-
-
-def _start(role: str, env: Dict[str, str], log: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "trainguard_server", role, *extra], env=env,
-                            stdout=open(log, "a"), stderr=subprocess.STDOUT, text=True)
 
 
 def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) -> None:
@@ -42,10 +35,10 @@ def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) ->
                TRAINGUARD_SNAPSHOT_EVERY_S="0.2", TRAINGUARD_PROCESSOR_BATCH="8")
     procs: List[subprocess.Popen[str]] = []
     try:
-        gateway = _start("gateway", env, tmp_path / "gateway.log", "--http-port", str(port), "--grpc-port",
+        gateway = start_role("gateway", env, tmp_path / "gateway.log", "--http-port", str(port), "--grpc-port",
                          str(free_port()))
         procs.append(gateway)
-        assert poll(lambda: _healthy(port), 30), (tmp_path / "gateway.log").read_text()
+        assert poll(lambda: healthy(port), 30), (tmp_path / "gateway.log").read_text()
         tokens: Dict[str, Any] = _tokens(tmp_path) or {}
         assert tokens, (tmp_path / "gateway.log").read_text()
         expected: Dict[str, Any] = {}
@@ -63,7 +56,7 @@ def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) ->
             raw_ids += [e["event_id"] for e in events if "exception" in e or "lifecycle" in e or "log" in e]
         sender.close()
 
-        first = _start("processor", env, tmp_path / "processor.log")
+        first = start_role("processor", env, tmp_path / "processor.log")
         procs.append(first)
         incidents_db = tmp_path / "data" / "incidents.db"
         assert poll(lambda: incidents_db.exists() and _judged(tmp_path, expected) >= 1, 60, interval=0.02), \
@@ -73,7 +66,7 @@ def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) ->
         done_before = _judged(tmp_path, expected)
         print(f"runs judged before the kill: {done_before} of {len(expected)}")
 
-        procs.append(_start("processor", env, tmp_path / "processor.log"))
+        procs.append(start_role("processor", env, tmp_path / "processor.log"))
         assert poll(lambda: _all_judged(tmp_path, expected), 90), (tmp_path / "processor.log").read_text()[-3000:]
         stores = open_sqlite_stores(tmp_path / "data")
         try:
@@ -99,17 +92,8 @@ def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) ->
         broker.stop(kill=True)
 
 
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
 def _tokens(tmp_path: Path) -> Any:
-    path = tmp_path / "data" / "bootstrap-tokens.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    return bootstrap_tokens(tmp_path / "data")
 
 
 def _judged(tmp_path: Path, expected: Dict[str, Any]) -> int:

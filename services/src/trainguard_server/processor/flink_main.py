@@ -4,8 +4,10 @@
   batches), each as a 4-byte big-endian length and the bytes (:func:`write_records` writes it). The job runs
   on a local mini-cluster and ends when the records are processed; results go to a ``FileSink`` in
   ``--out DIR`` as JSON lines (part files). This is what the conformance test and ``bench/`` run.
-* ``--kafka BOOTSTRAP``: the production graph with Flink's Kafka connector in and out -- not wired yet (the
-  connector jar is on no registry these machines reach, so nothing here could run it); it exits 2.
+* ``--kafka BOOTSTRAP``: the production graph: Flink's Kafka connector reads the gateway's topic
+  (``--topic``, committed offsets of ``--group-id``, record values as byte arrays) and writes the JSON
+  upserts to ``--results-topic`` (at-least-once: upserts are idempotent); runs tick on processing time
+  every ``--tick-s``. The connector jars come from ``--jars`` (``.venv-flink/jars``, tools/flink_jars.py).
 
 The mini-cluster's Python workers are this interpreter (``python.executable``) with the caller's
 ``PYTHONPATH`` (the SDK's ``trainguard.core`` and this package must be importable).
@@ -20,7 +22,7 @@ import os
 import struct
 import sys
 from pathlib import Path
-from typing import Iterable, List, Sequence
+from typing import Any, Iterable, List, Sequence
 
 
 def write_records(path: Path, values: Iterable[bytes]) -> int:
@@ -49,7 +51,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=Path, help="bounded source: a records file")
     parser.add_argument("--out", type=Path, help="with --records: the results folder (JSON-line part files)")
-    parser.add_argument("--kafka", help="bootstrap servers (production: needs the Kafka connector jar)")
+    parser.add_argument("--kafka", help="bootstrap servers: the gateway's topic in, the results topic out")
+    parser.add_argument("--topic", default=os.environ.get("TRAINGUARD_KAFKA_TOPIC", "trainguard.ingest"))
+    parser.add_argument("--results-topic", default="trainguard.results")
+    parser.add_argument("--group-id", default="trainguard-flink")
+    parser.add_argument("--client-config", default=os.environ.get("TRAINGUARD_KAFKA_CLIENT_CONFIG") or "{}",
+                        help="JSON object of Kafka client properties for the source and the sink")
+    parser.add_argument("--tick-s", type=float, default=1.0, help="--kafka: processing-time tick of a run")
+    parser.add_argument("--jars", type=Path, default=Path(sys.prefix) / "jars",
+                        help="folder of connector jars put on the job's classpath (tools/flink_jars.py)")
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--overrides", default=os.environ.get("TRAINGUARD_DETECTION_OVERRIDES", "{}"))
     parser.add_argument("--settle-s", type=float, default=None)
@@ -66,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = Configuration()
     config.set_string("python.executable", sys.executable)
     config.set_string("python.client.executable", sys.executable)
+    jars = sorted(ns.jars.glob("*.jar")) if ns.jars.is_dir() else []
+    if jars:
+        config.set_string("pipeline.jars", ";".join(j.resolve().as_uri() for j in jars))
     env = StreamExecutionEnvironment.get_execution_environment(config)
     env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
     env.set_parallelism(ns.parallelism)
@@ -85,10 +98,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_job(records, sink, source_parallelism=1, overrides=overrides, settle_s=settle)
         env.execute("trainguard (bounded)")
         return 0
-    # the production source/sink (Flink's Kafka connector) is not wired yet: its jar is on no registry
-    # reachable here, so nothing could test it (issue 5 notes)
-    parser.error("--kafka: the Kafka connector wiring is not built yet; run with --records")
-    return 2
+    return run_kafka(env, ns, overrides, settle)
+
+
+def run_kafka(env: Any, ns: argparse.Namespace, overrides: dict, settle: float) -> int:
+    """The production graph: the gateway's topic in, the results topic out (Flink's Kafka connector)."""
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.common.serialization import SimpleStringSchema
+    from pyflink.datastream.connectors.base import DeliveryGuarantee
+    from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink, KafkaSource
+    from pyflink.java_gateway import get_gateway
+    from pyflink.util.java_utils import load_java_class
+
+    from .flink_job import build_job
+
+    client = json.loads(ns.client_config)
+    builder = (KafkaSource.builder().set_bootstrap_servers(ns.kafka).set_topics(ns.topic)
+               .set_group_id(ns.group_id))
+    # two settings through the JVM: PyFlink's wrappers name the SQL connector's shaded Kafka classes, and
+    # it has no value-only byte-array schema (record values are serialized IngestRequests)
+    jvm = get_gateway().jvm
+    builder._j_builder.setStartingOffsets(
+        jvm.org.apache.flink.connector.kafka.source.enumerator.initializer.OffsetsInitializer.committedOffsets(
+            jvm.org.apache.kafka.clients.consumer.OffsetResetStrategy.EARLIEST))
+    schemas = jvm.org.apache.flink.connector.kafka.source.reader.deserializer
+    builder._j_builder.setDeserializer(schemas.KafkaRecordDeserializationSchema.valueOnly(
+        load_java_class("org.apache.kafka.common.serialization.ByteArrayDeserializer")))
+    for key, value in client.items():
+        builder.set_property(str(key), str(value))
+    records = env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), "gateway topic",
+                              type_info=Types.PRIMITIVE_ARRAY(Types.BYTE()))
+    sink_builder = (KafkaSink.builder().set_bootstrap_servers(ns.kafka)
+                    .set_record_serializer(KafkaRecordSerializationSchema.builder()
+                                           .set_topic(ns.results_topic)
+                                           .set_value_serialization_schema(SimpleStringSchema()).build())
+                    .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE))  # upserts: idempotent
+    for key, value in client.items():
+        sink_builder.set_property(str(key), str(value))
+    build_job(records, sink_builder.build(), source_parallelism=ns.parallelism, overrides=overrides,
+              settle_s=settle, processing_time_s=ns.tick_s)
+    env.execute("trainguard")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""The production Flink path end to end (issue 5): recorded runs sent to a real ``trainguard gateway`` over
+HTTP → the gateway's Kafka topic (Tansu) → the Flink job on a local mini-cluster reading it with Flink's
+Kafka connector (flink-connector-kafka 4.0.1-2.0, tools/flink_jars.py) → JSON upserts on a results topic
+(Flink's KafkaSink) → read here. Every run ends with exactly its corpus verdict, and only the runs sent
+appear. The job runs unbounded, as in production, with processing-time ticks; the test stops it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.scenarios.corpus import BY_NAME, retimed
+from tests.support.kafka import Tansu, free_port
+from tests.support.processes import bootstrap_tokens, healthy, start_role
+from tests.support.waiting import poll
+from trainguard.transport.http import HttpTransport
+
+REPO = Path(__file__).resolve().parents[3]
+FLINK_PYTHON = Path(os.environ.get("TRAINGUARD_FLINK_PYTHON", REPO / ".venv-flink" / "bin" / "python"))
+RUNS = ("crash", "explosion", "nan_source", "clip_stale", "healthy_mlp", "dist_mismatch", "dist_nan_one_rank")
+DEADLINE_S = 240.0
+
+
+def test_gateway_kafka_flink_kafka_yields_every_runs_verdict(tmp_path: Path) -> None:
+    broker = Tansu(tmp_path / "tansu.log").start()
+    topic, results = f"ingest-{uuid.uuid4().hex[:8]}", f"results-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    env = dict(os.environ, TRAINGUARD_QUEUE="kafka", TRAINGUARD_KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap,
+               TRAINGUARD_KAFKA_TOPIC=topic, TRAINGUARD_KAFKA_PARTITIONS="2",
+               TRAINGUARD_DATA_DIR=str(tmp_path / "data"), TRAINGUARD_HOST="127.0.0.1")
+    procs: List[subprocess.Popen[str]] = []
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic(results, num_partitions=1, replication_factor=1)])[results].result(30)
+        gateway = start_role("gateway", env, tmp_path / "gateway.log", "--http-port", str(port),
+                             "--grpc-port", str(free_port()))
+        procs.append(gateway)
+        assert poll(lambda: healthy(port), 30), (tmp_path / "gateway.log").read_text()
+        tokens: Dict[str, Any] = poll(lambda: bootstrap_tokens(tmp_path / "data"), 30) or {}
+        assert tokens
+        expected: Dict[str, Any] = {}
+        sender = HttpTransport(f"http://127.0.0.1:{port}", tokens["ingest"], "trainguard-test")
+        for name in RUNS:
+            events = retimed(BY_NAME[name].events(), time.time_ns() - 10**9)
+            run_id = f"{name}-{uuid.uuid4().hex[:6]}"
+            for e in events:
+                e["run_id"], e["project"] = run_id, tokens["project"]
+            for i in range(0, len(events), 50):
+                assert not sender.send(events[i:i + 50], 30.0).rejected
+            expected[run_id] = BY_NAME[name].expected
+        sender.close()
+
+        flink_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "sdk" / "src"),
+                                                                str(REPO / "services" / "src")]),
+                         TRAINGUARD_DETECTION_OVERRIDES=json.dumps({"stall_min_s": 5.0}))
+        flink = subprocess.Popen(
+            [str(FLINK_PYTHON), "-m", "trainguard_server.processor.flink_main", "--kafka", broker.bootstrap,
+             "--topic", topic, "--results-topic", results, "--group-id", f"flink-{uuid.uuid4().hex[:6]}",
+             "--client-config", json.dumps({"fetch.max.wait.ms": "20"}), "--parallelism", "2"],
+            env=flink_env, cwd=tmp_path, stdout=open(tmp_path / "flink.log", "w"), stderr=subprocess.STDOUT,
+            text=True, start_new_session=True)
+        procs.append(flink)
+
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
+                             "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
+        consumer.subscribe([results])
+        incidents: Dict[str, Dict[str, Any]] = {}
+        runs_seen: Dict[str, Dict[str, Any]] = {}
+        deadline = time.monotonic() + DEADLINE_S
+
+        def verdicts() -> Dict[str, List[Any]]:
+            found: Dict[str, List[Any]] = {run_id: [] for run_id in expected}
+            for inc in incidents.values():
+                if not inc["explained_by"] and inc["run_id"] in found:
+                    found[inc["run_id"]].append((inc["category"], inc["subtype"]))
+            return found
+
+        def settled() -> bool:
+            found = verdicts()
+            return set(runs_seen) >= set(expected) and all(
+                found[r] == ([k] if k else []) for r, k in expected.items())
+
+        try:
+            while time.monotonic() < deadline and not settled():
+                assert flink.poll() is None, (tmp_path / "flink.log").read_text()[-4000:]
+                msg = consumer.poll(0.5)
+                if msg is None or msg.error():
+                    continue
+                line = json.loads(msg.value())
+                record = line["record"]
+                if line["kind"] == "incident":
+                    incidents[record["incident_id"]] = record
+                elif line["kind"] == "run":
+                    runs_seen[record["run_id"]] = record
+        finally:
+            consumer.close()
+        assert settled(), (verdicts(), sorted(runs_seen), (tmp_path / "flink.log").read_text()[-3000:])
+        assert set(runs_seen) == set(expected)
+        (nan_run,) = [r for r in expected if r.startswith("dist_nan_one_rank")]
+        (nan,) = [i for i in incidents.values() if i["run_id"] == nan_run and not i["explained_by"]]
+        assert nan["lead_rank"] == BY_NAME["dist_nan_one_rank"].lead_rank
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM) if proc is procs[-1] and len(procs) > 1 \
+                        else proc.send_signal(signal.SIGTERM)
+                except OSError:
+                    pass
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        broker.stop(kill=True)
