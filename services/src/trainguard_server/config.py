@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     tick_interval_s: float = Field(1.0, description="how often processing-time timers run")
     detection_overrides: str = Field(
         "", description='JSON object of DetectionSettings overrides, e.g. {"stall_min_s": 5}')
+    processor_runtime: Literal["embedded", "flink"] = Field(
+        "embedded", description="embedded: the processor runs the pipeline; flink: the Flink job runs it "
+        "(python -m trainguard_server.processor.flink_main --kafka) and the processor stores raw context and "
+        "metric points from the ingest topic and the job's results from kafka_results_topic (needs "
+        "queue=kafka)")
 
     roles: str = Field(
         "gateway,processor,api", description="what this process runs: any of gateway (gRPC + HTTP ingest), "
@@ -105,6 +110,9 @@ class Settings(BaseSettings):
         -1, description="replication factor of created topics (-1: the broker's default.replication.factor)")
     kafka_retention_ms: int = Field(7 * 86400 * 1000, description="retention.ms of created topics")
     kafka_group_id: str = Field("trainguard-processor", description="the processors' consumer group")
+    kafka_results_topic: str = Field(
+        "trainguard.results", description="processor_runtime=flink: the Flink job's results (JSON upserts); "
+        "one partition keeps each record's updates in order (created if absent)")
     kafka_session_timeout_ms: int = Field(10_000, description="consumer group session timeout")
     kafka_delivery_timeout_s: float = Field(
         30.0, description="longest a publish waits for the brokers' acknowledgement before failing (503)")

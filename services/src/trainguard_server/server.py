@@ -71,12 +71,15 @@ class EmbeddedServer:
         detection = DetectionSettings.from_overrides(json.loads(s.detection_overrides or "{}"))
         self.gateway = Gateway(self.queue, self.stores.projects, s) if "gateway" in roles else None
         gateway = self.gateway
-        self.processor = EmbeddedProcessor(self.queue, self.stores.events, self.stores.metrics,
-                                           self.stores.incidents, detection, batch=s.processor_batch,
-                                           snapshot_every_s=s.snapshot_every_s,
-                                           tick_interval_s=s.tick_interval_s,
-                                           yield_to=(lambda: gateway.busy) if gateway is not None else None
-                                           ) if "processor" in roles else None
+        self.processor: Optional[EmbeddedProcessor] = None
+        if "processor" in roles and s.processor_runtime == "flink":
+            self.processor = self._flink_stores()
+        elif "processor" in roles:
+            self.processor = EmbeddedProcessor(
+                self.queue, self.stores.events, self.stores.metrics, self.stores.incidents, detection,
+                batch=s.processor_batch, snapshot_every_s=s.snapshot_every_s,
+                tick_interval_s=s.tick_interval_s,
+                yield_to=(lambda: gateway.busy) if gateway is not None else None)
         # ingest threads and the processor share one interpreter: switch often so an ingest request
         # waiting for the GIL is not held for the default 5 ms at every hand-over
         sys.setswitchinterval(0.0005)
@@ -105,6 +108,21 @@ class EmbeddedServer:
         self._http_thread.start()
         while not self._uvicorn.started and self._http_thread.is_alive():
             self._stopped.wait(0.02)
+
+    def _flink_stores(self) -> EmbeddedProcessor:
+        """``processor_runtime=flink``: the Flink job runs the pipeline; this stores (flink_stores.py)."""
+        s = self.settings
+        if s.queue != "kafka":
+            raise ValueError("TRAINGUARD_PROCESSOR_RUNTIME=flink needs TRAINGUARD_QUEUE=kafka (the job reads "
+                             "the gateway's topic)")
+        from .processor.flink_stores import FlinkStoresProcessor, open_results_queue
+
+        results = open_results_queue(s.kafka_bootstrap_servers, s.kafka_results_topic, s.kafka_group_id,
+                                     json.loads(s.kafka_client_config or "{}"), s.kafka_session_timeout_ms,
+                                     s.kafka_create_topics)
+        return FlinkStoresProcessor(self.queue, results, self.stores.events, self.stores.metrics,
+                                    self.stores.incidents, batch=s.processor_batch,
+                                    snapshot_every_s=s.snapshot_every_s)
 
     def stop(self, drain: bool = True) -> None:
         """Stop accepting, drain what was acknowledged, checkpoint, close. Idempotent."""

@@ -1,8 +1,10 @@
 """The production Flink path end to end (issue 5): recorded runs sent to a real ``trainguard gateway`` over
 HTTP → the gateway's Kafka topic (Tansu) → the Flink job on a local mini-cluster reading it with Flink's
 Kafka connector (flink-connector-kafka 4.0.1-2.0, tools/flink_jars.py) → JSON upserts on a results topic
-(Flink's KafkaSink) → read here. Every run ends with exactly its corpus verdict, and only the runs sent
-appear. The job runs unbounded, as in production, with processing-time ticks; the test stops it."""
+(Flink's KafkaSink) → ``trainguard processor`` with ``TRAINGUARD_PROCESSOR_RUNTIME=flink`` storing them
+(and the raw context from the ingest topic) → the stores. Every run ends with exactly its corpus verdict,
+every raw-context event is stored, and only the runs sent appear. The job runs unbounded, as in
+production, with processing-time ticks; the test stops it."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List
 
-from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.scenarios.corpus import BY_NAME, retimed
@@ -23,6 +24,7 @@ from tests.support.kafka import Tansu, free_port
 from tests.support.processes import bootstrap_tokens, healthy, start_role
 from tests.support.waiting import poll
 from trainguard.transport.http import HttpTransport
+from trainguard_server.storage.sqlite import open_sqlite_stores
 
 REPO = Path(__file__).resolve().parents[3]
 FLINK_PYTHON = Path(os.environ.get("TRAINGUARD_FLINK_PYTHON", REPO / ".venv-flink" / "bin" / "python"))
@@ -48,6 +50,7 @@ def test_gateway_kafka_flink_kafka_yields_every_runs_verdict(tmp_path: Path) -> 
         tokens: Dict[str, Any] = poll(lambda: bootstrap_tokens(tmp_path / "data"), 30) or {}
         assert tokens
         expected: Dict[str, Any] = {}
+        raw_ids: List[str] = []
         sender = HttpTransport(f"http://127.0.0.1:{port}", tokens["ingest"], "trainguard-test")
         for name in RUNS:
             events = retimed(BY_NAME[name].events(), time.time_ns() - 10**9)
@@ -57,6 +60,7 @@ def test_gateway_kafka_flink_kafka_yields_every_runs_verdict(tmp_path: Path) -> 
             for i in range(0, len(events), 50):
                 assert not sender.send(events[i:i + 50], 30.0).rejected
             expected[run_id] = BY_NAME[name].expected
+            raw_ids += [e["event_id"] for e in events if "exception" in e or "lifecycle" in e or "log" in e]
         sender.close()
 
         flink_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "sdk" / "src"),
@@ -70,50 +74,43 @@ def test_gateway_kafka_flink_kafka_yields_every_runs_verdict(tmp_path: Path) -> 
             text=True, start_new_session=True)
         procs.append(flink)
 
-        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
-                             "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
-        consumer.subscribe([results])
-        incidents: Dict[str, Dict[str, Any]] = {}
-        runs_seen: Dict[str, Dict[str, Any]] = {}
-        deadline = time.monotonic() + DEADLINE_S
+        stores_env = dict(env, TRAINGUARD_PROCESSOR_RUNTIME="flink", TRAINGUARD_KAFKA_RESULTS_TOPIC=results,
+                          TRAINGUARD_KAFKA_CLIENT_CONFIG=json.dumps({"fetch.wait.max.ms": 10}))
+        procs.insert(0, start_role("processor", stores_env, tmp_path / "processor.log"))
 
         def verdicts() -> Dict[str, List[Any]]:
-            found: Dict[str, List[Any]] = {run_id: [] for run_id in expected}
-            for inc in incidents.values():
-                if not inc["explained_by"] and inc["run_id"] in found:
-                    found[inc["run_id"]].append((inc["category"], inc["subtype"]))
-            return found
+            stores = open_sqlite_stores(tmp_path / "data")
+            try:
+                return {run_id: sorted((i.category, i.subtype) for i in stores.incidents.list_incidents(
+                    tokens["project"], run_id=run_id).items if not i.explained_by) for run_id in expected}
+            finally:
+                stores.close()
 
         def settled() -> bool:
-            found = verdicts()
-            return set(runs_seen) >= set(expected) and all(
-                found[r] == ([k] if k else []) for r, k in expected.items())
+            assert flink.poll() is None, (tmp_path / "flink.log").read_text()[-4000:]
+            return verdicts() == {r: ([k] if k else []) for r, k in expected.items()}
 
+        assert poll(settled, DEADLINE_S, interval=0.5), (
+            verdicts(), (tmp_path / "processor.log").read_text()[-2000:], (tmp_path / "flink.log").read_text()[-3000:])
+        stores = open_sqlite_stores(tmp_path / "data")
         try:
-            while time.monotonic() < deadline and not settled():
-                assert flink.poll() is None, (tmp_path / "flink.log").read_text()[-4000:]
-                msg = consumer.poll(0.5)
-                if msg is None or msg.error():
-                    continue
-                line = json.loads(msg.value())
-                record = line["record"]
-                if line["kind"] == "incident":
-                    incidents[record["incident_id"]] = record
-                elif line["kind"] == "run":
-                    runs_seen[record["run_id"]] = record
+            runs = {r.run_id: r for r in stores.incidents.list_runs(tokens["project"], limit=100).items}
+            assert set(runs) == set(expected)
+            (nan_run,) = [r for r in expected if r.startswith("dist_nan_one_rank")]
+            (nan,) = [i for i in stores.incidents.list_incidents(tokens["project"], run_id=nan_run).items
+                      if not i.explained_by]
+            assert nan.lead_rank == BY_NAME["dist_nan_one_rank"].lead_rank
+            assert poll(lambda: all(stores.events.get(tokens["project"], e) is not None for e in raw_ids), 60)
         finally:
-            consumer.close()
-        assert settled(), (verdicts(), sorted(runs_seen), (tmp_path / "flink.log").read_text()[-3000:])
-        assert set(runs_seen) == set(expected)
-        (nan_run,) = [r for r in expected if r.startswith("dist_nan_one_rank")]
-        (nan,) = [i for i in incidents.values() if i["run_id"] == nan_run and not i["explained_by"]]
-        assert nan["lead_rank"] == BY_NAME["dist_nan_one_rank"].lead_rank
+            stores.close()
     finally:
         for proc in procs:
             if proc.poll() is None:
                 try:
-                    os.killpg(proc.pid, signal.SIGTERM) if proc is procs[-1] and len(procs) > 1 \
-                        else proc.send_signal(signal.SIGTERM)
+                    if proc.args[0] == str(FLINK_PYTHON):  # the job and its mini-cluster's workers
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    else:
+                        proc.send_signal(signal.SIGTERM)
                 except OSError:
                     pass
         for proc in procs:

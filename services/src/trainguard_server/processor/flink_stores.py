@@ -1,0 +1,107 @@
+"""The stores' side of the Flink runtime (``TRAINGUARD_PROCESSOR_RUNTIME=flink``): what the processor does
+when the Flink job (flink_job.py, run by ``flink_main --kafka``) runs the pipeline.
+
+* From the **ingest topic** (the processors' consumer group, as the embedded processor reads it): raw
+  context to the event store and metric points to the metric store -- exactly what the embedded processor
+  stores (the same code) -- and nothing else: no pipeline.
+* From the **results topic** (the job's JSON upserts, :mod:`.flink_stages`): runs, incidents and clusters
+  into the incident store (:func:`apply_results`). Upserts are idempotent, so at-least-once delivery (the
+  job's sink, a restart here) is harmless; one partition keeps each record's updates in order.
+
+Each record is committed only after what it carries is stored (a store unavailable: the round is retried,
+as in the embedded processor).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Dict, List, Optional, Sequence
+
+from trainguard import wire
+from trainguard.core.pipeline import PipelineOutput
+from trainguard.core.records import Cluster, Incident, RunRecord
+from trainguard.v1 import ingest_pb2
+
+from ..queue.base import Queue, QueueRecord
+from ..storage.base import EventStore, IncidentStore, MetricStore
+from .embedded import EmbeddedProcessor
+
+log = logging.getLogger("trainguard.processor.flink")
+
+
+def parse_results(values: Sequence[bytes]) -> PipelineOutput:
+    """The job's result lines as records (the latest of each id wins); undecodable lines are skipped."""
+    runs: Dict[str, RunRecord] = {}
+    incidents: Dict[str, Incident] = {}
+    clusters: Dict[str, Cluster] = {}
+    for value in values:
+        try:
+            line = json.loads(value)
+            kind, record = line["kind"], line["record"]
+            if kind == "run":
+                runs[json.dumps([record["project"], record["run_id"]])] = RunRecord.from_dict(record)
+            elif kind == "incident":
+                incidents[record["incident_id"]] = Incident.from_dict(record)
+            elif kind == "cluster":
+                clusters[json.dumps([record["project"], record["fingerprint"]])] = Cluster.from_dict(record)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("undecodable result record: %s", exc)
+    return PipelineOutput(runs=list(runs.values()), incidents=list(incidents.values()),
+                          clusters=list(clusters.values()))
+
+
+class FlinkStoresProcessor(EmbeddedProcessor):
+    """The embedded processor's loop without its pipeline, plus the Flink job's results (module doc)."""
+
+    def __init__(self, queue: Queue, results: Queue, events: EventStore, metrics: MetricStore,
+                 incidents: IncidentStore, *, batch: int = 256, snapshot_every_s: float = 5.0) -> None:
+        super().__init__(queue, events, metrics, incidents, batch=batch, snapshot_every_s=snapshot_every_s,
+                         tick_interval_s=1e15)  # no timers: the job decides
+        self.results = results
+        self.results_applied = 0
+
+    def _process(self, records: Sequence[QueueRecord]) -> None:
+        envelopes: List[Dict[str, Any]] = []
+        for record in records:
+            try:
+                request = ingest_pb2.IngestRequest.FromString(record.value)
+                envelopes.extend(wire.envelope_to_dict(ev) for ev in request.events)
+            except Exception as exc:
+                self.stats.undecodable += 1
+                log.error("undecodable queue record %s/%s: %s", record.partition, record.offset, exc)
+        self._store_raw(envelopes)
+        self.stats.records += len(records)
+        self.stats.events += len(envelopes)
+        self._uncommitted.extend(records)
+
+    def _checkpoint_locked(self) -> None:  # no pipeline state to save: commit what was stored
+        if self._uncommitted:
+            self.queue.commit(self._uncommitted)
+            self._uncommitted = []
+        self.stats.snapshots += 1
+
+    def run_once(self, timeout: float) -> int:
+        done = super().run_once(timeout=min(timeout, 0.05))
+        results = self.results.consume(self.batch, 0.0 if done else timeout)
+        if results:
+            out = parse_results([r.value for r in results])
+            with self._lock:
+                self._apply(out)
+            self.results.commit(results)
+            self.results_applied += len(results)
+        return done + len(results)
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
+        super().stop(drain=drain, timeout=timeout)
+        self.results.close()
+
+
+def open_results_queue(bootstrap: str, topic: str, group_id: str, client_config: Optional[Dict[str, Any]],
+                       session_timeout_ms: int, create_topics: bool) -> Queue:
+    """The results topic as a queue this processor consumes (values are JSON lines: no validation)."""
+    from ..queue.kafka import KafkaQueue
+
+    return KafkaQueue(bootstrap, topic, group_id=f"{group_id}.results", partitions=1,
+                      session_timeout_ms=session_timeout_ms, client_config=client_config or {},
+                      create_topics=create_topics, consume=True)
