@@ -20,13 +20,17 @@ from trainguard_server.config import Settings
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: Dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: Dict[str, Any] = COMPOSE["services"]
-TRAINGUARD = {name for name, svc in SERVICES.items() if "build" in svc}
+TRAINGUARD = {name for name, svc in SERVICES.items() if svc.get("build", {}).get("dockerfile") == "deploy/Dockerfile"}
+FLINK = {name for name, svc in SERVICES.items()
+         if svc.get("build", {}).get("dockerfile") == "deploy/flink/Dockerfile"}
 DOCKERFILE = (ROOT / "deploy" / "Dockerfile").read_text()
+FLINK_DOCKERFILE = (ROOT / "deploy" / "flink" / "Dockerfile").read_text()
 
 
 def test_the_stack_has_the_designs_parts() -> None:
     assert {"kafka", "elasticsearch", "clickhouse"} <= set(SERVICES)
     assert TRAINGUARD == {"gateway", "processor", "api"}
+    assert FLINK == {"flink-jobmanager", "flink-taskmanager"}
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -61,8 +65,11 @@ def test_trainguard_services_run_real_commands_with_real_settings(name: str, mon
     for key, value in env.items():
         assert key.startswith("TRAINGUARD_") and key[len("TRAINGUARD_"):].lower() in fields, key
         monkeypatch.setenv(key, str(value))
+    if getattr(args, "processor_runtime", None):
+        monkeypatch.setenv("TRAINGUARD_PROCESSOR_RUNTIME", args.processor_runtime)
     settings = Settings()  # validates every value (types, literals)
     assert (settings.queue, settings.event_store, settings.metric_store) == ("kafka", "elasticsearch", "clickhouse")
+    assert settings.processor_runtime == "flink"
     host_of = {"kafka": settings.kafka_bootstrap_servers, "elasticsearch": settings.elasticsearch_hosts,
                "clickhouse": settings.clickhouse_url}
     for dep, address in host_of.items():
@@ -86,3 +93,28 @@ def test_the_dockerfile_installs_what_exists() -> None:
     scripts = tomllib.loads((ROOT / "services" / "pyproject.toml").read_text())["project"]["scripts"]
     assert 'ENTRYPOINT ["trainguard"]' in DOCKERFILE and "trainguard" in scripts
     assert re.search(r"^FROM python:3\.11[\w.-]*$", DOCKERFILE, re.M)
+
+
+def test_the_flink_job_runs_our_job_with_its_real_arguments_against_the_stacks_topics() -> None:
+    from trainguard_server.processor.flink_main import build_parser as job_parser
+
+    command = SERVICES["flink-jobmanager"]["command"]
+    assert command[:3] == ["standalone-job", "-pym", "trainguard_server.processor.flink_main"]
+    job = job_parser().parse_args(command[3:])
+    env = SERVICES["processor"]["environment"]
+    assert job.kafka == env["TRAINGUARD_KAFKA_BOOTSTRAP_SERVERS"] and job.topic == env["TRAINGUARD_KAFKA_TOPIC"]
+    assert job.results_topic == env["TRAINGUARD_KAFKA_RESULTS_TOPIC"]
+    assert str(job.jars) == "/opt/flink/lib"  # where the image puts the connector jars
+    assert SERVICES["flink-taskmanager"]["command"] == ["taskmanager"]
+    props = yaml.safe_load(SERVICES["flink-jobmanager"]["environment"]["FLINK_PROPERTIES"])
+    assert props["jobmanager.rpc.address"] == "flink-jobmanager" and props["parallelism.default"] >= job.parallelism
+
+
+def test_the_flink_dockerfile_installs_the_pinned_flink_and_connector() -> None:
+    image = re.search(r"^FROM flink:(\S+)$", FLINK_DOCKERFILE, re.M)
+    pinned = [line for line in (ROOT / "requirements" / "flink.txt").read_text().splitlines()
+              if line.startswith("apache-flink==")]
+    assert image and pinned and image.group(1).startswith(pinned[0].split("==")[1]), (image, pinned)
+    copies = re.findall(r"^COPY ((?:\S+ )+)\S+$", FLINK_DOCKERFILE, re.M)
+    assert copies and all((ROOT / c).exists() for group in copies for c in group.split()), copies
+    assert "tools/flink_jars.py /opt/flink/lib" in FLINK_DOCKERFILE

@@ -17,7 +17,9 @@ def _settings(args: argparse.Namespace) -> Settings:
                                    "host": getattr(args, "host", None),
                                    "http_port": getattr(args, "http_port", None),
                                    "grpc_port": getattr(args, "grpc_port", None),
-                                   "roles": getattr(args, "roles", None)}.items() if v is not None}
+                                   "roles": getattr(args, "roles", None),
+                                   "processor_runtime": getattr(args, "processor_runtime", None)}.items()
+                 if v is not None}
     return Settings(**overrides)
 
 
@@ -269,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
             one.add_argument("--http-port", type=int, help="HTTP port (TRAINGUARD_HTTP_PORT)")
         if role == "gateway":
             one.add_argument("--grpc-port", type=int, help="gRPC ingest port (TRAINGUARD_GRPC_PORT)")
+        if role == "processor":
+            one.add_argument("--runtime", dest="processor_runtime", choices=["embedded", "flink"],
+                             help="embedded: run the pipeline here; flink: the Flink job runs it, this "
+                                  "stores its results (TRAINGUARD_PROCESSOR_RUNTIME)")
         one.set_defaults(func=cmd_serve, roles=role)
 
     demo = sub.add_parser("demo", help="start the embedded server and watch real failing trainings")

@@ -46,8 +46,10 @@ def read_records(path: Path) -> List[bytes]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (importable without PyFlink: deploy files are checked against it)."""
+    parser = argparse.ArgumentParser(prog="python -m trainguard_server.processor.flink_main",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=Path, help="bounded source: a records file")
     parser.add_argument("--out", type=Path, help="with --records: the results folder (JSON-line part files)")
@@ -64,6 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overrides", default=os.environ.get("TRAINGUARD_DETECTION_OVERRIDES", "{}"))
     parser.add_argument("--settle-s", type=float, default=None)
     parser.add_argument("--checkpoint-ms", type=int, default=1000)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
     if bool(ns.records) == bool(ns.kafka):
         parser.error("give --records FILE --out DIR, or --kafka BOOTSTRAP")
