@@ -113,15 +113,14 @@ class StuckSignalWatch:
 
     def stop(self) -> None:
         """Clear the wakeup fd if it is still ours (main thread) and close the pipe."""
-        if not self.active:
-            return
+        if not self.active or threading.current_thread() is not threading.main_thread():
+            return  # off the main thread the wakeup fd cannot be cleared, so the pipe must stay open
         try:
-            if threading.current_thread() is threading.main_thread():
-                current = signal.set_wakeup_fd(-1)
-                if current not in (-1, self._write_fd):
-                    signal.set_wakeup_fd(current)
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, self._write_fd):
+                signal.set_wakeup_fd(current)
         except (ValueError, OSError):
-            pass
+            return
         self._close()
 
     def _close(self) -> None:
@@ -135,11 +134,13 @@ class StuckSignalWatch:
         self._read_fd = self._write_fd = -1
 
     def forget_in_child(self) -> None:
-        """In a forked child: the parent's pipe and thread are not ours; signals stay the child's."""
+        """In a forked child: the parent's pipe and thread are not ours; signals stay the child's. The
+        pipe is closed only once Python no longer writes to it (a closed fd number could be reused)."""
         try:
             signal.set_wakeup_fd(-1)
         except (ValueError, OSError):
-            pass
+            _ACTIVE.discard(self)
+            return
         self._close()
         self._thread = None
 

@@ -74,18 +74,24 @@ class _RunFunction(KeyedProcessFunction):  # type: ignore[misc]
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Iterable[str]:
         if timestamp == self.tick.value():  # the processing-time tick of a live deployment
-            now_ns = time.time_ns()
-            next_tick = ctx.timer_service().current_processing_time() + self.tick_ms
-            ctx.timer_service().register_processing_time_timer(next_tick)
-            self.tick.update(next_tick)
-        elif timestamp == self.timer.value():
-            now_ns = timestamp * 1_000_000
+            state, lines = self.stage.on_timer(self.pipeline.value(), time.time_ns())
+            if state.pipeline.runs():
+                next_tick = ctx.timer_service().current_processing_time() + self.tick_ms
+                ctx.timer_service().register_processing_time_timer(next_tick)
+                self.tick.update(next_tick)
+                self.pipeline.update(state)
+            else:  # the run was evicted (past its TTL; its records stay in the stores): forget the key
+                self.pipeline.clear()
+                self.tick.clear()
+                if self.timer.value() is not None:
+                    ctx.timer_service().delete_event_time_timer(self.timer.value())
+                    self.timer.clear()
+            yield from lines
+        elif timestamp == self.timer.value():  # the settle time after the run's last event
             self.timer.clear()
-        else:
-            return
-        state, lines = self.stage.on_timer(self.pipeline.value(), now_ns)
-        self.pipeline.update(state)
-        yield from lines
+            state, lines = self.stage.on_timer(self.pipeline.value(), timestamp * 1_000_000)
+            self.pipeline.update(state)
+            yield from lines
 
 
 class _ClusterFunction(KeyedProcessFunction):  # type: ignore[misc]
