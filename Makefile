@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 FLINK_VENV := .venv-flink
 FLINK_STAMP := $(FLINK_VENV)/.installed
+ASSETS := services/src/trainguard_server/dashboard/static/vendor/echarts.min.js
+BROWSER_STAMP := $(VENV)/.browser
 
 .PHONY: install demo test lint typecheck proto bench clean
 
@@ -21,12 +23,21 @@ $(FLINK_STAMP): requirements/flink.txt requirements/flink-connectors.txt tools/f
 	$(FLINK_VENV)/bin/python tools/flink_jars.py $(FLINK_VENV)/jars  # Kafka connector jars, see the file
 	touch $(FLINK_STAMP)
 
-install: $(STAMP) $(FLINK_STAMP)  ## .venv: the SDK (editable), torch (CPU), test tools; .venv-flink: PyFlink
+$(ASSETS): tools/fetch_assets.py
+	$(PY) tools/fetch_assets.py  # the dashboard's charting library, from the npm registry (served locally)
+
+$(BROWSER_STAMP): $(STAMP)
+	# the browser tests drive Debian's Chromium through its chromedriver (no browser download)
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+	touch $(BROWSER_STAMP)
+
+install: $(STAMP) $(FLINK_STAMP) $(ASSETS)  ## .venv: the SDK (editable), torch (CPU), test tools; .venv-flink: PyFlink; dashboard assets
 
 demo: install  ## the main job on the embedded default: server + real trainings going wrong
 	$(BIN)/trainguard demo
 
-test: install  ## the whole suite: lint, types, tests
+test: install $(BROWSER_STAMP)  ## the whole suite: lint, types, tests
 	$(BIN)/ruff check sdk services tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q

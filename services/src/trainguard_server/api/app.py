@@ -1,4 +1,5 @@
-"""The FastAPI application: query API, HTTP ingest, health, OpenAPI at /openapi.json and /docs."""
+"""The FastAPI application: query API, HTTP ingest, health, OpenAPI at /openapi.json and /docs, and the web
+dashboard at /ui/."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
-from .. import __version__
+from .. import __version__, dashboard
 from .deps import Services
 from .routes import clusters, health, incidents, runs, search
 
@@ -33,4 +34,5 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
         app.include_router(module.router)
     if ingest_router is not None:
         app.include_router(ingest_router)  # type: ignore[arg-type]
+    dashboard.mount(app)
     return app

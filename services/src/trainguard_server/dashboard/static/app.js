@@ -1,0 +1,209 @@
+// TrainGuard dashboard: a single page over the query API (/api/v1). Hash routes:
+//   #/runs[?status=…]      runs, most recently active first
+//   #/runs/<run id>        the run: incidents and plots of its metrics (every rank), incident onsets marked
+//   #/incidents/<id>       an incident: summary, hypotheses, checklist, evidence (plotted), timeline
+//   #/search?q=…           full-text search over raw context (tracebacks, logs)
+// The read token is asked for once and kept in localStorage; every request sends it as a bearer token.
+"use strict";
+
+const TOKEN_KEY = "trainguard.readToken";
+const view = document.getElementById("view");
+const REFRESH_MS = 5000;           // a live run's page refreshes its data this often
+const MAX_POINTS = 600;            // buckets per series asked of the API (server-side downsampling keeps spikes)
+const PLOTTED = [                  // the metrics a run page plots first, when the run has them
+  "loss", "grad/global_norm", "lr", "grad/clip_rate", "amp/scale", "mem/allocated", "mem/reserved",
+  "mem/fragmentation", "time/step_s",
+];
+let refreshTimer = null;
+const charts = [];
+
+// ---------------------------------------------------------------------------------------------- api
+class AuthError extends Error {}
+
+async function api(path) {
+  const token = localStorage.getItem(TOKEN_KEY);
+  if (!token) throw new AuthError("no token");
+  const res = await fetch(path, { headers: { Authorization: `Bearer ${token}` } });
+  if (res.status === 401 || res.status === 403) throw new AuthError((await res.json()).detail || res.statusText);
+  if (!res.ok) throw new Error(`${res.status}: ${(await res.json().catch(() => ({}))).detail || res.statusText}`);
+  return res.json();
+}
+
+function askToken(message) {
+  const dialog = document.getElementById("login");
+  document.getElementById("login-error").textContent = message || "";
+  if (!dialog.open) dialog.showModal();
+}
+
+document.getElementById("login-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  localStorage.setItem(TOKEN_KEY, document.getElementById("token").value.trim());
+  document.getElementById("login").close();
+  route();
+});
+document.getElementById("logout").addEventListener("click", () => { localStorage.removeItem(TOKEN_KEY); route(); });
+document.getElementById("search-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  location.hash = `#/search?q=${encodeURIComponent(document.getElementById("search-box").value)}`;
+});
+
+// ---------------------------------------------------------------------------------------------- helpers
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+const when = (ns) => (ns ? new Date(ns / 1e6).toLocaleString() : "—");
+const pill = (text) => `<span class="pill ${esc(text)}">${esc(text)}</span>`;
+const num = (v) => (typeof v === "number" ? v : v === "NaN" ? NaN : v === "Infinity" ? Infinity : v === "-Infinity" ? -Infinity : Number(v));
+
+function clearPage() {
+  if (refreshTimer) { clearInterval(refreshTimer); refreshTimer = null; }
+  while (charts.length) charts.pop().dispose();
+}
+
+function chart(el, title, series, markers) {
+  if (typeof echarts === "undefined") { el.innerHTML = '<p class="error">charting library missing (tools/fetch_assets.py)</p>'; return null; }
+  const c = echarts.init(el, null, { renderer: "canvas" });
+  charts.push(c);
+  // a series that spans orders of magnitude (an explosion) is read on a log axis, or its start is flat
+  const ys = series.flatMap((s) => s.data.map((p) => p[1])).filter((y) => Number.isFinite(y));
+  const logScale = ys.length > 0 && ys.every((y) => y > 0) && Math.max(...ys) / Math.min(...ys) > 1e3;
+  const marks = markers.map((m) => ({ xAxis: m.step, name: m.label, lineStyle: { color: m.color, type: "dashed" }, label: { formatter: m.label, color: m.color } }));
+  c.setOption({
+    animation: false,
+    title: { text: title, textStyle: { fontSize: 13 } },
+    tooltip: { trigger: "axis" },
+    legend: { top: 0, right: 0, type: "scroll", width: "60%" },
+    grid: { left: 60, right: 20, top: 36, bottom: 30 },
+    xAxis: { type: "value", name: "step", min: "dataMin", max: "dataMax" },
+    yAxis: logScale ? { type: "log", name: "log" } : { type: "value", scale: true },
+    dataZoom: [{ type: "inside" }],
+    series: series.map((s, i) => ({
+      name: s.name, type: "line", showSymbol: false, sampling: "lttb", data: s.data,
+      ...(i === 0 && marks.length ? { markLine: { symbol: "none", data: marks } } : {}),
+    })),
+  });
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------- pages
+async function runsPage(params) {
+  const status = params.get("status") || "";
+  const page = await api(`/api/v1/runs?limit=200${status ? `&status=${encodeURIComponent(status)}` : ""}`);
+  const options = ["", "running", "finished", "failed", "stalled", "lost"]
+    .map((s) => `<option value="${s}" ${s === status ? "selected" : ""}>${s || "any status"}</option>`).join("");
+  view.innerHTML = `<h1>Runs</h1>
+    <div class="filters"><label>Status <select id="status">${options}</select></label>
+      <span class="muted">${page.items.length} run(s)</span></div>
+    <table id="runs"><thead><tr><th>Run</th><th>Status</th><th>Health</th><th>Last step</th><th>Open incidents</th>
+      <th>Ranks</th><th>Last event</th></tr></thead><tbody>
+    ${page.items.map((r) => `<tr><td><a class="run-link" href="#/runs/${encodeURIComponent(r.run_id)}">${esc(r.run_name || r.run_id)}</a>
+        <div class="muted">${esc(r.run_id)}</div></td><td>${pill(r.status)}</td><td>${pill(r.health)}</td>
+        <td>${r.last_step}</td><td>${r.open_incidents}</td><td>${r.world_size}</td><td>${when(r.last_event_ns)}</td></tr>`).join("")}
+    </tbody></table>`;
+  document.getElementById("status").addEventListener("change", (ev) => {
+    location.hash = ev.target.value ? `#/runs?status=${ev.target.value}` : "#/runs";
+  });
+}
+
+async function runPage(runId, params) {
+  const enc = encodeURIComponent(runId);
+  const [run, incidents, summary] = await Promise.all([
+    api(`/api/v1/runs/${enc}`), api(`/api/v1/runs/${enc}/incidents?limit=200`), api(`/api/v1/runs/${enc}/metrics/summary`),
+  ]);
+  const rankFilter = params.get("rank");
+  const names = summary.map((s) => s.name);
+  const plotted = PLOTTED.filter((n) => names.includes(n))
+    .concat(names.filter((n) => !PLOTTED.includes(n) && !n.startsWith("grad/layer/") && !n.startsWith("trainguard/")).slice(0, 6));
+  const markers = incidents.items.filter((i) => !i.explained_by && i.first_step >= 0)
+    .map((i) => ({ step: i.first_step, label: `${i.category}/${i.subtype}`, color: i.severity === "critical" ? "#b42318" : "#d92d20" }));
+  const ranks = run.ranks.length ? run.ranks : [0];
+  view.innerHTML = `<h1>${esc(run.run_name || run.run_id)} ${pill(run.status)} ${pill(run.health)}</h1>
+    <div class="muted">${esc(run.run_id)} · ${run.world_size} rank(s) · last step ${run.last_step} · last event ${when(run.last_event_ns)}</div>
+    <h2>Incidents</h2>
+    ${incidents.items.length ? `<table id="incidents"><thead><tr><th>Incident</th><th>Severity</th><th>Status</th><th>From step</th><th>Lead rank</th></tr></thead><tbody>
+      ${incidents.items.filter((i) => !i.explained_by).map((i) => `<tr><td><a class="incident-link" href="#/incidents/${encodeURIComponent(i.incident_id)}">${esc(i.title)}</a>
+        <div class="muted">${esc(i.category)}/${esc(i.subtype)}</div></td><td>${pill(i.severity)}</td><td>${pill(i.status)}</td>
+        <td>${i.first_step}</td><td>${i.lead_rank}</td></tr>`).join("")}</tbody></table>` : '<p class="muted">None.</p>'}
+    <div class="filters"><label>Rank <select id="rank"><option value="">every rank (overlay)</option>
+      ${ranks.map((r) => `<option value="${r}" ${String(r) === rankFilter ? "selected" : ""}>rank ${r}</option>`).join("")}</select></label>
+      <span class="muted">plots refresh every ${REFRESH_MS / 1000} s while the run is live</span></div>
+    <div class="cards">${plotted.map((n, i) => `<div class="card"><div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")}</div>`;
+  document.getElementById("rank").addEventListener("change", (ev) => {
+    location.hash = `#/runs/${enc}${ev.target.value ? `?rank=${ev.target.value}` : ""}`;
+  });
+  const draw = async () => {
+    if (!plotted.length) return;
+    const q = `names=${encodeURIComponent(plotted.join(","))}&max_points=${MAX_POINTS}${rankFilter ? `&rank=${rankFilter}` : ""}`;
+    const data = await api(`/api/v1/runs/${enc}/metrics?${q}`);
+    while (charts.length) charts.pop().dispose();
+    plotted.forEach((name, i) => {
+      const byRank = data.series[name] || {};
+      const series = [];
+      for (const [rank, buckets] of Object.entries(byRank)) {
+        series.push({ name: `rank ${rank}`, data: buckets.map((b) => [b.step_end, num(b.max)]) });
+      }
+      chart(document.getElementById(`chart-${i}`), name, series, markers);
+    });
+  };
+  await draw();
+  if (run.status === "running") refreshTimer = setInterval(() => draw().catch(() => {}), REFRESH_MS);
+}
+
+async function incidentPage(incidentId) {
+  const inc = await api(`/api/v1/incidents/${encodeURIComponent(incidentId)}`);
+  const evidenceRows = inc.evidence.map((e) => `<li><b>${esc(e.rule)}</b> <span class="muted">rank ${e.rank}, step ${e.step}</span><br>${esc(e.description)}</li>`).join("");
+  const hypotheses = (inc.hypotheses || []).map((h) => `<li><b>${Math.round(100 * h.confidence)}%</b> ${esc(h.cause)}
+      <div class="muted">${(h.why || []).map(esc).join("; ")}</div></li>`).join("");
+  view.innerHTML = `<h1 id="incident-title">${esc(inc.title)}</h1>
+    <div>${pill(inc.severity)} ${pill(inc.status)} <span class="muted">${esc(inc.category)}/${esc(inc.subtype)} ·
+      run <a href="#/runs/${encodeURIComponent(inc.run_id)}">${esc(inc.run_id)}</a></span></div>
+    <h2>Summary</h2><p id="incident-summary">${esc(inc.summary)}</p>
+    <div class="kv"><span class="muted">began</span><span>step ${inc.first_step}, ${when(inc.first_ns)}</span>
+      <span class="muted">lead rank</span><span>${inc.lead_rank} (ranks ${inc.ranks.join(", ")})</span>
+      <span class="muted">consequences</span><span>${(inc.consequences || []).map(esc).join("; ") || "—"}</span>
+      <span class="muted">fingerprint</span><span>${esc(inc.fingerprint || "—")}</span></div>
+    <div class="card"><div class="chart wide" id="evidence-chart"></div></div>
+    <h2>Root-cause hypotheses</h2><ol id="hypotheses">${hypotheses || '<li class="muted">none</li>'}</ol>
+    <h2>What to check first</h2><ol id="checks">${inc.checks.map((c) => `<li>${esc(c)}</li>`).join("")}</ol>
+    <h2>Evidence</h2><ul class="plain" id="evidence">${evidenceRows}</ul>
+    <h2>Timeline</h2><ul class="plain">${inc.timeline.map((t) => `<li><span class="muted">${when(t.time_ns)} · step ${t.step} · rank ${t.rank}</span> ${esc(t.what)}</li>`).join("")}</ul>`;
+  // the evidence window: the run's loss and gradient norm around the onset
+  const lo = Math.max(0, inc.first_step - 100), hi = Math.max(inc.last_step, inc.first_step) + 20;
+  const data = await api(`/api/v1/runs/${encodeURIComponent(inc.run_id)}/metrics?names=loss,grad/global_norm&start_step=${lo}&end_step=${hi}&max_points=${MAX_POINTS}`);
+  const series = [];
+  for (const [name, byRank] of Object.entries(data.series)) {
+    for (const [rank, buckets] of Object.entries(byRank)) series.push({ name: `${name} (rank ${rank})`, data: buckets.map((b) => [b.step_end, num(b.max)]) });
+  }
+  chart(document.getElementById("evidence-chart"), "evidence window", series, inc.first_step >= 0 ? [{ step: inc.first_step, label: "onset", color: "#b42318" }] : []);
+}
+
+async function searchPage(params) {
+  const q = params.get("q") || "";
+  document.getElementById("search-box").value = q;
+  if (!q) { view.innerHTML = "<h1>Search</h1><p class='muted'>Type in the search box: exception types, messages, NCCL lines…</p>"; return; }
+  const page = await api(`/api/v1/search?q=${encodeURIComponent(q)}&limit=50`);
+  view.innerHTML = `<h1>Search: ${esc(q)}</h1><p class="muted">${page.items.length} hit(s)</p>
+    <ul class="plain" id="hits">${page.items.map((h) => `<li><a href="#/runs/${encodeURIComponent(h.event.run_id)}">${esc(h.event.run_id)}</a>
+      <span class="muted">rank ${h.event.rank} · step ${h.event.step} · ${esc(h.event.kind)} · ${when(h.event.time_ns)}</span>
+      <pre>${esc(h.event.text).slice(0, 4000)}</pre></li>`).join("")}</ul>`;
+}
+
+// ---------------------------------------------------------------------------------------------- router
+async function route() {
+  clearPage();
+  document.getElementById("logout").hidden = !localStorage.getItem(TOKEN_KEY);
+  const [path, query] = (location.hash.slice(1) || "/runs").split("?");
+  const params = new URLSearchParams(query || "");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  try {
+    if (parts[0] === "runs" && parts[1]) await runPage(parts[1], params);
+    else if (parts[0] === "incidents" && parts[1]) await incidentPage(parts[1]);
+    else if (parts[0] === "search") await searchPage(params);
+    else await runsPage(params);
+    view.dataset.loaded = location.hash || "#/runs";
+  } catch (err) {
+    if (err instanceof AuthError) { askToken(err.message === "no token" ? "" : err.message); return; }
+    view.innerHTML = `<p class="error">${esc(err.message)}</p>`;
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();

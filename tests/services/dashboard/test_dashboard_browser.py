@@ -1,0 +1,131 @@
+"""The dashboard in a real browser (issue 6): headless Chromium (Debian's package, driven through its
+chromedriver by Selenium) against a real ``trainguard serve`` fed by real torch trainings instrumented with
+the SDK -- one whose learning rate blows the loss up, one that crashes on a malformed batch. The walk: give
+the read token, load the runs list, open the run, see its plots drawn with data points and the incident
+marked at its onset, click through to the incident and its evidence (plotted), search for the traceback.
+
+With ``TRAINGUARD_SCREENSHOTS=<dir>`` the pages are also saved there (docs/screenshots/ comes from this).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, Tuple
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.services.e2e.serve_process import ServeProcess
+from tests.services.e2e.test_serve import _train
+from tests.support.waiting import poll
+
+WAIT_S = 30
+POINTS_JS = """
+const el = document.querySelector(arguments[0]);
+const c = el && window.echarts && echarts.getInstanceByDom(el);
+if (!c) return [0, 0];
+const o = c.getOption();
+const points = o.series.reduce((n, s) => n + s.data.filter(p => Number.isFinite(p[1])).length, 0);
+const marks = o.series.reduce((n, s) => n + ((s.markLine && s.markLine.data) || []).length, 0);
+return [points, marks];
+"""
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[ServeProcess, str, str]]:
+    server = ServeProcess(tmp_path_factory.mktemp("dashboard") / "data").start()
+    try:
+        diverging, crashing = "dashboard-diverging", "dashboard-crashing"
+        for kind, run_id, steps in (("diverging", diverging, 80), ("crashing", crashing, 30)):
+            proc = _train(kind, server.http_url, server.tokens["ingest"], run_id, steps=steps)
+            proc.communicate(timeout=120)
+        assert poll(lambda: server.get_or_none(f"/api/v1/runs/{diverging}/incidents", limit=5), 30)
+        assert poll(lambda: (server.get_or_none(f"/api/v1/runs/{crashing}/incidents") or {}).get("items"), 30)
+        yield server, diverging, crashing
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    options = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
+                "--disable-gpu"):
+        options.add_argument(arg)
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or
+                                                                "/usr/bin/chromedriver"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shot(driver: Any, name: str) -> None:
+    folder = os.environ.get("TRAINGUARD_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(folder) / f"{name}.png"))
+
+
+def loaded(driver: Any, hash_prefix: str) -> Any:
+    return WebDriverWait(driver, WAIT_S).until(
+        lambda d: (d.find_element(By.ID, "view").get_attribute("data-loaded") or "").startswith(hash_prefix))
+
+
+def test_runs_run_plots_incident_and_search(fed: Tuple[ServeProcess, str, str], browser: Any) -> None:
+    server, diverging, crashing = fed
+    browser.get(server.http_url + "/ui/")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "token").is_displayed())
+    browser.find_element(By.ID, "token").send_keys(server.tokens["read"])
+    browser.find_element(By.ID, "login-submit").click()
+
+    loaded(browser, "#/runs")
+    rows = browser.find_elements(By.CSS_SELECTOR, "table#runs tbody tr")
+    assert {diverging, crashing} <= {r.find_element(By.CSS_SELECTOR, ".muted").text for r in rows}
+    shot(browser, "runs")
+
+    browser.find_element(By.CSS_SELECTOR, f"a.run-link[href='#/runs/{diverging}']").click()
+    loaded(browser, f"#/runs/{diverging}")
+    loss = "[data-metric='loss']"
+    points, marks = WebDriverWait(browser, WAIT_S).until(
+        lambda d: (r := d.execute_script(POINTS_JS, loss)) and r[0] > 0 and r)
+    assert points >= 20 and marks >= 1  # the loss plotted, the explosion marked at its onset
+    grad_points, _ = browser.execute_script(POINTS_JS, "[data-metric='grad/global_norm']")
+    assert grad_points > 0
+    shot(browser, "run")
+
+    links = browser.find_elements(By.CSS_SELECTOR, "a.incident-link")
+    assert links and "explosion" in links[0].text.lower()
+    links[0].click()
+    loaded(browser, "#/incidents/")
+    assert "explosion" in browser.find_element(By.ID, "incident-title").text.lower()
+    assert browser.find_elements(By.CSS_SELECTOR, "#evidence li")
+    assert browser.find_elements(By.CSS_SELECTOR, "#checks li")
+    evidence_points, onset = WebDriverWait(browser, WAIT_S).until(
+        lambda d: (r := d.execute_script(POINTS_JS, "#evidence-chart")) and r[0] > 0 and r)
+    assert evidence_points > 0 and onset == 1
+    shot(browser, "incident")
+
+    box = browser.find_element(By.ID, "search-box")
+    box.send_keys("mat1 and mat2")
+    box.submit()
+    loaded(browser, "#/search")
+    hits = WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#hits li"))
+    assert any(crashing in h.text and "RuntimeError" in h.text for h in hits)
+    shot(browser, "search")
+
+
+def test_a_wrong_token_is_refused_and_asked_again(fed: Tuple[ServeProcess, str, str], browser: Any) -> None:
+    server, _, _ = fed
+    browser.get(server.http_url + "/ui/#/runs")
+    browser.execute_script("localStorage.setItem('trainguard.readToken', 'tg_read_not-a-real-token'); location.reload();")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "token").is_displayed())
+    assert browser.find_element(By.ID, "login-error").text  # the API's 401 message, shown
+    assert not browser.find_elements(By.CSS_SELECTOR, "table#runs tbody tr")
