@@ -121,6 +121,34 @@ def test_runs_run_plots_incident_and_search(fed: Tuple[ServeProcess, str, str], 
     assert any(crashing in h.text and "RuntimeError" in h.text for h in hits)
     shot(browser, "search")
 
+    browser.get(server.http_url + "/ui/#/clusters")
+    loaded(browser, "#/clusters")
+    link = [a for a in browser.find_elements(By.CSS_SELECTOR, "a.cluster-link") if a.text == "RuntimeError"]
+    assert link, [a.text for a in browser.find_elements(By.CSS_SELECTOR, "a.cluster-link")]
+    link[0].click()
+    loaded(browser, "#/clusters/")
+    assert browser.find_element(By.ID, "cluster-title").text == "RuntimeError"
+    assert crashing in browser.find_element(By.CSS_SELECTOR, "main .kv").text  # the affected run
+    app_frames = browser.find_elements(By.CSS_SELECTOR, "#frames tr.in-app")
+    assert app_frames and any("trainings" in f.text for f in app_frames)  # the training's own frame, marked
+    assert "mat1 and mat2" in browser.find_element(By.ID, "sample-traceback").text
+    shot(browser, "cluster")
+
+
+def test_per_layer_gradient_norms_are_a_heatmap(fed: Tuple[ServeProcess, str, str], browser: Any) -> None:
+    server, diverging, _ = fed
+    layers = [s["name"] for s in server.get(f"/api/v1/runs/{diverging}/metrics/summary")
+              if s["name"].startswith("grad/layer/")]
+    assert layers  # watch() reported them
+    browser.get(server.http_url + f"/ui/#/runs/{diverging}")
+    loaded(browser, f"#/runs/{diverging}")
+    cells = WebDriverWait(browser, WAIT_S).until(lambda d: d.execute_script(
+        "const el = document.getElementById('layer-heatmap'); const c = el && echarts.getInstanceByDom(el);"
+        "return c ? c.getOption().series[0].data.length : 0;"))
+    rows = browser.execute_script(
+        "return echarts.getInstanceByDom(document.getElementById('layer-heatmap')).getOption().yAxis[0].data.length;")
+    assert cells > 0 and rows == min(len(layers), 48)
+
 
 def test_a_wrong_token_is_refused_and_asked_again(fed: Tuple[ServeProcess, str, str], browser: Any) -> None:
     server, _, _ = fed

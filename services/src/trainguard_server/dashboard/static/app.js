@@ -3,6 +3,7 @@
 //   #/runs/<run id>        the run: incidents and plots of its metrics (every rank), incident onsets marked
 //   #/incidents/<id>       an incident: summary, hypotheses, checklist, evidence (plotted), timeline
 //   #/search?q=…           full-text search over raw context (tracebacks, logs)
+//   #/clusters[/<fp>]      stack-fingerprint clusters across runs and ranks; one with its sample traceback
 // The read token is asked for once and kept in localStorage; every request sends it as a bearer token.
 "use strict";
 
@@ -10,6 +11,8 @@ const TOKEN_KEY = "trainguard.readToken";
 const view = document.getElementById("view");
 const REFRESH_MS = 5000;           // a live run's page refreshes its data this often
 const MAX_POINTS = 600;            // buckets per series asked of the API (server-side downsampling keeps spikes)
+const HEATMAP_LAYERS = 48;         // per-layer gradient norms shown in the heatmap (the first, by name)
+const HEATMAP_POINTS = 200;        // step buckets of the heatmap
 const PLOTTED = [                  // the metrics a run page plots first, when the run has them
   "loss", "grad/global_norm", "lr", "grad/clip_rate", "amp/scale", "mem/allocated", "mem/reserved",
   "mem/fragmentation", "time/step_s",
@@ -115,6 +118,7 @@ async function runPage(runId, params) {
   const markers = incidents.items.filter((i) => !i.explained_by && i.first_step >= 0)
     .map((i) => ({ step: i.first_step, label: `${i.category}/${i.subtype}`, color: i.severity === "critical" ? "#b42318" : "#d92d20" }));
   const ranks = run.ranks.length ? run.ranks : [0];
+  const layers = names.filter((n) => n.startsWith("grad/layer/")).sort().slice(0, HEATMAP_LAYERS);
   view.innerHTML = `<h1>${esc(run.run_name || run.run_id)} ${pill(run.status)} ${pill(run.health)}</h1>
     <div class="muted">${esc(run.run_id)} · ${run.world_size} rank(s) · last step ${run.last_step} · last event ${when(run.last_event_ns)}</div>
     <h2>Incidents</h2>
@@ -125,7 +129,8 @@ async function runPage(runId, params) {
     <div class="filters"><label>Rank <select id="rank"><option value="">every rank (overlay)</option>
       ${ranks.map((r) => `<option value="${r}" ${String(r) === rankFilter ? "selected" : ""}>rank ${r}</option>`).join("")}</select></label>
       <span class="muted">plots refresh every ${REFRESH_MS / 1000} s while the run is live</span></div>
-    <div class="cards">${plotted.map((n, i) => `<div class="card"><div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")}</div>`;
+    <div class="cards">${plotted.map((n, i) => `<div class="card"><div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")}</div>
+    ${layers.length ? `<h2>Per-layer gradient norms</h2><div class="card"><div class="chart wide" id="layer-heatmap"></div></div>` : ""}`;
   document.getElementById("rank").addEventListener("change", (ev) => {
     location.hash = `#/runs/${enc}${ev.target.value ? `?rank=${ev.target.value}` : ""}`;
   });
@@ -142,9 +147,67 @@ async function runPage(runId, params) {
       }
       chart(document.getElementById(`chart-${i}`), name, series, markers);
     });
+    if (layers.length) await heatmap(enc, layers, rankFilter || String(ranks[0]));
   };
   await draw();
   if (run.status === "running") refreshTimer = setInterval(() => draw().catch(() => {}), REFRESH_MS);
+}
+
+async function heatmap(enc, layers, rank) {
+  // steps x layers, colour = log10 of the bucket's largest norm: an exploding or dead layer stands out
+  const data = await api(`/api/v1/runs/${enc}/metrics?names=${encodeURIComponent(layers.join(","))}&rank=${rank}&max_points=${HEATMAP_POINTS}`);
+  const steps = [...new Set(layers.flatMap((n) => ((data.series[n] || {})[rank] || []).map((b) => b.step_end)))].sort((a, b) => a - b);
+  const cells = [];
+  let lo = Infinity, hi = -Infinity;
+  layers.forEach((name, y) => {
+    for (const b of (data.series[name] || {})[rank] || []) {
+      const v = num(b.max);
+      const z = Number.isFinite(v) && v > 0 ? Math.log10(v) : (Number.isFinite(v) ? -12 : 12);
+      lo = Math.min(lo, z); hi = Math.max(hi, z);
+      cells.push([steps.indexOf(b.step_end), y, z]);
+    }
+  });
+  const el = document.getElementById("layer-heatmap");
+  if (typeof echarts === "undefined" || !el) return;
+  const c = echarts.init(el);
+  charts.push(c);
+  c.setOption({
+    animation: false,
+    tooltip: { formatter: (p) => `${esc(layers[p.value[1]])}<br>step ${steps[p.value[0]]}: 10^${p.value[2].toFixed(2)}` },
+    grid: { left: 220, right: 80, top: 10, bottom: 40 },
+    xAxis: { type: "category", data: steps, name: "step" },
+    yAxis: { type: "category", data: layers.map((n) => n.slice("grad/layer/".length)) },
+    visualMap: { min: lo, max: hi, calculable: true, orient: "vertical", right: 0, top: "middle", text: ["log10 high", "low"] },
+    series: [{ type: "heatmap", data: cells }],
+  });
+}
+
+async function clustersPage() {
+  const page = await api("/api/v1/clusters?limit=200");
+  view.innerHTML = `<h1>Clusters</h1><p class="muted">Exceptions grouped by stack fingerprint across runs and ranks.</p>
+    <table id="clusters"><thead><tr><th>Exception</th><th>Count</th><th>Runs</th><th>Ranks</th><th>Hosts</th><th>First seen</th><th>Last seen</th></tr></thead><tbody>
+    ${page.items.map((c) => `<tr><td><a class="cluster-link" href="#/clusters/${encodeURIComponent(c.fingerprint)}">${esc(c.exc_type)}</a>
+      <div class="muted">${esc(c.message_template).slice(0, 160)}</div></td><td>${c.count}</td><td>${c.runs.length}</td>
+      <td>${c.ranks.length}</td><td>${c.hosts.map(esc).join(", ")}</td><td>${when(c.first_ns)}</td><td>${when(c.last_ns)}</td></tr>`).join("")}
+    </tbody></table>`;
+}
+
+async function clusterPage(fingerprint) {
+  const c = await api(`/api/v1/clusters/${encodeURIComponent(fingerprint)}`);
+  const sample = c.sample || {};
+  const frames = (sample.frames || []).map((f) => `<tr class="${f.in_app ? "in-app" : ""}"><td>${f.in_app ? "<mark>app</mark>" : "lib"}</td>
+      <td>${esc(f.function)}</td><td>${esc(f.filename)}:${f.lineno}</td><td><code>${esc(f.context_line)}</code></td></tr>`).join("");
+  view.innerHTML = `<h1 id="cluster-title">${esc(c.exc_type)}</h1>
+    <div class="muted">fingerprint ${esc(c.fingerprint)} (${esc(c.fingerprint_version)}) · ${c.count} occurrence(s)</div>
+    <p>${esc(c.message_template)}</p>
+    <div class="kv"><span class="muted">first / last seen</span><span>${when(c.first_ns)} / ${when(c.last_ns)}</span>
+      <span class="muted">runs</span><span>${c.runs.map((r) => `<a href="#/runs/${encodeURIComponent(r)}">${esc(r)}</a>`).join(", ")}</span>
+      <span class="muted">ranks</span><span>${c.ranks.map(esc).join(", ")}</span>
+      <span class="muted">hosts</span><span>${c.hosts.map(esc).join(", ")}</span></div>
+    <h2>Sample: innermost frames</h2>
+    <p class="muted">Frames marked <mark>app</mark> are your code: they make the fingerprint (library frames do not).</p>
+    <table id="frames"><thead><tr><th></th><th>Function</th><th>Where</th><th>Line</th></tr></thead><tbody>${frames}</tbody></table>
+    <h2>Sample traceback</h2><pre id="sample-traceback">${esc(sample.traceback || "")}</pre>`;
 }
 
 async function incidentPage(incidentId) {
@@ -159,7 +222,7 @@ async function incidentPage(incidentId) {
     <div class="kv"><span class="muted">began</span><span>step ${inc.first_step}, ${when(inc.first_ns)}</span>
       <span class="muted">lead rank</span><span>${inc.lead_rank} (ranks ${inc.ranks.join(", ")})</span>
       <span class="muted">consequences</span><span>${(inc.consequences || []).map(esc).join("; ") || "—"}</span>
-      <span class="muted">fingerprint</span><span>${esc(inc.fingerprint || "—")}</span></div>
+      <span class="muted">fingerprint</span><span>${inc.fingerprint ? `<a href="#/clusters/${encodeURIComponent(inc.fingerprint)}">${esc(inc.fingerprint)}</a>` : "—"}</span></div>
     <div class="card"><div class="chart wide" id="evidence-chart"></div></div>
     <h2>Root-cause hypotheses</h2><ol id="hypotheses">${hypotheses || '<li class="muted">none</li>'}</ol>
     <h2>What to check first</h2><ol id="checks">${inc.checks.map((c) => `<li>${esc(c)}</li>`).join("")}</ol>
@@ -197,6 +260,8 @@ async function route() {
     if (parts[0] === "runs" && parts[1]) await runPage(parts[1], params);
     else if (parts[0] === "incidents" && parts[1]) await incidentPage(parts[1]);
     else if (parts[0] === "search") await searchPage(params);
+    else if (parts[0] === "clusters" && parts[1]) await clusterPage(parts[1]);
+    else if (parts[0] === "clusters") await clustersPage();
     else await runsPage(params);
     view.dataset.loaded = location.hash || "#/runs";
   } catch (err) {
