@@ -10,14 +10,10 @@ With ``TRAINGUARD_SCREENSHOTS=<dir>`` the pages are also saved there (docs/scree
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterator, Tuple
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -50,21 +46,6 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[ServeProcess
         yield server, diverging, crashing
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    options = Options()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                "--disable-gpu"):
-        options.add_argument(arg)
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or
-                                                                "/usr/bin/chromedriver"))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def shot(driver: Any, name: str) -> None:

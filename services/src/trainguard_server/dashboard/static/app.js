@@ -9,7 +9,7 @@
 
 const TOKEN_KEY = "trainguard.readToken";
 const view = document.getElementById("view");
-const REFRESH_MS = 5000;           // a live run's page refreshes its data this often
+const REFRESH_MS = 2000;           // a live run's plots redraw at most this often (the run and incidents: at once)
 const MAX_POINTS = 600;            // buckets per series asked of the API (server-side downsampling keeps spikes)
 const HEATMAP_LAYERS = 48;         // per-layer gradient norms shown in the heatmap (the first, by name)
 const HEATMAP_POINTS = 200;        // step buckets of the heatmap
@@ -17,7 +17,7 @@ const PLOTTED = [                  // the metrics a run page plots first, when t
   "loss", "grad/global_norm", "lr", "grad/clip_rate", "amp/scale", "mem/allocated", "mem/reserved",
   "mem/fragmentation", "time/step_s",
 ];
-let refreshTimer = null;
+let liveStream = null;             // the AbortController of the open run stream (server-sent events)
 const charts = [];
 
 // ---------------------------------------------------------------------------------------------- api
@@ -57,7 +57,7 @@ const pill = (text) => `<span class="pill ${esc(text)}">${esc(text)}</span>`;
 const num = (v) => (typeof v === "number" ? v : v === "NaN" ? NaN : v === "Infinity" ? Infinity : v === "-Infinity" ? -Infinity : Number(v));
 
 function clearPage() {
-  if (refreshTimer) { clearInterval(refreshTimer); refreshTimer = null; }
+  if (liveStream) { liveStream.abort(); liveStream = null; }
   while (charts.length) charts.pop().dispose();
 }
 
@@ -87,6 +87,33 @@ function chart(el, title, series, markers) {
 }
 
 // ---------------------------------------------------------------------------------------------- pages
+// Server-sent events over fetch (EventSource cannot send the token): calls on(event, data) per message
+async function stream(path, on) {
+  const controller = new AbortController();
+  liveStream = controller;
+  const res = await fetch(path, { headers: { Authorization: `Bearer ${localStorage.getItem(TOKEN_KEY)}` }, signal: controller.signal });
+  if (!res.ok || !res.body) return;
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let event = "message", data = "";
+      for (const line of frame.split("\n")) {
+        if (line.startsWith("event: ")) event = line.slice(7);
+        else if (line.startsWith("data: ")) data += line.slice(6);
+      }
+      if (data) on(event, JSON.parse(data));
+    }
+  }
+}
+
 async function runsPage(params) {
   const status = params.get("status") || "";
   const page = await api(`/api/v1/runs?limit=200${status ? `&status=${encodeURIComponent(status)}` : ""}`);
@@ -115,20 +142,24 @@ async function runPage(runId, params) {
   const names = summary.map((s) => s.name);
   const plotted = PLOTTED.filter((n) => names.includes(n))
     .concat(names.filter((n) => !PLOTTED.includes(n) && !n.startsWith("grad/layer/") && !n.startsWith("trainguard/")).slice(0, 6));
-  const markers = incidents.items.filter((i) => !i.explained_by && i.first_step >= 0)
+  const markersOf = (items) => items.filter((i) => !i.explained_by && i.first_step >= 0)
     .map((i) => ({ step: i.first_step, label: `${i.category}/${i.subtype}`, color: i.severity === "critical" ? "#b42318" : "#d92d20" }));
+  let markers = markersOf(incidents.items);
+  const incidentRows = (items) => items.filter((i) => !i.explained_by).map((i) => `<tr><td><a class="incident-link" href="#/incidents/${encodeURIComponent(i.incident_id)}">${esc(i.title)}</a>
+        <div class="muted">${esc(i.category)}/${esc(i.subtype)}</div></td><td>${pill(i.severity)}</td><td>${pill(i.status)}</td>
+        <td>${i.first_step}</td><td>${i.lead_rank}</td></tr>`).join("");
+  const header = (r) => `${esc(r.run_name || r.run_id)} ${pill(r.status)} ${pill(r.health)}`;
+  const facts = (r) => `${esc(r.run_id)} · ${r.world_size} rank(s) · last step <span id="last-step">${r.last_step}</span> · last event ${when(r.last_event_ns)}`;
   const ranks = run.ranks.length ? run.ranks : [0];
   const layers = names.filter((n) => n.startsWith("grad/layer/")).sort().slice(0, HEATMAP_LAYERS);
-  view.innerHTML = `<h1>${esc(run.run_name || run.run_id)} ${pill(run.status)} ${pill(run.health)}</h1>
-    <div class="muted">${esc(run.run_id)} · ${run.world_size} rank(s) · last step ${run.last_step} · last event ${when(run.last_event_ns)}</div>
+  view.innerHTML = `<h1 id="run-header">${header(run)}</h1>
+    <div class="muted" id="run-facts">${facts(run)}</div>
     <h2>Incidents</h2>
-    ${incidents.items.length ? `<table id="incidents"><thead><tr><th>Incident</th><th>Severity</th><th>Status</th><th>From step</th><th>Lead rank</th></tr></thead><tbody>
-      ${incidents.items.filter((i) => !i.explained_by).map((i) => `<tr><td><a class="incident-link" href="#/incidents/${encodeURIComponent(i.incident_id)}">${esc(i.title)}</a>
-        <div class="muted">${esc(i.category)}/${esc(i.subtype)}</div></td><td>${pill(i.severity)}</td><td>${pill(i.status)}</td>
-        <td>${i.first_step}</td><td>${i.lead_rank}</td></tr>`).join("")}</tbody></table>` : '<p class="muted">None.</p>'}
+    <table id="incidents"><thead><tr><th>Incident</th><th>Severity</th><th>Status</th><th>From step</th><th>Lead rank</th></tr></thead>
+      <tbody>${incidentRows(incidents.items)}</tbody></table>
     <div class="filters"><label>Rank <select id="rank"><option value="">every rank (overlay)</option>
       ${ranks.map((r) => `<option value="${r}" ${String(r) === rankFilter ? "selected" : ""}>rank ${r}</option>`).join("")}</select></label>
-      <span class="muted">plots refresh every ${REFRESH_MS / 1000} s while the run is live</span></div>
+      <span class="muted" id="live">${run.status === "running" ? "live" : ""}</span></div>
     <div class="cards">${plotted.map((n, i) => `<div class="card"><div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")}</div>
     ${layers.length ? `<h2>Per-layer gradient norms</h2><div class="card"><div class="chart wide" id="layer-heatmap"></div></div>` : ""}`;
   document.getElementById("rank").addEventListener("change", (ev) => {
@@ -150,7 +181,26 @@ async function runPage(runId, params) {
     if (layers.length) await heatmap(enc, layers, rankFilter || String(ranks[0]));
   };
   await draw();
-  if (run.status === "running") refreshTimer = setInterval(() => draw().catch(() => {}), REFRESH_MS);
+  if (run.status !== "running") return;
+  // live: the server pushes the run and its incidents as they change; plots redraw at most every REFRESH_MS
+  let lastDraw = Date.now(), pending = false;
+  const redraw = () => {
+    if (pending) return;
+    pending = true;
+    setTimeout(() => { pending = false; lastDraw = Date.now(); draw().catch(() => {}); }, Math.max(0, REFRESH_MS - (Date.now() - lastDraw)));
+  };
+  stream(`/api/v1/runs/${enc}/stream`, (event, data) => {
+    if (event === "run") {
+      document.getElementById("run-header").innerHTML = header(data);
+      document.getElementById("run-facts").innerHTML = facts(data);
+      document.getElementById("live").textContent = data.status === "running" ? "live" : "";
+      redraw();
+    } else if (event === "incidents") {
+      document.querySelector("#incidents tbody").innerHTML = incidentRows(data);
+      markers = markersOf(data);
+      redraw();
+    }
+  }).catch(() => {});
 }
 
 async function heatmap(enc, layers, rank) {
