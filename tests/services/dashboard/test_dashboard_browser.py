@@ -19,6 +19,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.services.e2e.serve_process import ServeProcess
 from tests.services.e2e.test_serve import _train
+from tests.support.browser import shows
 from tests.support.waiting import poll
 
 WAIT_S = 30
@@ -138,3 +139,28 @@ def test_a_wrong_token_is_refused_and_asked_again(fed: Tuple[ServeProcess, str, 
     WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "token").is_displayed())
     assert browser.find_element(By.ID, "login-error").text  # the API's 401 message, shown
     assert not browser.find_elements(By.CSS_SELECTOR, "table#runs tbody tr")
+
+
+def test_incident_workflow_in_the_page(fed: Tuple[ServeProcess, str, str], browser: Any) -> None:
+    server, diverging, _ = fed
+    (incident,) = [i for i in server.get(f"/api/v1/runs/{diverging}/incidents")["items"] if not i["explained_by"]]
+    browser.get(server.http_url + "/ui/")
+    browser.execute_script(f"localStorage.setItem('trainguard.readToken', '{server.tokens['read']}')")
+    browser.get(server.http_url + f"/ui/#/incidents/{incident['incident_id']}")
+    loaded(browser, "#/incidents/")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "wf-name"))
+    assert "Nobody" in browser.find_element(By.ID, "workflow-state").text
+    browser.find_element(By.ID, "wf-name").send_keys("ana")
+    browser.find_element(By.ID, "wf-ack").click()
+    shows(browser, "workflow-state", "Acknowledged by ana")
+    browser.find_element(By.ID, "wf-note").send_keys("LR doubles every step from 40")
+    browser.find_element(By.ID, "wf-add-note").click()
+    shows(browser, "wf-notes", "LR doubles every step from 40")
+    browser.find_element(By.ID, "wf-cause").send_keys("LR schedule multiplies instead of adds")
+    browser.find_element(By.ID, "wf-resolve").click()
+    shows(browser, "root-cause", "LR schedule multiplies instead of adds")
+    stored = server.get(f"/api/v1/incidents/{incident['incident_id']}/workflow")["workflow"]
+    assert (stored["acknowledged_by"], stored["resolved_by"], [n["text"] for n in stored["notes"]]) == (
+        "ana", "ana", ["LR doubles every step from 40"])
+    browser.find_element(By.ID, "wf-resolve").click()  # an empty root cause: the API's 422, shown
+    shows(browser, "wf-error", "422")

@@ -12,9 +12,9 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.services.e2e.serve_process import ServeProcess
+from tests.support.browser import shows
 from tests.support.waiting import poll
 from trainguard.core import events as ev
 from trainguard.transport.http import HttpTransport
@@ -119,13 +119,12 @@ def test_run_page_moves_without_reload(server: ServeProcess, browser: Any) -> No
     browser.get(server.http_url + "/ui/")
     browser.execute_script(f"localStorage.setItem('trainguard.readToken', {json.dumps(server.tokens['read'])})")
     browser.get(server.http_url + f"/ui/#/runs/{run.run_id}")
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "last-step").text == "19")
+    shows(browser, "last-step", "19")
     assert browser.find_element(By.ID, "live").text == "live"
     assert not browser.find_elements(By.CSS_SELECTOR, "#incidents tbody tr")
     browser.execute_script("window.__same_page = true;")  # gone if the page reloads
     run.steps(20, 10)
-    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "last-step").text == "29")
+    shows(browser, "last-step", "29")
     run.nan(30)
-    rows = WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#incidents tbody tr"))
-    assert "loss/non_finite" in rows[0].text
+    shows(browser, "incidents", "loss/non_finite")  # the new incident's row
     assert browser.execute_script("return window.__same_page === true;")

@@ -57,7 +57,7 @@ def test_an_unavailable_event_store_delays_processing_and_loses_nothing(tmp_path
         assert queue.depth() == depth  # nothing committed while the store was away
         assert processor.incidents.list_incidents("p").items == []
 
-        NoidaElasticsearch(tmp_path / "es", port=port).start()  # back, same address, same data
+        elastic = NoidaElasticsearch(tmp_path / "es", port=port).start()  # back, same address, same data
         deadline = time.monotonic() + 30
         while queue.depth() and time.monotonic() < deadline:
             try:
@@ -76,3 +76,4 @@ def test_an_unavailable_event_store_delays_processing_and_loses_nothing(tmp_path
     finally:
         events_store.close()
         queue.close()
+        elastic.stop()  # the restarted server too (it outlived the test before)

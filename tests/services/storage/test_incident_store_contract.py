@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import pytest
 
 from trainguard.core.records import Cluster, Evidence, Incident, RunRecord, TimelineEntry
-from trainguard_server.storage.base import IncidentStore, Page
+from trainguard_server.storage.base import IncidentStore, IncidentWorkflow, Page
 from trainguard_server.storage.memory import MemoryIncidentStore
 from trainguard_server.storage.sqlite import SqliteIncidentStore
 
@@ -255,3 +255,27 @@ def test_upserting_nothing_is_a_no_op(store: IncidentStore) -> None:
     store.upsert_incidents([])
     store.upsert_clusters([])
     assert store.list_runs("p").items == []
+
+
+def test_workflow_round_trip_survives_incident_upserts_and_builds_the_library(store: IncidentStore) -> None:
+    store.upsert_incidents([incident("a", 1), incident("b", 2, run_id="r2"), incident("c", 3, project="q")])
+    assert store.get_workflow("p", "a") is None
+    store.save_workflow(IncidentWorkflow(project="p", incident_id="a", run_id="r1", category="loss",
+                                         subtype="non_finite", fingerprint="fp:v1:abc", acknowledged_by="ana",
+                                         acknowledged_ns=10, notes=[{"by": "ana", "time_ns": 11, "text": "on it"}]))
+    store.upsert_incidents([incident("a", 1, status="ongoing")])  # the processor's upsert: workflow untouched
+    got = store.get_workflow("p", "a")
+    assert got is not None and got.acknowledged_by == "ana" and got.notes[0]["text"] == "on it"
+    assert store.resolved_like("p", "loss", "non_finite") == []  # acknowledged, not resolved
+    for incident_id, when, cause in (("a", 20, "lr schedule restarted at 1e-2"), ("b", 30, "a corrupt shard")):
+        w = store.get_workflow("p", incident_id) or IncidentWorkflow(project="p", incident_id=incident_id)
+        w.category, w.subtype, w.resolved_by, w.resolved_ns, w.root_cause = "loss", "non_finite", "bo", when, cause
+        store.save_workflow(w)
+    store.save_workflow(IncidentWorkflow(project="q", incident_id="c", category="loss", subtype="non_finite",
+                                         resolved_ns=40, root_cause="other project"))
+    library = store.resolved_like("p", "loss", "non_finite")
+    assert [(w.incident_id, w.root_cause) for w in library] == [("b", "a corrupt shard"),
+                                                                 ("a", "lr schedule restarted at 1e-2")]
+    assert store.resolved_like("p", "loss", "non_finite", limit=1)[0].incident_id == "b"
+    assert store.resolved_like("p", "gradient", "explosion") == []
+    assert [w.incident_id for w in store.resolved_like("q", "loss", "non_finite")] == ["c"]

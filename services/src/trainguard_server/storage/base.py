@@ -145,8 +145,37 @@ class MetricStore(ABC):
         """Release resources."""
 
 
+@dataclass
+class IncidentWorkflow:
+    """What people did about an incident: acknowledged, resolved with a confirmed root cause, notes. Kept
+    apart from the processor's record, so its upserts never overwrite it; the kind and fingerprint are
+    copied in so that resolved incidents form a library ("how was this kind of failure solved before")."""
+
+    project: str
+    incident_id: str
+    run_id: str = ""
+    category: str = ""
+    subtype: str = ""
+    fingerprint: str = ""
+    title: str = ""
+    acknowledged_by: str = ""
+    acknowledged_ns: int = 0
+    resolved_by: str = ""
+    resolved_ns: int = 0
+    root_cause: str = ""
+    notes: List[Dict[str, Any]] = field(default_factory=list)  # {"by", "time_ns", "text"}, oldest first
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> IncidentWorkflow:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
 class IncidentStore(ABC):
-    """Runs, incidents, clusters and the processor's state snapshots."""
+    """Runs, incidents, clusters, what people did about incidents, and the processor's state snapshots."""
 
     @abstractmethod
     def upsert_runs(self, runs: Sequence[RunRecord]) -> None: ...
@@ -180,6 +209,17 @@ class IncidentStore(ABC):
     def list_clusters(self, project: str, *, limit: int = 50,
                       cursor: Optional[str] = None) -> Page[Cluster]:
         """Most recently seen first."""
+
+    @abstractmethod
+    def get_workflow(self, project: str, incident_id: str) -> Optional[IncidentWorkflow]: ...
+
+    @abstractmethod
+    def save_workflow(self, workflow: IncidentWorkflow) -> None: ...
+
+    @abstractmethod
+    def resolved_like(self, project: str, category: str, subtype: str, *,
+                      limit: int = 20) -> List[IncidentWorkflow]:
+        """Incidents of this kind resolved with a confirmed root cause, most recently resolved first."""
 
     @abstractmethod
     def save_state(self, key: str, state: bytes) -> None:

@@ -38,6 +38,7 @@ from .base import (
     Bucket,
     EventStore,
     IncidentStore,
+    IncidentWorkflow,
     MetricPoint,
     MetricStore,
     MetricSummary,
@@ -580,6 +581,7 @@ class MemoryIncidentStore(IncidentStore):
         self._runs: Dict[Tuple[str, str], _Row] = {}
         self._incidents: Dict[Tuple[str, str], _Row] = {}
         self._clusters: Dict[Tuple[str, str], _Row] = {}
+        self._workflow: Dict[Tuple[str, str], str] = {}
         self._state: Dict[str, bytes] = {}
 
     # runs
@@ -651,6 +653,26 @@ class MemoryIncidentStore(IncidentStore):
                           Cluster.from_dict)
 
     # state
+    # workflow
+    def get_workflow(self, project: str, incident_id: str) -> Optional[IncidentWorkflow]:
+        with self._lock:
+            doc = self._workflow.get((project, incident_id))
+        return IncidentWorkflow.from_dict(json.loads(doc)) if doc else None
+
+    def save_workflow(self, workflow: IncidentWorkflow) -> None:
+        with self._lock:
+            self._workflow[(workflow.project, workflow.incident_id)] = json.dumps(workflow.to_dict())
+
+    def resolved_like(self, project: str, category: str, subtype: str, *,
+                      limit: int = 20) -> List[IncidentWorkflow]:
+        with self._lock:
+            docs = [IncidentWorkflow.from_dict(json.loads(d)) for (p, _i), d in self._workflow.items()
+                    if p == project]
+        found = [w for w in docs if w.category == category and w.subtype == subtype and w.resolved_ns > 0
+                 and w.root_cause]
+        found.sort(key=lambda w: (-w.resolved_ns, w.incident_id))
+        return found[:limit]
+
     def save_state(self, key: str, state: bytes) -> None:
         with self._lock:
             self._state[key] = bytes(state)

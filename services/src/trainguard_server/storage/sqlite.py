@@ -40,6 +40,7 @@ from .base import (
     Bucket,
     EventStore,
     IncidentStore,
+    IncidentWorkflow,
     MetricPoint,
     MetricStore,
     MetricSummary,
@@ -558,6 +559,18 @@ CREATE TABLE IF NOT EXISTS clusters (
     PRIMARY KEY (project, fingerprint)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS clusters_recent ON clusters (project, last_ns DESC, fingerprint);
+CREATE TABLE IF NOT EXISTS incident_workflow (
+    project      TEXT NOT NULL,
+    incident_id  TEXT NOT NULL,
+    category     TEXT NOT NULL,
+    subtype      TEXT NOT NULL,
+    resolved_ns  INTEGER NOT NULL,
+    root_cause   TEXT NOT NULL,
+    doc          TEXT NOT NULL,       -- IncidentWorkflow.to_dict() as JSON
+    PRIMARY KEY (project, incident_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS workflow_resolved
+    ON incident_workflow (project, category, subtype, resolved_ns DESC);
 CREATE TABLE IF NOT EXISTS state (
     key         TEXT PRIMARY KEY,
     value       BLOB NOT NULL,
@@ -657,6 +670,29 @@ class SqliteIncidentStore(IncidentStore):
                       cursor: Optional[str] = None) -> Page[Cluster]:
         return self._list("clusters", "fingerprint", "last_ns", ["project = ?"], [project], [project], limit,
                           cursor, Cluster.from_dict)
+
+    # workflow
+    def get_workflow(self, project: str, incident_id: str) -> Optional[IncidentWorkflow]:
+        row = self._db.reader().execute(
+            "SELECT doc FROM incident_workflow WHERE project = ? AND incident_id = ?",
+            (project, incident_id)).fetchone()
+        return IncidentWorkflow.from_dict(json.loads(row[0])) if row else None
+
+    def save_workflow(self, workflow: IncidentWorkflow) -> None:
+        w = workflow
+        with self._db.write() as conn:
+            conn.execute("INSERT OR REPLACE INTO incident_workflow (project, incident_id, category, subtype, "
+                         "resolved_ns, root_cause, doc) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (w.project, w.incident_id, w.category, w.subtype, int(w.resolved_ns), w.root_cause,
+                          json.dumps(w.to_dict())))
+
+    def resolved_like(self, project: str, category: str, subtype: str, *,
+                      limit: int = 20) -> List[IncidentWorkflow]:
+        rows = self._db.reader().execute(
+            "SELECT doc FROM incident_workflow WHERE project = ? AND category = ? AND subtype = ? AND "
+            "resolved_ns > 0 AND root_cause != '' ORDER BY resolved_ns DESC, incident_id LIMIT ?",
+            (project, category, subtype, int(limit))).fetchall()
+        return [IncidentWorkflow.from_dict(json.loads(r[0])) for r in rows]
 
     # state
     def save_state(self, key: str, state: bytes) -> None:

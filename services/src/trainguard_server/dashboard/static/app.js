@@ -23,6 +23,15 @@ const charts = [];
 // ---------------------------------------------------------------------------------------------- api
 class AuthError extends Error {}
 
+async function post(path, body) {
+  const res = await fetch(path, { method: "POST", body: JSON.stringify(body), headers: {
+    Authorization: `Bearer ${localStorage.getItem(TOKEN_KEY)}`, "Content-Type": "application/json" } });
+  const data = await res.json().catch(() => ({}));
+  if (res.status === 401 || res.status === 403) throw new AuthError(data.detail || res.statusText);
+  if (!res.ok) throw new Error(`${res.status}: ${data.detail || res.statusText}`);
+  return data;
+}
+
 async function api(path) {
   const token = localStorage.getItem(TOKEN_KEY);
   if (!token) throw new AuthError("no token");
@@ -274,10 +283,12 @@ async function incidentPage(incidentId) {
       <span class="muted">consequences</span><span>${(inc.consequences || []).map(esc).join("; ") || "—"}</span>
       <span class="muted">fingerprint</span><span>${inc.fingerprint ? `<a href="#/clusters/${encodeURIComponent(inc.fingerprint)}">${esc(inc.fingerprint)}</a>` : "—"}</span></div>
     <div class="card"><div class="chart wide" id="evidence-chart"></div></div>
+    <h2>Workflow</h2><div class="card" id="workflow"></div>
     <h2>Root-cause hypotheses</h2><ol id="hypotheses">${hypotheses || '<li class="muted">none</li>'}</ol>
     <h2>What to check first</h2><ol id="checks">${inc.checks.map((c) => `<li>${esc(c)}</li>`).join("")}</ol>
     <h2>Evidence</h2><ul class="plain" id="evidence">${evidenceRows}</ul>
     <h2>Timeline</h2><ul class="plain">${inc.timeline.map((t) => `<li><span class="muted">${when(t.time_ns)} · step ${t.step} · rank ${t.rank}</span> ${esc(t.what)}</li>`).join("")}</ul>`;
+  await workflowPanel(inc);
   // the evidence window: the run's loss and gradient norm around the onset
   const lo = Math.max(0, inc.first_step - 100), hi = Math.max(inc.last_step, inc.first_step) + 20;
   const data = await api(`/api/v1/runs/${encodeURIComponent(inc.run_id)}/metrics?names=loss,grad/global_norm&start_step=${lo}&end_step=${hi}&max_points=${MAX_POINTS}`);
@@ -286,6 +297,36 @@ async function incidentPage(incidentId) {
     for (const [rank, buckets] of Object.entries(byRank)) series.push({ name: `${name} (rank ${rank})`, data: buckets.map((b) => [b.step_end, num(b.max)]) });
   }
   chart(document.getElementById("evidence-chart"), "evidence window", series, inc.first_step >= 0 ? [{ step: inc.first_step, label: "onset", color: "#b42318" }] : []);
+}
+
+const NAME_KEY = "trainguard.name";
+
+async function workflowPanel(inc) {
+  const base = `/api/v1/incidents/${encodeURIComponent(inc.incident_id)}`;
+  const render = (data) => {
+    const w = data.workflow;
+    const state = w.resolved_ns ? `Resolved by ${esc(w.resolved_by)} (${when(w.resolved_ns)}): <b id="root-cause">${esc(w.root_cause)}</b>`
+      : w.acknowledged_ns ? `Acknowledged by ${esc(w.acknowledged_by)} (${when(w.acknowledged_ns)})` : "Nobody has taken it yet.";
+    document.getElementById("workflow").innerHTML = `<p id="workflow-state">${state}</p>
+      <div class="filters"><label>Your name <input id="wf-name" value="${esc(localStorage.getItem(NAME_KEY) || "")}"></label>
+        <button id="wf-ack" ${w.acknowledged_ns ? "disabled" : ""}>Acknowledge</button></div>
+      <div class="filters"><input id="wf-cause" placeholder="the root cause you confirmed" size="60">
+        <button id="wf-resolve">Resolve</button></div>
+      <div class="filters"><input id="wf-note" placeholder="a note" size="60"><button id="wf-add-note">Add note</button></div>
+      <ul class="plain" id="wf-notes">${w.notes.map((n) => `<li><span class="muted">${esc(n.by)} · ${when(n.time_ns)}</span> ${esc(n.text)}</li>`).join("")}</ul>
+      <h3>Similar incidents, resolved</h3>
+      <ul class="plain" id="similar">${data.similar.map((x) => `<li><a href="#/incidents/${encodeURIComponent(x.incident_id)}">${esc(x.title || x.incident_id)}</a>
+        <span class="muted">run ${esc(x.run_id)}</span><br>root cause: <b>${esc(x.root_cause)}</b></li>`).join("") || '<li class="muted">none yet</li>'}</ul>
+      <p class="error" id="wf-error"></p>`;
+    const by = () => { const v = document.getElementById("wf-name").value.trim(); localStorage.setItem(NAME_KEY, v); return v; };
+    const act = (path, body) => post(`${base}/${path}`, body).then(render).catch((err) => {
+      document.getElementById("wf-error").textContent = err.message;
+    });
+    document.getElementById("wf-ack").onclick = () => act("acknowledge", { by: by() });
+    document.getElementById("wf-resolve").onclick = () => act("resolve", { by: by(), root_cause: document.getElementById("wf-cause").value });
+    document.getElementById("wf-add-note").onclick = () => act("notes", { by: by(), text: document.getElementById("wf-note").value });
+  };
+  render(await api(`${base}/workflow`));
 }
 
 async function searchPage(params) {
@@ -314,6 +355,8 @@ async function route() {
     else if (parts[0] === "clusters") await clustersPage();
     else await runsPage(params);
     view.dataset.loaded = location.hash || "#/runs";
+    const login = document.getElementById("login");
+    if (login.open) login.close();  // a token given meanwhile (another tab, a script) answered
   } catch (err) {
     if (err instanceof AuthError) { askToken(err.message === "no token" ? "" : err.message); return; }
     view.innerHTML = `<p class="error">${esc(err.message)}</p>`;
