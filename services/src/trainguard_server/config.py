@@ -62,6 +62,14 @@ class Settings(BaseSettings):
         "metric points from the ingest topic and the job's results from kafka_results_topic (needs "
         "queue=kafka)")
 
+    # --- notifications --------------------------------------------------------------------------------
+    webhook_url: str = Field("", description="POST new incidents here as Slack-compatible JSON ({\"text\"}); "
+                             "empty: off. De-duplicated per incident, rate-limited (notify.py)")
+    webhook_min_severity: Literal["warning", "error", "critical"] = Field(
+        "critical", description="the least severe incident that is notified")
+    webhook_max_per_minute: int = Field(10, ge=1, description="messages per minute; more are summarised")
+    dashboard_url: str = Field("", description="public base URL of the dashboard, for links in notifications")
+
     roles: str = Field(
         "gateway,processor,api", description="what this process runs: any of gateway (gRPC + HTTP ingest), "
         "processor (queue -> pipeline -> stores) and api (query API); `trainguard serve` runs all three, "

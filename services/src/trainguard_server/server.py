@@ -28,6 +28,7 @@ from .config import Settings, parse_roles
 from .gateway.grpc import build_grpc_server
 from .gateway.http import ingest_router
 from .gateway.ingest import Gateway
+from .notify import WebhookNotifier
 from .processor.embedded import EmbeddedProcessor
 from .queue import open_queue
 from .storage.select import open_stores
@@ -51,6 +52,7 @@ class EmbeddedServer:
         self.settings = settings
         self.data_dir = Path(settings.data_dir)
         self.tokens: Optional[BootstrapTokens] = None
+        self.notifier: Optional[WebhookNotifier] = None
         self.http_port = 0
         self.grpc_port = 0
         self._uvicorn: Optional[uvicorn.Server] = None
@@ -80,6 +82,11 @@ class EmbeddedServer:
                 batch=s.processor_batch, snapshot_every_s=s.snapshot_every_s,
                 tick_interval_s=s.tick_interval_s,
                 yield_to=(lambda: gateway.busy) if gateway is not None else None)
+        if self.processor is not None and s.webhook_url:
+            self.notifier = WebhookNotifier(s.webhook_url, min_severity=s.webhook_min_severity,
+                                            max_per_minute=s.webhook_max_per_minute,
+                                            dashboard_url=s.dashboard_url, state=self.stores.incidents)
+            self.processor.listeners.append(self.notifier)
         # ingest threads and the processor share one interpreter: switch often so an ingest request
         # waiting for the GIL is not held for the default 5 ms at every hand-over
         sys.setswitchinterval(0.0005)
@@ -137,6 +144,8 @@ class EmbeddedServer:
                     self._http_thread.join(10)
             if self.processor is not None:
                 self.processor.stop(drain=drain)
+            if self.notifier is not None:
+                self.notifier.close()
             self.queue.close()
             self.stores.close()
             self._stopped.set()
