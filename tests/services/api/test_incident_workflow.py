@@ -8,6 +8,8 @@ from typing import Any, Dict, Iterator
 import pytest
 
 from tests.services.api.test_query_api import World
+from trainguard_server.api.routes.workflow import ranked_causes
+from trainguard_server.storage.base import IncidentWorkflow
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,9 @@ def test_acknowledge_note_resolve_and_the_library(world: World) -> None:
     similar = world.get(f"/api/v1/incidents/{later.incident_id}/workflow").json()["similar"]
     assert [(s["incident_id"], s["root_cause"]) for s in similar] == [
         (inc["incident_id"], "LR schedule bug: warmup to 10x")]
+    causes = world.get(f"/api/v1/incidents/{later.incident_id}/workflow").json()["confirmed_causes"]
+    assert [(c["root_cause"], c["count"], c["same_fingerprint"]) for c in causes] == [
+        ("LR schedule bug: warmup to 10x", 1, int(bool(inc["fingerprint"])))]
     assert world.get(f"{path}/workflow").json()["similar"] == []  # never itself
 
 
@@ -79,3 +84,16 @@ def test_unknown_incidents_other_projects_and_tokens(world: World) -> None:
     assert post(world, f"/api/v1/incidents/{alpha}/acknowledge", {"by": "x"}, kind="ingest").status_code == 403
     response = world.client.post(f"/api/v1/incidents/{alpha}/acknowledge", json={"by": "x"})
     assert response.status_code == 401
+
+
+def test_confirmed_causes_are_merged_and_ranked() -> None:
+    def solved(incident_id: str, cause: str, fingerprint: str, when: int) -> IncidentWorkflow:
+        return IncidentWorkflow(project="p", incident_id=incident_id, category="memory", subtype="oom",
+                                fingerprint=fingerprint, root_cause=cause, resolved_ns=when)
+
+    library = [solved("a", "Batch too large", "fp1", 1), solved("b", "batch  too LARGE", "fp2", 2),
+               solved("c", "a memory leak in eval", "fp9", 3), solved("d", "activation checkpointing off", "fp2", 4)]
+    ranked = ranked_causes(library, "fp9")
+    # this stack's cause first, then the most frequent (merged across case and spacing), then the most recent
+    assert [(c["root_cause"], c["count"], c["same_fingerprint"]) for c in ranked] == [
+        ("a memory leak in eval", 1, 1), ("Batch too large", 2, 0), ("activation checkpointing off", 1, 0)]

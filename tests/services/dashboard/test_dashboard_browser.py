@@ -72,6 +72,14 @@ def test_runs_run_plots_incident_and_search(fed: Tuple[ServeProcess, str, str], 
     rows = browser.find_elements(By.CSS_SELECTOR, "table#runs tbody tr")
     assert {diverging, crashing} <= {r.find_element(By.CSS_SELECTOR, ".muted").text for r in rows}
     shot(browser, "runs")
+    tag = browser.find_element(By.ID, "tag")  # filtering by a tag no run has: the list empties
+    tag.send_keys("no-such-tag=1")
+    tag.submit()
+    loaded(browser, "#/runs?tag=")
+    WebDriverWait(browser, WAIT_S).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "table#runs tbody tr"))
+    browser.get(server.http_url + "/ui/#/runs")
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"a.run-link[href='#/runs/{diverging}']"))
 
     browser.find_element(By.CSS_SELECTOR, f"a.run-link[href='#/runs/{diverging}']").click()
     loaded(browser, f"#/runs/{diverging}")

@@ -22,6 +22,8 @@ router = APIRouter(prefix="/api/v1/incidents", tags=["incident workflow"])
 
 MAX_NOTES = 200
 SIMILAR = 10
+LIBRARY = 200
+"""Resolved incidents of one kind read for the similar list and the ranking of confirmed causes."""
 
 
 class Actor(BaseModel):
@@ -41,6 +43,10 @@ class WorkflowPublic(BaseModel):
     similar: List[Dict[str, Any]] = Field(
         [], description="incidents of the same kind resolved with a confirmed root cause, the same stack "
                         "fingerprint first, then most recently resolved")
+    confirmed_causes: List[Dict[str, Any]] = Field(
+        [], description="the root causes confirmed for this kind of incident, ranked: how often (same stack "
+                        "fingerprint counted first), then how recently -- {root_cause, count, "
+                        "same_fingerprint, last_resolved_ns}")
 
 
 def _load(project: str, incident_id: str, services: Any) -> IncidentWorkflow:
@@ -56,14 +62,31 @@ def _load(project: str, incident_id: str, services: Any) -> IncidentWorkflow:
     return workflow
 
 
+def ranked_causes(library: List[IncidentWorkflow], fingerprint: str) -> List[Dict[str, Any]]:
+    """Confirmed root causes of one kind, merged by their text (case and spacing ignored) and ranked: the
+    same stack fingerprint's first, then by how often, then by how recently."""
+    merged: Dict[str, Dict[str, Any]] = {}
+    for w in library:
+        key = " ".join(w.root_cause.lower().split())
+        entry = merged.setdefault(key, {"root_cause": w.root_cause, "count": 0, "same_fingerprint": 0,
+                                        "last_resolved_ns": 0})
+        entry["count"] += 1
+        entry["same_fingerprint"] += int(bool(fingerprint) and w.fingerprint == fingerprint)
+        entry["last_resolved_ns"] = max(entry["last_resolved_ns"], w.resolved_ns)
+    return sorted(merged.values(),
+                  key=lambda e: (-e["same_fingerprint"], -e["count"], -e["last_resolved_ns"]))
+
+
 def _public(workflow: IncidentWorkflow, services: Any) -> WorkflowPublic:
-    similar = [w for w in services.incidents.resolved_like(workflow.project, workflow.category,
-                                                           workflow.subtype, limit=4 * SIMILAR)
+    library = [w for w in services.incidents.resolved_like(workflow.project, workflow.category,
+                                                           workflow.subtype, limit=LIBRARY)
                if w.incident_id != workflow.incident_id]
+    similar = list(library)
     similar.sort(key=lambda w: (w.fingerprint != workflow.fingerprint or not w.fingerprint, -w.resolved_ns))
     return WorkflowPublic(workflow=workflow.to_dict(), similar=[
         {k: w.to_dict()[k] for k in ("incident_id", "run_id", "title", "fingerprint", "root_cause",
-                                     "resolved_by", "resolved_ns")} for w in similar[:SIMILAR]])
+                                     "resolved_by", "resolved_ns")} for w in similar[:SIMILAR]],
+        confirmed_causes=ranked_causes(library, workflow.fingerprint)[:SIMILAR])
 
 
 @router.get("/{incident_id}/workflow", response_model=WorkflowPublic,

@@ -124,12 +124,13 @@ async function stream(path, on) {
 }
 
 async function runsPage(params) {
-  const status = params.get("status") || "";
-  const page = await api(`/api/v1/runs?limit=200${status ? `&status=${encodeURIComponent(status)}` : ""}`);
+  const status = params.get("status") || "", tag = params.get("tag") || "";
+  const page = await api(`/api/v1/runs?limit=200${status ? `&status=${encodeURIComponent(status)}` : ""}${tag ? `&tag=${encodeURIComponent(tag)}` : ""}`);
   const options = ["", "running", "finished", "failed", "stalled", "lost"]
     .map((s) => `<option value="${s}" ${s === status ? "selected" : ""}>${s || "any status"}</option>`).join("");
   view.innerHTML = `<h1>Runs</h1>
     <div class="filters"><label>Status <select id="status">${options}</select></label>
+      <form id="tag-form"><label>Tag <input id="tag" placeholder="key or key=value" value="${esc(tag)}"></label></form>
       <span class="muted">${page.items.length} run(s)</span></div>
     <table id="runs"><thead><tr><th>Run</th><th>Status</th><th>Health</th><th>Last step</th><th>Open incidents</th>
       <th>Ranks</th><th>Last event</th></tr></thead><tbody>
@@ -137,9 +138,15 @@ async function runsPage(params) {
         <div class="muted">${esc(r.run_id)}</div></td><td>${pill(r.status)}</td><td>${pill(r.health)}</td>
         <td>${r.last_step}</td><td>${r.open_incidents}</td><td>${r.world_size}</td><td>${when(r.last_event_ns)}</td></tr>`).join("")}
     </tbody></table>`;
-  document.getElementById("status").addEventListener("change", (ev) => {
-    location.hash = ev.target.value ? `#/runs?status=${ev.target.value}` : "#/runs";
-  });
+  const filter = () => {
+    const q = new URLSearchParams();
+    const s = document.getElementById("status").value, t = document.getElementById("tag").value.trim();
+    if (s) q.set("status", s);
+    if (t) q.set("tag", t);
+    location.hash = q.toString() ? `#/runs?${q}` : "#/runs";
+  };
+  document.getElementById("status").addEventListener("change", filter);
+  document.getElementById("tag-form").addEventListener("submit", (ev) => { ev.preventDefault(); filter(); });
 }
 
 async function runPage(runId, params) {
@@ -314,6 +321,9 @@ async function workflowPanel(inc) {
         <button id="wf-resolve">Resolve</button></div>
       <div class="filters"><input id="wf-note" placeholder="a note" size="60"><button id="wf-add-note">Add note</button></div>
       <ul class="plain" id="wf-notes">${w.notes.map((n) => `<li><span class="muted">${esc(n.by)} · ${when(n.time_ns)}</span> ${esc(n.text)}</li>`).join("")}</ul>
+      <h3>Root causes confirmed before for ${esc(inc.category)}/${esc(inc.subtype)}</h3>
+      <ol id="confirmed">${data.confirmed_causes.map((c) => `<li><b>${esc(c.root_cause)}</b>
+        <span class="muted">${c.count}x${c.same_fingerprint ? `, ${c.same_fingerprint}x with this stack` : ""}, last ${when(c.last_resolved_ns)}</span></li>`).join("") || '<li class="muted">none yet: resolving this incident starts the library</li>'}</ol>
       <h3>Similar incidents, resolved</h3>
       <ul class="plain" id="similar">${data.similar.map((x) => `<li><a href="#/incidents/${encodeURIComponent(x.incident_id)}">${esc(x.title || x.incident_id)}</a>
         <span class="muted">run ${esc(x.run_id)}</span><br>root cause: <b>${esc(x.root_cause)}</b></li>`).join("") || '<li class="muted">none yet</li>'}</ul>
