@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
@@ -57,18 +59,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    from .storage.base import format_ns
     from .storage.sqlite import open_sqlite_stores
 
     stores = open_sqlite_stores(_settings(args).data_dir)
     try:
         projects = stores.projects
         if args.action == "create":
-            token = projects.create_token(args.project, args.kind, args.description or "")
+            expires = time.time_ns() + int(parse_duration(args.expires_in) * 1e9) if args.expires_in else 0
+            token = projects.create_token(args.project, args.kind, args.description or "", expires_ns=expires)
             print(token)
         elif args.action == "list":
             for info in projects.list_tokens(args.project):
-                state = "revoked" if info.revoked else "active"
-                print(f"{info.token_id}\t{info.project}\t{info.kind}\t{state}\t{info.description}")
+                state = "revoked" if info.revoked else "expired" if info.expired() else "active"
+                until = f"until {format_ns(info.expires_ns)}" if info.expires_ns else "no expiry"
+                print(f"{info.token_id}\t{info.project}\t{info.kind}\t{state}\t{until}\t{info.description}")
         elif args.action == "revoke":
             if not projects.revoke(args.token_id):
                 print(f"no such token: {args.token_id}", file=sys.stderr)
@@ -77,6 +82,19 @@ def cmd_token(args: argparse.Namespace) -> int:
     finally:
         stores.close()
     return 0
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``"90s"``, ``"15m"``, ``"12h"``, ``"30d"``, ``"2w"`` → seconds (> 0); ValueError with the forms."""
+    m = _DURATION_RE.match(text)
+    if m is None or float(m.group(1)) <= 0:
+        raise ValueError(f"a duration is a positive number with a unit s, m, h, d or w (e.g. 30d), "
+                         f"got {text!r}")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 def _rank_value(text: str, what: str) -> Tuple[int, str]:
@@ -287,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--project", default=None)
     token.add_argument("--kind", choices=["ingest", "read"], default="ingest")
     token.add_argument("--description", default="")
+    token.add_argument("--expires-in", default=None, metavar="DURATION",
+                       help="create: the token stops working after this long (90s, 15m, 12h, 30d, 2w)")
     token.add_argument("--token-id", dest="token_id", default=None)
     token.add_argument("--data-dir")
     token.set_defaults(func=cmd_token)
@@ -304,6 +324,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "token" and args.action == "revoke" and not args.token_id:
         print("token revoke needs --token-id", file=sys.stderr)
         return 2
+    if args.command == "token" and args.expires_in is not None:
+        try:
+            parse_duration(args.expires_in)
+        except ValueError as exc:
+            print(f"--expires-in: {exc}", file=sys.stderr)
+            return 2
     code: int = args.func(args)
     return code
 

@@ -97,3 +97,4 @@ def test_confirmed_causes_are_merged_and_ranked() -> None:
     # this stack's cause first, then the most frequent (merged across case and spacing), then the most recent
     assert [(c["root_cause"], c["count"], c["same_fingerprint"]) for c in ranked] == [
         ("a memory leak in eval", 1, 1), ("Batch too large", 2, 0), ("activation checkpointing off", 1, 0)]
+

@@ -204,3 +204,10 @@ def test_readyz_reflects_the_processor(world: World) -> None:
         assert world.client.get("/readyz").json() == {"status": "ready"}
     finally:
         world.processor.stop()
+
+
+def test_an_expired_token_is_refused_with_when(world: World) -> None:
+    token = world.projects.create_token("alpha", "read", expires_ns=1_700_000_000 * 10**9)
+    response = world.client.get("/api/v1/runs", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 401
+    assert response.json()["detail"] == "token expired at 2023-11-14T22:13:20Z: create a new one"

@@ -393,6 +393,14 @@ def test_bad_token(srv: Server, authorization: str | None, message: str) -> None
     assert srv.queued() == []
 
 
+def test_expired_token(srv: Server) -> None:
+    token = srv.gateway.projects.create_token("alpha", "ingest", expires_ns=1_700_000_000 * 10**9)
+    r = srv.client.post("/v1/ingest", content=json.dumps({"events": [metric_event()]}),
+                        headers={"Content-Type": JSON, "Authorization": f"Bearer {token}"})
+    assert (r.status_code, detail(r)) == (401, "token expired at 2023-11-14T22:13:20Z: create a new one")
+    assert srv.queued() == []
+
+
 def test_revoked_token(srv: Server) -> None:
     r = srv.post_events([metric_event()], token="revoked")
     assert (r.status_code, detail(r), r.headers["www-authenticate"]) == (401, "invalid or revoked token", "Bearer")

@@ -6,6 +6,7 @@ Adding an implementation is one line in IMPLEMENTATIONS (factory: tmp_path, pyte
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List
 
@@ -144,3 +145,42 @@ def test_concurrent_authentication_and_creation(store: ProjectStore) -> None:
         t.join()
     assert failures == []
     assert len(store.list_tokens()) == 5 + 4 * 50
+
+
+def test_tokens_expire_and_say_so(store: ProjectStore) -> None:
+    now = time.time_ns()
+    past = store.create_token("alpha", "read", "ci", expires_ns=now - 10**9)
+    future = store.create_token("alpha", "read", "laptop", expires_ns=now + 3600 * 10**9)
+    forever = store.create_token("alpha", "ingest")
+    assert store.authenticate(past) is None
+    info = store.lookup(past)
+    assert info is not None and info.expired() and store.expired_at(past) == now - 10**9
+    ok = store.authenticate(future)
+    assert ok is not None and not ok.expired() and store.expired_at(future) == 0
+    assert store.authenticate(forever) is not None and store.lookup(forever).expires_ns == 0  # type: ignore[union-attr]
+    store.revoke(store.lookup(past).token_id)  # type: ignore[union-attr]
+    assert store.expired_at(past) == 0  # revoked says "revoked", not "expired"
+    assert store.expired_at("tg_read_nonsense") == 0
+    listed = {i.description: i for i in store.list_tokens("alpha")}
+    assert listed["laptop"].expires_ns == now + 3600 * 10**9
+
+
+def test_a_tokens_table_from_before_expiry_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "projects.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE projects (name TEXT PRIMARY KEY, created_ns INTEGER NOT NULL) WITHOUT ROWID;
+        CREATE TABLE tokens (token_id TEXT PRIMARY KEY, project TEXT NOT NULL, kind TEXT NOT NULL,
+            secret_sha256 TEXT NOT NULL, created_ns INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0,
+            description TEXT NOT NULL DEFAULT '') WITHOUT ROWID;
+        PRAGMA user_version = 1;""")
+    conn.close()
+    store = SqliteProjectStore(path)
+    try:
+        token = store.create_token("alpha", "read")
+        info = store.authenticate(token)
+        assert info is not None and info.expires_ns == 0
+    finally:
+        store.close()

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 from fastapi import Depends, Header, HTTPException, Request
 
-from ..storage.base import EventStore, IncidentStore, MetricStore, ProjectStore
+from ..storage.base import EventStore, IncidentStore, MetricStore, ProjectStore, format_ns
 
 
 @dataclass
@@ -44,7 +44,10 @@ def read_project(services: ServicesDep,
                             headers={"WWW-Authenticate": "Bearer"})
     info = services.projects.authenticate(token.strip())
     if info is None:
-        raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
+        expired = services.projects.expired_at(token.strip())
+        detail = f"token expired at {format_ns(expired)}: create a new one" if expired else \
+            "unknown or revoked token"
+        raise HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
     if info.kind != "read":
         raise HTTPException(403, f"{info.kind} tokens cannot read; use a read token")
     return info.project

@@ -44,7 +44,7 @@ from trainguard.v1 import events_pb2, ingest_pb2
 
 from ..config import Settings
 from ..queue.base import Queue, QueueFull
-from ..storage.base import ProjectStore, TokenInfo
+from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .validate import Limits, validate_batch
 
 __all__ = [
@@ -409,6 +409,9 @@ class Gateway:
         info = self.projects.authenticate(token)
         if info is None:
             self.stats.add(auth_failures=1)
+            expired = self.projects.expired_at(token)
+            if expired:
+                raise Unauthenticated(f"token expired at {format_ns(expired)}: create a new one")
             raise Unauthenticated("invalid or revoked token")
         if info.kind != "ingest":
             self.stats.add(auth_failures=1)

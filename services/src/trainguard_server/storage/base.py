@@ -6,6 +6,7 @@ can re-apply a batch after a crash.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Dict, Generic, List, Optional, Sequence, TypeVar
@@ -246,14 +247,24 @@ class TokenInfo:
     created_ns: int
     revoked: bool = False
     description: str = ""
+    expires_ns: int = 0        # 0: never
+
+    def expired(self, now_ns: Optional[int] = None) -> bool:
+        return bool(self.expires_ns) and self.expires_ns <= (time.time_ns() if now_ns is None else now_ns)
+
+
+def format_ns(ns: int) -> str:
+    """A time in ns as ISO 8601 UTC to the second (for messages)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))
 
 
 class ProjectStore(ABC):
     """Projects and their tokens. Tokens are stored hashed; the secret is shown once at creation."""
 
     @abstractmethod
-    def create_token(self, project: str, kind: str, description: str = "") -> str:
-        """Create (and the project if new); returns the secret token text."""
+    def create_token(self, project: str, kind: str, description: str = "", expires_ns: int = 0) -> str:
+        """Create (and the project if new); returns the secret token text. ``expires_ns``: when it stops
+        working (0: never)."""
 
     @abstractmethod
     def add_token(self, project: str, kind: str, token: str, description: str = "") -> TokenInfo:
@@ -261,8 +272,19 @@ class ProjectStore(ABC):
         Raises ValueError if the text is not a well-formed token or already exists."""
 
     @abstractmethod
+    def lookup(self, token: str) -> Optional[TokenInfo]:
+        """The token's info when the text is well formed and its secret matches, whatever its state
+        (revoked, expired) -- to tell a caller why it is refused; None otherwise."""
+
     def authenticate(self, token: str) -> Optional[TokenInfo]:
-        """The token's info if it exists and is not revoked, else None."""
+        """The token's info if it exists, is not revoked and has not expired, else None."""
+        info = self.lookup(token)
+        return None if info is None or info.revoked or info.expired() else info
+
+    def expired_at(self, token: str) -> int:
+        """When a token that would otherwise be valid expired (ns), else 0: a refused token's reason."""
+        info = self.lookup(token)
+        return info.expires_ns if info is not None and not info.revoked and info.expired() else 0
 
     @abstractmethod
     def list_tokens(self, project: Optional[str] = None) -> List[TokenInfo]: ...

@@ -710,10 +710,10 @@ class MemoryProjectStore(ProjectStore):
         self._projects: Dict[str, int] = {}
         self._tokens: Dict[str, _Token] = {}
 
-    def create_token(self, project: str, kind: str, description: str = "") -> str:
+    def create_token(self, project: str, kind: str, description: str = "", expires_ns: int = 0) -> str:
         check_project_name(project)
         text, token_id, secret = new_token(kind)
-        self._add(project, kind, token_id, secret, description)
+        self._add(project, kind, token_id, secret, description, expires_ns)
         return text
 
     def add_token(self, project: str, kind: str, token: str, description: str = "") -> TokenInfo:
@@ -726,25 +726,24 @@ class MemoryProjectStore(ProjectStore):
                 raise ValueError(f"token {token_id} already exists")
             return self._add(project, kind, token_id, secret, description)
 
-    def _add(self, project: str, kind: str, token_id: str, secret: str, description: str) -> TokenInfo:
+    def _add(self, project: str, kind: str, token_id: str, secret: str, description: str,
+             expires_ns: int = 0) -> TokenInfo:
         now = time.time_ns()
         info = TokenInfo(token_id=token_id, project=project, kind=kind, created_ns=now,
-                         description=description)
+                         description=description, expires_ns=int(expires_ns))
         with self._lock:
             self._projects.setdefault(project, now)
             self._tokens[token_id] = _Token(info=info, secret_sha256=hash_secret(secret))
         return copy.copy(info)
 
-    def authenticate(self, token: str) -> Optional[TokenInfo]:
+    def lookup(self, token: str) -> Optional[TokenInfo]:
         parts = split_token(token)
         if parts is None:
             return None
         kind, token_id, secret = parts
         with self._lock:
             stored = self._tokens.get(token_id)
-        if stored is None or not secret_matches(secret, stored.secret_sha256):
-            return None
-        if stored.info.revoked or stored.info.kind != kind:
+        if stored is None or not secret_matches(secret, stored.secret_sha256) or stored.info.kind != kind:
             return None
         return copy.copy(stored.info)
 

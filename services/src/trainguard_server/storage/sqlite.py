@@ -739,17 +739,18 @@ CREATE TABLE IF NOT EXISTS tokens (
     secret_sha256  TEXT NOT NULL,      -- the secret itself is never stored
     created_ns     INTEGER NOT NULL,
     revoked        INTEGER NOT NULL DEFAULT 0,
-    description    TEXT NOT NULL DEFAULT ''
+    description    TEXT NOT NULL DEFAULT '',
+    expires_ns     INTEGER NOT NULL DEFAULT 0   -- 0: never
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS tokens_by_project ON tokens (project, created_ns);
 """
 
-_TOKEN_COLUMNS = "token_id, project, kind, created_ns, revoked, description"
+_TOKEN_COLUMNS = "token_id, project, kind, created_ns, revoked, description, expires_ns"
 
 
 def _token_info(row: Sequence[Any]) -> TokenInfo:
     return TokenInfo(token_id=row[0], project=row[1], kind=row[2], created_ns=row[3], revoked=bool(row[4]),
-                     description=row[5])
+                     description=row[5], expires_ns=int(row[6]))
 
 
 class SqliteProjectStore(ProjectStore):
@@ -758,11 +759,15 @@ class SqliteProjectStore(ProjectStore):
 
     def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
         self._db = Database(path, _PROJECTS_SCHEMA, synchronous=synchronous)
+        with self._db.write() as conn:  # a tokens table from before token expiry: add the column
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(tokens)")}
+            if "expires_ns" not in columns:
+                conn.execute("ALTER TABLE tokens ADD COLUMN expires_ns INTEGER NOT NULL DEFAULT 0")
 
-    def create_token(self, project: str, kind: str, description: str = "") -> str:
+    def create_token(self, project: str, kind: str, description: str = "", expires_ns: int = 0) -> str:
         check_project_name(project)
         text, token_id, secret = new_token(kind)
-        self._insert(project, kind, token_id, secret, description)
+        self._insert(project, kind, token_id, secret, description, expires_ns)
         return text
 
     def add_token(self, project: str, kind: str, token: str, description: str = "") -> TokenInfo:
@@ -778,30 +783,31 @@ class SqliteProjectStore(ProjectStore):
                                 (token_id,)).fetchone()
         return _token_info(info)
 
-    def _insert(self, project: str, kind: str, token_id: str, secret: str, description: str) -> None:
+    def _insert(self, project: str, kind: str, token_id: str, secret: str, description: str,
+                expires_ns: int = 0) -> None:
         with self._db.write() as conn:
-            self._insert_in(conn, project, kind, token_id, secret, description)
+            self._insert_in(conn, project, kind, token_id, secret, description, expires_ns)
 
     @staticmethod
     def _insert_in(conn: sqlite3.Connection, project: str, kind: str, token_id: str, secret: str,
-                   description: str) -> None:
+                   description: str, expires_ns: int = 0) -> None:
         now = time.time_ns()
         conn.execute("INSERT OR IGNORE INTO projects (name, created_ns) VALUES (?, ?)", (project, now))
-        conn.execute("INSERT INTO tokens (token_id, project, kind, secret_sha256, created_ns, description) "
-                     "VALUES (?, ?, ?, ?, ?, ?)",
-                     (token_id, project, kind, hash_secret(secret), now, description))
+        conn.execute("INSERT INTO tokens (token_id, project, kind, secret_sha256, created_ns, description, "
+                     "expires_ns) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (token_id, project, kind, hash_secret(secret), now, description, int(expires_ns)))
 
-    def authenticate(self, token: str) -> Optional[TokenInfo]:
+    def lookup(self, token: str) -> Optional[TokenInfo]:
         parts = split_token(token)
         if parts is None:
             return None
         kind, token_id, secret = parts
         row = self._db.reader().execute(
             f"SELECT {_TOKEN_COLUMNS}, secret_sha256 FROM tokens WHERE token_id = ?", (token_id,)).fetchone()
-        if row is None or not secret_matches(secret, row[6]):
+        if row is None or not secret_matches(secret, row[7]):
             return None
         info = _token_info(row)
-        return None if info.revoked or info.kind != kind else info
+        return None if info.kind != kind else info
 
     def list_tokens(self, project: Optional[str] = None) -> List[TokenInfo]:
         sql = f"SELECT {_TOKEN_COLUMNS} FROM tokens"
