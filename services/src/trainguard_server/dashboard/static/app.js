@@ -13,9 +13,9 @@ const REFRESH_MS = 2000;           // a live run's plots redraw at most this oft
 const MAX_POINTS = 600;            // buckets per series asked of the API (server-side downsampling keeps spikes)
 const HEATMAP_LAYERS = 48;         // per-layer gradient norms shown in the heatmap (the first, by name)
 const HEATMAP_POINTS = 200;        // step buckets of the heatmap
-const PLOTTED = [                  // the metrics a run page plots first, when the run has them
-  "loss", "grad/global_norm", "lr", "grad/clip_rate", "amp/scale", "mem/allocated", "mem/reserved",
-  "mem/fragmentation", "time/step_s",
+const PLOTTED = [                  // the metrics a run page plots first, when the run has them (SDK names)
+  "loss", "grad/global_norm", "opt/lr", "lr", "grad/clip_rate", "grad/clip_triggered", "amp/scale",
+  "mem/allocated", "mem/reserved", "mem/fragmentation", "mem/max_allocated", "mem/rss", "time/step_s",
 ];
 let liveStream = null;             // the AbortController of the open run stream (server-sent events)
 const charts = [];
