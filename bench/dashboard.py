@@ -89,16 +89,9 @@ def api_latency(server: ingest.Server, run_id: str, n: int) -> List[float]:
 
 
 def page_loads(server: ingest.Server, run_id: str, n: int) -> List[float]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
+    from tests.support.browser import chrome
 
-    options = Options()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    driver = webdriver.Chrome(options=options,
-                              service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"))
+    driver = chrome()
     out = []
     try:
         driver.get(server.http_url + "/ui/")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -21,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.scenarios.corpus import BY_NAME, retimed
 from tests.support.kafka import Tansu, free_port
-from tests.support.processes import bootstrap_tokens, healthy, start_role
+from tests.support.processes import bootstrap_tokens, healthy, start_role, stop_all
 from tests.support.waiting import poll
 from trainguard.transport.http import HttpTransport
 from trainguard_server.storage.sqlite import open_sqlite_stores
@@ -103,19 +102,6 @@ def test_gateway_kafka_flink_kafka_yields_every_runs_verdict(tmp_path: Path) -> 
             assert poll(lambda: all(stores.events.get(tokens["project"], e) is not None for e in raw_ids), 60)
         finally:
             stores.close()
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    if proc.args[0] == str(FLINK_PYTHON):  # the job and its mini-cluster's workers
-                        os.killpg(proc.pid, signal.SIGTERM)
-                    else:
-                        proc.send_signal(signal.SIGTERM)
-                except OSError:
-                    pass
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    finally:  # the Flink job with its mini-cluster's workers: a process group
+        stop_all(procs, groups=[p for p in procs if p.args[0] == str(FLINK_PYTHON)])
         broker.stop(kill=True)

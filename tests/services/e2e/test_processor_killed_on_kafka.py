@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 
 from tests.scenarios.corpus import BY_NAME, retimed
 from tests.support.kafka import Tansu, free_port
-from tests.support.processes import bootstrap_tokens, healthy, start_role
+from tests.support.processes import bootstrap_tokens, healthy, start_role, stop_all
 from tests.support.waiting import poll
 from trainguard.transport.http import HttpTransport
 from trainguard_server.storage.sqlite import open_sqlite_stores
@@ -81,14 +81,7 @@ def test_a_sigkilled_processor_resumes_from_committed_offsets(tmp_path: Path) ->
             stores.close()
         assert 1 <= done_before < len(expected)  # killed with part of the backlog not yet processed
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         broker.stop(kill=True)
 
 

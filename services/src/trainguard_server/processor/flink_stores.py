@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
-from trainguard import wire
 from trainguard.core.pipeline import PipelineOutput
 from trainguard.core.records import Cluster, Incident, RunRecord
-from trainguard.v1 import ingest_pb2
 
-from ..queue.base import Queue, QueueRecord
+from ..queue.base import Queue
 from ..storage.base import EventStore, IncidentStore, MetricStore
 from .embedded import EmbeddedProcessor
 
@@ -61,19 +59,8 @@ class FlinkStoresProcessor(EmbeddedProcessor):
         self.results = results
         self.results_applied = 0
 
-    def _process(self, records: Sequence[QueueRecord]) -> None:
-        envelopes: List[Dict[str, Any]] = []
-        for record in records:
-            try:
-                request = ingest_pb2.IngestRequest.FromString(record.value)
-                envelopes.extend(wire.envelope_to_dict(ev) for ev in request.events)
-            except Exception as exc:
-                self.stats.undecodable += 1
-                log.error("undecodable queue record %s/%s: %s", record.partition, record.offset, exc)
-        self._store_raw(envelopes)
-        self.stats.records += len(records)
-        self.stats.events += len(envelopes)
-        self._uncommitted.extend(records)
+    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]]) -> None:
+        """Nothing: the Flink job runs the pipeline; this stores raw context and metrics only."""
 
     def _checkpoint_locked(self) -> None:  # no pipeline state to save: commit what was stored
         if self._uncommitted:
