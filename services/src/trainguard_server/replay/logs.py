@@ -275,43 +275,29 @@ class _Stream:
         return block
 
 
-class LogReader:
-    """Iterates the :class:`LogItem` of one log file (see the module doc). ``rank``: the rank of lines
-    without a rank prefix; ``min_level``: log lines whose level (:func:`line_level`) is below it are left
-    out and counted (``""``: every line; exceptions are always kept); ``on_bytes(n)`` is called with the
-    size of every line read (progress)."""
+class LogSegmenter:
+    """The incremental core of :class:`LogReader`: lines in, :class:`LogItem` out (see the module doc).
 
-    def __init__(self, path: Path, rank: int = 0, *, min_level: str = "",
-                 on_bytes: Optional[Callable[[int], None]] = None) -> None:
-        self.path = path
+    ``feed(number, line, time_ns, precision_ns)`` takes one cleaned line (:func:`clean_line`) with the time
+    it was written (or None); ``take()`` returns the items that are complete and ordered (an open traceback
+    holds back everything after its first line); ``flush()`` closes the open blocks (end of input, or a
+    source that went quiet) and returns everything left. ``rank`` and ``min_level`` as for LogReader."""
+
+    def __init__(self, rank: int = 0, *, min_level: str = "") -> None:
         self.rank = rank
         self.min_level = LEVEL_ORDER[min_level]
-        self.on_bytes = on_bytes
         self.stats = LogStats()
-        try:
-            self.year = datetime.fromtimestamp(path.stat().st_mtime).year
-        except OSError:
-            self.year = datetime.now().year
         self._streams: Dict[int, _Stream] = {}
         self._pending: List[Tuple[int, int, LogItem]] = []  # (first line, seq, item): released in order
         self._seq = 0
-        self._last_ts: Optional[int] = None
-        self._last_precision = 1
 
-    def __iter__(self) -> Iterator[LogItem]:
-        with open(self.path, "rb") as fh:
-            for number, raw in enumerate(fh, 1):
-                if self.on_bytes is not None:
-                    self.on_bytes(len(raw))
-                self._feed(number, clean_line(raw.decode("utf-8", "replace")))
-                yield from self._release()
-        for stream in self._streams.values():
-            if stream.mode is not None:
-                self._close(stream)
-        yield from self._release(final=True)
+    @property
+    def open_blocks(self) -> int:
+        """Tracebacks still being read."""
+        return sum(1 for s in self._streams.values() if s.mode is not None)
 
-    # -- feeding ----------------------------------------------------------------------------------------
-    def _feed(self, number: int, line: str) -> None:
+    def feed(self, number: int, line: str, time_ns: Optional[int], precision_ns: int = 1) -> None:
+        """One line (already cleaned), line number ``number``."""
         prefixed, text = split_prefix(line)
         rank = self.rank if prefixed is None else prefixed
         stream = self._streams.get(rank)
@@ -319,10 +305,6 @@ class LogReader:
             stream = self._streams[rank] = _Stream(rank)
         if text.strip():
             self.stats.lines += 1
-            stamp = leading_stamp(text, self.year)
-            if stamp is not None:
-                self.stats.timestamped += 1
-                self._last_ts, self._last_precision = stamp
         if stream.mode is not None:
             belongs, ends = stream.continues(text)
             if belongs:
@@ -337,9 +319,20 @@ class LogReader:
             return
         mode = _starts_block(text)
         if mode is not None:
-            stream.start(mode, number, text, self._last_ts, self._last_precision)
+            stream.start(mode, number, text, time_ns, precision_ns)
             return
-        self._line(rank, number, text, self._last_ts, self._last_precision)
+        self._line(rank, number, text, time_ns, precision_ns)
+
+    def take(self) -> List[LogItem]:
+        """Items whose first line precedes every open block's, in line order."""
+        return list(self._release())
+
+    def flush(self) -> List[LogItem]:
+        """Close every open block; all items left, in line order."""
+        for stream in self._streams.values():
+            if stream.mode is not None:
+                self._close(stream)
+        return list(self._release(final=True))
 
     def _close(self, stream: _Stream) -> None:
         time_ns, precision_ns = stream.time_ns, stream.precision_ns
@@ -375,7 +368,6 @@ class LogReader:
         heapq.heappush(self._pending, (item.line, self._seq, item))
 
     def _release(self, final: bool = False) -> Iterator[LogItem]:
-        """Items whose first line precedes every open block's (all of them at the end)."""
         pending = self._pending
         if not pending:
             return
@@ -383,6 +375,43 @@ class LogReader:
                                        default=None)
         while pending and (limit is None or pending[0][0] < limit):
             yield heapq.heappop(pending)[2]
+
+
+class LogReader:
+    """Iterates the :class:`LogItem` of one log file (see the module doc). ``rank``: the rank of lines
+    without a rank prefix; ``min_level``: log lines whose level (:func:`line_level`) is below it are left
+    out and counted (``""``: every line; exceptions are always kept); ``on_bytes(n)`` is called with the
+    size of every line read (progress)."""
+
+    def __init__(self, path: Path, rank: int = 0, *, min_level: str = "",
+                 on_bytes: Optional[Callable[[int], None]] = None) -> None:
+        self.path = path
+        self.rank = rank
+        self.on_bytes = on_bytes
+        self._segmenter = LogSegmenter(rank, min_level=min_level)
+        self.stats = self._segmenter.stats
+        try:
+            self.year = datetime.fromtimestamp(path.stat().st_mtime).year
+        except OSError:
+            self.year = datetime.now().year
+        self._last_ts: Optional[int] = None
+        self._last_precision = 1
+
+    def __iter__(self) -> Iterator[LogItem]:
+        segmenter = self._segmenter
+        with open(self.path, "rb") as fh:
+            for number, raw in enumerate(fh, 1):
+                if self.on_bytes is not None:
+                    self.on_bytes(len(raw))
+                line = clean_line(raw.decode("utf-8", "replace"))
+                if line.strip():
+                    stamp = leading_stamp(split_prefix(line)[1], self.year)
+                    if stamp is not None:
+                        self.stats.timestamped += 1
+                        self._last_ts, self._last_precision = stamp
+                segmenter.feed(number, line, self._last_ts, self._last_precision)
+                yield from segmenter.take()
+        yield from segmenter.flush()
 
 
 @dataclass
