@@ -312,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     token.set_defaults(func=cmd_token)
 
     _add_replay(sub)
+    from .agent.cli import add_agent_parser
+
+    add_agent_parser(sub)
     return parser
 
 

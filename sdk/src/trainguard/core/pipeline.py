@@ -233,9 +233,17 @@ class Pipeline:
         elif ev.kind == "lifecycle":
             self._on_lifecycle(run, rank, ev, settings)
         elif ev.kind == "log":  # NCCL / CUDA error text printed by the job: the error-text classifier
-            finding = process.on_log(run, rank, ev.raw, ev.body, _step_of(ev, rank), ev.time_ns, settings)
-            if finding is not None:
-                self._apply(run, finding, settings)
+            source = as_str(ev.body.get("source"))
+            if source.startswith("agent:"):  # the sidecar agent's hang report / end of one
+                stall = progress.on_agent_report(run, rank, source, as_str(ev.body.get("message")),
+                                                 ev.time_ns, ev.event_id, settings)
+                st = self._apply(run, stall, settings) if stall is not None else None
+                if st is not None and st.key.startswith(progress.STALL_PREFIX):
+                    progress.joined_stall(run, rank, st.key)
+            else:
+                finding = process.on_log(run, rank, ev.raw, ev.body, _step_of(ev, rank), ev.time_ns, settings)
+                if finding is not None:
+                    self._apply(run, finding, settings)
         elif ev.kind == "memory":
             diagnosis.observe_memory(rank, ev.body)
             for finding in memory.on_memory(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings):

@@ -50,17 +50,21 @@ class HttpTransport(Transport):
         return self._conn
 
     def send(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
-        body = encode_batch(events)
+        return _parse_result(self.exchange(encode_batch(events), timeout))
+
+    def exchange(self, body: bytes, timeout: float, content_type: str = "application/json") -> bytes:
+        """POST ``body`` (of ``content_type``; the agent relays protobuf bodies) and return the 200
+        response's body; raises TransportError as described in the module doc."""
         reused = self._conn is not None
         try:
-            status, data, retry_after = self._post(body, timeout)
+            status, data, retry_after = self._post(body, timeout, content_type)
         except _STALE_CONNECTION:
             self.close()
             if not reused:
                 raise TransportError("connection dropped", retryable=True, status="connection") from None
             # a kept-alive connection the server closed (restart, idle timeout): one fresh try
             try:
-                status, data, retry_after = self._post(body, timeout)
+                status, data, retry_after = self._post(body, timeout, content_type)
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 raise TransportError(f"{type(exc).__name__}: {exc}", retryable=True,
@@ -70,16 +74,18 @@ class HttpTransport(Transport):
             raise TransportError(f"{type(exc).__name__}: {exc}", retryable=True,
                                  status="connection") from None
         if status == 200:
-            return _parse_result(data)
+            return data
         message = _error_message(data)
         if status in (408, 429) or status >= 500:
             raise TransportError(f"HTTP {status}: {message}", retryable=True, retry_after=retry_after,
                                  status=str(status))
         raise TransportError(f"HTTP {status}: {message}", retryable=False, status=str(status))
 
-    def _post(self, body: bytes, timeout: float) -> Tuple[int, bytes, Optional[float]]:
+    def _post(self, body: bytes, timeout: float, content_type: str) -> Tuple[int, bytes, Optional[float]]:
         conn = self._connection(timeout)
-        conn.request("POST", self._path, body=body, headers=self._headers)
+        headers = self._headers if content_type == "application/json" else \
+            dict(self._headers, **{"Content-Type": content_type})
+        conn.request("POST", self._path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
         return response.status, data, parse_retry_after(response.getheader("Retry-After"))

@@ -22,6 +22,8 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
   now + max_future_skew]
   ======================================================  ==================
 
+* ``project == ""`` (the agent's relay, which does not know its token's project) skips the project check
+  and leaves ``project`` as sent: the upstream gateway scopes the events.
 * Normalisation, in place: an empty ``project`` becomes the token's project; ``time_unix_nano == 0``
   (unset) becomes the receive time ``now_ns``. Nothing else is changed.
 * NaN and ±Inf metric values are legal. Enum fields may hold numbers this version does not name (proto3
@@ -228,7 +230,9 @@ def _check(env: Any, where: str, project: str, now_ns: int, limits: Limits,
         return Rejection("missing_field", f"{where}.payload: required (one of {', '.join(PAYLOADS)})"), False
     mutated = False
     owner = env.project
-    if not owner:
+    if not project:
+        pass  # a relay that does not know the token's project: the upstream gateway checks it
+    elif not owner:
         env.project = project
         mutated = True
     elif owner != project:
@@ -311,7 +315,7 @@ def validate_batch(events: Sequence[events_pb2.Envelope], *, project: str, now_n
         suspects.update(k for k, x in enumerate(run_ids) if not x or len(x) > max_id)
 
     projects = [e.project for e in events]
-    if len(set(projects)) != 1 or projects[0] != project:
+    if project and (len(set(projects)) != 1 or projects[0] != project):
         for k, p in enumerate(projects):
             if p == project:
                 continue

@@ -22,6 +22,7 @@ never exited, led by the one silent longest; it resolves when an event newer tha
 
 from __future__ import annotations
 
+import re
 from typing import List, Optional, Tuple
 
 from ..catalogue import DetectionSettings
@@ -236,3 +237,77 @@ def on_alive(run: RunState, rank: RankState, time_ns: int, settings: DetectionSe
     if current is not None:
         resolve(current, time_ns, rank.max_step, rank.rank,
                 f"rank {rank.rank} is sending events again (step {rank.max_step})", settings)
+
+
+# --------------------------------------------------------------------------- the sidecar agent's reports
+
+HANG_SOURCE = "agent:hang"
+"""``LogRecord.source`` of the agent's hang report (``trainguard agent``: no step and no output)."""
+PROGRESS_SOURCE = "agent:progress"
+"""``LogRecord.source`` of the agent's note that a reported hang ended (progress again)."""
+_HANG_RE = re.compile(r"^trainguard agent: no progress for (?P<quiet>[\d.]+) s "
+                      r"\(threshold (?P<threshold>[\d.]+) "
+                      r"s = (?P<how>[^\n]*)\); last step (?P<step>-?\d+)")
+_STACKS_HEADER = "Python stacks ("
+STACK_EXCERPT_LINES = 8
+
+
+def hang_headline(quiet_s: float, threshold_s: float, how: str, last_step: int) -> str:
+    """The first line of a hang report (what :func:`on_agent_report` parses)."""
+    return (f"trainguard agent: no progress for {quiet_s:.1f} s (threshold {threshold_s:.1f} s = {how}); "
+            f"last step {last_step}")
+
+
+def _stack_excerpt(message: str) -> str:
+    at = message.find(_STACKS_HEADER)
+    if at < 0:
+        return ""
+    lines = [ln.strip() for ln in message[at:].splitlines()[1:] if ln.strip()]
+    return " | ".join(lines[:STACK_EXCERPT_LINES])[:600]
+
+
+def on_agent_report(run: RunState, rank: RankState, source: str, message: str, time_ns: int, event_id: str,
+                    settings: DetectionSettings) -> Optional[Finding]:
+    """The agent's hang report (``source == HANG_SOURCE``) as a stall finding of ``rank`` -- the agent sees
+    jobs without an SDK and the output of jobs whose SDK still heartbeats, and it attaches the process's
+    Python stacks; a report of the end of the hang (``PROGRESS_SOURCE``) counts as progress. None for
+    anything else (or a report that does not parse)."""
+    if source == PROGRESS_SOURCE:
+        if time_ns > rank.progress_ns:
+            rank.progress_ns = time_ns
+        on_progress(run, rank, time_ns, settings)
+        return None
+    if source != HANG_SOURCE or rank.exited:
+        return None
+    match = _HANG_RE.match(message)
+    if match is None:
+        return None
+    quiet, threshold = float(match.group("quiet")), float(match.group("threshold"))
+    step = max(int(match.group("step")), rank.max_step)
+    since = time_ns - int(quiet * 1e9)
+    current = run.open_incident(STALL_PREFIX)
+    key = current.key if current is not None else f"{STALL_PREFIX}{run.episodes.get('stall', 0) + 1}"
+    joins = current is None or str(rank.rank) not in current.extra.get("stalled", {})
+    stacks = _stack_excerpt(message)
+    description = (f"rank {rank.rank}: the agent saw no step and no output for {fmt_duration(quiet)}; "
+                   f"threshold {fmt_duration(threshold)} = {match.group('how')}"
+                   + (f"; stacks: {stacks}" if stacks else ""))
+    evidence = Evidence(rule="agent.hang", description=description, step=step, time_ns=time_ns,
+                        rank=rank.rank,
+                        metric="seconds_without_progress", threshold=threshold, value=round(quiet, 3),
+                        event_id=event_id)
+    timeline = [TimelineEntry(time_ns=since, step=step, rank=rank.rank,
+                              what=f"rank {rank.rank}: last step or output line"),
+                TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                              what=f"agent: no progress for {fmt_duration(quiet)} (threshold "
+                                   f"{fmt_duration(threshold)}): hung")] if joins else []
+    return Finding(
+        "progress", "stalled", key, rank.rank, step, since, seen_ns=time_ns, host=rank.host,
+        event_id=event_id,
+        evidence=[evidence], timeline=timeline,
+        values={"stalled_for": fmt_duration(quiet), "step": step, "rank": rank.rank},
+        summary=(f"Rank {rank.rank}'s process is alive but has printed nothing and advanced no step for "
+                 f"{fmt_duration(quiet)} (the agent's threshold {fmt_duration(threshold)}): a communication "
+                 f"hang, a deadlock or a blocked data pipeline. The report carries the last output lines and "
+                 f"the process's Python stacks."),
+        counts=joins, update_values=True)

@@ -1,0 +1,122 @@
+"""The job's output, line by line, into log and exception events (the agent's log tailer core).
+
+Contract of :class:`OutputCapture` (one per source: the child's stdout or stderr, or one log file):
+
+* ``line(number, raw, now_ns)`` takes one physical line (bytes decoded by the caller, newline optional).
+  It is cleaned (:func:`~trainguard_server.replay.logs.clean_line`), kept in the rank's tail (the last
+  ``tail_lines`` lines, for hang reports and the exit summary), counted as progress, and segmented
+  (:class:`~trainguard_server.replay.logs.LogSegmenter`: ``[rankN]:`` prefixes route lines to rank N;
+  Python / faulthandler / C++ tracebacks become one exception each, fingerprinted as the SDK would).
+* What is sent: every traceback; every line at or above ``min_level`` (WARNING by default, as the SDK's
+  logging integration forwards); and any lower or level-less line that the shared error-text classifier
+  (:func:`trainguard.core.classify.classify_text`) recognises (a CUDA OOM printed with ``print``, a
+  torchrun failure summary, NCCL text) -- checked only for lines holding one of :data:`NEEDLES`, so a
+  plain line costs a few substring searches.
+* torchrun's ``ChildFailedError`` summary (:data:`LAUNCHER_SUMMARY`) is sent as one ERROR log line, not
+  as an exception of the launcher.
+* Times: a line's time is when the agent read it (``now_ns``); a traceback's, its first line's.
+* ``idle(now_ns)`` closes an open traceback when the source has been quiet for ``block_quiet_s`` (a
+  process that printed its traceback and hangs on in atexit handlers); ``close()`` closes everything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional
+
+from trainguard.core.classify import classify_text
+
+from ..replay.logs import LEVEL_ORDER, LogItem, LogSegmenter, clean_line, split_prefix
+from .events import Event, EventBuilder
+
+NEEDLES = ("out of memory", "CUDA", "NCCL", "nccl", "Watchdog", "ChildFailedError", "exitcode", "Xid",
+           "Fatal Python error", "mismatch", "Timed out", "timed out", "rendezvous", "Rendezvous",
+           "Connection reset", "Connection closed", "device-side assert", "Assertion", "Traceback")
+"""Substrings that make a below-level line worth the classifier's look."""
+LAUNCHER_SUMMARY = "ChildFailedError"
+"""torchrun's own traceback summarising a rank's failure: the rank's failure seen again, so it is sent as the
+launcher's log text (classified as text: a comm/memory root cause in it still counts) and not as a second,
+launcher-side exception."""
+MAX_SUMMARY_CHARS = 8192
+
+
+class OutputCapture:
+    def __init__(self, source: str, rank: int, builder: EventBuilder, emit: Callable[[List[Event]], None], *,
+                 step_of: Callable[[int], int] = lambda rank: -1, min_level: str = "WARNING",
+                 tail_lines: int = 200, block_quiet_s: float = 1.0, id_source: str = "") -> None:
+        self.source = source
+        self.id_source = id_source or source
+        self.rank = rank
+        self.builder = builder
+        self.emit = emit
+        self.step_of = step_of
+        self.min_level = LEVEL_ORDER[min_level]
+        self.block_quiet_ns = int(block_quiet_s * 1e9)
+        self.segmenter = LogSegmenter(rank)
+        self.tails: Dict[int, Deque[str]] = {}
+        self.tail_lines = tail_lines
+        self.last_line_ns = 0
+        self.lines = 0
+        self.sent = 0
+        self._lock = threading.Lock()   # a pump thread feeds lines, the agent's loop calls idle()
+
+    def line(self, number: int, raw: str, now_ns: int) -> str:
+        """Take one line; returns it cleaned."""
+        with self._lock:
+            return self._line(number, raw, now_ns)
+
+    def _line(self, number: int, raw: str, now_ns: int) -> str:
+        text = clean_line(raw)
+        self.lines += 1
+        self.last_line_ns = now_ns
+        if text.strip():
+            prefixed, rest = split_prefix(text)
+            rank = self.rank if prefixed is None else prefixed
+            tail = self.tails.get(rank)
+            if tail is None:
+                tail = self.tails[rank] = deque(maxlen=self.tail_lines)
+            tail.append(rest)
+        segmenter = self.segmenter
+        segmenter.feed(number, text, now_ns)
+        items = segmenter.take()
+        if items:
+            self._send(items)
+        return text
+
+    def idle(self, now_ns: int) -> None:
+        with self._lock:
+            if self.segmenter.open_blocks and now_ns - self.last_line_ns >= self.block_quiet_ns:
+                self._send(self.segmenter.flush())
+
+    def close(self) -> None:
+        with self._lock:
+            self._send(self.segmenter.flush())
+
+    def tail(self, rank: Optional[int] = None, count: int = 30) -> List[str]:
+        """The last ``count`` lines of ``rank`` (default: the source's own rank)."""
+        lines = self.tails.get(self.rank if rank is None else rank)
+        return list(lines)[-count:] if lines else []
+
+    def _send(self, items: List[LogItem]) -> None:
+        events: List[Event] = []
+        for item in items:
+            if item.kind == "exception" and str(item.payload.get("type", "")).endswith(LAUNCHER_SUMMARY):
+                item = LogItem("log", item.rank, item.line, item.last_line, item.time_ns, "ERROR",
+                               str(item.payload.get("traceback", ""))[:MAX_SUMMARY_CHARS])
+            if item.kind != "exception" and LEVEL_ORDER[item.level] < self.min_level \
+                    and not _recognised(item.message):
+                continue
+            time_ns = item.time_ns or self.last_line_ns
+            events.append(self.builder.log_item(item, self.source, self.step_of(item.rank), time_ns,
+                                                 id_source=self.id_source))
+        if events:
+            self.sent += len(events)
+            self.emit(events)
+
+
+def _recognised(message: str) -> bool:
+    if not any(n in message for n in NEEDLES):
+        return False
+    found = classify_text(message)
+    return found is not None and found.rule != "python.exception"
