@@ -29,7 +29,7 @@ def test_sidecar_follows_the_log_file_of_a_real_run(server: ServeProcess, tmp_pa
     trainer = subprocess.run(job("crash", "--log", str(logs / "rank0.log"), "--exit-file", str(logs / "exit-code")),
                              capture_output=True, timeout=60)
     assert trainer.returncode == 1 and trainer.stdout == b""
-    out, err = agent.communicate(timeout=60)
+    _out, err = agent.communicate(timeout=60)
     assert agent.returncode == 0, err.decode()
     text = (logs / "rank0.log").read_text()
     assert "step 7 loss" in text and "IndexError" in text

@@ -10,8 +10,8 @@ Contract of :class:`ProgressWatch`:
   :data:`DEFAULT_POLICY`, overridable by flags / ``TRAINGUARD_AGENT_HANG_*``), where ``interval`` scales
   with the job: the SDK's step time when it reports steps, else the 90th percentile of the gaps between the
   job's last :data:`GAPS_KEPT` progress signals (lines come in bursts; the slow end of the cadence is what a
-  healthy job can go quiet for; the wait from the start to the first signal is not counted). Before two progress signals there is no interval and the threshold is
-  ``ceiling_s``.
+  healthy job can go quiet for; the wait from the start to the first signal is not counted). Before two
+  gaps there is no interval and the threshold is ``ceiling_s``.
 * :meth:`ProgressWatch.check` answers, at time ``now``, a :class:`Hang` once per episode when the job has
   been without progress for longer than the threshold; the episode ends (and the watch re-arms) at the next
   progress, which :meth:`progress` reports by returning the ended episode's Hang.
