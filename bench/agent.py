@@ -104,31 +104,33 @@ def main() -> None:
         rows.append(f"baseline  writer alone: {time.perf_counter() - t0:.2f} s wall, {writer_cpu:.2f} s CPU "
                     f"({writer_cpu / args.seconds:.3f} CPU-s/s), exit {base.returncode}")
 
-        proc = subprocess.Popen(agent + ["--spool-dir", str(tmp / "spool1"), "--run-id", "bench-wrapper", "--",
-                                         *writer], env=env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen([*agent, "--spool-dir", str(tmp / "spool1"), "--run-id", "bench-wrapper",
+                                 "--", *writer], env=env, stdout=subprocess.DEVNULL)
         wrapped = _watch(proc)
         rows.append(_row("wrapper", wrapped, args, writer_cpu))
 
         logs = tmp / "logs"
         logs.mkdir()
-        proc = subprocess.Popen(agent + ["--spool-dir", str(tmp / "spool2"), "--run-id", "bench-sidecar",
-                                         "--log-file", str(logs / "*.log"), "--exit-file",
-                                         str(logs / "exit-code")], env=env)
+        proc = subprocess.Popen([*agent, "--spool-dir", str(tmp / "spool2"), "--run-id", "bench-sidecar",
+                                 "--log-file", str(logs / "*.log"), "--exit-file", str(logs / "exit-code")],
+                                env=env)
         time.sleep(3.0)
         startup = _cpu_s(proc.pid)  # imports and listeners, before the job writes anything
-        subprocess.run(writer + [str(logs / "rank0.log")], env=env)
+        subprocess.run([*writer, str(logs / "rank0.log")], env=env)
         (logs / "exit-code").write_text("0\n")
         sidecar = _watch(proc)
         rows.append(_row("sidecar", sidecar, args, writer_cpu))
         for name, m in (("wrapper", wrapped), ("sidecar", sidecar)):
             steady = (m["cpu_s"] - startup) / args.seconds
-            rows.append(f"{name:<9} without the agent's start-up ({startup:.2f} CPU-s): {steady:.3f} CPU-s per "
+            rows.append(f"{name:<9} without the agent's start-up ({startup:.2f} CPU-s): {steady:.3f} CPU-s "
+                        f"per "
                         f"second of job ({steady * 100:.1f} % of one core), "
                         f"{steady / args.rate * 1e6:.1f} us CPU per line")
         time.sleep(1.0)
         for run in ("bench-wrapper", "bench-sidecar"):
             logs_sent = len(serve.pages(f"/api/v1/runs/{run}/events", kinds="log"))
-            rows.append(f"  {run}: {logs_sent} WARNING lines stored of {int(args.rate * args.seconds) // 100}")
+            expected = int(args.rate * args.seconds) // 100
+            rows.append(f"  {run}: {logs_sent} WARNING lines stored of {expected}")
     finally:
         serve.stop()
     print(f"agent overhead at {args.rate:,} lines/s for {args.seconds:g} s (python {sys.version.split()[0]}, "
