@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from .. import __version__, dashboard
 from .deps import Services
-from .routes import clusters, health, incidents, runs, search, stream, workflow
+from .routes import clusters, gate, health, incidents, runs, search, stream, workflow
 
 
 def create_app(services: Services, ingest_router: Optional[object] = None) -> FastAPI:
@@ -30,7 +30,7 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
             parts.append(f"{where}: {err.get('msg')}")
         return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
 
-    for module in (health, runs, stream, incidents, workflow, clusters, search):
+    for module in (health, runs, stream, incidents, workflow, clusters, search, gate):
         app.include_router(module.router)
     if ingest_router is not None:
         app.include_router(ingest_router)  # type: ignore[arg-type]

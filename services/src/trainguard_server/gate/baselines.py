@@ -1,0 +1,88 @@
+"""Named baselines, kept as small JSON documents in the incident store's key-value state (I/O).
+
+``IncidentStore.save_state/load_state`` is the same small key -> bytes table the processor's snapshot and
+the webhook notifier already use; every store implementation passes its contract (tests/services/storage),
+and it lives with incidents, runs and tokens in SQLite under the data directory that the gateway,
+processor and API processes share, so a baseline defined through the API is visible to
+``trainguard gate --data-dir`` and the other way round. No store interface changes.
+
+Keys: ``gate.baseline/<project>/<name>`` (one document per baseline) and ``gate.baselines/<project>`` (the
+names, for listings). A baseline is a frozen list of runs (resolved from a tag when it was defined, so
+later runs carrying the tag -- the candidates -- do not join it) plus the profile built from them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ..storage.base import IncidentStore
+from .profile import Profile
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_lock = threading.Lock()
+
+
+def check_name(name: str) -> str:
+    """``name`` when it is a valid baseline name (letters, digits, ``._-``, up to 128), else ValueError."""
+    if not NAME_RE.match(name or ""):
+        raise ValueError(f"a baseline name is 1-128 letters, digits, '.', '_' or '-' (starting with a letter "
+                         f"or digit), got {name!r}")
+    return name
+
+
+@dataclass
+class Baseline:
+    project: str
+    name: str
+    runs: List[str]                    # as resolved when defined
+    tag: str = ""                      # the tag it was resolved from ("" for an explicit list)
+    description: str = ""
+    created_ns: int = 0
+    updated_ns: int = 0
+    profile: Dict[str, Any] = field(default_factory=dict)  # Profile.to_dict()
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> Baseline:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def get_profile(self) -> Profile:
+        return Profile.from_dict(self.profile)
+
+
+class BaselineRepo:
+    """Baselines of every project in one incident store."""
+
+    def __init__(self, state: IncidentStore) -> None:
+        self.state = state
+
+    @staticmethod
+    def _key(project: str, name: str) -> str:
+        return f"gate.baseline/{project}/{name}"
+
+    @staticmethod
+    def _index_key(project: str) -> str:
+        return f"gate.baselines/{project}"
+
+    def get(self, project: str, name: str) -> Optional[Baseline]:
+        blob = self.state.load_state(self._key(project, name))
+        return Baseline.from_dict(json.loads(blob)) if blob else None
+
+    def names(self, project: str) -> List[str]:
+        blob = self.state.load_state(self._index_key(project))
+        return sorted(json.loads(blob)) if blob else []
+
+    def save(self, baseline: Baseline) -> None:
+        check_name(baseline.name)
+        with _lock:  # the index is read-modify-write; one writer per process (the API process)
+            self.state.save_state(self._key(baseline.project, baseline.name),
+                                  json.dumps(baseline.to_dict(), allow_nan=False).encode())
+            names = set(self.names(baseline.project)) | {baseline.name}
+            self.state.save_state(self._index_key(baseline.project), json.dumps(sorted(names)).encode())
