@@ -313,8 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_replay(sub)
     from .agent.cli import add_agent_parser
+    from .gate.cli import add_gate_parser
 
     add_agent_parser(sub)
+    add_gate_parser(sub)
     return parser
 
 
