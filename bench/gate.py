@@ -15,7 +15,7 @@ Then, with the pure functions on the same fetched runs, the false-fail rate over
 healthy run (23) against baselines of 2, 3 and 5 other healthy runs drawn at random (``--resample`` draws
 each), and the LR regressions' detection rate over the same baselines.
 
-    python bench/gate.py | tee bench/results/gate.txt      # ~2.5 min on 2 cores
+    python bench/gate.py --markdown bench/results/gate_summary_lr.md | tee bench/results/gate.txt  # ~4 min
     python bench/gate.py --quick                           # 5 healthy candidates, 1 seed per regression
 """
 
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,13 @@ def failing(verdict: Dict[str, Any]) -> str:
     return ", ".join(bad) or "-"
 
 
+def step_change(verdict: Dict[str, Any]) -> str:
+    for c in verdict["checks"]:
+        if c["name"] == "step_time" and "change_pct" in c["figures"]:
+            return f"{c['figures']['change_pct']:+.0f}%"
+    return "-"
+
+
 def loss_z(verdict: Dict[str, Any]) -> str:
     for c in verdict["checks"]:
         if c["name"] == "loss" and "max_z" in c["figures"]:
@@ -127,7 +135,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--healthy", type=int, default=20, help="healthy candidate seeds (20)")
     parser.add_argument("--resample", type=int, default=200, help="random baselines per size (200)")
-    parser.add_argument("--workers", type=int, default=2, help="trainings at once (2)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="trainings at once (1, as a CI job runs its canary; more share the cores)")
     parser.add_argument("--markdown", help="write the LR regression's markdown summary here")
     args = parser.parse_args()
     healthy_n = 5 if args.quick else args.healthy
@@ -150,7 +159,8 @@ def main() -> int:
             codes = dict(zip([j[0] for j in jobs], pool.map(lambda j: train(server, *j), jobs)))
         for run_id, _ in jobs:
             wait_ended(client, run_id)
-        print(f"{len(jobs)} canary trainings (200 steps each, {args.workers} at a time) in "
+        print(f"{len(jobs)} canary trainings (200 steps each, {args.workers} at a time; step time below: "
+              f"the change of a run's 10th-percentile step against the baseline's) in "
               f"{time.monotonic() - started:.1f} s; exit codes: "
               f"{json.dumps({k: v for k, v in codes.items() if v})} non-zero, the rest 0", flush=True)
         t0 = time.perf_counter()
@@ -171,7 +181,7 @@ def main() -> int:
         for s in range(100, 100 + healthy_n):
             v = verdicts[f"healthy-{s}"] = gate(f"healthy-{s}")
             print(f"  seed {s}: {v['verdict']:<5} exit {v['exit_code']}  loss max z {loss_z(v):>5}  "
-                  f"flagged: {failing(v)}", flush=True)
+                  f"step time {step_change(v):>5}  flagged: {failing(v)}", flush=True)
         fails = sum(v["exit_code"] == 1 for v in verdicts.values())
         undecided = sum(v["exit_code"] == 2 for v in verdicts.values())
         warns = sum(v["verdict"] == "warn" for v in verdicts.values())
@@ -188,7 +198,8 @@ def main() -> int:
                 caught = ("DETECTED" if v["exit_code"] == 1 else
                           "warned" if v["verdict"] == "warn" else "missed")
                 print(f"  {name:<16} {run_id}: {caught:<8} {v['verdict']:<5} exit {v['exit_code']}  "
-                      f"loss max z {loss_z(v):>5}  flagged: {failing(v)}", flush=True)
+                      f"loss max z {loss_z(v):>5}  step time {step_change(v):>5}  flagged: {failing(v)}",
+                      flush=True)
         print(f"\ngate latency (POST /api/v1/gate, {len(latencies)} calls): p50 "
               f"{statistics.median(latencies):.0f} ms, max {max(latencies):.0f} ms")
         if args.markdown and lr_verdict:
@@ -217,6 +228,7 @@ def main() -> int:
             stores.close()
     finally:
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -194,6 +194,19 @@ def test_a_regression_within_the_baselines_own_noise_does_not_trip() -> None:
     assert check(evaluate(steady, run("slow", 19, step_s=0.0014), failing), "step_time")["status"] == "fail"
 
 
+def test_step_time_is_a_runs_fast_steps_so_a_busy_machine_does_not_count(profile: Profile) -> None:
+    busy = run("busy", 25)
+    # another job shared the machine for 60% of the run: those steps took 3x as long
+    busy.series["time/step_s"] = [(s, v * (3.0 if s % 5 < 3 else 1.0)) for s, v in busy.series["time/step_s"]]
+    st = check(evaluate(profile, busy, Policy()), "step_time")
+    assert st["status"] == "pass" and st["figures"]["quantile"] == 0.1, st["summary"]
+    by_median = policy_from_dict({"step_time": {"quantile": 0.5}})
+    profile_median = build_profile([run("b0", 0), run("b1", 1), run("b2", 2)], by_median)
+    assert check(evaluate(profile_median, busy, by_median), "step_time")["status"] == "warn"
+    slower = run("slower", 25, step_s=0.0014)  # the code itself 40% slower: every step
+    assert check(evaluate(profile, slower, Policy()), "step_time")["status"] == "warn"
+
+
 def test_status(profile: Profile) -> None:
     verdict = evaluate(profile, run("dead", 20, status="failed"), Policy())
     assert verdict.verdict == "fail" and check(verdict, "status")["status"] == "fail"

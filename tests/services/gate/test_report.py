@@ -76,3 +76,27 @@ def test_sparkline() -> None:
     assert report.sparkline([0.0, 5.0, 10.0, None], 0.0, 10.0) == "▁▅█ "
     assert report.sparkline([-3.0, 99.0], 0.0, 10.0) == "▁█"  # clipped
     assert len(report.sparkline([1.0] * 500, 0.0, 10.0, width=50)) == 50
+
+
+MERMAID_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)")  # xychart.jison's NUMBER_WITH_DECIMAL
+
+
+def test_chart_numbers_are_what_mermaids_grammar_reads() -> None:
+    """Tiny linear values (no exponent notation: mermaid's lexer has none) and fractional bucket steps."""
+    steps = [0.5 + 2 * i for i in range(30)]
+    center = [3e-6 - 1e-7 * i for i in range(30)]
+    plot = {"metric": 'my "loss"', "transform": "linear", "k": 5.0, "steps": steps, "center": center,
+            "band_low": [c - 2e-7 for c in center], "band_high": [c + 2e-7 for c in center],
+            "candidate": [c + 5e-7 for c in center], "z": [12.5] * 30}
+    text = report.markdown({"verdict": "fail", "exit_code": 1, "reason": "r", "baseline": "b",
+                            "candidate": "c", "checks": [], "plot": plot})
+    chart = text[text.index("xychart-beta"):text.index("```", text.index("xychart-beta"))]
+    assert 'title "my \'loss\': baseline median' in chart and "e-" not in chart
+    lo, hi = re.search(r'y-axis "my \'loss\'" (\S+) --> (\S+)', chart).groups()  # type: ignore[union-attr]
+    assert MERMAID_NUMBER.fullmatch(lo) and MERMAID_NUMBER.fullmatch(hi) and float(lo) < float(hi)
+    for line in re.findall(r"line \[(.*)\]", chart):
+        values = [v.strip() for v in line.split(",")]
+        assert len(values) == 30 and all(MERMAID_NUMBER.fullmatch(v) for v in values), values
+    assert len({v.strip() for v in re.findall(r"line \[(.*)\]", chart)[0].split(",")}) > 20  # not flattened
+    labels = re.search(r'x-axis "step" \[(.*)\]', chart).group(1)  # type: ignore[union-attr]
+    assert labels.startswith("0.5, 2.5, 4.5")

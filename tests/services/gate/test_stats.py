@@ -65,6 +65,15 @@ def test_interpolate() -> None:
     assert math.isnan(stats.interpolate([], [], 1.0))
 
 
+def test_quantile() -> None:
+    assert stats.quantile([4.0, 1.0, 3.0, 2.0, 5.0], 0.0) == 1.0
+    assert stats.quantile([4.0, 1.0, 3.0, 2.0, 5.0], 1.0) == 5.0
+    assert stats.quantile([4.0, 1.0, 3.0, 2.0, 5.0], 0.5) == 3.0
+    assert stats.quantile([1.0, 2.0, math.nan, math.inf], 0.5) == 1.5  # finite values only
+    assert stats.quantile(list(map(float, range(11))), 0.1) == pytest.approx(1.0)
+    assert math.isnan(stats.quantile([], 0.1))
+
+
 def test_longest_run() -> None:
     assert stats.longest_run([False, True, True, False, True, True, True]) == (4, 3)
     assert stats.longest_run([False, False]) == (-1, 0)

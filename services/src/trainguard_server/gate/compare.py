@@ -28,7 +28,8 @@ The checks:
   outside when ``z_i > k`` (``direction: above``; ``|z_i| > k`` with ``both``); more than
   ``loss.max_consecutive`` consecutive outside steps fail. Fewer than ``loss.min_matched_steps`` matched
   steps (and no failing stretch) cannot decide.
-- ``step_time`` and ``peak_memory``: the candidate's value against the baseline median; it warns / fails
+- ``step_time`` and ``peak_memory``: the candidate's value (its 10th-percentile step time; its peak memory:
+  ``quantile``) against the baseline runs' median; it warns / fails
   when it is more than ``warn_pct`` / ``fail_pct`` % above **and** more than ``noise_k`` pairwise sigmas
   (inflated as above) above, so a noisy metric does not trip on a small percentage.
 """
@@ -240,25 +241,26 @@ def _plot(profile: Profile, policy: Policy, window_points: int, cand: Dict[int, 
             "z": [zs.get(i, math.nan) for i in range(len(env.steps))]}
 
 
-def check_regression(name: str, dist: Optional[Distribution], candidate: RunData, policy: Policy,
-                     how: str) -> Check:
+def check_regression(name: str, dist: Optional[Distribution], candidate: RunData, policy: Policy) -> Check:
     rp = getattr(policy, name)
     label = name.replace("_", " ")
     if dist is None:
         return Check(name, SKIP, f"the baseline has no {label} metric")
-    value = run_value(candidate, dist.metric, how)
+    value = run_value(candidate, dist.metric, dist.quantile)
     if value is None:
         return Check(name, SKIP, f"the candidate reports no {dist.metric!r}")
     base = dist.median
     pct = 100.0 * (value - base) / base if base > 0 else (math.inf if value > base else 0.0)
     noise = stats.prediction_inflation(len(dist.values)) * dist.sigma
     sigmas = (value - base) / noise if noise > 0 else (math.inf if value > base else 0.0)
-    figures = {"metric": dist.metric, "candidate": value, "baseline_median": base,
+    figures = {"metric": dist.metric, "quantile": dist.quantile, "candidate": value, "baseline_median": base,
                "baseline_sigma": dist.sigma, "change_pct": pct, "noise_sigmas": sigmas,
                "warn_pct": rp.warn_pct, "fail_pct": rp.fail_pct, "noise_k": rp.noise_k,
                "baseline_values": dict(dist.values)}
     beyond_noise = sigmas > rp.noise_k
-    text = f"{dist.metric} {_fmt(value, dist.metric)} vs baseline median {_fmt(base, dist.metric)} " \
+    q = dist.quantile
+    what = "peak" if q >= 1.0 else "median" if q == 0.5 else f"p{q * 100:g}"
+    text = f"{dist.metric} {what} {_fmt(value, dist.metric)} vs baseline median {_fmt(base, dist.metric)} " \
            f"({pct:+.1f}%, {_z(sigmas)} noise sigma)"
     if rp.fail_pct is not None and pct > rp.fail_pct and beyond_noise:
         return Check(name, FAIL, f"{label} regression: {text} > {rp.fail_pct:g}%", [], figures)
@@ -298,8 +300,8 @@ def evaluate(profile: Profile, candidate: RunData, policy: Policy, baseline: str
     loss, plot = check_loss(profile, candidate, policy)
     checks = [check_status(candidate, policy), check_fingerprints(profile, candidate, policy),
               check_incidents(profile, candidate, policy), loss,
-              check_regression("step_time", profile.step_time, candidate, policy, "median"),
-              check_regression("peak_memory", profile.peak_memory, candidate, policy, "peak")]
+              check_regression("step_time", profile.step_time, candidate, policy),
+              check_regression("peak_memory", profile.peak_memory, candidate, policy)]
     by_status = {s: [c for c in checks if c.status == s] for s in (FAIL, UNDECIDED, WARN)}
     if by_status[FAIL]:
         verdict = FAIL

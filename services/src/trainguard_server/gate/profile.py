@@ -13,8 +13,9 @@ return a :class:`Profile` holding
   (pairwise differences of the smoothed curves pooled over ``loss.pool_window`` grid steps, see
   ``gate.stats``), the within-run noise (running MAD of each run's residual around its smoothed curve,
   median across runs), and the runs' min/max (for plots);
-- step-time and peak-memory distributions: one value per run (median ``time/step_s``; maximum of the
-  first memory metric every run reports), their median and pairwise scale.
+- step-time and peak-memory distributions: one value per run (the 10th percentile of ``time/step_s``:
+  what the code costs when the machine is not busy elsewhere; the maximum of the first memory metric every
+  run reports), their median and pairwise scale.
 
 The profile is plain data (``to_dict``/``from_dict``) so it is stored once when a baseline is defined and
 compared later, even after the runs' metrics have expired.
@@ -82,12 +83,13 @@ class Envelope:
 
 @dataclass
 class Distribution:
-    """One value per baseline run (step time: median; memory: peak)."""
+    """One value per baseline run (step time: its 10th percentile; memory: its peak)."""
 
     metric: str
     values: Dict[str, float]
     median: float
     sigma: float               # pairwise scale across runs (0 with one run)
+    quantile: float = 0.5      # which value of a run (1.0: its peak over all ranks)
 
 
 @dataclass
@@ -132,8 +134,8 @@ class Profile:
         for name in ("step_time", "peak_memory"):
             dist: Optional[Distribution] = getattr(self, name)
             if dist:
-                out[name] = {"metric": dist.metric, "median": dist.median, "sigma": dist.sigma,
-                             "values": dict(dist.values)}
+                out[name] = {"metric": dist.metric, "quantile": dist.quantile, "median": dist.median,
+                             "sigma": dist.sigma, "values": dict(dist.values)}
         return out
 
 
@@ -248,24 +250,25 @@ def build_envelope(series: Dict[str, Series], policy: Policy) -> Tuple[Optional[
                     lower=[min(c) for c in columns], upper=[max(c) for c in columns]), ""
 
 
-def run_value(run: RunData, metric: str, how: str) -> Optional[float]:
-    """One number per run: ``median`` of a series' finite values or its ``peak``; None when absent."""
-    if how == "peak":
+def run_value(run: RunData, metric: str, quantile: float) -> Optional[float]:
+    """One number per run: the ``quantile`` of a series' finite values (of its lowest rank), or with
+    ``quantile`` 1 its peak over all ranks; None when absent."""
+    if quantile >= 1.0:
         peak = run.peaks.get(metric)
         return peak if peak is not None and math.isfinite(peak) else None
     values = [v for _, v in run.series.get(metric, []) if math.isfinite(v)]
-    return stats.median(values) if values else None
+    return stats.quantile(values, quantile) if values else None
 
 
-def build_distribution(runs: Sequence[RunData], metrics: Sequence[str], how: str
+def build_distribution(runs: Sequence[RunData], metrics: Sequence[str], quantile: float
                        ) -> Tuple[Optional[Distribution], str]:
     """The first of ``metrics`` that every run reports, as a distribution of per-run values."""
     for metric in metrics:
-        values = {r.run_id: run_value(r, metric, how) for r in runs}
+        values = {r.run_id: run_value(r, metric, quantile) for r in runs}
         if runs and all(v is not None for v in values.values()):
             found = {k: float(v) for k, v in values.items() if v is not None}
             return Distribution(metric=metric, values=found, median=stats.median(list(found.values())),
-                                sigma=stats.pair_sigma(list(found.values()))), ""
+                                sigma=stats.pair_sigma(list(found.values())), quantile=quantile), ""
     return None, f"no metric of {', '.join(metrics)} is reported by every baseline run"
 
 
@@ -311,10 +314,10 @@ def build_profile(runs: Sequence[RunData], policy: Policy) -> Profile:
     loss, why = build_envelope({r.run_id: r.series.get(policy.loss.metric, []) for r in used}, policy)
     if why:
         notes.append(f"loss: {why}")
-    step_time, why = build_distribution(used, policy.step_time.metrics, "median")
+    step_time, why = build_distribution(used, policy.step_time.metrics, policy.step_time.quantile)
     if why:
         notes.append(f"step time: {why}")
-    memory, why = build_distribution(used, policy.peak_memory.metrics, "peak")
+    memory, why = build_distribution(used, policy.peak_memory.metrics, policy.peak_memory.quantile)
     if why:
         notes.append(f"peak memory: {why}")
     return Profile(version=PROFILE_VERSION, runs=[r.run_id for r in used], excluded=excluded,

@@ -50,6 +50,17 @@ def sparkline(values: Sequence[Optional[float]], lo: float, hi: float, width: in
     return "".join(out)
 
 
+def _plain(value: float, decimals: int) -> str:
+    """A number as mermaid's xychart grammar reads it: no exponent (``[+-]?\\d+(\\.\\d+)?``)."""
+    text = f"{value:.{decimals}f}"
+    text = text.rstrip("0").rstrip(".") if "." in text else text
+    return "0" if text in ("-0", "") else text
+
+
+def _step_label(step: float) -> str:
+    return str(int(step)) if float(step).is_integer() else f"{step:.1f}"
+
+
 def _chart(plot: Dict[str, Any]) -> List[str]:
     steps = plot.get("steps") or []
     cand = [_num(v) for v in plot.get("candidate") or []]
@@ -78,21 +89,23 @@ def _chart(plot: Dict[str, Any]) -> List[str]:
     if not finite:
         return []
     lo, hi = min(finite), max(finite)
-    pad = (hi - lo) * 0.05 or 0.1
+    pad = (hi - lo) * 0.05 or max(abs(hi) * 0.05, 1e-12)
     top = hi + pad
-    metric = plot.get("metric", "loss")
+    # enough decimals for ~4 significant digits of the plotted range, never an exponent
+    decimals = max(2, min(15, 4 - math.floor(math.log10(top - (lo - pad)))))
+    metric = str(plot.get("metric", "loss")).replace('"', "'")
     label = f"log10 {metric}" if log else metric
     lines = ["```mermaid",
              '%%{init: {"themeVariables": {"xyChart": {"plotColorPalette": '
              '"#7f7f7f, #c7c7c7, #c7c7c7, #d62728"}}}}%%',
              "xychart-beta",
              f'    title "{metric}: baseline median ± {plot.get("k", "k")} sigma band vs candidate"',
-             "    x-axis \"step\" [" + ", ".join(f"{steps[i]:g}" for i in picked) + "]",
-             f'    y-axis "{label}" {lo - pad:.4g} --> {top:.4g}']
+             "    x-axis \"step\" [" + ", ".join(_step_label(steps[i]) for i in picked) + "]",
+             f'    y-axis "{label}" {_plain(lo - pad, decimals)} --> {_plain(top, decimals)}']
     for name in ("center", "band_high", "band_low", "candidate"):
         # a point above the band (or non-finite) is drawn at the top of the chart
         values = [v if v is not None else top for v in rows[name]]
-        lines.append("    line [" + ", ".join(f"{v:.4g}" for v in values) + "]")
+        lines.append("    line [" + ", ".join(_plain(v, decimals) for v in values) + "]")
     lines += ["```", "", "grey: baseline median · light grey: the band (outside it counts) · red: the "
               "candidate (smoothed)" + (" · log10 scale" if log else ""), ""]
     return lines

@@ -47,6 +47,18 @@ def median(values: Sequence[float]) -> float:
     return (lo + hi) / 2.0
 
 
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of the finite values, linearly interpolated between order statistics (as
+    numpy's default); NaN for none."""
+    ordered = sorted(v for v in values if math.isfinite(v))
+    if not ordered:
+        return math.nan
+    pos = min(max(q, 0.0), 1.0) * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (pos - lo) * (ordered[hi] - ordered[lo])
+
+
 def mad_sigma(values: Sequence[float]) -> float:
     """1.4826 x the median absolute deviation from the median (consistent for large Gaussian samples)."""
     finite = [v for v in values if math.isfinite(v)]
