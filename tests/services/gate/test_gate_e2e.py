@@ -221,6 +221,15 @@ def test_the_cli_over_the_api_writes_markdown_and_junit(world: World, tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     suite = ET.parse(xml).getroot()
     assert suite.get("failures") == "0" and suite.get("errors") == "0"
+    # a policy file: the memory regression only warns under it (exit 0), and the CI's policy file is valid
+    policy = tmp_path / "warn-only.yaml"
+    policy.write_text("peak_memory:\n  warn_pct: 10\n  fail_pct: null  # warn only\n")
+    done = gate_cli(world.server, "--baseline", "mlp-main", "--candidate", "memory-regression",
+                    "--policy", str(policy))
+    assert done.returncode == 0 and "gate WARN (exit 0)" in done.stdout, done.stdout + done.stderr
+    done = gate_cli(world.server, "--baseline", "mlp-main", "--candidate", "healthy-4",
+                    "--policy", str(Path(__file__).parents[3] / "deploy" / "ci" / "gate-policy.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_cli_on_the_data_directory(world: World) -> None:
