@@ -174,9 +174,7 @@ class Pipeline:
             if run.incidents:
                 self._correlate(run, now_ns, settings)
             for rank, stall in progress.check_stalled(run, now_ns, settings):
-                st = self._apply(run, stall, settings)
-                if st is not None and st.key.startswith(progress.STALL_PREFIX):
-                    progress.joined_stall(run, rank, st.key)
+                self._apply_stall(run, rank, stall, settings)
                 self._mark(run)
             for rank in run.ranks.values():
                 deadline = progress.stall_deadline_ns(run, rank, settings)
@@ -235,11 +233,9 @@ class Pipeline:
         elif ev.kind == "log":  # NCCL / CUDA error text printed by the job: the error-text classifier
             source = as_str(ev.body.get("source"))
             if source.startswith("agent:"):  # the sidecar agent's hang report / end of one
-                stall = progress.on_agent_report(run, rank, source, as_str(ev.body.get("message")),
-                                                 ev.time_ns, ev.event_id, settings)
-                st = self._apply(run, stall, settings) if stall is not None else None
-                if st is not None and st.key.startswith(progress.STALL_PREFIX):
-                    progress.joined_stall(run, rank, st.key)
+                report = progress.on_agent_report(run, rank, source, as_str(ev.body.get("message")),
+                                                  ev.time_ns, ev.event_id, settings)
+                self._apply_stall(run, rank, report, settings)
             else:
                 finding = process.on_log(run, rank, ev.raw, ev.body, _step_of(ev, rank), ev.time_ns, settings)
                 if finding is not None:
@@ -293,11 +289,8 @@ class Pipeline:
                                as_float(body.get("step_time_ewma_s"), 0.0), ev.time_ns)
         if rank.progress_ns > before:
             progress.on_progress(run, rank, ev.time_ns, settings)
-        finding = progress.on_heartbeat(run, rank, ev.time_ns, ev.event_id, settings)
-        if finding is not None:
-            st = self._apply(run, finding, settings)
-            if st is not None and st.key.startswith(progress.STALL_PREFIX):
-                progress.joined_stall(run, rank, st.key)
+        self._apply_stall(run, rank, progress.on_heartbeat(run, rank, ev.time_ns, ev.event_id, settings),
+                          settings)
 
     def _on_exception(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         cluster, evicted = clusters_mod.observe(self._clusters, ev.project, ev.run_id, ev.rank, ev.host,
@@ -325,17 +318,23 @@ class Pipeline:
             rank.exit_signal = as_int(ev.body.get("signal"), 0)
             rank.exit_reason = as_str(ev.body.get("reason"))
             rank.exit_ns = ev.time_ns
-            stall = progress.on_exit(run, rank, ev.time_ns, ev.event_id, settings)
-            if stall is not None:
-                st = self._apply(run, stall, settings)
-                if st is not None and st.key.startswith(progress.STALL_PREFIX):
-                    progress.joined_stall(run, rank, st.key)
+            self._apply_stall(run, rank, progress.on_exit(run, rank, ev.time_ns, ev.event_id, settings),
+                              settings)
             finding = process.on_exit(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings)
             if finding is not None:
                 self._apply(run, finding, settings)
             progress.on_progress(run, rank, ev.time_ns, settings)
 
     # --- bookkeeping --------------------------------------------------------------------------
+    def _apply_stall(self, run: RunState, rank: RankState, finding: Optional[Finding],
+                     settings: DetectionSettings) -> None:
+        """Apply a progress/stalled finding of ``rank`` (if any) and record that the rank is in the stall."""
+        if finding is None:
+            return
+        st = self._apply(run, finding, settings)
+        if st is not None and st.key.startswith(progress.STALL_PREFIX):
+            progress.joined_stall(run, rank, st.key)
+
     def _apply(self, run: RunState, finding: Finding, settings: DetectionSettings) -> Optional[IncidentState]:
         self._applied += 1
         st = incident_mod.apply(run, correlate.route(run, finding, settings), settings)

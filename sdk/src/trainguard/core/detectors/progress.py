@@ -35,6 +35,15 @@ STALL_PREFIX = "stall:"
 LOST_PREFIX = "lost:"
 
 
+def _stall_slot(run: RunState, rank: RankState) -> Tuple[str, bool]:
+    """(the key of the run's open stall incident, or of the next episode's; whether ``rank`` is not in it
+    yet, i.e. joining it counts as a new report)."""
+    current = run.open_incident(STALL_PREFIX)
+    if current is None:
+        return f"{STALL_PREFIX}{run.episodes.get('stall', 0) + 1}", True
+    return current.key, str(rank.rank) not in current.extra.get("stalled", {})
+
+
 def on_heartbeat(run: RunState, rank: RankState, time_ns: int, event_id: str,
                  settings: DetectionSettings) -> Optional[Finding]:
     """A stall finding when ``rank`` (its heartbeat already observed) has made no progress for too long."""
@@ -46,9 +55,7 @@ def on_heartbeat(run: RunState, rank: RankState, time_ns: int, event_id: str,
     threshold = settings.stall_threshold_s(step_time)
     if stalled_for <= threshold:
         return None
-    current = run.open_incident(STALL_PREFIX)
-    key = current.key if current is not None else f"{STALL_PREFIX}{run.episodes.get('stall', 0) + 1}"
-    joins = current is None or str(rank.rank) not in current.extra.get("stalled", {})
+    key, joins = _stall_slot(run, rank)
     step = rank.max_step
     how = (f"clamp({settings.stall_factor:g} x step time {step_time:.3g} s, {settings.stall_min_s:g} s, "
            f"{settings.stall_max_s:g} s)" if step_time > 0 else "stall_max_s: step time unknown")
@@ -91,7 +98,7 @@ def on_exit(run: RunState, rank: RankState, time_ns: int, event_id: str,
     threshold = settings.stall_threshold_s(run.step_time())
     if not since or stalled_for <= threshold:
         return None
-    key = current.key if current is not None else f"{STALL_PREFIX}{run.episodes.get('stall', 0) + 1}"
+    key, _joins = _stall_slot(run, rank)
     step = rank.max_step
     evidence = Evidence(
         rule="progress.stalled_until_exit",
@@ -285,9 +292,7 @@ def on_agent_report(run: RunState, rank: RankState, source: str, message: str, t
     quiet, threshold = float(match.group("quiet")), float(match.group("threshold"))
     step = max(int(match.group("step")), rank.max_step)
     since = time_ns - int(quiet * 1e9)
-    current = run.open_incident(STALL_PREFIX)
-    key = current.key if current is not None else f"{STALL_PREFIX}{run.episodes.get('stall', 0) + 1}"
-    joins = current is None or str(rank.rank) not in current.extra.get("stalled", {})
+    key, joins = _stall_slot(run, rank)
     stacks = _stack_excerpt(message)
     description = (f"rank {rank.rank}: the agent saw no step and no output for {fmt_duration(quiet)}; "
                    f"threshold {fmt_duration(threshold)} = {match.group('how')}"
