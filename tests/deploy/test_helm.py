@@ -35,6 +35,7 @@ from tests.deploy.manifests import (
     validate,
     validate_core,
 )
+from trainguard_server.agent.cli import resolve_env
 from trainguard_server.cli import build_parser
 from trainguard_server.config import Settings, parse_roles
 
@@ -661,6 +662,7 @@ def test_trainguard_agent_reads_the_sidecars_environment(name: str, monkeypatch:
             monkeypatch.setenv(key, value)
         monkeypatch.setenv("TRAINGUARD_TOKEN", "tg_ingest_0123456789abcdef_" + "0" * 48)  # from the Secret
         args = build_parser().parse_args(["agent"])  # the options' defaults read the environment
+        assert resolve_env(args) == ""  # ... the numeric ones when the agent runs
         assert args.command == [] and args.upstream == env["TRAINGUARD_AGENT_UPSTREAM"]
         assert args.token == os.environ["TRAINGUARD_TOKEN"]
         assert (args.listen, args.listen_grpc) == (env["TRAINGUARD_AGENT_LISTEN"], env["TRAINGUARD_AGENT_LISTEN_GRPC"])

@@ -171,3 +171,17 @@ def _envelope(i: int) -> bytes:
     env = events_pb2.Envelope(event_id=f"{i:032x}", run_id="run", time_unix_nano=1)
     env.log.message = f"line {i}"
     return env.SerializeToString()
+
+
+def test_bad_agent_environment_is_the_agents_error_only(monkeypatch: Any, capsys: Any) -> None:
+    from trainguard_server.cli import build_parser, main
+
+    monkeypatch.setenv("TRAINGUARD_AGENT_HANG_FACTOR", "ten")
+    build_parser().parse_args(["serve"])  # other commands are not affected by the agent's environment
+    code = main(["agent", "--upstream", "http://127.0.0.1:1", "--token", "t", "--log-file", "x.log"])
+    assert code == 2
+    assert "TRAINGUARD_AGENT_HANG_FACTOR='ten' is not a number" in capsys.readouterr().err
+    monkeypatch.setenv("TRAINGUARD_AGENT_HANG_FACTOR", "4")
+    monkeypatch.setenv("TRAINGUARD_AGENT_LOG_LEVEL", "loud")
+    assert main(["agent", "--upstream", "http://127.0.0.1:1", "--token", "t", "--log-file", "x.log"]) == 2
+    assert "TRAINGUARD_AGENT_LOG_LEVEL='LOUD' is not one of" in capsys.readouterr().err

@@ -33,12 +33,30 @@ def _env(name: str, default: str = "") -> str:
     return os.environ.get(f"TRAINGUARD_AGENT_{name}", default)
 
 
-def _float_env(name: str, default: float) -> float:
-    raw = _env(name)
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise SystemExit(f"TRAINGUARD_AGENT_{name}={raw!r} is not a number") from None
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+NUMBER_OPTIONS = {"hang_factor": ("HANG_FACTOR", DEFAULT_POLICY.factor),
+                  "hang_floor_s": ("HANG_FLOOR_S", DEFAULT_POLICY.floor_s),
+                  "hang_ceiling_s": ("HANG_CEILING_S", DEFAULT_POLICY.ceiling_s),
+                  "drain_timeout_s": ("DRAIN_TIMEOUT_S", 10.0)}
+"""Numeric options: attribute -> (environment suffix, default). Read from the environment only when the
+agent runs (a bad value there must not break the parser, which every ``trainguard`` command builds)."""
+
+
+def resolve_env(args: argparse.Namespace) -> str:
+    """Fill the options not given as flags from ``TRAINGUARD_AGENT_*``; the problem, or "" when none."""
+    for attr, (name, default) in NUMBER_OPTIONS.items():
+        if getattr(args, attr) is not None:
+            continue
+        raw = _env(name)
+        try:
+            setattr(args, attr, float(raw) if raw else default)
+        except ValueError:
+            return f"TRAINGUARD_AGENT_{name}={raw!r} is not a number"
+    if args.log_level is None:
+        args.log_level = _env("LOG_LEVEL", "WARNING").upper()
+        if args.log_level not in LOG_LEVELS:
+            return f"TRAINGUARD_AGENT_LOG_LEVEL={args.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
+    return ""
 
 
 def add_agent_parser(sub: Any) -> None:
@@ -68,21 +86,15 @@ def add_agent_parser(sub: Any) -> None:
     agent.add_argument("--run-id", default=_env("RUN_ID"),
                        help="the run (default TRAINGUARD_RUN_ID / the launcher's / generated in wrapper "
                             "mode)")
-    agent.add_argument("--log-level", default=_env("LOG_LEVEL", "WARNING"),
-                       choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+    agent.add_argument("--log-level", default=None, choices=LOG_LEVELS,
                        help="send output lines at or above this level (default WARNING; tracebacks and error "
                             "text the classifier knows are always sent)")
     hang = agent.add_argument_group("hang watchdog: clamp(factor x interval, floor, ceiling)")
-    hang.add_argument("--hang-factor", type=float, default=_float_env("HANG_FACTOR", DEFAULT_POLICY.factor),
-                      help=f"default {DEFAULT_POLICY.factor:g}")
-    hang.add_argument("--hang-floor-s", type=float,
-                      default=_float_env("HANG_FLOOR_S", DEFAULT_POLICY.floor_s),
-                      help=f"default {DEFAULT_POLICY.floor_s:g}")
-    hang.add_argument("--hang-ceiling-s", type=float,
-                      default=_float_env("HANG_CEILING_S", DEFAULT_POLICY.ceiling_s),
-                      help=f"default {DEFAULT_POLICY.ceiling_s:g}")
+    hang.add_argument("--hang-factor", type=float, help=f"default {DEFAULT_POLICY.factor:g}")
+    hang.add_argument("--hang-floor-s", type=float, help=f"default {DEFAULT_POLICY.floor_s:g}")
+    hang.add_argument("--hang-ceiling-s", type=float, help=f"default {DEFAULT_POLICY.ceiling_s:g}")
     hang.add_argument("--no-stacks", action="store_true", help="do not dump Python stacks with py-spy")
-    agent.add_argument("--drain-timeout-s", type=float, default=_float_env("DRAIN_TIMEOUT_S", 10.0),
+    agent.add_argument("--drain-timeout-s", type=float,
                        help="at the end, wait this long for the spool to be delivered (default 10)")
     agent.add_argument("command", nargs=argparse.REMAINDER,
                        help="wrapper mode: the job's command line, after --")
@@ -93,6 +105,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from .runner import Agent, AgentConfig, default_spool_dir
 
     logging.getLogger("trainguard.agent").setLevel(logging.INFO)
+    problem = resolve_env(args)
+    if problem:
+        print(f"trainguard agent: {problem}", file=sys.stderr)
+        return 2
     command: List[str] = list(args.command or [])
     if command and command[0] == "--":
         command = command[1:]
