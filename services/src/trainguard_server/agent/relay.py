@@ -7,7 +7,8 @@ Contract:
   talk to the platform and gets the same per-item validation and the same precise 4xx / status codes.
   Auth: the bearer token must be the agent's own ingest token (the one it forwards with); anything else
   is 401. The relay does not know the token's project, so it leaves ``project`` as sent and the upstream
-  gateway scopes it (``project=""`` in :func:`~trainguard_server.gateway.validate.validate_batch`).
+  gateway scopes it (``project=""`` in :func:`~trainguard_server.gateway.validate.validate_batch`). The
+  accepted SDK envelopes, already decoded for validation, are shown to the agent (``observer``).
 * **Durable before acknowledged**: accepted events are published to a SQLite queue in the spool
   directory (:class:`~trainguard_server.queue.sqlite.SqliteQueue`, the embedded backend's queue, WAL,
   fsync per its settings) before the SDK gets its 200. When the spool holds ``max_depth`` records the
@@ -34,13 +35,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, cast
 
 from trainguard.transport.base import TransportError
-from trainguard.v1 import ingest_pb2
 
 from ..config import Settings
-from ..gateway.ingest import Gateway, Unauthenticated, join_events, split_events
+from ..gateway.ingest import Batch, Gateway, IngestResult, Unauthenticated, join_events, split_events
 from ..queue.base import Queue, QueueRecord
 from ..queue.sqlite import SqliteQueue
 from ..storage.base import ProjectStore, TokenInfo
@@ -54,12 +54,16 @@ Observer = Callable[[Any], None]
 
 
 class RelayGateway(Gateway):
-    """A Gateway whose only valid token is the agent's own (no project store)."""
+    """A Gateway whose only valid token is the agent's own (no project store). ``observer`` is shown every
+    SDK envelope it accepted, as decoded for validation (the agent's progress tracker); envelopes the agent
+    made itself (``sdk`` trainguard-agent/...) are not shown."""
 
-    def __init__(self, queue: Queue, token: str, settings: Settings) -> None:
+    def __init__(self, queue: Queue, token: str, settings: Settings,
+                 observer: Optional[Observer] = None) -> None:
         super().__init__(queue, cast(ProjectStore, None), settings)
         self._token = token.encode()
         self.info = TokenInfo(token_id="agent", project="", kind="ingest", created_ns=0)
+        self.observer = observer
 
     def authenticate(self, token: Optional[str]) -> TokenInfo:
         if not token:
@@ -70,40 +74,16 @@ class RelayGateway(Gateway):
             raise Unauthenticated("this agent relays only its own ingest token (TRAINGUARD_TOKEN)")
         return self.info
 
-
-class ObservedQueue(Queue):
-    """A queue that shows every published SDK envelope to ``observer`` (the agent's progress tracker)
-    before delegating; envelopes the agent made itself (``sdk`` trainguard-agent/...) are not shown."""
-
-    def __init__(self, inner: Queue, observer: Optional[Observer] = None) -> None:
-        self.inner = inner
-        self.observer = observer
-
-    def publish(self, key: str, values: Sequence[bytes]) -> List[int]:
-        offsets = self.inner.publish(key, values)
+    def ingest_batch(self, auth: TokenInfo, batch: Batch, *, index_offset: int = 0,
+                     seen: Optional[Set[str]] = None) -> IngestResult:
+        result = super().ingest_batch(auth, batch, index_offset=index_offset, seen=seen)
         observer = self.observer
         if observer is not None:
-            for value in values:
-                try:
-                    request = ingest_pb2.IngestRequest.FromString(value)
-                except Exception:
-                    continue
-                for env in request.events:
-                    if not env.sdk.startswith(AGENT_SDK_PREFIX):
-                        observer(env)
-        return offsets
-
-    def consume(self, max_records: int, timeout: float) -> List[QueueRecord]:
-        return self.inner.consume(max_records, timeout)
-
-    def commit(self, records: Sequence[QueueRecord]) -> None:
-        self.inner.commit(records)
-
-    def depth(self) -> int:
-        return self.inner.depth()
-
-    def close(self) -> None:
-        self.inner.close()
+            refused = {r.event_id for r in result.rejected}
+            for env in batch.request.events:
+                if env.event_id not in refused and not env.sdk.startswith(AGENT_SDK_PREFIX):
+                    observer(env)
+        return result
 
 
 @dataclass
@@ -174,8 +154,8 @@ class Forwarder:
                 continue
             self._idle.clear()
             for group in _groups(records):
-                if not self._deliver(join_events([p for r in group for p in split_events(r.value)])
-                                     if len(group) > 1 else group[0].value):
+                # serialized IngestRequests concatenate into one: their repeated ``events`` append
+                if not self._deliver(b"".join(r.value for r in group)):
                     return  # stopping: the rest stays spooled and is handed out again after a restart
                 self.queue.commit(group)
 

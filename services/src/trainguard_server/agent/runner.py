@@ -46,10 +46,11 @@ from trainguard.core.events import encode_batch
 
 from ..config import Settings
 from ..gateway.ingest import GatewayError, batch_from_json
+from ..queue.sqlite import SqliteQueue
 from .capture import OutputCapture
 from .events import Event, EventBuilder, agent_identity
 from .local import LocalServers
-from .relay import Forwarder, ObservedQueue, RelayGateway, open_spool_queue
+from .relay import Forwarder, RelayGateway, open_spool_queue
 from .sources import FileFollower, PipePump
 from .stacks import python_stacks
 from .upstream import open_upstream
@@ -127,7 +128,7 @@ class Agent:
         self.exceptions_seen = 0
         self._started = False
         self._stop = threading.Event()
-        self.queue: Optional[ObservedQueue] = None
+        self.queue: Optional[SqliteQueue] = None
         self.gateway: Optional[RelayGateway] = None
         self.forwarder: Optional[Forwarder] = None
         self.servers: Optional[LocalServers] = None
@@ -136,8 +137,8 @@ class Agent:
     def start(self) -> None:
         """Open the spool, start forwarding and the loopback listeners."""
         cfg = self.config
-        self.queue = ObservedQueue(open_spool_queue(cfg.spool_dir, cfg.max_spool_records), self._observe)
-        self.gateway = RelayGateway(self.queue, cfg.token, self.settings)
+        self.queue = open_spool_queue(cfg.spool_dir, cfg.max_spool_records)
+        self.gateway = RelayGateway(self.queue, cfg.token, self.settings, observer=self._observe)
         self.forwarder = Forwarder(self.queue, open_upstream(cfg.upstream, cfg.token))
         self.forwarder.start()
         self.servers = LocalServers(self.gateway, self.status)
@@ -321,7 +322,7 @@ class Agent:
 
     # --------------------------------------------------------------------------------- SDK traffic
     def _observe(self, env: Any) -> None:
-        """An SDK envelope the relay accepted (called from the listener threads)."""
+        """An SDK envelope the relay accepted (called from the listener threads, after it was queued)."""
         kind = env.WhichOneof("payload")
         rank = env.rank
         now = time.time_ns()
