@@ -3,8 +3,8 @@
 Contract of :class:`OutputCapture` (one per source: the child's stdout or stderr, or one log file):
 
 * ``line(number, raw, now_ns)`` takes one physical line (bytes decoded by the caller, newline optional).
-  It is cleaned (:func:`~trainguard_server.replay.logs.clean_line`), kept in the rank's tail (the last
-  ``tail_lines`` lines, for hang reports and the exit summary), counted as progress, and segmented
+  It is cleaned (:func:`~trainguard_server.replay.logs.clean_line`) and returned (the agent keeps the last
+  lines of all sources, in arrival order, for its hang report), and segmented
   (:class:`~trainguard_server.replay.logs.LogSegmenter`: ``[rankN]:`` prefixes route lines to rank N;
   Python / faulthandler / C++ tracebacks become one exception each, fingerprinted as the SDK would).
 * What is sent: every traceback; every line at or above ``min_level`` (WARNING by default, as the SDK's
@@ -22,12 +22,11 @@ Contract of :class:`OutputCapture` (one per source: the child's stdout or stderr
 from __future__ import annotations
 
 import threading
-from collections import deque
-from typing import Callable, Deque, Dict, List, Optional
+from typing import Callable, List
 
 from trainguard.core.classify import classify_text
 
-from ..replay.logs import LEVEL_ORDER, LogItem, LogSegmenter, clean_line, split_prefix
+from ..replay.logs import LEVEL_ORDER, LogItem, LogSegmenter, clean_line
 from .events import Event, EventBuilder
 
 NEEDLES = ("out of memory", "CUDA", "NCCL", "nccl", "Watchdog", "ChildFailedError", "exitcode", "Xid",
@@ -44,7 +43,7 @@ MAX_SUMMARY_CHARS = 8192
 class OutputCapture:
     def __init__(self, source: str, rank: int, builder: EventBuilder, emit: Callable[[List[Event]], None], *,
                  step_of: Callable[[int], int] = lambda rank: -1, min_level: str = "WARNING",
-                 tail_lines: int = 200, block_quiet_s: float = 1.0, id_source: str = "") -> None:
+                 block_quiet_s: float = 1.0, id_source: str = "") -> None:
         self.source = source
         self.id_source = id_source or source
         self.rank = rank
@@ -54,8 +53,6 @@ class OutputCapture:
         self.min_level = LEVEL_ORDER[min_level]
         self.block_quiet_ns = int(block_quiet_s * 1e9)
         self.segmenter = LogSegmenter(rank)
-        self.tails: Dict[int, Deque[str]] = {}
-        self.tail_lines = tail_lines
         self.last_line_ns = 0
         self.lines = 0
         self.sent = 0
@@ -70,13 +67,6 @@ class OutputCapture:
         text = clean_line(raw)
         self.lines += 1
         self.last_line_ns = now_ns
-        if text.strip():
-            prefixed, rest = split_prefix(text)
-            rank = self.rank if prefixed is None else prefixed
-            tail = self.tails.get(rank)
-            if tail is None:
-                tail = self.tails[rank] = deque(maxlen=self.tail_lines)
-            tail.append(rest)
         segmenter = self.segmenter
         segmenter.feed(number, text, now_ns)
         items = segmenter.take()
@@ -92,11 +82,6 @@ class OutputCapture:
     def close(self) -> None:
         with self._lock:
             self._send(self.segmenter.flush())
-
-    def tail(self, rank: Optional[int] = None, count: int = 30) -> List[str]:
-        """The last ``count`` lines of ``rank`` (default: the source's own rank)."""
-        lines = self.tails.get(self.rank if rank is None else rank)
-        return list(lines)[-count:] if lines else []
 
     def _send(self, items: List[LogItem]) -> None:
         events: List[Event] = []
