@@ -11,14 +11,11 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
-
-import uvicorn
 
 from trainguard.core.catalogue import DetectionSettings
 
@@ -28,6 +25,7 @@ from .config import Settings, parse_roles
 from .gateway.grpc import build_grpc_server
 from .gateway.http import ingest_router
 from .gateway.ingest import Gateway
+from .http_thread import HttpThread
 from .notify import WebhookNotifier
 from .processor.embedded import EmbeddedProcessor
 from .queue import open_queue
@@ -55,8 +53,7 @@ class EmbeddedServer:
         self.notifier: Optional[WebhookNotifier] = None
         self.http_port = 0
         self.grpc_port = 0
-        self._uvicorn: Optional[uvicorn.Server] = None
-        self._http_thread: Optional[threading.Thread] = None
+        self._http: Optional[HttpThread] = None
         self._grpc: Any = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
@@ -103,18 +100,9 @@ class EmbeddedServer:
         elif "api" not in roles:
             return  # a processor alone serves nothing
         app = create_app(self.services, ingest_router(self.gateway) if self.gateway is not None else None)
-        sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET, socket.SOCK_STREAM,
-                             socket.IPPROTO_TCP)  # proto set: asyncio turns TCP_NODELAY on per connection
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((s.host, s.http_port))
-        self.http_port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        self._uvicorn = uvicorn.Server(config)
-        self._http_thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [sock]},
-                                             name="trainguard-http", daemon=True)
-        self._http_thread.start()
-        while not self._uvicorn.started and self._http_thread.is_alive():
-            self._stopped.wait(0.02)
+        self._http = HttpThread(app, s.host, s.http_port, "trainguard-http")
+        self.http_port = self._http.port
+        self._http.start(self._stopped.wait)
 
     def _flink_stores(self) -> EmbeddedProcessor:
         """``processor_runtime=flink``: the Flink job runs the pipeline; this stores (flink_stores.py)."""
@@ -138,10 +126,8 @@ class EmbeddedServer:
                 return
             if self._grpc is not None:
                 self._grpc.stop(grace=2).wait(5)
-            if self._uvicorn is not None:
-                self._uvicorn.should_exit = True
-                if self._http_thread is not None:
-                    self._http_thread.join(10)
+            if self._http is not None:
+                self._http.stop(10)
             if self.processor is not None:
                 self.processor.stop(drain=drain)
             if self.notifier is not None:

@@ -6,18 +6,15 @@ Both adapters are the platform gateway's own (:func:`~trainguard_server.gateway.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import grpc
-import uvicorn
 from fastapi import FastAPI
 
 from ..gateway.grpc import build_grpc_server
 from ..gateway.http import ingest_router
 from ..gateway.ingest import Gateway
+from ..http_thread import HttpThread
 
 
 def split_address(value: str, default_port: int) -> Tuple[str, int]:
@@ -40,8 +37,7 @@ class LocalServers:
         self.status = status
         self.http_port = 0
         self.grpc_port = 0
-        self._uvicorn: Optional[uvicorn.Server] = None
-        self._thread: Optional[threading.Thread] = None
+        self._http: Optional[HttpThread] = None
         self._grpc: Optional[grpc.Server] = None
 
     def start_http(self, address: str) -> int:
@@ -58,18 +54,9 @@ class LocalServers:
         def agent_status() -> Dict[str, Any]:
             return status()
 
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
-                             socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        self.http_port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-        self._uvicorn = server
-        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                                        name="trainguard-agent-http", daemon=True)
-        self._thread.start()
-        while not server.started and self._thread.is_alive():
-            time.sleep(0.01)
+        self._http = HttpThread(app, host, port, "trainguard-agent-http")
+        self.http_port = self._http.port
+        self._http.start()
         return self.http_port
 
     def start_grpc(self, address: str) -> int:
@@ -84,8 +71,6 @@ class LocalServers:
         if self._grpc is not None:
             self._grpc.stop(grace=1.0).wait(2.0)
             self._grpc = None
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self._uvicorn = None
+        if self._http is not None:
+            self._http.stop(5)
+            self._http = None
