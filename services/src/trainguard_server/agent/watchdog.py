@@ -23,6 +23,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Deque, Optional
 
+from trainguard.core.catalogue import DetectionSettings
+
+_SERVER = DetectionSettings()
+"""The pipeline's defaults: the agent's floor and ceiling are its stall_min_s and stall_max_s."""
 GAPS_KEPT = 64
 MIN_GAP_S = 0.001
 
@@ -32,8 +36,8 @@ class HangPolicy:
     """``threshold = clamp(factor x interval, floor_s, ceiling_s)`` (see the module doc)."""
 
     factor: float = 10.0
-    floor_s: float = 120.0
-    ceiling_s: float = 600.0
+    floor_s: float = _SERVER.stall_min_s
+    ceiling_s: float = _SERVER.stall_max_s
 
     def threshold_s(self, interval_s: float) -> float:
         if interval_s <= 0:
