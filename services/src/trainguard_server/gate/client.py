@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, Dict, Optional
+
+from ..api.read_client import ReadClient
 
 
 class GateClientError(RuntimeError):
@@ -20,20 +21,12 @@ class GateClientError(RuntimeError):
 
 class GateClient:
     def __init__(self, base: str, token: str, timeout: float = 60.0) -> None:
-        self.base = base.rstrip("/")
-        self.token = token
-        self.timeout = timeout
+        self.api = ReadClient(base, token, timeout, user_agent="trainguard-gate")
+        self.base = self.api.base
 
     def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json",
-                   "User-Agent": "trainguard-gate"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(self.base + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
+            return self.api.request(method, path, body)
         except urllib.error.HTTPError as exc:
             try:
                 detail = json.loads(exc.read()).get("detail", "")
