@@ -503,6 +503,11 @@ class ExitVerdict:
         return text
 
 
+def signal_of_exit_code(code: int) -> int:
+    """The signal a shell-convention exit code names (``128 + n``, n up to 64), else 0."""
+    return code - 128 if 128 < code <= 192 else 0
+
+
 def classify_exit(exit_code: int, signal: int = 0) -> Optional[ExitVerdict]:
     """The decision path for an exit: None for a clean exit (code 0, no signal).
 

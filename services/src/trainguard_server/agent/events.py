@@ -40,9 +40,8 @@ MAX_REPORT_CHARS = 60_000
 
 def agent_identity(env: Mapping[str, str], *, pid: int = 0, run_id: Optional[str] = None) -> RunIdentity:
     """The run identity of the job the agent watches, from ``env`` (its environment, or the job's)."""
-    generated = run_id or env.get("TRAINGUARD_RUN_ID") or f"agent-{socket.gethostname()}"
-    return from_environment(env, pid=pid, host=socket.gethostname(), generated_run_id=generated,
-                            run_id=run_id)
+    host = socket.gethostname()
+    return from_environment(env, pid=pid, host=host, generated_run_id=f"agent-{host}", run_id=run_id)
 
 
 class EventBuilder:

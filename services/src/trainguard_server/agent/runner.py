@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
-from trainguard.core.events import encode_batch
+from trainguard.core import events as ev
+from trainguard.core.catalogue import signal_of_exit_code
 
 from ..config import Settings
 from ..gateway.ingest import GatewayError, batch_from_json
@@ -98,6 +99,11 @@ class AgentConfig:
 class ExitStatus:
     code: int       # the exit code a shell would show (128 + n for signal n)
     signal: int     # the signal that ended the job, 0 if none
+
+    @classmethod
+    def from_code(cls, code: int) -> ExitStatus:
+        """From a shell-convention code (an exit-code file): 128 + n says signal n."""
+        return cls(code, signal_of_exit_code(code))
 
 
 class Agent:
@@ -250,7 +256,7 @@ class Agent:
                 self.tick()
                 code = read_exit_file(cfg.exit_file) if cfg.exit_file else None
                 if code is not None:
-                    status = ExitStatus(code, code - 128 if 128 < code <= 192 else 0)
+                    status = ExitStatus.from_code(code)
                     break
                 if pattern is not None:
                     if not self.child_pid:
@@ -269,7 +275,7 @@ class Agent:
             follower.stop()
         if status is None and cfg.exit_file:
             code = read_exit_file(cfg.exit_file)
-            status = ExitStatus(code, code - 128 if 128 < code <= 192 else 0) if code is not None else None
+            status = ExitStatus.from_code(code) if code is not None else None
         if status is None and (self.child_pid or self._started):
             self._emit([self._note("WARNING", "trainguard agent: the job ended (or the agent was stopped) "
                                    "and its exit code is unknown: set TRAINGUARD_AGENT_EXIT_FILE")])
@@ -284,9 +290,6 @@ class Agent:
             previous[sig] = signal.signal(sig, lambda _s, _f: self._stop.set())
         return previous
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
     # --------------------------------------------------------------------------------------- lines
     def _line_handler(self, source: str) -> Any:
         def on_line(number: int, text: str) -> None:
@@ -294,8 +297,8 @@ class Agent:
         return on_line
 
     def _file_line(self, key: str, number: int, text: str) -> None:
-        path, _, inode = key.rpartition("@")
-        self._on_line(key, f"file:{os.path.basename(path)}", number, text, id_source=f"file:{path}@{inode}")
+        path = key.rpartition("@")[0]
+        self._on_line(key, f"file:{os.path.basename(path)}", number, text, id_source=f"file:{key}")
 
     def _on_line(self, key: str, source: str, number: int, text: str, id_source: str = "") -> None:
         now = time.time_ns()
@@ -432,8 +435,6 @@ class Agent:
             self._emit(ready)
 
     def _note(self, level: str, message: str) -> Event:
-        from trainguard.core import events as ev
-
         payload = {"logger": "trainguard.agent", "level": level, "message": message, "source": "agent"}
         return ev.envelope(self.builder.base(), "log", payload, step=self.rank_steps.get(self.rank, -1),
                            time_unix_nano=time.time_ns(), severity=level)
@@ -457,7 +458,7 @@ class Agent:
             events = list(self._outbox)
             self._outbox.clear()
         try:
-            batch = batch_from_json(encode_batch(events), max_events=len(events) + 1)
+            batch = batch_from_json(ev.encode_batch(events), max_events=len(events) + 1)
             result = gateway.ingest_batch(gateway.info, batch)
         except GatewayError as exc:  # spool full or failing: keep them for the next tick
             with self._lock:

@@ -73,6 +73,7 @@ from typing import (
 )
 
 from trainguard.core import events as ev
+from trainguard.core.catalogue import signal_of_exit_code
 from trainguard.transport.base import SendResult, TransportError
 
 from .. import __version__
@@ -394,7 +395,7 @@ class _Builder:
             inferred = code is None
             if code is None:
                 code = 1 if state.exceptions else 0
-            signal = code - 128 if 128 < code <= 192 else 0
+            signal = signal_of_exit_code(code)
             reason = ("normal" if code == 0 else "signal" if signal
                       else "exception" if state.exceptions else "sys.exit")
             payload = {"phase": "EXIT", "exit_code": code, "signal": signal, "reason": reason}
