@@ -106,3 +106,35 @@ def test_relay_survives_gateway_down_and_its_own_restart(tmp_path: Path) -> None
         assert sum(b["count"] for b in buckets) == steps, buckets[:3]
     finally:
         serve.stop()
+
+
+def test_upstreams_deliver_queued_bytes_over_grpc_and_http(server: ServeProcess) -> None:
+    """What the forwarder sends: a serialized IngestRequest as queued, to a real gateway both ways."""
+    from trainguard.transport.base import TransportError
+    from trainguard.v1 import events_pb2
+    from trainguard_server.agent.upstream import open_upstream
+    from trainguard_server.gateway.ingest import join_events
+
+    def envelope(i: int, transport: str) -> bytes:
+        env = events_pb2.Envelope(event_id=f"{transport}-{i:08d}", run_id=f"upstream-{transport}",
+                                  time_unix_nano=time.time_ns(), step=i)
+        env.log.message = f"WARNING: line {i}"
+        return env.SerializeToString()
+
+    for transport, url in (("grpc", f"grpc://{server.grpc_target}"), ("http", server.http_url)):
+        upstream = open_upstream(url, server.tokens["ingest"])
+        try:
+            result = upstream.send(join_events([envelope(i, transport) for i in range(3)]), 10.0)
+            assert (result.accepted, result.duplicates, result.rejected) == (3, 0, [])
+            again = upstream.send(join_events([envelope(0, transport)]), 10.0)
+            assert again.accepted + again.duplicates == 1
+            try:
+                open_upstream(url, "wrong-token").send(join_events([envelope(9, transport)]), 10.0)
+            except TransportError as exc:
+                assert not exc.retryable and exc.status in ("401", "UNAUTHENTICATED")
+            else:
+                raise AssertionError("a wrong token was accepted")
+        finally:
+            upstream.close()
+    assert poll(lambda: len(server.pages("/api/v1/runs/upstream-grpc/events", kinds="log")) == 3
+                if server.get_or_none("/api/v1/runs/upstream-grpc") else False, timeout=20)

@@ -50,6 +50,18 @@ _RETRYABLE = frozenset({
 # FAILED_PRECONDITION, ALREADY_EXISTS, OUT_OF_RANGE) means re-sending the same batch fails again.
 
 
+def channel_options(max_message_bytes: int, user_agent: str) -> List[Tuple[str, Any]]:
+    """Channel options of a sender with its own retry loop: message limits, user agent, and a short
+    reconnect backoff (gRPC's default grows to 120 s; the caller backs off itself, and should find the
+    server as soon as it is back)."""
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.primary_user_agent", user_agent),
+            ("grpc.initial_reconnect_backoff_ms", 250),
+            ("grpc.min_reconnect_backoff_ms", 250),
+            ("grpc.max_reconnect_backoff_ms", 5000)]
+
+
 def split_target(target: str, secure: bool) -> Tuple[str, bool]:
     """``host:port`` and the effective ``secure`` flag for ``target``.
 
@@ -93,16 +105,7 @@ class GrpcTransport(Transport):
             # our reference (without closing) is the only safe thing to do with it in the child.
             self._channel = self._stub = None
         if self._stub is None:
-            options = [
-                ("grpc.max_send_message_length", self.max_message_bytes),
-                ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.primary_user_agent", f"{SDK_NAME}/{__version__}"),
-                # the worker has its own backoff: do not let the channel sit in a long reconnect backoff
-                # (default up to 120 s) after the server comes back
-                ("grpc.initial_reconnect_backoff_ms", 250),
-                ("grpc.min_reconnect_backoff_ms", 250),
-                ("grpc.max_reconnect_backoff_ms", 5000),
-            ]
+            options = channel_options(self.max_message_bytes, f"{SDK_NAME}/{__version__}")
             compression = grpc.Compression.Gzip if self.compression else grpc.Compression.NoCompression
             if self.secure:
                 self._channel = grpc.secure_channel(self.target, grpc.ssl_channel_credentials(), options,

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import grpc
 
 from trainguard.transport.base import SendResult, TransportError
-from trainguard.transport.grpc import rpc_error_to_transport_error, split_target
+from trainguard.transport.grpc import channel_options, rpc_error_to_transport_error, split_target
 from trainguard.transport.http import HttpTransport
 from trainguard.v1 import ingest_pb2
 
@@ -68,11 +68,7 @@ class GrpcUpstream(Upstream):
     def __init__(self, url: str, token: Optional[str]) -> None:
         self.url = url
         target, secure = split_target(url, False)
-        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.primary_user_agent", USER_AGENT),
-                   ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
-                   ("grpc.max_reconnect_backoff_ms", 5000)]
+        options = channel_options(MAX_MESSAGE_BYTES, USER_AGENT)
         self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(), options) if secure
                          else grpc.insecure_channel(target, options))
         # request_serializer=None: the bytes go out as queued
