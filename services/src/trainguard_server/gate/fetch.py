@@ -7,8 +7,9 @@ The API route and ``trainguard gate --data-dir`` both read through :class:`Store
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from trainguard.core.clusters import identify
 
@@ -38,35 +39,17 @@ class StoreReader:
 
     def runs_with_tag(self, tag: str, limit: int = MAX_RUNS) -> List[str]:
         """Ids of the runs carrying ``tag`` ("key=value" or "key"), most recently active first."""
-        out: List[str] = []
-        cursor: Optional[str] = None
-        while len(out) < limit:
-            page = self.incidents.list_runs(self.project, tag=tag, limit=min(PAGE, limit - len(out)),
-                                            cursor=cursor)
-            out.extend(r.run_id for r in page.items)
-            cursor = page.next_cursor
-            if not cursor:
-                break
-        return out
+        pages = _paged(lambda cursor: self.incidents.list_runs(self.project, tag=tag, limit=min(PAGE, limit),
+                                                               cursor=cursor))
+        return [r.run_id for r in itertools.islice(pages, limit)]
 
     def _incidents(self, run_id: str) -> Iterator[Any]:
-        cursor: Optional[str] = None
-        while True:
-            page = self.incidents.list_incidents(self.project, run_id=run_id, limit=PAGE, cursor=cursor)
-            yield from page.items
-            cursor = page.next_cursor
-            if not cursor:
-                return
+        return _paged(lambda cursor: self.incidents.list_incidents(self.project, run_id=run_id, limit=PAGE,
+                                                                   cursor=cursor))
 
     def _exceptions(self, run_id: str) -> Iterator[Any]:
-        cursor: Optional[str] = None
-        while True:
-            page = self.events.list_for_run(self.project, run_id, kinds=["exception"], limit=PAGE,
-                                            cursor=cursor)
-            yield from page.items
-            cursor = page.next_cursor
-            if not cursor:
-                return
+        return _paged(lambda cursor: self.events.list_for_run(self.project, run_id, kinds=["exception"],
+                                                              limit=PAGE, cursor=cursor))
 
     def run_data(self, run_id: str, metrics: Sequence[str]) -> Optional[RunData]:
         """Everything the gate uses of one run (None when the project has no such run): the record, the
@@ -100,6 +83,18 @@ class StoreReader:
         return RunData(run_id=run_id, status=record.status, last_step=record.last_step,
                        tags=dict(record.tags), series=series, peaks=peaks, incidents=incidents,
                        fingerprints=fingerprints)
+
+
+def _paged(fetch: Callable[[Optional[str]], Any]) -> Iterator[Any]:
+    """Every item of a cursor-paginated listing: ``fetch(cursor)`` returns a page (``items``,
+    ``next_cursor``), the first with cursor None."""
+    cursor: Optional[str] = None
+    while True:
+        page = fetch(cursor)
+        yield from page.items
+        cursor = page.next_cursor
+        if not cursor:
+            return
 
 
 def _bucket_value(bucket: Any) -> float:
