@@ -87,7 +87,15 @@ def test_gateway_kafka_flink_kafka_yields_every_runs_verdict(tmp_path: Path) -> 
 
         def settled() -> bool:
             assert flink.poll() is None, (tmp_path / "flink.log").read_text()[-4000:]
-            return verdicts() == {r: ([k] if k else []) for r, k in expected.items()}
+            if verdicts() != {r: ([k] if k else []) for r, k in expected.items()}:
+                return False
+            # a healthy run has no incident to wait for: it has settled once its run record is stored
+            stores = open_sqlite_stores(tmp_path / "data")
+            try:
+                return set(expected) <= {r.run_id for r in stores.incidents.list_runs(
+                    tokens["project"], limit=100).items}
+            finally:
+                stores.close()
 
         assert poll(settled, DEADLINE_S, interval=0.5), (
             verdicts(), (tmp_path / "processor.log").read_text()[-2000:], (tmp_path / "flink.log").read_text()[-3000:])
