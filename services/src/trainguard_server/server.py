@@ -7,15 +7,17 @@ that was acknowledged is left unprocessed.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from trainguard.core.catalogue import DetectionSettings
 
@@ -34,6 +36,7 @@ from .storage.select import open_stores
 log = logging.getLogger("trainguard.server")
 
 TOKENS_FILE = "bootstrap-tokens.json"
+BOOTSTRAP_LOCK = ".bootstrap.lock"
 
 
 @dataclass
@@ -158,7 +161,15 @@ class EmbeddedServer:
 
     # --- tokens ---------------------------------------------------------------------------------
     def _bootstrap_tokens(self) -> BootstrapTokens:
-        """The bootstrap project's tokens: from settings, else from the data dir, else new (saved 0600)."""
+        """The bootstrap project's tokens: from settings, else from the data dir, else new (saved 0600).
+
+        Roles started together on one data dir (``--roles`` split, Helm's split mode) each run this at
+        once: an exclusive lock on the data dir serializes them, so the first creates or registers the
+        tokens and the others find them (no duplicate registration, no half-written file read)."""
+        with _data_dir_lock(self.data_dir / BOOTSTRAP_LOCK):
+            return self._bootstrap_tokens_locked()
+
+    def _bootstrap_tokens_locked(self) -> BootstrapTokens:
         s = self.settings
         path = self.data_dir / TOKENS_FILE
         saved: Dict[str, str] = {}
@@ -174,10 +185,25 @@ class EmbeddedServer:
                 else:
                     token = self.stores.projects.create_token(project, kind, "bootstrap")
             tokens[kind] = token
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"project": project, **tokens}, fh)
+        if saved != {"project": project, **tokens}:  # written whole, then renamed: never read half-written
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"project": project, **tokens}, fh)
+            os.replace(tmp, path)
         return BootstrapTokens(project, tokens["ingest"], tokens["read"])
+
+
+@contextmanager
+def _data_dir_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (flock) on ``path`` for the block, released when the block ends or the
+    process dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _url_host(host: str) -> str:
