@@ -139,3 +139,20 @@ def test_incidents_folded_into_another_are_not_counted(stores: Stores) -> None:
     service = stores.service()
     data = service.reader.run_data("folded", ["loss"])
     assert data is not None and [i.kind for i in data.incidents] == ["loss/oscillation"]
+
+
+def test_baselines_saved_by_two_api_processes_are_both_listed(tmp_path: Path) -> None:
+    """Two processes on one data dir (two handles on its SQLite): neither save hides the other's name."""
+    first, second = Stores("sqlite", tmp_path / "data"), Stores("sqlite", tmp_path / "data")
+    try:
+        for seed in range(3):
+            add_run(first, "alpha", f"base-{seed}", seed, tag="base")
+        add_run(first, "alpha/x", "nested-0", 0, tag="base")
+        first.service().define("one", Policy(), tag="gate=base")
+        second.service().define("two", Policy(), tag="gate=base")
+        first.service("alpha/x").define("three", Policy(), tag="gate=base")
+        assert first.service().names() == second.service().names() == ["one", "two"]
+        assert second.service("alpha/x").names() == ["three"]  # a project extending "alpha" stays apart
+    finally:
+        first.close()
+        second.close()

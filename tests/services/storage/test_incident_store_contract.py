@@ -250,6 +250,17 @@ def test_state_blobs_round_trip_and_overwrite(store: IncidentStore) -> None:
     assert store.load_state("processor") == b"" and store.load_state("other") == b"x"
 
 
+def test_state_keys_lists_a_literal_prefix_in_order(store: IncidentStore) -> None:
+    for key in ("gate.baseline/p/b", "gate.baseline/p/a", "gate.baseline/p2/a", "gate.baseline/p_x/a",
+                "gate.baselinez", "processor"):
+        store.save_state(key, b"1")
+    assert store.state_keys("gate.baseline/p/") == ["gate.baseline/p/a", "gate.baseline/p/b"]
+    assert store.state_keys("gate.baseline/p_") == ["gate.baseline/p_x/a"]  # '_' is no wildcard
+    assert store.state_keys("gate.baseline/%") == []
+    assert store.state_keys("nothing/") == []
+    assert len(store.state_keys("")) == 6
+
+
 def test_upserting_nothing_is_a_no_op(store: IncidentStore) -> None:
     store.upsert_runs([])
     store.upsert_incidents([])

@@ -4,18 +4,18 @@
 the webhook notifier already use; every store implementation passes its contract (tests/services/storage),
 and it lives with incidents, runs and tokens in SQLite under the data directory that the gateway,
 processor and API processes share, so a baseline defined through the API is visible to
-``trainguard gate --data-dir`` and the other way round. No store interface changes.
+``trainguard gate --data-dir`` and the other way round.
 
-Keys: ``gate.baseline/<project>/<name>`` (one document per baseline) and ``gate.baselines/<project>`` (the
-names, for listings). A baseline is a frozen list of runs (resolved from a tag when it was defined, so
-later runs carrying the tag -- the candidates -- do not join it) plus the profile built from them.
+Keys: ``gate.baseline/<project>/<name>``, one document per baseline; listings read the keys under the
+project's prefix (no separate index to keep in step). A baseline is a frozen list of runs (resolved from a
+tag when it was defined, so later runs carrying the tag -- the candidates -- do not join it) plus the
+profile built from them.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -23,7 +23,6 @@ from ..storage.base import IncidentStore
 from .profile import Profile
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_lock = threading.Lock()
 
 
 def check_name(name: str) -> str:
@@ -67,22 +66,17 @@ class BaselineRepo:
     def _key(project: str, name: str) -> str:
         return f"gate.baseline/{project}/{name}"
 
-    @staticmethod
-    def _index_key(project: str) -> str:
-        return f"gate.baselines/{project}"
-
     def get(self, project: str, name: str) -> Optional[Baseline]:
         blob = self.state.load_state(self._key(project, name))
         return Baseline.from_dict(json.loads(blob)) if blob else None
 
     def names(self, project: str) -> List[str]:
-        blob = self.state.load_state(self._index_key(project))
-        return sorted(json.loads(blob)) if blob else []
+        prefix = self._key(project, "")
+        # a name never holds '/': a longer one belongs to a project whose name extends this one ("a/b")
+        return [key[len(prefix):] for key in self.state.state_keys(prefix) if "/" not in key[len(prefix):]]
 
     def save(self, baseline: Baseline) -> None:
+        """One key per baseline, so saves from any number of API processes never lose one another."""
         check_name(baseline.name)
-        with _lock:  # the index is read-modify-write; one writer per process (the API process)
-            self.state.save_state(self._key(baseline.project, baseline.name),
-                                  json.dumps(baseline.to_dict(), allow_nan=False).encode())
-            names = set(self.names(baseline.project)) | {baseline.name}
-            self.state.save_state(self._index_key(baseline.project), json.dumps(sorted(names)).encode())
+        self.state.save_state(self._key(baseline.project, baseline.name),
+                              json.dumps(baseline.to_dict(), allow_nan=False).encode())

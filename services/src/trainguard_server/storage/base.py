@@ -229,6 +229,10 @@ class IncidentStore(ABC):
     @abstractmethod
     def load_state(self, key: str) -> Optional[bytes]: ...
 
+    @abstractmethod
+    def state_keys(self, prefix: str) -> List[str]:
+        """The keys saved with ``save_state`` that start with ``prefix`` (literally: no wildcards), sorted."""
+
     def close(self) -> None:
         """Release resources."""
 

@@ -681,6 +681,10 @@ class MemoryIncidentStore(IncidentStore):
         with self._lock:
             return self._state.get(key)
 
+    def state_keys(self, prefix: str) -> List[str]:
+        with self._lock:
+            return sorted(k for k in self._state if k.startswith(prefix))
+
     def _list(self, table: Dict[Tuple[str, str], _Row], kind: str, scope: List[Any], project: str,
               keep: Callable[[_Row], bool], limit: int, cursor: Optional[str],
               load: Callable[[Dict[str, Any]], T]) -> Page[T]:

@@ -704,6 +704,13 @@ class SqliteIncidentStore(IncidentStore):
         row = self._db.reader().execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return bytes(row[0]) if row else None
 
+    def state_keys(self, prefix: str) -> List[str]:
+        # a range over the primary key, not LIKE: '%' and '_' in a prefix are plain characters
+        rows = self._db.reader().execute(
+            "SELECT key FROM state WHERE key >= ? AND substr(key, 1, ?) = ? ORDER BY key",
+            (prefix, len(prefix), prefix)).fetchall()
+        return [r[0] for r in rows]
+
     def _list(self, table: str, id_col: str, ns_col: str, where: List[str], args: List[Any],
               scope: List[Any], limit: int, cursor: Optional[str],
               load: Callable[[Dict[str, Any]], T]) -> Page[T]:
