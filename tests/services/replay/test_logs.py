@@ -3,6 +3,7 @@ parser (and the SDK, live) gives it; ranks are demultiplexed; levels, timestamps
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import List
@@ -100,6 +101,36 @@ def test_interleaved_ranks_are_assembled_separately(tmp_path: Path) -> None:
     assert exc[0].payload["fingerprint"] == parse_traceback_text("\n".join(crash))[-1].fingerprint().hash
     assert sum(1 for i in items if i.kind == "log" and i.rank == 0) == len(crash)
     assert [i.line for i in items] == sorted(i.line for i in items)
+
+
+# the level rules as plain regexes, run on every line (line_level rules lines out with cheaper tests first)
+_REFERENCE_LEVEL = re.compile(r"\b(CRITICAL|FATAL|ERROR|WARNING|WARN|INFO|DEBUG)\b|\b\w*(Warning):")
+_REFERENCE_ERROR = re.compile(r"Segmentation fault|core dumped|Bus error|^Killed\b|\bAborted\b|out of memory",
+                              re.IGNORECASE)
+_LEVEL_WORDS = {"FATAL": "CRITICAL", "WARN": "WARNING", "Warning": "WARNING"}
+
+
+def _reference_level(line: str) -> str:
+    glog = re.match(r"^\[?([IWEF])\d{4} \d\d:\d\d:\d\d", line)
+    if glog:
+        return {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}[glog.group(1)]
+    match = _REFERENCE_LEVEL.search(line[:120])
+    if match:
+        word = match.group(1) or match.group(2)
+        return _LEVEL_WORDS.get(word, word)
+    return "ERROR" if _REFERENCE_ERROR.search(line) else ""
+
+
+def test_line_level_matches_the_plain_rules_on_every_captured_line() -> None:
+    lines = [line for path in sorted((FIXTURES.parent).rglob("*")) if path.is_file()
+             for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    lines += ["killed by signal 9", "Killed", "process ABORTED", "CUDA error: OUT OF MEMORY", "abortedx",
+              "bus errors", "WARNINGS: none", "xWarning: y", "Warning:", "kill", "INFOx", "INFO: step 3",
+              "I1129 08:12:43.061 ProcessGroupNCCL.cpp:1 init", "CRITICAL: disk full", "FATAL x"]
+    assert len(lines) > 5000
+    levels = [line_level(line) for line in lines]
+    assert levels == [_reference_level(line) for line in lines]
+    assert {"", "INFO", "WARNING", "ERROR", "CRITICAL"} <= set(levels)
 
 
 def test_line_helpers_and_timestamps() -> None:

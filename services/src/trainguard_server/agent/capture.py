@@ -21,18 +21,20 @@ Contract of :class:`OutputCapture` (one per source: the child's stdout or stderr
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Callable, List
 
 from trainguard.core.classify import classify_text
 
-from ..replay.logs import LEVEL_ORDER, LogItem, LogSegmenter, clean_line
+from ..replay.logs import LogItem, LogSegmenter, clean_line
 from .events import Event, EventBuilder
 
 NEEDLES = ("out of memory", "CUDA", "NCCL", "nccl", "Watchdog", "ChildFailedError", "exitcode", "Xid",
            "Fatal Python error", "mismatch", "Timed out", "timed out", "rendezvous", "Rendezvous",
            "Connection reset", "Connection closed", "device-side assert", "Assertion", "Traceback")
 """Substrings that make a below-level line worth the classifier's look."""
+_NEEDLE_RE = re.compile("|".join(re.escape(n) for n in NEEDLES))  # one scan of the line for all of them
 LAUNCHER_SUMMARY = "ChildFailedError"
 """torchrun's own traceback summarising a rank's failure: the rank's failure seen again, so it is sent as the
 launcher's log text (classified as text: a comm/memory root cause in it still counts) and not as a second,
@@ -50,9 +52,8 @@ class OutputCapture:
         self.builder = builder
         self.emit = emit
         self.step_of = step_of
-        self.min_level = LEVEL_ORDER[min_level]
         self.block_quiet_ns = int(block_quiet_s * 1e9)
-        self.segmenter = LogSegmenter(rank)
+        self.segmenter = LogSegmenter(rank, min_level=min_level, keep_below=_recognised)
         self.last_line_ns = 0
         self.lines = 0
         self.sent = 0
@@ -89,9 +90,6 @@ class OutputCapture:
             if item.kind == "exception" and str(item.payload.get("type", "")).endswith(LAUNCHER_SUMMARY):
                 item = LogItem("log", item.rank, item.line, item.last_line, item.time_ns, "ERROR",
                                str(item.payload.get("traceback", ""))[:MAX_SUMMARY_CHARS])
-            if item.kind != "exception" and LEVEL_ORDER[item.level] < self.min_level \
-                    and not _recognised(item.message):
-                continue
             time_ns = item.time_ns or self.last_line_ns
             events.append(self.builder.log_item(item, self.source, self.step_of(item.rank), time_ns,
                                                  id_source=self.id_source))
@@ -101,7 +99,7 @@ class OutputCapture:
 
 
 def _recognised(message: str) -> bool:
-    if not any(n in message for n in NEEDLES):
+    if _NEEDLE_RE.search(message) is None:
         return False
     found = classify_text(message)
     return found is not None and found.rule != "python.exception"

@@ -72,9 +72,12 @@ _RECORD_RE = re.compile(
     r"|(?:srun|slurmstepd|wandb|mpirun|torchrun): )"
 )
 _GLOG_LEVEL_RE = re.compile(r"^\[?([IWEF])\d{4} \d\d:\d\d:\d\d")
-_LEVEL_RE = re.compile(r"\b(CRITICAL|FATAL|ERROR|WARNING|WARN|INFO|DEBUG)\b|\b\w*(Warning):")
+_LEVEL_RE = re.compile(r"\b(CRITICAL|FATAL|ERROR|WARNING|WARN|INFO|DEBUG)\b|(Warning):")  # "...Warning:"
 _ERROR_TEXT_RE = re.compile(r"Segmentation fault|core dumped|Bus error|^Killed\b|\bAborted\b|out of memory",
                             re.IGNORECASE)
+# cheap tests that rule a line out before the regexes above run (most lines of a training log state no level)
+_MAYBE_LEVEL_RE = re.compile(r"[A-Z]{4}|Warning:")
+_ERROR_WORDS = ("segmentation fault", "core dumped", "bus error", "killed", "aborted", "out of memory")
 _GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _LEVELS = {"CRITICAL": "CRITICAL", "FATAL": "CRITICAL", "ERROR": "ERROR", "WARNING": "WARNING",
            "WARN": "WARNING", "INFO": "INFO", "DEBUG": "DEBUG", "Warning": "WARNING"}
@@ -111,9 +114,14 @@ def line_level(line: str) -> str:
     match = _GLOG_LEVEL_RE.match(line)
     if match is not None:
         return _GLOG_LEVELS[match.group(1)]
-    match = _LEVEL_RE.search(line[:120])
-    if match is not None:
-        return _LEVELS[match.group(1) or match.group(2)]
+    head = line[:120]
+    if _MAYBE_LEVEL_RE.search(head) is not None:
+        match = _LEVEL_RE.search(head)
+        if match is not None:
+            return _LEVELS[match.group(1) or match.group(2)]
+    lowered = line.lower()
+    if not any(word in lowered for word in _ERROR_WORDS):
+        return ""
     return "ERROR" if _ERROR_TEXT_RE.search(line) else ""
 
 
@@ -281,11 +289,15 @@ class LogSegmenter:
     ``feed(number, line, time_ns, precision_ns)`` takes one cleaned line (:func:`clean_line`) with the time
     it was written (or None); ``take()`` returns the items that are complete and ordered (an open traceback
     holds back everything after its first line); ``flush()`` closes the open blocks (end of input, or a
-    source that went quiet) and returns everything left. ``rank`` and ``min_level`` as for LogReader."""
+    source that went quiet) and returns everything left. ``rank`` and ``min_level`` as for LogReader;
+    ``keep_below(text)``: a line below ``min_level`` is kept when this says so (the agent keeps error text
+    the classifier recognises), decided here so a dropped line costs no item."""
 
-    def __init__(self, rank: int = 0, *, min_level: str = "") -> None:
+    def __init__(self, rank: int = 0, *, min_level: str = "",
+                 keep_below: Optional[Callable[[str], bool]] = None) -> None:
         self.rank = rank
         self.min_level = LEVEL_ORDER[min_level]
+        self.keep_below = keep_below
         self.stats = LogStats()
         self._streams: Dict[int, _Stream] = {}
         self._pending: List[Tuple[int, int, LogItem]] = []  # (first line, seq, item): released in order
@@ -351,7 +363,7 @@ class LogSegmenter:
 
     def _line(self, rank: int, number: int, text: str, time_ns: Optional[int], precision_ns: int) -> None:
         level = line_level(text)
-        if LEVEL_ORDER[level] < self.min_level:
+        if LEVEL_ORDER[level] < self.min_level and (self.keep_below is None or not self.keep_below(text)):
             self.stats.below_level += 1
             return
         self._emit(LogItem("log", rank, number, number, time_ns, level, safe_str(text, MAX_LINE_CHARS),
