@@ -2,7 +2,8 @@
 
     python -m trainguard_server.demo.trainings healthy|diverging|crashing|stalling [--steps N]
     python -m trainguard_server.demo.trainings canary --seed S [--lr LR] [--raise-at STEP]
-                                                      [--extra-memory-mb MB] [--tag K=V ...]
+                                                      [--extra-memory-mb MB] [--data-delay-ms MS]
+                                                      [--tag K=V ...]
 
 - healthy: the loss falls, the process exits 0;
 - diverging: a learning-rate schedule bug multiplies the LR from mid-run on until the loss is NaN;
@@ -12,8 +13,9 @@
 - canary: a short healthy training whose loss curve, step time and memory depend only on ``--seed`` (the
   CI gate's canary, see trainguard_server.gate); ``--lr`` changes the learning rate (an LR regression),
   ``--raise-at`` makes a "code change" raise a new exception at that step, ``--extra-memory-mb`` keeps that
-  much more memory alive for the whole run (a memory regression). It reports process RSS every 10 steps
-  (``mem/rss``, the SDK's CPU memory metric) and the SDK's ``time/step_s``.
+  much more memory alive for the whole run (a memory regression), ``--data-delay-ms`` makes every batch
+  arrive that much later (a slower data pipeline: a step-time regression). It reports process RSS every 10
+  steps (``mem/rss``, the SDK's CPU memory metric) and the SDK's ``time/step_s``.
 
 The SDK is configured from the environment (TRAINGUARD_ENDPOINT, ...), exactly as a user's job would be.
 Used by the demo and by the tests as real training runs.
@@ -84,7 +86,7 @@ def _new_feature(x: torch.Tensor) -> torch.Tensor:
 
 
 def canary(steps: int, seed: int, lr: float = CANARY_LR, raise_at: int = -1, extra_memory_mb: int = 0,
-           tags: dict[str, str] | None = None, step_sleep: float = 0.0) -> None:
+           tags: dict[str, str] | None = None, step_sleep: float = 0.0, data_delay_ms: float = 0.0) -> None:
     """The CI gate's canary: the demo MLP trained for ``steps`` steps from ``seed`` (weights and data).
     Healthy with the defaults; see the module docstring for the regressions it can simulate. One intra-op
     thread: the same numbers on any machine, and steps that do not fight the backend for the cores."""
@@ -101,6 +103,8 @@ def canary(steps: int, seed: int, lr: float = CANARY_LR, raise_at: int = -1, ext
     loss_fn = nn.MSELoss()
     for step in range(steps):
         x, y = _batch(generator)
+        if data_delay_ms > 0:
+            time.sleep(data_delay_ms / 1000.0)  # the batch arrives later: inside the SDK's time/step_s
         if step == raise_at:
             x = _new_feature(x)  # raises: the new code path does not fit the batch
         optimizer.zero_grad(set_to_none=True)
@@ -131,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     canary_flags.add_argument("--lr", type=float, default=CANARY_LR, help=f"learning rate ({CANARY_LR})")
     canary_flags.add_argument("--raise-at", type=int, default=-1, help="step at which new code raises")
     canary_flags.add_argument("--extra-memory-mb", type=int, default=0, help="memory kept alive (MiB)")
+    canary_flags.add_argument("--data-delay-ms", type=float, default=0.0,
+                              help="extra time for every batch to arrive (ms)")
     canary_flags.add_argument("--tag", type=_tag, action="append", default=[], help="run tag KEY=VALUE")
     return parser
 
@@ -139,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.kind == "canary":
         canary(args.steps, args.seed, lr=args.lr, raise_at=args.raise_at,
-               extra_memory_mb=args.extra_memory_mb, tags=dict(args.tag), step_sleep=args.step_sleep)
+               extra_memory_mb=args.extra_memory_mb, tags=dict(args.tag), step_sleep=args.step_sleep,
+               data_delay_ms=args.data_delay_ms)
     else:
         train(args.kind, args.steps, args.step_sleep)
 
