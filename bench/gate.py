@@ -8,7 +8,8 @@ trainguard_server.demo.trainings canary``: the demo MLP, 200 steps, deterministi
 * 20 healthy candidates, seeds 100-119: every verdict should be pass (exit 0) -- the false-fail rate;
 * regressions, 2 seeds each: the LR divided by 2, 3.3 and 10 (the loss envelope), a code change raising a
   new exception at step 120 (the fingerprint), 64 MiB and 256 MiB more memory kept alive (peak memory:
-  +21% warns, +84% fails under the default policy).
+  +21% warns, +84% fails under the default policy), a data pipeline 0.1 ms and 0.5 ms slower per batch (step
+  time: warns above +25% under the default policy, which never fails on step time).
 
 Each candidate is gated through ``POST /api/v1/gate`` (timed: the gate's latency as a CI job sees it).
 Then, with the pure functions on the same fetched runs, the false-fail rate over many baselines: every
@@ -53,6 +54,8 @@ REGRESSIONS: Dict[str, Tuple[str, ...]] = {
     "new exception": ("--raise-at", "120"),
     "memory +64 MiB": ("--extra-memory-mb", "64"),
     "memory +256 MiB": ("--extra-memory-mb", "256"),
+    "data +0.1 ms/step": ("--data-delay-ms", "0.1"),
+    "data +0.5 ms/step": ("--data-delay-ms", "0.5"),
 }
 
 
@@ -197,7 +200,7 @@ def main() -> int:
                     lr_verdict = v
                 caught = ("DETECTED" if v["exit_code"] == 1 else
                           "warned" if v["verdict"] == "warn" else "missed")
-                print(f"  {name:<16} {run_id}: {caught:<8} {v['verdict']:<5} exit {v['exit_code']}  "
+                print(f"  {name:<17} {run_id}: {caught:<8} {v['verdict']:<5} exit {v['exit_code']}  "
                       f"loss max z {loss_z(v):>5}  step time {step_change(v):>5}  flagged: {failing(v)}",
                       flush=True)
         print(f"\ngate latency (POST /api/v1/gate, {len(latencies)} calls): p50 "

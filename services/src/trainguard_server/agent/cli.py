@@ -16,7 +16,7 @@ EPILOG = """\
 modes:
   wrapper   trainguard agent [options] -- python train.py ...
             runs the job, passes its output through untouched, ends with its exit code or signal
-  sidecar   trainguard agent [options]   (with --log-file and --exit-file / --watch-process)
+  sidecar   trainguard agent [options]   (with --log-file and --exit-file / --pod-container / --watch-process)
             follows the job's log files next to it (a Kubernetes sidecar), ends when the job does
 
 every option can come from the environment: TRAINGUARD_AGENT_<OPTION> (e.g. TRAINGUARD_AGENT_UPSTREAM,
@@ -37,7 +37,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 NUMBER_OPTIONS = {"hang_factor": ("HANG_FACTOR", DEFAULT_POLICY.factor),
                   "hang_floor_s": ("HANG_FLOOR_S", DEFAULT_POLICY.floor_s),
                   "hang_ceiling_s": ("HANG_CEILING_S", DEFAULT_POLICY.ceiling_s),
-                  "drain_timeout_s": ("DRAIN_TIMEOUT_S", 10.0)}
+                  "drain_timeout_s": ("DRAIN_TIMEOUT_S", 10.0),
+                  "pod_poll_s": ("POD_POLL_S", 2.0)}
 """Numeric options: attribute -> (environment suffix, default). Read from the environment only when the
 agent runs (a bad value there must not break the parser, which every ``trainguard`` command builds)."""
 
@@ -83,6 +84,14 @@ def add_agent_parser(sub: Any) -> None:
                        help="sidecar: the job writes its exit code here when it ends")
     agent.add_argument("--watch-process", default=_env("WATCH_PROCESS"), metavar="REGEX",
                        help="sidecar with a shared process namespace: the job's command line")
+    agent.add_argument("--pod-container", default=_env("POD_CONTAINER"), metavar="NAME",
+                       help="sidecar in Kubernetes: the training container; its exit code, signal and reason "
+                            "(OOMKilled) are read from the pod's status (needs 'get' on pods, POD_NAME and "
+                            "POD_NAMESPACE from the downward API)")
+    agent.add_argument("--kube-api", default=_env("KUBE_API"), metavar="URL",
+                       help="the Kubernetes API (default: in-cluster; e.g. http://127.0.0.1:8001 for kubectl "
+                            "proxy)")
+    agent.add_argument("--pod-poll-s", type=float, help="read the pod's status this often (default 2)")
     agent.add_argument("--run-id", default=_env("RUN_ID"),
                        help="the run (default TRAINGUARD_RUN_ID / the launcher's / generated in wrapper "
                             "mode)")
@@ -119,18 +128,23 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print("trainguard agent: --token (TRAINGUARD_TOKEN) is required", file=sys.stderr)
         return 2
     log_files = args.log_file or [p.strip() for p in _env("LOG_FILES").split(",") if p.strip()]
-    if not command and not log_files and not args.exit_file and not args.watch_process:
+    if not command and not log_files and not args.exit_file and not args.watch_process \
+            and not args.pod_container:
         print("trainguard agent: give a command after -- (wrapper mode) or --log-file / --exit-file / "
-              "--watch-process (sidecar mode)", file=sys.stderr)
+              "--pod-container / --watch-process (sidecar mode)", file=sys.stderr)
         return 2
     try:
         policy = HangPolicy(args.hang_factor, args.hang_floor_s, args.hang_ceiling_s)
+        if args.pod_poll_s <= 0:
+            raise ValueError(f"--pod-poll-s must be > 0, got {args.pod_poll_s:g}")
         config = AgentConfig(upstream=args.upstream, token=args.token, listen=args.listen,
                              listen_grpc=args.listen_grpc,
                              spool_dir=Path(args.spool_dir) if args.spool_dir else default_spool_dir(),
                              log_files=log_files, exit_file=args.exit_file, watch_process=args.watch_process,
                              policy=policy, min_level=args.log_level, drain_timeout_s=args.drain_timeout_s,
-                             stacks=not args.no_stacks, run_id=args.run_id)
+                             stacks=not args.no_stacks, run_id=args.run_id,
+                             pod_container=args.pod_container, kube_api=args.kube_api,
+                             pod_poll_s=args.pod_poll_s)
         agent = Agent(config)
         agent.start()
     except (ValueError, OSError) as exc:

@@ -12,11 +12,14 @@ Contract of :class:`Agent`:
   child. Returns the child's wait status as :class:`ExitStatus`; the CLI ends the agent the same way
   (the same exit code, or the same signal), so a launcher or Kubernetes sees what it would have seen.
 * **Sidecar mode** (``run_sidecar()``): follows ``log_files`` (globs); the job's end is an exit-code
-  file (``exit_file``: the job writes its exit code there) or, with a shared process namespace, the
-  disappearance of the process whose command line matches ``watch_process`` (then the exit code is read
-  from ``exit_file`` if it appears within :data:`EXIT_FILE_GRACE_S`, else reported as unknown in a log
-  line). SIGTERM ends it too (a Kubernetes native sidecar is terminated after the main container exits).
-  Returns 0 once what it captured is delivered (or ``drain_timeout_s`` passed).
+  file (``exit_file``: the job writes its exit code there), the training container's termination in the
+  pod's status (``pod_container``: read from the Kubernetes API every ``pod_poll_s``, :mod:`.kube`; it
+  also gives the reason, ``OOMKilled``, which goes into the EXIT event, and the termination message) or,
+  with a shared process namespace, the disappearance of the process whose command line matches
+  ``watch_process``. When the job's end was seen another way (or SIGTERM came), the exit file and the pod
+  are still read for up to :data:`EXIT_FILE_GRACE_S`; with neither, the exit code is reported as unknown
+  in a log line. SIGTERM ends it too (a Kubernetes native sidecar is terminated after the main container
+  exits). Returns 0 once what it captured is delivered (or ``drain_timeout_s`` passed).
 * **Reports**: START once the job is known; every traceback and every notable line
   (:mod:`.capture`); a hang report when the :mod:`.watchdog` says so, with the last lines of output and
   the Python stacks (:mod:`.stacks`), and its end when progress resumes; EXIT with the exit code and
@@ -50,6 +53,7 @@ from ..gateway.ingest import GatewayError, batch_from_json
 from ..queue.sqlite import SqliteQueue
 from .capture import OutputCapture
 from .events import Event, EventBuilder, agent_identity
+from .kube import ContainerEnd, KubeConfig, PodStatusReader
 from .local import LocalServers
 from .relay import Forwarder, RelayGateway, open_spool_queue
 from .sources import FileFollower, PipePump
@@ -93,6 +97,9 @@ class AgentConfig:
     stacks: bool = True
     run_id: str = ""
     poll_s: float = 0.2
+    pod_container: str = ""      # sidecar: the training container, whose end the pod's status gives
+    kube_api: str = ""           # the Kubernetes API ("" = in-cluster)
+    pod_poll_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -247,8 +254,10 @@ class Agent:
         if follower is not None:
             follower.start()
         pattern = re.compile(cfg.watch_process) if cfg.watch_process else None
+        pod = self._pod_reader()
         status: Optional[ExitStatus] = None
-        vanished_at = 0.0
+        pod_end: Optional[ContainerEnd] = None
+        next_pod_read = 0.0
         previous = self._stop_on_signals()
         try:
             while not self._stop.is_set():
@@ -258,6 +267,11 @@ class Agent:
                 if code is not None:
                     status = ExitStatus.from_code(code)
                     break
+                if pod is not None and time.monotonic() >= next_pod_read:
+                    next_pod_read = time.monotonic() + cfg.pod_poll_s
+                    pod_end = pod.read()
+                    if pod_end is not None:
+                        break
                 if pattern is not None:
                     if not self.child_pid:
                         pid = find_process(pattern)
@@ -265,22 +279,55 @@ class Agent:
                             self.child_pid = self.builder.pid = pid
                             self._job_started(read_cmdline(pid))
                     elif not os.path.exists(f"/proc/{self.child_pid}"):
-                        vanished_at = vanished_at or time.monotonic()
-                        if not cfg.exit_file or time.monotonic() - vanished_at > EXIT_FILE_GRACE_S:
-                            break
+                        break
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if follower is not None:
             follower.stop()
-        if status is None and cfg.exit_file:
-            code = read_exit_file(cfg.exit_file)
-            status = ExitStatus.from_code(code) if code is not None else None
+        if pod_end is None and ((status is None and cfg.exit_file) or pod is not None):
+            # the job ended (or we were stopped): the file and the pod are asked a while longer -- the pod
+            # also after the exit file, for the reason (a wrapper shell writes 137; Kubernetes says OOMKilled)
+            status, pod_end = self._await_exit(status, pod)
+        if pod_end is not None:
+            status = ExitStatus(pod_end.exit_code, pod_end.signal)
         if status is None and (self.child_pid or self._started):
+            why = f" ({pod.error})" if pod is not None and pod.error else ""
             self._emit([self._note("WARNING", "trainguard agent: the job ended (or the agent was stopped) "
-                                   "and its exit code is unknown: set TRAINGUARD_AGENT_EXIT_FILE")])
-        self._job_ended(status)
+                                   "and its exit code is unknown: set TRAINGUARD_AGENT_EXIT_FILE or "
+                                   f"TRAINGUARD_AGENT_POD_CONTAINER{why}")])
+        self._job_ended(status, pod_end)
         return 0
+
+    def _pod_reader(self) -> Optional[PodStatusReader]:
+        """The Kubernetes pod-status reader when ``pod_container`` is set; a configuration problem is
+        reported in a log event (the sidecar then does without)."""
+        if not self.config.pod_container:
+            return None
+        try:
+            return PodStatusReader(KubeConfig.from_environment(self.env, api=self.config.kube_api),
+                                   self.config.pod_container)
+        except (ValueError, OSError) as exc:
+            log.warning("pod status: %s", exc)
+            self._emit([self._note("WARNING", f"trainguard agent: cannot read the pod's status: {exc}")])
+            return None
+
+    def _await_exit(self, status: Optional[ExitStatus], pod: Optional[PodStatusReader]
+                    ) -> Tuple[Optional[ExitStatus], Optional[ContainerEnd]]:
+        """What the exit file (while ``status`` is unknown) and the pod (while configured) say of the end,
+        read until both answered or EXIT_FILE_GRACE_S passed."""
+        deadline = time.monotonic() + EXIT_FILE_GRACE_S
+        end: Optional[ContainerEnd] = None
+        while True:
+            if status is None and self.config.exit_file:
+                code = read_exit_file(self.config.exit_file)
+                status = ExitStatus.from_code(code) if code is not None else None
+            if end is None and pod is not None:
+                end = pod.read()
+            file_done = status is not None or not self.config.exit_file
+            if (file_done and (end is not None or pod is None)) or time.monotonic() >= deadline:
+                return status, end
+            time.sleep(min(0.5, self.config.pod_poll_s))
 
     def _stop_on_signals(self) -> Dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -388,17 +435,22 @@ class Agent:
             self.watch.started(now)
         self._emit([self.builder.start(argv, now, {"agent": "true"})])
 
-    def _job_ended(self, status: Optional[ExitStatus]) -> None:
+    def _job_ended(self, status: Optional[ExitStatus], pod_end: Optional[ContainerEnd] = None) -> None:
         for capture in list(self.captures.values()):
             capture.close()
         self._release_held(force=True)
+        if pod_end is not None and (pod_end.telling_reason or pod_end.message):
+            self._emit([self._note("ERROR" if pod_end.exit_code or pod_end.signal else "INFO",
+                                   _pod_end_text(pod_end))])
         if status is None:
             return
-        if self.sdk_exits.get(self.rank) == status.code:
+        if self.sdk_exits.get(self.rank) == status.code and not (pod_end and pod_end.telling_reason):
             self.counters["exit_reported_by_sdk"] += 1
             return
         reason = ("normal" if status.code == 0 else "signal" if status.signal
                   else "exception" if self.exceptions_seen else "sys.exit")
+        if pod_end is not None and pod_end.telling_reason:
+            reason = pod_end.telling_reason  # "OOMKilled": what the exit code 137 alone cannot say
         self._emit([self.builder.exit(status.code, status.signal, reason, self.rank_steps.get(self.rank, -1),
                                       time.time_ns())])
 
@@ -470,6 +522,15 @@ class Agent:
         for item in result.rejected:
             self.counters[f"rejected_{item.code}"] += 1
             log.warning("agent event rejected by validation: %s", item.message)
+
+
+def _pod_end_text(end: ContainerEnd) -> str:
+    text = (f"Kubernetes: container {end.container!r} terminated: reason {end.reason or 'unknown'}, "
+            f"exit code {end.exit_code}" + (f", signal {end.signal}" if end.signal else "")
+            + (f", restarts {end.restart_count}" if end.restart_count else ""))
+    if end.message:
+        text += "\ntermination message:\n" + end.message[-4000:]
+    return text
 
 
 def read_exit_file(path: str) -> Optional[int]:
