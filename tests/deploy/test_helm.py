@@ -15,9 +15,11 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 import yaml
@@ -36,6 +38,7 @@ from tests.deploy.manifests import (
     validate_core,
 )
 from trainguard_server.agent.cli import resolve_env
+from trainguard_server.agent.kube import KubeConfig, PodStatusReader
 from trainguard_server.cli import build_parser
 from trainguard_server.config import Settings, parse_roles
 
@@ -50,11 +53,13 @@ CHART_K8S = ("1.25", "1.37")  # Chart.yaml: kubeVersion >=1.25; the newest schem
 EXAMPLES = ROOT / "deploy" / "k8s"
 AGENT_ENV = {"TRAINGUARD_AGENT_UPSTREAM", "TRAINGUARD_TOKEN", "TRAINGUARD_AGENT_LISTEN",
              "TRAINGUARD_AGENT_LISTEN_GRPC", "TRAINGUARD_AGENT_SPOOL_DIR", "TRAINGUARD_AGENT_LOG_FILES",
-             "TRAINGUARD_AGENT_EXIT_FILE", "TRAINGUARD_AGENT_WATCH_PROCESS", "TRAINGUARD_AGENT_HANG_FLOOR_S"}
+             "TRAINGUARD_AGENT_EXIT_FILE", "TRAINGUARD_AGENT_WATCH_PROCESS", "TRAINGUARD_AGENT_HANG_FLOOR_S",
+             "TRAINGUARD_AGENT_POD_CONTAINER"}
 IDENTITY_ENV = {"TRAINGUARD_RUN_ID", "RANK", "WORLD_SIZE", "POD_NAME", "POD_NAMESPACE"}
 # example file -> Kubernetes versions (native sidecars need 1.29)
 EXAMPLE_K8S = {"job.yaml": ("1.29", "1.37"), "job-classic-sidecar.yaml": ("1.25", "1.37"),
                "pytorchjob.yaml": ("1.29", "1.37")}
+RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding")  # shipped with every example: the agent reads its pod
 
 
 def docs_of(case: str, which: str = "helm4") -> List[Doc]:
@@ -150,7 +155,7 @@ def test_the_validators_reject_what_is_wrong() -> None:
         target[path[-1]] = value
         with pytest.raises(AssertionError, match=message):
             validate([bad], ("1.37",))
-    job = load_yaml(EXAMPLES / "pytorchjob.yaml")[0]
+    job = workload("pytorchjob.yaml")
     for mutate, message in ((lambda j: j["spec"].update(runPolicy={"backofLimit": 1}), "backofLimit"),
                             (lambda j: j["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas="1"), "replicas"),
                             (lambda j: j["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
@@ -455,6 +460,12 @@ def test_values_that_cannot_work_fail_with_a_message(which: str, sets: List[str]
 
 
 # --- deploy/k8s: training manifests with the agent ------------------------------------------------------
+def workload(name: str) -> Doc:
+    """The example's Job or PyTorchJob (the file also holds the agent's ServiceAccount, Role, RoleBinding)."""
+    (doc,) = [d for d in load_yaml(EXAMPLES / name) if d["kind"] not in RBAC_KINDS]
+    return doc
+
+
 def example_pods(doc: Doc) -> List[Doc]:
     if doc["kind"] == "Job":
         return [doc["spec"]["template"]["spec"]]
@@ -471,29 +482,37 @@ def agent_and_trainer(pod: Doc) -> Tuple[Doc, Doc]:
 @pytest.mark.parametrize("name", sorted(EXAMPLE_K8S))
 def test_the_example_manifests_are_valid(name: str) -> None:
     docs = load_yaml(EXAMPLES / name)
-    assert len(docs) == 1
+    # the service account and its rights first: they exist when the controller creates the pods
+    assert [d["kind"] for d in docs] == [*RBAC_KINDS, workload(name)["kind"]]
     validate(docs, EXAMPLE_K8S[name])
 
 
 def test_the_sidecar_snippet_makes_a_valid_pod_like_the_job_example() -> None:
-    (snippet,) = load_yaml(EXAMPLES / "agent-sidecar.yaml")
+    snippet, *objects = load_yaml(EXAMPLES / "agent-sidecar.yaml")
+    assert set(snippet) == {"serviceAccountName", "initContainers", "volumes", "trainerContainer"}
     trainer = {"name": "trainer", "image": "my-trainer:1", **snippet["trainerContainer"]}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-           "spec": {"initContainers": snippet["initContainers"], "volumes": snippet["volumes"],
-                    "containers": [trainer]}}
+    pod: Doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
+                "spec": {"serviceAccountName": snippet["serviceAccountName"], "volumes": snippet["volumes"],
+                         "initContainers": snippet["initContainers"], "containers": [trainer]}}
     for version in ("1.29", "1.37"):
         validate_core(pod, version)
-    (job,) = load_yaml(EXAMPLES / "job.yaml")
-    job_pod = job["spec"]["template"]["spec"]
+        validate(objects, (version,))
+    # the agent reads the pod's trainer ("trainer": yours is named in TRAINGUARD_AGENT_POD_CONTAINER)
+    check_pod_container(pod["spec"], *agent_and_trainer(pod["spec"]))
+    check_the_agent_may_read_its_pod(pod["spec"], objects, "ml")
+    job_docs = load_yaml(EXAMPLES / "job.yaml")
+    job_pod = workload("job.yaml")["spec"]["template"]["spec"]
     assert snippet["initContainers"] == job_pod["initContainers"]
     assert snippet["volumes"] == job_pod["volumes"]
+    assert snippet["serviceAccountName"] == job_pod["serviceAccountName"]
+    assert objects == [d for d in job_docs if d["kind"] in RBAC_KINDS]
     job_trainer = env_of(job_pod["containers"][0])
     assert env_of(trainer).items() <= job_trainer.items()
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_K8S))
 def test_the_sidecar_speaks_the_agent_interface(name: str) -> None:
-    (doc,) = load_yaml(EXAMPLES / name)
+    doc = workload(name)
     gateway = kinds(render())[("Service", "trainguard-gateway")]  # release trainguard in namespace trainguard
     http_port = next(p["port"] for p in gateway["spec"]["ports"] if p["name"] == "http")
     for pod in example_pods(doc):
@@ -545,7 +564,7 @@ def test_the_sidecar_speaks_the_agent_interface(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_K8S))
 def test_identity_comes_from_what_the_controllers_set(name: str) -> None:
-    (doc,) = load_yaml(EXAMPLES / name)
+    doc = workload(name)
     for pod in example_pods(doc):
         for container in agent_and_trainer(pod):
             defined: List[str] = []
@@ -565,6 +584,171 @@ def test_identity_comes_from_what_the_controllers_set(name: str) -> None:
                 defined.append(e["name"])
 
 
+Grant = Tuple[str, str, str, Tuple[str, ...]]
+
+
+def granted(docs: List[Doc], namespace: str, service_account: str) -> Set[Grant]:
+    """(verb, apiGroup, resource, resourceNames) that the RoleBindings of ``namespace`` in ``docs`` grant the
+    service account ``namespace/service_account`` through Roles of that namespace (RBAC as the API server
+    evaluates it; a subject matches by kind, name and namespace)."""
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == namespace}
+    subject = {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+    out: Set[Grant] = set()
+    for binding in docs:
+        if binding["kind"] != "RoleBinding" or binding["metadata"]["namespace"] != namespace \
+                or subject not in binding.get("subjects", []):
+            continue
+        ref = binding["roleRef"]
+        assert (ref["apiGroup"], ref["kind"]) == ("rbac.authorization.k8s.io", "Role"), ref
+        for rule in roles[ref["name"]].get("rules", []):  # KeyError: bound to a Role that is not there
+            assert not rule.get("nonResourceURLs"), rule
+            out |= {(verb, group, resource, tuple(rule.get("resourceNames", [])))
+                    for verb in rule["verbs"] for group in rule["apiGroups"] for resource in rule["resources"]}
+    return out
+
+
+def check_the_agent_may_read_its_pod(pod: Doc, docs: List[Doc], namespace: str) -> None:
+    """The pod runs as a service account of ``docs`` in ``namespace``, with its token mounted, that may
+    `get` pods there and do nothing else; the other objects are in the same namespace, none cluster-wide."""
+    account = pod.get("serviceAccountName", "")
+    assert account and account != "default", "the pod needs serviceAccountName"
+    accounts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceAccount"}
+    assert account in accounts, f"no ServiceAccount {account}"
+    assert not {d["kind"] for d in docs} & {"ClusterRole", "ClusterRoleBinding"}
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] in RBAC_KINDS} == {namespace}
+    # the agent reads the token from /var/run/secrets/kubernetes.io/serviceaccount: it must be mounted
+    assert pod.get("automountServiceAccountToken",
+                   accounts[account].get("automountServiceAccountToken", True)) is True
+    # its one request, GET /api/v1/namespaces/<ns>/pods/<pod> (any pod name: the controllers pick them)
+    assert granted(docs, namespace, account) == {("get", "", "pods", ())}
+    # and no Role in the file grants more, wildcards included, to anyone
+    for role in (d for d in docs if d["kind"] == "Role"):
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}], role
+
+
+def check_pod_container(pod: Doc, agent: Doc, trainer: Doc) -> None:
+    """TRAINGUARD_AGENT_POD_CONTAINER names the trainer (a main container of this pod, not the agent);
+    POD_NAME / POD_NAMESPACE come from the downward API."""
+    env = env_of(agent)
+    name = env["TRAINGUARD_AGENT_POD_CONTAINER"]
+    assert name != agent["name"]
+    assert name in [c["name"] for c in pod.get("initContainers", []) + pod["containers"]], name
+    assert name == trainer["name"] and trainer in pod["containers"]  # its end is in status.containerStatuses
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_K8S))
+def test_the_sidecar_reads_the_trainers_end_from_its_pod_with_only_get_on_pods(name: str) -> None:
+    docs = load_yaml(EXAMPLES / name)
+    doc = workload(name)
+    for pod in example_pods(doc):
+        agent, trainer = agent_and_trainer(pod)
+        check_pod_container(pod, agent, trainer)
+        if doc["kind"] == "PyTorchJob":
+            assert trainer["name"] == "pytorch"  # the operator's container name
+        check_the_agent_may_read_its_pod(pod, docs, doc["metadata"]["namespace"])
+    # what the checks catch (docs: ServiceAccount, Role, RoleBinding, the workload)
+    wrong: List[Tuple[Callable[[Doc, List[Doc], Doc], Any], str]] = [
+        (lambda p, d, a: a["env"].append({"name": "TRAINGUARD_AGENT_POD_CONTAINER", "value": a["name"]}),
+         "the agent's own container"),
+        (lambda p, d, a: a["env"].append({"name": "TRAINGUARD_AGENT_POD_CONTAINER", "value": "train"}),
+         "no such container"),
+        (lambda p, d, a: a["env"].append({"name": "POD_NAME", "value": "x"}), "POD_NAME not from the pod"),
+        (lambda p, d, a: p.pop("serviceAccountName"), "no serviceAccountName"),
+        (lambda p, d, a: p.update(automountServiceAccountToken=False), "no token"),
+        (lambda p, d, a: d[1]["rules"][0]["verbs"].append("list"), "a broader verb"),
+        (lambda p, d, a: d[1]["rules"][0].update(resources=["*"]), "a wildcard resource"),
+        (lambda p, d, a: d[2]["subjects"][0].update(namespace="default"), "another namespace's account"),
+        (lambda p, d, a: d[2]["metadata"].update(namespace="default"), "a binding in another namespace"),
+        (lambda p, d, a: d[2]["roleRef"].update(kind="ClusterRole", name="view"), "a ClusterRole")]
+    for mutate, what in wrong:
+        bad_docs = json.loads(json.dumps(docs))
+        bad_pod = example_pods(bad_docs[-1])[0]
+        agent, trainer = agent_and_trainer(bad_pod)
+        mutate(bad_pod, bad_docs, agent)
+        with pytest.raises(AssertionError):
+            check_pod_container(bad_pod, agent, trainer)
+            check_the_agent_may_read_its_pod(bad_pod, bad_docs, doc["metadata"]["namespace"])
+            raise RuntimeError(f"not caught: {what}")
+
+
+class FakeKubeAPI(BaseHTTPRequestHandler):
+    """GET /api/v1/namespaces/<ns>/pods/<name> as the API server answers it: the bearer token is a service
+    account's name (system:serviceaccount:<ns>:<name>), authorized by the RBAC objects of ``docs``."""
+    docs: List[Doc] = []
+    pods: Dict[Tuple[str, str], Doc] = {}
+    requests: List[str] = []
+
+    def do_GET(self) -> None:
+        self.requests.append(self.path)
+        match = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", self.path)
+        user = self.headers.get("Authorization", "").removeprefix("Bearer ").split(":")
+        if len(user) != 4 or user[:2] != ["system", "serviceaccount"]:
+            return self._answer(401, {"reason": "Unauthorized"})
+        if match is None or ("get", "", "pods", ()) not in granted(self.docs, match.group(1), user[3]) \
+                or user[2] != match.group(1):
+            return self._answer(403, {"reason": "Forbidden"})
+        pod = self.pods.get((match.group(1), match.group(2)))
+        self._answer(200 if pod else 404, pod or {"reason": "NotFound"})
+
+    def _answer(self, status: int, body: Doc) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_K8S))
+def test_the_sidecar_gets_an_oom_kill_from_the_api_with_the_shipped_rights(name: str, tmp_path: Path) -> None:
+    """The agent's reader, configured from the sidecar's environment as the kubelet resolves it, asks a fake
+    API server that authorizes with the file's RBAC objects, for a pod whose trainer was OOM-killed."""
+    docs = load_yaml(EXAMPLES / name)
+    doc = workload(name)
+    namespace = doc["metadata"]["namespace"]
+    pod = example_pods(doc)[0]
+    agent, trainer = agent_and_trainer(pod)
+    meta = {"name": "train-abc12", "namespace": namespace}
+    env = {e["name"]: e["value"] if "value" in e else meta[e["valueFrom"]["fieldRef"]["fieldPath"].split(".")[1]]
+           for e in agent["env"] if e["name"] in ("TRAINGUARD_AGENT_POD_CONTAINER", "POD_NAME", "POD_NAMESPACE")}
+    status = {"initContainerStatuses": [{"name": c["name"], "restartCount": 0, "state": {"running": {}}}
+                                        for c in pod.get("initContainers", [])],
+              "containerStatuses": [{"name": c["name"], "restartCount": 0, "state": {"running": {}}}
+                                    for c in pod["containers"]]}
+    for entry in status["containerStatuses"]:
+        if entry["name"] == trainer["name"]:
+            entry["state"] = {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                             "finishedAt": "2025-01-01T00:00:00Z"}}
+    account_dir = tmp_path / "serviceaccount"
+    account_dir.mkdir()
+    (account_dir / "token").write_text(f"system:serviceaccount:{namespace}:{pod['serviceAccountName']}\n")
+    (account_dir / "namespace").write_text(namespace)
+    FakeKubeAPI.pods = {(namespace, meta["name"]): {"kind": "Pod", "metadata": meta, "spec": pod, "status": status}}
+    FakeKubeAPI.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKubeAPI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = KubeConfig.from_environment(env, api=f"http://127.0.0.1:{server.server_address[1]}",
+                                             service_account=account_dir)
+        FakeKubeAPI.docs = docs
+        reader = PodStatusReader(config, env["TRAINGUARD_AGENT_POD_CONTAINER"])
+        end = reader.read()
+        assert reader.error == "" and FakeKubeAPI.requests == [f"/api/v1/namespaces/{namespace}/pods/train-abc12"]
+        assert end is not None and (end.container, end.exit_code, end.signal, end.telling_reason) == \
+            (trainer["name"], 137, 9, "OOMKilled")
+        # without the RoleBinding the API refuses, and the reader says what to give
+        FakeKubeAPI.docs = [d for d in docs if d["kind"] != "RoleBinding"]
+        assert reader.read() is None and "HTTP 403" in reader.error and "'get' on pods" in reader.error
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def fake_bin(tmp_path: Path, name: str, script: str) -> Path:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
@@ -576,7 +760,7 @@ def fake_bin(tmp_path: Path, name: str, script: str) -> Path:
 def test_the_pytorchjob_sidecar_gets_the_rank_the_operator_gives_the_trainer(tmp_path: Path) -> None:
     """The training operator: RANK = index for the master, index + 1 for a worker (master present);
     WORLD_SIZE = all replicas. The agent's command computes the same from the pod's labels."""
-    (doc,) = load_yaml(EXAMPLES / "pytorchjob.yaml")
+    doc = workload("pytorchjob.yaml")
     specs = doc["spec"]["pytorchReplicaSpecs"]
     world = sum(r["replicas"] for r in specs.values())
     bindir = fake_bin(tmp_path, "trainguard", 'echo "$1 RANK=$RANK WORLD_SIZE=$WORLD_SIZE"\n')
@@ -593,7 +777,7 @@ def test_the_pytorchjob_sidecar_gets_the_rank_the_operator_gives_the_trainer(tmp
 
 
 def trainer_script(name: str) -> List[str]:
-    (doc,) = load_yaml(EXAMPLES / name)
+    doc = workload(name)
     scripts = {json.dumps(agent_and_trainer(pod)[1]["command"] + agent_and_trainer(pod)[1]["args"])
                for pod in example_pods(doc)}
     (script,) = scripts
@@ -651,7 +835,7 @@ def test_the_trainers_command_writes_its_exit_code_once_its_log_is_complete(name
 @pytest.mark.parametrize("name", sorted(EXAMPLE_K8S))
 def test_trainguard_agent_reads_the_sidecars_environment(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """`trainguard agent` as the sidecar starts it: every TRAINGUARD_AGENT_* variable lands in its option."""
-    (doc,) = load_yaml(EXAMPLES / name)
+    doc = workload(name)
     for pod in example_pods(doc):
         agent, _ = agent_and_trainer(pod)
         env = {k: v for k, v in env_of(agent).items() if isinstance(v, str)}
@@ -668,6 +852,8 @@ def test_trainguard_agent_reads_the_sidecars_environment(name: str, monkeypatch:
         assert (args.listen, args.listen_grpc) == (env["TRAINGUARD_AGENT_LISTEN"], env["TRAINGUARD_AGENT_LISTEN_GRPC"])
         assert args.spool_dir == env["TRAINGUARD_AGENT_SPOOL_DIR"]
         assert args.exit_file == env["TRAINGUARD_AGENT_EXIT_FILE"]
+        assert args.pod_container == env["TRAINGUARD_AGENT_POD_CONTAINER"]
+        assert (args.kube_api, args.pod_poll_s) == ("", 2.0)  # in-cluster, the default poll
         assert args.watch_process == env.get("TRAINGUARD_AGENT_WATCH_PROCESS", "")
         assert args.hang_floor_s == float(env["TRAINGUARD_AGENT_HANG_FLOOR_S"])
         used = {k for k in env if k.startswith("TRAINGUARD_AGENT_")}
