@@ -17,7 +17,7 @@ import signal
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
@@ -37,6 +37,7 @@ from tests.deploy.manifests import (
     validate,
     validate_core,
 )
+from tests.support.http_stub import QuietHandler
 from trainguard_server.agent.cli import resolve_env
 from trainguard_server.agent.kube import KubeConfig, PodStatusReader
 from trainguard_server.cli import build_parser
@@ -673,7 +674,7 @@ def test_the_sidecar_reads_the_trainers_end_from_its_pod_with_only_get_on_pods(n
             raise RuntimeError(f"not caught: {what}")
 
 
-class FakeKubeAPI(BaseHTTPRequestHandler):
+class FakeKubeAPI(QuietHandler):
     """GET /api/v1/namespaces/<ns>/pods/<name> as the API server answers it: the bearer token is a service
     account's name (system:serviceaccount:<ns>:<name>), authorized by the RBAC objects of ``docs``."""
     docs: List[Doc] = []
@@ -685,23 +686,12 @@ class FakeKubeAPI(BaseHTTPRequestHandler):
         match = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", self.path)
         user = self.headers.get("Authorization", "").removeprefix("Bearer ").split(":")
         if len(user) != 4 or user[:2] != ["system", "serviceaccount"]:
-            return self._answer(401, {"reason": "Unauthorized"})
+            return self.send_json(401, {"reason": "Unauthorized"})
         if match is None or ("get", "", "pods", ()) not in granted(self.docs, match.group(1), user[3]) \
                 or user[2] != match.group(1):
-            return self._answer(403, {"reason": "Forbidden"})
+            return self.send_json(403, {"reason": "Forbidden"})
         pod = self.pods.get((match.group(1), match.group(2)))
-        self._answer(200 if pod else 404, pod or {"reason": "NotFound"})
-
-    def _answer(self, status: int, body: Doc) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.send_json(200 if pod else 404, pod or {"reason": "NotFound"})
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_K8S))

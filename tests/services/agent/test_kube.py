@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -23,6 +23,7 @@ import pytest
 from tests.deploy.manifests import validate_core
 from tests.services.agent.conftest import agent_command, agent_env, incidents, job
 from tests.services.e2e.serve_process import ServeProcess
+from tests.support.http_stub import QuietHandler
 from tests.support.waiting import poll
 from trainguard_server.agent.kube import KubeConfig, PodStatusReader, container_end
 
@@ -85,28 +86,17 @@ class StandInApi:
         self.authorizations: List[str] = []
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 api.authorizations.append(self.headers.get("Authorization", ""))
                 if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
-                    self._send(401, {"kind": "Status", "code": 401, "reason": "Unauthorized"})
+                    self.send_json(401, {"kind": "Status", "code": 401, "reason": "Unauthorized"})
                 elif api.status != 200:
-                    self._send(api.status, {"kind": "Status", "code": api.status})
+                    self.send_json(api.status, {"kind": "Status", "code": api.status})
                 elif self.path != POD_PATH:
-                    self._send(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
+                    self.send_json(404, {"kind": "Status", "code": 404, "reason": "NotFound"})
                 else:
-                    self._send(200, api.pod)
-
-            def _send(self, status: int, body: Dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *_args: Any) -> None:
-                pass
+                    self.send_json(200, api.pod)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
