@@ -182,7 +182,8 @@ def test_sidecar_without_rbac_says_why_the_exit_code_is_unknown(server: ServePro
                         "--pod-container", "trainer", "--kube-api", api.url, "--pod-poll-s", "0.2")
     env = agent_env(server.tokens["ingest"], run_id, POD_NAME="train-resnet-x7k2p", POD_NAMESPACE="ml")
     agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(1.5)
+    # the agent asks the API from its watch loop, which it enters with its SIGTERM handler in place
+    assert poll(lambda: len(api.authorizations) >= 2, timeout=60)
     agent.send_signal(signal.SIGTERM)  # the kubelet stops the sidecar
     _out, err = agent.communicate(timeout=60)
     assert agent.returncode == 0, err.decode()[-2000:]
