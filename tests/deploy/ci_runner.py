@@ -5,7 +5,7 @@ GitHub Actions (:func:`run_github_job`): the workflow's ``env`` and each step's 
 small interpreter of the expression language (strings, numbers, ``context.path`` lookups, ``==``/``!=``,
 ``!``, ``&&``/``||`` with their value semantics -- ``c && 'a' || 'b'`` --, ``always()``/``success()``/
 ``failure()``); ``${{ }}`` in ``run`` scripts and ``env`` is substituted; each ``run`` is one ``bash -e``
-process with ``GITHUB_ENV``/``GITHUB_STEP_SUMMARY``/``RUNNER_TEMP`` as on a runner, and lines appended to
+process (GitHub's default shell on Linux; ``bash -eo pipefail`` for ``shell: bash``) with ``GITHUB_ENV``/``GITHUB_STEP_SUMMARY``/``RUNNER_TEMP`` as on a runner, and lines appended to
 ``GITHUB_ENV`` reach later steps. ``uses:`` steps are replaced by what they do here: checkout = the
 caller's clone, setup-python = this interpreter first on PATH, upload-artifact = its paths recorded.
 GitLab CI (:func:`run_gitlab_job`): ``variables`` and ``CI_*`` into the environment, every ``script`` entry
@@ -230,8 +230,7 @@ def run_github_job(workflow: Mapping[str, Any], job: str, clone: Path, base_env:
                 result.steps.append(StepResult(name, True, 0, _uses(step, clone, context, result)))
                 continue
             script = substitute(step["run"], context)
-            code, out = _run_shell(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c"], script, clone,
-                                   env, groups, timeout_s)
+            code, out = _run_shell(_github_shell(step), script, clone, env, groups, timeout_s)
             result.steps.append(StepResult(name, True, code, out))
             added = _parse_env_file(github_env)
             env.update(added)
@@ -243,6 +242,17 @@ def run_github_job(workflow: Mapping[str, Any], job: str, clone: Path, base_env:
     result.summary = summary.read_text()
     result.env = env
     return result
+
+
+def _github_shell(step: Mapping[str, Any]) -> List[str]:
+    """The command GitHub runs a ``run`` script with on Linux: ``bash -e {0}`` when no shell is named,
+    ``bash --noprofile --norc -eo pipefail {0}`` for ``shell: bash``."""
+    shell = step.get("shell")
+    if shell is None:
+        return ["bash", "-e", "-c"]
+    if shell == "bash":
+        return ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c"]
+    raise ValueError(f"no stand-in for shell {shell!r}")
 
 
 def _uses(step: Mapping[str, Any], clone: Path, context: Mapping[str, Any], result: JobResult) -> str:

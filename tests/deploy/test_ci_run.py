@@ -79,12 +79,15 @@ def test_github_workflow_passes_a_pull_request_that_changes_nothing(tmp_path: Pa
     assert not ran["Install the SDK, the CLI and torch (CPU)"]  # no network here: the caller installed it
     assert not ran["Refresh the baseline from main's canaries (shared backend)"]  # main pushes only
     assert result.env["EMBEDDED"] == "1" and result.env["TRAINGUARD_READ_TOKEN"].startswith("tg_read_")
-    assert "TrainGuard gate:" in result.summary and "PASS (exit 0)" in result.summary
+    # pass, or pass with a warning: a step-time warning is possible on a loaded machine, and exits 0 too
+    assert "TrainGuard gate:" in result.summary
+    assert re.search(r"(PASS|WARN) \(exit 0\)", result.summary), result.summary
     assert "canary-4242-1" in result.summary  # the candidate is the run this job trained
     assert sorted(p.name for p in result.artifacts) == ["gate-junit.xml", "gate.md"]
     assert all(p.exists() for p in result.artifacts)
     suite = _junit(clone / "gate-junit.xml")
     assert suite.get("failures") == "0" and suite.get("errors") == "0" and int(suite.get("tests", "0")) >= 4
+    assert {case.get("name") for case in suite.iter("testcase")} >= {"loss", "fingerprints", "status"}
 
 
 def test_gitlab_job_fails_a_merge_request_that_divides_the_learning_rate(tmp_path: Path) -> None:

@@ -70,6 +70,10 @@ def test_in_cluster_config_from_the_service_account(tmp_path: Path) -> None:
     v6 = KubeConfig.from_environment({**env, "KUBERNETES_SERVICE_HOST": "fd00::1", "POD_NAME": "p",
                                       "POD_NAMESPACE": "team-a"}, service_account=sa)
     assert (v6.api, v6.namespace, v6.pod) == ("https://[fd00::1]:443", "team-a", "p")
+    # the token goes over TLS or to this machine only (kubectl proxy), never in clear over the network
+    assert KubeConfig.from_environment(env, api="http://10.0.0.5:8001", service_account=sa).token_file == ""
+    assert KubeConfig.from_environment(env, api="http://127.0.0.1:8001",
+                                       service_account=sa).token_file == str(sa / "token")
     with pytest.raises(ValueError, match="KUBERNETES_SERVICE_HOST"):
         KubeConfig.from_environment({}, service_account=tmp_path / "none")
     with pytest.raises(ValueError, match="POD_NAME and POD_NAMESPACE"):
@@ -132,6 +136,13 @@ def test_the_reader_sends_the_current_token_and_never_raises(api: StandInApi, tm
     wrong = PodStatusReader(KubeConfig(api.url, "ml", "other-pod"), "trainer")
     api.token = ""
     assert wrong.read() is None and "POD_NAME" in wrong.error
+    named_wrong = PodStatusReader(KubeConfig(api.url, "ml", "train-resnet-x7k2p"), "pytorch")
+    assert named_wrong.read() is None and named_wrong.misconfigured
+    assert "no container named 'pytorch' (it has trainer, trainguard-agent)" in named_wrong.error
+    api.pod = {"kind": "Status", "status": "Failure"}  # a proxy's or an old server's answer: not a Pod
+    assert reader.read() is None and "not a Pod object" in reader.error and not reader.misconfigured
+    api.pod = ["not", "an", "object"]  # type: ignore[assignment]
+    assert reader.read() is None and "not a Pod object" in reader.error
     api.close()
     assert reader.read() is None and "cannot read the pod" in reader.error
 
@@ -198,3 +209,37 @@ def test_sidecar_without_rbac_says_why_the_exit_code_is_unknown(server: ServePro
 
     text = poll(warning, timeout=30)
     assert text is not None and "TRAINGUARD_AGENT_POD_CONTAINER" in text and "HTTP 403" in text
+
+
+def test_sidecar_terminated_by_the_kubelet_still_reports_the_end(server: ServeProcess, api: StandInApi,
+                                                                 tmp_path: Path) -> None:
+    """The native-sidecar order of events: the trainer writes its exit file and exits, the kubelet sends the
+    sidecar SIGTERM a moment later -- while it is still asking the pod for the reason. The agent finishes:
+    the EXIT (with the pod's code and reason) is delivered, and it exits 0, not by the signal."""
+    logs = tmp_path / "train"
+    logs.mkdir()
+    run_id = "sidecar-sigterm"
+    cmd = agent_command(server.http_url, tmp_path / "spool", "--log-file", str(logs / "*.log"),
+                        "--exit-file", str(logs / "exit-code"), "--pod-container", "trainer",
+                        "--kube-api", api.url, "--pod-poll-s", "0.2")
+    env = agent_env(server.tokens["ingest"], run_id, POD_NAME="train-resnet-x7k2p", POD_NAMESPACE="ml")
+    agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert poll(lambda: len(api.authorizations) >= 1, timeout=60)  # the agent is in its loop
+        trainer = subprocess.run(job("crash", "--log", str(logs / "rank0.log"), "--exit-file",
+                                     str(logs / "exit-code")), capture_output=True, timeout=60)
+        assert trainer.returncode == 1
+        asked = len(api.authorizations)
+        assert poll(lambda: len(api.authorizations) >= asked + 3, timeout=30)  # waiting on the pod now
+        agent.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        ended = pod("oomkilled")
+        ended["status"]["containerStatuses"][0]["state"]["terminated"].update(exitCode=1, reason="Error")
+        api.pod = ended
+        _out, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert agent.returncode == 0, err.decode()[-2000:]
+    assert server.get(f"/api/v1/runs/{run_id}")["exit_codes"] == {"0": 1}
+    incidents(server, run_id, category="process", subtype="exception")

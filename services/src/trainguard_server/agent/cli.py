@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -135,7 +136,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         return 2
     try:
         policy = HangPolicy(args.hang_factor, args.hang_floor_s, args.hang_ceiling_s)
-        if args.pod_poll_s <= 0:
+        if not math.isfinite(args.pod_poll_s) or args.pod_poll_s <= 0:
             raise ValueError(f"--pod-poll-s must be > 0, got {args.pod_poll_s:g}")
         config = AgentConfig(upstream=args.upstream, token=args.token, listen=args.listen,
                              listen_grpc=args.listen_grpc,

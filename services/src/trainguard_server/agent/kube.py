@@ -19,7 +19,9 @@ Contract:
   ``POD_NAMESPACE`` or the service account. ``api`` overrides the address (``kubectl proxy`` at
   ``http://127.0.0.1:8001`` when testing outside a cluster: then no token is needed).
 * :class:`PodStatusReader`: ``read()`` returns the container's end or None and never raises; the last
-  error (no RBAC ``get`` on pods: 403, API unreachable) is kept in ``error`` with what to do about it.
+  error (no RBAC ``get`` on pods: 403, no such pod or container, API unreachable, an answer that is not a
+  Pod) is kept in ``error`` with what to do about it, and ``misconfigured`` says whether waiting can fix it.
+  The service account's token is sent only over TLS or to this machine.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 from trainguard.core.catalogue import signal_of_exit_code
 
@@ -105,7 +107,9 @@ class KubeConfig:
                              "the downward API (fieldRef metadata.name / metadata.namespace)")
         token = service_account / "token"
         ca = service_account / "ca.crt"
-        return cls(api.rstrip("/"), namespace, pod, str(token) if token.exists() else "",
+        # the token goes only where it cannot be read on the way: TLS, or this machine (kubectl proxy)
+        safe = api.startswith("https://") or urlparse(api).hostname in ("127.0.0.1", "localhost", "::1")
+        return cls(api.rstrip("/"), namespace, pod, str(token) if token.exists() and safe else "",
                    str(ca) if ca.exists() and api.startswith("https") else "")
 
     @property
@@ -124,6 +128,7 @@ class PodStatusReader:
         self.error = ""
         self.reads = 0
         self.seen_container = False
+        self.misconfigured = False  # the last read failed in a way waiting will not fix (RBAC, names)
         self._context: Optional[ssl.SSLContext] = None
         if config.api.startswith("https"):
             self._context = ssl.create_default_context(cafile=config.ca_file or None)
@@ -131,18 +136,31 @@ class PodStatusReader:
     def read(self) -> Optional[ContainerEnd]:
         try:
             pod = self._get()
+            if not isinstance(pod, Mapping) or pod.get("kind", "Pod") != "Pod":
+                raise ValueError(f"the answer is not a Pod object: {str(pod)[:200]}")
+            statuses = [c for key in ("containerStatuses", "initContainerStatuses")
+                        for c in (pod.get("status") or {}).get(key) or [] if isinstance(c, Mapping)]
+            names = sorted(str(c.get("name")) for c in statuses)
+            end = container_end(pod, self.container)
         except urllib.error.HTTPError as exc:
+            self.misconfigured = exc.code in (401, 403, 404)
             self._failed(_http_advice(exc.code, self.config))
             return None
-        except (OSError, ValueError) as exc:
-            self._failed(f"cannot read the pod from {self.config.api}: {exc}")
+        except Exception as exc:  # a cut connection, a proxy's HTML page: never into the agent's loop
+            self.misconfigured = False
+            self._failed(f"cannot read the pod from {self.config.api}: {type(exc).__name__}: {exc}")
             return None
         self.reads += 1
+        if names and self.container not in names:  # the kubelet lists every container once it runs
+            self.misconfigured = True
+            self._failed(f"pod {self.config.namespace}/{self.config.pod} has no container named "
+                         f"{self.container!r} (it has {', '.join(names)}): check "
+                         "TRAINGUARD_AGENT_POD_CONTAINER")
+            return None
+        self.misconfigured = False
+        self.seen_container = self.seen_container or bool(names)
         self.error = ""
-        names = {c.get("name") for key in ("containerStatuses", "initContainerStatuses")
-                 for c in (pod.get("status") or {}).get(key) or [] if isinstance(c, Mapping)}
-        self.seen_container = self.seen_container or self.container in names
-        return container_end(pod, self.container)
+        return end
 
     def _get(self) -> Any:
         request = urllib.request.Request(self.config.pod_url, headers={"Accept": "application/json"})

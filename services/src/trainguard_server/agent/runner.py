@@ -16,10 +16,12 @@ Contract of :class:`Agent`:
   pod's status (``pod_container``: read from the Kubernetes API every ``pod_poll_s``, :mod:`.kube`; it
   also gives the reason, ``OOMKilled``, which goes into the EXIT event, and the termination message) or,
   with a shared process namespace, the disappearance of the process whose command line matches
-  ``watch_process``. When the job's end was seen another way (or SIGTERM came), the exit file and the pod
-  are still read for up to :data:`EXIT_FILE_GRACE_S`; with neither, the exit code is reported as unknown
-  in a log line. SIGTERM ends it too (a Kubernetes native sidecar is terminated after the main container
-  exits). Returns 0 once what it captured is delivered (or ``drain_timeout_s`` passed).
+  ``watch_process``. When the job's end was seen another way (or SIGTERM came), the exit file is still
+  read for up to :data:`EXIT_FILE_GRACE_S` and the pod for up to :data:`POD_STATUS_GRACE_S` (the kubelet
+  records the end a moment later); with neither, the exit code is reported as unknown in a log line.
+  SIGTERM ends it too (a Kubernetes native sidecar is terminated right after the main container exits):
+  from ``run_sidecar()`` until ``stop()`` has delivered what is left, SIGTERM/SIGINT only ask it to
+  finish. Returns 0 once what it captured is delivered (or ``drain_timeout_s`` passed).
 * **Reports**: START once the job is known; every traceback and every notable line
   (:mod:`.capture`); a hang report when the :mod:`.watchdog` says so, with the last lines of output and
   the Python stacks (:mod:`.stacks`), and its end when progress resumes; EXIT with the exit code and
@@ -64,6 +66,7 @@ from .watchdog import DEFAULT_POLICY, Hang, HangPolicy, ProgressWatch
 log = logging.getLogger("trainguard.agent")
 
 EXIT_FILE_GRACE_S = 5.0
+POD_STATUS_GRACE_S = 15.0
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 MAX_OUTBOX = 10_000
 TAIL_IN_REPORT = 30
@@ -141,6 +144,7 @@ class Agent:
         self.exceptions_seen = 0
         self._started = False
         self._stop = threading.Event()
+        self._restore_signals: Dict[int, Any] = {}
         self.queue: Optional[SqliteQueue] = None
         self.gateway: Optional[RelayGateway] = None
         self.forwarder: Optional[Forwarder] = None
@@ -175,6 +179,9 @@ class Agent:
                 log.warning("%d spooled records not delivered yet: kept in %s for the next start", left,
                             self.config.spool_dir)
             self.queue.close()
+        for sig, handler in self._restore_signals.items():
+            signal.signal(sig, handler)
+        self._restore_signals = {}
         return delivered
 
     def status(self) -> Dict[str, Any]:
@@ -258,37 +265,36 @@ class Agent:
         status: Optional[ExitStatus] = None
         pod_end: Optional[ContainerEnd] = None
         next_pod_read = 0.0
-        previous = self._stop_on_signals()
-        try:
-            while not self._stop.is_set():
-                self._stop.wait(cfg.poll_s)
-                self.tick()
-                code = read_exit_file(cfg.exit_file) if cfg.exit_file else None
-                if code is not None:
-                    status = ExitStatus.from_code(code)
+        # SIGTERM/SIGINT only set _stop from here until stop() has delivered what is left: a native sidecar
+        # gets SIGTERM right after the trainer exits, while the agent still sends its EXIT and drains
+        self._restore_signals = self._stop_on_signals()
+        while not self._stop.is_set():
+            self._stop.wait(cfg.poll_s)
+            self.tick()
+            code = read_exit_file(cfg.exit_file) if cfg.exit_file else None
+            if code is not None:
+                status = ExitStatus.from_code(code)
+                break
+            if pod is not None and time.monotonic() >= next_pod_read:
+                next_pod_read = time.monotonic() + cfg.pod_poll_s
+                pod_end = self._read_pod(pod)
+                if pod_end is not None:
                     break
-                if pod is not None and time.monotonic() >= next_pod_read:
-                    next_pod_read = time.monotonic() + cfg.pod_poll_s
-                    pod_end = pod.read()
-                    if pod_end is not None:
-                        break
-                if pattern is not None:
-                    if not self.child_pid:
-                        pid = find_process(pattern)
-                        if pid:
-                            self.child_pid = self.builder.pid = pid
-                            self._job_started(read_cmdline(pid))
-                    elif not os.path.exists(f"/proc/{self.child_pid}"):
-                        break
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        if follower is not None:
-            follower.stop()
+            if pattern is not None:
+                if not self.child_pid:
+                    pid = find_process(pattern)
+                    if pid:
+                        self.child_pid = self.builder.pid = pid
+                        self._job_started(read_cmdline(pid))
+                elif not os.path.exists(f"/proc/{self.child_pid}"):
+                    break
         if pod_end is None and ((status is None and cfg.exit_file) or pod is not None):
             # the job ended (or we were stopped): the file and the pod are asked a while longer -- the pod
-            # also after the exit file, for the reason (a wrapper shell writes 137; Kubernetes says OOMKilled)
+            # also after the exit file, for the reason (a wrapper shell writes 137, Kubernetes OOMKilled);
+            # the log files are still followed meanwhile (a tee finishing the last lines)
             status, pod_end = self._await_exit(status, pod)
+        if follower is not None:
+            follower.stop()
         if pod_end is not None:
             status = ExitStatus(pod_end.exit_code, pod_end.signal)
         if status is None and (self.child_pid or self._started):
@@ -312,20 +318,30 @@ class Agent:
             self._emit([self._note("WARNING", f"trainguard agent: cannot read the pod's status: {exc}")])
             return None
 
+    def _read_pod(self, pod: PodStatusReader) -> Optional[ContainerEnd]:
+        """One read of the pod; a new problem with it (no RBAC, no such container) is reported once."""
+        before = pod.error
+        end = pod.read()
+        if pod.error and pod.error != before:
+            self._emit([self._note("WARNING", f"trainguard agent: pod status: {pod.error}")])
+        return end
+
     def _await_exit(self, status: Optional[ExitStatus], pod: Optional[PodStatusReader]
                     ) -> Tuple[Optional[ExitStatus], Optional[ContainerEnd]]:
-        """What the exit file (while ``status`` is unknown) and the pod (while configured) say of the end,
-        read until both answered or EXIT_FILE_GRACE_S passed."""
-        deadline = time.monotonic() + EXIT_FILE_GRACE_S
+        """What the exit file (while ``status`` is unknown, up to EXIT_FILE_GRACE_S) and the pod (while
+        configured, up to POD_STATUS_GRACE_S: the kubelet records an end a moment after it) say of it."""
+        start = time.monotonic()
         end: Optional[ContainerEnd] = None
         while True:
+            waited = time.monotonic() - start
             if status is None and self.config.exit_file:
                 code = read_exit_file(self.config.exit_file)
                 status = ExitStatus.from_code(code) if code is not None else None
             if end is None and pod is not None:
-                end = pod.read()
-            file_done = status is not None or not self.config.exit_file
-            if (file_done and (end is not None or pod is None)) or time.monotonic() >= deadline:
+                end = self._read_pod(pod)
+            file_done = status is not None or not self.config.exit_file or waited >= EXIT_FILE_GRACE_S
+            pod_done = end is not None or pod is None or pod.misconfigured or waited >= POD_STATUS_GRACE_S
+            if file_done and pod_done:
                 return status, end
             time.sleep(min(0.5, self.config.pod_poll_s))
 
