@@ -39,7 +39,7 @@ from tests.deploy.manifests import (
 )
 from tests.support.http_stub import QuietHandler
 from trainguard_server.agent.cli import resolve_env
-from trainguard_server.agent.kube import KubeConfig, PodStatusReader
+from trainguard_server.agent.kube import SERVICE_ACCOUNT_DIR, KubeConfig, PodStatusReader
 from trainguard_server.cli import build_parser
 from trainguard_server.config import Settings, parse_roles
 
@@ -61,6 +61,14 @@ IDENTITY_ENV = {"TRAINGUARD_RUN_ID", "RANK", "WORLD_SIZE", "POD_NAME", "POD_NAME
 EXAMPLE_K8S = {"job.yaml": ("1.29", "1.37"), "job-classic-sidecar.yaml": ("1.25", "1.37"),
                "pytorchjob.yaml": ("1.29", "1.37")}
 RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding")  # shipped with every example: the agent reads its pod
+API_VOLUME = "trainguard-agent-api"  # the examples' projected volume of the agent's API credentials
+# what the kubelet's automount puts in SERVICE_ACCOUNT_DIR (the kube-api-access-* volume): the token for the
+# API server (3607 s, rotated), the cluster's CA and the pod's namespace
+AUTOMOUNT_SOURCES: List[Doc] = [
+    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+    {"downwardAPI": {"items": [{"path": "namespace",
+                                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]
 
 
 def docs_of(case: str, which: str = "helm4") -> List[Doc]:
@@ -490,11 +498,14 @@ def test_the_example_manifests_are_valid(name: str) -> None:
 
 def test_the_sidecar_snippet_makes_a_valid_pod_like_the_job_example() -> None:
     snippet, *objects = load_yaml(EXAMPLES / "agent-sidecar.yaml")
-    assert set(snippet) == {"serviceAccountName", "initContainers", "volumes", "trainerContainer"}
+    assert set(snippet) == {"serviceAccountName", "automountServiceAccountToken", "initContainers", "volumes",
+                            "trainerContainer"}
     trainer = {"name": "trainer", "image": "my-trainer:1", **snippet["trainerContainer"]}
     pod: Doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
-                "spec": {"serviceAccountName": snippet["serviceAccountName"], "volumes": snippet["volumes"],
-                         "initContainers": snippet["initContainers"], "containers": [trainer]}}
+                "spec": {"serviceAccountName": snippet["serviceAccountName"],
+                         "automountServiceAccountToken": snippet["automountServiceAccountToken"],
+                         "volumes": snippet["volumes"], "initContainers": snippet["initContainers"],
+                         "containers": [trainer]}}
     for version in ("1.29", "1.37"):
         validate_core(pod, version)
         validate(objects, (version,))
@@ -506,6 +517,7 @@ def test_the_sidecar_snippet_makes_a_valid_pod_like_the_job_example() -> None:
     assert snippet["initContainers"] == job_pod["initContainers"]
     assert snippet["volumes"] == job_pod["volumes"]
     assert snippet["serviceAccountName"] == job_pod["serviceAccountName"]
+    assert snippet["automountServiceAccountToken"] == job_pod["automountServiceAccountToken"]
     assert objects == [d for d in job_docs if d["kind"] in RBAC_KINDS]
     job_trainer = env_of(job_pod["containers"][0])
     assert env_of(trainer).items() <= job_trainer.items()
@@ -560,7 +572,8 @@ def test_the_sidecar_speaks_the_agent_interface(name: str) -> None:
             assert mounts[path]["name"] == trainer_mounts[path] and mounts[path].get("readOnly")
         assert env["TRAINGUARD_AGENT_SPOOL_DIR"] in mounts
         volumes = {v["name"]: v for v in pod["volumes"]}
-        assert all("emptyDir" in volumes[m["name"]] for m in agent["volumeMounts"])
+        assert all("emptyDir" in volumes[m["name"]] for m in agent["volumeMounts"]
+                   if m["mountPath"] != str(SERVICE_ACCOUNT_DIR))  # that one: check_only_the_agent_gets_...
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_K8S))
@@ -608,18 +621,69 @@ def granted(docs: List[Doc], namespace: str, service_account: str) -> Set[Grant]
     return out
 
 
+def source_files(sources: List[Doc]) -> Dict[str, Doc]:
+    """path in the volume -> the projected source (one entry each) that puts a file there."""
+    out: Dict[str, Doc] = {}
+    for source in sources:
+        if "serviceAccountToken" in source:
+            out[source["serviceAccountToken"]["path"]] = source
+        for kind in ("configMap", "secret", "downwardAPI", "clusterTrustBundle"):
+            if kind == "clusterTrustBundle" and kind in source:
+                out[source[kind]["path"]] = source
+            elif kind in source:
+                for item in source[kind].get("items", [{"path": "<every key>"}]):
+                    out[item["path"]] = {kind: dict(source[kind], items=[item])}
+    return out
+
+
+def check_only_the_agent_gets_the_api_credentials(pod: Doc) -> None:
+    """No token auto-mounted into every container (the trainer runs user code): the pod turns the automount
+    off, and the agent alone mounts, read-only where it reads them (kube.SERVICE_ACCOUNT_DIR), a projected
+    volume of what the automount gives -- a token for the API server at `token`, the cluster CA
+    (kube-root-ca.crt) at `ca.crt`, the namespace (metadata.namespace) at `namespace` -- and no other
+    container mounts it or any other token."""
+    assert pod.get("automountServiceAccountToken") is False, "the token is auto-mounted into every container"
+    agent, _ = agent_and_trainer(pod)
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    here = [m for m in agent.get("volumeMounts", []) if m["mountPath"].rstrip("/") == str(SERVICE_ACCOUNT_DIR)]
+    assert len(here) == 1, f"the agent mounts no credentials at {SERVICE_ACCOUNT_DIR}"
+    (mount,) = here
+    assert mount.get("readOnly") is True and not mount.get("subPath") and not mount.get("subPathExpr"), mount
+    assert "projected" in volumes.get(mount["name"], {}), f"{mount['name']} is not a projected volume"
+    files = source_files(volumes[mount["name"]]["projected"]["sources"])
+    assert set(files) == {"token", "ca.crt", "namespace"}, sorted(files)  # the automount's, nothing more
+    assert "serviceAccountToken" in files["token"], "no serviceAccountToken at path token"
+    token = files["token"]["serviceAccountToken"]
+    assert "audience" not in token  # the API server's own: a token it accepts
+    assert token.get("expirationSeconds", 3600) >= 600  # the API server's minimum
+    assert files["ca.crt"] == {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt",
+                                                                                 "path": "ca.crt"}]}}
+    namespace = files["namespace"].get("downwardAPI", {}).get("items", [{}])[0]
+    assert namespace.get("fieldRef", {}).get("fieldPath") == "metadata.namespace", files["namespace"]
+    # the other containers: neither this volume nor any token (the automount is off: only mounts give one)
+    carries_token = {n for n, v in volumes.items()
+                     if any("serviceAccountToken" in s for s in v.get("projected", {}).get("sources", []))}
+    assert carries_token == {mount["name"]}, carries_token
+    for container in pod.get("initContainers", []) + pod["containers"] + pod.get("ephemeralContainers", []):
+        if container is not agent:
+            for m in container.get("volumeMounts", []):
+                assert m["name"] not in carries_token, f"{container['name']} mounts the agent's token"
+                assert not m["mountPath"].startswith(str(SERVICE_ACCOUNT_DIR)), (container["name"], m)
+
+
 def check_the_agent_may_read_its_pod(pod: Doc, docs: List[Doc], namespace: str) -> None:
-    """The pod runs as a service account of ``docs`` in ``namespace``, with its token mounted, that may
-    `get` pods there and do nothing else; the other objects are in the same namespace, none cluster-wide."""
+    """The pod runs as a service account of ``docs`` in ``namespace``, whose token the agent alone mounts,
+    that may `get` pods there and do nothing else; the other objects are in the same namespace, none
+    cluster-wide."""
     account = pod.get("serviceAccountName", "")
     assert account and account != "default", "the pod needs serviceAccountName"
     accounts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceAccount"}
     assert account in accounts, f"no ServiceAccount {account}"
     assert not {d["kind"] for d in docs} & {"ClusterRole", "ClusterRoleBinding"}
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] in RBAC_KINDS} == {namespace}
-    # the agent reads the token from /var/run/secrets/kubernetes.io/serviceaccount: it must be mounted
-    assert pod.get("automountServiceAccountToken",
-                   accounts[account].get("automountServiceAccountToken", True)) is True
+    # the agent reads the token from /var/run/secrets/kubernetes.io/serviceaccount: mounted there, in the
+    # agent's container only
+    check_only_the_agent_gets_the_api_credentials(pod)
     # its one request, GET /api/v1/namespaces/<ns>/pods/<pod> (any pod name: the controllers pick them)
     assert granted(docs, namespace, account) == {("get", "", "pods", ())}
     # and no Role in the file grants more, wildcards included, to anyone
@@ -657,12 +721,33 @@ def test_the_sidecar_reads_the_trainers_end_from_its_pod_with_only_get_on_pods(n
          "no such container"),
         (lambda p, d, a: a["env"].append({"name": "POD_NAME", "value": "x"}), "POD_NAME not from the pod"),
         (lambda p, d, a: p.pop("serviceAccountName"), "no serviceAccountName"),
-        (lambda p, d, a: p.update(automountServiceAccountToken=False), "no token"),
+        (lambda p, d, a: a.update(volumeMounts=[m for m in a["volumeMounts"] if m["name"] != API_VOLUME]),
+         "no token for the agent"),
+        (lambda p, d, a: p.pop("automountServiceAccountToken"), "the token auto-mounted (the default)"),
+        (lambda p, d, a: p.update(automountServiceAccountToken=True), "the token auto-mounted"),
+        (lambda p, d, a: agent_and_trainer(p)[1]["volumeMounts"].append(
+            {"name": API_VOLUME, "mountPath": str(SERVICE_ACCOUNT_DIR), "readOnly": True}),
+         "the trainer mounts the agent's token"),
+        (lambda p, d, a: agent_and_trainer(p)[1]["volumeMounts"].append(
+            {"name": API_VOLUME, "mountPath": "/creds", "readOnly": True}), "the trainer mounts it elsewhere"),
+        (lambda p, d, a: api_volume(p)["projected"]["sources"].pop(0), "the projected volume has no token"),
+        (lambda p, d, a: api_volume(p)["projected"]["sources"][0]["serviceAccountToken"].update(path="tok"),
+         "the token at another path"),
+        (lambda p, d, a: api_volume(p)["projected"]["sources"][0]["serviceAccountToken"].update(audience="x"),
+         "a token for another audience"),
+        (lambda p, d, a: api_volume(p)["projected"]["sources"].pop(1), "no cluster CA"),
+        (lambda p, d, a: api_volume(p)["projected"]["sources"][2]["downwardAPI"]["items"][0]["fieldRef"]
+         .update(fieldPath="metadata.name"), "the namespace file from another field"),
+        (lambda p, d, a: next(m for m in a["volumeMounts"] if m["name"] == API_VOLUME).update(mountPath="/creds"),
+         "the credentials where the agent does not read them"),
+        (lambda p, d, a: next(m for m in a["volumeMounts"] if m["name"] == API_VOLUME).pop("readOnly"),
+         "the credentials writable"),
         (lambda p, d, a: d[1]["rules"][0]["verbs"].append("list"), "a broader verb"),
         (lambda p, d, a: d[1]["rules"][0].update(resources=["*"]), "a wildcard resource"),
         (lambda p, d, a: d[2]["subjects"][0].update(namespace="default"), "another namespace's account"),
         (lambda p, d, a: d[2]["metadata"].update(namespace="default"), "a binding in another namespace"),
         (lambda p, d, a: d[2]["roleRef"].update(kind="ClusterRole", name="view"), "a ClusterRole")]
+    assert api_volume(example_pods(doc)[0])["projected"]["sources"] == AUTOMOUNT_SOURCES  # what they mutate
     for mutate, what in wrong:
         bad_docs = json.loads(json.dumps(docs))
         bad_pod = example_pods(bad_docs[-1])[0]
@@ -672,6 +757,34 @@ def test_the_sidecar_reads_the_trainers_end_from_its_pod_with_only_get_on_pods(n
             check_pod_container(bad_pod, agent, trainer)
             check_the_agent_may_read_its_pod(bad_pod, bad_docs, doc["metadata"]["namespace"])
             raise RuntimeError(f"not caught: {what}")
+
+
+def api_volume(pod: Doc) -> Doc:
+    return next(v for v in pod["volumes"] if v["name"] == API_VOLUME)
+
+
+def kubelet_service_account_dir(pod: Doc, container: Doc, root: Path, meta: Doc) -> Path:
+    """A directory with what the kubelet puts at SERVICE_ACCOUNT_DIR in ``container`` of ``pod`` (metadata
+    ``meta``): the automount's token, CA and namespace when the pod leaves the automount on, else the projected
+    volume the container mounts there, if any. The token is the one FakeKubeAPI knows: the account's user."""
+    out = root / container["name"]
+    out.mkdir(parents=True)
+    if pod.get("automountServiceAccountToken", True):
+        sources = AUTOMOUNT_SOURCES
+    else:
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        sources = [s for m in container.get("volumeMounts", []) if m["mountPath"] == str(SERVICE_ACCOUNT_DIR)
+                   for s in volumes[m["name"]]["projected"]["sources"]]
+    user = f"system:serviceaccount:{meta['namespace']}:{pod.get('serviceAccountName', 'default')}"
+    for path, source in source_files(sources).items():
+        if "serviceAccountToken" in source:
+            (out / path).write_text(user + "\n")
+        elif "configMap" in source:
+            assert source["configMap"]["name"] == "kube-root-ca.crt"
+            (out / path).write_text("-----BEGIN CERTIFICATE-----\n")  # unused: the fake API is http
+        else:
+            (out / path).write_text(meta[source["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"].split(".")[1]])
+    return out
 
 
 class FakeKubeAPI(QuietHandler):
@@ -714,10 +827,14 @@ def test_the_sidecar_gets_an_oom_kill_from_the_api_with_the_shipped_rights(name:
         if entry["name"] == trainer["name"]:
             entry["state"] = {"terminated": {"exitCode": 137, "reason": "OOMKilled",
                                              "finishedAt": "2025-01-01T00:00:00Z"}}
-    account_dir = tmp_path / "serviceaccount"
-    account_dir.mkdir()
-    (account_dir / "token").write_text(f"system:serviceaccount:{namespace}:{pod['serviceAccountName']}\n")
-    (account_dir / "namespace").write_text(namespace)
+    # what the kubelet puts where the agent reads it: the agent's projected volume; the trainer gets nothing
+    account_dir = kubelet_service_account_dir(pod, agent, tmp_path / "pod", meta)
+    assert sorted(f.name for f in account_dir.iterdir()) == ["ca.crt", "namespace", "token"]
+    assert (account_dir / "namespace").read_text() == namespace
+    trainer_dir = kubelet_service_account_dir(pod, trainer, tmp_path / "pod", meta)
+    assert not any(trainer_dir.iterdir())
+    leaky = dict(pod, automountServiceAccountToken=True)  # as before: the automount, into every container
+    leaky_dir = kubelet_service_account_dir(leaky, trainer, tmp_path / "automount", meta)
     FakeKubeAPI.pods = {(namespace, meta["name"]): {"kind": "Pod", "metadata": meta, "spec": pod, "status": status}}
     FakeKubeAPI.requests = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKubeAPI)
@@ -731,6 +848,14 @@ def test_the_sidecar_gets_an_oom_kill_from_the_api_with_the_shipped_rights(name:
         assert reader.error == "" and FakeKubeAPI.requests == [f"/api/v1/namespaces/{namespace}/pods/train-abc12"]
         assert end is not None and (end.container, end.exit_code, end.signal, end.telling_reason) == \
             (trainer["name"], 137, 9, "OOMKilled")
+        # the trainer's code, with what it has, cannot (with the automount it could)
+        api = f"http://127.0.0.1:{server.server_address[1]}"
+        as_trainer = PodStatusReader(KubeConfig.from_environment(env, api=api, service_account=trainer_dir),
+                                     env["TRAINGUARD_AGENT_POD_CONTAINER"])
+        assert as_trainer.read() is None and "HTTP 401" in as_trainer.error
+        with_automount = PodStatusReader(KubeConfig.from_environment(env, api=api, service_account=leaky_dir),
+                                         env["TRAINGUARD_AGENT_POD_CONTAINER"])
+        assert with_automount.read() == end
         # without the RoleBinding the API refuses, and the reader says what to give
         FakeKubeAPI.docs = [d for d in docs if d["kind"] != "RoleBinding"]
         assert reader.read() is None and "HTTP 403" in reader.error and "'get' on pods" in reader.error
