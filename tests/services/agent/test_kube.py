@@ -147,6 +147,18 @@ def test_the_reader_sends_the_current_token_and_never_raises(api: StandInApi, tm
     assert reader.read() is None and "cannot read the pod" in reader.error
 
 
+def test_an_end_missed_between_two_reads_comes_from_the_last_state(api: StandInApi) -> None:
+    """restartPolicy OnFailure: the kubelet restarts the trainer in place, faster than the next read."""
+    reader = PodStatusReader(KubeConfig(api.url, "ml", "train-resnet-x7k2p"), "trainer")
+    assert reader.read() is None and reader.first_restarts == 0
+    api.pod = pod("restarted")  # running again, restartCount 1, the crash in lastState
+    end = reader.read()
+    assert end is not None and (end.exit_code, end.reason, end.restart_count) == (1, "Error", 1)
+    assert "illegal memory access" in end.message
+    late = PodStatusReader(KubeConfig(api.url, "ml", "train-resnet-x7k2p"), "trainer")
+    assert late.read() is None  # a restart before this reader's first read is not this watch's end
+
+
 def test_sidecar_reports_the_oom_kill_kubernetes_saw(server: ServeProcess, api: StandInApi, tmp_path: Path) -> None:
     """A real job SIGKILLed (what the OOM-killer does) while the sidecar follows its log: the exit code and
     the reason come from the pod's status, and the incident says OOMKilled."""

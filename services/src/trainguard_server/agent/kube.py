@@ -18,7 +18,9 @@ Contract:
   and namespace; the pod's name from ``POD_NAME`` (downward API) or ``HOSTNAME``, its namespace from
   ``POD_NAMESPACE`` or the service account. ``api`` overrides the address (``kubectl proxy`` at
   ``http://127.0.0.1:8001`` when testing outside a cluster: then no token is needed).
-* :class:`PodStatusReader`: ``read()`` returns the container's end or None and never raises; the last
+* :class:`PodStatusReader`: ``read()`` returns the container's end or None and never raises -- also an
+  end it missed because the kubelet restarted the container in place between two reads (its
+  ``restartCount`` grew since the first read: the end is ``lastState.terminated``); the last
   error (no RBAC ``get`` on pods: 403, no such pod or container, API unreachable, an answer that is not a
   Pod) is kept in ``error`` with what to do about it, and ``misconfigured`` says whether waiting can fix it.
   The service account's token is sent only over TLS or to this machine.
@@ -81,6 +83,15 @@ def container_end(pod: Mapping[str, Any], name: str, *, include_last: bool = Fal
     return None
 
 
+def _restart_count(pod: Mapping[str, Any], name: str) -> int:
+    """Container ``name``'s restartCount, -1 when the pod does not list it (yet)."""
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for entry in (pod.get("status") or {}).get(key) or []:
+            if isinstance(entry, Mapping) and entry.get("name") == name:
+                return int(entry.get("restartCount", 0) or 0)
+    return -1
+
+
 @dataclass(frozen=True)
 class KubeConfig:
     api: str                  # base URL, no trailing slash
@@ -129,6 +140,7 @@ class PodStatusReader:
         self.reads = 0
         self.seen_container = False
         self.misconfigured = False  # the last read failed in a way waiting will not fix (RBAC, names)
+        self.first_restarts: Optional[int] = None  # the container's restartCount when first seen
         self._context: Optional[ssl.SSLContext] = None
         if config.api.startswith("https"):
             self._context = ssl.create_default_context(cafile=config.ca_file or None)
@@ -142,6 +154,10 @@ class PodStatusReader:
                         for c in (pod.get("status") or {}).get(key) or [] if isinstance(c, Mapping)]
             names = sorted(str(c.get("name")) for c in statuses)
             end = container_end(pod, self.container)
+            restarts = _restart_count(pod, self.container)
+            if end is None and self.first_restarts is not None and restarts > self.first_restarts:
+                # it ended and the kubelet restarted it in place between two reads: the end is the last state
+                end = container_end(pod, self.container, include_last=True)
         except urllib.error.HTTPError as exc:
             self.misconfigured = exc.code in (401, 403, 404)
             self._failed(_http_advice(exc.code, self.config))
@@ -158,6 +174,8 @@ class PodStatusReader:
                          "TRAINGUARD_AGENT_POD_CONTAINER")
             return None
         self.misconfigured = False
+        if self.first_restarts is None and restarts >= 0:
+            self.first_restarts = restarts
         self.seen_container = self.seen_container or bool(names)
         self.error = ""
         return end
