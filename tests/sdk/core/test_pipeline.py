@@ -462,6 +462,21 @@ def test_exit_code_decision_path(exit_code: int, signal: int, expected: Optional
         assert "OOM-killer" in incident.title and "preemption" in incident.title
 
 
+def test_a_kubernetes_oomkilled_reason_says_which_of_the_two_it_was() -> None:
+    """137 alone: the OOM-killer or a preemption; the agent's EXIT with Kubernetes' reason says which."""
+    events = _crash_stream(137, 9, with_exception=False)
+    for e in events:
+        if "lifecycle" in e and e["lifecycle"]["phase"] == "EXIT":
+            e["lifecycle"]["reason"] = "OOMKilled"
+    (incident,) = run_all(events).incidents()
+    assert (incident.category, incident.subtype) == ("process", "killed")
+    assert "reason OOMKilled" in incident.title
+    assert "container's memory limit" in incident.summary and "not a preemption" in incident.summary
+    assert "container's memory limit" in incident.evidence[0].description
+    (plain,) = run_all(_crash_stream(137, 9, with_exception=False)).incidents()
+    assert "or a preemption" in plain.summary and "memory limit" not in plain.summary
+
+
 OOM_MESSAGE = ("CUDA out of memory. Tried to allocate 256.00 GiB. GPU 0 has a total capacity of 139.80 GiB of "
                "which 102.12 GiB is free.")
 

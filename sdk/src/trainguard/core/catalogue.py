@@ -483,6 +483,13 @@ EXIT_RULES: Tuple[ExitRule, ...] = (
 )
 """Seed 000 §3.5, in order; a signal match wins over a code match. Anything else non-zero: process/exit."""
 
+EXIT_REASON_MEANINGS: Dict[str, str] = {
+    "OOMKilled": "the kernel's OOM-killer, at the container's memory limit (Kubernetes reported OOMKilled): "
+                 "host memory, not a preemption",
+}
+"""What an EXIT's ``reason`` says beyond its code, when the one who saw the end knew (the agent reads
+Kubernetes' termination reason from the pod); it replaces the code's generic meaning."""
+
 
 @dataclass(frozen=True)
 class ExitVerdict:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from ..catalogue import DetectionSettings, classify_exit
+from ..catalogue import EXIT_REASON_MEANINGS, DetectionSettings, classify_exit
 from ..classify import Classification, classify_chain, classify_text
 from ..events import wire_float
 from ..extract import as_int, as_str, recent_points
@@ -248,7 +248,8 @@ def on_exit(run: RunState, rank: RankState, body: Mapping[str, Any], step: int, 
         return None
     reason = as_str(body.get("reason"))
     said = verdict.describe() + (f", reason {reason}" if reason else "")
-    description = f"rank {rank.rank} exited with {said}: {verdict.meaning}"
+    meaning = EXIT_REASON_MEANINGS.get(reason, verdict.meaning)
+    description = f"rank {rank.rank} exited with {said}: {meaning}"
     evidence = Evidence(rule="exit.code", description=description,
                         step=step, time_ns=time_ns, rank=rank.rank, metric="exit_code",
                         value=verdict.exit_code, event_id=event_id)
@@ -272,7 +273,7 @@ def on_exit(run: RunState, rank: RankState, body: Mapping[str, Any], step: int, 
                            event_id=event_id, evidence=[evidence], timeline=[timeline], counts=False,
                            relabel=relabel)
     values: Dict[str, Any] = {"detail": said, "step": step, "exit_code": verdict.exit_code}
-    summary = f"Rank {rank.rank} exited with {said} at step {step}: {verdict.meaning}."
+    summary = f"Rank {rank.rank} exited with {said} at step {step}: {meaning}."
     if rank.exc_key:
         summary += " It had reported an error before (see that incident)."
     return Finding(verdict.category, verdict.subtype, f"exit:{verdict.category}/{verdict.subtype}",
