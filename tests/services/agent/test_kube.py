@@ -157,6 +157,18 @@ def test_an_end_missed_between_two_reads_comes_from_the_last_state(api: StandInA
     assert "illegal memory access" in end.message
     late = PodStatusReader(KubeConfig(api.url, "ml", "train-resnet-x7k2p"), "trainer")
     assert late.read() is None  # a restart before this reader's first read is not this watch's end
+    # backing off before the restart (CrashLoopBackOff): not restarted yet, the attempt it saw is lastState
+    api.pod = pod("running")
+    watcher = PodStatusReader(KubeConfig(api.url, "ml", "train-resnet-x7k2p"), "trainer")
+    assert watcher.read() is None
+    trainer = api.pod["status"]["containerStatuses"][0]
+    ended = dict(pod("restarted")["status"]["containerStatuses"][0]["lastState"]["terminated"],
+                 containerID=trainer["containerID"])
+    trainer.update(ready=False, started=False, lastState={"terminated": ended},
+                   state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting"}})
+    validate_core(api.pod, "1.37")
+    end = watcher.read()
+    assert end is not None and (end.exit_code, end.restart_count) == (1, 0)
 
 
 def test_sidecar_reports_the_oom_kill_kubernetes_saw(server: ServeProcess, api: StandInApi, tmp_path: Path) -> None:

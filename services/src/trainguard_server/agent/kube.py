@@ -19,8 +19,9 @@ Contract:
   ``POD_NAMESPACE`` or the service account. ``api`` overrides the address (``kubectl proxy`` at
   ``http://127.0.0.1:8001`` when testing outside a cluster: then no token is needed).
 * :class:`PodStatusReader`: ``read()`` returns the container's end or None and never raises -- also an
-  end it missed because the kubelet restarted the container in place between two reads (its
-  ``restartCount`` grew since the first read: the end is ``lastState.terminated``); the last
+  end it would miss because the kubelet restarted the container in place, or is backing off before doing
+  so, between two reads (its ``restartCount`` grew since the first read, or ``lastState.terminated`` is
+  the attempt, by ``containerID``, that the first read saw: the end is that last state); the last
   error (no RBAC ``get`` on pods: 403, no such pod or container, API unreachable, an answer that is not a
   Pod) is kept in ``error`` with what to do about it, and ``misconfigured`` says whether waiting can fix it.
   The service account's token is sent only over TLS or to this machine.
@@ -35,7 +36,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 from urllib.parse import quote, urlparse
 
 from trainguard.core.catalogue import signal_of_exit_code
@@ -83,13 +84,16 @@ def container_end(pod: Mapping[str, Any], name: str, *, include_last: bool = Fal
     return None
 
 
-def _restart_count(pod: Mapping[str, Any], name: str) -> int:
-    """Container ``name``'s restartCount, -1 when the pod does not list it (yet)."""
+def _attempts(pod: Mapping[str, Any], name: str) -> Tuple[int, str, str]:
+    """Container ``name``'s (restartCount, containerID of its current attempt, containerID of the attempt in
+    ``lastState.terminated``); (-1, "", "") when the pod does not list it (yet)."""
     for key in ("containerStatuses", "initContainerStatuses"):
         for entry in (pod.get("status") or {}).get(key) or []:
             if isinstance(entry, Mapping) and entry.get("name") == name:
-                return int(entry.get("restartCount", 0) or 0)
-    return -1
+                last = ((entry.get("lastState") or {}).get("terminated") or {})
+                return (int(entry.get("restartCount", 0) or 0), str(entry.get("containerID") or ""),
+                        str(last.get("containerID") or "") if isinstance(last, Mapping) else "")
+    return -1, "", ""
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,7 @@ class PodStatusReader:
         self.seen_container = False
         self.misconfigured = False  # the last read failed in a way waiting will not fix (RBAC, names)
         self.first_restarts: Optional[int] = None  # the container's restartCount when first seen
+        self.watched_id = ""                        # and the containerID of that attempt
         self._context: Optional[ssl.SSLContext] = None
         if config.api.startswith("https"):
             self._context = ssl.create_default_context(cafile=config.ca_file or None)
@@ -154,9 +159,11 @@ class PodStatusReader:
                         for c in (pod.get("status") or {}).get(key) or [] if isinstance(c, Mapping)]
             names = sorted(str(c.get("name")) for c in statuses)
             end = container_end(pod, self.container)
-            restarts = _restart_count(pod, self.container)
-            if end is None and self.first_restarts is not None and restarts > self.first_restarts:
-                # it ended and the kubelet restarted it in place between two reads: the end is the last state
+            restarts, current_id, last_id = _attempts(pod, self.container)
+            if end is None and self.first_restarts is not None and (
+                    restarts > self.first_restarts or (last_id and last_id == self.watched_id)):
+                # the attempt this reader saw ended and the kubelet restarted it in place (or is backing off
+                # before it does) between two reads: its end is the last state
                 end = container_end(pod, self.container, include_last=True)
         except urllib.error.HTTPError as exc:
             self.misconfigured = exc.code in (401, 403, 404)
@@ -175,7 +182,7 @@ class PodStatusReader:
             return None
         self.misconfigured = False
         if self.first_restarts is None and restarts >= 0:
-            self.first_restarts = restarts
+            self.first_restarts, self.watched_id = restarts, current_id
         self.seen_container = self.seen_container or bool(names)
         self.error = ""
         return end
