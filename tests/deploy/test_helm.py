@@ -903,6 +903,7 @@ FAKE_PYTHON = """\
 if [ "${FAKE_HANG:-}" = 1 ]; then
   trap 'echo "terminated at step 7" >&2; kill "$child" 2>/dev/null; exit 143' TERM
   echo "step 1 loss 2.3"
+  echo "hanging at step 7"
   sleep 30 & child=$!
   wait
 fi
@@ -937,10 +938,13 @@ def test_the_trainers_command_writes_its_exit_code_once_its_log_is_complete(name
     (logs / "exit-code").unlink()
     shell = subprocess.Popen(["/bin/bash", "-c", script], env={**env, "FAKE_HANG": "1"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while "step 1" not in (logs / "rank-1.log").read_text() and time.monotonic() < deadline:
+    # the trainer's line of this run (the log keeps the first run's: tee -a); the wrapper set its trap right
+    # after starting the trainer, and the trainer set its own before printing it
+    deadline = time.monotonic() + 30
+    while "hanging at step 7" not in (logs / "rank-1.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.2)  # the trap is set once the trainer runs
+    assert "hanging at step 7" in (logs / "rank-1.log").read_text()
+    time.sleep(0.2)
     shell.send_signal(signal.SIGTERM)
     assert shell.wait(timeout=10) == 143
     assert (logs / "exit-code").read_text() == "143\n"

@@ -4,6 +4,7 @@ in the incident store's state (surviving a reopen), scoped by project; the refus
 from __future__ import annotations
 
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -156,3 +157,29 @@ def test_baselines_saved_by_two_api_processes_are_both_listed(tmp_path: Path) ->
     finally:
         first.close()
         second.close()
+
+
+def test_the_cli_waits_for_baseline_runs_still_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The last baseline canary exited a moment ago and the processor has not closed its run yet: the CLI
+    waits for it and profiles all three runs (it used to leave the running one out)."""
+    from trainguard_server.cli import build_parser
+
+    stores = Stores("sqlite", tmp_path / "data")
+    try:
+        for seed in range(2):
+            add_run(stores, "p", f"base-{seed}", seed, tag="base")
+        add_run(stores, "p", "base-2", 2, tag="base", status="running")
+        finish = threading.Timer(1.0, lambda: add_run(stores, "p", "base-2", 2, tag="base"))
+        finish.start()
+        args = build_parser().parse_args(["gate", "--data-dir", str(tmp_path / "data"), "--project", "p",
+                                          "--baseline", "main", "--baseline-tag", "gate=base",
+                                          "--wait-timeout", "30"])
+        assert args.func(args) == 0
+        finish.join()
+        out = capsys.readouterr().out
+        assert "waiting up to 30 s for 1 baseline run(s) still running: base-2" in out
+        baseline = stores.service("p").get("main")
+        assert baseline is not None
+        assert sorted(baseline.profile["runs"]) == ["base-0", "base-1", "base-2"]
+    finally:
+        stores.close()

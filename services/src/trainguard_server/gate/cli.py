@@ -210,6 +210,14 @@ def cmd_gate(args: argparse.Namespace) -> int:
             body = {"tag": args.baseline_tag or "", "runs": define_runs,
                     "description": args.description or "", "policy": policy}
             doc = backend.define(args.baseline, body)
+            running = [r for r in doc.get("runs") or [] if backend.run_status(r) == "running"]
+            if running:  # the canary that just exited may not be processed yet: wait, then profile again
+                print(f"waiting up to {args.wait_timeout:g} s for {len(running)} baseline run(s) still "
+                      f"running: {', '.join(running)}", flush=True)
+                deadline = time.monotonic() + args.wait_timeout
+                for run_id in running:
+                    _wait(backend.run_status, run_id, max(0.0, deadline - time.monotonic()))
+                doc = backend.define(args.baseline, body)
             print(_baseline_line(doc), flush=True)
         if not args.candidate:
             if not defining:
@@ -262,7 +270,8 @@ def add_gate_parser(sub: Any) -> None:
     what.add_argument("--policy-defaults", action="store_true",
                       help="print every policy key with its default and meaning, and exit")
     what.add_argument("--wait-timeout", type=float, default=120.0, metavar="S",
-                      help="wait up to S seconds for the candidate to exist and end (default 120)")
+                      help="wait up to S seconds for the candidate to exist and end, and for baseline runs "
+                           "being defined to end (default 120)")
     where = gate.add_argument_group("where")
     where.add_argument("--api", help="query API base URL, e.g. http://tg:4318 (TRAINGUARD_API)")
     where.add_argument("--read-token", help="read token (TRAINGUARD_READ_TOKEN)")
