@@ -265,5 +265,5 @@ def test_sidecar_terminated_by_the_kubelet_still_reports_the_end(server: ServePr
         if agent.poll() is None:
             agent.kill()
     assert agent.returncode == 0, err.decode()[-2000:]
+    incidents(server, run_id, category="process", subtype="exception", with_rule="exit.code")
     assert server.get(f"/api/v1/runs/{run_id}")["exit_codes"] == {"0": 1}
-    incidents(server, run_id, category="process", subtype="exception")

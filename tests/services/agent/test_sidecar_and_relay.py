@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.services.agent.conftest import agent_command, agent_env, incidents, job
+from tests.services.agent.conftest import agent_command, agent_env, drained, incidents, job
 from tests.services.e2e.serve_process import ServeProcess
 from tests.support.waiting import poll
 from trainguard.core.tracebacks import parse_traceback_text
@@ -34,7 +34,8 @@ def test_sidecar_follows_the_log_file_of_a_real_run(server: ServeProcess, tmp_pa
     text = (logs / "rank0.log").read_text()
     assert "step 7 loss" in text and "IndexError" in text
     expected = parse_traceback_text(text[text.index("Traceback"):])[-1].fingerprint().to_dict()["fingerprint"]
-    (incident,) = incidents(server, "sidecar-crash", category="process", subtype="exception")
+    (incident,) = incidents(server, "sidecar-crash", category="process", subtype="exception",
+                            with_rule="exit.code")
     assert incident["fingerprint"] == expected
     assert server.get("/api/v1/runs/sidecar-crash")["exit_codes"] == {"0": 1}
 
@@ -42,7 +43,7 @@ def test_sidecar_follows_the_log_file_of_a_real_run(server: ServeProcess, tmp_pa
     again = _sidecar(server.http_url, token, "sidecar-crash", tmp_path / "spool2", logs)
     again.communicate(timeout=60)
     assert again.returncode == 0
-    time.sleep(1.0)
+    drained(server)  # what the second sidecar sent is processed: "nothing added" is now a real check
     exceptions = server.pages("/api/v1/runs/sidecar-crash/events", kinds="exception")
     assert len(exceptions) == 1
     (incident,) = server.get("/api/v1/runs/sidecar-crash/incidents")["items"]

@@ -38,7 +38,7 @@ def test_crash_traceback_fingerprinted_and_exit_code_preserved(server: ServeProc
     stderr = done.stderr.decode()
     assert stderr.startswith("Traceback (most recent call last):") and "IndexError: list index out of range" in stderr
     expected = parse_traceback_text(stderr)[-1].fingerprint().to_dict()["fingerprint"]
-    (incident,) = incidents(server, "agent-crash", category="process", subtype="exception")
+    (incident,) = incidents(server, "agent-crash", category="process", subtype="exception", with_rule="exit.code")
     assert incident["fingerprint"] == expected
     assert "IndexError" in incident["title"]
     rules = {e["rule"]: e for e in incident["evidence"]}
@@ -98,8 +98,8 @@ def test_hang_reported_with_stacks_and_signal_preserved(server: ServeProcess, tm
             agent.kill()
     assert agent.returncode == -signal.SIGTERM, err.decode()[-2000:]
     assert out.count(b"\n") == 8  # steps 0-7 printed, nothing added
-    exits = [e["payload"]["lifecycle"] for e in _events(server, "agent-hang", "lifecycle")
-             if e["payload"]["lifecycle"].get("phase") == "EXIT"]
+    exits = poll(lambda: [e["payload"]["lifecycle"] for e in _events(server, "agent-hang", "lifecycle")
+                          if e["payload"]["lifecycle"].get("phase") == "EXIT"], timeout=60)
     assert [(e["exit_code"], e["signal"], e["reason"]) for e in exits] == [(143, 15, "signal")]
     def killed_while_stalled() -> object:
         return next((i for i in server.get("/api/v1/runs/agent-hang/incidents")["items"]

@@ -58,6 +58,10 @@ def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transpor
     assert found is not None, "no incident for the diverging run"
     assert (found["category"], found["subtype"]) == ("gradient", "explosion"), found
     assert found["evidence"] and found["checks"]
+    # the incident shows before the NaN steps and the EXIT are processed: wait for the end of the run
+    run = poll(lambda: (r := server.get_or_none(f"/api/v1/runs/{run_id}")) and r["status"] != "running" and r)
+    assert run and run["status"] == "finished" and run["health"] == "critical", run
+    found = server.get(f"/api/v1/incidents/{found['incident_id']}")
     # the first non-finite value in the run's own metrics is where the incident starts
     series = server.get(f"/api/v1/runs/{run_id}/metrics", names="loss,grad/global_norm")
     first_bad = min(b["step_start"] for by_rank in series["series"].values()
@@ -69,8 +73,6 @@ def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transpor
     # how long after the anomalous event the API showed it (the bench measures p50/p99 properly)
     latency = (seen_ns - found["first_ns"]) / 1e9
     print(f"\n{transport}: incident visible {latency:.3f}s after the anomalous event")
-    run = server.get(f"/api/v1/runs/{run_id}")
-    assert run["status"] == "finished" and run["health"] == "critical"
 
 
 def test_crash_is_clustered_and_searchable(server: ServeProcess) -> None:
@@ -80,6 +82,9 @@ def test_crash_is_clustered_and_searchable(server: ServeProcess) -> None:
     assert proc.returncode == 1 and "mat1 and mat2 shapes cannot be multiplied" in output
     run = poll(lambda: (r := server.get_or_none(f"/api/v1/runs/{run_id}")) and r["status"] == "failed" and r)
     assert run["exit_codes"] == {"0": 1}
+    # the run record is written before the incident and the cluster of the same batch: wait for those too
+    assert poll(lambda: (page := server.get_or_none(f"/api/v1/runs/{run_id}/incidents")) and page["items"]
+                and server.get_or_none(f"/api/v1/clusters/{page['items'][0]['fingerprint']}"))
     [incident] = server.get(f"/api/v1/runs/{run_id}/incidents")["items"]
     assert (incident["category"], incident["subtype"]) == ("process", "exception")
     cluster = server.get(f"/api/v1/clusters/{incident['fingerprint']}")
@@ -142,9 +147,14 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged_and_duplicates_nothing(tmp
         assert acked <= set(ids), f"{len(acked - set(ids))} acknowledged events lost"
         assert len(ids) == len(set(ids)), "an event stored twice"
         # the pipeline's counts survived the crash exactly: redelivered records were not counted twice
-        clusters = restarted.get("/api/v1/clusters")["items"]
-        [cluster] = [c for c in clusters if run_id in c["runs"]]
         stored_exceptions = {e["event_id"] for e in stored if e["kind"] == "exception"}
+
+        def the_cluster() -> Any:  # written after the events of the same record: wait until it caught up
+            [cluster] = [c for c in restarted.get("/api/v1/clusters")["items"] if run_id in c["runs"]] or [None]
+            return cluster if cluster and cluster["count"] >= len(stored_exceptions) else None
+
+        cluster = poll(the_cluster, timeout=30, interval=0.5)
+        assert cluster is not None, restarted.get("/api/v1/clusters")["items"]
         assert cluster["count"] == len(stored_exceptions) >= len(acked_exceptions)
     finally:
         restarted.stop()
