@@ -98,8 +98,13 @@ def test_sigkill_of_a_child_is_not_altered(tmp_path: Path) -> None:
         "    time.sleep(0.001)\n"))
     parent = f"""
         import subprocess, sys, time, signal
+        import os
         child = subprocess.Popen([sys.executable, {str(child)!r}])
-        time.sleep(2.0)
+        deadline = time.monotonic() + 60  # killed once metrics reached the disk (a slow start needs longer)
+        while time.monotonic() < deadline and not (os.path.exists({str(out)!r}) and
+                                                   '"metrics"' in open({str(out)!r}).read()):
+            time.sleep(0.05)
+        time.sleep(0.2)
         child.send_signal(signal.SIGKILL)
         print(child.wait())
     """

@@ -12,6 +12,7 @@ import pytest
 
 import trainguard
 from tests.support.receivers import GrpcReceiver, HttpReceiver
+from tests.support.waiting import poll
 from trainguard.guard import reset_warnings
 
 FAST = {"flush_interval": 0.05, "backoff_initial": 0.05, "backoff_max": 0.2, "heartbeat_interval": 0,
@@ -85,6 +86,7 @@ def test_throttling_honours_retry_after(receiver: Any, tmp_path: Path) -> None:
     trainguard.init(endpoint=receiver.url, project="p", spool_dir=str(tmp_path), **FAST)
     trainguard.log(step=0, loss=1.0)
     trainguard.flush(0.5)
+    assert poll(lambda: receiver.requests >= 1, timeout=10)  # the first try may come after flush's 0.5 s
     first = receiver.requests
     assert first == 1
     time.sleep(1.0)  # well inside the 3 s the server asked for; our own backoff alone would be 0.05 s

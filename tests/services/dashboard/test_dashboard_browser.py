@@ -42,8 +42,10 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[ServeProcess
         for kind, run_id, steps in (("diverging", diverging, 80), ("crashing", crashing, 30)):
             proc = _train(kind, server.http_url, server.tokens["ingest"], run_id, steps=steps)
             proc.communicate(timeout=120)
-        assert poll(lambda: server.get_or_none(f"/api/v1/runs/{diverging}/incidents", limit=5), 30)
-        assert poll(lambda: (server.get_or_none(f"/api/v1/runs/{crashing}/incidents") or {}).get("items"), 30)
+        for run_id in (diverging, crashing):  # both processed to their end, with their incidents stored
+            run_url = f"/api/v1/runs/{run_id}"
+            assert poll(lambda u=run_url: (r := server.get_or_none(u)) and r["status"] != "running", 60), run_id
+            assert poll(lambda u=run_url: (server.get_or_none(u + "/incidents") or {}).get("items"), 60), run_id
         yield server, diverging, crashing
     finally:
         server.stop()
