@@ -36,7 +36,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 from urllib.parse import quote, urlparse
 
 from trainguard.core.catalogue import signal_of_exit_code
@@ -64,36 +64,43 @@ class ContainerEnd:
         return "" if self.reason in UNINFORMATIVE_REASONS else self.reason
 
 
+def container_statuses(pod: Mapping[str, Any]) -> List[Mapping[str, Any]]:
+    """The pod's container statuses: ``containerStatuses``, then ``initContainerStatuses`` (sidecars)."""
+    status = pod.get("status") or {}
+    return [entry for key in ("containerStatuses", "initContainerStatuses")
+            for entry in status.get(key) or [] if isinstance(entry, Mapping)]
+
+
+def _status_of(pod: Mapping[str, Any], name: str) -> Optional[Mapping[str, Any]]:
+    return next((entry for entry in container_statuses(pod) if entry.get("name") == name), None)
+
+
 def container_end(pod: Mapping[str, Any], name: str, *, include_last: bool = False) -> Optional[ContainerEnd]:
     """The termination of container ``name`` in the Pod object ``pod`` (see the module doc)."""
-    status = pod.get("status") or {}
-    for key in ("containerStatuses", "initContainerStatuses"):
-        for entry in status.get(key) or []:
-            if not isinstance(entry, Mapping) or entry.get("name") != name:
-                continue
-            terminated = (entry.get("state") or {}).get("terminated")
-            if not terminated and include_last:
-                terminated = (entry.get("lastState") or {}).get("terminated")
-            if not isinstance(terminated, Mapping):
-                return None
-            code = int(terminated.get("exitCode", 0) or 0)
-            sig = int(terminated.get("signal", 0) or 0) or signal_of_exit_code(code)
-            return ContainerEnd(name, code, sig, str(terminated.get("reason") or ""),
-                                str(terminated.get("message") or ""), str(terminated.get("finishedAt") or ""),
-                                int(entry.get("restartCount", 0) or 0))
-    return None
+    entry = _status_of(pod, name)
+    if entry is None:
+        return None
+    terminated = (entry.get("state") or {}).get("terminated")
+    if not terminated and include_last:
+        terminated = (entry.get("lastState") or {}).get("terminated")
+    if not isinstance(terminated, Mapping):
+        return None
+    code = int(terminated.get("exitCode", 0) or 0)
+    sig = int(terminated.get("signal", 0) or 0) or signal_of_exit_code(code)
+    return ContainerEnd(name, code, sig, str(terminated.get("reason") or ""),
+                        str(terminated.get("message") or ""), str(terminated.get("finishedAt") or ""),
+                        int(entry.get("restartCount", 0) or 0))
 
 
 def _attempts(pod: Mapping[str, Any], name: str) -> Tuple[int, str, str]:
     """Container ``name``'s (restartCount, containerID of its current attempt, containerID of the attempt in
     ``lastState.terminated``); (-1, "", "") when the pod does not list it (yet)."""
-    for key in ("containerStatuses", "initContainerStatuses"):
-        for entry in (pod.get("status") or {}).get(key) or []:
-            if isinstance(entry, Mapping) and entry.get("name") == name:
-                last = ((entry.get("lastState") or {}).get("terminated") or {})
-                return (int(entry.get("restartCount", 0) or 0), str(entry.get("containerID") or ""),
-                        str(last.get("containerID") or "") if isinstance(last, Mapping) else "")
-    return -1, "", ""
+    entry = _status_of(pod, name)
+    if entry is None:
+        return -1, "", ""
+    last = (entry.get("lastState") or {}).get("terminated") or {}
+    return (int(entry.get("restartCount", 0) or 0), str(entry.get("containerID") or ""),
+            str(last.get("containerID") or "") if isinstance(last, Mapping) else "")
 
 
 @dataclass(frozen=True)
@@ -155,9 +162,7 @@ class PodStatusReader:
             pod = self._get()
             if not isinstance(pod, Mapping) or pod.get("kind", "Pod") != "Pod":
                 raise ValueError(f"the answer is not a Pod object: {str(pod)[:200]}")
-            statuses = [c for key in ("containerStatuses", "initContainerStatuses")
-                        for c in (pod.get("status") or {}).get(key) or [] if isinstance(c, Mapping)]
-            names = sorted(str(c.get("name")) for c in statuses)
+            names = sorted(str(c.get("name")) for c in container_statuses(pod))
             end = container_end(pod, self.container)
             restarts, current_id, last_id = _attempts(pod, self.container)
             if end is None and self.first_restarts is not None and (
