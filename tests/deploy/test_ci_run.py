@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.deploy.ci_runner import evaluate, run_github_job, run_gitlab_job, substitute
-from tests.support.kafka import free_port
+from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CI = ROOT / "deploy" / "ci"

@@ -17,7 +17,7 @@ import pytest
 
 from tests.services.e2e.serve_process import ServeProcess
 from tests.services.e2e.test_serve import _train
-from tests.support.kafka import free_port
+from tests.support.net import free_port
 from tests.support.waiting import poll
 from trainguard.core.pipeline import PipelineOutput
 from trainguard.core.records import Incident

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import threading
@@ -27,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+from tests.support.net import free_port
 
 
 def noida_binary() -> Path:
@@ -39,12 +40,6 @@ def noida_binary() -> Path:
     if not os.access(path, os.X_OK):  # some installers drop the mode bits; noida's own CLI chmods too
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class NoidaElasticsearch:

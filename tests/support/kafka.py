@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Deque, Dict, Optional, Tuple
 
+from tests.support.net import free_port
 from trainguard_server.queue.kafka import KafkaQueue
 
 SESSION_TIMEOUT_MS = 3000
@@ -52,12 +53,6 @@ def tansu_binary() -> Path:
     if not os.access(path, os.X_OK):
         raise RuntimeError(f"no executable Tansu binary at {path}")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout: float, proc: Optional[subprocess.Popen] = None, what: str = "") -> None:

@@ -3,13 +3,13 @@ a restart of the agent itself, against a real ``trainguard serve``."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from tests.services.agent.conftest import agent_command, agent_env, drained, incidents, job
 from tests.services.e2e.serve_process import ServeProcess
+from tests.support.net import free_port
 from tests.support.waiting import poll
 from trainguard.core.tracebacks import parse_traceback_text
 
@@ -50,14 +50,8 @@ def test_sidecar_follows_the_log_file_of_a_real_run(server: ServeProcess, tmp_pa
     assert incident["count"] == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_relay_survives_gateway_down_and_its_own_restart(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     upstream = f"http://127.0.0.1:{port}"
     spool = tmp_path / "spool"
     serve = ServeProcess(tmp_path / "data")

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from tests.scenarios.corpus import BY_NAME, retimed
-from tests.support.kafka import Tansu, free_port
+from tests.support.kafka import Tansu
+from tests.support.net import free_port
 from tests.support.processes import bootstrap_tokens, healthy, start_role, stop_all
 from tests.support.waiting import poll
 from trainguard.transport.http import HttpTransport

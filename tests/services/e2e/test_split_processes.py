@@ -18,7 +18,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from tests.scenarios import record as recorder
-from tests.support.kafka import Tansu, free_port
+from tests.support.kafka import Tansu
+from tests.support.net import free_port
 from tests.support.waiting import poll
 
 REPO = Path(__file__).resolve().parents[3]

@@ -24,9 +24,9 @@ from tests.support.kafka import (
     SESSION_TIMEOUT_MS,
     MotoS3,
     Tansu,
-    free_port,
     open_test_queue,
 )
+from tests.support.net import free_port
 from trainguard.v1 import events_pb2, ingest_pb2
 from trainguard_server.config import Settings
 from trainguard_server.queue import open_queue

@@ -11,7 +11,8 @@ from typing import Any, Iterator, List
 import pytest
 from elasticsearch import Elasticsearch
 
-from tests.support.elasticsearch import FaultProxy, NoidaElasticsearch, free_port, make_test_store
+from tests.support.elasticsearch import FaultProxy, NoidaElasticsearch, make_test_store
+from tests.support.net import free_port
 from trainguard_server.storage.base import StoredEvent
 from trainguard_server.storage.elasticsearch import (
     ElasticsearchEventStore,
