@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Processor-alone throughput: queue → pipeline → stores, this checkout beside a baseline commit, one run.
+
+What ``trainguard serve``'s processor does with a backlog, and nothing else: for each stream *shape* a
+fresh data directory gets its SQLite queue filled with the shape's serialized ``IngestRequest`` records
+(one record per request, as the gateway publishes them), then the processor is built exactly as
+``trainguard serve`` builds it (``open_stores`` + ``EmbeddedProcessor`` with the server's default
+settings: SQLite stores, ``synchronous=FULL``) and drains the queue, checkpoint included. Reported:
+events/s over the wall time of the drain (one thread; the CPU time beside it), then the ratio to the
+baseline measured the same way in the same run.
+
+Shapes (``--shapes``):
+
+* ``sdk16``   -- a 16-rank run the way the SDK sends it: per rank and step one request of two metric
+  envelopes (the hooks' ``time/step_s``, ``grad/global_norm``, ``grad/clip_triggered``, ``opt/lr``;
+  the loop's ``loss``, ``lr``), a memory envelope every 10 steps, start and exit lifecycle events;
+* ``sdk4096`` -- the same for a 4,096-rank run over a few steps;
+* ``env500``  -- bench/ingest.py's load: 500 metric envelopes of 5 points per request.
+
+The baseline (``--baseline REF``, default ``HEAD``: the last commit, i.e. the previous main when the
+work is uncommitted) is checked out with ``git worktree`` into a temporary folder and measured by this
+same script in a subprocess whose ``PYTHONPATH`` points at that checkout's sources: the same streams,
+the same machine, minutes apart at most. ``--baseline none`` measures only this checkout.
+
+    python bench/processor.py                      # ~1 minute
+    python bench/processor.py --baseline HEAD~3 --shapes sdk16
+    python bench/processor.py --quick              # small streams (smoke)
+
+Nothing is asserted; numbers and ratios are printed, and ``--json`` writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+
+SHAPES = ("sdk16", "sdk4096", "env500")
+START_NS = 1_800_000_000_000_000_000
+STEP_NS = 250_000_000  # 4 steps a second
+
+
+def _sources(root: Path) -> List[str]:
+    """The source folders of a checkout (whatever distributions it has)."""
+    return [str(p) for p in sorted(root.glob("*/src")) if p.is_dir()]
+
+
+# ------------------------------------------------------------------------------------------ streams
+
+def _identity(project: str, run_id: str, rank: int, world: int) -> Dict[str, Any]:
+    return {"project": project, "run_id": run_id, "trace_id": run_id, "host": f"node-{rank // 8:04d}",
+            "pid": 10_000 + rank, "rank": rank, "local_rank": rank % 8, "world_size": world,
+            "group_rank": rank // 8, "run_name": "processor-bench", "sdk": "trainguard-python/bench"}
+
+
+def _wobble(step: int, rank: int, k: int) -> float:
+    """A deterministic noise in [-0.5, 0.5) (no random module: every checkout sees the same values)."""
+    return (((step * 2654435761 + rank * 40503 + k * 97) % 1000) / 1000.0) - 0.5
+
+
+def sdk_requests(project: str, run_id: str, world: int, steps: int) -> Iterator[List[Dict[str, Any]]]:
+    """The envelope dicts of one request per rank and step, in the order ranks would send them."""
+    from trainguard.core import events as ev
+
+    idents = [_identity(project, run_id, r, world) for r in range(world)]
+    for rank, ident in enumerate(idents):
+        yield [ev.envelope(ident, "lifecycle", {"phase": "START", "tags": {"model": "bench"}}, step=0,
+                           time_unix_nano=START_NS + rank, event_id=f"{run_id}-{rank}-start")]
+    for step in range(1, steps + 1):
+        t = START_NS + step * STEP_NS
+        lr = 3e-4 * min(1.0, step / 20.0)
+        for rank, ident in enumerate(idents):
+            w = _wobble(step, rank, 0)
+            loss = 2.0 + 3.0 * math.exp(-step / 40.0) + 0.05 * w
+            hooks = {"time/step_s": 0.25 + 0.01 * _wobble(step, rank, 1),
+                     "grad/global_norm": 1.0 + 0.2 * _wobble(step, rank, 2),
+                     "grad/clip_triggered": 0.0, "opt/lr": lr}
+            batch = [ev.envelope(ident, "metrics", ev.metrics_payload(hooks), step=step,
+                                 time_unix_nano=t + rank, event_id=f"{run_id}-{rank}-{step}-h"),
+                     ev.envelope(ident, "metrics", ev.metrics_payload({"loss": loss, "lr": lr}), step=step,
+                                 time_unix_nano=t + rank + 1, event_id=f"{run_id}-{rank}-{step}-l")]
+            if step % 10 == 0:
+                allocated = 20e9 + 1e6 * _wobble(step, rank, 3)
+                batch.append(ev.envelope(ident, "memory", {
+                    "device": f"cuda:{rank % 8}", "rss": 8_000_000_000, "allocated": int(allocated),
+                    "reserved": 24_000_000_000, "active": int(allocated), "max_allocated": 22_000_000_000,
+                    "total_capacity": 150_000_000_000, "fragmentation": 0.15, "num_alloc_retries": 0,
+                    "num_ooms": 0}, step=step, time_unix_nano=t + rank + 2,
+                    event_id=f"{run_id}-{rank}-{step}-m"))
+            yield batch
+    t = START_NS + (steps + 1) * STEP_NS
+    for rank, ident in enumerate(idents):
+        yield [ev.envelope(ident, "lifecycle", {"phase": "EXIT", "exit_code": 0}, step=steps,
+                           time_unix_nano=t + rank, event_id=f"{run_id}-{rank}-exit")]
+
+
+def env500_requests(project: str, run_id: str, requests: int) -> Iterator[List[Dict[str, Any]]]:
+    """bench/ingest.py's load: ``requests`` batches of 500 metric envelopes, 5 points each."""
+    from trainguard.core import events as ev
+
+    ident = _identity(project, run_id, 0, 1)
+    names = ("loss", "lr", "grad/global_norm", "throughput/samples_per_s", "amp/scale")
+    for r in range(requests):
+        batch = []
+        for i in range(500):
+            step = r * 500 + i + 1
+            values = dict(zip(names, (2.5 + 0.01 * _wobble(step, 0, 0), 3e-4, 0.5 + 0.05 * _wobble(step, 0, 1),
+                                      1200.0 + (step % 17), 65536.0)))
+            batch.append(ev.envelope(ident, "metrics", ev.metrics_payload(values), step=step,
+                                     time_unix_nano=START_NS + step * 1_000_000, event_id=f"{run_id}-{step}"))
+        yield batch
+
+
+def shape_requests(shape: str, quick: bool) -> Tuple[str, Iterator[List[Dict[str, Any]]]]:
+    run_id = f"bench-{shape}"
+    if shape == "sdk16":
+        return run_id, sdk_requests("bench", run_id, 16, 60 if quick else 400)
+    if shape == "sdk4096":
+        return run_id, sdk_requests("bench", run_id, 4096, 2 if quick else 8)
+    if shape == "env500":
+        return run_id, env500_requests("bench", run_id, 8 if quick else 120)
+    raise SystemExit(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+
+
+# ---------------------------------------------------------------------------------------- measuring
+
+def measure(shape: str, quick: bool, root: Path) -> Dict[str, float]:
+    """Fill a fresh queue with ``shape``'s records, drain it with the server's processor; the figures."""
+    from trainguard import wire
+    from trainguard_server.config import Settings
+    from trainguard_server.processor.embedded import EmbeddedProcessor
+    from trainguard_server.queue.sqlite import QUEUE_DB, SqliteQueue
+    from trainguard_server.storage.select import open_stores
+
+    try:
+        from trainguard_engine.catalogue import DetectionSettings  # type: ignore[import-not-found]
+    except ImportError:
+        from trainguard.core.catalogue import DetectionSettings  # type: ignore[import-not-found,no-redef]
+
+    data_dir = root / shape
+    data_dir.mkdir(parents=True)
+    run_id, requests = shape_requests(shape, quick)
+    values = [wire.prepare_batch(batch).request.SerializeToString() for batch in requests]
+    queue = SqliteQueue(data_dir / QUEUE_DB, max_depth=len(values) + 1)
+    for i in range(0, len(values), 1000):
+        queue.publish(run_id, values[i:i + 1000])
+    from trainguard.v1 import ingest_pb2
+
+    events = sum(len(ingest_pb2.IngestRequest.FromString(v).events) for v in values)
+    settings = Settings()
+    stores = open_stores(settings, data_dir)
+    processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, DetectionSettings(),
+                                  batch=settings.processor_batch, snapshot_every_s=settings.snapshot_every_s,
+                                  tick_interval_s=settings.tick_interval_s)
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    processor.drain(timeout=3600)
+    processor.checkpoint()
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    processed = processor.stats.events
+    record = stores.incidents.get_run("bench", run_id)
+    incidents = stores.incidents.list_incidents("bench", run_id=run_id)
+    queue.close()
+    stores.close()
+    return {"events": float(events), "processed": float(processed), "records": float(len(values)),
+            "wall_s": wall, "cpu_s": cpu, "events_per_s": processed / wall if wall > 0 else math.nan,
+            "us_per_event_cpu": 1e6 * cpu / processed if processed else math.nan,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "finished": float(record is not None and record.status == "finished"),
+            "incidents": float(len(incidents.items))}
+
+
+def worker(shapes: Sequence[str], quick: bool) -> Dict[str, Dict[str, float]]:
+    """Measure every shape in a fresh temporary folder (each shape in its own data directory)."""
+    root = Path(tempfile.mkdtemp(prefix="trainguard-processor-bench-"))
+    try:
+        return {shape: measure(shape, quick, root) for shape in shapes}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool) -> Dict[str, Dict[str, float]]:
+    """This script, one shape per subprocess (a fresh interpreter and peak RSS), on ``checkout``'s code."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(_sources(checkout)))
+    out: Dict[str, Dict[str, float]] = {}
+    for shape in shapes:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shapes", shape]
+        if quick:
+            cmd.append("--quick")
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            print(f"{checkout}: {shape} failed:\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
+            continue
+        out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def baseline_checkout(ref: str, root: Path) -> Path:
+    """``ref`` checked out (detached, no submodules) under ``root``."""
+    path = root / "baseline"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(path), ref], check=True)
+    return path
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--baseline", default="HEAD", help="git ref to compare with ('none': skip)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    if args.worker:
+        print(json.dumps(worker(shapes, args.quick)), flush=True)
+        return 0
+    print(f"env cpus={os.cpu_count()} python={sys.version.split()[0]} quick={args.quick} "
+          f"loadavg_1m={os.getloadavg()[0]:.2f}", flush=True)
+    results: Dict[str, Dict[str, Dict[str, float]]] = {"this": run_checkout(REPO, shapes, args.quick)}
+    tmp = Path(tempfile.mkdtemp(prefix="trainguard-processor-baseline-"))
+    try:
+        if args.baseline != "none":
+            base = baseline_checkout(args.baseline, tmp)
+            try:
+                results["baseline"] = run_checkout(base, shapes, args.quick)
+            finally:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)],
+                               check=False)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{'shape':<9} {'events':>8} {'records':>8} {'this_ev_s':>10} {'this_us_cpu':>11} "
+          f"{'base_ev_s':>10} {'base_us_cpu':>11} {'speedup':>8}", flush=True)
+    for shape in shapes:
+        this = results["this"].get(shape, {})
+        base = results.get("baseline", {}).get(shape, {})
+        speedup = (this.get("events_per_s", math.nan) / base["events_per_s"]) if base else math.nan
+        print(f"{shape:<9} {this.get('events', math.nan):>8.0f} {this.get('records', math.nan):>8.0f} "
+              f"{this.get('events_per_s', math.nan):>10.0f} {this.get('us_per_event_cpu', math.nan):>11.1f} "
+              f"{base.get('events_per_s', math.nan):>10.0f} {base.get('us_per_event_cpu', math.nan):>11.1f} "
+              f"{speedup:>8.2f}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
