@@ -116,8 +116,8 @@ def env500_requests(project: str, run_id: str, requests: int) -> Iterator[List[D
         batch = []
         for i in range(500):
             step = r * 500 + i + 1
-            values = dict(zip(names, (2.5 + 0.01 * _wobble(step, 0, 0), 3e-4, 0.5 + 0.05 * _wobble(step, 0, 1),
-                                      1200.0 + (step % 17), 65536.0)))
+            values = dict(zip(names, (2.5 + 0.01 * _wobble(step, 0, 0), 3e-4,
+                                      0.5 + 0.05 * _wobble(step, 0, 1), 1200.0 + (step % 17), 65536.0)))
             batch.append(ev.envelope(ident, "metrics", ev.metrics_payload(values), step=step,
                                      time_unix_nano=START_NS + step * 1_000_000, event_id=f"{run_id}-{step}"))
         yield batch
@@ -128,7 +128,7 @@ def shape_requests(shape: str, quick: bool) -> Tuple[str, Iterator[List[Dict[str
     if shape == "sdk16":
         return run_id, sdk_requests("bench", run_id, 16, 60 if quick else 400)
     if shape == "sdk4096":
-        return run_id, sdk_requests("bench", run_id, 4096, 2 if quick else 8)
+        return run_id, sdk_requests("bench", run_id, 4096, 1 if quick else 2)
     if shape == "env500":
         return run_id, env500_requests("bench", run_id, 8 if quick else 120)
     raise SystemExit(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")

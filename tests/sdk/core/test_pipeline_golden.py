@@ -20,7 +20,7 @@ import hashlib
 import json
 import sys
 import tempfile
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
@@ -97,7 +97,7 @@ def kinds(held: Dict[str, Any]) -> List[str]:
     return sorted(f"{v['category']}/{v['subtype']}" for k, v in held.items() if k.startswith("incident/"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def golden() -> Dict[str, Any]:
     data: Dict[str, Any] = json.loads(GOLDEN.read_text())
     return data
