@@ -160,6 +160,11 @@ def measure(shape: str, quick: bool, root: Path) -> Dict[str, float]:
 
     events = sum(len(ingest_pb2.IngestRequest.FromString(v).events) for v in values)
     settings = Settings()
+    try:  # what trainguard serve does to the interpreter of a process with a processor, where it does
+        from trainguard_server.processor.embedded import tune_gc  # type: ignore[attr-defined]
+        tune_gc()
+    except ImportError:
+        pass
     stores = open_stores(settings, data_dir)
     processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, DetectionSettings(),
                                   batch=settings.processor_batch, snapshot_every_s=settings.snapshot_every_s,

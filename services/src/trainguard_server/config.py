@@ -52,6 +52,8 @@ class Settings(BaseSettings):
 
     # --- processor ----------------------------------------------------------------------------
     processor_batch: int = Field(256, description="queue records consumed per processing round")
+    processor_round_events: int = Field(8192, ge=1, description="most envelopes per pipeline call and per "
+                                        "store write (a round's records are cut into such chunks)")
     snapshot_every_s: float = Field(5.0, description="how often the processor snapshots its state")
     tick_interval_s: float = Field(1.0, description="how often processing-time timers run")
     detection_overrides: str = Field(

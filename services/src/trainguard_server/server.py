@@ -29,7 +29,7 @@ from .gateway.http import ingest_router
 from .gateway.ingest import Gateway
 from .http_thread import HttpThread
 from .notify import WebhookNotifier
-from .processor.embedded import EmbeddedProcessor
+from .processor.embedded import EmbeddedProcessor, tune_gc
 from .queue import open_queue
 from .storage.select import open_stores
 
@@ -79,7 +79,8 @@ class EmbeddedServer:
         elif "processor" in roles:
             self.processor = EmbeddedProcessor(
                 self.queue, self.stores.events, self.stores.metrics, self.stores.incidents, detection,
-                batch=s.processor_batch, snapshot_every_s=s.snapshot_every_s,
+                batch=s.processor_batch, round_events=s.processor_round_events,
+                snapshot_every_s=s.snapshot_every_s,
                 tick_interval_s=s.tick_interval_s,
                 yield_to=(lambda: gateway.busy) if gateway is not None else None)
         if self.processor is not None and s.webhook_url:
@@ -90,6 +91,8 @@ class EmbeddedServer:
         # ingest threads and the processor share one interpreter: switch often so an ingest request
         # waiting for the GIL is not held for the default 5 ms at every hand-over
         sys.setswitchinterval(0.0005)
+        if self.processor is not None:
+            tune_gc()
         self.services = Services(events=self.stores.events, metrics=self.stores.metrics,
                                  incidents=self.stores.incidents, projects=self.stores.projects,
                                  queue=self.queue, gateway=self.gateway, processor=self.processor,

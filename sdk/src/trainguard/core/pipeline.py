@@ -87,6 +87,18 @@ class PipelineOutput:
         return not (self.runs or self.incidents or self.clusters)
 
 
+def merge_outputs(first: PipelineOutput, then: PipelineOutput) -> PipelineOutput:
+    """One output equal, upserted, to upserting ``first`` then ``then`` (a record of ``then`` replaces
+    the same record of ``first``; order: ``first``'s records, then the new ones)."""
+    runs = {(r.project, r.run_id): r for r in first.runs}
+    runs.update(((r.project, r.run_id), r) for r in then.runs)
+    incidents = {(i.project, i.incident_id): i for i in first.incidents}
+    incidents.update(((i.project, i.incident_id), i) for i in then.incidents)
+    clusters = {(c.project, c.fingerprint): c for c in first.clusters}
+    clusters.update(((c.project, c.fingerprint), c) for c in then.clusters)
+    return PipelineOutput(list(runs.values()), list(incidents.values()), list(clusters.values()))
+
+
 @dataclass
 class _Event:
     raw: Mapping[str, Any]
@@ -517,11 +529,7 @@ def run_record(run: RunState) -> RunRecord:
     worst = incident_mod.worst_severity(open_states)
     health = "critical" if worst in ("error", "critical") else "warning" if worst == "warning" else "healthy"
     ranks = sorted(run.ranks)
-    hosts: List[str] = []
-    for r in ranks:
-        host = run.ranks[r].host
-        if host and host not in hosts:
-            hosts.append(host)
+    hosts = [h for h in dict.fromkeys(run.ranks[r].host for r in ranks) if h]  # first seen first
     return RunRecord(
         project=run.project, run_id=run.run_id, run_name=run.run_name, trace_id=run.trace_id,
         status=run_status(run), health=health, started_ns=run.started_ns or run.first_ns,

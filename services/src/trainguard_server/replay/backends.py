@@ -210,6 +210,7 @@ class LocalBackend(Backend):
             self.processor = EmbeddedProcessor(self.queue, self.stores.events, self.stores.metrics,
                                                self.stores.incidents, detection,
                                                batch=settings.processor_batch,
+                                               round_events=settings.processor_round_events,
                                                snapshot_every_s=settings.snapshot_every_s,
                                                tick_interval_s=NO_TIMERS_S)
             self.gateway = Gateway(self.queue, self.stores.projects, settings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict, Generic, List, Optional, Sequence, TypeVar
+from typing import Any, Dict, Generic, List, NamedTuple, Optional, Sequence, TypeVar
 
 from trainguard.core.records import Cluster, Incident, RunRecord
 
@@ -48,8 +48,10 @@ class SearchHit:
     score: float
 
 
-@dataclass(frozen=True)
-class MetricPoint:
+class MetricPoint(NamedTuple):
+    """One metric value of one rank at one step (a tuple: built by the million, ~7x cheaper than a frozen
+    dataclass)."""
+
     project: str
     run_id: str
     rank: int
