@@ -1,0 +1,118 @@
+"""The embedded processor's rounds (issue 15): a consumer round is cut into chunks of at most
+``round_events`` envelopes, each one pipeline call and one write per store; an output whose upsert failed
+is applied before anything else and before a checkpoint commits its records. Real SQLite queue and stores,
+a real recorded run (the corpus's crash) published through the real gateway."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, List, Sequence, Tuple
+
+import pytest
+
+from trainguard import wire
+from trainguard.core.records import Incident
+from trainguard.v1 import ingest_pb2
+from trainguard_server.config import Settings
+from trainguard_server.gateway.ingest import Gateway
+from trainguard_server.processor.embedded import EmbeddedProcessor
+from trainguard_server.queue.sqlite import SqliteQueue
+from trainguard_server.storage.base import MetricPoint
+from trainguard_server.storage.sqlite import (
+    SqliteEventStore,
+    SqliteIncidentStore,
+    SqliteMetricStore,
+    SqliteProjectStore,
+)
+
+STREAM = Path(__file__).resolve().parents[2] / "scenarios" / "streams" / "crash.jsonl"
+PER_REQUEST = 7
+
+
+class CountingMetrics(SqliteMetricStore):
+    """The real SQLite metric store, counting its writes."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.puts: List[int] = []
+
+    def put(self, points: Sequence[MetricPoint]) -> None:
+        self.puts.append(len(points))
+        super().put(points)
+
+
+class FlakyIncidents(SqliteIncidentStore):
+    """The real SQLite incident store whose first ``failures`` incident upserts raise (a store away)."""
+
+    def __init__(self, path: Path, failures: int) -> None:
+        super().__init__(path)
+        self.failures = failures
+
+    def upsert_incidents(self, incidents: Sequence[Incident]) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("incident store unavailable")
+        super().upsert_incidents(incidents)
+
+
+def _publish(tmp_path: Path) -> Tuple[SqliteQueue, List[dict]]:  # type: ignore[type-arg]
+    queue = SqliteQueue(tmp_path / "queue.db")
+    projects = SqliteProjectStore(tmp_path / "projects.db")
+    gateway = Gateway(queue, projects, Settings(max_past_age_s=10 * 365 * 86400.0))
+    token = projects.create_token("p", "ingest")
+    envelopes: List[Any] = [json.loads(line) for line in STREAM.read_text().splitlines() if line.strip()]
+    for e in envelopes:
+        e["project"] = "p"
+    for i in range(0, len(envelopes), PER_REQUEST):  # several queue records
+        request = ingest_pb2.IngestRequest(events=[wire.envelope_from_dict(e)
+                                                   for e in envelopes[i:i + PER_REQUEST]])
+        assert not gateway.ingest(token, request).rejected
+    projects.close()
+    return queue, envelopes
+
+
+@pytest.mark.parametrize("round_events", [1, 20, 100_000])
+def test_a_round_is_cut_into_chunks_of_at_most_round_events(tmp_path: Path, round_events: int) -> None:
+    queue, envelopes = _publish(tmp_path)
+    metrics = CountingMetrics(tmp_path / "metrics.db")
+    incidents = SqliteIncidentStore(tmp_path / "incidents.db")
+    processor = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / "events.db"), metrics, incidents, batch=10_000,
+                                  round_events=round_events, snapshot_every_s=0.0)
+    records = queue.depth()
+    sizes = [len(envelopes[i:i + PER_REQUEST]) for i in range(0, len(envelopes), PER_REQUEST)]
+    chunks, filled = 0, 0
+    for size in sizes:  # greedy: a record is never split, one larger than round_events is a chunk alone
+        if chunks == 0 or filled + size > round_events:
+            chunks, filled = chunks + 1, 0
+        filled += size
+    assert processor.run_once(timeout=1.0) == records
+    assert processor.stats.rounds == chunks
+    assert processor.stats.events == len(envelopes)
+    assert len(metrics.puts) <= processor.stats.rounds  # one write per chunk that has points
+    (incident,) = incidents.list_incidents("p").items
+    assert (incident.category, incident.subtype) == ("process", "exception")
+    assert queue.depth() == 0  # checkpointed (snapshot_every_s=0) and committed
+    queue.close()
+
+
+def test_an_output_whose_upsert_failed_is_stored_once_the_store_is_back(tmp_path: Path) -> None:
+    queue, _envelopes = _publish(tmp_path)
+    incidents = FlakyIncidents(tmp_path / "incidents.db", failures=2)
+    processor = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / "events.db"), SqliteMetricStore(tmp_path / "metrics.db"), incidents,
+                                  batch=10_000, snapshot_every_s=0.0)
+    processor._back_off = lambda: None  # type: ignore[method-assign]  # retry at once (no sleeps here)
+    depth = queue.depth()
+    with pytest.raises(ConnectionError):
+        processor.run_once(timeout=1.0)
+    with pytest.raises(ConnectionError):  # a checkpoint must not commit what the stores lack
+        processor.checkpoint()
+    assert queue.depth() == depth and incidents.list_incidents("p").items == []
+    processor.run_once(timeout=0.0)  # the store is back: the pending output first
+    (incident,) = incidents.list_incidents("p").items
+    assert (incident.category, incident.subtype) == ("process", "exception")
+    processor.checkpoint()
+    assert queue.depth() == 0
+    run = incidents.get_run("p", incident.run_id)
+    assert run is not None and run.status == "failed"
+    queue.close()
