@@ -35,6 +35,12 @@ interpreter, so its CPU is not shared with this script's GIL), a fresh data dire
     visible (the SDK sends a non-finite batch at once, through its worker thread). A handful of probes,
     one fresh run each, no background load.
 
+(6) ``processor_alone`` -- bench/processor.py: the processor alone (queue → pipeline → stores, no
+    server) on SDK-shaped streams (one request per rank and step: 16 and 4,096 ranks) and on this file's
+    500-envelope stream, for this checkout and for ``--processor-baseline`` (a git ref, checked out in a
+    temporary worktree) in the same run, with the speed-up and issue 15's target per shape; then the
+    500-envelope figure over the gRPC ingest rate of (1), the same stream shape (target ≥ 0.5).
+
     python bench/ingest.py                          # the full run (~2 minutes)
     python bench/ingest.py --duration 20 --clients 3
     python bench/ingest.py --profile /tmp/prof      # + py-spy over the server in (1), by component
@@ -71,6 +77,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import processor as processor_bench  # noqa: E402  (bench/processor.py: processor-alone beside a baseline)
+
 for _src in (REPO / "sdk" / "src", REPO / "services" / "src"):
     if _src.is_dir() and str(_src) not in sys.path:
         sys.path.insert(0, str(_src))
@@ -1033,7 +1042,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--bg-rate", type=float, default=None,
                    help="background load during the probes in events/s (overrides --bg-fraction)")
     p.add_argument("--sdk-probes", type=int, default=None, help="probes through the real SDK (5)")
-    p.add_argument("--skip", default="", help="comma list of: grpc,sdk,http,latency,latency_sdk")
+    p.add_argument("--skip", default="",
+                   help="comma list of: grpc,sdk,http,latency,latency_sdk,processor")
+    p.add_argument("--processor-shapes", default=None,
+                   help="bench/processor.py's streams for processor_alone (sdk16,sdk4096,env500; "
+                        "--quick: sdk16,env500)")
+    p.add_argument("--processor-baseline", default="HEAD",
+                   help="git ref whose processor is measured beside this checkout's ('none': skip)")
     p.add_argument("--profile", type=Path, default=None,
                    help="directory: py-spy the server during the gRPC window and print a breakdown")
     p.add_argument("--data-dir", type=Path, default=None, help="parent of the servers' data dirs")
@@ -1159,6 +1174,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                               "latency_within_capacity")
                 finally:
                     release(server)
+        if "processor" not in skip:
+            shapes = (args.processor_shapes or ("sdk16,env500" if args.quick else
+                                                ",".join(processor_bench.SHAPES))).split(",")
+            summary["processor"] = processor_bench.compare(shapes, args.processor_baseline, args.quick)
+            summary["processor_shapes"] = shapes
+            processor_bench.print_table(summary["processor"], shapes, args.processor_baseline)
     finally:
         for server in shared:
             server.stop()
@@ -1193,6 +1214,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"target_p99_ms={P99_TARGET_S * 1000:.0f} {'OK' if ok else 'OVER'} "
                   f"background_events_per_s={lat['bg']:.0f} processor_kept_up="
                   f"{'yes' if lat['kept_up'] else 'no'} ({what})", flush=True)
+    if "processor" in summary:
+        processor_bench.print_table(summary["processor"], summary["processor_shapes"],
+                                    args.processor_baseline, label="summary processor_alone")
+        alone = summary["processor"]["this"].get("env500", {}).get("events_per_s", float("nan"))
+        if "grpc" in summary and alone > 0:  # the same stream shape: 500 envelopes of 5 points a request
+            ratio = alone / summary["grpc"]
+            print(f"summary processor_alone_env500_over_grpc_ingest={ratio:.3f} target=0.5 "
+                  f"{'OK' if ratio >= 0.5 else 'BELOW'}", flush=True)
     if "latency_sdk" in summary:
         s = summary["latency_sdk"]
         print(f"summary sdk_event_to_incident_p50_ms={s['p50'] * 1000:.0f} max_ms={s['max'] * 1000:.0f}",

@@ -23,6 +23,11 @@ starts them) and, for Kafka, a real Kafka-protocol broker (Tansu, the tests' bro
    scenario corpus at two sizes; the marginal rate (difference of events over difference of wall time)
    removes the job's start-up cost.
 
+5. ``processor_alone`` -- bench/processor.py's streams (SDK-shaped: 16 and 4,096 ranks, one request per
+   rank and step; the 500-envelope stream of phase 1) through the processor alone, this checkout beside
+   ``--processor-baseline`` (a git ref in a temporary worktree), with the speed-up and the ratio to the
+   embedded gRPC ingest rate of phase 1.
+
 Nothing is asserted; figures and ratios are printed. The ingest target is 120,000 events/s into Kafka.
 
     python bench/pipeline.py               # ~3 minutes
@@ -163,7 +168,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--alone", type=float, default=None, help="seconds of processor rounds measured (8)")
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--probes", type=int, default=None, help="event → incident probes per path (40)")
-    p.add_argument("--skip", default="", help="comma list of: embedded,kafka,latency,flink")
+    p.add_argument("--skip", default="", help="comma list of: embedded,kafka,latency,flink,processor")
+    p.add_argument("--processor-baseline", default="HEAD",
+                   help="git ref whose processor is measured beside this checkout's ('none': skip)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     quick = args.quick
@@ -237,6 +244,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         break
                     bg = 0.5 * lat["processed"]  # what this server processed under the probes, halved
                     print(f"{path}_latency did not keep up: again at {bg:.0f} events/s", flush=True)
+        if "processor" not in skip:
+            shapes = ["sdk16", "env500"] if quick else list(ingest.processor_bench.SHAPES)
+            compared = ingest.processor_bench.compare(shapes, args.processor_baseline, quick)
+            ingest.processor_bench.print_table(compared, shapes, args.processor_baseline)
+            alone = compared["this"].get("env500", {}).get("events_per_s", float("nan"))
+            results["processor"] = {"env500": alone,
+                                    "sdk16": compared["this"].get("sdk16", {}).get("events_per_s", math.nan)}
         if "flink" not in skip:
             flink = flink_phase(root, (1, 2) if quick else (2, 10))
             if flink is not None:
@@ -263,6 +277,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             e = results["embedded"]
             print(f"summary ratios kafka/embedded: ingest={k / e['ingest']:.2f} "
                   f"processor={results['kafka']['processor'] / e['processor']:.2f}", flush=True)
+    if "processor" in results and "embedded" in results:
+        ratio = results["processor"]["env500"] / results["embedded"]["ingest"]
+        print(f"summary processor_alone_env500_over_embedded_grpc_ingest={ratio:.3f} target=0.5 "
+              f"{'OK' if ratio >= 0.5 else 'BELOW'}", flush=True)
     if "flink" in results:
         print(f"summary flink_marginal_events_per_s={results['flink']['marginal']:.0f}", flush=True)
     print(json.dumps({k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in results.items()}), flush=True)

@@ -220,6 +220,44 @@ def baseline_checkout(ref: str, root: Path) -> Path:
     return path
 
 
+TARGETS = {"sdk16": 25.0, "sdk4096": 20.0, "env500": 5.0}
+"""Issue 15's speed-up targets over the previous main, per shape."""
+
+
+def compare(shapes: Sequence[str], baseline: str, quick: bool) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """``{"this": {shape: figures}, "baseline": {...}}``: this checkout, then ``baseline`` (a git ref, or
+    ``"none"``) checked out in a temporary worktree, measured the same way one after the other."""
+    results: Dict[str, Dict[str, Dict[str, float]]] = {"this": run_checkout(REPO, shapes, quick)}
+    if baseline == "none":
+        return results
+    tmp = Path(tempfile.mkdtemp(prefix="trainguard-processor-baseline-"))
+    try:
+        base = baseline_checkout(baseline, tmp)
+        try:
+            results["baseline"] = run_checkout(base, shapes, quick)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequence[str], baseline: str,
+                label: str = "processor_alone") -> None:
+    """One line per shape: this checkout's events/s and CPU per event, the baseline's, the speed-up."""
+    for shape in shapes:
+        this = results["this"].get(shape, {})
+        base = results.get("baseline", {}).get(shape, {})
+        speedup = (this.get("events_per_s", math.nan) / base["events_per_s"]) if base else math.nan
+        print(f"{label} shape={shape} events={this.get('events', math.nan):.0f} "
+              f"records={this.get('records', math.nan):.0f} "
+              f"events_per_s={this.get('events_per_s', math.nan):.0f} "
+              f"cpu_us_per_event={this.get('us_per_event_cpu', math.nan):.1f} baseline={baseline} "
+              f"baseline_events_per_s={base.get('events_per_s', math.nan):.0f} "
+              f"baseline_cpu_us_per_event={base.get('us_per_event_cpu', math.nan):.1f} "
+              f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g}", flush=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=",".join(SHAPES))
@@ -234,28 +272,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     print(f"env cpus={os.cpu_count()} python={sys.version.split()[0]} quick={args.quick} "
           f"loadavg_1m={os.getloadavg()[0]:.2f}", flush=True)
-    results: Dict[str, Dict[str, Dict[str, float]]] = {"this": run_checkout(REPO, shapes, args.quick)}
-    tmp = Path(tempfile.mkdtemp(prefix="trainguard-processor-baseline-"))
-    try:
-        if args.baseline != "none":
-            base = baseline_checkout(args.baseline, tmp)
-            try:
-                results["baseline"] = run_checkout(base, shapes, args.quick)
-            finally:
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)],
-                               check=False)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'shape':<9} {'events':>8} {'records':>8} {'this_ev_s':>10} {'this_us_cpu':>11} "
-          f"{'base_ev_s':>10} {'base_us_cpu':>11} {'speedup':>8}", flush=True)
-    for shape in shapes:
-        this = results["this"].get(shape, {})
-        base = results.get("baseline", {}).get(shape, {})
-        speedup = (this.get("events_per_s", math.nan) / base["events_per_s"]) if base else math.nan
-        print(f"{shape:<9} {this.get('events', math.nan):>8.0f} {this.get('records', math.nan):>8.0f} "
-              f"{this.get('events_per_s', math.nan):>10.0f} {this.get('us_per_event_cpu', math.nan):>11.1f} "
-              f"{base.get('events_per_s', math.nan):>10.0f} {base.get('us_per_event_cpu', math.nan):>11.1f} "
-              f"{speedup:>8.2f}", flush=True)
+    results = compare(shapes, args.baseline, args.quick)
+    print_table(results, shapes, args.baseline)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
     return 0

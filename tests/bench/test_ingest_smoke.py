@@ -44,6 +44,10 @@ def test_quick_run_prints_every_labelled_line(tmp_path: Path) -> None:
         rf"^summary http_protobuf_events_per_s={n}$",
         rf"^summary event_to_incident_p50_ms={t} p99_ms={t} target_p99_ms=1000 (OK|OVER) ",
         rf"^summary sdk_event_to_incident_p50_ms={t} max_ms={t}$",
+        rf"^processor_alone shape=sdk16 events=\d+ records=\d+ events_per_s={n} cpu_us_per_event={n} "
+        rf"baseline=HEAD baseline_events_per_s={n} baseline_cpu_us_per_event={n} speedup={n} target=25$",
+        r"^summary processor_alone shape=env500 .* target=5$",
+        rf"^summary processor_alone_env500_over_grpc_ingest={n} target=0.5 (OK|BELOW)$",
     ):
         assert re.search(pattern, out, re.MULTILINE), f"missing /{pattern}/ in:\n{out}"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -33,6 +33,8 @@ def test_quick_run_prints_the_side_by_side_table() -> None:
         rf"^summary kafka +{n} +{n} ",
         rf"^summary gateway_to_kafka_events_per_s={n} target=120000 ratio={n} (OK|BELOW)$",
         rf"^summary ratios kafka/embedded: ingest={n} processor={n}$",
+        rf"^processor_alone shape=sdk16 events=\d+ .* speedup={n} target=25$",
+        rf"^summary processor_alone_env500_over_embedded_grpc_ingest={n} target=0.5 (OK|BELOW)$",
     ):
         assert re.search(pattern, out, re.MULTILINE), (pattern, out[-3000:])
     figures = json.loads(out.strip().splitlines()[-1])
