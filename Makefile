@@ -13,11 +13,11 @@ SHELL_TOOLS_STAMP := $(VENV)/.shell-tools
 
 .PHONY: install demo test lint typecheck proto bench clean
 
-$(STAMP): requirements/dev.txt requirements/chdb.txt sdk/pyproject.toml services/pyproject.toml
+$(STAMP): requirements/dev.txt requirements/chdb.txt sdk/pyproject.toml engine/pyproject.toml services/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements/chdb.txt  # see the file
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk -e services
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk -e engine -e services
 	touch $(STAMP)
 
 $(FLINK_STAMP): requirements/flink.txt requirements/flink-connectors.txt tools/flink_jars.py
@@ -53,7 +53,7 @@ demo: install  ## the main job on the embedded default: server + real trainings 
 	$(BIN)/trainguard demo
 
 test: install $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP)  ## the whole suite: lint, types, tests
-	$(BIN)/ruff check sdk services tests bench tools
+	$(BIN)/ruff check sdk engine services tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 

@@ -32,7 +32,7 @@ from typing import Dict, List
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-for _p in (BENCH, REPO, REPO / "sdk" / "src", REPO / "services" / "src"):
+for _p in (BENCH, REPO, REPO / "sdk" / "src", REPO / "engine" / "src", REPO / "services" / "src"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

@@ -68,17 +68,17 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
-for _src in (REPO, REPO / "sdk" / "src", REPO / "services" / "src"):
+for _src in (REPO, REPO / "sdk" / "src", REPO / "engine" / "src", REPO / "services" / "src"):
     if _src.is_dir() and str(_src) not in sys.path:
         sys.path.insert(0, str(_src))
 
 from tests.scenarios import record as recorder  # noqa: E402
 from tests.scenarios.corpus import SCENARIOS, Scenario, load_events, retimed  # noqa: E402
-from trainguard.core.catalogue import DetectionSettings  # noqa: E402
-from trainguard.core.extract import batch_points, payload  # noqa: E402
 from trainguard.transport.base import SendResult, Transport  # noqa: E402
 from trainguard.transport.grpc import GrpcTransport  # noqa: E402
 from trainguard.transport.http import HttpTransport  # noqa: E402
+from trainguard_engine.catalogue import DetectionSettings  # noqa: E402
+from trainguard_engine.extract import batch_points, payload  # noqa: E402
 from trainguard_server.api.read_client import ReadClient  # noqa: E402
 from trainguard_server.config import Settings  # noqa: E402
 from trainguard_server.replay import Importer, RemoteBackend, ReplayOptions, wait_for_run  # noqa: E402

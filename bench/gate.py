@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Tuple
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-for _p in (BENCH, REPO, REPO / "sdk" / "src", REPO / "services" / "src"):
+for _p in (BENCH, REPO, REPO / "sdk" / "src", REPO / "engine" / "src", REPO / "services" / "src"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
@@ -61,7 +61,7 @@ REGRESSIONS: Dict[str, Tuple[str, ...]] = {
 
 def train(server: ingest.Server, run_id: str, flags: Tuple[str, ...]) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "sdk" / "src"), str(REPO / "services" / "src")]),
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO / d / "src") for d in ("sdk", "engine", "services")]),
                TRAINGUARD_ENDPOINT=server.http_url, TRAINGUARD_TOKEN=server.ingest_token,
                TRAINGUARD_RUN_ID=run_id, TRAINGUARD_FLUSH_INTERVAL="0.2",
                TRAINGUARD_SPOOL_DIR=str(server.data_dir.parent / f"spool-{run_id}"))

@@ -80,7 +80,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import processor as processor_bench  # noqa: E402  (bench/processor.py: processor-alone beside a baseline)
 
-for _src in (REPO / "sdk" / "src", REPO / "services" / "src"):
+for _src in (REPO / "sdk" / "src", REPO / "engine" / "src", REPO / "services" / "src"):
     if _src.is_dir() and str(_src) not in sys.path:
         sys.path.insert(0, str(_src))
 
@@ -277,8 +277,8 @@ def start_server(data_dir: Path, serve_cmd: Optional[List[str]] = None,
     http_port, grpc_port = free_port(), free_port()
     log_path = data_dir / "serve.log"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sdk" / "src"), str(REPO / "services" / "src"),
-                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / d / "src") for d in ("sdk", "engine", "services")]
+                                        + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     for key in [k for k in env if k.startswith("TRAINGUARD_")]:
         del env[key]
     for item in server_env:
@@ -967,8 +967,8 @@ COMPONENTS: Tuple[Tuple[str, str], ...] = (
     ("gateway.decode json (json + wire.prepare_batch)", "batch_from_json"),
     ("gateway.other (ingest_batch: list(events), split, stats)", "gateway/"),
     ("processor.decode (wire.envelope_to_dict)", "envelope_to_dict"),
-    ("processor.extract (metric points from dicts)", "core/extract.py"),
-    ("processor.pipeline (trainguard.core detectors, state)", "core/"),
+    ("processor.extract (metric points from dicts)", "trainguard_engine/extract.py"),
+    ("processor.pipeline (trainguard_engine detectors, state)", "trainguard_engine/"),
     ("stores (SQLite writes: metrics, runs, incidents)", "storage/sqlite.py"),
     ("dataclass __init__ (MetricPoint rows, records)", "<string>"),
     ("processor.other (_store_raw loop, _process)", "processor/embedded.py"),

@@ -51,7 +51,7 @@ from typing import Dict, List, Optional, Tuple
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-for _p in (BENCH, REPO, REPO / "sdk" / "src", REPO / "services" / "src"):
+for _p in (BENCH, REPO, REPO / "sdk" / "src", REPO / "engine" / "src", REPO / "services" / "src"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
@@ -142,8 +142,8 @@ def flink_phase(root: Path, sizes: Tuple[int, int]) -> Optional[Dict[str, float]
                            for i in range(0, len(moved), 50)]
         path = root / f"flink-{copies}.bin"
         write_records(path, values)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "sdk" / "src"),
-                                                          str(REPO / "services" / "src")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"), str(REPO / "services" / "src")]))
         started = time.monotonic()
         proc = subprocess.run([str(python), "-m", "trainguard_server.processor.flink_main", "--records",
                                str(path), "--out", str(root / f"flink-out-{copies}"), "--parallelism", "2"],

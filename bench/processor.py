@@ -145,8 +145,8 @@ def measure(shape: str, quick: bool, root: Path) -> Dict[str, float]:
     from trainguard_server.storage.select import open_stores
 
     try:
-        from trainguard_engine.catalogue import DetectionSettings  # type: ignore[import-not-found]
-    except ImportError:
+        from trainguard_engine.catalogue import DetectionSettings
+    except ImportError:  # a baseline from before the engine had its own distribution
         from trainguard.core.catalogue import DetectionSettings  # type: ignore[import-not-found,no-redef]
 
     data_dir = root / shape

@@ -50,7 +50,7 @@ def _repositories(tmp_path: Path) -> Path:
 def _environment(clone: Path, tmp_path: Path) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGUARD_", "GITHUB_", "CI_"))}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([str(clone / "sdk" / "src"), str(clone / "services" / "src")])
+    env["PYTHONPATH"] = os.pathsep.join([str(clone / "sdk" / "src"), str(clone / "engine" / "src"), str(clone / "services" / "src")])
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
     return env

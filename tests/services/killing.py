@@ -18,7 +18,7 @@ def run_until_killed(code: str, acks: int, timeout: float = 60.0) -> List[str]:
     """Run ``code`` in a fresh interpreter, SIGKILL it after ``acks`` lines starting with 'done ', and
     return the payload of every 'done' line it printed before dying."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "services" / "src"), str(ROOT / "sdk" / "src"),
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "services" / "src"), str(ROOT / "engine" / "src"), str(ROOT / "sdk" / "src"),
                                          env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)

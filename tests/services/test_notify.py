@@ -19,8 +19,8 @@ from tests.services.e2e.serve_process import ServeProcess
 from tests.services.e2e.test_serve import _train
 from tests.support.net import free_port
 from tests.support.waiting import poll
-from trainguard.core.pipeline import PipelineOutput
-from trainguard.core.records import Incident
+from trainguard_engine.pipeline import PipelineOutput
+from trainguard_engine.records import Incident
 from trainguard_server.notify import WebhookNotifier
 from trainguard_server.storage.memory import MemoryIncidentStore
 

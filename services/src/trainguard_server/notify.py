@@ -29,8 +29,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, Optional
 
-from trainguard.core.pipeline import PipelineOutput
-from trainguard.core.records import Incident
+from trainguard_engine.pipeline import PipelineOutput
+from trainguard_engine.records import Incident
 
 from .storage.base import IncidentStore
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
-from trainguard.core.catalogue import DetectionSettings
+from trainguard_engine.catalogue import DetectionSettings
 
 from .api.app import create_app
 from .api.deps import Services

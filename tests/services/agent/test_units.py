@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from tests.support.waiting import poll
-from trainguard.core.pipeline import Pipeline
 from trainguard.transport.base import SendResult, TransportError
+from trainguard_engine.pipeline import Pipeline
 from trainguard_server.agent.capture import OutputCapture
 from trainguard_server.agent.events import EventBuilder, agent_identity
 from trainguard_server.agent.relay import Forwarder

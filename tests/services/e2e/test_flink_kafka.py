@@ -63,7 +63,7 @@ def test_gateway_kafka_flink_kafka_yields_every_runs_verdict(tmp_path: Path) -> 
             raw_ids += [e["event_id"] for e in events if "exception" in e or "lifecycle" in e or "log" in e]
         sender.close()
 
-        flink_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "sdk" / "src"),
+        flink_env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"),
                                                                 str(REPO / "services" / "src")]),
                          TRAINGUARD_DETECTION_OVERRIDES=json.dumps({"stall_min_s": 5.0}))
         flink = subprocess.Popen(

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from trainguard.core.records import Incident, RunRecord
+from trainguard_engine.records import Incident, RunRecord
 from trainguard_server.gate.policy import Policy
 from trainguard_server.gate.service import GateError, GateService
 from trainguard_server.storage.base import MetricPoint, StoredEvent

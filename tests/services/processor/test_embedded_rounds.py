@@ -12,8 +12,8 @@ from typing import Any, List, Sequence, Tuple
 import pytest
 
 from trainguard import wire
-from trainguard.core.records import Incident
 from trainguard.v1 import ingest_pb2
+from trainguard_engine.records import Incident
 from trainguard_server.config import Settings
 from trainguard_server.gateway.ingest import Gateway
 from trainguard_server.processor.embedded import EmbeddedProcessor

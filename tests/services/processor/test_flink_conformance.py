@@ -29,15 +29,15 @@ from tests.services.replay.test_nccl_jobs import EXPECTED as NCCL_JOBS
 from tests.services.replay.test_nccl_jobs import folder as nccl_folder
 from tests.support.recorded_jobs import agent_view
 from trainguard import wire
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.pipeline import Pipeline
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.pipeline import Pipeline
 from trainguard_server.processor.flink_main import write_records
 
 REPO = Path(__file__).resolve().parents[3]
 FLINK_PYTHON = Path(os.environ.get("TRAINGUARD_FLINK_PYTHON", REPO / ".venv-flink" / "bin" / "python"))
 END_NS = 1_800_000_000_000_000_000
 SETTLE_S = 60.0
-OVERRIDES = {"stall_min_s": 5.0}  # the corpus's stall floor (tests/sdk/core/test_comm_scenarios.py)
+OVERRIDES = {"stall_min_s": 5.0}  # the corpus's stall floor (tests/engine/test_comm_scenarios.py)
 BATCH = 50
 COPIES = 2
 
@@ -78,7 +78,7 @@ def flink(runs: List[List[Event]], tmp_path: Path) -> Tuple[List[Dict[str, Any]]
     source = tmp_path / "records.bin"
     write_records(source, records(runs))
     out = tmp_path / "flink-out"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "sdk" / "src"), str(REPO / "services" / "src")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"), str(REPO / "services" / "src")]))
     started = time.monotonic()
     proc = subprocess.run([str(FLINK_PYTHON), "-m", "trainguard_server.processor.flink_main", "--records",
                            str(source), "--out", str(out), "--parallelism", "2", "--settle-s", str(SETTLE_S),

@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional
 
 from tests.scenarios.corpus import BY_NAME
 from trainguard import wire
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.pipeline import Pipeline
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.pipeline import Pipeline
 from trainguard_server.processor.flink_stages import (
     ClusterStage,
     PipelineBox,

@@ -2,7 +2,7 @@
 tests/fixtures/nccl/ (README there: the command, versions and what each rank did). Each job is judged as
 TrainGuard receives it -- the SDK streams plus what the agent / ``trainguard replay`` reads from the ranks'
 output and torchrun's exit codes (tests/support/recorded_jobs.py) -- through the pure pipeline, with the
-processor's clock a minute after the last event (tests/sdk/core/test_comm_scenarios.py's ``judge``).
+processor's clock a minute after the last event (tests/engine/test_comm_scenarios.py's ``judge``).
 
 Expected values come from the recordings (what each rank printed it did, torchrun's summary, the NCCL
 lines themselves), never from the pipeline.
@@ -17,10 +17,10 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from tests.sdk.core.test_comm_scenarios import judge, kinds, yielded
+from tests.engine.test_comm_scenarios import judge, kinds, yielded
 from tests.support.recorded_jobs import agent_view, facts, record, sdk_events
-from trainguard.core.classify import classify_text
-from trainguard.core.records import Incident
+from trainguard_engine.classify import classify_text
+from trainguard_engine.records import Incident
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nccl"
 

@@ -18,9 +18,9 @@ import pytest
 
 from tests.services.e2e.serve_process import ServeProcess
 from trainguard.core.events import from_wire_float
-from trainguard.core.extract import batch_points
-from trainguard.core.pipeline import Pipeline
 from trainguard.core.tracebacks import parse_traceback_text
+from trainguard_engine.extract import batch_points
+from trainguard_engine.pipeline import Pipeline
 from trainguard_server.cli import main
 from trainguard_server.storage.sqlite import open_sqlite_stores
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
-from trainguard.core.records import Cluster, Evidence, Incident, RunRecord, TimelineEntry
+from trainguard_engine.records import Cluster, Evidence, Incident, RunRecord, TimelineEntry
 from trainguard_server.storage.base import IncidentStore, IncidentWorkflow, Page
 from trainguard_server.storage.memory import MemoryIncidentStore
 from trainguard_server.storage.sqlite import SqliteIncidentStore

@@ -15,7 +15,7 @@ from typing import List
 import pytest
 
 from tests.services.killing import run_until_killed
-from trainguard.core.records import Cluster, Incident, RunRecord
+from trainguard_engine.records import Cluster, Incident, RunRecord
 from trainguard_server.storage.base import MetricPoint, StoredEvent
 from trainguard_server.storage.sqlite import (
     EVENTS_DB,

@@ -9,7 +9,7 @@ Contract of :class:`OutputCapture` (one per source: the child's stdout or stderr
   Python / faulthandler / C++ tracebacks become one exception each, fingerprinted as the SDK would).
 * What is sent: every traceback; every line at or above ``min_level`` (WARNING by default, as the SDK's
   logging integration forwards); and any lower or level-less line that the shared error-text classifier
-  (:func:`trainguard.core.classify.classify_text`) recognises (a CUDA OOM printed with ``print``, a
+  (:func:`trainguard_engine.classify.classify_text`) recognises (a CUDA OOM printed with ``print``, a
   torchrun failure summary, NCCL text) -- checked only for lines holding one of :data:`NEEDLES`, so a
   plain line costs a few substring searches.
 * torchrun's ``ChildFailedError`` summary (:data:`LAUNCHER_SUMMARY`) is sent as one ERROR log line, not
@@ -25,7 +25,7 @@ import re
 import threading
 from typing import Callable, List
 
-from trainguard.core.classify import classify_text
+from trainguard_engine.classify import classify_text
 
 from ..replay.logs import LogItem, LogSegmenter, clean_line
 from .events import Event, EventBuilder

@@ -16,7 +16,7 @@ Contract of :class:`EventBuilder`:
   ``trainguard agent: no progress for <s> s (threshold <s> s = <how>); last step <n>`` followed by the last
   lines of output and the Python stacks; the end of the episode is a log event from
   :data:`PROGRESS_SOURCE`. The pipeline reads both
-  (:func:`trainguard.core.detectors.progress.on_agent_report`).
+  (:func:`trainguard_engine.detectors.progress.on_agent_report`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import socket
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from trainguard.core import events as ev
-from trainguard.core.detectors.progress import HANG_SOURCE, PROGRESS_SOURCE, hang_headline
 from trainguard.identity import RunIdentity, from_environment
+from trainguard_engine.detectors.progress import HANG_SOURCE, PROGRESS_SOURCE, hang_headline
 
 from .. import __version__
 from ..replay.importer import event_id

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Tuple
 from urllib.parse import quote, urlparse
 
-from trainguard.core.catalogue import signal_of_exit_code
+from trainguard_engine.catalogue import signal_of_exit_code
 
 log = logging.getLogger("trainguard.agent.kube")
 

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
 from trainguard.core import events as ev
-from trainguard.core.catalogue import signal_of_exit_code
+from trainguard_engine.catalogue import signal_of_exit_code
 
 from ..config import Settings
 from ..gateway.ingest import GatewayError, batch_from_json

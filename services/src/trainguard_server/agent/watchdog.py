@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Deque, Optional
 
-from trainguard.core.catalogue import DetectionSettings
+from trainguard_engine.catalogue import DetectionSettings
 
 _SERVER = DetectionSettings()
 """The pipeline's defaults: the agent's floor and ceiling are its stall_min_s and stall_max_s."""

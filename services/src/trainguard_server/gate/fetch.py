@@ -11,7 +11,7 @@ import itertools
 import math
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from trainguard.core.clusters import identify
+from trainguard_engine.clusters import identify
 
 from ..storage.base import EventStore, IncidentStore, MetricStore
 from .profile import IncidentBrief, RunData, Series

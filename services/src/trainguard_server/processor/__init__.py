@@ -1,1 +1,1 @@
-"""Processor runtimes: move bytes and state around the pure pipeline (trainguard.core.pipeline)."""
+"""Processor runtimes: move bytes and state around the pure pipeline (trainguard_engine.pipeline)."""

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from trainguard import wire
-from trainguard.core import extract
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.pipeline import Pipeline, PipelineOutput, merge_outputs
 from trainguard.v1 import ingest_pb2
+from trainguard_engine import extract
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.pipeline import Pipeline, PipelineOutput, merge_outputs
 
 from ..queue.base import Queue, QueueRecord
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricPoint, MetricStore, StoredEvent

@@ -34,13 +34,13 @@ from pyflink.common import Types
 from pyflink.datastream import DataStream, KeyedProcessFunction, RuntimeContext
 from pyflink.datastream.state import ValueStateDescriptor
 
-from trainguard.core.catalogue import DetectionSettings
+from trainguard_engine.catalogue import DetectionSettings
 
 from .flink_stages import ClusterStage, RunStage, decode_record, is_observation, observation_key, run_key_of
 
 SETTLE_S = 60.0
 """After a run's last event, how long (event time) until its pipeline advances: past
-``rank_lost_grace_s`` and a few heartbeats, as tests/sdk/core/test_comm_scenarios.py judges recordings."""
+``rank_lost_grace_s`` and a few heartbeats, as tests/engine/test_comm_scenarios.py judges recordings."""
 
 
 class _RunFunction(KeyedProcessFunction):  # type: ignore[misc]

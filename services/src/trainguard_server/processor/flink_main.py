@@ -10,7 +10,7 @@
   every ``--tick-s``. The connector jars come from ``--jars`` (``.venv-flink/jars``, tools/flink_jars.py).
 
 The mini-cluster's Python workers are this interpreter (``python.executable``) with the caller's
-``PYTHONPATH`` (the SDK's ``trainguard.core`` and this package must be importable).
+``PYTHONPATH`` (the SDK's wire schema, the engine ``trainguard_engine`` and this package must be importable).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Records between the stages and out of the job are JSON lines (``str``):
   then its envelopes), :func:`run_key_of` reads the key. A record is one element: the Python worker's
   per-element cost is paid once per batch of envelopes, not per envelope.
 * stage 1, **per run** (:class:`RunStage`, keyed by project + run id): the pure
-  :class:`~trainguard.core.pipeline.Pipeline` holding that one run. Per record it emits every run and
+  :class:`~trainguard_engine.pipeline.Pipeline` holding that one run. Per record it emits every run and
   incident record that changed
   (``{"kind": "run"|"incident", "record": ...}``) and, for an exception the run counted (not a replayed
   duplicate), an observation for stage 2 (``{"kind": "observation", "key": <cluster key>, "event": ...}``).
@@ -17,7 +17,7 @@ Records between the stages and out of the job are JSON lines (``str``):
   :meth:`RunStage.on_timer` is the pipeline's ``advance`` (stalls, silent and lagging ranks, lost runs).
 * stage 2, **per stack fingerprint** (:class:`ClusterStage`, keyed by project + fingerprint): the cluster
   across runs and ranks, counted exactly as the embedded pipeline counts it
-  (:func:`trainguard.core.clusters.observe`); emits ``{"kind": "cluster", "record": ...}``.
+  (:func:`trainguard_engine.clusters.observe`); emits ``{"kind": "cluster", "record": ...}``.
 
 The records are upserts: a later record with the same id (incident id, run, cluster key) replaces an
 earlier one. A cluster's ``runs``/``ranks``/``hosts`` lists keep arrival order, which across runs depends on
@@ -31,12 +31,12 @@ import json
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from trainguard import wire
-from trainguard.core import clusters as clusters_mod
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.extract import as_int, as_str
-from trainguard.core.pipeline import Pipeline, PipelineOutput
-from trainguard.core.state import ClusterState, run_key
 from trainguard.v1 import ingest_pb2
+from trainguard_engine import clusters as clusters_mod
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.extract import as_int, as_str
+from trainguard_engine.pipeline import Pipeline, PipelineOutput
+from trainguard_engine.state import ClusterState, run_key
 
 Line = str
 

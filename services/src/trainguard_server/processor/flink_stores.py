@@ -18,8 +18,8 @@ import json
 import logging
 from typing import Any, Dict, Optional, Sequence
 
-from trainguard.core.pipeline import PipelineOutput
-from trainguard.core.records import Cluster, Incident, RunRecord
+from trainguard_engine.pipeline import PipelineOutput
+from trainguard_engine.records import Cluster, Incident, RunRecord
 
 from ..queue.base import Queue
 from ..storage.base import EventStore, IncidentStore, MetricStore

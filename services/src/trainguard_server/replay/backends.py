@@ -30,9 +30,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from trainguard.core.catalogue import DetectionSettings
 from trainguard.core.events import encode_batch
 from trainguard.transport.base import SendResult, Transport, TransportError
+from trainguard_engine.catalogue import DetectionSettings
 
 from ..api.read_client import ReadClient
 from ..config import Settings

@@ -73,8 +73,8 @@ from typing import (
 )
 
 from trainguard.core import events as ev
-from trainguard.core.catalogue import signal_of_exit_code
 from trainguard.transport.base import SendResult, TransportError
+from trainguard_engine.catalogue import signal_of_exit_code
 
 from .. import __version__
 from .backends import Backend

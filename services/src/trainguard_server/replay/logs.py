@@ -42,7 +42,12 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import safe_str
-from trainguard.core.tracebacks import RELATION_CAUSE, RELATION_CONTEXT, ParsedException, parse_traceback_text
+from trainguard.core.tracebacks import (
+    RELATION_CAUSE,
+    RELATION_CONTEXT,
+    ParsedException,
+    parse_traceback_text,
+)
 
 from .times import leading_stamp
 

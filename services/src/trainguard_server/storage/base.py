@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Dict, Generic, List, NamedTuple, Optional, Sequence, TypeVar
 
-from trainguard.core.records import Cluster, Incident, RunRecord
+from trainguard_engine.records import Cluster, Incident, RunRecord
 
 T = TypeVar("T")
 

@@ -32,7 +32,7 @@ import unicodedata
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar
 
-from trainguard.core.records import Cluster, Incident, RunRecord
+from trainguard_engine.records import Cluster, Incident, RunRecord
 
 from .base import (
     Bucket,

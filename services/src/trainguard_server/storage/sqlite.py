@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from trainguard.core.records import Cluster, Incident, RunRecord
+from trainguard_engine.records import Cluster, Incident, RunRecord
 
 from .base import (
     Bucket,

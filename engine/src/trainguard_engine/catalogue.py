@@ -9,7 +9,7 @@ Three things live here, all pure data plus small lookups (no I/O, stdlib only):
    detectors (issue 4) and are here so titles, checklists and the README table have one source.
 2. The decision path for a process that ended (:data:`EXIT_RULES`, :func:`classify_exit`) and the
    exception-type rules (:data:`EXCEPTION_RULES`). The error-text classifier that uses them is
-   :mod:`trainguard.core.classify`; :func:`classify_exception` here is its ``(category, subtype)``.
+   :mod:`trainguard_engine.classify`; :func:`classify_exception` here is its ``(category, subtype)``.
 3. :class:`DetectionSettings` -- every threshold and state bound of the pipeline with its documented
    default; :meth:`DetectionSettings.from_overrides` validates per-project overrides.
 
@@ -565,14 +565,14 @@ EXCEPTION_RULES: Tuple[ExceptionRule, ...] = (
                   confidence=0.6),
     ExceptionRule("memory", "cuda-error", ("torch.AcceleratorError", "AcceleratorError"), confidence=0.6),
 )
-"""Exception-type rules, first match wins. The classifier (:mod:`trainguard.core.classify`) applies them
+"""Exception-type rules, first match wins. The classifier (:mod:`trainguard_engine.classify`) applies them
 only when no text rule matched the message: a ``DistNetworkError`` saying "Failed to recv, got 0 bytes"
 mid-training is a lost peer, not a rendezvous failure."""
 
 
 def classify_exception(exc_type: str, message: str) -> Tuple[str, str]:
     """``(category, subtype)`` of an exception by the error-text classifier
-    (:func:`trainguard.core.classify.classify_exception`); ``("process", "exception")`` when nothing more
+    (:func:`trainguard_engine.classify.classify_exception`); ``("process", "exception")`` when nothing more
     specific matches."""
     from .classify import classify_exception as classify  # classify imports this module
 

@@ -2,7 +2,7 @@
 
 **Stalled** (``progress/stalled``), on every heartbeat of a rank that has not exited: the rank is stalled
 when ``heartbeat time - last progress`` exceeds
-:meth:`~trainguard.core.catalogue.DetectionSettings.stall_threshold_s` of the run's step time (its
+:meth:`~trainguard_engine.catalogue.DetectionSettings.stall_threshold_s` of the run's step time (its
 slowest rank's; the SDK's own measurement when it sends one). "Last progress" is the later of the event
 time at which the rank's step last advanced and the SDK's ``last_step_time_unix_nano``; before any
 progress, the rank's start. Only heartbeats can say a rank is alive, so only heartbeats open a stall, and
@@ -12,7 +12,7 @@ last step that completed; the rank is stuck in the one after). Each heartbeat re
 evidence (how long, against which threshold). A rank leaves the stall when it progresses again or exits;
 the incident resolves when no rank is left -- unless a rank left it by a non-zero exit or a signal (a hung
 job killed by a person, a time limit or a watchdog): then the hang is why the run failed and the incident
-stays open, with the termination as evidence (see :mod:`trainguard.core.correlate`).
+stays open, with the termination as evidence (see :mod:`trainguard_engine.correlate`).
 
 **Lost** (``progress/lost``), from :func:`check_lost`, which the pipeline's ``advance(now_ns)`` calls
 with the processor's clock: a run that has not ended (some rank never sent an EXIT) and sent no event at

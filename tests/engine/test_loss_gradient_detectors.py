@@ -16,14 +16,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from trainguard.core import robust
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.detectors.gradient import STATE_KEY, layer_ratio
 from trainguard.core.events import from_wire_float
-from trainguard.core.pipeline import Pipeline
-from trainguard.core.records import Incident
+from trainguard_engine import robust
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.detectors.gradient import STATE_KEY, layer_ratio
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.records import Incident
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios" / "streams"
 FIXTURES = ROOT / "fixtures" / "streams"
 HEALTHY = ("healthy_mlp", "healthy_lm", "healthy_cnn")

@@ -1,7 +1,7 @@
 """Detectors: pure functions from (run state, one observation, settings) to findings.
 
-Each module owns one family of the catalogue and returns :class:`~trainguard.core.incidents.Finding`
-objects (or resolves incidents whose condition cleared); :mod:`trainguard.core.pipeline` calls them in a
+Each module owns one family of the catalogue and returns :class:`~trainguard_engine.incidents.Finding`
+objects (or resolves incidents whose condition cleared); :mod:`trainguard_engine.pipeline` calls them in a
 fixed order. First version (issue 3): :mod:`.loss` (non-finite loss, told apart from a gradient explosion),
 :mod:`.process` (uncaught exceptions and the exit-code decision path) and :mod:`.progress` (stalled and
 lost runs). The helpers below format numbers and evidence windows the same way everywhere.
@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List
 
-from ..events import wire_float
+from trainguard.core.events import wire_float
+
 from ..state import RankState
 
 

@@ -11,12 +11,12 @@ from typing import Any, Dict, List, Sequence, Tuple
 import pytest
 
 from tests.scenarios.corpus import BY_NAME, SCENARIOS
-from trainguard.core.catalogue import DetectionSettings, kind
-from trainguard.core.classify import classify_chain
-from trainguard.core.diagnosis import PRIORS, hypotheses
 from trainguard.core.events import from_wire_float
-from trainguard.core.pipeline import Pipeline
-from trainguard.core.records import Incident
+from trainguard_engine.catalogue import DetectionSettings, kind
+from trainguard_engine.classify import classify_chain
+from trainguard_engine.diagnosis import PRIORS, hypotheses
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.records import Incident
 
 Event = Dict[str, Any]
 
@@ -111,7 +111,7 @@ def test_oom_hypotheses_follow_the_parsed_message() -> None:
 
 
 def test_without_evidence_for_a_cause_the_catalogue_order_is_the_ranking() -> None:
-    from trainguard.core.diagnosis import Facts
+    from trainguard_engine.diagnosis import Facts
 
     ranked = hypotheses("gradient", "vanishing", Facts())
     causes = kind("gradient", "vanishing").causes
@@ -121,7 +121,7 @@ def test_without_evidence_for_a_cause_the_catalogue_order_is_the_ranking() -> No
 
 
 def test_a_single_process_stall_does_not_blame_a_collective() -> None:
-    from trainguard.core.diagnosis import Facts
+    from trainguard_engine.diagnosis import Facts
 
     ranked = hypotheses("progress", "stalled", Facts(world_size=1))
     assert not ranked[0]["cause"].startswith("a collective waiting")

@@ -2,7 +2,7 @@
 
 Pure and streaming. Per-rank state lives in ``RankState.detectors["mem"]`` (plain JSON, bounded by the
 ``*_MAX_*`` constants below). Thresholds are read with ``getattr(settings, name, DEFAULT)`` so the module
-works before the fields exist in :class:`~trainguard.core.catalogue.DetectionSettings`; the defaults are
+works before the fields exist in :class:`~trainguard_engine.catalogue.DetectionSettings`; the defaults are
 the module constants documented here.
 
 * **memory/fragmentation** (:func:`on_memory`, and :func:`on_metrics` for ``mem/fragmentation`` when the

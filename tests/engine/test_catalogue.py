@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple
 
 import pytest
 
-from trainguard.core.catalogue import (
+from trainguard_engine.catalogue import (
     EXIT_RULES,
     KINDS,
     LAYERS,
@@ -21,7 +21,7 @@ from trainguard.core.catalogue import (
     settings_table,
 )
 
-TRACEBACKS = Path(__file__).resolve().parents[2] / "fixtures" / "tracebacks"
+TRACEBACKS = Path(__file__).resolve().parents[1] / "fixtures" / "tracebacks"
 
 DESIGN_ROWS = (
     "loss/oscillation", "loss/rise-after-fall", "loss/plateau", "gradient/explosion", "gradient/vanishing",
@@ -40,7 +40,7 @@ def test_every_design_row_is_in_the_catalogue_and_every_kind_is_detected() -> No
 def test_detector_module_defaults_are_the_settings_defaults(module: str) -> None:
     """Detector modules keep their defaults as constants named after the setting (``leak_window`` ->
     ``LEAK_WINDOW``) for documentation; they must not drift from DetectionSettings, which is what runs."""
-    mod = importlib.import_module(f"trainguard.core.detectors.{module}")
+    mod = importlib.import_module(f"trainguard_engine.detectors.{module}")
     defaults = DetectionSettings()
     compared = 0
     for f in dataclasses.fields(DetectionSettings):

@@ -17,15 +17,15 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from tests.scenarios.corpus import BY_NAME, SCENARIOS
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.detectors import memory
-from trainguard.core.extract import batch_points, payload
-from trainguard.core.incidents import Finding
-from trainguard.core.pipeline import Pipeline
-from trainguard.core.robust import mann_kendall, theil_sen
-from trainguard.core.state import RunState
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.detectors import memory
+from trainguard_engine.extract import batch_points, payload
+from trainguard_engine.incidents import Finding
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.robust import mann_kendall, theil_sen
+from trainguard_engine.state import RunState
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "tests" / "scenarios" / "streams_gpu"
 FIXTURES = sorted((ROOT / "tests" / "fixtures" / "streams").glob("*.jsonl"))
 DEFAULTS = DetectionSettings()

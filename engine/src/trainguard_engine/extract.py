@@ -12,8 +12,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, List, Optional, Tuple
 
+from trainguard.core.events import from_wire_float, payload_kind
+
 from .catalogue import SIGNAL_NAMES
-from .events import from_wire_float, payload_kind
 
 MetricTuple = Tuple[str, int, float]
 

@@ -1,4 +1,4 @@
-"""The error-text classifier (trainguard.core.classify) on real captured texts, and its wiring into the
+"""The error-text classifier (trainguard_engine.classify) on real captured texts, and its wiring into the
 pipeline (detectors/process.py): exceptions and log records whose text is comm/* or memory/* open an
 incident of that kind with the parsed facts.
 
@@ -34,10 +34,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from trainguard.core import classify as classify_mod
-from trainguard.core import pipeline as pipeline_mod
-from trainguard.core.catalogue import KINDS, DetectionSettings, kind
-from trainguard.core.classify import (
+from trainguard.core.tracebacks import parse_traceback_text
+from trainguard_engine import classify as classify_mod
+from trainguard_engine import pipeline as pipeline_mod
+from trainguard_engine.catalogue import KINDS, DetectionSettings, kind
+from trainguard_engine.classify import (
     RULES,
     Classification,
     classify_chain,
@@ -46,13 +47,12 @@ from trainguard.core.classify import (
     format_size,
     parse_size,
 )
-from trainguard.core.detectors import process
-from trainguard.core.incidents import apply
-from trainguard.core.pipeline import Pipeline
-from trainguard.core.state import RunState
-from trainguard.core.tracebacks import parse_traceback_text
+from trainguard_engine.detectors import process
+from trainguard_engine.incidents import apply
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.state import RunState
 
-TRACEBACKS = Path(__file__).resolve().parents[2] / "fixtures" / "tracebacks"
+TRACEBACKS = Path(__file__).resolve().parents[1] / "fixtures" / "tracebacks"
 GiB, MiB = 1024**3, 1024**2
 
 

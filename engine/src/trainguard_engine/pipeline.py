@@ -22,7 +22,7 @@
   emits nothing.
 * *Snapshots*: :meth:`snapshot` → :meth:`restore` → continue gives exactly the outputs of running straight
   through (the digests of the records last emitted are part of the state).
-* *Bounded*: every collection is capped by a setting (see :mod:`trainguard.core.state`); ended runs are
+* *Bounded*: every collection is capped by a setting (see :mod:`trainguard_engine.state`); ended runs are
   evicted ``ended_run_ttl_s`` after their last event, others after ``idle_run_ttl_s``; at most
   ``max_runs`` runs and ``max_clusters`` clusters are kept (these two and ``evicted_runs_remembered`` are
   read from the pipeline's default settings; everything else from the event's project's settings).

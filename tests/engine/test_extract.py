@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from trainguard.core.extract import (
+from trainguard_engine.extract import (
     as_int,
     is_raw_context,
     metric_points,
@@ -19,7 +19,7 @@ from trainguard.core.extract import (
     recent_points,
 )
 
-STREAMS = Path(__file__).resolve().parents[2] / "fixtures" / "streams"
+STREAMS = Path(__file__).resolve().parents[1] / "fixtures" / "streams"
 NAMES = ("healthy", "diverging", "crashing", "stalling", "crashing_2rank")
 
 

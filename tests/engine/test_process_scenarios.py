@@ -10,9 +10,9 @@ import re
 from typing import Any, Dict, List, Sequence, Tuple
 
 from tests.scenarios.corpus import BY_NAME
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.pipeline import Pipeline
-from trainguard.core.records import Incident, RunRecord
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.records import Incident, RunRecord
 
 Event = Dict[str, Any]
 

@@ -20,7 +20,7 @@
   traceback). Facts of the enriching rules (:data:`ENRICHING_RULES`: desync report, PG status, flight
   recorder stack, monitored barrier) of the same category are merged in; the names of the other rules
   that matched are in ``also``. Exceptions are read as Python prints them, ``"Type: message"``.
-* ``category``/``subtype`` are always a row of :data:`trainguard.core.catalogue.KINDS`. Model-side errors
+* ``category``/``subtype`` are always a row of :data:`trainguard_engine.catalogue.KINDS`. Model-side errors
   (shape / device / index) stay ``process/exception``: they are ordinary Python exceptions whose triage is
   the traceback; the ``rule`` (``model.shape-mismatch`` ...) and ``facts`` say which, and the incident
   summary carries the specific advice. An index error *on CUDA* surfaces as a device-side assert and is
@@ -79,7 +79,7 @@
 ``torchrun.worker-failed``         ``failed (exitcode: N) local_rank: ...`` → by the exit decision path
 ``python.fatal-error``             ``Fatal Python error: Aborted|Segmentation fault|...`` → by the exit
                                    decision path for that signal
-``type:<name>``                    (with ``exc_type``) :data:`~trainguard.core.catalogue.EXCEPTION_RULES`
+``type:<name>``                    (with ``exc_type``) :data:`~trainguard_engine.catalogue.EXCEPTION_RULES`
 ``python.exception``               any other printed Python traceback → process/exception
 =================================  =====================================================================
 
@@ -96,8 +96,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from trainguard.core.tracebacks import parse_traceback_text
+
 from .catalogue import EXCEPTION_RULES, SIGNAL_NAMES, classify_exit
-from .tracebacks import parse_traceback_text
 
 MAX_TEXT_CHARS = 2_000_000
 """Characters of one text that are read: the first :data:`HEAD_CHARS` and the last ones."""
@@ -1590,7 +1591,7 @@ _TYPE_RULES = tuple((rule, re.compile(rule.pattern, re.IGNORECASE) if rule.patte
 
 
 def _by_type(exc_type: str, message: str) -> Optional[Classification]:
-    """The first :data:`~trainguard.core.catalogue.EXCEPTION_RULES` row naming ``exc_type`` (qualified or
+    """The first :data:`~trainguard_engine.catalogue.EXCEPTION_RULES` row naming ``exc_type`` (qualified or
     bare) or whose pattern matches the message's first 4096 characters."""
     bare = _bare(exc_type)
     for rule, pattern in _TYPE_RULES:

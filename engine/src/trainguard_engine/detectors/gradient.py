@@ -51,9 +51,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from trainguard.core.events import from_wire_float, wire_float
+
 from .. import robust
 from ..catalogue import DetectionSettings
-from ..events import from_wire_float, wire_float
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
@@ -193,7 +194,7 @@ def lr_span(rank: RankState, lo: int, hi: int) -> str:
 def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
                event_id: str, settings: DetectionSettings) -> List[Finding]:
     """Findings of the gradient detectors for one metric batch of ``rank`` (already in its history, and
-    after :func:`trainguard.core.detectors.loss.on_metrics` judged any non-finite loss in it)."""
+    after :func:`trainguard_engine.detectors.loss.on_metrics` judged any non-finite loss in it)."""
     tuned = settings
     state = rank_state(rank)
     out: List[Finding] = []

@@ -25,11 +25,11 @@ from typing import Any, Dict, List, Sequence, Tuple
 import pytest
 
 from tests.scenarios.corpus import BY_NAME, STREAMS_DIST, Scenario, of_source
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.classify import classify_exception, classify_text
 from trainguard.core.events import from_wire_float
-from trainguard.core.pipeline import Pipeline
-from trainguard.core.records import Incident
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.classify import classify_exception, classify_text
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.records import Incident
 
 Event = Dict[str, Any]
 

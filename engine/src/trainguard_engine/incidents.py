@@ -1,6 +1,6 @@
 """Incident lifecycle: fold detector findings into a run's incidents, and resolve them.
 
-A detector never builds an :class:`~trainguard.core.records.Incident`; it returns a :class:`Finding`
+A detector never builds an :class:`~trainguard_engine.records.Incident`; it returns a :class:`Finding`
 ("this kind, in this slot of the run, on this rank, at this step, because of this evidence") and
 :func:`apply` does the bookkeeping every kind shares:
 

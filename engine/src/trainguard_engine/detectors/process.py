@@ -1,6 +1,6 @@
 """Exceptions, error text in logs, and the exit-code decision path (DESIGN §4, seed 000 §3.5).
 
-Everything here goes through the error-text classifier (:mod:`trainguard.core.classify`):
+Everything here goes through the error-text classifier (:mod:`trainguard_engine.classify`):
 
 * An **uncaught exception** (``handled`` false; handled ones too with ``incident_on_handled_exceptions``)
   is classified from its type and message (and, when that says only "a Python exception", from its
@@ -33,7 +33,7 @@ Everything here goes through the error-text classifier (:mod:`trainguard.core.cl
   incident (``exception.fatal``), not an ``oom-or-cuda-error`` of its own.
 
 * The incident a rank's error text opened is the one its exit explains (``RankState.exc_key``). A non-zero
-  **exit** goes through :func:`~trainguard.core.catalogue.classify_exit`. When that incident exists and the
+  **exit** goes through :func:`~trainguard_engine.catalogue.classify_exit`. When that incident exists and the
   exit rule refines (exit 1; 134/135 and SIGABRT/SIGBUS: the abort after an NCCL watchdog timeout), names
   the same kind (KeyboardInterrupt then exit 130), or is a communication exit (255) after a communication
   error, the exit is evidence on that incident (a generic ``process/exception`` becomes
@@ -47,9 +47,10 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from trainguard.core.events import wire_float
+
 from ..catalogue import EXIT_REASON_MEANINGS, DetectionSettings, classify_exit
 from ..classify import Classification, classify_chain, classify_text
-from ..events import wire_float
 from ..extract import as_int, as_str, recent_points
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry

@@ -20,17 +20,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pytest
 
 from tests.scenarios import corpus
-from trainguard.core import robust
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.detectors import adapter, sequence
 from trainguard.core.events import from_wire_float
-from trainguard.core.extract import batch_points, payload
-from trainguard.core.incidents import Finding
-from trainguard.core.pipeline import Pipeline
-from trainguard.core.records import Incident
-from trainguard.core.state import RunState
+from trainguard_engine import robust
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.detectors import adapter, sequence
+from trainguard_engine.extract import batch_points, payload
+from trainguard_engine.incidents import Finding
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.records import Incident
+from trainguard_engine.state import RunState
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = sorted((ROOT / "fixtures" / "streams").glob("*.jsonl"))
 DEFAULTS = DetectionSettings()
 Event = Dict[str, Any]

@@ -2,7 +2,7 @@
 
 Everything the pipeline knows lives in these objects, so a snapshot (:mod:`json` of ``to_json()``) and a
 restore (``from_json``) give a pipeline that continues exactly as the original would have. Every
-collection is bounded by a :class:`~trainguard.core.catalogue.DetectionSettings` field (the bound is named
+collection is bounded by a :class:`~trainguard_engine.catalogue.DetectionSettings` field (the bound is named
 where the collection is declared). The elementary updates (a step observed, a metric point, a heartbeat)
 are methods here; deciding what they mean is the detectors' job. Pure.
 """
@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from trainguard.core.events import from_wire_float, wire_float
+
 from .catalogue import DetectionSettings
-from .events import from_wire_float, wire_float
 from .records import INCIDENT_RESOLVED, Cluster, Incident
 
 STEP_TIME_EWMA_ALPHA = 0.1
@@ -70,7 +71,7 @@ class RankState:
     # name -> (step, time_ns) of its first non-finite value (history names only)
     first_nonfinite: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     # detector family -> its streaming state for this rank: small, JSON-able (finite floats only), bounded
-    # by the family's own settings (see trainguard.core.detectors.gradient.rank_state)
+    # by the family's own settings (see trainguard_engine.detectors.gradient.rank_state)
     detectors: Dict[str, Any] = field(default_factory=dict)
 
     # --- elementary updates -----------------------------------------------------------------

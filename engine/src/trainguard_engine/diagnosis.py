@@ -33,8 +33,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from trainguard.core.events import wire_float
+
 from .catalogue import DetectionSettings, kind
-from .events import wire_float
 from .state import IncidentState, RankState, RunState, bounded_append
 
 STATE_KEY = "diag"

@@ -16,7 +16,7 @@ over the steps [L - explosion_window_steps, L):
 One incident per run (slot ``numeric``) merges all ranks; the rank whose signal came first leads;
 ``first_step`` is the first non-finite step of the evidence. A later rank whose evidence shows an explosion
 re-classifies a ``loss/non_finite`` incident (same id). If the incident was opened before the NaN (the
-climb rule of :func:`trainguard.core.detectors.gradient.check_climb`, or a NaN source with a finite
+climb rule of :func:`trainguard_engine.detectors.gradient.check_climb`, or a NaN source with a finite
 loss), the rank's first non-finite loss joins it as evidence and the title's loss value. Every further
 non-finite loss value counts as a signal.
 
@@ -52,9 +52,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from trainguard.core.events import wire_float
+
 from .. import robust
 from ..catalogue import DetectionSettings
-from ..events import wire_float
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState

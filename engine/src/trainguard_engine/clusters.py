@@ -12,9 +12,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Tuple
 
+from trainguard.core.fingerprint import (
+    FINGERPRINT_VERSION,
+    FrameInfo,
+    fingerprint,
+    is_library_path,
+    module_from_filename,
+)
+
 from .catalogue import DetectionSettings
 from .extract import as_int, as_str
-from .fingerprint import FINGERPRINT_VERSION, FrameInfo, fingerprint, is_library_path, module_from_filename
 from .records import Cluster
 from .state import ClusterState, cluster_key
 

@@ -12,10 +12,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from trainguard.core.catalogue import DetectionSettings, kind
 from trainguard.core.events import from_wire_float
-from trainguard.core.pipeline import Pipeline, PipelineOutput
-from trainguard.core.records import (
+from trainguard_engine.catalogue import DetectionSettings, kind
+from trainguard_engine.pipeline import Pipeline, PipelineOutput
+from trainguard_engine.records import (
     INCIDENT_OPEN,
     INCIDENT_RESOLVED,
     RUN_FAILED,
@@ -26,7 +26,7 @@ from trainguard.core.records import (
     Incident,
 )
 
-STREAMS = Path(__file__).resolve().parents[2] / "fixtures" / "streams"
+STREAMS = Path(__file__).resolve().parents[1] / "fixtures" / "streams"
 NAMES = ("healthy", "diverging", "crashing", "stalling", "crashing_2rank")
 DEMO = DetectionSettings(stall_min_s=2.0)  # the demo's setting: a stall is a few seconds
 

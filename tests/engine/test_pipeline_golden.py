@@ -8,7 +8,7 @@ hold (the last upsert of each, in key order). ``golden/pipeline_digests.json`` h
 before the engine was restructured, next to each run's incident kinds for a readable diff. A refactor
 must keep every digest; a *deliberate* detection change regenerates the file (and says so in its commit):
 
-    .venv/bin/python -m tests.sdk.core.test_pipeline_golden --update
+    .venv/bin/python -m tests.engine.test_pipeline_golden --update
 
 Each stream is processed twice -- in records of 50 envelopes (what the gateway publishes) and in one
 call -- and both must give the same records: how a runtime batches events is not a detection input.
@@ -26,10 +26,10 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import pytest
 
+from tests.engine.test_pipeline import DEMO, NAMES, load
 from tests.scenarios.corpus import SCENARIOS
-from tests.sdk.core.test_pipeline import DEMO, NAMES, load
-from trainguard.core.catalogue import DetectionSettings
-from trainguard.core.pipeline import Pipeline, PipelineOutput
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.pipeline import Pipeline, PipelineOutput
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "pipeline_digests.json"
 CORPUS = DetectionSettings.from_overrides({"stall_min_s": 5.0})  # the corpus's stall floor
@@ -135,5 +135,5 @@ def update() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
-        raise SystemExit("usage: python -m tests.sdk.core.test_pipeline_golden --update")
+        raise SystemExit("usage: python -m tests.engine.test_pipeline_golden --update")
     update()
