@@ -1,12 +1,16 @@
-"""The classification catalogue as data, the exit-code decision path, and every detection threshold.
+"""The classification catalogue, the exit-code decision path, and every detection threshold.
 
-Three things live here, all pure data plus small lookups (no I/O, stdlib only):
+The catalogue is data: ``data/catalogue.toml`` in this package (its header documents every field), read
+and validated once when this module is imported -- a malformed entry is a :class:`CatalogueError` naming
+the entry and the field. Adding an incident kind is one ``[[kinds]]`` entry there (plus the detector or
+classifier rule that opens it). What is here:
 
 1. :data:`KINDS` -- every incident kind of DESIGN §4 (and of the seeds in ``/shared/seeds``): category,
-   subtype, severity, a title template, what it means, the likely root causes, and "what to check first",
-   ordered **hardware → framework → model** (cheapest first; hardware checks rule out ~30% of cases).
-   ``detected`` says whether this version of the pipeline raises it; the others are waiting for their
-   detectors (issue 4) and are here so titles, checklists and the README table have one source.
+   subtype, severity, a title template, what it means, the likely root causes (each with an id that
+   :mod:`trainguard_engine.diagnosis` rules name), "what to check first", ordered **hardware → framework
+   → model** (cheapest first; hardware checks rule out ~30% of cases), its roles in cross-rank
+   correlation (:data:`ROLES`, :func:`kinds_with_role`) and its row of the README's table
+   (:func:`readme_table`, written by ``tools/catalogue_table.py``).
 2. The decision path for a process that ended (:data:`EXIT_RULES`, :func:`classify_exit`) and the
    exception-type rules (:data:`EXCEPTION_RULES`). The error-text classifier that uses them is
    :mod:`trainguard_engine.classify`; :func:`classify_exception` here is its ``(category, subtype)``.
@@ -20,8 +24,16 @@ Subtype names: the DESIGN's hyphenated names (``rise-after-fall``, ``oom-or-cuda
 from __future__ import annotations
 
 import difflib
+import re
+import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from importlib import resources
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the engine's dependency on older interpreters
+    import tomli as tomllib  # type: ignore[import-not-found,no-redef]
 
 # ----------------------------------------------------------------------------------------------------
 # Incident kinds
@@ -65,10 +77,24 @@ class IncidentKind:
     causes: Tuple[str, ...]
     checks: Tuple[Check, ...]
     detected: bool = False
+    cause_ids: Tuple[str, ...] = ()          # the id of each cause, same order
+    extra_causes: Tuple[Tuple[str, str], ...] = ()  # (id, text): causes only a diagnosis rule brings in
+    roles: Tuple[str, ...] = ()              # cross-rank correlation roles (ROLES)
+    numeric_strength: int = 0                # the numeric slot: a finding re-classifies only upwards
+    row: str = ""                            # README table: kinds with one row id share a line
+    fires_when: str = ""                     # README table: when it fires (on the row's first kind)
+    settings: Tuple[str, ...] = ()           # README table: DetectionSettings fields whose defaults it shows
 
     @property
     def name(self) -> str:
         return f"{self.category}/{self.subtype}"
+
+    def cause_text(self, cause_id: str) -> str:
+        """The text of one of this kind's causes (or extra causes) by id; KeyError otherwise."""
+        for cid, text in (*zip(self.cause_ids, self.causes), *self.extra_causes):
+            if cid == cause_id:
+                return text
+        raise KeyError(f"{self.name} has no cause {cause_id!r}")
 
     def checklist(self) -> List[str]:
         """The checks as strings (``"framework: ..."``), cheapest layer first."""
@@ -87,346 +113,139 @@ class _Defaulting(dict):  # type: ignore[type-arg]
         return "?"
 
 
-def _hw(text: str) -> Check:
-    return Check("hardware", text)
+ROLES = ("cause", "consequence", "peer-failure", "comm-failure", "numeric")
+"""A kind's parts in cross-rank correlation (:mod:`trainguard_engine.correlate`): ``cause`` -- it makes
+the collectives of the other ranks fail; ``consequence`` -- the other ranks' view of a failure elsewhere;
+``peer-failure`` -- a silent rank can explain it; ``comm-failure`` -- a communication failure;
+``numeric`` -- it holds the run's numeric slot (one incident for NaN losses and exploding gradients)."""
+
+DATA_FILE = "data/catalogue.toml"
+"""The catalogue's data (kinds, shared checks, the exit decision path, exit reasons, signal names,
+exception rules), inside this package; its header documents every field."""
 
 
-def _fw(text: str) -> Check:
-    return Check("framework", text)
+class CatalogueError(ValueError):
+    """The catalogue's data file is malformed: names the entry and the field."""
 
 
-def _model(text: str) -> Check:
-    return Check("model", text)
+def _read_data() -> Dict[str, Any]:
+    raw = resources.files("trainguard_engine").joinpath(DATA_FILE).read_bytes()
+    try:
+        data: Dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise CatalogueError(f"{DATA_FILE}: {exc}") from None
+    return data
 
 
-_HW_GPU = _hw("GPU health: `nvidia-smi -q` temperatures, clocks, ECC/Xid errors in `dmesg`; swap the node "
-              "if errors repeat")
-_HW_NET = _hw("interconnect: `nvidia-smi topo -m` (NVLink present and up), `ethtool <nic>` link speed and "
-              "errors, InfiniBand port state")
-_FW_NCCL = _fw("NCCL: rerun with `NCCL_DEBUG=INFO` (and `TORCH_NCCL_ASYNC_ERROR_HANDLING=1`); check "
-               "NCCL_SOCKET_IFNAME / NCCL_IB_* settings and the NCCL/driver versions match on every node")
-_FW_DATA = _fw("data pipeline: DataLoader workers alive, no blocked filesystem (NFS/object store) read, "
-               "no deadlock in a collate_fn or sampler")
+def _table(where: str, value: Any, required: Mapping[str, Any],
+           optional: Mapping[str, Any]) -> Dict[str, Any]:
+    """``value`` checked to be a table with the ``required`` keys and no others than ``optional`` ones,
+    each of its type (a type or a tuple of types)."""
+    if not isinstance(value, dict):
+        raise CatalogueError(f"{DATA_FILE}: {where}: expected a table, got {type(value).__name__}")
+    for key in required:
+        if key not in value:
+            raise CatalogueError(f"{DATA_FILE}: {where}: missing field {key!r}")
+    for key, item in value.items():
+        want = required.get(key, optional.get(key))
+        if want is None:
+            known = ", ".join([*required, *optional])
+            raise CatalogueError(f"{DATA_FILE}: {where}: unknown field {key!r} (known: {known})")
+        if not isinstance(item, want) or (isinstance(item, bool) and bool not in _as_tuple(want)):
+            raise CatalogueError(f"{DATA_FILE}: {where}: field {key!r} must be {_type_names(want)}, "
+                                 f"got {type(item).__name__}")
+    return value
 
-_KIND_LIST: Tuple[IncidentKind, ...] = (
-    # --- loss ---------------------------------------------------------------------------------------
-    IncidentKind(
-        "loss", "non_finite", "error", "Loss became {value} at step {step}",
-        "The training loss is NaN or Inf; the weights are most likely corrupted from here on.",
-        "a non-finite value of a loss metric (the SDK alerts at once with the recent history)",
-        ("numerical instability: log(0), division by zero, sqrt of a negative, overflow in fp16",
-         "a bad sample or label in the batch", "learning rate too high for the current phase"),
-        (_fw("mixed precision: fp16 without a GradScaler, or a loss computed in fp16 (compute it in fp32)"),
-         _fw("rerun the failing steps with `torch.autograd.set_detect_anomaly(True)` to find the op that "
-             "produced the first NaN"),
-         _model("the loss: log/div/sqrt of values that can reach 0 or below (add an epsilon, clamp)"),
-         _model("the batch at the first non-finite step: NaN/Inf or extreme values in inputs and labels")),
-        detected=True),
-    IncidentKind(
-        "loss", "oscillation", "warning", "Loss oscillating without a downward trend since step {step}",
-        "The loss swings violently at a high level and does not trend down.",
-        "large swings (robust spread of the loss over a window) with no downward trend",
-        ("learning rate too high", "batch size and learning rate mismatched", "label noise"),
-        (_fw("data order: shuffling on, no sampler repeating a few batches, labels aligned with inputs"),
-         _model("learning rate: lower it (or lengthen warmup); scale it with the batch size"),
-         _model("label noise: spot-check labels of the batches with the largest loss")),
-        detected=True),
-    IncidentKind(
-        "loss", "rise-after-fall", "warning", "Loss rising again since step {step}",
-        "The loss fell normally, then turned and keeps rising.",
-        "a change point from a falling to a rising trend",
-        ("warmup peak learning rate too high", "schedule bug (LR increasing instead of decaying)",
-         "overfitting noisy samples"),
-        (_fw("LR schedule: plot the logged LR around the turning step; check the scheduler is stepped once "
-             "per optimizer step"),
-         _model("peak LR after warmup: lower it"),
-         _model("validation loss: if it diverges from the training loss, regularise or stop earlier")),
-        detected=True),
-    IncidentKind(
-        "loss", "plateau", "warning", "Loss flat since step {step}",
-        "The loss stays at one level for a long window, neither falling nor rising.",
-        "flat loss over a long window; gradient statistics tell capacity from optimisation problems",
-        ("sparse gradients: too few effective updates", "saturated activations (sigmoid/tanh)",
-         "optimizer momentum mis-set", "model capacity too small"),
-        (_fw("optimizer: parameters actually registered, LR not zero, momentum/betas sane"),
-         _model("gradient norms per layer: tiny everywhere means optimisation is stuck, healthy norms mean "
-                "capacity"),
-         _model("activations: saturation of sigmoid/tanh layers; normalisation layers present")),
-        detected=True),
-    # --- gradient -----------------------------------------------------------------------------------
-    IncidentKind(
-        "gradient", "explosion", "error", "Gradient explosion: {detail}; loss became {value} at step {step}",
-        "The gradient norm blew up and the loss followed into NaN/Inf: a numerical explosion, not a loss "
-        "or communication problem (a NaN in one rank's gradients spreads to all ranks through AllReduce).",
-        "loss NaN/Inf after grad-norm climbing (jump >= 4.5-6x its running median) or already non-finite; "
-        "clip triggered on > 30% of steps; per-layer norm > 10",
-        ("an outlier sample (z-score > 10) repeated in the data", "learning rate too high / schedule bug",
-         "gradient clipping too loose, or global clipping hiding one exploding layer"),
-        (_fw("AMP: with fp16 use a GradScaler; check the scale is not collapsing"),
-         _fw("data loader: filter outlier samples (z-score > 10) and check no sample is over-sampled"),
-         _model("learning rate and schedule around the climb: the LR logged at the first climbing steps"),
-         _model("clipping: clip by global norm (or per layer if one layer explodes); lower max_norm"),
-         _model("the layers whose gradient norm climbs first (per-layer norms)")),
-        detected=True),
-    IncidentKind(
-        "gradient", "vanishing", "warning", "Vanishing gradients in the first layers since step {step}",
-        "Shallow layers barely update: their gradient norms are orders of magnitude below the deep ones.",
-        "first third of layers' grad norm >= 1000x smaller than the last third",
-        ("deep stack without residuals/normalisation", "saturating activations", "bad initialisation"),
-        (_fw("mixed precision: bf16/fp16 underflow of small gradients (check the GradScaler scale)"),
-         _model("initialisation and normalisation layers of the first blocks"),
-         _model("activations: replace saturating sigmoid/tanh, add residual connections")),
-        detected=True),
-    IncidentKind(
-        "gradient", "clip-stale", "warning", "Gradient clipping is eating the update since step {step}",
-        "The gradient norm sits at the clip threshold and the loss curve is flat: clipping removes the "
-        "useful part of every update.",
-        "mean grad norm of the last 5 steps > 0.98 x clip threshold and loss curvature < 1e-5; "
-        "adaptive threshold: onset tau <- min(1.2 tau, 10), stale tau <- tau (1 + 0.05 stale_count)",
-        ("clip threshold too low for this model/phase", "learning rate too high, so every step clips"),
-        (_fw("confirm which clipping is applied (global vs per layer, before/after unscaling with AMP)"),
-         _model("raise the clip threshold (the recommended adaptive value is in the evidence)"),
-         _model("lower the learning rate if almost every step clips")),
-        detected=True),
-    IncidentKind(
-        "gradient", "nan-source", "error", "First non-finite gradient in {detail} at step {step}",
-        "Where the first NaN/Inf appeared: the layer and step, before it spread.",
-        "first non-finite tensor and its layer; log(0), division by zero, a bad sample (z-score > 10)",
-        ("log(0) / division by zero in the loss or a custom layer", "a bad sample"),
-        (_fw("rerun the step with `torch.autograd.set_detect_anomaly(True)`"),
-         _model("the named layer's forward: eps in norms/softmax, clamps before log/sqrt/div"),
-         _model("the batch at that step: NaN/Inf or extreme values")),
-        detected=True),
-    # --- memory -------------------------------------------------------------------------------------
-    IncidentKind(
-        "memory", "oom", "error", "{detail}",
-        "The CUDA caching allocator could not allocate: the process ran out of device memory.",
-        '"CUDA out of memory" (torch.OutOfMemoryError; current and older message formats, amounts '
-        'parsed); "CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED; memory_summary and memory_stats '
-        'at the error',
-        ("activations too large: batch size or sequence length beyond plan, checkpointing off",
-         "optimizer state larger than expected (e.g. Adam states in fp32)",
-         "fragmentation: enough free memory in total but no block large enough",
-         "another process on the same GPU"),
-        (_hw("`nvidia-smi`: no other process holding memory on this GPU; the GPU has the capacity you "
-             "planned for"),
-         _fw("allocator: `torch.cuda.memory_summary()` at the error -- reserved >> allocated means "
-             "fragmentation (try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)"),
-         _fw("mixed precision and activation checkpointing enabled as planned"),
-         _model("batch size / sequence length of the failing step; optimizer choice and state dtype")),
-        detected=True),
-    IncidentKind(
-        "memory", "oom-or-cuda-error", "error", "Aborted ({detail}): out of memory or a CUDA error",
-        "The process aborted (SIGABRT/SIGBUS, exit 134/135): typically a CUDA OOM or a CUDA error "
-        "(device-side assert, illegal memory access) raised from C++.",
-        "exit code 134/135 or signal 6/7; refined to memory/oom when the exception says so",
-        ("CUDA out of memory in native code", "device-side assert (e.g. an index out of range in an "
-         "embedding or a loss target)", "illegal memory access in a custom kernel", "a driver fault"),
-        (_hw("`dmesg` for Xid errors and `nvidia-smi -q` for ECC errors on this GPU"),
-         _fw("stderr of the rank: 'CUDA out of memory' vs 'device-side assert' vs 'illegal memory access'; "
-             "rerun with `CUDA_LAUNCH_BLOCKING=1` to get the failing op"),
-         _model("indices: embedding ids < vocabulary size, class targets < number of classes")),
-        detected=True),
-    IncidentKind(
-        "memory", "cuda-error", "error", "{detail}",
-        "A CUDA error on the device: an illegal memory access, a device-side assertion, an ECC / Xid "
-        "hardware fault or a failed CUDA library call. Kernel errors are reported asynchronously: the Python "
-        "stack may point past the op that failed.",
-        '"CUDA error: ..." (illegal memory access, device-side assert triggered, uncorrectable ECC error, '
-        "...), a kernel's \"Assertion `...` failed\" line, NVRM Xid lines, CUBLAS/CUDNN_STATUS_*_FAILED, "
-        "ncclUnhandledCudaError",
-        ("an index out of range in a kernel (embedding ids, class targets): a device-side assert",
-         "an out-of-bounds access in a custom or fused kernel",
-         "a GPU hardware fault (ECC, Xid 48/79/94/95, fallen off the bus)",
-         "a PyTorch build without kernels for this GPU, or a driver older than its CUDA runtime"),
-        (_hw("`dmesg | grep -i xid` and `nvidia-smi -q -d ECC,PAGE_RETIREMENT` on this node: an Xid or "
-             "uncorrectable ECC error means drain the node"),
-         _fw("rerun the failing step with `CUDA_LAUNCH_BLOCKING=1` to find the op that failed "
-             "(`compute-sanitizer` for custom kernels)"),
-         _fw("driver, CUDA runtime and PyTorch build match the GPU (`torch.cuda.get_arch_list()`)"),
-         _model("indices: embedding ids < num_embeddings, class targets < number of classes, gather/scatter "
-                "indices in range")),
-        detected=True),
-    IncidentKind(
-        "memory", "fragmentation", "warning", "Allocator fragmentation {detail} since step {step}",
-        "Much memory is reserved but not active: free memory exists only in small blocks.",
-        "(reserved - active)/reserved: < 0.2 healthy, 0.2-0.5 mild, > 0.5 severe; early warning when "
-        "> 0.7 with std > 0.15 over 60 s; alloc rate > 5 GB/s with few large free blocks is level 2",
-        ("many differently sized allocations (dynamic shapes)", "caching allocator settings"),
-        (_fw("`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (or max_split_size_mb)"),
-         _model("pad dynamic shapes to a few bucket sizes")),
-        detected=True),
-    IncidentKind(
-        "memory", "leak", "warning", "Memory leak: {detail} since step {step}",
-        "Allocated device memory (or host RSS) grows across steps instead of staying flat.",
-        "allocated (or RSS) grows steadily across steps",
-        ("tensors kept alive with their graph (losses appended to a list without .item()/.detach())",
-         "autograd.grad results not detached", "a growing cache in user code"),
-        (_fw("DataLoader workers' RSS (copy-on-write of Python objects in large datasets)"),
-         _model("metrics accumulated as tensors: use `.item()` / `.detach()`"),
-         _model("caches and lists that grow per step")),
-        detected=True),
-    IncidentKind(
-        "memory", "amp-overflow", "warning", "AMP overflow: {detail} since step {step}",
-        "fp16 gradients overflow repeatedly and the GradScaler's scale keeps collapsing.",
-        "fp16 grads Inf/NaN with reserved > 90% of capacity; GradScaler scale collapsing repeatedly",
-        ("fp16 range exceeded by activations or gradients", "loss scale growth too aggressive"),
-        (_fw("switch to bf16 where the hardware supports it"),
-         _fw("GradScaler settings: growth_interval, init_scale"),
-         _model("layers with huge activations (attention logits, unnormalised outputs)")),
-        detected=True),
-    IncidentKind(
-        "memory", "context-leak", "warning", "Other processes hold {detail} on {device} since step {step}",
-        "Another process's CUDA context or device memory sits on this rank's GPU: usually what a previous "
-        "job left behind when it exited.",
-        "another CUDA context on the device (NVML): high; > 0.5% of capacity used by others: medium",
-        ("zombie processes (DataLoader workers, spawned children)", "driver not releasing the context"),
-        (_hw("`nvidia-smi` for leftover processes; reset the GPU if none is listed but memory is held"),
-         _fw("child processes terminated on exit (DataLoader workers, multiprocessing)")),
-        detected=True),
-    # --- communication ------------------------------------------------------------------------------
-    IncidentKind(
-        "comm", "failure", "error", "Communication failure ({detail})",
-        "A rank exited with code 255, the usual mark of an NCCL / communication failure.",
-        "exit code 255",
-        ("a peer rank died", "network fault between nodes", "NCCL misconfiguration"),
-        (_HW_NET, _HW_GPU, _FW_NCCL,
-         _fw("the other ranks' incidents: a crashed or killed rank explains its peers' failures")),
-        detected=True),
-    IncidentKind(
-        "comm", "init-failure", "error", "{detail}",
-        "Ranks could not connect to each other at start-up.",
-        "rendezvous cannot connect; TCPStore / DistNetworkError / DistStoreError timeouts (\"k/n clients "
-        "joined\"), client socket connect timeouts, port in use, NCCL bootstrap / socket connect failures",
-        ("MASTER_ADDR/MASTER_PORT wrong", "firewall", "nodes isolated from each other",
-         "a rank that never started (scheduler, image, crash before init)"),
-        (_hw("reachability: from each node `nc -zv $MASTER_ADDR $MASTER_PORT`"),
-         _fw("MASTER_ADDR / MASTER_PORT / WORLD_SIZE identical on every rank; the port is free"),
-         _fw("firewall / security groups between the nodes; NCCL_SOCKET_IFNAME names an interface every "
-             "node has"),
-         _fw("every rank started: the scheduler's view of the job and the missing ranks' own logs")),
-        detected=True),
-    IncidentKind(
-        "comm", "timeout", "error", "{detail}",
-        "A collective (AllReduce, AllGather, ...) waited past its timeout in the middle of training.",
-        "collective watchdog timeout mid-training (NCCL \"Watchdog caught collective operation timeout\", "
-        "gloo \"Timed out waiting ... for recv\", monitoredBarrier); name the lagging rank (desync report)",
-        ("a GPU dropped off the bus", "PCIe or network bandwidth degraded or contended",
-         "one rank slower or stuck (data loading, a different code path)"),
-        (_HW_GPU, _HW_NET, _FW_NCCL,
-         _model("code paths that differ per rank (a collective skipped under a rank-dependent `if`)")),
-        detected=True),
-    IncidentKind(
-        "comm", "mismatch", "error", "{detail}",
-        "Ranks called a collective with different shapes, dtypes or operations.",
-        '"Detected mismatch between collectives" (TORCH_DISTRIBUTED_DEBUG=DETAIL), gloo "Received data size '
-        'doesn\'t match expected size", ncclInvalidUsage / ncclInvalidArgument',
-        ("rank-dependent tensor shapes", "a collective skipped or reordered on some rank"),
-        (_fw("run with `TORCH_DISTRIBUTED_DEBUG=DETAIL` to get the mismatching calls"),
-         _model("shapes/dtypes of tensors passed to collectives on every rank; uneven last batches")),
-        detected=True),
-    IncidentKind(
-        "comm", "rank-lost", "error", "{detail}",
-        "A peer process died; the survivors' errors are consequences, not causes.",
-        "a peer process died (exit, kill, OOM) before the others' communication errors: gloo \"Connection "
-        "reset/closed by peer\", ncclRemoteError, the TCPStore server gone",
-        ("the lost rank's own failure (see its incident)", "node failure or preemption",
-         "a network partition between the nodes"),
-        (_hw("the lost rank's node: power, kernel log, OOM-killer"), _HW_NET,
-         _fw("the first failing rank's own incident: fix that, the rest follows")),
-        detected=True),
-    # --- sequence / adapter -------------------------------------------------------------------------
-    IncidentKind(
-        "sequence", "truncation", "warning", "Truncation without a consistent attention mask ({detail})",
-        "Sequences are truncated while padding is attended or EOS is cut off.",
-        "truncation without a consistent attention mask (padding attended), EOS cut off; loss offset vs "
-        "reference",
-        ("tokenizer truncation without regenerating the attention mask (mask built before truncation, or "
-         "for the other padding side)", "max_length too small", "labels not set to -100 on padding"),
-        (_fw("tokenizer call: truncation=True with return_attention_mask=True, padding side"),
-         _model("max sequence length vs the data's length distribution; EOS kept after truncation")),
-        detected=True),
-    IncidentKind(
-        "adapter", "lora-grad-break", "warning", "LoRA adapters not learning since step {step}",
-        "The LoRA A/B gradients are ~0 while the loss still moves: the adapters are cut off from the graph.",
-        "LoRA A/B grad mean < 1e-6 while the loss still moves",
-        ("reentrant gradient checkpointing over a frozen base: the checkpointed input does not require "
-         "grad, so no gradient reaches the adapters inside", "adapters not attached to the modules used in "
-         "forward", "requires_grad off on the adapters", "base model in a no_grad/inference context"),
-        (_fw("gradient checkpointing: `use_reentrant=False`, or `model.enable_input_require_grads()` with "
-             "a frozen embedding"),
-         _fw("peft: `print_trainable_parameters()`; target_modules match the model's module names"),
-         _model("the forward path actually goes through the adapted modules")),
-        detected=True),
-    # --- process (the decision path for a process that ended) ----------------------------------------
-    IncidentKind(
-        "process", "exception", "error", "Crashed: {detail}",
-        "A Python exception ended the process (exit code 1): read the traceback.",
-        "an uncaught exception; exit code 1",
-        ("a bug or a bad input at the failing line (see the traceback)",),
-        (_fw("the traceback's innermost in-app frame and the library call it made"),
-         _fw("library versions: the same code worked with which torch/transformers version?"),
-         _model("the inputs at the failing step: shapes, dtypes, devices")),
-        detected=True),
-    IncidentKind(
-        "process", "killed", "error", "Killed ({detail}): the OOM-killer or a preemption",
-        "SIGKILL (exit 137): the kernel OOM-killer (host memory) or the scheduler preempting or "
-        "evicting the job. The process had no chance to report anything.",
-        "exit code 137 or signal 9",
-        ("host memory exhausted (kernel OOM-killer; also cgroup/container memory limits)",
-         "preemption or eviction by the scheduler (spot instance, priority, node drain)"),
-        (_hw("`dmesg | grep -i -E 'killed process|out of memory'` on the node: OOM-killer or not"),
-         _fw("scheduler events: Kubernetes pod events (OOMKilled, Evicted, Preempting), SLURM "
-             "`sacct -j <job>`; container memory limit vs the process RSS"),
-         _fw("host memory: DataLoader workers x dataset copies, pinned memory"),
-         _model("anything that grows host memory per step (caches, metric lists)")),
-        detected=True),
-    IncidentKind(
-        "process", "terminated", "warning", "Terminated ({detail})",
-        "SIGTERM/SIGINT (exit 143/130): asked to stop from outside -- a person, the scheduler "
-        "(time limit, cancellation, preemption notice) or the launcher after another rank failed.",
-        "exit code 143 or signal 15; exit code 130 or signal 2",
-        ("job cancelled or time limit reached", "preemption notice", "the launcher stopping the "
-         "survivors after another rank failed"),
-        (_fw("scheduler: time limit, cancellation, preemption notice for this job"),
-         _fw("the other ranks' incidents: torchrun terminates the survivors when one rank fails")),
-        detected=True),
-    IncidentKind(
-        "process", "exit", "error", "Exited with {detail}",
-        "The process ended with a non-zero exit code outside the decision path's known codes.",
-        "any other non-zero exit code or signal",
-        ("`sys.exit(n)` in user code or a library", "a native crash (SIGSEGV: exit 139)"),
-        (_hw("`dmesg` for segfaults and hardware errors on the node"),
-         _fw("stderr of the rank; native crashes: rerun with `faulthandler` enabled "
-             "(`PYTHONFAULTHANDLER=1`)"),
-         _model("where user code calls sys.exit / os._exit with this code")),
-        detected=True),
-    # --- progress -----------------------------------------------------------------------------------
-    IncidentKind(
-        "progress", "stalled", "warning", "No progress for {stalled_for} after step {step}",
-        "The process is alive (heartbeats arrive) but training makes no progress: a communication hang, "
-        "a deadlock, or a blocked data pipeline.",
-        "alive (heartbeats) but the step has not advanced for longer than clamp(stall_factor x step "
-        "time, stall_min_s, stall_max_s)",
-        ("a collective waiting for a rank that is stuck or slower (communication hang)",
-         "a deadlock (DataLoader workers, locks, a collective skipped on one rank)",
-         "a blocked read (NFS, object store)"),
-        (_HW_NET, _FW_NCCL, _FW_DATA,
-         _fw("stacks of the stuck processes: `py-spy dump --pid <pid>` on every rank"),
-         _model("collectives under rank-dependent control flow")),
-        detected=True),
-    IncidentKind(
-        "progress", "lost", "error", "Silent for over {silent_for} (last seen at step {step})",
-        "Nothing arrives from a run that never reported an exit: the process (or its node) died "
-        "without a word, or its network path to TrainGuard is broken.",
-        "no event at all for longer than lost_after_s from a run that has not exited",
-        ("process killed with SIGKILL (OOM-killer, preemption): no exit event can be sent",
-         "node failure", "network partition between the job and TrainGuard"),
-        (_hw("the node: up, reachable, `dmesg` for the OOM-killer and hardware faults"),
-         _fw("the scheduler: job/pod state and events (OOMKilled, Evicted, NodeLost)"),
-         _fw("the SDK's spool directory on the node: events waiting for the network")),
-        detected=True),
-)
+
+def _as_tuple(want: Any) -> Tuple[type, ...]:
+    return want if isinstance(want, tuple) else (want,)
+
+
+def _type_names(want: Any) -> str:
+    return " or ".join(t.__name__ for t in _as_tuple(want))
+
+
+def _strings(where: str, items: List[Any]) -> Tuple[str, ...]:
+    if not all(isinstance(i, str) and i for i in items):
+        raise CatalogueError(f"{DATA_FILE}: {where}: expected non-empty strings")
+    return tuple(items)
+
+
+def _split_kind(where: str, name: str) -> Tuple[str, str]:
+    category, sep, subtype = name.partition("/")
+    if not (sep and category and subtype):
+        raise CatalogueError(f"{DATA_FILE}: {where}: kind must be 'category/subtype', got {name!r}")
+    return category, subtype
+
+
+def _check_of(where: str, item: Any, shared: Mapping[str, Check]) -> Check:
+    if isinstance(item, str):
+        if item not in shared:
+            raise CatalogueError(f"{DATA_FILE}: {where}: no shared check {item!r} (known: {sorted(shared)})")
+        return shared[item]
+    entry = _table(where, item, {"layer": str, "text": str}, {})
+    if entry["layer"] not in LAYERS:
+        raise CatalogueError(f"{DATA_FILE}: {where}: layer must be one of {LAYERS}, got {entry['layer']!r}")
+    return Check(entry["layer"], entry["text"])
+
+
+def _causes(where: str, items: List[Any]) -> Tuple[Tuple[str, str], ...]:
+    out = []
+    for i, item in enumerate(items):
+        entry = _table(f"{where}[{i}]", item, {"id": str, "text": str}, {})
+        out.append((entry["id"], entry["text"]))
+    return tuple(out)
+
+
+_KIND_FIELDS = {"kind": str, "severity": str, "title": str, "description": str, "signals": str,
+                "causes": list, "checks": list}
+_KIND_OPTIONAL = {"extra_causes": list, "roles": list, "numeric_strength": int, "detected": bool,
+                  "row": str, "fires_when": str, "settings": list}
+
+
+def _load_kinds(data: Mapping[str, Any]) -> Tuple[IncidentKind, ...]:
+    shared: Dict[str, Check] = {}
+    raw_checks = data.get("checks", {})
+    if not isinstance(raw_checks, dict):
+        raise CatalogueError(f"{DATA_FILE}: checks: expected a table")
+    for name, item in raw_checks.items():
+        shared[name] = _check_of(f"checks.{name}", item, {})
+    kinds: List[IncidentKind] = []
+    for i, raw in enumerate(data.get("kinds", [])):
+        where = f"kinds[{i}]"
+        entry = _table(where, raw, _KIND_FIELDS, _KIND_OPTIONAL)
+        where = f"kinds[{i}] ({entry['kind']})"
+        category, subtype = _split_kind(where, entry["kind"])
+        if entry["severity"] not in SEVERITIES:
+            raise CatalogueError(f"{DATA_FILE}: {where}: severity must be one of {SEVERITIES}")
+        causes = _causes(f"{where}.causes", entry["causes"])
+        extra = _causes(f"{where}.extra_causes", entry.get("extra_causes", []))
+        ids = [cid for cid, _t in (*causes, *extra)]
+        if len(set(ids)) != len(ids):
+            raise CatalogueError(f"{DATA_FILE}: {where}: cause ids repeat: {ids}")
+        roles = _strings(f"{where}.roles", entry.get("roles", []))
+        if not set(roles) <= set(ROLES):
+            raise CatalogueError(f"{DATA_FILE}: {where}: roles must be among {ROLES}, got {roles}")
+        checks = tuple(_check_of(f"{where}.checks[{j}]", c, shared) for j, c in enumerate(entry["checks"]))
+        order = [LAYERS.index(c.layer) for c in checks]
+        if order != sorted(order):
+            raise CatalogueError(f"{DATA_FILE}: {where}: checks must be ordered hardware -> framework -> "
+                                 f"model")
+        kinds.append(IncidentKind(
+            category, subtype, entry["severity"], entry["title"], entry["description"], entry["signals"],
+            tuple(t for _c, t in causes), checks, detected=entry.get("detected", True),
+            cause_ids=tuple(c for c, _t in causes), extra_causes=extra, roles=roles,
+            numeric_strength=entry.get("numeric_strength", 0), row=entry.get("row", ""),
+            fires_when=entry.get("fires_when", ""),
+            settings=_strings(f"{where}.settings", entry.get("settings", []))))
+    names = [k.name for k in kinds]
+    if len(set(names)) != len(names):
+        raise CatalogueError(f"{DATA_FILE}: kinds repeat: {sorted(n for n in names if names.count(n) > 1)}")
+    return tuple(kinds)
+
+
+_DATA = _read_data()
+_KIND_LIST: Tuple[IncidentKind, ...] = _load_kinds(_DATA)
 
 KINDS: Dict[str, IncidentKind] = {k.name: k for k in _KIND_LIST}
 """Every incident kind, keyed ``"category/subtype"``."""
@@ -440,25 +259,14 @@ def kind(category: str, subtype: str) -> IncidentKind:
         raise KeyError(f"unknown incident kind {category}/{subtype}; known: {sorted(KINDS)}") from None
 
 
-def _check_catalogue() -> None:
-    for k in _KIND_LIST:
-        if k.severity not in SEVERITIES:
-            raise AssertionError(f"{k.name}: severity {k.severity!r}")
-        order = [LAYERS.index(c.layer) for c in k.checks]
-        if order != sorted(order):
-            raise AssertionError(f"{k.name}: checks must be ordered hardware -> framework -> model")
-
-
-_check_catalogue()
+def kinds_with_role(role: str) -> Tuple[Tuple[str, str], ...]:
+    """``(category, subtype)`` of every kind with ``role`` (:data:`ROLES`), in catalogue order."""
+    if role not in ROLES:
+        raise KeyError(f"unknown role {role!r}; known: {ROLES}")
+    return tuple((k.category, k.subtype) for k in _KIND_LIST if role in k.roles)
 
 # ----------------------------------------------------------------------------------------------------
 # The decision path for a process that ended
-
-SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 5: "SIGTRAP", 6: "SIGABRT",
-                7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 10: "SIGUSR1", 11: "SIGSEGV", 12: "SIGUSR2",
-                13: "SIGPIPE", 14: "SIGALRM", 15: "SIGTERM", 24: "SIGXCPU", 25: "SIGXFSZ"}
-"""Linux signal numbers (the exit code of a process killed by signal n is 128 + n)."""
-
 
 @dataclass(frozen=True)
 class ExitRule:
@@ -473,20 +281,42 @@ class ExitRule:
     refine: bool = False
 
 
-EXIT_RULES: Tuple[ExitRule, ...] = (
-    ExitRule((134, 135), (6, 7), "memory", "oom-or-cuda-error",
-             "aborted: CUDA out of memory or a CUDA error", refine=True),
-    ExitRule((255,), (), "comm", "failure", "NCCL / communication failure"),
-    ExitRule((1,), (), "process", "exception", "Python exception", refine=True),
-    ExitRule((137,), (9,), "process", "killed", "killed by SIGKILL: the OOM-killer or a preemption"),
-    ExitRule((143, 130), (15, 2), "process", "terminated", "terminated by a signal asking it to stop"),
-)
+def _load_signals(data: Mapping[str, Any]) -> Dict[int, str]:
+    raw = data.get("signals", {})
+    if not isinstance(raw, dict) or not all(isinstance(v, str) and k.isdigit() for k, v in raw.items()):
+        raise CatalogueError(f"{DATA_FILE}: signals: expected a table of number = \"NAME\"")
+    return {int(k): v for k, v in raw.items()}
+
+
+def _ints(where: str, items: List[Any]) -> Tuple[int, ...]:
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        raise CatalogueError(f"{DATA_FILE}: {where}: expected integers")
+    return tuple(items)
+
+
+def _load_exits(data: Mapping[str, Any]) -> Tuple[ExitRule, ...]:
+    out = []
+    for i, raw in enumerate(data.get("exits", [])):
+        where = f"exits[{i}]"
+        entry = _table(where, raw, {"codes": list, "signals": list, "kind": str, "meaning": str},
+                       {"refine": bool})
+        category, subtype = _split_kind(where, entry["kind"])
+        kind(category, subtype)  # a known kind
+        out.append(ExitRule(_ints(f"{where}.codes", entry["codes"]),
+                            _ints(f"{where}.signals", entry["signals"]), category, subtype, entry["meaning"],
+                            entry.get("refine", False)))
+    return tuple(out)
+
+
+SIGNAL_NAMES: Dict[int, str] = _load_signals(_DATA)
+"""Linux signal numbers (the exit code of a process killed by signal n is 128 + n)."""
+
+EXIT_RULES: Tuple[ExitRule, ...] = _load_exits(_DATA)
 """Seed 000 §3.5, in order; a signal match wins over a code match. Anything else non-zero: process/exit."""
 
 EXIT_REASON_MEANINGS: Dict[str, str] = {
-    "OOMKilled": "the kernel's OOM-killer, at the container's memory limit (Kubernetes reported OOMKilled): "
-                 "host memory, not a preemption",
-}
+    str(k): str(v) for k, v in _table("exit_reasons", _DATA.get("exit_reasons", {}), {},
+                                      {k: str for k in _DATA.get("exit_reasons", {})}).items()}
 """What an EXIT's ``reason`` says beyond its code, when the one who saw the end knew (the agent reads
 Kubernetes' termination reason from the pod); it replaces the code's generic meaning."""
 
@@ -552,22 +382,26 @@ class ExceptionRule:
     confidence: float = 0.9
 
 
-EXCEPTION_RULES: Tuple[ExceptionRule, ...] = (
-    ExceptionRule("memory", "oom",
-                  ("torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError", "OutOfMemoryError"),
-                  confidence=0.95),
-    ExceptionRule("process", "terminated", ("KeyboardInterrupt",), confidence=1.0),  # Ctrl-C / SIGINT: 130
-    ExceptionRule("comm", "init-failure",
-                  ("torch.distributed.DistNetworkError", "torch.distributed.DistStoreError",
-                   "DistNetworkError", "DistStoreError", "RendezvousTimeoutError",
-                   "RendezvousConnectionError", "RendezvousClosedError"), confidence=0.6),
-    ExceptionRule("comm", "failure", ("torch.distributed.DistBackendError", "DistBackendError"),
-                  confidence=0.6),
-    ExceptionRule("memory", "cuda-error", ("torch.AcceleratorError", "AcceleratorError"), confidence=0.6),
-)
-"""Exception-type rules, first match wins. The classifier (:mod:`trainguard_engine.classify`) applies them
-only when no text rule matched the message: a ``DistNetworkError`` saying "Failed to recv, got 0 bytes"
-mid-training is a lost peer, not a rendezvous failure."""
+def _load_exception_rules(data: Mapping[str, Any]) -> Tuple[ExceptionRule, ...]:
+    out = []
+    for i, raw in enumerate(data.get("exception_rules", [])):
+        where = f"exception_rules[{i}]"
+        entry = _table(where, raw, {"kind": str}, {"types": list, "pattern": str, "confidence": (int, float)})
+        category, subtype = _split_kind(where, entry["kind"])
+        kind(category, subtype)
+        if not entry.get("types") and not entry.get("pattern"):
+            raise CatalogueError(f"{DATA_FILE}: {where}: needs types or a pattern")
+        if entry.get("pattern"):
+            try:
+                re.compile(entry["pattern"])
+            except re.error as exc:
+                raise CatalogueError(f"{DATA_FILE}: {where}: pattern: {exc}") from None
+        out.append(ExceptionRule(category, subtype, _strings(f"{where}.types", entry.get("types", [])),
+                                 entry.get("pattern", ""), float(entry.get("confidence", 0.9))))
+    return tuple(out)
+
+
+EXCEPTION_RULES: Tuple[ExceptionRule, ...] = _load_exception_rules(_DATA)
 
 
 def classify_exception(exc_type: str, message: str) -> Tuple[str, str]:
@@ -995,3 +829,57 @@ def _coerce_setting(name: str, default: Any, value: Any) -> Any:
 def settings_table() -> List[Dict[str, Any]]:
     """The settings as rows ``{"name", "default", "doc"}`` (the README table)."""
     return [{"name": n, "default": d, "doc": doc} for n, d, doc in DetectionSettings.documentation()]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The README's table, from the data
+
+README_BEGIN = "<!-- catalogue table: generated from engine/src/trainguard_engine/data/catalogue.toml -->"
+README_END = "<!-- end of catalogue table (python tools/catalogue_table.py rewrites it) -->"
+
+
+def _show_default(name: str, value: Any) -> str:
+    if isinstance(value, float) and name.endswith("_bytes") and value >= 2**20 and value % 2**20 == 0:
+        return f"{value / 2**20:g} MiB"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def readme_table() -> str:
+    """The "What it detects" table: one row per ``row`` of the data (a kind alone when it has none), in
+    catalogue order of the row's first kind with ``fires_when``; defaults read from
+    :class:`DetectionSettings`, so a changed default changes the table."""
+    defaults = DetectionSettings()
+    rows: Dict[str, List[IncidentKind]] = {}
+    for k in _KIND_LIST:
+        rows.setdefault(k.row or k.name, []).append(k)
+    lines = [README_BEGIN, "| kind | fires when | main defaults |", "|---|---|---|"]
+    owners = [(next(k for k in members if k.fires_when), members) for members in rows.values()]
+    for owner, members in sorted(owners, key=lambda om: _KIND_LIST.index(om[0])):
+        others = sorted((k for k in members if k is not owner), key=lambda k: k.category != owner.category)
+        names = [owner.name] + [k.subtype if k.category == owner.category else k.name for k in others]
+        shown = ", ".join(f"`{s}` {_show_default(s, getattr(defaults, s))}" for s in owner.settings) or "—"
+        cell = owner.fires_when.replace("|", "\\|")
+        lines.append(f"| {', '.join(names)} | {cell} | {shown} |")
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def _check_readme_rows() -> None:
+    known = {f.name for f in fields(DetectionSettings)}
+    rows: Dict[str, List[IncidentKind]] = {}
+    for k in _KIND_LIST:
+        rows.setdefault(k.row or k.name, []).append(k)
+    for row, members in rows.items():
+        owners = [k.name for k in members if k.fires_when]
+        if len(owners) != 1:
+            raise CatalogueError(f"{DATA_FILE}: row {row!r}: exactly one kind needs fires_when, got {owners}")
+    for k in _KIND_LIST:
+        unknown = [s for s in k.settings if s not in known]
+        if unknown:
+            raise CatalogueError(f"{DATA_FILE}: {k.name}: settings {unknown} are not DetectionSettings "
+                                 f"fields")
+
+
+_check_readme_rows()

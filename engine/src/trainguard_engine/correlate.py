@@ -56,7 +56,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from .catalogue import DetectionSettings
+from .catalogue import DetectionSettings, kinds_with_role
 from .detectors import fmt_duration
 from .incidents import Finding, add_timeline, apply, refresh_ranks, resolve
 from .records import Evidence, TimelineEntry
@@ -64,27 +64,21 @@ from .state import IncidentState, RankState, RunState
 
 Kind = Tuple[str, str]
 
-CAUSES: Tuple[Kind, ...] = (
-    ("loss", "non_finite"), ("gradient", "explosion"), ("gradient", "nan-source"),
-    ("memory", "oom"), ("memory", "oom-or-cuda-error"), ("memory", "cuda-error"),
-    ("process", "exception"), ("process", "killed"), ("process", "exit"),
-)
-"""Kinds that make the collectives of the other ranks fail (rule 1)."""
+CAUSES: Tuple[Kind, ...] = kinds_with_role("cause")
+"""Kinds that make the collectives of the other ranks fail (rule 1): role ``cause`` in the catalogue."""
 
-CONSEQUENCES: Tuple[Kind, ...] = (
-    ("comm", "timeout"), ("comm", "failure"), ("comm", "rank-lost"), ("process", "terminated"),
-)
-"""Kinds that are the other ranks' view of a failure elsewhere (rule 1)."""
+CONSEQUENCES: Tuple[Kind, ...] = kinds_with_role("consequence")
+"""Kinds that are the other ranks' view of a failure elsewhere (rule 1): role ``consequence``."""
 
-NUMERIC: Tuple[Kind, ...] = CAUSES[:3]
+NUMERIC: Tuple[Kind, ...] = kinds_with_role("numeric")
 _NON_FINITE_TEXT = re.compile(r"\b(nan|inf|infinity|non-?finite|not finite)\b", re.IGNORECASE)
 """An exception whose message says the values went non-finite (a job's own ``isfinite`` guard raising,
 ``FloatingPointError``, anomaly mode) after a non-finite loss or gradient is that incident's consequence."""
 
-PEER_FAILURES: Tuple[Kind, ...] = (("comm", "timeout"), ("comm", "failure"), ("comm", "rank-lost"))
-"""Kinds a silent rank can explain (rule 2)."""
+PEER_FAILURES: Tuple[Kind, ...] = kinds_with_role("peer-failure")
+"""Kinds a silent rank can explain (rule 2): role ``peer-failure``."""
 
-COMM_FAILURES: Tuple[Kind, ...] = (*PEER_FAILURES, ("comm", "mismatch"), ("comm", "init-failure"))
+COMM_FAILURES: Tuple[Kind, ...] = kinds_with_role("comm-failure")
 TERMINATION_CAUSES: Tuple[Kind, ...] = (*CAUSES, *COMM_FAILURES)
 """A rank terminated by its launcher (``process/terminated``) after any of these on another rank is
 that failure's consequence: torchrun stops the survivors when one rank fails. A rank terminated while it

@@ -247,8 +247,8 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
 # ----------------------------------------------------------------------------------------------------
 # hypotheses
 
-# A rule: (kind name, substring of the cause it weighs -- a catalogue cause, or a new cause's full text --,
-# predicate over the facts, weight factor, reason template).
+# A rule: (kind name, the id of the cause it weighs -- one of the kind's causes or extra causes in the
+# catalogue's data --, predicate over the facts, weight factor, reason template).
 Rule = Tuple[str, str, Callable[[Facts], bool], float, Callable[[Facts], str]]
 
 
@@ -283,44 +283,55 @@ def _oom_other(f: Facts) -> bool:
 
 
 RULES: Tuple[Rule, ...] = (
-    ("gradient/explosion", "learning rate too high", _lr_grew, 4.0, _lr_why),
-    ("gradient/explosion", "outlier sample", lambda f: f.grad_jump >= 50.0, 3.0,
+    ("gradient/explosion", "learning-rate-too-high", _lr_grew, 4.0, _lr_why),
+    ("gradient/explosion", "outlier-sample-z-score", lambda f: f.grad_jump >= 50.0, 3.0,
      lambda f: f"the gradient norm jumped {f.grad_jump:.3g}x its median at once (no gradual climb)"),
-    ("gradient/explosion", "clipping too loose", lambda f: f.clip_rate is None, 1.5,
+    ("gradient/explosion", "gradient-clipping-too-loose", lambda f: f.clip_rate is None, 1.5,
      lambda f: "no clipping reported (grad/clip_triggered absent)"),
-    ("gradient/explosion", "clipping too loose", lambda f: f.clip_rate is not None and f.clip_rate > 0.3, 2.0,
+    ("gradient/explosion", "gradient-clipping-too-loose",
+     lambda f: f.clip_rate is not None and f.clip_rate > 0.3, 2.0,
      lambda f: f"clipping triggered on {f.clip_rate or 0:.0%} of the steps before: it did not hold"),
-    ("loss/non_finite", "learning rate too high", _lr_grew, 3.0, _lr_why),
-    ("loss/non_finite", "overflow in fp16", lambda f: f.has_amp, 2.0, lambda f: "mixed precision is on"),
-    ("gradient/nan-source", "a bad sample", lambda f: f.grad_jump == 0.0 or f.grad_jump < 10.0, 1.2,
+    ("loss/non_finite", "learning-rate-too-high", _lr_grew, 3.0, _lr_why),
+    ("loss/non_finite", "numerical-instability-log-0", lambda f: f.has_amp, 2.0,
+     lambda f: "mixed precision is on"),
+    ("gradient/nan-source", "bad-sample", lambda f: f.grad_jump == 0.0 or f.grad_jump < 10.0, 1.2,
      lambda f: "no gradient climb before the first non-finite value: one batch, not a trend"),
-    ("loss/rise-after-fall", "warmup peak", lambda f: f.lr_phase == "rising", 2.0,
+    ("loss/rise-after-fall", "warmup-peak-learning-rate", lambda f: f.lr_phase == "rising", 2.0,
      lambda f: "the LR was still rising when the loss turned"),
-    ("loss/rise-after-fall", "schedule bug", lambda f: f.lr_growth >= 10.0, 3.0,
+    ("loss/rise-after-fall", "schedule-bug-lr-increasing", lambda f: f.lr_growth >= 10.0, 3.0,
      lambda f: f"the LR grew {f.lr_growth:.3g}x: beyond any usual warmup"),
-    ("loss/rise-after-fall", "overfitting", lambda f: f.lr_phase in ("constant", "decaying"), 2.0,
+    ("loss/rise-after-fall", "overfitting-noisy-samples",
+     lambda f: f.lr_phase in ("constant", "decaying"), 2.0,
      lambda f: f"the LR was {f.lr_phase} when the loss turned"),
-    ("loss/oscillation", "learning rate too high", lambda f: f.clip_rate is None or f.clip_rate < 0.3, 1.5,
+    ("loss/oscillation", "learning-rate-too-high", lambda f: f.clip_rate is None or f.clip_rate < 0.3, 1.5,
      lambda f: "steps are not clipped, so every update has the LR's full size"),
-    ("loss/plateau", "optimizer momentum", lambda f: f.lr_phase == "zero", 3.0,
+    ("loss/plateau", "optimizer-momentum-mis-set", lambda f: f.lr_phase == "zero", 3.0,
      lambda f: "the LR is 0"),
-    ("memory/oom", "activations too large", lambda f: _big_request(f), 3.0,
+    ("memory/oom", "activations-too-large-batch", lambda f: _big_request(f), 3.0,
      lambda f: "the failed request alone is over a quarter of the GPU (or more than all it had left)"),
-    ("memory/oom", "fragmentation", _oom_frag, 5.0,
+    ("memory/oom", "fragmentation-enough-free-memory", _oom_frag, 5.0,
      lambda f: "reserved-but-unallocated memory was larger than the failed request"),
-    ("memory/oom", "another process", _oom_other, 5.0,
+    ("memory/oom", "another-process-same-gpu", _oom_other, 5.0,
      lambda f: "the OOM message lists memory held by other processes"),
-    ("comm/timeout", "one rank slower or stuck", lambda f: bool(f.facts.get("lagging_ranks")), 4.0,
+    ("comm/timeout", "one-rank-slower-stuck", lambda f: bool(f.facts.get("lagging_ranks")), 4.0,
      lambda f: f"the desync report names lagging rank(s) {f.facts.get('lagging_ranks')}"),
-    ("comm/timeout", "one rank slower or stuck", lambda f: "correlation.lagging_rank" in f.rules, 4.0,
+    ("comm/timeout", "one-rank-slower-stuck", lambda f: "correlation.lagging_rank" in f.rules, 4.0,
      lambda f: "a rank was alive but never reached the collective (heartbeats without progress)"),
-    ("comm/rank-lost", "node failure or preemption", lambda f: f.silent_rank, 3.0,
+    ("comm/rank-lost", "node-failure-preemption", lambda f: f.silent_rank, 3.0,
      lambda f: "the lost rank went silent without an exit event: SIGKILL or a dead node"),
-    ("comm/rank-lost", "killed by the host's OOM-killer (host memory)", lambda f: f.silent_rank, 2.0,
+    ("comm/rank-lost", "killed-host-oom-killer", lambda f: f.silent_rank, 2.0,
      lambda f: "a SIGKILLed process sends nothing; check `dmesg` on its node for oom-kill"),
-    ("progress/stalled", "a collective waiting", lambda f: f.world_size <= 1, 0.1,
+    ("progress/stalled", "collective-waiting-rank-that", lambda f: f.world_size <= 1, 0.1,
      lambda f: "a single-process run has no peers to wait for"),
 )
+
+def _check_rules() -> None:
+    for rule_kind, cause_id, *_rest in RULES:
+        category, _, subtype = rule_kind.partition("/")
+        kind(category, subtype).cause_text(cause_id)  # KeyError names the kind and the id
+
+
+_check_rules()
 
 PRIORS = (3.0, 2.0, 1.5, 1.0)
 """Weights of a kind's causes in catalogue order (the most common first); later ones get the last."""
@@ -335,17 +346,15 @@ def hypotheses(category: str, subtype: str, facts: Facts, most: int = 5) -> List
         weights[cause] = PRIORS[min(i, len(PRIORS) - 1)]
         why[cause] = []
     name = spec.name
-    for rule_kind, needle, predicate, factor, reason in RULES:
+    for rule_kind, cause_id, predicate, factor, reason in RULES:
         if rule_kind != name or not predicate(facts):
             continue
-        matches = [c for c in weights if needle in c]
-        if not matches:  # a cause the catalogue does not list for this kind
-            weights[needle] = 1.0
-            why[needle] = []
-            matches = [needle]
-        for cause in matches:
-            weights[cause] *= factor
-            why[cause].append(reason(facts))
+        cause = spec.cause_text(cause_id)
+        if cause not in weights:  # an extra cause: only this rule brings it in
+            weights[cause] = 1.0
+            why[cause] = []
+        weights[cause] *= factor
+        why[cause].append(reason(facts))
     total = sum(weights.values()) or 1.0
     ranked = sorted(weights.items(), key=lambda kv: (-kv[1], list(weights).index(kv[0])))
     return [{"cause": cause, "confidence": round(w / total, 2),

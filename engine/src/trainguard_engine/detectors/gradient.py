@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from trainguard.core.events import from_wire_float, wire_float
 
 from .. import robust
-from ..catalogue import DetectionSettings
+from ..catalogue import KINDS, DetectionSettings
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
@@ -103,9 +103,9 @@ def rank_has_open(run: RunState, rank: RankState, *keys: str) -> bool:
     return False
 
 
-NUMERIC_STRENGTH = {"loss/rise-after-fall": 0, "loss/non_finite": 1, "gradient/nan-source": 2,
-                    "gradient/explosion": 3}
-"""How specific each kind of the numeric slot is: a finding re-classifies the incident only upwards."""
+NUMERIC_STRENGTH = {name: k.numeric_strength for name, k in KINDS.items() if k.numeric_strength}
+"""How specific each kind of the numeric slot is (the catalogue's ``numeric_strength``): a finding
+re-classifies the incident only upwards."""
 
 
 def upgrades(run: RunState, category: str, subtype: str) -> bool:
