@@ -112,3 +112,21 @@ def test_the_readme_table_is_generated_from_the_data() -> None:
     for spec in KINDS.values():  # every kind is on a row
         assert spec.name in table or f", {spec.subtype}" in table, spec.name
     assert f"`leak_window` {catalogue.DetectionSettings().leak_window}" in table  # defaults read live
+
+
+def test_every_setting_is_in_exactly_one_section() -> None:
+    names = [f.name for f in __import__("dataclasses").fields(catalogue.DetectionSettings)]
+    assert sorted(catalogue.SECTION_OF) == sorted(names)
+    assert sum(len(v) for v in catalogue.SECTIONS.values()) == len(names)
+    assert {row["section"] for row in catalogue.settings_table()} == set(catalogue.SECTIONS)
+
+
+def test_overrides_by_section_and_flat_give_the_same_settings() -> None:
+    flat = catalogue.DetectionSettings.from_overrides({"leak_window": 64, "stall_min_s": 5.0})
+    nested = catalogue.DetectionSettings.from_overrides({"memory": {"leak_window": 64},
+                                                         "progress": {"stall_min_s": 5.0}})
+    assert flat == nested and flat.leak_window == 64
+    with pytest.raises(ValueError, match="'stall_min_s' is not in section 'memory' \\(it is in 'progress'\\)"):
+        catalogue.DetectionSettings.from_overrides({"memory": {"stall_min_s": 5.0}})
+    with pytest.raises(ValueError, match="unknown detection setting 'leak_windw'; did you mean 'leak_window'"):
+        catalogue.DetectionSettings.from_overrides({"leak_windw": 64})

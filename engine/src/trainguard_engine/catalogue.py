@@ -741,14 +741,27 @@ class DetectionSettings:
     @classmethod
     def from_overrides(cls, overrides: Mapping[str, Any], base: Optional[DetectionSettings] = None
                        ) -> DetectionSettings:
-        """``base`` (default: the defaults) with ``overrides`` applied. Raises ValueError naming the
-        setting for an unknown name (with the closest known one), a value of the wrong type (booleans
-        are not numbers; ints are accepted for floats; lists of strings for tuples) or out of range."""
+        """``base`` (default: the defaults) with ``overrides`` applied, flat (``{"leak_window": 64}``) or
+        by section (``{"memory": {"leak_window": 64}}``, :data:`SECTIONS`). Raises ValueError naming the
+        setting for an unknown name (with the closest known one), a setting under the wrong section, a
+        value of the wrong type (booleans are not numbers; ints are accepted for floats; lists of
+        strings for tuples) or out of range."""
         if not isinstance(overrides, Mapping):
             raise ValueError(f"detection overrides must be a mapping, got {type(overrides).__name__}")
         known = {f.name: f for f in fields(cls)}
         values = asdict(base) if base is not None else {}
+        flat: List[Tuple[str, Any]] = []
         for name, value in overrides.items():
+            if name in SECTIONS and isinstance(value, Mapping):
+                for inner, inner_value in value.items():
+                    if SECTION_OF.get(str(inner)) != name:
+                        where = SECTION_OF.get(str(inner))
+                        hint = f" (it is in {where!r})" if where else ""
+                        raise ValueError(f"detection setting {inner!r} is not in section {name!r}{hint}")
+                    flat.append((inner, inner_value))
+            else:
+                flat.append((name, value))
+        for name, value in flat:
             if name not in known:
                 close = difflib.get_close_matches(str(name), list(known), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -797,6 +810,58 @@ class DetectionSettings:
         return keep
 
 
+SECTIONS: Dict[str, Tuple[str, ...]] = {
+    "common": ("loss_metrics", "grad_norm_metrics", "clip_threshold_metrics", "history_metrics", "trend_z",
+               "confirm_checks", "evidence_window"),
+    "loss_gradient": (
+        "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
+        "explosion_trend_points", "explosion_onset_factor", "loss_window", "loss_baseline_points",
+        "oscillation_min_cv", "oscillation_min_level", "plateau_min_level", "plateau_max_change",
+        "plateau_small_grad", "rise_smooth", "rise_min_fall", "rise_min_rise", "rise_min_points",
+        "layer_norm_warn", "clip_rate_warn", "vanishing_ratio", "vanishing_min_layers",
+        "vanishing_min_reports", "clip_stale_window", "clip_stale_norm_ratio", "clip_stale_curvature",
+        "clip_stale_curve_window", "clip_stale_growth", "clip_onset_growth", "clip_max_tau"),
+    "memory": (
+        "frag_mild", "frag_severe", "frag_sustain_samples", "frag_peak_headroom", "frag_warn",
+        "frag_warn_std", "frag_window_s", "frag_min_samples", "frag_max_samples", "frag_update_step",
+        "amp_overflow_consecutive", "amp_overflow_episodes", "amp_overflow_window", "amp_reserved_ratio",
+        "amp_near_capacity_episodes", "frag_l2_rate", "frag_l2_split_share", "leak_window",
+        "leak_min_samples", "leak_skip_samples", "leak_z", "leak_min_growth_bytes", "leak_min_growth_ratio",
+        "leak_blocks", "leak_peak_ratio", "leak_coarse_every", "context_leak_memory_ratio",
+        "context_leak_allowance", "context_leak_samples"),
+    "sequence": ("seq_window_checks", "seq_confirm_checks", "seq_pad_attended_max", "seq_mask_mismatch_max",
+                 "seq_labels_on_pad_max", "seq_eos_cut_min_frac", "seq_eos_kept_min_frac"),
+    "adapter": ("lora_grad_min", "lora_confirm_reports", "lora_loss_window", "lora_loss_min_points"),
+    "progress": ("stall_factor", "stall_min_s", "stall_max_s", "lost_after_s"),
+    "correlation": ("rank_lost_grace_s",),
+    "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence"),
+    "state": ("history_len", "history_max_series", "max_evidence", "max_timeline", "max_incident_ranks",
+              "max_incidents_per_run", "cluster_max_members", "max_clusters", "sample_traceback_chars",
+              "dedupe_ids_per_run", "max_runs", "max_ranks_per_run", "ended_run_ttl_s", "idle_run_ttl_s",
+              "evicted_runs_remembered"),
+}
+""":class:`DetectionSettings` by detector family: each detector reads its own section plus ``common``
+(metric names, shared statistics) and ``state`` (the pipeline's bounds). Overrides may be given flat
+(``{"leak_window": 64}``) or by section (``{"memory": {"leak_window": 64}}``)."""
+
+SECTION_OF: Dict[str, str] = {name: section for section, names in SECTIONS.items() for name in names}
+
+
+def _check_sections() -> None:
+    names = [f.name for f in fields(DetectionSettings)]
+    listed = [n for ns in SECTIONS.values() for n in ns]
+    if sorted(names) != sorted(listed):
+        missing = sorted(set(names) - set(listed))
+        extra = sorted(set(listed) - set(names))
+        raise AssertionError(f"SECTIONS must list every setting once: missing {missing}, unknown {extra}, "
+                             f"repeated {sorted(n for n in set(listed) if listed.count(n) > 1)}")
+    if set(SECTIONS) & set(names):
+        raise AssertionError("a section may not share its name with a setting")
+
+
+_check_sections()
+
+
 def _default_of(f: Any) -> Any:
     return f.default if f.default is not MISSING else f.default_factory()
 
@@ -827,8 +892,9 @@ def _coerce_setting(name: str, default: Any, value: Any) -> Any:
 
 
 def settings_table() -> List[Dict[str, Any]]:
-    """The settings as rows ``{"name", "default", "doc"}`` (the README table)."""
-    return [{"name": n, "default": d, "doc": doc} for n, d, doc in DetectionSettings.documentation()]
+    """The settings as rows ``{"name", "section", "default", "doc"}`` (the README table)."""
+    return [{"name": n, "section": SECTION_OF[n], "default": d, "doc": doc}
+            for n, d, doc in DetectionSettings.documentation()]
 
 
 # ----------------------------------------------------------------------------------------------------

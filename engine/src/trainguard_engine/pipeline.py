@@ -47,7 +47,9 @@ from . import clusters as clusters_mod
 from . import correlate, diagnosis
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
-from .detectors import adapter, gradient, loss, memory, process, progress, sequence
+from .detectors import process, progress
+from .detectors.base import MetricBatch
+from .detectors.registry import DETECTORS
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
 from .records import (
@@ -254,8 +256,10 @@ class Pipeline:
                     self._apply(run, finding, settings)
         elif ev.kind == "memory":
             diagnosis.observe_memory(rank, ev.body)
-            for finding in memory.on_memory(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings):
-                self._apply(run, finding, settings)
+            batch = MetricBatch((), ev.step, ev.time_ns, ev.event_id)
+            for detector in DETECTORS:
+                for finding in detector.on_memory(run, rank, ev.body, batch, settings):
+                    self._apply(run, finding, settings)
         if run.incidents:
             self._correlate(run, ev.time_ns, settings, folded=self._applied != applied_before)
         self._mark(run)
@@ -282,13 +286,9 @@ class Pipeline:
             for name, step, value in recent_points(ev.raw):
                 if settings.keeps_history(name):
                     rank.observe_point(name, step, value, ev.time_ns, settings, context=True)
-        # in this order: a non-finite loss is judged first (explosion / NaN source / plain), then the
-        # gradient detectors (which see that), then the loss curve (which defers to all of them)
-        for detect in (loss.on_metrics, gradient.on_metrics, loss.on_curve):
-            for finding in detect(run, rank, points, ev.time_ns, ev.event_id, settings):
-                self._apply(run, finding, settings)
-        for detect_batch in (memory.on_metrics, sequence.on_metrics, adapter.on_metrics):
-            for finding in detect_batch(run, rank, points, ev.step, ev.time_ns, ev.event_id, settings):
+        batch = MetricBatch(points, ev.step, ev.time_ns, ev.event_id)
+        for detector in DETECTORS:  # the registry's order (see detectors/registry.py)
+            for finding in detector.on_metrics(run, rank, batch, settings):
                 self._apply(run, finding, settings)
 
     def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:

@@ -45,6 +45,7 @@ from ..records import Evidence, TimelineEntry
 from ..robust import mann_kendall
 from ..state import RankState, RunState
 from . import fmt_number
+from .base import Detector, MetricBatch
 
 STATE_KEY = "lora"
 """``RankState.detectors`` key of this family's per-rank state."""
@@ -253,3 +254,15 @@ def _finding(rank: RankState, state: Dict[str, Any], first: int, first_ns: int, 
                  "reentrant gradient checkpointing over frozen embeddings without "
                  "model.enable_input_require_grads() (or use_reentrant=False), adapters on modules the "
                  "forward does not use, requires_grad off, or the base model run under no_grad."))
+
+
+class Adapters(Detector):
+    """``watch_lora()`` reports: adapters that stopped getting gradients (:func:`on_metrics`)."""
+
+    name = "adapter"
+    kinds = ("adapter/lora-grad-break",)
+    section = "adapter"
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
+                   settings: DetectionSettings) -> List[Finding]:
+        return on_metrics(run, rank, batch.points, batch.step, batch.time_ns, batch.event_id, settings)

@@ -59,6 +59,7 @@ from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from . import fmt_number, window
+from .base import Detector, MetricBatch
 
 NUMERIC_KEY = "numeric"
 """The incident slot of the run's divergence story (one per run): non-finite loss, gradient explosion,
@@ -817,3 +818,16 @@ def _pending_finding(run: RunState, rank: RankState, pending: Dict[str, Any], lo
         summary=(f"On rank {rank.rank}, {source.description}; {loss_text} (a backward-only singularity "
                  f"such as sqrt(0) or a division by a value that reached 0, or a loop that skips non-finite "
                  f"losses){calm}."))
+
+
+class Gradients(Detector):
+    """The gradient detectors on one metric batch (:func:`on_metrics`): a non-finite gradient waiting for
+    its loss, a climbing global norm, per-layer vanishing, clipping that eats the update."""
+
+    name = "gradient"
+    kinds = ("gradient/explosion", "gradient/nan-source", "gradient/vanishing", "gradient/clip-stale")
+    section = "loss_gradient"
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
+                   settings: DetectionSettings) -> List[Finding]:
+        return on_metrics(run, rank, batch.points, batch.time_ns, batch.event_id, settings)

@@ -60,6 +60,7 @@ from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from . import fmt_number, window
+from .base import Detector, MetricBatch
 from .gradient import (
     CLIP_STALE_KEY,
     NUMERIC_KEY,
@@ -468,3 +469,29 @@ def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSetti
 
 
 _CHECKS = {"oscillation": _check_oscillation, "rise-after-fall": _check_rise, "plateau": _check_plateau}
+
+
+class NonFiniteLoss(Detector):
+    """A non-finite loss, judged first: a plain NaN/Inf loss, a gradient explosion that ended in it, or
+    the NaN source (:func:`on_metrics`)."""
+
+    name = "loss.non_finite"
+    kinds = ("loss/non_finite", "gradient/explosion", "gradient/nan-source")
+    section = "loss_gradient"
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
+                   settings: DetectionSettings) -> List[Finding]:
+        return on_metrics(run, rank, batch.points, batch.time_ns, batch.event_id, settings)
+
+
+class LossCurve(Detector):
+    """The loss curve's shape once per new finite loss value (:func:`on_curve`); defers to the numeric
+    detectors, so it runs after them."""
+
+    name = "loss.curve"
+    kinds = ("loss/oscillation", "loss/rise-after-fall", "loss/plateau")
+    section = "loss_gradient"
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
+                   settings: DetectionSettings) -> List[Finding]:
+        return on_curve(run, rank, batch.points, batch.time_ns, batch.event_id, settings)

@@ -118,6 +118,7 @@ from ..records import Evidence, TimelineEntry
 from ..robust import mann_kendall, theil_sen
 from ..state import RankState, RunState, bounded_append
 from . import fmt_duration, fmt_number
+from .base import Detector, MetricBatch
 
 STATE_KEY = "mem"
 """``RankState.detectors`` key of this family's per-rank state."""
@@ -960,3 +961,21 @@ def _context_finding(rank: RankState, device: str, st: Mapping[str, Any], step: 
                  f"worker or spawned child still holding its CUDA context), or other ranks opening a context "
                  f"on this GPU (torch.cuda.set_device missing). `nvidia-smi` lists them; end them, or reset "
                  f"the GPU if none is listed but memory is held."))
+
+
+class Memory(Detector):
+    """Device and host memory: fragmentation, leaks, AMP overflow, other processes' contexts -- from
+    ``memory`` events (:func:`on_memory`) and, for ranks that send none, from ``mem/*`` metrics
+    (:func:`on_metrics`)."""
+
+    name = "memory"
+    kinds = ("memory/fragmentation", "memory/leak", "memory/amp-overflow", "memory/context-leak")
+    section = "memory"
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
+                   settings: DetectionSettings) -> List[Finding]:
+        return on_metrics(run, rank, batch.points, batch.step, batch.time_ns, batch.event_id, settings)
+
+    def on_memory(self, run: RunState, rank: RankState, payload: Mapping[str, Any], batch: MetricBatch,
+                  settings: DetectionSettings) -> List[Finding]:
+        return on_memory(run, rank, payload, batch.step, batch.time_ns, batch.event_id, settings)

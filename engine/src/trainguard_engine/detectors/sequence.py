@@ -41,6 +41,7 @@ from ..catalogue import DetectionSettings
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
+from .base import Detector, MetricBatch
 
 STATE_KEY = "seq"
 """``RankState.detectors`` key of this family's per-rank state."""
@@ -246,3 +247,15 @@ def _summary(rank: RankState, shown: Dict[str, Dict[str, Any]]) -> str:
     return (f"On rank {rank.rank}, {what}. Rebuild the mask from the ids after truncation and padding "
             "(tokenizer(..., truncation=True, padding=..., return_attention_mask=True) with the padding side "
             "the model expects), set labels to -100 on padding, and truncate before appending EOS.")
+
+
+class Sequences(Detector):
+    """``check_batch()`` reports: padding and truncation bugs (:func:`on_metrics`)."""
+
+    name = "sequence"
+    kinds = ("sequence/truncation",)
+    section = "sequence"
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
+                   settings: DetectionSettings) -> List[Finding]:
+        return on_metrics(run, rank, batch.points, batch.step, batch.time_ns, batch.event_id, settings)

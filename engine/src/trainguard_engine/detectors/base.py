@@ -1,0 +1,66 @@
+"""The one interface every detector implements, and what it is handed.
+
+A detector is stateless code over the run's state: what it remembers lives in ``RankState.detectors``
+(plain JSON-able dicts, so the pipeline's snapshot carries it) under its own key. It declares:
+
+* ``name``     -- unique, ``family.what`` (``"loss.curve"``);
+* ``kinds``    -- every ``category/subtype`` it can open (checked against the catalogue at import, and on
+  the recorded corpus by tests/engine/test_detector_contract.py);
+* ``section``  -- its family of :class:`~trainguard_engine.catalogue.DetectionSettings`
+  (:data:`~trainguard_engine.catalogue.SECTIONS`): the thresholds it reads are that section's, plus the
+  shared ``common`` and ``state`` ones;
+
+and implements any of the hooks, each returning the findings it made (never raising on odd input):
+
+* :meth:`Detector.on_metrics` -- one metric batch of a rank (:class:`MetricBatch`), after its points are
+  in the rank's history;
+* :meth:`Detector.on_memory`  -- one ``memory`` event (a MemorySnapshot payload) of a rank.
+
+The pipeline walks :data:`~trainguard_engine.detectors.registry.DETECTORS` in order, so a later detector
+sees what an earlier one decided about the same batch (the numeric detectors first, the loss curve,
+which defers to them, after). Events and timers that are not metrics (exceptions, log lines, exits,
+heartbeats, stalls) are the process and progress modules' own entry points, called by the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence, Tuple
+
+from ..catalogue import DetectionSettings
+from ..incidents import Finding
+from ..state import RankState, RunState
+
+Point = Tuple[str, int, float]
+
+
+@dataclass(frozen=True)
+class MetricBatch:
+    """One metric envelope of one rank as the detectors see it: its points ``(name, step, value)`` (a
+    point's own step, else the envelope's; NaN and ±Inf as floats), the envelope's step, event time and
+    id."""
+
+    points: Sequence[Point]
+    step: int
+    time_ns: int
+    event_id: str
+
+
+class Detector:
+    """Base class: the hooks find nothing unless overridden (see the module docstring)."""
+
+    name: str = ""
+    kinds: Tuple[str, ...] = ()
+    section: str = ""
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
+                   settings: DetectionSettings) -> Sequence[Finding]:
+        return ()
+
+    def on_memory(self, run: RunState, rank: RankState, payload: Mapping[str, Any], batch: MetricBatch,
+                  settings: DetectionSettings) -> Sequence[Finding]:
+        """``batch`` carries the event's step, time and id (no points)."""
+        return ()
+
+    def __repr__(self) -> str:
+        return f"<detector {self.name}>"
