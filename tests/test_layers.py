@@ -87,3 +87,10 @@ def test_each_distribution_depends_on_what_its_arrows_need(dist: str, ours: set)
     project = tomllib.loads((REPO / dist / "pyproject.toml").read_text())["project"]
     names = {d.split("[")[0].split("=")[0].split(">")[0].strip() for d in project.get("dependencies", [])}
     assert names & {"trainguard", "trainguard-engine", "trainguard-server"} == ours
+
+
+@pytest.mark.parametrize("folder", ["storage", "queue"])
+def test_production_backends_do_not_import_the_in_memory_test_doubles(folder: str) -> None:
+    bad = [f"{w}:{n} imports {m}" for w, n, m in imports(SERVER / folder)
+           if m.startswith(f"trainguard_server.{folder}.memory") and not w.endswith("/memory.py")]
+    assert bad == []

@@ -207,7 +207,7 @@ def test_default_install_is_one_serve_pod_on_a_read_write_once_volume(monkeypatc
 
 
 def test_generated_tokens_are_tokens_the_server_accepts_and_are_kept_on_uninstall() -> None:
-    from trainguard_server.storage.memory import parse_operator_token
+    from trainguard_server.storage.common import parse_operator_token
 
     secret = kinds(docs_of("default"))[("Secret", "trainguard-tokens")]
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

@@ -1,10 +1,12 @@
-"""Detectors: pure functions from (run state, one observation, settings) to findings.
+"""Detectors: pure code from (run state, one observation, settings) to findings.
 
 Each module owns one family of the catalogue and returns :class:`~trainguard_engine.incidents.Finding`
-objects (or resolves incidents whose condition cleared); :mod:`trainguard_engine.pipeline` calls them in a
-fixed order. First version (issue 3): :mod:`.loss` (non-finite loss, told apart from a gradient explosion),
-:mod:`.process` (uncaught exceptions and the exit-code decision path) and :mod:`.progress` (stalled and
-lost runs). The helpers below format numbers and evidence windows the same way everywhere.
+objects (or resolves incidents whose condition cleared). The metric and memory detectors implement one
+interface (:mod:`.base`) and are walked in the order of :mod:`.registry`: :mod:`.loss` (a non-finite loss,
+told apart from a gradient explosion, and the loss curve), :mod:`.gradient`, :mod:`.memory`,
+:mod:`.sequence`, :mod:`.adapter`. Exceptions, log lines and exits (:mod:`.process`) and heartbeats,
+stalls and lost runs (:mod:`.progress`) are the pipeline's event and timer entry points. The helpers below
+format numbers and evidence windows the same way everywhere.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Queue contract: ``publish`` is durable when it returns; ``consume`` hands out records in order per key;
 ``commit`` marks records done so they are never handed out again (at-least-once delivery).
 
-The embedded queue is a SQLite table; the production one is Kafka (a later issue) with topic partitions
-keyed by run id. Both satisfy tests/services/queue/test_contract.py.
+Implementations: a SQLite table (:mod:`.sqlite`, the embedded default), Apache Kafka (:mod:`.kafka`: a
+topic partitioned by run id, a consumer group) and an in-memory deque for tests (:mod:`.memory`); their
+shared argument checks are in :mod:`.common`. All pass tests/services/queue/test_queue_contract.py.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from .base import Queue, QueueFull, QueueRecord
-from .memory import check_consume_args, check_publish_args
+from .common import check_consume_args, check_publish_args
 
 log = logging.getLogger("trainguard.queue.kafka")
 

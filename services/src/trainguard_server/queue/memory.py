@@ -13,34 +13,7 @@ from collections import deque
 from typing import Deque, List, Sequence
 
 from .base import Queue, QueueFull, QueueRecord
-
-PARTITION = 0
-
-
-def check_consume_args(max_records: int, timeout: float) -> None:
-    """ValueError unless ``max_records`` ≥ 1 and ``timeout`` ≥ 0 (shared by the queue implementations)."""
-    if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
-        raise ValueError(f"max_records must be a positive integer, not {max_records!r}")
-    if timeout < 0:
-        raise ValueError(f"timeout must be >= 0, not {timeout!r}")
-
-
-def commit_offset(records: Sequence[QueueRecord]) -> int:
-    """The highest offset among ``records`` (all of partition 0); -1 for none. ValueError otherwise."""
-    top = -1
-    for record in records:
-        if record.partition != PARTITION:
-            raise ValueError(f"unknown partition {record.partition}: this queue has only partition 0")
-        top = max(top, record.offset)
-    return top
-
-
-def check_publish_args(key: str, values: Sequence[bytes]) -> None:
-    if not isinstance(key, str):
-        raise TypeError("key must be a str")
-    for value in values:
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError("values must be bytes")
+from .common import PARTITION, check_consume_args, check_publish_args, commit_offset
 
 
 class MemoryQueue(Queue):

@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence, Union
 from trainguard_server.storage.sqlite import DEFAULT_SYNCHRONOUS, connect
 
 from .base import Queue, QueueFull, QueueRecord
-from .memory import PARTITION, check_consume_args, check_publish_args, commit_offset
+from .common import PARTITION, check_consume_args, check_publish_args, commit_offset
 
 QUEUE_DB = "queue.db"
 PAGE_SIZE = 16384

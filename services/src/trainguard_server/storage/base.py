@@ -1,7 +1,7 @@
-"""Store contracts. Every implementation (memory, SQLite; later Elasticsearch, ClickHouse) passes the same
-contract suites in tests/services/storage/. All methods are scoped by project: no call returns another
-project's data. Writes are idempotent (event_id; (run, rank, name, step); record ids), so the processor
-can re-apply a batch after a crash.
+"""Store contracts. Every implementation (memory, SQLite, Elasticsearch, ClickHouse) passes the same
+contract suites in tests/services/storage/ (shared helpers: :mod:`.common`). All methods are scoped by
+project: no call returns another project's data. Writes are idempotent (event_id; (run, rank, name,
+step); record ids), so the processor can re-apply a batch after a crash.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .base import Bucket, MetricPoint, MetricStore, MetricSummary
-from .memory import bucket_width
+from .common import bucket_width
 
 DEFAULT_DATABASE = "trainguard"
 DEFAULT_RETENTION_DAYS = 90

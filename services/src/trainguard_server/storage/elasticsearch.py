@@ -82,7 +82,7 @@ from elastic_transport import ConnectionTimeout
 from elasticsearch import ApiError, Elasticsearch
 
 from .base import EventsRejected, EventStore, Page, SearchHit, StoredEvent
-from .memory import (
+from .common import (
     SearchTerm,
     _Doc,
     _snippet,

@@ -50,7 +50,7 @@ from .base import (
     StoredEvent,
     TokenInfo,
 )
-from .memory import (
+from .common import (
     FINITE,
     SNIPPET_TOKENS,
     bucket_width,
