@@ -41,7 +41,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import clusters as clusters_mod
 from . import correlate, diagnosis
@@ -160,6 +160,14 @@ class Pipeline:
         self._evicted: Dict[str, int] = {}   # run key -> when evicted (ns), bounded
         self._dirty_runs: Dict[str, None] = {}
         self._dirty_clusters: Dict[str, None] = {}
+        # incremental snapshots (changed_parts / parts_saved): what changed since the last saved parts,
+        # what those parts held, and each run's / cluster's creation order (kept across restores)
+        self._unsaved_runs: Dict[str, None] = {}
+        self._unsaved_clusters: Dict[str, None] = {}
+        self._saved_runs: Dict[str, None] = {}
+        self._saved_clusters: Dict[str, None] = {}
+        self._seq: Dict[str, int] = {}
+        self._next_seq = 0
         self.next_timer_ns = 0
         self._applied = 0  # findings applied so far (tells _correlate whether anything was folded in)
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
@@ -186,6 +194,7 @@ class Pipeline:
         for run in list(self._runs.values()):
             settings = self.settings_for(run.project)
             if run.incidents:
+                self._unsaved_runs[run.key] = None  # correlation's waits keep notes on the incidents
                 self._correlate(run, now_ns, settings)
             for rank, stall in progress.check_stalled(run, now_ns, settings):
                 self._apply_stall(run, rank, stall, settings)
@@ -221,6 +230,7 @@ class Pipeline:
             return
         settings = self.settings_for(ev.project)
         run = self._run(ev, key)
+        self._unsaved_runs[key] = None
         if ev.event_id and self._notable(ev, points) and not run.remember(ev.event_id, settings):
             self.counters["duplicates"] += 1
             return
@@ -309,6 +319,7 @@ class Pipeline:
                                                 ev.event_id, ev.time_ns, ev.body, self.settings)
         self.counters["clusters_evicted"] += evicted
         self._dirty_clusters[cluster_key(ev.project, cluster.record.fingerprint)] = None
+        self._unsaved_clusters[cluster_key(ev.project, cluster.record.fingerprint)] = None
         finding = process.on_exception(run, rank, ev.raw, ev.body, cluster.record.fingerprint,
                                        _step_of(ev, rank), ev.time_ns, settings)
         if finding is not None:
@@ -384,6 +395,7 @@ class Pipeline:
 
     def _mark(self, run: RunState) -> None:
         self._dirty_runs[run.key] = None
+        self._unsaved_runs[run.key] = None
 
     def _run(self, ev: _Event, key: str) -> RunState:
         run = self._runs.get(key)
@@ -477,6 +489,85 @@ class Pipeline:
         }
         return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("ascii")
 
+    def changed_parts(self) -> Dict[str, Optional[bytes]]:
+        """The state as parts to store under their keys, only those that changed since the last
+        :meth:`parts_saved` (everything, the first time): ``"header"`` (counters, evicted runs),
+        ``"run/<key>"`` and ``"cluster/<key>"`` as versioned JSON, ``None`` for a run or cluster that is gone
+        (delete its key). Store them all in one atomic step, then call :meth:`parts_saved`;
+        :meth:`restore_parts` of the stored parts equals :meth:`restore` of :meth:`snapshot`. A checkpoint
+        costs what changed: a run that got no event and has no open question is not written again."""
+        for key in self._runs:  # creation order, kept across restores (dicts keep insertion order)
+            if key not in self._seq:
+                self._seq[key] = self._next_seq
+                self._next_seq += 1
+        for key in self._clusters:
+            if "c" + key not in self._seq:
+                self._seq["c" + key] = self._next_seq
+                self._next_seq += 1
+        header = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "part": "header",
+                  "evicted": [[k, t] for k, t in self._evicted.items()], "counters": self.counters,
+                  "next_seq": self._next_seq}
+        out: Dict[str, Optional[bytes]] = {"header": _json_bytes(header)}
+        for key in self._unsaved_runs:
+            run = self._runs.get(key)
+            if run is not None:
+                out[_part("run/", key)] = _json_bytes({"seq": self._seq[key], "run": run.to_json()})
+        for key in self._unsaved_clusters:
+            cluster = self._clusters.get(key)
+            if cluster is not None:
+                out[_part("cluster/", key)] = _json_bytes({"seq": self._seq["c" + key],
+                                                           "cluster": cluster.to_json()})
+        for key in self._saved_runs:
+            if key not in self._runs:
+                out[_part("run/", key)] = None
+        for key in self._saved_clusters:
+            if key not in self._clusters:
+                out[_part("cluster/", key)] = None
+        return out
+
+    def parts_saved(self) -> None:
+        """The parts of the last :meth:`changed_parts` are stored: start counting changes afresh."""
+        self._saved_runs = dict.fromkeys(self._runs)
+        self._saved_clusters = dict.fromkeys(self._clusters)
+        self._unsaved_runs.clear()
+        self._unsaved_clusters.clear()
+        self._seq = {k: v for k, v in self._seq.items()
+                     if (k[1:] in self._clusters if k.startswith("c") else k in self._runs)}
+
+    @classmethod
+    def restore_parts(cls, parts: Mapping[str, bytes], settings: Optional[DetectionSettings] = None,
+                      project_settings: Optional[Mapping[str, DetectionSettings]] = None) -> Pipeline:
+        """A pipeline continuing from stored :meth:`changed_parts` (every key's latest value). ValueError
+        when the header is missing or a part is not of a version this code reads."""
+        if "header" not in parts:
+            raise ValueError("no pipeline snapshot header among the parts")
+        header = _parse_part(parts["header"], "header")
+        if header.get("format") != SNAPSHOT_FORMAT or header.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"pipeline snapshot parts of version {header.get('version')!r} are not "
+                             f"supported (this code reads version {SNAPSHOT_VERSION})")
+        pipeline = cls(settings, project_settings)
+        runs: List[Tuple[int, RunState]] = []
+        clusters: List[Tuple[int, ClusterState]] = []
+        for name, blob in parts.items():
+            if name.startswith("run/"):
+                doc = _parse_part(blob, name)
+                runs.append((int(doc["seq"]), RunState.from_json(doc["run"])))
+            elif name.startswith("cluster/"):
+                doc = _parse_part(blob, name)
+                clusters.append((int(doc["seq"]), ClusterState.from_json(doc["cluster"])))
+        for seq, run in sorted(runs, key=lambda item: item[0]):
+            pipeline._runs[run.key] = run
+            pipeline._seq[run.key] = seq
+        for seq, cluster in sorted(clusters, key=lambda item: item[0]):
+            key = cluster_key(cluster.record.project, cluster.record.fingerprint)
+            pipeline._clusters[key] = cluster
+            pipeline._seq["c" + key] = seq
+        pipeline._next_seq = int(header.get("next_seq", 0))
+        pipeline._evicted = {str(k): int(t) for k, t in header.get("evicted", [])}
+        pipeline.counters.update({k: int(v) for k, v in header.get("counters", {}).items() if k in COUNTERS})
+        pipeline.parts_saved()
+        return pipeline
+
     @classmethod
     def restore(cls, data: bytes, settings: Optional[DetectionSettings] = None,
                 project_settings: Optional[Mapping[str, DetectionSettings]] = None) -> Pipeline:
@@ -501,7 +592,28 @@ class Pipeline:
                 cluster
         pipeline._evicted = {str(k): int(t) for k, t in doc.get("evicted", [])}
         pipeline.counters.update({k: int(v) for k, v in doc.get("counters", {}).items() if k in COUNTERS})
+        pipeline._unsaved_runs = dict.fromkeys(pipeline._runs)  # no parts stored yet: all of it changed
+        pipeline._unsaved_clusters = dict.fromkeys(pipeline._clusters)
         return pipeline
+
+
+def _part(prefix: str, key: str) -> str:
+    """The part name of a run or cluster key (NUL-separated) -- printable: ``%`` and NUL escaped."""
+    return prefix + key.replace("%", "%25").replace("\x00", "%00")
+
+
+def _json_bytes(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("ascii")
+
+
+def _parse_part(blob: bytes, name: str) -> Dict[str, Any]:
+    try:
+        doc = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"pipeline snapshot part {name!r} unreadable: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"pipeline snapshot part {name!r} is not an object")
+    return doc
 
 
 def _step_of(ev: _Event, rank: RankState) -> int:

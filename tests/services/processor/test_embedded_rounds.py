@@ -13,10 +13,11 @@ import pytest
 
 from trainguard import wire
 from trainguard.v1 import ingest_pb2
+from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.records import Incident
 from trainguard_server.config import Settings
 from trainguard_server.gateway.ingest import Gateway
-from trainguard_server.processor.embedded import EmbeddedProcessor
+from trainguard_server.processor.embedded import PARTS_PREFIX, STATE_KEY, EmbeddedProcessor
 from trainguard_server.queue.sqlite import SqliteQueue
 from trainguard_server.storage.base import MetricPoint
 from trainguard_server.storage.sqlite import (
@@ -115,4 +116,37 @@ def test_an_output_whose_upsert_failed_is_stored_once_the_store_is_back(tmp_path
     assert queue.depth() == 0
     run = incidents.get_run("p", incident.run_id)
     assert run is not None and run.status == "failed"
+    queue.close()
+
+
+def test_checkpoints_store_parts_and_a_restarted_processor_continues_from_them(tmp_path: Path) -> None:
+    queue, _envelopes = _publish(tmp_path)
+    incidents = SqliteIncidentStore(tmp_path / "incidents.db")
+    stores = (SqliteEventStore(tmp_path / "events.db"), SqliteMetricStore(tmp_path / "metrics.db"), incidents)
+    first = EmbeddedProcessor(queue, *stores, snapshot_every_s=0.0, tick_interval_s=1e15)  # no eviction of
+    first.drain(timeout=10)                                                          # the recorded run
+    first.checkpoint()
+    keys = incidents.state_keys(PARTS_PREFIX)
+    assert f"{PARTS_PREFIX}header" in keys and any(k.startswith(f"{PARTS_PREFIX}run/") for k in keys)
+    assert incidents.load_state(STATE_KEY) is None
+    second = EmbeddedProcessor(queue, *stores, snapshot_every_s=0.0, tick_interval_s=1e15)  # a restart
+    assert second.pipeline.snapshot() == first.pipeline.snapshot()
+    queue.close()
+
+
+def test_a_whole_snapshot_of_an_older_processor_is_read_then_replaced_by_parts(tmp_path: Path) -> None:
+    queue, envelopes = _publish(tmp_path)
+    incidents = SqliteIncidentStore(tmp_path / "incidents.db")
+    older = Pipeline()
+    older.process(envelopes)
+    incidents.save_state(STATE_KEY, older.snapshot())  # what the previous version left
+    processor = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / "events.db"),
+                                  SqliteMetricStore(tmp_path / "metrics.db"), incidents, snapshot_every_s=0.0)
+    assert processor.pipeline.snapshot() == older.snapshot()
+    processor.checkpoint()
+    assert incidents.load_state(STATE_KEY) is None
+    assert incidents.state_keys(PARTS_PREFIX)
+    again = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / "events.db"),
+                              SqliteMetricStore(tmp_path / "metrics.db"), incidents, snapshot_every_s=0.0)
+    assert again.pipeline.snapshot() == older.snapshot()
     queue.close()

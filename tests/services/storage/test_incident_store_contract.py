@@ -250,6 +250,18 @@ def test_state_blobs_round_trip_and_overwrite(store: IncidentStore) -> None:
     assert store.load_state("processor") == b"" and store.load_state("other") == b"x"
 
 
+def test_save_states_writes_and_deletes_all_at_once_or_nothing(store: IncidentStore) -> None:
+    store.save_state("snap/old", b"old")
+    store.save_states({"snap/a": b"1", "snap/b": b"\x00" * 100_000, "snap/old": None, "snap/absent": None})
+    assert store.state_keys("snap/") == ["snap/a", "snap/b"]
+    assert store.load_state("snap/b") == b"\x00" * 100_000 and store.load_state("snap/old") is None
+    with pytest.raises(TypeError):  # the last value is not bytes: the first two must not be written
+        store.save_states({"snap/a": b"2", "snap/c": b"3", "snap/d": "text"})  # type: ignore[dict-item]
+    assert store.load_state("snap/a") == b"1" and store.load_state("snap/c") is None
+    store.save_states({})
+    assert store.state_keys("snap/") == ["snap/a", "snap/b"]
+
+
 def test_state_keys_lists_a_literal_prefix_in_order(store: IncidentStore) -> None:
     for key in ("gate.baseline/p/b", "gate.baseline/p/a", "gate.baseline/p2/a", "gate.baseline/p_x/a",
                 "gate.baselinez", "processor"):

@@ -4,7 +4,8 @@ Exactly-once effect from at-least-once delivery:
 1. records are consumed and their events run through the pipeline; raw context, metric points and the
    pipeline's upserts are written to the stores (all writes are idempotent);
 2. every ``snapshot_every_s`` the pipeline state is saved *with the offsets it covers*, and only then are
-   those records committed on the queue;
+   those records committed on the queue; the save is incremental -- the runs and clusters that changed
+   since the last one, in one transaction (``Pipeline.changed_parts``, keys under ``PARTS_PREFIX``);
 3. after a crash the last snapshot is restored and the queue redelivers everything after it; re-applying
    those records yields the same stores, and the pipeline's event-id memory keeps counts exact.
 """
@@ -30,6 +31,9 @@ from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricPoin
 log = logging.getLogger("trainguard.processor")
 
 STATE_KEY = "pipeline/embedded"
+"""Where a processor before incremental snapshots kept its whole state (read once, then deleted)."""
+PARTS_PREFIX = "pipeline/embedded/"
+"""The pipeline's snapshot parts (``Pipeline.changed_parts``) are state keys under this prefix."""
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 """A round that failed (a store unavailable) is retried after a backoff doubling from MIN to MAX."""
@@ -109,10 +113,17 @@ class EmbeddedProcessor:
 
     # --- state ----------------------------------------------------------------------------------
     def _restore(self) -> Pipeline:
-        blob = self.incidents.load_state(STATE_KEY)
-        if blob is None:
-            return Pipeline(self.detection)
+        self._legacy_state = False
+        keys = self.incidents.state_keys(PARTS_PREFIX)
+        parts = {key[len(PARTS_PREFIX):]: self.incidents.load_state(key) for key in keys}
+        blob = None if parts else self.incidents.load_state(STATE_KEY)
         try:
+            if parts:
+                return Pipeline.restore_parts({k: v for k, v in parts.items() if v is not None},
+                                              self.detection)
+            if blob is None:
+                return Pipeline(self.detection)
+            self._legacy_state = True  # the first checkpoint writes it as parts and deletes it
             return Pipeline.restore(blob, self.detection)
         except Exception as exc:  # an unreadable snapshot: start clean, the stores keep the history
             log.error("pipeline snapshot unreadable (%s); starting from an empty state", exc)
@@ -125,7 +136,13 @@ class EmbeddedProcessor:
 
     def _checkpoint_locked(self) -> None:
         self._apply_pending()  # the snapshot says these records were emitted: the stores must have them
-        self.incidents.save_state(STATE_KEY, self.pipeline.snapshot())
+        # what changed since the last checkpoint, in one transaction (Pipeline.changed_parts)
+        items = {PARTS_PREFIX + name: blob for name, blob in self.pipeline.changed_parts().items()}
+        if self._legacy_state:
+            items[STATE_KEY] = None
+        self.incidents.save_states(items)
+        self.pipeline.parts_saved()
+        self._legacy_state = False
         if self._uncommitted:
             self.queue.commit(self._uncommitted)
             self._uncommitted = []

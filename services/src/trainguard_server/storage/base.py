@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict, Generic, List, NamedTuple, Optional, Sequence, TypeVar
+from typing import Any, Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, TypeVar
 
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
@@ -227,6 +227,11 @@ class IncidentStore(ABC):
     @abstractmethod
     def save_state(self, key: str, state: bytes) -> None:
         """Persist the processor's state snapshot under ``key``."""
+
+    @abstractmethod
+    def save_states(self, items: Mapping[str, Optional[bytes]]) -> None:
+        """Write every item in one atomic step: all of them or (on an exception) none. A ``None`` value
+        deletes its key (absent keys are no error). What a processor's incremental snapshot uses."""
 
     @abstractmethod
     def load_state(self, key: str) -> Optional[bytes]: ...

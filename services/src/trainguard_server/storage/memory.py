@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
@@ -327,6 +327,15 @@ class MemoryIncidentStore(IncidentStore):
     def save_state(self, key: str, state: bytes) -> None:
         with self._lock:
             self._state[key] = bytes(state)
+
+    def save_states(self, items: Mapping[str, Optional[bytes]]) -> None:
+        staged = {str(k): (None if v is None else bytes(v)) for k, v in items.items()}  # raises first
+        with self._lock:
+            for key, value in staged.items():
+                if value is None:
+                    self._state.pop(key, None)
+                else:
+                    self._state[key] = value
 
     def load_state(self, key: str) -> Optional[bytes]:
         with self._lock:

@@ -32,7 +32,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
@@ -694,6 +694,16 @@ class SqliteIncidentStore(IncidentStore):
         with self._db.write() as conn:
             conn.execute("INSERT OR REPLACE INTO state (key, value, updated_ns) VALUES (?, ?, ?)",
                          (key, bytes(state), time.time_ns()))
+
+    def save_states(self, items: Mapping[str, Optional[bytes]]) -> None:
+        now = time.time_ns()
+        with self._db.write() as conn:  # one transaction: all or nothing
+            for key, value in items.items():
+                if value is None:
+                    conn.execute("DELETE FROM state WHERE key = ?", (key,))
+                else:
+                    conn.execute("INSERT OR REPLACE INTO state (key, value, updated_ns) VALUES (?, ?, ?)",
+                                 (key, bytes(value), now))
 
     def load_state(self, key: str) -> Optional[bytes]:
         row = self._db.reader().execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
