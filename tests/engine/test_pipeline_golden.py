@@ -29,6 +29,7 @@ import pytest
 from tests.engine.test_pipeline import DEMO, NAMES, load
 from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.extract import metric_points
 from trainguard_engine.pipeline import Pipeline, PipelineOutput
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "pipeline_digests.json"
@@ -78,11 +79,17 @@ def _store(outputs: Sequence[PipelineOutput]) -> Dict[str, Dict[str, Any]]:
     return dict(sorted(held.items()))
 
 
-def run_stream(events: Sequence[Event], settings: DetectionSettings, record: int) -> Dict[str, Any]:
-    """The store after the stream, fed ``record`` envelopes per call (0: one call), then settled."""
+def run_stream(events: Sequence[Event], settings: DetectionSettings, record: int,
+               points_given: bool = False) -> Dict[str, Any]:
+    """The store after the stream, fed ``record`` envelopes per call (0: one call), then settled;
+    ``points_given``: with each envelope's metric points read beforehand, as the embedded processor
+    passes them."""
     pipeline = Pipeline(settings)
     step = record or max(1, len(events))
-    outputs = [pipeline.process(events[i:i + step]) for i in range(0, len(events), step)]
+    outputs = [pipeline.process(events[i:i + step],
+                                [metric_points(e) if "metrics" in e else None for e in events[i:i + step]]
+                                if points_given else None)
+               for i in range(0, len(events), step)]
     last = max(int(e.get("time_unix_nano") or 0) for e in events)
     outputs.append(pipeline.advance(last + SETTLE_NS))
     return _store(outputs)
@@ -115,6 +122,7 @@ def test_outputs_equal_the_golden_digest(name: str) -> None:
     assert kinds(in_records) == want["kinds"]
     assert digest(in_records) == want["digest"], f"{name}: the pipeline's records changed"
     assert run_stream(events, settings, 0) == in_records  # batching is not an input
+    assert run_stream(events, settings, RECORD, points_given=True) == in_records  # nor who read the points
 
 
 def test_every_stream_has_a_golden_digest() -> None:

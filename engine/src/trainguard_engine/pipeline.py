@@ -179,10 +179,19 @@ class Pipeline:
         return self.project_settings.get(project, self.settings)
 
     # --- inputs -----------------------------------------------------------------------------
-    def process(self, events: Sequence[Mapping[str, Any]]) -> PipelineOutput:
-        """Fold ``events`` (envelope dicts, arrival order) into the state; every record that changed."""
-        for raw in events:
-            self._process_one(raw)
+    def process(self, events: Sequence[Mapping[str, Any]],
+                points: Optional[Sequence[Optional[Sequence[Any]]]] = None) -> PipelineOutput:
+        """Fold ``events`` (envelope dicts, arrival order) into the state; every record that changed.
+
+        ``points``, when given, holds for each event its metric points as
+        :func:`~trainguard_engine.extract.metric_points` reads them (None: read them here) -- a runtime
+        that already read them for its metric store passes them so they are read once."""
+        if points is None:
+            for raw in events:
+                self._process_one(raw, None)
+        else:
+            for raw, pts in zip(events, points):
+                self._process_one(raw, pts)
         return self._flush()
 
     def advance(self, now_ns: int) -> PipelineOutput:
@@ -215,12 +224,15 @@ class Pipeline:
         self.next_timer_ns = next_timer
         return self._flush()
 
-    def _process_one(self, raw: Any) -> None:
+    def _process_one(self, raw: Any, given: Optional[Sequence[Any]]) -> None:
         self.counters["events"] += 1
         applied_before = self._applied
         try:
             ev = _parse(raw)
-            points = batch_points(ev.body, ev.step) if ev.kind == "metrics" else []
+            if ev.kind != "metrics":
+                points: Sequence[Any] = []
+            else:
+                points = batch_points(ev.body, ev.step) if given is None else given
         except (TypeError, ValueError, AttributeError):
             self.counters["malformed"] += 1
             return

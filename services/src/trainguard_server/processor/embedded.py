@@ -242,9 +242,9 @@ class EmbeddedProcessor:
 
     def _process(self, records: Sequence[QueueRecord], envelopes: Sequence[Dict[str, Any]]) -> None:
         """One chunk: raw context and points stored, the pipeline run, its upserts applied."""
-        self._store_raw(envelopes)
+        points = self._store_raw(envelopes)
         self._uncommitted.extend(records)  # committed at the next checkpoint, which waits for _pending
-        self._run_pipeline(envelopes)
+        self._run_pipeline(envelopes, points)
         now_ns = time.time_ns()
         if records:
             self.stats.last_lag_s = max(0.0, (now_ns - records[-1].published_ns) / 1e9)
@@ -253,14 +253,19 @@ class EmbeddedProcessor:
         self.stats.rounds += 1
         self._apply_pending()
 
-    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]]) -> None:
-        """The pipeline's part of a chunk (a runtime that runs it elsewhere overrides this): its output
-        becomes ``_pending`` until the stores have it."""
-        self._emit_later(self.pipeline.process(envelopes))
+    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]],
+                      points: Sequence[Optional[List[extract.MetricTuple]]]) -> None:
+        """The pipeline's part of a chunk (a runtime that runs it elsewhere overrides this), given the
+        metric points ``_store_raw`` read from each envelope (read once, shared): its output becomes
+        ``_pending`` until the stores have it."""
+        self._emit_later(self.pipeline.process(envelopes, points))
 
-    def _store_raw(self, envelopes: Sequence[Dict[str, Any]]) -> None:
+    def _store_raw(self, envelopes: Sequence[Dict[str, Any]]) -> List[Optional[List[extract.MetricTuple]]]:
+        """Raw context to the event store and metric points to the metric store, one write each; returns
+        each envelope's points ``(name, step, value)`` (None for an envelope without metrics)."""
         points: List[MetricPoint] = []
         stored: List[StoredEvent] = []
+        per_envelope: List[Optional[List[extract.MetricTuple]]] = []
         add = points.append
         for env in envelopes:
             project = env.get("project", "")
@@ -268,8 +273,12 @@ class EmbeddedProcessor:
             rank = int(env.get("rank", 0))
             time_ns = int(env.get("time_unix_nano", 0))
             if "metrics" in env:
-                for name, step, value in extract.metric_points(env):
+                mine = extract.metric_points(env)
+                per_envelope.append(mine)
+                for name, step, value in mine:
                     add(MetricPoint(project, run_id, rank, name, step, time_ns, value))
+            else:
+                per_envelope.append(None)
             if extract.is_raw_context(env):
                 stored.append(StoredEvent(
                     event_id=env["event_id"], project=project, run_id=run_id, rank=rank,
@@ -287,6 +296,7 @@ class EmbeddedProcessor:
                     raise  # unavailable for some of them: the round is retried
                 self.stats.rejected_events += len(exc.rejected)  # refused for good: logged, not retried
                 log.error("%s", exc)
+        return per_envelope
 
     def _emit_later(self, output: PipelineOutput) -> None:
         """Queue ``output`` for the stores (merged with an output still pending: later records win)."""

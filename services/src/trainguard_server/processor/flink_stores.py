@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
+from trainguard_engine.extract import MetricTuple
 from trainguard_engine.pipeline import PipelineOutput
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
@@ -59,7 +60,8 @@ class FlinkStoresProcessor(EmbeddedProcessor):
         self.results = results
         self.results_applied = 0
 
-    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]]) -> None:
+    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]],
+                      points: Sequence[Optional[List[MetricTuple]]]) -> None:
         """Nothing: the Flink job runs the pipeline; this stores raw context and metrics only."""
 
     def _checkpoint_locked(self) -> None:  # no pipeline state to save: commit what was stored
