@@ -120,3 +120,52 @@ def test_a_bad_registration_fails_at_import(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(registry, "BY_NAME", {d.name: d for d in registry.DETECTORS})
     with pytest.raises(AssertionError, match="loss/imaginary"):
         registry._check()
+
+
+def _without_empty(value: Any) -> Any:
+    """``value`` without empty dicts (a detector's state created empty by a call that found nothing)."""
+    if isinstance(value, dict):
+        return {k: _without_empty(v) for k, v in value.items() if v != {}}
+    if isinstance(value, list):
+        return [_without_empty(v) for v in value]
+    return value
+
+
+class Checking(Detector):
+    """A registered detector whose ``wants`` is checked: where it says False, the call it would skip is
+    made anyway on a copy-free basis and must find nothing and change nothing (but an empty state)."""
+
+    def __init__(self, inner: Detector, skipped: Dict[str, int]) -> None:
+        self.inner, self.skipped = inner, skipped
+        self.name, self.kinds, self.section = inner.name, inner.kinds, inner.section
+
+    def wants(self, rank: Any, names: Any, settings: DetectionSettings) -> bool:
+        return True  # the pipeline calls on_metrics every time; on_metrics asks the inner detector
+
+    def on_metrics(self, run: Any, rank: Any, batch: MetricBatch, settings: DetectionSettings) -> Sequence[Any]:
+        names = {n for n, _s, _v in batch.points}
+        if self.inner.wants(rank, names, settings):
+            return self.inner.on_metrics(run, rank, batch, settings)
+        before = _without_empty(run.to_json())
+        found = self.inner.on_metrics(run, rank, batch, settings)
+        assert list(found) == [], f"{self.name} said it did not want {sorted(names)} but found {found}"
+        assert _without_empty(run.to_json()) == before, f"{self.name} changed state on {sorted(names)}"
+        self.skipped[self.name] += 1
+        return found
+
+    def on_memory(self, run: Any, rank: Any, payload: Any, batch: MetricBatch,
+                  settings: DetectionSettings) -> Sequence[Any]:
+        return self.inner.on_memory(run, rank, payload, batch, settings)
+
+
+def test_wants_is_exact_on_every_recorded_stream() -> None:
+    skipped: Dict[str, int] = defaultdict(int)
+    original = pipeline_mod.DETECTORS
+    pipeline_mod.DETECTORS = tuple(Checking(d, skipped) for d in registry.DETECTORS)  # type: ignore[misc]
+    try:
+        for name in sorted(STREAMS)[::3]:  # a third of the streams: each call is checked on a state copy
+            load_events, settings = STREAMS[name]
+            run_stream(load_events(), settings, 50)
+    finally:
+        pipeline_mod.DETECTORS = original  # type: ignore[misc]
+    assert all(skipped[d.name] > 0 for d in registry.DETECTORS), dict(skipped)  # every gate was exercised

@@ -309,9 +309,11 @@ class Pipeline:
                 if settings.keeps_history(name):
                     rank.observe_point(name, step, value, ev.time_ns, settings, context=True)
         batch = MetricBatch(points, ev.step, ev.time_ns, ev.event_id)
+        names = {name for name, _s, _v in points}
         for detector in DETECTORS:  # the registry's order (see detectors/registry.py)
-            for finding in detector.on_metrics(run, rank, batch, settings):
-                self._apply(run, finding, settings)
+            if detector.wants(rank, names, settings):
+                for finding in detector.on_metrics(run, rank, batch, settings):
+                    self._apply(run, finding, settings)
 
     def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         if ev.time_ns <= rank.last_hb_ns:

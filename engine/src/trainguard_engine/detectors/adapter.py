@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -262,6 +262,10 @@ class Adapters(Detector):
     name = "adapter"
     kinds = ("adapter/lora-grad-break",)
     section = "adapter"
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return not (names.isdisjoint((GRAD_MEAN_A, GRAD_MEAN_B, NO_GRAD, PARAMS))
+                    and names.isdisjoint(settings.loss_metrics))
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:

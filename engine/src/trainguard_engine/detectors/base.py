@@ -13,7 +13,8 @@ A detector is stateless code over the run's state: what it remembers lives in ``
 and implements any of the hooks, each returning the findings it made (never raising on odd input):
 
 * :meth:`Detector.on_metrics` -- one metric batch of a rank (:class:`MetricBatch`), after its points are
-  in the rank's history;
+  in the rank's history; :meth:`Detector.wants` tells from the batch's metric names whether the call can
+  matter (most batches concern one or two families: the others are not called);
 * :meth:`Detector.on_memory`  -- one ``memory`` event (a MemorySnapshot payload) of a rank.
 
 The pipeline walks :data:`~trainguard_engine.detectors.registry.DETECTORS` in order, so a later detector
@@ -25,7 +26,7 @@ heartbeats, stalls) are the process and progress modules' own entry points, call
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence, Tuple
+from typing import AbstractSet, Any, Mapping, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -52,6 +53,12 @@ class Detector:
     name: str = ""
     kinds: Tuple[str, ...] = ()
     section: str = ""
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        """Whether :meth:`on_metrics` can find or remember anything in a batch whose point names are
+        ``names`` (the pipeline skips the call otherwise). Must be exact: False only when the call would
+        return nothing and change nothing that matters. Default: always."""
+        return True
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> Sequence[Finding]:

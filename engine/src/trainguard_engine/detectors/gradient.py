@@ -49,7 +49,7 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import from_wire_float, wire_float
 
@@ -827,6 +827,15 @@ class Gradients(Detector):
     name = "gradient"
     kinds = ("gradient/explosion", "gradient/nan-source", "gradient/vanishing", "gradient/clip-stale")
     section = "loss_gradient"
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        if not (names.isdisjoint(settings.grad_norm_metrics) and names.isdisjoint(settings.loss_metrics)
+                and names.isdisjoint(settings.clip_threshold_metrics) and "amp/overflow" not in names):
+            return True
+        if any(n.startswith(LAYER_PREFIX) for n in names):
+            return True
+        pending = rank.detectors.get(STATE_KEY, {}).get("nonfinite")  # its wait ends on any batch
+        return pending is not None and bool(pending.get("waiting"))
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:

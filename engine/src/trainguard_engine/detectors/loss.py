@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
@@ -479,6 +479,9 @@ class NonFiniteLoss(Detector):
     kinds = ("loss/non_finite", "gradient/explosion", "gradient/nan-source")
     section = "loss_gradient"
 
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return not names.isdisjoint(settings.loss_metrics)
+
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:
         return on_metrics(run, rank, batch.points, batch.time_ns, batch.event_id, settings)
@@ -491,6 +494,9 @@ class LossCurve(Detector):
     name = "loss.curve"
     kinds = ("loss/oscillation", "loss/rise-after-fall", "loss/plateau")
     section = "loss_gradient"
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return not names.isdisjoint(settings.loss_metrics)
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:

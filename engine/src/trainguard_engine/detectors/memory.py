@@ -110,7 +110,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -971,6 +971,12 @@ class Memory(Detector):
     name = "memory"
     kinds = ("memory/fragmentation", "memory/leak", "memory/amp-overflow", "memory/context-leak")
     section = "memory"
+    METRICS = frozenset(("amp/scale", "amp/overflow", "mem/allocated", "mem/rss", "mem/device_used",
+                         "mem/total_capacity", "mem/fragmentation"))
+    """The metric names :func:`on_metrics` reads (every one of its checks starts from one of them)."""
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return not names.isdisjoint(self.METRICS)
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -255,6 +255,9 @@ class Sequences(Detector):
     name = "sequence"
     kinds = ("sequence/truncation",)
     section = "sequence"
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return not names.isdisjoint(FIELDS)
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:
