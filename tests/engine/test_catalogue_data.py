@@ -14,7 +14,7 @@ import pytest
 
 from trainguard_engine import catalogue, correlate, diagnosis
 from trainguard_engine.catalogue import KINDS, CatalogueError, _load_exception_rules, _load_exits, _load_kinds
-from trainguard_engine.detectors import gradient
+from trainguard_engine.detectors import numeric
 
 REPO = Path(__file__).resolve().parents[2]
 DATA: Dict[str, Any] = catalogue._DATA
@@ -83,8 +83,8 @@ def test_correlation_roles_and_numeric_strengths_are_the_datas() -> None:
         assert table == tuple((k.category, k.subtype) for k in KINDS.values() if role in k.roles)
         assert table  # every role is held by some kind
     assert set(correlate.NUMERIC) <= set(correlate.CAUSES)
-    assert gradient.NUMERIC_STRENGTH == {n: k.numeric_strength for n, k in KINDS.items() if k.numeric_strength}
-    assert gradient.NUMERIC_STRENGTH["gradient/explosion"] > gradient.NUMERIC_STRENGTH["loss/non_finite"]
+    assert numeric.NUMERIC_STRENGTH == {n: k.numeric_strength for n, k in KINDS.items() if k.numeric_strength}
+    assert numeric.NUMERIC_STRENGTH["gradient/explosion"] > numeric.NUMERIC_STRENGTH["loss/non_finite"]
 
 
 def test_every_diagnosis_rule_names_a_cause_of_its_kind_by_id() -> None:

@@ -71,7 +71,7 @@ class RankState:
     # name -> (step, time_ns) of its first non-finite value (history names only)
     first_nonfinite: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     # detector family -> its streaming state for this rank: small, JSON-able (finite floats only), bounded
-    # by the family's own settings (see trainguard_engine.detectors.gradient.rank_state)
+    # by the family's own settings (see trainguard_engine.detectors.numeric.rank_state)
     detectors: Dict[str, Any] = field(default_factory=dict)
 
     # --- elementary updates -----------------------------------------------------------------

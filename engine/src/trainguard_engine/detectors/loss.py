@@ -61,7 +61,7 @@ from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from . import fmt_number, window
 from .base import Detector, MetricBatch
-from .gradient import (
+from .numeric import (
     CLIP_STALE_KEY,
     NUMERIC_KEY,
     RISE,

@@ -1,0 +1,358 @@
+"""The loss/gradient family's shared numerics: the rank's state and history for the family, the run's
+numeric slot (one incident for a NaN loss, an exploding gradient or the NaN's source: who may re-classify
+it, whether it is final), and the divergence story the non-finite loss and the gradient detectors both tell
+-- was the gradient norm climbing before the loss went non-finite (:func:`find_explosion`), where did the
+first non-finite value come from (:func:`nan_source`). Pure; used by :mod:`.loss` and :mod:`.gradient`."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from trainguard.core.events import wire_float
+
+from .. import robust
+from ..catalogue import KINDS, DetectionSettings
+from ..records import Evidence, TimelineEntry
+from ..state import RankState, RunState
+from . import fmt_number, window
+
+NUMERIC_KEY = "numeric"
+"""The incident slot of the run's divergence story (one per run): non-finite loss, gradient explosion,
+NaN source, and the loss rising after a fall, which they re-classify when it turns out to be their start."""
+RISE = ("loss", "rise-after-fall")
+"""The one kind in the numeric slot that a later explosion / NaN re-classifies (escalates)."""
+VANISHING_KEY = "gradient:vanishing"
+CLIP_STALE_KEY = "gradient:clip-stale"
+STATE_KEY = "lg"
+"""``RankState.detectors`` key of the loss/gradient family's per-rank state."""
+LAYER_PREFIX = "grad/layer/"
+MAX_LAYERS_KEPT = 16
+
+
+LossGradientSettings = DetectionSettings
+"""The loss-curve and gradient detectors' thresholds are fields of :class:`DetectionSettings` (section
+"loss curve and gradient detectors"), so every one of them can be overridden per project."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-rank state (plain JSON inside RankState.detectors)
+
+
+def rank_state(rank: RankState) -> Dict[str, Any]:
+    """The family's state of ``rank`` (created empty): ``loss`` (curve tests, see :mod:`.loss`),
+    ``grad`` (last norm step checked), ``clip`` (streak, tau), ``layers`` (vanishing streak and ratios,
+    the last report's largest and zero-gradient layers), ``nonfinite`` (the first non-finite gradient
+    seen, and whether it still waits for its step's loss)."""
+    state: Dict[str, Any] = rank.detectors.setdefault(STATE_KEY, {})
+    return state
+
+
+def rank_has_open(run: RunState, rank: RankState, *keys: str) -> bool:
+    """Whether an open incident in one of the slots ``keys`` lists ``rank``."""
+    for key in keys:
+        st = run.incidents.get(key)
+        if st is not None and st.is_open and rank.rank in st.rank_first:
+            return True
+    return False
+
+
+NUMERIC_STRENGTH = {name: k.numeric_strength for name, k in KINDS.items() if k.numeric_strength}
+"""How specific each kind of the numeric slot is (the catalogue's ``numeric_strength``): a finding
+re-classifies the incident only upwards."""
+
+
+def upgrades(run: RunState, category: str, subtype: str) -> bool:
+    """Whether a ``category/subtype`` finding re-classifies the run's numeric incident (it is more
+    specific than the incident's kind; True when there is none)."""
+    st = run.incidents.get(NUMERIC_KEY)
+    if st is None:
+        return True
+    now = NUMERIC_STRENGTH.get(f"{st.record.category}/{st.record.subtype}", 0)
+    return NUMERIC_STRENGTH.get(f"{category}/{subtype}", 0) > now
+
+
+def numeric_final(run: RunState, rank: RankState) -> bool:
+    """Whether ``rank`` is in an open numeric incident that is final (not a rise-after-fall that could
+    still escalate): its gradients and loss curve have told their story."""
+    st = run.incidents.get(NUMERIC_KEY)
+    return st is not None and st.is_open and rank.rank in st.rank_first and \
+        (st.record.category, st.record.subtype) != RISE
+
+
+def point_time(rank: RankState, name: str, step: int, default: int) -> int:
+    """The event time of ``name`` at ``step`` in the history (``default`` when unknown)."""
+    kept = rank.history.get(name, {}).get(step)
+    return kept[1] if kept is not None and kept[1] else default
+
+
+def finite_series(rank: RankState, name: str, lo: int, hi: int) -> List[Tuple[int, float, int]]:
+    """``(step, value, time_ns)`` of ``name`` for lo <= step <= hi, finite values only, by step."""
+    data = rank.history.get(name)
+    if not data:
+        return []
+    steps = sorted(s for s in data if lo <= s <= hi)
+    out = []
+    for s in steps:
+        value, t = data[s]
+        if value - value == 0.0:
+            out.append((s, value, t))
+    return out
+
+
+def recent(rank: RankState, name: str, most: int, upto: Optional[int] = None) -> List[Tuple[int, float, int]]:
+    """``(step, value, time_ns)`` of the finite values among the last ``most`` points of ``name`` received
+    (at steps <= ``upto`` when given), by step. Cheap (no sort of the whole history): the history keeps
+    arrival order, which is step order except for late points, which then count as recent."""
+    data = rank.history.get(name)
+    if not data:
+        return []
+    out = [(s, v, t) for s, (v, t) in itertools.islice(reversed(data.items()), most)
+           if v - v == 0.0 and (upto is None or s <= upto)]
+    out.sort()
+    return out
+
+
+def grad_metric(rank: RankState, settings: DetectionSettings) -> Optional[str]:
+    """The rank's global grad-norm metric (first of ``grad_norm_metrics`` it has a history of)."""
+    return next((n for n in settings.grad_norm_metrics if n in rank.history), None)
+
+
+def lr_span(rank: RankState, lo: int, hi: int) -> str:
+    """``"; the LR went from 0.05 to 0.82"`` over [lo, hi] when an LR metric is in the history."""
+    for name in ("opt/lr", "lr"):
+        series = finite_series(rank, name, lo, hi)
+        if len(series) >= 2:
+            first, last = series[0][1], series[-1][1]
+            if first != last:
+                return (f"; the LR went from {fmt_number(first)} to {fmt_number(last)} "
+                        f"(steps {series[0][0]}-{series[-1][0]})")
+            return f"; the LR stayed at {fmt_number(first)}"
+    return ""
+
+
+Point = Tuple[str, int, float]
+
+
+def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], settings: DetectionSettings
+                ) -> Tuple[Optional[Point], List[Point], Optional[Point], bool]:
+    """(global grad norm point, per-layer points, loss point, a GradScaler overflow step) of one batch;
+    remembers a clip threshold it carries."""
+    layers: List[Point] = []
+    grad_point: Optional[Point] = None
+    loss_point: Optional[Point] = None
+    overflow = False
+    for name, step, value in points:
+        if name in settings.grad_norm_metrics:
+            grad_point = (name, step, value)
+        elif name.startswith(LAYER_PREFIX):
+            layers.append((name, step, value))
+        elif name in settings.loss_metrics:
+            loss_point = loss_point or (name, step, value)
+        elif name == "amp/overflow" and value == 1.0:
+            overflow = True
+        elif name in settings.clip_threshold_metrics and math.isfinite(value) and value > 0:
+            state.setdefault("clip", {})["tau"] = value
+    if not overflow:  # the SDK's alert batch of per-layer NaNs has no amp/overflow itself; the history does
+        steps = {p[1] for p in layers} | ({grad_point[1]} if grad_point is not None else set())
+        overflow_history = rank.history.get("amp/overflow", {})
+        overflow = any(overflow_history.get(s, (0.0, 0))[0] >= 0.5 for s in steps)
+    return grad_point, layers, loss_point, overflow
+
+
+def note_nonfinite_batch(run: RunState, rank: RankState, points: Sequence[Point], time_ns: int,
+                         settings: DetectionSettings) -> None:
+    """Register a non-finite gradient of this batch before a non-finite loss of the same batch is judged:
+    a metrics file (``trainguard replay``) logs a step's loss and gradient norms on one line, where the
+    SDK sends the norms first. Idempotent with :func:`on_metrics`'s own registration."""
+    state = rank_state(rank)
+    grad_point, layers, _loss, overflow = read_batch(rank, state, points, settings)
+    if not overflow and not numeric_final(run, rank):
+        note_nonfinite(state, grad_point, layers, time_ns)
+
+
+# ----------------------------------------------------------------------------------------------------
+# explosion, judged when the loss goes non-finite (DESIGN §4 "Correlation")
+
+
+@dataclass
+class Explosion:
+    """The gradient evidence that turns a non-finite loss into a gradient explosion."""
+
+    metric: str
+    detail: str                  # one sentence, for the summary
+    short: str = ""              # a few words, for the title
+    evidence: List[Evidence] = field(default_factory=list)
+    timeline: List[TimelineEntry] = field(default_factory=list)
+    nonfinite_step: Optional[int] = None
+    earliest_ns: int = 0
+
+
+def _climb(finite: Sequence[Tuple[int, float, int]], settings: DetectionSettings
+           ) -> Optional[Tuple[Tuple[int, float, int], float, Tuple[int, float, int]]]:
+    """(peak, baseline median, onset point) when the values jump >= the factor above their baseline."""
+    if len(finite) < settings.explosion_min_points:
+        return None
+    peak = max(finite, key=lambda p: (p[1], -p[0]))
+    before = [p for p in finite if p[0] < peak[0]]
+    if len(before) < settings.explosion_min_points - 1:
+        return None
+    earlier_half = before[: max(1, (len(before) + 1) // 2)]
+    baseline = statistics.median(v for _s, v, _t in earlier_half)
+    if baseline <= 0 or peak[1] < settings.explosion_jump_factor * baseline:
+        return None
+    onset = next(p for p in finite if p[1] >= settings.explosion_jump_factor * baseline)
+    return peak, baseline, onset
+
+
+def find_explosion(rank: RankState, loss_step: int, time_ns: int, settings: DetectionSettings
+                   ) -> Optional[Explosion]:
+    """The explosion evidence in ``rank``'s gradient-norm history before ``loss_step``, if any."""
+    lo = loss_step - settings.explosion_window_steps
+    for name in settings.grad_norm_metrics:
+        if name not in rank.history:
+            continue
+        series = rank.series(name, lo, loss_step - 1)
+        nonfinite = next((p for p in series if not math.isfinite(p[1])), None)
+        first = rank.first_nonfinite.get(name)
+        earlier = nonfinite is None or (first is not None and first[0] < nonfinite[0])
+        if first is not None and lo <= first[0] < loss_step and earlier:
+            kept = rank.history[name].get(first[0])  # gone only when the history moved past it
+            nonfinite = (first[0], kept[0] if kept is not None else math.nan, first[1])
+        finite = [p for p in series if math.isfinite(p[1]) and (nonfinite is None or p[0] < nonfinite[0])]
+        climb = _climb(finite, settings)
+        if climb is None:
+            continue  # a non-finite gradient without a climb is a NaN source, not an explosion
+        found = Explosion(metric=name, detail="")
+        win = window(rank, name, loss_step, settings.evidence_window)
+        parts: List[str] = []
+        short: List[str] = []
+        times: List[int] = []
+        peak, baseline, onset = climb
+        ratio = peak[1] / baseline
+        parts.append(f"{name} rose to {fmt_number(peak[1])} ({ratio:.3g}x its median "
+                     f"{fmt_number(baseline)}) by step {peak[0]}")
+        short.append(f"{name} {ratio:.3g}x its median by step {peak[0]}")
+        found.evidence.append(Evidence(
+            rule="gradient.norm_climb",
+            description=(f"{name} peaked at {fmt_number(peak[1])} at step {peak[0]}, {ratio:.3g}x its "
+                         f"running median {fmt_number(baseline)}; first above "
+                         f"{settings.explosion_jump_factor:g}x at step {onset[0]} "
+                         f"({fmt_number(onset[1])})"),
+            step=onset[0], time_ns=onset[2] or time_ns, rank=rank.rank, metric=name,
+            threshold=settings.explosion_jump_factor, value=ratio, window=win))
+        found.timeline.append(TimelineEntry(
+            time_ns=onset[2] or time_ns, step=onset[0], rank=rank.rank,
+            what=(f"rank {rank.rank}: {name} {fmt_number(onset[1])} at step {onset[0]}, "
+                  f"{onset[1] / baseline:.3g}x its median")))
+        times.append(onset[2])
+        if nonfinite is not None:
+            step, value, t = nonfinite
+            shown = fmt_number(value)
+            parts.append(f"{name} became {shown} at step {step}")
+            short.append(f"{shown} at step {step}" if short else f"{name} {shown} at step {step}")
+            found.nonfinite_step = step
+            found.evidence.append(Evidence(
+                rule="gradient.non_finite",
+                description=f"{name} was {shown} at step {step}, before the loss went non-finite "
+                            f"(step {loss_step})",
+                step=step, time_ns=t or time_ns, rank=rank.rank, metric=name,
+                value=wire_float(value), window=win))
+            found.timeline.append(TimelineEntry(
+                time_ns=t or time_ns, step=step, rank=rank.rank,
+                what=f"rank {rank.rank}: {name} became {shown} at step {step}"))
+            times.append(t)
+        found.detail = ", then ".join(parts)
+        found.short = ", ".join(short)
+        found.earliest_ns = min([t for t in times if t > 0] + [time_ns])
+        return found
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# explosion before the NaN
+
+
+def climb_baseline(values: Sequence[float]) -> float:
+    """The running median a climb is measured against: the median of the earlier half of ``values``."""
+    return robust.median(values[: max(1, len(values) // 2)])
+
+
+# ----------------------------------------------------------------------------------------------------
+# NaN source
+
+
+def note_nonfinite(state: Dict[str, Any], grad_point: Optional[Tuple[str, int, float]],
+                    layers: Sequence[Tuple[str, int, float]], time_ns: int) -> None:
+    """Remember the first non-finite gradient (global norm or layers) of the rank and its layers."""
+    bad_layers = [n[len(LAYER_PREFIX):] for n, _s, v in layers if not math.isfinite(v)]
+    pending = state.get("nonfinite")
+    if grad_point is not None and not math.isfinite(grad_point[2]) and pending is None:
+        pending = state["nonfinite"] = {"step": grad_point[1], "metric": grad_point[0],
+                                        "value": wire_float(grad_point[2]), "time_ns": time_ns,
+                                        "waiting": True, "layers": [], "layer_count": 0}
+    if bad_layers and pending is None:
+        first_bad = next(v for _n, _s, v in layers if not math.isfinite(v))
+        pending = state["nonfinite"] = {"step": layers[0][1], "metric": LAYER_PREFIX + bad_layers[0],
+                                        "value": wire_float(first_bad), "time_ns": time_ns, "waiting": True,
+                                        "layers": [], "layer_count": 0}
+    if pending is not None and layers and layers[0][1] == pending["step"] and not pending["layers"]:
+        names = [n[len(LAYER_PREFIX):] for n, _s, _v in layers]
+        pending["layer_count"] = len(names)
+        pending["layers"] = [n for n in names if n in set(bad_layers)][:MAX_LAYERS_KEPT]
+        pending["deepest"] = max((i for i, n in enumerate(names) if n in set(bad_layers)), default=-1)
+        pending["prefix"] = all(n in set(bad_layers) for n in names[: pending["deepest"] + 1])
+        pending["last_layer"] = names[pending["deepest"]] if pending["deepest"] >= 0 else ""
+
+
+@dataclass
+class NanSource:
+    """Where the first non-finite gradient of a rank appeared (see :func:`nan_source`)."""
+
+    step: int
+    metric: str
+    value: str
+    time_ns: int
+    detail: str                  # for the title: "every layer at once (3 of 3)", "layer 2 (and ...)", ...
+    description: str
+    layers: List[str]
+
+
+def nan_source(rank: RankState) -> Optional[NanSource]:
+    """The rank's first non-finite gradient as the NaN-source story, if one was seen."""
+    pending = rank_state(rank).get("nonfinite")
+    if pending is None:
+        return None
+    layers: List[str] = list(pending.get("layers", []))
+    count = int(pending.get("layer_count", 0))
+    step = int(pending["step"])
+    if layers and count and len(layers) >= count:
+        detail = f"every layer at once ({count} of {count})"
+        where = (f"all {count} layers' gradients were non-finite at step {step}: the NaN/Inf came from the "
+                 f"forward pass or the loss (a bad sample, log(0), a division by zero), not from one layer")
+    elif layers and pending.get("prefix") and pending.get("last_layer"):
+        detail = f"layer {pending['last_layer']} (and the {len(layers) - 1} before it)"
+        where = (f"the gradients of layers {', '.join(layers)} were non-finite at step {step} and the layers "
+                 f"after {pending['last_layer']} stayed finite: the NaN/Inf arose in the backward of "
+                 f"{pending['last_layer']}")
+    elif layers:
+        detail = f"layers {', '.join(layers[:4])}{'...' if len(layers) > 4 else ''}"
+        where = f"the gradients of layers {', '.join(layers)} were non-finite at step {step}"
+    else:
+        detail = str(pending["metric"])
+        where = (f"{pending['metric']} was {pending['value']} at step {step} (no per-layer norms at that "
+                 f"step: report them more often with watch(every=...) to name the layer)")
+    return NanSource(step=step, metric=str(pending["metric"]), value=str(pending["value"]),
+                     time_ns=int(pending.get("time_ns", 0)), detail=detail, description=where, layers=layers)
+
+
+def nan_source_evidence(rank: RankState, source: NanSource, time_ns: int, settings: DetectionSettings
+                        ) -> Evidence:
+    """The ``gradient.non_finite`` evidence of a NaN source (window: the grad norms before it)."""
+    name = grad_metric(rank, settings) or source.metric
+    return Evidence(rule="gradient.non_finite", description=source.description, step=source.step,
+                    time_ns=source.time_ns or time_ns, rank=rank.rank, metric=source.metric,
+                    value=source.value, window=window(rank, name, source.step, settings.evidence_window))
