@@ -26,9 +26,11 @@ Texts used here:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -39,6 +41,9 @@ from trainguard_engine import classify as classify_mod
 from trainguard_engine import pipeline as pipeline_mod
 from trainguard_engine.catalogue import KINDS, DetectionSettings, kind
 from trainguard_engine.classify import (
+    FALLBACKS,
+    FIRST_RULE,
+    RULE_DOCS,
     RULES,
     Classification,
     classify_chain,
@@ -46,6 +51,7 @@ from trainguard_engine.classify import (
     classify_text,
     format_size,
     parse_size,
+    rules_table,
 )
 from trainguard_engine.detectors import process
 from trainguard_engine.incidents import apply
@@ -53,6 +59,7 @@ from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RunState
 
 TRACEBACKS = Path(__file__).resolve().parents[1] / "fixtures" / "tracebacks"
+REPO = Path(__file__).resolve().parents[2]
 GiB, MiB = 1024**3, 1024**2
 
 
@@ -789,10 +796,17 @@ def test_a_wrapper_exception_does_not_hide_an_oom_in_its_chain() -> None:
 
 
 def test_every_rule_is_documented_and_its_kinds_are_catalogue_rows() -> None:
-    doc = classify_mod.__doc__ or ""
-    for name, _rule in RULES:
-        assert f"``{name}``" in doc, name
-    assert "``torchrun.child-failed``" in doc
+    assert set(RULE_DOCS) == {FIRST_RULE, *(name for name, _rule in RULES), *FALLBACKS}
+    table = rules_table()
+    order = [line.split("`")[1] for line in table.splitlines()[2:]]
+    assert order == [FIRST_RULE, *(name for name, _rule in RULES), *FALLBACKS]  # the order they are tried
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        tool = importlib.import_module("classifier_table")
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    text = (REPO / "docs" / "classifier.md").read_text(encoding="utf-8")
+    assert tool.rendered(text) == text, "docs/classifier.md is stale: run python tools/classifier_table.py"
     for name in ("memory/cuda-error", "comm/timeout", "comm/mismatch", "comm/rank-lost", "comm/init-failure"):
         assert KINDS[name].detected and KINDS[name].title == "{detail}"
 

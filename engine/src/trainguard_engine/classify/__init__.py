@@ -1,0 +1,317 @@
+"""The error-text classifier: what a piece of error text means, as a catalogue kind with parsed facts.
+
+::
+
+    c = classify_text(log_tail)                       # Classification | None
+    c = classify_exception("torch.OutOfMemoryError", message)   # always a Classification
+    c.kind, c.rule, c.confidence, c.facts, c.headline, c.lines
+
+**Contract.**
+
+* *Input*: any text -- one log line, a log tail, an exception message, a whole stderr capture; launcher
+  prefixes (``[rank1]:``, ``[default0]:``) are stripped in place (a multi-line C++ message carries the
+  prefix on its first line only) and name the rank when the text itself does not; ``\\r\\n`` and ``\\r``
+  are newlines. Texts longer than :data:`MAX_TEXT_CHARS` are read as their first
+  :data:`HEAD_CHARS` and the rest of the budget from the end (errors come last).
+* *Output*: ``None`` when nothing in the text is recognised (a plain log line, garbage); otherwise the
+  :class:`Classification` of the **most causal** rule that matched (the order of :data:`RULES`: a launcher
+  summary naming the root cause, then memory and CUDA errors, then collective mismatches, then timeouts and
+  lost peers, then generic communication and rendezvous errors, then model-side errors, then a plain Python
+  traceback). Facts of the enriching rules (:data:`ENRICHING_RULES`: desync report, PG status, flight
+  recorder stack, monitored barrier) of the same category are merged in; the names of the other rules
+  that matched are in ``also``. Exceptions are read as Python prints them, ``"Type: message"``.
+* ``category``/``subtype`` are always a row of :data:`trainguard_engine.catalogue.KINDS`. Model-side errors
+  (shape / device / index) stay ``process/exception``: they are ordinary Python exceptions whose triage is
+  the traceback; the ``rule`` (``model.shape-mismatch`` ...) and ``facts`` say which, and the incident
+  summary carries the specific advice. An index error *on CUDA* surfaces as a device-side assert and is
+  ``memory/cuda-error`` (the DESIGN puts device-side asserts in the memory category).
+* *Facts* are JSON-ready (str, int, float, bool, None, lists, dicts with str keys); sizes are bytes.
+* *Bounded and linear*: every regex is precompiled and applied only to a bounded window around an
+  occurrence of a literal needle (found with ``str.find``), at most :data:`MAX_HITS` occurrences per
+  needle; no pattern starts with an unbounded wildcard. A 1 MB line costs a few ``find`` passes.
+* Pure: no I/O, stdlib only.
+
+**Rules**: one module per source -- :mod:`.cuda`, :mod:`.nccl`, :mod:`.gloo`, :mod:`.c10d`,
+:mod:`.torchrun`, :mod:`.python` -- each rule with its text (:data:`RULE_DOCS`), in one ordered list
+(:data:`RULES`); the table of what each recognises is docs/classifier.md, written from them by
+``python tools/classifier_table.py`` (a test keeps it in sync). The shared machinery is
+:mod:`.text`.
+
+Survivors' views follow the fixtures: gloo ``Connection reset by peer`` is what a rank sees when its peer
+aborted (``gloo_size_mismatch_peer.txt``: the peer died of a gloo enforce failure) or was SIGKILLed, so it
+is ``comm/rank-lost``; ``Timed out waiting ... for recv`` is what ranks see of a live straggler
+(``gloo_timeout_rank*.txt``), so it is ``comm/timeout``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from trainguard.core.tracebacks import parse_traceback_text
+
+from . import c10d, cuda, gloo, nccl, python, torchrun
+from .c10d import (
+    _rule_collective_mismatch,
+    _rule_desync_report,
+    _rule_rendezvous,
+)
+from .cuda import (
+    _rule_cuda_error,
+    _rule_cuda_oom,
+    _rule_cuda_oom_plain,
+    _rule_device_assert,
+    _rule_xid,
+    format_size,
+    parse_size,
+)
+from .gloo import (
+    _rule_gloo_peer_lost,
+    _rule_gloo_size_mismatch,
+    _rule_gloo_timeout,
+    _rule_monitored_barrier,
+)
+from .nccl import (
+    _rule_dump_signal,
+    _rule_ib_error,
+    _rule_nccl_comm_aborted,
+    _rule_nccl_error,
+    _rule_nccl_watchdog,
+    _rule_watchdog_status,
+)
+from .python import (
+    _bare,
+    _rule_anomaly_nan,
+    _rule_dataloader,
+    _rule_device_mismatch,
+    _rule_fatal,
+    _rule_index,
+    _rule_shape,
+)
+from .text import (
+    _TYPE_RULES,
+    MAX_LINE_CHARS,
+    MAX_LINES,
+    MAX_TEXT_CHARS,
+    TRACEBACK_TAIL_CHARS,
+    Classification,
+    Facts,
+    _first_line,
+    _Hit,
+    _rank_of,
+    _ranks_text,
+    _Rule,
+    _shorten,
+    _Text,
+)
+from .torchrun import (
+    _rule_torchrun,
+    _rule_worker_failed,
+)
+
+# ----------------------------------------------------------------------------------------------------
+# The engine
+
+
+RULES: Tuple[Tuple[str, _Rule], ...] = (
+    ("cuda.oom", _rule_cuda_oom),
+    ("cuda.oom-plain", _rule_cuda_oom_plain),
+    ("cuda.device-assert", _rule_device_assert),
+    ("nvidia.xid", _rule_xid),
+    ("cuda.error", _rule_cuda_error),
+    ("c10d.collective-mismatch", _rule_collective_mismatch),
+    ("gloo.size-mismatch", _rule_gloo_size_mismatch),
+    ("nccl.watchdog-timeout", _rule_nccl_watchdog),
+    ("c10d.desync-report", _rule_desync_report),
+    ("gloo.monitored-barrier", _rule_monitored_barrier),
+    ("nccl.dump-signal", _rule_dump_signal),
+    ("nccl.watchdog-status", _rule_watchdog_status),
+    ("nccl.error", _rule_nccl_error),
+    ("nccl.comm-aborted", _rule_nccl_comm_aborted),
+    ("gloo.timeout", _rule_gloo_timeout),
+    ("gloo.peer-lost", _rule_gloo_peer_lost),
+    ("c10d.rendezvous", _rule_rendezvous),
+    ("nccl.ib-error", _rule_ib_error),
+    ("autograd.anomaly-nan", _rule_anomaly_nan),
+    ("model.device-mismatch", _rule_device_mismatch),
+    ("model.index-out-of-range", _rule_index),
+    ("model.shape-mismatch", _rule_shape),
+    ("dataloader.worker", _rule_dataloader),
+    ("torchrun.worker-failed", _rule_worker_failed),
+    ("python.fatal-error", _rule_fatal),
+)
+"""The text rules, most causal first (after ``torchrun.child-failed``, which is tried before all of them)."""
+
+RULE_DOCS: Dict[str, str] = {**torchrun.DOCS, **cuda.DOCS, **c10d.DOCS, **nccl.DOCS, **gloo.DOCS,
+                             **python.DOCS}
+"""What each rule recognises (``type:<name>`` and ``python.exception`` are the fallbacks of
+:func:`classify_exception`), from the rule modules; the table in docs/classifier.md is rendered from it in
+the order rules are tried (:func:`rules_table`)."""
+
+FIRST_RULE = "torchrun.child-failed"
+"""Tried before :data:`RULES`: a launcher summary names the root cause."""
+FALLBACKS = ("type:<name>", "python.exception")
+"""What an exception is when no text rule matched: by its type, else a plain Python exception."""
+
+
+def rules_table() -> str:
+    """docs/classifier.md's table: every rule in the order it is tried, with what it recognises."""
+    order = [FIRST_RULE, *(name for name, _rule in RULES), *FALLBACKS]
+    lines = ["| rule | recognises → kind |", "|---|---|"]
+    lines += [f"| `{name}` | {RULE_DOCS[name].replace('|', chr(92) + '|')} |" for name in order]
+    return "\n".join(lines)
+
+
+def _check_docs() -> None:
+    order = {FIRST_RULE, *(name for name, _rule in RULES), *FALLBACKS}
+    if order != set(RULE_DOCS):
+        raise AssertionError(f"rules without a doc: {sorted(order - set(RULE_DOCS))}; "
+                             f"docs without a rule: {sorted(set(RULE_DOCS) - order)}")
+
+
+_check_docs()
+
+__all__ = ["FALLBACKS", "FIRST_RULE", "MAX_LINE_CHARS", "MAX_TEXT_CHARS", "RULES", "RULE_DOCS",
+           "Classification", "classify_chain", "classify_exception", "classify_text", "format_size",
+           "parse_size", "rules_table"]
+
+
+ENRICHING_RULES = frozenset({"nccl.watchdog-status", "nccl.dump-signal", "c10d.desync-report",
+                             "gloo.monitored-barrier"})
+"""Rules whose facts (lagging ranks, PG status, the collective's call stack) are added to a primary
+classification of the same category; facts of other rules that matched are never mixed in."""
+
+
+def _merge(primary: _Hit, hits: Sequence[_Hit], t: _Text) -> Tuple[Facts, Tuple[str, ...], Tuple[str, ...]]:
+    facts = dict(primary.facts)
+    positions = [primary.pos, *primary.extra_lines]
+    also = []
+    for hit in hits:
+        if hit is primary:
+            continue
+        if hit.rule in ENRICHING_RULES and hit.category == primary.category:
+            for key, value in hit.facts.items():
+                facts.setdefault(key, value)
+            positions.extend([hit.pos, *hit.extra_lines])
+        if not hit.supporting:
+            also.append(hit.rule)
+    lines: List[str] = []
+    for pos in positions:
+        if pos < 0:
+            continue
+        line = t.line_at(pos)
+        if line and line not in lines:
+            lines.append(line)
+        if len(lines) >= MAX_LINES:
+            break
+    return facts, tuple(lines), tuple(also)
+
+
+def _classify(text: str, exc_type: str, depth: int) -> Optional[Classification]:
+    if not text and not exc_type:
+        return None
+    t = _Text(text)
+    hits: List[_Hit] = []
+    torchrun = _rule_torchrun(t, depth)
+    if torchrun is not None:
+        torchrun.rule = "torchrun.child-failed"
+        hits.append(torchrun)
+    for name, rule in RULES:
+        hit = rule(t)
+        if hit is not None:
+            hit.rule = name
+            hits.append(hit)
+    primary = next((h for h in hits if not h.supporting), None)
+    if primary is not None:
+        facts, lines, also = _merge(primary, hits, t)
+        if "rank" not in facts and primary.rule != "torchrun.child-failed":
+            _rank_of(t, primary.pos, facts)
+        headline = primary.headline
+        if primary.category == "comm" and primary.subtype == "timeout" and "lagging_ranks" in facts \
+                and "lagging" not in headline and "did not reach" not in headline:
+            headline += f"; lagging rank(s) {_ranks_text(facts['lagging_ranks'])}"
+        return Classification(primary.category, primary.subtype, primary.rule, primary.confidence, headline,
+                              facts, lines, primary.note, also)
+    if exc_type:
+        prefix = f"{exc_type}: "
+        by_type = _by_type(exc_type, text[len(prefix):] if text.startswith(prefix) else text)
+        if by_type is not None:
+            return by_type
+    return _python_traceback(text, depth)
+
+
+def _by_type(exc_type: str, message: str) -> Optional[Classification]:
+    """The first :data:`~trainguard_engine.catalogue.EXCEPTION_RULES` row naming ``exc_type`` (qualified or
+    bare) or whose pattern matches the message's first 4096 characters."""
+    bare = _bare(exc_type)
+    for rule, pattern in _TYPE_RULES:
+        named = exc_type in rule.types or bare in rule.types
+        if named or (pattern is not None and pattern.search(message[:4096])):
+            line = _first_line(message)
+            headline = f"{exc_type}: {_shorten(line, 140)}" if line else exc_type
+            if (rule.category, rule.subtype) == ("memory", "oom"):
+                headline = f"CUDA out of memory ({exc_type})" if not line else headline
+            return Classification(rule.category, rule.subtype, f"type:{bare}", rule.confidence, headline,
+                                  {"exc_type": exc_type}, (f"{exc_type}: {line}" if line else exc_type,))
+    return None
+
+
+def _python_traceback(text: str, depth: int) -> Optional[Classification]:
+    tail = text[-TRACEBACK_TAIL_CHARS:]
+    if "Traceback (most recent call last)" not in tail and "terminate called after throwing" not in tail:
+        return None
+    start = tail.find("\n") + 1 if len(text) > TRACEBACK_TAIL_CHARS else 0
+    parsed = [e for e in parse_traceback_text(tail[start:]) if e.relation == ""]
+    if not parsed or depth >= 2:
+        return None
+    last = parsed[-1]
+    if not last.exc_type or (not last.message.strip() and "Traceback (most recent call last)" not in tail):
+        return None  # a bare "terminate called after throwing an instance of 'X'" says nothing more
+    return _classify_exception(last.exc_type, last.message, depth + 1)
+
+
+def _classify_exception(exc_type: str, message: str, depth: int) -> Classification:
+    # read as Python prints it ("Type: message"), so rules may see the type ("Fatal Python error: ...")
+    text = f"{exc_type}: {message}" if exc_type and not exc_type.startswith("<") else message
+    found = _classify(text, exc_type, depth) if depth < 3 else None
+    if found is not None:
+        return found
+    line = _first_line(message)
+    headline = f"{exc_type}: {_shorten(line, 140)}" if line else exc_type
+    return Classification("process", "exception", "python.exception", 0.8, headline, {"exc_type": exc_type},
+                          (f"{exc_type}: {_shorten(line, MAX_LINE_CHARS)}" if line else exc_type,),
+                          "a Python exception: read the traceback from its innermost in-app frame")
+
+
+def classify_text(text: str, *, exc_type: str = "") -> Optional[Classification]:
+    """The classification of ``text`` (see the module docstring), or None when nothing is recognised.
+
+    ``exc_type`` (the exception's type, qualified or bare) lets the exception-type rules decide when no
+    text rule matches. A printed Python traceback with no specific rule gives ``process/exception``
+    (or its type's rule). Never raises on any string."""
+    return _classify(text or "", exc_type or "", 0)
+
+
+def classify_exception(exc_type: str, message: str) -> Classification:
+    """The classification of an exception: :func:`classify_text` of its message with its type, else
+    ``process/exception`` (rule ``python.exception``). Always returns one."""
+    return _classify_exception(exc_type or "<unknown exception>", message or "", 0)
+
+
+def classify_chain(exc_type: str, message: str, chain: Sequence[Mapping[str, Any]] = ()) -> Classification:
+    """:func:`classify_exception` of the exception, unless it is a generic ``process/exception`` and one
+    of its chained causes/contexts (``[{"type", "message"}]``) classifies as comm/* or memory/*: then that
+    one (with ``facts["via_chain"]`` naming its type), so a wrapper exception does not hide an OOM."""
+    top = classify_exception(exc_type, message)
+    if top.rule != "python.exception":
+        return top
+    for link in list(chain)[:16]:
+        if not isinstance(link, Mapping):
+            continue
+        link_type, link_message = str(link.get("type") or ""), str(link.get("message") or "")
+        found = classify_text(link_message, exc_type=link_type)
+        if found is not None and found.category in ("comm", "memory"):
+            facts = dict(found.facts)
+            facts["via_chain"] = link_type
+            return Classification(found.category, found.subtype, found.rule, found.confidence, found.headline,
+                                  facts, found.lines, found.note, found.also)
+    return top

@@ -1,0 +1,249 @@
+"""Classifier rules for torch.distributed's c10d layer: collective mismatches (TORCH_DISTRIBUTED_DEBUG),
+the desync report, rendezvous and TCPStore failures."""
+
+from __future__ import annotations
+
+import re
+from typing import List, Optional
+
+from .text import (
+    Facts,
+    _Hit,
+    _ints,
+    _on_rank,
+    _rank_of,
+    _ranks_text,
+    _search,
+    _shorten,
+    _Text,
+)
+
+# ----------------------------------------------------------------------------------------------------
+# Communication: mismatches, timeouts, lost peers, NCCL errors, rendezvous
+
+
+_MISMATCH_RE = re.compile(
+    r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+) is running (?:inconsistent )?"
+    r"collective: CollectiveFingerPrint\((?P<fp_a>.{0,2000}?)\), but Rank (?P<rank_b>\d+) is running "
+    r"(?:inconsistent )?collective: CollectiveFingerPrint\((?P<fp_b>.{0,2000}?)\)\.(?:Collectives differ in "
+    r"the following aspects: (?P<diff>[^\n]{0,1000}))?")
+_MISMATCH_SHORT_RE = re.compile(r"Detected mismatch between collectives on ranks\. Rank (?P<rank_a>\d+)")
+_FP_FIELDS = (
+    ("seq_num", re.compile(r"SequenceNumber=(\d+)"), int),
+    ("op_type", re.compile(r"OpType=(\w+)"), str),
+    ("tensor_shape", re.compile(r"TensorShape=\[([^\]]{0,300})\]"), str),
+    ("dtypes", re.compile(r"TensorDtypes=([\w, ]{1,100}?)(?:,\s*TensorDeviceTypes|\)|$)"), str),
+    ("device", re.compile(r"device=(\w+)"), str),
+)
+_ASPECT_RE = re.compile(r"(?P<aspect>Op type|Sequence number|Tensor Tensor shapes|Tensor Tensor dtypes|"
+                        r"Tensor Tensor device types|Tensor shapes|Tensor dtypes|Tensor device types): "
+                        r"(?P<a>[^\n]{0,200}?)vs (?P<b>[^\n]{0,200}?)(?=\s{2,}|$)")
+
+
+def _fingerprint(rank: str, text: str) -> Facts:
+    out: Facts = {"rank": int(rank)}
+    for name, pattern, conv in _FP_FIELDS:
+        m = pattern.search(text)
+        if m is not None:
+            value = m.group(1).strip()
+            if name == "tensor_shape":
+                out[name] = _ints(value)
+            else:
+                out[name] = conv(value)
+    return out
+
+
+def _rule_collective_mismatch(t: _Text) -> Optional[_Hit]:
+    for pos in t.find_all("detected mismatch between collectives on ranks"):
+        found = _search(_MISMATCH_RE, t, pos, before=0, after=5000)
+        if found is None:
+            short = _search(_MISMATCH_SHORT_RE, t, pos, before=0, after=200)
+            facts: Facts = {"rank": int(short[1].group("rank_a"))} if short else {}
+            return _Hit("comm", "mismatch", 0.8, pos, facts, "Collective mismatch between ranks")
+        m = found[1]
+        a = _fingerprint(m.group("rank_a"), m.group("fp_a"))
+        b = _fingerprint(m.group("rank_b"), m.group("fp_b"))
+        diffs: List[Facts] = [{"aspect": d.group("aspect").replace("Tensor Tensor", "Tensor"),
+                               "values": [d.group("a").strip(), d.group("b").strip()]}
+                              for d in _ASPECT_RE.finditer(m.group("diff") or "")]
+        facts = {"rank": a["rank"], "ranks": sorted({a["rank"], b["rank"]}), "collectives": [a, b],
+                 "differences": diffs}
+        if diffs:
+            what = "; ".join(f"{str(d['aspect']).lower()} {d['values'][0]} vs {d['values'][1]}"
+                             for d in diffs)
+        else:
+            what = f"{a.get('op_type', '?')} {a.get('tensor_shape', '?')} vs {b.get('op_type', '?')} " \
+                   f"{b.get('tensor_shape', '?')}"
+        seq = a.get("seq_num")
+        at = f" at collective #{seq}" if seq is not None else ""
+        return _Hit("comm", "mismatch", 0.95, pos, facts,
+                    f"Collective mismatch{at}: rank {a['rank']} vs rank {b['rank']}: {what}",
+                    "the ranks called different collectives (or with different shapes/dtypes) at the same "
+                    "point: rank-dependent control flow or data-dependent tensor sizes")
+    return None
+
+
+_DESYNC_MISSING_RE = re.compile(r"ranks \[(?P<ranks>[\d, ]{1,4000})\] are the lagging ranks that caused this "
+                                r"timeout")
+_DESYNC_JOINED_RE = re.compile(r"\[(?P<ranks>[\d, ]{1,4000})\] joined but didn't finish collective "
+                               r"#(?P<seq>\d+)")
+_DESYNC_FINISHED_RE = re.compile(r"\[(?P<ranks>[\d, ]{1,4000})\] finished collective #(?P<seq>\d+), but "
+                                 r"didn't join collective #(?P<next>\d+)")
+_DESYNC_AT_RE = re.compile(r"\[(?P<rank>\d+)\] Timeout at collective: (?P<op>[\w.]{1,60}), #(?P<seq>\d+)")
+
+
+def _rule_desync_report(t: _Text) -> Optional[_Hit]:
+    pos = t.first("to our best knowledge", "timeout at collective:")
+    if pos < 0:
+        return None
+    facts: Facts = {}
+    offset, text = t.window(pos, 300, 12_000)
+    lines: List[int] = []
+    if (m := _DESYNC_AT_RE.search(text)) is not None:
+        facts.update(rank=int(m.group("rank")), op_type=m.group("op"), seq_num=int(m.group("seq")))
+    if (m := _DESYNC_MISSING_RE.search(text)) is not None:
+        facts.update(lagging_ranks=_ints(m.group("ranks")), never_joined=True)
+        lines.append(offset + m.start())
+    else:
+        # both groups sit at the lowest collective any rank reached: the report names them all as the
+        # "lagging/dead/mismatched ranks that caused the desync"
+        if (m := _DESYNC_JOINED_RE.search(text)) is not None:
+            facts.update(joined_not_finished=_ints(m.group("ranks")), lagging_collective=int(m.group("seq")))
+            lines.append(offset + m.start())
+        if (m := _DESYNC_FINISHED_RE.search(text)) is not None:
+            facts["finished_not_joined_next"] = _ints(m.group("ranks"))
+            facts.setdefault("lagging_collective", int(m.group("seq")))
+            lines.append(offset + m.start())
+        both = facts.get("joined_not_finished", []) + facts.get("finished_not_joined_next", [])
+        if both:
+            facts["lagging_ranks"] = sorted(set(both))
+    if "lagging_ranks" not in facts:
+        return None
+    lagging = facts["lagging_ranks"]
+    rank = _rank_of(t, pos, facts)
+    how = "never joined any collective" if facts.get("never_joined") else "lagging"
+    return _Hit("comm", "timeout", 0.9, pos, facts,
+                f"Collective timeout{_on_rank(rank)}: rank(s) {_ranks_text(lagging)} {how} (desync report)",
+                "the desync report names the ranks the others waited for: start with them",
+                extra_lines=tuple(lines))
+
+
+_CLIENTS_RE = re.compile(
+    r"Timed out after (?P<s>\d+) seconds waiting for clients\. (?P<joined>\d+)/(?P<world>\d+) clients joined")
+_SOCKET_TIMEOUT_RE = re.compile(
+    r"The client socket has timed out after (?P<ms>\d+)ms while trying to connect to "
+    r"\((?P<host>[^,()\s]{1,255}), (?P<port>\d+)\)")
+_SOCKET_FAILED_RE = re.compile(r"The client socket has failed to connect to (?P<target>[^\n]{1,300})")
+_HOST_PORT_RE = re.compile(r"\(?\[?(?P<host>[\w.\-:%]{1,255}?)\]?(?:, |:)(?P<port>\d{1,5})\)?")
+_ERRNO_RE = re.compile(r"errno: (?P<errno>\d+) - (?P<err>[^)\n]{1,100})")
+_TCP_CLIENT_RE = re.compile(
+    r"TCP client failed to connect/validate to host (?P<host>[^\s:]{1,255}):(?P<port>\d+)")
+_STORE_WAIT_RE = re.compile(r"wait timeout after (?P<ms>\d+)ms, keys: (?P<keys>[^\n]{1,300})")
+_LISTEN_RE = re.compile(r"The server socket has failed to (?:listen|bind)[^\n]{0,400}")
+_PORT_RE = re.compile(r"port: (?P<port>\d+)|:(?P<port2>\d{2,5})\b")
+_RDZV_ERR_RE = re.compile(
+    r"(?P<error>Rendezvous(?:Timeout|Connection|Closed|State|GracefulExit)Error)(?::\s?(?P<msg>[^\n]{0,200}))?")
+_INIT_NOTE = ("the ranks could not meet at start-up: MASTER_ADDR/MASTER_PORT identical and reachable on "
+              "every rank, the port free, no firewall between the nodes, every rank actually started")
+
+
+def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
+    pos = t.first("waiting for clients.")
+    if pos >= 0 and (found := _search(_CLIENTS_RE, t, pos, before=80, after=120)) is not None:
+        m = found[1]
+        joined, world = int(m.group("joined")), int(m.group("world"))
+        facts: Facts = {"timeout_s": int(m.group("s")), "joined": joined, "world_size": world,
+                        "missing": world - joined}
+        return _Hit("comm", "init-failure", 0.9, pos, facts,
+                    f"Rendezvous timed out after {facts['timeout_s']} s: {joined}/{world} ranks joined",
+                    _INIT_NOTE)
+    pos = t.first("the client socket has timed out after")
+    if pos >= 0 and (found := _search(_SOCKET_TIMEOUT_RE, t, pos, before=0, after=400)) is not None:
+        m = found[1]
+        facts = {"host": m.group("host"), "port": int(m.group("port")), "timeout_ms": int(m.group("ms"))}
+        return _Hit("comm", "init-failure", 0.9, pos, facts,
+                    f"Rendezvous store {facts['host']}:{facts['port']} unreachable (timed out after "
+                    f"{facts['timeout_ms']} ms)", _INIT_NOTE)
+    pos = t.first("the client socket has failed to connect to")
+    if pos >= 0 and (found := _search(_SOCKET_FAILED_RE, t, pos, before=0, after=400)) is not None:
+        target = found[1].group("target")
+        facts = {"target": _shorten(target, 200)}
+        if (hp := _HOST_PORT_RE.search(target.replace("any network address of ", ""))) is not None:
+            facts.update(host=hp.group("host"), port=int(hp.group("port")))
+        if (en := _ERRNO_RE.search(target)) is not None:
+            facts.update(errno=int(en.group("errno")), error=en.group("err").strip())
+        where = f"{facts['host']}:{facts['port']}" if "host" in facts else "the rendezvous store"
+        return _Hit("comm", "init-failure", 0.85, pos, facts,
+                    f"Cannot connect to {where}" + (f" ({facts['error']})" if "error" in facts else ""),
+                    _INIT_NOTE)
+    pos = t.first("tcp client failed to connect/validate to host")
+    if pos >= 0 and (found := _search(_TCP_CLIENT_RE, t, pos, before=0, after=300)) is not None:
+        m = found[1]
+        facts = {"host": m.group("host"), "port": int(m.group("port"))}
+        return _Hit("comm", "init-failure", 0.85, pos, facts,
+                    f"Cannot connect to the rendezvous store {facts['host']}:{facts['port']}", _INIT_NOTE)
+    pos = t.first("wait timeout after")
+    if pos >= 0 and (found := _search(_STORE_WAIT_RE, t, pos, before=0, after=400)) is not None:
+        m = found[1]
+        facts = {"timeout_ms": int(m.group("ms")), "keys": _shorten(m.group("keys"), 200)}
+        return _Hit("comm", "init-failure", 0.7, pos, facts,
+                    f"Store wait timed out after {facts['timeout_ms']} ms (keys {facts['keys']})",
+                    "a rank never wrote the key the others wait for: it did not start, crashed early, or "
+                    "cannot reach the store")
+    pos = t.first("the server socket has failed to")
+    if pos >= 0 and (found := _search(_LISTEN_RE, t, pos, before=0, after=500)) is not None:
+        text = found[1].group(0)
+        facts = {"error": _shorten(text, 200)}
+        if (p := _PORT_RE.search(text)) is not None:
+            facts["port"] = int(p.group("port") or p.group("port2"))
+        in_use = "in use" in text.lower() or "eaddrinuse" in text.lower()
+        return _Hit("comm", "init-failure", 0.85, pos, facts,
+                    ("Rendezvous port already in use" if in_use else "Rendezvous server cannot listen")
+                    + (f" (port {facts['port']})" if "port" in facts else ""),
+                    "another job (or a previous run's process) holds MASTER_PORT on this node")
+    pos = t.first("rendezvous")
+    if pos >= 0:
+        for at in t.find_all("rendezvous"):
+            found = _search(_RDZV_ERR_RE, t, at, before=0, after=300)
+            if found is not None:
+                m = found[1]
+                facts = {"error": m.group("error")}
+                if m.group("msg"):
+                    facts["message"] = _shorten(m.group("msg"), 200)
+                return _Hit("comm", "init-failure", 0.8, at, facts,
+                            f"{m.group('error')}" + (f": {facts['message']}" if "message" in facts else ""),
+                            _INIT_NOTE)
+    pos = t.first("no socket interface found", "socketstartconnect", "call to connect returned")
+    if pos >= 0:
+        facts = {"error": _shorten(t.line_at(pos), 200)}
+        return _Hit("comm", "init-failure", 0.65, pos, facts,
+                    "NCCL cannot connect: " + _shorten(t.line_at(pos), 120),
+                    "NCCL's bootstrap or transport could not reach a peer: NCCL_SOCKET_IFNAME, addresses, "
+                    "firewall")
+    for needle in ("connection refused", "timed out"):
+        for error in t.find_all(needle):
+            near = t.lower[max(0, error - 300): error + 300]
+            if any(word in near for word in _RDZV_WORDS):
+                facts = {"error": _shorten(t.line_at(error), 200)}
+                return _Hit("comm", "init-failure", 0.55, error, facts,
+                            "Rendezvous failed: " + _shorten(t.line_at(error), 120), _INIT_NOTE)
+    return None
+
+
+_RDZV_WORDS = ("rendezvous", "tcpstore", "init_process_group", "master_addr", "master_port", "c10d store")
+"""Words that make a nearby "connection refused" / "timed out" (within 300 characters) a rendezvous
+failure."""
+
+
+DOCS = {
+    'c10d.collective-mismatch': '``Detected mismatch between collectives on ranks`` → comm/mismatch',
+    'c10d.desync-report': (
+        'the desync debug report ("lagging ranks", "joined but didn\'t finish") → comm/timeout'
+    ),
+    'c10d.rendezvous': (
+        '``Timed out ... waiting for clients. k/n clients joined``, client socket connect '
+        'timeouts/failures, store ``wait timeout``, port in use, ``Rendezvous*Error``, NCCL bootstrap / '
+        'socket connect, "connection refused"/"timed out" next to rendezvous words → comm/init-failure'
+    ),
+}
+"""What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

@@ -1,0 +1,322 @@
+"""Classifier rules for CUDA (and HIP/XPU/MPS) text: out-of-memory in every known wording, device-side
+asserts, NVIDIA Xid kernel-log lines, CUDA / cuBLAS / cuDNN errors."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Optional
+
+from .text import (
+    MAX_HITS,
+    Facts,
+    _Hit,
+    _search,
+    _shorten,
+    _Text,
+)
+
+# ----------------------------------------------------------------------------------------------------
+# Sizes
+
+
+_SIZE_UNITS = {"bytes": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+               "pib": 1024**5, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4, "pb": 1000**5}
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s?(bytes|[KMGTP]i?B|B)\b")
+
+
+def _sz(name: str) -> str:
+    return rf"(?P<{name}>\d+(?:\.\d+)?\s?(?:bytes|[KMGTP]i?B|B))"
+
+
+def parse_size(text: str) -> Optional[int]:
+    """``"20.00 MiB"`` → 20971520 (binary units as PyTorch prints them; KB/MB/GB decimal); None if not
+    a size."""
+    match = _SIZE_RE.fullmatch(text.strip())
+    if match is None:
+        return None
+    return round(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def format_size(size: int) -> str:
+    """Bytes as PyTorch's caching allocator prints them (``"20.00 MiB"``, ``"512 bytes"``)."""
+    if size <= 1024:
+        return f"{size} bytes"
+    if size <= 1024**2:
+        return f"{size / 1024:.2f} KiB"
+    if size <= 1024**3:
+        return f"{size / 1024**2:.2f} MiB"
+    return f"{size / 1024**3:.2f} GiB"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Memory and CUDA
+
+
+_OOM_START_RE = re.compile(r"(?P<backend>CUDA|HIP|XPU|MPS)(?: backend)? out of memory")
+_OOM_REQUEST_RE = re.compile(r"Tried to allocate " + _sz("requested"))
+_OOM_DEVICE_RE = re.compile(r"GPU (?P<device>\d+) has a total capac(?:i)?ty of " + _sz("capacity")
+                            + r" of which " + _sz("free") + r" is free")
+_OOM_PROCESS_RE = re.compile(r"Process (?P<pid>\d+) has " + _sz("size") + r" memory in use")
+_OOM_THIS_RE = re.compile(r"Including non-PyTorch memory, this process has " + _sz("size")
+                          + r" memory in use")
+_OOM_ALLOC_RE = re.compile(
+    r"Of the allocated memory " + _sz("allocated") + r" is allocated by PyTorch,\s?(?:with "
+    + _sz("private") + r" allocated in private pools \(e\.g\., CUDA Graphs\),\s?)?and " + _sz("unalloc")
+    + r" is reserved by PyTorch but unallocated")
+_OOM_LEGACY_DEVICE_RE = re.compile(r"\(GPU (?P<device>\d+); ")
+_OOM_LEGACY_FIELDS = (
+    ("capacity", re.compile(_sz("v") + r" total capacity")),
+    ("allocated", re.compile(_sz("v") + r" already allocated")),
+    ("free", re.compile(r"; " + _sz("v") + r" free")),
+    ("reserved", re.compile(_sz("v") + r" (?:reserved in total by PyTorch|cached)")),
+)
+_OOM_MPS_RE = re.compile(r"MPS allocated: (?P<allocated>[\d.]+ ?[KMGT]?i?B), other allocations: "
+                         r"(?P<other>[\d.]+ ?[KMGT]?i?B), max allowed: (?P<max>[\d.]+ ?[KMGT]?i?B)")
+
+
+def _size_of(match: re.Match[str], group: str) -> Optional[int]:
+    text = match.group(group)
+    return parse_size(text) if text else None
+
+
+def _rule_cuda_oom(t: _Text) -> Optional[_Hit]:
+    for pos in t.find_all("out of memory"):
+        found = _search(_OOM_START_RE, t, pos, before=40, after=80)
+        if found is None:
+            continue
+        offset, start = found
+        begin = offset + start.start()
+        nxt = t.lower.find("out of memory", begin + len(start.group(0)), begin + 2000)
+        block = t.text[begin: nxt if nxt > 0 else begin + 2000]
+        facts: Facts = {"backend": start.group("backend")}
+        if (m := _OOM_REQUEST_RE.search(block)) is not None:
+            facts["requested"] = _size_of(m, "requested")
+        if (m := _OOM_DEVICE_RE.search(block)) is not None:
+            facts.update(format="current", device=int(m.group("device")),
+                         capacity=_size_of(m, "capacity"), free=_size_of(m, "free"))
+            others = [{"pid": int(p.group("pid")), "bytes": _size_of(p, "size")}
+                      for p in list(_OOM_PROCESS_RE.finditer(block))[:16]]
+            if others:
+                facts["other_processes"] = others
+            if (m := _OOM_THIS_RE.search(block)) is not None:
+                facts["process_in_use"] = _size_of(m, "size")
+            if (m := _OOM_ALLOC_RE.search(block)) is not None:
+                allocated, unalloc = _size_of(m, "allocated"), _size_of(m, "unalloc")
+                private = _size_of(m, "private") if m.group("private") else 0
+                facts.update(allocated=allocated, reserved_unallocated=unalloc)
+                if private:
+                    facts["private_pools"] = private
+                if allocated is not None and unalloc is not None:
+                    facts["reserved"] = allocated + unalloc + (private or 0)
+        elif (m := _OOM_LEGACY_DEVICE_RE.search(block)) is not None:
+            facts.update(format="legacy", device=int(m.group("device")))
+            for name, pattern in _OOM_LEGACY_FIELDS:
+                if (f := pattern.search(block)) is not None:
+                    facts[name] = _size_of(f, "v")
+            if isinstance(facts.get("reserved"), int) and isinstance(facts.get("allocated"), int):
+                facts["reserved_unallocated"] = max(0, facts["reserved"] - facts["allocated"])
+        elif (m := _OOM_MPS_RE.search(block)) is not None:
+            facts.update(format="mps", allocated=parse_size(m.group("allocated")),
+                         other_allocations=parse_size(m.group("other")),
+                         max_allowed=parse_size(m.group("max")))
+        return _Hit("memory", "oom", 0.95 if "requested" in facts else 0.85, begin, facts,
+                    _oom_headline(facts), _oom_note(facts))
+    return None
+
+
+def _oom_headline(facts: Mapping[str, Any]) -> str:
+    backend = facts.get("backend", "CUDA")
+    where = f" on GPU {facts['device']}" if "device" in facts else ""
+    parts = []
+    if isinstance(facts.get("requested"), int):
+        parts.append(f"tried to allocate {format_size(facts['requested'])}")
+    if isinstance(facts.get("free"), int):
+        tail = f" of {format_size(facts['capacity'])}" if isinstance(facts.get("capacity"), int) else ""
+        parts.append(f"with {format_size(facts['free'])} free{tail}")
+    detail = " ".join(parts)
+    return f"{backend} OOM{where}: {detail}" if detail else f"{backend} out of memory{where}"
+
+
+def _oom_note(facts: Mapping[str, Any]) -> str:
+    notes = []
+    requested, capacity = facts.get("requested"), facts.get("capacity")
+    unalloc, others = facts.get("reserved_unallocated"), facts.get("other_processes")
+    if isinstance(requested, int) and isinstance(capacity, int) and requested > capacity:
+        notes.append(f"the request alone ({format_size(requested)}) exceeds the GPU's capacity "
+                     f"({format_size(capacity)}): the batch, sequence length or a tensor's shape is far "
+                     "off plan")
+    if isinstance(unalloc, int) and isinstance(requested, int) and unalloc >= requested:
+        notes.append(f"{format_size(unalloc)} is reserved but unallocated, more than the request: "
+                     "fragmentation (try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)")
+    if others:
+        total = sum(o["bytes"] or 0 for o in others)
+        notes.append(f"other processes hold {format_size(total)} on this GPU")
+    return "; ".join(notes)
+
+
+_OOM_PLAIN_NEEDLES = ("cuda error: out of memory", "hip error: out of memory", "cublas_status_alloc_failed",
+                      "cuda failure 'out of memory'", "cudaerrormemoryallocation")
+
+
+def _rule_cuda_oom_plain(t: _Text) -> Optional[_Hit]:
+    pos = t.first(*_OOM_PLAIN_NEEDLES)
+    if pos < 0:
+        return None
+    what = _shorten(t.line_at(pos), 120)
+    return _Hit("memory", "oom", 0.85, pos, {"error": what},
+                "CUDA out of memory outside the caching allocator", "a raw CUDA allocation failed (CUDA "
+                "context creation, cuBLAS/cuDNN workspace, NCCL buffers): the GPU was already full")
+
+
+_ASSERT_RE = re.compile(r"Assertion `(?P<assertion>[^`\n]{1,300})` failed")
+_ASSERT_SITE_RE = re.compile(r"(?P<file>[^\s:]{1,300}\.cuh?):(?P<line>\d+): (?P<kernel>[^\n:]{1,200}): "
+                             r"block: \[(?P<block>[\d,]{1,40})\], thread: \[(?P<thread>[\d,]{1,40})\]")
+_INDEX_ASSERT_RE = re.compile(r"index|Index|n_classes|< *numel|srcSelectDimSize|dstAddDimSize|num_classes")
+
+
+def _rule_device_assert(t: _Text) -> Optional[_Hit]:
+    for pos in t.find_all("assertion `"):
+        found = _search(_ASSERT_RE, t, pos, before=0, after=400)
+        if found is None:
+            continue
+        _offset, m = found
+        line = t.line_at(pos)
+        facts: Facts = {"assertion": m.group("assertion")}
+        site = _ASSERT_SITE_RE.search(line[:1000])
+        if site is None or ".cu" not in line:
+            continue  # a C++ assert or a Python message, not a CUDA kernel's device-side assert
+        facts.update(kernel=site.group("kernel").strip(), source=f"{site.group('file')}:{site.group('line')}")
+        index = bool(_INDEX_ASSERT_RE.search(m.group("assertion")))
+        facts["index_out_of_range"] = index
+        note = ("an index out of range on the GPU (embedding ids >= vocabulary size, class targets >= number "
+                "of classes, gather/scatter indices)" if index else "a device-side assertion in a kernel")
+        return _Hit("memory", "cuda-error", 0.9, pos, facts,
+                    f"CUDA device-side assert in {facts['kernel']}: {_shorten(facts['assertion'], 80)}", note)
+    return None
+
+
+_XID_RE = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]{1,24})\): (?P<xid>\d+)")
+XID_MEANINGS = {
+    13: "graphics engine exception (often an illegal memory access in a kernel)",
+    31: "GPU memory page fault (illegal memory access)",
+    43: "GPU stopped processing (a kernel fault)",
+    45: "preemptive cleanup after an earlier fault",
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint/warning",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+
+def _rule_xid(t: _Text) -> Optional[_Hit]:
+    for pos in t.find_all("nvrm: xid"):
+        found = _search(_XID_RE, t, pos, before=0, after=120)
+        if found is None:
+            continue
+        m = found[1]
+        xid = int(m.group("xid"))
+        meaning = XID_MEANINGS.get(xid, "driver-reported GPU error")
+        facts: Facts = {"xid": xid, "pci": m.group("pci"), "meaning": meaning}
+        return _Hit("memory", "cuda-error", 0.85, pos, facts,
+                    f"GPU Xid {xid} at PCI {m.group('pci')}: {meaning}",
+                    "a driver-level GPU fault: check the node's hardware (dmesg, nvidia-smi -q) before the "
+                    "code")
+    return None
+
+
+_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|Cuda failure|HIP error)[:]? '?(?P<error>[^'\n]{1,200})")
+_CUDA_LIB_RE = re.compile(r"(?P<status>(?:CUBLAS|CUDNN|CUSOLVER|CUFFT)_STATUS_[A-Z_]{2,60})")
+_CUDA_CLASSES = (
+    ("illegal memory access", "illegal-memory-access"), ("device-side assert", "device-side-assert"),
+    ("ecc error", "ecc"), ("unspecified launch failure", "launch-failure"),
+    ("illegal instruction", "illegal-instruction"), ("misaligned address", "misaligned-address"),
+    ("no kernel image", "no-kernel-image"), ("launch timed out", "launch-timeout"),
+    ("busy or unavailable", "device-unavailable"), ("invalid device ordinal", "invalid-device"),
+    ("driver version is insufficient", "driver-too-old"), ("initialization error", "initialization"),
+)
+_CUDA_NOTES = {
+    "illegal-memory-access": "a kernel read or wrote out of bounds (custom kernels, indices, a corrupted "
+                             "tensor); rerun with CUDA_LAUNCH_BLOCKING=1 to find the op",
+    "device-side-assert": "a kernel's assertion failed, most often an index out of range (embedding ids, "
+                          "class targets); rerun with CUDA_LAUNCH_BLOCKING=1",
+    "ecc": "an uncorrectable memory error on the GPU: a hardware fault, drain the node",
+    "no-kernel-image": "the installed PyTorch has no kernels for this GPU architecture",
+    "driver-too-old": "the NVIDIA driver is older than the CUDA runtime PyTorch was built with",
+}
+_CUDA_NEEDLES = ("cuda error", "cuda failure '", "hip error", "_status_", "driver version is insufficient",
+                 "nvidia driver on your system is too old")
+
+
+def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
+    pos = t.first(*_CUDA_NEEDLES)
+    tries = 0
+    while pos >= 0 and tries < MAX_HITS:
+        tries += 1
+        if t.lower.startswith("_status_", pos):
+            while pos > 0 and t.text[pos - 1].isalpha():
+                pos -= 1
+        _offset, text = t.window(pos, 0, 400)
+        m = _CUDA_ERROR_RE.match(text) or _CUDA_LIB_RE.match(text)
+        if m is None and ("driver version is insufficient" in text[:60].lower()
+                          or "driver on your system is too old" in text[:60].lower()):
+            facts: Facts = {"error": _shorten(t.line_at(pos), 160), "error_class": "driver-too-old"}
+            return _Hit("memory", "cuda-error", 0.8, pos, facts, "CUDA driver too old for this PyTorch",
+                        _CUDA_NOTES["driver-too-old"])
+        if m is not None:
+            if "status" in m.groupdict():
+                status = m.group("status")
+                if status.endswith(("ALLOC_FAILED", "_SUCCESS")):
+                    pos = _next(t, pos)
+                    continue
+                facts = {"error": status, "error_class": "library"}
+                return _Hit("memory", "cuda-error", 0.75, pos, facts, f"CUDA library error {status}",
+                            "a cuBLAS/cuDNN call failed on the device, often after an earlier illegal "
+                            "memory access; rerun with CUDA_LAUNCH_BLOCKING=1")
+            error = m.group("error").strip()
+            for stop in (" CUDA kernel errors", ". ", "\n"):
+                cut = error.find(stop)
+                if cut > 0:
+                    error = error[:cut]
+            error = error.rstrip(".")
+            if "out of memory" in error.lower():
+                pos = _next(t, pos)
+                continue
+            kind_ = next((k for needle, k in _CUDA_CLASSES if needle in error.lower()), "other")
+            facts = {"error": error, "error_class": kind_}
+            return _Hit("memory", "cuda-error", 0.9, pos, facts, f"CUDA error: {error}",
+                        _CUDA_NOTES.get(kind_, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
+        pos = _next(t, pos)
+    return None
+
+
+def _next(t: _Text, pos: int) -> int:
+    best = -1
+    for needle in _CUDA_NEEDLES:
+        p = t.lower.find(needle, pos + len(needle))
+        if p >= 0 and (best < 0 or p < best):
+            best = p
+    return best
+
+
+DOCS = {
+    'cuda.oom': (
+        '``CUDA out of memory. Tried to allocate ...`` (current and older formats; HIP/XPU/MPS too) → '
+        'memory/oom'
+    ),
+    'cuda.oom-plain': '``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED`` → memory/oom',
+    'cuda.device-assert': "a kernel's ``Assertion `...` failed`` line → memory/cuda-error",
+    'nvidia.xid': '``NVRM: Xid (PCI:...): N`` → memory/cuda-error',
+    'cuda.error': (
+        "``CUDA error: <reason>``, NCCL's ``Cuda failure '<reason>'``, cuBLAS / cuDNN execution failures, "
+        'driver too old → memory/cuda-error'
+    ),
+}
+"""What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

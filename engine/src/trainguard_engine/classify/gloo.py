@@ -1,0 +1,131 @@
+"""Classifier rules for gloo text: size mismatches, monitored-barrier failures, recv/send timeouts and
+lost peers."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from .text import (
+    Facts,
+    _Hit,
+    _ints,
+    _on_rank,
+    _rank_of,
+    _ranks_text,
+    _search,
+    _Text,
+)
+
+_GLOO_SIZE_RE = re.compile(r"op\.preamble\.length <= op\.nbytes\. (?P<received>\d+) vs (?P<expected>\d+)")
+
+
+def _rule_gloo_size_mismatch(t: _Text) -> Optional[_Hit]:
+    pos = t.first("received data size doesn't match expected size", "op.preamble.length <= op.nbytes")
+    if pos < 0:
+        return None
+    facts: Facts = {}
+    found = _search(_GLOO_SIZE_RE, t, pos, before=200, after=300)
+    if found is not None:
+        facts.update(received_bytes=int(found[1].group("received")),
+                     expected_bytes=int(found[1].group("expected")))
+        headline = (f"gloo collective size mismatch: received {facts['received_bytes']} bytes where "
+                    f"{facts['expected_bytes']} were expected")
+    else:
+        headline = "gloo collective size mismatch between ranks"
+    _rank_of(t, pos, facts)
+    return _Hit("comm", "mismatch", 0.9, pos, facts, headline,
+                "ranks passed tensors of different sizes to the same collective")
+
+
+_BARRIER_RE = re.compile(r"(?:\[Rank (?P<rank>\d+)\]: )?Ranks? (?P<ranks>\d+(?:, \d+){0,4000}) failed to "
+                         r"pass monitoredBarrier in (?P<ms>\d+) ms")
+
+
+def _rule_monitored_barrier(t: _Text) -> Optional[_Hit]:
+    for pos in t.find_all("failed to pass monitoredbarrier"):
+        found = _search(_BARRIER_RE, t, pos, before=300, after=100)
+        if found is None:
+            continue
+        m = found[1]
+        facts: Facts = {"lagging_ranks": _ints(m.group("ranks")), "timeout_ms": int(m.group("ms"))}
+        if m.group("rank"):
+            facts["rank"] = int(m.group("rank"))
+        rank = _rank_of(t, pos, facts)
+        seen = f" (seen by rank {rank})" if rank is not None else ""
+        return _Hit("comm", "timeout", 0.9, found[0] + m.start(), facts,
+                    f"Rank(s) {_ranks_text(facts['lagging_ranks'])} did not reach the monitored barrier "
+                    f"within {facts['timeout_ms']} ms{seen}",
+                    "the named ranks are stuck or slower than the others: start with them")
+    return None
+
+
+_GLOO_TIMEOUT_RE = re.compile(r"Timed out waiting (?P<ms>\d+)ms for (?P<op>send|recv) operation to complete")
+
+
+def _rule_gloo_timeout(t: _Text) -> Optional[_Hit]:
+    for pos in t.find_all("timed out waiting"):
+        found = _search(_GLOO_TIMEOUT_RE, t, pos, before=0, after=120)
+        if found is None:
+            continue
+        m = found[1]
+        facts: Facts = {"backend": "gloo", "op": m.group("op"), "timeout_ms": int(m.group("ms"))}
+        rank = _rank_of(t, pos, facts)
+        return _Hit("comm", "timeout", 0.85, pos, facts,
+                    f"gloo {facts['op']} timed out after {facts['timeout_ms']} ms{_on_rank(rank)}",
+                    "a peer did not take part in the collective in time (a straggler or a stuck rank); a "
+                    "dead peer shows as a reset connection instead")
+    return None
+
+
+_PEER_RESET_RE = re.compile(r"(?P<op>Read|Write) error \[(?P<peer>[^\]\s]{1,100})\]:(?P<port>\d+): "
+                            r"(?P<err>Connection reset by peer|Broken pipe)")
+_PEER_CLOSED_RE = re.compile(r"Connection closed by peer \[(?P<peer>[^\]\s]{1,100})\]:(?P<port>\d+)")
+_BARRIER_PEER_RE = re.compile(r"Rank (?P<rank>\d+) successfully reached monitoredBarrier, but received "
+                              r"errors while waiting for send/recv from rank (?P<peer>\d+)")
+_LOST_NOTE = ("the peer process most likely died (crash, abort, SIGKILL, OOM-killer) or its node went away: "
+              "the survivors' errors are consequences -- find the peer's own failure first")
+
+
+def _rule_gloo_peer_lost(t: _Text) -> Optional[_Hit]:
+    pos = t.first("monitoredbarrier, but received errors")
+    if pos >= 0 and (found := _search(_BARRIER_PEER_RE, t, pos, before=100, after=200)) is not None:
+        m = found[1]
+        facts: Facts = {"rank": int(m.group("rank")), "peer_rank": int(m.group("peer"))}
+        return _Hit("comm", "rank-lost", 0.75, pos, facts,
+                    f"Rank {facts['rank']} lost its connection to rank {facts['peer_rank']} at a monitored "
+                    "barrier",
+                    _LOST_NOTE)
+    for needle, pattern in (("by peer", _PEER_RESET_RE), ("broken pipe", _PEER_RESET_RE),
+                            ("connection closed by peer", _PEER_CLOSED_RE)):
+        for pos in t.find_all(needle):
+            found = _search(pattern, t, pos, before=150, after=150)
+            if found is None:
+                continue
+            m = found[1]
+            err = m.groupdict().get("err") or "Connection closed by peer"
+            facts = {"backend": "gloo", "peer": f"{m.group('peer')}:{m.group('port')}", "error": err}
+            rank = _rank_of(t, pos, facts)
+            return _Hit("comm", "rank-lost", 0.8, found[0] + m.start(), facts,
+                        f"Peer connection lost{_on_rank(rank)}: gloo {err.lower()} ({facts['peer']})",
+                        _LOST_NOTE)
+    pos = t.first("failed to recv, got 0 bytes")
+    if pos >= 0:
+        facts = {"error": "Failed to recv, got 0 bytes", "store": True}
+        rank = _rank_of(t, pos, facts)
+        return _Hit("comm", "rank-lost", 0.6, pos, facts,
+                    f"The TCPStore server went away{_on_rank(rank)}",
+                    "the store is hosted by rank 0 (or the launcher's agent): that process or its node died")
+    return None
+
+
+DOCS = {
+    'gloo.size-mismatch': "gloo ``Received data size doesn't match expected size`` → comm/mismatch",
+    'gloo.monitored-barrier': '``Rank N failed to pass monitoredBarrier`` → comm/timeout',
+    'gloo.timeout': '``Timed out waiting Nms for recv/send operation`` → comm/timeout',
+    'gloo.peer-lost': (
+        'gloo ``Connection reset/closed by peer``, monitoredBarrier errors from a peer, TCPStore ``Failed '
+        'to recv, got 0 bytes`` → comm/rank-lost'
+    ),
+}
+"""What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

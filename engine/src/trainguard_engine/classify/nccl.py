@@ -1,0 +1,255 @@
+"""Classifier rules for NCCL text: the watchdog's collective timeout, its status line and flight-recorder
+stack, dump signals, ``NCCL error`` codes, aborted communicators, InfiniBand completion errors."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Tuple
+
+from .text import (
+    Facts,
+    _Hit,
+    _ints,
+    _on_rank,
+    _rank_of,
+    _search,
+    _shorten,
+    _Text,
+)
+
+_WATCHDOG_RE = re.compile(r"(?:\[Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: "
+                          r"(?P<work>.{0,600}?) ran for (?P<ran>\d+) milliseconds before timing out")
+_WORK_FIELDS = (
+    ("seq_num", re.compile(r"SeqNum=(\d+)")), ("op_type", re.compile(r"OpType=(\w+)")),
+    ("numel_in", re.compile(r"NumelIn=(\d+)")), ("numel_out", re.compile(r"NumelOut=(\d+)")),
+    ("timeout_ms", re.compile(r"Timeout\(ms\)=(\d+)")),
+)
+_WORK_BACKEND_RE = re.compile(r"Work(?P<backend>[A-Z]{2,10})\(")
+_WORK_SHAPE_RE = re.compile(r"TensorShape=\[(?P<shape>[^\]]{0,200})\]")
+_PG_RE = re.compile(r"\[PG ID (?P<pg_id>\d+) PG GUID (?P<guid>[^\s\]()]{1,100})"
+                    r"(?:\((?P<desc>[^)\]]{0,100})\))? Rank (?P<rank>\d+)\]")
+_WATCHDOG_STATUS_RE = re.compile(r"(?:work sequence id: (?P<seq>\d+) PG status: )?[Ll]ast enqueued (?:NCCL )?"
+                                 r"work: (?P<enq>\d+), last completed (?:NCCL )?work: (?P<done>-?\d+)")
+_FR_STACK_RE = re.compile(r"Stack trace of the failed collective: ?\n"
+                          r"(?P<frames>(?:#\d+ [^\n]{1,300}\n){1,32})")
+_FR_FRAME_RE = re.compile(r"#\d+ (?P<func>\S{1,200}) from (?P<where>[^\n]{1,300})")
+
+
+def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
+    for pos in t.find_all("watchdog caught collective operation timeout"):
+        found = _search(_WATCHDOG_RE, t, pos, before=30, after=900)
+        if found is None:
+            continue
+        offset, m = found
+        facts: Facts = {}
+        if m.group("rank"):
+            facts["rank"] = int(m.group("rank"))
+        work = m.group("work")
+        backend = _WORK_BACKEND_RE.search(work)
+        facts["backend"] = backend.group("backend") if backend else "NCCL"
+        for name, pattern in _WORK_FIELDS:
+            if (f := pattern.search(work)) is not None:
+                facts[name] = int(f.group(1)) if name != "op_type" else f.group(1)
+        if (shape := _WORK_SHAPE_RE.search(work)) is not None:
+            facts["tensor_shape"] = _ints(shape.group("shape"))
+        facts["ran_for_ms"] = int(m.group("ran"))
+        line_start = t.text.rfind("\n", 0, offset + m.start()) + 1
+        pg = _PG_RE.search(t.text, line_start, offset + m.start() + 1) or \
+            _PG_RE.search(t.text, pos, pos + 400)
+        if pg is not None:
+            facts.update(pg_id=int(pg.group("pg_id")), pg_name=pg.group("guid"))
+            if pg.group("desc"):
+                facts["pg_desc"] = pg.group("desc")
+        rank = _rank_of(t, pos, facts)
+        op = facts.get("op_type", "collective")
+        seq = f" SeqNum {facts['seq_num']}" if "seq_num" in facts else ""
+        headline = (f"{facts['backend']} watchdog timeout{_on_rank(rank)}: {op}{seq} ran "
+                    f"{facts['ran_for_ms']} ms")
+        return _Hit("comm", "timeout", 0.95, offset + m.start(), facts, headline,
+                    "the collective did not complete within the process group's timeout on this rank: a "
+                    "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
+    return None
+
+
+def _rule_watchdog_status(t: _Text) -> Optional[_Hit]:
+    """Supporting facts of a watchdog timeout: the PG's last enqueued/completed work, the collective's
+    call stack from the flight recorder."""
+    facts: Facts = {}
+    first = -1
+    pos = t.first("last enqueued work:", "last enqueued nccl work:")
+    if pos >= 0:
+        found = _search(_WATCHDOG_STATUS_RE, t, pos, before=80, after=120)
+        if found is not None:
+            m = found[1]
+            facts.update(last_enqueued=int(m.group("enq")), last_completed=int(m.group("done")))
+            first = pos
+    pos = t.first("stack trace of the failed collective:")
+    if pos >= 0:
+        found = _search(_FR_STACK_RE, t, pos, before=0, after=4000)
+        if found is not None:
+            frames = [f"{f.group('func')} from {f.group('where').strip()}"
+                      for f in _FR_FRAME_RE.finditer(found[1].group("frames"))][:12]
+            if frames:
+                facts["collective_stack"] = frames
+                user = [f for f in frames if "/torch/" not in f and "\\torch\\" not in f]
+                if user:
+                    facts["collective_call_site"] = user[0]
+                first = pos if first < 0 else first
+    if not facts:
+        return None
+    return _Hit("comm", "timeout", 0.5, first, facts, "", supporting=True)
+
+
+_DUMP_SIGNAL_RE = re.compile(r"Received a dump signal due to a collective timeout from\s+"
+                             r"(?:rank (?P<from>\d+)|this local rank)")
+
+
+def _rule_dump_signal(t: _Text) -> Optional[_Hit]:
+    for pos in t.find_all("received a dump signal due to a collective timeout from"):
+        found = _search(_DUMP_SIGNAL_RE, t, pos, before=0, after=200)
+        if found is None:
+            continue
+        m = found[1]
+        facts: Facts = {}
+        status = _search(_WATCHDOG_STATUS_RE, t, pos, before=0, after=600)
+        if status is not None:
+            facts.update(last_enqueued=int(status[1].group("enq")),
+                         last_completed=int(status[1].group("done")))
+        if m.group("from") is None:
+            return _Hit("comm", "timeout", 0.5, pos, facts, "", supporting=True)
+        facts["timed_out_rank"] = int(m.group("from"))
+        rank = _rank_of(t, pos, facts)
+        return _Hit("comm", "timeout", 0.7, pos, facts,
+                    f"Collective timeout on rank {facts['timed_out_rank']} (reported{_on_rank(rank)})",
+                    "another rank's watchdog timed out; this rank dumps its flight-recorder state")
+    return None
+
+
+_NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:System|Remote|Internal|InvalidUsage|InvalidArgument|"
+                           r"UnhandledCuda)Error)\b")
+_NCCL_SITE_RE = re.compile(r"NCCL error in: (?P<site>[^,\n]{1,300}), (?P<reason>[^\n]{1,300}?), NCCL version "
+                           r"(?P<version>[\w.+-]{1,40})")
+_NCCL_PLAIN_RE = re.compile(r"NCCL error: (?P<reason>[^\n]{1,300}?), NCCL version (?P<version>[\w.+-]{1,40})")
+_NCCL_LAST_RE = re.compile(r"Last error:\s{0,4}\n?(?P<last>[^\n]{1,300})")
+_NCCL_REASONS = (
+    ("remote process exited or there was a network error", "ncclRemoteError"),
+    ("unhandled system error", "ncclSystemError"), ("unhandled cuda error", "ncclUnhandledCudaError"),
+    ("internal error", "ncclInternalError"), ("invalid usage", "ncclInvalidUsage"),
+    ("invalid argument", "ncclInvalidArgument"),
+)
+_CONNECT_RE = re.compile(r"socketStartConnect|[Cc]onnect to \S+ failed|[Cc]all to connect returned|"
+                         r"Connection refused|bootstrap", re.IGNORECASE)
+_NCCL_KINDS = {
+    "ncclRemoteError": ("comm", "rank-lost", 0.75, "a peer process exited or the network between the ranks "
+                        "failed: look for the peer's own incident first, then the interconnect"),
+    "ncclSystemError": ("comm", "failure", 0.8, "a system call or the network failed inside NCCL (socket, "
+                        "InfiniBand, shared memory); NCCL_DEBUG=INFO names it"),
+    "ncclInternalError": ("comm", "failure", 0.75, "NCCL hit an internal check: version/driver mismatch "
+                          "between nodes or an NCCL bug; NCCL_DEBUG=INFO"),
+    "ncclInvalidUsage": ("comm", "mismatch", 0.7, "NCCL saw an invalid call: typically ranks disagreeing on "
+                         "collectives (sizes, order, communicator) or a framework bug"),
+    "ncclInvalidArgument": ("comm", "mismatch", 0.65, "an invalid argument reached NCCL (buffer, count, "
+                            "dtype or device differs from what the communicator expects)"),
+    "ncclUnhandledCudaError": ("memory", "cuda-error", 0.8, "a CUDA call inside NCCL failed: look for the "
+                               "CUDA error on this rank (illegal memory access, ECC, Xid)"),
+}
+_NCCL_NEEDLES = ("nccl error", "ncclsystemerror", "ncclremoteerror", "ncclinternalerror", "ncclinvalidusage",
+                 "ncclinvalidargument", "ncclunhandledcudaerror")
+
+
+def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
+    pos = t.first(*_NCCL_NEEDLES)
+    if pos < 0:
+        return None
+    _offset, text = t.window(pos, 0, 3000)
+    facts: Facts = {}
+    code = None
+    if (m := _NCCL_CODE_RE.search(text)) is not None:
+        code = m.group("code")
+    site = _NCCL_SITE_RE.search(text) or _NCCL_PLAIN_RE.search(text)
+    if site is not None:
+        facts.update(reason=site.group("reason").strip(), nccl_version=site.group("version"))
+        if "site" in site.groupdict() and site.group("site"):
+            facts["site"] = site.group("site").strip()
+        if code is None:
+            reason = facts["reason"].lower()
+            code = next((c for needle, c in _NCCL_REASONS if needle in reason), None)
+    if code is None:
+        return None
+    facts["code"] = code
+    extra: Tuple[int, ...] = ()
+    if (last := _NCCL_LAST_RE.search(text)) is not None:
+        facts["last_error"] = last.group("last").strip()
+        extra = (pos + last.start("last"),)
+    category, subtype, confidence, note = _NCCL_KINDS[code]
+    if code == "ncclSystemError" and _CONNECT_RE.search(facts.get("last_error", "") + " " +
+                                                        facts.get("reason", "")):
+        category, subtype, confidence = "comm", "init-failure", 0.7
+        note = ("NCCL could not connect to a peer (bootstrap or transport): addresses, NCCL_SOCKET_IFNAME, "
+                "firewall")
+    if "Duplicate GPU detected" in facts.get("last_error", ""):
+        category, subtype, confidence = "comm", "init-failure", 0.85
+        facts["duplicate_gpu"] = True
+        note = ("two ranks were given the same GPU: call torch.cuda.set_device(local_rank) before "
+                "init_process_group (or give each rank its own CUDA_VISIBLE_DEVICES)")
+    rank = _rank_of(t, pos, facts)
+    detail = facts.get("last_error") or facts.get("reason") or ""
+    headline = f"{code}{_on_rank(rank)}" + (f": {_shorten(detail, 120)}" if detail else "")
+    return _Hit(category, subtype, confidence, pos, facts, headline, note, extra_lines=extra)
+
+
+_ABORTED_RE = re.compile(r"NCCL communicator was aborted on rank (?P<rank>\d+)\.(?: Original reason for "
+                         r"failure was: (?P<reason>[^\n]{0,600}))?")
+
+
+def _rule_nccl_comm_aborted(t: _Text) -> Optional[_Hit]:
+    pos = t.first("nccl communicator was aborted on rank")
+    if pos < 0:
+        return None
+    found = _search(_ABORTED_RE, t, pos, before=0, after=800)
+    if found is None:
+        return None
+    m = found[1]
+    facts: Facts = {"rank": int(m.group("rank"))}
+    if m.group("reason"):
+        facts["reason"] = _shorten(m.group("reason"), 300)
+    return _Hit("comm", "failure", 0.6, pos, facts, f"NCCL communicator aborted on rank {facts['rank']}",
+                "the process group was aborted after an earlier failure: the original reason is the cause")
+
+
+_IB_RE = re.compile(r"Got completion from peer (?P<peer>[^\s,]{1,100}) with (?:error |status=)(?P<code>\d+)")
+_IB_STATUS = {5: "work request flushed (the queue pair went to error: usually the peer or link went away)",
+              12: "transport retry counter exceeded (packets lost on the network)",
+              13: "RNR retry counter exceeded (the peer stopped posting receives)"}
+
+
+def _rule_ib_error(t: _Text) -> Optional[_Hit]:
+    pos = t.first("got completion from peer")
+    if pos < 0 or (found := _search(_IB_RE, t, pos, before=0, after=200)) is None:
+        return None
+    m = found[1]
+    code = int(m.group("code"))
+    facts: Facts = {"peer": m.group("peer"), "ib_status": code, "meaning": _IB_STATUS.get(code, "IB work "
+                                                                                          "completion error")}
+    rank = _rank_of(t, pos, facts)
+    return _Hit("comm", "failure", 0.7, pos, facts,
+                f"InfiniBand completion error {code} from {facts['peer']}{_on_rank(rank)}",
+                "check the fabric between the two nodes (ibstat, port counters) and the peer's own state")
+
+
+DOCS = {
+    'nccl.watchdog-timeout': '``Watchdog caught collective operation timeout: WorkNCCL(...)`` → comm/timeout',
+    'nccl.dump-signal': '``Received a dump signal due to a collective timeout from rank N`` → comm/timeout',
+    'nccl.watchdog-status': (
+        "(adds facts only) the PG status line (last enqueued / completed work) and the flight recorder's "
+        'stack of the failed collective'
+    ),
+    'nccl.error': (
+        '``NCCL error ...`` / ``nccl*Error``: RemoteError → comm/rank-lost; InvalidUsage / '
+        'InvalidArgument → comm/mismatch; UnhandledCudaError → memory/cuda-error; SystemError on a '
+        'connect → comm/init-failure; SystemError / InternalError → comm/failure'
+    ),
+    'nccl.comm-aborted': '``NCCL communicator was aborted on rank N`` → comm/failure',
+    'nccl.ib-error': '``NET/IB : Got completion from peer ... with error N`` → comm/failure',
+}
+"""What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

@@ -1,0 +1,224 @@
+"""Classifier rules for Python-level text: autograd anomaly NaNs, model-side errors (device, index,
+shape), DataLoader worker failures and ``Fatal Python error`` aborts."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Tuple
+
+from ..catalogue import SIGNAL_NAMES
+from .text import (
+    Facts,
+    _exit_kind,
+    _Hit,
+    _ints,
+    _search,
+    _shorten,
+    _Text,
+)
+
+# ----------------------------------------------------------------------------------------------------
+# Model-side errors and plain Python
+
+
+_ANOMALY_RE = re.compile(
+    r"Function '(?P<fn>\w{1,100})' returned nan values in its (?P<idx>\d+)(?:st|nd|rd|th) output")
+
+
+def _rule_anomaly_nan(t: _Text) -> Optional[_Hit]:
+    pos = t.first("returned nan values in its")
+    if pos < 0 or (found := _search(_ANOMALY_RE, t, pos, before=200, after=60)) is None:
+        return None
+    m = found[1]
+    facts: Facts = {"function": m.group("fn"), "output_index": int(m.group("idx"))}
+    return _Hit("gradient", "nan-source", 0.9, found[0] + m.start(), facts,
+                f"Autograd anomaly: {facts['function']} produced NaN in its output {facts['output_index']}",
+                "anomaly mode names the backward op that produced the first NaN; its forward is printed "
+                "above as 'Traceback of forward call'")
+
+
+_DEVICE_PATTERNS: Tuple[Tuple[str, re.Pattern[str]], ...] = (
+    ("expected all tensors to be on the same device", re.compile(
+        r"Expected all tensors to be on the same device, but (?:found at least two devices, "
+        r"(?P<a>[\w:]{1,20}) and (?P<b>[\w:]{1,20})|got (?P<arg>\w{1,60}) is on (?P<c>[\w:]{1,20}), "
+        r"different from other tensors on (?P<d>[\w:]{1,20}))")),
+    ("is not on the expected device", re.compile(
+        r"Tensor on device (?P<a>[\w:]{1,20}) is not on the expected device (?P<b>[\w:]{1,20})")),
+    ("and weight type", re.compile(
+        r"Input type \((?P<a>[\w.]{1,60})\) and weight type \((?P<b>[\w.]{1,60})\) should be the same")),
+    ("indices should be either on cpu or on the same device", re.compile(
+        r"indices should be either on cpu or on the same device as the indexed tensor "
+        r"\((?P<b>[\w:]{1,20})\)")),
+)
+
+
+def _rule_device_mismatch(t: _Text) -> Optional[_Hit]:
+    for needle, pattern in _DEVICE_PATTERNS:
+        pos = t.first(needle)
+        if pos < 0 or (found := _search(pattern, t, pos, before=200, after=300)) is None:
+            continue
+        m = found[1]
+        devices = [v for k, v in m.groupdict().items() if v and k != "arg"]
+        facts: Facts = {"devices": devices}
+        if m.groupdict().get("arg"):
+            facts["argument"] = m.group("arg")
+        meta = any(d == "meta" for d in devices)
+        facts["meta"] = meta
+        note = ("parameters on the meta device were never materialised (to_empty() / "
+                "load_state_dict(assign=True) missing after building the model on 'meta')" if meta else
+                "inputs and parameters live on different devices: move the batch (or the module) with "
+                ".to(device)")
+        return _Hit("process", "exception", 0.85, found[0] + m.start(), facts,
+                    f"Device mismatch: {' vs '.join(devices)}", note)
+    return None
+
+
+_INDEX_PATTERNS: Tuple[Tuple[str, re.Pattern[str], str], ...] = (
+    ("index out of range in self", re.compile(r"index out of range in self"),
+     "an index >= the table size (embedding ids >= num_embeddings: tokenizer and model vocabulary disagree)"),
+    ("is out of bounds for", re.compile(r"index (?P<index>-?\d+) is out of bounds for (?:dimension|axis) "
+                                        r"(?P<dim>\d+) with size (?P<size>\d+)"),
+     "an index outside the tensor's size in that dimension"),
+    ("is out of bounds", re.compile(r"Target (?P<target>-?\d+) is out of bounds"),
+     "a class target >= the number of classes (or negative, other than ignore_index)"),
+)
+
+
+def _rule_index(t: _Text) -> Optional[_Hit]:
+    for needle, pattern, note in _INDEX_PATTERNS:
+        for pos in t.find_all(needle):
+            found = _search(pattern, t, pos, before=80, after=120)
+            if found is None:
+                continue
+            m = found[1]
+            facts: Facts = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+            return _Hit("process", "exception", 0.85, found[0] + m.start(), facts,
+                        f"Index out of range: {_shorten(m.group(0), 120)}", note)
+    return None
+
+
+_SHAPE_PATTERNS: Tuple[Tuple[str, re.Pattern[str]], ...] = (
+    ("shapes cannot be multiplied", re.compile(
+        r"mat1 and mat2 shapes cannot be multiplied \((?P<a>\d+x\d+) and (?P<b>\d+x\d+)\)")),
+    ("must match the size of tensor b", re.compile(
+        r"The size of tensor a \((?P<a>\d+)\) must match the size of tensor b \((?P<b>\d+)\) at "
+        r"non-singleton dimension (?P<dim>\d+)")),
+    ("size mismatch for", re.compile(
+        r"size mismatch for (?P<param>[\w.]{1,200}): copying a param with shape "
+        r"(?P<a>torch\.Size\(\[[\d, ]{0,100}\]\)) from checkpoint, the shape in current model is "
+        r"(?P<b>torch\.Size\(\[[\d, ]{0,100}\]\))")),
+    ("is invalid for input of size", re.compile(
+        r"shape '\[(?P<a>[-\d, ]{0,100})\]' is invalid for input of size (?P<b>\d+)")),
+    ("to match target batch_size", re.compile(
+        r"Expected input batch_size \((?P<a>\d+)\) to match target batch_size \((?P<b>\d+)\)")),
+    ("channels instead", re.compile(
+        r"expected input\[(?P<input>[\d, ]{0,100})\] to have (?P<a>\d+) channels, but got (?P<b>\d+) "
+        r"channels instead")),
+    ("inconsistent tensor size", re.compile(
+        r"inconsistent tensor size, expected tensor \[(?P<a>[\d, ]{0,100})\] and src "
+        r"\[(?P<b>[\d, ]{0,100})\]")),
+    ("sizes of tensors must match", re.compile(
+        r"Sizes of tensors must match except in dimension (?P<dim>\d+)\. Expected size (?P<a>\d+) but got "
+        r"size (?P<b>\d+)")),
+    ("size mismatch, m1:", re.compile(
+        r"size mismatch, m1: \[(?P<a>[\d x]{1,40})\], m2: \[(?P<b>[\d x]{1,40})\]")),
+)
+
+
+def _rule_shape(t: _Text) -> Optional[_Hit]:
+    best: Optional[_Hit] = None
+    for needle, pattern in _SHAPE_PATTERNS:
+        pos = t.first(needle)
+        if pos < 0 or (best is not None and pos >= best.pos):
+            continue
+        found = _search(pattern, t, pos, before=200, after=400)
+        if found is None:
+            continue
+        m = found[1]
+        facts: Facts = {"pattern": needle, "shapes": [m.group("a"), m.group("b")]}
+        for extra in ("dim", "param", "input"):
+            if m.groupdict().get(extra):
+                facts[extra] = int(m.group(extra)) if extra == "dim" else m.group(extra)
+        best = _Hit("process", "exception", 0.85, found[0] + m.start(), facts,
+                    f"Shape mismatch: {_shorten(m.group(0), 140)}",
+                    "tensor shapes disagree with a layer or each other: compare the layer sizes in the model "
+                    "config with the input features (and the checkpoint, when loading one)")
+    return best
+
+
+_WORKER_ERROR_RE = re.compile(r"Caught (?P<type>[\w.]{1,100}) in DataLoader worker process (?P<worker>\d+)")
+_WORKER_DIED_RE = re.compile(r"DataLoader worker \(pids?\(?s?\)? (?P<pids>[\d, ]{1,200})\) "
+                             r"(?:exited unexpectedly|is killed by signal: (?P<sig>[\w ]{1,40}))")
+
+
+def _rule_dataloader(t: _Text) -> Optional[_Hit]:
+    pos = t.first("in dataloader worker process")
+    if pos >= 0 and (found := _search(_WORKER_ERROR_RE, t, pos, before=200, after=40)) is not None:
+        m = found[1]
+        facts: Facts = {"worker": int(m.group("worker")), "worker_exception": m.group("type")}
+        head = f"\n{_bare(m.group('type'))}: "
+        cut = t.text.find(head, pos, pos + 200_000)
+        while cut >= 0 and (nxt := t.text.find(head, cut + 1, pos + 200_000)) >= 0:
+            cut = nxt  # the innermost (last printed) exception line of the worker's traceback
+        if cut >= 0:
+            facts["worker_message"] = _shorten(t.line_at(cut + len(head)).split(": ", 1)[-1], 200)
+        return _Hit("process", "exception", 0.8, found[0] + m.start(), facts,
+                    f"{m.group('type')} in DataLoader worker {facts['worker']}"
+                    + (f": {facts['worker_message']}" if "worker_message" in facts else ""),
+                    "the dataset or collate_fn raised in a worker: the original traceback is in the message")
+    pos = t.first("dataloader worker (pid")
+    if pos >= 0 and (found := _search(_WORKER_DIED_RE, t, pos, before=0, after=300)) is not None:
+        m = found[1]
+        facts = {"pids": _ints(m.group("pids"))}
+        if m.group("sig"):
+            facts["signal"] = m.group("sig").strip()
+        note = ("a DataLoader worker died: 'Killed' is the host OOM-killer (too many workers x dataset "
+                "copies), 'Bus error' a too small /dev/shm")
+        return _Hit("process", "exception", 0.75, pos, facts,
+                    "DataLoader worker died" + (f" ({facts['signal']})" if "signal" in facts else ""), note)
+    return None
+
+
+_FATAL_RE = re.compile(r"Fatal Python error: (?P<msg>[^\n]{1,200})")
+_FATAL_SIGNALS = {"aborted": 6, "segmentation fault": 11, "bus error": 7, "floating point exception": 8,
+                  "illegal instruction": 4}
+
+
+def _rule_fatal(t: _Text) -> Optional[_Hit]:
+    pos = t.first("fatal python error:")
+    if pos < 0 or (found := _search(_FATAL_RE, t, pos, before=0, after=250)) is None:
+        return None
+    msg = found[1].group("msg").strip()
+    sig = _FATAL_SIGNALS.get(msg.lower())
+    facts: Facts = {"error": msg}
+    if sig is None:
+        return _Hit("process", "exception", 0.5, pos, facts, f"Fatal Python error: {msg}")
+    facts.update(signal=sig, signal_name=SIGNAL_NAMES.get(sig, str(sig)))
+    category, subtype, _said = _exit_kind(128 + sig)
+    return _Hit(category, subtype, 0.5, pos, facts, f"Fatal Python error: {msg} ({facts['signal_name']})",
+                "a native crash; faulthandler printed the Python stack at the moment of the signal")
+
+
+def _bare(exc_type: str) -> str:
+    return exc_type.rsplit(".", 1)[-1]
+
+
+DOCS = {
+    'autograd.anomaly-nan': "``Function 'X' returned nan values in its Nth output`` → gradient/nan-source",
+    'model.device-mismatch': 'tensors on different devices (incl. ``meta``) → process/exception',
+    'model.index-out-of-range': (
+        '``index out of range in self``, ``index i is out of bounds ...``, ``Target t is out of bounds`` '
+        '→ process/exception'
+    ),
+    'model.shape-mismatch': (
+        '``mat1 and mat2 shapes cannot be multiplied``, size mismatches → process/exception'
+    ),
+    'dataloader.worker': '``Caught X in DataLoader worker process N`` / worker killed → process/exception',
+    'python.fatal-error': (
+        '``Fatal Python error: Aborted|Segmentation fault|...`` → by the exit decision path for that '
+        'signal'
+    ),
+    'type:<name>': '(with ``exc_type``) :data:`~trainguard_engine.catalogue.EXCEPTION_RULES`',
+    'python.exception': 'any other printed Python traceback → process/exception',
+}
+"""What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

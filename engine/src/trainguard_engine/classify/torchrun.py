@@ -1,0 +1,205 @@
+"""Classifier rules for torchrun (torch.distributed.elastic): the ``ChildFailedError`` summary naming
+the root-cause rank, and per-worker failure lines."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from trainguard.core.tracebacks import parse_traceback_text
+
+from ..catalogue import SIGNAL_NAMES
+from .text import (
+    Classification,
+    Facts,
+    _exit_kind,
+    _first_line,
+    _Hit,
+    _search,
+    _shorten,
+    _Text,
+)
+
+_WORKER_FAILED_RE = re.compile(
+    r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\)")
+
+
+def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
+    pos = t.first("failed (exitcode:")
+    if pos < 0 or (found := _search(_WORKER_FAILED_RE, t, pos, before=0, after=200)) is None:
+        return None
+    m = found[1]
+    code = int(m.group("code"))
+    category, subtype, said = _exit_kind(code)
+    facts: Facts = {"exitcode": code, "local_rank": int(m.group("lr")), "pid": int(m.group("pid"))}
+    return _Hit(category, subtype, 0.6, pos, facts,
+                f"torchrun: local rank {facts['local_rank']} failed ({said})", "")
+
+
+# ----------------------------------------------------------------------------------------------------
+# torchrun's ChildFailedError summary
+
+
+_FAILURE_HEADER_RE = re.compile(r"^\[(?P<idx>\d+)\]:\s*$")
+_FAILURE_FIELD_RE = re.compile(
+    r"^\s{1,8}(?P<key>time|host|rank|exitcode|error_file|traceback)\s{0,8}: ?(?P<value>.*)$")
+_RANK_FIELD_RE = re.compile(r"(?P<rank>-?\d+)(?: \(local_rank: (?P<local>-?\d+)\))?")
+_EXIT_FIELD_RE = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?\s*(?:\((?P<sig>SIG\w+)\))?")
+_SIGNAL_MSG_RE = re.compile(r"Signal (?P<sig>\d+) \((?P<name>SIG\w+)\) received by PID (?P<pid>\d+)")
+_SEPARATOR_RE = re.compile(r"^\s*(?:={8,}|-{8,})\s*$")
+_MAX_FAILURES = 64
+_MAX_TRACEBACK_LINES = 400
+
+
+def _parse_failures(lines: Sequence[str]) -> List[Tuple[bool, Dict[str, Any], List[str]]]:
+    """``(is_root, fields, traceback lines)`` of each failure block after ``Failures:``."""
+    out: List[Tuple[bool, Dict[str, Any], List[str]]] = []
+    root = False
+    current: Optional[Tuple[bool, Dict[str, Any], List[str]]] = None
+    in_traceback = False
+    for line in lines:
+        if line.startswith("Root Cause (first observed failure):"):
+            root, current, in_traceback = True, None, False
+            continue
+        if _FAILURE_HEADER_RE.match(line):
+            if len(out) >= _MAX_FAILURES:
+                break
+            current = (root, {}, [])
+            out.append(current)
+            in_traceback = False
+            continue
+        if _SEPARATOR_RE.match(line):
+            if root and current is not None:
+                break  # the closing border
+            current, in_traceback = None, False
+            continue
+        if current is None:
+            continue
+        field_match = _FAILURE_FIELD_RE.match(line)
+        if field_match and not (in_traceback and _indent(line) > 2):
+            key, value = field_match.group("key"), field_match.group("value").strip()
+            current[1][key] = value
+            in_traceback = key == "traceback"
+            if in_traceback and value:
+                current[2].append(value)
+            continue
+        if in_traceback and len(current[2]) < _MAX_TRACEBACK_LINES:
+            current[2].append(line[2:] if line.startswith("  ") else line)
+    return out
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _failure_facts(fields: Mapping[str, Any], traceback_lines: Sequence[str]) -> Tuple[Facts, str, str]:
+    """Facts of one failure, its traceback text, and a short description of its error."""
+    facts: Facts = {}
+    if (m := _RANK_FIELD_RE.match(fields.get("rank", ""))) is not None:
+        facts["rank"] = int(m.group("rank"))
+        if m.group("local") is not None:
+            facts["local_rank"] = int(m.group("local"))
+    if (m := _EXIT_FIELD_RE.match(fields.get("exitcode", ""))) is not None:
+        facts["exitcode"] = int(m.group("code"))
+        if m.group("pid"):
+            facts["pid"] = int(m.group("pid"))
+        if m.group("sig"):
+            facts["signal_name"] = m.group("sig")
+    for key in ("time", "host"):
+        if fields.get(key):
+            facts[key] = fields[key]
+    error_file = fields.get("error_file", "")
+    facts["error_file"] = None if error_file in ("", "<N/A>") else error_file
+    text = "\n".join(traceback_lines).strip()
+    error = ""
+    if (sig := _SIGNAL_MSG_RE.search(text[:400])) is not None:
+        facts.update(signal=int(sig.group("sig")), signal_name=sig.group("name"))
+        error = sig.group(0)
+    elif text.startswith("Traceback"):
+        parsed = [e for e in parse_traceback_text(text) if e.relation == ""]
+        if parsed:
+            last = parsed[-1]
+            error = f"{last.exc_type}: {_first_line(last.message)}" if last.message else last.exc_type
+    elif text and not text.startswith("To enable traceback"):
+        error = _first_line(text)
+    if error:
+        facts["error"] = _shorten(error, 300)
+    if "signal" not in facts and isinstance(facts.get("exitcode"), int) and facts["exitcode"] < 0:
+        facts["signal"] = -facts["exitcode"]
+        facts.setdefault("signal_name", SIGNAL_NAMES.get(facts["signal"], f"signal {facts['signal']}"))
+    return facts, text, error
+
+
+def _rule_torchrun(t: _Text, depth: int) -> Optional[_Hit]:
+    pos = t.first("root cause (first observed failure):")
+    if pos < 0:
+        return None
+    start = t.lower.rfind("failures:", max(0, pos - 400_000), pos)
+    start = t.text.rfind("\n", 0, start) + 1 if start >= 0 else t.text.rfind("\n", 0, pos) + 1
+    title_start = t.text.rfind("\n", 0, max(0, start - 1))
+    title_block = t.text[max(0, title_start - 400): start].splitlines()
+    job = next((ln.strip()[: -len(" FAILED")] for ln in reversed(title_block)
+                if ln.strip().endswith(" FAILED")), "")
+    end = t.text.find("\n=====", pos)
+    end = len(t.text) if end < 0 else end + 200
+    blocks = _parse_failures(t.text[start:end].split("\n"))
+    failures: List[Facts] = []
+    root_facts: Optional[Facts] = None
+    root_text = ""
+    for is_root, fields, tb_lines in blocks:
+        one, text, _error = _failure_facts(fields, tb_lines)
+        failures.append(one)
+        if is_root and root_facts is None:
+            root_facts, root_text = one, text
+    if root_facts is None:
+        return None
+    facts: Facts = {"root_cause_rank": root_facts.get("rank"), "failures": failures,
+                    "failed_ranks": sorted({f["rank"] for f in failures if isinstance(f.get("rank"), int)})}
+    if job:
+        facts["job"] = job
+    for key in ("exitcode", "signal", "signal_name", "time", "host", "error", "error_file", "local_rank"):
+        if root_facts.get(key) is not None:
+            facts[f"root_cause_{key}" if key != "time" else "first_failure_time"] = root_facts[key]
+    # the root cause's own kind: its exception if it printed one, else its exit code / signal
+    root_kind: Optional[Classification] = None
+    if root_text.startswith("Traceback") and depth < 2:
+        parsed = [e for e in parse_traceback_text(root_text) if e.relation == ""]
+        if parsed:
+            from . import _classify_exception  # the package classifies the root cause's own traceback
+
+            root_kind = _classify_exception(parsed[-1].exc_type, parsed[-1].message, depth + 1)
+    if root_kind is not None:
+        category, subtype, confidence = root_kind.category, root_kind.subtype, min(0.9, root_kind.confidence)
+        facts["root_cause_rule"] = root_kind.rule
+        if root_kind.facts:
+            facts["root_cause_facts"] = dict(root_kind.facts)
+    elif isinstance(root_facts.get("exitcode"), int):
+        category, subtype, _said = _exit_kind(root_facts["exitcode"])
+        confidence = 0.8
+    else:
+        category, subtype, confidence = "process", "exit", 0.5
+    how = root_facts.get("error") or (f"exit code {root_facts['exitcode']}" if "exitcode" in root_facts
+                                      else "")
+    if "signal_name" in root_facts and "exitcode" in root_facts and "received" not in how:
+        how = f"exit code {root_facts['exitcode']}, {root_facts['signal_name']}"
+    count = len(facts["failed_ranks"]) or len(failures)
+    headline = (f"torchrun: rank {facts['root_cause_rank']} failed first ({_shorten(how, 120)}); "
+                f"{count} rank{'s' if count != 1 else ''} failed")
+    note = ("torchrun's root cause is the first observed failure; the other ranks' failures usually follow "
+            "from it")
+    evidence = [t.lower.find(key, pos, end) for key in ("rank      :", "exitcode  :", "traceback :")]
+    error = root_facts.get("error")
+    if isinstance(error, str) and error:
+        evidence.append(t.text.find(error[:80], pos, end))
+    return _Hit(category, subtype, confidence, pos, facts, headline, note,
+                extra_lines=tuple(p for p in evidence if p >= 0))
+
+
+DOCS = {
+    'torchrun.child-failed': (
+        "torchrun's ``ChildFailedError`` summary: the root cause's own kind (its traceback, else its exit "
+        'code / signal by the decision path)'
+    ),
+    'torchrun.worker-failed': '``failed (exitcode: N) local_rank: ...`` → by the exit decision path',
+}
+"""What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""
