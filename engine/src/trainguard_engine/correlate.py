@@ -1,53 +1,6 @@
 """Cross-rank root-cause correlation (DESIGN §4 "Correlation", seed 000 §3.5): the earliest signal leads,
-and what a failure causes on other ranks is evidence on it, not an incident of its own.
-
-Pure and deterministic (event times decide; processing time only through :func:`check_silent_peers` and
-:func:`check_lagging` when ``Pipeline.advance`` calls them):
-
-**1. Consequences fold into their cause.** A *consequence* is a collective failing
-(``comm/timeout``, ``comm/failure``, ``comm/rank-lost``) or a rank being terminated by its launcher
-(``process/terminated``). A *cause* is an open incident of a kind that makes peers' collectives fail:
-a non-finite loss or gradient (``loss/non_finite``, ``gradient/explosion``, ``gradient/nan-source``), a
-device failure (``memory/oom``, ``memory/oom-or-cuda-error``, ``memory/cuda-error``) or a crash
-(``process/exception``, ``process/killed``, ``process/exit``). An exception whose message says the values
-went non-finite (the job's own NaN guard raising) is a consequence of an earlier non-finite loss or
-gradient incident. When a consequence signal arrives at time
-*t* and the run has a cause whose earliest signal is at or before *t*, the signal joins the cause (the
-earliest such cause) as evidence instead of opening an incident of its own: a gradient-norm climb → Inf →
-NaN loss → NCCL error is one ``gradient/explosion`` incident. The cause lists it in ``consequences``
-("comm/timeout on rank 0, 1"). :func:`route` does this as findings arrive; :func:`explain` does it after
-the fact when the cause's evidence arrives later than the consequence (ranks flush independently):
-the consequence incident is then resolved with ``explained_by`` = the cause's id, its evidence, ranks and
-timeline copied onto the cause, and later findings for it go to the cause.
-
-**2. A silent or killed rank explains its peers' failures.** A process killed by SIGKILL (OOM-killer,
-preemption) or a node that died sends nothing more -- no exception, no exit. When a run has an open
-``comm/timeout``, ``comm/failure`` or ``comm/rank-lost`` incident (not explained by rule 1) first signalled
-at *t*, a rank that has not exited, is not in that incident, sent its last event before *t*, and is still
-silent ``max(rank_lost_grace_s, 2.5 x its heartbeat interval)`` after *t* (by the event time of a later
-event of the run, or by the processor's clock in ``advance``) is **lost**: the incident becomes
-``comm/rank-lost`` (same id), led by that rank from its last event, with evidence of the silence. The
-rank counts as ended (failed) and is not reported again by ``progress/lost``. A rank heard from after
-*t* is never declared lost. A rank *reported* killed by a signal (a launcher's or agent's exit code,
-``trainguard replay``) after its last progress is the same story: its ``process/killed`` incident becomes
-the ``comm/rank-lost`` its peers' errors fold into, led by it.
-
-**3. Who leads.** The lead is the rank with the earliest signal, unless correlation pins it
-(``IncidentState.extra["lead"]``): a collective timeout's **lagging rank** (alive -- heartbeats well after
-its last progress -- but without progress since before the timeout and without an error of its own)
-leads the timeout (:func:`check_lagging`); the rank whose loss went non-finite at the earliest *step*
-leads a NaN all ranks share through the all-reduce (:func:`pin_numeric_lead`).
-
-**4. Hangs.** A stall that ends in a communication failure on one of its ranks is that failure's
-precursor and folds into it; further stall episodes of the same hang join it; the survivors of a lost
-rank stall waiting for it, and that stall folds into the ``comm/rank-lost``. A rank terminated or killed
-while it is in an open stall was stopped because it hung: its exit is evidence on the stall.
-
-**5. Desync is a mismatch.** Ranks whose watchdogs time out in *different* collectives of one process
-group (rank A stuck in #13 while rank B is stuck in #12, or both in #12 with different sizes) issued
-different collectives: NCCL does not compare what ranks pass, so a size mismatch shows as exactly this
-(recorded on two H200s: ``tests/fixtures/nccl/mismatch``). :func:`check_desync` turns such a
-``comm/timeout`` into ``comm/mismatch`` naming both collectives.
+and what a failure causes on other ranks is evidence on it, not an incident of its own. Pure; the rules
+are specified in docs/correlation.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,6 @@
-"""Gradient detectors: explosion before the NaN, vanishing gradients, stale clipping, the NaN source
-(the family's shared state, numeric slot and divergence story are in :mod:`.numeric`).
-
-All four read what ``watch()`` sends (``grad/global_norm`` before clipping, ``grad/clip_triggered``,
-``grad/layer/<name>`` every ``per_layer_every`` steps, in the model's parameter order) and the user's loss.
-They are streaming: each keeps a few numbers per rank in ``RankState.detectors["lg"]`` (bounded, JSON) and
-reads at most ``explosion_window_steps`` / ``clip_stale_curve_window`` points of the rank's history. Every
-check runs once per new step (a replayed or late point never counts twice). Thresholds live in
-:class:`LossGradientSettings` (defaults = the seeds' numbers; see the table in its docstring).
-
-Rules (their thresholds are documented fields of ``DetectionSettings``):
-
-* **gradient/explosion, before the NaN** (:func:`check_climb`) -- on a rank whose loss is still finite:
-  the last ``explosion_sustain`` grad norms are all >= ``explosion_jump_factor`` x the running median
-  (median of the earlier half of the last ``explosion_window_steps`` steps, so a gradual climb does not
-  inflate its own baseline) **and** the last ``explosion_trend_points`` norms rise (Mann-Kendall
-  z >= ``trend_z``) **and** the loss over the climb (since the onset, at least those steps) is not falling
-  significantly (a norm that grows while the loss falls is a model starting to learn). One spike is not
-  an explosion; a sustained, still-rising climb is. ``first_step`` is the onset: the first step of the
-  trailing run of norms >= ``explosion_onset_factor`` x the baseline. Evidence: the norm window, the
-  ratio, the LR over the climb, the clip-trigger rate (> 30% is the seed's warning) and per-layer norms >
-  ``layer_norm_warn``. Opens the run's ``numeric`` incident (or re-classifies the rise-after-fall that
-  was its beginning), which the non-finite loss later joins (see :mod:`.loss`).
-* **gradient/vanishing** (:func:`check_layers`) -- per-layer norms of >= ``vanishing_min_layers`` layers:
-  L2 norm of the last third / L2 norm of the first third (in parameter order, input first) >=
-  ``vanishing_ratio`` (seed: 3 orders of magnitude) on ``vanishing_min_reports`` consecutive reports.
-* **gradient/clip-stale** (:func:`check_clip`) -- the seed's rule on what the SDK reports: the norm is
-  measured *before* clipping, so "mean norm of the last 5 steps > 0.98 x tau" holds exactly when it is
-  computable (tau reported, see ``clip_threshold_metrics``) and otherwise reads "every one of the last
-  ``clip_stale_window`` steps was clipped"; **and** the loss curve is not bending: the curvature (second
-  derivative of a least-squares quadratic over the last ``clip_stale_curve_window`` losses, relative to
-  the loss level) is below ``clip_stale_curvature`` in magnitude (seed: 1e-5) or within ``trend_z``
-  standard errors of 0 (minibatch noise makes 1e-5 unmeasurable on a raw loss; a clipped phase that
-  still makes normal progress has a clearly curved loss: decelerating decay, or a warmup's acceleration);
-  for ``confirm_checks`` consecutive steps (seed: after 3 steps). The evidence carries the adaptive
-  threshold of the seed as a recommendation: stale tau <- tau (1 + 0.05 stale_count), explosion onset
-  tau <- min(1.2 tau, 10).
-* **gradient/nan-source** -- a non-finite gradient norm (without a GradScaler overflow) on a rank with no
-  climb before it: where the first NaN/Inf appeared (step, metric) and, when per-layer norms were
-  reported at that step, which layers (a prefix of the model, in parameter order, means the NaN arose in
-  the backward of the deepest one; all layers at once means the forward pass or the loss). Judged once the
-  step's loss is known: a non-finite loss at that step is classified by :mod:`.loss` (which calls
-  :func:`nan_source`), a finite loss (or the next step) opens it here (an explosion instead when the norm
-  climbed before it: :func:`find_explosion`, the rule the non-finite loss uses).
+"""Gradient detectors: explosion before the NaN, vanishing gradients, stale clipping, the NaN source (the
+family's shared state, numeric slot and divergence story are in :mod:`.numeric`). Pure and streaming;
+the rules are specified in docs/detectors.md (Gradient).
 """
 
 from __future__ import annotations

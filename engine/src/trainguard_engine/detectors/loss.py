@@ -1,48 +1,6 @@
-"""Loss detectors: a non-finite loss (told apart from a gradient explosion and a NaN source), and the
-three non-convergence shapes of a loss curve (oscillation, rise after a fall, plateau).
-
-**Non-finite loss** (DESIGN §4 "Correlation"). When a loss metric (``settings.loss_metrics``) of a rank
-becomes NaN or +-Inf at step L, look at that rank's gradient-norm history (``settings.grad_norm_metrics``)
-over the steps [L - explosion_window_steps, L):
-
-* **climb**: with at least ``explosion_min_points`` finite values, the peak is >= ``explosion_jump_factor``
-  x the running median (the median of the earlier half of the values before the peak: a gradual climb
-  does not inflate its own baseline) -> ``gradient/explosion`` (root cause: data outlier / LR / clipping);
-  a grad norm that went non-finite before the loss is part of that story;
-* otherwise, a **non-finite gradient** at a step <= L (global norm, or per-layer norms) with no climb
-  before it -> ``gradient/nan-source`` (see :mod:`.gradient`: the first non-finite value and its layers);
-* otherwise ``loss/non_finite``.
-
-One incident per run (slot ``numeric``) merges all ranks; the rank whose signal came first leads;
-``first_step`` is the first non-finite step of the evidence. A later rank whose evidence shows an explosion
-re-classifies a ``loss/non_finite`` incident (same id). If the incident was opened before the NaN (the
-climb rule of :func:`trainguard_engine.detectors.gradient.check_climb`, or a NaN source with a finite
-loss), the rank's first non-finite loss joins it as evidence and the title's loss value. Every further
-non-finite loss value counts as a signal.
-
-**Loss curve** (:func:`on_curve`, seed 000 §3.1), checked once per new finite loss value of a rank
-against the run's initial level (median of its first ``loss_baseline_points`` values; losses are assumed
-positive, as training losses are) and a window of its last ``loss_window`` values, all thresholds relative
-so they hold for any loss scale:
-
-* **loss/oscillation**: robust spread (1.4826 MAD / median) >= ``oscillation_min_cv``, median >=
-  ``oscillation_min_level`` x initial, and no significant trend either way (Mann-Kendall |z| < trend_z);
-* **loss/rise-after-fall**: the level (rolling median of ``rise_smooth``) fell to its lowest by >=
-  ``rise_min_fall`` x initial (here the higher of the first value and the initial median: a fast start
-  already falls within the first values), then rose again by >= ``rise_min_rise`` x that fall with a
-  significant upward trend since the lowest point (z >= trend_z); ``first_step`` is the turning point;
-* **loss/plateau**: median >= ``plateau_min_level`` x initial (no progress since the start), flat
-  (|Theil-Sen slope of 4-value block medians| x window <= ``plateau_max_change`` x median, |z| <
-  trend_z) and not swinging (spread < oscillation_min_cv). The gradient statistics give the verdict the
-  seed asks for: a median grad norm below ``plateau_small_grad``, a layer with exactly zero gradient (or
-  an LR of 0) is an optimisation problem (saturated or dead units, LR), otherwise capacity or data.
-
-Each must hold on ``confirm_checks`` consecutive values (rise-after-fall: ``rise_min_points``, so that a
-short spike is not a rebound; a rise is also not judged while the gradient norm itself climbs, which is
-the explosion rule's call). One loss-curve incident explains a rank's curve:
-while one is open on a rank (or a ``numeric``, vanishing or clip-stale incident, which explain a rising or
-flat loss better), the others are not opened for it. An open one is refreshed (``last_step``) while its
-condition holds (checked every max(confirm_checks, loss_window / 4) values).
+"""Loss detectors: a non-finite loss told apart from a gradient explosion and a NaN source, and the loss
+curve's shape (oscillation, rise after a fall, plateau). Pure and streaming; the rules, their thresholds
+and evidence are specified in docs/detectors.md (Loss).
 """
 
 from __future__ import annotations
