@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src")]
+sys.path[:0] = [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"), str(REPO / "tools")]
 
+from generated import between, main  # noqa: E402
 from trainguard_engine.catalogue import README_BEGIN, README_END, readme_table  # noqa: E402
 
 README = REPO / "README.md"
@@ -24,24 +25,8 @@ README = REPO / "README.md"
 
 def rendered(text: str) -> str:
     """``text`` with the table between the markers replaced by the generated one."""
-    start, end = text.find(README_BEGIN), text.find(README_END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{README}: the catalogue table markers are missing")
-    return text[:start] + readme_table() + text[end + len(README_END):]
-
-
-def main(argv: list) -> int:  # type: ignore[type-arg]
-    text = README.read_text(encoding="utf-8")
-    new = rendered(text)
-    if "--check" in argv:
-        if new != text:
-            print("README.md's catalogue table is stale: run python tools/catalogue_table.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(new, encoding="utf-8")
-    return 0
+    return between(text, README_BEGIN, README_END, readme_table(), README)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(README, rendered, "catalogue_table.py", sys.argv[1:]))

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src")]
+sys.path[:0] = [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"), str(REPO / "tools")]
 
+from generated import between, main  # noqa: E402
 from trainguard_engine.classify import rules_table  # noqa: E402
 
 DOC = REPO / "docs" / "classifier.md"
@@ -25,24 +26,8 @@ END = "<!-- end of rules table -->"
 
 def rendered(text: str) -> str:
     """``text`` with the table between the markers replaced by the generated one."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"{DOC}: the rules table markers are missing")
-    return text[:start] + BEGIN + "\n" + rules_table() + "\n" + text[end:]
-
-
-def main(argv: list) -> int:  # type: ignore[type-arg]
-    text = DOC.read_text(encoding="utf-8")
-    new = rendered(text)
-    if "--check" in argv:
-        if new != text:
-            print("docs/classifier.md's rules table is stale: run python tools/classifier_table.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new, encoding="utf-8")
-    return 0
+    return between(text, BEGIN, END, rules_table(), DOC)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(DOC, rendered, "classifier_table.py", sys.argv[1:]))

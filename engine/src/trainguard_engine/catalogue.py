@@ -920,7 +920,7 @@ def readme_table() -> str:
     rows: Dict[str, List[IncidentKind]] = {}
     for k in _KIND_LIST:
         rows.setdefault(k.row or k.name, []).append(k)
-    lines = [README_BEGIN, "| kind | fires when | main defaults |", "|---|---|---|"]
+    lines = ["| kind | fires when | main defaults |", "|---|---|---|"]
     owners = [(next(k for k in members if k.fires_when), members) for members in rows.values()]
     for owner, members in sorted(owners, key=lambda om: _KIND_LIST.index(om[0])):
         others = sorted((k for k in members if k is not owner), key=lambda k: k.category != owner.category)
@@ -928,7 +928,6 @@ def readme_table() -> str:
         shown = ", ".join(f"`{s}` {_show_default(s, getattr(defaults, s))}" for s in owner.settings) or "—"
         cell = owner.fires_when.replace("|", "\\|")
         lines.append(f"| {', '.join(names)} | {cell} | {shown} |")
-    lines.append(README_END)
     return "\n".join(lines)
 
 
