@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"), str(REPO / "tools")]
 
 from generated import between, main  # noqa: E402
+
 from trainguard_engine.catalogue import README_BEGIN, README_END, readme_table  # noqa: E402
 
 README = REPO / "README.md"

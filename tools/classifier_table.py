@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"), str(REPO / "tools")]
 
 from generated import between, main  # noqa: E402
+
 from trainguard_engine.classify import rules_table  # noqa: E402
 
 DOC = REPO / "docs" / "classifier.md"
