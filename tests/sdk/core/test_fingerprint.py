@@ -564,3 +564,25 @@ def test_pure_and_python39_syntax(name: str) -> None:
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert "linecache" not in {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
     assert isinstance(tree.body[1], ast.ImportFrom) and tree.body[1].module == "__future__"
+
+
+def test_fingerprint_versions_are_registered_and_never_replaced() -> None:
+    from trainguard.core import fingerprint as fp_module
+
+    frames = [FrameInfo(filename="/home/u/train.py", module="train", function="step", lineno=3, in_app=True)]
+    assert sorted(fp_module.FINGERPRINTERS) == ["fp:v1"] and FINGERPRINT_VERSION in fp_module.FINGERPRINTERS
+    v1 = fingerprint("ValueError", "bad 12", frames)
+    assert fingerprint("ValueError", "bad 12", frames, version="fp:v1") == v1 and v1.version == "fp:v1"
+    with pytest.raises(ValueError, match="unknown fingerprint version 'fp:v9'; known: fp:v1"):
+        fingerprint("ValueError", "bad 12", frames, version="fp:v9")
+    with pytest.raises(ValueError, match="registered already"):
+        fp_module.register_fingerprinter("fp:v1", lambda t, m, f: v1)
+    with pytest.raises(ValueError, match="'fp:v<N>'"):
+        fp_module.register_fingerprinter("v2", lambda t, m, f: v1)
+    fp_module.register_fingerprinter("fp:v2", lambda t, m, f: fp_module.Fingerprint(
+        "fp:v2", "0" * 32, t, m, ()))
+    try:
+        assert fingerprint("ValueError", "bad 12", frames, version="fp:v2").version == "fp:v2"
+        assert fingerprint("ValueError", "bad 12", frames) == v1  # the default is unchanged
+    finally:
+        del fp_module.FINGERPRINTERS["fp:v2"]

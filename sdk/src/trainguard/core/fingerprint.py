@@ -38,7 +38,7 @@ import hashlib
 import re
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 FINGERPRINT_VERSION = "fp:v1"
 MAX_FRAMES = 10
@@ -427,17 +427,47 @@ def canonical_input(exc_type: str, message_template: str, frames: Sequence[Frame
     return "\n".join(lines)
 
 
-def fingerprint(exc_type: str, message: str, frames: Sequence[FrameInfo]) -> Fingerprint:
-    """The ``fp:v1`` fingerprint of an exception given as its type, message and frames (innermost last).
-
-    Uses ``frame.in_app``, ``frame.module``, ``frame.function`` and ``frame.filename`` (for the stdlib
-    test) -- never line numbers or context lines.
-    """
+def _fingerprint_v1(exc_type: str, message: str, frames: Sequence[FrameInfo]) -> Fingerprint:
     template = normalize_message(message)
     kept, hints = _select_frames(frames)
     text = canonical_input(exc_type, template, [frames[i] for i in kept])
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return Fingerprint(FINGERPRINT_VERSION, digest, exc_type.strip(), template, tuple(hints))
+    return Fingerprint("fp:v1", digest, exc_type.strip(), template, tuple(hints))
+
+
+Fingerprinter = Callable[[str, str, Sequence[FrameInfo]], Fingerprint]
+
+FINGERPRINTERS: Dict[str, Fingerprinter] = {"fp:v1": _fingerprint_v1}
+"""Every fingerprint version this code can compute, by name (Sentry-style grouping versions): a stored
+fingerprint keeps the version it was made with, and any registered version can be recomputed -- so a
+rule change ships as a new entry (``fp:v2``) and old groups stay comparable. :data:`FINGERPRINT_VERSION`
+is the one the SDK and the backend compute by default."""
+
+_VERSION_RE = re.compile(r"fp:v[1-9][0-9]*")
+
+
+def register_fingerprinter(version: str, compute: Fingerprinter) -> None:
+    """Add a fingerprint version (``fp:vN``). A registered version is never replaced: ValueError."""
+    if not _VERSION_RE.fullmatch(version):
+        raise ValueError(f"a fingerprint version is 'fp:v<N>', not {version!r}")
+    if version in FINGERPRINTERS:
+        raise ValueError(f"fingerprint version {version} is registered already: ship a new version instead")
+    FINGERPRINTERS[version] = compute
+
+
+def fingerprint(exc_type: str, message: str, frames: Sequence[FrameInfo],
+                version: str = FINGERPRINT_VERSION) -> Fingerprint:
+    """The fingerprint (``version``, default :data:`FINGERPRINT_VERSION`) of an exception given as its
+    type, message and frames (innermost last). ValueError names the known versions for another one.
+
+    ``fp:v1`` uses ``frame.in_app``, ``frame.module``, ``frame.function`` and ``frame.filename`` (for the
+    stdlib test) -- never line numbers or context lines.
+    """
+    compute = FINGERPRINTERS.get(version)
+    if compute is None:
+        known = ", ".join(sorted(FINGERPRINTERS))
+        raise ValueError(f"unknown fingerprint version {version!r}; known: {known}")
+    return compute(exc_type, message, frames)
 
 
 # ----------------------------------------------------------------------------------------------------
