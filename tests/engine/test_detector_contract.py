@@ -16,7 +16,7 @@ from tests.engine.test_pipeline_golden import STREAMS, run_stream
 from trainguard_engine import pipeline as pipeline_mod
 from trainguard_engine.catalogue import KINDS, SECTION_OF, DetectionSettings
 from trainguard_engine.detectors import registry
-from trainguard_engine.detectors.base import Detector, MetricBatch
+from trainguard_engine.detectors.base import Detector, EventInfo, MetricBatch
 from trainguard_engine.state import RunState
 
 ENGINE = Path(pipeline_mod.__file__).resolve().parent
@@ -30,14 +30,30 @@ class Recording(Detector):
         self.inner, self.seen = inner, seen
         self.name, self.kinds, self.section = inner.name, inner.kinds, inner.section
 
+    def wants(self, rank: Any, names: Any, settings: DetectionSettings) -> bool:
+        return self.inner.wants(rank, names, settings)
+
     def on_metrics(self, run: Any, rank: Any, batch: MetricBatch, settings: DetectionSettings) -> Sequence[Any]:
-        found = self.inner.on_metrics(run, rank, batch, settings)
-        self.seen[self.name].update(f"{f.category}/{f.subtype}" for f in found)
-        return found
+        return self._seen(self.inner.on_metrics(run, rank, batch, settings))
 
     def on_memory(self, run: Any, rank: Any, payload: Any, batch: MetricBatch,
                   settings: DetectionSettings) -> Sequence[Any]:
-        found = self.inner.on_memory(run, rank, payload, batch, settings)
+        return self._seen(self.inner.on_memory(run, rank, payload, batch, settings))
+
+    def on_exception(self, run: Any, rank: Any, event: EventInfo, fingerprint: str,
+                     settings: DetectionSettings) -> Sequence[Any]:
+        return self._seen(self.inner.on_exception(run, rank, event, fingerprint, settings))
+
+    def on_log(self, run: Any, rank: Any, event: EventInfo, settings: DetectionSettings) -> Sequence[Any]:
+        return self._seen(self.inner.on_log(run, rank, event, settings))
+
+    def on_heartbeat(self, run: Any, rank: Any, event: EventInfo, settings: DetectionSettings) -> Sequence[Any]:
+        return self._seen(self.inner.on_heartbeat(run, rank, event, settings))
+
+    def on_exit(self, run: Any, rank: Any, event: EventInfo, settings: DetectionSettings) -> Sequence[Any]:
+        return self._seen(self.inner.on_exit(run, rank, event, settings))
+
+    def _seen(self, found: Sequence[Any]) -> Sequence[Any]:
         self.seen[self.name].update(f"{f.category}/{f.subtype}" for f in found)
         return found
 
@@ -66,7 +82,8 @@ def test_findings_are_of_the_declared_kinds(detector: Detector, observed: Dict[s
 def test_the_corpus_exercises_the_detectors(observed: Dict[str, Set[str]]) -> None:
     found = set().union(*observed.values())
     for kind in ("loss/plateau", "gradient/explosion", "gradient/clip-stale", "memory/leak",
-                 "memory/fragmentation", "sequence/truncation", "adapter/lora-grad-break"):
+                 "memory/fragmentation", "sequence/truncation", "adapter/lora-grad-break", "process/exception",
+                 "comm/timeout", "memory/oom", "progress/stalled"):
         assert kind in found, f"no recorded stream made a {kind} finding"
 
 
@@ -110,6 +127,25 @@ def test_odd_input_gives_findings_not_exceptions(detector: Detector) -> None:
         assert isinstance(list(detector.on_metrics(run, rank, batch, settings)), list)
         payload = {"device": "cuda:0", "allocated": math.nan, "reserved": -1, "total_capacity": 0}
         assert isinstance(list(detector.on_memory(run, rank, payload, batch, settings)), list)
+
+
+ODD_EVENTS: List[Dict[str, Any]] = [  # odd, but what the wire schema lets through (ints are ints)
+    {}, {"type": None, "message": 12, "frames": "not a list"}, {"source": "agent:hang", "message": None},
+    {"phase": "EXIT", "exit_code": 2**40, "signal": -3}, {"message": "\x00" * 1000, "level": "ERROR"},
+]
+
+
+@pytest.mark.parametrize("detector", registry.DETECTORS, ids=lambda d: d.name)
+def test_odd_events_give_findings_not_exceptions(detector: Detector) -> None:
+    settings = DetectionSettings()
+    run = RunState(project="p", run_id="odd")
+    rank = run.rank_state(0, settings)
+    assert rank is not None
+    for i, body in enumerate(ODD_EVENTS):
+        event = EventInfo({"run_id": "odd", "exception": body}, body, i, 1_000 + i, f"odd-{i}")
+        for found in (detector.on_exception(run, rank, event, "", settings), detector.on_log(run, rank, event, settings),
+                      detector.on_heartbeat(run, rank, event, settings), detector.on_exit(run, rank, event, settings)):
+            assert isinstance(list(found), list)
 
 
 def test_a_bad_registration_fails_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,6 +192,19 @@ class Checking(Detector):
     def on_memory(self, run: Any, rank: Any, payload: Any, batch: MetricBatch,
                   settings: DetectionSettings) -> Sequence[Any]:
         return self.inner.on_memory(run, rank, payload, batch, settings)
+
+    def on_exception(self, run: Any, rank: Any, event: EventInfo, fingerprint: str,
+                     settings: DetectionSettings) -> Sequence[Any]:
+        return self.inner.on_exception(run, rank, event, fingerprint, settings)
+
+    def on_log(self, run: Any, rank: Any, event: EventInfo, settings: DetectionSettings) -> Sequence[Any]:
+        return self.inner.on_log(run, rank, event, settings)
+
+    def on_heartbeat(self, run: Any, rank: Any, event: EventInfo, settings: DetectionSettings) -> Sequence[Any]:
+        return self.inner.on_heartbeat(run, rank, event, settings)
+
+    def on_exit(self, run: Any, rank: Any, event: EventInfo, settings: DetectionSettings) -> Sequence[Any]:
+        return self.inner.on_exit(run, rank, event, settings)
 
 
 def test_wants_is_exact_on_every_recorded_stream() -> None:

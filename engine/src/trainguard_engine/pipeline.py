@@ -47,8 +47,8 @@ from . import clusters as clusters_mod
 from . import correlate, diagnosis
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
-from .detectors import process, progress
-from .detectors.base import MetricBatch
+from .detectors import progress
+from .detectors.base import EventInfo, MetricBatch
 from .detectors.registry import DETECTORS
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
@@ -266,16 +266,10 @@ class Pipeline:
             self._on_exception(run, rank, ev, settings)
         elif ev.kind == "lifecycle":
             self._on_lifecycle(run, rank, ev, settings)
-        elif ev.kind == "log":  # NCCL / CUDA error text printed by the job: the error-text classifier
-            source = as_str(ev.body.get("source"))
-            if source.startswith("agent:"):  # the sidecar agent's hang report / end of one
-                report = progress.on_agent_report(run, rank, source, as_str(ev.body.get("message")),
-                                                  ev.time_ns, ev.event_id, settings)
-                self._apply_stall(run, rank, report, settings)
-            else:
-                finding = process.on_log(run, rank, ev.raw, ev.body, _step_of(ev, rank), ev.time_ns, settings)
-                if finding is not None:
-                    self._apply(run, finding, settings)
+        elif ev.kind == "log":  # error text printed by the job (process), an agent's hang report (progress)
+            event = _info(ev, _step_of(ev, rank))
+            for detector in DETECTORS:
+                self._apply_all(run, rank, detector.on_log(run, rank, event, settings), settings)
         elif ev.kind == "memory":
             diagnosis.observe_memory(rank, ev.body)
             batch = MetricBatch((), ev.step, ev.time_ns, ev.event_id)
@@ -325,8 +319,9 @@ class Pipeline:
                                as_float(body.get("step_time_ewma_s"), 0.0), ev.time_ns)
         if rank.progress_ns > before:
             progress.on_progress(run, rank, ev.time_ns, settings)
-        self._apply_stall(run, rank, progress.on_heartbeat(run, rank, ev.time_ns, ev.event_id, settings),
-                          settings)
+        event = _info(ev, ev.step)
+        for detector in DETECTORS:
+            self._apply_all(run, rank, detector.on_heartbeat(run, rank, event, settings), settings)
 
     def _on_exception(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         cluster, evicted = clusters_mod.observe(self._clusters, ev.project, ev.run_id, ev.rank, ev.host,
@@ -334,10 +329,10 @@ class Pipeline:
         self.counters["clusters_evicted"] += evicted
         self._dirty_clusters[cluster_key(ev.project, cluster.record.fingerprint)] = None
         self._unsaved_clusters[cluster_key(ev.project, cluster.record.fingerprint)] = None
-        finding = process.on_exception(run, rank, ev.raw, ev.body, cluster.record.fingerprint,
-                                       _step_of(ev, rank), ev.time_ns, settings)
-        if finding is not None:
-            self._apply(run, finding, settings)
+        event = _info(ev, _step_of(ev, rank))
+        for detector in DETECTORS:
+            self._apply_all(run, rank, detector.on_exception(run, rank, event, cluster.record.fingerprint,
+                                                             settings), settings)
 
     def _on_lifecycle(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         phase = ev.body.get("phase")
@@ -355,14 +350,18 @@ class Pipeline:
             rank.exit_signal = as_int(ev.body.get("signal"), 0)
             rank.exit_reason = as_str(ev.body.get("reason"))
             rank.exit_ns = ev.time_ns
-            self._apply_stall(run, rank, progress.on_exit(run, rank, ev.time_ns, ev.event_id, settings),
-                              settings)
-            finding = process.on_exit(run, rank, ev.body, ev.step, ev.time_ns, ev.event_id, settings)
-            if finding is not None:
-                self._apply(run, finding, settings)
+            event = _info(ev, ev.step)
+            for detector in DETECTORS:  # progress (the stall an exit ends) before process (its verdict)
+                self._apply_all(run, rank, detector.on_exit(run, rank, event, settings), settings)
             progress.on_progress(run, rank, ev.time_ns, settings)
 
     # --- bookkeeping --------------------------------------------------------------------------
+    def _apply_all(self, run: RunState, rank: RankState, findings: Sequence[Finding],
+                   settings: DetectionSettings) -> None:
+        """Apply an event hook's findings; a stall's also records that the rank is in it."""
+        for finding in findings:
+            self._apply_stall(run, rank, finding, settings)
+
     def _apply_stall(self, run: RunState, rank: RankState, finding: Optional[Finding],
                      settings: DetectionSettings) -> None:
         """Apply a progress/stalled finding of ``rank`` (if any) and record that the rank is in the stall."""
@@ -628,6 +627,10 @@ def _parse_part(blob: bytes, name: str) -> Dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError(f"pipeline snapshot part {name!r} is not an object")
     return doc
+
+
+def _info(ev: _Event, step: int) -> EventInfo:
+    return EventInfo(ev.raw, ev.body, step, ev.time_ns, ev.event_id)
 
 
 def _step_of(ev: _Event, rank: RankState) -> int:

@@ -15,12 +15,15 @@ and implements any of the hooks, each returning the findings it made (never rais
 * :meth:`Detector.on_metrics` -- one metric batch of a rank (:class:`MetricBatch`), after its points are
   in the rank's history; :meth:`Detector.wants` tells from the batch's metric names whether the call can
   matter (most batches concern one or two families: the others are not called);
-* :meth:`Detector.on_memory`  -- one ``memory`` event (a MemorySnapshot payload) of a rank.
+* :meth:`Detector.on_memory`  -- one ``memory`` event (a MemorySnapshot payload) of a rank;
+* :meth:`Detector.on_exception`, :meth:`Detector.on_log`, :meth:`Detector.on_heartbeat`,
+  :meth:`Detector.on_exit` -- the other events of a rank (:class:`EventInfo`).
 
 The pipeline walks :data:`~trainguard_engine.detectors.registry.DETECTORS` in order, so a later detector
-sees what an earlier one decided about the same batch (the numeric detectors first, the loss curve,
-which defers to them, after). Events and timers that are not metrics (exceptions, log lines, exits,
-heartbeats, stalls) are the process and progress modules' own entry points, called by the pipeline.
+sees what an earlier one decided about the same event (the numeric detectors first, the loss curve,
+which defers to them, after; a stall closed by an exit before the exit's own verdict). The
+processing-time timers (stalled and lost runs, correlation's waits) stay the pipeline's
+(:meth:`~trainguard_engine.pipeline.Pipeline.advance`): they act on whole runs, not on an event.
 """
 
 from __future__ import annotations
@@ -33,6 +36,18 @@ from ..incidents import Finding
 from ..state import RankState, RunState
 
 Point = Tuple[str, int, float]
+
+
+@dataclass(frozen=True)
+class EventInfo:
+    """One non-metric event of a rank as the detectors see it: the envelope, its payload, the step it
+    belongs to (an error read from a log without a step: the rank's last), its event time and id."""
+
+    envelope: Mapping[str, Any]
+    body: Mapping[str, Any]
+    step: int
+    time_ns: int
+    event_id: str
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,26 @@ class Detector:
     def on_memory(self, run: RunState, rank: RankState, payload: Mapping[str, Any], batch: MetricBatch,
                   settings: DetectionSettings) -> Sequence[Finding]:
         """``batch`` carries the event's step, time and id (no points)."""
+        return ()
+
+    def on_exception(self, run: RunState, rank: RankState, event: EventInfo, fingerprint: str,
+                     settings: DetectionSettings) -> Sequence[Finding]:
+        """An ``exception`` event (``fingerprint``: its stack fingerprint, as the clusters know it)."""
+        return ()
+
+    def on_log(self, run: RunState, rank: RankState, event: EventInfo,
+               settings: DetectionSettings) -> Sequence[Finding]:
+        """A ``log`` event (the job's own error text, or an agent's report)."""
+        return ()
+
+    def on_heartbeat(self, run: RunState, rank: RankState, event: EventInfo,
+                     settings: DetectionSettings) -> Sequence[Finding]:
+        """A heartbeat newer than the rank's last (already folded into the rank's state)."""
+        return ()
+
+    def on_exit(self, run: RunState, rank: RankState, event: EventInfo,
+                settings: DetectionSettings) -> Sequence[Finding]:
+        """A lifecycle EXIT (already recorded on the rank: exited, code, signal, reason)."""
         return ()
 
     def __repr__(self) -> str:

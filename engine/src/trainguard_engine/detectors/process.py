@@ -45,7 +45,7 @@ Everything here goes through the error-text classifier (:mod:`trainguard_engine.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence
 
 from trainguard.core.events import wire_float
 
@@ -56,6 +56,7 @@ from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from . import first_line
+from .base import Detector, EventInfo
 
 GENERIC_EXCEPTION = ("process", "exception")
 FATAL_RULE = "python.fatal-error"
@@ -280,3 +281,35 @@ def on_exit(run: RunState, rank: RankState, body: Mapping[str, Any], step: int, 
     return Finding(verdict.category, verdict.subtype, f"exit:{verdict.category}/{verdict.subtype}",
                    rank.rank, step, time_ns, host=rank.host, event_id=event_id, evidence=[evidence],
                    timeline=[timeline], values=values, summary=summary)
+
+
+class Process(Detector):
+    """How a process failed: uncaught exceptions (one incident per fingerprint), error text the job
+    printed (the classifier), and the exit-code decision path."""
+
+    name = "process"
+    kinds = ("process/exception", "process/killed", "process/terminated", "process/exit", "memory/oom",
+             "memory/oom-or-cuda-error", "memory/cuda-error", "comm/failure", "comm/init-failure",
+             "comm/timeout", "comm/mismatch", "comm/rank-lost", "gradient/nan-source")
+    section = "process"
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return False  # no metric batch is an exception, a log line or an exit
+
+    def on_exception(self, run: RunState, rank: RankState, event: EventInfo, fingerprint: str,
+                     settings: DetectionSettings) -> List[Finding]:
+        found = on_exception(run, rank, event.envelope, event.body, fingerprint, event.step, event.time_ns,
+                             settings)
+        return [found] if found is not None else []
+
+    def on_log(self, run: RunState, rank: RankState, event: EventInfo,
+               settings: DetectionSettings) -> List[Finding]:
+        if as_str(event.body.get("source")).startswith("agent:"):  # the agent's reports: progress's
+            return []
+        found = on_log(run, rank, event.envelope, event.body, event.step, event.time_ns, settings)
+        return [found] if found is not None else []
+
+    def on_exit(self, run: RunState, rank: RankState, event: EventInfo,
+                settings: DetectionSettings) -> List[Finding]:
+        found = on_exit(run, rank, event.body, event.step, event.time_ns, event.event_id, settings)
+        return [found] if found is not None else []

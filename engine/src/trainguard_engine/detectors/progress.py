@@ -23,13 +23,15 @@ never exited, led by the one silent longest; it resolves when an event newer tha
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
+from typing import AbstractSet, List, Optional, Tuple
 
 from ..catalogue import DetectionSettings
+from ..extract import as_str
 from ..incidents import Finding, add_timeline, resolve
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from . import fmt_duration
+from .base import Detector, EventInfo
 
 STALL_PREFIX = "stall:"
 LOST_PREFIX = "lost:"
@@ -316,3 +318,34 @@ def on_agent_report(run: RunState, rank: RankState, source: str, message: str, t
                  f"hang, a deadlock or a blocked data pipeline. The report carries the last output lines and "
                  f"the process's Python stacks."),
         counts=joins, update_values=True)
+
+
+class Progress(Detector):
+    """Stalls (alive but no progress) from heartbeats, the agent's hang reports and exits; lost runs are
+    the pipeline's timers (:func:`check_lost`, :func:`check_stalled`)."""
+
+    name = "progress"
+    kinds = ("progress/stalled", "progress/lost")
+    section = "progress"
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return False  # metric batches are progress (RankState.observe_step), not findings
+
+    def on_heartbeat(self, run: RunState, rank: RankState, event: EventInfo,
+                     settings: DetectionSettings) -> List[Finding]:
+        found = on_heartbeat(run, rank, event.time_ns, event.event_id, settings)
+        return [found] if found is not None else []
+
+    def on_log(self, run: RunState, rank: RankState, event: EventInfo,
+               settings: DetectionSettings) -> List[Finding]:
+        source = as_str(event.body.get("source"))
+        if not source.startswith("agent:"):  # the job's own text: the process detector's
+            return []
+        found = on_agent_report(run, rank, source, as_str(event.body.get("message")), event.time_ns,
+                                event.event_id, settings)
+        return [found] if found is not None else []
+
+    def on_exit(self, run: RunState, rank: RankState, event: EventInfo,
+                settings: DetectionSettings) -> List[Finding]:
+        found = on_exit(run, rank, event.time_ns, event.event_id, settings)
+        return [found] if found is not None else []

@@ -2,7 +2,8 @@
 
 Order matters: for each batch a detector sees what the ones before it decided -- a non-finite loss is
 judged first (explosion / NaN source / plain), then the gradient detectors (which see that), then the
-loss curve (which defers to all of them), then the independent families.
+loss curve (which defers to all of them), then the independent families; for an exit, the stall it
+ends (progress) before the exit's own verdict (process).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from .base import Detector
 from .gradient import Gradients
 from .loss import LossCurve, NonFiniteLoss
 from .memory import Memory
+from .process import Process
+from .progress import Progress
 from .sequence import Sequences
 
 DETECTORS: Tuple[Detector, ...] = (
-    NonFiniteLoss(), Gradients(), LossCurve(), Memory(), Sequences(), Adapters(),
+    NonFiniteLoss(), Gradients(), LossCurve(), Memory(), Sequences(), Adapters(), Progress(), Process(),
 )
 
 BY_NAME: Dict[str, Detector] = {d.name: d for d in DETECTORS}
