@@ -70,6 +70,22 @@ def test_a_checkpoint_writes_what_changed_and_deletes_what_went() -> None:
     assert Pipeline.restore_parts(store, settings).snapshot() == pipeline.snapshot()
 
 
+def test_creation_order_survives_for_runs_of_any_project_name() -> None:
+    """Runs and clusters keep their creation order in separate sequences: a run key that looks like a
+    cluster's (a project named "c...") keeps its place across saves."""
+    load_events, settings = STREAMS["corpus/crash"]
+    events = load_events()
+    a = [dict(e, project="alpha") for e in events]
+    b = [dict(e, project="cteam", run_id=e["run_id"] + "b", event_id=e["event_id"] + "b") for e in events]
+    pipeline = Pipeline(settings)
+    store: Store = {}
+    half = len(events) // 2
+    for chunk in (b[:half], a[:half], b[half:], a[half:]):
+        pipeline.process(chunk)
+        _save(pipeline, store)
+        assert Pipeline.restore_parts(store, settings).snapshot() == pipeline.snapshot()
+
+
 def test_parts_that_are_not_a_snapshot_are_refused() -> None:
     with pytest.raises(ValueError, match="no pipeline snapshot header"):
         Pipeline.restore_parts({"run/x": b"{}"})

@@ -166,7 +166,8 @@ class Pipeline:
         self._unsaved_clusters: Dict[str, None] = {}
         self._saved_runs: Dict[str, None] = {}
         self._saved_clusters: Dict[str, None] = {}
-        self._seq: Dict[str, int] = {}
+        self._run_seq: Dict[str, int] = {}
+        self._cluster_seq: Dict[str, int] = {}
         self._next_seq = 0
         self.next_timer_ns = 0
         self._applied = 0  # findings applied so far (tells _correlate whether anything was folded in)
@@ -274,8 +275,7 @@ class Pipeline:
             diagnosis.observe_memory(rank, ev.body)
             batch = MetricBatch((), ev.step, ev.time_ns, ev.event_id)
             for detector in DETECTORS:
-                for finding in detector.on_memory(run, rank, ev.body, batch, settings):
-                    self._apply(run, finding, settings)
+                self._apply_all(run, rank, detector.on_memory(run, rank, ev.body, batch, settings), settings)
         if run.incidents:
             self._correlate(run, ev.time_ns, settings, folded=self._applied != applied_before)
         self._mark(run)
@@ -500,7 +500,7 @@ class Pipeline:
             "evicted": [[k, t] for k, t in self._evicted.items()],
             "counters": self.counters,
         }
-        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("ascii")
+        return _json_bytes(doc)
 
     def changed_parts(self) -> Dict[str, Optional[bytes]]:
         """The state as parts to store under their keys, only those that changed since the last
@@ -509,14 +509,11 @@ class Pipeline:
         (delete its key). Store them all in one atomic step, then call :meth:`parts_saved`;
         :meth:`restore_parts` of the stored parts equals :meth:`restore` of :meth:`snapshot`. A checkpoint
         costs what changed: a run that got no event and has no open question is not written again."""
-        for key in self._runs:  # creation order, kept across restores (dicts keep insertion order)
-            if key not in self._seq:
-                self._seq[key] = self._next_seq
-                self._next_seq += 1
-        for key in self._clusters:
-            if "c" + key not in self._seq:
-                self._seq["c" + key] = self._next_seq
-                self._next_seq += 1
+        for items, seq in ((self._runs, self._run_seq), (self._clusters, self._cluster_seq)):
+            for key in items:  # creation order, kept across restores (dicts keep insertion order)
+                if key not in seq:
+                    seq[key] = self._next_seq
+                    self._next_seq += 1
         header = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "part": "header",
                   "evicted": [[k, t] for k, t in self._evicted.items()], "counters": self.counters,
                   "next_seq": self._next_seq}
@@ -524,11 +521,11 @@ class Pipeline:
         for key in self._unsaved_runs:
             run = self._runs.get(key)
             if run is not None:
-                out[_part("run/", key)] = _json_bytes({"seq": self._seq[key], "run": run.to_json()})
+                out[_part("run/", key)] = _json_bytes({"seq": self._run_seq[key], "run": run.to_json()})
         for key in self._unsaved_clusters:
             cluster = self._clusters.get(key)
             if cluster is not None:
-                out[_part("cluster/", key)] = _json_bytes({"seq": self._seq["c" + key],
+                out[_part("cluster/", key)] = _json_bytes({"seq": self._cluster_seq[key],
                                                            "cluster": cluster.to_json()})
         for key in self._saved_runs:
             if key not in self._runs:
@@ -544,8 +541,8 @@ class Pipeline:
         self._saved_clusters = dict.fromkeys(self._clusters)
         self._unsaved_runs.clear()
         self._unsaved_clusters.clear()
-        self._seq = {k: v for k, v in self._seq.items()
-                     if (k[1:] in self._clusters if k.startswith("c") else k in self._runs)}
+        self._run_seq = {k: v for k, v in self._run_seq.items() if k in self._runs}
+        self._cluster_seq = {k: v for k, v in self._cluster_seq.items() if k in self._clusters}
 
     @classmethod
     def restore_parts(cls, parts: Mapping[str, bytes], settings: Optional[DetectionSettings] = None,
@@ -570,11 +567,11 @@ class Pipeline:
                 clusters.append((int(doc["seq"]), ClusterState.from_json(doc["cluster"])))
         for seq, run in sorted(runs, key=lambda item: item[0]):
             pipeline._runs[run.key] = run
-            pipeline._seq[run.key] = seq
+            pipeline._run_seq[run.key] = seq
         for seq, cluster in sorted(clusters, key=lambda item: item[0]):
             key = cluster_key(cluster.record.project, cluster.record.fingerprint)
             pipeline._clusters[key] = cluster
-            pipeline._seq["c" + key] = seq
+            pipeline._cluster_seq[key] = seq
         pipeline._next_seq = int(header.get("next_seq", 0))
         pipeline._evicted = {str(k): int(t) for k, t in header.get("evicted", [])}
         pipeline.counters.update({k: int(v) for k, v in header.get("counters", {}).items() if k in COUNTERS})
