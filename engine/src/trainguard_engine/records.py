@@ -46,8 +46,14 @@ def _plain(value: Any) -> Any:
     return asdict(value) if hasattr(value, "__dataclass_fields__") else copy.deepcopy(value)
 
 
-def _fields_dict(obj: Any, names: Tuple[str, ...]) -> Dict[str, Any]:
-    """``asdict(obj)`` for a record whose fields are ``names`` (in declaration order)."""
+_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}
+
+
+def _fields_dict(obj: Any) -> Dict[str, Any]:
+    """``asdict(obj)`` for a record (its fields in declaration order, read once per class)."""
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None:
+        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in fields(obj))
     return {name: _plain(getattr(obj, name)) for name in names}
 
 
@@ -72,7 +78,7 @@ class Evidence:
     event_id: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
-        return _fields_dict(self, _EVIDENCE_FIELDS)
+        return _fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Evidence:
@@ -87,7 +93,7 @@ class TimelineEntry:
     what: str                   # "loss became NaN", "rank 3 exited with code 1 (exception)", ...
 
     def to_dict(self) -> Dict[str, Any]:
-        return _fields_dict(self, _TIMELINE_FIELDS)
+        return _fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> TimelineEntry:
@@ -120,18 +126,18 @@ class Incident:
     timeline: List[TimelineEntry] = field(default_factory=list)
     count: int = 1              # signals folded into it
     resolved_ns: int = 0
-    # --- diagnosis (seed 000 §3.6), recomputed whenever the incident changes: see core/diagnosis.py ---
+    # --- diagnosis (seed 000 §3.6), recomputed whenever the incident changes: see diagnosis.py ---
     duration_s: float = 0.0     # last_ns - first_ns
     related: Dict[str, Any] = field(default_factory=dict)   # loss / grad norm / LR / peak memory / ...
     trigger: Dict[str, Any] = field(default_factory=dict)   # LR phase, batch features at first_step
     hypotheses: List[Dict[str, Any]] = field(default_factory=list)  # [{"cause", "confidence", "why"}]
-    # --- correlation (core/correlate.py) ---
+    # --- correlation (correlate.py) ---
     consequences: List[str] = field(default_factory=list)  # what it caused on other ranks, e.g.
     #                                                        "comm/timeout on rank 0"
     explained_by: str = ""      # id of the incident this one is a consequence of (then it is resolved)
 
     def to_dict(self) -> Dict[str, Any]:
-        return _fields_dict(self, _INCIDENT_FIELDS)
+        return _fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Incident:
@@ -161,7 +167,7 @@ class Cluster:
     sample: Dict[str, Any] = field(default_factory=dict)  # type, message, frames, hints, traceback
 
     def to_dict(self) -> Dict[str, Any]:
-        return _fields_dict(self, _CLUSTER_FIELDS)
+        return _fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Cluster:
@@ -191,18 +197,11 @@ class RunRecord:
     step_time_s: float = 0.0
 
     def to_dict(self) -> Dict[str, Any]:
-        return _fields_dict(self, _RUN_FIELDS)
+        return _fields_dict(self)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> RunRecord:
         return _from_dict(cls, data)
-
-
-_EVIDENCE_FIELDS = tuple(f.name for f in fields(Evidence))
-_TIMELINE_FIELDS = tuple(f.name for f in fields(TimelineEntry))
-_INCIDENT_FIELDS = tuple(f.name for f in fields(Incident))
-_CLUSTER_FIELDS = tuple(f.name for f in fields(Cluster))
-_RUN_FIELDS = tuple(f.name for f in fields(RunRecord))
 
 
 def incident_id(project: str, run_id: str, category: str, subtype: str, key: str = "") -> str:

@@ -224,9 +224,9 @@ class IncidentStore(ABC):
                       limit: int = 20) -> List[IncidentWorkflow]:
         """Incidents of this kind resolved with a confirmed root cause, most recently resolved first."""
 
-    @abstractmethod
     def save_state(self, key: str, state: bytes) -> None:
-        """Persist the processor's state snapshot under ``key``."""
+        """Persist one state blob under ``key`` (:meth:`save_states` of one item)."""
+        self.save_states({key: bytes(state)})
 
     @abstractmethod
     def save_states(self, items: Mapping[str, Optional[bytes]]) -> None:

@@ -324,10 +324,6 @@ class MemoryIncidentStore(IncidentStore):
         found.sort(key=lambda w: (-w.resolved_ns, w.incident_id))
         return found[:limit]
 
-    def save_state(self, key: str, state: bytes) -> None:
-        with self._lock:
-            self._state[key] = bytes(state)
-
     def save_states(self, items: Mapping[str, Optional[bytes]]) -> None:
         staged = {str(k): (None if v is None else bytes(v)) for k, v in items.items()}  # raises first
         with self._lock:

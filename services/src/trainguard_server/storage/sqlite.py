@@ -402,7 +402,7 @@ class SqliteMetricStore(MetricStore):
         with self._db.write() as conn:
             keyed: List[Tuple[int, List[Tuple[int, int, float]]]] = []
             for key, rows in by_series.items():
-                rows.sort(key=_STEP)  # B-tree order: ~1.6x faster inserts; stable, so the last wins
+                rows.sort(key=_FIRST)  # B-tree order: ~1.6x faster inserts; stable, so the last wins
                 sid = conn.execute(
                     "INSERT INTO series (project, run_id, name, rank, min_step, max_step) "
                     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, run_id, name, rank) DO UPDATE SET "
@@ -410,7 +410,7 @@ class SqliteMetricStore(MetricStore):
                     "max_step = MAX(max_step, excluded.max_step) "
                     "RETURNING sid", (*key, rows[0][0], rows[-1][0])).fetchone()[0]
                 keyed.append((sid, rows))
-            keyed.sort(key=_SID)
+            keyed.sort(key=_FIRST)
             conn.executemany("INSERT OR REPLACE INTO points (sid, step, time_ns, value, nf) "
                              "VALUES (?, ?, ?, ?, ?)", _point_rows(keyed))
 
@@ -493,8 +493,7 @@ def _buckets(conn: sqlite3.Connection, sid: int, lo: int, hi: int, width: int) -
 
 
 _PointRow = Tuple[int, int, int, Optional[float], int]
-_STEP = operator.itemgetter(0)
-_SID = operator.itemgetter(0)
+_FIRST = operator.itemgetter(0)  # a point row's step, a series' id
 
 
 def _point_rows(keyed: Sequence[Tuple[int, Sequence[Tuple[int, int, float]]]]) -> Iterator[_PointRow]:
@@ -690,11 +689,6 @@ class SqliteIncidentStore(IncidentStore):
         return [IncidentWorkflow.from_dict(json.loads(r[0])) for r in rows]
 
     # state
-    def save_state(self, key: str, state: bytes) -> None:
-        with self._db.write() as conn:
-            conn.execute("INSERT OR REPLACE INTO state (key, value, updated_ns) VALUES (?, ?, ?)",
-                         (key, bytes(state), time.time_ns()))
-
     def save_states(self, items: Mapping[str, Optional[bytes]]) -> None:
         now = time.time_ns()
         with self._db.write() as conn:  # one transaction: all or nothing
