@@ -314,9 +314,14 @@ SIGNAL_NAMES: Dict[int, str] = _load_signals(_DATA)
 EXIT_RULES: Tuple[ExitRule, ...] = _load_exits(_DATA)
 """Seed 000 §3.5, in order; a signal match wins over a code match. Anything else non-zero: process/exit."""
 
-EXIT_REASON_MEANINGS: Dict[str, str] = {
-    str(k): str(v) for k, v in _table("exit_reasons", _DATA.get("exit_reasons", {}), {},
-                                      {k: str for k in _DATA.get("exit_reasons", {})}).items()}
+def _load_exit_reasons(data: Mapping[str, Any]) -> Dict[str, str]:
+    raw = data.get("exit_reasons", {})
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise CatalogueError(f"{DATA_FILE}: exit_reasons: expected a table of REASON = \"meaning\"")
+    return dict(raw)
+
+
+EXIT_REASON_MEANINGS: Dict[str, str] = _load_exit_reasons(_DATA)
 """What an EXIT's ``reason`` says beyond its code, when the one who saw the end knew (the agent reads
 Kubernetes' termination reason from the pod); it replaces the code's generic meaning."""
 
@@ -912,14 +917,20 @@ def _show_default(name: str, value: Any) -> str:
     return str(value)
 
 
+def _readme_rows() -> Dict[str, List[IncidentKind]]:
+    """The kinds by README row (a kind without ``row`` is a row of its own), in catalogue order."""
+    rows: Dict[str, List[IncidentKind]] = {}
+    for k in _KIND_LIST:
+        rows.setdefault(k.row or k.name, []).append(k)
+    return rows
+
+
 def readme_table() -> str:
     """The "What it detects" table: one row per ``row`` of the data (a kind alone when it has none), in
     catalogue order of the row's first kind with ``fires_when``; defaults read from
     :class:`DetectionSettings`, so a changed default changes the table."""
     defaults = DetectionSettings()
-    rows: Dict[str, List[IncidentKind]] = {}
-    for k in _KIND_LIST:
-        rows.setdefault(k.row or k.name, []).append(k)
+    rows = _readme_rows()
     lines = ["| kind | fires when | main defaults |", "|---|---|---|"]
     owners = [(next(k for k in members if k.fires_when), members) for members in rows.values()]
     for owner, members in sorted(owners, key=lambda om: _KIND_LIST.index(om[0])):
@@ -933,10 +944,7 @@ def readme_table() -> str:
 
 def _check_readme_rows() -> None:
     known = {f.name for f in fields(DetectionSettings)}
-    rows: Dict[str, List[IncidentKind]] = {}
-    for k in _KIND_LIST:
-        rows.setdefault(k.row or k.name, []).append(k)
-    for row, members in rows.items():
+    for row, members in _readme_rows().items():
         owners = [k.name for k in members if k.fires_when]
         if len(owners) != 1:
             raise CatalogueError(f"{DATA_FILE}: row {row!r}: exactly one kind needs fires_when, got {owners}")
