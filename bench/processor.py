@@ -152,13 +152,12 @@ def measure(shape: str, quick: bool, root: Path) -> Dict[str, float]:
     data_dir = root / shape
     data_dir.mkdir(parents=True)
     run_id, requests = shape_requests(shape, quick)
-    values = [wire.prepare_batch(batch).request.SerializeToString() for batch in requests]
+    prepared = [wire.prepare_batch(batch).request for batch in requests]
+    values = [request.SerializeToString() for request in prepared]
+    events = sum(len(request.events) for request in prepared)
     queue = SqliteQueue(data_dir / QUEUE_DB, max_depth=len(values) + 1)
     for i in range(0, len(values), 1000):
         queue.publish(run_id, values[i:i + 1000])
-    from trainguard.v1 import ingest_pb2
-
-    events = sum(len(ingest_pb2.IngestRequest.FromString(v).events) for v in values)
     settings = Settings()
     try:  # what trainguard serve does to the interpreter of a process with a processor, where it does
         from trainguard_server.processor.embedded import tune_gc  # type: ignore[attr-defined]
