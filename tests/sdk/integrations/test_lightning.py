@@ -14,7 +14,8 @@ from torch import nn
 import trainguard
 from trainguard.guard import reset_warnings
 
-HAVE_LIGHTNING = importlib.util.find_spec("lightning") is not None
+HAVE_LIGHTNING = (importlib.util.find_spec("lightning") is not None
+                  or importlib.util.find_spec("pytorch_lightning") is not None)
 BLOCKED = ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks", "pytorch_lightning",
            "pytorch_lightning.callbacks")
 
@@ -25,6 +26,12 @@ def test_import_without_lightning_raises_a_clear_import_error(monkeypatch: pytes
     monkeypatch.delitem(sys.modules, "trainguard.integrations.lightning", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'trainguard\[lightning\]'"):
         importlib.import_module("trainguard.integrations.lightning")
+
+
+def test_the_test_install_has_the_real_library() -> None:
+    """requirements/dev.txt pins pytorch-lightning: the real-training checks below must run, not only the
+    refusal (a missing install step fails here instead of quietly testing less)."""
+    assert HAVE_LIGHTNING
 
 
 def usable_or_refused() -> bool:
@@ -65,7 +72,10 @@ def _series(evs: List[Dict[str, Any]], name: str) -> List[Any]:
 
 
 def _fit(fail_at: int = -1, steps: int = 6) -> Dict[str, Any]:
-    import lightning.pytorch as pl
+    try:
+        import lightning.pytorch as pl
+    except ImportError:  # the standalone distribution (requirements/dev.txt pins pytorch-lightning)
+        import pytorch_lightning as pl  # type: ignore[no-redef]
     from torch.utils.data import DataLoader, TensorDataset
 
     from trainguard.integrations.lightning import TrainGuardCallback

@@ -27,6 +27,12 @@ def test_import_without_transformers_raises_a_clear_import_error(monkeypatch: py
         importlib.import_module("trainguard.integrations.transformers")
 
 
+def test_the_test_install_has_the_real_library() -> None:
+    """requirements/dev.txt pins transformers and accelerate: the real Trainer checks below must run, not
+    only the refusal (a missing install step fails here instead of quietly testing less)."""
+    assert HAVE_TRANSFORMERS
+
+
 def usable_or_refused() -> bool:
     """True when transformers (and the accelerate its Trainer needs) are installed; otherwise asserts the
     refusal when transformers itself is missing and returns False."""
