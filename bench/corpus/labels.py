@@ -1,0 +1,124 @@
+"""The label of a corpus run: the planted cause, checked against the run's own ground-truth trace.
+
+A planted cause does not always produce the failure it was meant to (an LR 100x too high with Adam can
+spike and recover; a growing LR under clipping can diverge without ever reaching Inf). So the label is the
+kind the *trace* shows, among the kinds the cause can produce (``manifest.CAUSES``), by the rules below --
+written from the definitions of the failures, with no reference to the detectors or their settings, and
+fixed before the detectors were tuned on the corpus. A run whose trace shows none of its cause's kinds is
+``unmanifested``: it is reported and counted, never scored (a healthy run that did not learn is one too).
+
+Notation: ``L`` the loss per step, ``n`` its length, ``init`` = the median of ``L[0:5]`` (the loss
+before the optimiser has done anything much), ``nf`` the first step with a non-finite loss or a non-finite pre-clip gradient norm (under clipping the
+norm overflows first: its sum of squares passes float32's range while the loss is still finite, and the
+clipped update is then 0), ``level(a, b)``
+the median of the finite losses of steps ``[a, b)``, ``G`` the pre-clip global gradient norm per step,
+``g_ref`` its median before the last 40 steps ahead of ``nf`` (at least its first 10 values).
+
+=====================  ==================================================================================
+kind                   rule on the trace
+=====================  ==================================================================================
+healthy                no ``nf``; ``level`` of the last 10 % <= 0.85 x ``init`` (it learned)
+gradient/explosion     ``nf`` after a climb: in the 40 steps before ``nf`` the norm
+                       reached >= 10 x ``g_ref`` and was >= 3 x ``g_ref`` on >= 5 of them
+loss/oscillation       no ``nf``; the second half has no downward trend (its level >= 0.85 x the level of
+                       steps 5..25 %), no upward one (<= 1.5 x it), and swings: its interquartile range >=
+                       0.25 x its level
+loss/divergence        no ``nf``, not oscillation; the last 10 % of the loss >= 1.5 x ``init`` and the
+                       5-step running level >= 2 x ``init`` on >= 10 % of the steps
+loss/rise-after-fall   no ``nf``, neither of the two; the running level fell to <= 0.7 x ``init``, then
+                       the last 10 % gave back >= half of that fall
+loss/plateau           no ``nf``; the last 10 % is within 20 % of ``level(10 %, 30 %)`` and >= 0.8 x ``init``
+gradient/vanishing     the first layer's median gradient norm <= 1e-3 x the last layer's
+gradient/clip-stale    ``G`` > the clip threshold on >= 90 % of the steps and the last 10 % >= 0.8 x ``init``
+gradient/nan-source    ``nf`` with no climb: ``G`` on the 10 steps before ``nf`` <= 5 x
+                       its median over the 40 steps before those
+adapter/lora-grad-...  the trainable adapters' gradient norm is 0 on every step
+=====================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+from .manifest import CAUSES, HEALTHY_CAUSES, RunSpec
+
+UNMANIFESTED = "unmanifested"
+HEALTHY = "healthy"
+
+
+def _finite(values: Sequence[float]) -> List[float]:
+    return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _median(values: Sequence[float]) -> float:
+    finite = _finite(values)
+    return statistics.median(finite) if finite else math.nan
+
+
+def _first_nonfinite(loss: Sequence[float]) -> Optional[int]:
+    return next((i for i, v in enumerate(loss) if not math.isfinite(v)), None)
+
+
+def _running(loss: Sequence[float], window: int = 5) -> List[float]:
+    return [_median(loss[max(0, i - window + 1): i + 1]) for i in range(len(loss))]
+
+
+def observed(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]) -> Dict[str, bool]:
+    """Which of the rules above the trace satisfies (every kind, whatever was planted)."""
+    loss, grads = truth["loss"], truth["grad_norm"]
+    n = len(loss)
+    if n < 10:
+        return {}
+    init = _median(loss[:5])
+    nf_loss, nf_grad = _first_nonfinite(loss), _first_nonfinite(grads)
+    nf = nf_loss if nf_grad is None else nf_grad if nf_loss is None else min(nf_loss, nf_grad)
+    tail = max(5, n // 10)
+    last = _median(loss[-tail:]) if nf is None else math.nan
+    out: Dict[str, bool] = {}
+    out[HEALTHY] = nf is None and last <= 0.85 * init
+    if nf is not None:
+        g_ref = _median(grads[: max(10, nf - 40)])
+        before = _finite(grads[max(0, nf - 40): nf])
+        climbed = (bool(before) and g_ref > 0 and max(before) >= 10 * g_ref
+                   and sum(1 for g in before if g >= 3 * g_ref) >= 5)
+        out["gradient/explosion"] = climbed
+        recent = _finite(grads[max(0, nf - 10): nf])
+        typical = _median(grads[max(0, nf - 50): max(1, nf - 10)])
+        out["gradient/nan-source"] = not climbed and (not recent or max(recent) <= 5 * max(typical, 1e-12))
+        return out
+    running = _running(loss)
+    half = loss[n // 2:]
+    level_half = _median(half)
+    start = _median(loss[max(1, n // 20): max(2, n // 4)])
+    q = statistics.quantiles(half, n=4) if len(half) >= 4 else [0.0, 0.0, 0.0]
+    swinging = 0.85 * start <= level_half <= 1.5 * start and (q[2] - q[0]) >= 0.25 * level_half
+    out["loss/oscillation"] = swinging
+    diverged = (not swinging and last >= 1.5 * init
+                and sum(1 for v in running if v >= 2 * init) >= 0.1 * n)
+    out["loss/divergence"] = diverged
+    low = min(running)
+    out["loss/rise-after-fall"] = (not diverged and not swinging and low <= 0.7 * init
+                                   and last - low >= 0.5 * (init - low))
+    early = _median(loss[n // 10: max(n // 10 + 1, 3 * n // 10)])
+    out["loss/plateau"] = abs(last - early) <= 0.2 * early and last >= 0.8 * init
+    first, lastl = _median(truth["first_layer"]), _median(truth["last_layer"])
+    out["gradient/vanishing"] = bool(lastl > 0 and first <= 1e-3 * lastl)
+    if clip is not None:
+        clipped = sum(1 for g in grads if math.isfinite(g) and g > clip)
+        out["gradient/clip-stale"] = clipped >= 0.9 * n and last >= 0.8 * init
+    finite_g = _finite(grads)
+    out["adapter/lora-grad-break"] = bool(finite_g) and max(finite_g) == 0.0
+    return out
+
+
+def label(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]) -> str:
+    """``"healthy"``, ``"category/subtype"`` or ``"unmanifested"`` (see the module docstring)."""
+    seen = observed(spec, truth, clip)
+    if spec.cause in HEALTHY_CAUSES:
+        return HEALTHY if seen.get(HEALTHY) else UNMANIFESTED
+    for kind in CAUSES[spec.cause]:  # in the order of the cause's kinds: the first one the trace shows
+        if seen.get(kind):
+            return kind
+    return UNMANIFESTED

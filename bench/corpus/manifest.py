@@ -1,0 +1,212 @@
+"""The specs of the varied-training corpus and its fixed dev/test split.
+
+Every run is a :class:`RunSpec`: a model family, an optimiser, a schedule, clipping, batch size, precision,
+the framework that drives the loop (a plain loop, the real Hugging Face ``Trainer``, the real Lightning
+``Trainer``) and the **planted cause** -- what was done to the training (nothing, for the healthy runs).
+:func:`build` draws the specs from one master seed, so the corpus is the same on every machine; the split
+is part of the spec (``split``), drawn with it, and ``manifest.json`` beside this file records every spec
+as committed **before any detector was tuned on the corpus**: ``python -m bench.corpus.manifest --check``
+fails when the code would draw a different corpus than the recorded one.
+
+The label a run is scored against is not the planted cause alone: :mod:`bench.corpus.labels` reads the
+run's own ground-truth trace (loss, pre-clip gradient norm, LR per step, measured beside the SDK) and says
+which kind the planted cause produced, by rules written down there and independent of the detectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+HERE = Path(__file__).resolve().parent
+MANIFEST = HERE / "manifest.json"
+MASTER_SEED = 20261201
+TEST_SHARE = 0.5
+
+Kind = Tuple[str, str]
+
+HEALTHY_CAUSES = ("healthy", "healthy_warmup_plateau", "healthy_noisy", "healthy_spike", "healthy_late_drop")
+"""Healthy runs, and the hard negatives among them: a warmup that starts from (almost) zero, tiny noisy
+batches, a few outlier batches whose loss spikes and recovers, a first stage at a low LR then a drop."""
+
+CAUSES: Dict[str, Tuple[str, ...]] = {
+    # planted cause -> the kinds its training can end in (labels.py picks one from the run's trace)
+    "healthy": (), "healthy_warmup_plateau": (), "healthy_noisy": (), "healthy_spike": (),
+    "healthy_late_drop": (),
+    # the LR far too high: which failure it becomes depends on the model and optimiser
+    "lr_explode": ("gradient/explosion", "loss/divergence", "loss/oscillation"),  # LR grows (schedule bug)
+    "lr_diverge": ("loss/divergence", "gradient/explosion", "loss/oscillation", "loss/rise-after-fall",
+                   "loss/plateau"),  # LR 100x-300x too high (Adam collapses to a flat loss)
+    "warmup_too_high": ("loss/rise-after-fall", "loss/divergence", "gradient/explosion", "loss/oscillation",
+                        "loss/plateau"),
+    "oscillation": ("loss/oscillation", "loss/divergence"),  # SGD far above its stable LR, classification
+    "dead_relu": ("loss/plateau",),        # hidden biases initialised very negative: every ReLU dead
+    "lr_zero": ("loss/plateau",),          # a schedule that returns 0 (the optimiser steps, nothing moves)
+    "vanishing": ("gradient/vanishing",),  # deep sigmoid MLP, default init
+    "clip_stale": ("gradient/clip-stale",),  # SGD with max_norm ~1/100 of the gradient norm
+    "nan_data": ("gradient/nan-source",),  # one corrupted sample (log(0) target / Inf input)
+    "lora_dead": ("adapter/lora-grad-break",),  # frozen base, LoRA adapters that cannot learn
+}
+
+FRAMEWORKS = ("plain", "hf", "lightning")
+FAMILIES = ("mlp", "cnn", "gpt", "lora", "deep", "linear")
+OPTIMIZERS = ("sgd", "sgdm", "adam", "adamw")
+SCHEDULES = ("constant", "warmup_cosine", "linear", "step")
+
+# (framework, family) pairs each cause is planted in; the optimiser choices that make the cause real
+WHERE: Dict[str, Sequence[Tuple[str, str]]] = {
+    "healthy": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("plain", "lora"), ("hf", "gpt"),
+                ("hf", "lora"), ("hf", "mlp"), ("lightning", "mlp"), ("lightning", "cnn"),
+                ("lightning", "gpt")],
+    "lr_explode": [("plain", "mlp"), ("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("hf", "mlp"),
+                   ("lightning", "mlp"), ("lightning", "mlp"), ("lightning", "cnn")],
+    "lr_diverge": [("plain", "gpt"), ("plain", "cnn"), ("hf", "gpt"), ("hf", "lora"), ("lightning", "gpt"),
+                   ("lightning", "cnn")],
+    "warmup_too_high": [("plain", "mlp"), ("plain", "gpt"), ("hf", "gpt"), ("lightning", "mlp"),
+                        ("lightning", "cnn")],
+    "oscillation": [("plain", "cnn"), ("plain", "linear"), ("lightning", "cnn"), ("lightning", "linear")],
+    "dead_relu": [("plain", "mlp"), ("lightning", "mlp"), ("hf", "mlp")],
+    "lr_zero": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("hf", "gpt"), ("lightning", "mlp")],
+    "vanishing": [("plain", "deep"), ("lightning", "deep")],
+    "clip_stale": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("lightning", "mlp"),
+                   ("hf", "mlp")],
+    "nan_data": [("plain", "mlp"), ("plain", "cnn"), ("lightning", "mlp"), ("hf", "mlp")],
+    "lora_dead": [("plain", "lora"), ("hf", "lora")],
+}
+OPTIMIZERS_FOR: Dict[str, Sequence[str]] = {
+    "lr_explode": ("sgd", "sgdm"), "oscillation": ("sgd",), "clip_stale": ("sgd", "sgdm"),
+    "vanishing": ("sgd", "sgdm"), "lr_diverge": ("adam", "adamw", "sgdm"),
+}
+
+COUNTS: Dict[str, int] = {
+    "healthy": 88, "healthy_warmup_plateau": 18, "healthy_noisy": 18, "healthy_spike": 18,
+    "healthy_late_drop": 18,
+    "lr_explode": 22, "lr_diverge": 26, "warmup_too_high": 18, "oscillation": 14, "dead_relu": 12,
+    "lr_zero": 10, "vanishing": 12, "clip_stale": 16, "nan_data": 16, "lora_dead": 14,
+}
+"""Runs per planted cause: 160 healthy (50 %) of 320."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training of the corpus. ``lr_scale`` multiplies the family/optimiser's sane LR."""
+
+    id: str
+    split: str           # "dev" | "test"
+    cause: str
+    framework: str
+    family: str
+    optimizer: str
+    schedule: str
+    clip: Optional[float]
+    batch: int
+    bf16: bool
+    steps: int
+    seed: int
+    lr_scale: float = 1.0
+    variant: int = 0     # which way a cause is planted, where there are several (see trainings.py)
+
+    @property
+    def healthy(self) -> bool:
+        return self.cause in HEALTHY_CAUSES
+
+    def to_dict(self) -> Dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, object]) -> "RunSpec":
+        return cls(**data)  # type: ignore[arg-type]
+
+
+def _draw(rng: random.Random, cause: str, index: int) -> RunSpec:
+    framework, family = rng.choice(list(WHERE["healthy" if cause in HEALTHY_CAUSES else cause]))
+    optimizer = rng.choice(list(OPTIMIZERS_FOR.get(cause, OPTIMIZERS)))
+    if family in ("gpt", "lora") and cause in HEALTHY_CAUSES:
+        optimizer = rng.choice(["adam", "adamw", "adamw"])  # transformers are trained with Adam(W)
+    if framework == "hf" and optimizer == "sgdm":
+        optimizer = "sgd"  # Trainer's optim="sgd" has no momentum knob: plain SGD
+    schedule = rng.choice(list(SCHEDULES))
+    clip: Optional[float] = rng.choice([None, 1.0, 1.0, 5.0])
+    if framework == "hf":
+        clip = 1.0  # Trainer's default max_grad_norm
+    batch = rng.choice([16, 32, 64])
+    steps = rng.choice([160, 200, 240, 300])
+    lr_scale = 10 ** rng.uniform(-0.3, 0.3)  # a sane LR, give or take a factor of two
+    variant = rng.randrange(3)
+    if cause == "healthy_noisy":
+        batch = rng.choice([2, 4])
+    elif cause == "healthy_late_drop":
+        schedule = "late_drop"
+    elif cause == "healthy_warmup_plateau":
+        schedule = "delayed_warmup"
+    elif cause in ("lr_diverge",):
+        lr_scale = 10 ** rng.uniform(2.0, 2.5)  # 100x-300x too high
+    elif cause == "warmup_too_high":
+        schedule = "warmup_constant"
+        lr_scale = 10 ** rng.uniform(1.5, 2.5)
+    elif cause == "lr_explode":
+        schedule = "exponential_up"
+        steps = 600  # room to overflow: the loop's NaN guard (or nothing, in HF) ends it
+    elif cause == "oscillation":
+        lr_scale = 10 ** rng.uniform(1.6, 2.2)
+        schedule = "constant"
+    elif cause == "lr_zero":
+        schedule = "zero"
+    elif cause == "clip_stale":
+        clip = None  # trainings.py sets max_norm from the family's typical norm / 100
+        schedule = rng.choice(["constant", "linear"])
+    bf16 = framework == "plain" and family in ("mlp", "cnn", "gpt") and rng.random() < 0.2
+    return RunSpec(id=f"r{index:03d}", split="", cause=cause, framework=framework, family=family,
+                   optimizer=optimizer, schedule=schedule, clip=clip, batch=batch, bf16=bf16, steps=steps,
+                   seed=rng.randrange(1_000_000), lr_scale=round(lr_scale, 4), variant=variant)
+
+
+def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
+    """Every spec of the corpus, split into dev and test per planted cause (half each, drawn)."""
+    rng = random.Random(master_seed)
+    specs: List[RunSpec] = []
+    for cause, count in COUNTS.items():
+        drawn = [_draw(rng, cause, len(specs) + i) for i in range(count)]
+        test = set(rng.sample(range(count), int(round(count * TEST_SHARE))))
+        specs.extend(RunSpec(**{**s.to_dict(), "split": "test" if i in test else "dev"})  # type: ignore[arg-type]
+                     for i, s in enumerate(drawn))
+    return specs
+
+
+def load(path: Path = MANIFEST) -> List[RunSpec]:
+    """The recorded corpus (``manifest.json``)."""
+    with open(path, encoding="utf-8") as fh:
+        return [RunSpec.from_dict(item) for item in json.load(fh)["runs"]]
+
+
+def write(specs: Sequence[RunSpec], path: Path = MANIFEST) -> None:
+    doc = {"master_seed": MASTER_SEED, "note": "fixed before tuning; the test half is never tuned on",
+           "runs": [s.to_dict() for s in specs]}
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="(re)write manifest.json (only before tuning!)")
+    parser.add_argument("--check", action="store_true", help="fail when the code draws another corpus")
+    args = parser.parse_args(argv)
+    specs = build()
+    if args.write:
+        write(specs)
+    if args.check and [s.to_dict() for s in load()] != [s.to_dict() for s in specs]:
+        print("manifest.json differs from what manifest.py draws", file=sys.stderr)
+        return 1
+    by = {(s.split, s.healthy) for s in specs}
+    print(f"{len(specs)} runs; " + ", ".join(
+        f"{split} {'healthy' if h else 'anomalous'}: {sum(1 for s in specs if s.split == split and s.healthy == h)}"
+        for split, h in sorted(by)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
