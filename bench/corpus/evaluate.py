@@ -8,14 +8,17 @@ label (``labels.py``: the planted cause checked against the run's ground-truth t
 one at a time, so the step at which an incident first became visible (the highest step seen so far) is
 exact.
 
-The run's **verdict** is its top incident as ``trainguard replay``'s report lists it: the highest severity,
-then the earliest; incidents another one explains (``explained_by``) are not the verdict. Printed per half:
+The run's **verdict** is its top incident: open ones before resolved ones (a condition that cleared is
+history), then the highest severity, then the earliest; incidents another one explains (``explained_by``)
+are not the verdict. Printed per half:
 
 * per label: runs, right category, right subtype (the verdict's kind), what else was found;
 * healthy runs: how many end with a WARNING-or-worse incident open (with its Wilson 95 % interval) and how
   many had one that closed again (transient);
-* gradient explosions: the lead -- first non-finite loss minus the step at which the explosion incident was
-  first visible -- clipping on and off, and the share >= 10 steps;
+* gradient explosions: the lead -- the first non-finite loss or gradient norm (``labels.py``'s ``nf``)
+  minus the step at which the run's explosion incident was first visible, under whatever kind it had then
+  (printed beside the lead: an explosion flagged before the NaN, or the loss divergence it grew out of and
+  was re-classified from in place, ERROR either way) -- clipping on and off, and the share >= 10 steps;
 * the same rows for the HF Trainer and Lightning runs apart;
 * ``unmanifested`` runs (their planted cause did not show in their trace): counted, never scored.
 
@@ -64,12 +67,13 @@ class Outcome:
     family: str
     clip: Optional[float]
     label: str
-    verdict: str                       # the top incident's kind, or "-" for none
-    kinds: List[str] = field(default_factory=list)         # every kind found (not explained by another)
-    open_alerts: List[str] = field(default_factory=list)   # WARNING+ kinds open at the end
-    transient: List[str] = field(default_factory=list)     # WARNING+ kinds that closed again
+    verdict: str  # the top incident's kind, or "-" for none
+    kinds: List[str] = field(default_factory=list)  # every kind found (not explained by another)
+    open_alerts: List[str] = field(default_factory=list)  # WARNING+ kinds open at the end
+    transient: List[str] = field(default_factory=list)  # WARNING+ kinds that closed again
     visible_step: Dict[str, int] = field(default_factory=dict)  # kind -> step when first visible
     first_nonfinite: Optional[int] = None
+    flagged: Dict[str, Any] = field(default_factory=dict)  # the explosion incident: first visible {step, as}
 
     @property
     def healthy(self) -> bool:
@@ -93,11 +97,15 @@ def load_events(path: Path) -> List[Dict[str, Any]]:
     return [events[i] for i in order]
 
 
-def judge(events: Sequence[Dict[str, Any]], settings: DetectionSettings) -> Tuple[List[Any], Dict[str, int]]:
-    """Run ``events`` through a fresh pipeline one by one; the final incidents and the step at which each
-    kind was first visible."""
+def judge(
+    events: Sequence[Dict[str, Any]], settings: DetectionSettings
+) -> Tuple[List[Any], Dict[str, int], Dict[str, Tuple[int, str]]]:
+    """Run ``events`` through a fresh pipeline one by one; the final incidents, the step at which each
+    kind was first visible, and per incident id the step it was first visible at with its kind then (an
+    incident can be re-classified in place: a divergence that ends in an explosion is one incident)."""
     pipeline = Pipeline(settings)
     visible: Dict[str, int] = {}
+    by_id: Dict[str, Tuple[int, str]] = {}
     seen_step = -1
     last_ns = 0
     for event in events:
@@ -108,8 +116,9 @@ def judge(events: Sequence[Dict[str, Any]], settings: DetectionSettings) -> Tupl
         out = pipeline.process([event])
         for inc in out.incidents:
             visible.setdefault(f"{inc.category}/{inc.subtype}", seen_step)
+            by_id.setdefault(inc.incident_id, (seen_step, f"{inc.category}/{inc.subtype}"))
     pipeline.advance(last_ns + TIMERS_AFTER_NS)
-    return pipeline.incidents(), visible
+    return pipeline.incidents(), visible, by_id
 
 
 def outcome(spec: manifest.RunSpec, out: Path, settings: DetectionSettings) -> Optional[Outcome]:
@@ -118,22 +127,46 @@ def outcome(spec: manifest.RunSpec, out: Path, settings: DetectionSettings) -> O
         return None
     truth = json.loads(truth_path.read_text(encoding="utf-8"))["truth"]
     label = labels_mod.label(spec, truth, clip_for(spec))
-    incidents, visible = judge(load_events(stream), settings)
+    incidents, visible, by_id = judge(load_events(stream), settings)
     mine = [i for i in incidents if not i.explained_by]
-    mine.sort(key=lambda i: (-SEVERITY_ORDER.get(i.severity, 0), i.first_ns))
-    loss = truth["loss"]
-    nf = next((truth["step"][i] for i, v in enumerate(loss) if not math.isfinite(v)), None)
+    mine.sort(key=lambda i: (i.status == "resolved", -SEVERITY_ORDER.get(i.severity, 0), i.first_ns))
+    nf = labels_mod.first_nonfinite_step(truth)
     alert = SEVERITY_ORDER["warning"]
     return Outcome(
-        id=spec.id, split=spec.split, cause=spec.cause, framework=spec.framework, family=spec.family,
-        clip=clip_for(spec), label=label,
+        id=spec.id,
+        split=spec.split,
+        cause=spec.cause,
+        framework=spec.framework,
+        family=spec.family,
+        clip=clip_for(spec),
+        label=label,
         verdict=f"{mine[0].category}/{mine[0].subtype}" if mine else "-",
         kinds=sorted({f"{i.category}/{i.subtype}" for i in mine}),
-        open_alerts=sorted({f"{i.category}/{i.subtype}" for i in mine
-                            if i.status == "open" and SEVERITY_ORDER.get(i.severity, 0) >= alert}),
-        transient=sorted({f"{i.category}/{i.subtype}" for i in mine
-                          if i.status != "open" and SEVERITY_ORDER.get(i.severity, 0) >= alert}),
-        visible_step=visible, first_nonfinite=nf)
+        open_alerts=sorted(
+            {
+                f"{i.category}/{i.subtype}"
+                for i in mine
+                if i.status == "open" and SEVERITY_ORDER.get(i.severity, 0) >= alert
+            }
+        ),
+        transient=sorted(
+            {
+                f"{i.category}/{i.subtype}"
+                for i in mine
+                if i.status != "open" and SEVERITY_ORDER.get(i.severity, 0) >= alert
+            }
+        ),
+        visible_step=visible,
+        first_nonfinite=nf,
+        flagged=next(
+            (
+                {"step": by_id[i.incident_id][0], "as": by_id[i.incident_id][1]}
+                for i in mine
+                if (i.category, i.subtype) == ("gradient", "explosion") and i.incident_id in by_id
+            ),
+            {},
+        ),
+    )
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> Tuple[float, float]:
@@ -155,8 +188,10 @@ def report(outcomes: Sequence[Outcome], title: str, verbose: bool = False) -> Di
     scored = [o for o in outcomes if o.label != labels_mod.UNMANIFESTED]
     anomalous = [o for o in scored if not o.healthy]
     healthy = [o for o in scored if o.healthy]
-    print(f"\n== {title}: {len(outcomes)} runs, {len(scored)} scored ({len(anomalous)} anomalous, "
-          f"{len(healthy)} healthy), {len(outcomes) - len(scored)} unmanifested")
+    print(
+        f"\n== {title}: {len(outcomes)} runs, {len(scored)} scored ({len(anomalous)} anomalous, "
+        f"{len(healthy)} healthy), {len(outcomes) - len(scored)} unmanifested"
+    )
     by_label: Dict[str, List[Outcome]] = defaultdict(list)
     for o in anomalous:
         by_label[o.label].append(o)
@@ -164,57 +199,94 @@ def report(outcomes: Sequence[Outcome], title: str, verbose: bool = False) -> Di
     for lab in sorted(by_label):
         rows = by_label[lab]
         verdicts = Counter(o.verdict for o in rows)
-        print(f"  {lab:26s} {len(rows):4d} {sum(o.right_category for o in rows):9d} "
-              f"{sum(o.right_subtype for o in rows):8d}  " + ", ".join(f"{k} {v}" for k, v in verdicts.most_common()))
+        print(
+            f"  {lab:26s} {len(rows):4d} {sum(o.right_category for o in rows):9d} "
+            f"{sum(o.right_subtype for o in rows):8d}  "
+            + ", ".join(f"{k} {v}" for k, v in verdicts.most_common())
+        )
     cat = sum(o.right_category for o in anomalous)
     sub = sum(o.right_subtype for o in anomalous)
     alerts = sum(1 for o in healthy if o.open_alerts)
     transient = sum(1 for o in healthy if o.transient and not o.open_alerts)
     lo, hi = wilson(alerts, len(healthy))
-    print(f"  right category {_pct(cat, len(anomalous))} (target >= 95 %); right subtype "
-          f"{_pct(sub, len(anomalous))} (target >= 90 %)")
-    print(f"  healthy runs with a WARNING+ incident open at the end: {_pct(alerts, len(healthy))} "
-          f"[95 % CI {100 * lo:.1f}-{100 * hi:.1f} %] (target <= 1 %); transient only: {transient}")
+    print(
+        f"  right category {_pct(cat, len(anomalous))} (target >= 95 %); right subtype "
+        f"{_pct(sub, len(anomalous))} (target >= 90 %)"
+    )
+    print(
+        f"  healthy runs with a WARNING+ incident open at the end: {_pct(alerts, len(healthy))} "
+        f"[95 % CI {100 * lo:.1f}-{100 * hi:.1f} %] (target <= 1 %); transient only: {transient}"
+    )
     if alerts:
-        print("    " + ", ".join(f"{k} {v}" for k, v in
-                                  Counter(k for o in healthy for k in o.open_alerts).most_common()))
+        print(
+            "    "
+            + ", ".join(
+                f"{k} {v}" for k, v in Counter(k for o in healthy for k in o.open_alerts).most_common()
+            )
+        )
     explosions = [o for o in anomalous if o.label == "gradient/explosion" and o.first_nonfinite is not None]
     leads: Dict[str, List[Optional[int]]] = {"clip on": [], "clip off": []}
+    first_kinds: Dict[str, List[str]] = {"clip on": [], "clip off": []}
     for o in explosions:
-        step = o.visible_step.get("gradient/explosion")
+        step = o.flagged.get("step")
         lead = None if step is None else o.first_nonfinite - step  # type: ignore[operator]
         leads["clip on" if o.clip else "clip off"].append(lead)
+        first_kinds["clip on" if o.clip else "clip off"].append(str(o.flagged.get("as", "-")).split("/")[-1])
     for name, values in leads.items():
         ahead = sum(1 for v in values if v is not None and v >= 10)
-        shown = ", ".join("-" if v is None else str(v) for v in values)
-        print(f"  explosions, {name}: flagged >= 10 steps before the first non-finite loss "
-              f"{_pct(ahead, len(values))} (target >= 90 %); leads [{shown}]")
+        shown = ", ".join(
+            ("-" if v is None else str(v)) + f" ({k})" for v, k in zip(values, first_kinds[name])
+        )
+        print(
+            f"  explosions, {name}: flagged >= 10 steps before the first non-finite value "
+            f"{_pct(ahead, len(values))} (target >= 90 %); leads [{shown}]"
+        )
     frameworks: Dict[str, Dict[str, Any]] = {}
     for fw in ("plain", "hf", "lightning"):
         rows_a = [o for o in anomalous if o.framework == fw]
         rows_h = [o for o in healthy if o.framework == fw]
-        frameworks[fw] = {"anomalous": len(rows_a), "category": sum(o.right_category for o in rows_a),
-                          "subtype": sum(o.right_subtype for o in rows_a), "healthy": len(rows_h),
-                          "healthy_alerts": sum(1 for o in rows_h if o.open_alerts)}
+        frameworks[fw] = {
+            "anomalous": len(rows_a),
+            "category": sum(o.right_category for o in rows_a),
+            "subtype": sum(o.right_subtype for o in rows_a),
+            "healthy": len(rows_h),
+            "healthy_alerts": sum(1 for o in rows_h if o.open_alerts),
+        }
         f = frameworks[fw]
-        print(f"  {fw:9s}: category {_pct(f['category'], f['anomalous'])}, subtype "
-              f"{_pct(f['subtype'], f['anomalous'])}, healthy alerted {_pct(f['healthy_alerts'], f['healthy'])}")
+        print(
+            f"  {fw:9s}: category {_pct(f['category'], f['anomalous'])}, subtype "
+            f"{_pct(f['subtype'], f['anomalous'])}, healthy alerted {_pct(f['healthy_alerts'], f['healthy'])}"
+        )
     unmanifested = Counter(o.cause for o in outcomes if o.label == labels_mod.UNMANIFESTED)
     if unmanifested:
         print("  unmanifested by cause: " + ", ".join(f"{k} {v}" for k, v in sorted(unmanifested.items())))
     if verbose:
         for o in scored:
             if not o.right_subtype:
-                print(f"    MISS {o.id} {o.cause}/{o.framework}/{o.family} label={o.label} verdict={o.verdict} "
-                      f"kinds={o.kinds} open={o.open_alerts} transient={o.transient}")
-    return {"runs": len(outcomes), "scored": len(scored), "anomalous": len(anomalous),
-            "right_category": cat, "right_subtype": sub, "healthy": len(healthy), "healthy_alerts": alerts,
-            "healthy_alert_ci": [lo, hi], "healthy_transient": transient,
-            "explosion_leads": leads, "frameworks": frameworks, "unmanifested": dict(unmanifested)}
+                print(
+                    f"    MISS {o.id} {o.cause}/{o.framework}/{o.family} label={o.label} verdict={o.verdict} "
+                    f"kinds={o.kinds} open={o.open_alerts} transient={o.transient}"
+                )
+    return {
+        "runs": len(outcomes),
+        "scored": len(scored),
+        "anomalous": len(anomalous),
+        "right_category": cat,
+        "right_subtype": sub,
+        "healthy": len(healthy),
+        "healthy_alerts": alerts,
+        "healthy_alert_ci": [lo, hi],
+        "healthy_transient": transient,
+        "explosion_leads": leads,
+        "frameworks": frameworks,
+        "unmanifested": dict(unmanifested),
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--split", choices=("dev", "test", "both"), default="both")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where record.py wrote the runs")
     parser.add_argument("--only", default="", help="comma-separated run ids")
@@ -228,13 +300,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     outcomes = [o for o in (outcome(s, args.out, settings) for s in specs) if o is not None]
     missing = len(specs) - len(outcomes)
     if missing:
-        print(f"{missing} runs of the manifest have no recording in {args.out} (python -m bench.corpus.record)")
+        print(
+            f"{missing} runs of the manifest have no recording in {args.out} (python -m bench.corpus.record)"
+        )
     figures: Dict[str, Any] = {}
-    for split in (("dev", "test") if args.split == "both" else (args.split,)):
+    for split in ("dev", "test") if args.split == "both" else (args.split,):
         figures[split] = report([o for o in outcomes if o.split == split], f"{split} half", args.verbose)
     if args.json:
-        args.json.write_text(json.dumps({"figures": figures, "runs": [asdict(o) for o in outcomes]}, indent=1),
-                             encoding="utf-8")
+        args.json.write_text(
+            json.dumps({"figures": figures, "runs": [asdict(o) for o in outcomes]}, indent=1),
+            encoding="utf-8",
+        )
     return 0
 
 

@@ -7,12 +7,12 @@ written from the definitions of the failures, with no reference to the detectors
 fixed before the detectors were tuned on the corpus. A run whose trace shows none of its cause's kinds is
 ``unmanifested``: it is reported and counted, never scored (a healthy run that did not learn is one too).
 
-Notation: ``L`` the loss per step, ``n`` its length, ``init`` = the median of ``L[0:5]`` (the loss
-before the optimiser has done anything much), ``nf`` the first step with a non-finite loss or a non-finite pre-clip gradient norm (under clipping the
-norm overflows first: its sum of squares passes float32's range while the loss is still finite, and the
-clipped update is then 0), ``level(a, b)``
-the median of the finite losses of steps ``[a, b)``, ``G`` the pre-clip global gradient norm per step,
-``g_ref`` its median before the last 40 steps ahead of ``nf`` (at least its first 10 values).
+Notation: ``L`` the loss per step, ``n`` its length, ``init`` = the median of ``L[0:5]`` (the loss before
+the optimiser has done anything much), ``nf`` the first step with a non-finite loss or a non-finite pre-clip
+gradient norm (under clipping the norm overflows first: its sum of squares passes float32's range while the
+loss is still finite, and the clipped update is then 0), ``level(a, b)`` the median of the finite losses of
+steps ``[a, b)``, ``G`` the pre-clip global gradient norm per step, ``g_ref`` its median before the last 40
+steps ahead of ``nf`` (at least its first 10 values).
 
 =====================  ==================================================================================
 kind                   rule on the trace
@@ -62,7 +62,14 @@ def _first_nonfinite(loss: Sequence[float]) -> Optional[int]:
 
 
 def _running(loss: Sequence[float], window: int = 5) -> List[float]:
-    return [_median(loss[max(0, i - window + 1): i + 1]) for i in range(len(loss))]
+    return [_median(loss[max(0, i - window + 1) : i + 1]) for i in range(len(loss))]
+
+
+def first_nonfinite_step(truth: Dict[str, List[float]]) -> Optional[int]:
+    """The step of ``nf``: the first non-finite loss or pre-clip gradient norm (None: none)."""
+    nf_loss, nf_grad = _first_nonfinite(truth["loss"]), _first_nonfinite(truth["grad_norm"])
+    found = [i for i in (nf_loss, nf_grad) if i is not None]
+    return int(truth["step"][min(found)]) if found else None
 
 
 def observed(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]) -> Dict[str, bool]:
@@ -80,28 +87,32 @@ def observed(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]
     out[HEALTHY] = nf is None and last <= 0.85 * init
     if nf is not None:
         g_ref = _median(grads[: max(10, nf - 40)])
-        before = _finite(grads[max(0, nf - 40): nf])
-        climbed = (bool(before) and g_ref > 0 and max(before) >= 10 * g_ref
-                   and sum(1 for g in before if g >= 3 * g_ref) >= 5)
+        before = _finite(grads[max(0, nf - 40) : nf])
+        climbed = (
+            bool(before)
+            and g_ref > 0
+            and max(before) >= 10 * g_ref
+            and sum(1 for g in before if g >= 3 * g_ref) >= 5
+        )
         out["gradient/explosion"] = climbed
-        recent = _finite(grads[max(0, nf - 10): nf])
-        typical = _median(grads[max(0, nf - 50): max(1, nf - 10)])
+        recent = _finite(grads[max(0, nf - 10) : nf])
+        typical = _median(grads[max(0, nf - 50) : max(1, nf - 10)])
         out["gradient/nan-source"] = not climbed and (not recent or max(recent) <= 5 * max(typical, 1e-12))
         return out
     running = _running(loss)
-    half = loss[n // 2:]
+    half = loss[n // 2 :]
     level_half = _median(half)
-    start = _median(loss[max(1, n // 20): max(2, n // 4)])
+    start = _median(loss[max(1, n // 20) : max(2, n // 4)])
     q = statistics.quantiles(half, n=4) if len(half) >= 4 else [0.0, 0.0, 0.0]
     swinging = 0.85 * start <= level_half <= 1.5 * start and (q[2] - q[0]) >= 0.25 * level_half
     out["loss/oscillation"] = swinging
-    diverged = (not swinging and last >= 1.5 * init
-                and sum(1 for v in running if v >= 2 * init) >= 0.1 * n)
+    diverged = not swinging and last >= 1.5 * init and sum(1 for v in running if v >= 2 * init) >= 0.1 * n
     out["loss/divergence"] = diverged
     low = min(running)
-    out["loss/rise-after-fall"] = (not diverged and not swinging and low <= 0.7 * init
-                                   and last - low >= 0.5 * (init - low))
-    early = _median(loss[n // 10: max(n // 10 + 1, 3 * n // 10)])
+    out["loss/rise-after-fall"] = (
+        not diverged and not swinging and low <= 0.7 * init and last - low >= 0.5 * (init - low)
+    )
+    early = _median(loss[n // 10 : max(n // 10 + 1, 3 * n // 10)])
     out["loss/plateau"] = abs(last - early) <= 0.2 * early and last >= 0.8 * init
     first, lastl = _median(truth["first_layer"]), _median(truth["last_layer"])
     out["gradient/vanishing"] = bool(lastl > 0 and first <= 1e-3 * lastl)

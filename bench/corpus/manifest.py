@@ -36,17 +36,30 @@ batches, a few outlier batches whose loss spikes and recovers, a first stage at 
 
 CAUSES: Dict[str, Tuple[str, ...]] = {
     # planted cause -> the kinds its training can end in (labels.py picks one from the run's trace)
-    "healthy": (), "healthy_warmup_plateau": (), "healthy_noisy": (), "healthy_spike": (),
+    "healthy": (),
+    "healthy_warmup_plateau": (),
+    "healthy_noisy": (),
+    "healthy_spike": (),
     "healthy_late_drop": (),
     # the LR far too high: which failure it becomes depends on the model and optimiser
     "lr_explode": ("gradient/explosion", "loss/divergence", "loss/oscillation"),  # LR grows (schedule bug)
-    "lr_diverge": ("loss/divergence", "gradient/explosion", "loss/oscillation", "loss/rise-after-fall",
-                   "loss/plateau"),  # LR 100x-300x too high (Adam collapses to a flat loss)
-    "warmup_too_high": ("loss/rise-after-fall", "loss/divergence", "gradient/explosion", "loss/oscillation",
-                        "loss/plateau"),
+    "lr_diverge": (
+        "loss/divergence",
+        "gradient/explosion",
+        "loss/oscillation",
+        "loss/rise-after-fall",
+        "loss/plateau",
+    ),  # LR 100x-300x too high (Adam collapses to a flat loss)
+    "warmup_too_high": (
+        "loss/rise-after-fall",
+        "loss/divergence",
+        "gradient/explosion",
+        "loss/oscillation",
+        "loss/plateau",
+    ),
     "oscillation": ("loss/oscillation", "loss/divergence"),  # SGD far above its stable LR, classification
-    "dead_relu": ("loss/plateau",),        # hidden biases initialised very negative: every ReLU dead
-    "lr_zero": ("loss/plateau",),          # a schedule that returns 0 (the optimiser steps, nothing moves)
+    "dead_relu": ("loss/plateau",),  # hidden biases initialised very negative: every ReLU dead
+    "lr_zero": ("loss/plateau",),  # a schedule that returns 0 (the optimiser steps, nothing moves)
     "vanishing": ("gradient/vanishing",),  # deep sigmoid MLP, default init
     "clip_stale": ("gradient/clip-stale",),  # SGD with max_norm ~1/100 of the gradient norm
     "nan_data": ("gradient/nan-source",),  # one corrupted sample (log(0) target / Inf input)
@@ -60,34 +73,75 @@ SCHEDULES = ("constant", "warmup_cosine", "linear", "step")
 
 # (framework, family) pairs each cause is planted in; the optimiser choices that make the cause real
 WHERE: Dict[str, Sequence[Tuple[str, str]]] = {
-    "healthy": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("plain", "lora"), ("hf", "gpt"),
-                ("hf", "lora"), ("hf", "mlp"), ("lightning", "mlp"), ("lightning", "cnn"),
-                ("lightning", "gpt")],
-    "lr_explode": [("plain", "mlp"), ("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("hf", "mlp"),
-                   ("lightning", "mlp"), ("lightning", "mlp"), ("lightning", "cnn")],
-    "lr_diverge": [("plain", "gpt"), ("plain", "cnn"), ("hf", "gpt"), ("hf", "lora"), ("lightning", "gpt"),
-                   ("lightning", "cnn")],
-    "warmup_too_high": [("plain", "mlp"), ("plain", "gpt"), ("hf", "gpt"), ("lightning", "mlp"),
-                        ("lightning", "cnn")],
+    "healthy": [
+        ("plain", "mlp"),
+        ("plain", "cnn"),
+        ("plain", "gpt"),
+        ("plain", "lora"),
+        ("hf", "gpt"),
+        ("hf", "lora"),
+        ("hf", "mlp"),
+        ("lightning", "mlp"),
+        ("lightning", "cnn"),
+        ("lightning", "gpt"),
+    ],
+    "lr_explode": [
+        ("plain", "mlp"),
+        ("plain", "mlp"),
+        ("plain", "cnn"),
+        ("plain", "gpt"),
+        ("hf", "mlp"),
+        ("lightning", "mlp"),
+        ("lightning", "mlp"),
+        ("lightning", "cnn"),
+    ],
+    "lr_diverge": [
+        ("plain", "gpt"),
+        ("plain", "cnn"),
+        ("hf", "gpt"),
+        ("hf", "lora"),
+        ("lightning", "gpt"),
+        ("lightning", "cnn"),
+    ],
+    "warmup_too_high": [
+        ("plain", "mlp"),
+        ("plain", "gpt"),
+        ("hf", "gpt"),
+        ("lightning", "mlp"),
+        ("lightning", "cnn"),
+    ],
     "oscillation": [("plain", "cnn"), ("plain", "linear"), ("lightning", "cnn"), ("lightning", "linear")],
     "dead_relu": [("plain", "mlp"), ("lightning", "mlp"), ("hf", "mlp")],
     "lr_zero": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("hf", "gpt"), ("lightning", "mlp")],
     "vanishing": [("plain", "deep"), ("lightning", "deep")],
-    "clip_stale": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("lightning", "mlp"),
-                   ("hf", "mlp")],
+    "clip_stale": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("lightning", "mlp"), ("hf", "mlp")],
     "nan_data": [("plain", "mlp"), ("plain", "cnn"), ("lightning", "mlp"), ("hf", "mlp")],
     "lora_dead": [("plain", "lora"), ("hf", "lora")],
 }
 OPTIMIZERS_FOR: Dict[str, Sequence[str]] = {
-    "lr_explode": ("sgd", "sgdm"), "oscillation": ("sgd",), "clip_stale": ("sgd", "sgdm"),
-    "vanishing": ("sgd", "sgdm"), "lr_diverge": ("adam", "adamw", "sgdm"),
+    "lr_explode": ("sgd", "sgdm"),
+    "oscillation": ("sgd",),
+    "clip_stale": ("sgd", "sgdm"),
+    "vanishing": ("sgd", "sgdm"),
+    "lr_diverge": ("adam", "adamw", "sgdm"),
 }
 
 COUNTS: Dict[str, int] = {
-    "healthy": 88, "healthy_warmup_plateau": 18, "healthy_noisy": 18, "healthy_spike": 18,
+    "healthy": 88,
+    "healthy_warmup_plateau": 18,
+    "healthy_noisy": 18,
+    "healthy_spike": 18,
     "healthy_late_drop": 18,
-    "lr_explode": 22, "lr_diverge": 26, "warmup_too_high": 18, "oscillation": 14, "dead_relu": 12,
-    "lr_zero": 10, "vanishing": 12, "clip_stale": 16, "nan_data": 16, "lora_dead": 14,
+    "lr_explode": 22,
+    "lr_diverge": 26,
+    "warmup_too_high": 18,
+    "oscillation": 14,
+    "dead_relu": 12,
+    "lr_zero": 10,
+    "vanishing": 12,
+    "clip_stale": 16,
+    "nan_data": 16,
+    "lora_dead": 14,
 }
 """Runs per planted cause: 160 healthy (50 %) of 320."""
 
@@ -97,7 +151,7 @@ class RunSpec:
     """One training of the corpus. ``lr_scale`` multiplies the family/optimiser's sane LR."""
 
     id: str
-    split: str           # "dev" | "test"
+    split: str  # "dev" | "test"
     cause: str
     framework: str
     family: str
@@ -109,7 +163,7 @@ class RunSpec:
     steps: int
     seed: int
     lr_scale: float = 1.0
-    variant: int = 0     # which way a cause is planted, where there are several (see trainings.py)
+    variant: int = 0  # which way a cause is planted, where there are several (see trainings.py)
 
     @property
     def healthy(self) -> bool:
@@ -119,7 +173,7 @@ class RunSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Dict[str, object]) -> "RunSpec":
+    def from_dict(cls, data: Dict[str, object]) -> RunSpec:
         return cls(**data)  # type: ignore[arg-type]
 
 
@@ -161,9 +215,22 @@ def _draw(rng: random.Random, cause: str, index: int) -> RunSpec:
         clip = None  # trainings.py sets max_norm from the family's typical norm / 100
         schedule = rng.choice(["constant", "linear"])
     bf16 = framework == "plain" and family in ("mlp", "cnn", "gpt") and rng.random() < 0.2
-    return RunSpec(id=f"r{index:03d}", split="", cause=cause, framework=framework, family=family,
-                   optimizer=optimizer, schedule=schedule, clip=clip, batch=batch, bf16=bf16, steps=steps,
-                   seed=rng.randrange(1_000_000), lr_scale=round(lr_scale, 4), variant=variant)
+    return RunSpec(
+        id=f"r{index:03d}",
+        split="",
+        cause=cause,
+        framework=framework,
+        family=family,
+        optimizer=optimizer,
+        schedule=schedule,
+        clip=clip,
+        batch=batch,
+        bf16=bf16,
+        steps=steps,
+        seed=rng.randrange(1_000_000),
+        lr_scale=round(lr_scale, 4),
+        variant=variant,
+    )
 
 
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
@@ -172,9 +239,11 @@ def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
         drawn = [_draw(rng, cause, len(specs) + i) for i in range(count)]
-        test = set(rng.sample(range(count), int(round(count * TEST_SHARE))))
-        specs.extend(RunSpec(**{**s.to_dict(), "split": "test" if i in test else "dev"})  # type: ignore[arg-type]
-                     for i, s in enumerate(drawn))
+        test = set(rng.sample(range(count), round(count * TEST_SHARE)))
+        specs.extend(
+            RunSpec(**{**s.to_dict(), "split": "test" if i in test else "dev"})  # type: ignore[arg-type]
+            for i, s in enumerate(drawn)
+        )
     return specs
 
 
@@ -185,13 +254,18 @@ def load(path: Path = MANIFEST) -> List[RunSpec]:
 
 
 def write(specs: Sequence[RunSpec], path: Path = MANIFEST) -> None:
-    doc = {"master_seed": MASTER_SEED, "note": "fixed before tuning; the test half is never tuned on",
-           "runs": [s.to_dict() for s in specs]}
+    doc = {
+        "master_seed": MASTER_SEED,
+        "note": "fixed before tuning; the test half is never tuned on",
+        "runs": [s.to_dict() for s in specs],
+    }
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--write", action="store_true", help="(re)write manifest.json (only before tuning!)")
     parser.add_argument("--check", action="store_true", help="fail when the code draws another corpus")
     args = parser.parse_args(argv)
@@ -202,9 +276,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("manifest.json differs from what manifest.py draws", file=sys.stderr)
         return 1
     by = {(s.split, s.healthy) for s in specs}
-    print(f"{len(specs)} runs; " + ", ".join(
-        f"{split} {'healthy' if h else 'anomalous'}: {sum(1 for s in specs if s.split == split and s.healthy == h)}"
-        for split, h in sorted(by)))
+    print(
+        f"{len(specs)} runs; "
+        + ", ".join(
+            f"{split} {'healthy' if h else 'anomalous'}: "
+            f"{sum(1 for s in specs if s.split == split and s.healthy == h)}"
+            for split, h in sorted(by)
+        )
+    )
     return 0
 
 

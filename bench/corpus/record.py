@@ -63,10 +63,10 @@ def _child(spec_dict: Dict[str, object], out: Path) -> None:
 
 def record(specs: Sequence[Dict[str, object]], out: Path, jobs: int = 2) -> Dict[str, int]:
     """Run every spec in its own forked process, ``jobs`` at a time; the exit code of each."""
-    import torch  # noqa: F401  imported once, before the forks
-    import transformers  # noqa: F401
     import peft  # noqa: F401
     import pytorch_lightning  # noqa: F401
+    import torch  # noqa: F401  imported once, before the forks
+    import transformers  # noqa: F401
 
     out.mkdir(parents=True, exist_ok=True)
     pending = list(specs)
@@ -92,7 +92,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sys.path.insert(0, str(REPO))
     from bench.corpus import manifest
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", default="", help="comma-separated run ids")
     parser.add_argument("--split", choices=("dev", "test", "all"), default="all")
     parser.add_argument("--cause", default="", help="only runs of these planted causes (comma-separated)")

@@ -61,6 +61,7 @@ DIM_IN = 16
 
 # ------------------------------------------------------------------------------------------------ data
 
+
 class Task:
     """A family's data: ``batch(step)`` -> the step's (inputs, targets), seeded, with the cause's bad rows."""
 
@@ -124,11 +125,14 @@ class Task:
         for t in range(1, SEQ):
             ids[:, t] = self.next[ids[:, t - 1], choice[:, t]]
         if step in self.spike_steps:
-            ids[: max(1, b // 2)] = torch.randint(0, VOCAB, (max(1, b // 2), SEQ), generator=gen)  # noise rows
+            ids[: max(1, b // 2)] = torch.randint(
+                0, VOCAB, (max(1, b // 2), SEQ), generator=gen
+            )  # noise rows
         return ids, ids
 
 
 # ---------------------------------------------------------------------------------------------- models
+
 
 class Regressor(nn.Module):
     """An MLP (or the deep sigmoid one) with an MSE loss, callable the way the HF Trainer calls models."""
@@ -145,8 +149,9 @@ class Regressor(nn.Module):
             layers.append(nn.Linear(32, 1))
             self.net = nn.Sequential(*layers)
         else:
-            self.net = nn.Sequential(nn.Linear(DIM_IN, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                                     nn.Linear(64, 1))
+            self.net = nn.Sequential(
+                nn.Linear(DIM_IN, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)
+            )
             if spec.cause == "dead_relu":
                 with torch.no_grad():
                     for layer in [m for m in self.net if isinstance(m, nn.Linear)][:-1]:
@@ -166,8 +171,15 @@ class Classifier(nn.Module):
         if spec.family == "linear":
             self.net: nn.Module = nn.Linear(DIM_IN, 4)
             return
-        self.net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2),
-                                 nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(16, 4),
+        )
 
     def forward(self, x: torch.Tensor, y: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
         logits = self.net(x).float()
@@ -183,17 +195,29 @@ class LM(nn.Module):
         from transformers import GPT2Config, GPT2LMHeadModel
 
         torch.manual_seed(spec.seed + 2)
-        config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        config = GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=SEQ,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         base = GPT2LMHeadModel(config)
         if spec.family == "lora":
             _pretrain(base, spec)
             from peft import LoraConfig, get_peft_model
 
             dead = spec.cause == "lora_dead"
-            lora = LoraConfig(r=8, lora_alpha=0 if dead and spec.variant == 0 else 16,
-                              lora_dropout=1.0 if dead and spec.variant == 2 else 0.0,
-                              target_modules=["c_attn", "c_fc"], fan_in_fan_out=True)
+            lora = LoraConfig(
+                r=8,
+                lora_alpha=0 if dead and spec.variant == 0 else 16,
+                lora_dropout=1.0 if dead and spec.variant == 2 else 0.0,
+                target_modules=["c_attn", "c_fc"],
+                fan_in_fan_out=True,
+            )
             base = get_peft_model(base, lora)
             if dead and spec.variant == 1:
                 with torch.no_grad():
@@ -202,7 +226,9 @@ class LM(nn.Module):
                             p.zero_()  # A and B both zero: neither gets a gradient
         self.model = base
 
-    def forward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None
+    ) -> Dict[str, torch.Tensor]:
         out = self.model(input_ids=input_ids, labels=labels)
         return {"loss": out.loss.float() if out.loss is not None else out.logits.sum()}
 
@@ -236,6 +262,7 @@ def build_model(spec: RunSpec) -> nn.Module:
 
 # ------------------------------------------------------------------------------- optimiser and schedule
 
+
 def base_lr(spec: RunSpec) -> float:
     return SANE_LR[spec.family][spec.optimizer] * spec.lr_scale
 
@@ -262,6 +289,7 @@ def lr_factor(spec: RunSpec) -> Callable[[int], float]:
             if s < warmup:
                 return (s + 1) / warmup
             return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, total - warmup))))
+
         return f
     if kind == "warmup_constant":  # a linear warmup to the peak, then the peak
         warmup = max(1, int(total * (0.25 + 0.05 * v)))
@@ -277,7 +305,7 @@ def lr_factor(spec: RunSpec) -> Callable[[int], float]:
         return lambda s: 0.03 if s < total * 0.4 else 1.0
     if kind == "exponential_up":  # ExponentialLR(gamma > 1): a decay written the wrong way round
         gamma = (1.06, 1.1, 1.15)[v]
-        return lambda s: gamma ** s
+        return lambda s: gamma**s
     if kind == "zero":
         return (lambda s: 0.0) if v % 2 == 0 else (lambda s: 1e-6)  # lr 0, or a typo of 1e-3 -> 1e-9
     return lambda s: 1.0
@@ -286,19 +314,27 @@ def lr_factor(spec: RunSpec) -> Callable[[int], float]:
 def clip_for(spec: RunSpec) -> Optional[float]:
     """The clip threshold: the spec's, or for clip-stale ~1/100 of the family's typical norm."""
     if spec.cause == "clip_stale":
-        return {"mlp": 0.001, "cnn": 0.001, "gpt": 0.01, "deep": 0.001, "lora": 0.002,
-                "linear": 0.01}[spec.family]
+        return {"mlp": 0.001, "cnn": 0.001, "gpt": 0.01, "deep": 0.001, "lora": 0.002, "linear": 0.01}[
+            spec.family
+        ]
     return spec.clip
 
 
 # --------------------------------------------------------------------------------------------- truth
 
+
 class TruthRecorder:
     """The per-step ground truth, computed from the model's tensors beside the SDK."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.truth: Truth = {"step": [], "loss": [], "grad_norm": [], "lr": [], "first_layer": [],
-                             "last_layer": []}
+        self.truth: Truth = {
+            "step": [],
+            "loss": [],
+            "grad_norm": [],
+            "lr": [],
+            "first_layer": [],
+            "last_layer": [],
+        }
         weights = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
         self.first = weights[0] if weights else None
         self.last = weights[-1] if weights else None
@@ -310,7 +346,9 @@ class TruthRecorder:
         grads = [p.grad for p in self.params if p.grad is not None]
         self._grad = {
             "grad_norm": float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0,
-            "first_layer": _norm(self.first), "last_layer": _norm(self.last)}
+            "first_layer": _norm(self.first),
+            "last_layer": _norm(self.last),
+        }
 
     def step(self, step: int, loss: float, lr: float, grad_norm: Optional[float] = None) -> None:
         t = self.truth
@@ -330,13 +368,16 @@ def _norm(p: Optional[torch.Tensor]) -> float:
 
 # -------------------------------------------------------------------------------------------- loops
 
+
 def run(spec: RunSpec) -> Truth:
     """Train ``spec`` with the SDK (configured from the environment: ``trainguard.init()`` reads
     ``TRAINGUARD_ENDPOINT`` etc.) and return the ground truth."""
     torch.set_num_threads(1)
     torch.manual_seed(spec.seed)
-    trainguard.init(run_name=f"corpus-{spec.id}", tags={"corpus": spec.id, "framework": spec.framework,
-                                                        "family": spec.family})
+    trainguard.init(
+        run_name=f"corpus-{spec.id}",
+        tags={"corpus": spec.id, "framework": spec.framework, "family": spec.family},
+    )
     if spec.framework == "hf":
         return _run_hf(spec)
     if spec.framework == "lightning":
@@ -414,8 +455,9 @@ def _run_hf(spec: RunSpec) -> Truth:
     truth: Truth = {"step": [], "loss": [], "grad_norm": [], "lr": [], "first_layer": [], "last_layer": []}
 
     class Truths(TrainerCallback):  # type: ignore[misc]
-        def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None,
-                   **kwargs: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None, **kwargs: Any
+        ) -> None:
             if logs and "loss" in logs:
                 truth["step"].append(state.global_step - 1)
                 truth["loss"].append(float(logs["loss"]))
@@ -425,13 +467,29 @@ def _run_hf(spec: RunSpec) -> Truth:
                 truth["last_layer"].append(math.nan)
 
     with tempfile.TemporaryDirectory(prefix="tg-corpus-hf-") as out:
-        args = TrainingArguments(output_dir=out, max_steps=spec.steps, per_device_train_batch_size=spec.batch,
-                                 learning_rate=base_lr(spec), max_grad_norm=clip_for(spec) or 0.0,
-                                 logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-                                 seed=spec.seed, dataloader_num_workers=0, disable_tqdm=True,
-                                 remove_unused_columns=False, logging_nan_inf_filter=False)
-        trainer = Trainer(model=model, args=args, train_dataset=_Rows(spec),
-                          optimizers=(optimizer, scheduler), callbacks=[TrainGuardCallback(), Truths()])
+        args = TrainingArguments(
+            output_dir=out,
+            max_steps=spec.steps,
+            per_device_train_batch_size=spec.batch,
+            learning_rate=base_lr(spec),
+            max_grad_norm=clip_for(spec) or 0.0,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            seed=spec.seed,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            remove_unused_columns=False,
+            logging_nan_inf_filter=False,
+        )
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=_Rows(spec),
+            optimizers=(optimizer, scheduler),
+            callbacks=[TrainGuardCallback(), Truths()],
+        )
         if spec.family == "lora":
             trainguard.watch_lora(model, every=2)
         trainer.train()
@@ -470,19 +528,31 @@ def _run_lightning(spec: RunSpec) -> Truth:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
             recorder.step(trainer.global_step - 1, float(loss.detach()), getattr(self, "lr", math.nan))
 
-    loader = torch.utils.data.DataLoader(_Rows(spec), batch_size=spec.batch, shuffle=True,
-                                         generator=torch.Generator().manual_seed(spec.seed))
-    trainer = pl.Trainer(max_steps=spec.steps, accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         gradient_clip_val=clip, callbacks=[TrainGuardCallback(), Truths()],
-                         precision="bf16-mixed" if spec.bf16 else "32-true", max_epochs=-1)
+    loader = torch.utils.data.DataLoader(
+        _Rows(spec), batch_size=spec.batch, shuffle=True, generator=torch.Generator().manual_seed(spec.seed)
+    )
+    trainer = pl.Trainer(
+        max_steps=spec.steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=clip,
+        callbacks=[TrainGuardCallback(), Truths()],
+        precision="bf16-mixed" if spec.bf16 else "32-true",
+        max_epochs=-1,
+    )
     trainer.fit(Module(), loader)
     return recorder.truth
 
 
 def environment_for(endpoint: str, spool: str) -> Dict[str, str]:
     """The ``TRAINGUARD_*`` variables a run is configured with (the SDK's defaults otherwise)."""
-    return {"TRAINGUARD_ENDPOINT": endpoint, "TRAINGUARD_PROJECT": "corpus", "TRAINGUARD_SPOOL_DIR": spool,
-            "TRAINGUARD_FLUSH_INTERVAL": "0.5"}
-
-
+    return {
+        "TRAINGUARD_ENDPOINT": endpoint,
+        "TRAINGUARD_PROJECT": "corpus",
+        "TRAINGUARD_SPOOL_DIR": spool,
+        "TRAINGUARD_FLUSH_INTERVAL": "0.5",
+    }

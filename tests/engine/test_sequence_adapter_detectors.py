@@ -286,7 +286,7 @@ def test_adapter_thresholds_are_overridable() -> None:
     events = load("lora_break")
     assert drive(events, tuned(lora_confirm_reports=100)) == []
     assert drive(events, tuned(lora_loss_min_points=1000)) == []
-    assert drive(events, tuned(trend_z=50.0)) == []
+    assert drive(events, tuned(trend_z=50.0, lora_loss_window=10_000)) == []
     later = drive(events, tuned(lora_confirm_reports=12))
     assert later and later[0].step == 24 and later[0].seen_step >= 24 + 2 * 11
 
@@ -310,9 +310,11 @@ def test_the_grad_threshold_decides_for_tiny_but_present_gradients() -> None:
 # edge cases built from the real envelopes
 
 
-def test_dead_adapters_with_a_flat_loss_are_left_to_the_loss_detectors() -> None:
+def test_dead_adapters_with_a_flat_loss_are_the_adapter_incident_after_a_full_loss_window() -> None:
     """lora_break with its loss values after the switch shuffled (seeded): the same level and noise, no
-    movement -- no window the detector looks at shows a trend -- so no lora-grad-break."""
+    movement -- no window the detector looks at shows a trend. Every adapter is without gradient on every
+    report, so once a full lora_loss_window of flat values has passed since the streak began this is the
+    adapters' doing (nothing else learns), not a plateau: one lora-grad-break saying the loss is flat."""
     events = copy.deepcopy(load("lora_break"))
     loss = loss_series(events)
     after = sorted(s for s in loss if s >= 24)
@@ -326,7 +328,14 @@ def test_dead_adapters_with_a_flat_loss_are_left_to_the_loss_detectors() -> None
         for p in e.get("metrics", {}).get("points", []):
             if p["name"] == "loss" and int(e["step"]) in flat:
                 p["value"] = flat[int(e["step"])]
-    assert drive(events) == []
+    (found,) = drive(events)
+    assert (found.category, found.subtype, found.step) == ("adapter", "lora-grad-break", 24)
+    # not before a full window of flat values (seen_step: the last watch_lora report, every 2 steps)
+    assert found.seen_step >= after[adapter.LORA_LOSS_WINDOW - 1] - 2
+    moves = next(e for e in found.evidence if e.rule == "adapter.lora_grad_break.loss_moves")
+    assert abs(moves.value) < DEFAULTS.trend_z and "does not move" in moves.description
+    assert "the loss is flat" in found.summary
+    assert drive(events, tuned(lora_loss_window=10_000)) == []  # never a full window: no verdict
 
 
 def test_packed_rows_without_eos_are_not_eos_cut_off() -> None:

@@ -515,6 +515,19 @@ class DetectionSettings:
         1e-2, "loss/plateau verdict: a median global grad norm below this, a layer with exactly zero "
         "gradient (last per-layer report) or an LR of 0 means 'optimisation stuck' (saturated or dead "
         "units, zero LR); otherwise 'capacity or data'.")
+    plateau_min_steps: int = _setting(
+        100, "loss/plateau: the flat stretch must span at least this many steps before it opens (a warmup "
+        "from ~0 LR or a slow start is flat for a few dozen steps, then falls).", minimum=1)
+    plateau_resolve_drop: float = _setting(
+        0.2, "loss/plateau resolves (and the run's health recovers) when the loss level falls this far "
+        "(a fraction) below the plateau's level.", minimum=0.0)
+    divergence_factor: float = _setting(
+        2.0, "loss/divergence: the loss level (rolling median of rise_smooth values) >= this x the run's "
+        "initial level (the lower of the first value and the first values' median).", minimum=1.0)
+    divergence_min_points: int = _setting(
+        8, "loss/divergence: values in a row the level must stay diverged (with a rising trend or a "
+        "spread below oscillation_min_cv: a loss swinging at a high level with no trend is an oscillation).",
+        minimum=1)
     rise_smooth: int = _setting(
         5, "loss/rise-after-fall: the loss level is a rolling median of this many values.", minimum=1)
     rise_min_fall: float = _setting(
@@ -561,7 +574,12 @@ class DetectionSettings:
         1e-5, "gradient/clip-stale: loss curvature (2nd derivative / loss level, per step^2) below this, or "
         "within trend_z standard errors of 0 (seed: < 1e-5).")
     clip_stale_curve_window: int = _setting(
-        20, "gradient/clip-stale: loss values in the curvature fit.", minimum=4)
+        40, "gradient/clip-stale: loss values judged: no Mann-Kendall trend either way (|z| < trend_z: a "
+        "falling loss is learning, a rising one diverging) and the curvature test.", minimum=4)
+    clip_stale_min_ratio: float = _setting(
+        10.0, "gradient/clip-stale: with the clip threshold tau reported (the SDK sends it), a flat loss is "
+        "starved by clipping when the mean pre-clip norm >= this x tau; otherwise (tau unknown, or clipped "
+        "by less) only while the loss is still >= plateau_min_level x its initial level.", minimum=1.0)
     clip_stale_growth: float = _setting(
         0.05, "Adaptive clip threshold recommended when stale: tau <- tau x (1 + this x stale_count) (seed).")
     clip_onset_growth: float = _setting(
@@ -822,10 +840,12 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
         "explosion_trend_points", "explosion_onset_factor", "loss_window", "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "plateau_min_level", "plateau_max_change",
-        "plateau_small_grad", "rise_smooth", "rise_min_fall", "rise_min_rise", "rise_min_points",
+        "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
+        "divergence_min_points", "rise_smooth", "rise_min_fall", "rise_min_rise", "rise_min_points",
         "layer_norm_warn", "clip_rate_warn", "vanishing_ratio", "vanishing_min_layers",
         "vanishing_min_reports", "clip_stale_window", "clip_stale_norm_ratio", "clip_stale_curvature",
-        "clip_stale_curve_window", "clip_stale_growth", "clip_onset_growth", "clip_max_tau"),
+        "clip_stale_curve_window", "clip_stale_min_ratio", "clip_stale_growth", "clip_onset_growth",
+        "clip_max_tau"),
     "memory": (
         "frag_mild", "frag_severe", "frag_sustain_samples", "frag_peak_headroom", "frag_warn",
         "frag_warn_std", "frag_window_s", "frag_min_samples", "frag_max_samples", "frag_update_step",

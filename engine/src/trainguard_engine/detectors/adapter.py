@@ -22,9 +22,12 @@ steps since the streak began: the last ``lora_loss_window`` (32) finite loss val
 step on, at least ``lora_loss_min_points`` (8) of them, show a Mann-Kendall trend with |z| >=
 ``trend_z`` (the shared trend threshold, 2.33: one-sided p ~ 0.01). Scale-free and outlier-proof, so no
 per-model loss number: a loss that keeps falling (a trainable head learning) or rising while the adapters
-are frozen out is what this kind is about; a flat loss with dead adapters is left to the loss-curve
-detectors (plateau). The check is repeated at each report and at each loss value while a confirmed streak
-waits for the loss to show movement.
+are frozen out is what this kind is about -- and so is a loss still flat after a full ``lora_loss_window``
+of values when *every* report of the streak says no adapter learns at all (all adapter parameters
+without gradient, or both means ~0): in a LoRA fine-tune
+with a frozen base nothing else trains, so that flat loss is the adapters' doing (the loss curve's
+plateau defers to this incident). The check is repeated at each report and at each loss value while a
+confirmed streak waits for the loss to show movement.
 
 ``first_step`` = the first broken report of the streak (where it began). Evidence: the gradient means (rule
 ``adapter.lora_grad_break.grad_mean``, threshold ``lora_grad_min``), the parameters without gradient
@@ -182,12 +185,27 @@ def _maybe_fire(rank: RankState, state: Dict[str, Any], time_ns: int, event_id: 
         return []
     trend = mann_kendall([v for _s, v in points])
     z_needed = float(_cfg(settings, "trend_z", TREND_Z))
-    if abs(trend.z) < z_needed:
-        return []
+    if abs(trend.z) < z_needed and not (
+            len(points) >= int(_cfg(settings, "lora_loss_window", LORA_LOSS_WINDOW))
+            and _all_dead(state, first, settings)):
+        return []  # no movement yet; a flat loss with every adapter dead counts after a full window
     reported_before = state.get("reported") is not None
     state["reported"] = [first, count]
     return [_finding(rank, state, first, first_ns or time_ns, count, name, points, trend.z, z_needed,
                      time_ns, event_id, settings, update=reported_before)]
+
+
+def _all_dead(state: Dict[str, Any], first: int, settings: DetectionSettings) -> bool:
+    """Whether every report of the streak says that *no* adapter parameter learns (all of them without
+    gradient, or both gradient means ~0): then a flat loss is the adapters' doing, not a plateau to
+    explain -- nothing else trains in a LoRA fine-tune with a frozen base."""
+    limit = float(_cfg(settings, "lora_grad_min", LORA_GRAD_MIN))
+    for _s, mean_a, mean_b, no_grad, params in (r for r in state.get("reports", []) if r[0] >= first):
+        means = [m for m in (mean_a, mean_b) if m is not None]
+        every = no_grad is not None and params is not None and params > 0 and no_grad >= params
+        if not (every or (bool(means) and max(means) < limit)):
+            return False
+    return True
 
 
 def _finding(rank: RankState, state: Dict[str, Any], first: int, first_ns: int, count: int, loss_name: str,
@@ -224,13 +242,19 @@ def _finding(rank: RankState, state: Dict[str, Any], first: int, first_ns: int, 
     values = [v for _s, v in points]
     k = max(1, min(4, len(values) // 4))
     start, end = statistics.median(values[:k]), statistics.median(values[-k:])
-    direction = "falling" if z < 0 else "rising"
+    flat = abs(z) < z_needed
+    direction = "flat" if flat else "falling" if z < 0 else "rising"
+    moves = (f"the loss does not move either: {loss_name} is flat over the {len(values)} values since step "
+             f"{points[0][0]} (Mann-Kendall z = {z:.2f}, |z| < {z_needed:g}), {fmt_number(start)} -> "
+             f"{fmt_number(end)}: no adapter learns and nothing else trains, so the flat loss is the "
+             "adapters' doing, not a plateau" if flat else
+             f"the loss still moves: {loss_name} is {direction} over the {len(values)} values since "
+             f"step {points[0][0]} (Mann-Kendall z = {z:.2f}, |z| >= {z_needed:g}), from "
+             f"{fmt_number(start)} to {fmt_number(end)} (medians of the first and last {k}): "
+             "something else is learning while the adapters are not")
     evidence.append(Evidence(
         rule="adapter.lora_grad_break.loss_moves",
-        description=(f"the loss still moves: {loss_name} is {direction} over the {len(values)} values since "
-                     f"step {points[0][0]} (Mann-Kendall z = {z:.2f}, |z| >= {z_needed:g}), from "
-                     f"{fmt_number(start)} to {fmt_number(end)} (medians of the first and last {k}): "
-                     "something else is learning while the adapters are not"),
+        description=moves,
         step=points[0][0], time_ns=first_ns, rank=rank.rank, metric=loss_name, threshold=z_needed,
         value=round(z, 4), window=[{"step": s, "value": v} for s, v in
                                    points[-int(_cfg(settings, "evidence_window", 20)):]],
@@ -249,8 +273,13 @@ def _finding(rank: RankState, state: Dict[str, Any], first: int, first_ns: int, 
         values={"step": first, "detail": detail, "rank": rank.rank},
         counts=not update, replace_evidence=update, update_values=update,
         summary=(f"On rank {rank.rank}, the LoRA adapters stopped receiving gradients at step {first} "
-                 f"({detail}) while the loss keeps {direction} ({fmt_number(start)} -> {fmt_number(end)}): "
-                 "other parameters (a head, modules_to_save) learn, the adapters do not. Typical causes: "
+                 f"({detail}) " + (
+                     f"and the loss is flat ({fmt_number(start)} -> {fmt_number(end)}): nothing learns. "
+                     "Typical causes: lora_alpha 0 (a scale of 0), A and B both initialised to 0, "
+                     "lora_dropout 1.0, or " if flat else
+                     f"while the loss keeps {direction} ({fmt_number(start)} -> {fmt_number(end)}): "
+                     "other parameters (a head, modules_to_save) learn, the adapters do not. Typical "
+                     "causes: ") +
                  "reentrant gradient checkpointing over frozen embeddings without "
                  "model.enable_input_require_grads() (or use_reentrant=False), adapters on modules the "
                  "forward does not use, requires_grad off, or the base model run under no_grad."))

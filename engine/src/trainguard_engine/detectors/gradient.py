@@ -29,6 +29,7 @@ from .numeric import (
     find_explosion,
     finite_series,
     grad_metric,
+    loss_diverged,
     lr_span,
     nan_source,
     nan_source_evidence,
@@ -87,7 +88,10 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
                 out.append(_pending_finding(run, rank, pending, loss_seen, time_ns, event_id, settings))
                 numeric_open = True
     # 2. a climbing gradient norm before any NaN
-    if grad_point is not None and math.isfinite(grad_point[2]) and not numeric_open:
+    # (not while the loss has left its band: then the loss curve's divergence tells the story, and a
+    # non-finite loss or gradient later re-classifies it as the explosion, with the climb as evidence)
+    if grad_point is not None and math.isfinite(grad_point[2]) and not numeric_open and \
+            not loss_diverged(rank, settings):
         grad_state = state.setdefault("grad", {})
         if grad_point[1] > grad_state.get("last", -1):
             grad_state["last"] = grad_point[1]
@@ -209,16 +213,17 @@ def _explosion_context(rank: RankState, lo: int, hi: int, time_ns: int, settings
 
 def layer_ratio(norms: Sequence[float]) -> Optional[float]:
     """L2 norm of the last third / L2 norm of the first third of ``norms`` (input layers first); None
-    when it cannot be judged (fewer than 3 layers, a non-finite norm, no gradient in the last third);
-    +inf when the first third has no gradient at all."""
+    when it cannot be judged (fewer than 3 layers, a non-finite norm, no gradient in the last third) or
+    the first third has exactly none (dead ReLUs or a part detached from the loss: the plateau verdict
+    names those layers; vanishing gradients are small, not zero)."""
     if len(norms) < 3 or not all(math.isfinite(v) for v in norms):
         return None
     k = len(norms) // 3
     first = math.sqrt(sum(v * v for v in norms[:k]))
     last = math.sqrt(sum(v * v for v in norms[-k:]))
-    if last <= 0:
-        return None
-    return math.inf if first == 0 else last / first
+    if last <= 0 or first == 0:
+        return None  # no gradient at all in the first layers: dead units or a detached part, not vanishing
+    return last / first
 
 
 def check_layers(run: RunState, rank: RankState, layers: Sequence[Tuple[str, int, float]], time_ns: int,
@@ -325,7 +330,8 @@ def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_n
     rel = rel_se = math.nan
     if pinned:
         losses = last_finite(rank, loss_name, step, tuned.clip_stale_curve_window)
-        if len(losses) >= tuned.clip_stale_curve_window:
+        if len(losses) >= tuned.clip_stale_curve_window and _starved(rank, [v for _s, v in losses], mean_norm,
+                                                                      tuned):
             curve = robust.curvature([float(s) for s, _v in losses], [v for _s, v in losses])
         if curve is not None and curve.level != 0:
             rel, rel_se = curve.d2 / abs(curve.level), curve.se / abs(curve.level)
@@ -397,6 +403,29 @@ def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_n
         summary=(f"On rank {rank.rank}, gradient clipping has scaled down every update since step {since} "
                  f"(pre-clip grad norm median {fmt_number(median_norm)}, {tau_text}) while the loss curve "
                  f"stays flat: clipping is eating the update. Recommendation: {rec}."))
+
+
+def _starved(rank: RankState, losses: Sequence[float], mean_norm: float, tuned: LossGradientSettings) -> bool:
+    """Whether the clipping starves the updates, judged on the loss values ``losses`` (the last
+    ``clip_stale_curve_window``). Never while the loss rises (Mann-Kendall z >= trend_z: that is a
+    divergence, and raising the threshold would make it worse). With the threshold tau reported: starved
+    when the pre-clip norm is >= ``clip_stale_min_ratio`` x tau (every update cut to a sliver; a cut by a
+    factor of 1-2 starves nothing, whatever else keeps the loss flat -- a warmup from LR ~0, say). With tau
+    unknown: when the loss is flat (|z| < trend_z) and still >= ``plateau_min_level`` x the run's initial
+    level (it never got going)."""
+    z = robust.mann_kendall(list(losses)).z
+    if z >= tuned.trend_z:
+        return False
+    tau = rank_state(rank).get("clip", {}).get("tau")
+    if tau is not None and tau > 0:  # known: the cut is mean_norm / tau, a factor of ~1 starves nothing
+        return mean_norm >= tuned.clip_stale_min_ratio * float(tau)
+    if z <= -tuned.trend_z:
+        return False
+    init = rank_state(rank).get("loss", {}).get("init")
+    if not init:
+        return True
+    initial = robust.median(list(init))
+    return initial <= 0 or robust.median(list(losses)) >= tuned.plateau_min_level * initial
 
 
 def _pinned(rank: RankState, gname: Optional[str], step: int, tuned: LossGradientSettings

@@ -14,15 +14,16 @@ from trainguard.core.events import wire_float
 
 from .. import robust
 from ..catalogue import DetectionSettings
-from ..incidents import Finding
+from ..incidents import Finding, resolve
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from . import fmt_number, window
+from .adapter import KEY as ADAPTER_KEY
 from .base import Detector, MetricBatch
 from .numeric import (
     CLIP_STALE_KEY,
+    ESCALATING,
     NUMERIC_KEY,
-    RISE,
     VANISHING_KEY,
     Explosion,
     LossGradientSettings,
@@ -44,12 +45,16 @@ from .numeric import (
 
 __all__ = ["NUMERIC_KEY", "Explosion", "find_explosion", "on_curve", "on_metrics"]
 
-CURVE_KINDS = ("rise-after-fall", "oscillation", "plateau")
+CURVE_KINDS = ("oscillation", "divergence", "rise-after-fall", "plateau")
 """Loss-curve subtypes, in the order they are judged (the first that confirms wins)."""
-CURVE_KEYS = {"rise-after-fall": NUMERIC_KEY, "oscillation": "loss:oscillation", "plateau": "loss:plateau"}
-"""Their incident slots (one per run each, all ranks merged). A rise after a fall shares the ``numeric``
-slot: when it turns out to be the start of an explosion or a NaN, that finding re-classifies it (one
-incident, first_step = where the loss turned)."""
+CURVE_KEYS = {"divergence": NUMERIC_KEY, "rise-after-fall": NUMERIC_KEY, "oscillation": "loss:oscillation",
+              "plateau": "loss:plateau"}
+"""Their incident slots (one per run each, all ranks merged). A rise after a fall and a divergence share
+the ``numeric`` slot: a rise that goes on to leave the band becomes a divergence, and either, when it turns
+out to be the start of an explosion or a NaN, is re-classified by that finding (one incident, first_step =
+where the loss turned)."""
+ESCALATES_TO = {"rise-after-fall": ("divergence", "rise-after-fall")}
+"""The kinds still judged while a curve incident of the key's kind is open (the others wait)."""
 
 
 def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
@@ -76,7 +81,7 @@ def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: f
     if first_time:
         state["loss_nonfinite"] = step
     current = run.incidents.get(NUMERIC_KEY)
-    escalate = current is not None and (current.record.category, current.record.subtype) == RISE
+    escalate = current is not None and (current.record.category, current.record.subtype) in ESCALATING
     if current is not None and rank.rank in current.rank_first and not escalate:
         # the same rank again: one more signal; its first non-finite loss joins an incident opened earlier
         if not first_time:
@@ -111,6 +116,9 @@ def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: f
                 summary=(f"On rank {rank.rank}, {name} became {shown} at step {step}; {source.description}"
                          f"{calm}. Look at the batch of step {source.step} and at log/div/sqrt in the loss "
                          f"and the named layers."))
+        sudden = _sudden_nan(run, rank, name, step, time_ns, event_id, shown, evidence, timeline, settings)
+        if sudden is not None:
+            return sudden
         grads = [g for g in settings.grad_norm_metrics if g in rank.history]
         why = (f"{', '.join(grads)} showed no climb (< {settings.explosion_jump_factor:g}x its median) and "
                f"stayed finite before it" if grads else "no gradient-norm metric was reported")
@@ -128,6 +136,38 @@ def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: f
         summary=(f"On rank {rank.rank}, {explosion.detail}, and {name} became {shown} at step {step}: the "
                  f"gradients blew up first, so this is a gradient explosion (look for a data outlier, the "
                  f"learning rate or the clipping), not a loss or communication problem."))
+
+
+def _sudden_nan(run: RunState, rank: RankState, name: str, step: int, time_ns: int, event_id: str, shown: str,
+                evidence: List[Evidence], timeline: List[TimelineEntry],
+                settings: DetectionSettings) -> Optional[Finding]:
+    """A non-finite loss whose step's gradients were not read (a sampled norm cadence) but whose sampled
+    norms before it were calm (at least ``explosion_min_points`` finite readings in the window, no climb:
+    the caller found no explosion): the NaN came suddenly from the forward pass or the loss -- the
+    NaN-source story, told from what was sampled. None when there are too few readings to say."""
+    gname = grad_metric(rank, settings)
+    if gname is None or step in rank.history.get(gname, {}):
+        return None
+    before = finite_series(rank, gname, step - settings.explosion_window_steps, step - 1)
+    if len(before) < settings.explosion_min_points:
+        return None
+    values = [v for _s, v, _t in before]
+    calm = (f"{gname} was read on {len(values)} of the {settings.explosion_window_steps} steps before it "
+            f"(a sampled cadence) and stayed calm (median {fmt_number(robust.median(values))}, max "
+            f"{fmt_number(max(values))}: no climb, so not an explosion); the gradients of step {step} "
+            f"itself were not read")
+    return Finding(
+        "gradient", "nan-source", NUMERIC_KEY, rank.rank, step, time_ns, host=rank.host, event_id=event_id,
+        evidence=[Evidence(rule="gradient.calm_before_nan", description=calm, step=step, time_ns=time_ns,
+                           rank=rank.rank, metric=gname, value=wire_float(max(values)),
+                           window=window(rank, gname, step, settings.evidence_window)), *evidence],
+        timeline=timeline, relabel=upgrades(run, "gradient", "nan-source"),
+        values={"value": shown, "step": step, "metric": name, "rank": rank.rank,
+                "detail": f"the step's forward/loss ({name} {shown}; its gradients were not read)"},
+        summary=(f"On rank {rank.rank}, {name} became {shown} at step {step} with no warning: {calm}. A "
+                 f"sudden NaN/Inf from the forward pass or the loss -- a bad sample or label in that batch, "
+                 f"log(0), a division by zero. Rerun the step with watch(every=1) and "
+                 f"torch.autograd.set_detect_anomaly(True) to name the layer."))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -167,35 +207,48 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     initial = statistics.median(init)
     series = recent(rank, name, tuned.loss_window, step)
     _track_level(state, series, tuned)
-    if initial <= 0 or numeric_final(run, rank) or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY):
+    if initial <= 0 or numeric_final(run, rank) or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY,
+                                                                 ADAPTER_KEY):
         return []
-    open_kind = next((k for k in CURVE_KINDS if rank_has_open(run, rank, CURVE_KEYS[k])), None)
-    if open_kind is not None and state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
+    open_kind = _open_curve_kind(run, rank)
+    if open_kind is not None and _curve_cleared(run, rank, open_kind, state, initial, step, time_ns,
+                                                settings):
+        open_kind = None
+    judged = ESCALATES_TO.get(open_kind, (open_kind,)) if open_kind is not None else CURVE_KINDS
+    if open_kind is not None and len(judged) == 1 and \
+            state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
         return []  # an open incident's last step is refreshed every few values, not on each
     streaks: Dict[str, int] = state.setdefault("streak", {})
     since: Dict[str, int] = state.setdefault("since", {})
     win = _Window(series, tuned.loss_window)
     for kind in CURVE_KINDS:
-        if open_kind is not None and kind != open_kind:
+        if kind not in judged:
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, False)
         if check.deferred:
             continue
-        if not check.holds:
+        if kind == "plateau" and kind != open_kind:
+            if not _flat_stretch(state, check, win, initial, tuned):
+                continue
+            streaks[kind], since[kind] = state["flat"]["holds"], state["flat"]["since"]
+        elif not check.holds:
             streaks[kind] = 0
             continue
-        if streaks.get(kind, 0) == 0:
-            since[kind] = check.since
-        streaks[kind] = streaks.get(kind, 0) + 1
+        else:
+            if streaks.get(kind, 0) == 0:
+                since[kind] = check.since
+            streaks[kind] = streaks.get(kind, 0) + 1
         first = since[kind]
         began_ns = point_time(rank, name, first, time_ns)
-        if open_kind is not None:  # still so: extend the incident's last step
+        if kind == open_kind:  # still so: extend the incident's last step
             return [Finding("loss", kind, CURVE_KEYS[kind], rank.rank, first, began_ns, seen_ns=time_ns,
                             seen_step=step, host=rank.host, event_id=event_id, counts=False)]
-        needed = tuned.rise_min_points if kind == "rise-after-fall" else tuned.confirm_checks
-        if streaks[kind] < needed:
+        needed = {"rise-after-fall": tuned.rise_min_points,
+                  "divergence": tuned.divergence_min_points}.get(kind, tuned.confirm_checks)
+        if streaks[kind] < needed or (kind == "plateau" and step - first < tuned.plateau_min_steps):
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, True)
+        state["opened"] = {"kind": kind, "level": state.get("level", win.median), "best": state.get("best")}
         return [Finding(
             "loss", kind, CURVE_KEYS[kind], rank.rank, first, began_ns, seen_ns=time_ns, seen_step=step,
             host=rank.host, event_id=event_id, evidence=check.evidence,
@@ -204,8 +257,74 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
                       TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
                                     what=f"rank {rank.rank}: confirmed on {streaks[kind]} values in a row")],
             values={"step": first, "detail": check.detail, "value": fmt_number(value), "rank": rank.rank},
+            relabel=kind == "divergence" and upgrades(run, "loss", kind), update_values=kind == "divergence",
             summary=f"On rank {rank.rank}, {check.summary.format(since=first)}")]
     return []
+
+
+def _flat_stretch(state: Dict[str, Any], check: _Check, win: _Window, initial: float,
+                  tuned: LossGradientSettings) -> bool:
+    """Track the flat stretch the plateau rule opens on: it starts at a window the rule holds for and lasts
+    while the window's level stays within ``plateau_resolve_drop`` of the stretch's level -- a noisy
+    window where the slope test fails does not end it (the rule's own level test still gates each hold).
+    ``state["flat"]`` = {since, level, holds}; whether the rule holds now within a stretch."""
+    flat = state.get("flat")
+    if flat is not None and win.full:
+        drift = tuned.plateau_resolve_drop * flat["level"]
+        if abs(win.median - flat["level"]) > drift:
+            flat = None
+    if flat is None:
+        state.pop("flat", None)
+        if not check.holds:
+            return False
+        flat = state["flat"] = {"since": check.since, "level": win.median, "holds": 0}
+    if check.holds:
+        flat["holds"] += 1
+    return check.holds
+
+
+def _open_curve_kind(run: RunState, rank: RankState) -> Optional[str]:
+    """The loss-curve kind of the open curve incident ``rank`` is in (None: none)."""
+    for key in ("loss:oscillation", NUMERIC_KEY, "loss:plateau"):
+        st = run.incidents.get(key)
+        if st is None or not st.is_open or rank.rank not in st.rank_first:
+            continue
+        if key != NUMERIC_KEY:
+            return key.split(":", 1)[1]
+        if (st.record.category, st.record.subtype) in ESCALATING:
+            return st.record.subtype
+    return None
+
+
+def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, Any], initial: float,
+                   step: int, time_ns: int, settings: DetectionSettings) -> bool:
+    """Resolve the open curve incident of ``kind`` when its condition cleared (the run's health recovers);
+    whether it did. The loss level (rolling median of ``rise_smooth``) against what it was when the
+    incident opened (``state["opened"]``): a plateau or an oscillation whose level fell
+    ``plateau_resolve_drop`` below it (the optimiser got going / the swings settled lower), a rise that
+    gave back half of its rise, a divergence back under ``divergence_factor`` x the initial level."""
+    opened, level = state.get("opened"), state.get("level")
+    if not opened or opened.get("kind") != kind or level is None:
+        return False
+    at = opened["level"]
+    if kind in ("plateau", "oscillation"):
+        cleared = level <= (1.0 - settings.plateau_resolve_drop) * at
+    elif kind == "rise-after-fall":
+        best = opened.get("best", at)
+        cleared = level <= best + 0.5 * max(0.0, at - best)
+    else:  # divergence
+        cleared = level < settings.divergence_factor * min(initial, state["init"][0])
+    if not cleared:
+        return False
+    st = run.incidents.get(CURVE_KEYS[kind])
+    if st is None or st.record.subtype != kind:
+        return False
+    resolve(st, time_ns, step, rank.rank, f"rank {rank.rank}: the loss level is {fmt_number(level)} (it was "
+            f"{fmt_number(at)} when this opened): the condition cleared", settings)
+    state.pop("opened", None)
+    state.pop("flat", None)
+    state.setdefault("streak", {})[kind] = 0
+    return True
 
 
 def _track_level(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]],
@@ -268,8 +387,8 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     if win.median < tuned.oscillation_min_level * initial or win.cv < tuned.oscillation_min_cv:
         return _Check(False)
     trend = win.trend
-    if abs(trend.z) >= tuned.trend_z:
-        return _Check(False)
+    if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, win.steps[0], win.steps[-1], settings):
+        return _Check(False)  # swings while nothing moves the weights are the batches' noise: a plateau
     if not explain:
         return _Check(True, since=win.steps[0])
     steps, values, med, cv = win.steps, win.values, win.median, win.cv
@@ -335,6 +454,45 @@ def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
                                      window=window(rank, name, now, settings.evidence_window))])
 
 
+def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]], win: _Window,
+                      initial: float, state: Dict[str, Any], settings: DetectionSettings,
+                      tuned: LossGradientSettings, explain: bool) -> _Check:
+    level = state.get("level")
+    base = min(initial, state["init"][0])  # the untrained model's loss: a far-too-high LR moves it at once
+    if level is None or base <= 0 or level < tuned.divergence_factor * base:
+        return _Check(False)
+    trend, cv = win.trend, win.cv
+    if trend.z <= -tuned.trend_z or (trend.z < tuned.trend_z and cv >= tuned.oscillation_min_cv):
+        return _Check(False)  # coming back down, or swinging with no trend (the oscillation rule's)
+    centre = series[-(tuned.rise_smooth // 2) - 1][0] if len(series) > tuned.rise_smooth else series[-1][0]
+    if not explain:
+        return _Check(True, since=centre)
+    now = series[-1][0]
+    peak = max(win.values)
+    clipped = ""
+    if rank.history.get("grad/clip_triggered"):
+        flags = [v for _s, v, _t in finite_series(rank, "grad/clip_triggered", now - 20, now)]
+        if flags and sum(1 for v in flags if v >= 0.5) >= 0.5 * len(flags):
+            clipped = (" Gradient clipping is on and triggers on most steps: it bounds each update's size, "
+                       "not the damage of a far-too-high LR (do not raise max_norm).")
+    description = (f"{name} level (rolling median of {tuned.rise_smooth}) {fmt_number(level)} = "
+                   f"{level / base:.2f}x the initial level {fmt_number(base)} "
+                   f"(>= {tuned.divergence_factor:g}x) on {tuned.divergence_min_points}+ values in a row, "
+                   f"peak {fmt_number(peak)}; over the last {len(win.values)} values Mann-Kendall "
+                   f"z = {trend.z:.2f}, robust spread {cv:.2f}")
+    summary = (f"{name} left its starting band at step {{since}}: it is at {fmt_number(level)}, "
+               f"{level / base:.1f}x where it started ({fmt_number(base)})"
+               + _braces(lr_span(rank, win.steps[0], now))
+               + ": the run is diverging -- most often a learning rate far too high for this model and "
+                 "optimiser (or a warmup to a too-high peak, or an LR schedule that increases)." + clipped)
+    return _Check(True, since=centre, detail=f"{fmt_number(level)}, {level / base:.1f}x its start",
+                  summary=summary,
+                  evidence=[Evidence(rule="loss.divergence", description=description, step=centre,
+                                     time_ns=point_time(rank, name, centre, 0), rank=rank.rank, metric=name,
+                                     threshold=tuned.divergence_factor, value=level / base,
+                                     window=window(rank, name, now, settings.evidence_window))])
+
+
 def _grad_climbing(rank: RankState, step: int, settings: DetectionSettings,
                    tuned: LossGradientSettings) -> bool:
     """Whether the rank's gradient norm is climbing: the latest >= explosion_onset_factor x its running
@@ -354,8 +512,18 @@ def _grad_climbing(rank: RankState, step: int, settings: DetectionSettings,
 def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]], win: _Window,
                    initial: float, state: Dict[str, Any], settings: DetectionSettings,
                    tuned: LossGradientSettings, explain: bool) -> _Check:
-    if not win.full or win.median < tuned.plateau_min_level * initial or win.cv >= tuned.oscillation_min_cv:
+    if not win.full:
         return _Check(False)
+    stuck: Optional[bool] = None
+    if win.median < tuned.plateau_min_level * initial:
+        # fell since the start: converging -- unless nothing can move the weights any more (dead units,
+        # LR 0: what fell was a bias finding the targets' mean), which is a plateau however low it sits
+        stuck = _optimisation_stuck(rank, win.steps[0], win.steps[-1], settings)
+        if not stuck:
+            return _Check(False)
+    if win.cv >= tuned.oscillation_min_cv and not (
+            stuck if stuck is not None else _optimisation_stuck(rank, win.steps[0], win.steps[-1], settings)):
+        return _Check(False)  # violent swings of a moving model: the oscillation rule's
     trend = win.trend
     if abs(trend.z) >= tuned.trend_z:
         return _Check(False)
@@ -382,6 +550,20 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     summary = (f"{name} has stayed at {fmt_number(med)} ({level:.2f}x where it started) since step "
                f"{{since}}, neither falling nor rising. " + _braces(verdict))
     return _Check(True, since=steps[0], detail=f"at {fmt_number(med)}", evidence=evidence, summary=summary)
+
+
+def _optimisation_stuck(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> bool:
+    """Whether nothing moves the weights over steps [lo, hi]: an LR of 0, layers with exactly zero
+    gradient on the last per-layer report (dead units, a detached part), or a median global grad norm
+    below ``plateau_small_grad``. Then the loss's swings are its batches' noise, not the optimiser's."""
+    lrs = next((finite_series(rank, n, lo, hi) for n in ("opt/lr", "lr") if n in rank.history), [])
+    if lrs and all(v == 0 for _s, v, _t in lrs):
+        return True
+    if rank_state(rank).get("layers", {}).get("zero"):
+        return True
+    gname = grad_metric(rank, settings)
+    norms = finite_series(rank, gname, lo, hi) if gname is not None else []
+    return bool(norms) and robust.median([v for _s, v, _t in norms]) < settings.plateau_small_grad
 
 
 def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSettings,
@@ -426,7 +608,8 @@ def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSetti
         window=window(rank, gname or "", hi, settings.evidence_window))]
 
 
-_CHECKS = {"oscillation": _check_oscillation, "rise-after-fall": _check_rise, "plateau": _check_plateau}
+_CHECKS = {"oscillation": _check_oscillation, "divergence": _check_divergence, "rise-after-fall": _check_rise,
+           "plateau": _check_plateau}
 
 
 class NonFiniteLoss(Detector):
@@ -450,7 +633,7 @@ class LossCurve(Detector):
     detectors, so it runs after them."""
 
     name = "loss.curve"
-    kinds = ("loss/oscillation", "loss/rise-after-fall", "loss/plateau")
+    kinds = ("loss/oscillation", "loss/divergence", "loss/rise-after-fall", "loss/plateau")
     section = "loss_gradient"
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:

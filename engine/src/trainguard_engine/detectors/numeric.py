@@ -24,6 +24,9 @@ NUMERIC_KEY = "numeric"
 """The incident slot of the run's divergence story (one per run): non-finite loss, gradient explosion,
 NaN source, and the loss rising after a fall, which they re-classify when it turns out to be their start."""
 RISE = ("loss", "rise-after-fall")
+DIVERGENCE = ("loss", "divergence")
+ESCALATING = (RISE, DIVERGENCE)
+"""Kinds of the numeric slot that a later explosion or NaN re-classifies (the story is not over)."""
 """The one kind in the numeric slot that a later explosion / NaN re-classifies (escalates)."""
 VANISHING_KEY = "gradient:vanishing"
 CLIP_STALE_KEY = "gradient:clip-stale"
@@ -76,11 +79,22 @@ def upgrades(run: RunState, category: str, subtype: str) -> bool:
 
 
 def numeric_final(run: RunState, rank: RankState) -> bool:
-    """Whether ``rank`` is in an open numeric incident that is final (not a rise-after-fall that could
-    still escalate): its gradients and loss curve have told their story."""
+    """Whether ``rank`` is in an open numeric incident that is final (not a rise-after-fall or a
+    divergence that could still escalate): its gradients and loss curve have told their story."""
     st = run.incidents.get(NUMERIC_KEY)
     return st is not None and st.is_open and rank.rank in st.rank_first and \
-        (st.record.category, st.record.subtype) != RISE
+        (st.record.category, st.record.subtype) not in ESCALATING
+
+
+def loss_diverged(rank: RankState, settings: DetectionSettings) -> bool:
+    """Whether the rank's loss level (the loss curve's rolling median) is >= ``divergence_factor`` x its
+    initial level: the loss has left its band, whatever the gradient norm does."""
+    state = rank_state(rank).get("loss", {})
+    level, init = state.get("level"), state.get("init")
+    if level is None or not init:
+        return False
+    base = min(robust.median(list(init)), init[0])
+    return base > 0 and level >= settings.divergence_factor * base
 
 
 def point_time(rank: RankState, name: str, step: int, default: int) -> int:
@@ -116,9 +130,24 @@ def recent(rank: RankState, name: str, most: int, upto: Optional[int] = None) ->
     return out
 
 
+DENSITY_POINTS = 16
+"""Recent points whose step span measures how densely a series is sampled."""
+
+
 def grad_metric(rank: RankState, settings: DetectionSettings) -> Optional[str]:
-    """The rank's global grad-norm metric (first of ``grad_norm_metrics`` it has a history of)."""
-    return next((n for n in settings.grad_norm_metrics if n in rank.history), None)
+    """The rank's global grad-norm metric: of the ``grad_norm_metrics`` it has a history of, the most
+    densely sampled lately (the SDK may read its norm every few steps under its overhead budget while the
+    loop logs the norm ``clip_grad_norm_`` returned every step); ties go to the first listed."""
+    present = [n for n in settings.grad_norm_metrics if n in rank.history]
+    if len(present) <= 1:
+        return present[0] if present else None
+    best, best_density = present[0], -1.0
+    for name in present:
+        steps = list(itertools.islice(reversed(rank.history[name]), DENSITY_POINTS))
+        density = len(steps) / (steps[0] - steps[-1] + 1) if steps else 0.0
+        if density > best_density:
+            best, best_density = name, density
+    return best
 
 
 def lr_span(rank: RankState, lo: int, hi: int) -> str:

@@ -31,7 +31,8 @@ Hook design (all hooks are registered once, at ``watch`` time; the per-parameter
 Where host and device synchronise: nowhere on the training thread. The worker thread reads the queued
 0-d tensors (one stacked copy per drain per device). Metrics: ``grad/global_norm``,
 ``grad/layer/<layer>``, ``grad/clip_triggered`` (1.0 when ``clip_grad_norm_(max_norm=clip)`` scales the
-gradients, i.e. norm > clip - 1e-6), ``amp/scale`` (the scale this step's backward used),
+gradients, i.e. norm > clip - 1e-6) and ``grad/clip_threshold`` (``clip``) beside each norm,
+``amp/scale`` (the scale this step's backward used),
 ``amp/overflow`` (1.0 when the scaler found Inf/NaN gradients and skipped the step), ``time/step_s``,
 ``opt/lr``, ``mem/*``. The worker alerts on a non-finite norm with the recent history of every metric.
 
@@ -311,6 +312,7 @@ class WatchHandle:
         self._disabled: Dict[str, str] = {}
         self._pending: Optional[Norms] = None
         self._backward_seen = False
+        self._backward_ran = False  #: an end-of-backward callback ran since the last step boundary
         self._queued_task = -2
         self._last_boundary = 0.0
         self._handles: List[Any] = []
@@ -437,6 +439,7 @@ class WatchHandle:
 
     def _after_backward(self) -> None:
         self._backward_seen = False
+        self._backward_ran = True
         self._queued_task = -2
         if self._norms_due(self.steps + 1):
             self._guard("gradients", self._compute_norms)
@@ -503,15 +506,19 @@ class WatchHandle:
             metrics["time/step_s"] = dt
         norms = self._pending
         self._pending = None
-        if norms is None and "gradients" not in self._disabled and self._norms_due(count):
+        backward_ran, self._backward_ran = self._backward_ran, False
+        if (norms is None and not backward_ran and "gradients" not in self._disabled
+                and self._norms_due(count)):
             # No backward callback ran since the last step (unhooked parameters, no autograd engine
-            # callbacks): read the gradients as they are now (after any clipping / unscaling).
+            # callbacks): read the gradients as they are now (after any clipping / unscaling). Never
+            # when one ran and found the step not due: the gradients here are the clipped ones.
             with torch.no_grad():
                 norms = self._guard("gradients", self._norms.compute)
         if norms is not None:
             metrics["grad/global_norm"] = norms.total
             if self.clip is not None:
                 metrics["grad/clip_triggered"] = torch.gt(norms.total, self.clip - 1e-6)
+                metrics["grad/clip_threshold"] = self.clip
         if amp:
             metrics.update(amp)
         if self._log_lr:
