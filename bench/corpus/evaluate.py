@@ -121,13 +121,31 @@ def judge(
     return pipeline.incidents(), visible, by_id
 
 
+def read_events(path: Path) -> List[Dict[str, Any]]:
+    """``load_events`` of a plain or gzipped (``.gz``) stream file."""
+    if path.suffix != ".gz":
+        return load_events(path)
+    import gzip
+
+    events = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+              if line.strip()]
+    order = sorted(range(len(events)), key=lambda i: (int(events[i].get("time_unix_nano") or 0), i))
+    return [events[i] for i in order]
+
+
 def outcome(spec: manifest.RunSpec, out: Path, settings: DetectionSettings) -> Optional[Outcome]:
     stream, truth_path = out / f"{spec.id}.jsonl", out / f"{spec.id}.truth.json"
     if not stream.exists() or not truth_path.exists():
         return None
     truth = json.loads(truth_path.read_text(encoding="utf-8"))["truth"]
+    return outcome_of(spec, truth, load_events(stream), settings)
+
+
+def outcome_of(spec: manifest.RunSpec, truth: Dict[str, List[float]], events: Sequence[Dict[str, Any]],
+               settings: DetectionSettings) -> Outcome:
+    """The engine's verdict on one run's ``events`` beside the label its ``truth`` gives."""
     label = labels_mod.label(spec, truth, clip_for(spec))
-    incidents, visible, by_id = judge(load_events(stream), settings)
+    incidents, visible, by_id = judge(events, settings)
     mine = [i for i in incidents if not i.explained_by]
     mine.sort(key=lambda i: (i.status == "resolved", -SEVERITY_ORDER.get(i.severity, 0), i.first_ns))
     nf = labels_mod.first_nonfinite_step(truth)

@@ -525,7 +525,7 @@ class DetectionSettings:
         2.0, "loss/divergence: the loss level (rolling median of rise_smooth values) >= this x the run's "
         "initial level (the lower of the first value and the first values' median).", minimum=1.0)
     divergence_min_points: int = _setting(
-        8, "loss/divergence: values in a row the level must stay diverged (with a rising trend or a "
+        5, "loss/divergence: values in a row the level must stay diverged (with a rising trend or a "
         "spread below oscillation_min_cv: a loss swinging at a high level with no trend is an oscillation).",
         minimum=1)
     rise_smooth: int = _setting(

@@ -539,3 +539,54 @@ def test_overhead_budget_stretches_the_norm_cadence_and_keeps_values_exact() -> 
         opt.step()
     assert generous.adaptive_every == 1
     assert len(series(events(), "grad/global_norm")) == 20
+
+
+def test_a_cadence_change_at_the_boundary_never_reports_the_clipped_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget decides at the end of backward whether a step's norm is read; when it shortens the
+    cadence at the step boundary (after clip_grad_norm_ ran), that step has no norm -- it must not read
+    the gradients there, which are the clipped ones (a norm of exactly the clip threshold)."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    clip = 1e-3  # every step clipped: a clipped norm would read exactly 1e-3
+    handle = trainguard.watch(model, opt, clip=clip, overhead_budget=0.01, every=0)
+    cadences = iter([4, 4, 1, 4, 4, 1, 4, 4, 1, 4, 4, 1] * 3)
+
+    def adapt() -> None:  # the boundary's cadence decision, made to flip between the two calls
+        handle.adaptive_every = next(cadences)
+
+    monkeypatch.setattr(handle, "_adapt_cadence", adapt)
+    returned: Dict[int, float] = {}
+    for step in range(30):
+        x, y = batch()
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        returned[step] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+        opt.step()
+    got = series(events(), "grad/global_norm")
+    assert 1 < len(got) < 30  # sampled
+    for step, value in got:
+        assert rel_close(value, returned[step]), (step, value, returned[step])  # pre-clip, never 1e-3
+    assert all(v > 10 * clip for _s, v in got)
+    assert {v for _s, v in series(events(), "grad/clip_threshold")} == {clip}
+
+
+def test_with_the_default_budget_every_reported_norm_is_clip_grad_norms_return() -> None:
+    """A plain loop as users write it (default overhead budget, clipping on): wherever the SDK reports a
+    norm, it is the value clip_grad_norm_ returned for that step."""
+    trainguard.shutdown()
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    capture_uncaught=False)  # the default budget
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    trainguard.watch(model, opt, clip=0.5)
+    returned: Dict[int, float] = {}
+    for step in range(80):
+        x, y = batch()
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        returned[step] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+        opt.step()
+    got = series(events(), "grad/global_norm")
+    assert got and got[0][0] == 0
+    for step, value in got:
+        assert rel_close(value, returned[step]), (step, value, returned[step])

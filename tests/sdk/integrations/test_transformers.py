@@ -108,3 +108,43 @@ def test_trainer_run_reports_logs_and_matching_grad_norms(
         1.0 if theirs[s] > 0.5 - 1e-6 else 0.0 for s in range(6)]
     assert [s for s, _ in series("loss")] == list(range(6))
     assert {"learning_rate", "epoch"} <= {p["name"] for e in evs for p in e.get("metrics", {}).get("points", [])}
+
+
+def test_with_the_default_budget_every_reported_norm_is_the_trainers_pre_clip_norm(tmp_path: Path) -> None:
+    """The HF Trainer with its default clipping and the SDK's default overhead budget (the norm read every
+    few steps on a tiny CPU model): on every step the SDK reports a norm, it equals the grad_norm the
+    Trainer logs (what its clip_grad_norm_ returned) -- never the clipped value."""
+    if not usable_or_refused():
+        return
+    from transformers import Trainer, TrainingArguments
+
+    from trainguard.integrations.transformers import TrainGuardCallback
+
+    reset_warnings()
+    torch.manual_seed(1)
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    capture_uncaught=False)
+    try:
+        x = torch.randn(640, 8)
+        data = [{"x": x[i], "labels": (3 * x[i].sum()).reshape(1)} for i in range(640)]
+        args = TrainingArguments(output_dir=str(tmp_path), max_steps=80, per_device_train_batch_size=8,
+                                 logging_steps=1, learning_rate=0.01, report_to=[], save_strategy="no",
+                                 use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+        assert args.max_grad_norm == 1.0  # the Trainer's default clipping
+        Trainer(model=Regressor(), args=args, train_dataset=data, callbacks=[TrainGuardCallback()]).train()
+        assert trainguard.flush(5)
+        client = trainguard.get_client()
+        assert client is not None
+        evs = list(client.worker._transport.events)  # type: ignore[attr-defined]
+    finally:
+        trainguard.shutdown(timeout=2)
+
+    def series(name: str) -> Dict[int, float]:
+        return {e["step"]: p["value"] for e in evs for p in e.get("metrics", {}).get("points", [])
+                if p["name"] == name}
+
+    ours, theirs = series("grad/global_norm"), series("grad_norm")
+    assert sorted(theirs) == list(range(80)) and ours and set(ours) <= set(theirs)
+    assert sum(1 for v in theirs.values() if v > 1.0) >= 40  # most steps clipped: a clipped read would show
+    for step, value in ours.items():
+        assert abs(value - theirs[step]) <= 1e-4 * theirs[step], (step, value, theirs[step])

@@ -28,6 +28,7 @@ from .numeric import (
     Explosion,
     LossGradientSettings,
     climb_baseline,
+    divergence_base,
     find_explosion,
     finite_series,
     grad_metric,
@@ -309,11 +310,13 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
     at = opened["level"]
     if kind in ("plateau", "oscillation"):
         cleared = level <= (1.0 - settings.plateau_resolve_drop) * at
+        if cleared and kind == "plateau":  # a lower level while nothing moves the weights is noise
+            cleared = not _optimisation_stuck(rank, step - settings.loss_window, step, settings)
     elif kind == "rise-after-fall":
         best = opened.get("best", at)
         cleared = level <= best + 0.5 * max(0.0, at - best)
     else:  # divergence
-        cleared = level < settings.divergence_factor * min(initial, state["init"][0])
+        cleared = level < settings.divergence_factor * divergence_base(initial, state["init"][0], settings)
     if not cleared:
         return False
     st = run.incidents.get(CURVE_KEYS[kind])
@@ -458,12 +461,20 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
                       initial: float, state: Dict[str, Any], settings: DetectionSettings,
                       tuned: LossGradientSettings, explain: bool) -> _Check:
     level = state.get("level")
-    base = min(initial, state["init"][0])  # the untrained model's loss: a far-too-high LR moves it at once
+    base = divergence_base(initial, state["init"][0], tuned)
     if level is None or base <= 0 or level < tuned.divergence_factor * base:
         return _Check(False)
     trend, cv = win.trend, win.cv
-    if trend.z <= -tuned.trend_z or (trend.z < tuned.trend_z and cv >= tuned.oscillation_min_cv):
-        return _Check(False)  # coming back down, or swinging with no trend (the oscillation rule's)
+    bar = tuned.divergence_factor * base
+    out_of_band = win.values[next((i for i, v in enumerate(win.values) if v >= bar), len(win.values)):]
+    if _roughness(out_of_band) >= tuned.oscillation_min_cv and (
+            len(out_of_band) < 3 or abs(robust.mann_kendall(out_of_band).z) < tuned.trend_z):
+        return _Check(False)  # jumping from value to value with no trend since it left the band: the
+        #                       oscillation rule's (the jump itself is not a trend)
+    # (a loss coming back down but still far above its band is diverged until it is back: a spike of
+    # a few bad batches does not hold the rolling level up for divergence_min_points values)
+    if _optimisation_stuck(rank, win.steps[0], win.steps[-1], settings):
+        return _Check(False)  # nothing moves the weights (LR 0, dead units): the level is batch noise
     centre = series[-(tuned.rise_smooth // 2) - 1][0] if len(series) > tuned.rise_smooth else series[-1][0]
     if not explain:
         return _Check(True, since=centre)
@@ -491,6 +502,17 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
                                      time_ns=point_time(rank, name, centre, 0), rank=rank.rank, metric=name,
                                      threshold=tuned.divergence_factor, value=level / base,
                                      window=window(rank, name, now, settings.evidence_window))])
+
+
+def _roughness(values: Sequence[float]) -> float:
+    """Median |step-to-step change| / median level of ``values``: ~0.1 for a loss that moves smoothly
+    (diverging, or coming back from a jump), >= 0.3 for one that swings from value to value."""
+    if len(values) < 3:
+        return 0.0
+    level = robust.median(list(values))
+    if level <= 0:
+        return math.inf
+    return robust.median([abs(b - a) for a, b in zip(values, values[1:])]) / level
 
 
 def _grad_climbing(rank: RankState, step: int, settings: DetectionSettings,

@@ -86,14 +86,22 @@ def numeric_final(run: RunState, rank: RankState) -> bool:
         (st.record.category, st.record.subtype) not in ESCALATING
 
 
+def divergence_base(initial: float, first: float, settings: DetectionSettings) -> float:
+    """The level a divergence is measured from: the initial level (the median of the first
+    ``loss_baseline_points`` values) -- or the very first value, the untrained model's loss, when the
+    first values already jumped ``divergence_factor`` x above it (a far-too-high LR moves the loss on the
+    first update). One noisy first value does not lower the bar."""
+    return first if 0 < first and initial >= settings.divergence_factor * first else initial
+
+
 def loss_diverged(rank: RankState, settings: DetectionSettings) -> bool:
     """Whether the rank's loss level (the loss curve's rolling median) is >= ``divergence_factor`` x its
-    initial level: the loss has left its band, whatever the gradient norm does."""
+    :func:`divergence_base`: the loss has left its band, whatever the gradient norm does."""
     state = rank_state(rank).get("loss", {})
     level, init = state.get("level"), state.get("init")
     if level is None or not init:
         return False
-    base = min(robust.median(list(init)), init[0])
+    base = divergence_base(robust.median(list(init)), init[0], settings)
     return base > 0 and level >= settings.divergence_factor * base
 
 
