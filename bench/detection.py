@@ -42,6 +42,7 @@ failed (server, a scenario that did not run as recorded, a missing stream), neve
     python bench/detection.py                                   # everything, both ways (~3 min on 2 cores)
     python bench/detection.py --only crash,gpu_oom --ways sdk   # some scenarios, one way
     python bench/detection.py --seed 1 --json /tmp/seed1.json   # unseen cpu runs (a generalisation check)
+    python bench/detection.py --corpus varied                   # the 320-run corpus (bench/corpus), 2 halves
 """
 
 from __future__ import annotations
@@ -1019,7 +1020,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="seconds to keep watching a run one of whose ranks never exited, for the "
                              "server's processing-time timers (a silent rank's grace is 20 s; default 30)")
     parser.add_argument("--verbose", action="store_true", help="tracebacks of harness errors")
+    parser.add_argument("--corpus", choices=("scenarios", "varied"), default="scenarios",
+                        help="varied: the 320-run corpus of bench/corpus instead (dev and test halves, "
+                             "confusion per category and subtype, healthy alert rate with its 95%% "
+                             "interval, explosion lead, HF/Lightning apart); needs bench/corpus/record.py")
     args = parser.parse_args(argv)
+    if args.corpus == "varied":
+        from bench.corpus import evaluate as varied
+
+        return varied.main((["--json", str(args.json)] if args.json else [])
+                           + (["--only", args.only] if args.only else []) + (["-v"] if args.verbose else []))
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     if not ways or any(w not in WAYS for w in ways):
         parser.error(f"--ways takes a comma-separated subset of {','.join(WAYS)}")

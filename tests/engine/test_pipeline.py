@@ -126,7 +126,8 @@ def test_diverging_run_is_one_numeric_incident_classified_by_the_documented_rule
     loss_step = min(s for s, v in points(events, "loss") if not math.isfinite(v))
     assert incident.last_step == loss_step
     assert incident.ranks == [0] and incident.lead_rank == 0 and incident.count == 1
-    assert incident.severity == kind(*expected).severity and incident.checks == kind(*expected).checklist()
+    assert incident.severity == kind(*expected).severity
+    assert sorted(incident.checks) == sorted(kind(*expected).checklist())  # AMP checks last: no scaler here
     rules = {e.rule: e for e in incident.evidence}
     loss_ev = rules["loss.non_finite"]
     assert loss_ev.step == loss_step and loss_ev.metric == "loss"
@@ -438,8 +439,8 @@ def _crash_stream(exit_code: int, signal: int, *, with_exception: bool,
 @pytest.mark.parametrize(("exit_code", "signal", "expected"), [
     (0, 0, None),
     (1, 0, ("process", "exception")),
-    (134, 6, ("memory", "oom-or-cuda-error")),
-    (135, 0, ("memory", "oom-or-cuda-error")),
+    (134, 6, ("process", "exit")),  # the fixture is a CPU-only job (torch +cpu): no CUDA to blame
+    (135, 0, ("process", "exit")),
     (137, 9, ("process", "killed")),
     (137, 0, ("process", "killed")),
     (143, 15, ("process", "terminated")),
@@ -457,9 +458,39 @@ def test_exit_code_decision_path(exit_code: int, signal: int, expected: Optional
     (incident,) = pipeline.incidents()
     assert (incident.category, incident.subtype) == expected
     assert incident.evidence[0].rule == "exit.code" and incident.evidence[0].value == exit_code
-    assert run.status == RUN_FAILED and incident.checks == kind(*expected).checklist()
+    # the kind's checks, those the run rules out last (a single CPU process: no NCCL, no GPU checks first)
+    assert run.status == RUN_FAILED and sorted(incident.checks) == sorted(kind(*expected).checklist())
     if expected == ("process", "killed"):
         assert "OOM-killer" in incident.title and "preemption" in incident.title
+
+
+@pytest.mark.parametrize("torch_build", ["2.13.0+cu128", None])
+def test_an_abort_is_oom_or_a_cuda_error_only_where_cuda_may_be_in_use(torch_build: Optional[str]) -> None:
+    """134 / SIGABRT: on a CPU-only job (the fixture's torch is a +cpu build) a plain abort that says what
+    is known; with a CUDA build, or nothing said about the build, the usual 'OOM or a CUDA error'."""
+    cpu = _crash_stream(134, 6, with_exception=False)
+    (incident,) = run_all(cpu).incidents()
+    assert (incident.category, incident.subtype) == ("process", "exit")
+    assert "CUDA is not in use" in incident.summary and "SIGABRT" in incident.title
+    events = copy.deepcopy(cpu)
+    for e in events:
+        if "lifecycle" in e and e["lifecycle"]["phase"] == "START":
+            if torch_build is None:
+                e["lifecycle"].pop("torch", None)
+            else:
+                e["lifecycle"]["torch"] = torch_build
+    (incident,) = run_all(events).incidents()
+    assert (incident.category, incident.subtype) == ("memory", "oom-or-cuda-error")
+
+
+def test_checks_the_run_rules_out_go_last() -> None:
+    """A single CPU process that reported no GradScaler: the kind's AMP, NCCL and GPU checks are kept but
+    come after the ones that can apply (the run's signals may be incomplete, so nothing is dropped)."""
+    (incident,) = run_all(_crash_stream(255, 0, with_exception=False)).incidents()
+    spec = kind("comm", "failure").checklist()
+    assert sorted(incident.checks) == sorted(spec) and incident.checks != spec
+    moved = [c for c in incident.checks if "NCCL" in c or "GPU" in c or "nvidia-smi" in c]
+    assert moved and incident.checks[-len(moved):] == moved
 
 
 def test_a_kubernetes_oomkilled_reason_says_which_of_the_two_it_was() -> None:

@@ -54,6 +54,13 @@ LR_RECENT_STEPS = 16
 # streaming input: peak memory per rank
 
 
+def observe_start(rank: RankState, body: Mapping[str, Any]) -> None:
+    """Keep what a START says about the rank's runtime (the torch build: ``+cpu`` means no CUDA)."""
+    torch_version = body.get("torch")
+    if isinstance(torch_version, str) and torch_version:
+        rank.detectors.setdefault(STATE_KEY, {})["torch"] = torch_version[:64]
+
+
 def observe(rank: RankState, points: Sequence[Tuple[str, int, float]]) -> None:
     """Keep the peak of the memory metrics in ``points`` (one metric batch of ``rank``) and the LR's
     change points (the history drops old steps; an incident's onset can be older)."""
@@ -140,6 +147,7 @@ class Facts:
     facts: Dict[str, Any] = field(default_factory=dict)  # the classifier's parsed facts, merged
     world_size: int = 1
     silent_rank: bool = False
+    cuda: Optional[bool] = None     # CUDA in use on the lead rank: True, False (known CPU-only), None
 
 
 def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[str, List[Tuple[int, float]]]:
@@ -180,6 +188,7 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
                 facts.facts.setdefault(k, v)
     if rank is None:
         return facts
+    facts.cuda = cuda_in_use(rank)
     last = rank.max_step
     step = inc.first_step if inc.first_step >= 0 else last
     related, trigger = facts.related, facts.trigger
@@ -382,6 +391,45 @@ def enrich(run: RunState, st: IncidentState, settings: DetectionSettings) -> Non
     growth = inc.trigger.get("lr_growth", 0.0)
     facts.lr_growth = float(growth) if isinstance(growth, (int, float)) else 0.0
     inc.hypotheses = hypotheses(inc.category, inc.subtype, facts)
+    inc.checks = contextual_checks(kind(inc.category, inc.subtype).checklist(), facts)
+
+
+CUDA_MEMORY_METRICS = ("mem/allocated", "mem/reserved", "mem/max_allocated")
+"""Memory metrics only the CUDA caching allocator reports (``mem/rss`` is the host's)."""
+
+
+def cuda_in_use(rank: RankState) -> Optional[bool]:
+    """Whether the rank uses CUDA: True when it reported CUDA allocator memory, False when its START
+    said a CPU-only torch build (``+cpu``) and no CUDA memory was seen, None when nothing says."""
+    peak = rank.detectors.get(STATE_KEY, {}).get("peak", {})
+    if any(name in peak for name in CUDA_MEMORY_METRICS) or any(name in rank.history
+                                                                for name in CUDA_MEMORY_METRICS):
+        return True
+    torch_version = str(rank.detectors.get(STATE_KEY, {}).get("torch", ""))
+    return False if torch_version.endswith("+cpu") else None
+
+
+_NOT_HERE: Tuple[Tuple[Callable[[Facts], bool], Tuple[str, ...]], ...] = (
+    (lambda f: not f.has_amp, ("AMP", "GradScaler", "mixed precision", "fp16", "loss scale")),
+    (lambda f: f.world_size <= 1, ("NCCL", "NVLink", "interconnect", "InfiniBand", "collective")),
+    (lambda f: f.cuda is False, ("GPU", "nvidia-smi", "CUDA", "ECC", "Xid")),
+)
+"""What a check is about (words in its text), and when the run says that does not apply here: no
+GradScaler reported, a single process, a CPU-only job."""
+
+
+def contextual_checks(checks: Sequence[str], facts: Facts) -> List[str]:
+    """The kind's checks with those the run rules out moved last (kept, in their order: the run's signals
+    can be incomplete): AMP checks on a job that reported no GradScaler, NCCL/interconnect checks on a
+    single-process run, GPU checks on a CPU-only job."""
+    ruled_out = [words for applies, words in _NOT_HERE if applies(facts)]
+    if not ruled_out:
+        return list(checks)
+
+    def out(check: str) -> bool:
+        return any(word in check for words in ruled_out for word in words)
+
+    return [c for c in checks if not out(c)] + [c for c in checks if out(c)]
 
 
 def _merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Any]:

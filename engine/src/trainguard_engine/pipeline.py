@@ -339,6 +339,7 @@ class Pipeline:
         if phase in _PHASE_START:
             rank.started_ns = min(rank.started_ns, ev.time_ns) if rank.started_ns else ev.time_ns
             run.started_ns = min(run.started_ns, ev.time_ns) if run.started_ns else ev.time_ns
+            diagnosis.observe_start(rank, ev.body)
             tags = ev.body.get("tags")
             if isinstance(tags, Mapping):
                 for k, v in tags.items():

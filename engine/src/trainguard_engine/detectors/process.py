@@ -51,6 +51,7 @@ from trainguard.core.events import wire_float
 
 from ..catalogue import EXIT_REASON_MEANINGS, DetectionSettings, classify_exit
 from ..classify import Classification, classify_chain, classify_text
+from ..diagnosis import cuda_in_use
 from ..extract import as_int, as_str, recent_points
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
@@ -274,11 +275,20 @@ def on_exit(run: RunState, rank: RankState, body: Mapping[str, Any], step: int, 
             return Finding(category, subtype, explained.key, rank.rank, -1, time_ns, host=rank.host,
                            event_id=event_id, evidence=[evidence], timeline=[timeline], counts=False,
                            relabel=relabel)
+    if exit_kind == ("memory", "oom-or-cuda-error") and cuda_in_use(rank) is False:
+        # a CPU-only job cannot run out of CUDA memory: say what is known, not the GPU's usual story
+        exit_kind = ("process", "exit")
+        meaning = (f"aborted ({verdict.describe()}: abort() -- a C++ exception or assertion, a fatal "
+                   "runtime error, or a library that gave up); CUDA is not in use on this rank (a CPU-only "
+                   "torch build, no CUDA memory reported), so it is neither a CUDA OOM nor a CUDA error")
+        evidence = Evidence(rule="exit.code", description=f"rank {rank.rank} exited with {said}: {meaning}",
+                            step=step, time_ns=time_ns, rank=rank.rank, metric="exit_code",
+                            value=verdict.exit_code, event_id=event_id)
     values: Dict[str, Any] = {"detail": said, "step": step, "exit_code": verdict.exit_code}
     summary = f"Rank {rank.rank} exited with {said} at step {step}: {meaning}."
     if rank.exc_key:
         summary += " It had reported an error before (see that incident)."
-    return Finding(verdict.category, verdict.subtype, f"exit:{verdict.category}/{verdict.subtype}",
+    return Finding(exit_kind[0], exit_kind[1], f"exit:{exit_kind[0]}/{exit_kind[1]}",
                    rank.rank, step, time_ns, host=rank.host, event_id=event_id, evidence=[evidence],
                    timeline=[timeline], values=values, summary=summary)
 
