@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from tests.scenarios.corpus import BY_NAME, SCENARIOS
+from tests.scenarios.corpus import BY_NAME, SCENARIOS, STREAMS_GPU, load_events
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import memory
 from trainguard_engine.extract import batch_points, payload
@@ -559,3 +559,29 @@ def test_context_leak_from_device_memory_metrics_alone() -> None:
         quiet = Pipeline(DetectionSettings())
         quiet.process(_memory_as_metrics(healthy))
         assert not [i for i in quiet.incidents() if i.subtype == "context-leak"], healthy
+
+
+def test_a_nan_loss_on_the_steps_the_grad_scaler_skipped_is_the_scaler_doing_its_job() -> None:
+    """The H200 fp16 run whose scale collapses, with its loss made NaN on every step the GradScaler
+    reported an overflow (what an fp16 forward that overflows logs): the AMP incident leads, and no
+    loss/non_finite ERROR outranks it -- the skipped steps are the scaler's job. A NaN on a step the scaler
+    did not skip is still a non-finite loss."""
+    events = copy.deepcopy(load_events([STREAMS_GPU / "gpu_amp_overflow.jsonl"]))
+    overflow = {e["step"] for e in events for p in e.get("metrics", {}).get("points", [])
+                if p["name"] == "amp/overflow" and p["value"] == 1.0}
+    assert len(overflow) >= 20
+    for e in events:
+        for p in e.get("metrics", {}).get("points", []):
+            if p["name"] == "loss" and e["step"] in overflow:
+                p["value"] = "NaN"
+    pipeline = Pipeline(DetectionSettings())
+    pipeline.process(events)
+    assert [(i.category, i.subtype) for i in pipeline.incidents()] == [("memory", "amp-overflow")]
+    clean = max(e["step"] for e in events if e["step"] not in overflow and "metrics" in e)
+    for e in events:
+        for p in e.get("metrics", {}).get("points", []):
+            if p["name"] == "loss" and e["step"] == clean:
+                p["value"] = "NaN"
+    again = Pipeline(DetectionSettings())
+    again.process(events)
+    assert ("loss", "non_finite") in [(i.category, i.subtype) for i in again.incidents()]

@@ -79,6 +79,10 @@ class Options:
     per_layer_every: int = 50
     #: Sample CUDA memory every N optimizer steps (0 disables periodic sampling; OOM still captured).
     memory_every: int = 50
+    #: ... and at least every this many seconds of training (0: by step count only), so that a run of a
+    #: few hundred slow steps still gets enough samples for a leak verdict. One sample costs host-side
+    #: allocator counters (no device call), so once a second is far inside the overhead goal.
+    memory_interval_s: float = 1.0
     #: Module depth that defines a "layer" for per-layer norms (1 = top-level children of the model).
     layer_depth: int = 2
     #: Most of a step's time watch()'s gradient-norm pass may take; beyond it the global norm is read

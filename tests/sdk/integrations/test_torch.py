@@ -590,3 +590,30 @@ def test_with_the_default_budget_every_reported_norm_is_clip_grad_norms_return()
     assert got and got[0][0] == 0
     for step, value in got:
         assert rel_close(value, returned[step]), (step, value, returned[step])
+
+
+def test_memory_is_sampled_by_time_as_well_as_by_step_count() -> None:
+    """A short run of slow steps: by step count alone (memory_every=50) 60 steps give 2 samples, too few
+    for a leak verdict; with memory_interval_s the watch also samples once that much training time has
+    passed. memory_interval_s=0 keeps the step cadence exactly."""
+    import time as time_mod
+
+    def run(interval: float) -> int:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        handle = trainguard.watch(model, opt, memory_every=50, memory_interval_s=interval)
+        for _ in range(60):
+            x, y = batch()
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            time_mod.sleep(0.01)
+        handle.remove()
+        return len({s for s, _v in series(events(), "mem/rss")})
+
+    by_steps = run(0.0)
+    assert by_steps == 2  # steps 0 and 49 (the first step, then every 50)
+    trainguard.shutdown()
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    watch_overhead_budget=0, capture_uncaught=False)
+    assert run(0.05) >= 5  # ~0.6 s of training, a sample every 0.05 s at most

@@ -63,9 +63,22 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     """Findings for one metric batch of ``rank`` (already folded into its history)."""
     for name, step, value in points:
         if settings.is_loss(name) and not math.isfinite(value):
+            if _scaler_skipped(rank, step, points):
+                return []  # the GradScaler found Inf/NaN and skipped this step: it did its job (the AMP
+                #            detector judges whether the scale keeps collapsing)
             note_nonfinite_batch(run, rank, points, time_ns, settings)
             return [_loss_finding(run, rank, name, step, value, time_ns, event_id, settings)]
     return []
+
+
+def _scaler_skipped(rank: RankState, step: int, points: Sequence[Tuple[str, int, float]]) -> bool:
+    """Whether a GradScaler reported an overflow (``amp/overflow`` = 1: the optimizer step was skipped)
+    at ``step``, in this batch or earlier in the rank's history."""
+    for name, s, value in points:
+        if name == "amp/overflow" and s == step:
+            return value >= 0.5
+    kept = rank.history.get("amp/overflow", {}).get(step)
+    return kept is not None and kept[0] >= 0.5
 
 
 def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: float, time_ns: int,

@@ -25,7 +25,8 @@ Hook design (all hooks are registered once, at ``watch`` time; the per-parameter
 3. **Per-layer norms** every ``per_layer_every`` steps (and at the first step): the squared
    per-parameter norms are summed per layer with one ``index_add_`` on the device and queued with
    ``log_vector`` (one copy on the worker thread).
-4. **Memory** every ``memory_every`` steps (and at the first step): :func:`cuda_memory.report_memory`
+4. **Memory** every ``memory_every`` steps (and at the first step), and at least every
+   ``memory_interval_s`` seconds of training: :func:`cuda_memory.report_memory`
    (host-side allocator counters and RSS; no device call).
 
 Where host and device synchronise: nowhere on the training thread. The worker thread reads the queued
@@ -67,7 +68,8 @@ from . import cuda_memory
 if TYPE_CHECKING:
     from ..client import Client
 
-_WATCH_KWARGS = ("layer_depth", "memory_every", "norm_every", "log_lr", "overhead_budget")
+_WATCH_KWARGS = ("layer_depth", "memory_every", "memory_interval_s", "norm_every", "log_lr",
+                 "overhead_budget")
 #: Most steps between two global-norm readings when the overhead budget stretches the cadence: small
 #: enough that a gradient climbing over tens of steps is still seen climbing.
 MAX_ADAPTIVE_EVERY = 8
@@ -285,7 +287,8 @@ class WatchHandle:
 
     def __init__(self, client: Client, model: nn.Module, optimizers: Sequence[Any], scaler: Any,
                  clip: Optional[float], per_layer_every: int, memory_every: int, layer_depth: int,
-                 norm_every: int = 1, log_lr: bool = True, overhead_budget: float = 0.005) -> None:
+                 norm_every: int = 1, log_lr: bool = True, overhead_budget: float = 0.005,
+                 memory_interval_s: float = 0.0) -> None:
         self._client = client
         self._model_ref = weakref.ref(model)
         self.layout = ParamLayout(model, layer_depth)
@@ -297,6 +300,8 @@ class WatchHandle:
         self.clip = float(clip) if clip is not None and clip > 0 and math.isfinite(clip) else None
         self.per_layer_every = max(0, int(per_layer_every))
         self.memory_every = max(0, int(memory_every))
+        self.memory_interval_s = max(0.0, float(memory_interval_s))
+        self._last_memory = 0.0  #: perf_counter of the last memory sample
         self.norm_every = max(1, int(norm_every))
         #: Most of a step's time the norm computation may take (host-side time: the whole cost on CPU,
         #: the launch cost on CUDA); beyond it norms are read every few steps instead of every step.
@@ -533,8 +538,10 @@ class WatchHandle:
         every = self.per_layer_every
         if norms is not None and every and (count == 1 or count % every == 0):
             self._guard("layers", self._report_layers, step, norms)
-        every = self.memory_every
-        if every and (count == 1 or count % every == 0):
+        every, interval = self.memory_every, self.memory_interval_s
+        if every and (count == 1 or count % every == 0
+                      or (interval and now - self._last_memory >= interval)):
+            self._last_memory = now
             self._guard("memory", self._report_memory)
 
     def _report_layers(self, step: int, norms: Norms) -> None:
@@ -581,7 +588,8 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
     possibly wrapped by Lightning/accelerate. ``scaler``: a ``torch.amp.GradScaler``; its ``update`` then
     ends an iteration. ``clip``: the ``max_norm`` given to ``clip_grad_norm_``, enabling
     ``grad/clip_triggered``. ``every``: per-layer norms every N steps (default ``per_layer_every``).
-    Keyword options: ``layer_depth`` and ``memory_every`` (default: the client's options),
+    Keyword options: ``layer_depth``, ``memory_every`` and ``memory_interval_s`` (default: the client's
+    options),
     ``norm_every`` (global norm at least every N steps, default 1), ``overhead_budget`` (default: the
     ``watch_overhead_budget`` option, 0.005: when computing the norms takes more than this fraction of a
     step — a small model on CPU, where the norm pass is a real read of every gradient — they are
@@ -610,6 +618,7 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
         client, module, optimizers, scaler, clip,
         per_layer_every=opts.per_layer_every if every is None else int(every),
         memory_every=opts.memory_every if memory_every is None else int(memory_every),
+        memory_interval_s=float(kwargs.get("memory_interval_s", opts.memory_interval_s)),
         layer_depth=opts.layer_depth if layer_depth is None else int(layer_depth),
         norm_every=int(kwargs.get("norm_every") or 1), log_lr=bool(kwargs.get("log_lr", True)),
         overhead_budget=float(kwargs.get("overhead_budget", opts.watch_overhead_budget)))
