@@ -139,11 +139,13 @@ def test_older_fixtures_get_no_loss_or_gradient_incident(name: str) -> None:
 
 def test_the_diverging_fixture_is_still_one_explosion_judged_at_the_nan() -> None:
     """x3 LR per step: the norm jumps for two steps only; the sustained-climb rule does not fire before
-    the NaN, the NaN-time rule classifies it (what test_pipeline asserts in detail)."""
+    the NaN, the NaN-time rule classifies it (what test_pipeline asserts in detail), starting where the
+    climb began."""
     events = load("diverging", FIXTURES)
     (incident,) = run(events).incidents()
     assert kinds([incident]) == [("gradient", "explosion")]
-    assert incident.first_step == first_nonfinite(series(events, "loss"))
+    onset = next(e.step for e in incident.evidence if e.rule == "gradient.norm_climb")
+    assert incident.first_step == onset < first_nonfinite(series(events, "loss"))  # type: ignore[operator]
 
 
 # ------------------------------------------------------------------------------------------------------

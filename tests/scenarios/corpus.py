@@ -134,6 +134,9 @@ SCENARIOS: Tuple[Scenario, ...] = (
     Scenario("gpu_amp_overflow", ("memory", "amp-overflow"), source="gpu"),
     Scenario("gpu_leak", ("memory", "leak"), source="gpu",
              note="every step's logits kept on the GPU for an epoch-end report: +4 MiB allocated per step"),
+    Scenario("gpu_healthy_amp", None, source="gpu",
+             note="fp16 + GradScaler (clip 1.0) on a normalised regression: the scaler skips its first steps "
+                  "while it calibrates down from 2**16 (its job), then the loss falls"),
     Scenario("gpu_context_leak", ("memory", "context-leak"), source="gpu",
              note="a previous job's orphaned evaluation worker holds a CUDA context and 3 GiB on the GPU"),
     # two-process torch.distributed jobs on the CPU, gloo (tests/scenarios/dist.py runs

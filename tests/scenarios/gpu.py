@@ -40,6 +40,8 @@ gpu_leak           an MLP classifier (1000 classes, batch 1024) whose loop keeps
                    (``epoch_logits.append(logits)``, no ``.detach().cpu()``): 4 MB of logits per step
                    stay allocated, so allocated device memory grows steadily while the step's working
                    set does not. AdamW, no clipping; 80 steps, ``memory_every=1``.
+gpu_healthy_amp    fp16 autocast + GradScaler (clip 1.0) on a normalised regression: the scaler skips its first
+                   steps while it calibrates down from 2**16, then the loss falls. Healthy (a hard negative).
 gpu_context_leak   a previous job (its own process, no TrainGuard) starts an evaluation worker with
                    ``subprocess.Popen(..., start_new_session=True)`` that initialises CUDA and loads its
                    evaluation set (3 GiB) onto the GPU, trains 5 steps and exits normally -- without
@@ -66,7 +68,12 @@ from typing import Dict, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
-SCENARIOS = ("gpu_oom", "gpu_fragmentation", "gpu_amp_overflow", "gpu_leak", "gpu_context_leak")
+SCENARIOS = ("gpu_oom", "gpu_fragmentation", "gpu_amp_overflow", "gpu_leak", "gpu_context_leak",
+             "gpu_healthy_amp")
+HELD_OUT_MEMORY_INTERVAL_S = "0.005"
+"""Held-out recordings (``--seed`` N != 0) keep the SDK's default memory cadence (no ``memory_every=1``)
+and sample memory by time instead, at an interval scaled to these toy steps (~1 ms on an H200, where a
+real model's step takes ~0.1-1 s against the default 1 s): a short run must get its verdict that way."""
 #: set in every process (NVLink multicast stays off on the lent machines).
 NV_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 for _k, _v in NV_ENV.items():
@@ -86,6 +93,8 @@ def _gib(n: float) -> str:
 def _start(name: str, model, optimizer, **watch_kwargs) -> None:  # type: ignore[no-untyped-def]
     import trainguard
 
+    if os.environ.get("SCENARIO_SEED", "0") != "0":  # held out: the SDK's defaults for the cadence
+        watch_kwargs.pop("memory_every", None)
     trainguard.init(run_name=f"scenario-{name}", tags={"scenario": name, "device": "gpu"})
     trainguard.watch(model, optimizer, **watch_kwargs)
 
@@ -245,6 +254,42 @@ def gpu_amp_overflow(device, small: bool = False, seed: int = 0) -> None:  # typ
              f"{' (overflow, step skipped)' if skipped else ''}")
 
 
+# --- gpu_healthy_amp ---------------------------------------------------------------------------------
+def gpu_healthy_amp(device, small: bool = False, seed: int = 0) -> None:  # type: ignore[no-untyped-def]
+    """fp16 autocast + GradScaler on a normalised regression: the scaler skips its first few steps while
+    it calibrates down from 2**16 (what it is for), then the loss falls. Healthy."""
+    import torch
+    from torch import nn
+
+    import trainguard
+
+    torch.manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    features, batch = 64, 512
+    steps = 20 if small else 150
+    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    teacher = nn.Linear(features, 8).to(device)
+    model = nn.Sequential(nn.Linear(features, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 8)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(device.type)
+    _start("gpu_healthy_amp", model, optimizer, scaler=scaler, clip=1.0)
+    for step in range(steps):
+        x = torch.randn(batch, features, device=device, generator=gen)
+        with torch.no_grad():
+            y = torch.tanh(teacher(x))
+        with torch.autocast(device_type=device.type, dtype=amp_dtype):
+            loss = nn.functional.mse_loss(model(x).float(), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        trainguard.log(step=step, loss=loss)
+        _log(f"step {step:3d} loss {loss.item():.5f} scale {scaler.get_scale():.6g}")
+
+
 # --- gpu_leak ----------------------------------------------------------------------------------------
 def gpu_leak(device, small: bool = False, seed: int = 0) -> None:  # type: ignore[no-untyped-def]
     """Every step's logits and targets kept on the GPU for an epoch-end report: allocated grows."""
@@ -384,7 +429,7 @@ def gpu_context_leak(device, small: bool = False, seed: int = 0) -> None:  # typ
                 _log(f"could not end the orphaned worker {orphan}: {err}")
 
 
-RUNNERS = {"gpu_oom": gpu_oom, "gpu_fragmentation": gpu_fragmentation, "gpu_amp_overflow": gpu_amp_overflow,
+RUNNERS = {"gpu_healthy_amp": gpu_healthy_amp, "gpu_oom": gpu_oom, "gpu_fragmentation": gpu_fragmentation, "gpu_amp_overflow": gpu_amp_overflow,
            "gpu_leak": gpu_leak, "gpu_context_leak": gpu_context_leak}
 
 
@@ -402,7 +447,7 @@ def _run_one(name: str, small: bool) -> None:
         _log(f"# torch {torch.__version__} cuda {torch.version.cuda} device {props.name} "
              f"capacity {_gib(props.total_memory)} PYTORCH_CUDA_ALLOC_CONF="
              f"{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r}")
-    RUNNERS[name](device, small=small)
+    RUNNERS[name](device, small=small, seed=int(os.environ.get("SCENARIO_SEED", "0")))
     import trainguard
 
     trainguard.flush(10.0)
@@ -424,23 +469,27 @@ def _env(endpoint: Path, spool: str) -> Dict[str, str]:
     return env
 
 
-def run_all(out: Path, names: Sequence[str], small: bool = False) -> Dict[str, object]:
+def run_all(out: Path, names: Sequence[str], small: bool = False, seed: int = 0) -> Dict[str, object]:
     out.mkdir(parents=True, exist_ok=True)
     summary: Dict[str, object] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                   "command": " ".join([Path(sys.executable).name, *sys.argv]),
                                   "scenarios": {}}
     for name in names:
-        endpoint = out / f"{name}.jsonl"
+        endpoint = out / (f"{name}.jsonl" if seed == 0 else f"{name}.seed{seed}.jsonl")
         if endpoint.exists():
             endpoint.unlink()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--scenario", name]
         if small:
             cmd.append("--small-cpu")
         with tempfile.TemporaryDirectory(prefix=f"tg-{name}-") as spool, \
-                open(out / f"{name}.log", "w", encoding="utf-8") as log:
+                open(out / f"{endpoint.stem}.log", "w", encoding="utf-8") as log:
             started = time.monotonic()
+            env = _env(endpoint, spool)
+            env["SCENARIO_SEED"] = str(seed)
+            if seed:
+                env["TRAINGUARD_MEMORY_INTERVAL_S"] = HELD_OUT_MEMORY_INTERVAL_S
             try:
-                proc = subprocess.run(cmd, env=_env(endpoint, spool), cwd=REPO, stdout=log,
+                proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=log,
                                       stderr=subprocess.STDOUT, timeout=TIMEOUT_S)
                 code: Optional[int] = proc.returncode
             except subprocess.TimeoutExpired:
@@ -468,6 +517,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="check imports; exit 0 without CUDA")
     parser.add_argument("--small-cpu", action="store_true",
                         help="tiny CPU versions (no OOM, no fp16): checks the code paths, records nothing real")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the trainings; N != 0: a held-out "
+                        "recording <name>.seed<N>.jsonl with the SDK's default memory cadence")
     parser.add_argument("--previous-job", metavar="PID_FILE", help=argparse.SUPPRESS)  # gpu_context_leak
     parser.add_argument("--eval-worker", metavar="PID_FILE", help=argparse.SUPPRESS)   # gpu_context_leak
     args = parser.parse_args(argv)
@@ -494,7 +545,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     if args.out is None:
         parser.error("--out DIR (or --scenario NAME, --dry-run)")
-    summary = run_all(args.out, args.only or SCENARIOS, small=args.small_cpu)
+    summary = run_all(args.out, args.only or SCENARIOS, small=args.small_cpu, seed=args.seed)
     print(json.dumps(summary, indent=2))
 
 

@@ -330,8 +330,8 @@ def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_n
     rel = rel_se = math.nan
     if pinned:
         losses = last_finite(rank, loss_name, step, tuned.clip_stale_curve_window)
-        if len(losses) >= tuned.clip_stale_curve_window and _starved(rank, [v for _s, v in losses], mean_norm,
-                                                                      tuned):
+        if len(losses) >= tuned.clip_stale_curve_window and _steady(norms, tuned) and \
+                _starved(rank, [v for _s, v in losses], mean_norm, tuned):
             curve = robust.curvature([float(s) for s, _v in losses], [v for _s, v in losses])
         if curve is not None and curve.level != 0:
             rel, rel_se = curve.d2 / abs(curve.level), curve.se / abs(curve.level)
@@ -403,6 +403,14 @@ def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_n
         summary=(f"On rank {rank.rank}, gradient clipping has scaled down every update since step {since} "
                  f"(pre-clip grad norm median {fmt_number(median_norm)}, {tau_text}) while the loss curve "
                  f"stays flat: clipping is eating the update. Recommendation: {rec}."))
+
+
+def _steady(norms: Sequence[Tuple[int, float]], tuned: LossGradientSettings) -> bool:
+    """Whether the clip-stale window's pre-clip norms hold still (max < ``explosion_onset_factor`` x their
+    median): clipping that eats the update pins a norm that barely moves (the weights barely do); a norm
+    climbing through the threshold is an explosion's onset, the explosion rule's call."""
+    values = [v for _s, v in norms]
+    return bool(values) and max(values) < tuned.explosion_onset_factor * robust.median(values)
 
 
 def _starved(rank: RankState, losses: Sequence[float], mean_norm: float, tuned: LossGradientSettings) -> bool:

@@ -140,7 +140,7 @@ def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: f
                        event_id=event_id, evidence=evidence, timeline=timeline, values=values,
                        relabel=upgrades(run, "loss", "non_finite"),
                        summary=f"On rank {rank.rank}, {name} became {shown} at step {step}; {why}.")
-    began = step if explosion.nonfinite_step is None else min(step, explosion.nonfinite_step)
+    began = min(s for s in (step, explosion.nonfinite_step, explosion.onset_step) if s is not None)
     values["detail"] = explosion.short
     return Finding(
         "gradient", "explosion", NUMERIC_KEY, rank.rank, began, explosion.earliest_ns, seen_ns=time_ns,
@@ -155,16 +155,19 @@ def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: f
 def _sudden_nan(run: RunState, rank: RankState, name: str, step: int, time_ns: int, event_id: str, shown: str,
                 evidence: List[Evidence], timeline: List[TimelineEntry],
                 settings: DetectionSettings) -> Optional[Finding]:
-    """A non-finite loss whose step's gradients were not read (a sampled norm cadence) but whose sampled
-    norms before it were calm (at least ``explosion_min_points`` finite readings in the window, no climb:
-    the caller found no explosion): the NaN came suddenly from the forward pass or the loss -- the
-    NaN-source story, told from what was sampled. None when there are too few readings to say."""
+    """A non-finite loss whose step's gradients were not read (a sampled norm cadence: readings at least 2
+    steps apart) but whose sampled norms before it were calm (at least ``explosion_min_points`` finite
+    readings in the window, no climb: the caller found no explosion): the NaN came suddenly from the
+    forward pass or the loss -- the NaN-source story, told from what was sampled. None when there are
+    too few readings to say."""
     gname = grad_metric(rank, settings)
     if gname is None or step in rank.history.get(gname, {}):
         return None
     before = finite_series(rank, gname, step - settings.explosion_window_steps, step - 1)
     if len(before) < settings.explosion_min_points:
         return None
+    if robust.median([b[0] - a[0] for a, b in zip(before, before[1:])]) < 2:
+        return None  # read every step: this step's norm is still to come (the non-finite gradient rule)
     values = [v for _s, v, _t in before]
     calm = (f"{gname} was read on {len(values)} of the {settings.explosion_window_steps} steps before it "
             f"(a sampled cadence) and stayed calm (median {fmt_number(robust.median(values))}, max "

@@ -226,6 +226,7 @@ class Explosion:
     timeline: List[TimelineEntry] = field(default_factory=list)
     nonfinite_step: Optional[int] = None
     earliest_ns: int = 0
+    onset_step: Optional[int] = None  # where the climb began (the norm first far above its median)
 
 
 def _climb(finite: Sequence[Tuple[int, float, int]], settings: DetectionSettings
@@ -286,6 +287,7 @@ def find_explosion(rank: RankState, loss_step: int, time_ns: int, settings: Dete
             what=(f"rank {rank.rank}: {name} {fmt_number(onset[1])} at step {onset[0]}, "
                   f"{onset[1] / baseline:.3g}x its median")))
         times.append(onset[2])
+        found.onset_step = onset[0]
         if nonfinite is not None:
             step, value, t = nonfinite
             shown = fmt_number(value)
