@@ -116,6 +116,9 @@ def test_a_100x_learning_rate_under_hf_default_clipping_is_a_divergence_within_1
     assert incident.severity == "error" and incident.status == "open"
     assert incident.first_step <= left + 5
     assert "do not raise max_norm" in incident.summary and "learning rate" in incident.summary
+    top = incident.hypotheses[0]  # what the run says: a constant LR, clipped on most steps
+    assert "learning rate far too high" in top["cause"] and top["confidence"] >= 0.5
+    assert any("constant" in why for why in top["why"]) and any("clipping" in why for why in top["why"])
 
 
 def test_the_same_run_at_a_sane_learning_rate_stays_healthy(tmp_path: Path) -> None:

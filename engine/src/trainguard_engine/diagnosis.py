@@ -312,6 +312,13 @@ RULES: Tuple[Rule, ...] = (
     ("loss/rise-after-fall", "overfitting-noisy-samples",
      lambda f: f.lr_phase in ("constant", "decaying"), 2.0,
      lambda f: f"the LR was {f.lr_phase} when the loss turned"),
+    ("loss/divergence", "schedule-bug-lr-increasing", lambda f: f.lr_growth >= 10.0, 3.0,
+     lambda f: f"the LR grew {f.lr_growth:.3g}x before the loss left its band: beyond any usual warmup"),
+    ("loss/divergence", "learning-rate-too-high", lambda f: f.lr_phase in ("constant", "decaying"), 2.0,
+     lambda f: f"the LR was {f.lr_phase} when the loss left its band: its level, not its schedule"),
+    ("loss/divergence", "learning-rate-too-high", lambda f: f.clip_rate is not None and f.clip_rate > 0.5,
+     1.5, lambda f: f"clipping triggered on {f.clip_rate or 0:.0%} of the steps: it bounds each update, "
+                    "and the loss diverges anyway"),
     ("loss/oscillation", "learning-rate-too-high", lambda f: f.clip_rate is None or f.clip_rate < 0.3, 1.5,
      lambda f: "steps are not clipped, so every update has the LR's full size"),
     ("loss/plateau", "optimizer-momentum-mis-set", lambda f: f.lr_phase == "zero", 3.0,
