@@ -472,8 +472,9 @@ def _pending_finding(run: RunState, rank: RankState, pending: Dict[str, Any], lo
         "no non-finite loss was reported for that step"
     explosion = find_explosion(rank, source.step + 1, time_ns, settings)
     if explosion is not None:
+        began = source.step if explosion.onset_step is None else min(source.step, explosion.onset_step)
         return Finding(
-            "gradient", "explosion", NUMERIC_KEY, rank.rank, source.step, explosion.earliest_ns,
+            "gradient", "explosion", NUMERIC_KEY, rank.rank, began, explosion.earliest_ns,
             seen_ns=time_ns, host=rank.host, event_id=event_id, evidence=explosion.evidence,
             timeline=explosion.timeline, relabel=upgrades(run, "gradient", "explosion"),
             values={"detail": explosion.short, "value": f"finite ({source.metric} {source.value})",
