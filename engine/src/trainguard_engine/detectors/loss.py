@@ -327,7 +327,7 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
     if kind in ("plateau", "oscillation"):
         cleared = level <= (1.0 - settings.plateau_resolve_drop) * at
         if cleared and kind == "plateau":  # a lower level while nothing moves the weights is noise
-            cleared = not _optimisation_stuck(rank, step - settings.loss_window, step, settings)
+            cleared = not _optimisation_stuck(rank, state, step - settings.loss_window, step, settings)
     elif kind == "rise-after-fall":
         best = opened.get("best", at)
         cleared = level <= best + 0.5 * max(0.0, at - best)
@@ -406,7 +406,8 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     if win.median < tuned.oscillation_min_level * initial or win.cv < tuned.oscillation_min_cv:
         return _Check(False)
     trend = win.trend
-    if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, win.steps[0], win.steps[-1], settings):
+    if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.steps[0], win.steps[-1],
+                                                             settings):
         return _Check(False)  # swings while nothing moves the weights are the batches' noise: a plateau
     if not explain:
         return _Check(True, since=win.steps[0])
@@ -489,7 +490,7 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
         #                       oscillation rule's (the jump itself is not a trend)
     # (a loss coming back down but still far above its band is diverged until it is back: a spike of
     # a few bad batches does not hold the rolling level up for divergence_min_points values)
-    if _optimisation_stuck(rank, win.steps[0], win.steps[-1], settings):
+    if _optimisation_stuck(rank, state, win.steps[0], win.steps[-1], settings):
         return _Check(False)  # nothing moves the weights (LR 0, dead units): the level is batch noise
     centre = series[-(tuned.rise_smooth // 2) - 1][0] if len(series) > tuned.rise_smooth else series[-1][0]
     if not explain:
@@ -552,20 +553,16 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
                    tuned: LossGradientSettings, explain: bool) -> _Check:
     if not win.full:
         return _Check(False)
-    stuck: Optional[bool] = None
-    if win.median < tuned.plateau_min_level * initial:
-        # fell since the start: converging -- unless nothing can move the weights any more (dead units,
-        # LR 0: what fell was a bias finding the targets' mean), which is a plateau however low it sits
-        stuck = _optimisation_stuck(rank, win.steps[0], win.steps[-1], settings)
-        if not stuck:
-            return _Check(False)
-    if win.cv >= tuned.oscillation_min_cv and not (
-            stuck if stuck is not None else _optimisation_stuck(rank, win.steps[0], win.steps[-1], settings)):
-        return _Check(False)  # violent swings of a moving model: the oscillation rule's
+    steps, values, med = win.steps, win.values, win.median
+    # a plateau unless it fell since the start (converging) or swings (the oscillation rule's) -- either
+    # of which stands only while something moves the weights: with dead units or an LR of 0 what fell was
+    # a bias finding the targets' mean, and the swings are the batches' noise
+    if (med < tuned.plateau_min_level * initial or win.cv >= tuned.oscillation_min_cv) and \
+            not _optimisation_stuck(rank, state, steps[0], steps[-1], settings):
+        return _Check(False)
     trend = win.trend
     if abs(trend.z) >= tuned.trend_z:
         return _Check(False)
-    steps, values, med = win.steps, win.values, win.median
     # Theil-Sen slope through the medians of blocks of 4 values: robust, and cheap on any window
     blocks = [(statistics.median(steps[i:i + 4]), statistics.median(values[i:i + 4]))
               for i in range(0, len(values) - 3, 4)]
@@ -590,18 +587,37 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     return _Check(True, since=steps[0], detail=f"at {fmt_number(med)}", evidence=evidence, summary=summary)
 
 
-def _optimisation_stuck(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> bool:
-    """Whether nothing moves the weights over steps [lo, hi]: an LR of 0, layers with exactly zero
-    gradient on the last per-layer report (dead units, a detached part), or a median global grad norm
-    below ``plateau_small_grad``. Then the loss's swings are its batches' noise, not the optimiser's."""
-    lrs = next((finite_series(rank, n, lo, hi) for n in ("opt/lr", "lr") if n in rank.history), [])
-    if lrs and all(v == 0 for _s, v, _t in lrs):
-        return True
+def _optimisation_stuck(rank: RankState, state: Dict[str, Any], lo: int, hi: int,
+                        settings: DetectionSettings) -> bool:
+    """Whether nothing moves the weights over steps [lo, hi]: an LR of 0, layers with exactly zero gradient on
+    the last per-layer report (dead units, a detached part), or a median global grad norm below
+    ``plateau_small_grad`` (the last ``STUCK_RECENT`` LR and norm values in the range). Then the loss's
+    swings are its batches' noise, not the optimiser's. Computed once per judged loss value
+    (``state["stuck"]`` = [hi, answer]: the curve rules share it)."""
+    memo = state.get("stuck")
+    if memo is not None and memo[0] == hi:
+        return bool(memo[1])
+    answer = _stuck_now(rank, lo, hi, settings)
+    state["stuck"] = [hi, answer]
+    return answer
+
+
+STUCK_RECENT = 8
+"""LR and grad-norm values (the rank's last ones) :func:`_optimisation_stuck` looks at."""
+
+
+def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> bool:
+    for name in ("opt/lr", "lr"):
+        if name in rank.history:
+            lrs = [v for s, v, _t in recent(rank, name, STUCK_RECENT, hi) if s >= lo]
+            if lrs and all(v == 0 for v in lrs):
+                return True
+            break
     if rank_state(rank).get("layers", {}).get("zero"):
         return True
     gname = grad_metric(rank, settings)
-    norms = finite_series(rank, gname, lo, hi) if gname is not None else []
-    return bool(norms) and robust.median([v for _s, v, _t in norms]) < settings.plateau_small_grad
+    norms = [v for s, v, _t in recent(rank, gname, STUCK_RECENT, hi) if s >= lo] if gname is not None else []
+    return bool(norms) and robust.median(norms) < settings.plateau_small_grad
 
 
 def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSettings,
