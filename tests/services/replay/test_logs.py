@@ -171,3 +171,20 @@ def test_stamps_have_the_precision_they_were_written_with(tmp_path: Path) -> Non
     # the traceback has no stamp of its own: the line's before it, with its precision
     assert (line.time_ns, line.precision_ns) == (exception.time_ns, exception.precision_ns) == (
         local + 61_000_000, 10**6)
+
+
+def test_below_the_level_the_reader_keeps_what_the_classifier_recognises(tmp_path: Path) -> None:
+    """A job whose telling line carries no level (a watchdog line without its glog prefix): at
+    the default --log-level WARNING the line is below the level, and still reaches the classifier; a
+    plain progress line at the same level does not."""
+    from trainguard_server.replay.recognised import recognised
+
+    log = tmp_path / "rank0.log"
+    log.write_text("step 10 loss 2.31\n"
+                   "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE) "
+                   "ran for 600000 milliseconds before timing out.\n"
+                   "step 11 loss 2.30\n", encoding="utf-8")
+    plain = list(LogReader(log, 0, min_level="WARNING"))
+    kept = list(LogReader(log, 0, min_level="WARNING", keep_below=recognised))
+    assert [i.line for i in kept] == [2] and "Watchdog caught collective operation timeout" in kept[0].message
+    assert plain == []  # what the default import did before: the error line never reached the classifier

@@ -10,8 +10,8 @@ Contract of :class:`OutputCapture` (one per source: the child's stdout or stderr
 * What is sent: every traceback; every line at or above ``min_level`` (WARNING by default, as the SDK's
   logging integration forwards); and any lower or level-less line that the shared error-text classifier
   (:func:`trainguard_engine.classify.classify_text`) recognises (a CUDA OOM printed with ``print``, a
-  torchrun failure summary, NCCL text) -- checked only for lines holding one of :data:`NEEDLES`, so a
-  plain line costs a few substring searches.
+  torchrun failure summary, NCCL text) -- checked only for lines holding one of the needles of
+  :mod:`trainguard_server.replay.recognised`, so a plain line costs a few substring searches.
 * torchrun's ``ChildFailedError`` summary (:data:`LAUNCHER_SUMMARY`) is sent as one ERROR log line, not
   as an exception of the launcher.
 * Times: a line's time is when the agent read it (``now_ns``); a traceback's, its first line's.
@@ -21,20 +21,13 @@ Contract of :class:`OutputCapture` (one per source: the child's stdout or stderr
 
 from __future__ import annotations
 
-import re
 import threading
 from typing import Callable, List
 
-from trainguard_engine.classify import classify_text
-
 from ..replay.logs import LogItem, LogSegmenter, clean_line
+from ..replay.recognised import recognised
 from .events import Event, EventBuilder
 
-NEEDLES = ("out of memory", "CUDA", "NCCL", "nccl", "Watchdog", "ChildFailedError", "exitcode", "Xid",
-           "Fatal Python error", "mismatch", "Timed out", "timed out", "rendezvous", "Rendezvous",
-           "Connection reset", "Connection closed", "device-side assert", "Assertion", "Traceback")
-"""Substrings that make a below-level line worth the classifier's look."""
-_NEEDLE_RE = re.compile("|".join(re.escape(n) for n in NEEDLES))  # one scan of the line for all of them
 LAUNCHER_SUMMARY = "ChildFailedError"
 """torchrun's own traceback summarising a rank's failure: the rank's failure seen again, so it is sent as the
 launcher's log text (classified as text: a comm/memory root cause in it still counts) and not as a second,
@@ -53,7 +46,7 @@ class OutputCapture:
         self.emit = emit
         self.step_of = step_of
         self.block_quiet_ns = int(block_quiet_s * 1e9)
-        self.segmenter = LogSegmenter(rank, min_level=min_level, keep_below=_recognised)
+        self.segmenter = LogSegmenter(rank, min_level=min_level, keep_below=recognised)
         self.last_line_ns = 0
         self.lines = 0
         self.sent = 0
@@ -97,9 +90,3 @@ class OutputCapture:
             self.sent += len(events)
             self.emit(events)
 
-
-def _recognised(message: str) -> bool:
-    if _NEEDLE_RE.search(message) is None:
-        return False
-    found = classify_text(message)
-    return found is not None and found.rule != "python.exception"

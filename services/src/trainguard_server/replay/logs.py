@@ -397,15 +397,16 @@ class LogSegmenter:
 class LogReader:
     """Iterates the :class:`LogItem` of one log file (see the module doc). ``rank``: the rank of lines
     without a rank prefix; ``min_level``: log lines whose level (:func:`line_level`) is below it are left
-    out and counted (``""``: every line; exceptions are always kept); ``on_bytes(n)`` is called with the
-    size of every line read (progress)."""
+    out and counted (``""``: every line; exceptions are always kept) unless ``keep_below(text)`` says the
+    line matters anyway; ``on_bytes(n)`` is called with the size of every line read (progress)."""
 
     def __init__(self, path: Path, rank: int = 0, *, min_level: str = "",
-                 on_bytes: Optional[Callable[[int], None]] = None) -> None:
+                 on_bytes: Optional[Callable[[int], None]] = None,
+                 keep_below: Optional[Callable[[str], bool]] = None) -> None:
         self.path = path
         self.rank = rank
         self.on_bytes = on_bytes
-        self._segmenter = LogSegmenter(rank, min_level=min_level)
+        self._segmenter = LogSegmenter(rank, min_level=min_level, keep_below=keep_below)
         self.stats = self._segmenter.stats
         try:
             self.year = datetime.fromtimestamp(path.stat().st_mtime).year

@@ -1,0 +1,28 @@
+"""Which log text is worth the classifier's look even below the log level a reader keeps.
+
+A job's most telling lines often carry no level: ``RuntimeError: NCCL communicator was aborted``,
+``torch.OutOfMemoryError: CUDA out of memory``, a watchdog line from a logger that prints INFO. Readers
+that filter by level (``trainguard replay --log-level``, the agent's output capture) keep such a line when
+:func:`recognised` says so: a cheap substring scan first, then the classifier itself.
+"""
+
+from __future__ import annotations
+
+import re
+
+from trainguard_engine.classify import classify_text
+
+NEEDLES = ("out of memory", "CUDA", "NCCL", "nccl", "Watchdog", "ChildFailedError", "exitcode", "Xid",
+           "Fatal Python error", "mismatch", "Timed out", "timed out", "rendezvous", "Rendezvous",
+           "Connection reset", "Connection closed", "device-side assert", "Assertion", "Traceback")
+"""Substrings that make a below-level line worth the classifier's look."""
+_NEEDLE_RE = re.compile("|".join(re.escape(n) for n in NEEDLES))  # one scan of the line for all of them
+
+
+def recognised(message: str) -> bool:
+    """Whether ``message`` is text the classifier gives a kind (a plain Python exception line aside:
+    those come with their traceback, which is always kept)."""
+    if _NEEDLE_RE.search(message) is None:
+        return False
+    found = classify_text(message)
+    return found is not None and found.rule != "python.exception"
