@@ -251,8 +251,9 @@ def _add_replay(sub: Any) -> None:
     fields.add_argument("--log-level", default="WARNING",
                         choices=["all", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                         help="keep log lines at or above this level (default WARNING, as the SDK forwards; "
-                             "tracebacks and lines the classifier recognises -- a watchdog timeout, an OOM, "
-                             "NCCL errors printed without a level -- are always kept; 'all' keeps every line)")
+                             "tracebacks and lines the classifier recognises -- a watchdog timeout, an "
+                             "OOM, NCCL errors printed without a level -- are always kept; 'all' keeps "
+                             "every line)")
     where = replay.add_argument_group("where to")
     where.add_argument("--endpoint", help="ingest URL of a running backend: http(s)://host:4318 or "
                        "grpc(s)://host:4317 (TRAINGUARD_ENDPOINT)")
