@@ -49,6 +49,7 @@ from bench.corpus import labels as labels_mod  # noqa: E402
 from bench.corpus import manifest  # noqa: E402
 from bench.corpus.record import DEFAULT_OUT  # noqa: E402
 from bench.corpus.trainings import clip_for  # noqa: E402
+from tests.scenarios.corpus import load_events  # noqa: E402
 from trainguard_engine.catalogue import DetectionSettings  # noqa: E402
 from trainguard_engine.pipeline import Pipeline  # noqa: E402
 from trainguard_engine.records import SEVERITY_ORDER  # noqa: E402
@@ -90,13 +91,6 @@ class Outcome:
         return not self.open_alerts if self.healthy else self.verdict == self.label
 
 
-def load_events(path: Path) -> List[Dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        events = [json.loads(line) for line in fh if line.strip()]
-    order = sorted(range(len(events)), key=lambda i: (int(events[i].get("time_unix_nano") or 0), i))
-    return [events[i] for i in order]
-
-
 def judge(
     events: Sequence[Dict[str, Any]], settings: DetectionSettings
 ) -> Tuple[List[Any], Dict[str, int], Dict[str, Tuple[int, str]]]:
@@ -122,15 +116,8 @@ def judge(
 
 
 def read_events(path: Path) -> List[Dict[str, Any]]:
-    """``load_events`` of a plain or gzipped (``.gz``) stream file."""
-    if path.suffix != ".gz":
-        return load_events(path)
-    import gzip
-
-    events = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
-              if line.strip()]
-    order = sorted(range(len(events)), key=lambda i: (int(events[i].get("time_unix_nano") or 0), i))
-    return [events[i] for i in order]
+    """The envelopes of one plain or gzipped (``.gz``) stream file in event-time order."""
+    return load_events([path])
 
 
 def outcome(spec: manifest.RunSpec, out: Path, settings: DetectionSettings) -> Optional[Outcome]:
@@ -138,7 +125,7 @@ def outcome(spec: manifest.RunSpec, out: Path, settings: DetectionSettings) -> O
     if not stream.exists() or not truth_path.exists():
         return None
     truth = json.loads(truth_path.read_text(encoding="utf-8"))["truth"]
-    return outcome_of(spec, truth, load_events(stream), settings)
+    return outcome_of(spec, truth, read_events(stream), settings)
 
 
 def outcome_of(spec: manifest.RunSpec, truth: Dict[str, List[float]], events: Sequence[Dict[str, Any]],

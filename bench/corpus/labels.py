@@ -57,8 +57,8 @@ def _median(values: Sequence[float]) -> float:
     return statistics.median(finite) if finite else math.nan
 
 
-def _first_nonfinite(loss: Sequence[float]) -> Optional[int]:
-    return next((i for i, v in enumerate(loss) if not math.isfinite(v)), None)
+def _first_nonfinite(values: Sequence[float]) -> Optional[int]:
+    return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
 
 
 def _running(loss: Sequence[float], window: int = 5) -> List[float]:

@@ -6,13 +6,12 @@ one a user sees first (open before resolved, then the highest severity, then the
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 
+from tests.scenarios.corpus import load_events
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.records import SEVERITY_ORDER
 
@@ -24,10 +23,7 @@ STREAMS = sorted(HELD_OUT.glob("*.seed*.jsonl.gz"))
 
 
 def _events(path: Path) -> List[Dict[str, Any]]:
-    lines = gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
-    events = [json.loads(line) for line in lines if line.strip()]
-    order = sorted(range(len(events)), key=lambda i: (int(events[i].get("time_unix_nano") or 0), i))
-    return [events[i] for i in order]
+    return load_events([path])
 
 
 def test_every_scenario_has_two_held_out_seeds() -> None:

@@ -18,6 +18,7 @@ it started. Tests and ``bench/detection.py`` read this manifest; nothing else li
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,10 +65,12 @@ class Scenario:
 
 
 def load_events(paths: Sequence[Path]) -> List[Dict[str, Any]]:
-    """Every envelope of the stream files ``paths`` merged in event-time order (ties: file order)."""
+    """Every envelope of the stream files ``paths`` (plain, or gzipped when named ``*.gz``) merged in
+    event-time order (ties: file order)."""
     out: List[Tuple[int, int, Dict[str, Any]]] = []
     for path in paths:
-        with open(path, encoding="utf-8") as fh:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as fh:
             for line in fh:
                 if line.strip():
                     event = json.loads(line)
