@@ -1,0 +1,160 @@
+"""The wild-log corpus through ``trainguard replay`` into ``trainguard serve``, as a user would.
+
+Prints, for the tuned part and the held-out part separately (``bench/wild/corpus.py`` fixes the split by
+a hash of each log's id), per category and per kind: right category, right subtype, culprit rank right
+where the label names one, root cause vs consequence right on multi-rank logs, and how many logs
+imported nothing. Then the classifier's cost in µs per log line over the whole corpus, this checkout
+beside a git ref (default ``HEAD~1``) in one run. Asserts nothing.
+
+    python bench/logs.py                     # serve + replay CLI per log, cost vs HEAD~1
+    python bench/logs.py --local             # in process (the test's path), faster
+    python bench/logs.py --ref 3c85af7       # cost beside another commit
+    python bench/logs.py --record            # write tests/fixtures/wild/verdicts.json (in process)
+    python bench/logs.py --show-heldout-misses   # only after the held-out figures are final
+
+Held-out misses are not listed by default: tuning reads the tuned part's misses only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+import ingest  # noqa: E402  (bench/ingest.py: a trainguard serve subprocess on free ports)
+
+from bench.wild import corpus, judge  # noqa: E402
+
+VERDICTS = corpus.WILD / "verdicts.json"
+_EVENTS_RE = re.compile(r"events: \d+ sent \(([^)]*)\)")
+
+
+def _built(summary_text: str) -> Dict[str, int]:
+    """The envelope counts by kind from the summary ``trainguard replay`` prints."""
+    m = _EVENTS_RE.search(summary_text)
+    out: Dict[str, int] = {}
+    for part in (m.group(1).split(", ") if m and m.group(1) != "none" else []):
+        n, _, kind = part.partition(" ")
+        out[kind] = int(n)
+    return out
+
+
+def _incidents(server: Any, run_id: str) -> List[Dict[str, Any]]:
+    url = (f"http://127.0.0.1:{server.http_port}/api/v1/runs/{urllib.parse.quote(run_id, safe='')}"
+           "/incidents?limit=200")
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {server.read_token}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        items: List[Dict[str, Any]] = json.loads(resp.read())["items"]
+    return items
+
+
+def verdicts_served(cases: List[corpus.Case]) -> Dict[str, judge.Verdict]:
+    """Each case through the ``trainguard replay`` command into one ``trainguard serve``."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="tg-logs-") as tmp:
+        server = ingest.start_server(Path(tmp) / "data")
+        try:
+            for case in cases:
+                run_id = f"wild-{case.case_id}"
+                done = subprocess.run(
+                    [sys.executable, "-m", "trainguard_server", "replay", "--run-id", run_id,
+                     "--log", str(case.log), "--endpoint", f"http://127.0.0.1:{server.http_port}",
+                     "--token", server.ingest_token, "--read-token", server.read_token, "--quiet"],
+                    capture_output=True, text=True, timeout=300, env=_env(REPO))
+                out[case.case_id] = judge.verdict_of(_incidents(server, run_id), _built(done.stdout))
+        finally:
+            server.proc.terminate()
+            server.proc.wait(60)
+    return out
+
+
+def verdicts_local(cases: List[corpus.Case]) -> Dict[str, judge.Verdict]:
+    return {case.case_id: judge.replay_local(case) for case in cases}
+
+
+def _env(checkout: Path) -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(str(checkout / d / "src") for d in ("sdk", "engine", "services"))
+    for key in [k for k in env if k.startswith("TRAINGUARD_")]:
+        del env[key]
+    return env
+
+
+def classify_cost(checkout: Path) -> Dict[str, Any]:
+    """µs per line of the classifier (reader + classify) of ``checkout`` over this corpus, in a child."""
+    done = subprocess.run([sys.executable, str(HERE / "wild" / "classify_cost.py"), str(corpus.WILD)],
+                          capture_output=True, text=True, env=_env(checkout), timeout=900)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
+    result: Dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def cost_beside(ref: str) -> None:
+    """The classifier's µs/line here and at ``ref`` (a worktree), alternating, twice each."""
+    with tempfile.TemporaryDirectory(prefix="tg-logs-ref-") as tmp:
+        wt = Path(tmp) / "ref"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(wt), ref],
+                       check=True, capture_output=True)
+        try:
+            rows: Dict[str, List[float]] = {"this": [], ref: []}
+            for _ in range(2):
+                for name, checkout in (("this", REPO), (ref, wt)):
+                    got = classify_cost(checkout)
+                    if "error" in got:
+                        print(f"classifier cost [{name}]: {got['error']}")
+                        continue
+                    rows[name].append(got["us_per_line"])
+                    print(f"classifier cost [{name}]: {got['us_per_line']:.2f} µs/line "
+                          f"({got['lines']} lines, {got['logs']} logs, best of 5 passes)")
+            if rows["this"] and rows[ref]:
+                print(f"classifier cost ratio this/{ref}: {min(rows['this']) / min(rows[ref]):.2f}x")
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(wt)],
+                           capture_output=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--local", action="store_true", help="in process instead of serve + the replay CLI")
+    ap.add_argument("--record", action="store_true", help="write tests/fixtures/wild/verdicts.json")
+    ap.add_argument("--ref", default="HEAD~1", help="git ref for the classifier-cost baseline")
+    ap.add_argument("--no-cost", action="store_true")
+    ap.add_argument("--show-heldout-misses", action="store_true")
+    args = ap.parse_args()
+    cases = corpus.load(kinds=corpus.catalogue_kinds())
+    print(f"wild corpus: {len(cases)} logs ({sum(c.part == 'heldout' for c in cases)} held out); "
+          f"{platform.python_version()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+    t0 = time.perf_counter()
+    in_process = args.local or args.record
+    verdicts = verdicts_local(cases) if in_process else verdicts_served(cases)
+    how = "in process" if in_process else "serve + replay CLI"
+    print(f"judged in {time.perf_counter() - t0:.1f} s ({how})")
+    scores = [judge.score(c, verdicts[c.case_id]) for c in cases]
+    shown = ("tune", "heldout") if args.show_heldout_misses else ("tune",)
+    print(judge.report(scores, show_misses=shown))
+    if args.record:
+        VERDICTS.write_text(json.dumps({k: v.to_dict() for k, v in sorted(verdicts.items())}, indent=1)
+                            + "\n", encoding="utf-8")
+        print(f"recorded {len(verdicts)} verdicts in {VERDICTS.relative_to(REPO)}")
+    if not args.no_cost:
+        cost_beside(args.ref)
+
+
+if __name__ == "__main__":
+    main()
