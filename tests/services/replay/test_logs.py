@@ -111,7 +111,7 @@ _LEVEL_WORDS = {"FATAL": "CRITICAL", "WARN": "WARNING", "Warning": "WARNING"}
 
 
 def _reference_level(line: str) -> str:
-    glog = re.match(r"^\[?([IWEF])\d{4} \d\d:\d\d:\d\d", line)
+    glog = re.match(r"^\[?([IWEF])\d{3,4} \d\d:\d\d:\d\d", line) or re.match(r"^\[([IWEF]) [\w.]+:\d+\]", line)
     if glog:
         return {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}[glog.group(1)]
     match = _REFERENCE_LEVEL.search(line[:120])
@@ -188,3 +188,54 @@ def test_below_the_level_the_reader_keeps_what_the_classifier_recognises(tmp_pat
     kept = list(LogReader(log, 0, min_level="WARNING", keep_below=recognised))
     assert [i.line for i in kept] == [2] and "Watchdog caught collective operation timeout" in kept[0].message
     assert plain == []  # what the default import did before: the error line never reached the classifier
+
+
+# ---------------------------------------------------------------- pasted text (issue 17: real users' logs)
+# the lines below are cut from logs in tests/fixtures/wild (their source.txt names the threads)
+
+def test_c10_short_dates_and_undated_records_have_their_level_and_time() -> None:
+    assert line_level("[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught") == "ERROR"
+    assert line_level("[E ProcessGroupNCCL.cpp:458] [Rank 0] Watchdog caught collective") == "ERROR"
+    assert line_level("W0321 02:07:08.408271 140 torch/distributed/run.py:793] ") == "WARNING"
+    june = leading_stamp("[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] x", 2025)
+    assert june is not None and datetime.fromtimestamp(june[0] / 1e9).strftime("%m-%d %H:%M") == "06-26 06:24"
+    jan = leading_stamp("E121 10:00:00.000 x", 2025)  # January 21, not a month 12 with day "1 "
+    assert jan is not None and datetime.fromtimestamp(jan[0] / 1e9).strftime("%m-%d") == "01-21"
+
+
+def test_line_number_columns_and_ray_prefixes_are_not_part_of_the_line() -> None:
+    assert split_prefix("[80746] [rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] x") == \
+        (0, "[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] x")
+    assert split_prefix("  12 | RuntimeError: boom") == (None, "RuntimeError: boom")
+    assert split_prefix("(RayWorkerWrapper pid=4009) [rank1]:[E ProcessGroupNCCL.cpp:563] x") == \
+        (1, "[E ProcessGroupNCCL.cpp:563] x")
+
+
+def test_a_bare_exception_line_and_a_traceback_cut_at_the_top_are_exceptions(tmp_path: Path) -> None:
+    path = tmp_path / "pasted.log"
+    path.write_text("epoch 3 step 200\n"
+                    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (511x2 and 3x4096)\n"
+                    "\n"
+                    '  File "/content/datasets.py", line 67, in __getitem__\n'
+                    "    img = Image.open(self.images[i], mode='r')\n"
+                    "KeyError: 0\n")
+    exc = [i for i in _items(path, min_level="WARNING") if i.kind == "exception"]
+    assert [(e.payload["type"], e.line) for e in exc] == [("RuntimeError", 2), ("KeyError", 4)]
+    assert exc[1].payload["frames"][-1]["function"] == "__getitem__"
+    # a live job's output (the agent) keeps the old rule: only a printed header opens a traceback
+    from trainguard_server.replay.logs import LogSegmenter
+    seg = LogSegmenter(0, headless=False)
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        seg.feed(n, line, None)
+    assert not [i for i in seg.flush() if i.kind == "exception"]
+
+
+def test_a_traceback_without_its_exception_line_is_not_an_unknown_crash(tmp_path: Path) -> None:
+    path = tmp_path / "cut.log"
+    path.write_text("Traceback (most recent call last):\n"
+                    '  File "train.py", line 10, in <module>\n'
+                    "    main()\n"
+                    "[E ProcessGroupNCCL.cpp:737] [Rank 3] NCCL watchdog thread terminated with exception\n")
+    items = _items(path)
+    assert not [i for i in items if i.kind == "exception"]
+    assert any("NCCL watchdog" in i.message for i in items)

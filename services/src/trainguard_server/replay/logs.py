@@ -60,6 +60,13 @@ MAX_TRACEBACK_CHARS = 64_000
 MAX_LINE_CHARS = 8192
 
 _PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)\]:(?: )?")
+_COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\d+(?:, ip=[\d.]+)?\) )")
+"""What a paste puts before a line: a viewer's line-number column (``[80746] ``, ``  12 | ``) or Ray's
+``(RayWorkerWrapper pid=4009) `` worker prefix."""
+_FRAME_LINE_RE = re.compile(r'^\s+File "[^"]*", line \d+')
+_EXCEPTION_LINE_RE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failure)|Exception)(?::\s.*|:?)$")
+"""A Python exception line (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``, ``AssertionError``)."""
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _TOP_HEADER_RE = re.compile(r"^Traceback \(most recent call last\):\s*$")
 _ANY_HEADER_RE = re.compile(r"Traceback \(most recent call last\):\s*$")
@@ -69,14 +76,16 @@ _FATAL_RE = re.compile(r"^Fatal Python error: ")
 _TERMINATE_RE = re.compile(r"^terminate called after throwing an instance of ")
 _THREAD_RE = re.compile(r"^(?:Current thread|Thread|Stack)\b.*\(most recent call first\):\s*$")
 _RECORD_RE = re.compile(
-    r"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d"
+    r"^(?:[IWEF]\d{3,4} \d\d:\d\d:\d\d"
     r"|\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d"
     r"|\[[IWEF]\d{0,4}[ \]]"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:"
     r"|Exception in thread |Exception ignored in|Process [\w-]+:$"
     r"|(?:srun|slurmstepd|wandb|mpirun|torchrun): )"
 )
-_GLOG_LEVEL_RE = re.compile(r"^\[?([IWEF])\d{4} \d\d:\d\d:\d\d")
+_GLOG_LEVEL_RE = re.compile(r"^\[?([IWEF])(?:\d{3,4} \d\d:\d\d:\d\d| [\w.]+:\d+\])")
+"""glog / c10 records: ``E1129 08:12:43``, c10's unpadded month ``[E626 06:24:44``, undated
+``[E file.cpp:12]``."""
 _LEVEL_RE = re.compile(r"\b(CRITICAL|FATAL|ERROR|WARNING|WARN|INFO|DEBUG)\b|(Warning):")  # "...Warning:"
 _ERROR_TEXT_RE = re.compile(r"Segmentation fault|core dumped|Bus error|^Killed\b|\bAborted\b|out of memory",
                             re.IGNORECASE)
@@ -90,6 +99,8 @@ LEVEL_ORDER = {"": 0, "DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRIT
 """Numeric levels (``logging``'s); a line without a level counts as 0."""
 
 _PYTHON, _FATAL, _TERMINATE = "python", "fatal", "terminate"
+_HEADER = "Traceback (most recent call last):\n"
+UNKNOWN_EXCEPTION = "<unknown exception>"
 
 
 def clean_line(raw: str) -> str:
@@ -104,7 +115,11 @@ def clean_line(raw: str) -> str:
 
 
 def split_prefix(line: str) -> Tuple[Optional[int], str]:
-    """(rank named by a ``[rankN]:`` / ``[defaultN]:`` prefix or None, the line without any prefix)."""
+    """(rank named by a ``[rankN]:`` / ``[defaultN]:`` prefix or None, the line without any prefix); a
+    pasted line-number column or a Ray worker prefix before it is dropped too."""
+    column = _COLUMN_RE.match(line)
+    if column is not None:
+        line = line[column.end():]
     match = _PREFIX_RE.match(line)
     if match is None:
         return None, line
@@ -194,7 +209,7 @@ def exception_payload(parsed: Sequence[ParsedException], text: str) -> Optional[
                         if h["frame_index"] >= offset]
     printed["message_template"] = safe_str(printed["message_template"], MAX_MESSAGE_CHARS)
     payload: Dict[str, Any] = {
-        "type": final.exc_type or "<unknown exception>",
+        "type": final.exc_type or UNKNOWN_EXCEPTION,
         "message": safe_str(final.message, MAX_MESSAGE_CHARS),
         "handled": False, "mechanism": "log",
         "traceback": safe_str(text, MAX_TRACEBACK_CHARS),
@@ -229,14 +244,17 @@ class _Stream:
         self.message_lines = 0
         self.seen_thread = False
         self.prev = ""                           # previous non-blank line of the block
+        self.headless = False                    # a Python block cut at the top (no header line)
 
     @property
     def first_line(self) -> int:
         return self.block[0][0] if self.block else 0
 
-    def start(self, mode: str, number: int, text: str, time_ns: Optional[int], precision_ns: int) -> None:
+    def start(self, mode: str, number: int, text: str, time_ns: Optional[int], precision_ns: int, *,
+              headless: bool = False, in_message: bool = False) -> None:
         self.mode, self.block, self.time_ns, self.precision_ns = mode, [(number, text)], time_ns, precision_ns
-        self.in_message, self.message_lines, self.seen_thread, self.prev = False, 0, False, text
+        self.in_message, self.message_lines, self.seen_thread, self.prev = in_message, 0, False, text
+        self.headless = headless
 
     def continues(self, text: str) -> Tuple[bool, bool]:
         """(the line belongs to the open block, the block ends with it)."""
@@ -296,11 +314,15 @@ class LogSegmenter:
     holds back everything after its first line); ``flush()`` closes the open blocks (end of input, or a
     source that went quiet) and returns everything left. ``rank`` and ``min_level`` as for LogReader;
     ``keep_below(text)``: a line below ``min_level`` is kept when this says so (the agent keeps error text
-    the classifier recognises), decided here so a dropped line costs no item."""
+    the classifier recognises), decided here so a dropped line costs no item. ``headless``: pasted text
+    -- a traceback cut at the top (frame lines with no ``Traceback ...`` header) and an exception line
+    printed with no traceback at all (``RuntimeError: ...``) are exceptions too (``trainguard replay``;
+    a live job's output always has its header)."""
 
     def __init__(self, rank: int = 0, *, min_level: str = "",
-                 keep_below: Optional[Callable[[str], bool]] = None) -> None:
+                 keep_below: Optional[Callable[[str], bool]] = None, headless: bool = False) -> None:
         self.rank = rank
+        self.headless = headless
         self.min_level = LEVEL_ORDER[min_level]
         self.keep_below = keep_below
         self.stats = LogStats()
@@ -322,6 +344,8 @@ class LogSegmenter:
             stream = self._streams[rank] = _Stream(rank)
         if text.strip():
             self.stats.lines += 1
+        if stream.mode is not None and self.headless and self._cut_traceback_starts(stream, text):
+            self._close(stream)
         if stream.mode is not None:
             belongs, ends = stream.continues(text)
             if belongs:
@@ -338,7 +362,21 @@ class LogSegmenter:
         if mode is not None:
             stream.start(mode, number, text, time_ns, precision_ns)
             return
+        if self.headless:
+            if _FRAME_LINE_RE.match(text):
+                stream.start(_PYTHON, number, text, time_ns, precision_ns, headless=True)
+                return
+            if _EXCEPTION_LINE_RE.match(text):
+                stream.start(_PYTHON, number, text, time_ns, precision_ns, headless=True, in_message=True)
+                return
         self._line(rank, number, text, time_ns, precision_ns)
+
+    @staticmethod
+    def _cut_traceback_starts(stream: _Stream, text: str) -> bool:
+        """A frame line after an exception's message (not after a header or another frame): the next
+        traceback, cut at the top."""
+        return stream.mode == _PYTHON and stream.in_message and _FRAME_LINE_RE.match(text) is not None \
+            and not _indented(stream.prev) and _ANY_HEADER_RE.search(stream.prev) is None
 
     def take(self) -> List[LogItem]:
         """Items whose first line precedes every open block's, in line order."""
@@ -353,12 +391,15 @@ class LogSegmenter:
 
     def _close(self, stream: _Stream) -> None:
         time_ns, precision_ns = stream.time_ns, stream.precision_ns
+        headless, mode = stream.headless, stream.mode
         block = stream.take()
         if not block:
             return
         text = "\n".join(t for _, t in block)
-        payload = exception_payload(parse_traceback_text(text), text)
-        if payload is None:
+        payload = exception_payload(parse_traceback_text(_HEADER + text if headless else text), text)
+        if payload is None or (mode == _PYTHON and payload["type"] == UNKNOWN_EXCEPTION):
+            # a Python traceback cut before its exception line says nothing of what failed: its lines
+            # go on as lines (one may still say it, e.g. an NCCL error printed inside it)
             for number, line in block:
                 if line.strip():
                     self._line(stream.rank, number, line, time_ns, precision_ns)
@@ -398,15 +439,16 @@ class LogReader:
     """Iterates the :class:`LogItem` of one log file (see the module doc). ``rank``: the rank of lines
     without a rank prefix; ``min_level``: log lines whose level (:func:`line_level`) is below it are left
     out and counted (``""``: every line; exceptions are always kept) unless ``keep_below(text)`` says the
-    line matters anyway; ``on_bytes(n)`` is called with the size of every line read (progress)."""
+    line matters anyway; ``on_bytes(n)`` is called with the size of every line read (progress); ``headless``
+    as for :class:`LogSegmenter` (on by default: a file is pasted or saved text)."""
 
     def __init__(self, path: Path, rank: int = 0, *, min_level: str = "",
                  on_bytes: Optional[Callable[[int], None]] = None,
-                 keep_below: Optional[Callable[[str], bool]] = None) -> None:
+                 keep_below: Optional[Callable[[str], bool]] = None, headless: bool = True) -> None:
         self.path = path
         self.rank = rank
         self.on_bytes = on_bytes
-        self._segmenter = LogSegmenter(rank, min_level=min_level, keep_below=keep_below)
+        self._segmenter = LogSegmenter(rank, min_level=min_level, keep_below=keep_below, headless=headless)
         self.stats = self._segmenter.stats
         try:
             self.year = datetime.fromtimestamp(path.stat().st_mtime).year

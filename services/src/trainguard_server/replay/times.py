@@ -12,7 +12,8 @@ Contract:
   (Python ``logging``), ``...+02:00`` offsets, fractions up to nanoseconds, optionally in brackets. Text
   without an offset is **local time** (as ``logging`` prints it; set ``TZ`` to read it otherwise).
   :func:`leading_timestamp` also reads glog / c10 records (``E1129 08:12:43.061727 ...`` and
-  ``[E1129 08:12:43.061727749 ProcessGroupNCCL.cpp:632]``), which carry no year: ``year`` supplies it.
+  ``[E1129 08:12:43.061727749 ProcessGroupNCCL.cpp:632]``, and c10's unpadded month: ``[E626 ...]`` is
+  June 26), which carry no year: ``year`` supplies it.
 * :func:`leading_stamp`: the same with the stamp's **precision** in ns -- ``10 ** (9 - digits)`` for the
   fraction digits written (1 s without a fraction, 1 ms for ``logging``'s ``,123``, 1 µs for glog, at
   least 1 ns): the line was written some time in ``[stamp, stamp + precision)``.
@@ -33,7 +34,7 @@ _ISO_RE = re.compile(
 )
 _LEADING_ISO_RE = re.compile(r"^\s*\[?\s*" + _ISO_RE.pattern)
 _GLOG_RE = re.compile(
-    r"^\s*\[?[IWEF](?P<mon>\d{2})(?P<day>\d{2}) (?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})"
+    r"^\s*\[?[IWEF](?P<mon>1[0-2]|0?[1-9])(?P<day>[0-3]\d) (?P<h>\d{2}):(?P<m>\d{2}):(?P<s>\d{2})"
     r"(?:\.(?P<frac>\d{1,9})\d*)?"
 )
 
