@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     max_batch_bytes: int = Field(8 * 2**20, description="largest request body / gRPC message")
     max_event_bytes: int = Field(1 * 2**20, description="largest single envelope")
     max_batch_events: int = Field(10_000, description="most envelopes in one request")
+    max_gzip_members: int = Field(
+        16, ge=1, description="most gzip members in one gzip-encoded HTTP ingest body (the SDK sends one); "
+        "more is refused with 400 before inflating them, so concatenated empty members cannot burn CPU")
     max_frames: int = Field(512, description="most stack frames in one exception")
     max_string_length: int = Field(65_536, description="longest string field (tracebacks included)")
     max_id_length: int = Field(128, description="longest id field (event_id, run_id, project, ...)")

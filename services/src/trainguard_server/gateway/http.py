@@ -11,7 +11,7 @@ no / malformed ``Authorization: Bearer <token>``, unknown or revoked   401 + ``W
 a read token                                                           403
 ``Content-Type`` not ``application/json`` / ``application/x-protobuf``  415
 ``Content-Encoding`` not ``gzip`` / ``identity``                       415
-gzip body that is corrupt / inflates past ``max_batch_bytes``          400 / 413
+gzip body corrupt or over ``max_gzip_members`` members / too big       400 / 413
 not JSON / not a serialized IngestRequest / no ``events`` array        400
 more than ``max_batch_events`` events                                  413
 queue full / queue failing                                             429 / 503 + ``Retry-After``
@@ -34,6 +34,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
+from ..config import Settings
 from .ingest import (
     Backpressure,
     Batch,
@@ -82,28 +83,43 @@ def error_response(exc: GatewayError) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
 
 
-def gunzip(body: bytes, limit: int) -> bytes:
-    """Inflate a gzip body (one or more members) without ever holding more than ``limit`` + 1 bytes.
+#: bytes of compressed input handed to zlib at a time: what zlib copies back as a finished member's
+#: ``unused_data`` is at most this, so the work stays linear in the body whatever its member count
+GUNZIP_CHUNK = 64 * 1024
+_DEFAULT_MAX_MEMBERS: int = Settings.model_fields["max_gzip_members"].default
+
+
+def gunzip(body: bytes, limit: int, *, max_members: int = _DEFAULT_MAX_MEMBERS) -> bytes:
+    """Inflate a gzip body of at most ``max_members`` members without ever holding more than ``limit`` + 1
+    bytes; the CPU spent is linear in ``len(body)`` + ``limit``.
 
     :class:`RequestTooLarge` when it inflates past ``limit`` (a gzip bomb stops there);
-    :class:`InvalidRequest` when it is not gzip or is truncated.
+    :class:`InvalidRequest` when it is not gzip, is truncated, or has more than ``max_members`` members
+    (concatenated members, e.g. thousands of empty ones, are refused before the extra one is inflated).
     """
     out = bytearray()
-    data = body
-    while True:
+    view = memoryview(body)
+    pos, members = 0, 0
+    while pos < len(view) or not members:
+        members += 1
+        if members > max_members:
+            raise InvalidRequest(f"gzip body has more than max_gzip_members={max_members} members; send one "
+                                 f"gzip stream")
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            out += inflater.decompress(data, limit + 1 - len(out))  # max_length >= 1 here
-        except zlib.error as exc:
-            raise InvalidRequest(f"malformed gzip body: {exc}") from None
-        if len(out) > limit:
-            raise RequestTooLarge(f"gzip body inflates to more than max_batch_bytes={limit} bytes; "
-                                  f"split the batch")
-        if not inflater.eof:
-            raise InvalidRequest("malformed gzip body: truncated")
-        data = inflater.unused_data
-        if not data:
-            return bytes(out)
+        while not inflater.eof:
+            if pos >= len(view):
+                raise InvalidRequest("malformed gzip body: truncated")
+            chunk = view[pos:pos + GUNZIP_CHUNK]
+            pos += len(chunk)
+            try:
+                out += inflater.decompress(chunk, limit + 1 - len(out))  # max_length >= 1 here
+            except zlib.error as exc:
+                raise InvalidRequest(f"malformed gzip body: {exc}") from None
+            if len(out) > limit:  # also whenever input was left unconsumed: the output cap was reached
+                raise RequestTooLarge(f"gzip body inflates to more than max_batch_bytes={limit} bytes; "
+                                      f"split the batch")
+        pos -= len(inflater.unused_data)  # the next member starts there
+    return bytes(out)
 
 
 def _media_type(value: Optional[str]) -> str:
@@ -135,7 +151,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 def _decode(gateway: Gateway, body: bytes, media_type: str, gzipped: bool) -> Batch:
     limit = gateway.settings.max_batch_bytes
     if gzipped:
-        body = gunzip(body, limit)
+        body = gunzip(body, limit, max_members=gateway.settings.max_gzip_members)
     if media_type == JSON_TYPE:
         return batch_from_json(body, max_events=gateway.settings.max_batch_events)
     return batch_from_protobuf(body)
