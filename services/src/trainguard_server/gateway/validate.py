@@ -14,6 +14,7 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
   payload this backend does not know (a newer client)     ``unknown_payload``
   ``project`` set and not the token's project             ``wrong_project``
   ``run_id`` empty / longer than ``max_id_length``        ``missing_field`` / ``too_large``
+  ``run_id`` containing ``/``, or ``.`` / ``..``            ``invalid_field``
   ``trace_id`` longer than ``max_id_length``              ``too_large``
   event over ``max_event_bytes`` (serialized, as sent)    ``too_large``
   any string longer than ``max_string_length`` chars      ``too_large``
@@ -26,6 +27,9 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
   and leaves ``project`` as sent: the upstream gateway scopes the events.
 * Normalisation, in place: an empty ``project`` becomes the token's project; ``time_unix_nano == 0``
   (unset) becomes the receive time ``now_ns``. Nothing else is changed.
+* A run id is one path segment of the query API (``/api/v1/runs/{run_id}/...``): ``/`` would split it (and
+  ``%2F`` is decoded before routing) and ``.`` / ``..`` are removed by clients as dot-segments, so such a
+  run could be listed but never read. Those ids are refused at ingest, for HTTP and gRPC alike.
 * NaN and ±Inf metric values are legal. Enum fields may hold numbers this version does not name (proto3
   enums are open: a newer client's severity is kept as a number). Unknown non-payload fields in protobuf
   input are carried along untouched (the JSON path rejects them while converting, see ``trainguard.wire``).
@@ -70,6 +74,7 @@ _PAYLOAD_NUMBERS = frozenset(f.number for f in Envelope.DESCRIPTOR.oneofs_by_nam
 _FIRST_PAYLOAD_NUMBER = min(_PAYLOAD_NUMBERS)
 _ID_CLASS = "[0-9A-Za-z_-]"
 _SEP = "\n"  # joins ids for the one-regex check; it is outside the id class
+_DOT_SEGMENTS = frozenset((".", ".."))
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,11 @@ def _long_string(msg: Any, limit: int, prefix: str) -> Optional[Tuple[str, int]]
     return None
 
 
+def _bad_run_id(run_id: str) -> bool:
+    """True for a run id that cannot be one URL path segment (see the module doc)."""
+    return "/" in run_id or run_id in _DOT_SEGMENTS
+
+
 def _unknown_payload_number(env: Any) -> Optional[int]:
     """The field number of a payload this schema does not know, if ``env`` carries one."""
     try:
@@ -243,6 +253,9 @@ def _check(env: Any, where: str, project: str, now_ns: int, limits: Limits,
         return Rejection("missing_field", f"{where}.run_id: required"), mutated
     if len(run_id) > max_id:
         return _too_long(where, ".run_id", len(run_id), "max_id_length", max_id), mutated
+    if _bad_run_id(run_id):
+        return Rejection("invalid_field", f"{where}.run_id: {_show(run_id)} cannot be a run id: it must be "
+                                          f"one URL path segment (no '/', not '.' or '..')"), mutated
     if len(env.trace_id) > max_id:
         return _too_long(where, ".trace_id", len(env.trace_id), "max_id_length", max_id), mutated
     if size > limits.max_event_bytes:
@@ -311,8 +324,8 @@ def validate_batch(events: Sequence[events_pb2.Envelope], *, project: str, now_n
         suspects.update(k for k, x in enumerate(event_ids) if not one_id.fullmatch(x))
 
     run_set = set(run_ids)
-    if "" in run_set or max(map(len, run_set)) > max_id:
-        suspects.update(k for k, x in enumerate(run_ids) if not x or len(x) > max_id)
+    if "" in run_set or max(map(len, run_set)) > max_id or any(map(_bad_run_id, run_set)):
+        suspects.update(k for k, x in enumerate(run_ids) if not x or len(x) > max_id or _bad_run_id(x))
 
     projects = [e.project for e in events]
     if project and (len(set(projects)) != 1 or projects[0] != project):
