@@ -52,6 +52,18 @@ class Settings(BaseSettings):
     max_past_age_s: float = Field(30 * 86400.0, description="events older than this are rejected")
     max_queue_depth: int = Field(50_000, description="unprocessed batches before ingest answers 429")
     retry_after_s: float = Field(1.0, description="Retry-After sent with 429 / RESOURCE_EXHAUSTED")
+    # gRPC fairness (gateway/grpc.py): idle streams hold no thread and cannot starve other clients
+    grpc_workers: int = Field(8, ge=1, description="threads running gRPC ingest's blocking work (validation, "
+                              "queue publish), a message at a time; a call waiting for its client holds none")
+    grpc_max_streams_per_connection: int = Field(
+        100, ge=1, description="concurrent gRPC calls one connection may have open (HTTP/2 "
+        "MAX_CONCURRENT_STREAMS; the client queues more)")
+    grpc_max_streams_per_token: int = Field(
+        16, ge=1, description="open IngestService/Stream calls per ingest token; one more is refused with "
+        "RESOURCE_EXHAUSTED and retry-after")
+    grpc_stream_idle_timeout_s: float = Field(
+        60.0, gt=0, description="a gRPC Stream that receives no message for this long ends with "
+        "DEADLINE_EXCEEDED (what it sent before stays queued)")
 
     # --- processor ----------------------------------------------------------------------------
     processor_batch: int = Field(256, description="queue records consumed per processing round")

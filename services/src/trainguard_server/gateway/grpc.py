@@ -18,13 +18,40 @@ Contract (docs/wire-format.md):
   its last ``STREAM_SEEN_LIMIT`` ids), indexes rejections by position across the stream, and answers one
   summary at half-close. A failure mid-stream ends the call with its status; messages before it stay
   queued (a retried stream is safe: idempotent by event_id).
+
+Fairness (the server of :func:`build_grpc_server`, settings in ``config.py``): it runs on ``grpc.aio``, so a
+call waiting for its client's next message holds no thread -- only validation and the queue publish run on
+the ``grpc_workers`` threads, a message at a time -- and idle streams cannot starve other clients. Bounds:
+
+* ``grpc_max_streams_per_connection``: HTTP/2 concurrent calls per connection (the client queues more);
+* ``grpc_max_streams_per_token``: open ``Stream`` calls per ingest token; one more → ``RESOURCE_EXHAUSTED``
+  "too many open streams" with ``retry-after``;
+* ``grpc_stream_idle_timeout_s``: a ``Stream`` that receives no message for this long ends with
+  ``DEADLINE_EXCEEDED`` "stream idle ..." (what it sent before stays queued).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import threading
 from concurrent import futures
-from typing import Any, Dict, Iterator, Optional, Set, Tuple, Union
+from dataclasses import dataclass
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Dict,
+    Iterator,
+    NoReturn,
+    Optional,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 import grpc
 
@@ -46,7 +73,8 @@ from .ingest import (
     retry_after_header,
 )
 
-__all__ = ["SERVICE", "STREAM_SEEN_LIMIT", "IngestServicer", "build_grpc_server"]
+__all__ = ["SERVICE", "STREAM_SEEN_LIMIT", "AsyncIngestServicer", "GrpcIngestServer", "IngestServicer",
+           "StreamLimits", "build_grpc_server"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +89,7 @@ _CODES: Dict[type, grpc.StatusCode] = {
 }
 
 RequestLike = Union[bytes, ingest_pb2.IngestRequest]
+T = TypeVar("T")
 
 
 def _token(context: Any) -> Optional[str]:
@@ -76,17 +105,51 @@ def _batch(request: RequestLike) -> Batch:
     return Batch(request)  # registered with the generated deserializer: already parsed
 
 
-def _abort(context: Any, exc: GatewayError) -> None:
-    """End the call with the status for ``exc`` (raises, as ``context.abort`` does)."""
+def _status(exc: GatewayError) -> Tuple[grpc.StatusCode, Tuple[Tuple[str, str], ...]]:
+    """The status code and trailing metadata that stand for ``exc``."""
     code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), grpc.StatusCode.INTERNAL)
     if isinstance(exc, (Backpressure, Unavailable)):
-        context.set_trailing_metadata((("retry-after", retry_after_header(exc.retry_after)),))
+        return code, (("retry-after", retry_after_header(exc.retry_after)),)
+    return code, ()
+
+
+def _abort(context: Any, exc: GatewayError) -> None:
+    """End the call with the status for ``exc`` (raises, as ``context.abort`` does)."""
+    code, trailing = _status(exc)
+    if trailing:
+        context.set_trailing_metadata(trailing)
     context.abort(code, str(exc))
 
 
+def _stream_error(exc: GatewayError, offset: int, accepted: int) -> GatewayError:
+    """``exc`` with a note on what the stream had queued before it (auth errors come before anything)."""
+    if offset and not isinstance(exc, (Unauthenticated, PermissionDenied)):
+        return type(exc)(*_with_note(exc, offset, accepted))
+    return exc
+
+
+class _StreamState:
+    """What one ``Stream`` call has done so far: its running result, the ids it saw, events read."""
+
+    def __init__(self) -> None:
+        self.total = IngestResult()
+        self.seen: Set[str] = set()
+        self.offset = 0
+
+    def ingest(self, gateway: Gateway, auth: Any, request: RequestLike) -> None:
+        """Parse, validate and queue one message of the stream (blocking)."""
+        batch = _batch(request)
+        self.total.merge(gateway.ingest_batch(auth, batch, index_offset=self.offset, seen=self.seen))
+        self.offset += batch.count
+        if len(self.seen) > STREAM_SEEN_LIMIT:  # bounded memory on a long stream; stores dedupe anyway
+            self.seen.clear()
+
+
 class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
-    """``IngestService`` over ``gateway``. Requests may be raw bytes (see :func:`build_grpc_server`) or
-    ``IngestRequest`` messages (registered with the generated ``add_IngestServiceServicer_to_server``)."""
+    """``IngestService`` over ``gateway`` for a thread-pool ``grpc.server``. Requests may be raw bytes or
+    ``IngestRequest`` messages (registered with the generated ``add_IngestServiceServicer_to_server``).
+    A ``Stream`` holds a pool thread until it ends: :func:`build_grpc_server` serves
+    :class:`AsyncIngestServicer` instead."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -105,27 +168,19 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         return result.to_proto()
 
     def Stream(self, request_iterator: Iterator[RequestLike], context: Any) -> ingest_pb2.IngestResponse:
-        total = IngestResult()
-        seen: Set[str] = set()
-        offset = 0
+        state = _StreamState()
         try:
             auth = self.gateway.authenticate(_token(context))
             for request in request_iterator:
-                batch = _batch(request)
-                total.merge(self.gateway.ingest_batch(auth, batch, index_offset=offset, seen=seen))
-                offset += batch.count
-                if len(seen) > STREAM_SEEN_LIMIT:  # bounded memory on a long stream; stores dedupe anyway
-                    seen.clear()
+                state.ingest(self.gateway, auth, request)
         except GatewayError as exc:
-            if offset and not isinstance(exc, (Unauthenticated, PermissionDenied)):
-                exc = type(exc)(*_with_note(exc, offset, total.accepted))
-            _abort(context, exc)
+            _abort(context, _stream_error(exc, state.offset, state.total.accepted))
             raise
         except Exception as exc:
             log.exception("ingest Stream failed")
             context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             raise
-        return total.to_proto()
+        return state.total.to_proto()
 
 
 def _with_note(exc: GatewayError, offset: int, accepted: int) -> tuple[Any, ...]:
@@ -136,36 +191,215 @@ def _with_note(exc: GatewayError, offset: int, accepted: int) -> tuple[Any, ...]
     return (message,) if retry_after is None else (message, retry_after)
 
 
+# ------------------------------------------------------------------------------------------- grpc.aio
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """The fairness bounds of :class:`AsyncIngestServicer` (see the module docstring)."""
+
+    per_connection: int = 100
+    per_token: int = 16
+    idle_timeout_s: float = 60.0
+    retry_after_s: float = 1.0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> StreamLimits:
+        return cls(per_connection=settings.grpc_max_streams_per_connection,
+                   per_token=settings.grpc_max_streams_per_token,
+                   idle_timeout_s=settings.grpc_stream_idle_timeout_s, retry_after_s=settings.retry_after_s)
+
+
+class _Failed(Exception):
+    """A status to end the call with, decided outside the ``except`` that found it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str,
+                 trailing: Tuple[Tuple[str, str], ...] = ()) -> None:
+        super().__init__(details)
+        self.code, self.details, self.trailing = code, details, trailing
+
+    @classmethod
+    def of(cls, exc: GatewayError) -> _Failed:
+        code, trailing = _status(exc)
+        return cls(code, str(exc), trailing)
+
+    @classmethod
+    def internal(cls, exc: Exception) -> _Failed:
+        return cls(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+    async def abort(self, context: Any) -> NoReturn:
+        if self.trailing:
+            context.set_trailing_metadata(self.trailing)
+        await context.abort(self.code, self.details)
+        raise AssertionError("not reached: abort raises")
+
+
+class AsyncIngestServicer:
+    """``IngestService`` for a ``grpc.aio`` server (raw bytes in). Blocking gateway work runs on
+    ``executor``; waiting for a client's next message holds no thread. Open streams are counted per token
+    on the event loop's thread (no lock needed)."""
+
+    def __init__(self, gateway: Gateway, executor: futures.Executor, limits: StreamLimits) -> None:
+        self.gateway = gateway
+        self.executor = executor
+        self.limits = limits
+        self.open_streams: Dict[str, int] = {}
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
+
+    async def Send(self, request: bytes, context: Any) -> ingest_pb2.IngestResponse:
+        try:
+            auth = await self._blocking(self.gateway.authenticate, _token(context))
+            result = await self._blocking(lambda: self.gateway.ingest_batch(auth, _batch(request)))
+            return result.to_proto()
+        except GatewayError as exc:
+            failed = _Failed.of(exc)
+        except Exception as exc:
+            log.exception("ingest Send failed")
+            failed = _Failed.internal(exc)
+        await failed.abort(context)
+
+    async def Stream(self, request_iterator: AsyncIterator[bytes], context: Any) -> ingest_pb2.IngestResponse:
+        try:
+            auth = await self._blocking(self.gateway.authenticate, _token(context))
+        except GatewayError as exc:
+            await _Failed.of(exc).abort(context)
+        key = auth.token_id
+        if self.open_streams.get(key, 0) >= self.limits.per_token:
+            await _Failed(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"too many open streams for this token ({self.limits.per_token}, "
+                          f"grpc_max_streams_per_token): end one, or use Send",
+                          (("retry-after", retry_after_header(self.limits.retry_after_s)),)).abort(context)
+        self.open_streams[key] = self.open_streams.get(key, 0) + 1
+        try:
+            return await self._stream(auth, request_iterator, context)
+        finally:
+            left = self.open_streams[key] - 1
+            if left:
+                self.open_streams[key] = left
+            else:
+                del self.open_streams[key]
+
+    async def _stream(self, auth: Any, request_iterator: AsyncIterator[bytes],
+                      context: Any) -> ingest_pb2.IngestResponse:
+        state = _StreamState()
+        messages = request_iterator.__aiter__()
+        idle = self.limits.idle_timeout_s
+        try:
+            while True:
+                try:
+                    request = await asyncio.wait_for(messages.__anext__(), idle)
+                except StopAsyncIteration:
+                    return state.total.to_proto()
+                except asyncio.TimeoutError:
+                    raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                  f"stream idle for more than grpc_stream_idle_timeout_s={idle:g} s "
+                                  f"(after {state.offset} events of this stream; {state.total.accepted} "
+                                  f"of them were queued, re-sending them is safe)") from None
+                await self._blocking(state.ingest, self.gateway, auth, request)
+        except _Failed as exc:
+            failed = exc
+        except GatewayError as exc:
+            failed = _Failed.of(_stream_error(exc, state.offset, state.total.accepted))
+        except Exception as exc:
+            log.exception("ingest Stream failed")
+            failed = _Failed.internal(exc)
+        await failed.abort(context)
+
+
+class GrpcIngestServer:
+    """``IngestService`` on a ``grpc.aio`` server whose event loop runs on its own daemon thread, with the
+    surface of a ``grpc.Server`` that its callers use: :meth:`start`, and :meth:`stop` returning an event
+    set once the server and its loop are down. The port is bound in the constructor (``port``)."""
+
+    def __init__(self, gateway: Gateway, host: str, port: int, options: Any, limits: StreamLimits,
+                 workers: int) -> None:
+        self.executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-ingest")
+        self.servicer = AsyncIngestServicer(gateway, self.executor, limits)
+        self._stopped = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="grpc-ingest-loop", daemon=True)
+        self._thread.start()
+        self._server: Any = None
+        try:
+            self.port: int = self._call(self._bind(host, port, options))
+        except BaseException:
+            self.stop(None).wait(5)
+            raise
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self.executor.shutdown(wait=False)
+            self._loop.close()
+            self._stopped.set()
+
+    def _call(self, coro: Awaitable[T], timeout: Optional[float] = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop).result(timeout)
+
+    async def _bind(self, host: str, port: int, options: Any) -> int:
+        self._server = grpc.aio.server(options=options)
+        serialize = ingest_pb2.IngestResponse.SerializeToString
+        handlers = {
+            "Send": grpc.unary_unary_rpc_method_handler(self.servicer.Send, request_deserializer=None,
+                                                        response_serializer=serialize),
+            "Stream": grpc.stream_unary_rpc_method_handler(self.servicer.Stream, request_deserializer=None,
+                                                           response_serializer=serialize),
+        }
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        try:
+            bound = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:  # grpcio raises instead of returning 0 on some versions
+            bound = 0
+        if not bound:
+            raise OSError(f"cannot bind gRPC ingest to {host}:{port}")
+        return int(bound)
+
+    def start(self) -> None:
+        self._call(self._server.start())
+
+    def stop(self, grace: Optional[float]) -> threading.Event:
+        """Stop accepting; calls still running get ``grace`` seconds (None: cancelled now). Returns an
+        event set once everything is down. Idempotent."""
+        if not self._stopped.is_set():
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(grace), self._loop)
+            except RuntimeError:  # the loop closed meanwhile: already down
+                pass
+        return self._stopped
+
+    async def _shutdown(self, grace: Optional[float]) -> None:
+        try:
+            if self._server is not None:
+                await self._server.stop(grace)
+        finally:
+            asyncio.get_running_loop().stop()
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
 def build_grpc_server(gateway: Gateway, host: str, port: int, max_message_bytes: int,
-                      workers: int = 8) -> Tuple[grpc.Server, int]:
-    """``(server, bound port)``: a not yet started ``grpc.Server`` serving ``IngestService`` on ``host:port``
-    (port 0: any free port). Call ``.start()`` on it, and ``.stop(grace)`` to end.
+                      workers: Optional[int] = None) -> Tuple[GrpcIngestServer, int]:
+    """``(server, bound port)``: a not yet started server of ``IngestService`` on ``host:port`` (port 0: any
+    free port). Call ``.start()`` on it, and ``.stop(grace).wait(timeout)`` to end.
 
     The servicer receives each message as raw bytes (no deserializer): it parses them itself, which gives
     precise INVALID_ARGUMENT messages and lets the gateway queue the bytes as received. Messages over
     ``max_message_bytes`` (after gzip decompression) are refused by gRPC with RESOURCE_EXHAUSTED
-    "Received message larger than max (N vs. M)" before they reach Python.
+    "Received message larger than max (N vs. M)" before they reach Python. ``workers`` (default: the
+    ``grpc_workers`` setting) threads run the blocking work; the stream bounds come from the gateway's
+    settings (:class:`StreamLimits`).
     """
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-ingest"),
-        options=[("grpc.max_receive_message_length", max_message_bytes),
-                 ("grpc.max_send_message_length", max(max_message_bytes, 4 * 1024 * 1024)),
-                 ("grpc.so_reuseport", 0)])
-    servicer = IngestServicer(gateway)
-    serialize = ingest_pb2.IngestResponse.SerializeToString
-    handlers = {
-        "Send": grpc.unary_unary_rpc_method_handler(servicer.Send, request_deserializer=None,
-                                                    response_serializer=serialize),
-        "Stream": grpc.stream_unary_rpc_method_handler(servicer.Stream, request_deserializer=None,
-                                                       response_serializer=serialize),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster method lookup
-        server.add_registered_method_handlers(SERVICE, handlers)
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError:  # grpcio raises instead of returning 0 on some versions
-        bound = 0
-    if not bound:
-        raise OSError(f"cannot bind gRPC ingest to {host}:{port}")
-    return server, bound
+    settings = gateway.settings
+    limits = StreamLimits.from_settings(settings)
+    options = [("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", max(max_message_bytes, 4 * 1024 * 1024)),
+               ("grpc.max_concurrent_streams", limits.per_connection),
+               ("grpc.so_reuseport", 0)]
+    server = GrpcIngestServer(gateway, host, port, options, limits,
+                              workers if workers is not None else settings.grpc_workers)
+    return server, server.port
