@@ -65,6 +65,11 @@ class Settings(BaseSettings):
         60.0, gt=0, description="a gRPC Stream that receives no message for this long ends with "
         "DEADLINE_EXCEEDED (what it sent before stays queued)")
 
+    # --- query API ------------------------------------------------------------------------------
+    api_stream_auth_recheck_s: float = Field(
+        5.0, gt=0, description="how often a live run stream (server-sent events) re-checks its read token: "
+        "a revoked token's stream ends with an error event within this time, an expired one's when it expires")
+
     # --- processor ----------------------------------------------------------------------------
     processor_batch: int = Field(256, description="queue records consumed per processing round")
     processor_round_events: int = Field(8192, ge=1, description="most envelopes per pipeline call and per "

@@ -1,73 +1,67 @@
-"""``trainguard serve`` in the test process: the real EmbeddedServer (SQLite stores and queue, processor, uvicorn
-HTTP on 127.0.0.1, gRPC) on ephemeral ports, with its bootstrap tokens and small helpers to ingest and read."""
+"""A real query API for the issue-18 read-path tests: SQLite stores under a temporary directory, the app of
+``create_app`` (with HTTP ingest) served by uvicorn on 127.0.0.1, and an SSE line reader."""
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import httpx
 
+from tests.services.gateway.helpers import UvicornThread
+from trainguard_engine.records import RunRecord
+from trainguard_server.api.app import create_app
+from trainguard_server.api.deps import Services
 from trainguard_server.config import Settings
-from trainguard_server.server import EmbeddedServer
+from trainguard_server.gateway.http import ingest_router
+from trainguard_server.gateway.ingest import Gateway
+from trainguard_server.queue.memory import MemoryQueue
+from trainguard_server.storage.sqlite import open_sqlite_stores
+
+PROJECT = "vision"
 
 
-class LiveServer:
-    """A started EmbeddedServer; ``client`` talks HTTP to it; ``ingest``/``read`` are its bootstrap tokens."""
+class LiveApi:
+    """Stores, tokens, one run record and a started server; ``close()`` stops it all."""
 
-    def __init__(self, server: EmbeddedServer) -> None:
-        self.server = server
-        assert server.tokens is not None
-        self.ingest_token, self.read_token = server.tokens.ingest, server.tokens.read
-        self.url = server.http_url
-        self.grpc_target = f"127.0.0.1:{server.grpc_port}"
-        self.client = httpx.Client(base_url=self.url, timeout=30)
+    def __init__(self, data_dir: Path, **settings: Any) -> None:
+        self.settings = Settings(data_dir=data_dir, **settings)
+        self.stores = open_sqlite_stores(data_dir, synchronous="NORMAL")
+        self.queue = MemoryQueue()
+        self.gateway = Gateway(self.queue, self.stores.projects, self.settings)
+        self.services = Services(events=self.stores.events, metrics=self.stores.metrics,
+                                 incidents=self.stores.incidents, projects=self.stores.projects,
+                                 queue=self.queue, gateway=self.gateway, settings=self.settings)
+        self.read_token = self.stores.projects.create_token(PROJECT, "read")
+        self.ingest_token = self.stores.projects.create_token(PROJECT, "ingest")
+        self.run = RunRecord(project=PROJECT, run_id="run-1", run_name="resnet", started_ns=time.time_ns(),
+                             last_step=0)
+        self.stores.incidents.upsert_runs([self.run])
+        self.server = UvicornThread(create_app(self.services, ingest_router(self.gateway))).__enter__()
+        self.url = self.server.url
 
-    @property
-    def read_headers(self) -> Dict[str, str]:
-        return {"Authorization": f"Bearer {self.read_token}"}
+    def headers(self, token: Optional[str] = None) -> Dict[str, str]:
+        return {"Authorization": f"Bearer {token or self.read_token}"}
 
-    def post_events(self, events: List[Dict[str, Any]]) -> httpx.Response:
-        return self.client.post("/v1/ingest", content=json.dumps({"events": events}).encode(), headers={
-            "Authorization": f"Bearer {self.ingest_token}", "Content-Type": "application/json"})
-
-    def get(self, path: str, **params: Any) -> httpx.Response:
-        return self.client.get(path, params=params or None, headers=self.read_headers)
-
-    def wait_for(self, check: Callable[[], bool], timeout: float = 20.0) -> None:
-        """Poll ``check`` until it is true (the processor works asynchronously)."""
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError("condition not met in time")
-            time.sleep(0.05)
+    def close(self) -> None:
+        self.server.__exit__(None, None, None)
+        self.stores.close()
 
 
-def event(run_id: str, step: int = 0, **fields: Any) -> Dict[str, Any]:
-    """A metrics envelope (JSON mapping) for ``run_id`` at the current time."""
-    out: Dict[str, Any] = {"event_id": uuid.uuid4().hex, "run_id": run_id, "step": step,
-                           "time_unix_nano": time.time_ns(), "severity": "INFO",
-                           "metrics": {"points": [{"name": "loss", "value": 2.0 / (step + 1)}]}}
-    out.update(fields)
-    return out
+def sse_messages(response: httpx.Response) -> Iterator[Tuple[str, Any]]:
+    """``(event, data)`` of each server-sent message until the stream ends (comments skipped)."""
+    event, data = "message", ""
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data += line[6:]
+        elif line == "" and data:
+            yield event, json.loads(data)
+            event, data = "message", ""
 
 
-@contextmanager
-def live_server(data_dir: Path, **settings: Any) -> Iterator[LiveServer]:
-    values: Dict[str, Any] = dict(data_dir=data_dir, host="127.0.0.1", http_port=0, grpc_port=0,
-                                  snapshot_every_s=0.5, tick_interval_s=0.2)
-    values.update(settings)
-    server = EmbeddedServer(Settings(**values))
-    server.start()
-    live: Optional[LiveServer] = None
-    try:
-        live = LiveServer(server)
-        yield live
-    finally:
-        if live is not None:
-            live.client.close()
-        server.stop(drain=False)
+def take(messages: Iterator[Tuple[str, Any]], count: int) -> List[Tuple[str, Any]]:
+    return [next(messages) for _ in range(count)]

@@ -6,7 +6,10 @@ incidents and sends what changed since the last message --
 
 * ``event: run`` with the run record (status, last step, last event, open incidents ...);
 * ``event: incidents`` with the run's incident records, whole (the first message of a stream sends both);
-* a ``: keep-alive`` comment every ``KEEPALIVE_S`` so proxies keep the connection open.
+* a ``: keep-alive`` comment every ``KEEPALIVE_S`` so proxies keep the connection open;
+* ``event: error`` with ``{"status": 401, "detail": ...}``, and the end of the stream, once its token stops
+  being valid: it expires (the stream ends at that time), or it is revoked (seen within
+  ``api_stream_auth_recheck_s``, the setting, of the revocation).
 
 It ends when the client goes away. Auth as every read endpoint (a read token in ``Authorization``; the
 dashboard streams with ``fetch``, which can send it, rather than ``EventSource``, which cannot).
@@ -24,6 +27,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from ...config import Settings
+from ...storage.base import ProjectStore, format_ns
 from ..deps import ProjectDep, ServicesDep
 from ..schemas import IncidentPublic, RunPublic
 from .common import not_found
@@ -42,6 +47,47 @@ def _digest(data: Any) -> str:
     return hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=12).hexdigest()
 
 
+def setting(services: Any, name: str) -> Any:
+    """``name`` from the server's settings, or its documented default when the app was built without."""
+    settings = getattr(services, "settings", None)
+    return getattr(settings, name) if settings is not None else Settings.model_fields[name].default
+
+
+def _bearer(request: Request) -> str:
+    """The token text of ``Authorization: Bearer <token>`` (already checked by the read dependency)."""
+    return (request.headers.get("authorization") or "").partition(" ")[2].strip()
+
+
+class TokenWatch:
+    """Whether a stream's read token is still valid: checked against the project store every
+    ``recheck_s`` (a revocation), and at the moment it expires (known from the start)."""
+
+    def __init__(self, projects: ProjectStore, token: str, project: str, recheck_s: float) -> None:
+        self.projects, self.token, self.project, self.recheck_s = projects, token, project, recheck_s
+        self.expires_at = float("inf")  # time.monotonic() at which the token expires
+        self.next_check = time.monotonic() + recheck_s
+
+    def start(self) -> Optional[str]:
+        """Check now (blocking) and learn the expiry; None if valid, else why not."""
+        info = self.projects.authenticate(self.token)
+        if info is not None and info.expires_ns:
+            self.expires_at = time.monotonic() + (info.expires_ns - time.time_ns()) / 1e9
+        return self.check()
+
+    def due_at(self) -> float:
+        return min(self.next_check, self.expires_at)
+
+    def check(self) -> Optional[str]:
+        """None while the token still grants this project's reads (blocking), else the 401 detail."""
+        self.next_check = time.monotonic() + self.recheck_s
+        info = self.projects.authenticate(self.token)
+        if info is not None and info.kind == "read" and info.project == self.project:
+            return None
+        expired = self.projects.expired_at(self.token)
+        return f"token expired at {format_ns(expired)}: create a new one" if expired else \
+            "unknown or revoked token"
+
+
 @router.get("/{run_id}/stream", summary="Server-sent events: the run and its incidents as they change",
             response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}}, 404: {"description": "no such run"}})
@@ -56,6 +102,9 @@ async def stream_run(run_id: str, request: Request, project: ProjectDep, service
         return {"run": RunPublic(**run.to_dict()).model_dump(),
                 "incidents": [IncidentPublic(**i.to_dict()).model_dump() for i in page.items]}
 
+    watch = TokenWatch(services.projects, _bearer(request), project,
+                       float(setting(services, "api_stream_auth_recheck_s")))
+    await run_in_threadpool(watch.start)
     first = await run_in_threadpool(read)
     if first is None:
         raise not_found("run", run_id)
@@ -64,6 +113,7 @@ async def stream_run(run_id: str, request: Request, project: ProjectDep, service
         sent: Dict[str, str] = {}
         current: Optional[Dict[str, Any]] = first
         last_write = time.monotonic()
+        next_read = last_write + interval
         while True:
             if current is not None:
                 out: List[bytes] = []
@@ -75,13 +125,21 @@ async def stream_run(run_id: str, request: Request, project: ProjectDep, service
                 if out:
                     last_write = time.monotonic()
                     yield b"".join(out)
+                current = None
             if time.monotonic() - last_write >= KEEPALIVE_S:
                 last_write = time.monotonic()
                 yield b": keep-alive\n\n"
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, min(next_read, watch.due_at()) - time.monotonic()))
             if await request.is_disconnected():
                 return
-            current = await run_in_threadpool(read)
+            if time.monotonic() >= watch.due_at():
+                reason = await run_in_threadpool(watch.check)
+                if reason is not None:
+                    yield _message("error", {"status": 401, "detail": reason})
+                    return
+            if time.monotonic() >= next_read:
+                next_read = time.monotonic() + interval
+                current = await run_in_threadpool(read)
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
