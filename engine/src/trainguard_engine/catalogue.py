@@ -704,6 +704,12 @@ class DetectionSettings:
         0.6, "Least classifier confidence (0..1) for a log record to open or join an incident; generic "
         "phrases score ~0.5, exact PyTorch/NCCL messages ~0.9. Exceptions always open an incident.",
         minimum=0.0, maximum=1.0)
+    amp_text_max_scale: float = _setting(
+        1.0, "A job's log line saying its fp16 loss scale moved to this value or lower (DeepSpeed "
+        "'OVERFLOW! ... reducing to S', fairseq 'setting loss scale to S', apex, a printed loss_scale) opens "
+        "memory/amp-overflow for a job that sends no metrics; a healthy run prints a few overflows while its "
+        "scaler calibrates from 2^16, but a scale at or below 1 no longer scales the gradients up at all.",
+        minimum=0.0)
     # --- evidence and history bounds --------------------------------------------------------------
     history_metrics: Tuple[str, ...] = _setting(
         ("lr", "opt/lr", "amp/*", "grad/clip_triggered", "time/step_s", "seq/*", "batch/*"),
@@ -859,7 +865,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "adapter": ("lora_grad_min", "lora_confirm_reports", "lora_loss_window", "lora_loss_min_points"),
     "progress": ("stall_factor", "stall_min_s", "stall_max_s", "lost_after_s"),
     "correlation": ("rank_lost_grace_s",),
-    "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence"),
+    "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
+                "amp_text_max_scale"),
     "state": ("history_len", "history_max_series", "max_evidence", "max_timeline", "max_incident_ranks",
               "max_incidents_per_run", "cluster_max_members", "max_clusters", "sample_traceback_chars",
               "dedupe_ids_per_run", "max_runs", "max_ranks_per_run", "ended_run_ttl_s", "idle_run_ttl_s",

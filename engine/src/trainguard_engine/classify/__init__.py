@@ -16,10 +16,11 @@
 * *Output*: ``None`` when nothing in the text is recognised (a plain log line, garbage); otherwise the
   :class:`Classification` of the **most causal** rule that matched (the order of :data:`RULES`: a launcher
   summary naming the root cause, then memory and CUDA errors, then collective mismatches, then timeouts and
-  lost peers, then generic communication and rendezvous errors, then model-side errors, then a plain Python
-  traceback). Facts of the enriching rules (:data:`ENRICHING_RULES`: desync report, PG status, flight
-  recorder stack, monitored barrier) of the same category are merged in; the names of the other rules
-  that matched are in ``also``. Exceptions are read as Python prints them, ``"Type: message"``.
+  lost peers, then generic communication and rendezvous errors, then model-side errors, then numerical
+  failures stated in words, then a plain Python traceback). Facts of the enriching rules
+  (:data:`ENRICHING_RULES`: desync report, PG status, flight recorder stack, monitored barrier) of the same
+  category are merged in; the names of the other rules that matched are in ``also``. Exceptions are read
+  as Python prints them, ``"Type: message"``.
 * ``category``/``subtype`` are always a row of :data:`trainguard_engine.catalogue.KINDS`. Model-side errors
   (shape / device / index) stay ``process/exception``: they are ordinary Python exceptions whose triage is
   the traceback; the ``rule`` (``model.shape-mismatch`` ...) and ``facts`` say which, and the incident
@@ -32,7 +33,8 @@
 * Pure: no I/O, stdlib only.
 
 **Rules**: one module per source -- :mod:`.cuda`, :mod:`.nccl`, :mod:`.gloo`, :mod:`.c10d`,
-:mod:`.torchrun`, :mod:`.python` -- each rule with its text (:data:`RULE_DOCS`), in one ordered list
+:mod:`.torchrun`, :mod:`.python`, :mod:`.numeric` -- each rule with its text (:data:`RULE_DOCS`), in one
+ordered list
 (:data:`RULES`); the table of what each recognises is docs/classifier.md, written from them by
 ``python tools/classifier_table.py`` (a test keeps it in sync). The shared machinery is
 :mod:`.text`.
@@ -49,7 +51,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.tracebacks import parse_traceback_text
 
-from . import c10d, cuda, gloo, nccl, python, torchrun
+from . import c10d, cuda, gloo, nccl, numeric, python, torchrun
 from .c10d import (
     _rule_collective_mismatch,
     _rule_desync_report,
@@ -77,6 +79,12 @@ from .nccl import (
     _rule_nccl_error,
     _rule_nccl_watchdog,
     _rule_watchdog_status,
+)
+from .numeric import (
+    _rule_grad_norm_non_finite,
+    _rule_loss_non_finite,
+    _rule_loss_scale,
+    _rule_loss_scale_minimum,
 )
 from .python import (
     _bare,
@@ -136,13 +144,17 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("model.index-out-of-range", _rule_index),
     ("model.shape-mismatch", _rule_shape),
     ("dataloader.worker", _rule_dataloader),
+    ("numeric.loss-scale-minimum", _rule_loss_scale_minimum),
+    ("numeric.grad-norm-non-finite", _rule_grad_norm_non_finite),
+    ("numeric.loss-non-finite", _rule_loss_non_finite),
+    ("numeric.loss-scale", _rule_loss_scale),
     ("torchrun.worker-failed", _rule_worker_failed),
     ("python.fatal-error", _rule_fatal),
 )
 """The text rules, most causal first (after ``torchrun.child-failed``, which is tried before all of them)."""
 
 RULE_DOCS: Dict[str, str] = {**torchrun.DOCS, **cuda.DOCS, **c10d.DOCS, **nccl.DOCS, **gloo.DOCS,
-                             **python.DOCS}
+                             **python.DOCS, **numeric.DOCS}
 """What each rule recognises (``type:<name>`` and ``python.exception`` are the fallbacks of
 :func:`classify_exception`), from the rule modules; the table in docs/classifier.md is rendered from it in
 the order rules are tried (:func:`rules_table`)."""

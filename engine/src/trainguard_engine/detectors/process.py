@@ -64,8 +64,26 @@ FATAL_RULE = "python.fatal-error"
 RELAY_RULE = "nccl.dump-signal"
 """A rank's note that *another* rank's watchdog timed out ("Received a dump signal due to a collective
 timeout from rank N"): a relayed report, see :func:`on_log`."""
-TEXT_CATEGORIES = ("comm", "memory")
+TEXT_CATEGORIES = ("comm", "memory", "loss", "gradient")
 """Classified error text of these categories opens an incident of its own kind (one per run)."""
+NUMERIC_TEXT_KINDS = (("loss", "non_finite"), ("gradient", "nan-source"), ("memory", "amp-overflow"))
+"""Numerical failures a job states in words: taken from text only while no rank of the run sends metrics
+or heartbeats (an instrumented job's metrics arrive later than its printed line, in batches; the loss,
+gradient and memory detectors judge the numbers themselves, with the step they happened at)."""
+SCALE_RULE = "numeric.loss-scale"
+"""An fp16 loss-scale line: a finding only at or below ``amp_text_max_scale``."""
+
+
+def _numeric_text_wanted(run: RunState, found: Classification, settings: DetectionSettings) -> bool:
+    """Whether numerical text ``found`` may open its kind in ``run`` (always True for other text)."""
+    if (found.category, found.subtype) not in NUMERIC_TEXT_KINDS:
+        return True
+    if any(r.history or r.last_hb_ns for r in run.ranks.values()):
+        return False
+    scale = found.facts.get("scale")
+    if found.rule != SCALE_RULE:
+        return True
+    return isinstance(scale, (int, float)) and scale <= settings.amp_text_max_scale
 
 
 def exception_key(fingerprint: str) -> str:
@@ -94,7 +112,7 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
         notice = _death_notice(run, rank, found, step, time_ns, event_id)
         if notice is not None:
             return notice
-    if found.category in TEXT_CATEGORIES:
+    if found.category in TEXT_CATEGORIES and _numeric_text_wanted(run, found, settings):
         key = text_key(found.category, found.subtype)
         if not handled:
             rank.exc_key = key
@@ -159,8 +177,10 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
     found = classify_text(message)
     if found is None or found.category not in TEXT_CATEGORIES:
         return None
-    if found.confidence < settings.log_min_confidence:
+    if not _numeric_text_wanted(run, found, settings):
         return None
+    if found.confidence < settings.log_min_confidence and found.rule != SCALE_RULE:
+        return None  # a scale line's own test is amp_text_max_scale
     key = text_key(found.category, found.subtype)
     origin = as_str(body.get("logger")) or as_str(body.get("source")) or "log"
     about = found.facts.get("timed_out_rank")
@@ -300,7 +320,8 @@ class Process(Detector):
     name = "process"
     kinds = ("process/exception", "process/killed", "process/terminated", "process/exit", "memory/oom",
              "memory/oom-or-cuda-error", "memory/cuda-error", "comm/failure", "comm/init-failure",
-             "comm/timeout", "comm/mismatch", "comm/rank-lost", "gradient/nan-source")
+             "comm/timeout", "comm/mismatch", "comm/rank-lost", "gradient/nan-source", "loss/non_finite",
+             "memory/amp-overflow")
     section = "process"
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:

@@ -17,9 +17,10 @@ Contract of :class:`Importer` (``Importer(options, backend).run()`` → :class:`
   under the same run id sends the same ids, which the stores and the pipeline keep once: re-importing is
   idempotent. (The pipeline remembers ``dedupe_ids_per_run`` = 10,000 notable ids per run -- logs,
   exceptions, lifecycle, non-finite metrics; a re-import of more than that is counted again, which is
-  why log lines below ``min_log_level`` = WARNING are left out by default -- except the ones the
-  classifier recognises, :func:`~trainguard_server.replay.recognised.recognised`: an error line a job
-  printed without a level, e.g. ``RuntimeError: NCCL communicator was aborted``, always reaches it.)
+  why log lines below ``min_log_level`` = WARNING are not *stored* by default. Every line is still read
+  by the classifier (:func:`~trainguard_server.replay.recognised.classified`), and the ones it gives a
+  kind are kept: an error line a job printed without a level, e.g. ``RuntimeError: NCCL communicator
+  was aborted`` or ``loss is nan``, always reaches the pipeline.)
 * **Times** (unix ns). A metrics file whose first timed object has a time field uses it (objects
   without one take the previous object's time); otherwise its records are spaced ``step_seconds`` apart,
   the last at the *anchor*: ``end_time_ns``, else the last log timestamp when a log has timestamps, else
@@ -82,7 +83,7 @@ from .. import __version__
 from .backends import Backend
 from .logs import LogItem, LogReader, LogStats, scan_log
 from .metrics_jsonl import FieldMap, MetricsReader, MetricsStats, peek_times
-from .recognised import recognised
+from .recognised import classified
 
 SDK = f"trainguard-replay/{__version__}"
 MAX_POINTS = 1000
@@ -586,7 +587,7 @@ class Importer:
 
     def _log_items(self, src: SourceSummary) -> Iterator[_Item]:
         reader = LogReader(src.path, src.rank, min_level=self.options.min_log_level,
-                           on_bytes=self.progress.add_bytes, keep_below=recognised)
+                           on_bytes=self.progress.add_bytes, keep_below=classified)
         src.log = reader.stats
         lo, hi = src.span
         last_index = max(1, src.lines - 1)

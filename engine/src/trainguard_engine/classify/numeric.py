@@ -1,0 +1,175 @@
+"""Classifier rules for numerical failures a job states in words: a loss or a gradient norm printed as
+NaN/Inf (progress lines, dicts, framework guards), the fp16 loss scale collapsing (DeepSpeed, apex,
+fairseq) or at its minimum. A job that sends no metrics still says these things in its log.
+
+The scale rules only parse: their facts carry the scale the job moved to (``scale``); whether that is a
+collapse is the process detector's call (``amp_text_max_scale``), since a healthy fp16 run also prints a
+few overflows while its scaler calibrates.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from .text import Facts, _Hit, _on_rank, _rank_of, _search, _Text
+
+_NONFINITE = r"['\"]?(?P<value>nan|[-+]?inf(?:inity)?)\b"
+_LOSS_KEY = r"\b(?P<key>[a-z0-9_./]{0,40}loss[a-z0-9_./]{0,40})"
+_LOSS_RE = re.compile(
+    _LOSS_KEY + r"\]?['\"]?\s{0,4}(?:[:=]\s{0,8}|\s(?:is|was|became|becomes)\s{1,4}|\s{1,8})(?:tensor\()?"
+    + _NONFINITE, re.IGNORECASE)
+"""``loss: nan``, ``'loss': nan``, ``loss=nan``, ``[Loss] nan``, ``Loss is nan``,
+``loss_cls': tensor(nan``."""
+_LOSS_BECAME_RE = re.compile(r"\bloss (?:became|is|was|has become) (?:infinite|non-?finite|inf or nan|nan)",
+                             re.IGNORECASE)
+"""detectron2's ``Loss became infinite or NaN at iteration=N``, ``loss is non-finite``."""
+_NAN_LOSS_RE = re.compile(r"\b(?:nan|inf) loss(?:es)?\b", re.IGNORECASE)
+_STEP_RE = re.compile(r"\b(?:iteration|iter|global[ _]step|step)\b\s{0,4}[=:\[]?\s{0,4}(?P<step>\d{1,12})",
+                      re.IGNORECASE)
+
+
+def _step_near(t: _Text, pos: int, facts: Facts) -> None:
+    found = _search(_STEP_RE, t, pos, before=200, after=120)
+    if found is not None:
+        facts["step"] = int(found[1].group("step"))
+
+
+def _rule_loss_non_finite(t: _Text) -> Optional[_Hit]:
+    for needle in ("nan", "inf"):
+        for pos in t.find_all(needle):
+            found = _search(_LOSS_RE, t, pos, before=100, after=12)
+            if found is None:
+                continue
+            offset, m = found
+            if offset + m.start("value") != pos:  # the needle must be the loss's value
+                continue
+            facts: Facts = {"metric": m.group("key"), "value": m.group("value").lower()}
+            return _loss_hit(t, pos, facts)
+    pos = t.first("loss became", "loss is", "loss was", "loss has become", " loss")
+    if pos >= 0:
+        found = _search(_LOSS_BECAME_RE, t, pos, before=20, after=80) or \
+            _search(_NAN_LOSS_RE, t, pos, before=20, after=20)
+        if found is not None:
+            return _loss_hit(t, found[0] + found[1].start(), {"metric": "loss", "value": "nan"})
+    return None
+
+
+def _loss_hit(t: _Text, pos: int, facts: Facts) -> _Hit:
+    _step_near(t, pos, facts)
+    rank = _rank_of(t, pos, facts)
+    at = f" at step {facts['step']}" if "step" in facts else ""
+    return _Hit("loss", "non_finite", 0.8, pos, facts,
+                f"The job reports {facts['metric']} = {facts['value']}{at}{_on_rank(rank)}",
+                "the loss went non-finite: the weights are most likely corrupted from here on; look at the "
+                "learning rate and the gradient norm of the steps before")
+
+
+_GRAD_NORM_RE = re.compile(
+    r"\b(?P<key>grad(?:ient)?[ _]?norm|gnorm|total[ _]norm)['\"]?\s{0,4}(?:[:=]\s{0,8}|\s(?:is|was)\s{1,4})"
+    + _NONFINITE, re.IGNORECASE)
+_LOCAL_NAN_RE = re.compile(r"(?:Rank (?P<rank>\d+): )?found (?P<value>NaN|Inf) in local grad norm",
+                           re.IGNORECASE)
+"""Megatron's ``Rank N: found NaN in local grad norm in backward pass before data-parallel ...``."""
+
+
+def _rule_grad_norm_non_finite(t: _Text) -> Optional[_Hit]:
+    pos = t.first("in local grad norm")
+    if pos >= 0 and (found := _search(_LOCAL_NAN_RE, t, pos, before=80, after=20)) is not None:
+        m = found[1]
+        facts: Facts = {"metric": "local grad norm", "value": m.group("value").lower()}
+        if m.group("rank"):
+            facts["rank"] = int(m.group("rank"))
+        return _grad_hit(t, found[0] + m.start(), facts)
+    for needle in ("nan", "inf"):
+        for pos in t.find_all(needle):
+            found = _search(_GRAD_NORM_RE, t, pos, before=60, after=12)
+            if found is None or found[0] + found[1].start("value") != pos:
+                continue
+            m = found[1]
+            return _grad_hit(t, pos, {"metric": m.group("key"), "value": m.group("value").lower()})
+    return None
+
+
+def _grad_hit(t: _Text, pos: int, facts: Facts) -> _Hit:
+    _step_near(t, pos, facts)
+    rank = _rank_of(t, pos, facts)
+    at = f" at step {facts['step']}" if "step" in facts else ""
+    return _Hit("gradient", "nan-source", 0.8, pos, facts,
+                f"The job reports a {facts['value']} {facts['metric']}{at}{_on_rank(rank)}",
+                "the gradients went non-finite before the optimizer step: find the first layer and step "
+                "where they did (anomaly mode, per-layer norms)")
+
+
+_MIN_SCALE_RE = re.compile(r"loss scale already at minimum|minimum loss scale reached|"
+                           r"loss scale (?:has )?(?:reached|hit) (?:its |the )?minimum", re.IGNORECASE)
+
+
+def _rule_loss_scale_minimum(t: _Text) -> Optional[_Hit]:
+    pos = t.first("loss scale already at minimum", "minimum loss scale reached", "loss scale reached",
+                  "loss scale has reached", "loss scale hit")
+    if pos < 0 or (found := _search(_MIN_SCALE_RE, t, pos, before=10, after=80)) is None:
+        return None
+    facts: Facts = {"at_minimum": True}
+    rank = _rank_of(t, pos, facts)
+    return _Hit("memory", "amp-overflow", 0.9, found[0] + found[1].start(), facts,
+                f"fp16 loss scale at its minimum{_on_rank(rank)}: every step overflows",
+                "the gradients overflow even at the smallest loss scale: the loss is exploding (lower the "
+                "learning rate, clip, or train in bf16)")
+
+
+_NUMBER = r"(?P<scale>\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+_OVERFLOW_RE = re.compile(
+    r"(?:OVERFLOW!(?: Rank (?P<rank>\d+))? Skipping step\. Attempted loss scale: [\d.e+-]+, reducing to "
+    r"|overflow detected, setting loss scale to:? "
+    r"|Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to )" + _NUMBER,
+    re.IGNORECASE)
+_SCALE_VALUE_RE = re.compile(r"\bloss[ _]scale\s{0,4}[:=]\s{0,4}" + _NUMBER, re.IGNORECASE)
+
+
+def _rule_loss_scale(t: _Text) -> Optional[_Hit]:
+    """The lowest scale an overflow line (or a printed ``loss_scale`` value) moved to; facts only --
+    the detector decides whether it is low enough to be a collapse."""
+    best: Optional[_Hit] = None
+    for needle, pattern in (("overflow", _OVERFLOW_RE), ("loss_scale", _SCALE_VALUE_RE),
+                            ("loss scale", _SCALE_VALUE_RE)):
+        for pos in t.find_all(needle):
+            found = _search(pattern, t, pos, before=40, after=160)
+            if found is None:
+                continue
+            m = found[1]
+            scale = float(m.group("scale"))
+            if best is not None and scale >= best.facts["scale"]:
+                continue
+            facts: Facts = {"scale": scale}
+            if "rank" in m.groupdict() and m.group("rank"):
+                facts["rank"] = int(m.group("rank"))
+            rank = _rank_of(t, pos, facts)
+            best = _Hit("memory", "amp-overflow", 0.6, found[0] + m.start(), facts,
+                        f"fp16 gradients overflow: loss scale down to {scale:g}{_on_rank(rank)}",
+                        "the GradScaler / loss scaler keeps halving the scale: the gradients overflow on "
+                        "most steps (a too-high learning rate, a loss spike, or fp16 range limits)")
+    return best
+
+
+DOCS = {
+    "numeric.loss-non-finite": (
+        "a loss printed as NaN/Inf (``loss: nan``, ``'loss': nan``, ``loss=nan``, ``Loss is nan``, "
+        "``tensor(nan``, detectron2's ``Loss became infinite or NaN at iteration=N``) → loss/non_finite"
+    ),
+    "numeric.grad-norm-non-finite": (
+        "a gradient norm printed as NaN/Inf (``grad_norm: nan``, ``gnorm inf``, Megatron's ``Rank N: found "
+        "NaN in local grad norm``) → gradient/nan-source"
+    ),
+    "numeric.loss-scale-minimum": (
+        "``Current loss scale already at minimum``, fairseq's ``Minimum loss scale reached`` → "
+        "memory/amp-overflow"
+    ),
+    "numeric.loss-scale": (
+        "DeepSpeed ``OVERFLOW! ... reducing to S``, fairseq ``overflow detected, setting loss scale to S``, "
+        "apex ``Gradient overflow. Skipping step ... reducing loss scale to S``, a printed "
+        "``loss_scale: S`` → memory/amp-overflow when S <= ``amp_text_max_scale`` (the process "
+        "detector's setting)"
+    ),
+}
+"""What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""
