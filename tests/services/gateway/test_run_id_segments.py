@@ -12,7 +12,7 @@ from urllib.parse import quote
 import grpc
 import pytest
 
-from tests.services.api.live_server import LiveServer, event, live_server
+from tests.services.gateway.embedded_server import LiveServer, event, live_server
 from trainguard import wire
 from trainguard.v1 import ingest_pb2, ingest_pb2_grpc
 

@@ -1,0 +1,73 @@
+"""``trainguard serve`` in the test process (issue-18 gateway and API tests): the real EmbeddedServer (SQLite stores and
+HTTP on 127.0.0.1, gRPC) on ephemeral ports, with its bootstrap tokens and small helpers to ingest and read."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import httpx
+
+from trainguard_server.config import Settings
+from trainguard_server.server import EmbeddedServer
+
+
+class LiveServer:
+    """A started EmbeddedServer; ``client`` talks HTTP to it; ``ingest``/``read`` are its bootstrap tokens."""
+
+    def __init__(self, server: EmbeddedServer) -> None:
+        self.server = server
+        assert server.tokens is not None
+        self.ingest_token, self.read_token = server.tokens.ingest, server.tokens.read
+        self.url = server.http_url
+        self.grpc_target = f"127.0.0.1:{server.grpc_port}"
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    @property
+    def read_headers(self) -> Dict[str, str]:
+        return {"Authorization": f"Bearer {self.read_token}"}
+
+    def post_events(self, events: List[Dict[str, Any]]) -> httpx.Response:
+        return self.client.post("/v1/ingest", content=json.dumps({"events": events}).encode(), headers={
+            "Authorization": f"Bearer {self.ingest_token}", "Content-Type": "application/json"})
+
+    def get(self, path: str, **params: Any) -> httpx.Response:
+        return self.client.get(path, params=params or None, headers=self.read_headers)
+
+    def wait_for(self, check: Callable[[], bool], timeout: float = 20.0) -> None:
+        """Poll ``check`` until it is true (the processor works asynchronously)."""
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError("condition not met in time")
+            time.sleep(0.05)
+
+
+def event(run_id: str, step: int = 0, **fields: Any) -> Dict[str, Any]:
+    """A metrics envelope (JSON mapping) for ``run_id`` at the current time."""
+    out: Dict[str, Any] = {"event_id": uuid.uuid4().hex, "run_id": run_id, "step": step,
+                           "time_unix_nano": time.time_ns(), "severity": "INFO",
+                           "metrics": {"points": [{"name": "loss", "value": 2.0 / (step + 1)}]}}
+    out.update(fields)
+    return out
+
+
+@contextmanager
+def live_server(data_dir: Path, **settings: Any) -> Iterator[LiveServer]:
+    values: Dict[str, Any] = dict(data_dir=data_dir, host="127.0.0.1", http_port=0, grpc_port=0,
+                                  snapshot_every_s=0.5, tick_interval_s=0.2)
+    values.update(settings)
+    server = EmbeddedServer(Settings(**values))
+    server.start()
+    live: Optional[LiveServer] = None
+    try:
+        live = LiveServer(server)
+        yield live
+    finally:
+        if live is not None:
+            live.client.close()
+        server.stop(drain=False)
