@@ -1,5 +1,6 @@
-"""``trainguard serve`` in the test process (issue-18 gateway and API tests): the real EmbeddedServer (SQLite stores and
-HTTP on 127.0.0.1, gRPC) on ephemeral ports, with its bootstrap tokens and small helpers to ingest and read."""
+"""``trainguard serve`` in the test process, for the issue-18 gateway and API tests: the real EmbeddedServer
+(SQLite stores and queue, processor, uvicorn HTTP on 127.0.0.1, gRPC) on ephemeral ports, with its bootstrap
+tokens and small helpers to ingest and read."""
 
 from __future__ import annotations
 
