@@ -3,14 +3,15 @@ dashboard at /ui/."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, Optional
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from .. import __version__, dashboard
+from . import preflight
 from .deps import Services
 from .routes import clusters, gate, health, incidents, runs, search, stream, workflow
 
@@ -18,7 +19,8 @@ from .routes import clusters, gate, health, incidents, runs, search, stream, wor
 def create_app(services: Services, ingest_router: Optional[object] = None) -> FastAPI:
     """Build the app around ``services``; ``ingest_router`` adds ``POST /v1/ingest``."""
     app = FastAPI(title="TrainGuard", version=__version__,
-                  description="Capture, classify and root-cause anomalies in PyTorch training jobs.")
+                  description="Capture, classify and root-cause anomalies in PyTorch training jobs.",
+                  dependencies=[Depends(preflight.preflight)])
     app.state.services = services
 
     @app.exception_handler(RequestValidationError)
@@ -34,5 +36,20 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
         app.include_router(module.router)
     if ingest_router is not None:
         app.include_router(ingest_router)  # type: ignore[arg-type]
+    _document_checks(app)
     dashboard.mount(app)
     return app
+
+
+def _document_checks(app: FastAPI) -> None:
+    """Serve an OpenAPI that states what the app enforces beyond the routes' own declarations."""
+    plain = app.openapi
+
+    def openapi() -> Dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = plain()
+            preflight.int64_bounds(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

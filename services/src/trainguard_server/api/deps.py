@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Optional
 
 from fastapi import Depends, Header, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from ..storage.base import EventStore, IncidentStore, MetricStore, ProjectStore, format_ns
 
@@ -32,9 +33,9 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def read_project(services: ServicesDep,
-                 authorization: Annotated[Optional[str], Header()] = None) -> str:
-    """The project a read token grants. 401 without a valid token, 403 for an ingest token."""
+def authenticate_read(services: Services, authorization: Optional[str]) -> str:
+    """The project a read token grants (``authorization`` is the header's value). HTTPException 401 without a
+    valid token, 403 for an ingest token."""
     if not authorization:
         raise HTTPException(401, "missing Authorization: Bearer <read token>",
                             headers={"WWW-Authenticate": "Bearer"})
@@ -51,6 +52,26 @@ def read_project(services: ServicesDep,
     if info.kind != "read":
         raise HTTPException(403, f"{info.kind} tokens cannot read; use a read token")
     return info.project
+
+
+_PROJECT_STATE = "trainguard_read_project"
+
+
+async def ensure_read_token(request: Request) -> str:
+    """:func:`authenticate_read` for ``request``, once per request (the answer is kept in its state)."""
+    project: Optional[str] = getattr(request.state, _PROJECT_STATE, None)
+    if project is None:
+        project = await run_in_threadpool(authenticate_read, get_services(request),
+                                          request.headers.get("authorization"))
+        setattr(request.state, _PROJECT_STATE, project)
+    return project
+
+
+async def read_project(request: Request,
+                       authorization: Annotated[Optional[str], Header()] = None) -> str:
+    """The project a read token grants. 401 without a valid token, 403 for an ingest token.
+    (``authorization`` is declared so the OpenAPI shows the header; the value is read from ``request``.)"""
+    return await ensure_read_token(request)
 
 
 ProjectDep = Annotated[str, Depends(read_project)]

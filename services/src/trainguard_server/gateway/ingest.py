@@ -45,6 +45,7 @@ from trainguard.v1 import events_pb2, ingest_pb2
 from ..config import Settings
 from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
+from .deep_json import TooDeep, split_events_json
 from .validate import Limits, validate_batch
 
 __all__ = [
@@ -266,13 +267,18 @@ def _reject_nan_tokens(token: str) -> Any:
     raise ValueError(f"bare {token} is not valid JSON (write the string \"{token}\")")
 
 
+_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_nan_tokens)
+
+
 def batch_from_json(body: bytes, *, max_events: int) -> Batch:
     """Decode a JSON ``{"events": [<envelope>, ...]}`` body (the proto3 JSON mapping, strict).
 
     Whole-body problems raise :class:`InvalidRequest` (not UTF-8 / not JSON / not an object / no ``events``
     array / an unknown top-level field) or :class:`RequestTooLarge` (over ``max_events`` events). An
     envelope that does not fit the schema (unknown field, wrong type, ...) is rejected per item with code
-    ``invalid_field`` and the field path (``events[3].metrics.points[1]: unknown field "vaule" ...``).
+    ``invalid_field`` and the field path (``events[3].metrics.points[1]: unknown field "vaule" ...``) -- also
+    one nested too deeply for the JSON decoder (``events[1].tags: JSON nested 5000 levels deep ...``, see
+    :mod:`.deep_json`): the other events of the batch are kept.
     """
     try:
         text = body.decode("utf-8")
@@ -283,6 +289,8 @@ def batch_from_json(body: bytes, *, max_events: int) -> Batch:
         doc = json.loads(text, parse_constant=_reject_nan_tokens)
     except ValueError as exc:
         raise InvalidRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:  # nested ~1,000 deep somewhere: decode event by event
+        return _batch_from_deep_json(text, len(body), max_events)
     if not isinstance(doc, dict):
         raise InvalidRequest(f'IngestRequest: expected an object with an "events" array, got {_kind(doc)}')
     unknown = [k for k in doc if k != "events"]
@@ -303,6 +311,31 @@ def batch_from_json(body: bytes, *, max_events: int) -> Batch:
     indices = prepared.indices if rejected else None
     return Batch(prepared.request, indices=indices, rejected=rejected, count=len(events),
                  wire_bytes=len(body))
+
+
+def _batch_from_deep_json(text: str, wire_bytes: int, max_events: int) -> Batch:
+    """:func:`batch_from_json` for a body ``json.loads`` cannot decode for its depth: the events nested too
+    deeply are rejected per item (``invalid_field``), the others decoded and converted as usual."""
+    try:
+        events = split_events_json(text, _JSON_DECODER)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    if len(events) > max_events:
+        raise RequestTooLarge(_too_many_events(len(events), max_events))
+    positions = [i for i, e in enumerate(events) if not isinstance(e, TooDeep)]
+    prepared = wire.prepare_batch([events[i] for i in positions])
+    rejected = [RejectedItem(positions[int(r["index"])], str(r["event_id"]), str(r["code"]),
+                             _events_path(positions[int(r["index"])], str(r["message"])))
+                for r in prepared.rejected]
+    for i, e in enumerate(events):
+        if isinstance(e, TooDeep):
+            where = f"events[{i}]" + (f".{e.field}" if e.field else "")
+            rejected.append(RejectedItem(i, e.event_id, "invalid_field",
+                                         f"{where}: JSON nested {e.depth} levels deep, too deep to decode "
+                                         f"(an envelope nests a few levels)"))
+    rejected.sort(key=lambda r: r.index)
+    return Batch(prepared.request, indices=[positions[k] for k in prepared.indices], rejected=rejected,
+                 count=len(events), wire_bytes=wire_bytes)
 
 
 def _events_path(index: int, message: str) -> str:

@@ -138,6 +138,7 @@ def _add_term(terms: List[SearchTerm], raw: str, *, prefix: bool, phrase: bool) 
 # ----------------------------------------------------------------------------------------------------------
 
 MAX_CURSOR_CHARS = 2048
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what SQLite (and every store) can bind as an integer
 CursorValue = Any  # int | float | str
 
 
@@ -154,7 +155,8 @@ def encode_cursor(kind: str, scope: Sequence[Any], key: Sequence[CursorValue]) -
 
 def decode_cursor(cursor: str, kind: str, scope: Sequence[Any], types: Sequence[type]) -> List[Any]:
     """The key inside ``cursor``; ValueError("invalid cursor") unless it was made by :func:`encode_cursor`
-    for the same ``kind`` and ``scope`` and its values have ``types`` (float accepts int)."""
+    for the same ``kind`` and ``scope`` and its values have ``types`` (float accepts int; an int must fit in
+    64 bits: a forged cursor cannot reach a store with an integer it cannot bind)."""
     try:
         if not isinstance(cursor, str) or not cursor or len(cursor) > MAX_CURSOR_CHARS:
             raise ValueError
@@ -170,7 +172,8 @@ def decode_cursor(cursor: str, kind: str, scope: Sequence[Any], types: Sequence[
             if typ is float:
                 if not isinstance(value, (int, float)) or not math.isfinite(value):
                     raise ValueError
-            elif not isinstance(value, typ):
+            elif not isinstance(value, typ) or (isinstance(value, int)
+                                                and not INT64_MIN <= value <= INT64_MAX):
                 raise ValueError
         return [float(v) if t is float else v for v, t in zip(values, types)]
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError, RecursionError):
