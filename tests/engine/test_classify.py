@@ -693,8 +693,14 @@ FROM_SOURCE: List[Tuple[str, str, str, Dict[str, Any]]] = [
      "model.index-out-of-range", {"index": 7, "dim": 0, "size": 5}),
     ("RuntimeError: The size of tensor a (3) must match the size of tensor b (4) at non-singleton dimension 1",
      "process/exception", "model.shape-mismatch", {"shapes": ["3", "4"], "dim": 1}),
-    ("RuntimeError: DataLoader worker (pid 4567) is killed by signal: Killed. ", "process/exception",
+    ("RuntimeError: DataLoader worker (pid 4567) is killed by signal: Killed. ", "process/killed",
      "dataloader.worker", {"pids": [4567], "signal": "Killed"}),
+    ("RuntimeError: DataLoader worker (pid 4567) is killed by signal: Bus error. ", "process/exit",
+     "dataloader.worker", {"pids": [4567], "signal": "Bus error"}),
+    ("subprocess.CalledProcessError: Command '['/usr/bin/python', '-u', 'train.py', '--local_rank=7']' died "
+     "with <Signals.SIGSEGV: 11>.", "process/exit", "launcher.signal", {"signal": 11, "rank": 7}),
+    ("W0409 07:28:49.530000 1359 torch/distributed/elastic/agent/server/api.py:719] Received 15 death signal, "
+     "shutting down workers", "process/terminated", "launcher.signal", {"signal": 15}),
 ]
 
 

@@ -112,6 +112,7 @@ from .text import (
     _Text,
 )
 from .torchrun import (
+    _rule_launcher_signal,
     _rule_torchrun,
     _rule_worker_failed,
 )
@@ -149,6 +150,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("numeric.loss-non-finite", _rule_loss_non_finite),
     ("numeric.loss-scale", _rule_loss_scale),
     ("torchrun.worker-failed", _rule_worker_failed),
+    ("launcher.signal", _rule_launcher_signal),
     ("python.fatal-error", _rule_fatal),
 )
 """The text rules, most causal first (after ``torchrun.child-failed``, which is tried before all of them)."""

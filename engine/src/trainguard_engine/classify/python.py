@@ -174,7 +174,11 @@ def _rule_dataloader(t: _Text) -> Optional[_Hit]:
             facts["signal"] = m.group("sig").strip()
         note = ("a DataLoader worker died: 'Killed' is the host OOM-killer (too many workers x dataset "
                 "copies), 'Bus error' a too small /dev/shm")
-        return _Hit("process", "exception", 0.75, pos, facts,
+        signal = str(facts.get("signal", "")).lower()
+        # a worker is a host process: SIGKILL is the OOM-killer; a crash by any other signal is the worker's
+        # own (a segfault in a native decoder, a bus error from /dev/shm), never a CUDA abort
+        subtype = "killed" if signal == "killed" else "exit" if signal else "exception"
+        return _Hit("process", subtype, 0.75, pos, facts,
                     "DataLoader worker died" + (f" ({facts['signal']})" if "signal" in facts else ""), note)
     return None
 
@@ -213,7 +217,10 @@ DOCS = {
     'model.shape-mismatch': (
         '``mat1 and mat2 shapes cannot be multiplied``, size mismatches → process/exception'
     ),
-    'dataloader.worker': '``Caught X in DataLoader worker process N`` / worker killed → process/exception',
+    'dataloader.worker': (
+        '``Caught X in DataLoader worker process N`` → process/exception; a worker ``killed by signal: '
+        'Killed`` → process/killed, by another signal (segfault, bus error) → process/exit'
+    ),
     'python.fatal-error': (
         '``Fatal Python error: Aborted|Segmentation fault|...`` → by the exit decision path for that '
         'signal'

@@ -36,6 +36,42 @@ def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
                 f"torchrun: local rank {facts['local_rank']} failed ({said})", "")
 
 
+_SIGNALS_RE = re.compile(r"died with <Signals\.(?P<name>SIG\w+): (?P<sig>\d+)>")
+_LOCAL_RANK_RE = re.compile(r"--local[_-]rank=(?P<rank>\d+)")
+_DEATH_SIGNAL_RE = re.compile(r"Received (?P<sig>\d+) death signal|got signal: (?P<sig2>\d+)")
+
+
+def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
+    """A launcher saying how a worker (or the launcher itself) was ended by a signal: the old
+    ``torch.distributed.launch``'s ``CalledProcessError: Command '[... '--local_rank=7' ...]' died with
+    <Signals.SIGSEGV: 11>``, the elastic agent's ``Received 15 death signal`` / ``SignalException:
+    Process N got signal: 15``."""
+    pos = t.first("died with <signals.")
+    if pos >= 0 and (found := _search(_SIGNALS_RE, t, pos, before=0, after=80)) is not None:
+        m = found[1]
+        facts: Facts = {"signal": int(m.group("sig")), "signal_name": m.group("name")}
+        command = _search(_LOCAL_RANK_RE, t, pos, before=3000, after=0)
+        if command is not None:
+            facts["rank"] = int(command[1].group("rank"))
+        return _signal_hit(found[0] + m.start(), facts, "a worker")
+    pos = t.first("death signal", "got signal:")
+    if pos >= 0 and (found := _search(_DEATH_SIGNAL_RE, t, pos, before=40, after=40)) is not None:
+        m = found[1]
+        signal = int(m.group("sig") or m.group("sig2"))
+        facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
+        return _signal_hit(found[0] + m.start(), facts, "the launcher")
+    return None
+
+
+def _signal_hit(pos: int, facts: Facts, who: str) -> _Hit:
+    category, subtype, said = _exit_kind(128 + int(facts["signal"]))
+    rank = facts.get("rank")
+    on = f" (rank {rank})" if isinstance(rank, int) else ""
+    return _Hit(category, subtype, 0.7, pos, facts, f"{who}{on} ended by {facts['signal_name']} ({said})",
+                "the launcher reports the signal that ended the process; what sent it (the OOM-killer, the "
+                "scheduler, a crash) is in the lines before")
+
+
 # ----------------------------------------------------------------------------------------------------
 # torchrun's ChildFailedError summary
 
@@ -201,5 +237,9 @@ DOCS = {
         'code / signal by the decision path)'
     ),
     'torchrun.worker-failed': '``failed (exitcode: N) local_rank: ...`` → by the exit decision path',
+    'launcher.signal': (
+        "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch), ``Received 15 death signal``, "
+        "``SignalException: ... got signal: 15`` → by the exit decision path for that signal"
+    ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""
