@@ -15,9 +15,9 @@ latest signal.
   Values at ``first_step`` are kept as first computed when the history (the last ``history_len``
   steps) no longer holds that step.
 * ``trigger`` -- ``step``, the LR phase at that step (``rising``: warmup or a schedule bug; ``constant``;
-  ``decaying``; ``zero``) with ``lr_growth`` (LR at the step / the earliest LR kept), and ``batch``: the
-  batch features the SDK reported at that step (``seq/*``, ``batch/*`` metrics, e.g. the truncation
-  check's fractions).
+  ``decaying``; ``zero``) with ``lr_growth`` (LR at the step / the earliest LR kept; ``"Infinity"`` when
+  the ratio overflows a double, e.g. an LR of 5e-324 that became 1.0), and ``batch``: the batch features
+  the SDK reported at that step (``seq/*``, ``batch/*`` metrics, e.g. the truncation check's fractions).
 * ``hypotheses`` -- the kind's likely causes (catalogue order is the prior: the first is the most common
   in the seeds' experience), re-weighted by what this incident's data says (:data:`RULES`: e.g. an LR that
   grew 30x before an explosion makes "learning rate too high / schedule bug" the lead; an OOM whose
@@ -29,6 +29,7 @@ latest signal.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -109,8 +110,8 @@ def lr_phase(rank: RankState, step: int) -> Dict[str, Any]:
         out["lr_phase"] = "rising" if log[i + 1][1] > lr else "decaying"
     else:
         out["lr_phase"] = "constant"
-    if log[0][1] > 0:
-        out["lr_growth"] = round(lr / log[0][1], 4)
+    if log[0][1] > 0:  # LR 5e-324 -> 1.0 overflows the ratio: +Infinity in the JSON mapping's spelling
+        out["lr_growth"] = wire_float(round(lr / log[0][1], 4))
     return out
 
 
@@ -169,6 +170,11 @@ def _at(values: Sequence[Tuple[int, float]], step: int) -> Optional[float]:
         if s <= step:
             best = v
     return best
+
+
+def _times(factor: float) -> str:
+    """``"12.5x"``; an overflowed ratio (an LR that grew from ~0) as ``"from ~0 (an unbounded factor)"``."""
+    return f"{factor:.3g}x" if math.isfinite(factor) else "from ~0 (an unbounded factor)"
 
 
 def _number(value: float) -> Any:
@@ -267,7 +273,7 @@ def _lr_grew(f: Facts) -> bool:
 
 def _lr_why(f: Facts) -> str:
     if f.lr_growth >= 2.0:
-        return f"the LR grew {f.lr_growth:.3g}x over the kept history before this step"
+        return f"the LR grew {_times(f.lr_growth)} over the kept history before this step"
     return "the LR was still rising at this step"
 
 
@@ -308,12 +314,12 @@ RULES: Tuple[Rule, ...] = (
     ("loss/rise-after-fall", "warmup-peak-learning-rate", lambda f: f.lr_phase == "rising", 2.0,
      lambda f: "the LR was still rising when the loss turned"),
     ("loss/rise-after-fall", "schedule-bug-lr-increasing", lambda f: f.lr_growth >= 10.0, 3.0,
-     lambda f: f"the LR grew {f.lr_growth:.3g}x: beyond any usual warmup"),
+     lambda f: f"the LR grew {_times(f.lr_growth)}: beyond any usual warmup"),
     ("loss/rise-after-fall", "overfitting-noisy-samples",
      lambda f: f.lr_phase in ("constant", "decaying"), 2.0,
      lambda f: f"the LR was {f.lr_phase} when the loss turned"),
     ("loss/divergence", "schedule-bug-lr-increasing", lambda f: f.lr_growth >= 10.0, 3.0,
-     lambda f: f"the LR grew {f.lr_growth:.3g}x before the loss left its band: beyond any usual warmup"),
+     lambda f: f"the LR grew {_times(f.lr_growth)} before the loss left its band: beyond any usual warmup"),
     ("loss/divergence", "learning-rate-too-high", lambda f: f.lr_phase in ("constant", "decaying"), 2.0,
      lambda f: f"the LR was {f.lr_phase} when the loss left its band: its level, not its schedule"),
     ("loss/divergence", "learning-rate-too-high", lambda f: f.clip_rate is not None and f.clip_rate > 0.5,
@@ -396,7 +402,8 @@ def enrich(run: RunState, st: IncidentState, settings: DetectionSettings) -> Non
     # what the history no longer holds (it keeps the last history_len steps) stays as first computed
     facts.lr_phase = str(inc.trigger.get("lr_phase", ""))
     growth = inc.trigger.get("lr_growth", 0.0)
-    facts.lr_growth = float(growth) if isinstance(growth, (int, float)) else 0.0
+    facts.lr_growth = float(growth) if isinstance(growth, (int, float)) else \
+        math.inf if growth == "Infinity" else 0.0
     inc.hypotheses = hypotheses(inc.category, inc.subtype, facts)
     inc.checks = contextual_checks(kind(inc.category, inc.subtype).checklist(), facts)
 

@@ -27,7 +27,17 @@
   ``max_runs`` runs and ``max_clusters`` clusters are kept (these two and ``evicted_runs_remembered`` are
   read from the pipeline's default settings; everything else from the event's project's settings).
 * *Never raises on input*: an envelope that cannot be read (no payload, no run id, a non-integer step) is
-  counted in ``counters["malformed"]`` and skipped; a bug in a detector does raise.
+  counted in ``counters["malformed"]`` and skipped.
+* *One run cannot stop the others* (issue 18, finding 1): no record and no state holds a non-finite
+  number -- detectors sanitise what they compute, legitimate non-finite evidence is spelled as the JSON
+  mapping spells it (``"NaN"``, ``"Infinity"``), and a record that would still hold one is spelled out the
+  same way and counted (``nonfinite_encoded``). A run that cannot go on -- an event whose processing
+  raises (a detector bug its data meets), a state that cannot be serialised at a snapshot, a stored part
+  that cannot be read back at a restore -- is *quarantined*: its state is dropped (its records already
+  emitted stay in the stores, and whatever of them changed goes out with the next output), its later
+  events are dropped like an evicted run's (``late``), it is counted in ``runs_quarantined`` and listed,
+  with the error, in :attr:`Pipeline.quarantined` for the runtime to log. Every other run goes on and
+  every snapshot serialises.
 
 **Run status**, by precedence: ``failed`` (a rank exited non-zero or by a signal) > ``finished`` (every
 rank exited 0, at least world_size ranks seen) > ``lost`` (silent, see :mod:`.detectors.progress`) >
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -61,6 +72,7 @@ from .records import (
     Cluster,
     Incident,
     RunRecord,
+    finite_copy,
 )
 from .state import ClusterState, IncidentState, RankState, RunState, bounded_put, cluster_key, run_key
 
@@ -68,10 +80,26 @@ SNAPSHOT_FORMAT = "trainguard.pipeline"
 SNAPSHOT_VERSION = 1
 
 COUNTERS = ("events", "duplicates", "malformed", "late", "ranks_dropped", "incidents_suppressed",
-            "runs_evicted", "clusters_evicted")
+            "runs_evicted", "clusters_evicted", "runs_quarantined", "nonfinite_encoded")
 """``Pipeline.counters``: events seen; replayed duplicates dropped; malformed envelopes skipped; events
-for runs already evicted (dropped); events of ranks beyond max_ranks_per_run; findings dropped because a
-run had max_incidents_per_run incidents; runs and clusters evicted."""
+for runs already evicted or quarantined (dropped); events of ranks beyond max_ranks_per_run; findings
+dropped because a run had max_incidents_per_run incidents; runs and clusters evicted; runs quarantined
+(see the module docstring); records in which a non-finite number was spelled out."""
+
+QUARANTINE_REASON_CHARS = 2000
+"""Longest error text kept with a quarantined run (:attr:`Pipeline.quarantined`)."""
+QUARANTINE_LIST_MAX = 1000
+"""Most quarantined runs listed in :attr:`Pipeline.quarantined` until the runtime takes them (the counter
+counts them all)."""
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """A run whose state was dropped because it could not go on (see the module docstring)."""
+
+    project: str
+    run_id: str
+    reason: str
 
 _PHASE_START = ("START", 1, "1")
 _PHASE_EXIT = ("EXIT", 2, "2")
@@ -138,8 +166,19 @@ def _parse(raw: Any) -> _Event:
 
 
 def _digest(data: Mapping[str, Any]) -> str:
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    """A short digest of a record's dict; ValueError when it holds a non-finite float."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str, allow_nan=False)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+
+
+def _error_text(exc: BaseException) -> str:
+    """``Type: message (at file:line in function)`` of an exception, bounded."""
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        where = f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name})"
+    return f"{type(exc).__name__}: {exc}{where}"[:QUARANTINE_REASON_CHARS]
 
 
 class Pipeline:
@@ -169,6 +208,10 @@ class Pipeline:
         self._run_seq: Dict[str, int] = {}
         self._cluster_seq: Dict[str, int] = {}
         self._next_seq = 0
+        self._unreadable_parts: List[str] = []  # stored parts restore_parts could not read: deleted next
+        #: runs quarantined since the runtime last took the list (see :meth:`take_quarantined`)
+        self.quarantined: List[Quarantined] = []
+        self._held = PipelineOutput()  # records of quarantined runs, out with the next output
         self.next_timer_ns = 0
         self._applied = 0  # findings applied so far (tells _correlate whether anything was folded in)
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
@@ -202,28 +245,36 @@ class Pipeline:
         are evicted (no output: their records stay in the stores). Returns every record that changed."""
         next_timer = 0
         for run in list(self._runs.values()):
-            settings = self.settings_for(run.project)
-            if run.incidents:
-                self._unsaved_runs[run.key] = None  # correlation's waits keep notes on the incidents
-                self._correlate(run, now_ns, settings)
-            for rank, stall in progress.check_stalled(run, now_ns, settings):
-                self._apply_stall(run, rank, stall, settings)
-                self._mark(run)
-            for rank in run.ranks.values():
-                deadline = progress.stall_deadline_ns(run, rank, settings)
-                if deadline and (not next_timer or deadline < next_timer):
-                    next_timer = deadline
-            findings = progress.check_lost(run, now_ns, settings)
-            if not findings:
-                continue
-            for finding in findings:
-                self._apply(run, finding, settings)
-            run.lost, run.lost_since_ns = True, run.last_event_ns
-            run.next_episode("lost")
-            self._mark(run)
+            try:
+                next_timer = self._advance_run(run, now_ns, next_timer)
+            except Exception as exc:  # a bug met by this run's state stops this run only
+                self._quarantine(run.key, f"timers at {now_ns} raised {_error_text(exc)}")
         self._evict(now_ns)
         self.next_timer_ns = next_timer
         return self._flush()
+
+    def _advance_run(self, run: RunState, now_ns: int, next_timer: int) -> int:
+        """:meth:`advance` for one run; returns ``next_timer`` lowered to the run's earliest deadline."""
+        settings = self.settings_for(run.project)
+        if run.incidents:
+            self._unsaved_runs[run.key] = None  # correlation's waits keep notes on the incidents
+            self._correlate(run, now_ns, settings)
+        for rank, stall in progress.check_stalled(run, now_ns, settings):
+            self._apply_stall(run, rank, stall, settings)
+            self._mark(run)
+        for rank in run.ranks.values():
+            deadline = progress.stall_deadline_ns(run, rank, settings)
+            if deadline and (not next_timer or deadline < next_timer):
+                next_timer = deadline
+        findings = progress.check_lost(run, now_ns, settings)
+        if not findings:
+            return next_timer
+        for finding in findings:
+            self._apply(run, finding, settings)
+        run.lost, run.lost_since_ns = True, run.last_event_ns
+        run.next_episode("lost")
+        self._mark(run)
+        return next_timer
 
     def _process_one(self, raw: Any, given: Optional[Sequence[Any]]) -> None:
         self.counters["events"] += 1
@@ -241,6 +292,14 @@ class Pipeline:
         if key in self._evicted:
             self.counters["late"] += 1
             return
+        try:
+            self._fold(ev, key, points, applied_before)
+        except Exception as exc:  # a bug met by this run's data stops this run only
+            self._quarantine(key, f"event {ev.event_id or '(no id)'} ({ev.kind}, step {ev.step}) raised "
+                                  f"{_error_text(exc)}")
+
+    def _fold(self, ev: _Event, key: str, points: Sequence[Any], applied_before: int) -> None:
+        """Fold one parsed event into its run's state (``_process_one`` after the envelope was read)."""
         settings = self.settings_for(ev.project)
         run = self._run(ev, key)
         self._unsaved_runs[key] = None
@@ -421,12 +480,34 @@ class Pipeline:
             run = self._runs[key] = RunState(project=ev.project, run_id=ev.run_id)
         return run
 
-    def _drop_run(self, key: str, now_ns: int) -> None:
+    def _drop_run(self, key: str, now_ns: int, counter: str = "runs_evicted") -> None:
         del self._runs[key]
         self._dirty_runs.pop(key, None)
         if self.settings.evicted_runs_remembered:
             bounded_put(self._evicted, key, now_ns, self.settings.evicted_runs_remembered)
-        self.counters["runs_evicted"] += 1
+        self.counters[counter] += 1
+
+    def _quarantine(self, key: str, reason: str) -> None:
+        """Drop run ``key`` for good (see the module docstring): what of its records changed goes out with
+        the next output when they can still be built; its later events are dropped; listed for the
+        runtime."""
+        run = self._runs.get(key)
+        if run is None:
+            return
+        if key in self._dirty_runs:
+            try:
+                self._flush_run(run, self._held)
+            except Exception:  # a state too broken to render: the stores keep what they had
+                pass
+        self._drop_run(key, run.last_event_ns, "runs_quarantined")
+        self._unsaved_runs.pop(key, None)
+        if len(self.quarantined) < QUARANTINE_LIST_MAX:
+            self.quarantined.append(Quarantined(run.project, run.run_id, reason))
+
+    def take_quarantined(self) -> List[Quarantined]:
+        """The runs quarantined since the last call (for the runtime to log), oldest first."""
+        out, self.quarantined = self.quarantined, []
+        return out
 
     def _evict(self, now_ns: int) -> None:
         for key, run in list(self._runs.items()):
@@ -437,32 +518,24 @@ class Pipeline:
 
     # --- outputs ------------------------------------------------------------------------------
     def _flush(self) -> PipelineOutput:
-        out = PipelineOutput()
+        out, self._held = self._held, PipelineOutput()
         for key in sorted(self._dirty_runs):
             run = self._runs.get(key)
             if run is None:
                 continue
-            record = run_record(run)
-            digest = _digest(record.to_dict())
-            if digest != run.emitted:
-                run.emitted = digest
-                out.runs.append(record)
-            for st in run.incidents.values():
-                if not st.dirty:
-                    continue
-                st.dirty = False
-                data = st.record.to_dict()
-                digest = _digest(data)
-                if digest != st.emitted:
-                    st.emitted = digest
-                    out.incidents.append(Incident.from_dict(data))
+            try:
+                self._flush_run(run, out)
+            except Exception as exc:  # a state that cannot be rendered stops its run only
+                self._quarantine(key, f"building its records raised {_error_text(exc)}")
         for key in sorted(self._dirty_clusters):
             cluster = self._clusters.get(key)
             if cluster is None:
                 continue
             cluster.dirty = False
-            data = cluster.record.to_dict()
-            digest = _digest(data)
+            raw = cluster.record.to_dict()
+            data, digest = self._finite(raw)
+            if data is not raw:  # kept spelled out in the state too: a snapshot must serialise
+                cluster.record = Cluster.from_dict(finite_copy(data))
             if digest != cluster.emitted:
                 cluster.emitted = digest
                 out.clusters.append(Cluster.from_dict(data))
@@ -470,6 +543,36 @@ class Pipeline:
         self._dirty_clusters.clear()
         out.incidents.sort(key=lambda i: (i.project, i.run_id, i.first_ns, i.incident_id))
         return out
+
+    def _flush_run(self, run: RunState, out: PipelineOutput) -> None:
+        """Add ``run``'s record and its changed incidents to ``out`` unless they are what was emitted."""
+        record = run_record(run)
+        raw = record.to_dict()
+        data, digest = self._finite(raw)
+        if digest != run.emitted:
+            run.emitted = digest
+            out.runs.append(record if data is raw else RunRecord.from_dict(data))
+        for st in run.incidents.values():
+            if not st.dirty:
+                continue
+            st.dirty = False
+            raw = st.record.to_dict()
+            data, digest = self._finite(raw)
+            if data is not raw:  # kept spelled out in the state too: a snapshot must serialise
+                st.record = Incident.from_dict(finite_copy(data))
+            if digest != st.emitted:
+                st.emitted = digest
+                out.incidents.append(Incident.from_dict(data))
+
+    def _finite(self, data: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+        """``(data, digest)`` of a record's dict without a non-finite number (the usual case: no copy);
+        else ``(a copy with them spelled out, its digest)``, counted in ``nonfinite_encoded``."""
+        try:
+            return data, _digest(data)
+        except ValueError:
+            self.counters["nonfinite_encoded"] += 1
+            clean: Dict[str, Any] = finite_copy(data)
+            return clean, _digest(clean)
 
     # --- inspection ---------------------------------------------------------------------------
     def runs(self) -> List[RunRecord]:
@@ -493,15 +596,52 @@ class Pipeline:
 
     # --- snapshots ----------------------------------------------------------------------------
     def snapshot(self) -> bytes:
-        """The whole state as versioned JSON (UTF-8, ASCII-escaped). Call between process/advance calls."""
-        doc = {
-            "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
-            "runs": [run.to_json() for run in self._runs.values()],
-            "clusters": [c.to_json() for c in self._clusters.values()],
-            "evicted": [[k, t] for k, t in self._evicted.items()],
-            "counters": self.counters,
-        }
-        return _json_bytes(doc)
+        """The whole state as versioned JSON (UTF-8, ASCII-escaped). Call between process/advance calls.
+        A run or cluster whose state cannot be serialised is quarantined first; the rest is saved."""
+        for attempt in range(2):
+            doc = {
+                "format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION,
+                "runs": [run.to_json() for run in self._runs.values()],
+                "clusters": [c.to_json() for c in self._clusters.values()],
+                "evicted": [[k, t] for k, t in self._evicted.items()],
+                "counters": self.counters,
+            }
+            try:
+                return _json_bytes(doc)
+            except (ValueError, TypeError, RecursionError):
+                if attempt:
+                    raise  # not a run's nor a cluster's: a bug in the header
+                for key in list(self._runs):  # find the culprits one by one (rare: no cost otherwise)
+                    self._run_part(key)
+                for key in list(self._clusters):
+                    self._cluster_part(key)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run_part(self, key: str) -> Optional[bytes]:
+        """Run ``key``'s snapshot part; None (and the run quarantined) when its state cannot be serialised."""
+        run = self._runs[key]
+        try:
+            return _json_bytes({"seq": self._run_seq.get(key, 0), "run": run.to_json()})
+        except (ValueError, TypeError, RecursionError) as exc:
+            self._quarantine(key, f"its state cannot be serialised: {_error_text(exc)}")
+            return None
+
+    def _cluster_part(self, key: str) -> Optional[bytes]:
+        """Cluster ``key``'s snapshot part; None (and the cluster dropped, listed as quarantined, counted as
+        evicted: its record stays in the stores) when it cannot be serialised."""
+        cluster = self._clusters[key]
+        try:
+            return _json_bytes({"seq": self._cluster_seq.get(key, 0), "cluster": cluster.to_json()})
+        except (ValueError, TypeError, RecursionError) as exc:
+            del self._clusters[key]
+            self._dirty_clusters.pop(key, None)
+            self._unsaved_clusters.pop(key, None)
+            self.counters["clusters_evicted"] += 1
+            if len(self.quarantined) < QUARANTINE_LIST_MAX:
+                self.quarantined.append(Quarantined(
+                    cluster.record.project, "", f"cluster {cluster.record.fingerprint}: its state cannot be "
+                    f"serialised: {_error_text(exc)}"))
+            return None
 
     def changed_parts(self) -> Dict[str, Optional[bytes]]:
         """The state as parts to store under their keys, only those that changed since the last
@@ -515,19 +655,23 @@ class Pipeline:
                 if key not in seq:
                     seq[key] = self._next_seq
                     self._next_seq += 1
+        out: Dict[str, Optional[bytes]] = {"header": b""}  # first key; written last (counters)
+        for key in list(self._unsaved_runs):
+            if key in self._runs:
+                blob = self._run_part(key)  # None: quarantined (deleted below if it was saved before)
+                if blob is not None:
+                    out[_part("run/", key)] = blob
+        for key in list(self._unsaved_clusters):
+            if key in self._clusters:
+                blob = self._cluster_part(key)
+                if blob is not None:
+                    out[_part("cluster/", key)] = blob
         header = {"format": SNAPSHOT_FORMAT, "version": SNAPSHOT_VERSION, "part": "header",
                   "evicted": [[k, t] for k, t in self._evicted.items()], "counters": self.counters,
                   "next_seq": self._next_seq}
-        out: Dict[str, Optional[bytes]] = {"header": _json_bytes(header)}
-        for key in self._unsaved_runs:
-            run = self._runs.get(key)
-            if run is not None:
-                out[_part("run/", key)] = _json_bytes({"seq": self._run_seq[key], "run": run.to_json()})
-        for key in self._unsaved_clusters:
-            cluster = self._clusters.get(key)
-            if cluster is not None:
-                out[_part("cluster/", key)] = _json_bytes({"seq": self._cluster_seq[key],
-                                                           "cluster": cluster.to_json()})
+        out["header"] = _json_bytes(header)
+        for name in self._unreadable_parts:
+            out[name] = None
         for key in self._saved_runs:
             if key not in self._runs:
                 out[_part("run/", key)] = None
@@ -542,6 +686,7 @@ class Pipeline:
         self._saved_clusters = dict.fromkeys(self._clusters)
         self._unsaved_runs.clear()
         self._unsaved_clusters.clear()
+        self._unreadable_parts.clear()
         self._run_seq = {k: v for k, v in self._run_seq.items() if k in self._runs}
         self._cluster_seq = {k: v for k, v in self._cluster_seq.items() if k in self._clusters}
 
@@ -549,7 +694,9 @@ class Pipeline:
     def restore_parts(cls, parts: Mapping[str, bytes], settings: Optional[DetectionSettings] = None,
                       project_settings: Optional[Mapping[str, DetectionSettings]] = None) -> Pipeline:
         """A pipeline continuing from stored :meth:`changed_parts` (every key's latest value). ValueError
-        when the header is missing or a part is not of a version this code reads."""
+        when the header is missing or not of a version this code reads. A run or cluster part that cannot
+        be read is left out -- that run is quarantined (counted, listed) and its part deleted by the next
+        :meth:`changed_parts` -- and everything else restored."""
         if "header" not in parts:
             raise ValueError("no pipeline snapshot header among the parts")
         header = _parse_part(parts["header"], "header")
@@ -560,12 +707,15 @@ class Pipeline:
         runs: List[Tuple[int, RunState]] = []
         clusters: List[Tuple[int, ClusterState]] = []
         for name, blob in parts.items():
-            if name.startswith("run/"):
-                doc = _parse_part(blob, name)
-                runs.append((int(doc["seq"]), RunState.from_json(doc["run"])))
-            elif name.startswith("cluster/"):
-                doc = _parse_part(blob, name)
-                clusters.append((int(doc["seq"]), ClusterState.from_json(doc["cluster"])))
+            try:
+                if name.startswith("run/"):
+                    doc = _parse_part(blob, name)
+                    runs.append((int(doc["seq"]), RunState.from_json(doc["run"])))
+                elif name.startswith("cluster/"):
+                    doc = _parse_part(blob, name)
+                    clusters.append((int(doc["seq"]), ClusterState.from_json(doc["cluster"])))
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+                pipeline._unreadable_part(name, exc)
         for seq, run in sorted(runs, key=lambda item: item[0]):
             pipeline._runs[run.key] = run
             pipeline._run_seq[run.key] = seq
@@ -575,9 +725,21 @@ class Pipeline:
             pipeline._cluster_seq[key] = seq
         pipeline._next_seq = int(header.get("next_seq", 0))
         pipeline._evicted = {str(k): int(t) for k, t in header.get("evicted", [])}
+        unreadable = list(pipeline._unreadable_parts)
         pipeline.counters.update({k: int(v) for k, v in header.get("counters", {}).items() if k in COUNTERS})
+        pipeline.counters["runs_quarantined"] += sum(1 for n in unreadable if n.startswith("run/"))
         pipeline.parts_saved()
+        pipeline._unreadable_parts = unreadable
         return pipeline
+
+    def _unreadable_part(self, name: str, exc: BaseException) -> None:
+        """A stored part ``restore_parts`` could not read: listed as quarantined, deleted at the next
+        checkpoint."""
+        self._unreadable_parts.append(name)
+        project, _sep, run_id = name.split("/", 1)[1].partition("%00")
+        if len(self.quarantined) < QUARANTINE_LIST_MAX:
+            self.quarantined.append(Quarantined(project, run_id, f"stored part {name!r} cannot be read: "
+                                                                 f"{_error_text(exc)}"))
 
     @classmethod
     def restore(cls, data: bytes, settings: Optional[DetectionSettings] = None,
@@ -594,15 +756,28 @@ class Pipeline:
             raise ValueError(f"pipeline snapshot version {doc.get('version')!r} is not supported "
                              f"(this code reads version {SNAPSHOT_VERSION})")
         pipeline = cls(settings, project_settings)
+        lost = 0
         for item in doc.get("runs", []):
-            run = RunState.from_json(item)
+            try:
+                run = RunState.from_json(item)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+                lost += 1  # that run alone is left out: quarantined
+                who = item if isinstance(item, dict) else {}
+                pipeline.quarantined.append(Quarantined(
+                    str(who.get("project", "")), str(who.get("run_id", "")),
+                    f"its snapshot cannot be read: {_error_text(exc)}"))
+                continue
             pipeline._runs[run.key] = run
         for item in doc.get("clusters", []):
-            cluster = ClusterState.from_json(item)
+            try:
+                cluster = ClusterState.from_json(item)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                continue  # a cluster's record stays in the stores; a later occurrence starts it again
             pipeline._clusters[cluster_key(cluster.record.project, cluster.record.fingerprint)] = \
                 cluster
         pipeline._evicted = {str(k): int(t) for k, t in doc.get("evicted", [])}
         pipeline.counters.update({k: int(v) for k, v in doc.get("counters", {}).items() if k in COUNTERS})
+        pipeline.counters["runs_quarantined"] += lost
         pipeline._unsaved_runs = dict.fromkeys(pipeline._runs)  # no parts stored yet: all of it changed
         pipeline._unsaved_clusters = dict.fromkeys(pipeline._clusters)
         return pipeline

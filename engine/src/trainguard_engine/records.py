@@ -204,6 +204,23 @@ class RunRecord:
         return _from_dict(cls, data)
 
 
+def finite_copy(value: Any) -> Any:
+    """A copy of a JSON-shaped ``value`` in which every non-finite float is spelled as the proto3 JSON
+    mapping spells it (``"NaN"``, ``"Infinity"``, ``"-Infinity"``: what evidence values and the metric API
+    use). Records never hold a bare NaN/Inf: the pipeline applies this to a record that would (a value
+    computed where no detector sanitised it) and counts it (``counters["nonfinite_encoded"]``)."""
+    kind = type(value)
+    if kind is float:
+        if value - value == 0.0:
+            return value
+        return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
+    if kind is dict:
+        return {k: finite_copy(v) for k, v in value.items()}
+    if kind in (list, tuple):
+        return [finite_copy(v) for v in value]
+    return value
+
+
 def incident_id(project: str, run_id: str, category: str, subtype: str, key: str = "") -> str:
     """Deterministic id: the same incident found twice (replay, two runtimes) gets the same id."""
     digest = hashlib.sha1(f"{project}\x00{run_id}\x00{category}\x00{subtype}\x00{key}".encode()).hexdigest()

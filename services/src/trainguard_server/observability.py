@@ -53,4 +53,9 @@ def render_prometheus(services: Any) -> str:
                         [("", pstats.errors)]))
         samples.append(("trainguard_processing_lag_seconds", "gauge",
                         "publish-to-processed time of the latest record", [("", pstats.last_lag_s)]))
+        counters = getattr(getattr(processor, "pipeline", None), "counters", None) or {}
+        samples.append(("trainguard_runs_quarantined_total", "counter",
+                        "runs whose state was dropped because it could not go on (not serialisable, a "
+                        "processing error): the others went on; each is logged",
+                        [("", counters.get("runs_quarantined", 0))]))
     return "\n".join(_lines(samples)) + "\n"

@@ -155,7 +155,7 @@ def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: i
                      f"z = {trend.z:.2f} >= {tuned.trend_z:g} over {trend.n} values); above "
                      f"{tuned.explosion_onset_factor:g}x since step {onset[0]}"),
         step=onset[0], time_ns=onset[2] or time_ns, rank=rank.rank, metric=name, threshold=factor,
-        value=ratio, window=win, event_id=event_id)]
+        value=wire_float(ratio), window=win, event_id=event_id)]  # 1e308 / 5e-324: "Infinity"
     evidence.extend(_explosion_context(rank, onset[0], step, time_ns, settings, tuned))
     last_loss = rank.history.get(loss_name, {}).get(step) if loss_name else None
     loss_text = fmt_number(last_loss[0]) if last_loss is not None else "?"

@@ -413,7 +413,7 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
         return _Check(True, since=win.steps[0])
     steps, values, med, cv = win.steps, win.values, win.median, win.cv
     lo, hi = min(values), max(values)
-    level = med / initial
+    level = med / initial if initial else math.inf  # an initial loss of exactly 0: any level is above it
     description = (f"{name} over steps {steps[0]}-{steps[-1]}: robust spread {cv:.2f} of its median "
                    f"{fmt_number(med)} (>= {tuned.oscillation_min_cv:g}), median {level:.2f}x the initial "
                    f"level {fmt_number(initial)} (>= {tuned.oscillation_min_level:g}x), no trend "
@@ -425,7 +425,7 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     return _Check(True, since=steps[0], detail=f"swinging {fmt_number(lo)}-{fmt_number(hi)}", summary=summary,
                   evidence=[Evidence(rule="loss.oscillation", description=description, step=steps[0],
                                      time_ns=point_time(rank, name, steps[0], 0), rank=rank.rank, metric=name,
-                                     threshold=tuned.oscillation_min_cv, value=cv,
+                                     threshold=tuned.oscillation_min_cv, value=wire_float(cv),
                                      window=window(rank, name, steps[-1], settings.evidence_window))])
 
 
@@ -573,14 +573,15 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     if not explain:
         return _Check(True, since=steps[0])
     verdict, grad_evidence = _plateau_verdict(rank, steps[0], steps[-1], settings, tuned)
-    level = med / initial
+    level = med / initial if initial else math.inf  # an initial loss of exactly 0: any level is above it
+    share = change / med if med else 0.0  # a level of 0 passed the gate above only without any change
     description = (f"{name} over steps {steps[0]}-{steps[-1]}: median {fmt_number(med)} = {level:.2f}x the "
-                   f"initial level (>= {tuned.plateau_min_level:g}x), trend {change / med:.1%} of the level "
+                   f"initial level (>= {tuned.plateau_min_level:g}x), trend {share:.1%} of the level "
                    f"over the window (<= {tuned.plateau_max_change:.0%}), Mann-Kendall z = {trend.z:.2f} "
                    f"(|z| < {tuned.trend_z:g})")
     evidence = [Evidence(rule="loss.plateau", description=description, step=steps[0],
                          time_ns=point_time(rank, name, steps[0], 0), rank=rank.rank, metric=name,
-                         threshold=tuned.plateau_max_change, value=change / med,
+                         threshold=tuned.plateau_max_change, value=wire_float(share),
                          window=window(rank, name, steps[-1], settings.evidence_window)), *grad_evidence]
     summary = (f"{name} has stayed at {fmt_number(med)} ({level:.2f}x where it started) since step "
                f"{{since}}, neither falling nor rising. " + _braces(verdict))

@@ -9,6 +9,8 @@ import math
 import statistics
 from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from trainguard.core.events import wire_float
+
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
@@ -518,7 +520,8 @@ def _amp_finding(rank: RankState, state: Dict[str, Any], rule: str, threshold: f
         Evidence(rule="memory.amp_overflow.scale", description=(
             f"amp/scale trajectory (steps where it changed): {path}; lowest {fmt_number(lowest)}"
             f"{below_one}"), step=step, time_ns=time_ns, rank=rank.rank, metric="amp/scale",
-            value=lowest, window=trajectory, event_id=event_id)]
+            value=lowest if math.isfinite(lowest) else None,  # None: no scale reported yet
+            window=trajectory, event_id=event_id)]
     if state.get("near"):
         near = state["near"]
         shares = ", ".join(f"step {s} {r:.1%}" for s, r in near[:8])
@@ -838,7 +841,7 @@ def _context_finding(rank: RankState, device: str, st: Mapping[str, Any], step: 
                 f"{'>' if share > ratio_t else '<='} {ratio_t:.1%} (medium); on {samples} samples since "
                 f"step {first}"),
             step=first, time_ns=first_ns, rank=rank.rank, metric="device_used", threshold=ratio_t,
-            value=round(share, 6), event_id=event_id))
+            value=wire_float(round(share, 6)), event_id=event_id))  # a capacity of ~0 overflows it
     held = _fmt_bytes(other) if other is not None and other > ratio_t * total else ""
     parts = [p for p in (held, f"{contexts} other CUDA context{'s' if contexts != 1 else ''}"
                          if contexts > 0 else "") if p]

@@ -281,7 +281,7 @@ def find_explosion(rank: RankState, loss_step: int, time_ns: int, settings: Dete
                          f"{settings.explosion_jump_factor:g}x at step {onset[0]} "
                          f"({fmt_number(onset[1])})"),
             step=onset[0], time_ns=onset[2] or time_ns, rank=rank.rank, metric=name,
-            threshold=settings.explosion_jump_factor, value=ratio, window=win))
+            threshold=settings.explosion_jump_factor, value=wire_float(ratio), window=win))  # may overflow
         found.timeline.append(TimelineEntry(
             time_ns=onset[2] or time_ns, step=onset[0], rank=rank.rank,
             what=(f"rank {rank.rank}: {name} {fmt_number(onset[1])} at step {onset[0]}, "

@@ -99,7 +99,8 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Any], step: int,
     checks: Dict[int, Dict[str, float]] = {}
     for name, s, value in points:
         if name in FIELDS and isinstance(value, float) and math.isfinite(value):
-            checks.setdefault(int(s), {})[name] = value
+            # fractions: a value outside [0, 1] is clamped (a huge one would overflow the window's mean)
+            checks.setdefault(int(s), {})[name] = min(1.0, max(0.0, value))
     if not checks:
         return []
     state = rank_state(rank)

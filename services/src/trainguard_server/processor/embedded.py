@@ -96,6 +96,7 @@ class EmbeddedProcessor:
         self.yield_to = yield_to
         self.max_yield_s = max_yield_s
         self.pipeline = self._restore()
+        self._report_quarantined()
         self._uncommitted: List[QueueRecord] = []
         #: records whose round failed (a store unavailable): processed again, before anything new, after
         #: a backoff -- never committed until they went through. The pipeline is idempotent under replay.
@@ -140,6 +141,7 @@ class EmbeddedProcessor:
         items = {PARTS_PREFIX + name: blob for name, blob in self.pipeline.changed_parts().items()}
         if self._legacy_state:
             items[STATE_KEY] = None
+        self._report_quarantined()  # a run whose state could not be serialised was left out: say which
         self.incidents.save_states(items)
         self.pipeline.parts_saved()
         self._legacy_state = False
@@ -198,6 +200,7 @@ class EmbeddedProcessor:
             if now - self._last_tick >= self.tick_interval_s or (due and time.time_ns() >= due):
                 self._last_tick = now
                 self._emit(self.pipeline.advance(time.time_ns()))
+                self._report_quarantined()
             if self._uncommitted and now - self._last_snapshot >= self.snapshot_every_s:
                 self._checkpoint_locked()
         return done
@@ -259,6 +262,15 @@ class EmbeddedProcessor:
         metric points ``_store_raw`` read from each envelope (read once, shared): its output becomes
         ``_pending`` until the stores have it."""
         self._emit_later(self.pipeline.process(envelopes, points))
+        self._report_quarantined()
+
+    def _report_quarantined(self) -> None:
+        """Log each run the pipeline quarantined since the last call (counted in its
+        ``runs_quarantined``, on /metrics as ``trainguard_runs_quarantined_total``)."""
+        for q in self.pipeline.take_quarantined():
+            log.error("run %r of project %r quarantined: %s -- its state is dropped and its later events "
+                      "ignored; its records stay in the stores; every other run goes on", q.run_id, q.project,
+                      q.reason)
 
     def _store_raw(self, envelopes: Sequence[Dict[str, Any]]) -> List[Optional[List[extract.MetricTuple]]]:
         """Raw context to the event store and metric points to the metric store, one write each; returns
