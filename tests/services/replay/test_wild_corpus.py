@@ -1,0 +1,71 @@
+"""The wild-log corpus as the classifier's regression suite (issue 17): real logs users pasted in public
+issue threads (``tests/fixtures/wild/<id>/``: the log, its ``source.txt`` and ``label.json``), each imported
+with ``trainguard replay``'s defaults into a data directory (the gateway, processor and pipeline of
+``trainguard serve``, in process).
+
+* every label follows the schema and names catalogue kinds, every case has its source;
+* the product's verdict on every log is the one recorded in ``verdicts.json`` (a regression baseline,
+  right or wrong: a deliberate change re-records it with ``python bench/logs.py --record`` and the diff
+  shows which logs moved);
+* floors on the figures, per part (tune / held out), at what the recorded verdicts score.
+
+``bench/logs.py`` prints the full table through ``trainguard serve`` and the replay CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List
+
+import pytest
+
+from bench.wild import corpus, judge
+
+CASES = corpus.load(kinds=corpus.catalogue_kinds())
+RECORDED: Dict[str, judge.Verdict] = {
+    k: judge.Verdict.from_dict(v)
+    for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
+FLOORS = {"tune": {"category": 0.70, "subtype": 0.64}, "heldout": {"category": 0.62, "subtype": 0.60}}
+"""Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down)."""
+
+
+def test_the_corpus_is_large_labelled_and_sourced() -> None:
+    assert len(CASES) >= 150
+    assert {c.case_id for c in CASES} == set(RECORDED), "re-record: python bench/logs.py --record"
+    parts = [c.part for c in CASES]
+    assert parts.count("heldout") >= len(CASES) // 5
+    for case in CASES:
+        source = (case.path / "source.txt").read_text(encoding="utf-8")
+        assert "github.com/" in source or "http" in source, case.case_id
+        assert case.lines() >= 2, case.case_id
+    categories = {c.label.category for c in CASES}
+    assert {"comm", "memory", "process", "loss", "gradient"} <= categories
+
+
+def test_a_label_names_its_field_when_it_is_wrong() -> None:
+    good = {"kind": "comm/timeout", "category": "comm", "culprit_rank": None, "multi_rank": True,
+            "consequences": [], "uncertain": False, "framework": "pytorch", "torch_version": None}
+    assert corpus.parse_label(good, "x").kind == "comm/timeout"
+    for field, bad, said in (("kind", "comm/slow", "'comm/slow' is not a catalogue kind"),
+                             ("category", "memory", "category"), ("culprit_rank", -1, "culprit_rank"),
+                             ("framework", "jax", "framework"), ("consequences", ["nope"], "'nope'")):
+        with pytest.raises(corpus.LabelError, match=said):
+            corpus.parse_label(dict(good, **{field: bad}), "x", corpus.catalogue_kinds())
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> Dict[str, judge.Verdict]:
+    return {case.case_id: judge.replay_local(case) for case in CASES}
+
+
+@pytest.mark.parametrize("case_id", [c.case_id for c in CASES])
+def test_verdict_is_the_recorded_one(case_id: str, verdicts: Dict[str, judge.Verdict]) -> None:
+    assert verdicts[case_id] == RECORDED[case_id]
+
+
+def test_the_figures_hold_their_floors(verdicts: Dict[str, judge.Verdict]) -> None:
+    scores: List[judge.Score] = [judge.score(c, verdicts[c.case_id]) for c in CASES]
+    for part, floors in FLOORS.items():
+        mine = [s for s in scores if s.part == part]
+        assert sum(s.category for s in mine) / len(mine) >= floors["category"], part
+        assert sum(s.subtype for s in mine) / len(mine) >= floors["subtype"], part
