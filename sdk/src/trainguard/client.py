@@ -55,7 +55,8 @@ def make_transport(options: Options) -> Transport:
     if scheme in ("http", "https"):
         from .transport.http import HttpTransport
 
-        return HttpTransport(endpoint, options.token, user_agent)
+        return HttpTransport(endpoint, options.token, user_agent, connect_timeout=options.connect_timeout,
+                             read_timeout=options.read_timeout)
     if scheme in ("grpc", "grpcs"):
         from .transport.grpc import GrpcTransport
 
@@ -84,7 +85,8 @@ class Client:
             world_size=options.world_size)
         self._base = self._envelope_base()
         self._queue: Deque[Tuple[Any, ...]] = deque()
-        self._max_queue = options.max_queue_events
+        self._max_queue = options.max_queue_events  # 0 once closed: every later event is dropped, counted
+        self._max_rare = options.max_queue_events + options.queue_reserve_events
         self._reader = DeviceReader(_read_back, max_items=options.max_queue_events)
         self._final = False
         self._wake_at = options.max_batch_events
@@ -170,7 +172,7 @@ class Client:
         modify it afterwards (pass a fresh tensor, e.g. the output of ``torch.stack``)."""
         queue = self._queue
         if len(queue) >= self._max_queue:
-            self.stats.drop("queue_full", len(names))
+            self.stats.drop("queue_full")  # one event (of len(names) metrics)
             return
         queue.append((K_VECTOR, step, time.time_ns(), names, values))
         if len(queue) >= self._wake_at:
@@ -244,7 +246,17 @@ class Client:
     # --- rare events ----------------------------------------------------------------------------
     def capture_event(self, kind: str, payload: Mapping[str, Any], severity: str = "INFO",
                       step: Optional[int] = None, urgent: bool = False) -> str:
-        """Queue a fully built payload of ``kind``; returns its event_id. Never dropped for queue space."""
+        """Queue a fully built payload of ``kind``; returns its event_id ("" when it was dropped).
+
+        Rare events have ``queue_reserve_events`` of room beyond ``max_queue_events`` that metrics cannot
+        take; beyond that they are dropped too (counted as ``queue_full``), so the queue stays bounded
+        whatever the backend does. The lifecycle start and exit events always fit (one each).
+        """
+        if len(self._queue) >= self._max_rare and (kind != "lifecycle" or self._max_queue == 0):
+            self.stats.drop("queue_full")
+            warn_once("queue_full:rare", f"the SDK's queue is full ({self._max_rare} events: the backend "
+                                         f"is slow or unreachable); dropping {kind} events (counted)")
+            return ""
         event = ev.envelope(self._base, kind, payload, step=self.step if step is None else step,
                             time_unix_nano=time.time_ns(), severity=severity)
         self._queue.append((K_EVENT, event))
@@ -342,7 +354,7 @@ class Client:
         if self.forked_child:
             return
         payload = {"phase": "EXIT", "exit_code": exit_code, "signal": signal_number, "reason": reason,
-                   "sdk_stats": self.stats.snapshot()}
+                   "sdk_stats": self.stats_snapshot()}
         severity = "INFO" if exit_code == 0 else "ERROR"
         self.capture_event("lifecycle", payload, severity=severity, urgent=True)
 
@@ -359,7 +371,7 @@ class Client:
         if now < self._next_heartbeat:
             return
         self._next_heartbeat = now + interval
-        sdk_stats = self.stats.snapshot()
+        sdk_stats = self.stats_snapshot()
         device_wait = self._reader.waiting_s()
         if device_wait >= DEVICE_WAIT_REPORT_S:  # alive, but the device has not computed the last values
             sdk_stats["device_wait_s"] = round(device_wait, 3)
@@ -377,6 +389,7 @@ class Client:
                 items.append(queue.popleft())
         except IndexError:
             pass
+        self.stats.drained += len(items)
         reader = self._reader
         if not items and not reader.pending():
             return []
@@ -398,8 +411,8 @@ class Client:
             if item[0] == K_EVENT:
                 out.append(self._complete_event(item[1]))
                 continue
-            if item[3] is None:
-                self.stats.drop("invalid_value", 1)
+            if item[3] is None:  # a vector whose tensor could not be read back
+                self.stats.drop("encode_error", 1)
                 continue
             try:
                 out.append(self._metrics_envelope(item))
@@ -446,9 +459,41 @@ class Client:
         return self.worker.flush(timeout)
 
     def close(self, timeout: float) -> bool:
+        """Deliver or spool everything within ``timeout`` and stop the worker; True if it finished.
+
+        From here on, new events are dropped at the door (counted as ``queue_full``). Whatever the worker
+        could not settle (it was abandoned, or a device read-back never came back) is counted as
+        ``dropped.shutdown``, so that afterwards ``sent + spooled + dropped == logged`` exactly.
+        """
         self._final = True
-        """Flush within ``timeout`` and stop the worker."""
-        return self.worker.close(timeout)
+        self._max_queue = 0
+        finished = self.worker.close(timeout)
+        left = self.accounting()["queued"]
+        if left > 0:
+            self.stats.drop("shutdown", left)
+        return finished
+
+    def accounting(self) -> Dict[str, int]:
+        """Where every event went: ``logged == sent + spooled + dropped + queued``.
+
+        ``logged``: events produced (queued, taken by the worker, or dropped at the door; plus any an
+        earlier process left in the spool); ``sent``: acknowledged by the backend; ``spooled``: held in the
+        spool now; ``dropped``: given up on (all reasons, counted in ``stats.dropped``); ``queued``: not
+        settled yet (in the queue, waiting for a device read-back, or in flight). 0 after :meth:`close`.
+        """
+        stats = self.stats
+        logged = stats.drained + stats.dropped["queue_full"] + len(self._queue)
+        sent, spooled, dropped = stats.sent, stats.spooled, stats.dropped_total
+        return {"logged": logged, "sent": sent, "spooled": spooled, "dropped": dropped,
+                "queued": logged - sent - spooled - dropped}
+
+    def stats_snapshot(self) -> Dict[str, float]:
+        """The counters reported in heartbeats and the exit event, with ``logged`` and ``queued``."""
+        out = self.stats.snapshot()
+        accounting = self.accounting()
+        out["logged"] = float(accounting["logged"])
+        out["queued"] = float(accounting["queued"])
+        return out
 
     def after_fork_in_child(self) -> None:
         """Called in a forked child (DataLoader workers): fresh queue, identity pid, worker and spool, for

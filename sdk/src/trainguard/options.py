@@ -37,13 +37,27 @@ class Options:
     world_size: Optional[int] = None
 
     # --- delivery -----------------------------------------------------------------------------
-    #: Most events held in memory waiting for the worker; beyond it new metrics are dropped (counted).
+    #: Most metric events held in memory waiting for the worker; beyond it new ones are dropped (counted
+    #: as ``queue_full``). With ``queue_reserve_events`` this bounds the SDK's memory whatever the backend
+    #: does: a backend that hangs or is down costs at most this many queued events.
     max_queue_events: int = 10_000
+    #: Extra queue room only rare events (exceptions, log records, memory snapshots, heartbeats) may use,
+    #: so an exception is still kept when metrics have filled ``max_queue_events``; beyond
+    #: ``max_queue_events + queue_reserve_events`` they are dropped too (counted). Lifecycle start/exit
+    #: events (one each) always fit.
+    queue_reserve_events: int = 100
     #: Most envelopes per request.
     max_batch_events: int = 500
     #: The worker sends at least this often (seconds) when anything is queued.
     flush_interval: float = 1.0
-    #: Per-request network timeout (seconds).
+    #: Longest wait for a connection to the backend (TCP and TLS handshake), seconds. Beyond it the batch
+    #: goes to the spool and is retried with backoff.
+    connect_timeout: float = 3.0
+    #: Longest the backend may stay silent while we send a request or wait for its answer, seconds: a
+    #: backend that accepts a request and never answers fails over to the spool after this.
+    read_timeout: float = 5.0
+    #: The most one request may take in all (connect, upload, the whole answer), seconds, even against a
+    #: backend that trickles its answer a byte at a time. gRPC: the call's deadline (it covers connecting).
     send_timeout: float = 10.0
     #: Retry backoff bounds (seconds); the server's Retry-After wins when it is longer.
     backoff_initial: float = 0.5
@@ -53,7 +67,8 @@ class Options:
     spool_dir: Optional[str] = None
     #: Bound on the spool's size on disk; the oldest batches are evicted (and counted) beyond it.
     spool_max_bytes: int = 256 * 1024 * 1024
-    #: How long ``shutdown()`` / exit may wait for delivery (seconds).
+    #: How long ``shutdown()`` / exit may take (seconds): what cannot be delivered in this time (a backend
+    #: down or hanging) is written to the spool, in flight requests included, so nothing is lost.
     shutdown_timeout: float = 5.0
     #: Most characters kept of any string (messages, tracebacks are bounded separately).
     max_string_length: int = 8_192
@@ -156,6 +171,14 @@ def build_options(explicit: Mapping[str, Any], env: Mapping[str, str]) -> Tuple[
     for name in ("max_queue_events", "max_batch_events"):
         if getattr(opts, name) < 1:
             problems.append(f"option {name} must be >= 1; using the default")
+            setattr(opts, name, getattr(Options(), name))
+    if opts.queue_reserve_events < 0:
+        problems.append("option queue_reserve_events must be >= 0; using the default")
+        opts.queue_reserve_events = Options().queue_reserve_events
+    for name in ("connect_timeout", "read_timeout", "send_timeout"):
+        value = getattr(opts, name)
+        if not (isinstance(value, (int, float)) and value > 0):  # 0 or NaN would mean "never give up"
+            problems.append(f"option {name} must be a positive number of seconds; using the default")
             setattr(opts, name, getattr(Options(), name))
     return opts, problems
 

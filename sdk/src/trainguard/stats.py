@@ -1,30 +1,45 @@
 """Counters of what the SDK did with events: sent, spooled, retried and dropped (by reason).
 
-Increments happen from the training thread and the worker; a lost increment under a race is acceptable
-(these are diagnostics), a lock on the step path is not. Snapshots are reported in heartbeats, as
-``trainguard/sdk/*`` metrics and in the exit event.
+Every event is accounted for: ``drained + dropped["queue_full"]`` (plus what is still queued) is what was
+logged, and once nothing is queued or in flight, ``sent + spooled + dropped == logged`` exactly
+(:meth:`trainguard.client.Client.accounting`). ``sent``, ``spooled`` and ``drained`` change on the worker
+thread only; drops are counted under a lock (they come from any thread, and only on the slow path), so no
+increment is lost. Snapshots are reported in heartbeats, as ``trainguard/sdk/*`` metrics and in the exit
+event.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Dict
 
 DROP_REASONS = (
     "queue_full",        # the in-memory queue was full when the event was produced
-    "invalid_value",     # a metric value that is not a number (None, a string, a non-scalar tensor)
-    "encode_error",      # the event could not be serialised
+    "invalid_value",     # a metric VALUE that is not a number (None, a string, a non-scalar tensor): counts
+                         # values, not events (the event goes out without it), so not in dropped_total
+    "encode_error",      # the event could not be built or serialised (e.g. a tensor that cannot be read)
     "rejected",          # the server refused the event (4xx / per-item rejection)
     "spool_full",        # evicted from the disk spool to stay within spool_max_bytes
     "spool_error",       # the spool could not be written (disk full, permissions)
     "send_failed",       # undeliverable and no spool to keep it in
-    "shutdown",          # still queued when shutdown's timeout ran out
+    "shutdown",          # still queued or in flight when shutdown's timeout ran out (spool not writable)
     "device_stalled",    # device metrics waiting behind a read-back the device never completed
 )
 
 
+VALUE_REASONS = ("invalid_value",)
+"""Drop reasons that count metric values rather than events."""
+
+
 class SdkStats:
-    """Monotonic counters; ``snapshot()`` gives a plain dict for reporting."""
+    """Counters; ``snapshot()`` gives a plain dict for reporting.
+
+    ``sent``: events the backend acknowledged (accepted or already stored), replayed ones included;
+    ``spooled``: events held in the spool now, waiting for replay (a gauge); ``replayed``: events delivered
+    from the spool; ``drained``: events the worker took from the queue (and any that an earlier process
+    left in the spool); ``dropped``: events given up on, by reason (and invalid values, see DROP_REASONS).
+    """
 
     def __init__(self) -> None:
         self.dropped: Counter[str] = Counter()
@@ -33,14 +48,18 @@ class SdkStats:
         self.replayed = 0
         self.retries = 0
         self.batches = 0
+        self.drained = 0
+        self._lock = threading.Lock()
 
     def drop(self, reason: str, count: int = 1) -> None:
         """Record ``count`` events dropped for ``reason`` (one of DROP_REASONS)."""
-        self.dropped[reason] += count
+        with self._lock:
+            self.dropped[reason] += count
 
     @property
     def dropped_total(self) -> int:
-        return sum(self.dropped.values())
+        """Events dropped, all reasons (invalid values are not events: see VALUE_REASONS)."""
+        return sum(n for reason, n in list(self.dropped.items()) if reason not in VALUE_REASONS)
 
     def snapshot(self) -> Dict[str, float]:
         """Counters as a flat ``{name: value}`` dict."""
@@ -52,6 +71,6 @@ class SdkStats:
             "batches": float(self.batches),
             "dropped": float(self.dropped_total),
         }
-        for reason, count in self.dropped.items():
+        for reason, count in list(self.dropped.items()):
             out["dropped." + reason] = float(count)
         return out

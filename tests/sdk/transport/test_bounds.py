@@ -39,10 +39,12 @@ def test_one_million_events_with_the_server_down_stay_bounded(tmp_path: Path) ->
         peak = max(peak, rss_mb())
         trainguard.flush(2)
         stats = client.stats
-        print(json.dumps({{"before": before, "peak": peak, "queue": client.pending(),
-                          "spooled": stats.spooled, "queue_full": stats.dropped["queue_full"],
-                          "spool_full": stats.dropped["spool_full"], "sent": stats.sent}}))
+        figures = {{"before": before, "peak": peak, "queue": client.pending(),
+                   "spooled": stats.spooled, "queue_full": stats.dropped["queue_full"],
+                   "spool_full": stats.dropped["spool_full"], "sent": stats.sent}}
         trainguard.shutdown(timeout=1)
+        figures["after_shutdown"] = client.accounting()
+        print(json.dumps(figures))
     """
     result = run_python(code, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -51,8 +53,13 @@ def test_one_million_events_with_the_server_down_stay_bounded(tmp_path: Path) ->
     assert figures["peak"] - figures["before"] < 48, figures
     assert figures["queue"] <= 10_000
     assert figures["sent"] == 0
-    # accounted: every event produced (1 start + 20k warm-up + 1M) is spooled, dropped or still queued
-    assert figures["spooled"] + figures["queue_full"] + figures["queue"] == 1_020_001, figures
+    # accounted: every event produced (1 start + 20k warm-up + 1M) is in the spool, evicted from it
+    # (spool_full), dropped at the full queue, or still queued
+    assert figures["spooled"] + figures["spool_full"] + figures["queue_full"] + figures["queue"] == 1_020_001, \
+        figures
+    # and after shutdown, exactly: sent + spooled + dropped == logged, nothing left unsettled
+    assert figures["after_shutdown"]["logged"] == 1_020_001, figures
+    assert figures["after_shutdown"]["queued"] == 0, figures
     spool_bytes = sum(p.stat().st_size for p in tmp_path.rglob("*.json"))
     assert spool_bytes <= 16 * 2**20
 

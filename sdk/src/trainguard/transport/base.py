@@ -51,6 +51,11 @@ class Transport(ABC):
         Returns only once the server acknowledged the batch; raises TransportError otherwise.
         """
 
+    def abort(self) -> None:
+        """Interrupt a :meth:`send` in progress on another thread: it raises a retryable TransportError
+        (status ``"aborted"``) promptly. Called by the worker's shutdown when its time is up; safe to call
+        from any thread, at any time, any number of times. Default: sends never block, nothing to do."""
+
     def close(self) -> None:
         """Release connections. Safe to call twice."""
 

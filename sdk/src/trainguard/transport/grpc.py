@@ -12,6 +12,9 @@ Contract (see :class:`trainguard.transport.base.Transport`):
     carries status ``"413"``, which the worker answers by splitting the batch; INVALID_ARGUMENT,
     UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, UNIMPLEMENTED, FAILED_PRECONDITION (and ALREADY_EXISTS,
     OUT_OF_RANGE) are not. ``TransportError.status`` is the code's name (``"UNAUTHENTICATED"``);
+  * the whole send is bounded by its ``timeout`` (each call's deadline is what is left of it: connecting
+    included); :meth:`abort` cancels the call in flight from another thread (a retryable TransportError
+    with status ``"aborted"``);
   * the channel is created lazily on the first send, and re-created in a forked child (the parent's
     channel is dropped there, never closed or used); :meth:`close` releases it and is idempotent.
 """
@@ -92,6 +95,8 @@ class GrpcTransport(Transport):
         self._channel: Optional[grpc.Channel] = None
         self._stub: Any = None
         self._pid = 0
+        self._in_flight: Any = None  # the grpc.Future of the call in progress, for abort()
+        self._aborted = False
 
     def __repr__(self) -> str:
         return (f"GrpcTransport(target={self.target!r}, secure={self.secure}, "
@@ -116,6 +121,13 @@ class GrpcTransport(Transport):
             self._pid = pid
         return self._stub
 
+    def abort(self) -> None:
+        """Cancel the call in flight (if any); the send raises TransportError(status="aborted")."""
+        self._aborted = True
+        future = self._in_flight
+        if future is not None:
+            future.cancel()
+
     def close(self) -> None:
         """Close the channel (only if this process created it). Safe to call twice."""
         channel, self._channel, self._stub = self._channel, None, None
@@ -129,6 +141,7 @@ class GrpcTransport(Transport):
     def send(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
         """Deliver ``events`` within ``timeout`` seconds; see the module docstring for the contract."""
         deadline = time.monotonic() + timeout
+        self._aborted = False
         batch = wire.prepare_batch(events)
         result = SendResult(rejected=list(batch.rejected))
         chunks, too_large = self._chunks(batch.request, batch.indices)
@@ -151,14 +164,24 @@ class GrpcTransport(Transport):
 
     def _call(self, request: Any, timeout: float) -> Any:
         try:
-            return self._get_stub().Send(request, timeout=timeout, metadata=self._metadata,
-                                         wait_for_ready=False)
+            future = self._get_stub().Send.future(request, timeout=timeout, metadata=self._metadata,
+                                                  wait_for_ready=False)
+            self._in_flight = future
+            if self._aborted:  # abort() came before the call existed
+                future.cancel()
+            return future.result()
+        except grpc.FutureCancelledError:
+            raise TransportError("grpc call aborted", retryable=True, status="aborted") from None
         except grpc.RpcError as err:
+            if self._aborted:
+                raise TransportError("grpc call aborted", retryable=True, status="aborted") from None
             raise rpc_error_to_transport_error(err) from None
         except Exception as exc:  # e.g. "Cannot invoke RPC on closed channel": start afresh next time
             self.close()
             raise TransportError(f"grpc client error: {type(exc).__name__}: {exc}", retryable=True,
                                  status="CLIENT_ERROR") from None
+        finally:
+            self._in_flight = None
 
     def _chunks(self, request: Any, indices: List[int]
                 ) -> Tuple[List[Tuple[Any, List[int]]], List[Dict[str, Any]]]:

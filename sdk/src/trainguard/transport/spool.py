@@ -28,6 +28,8 @@ class MemorySpool:
         self._batches: Deque[Batch] = deque()
         self._events = 0
         self._max_events = max(1, max_events)
+        self.inherited = 0  # (DiskSpool's counters; a memory spool starts empty and reads back no file)
+        self.discarded = 0
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -63,7 +65,8 @@ class MemorySpool:
 class DiskSpool:
     """A bounded FIFO of batches in ``directory``; evicts the oldest files when over ``max_bytes``.
 
-    Files left by an earlier process in the same directory are picked up and replayed first.
+    Files left by an earlier process in the same directory are picked up and replayed first
+    (``inherited`` events). ``discarded`` counts the events of files that could not be read back.
     """
 
     def __init__(self, directory: str, max_bytes: int) -> None:
@@ -88,6 +91,8 @@ class DiskSpool:
             self._files.append((name, size, count))
             self._bytes += size
             self._seq = max(self._seq, seq + 1)
+        self.inherited = self.events
+        self.discarded = 0
 
     def __len__(self) -> int:
         return len(self._files)
@@ -131,7 +136,7 @@ class DiskSpool:
                 with open(os.path.join(self.directory, name), "rb") as fh:
                     return decode_events(fh.read())
             except (OSError, ValueError):
-                self._drop_oldest()
+                self.discarded += self._drop_oldest()
         return None
 
     def pop(self) -> None:

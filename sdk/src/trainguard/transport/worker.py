@@ -6,7 +6,14 @@ Delivery rules (DESIGN §2 rule 5):
   replayed, oldest first, once the backend answers again; while anything is spooled, new batches queue
   behind it so order is preserved;
 - retryable failures back off exponentially (with jitter), never shorter than the server's Retry-After;
-- every event that is given up on is counted in :class:`~trainguard.stats.SdkStats` by reason.
+- every event is accounted for in :class:`~trainguard.stats.SdkStats`: sent, held in the spool, or dropped
+  by reason; the worker is the only writer of ``sent`` / ``spooled`` / ``replayed``.
+
+Shutdown (:meth:`Worker.close`) is bounded by its timeout: the final delivery may use the network for
+``SHUTDOWN_NETWORK_SHARE`` of it (each request's deadline is cut to fit); then a request still in flight is
+aborted and everything left -- the batch that was in flight, the queue -- is written to the spool in the
+time that remains. Only a worker that is still stuck at the deadline (a spool disk that does not answer) is
+abandoned; the client then counts what it had not settled as ``dropped.shutdown``.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Union
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from ..guard import warn_once
 from ..options import Options
@@ -24,6 +31,11 @@ from .spool import DiskSpool, MemorySpool, SpoolError
 
 Spool = Union[DiskSpool, MemorySpool]
 Event = Dict[str, Any]
+
+SHUTDOWN_NETWORK_SHARE = 0.8
+"""Share of the shutdown timeout the final delivery may spend talking to the backend; the rest is kept
+for writing what is left to the spool (local disk: milliseconds for a full queue)."""
+_SHUTDOWN_STATUSES = ("shutdown", "aborted")  # a send cut short by shutdown, not a verdict on the backend
 
 
 class EventSource(Protocol):
@@ -60,6 +72,9 @@ class Worker:
         self._backoff = 0.0
         self._retry_at = 0.0
         self._final_failed = False
+        self._net_deadline = 0.0  # shutdown: no request may run past this (time.monotonic())
+        self._counting = threading.Lock()  # serialises the worker's counts with close() abandoning it
+        self._abandoned = False
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -77,6 +92,11 @@ class Worker:
     def flushing(self) -> bool:
         """A :meth:`flush` is waiting for what is queued."""
         return self._flush_requested > self._flush_done
+
+    @property
+    def spool_location(self) -> Optional[str]:
+        """The spool's directory (None: no disk spool opened)."""
+        return getattr(self._spool, "directory", None)
 
     def wake(self) -> None:
         """Ask the worker to look at the queue now rather than at the next interval."""
@@ -103,19 +123,42 @@ class Worker:
         return self._source.pending() == 0 and (self._spool is None or len(self._spool) == 0)
 
     def close(self, timeout: float) -> bool:
-        """Deliver what is queued (or spool it) within ``timeout`` s, then stop. Returns True if drained."""
+        """Deliver what is queued, or spool it, within ``timeout`` s, then stop (see the module doc).
+
+        Returns True when the worker finished: everything it held was sent, spooled or counted. False: it
+        was still stuck at the deadline and is abandoned -- it counts nothing more, and the caller counts
+        what it had not settled as dropped.
+        """
+        started = time.monotonic()
+        timeout = max(0.0, timeout)
+        deadline = started + timeout
+        self._net_deadline = started + timeout * SHUTDOWN_NETWORK_SHARE
         self._stopping = True
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(max(0.0, timeout))
-        drained = not self.alive
-        if not drained:
-            self.stats.drop("shutdown", self._source.pending())
+        thread = self._thread
+        if thread is not None:
+            thread.join(max(0.0, self._net_deadline - time.monotonic()))
+            if thread.is_alive():  # a request still in flight: cut it short, the worker spools the rest
+                transport = self._transport
+                if transport is not None:
+                    transport.abort()
+                thread.join(max(0.0, deadline - time.monotonic()))
+        finished = not self.alive
+        if not finished:
+            with self._counting:
+                self._abandoned = True
+            warn_once("shutdown:stuck", f"the delivery thread was still busy after {timeout:g} s "
+                                        f"(shutdown_timeout); what it held is counted as dropped.shutdown")
         if self._transport is not None:
             self._transport.close()
-        if self._spool is not None and drained:
+        if self._spool is not None and finished:
+            left = self._spool.events
+            if left:
+                where = f" at {self.spool_location}" if self.spool_location else ""
+                warn_once("shutdown:spooled", f"{left} event(s) could not be delivered before shutdown "
+                                              f"(backend down or not answering); kept in the spool{where}")
             self._spool.close()
-        return drained
+        return finished
 
     def reset_after_fork(self) -> None:
         """In a forked child: no thread, no inherited connection, spool and locks of our own."""
@@ -124,6 +167,7 @@ class Worker:
         self._spool = None
         self._wake = threading.Event()
         self._cond = threading.Condition()
+        self._counting = threading.Lock()
         self._flush_requested = self._flush_done = 0
         self._backoff = self._retry_at = 0.0
 
@@ -153,11 +197,26 @@ class Worker:
 
     def _pump(self, final: bool) -> None:
         self._replay(final)
-        while True:
+        while not self._abandoned:
             events = self._source.drain(self._options.max_batch_events)
             if not events:
                 return
             self._deliver(events, final)
+
+    # --- accounting -----------------------------------------------------------------------------
+    def _count(self, *, sent: int = 0, spooled: int = 0, replayed: int = 0,
+               drops: Sequence[Tuple[str, int]] = ()) -> None:
+        """Apply one outcome to the stats, unless close() abandoned this worker (it counted for us)."""
+        with self._counting:
+            if self._abandoned:
+                return
+            stats = self.stats
+            stats.sent += sent
+            stats.spooled += spooled
+            stats.replayed += replayed
+            for reason, count in drops:
+                if count:
+                    stats.drop(reason, count)
 
     # --- delivery -------------------------------------------------------------------------------
     def _in_backoff(self, final: bool) -> bool:
@@ -173,11 +232,26 @@ class Worker:
     def _get_spool(self) -> Spool:
         if self._spool is None:
             try:
-                self._spool = self._spool_factory()
+                spool: Spool = self._spool_factory()
             except (OSError, SpoolError) as exc:
                 warn_once("spool:create", f"cannot create the disk spool ({exc}); buffering in memory")
-                self._spool = MemorySpool(self._options.max_queue_events)
+                spool = MemorySpool(self._options.max_queue_events)
+            self._spool = spool
+            if spool.inherited:  # an earlier process's batches: logged there, accounted for here
+                with self._counting:
+                    self.stats.drained += spool.inherited
+                    self.stats.spooled += spool.inherited
         return self._spool
+
+    def _send(self, events: Sequence[Event]) -> SendResult:
+        """One request, within send_timeout -- and, once stopping, within the shutdown's network time."""
+        timeout = self._options.send_timeout
+        if self._stopping:
+            left = self._net_deadline - time.monotonic()
+            if left <= 0:
+                raise TransportError("shutdown: no time left to deliver", retryable=True, status="shutdown")
+            timeout = min(timeout, left)
+        return self._get_transport().send(events, timeout)
 
     def _deliver(self, events: List[Event], final: bool) -> None:
         spool = self._spool
@@ -185,7 +259,7 @@ class Worker:
             self._to_spool(events)
             return
         try:
-            result = self._get_transport().send(events, self._options.send_timeout)
+            result = self._send(events)
         except TransportError as exc:
             self._on_failure(exc, events, final)
             return
@@ -193,10 +267,13 @@ class Worker:
 
     def _on_failure(self, exc: TransportError, events: List[Event], final: bool) -> None:
         if exc.retryable:
+            if final or self._stopping:
+                self._final_failed = True
+            if exc.status in _SHUTDOWN_STATUSES and self._stopping:
+                self._to_spool(events)
+                return
             self.stats.retries += 1
             self._schedule_retry(exc)
-            if final:
-                self._final_failed = True
             warn_once(f"send:{exc.status}", f"backend unreachable ({exc}); spooling and retrying")
             self._to_spool(events)
         elif exc.status == "413" and len(events) > 1:
@@ -204,19 +281,20 @@ class Worker:
             self._deliver(events[:half], final)
             self._deliver(events[half:], final)
         else:
-            self.stats.drop("rejected", len(events))
+            self._count(drops=[("rejected", len(events))])
             warn_once(f"rejected:{exc.status}", f"backend rejected a batch of {len(events)}: {exc}")
 
-    def _on_success(self, result: SendResult, count: int) -> None:
+    def _on_success(self, result: SendResult, count: int, replayed: bool = False) -> None:
         self._backoff = 0.0
         self._retry_at = 0.0
         self.stats.batches += 1
-        self.stats.sent += count - len(result.rejected)
+        rejected = len(result.rejected)
+        self._count(sent=count - rejected, spooled=-count if replayed else 0,
+                    replayed=count if replayed else 0, drops=[("rejected", rejected)])
         if result.rejected:
-            self.stats.drop("rejected", len(result.rejected))
             first = result.rejected[0]
             warn_once(f"item:{first.get('code')}",
-                      f"backend rejected {len(result.rejected)} event(s): {first.get('message')}")
+                      f"backend rejected {rejected} event(s): {first.get('message')}")
 
     def _schedule_retry(self, exc: TransportError) -> None:
         opts = self._options
@@ -231,33 +309,43 @@ class Worker:
         try:
             evicted = spool.append(events)
         except SpoolError as exc:
-            self.stats.drop("spool_error", len(events))
+            self._count(drops=[("spool_error", len(events))])
             warn_once("spool:write", f"spool write failed ({exc}); dropping events (counted)")
             return
-        self.stats.spooled += len(events)
+        # the evicted (older) events were counted as spooled when they went in
+        self._count(spooled=len(events) - evicted, drops=[("spool_full", evicted)])
         if evicted:
-            self.stats.drop("spool_full", evicted)
             warn_once("spool:full", "spool is full; evicting the oldest batches (counted)")
+
+    def _peek(self, spool: Spool) -> Optional[List[Event]]:
+        """The spool's oldest batch; files that cannot be read back are dropped there, and counted here."""
+        before = spool.discarded
+        batch = spool.peek()
+        lost = spool.discarded - before
+        if lost:
+            self._count(spooled=-lost, drops=[("spool_error", lost)])
+            warn_once("spool:read", f"{lost} spooled event(s) could not be read back (counted)")
+        return batch
 
     def _replay(self, final: bool) -> None:
         spool = self._spool
-        while spool is not None and len(spool) > 0 and not self._in_backoff(final):
-            batch = spool.peek()
+        while spool is not None and len(spool) > 0 and not self._in_backoff(final) and not self._abandoned:
+            batch = self._peek(spool)
             if batch is None:
                 return
             try:
-                result = self._get_transport().send(batch, self._options.send_timeout)
+                result = self._send(batch)
             except TransportError as exc:
                 if exc.retryable:
-                    self.stats.retries += 1
-                    self._schedule_retry(exc)
-                    if final:
+                    if final or self._stopping:
                         self._final_failed = True
+                    if exc.status not in _SHUTDOWN_STATUSES:
+                        self.stats.retries += 1
+                        self._schedule_retry(exc)
                     return
                 spool.pop()
-                self.stats.drop("rejected", len(batch))
+                self._count(spooled=-len(batch), drops=[("rejected", len(batch))])
                 warn_once(f"rejected:{exc.status}", f"backend rejected a spooled batch: {exc}")
                 continue
             spool.pop()
-            self.stats.replayed += len(batch)
-            self._on_success(result, len(batch))
+            self._on_success(result, len(batch), replayed=True)
