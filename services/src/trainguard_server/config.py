@@ -30,6 +30,14 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="interface to bind (0.0.0.0 to expose)")
     http_port: int = Field(4318, description="HTTP ingest + query API + dashboard")
     grpc_port: int = Field(4317, description="gRPC ingest")
+    http_header_timeout_s: float = Field(
+        10.0, gt=0, description="an HTTP connection must complete its request head within this many seconds "
+        "of opening (or of the head's first byte): 408 and close otherwise, however slowly bytes trickle")
+    http_body_timeout_s: float = Field(
+        30.0, gt=0, description="an HTTP request body that stops arriving for this long is answered 408 and "
+        "the connection closed")
+    http_keep_alive_s: float = Field(5.0, gt=0, description="an idle HTTP connection between requests is "
+                                     "closed after this many seconds")
 
     # --- auth ---------------------------------------------------------------------------------
     bootstrap_project: str = Field("default", description="project created at first start")

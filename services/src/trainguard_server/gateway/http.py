@@ -32,6 +32,7 @@ from typing import Any, Dict, Optional
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from ..config import Settings
@@ -213,6 +214,8 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
             result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped)
         except GatewayError as exc:
             return error_response(exc)
+        except ClientDisconnect:  # gone mid-body (or closed by the body timeout): nobody to answer
+            return Response(status_code=400)
         except Exception as exc:  # a bug or a store failure: 500 (retryable for clients), logged
             log.exception("ingest failed")
             return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)

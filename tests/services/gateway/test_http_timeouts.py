@@ -1,0 +1,142 @@
+"""Issue 18, finding 12: HTTP connections never timed out (a half-sent request head was still open after 130 s).
+The uvicorn servers now bound the request head, a stalled body and keep-alive (settings
+``http_header_timeout_s``, ``http_body_timeout_s``, ``http_keep_alive_s``). Raw sockets against real servers on
+127.0.0.1: the HttpThread that ``trainguard serve`` and the agent run, and ``trainguard serve`` itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Iterator, Tuple
+
+import pytest
+from fastapi import FastAPI
+
+from tests.services.gateway.embedded_server import live_server
+from tests.services.gateway.helpers import Tokens, metric_event, new_gateway
+from trainguard_server.gateway.http import ingest_router
+from trainguard_server.http_thread import HttpThread
+from trainguard_server.http_timeouts import HttpTimeouts
+
+TIMEOUTS = HttpTimeouts(header_s=0.6, body_idle_s=0.6, keep_alive_s=0.6)
+SLOW_S = 1.5  # longer than every timeout above
+WAIT_S = 8.0  # what a test waits for the server to close before calling it "never"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Tuple[int, Tokens]]:
+    gateway, _, tokens = new_gateway()
+    app = FastAPI()
+    app.include_router(ingest_router(gateway))
+
+    @app.get("/slow")
+    async def slow() -> dict:  # type: ignore[type-arg]
+        await asyncio.sleep(SLOW_S)
+        return {"slow": True}
+
+    http = HttpThread(app, "127.0.0.1", 0, "test-http", timeouts=TIMEOUTS)
+    http.start()
+    yield http.port, tokens
+    http.stop(5)
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+
+
+def _read_until_closed(sock: socket.socket) -> Tuple[bytes, float]:
+    """Everything the server sends until it closes, and how long that took (raises socket.timeout)."""
+    started, data = time.monotonic(), b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data, time.monotonic() - started
+        data += chunk
+
+
+def _ingest_head(tokens: Tokens, length: int) -> bytes:
+    return (f"POST /v1/ingest HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {tokens.ingest}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def test_a_half_sent_request_head_gets_408_and_is_closed(server: Tuple[int, Tokens]) -> None:
+    port, _ = server
+    with _connect(port) as sock:
+        sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: t\r\nContent-")
+        data, elapsed = _read_until_closed(sock)  # was: socket.timeout, the connection stayed open
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert elapsed < WAIT_S / 2
+
+
+def test_a_head_trickled_byte_by_byte_is_cut_at_the_header_deadline(server: Tuple[int, Tokens]) -> None:
+    port, _ = server
+    head = b"GET /slow HTTP/1.1\r\nHost: t\r\nX-Padding: " + b"a" * 200
+    with _connect(port) as sock:
+        started = time.monotonic()
+        closed = False
+        for byte in head:  # one byte every 50 ms: never idle, never done
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.05)
+            if time.monotonic() - started > WAIT_S:
+                break
+        if not closed:
+            sock.settimeout(WAIT_S)
+            data, _ = _read_until_closed(sock)
+            assert data.startswith(b"HTTP/1.1 408")
+    assert time.monotonic() - started < WAIT_S  # the deadline counts from the first byte, not the last
+
+
+def test_a_connection_that_sends_nothing_is_closed(server: Tuple[int, Tokens]) -> None:
+    port, _ = server
+    with _connect(port) as sock:
+        data, elapsed = _read_until_closed(sock)
+    assert data == b""  # nothing asked, nothing answered: just closed
+    assert elapsed < WAIT_S / 2
+
+
+def test_a_stalled_body_gets_408_and_is_closed(server: Tuple[int, Tokens]) -> None:
+    port, tokens = server
+    with _connect(port) as sock:
+        sock.sendall(_ingest_head(tokens, 1000) + b'{"events": [')
+        data, elapsed = _read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert elapsed < WAIT_S / 2
+
+
+def test_slow_but_steady_uploads_and_slow_answers_are_not_cut(server: Tuple[int, Tokens]) -> None:
+    port, tokens = server
+    body = json.dumps({"events": [metric_event(i) for i in range(3)]}).encode()
+    with _connect(port) as sock:
+        sock.sendall(_ingest_head(tokens, len(body)))
+        started = time.monotonic()
+        for k in range(0, len(body), len(body) // 6 + 1):  # body idle < body_idle_s, total > body_idle_s
+            sock.sendall(body[k:k + len(body) // 6 + 1])
+            time.sleep(0.3)
+        assert time.monotonic() - started > TIMEOUTS.body_idle_s
+        response = sock.recv(65536)
+        assert response.startswith(b"HTTP/1.1 200 OK\r\n"), response
+        assert b'"accepted": 3' in response
+        # the same connection: a handler slower than every timeout still answers
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+        response = sock.recv(65536)
+        assert response.startswith(b"HTTP/1.1 200 OK\r\n") and response.endswith(b'{"slow":true}')
+        # then idle: the keep-alive timeout closes it
+        data, elapsed = _read_until_closed(sock)
+        assert data == b"" and elapsed < WAIT_S / 2
+
+
+def test_trainguard_serve_applies_the_settings(tmp_path: Path) -> None:
+    with live_server(tmp_path / "data", http_header_timeout_s=0.5) as live:
+        port = live.server.http_port
+        with _connect(port) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
+            data, elapsed = _read_until_closed(sock)  # was: still open after WAIT_S
+        assert data.startswith(b"HTTP/1.1 408") and elapsed < WAIT_S / 2
+        assert live.client.get("/healthz").json() == {"status": "ok"}
