@@ -75,8 +75,25 @@ class Settings(BaseSettings):
 
     # --- query API ------------------------------------------------------------------------------
     api_stream_auth_recheck_s: float = Field(
-        5.0, gt=0, description="how often a live run stream (server-sent events) re-checks its read token: "
-        "a revoked token's stream ends with an error event within this time, an expired one's when it expires")
+        5.0, gt=0, description="how often a live run stream (server-sent events) re-checks its read token: a "
+        "revoked token's stream ends with an error event within this time, an expired one's when it expires")
+    api_max_streams: int = Field(
+        100, ge=1, description="live run streams open at once in the API (each reads the stores every "
+        "interval); one more is answered 503 with Retry-After")
+    api_max_streams_per_token: int = Field(10, ge=1, description="live run streams open at once per read "
+                                           "token; one more is answered 429")
+    api_stream_min_interval_s: float = Field(
+        1.0, gt=0, description="a live run stream checks for changes at most this often (a smaller "
+        "?interval= is raised to it)")
+    api_max_concurrent_queries: int = Field(
+        4, ge=1, description="metric reads (series, summary) running at once; more wait for a slot, holding "
+        "no thread, at most api_query_timeout_s, then get 503 with Retry-After")
+    api_query_timeout_s: float = Field(
+        10.0, gt=0, description="longest a metric read may run (the SQLite metric store stops it; 503) and "
+        "wait for a slot")
+    api_max_metric_buckets: int = Field(
+        50_000, ge=1, description="most buckets in one metrics answer over all its series: max_points per "
+        "series is lowered to fit (the answer says the number used); more series than this is a 400")
 
     # --- processor ----------------------------------------------------------------------------
     processor_batch: int = Field(256, description="queue records consumed per processing round")

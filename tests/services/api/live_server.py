@@ -39,7 +39,8 @@ class LiveApi:
         self.run = RunRecord(project=PROJECT, run_id="run-1", run_name="resnet", started_ns=time.time_ns(),
                              last_step=0)
         self.stores.incidents.upsert_runs([self.run])
-        self.server = UvicornThread(create_app(self.services, ingest_router(self.gateway))).__enter__()
+        self.app = create_app(self.services, ingest_router(self.gateway))
+        self.server = UvicornThread(self.app).__enter__()
         self.url = self.server.url
 
     def headers(self, token: Optional[str] = None) -> Dict[str, str]:

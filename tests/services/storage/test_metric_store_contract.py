@@ -236,3 +236,26 @@ def test_negative_steps_are_bucketed_too(store: MetricStore) -> None:
     store.put([pt(s, float(s)) for s in range(-50, 50)])
     out = store.series("p", "r1", ["loss"], max_points=10)["loss"]
     assert _all(out) == 100 and out[0][0].step_start == -50 and out[0][-1].step_end == 49
+
+
+def test_series_keys_size_a_query_before_it_runs(store: MetricStore) -> None:
+    """Issue 18, finding 13: the API sizes a metrics answer from series_keys before asking for it."""
+    store.put([pt(s, 1.0, name=n, rank=r) for n in ("loss", "lr", "grad/norm") for r in (0, 3) for s in range(5)]
+              + [pt(0, 1.0, name="loss", rank=1), pt(0, 1.0, name="loss", run_id="r2", rank=7),
+                 pt(0, 1.0, name="loss", project="q", rank=8)])
+    assert store.series_keys("p", "r1", ["loss", "lr", "absent"]) == [
+        ("loss", 0), ("loss", 1), ("loss", 3), ("lr", 0), ("lr", 3)]
+    assert store.series_keys("p", "r1", ["loss", "grad/norm", "loss"], rank=3) == [("grad/norm", 3), ("loss", 3)]
+    assert store.series_keys("p", "r1", []) == []
+    assert store.series_keys("q", "r1", ["loss"]) == [("loss", 8)]
+    expected = {(n, r) for n, by_rank in store.series("p", "r1", ["loss", "lr"]).items() for r in by_rank}
+    assert set(store.series_keys("p", "r1", ["loss", "lr"])) == expected
+
+
+def test_reads_under_a_generous_time_budget_are_unchanged(store: MetricStore) -> None:
+    store.put([pt(s, float(s), rank=r) for r in (0, 1) for s in range(100)])
+    plain = (store.series("p", "r1", ["loss"], max_points=7), store.summary("p", "r1"), store.names("p", "r1"))
+    with store.time_budget(60.0):
+        budgeted = (store.series("p", "r1", ["loss"], max_points=7), store.summary("p", "r1"),
+                    store.names("p", "r1"))
+    assert budgeted == plain

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Generic, List, Mapping, NamedTuple, Optional, Sequence, TypeVar
+from typing import Any, Dict, Generic, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
@@ -124,6 +125,10 @@ class EventStore(ABC):
         """Release resources."""
 
 
+class QueryTimeout(RuntimeError):
+    """A read ran past the time budget of :meth:`MetricStore.time_budget` and was stopped."""
+
+
 class MetricStore(ABC):
     @abstractmethod
     def put(self, points: Sequence[MetricPoint]) -> None:
@@ -143,6 +148,21 @@ class MetricStore(ABC):
     @abstractmethod
     def summary(self, project: str, run_id: str) -> List[MetricSummary]:
         """Per-name aggregates over all ranks."""
+
+    def series_keys(self, project: str, run_id: str, names: Sequence[str], *,
+                    rank: Optional[int] = None) -> List[Tuple[str, int]]:
+        """``(name, rank)`` of every stored series of the run among ``names`` (of ``rank`` only, if given),
+        sorted: what a :meth:`series` call would return, to size it before running it. The default asks
+        :meth:`series` for one bucket per series; stores with a series index answer from it."""
+        found = self.series(project, run_id, names, rank=rank, max_points=1)
+        return sorted((name, r) for name, by_rank in found.items() for r in by_rank)
+
+    @contextmanager
+    def time_budget(self, seconds: float) -> Iterator[None]:
+        """Reads made by this thread inside the block (:meth:`series`, :meth:`summary`, :meth:`names`,
+        :meth:`series_keys`) raise :class:`QueryTimeout` once the block has run ``seconds``. A store that
+        cannot stop a read in progress ignores the budget (the default)."""
+        yield
 
     def close(self) -> None:
         """Release resources."""

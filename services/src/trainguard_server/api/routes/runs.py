@@ -1,15 +1,30 @@
-"""Runs, their metric series and their events."""
+"""Runs, their metric series and their events.
+
+Metric reads are bounded (issue 18, settings in ``config.py``) so heavy reads cannot crowd out ingest,
+which shares the process and its thread pool:
+
+* ``api_max_concurrent_queries`` metric reads (series, summary) run at once; more wait for a slot -- on the
+  event loop, holding no thread -- at most ``api_query_timeout_s``, then get 503 with ``Retry-After``;
+* each read runs at most ``api_query_timeout_s`` (stores that can stop a read: SQLite), then 503;
+* one ``/metrics`` answer holds at most ``api_max_metric_buckets`` buckets over all its series: the buckets
+  per series are lowered to fit (the answer's ``max_points`` says how many were used), and a query of more
+  series than that is refused with 400.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from contextlib import asynccontextmanager
 from dataclasses import asdict
-from typing import List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar, Union
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
-from ..deps import ProjectDep, ServicesDep
+from ...storage.base import Bucket, QueryTimeout
+from ..deps import ProjectDep, Services, ServicesDep
 from ..schemas import (
-    BucketPublic,
     EventPublic,
     IncidentPublic,
     MetricSeriesPublic,
@@ -18,11 +33,59 @@ from ..schemas import (
     RunPublic,
 )
 from .common import CursorQuery, LimitQuery, bad_request_on_value_error, not_found, wf
+from .stream import setting
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
 MAX_POINTS_LIMIT = 10_000
 RUN_STATUSES = ("running", "finished", "failed", "stalled", "lost")
+T = TypeVar("T")
+_BOUNDED: Dict[Union[int, str], Dict[str, Any]] = {
+    400: {"description": "a bad range, or more series than api_max_metric_buckets"},
+    404: {"description": "no such run"},
+    503: {"description": "no query slot within api_query_timeout_s, or the read ran past it (Retry-After)"}}
+
+
+def _busy(services: Services, detail: str) -> HTTPException:
+    retry = max(1, round(float(setting(services, "retry_after_s"))))
+    return HTTPException(503, detail, headers={"Retry-After": str(retry)})
+
+
+@asynccontextmanager
+async def query_slot(request: Request, services: Services) -> AsyncIterator[None]:
+    """One of the app's ``api_max_concurrent_queries`` metric-read slots, waited for without a thread;
+    503 when none frees within ``api_query_timeout_s``."""
+    slots: Optional[asyncio.Semaphore] = getattr(request.app.state, "metric_query_slots", None)
+    if slots is None:
+        slots = asyncio.Semaphore(int(setting(services, "api_max_concurrent_queries")))
+        request.app.state.metric_query_slots = slots
+    wait = float(setting(services, "api_query_timeout_s"))
+    try:
+        await asyncio.wait_for(slots.acquire(), wait)
+    except asyncio.TimeoutError:
+        raise _busy(services, f"every metric query slot (api_max_concurrent_queries="
+                              f"{setting(services, 'api_max_concurrent_queries')}) stayed busy for "
+                              f"api_query_timeout_s={wait:g} s: retry later") from None
+    try:
+        yield
+    finally:
+        slots.release()
+
+
+async def bounded_read(request: Request, services: Services, read: Callable[[], T]) -> T:
+    """``read()`` in a query slot, on a worker thread, under the metric store's time budget."""
+    budget = float(setting(services, "api_query_timeout_s"))
+
+    def run() -> T:
+        try:
+            with services.metrics.time_budget(budget):
+                return read()
+        except QueryTimeout:
+            raise _busy(services, f"the query ran past api_query_timeout_s={budget:g} s and was stopped: ask "
+                                  f"for fewer names, one rank or a narrower start_step..end_step") from None
+
+    async with query_slot(request, services):
+        return await run_in_threadpool(run)
 
 
 @router.get("", response_model=PagePublic[RunPublic], summary="Runs, most recently active first")
@@ -46,37 +109,75 @@ def get_run(run_id: str, project: ProjectDep, services: ServicesDep) -> RunPubli
     return RunPublic(**run.to_dict())
 
 
-@router.get("/{run_id}/metrics", response_model=MetricSeriesPublic,
-            summary="Downsampled series: min/max/mean per bucket, so spikes survive")
-def run_metrics(run_id: str, project: ProjectDep, services: ServicesDep,
-                names: Optional[str] = Query(None, max_length=4096,
-                                             description="comma-separated; default: all"),
-                rank: Optional[int] = Query(None, ge=0),
-                start_step: Optional[int] = Query(None, ge=0),
-                end_step: Optional[int] = Query(None, ge=0),
-                max_points: int = Query(1000, ge=1, le=MAX_POINTS_LIMIT,
-                                        description=f"buckets per series, 1..{MAX_POINTS_LIMIT}"),
-                ) -> MetricSeriesPublic:
-    if services.incidents.get_run(project, run_id) is None:
-        raise not_found("run", run_id)
-    if start_step is not None and end_step is not None and end_step < start_step:
-        raise HTTPException(400, "end_step must be >= start_step")
-    wanted: List[str] = ([n.strip() for n in names.split(",") if n.strip()] if names
-                         else services.metrics.names(project, run_id))
-    series = services.metrics.series(project, run_id, wanted, rank=rank, start_step=start_step,
-                                     end_step=end_step, max_points=max_points)
-    out = {name: {str(r): [BucketPublic(**{k: wf(v) for k, v in asdict(b).items()}) for b in buckets]
-                  for r, buckets in by_rank.items()}
-           for name, by_rank in series.items()}
-    return MetricSeriesPublic(run_id=run_id, max_points=max_points, series=out)
+@router.get("/{run_id}/metrics", response_model=MetricSeriesPublic, responses=_BOUNDED,
+            summary="Downsampled series: min/max/mean per bucket, so spikes survive",
+            description="At most api_max_metric_buckets buckets in all: with many series, fewer than "
+                        "max_points each (the answer's max_points is the number used).")
+async def run_metrics(run_id: str, request: Request, project: ProjectDep, services: ServicesDep,
+                      names: Optional[str] = Query(None, max_length=4096,
+                                                   description="comma-separated; default: all"),
+                      rank: Optional[int] = Query(None, ge=0),
+                      start_step: Optional[int] = Query(None, ge=0),
+                      end_step: Optional[int] = Query(None, ge=0),
+                      max_points: int = Query(1000, ge=1, le=MAX_POINTS_LIMIT,
+                                              description=f"buckets per series, 1..{MAX_POINTS_LIMIT}"),
+                      ) -> Response:
+    def read() -> Response:
+        if services.incidents.get_run(project, run_id) is None:
+            raise not_found("run", run_id)
+        if start_step is not None and end_step is not None and end_step < start_step:
+            raise HTTPException(400, "end_step must be >= start_step")
+        wanted: List[str] = ([n.strip() for n in names.split(",") if n.strip()] if names
+                             else services.metrics.names(project, run_id))
+        per_series = _points_per_series(services, project, run_id, wanted, rank, max_points)
+        series = services.metrics.series(project, run_id, wanted, rank=rank, start_step=start_step,
+                                         end_step=end_step, max_points=per_series)
+        out = {name: {str(r): [_bucket(b) for b in buckets] for r, buckets in by_rank.items()}
+               for name, by_rank in series.items()}
+        return _json({"run_id": run_id, "max_points": per_series, "series": out})
+
+    return await bounded_read(request, services, read)
 
 
-@router.get("/{run_id}/metrics/summary", response_model=List[MetricSummaryPublic])
-def run_metric_summary(run_id: str, project: ProjectDep, services: ServicesDep) -> List[MetricSummaryPublic]:
-    if services.incidents.get_run(project, run_id) is None:
-        raise not_found("run", run_id)
-    return [MetricSummaryPublic(**{k: wf(v) for k, v in asdict(s).items()})
-            for s in services.metrics.summary(project, run_id)]
+def _bucket(b: Bucket) -> Dict[str, Any]:
+    """A bucket as MetricSeriesPublic spells it (non-finite floats as strings)."""
+    return {"step_start": b.step_start, "step_end": b.step_end, "count": b.count, "min": wf(b.min),
+            "max": wf(b.max), "mean": wf(b.mean), "last": wf(b.last), "nonfinite": b.nonfinite}
+
+
+def _json(body: Any) -> Response:
+    """``body`` serialised once, as FastAPI would (a large answer is not validated and encoded again: the
+    route builds exactly its response model's shape)."""
+    return Response(json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(),
+                    media_type="application/json")
+
+
+def _points_per_series(services: Services, project: str, run_id: str, names: List[str],
+                       rank: Optional[int], max_points: int) -> int:
+    """``max_points``, lowered so that every series the query selects fits in ``api_max_metric_buckets``;
+    HTTPException 400 when even one bucket each would not."""
+    limit = int(setting(services, "api_max_metric_buckets"))
+    unique = len(dict.fromkeys(names))
+    if rank is not None and unique * max_points <= limit:
+        return max_points  # one rank: at most one series per name, no need to count them
+    count = len(services.metrics.series_keys(project, run_id, names, rank=rank))
+    if count > limit:
+        raise HTTPException(400, f"the query selects {count} series, more than api_max_metric_buckets="
+                                 f"{limit} buckets in all: name fewer metrics (names=) or one rank (rank=)")
+    return max(1, min(max_points, limit // max(1, count)))
+
+
+@router.get("/{run_id}/metrics/summary", response_model=List[MetricSummaryPublic],
+            responses={k: v for k, v in _BOUNDED.items() if k != 400})
+async def run_metric_summary(run_id: str, request: Request, project: ProjectDep,
+                             services: ServicesDep) -> List[MetricSummaryPublic]:
+    def read() -> List[MetricSummaryPublic]:
+        if services.incidents.get_run(project, run_id) is None:
+            raise not_found("run", run_id)
+        return [MetricSummaryPublic(**{k: wf(v) for k, v in asdict(s).items()})
+                for s in services.metrics.summary(project, run_id)]
+
+    return await bounded_read(request, services, read)
 
 
 @router.get("/{run_id}/incidents", response_model=PagePublic[IncidentPublic])

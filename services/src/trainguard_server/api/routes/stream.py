@@ -13,6 +13,10 @@ incidents and sends what changed since the last message --
 
 It ends when the client goes away. Auth as every read endpoint (a read token in ``Authorization``; the
 dashboard streams with ``fetch``, which can send it, rather than ``EventSource``, which cannot).
+
+Streams cost a store read per stream per interval, so they are bounded (settings in ``config.py``): at most
+``api_max_streams`` open in the app (one more: 503 with ``Retry-After``) and ``api_max_streams_per_token``
+per read token (one more: 429), and ``interval`` is raised to at least ``api_stream_min_interval_s``.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import asyncio
 import hashlib
 import json
 import time
-from typing import Any, AsyncIterator, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from ...config import Settings
 from ...storage.base import ProjectStore, format_ns
@@ -66,13 +71,15 @@ class TokenWatch:
         self.projects, self.token, self.project, self.recheck_s = projects, token, project, recheck_s
         self.expires_at = float("inf")  # time.monotonic() at which the token expires
         self.next_check = time.monotonic() + recheck_s
+        self.token_id = ""
 
-    def start(self) -> Optional[str]:
-        """Check now (blocking) and learn the expiry; None if valid, else why not."""
+    def start(self) -> None:
+        """Learn the token's id and expiry (blocking; the read dependency has just accepted it)."""
         info = self.projects.authenticate(self.token)
-        if info is not None and info.expires_ns:
-            self.expires_at = time.monotonic() + (info.expires_ns - time.time_ns()) / 1e9
-        return self.check()
+        if info is not None:
+            self.token_id = info.token_id
+            if info.expires_ns:
+                self.expires_at = time.monotonic() + (info.expires_ns - time.time_ns()) / 1e9
 
     def due_at(self) -> float:
         return min(self.next_check, self.expires_at)
@@ -88,12 +95,69 @@ class TokenWatch:
             "unknown or revoked token"
 
 
+class StreamSlots:
+    """The live streams open in one app, in all and per token id. Used on the event loop's thread only."""
+
+    def __init__(self, total: int, per_token: int) -> None:
+        self.total, self.per_token = total, per_token
+        self.open: Dict[str, int] = {}
+
+    def take(self, token_id: str, retry_after_s: float) -> Callable[[], None]:
+        """Count a stream in; the function that counts it out (once). HTTPException 429 / 503 when full."""
+        if self.open.get(token_id, 0) >= self.per_token:
+            raise HTTPException(429, f"{self.per_token} live streams are open for this token "
+                                     f"(api_max_streams_per_token): close one first")
+        if sum(self.open.values()) >= self.total:
+            raise HTTPException(503, f"{self.total} live streams are open (api_max_streams): retry later",
+                                headers={"Retry-After": str(max(1, round(retry_after_s)))})
+        self.open[token_id] = self.open.get(token_id, 0) + 1
+        done = False
+
+        def give_back() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                left = self.open[token_id] - 1
+                if left:
+                    self.open[token_id] = left
+                else:
+                    del self.open[token_id]
+        return give_back
+
+
+def _slots(request: Request, services: Any) -> StreamSlots:
+    slots: Optional[StreamSlots] = getattr(request.app.state, "stream_slots", None)
+    if slots is None:
+        slots = StreamSlots(int(setting(services, "api_max_streams")),
+                            int(setting(services, "api_max_streams_per_token")))
+        request.app.state.stream_slots = slots
+    return slots
+
+
+class _CountedStream(StreamingResponse):
+    """A streaming response that gives its stream slot back however the response ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], give_back: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.give_back = give_back
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.give_back()
+
+
 @router.get("/{run_id}/stream", summary="Server-sent events: the run and its incidents as they change",
             response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}}, 404: {"description": "no such run"}})
+            responses={200: {"content": {"text/event-stream": {}}}, 404: {"description": "no such run"},
+                       429: {"description": "api_max_streams_per_token streams are open for this token"},
+                       503: {"description": "api_max_streams streams are open (Retry-After)"}})
 async def stream_run(run_id: str, request: Request, project: ProjectDep, services: ServicesDep,
-                     interval: float = Query(1.0, ge=0.2, le=60.0, description="seconds between checks")
+                     interval: float = Query(1.0, ge=0.2, le=60.0, description="seconds between checks "
+                                             "(at least the server's api_stream_min_interval_s)")
                      ) -> StreamingResponse:
+    interval = max(interval, float(setting(services, "api_stream_min_interval_s")))
     def read() -> Optional[Dict[str, Any]]:
         run = services.incidents.get_run(project, run_id)
         if run is None:
@@ -105,8 +169,14 @@ async def stream_run(run_id: str, request: Request, project: ProjectDep, service
     watch = TokenWatch(services.projects, _bearer(request), project,
                        float(setting(services, "api_stream_auth_recheck_s")))
     await run_in_threadpool(watch.start)
-    first = await run_in_threadpool(read)
+    give_back = _slots(request, services).take(watch.token_id, float(setting(services, "retry_after_s")))
+    try:
+        first = await run_in_threadpool(read)
+    except BaseException:
+        give_back()
+        raise
     if first is None:
+        give_back()
         raise not_found("run", run_id)
 
     async def events() -> AsyncIterator[bytes]:
@@ -141,5 +211,5 @@ async def stream_run(run_id: str, request: Request, project: ProjectDep, service
                 next_read = time.monotonic() + interval
                 current = await run_in_threadpool(read)
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return _CountedStream(events(), give_back, media_type="text/event-stream",
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
