@@ -7,14 +7,18 @@
   established: the SYN is dropped and ``connect()`` waits (a host that black-holes packets).
 * :class:`TricklingServer` answers the first line of a 200 and then one header byte every ``interval_s``,
   forever: every single read gets a byte in time, only a deadline on the whole exchange ends it.
+* :class:`GarbageServer` answers every ``POST`` with a 200 whose body is not a true acknowledgement (an
+  HTML page, random bytes, JSON with the wrong counts, ...): a misrouted proxy, a captive portal.
 """
 
 from __future__ import annotations
 
+import json
 import selectors
 import socket
 import threading
-from typing import Any, List, Optional
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, List, Optional, Union
 
 
 class _SocketServer:
@@ -165,3 +169,64 @@ class TricklingServer(_SocketServer):
             pass
         finally:
             conn.close()
+
+
+AckBody = Union[bytes, Callable[[int], bytes]]
+"""A fixed body, or one made from the number of events in the request."""
+
+
+class GarbageServer:
+    """``POST`` anything: 200 with ``body`` (``content_type``); ``.requests`` counts the posts."""
+
+    def __init__(self, body: AckBody, content_type: str = "application/json") -> None:
+        self.body = body
+        self.content_type = content_type
+        self.requests = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                owner.requests += 1
+                try:
+                    count = len(json.loads(raw)["events"])
+                except (ValueError, KeyError, TypeError):
+                    count = 0
+                body = owner.body(count) if callable(owner.body) else owner.body
+                self.send_response(200)
+                self.send_header("Content-Type", owner.content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="garbage-server", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> GarbageServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

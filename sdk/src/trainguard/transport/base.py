@@ -60,6 +60,36 @@ class Transport(ABC):
         """Release connections. Safe to call twice."""
 
 
+def check_ack(accepted: Any, duplicates: Any, rejected_indexes: Sequence[Any], count: int) -> None:
+    """Raise a retryable TransportError (status ``"bad_ack"``) unless this answer acknowledges all ``count``
+    events of the request: integer counts >= 0, rejections with distinct integer indexes that are
+    positions in the request, and ``accepted + duplicates + len(rejected) == count`` (the gateway answers
+    for every event it was sent). Anything else was not really accepted -- a proxy's page, a wrong
+    server, a truncated answer -- so the batch is kept and retried (the gateway's de-duplication by
+    event_id makes a retry of what did arrive harmless)."""
+    problem = _ack_problem(accepted, duplicates, rejected_indexes, count)
+    if problem:
+        raise TransportError(f"the backend answered 200 but not with an acknowledgement of the batch: "
+                             f"{problem}", retryable=True, status="bad_ack")
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _ack_problem(accepted: Any, duplicates: Any, rejected_indexes: Sequence[Any], count: int) -> str:
+    if not (_is_count(accepted) and _is_count(duplicates)):
+        return f"accepted={accepted!r}, duplicates={duplicates!r} are not counts"
+    if not all(type(i) is int and 0 <= i < count for i in rejected_indexes):
+        return f"rejected indexes {list(rejected_indexes)[:5]!r} are not positions in a batch of {count}"
+    if len(set(rejected_indexes)) != len(rejected_indexes):
+        return "an event is rejected twice"
+    answered = accepted + duplicates + len(rejected_indexes)
+    if answered != count:
+        return f"it answers for {answered} event(s), the batch had {count}"
+    return ""
+
+
 def parse_retry_after(value: Optional[str]) -> Optional[float]:
     """Seconds from a Retry-After header / metadata value (delta-seconds form only); None if absent/bad."""
     if value is None:

@@ -6,6 +6,9 @@ Contract (see :class:`trainguard.transport.base.Transport`):
     server's own per-item rejections, all indexed by position in the batch given to :meth:`send`;
   * a batch larger than ``max_message_bytes`` is sent as several calls within the one ``timeout``; a single
     event over the limit is rejected locally (code ``too_large``);
+  * each call's ``IngestResponse`` must acknowledge every event of that call (``accepted + duplicates +
+    len(rejected)`` equals the events sent, rejected indexes are positions in the call); otherwise the
+    send fails with a retryable ``"bad_ack"`` (:func:`~.base.check_ack`), the batch is not delivered;
   * status mapping: UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNKNOWN (and
     CANCELLED, DATA_LOSS) are retryable, honouring a ``retry-after`` metadata value in seconds; the server
     saying the message is too large (RESOURCE_EXHAUSTED "... larger than max ...") is not retryable and
@@ -39,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
                       "pip install 'trainguard[grpc]'") from exc
 
 from ..version import SDK_NAME, __version__
-from .base import SendResult, Transport, TransportError, parse_retry_after
+from .base import SendResult, Transport, TransportError, check_ack, parse_retry_after
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _ELEMENT_OVERHEAD = 6  # tag + length varint of one Envelope inside IngestRequest.events
@@ -152,6 +155,8 @@ class GrpcTransport(Transport):
                 raise TransportError("grpc DEADLINE_EXCEEDED: send timeout spent before the last chunk",
                                      retryable=True, status="DEADLINE_EXCEEDED")
             response = self._call(request, remaining)
+            check_ack(response.accepted, response.duplicates, [r.index for r in response.rejected],
+                      len(indices))
             result.accepted += response.accepted
             result.duplicates += response.duplicates
             for r in response.rejected:

@@ -1,6 +1,8 @@
 """JSON over HTTP/1.1 with a kept-alive connection (stdlib only).
 
-``POST <endpoint>/v1/ingest`` with ``{"events": [...]}``; the server answers 200 with per-item results.
+``POST <endpoint>/v1/ingest`` with ``{"events": [...]}``; the server answers 200 with per-item results, and
+only a 200 whose body acknowledges every event sent counts as delivered (:func:`parse_ack`; anything else
+is a retryable ``"bad_ack"``).
 Status mapping: 408, 429, 5xx and connection errors are retryable (429/503 honour Retry-After); 413 is not
 retryable for this batch but the worker splits it; other 4xx are final.
 
@@ -25,7 +27,7 @@ import urllib.parse
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.events import encode_batch
-from .base import SendResult, Transport, TransportError, parse_retry_after
+from .base import SendResult, Transport, TransportError, check_ack, parse_retry_after
 from .watchdog import SocketWatchdog
 
 INGEST_PATH = "/v1/ingest"
@@ -73,7 +75,9 @@ class HttpTransport(Transport):
         self._aborted = False
 
     def send(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
-        return _parse_result(self.exchange(encode_batch(events), timeout))
+        """Deliver ``events``; returns once the 200's body acknowledges every one of them (see
+        :func:`parse_ack`), raises TransportError otherwise."""
+        return parse_ack(self.exchange(encode_batch(events), timeout), len(events))
 
     def exchange(self, body: bytes, timeout: float, content_type: str = "application/json") -> bytes:
         """POST ``body`` (of ``content_type``; the agent relays protobuf bodies) within ``timeout`` seconds
@@ -206,17 +210,33 @@ def _read_bounded(response: http.client.HTTPResponse, limit: int) -> Tuple[bytes
     return b"".join(chunks)[:limit], False
 
 
-def _parse_result(data: bytes) -> SendResult:
+def parse_ack(data: bytes, count: int) -> SendResult:
+    """The gateway's JSON acknowledgement of a request of ``count`` events:
+    ``{"accepted": a, "duplicates": d, "rejected": [{"index", "event_id", "code", "message"}, ...]}``.
+
+    Raises a retryable TransportError (status ``"bad_ack"``) for anything else: not JSON (an HTML page,
+    random bytes, nothing), fields missing or of the wrong type, or counts that do not add up to ``count``
+    (:func:`~.base.check_ack`).
+    """
     try:
-        doc = json.loads(data) if data else {}
-    except ValueError:
-        doc = {}
-    if not isinstance(doc, dict):
-        doc = {}
-    rejected = doc.get("rejected") or []
-    return SendResult(accepted=int(doc.get("accepted", 0) or 0),
-                      duplicates=int(doc.get("duplicates", 0) or 0),
-                      rejected=[r for r in rejected if isinstance(r, dict)])
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise TransportError(f"the backend answered 200 with {len(data)} bytes that are not JSON: "
+                             f"{data[:80]!r}", retryable=True, status="bad_ack") from None
+    fields = ("accepted", "duplicates", "rejected")
+    if not isinstance(doc, dict) or any(name not in doc for name in fields) \
+            or not isinstance(doc["rejected"], list):
+        raise TransportError(f"the backend answered 200 without an acknowledgement's fields {fields}: "
+                             f"{data[:80]!r}", retryable=True, status="bad_ack")
+    rejected: List[Dict[str, Any]] = []
+    for item in doc["rejected"]:
+        if not (isinstance(item, dict) and isinstance(item.get("code", ""), str)
+                and isinstance(item.get("message", ""), str)):
+            raise TransportError(f"the backend's 200 lists a rejection that is not one: {item!r:.80}",
+                                 retryable=True, status="bad_ack")
+        rejected.append(item)
+    check_ack(doc["accepted"], doc["duplicates"], [item.get("index") for item in rejected], count)
+    return SendResult(accepted=doc["accepted"], duplicates=doc["duplicates"], rejected=rejected)
 
 
 def _error_message(data: bytes) -> str:
