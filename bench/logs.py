@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -58,8 +59,13 @@ def _incidents(server: Any, run_id: str) -> List[Dict[str, Any]]:
     url = (f"http://127.0.0.1:{server.http_port}/api/v1/runs/{urllib.parse.quote(run_id, safe='')}"
            "/incidents?limit=200")
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {server.read_token}"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        items: List[Dict[str, Any]] = json.loads(resp.read())["items"]
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            items: List[Dict[str, Any]] = json.loads(resp.read())["items"]
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:  # the import sent nothing: there is no run
+            return []
+        raise
     return items
 
 
