@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from .. import __version__, dashboard
+from . import openapi as openapi_errors
 from . import preflight
 from .deps import Services
 from .routes import clusters, gate, health, incidents, runs, search, stream, workflow
@@ -49,6 +50,7 @@ def _document_checks(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = plain()
             preflight.int64_bounds(schema)
+            openapi_errors.document_errors(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -3,7 +3,8 @@ the route's own dependencies and parameters:
 
 * a route that needs a read token checks it first (:func:`~.deps.ensure_read_token`; the route's own
   ``read_project`` then reuses the answer), so a request without a valid token gets its 401/403 whatever
-  else is wrong with it;
+  else is wrong with its parameters (a route taking a body also needs :class:`ReadTokenFirstRoute`:
+  FastAPI reads the body before any dependency);
 * an integer query parameter outside the signed 64-bit range is refused with a 422 naming it
   (``query.rank: Input should be less than or equal to 9223372036854775807``): every integer the API takes
   is bound by the stores as a 64-bit integer, and a bigger one used to reach SQLite and answer 500
@@ -19,18 +20,19 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Coroutine, Dict, Iterator, List, Sequence, Tuple
 
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ..storage.common import INT64_MAX, INT64_MIN
 from .deps import ensure_read_token, read_project
 
-__all__ = ["int64_bounds", "int_query_params", "needs_read_token", "preflight"]
+__all__ = ["ReadTokenFirstRoute", "int64_bounds", "int_query_params", "needs_read_token", "preflight"]
 
 _INT = TypeAdapter(int)
 
@@ -112,6 +114,26 @@ async def preflight(request: Request) -> None:
         errors = _out_of_range(request, plan.int_params)
         if errors:
             raise RequestValidationError(errors)
+
+
+class ReadTokenFirstRoute(APIRoute):
+    """A route that checks its read token before FastAPI reads and validates the request body.
+
+    FastAPI decodes a JSON body before it solves any dependency, so a route taking a body answered a
+    malformed one with 422 even without a token. Routers whose routes take a body use this class
+    (``APIRouter(route_class=ReadTokenFirstRoute)``): a request without a valid read token gets its 401/403
+    first, whatever its body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if not needs_read_token(self):
+            return handler
+
+        async def token_first(request: Request) -> Response:
+            await ensure_read_token(request)
+            return await handler(request)
+
+        return token_first
 
 
 def int64_bounds(schema: Dict[str, Any]) -> None:

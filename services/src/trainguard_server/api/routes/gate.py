@@ -18,9 +18,10 @@ from ...gate.baselines import Baseline
 from ...gate.policy import Policy, policy_from_dict
 from ...gate.service import GateError, GateService
 from ..deps import ProjectDep, ServicesDep
+from ..preflight import ReadTokenFirstRoute
 from .common import not_found
 
-router = APIRouter(prefix="/api/v1", tags=["CI gate"])
+router = APIRouter(prefix="/api/v1", tags=["CI gate"], route_class=ReadTokenFirstRoute)
 
 
 class BaselineDefine(BaseModel):

@@ -16,9 +16,10 @@ from pydantic import BaseModel, Field
 
 from ...storage.base import IncidentWorkflow
 from ..deps import ProjectDep, ServicesDep
+from ..preflight import ReadTokenFirstRoute
 from .common import not_found
 
-router = APIRouter(prefix="/api/v1/incidents", tags=["incident workflow"])
+router = APIRouter(prefix="/api/v1/incidents", tags=["incident workflow"], route_class=ReadTokenFirstRoute)
 
 MAX_NOTES = 200
 SIMILAR = 10
