@@ -734,7 +734,8 @@ class DetectionSettings:
     cluster_max_members: int = _setting(
         100, "Runs, 'run:rank' entries and hosts listed per cluster (first seen first).", minimum=1)
     max_clusters: int = _setting(
-        10_000, "Clusters kept in state; beyond it the least recently seen is evicted.", minimum=1)
+        10_000, "Clusters kept in state, all projects together; beyond it the least recently seen cluster of "
+        "the project holding the most clusters is evicted (never another project's).", minimum=1)
     sample_traceback_chars: int = _setting(
         8_000, "Characters of traceback kept in a cluster's sample (the innermost part).", minimum=0)
     # --- run state bounds -----------------------------------------------------------------------
@@ -742,7 +743,8 @@ class DetectionSettings:
         10_000, "Event ids remembered per run to drop replayed duplicates of exceptions, lifecycle, "
         "logs and alerts (plain metrics and heartbeats are idempotent by construction).", minimum=1)
     max_runs: int = _setting(
-        10_000, "Runs kept in state; beyond it ended runs (then the least recently active) are evicted.",
+        10_000, "Runs kept in state, all projects together; beyond it a run of the project holding the most "
+        "runs is evicted (never another project's): one of its ended runs, else its least recently active.",
         minimum=1)
     max_ranks_per_run: int = _setting(16_384, "Ranks tracked per run; events of further ranks are "
                                       "counted (ranks_dropped), not tracked.", minimum=1)
@@ -753,6 +755,21 @@ class DetectionSettings:
     evicted_runs_remembered: int = _setting(
         10_000, "Evicted runs remembered so that late events for them are dropped rather than "
         "starting a new, partial record.", minimum=0)
+    # --- per-project quotas (issue 18: one project cannot evict another's live runs) ------------------
+    project_max_runs: int = _setting(
+        10_000, "Runs of one project kept in state; a new run beyond it evicts one of that project's own "
+        "(an ended one, else its least recently active), counted as the project hitting its 'runs' quota.",
+        minimum=1)
+    project_max_clusters: int = _setting(
+        10_000, "Stack-fingerprint clusters of one project kept in state; a new one beyond it evicts that "
+        "project's least recently seen cluster (its record stays in the store).", minimum=1)
+    project_max_incidents: int = _setting(
+        100_000, "Incidents held in state for one project's runs; beyond it the project's least recently "
+        "active other runs holding incidents are evicted (their records stay in the store).", minimum=1)
+    project_max_state_bytes: int = _setting(
+        1024 * 2**20, "Serialised state of one project's runs, as measured at the last incremental "
+        "checkpoint; beyond it, at the next timer tick, the project's ended (then least recently active) "
+        "runs are evicted until it fits.", minimum=1)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -870,7 +887,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "state": ("history_len", "history_max_series", "max_evidence", "max_timeline", "max_incident_ranks",
               "max_incidents_per_run", "cluster_max_members", "max_clusters", "sample_traceback_chars",
               "dedupe_ids_per_run", "max_runs", "max_ranks_per_run", "ended_run_ttl_s", "idle_run_ttl_s",
-              "evicted_runs_remembered"),
+              "evicted_runs_remembered", "project_max_runs", "project_max_clusters", "project_max_incidents",
+              "project_max_state_bytes"),
 }
 """:class:`DetectionSettings` by detector family: each detector reads its own section plus ``common``
 (metric names, shared statistics) and ``state`` (the pipeline's bounds). Overrides may be given flat

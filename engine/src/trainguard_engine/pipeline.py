@@ -26,6 +26,9 @@
   evicted ``ended_run_ttl_s`` after their last event, others after ``idle_run_ttl_s``; at most
   ``max_runs`` runs and ``max_clusters`` clusters are kept (these two and ``evicted_runs_remembered`` are
   read from the pipeline's default settings; everything else from the event's project's settings).
+* *Per-project quotas* (:mod:`.quotas`): runs, clusters, incidents and state bytes per project; a project
+  beyond a quota, or holding the most when the pipeline is full, loses its own runs or clusters -- never
+  another project's. :attr:`Pipeline.quota_evictions` counts them per (project, quota).
 * *Never raises on input*: an envelope that cannot be read (no payload, no run id, a non-integer step) is
   counted in ``counters["malformed"]`` and skipped.
 * *One run cannot stop the others* (issue 18, finding 1): no record and no state holds a non-finite
@@ -63,6 +66,7 @@ from .detectors.base import EventInfo, MetricBatch
 from .detectors.registry import DETECTORS
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
+from .quotas import ProjectIndex
 from .records import (
     RUN_FAILED,
     RUN_FINISHED,
@@ -212,6 +216,7 @@ class Pipeline:
         #: runs quarantined since the runtime last took the list (see :meth:`take_quarantined`)
         self.quarantined: List[Quarantined] = []
         self._held = PipelineOutput()  # records of quarantined runs, out with the next output
+        self._index = ProjectIndex()  # per-project orders, counts and sizes for the quotas
         self.next_timer_ns = 0
         self._applied = 0  # findings applied so far (tells _correlate whether anything was folded in)
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
@@ -245,10 +250,16 @@ class Pipeline:
         are evicted (no output: their records stay in the stores). Returns every record that changed."""
         next_timer = 0
         for run in list(self._runs.values()):
+            if self._runs.get(run.key) is not run:
+                continue  # evicted meanwhile (another run of its project needed the room)
+            before = len(run.incidents)
             try:
                 next_timer = self._advance_run(run, now_ns, next_timer)
             except Exception as exc:  # a bug met by this run's state stops this run only
+                self._index.add_incidents(run.project, len(run.incidents) - before)
                 self._quarantine(run.key, f"timers at {now_ns} raised {_error_text(exc)}")
+                continue
+            self._incidents_changed(run, len(run.incidents) - before, now_ns)
         self._evict(now_ns)
         self.next_timer_ns = next_timer
         return self._flush()
@@ -292,11 +303,20 @@ class Pipeline:
         if key in self._evicted:
             self.counters["late"] += 1
             return
+        held = self._runs.get(key)
+        before = len(held.incidents) if held is not None else 0
         try:
             self._fold(ev, key, points, applied_before)
         except Exception as exc:  # a bug met by this run's data stops this run only
+            run = self._runs.get(key)
+            if run is not None:
+                self._index.add_incidents(run.project, len(run.incidents) - before)
             self._quarantine(key, f"event {ev.event_id or '(no id)'} ({ev.kind}, step {ev.step}) raised "
                                   f"{_error_text(exc)}")
+            return
+        run = self._runs[key]
+        if len(run.incidents) != before:
+            self._incidents_changed(run, len(run.incidents) - before, ev.time_ns)
 
     def _fold(self, ev: _Event, key: str, points: Sequence[Any], applied_before: int) -> None:
         """Fold one parsed event into its run's state (``_process_one`` after the envelope was read)."""
@@ -316,7 +336,9 @@ class Pipeline:
         run.trace_id = run.trace_id or ev.trace_id
         if ev.time_ns:
             run.first_ns = min(run.first_ns, ev.time_ns) if run.first_ns else ev.time_ns
-            run.last_event_ns = max(run.last_event_ns, ev.time_ns)
+            if ev.time_ns > run.last_event_ns:  # newer: the run becomes its project's most recently active
+                run.last_event_ns = ev.time_ns  # (a replayed or late event changes no order: idempotent)
+                self._index.touch_run(run)
         progress.on_alive(run, rank, ev.time_ns, settings)
         if ev.kind == "metrics":
             self._on_metrics(run, rank, ev, points, settings)
@@ -383,11 +405,15 @@ class Pipeline:
             self._apply_all(run, rank, detector.on_heartbeat(run, rank, event, settings), settings)
 
     def _on_exception(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
+        key = cluster_key(ev.project, clusters_mod.identify(ev.body)[0])
+        if key not in self._clusters:
+            self._room_for_cluster(ev.project)
         cluster, evicted = clusters_mod.observe(self._clusters, ev.project, ev.run_id, ev.rank, ev.host,
                                                 ev.event_id, ev.time_ns, ev.body, self.settings)
-        self.counters["clusters_evicted"] += evicted
-        self._dirty_clusters[cluster_key(ev.project, cluster.record.fingerprint)] = None
-        self._unsaved_clusters[cluster_key(ev.project, cluster.record.fingerprint)] = None
+        self.counters["clusters_evicted"] += evicted  # 0: _room_for_cluster made room within the project
+        self._index.touch_cluster(ev.project, key, cluster)
+        self._dirty_clusters[key] = None
+        self._unsaved_clusters[key] = None
         event = _info(ev, _step_of(ev, rank))
         for detector in DETECTORS:
             self._apply_all(run, rank, detector.on_exception(run, rank, event, cluster.record.fingerprint,
@@ -473,15 +499,79 @@ class Pipeline:
     def _run(self, ev: _Event, key: str) -> RunState:
         run = self._runs.get(key)
         if run is None:
-            if len(self._runs) >= self.settings.max_runs:
-                victim = min(self._runs, key=lambda k: (not self._runs[k].ended(),
-                                                        self._runs[k].last_event_ns, k))
-                self._drop_run(victim, ev.time_ns)
+            self._room_for_run(ev.project, ev.time_ns)
             run = self._runs[key] = RunState(project=ev.project, run_id=ev.run_id)
+            self._index.touch_run(run)
         return run
 
+    # --- quotas (see .quotas) -----------------------------------------------------------------------
+    @property
+    def quota_evictions(self) -> Dict[Tuple[str, str], int]:
+        """``(project, quota) -> runs or clusters evicted`` because the project hit that quota (``runs``,
+        ``clusters``, ``incidents``, ``state_bytes``) or held the most when the pipeline was full. Since
+        this pipeline was created or restored (not snapshotted); read-only."""
+        return self._index.hits
+
+    def _room_for_run(self, project: str, now_ns: int) -> None:
+        """Before ``project`` gets a new run: evict one of its own when it holds project_max_runs, or one
+        of the largest project's when the pipeline holds max_runs."""
+        index = self._index
+        if index.run_count(project) >= self.settings_for(project).project_max_runs:
+            over = project
+        elif len(self._runs) >= self.settings.max_runs:
+            over = index.largest(index.runs)
+        else:
+            return
+        victim = index.victim(over, self._runs)
+        if victim is not None:
+            index.hit(over, "runs")
+            self._drop_run(victim, now_ns)
+
+    def _room_for_cluster(self, project: str) -> None:
+        """Before ``project`` gets a new cluster: evict its least recently seen when it holds
+        project_max_clusters, or the largest project's when the pipeline holds max_clusters."""
+        index = self._index
+        if len(index.clusters.get(project, ())) >= self.settings_for(project).project_max_clusters:
+            over = project
+        elif len(self._clusters) >= self.settings.max_clusters:
+            over = index.largest(index.clusters)
+        else:
+            return
+        victim = next(iter(index.clusters[over]))
+        index.remove_cluster(over, victim)
+        index.hit(over, "clusters")
+        self._clusters.pop(victim, None)
+        self._dirty_clusters.pop(victim, None)
+        self.counters["clusters_evicted"] += 1
+
+    def _incidents_changed(self, run: RunState, delta: int, now_ns: int) -> None:
+        """``run`` holds ``delta`` more incidents: beyond project_max_incidents, the project's least
+        recently active other runs holding incidents are evicted."""
+        index = self._index
+        index.add_incidents(run.project, delta)
+        quota = self.settings_for(run.project).project_max_incidents
+        while index.incidents.get(run.project, 0) > quota:
+            victim = index.victim_with_incidents(run.project, self._runs, keep=run.key)
+            if victim is None:
+                return  # the run alone: bounded by max_incidents_per_run
+            index.hit(run.project, "incidents")
+            self._drop_run(victim, now_ns)
+
+    def _trim_state_bytes(self, now_ns: int) -> None:
+        """Projects whose runs serialised beyond project_max_state_bytes at the last checkpoint lose their
+        ended (then least recently active) runs until they fit."""
+        index = self._index
+        for project in list(index.bytes):
+            quota = self.settings_for(project).project_max_state_bytes
+            while index.bytes.get(project, 0) > quota:
+                victim = index.victim(project, self._runs)
+                if victim is None:
+                    break
+                index.hit(project, "state_bytes")
+                self._drop_run(victim, now_ns)
+
     def _drop_run(self, key: str, now_ns: int, counter: str = "runs_evicted") -> None:
-        del self._runs[key]
+        self._index.remove_run(self._runs.pop(key))
         self._dirty_runs.pop(key, None)
         if self.settings.evicted_runs_remembered:
             bounded_put(self._evicted, key, now_ns, self.settings.evicted_runs_remembered)
@@ -515,6 +605,7 @@ class Pipeline:
             ttl = settings.ended_run_ttl_s if run.ended() else settings.idle_run_ttl_s
             if run.last_event_ns and (now_ns - run.last_event_ns) / 1e9 > ttl:
                 self._drop_run(key, now_ns)
+        self._trim_state_bytes(now_ns)
 
     # --- outputs ------------------------------------------------------------------------------
     def _flush(self) -> PipelineOutput:
@@ -621,10 +712,12 @@ class Pipeline:
         """Run ``key``'s snapshot part; None (and the run quarantined) when its state cannot be serialised."""
         run = self._runs[key]
         try:
-            return _json_bytes({"seq": self._run_seq.get(key, 0), "run": run.to_json()})
+            blob = _json_bytes({"seq": self._run_seq.get(key, 0), "run": run.to_json()})
         except (ValueError, TypeError, RecursionError) as exc:
             self._quarantine(key, f"its state cannot be serialised: {_error_text(exc)}")
             return None
+        self._index.size_run(run.project, key, len(blob))
+        return blob
 
     def _cluster_part(self, key: str) -> Optional[bytes]:
         """Cluster ``key``'s snapshot part; None (and the cluster dropped, listed as quarantined, counted as
@@ -634,6 +727,7 @@ class Pipeline:
             return _json_bytes({"seq": self._cluster_seq.get(key, 0), "cluster": cluster.to_json()})
         except (ValueError, TypeError, RecursionError) as exc:
             del self._clusters[key]
+            self._index.remove_cluster(cluster.record.project, key)
             self._dirty_clusters.pop(key, None)
             self._unsaved_clusters.pop(key, None)
             self.counters["clusters_evicted"] += 1
@@ -706,11 +800,13 @@ class Pipeline:
         pipeline = cls(settings, project_settings)
         runs: List[Tuple[int, RunState]] = []
         clusters: List[Tuple[int, ClusterState]] = []
+        sizes: List[Tuple[RunState, int]] = []  # the runs' sizes as stored: the state-bytes quota's measure
         for name, blob in parts.items():
             try:
                 if name.startswith("run/"):
                     doc = _parse_part(blob, name)
                     runs.append((int(doc["seq"]), RunState.from_json(doc["run"])))
+                    sizes.append((runs[-1][1], len(blob)))
                 elif name.startswith("cluster/"):
                     doc = _parse_part(blob, name)
                     clusters.append((int(doc["seq"]), ClusterState.from_json(doc["cluster"])))
@@ -725,6 +821,9 @@ class Pipeline:
             pipeline._cluster_seq[key] = seq
         pipeline._next_seq = int(header.get("next_seq", 0))
         pipeline._evicted = {str(k): int(t) for k, t in header.get("evicted", [])}
+        pipeline._index = ProjectIndex.of_state(pipeline._runs, pipeline._clusters)
+        for run, nbytes in sizes:
+            pipeline._index.size_run(run.project, run.key, nbytes)
         unreadable = list(pipeline._unreadable_parts)
         pipeline.counters.update({k: int(v) for k, v in header.get("counters", {}).items() if k in COUNTERS})
         pipeline.counters["runs_quarantined"] += sum(1 for n in unreadable if n.startswith("run/"))
@@ -778,6 +877,7 @@ class Pipeline:
         pipeline._evicted = {str(k): int(t) for k, t in doc.get("evicted", [])}
         pipeline.counters.update({k: int(v) for k, v in doc.get("counters", {}).items() if k in COUNTERS})
         pipeline.counters["runs_quarantined"] += lost
+        pipeline._index = ProjectIndex.of_state(pipeline._runs, pipeline._clusters)
         pipeline._unsaved_runs = dict.fromkeys(pipeline._runs)  # no parts stored yet: all of it changed
         pipeline._unsaved_clusters = dict.fromkeys(pipeline._clusters)
         return pipeline

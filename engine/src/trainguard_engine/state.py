@@ -214,17 +214,18 @@ class ClusterState:
     record: Cluster
     sample_key: Tuple[int, str] = (0, "")   # (time_ns, event_id) of the sample: the earliest exception
     emitted: str = ""
+    touched: int = 0             # the pipeline's arrival count at its last exception (quota eviction order)
     dirty: bool = False
 
     def to_json(self) -> Dict[str, Any]:
         return {"record": self.record.to_dict(), "sample_key": list(self.sample_key),
-                "emitted": self.emitted}
+                "emitted": self.emitted, "touched": self.touched}
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> ClusterState:
         key = data.get("sample_key", [0, ""])
         return cls(record=Cluster.from_dict(data["record"]), sample_key=(int(key[0]), str(key[1])),
-                   emitted=data.get("emitted", ""))
+                   emitted=data.get("emitted", ""), touched=int(data.get("touched", 0)))
 
 
 @dataclass
@@ -247,6 +248,7 @@ class RunState:
     lost_since_ns: int = 0       # last_event_ns when it was declared lost
     episodes: Dict[str, int] = field(default_factory=dict)  # "stall"/"lost" -> episodes opened so far
     emitted: str = ""
+    touched: int = 0             # the pipeline's arrival count at its last event (quota eviction order)
     dirty: bool = False
 
     @property
@@ -305,7 +307,7 @@ class RunState:
             "ranks": [r.to_json() for r in self.ranks.values()],
             "incidents": [i.to_json() for i in self.incidents.values()],
             "seen": list(self.seen), "lost": self.lost, "lost_since_ns": self.lost_since_ns,
-            "episodes": self.episodes, "emitted": self.emitted,
+            "episodes": self.episodes, "emitted": self.emitted, "touched": self.touched,
         }
 
     @classmethod

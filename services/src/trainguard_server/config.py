@@ -101,6 +101,11 @@ class Settings(BaseSettings):
                                         "store write (a round's records are cut into such chunks)")
     snapshot_every_s: float = Field(5.0, description="how often the processor snapshots its state")
     tick_interval_s: float = Field(1.0, description="how often processing-time timers run")
+    quota_log_interval_s: float = Field(
+        60.0, ge=0, description="a project hitting a per-project quota (detection settings project_max_runs, "
+        "project_max_clusters, project_max_incidents, project_max_state_bytes) is logged at most this often "
+        "per project and quota, with the evictions since the last line; every eviction is counted on "
+        "/metrics (trainguard_project_quota_evictions_total)")
     detection_overrides: str = Field(
         "", description='JSON object of DetectionSettings overrides, e.g. {"stall_min_s": 5}')
     processor_runtime: Literal["embedded", "flink"] = Field(

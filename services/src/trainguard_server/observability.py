@@ -18,6 +18,11 @@ def _lines(samples: Iterable[Sample]) -> List[str]:
     return out
 
 
+def _label(value: str) -> str:
+    """A Prometheus label value, escaped (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def render_prometheus(services: Any) -> str:
     """Text exposition of the gateway's, queue's and processor's counters."""
     samples: List[Sample] = []
@@ -58,4 +63,10 @@ def render_prometheus(services: Any) -> str:
                         "runs whose state was dropped because it could not go on (not serialisable, a "
                         "processing error): the others went on; each is logged",
                         [("", counters.get("runs_quarantined", 0))]))
+        quota = getattr(getattr(processor, "pipeline", None), "quota_evictions", None) or {}
+        samples.append(("trainguard_project_quota_evictions_total", "counter",
+                        "runs or clusters a project lost because it hit a per-project quota (or held the "
+                        "most when the state was full), by project and quota; never another project's",
+                        [(f'{{project="{_label(p)}",quota="{_label(q)}"}}', n)
+                         for (p, q), n in sorted(quota.items())] or [("", 0)]))
     return "\n".join(_lines(samples)) + "\n"

@@ -81,7 +81,7 @@ class EmbeddedServer:
                 self.queue, self.stores.events, self.stores.metrics, self.stores.incidents, detection,
                 batch=s.processor_batch, round_events=s.processor_round_events,
                 snapshot_every_s=s.snapshot_every_s,
-                tick_interval_s=s.tick_interval_s,
+                tick_interval_s=s.tick_interval_s, quota_log_interval_s=s.quota_log_interval_s,
                 yield_to=(lambda: gateway.busy) if gateway is not None else None)
         if self.processor is not None and s.webhook_url:
             self.notifier = WebhookNotifier(s.webhook_url, min_severity=s.webhook_min_severity,

@@ -79,7 +79,8 @@ class EmbeddedProcessor:
                  detection: Optional[DetectionSettings] = None, *, batch: int = 256,
                  round_events: int = DEFAULT_ROUND_EVENTS,
                  snapshot_every_s: float = 5.0, tick_interval_s: float = 1.0,
-                 yield_to: Optional[Callable[[], bool]] = None, max_yield_s: float = 0.05) -> None:
+                 yield_to: Optional[Callable[[], bool]] = None, max_yield_s: float = 0.05,
+                 quota_log_interval_s: float = 60.0) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -111,6 +112,8 @@ class EmbeddedProcessor:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()  # one processing round at a time (thread vs drain())
         self.listeners: List[Any] = []  # callables(PipelineOutput) — live updates
+        self.quota_log_interval_s = quota_log_interval_s
+        self._quota_logged: Dict[Tuple[str, str], Tuple[int, float]] = {}  # (project, quota) -> (count, when)
 
     # --- state ----------------------------------------------------------------------------------
     def _restore(self) -> Pipeline:
@@ -201,6 +204,7 @@ class EmbeddedProcessor:
                 self._last_tick = now
                 self._emit(self.pipeline.advance(time.time_ns()))
                 self._report_quarantined()
+                self._report_quotas()
             if self._uncommitted and now - self._last_snapshot >= self.snapshot_every_s:
                 self._checkpoint_locked()
         return done
@@ -263,6 +267,24 @@ class EmbeddedProcessor:
         ``_pending`` until the stores have it."""
         self._emit_later(self.pipeline.process(envelopes, points))
         self._report_quarantined()
+        self._report_quotas()
+
+    def _report_quotas(self) -> None:
+        """Log a project that hit a per-project quota (the pipeline evicted its own runs or clusters): at
+        most once per ``quota_log_interval_s`` per (project, quota), with the evictions since its last line
+        (all of them are on /metrics as ``trainguard_project_quota_evictions_total``)."""
+        hits = self.pipeline.quota_evictions
+        if not hits:
+            return
+        now = time.monotonic()
+        for (project, quota), count in hits.items():
+            logged, when = self._quota_logged.get((project, quota), (0, -self.quota_log_interval_s))
+            if count > logged and now - when >= self.quota_log_interval_s:
+                log.warning("project %r hit its %s quota: %d eviction(s) within the project since the last "
+                            "report (%d in all); other projects are not affected -- raise project_max_%s in "
+                            "TRAINGUARD_DETECTION_OVERRIDES if it is expected", project, quota,
+                            count - logged, count, quota)
+                self._quota_logged[(project, quota)] = (count, now)
 
     def _report_quarantined(self) -> None:
         """Log each run the pipeline quarantined since the last call (counted in its
