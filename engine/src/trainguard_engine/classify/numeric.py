@@ -29,6 +29,16 @@ _STEP_RE = re.compile(r"\b(?:iteration|iter|global[ _]step|step)\b\s{0,4}[=:\[]?
                       re.IGNORECASE)
 
 
+def _word_at(t: _Text, pos: int, needle: str) -> bool:
+    """``needle`` at ``pos`` is a word of its own (``nan`` in ``nan,``, not in ``finance``; ``inf`` in
+    ``inf`` or ``infinity``, not in ``INFO``): the cheap test before a rule's regex."""
+    before = t.lower[pos - 1: pos] if pos else " "
+    after = t.lower[pos + len(needle): pos + len(needle) + 1]
+    if before.isalpha() or before == "_":
+        return False
+    return not after.isalpha() or t.lower.startswith("infinity", pos)
+
+
 def _step_near(t: _Text, pos: int, facts: Facts) -> None:
     found = _search(_STEP_RE, t, pos, before=200, after=120)
     if found is not None:
@@ -38,6 +48,8 @@ def _step_near(t: _Text, pos: int, facts: Facts) -> None:
 def _rule_loss_non_finite(t: _Text) -> Optional[_Hit]:
     for needle in ("nan", "inf"):
         for pos in t.find_all(needle):
+            if not _word_at(t, pos, needle):
+                continue
             found = _search(_LOSS_RE, t, pos, before=100, after=12)
             if found is None:
                 continue
@@ -83,6 +95,8 @@ def _rule_grad_norm_non_finite(t: _Text) -> Optional[_Hit]:
         return _grad_hit(t, found[0] + m.start(), facts)
     for needle in ("nan", "inf"):
         for pos in t.find_all(needle):
+            if not _word_at(t, pos, needle):
+                continue
             found = _search(_GRAD_NORM_RE, t, pos, before=60, after=12)
             if found is None or found[0] + found[1].start("value") != pos:
                 continue
