@@ -67,14 +67,27 @@ def _rule_loss_non_finite(t: _Text) -> Optional[_Hit]:
     return None
 
 
-def _loss_hit(t: _Text, pos: int, facts: Facts) -> _Hit:
+_LOSS_NOTE = ("the loss went non-finite: the weights are most likely corrupted from here on; look at the "
+              "learning rate and the gradient norm of the steps before")
+_GRAD_NOTE = ("the gradients went non-finite before the optimizer step: find the first layer and step where "
+              "they did (anomaly mode, per-layer norms)")
+
+
+def _value_hit(t: _Text, pos: int, facts: Facts, kind: str) -> _Hit:
+    """The hit of a non-finite value the job printed (``kind``: ``loss/non_finite`` or
+    ``gradient/nan-source``), with the step and rank the text names near it."""
     _step_near(t, pos, facts)
     rank = _rank_of(t, pos, facts)
-    at = f" at step {facts['step']}" if "step" in facts else ""
-    return _Hit("loss", "non_finite", 0.8, pos, facts,
-                f"The job reports {facts['metric']} = {facts['value']}{at}{_on_rank(rank)}",
-                "the loss went non-finite: the weights are most likely corrupted from here on; look at the "
-                "learning rate and the gradient norm of the steps before")
+    said = f"{facts['metric']} = {facts['value']}"
+    if "step" in facts:
+        said += f" at step {facts['step']}"
+    category, subtype = kind.split("/")
+    return _Hit(category, subtype, 0.8, pos, facts, f"The job reports {said}{_on_rank(rank)}",
+                _LOSS_NOTE if category == "loss" else _GRAD_NOTE)
+
+
+def _loss_hit(t: _Text, pos: int, facts: Facts) -> _Hit:
+    return _value_hit(t, pos, facts, "loss/non_finite")
 
 
 _GRAD_NORM_RE = re.compile(
@@ -106,13 +119,7 @@ def _rule_grad_norm_non_finite(t: _Text) -> Optional[_Hit]:
 
 
 def _grad_hit(t: _Text, pos: int, facts: Facts) -> _Hit:
-    _step_near(t, pos, facts)
-    rank = _rank_of(t, pos, facts)
-    at = f" at step {facts['step']}" if "step" in facts else ""
-    return _Hit("gradient", "nan-source", 0.8, pos, facts,
-                f"The job reports a {facts['value']} {facts['metric']}{at}{_on_rank(rank)}",
-                "the gradients went non-finite before the optimizer step: find the first layer and step "
-                "where they did (anomaly mode, per-layer norms)")
+    return _value_hit(t, pos, facts, "gradient/nan-source")
 
 
 _MIN_SCALE_RE = re.compile(r"loss scale already at minimum|minimum loss scale reached|"
