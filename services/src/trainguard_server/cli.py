@@ -47,9 +47,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"                      read token   {tokens.read}",
               f"  tokens are kept in {server.data_dir / 'bootstrap-tokens.json'} (mode 0600)"]
     print("\n".join(lines), flush=True)
-    server.serve_forever()
-    print("stopped: queue drained, state checkpointed", flush=True)
-    return 0
+    code = server.serve_forever()
+    if code == 0:
+        print("stopped: queue drained, state checkpointed", flush=True)
+    else:
+        print("stopped: NOT everything was committed (see the log above); it stays queued for the next "
+              "start", flush=True)
+    return code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -101,6 +101,11 @@ class Settings(BaseSettings):
                                         "store write (a round's records are cut into such chunks)")
     snapshot_every_s: float = Field(5.0, description="how often the processor snapshots its state")
     tick_interval_s: float = Field(1.0, description="how often processing-time timers run")
+    shutdown_timeout_s: float = Field(
+        45.0, gt=0, description="SIGTERM/SIGINT: the longest the shutdown (stop listening, drain the queue "
+        "through the processor, checkpoint, close) may take; when it fails or overruns, the process exits "
+        "with code 1 and logs what was not committed (it stays queued and is processed at the next start). "
+        "Keep it below the orchestrator's grace period (the Helm chart gives processor pods 60 s)")
     quota_log_interval_s: float = Field(
         60.0, ge=0, description="a project hitting a per-project quota (detection settings project_max_runs, "
         "project_max_clusters, project_max_incidents, project_max_state_bytes) is logged at most this often "

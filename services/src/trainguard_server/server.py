@@ -3,6 +3,11 @@
 Start order: stores → queue → processor → gateway → listeners. Stop order (SIGTERM/SIGINT): stop
 accepting (listeners), drain the queue through the processor, checkpoint, close the stores — so nothing
 that was acknowledged is left unprocessed.
+
+The stop is bounded (issue 18, finding 6): it takes at most ``shutdown_timeout_s``. When draining or the
+checkpoint fails (a full disk, a store away) or the deadline passes (a store call that blocks), the process
+exits with code 1 after a log line saying what was not committed; that stays in the queue and is processed
+at the next start (nothing acknowledged is lost: at-least-once).
 """
 
 from __future__ import annotations
@@ -14,10 +19,11 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from trainguard_engine.catalogue import DetectionSettings
 
@@ -36,6 +42,9 @@ from .storage.select import open_stores
 log = logging.getLogger("trainguard.server")
 
 TOKENS_FILE = "bootstrap-tokens.json"
+SHUTDOWN_GRACE_S = 5.0
+"""How long past ``shutdown_timeout_s`` a stop that blocks is waited for before the process exits anyway (the
+stop gives its last steps, closing the queue and stores, this long)."""
 BOOTSTRAP_LOCK = ".bootstrap.lock"
 
 
@@ -60,6 +69,7 @@ class EmbeddedServer:
         self._grpc: Any = None
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
+        self.exit_code = 0  # of the stop: 1 when something acknowledged was not committed
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,33 +135,74 @@ class EmbeddedServer:
                                     self.stores.incidents, batch=s.processor_batch,
                                     snapshot_every_s=s.snapshot_every_s)
 
-    def stop(self, drain: bool = True) -> None:
-        """Stop accepting, drain what was acknowledged, checkpoint, close. Idempotent."""
+    def stop(self, drain: bool = True) -> int:
+        """Stop accepting, drain what was acknowledged, checkpoint, close -- each step attempted even when
+        one before failed, the processor's within ``shutdown_timeout_s``. Idempotent. Returns the exit code:
+        0 when everything was committed, 1 when not (logged, with what was not committed)."""
         with self._stop_lock:
             if self._stopped.is_set():
-                return
+                return self.exit_code
+            end = time.monotonic() + self.settings.shutdown_timeout_s
+            failed = []
             if self._grpc is not None:
-                self._grpc.stop(grace=2).wait(5)
+                failed += _attempt("stopping gRPC ingest", lambda: self._grpc.stop(grace=2).wait(5))
             if self._http is not None:
-                self._http.stop(10)
-            if self.processor is not None:
-                self.processor.stop(drain=drain)
+                failed += _attempt("stopping HTTP", lambda: self._http.stop(10) if self._http else None)
+            processor = self.processor
+            if processor is not None:
+                left = max(1.0, end - time.monotonic() - 2.0)  # leave a little for the closes
+                drained = _attempt("draining and checkpointing",
+                                   lambda: processor.stop(drain=drain, timeout=left))
+                if drained:
+                    log.error("shutdown: %s; the queue holds %s uncommitted batch(es) in all -- they stay "
+                              "queued and are processed at the next start", processor.not_committed(),
+                              _depth_or_unknown(self.queue))
+                failed += drained
             if self.notifier is not None:
-                self.notifier.close()
-            self.queue.close()
-            self.stores.close()
+                failed += _attempt("closing notifications", self.notifier.close)
+            failed += _attempt("closing the queue", self.queue.close)
+            failed += _attempt("closing the stores", self.stores.close)
+            if failed:
+                self.exit_code = 1
+                log.error("shutdown incomplete (exit code 1): %s", "; ".join(failed))
             self._stopped.set()
+            return self.exit_code
 
-    def serve_forever(self) -> None:
-        """Block until SIGTERM/SIGINT, then stop cleanly (draining the queue)."""
+    def serve_forever(self) -> int:
+        """Block until SIGTERM/SIGINT, then stop (draining the queue) within ``shutdown_timeout_s``; returns
+        the exit code (see :meth:`stop`). Past the deadline (a store call that blocks) the process exits at
+        once, code 1, after logging what was not committed."""
+        asked: List[float] = []
+
         def _on_signal(signum: int, _frame: Any) -> None:
-            log.warning("signal %s: draining and stopping", signum)
+            if asked:
+                log.warning("signal %s: already stopping (at most %.0f s in all)", signum,
+                            self.settings.shutdown_timeout_s)
+                return
+            asked.append(time.monotonic())
+            log.warning("signal %s: draining and stopping (at most %.0f s: shutdown_timeout_s)", signum,
+                        self.settings.shutdown_timeout_s)
             threading.Thread(target=self.stop, name="trainguard-stop", daemon=True).start()
 
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
         while not self._stopped.wait(0.5):
-            pass
+            if asked and time.monotonic() - asked[0] > self.settings.shutdown_timeout_s + SHUTDOWN_GRACE_S:
+                self._overran()
+        return self.exit_code
+
+    def _overran(self) -> None:
+        """The stop blocked past the deadline: log what was not committed (from memory: the stores may be
+        what blocks) and exit now with code 1."""
+        held = self.processor.not_committed() if self.processor is not None else "nothing processed"
+        log.error("shutdown did not finish within shutdown_timeout_s (%.0f s): %s; that and every batch "
+                  "still queued stay in the queue and are processed at the next start; exiting with code 1",
+                  self.settings.shutdown_timeout_s, held)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
     # --- URLs -----------------------------------------------------------------------------------
     @property
@@ -207,6 +258,23 @@ def _data_dir_lock(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _attempt(what: str, step: Callable[[], Any]) -> List[str]:
+    """Run one shutdown step: ``[]``, or ``["<what>: <error>"]`` (logged with its traceback) if it raised."""
+    try:
+        step()
+    except Exception as exc:
+        log.exception("shutdown: %s failed", what)
+        return [f"{what}: {type(exc).__name__}: {exc}"]
+    return []
+
+
+def _depth_or_unknown(queue: Any) -> str:
+    try:
+        return str(queue.depth())
+    except Exception:  # the queue may be what failed
+        return "an unknown number of"
 
 
 def _url_host(host: str) -> str:

@@ -385,13 +385,28 @@ class EmbeddedProcessor:
                 time.sleep(0.5)
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
-        """Stop the thread; with ``drain``, process what is queued first. Always checkpoints."""
+        """Stop the thread; with ``drain``, process what is queued first; always checkpoint -- all of it
+        within ``timeout`` seconds (a store call that blocks can still overrun it: the server's shutdown
+        deadline bounds that). Raises when a round or the checkpoint fails (what was not committed stays
+        queued: :meth:`not_committed` says how much)."""
+        end = time.monotonic() + timeout
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        if drain:
-            self.drain(timeout)
-        self.checkpoint()
+        try:
+            if drain:
+                self.drain(max(0.0, end - time.monotonic()))
+        finally:
+            self.checkpoint()  # what went through is committed even when the drain failed part-way
+
+    def not_committed(self) -> str:
+        """What this processor holds that is not committed yet, from memory alone (no store or queue call:
+        safe when one of them hangs), e.g. for the shutdown's log line."""
+        records = len(self._uncommitted) + len(self._retry)
+        text = f"{records} queue record(s) taken but not committed"
+        if self._pending is not None:
+            text += " (their last pipeline output not yet in the stores either)"
+        return text
 
     def drain(self, timeout: float = 30.0) -> None:
         """Process until the queue has nothing uncommitted left to hand out (or ``timeout``)."""
