@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     max_future_skew_s: float = Field(300.0, description="events further in the future are rejected")
     max_past_age_s: float = Field(30 * 86400.0, description="events older than this are rejected")
     max_queue_depth: int = Field(50_000, description="unprocessed batches before ingest answers 429")
+    min_free_disk_bytes: int = Field(
+        128 * 2**20, ge=0, description="/readyz answers 503 (disk nearly full) when the file system of "
+        "data_dir has less free space than this, or refuses a 64 KiB test write (0: neither is checked)")
     retry_after_s: float = Field(1.0, description="Retry-After sent with 429 / RESOURCE_EXHAUSTED")
     # gRPC fairness (gateway/grpc.py): idle streams hold no thread and cannot starve other clients
     grpc_workers: int = Field(8, ge=1, description="threads running gRPC ingest's blocking work (validation, "

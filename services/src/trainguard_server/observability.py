@@ -58,6 +58,9 @@ def render_prometheus(services: Any) -> str:
                         [("", pstats.errors)]))
         samples.append(("trainguard_processing_lag_seconds", "gauge",
                         "publish-to-processed time of the latest record", [("", pstats.last_lag_s)]))
+        samples.append(("trainguard_checkpoint_failures", "gauge",
+                        "processor checkpoints failed in a row (0 once one succeeds; /readyz: 503 meanwhile)",
+                        [("", getattr(processor, "checkpoint_failures", 0))]))
         counters = getattr(getattr(processor, "pipeline", None), "counters", None) or {}
         samples.append(("trainguard_runs_quarantined_total", "counter",
                         "runs whose state was dropped because it could not go on (not serialisable, a "

@@ -113,6 +113,11 @@ class EmbeddedProcessor:
         self._lock = threading.Lock()  # one processing round at a time (thread vs drain())
         self.listeners: List[Any] = []  # callables(PipelineOutput) — live updates
         self.quota_log_interval_s = quota_log_interval_s
+        #: what /readyz reports (api/routes/health.py): the last checkpoint's error ("" once one succeeds)
+        #: and how many failed in a row; the last processing round's error ("" once a round completes)
+        self.last_checkpoint_error = ""
+        self.checkpoint_failures = 0
+        self.last_round_error = ""
         self._quota_logged: Dict[Tuple[str, str], Tuple[int, float]] = {}  # (project, quota) -> (count, when)
 
     # --- state ----------------------------------------------------------------------------------
@@ -139,6 +144,16 @@ class EmbeddedProcessor:
             self._checkpoint_locked()
 
     def _checkpoint_locked(self) -> None:
+        try:
+            self._save_and_commit()
+        except Exception as exc:
+            self.checkpoint_failures += 1
+            self.last_checkpoint_error = _describe(exc)
+            raise
+        self.checkpoint_failures = 0
+        self.last_checkpoint_error = ""
+
+    def _save_and_commit(self) -> None:
         self._apply_pending()  # the snapshot says these records were emitted: the stores must have them
         # what changed since the last checkpoint, in one transaction (Pipeline.changed_parts)
         items = {PARTS_PREFIX + name: blob for name, blob in self.pipeline.changed_parts().items()}
@@ -197,6 +212,7 @@ class EmbeddedProcessor:
                 raise
             done += len(chunk)
         self._backoff_s = 0.0
+        self.last_round_error = ""
         with self._lock:
             now = time.monotonic()
             due = self.pipeline.next_timer_ns
@@ -379,10 +395,22 @@ class EmbeddedProcessor:
                 due = self.pipeline.next_timer_ns  # wake up for the pipeline's next deadline (a stall)
                 wait = 0.2 if not due else min(0.2, max(0.0, (due - time.time_ns()) / 1e9))
                 self.run_once(timeout=wait)
-            except Exception:
+            except Exception as exc:
                 self.stats.errors += 1
+                self.last_round_error = _describe(exc)
                 log.exception("processing round failed; retrying")
                 time.sleep(0.5)
+
+    def problems(self) -> List[str]:
+        """Why this processor cannot keep up with what is acknowledged right now (empty: it can): checkpoints
+        failing (nothing is committed: the queue only grows) or rounds failing (a store unavailable)."""
+        out: List[str] = []
+        if self.last_checkpoint_error:
+            out.append(f"checkpoints failing ({self.checkpoint_failures} in a row; nothing is committed): "
+                       f"{self.last_checkpoint_error}")
+        if self.last_round_error:
+            out.append(f"processing failing (retrying with backoff): {self.last_round_error}")
+        return out
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop the thread; with ``drain``, process what is queued first; always checkpoint -- all of it
@@ -414,6 +442,11 @@ class EmbeddedProcessor:
         while time.monotonic() < end:
             if self.run_once(timeout=0.0) == 0:
                 break
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an error, bounded (for /readyz)."""
+    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 def _kind(env: Dict[str, Any]) -> str:

@@ -129,7 +129,8 @@ class Database:
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite already rolled back on SQLITE_FULL: keep that error
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
 
