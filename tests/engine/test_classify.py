@@ -628,7 +628,7 @@ FROM_SOURCE: List[Tuple[str, str, str, Dict[str, Any]]] = [
      "library.", "comm/mismatch", "nccl.error", {"code": "ncclInvalidUsage"}),
     ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1691, "
      "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3\nncclUnhandledCudaError: Call "
-     "to CUDA function failed.", "memory/cuda-error", "nccl.error", {"code": "ncclUnhandledCudaError"}),
+     "to CUDA function failed.", "comm/failure", "nccl.error", {"code": "ncclUnhandledCudaError"}),
     ("NCCL error in: x.cpp:1, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
      "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \nLast "
      "error:\nNET/IB : ibv_poll_cq failed", "comm/failure", "nccl.error", {"code": "ncclSystemError"}),
@@ -701,6 +701,28 @@ FROM_SOURCE: List[Tuple[str, str, str, Dict[str, Any]]] = [
      "with <Signals.SIGSEGV: 11>.", "process/exit", "launcher.signal", {"signal": 11, "rank": 7}),
     ("W0409 07:28:49.530000 1359 torch/distributed/elastic/agent/server/api.py:719] Received 15 death signal, "
      "shutting down workers", "process/terminated", "launcher.signal", {"signal": 15}),
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, "
+     "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5\nncclUnhandledCudaError: Call "
+     "to CUDA function failed.\nLast error:\nCuda failure 'an illegal memory access was encountered'",
+     "memory/cuda-error", "cuda.error", {}),
+    ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, internal error, NCCL "
+     "version 2.14.3\nncclInternalError: Internal check failed.\nLast error:\nNet : Connection closed by remote "
+     "peer 10.0.0.2<40372>", "comm/rank-lost", "nccl.error", {"code": "ncclInternalError"}),
+    ("node-8x-v100-nvlink-1:39719:39719 [3] init.cu:1197 NCCL WARN Mismatched collective detected, please check "
+     "your collective calls at and around rank 11.", "comm/mismatch", "nccl.debug", {"rank": 11}),
+    ("worker0:15:91 [3] include/socket.h 398 NCCL WARN Call to write failed : Connection reset by peer.",
+     "comm/rank-lost", "nccl.debug", {}),
+    ("THCudaCheck FAIL file=/pytorch/torch/lib/THC/generic/THCStorage.cu line=66 error=2 : out of memory",
+     "memory/oom", "cuda.oom-plain", {}),
+    ("RuntimeError: merge_sort: failed to synchronize: cudaErrorIllegalAddress: an illegal memory access was "
+     "encountered", "memory/cuda-error", "cuda.error", {"error_class": "illegal-memory-access"}),
+    ("[2023-07-10 04:26:35,999] [ERROR] [launch.py:324:sigkill_handler] ['/usr/bin/python3', '-u', 'train.py', "
+     "'--local_rank=1', '--deepspeed'] exits with return code = -11", "process/exit", "launcher.signal",
+     {"signal": 11, "rank": 1}),
+    ("  traceback : Signal 11 (SIGSEGV) received by PID 6421", "process/exit", "launcher.signal", {"signal": 11}),
+    ("*** SIGTERM (@0x297b) received by PID 18396 (TID 0x7f2c8c464700) from PID 10619; stack trace: ***",
+     "process/terminated", "launcher.signal", {"signal": 15}),
+    ("Segmentation fault (core dumped)", "process/exit", "launcher.signal", {"signal": 11}),
 ]
 
 

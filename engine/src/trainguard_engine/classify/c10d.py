@@ -131,7 +131,7 @@ def _rule_desync_report(t: _Text) -> Optional[_Hit]:
 _CLIENTS_RE = re.compile(
     r"Timed out after (?P<s>\d+) seconds waiting for clients\. (?P<joined>\d+)/(?P<world>\d+) clients joined")
 _SOCKET_TIMEOUT_RE = re.compile(
-    r"The client socket has timed out after (?P<ms>\d+)ms while trying to connect to "
+    r"The client socket has timed out after (?P<ms>\d+)(?P<unit>ms|s) while trying to connect to "
     r"\((?P<host>[^,()\s]{1,255}), (?P<port>\d+)\)")
 _SOCKET_FAILED_RE = re.compile(r"The client socket has failed to connect to (?P<target>[^\n]{1,300})")
 _HOST_PORT_RE = re.compile(r"\(?\[?(?P<host>[\w.\-:%]{1,255}?)\]?(?:, |:)(?P<port>\d{1,5})\)?")
@@ -160,7 +160,8 @@ def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
     pos = t.first("the client socket has timed out after")
     if pos >= 0 and (found := _search(_SOCKET_TIMEOUT_RE, t, pos, before=0, after=400)) is not None:
         m = found[1]
-        facts = {"host": m.group("host"), "port": int(m.group("port")), "timeout_ms": int(m.group("ms"))}
+        ms = int(m.group("ms")) * (1000 if m.group("unit") == "s" else 1)  # torch >= 2.2 prints seconds
+        facts = {"host": m.group("host"), "port": int(m.group("port")), "timeout_ms": ms}
         return _Hit("comm", "init-failure", 0.9, pos, facts,
                     f"Rendezvous store {facts['host']}:{facts['port']} unreachable (timed out after "
                     f"{facts['timeout_ms']} ms)", _INIT_NOTE)

@@ -155,7 +155,10 @@ def _oom_note(facts: Mapping[str, Any]) -> str:
 
 
 _OOM_PLAIN_NEEDLES = ("cuda error: out of memory", "hip error: out of memory", "cublas_status_alloc_failed",
-                      "cuda failure 'out of memory'", "cudaerrormemoryallocation")
+                      "cuda failure 'out of memory'", "cudaerrormemoryallocation", " 'out of memory'",
+                      "error=2 : out of memory")
+"""Raw CUDA allocation failures: also NCCL's ``Cuda failure 2 'out of memory'`` and torch 0.x's
+``THCudaCheck FAIL file=... error=2 : out of memory``."""
 
 
 def _rule_cuda_oom_plain(t: _Text) -> Optional[_Hit]:
@@ -232,7 +235,10 @@ def _rule_xid(t: _Text) -> Optional[_Hit]:
     return None
 
 
-_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|Cuda failure|HIP error)[:]? '?(?P<error>[^'\n]{1,200})")
+_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|Cuda failure|HIP error|cudaError[A-Z]\w{2,40})[:]? '?"
+                            r"(?P<error>[^'\n]{1,200})")
+"""Also a CUDA runtime enum before its text, as thrust prints it: ``cudaErrorIllegalAddress: an
+illegal ...``."""
 _CUDA_LIB_RE = re.compile(r"(?P<status>(?:CUBLAS|CUDNN|CUSOLVER|CUFFT)_STATUS_[A-Z_]{2,60})")
 _CUDA_CLASSES = (
     ("illegal memory access", "illegal-memory-access"), ("device-side assert", "device-side-assert"),
@@ -252,7 +258,7 @@ _CUDA_NOTES = {
     "driver-too-old": "the NVIDIA driver is older than the CUDA runtime PyTorch was built with",
 }
 _CUDA_NEEDLES = ("cuda error", "cuda failure '", "hip error", "_status_", "driver version is insufficient",
-                 "nvidia driver on your system is too old")
+                 "nvidia driver on your system is too old", "cudaerror")
 
 
 def _rule_cuda_error(t: _Text) -> Optional[_Hit]:

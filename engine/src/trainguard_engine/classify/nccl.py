@@ -150,9 +150,16 @@ _NCCL_KINDS = {
                          "collectives (sizes, order, communicator) or a framework bug"),
     "ncclInvalidArgument": ("comm", "mismatch", 0.65, "an invalid argument reached NCCL (buffer, count, "
                             "dtype or device differs from what the communicator expects)"),
-    "ncclUnhandledCudaError": ("memory", "cuda-error", 0.8, "a CUDA call inside NCCL failed: look for the "
+    "ncclUnhandledCudaError": ("comm", "failure", 0.8, "a CUDA call inside NCCL failed (its 'Last error' "
+                               "says which): a CUDA driver/runtime or NCCL version mismatch, or an earlier "
                                "CUDA error on this rank (illegal memory access, ECC, Xid)"),
 }
+_PEER_GONE_RE = re.compile(r"[Cc]onnection (?:closed|reset) by (?:remote )?peer|"
+                           r"Connection closed by localRank|[Bb]roken pipe")
+"""A last error saying the other end went away: the peer died (its own incident is the cause)."""
+_LAST_CUDA = (("out of memory", ("memory", "oom")), ("illegal memory access", ("memory", "cuda-error")),
+              ("ecc error", ("memory", "cuda-error")), ("device-side assert", ("memory", "cuda-error")))
+"""A CUDA failure inside NCCL that names a device-side cause is that cause."""
 _NCCL_NEEDLES = ("nccl error", "ncclsystemerror", "ncclremoteerror", "ncclinternalerror", "ncclinvalidusage",
                  "ncclinvalidargument", "ncclunhandledcudaerror")
 
@@ -187,6 +194,14 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
         category, subtype, confidence = "comm", "init-failure", 0.7
         note = ("NCCL could not connect to a peer (bootstrap or transport): addresses, NCCL_SOCKET_IFNAME, "
                 "firewall")
+    said = f"{facts.get('last_error', '')} {facts.get('reason', '')}"
+    if code in ("ncclInternalError", "ncclSystemError", "ncclRemoteError") and _PEER_GONE_RE.search(said):
+        category, subtype, confidence = "comm", "rank-lost", 0.75
+        note = _NCCL_KINDS["ncclRemoteError"][3]
+    if code == "ncclUnhandledCudaError":
+        cause = next((kind for needle, kind in _LAST_CUDA if needle in said.lower()), None)
+        if cause is not None:
+            category, subtype = cause
     if "Duplicate GPU detected" in facts.get("last_error", ""):
         category, subtype, confidence = "comm", "init-failure", 0.85
         facts["duplicate_gpu"] = True
@@ -223,6 +238,52 @@ _IB_STATUS = {5: "work request flushed (the queue pair went to error: usually th
               13: "RNR retry counter exceeded (the peer stopped posting receives)"}
 
 
+_NCCL_MISMATCH_RE = re.compile(r"Mismatched collective detected, please check your collective calls at and "
+                               r"around rank (?P<rank>\d+)")
+_NCCL_WARN_PATTERNS: Tuple[Tuple[str, str, str, float, str], ...] = (
+    ("collective mismatch error", "comm", "mismatch", 0.75,
+     "NCCL's network plugin received a message of another size than posted: the ranks' collectives differ"),
+    ("connection reset by peer", "comm", "rank-lost", 0.7,
+     "a peer's socket went away: the peer process died or its node/network failed"),
+    ("connection closed by remote peer", "comm", "rank-lost", 0.7,
+     "a peer's socket went away: the peer process died or its node/network failed"),
+    ("connection closed by localrank", "comm", "rank-lost", 0.7,
+     "a local peer's proxy connection closed: that process exited"),
+    ("error while creating shared memory segment", "comm", "failure", 0.75,
+     "NCCL could not create its shared-memory segment: /dev/shm too small (docker --shm-size) or full"),
+    ("ibv_create_cq", "comm", "failure", 0.7,
+     "creating InfiniBand resources failed (locked-memory limit: ulimit -l, or the HCA's resources)"),
+)
+"""NCCL_DEBUG lines (``host:pid:tid [dev] file:line NCCL WARN ...``) that say what failed, most causal
+first (a mismatch before the peers' resets it causes)."""
+_LOCAL_RANK_RE = re.compile(r"Connection closed by localRank (?P<rank>\d+)")
+
+
+def _rule_nccl_debug(t: _Text) -> Optional[_Hit]:
+    """What NCCL's own debug output (``NCCL WARN`` / ``NCCL INFO`` lines) says failed."""
+    pos = t.first("mismatched collective detected")
+    if pos >= 0 and (found := _search(_NCCL_MISMATCH_RE, t, pos, before=0, after=200)) is not None:
+        facts: Facts = {"around_rank": int(found[1].group("rank"))}
+        facts["rank"] = facts["around_rank"]
+        return _Hit("comm", "mismatch", 0.85, pos, facts,
+                    f"NCCL: mismatched collective at and around rank {facts['around_rank']}",
+                    "the ranks called different collectives (or sizes) in the same position: start at the "
+                    "named rank; NCCL_DEBUG_SUBSYS=COLL lists each rank's calls")
+    if t.first("nccl warn", "nccl info") < 0:
+        return None
+    for needle, category, subtype, confidence, note in _NCCL_WARN_PATTERNS:
+        pos = t.first(needle)
+        if pos < 0:
+            continue
+        facts = {"nccl_line": _shorten(t.line_at(pos), 200)}
+        if (m := _search(_LOCAL_RANK_RE, t, pos, before=40, after=40)) is not None:
+            facts["rank"] = int(m[1].group("rank"))
+        rank = _rank_of(t, pos, facts)
+        return _Hit(category, subtype, confidence, pos, facts,
+                    f"NCCL: {_shorten(t.line_at(pos).split('NCCL ', 1)[-1], 120)}{_on_rank(rank)}", note)
+    return None
+
+
 def _rule_ib_error(t: _Text) -> Optional[_Hit]:
     pos = t.first("got completion from peer")
     if pos < 0 or (found := _search(_IB_RE, t, pos, before=0, after=200)) is None:
@@ -238,6 +299,11 @@ def _rule_ib_error(t: _Text) -> Optional[_Hit]:
 
 
 DOCS = {
+    'nccl.debug': (
+        "NCCL_DEBUG lines: ``Mismatched collective detected ... around rank N`` / ``collective mismatch "
+        "error`` → comm/mismatch; ``Connection reset/closed by (remote) peer|localRank N`` → comm/rank-lost; "
+        "shared-memory segment or ``ibv_create_cq`` failures → comm/failure"
+    ),
     'nccl.watchdog-timeout': '``Watchdog caught collective operation timeout: WorkNCCL(...)`` → comm/timeout',
     'nccl.dump-signal': '``Received a dump signal due to a collective timeout from rank N`` → comm/timeout',
     'nccl.watchdog-status': (
@@ -246,8 +312,9 @@ DOCS = {
     ),
     'nccl.error': (
         '``NCCL error ...`` / ``nccl*Error``: RemoteError → comm/rank-lost; InvalidUsage / '
-        'InvalidArgument → comm/mismatch; UnhandledCudaError → memory/cuda-error; SystemError on a '
-        'connect → comm/init-failure; SystemError / InternalError → comm/failure'
+        'InvalidArgument → comm/mismatch; UnhandledCudaError → comm/failure (memory/oom or cuda-error when '
+        'its last error names one); SystemError on a connect → comm/init-failure; a last error saying the '
+        'peer closed or reset the connection → comm/rank-lost; SystemError / InternalError → comm/failure'
     ),
     'nccl.comm-aborted': '``NCCL communicator was aborted on rank N`` → comm/failure',
     'nccl.ib-error': '``NET/IB : Got completion from peer ... with error N`` → comm/failure',

@@ -39,6 +39,19 @@ def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
 _SIGNALS_RE = re.compile(r"died with <Signals\.(?P<name>SIG\w+): (?P<sig>\d+)>")
 _LOCAL_RANK_RE = re.compile(r"--local[_-]rank=(?P<rank>\d+)")
 _DEATH_SIGNAL_RE = re.compile(r"Received (?P<sig>\d+) death signal|got signal: (?P<sig2>\d+)")
+_SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?P<what>Segmentation fault|Killed)"
+                             r"(?: +\(core dumped\))?(?: +[^\n]{0,300})?$", re.MULTILINE)
+"""A shell's report of its child's death: ``Segmentation fault (core dumped)``, ``Killed``,
+``run.sh: line 12: 4242 Killed  python train.py`` (an abort or a bus error is left to the exit path)."""
+_SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL")}
+_RETURN_CODE_RE = re.compile(r"exits with return code = (?P<code>-\d+)")
+"""DeepSpeed's launcher: ``[launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...]
+exits with return code = -11`` (only a signal: an exit code 1 is the worker's own traceback)."""
+_RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (?P<name2>SIG[A-Z]+) "
+                          r"\(@0x[0-9a-f]+\)) received by PID")
+"""torchrun's failure table ``traceback : Signal 11 (SIGSEGV) received by PID 6421`` (when its header was
+cut), glog's failure handler ``*** SIGTERM (@0x297b) received by PID 18396 ... from PID 10619``."""
+_SIGNAL_NUMBERS = {name: number for number, name in SIGNAL_NAMES.items()}
 
 
 def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
@@ -54,12 +67,32 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         if command is not None:
             facts["rank"] = int(command[1].group("rank"))
         return _signal_hit(found[0] + m.start(), facts, "a worker")
+    pos = t.first("exits with return code = -")
+    if pos >= 0 and (found := _search(_RETURN_CODE_RE, t, pos, before=0, after=60)) is not None:
+        signal = -int(found[1].group("code"))
+        facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
+        command = _search(_LOCAL_RANK_RE, t, pos, before=4000, after=0)
+        if command is not None:
+            facts["rank"] = int(command[1].group("rank"))
+        return _signal_hit(pos, facts, "a worker")
+    pos = t.first(") received by pid")
+    if pos >= 0 and (found := _search(_RECEIVED_RE, t, pos, before=60, after=20)) is not None:
+        m = found[1]
+        name = m.group("name") or m.group("name2")
+        signal = int(m.group("sig")) if m.group("sig") else _SIGNAL_NUMBERS.get(name, 0)
+        if signal:
+            return _signal_hit(found[0] + m.start(), {"signal": signal, "signal_name": name}, "a worker")
     pos = t.first("death signal", "got signal:")
     if pos >= 0 and (found := _search(_DEATH_SIGNAL_RE, t, pos, before=40, after=40)) is not None:
         m = found[1]
         signal = int(m.group("sig") or m.group("sig2"))
         facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
         return _signal_hit(found[0] + m.start(), facts, "the launcher")
+    pos = t.first("segmentation fault", "killed")
+    if pos >= 0 and (found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None:
+        signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
+        return _signal_hit(found[0] + found[1].start("what"), {"signal": signal, "signal_name": name},
+                           "the process")
     return None
 
 
@@ -239,7 +272,10 @@ DOCS = {
     'torchrun.worker-failed': '``failed (exitcode: N) local_rank: ...`` → by the exit decision path',
     'launcher.signal': (
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch), ``Received 15 death signal``, "
-        "``SignalException: ... got signal: 15`` → by the exit decision path for that signal"
+        "``SignalException: ... got signal: 15``, DeepSpeed's ``exits with return code = -11``, "
+        "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, a "
+        "shell's ``Segmentation fault (core dumped)`` / ``Killed`` "
+        "→ by the exit decision path for that signal"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

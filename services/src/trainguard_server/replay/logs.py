@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -221,6 +221,15 @@ def exception_payload(parsed: Sequence[ParsedException], text: str) -> Optional[
     return payload
 
 
+def _cut_chain(parsed: List[ParsedException]) -> List[ParsedException]:
+    """A chain whose last traceback was cut before its exception line ends with the exception before it:
+    the cause that was printed is what is known (a typeless tail is dropped)."""
+    if len(parsed) > 1 and not parsed[-1].exc_type and parsed[-1].relation == "" and parsed[-2].exc_type \
+            and parsed[-2].relation in (RELATION_CAUSE, RELATION_CONTEXT):
+        return [*parsed[:-2], replace(parsed[-2], relation="")]
+    return parsed
+
+
 def _frame(frame: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {"filename": frame.filename, "module": frame.module, "function": frame.function,
                            "lineno": frame.lineno, "in_app": frame.in_app}
@@ -396,7 +405,8 @@ class LogSegmenter:
         if not block:
             return
         text = "\n".join(t for _, t in block)
-        payload = exception_payload(parse_traceback_text(_HEADER + text if headless else text), text)
+        parsed = _cut_chain(parse_traceback_text(_HEADER + text if headless else text))
+        payload = exception_payload(parsed, text)
         if payload is None or (mode == _PYTHON and payload["type"] == UNKNOWN_EXCEPTION):
             # a Python traceback cut before its exception line says nothing of what failed: its lines
             # go on as lines (one may still say it, e.g. an NCCL error printed inside it)
