@@ -150,7 +150,7 @@ def _replay_options(args: argparse.Namespace) -> Any:
         mapping=[parse_map_rule(t) for t in args.map or []], auto_map=not args.no_auto_map,
         step_field=args.step_field, time_field=args.time_field, step_seconds=args.step_seconds,
         end_time_ns=end_time_ns, min_log_level="" if args.log_level == "all" else args.log_level,
-        host=args.host or "", tags=tags, batch_size=args.batch_size)
+        host=args.host or "", tags=tags, batch_size=args.batch_size, tail_lines=max(0, args.tail_lines))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -258,6 +258,9 @@ def _add_replay(sub: Any) -> None:
                              "tracebacks and lines the classifier recognises -- a watchdog timeout, an "
                              "OOM, NCCL errors printed without a level -- are always kept; 'all' keeps "
                              "every line)")
+    fields.add_argument("--tail-lines", type=int, default=50,
+                        help="a log of which no line is kept sends its last N lines instead, so the run "
+                             "shows what the job printed last (default 50; 0: none)")
     where = replay.add_argument_group("where to")
     where.add_argument("--endpoint", help="ingest URL of a running backend: http(s)://host:4318 or "
                        "grpc(s)://host:4317 (TRAINGUARD_ENDPOINT)")

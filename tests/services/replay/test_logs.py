@@ -239,3 +239,16 @@ def test_a_traceback_without_its_exception_line_is_not_an_unknown_crash(tmp_path
     items = _items(path)
     assert not [i for i in items if i.kind == "exception"]
     assert any("NCCL watchdog" in i.message for i in items)
+
+
+def test_a_log_that_keeps_nothing_sends_its_tail(tmp_path: Path) -> None:
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("".join(f"iter {i}: loss 0.{i}\n" for i in range(80)) + "**Killed**\n")
+    kept = [i.message for i in LogReader(quiet, min_level="WARNING", tail=5)]
+    assert kept == ["iter 76: loss 0.76", "iter 77: loss 0.77", "iter 78: loss 0.78", "iter 79: loss 0.79",
+                    "**Killed**"]
+    assert LogReader(quiet, min_level="WARNING").stats.below_level == 0  # nothing read yet
+    assert [i for i in LogReader(quiet, min_level="WARNING")] == []       # tail 0: nothing, as before
+    loud = tmp_path / "loud.log"
+    loud.write_text("iter 1\niter 2\nERROR: disk quota exceeded\niter 3\n")
+    assert [i.message for i in LogReader(loud, min_level="WARNING", tail=5)] == ["ERROR: disk quota exceeded"]

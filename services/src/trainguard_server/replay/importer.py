@@ -20,7 +20,8 @@ Contract of :class:`Importer` (``Importer(options, backend).run()`` → :class:`
   why log lines below ``min_log_level`` = WARNING are not *stored* by default. Every line is still read
   by the classifier (:func:`~trainguard_server.replay.recognised.classified`), and the ones it gives a
   kind are kept: an error line a job printed without a level, e.g. ``RuntimeError: NCCL communicator
-  was aborted`` or ``loss is nan``, always reaches the pipeline.)
+  was aborted`` or ``loss is nan``, always reaches the pipeline. A log of which no line is kept at all
+  sends its last ``tail_lines`` (50) lines instead, so the run shows what the job printed last.)
 * **Times** (unix ns). A metrics file whose first timed object has a time field uses it (objects
   without one take the previous object's time); otherwise its records are spaced ``step_seconds`` apart,
   the last at the *anchor*: ``end_time_ns``, else the last log timestamp when a log has timestamps, else
@@ -133,6 +134,7 @@ class ReplayOptions:
     step_seconds: float = 1.0
     end_time_ns: Optional[int] = None
     min_log_level: str = "WARNING"              # "" keeps every line
+    tail_lines: int = 50                        # a log of which no line is kept sends its last lines
     host: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
     batch_size: int = 500
@@ -587,7 +589,8 @@ class Importer:
 
     def _log_items(self, src: SourceSummary) -> Iterator[_Item]:
         reader = LogReader(src.path, src.rank, min_level=self.options.min_log_level,
-                           on_bytes=self.progress.add_bytes, keep_below=classified)
+                           on_bytes=self.progress.add_bytes, keep_below=classified,
+                           tail=self.options.tail_lines)
         src.log = reader.stats
         lo, hi = src.span
         last_index = max(1, src.lines - 1)

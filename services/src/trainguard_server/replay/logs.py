@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import safe_str
 from trainguard.core.tracebacks import (
@@ -326,12 +327,16 @@ class LogSegmenter:
     the classifier recognises), decided here so a dropped line costs no item. ``headless``: pasted text
     -- a traceback cut at the top (frame lines with no ``Traceback ...`` header) and an exception line
     printed with no traceback at all (``RuntimeError: ...``) are exceptions too (``trainguard replay``;
-    a live job's output always has its header)."""
+    a live job's output always has its header). ``tail``: when nothing at all passed the level by the end,
+    the last ``tail`` lines left out are emitted after all (a file of a job that died without an error
+    line still shows what it printed last); 0 keeps nothing."""
 
     def __init__(self, rank: int = 0, *, min_level: str = "",
-                 keep_below: Optional[Callable[[str], bool]] = None, headless: bool = False) -> None:
+                 keep_below: Optional[Callable[[str], bool]] = None, headless: bool = False,
+                 tail: int = 0) -> None:
         self.rank = rank
         self.headless = headless
+        self._tail: Deque[Tuple[int, int, str, Optional[int], int]] = deque(maxlen=max(0, tail))
         self.min_level = LEVEL_ORDER[min_level]
         self.keep_below = keep_below
         self.stats = LogStats()
@@ -396,6 +401,12 @@ class LogSegmenter:
         for stream in self._streams.values():
             if stream.mode is not None:
                 self._close(stream)
+        if self.stats.log_lines + self.stats.exceptions == 0:
+            for rank, number, text, time_ns, precision_ns in self._tail:
+                self.stats.below_level -= 1
+                self._emit(LogItem("log", rank, number, number, time_ns, line_level(text),
+                                   safe_str(text, MAX_LINE_CHARS), precision_ns=precision_ns))
+        self._tail.clear()
         return list(self._release(final=True))
 
     def _close(self, stream: _Stream) -> None:
@@ -421,6 +432,8 @@ class LogSegmenter:
         level = line_level(text)
         if LEVEL_ORDER[level] < self.min_level and (self.keep_below is None or not self.keep_below(text)):
             self.stats.below_level += 1
+            if self._tail.maxlen:
+                self._tail.append((rank, number, text, time_ns, precision_ns))
             return
         self._emit(LogItem("log", rank, number, number, time_ns, level, safe_str(text, MAX_LINE_CHARS),
                            precision_ns=precision_ns))
@@ -450,15 +463,17 @@ class LogReader:
     without a rank prefix; ``min_level``: log lines whose level (:func:`line_level`) is below it are left
     out and counted (``""``: every line; exceptions are always kept) unless ``keep_below(text)`` says the
     line matters anyway; ``on_bytes(n)`` is called with the size of every line read (progress); ``headless``
-    as for :class:`LogSegmenter` (on by default: a file is pasted or saved text)."""
+    and ``tail`` as for :class:`LogSegmenter` (headless on by default: a file is pasted or saved text)."""
 
     def __init__(self, path: Path, rank: int = 0, *, min_level: str = "",
                  on_bytes: Optional[Callable[[int], None]] = None,
-                 keep_below: Optional[Callable[[str], bool]] = None, headless: bool = True) -> None:
+                 keep_below: Optional[Callable[[str], bool]] = None, headless: bool = True,
+                 tail: int = 0) -> None:
         self.path = path
         self.rank = rank
         self.on_bytes = on_bytes
-        self._segmenter = LogSegmenter(rank, min_level=min_level, keep_below=keep_below, headless=headless)
+        self._segmenter = LogSegmenter(rank, min_level=min_level, keep_below=keep_below, headless=headless,
+                                       tail=tail)
         self.stats = self._segmenter.stats
         try:
             self.year = datetime.fromtimestamp(path.stat().st_mtime).year
