@@ -47,6 +47,7 @@ is ``comm/rank-lost``; ``Timed out waiting ... for recv`` is what ranks see of a
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.tracebacks import parse_traceback_text
@@ -222,6 +223,10 @@ def _merge(primary: _Hit, hits: Sequence[_Hit], t: _Text) -> Tuple[Facts, Tuple[
     return facts, tuple(lines), tuple(also)
 
 
+_SPAWN_RE = re.compile(r"-- Process (?P<rank>\d+) terminated with the following error:")
+"""``torch.multiprocessing.spawn`` names the failed process (its index is the rank it was given)."""
+
+
 def _classify(text: str, exc_type: str, depth: int) -> Optional[Classification]:
     if not text and not exc_type:
         return None
@@ -240,7 +245,8 @@ def _classify(text: str, exc_type: str, depth: int) -> Optional[Classification]:
     if primary is not None:
         facts, lines, also = _merge(primary, hits, t)
         if "rank" not in facts and primary.rule != "torchrun.child-failed":
-            _rank_of(t, primary.pos, facts)
+            if _rank_of(t, primary.pos, facts) is None and (spawn := _SPAWN_RE.search(t.text)) is not None:
+                facts["rank"] = int(spawn.group("rank"))
         headline = primary.headline
         if primary.category == "comm" and primary.subtype == "timeout" and "lagging_ranks" in facts \
                 and "lagging" not in headline and "did not reach" not in headline:

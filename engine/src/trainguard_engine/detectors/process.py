@@ -132,6 +132,7 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
                     for n, s, v in recent_points(event) if settings.is_loss(n)][-settings.evidence_window:]
     key = exception_key(fingerprint)
     rank.exc_key = key if not handled else rank.exc_key
+    lead = named_rank(found.facts, rank.rank)
     recognised = _recognised(found)
     evidence = Evidence(
         rule=rule, description=f"rank {rank.rank} raised {detail} at step {step} ({mechanism})" + (
@@ -144,7 +145,7 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
     if recognised:
         summary += f"{found.headline} ({found.rule})" + (f": {found.note}. " if found.note else ". ")
     summary += "Read the traceback: the innermost in-app frame is where to start."
-    return Finding(category, subtype, key, rank.rank, step, time_ns, host=rank.host,
+    return Finding(category, subtype, key, lead, step, time_ns, host=rank.host if lead == rank.rank else "",
                    event_id=evidence.event_id, evidence=[evidence], timeline=[timeline],
                    values={"detail": detail, "step": step, "exc_type": exc_type}, summary=summary,
                    fingerprint=fingerprint)
@@ -250,10 +251,22 @@ def _text_finding(run: RunState, rank: RankState, found: Classification, key: st
                        evidence=[evidence], timeline=[timeline], counts=False, provisional=True,
                        values={"detail": found.headline, "step": step, "rank": about},
                        summary=_text_summary(found, rank.rank, step, source))
-    return Finding(found.category, found.subtype, key, rank.rank, step, time_ns, host=rank.host,
-                   event_id=event_id, evidence=[evidence], timeline=[timeline],
-                   values={"detail": found.headline, "step": step, "rank": rank.rank},
+    lead = named_rank(found.facts, rank.rank)
+    return Finding(found.category, found.subtype, key, lead, step, time_ns,
+                   host=rank.host if lead == rank.rank else "", event_id=event_id, evidence=[evidence],
+                   timeline=[timeline], values={"detail": found.headline, "step": step, "rank": lead},
                    summary=_text_summary(found, rank.rank, step, source), fingerprint=fingerprint)
+
+
+def named_rank(facts: Mapping[str, Any], default: int) -> int:
+    """The rank the text itself names (``[Rank 3] ...``, ``Rank 3: found NaN``, ``around rank 11``, a
+    launcher's ``--local_rank=7``, torchrun's root cause, ``-- Process 1 terminated``) -- what the error is
+    about, whichever stream printed it (a pasted log is read as rank 0's) -- else ``default``."""
+    for key in ("rank", "root_cause_rank"):
+        named = facts.get(key)
+        if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < 1 << 20:
+            return named
+    return default
 
 
 def _text_summary(found: Classification, rank: int, step: int, source: str) -> str:
