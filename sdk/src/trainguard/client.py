@@ -3,6 +3,12 @@
 Hot path (``log_metrics``): a few type checks and one ``deque.append`` of a tuple; envelope construction,
 tensor read-back, history and JSON encoding all happen later on the worker thread. Everything else
 (exceptions, lifecycle, logs, memory) is rare and built on the calling thread, where the traceback lives.
+
+Urgent events -- a non-finite metric value, an exception, the EXIT event -- wake the worker at once and are
+first written ahead to the process's spool directory on the calling thread (:mod:`.transport.home`; a
+non-finite alert with the host values it has: a device tensor beside the NaN is not waited for), so that
+a process killed before the worker sent them (SIGKILL, ``os.abort()``, a C++ ``std::terminate``) leaves
+them for the next SDK process or ``trainguard agent``; the copy the worker sends carries the same event id.
 """
 
 from __future__ import annotations
@@ -17,16 +23,20 @@ import threading
 import time
 import traceback
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import identity as identity_mod
 from .core import events as ev
 from .core import fingerprint as fp
+from .crash import frame_dict
 from .device_reader import DeviceReader
 from .guard import warn_once
+from .integrations import fatal
 from .options import Options, default_spool_dir
 from .stats import SdkStats
 from .transport.base import Transport
+from .transport.home import SpoolHome, WriteAhead
+from .transport.orphans import Orphan, find_orphans
 from .transport.spool import DiskSpool, MemorySpool
 from .transport.worker import Spool, Worker
 from .version import SDK_NAME, __version__
@@ -103,7 +113,15 @@ class Client:
         # built now, not lazily: a bad endpoint fails init() (and nothing gets imported at exit time,
         # where an import that exec()s code would make CPython forget an unhandled KeyboardInterrupt)
         self._transport: Optional[Transport] = transport or make_transport(options)
-        self.worker = Worker(self, self._new_transport, self._new_spool, options, self.stats)
+        self.home = self._new_home()
+        if self.home is not None and options.capture_fatal_signals:
+            fault = self.home.fault_file()
+            if fault is not None:
+                fatal.enable(fault)
+        if self.home is not None and self.home.problem:
+            warn_once("spool:home", f"{self.home.problem}; urgent events are not written ahead")
+        self.worker = Worker(self, self._new_transport, self._new_spool, options, self.stats,
+                             settle=self._settle, find_orphans=self._find_orphans)
         self.worker.start()
 
     # --- identity -------------------------------------------------------------------------------
@@ -126,14 +144,106 @@ class Client:
         transport, self._transport = self._transport, None
         return transport if transport is not None else make_transport(self.options)
 
-    def _new_spool(self) -> Spool:
+    def _home_name(self) -> Tuple[str, Dict[str, Any]]:
+        """This process's spool directory name and its ``.owner``."""
+        run = re.sub(r"[^A-Za-z0-9_.-]", "_", self.identity.run_id)[:64]
+        owner = dict(self._base, endpoint=self.options.endpoint or "", created_unix_nano=time.time_ns())
+        return f"{run}-rank{self.identity.rank}-pid{os.getpid()}", owner
+
+    def _new_home(self) -> Optional[SpoolHome]:
+        """The spool directory of this process, claimed now (None: spooling is off, ``spool_dir=""``)."""
         if self.options.spool_dir == "":
-            return MemorySpool(self.options.max_queue_events)
+            return None
         root = self.options.spool_dir or default_spool_dir()
         key = hashlib.sha1(f"{self.options.endpoint}|{self.options.project}".encode()).hexdigest()[:12]
-        run = re.sub(r"[^A-Za-z0-9_.-]", "_", self.identity.run_id)[:64]
-        return DiskSpool(os.path.join(root, key, f"{run}-rank{self.identity.rank}-pid{os.getpid()}"),
-                         self.options.spool_max_bytes)
+        name, owner = self._home_name()
+        home = SpoolHome(os.path.join(root, key), name, owner, self.options.write_ahead_max_pending)
+        home.claim()
+        return home
+
+    def _new_spool(self) -> Spool:
+        home = self.home
+        if home is None:
+            return MemorySpool(self.options.max_queue_events)
+        directory = home.claim()
+        if directory is None:
+            raise OSError(home.problem)
+        return DiskSpool(directory, self.options.spool_max_bytes)
+
+    def _find_orphans(self) -> List[Orphan]:
+        """Spools of dead processes with this endpoint and project on this host (worker thread; not in a
+        forked child: a short-lived DataLoader worker would only take them from the rank for a moment)."""
+        home = self.home
+        if home is None or self.forked_child:
+            return []
+        return find_orphans(home.parent, own=home.directory)
+
+    # --- write-ahead of urgent events -----------------------------------------------------------
+    def _write_ahead(self) -> Optional[WriteAhead]:
+        home = self.home
+        if home is None or home.claim() is None:
+            return None
+        return home.write_ahead
+
+    def _settle(self, events: Sequence[Dict[str, Any]]) -> None:
+        """The worker settled ``events`` (acknowledged, rejected or spooled): not needed ahead any more."""
+        ahead = self.home.write_ahead if self.home is not None else None
+        if ahead is not None and ahead.pending:
+            ahead.settle(events)
+
+    def _write_metrics_ahead(self, step: int, t_ns: int, metrics: Mapping[str, Any]) -> Optional[str]:
+        """Write a non-finite alert ahead (calling thread); its event id, or None when not written (no
+        alert after all, or write-ahead off/full). Values in device tensors are left out of this copy."""
+        ahead = self._write_ahead()
+        if ahead is None:
+            return None
+        values: Dict[str, float] = {}
+        for name, value in metrics.items():
+            kind = type(value)
+            if kind is float or kind is int:
+                values[name] = float(value)
+            elif getattr(getattr(value, "device", None), "type", None) == "cpu":
+                try:
+                    values[name] = float(value)
+                except Exception:
+                    continue
+        alert = alert_of(values)
+        if not alert:
+            return None
+        payload = ev.metrics_payload(values, alert=alert, recent=self._recent_so_far())
+        event = ev.envelope(self._base, "metrics", payload, step=step, time_unix_nano=t_ns, severity="ERROR")
+        return str(event["event_id"]) if ahead.write(event) else None
+
+    def _recent_so_far(self) -> List[Tuple[str, int, float]]:
+        """:meth:`recent_metrics` plus the host values still queued (the worker has not seen them yet): the
+        context of an event written ahead, which may be all the backend ever gets."""
+        keep = self.options.recent_metrics
+        series: Dict[str, Deque[Tuple[int, float]]] = {}
+        for name, step, value in self.recent_metrics():
+            series.setdefault(name, deque(maxlen=keep)).append((step, value))
+        for item in list(self._queue)[-keep * 4:]:  # one atomic copy; the worker pops concurrently
+            if item[0] != K_METRICS or not item[3]:
+                continue
+            for name, value in item[3].items():
+                if type(value) is float or type(value) is int:
+                    series.setdefault(name, deque(maxlen=keep)).append((item[1], float(value)))
+        return [(name, step, value) for name, values in series.items() for step, value in values]
+
+    def _write_event_ahead(self, event: Dict[str, Any]) -> None:
+        """Write an urgent rare event ahead (calling thread), an exception with its recent metric values."""
+        ahead = self._write_ahead()
+        if ahead is None:
+            return
+        exc = event.get("exception")
+        if exc is not None and "recent_metrics" in exc and exc["recent_metrics"] is None:
+            exc = dict(exc)
+            recent = self._recent_so_far()
+            if recent:
+                exc["recent_metrics"] = ev.recent_points(recent)
+            else:
+                del exc["recent_metrics"]
+            event = dict(event, exception=exc)
+        ahead.write(event)
 
     # --- hot path -------------------------------------------------------------------------------
     def log_metrics(self, step: Optional[int], metrics: Dict[str, Any]) -> None:
@@ -162,7 +272,11 @@ class Client:
         if len(queue) >= self._max_queue:
             self.stats.drop("queue_full")
             return
-        queue.append((K_METRICS, step, time.time_ns(), metrics, urgent))
+        t_ns = time.time_ns()
+        mark: Any = urgent  # an urgent item written ahead carries the event id its envelope must keep
+        if urgent:
+            mark = self._write_metrics_ahead(step, t_ns, metrics) or True
+        queue.append((K_METRICS, step, t_ns, metrics, mark))
         if urgent or len(queue) >= self._wake_at:
             self.worker.wake()
 
@@ -259,6 +373,8 @@ class Client:
             return ""
         event = ev.envelope(self._base, kind, payload, step=self.step if step is None else step,
                             time_unix_nano=time.time_ns(), severity=severity)
+        if urgent:
+            self._write_event_ahead(event)
         self._queue.append((K_EVENT, event))
         if urgent or len(self._queue) >= self._wake_at:
             self.worker.wake()
@@ -299,7 +415,7 @@ class Client:
             print_["hints"] = [dict(h, frame_index=h["frame_index"] - offset) for h in print_["hints"]
                                if h["frame_index"] >= offset]
             print_["message_template"] = ev.safe_str(print_["message_template"], opts.max_string_length)
-            payload["frames"] = [_frame_dict(f) for f in frames[offset:]]
+            payload["frames"] = [frame_dict(f) for f in frames[offset:]]
             payload.update(print_)
             payload["chain"] = _chain(exc, opts.max_frames)
         except Exception as err:  # a fingerprint bug must not lose the exception itself
@@ -433,14 +549,8 @@ class Client:
         return event
 
     def _metrics_envelope(self, item: Tuple[Any, ...]) -> Dict[str, Any]:
-        _, step, t_ns, values, _urgent = item
-        alert = ""
-        for name, value in values.items():
-            if not math.isfinite(value):
-                alert = f"non_finite:{name}"
-                break
-        if alert.startswith("non_finite:grad/") and values.get("amp/overflow") == 1.0:
-            alert = ""  # a routine fp16 overflow: the GradScaler skips the step and lowers the scale
+        _, step, t_ns, values, mark = item
+        alert = alert_of(values)
         recent = self.recent_metrics() if alert else ()
         keep = self.options.recent_metrics
         history = self._history
@@ -451,7 +561,8 @@ class Client:
             series.append((step, value))
         payload = ev.metrics_payload(values, alert=alert, recent=recent)
         return ev.envelope(self._base, "metrics", payload, step=step, time_unix_nano=t_ns,
-                           severity="ERROR" if alert else "INFO")
+                           severity="ERROR" if alert else "INFO",
+                           event_id=mark if type(mark) is str else None)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def flush(self, timeout: float) -> bool:
@@ -471,6 +582,10 @@ class Client:
         left = self.accounting()["queued"]
         if left > 0:
             self.stats.drop("shutdown", left)
+        if self.home is not None:
+            if not self.forked_child:
+                fatal.disable()
+            self.home.close()  # what is left in it (spooled, unsettled) waits there for the next process
         return finished
 
     def accounting(self) -> Dict[str, int]:
@@ -502,6 +617,8 @@ class Client:
         self._queue = deque()
         self.identity = identity_mod.RunIdentity(**{**self.identity.__dict__, "pid": self._pid})
         self._base = self._envelope_base()
+        if self.home is not None:  # a directory of its own, claimed when first needed
+            self.home.forget_in_child(*self._home_name())
         self._transport = None  # the parent's connection is not ours to use
         self._reader.reset()
         self.worker.reset_after_fork()
@@ -577,12 +694,17 @@ def _resolve_tensors(items: List[Tuple[Any, ...]]) -> None:
             values[name] = float(number)
 
 
-def _frame_dict(frame: Any) -> Dict[str, Any]:
-    out: Dict[str, Any] = {"filename": frame.filename, "module": frame.module,
-                           "function": frame.function, "lineno": frame.lineno, "in_app": frame.in_app}
-    if getattr(frame, "context_line", ""):
-        out["context_line"] = frame.context_line
-    return out
+def alert_of(values: Mapping[str, Any]) -> str:
+    """The alert of a metric batch: ``non_finite:<first non-finite name>``, or "" -- also for a non-finite
+    gradient on a step the GradScaler skips (``amp/overflow`` 1: a routine fp16 overflow)."""
+    alert = ""
+    for name, value in values.items():
+        if not math.isfinite(value):
+            alert = f"non_finite:{name}"
+            break
+    if alert.startswith("non_finite:grad/") and values.get("amp/overflow") == 1.0:
+        alert = ""
+    return alert
 
 
 def _chain(exc: BaseException, max_frames: int) -> List[Dict[str, Any]]:
@@ -603,7 +725,7 @@ def _chain(exc: BaseException, max_frames: int) -> List[Dict[str, Any]]:
         frames = fp.frames_from_traceback(nxt.__traceback__)[-max_frames:]
         chain.append({"type": fp.exception_type_name(type(nxt)),
                       "message": ev.safe_str(fp.exception_message(nxt), 2048),
-                      "relation": relation, "frames": [_frame_dict(f) for f in frames]})
+                      "relation": relation, "frames": [frame_dict(f) for f in frames]})
         current = nxt
     chain.reverse()
     return chain

@@ -67,6 +67,14 @@ class Options:
     spool_dir: Optional[str] = None
     #: Bound on the spool's size on disk; the oldest batches are evicted (and counted) beyond it.
     spool_max_bytes: int = 256 * 1024 * 1024
+    #: Most urgent events (non-finite alerts, exceptions, the exit event) written to the spool directory
+    #: *before* they are sent and not yet acknowledged (or spooled); a process killed right after one
+    #: (SIGKILL, an abort, a native crash) leaves it there for the next SDK process or ``trainguard agent``
+    #: to deliver. One small local write on the thread that logs the alert; 0 turns it off.
+    write_ahead_max_pending: int = 64
+    #: Seconds between looks for the spools of dead processes (same endpoint and project, this host), which
+    #: the SDK then delivers after its own events; 0: only when it starts.
+    orphan_scan_interval: float = 30.0
     #: How long ``shutdown()`` / exit may take (seconds): what cannot be delivered in this time (a backend
     #: down or hanging) is written to the spool, in flight requests included, so nothing is lost.
     shutdown_timeout: float = 5.0
@@ -85,6 +93,11 @@ class Options:
     capture_uncaught: bool = True
     #: Report a lifecycle exit event at interpreter exit and on SIGTERM.
     capture_exit: bool = True
+    #: On a native crash (SIGSEGV, SIGABRT from ``os.abort()`` or a C++ ``std::terminate``, SIGBUS, SIGFPE,
+    #: SIGILL) faulthandler writes the Python stacks into the spool directory, delivered afterwards as an
+    #: exception event; stderr and the exit status do not change. Not when faulthandler is already on (its
+    #: output stays where you sent it) or without a disk spool.
+    capture_fatal_signals: bool = True
     #: Loggers whose WARNING+ records are forwarded as log events ("" is the root logger).
     log_loggers: List[str] = field(default_factory=list)
     log_level: str = "WARNING"
@@ -172,9 +185,13 @@ def build_options(explicit: Mapping[str, Any], env: Mapping[str, str]) -> Tuple[
         if getattr(opts, name) < 1:
             problems.append(f"option {name} must be >= 1; using the default")
             setattr(opts, name, getattr(Options(), name))
-    if opts.queue_reserve_events < 0:
-        problems.append("option queue_reserve_events must be >= 0; using the default")
-        opts.queue_reserve_events = Options().queue_reserve_events
+    for name in ("queue_reserve_events", "write_ahead_max_pending"):
+        if getattr(opts, name) < 0:
+            problems.append(f"option {name} must be >= 0; using the default")
+            setattr(opts, name, getattr(Options(), name))
+    if not opts.orphan_scan_interval >= 0:  # NaN too
+        problems.append("option orphan_scan_interval must be >= 0 seconds; using the default")
+        opts.orphan_scan_interval = Options().orphan_scan_interval
     for name in ("connect_timeout", "read_timeout", "send_timeout"):
         value = getattr(opts, name)
         if not (isinstance(value, (int, float)) and value > 0):  # 0 or NaN would mean "never give up"

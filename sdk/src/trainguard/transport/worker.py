@@ -9,6 +9,12 @@ Delivery rules (DESIGN §2 rule 5):
 - every event is accounted for in :class:`~trainguard.stats.SdkStats`: sent, held in the spool, or dropped
   by reason; the worker is the only writer of ``sent`` / ``spooled`` / ``replayed``.
 
+Spools of dead processes (:mod:`.orphans`: a rank killed by SIGKILL, an abort, a native crash, or one that
+exited with its backend down) are adopted when the worker starts and every ``orphan_scan_interval`` seconds,
+and replayed after this process's own events, a few batches per pass; at shutdown they are let go again
+(unlocked, for the next process). Urgent events written ahead (:class:`~.home.WriteAhead`) are settled
+(``settle``) once their batch was acknowledged, rejected or spooled.
+
 Shutdown (:meth:`Worker.close`) is bounded by its timeout: the final delivery may use the network for
 ``SHUTDOWN_NETWORK_SHARE`` of it (each request's deadline is cut to fit); then a request still in flight is
 aborted and everything left -- the batch that was in flight, the queue -- is written to the spool in the
@@ -21,12 +27,14 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from ..guard import warn_once
 from ..options import Options
 from ..stats import SdkStats
 from .base import SendResult, Transport, TransportError
+from .orphans import Orphan
 from .spool import DiskSpool, MemorySpool, SpoolError
 
 Spool = Union[DiskSpool, MemorySpool]
@@ -36,6 +44,11 @@ SHUTDOWN_NETWORK_SHARE = 0.8
 """Share of the shutdown timeout the final delivery may spend talking to the backend; the rest is kept
 for writing what is left to the spool (local disk: milliseconds for a full queue)."""
 _SHUTDOWN_STATUSES = ("shutdown", "aborted")  # a send cut short by shutdown, not a verdict on the backend
+ORPHAN_BATCHES_PER_PASS = 4
+"""Batches of dead processes' spools replayed per pass of the worker, after this process's own events, so
+that a large one never holds this process's alerts back; passes follow each other quickly while any is
+left (:data:`ORPHAN_PASS_WAIT_S`)."""
+ORPHAN_PASS_WAIT_S = 0.05
 
 
 class EventSource(Protocol):
@@ -55,10 +68,16 @@ class Worker:
     """Owns the delivery thread, the transport, the spool and the backoff state."""
 
     def __init__(self, source: EventSource, transport_factory: Callable[[], Transport],
-                 spool_factory: Callable[[], Spool], options: Options, stats: SdkStats) -> None:
+                 spool_factory: Callable[[], Spool], options: Options, stats: SdkStats, *,
+                 settle: Callable[[Sequence[Event]], None] = lambda events: None,
+                 find_orphans: Callable[[], List[Orphan]] = lambda: []) -> None:
         self._source = source
         self._transport_factory = transport_factory
         self._spool_factory = spool_factory
+        self._settle = settle
+        self._find_orphans = find_orphans
+        self._orphans: Deque[Tuple[Orphan, DiskSpool]] = deque()
+        self._next_scan = 0.0  # time.monotonic() of the next look for dead processes' spools
         self._options = options
         self.stats = stats
         self._transport: Optional[Transport] = None
@@ -158,6 +177,8 @@ class Worker:
                 warn_once("shutdown:spooled", f"{left} event(s) could not be delivered before shutdown "
                                               f"(backend down or not answering); kept in the spool{where}")
             self._spool.close()
+        if finished:
+            self._let_orphans_go()
         return finished
 
     def reset_after_fork(self) -> None:
@@ -170,6 +191,8 @@ class Worker:
         self._counting = threading.Lock()
         self._flush_requested = self._flush_done = 0
         self._backoff = self._retry_at = 0.0
+        self._orphans = deque()  # the parent's locks: not ours to release (closing ours would not either)
+        self._next_scan = 0.0
 
     # --- the loop -------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -177,6 +200,8 @@ class Worker:
             timeout = self._options.flush_interval
             if self._retry_at:
                 timeout = min(timeout, max(0.01, self._retry_at - time.monotonic()))
+            elif self._orphans:
+                timeout = min(timeout, ORPHAN_PASS_WAIT_S)
             self._wake.wait(timeout)
             self._wake.clear()
             with self._cond:
@@ -185,6 +210,7 @@ class Worker:
             try:
                 if not stopping:
                     self._source.tick()
+                    self._adopt_orphans()
                 self._pump(final=stopping)
             except Exception as exc:  # never let the worker die silently
                 warn_once(f"worker:{type(exc).__name__}",
@@ -196,12 +222,61 @@ class Worker:
                 return
 
     def _pump(self, final: bool) -> None:
-        self._replay(final)
+        self._replay(self._spool, final)
         while not self._abandoned:
             events = self._source.drain(self._options.max_batch_events)
             if not events:
-                return
+                break
             self._deliver(events, final)
+        if not final:
+            self._replay_orphans()
+
+    # --- dead processes' spools -----------------------------------------------------------------
+    def _adopt_orphans(self) -> None:
+        """Look for dead processes' spools when due (worker thread); adopted ones count as spooled."""
+        now = time.monotonic()
+        if now < self._next_scan:
+            return
+        interval = self._options.orphan_scan_interval
+        self._next_scan = now + interval if interval > 0 else float("inf")
+        known = {orphan.directory for orphan, _ in self._orphans}
+        for orphan in self._find_orphans():
+            if orphan.directory in known:
+                continue
+            try:
+                spool = orphan.spool()
+            except OSError:
+                orphan.release()
+                continue
+            if not len(spool):
+                orphan.release()
+                continue
+            with self._counting:  # logged by a dead process, accounted for here (as an own inherited spool)
+                self.stats.drained += spool.inherited
+                self.stats.spooled += spool.inherited
+            self._orphans.append((orphan, spool))
+
+    def _replay_orphans(self) -> None:
+        """Up to ORPHAN_BATCHES_PER_PASS batches of the adopted spools, oldest spool first."""
+        budget = ORPHAN_BATCHES_PER_PASS
+        while self._orphans and budget > 0 and not self._abandoned:
+            orphan, spool = self._orphans[0]
+            if not self._replay(spool, False, max_batches=1):
+                return
+            budget -= 1
+            if len(spool) == 0:
+                self._orphans.popleft()
+                spool.close()
+                orphan.release()
+
+    def _let_orphans_go(self) -> None:
+        """Unlock what is left of the adopted spools: the next process (or the agent) delivers it."""
+        while self._orphans:
+            orphan, spool = self._orphans.popleft()
+            with self._counting:  # no longer held here
+                self.stats.drained -= spool.events
+                self.stats.spooled -= spool.events
+            orphan.release()
 
     # --- accounting -----------------------------------------------------------------------------
     def _count(self, *, sent: int = 0, spooled: int = 0, replayed: int = 0,
@@ -264,6 +339,7 @@ class Worker:
             self._on_failure(exc, events, final)
             return
         self._on_success(result, len(events))
+        self._settle(events)
 
     def _on_failure(self, exc: TransportError, events: List[Event], final: bool) -> None:
         if exc.retryable:
@@ -282,6 +358,7 @@ class Worker:
             self._deliver(events[half:], final)
         else:
             self._count(drops=[("rejected", len(events))])
+            self._settle(events)
             warn_once(f"rejected:{exc.status}", f"backend rejected a batch of {len(events)}: {exc}")
 
     def _on_success(self, result: SendResult, count: int, replayed: bool = False) -> None:
@@ -314,6 +391,7 @@ class Worker:
             return
         # the evicted (older) events were counted as spooled when they went in
         self._count(spooled=len(events) - evicted, drops=[("spool_full", evicted)])
+        self._settle(events)
         if evicted:
             warn_once("spool:full", "spool is full; evicting the oldest batches (counted)")
 
@@ -327,12 +405,16 @@ class Worker:
             warn_once("spool:read", f"{lost} spooled event(s) could not be read back (counted)")
         return batch
 
-    def _replay(self, final: bool) -> None:
-        spool = self._spool
-        while spool is not None and len(spool) > 0 and not self._in_backoff(final) and not self._abandoned:
+    def _replay(self, spool: Optional[Spool], final: bool, max_batches: int = -1) -> bool:
+        """Send ``spool``'s batches oldest first (at most ``max_batches``; -1: all); True unless a failure
+        or the backoff stopped it."""
+        while spool is not None and len(spool) > 0 and max_batches != 0:
+            if self._in_backoff(final) or self._abandoned:
+                return False
             batch = self._peek(spool)
             if batch is None:
-                return
+                return True
+            max_batches -= 1
             try:
                 result = self._send(batch)
             except TransportError as exc:
@@ -342,10 +424,11 @@ class Worker:
                     if exc.status not in _SHUTDOWN_STATUSES:
                         self.stats.retries += 1
                         self._schedule_retry(exc)
-                    return
+                    return False
                 spool.pop()
                 self._count(spooled=-len(batch), drops=[("rejected", len(batch))])
                 warn_once(f"rejected:{exc.status}", f"backend rejected a spooled batch: {exc}")
                 continue
             spool.pop()
             self._on_success(result, len(batch), replayed=True)
+        return True
