@@ -723,6 +723,13 @@ FROM_SOURCE: List[Tuple[str, str, str, Dict[str, Any]]] = [
     ("*** SIGTERM (@0x297b) received by PID 18396 (TID 0x7f2c8c464700) from PID 10619; stack trace: ***",
      "process/terminated", "launcher.signal", {"signal": 15}),
     ("Segmentation fault (core dumped)", "process/exit", "launcher.signal", {"signal": 11}),
+    ("[rank2]:[E424 01:11:21.160832730 ProcessGroupNCCL.cpp:629] [Rank 2] Watchdog caught collective operation "
+     "timeout: WorkNCCL(SeqNum=4, OpTy\npe=BROADCAST, NumelIn=112, NumelOut=112, Timeout(ms)=1800000) ran for 1800010 "
+     "milliseconds before timing out.", "comm/timeout", "nccl.watchdog-timeout", {"seq_num": 4, "rank": 2}),
+    ("CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+     "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1", "memory/cuda-error", "cuda.error-cut", {}),
+    ("ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+     "process/exit", "dataloader.worker", {"signal": "bus error"}),
 ]
 
 

@@ -60,6 +60,7 @@ from .c10d import (
 )
 from .cuda import (
     _rule_cuda_error,
+    _rule_cuda_error_cut,
     _rule_cuda_oom,
     _rule_cuda_oom_plain,
     _rule_device_assert,
@@ -155,6 +156,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("torchrun.worker-failed", _rule_worker_failed),
     ("launcher.signal", _rule_launcher_signal),
     ("python.fatal-error", _rule_fatal),
+    ("cuda.error-cut", _rule_cuda_error_cut),
 )
 """The text rules, most causal first (after ``torchrun.child-failed``, which is tried before all of them)."""
 

@@ -303,6 +303,21 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
     return None
 
 
+_ASYNC_NOTE = "cuda kernel errors might be asynchronously reported at some other api call"
+"""The sentence PyTorch prints after every CUDA error (``CUDA error: ...``): alone, the error line itself
+was cut from the text."""
+
+
+def _rule_cuda_error_cut(t: _Text) -> Optional[_Hit]:
+    pos = t.first(_ASYNC_NOTE)
+    if pos < 0:
+        return None
+    facts: Facts = {"error_class": "unknown"}
+    return _Hit("memory", "cuda-error", 0.6, pos, facts, "CUDA error (its first line is not in the text)",
+                "PyTorch prints this after a CUDA error; the error itself (illegal memory access, "
+                "device-side assert, ...) is on the line before: rerun with CUDA_LAUNCH_BLOCKING=1")
+
+
 def _next(t: _Text, pos: int) -> int:
     best = -1
     for needle in _CUDA_NEEDLES:
@@ -313,6 +328,10 @@ def _next(t: _Text, pos: int) -> int:
 
 
 DOCS = {
+    'cuda.error-cut': (
+        "PyTorch's ``CUDA kernel errors might be asynchronously reported ...`` without the error line before "
+        "it → memory/cuda-error (the last rule: any named error wins)"
+    ),
     'cuda.oom': (
         '``CUDA out of memory. Tried to allocate ...`` (current and older formats; HIP/XPU/MPS too) → '
         'memory/oom'

@@ -68,6 +68,17 @@ def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
         return _Hit("comm", "timeout", 0.95, offset + m.start(), facts, headline,
                     "the collective did not complete within the process group's timeout on this rank: a "
                     "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
+    pos = t.first("watchdog caught collective operation timeout")
+    if pos >= 0:  # a line a terminal or a paste wrapped: what is left of it still says what happened
+        cut: Facts = {}
+        rank = _rank_of(t, pos, cut)
+        _offset, rest = t.window(pos, 0, 200)
+        if (seq_match := _WORK_FIELDS[0][1].search(rest)) is not None:
+            cut["seq_num"] = int(seq_match.group(1))
+        return _Hit("comm", "timeout", 0.8, pos, cut,
+                    f"NCCL watchdog timeout{_on_rank(rank)} (its line is cut)",
+                    "the collective did not complete within the process group's timeout on this rank: a "
+                    "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
     return None
 
 

@@ -166,6 +166,16 @@ def _rule_dataloader(t: _Text) -> Optional[_Hit]:
                     f"{m.group('type')} in DataLoader worker {facts['worker']}"
                     + (f": {facts['worker_message']}" if "worker_message" in facts else ""),
                     "the dataset or collate_fn raised in a worker: the original traceback is in the message")
+    pos = t.first("unexpected bus error encountered in worker",
+                  "unexpected segmentation fault encountered in worker",
+                  "unexpected floating-point exception encountered in worker")
+    if pos >= 0:
+        what = "bus error" if t.lower.startswith("unexpected bus", pos) else \
+            "segmentation fault" if t.lower.startswith("unexpected seg", pos) else "floating-point exception"
+        return _Hit("process", "exit", 0.75, pos, {"signal": what},
+                    f"DataLoader worker died of a {what}",
+                    "a DataLoader worker crashed: a bus error is a too small /dev/shm (docker --shm-size, "
+                    "fewer workers), a segfault a native library in the dataset or collate_fn")
     pos = t.first("dataloader worker (pid")
     if pos >= 0 and (found := _search(_WORKER_DIED_RE, t, pos, before=0, after=300)) is not None:
         m = found[1]
@@ -219,7 +229,8 @@ DOCS = {
     ),
     'dataloader.worker': (
         '``Caught X in DataLoader worker process N`` → process/exception; a worker ``killed by signal: '
-        'Killed`` → process/killed, by another signal (segfault, bus error) → process/exit'
+        'Killed`` → process/killed, by another signal (segfault, bus error, also PyTorch\'s ``Unexpected bus '
+        'error encountered in worker``) → process/exit'
     ),
     'python.fatal-error': (
         '``Fatal Python error: Aborted|Segmentation fault|...`` → by the exit decision path for that '
