@@ -189,6 +189,7 @@ class ProbeResult:
     kind: str = "timeout"
     first_step: int = -1
     error: str = ""
+    sent_at: float = math.nan  # time.monotonic() just before the NaN step's Send
 
 
 def _send(channel: Any, token: str, events: List[Dict[str, Any]], timeout: float) -> Any:
@@ -286,6 +287,7 @@ def run_probe(server: ingest.Server, tenant: Tenant, run_id: str, args: argparse
         # a NaN arrives at any moment of the stream's read cycle, not just after a read
         time.sleep(random.uniform(0.0, args.sse_interval))
         sent_at.append(time.monotonic())
+        res.sent_at = sent_at[0]
         ready.set()
         ack = _send(channel, tenant.ingest, [nan], args.probe_timeout)
         res.ack_s = time.monotonic() - sent_at[0]
@@ -663,6 +665,7 @@ class PhaseResult:
     readyz: str = ""
     metrics: List[Tuple[str, str, float]] = field(default_factory=list)
     hostile: Optional[Dict[str, Any]] = None
+    started: float = 0.0  # time.monotonic() at the window's start
     poison_incidents: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     lr_growth: List[str] = field(default_factory=list)
 
@@ -740,7 +743,7 @@ def run_phase(name: str, root: Path, args: argparse.Namespace) -> PhaseResult:
         probes = run_probes(server, tenants["calm"], args, name, t0 + args.seconds)
         busy1, cpu1, t1 = ingest.machine_busy_s(), server.cpu_s(), time.monotonic()
         sampler.stop()
-        res = PhaseResult(name, probes, server_cpu_pct=100.0 * (cpu1 - cpu0) / (t1 - t0),
+        res = PhaseResult(name, probes, started=t0, server_cpu_pct=100.0 * (cpu1 - cpu0) / (t1 - t0),
                           machine_busy_pct=100.0 * (busy1 - busy0) / (t1 - t0), depth_max=sampler.depth_max,
                           lag_max=sampler.lag_max)
         window[1] = min(window[1], time.time())  # the background clients stop now (probes may run late)
@@ -789,6 +792,12 @@ def print_phase(r: PhaseResult, args: argparse.Namespace) -> None:
         print(f"{r.name} event_to_incident via={label} p50_ms={_ms(_pct(values, 0.5))} "
               f"p99_ms={_ms(_pct(values, 0.99))} max_ms={_ms(max(values) if values else math.nan)}",
               flush=True)
+    last = max((p.sent_at - r.started for p in r.probes if not math.isnan(p.sent_at)), default=0.0)
+    for lo in range(0, int(last) + 1, int(args.timeline_s)):
+        part = [p.poll_s for p in r.probes if lo <= p.sent_at - r.started < lo + args.timeline_s]
+        if part:
+            print(f"{r.name} timeline from_s={lo} to_s={lo + int(args.timeline_s)} probes={len(part)} "
+                  f"poll_p50_ms={_ms(_pct(part, 0.5))} poll_max_ms={_ms(max(part))}", flush=True)
     acks = [p.ack_s for p in r.probes]
     print(f"{r.name} nan_step_ack p50_ms={_ms(_pct(acks, 0.5))} p99_ms={_ms(_pct(acks, 0.99))}", flush=True)
     bg_err = ",".join(f"{k}:{v}" for k, v in sorted(r.bg_errors.items())) or "0"
@@ -868,6 +877,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--bomb-every", type=float, default=5.0, help="seconds between gzip member bombs")
     p.add_argument("--deep-every", type=float, default=1.0, help="seconds between over-deep JSON requests")
     p.add_argument("--deep-levels", type=int, default=5000, help="nesting depth of the over-deep JSON")
+    p.add_argument("--timeline-s", type=float, default=10.0,
+                   help="the probes' latency is also printed per window of this many seconds")
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment for both servers (repeatable)")
     p.add_argument("--data-dir", type=Path, default=None, help="parent of the servers' data dirs")
@@ -882,7 +893,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.tiny_rate = 50.0 if args.quick else 200.0
     if args.idle_streams is None:
         args.idle_streams = 24 if args.quick else 64
+    args.timeline_s = max(1.0, args.timeline_s)
     if args.quick:
+        args.timeline_s = min(args.timeline_s, 2.0)
         args.bomb_every = min(args.bomb_every, 2.0)
         args.bg_rate = min(args.bg_rate, 200.0)
     phases = [x.strip() for x in args.phases.split(",") if x.strip()]
