@@ -184,7 +184,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if backend.can_report:
                 run, complete = wait_for_run(backend, summary, timeout_s=args.wait_timeout)
                 incidents = backend.incidents(options.run_id) if run is not None else []
-                print_status(run, incidents, sys.stdout, complete=complete)
+                print_status(run, incidents, sys.stdout, complete=complete, origins=summary.origins)
             else:
                 backend.finish()
                 print("not waiting for the result: give --read-token (and --api for a gRPC endpoint) to "

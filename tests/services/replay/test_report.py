@@ -50,3 +50,32 @@ def test_progress_prints_plain_lines_elsewhere_and_can_be_silenced() -> None:
     silent.update(5)
     silent.finish()
     assert quiet.getvalue() == ""
+
+
+def test_the_summary_says_what_was_recognised_and_where_each_incident_came_from(tmp_path) -> None:
+    from trainguard_server.replay import Importer, LocalBackend, ReplayOptions
+    from trainguard_server.replay.report import print_status, print_summary
+
+    log = tmp_path / "train.log"  # cut from tests/fixtures/wild/comm-watchdog-* (real watchdog lines)
+    log.write_text(
+        "epoch 0 step 10 loss 2.31\n"
+        "[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) "
+        "ran for 600020 milliseconds before timing out.\n"
+        "epoch 0 step 11 loss 2.30\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    backend = LocalBackend(tmp_path / "data")
+    try:
+        summary = Importer(ReplayOptions(run_id="r1", logs=[(0, log)]), backend).run()
+        backend.finish()
+        incidents = backend.incidents("r1")
+    finally:
+        backend.close()
+    out = io.StringIO()
+    print_summary(summary, out)
+    assert "4 lines, 1 recognised by the classifier" in out.getvalue()  # the exception is counted apart
+    out = io.StringIO()
+    print_status({"run_id": "r1"}, incidents, out, origins=summary.origins)
+    text = out.getvalue()
+    assert "comm/timeout" in text and "from train.log:2\n" in text
+    assert "memory/cuda-error" in text and "from train.log:2, 4\n" in text  # the timeout is its evidence too

@@ -194,7 +194,8 @@ class SourceSummary:
             return "; ".join(parts)
         if self.log is not None:
             g = self.log
-            parts = [f"{g.lines} lines, {g.log_lines} log events, {g.exceptions} exceptions",
+            parts = [f"{g.lines} lines, {g.recognised} recognised by the classifier, {g.log_lines} log "
+                     f"events, {g.exceptions} exceptions",
                      f"times {self.time_mode}", f"ranks {sorted(g.ranks) or self.ranks}"]
             if g.below_level:
                 parts.append(f"{g.below_level} lines below the log level left out")
@@ -221,6 +222,7 @@ class ReplaySummary:
     last_time_ns: int = 0           # the latest event time sent (EXIT)
     elapsed_s: float = 0.0
     error: str = ""
+    origins: Dict[str, str] = field(default_factory=dict)  # event id of a log/exception -> "file:line"
 
     @property
     def ok(self) -> bool:
@@ -235,6 +237,11 @@ class ReplaySummary:
 
 class ReplayAborted(Exception):
     """The backend refused for good, or stayed unreachable past the retry timeout."""
+
+
+MAX_ORIGINS = 100_000
+"""Log and exception events whose file and line the summary remembers (to say which lines an incident
+came from)."""
 
 
 def event_id(run_id: str, rank: int, source: str, key: str) -> str:
@@ -626,6 +633,8 @@ class Importer:
                 self._metrics_items(s) if s.kind == "metrics" else self._log_items(s) for s in sources]
             for item in heapq.merge(*streams, key=_key):
                 for event, origin, size in builder.item(item):
+                    if item.log is not None and len(summary.origins) < MAX_ORIGINS:
+                        summary.origins[event["event_id"]] = origin
                     sender.add(event, origin, size)
             if builder.items == 0 and not o.exit_codes and o.exit_code is None:
                 summary.error = "nothing to import: no metrics record and no log line could be read"

@@ -184,6 +184,7 @@ class LogStats:
     log_lines: int = 0        # emitted as log items
     below_level: int = 0      # lines left out by ``min_level``
     exceptions: int = 0
+    recognised: int = 0       # lines the classifier gives a kind (``keep_below`` said so), kept at any level
     timestamped: int = 0      # lines that start with a timestamp
     ranks: Dict[int, int] = field(default_factory=dict)  # items per rank
 
@@ -430,11 +431,13 @@ class LogSegmenter:
 
     def _line(self, rank: int, number: int, text: str, time_ns: Optional[int], precision_ns: int) -> None:
         level = line_level(text)
-        if LEVEL_ORDER[level] < self.min_level and (self.keep_below is None or not self.keep_below(text)):
+        known = self.keep_below is not None and self.keep_below(text)
+        if LEVEL_ORDER[level] < self.min_level and not known:
             self.stats.below_level += 1
             if self._tail.maxlen:
                 self._tail.append((rank, number, text, time_ns, precision_ns))
             return
+        self.stats.recognised += known
         self._emit(LogItem("log", rank, number, number, time_ns, level, safe_str(text, MAX_LINE_CHARS),
                            precision_ns=precision_ns))
 

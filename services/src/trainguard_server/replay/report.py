@@ -107,9 +107,25 @@ def print_summary(summary: ReplaySummary, out: IO[str]) -> None:
         w(f"  ERROR: {summary.error}\n")
 
 
+def _origins(incident: Dict[str, Any], origins: Dict[str, str], most: int = 8) -> str:
+    """``train.log:12, 40, 41`` -- the imported lines among an incident's evidence, by file."""
+    by_file: Dict[str, List[int]] = {}
+    for evidence in incident.get("evidence", []):
+        where = origins.get(str(evidence.get("event_id", "")))
+        if where:
+            name, _, line = where.rpartition(":")
+            by_file.setdefault(name, []).append(int(line))
+    said = []
+    for name, lines in by_file.items():
+        shown = sorted(set(lines))
+        said.append(f"{name}:" + ", ".join(map(str, shown[:most])) + (" ..." if len(shown) > most else ""))
+    return "; ".join(said)
+
+
 def print_status(run: Optional[Dict[str, Any]], incidents: List[Dict[str, Any]], out: IO[str], *,
-                 complete: bool = True) -> None:
-    """The run's status and its incidents, most severe first (what to look at)."""
+                 complete: bool = True, origins: Optional[Dict[str, str]] = None) -> None:
+    """The run's status and its incidents, most severe first (what to look at); ``origins`` (event id ->
+    ``file:line``, :attr:`ReplaySummary.origins`): the lines each incident came from."""
     w = out.write
     if run is None:
         w("backend: the run is not visible (yet)\n")
@@ -127,5 +143,8 @@ def print_status(run: Optional[Dict[str, Any]], incidents: List[Dict[str, Any]],
           f"{inc.get('first_step')} (rank {inc.get('lead_rank')}): {inc.get('title', '')}\n")
         if inc.get("fingerprint"):
             w(f"    fingerprint {inc['fingerprint']}\n")
+        lines = _origins(inc, origins or {})
+        if lines:
+            w(f"    from {lines}\n")
         for check in list(inc.get("checks", []))[:3]:
             w(f"    check: {check}\n")
