@@ -141,3 +141,20 @@ def test_diagnosis_survives_snapshot_restore_and_the_json_round_trip() -> None:
     assert resumed.incidents() == straight.incidents()
     for inc in straight.incidents():
         assert Incident.from_dict(inc.to_dict()) == inc
+
+
+def test_a_high_constant_lr_is_the_lead_hypothesis_of_an_explosion() -> None:
+    """Issue 16: 'LR too high' was ranked last for a constant LR of 1.5 (only a growing LR counted)."""
+    from trainguard_engine.diagnosis import Facts
+
+    def lead(lr: float, phase: str = "constant", lr_high: float = 0.1) -> str:
+        facts = Facts(lr=lr, lr_phase=phase, lr_growth=1.0, clip_rate=0.0, lr_high=lr_high)
+        return str(hypotheses("gradient", "explosion", facts)[0]["cause"])
+
+    lr_cause = kind("gradient", "explosion").cause_text("learning-rate-too-high")
+    assert lead(1.5) == lr_cause
+    assert lead(1e-4) != lr_cause           # its level says nothing
+    assert lead(1.5, lr_high=2.0) != lr_cause  # the documented setting decides
+    ranked = hypotheses("loss", "non_finite", Facts(lr=1.5, lr_phase="decaying", lr_growth=1.0, lr_high=0.1))
+    assert ranked[0]["cause"] == kind("loss", "non_finite").cause_text("learning-rate-too-high")
+    assert "1.5" in ranked[0]["why"][0]

@@ -704,6 +704,12 @@ class DetectionSettings:
         0.6, "Least classifier confidence (0..1) for a log record to open or join an incident; generic "
         "phrases score ~0.5, exact PyTorch/NCCL messages ~0.9. Exceptions always open an incident.",
         minimum=0.0, maximum=1.0)
+    diagnosis_lr_high: float = _setting(
+        0.1, "A learning rate at or above this, held constant or decaying (not a warmup), makes 'learning "
+        "rate too high' a lead hypothesis of an explosion, a non-finite loss, a divergence or an "
+        "oscillation: 10-100x the usual Adam/AdamW range, and the top of what plain SGD on normalised "
+        "models runs at.",
+        minimum=0.0)
     amp_text_max_scale: float = _setting(
         1.0, "A job's log line saying its fp16 loss scale moved to this value or lower (DeepSpeed "
         "'OVERFLOW! ... reducing to S', fairseq 'setting loss scale to S', apex, a printed loss_scale) opens "
@@ -884,6 +890,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "correlation": ("rank_lost_grace_s",),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
                 "amp_text_max_scale"),
+    "diagnosis": ("diagnosis_lr_high",),
     "state": ("history_len", "history_max_series", "max_evidence", "max_timeline", "max_incident_ranks",
               "max_incidents_per_run", "cluster_max_members", "max_clusters", "sample_traceback_chars",
               "dedupe_ids_per_run", "max_runs", "max_ranks_per_run", "ended_run_ttl_s", "idle_run_ttl_s",

@@ -149,6 +149,8 @@ class Facts:
     world_size: int = 1
     silent_rank: bool = False
     cuda: Optional[bool] = None     # CUDA in use on the lead rank: True, False (known CPU-only), None
+    lr: Optional[float] = None      # the LR at the incident's step (None: not reported)
+    lr_high: float = 0.1            # DetectionSettings.diagnosis_lr_high
 
 
 def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[str, List[Tuple[int, float]]]:
@@ -185,7 +187,7 @@ def _number(value: float) -> Any:
 
 def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings: DetectionSettings) -> Facts:
     inc = st.record
-    facts = Facts(world_size=run.world_size)
+    facts = Facts(world_size=run.world_size, lr_high=settings.diagnosis_lr_high)
     facts.rules = tuple(ev.rule for ev in inc.evidence)
     facts.silent_rank = "correlation.silent_peer" in facts.rules
     for ev in inc.evidence:
@@ -277,6 +279,15 @@ def _lr_why(f: Facts) -> str:
     return "the LR was still rising at this step"
 
 
+def _lr_high(f: Facts) -> bool:
+    """A high LR held at its level: no warmup, no schedule bug -- its value is what to look at."""
+    return f.lr is not None and f.lr >= f.lr_high and f.lr_phase in ("constant", "decaying")
+
+
+def _lr_high_why(f: Facts) -> str:
+    return f"the LR was {f.lr:.3g} and {f.lr_phase} at this step: high for any optimizer but plain SGD"
+
+
 def _oom_frag(f: Facts) -> bool:
     ru, req = f.facts.get("reserved_unallocated"), f.facts.get("requested")
     return isinstance(ru, int) and isinstance(req, int) and ru >= req > 0
@@ -306,7 +317,9 @@ RULES: Tuple[Rule, ...] = (
     ("gradient/explosion", "gradient-clipping-too-loose",
      lambda f: f.clip_rate is not None and f.clip_rate > 0.3, 2.0,
      lambda f: f"clipping triggered on {f.clip_rate or 0:.0%} of the steps before: it did not hold"),
+    ("gradient/explosion", "learning-rate-too-high", _lr_high, 4.0, _lr_high_why),
     ("loss/non_finite", "learning-rate-too-high", _lr_grew, 3.0, _lr_why),
+    ("loss/non_finite", "learning-rate-too-high", _lr_high, 3.0, _lr_high_why),
     ("loss/non_finite", "numerical-instability-log-0", lambda f: f.has_amp, 2.0,
      lambda f: "mixed precision is on"),
     ("gradient/nan-source", "bad-sample", lambda f: f.grad_jump == 0.0 or f.grad_jump < 10.0, 1.2,
@@ -325,6 +338,8 @@ RULES: Tuple[Rule, ...] = (
     ("loss/divergence", "learning-rate-too-high", lambda f: f.clip_rate is not None and f.clip_rate > 0.5,
      1.5, lambda f: f"clipping triggered on {f.clip_rate or 0:.0%} of the steps: it bounds each update, "
                     "and the loss diverges anyway"),
+    ("loss/divergence", "learning-rate-too-high", _lr_high, 2.0, _lr_high_why),
+    ("loss/oscillation", "learning-rate-too-high", _lr_high, 3.0, _lr_high_why),
     ("loss/oscillation", "learning-rate-too-high", lambda f: f.clip_rate is None or f.clip_rate < 0.3, 1.5,
      lambda f: "steps are not clipped, so every update has the LR's full size"),
     ("loss/plateau", "optimizer-momentum-mis-set", lambda f: f.lr_phase == "zero", 3.0,
@@ -401,6 +416,8 @@ def enrich(run: RunState, st: IncidentState, settings: DetectionSettings) -> Non
     inc.related = _merged(inc.related if same_start else {}, facts.related)
     # what the history no longer holds (it keeps the last history_len steps) stays as first computed
     facts.lr_phase = str(inc.trigger.get("lr_phase", ""))
+    lr = inc.related.get("lr")
+    facts.lr = float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
     growth = inc.trigger.get("lr_growth", 0.0)
     facts.lr_growth = float(growth) if isinstance(growth, (int, float)) else \
         math.inf if growth == "Infinity" else 0.0
