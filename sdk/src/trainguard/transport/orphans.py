@@ -3,8 +3,9 @@ handed to whoever delivers them -- the worker of a later SDK process, or ``train
 
 Contract:
 
-* :func:`find_orphans` ``(parent, own)`` returns every process directory in ``parent`` (one endpoint and
-  project) whose lock it could take -- its owner is dead, however it died -- other than ``own``. Each is
+* :func:`find_orphans` ``(parent, own, accept)`` returns every process directory in ``parent`` (one
+  endpoint and project) whose lock it could take -- its owner is dead, however it died -- other than
+  ``own``, and whose owner record ``accept`` takes (default: all; a refused one is not touched). Each is
   returned **locked**: nobody else delivers it until :meth:`Orphan.release`. A staging directory left by a
   process that died while claiming one holds nothing and is removed.
 * Before it is returned an orphan is **sealed**: the lines of its write-ahead file and its fault file (as
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..core.events import decode_events
 from ..crash import fault_event
@@ -71,7 +72,8 @@ class Orphan:
             self.lock_fd = -1
 
 
-def find_orphans(parent: str, own: Optional[str] = None) -> List[Orphan]:
+def find_orphans(parent: str, own: Optional[str] = None,
+                 accept: Callable[[Mapping[str, Any]], bool] = lambda owner: True) -> List[Orphan]:
     """The dead processes' directories in ``parent``, locked and sealed (see the module doc)."""
     if not LOCKING:
         return []
@@ -94,6 +96,9 @@ def find_orphans(parent: str, own: Optional[str] = None) -> List[Orphan]:
             os.close(fd)
             continue
         orphan = Orphan(path, read_owner(path), fd)
+        if not accept(orphan.owner):
+            os.close(fd)
+            continue
         try:
             seal(orphan)
         except (OSError, SpoolError):
