@@ -39,6 +39,7 @@ NUMBER_OPTIONS = {"hang_factor": ("HANG_FACTOR", DEFAULT_POLICY.factor),
                   "hang_floor_s": ("HANG_FLOOR_S", DEFAULT_POLICY.floor_s),
                   "hang_ceiling_s": ("HANG_CEILING_S", DEFAULT_POLICY.ceiling_s),
                   "drain_timeout_s": ("DRAIN_TIMEOUT_S", 10.0),
+                  "sdk_spool_scan_s": ("SDK_SPOOL_SCAN_S", 5.0),
                   "pod_poll_s": ("POD_POLL_S", 2.0)}
 """Numeric options: attribute -> (environment suffix, default). Read from the environment only when the
 agent runs (a bad value there must not break the parser, which every ``trainguard`` command builds)."""
@@ -78,6 +79,12 @@ def add_agent_parser(sub: Any) -> None:
                        help="local gRPC ingest (default 127.0.0.1:4317; '' turns it off)")
     agent.add_argument("--spool-dir", default=_env("SPOOL_DIR") or None,
                        help="disk spool (default /var/lib/trainguard-agent, else ~/.cache/trainguard/agent)")
+    agent.add_argument("--sdk-spool-dir", default=_env("SDK_SPOOL_DIR") or None,
+                       help="the job's SDK spool (TRAINGUARD_SPOOL_DIR of the job), where a rank that died "
+                            "hard (SIGKILL, abort, native crash) left its last events; wrapper mode default: "
+                            "<spool-dir>/sdk, given to the job")
+    agent.add_argument("--sdk-spool-scan-s", type=float,
+                       help="look for what dead SDK processes left this often (default 5)")
     agent.add_argument("--log-file", action="append", default=None, metavar="GLOB",
                        help="sidecar: follow these files (repeatable; TRAINGUARD_AGENT_LOG_FILES, "
                             "comma-separated)")
@@ -136,8 +143,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
         return 2
     try:
         policy = HangPolicy(args.hang_factor, args.hang_floor_s, args.hang_ceiling_s)
-        if not math.isfinite(args.pod_poll_s) or args.pod_poll_s <= 0:
-            raise ValueError(f"--pod-poll-s must be > 0, got {args.pod_poll_s:g}")
+        for flag in ("pod_poll_s", "sdk_spool_scan_s"):
+            value = getattr(args, flag)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"--{flag.replace('_', '-')} must be > 0, got {value:g}")
         config = AgentConfig(upstream=args.upstream, token=args.token, listen=args.listen,
                              listen_grpc=args.listen_grpc,
                              spool_dir=Path(args.spool_dir) if args.spool_dir else default_spool_dir(),
@@ -145,7 +154,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
                              policy=policy, min_level=args.log_level, drain_timeout_s=args.drain_timeout_s,
                              stacks=not args.no_stacks, run_id=args.run_id,
                              pod_container=args.pod_container, kube_api=args.kube_api,
-                             pod_poll_s=args.pod_poll_s)
+                             pod_poll_s=args.pod_poll_s,
+                             sdk_spool_dir=Path(args.sdk_spool_dir) if args.sdk_spool_dir else None,
+                             sdk_spool_scan_s=args.sdk_spool_scan_s)
         agent = Agent(config)
         agent.start()
     except (ValueError, OSError) as exc:

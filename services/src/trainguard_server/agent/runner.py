@@ -28,6 +28,11 @@ Contract of :class:`Agent`:
   signal -- unless the SDK in the job already reported the same EXIT for that rank. A traceback the SDK
   reported too (same rank and stack fingerprint) is not sent again: while the SDK is active in a rank,
   the agent holds its tracebacks for ``exception_hold_s`` (and until the job ended) before deciding.
+* **What a dead SDK process left** (:mod:`.sdk_spools`): the job's SDK spool (``sdk_spool_dir``; in wrapper
+  mode the job gets ``TRAINGUARD_SPOOL_DIR=<spool_dir>/sdk`` unless its environment names one, and that
+  one is read) is searched every ``sdk_spool_scan_s``, at the start and when the job ended (before its
+  tracebacks are de-duplicated against the SDK's): the urgent events a rank killed by SIGKILL / an abort /
+  a native crash wrote ahead, faulthandler's dump, and batches a rank spooled at exit go through the relay.
 * Nothing here raises into the job: the agent's own failures are logged, and the job runs on.
 """
 
@@ -58,6 +63,7 @@ from .events import Event, EventBuilder, agent_identity
 from .kube import ContainerEnd, KubeConfig, PodStatusReader
 from .local import LocalServers
 from .relay import Forwarder, RelayGateway, open_spool_queue
+from .sdk_spools import SdkSpools
 from .sources import FileFollower, PipePump
 from .stacks import python_stacks
 from .upstream import open_upstream
@@ -103,6 +109,8 @@ class AgentConfig:
     pod_container: str = ""      # sidecar: the training container, whose end the pod's status gives
     kube_api: str = ""           # the Kubernetes API ("" = in-cluster)
     pod_poll_s: float = 2.0
+    sdk_spool_dir: Optional[Path] = None  # the job's SDK spool (None: TRAINGUARD_SPOOL_DIR, else <spool>/sdk)
+    sdk_spool_scan_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,11 @@ class Agent:
         self.gateway: Optional[RelayGateway] = None
         self.forwarder: Optional[Forwarder] = None
         self.servers: Optional[LocalServers] = None
+        self.sdk_spool_root = config.sdk_spool_dir or (Path(self.env["TRAINGUARD_SPOOL_DIR"])
+                                                       if self.env.get("TRAINGUARD_SPOOL_DIR")
+                                                       else config.spool_dir / "sdk")
+        self.sdk_spools: Optional[SdkSpools] = None
+        self._next_sdk_scan = 0.0
 
     # ------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -158,11 +171,16 @@ class Agent:
         self.gateway = RelayGateway(self.queue, cfg.token, self.settings, observer=self._observe)
         self.forwarder = Forwarder(self.queue, open_upstream(cfg.upstream, cfg.token))
         self.forwarder.start()
+        gateway = self.gateway
+        self.sdk_spools = SdkSpools(self.sdk_spool_root, cfg.upstream,
+                                    lambda batch: gateway.ingest_batch(gateway.info, batch),
+                                    self.settings.max_batch_events)
         self.servers = LocalServers(self.gateway, self.status)
         if cfg.listen:
             self.servers.start_http(cfg.listen)
         if cfg.listen_grpc:
             self.servers.start_grpc(cfg.listen_grpc)
+        self._deliver_sdk_spools(force=True)  # what an earlier job left
 
     def stop(self) -> bool:
         """Deliver what is left (up to drain_timeout_s), stop. True when nothing was left undelivered."""
@@ -194,6 +212,7 @@ class Agent:
                 "gateway": self.gateway.stats.snapshot() if self.gateway else {},
                 "captured": {k: {"lines": c.lines, "sent": c.sent} for k, c in self.captures.items()},
                 "hangs": len(self.hangs), "counters": dict(self.counters),
+                "sdk_spools": dict(self.sdk_spools.counters) if self.sdk_spools else {},
                 "last_progress_ns": self.watch.last_progress_ns, "hang_threshold_s": self.watch.threshold_s()}
 
     # ------------------------------------------------------------------------------------ wrapper mode
@@ -206,6 +225,7 @@ class Agent:
                                          f"{self.servers.http_port}"
         if self.config.token:
             env.setdefault("TRAINGUARD_TOKEN", self.config.token)
+        env.setdefault("TRAINGUARD_SPOOL_DIR", str(self.sdk_spool_root))
         return env
 
     def run_command(self, argv: List[str]) -> ExitStatus:
@@ -421,10 +441,23 @@ class Agent:
             capture.idle(now)
         self._release_held()
         self._flush_outbox()
+        self._deliver_sdk_spools()
         with self._lock:
             hang = self.watch.check(now) if self._started else None
         if hang is not None:
             self._report_hang(hang)
+
+    def _deliver_sdk_spools(self, force: bool = False) -> None:
+        """Dead SDK processes' spools into the relay, every sdk_spool_scan_s (or now)."""
+        spools = self.sdk_spools
+        now = time.monotonic()
+        if spools is None or (not force and now < self._next_sdk_scan):
+            return
+        self._next_sdk_scan = now + self.config.sdk_spool_scan_s
+        try:
+            spools.deliver()
+        except Exception as exc:  # the agent's own failure must not end the job's watch
+            log.warning("delivering the SDK's spools failed: %s", exc)
 
     def _report_hang(self, hang: Hang) -> None:
         self.hangs.append(hang)
@@ -452,6 +485,7 @@ class Agent:
         self._emit([self.builder.start(argv, now, {"agent": "true"})])
 
     def _job_ended(self, status: Optional[ExitStatus], pod_end: Optional[ContainerEnd] = None) -> None:
+        self._deliver_sdk_spools(force=True)  # what a killed rank wrote ahead: its exceptions are the SDK's
         for capture in list(self.captures.values()):
             capture.close()
         self._release_held(force=True)
