@@ -18,7 +18,23 @@ import selectors
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
+
+import pytest
+
+import trainguard
+from trainguard.guard import reset_warnings
+
+BASE = {"project": "p", "run_id": "r" * 32, "host": "h", "pid": 7, "rank": 0, "world_size": 1}
+"""The identity of the envelopes these tests send."""
+
+
+@pytest.fixture
+def clean_sdk() -> Iterator[None]:
+    """The SDK's once-only warnings reset before a test, and its global client shut down after it."""
+    reset_warnings()
+    yield
+    trainguard.shutdown(timeout=2)
 
 
 class _SocketServer:

@@ -12,28 +12,20 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, List
 
 import pytest
 
 import trainguard
-from tests.sdk.transport.hostile import AckBody, GarbageServer
+from tests.sdk.transport.hostile import BASE, AckBody, GarbageServer, clean_sdk  # noqa: F401 (fixture)
 from trainguard.core import events as ev
 from trainguard.core.events import decode_events
-from trainguard.guard import reset_warnings
 from trainguard.transport.base import TransportError
 from trainguard.transport.http import HttpTransport
 
 QUIET = {"flush_interval": 0.05, "backoff_initial": 0.05, "backoff_max": 0.2, "heartbeat_interval": 0,
          "capture_exit": False, "capture_uncaught": False, "send_timeout": 5.0}
-BASE = {"project": "p", "run_id": "r" * 32, "host": "h", "pid": 7, "rank": 0, "world_size": 1}
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    reset_warnings()
-    yield
-    trainguard.shutdown(timeout=2)
+pytestmark = pytest.mark.usefixtures("clean_sdk")
 
 
 def _events(n: int) -> List[Dict[str, Any]]:

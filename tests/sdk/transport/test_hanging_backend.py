@@ -10,30 +10,28 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 
 import trainguard
 from tests.sdk.scripting import run_python
-from tests.sdk.transport.hostile import FullBacklogServer, HangingServer, TricklingServer
+from tests.sdk.transport.hostile import (  # noqa: F401 (clean_sdk: a fixture)
+    BASE,
+    FullBacklogServer,
+    HangingServer,
+    TricklingServer,
+    clean_sdk,
+)
 from tests.support.waiting import poll
 from trainguard.core import events as ev
 from trainguard.core.events import decode_events
-from trainguard.guard import reset_warnings
 from trainguard.transport.base import TransportError
 from trainguard.transport.http import HttpTransport
 
 QUIET = {"flush_interval": 0.05, "backoff_initial": 0.05, "backoff_max": 0.2, "heartbeat_interval": 0,
          "capture_exit": False, "capture_uncaught": False}
-BASE = {"project": "p", "run_id": "r" * 32, "host": "h", "pid": 7, "rank": 0, "world_size": 1}
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    reset_warnings()
-    yield
-    trainguard.shutdown(timeout=2)
+pytestmark = pytest.mark.usefixtures("clean_sdk")
 
 
 def _spooled_events(root: Path) -> List[Dict[str, Any]]:
