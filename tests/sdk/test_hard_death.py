@@ -98,6 +98,9 @@ def test_the_nan_alert_and_the_exception_of_a_killed_rank_arrive_once(server: Se
     assert len({e["event_id"] for e in events}) == len(events)
     (alert,) = nan_alerts(events)
     assert alert["step"] == NAN_AT
+    # the values before it came along, those the worker had not sent yet included
+    recent = [p["step"] for p in alert["payload"]["metrics"]["recent"] if p["name"] == "loss"]
+    assert recent == list(range(NAN_AT - 20, NAN_AT))
     (raised,) = exceptions(events, "FloatingPointError")
     assert raised["message"] == f"loss is nan at step {NAN_AT}" and raised["handled"] is True
     assert any(p["name"] == "loss" for p in raised.get("recent_metrics", [])), "its context came along"
