@@ -152,10 +152,7 @@ class WriteAhead:
             if self._fd < 0:
                 return
             empty = not self._pending
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
+            close_fd(self._fd)
             self._fd = -1
         if empty:
             remove_file(self.path)
@@ -163,11 +160,7 @@ class WriteAhead:
     def forget_in_child(self) -> None:
         """In a forked child: the parent's file is not ours (its fd is closed, the file left alone)."""
         with self._lock:
-            if self._fd >= 0:
-                try:
-                    os.close(self._fd)
-                except OSError:
-                    pass
+            close_fd(self._fd)
             self._fd = -1
             self._pending = set()
             self.failed = "forked"
@@ -279,9 +272,8 @@ class SpoolHome:
                     remove_file(fault)
             if only_bookkeeping(directory):
                 remove_tree(directory)
-            if self._lock_fd >= 0:
-                os.close(self._lock_fd)  # after the removal: nobody may take it for a dead one's before
-                self._lock_fd = -1
+            close_fd(self._lock_fd)  # after the removal: nobody may take it for a dead one's before
+            self._lock_fd = -1
             self.problem = "closed"
 
     def forget_in_child(self, name: str, owner: Mapping[str, Any]) -> None:
@@ -291,11 +283,7 @@ class SpoolHome:
         if self.write_ahead is not None:
             self.write_ahead.forget_in_child()
         self.write_ahead = None
-        if self._lock_fd >= 0:
-            try:
-                os.close(self._lock_fd)
-            except OSError:
-                pass
+        close_fd(self._lock_fd)
         self._lock_fd = -1
         self._fault = None  # the file object is the parent's; closing it here would flush nothing of ours
         self._mutex = threading.Lock()
@@ -303,6 +291,15 @@ class SpoolHome:
         self.problem = ""
         self.name = name
         self.owner = dict(owner)
+
+
+def close_fd(fd: int) -> None:
+    """Close ``fd`` if it is one (>= 0), whatever it says."""
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def only_bookkeeping(directory: str) -> bool:

@@ -32,6 +32,7 @@ from .home import (
     LOCKING,
     STAGING_PREFIX,
     WRITE_AHEAD_NAME,
+    close_fd,
     only_bookkeeping,
     read_owner,
     remove_file,
@@ -64,12 +65,8 @@ class Orphan:
         """Unlock; the directory is removed first when it holds nothing left to deliver."""
         if only_bookkeeping(self.directory):
             remove_tree(self.directory)
-        if self.lock_fd >= 0:
-            try:
-                os.close(self.lock_fd)
-            except OSError:
-                pass
-            self.lock_fd = -1
+        close_fd(self.lock_fd)
+        self.lock_fd = -1
 
 
 def find_orphans(parent: str, own: Optional[str] = None,
