@@ -37,6 +37,8 @@ Each tenant is a project of its own with its own ingest token, made with the CLI
     ``--deep-levels`` deep (expected: 200, that one event ``invalid_field``), and a body nested that deep
     as a whole (expected: 400).
 
+  ``--attacks`` picks some of them (``--phases hostile --attacks tiny_runs``: which one costs the others).
+
 Reported per phase: the probes' latencies (p50/p99/max, found/probes, incident kinds, first step right), the
 background tenants' accepted events and errors, the server's CPU, the queue depth and processing lag (max
 over the phase, sampled each second from ``/metrics``) and ``/readyz`` at the end; for the hostile phase the
@@ -89,6 +91,7 @@ TINY_BATCH = 500
 BOMB_MEMBERS = 419_000
 """Empty gzip members in the bomb: ~8 MiB, just under the default max_batch_bytes (issue 18, finding 8)."""
 PHASES = ("calm", "hostile")
+ATTACKS = ("poison", "tiny_runs", "idle_streams", "gzip_bomb", "deep_json")
 TENANTS = ("calm", "bg1", "bg2", "hostile")
 
 
@@ -638,7 +641,7 @@ def hostile_worker(ctx: Dict[str, Any], ready: Any, window: Any, out: Any) -> No
     ]
     cpu0 = time.process_time()
     threads = [threading.Thread(target=fn, args=a, name=f"hostile-{name}", daemon=True)
-               for name, fn, a in attacks]
+               for name, fn, a in attacks if name in ctx["attacks"]]
     for t in threads:
         t.start()
     for t in threads:
@@ -727,7 +730,7 @@ def run_phase(name: str, root: Path, args: argparse.Namespace) -> PhaseResult:
                    "project": h.project, "poison_every": args.poison_every, "tiny_runs": args.tiny_runs,
                    "tiny_rate": args.tiny_rate, "idle_streams": args.idle_streams,
                    "idle_connections": args.idle_connections, "bomb_every": args.bomb_every,
-                   "deep_every": args.deep_every, "deep_levels": args.deep_levels}
+                   "deep_every": args.deep_every, "deep_levels": args.deep_levels, "attacks": args.attacks}
             hostile_proc = ctx_mp.Process(target=hostile_worker, args=(ctx, ready, window, hostile_out),
                                           daemon=True)
             procs.append(hostile_proc)
@@ -869,6 +872,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--poll-ms", type=float, default=10.0, help="incident listing poll interval")
     p.add_argument("--sse-interval", type=float, default=0.2,
                    help="the live stream's interval (the server's api_stream_min_interval_s is set to it)")
+    p.add_argument("--attacks", default=",".join(ATTACKS),
+                   help="what the hostile tenant does (comma list of: " + ",".join(ATTACKS) + "); one alone "
+                        "tells which costs the others latency")
     p.add_argument("--poison-every", type=float, default=1.0, help="seconds between poison runs")
     p.add_argument("--tiny-runs", type=int, default=None, help="one-event runs in the opening burst (10000)")
     p.add_argument("--tiny-rate", type=float, default=None, help="new one-event runs/s after the burst (200)")
@@ -898,6 +904,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.timeline_s = min(args.timeline_s, 2.0)
         args.bomb_every = min(args.bomb_every, 2.0)
         args.bg_rate = min(args.bg_rate, 200.0)
+    args.attacks = [x.strip() for x in args.attacks.split(",") if x.strip()]
+    if set(args.attacks) - set(ATTACKS):
+        p.error(f"unknown attack(s): {', '.join(sorted(set(args.attacks) - set(ATTACKS)))}")
     phases = [x.strip() for x in args.phases.split(",") if x.strip()]
     unknown = set(phases) - set(PHASES)
     if unknown:
@@ -917,7 +926,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"poison_every_s={args.poison_every:g} tiny_runs={args.tiny_runs} tiny_rate={args.tiny_rate:g} "
           f"idle_streams={args.idle_streams}/{args.idle_connections}conn bomb_every_s={args.bomb_every:g} "
           f"bomb_members={BOMB_MEMBERS} deep_every_s={args.deep_every:g} deep_levels={args.deep_levels} "
-          f"server_env={','.join(args.server_env) or 'defaults'}", flush=True)
+          f"attacks={','.join(args.attacks)} server_env={','.join(args.server_env) or 'defaults'}",
+          flush=True)
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="trainguard-soak-"))
     root.mkdir(parents=True, exist_ok=True)
     results: Dict[str, PhaseResult] = {}
