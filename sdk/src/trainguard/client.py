@@ -193,7 +193,8 @@ class Client:
 
     def _write_metrics_ahead(self, step: int, t_ns: int, metrics: Mapping[str, Any]) -> Optional[str]:
         """Write a non-finite alert ahead (calling thread); its event id, or None when not written (no
-        alert after all, or write-ahead off/full). Values in device tensors are left out of this copy."""
+        alert after all, write-ahead off or full, or the same alert still unsettled). Values in device
+        tensors are left out of this copy."""
         ahead = self._write_ahead()
         if ahead is None:
             return None
@@ -208,11 +209,11 @@ class Client:
                 except Exception:
                     continue
         alert = alert_of(values)
-        if not alert:
+        if not alert or not ahead.wants(alert):
             return None
         payload = ev.metrics_payload(values, alert=alert, recent=self._recent_so_far())
         event = ev.envelope(self._base, "metrics", payload, step=step, time_unix_nano=t_ns, severity="ERROR")
-        return str(event["event_id"]) if ahead.write(event) else None
+        return str(event["event_id"]) if ahead.write(event, key=alert) else None
 
     def _recent_so_far(self) -> List[Tuple[str, int, float]]:
         """:meth:`recent_metrics` plus the host values still queued (the worker has not seen them yet): the
@@ -230,11 +231,13 @@ class Client:
         return [(name, step, value) for name, values in series.items() for step, value in values]
 
     def _write_event_ahead(self, event: Dict[str, Any]) -> None:
-        """Write an urgent rare event ahead (calling thread), an exception with its recent metric values."""
+        """Write an urgent rare event ahead (calling thread), an exception with its recent metric values;
+        the same exception (fingerprint) coalesces while one is unsettled."""
         ahead = self._write_ahead()
-        if ahead is None:
-            return
         exc = event.get("exception")
+        key = f"exception:{exc.get('fingerprint') or exc.get('type')}" if exc is not None else ""
+        if ahead is None or not ahead.wants(key):
+            return
         if exc is not None and "recent_metrics" in exc and exc["recent_metrics"] is None:
             exc = dict(exc)
             recent = self._recent_so_far()
@@ -243,7 +246,7 @@ class Client:
             else:
                 del exc["recent_metrics"]
             event = dict(event, exception=exc)
-        ahead.write(event)
+        ahead.write(event, key=key)
 
     # --- hot path -------------------------------------------------------------------------------
     def log_metrics(self, step: Optional[int], metrics: Dict[str, Any]) -> None:
@@ -275,7 +278,10 @@ class Client:
         t_ns = time.time_ns()
         mark: Any = urgent  # an urgent item written ahead carries the event id its envelope must keep
         if urgent:
-            mark = self._write_metrics_ahead(step, t_ns, metrics) or True
+            try:
+                mark = self._write_metrics_ahead(step, t_ns, metrics) or True
+            except Exception as exc:  # best effort: the alert itself is still queued
+                warn_once(f"write-ahead:{type(exc).__name__}", f"could not write an alert ahead: {exc}")
         queue.append((K_METRICS, step, t_ns, metrics, mark))
         if urgent or len(queue) >= self._wake_at:
             self.worker.wake()
@@ -374,7 +380,10 @@ class Client:
         event = ev.envelope(self._base, kind, payload, step=self.step if step is None else step,
                             time_unix_nano=time.time_ns(), severity=severity)
         if urgent:
-            self._write_event_ahead(event)
+            try:
+                self._write_event_ahead(event)
+            except Exception as exc:  # best effort: the event itself is still queued
+                warn_once(f"write-ahead:{type(exc).__name__}", f"could not write a {kind} event ahead: {exc}")
         self._queue.append((K_EVENT, event))
         if urgent or len(self._queue) >= self._wake_at:
             self.worker.wake()

@@ -79,6 +79,17 @@ def test_the_write_ahead_file_is_bounded_and_emptied_once_everything_was_settled
     assert path.exists(), "an unsettled event stays on disk for the next process"
 
 
+def test_the_same_alert_is_written_once_while_it_is_unsettled(tmp_path: Path) -> None:
+    ahead = WriteAhead(str(tmp_path / WRITE_AHEAD_NAME), max_pending=64)
+    first = {"event_id": new_event_id(), "run_id": "r", "step": 1}
+    assert ahead.wants("non_finite:loss") and ahead.write(first, key="non_finite:loss")
+    assert not ahead.wants("non_finite:loss"), "a NaN every step writes one alert per delivery"
+    assert ahead.wants("non_finite:grad/global_norm") and ahead.coalesced == 1
+    ahead.settle([first])
+    assert ahead.wants("non_finite:loss")
+    ahead.close()
+
+
 def test_a_line_torn_by_a_death_mid_write_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / WRITE_AHEAD_NAME
     whole = json.dumps({"event_id": "a" * 32, "run_id": "r", "step": 1})

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import IO, Any, Dict, Iterable, Mapping, Optional, Set
+from typing import IO, Any, Dict, Iterable, Mapping, Optional
 
 from ..core.events import encode_event
 
@@ -85,10 +85,11 @@ class WriteAhead:
 
     ``write`` runs on the producing thread (one ``write`` syscall of a few KiB to the page cache, no
     network, no fsync); at most ``max_pending`` events may wait unsettled and the file holds at most
-    ``max_bytes`` -- beyond that they are only queued (``skipped`` counts them), so a run that logs NaN
-    every step pays for a bounded number of writes per delivery. ``settle`` runs on the worker once a batch
-    was acknowledged, rejected or spooled; when nothing written is unsettled the file is emptied. Never
-    raises: a failing disk turns it off (``failed``).
+    ``max_bytes`` -- beyond that they are only queued (``skipped`` counts them). Events of one ``key`` (the
+    same alert, the same exception) coalesce: while one is unsettled, :meth:`wants` says no to the next
+    (``coalesced`` counts them), so a run that logs NaN every step writes about one alert per delivery.
+    ``settle`` runs on the worker once a batch was acknowledged, rejected or spooled; when nothing written
+    is unsettled the file is emptied. Never raises: a failing disk turns it off (``failed``).
     """
 
     def __init__(self, path: str, max_pending: int, max_bytes: int = WRITE_AHEAD_MAX_BYTES) -> None:
@@ -97,18 +98,33 @@ class WriteAhead:
         self.max_bytes = max_bytes
         self._size = 0
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        self._pending: Set[str] = set()
+        self._pending: Dict[str, str] = {}  # event id -> key
+        self._keys: Dict[str, str] = {}  # key -> the event id written for it and not settled yet
         self._lock = threading.Lock()
         self.written = 0
         self.skipped = 0
+        self.coalesced = 0
         self.failed = ""
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def write(self, event: Mapping[str, Any]) -> bool:
-        """Append ``event`` (an envelope with its ``event_id``); False when it was not written."""
+    def wants(self, key: str) -> bool:
+        """Whether an event of ``key`` would be written now (cheap: ask before building one)."""
+        if self.failed or self._fd < 0:
+            return False
+        if key and key in self._keys:
+            self.coalesced += 1
+            return False
+        if len(self._pending) >= self.max_pending:
+            self.skipped += 1
+            return False
+        return True
+
+    def write(self, event: Mapping[str, Any], key: str = "") -> bool:
+        """Append ``event`` (an envelope with its ``event_id``) of ``key`` ("": none); False when it was not
+        written."""
         if self.failed:
             return False
         try:
@@ -128,7 +144,10 @@ class WriteAhead:
                 self.failed = str(exc)
                 return False
             self._size += len(line)
-            self._pending.add(str(event["event_id"]))
+            event_id = str(event["event_id"])
+            self._pending[event_id] = key
+            if key:
+                self._keys[key] = event_id
             self.written += 1
         return True
 
@@ -138,7 +157,9 @@ class WriteAhead:
             if not self._pending:
                 return
             for event in events:
-                self._pending.discard(event.get("event_id", ""))
+                key = self._pending.pop(event.get("event_id", ""), None)
+                if key:
+                    self._keys.pop(key, None)
             if not self._pending and self._fd >= 0:
                 try:
                     os.ftruncate(self._fd, 0)
@@ -162,7 +183,8 @@ class WriteAhead:
         with self._lock:
             close_fd(self._fd)
             self._fd = -1
-            self._pending = set()
+            self._pending = {}
+            self._keys = {}
             self.failed = "forked"
 
 
