@@ -293,8 +293,10 @@ class Adapters(Detector):
     section = "adapter"
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
-        return not (names.isdisjoint((GRAD_MEAN_A, GRAD_MEAN_B, NO_GRAD, PARAMS))
-                    and names.isdisjoint(settings.loss_metrics))
+        if not names.isdisjoint((GRAD_MEAN_A, GRAD_MEAN_B, NO_GRAD, PARAMS)):
+            return True
+        # a loss point matters only to a rank that reported adapters (a pending break waits for the loss)
+        return STATE_KEY in rank.detectors and not names.isdisjoint(settings.loss_metrics)
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:
