@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzz.budget import examples
 from tests.fuzz.strategies import envelope_dicts
 from tests.services.gateway.helpers import NOW_NS, drain, frame, metric_event, new_gateway
 from trainguard import wire
@@ -27,8 +28,8 @@ from trainguard_server.gateway.grpc import build_grpc_server
 from trainguard_server.gateway.ingest import GatewayError, IngestResult, batch_from_protobuf, split_events
 from trainguard_server.gateway.validate import CODES, Limits, validate_envelope
 
-EXAMPLES = 500  # in process, per test
-SERVER_EXAMPLES = 250  # over gRPC, per test; the file runs in well under a minute on the 2-core CI machine
+EXAMPLES = examples(500)  # in process, per test
+SERVER_EXAMPLES = examples(250)  # over gRPC, per test; the file runs in well under a minute on the 2-core CI machine
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 FUZZ_SERVER = settings(FUZZ, max_examples=SERVER_EXAMPLES)

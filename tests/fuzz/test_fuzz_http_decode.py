@@ -19,13 +19,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.fuzz.budget import examples
 from tests.fuzz.strategies import deep_json_text, envelope_dicts, json_values
 from tests.services.gateway.helpers import NOW_NS, drain, metric_event, new_gateway
 from trainguard_server.gateway.http import gunzip
 from trainguard_server.gateway.ingest import Batch, GatewayError, IngestResult, batch_from_json
 from trainguard_server.gateway.validate import CODES, Limits, validate_envelope
 
-EXAMPLES = 400  # per test; the file runs in well under a minute on the 2-core CI machine
+EXAMPLES = examples(400)  # per test; the file runs in well under a minute on the 2-core CI machine
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
