@@ -12,6 +12,8 @@ Each tenant is a project of its own with its own ingest token, made with the CLI
 
 * ``bg1``, ``bg2``: one client process each (``ingest.grpc_client``), paced gRPC ``Send`` of
   ``--bg-batch`` metric envelopes at ``--bg-rate`` events/s.
+* ``calm`` also keeps one run live for the whole phase (a finite step a second, from before the hostile
+  tenant's flood), then logs a NaN loss: its incident must still come (``long_run``: finding 2's harm).
 * ``calm``: every ``--probe-interval`` s a probe (at most ``--probe-inflight`` at once) starts a fresh run:
   ``NAN_STEP`` finite steps over gRPC, waits until the run is visible in the query API, opens the run's live
   stream (``GET /api/v1/runs/{run}/stream``, server-sent events, ``interval=--sse-interval``) and reads its
@@ -316,6 +318,56 @@ def run_probe(server: ingest.Server, tenant: Tenant, run_id: str, args: argparse
         channel.close()
         poll_conn.close()
         sse_conn.close()
+
+
+@dataclass
+class LongRun:
+    """The prober's one long-lived run: a step a second for the whole phase, then a NaN."""
+
+    steps: int = 0
+    poll_s: float = math.inf
+    kind: str = "timeout"
+    first_step: int = -1
+    error: str = ""
+
+
+def run_long(server: ingest.Server, tenant: Tenant, args: argparse.Namespace, phase: str, until: float,
+             out: LongRun) -> None:
+    """Issue 18's finding 2 as it hurt: a run live since before the hostile tenant's flood (one finite step
+    a second until ``until``) then logs a NaN loss; time its incident (polled) and check its first step."""
+    from trainguard.core import events as ev
+
+    run_id = f"long-{phase}"
+    ident = ingest.identity(tenant.project, run_id, 0, 1)
+    channel = ingest._grpc_channel(server.grpc_target)
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=args.probe_timeout)
+    try:
+        while time.monotonic() < until:
+            values = ingest.metric_values(out.steps, 3)
+            _send(channel, tenant.ingest, [ev.envelope(ident, "metrics", ev.metrics_payload(values),
+                                                       step=out.steps, time_unix_nano=time.time_ns())], 30)
+            out.steps += 1
+            time.sleep(max(0.0, min(1.0, until - time.monotonic())))
+        values = dict(ingest.metric_values(out.steps, 3), loss=float("nan"))
+        nan = ev.envelope(ident, "metrics", ev.metrics_payload(values, alert="non_finite:loss", recent=[]),
+                          step=out.steps, time_unix_nano=time.time_ns(), severity="ERROR")
+        sent = time.monotonic()
+        _send(channel, tenant.ingest, [nan], 30)
+        while time.monotonic() - sent < args.probe_timeout:
+            status, body = ingest.http_get(server.http_port, f"/api/v1/runs/{run_id}/incidents", tenant.read,
+                                           conn)
+            items = json.loads(body)["items"] if status == 200 else []
+            if items:
+                out.poll_s = time.monotonic() - sent
+                out.kind = f"{items[0].get('category')}/{items[0].get('subtype')}"
+                out.first_step = int(items[0].get("first_step", -1))
+                return
+            time.sleep(args.poll_ms / 1000.0)
+    except Exception as exc:  # reported, the soak goes on
+        out.error = f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        channel.close()
+        conn.close()
 
 
 def run_probes(server: ingest.Server, tenant: Tenant, args: argparse.Namespace, phase: str,
@@ -669,6 +721,7 @@ class PhaseResult:
     metrics: List[Tuple[str, str, float]] = field(default_factory=list)
     hostile: Optional[Dict[str, Any]] = None
     started: float = 0.0  # time.monotonic() at the window's start
+    long_run: LongRun = field(default_factory=LongRun)
     poison_incidents: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     lr_growth: List[str] = field(default_factory=list)
 
@@ -743,10 +796,17 @@ def run_phase(name: str, root: Path, args: argparse.Namespace) -> PhaseResult:
         time.sleep(max(0.0, start_at - time.time()))
         busy0, cpu0, t0 = ingest.machine_busy_s(), server.cpu_s(), time.monotonic()
         sampler = Sampler(server.http_port).start()
+        long_run = LongRun()
+        long_thread = threading.Thread(
+            target=run_long, name="soak-long-run", daemon=True,
+            args=(server, tenants["calm"], args, name, t0 + args.seconds, long_run))
+        long_thread.start()
         probes = run_probes(server, tenants["calm"], args, name, t0 + args.seconds)
+        long_thread.join(args.probe_timeout + 60)
         busy1, cpu1, t1 = ingest.machine_busy_s(), server.cpu_s(), time.monotonic()
         sampler.stop()
-        res = PhaseResult(name, probes, started=t0, server_cpu_pct=100.0 * (cpu1 - cpu0) / (t1 - t0),
+        res = PhaseResult(name, probes, started=t0, long_run=long_run,
+                          server_cpu_pct=100.0 * (cpu1 - cpu0) / (t1 - t0),
                           machine_busy_pct=100.0 * (busy1 - busy0) / (t1 - t0), depth_max=sampler.depth_max,
                           lag_max=sampler.lag_max)
         window[1] = min(window[1], time.time())  # the background clients stop now (probes may run late)
@@ -801,6 +861,10 @@ def print_phase(r: PhaseResult, args: argparse.Namespace) -> None:
         if part:
             print(f"{r.name} timeline from_s={lo} to_s={lo + int(args.timeline_s)} probes={len(part)} "
                   f"poll_p50_ms={_ms(_pct(part, 0.5))} poll_max_ms={_ms(max(part))}", flush=True)
+    lr = r.long_run
+    print(f"{r.name} long_run steps={lr.steps} nan_step={lr.steps} incident={lr.kind} "
+          f"first_step_ok={'yes' if lr.first_step == lr.steps else 'no'} poll_ms={_ms(lr.poll_s)}"
+          + (f" error={lr.error}" if lr.error else ""), flush=True)
     acks = [p.ack_s for p in r.probes]
     print(f"{r.name} nan_step_ack p50_ms={_ms(_pct(acks, 0.5))} p99_ms={_ms(_pct(acks, 0.99))}", flush=True)
     bg_err = ",".join(f"{k}:{v}" for k, v in sorted(r.bg_errors.items())) or "0"

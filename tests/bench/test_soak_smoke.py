@@ -29,6 +29,7 @@ def test_quick_run_prints_every_labelled_line(tmp_path: Path) -> None:
             rf"^{phase} event_to_incident via=poll p50_ms={t} p99_ms={t} max_ms={t}$",
             rf"^{phase} event_to_incident via=sse p50_ms={t} p99_ms={t} max_ms={t}$",
             rf"^{phase} timeline from_s=0 to_s=2 probes=\d+ poll_p50_ms={t} poll_max_ms={t}$",
+            rf"^{phase} long_run steps=\d+ nan_step=\d+ incident=\S+ first_step_ok=(yes|no) poll_ms={t}",
             rf"^{phase} background accepted_events=\d+ events_per_s={n} \(asked 2x{n}\) errors=\S+$",
             rf"^{phase} server cpu_pct={n} machine_busy_pct={n} queue_depth_max={n} "
             rf"processing_lag_max_s={n} readyz=\d+",
