@@ -104,6 +104,7 @@ def test_the_nan_alert_and_the_exception_of_a_killed_rank_arrive_once(server: Se
     (raised,) = exceptions(events, "FloatingPointError")
     assert raised["message"] == f"loss is nan at step {NAN_AT}" and raised["handled"] is True
     assert any(p["name"] == "loss" for p in raised.get("recent_metrics", [])), "its context came along"
+    assert [e["payload"]["lifecycle"]["phase"] for e in events if e["kind"] == "lifecycle"] == ["START"]
     fatal = exceptions(events, "Fatal Python error")
     if how == "sigkill":  # nothing runs after a SIGKILL: no native traceback to keep
         assert fatal == []

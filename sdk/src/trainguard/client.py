@@ -4,11 +4,12 @@ Hot path (``log_metrics``): a few type checks and one ``deque.append`` of a tupl
 tensor read-back, history and JSON encoding all happen later on the worker thread. Everything else
 (exceptions, lifecycle, logs, memory) is rare and built on the calling thread, where the traceback lives.
 
-Urgent events -- a non-finite metric value, an exception, the EXIT event -- wake the worker at once and are
-first written ahead to the process's spool directory on the calling thread (:mod:`.transport.home`; a
-non-finite alert with the host values it has: a device tensor beside the NaN is not waited for), so that
-a process killed before the worker sent them (SIGKILL, ``os.abort()``, a C++ ``std::terminate``) leaves
-them for the next SDK process or ``trainguard agent``; the copy the worker sends carries the same event id.
+Urgent events -- a non-finite metric value, an exception, the START and EXIT events -- wake the worker at
+once and are first written ahead to the process's spool directory on the calling thread
+(:mod:`.transport.home`; a non-finite alert with the host values it has: a device tensor beside the NaN is
+not waited for; the same alert or exception once while it is unsettled), so that a process killed before
+the worker sent them (SIGKILL, ``os.abort()``, a C++ ``std::terminate``) leaves them for the next SDK
+process or ``trainguard agent``; the copy the worker sends carries the same event id.
 """
 
 from __future__ import annotations
@@ -471,7 +472,9 @@ class Client:
             cuda = getattr(getattr(torch_mod, "version", None), "cuda", None)
             if cuda:
                 payload["cuda"] = str(cuda)
-        self.capture_event("lifecycle", payload, step=max(self.step, 0))
+        # urgent: sent (and written ahead) at once, so that a run killed in its first seconds still says
+        # what it was (argv, versions, tags, config)
+        self.capture_event("lifecycle", payload, step=max(self.step, 0), urgent=True)
 
     def capture_lifecycle_exit(self, exit_code: int, signal_number: int, reason: str) -> None:
         """The EXIT event with the exit code (128+n when killed by signal n) and the SDK's counters; not in a

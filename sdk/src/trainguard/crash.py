@@ -1,13 +1,14 @@
 """What a native crash leaves behind, as an event: faulthandler's dump from a dead process's spool directory.
 
-Contract of :func:`fault_event`: the text faulthandler wrote (``Fatal Python error: Aborted`` + the stacks
-of every thread, the current one first) becomes one ``exception`` envelope of the dead process (its
-identity from ``.owner``): type ``Fatal Python error``, the message after it (``Aborted``,
-``Segmentation fault``, ...), the current thread's Python frames innermost last, fingerprinted like any
-exception (:mod:`trainguard.core.tracebacks`), ``mechanism="faulthandler"``, ``handled`` false, the whole
-dump as its traceback. Text that holds no such dump (cut short) is sent as a CRITICAL ``log`` event, so it
-is not lost either. The event id is derived from the directory and the text: whoever converts the same
-file (the next SDK process, ``trainguard agent``) sends the same id, which the platform keeps once.
+Contract of :func:`fault_event`: the text faulthandler wrote (``Fatal Python error: Aborted`` + the stack
+of the crashing thread, or of every thread with the current one first) becomes one ``exception`` envelope
+of the dead process (its identity from ``.owner``): type ``Fatal Python error``, the message after it
+(``Aborted``, ``Segmentation fault``, ...), the current thread's Python frames innermost last,
+fingerprinted like any exception (:mod:`trainguard.core.tracebacks`), ``mechanism="faulthandler"``,
+``handled`` false, the whole dump as its traceback. Text that holds no such dump (cut short) is sent as a
+CRITICAL ``log`` event, so it is not lost either. The event id is derived from the directory and the text:
+whoever converts the same file (the next SDK process, ``trainguard agent``) sends the same id, which the
+platform keeps once.
 """
 
 from __future__ import annotations

@@ -94,9 +94,9 @@ class Options:
     #: Report a lifecycle exit event at interpreter exit and on SIGTERM.
     capture_exit: bool = True
     #: On a native crash (SIGSEGV, SIGABRT from ``os.abort()`` or a C++ ``std::terminate``, SIGBUS, SIGFPE,
-    #: SIGILL) faulthandler writes the Python stacks into the spool directory, delivered afterwards as an
-    #: exception event; stderr and the exit status do not change. Not when faulthandler is already on (its
-    #: output stays where you sent it) or without a disk spool.
+    #: SIGILL) faulthandler writes the crashing thread's Python stack into the spool directory, delivered
+    #: afterwards as an exception event; stderr and the exit status do not change. Not when faulthandler is
+    #: already on (its output stays where you sent it) or without a disk spool.
     capture_fatal_signals: bool = True
     #: Loggers whose WARNING+ records are forwarded as log events ("" is the root logger).
     log_loggers: List[str] = field(default_factory=list)

@@ -5,15 +5,19 @@ Python stacks at the moment of the signal, kept in the process's spool directory
 Once such a signal arrives no Python code runs again: a Python handler would run at the next bytecode, which
 never comes (``abort()`` re-raises with the default action as soon as a handler returns). So what must
 survive is written before or by C code: urgent events are written ahead of sending
-(:class:`~trainguard.transport.home.WriteAhead`), and faulthandler's C handler writes the stacks of every
-thread into ``fault.txt`` (:mod:`trainguard.transport.home`), from where :mod:`trainguard.crash` makes an
+(:class:`~trainguard.transport.home.WriteAhead`), and faulthandler's C handler writes the crashing thread's
+stack into ``fault.txt`` (:mod:`trainguard.transport.home`), from where :mod:`trainguard.crash` makes an
 event of it.
 
 Contract:
 
-* :func:`enable` turns faulthandler on (all threads) into the given file, unless it is already on -- the
-  user's, ``PYTHONFAULTHANDLER`` or ``-X faulthandler``: theirs stays as it is (printing to stderr, where
+* :func:`enable` turns faulthandler on into the given file, unless it is already on -- the user's,
+  ``PYTHONFAULTHANDLER`` or ``-X faulthandler``: theirs stays as it is (printing to stderr, where
   ``trainguard agent`` reads it). Returns whether it did.
+* Only the crashing thread's stack is written. Walking the other threads' frames while they run (a C++
+  ``std::terminate`` or a native call releases the GIL, and the SDK's own threads keep running) can crash
+  the handler itself: with every thread dumped, 1 of 30 ``std::terminate`` runs here ended in SIGSEGV
+  instead of SIGABRT -- a different exit status than without the SDK.
 * Neither the output nor the end of the process changes: the dump goes to the file, not to stderr, and
   faulthandler then re-raises the signal with the disposition it had (exit status 134 for an abort, ...).
 * :func:`disable` turns it off if it is still the SDK's; a forked child (DataLoader worker) turns it off at
@@ -36,7 +40,7 @@ def enable(file: IO[str]) -> bool:
     if faulthandler.is_enabled():
         return _ours is not None and _ours is file
     try:
-        faulthandler.enable(file=file, all_threads=True)
+        faulthandler.enable(file=file, all_threads=False)
     except (OSError, ValueError, RuntimeError):
         return False
     _ours = file
