@@ -120,6 +120,7 @@ def _check(result: IngestResult, sent: int) -> None:
 @example(b"\x0a\x05\x1a\x03\xff\xfe\xfd")   # one envelope whose run_id is not UTF-8
 @example(b"\x0a\xff\xff\xff\xff\x0f")       # a length past the end
 @example(_nested_groups(200, 99))           # groups nested deeper than upb's limit
+@example(frame(_nested_groups(100, 99)))    # an envelope that parses alone but not inside a request
 def test_protobuf_bodies_in_process(raw: bytes) -> None:
     _count("protobuf_bodies_in_process")
     try:

@@ -40,7 +40,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from trainguard import wire
-from trainguard.v1 import events_pb2, ingest_pb2
+from trainguard.v1 import ingest_pb2
 
 from ..config import Settings
 from ..queue.base import Queue, QueueFull
@@ -227,8 +227,10 @@ def batch_from_protobuf(raw: bytes) -> Batch:
     """Decode a serialized ``IngestRequest``.
 
     When the request parses, it is used as is. When it does not but its framing does (one envelope inside is
-    corrupt, e.g. bad UTF-8), each envelope is parsed alone and the corrupt ones are rejected per item
-    (``invalid_field``), so the good ones are not lost. Only a broken framing raises :class:`InvalidRequest`.
+    corrupt, e.g. bad UTF-8, or nested one level too deep to parse inside a request), each envelope is parsed
+    alone, framed as a one-event request (the nesting it has in the request), and the corrupt ones are
+    rejected per item (``invalid_field``), so the good ones are not lost. Only a broken framing raises
+    :class:`InvalidRequest`.
     """
     try:
         return Batch(IngestRequest.FromString(raw), raw=raw, wire_bytes=len(raw))
@@ -243,8 +245,8 @@ def batch_from_protobuf(raw: bytes) -> Batch:
     indices: List[int] = []
     rejected: List[RejectedItem] = []
     for i, part in enumerate(parts):
-        try:
-            events_pb2.Envelope.FromString(part)
+        try:  # as it will be parsed: inside a request (one nesting level more than alone; upb's limit is 100)
+            IngestRequest.FromString(join_events([part]))
         except DecodeError as exc:
             rejected.append(RejectedItem(i, "", "invalid_field",
                                          f"events[{i}]: malformed protobuf: {_decode_reason(exc)}"))
