@@ -50,6 +50,17 @@ class Settings(BaseSettings):
     max_batch_bytes: int = Field(8 * 2**20, description="largest request body / gRPC message")
     max_event_bytes: int = Field(1 * 2**20, description="largest single envelope")
     max_batch_events: int = Field(10_000, description="most envelopes in one request")
+    project_new_runs_per_s: float = Field(
+        50.0, ge=0, description="new runs one project may start per second at one gateway process (a token "
+        "bucket; 0: no limit); a request that would start more is refused with 429 and Retry-After before "
+        "anything of it is queued, so a tenant flooding the server with tiny runs cannot take the processor "
+        "from the others. Runs already sending are never limited")
+    project_new_runs_burst: int = Field(
+        1000, ge=1, description="the bucket's size: new runs a project may start at once (a sweep launching "
+        "hundreds of jobs together)")
+    project_known_runs: int = Field(
+        50_000, ge=1, description="run ids per project a gateway process remembers as already started "
+        "(least recently seen forgotten first; a forgotten run seen again costs one new-run token)")
     max_gzip_members: int = Field(
         16, ge=1, description="most gzip members in one gzip-encoded HTTP ingest body (the SDK sends one); "
         "more is refused with 400 before inflating them, so concatenated empty members cannot burn CPU")

@@ -46,6 +46,7 @@ from ..config import Settings
 from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .deep_json import TooDeep, split_events_json
+from .run_rate import NewRunLimiter
 from .validate import Limits, validate_batch
 
 __all__ = [
@@ -374,6 +375,7 @@ class Stats:
         self.duplicates = 0         # events skipped as repeats within a request / stream
         self.rejected: Dict[str, int] = {}  # events refused, by code (copy-on-write)
         self.backpressure = 0       # requests refused with QueueFull
+        self.new_run_limited = 0    # requests refused: their project started new runs too fast
         self.unavailable = 0        # requests refused because the queue failed
         self.auth_failures = 0      # unauthenticated or permission denied
         self.bytes_received = 0     # decoded request bytes that reached validation
@@ -407,6 +409,7 @@ class Stats:
         with self._lock:
             return {"requests": self.requests, "accepted": self.accepted, "duplicates": self.duplicates,
                     "rejected": dict(self.rejected), "backpressure": self.backpressure,
+                    "new_run_limited": self.new_run_limited,
                     "unavailable": self.unavailable, "auth_failures": self.auth_failures,
                     "bytes_received": self.bytes_received, "bytes_queued": self.bytes_queued}
 
@@ -427,6 +430,8 @@ class Gateway:
         self.limits = Limits.from_settings(settings)
         self.clock = clock
         self.stats = Stats()
+        self.new_runs = NewRunLimiter(settings.project_new_runs_per_s, settings.project_new_runs_burst,
+                                      settings.project_known_runs)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
@@ -521,6 +526,15 @@ class Gateway:
         if len(result.rejected) > 1:
             result.rejected.sort(key=lambda r: r.index)
         result.accepted = len(accepted)
+        if accepted and self.new_runs.enabled:
+            wait = self.new_runs.admit(auth.project, (verdict.run_ids[k] for k in accepted), self.clock())
+            if wait is not None:
+                self.stats.add(new_run_limited=1)
+                raise Backpressure(f"project {auth.project!r} is starting new runs faster than "
+                                   f"{self.settings.project_new_runs_per_s:g}/s (burst "
+                                   f"{self.settings.project_new_runs_burst}; "
+                                   "TRAINGUARD_PROJECT_NEW_RUNS_PER_S): nothing of this request was queued; "
+                                   f"retry after {retry_after_header(wait)} s", wait)
 
         queued = self._publish(events, accepted, verdict.run_ids, verdict.mutated, request, raw, parts)
         self.stats.add_result(result, batch.wire_bytes or total, queued)
