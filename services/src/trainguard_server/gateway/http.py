@@ -184,6 +184,7 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
         "description": "A trainguard.v1.IngestRequest: JSON {\"events\": [...]} in the proto3 JSON mapping "
                        "(docs/wire-format.md) or serialized protobuf; optionally gzip-encoded.",
         "content": {JSON_TYPE: {"schema": {"type": "object", "required": ["events"],
+                                           "additionalProperties": False,  # else 400 (batch_from_json)
                                            "properties": {"events": {"type": "array",
                                                                      "items": {"type": "object"}}}}},
                     PROTOBUF_TYPES[0]: {"schema": {"type": "string", "format": "binary"}}},
