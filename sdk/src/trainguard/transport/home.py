@@ -18,7 +18,8 @@ project, so a directory only ever holds events for one destination):
 * ``<seq>-<count>.json`` -- spooled batches (:class:`~.spool.DiskSpool`).
 
 No fsync: what a process wrote survives its own death in the page cache; only a machine crash loses it.
-Without ``fcntl`` (Windows) a directory is claimed without a lock and is never taken for a dead one's.
+Without ``fcntl`` (Windows) or on a file system without locks a directory is claimed without a lock and is
+never taken for a dead one's (the spool works as before; a dead process's is not delivered).
 """
 
 from __future__ import annotations
@@ -233,10 +234,11 @@ class SpoolHome:
             staging = os.path.join(self.parent, f"{STAGING_PREFIX}{os.path.basename(final)}.new")
             staging += os.urandom(4).hex()
             os.mkdir(staging)
-            fd = try_lock(staging) if LOCKING else -1
-            if fd is None:  # a fresh directory nobody else knows: cannot happen short of a broken fs
-                remove_tree(staging)
-                raise OSError(f"cannot lock {staging}")
+            # a fresh directory nobody else knows: the lock fails only where the file system has none (some
+            # NFS mounts); then it is claimed unlocked, and nobody can take it for a dead one's either
+            fd = try_lock(staging)
+            if fd is None:
+                fd = -1
             try:
                 _write_owner(staging, self.owner)
                 os.rename(staging, final)  # fails when ``final`` appeared meanwhile (not empty: its lock)
