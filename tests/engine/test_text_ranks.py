@@ -42,3 +42,15 @@ def test_a_line_that_names_no_rank_stays_with_its_stream() -> None:
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"
     found = on_log(run, run.ranks[2], {"event_id": "e3"}, {"message": line}, 7, 1, DetectionSettings())
     assert found is not None and found.rank == 2
+
+
+def test_faulthandlers_abort_on_a_cpu_only_rank_is_not_a_cuda_error() -> None:
+    from trainguard_engine.diagnosis import observe_start
+
+    text = "Fatal Python error: Aborted\n\nCurrent thread 0x00007f (most recent call first):\n  File \"t.py\", line 3"
+    body = {"type": "Fatal Python error", "message": "Aborted", "traceback": text}
+    for torch_build, kind in (("2.13.0+cpu", "process/exit"), ("2.11.0+cu130", "memory/oom-or-cuda-error")):
+        run = _run()
+        observe_start(run.ranks[0], {"torch": torch_build})
+        finding = on_exception(run, run.ranks[0], {"event_id": "e4"}, body, "a" * 32, 9, 1, DetectionSettings())
+        assert finding is not None and f"{finding.category}/{finding.subtype}" == kind, torch_build

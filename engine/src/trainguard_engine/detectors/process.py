@@ -45,6 +45,7 @@ Everything here goes through the error-text classifier (:mod:`trainguard_engine.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence
 
 from trainguard.core.events import wire_float
@@ -117,6 +118,11 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
         notice = _death_notice(run, rank, found, step, time_ns, event_id)
         if notice is not None:
             return notice
+        if found.kind == "memory/oom-or-cuda-error" and cuda_in_use(rank) is False:
+            # faulthandler's "Aborted" on a CPU-only job (an SDK spool delivered after the death): an abort
+            found = replace(found, category="process", subtype="exit",
+                            note="an abort on a rank where CUDA is not in use: neither a CUDA OOM nor a CUDA "
+                                 "error -- a C++ exception or assertion, or a library that gave up")
     if found.category in TEXT_CATEGORIES and _numeric_text_wanted(run, found, settings):
         key = text_key(found.category, found.subtype)
         if not handled:
