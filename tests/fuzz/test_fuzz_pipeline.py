@@ -116,15 +116,18 @@ def _check_output(out: PipelineOutput) -> None:
     FIGURES["clusters_emitted"] += len(out.clusters)
 
 
-def _check_state(pipeline: Pipeline) -> None:
-    """The snapshot and the changed parts are strict JSON; the snapshot restores to itself."""
+def _check_state(pipeline: Pipeline, parts_restore: bool = True) -> None:
+    """The snapshot and the changed parts are strict JSON; the snapshot (and, with ``parts_restore``, the
+    parts) restore to a pipeline with that snapshot."""
     blob = pipeline.snapshot()
     _strict(json.loads(blob), "Pipeline.snapshot()")
-    for name, part in pipeline.changed_parts().items():
-        if part is not None:
-            _strict(json.loads(part), f"changed part {name}")
+    parts = {name: part for name, part in pipeline.changed_parts().items() if part is not None}
+    for name, part in parts.items():
+        _strict(json.loads(part), f"changed part {name}")
     pipeline.parts_saved()
     assert Pipeline.restore(blob, pipeline.settings).snapshot() == blob
+    if parts_restore:
+        assert Pipeline.restore_parts(parts, pipeline.settings).snapshot() == blob
 
 
 def _run(steps: Sequence[Any], chunk: Optional[int] = None) -> Pipeline:
@@ -184,4 +187,20 @@ def test_arbitrary_dicts(events: List[Any]) -> None:
     counters = pipeline.counters
     assert counters["events"] == len(events)
     assert all(v >= 0 for v in counters.values()), counters
-    _check_state(pipeline)
+    # a quarantine can leave the two checkpoint forms apart: see test_quarantine_inside_cluster_observe
+    _check_state(pipeline, parts_restore=counters["runs_quarantined"] == 0)
+
+
+@pytest.mark.xfail(strict=True, reason="engine bug found by this fuzz, not fixed here (engine/ is not this "
+                   "suite's): an exception event that raises inside clusters.observe has already added its "
+                   "cluster to the pipeline's state without marking it unsaved, so snapshot() holds the "
+                   "half-built cluster and changed_parts() does not")
+def test_quarantine_inside_cluster_observe() -> None:
+    """Falsifying example of test_arbitrary_dicts (restore_parts(changed_parts()) != restore(snapshot())).
+    When the engine is fixed this passes: remove the mark, and ``parts_restore`` above becomes always."""
+    pipeline = Pipeline()
+    pipeline.process([{"run_id": "r", "exception": {"hints": [{"frame_index": []}]}}])
+    assert pipeline.counters["runs_quarantined"] == 1  # the event's malformed hint: a documented outcome
+    blob = pipeline.snapshot()
+    parts = {name: part for name, part in pipeline.changed_parts().items() if part is not None}
+    assert Pipeline.restore_parts(parts, pipeline.settings).snapshot() == blob
