@@ -11,22 +11,27 @@ accepted events, each a valid envelope under its run's key. Any other exception 
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 from collections import Counter
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+from fastapi import FastAPI
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz.budget import examples
 from tests.fuzz.strategies import deep_json_text, envelope_dicts, json_values
-from tests.services.gateway.helpers import NOW_NS, drain, metric_event, new_gateway
-from trainguard_server.gateway.http import gunzip
+from tests.services.gateway.helpers import NOW_NS, UvicornThread, drain, metric_event, new_gateway
+from trainguard import wire
+from trainguard.v1 import ingest_pb2
+from trainguard_server.gateway.http import gunzip, ingest_router
 from trainguard_server.gateway.ingest import Batch, GatewayError, IngestResult, batch_from_json
 from trainguard_server.gateway.validate import CODES, Limits, validate_envelope
 
 EXAMPLES = examples(400)  # per test; the file runs in well under a minute on the 2-core CI machine
+SERVER_EXAMPLES = examples(300)  # over HTTP
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -163,3 +168,99 @@ def test_gzip_bodies(body: bytes) -> None:
     _count("gzip_bodies")
     _ingest(body, gzipped=True)
 
+
+
+# ---------------------------------------------------------------------------------------- real server
+
+#: what POST /v1/ingest may answer (gateway/http.py's table, the served OpenAPI); 429/503 need a full queue
+DOCUMENTED = {200, 400, 401, 403, 413, 415}
+
+
+@pytest.fixture(scope="module")
+def ingest_server() -> Iterator[str]:
+    """``host:port`` of a real uvicorn server with the ingest router over this file's gateway."""
+    app = FastAPI()
+    app.include_router(ingest_router(GATEWAY))
+    with UvicornThread(app) as uv:
+        yield f"127.0.0.1:{uv.port}"
+
+
+def _post(target: str, headers: Dict[str, str], body: bytes) -> Tuple[int, str, bytes]:
+    """POST /v1/ingest with exactly these headers (http.client sends what httpx would refuse to); status 0
+    when the server reset the connection."""
+    connection = http.client.HTTPConnection(target, timeout=20)
+    try:
+        connection.putrequest("POST", "/v1/ingest", skip_accept_encoding=True)
+        for name, value in headers.items():
+            connection.putheader(name, value)
+        if "Content-Length" not in headers:
+            connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, response.getheader("content-type") or "", response.read()
+    except ConnectionError:
+        return 0, "", b""
+    finally:
+        connection.close()
+
+
+_HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30)
+
+
+@st.composite
+def _requests(draw: Any) -> Dict[str, Any]:
+    """Headers and a body as a client could send them: any Content-Type / Content-Encoding /
+    Authorization / Content-Length spelling, a body that is JSON, protobuf, gzip or garbage."""
+    body = draw(st.one_of(
+        st.lists(st.one_of(envelope_dicts(wild=0.1), json_values(finite=True)), max_size=5)
+        .map(lambda events: _body({"events": events})),
+        json_values(max_leaves=20).map(_body),
+        st.lists(envelope_dicts(), max_size=4).map(
+            lambda events: bytes(wire.prepare_batch(events).request.SerializeToString())),
+        st.binary(max_size=200)))
+    encoding = draw(st.sampled_from([None, "gzip", "x-gzip", "identity", "GZIP", "br", "gzip, gzip", ""]))
+    if encoding and "gzip" in encoding.lower() and draw(st.booleans()):
+        body = gzip.compress(body)
+    headers = {"Content-Type": draw(st.one_of(st.sampled_from([
+        "application/json", "application/x-protobuf", "application/protobuf", "application/json; charset=utf-8",
+        "APPLICATION/JSON", "text/plain", "", "multipart/form-data; boundary=x"]), _HEADER_TEXT))}
+    if encoding is not None:
+        headers["Content-Encoding"] = encoding
+    token = draw(st.sampled_from(["ingest"] * 4 + ["read", "revoked", "none", "scheme", "empty", "text"]))
+    auth = {"ingest": f"Bearer {TOKENS.ingest}", "read": f"Bearer {TOKENS.read}",
+            "revoked": f"Bearer {TOKENS.revoked}", "scheme": f"Basic {TOKENS.ingest}", "empty": "Bearer ",
+            "text": draw(_HEADER_TEXT), "none": None}[token]
+    if auth is not None:
+        headers["Authorization"] = auth
+    if draw(st.sampled_from([False] * 19 + [True])):  # a malformed or huge Content-Length, 1 in 20
+        headers["Content-Length"] = draw(st.sampled_from(["abc", "-1", str(len(body) + 10**12), "1e3"]))
+    return {"headers": headers, "content": body}
+
+
+@settings(FUZZ, max_examples=SERVER_EXAMPLES)
+@given(_requests())
+def test_any_request_over_http(ingest_server: str, request: Dict[str, Any]) -> None:
+    """A real uvicorn server answers only documented statuses, errors as JSON {"detail": str} -- except a
+    request whose Content-Length is not a number, which uvicorn itself refuses (400) before the app."""
+    _count("any_request_over_http")
+    headers = request["headers"]
+    status, content_type, body = _post(ingest_server, headers, request["content"])
+    OUTCOMES[f"http:{status}"] += 1
+    if not headers.get("Content-Length", "0").isdigit():  # refused by uvicorn (400) or the app (400/401/413)
+        assert status in (0, 400, 401, 413), (status, body)  # 0: it closed the connection on the unread body
+        assert not drain(QUEUE)
+        return
+    assert status in DOCUMENTED, (status, body)
+    if status != 200:
+        assert content_type == "application/json", (status, content_type, body)
+        detail = json.loads(body)["detail"]
+        assert isinstance(detail, str) and detail
+        assert not drain(QUEUE), "a refused request queued events"
+        return
+    if content_type.startswith("application/json"):
+        result = json.loads(body)
+        accepted = result["accepted"]
+        assert all(item["code"] in CODES for item in result["rejected"]), result
+    else:
+        accepted = ingest_pb2.IngestResponse.FromString(body).accepted
+    assert len(drain(QUEUE)) == accepted
