@@ -96,10 +96,15 @@ def observe(clusters: Dict[str, ClusterState], project: str, run_id: str, rank: 
             event_id: str, time_ns: int, body: Mapping[str, Any], settings: DetectionSettings
             ) -> Tuple[ClusterState, int]:
     """Count one (new, de-duplicated) exception event into its cluster, creating it if needed.
-    Returns the cluster and how many clusters were evicted to make room (0 or 1)."""
+    Returns the cluster and how many clusters were evicted to make room (0 or 1). What can fail on a
+    malformed body (identifying it, its sample) is done before anything changes, so an event that raises
+    leaves no half-built cluster behind."""
     fp, version, exc_type, template = identify(body)
     key = cluster_key(project, fp)
     state = clusters.get(key)
+    candidate = (time_ns, event_id)
+    new_sample = state is None or not state.record.sample_event_id or candidate < state.sample_key
+    sample = _sample(body, settings) if new_sample else None
     evicted = 0
     if state is None:
         if len(clusters) >= settings.max_clusters:
@@ -117,11 +122,10 @@ def observe(clusters: Dict[str, ClusterState], project: str, run_id: str, rank: 
     _add_capped(rec.runs, run_id, most)
     _add_capped(rec.ranks, f"{run_id}:{rank}", most)
     _add_capped(rec.hosts, host, most)
-    candidate = (time_ns, event_id)
-    if not rec.sample_event_id or candidate < state.sample_key:
+    if new_sample:
         state.sample_key = candidate
         rec.sample_event_id = event_id
-        rec.sample = _sample(body, settings)
+        rec.sample = sample
         if template and not rec.message_template:
             rec.message_template = template
     state.dirty = True
