@@ -122,7 +122,7 @@ def observe(clusters: Dict[str, ClusterState], project: str, run_id: str, rank: 
     _add_capped(rec.runs, run_id, most)
     _add_capped(rec.ranks, f"{run_id}:{rank}", most)
     _add_capped(rec.hosts, host, most)
-    if new_sample:
+    if sample is not None:  # new_sample
         state.sample_key = candidate
         rec.sample_event_id = event_id
         rec.sample = sample
