@@ -22,10 +22,7 @@ _NEEDLE_RE = re.compile("|".join(re.escape(n) for n in NEEDLES))  # one scan of 
 def recognised(message: str) -> bool:
     """Whether ``message`` is text the classifier gives a kind (a plain Python exception line aside:
     those come with their traceback, which is always kept)."""
-    if _NEEDLE_RE.search(message) is None:
-        return False
-    found = classify_text(message)
-    return found is not None and found.rule != "python.exception"
+    return _NEEDLE_RE.search(message) is not None and classified(message)
 
 
 def classified(message: str) -> bool:
