@@ -176,6 +176,15 @@ class Settings(BaseSettings):
     clickhouse_secure: bool = Field(False, description="HTTPS to ClickHouse")
     clickhouse_database: str = Field("trainguard", description="database of the tables (created if absent)")
     clickhouse_retention_days: int = Field(90, ge=0, description="TTL of metric points (0: keep)")
+    state_store: Literal["sqlite", "postgres"] = Field(
+        "sqlite", description="transactional state -- runs, incidents, clusters, incident workflow, gate "
+        "baselines, the processor's state, projects and tokens: sqlite under data_dir (one node), or "
+        "PostgreSQL (shared by every gateway/processor/API process; docs/postgresql.md)")
+    postgres_dsn: str = Field(
+        "", description="state_store=postgres: a libpq connection string or postgresql://user@host:5432/db "
+                        "URL (the password may come from PGPASSWORD or ~/.pgpass instead)")
+    postgres_schema: str = Field("trainguard", description="the schema of the tables (created if absent)")
+    postgres_pool_size: int = Field(8, ge=1, description="connections per store family and process, at most")
 
     # --- queue backend ------------------------------------------------------------------------------
     queue: Literal["sqlite", "kafka"] = Field(
