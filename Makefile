@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 FLINK_VENV := .venv-flink
 FLINK_STAMP := $(FLINK_VENV)/.installed
 ASSETS := services/src/trainguard_server/dashboard/static/vendor/echarts.min.js
@@ -12,9 +13,16 @@ K8S_STAMP := $(K8S_TOOLS)/.installed
 SHELL_TOOLS_STAMP := $(VENV)/.shell-tools
 POSTGRES_STAMP := $(VENV)/.postgres
 
-.PHONY: install demo test lint typecheck proto bench clean
+.PHONY: install install-flink demo dist test lint typecheck proto bench clean
 
-$(STAMP): requirements/dev.txt requirements/chdb.txt sdk/pyproject.toml engine/pyproject.toml services/pyproject.toml
+# the embedded default alone (make demo): torch CPU + the server's runtime deps, the three packages editable
+$(DEMO_STAMP): requirements/demo.txt sdk/pyproject.toml engine/pyproject.toml services/pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/demo.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e sdk -e engine -e services
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP) requirements/dev.txt requirements/chdb.txt sdk/pyproject.toml engine/pyproject.toml services/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements/chdb.txt  # see the file
@@ -55,12 +63,17 @@ $(K8S_STAMP): $(STAMP) tools/k8s_tools.py
 	$(BIN)/python tools/k8s_tools.py $(K8S_TOOLS)
 	touch $(K8S_STAMP)
 
-install: $(STAMP) $(FLINK_STAMP) $(ASSETS)  ## .venv: the SDK (editable), torch (CPU), test tools; .venv-flink: PyFlink; dashboard assets
+install: $(STAMP) $(ASSETS)  ## .venv: the three packages (editable), torch (CPU), test tools; dashboard assets
 
-demo: install  ## the main job on the embedded default: server + real trainings going wrong
+install-flink: $(FLINK_STAMP)  ## .venv-flink: PyFlink 2.3 + the Kafka connector jars (scale-out; make test builds it)
+
+demo: $(DEMO_STAMP) $(ASSETS)  ## the first command: the embedded default only (no test tools, no PyFlink)
 	$(BIN)/trainguard demo
 
-test: install $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP) $(POSTGRES_STAMP)  ## the whole suite: lint, types, tests
+dist: $(DEMO_STAMP) $(ASSETS)  ## wheels of trainguard, trainguard-engine, trainguard-server into dist/
+	$(BIN)/python tools/build_dist.py --out dist
+
+test: install $(FLINK_STAMP) $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP) $(POSTGRES_STAMP)  ## the whole suite: lint, types, tests
 	$(BIN)/ruff check sdk engine services tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
@@ -72,4 +85,4 @@ bench: install  ## SDK overhead figures (see bench/README.md)
 	$(BIN)/python bench/sdk_overhead.py
 
 clean:
-	rm -rf $(VENV) $(FLINK_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLINK_VENV) dist .pytest_cache .mypy_cache .ruff_cache
