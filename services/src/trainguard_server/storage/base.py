@@ -225,6 +225,16 @@ class IncidentStore(ABC):
     @abstractmethod
     def upsert_clusters(self, clusters: Sequence[Cluster]) -> None: ...
 
+    def merge_clusters(self, source: str, clusters: Sequence[Cluster]) -> None:
+        """Merge one source's clusters into the stored ones, for N processors sharing a store: each record is
+        ``source``'s own cumulative view (e.g. one queue partition's pipeline) and the stored cluster is the
+        merge of every source's views -- counts summed over sources, first/last seen min/max, members united
+        (capped), the earliest sample. Views of one source are joined too (count max, ...), so re-applying a
+        view or an older one (a replay after a restore) changes nothing, and views applied in any order give
+        one result (commutative, idempotent). The default replaces the records (:meth:`upsert_clusters`):
+        right for a single source only; PostgreSQL keeps per-source views and merges."""
+        self.upsert_clusters(clusters)
+
     @abstractmethod
     def get_cluster(self, project: str, fingerprint: str) -> Optional[Cluster]: ...
 
