@@ -223,10 +223,16 @@ TARGETS = {"sdk16": 25.0, "sdk4096": 20.0, "env500": 5.0}
 """Issue 15's speed-up targets over the previous main, per shape."""
 
 
-def compare(shapes: Sequence[str], baseline: str, quick: bool) -> Dict[str, Dict[str, Dict[str, float]]]:
+def compare(shapes: Sequence[str], baseline: str, quick: bool,
+            baseline_path: Optional[Path] = None) -> Dict[str, Dict[str, Dict[str, float]]]:
     """``{"this": {shape: figures}, "baseline": {...}}``: this checkout, then ``baseline`` (a git ref, or
-    ``"none"``) checked out in a temporary worktree, measured the same way one after the other."""
+    ``"none"``) checked out in a temporary worktree -- or the checkout already at ``baseline_path`` (a
+    machine without the git history, e.g. a device machine given ``git archive REF``) -- measured the same
+    way one after the other."""
     results: Dict[str, Dict[str, Dict[str, float]]] = {"this": run_checkout(REPO, shapes, quick)}
+    if baseline_path is not None:
+        results["baseline"] = run_checkout(baseline_path.resolve(), shapes, quick)
+        return results
     if baseline == "none":
         return results
     tmp = Path(tempfile.mkdtemp(prefix="trainguard-processor-baseline-"))
@@ -261,6 +267,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--baseline", default="HEAD", help="git ref to compare with ('none': skip)")
+    p.add_argument("--baseline-path", type=Path,
+                   help="a baseline checkout already on disk (e.g. `git archive REF | tar -x -C DIR`); "
+                        "--baseline then only names it in the output")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -271,7 +280,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     print(f"env cpus={os.cpu_count()} python={sys.version.split()[0]} quick={args.quick} "
           f"loadavg_1m={os.getloadavg()[0]:.2f}", flush=True)
-    results = compare(shapes, args.baseline, args.quick)
+    results = compare(shapes, args.baseline, args.quick, args.baseline_path)
     print_table(results, shapes, args.baseline)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True))

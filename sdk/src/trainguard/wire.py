@@ -528,6 +528,15 @@ def envelope_to_dict(msg: events_pb2.Envelope, *, include_defaults: bool = False
     return _ENVELOPE_STRICT.to_dict(msg, include_defaults)
 
 
+def envelope_header_emitters() -> List[Tuple[str, Optional[Callable[[Any, bool], Any]]]]:
+    """``(field, emit)`` of every non-payload field of an Envelope, in :func:`envelope_to_dict`'s order:
+    a field is in the dict when its value is truthy, as ``value`` (``emit`` None) or ``emit(value,
+    False)``. For a runtime that builds the dicts of common envelopes itself, identically."""
+    if _ENVELOPE_STRICT.present:  # the schema grew a field with presence: callers must learn it first
+        raise NotImplementedError("Envelope has fields with presence")
+    return list(_ENVELOPE_STRICT.plain)
+
+
 def ingest_request_from_dicts(events: Iterable[Mapping[str, Any]], *,
                               ignore_unknown_fields: bool = False) -> ingest_pb2.IngestRequest:
     """An ``IngestRequest`` of all ``events``; raises WireError (with ``index``) on the first bad one."""

@@ -17,16 +17,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from trainguard import wire
-from trainguard.v1 import ingest_pb2
 from trainguard_engine import extract
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.pipeline import Pipeline, PipelineOutput, merge_outputs
 
 from ..queue.base import Queue, QueueRecord
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricPoint, MetricStore, StoredEvent
+from .decode import Points, decode_request
 
 log = logging.getLogger("trainguard.processor")
 
@@ -54,6 +53,14 @@ def tune_gc() -> None:
     by short-lived cycles grows by at most that many objects."""
     _gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(max(GC_GEN0_THRESHOLD, _gen0), gen1, gen2)
+
+
+class _Chunk(NamedTuple):
+    """Queue records and their envelopes, decoded once, with each envelope's metric points."""
+
+    records: List[QueueRecord]
+    envelopes: List[Dict[str, Any]]
+    points: List[Points]
 
 
 @dataclass
@@ -195,19 +202,19 @@ class EmbeddedProcessor:
             records = self.queue.consume(self.batch, timeout)
         chunks = self._chunks(records)
         done = 0
-        for i, (chunk, envelopes) in enumerate(chunks):
+        for i, (chunk, envelopes, points) in enumerate(chunks):
             if i:
                 self._yield_to_ingest()
             try:
                 with self._lock:
-                    self._process(chunk, envelopes)
+                    self._process(chunk, envelopes, points)
             except Exception:
                 # a store is unavailable: records not yet through the stores are kept for a retry after
                 # a backoff (doubling to MAX_BACKOFF_S); nothing of them is committed meanwhile
                 if self._pending is None:  # the raw writes failed: this chunk again
-                    self._retry = [r for c, _e in chunks[i:] for r in c]
+                    self._retry = [r for c in chunks[i:] for r in c.records]
                 else:                      # only the upserts failed: the chunk is through the pipeline
-                    self._retry = [r for c, _e in chunks[i + 1:] for r in c]
+                    self._retry = [r for c in chunks[i + 1:] for r in c.records]
                 self._back_off()
                 raise
             done += len(chunk)
@@ -229,31 +236,32 @@ class EmbeddedProcessor:
         self._backoff_s = min(MAX_BACKOFF_S, max(MIN_BACKOFF_S, 2 * self._backoff_s))
         self._retry_at = time.monotonic() + self._backoff_s
 
-    def _chunks(self, records: Sequence[QueueRecord]) -> List[Tuple[List[QueueRecord], List[Dict[str, Any]]]]:
+    def _chunks(self, records: Sequence[QueueRecord]) -> List[_Chunk]:
         """``records`` decoded, in order, cut into chunks of at most ``round_events`` envelopes (a record
         is never split; one larger than that is a chunk of its own)."""
-        chunks: List[Tuple[List[QueueRecord], List[Dict[str, Any]]]] = []
+        chunks: List[_Chunk] = []
         chunk: List[QueueRecord] = []
         envelopes: List[Dict[str, Any]] = []
+        points: List[Points] = []
         for record in records:
-            decoded = self._decode(record)
+            decoded, decoded_points = self._decode(record)
             if chunk and len(envelopes) + len(decoded) > self.round_events:
-                chunks.append((chunk, envelopes))
-                chunk, envelopes = [], []
+                chunks.append(_Chunk(chunk, envelopes, points))
+                chunk, envelopes, points = [], [], []
             chunk.append(record)
             envelopes.extend(decoded)
+            points.extend(decoded_points)
         if chunk:
-            chunks.append((chunk, envelopes))
+            chunks.append(_Chunk(chunk, envelopes, points))
         return chunks
 
-    def _decode(self, record: QueueRecord) -> List[Dict[str, Any]]:
+    def _decode(self, record: QueueRecord) -> Tuple[List[Dict[str, Any]], List[Points]]:
         try:
-            request = ingest_pb2.IngestRequest.FromString(record.value)
-            return [wire.envelope_to_dict(ev) for ev in request.events]
+            return decode_request(record.value)
         except Exception as exc:  # the gateway validated it; a bad record is a bug, not data
             self.stats.undecodable += 1
             log.error("undecodable queue record %s/%s: %s", record.partition, record.offset, exc)
-            return []
+            return [], []
 
     def _yield_to_ingest(self) -> None:
         busy = self.yield_to
@@ -263,9 +271,10 @@ class EmbeddedProcessor:
         while busy() and time.monotonic() < end:
             time.sleep(0.0005)
 
-    def _process(self, records: Sequence[QueueRecord], envelopes: Sequence[Dict[str, Any]]) -> None:
+    def _process(self, records: Sequence[QueueRecord], envelopes: Sequence[Dict[str, Any]],
+                 points: Sequence[Points]) -> None:
         """One chunk: raw context and points stored, the pipeline run, its upserts applied."""
-        points = self._store_raw(envelopes)
+        self._store_raw(envelopes, points)
         self._uncommitted.extend(records)  # committed at the next checkpoint, which waits for _pending
         self._run_pipeline(envelopes, points)
         now_ns = time.time_ns()
@@ -276,8 +285,7 @@ class EmbeddedProcessor:
         self.stats.rounds += 1
         self._apply_pending()
 
-    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]],
-                      points: Sequence[Optional[List[extract.MetricTuple]]]) -> None:
+    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]], points: Sequence[Points]) -> None:
         """The pipeline's part of a chunk (a runtime that runs it elsewhere overrides this), given the
         metric points ``_store_raw`` read from each envelope (read once, shared): its output becomes
         ``_pending`` until the stores have it."""
@@ -310,25 +318,20 @@ class EmbeddedProcessor:
                       "ignored; its records stay in the stores; every other run goes on", q.run_id, q.project,
                       q.reason)
 
-    def _store_raw(self, envelopes: Sequence[Dict[str, Any]]) -> List[Optional[List[extract.MetricTuple]]]:
-        """Raw context to the event store and metric points to the metric store, one write each; returns
-        each envelope's points ``(name, step, value)`` (None for an envelope without metrics)."""
+    def _store_raw(self, envelopes: Sequence[Dict[str, Any]], per_envelope: Sequence[Points]) -> None:
+        """Raw context to the event store and metric points to the metric store, one write each
+        (``per_envelope``: each envelope's points ``(name, step, value)``, None for one without metrics)."""
         points: List[MetricPoint] = []
         stored: List[StoredEvent] = []
-        per_envelope: List[Optional[List[extract.MetricTuple]]] = []
         add = points.append
-        for env in envelopes:
+        for env, mine in zip(envelopes, per_envelope):
             project = env.get("project", "")
             run_id = env.get("run_id", "")
             rank = int(env.get("rank", 0))
             time_ns = int(env.get("time_unix_nano", 0))
-            if "metrics" in env:
-                mine = extract.metric_points(env)
-                per_envelope.append(mine)
+            if mine:
                 for name, step, value in mine:
                     add(MetricPoint(project, run_id, rank, name, step, time_ns, value))
-            else:
-                per_envelope.append(None)
             if extract.is_raw_context(env):
                 stored.append(StoredEvent(
                     event_id=env["event_id"], project=project, run_id=run_id, rank=rank,
@@ -346,7 +349,6 @@ class EmbeddedProcessor:
                     raise  # unavailable for some of them: the round is retried
                 self.stats.rejected_events += len(exc.rejected)  # refused for good: logged, not retried
                 log.error("%s", exc)
-        return per_envelope
 
     def _emit_later(self, output: PipelineOutput) -> None:
         """Queue ``output`` for the stores (merged with an output still pending: later records win)."""

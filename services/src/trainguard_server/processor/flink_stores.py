@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
-from trainguard_engine.extract import MetricTuple
 from trainguard_engine.pipeline import PipelineOutput
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
 from ..queue.base import Queue
 from ..storage.base import EventStore, IncidentStore, MetricStore
+from .decode import Points
 from .embedded import EmbeddedProcessor
 
 log = logging.getLogger("trainguard.processor.flink")
@@ -60,8 +60,7 @@ class FlinkStoresProcessor(EmbeddedProcessor):
         self.results = results
         self.results_applied = 0
 
-    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]],
-                      points: Sequence[Optional[List[MetricTuple]]]) -> None:
+    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]], points: Sequence[Points]) -> None:
         """Nothing: the Flink job runs the pipeline; this stores raw context and metrics only."""
 
     def _checkpoint_locked(self) -> None:  # no pipeline state to save: commit what was stored
