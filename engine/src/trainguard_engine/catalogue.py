@@ -691,6 +691,50 @@ class DetectionSettings:
         32, "... while the loss still moves: Mann-Kendall |z| >= trend_z over the last this-many loss "
         "values since the break began ...", minimum=4)
     lora_loss_min_points: int = _setting(8, "... and at least this many of them.", minimum=3)
+    # --- performance: stragglers, throughput, data wait, throttling (detectors/straggler.py) -----
+    perf_warmup_steps: int = _setting(
+        5, "Performance detectors: a rank's first this-many timed steps are warm-up (allocator, DDP bucket "
+        "rebuild, compilation) and never judged.", minimum=0)
+    perf_window: int = _setting(
+        10, "Performance detectors: each rank's step phases are judged as medians over its last this-many "
+        "steps (an isolated checkpoint or evaluation step moves no median).", minimum=3)
+    perf_min_points: int = _setting(
+        6, "Performance detectors: steps a rank needs in its window before it is compared.", minimum=2)
+    straggler_ratio: float = _setting(
+        1.5, "perf/straggler: a rank's own time per step (data wait + forward + optimizer: the phases "
+        "without a collective) >= this x the median of the other ranks' ...", minimum=1.0)
+    straggler_min_share: float = _setting(
+        0.1, "... the excess is >= this share of the job's step time (a rank 2x slower in a phase that "
+        "takes 1% of the step holds nobody back) ...", minimum=0.0, maximum=1.0)
+    straggler_wait_share: float = _setting(
+        0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
+        "by >= this x the excess: they waited for it ...", minimum=0.0)
+    straggler_confirm: int = _setting(
+        5, "... on this many judged steps in a row (a step is judged once every rank reported it); as many "
+        "judged steps without it resolve the incident. Also the confirmation of perf/data-bottleneck.",
+        minimum=1)
+    regression_ratio: float = _setting(
+        1.3, "perf/throughput-regression: the job's step time (median over ranks of their window medians) "
+        ">= this x its earlier steady state (or a logged throughput metric <= 1/this of it) ...",
+        minimum=1.0)
+    regression_baseline_steps: int = _setting(
+        10, "... the steady state being the median of the first this-many judged steps after warm-up ...",
+        minimum=1)
+    regression_confirm: int = _setting(
+        8, "... on this many judged steps in a row, with no straggler candidate (a job held back by one "
+        "rank is that rank's incident).", minimum=1)
+    data_wait_share: float = _setting(
+        0.4, "perf/data-bottleneck: the median rank's data wait (time/data_s) >= this share of its step "
+        "time, for straggler_confirm judged steps (one rank's slow loader is a straggler, phase 'data').",
+        minimum=0.0, maximum=1.0)
+    throttle_confirm: int = _setting(
+        3, "perf/throttling: NVML samples in a row (gpu/throttle_reasons) with a thermal, hardware-slowdown "
+        "or power-brake reason.", minimum=1)
+    throughput_metrics: Tuple[str, ...] = _setting(
+        ("tokens_per_s", "samples_per_s", "throughput/tokens_per_s", "throughput/samples_per_s",
+         "train/tokens_per_second", "train_samples_per_second"),
+        "Metric names that are a throughput the job logs (higher is better): judged by "
+        "perf/throughput-regression beside the step time.")
     # --- exceptions -----------------------------------------------------------------------------
     incident_on_handled_exceptions: bool = _setting(
         False, "Open a process/exception incident for exceptions the job caught and reported "
@@ -888,6 +932,9 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "adapter": ("lora_grad_min", "lora_confirm_reports", "lora_loss_window", "lora_loss_min_points"),
     "progress": ("stall_factor", "stall_min_s", "stall_max_s", "lost_after_s"),
     "correlation": ("rank_lost_grace_s",),
+    "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_min_share",
+             "straggler_wait_share", "straggler_confirm", "regression_ratio", "regression_baseline_steps",
+             "regression_confirm", "data_wait_share", "throttle_confirm", "throughput_metrics"),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
                 "amp_text_max_scale"),
     "diagnosis": ("diagnosis_lr_high",),
