@@ -44,3 +44,24 @@ def test_unserialisable_tags_are_stringified() -> None:
     opts, problems = build_options({"tags": {"obj": Weird(), 3: [1, 2]}}, {})
     assert problems == []
     assert opts.tags == {"obj": "weird!", "3": "[1, 2]"}
+
+
+def test_a_misspelt_variable_names_the_option_meant() -> None:
+    # the case: a typo'd TRAINGUARD_ENDPIONT silently left the SDK disabled
+    opts, problems = build_options({}, {"TRAINGUARD_ENDPIONT": "http://x:1", "TRAINGUARD_RUNNAME": "r",
+                                        "TRAINGUARD_TOKEN": "t", "TRAINGUARD_COLOUR": "blue"})
+    assert opts.endpoint is None
+    assert problems == [
+        "TRAINGUARD_ENDPIONT is not a TrainGuard setting (ignored): did you mean TRAINGUARD_ENDPOINT?",
+        "TRAINGUARD_RUNNAME is not a TrainGuard setting (ignored): did you mean TRAINGUARD_RUN_NAME?",
+    ]
+
+
+def test_no_server_or_agent_variable_is_called_a_typo() -> None:
+    # a job's environment often carries the backend's settings too (compose files, pods): they are no typos
+    from trainguard_server.config import Settings
+
+    env = {f"TRAINGUARD_{name.upper()}": "1" for name in Settings.model_fields}
+    env.update({"TRAINGUARD_READ_TOKEN": "r", "TRAINGUARD_AGENT_UPSTREAM": "http://x:1"})
+    assert len(env) > 50
+    assert build_options({}, env)[1] == []

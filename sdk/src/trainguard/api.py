@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional
+from urllib.parse import quote, unquote, urlsplit
 
 from .client import Client
 from .guard import never_raise, warn_once
@@ -18,6 +19,7 @@ from .integrations.base import DidNotEnable, Integration
 from .integrations.exit import ExitIntegration
 from .integrations.logging import LoggingIntegration
 from .options import build_options
+from .version import torch_version_problem
 
 _client: Optional[Client] = None
 _integrations: List[Integration] = []
@@ -68,7 +70,49 @@ def init(endpoint: Optional[str] = None, project: Optional[str] = None, token: O
                 install_oom_enricher(client)
             except Exception as exc:
                 warn_once("integration:oom", f"OOM capture not installed: {exc}")
+        announce = opts.announce if opts.announce is not None else _stderr_is_terminal()
+        if announce and client.identity.rank == 0:
+            _announce(client)  # before anything is sent, so it is the SDK's first line
         client.capture_lifecycle_start()
+
+
+def dashboard_link(endpoint: str, run_id: str, dashboard_url: Optional[str] = None) -> str:
+    """Where the run's dashboard page is: ``dashboard_url`` (or, by default, the endpoint's host on HTTP port
+    4318; an ``http(s)://`` endpoint's own port) + ``/ui/#/runs/<run id>``; a ``file://`` endpoint: its
+    path. Empty when the endpoint says nothing usable."""
+    parts = urlsplit(endpoint)
+    if parts.scheme == "file":
+        return unquote(parts.path)
+    base = (dashboard_url or "").rstrip("/")
+    if not base:
+        host = parts.hostname or ""
+        if not host:
+            return ""
+        if parts.scheme in ("http", "https"):
+            base = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path.rstrip('/')}"
+        else:  # grpc(s): the dashboard is served by the HTTP side, 4318 unless told
+            host = f"[{host}]" if ":" in host else host
+            base = f"{'https' if parts.scheme == 'grpcs' else 'http'}://{host}:4318"
+    return f"{base}/ui/#/runs/{quote(run_id, safe='')}"
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except Exception:  # closed, or replaced by an object without isatty
+        return False
+
+
+def _announce(client: Client) -> None:
+    """One line on stderr: the run and where to watch it (``announce`` option, rank 0)."""
+    ident = client.identity
+    link = dashboard_link(client.options.endpoint or "", ident.run_id, client.options.dashboard_url)
+    where = f"events in {link}" if link.startswith("/") else link or client.options.endpoint
+    try:
+        sys.stderr.write(f"trainguard: run {ident.run_name} ({ident.run_id}): {where}\n")
+        sys.stderr.flush()
+    except Exception:  # stderr closed or unencodable: the line is a courtesy
+        pass
 
 
 def log(step: Optional[int] = None, **metrics: Any) -> None:
@@ -110,7 +154,8 @@ def capture_exception(exc: Optional[BaseException] = None) -> Optional[str]:
 @never_raise()
 def watch(model: Any, optimizer: Any = None, scaler: Any = None, clip: Optional[float] = None,
           every: Optional[int] = None, **kwargs: Any) -> Any:
-    """Hook ``model``/``optimizer`` for loss-independent training signals (needs ``trainguard[torch]``).
+    """Hook ``model``/``optimizer`` for loss-independent training signals (uses the job's torch, 2.1 to 2.x;
+    outside that range one warning says so, and nothing is raised).
 
     Gradient L2 norms (global and per layer, fused on the device, read back off the step path), clip
     triggers when ``clip`` is known, the GradScaler's scale, step time, and CUDA memory every
@@ -119,8 +164,15 @@ def watch(model: Any, optimizer: Any = None, scaler: Any = None, clip: Optional[
     client = _client
     if client is None:
         return None
-    from .integrations.torch import watch as torch_watch
-
+    try:
+        from .integrations.torch import watch as torch_watch
+    except DidNotEnable:  # no torch in this process
+        warn_once("watch:torch", "watch(): torch is not installed in this process (TrainGuard uses the job's "
+                                 "torch and never installs one); not watching")
+        return None
+    problem = torch_version_problem(getattr(sys.modules.get("torch"), "__version__", "?"))
+    if problem:
+        warn_once("watch:torch-version", problem)
     return torch_watch(client, model, optimizer=optimizer, scaler=scaler, clip=clip, every=every,
                        **kwargs)
 
@@ -130,7 +182,7 @@ def check_batch(input_ids: Any, attention_mask: Any = None, *, pad_id: Optional[
                 padding_side: str = "auto", ignore_index: int = -100, every: Optional[int] = None,
                 step: Optional[int] = None, tokenizer: Any = None) -> None:
     """Check a token batch for padding the model attends to, a mask that disagrees with the padding, and
-    EOS cut off by truncation (``trainguard[torch]``); reports ``seq/*`` metrics. Never blocks, never raises.
+    EOS cut off by truncation (the job's torch); reports ``seq/*`` metrics. Never blocks, never raises.
 
     ``input_ids``: a ``(batch, length)`` tensor (or a dict / ``BatchEncoding`` holding ``input_ids``,
     ``attention_mask`` and ``labels``). ``attention_mask``: what the model will get (None: the model gets
@@ -172,7 +224,7 @@ def check_batch(input_ids: Any, attention_mask: Any = None, *, pad_id: Optional[
 @never_raise()
 def watch_lora(model: Any, every: int = 1, *, name_filter: Any = None, a_names: Any = None,
                b_names: Any = None, optimizer: Any = None) -> Any:
-    """Report whether ``model``'s LoRA adapters get gradients (``trainguard[torch]``).
+    """Report whether ``model``'s LoRA adapters get gradients (the job's torch).
 
     Adapters are found by name (peft's ``lora_A``/``lora_B``, ``lora_embedding_A``/``_B``; other names
     through ``a_names``/``b_names``), narrowed by ``name_filter`` (a regex or ``name -> bool``). At the end

@@ -6,9 +6,10 @@ Each option can also come from the environment as ``TRAINGUARD_<NAME>`` (upper c
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from .core.events import safe_str, string_map
 
@@ -25,6 +26,14 @@ class Options:
     #: Ingest token, sent as ``Authorization: Bearer``.
     token: Optional[str] = None
     run_name: Optional[str] = None
+    #: Base URL of the TrainGuard dashboard for the link ``init()`` prints (``http://host:4318``; the same
+    #: variable, TRAINGUARD_DASHBOARD_URL, the server uses for its links). Default: the endpoint's host on
+    #: HTTP port 4318.
+    dashboard_url: Optional[str] = None
+    #: Print one line with the run's dashboard link to stderr when ``init()`` starts reporting (rank 0 only).
+    #: None (default): when stderr is a terminal, so a job's logs and crash output stay byte for byte what
+    #: they are without the SDK; True: always (batch jobs' log files too); False: never.
+    announce: Optional[bool] = None
     #: Free-form labels of the run (strings), sent with the start event.
     tags: Dict[str, str] = field(default_factory=dict)
     #: Hyper-parameters / config of the run, sent with the start event.
@@ -161,7 +170,7 @@ def build_options(explicit: Mapping[str, Any], env: Mapping[str, str]) -> Tuple[
         if raw is None or raw == "":
             continue
         try:
-            setattr(opts, name, _coerce(getattr(opts, name), raw))
+            setattr(opts, name, _coerce(False if name == "announce" else getattr(opts, name), raw))
         except (TypeError, ValueError):
             problems.append(f"TRAINGUARD_{name.upper()}={raw!r} is not a valid {name}; using the default")
     for name, value in explicit.items():
@@ -181,6 +190,7 @@ def build_options(explicit: Mapping[str, Any], env: Mapping[str, str]) -> Tuple[
         setattr(opts, name, value)
     if opts.endpoint is None:
         opts.endpoint = env.get("TRAINGUARD_ENDPOINT") or None
+    problems.extend(misspelt_variables(env))
     for name in ("max_queue_events", "max_batch_events"):
         if getattr(opts, name) < 1:
             problems.append(f"option {name} must be >= 1; using the default")
@@ -198,6 +208,39 @@ def build_options(explicit: Mapping[str, Any], env: Mapping[str, str]) -> Tuple[
             problems.append(f"option {name} must be a positive number of seconds; using the default")
             setattr(opts, name, getattr(Options(), name))
     return opts, problems
+
+
+#: TRAINGUARD_* variables other parts of TrainGuard read (the server's settings, ``trainguard agent``):
+#: never reported as misspelt SDK options. tests/sdk/test_options.py checks that no server setting is.
+OTHER_VARIABLES: FrozenSet[str] = frozenset({
+    "TRAINGUARD_SHUTDOWN_TIMEOUT_S", "TRAINGUARD_READ_TOKEN", "TRAINGUARD_MAX_ID_LENGTH",
+    "TRAINGUARD_API_MAX_STREAMS", "TRAINGUARD_TICK_INTERVAL_S",
+})
+OTHER_PREFIXES: Tuple[str, ...] = (
+    "TRAINGUARD_AGENT_", "TRAINGUARD_KAFKA_", "TRAINGUARD_ELASTICSEARCH_", "TRAINGUARD_CLICKHOUSE_",
+    "TRAINGUARD_BOOTSTRAP_", "TRAINGUARD_WEBHOOK_", "TRAINGUARD_PROJECT_", "TRAINGUARD_FUZZ_")
+#: How alike (difflib's ratio of the names after ``TRAINGUARD_``) an unknown variable must be to an option
+#: to be called a typo of it.
+MISSPELLING_CUTOFF = 0.8
+
+
+def misspelt_variables(env: Mapping[str, str]) -> List[str]:
+    """One problem per ``TRAINGUARD_*`` variable that is no SDK option but close to one (a typo such as
+    ``TRAINGUARD_ENDPIONT``), naming the option meant. Variables of the server and the agent
+    (:data:`OTHER_VARIABLES`, :data:`OTHER_PREFIXES`) and names like no option are left alone."""
+    known = sorted(name.upper() for name in option_names())
+    problems = []
+    for name in sorted(env):
+        if not name.startswith("TRAINGUARD_") or name in OTHER_VARIABLES or name.startswith(OTHER_PREFIXES):
+            continue
+        suffix = name[len("TRAINGUARD_"):]
+        if suffix in known:
+            continue
+        close = difflib.get_close_matches(suffix, known, n=1, cutoff=MISSPELLING_CUTOFF)
+        if close:
+            problems.append(f"{name} is not a TrainGuard setting (ignored): did you mean "
+                            f"TRAINGUARD_{close[0]}?")
+    return problems
 
 
 def default_spool_dir(env: Mapping[str, str] = os.environ) -> str:
