@@ -11,14 +11,17 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
+from tests.services.storage.conftest import fresh_schema, postgres_dsn
 from trainguard_engine.records import Cluster, Evidence, Incident, RunRecord, TimelineEntry
 from trainguard_server.storage.base import IncidentStore, IncidentWorkflow, Page
 from trainguard_server.storage.memory import MemoryIncidentStore
+from trainguard_server.storage.postgres import PostgresIncidentStore
 from trainguard_server.storage.sqlite import SqliteIncidentStore
 
 Factory = Callable[[Path, pytest.FixtureRequest], IncidentStore]
 IMPLEMENTATIONS: Dict[str, Factory] = {
     "memory": lambda tmp_path, request: MemoryIncidentStore(),
+    "postgres": lambda tmp_path, request: PostgresIncidentStore(postgres_dsn(request), schema=fresh_schema()),
     "sqlite": lambda tmp_path, request: SqliteIncidentStore(tmp_path / "incidents.db"),
 }
 

@@ -12,13 +12,16 @@ from typing import Callable, Dict, Iterator, List
 
 import pytest
 
+from tests.services.storage.conftest import fresh_schema, postgres_dsn
 from trainguard_server.storage.base import ProjectStore
 from trainguard_server.storage.memory import MemoryProjectStore
+from trainguard_server.storage.postgres import PostgresProjectStore
 from trainguard_server.storage.sqlite import SqliteProjectStore
 
 Factory = Callable[[Path, pytest.FixtureRequest], ProjectStore]
 IMPLEMENTATIONS: Dict[str, Factory] = {
     "memory": lambda tmp_path, request: MemoryProjectStore(),
+    "postgres": lambda tmp_path, request: PostgresProjectStore(postgres_dsn(request), schema=fresh_schema()),
     "sqlite": lambda tmp_path, request: SqliteProjectStore(tmp_path / "projects.db"),
 }
 
