@@ -1,7 +1,8 @@
 """Open the stores ``Settings`` select: SQLite under the data directory by default; raw context on
 Elasticsearch (``TRAINGUARD_EVENT_STORE=elasticsearch``) and metrics on ClickHouse
-(``TRAINGUARD_METRIC_STORE=clickhouse``) for the scale-out deployment. Incidents, runs, clusters, the
-processor's state and projects/tokens stay in SQLite (small, transactional: DESIGN §2)."""
+(``TRAINGUARD_METRIC_STORE=clickhouse``) for the scale-out deployment. Runs, incidents, clusters, workflow,
+baselines, the processor's state and projects/tokens (small, transactional: DESIGN §2) are in SQLite, or in
+PostgreSQL shared by every process (``TRAINGUARD_STATE_STORE=postgres``, docs/postgresql.md)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,17 @@ def open_metric_store(settings: Settings, data_dir: Path) -> MetricStore:
     return SqliteMetricStore(data_dir / METRICS_DB)
 
 
+def open_state_stores(settings: Settings, data_dir: Path) -> Tuple[IncidentStore, ProjectStore]:
+    """The transactional stores ``settings.state_store`` names: (incidents, projects)."""
+    if settings.state_store == "postgres":
+        from .postgres import open_postgres_stores  # the optional extra "postgres"
+
+        pg = open_postgres_stores(settings.postgres_dsn, schema=settings.postgres_schema,
+                                  pool_size=settings.postgres_pool_size)
+        return pg.incidents, pg.projects
+    return SqliteIncidentStore(data_dir / INCIDENTS_DB), SqliteProjectStore(data_dir / PROJECTS_DB)
+
+
 def open_stores(settings: Settings, data_dir: Path) -> Stores:
     """Every store of a server (created if needed)."""
     events = open_event_store(settings, data_dir)
@@ -80,5 +92,10 @@ def open_stores(settings: Settings, data_dir: Path) -> Stores:
     except BaseException:
         events.close()
         raise
-    return Stores(events=events, metrics=metrics, incidents=SqliteIncidentStore(data_dir / INCIDENTS_DB),
-                  projects=SqliteProjectStore(data_dir / PROJECTS_DB))
+    try:
+        incidents, projects = open_state_stores(settings, data_dir)
+    except BaseException:
+        events.close()
+        metrics.close()
+        raise
+    return Stores(events=events, metrics=metrics, incidents=incidents, projects=projects)
