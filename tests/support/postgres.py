@@ -47,8 +47,8 @@ def pg_bin_dir() -> Path:
 
 class PostgresServer:
     """One throwaway PostgreSQL cluster on 127.0.0.1:``port``: ``start()`` (initdb, then waits until it
-    accepts connections), ``dsn(dbname)``, ``create_database(name)``, ``stop()`` (fast shutdown, then the
-    directory is removed)."""
+    accepts connections), ``dsn(dbname)``, ``create_database(name)``, ``halt()`` (fast shutdown; ``start()``
+    again restarts it), ``stop()`` (fast shutdown, then the directory is removed)."""
 
     def __init__(self, port: Optional[int] = None) -> None:
         self.bin = pg_bin_dir()
@@ -71,25 +71,12 @@ class PostgresServer:
         return f"host=127.0.0.1 port={self.port} user={SUPERUSER} dbname={dbname} connect_timeout=10"
 
     def start(self, timeout: float = 60.0) -> PostgresServer:
-        # not under pytest's tmp_path: that is 0700 root-owned, and the server may run as another user
-        self.root = Path(tempfile.mkdtemp(prefix="tg-postgres-"))
-        if os.geteuid() == 0:
-            try:
-                user = pwd.getpwnam("postgres")
-            except KeyError:
-                raise RuntimeError("running as root, and there is no 'postgres' user to run PostgreSQL as "
-                                   "(Debian's postgresql package creates it)") from None
-            os.chown(self.root, user.pw_uid, user.pw_gid)
-            self._run_as = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+        """initdb (first start only), then run the server and wait until it accepts connections; after
+        :meth:`halt` it restarts on the same data and port."""
+        if self.root is None:
+            self._init()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env.update(LC_ALL="C", LANG="C")
-        init = subprocess.run(
-            [str(self.bin / "initdb"), "-D", str(self.data_dir), "-U", SUPERUSER, "--auth=trust", "-E", "UTF8",
-             "--locale=C", "--no-sync", "--no-instructions"],
-            env=env, cwd=self.root, capture_output=True, text=True, **self._run_as)
-        if init.returncode != 0:
-            self._remove()
-            raise RuntimeError(f"initdb failed ({init.returncode}):\n{init.stdout}\n{init.stderr}")
         options: List[str] = []
         for setting in (f"port={self.port}", "listen_addresses=127.0.0.1", f"unix_socket_directories={self.root}",
                         "fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200",
@@ -115,21 +102,47 @@ class PostgresServer:
                                    f"(exit code {code})\n--- log ---\n{tail}")
             time.sleep(0.05)
 
+    def _init(self) -> None:
+        # not under pytest's tmp_path: that is 0700 root-owned, and the server may run as another user
+        self.root = Path(tempfile.mkdtemp(prefix="tg-postgres-"))
+        if os.geteuid() == 0:
+            try:
+                user = pwd.getpwnam("postgres")
+            except KeyError:
+                raise RuntimeError("running as root, and there is no 'postgres' user to run PostgreSQL as "
+                                   "(Debian's postgresql package creates it)") from None
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+            self._run_as = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env.update(LC_ALL="C", LANG="C")
+        init = subprocess.run(
+            [str(self.bin / "initdb"), "-D", str(self.data_dir), "-U", SUPERUSER, "--auth=trust", "-E", "UTF8",
+             "--locale=C", "--no-sync", "--no-instructions"],
+            env=env, cwd=self.root, capture_output=True, text=True, **self._run_as)
+        if init.returncode != 0:
+            self._remove()
+            raise RuntimeError(f"initdb failed ({init.returncode}):\n{init.stdout}\n{init.stderr}")
+
     def create_database(self, name: str) -> str:
         """Create database ``name``; returns its DSN."""
         with psycopg.connect(self.dsn(), autocommit=True) as conn:
             conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
         return self.dsn(name)
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the server ("fast" shutdown: sessions rolled back, connections closed), keeping its data."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # "fast" shutdown: roll back sessions, stop at once
+            proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+    def stop(self) -> None:
+        """Stop the server and remove its directory."""
+        self.halt()
         self._remove()
 
     def log_tail(self, chars: int = 4000) -> str:

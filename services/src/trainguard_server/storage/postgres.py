@@ -56,6 +56,7 @@ T = TypeVar("T")
 SCHEMA_VERSION = 1
 DEFAULT_SCHEMA = "trainguard"
 DEFAULT_POOL_SIZE = 8
+DEFAULT_TIMEOUT_S = 10.0                  # longest wait for a pooled connection (server down: fail after it)
 _MIGRATION_LOCK = 0x5447_5343_4845_4D41  # pg_advisory_xact_lock key of migrations ("TGSCHEMA")
 _RETRIES = 5                              # attempts of a write that hit a deadlock / serialization failure
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -159,10 +160,14 @@ def check_schema_name(schema: str) -> str:
 
 
 class PostgresDatabase:
-    """A connection pool on one database and schema; the schema is created or migrated at open."""
+    """A connection pool on one database and schema; the schema is created or migrated at open. A call
+    waits at most ``timeout_s`` for a connection (all busy, or the server unreachable: the pool keeps
+    reconnecting in the background) and then raises ``psycopg_pool.PoolTimeout`` (an
+    ``psycopg.OperationalError``); connections are checked before use, so a restarted server is used again
+    without a restart of ours."""
 
     def __init__(self, dsn: str, *, schema: str = DEFAULT_SCHEMA, pool_size: int = DEFAULT_POOL_SIZE,
-                 connect_timeout_s: float = 30.0, name: str = "trainguard") -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "trainguard") -> None:
         if not dsn:
             raise ValueError("TRAINGUARD_STATE_STORE=postgres needs TRAINGUARD_POSTGRES_DSN (a libpq "
                              "connection string or postgresql:// URL)")
@@ -175,13 +180,13 @@ class PostgresDatabase:
 
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             dsn, min_size=1, max_size=max(1, int(pool_size)), open=False, configure=configure,
-            check=ConnectionPool.check_connection, name=name, timeout=connect_timeout_s,
+            check=ConnectionPool.check_connection, name=name, timeout=timeout_s,
             kwargs={"application_name": name})
         try:
-            self._pool.open(wait=True, timeout=connect_timeout_s)
+            self._pool.open(wait=True, timeout=timeout_s)
         except PoolTimeout:
             self._pool.close()
-            raise RuntimeError(f"cannot connect to PostgreSQL within {connect_timeout_s:g} s "
+            raise RuntimeError(f"cannot connect to PostgreSQL within {timeout_s:g} s "
                                f"(TRAINGUARD_POSTGRES_DSN: {_redacted(dsn)})") from None
         try:
             self._migrate()
@@ -323,8 +328,9 @@ class PostgresIncidentStore(IncidentStore):
     ``(ns, id)``, the same cursors the SQLite store issues."""
 
     def __init__(self, dsn: str = "", *, schema: str = DEFAULT_SCHEMA, pool_size: int = DEFAULT_POOL_SIZE,
-                 cluster_max_members: Optional[int] = None, db: Optional[PostgresDatabase] = None) -> None:
-        self._db = db or PostgresDatabase(dsn, schema=schema, pool_size=pool_size,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, cluster_max_members: Optional[int] = None,
+                 db: Optional[PostgresDatabase] = None) -> None:
+        self._db = db or PostgresDatabase(dsn, schema=schema, pool_size=pool_size, timeout_s=timeout_s,
                                           name="trainguard-incidents")
         self._max_members = int(cluster_max_members or DetectionSettings().cluster_max_members)
 
@@ -596,8 +602,9 @@ class PostgresProjectStore(ProjectStore):
     is refused by the primary key, so two pods registering the same bootstrap token cannot both succeed."""
 
     def __init__(self, dsn: str = "", *, schema: str = DEFAULT_SCHEMA, pool_size: int = DEFAULT_POOL_SIZE,
-                 db: Optional[PostgresDatabase] = None) -> None:
-        self._db = db or PostgresDatabase(dsn, schema=schema, pool_size=pool_size, name="trainguard-projects")
+                 timeout_s: float = DEFAULT_TIMEOUT_S, db: Optional[PostgresDatabase] = None) -> None:
+        self._db = db or PostgresDatabase(dsn, schema=schema, pool_size=pool_size, timeout_s=timeout_s,
+                                          name="trainguard-projects")
 
     def create_token(self, project: str, kind: str, description: str = "", expires_ns: int = 0) -> str:
         check_project_name(project)
