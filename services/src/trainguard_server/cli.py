@@ -3,37 +3,56 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .config import Settings
 
 
+def _overrides(args: argparse.Namespace) -> Dict[str, Any]:
+    """The settings given as flags (the rest come from TRAINGUARD_* variables)."""
+    return {k: v for k, v in {"data_dir": getattr(args, "data_dir", None),
+                              "host": getattr(args, "host", None),
+                              "http_port": getattr(args, "http_port", None),
+                              "grpc_port": getattr(args, "grpc_port", None),
+                              "roles": getattr(args, "roles", None),
+                              "processor_runtime": getattr(args, "processor_runtime", None)}.items()
+            if v is not None}
+
+
 def _settings(args: argparse.Namespace) -> Settings:
-    overrides = {k: v for k, v in {"data_dir": getattr(args, "data_dir", None),
-                                   "host": getattr(args, "host", None),
-                                   "http_port": getattr(args, "http_port", None),
-                                   "grpc_port": getattr(args, "grpc_port", None),
-                                   "roles": getattr(args, "roles", None),
-                                   "processor_runtime": getattr(args, "processor_runtime", None)}.items()
-                 if v is not None}
-    return Settings(**overrides)
+    """Settings from flags over the environment; UsageError (one line, exit 2) naming a refused value."""
+    from .preflight import settings_from
+
+    return settings_from(_overrides(args))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .preflight import UsageError, check_serve, port_error
     from .server import EmbeddedServer
 
-    server = EmbeddedServer(_settings(args))
-    server.start()
+    settings = _settings(args)
+    check_serve(settings, flagged=_overrides(args))
+    server = EmbeddedServer(settings)
+    try:
+        server.start()
+    except OSError as exc:  # a port taken between the check and the bind
+        if exc.errno is None:
+            raise
+        raise UsageError(str(port_error(exc, settings.host, settings.http_port, "HTTP",
+                                        "--http-port N (TRAINGUARD_HTTP_PORT)"))) from None
     tokens = server.tokens
     assert tokens is not None
     roles = server.roles
     lines = [f"TrainGuard serving ({', '.join(roles)}): data in {server.data_dir}"]
+    if "api" in roles:
+        lines.append(f"  dashboard          {server.http_url}/ui/")
     if "gateway" in roles or "api" in roles:
         what = " + ".join(w for w, r in (("HTTP ingest", "gateway"), ("API", "api")) if r in roles)
         lines.append(f"  {what:<18} {server.http_url}   (OpenAPI: {server.http_url}/docs)")
@@ -45,7 +64,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                      f"metrics {st.metric_store}")
     lines += [f"  project {tokens.project!r}: ingest token {tokens.ingest}",
               f"                      read token   {tokens.read}",
-              f"  tokens are kept in {server.data_dir / 'bootstrap-tokens.json'} (mode 0600)"]
+              f"  tokens are kept in {server.data_dir / 'bootstrap-tokens.json'} (mode 0600); more: "
+              f"trainguard token create --data-dir {server.data_dir} --kind read"]
     print("\n".join(lines), flush=True)
     code = server.serve_forever()
     if code == 0:
@@ -62,19 +82,53 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(data_dir=args.data_dir, quick=args.quick)
 
 
+def _token_store(settings: Settings, action: str) -> Path:
+    """The data directory of a server's token store; UsageError when none is there for ``list`` and
+    ``revoke`` (a typo'd or default ``--data-dir`` would otherwise list nothing and exit 0). ``create`` with
+    a ``--project`` makes the store (projects and tokens made before the server's first start)."""
+    from .preflight import UsageError
+    from .storage.sqlite import PROJECTS_DB
+
+    data_dir = Path(settings.data_dir)
+    if settings.state_store == "sqlite" and not (data_dir / PROJECTS_DB).is_file() and action != "create":
+        raise UsageError(f"no token store in {data_dir} (no {PROJECTS_DB}): give the server's directory with "
+                         "--data-dir DIR (the 'data in DIR' line `trainguard serve` printed; "
+                         "TRAINGUARD_DATA_DIR)")
+    return data_dir
+
+
+def _default_project(data_dir: Path) -> str:
+    """The project of the data directory's bootstrap tokens (what ``serve`` created at first start)."""
+    from .preflight import UsageError
+    from .server import TOKENS_FILE
+
+    try:
+        return str(json.loads((data_dir / TOKENS_FILE).read_text(encoding="utf-8"))["project"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"token create needs --project P (no bootstrap project in {data_dir / TOKENS_FILE})"
+                         ) from None
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     from .storage.base import format_ns
     from .storage.sqlite import open_sqlite_stores
 
-    stores = open_sqlite_stores(_settings(args).data_dir)
+    data_dir = _token_store(_settings(args), args.action)
+    project = args.project or (_default_project(data_dir) if args.action == "create" else None)
+    stores = open_sqlite_stores(data_dir)
     try:
         projects = stores.projects
         if args.action == "create":
             expires = time.time_ns() + int(parse_duration(args.expires_in) * 1e9) if args.expires_in else 0
-            token = projects.create_token(args.project, args.kind, args.description or "", expires_ns=expires)
+            token = projects.create_token(project or "", args.kind, args.description or "",
+                                          expires_ns=expires)
             print(token)
         elif args.action == "list":
-            for info in projects.list_tokens(args.project):
+            infos = list(projects.list_tokens(project))
+            if not infos:
+                print(f"no tokens{f' of project {project!r}' if project else ''} in {data_dir}",
+                      file=sys.stderr)
+            for info in infos:
                 state = "revoked" if info.revoked else "expired" if info.expired() else "active"
                 until = f"until {format_ns(info.expires_ns)}" if info.expires_ns else "no expiry"
                 print(f"{info.token_id}\t{info.project}\t{info.kind}\t{state}\t{until}\t{info.description}")
@@ -278,8 +332,33 @@ def _add_replay(sub: Any) -> None:
     replay.set_defaults(func=cmd_replay)
 
 
+def version_line() -> str:
+    """``trainguard 0.1.0 (trainguard-server 0.1.0, trainguard-engine 0.1.0, SDK 0.1.0; Python 3.11.7)``."""
+    import platform
+    from importlib import metadata
+
+    from trainguard import __version__ as sdk
+    from trainguard_server import __version__ as server
+
+    try:
+        engine = metadata.version("trainguard-engine")
+    except metadata.PackageNotFoundError:
+        engine = "?"
+    return (f"trainguard {server} (trainguard-server {server}, trainguard-engine {engine}, SDK {sdk}; "
+            f"Python {platform.python_version()})")
+
+
+class _Version(argparse.Action):
+    """``--version``: one unwrapped line (argparse's own action wraps it to the terminal)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainguard", description="TrainGuard backend")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the versions and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run gateway + queue + processor + stores + API in one process")
@@ -311,13 +390,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     token = sub.add_parser("token", help="create, list or revoke project tokens")
     token.add_argument("action", choices=["create", "list", "revoke"])
-    token.add_argument("--project", default=None)
+    token.add_argument("--project", default=None,
+                       help="create: default the server's bootstrap project (bootstrap-tokens.json)")
     token.add_argument("--kind", choices=["ingest", "read"], default="ingest")
     token.add_argument("--description", default="")
     token.add_argument("--expires-in", default=None, metavar="DURATION",
                        help="create: the token stops working after this long (90s, 15m, 12h, 30d, 2w)")
     token.add_argument("--token-id", dest="token_id", default=None)
-    token.add_argument("--data-dir")
+    token.add_argument("--data-dir", help="the server's data directory (TRAINGUARD_DATA_DIR; default "
+                       ".data/trainguard, as trainguard serve)")
     token.set_defaults(func=cmd_token)
 
     _add_replay(sub)
@@ -332,19 +413,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
-    if args.command == "token" and args.action == "create" and not args.project:
-        print("token create needs --project", file=sys.stderr)
-        return 2
+    from .preflight import UsageError
+
     if args.command == "token" and args.action == "revoke" and not args.token_id:
-        print("token revoke needs --token-id", file=sys.stderr)
+        print("trainguard token: token revoke needs --token-id ID (trainguard token list shows them)",
+              file=sys.stderr)
         return 2
     if args.command == "token" and args.expires_in is not None:
         try:
             parse_duration(args.expires_in)
         except ValueError as exc:
-            print(f"--expires-in: {exc}", file=sys.stderr)
+            print(f"trainguard token: --expires-in: {exc}", file=sys.stderr)
             return 2
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except UsageError as exc:  # what the operator got wrong, in one line: no traceback
+        print(f"trainguard {args.command}: {exc}", file=sys.stderr)
+        return 2
     return code
 
 
