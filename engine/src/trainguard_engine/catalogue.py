@@ -717,6 +717,9 @@ class DetectionSettings:
         1.3, "perf/throughput-regression: the job's step time (median over ranks of their window medians) "
         ">= this x its earlier steady state (or a logged throughput metric <= 1/this of it) ...",
         minimum=1.0)
+    regression_min_delta_s: float = _setting(
+        0.01, "... and by at least this many seconds per step (a shared host's scheduling noise moves "
+        "millisecond steps by half) ...", minimum=0.0)
     regression_baseline_steps: int = _setting(
         10, "... the steady state being the median of the first this-many judged steps after warm-up ...",
         minimum=1)
@@ -933,7 +936,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "progress": ("stall_factor", "stall_min_s", "stall_max_s", "lost_after_s"),
     "correlation": ("rank_lost_grace_s",),
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_min_share",
-             "straggler_wait_share", "straggler_confirm", "regression_ratio", "regression_baseline_steps",
+             "straggler_wait_share", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
+             "regression_baseline_steps",
              "regression_confirm", "data_wait_share", "throttle_confirm", "throughput_metrics"),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
                 "amp_text_max_scale"),

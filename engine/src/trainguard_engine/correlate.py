@@ -38,6 +38,12 @@ that failure's consequence: torchrun stops the survivors when one rank fails. A 
 is in an open stall is the stall's (it was killed because it hung)."""
 STALLED: Kind = ("progress", "stalled")
 KILLED: Kind = ("process", "killed")
+STRAGGLER: Kind = ("perf", "straggler")
+STRAGGLER_KEY = "perf:straggler"
+WAITED_ON: Tuple[Kind, ...] = (("comm", "timeout"), ("comm", "failure"))
+"""A collective timeout (or the communication failure a peer then reports) while a named straggler is
+still open is that straggler's consequence (issue 23): its peers were waiting on it, so the culprit is
+the slow rank, not the rank whose watchdog fired first."""
 
 HEARTBEAT_SLACK = 2.5
 """A rank is silent when it missed this many of its own heartbeat intervals (and rank_lost_grace_s)."""
@@ -163,7 +169,8 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
     elif kind == ("process", "killed") and current is None:
         cause = _stall_of(run, finding.rank)  # a hung rank SIGKILLed by a watchdog or the scheduler
     elif kind in CONSEQUENCES:
-        cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key)
+        cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key) or \
+            _straggler_for(run, kind, finding.time_ns or finding.seen_ns)
     elif kind == STALLED and current is None:
         cause = _hang_incident(run, finding.time_ns)
     elif kind == ("process", "exception") and _NON_FINITE_TEXT.search(str(finding.values.get("detail", ""))):
@@ -194,7 +201,8 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
         elif kind == ("process", "terminated"):
             cause = find_cause(run, st.record.first_ns, exclude=st.key, kinds=TERMINATION_CAUSES)
         else:
-            cause = find_cause(run, st.record.first_ns, exclude=st.key)
+            cause = find_cause(run, st.record.first_ns, exclude=st.key) or \
+                _straggler_for(run, kind, st.record.first_ns)
         if cause is None:
             continue
         _fold_into(run, st, cause, settings)
@@ -223,6 +231,16 @@ def _ended_in(run: RunState, stall: IncidentState, settings: DetectionSettings) 
                 began - settings.rank_lost_grace_s * 1e9 <= s.first_ns and end >= began:
             return st
     return None
+
+
+def _straggler_for(run: RunState, kind: Kind, at_ns: int) -> Optional[IncidentState]:
+    """The open ``perf/straggler`` incident named before ``at_ns`` that a ``kind`` (WAITED_ON) failure is
+    the consequence of; None otherwise."""
+    st = run.incidents.get(STRAGGLER_KEY)
+    if kind not in WAITED_ON or st is None or not st.is_open or st.record.explained_by or \
+            _kind(st) != STRAGGLER or not st.record.first_ns or st.record.first_ns > at_ns:
+        return None
+    return st
 
 
 def _stall_of(run: RunState, rank: int) -> Optional[IncidentState]:

@@ -19,9 +19,11 @@ from .memory import Memory
 from .process import Process
 from .progress import Progress
 from .sequence import Sequences
+from .straggler import Performance
 
 DETECTORS: Tuple[Detector, ...] = (
-    NonFiniteLoss(), Gradients(), LossCurve(), Memory(), Sequences(), Adapters(), Progress(), Process(),
+    NonFiniteLoss(), Gradients(), LossCurve(), Memory(), Sequences(), Adapters(), Performance(), Progress(),
+    Process(),
 )
 
 BY_NAME: Dict[str, Detector] = {d.name: d for d in DETECTORS}

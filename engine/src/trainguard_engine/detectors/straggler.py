@@ -1,0 +1,537 @@
+"""Performance detectors: a straggler rank, a throughput regression, a data-loader bottleneck, a
+throttled GPU (issue 23), from the step phases ``watch()`` reports
+(:mod:`trainguard.integrations.step_timing`) and the SDK's NVML samples (:mod:`trainguard.integrations.nvml`).
+
+Signals, per rank and step: ``time/step_s`` (boundary to boundary), its phases ``time/data_s``,
+``time/forward_s``, ``time/backward_s``, ``time/optimizer_s``; a throughput the job logs
+(``throughput_metrics``); ``gpu/throttle_reasons`` with ``gpu/sm_clock_mhz`` & co. A rank's **own** time
+is data + forward + optimizer: the phases without a collective in a data-parallel step. The rest of the
+step (backward, where DDP waits for the gradient all-reduce) is where a rank waits for the slowest one.
+
+Pure and streaming. Per-rank state in ``RankState.detectors["perf"]``: the rank's last ``perf_window``
+timed steps after its first ``perf_warmup_steps`` (step, event time, step/own/data/forward/optimizer/rest
+seconds) and their cached medians; the run's state (which steps every rank reported, the steady-state
+baseline, the confirmation counters) in ``detectors["perf_run"]`` of the run's first rank. A step is
+**judged** once every timed rank reported it (O(1) per batch to count, O(ranks) per judged step):
+
+* ``perf/straggler`` -- rank r is a candidate when its own time (window median) >= ``straggler_ratio`` x
+  the median of the other ranks' own times, the excess is >= ``straggler_min_share`` of the job's step
+  time, and the other ranks' rest (backward + wait) exceeds r's by >= ``straggler_wait_share`` x the
+  excess (they waited for it). A candidate on ``straggler_confirm`` judged steps in a row is named, with
+  its ratio, the phase where the excess is (data, forward, optimizer), since when (the first step of its
+  window over the ratio) and the job's slowdown against its steady state; when every rank of one host
+  (of several) is named, the host is. Comparing ranks with each other makes it blind to the whole job
+  slowing together. It resolves after ``straggler_confirm`` judged steps without a candidate.
+* ``perf/throughput-regression`` -- the job's step time (median over ranks of their window medians)
+  >= ``regression_ratio`` x its steady state (the median of its first ``regression_baseline_steps``
+  judged steps after warm-up), or the median logged throughput <= 1/``regression_ratio`` of its own,
+  on ``regression_confirm`` judged steps in a row with no straggler candidate, no open straggler and no open
+  memory/fragmentation or memory/leak (which explain a slowing job: :data:`EXPLAINED_BY`). Warm-up
+  steps are never judged; an evaluation or checkpoint pause (one long step) moves no window median.
+* ``perf/data-bottleneck`` -- the median rank's data wait >= ``data_wait_share`` of its step time on
+  ``straggler_confirm`` judged steps with no straggler candidate (one rank's slow loader is a straggler
+  whose phase is ``data``).
+* ``perf/throttling`` -- ``gpu/throttle_reasons`` with a thermal, hardware-slowdown or power-brake bit on
+  ``throttle_confirm`` samples of a rank in a row.
+
+Replayed or late steps (not newer than a rank's last) change nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+
+from ..catalogue import DetectionSettings
+from ..incidents import Finding, resolve
+from ..records import Evidence, TimelineEntry
+from ..state import RankState, RunState
+from .base import Detector, MetricBatch
+
+STATE_KEY = "perf"
+RUN_KEY = "perf_run"
+STRAGGLER_KEY = "perf:straggler"
+REGRESSION_KEY = "perf:regression"
+DATA_KEY = "perf:data"
+THROTTLE_KEY = "perf:throttling"
+
+STEP_S = "time/step_s"
+DATA_S = "time/data_s"
+FORWARD_S = "time/forward_s"
+BACKWARD_S = "time/backward_s"
+OPTIMIZER_S = "time/optimizer_s"
+PHASE_NAMES = (STEP_S, DATA_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S)
+THROTTLE = "gpu/throttle_reasons"
+GPU_CONTEXT = ("gpu/sm_clock_mhz", "gpu/sm_clock_max_mhz", "gpu/temperature_c", "gpu/power_w",
+               "gpu/power_limit_w")
+
+# a window entry: [step, time_ns, step_s, own_s, data_s, forward_s, optimizer_s, rest_s] (own/... None
+# when the SDK sent no phases)
+_STEP, _TIME, _STEP_S, _OWN, _DATA, _FWD, _OPT, _REST = range(8)
+_MED_FIELDS = {"step": _STEP_S, "own": _OWN, "data": _DATA, "forward": _FWD, "optimizer": _OPT,
+               "rest": _REST}
+PHASES = {"data": "data loading (time/data_s)", "forward": "compute (time/forward_s)",
+          "optimizer": "the optimizer step (time/optimizer_s)"}
+
+THROTTLE_BITS = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown",
+                 0x80: "HW power brake"}
+"""NVML clock-event reasons that mean the GPU is slowed for its health (power capping at the limit,
+0x4, and idle, 0x1, are normal)."""
+EXPLAINED_BY = (("memory", "fragmentation"), ("memory", "leak"))
+"""Open incidents that already explain a job getting slower (the allocator working harder): no
+perf/throughput-regression is opened beside them."""
+RECENT_STEPS = 8
+"""Steps whose report counts are kept while waiting for every rank."""
+
+
+def _finite(value: Any) -> Optional[float]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        v = float(value)
+        if math.isfinite(v) and v >= 0:
+            return v
+    return None
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _median_without(ordered: Sequence[float], k: int) -> float:
+    """Median of the sorted ``ordered`` without its element at position ``k`` (len >= 2)."""
+    n = len(ordered) - 1
+
+    def at(i: int) -> float:
+        return ordered[i if i < k else i + 1]
+
+    return at(n // 2) if n % 2 else 0.5 * (at(n // 2 - 1) + at(n // 2))
+
+
+def rank_state(rank: RankState) -> Dict[str, Any]:
+    state: Dict[str, Any] = rank.detectors.setdefault(STATE_KEY, {})
+    return state
+
+
+def _run_state(run: RunState) -> Dict[str, Any]:
+    first = run.ranks[next(iter(run.ranks))]
+    state: Dict[str, Any] = first.detectors.setdefault(RUN_KEY, {})
+    return state
+
+
+# ----------------------------------------------------------------------------------------------------
+# folding a batch in
+
+def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str, float],
+               settings: DetectionSettings) -> bool:
+    """Add one timed step to the rank's window; False when it is a replay, late or warm-up."""
+    if step <= state.get("last", -1):
+        return False
+    state["last"] = step
+    state["n"] = state.get("n", 0) + 1
+    if state["n"] <= settings.perf_warmup_steps:
+        return False
+    step_s = values[STEP_S]
+    data, fwd, opt = values.get(DATA_S), values.get(FORWARD_S), values.get(OPTIMIZER_S)
+    own = rest = None
+    if fwd is not None:
+        own = (data or 0.0) + fwd + (opt or 0.0)
+        rest = max(0.0, step_s - own)
+    window: List[List[Any]] = state.setdefault("w", [])
+    window.append([step, time_ns, step_s, own, data, fwd, opt, rest])
+    del window[:-settings.perf_window]
+    meds: Dict[str, float] = {}
+    for name, i in _MED_FIELDS.items():
+        column = [e[i] for e in window if e[i] is not None]
+        if len(column) >= settings.perf_min_points:
+            meds[name] = _median(column)
+    state["med"] = meds
+    return True
+
+
+def _count_report(run: RunState, run_state: Dict[str, Any], step: int) -> bool:
+    """Count that one more rank reported ``step``; True when every timed rank has (judge it now)."""
+    if step <= run_state.get("judged", -1):
+        return False
+    counts: List[List[int]] = run_state.setdefault("cnt", [])
+    for entry in counts:
+        if entry[0] == step:
+            entry[1] += 1
+            break
+    else:
+        counts.append([step, 1])
+        counts.sort()
+        del counts[:-RECENT_STEPS]
+    expected = run_state.get("ranks", 0)
+    done = [e for e in counts if e[1] >= expected]
+    if not done:
+        return False
+    run_state["judged"] = max(e[0] for e in done)
+    run_state["cnt"] = [e for e in counts if e[0] > run_state["judged"]]
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------
+# judging a step across ranks
+
+def _judge(run: RunState, run_state: Dict[str, Any], step: int, time_ns: int,
+           settings: DetectionSettings) -> List[Finding]:
+    states: List[Tuple[RankState, Dict[str, Any], Dict[str, float]]] = []
+    for rank in run.ranks.values():
+        st = rank.detectors.get(STATE_KEY)
+        if st is not None and "step" in st.get("med", {}) and not rank.exited:
+            states.append((rank, st, st["med"]))
+    if not states:
+        return []
+    job = {name: _median([m[name] for _r, _s, m in states if name in m])
+           for name in ("step", "own", "data", "forward", "optimizer", "rest")
+           if any(name in m for _r, _s, m in states)}
+    throughput = [st["tp"] for _r, st, _m in states if st.get("tp") is not None]
+    if throughput:
+        job["tp"] = _median(throughput)
+    candidates = _stragglers(states, job, settings)
+    out: List[Finding] = []
+    out += _straggler_findings(run, run_state, states, candidates, job, step, time_ns, settings)
+    out += _regression(run, run_state, states, job, bool(candidates), step, time_ns, settings)
+    out += _data_bottleneck(run, run_state, states, job, bool(candidates), step, time_ns, settings)
+    return out
+
+
+def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
+                job: Dict[str, float], settings: DetectionSettings) -> Dict[int, Dict[str, float]]:
+    """rank -> {own, others, rest, others_rest} of every straggler candidate."""
+    timed = [(r, m) for r, _s, m in states if "own" in m and "rest" in m]
+    if len(timed) < 2:
+        return {}
+    own_sorted = sorted(m["own"] for _r, m in timed)
+    rest_sorted = sorted(m["rest"] for _r, m in timed)
+    out: Dict[int, Dict[str, float]] = {}
+    for rank, m in timed:
+        others = _median_without(own_sorted, own_sorted.index(m["own"]))
+        excess = m["own"] - others
+        if m["own"] < settings.straggler_ratio * others or \
+                excess < settings.straggler_min_share * job["step"]:
+            continue
+        others_rest = _median_without(rest_sorted, rest_sorted.index(m["rest"]))
+        if others_rest - m["rest"] < settings.straggler_wait_share * excess:
+            continue
+        out[rank.rank] = {"own": m["own"], "others": others, "rest": m["rest"], "others_rest": others_rest}
+    return out
+
+
+def _phase_of(rank: RankState, states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
+              ) -> Tuple[str, float, float]:
+    """The own phase where ``rank`` exceeds the others most: (phase, its median, the others' median)."""
+    mine = rank.detectors[STATE_KEY]["med"]
+    best = ("forward", mine.get("forward", 0.0), 0.0)
+    gap = -math.inf
+    for phase in PHASES:
+        if phase not in mine:
+            continue
+        others = [m[phase] for r, _s, m in states if r is not rank and phase in m]
+        if not others:
+            continue
+        o = _median(others)
+        if mine[phase] - o > gap:
+            gap, best = mine[phase] - o, (phase, mine[phase], o)
+    return best
+
+
+def _onset(rank: RankState, others: float, ratio: float) -> Tuple[int, int]:
+    """(step, time_ns) of the first step of the rank's window whose own time was over the ratio."""
+    window = rank.detectors[STATE_KEY]["w"]
+    for entry in window:
+        if entry[_OWN] is not None and entry[_OWN] >= ratio * others:
+            return int(entry[_STEP]), int(entry[_TIME])
+    return int(window[-1][_STEP]), int(window[-1][_TIME])
+
+
+def _straggler_findings(run: RunState, run_state: Dict[str, Any],
+                        states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
+                        candidates: Dict[int, Dict[str, float]], job: Dict[str, float], step: int,
+                        time_ns: int, settings: DetectionSettings) -> List[Finding]:
+    confirm = settings.straggler_confirm
+    for _rank, st, _m in states:
+        st["sus"] = st.get("sus", 0) + 1 if _rank.rank in candidates else 0
+    named = sorted((r for r, st, _m in states if st["sus"] >= confirm and r.rank in candidates),
+                   key=lambda r: -candidates[r.rank]["own"] / max(candidates[r.rank]["others"], 1e-12))
+    open_st = run.incidents.get(STRAGGLER_KEY)
+    if not named:
+        if open_st is not None and open_st.is_open:
+            run_state["clear"] = run_state.get("clear", 0) + (0 if candidates else 1)
+            if run_state["clear"] >= confirm:
+                resolve(open_st, time_ns, step, open_st.record.lead_rank,
+                        f"no rank held the others back for {confirm} judged steps (each rank's own time "
+                        f"within {settings.straggler_ratio:g}x the others')", settings)
+                run_state["clear"] = 0
+        return []
+    run_state["clear"] = 0
+    fresh = [r for r in named if r.detectors[STATE_KEY]["sus"] == confirm]
+    if open_st is not None and open_st.is_open and not fresh and \
+            step - run_state.get("named_at", step) < settings.perf_window:
+        return []  # named already: the evidence is refreshed every perf_window judged steps
+    run_state["named_at"] = step
+    lead = named[0]
+    c = candidates[lead.rank]
+    ratio = c["own"] / max(c["others"], 1e-12)
+    phase, mine, others_phase = _phase_of(lead, states)
+    who = _who(run, [r.rank for r in named])
+    slowdown = ""
+    base = run_state.get("base")
+    if base and base.get("step"):
+        slowdown = f"; the job's step time is {job['step'] / base['step']:.2f}x its earlier steady state"
+    throttled = ""
+    if lead.detectors[STATE_KEY].get("thr", 0) >= settings.throttle_confirm:
+        throttled = " NVML reports its GPU throttled (see perf/throttling)."
+    detail = (f"Straggler: {who} -- its own work per step takes {ratio:.1f}x the other ranks' "
+              f"(in {phase}); they wait for it in every collective")
+    out: List[Finding] = []
+    for r in named:
+        cr = candidates[r.rank]
+        ratio_r = cr["own"] / max(cr["others"], 1e-12)
+        began_step, began_ns = _onset(r, cr["others"], settings.straggler_ratio)
+        ph, mine_r, oth_r = _phase_of(r, states) if r is not lead else (phase, mine, others_phase)
+        mine_st = r.detectors[STATE_KEY]
+        description = (
+            f"rank {r.rank}: own time (data + forward + optimizer, median of its last "
+            f"{len(mine_st['w'])} steps) {cr['own'] * 1000:.1f} ms = {ratio_r:.2f}x the other "
+            f"ranks' median {cr['others'] * 1000:.1f} ms (threshold {settings.straggler_ratio:g}x), "
+            f"mostly in {ph} ({mine_r * 1000:.1f} ms vs {oth_r * 1000:.1f} ms); the others' backward + "
+            f"wait {cr['others_rest'] * 1000:.1f} ms vs its {cr['rest'] * 1000:.1f} ms: they wait for it; "
+            f"over the ratio since step {began_step} ({mine_st['sus']} judged steps in a row){slowdown}")
+        evidence = Evidence(rule="perf.straggler", description=description, step=began_step,
+                            time_ns=began_ns, rank=r.rank, metric="own_time_ratio",
+                            threshold=settings.straggler_ratio, value=round(ratio_r, 4),
+                            window=[{"step": int(e[_STEP]), "own_s": e[_OWN], "step_s": e[_STEP_S]}
+                                    for e in r.detectors[STATE_KEY]["w"]])
+        timeline = [TimelineEntry(time_ns=began_ns, step=began_step, rank=r.rank,
+                                  what=f"rank {r.rank}: own time over {settings.straggler_ratio:g}x "
+                                       f"its peers'")]
+        out.append(Finding(
+            "perf", "straggler", STRAGGLER_KEY, r.rank, began_step, began_ns, host=r.host, seen_ns=time_ns,
+            seen_step=step, evidence=[evidence], timeline=timeline if r in fresh else [],
+            replace_evidence=True, update_values=True, counts=r in fresh,
+            values={"detail": detail, "rank": lead.rank, "ratio": round(ratio, 2), "phase": phase},
+            summary=(f"{detail}. The whole job runs at {who}'s pace{slowdown}.{throttled} A collective "
+                     f"that times out later is this straggler's consequence, whichever rank reports it.")))
+    return out
+
+
+def _who(run: RunState, ranks: List[int]) -> str:
+    """``rank 2``, ``ranks 2, 5`` or ``host h's ranks 4-7`` (every rank of one host of several)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    hosts = {run.ranks[r].host for r in ranks}
+    if len(hosts) == 1:
+        host = next(iter(hosts))
+        on_host = sorted(r.rank for r in run.ranks.values() if r.host == host)
+        all_hosts = {r.host for r in run.ranks.values()}
+        if host and len(all_hosts) > 1 and sorted(ranks) == on_host:
+            return f"host {host}'s ranks {', '.join(str(r) for r in on_host[:16])}"
+    return "ranks " + ", ".join(str(r) for r in sorted(ranks)[:16])
+
+
+def _regression(run: RunState, run_state: Dict[str, Any],
+                states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]], job: Dict[str, float],
+                has_candidates: bool, step: int, time_ns: int, settings: DetectionSettings) -> List[Finding]:
+    if len(states) < run_state.get("ranks", 0):
+        return []
+    base = run_state.get("base")
+    if base is None:
+        samples: List[Dict[str, float]] = run_state.setdefault("bl", [])
+        samples.append(dict(job))
+        if len(samples) >= settings.regression_baseline_steps:
+            run_state["base"] = {name: _median([s[name] for s in samples if name in s])
+                                 for name in samples[-1]}
+            run_state["base_step"] = step
+            del run_state["bl"]
+        return []
+    ratio = job["step"] / max(base["step"], 1e-12)
+    tp_ratio = (base["tp"] / job["tp"] if job.get("tp") and base.get("tp") else 0.0)
+    straggling = has_candidates or (STRAGGLER_KEY in run.incidents and run.incidents[STRAGGLER_KEY].is_open)
+    straggling = straggling or any(st.is_open and (st.record.category, st.record.subtype) in EXPLAINED_BY
+                                   for st in run.incidents.values())
+    slower = ratio >= settings.regression_ratio and \
+        job["step"] - base["step"] >= settings.regression_min_delta_s
+    holds = (slower or tp_ratio >= settings.regression_ratio) and not straggling
+    open_st = run.incidents.get(REGRESSION_KEY)
+    run_state["reg"] = run_state.get("reg", 0) + 1 if holds else 0
+    if not holds:
+        if open_st is not None and open_st.is_open and not straggling:
+            run_state["reg_clear"] = run_state.get("reg_clear", 0) + 1
+            if run_state["reg_clear"] >= settings.regression_confirm:
+                resolve(open_st, time_ns, step, open_st.record.lead_rank,
+                        f"the job's step time is back within {settings.regression_ratio:g}x its steady state",
+                        settings)
+        return []
+    run_state["reg_clear"] = 0
+    if run_state["reg"] != settings.regression_confirm:
+        return []
+    grown = max((p for p in ("data", "forward", "optimizer", "rest") if p in job and p in base),
+                key=lambda p: job[p] - base[p], default="")
+    where = {"rest": "backward + all-reduce (time/backward_s)", **PHASES}.get(grown, "")
+    lead = min(r.rank for r, _s, _m in states)
+    lead_state = run.ranks[lead]
+    what = f"{ratio:.2f}x" if ratio >= settings.regression_ratio else f"throughput 1/{tp_ratio:.2f}"
+    detail = (f"Throughput regression: the job's step time is {ratio:.2f}x its steady state "
+              f"({base['step'] * 1000:.1f} -> {job['step'] * 1000:.1f} ms)"
+              + (f", tokens/samples per second {job['tp']:.4g} vs {base['tp']:.4g}" if tp_ratio else "")
+              + " on every rank together")
+    began = step - settings.regression_confirm - settings.perf_window // 2
+    description = (f"the job's step time (median over {len(states)} ranks of their last "
+                   f"{settings.perf_window} steps) {job['step'] * 1000:.1f} ms against "
+                   f"{base['step'] * 1000:.1f} ms in its steady state (from step "
+                   f"{run_state.get('base_step', -1)}): {what} (threshold "
+                   f"{settings.regression_ratio:g}x) on {settings.regression_confirm} judged steps in a row, "
+                   f"with no rank slower than its peers"
+                   + (f"; the phase that grew most: {where} ({base[grown] * 1000:.1f} -> "
+                      f"{job[grown] * 1000:.1f} ms)" if grown else ""))
+    evidence = Evidence(rule="perf.throughput_regression", description=description, step=step,
+                        time_ns=time_ns, rank=lead, metric=STEP_S, threshold=settings.regression_ratio,
+                        value=round(ratio, 4))
+    return [Finding(
+        "perf", "throughput-regression", REGRESSION_KEY, lead, max(0, began), time_ns, host=lead_state.host,
+        evidence=[evidence], values={"detail": detail}, update_values=True,
+        timeline=[TimelineEntry(time_ns=time_ns, step=step, rank=lead, what=detail)],
+        summary=(f"{detail}. Every rank slowed together (no straggler): look for what changed for the whole "
+                 f"job at about step {max(0, began)} -- the nodes' clocks, power and temperatures, the "
+                 f"interconnect, the input sizes."))]
+
+
+def _data_bottleneck(run: RunState, run_state: Dict[str, Any],
+                     states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
+                     job: Dict[str, float], has_candidates: bool, step: int, time_ns: int,
+                     settings: DetectionSettings) -> List[Finding]:
+    shares = [m["data"] / m["step"] for _r, _s, m in states if "data" in m and m.get("step")]
+    if not shares:
+        return []
+    share = _median(shares)
+    holds = share >= settings.data_wait_share and not has_candidates
+    run_state["data"] = run_state.get("data", 0) + 1 if holds else 0
+    open_st = run.incidents.get(DATA_KEY)
+    if not holds:
+        if open_st is not None and open_st.is_open and share < settings.data_wait_share:
+            resolve(open_st, time_ns, step, open_st.record.lead_rank,
+                    f"data wait back under {settings.data_wait_share:.0%} of the step", settings)
+        return []
+    if run_state["data"] != settings.straggler_confirm:
+        return []
+    lead = min(r.rank for r, _s, _m in states)
+    detail = (f"Data-loader bottleneck: {share:.0%} of every step waits for the next batch "
+              f"({job.get('data', 0.0) * 1000:.1f} of {job['step'] * 1000:.1f} ms, median rank)")
+    evidence = Evidence(rule="perf.data_bottleneck",
+                        description=(f"time/data_s / time/step_s, median over {len(shares)} ranks of their "
+                                     f"window medians: {share:.2f} (threshold {settings.data_wait_share:g}) "
+                                     f"on {settings.straggler_confirm} judged steps in a row"),
+                        step=step, time_ns=time_ns, rank=lead, metric=DATA_S,
+                        threshold=settings.data_wait_share, value=round(share, 4))
+    return [Finding("perf", "data-bottleneck", DATA_KEY, lead, step, time_ns, host=run.ranks[lead].host,
+                    evidence=[evidence], values={"detail": detail}, update_values=True,
+                    summary=f"{detail}: the accelerators idle while the input pipeline catches up.")]
+
+
+# ----------------------------------------------------------------------------------------------------
+# NVML throttling (one rank's samples)
+
+def _throttle(run: RunState, rank: RankState, state: Dict[str, Any], batch: MetricBatch,
+              settings: DetectionSettings) -> List[Finding]:
+    values: Dict[str, float] = {}
+    for name, _s, v in batch.points:
+        if name == THROTTLE or name in GPU_CONTEXT:
+            f = _finite(v)
+            if f is not None:
+                values[name] = f
+    if THROTTLE not in values:
+        return []
+    bits = int(values[THROTTLE])
+    reasons = [text for bit, text in THROTTLE_BITS.items() if bits & bit]
+    if not reasons:
+        state["thr"] = 0
+        return []
+    state["thr"] = state.get("thr", 0) + 1
+    if state["thr"] == 1:
+        state["thr_at"] = [batch.step, batch.time_ns]
+    if state["thr"] != settings.throttle_confirm:
+        return []
+    at_step, at_ns = state.get("thr_at", [batch.step, batch.time_ns])
+    clock = ""
+    if "gpu/sm_clock_mhz" in values:
+        clock = f", SM clock {values['gpu/sm_clock_mhz']:.0f} MHz"
+        if values.get("gpu/sm_clock_max_mhz"):
+            clock += f" of {values['gpu/sm_clock_max_mhz']:.0f}"
+    if "gpu/temperature_c" in values:
+        clock += f", {values['gpu/temperature_c']:.0f} C"
+    if "gpu/power_w" in values:
+        clock += f", {values['gpu/power_w']:.0f} W"
+        if values.get("gpu/power_limit_w"):
+            clock += f" of {values['gpu/power_limit_w']:.0f} W"
+    detail = f"GPU of rank {rank.rank} throttled: {', '.join(reasons)}{clock}"
+    evidence = Evidence(rule="perf.throttling",
+                        description=(f"rank {rank.rank}: NVML clock-event reasons 0x{bits:x} "
+                                     f"({', '.join(reasons)}) on {settings.throttle_confirm} samples in a "
+                                     f"row{clock}"),
+                        step=int(at_step), time_ns=int(at_ns), rank=rank.rank, metric=THROTTLE,
+                        value=bits)
+    return [Finding("perf", "throttling", THROTTLE_KEY, rank.rank, int(at_step), int(at_ns), host=rank.host,
+                    evidence=[evidence], values={"detail": detail}, seen_ns=batch.time_ns,
+                    summary=f"{detail}. A throttled GPU makes its rank a straggler the whole job waits for.")]
+
+
+# ----------------------------------------------------------------------------------------------------
+
+def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
+               settings: DetectionSettings) -> List[Finding]:
+    """Findings for one metric batch of ``rank``."""
+    timed: Dict[int, Dict[str, float]] = {}
+    tp: Optional[float] = None
+    throttle = False
+    for name, s, value in batch.points:
+        if name in PHASE_NAMES:
+            v = _finite(value)
+            if v is not None:
+                timed.setdefault(int(s), {})[name] = v
+        elif name in settings.throughput_metrics:
+            v = _finite(value)
+            if v is not None and v > 0:
+                tp = v
+        elif name == THROTTLE:
+            throttle = True
+    out: List[Finding] = []
+    state = rank_state(rank)
+    if tp is not None:
+        tps: List[float] = state.setdefault("tpw", [])
+        tps.append(tp)
+        del tps[:-settings.perf_window]
+        if len(tps) >= settings.perf_min_points:
+            state["tp"] = _median(tps)
+    if throttle:
+        out += _throttle(run, rank, state, batch, settings)
+    for step in sorted(timed):
+        values = timed[step]
+        if STEP_S not in values:
+            continue
+        new_rank = "w" not in state
+        if not _fold_step(state, step, batch.time_ns, values, settings):
+            continue
+        run_state = _run_state(run)
+        if new_rank:
+            run_state["ranks"] = run_state.get("ranks", 0) + 1
+        if "med" in state and "step" in state["med"] and _count_report(run, run_state, step):
+            out += _judge(run, run_state, run_state["judged"], batch.time_ns, settings)
+    return out
+
+
+class Performance(Detector):
+    """Straggler, throughput regression, data-loader bottleneck, GPU throttling (:func:`on_metrics`)."""
+
+    name = "perf"
+    kinds = ("perf/straggler", "perf/throughput-regression", "perf/data-bottleneck", "perf/throttling")
+    section = "perf"
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return STEP_S in names or THROTTLE in names or not names.isdisjoint(settings.throughput_metrics)
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
+                   settings: DetectionSettings) -> List[Finding]:
+        return on_metrics(run, rank, batch, settings)
+
