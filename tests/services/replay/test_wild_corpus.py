@@ -25,8 +25,10 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.84, "subtype": 0.78}, "heldout": {"category": 0.75, "subtype": 0.73}}
-"""Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down)."""
+FLOORS = {"tune": {"category": 0.82, "subtype": 0.75}, "heldout": {"category": 0.70, "subtype": 0.69}}
+"""Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
+once when the corpus grew from 206 to 240 logs: the 34 new logs were labelled and recorded before any
+change to the classifier, so they score what the classifier did on logs it had never seen."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
