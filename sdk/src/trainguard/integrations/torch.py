@@ -35,7 +35,12 @@ Where host and device synchronise: nowhere on the training thread. The worker th
 gradients, i.e. norm > clip - 1e-6) and ``grad/clip_threshold`` (``clip``) beside each norm,
 ``amp/scale`` (the scale this step's backward used),
 ``amp/overflow`` (1.0 when the scaler found Inf/NaN gradients and skipped the step), ``time/step_s``,
-``opt/lr``, ``mem/*``. The worker alerts on a non-finite norm with the recent history of every metric.
+``opt/lr``, ``mem/*``, and the step's phases ``time/data_s``, ``time/forward_s``, ``time/backward_s``,
+``time/optimizer_s`` (host clocks at the forward hooks, the end-of-backward callback and the boundary:
+:mod:`.step_timing`; ``step_timing=False`` turns them off). On CUDA with ``nvidia-ml-py`` installed, a
+thread of the SDK samples the GPU's SM clock, temperature, power and throttle reasons every
+``nvml_interval_s`` seconds (:mod:`.nvml`). The worker alerts on a non-finite norm with the recent
+history of every metric.
 
 A layer is the module path of a parameter up to and including its first numeric component (an element
 of a ModuleList/Sequential: ``encoder.layers.3``, ``transformer.h.0``), or else its first
@@ -63,13 +68,14 @@ try:
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
     raise DidNotEnable("torch is not installed: pip install 'trainguard[torch]'") from _exc
 
-from . import cuda_memory
+from . import cuda_memory, nvml
+from .step_timing import StepTimer, set_current
 
 if TYPE_CHECKING:
     from ..client import Client
 
 _WATCH_KWARGS = ("layer_depth", "memory_every", "memory_interval_s", "norm_every", "log_lr",
-                 "overhead_budget")
+                 "overhead_budget", "step_timing", "nvml_interval_s")
 #: Most steps between two global-norm readings when the overhead budget stretches the cadence: small
 #: enough that a gradient climbing over tens of steps is still seen climbing.
 MAX_ADAPTIVE_EVERY = 8
@@ -288,7 +294,8 @@ class WatchHandle:
     def __init__(self, client: Client, model: nn.Module, optimizers: Sequence[Any], scaler: Any,
                  clip: Optional[float], per_layer_every: int, memory_every: int, layer_depth: int,
                  norm_every: int = 1, log_lr: bool = True, overhead_budget: float = 0.005,
-                 memory_interval_s: float = 0.0) -> None:
+                 memory_interval_s: float = 0.0, step_timing: bool = True,
+                 hook_module: Optional[nn.Module] = None, nvml_interval_s: float = 0.0) -> None:
         self._client = client
         self._model_ref = weakref.ref(model)
         self.layout = ParamLayout(model, layer_depth)
@@ -325,7 +332,13 @@ class WatchHandle:
         self._scaler_wrapper: Optional[Callable[..., Any]] = None
         self._attribution = self._memory_attribution
         self.boundary = "backward"
+        #: phase marks of the step (integrations/step_timing.py); None when step_timing=False
+        self.timer: Optional[StepTimer] = StepTimer() if step_timing else None
+        self._hook_module = hook_module if hook_module is not None else model
+        self.nvml: Optional[nvml.Sampler] = None
         self._install()
+        if nvml_interval_s > 0 and not self._on_cpu:
+            self.nvml = nvml.start(client, self._devices(), nvml_interval_s)
 
     # --- installation -------------------------------------------------------------------------
     def _install(self) -> None:
@@ -361,6 +374,16 @@ class WatchHandle:
                           f"watch(): cannot hook {type(opt).__name__}.step ({exc}); "
                           "each backward pass counts as a step")
         cuda_memory.add_attribution(self._client, self._attribution)
+        timer = self.timer
+        if timer is not None:
+            try:
+                self._handles.append(self._hook_module.register_forward_pre_hook(timer.forward_start))
+                self._handles.append(self._hook_module.register_forward_hook(timer.forward_end))
+                set_current(timer)
+            except Exception as exc:
+                self.timer = None
+                warn_once(f"watch:timing:{type(exc).__name__}",
+                          f"watch(): cannot time the forward pass ({exc}); step phases not reported")
 
     def remove(self) -> None:
         """Remove every hook and restore the scaler's ``update``. Idempotent."""
@@ -376,6 +399,10 @@ class WatchHandle:
                 except AttributeError:
                     pass
         cuda_memory.remove_attribution(self._client, self._attribution)
+        if self.timer is not None:
+            set_current(None, self.timer)
+        if self.nvml is not None:
+            self.nvml.stop()
         self._pending = None
         model = self._model_ref()
         if model is not None:
@@ -443,6 +470,8 @@ class WatchHandle:
         return count == 1 or count % norm_every == 0 or bool(every and count % every == 0)
 
     def _after_backward(self) -> None:
+        if self.timer is not None:
+            self.timer.backward_end()
         self._backward_seen = False
         self._backward_ran = True
         self._queued_task = -2
@@ -498,7 +527,8 @@ class WatchHandle:
 
     def _on_boundary(self, amp: Optional[Dict[str, Any]]) -> None:
         now = time.perf_counter()
-        dt = now - self._last_boundary if self._last_boundary else None
+        previous = self._last_boundary
+        dt = now - previous if previous else None
         self._last_boundary = now
         self._backward_seen = False
         self.steps += 1
@@ -509,6 +539,8 @@ class WatchHandle:
         metrics: Dict[str, Any] = {}
         if dt is not None:
             metrics["time/step_s"] = dt
+        if self.timer is not None:
+            metrics.update(self.timer.phases(previous, now))
         norms = self._pending
         self._pending = None
         backward_ran, self._backward_ran = self._backward_ran, False
@@ -594,7 +626,9 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
     ``watch_overhead_budget`` option, 0.005: when computing the norms takes more than this fraction of a
     step — a small model on CPU, where the norm pass is a real read of every gradient — they are
     computed every few steps instead, at most every ``MAX_ADAPTIVE_EVERY``; 0 disables), ``log_lr``
-    (default True). Watching a model
+    (default True), ``step_timing`` (default True: the phases of each step, see :mod:`.step_timing`),
+    ``nvml_interval_s`` (default 5: NVML samples of a CUDA model's GPUs, see :mod:`.nvml`; 0 disables).
+    Watching a model
     again replaces the previous watch of it. Also installs the OOM enricher. Raises TypeError when
     ``model`` is not an ``nn.Module`` (``trainguard.watch`` reports it).
     """
@@ -621,9 +655,25 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
         memory_interval_s=float(kwargs.get("memory_interval_s", opts.memory_interval_s)),
         layer_depth=opts.layer_depth if layer_depth is None else int(layer_depth),
         norm_every=int(kwargs.get("norm_every") or 1), log_lr=bool(kwargs.get("log_lr", True)),
-        overhead_budget=float(kwargs.get("overhead_budget", opts.watch_overhead_budget)))
+        overhead_budget=float(kwargs.get("overhead_budget", opts.watch_overhead_budget)),
+        step_timing=bool(kwargs.get("step_timing", True)), hook_module=_timed_module(model),
+        nvml_interval_s=float(kwargs.get("nvml_interval_s", nvml.DEFAULT_INTERVAL_S)))
     _active.replace(module, handle)
     return handle
+
+
+def _timed_module(model: Any) -> Optional[nn.Module]:
+    """The module whose forward is timed: the user's module inside DDP/DataParallel (DDP's own
+    pre-forward may broadcast buffers: a collective, not this rank's compute), but a ``torch.compile``
+    wrapper itself (hooks inside the compiled module would be traced)."""
+    for _ in range(8):
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            return model if isinstance(model, nn.Module) else None
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+            continue
+        break
+    return model if isinstance(model, nn.Module) else None
 
 
 def unwatch_all(client: Optional[Client] = None) -> int:

@@ -1,0 +1,144 @@
+"""Where a step's time goes, per rank, from host clocks only: no device call, no extra sync.
+
+:class:`StepTimer` is driven by ``watch()`` (:mod:`.torch`): a forward pre-hook and a forward hook on the
+watched module, the end-of-backward callback ``watch()`` already queues, and the step boundary. At each
+boundary it returns, beside ``time/step_s`` (boundary to boundary):
+
+* ``time/data_s`` -- the time blocked fetching the batch: from the previous boundary to the first forward
+  of this step (the DataLoader's ``next()``, the host-to-device copy, ``zero_grad``), or, when the batches
+  come through :func:`timed_batches`, exactly the time spent inside the iterator's ``__next__``;
+* ``time/forward_s`` -- inside the module's forward (every forward of the step: gradient accumulation);
+* ``time/backward_s`` -- from the end of the first forward to the end of the last backward, less the
+  other forwards: backward compute **and**, under DDP, the wait for the gradient all-reduce (where a fast
+  rank waits for a straggler);
+* ``time/optimizer_s`` -- from the end of the backward to the boundary (clipping, ``optimizer.step``).
+
+The first three phases hold no collective in a plain DDP loop (the forward of a module without buffers,
+the loader, the optimizer), so they are a rank's *own* time: the engine compares them across ranks to
+name a straggler (``perf/straggler``), and the data share to find a loader bottleneck. On CUDA, host
+times of asynchronous kernels are launch times until something waits for the device (``loss.item()``,
+the all-reduce finaliser): a slow GPU then shows in the phase that waits. A phase whose marks are missing
+(no forward hook ran: the model was called outside the watched module) is not reported.
+
+Cost: two ``perf_counter`` calls per forward and a few float operations per step (measured by
+``bench/sdk_overhead.py``); nothing is allocated per step but the metric values. Never raises.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, Generic, Iterable, Iterator, Optional, TypeVar
+
+T = TypeVar("T")
+
+DATA_S = "time/data_s"
+FORWARD_S = "time/forward_s"
+BACKWARD_S = "time/backward_s"
+OPTIMIZER_S = "time/optimizer_s"
+PHASES = (DATA_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S)
+
+
+class StepTimer:
+    """Phase marks of the current step (one per watched module). Called on the training thread only."""
+
+    __slots__ = ("_backward_end", "_first_forward", "_forward_end", "_forward_s", "_forward_start",
+                 "_loader_used", "_loader_wait")
+
+    def __init__(self) -> None:
+        self._first_forward = 0.0   #: perf_counter at the first forward of this step (0: none yet)
+        self._forward_start = 0.0   #: start of the forward in progress
+        self._forward_end = 0.0     #: end of the first forward of the step
+        self._forward_s = 0.0       #: summed forward time of the step
+        self._backward_end = 0.0    #: end of the last backward of the step
+        self._loader_wait = 0.0     #: time inside timed_batches' __next__ since the last boundary
+        self._loader_used = False   #: timed_batches fed this step
+
+    # --- marks ---------------------------------------------------------------------------------
+    def forward_start(self, *_args: Any) -> None:
+        now = time.perf_counter()
+        self._forward_start = now
+        if not self._first_forward:
+            self._first_forward = now
+
+    def forward_end(self, *_args: Any) -> None:
+        start = self._forward_start
+        if start:
+            now = time.perf_counter()
+            self._forward_s += now - start
+            self._forward_start = 0.0
+            if not self._forward_end:
+                self._forward_end = now
+
+    def backward_end(self) -> None:
+        self._backward_end = time.perf_counter()
+
+    def loader_wait(self, seconds: float) -> None:
+        """:func:`timed_batches` spent ``seconds`` inside the iterator's ``__next__``."""
+        self._loader_wait += seconds
+        self._loader_used = True
+
+    # --- the boundary ----------------------------------------------------------------------------
+    def phases(self, previous: float, now: float) -> Dict[str, float]:
+        """The phases of the step that ran from ``previous`` to ``now`` (perf_counter values; previous 0:
+        the first step, whose data wait is unknown), and reset for the next step."""
+        out: Dict[str, float] = {}
+        first, fwd_end, bwd_end = self._first_forward, self._forward_end, self._backward_end
+        if first and fwd_end:
+            if self._loader_used:
+                out[DATA_S] = self._loader_wait
+            elif previous and first >= previous:
+                out[DATA_S] = first - previous
+            out[FORWARD_S] = self._forward_s
+            if bwd_end > fwd_end:
+                out[BACKWARD_S] = max(0.0, bwd_end - first - self._forward_s)
+                if now >= bwd_end:
+                    out[OPTIMIZER_S] = now - bwd_end
+        self._first_forward = self._forward_start = self._forward_end = 0.0
+        self._forward_s = self._loader_wait = 0.0
+        self._backward_end = 0.0
+        self._loader_used = False
+        return out
+
+
+_timers_lock = threading.Lock()
+_current: Optional[StepTimer] = None
+
+
+def set_current(timer: Optional[StepTimer], only_if: Optional[StepTimer] = None) -> None:
+    """Make ``timer`` the one :func:`timed_batches` reports to (the last ``watch()``'s; None: nobody's);
+    with ``only_if``, only when that one is the current timer (a removed watch clears only its own)."""
+    global _current
+    with _timers_lock:
+        if only_if is None or _current is only_if:
+            _current = timer
+
+
+def current() -> Optional[StepTimer]:
+    return _current
+
+
+class timed_batches(Generic[T]):  # used like a function: for batch in timed_batches(loader)
+    """Iterate ``iterable`` and report the time blocked in each ``__next__`` as the step's data wait
+    (``time/data_s``) of the current ``watch()``; without a watch it is a plain pass-through. Never
+    raises anything the iterable itself does not."""
+
+    def __init__(self, iterable: Iterable[T]) -> None:
+        self._iterable = iterable
+
+    def __iter__(self) -> Iterator[T]:
+        iterator = iter(self._iterable)
+        clock = time.perf_counter
+        while True:
+            started = clock()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            timer = _current
+            if timer is not None:
+                timer.loader_wait(clock() - started)
+            yield item
+
+    def __len__(self) -> int:
+        return len(self._iterable)  # type: ignore[arg-type]

@@ -1,0 +1,185 @@
+"""watch()'s step phases (integrations/step_timing.py) on real torch training on CPU: each phase holds the
+time spent where it says, against delays the loop itself makes, and the phases add up to the step."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Dict, Iterator, List
+
+import pytest
+import torch
+from torch import nn
+
+import trainguard
+from tests.support.sdk_events import events, series
+from trainguard.guard import reset_warnings
+from trainguard.integrations import nvml, step_timing
+from trainguard.integrations import torch as tg_torch
+
+DATA_DELAY, FORWARD_DELAY, OPT_DELAY = 0.040, 0.020, 0.010
+PHASES = ("time/step_s", "time/data_s", "time/forward_s", "time/backward_s", "time/optimizer_s")
+
+
+@pytest.fixture(autouse=True)
+def _sdk() -> Iterator[None]:
+    reset_warnings()
+    torch.manual_seed(0)
+    trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
+                    watch_overhead_budget=0, capture_uncaught=False)
+    yield
+    tg_torch.unwatch_all()
+    trainguard.shutdown(timeout=2)
+
+
+class SlowForward(nn.Module):
+    """An MLP whose forward also waits FORWARD_DELAY (a real wait inside the module's forward)."""
+
+    def __init__(self, delay: float = FORWARD_DELAY) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+        self.delay = delay
+        self.took: List[float] = []  #: its own measure of each forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        started = time.perf_counter()
+        time.sleep(self.delay)
+        out = self.net(x)
+        self.took.append(time.perf_counter() - started)
+        return out
+
+
+class SlowSGD(torch.optim.SGD):
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        time.sleep(OPT_DELAY)
+        return super().step(closure)
+
+
+def _batches(n: int, delay: float) -> Iterator[torch.Tensor]:
+    for _ in range(n):
+        time.sleep(delay)  # a slow loader: decoding, a network read
+        yield torch.randn(16, 8)
+
+
+def _phases() -> Dict[str, Dict[int, float]]:
+    evs = events()
+    return {name: dict(series(evs, name)) for name in PHASES}
+
+
+def _train(batches: Any, model: nn.Module, opt: torch.optim.Optimizer, accumulate: int = 1) -> None:
+    for x in batches:
+        for _ in range(accumulate):
+            model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_each_phase_holds_its_own_delay_and_they_add_up_to_the_step() -> None:
+    model = SlowForward()
+    opt = SlowSGD(model.parameters(), lr=0.01)
+    trainguard.watch(model, opt)
+    backward: List[float] = []  # the loop's own measures
+    step_call: List[float] = []
+    for x in _batches(8, DATA_DELAY):
+        loss = model(x).pow(2).mean()
+        started = time.perf_counter()
+        loss.backward()
+        backward.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        opt.step()
+        step_call.append(time.perf_counter() - started)
+        opt.zero_grad()
+    got = _phases()
+    steps = sorted(got["time/step_s"])
+    assert len(steps) == 7  # the first boundary has no previous one
+    for s in steps:
+        data, fwd = got["time/data_s"][s], got["time/forward_s"][s]
+        bwd, opt_s, step = got["time/backward_s"][s], got["time/optimizer_s"][s], got["time/step_s"][s]
+        assert data >= DATA_DELAY and fwd >= FORWARD_DELAY and opt_s >= OPT_DELAY and bwd >= 0, s
+        assert abs((data + fwd + bwd + opt_s) - step) < 0.002, (s, data, fwd, bwd, opt_s, step)
+    # the forward phase is the module's own measure of its forward (to the hook calls' cost)
+    for s in steps:
+        assert abs(got["time/forward_s"][s] - model.took[s]) < 0.001, (s, got["time/forward_s"][s])
+        # backward: the loss and backward() calls; optimizer: the step() call up to its post hook
+        assert backward[s] - 0.001 <= got["time/backward_s"][s] < backward[s] + 0.002, s
+        assert abs(got["time/optimizer_s"][s] - step_call[s]) < 0.002, s
+
+
+def test_gradient_accumulation_sums_the_forwards() -> None:
+    model = SlowForward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    trainguard.watch(model, opt)
+    _train(_batches(5, 0.0), model, opt, accumulate=3)
+    got = _phases()
+    assert sorted(got["time/forward_s"]) == [0, 1, 2, 3, 4]
+    for s in range(5):  # the three forwards of the step, as the module measured them
+        assert abs(got["time/forward_s"][s] - sum(model.took[3 * s: 3 * s + 3])) < 0.002, s
+    # backward covers the three backward passes only, not the two forwards between them
+    assert statistics.median(got["time/backward_s"].values()) < FORWARD_DELAY
+
+
+def test_timed_batches_reports_the_time_blocked_in_the_loader_only() -> None:
+    model = SlowForward(delay=0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    trainguard.watch(model, opt)
+    waits: List[float] = []  # the loop's own measure of the time inside the loader
+    loader = _batches(6, DATA_DELAY)
+    wrapped = iter(step_timing.timed_batches(loader))
+    while True:
+        started = time.perf_counter()
+        x = next(wrapped, None)
+        waits.append(time.perf_counter() - started)
+        if x is None:
+            break
+        time.sleep(0.015)  # work between the batch and the forward that is not the loader's
+        model(x).sum().backward()
+        opt.step()
+    got = _phases()["time/data_s"]
+    assert sorted(got) == [0, 1, 2, 3, 4, 5]  # timed_batches knows the first step's wait too
+    for s in range(6):  # the loader's time only, not the 15 ms after it
+        assert got[s] >= DATA_DELAY and abs(got[s] - waits[s]) < 0.001, (s, got[s], waits[s])
+
+
+def test_step_timing_off_reports_no_phases_and_a_data_parallel_model_is_timed_inside() -> None:
+    model = SlowForward(delay=0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    handle = trainguard.watch(model, opt, step_timing=False)
+    _train(_batches(4, 0.0), model, opt)
+    assert handle.timer is None
+    got = _phases()
+    assert got["time/step_s"] and not got["time/forward_s"] and not got["time/data_s"]
+    assert tg_torch._timed_module(nn.DataParallel(model)) is model
+    compiled = torch.compile(model)
+    assert tg_torch._timed_module(compiled) is compiled
+
+
+def test_a_forward_that_raises_leaves_the_next_steps_timed() -> None:
+    model = SlowForward(delay=0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    trainguard.watch(model, opt)
+    with pytest.raises(RuntimeError):
+        model(torch.randn(16, 3))  # wrong shape: the user's own error, untouched
+    _train(_batches(4, 0.005), model, opt)
+    got = _phases()
+    assert len(got["time/forward_s"]) == 4
+    assert [round(v, 4) for _s, v in sorted(got["time/forward_s"].items())] == \
+        pytest.approx([round(t, 4) for t in model.took], abs=0.001)
+
+
+def test_nvml_sampler_needs_cuda_and_the_library() -> None:
+    model = SlowForward(delay=0.0)
+    handle = trainguard.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert handle.nvml is None  # a CPU model: no sampler thread
+    client = trainguard.get_client()
+    assert client is not None
+    assert nvml.start(client, [torch.device("cpu")], 1.0) is None
+
+
+def test_removing_the_watch_stops_timing_and_the_loader_report() -> None:
+    model = SlowForward(delay=0.0)
+    handle = trainguard.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert step_timing.current() is handle.timer
+    handle.remove()
+    assert step_timing.current() is None
+    before: List[Any] = list(model._forward_pre_hooks.values()) + list(model._forward_hooks.values())
+    assert before == []
