@@ -274,7 +274,7 @@ class Client:
                 break
         queue = self._queue
         if len(queue) >= self._max_queue:
-            self.stats.drop("queue_full")
+            self.stats.door_drop()
             return
         t_ns = time.time_ns()
         mark: Any = urgent  # an urgent item written ahead carries the event id its envelope must keep
@@ -293,7 +293,7 @@ class Client:
         modify it afterwards (pass a fresh tensor, e.g. the output of ``torch.stack``)."""
         queue = self._queue
         if len(queue) >= self._max_queue:
-            self.stats.drop("queue_full")  # one event (of len(names) metrics)
+            self.stats.door_drop()  # one event (of len(names) metrics)
             return
         queue.append((K_VECTOR, step, time.time_ns(), names, values))
         if len(queue) >= self._wake_at:
@@ -374,7 +374,7 @@ class Client:
         whatever the backend does. The lifecycle start and exit events always fit (one each).
         """
         if len(self._queue) >= self._max_rare and (kind != "lifecycle" or self._max_queue == 0):
-            self.stats.drop("queue_full")
+            self.stats.door_drop()
             warn_once("queue_full:rare", f"the SDK's queue is full ({self._max_rare} events: the backend "
                                          f"is slow or unreachable); dropping {kind} events (counted)")
             return ""

@@ -3,16 +3,19 @@
 Every event is accounted for: ``drained + dropped["queue_full"]`` (plus what is still queued) is what was
 logged, and once nothing is queued or in flight, ``sent + spooled + dropped == logged`` exactly
 (:meth:`trainguard.client.Client.accounting`). ``sent``, ``spooled`` and ``drained`` change on the worker
-thread only; drops are counted under a lock (they come from any thread, and only on the slow path), so no
-increment is lost. Snapshots are reported in heartbeats, as ``trainguard/sdk/*`` metrics and in the exit
-event.
+thread only. Drops at the door (the queue full, on the calling thread, possibly in a tight loop) are counted
+without a lock by :meth:`SdkStats.door_drop` (an ``itertools.count``: one C call, atomic under the GIL) and
+folded into ``dropped["queue_full"]`` when ``dropped`` is read; other drops are counted under a lock (they
+come from any thread, and only on the slow path), so no increment is lost. Snapshots are reported in
+heartbeats, as ``trainguard/sdk/*`` metrics and in the exit event.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
-from typing import Dict
+from typing import Callable, Dict
 
 DROP_REASONS = (
     "queue_full",        # the in-memory queue was full when the event was produced
@@ -42,7 +45,7 @@ class SdkStats:
     """
 
     def __init__(self) -> None:
-        self.dropped: Counter[str] = Counter()
+        self._dropped: Counter[str] = Counter()
         self.sent = 0
         self.spooled = 0
         self.replayed = 0
@@ -50,11 +53,26 @@ class SdkStats:
         self.batches = 0
         self.drained = 0
         self._lock = threading.Lock()
+        self._door = itertools.count()
+        self._door_taken = 0  # values of _door already accounted for (door drops folded + folds)
+        self.door_drop: Callable[[], int] = self._door.__next__
+        """Record one event dropped at the door (queue full): lock-free, the hot path of a full queue."""
 
     def drop(self, reason: str, count: int = 1) -> None:
         """Record ``count`` events dropped for ``reason`` (one of DROP_REASONS)."""
         with self._lock:
-            self.dropped[reason] += count
+            self._dropped[reason] += count
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """Events dropped by reason, the door's count folded into ``queue_full`` (exact when read)."""
+        with self._lock:
+            taken = next(self._door)  # == door drops + earlier folds' own values
+            door = taken - self._door_taken
+            self._door_taken = taken + 1
+            if door:
+                self._dropped["queue_full"] += door
+            return self._dropped
 
     @property
     def dropped_total(self) -> int:
