@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import psycopg
 
@@ -50,9 +50,10 @@ class PostgresServer:
     accepts connections), ``dsn(dbname)``, ``create_database(name)``, ``halt()`` (fast shutdown; ``start()``
     again restarts it), ``stop()`` (fast shutdown, then the directory is removed)."""
 
-    def __init__(self, port: Optional[int] = None) -> None:
+    def __init__(self, port: Optional[int] = None, settings: Sequence[str] = ()) -> None:
         self.bin = pg_bin_dir()
         self.port = port or free_port()
+        self.settings = list(settings)  # "name=value", after (so over) the test defaults
         self.root: Optional[Path] = None
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self._run_as: Dict[str, Any] = {}
@@ -80,7 +81,7 @@ class PostgresServer:
         options: List[str] = []
         for setting in (f"port={self.port}", "listen_addresses=127.0.0.1", f"unix_socket_directories={self.root}",
                         "fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200",
-                        "shared_buffers=32MB", "log_min_messages=warning"):
+                        "shared_buffers=32MB", "log_min_messages=warning", *self.settings):
             options += ["-c", setting]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([str(self.bin / "postgres"), "-D", str(self.data_dir), *options],
