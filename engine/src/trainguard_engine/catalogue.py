@@ -696,10 +696,10 @@ class DetectionSettings:
         5, "Performance detectors: a rank's first this-many timed steps are warm-up (allocator, DDP bucket "
         "rebuild, compilation) and never judged.", minimum=0)
     perf_window: int = _setting(
-        10, "Performance detectors: each rank's step phases are judged as medians over its last this-many "
+        8, "Performance detectors: each rank's step phases are judged as medians over its last this-many "
         "steps (an isolated checkpoint or evaluation step moves no median).", minimum=3)
     perf_min_points: int = _setting(
-        6, "Performance detectors: steps a rank needs in its window before it is compared.", minimum=2)
+        5, "Performance detectors: steps a rank needs in its window before it is compared.", minimum=2)
     straggler_ratio: float = _setting(
         1.5, "perf/straggler: a rank's own time per step (data wait + forward + optimizer: the phases "
         "without a collective) >= this x the median of the other ranks' ...", minimum=1.0)
@@ -710,7 +710,7 @@ class DetectionSettings:
         0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
         "by >= this x the excess: they waited for it ...", minimum=0.0)
     straggler_confirm: int = _setting(
-        5, "... on this many judged steps in a row (a step is judged once every rank reported it); as many "
+        3, "... on this many judged steps in a row (a step is judged once every rank reported it); as many "
         "judged steps without it resolve the incident. Also the confirmation of perf/data-bottleneck.",
         minimum=1)
     regression_ratio: float = _setting(

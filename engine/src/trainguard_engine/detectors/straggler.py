@@ -391,7 +391,7 @@ def _regression(run: RunState, run_state: Dict[str, Any],
                         value=round(ratio, 4))
     return [Finding(
         "perf", "throughput-regression", REGRESSION_KEY, lead, max(0, began), time_ns, host=lead_state.host,
-        evidence=[evidence], values={"detail": detail}, update_values=True,
+        seen_step=step, evidence=[evidence], values={"detail": detail}, update_values=True,
         timeline=[TimelineEntry(time_ns=time_ns, step=step, rank=lead, what=detail)],
         summary=(f"{detail}. Every rank slowed together (no straggler): look for what changed for the whole "
                  f"job at about step {max(0, began)} -- the nodes' clocks, power and temperatures, the "

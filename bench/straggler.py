@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""The straggler and throughput detectors (issue 23) on real 4-rank DDP jobs: prints a table, asserts nothing.
+
+Each run is ``torchrun --standalone --nproc-per-node 4 tests/fixtures/straggler/job.py`` (gloo, CPU; the
+job's docstring says how a rank is made slow), its four ranks' SDK streams merged by event time and
+replayed through the engine (``Pipeline.process`` one envelope at a time, then ``advance`` a minute after
+the last one). Per run: the perf incidents opened, the straggler's lead rank against the one made slow,
+and how many steps after the slowdown began the straggler (or the regression) was first emitted.
+
+Scenarios (``--seeds N`` runs of each, seeds 0..N-1; the slow rank is ``seed % 4``):
+
+* ``healthy``     -- nothing slowed: must give neither a straggler nor a regression;
+* ``compute``     -- one rank does ``--factor`` x the work from step ``--from-step``;
+* ``loader``      -- one rank's batches go through a CPU-bound transform;
+* ``affinity``    -- one rank is pinned to one core shared with a spinning process;
+* ``slow_all``    -- every rank does ``--factor`` x the work from step ``--from-step``: a regression, no
+  straggler;
+* ``timeout``     -- ``compute``, then the slow rank stops: its peers' all-reduce times out; must be one
+  incident, the straggler, with the timeout as its consequence.
+
+    python bench/straggler.py                        # every scenario, --seeds 5 (healthy: --healthy 20)
+    python bench/straggler.py --only healthy --healthy 20
+    python bench/straggler.py --record tests/fixtures/straggler   # also keep each scenario's first run
+
+On this repository's 2-core machine one run takes 15-25 s (four torch processes on two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / "tests" / "fixtures" / "straggler" / "job.py"
+SETTLE_NS = 60 * 10**9
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    seed: int
+    slow_rank: int
+    from_step: int
+    rc: int
+    wall_s: float
+    kinds: List[str] = field(default_factory=list)   # open or resolved perf/comm incidents, not explained
+    straggler_rank: int = -1
+    straggler_after: int = -1     # steps after from_step when it was first emitted
+    regression_after: int = -1
+    consequences: List[str] = field(default_factory=list)
+    unexplained: List[str] = field(default_factory=list)  # every incident not explained by another
+
+    def verdict(self) -> str:
+        s = self.scenario
+        has_s, has_r = "perf/straggler" in self.kinds, "perf/throughput-regression" in self.kinds
+        if s == "healthy":
+            return "ok" if not has_s and not has_r else "FALSE ALARM"
+        if s == "slow_all":
+            return "ok" if has_r and not has_s else "MISSED" if not has_r else "WRONG (straggler)"
+        ok = has_s and self.straggler_rank == self.slow_rank and 0 <= self.straggler_after <= 30
+        if s == "timeout":
+            ok = ok and self.unexplained == ["perf/straggler"] and \
+                any(c.startswith("comm/timeout") for c in self.consequences)
+        return "ok" if ok else "MISSED" if not has_s else "WRONG"
+
+
+def run_job(out: Path, scenario: str, seed: int, steps: int, factor: float, from_step: int,
+            timeout_s: float) -> int:
+    run_id = f"straggler-{scenario}-{seed}-{os.getpid()}-{int(time.time())}"
+    args = ["--out", str(out), "--run-id", run_id, "--steps", str(steps), "--seed", str(seed),
+            "--from-step", str(from_step)]
+    slow_rank = seed % 4
+    if scenario in ("compute", "loader", "affinity"):
+        args += ["--slow", scenario, "--slow-rank", str(slow_rank), "--factor", str(factor)]
+    elif scenario == "slow_all":
+        args += ["--slow-all", str(factor)]
+    elif scenario == "timeout":
+        args += ["--slow", "compute", "--slow-rank", str(slow_rank), "--factor", str(factor),
+                 "--hang-at", str(from_step + 25), "--hang-s", "30", "--timeout-s", "8"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sdk" / "src"), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    port = 29500 + (os.getpid() + seed) % 2000
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
+           str(port), "--nnodes", "1", "--node-rank", "0", str(JOB), *args]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0 and scenario != "timeout":
+        sys.stderr.write(proc.stderr[-3000:])
+    return proc.returncode
+
+
+def merged_events(out: Path) -> List[Dict[str, Any]]:
+    """The four ranks' streams merged by event time (stable), as a backend roughly receives them."""
+    events: List[Dict[str, Any]] = []
+    for path in sorted(out.glob("rank*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            events += [json.loads(line) for line in fh if line.strip()]
+    events.sort(key=lambda e: int(e["time_unix_nano"]))
+    return events
+
+
+def judge(events: List[Dict[str, Any]], outcome: Outcome) -> None:
+    """Replay ``events`` through the engine; fill ``outcome``."""
+    from trainguard_engine.catalogue import DetectionSettings
+    from trainguard_engine.pipeline import Pipeline
+
+    pipeline = Pipeline(DetectionSettings())
+    for event in events:
+        for inc in pipeline.process([event]).incidents:
+            kind = f"{inc.category}/{inc.subtype}"
+            if kind == "perf/straggler" and outcome.straggler_after < 0:
+                outcome.straggler_after = inc.last_step - outcome.from_step
+            if kind == "perf/throughput-regression" and outcome.regression_after < 0:
+                outcome.regression_after = inc.last_step - outcome.from_step
+    if events:
+        pipeline.advance(int(events[-1]["time_unix_nano"]) + SETTLE_NS)
+    for inc in pipeline.incidents():
+        kind = f"{inc.category}/{inc.subtype}"
+        if inc.explained_by:
+            continue
+        outcome.unexplained.append(kind)
+        if inc.category in ("perf", "comm"):
+            outcome.kinds.append(kind)
+        if kind == "perf/straggler":
+            outcome.straggler_rank = inc.lead_rank
+            outcome.consequences = list(inc.consequences)
+
+
+def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Path]) -> Outcome:
+    from_step = 0 if scenario == "healthy" else args.from_step
+    out = Path(tempfile.mkdtemp(prefix=f"straggler-{scenario}-"))
+    started = time.perf_counter()
+    try:
+        rc = run_job(out, scenario, seed, args.steps, args.factor, from_step, args.run_timeout)
+        outcome = Outcome(scenario, seed, seed % 4 if scenario not in ("healthy", "slow_all") else -1,
+                          from_step, rc, time.perf_counter() - started)
+        events = merged_events(out)
+        judge(events, outcome)
+        if record is not None:
+            target = record / f"{scenario}.jsonl.gz"
+            if not target.exists():
+                with gzip.open(target, "wt", encoding="utf-8") as fh:
+                    for e in events:
+                        fh.write(json.dumps(e, separators=(",", ":")) + "\n")
+        return outcome
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="comma-separated scenarios")
+    parser.add_argument("--seeds", type=int, default=5, help="runs of each slowed scenario")
+    parser.add_argument("--healthy", type=int, default=20, help="healthy runs")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--from-step", type=int, default=25)
+    parser.add_argument("--factor", type=float, default=2.5)
+    parser.add_argument("--run-timeout", type=float, default=240.0)
+    parser.add_argument("--record", default="", help="folder: keep each scenario's first run (gzip JSONL)")
+    parser.add_argument("--json", default="", help="also write the outcomes as JSON here")
+    args = parser.parse_args()
+    scenarios = ["healthy", "compute", "loader", "affinity", "slow_all", "timeout"]
+    if args.only:
+        scenarios = [s for s in scenarios if s in args.only.split(",")]
+    record = Path(args.record) if args.record else None
+    outcomes: List[Outcome] = []
+    print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; 4 ranks, gloo, "
+          f"{args.steps} steps, slowdown x{args.factor} from step {args.from_step}", flush=True)
+    print("scenario   seed slow_rank rc  wall_s  straggler(rank, +steps)  regression(+steps)  verdict  "
+          "incidents", flush=True)
+    for scenario in scenarios:
+        runs = args.healthy if scenario == "healthy" else (min(2, args.seeds) if scenario == "timeout"
+                                                           else args.seeds)
+        for seed in range(runs):
+            o = one(scenario, seed, args, record)
+            outcomes.append(o)
+            strag = f"{o.straggler_rank}, +{o.straggler_after}" if "perf/straggler" in o.kinds else "-"
+            reg = f"+{o.regression_after}" if "perf/throughput-regression" in o.kinds else "-"
+            extra = f" consequences={o.consequences}" if o.consequences else ""
+            print(f"{scenario:10s} {seed:4d} {o.slow_rank:9d} {o.rc:3d} {o.wall_s:7.1f}  {strag:23s}  "
+                  f"{reg:18s}  {o.verdict():7s}  {','.join(o.unexplained) or '-'}{extra}", flush=True)
+    print("\nsummary")
+    for scenario in scenarios:
+        mine = [o for o in outcomes if o.scenario == scenario]
+        good = sum(o.verdict() == "ok" for o in mine)
+        lat = sorted(o.straggler_after for o in mine if o.straggler_after >= 0) or \
+            sorted(o.regression_after for o in mine if o.regression_after >= 0)
+        lat_text = f" steps to detection: median {lat[len(lat) // 2]}, max {lat[-1]}" if lat else ""
+        print(f"  {scenario:10s} {good}/{len(mine)} ok{lat_text}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
