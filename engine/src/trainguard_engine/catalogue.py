@@ -550,6 +550,10 @@ class DetectionSettings:
     explosion_onset_factor: float = _setting(
         2.0, "gradient/explosion: first_step is where the norm last rose above this x its running median "
         "and stayed there.", minimum=1.0)
+    explosion_resolve_points: int = _setting(
+        20, "gradient/explosion flagged before any non-finite value resolves (the run's health recovers) "
+        "when this many grad-norm readings in a row are back below explosion_onset_factor x the median the "
+        "climb was measured from, the loss finite and in its band: a spike that recovered.", minimum=1)
     layer_norm_warn: float = _setting(
         10.0, "Per-layer grad norm above which a layer is named in explosion evidence (seed: > 10 warns).")
     clip_rate_warn: float = _setting(
@@ -914,7 +918,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
                "confirm_checks", "evidence_window"),
     "loss_gradient": (
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
-        "explosion_trend_points", "explosion_onset_factor", "loss_window", "loss_baseline_points",
+        "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points", "loss_window",
+        "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "plateau_min_level", "plateau_max_change",
         "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
         "divergence_min_points", "rise_smooth", "rise_min_fall", "rise_min_rise", "rise_min_points",
