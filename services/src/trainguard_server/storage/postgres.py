@@ -38,6 +38,7 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
 from .base import IncidentStore, IncidentWorkflow, Page, ProjectStore, TokenInfo
+from .cluster_merge import merge_views
 from .common import (
     check_limit,
     check_project_name,
@@ -262,59 +263,6 @@ def _last_per_key(items: Sequence[T], key: Callable[[T], Tuple[str, ...]]) -> Li
     for item in items:
         latest[key(item)] = item
     return sorted(latest.items(), key=lambda kv: kv[0])
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Cluster views
-# ----------------------------------------------------------------------------------------------------------
-
-_NO_TIME = 2 ** 63
-
-
-def _view_order(c: Cluster) -> Tuple[int, int, str, str]:
-    """Earliest first; ties broken by the whole record, so the order never depends on arrival."""
-    return (c.first_ns or _NO_TIME, 0 if c.sample_event_id else 1, c.sample_event_id,
-            json.dumps(c.to_dict(), sort_keys=True))
-
-
-def _union(lists: Sequence[List[str]], most: int) -> List[str]:
-    out: List[str] = []
-    seen = set()
-    for items in lists:
-        for item in items:
-            if item not in seen:
-                if len(out) >= most:
-                    return out
-                seen.add(item)
-                out.append(item)
-    return out
-
-
-def merge_views(views: Sequence[Cluster], *, same_source: bool, max_members: int) -> Cluster:
-    """The merge of cluster views of one (project, fingerprint): counts summed (views of different sources)
-    or their maximum (views of one source: a later view already counts what an earlier one did); first
-    seen the earliest, last seen the latest; runs, ranks and hosts united, earliest view's first, capped at
-    ``max_members`` (or a view's own longer list); type, version, template and sample from the earliest
-    view that has a sample (the earliest exception overall, as the pipeline picks it). Depends only on
-    the set of views: commutative, associative, idempotent."""
-    if not views:
-        raise ValueError("no cluster views to merge")
-    ordered = sorted(views, key=_view_order)
-    head = ordered[0]
-    counts = [int(v.count) for v in ordered]
-    firsts = [v.first_ns for v in ordered if v.first_ns]
-    most = max([max_members] + [len(v.runs) for v in ordered] + [len(v.ranks) for v in ordered] +
-               [len(v.hosts) for v in ordered])
-    merged = Cluster.from_dict(head.to_dict())  # a copy
-    merged.count = max(counts) if same_source else sum(counts)
-    merged.first_ns = min(firsts) if firsts else 0
-    merged.last_ns = max(v.last_ns for v in ordered)
-    merged.runs = _union([v.runs for v in ordered], most)
-    merged.ranks = _union([v.ranks for v in ordered], most)
-    merged.hosts = _union([v.hosts for v in ordered], most)
-    if not merged.message_template:
-        merged.message_template = next((v.message_template for v in ordered if v.message_template), "")
-    return merged
 
 
 # ----------------------------------------------------------------------------------------------------------
