@@ -70,8 +70,8 @@ install-flink: $(FLINK_STAMP)  ## .venv-flink: PyFlink 2.3 + the Kafka connector
 demo: $(DEMO_STAMP) $(ASSETS)  ## the first command: the embedded default only (no test tools, no PyFlink)
 	$(BIN)/trainguard demo
 
-dist: $(DEMO_STAMP) $(ASSETS)  ## wheels of trainguard, trainguard-engine, trainguard-server into dist/
-	$(BIN)/python tools/build_dist.py --out dist
+dist: $(ASSETS)  ## wheels of trainguard, trainguard-engine, trainguard-server into dist/ (needs only python3 + pip)
+	$(PY) tools/build_dist.py --out dist
 
 test: install $(FLINK_STAMP) $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP) $(POSTGRES_STAMP)  ## the whole suite: lint, types, tests
 	$(BIN)/ruff check sdk engine services tests bench tools
