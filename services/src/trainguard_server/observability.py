@@ -64,12 +64,12 @@ def render_prometheus(services: Any) -> str:
         samples.append(("trainguard_checkpoint_failures", "gauge",
                         "processor checkpoints failed in a row (0 once one succeeds; /readyz: 503 meanwhile)",
                         [("", getattr(processor, "checkpoint_failures", 0))]))
-        counters = getattr(getattr(processor, "pipeline", None), "counters", None) or {}
+        counters = getattr(processor, "counters", None) or {}
         samples.append(("trainguard_runs_quarantined_total", "counter",
                         "runs whose state was dropped because it could not go on (not serialisable, a "
                         "processing error): the others went on; each is logged",
                         [("", counters.get("runs_quarantined", 0))]))
-        quota = getattr(getattr(processor, "pipeline", None), "quota_evictions", None) or {}
+        quota = getattr(processor, "quota_evictions", None) or {}
         samples.append(("trainguard_project_quota_evictions_total", "counter",
                         "runs or clusters a project lost because it hit a per-project quota (or held the "
                         "most when the state was full), by project and quota; never another project's",

@@ -24,6 +24,7 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.pipeline import Pipeline, PipelineOutput, merge_outputs
 
 from ..queue.base import Queue, QueueRecord
+from ..queue.common import PARTITION
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricPoint, MetricStore, StoredEvent
 from .decode import Points, decode_request
 
@@ -32,7 +33,11 @@ log = logging.getLogger("trainguard.processor")
 STATE_KEY = "pipeline/embedded"
 """Where a processor before incremental snapshots kept its whole state (read once, then deleted)."""
 PARTS_PREFIX = "pipeline/embedded/"
-"""The pipeline's snapshot parts (``Pipeline.changed_parts``) are state keys under this prefix."""
+"""The pipeline's snapshot parts (``Pipeline.changed_parts``) are state keys under this prefix (a queue with
+one partition: SQLite, memory)."""
+PARTITION_PREFIX = "pipeline/partition/"
+"""Over a partitioned queue (Kafka) each partition's pipeline has its parts under ``<this><partition>/``:
+a processor restores the partitions it is assigned, saves and commits those it gives up."""
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 """A round that failed (a store unavailable) is retried after a backoff doubling from MIN to MAX."""
@@ -56,11 +61,12 @@ def tune_gc() -> None:
 
 
 class _Chunk(NamedTuple):
-    """Queue records and their envelopes, decoded once, with each envelope's metric points."""
+    """Queue records and their envelopes, decoded once, with each envelope's metric points and partition."""
 
     records: List[QueueRecord]
     envelopes: List[Dict[str, Any]]
     points: List[Points]
+    partitions: List[int]
 
 
 @dataclass
@@ -81,6 +87,9 @@ class ProcessorStats:
 
 class EmbeddedProcessor:
     """Consumes the queue on a thread; ``drain()`` processes everything queued and checkpoints."""
+
+    per_partition_state = True
+    """Over a partitioned queue, one pipeline per owned partition (False: a subclass keeps no state)."""
 
     def __init__(self, queue: Queue, events: EventStore, metrics: MetricStore, incidents: IncidentStore,
                  detection: Optional[DetectionSettings] = None, *, batch: int = 256,
@@ -103,15 +112,24 @@ class EmbeddedProcessor:
         #: ingest is the latency clients feel, processing can lag a little.
         self.yield_to = yield_to
         self.max_yield_s = max_yield_s
-        self.pipeline = self._restore()
+        #: one pipeline per partition this processor owns (a queue with one partition: just partition 0)
+        self.partitioned = self.per_partition_state and bool(getattr(queue, "partitioned", False))
+        self.pipelines: Dict[int, Pipeline] = {}
+        self._legacy_state = False
+        if not self.partitioned:
+            self.pipelines[PARTITION] = self._restore(PARTITION)
+        elif incidents.state_keys(PARTS_PREFIX) or incidents.load_state(STATE_KEY) is not None:
+            log.warning("a pipeline snapshot of a version without per-partition state is in the store (%r): "
+                        "it is not restored over a partitioned queue (detection state rebuilds from new "
+                        "events; every record stays in the stores)", PARTS_PREFIX)
         self._report_quarantined()
         self._uncommitted: List[QueueRecord] = []
         #: records whose round failed (a store unavailable): processed again, before anything new, after
         #: a backoff -- never committed until they went through. The pipeline is idempotent under replay.
         self._retry: List[QueueRecord] = []
         self._retry_at = 0.0
-        #: a pipeline output not yet in the stores (their upsert failed): applied before anything new
-        self._pending: Optional[PipelineOutput] = None
+        #: pipeline outputs not yet in the stores (their upsert failed), by partition: applied first
+        self._pending: Dict[int, PipelineOutput] = {}
         self._backoff_s = 0.0
         self._last_snapshot = time.monotonic()
         self._last_tick = 0.0
@@ -126,13 +144,46 @@ class EmbeddedProcessor:
         self.checkpoint_failures = 0
         self.last_round_error = ""
         self._quota_logged: Dict[Tuple[str, str], Tuple[int, float]] = {}  # (project, quota) -> (count, when)
+        if self.partitioned:
+            queue.set_rebalance_listener(self)
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline of a queue with one partition (a partitioned queue's are in :attr:`pipelines`)."""
+        if self.partitioned:
+            raise AttributeError("a processor over a partitioned queue has one pipeline per partition "
+                                 "(.pipelines)")
+        return self.pipelines[PARTITION]
+
+    @property
+    def counters(self) -> Dict[str, int]:
+        """The pipelines' counters, summed (for /metrics)."""
+        out: Dict[str, int] = {}
+        for pipeline in list(self.pipelines.values()):
+            for name, value in pipeline.counters.items():
+                out[name] = out.get(name, 0) + value
+        return out
+
+    @property
+    def quota_evictions(self) -> Dict[Tuple[str, str], int]:
+        """Evictions per (project, quota), summed over the pipelines (for /metrics)."""
+        out: Dict[Tuple[str, str], int] = {}
+        for pipeline in list(self.pipelines.values()):
+            for key, value in pipeline.quota_evictions.items():
+                out[key] = out.get(key, 0) + value
+        return out
 
     # --- state ----------------------------------------------------------------------------------
-    def _restore(self) -> Pipeline:
-        self._legacy_state = False
-        keys = self.incidents.state_keys(PARTS_PREFIX)
-        parts = {key[len(PARTS_PREFIX):]: self.incidents.load_state(key) for key in keys}
-        blob = None if parts else self.incidents.load_state(STATE_KEY)
+    def _prefix(self, partition: int) -> str:
+        """Where ``partition``'s pipeline keeps its snapshot parts."""
+        return f"{PARTITION_PREFIX}{partition}/" if self.partitioned else PARTS_PREFIX
+
+    def _restore(self, partition: int) -> Pipeline:
+        """``partition``'s pipeline as last saved (empty when nothing was)."""
+        prefix = self._prefix(partition)
+        keys = self.incidents.state_keys(prefix)
+        parts = {key[len(prefix):]: self.incidents.load_state(key) for key in keys}
+        blob = None if parts or self.partitioned else self.incidents.load_state(STATE_KEY)
         try:
             if parts:
                 return Pipeline.restore_parts({k: v for k, v in parts.items() if v is not None},
@@ -161,20 +212,73 @@ class EmbeddedProcessor:
         self.last_checkpoint_error = ""
 
     def _save_and_commit(self) -> None:
-        self._apply_pending()  # the snapshot says these records were emitted: the stores must have them
-        # what changed since the last checkpoint, in one transaction (Pipeline.changed_parts)
-        items = {PARTS_PREFIX + name: blob for name, blob in self.pipeline.changed_parts().items()}
-        if self._legacy_state:
-            items[STATE_KEY] = None
-        self._report_quarantined()  # a run whose state could not be serialised was left out: say which
-        self.incidents.save_states(items)
-        self.pipeline.parts_saved()
-        self._legacy_state = False
+        self._save_parts(list(self.pipelines))
         if self._uncommitted:
             self.queue.commit(self._uncommitted)
             self._uncommitted = []
         self.stats.snapshots += 1
         self._last_snapshot = time.monotonic()
+
+    def _save_parts(self, partitions: Sequence[int]) -> None:
+        """Save what changed in ``partitions``' pipelines since their last save, in one transaction
+        (``Pipeline.changed_parts``), after every pending output reached the stores (the snapshot says
+        those records were emitted)."""
+        self._apply_pending()
+        items: Dict[str, Optional[bytes]] = {}
+        chosen = [(p, self.pipelines[p]) for p in partitions if p in self.pipelines]
+        for partition, pipeline in chosen:
+            prefix = self._prefix(partition)
+            items.update((prefix + name, blob) for name, blob in pipeline.changed_parts().items())
+        if self._legacy_state:
+            items[STATE_KEY] = None
+        self._report_quarantined()  # a run whose state could not be serialised was left out: say which
+        self.incidents.save_states(items)
+        for _partition, pipeline in chosen:
+            pipeline.parts_saved()
+        self._legacy_state = False
+
+    # --- partitions (a consumer group rebalanced: see queue.base.RebalanceListener) ---------------
+    def partitions_assigned(self, partitions: Sequence[int]) -> None:
+        """Restore the pipelines of partitions this processor now owns."""
+        with self._lock:
+            for partition in partitions:
+                if partition not in self.pipelines:
+                    self.pipelines[partition] = self._restore(partition)
+            self._report_quarantined()
+
+    def partitions_revoked(self, partitions: Sequence[int], lost: bool) -> None:
+        """Give up ``partitions``: save their pipelines and commit the records they cover (revoked), then
+        drop them; ``lost`` ones are dropped only (their next owner re-reads what was not committed, and
+        the pipeline is idempotent under that replay). Records of theirs waiting for a retry are dropped
+        too: they are the next owner's."""
+        gone = set(partitions)
+        with self._lock:
+            mine = [r for r in self._uncommitted if r.partition in gone]
+            self._uncommitted = [r for r in self._uncommitted if r.partition not in gone]
+            self._retry = [r for r in self._retry if r.partition not in gone]
+            if not lost:
+                try:
+                    self._save_parts(sorted(gone))
+                    if mine:
+                        self.queue.commit(mine)
+                except Exception as exc:  # the next owner starts from the last checkpoint instead
+                    log.warning("could not checkpoint revoked partitions %s (%s): their next owner "
+                                "re-processes them from the last commit", sorted(gone), _describe(exc))
+            for partition in gone:
+                self.pipelines.pop(partition, None)
+                self._pending.pop(partition, None)
+
+    def _next_timer_ns(self) -> int:
+        """The earliest ``next_timer_ns`` of the pipelines (0: none)."""
+        due = [p.next_timer_ns for p in list(self.pipelines.values()) if p.next_timer_ns]
+        return min(due) if due else 0
+
+    def _pipeline_for(self, partition: int) -> Pipeline:
+        """``partition``'s pipeline (restored on first use: a record can only come from an owned one)."""
+        pipeline = self.pipelines.get(partition)
+        if pipeline is None:
+            pipeline = self.pipelines[partition] = self._restore(partition)
+        return pipeline
 
     # --- processing -----------------------------------------------------------------------------
     def run_once(self, timeout: float) -> int:
@@ -184,7 +288,7 @@ class EmbeddedProcessor:
 
         A chunk whose store write fails is retried (it and every later record of the round) after a
         backoff; a pipeline output whose upsert failed is kept and applied before anything new."""
-        if self._pending is not None or self._retry:
+        if self._pending or self._retry:
             wait = self._retry_at - time.monotonic()
             if wait > 0:
                 time.sleep(min(wait, timeout))
@@ -202,16 +306,16 @@ class EmbeddedProcessor:
             records = self.queue.consume(self.batch, timeout)
         chunks = self._chunks(records)
         done = 0
-        for i, (chunk, envelopes, points) in enumerate(chunks):
+        for i, (chunk, envelopes, points, partitions) in enumerate(chunks):
             if i:
                 self._yield_to_ingest()
             try:
                 with self._lock:
-                    self._process(chunk, envelopes, points)
+                    self._process(chunk, envelopes, points, partitions)
             except Exception:
                 # a store is unavailable: records not yet through the stores are kept for a retry after
                 # a backoff (doubling to MAX_BACKOFF_S); nothing of them is committed meanwhile
-                if self._pending is None:  # the raw writes failed: this chunk again
+                if not self._pending:      # the raw writes failed: this chunk again
                     self._retry = [r for c in chunks[i:] for r in c.records]
                 else:                      # only the upserts failed: the chunk is through the pipeline
                     self._retry = [r for c in chunks[i + 1:] for r in c.records]
@@ -222,10 +326,13 @@ class EmbeddedProcessor:
         self.last_round_error = ""
         with self._lock:
             now = time.monotonic()
-            due = self.pipeline.next_timer_ns
+            due = self._next_timer_ns()
             if now - self._last_tick >= self.tick_interval_s or (due and time.time_ns() >= due):
                 self._last_tick = now
-                self._emit(self.pipeline.advance(time.time_ns()))
+                now_ns = time.time_ns()
+                for partition, pipeline in list(self.pipelines.items()):
+                    self._emit_later(partition, pipeline.advance(now_ns))
+                self._apply_pending()
                 self._report_quarantined()
                 self._report_quotas()
             if self._uncommitted and now - self._last_snapshot >= self.snapshot_every_s:
@@ -243,16 +350,18 @@ class EmbeddedProcessor:
         chunk: List[QueueRecord] = []
         envelopes: List[Dict[str, Any]] = []
         points: List[Points] = []
+        partitions: List[int] = []
         for record in records:
             decoded, decoded_points = self._decode(record)
             if chunk and len(envelopes) + len(decoded) > self.round_events:
-                chunks.append(_Chunk(chunk, envelopes, points))
-                chunk, envelopes, points = [], [], []
+                chunks.append(_Chunk(chunk, envelopes, points, partitions))
+                chunk, envelopes, points, partitions = [], [], [], []
             chunk.append(record)
             envelopes.extend(decoded)
             points.extend(decoded_points)
+            partitions.extend([record.partition] * len(decoded))
         if chunk:
-            chunks.append(_Chunk(chunk, envelopes, points))
+            chunks.append(_Chunk(chunk, envelopes, points, partitions))
         return chunks
 
     def _decode(self, record: QueueRecord) -> Tuple[List[Dict[str, Any]], List[Points]]:
@@ -272,11 +381,23 @@ class EmbeddedProcessor:
             time.sleep(0.0005)
 
     def _process(self, records: Sequence[QueueRecord], envelopes: Sequence[Dict[str, Any]],
-                 points: Sequence[Points]) -> None:
-        """One chunk: raw context and points stored, the pipeline run, its upserts applied."""
+                 points: Sequence[Points], partitions: Sequence[int]) -> None:
+        """One chunk: raw context and points stored, the pipeline(s) run, their upserts applied."""
         self._store_raw(envelopes, points)
         self._uncommitted.extend(records)  # committed at the next checkpoint, which waits for _pending
-        self._run_pipeline(envelopes, points)
+        first = partitions[0] if partitions else PARTITION
+        if all(p == first for p in partitions):
+            self._run_pipeline(first, envelopes, points)
+        else:  # records of several partitions: each partition's envelopes, in order, to its pipeline
+            by_partition: Dict[int, Tuple[List[Dict[str, Any]], List[Points]]] = {}
+            for partition, env, pts in zip(partitions, envelopes, points):
+                mine = by_partition.get(partition)
+                if mine is None:
+                    mine = by_partition[partition] = ([], [])
+                mine[0].append(env)
+                mine[1].append(pts)
+            for partition, (envs, pts_list) in by_partition.items():
+                self._run_pipeline(partition, envs, pts_list)
         now_ns = time.time_ns()
         if records:
             self.stats.last_lag_s = max(0.0, (now_ns - records[-1].published_ns) / 1e9)
@@ -285,11 +406,12 @@ class EmbeddedProcessor:
         self.stats.rounds += 1
         self._apply_pending()
 
-    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]], points: Sequence[Points]) -> None:
+    def _run_pipeline(self, partition: int, envelopes: Sequence[Dict[str, Any]],
+                      points: Sequence[Points]) -> None:
         """The pipeline's part of a chunk (a runtime that runs it elsewhere overrides this), given the
         metric points ``_store_raw`` read from each envelope (read once, shared): its output becomes
         ``_pending`` until the stores have it."""
-        self._emit_later(self.pipeline.process(envelopes, points))
+        self._emit_later(partition, self._pipeline_for(partition).process(envelopes, points))
         self._report_quarantined()
         self._report_quotas()
 
@@ -297,7 +419,7 @@ class EmbeddedProcessor:
         """Log a project that hit a per-project quota (the pipeline evicted its own runs or clusters): at
         most once per ``quota_log_interval_s`` per (project, quota), with the evictions since its last line
         (all of them are on /metrics as ``trainguard_project_quota_evictions_total``)."""
-        hits = self.pipeline.quota_evictions
+        hits = self.quota_evictions
         if not hits:
             return
         now = time.monotonic()
@@ -313,7 +435,7 @@ class EmbeddedProcessor:
     def _report_quarantined(self) -> None:
         """Log each run the pipeline quarantined since the last call (counted in its
         ``runs_quarantined``, on /metrics as ``trainguard_runs_quarantined_total``)."""
-        for q in self.pipeline.take_quarantined():
+        for q in [q for pipeline in list(self.pipelines.values()) for q in pipeline.take_quarantined()]:
             log.error("run %r of project %r quarantined: %s -- its state is dropped and its later events "
                       "ignored; its records stay in the stores; every other run goes on", q.run_id, q.project,
                       q.reason)
@@ -350,30 +472,31 @@ class EmbeddedProcessor:
                 self.stats.rejected_events += len(exc.rejected)  # refused for good: logged, not retried
                 log.error("%s", exc)
 
-    def _emit_later(self, output: PipelineOutput) -> None:
-        """Queue ``output`` for the stores (merged with an output still pending: later records win)."""
+    def _emit_later(self, partition: int, output: PipelineOutput) -> None:
+        """Queue ``partition``'s ``output`` for the stores (merged with one still pending: later records
+        win)."""
         if output.is_empty():
             return
-        self._pending = output if self._pending is None else merge_outputs(self._pending, output)
-
-    def _emit(self, output: PipelineOutput) -> None:
-        """Apply ``output`` now (after anything still pending)."""
-        self._emit_later(output)
-        self._apply_pending()
+        held = self._pending.get(partition)
+        self._pending[partition] = output if held is None else merge_outputs(held, output)
 
     def _apply_pending(self) -> None:
-        """Write the pending output to the stores; it stays pending when a store raises."""
-        if self._pending is not None:
-            self._apply(self._pending)
-            self._pending = None
+        """Write the pending outputs to the stores; one whose write raises stays pending (with the ones
+        after it)."""
+        for partition in list(self._pending):
+            self._apply(partition, self._pending[partition])
+            del self._pending[partition]
 
-    def _apply(self, output: PipelineOutput) -> None:
+    def _apply(self, partition: int, output: PipelineOutput) -> None:
         if output.runs:
             self.incidents.upsert_runs(output.runs)
         if output.incidents:
             self.incidents.upsert_incidents(output.incidents)
         if output.clusters:
-            self.incidents.upsert_clusters(output.clusters)
+            if self.partitioned:  # every partition's pipeline holds its own view of a cluster: merged
+                self.incidents.merge_clusters(f"partition/{partition}", output.clusters)
+            else:
+                self.incidents.upsert_clusters(output.clusters)
         if output.runs or output.incidents or output.clusters:
             for listener in list(self.listeners):
                 try:
@@ -394,7 +517,7 @@ class EmbeddedProcessor:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                due = self.pipeline.next_timer_ns  # wake up for the pipeline's next deadline (a stall)
+                due = self._next_timer_ns()  # wake up for the pipelines' next deadline (a stall)
                 wait = 0.2 if not due else min(0.2, max(0.0, (due - time.time_ns()) / 1e9))
                 self.run_once(timeout=wait)
             except Exception as exc:
@@ -434,7 +557,7 @@ class EmbeddedProcessor:
         safe when one of them hangs), e.g. for the shutdown's log line."""
         records = len(self._uncommitted) + len(self._retry)
         text = f"{records} queue record(s) taken but not committed"
-        if self._pending is not None:
+        if self._pending:
             text += " (their last pipeline output not yet in the stores either)"
         return text
 

@@ -22,6 +22,7 @@ from trainguard_engine.pipeline import PipelineOutput
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
 from ..queue.base import Queue
+from ..queue.common import PARTITION
 from ..storage.base import EventStore, IncidentStore, MetricStore
 from .decode import Points
 from .embedded import EmbeddedProcessor
@@ -60,7 +61,10 @@ class FlinkStoresProcessor(EmbeddedProcessor):
         self.results = results
         self.results_applied = 0
 
-    def _run_pipeline(self, envelopes: Sequence[Dict[str, Any]], points: Sequence[Points]) -> None:
+    per_partition_state = False  # the Flink job keeps the detection state
+
+    def _run_pipeline(self, partition: int, envelopes: Sequence[Dict[str, Any]],
+                      points: Sequence[Points]) -> None:
         """Nothing: the Flink job runs the pipeline; this stores raw context and metrics only."""
 
     def _checkpoint_locked(self) -> None:  # no pipeline state to save: commit what was stored
@@ -75,7 +79,7 @@ class FlinkStoresProcessor(EmbeddedProcessor):
         if results:
             out = parse_results([r.value for r in results])
             with self._lock:
-                self._apply(out)
+                self._apply(PARTITION, out)  # the job's records: already one view per run and cluster
             self.results.commit(results)
             self.results_applied += len(results)
         return done + len(results)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,28 @@ class QueueFull(Exception):
         self.retry_after = retry_after
 
 
+class RebalanceListener(Protocol):
+    """Told when this consumer gains or loses partitions (a consumer group rebalanced). Called on the
+    consuming thread, from inside :meth:`Queue.consume`; ``revoked`` runs while the partitions are still
+    this consumer's, so it may :meth:`Queue.commit` their records; ``lost`` partitions are already another
+    member's (a session timed out): nothing of them may be committed."""
+
+    def partitions_assigned(self, partitions: Sequence[int]) -> None: ...
+
+    def partitions_revoked(self, partitions: Sequence[int], lost: bool) -> None: ...
+
+
 class Queue(ABC):
     """A durable, ordered-per-key log of ingest batches with one consumer group."""
+
+    partitioned: bool = False
+    """True when partitions move between the members of a consumer group (Kafka): a consumer then keeps
+    state per partition and learns of its partitions through :meth:`set_rebalance_listener`. False: one
+    partition (0), always this consumer's."""
+
+    def set_rebalance_listener(self, listener: Optional[RebalanceListener]) -> None:
+        """Report partition assignments and revocations to ``listener`` (a queue whose partitions never
+        move -- ``partitioned`` False -- has nothing to report)."""
 
     @abstractmethod
     def publish(self, key: str, values: Sequence[bytes]) -> List[int]:

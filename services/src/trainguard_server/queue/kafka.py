@@ -69,7 +69,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from .base import Queue, QueueFull, QueueRecord
+from .base import Queue, QueueFull, QueueRecord, RebalanceListener
 from .common import check_consume_args, check_publish_args
 
 log = logging.getLogger("trainguard.queue.kafka")
@@ -124,6 +124,8 @@ class _Delivery:
 
 class KafkaQueue(Queue):
     """Queue on the Kafka topic ``topic``, consumed by the consumer group ``group_id``."""
+
+    partitioned = True
 
     def __init__(self, bootstrap_servers: str, topic: str = DEFAULT_TOPIC, *, group_id: str = DEFAULT_GROUP,
                  partitions: int = 12, replication_factor: int = -1,
@@ -199,6 +201,7 @@ class KafkaQueue(Queue):
         self._partitions: List[int] = []
         self._refresh_lock = threading.Lock()
 
+        self._listener: Optional[RebalanceListener] = None
         self.dead_letters = 0  # records moved to the dead-letter topic by this process (for /metrics)
         self._closed = False
         self._closing = threading.Event()  # stops the background threads
@@ -212,7 +215,7 @@ class KafkaQueue(Queue):
         self._refresher.start()
         if self._consumer is not None:
             self._consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                     on_lost=self._on_revoke)
+                                     on_lost=self._on_lost)
 
     # --- topics -----------------------------------------------------------------------------------
     def _create_topics(self, partitions: int, replication_factor: int, retention_ms: int) -> None:
@@ -479,21 +482,46 @@ class KafkaQueue(Queue):
                     self._committed[tp.partition] = tp.offset
 
     # --- rebalance --------------------------------------------------------------------------------
+    def set_rebalance_listener(self, listener: Optional[RebalanceListener]) -> None:
+        self._listener = listener
+
     def _on_assign(self, _consumer: Consumer, partitions: List[TopicPartition]) -> None:
         with self._state_lock:
             for tp in partitions:
                 self._assigned.add(tp.partition)
                 self._handed[tp.partition] = deque()
                 self._next.pop(tp.partition, None)
-        log.info("assigned %s partitions %s", self.topic, sorted(tp.partition for tp in partitions))
+        numbers = sorted(tp.partition for tp in partitions)
+        log.info("assigned %s partitions %s", self.topic, numbers)
+        if self._listener is not None and numbers:
+            self._listener.partitions_assigned(numbers)
 
     def _on_revoke(self, _consumer: Consumer, partitions: List[TopicPartition]) -> None:
+        self._give_up(partitions, lost=False)
+
+    def _on_lost(self, _consumer: Consumer, partitions: List[TopicPartition]) -> None:
+        self._give_up(partitions, lost=True)
+
+    def _give_up(self, partitions: List[TopicPartition], lost: bool) -> None:
+        """Revoked partitions are told to the listener while still assigned (it may commit them), then
+        forgotten; lost ones are forgotten first (nothing of them can be committed)."""
+        numbers = sorted(tp.partition for tp in partitions)
+        if self._listener is not None and numbers and not lost:
+            try:
+                self._listener.partitions_revoked(numbers, False)
+            except Exception:  # the rebalance must go on: the next owner re-reads what was not committed
+                log.exception("rebalance listener failed for revoked %s partitions %s", self.topic, numbers)
         with self._state_lock:
             for tp in partitions:
                 self._assigned.discard(tp.partition)
                 self._handed.pop(tp.partition, None)
                 self._next.pop(tp.partition, None)
-        log.info("revoked %s partitions %s", self.topic, sorted(tp.partition for tp in partitions))
+        log.info("%s %s partitions %s", "lost" if lost else "revoked", self.topic, numbers)
+        if self._listener is not None and numbers and lost:
+            try:
+                self._listener.partitions_revoked(numbers, True)
+            except Exception:
+                log.exception("rebalance listener failed for lost %s partitions %s", self.topic, numbers)
 
     # --- depth ------------------------------------------------------------------------------------
     def depth(self) -> int:
