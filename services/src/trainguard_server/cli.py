@@ -167,15 +167,18 @@ def _rank_value(text: str, what: str) -> Tuple[int, str]:
 def _replay_options(args: argparse.Namespace) -> Any:
     """The ReplayOptions of the parsed ``replay`` flags; ValueError with a message for the user."""
     from .replay import ReplayOptions
-    from .replay.metrics_jsonl import parse_map_rule
+    from .replay.signals import parse_map_rule
     from .replay.times import parse_time_value
 
     metrics = [(0, Path(p)) for p in args.metrics or []]
     metrics += [(r, Path(p)) for r, p in (_rank_value(t, "--metrics-rank") for t in args.metrics_rank or [])]
     logs = [(0, Path(p)) for p in args.log or []]
     logs += [(r, Path(p)) for r, p in (_rank_value(t, "--log-rank") for t in args.log_rank or [])]
-    if not metrics and not logs:
-        raise ValueError("nothing to import: give --metrics and/or --log (or their -rank forms)")
+    if not metrics and not logs and not getattr(args, "inputs", None):
+        raise ValueError("nothing to import: give PATH (a metrics file, run folder or tree of runs), "
+                         "--metrics and/or --log (or their -rank forms)")
+    if not args.run_id and not getattr(args, "inputs", None):
+        raise ValueError("--run-id is required unless PATH is given (then run ids derive from the paths)")
     for _, path in metrics + logs:
         if not path.is_file():
             raise ValueError(f"no such file: {path}")
@@ -199,7 +202,7 @@ def _replay_options(args: argparse.Namespace) -> Any:
     if args.batch_size < 1:
         raise ValueError("--batch-size must be >= 1")
     return ReplayOptions(
-        run_id=args.run_id, run_name=args.run_name or "", project=args.project or "", metrics=metrics,
+        run_id=args.run_id or "", run_name=args.run_name or "", project=args.project or "", metrics=metrics,
         logs=logs, exit_code=args.exit_code, exit_codes=exit_codes, world_size=args.world_size,
         mapping=[parse_map_rule(t) for t in args.map or []], auto_map=not args.no_auto_map,
         step_field=args.step_field, time_field=args.time_field, step_seconds=args.step_seconds,
@@ -209,8 +212,9 @@ def _replay_options(args: argparse.Namespace) -> Any:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import Importer, LocalBackend, RemoteBackend, wait_for_run
-    from .replay.backends import Backend
+    from .replay.backends import Backend, DryRunBackend
     from .replay.report import Progress, print_status, print_summary
+    from .replay.sources.discover import import_runs
 
     try:
         options = _replay_options(args)
@@ -218,7 +222,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.data_dir and args.endpoint:
             raise ValueError("give --endpoint or --data-dir, not both")
         backend: Backend
-        if args.data_dir:
+        if args.dry_run:
+            backend = DryRunBackend()
+        elif args.data_dir:
             backend = LocalBackend(Path(args.data_dir), project=args.project, token=args.token)
         elif endpoint:
             backend = RemoteBackend(endpoint, args.token or os.environ.get("TRAINGUARD_TOKEN"),
@@ -229,12 +235,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"trainguard replay: {exc}", file=sys.stderr)
         return 2
+    if args.inputs:
+        try:
+            return import_runs(args.inputs, args.format, options, backend, quiet=args.quiet,
+                               wait=not args.no_wait and not args.dry_run, wait_timeout=args.wait_timeout)
+        except ValueError as exc:
+            print(f"trainguard replay: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            backend.close()
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
         summary = Importer(options, backend, progress=progress).run()
         progress.finish()
         print_summary(summary, sys.stdout)
-        if summary.accepted and not args.no_wait:
+        if summary.accepted and not args.no_wait and not args.dry_run:
             if backend.can_report:
                 run, complete = wait_for_run(backend, summary, timeout_s=args.wait_timeout)
                 incidents = backend.incidents(options.run_id) if run is not None else []
@@ -250,18 +265,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 REPLAY_EPILOG = """\
+PATH: a metrics file, a run folder or a tree of runs, in any of the formats: TensorBoard event files,
+W&B run folders (.wandb / wandb-history.jsonl), MLflow file store runs (mlruns/), HF Trainer
+trainer_state.json, Lightning CSVLogger metrics.csv (any CSV), Megatron-LM and DeepSpeed text logs,
+JSON lines (detected by shape; --format to say). A tree imports every run found, one run id each
+(deterministic: re-importing changes nothing). Field names and units are recognised by a synonym
+table (docs/replay-formats.md); the summary says which field each signal came from, what is missing
+and what was ignored, and why. --dry-run prints that without importing.
+
 metrics JSON-lines: one object per step; the step is the first of step, global_step,
 trainer/global_step, iteration, iter, _step (or --step-field); the time the first of time, timestamp,
 _timestamp, wall_time, walltime, time_unix_nano holding a unix time (s/ms/us/ns) or ISO 8601 text
 (or --time-field); a "rank" field routes the object to that rank. Other numeric fields are metrics,
 nested objects are flattened with "/", NaN/Infinity and "nan"/"inf" are values.
 
-automatic renames (off with --no-auto-map): train/loss, train_loss, training_loss -> loss;
-grad_norm, train/grad_norm, grad/norm, global_grad_norm, gradient_norm, total_grad_norm ->
-grad/global_norm; grad_norm/<layer> -> grad/layer/<layer>; lr, learning_rate, train/learning_rate,
-train/lr -> opt/lr; loss_scale, grad_scale, scaler/scale -> amp/scale.
+automatic renames (off with --no-auto-map): the synonym table of docs/replay-formats.md -- e.g.
+train/loss, lm loss -> loss; grad_norm -> grad/global_norm; grad_norm/<layer> -> grad/layer/<layer>;
+lr, learning_rate -> opt/lr; loss_scale -> amp/scale; peak_memory_mib -> mem/max_allocated (bytes);
+step_time_ms -> time/step_s; booleans are 0/1.
 
 examples:
+  trainguard replay --data-dir ./tg-data ./runs/            # every run under ./runs, any format
+  trainguard replay --dry-run lightning_logs/version_0/metrics.csv
   trainguard replay --data-dir ./tg-data --run-id job-42 --metrics metrics.jsonl --log train.log \\
       --exit-code 1
   trainguard replay --endpoint http://127.0.0.1:4318 --token $INGEST --read-token $READ \\
@@ -272,13 +297,21 @@ examples:
 
 def _add_replay(sub: Any) -> None:
     replay = sub.add_parser(
-        "replay", help="import a finished run that had no SDK: metrics JSON-lines, logs, exit codes",
+        "replay", help="import finished runs that had no SDK: TensorBoard, W&B, MLflow, HF, Lightning, "
+                       "Megatron/DeepSpeed logs, JSON-lines/CSV metrics, logs, exit codes",
         description="Import a finished run (metrics JSON-lines, log files, exit codes, optionally per\n"
                     "rank) as a TrainGuard run and run detection on it. Re-importing the same files under\n"
                     "the same --run-id changes nothing (event ids derive from run, rank, file and line).",
         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = replay.add_argument_group("the run")
-    what.add_argument("--run-id", required=True, help="the run's id (re-use it to re-import idempotently)")
+    replay.add_argument("inputs", nargs="*", metavar="PATH", type=Path,
+                        help="metrics file, run folder or tree of runs (formats: see below)")
+    replay.add_argument("--format", default="", help="the format of every PATH (default: detected): "
+                        "tensorboard, mlflow, wandb, hf-trainer, megatron, deepspeed, csv, jsonl")
+    replay.add_argument("--dry-run", action="store_true", help="read and recognise, print what would be "
+                        "imported (per signal its field, what is missing, what is ignored), send nothing")
+    what.add_argument("--run-id", help="the run's id (re-use it to re-import idempotently; with PATH: the "
+                      "prefix of the run ids, default derived from the paths)")
     what.add_argument("--run-name", help="display name (default: the run id)")
     what.add_argument("--project",
                       help="project (default: the token's; with --data-dir its bootstrap project)")
@@ -295,9 +328,11 @@ def _add_replay(sub: Any) -> None:
     what.add_argument("--host", help="host name to record")
     what.add_argument("--tag", action="append", metavar="KEY=VALUE", help="tag for the run (repeatable)")
     fields = replay.add_argument_group("fields and times")
-    fields.add_argument("--map", action="append", metavar="SOURCE=TARGET",
+    fields.add_argument("--map", action="append", metavar="SOURCE=TARGET[*FACTOR]",
                         help="rename a metric (after flattening); 'prefix/*=new/*' renames a prefix; an "
-                             "empty TARGET drops the field; wins over the automatic renames (repeatable)")
+                             "empty TARGET drops the field; '*FACTOR' multiplies the value "
+                             "('gpu_mem_mb=mem/allocated*1048576'); wins over the automatic renames "
+                             "(repeatable)")
     fields.add_argument("--no-auto-map", action="store_true", help="keep field names as they are")
     fields.add_argument("--step-field", help="the field that holds the step")
     fields.add_argument("--time-field", help="the field that holds the time (unit by magnitude: s/ms/us/ns)")
