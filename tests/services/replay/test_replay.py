@@ -192,9 +192,10 @@ def test_malformed_lines_nan_literals_and_field_mapping(tmp_path: Path, capsys: 
     assert code == 0, out
     assert "3 records" in out and "2 malformed lines skipped" in out
     assert "line 3: not JSON" in out and "line 4: not JSON" in out
-    assert "non-numeric values ignored: phase (3)" in out
+    assert "ignored 'phase': not a number (3 values)" in out
     stored = _stored(data, "mapped")
-    assert stored["metrics"] == ["eval/perplexity", "grad/layer/enc", "grad/layer/total", "loss", "opt/lr"]
+    # {"grad_norm": {"total": ...}}: the global norm (issue 19), its other keys per-layer norms
+    assert stored["metrics"] == ["eval/perplexity", "grad/global_norm", "grad/layer/enc", "loss", "opt/lr"]
     assert stored["run"]["last_step"] == 3
     stores = open_sqlite_stores(data)
     try:

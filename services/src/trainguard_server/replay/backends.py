@@ -256,3 +256,14 @@ class LocalBackend(Backend):
             self.processor.stop(drain=True)
         self.queue.close()
         self.stores.close()
+
+
+# --------------------------------------------------------------------------------------------- dry run
+
+class DryRunBackend(Backend):
+    """``--dry-run``: counts what would be sent and stores nothing (every envelope "accepted")."""
+
+    description = "nowhere (--dry-run: nothing imported)"
+
+    def send(self, events: Sequence[Event], timeout: float) -> SendResult:
+        return SendResult(accepted=len(events), duplicates=0, rejected=[])

@@ -83,8 +83,10 @@ from trainguard_engine.catalogue import signal_of_exit_code
 from .. import __version__
 from .backends import Backend
 from .logs import LogItem, LogReader, LogStats, scan_log
-from .metrics_jsonl import FieldMap, MetricsReader, MetricsStats, peek_times
+from .metrics_jsonl import MetricsStats
 from .recognised import classified
+from .signals import Recognition, Recognizer
+from .sources.base import MissingLibrary, Source, SourceOptions
 
 SDK = f"trainguard-replay/{__version__}"
 MAX_POINTS = 1000
@@ -122,7 +124,8 @@ class ReplayOptions:
     run_id: str
     run_name: str = ""
     project: str = ""
-    metrics: Sequence[Tuple[int, Path]] = ()    # (rank, file); objects with a "rank" field go there
+    metrics: Sequence[Tuple[int, Path]] = ()    # (rank, JSON-lines file); a "rank" field routes an object
+    inputs: Sequence[Tuple[int, Path, str]] = ()  # (rank, file or run folder, format; "" = detected)
     logs: Sequence[Tuple[int, Path]] = ()       # (rank of unprefixed lines, file)
     exit_code: Optional[int] = None             # every rank's, unless exit_codes says otherwise
     exit_codes: Mapping[int, int] = field(default_factory=dict)
@@ -158,6 +161,14 @@ class SourceSummary:
     ranks: List[int] = field(default_factory=list)
     metrics: Optional[MetricsStats] = None
     log: Optional[LogStats] = None
+    reader: Optional[Source] = None
+    recognition: Optional[Recognition] = None
+    step_total_ns: int = 0          # "from step times": the sum of the records' step durations
+
+    @property
+    def key(self) -> str:
+        """The name event ids derive from (the file or run folder name)."""
+        return self.reader.key if self.reader is not None else self.path.name
 
     @property
     def timed(self) -> bool:
@@ -174,7 +185,8 @@ class SourceSummary:
     def describe(self) -> str:
         if self.metrics is not None:
             m = self.metrics
-            parts = [f"{m.lines} lines, {m.records} records, {m.points} values"]
+            fmt = f"{self.reader.format}: " if self.reader is not None else ""
+            parts = [f"{fmt}{m.lines} lines, {m.records} records, {m.points} values"]
             step = "line position (no step field)" if m.numbered else repr(m.step_field or "-")
             parts.append(f"step from {step}")
             parts.append(f"times {self.time_mode}" + (f" ({m.time_field!r})" if m.time_field else ""))
@@ -185,13 +197,13 @@ class SourceSummary:
             if m.no_values:
                 parts.append(f"{m.no_values} objects without numeric values")
             if m.non_numeric:
-                top = ", ".join(f"{k} ({n})" for k, n in m.non_numeric.most_common(5))
-                more = len(m.non_numeric) - 5
-                parts.append(f"{sum(m.non_numeric.values())} non-numeric values ignored: {top}"
-                             + (f" and {more} more fields" if more > 0 else ""))
+                parts.append(f"{sum(m.non_numeric.values())} non-numeric values ignored")
             if m.dropped_by_map:
                 parts.append(f"{m.dropped_by_map} values dropped by --map")
-            return "; ".join(parts)
+            said = "; ".join(parts)
+            if self.recognition is not None:
+                said += "".join(f"\n    {line}" for line in self.recognition.lines(m.non_numeric))
+            return said
         if self.log is not None:
             g = self.log
             parts = [f"{g.lines} lines, {g.recognised} recognised by the classifier, {g.log_lines} log "
@@ -349,7 +361,7 @@ class _Builder:
             alert = ""  # a routine fp16 overflow, as the SDK treats it
         recent = state.recent() if alert else []
         names = list(values)
-        source = f"metrics:{item.source.path.name}"
+        source = f"metrics:{item.source.key}"
         out: List[Tuple[Event, str, int]] = []
         for chunk, lo in enumerate(range(0, len(names), MAX_POINTS)):
             part = {n: values[n] for n in names[lo:lo + MAX_POINTS]}
@@ -506,7 +518,6 @@ class Importer:
         self.progress: ProgressSink = progress or _NoProgress()
         self.clock = clock
         self.sleep = sleep
-        self.field_map = FieldMap(options.mapping, auto=options.auto_map)
         self.summary = ReplaySummary(run_id=options.run_id, backend=backend.description)
         self.shift = 0
         self.anchor = 0
@@ -517,13 +528,16 @@ class Importer:
         o = self.options
         now = self.clock()
         dt = int(o.step_seconds * 1e9)
-        sizes = [Path(p).stat().st_size for _, p in o.metrics]
+        readers = [(rank, self._open(Path(path), "jsonl")) for rank, path in o.metrics]
+        readers += [(rank, self._open(Path(path), fmt)) for rank, path, fmt in o.inputs]
+        sizes = [reader.size() for _, reader in readers]
         sizes += [2 * Path(p).stat().st_size for _, p in o.logs]  # scanned, then read
         self.progress.start(sum(sizes))
         sources: List[SourceSummary] = []
-        for rank, path in o.metrics:
-            src = SourceSummary("metrics", Path(path), rank, len(sources))
-            src.lines, src.first_ns, src.last_ns = peek_times(src.path, time_field=o.time_field)
+        for rank, reader in readers:
+            src = SourceSummary("metrics", reader.path, rank, len(sources), reader=reader,
+                                recognition=reader.recognizer.report)
+            src.lines, src.first_ns, src.last_ns = reader.peek()
             src.ranks = [rank]
             sources.append(src)
         for rank, path in o.logs:
@@ -541,7 +555,7 @@ class Importer:
         elif log_last is not None and any(not s.timed for s in metrics):
             self.anchor = log_last
         elif untimed:  # when the job last wrote them: deterministic, so a re-import sends the same times
-            self.anchor = max(s.path.stat().st_mtime_ns for s in untimed)
+            self.anchor = max(_mtime_ns(s.path) for s in untimed)
         else:
             self.anchor = now
         for src in metrics:
@@ -549,6 +563,9 @@ class Importer:
                 assert src.first_ns is not None
                 last = src.last_ns if src.last_ns is not None else src.first_ns
                 src.span, src.time_mode = (min(src.first_ns, last), max(src.first_ns, last)), "from the file"
+            elif self._step_times(src, dt):
+                src.span = (self.anchor - src.step_total_ns, self.anchor)
+                src.time_mode = f"from the step-time field ({_STEP_TIME})"
             else:
                 src.span = (self.anchor - max(0, src.lines - 1) * dt, self.anchor)
                 src.time_mode = f"spaced {o.step_seconds:g} s apart"
@@ -577,17 +594,49 @@ class Importer:
         return sources
 
     # -- streams ------------------------------------------------------------------------------------------
+    def _open(self, path: Path, fmt: str) -> Source:
+        """A reader of one metrics input with its own recognizer (it remembers its fields' units)."""
+        from .sources.registry import open_source
+
+        o = self.options
+        try:
+            return open_source(path, fmt, Recognizer(o.mapping, auto=o.auto_map),
+                               SourceOptions(o.step_field, o.time_field, self.progress.add_bytes))
+        except ValueError as exc:
+            raise ReplayAborted(str(exc)) from None
+
+    def _step_times(self, src: SourceSummary, dt: int) -> bool:
+        """An untimed source whose records carry a step time: sum them (a pass over a fresh reader) into
+        ``src.step_total_ns``; False when no record has one."""
+        assert src.reader is not None
+        total = 0
+        found = False
+        for rec in src.reader.clone():
+            d = rec.values.get(_STEP_TIME)
+            if d is not None and d == d and 0 < d < 86400 * 365:
+                total += int(d * 1e9)
+                found = True
+            else:
+                total += dt
+        src.step_total_ns = total
+        return found
+
     def _metrics_items(self, src: SourceSummary) -> Iterator[_Item]:
         o = self.options
-        reader = MetricsReader(src.path, self.field_map, step_field=o.step_field, time_field=o.time_field,
-                               on_bytes=self.progress.add_bytes)
+        reader = src.reader
+        assert reader is not None
         src.metrics = reader.stats
         dt = int(o.step_seconds * 1e9)
         carry = src.first_ns or 0
+        done = 0
         for rec in reader:
             if src.timed:
                 time_ns = rec.time_ns if rec.time_ns is not None else carry
                 carry = time_ns
+            elif src.step_total_ns:
+                d = rec.values.get(_STEP_TIME)
+                done += int(d * 1e9) if d is not None and d == d and 0 < d < 86400 * 365 else dt
+                time_ns = self.anchor - (src.step_total_ns - done)
             else:
                 time_ns = self.anchor - (src.lines - 1 - rec.position) * dt
             rank = rec.rank if rec.rank is not None else src.rank
@@ -623,7 +672,7 @@ class Importer:
             known = [r for s in sources for r in s.ranks] + list(o.exit_codes)
             world = o.world_size or (max(known) + 1 if known else 1)
             tags = {"replay": "true", "launcher": "replay",
-                    "replay.files": ",".join(s.path.name for s in sources)}
+                    "replay.files": ",".join(s.key for s in sources)}
             if self.shift:
                 tags["replay.time_shift_s"] = f"{self.shift / 1e9:.0f}"
             tags.update(o.tags)
@@ -643,13 +692,24 @@ class Importer:
                 for event, origin, size in builder.exits(default_ns, summary):
                     sender.add(event, origin, size)
                 sender.flush()
-        except ReplayAborted as exc:
+        except (ReplayAborted, MissingLibrary) as exc:
             summary.error = str(exc)
         except OSError as exc:
             name = getattr(exc, "filename", "") or "an input file"
             summary.error = f"cannot read {name}: {exc.strerror or exc}"
         summary.elapsed_s = time.monotonic() - started
         return summary
+
+
+_STEP_TIME = "time/step_s"
+
+
+def _mtime_ns(path: Path) -> int:
+    """When the job last wrote ``path`` (a folder: its newest file)."""
+    if path.is_dir():
+        files = (p.stat().st_mtime_ns for p in path.rglob("*") if p.is_file())
+        return max(files, default=path.stat().st_mtime_ns)
+    return path.stat().st_mtime_ns
 
 
 def wait_for_run(backend: Backend, summary: ReplaySummary, *, timeout_s: float = 120.0,

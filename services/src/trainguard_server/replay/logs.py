@@ -61,10 +61,15 @@ MAX_TRACEBACK_CHARS = 64_000
 MAX_LINE_CHARS = 8192
 
 _PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)\]:(?: )?")
-_COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\d+(?:, ip=[\d.]+)?\) )")
-"""What a paste puts before a line: a viewer's line-number column (``[80746] ``, ``  12 | ``) or Ray's
-``(RayWorkerWrapper pid=4009) `` worker prefix."""
+_COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\d+(?:, ip=[\d.]+)?\) "
+                        r"|[a-z][\w.-]{0,60}[-_]\d{1,4} +\| ?)")
+"""What a paste puts before a line: a viewer's line-number column (``[80746] ``, ``  12 | ``), Ray's
+``(RayWorkerWrapper pid=4009) `` worker prefix or docker compose's ``trainer-worker-1    | `` service
+column."""
 _FRAME_LINE_RE = re.compile(r'^\s+File "[^"]*", line \d+')
+_LOOSE_FRAME_RE = re.compile(r'^ ?File "[^"]*", line \d+')
+"""A frame line a paste lost its indentation on (``File "x.py", line 3, in f`` at column 0 or 1)."""
+_LOOSE_FRAME_FIX_RE = re.compile(r'^ ?File "(?=[^"\n]*", line \d+)', re.MULTILINE)
 _EXCEPTION_LINE_RE = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failure)|Exception)(?::\s.*|:?)$")
 """A Python exception line (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``, ``AssertionError``)."""
@@ -301,6 +306,8 @@ class _Stream:
                 self.message_lines = 0
             return True, False
         if not self.in_message:
+            if _LOOSE_FRAME_RE.match(text):
+                return True, False  # a frame whose indentation the paste lost
             self.in_message = True  # the exception line
             return True, False
         if _ANY_HEADER_RE.search(text):
@@ -417,17 +424,33 @@ class LogSegmenter:
         if not block:
             return
         text = "\n".join(t for _, t in block)
-        parsed = _cut_chain(parse_traceback_text(_HEADER + text if headless else text))
+        readable = _LOOSE_FRAME_FIX_RE.sub('  File "', text) if mode == _PYTHON else text
+        parsed = _cut_chain(parse_traceback_text(_HEADER + readable if headless else readable))
         payload = exception_payload(parsed, text)
         if payload is None or (mode == _PYTHON and payload["type"] == UNKNOWN_EXCEPTION):
             # a Python traceback cut before its exception line says nothing of what failed: its lines
-            # go on as lines (one may still say it, e.g. an NCCL error printed inside it)
+            # go on as lines (one may still say it, e.g. an NCCL error printed inside it; in pasted text
+            # a bare ``RuntimeError: ...`` line among them is an exception of its own)
             for number, line in block:
-                if line.strip():
-                    self._line(stream.rank, number, line, time_ns, precision_ns)
+                if not line.strip():
+                    continue
+                if self.headless and _EXCEPTION_LINE_RE.match(line) and self._bare_exception(
+                        stream.rank, number, line, time_ns, precision_ns):
+                    continue
+                self._line(stream.rank, number, line, time_ns, precision_ns)
             return
         self._emit(LogItem("exception", stream.rank, block[0][0], block[-1][0], time_ns, "CRITICAL",
                            payload=payload, precision_ns=precision_ns))
+
+    def _bare_exception(self, rank: int, number: int, line: str, time_ns: Optional[int],
+                        precision_ns: int) -> bool:
+        """``line`` (an exception line with no traceback that parses) as an exception item; False if not."""
+        payload = exception_payload(parse_traceback_text(_HEADER + line), line)
+        if payload is None or payload["type"] == UNKNOWN_EXCEPTION:
+            return False
+        self._emit(LogItem("exception", rank, number, number, time_ns, "CRITICAL", payload=payload,
+                           precision_ns=precision_ns))
+        return True
 
     def _line(self, rank: int, number: int, text: str, time_ns: Optional[int], precision_ns: int) -> None:
         level = line_level(text)

@@ -1,6 +1,8 @@
-"""Metrics JSON-lines files (one object per step) → numeric records, and the field-name mapping.
+"""Metrics JSON-lines files (one object per step): the record type, the step/time/rank conventions shared by
+every dict-shaped reader, and the cheap time scan (the reader itself is :class:`.sources.jsonl.JsonlSource`,
+re-exported here as :class:`MetricsReader`; names and units: :mod:`.signals`).
 
-Contract of :class:`MetricsReader` (iterate it; counts land in :attr:`MetricsReader.stats`):
+Contract of a JSON-lines file (iterate the reader; counts land in :attr:`MetricsReader.stats`):
 
 * One JSON object per line; blank lines are ignored. A line that is not JSON, or not an object, or whose
   step is not a non-negative integer, is **skipped and counted** with its line number
@@ -14,20 +16,22 @@ Contract of :class:`MetricsReader` (iterate it; counts land in :attr:`MetricsRea
 * **Time**: the first of :data:`TIME_FIELDS` present whose value is an absolute time (see
   :mod:`.times`), or ``time_field``; None otherwise (the importer supplies one).
 * **Rank**: an integer ``rank`` field routes the object to that rank (else the file's rank).
-* **Values**: every other field. Numbers (not booleans) are metrics; nested objects are flattened with
-  ``/`` (``{"grad_norm": {"layer1": 0.1}}`` → ``grad_norm/layer1``); anything else (strings, lists, null,
-  booleans) is ignored and counted by field name in ``non_numeric``. Then :class:`FieldMap` renames.
+* **Values**: every other field. Numbers and booleans (0/1) are metrics; nested objects are flattened with
+  ``/`` (``{"grad_norm": {"layer1": 0.1}}`` → ``grad_norm/layer1``); anything else (strings, lists, null)
+  is ignored and counted by field name in ``non_numeric``. Then :class:`~.signals.Recognizer` renames and
+  converts units (``FieldMap`` is its old name).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .signals import Recognizer, parse_map_rule, to_number
+from .signals_table import SIGNALS
 from .times import parse_time_value
 
 STEP_FIELDS = ("step", "global_step", "trainer/global_step", "iteration", "iter", "_step")
@@ -36,47 +40,13 @@ RANK_FIELD = "rank"
 MAX_REPORTED = 20
 """Malformed lines kept with their line number and reason (all are counted)."""
 
-AUTO_MAP: Dict[str, str] = {
-    "train/loss": "loss", "train_loss": "loss", "training_loss": "loss",
-    "grad_norm": "grad/global_norm", "train/grad_norm": "grad/global_norm", "grad/norm": "grad/global_norm",
-    "global_grad_norm": "grad/global_norm", "gradient_norm": "grad/global_norm",
-    "total_grad_norm": "grad/global_norm",
-    "lr": "opt/lr", "learning_rate": "opt/lr", "train/learning_rate": "opt/lr", "train/lr": "opt/lr",
-    "loss_scale": "amp/scale", "grad_scale": "amp/scale", "scaler/scale": "amp/scale",
-}
-"""Automatic renames of common names to TrainGuard's (applied only when the target name is not itself a
-field of the same object; ``--no-auto-map`` turns them off)."""
-AUTO_PREFIX_MAP: Dict[str, str] = {"grad_norm/": "grad/layer/", "grad_norms/": "grad/layer/"}
-"""Automatic prefix renames: per-layer gradient norms nested under ``grad_norm``."""
+FieldMap = Recognizer
+AUTO_MAP: Dict[str, str] = {n: s.target for s in SIGNALS if not s.target.endswith("/") for n in s.names}
+"""The synonym table's exact names (normalised; see :mod:`.signals_table`)."""
+AUTO_PREFIX_MAP: Dict[str, str] = {p: s.target for s in SIGNALS for p in s.prefixes}
+"""The synonym table's per-layer families."""
 
-_NON_FINITE = {"nan": math.nan, "+nan": math.nan, "-nan": math.nan, "inf": math.inf, "+inf": math.inf,
-               "infinity": math.inf, "+infinity": math.inf, "-inf": -math.inf, "-infinity": -math.inf}
-
-
-def to_number(value: Any) -> Optional[float]:
-    """A metric value as a float (non-finite ones included), or None when ``value`` is not numeric."""
-    if isinstance(value, float):
-        return value
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        try:
-            return float(value)
-        except OverflowError:
-            return math.inf if value > 0 else -math.inf
-    if isinstance(value, str):
-        text = value.strip().lower()
-        special = _NON_FINITE.get(text)
-        if special is not None:
-            return special
-        try:
-            return float(text)
-        except ValueError:
-            return None
-    return None
-
-
-def _to_step(value: Any) -> Optional[int]:
+def to_step(value: Any) -> Optional[int]:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -88,75 +58,6 @@ def _to_step(value: Any) -> Optional[int]:
     else:
         return None
     return step if 0 <= step < 2**62 else None
-
-
-class FieldMap:
-    """Source field name → TrainGuard metric name.
-
-    ``rules``: ``(source, target)`` pairs from ``--map``; a source ending in ``*`` is a prefix and the
-    target's ``*`` (if any) stands for the rest (``grad_norm/*=grad/layer/*``). An empty target drops the
-    field. User rules win over the automatic ones (:data:`AUTO_MAP`, :data:`AUTO_PREFIX_MAP`).
-    """
-
-    def __init__(self, rules: Sequence[Tuple[str, str]] = (), auto: bool = True) -> None:
-        self.exact: Dict[str, str] = {}
-        self.prefixes: List[Tuple[str, str]] = []
-        for source, target in rules:
-            if source.endswith("*"):
-                self.prefixes.append((source[:-1], target))
-            else:
-                self.exact[source] = target
-        self.auto = auto
-        self._memo: Dict[str, Tuple[str, bool]] = {}
-
-    def _target(self, name: str) -> Tuple[str, bool]:
-        """(new name, whether it is an automatic rename)."""
-        known = self._memo.get(name)
-        if known is not None:
-            return known
-        result: Tuple[str, bool] = (name, False)
-        if name in self.exact:
-            result = (self.exact[name], False)
-        else:
-            for prefix, target in self.prefixes:
-                if name.startswith(prefix):
-                    rest = name[len(prefix):]
-                    result = (target.replace("*", rest) if "*" in target else target, False)
-                    break
-            else:
-                if self.auto:
-                    if name in AUTO_MAP:
-                        result = (AUTO_MAP[name], True)
-                    else:
-                        for prefix, target in AUTO_PREFIX_MAP.items():
-                            if name.startswith(prefix):
-                                result = (target + name[len(prefix):], True)
-                                break
-        if len(self._memo) < 65536:
-            self._memo[name] = result
-        return result
-
-    def apply(self, values: Mapping[str, float]) -> Tuple[Dict[str, float], int]:
-        """The renamed values (in source order) and how many fields a rule dropped."""
-        out: Dict[str, float] = {}
-        dropped = 0
-        for name, value in values.items():
-            target, automatic = self._target(name)
-            if not target:
-                dropped += 1
-                continue
-            if automatic and target in values:
-                target = name  # "loss" and "train/loss" side by side: keep both as they are
-            out[target] = value
-        return out, dropped
-
-
-def parse_map_rule(text: str) -> Tuple[str, str]:
-    """``SOURCE=TARGET`` → (source, target); ValueError when there is no ``=`` or no source."""
-    source, sep, target = text.partition("=")
-    if not sep or not source.strip():
-        raise ValueError(f"--map wants SOURCE=TARGET, got {text!r}")
-    return source.strip(), target.strip()
 
 
 @dataclass
@@ -193,103 +94,6 @@ class MetricsStats:
         self.malformed += 1
         if len(self.malformed_lines) < MAX_REPORTED:
             self.malformed_lines.append((line, reason))
-
-
-def _flatten(obj: Mapping[str, Any], prefix: str, out: Dict[str, float], ignored: Counter[str]) -> None:
-    for key, value in obj.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            _flatten(value, name, out, ignored)
-            continue
-        number = to_number(value)
-        if number is None:
-            ignored[name] += 1
-        else:
-            out[name] = number
-
-
-class MetricsReader:
-    """Iterates the :class:`MetricsRecord` of one file (see the module doc); ``on_bytes(n)`` is called
-    with the size of every line read (progress)."""
-
-    def __init__(self, path: Path, field_map: FieldMap, *, step_field: Optional[str] = None,
-                 time_field: Optional[str] = None, on_bytes: Optional[Callable[[int], None]] = None) -> None:
-        self.path = path
-        self.field_map = field_map
-        self.step_field = step_field
-        self.time_field = time_field
-        self.on_bytes = on_bytes
-        self.stats = MetricsStats()
-
-    def __iter__(self) -> Iterator[MetricsRecord]:
-        stats = self.stats
-        decided = self.step_field is not None
-        step_name = self.step_field or ""
-        position = -1
-        with open(self.path, "rb") as fh:
-            for number, raw in enumerate(fh, 1):
-                if self.on_bytes is not None:
-                    self.on_bytes(len(raw))
-                if not raw.strip():
-                    continue
-                stats.lines += 1
-                position += 1
-                try:
-                    obj = json.loads(raw)
-                except ValueError as exc:
-                    stats.bad(number, f"not JSON ({exc})")
-                    continue
-                if not isinstance(obj, dict):
-                    stats.bad(number, f"not a JSON object ({type(obj).__name__})")
-                    continue
-                if not decided:
-                    step_name = next((f for f in STEP_FIELDS if f in obj), "")
-                    stats.numbered = not step_name
-                    stats.step_field = step_name
-                    decided = True
-                record = self._record(obj, number, position, step_name)
-                if record is not None:
-                    yield record
-
-    def _record(self, obj: Dict[str, Any], number: int, position: int,
-                step_name: str) -> Optional[MetricsRecord]:
-        stats = self.stats
-        if stats.numbered:
-            step: Optional[int] = position
-        elif step_name in obj:
-            step = _to_step(obj.pop(step_name))
-            if step is None:
-                stats.bad(number, f"{step_name!r} is not a non-negative integer")
-                return None
-        else:
-            stats.no_step += 1
-            return None
-        for other in STEP_FIELDS:  # a second step-like field is bookkeeping, not a metric
-            obj.pop(other, None)
-        time_ns: Optional[int] = None
-        for name in (self.time_field,) if self.time_field else TIME_FIELDS:
-            if name in obj:
-                parsed = parse_time_value(obj[name])
-                if parsed is not None:
-                    time_ns = parsed
-                    del obj[name]
-                    stats.time_field = stats.time_field or name
-                    break
-        rank: Optional[int] = None
-        if RANK_FIELD in obj:
-            value = obj.pop(RANK_FIELD)
-            rank = value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-        flat: Dict[str, float] = {}
-        _flatten(obj, "", flat, stats.non_numeric)
-        values, dropped = self.field_map.apply(flat)
-        stats.dropped_by_map += dropped
-        if not values:
-            stats.no_values += 1
-            return None
-        stats.records += 1
-        stats.points += len(values)
-        assert step is not None
-        return MetricsRecord(number, position, step, time_ns, rank, values)
 
 
 def peek_times(path: Path, *, time_field: Optional[str] = None, tail_bytes: int = 1 << 16
@@ -330,3 +134,22 @@ def _time_of(raw: bytes, names: Sequence[str]) -> Optional[int]:
             if parsed is not None:
                 return parsed
     return None
+
+
+from .sources.jsonl import MetricsReader  # noqa: E402  (the reader; defined after the names it uses)
+
+__all__ = [
+    "AUTO_MAP",
+    "AUTO_PREFIX_MAP",
+    "RANK_FIELD",
+    "STEP_FIELDS",
+    "TIME_FIELDS",
+    "FieldMap",
+    "MetricsReader",
+    "MetricsRecord",
+    "MetricsStats",
+    "parse_map_rule",
+    "peek_times",
+    "to_number",
+    "to_step",
+]

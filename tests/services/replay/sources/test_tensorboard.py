@@ -1,0 +1,80 @@
+"""TensorBoard event files written by the real ``torch.utils.tensorboard.SummaryWriter``, read by
+:class:`TensorBoardSource` (the ``tensorboard`` package's reader) and imported end to end."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, List
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from trainguard_server.cli import main
+from trainguard_server.replay.sources.registry import detect
+from trainguard_server.replay.sources.tensorboard import TensorBoardSource
+from trainguard_server.storage.sqlite import open_sqlite_stores
+
+
+def _write(run: Path, steps: int, diverge_at: int = -1) -> List[float]:
+    """A run as a user's loop writes it: names of HF/Lightning style, memory in MiB, a clip flag."""
+    writer = SummaryWriter(str(run))
+    losses = []
+    for step in range(steps):
+        loss = 2.0 * math.exp(-step / 30) + 0.05 * math.sin(step)
+        if diverge_at >= 0 and step >= diverge_at:
+            loss = 2.0 * 1.35 ** (step - diverge_at + 4)
+        losses.append(loss)
+        writer.add_scalar("train/loss", loss, step)
+        writer.add_scalar("train/grad_norm", 1.0 + 0.01 * step, step)
+        writer.add_scalar("grad_norm/encoder.layer.0", 0.5, step)
+        writer.add_scalar("grad_norm/decoder.out", 0.25, step)
+        writer.add_scalar("train/learning_rate", 1e-3, step)
+        writer.add_scalar("gpu_mem_allocated_mib", 512.0 + step, step)
+        writer.add_scalar("grad_clipped", float(step % 2), step)
+        if step % 10 == 0:
+            writer.add_histogram("weights", torch.randn(16), step)
+            writer.add_scalar("eval/acc", 0.5, step, new_style=True)
+    writer.close()
+    return losses
+
+
+def test_reads_scalars_by_step_with_times_names_and_units(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "exp1"
+    before = time.time_ns()
+    losses = _write(run, 30)
+    assert detect(run) == "tensorboard"
+    src = TensorBoardSource(run)
+    records = list(src)
+    assert [r.step for r in records] == list(range(30))
+    assert all(before <= (r.time_ns or 0) <= time.time_ns() for r in records)
+    first = records[0].values
+    assert first["loss"] == float(torch.tensor(losses[0], dtype=torch.float32))  # TB stores float32
+    assert first["grad/global_norm"] == 1.0 and first["opt/lr"] == float(torch.tensor(1e-3))
+    assert first["grad/layer/encoder.layer.0"] == 0.5 and first["grad/layer/decoder.out"] == 0.25
+    assert first["mem/allocated"] == 512.0 * 2**20  # MiB -> bytes
+    assert first["grad/clip_triggered"] == 0.0 and records[1].values["grad/clip_triggered"] == 1.0
+    assert first["eval/acc"] == 0.5  # a new-style (tensor) scalar
+    assert src.stats.non_numeric["weights"] == 3  # histograms are not scalars: counted, skipped
+    said = "\n".join(src.recognizer.report.lines())
+    assert "loss <- 'train/loss'" in said and "grad/layer/* <- grad_norm/* (2 layers)" in said
+    assert "mem/allocated <- 'gpu_mem_allocated_mib' (MiB)" in said
+
+
+def test_import_of_a_diverging_run_finds_the_divergence(tmp_path: Path, capsys: Any) -> None:
+    run = tmp_path / "tb"
+    _write(run, 60, diverge_at=40)
+    data = tmp_path / "data"
+    code = main(["replay", "--data-dir", str(data), "--run-id", "tb-run", "--quiet", str(run)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "tensorboard: " in out and "60 records" in out
+    stores = open_sqlite_stores(data)
+    try:
+        page = stores.incidents.list_incidents("default", run_id="tb-run", limit=50)
+    finally:
+        stores.close()
+    found = {(i.category, i.subtype) for i in page.items}
+    assert ("loss", "divergence") in found, (found, out)
+    assert min(i.first_step for i in page.items if i.category == "loss") >= 35
