@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
+from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
 from .base import (
@@ -51,6 +52,7 @@ from .base import (
     StoredEvent,
     TokenInfo,
 )
+from .cluster_merge import merge_views
 from .common import (
     FINITE,
     SNIPPET_TOKENS,
@@ -630,6 +632,13 @@ CREATE TABLE IF NOT EXISTS clusters (
     PRIMARY KEY (project, fingerprint)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS clusters_recent ON clusters (project, last_ns DESC, fingerprint);
+CREATE TABLE IF NOT EXISTS cluster_views (
+    project      TEXT NOT NULL,
+    fingerprint  TEXT NOT NULL,
+    source       TEXT NOT NULL,       -- one partition's pipeline (merge_clusters)
+    doc          TEXT NOT NULL,       -- that source's cumulative Cluster.to_dict() as JSON
+    PRIMARY KEY (project, fingerprint, source)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS incident_workflow (
     project      TEXT NOT NULL,
     incident_id  TEXT NOT NULL,
@@ -654,8 +663,10 @@ class SqliteIncidentStore(IncidentStore):
     """Records as JSON documents plus the columns listings filter and order on; upserts replace the whole
     document. Listings are newest first with keyset cursors ``(ns, id)``."""
 
-    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
+    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS,
+                 cluster_max_members: Optional[int] = None) -> None:
         self._db = Database(path, _INCIDENTS_SCHEMA, synchronous=synchronous)
+        self._max_members = int(cluster_max_members or DetectionSettings().cluster_max_members)
 
     # runs
     def upsert_runs(self, runs: Sequence[RunRecord]) -> None:
@@ -731,6 +742,35 @@ class SqliteIncidentStore(IncidentStore):
         with self._db.write() as conn:
             conn.executemany("INSERT OR REPLACE INTO clusters (project, fingerprint, first_ns, last_ns, doc) "
                              "VALUES (?, ?, ?, ?, ?)", rows)
+            conn.executemany("DELETE FROM cluster_views WHERE project = ? AND fingerprint = ?",
+                             [(c.project, c.fingerprint) for c in clusters])
+
+    def merge_clusters(self, source: str, clusters: Sequence[Cluster]) -> None:
+        """Join each record into ``source``'s view of its cluster and store the merge of all the cluster's
+        views (:func:`~.cluster_merge.merge_views`), in one transaction (SQLite has one writer at a time)."""
+        if not clusters:
+            return
+        grouped: Dict[Tuple[str, str], List[Cluster]] = {}
+        for c in clusters:
+            grouped.setdefault((c.project, c.fingerprint), []).append(c)
+        with self._db.write() as conn:
+            for (project, fingerprint), given in sorted(grouped.items()):
+                rows = conn.execute("SELECT source, doc FROM cluster_views WHERE project = ? AND "
+                                    "fingerprint = ?", (project, fingerprint)).fetchall()
+                views = {row[0]: Cluster.from_dict(json.loads(row[1])) for row in rows}
+                old = views.get(source)
+                joined = merge_views(given + ([old] if old is not None else []), same_source=True,
+                                     max_members=self._max_members)
+                if old is not None and joined == old:
+                    continue  # idempotent: nothing new from this source
+                views[source] = joined
+                conn.execute("INSERT OR REPLACE INTO cluster_views (project, fingerprint, source, doc) "
+                             "VALUES (?, ?, ?, ?)",
+                             (project, fingerprint, source, json.dumps(joined.to_dict())))
+                total = merge_views(list(views.values()), same_source=False, max_members=self._max_members)
+                conn.execute("INSERT OR REPLACE INTO clusters (project, fingerprint, first_ns, last_ns, doc) "
+                             "VALUES (?, ?, ?, ?, ?)", (project, fingerprint, int(total.first_ns),
+                                                        int(total.last_ns), json.dumps(total.to_dict())))
 
     def get_cluster(self, project: str, fingerprint: str) -> Optional[Cluster]:
         row = self._db.reader().execute("SELECT doc FROM clusters WHERE project = ? AND fingerprint = ?",
