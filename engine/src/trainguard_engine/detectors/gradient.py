@@ -12,7 +12,7 @@ from trainguard.core.events import from_wire_float, wire_float
 
 from .. import robust
 from ..catalogue import DetectionSettings
-from ..incidents import Finding
+from ..incidents import Finding, resolve
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from . import fmt_number, window
@@ -103,6 +103,9 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
             if found is not None:
                 out.append(found)
                 numeric_open = True
+                grad_state["climb"] = [grad_state["gate"][0], grad_point[1], 0]  # [baseline, step, calm]
+    elif grad_point is not None and math.isfinite(grad_point[2]) and numeric_open:
+        _climb_settled(run, rank, state, grad_point, time_ns, settings)
     # 3. clipping that eats the update (judged when the step's loss arrives)
     if loss_point is not None and math.isfinite(loss_point[2]) and not numeric_open:
         found = check_clip(run, rank, loss_point[0], loss_point[1], time_ns, event_id, settings, tuned)
@@ -178,6 +181,33 @@ def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: i
                  f"{ratio:.3g}x its running median at step {step}{lr}. The loss is still finite: a gradient "
                  f"explosion in the making, flagged before the first NaN. Look at the learning rate and its "
                  f"schedule, the clipping, and the data around step {onset[0]}."))
+
+
+def _climb_settled(run: RunState, rank: RankState, state: Dict[str, Any], grad_point: Tuple[str, int, float],
+                   time_ns: int, settings: DetectionSettings) -> None:
+    """Resolve a gradient explosion flagged before any non-finite value (:func:`check_climb`) once the norm
+    came back: ``explosion_resolve_points`` readings in a row below ``explosion_onset_factor`` x the
+    baseline the climb was measured from, with no non-finite loss or gradient on the rank and its loss
+    within its band. A spike that recovered is history (the run's health recovers, and the loss curve is
+    judged again); a later climb or NaN opens the slot again."""
+    grad_state = state.get("grad", {})
+    climb = grad_state.get("climb")
+    st = run.incidents.get(NUMERIC_KEY)
+    if climb is None or st is None or (st.record.category, st.record.subtype) != ("gradient", "explosion") \
+            or grad_point[1] <= climb[1] or "loss_nonfinite" in state or state.get("nonfinite"):
+        return
+    baseline, _step, calm = climb
+    if grad_point[2] >= settings.explosion_onset_factor * baseline or loss_diverged(rank, settings):
+        climb[2] = 0
+        return
+    climb[2] = calm + 1
+    if climb[2] < settings.explosion_resolve_points:
+        return
+    grad_state.pop("climb", None)
+    resolve(st, time_ns, grad_point[1], rank.rank,
+            f"rank {rank.rank}: {grad_point[0]} back below {settings.explosion_onset_factor:g}x its median "
+            f"before the climb ({fmt_number(baseline)}) on {settings.explosion_resolve_points} readings in a "
+            f"row, the loss finite and in its band: the spike recovered", settings)
 
 
 def _explosion_context(rank: RankState, lo: int, hi: int, time_ns: int, settings: DetectionSettings,

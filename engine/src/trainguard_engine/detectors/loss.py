@@ -485,13 +485,16 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
     bar = tuned.divergence_factor * base
     out_of_band = win.values[next((i for i, v in enumerate(win.values) if v >= bar), len(win.values)):]
     if _roughness(out_of_band) >= tuned.oscillation_min_cv and (
-            len(out_of_band) < 3 or abs(robust.mann_kendall(out_of_band).z) < tuned.trend_z):
-        return _Check(False)  # jumping from value to value with no trend since it left the band: the
-        #                       oscillation rule's (the jump itself is not a trend)
+            len(out_of_band) < 3 or robust.mann_kendall(out_of_band).z < tuned.trend_z):
+        return _Check(False)  # jumping from value to value with no upward trend since it left the band:
+        #                       the oscillation rule's (the jump itself is not a trend, nor the swings'
+        #                       decay from a first far-too-large update)
     # (a loss coming back down but still far above its band is diverged until it is back: a spike of
     # a few bad batches does not hold the rolling level up for divergence_min_points values)
-    if _optimisation_stuck(rank, state, win.steps[0], win.steps[-1], settings):
-        return _Check(False)  # nothing moves the weights (LR 0, dead units): the level is batch noise
+    if trend.z < tuned.trend_z and _optimisation_stuck(rank, state, win.steps[0], win.steps[-1], settings):
+        return _Check(False)  # nothing moves the weights (LR 0, dead units): the level is batch noise --
+        #                       unless it rises significantly: noise has no trend (a too-high LR that
+        #                       killed some units still drives the rest, and the loss, up)
     centre = series[-(tuned.rise_smooth // 2) - 1][0] if len(series) > tuned.rise_smooth else series[-1][0]
     if not explain:
         return _Check(True, since=centre)

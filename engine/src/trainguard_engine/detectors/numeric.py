@@ -70,9 +70,10 @@ re-classifies the incident only upwards."""
 
 def upgrades(run: RunState, category: str, subtype: str) -> bool:
     """Whether a ``category/subtype`` finding re-classifies the run's numeric incident (it is more
-    specific than the incident's kind; True when there is none)."""
+    specific than the incident's kind; True when there is none, or it was resolved: a condition that
+    cleared is history, and what comes next tells its own story)."""
     st = run.incidents.get(NUMERIC_KEY)
-    if st is None:
+    if st is None or not st.is_open:
         return True
     now = NUMERIC_STRENGTH.get(f"{st.record.category}/{st.record.subtype}", 0)
     return NUMERIC_STRENGTH.get(f"{category}/{subtype}", 0) > now

@@ -1,0 +1,65 @@
+"""Detector mechanisms fixed on the varied corpus's tune half (issue 16), each judged on a real recorded run
+(``tests/scenarios/streams_varied_cases/``: the SDK's stream and the ground-truth trace of one dev-half run
+of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/corpus/evaluate.py`` does.
+
+* r178 (plain CNN, SGD+momentum, an LR schedule that grows x1.15 per step, clip 5): the loss climbs from
+  1.5 to 1e33 while a too-high LR has killed some units (zero-gradient layers): a zero-gradient layer
+  does not make a significantly rising loss "batch noise" -- it is a divergence.
+* r212 (Lightning CNN, warmup to an LR 40x too high, clip 1): one gradient spike (20x its median) at the
+  end of warmup, then the loss flat at its initial level for 160 steps: the pre-NaN explosion the spike
+  opened resolves once the norm is back, and the flat loss is the plateau the run really is.
+* r239 (Lightning softmax regression, SGD with an LR ~100x too high): the first update throws the loss
+  from 1.9 to 81, then it swings between ~10 and ~100 with no trend: an oscillation, not a divergence
+  (the swings' decay from the first jump is not a rising trend).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+
+from bench.corpus import evaluate, labels, manifest
+from bench.corpus.trainings import clip_for
+
+CASES = Path(__file__).resolve().parents[1] / "scenarios" / "streams_varied_cases"
+
+
+def _outcome(run_id: str) -> evaluate.Outcome:
+    doc: Dict[str, Any] = json.loads(gzip.decompress((CASES / f"{run_id}.truth.json.gz").read_bytes()))
+    spec = manifest.RunSpec.from_dict(doc["spec"])
+    assert spec.split == "dev"  # tuned on the tune half only
+    events = evaluate.read_events(CASES / f"{run_id}.jsonl.gz")
+    out = evaluate.outcome_of(spec, doc["truth"], events, evaluate.DetectionSettings())
+    assert out.label == labels.label(spec, doc["truth"], clip_for(spec))
+    return out
+
+
+def test_a_rising_loss_with_some_dead_units_is_a_divergence() -> None:
+    out = _outcome("r178")
+    assert out.label == "loss/divergence"
+    assert out.verdict == "loss/divergence", out
+    assert out.visible_step["loss/divergence"] <= 60  # the loss left its band at ~45 (1.5 -> 19 by 45)
+
+
+def test_a_gradient_spike_that_recovered_resolves_and_the_flat_loss_is_a_plateau() -> None:
+    out = _outcome("r212")
+    assert out.label == "loss/plateau"
+    assert "gradient/explosion" in out.transient and "gradient/explosion" not in out.open_alerts, out
+    assert out.verdict == "loss/plateau", out
+
+
+def test_a_loss_swinging_with_no_trend_after_a_first_jump_is_an_oscillation() -> None:
+    out = _outcome("r239")
+    assert out.label == "loss/oscillation"
+    assert out.verdict == "loss/oscillation", out
+    assert "loss/divergence" not in out.kinds
+
+
+@pytest.mark.parametrize("run_id", ["r212"])
+def test_the_resolved_explosion_does_not_come_back_without_a_new_climb(run_id: str) -> None:
+    out = _outcome(run_id)
+    assert out.open_alerts == ["loss/plateau"], out
