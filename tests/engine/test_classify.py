@@ -476,14 +476,20 @@ def test_nccl_watchdog_source_format_facts(name: str, rank: int, seq: int, numel
 
 
 def test_each_line_of_the_watchdog_dump_on_its_own() -> None:
-    """How an agent's log tailer sees it: one line at a time. The watchdog lines classify; the boilerplate
-    around them ("Some NCCL operations have failed or timed out", "terminate called ...") says nothing."""
+    """How an agent's log tailer sees it: one line at a time. The watchdog lines classify; the teardown
+    boilerplate ("Some NCCL operations have failed or timed out", "we are taking the entire process down")
+    is the same kind at a lower confidence (real pastes often keep only it), "terminate called ..." says
+    nothing."""
     lines = fixture("gpu_nccl_watchdog_timeout.txt").splitlines()
-    kinds = [c.kind if (c := classify_text(line)) else None for line in lines]
+    found = [classify_text(line) for line in lines]
+    kinds = [c.kind if c else None for c in found]
     assert kinds[0] == "comm/timeout"
-    boilerplate = [k for line, k in zip(lines, kinds) if "Some NCCL operations have failed" in line
-                   or "we are taking the entire process down" in line or line.startswith("terminate called")]
-    assert len(boilerplate) == 3 and set(boilerplate) == {None}
+    teardown = [c for line, c in zip(lines, found) if "Some NCCL operations have failed" in line
+                or "we are taking the entire process down" in line]
+    assert len(teardown) == 2
+    assert all(c is not None and c.rule == "nccl.watchdog-teardown" and c.kind == "comm/timeout"
+               and c.confidence < found[0].confidence for c in teardown)  # type: ignore[union-attr]
+    assert [k for line, k in zip(lines, kinds) if line.startswith("terminate called")] == [None]
     assert {k for k in kinds if k} == {"comm/timeout"}
 
 
@@ -768,9 +774,9 @@ NOT_CLASSIFIED = [
     "requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='s3.amazonaws.com', port=443): Read timed out.",
     "[W socket.cpp:436] [c10d] The server socket cannot be initialized on [::]:29500 (errno: 97 - Address family "
     "not supported by protocol).", "terminate called after throwing an instance of 'c10::DistBackendError'",
-    "[rank1]:[E1129 08:12:43.061727749 ProcessGroupNCCL.cpp:698] [Rank 1] To avoid data inconsistency, we are "
-    "taking the entire process down.",
 ]
+"""(The watchdog's "we are taking the entire process down" was here; it is the teardown rule's now: see
+test_each_line_of_the_watchdog_dump_on_its_own.)"""
 
 
 @pytest.mark.parametrize("text", NOT_CLASSIFIED)

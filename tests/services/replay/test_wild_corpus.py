@@ -25,10 +25,11 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.82, "subtype": 0.75}, "heldout": {"category": 0.70, "subtype": 0.69}}
+FLOORS = {"tune": {"category": 0.87, "subtype": 0.83}, "heldout": {"category": 0.74, "subtype": 0.72}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
-once when the corpus grew from 206 to 240 logs: the 34 new logs were labelled and recorded before any
-change to the classifier, so they score what the classifier did on logs it had never seen."""
+once when the corpus grew from 206 to 240 logs (the 34 new logs were labelled and recorded before any
+change to the classifier, so they scored what it did on logs it had never seen), raised with each
+classifier change since."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -82,6 +82,7 @@ from .nccl import (
     _rule_nccl_error,
     _rule_nccl_watchdog,
     _rule_watchdog_status,
+    _rule_watchdog_teardown,
 )
 from .numeric import (
     _rule_grad_norm_non_finite,
@@ -144,6 +145,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("gloo.peer-lost", _rule_gloo_peer_lost),
     ("c10d.rendezvous", _rule_rendezvous),
     ("nccl.ib-error", _rule_ib_error),
+    ("nccl.watchdog-teardown", _rule_watchdog_teardown),
     ("autograd.anomaly-nan", _rule_anomaly_nan),
     ("model.device-mismatch", _rule_device_mismatch),
     ("model.index-out-of-range", _rule_index),

@@ -147,12 +147,60 @@ _INIT_NOTE = ("the ranks could not meet at start-up: MASTER_ADDR/MASTER_PORT ide
               "every rank, the port free, no firewall between the nodes, every rank actually started")
 
 
+_BARRIER_RE = re.compile(
+    r"(?P<what>Timed out initializing process group in|Waiting in) store based barrier (?:on|to initialize "
+    r"process group for) rank:? (?P<rank>\d+), (?:for )?key: (?P<key>[^\s,]{1,200}),? "
+    r"\(world_size=(?P<world>\d+), worker_count=(?P<count>\d+), timeout=(?P<timeout>[^)\n]{1,40})\)")
+"""c10d's store-based barrier at process-group creation (torch 1.8-2.0): the error after its timeout, and
+the INFO line it prints while it waits."""
+_UNIQUE_ID_RE = re.compile(
+    r"\[(?P<rank>\d+)\] is setting up NCCL communicator and retr\w{1,12} ncclUniqueId from \[(?P<root>\d+)\] "
+    r"via c10d key-value store by key '(?P<key>[^'\n]{0,100})', but store->get\('[^'\n]{0,100}'\) got "
+    r"(?:error|exception): (?P<error>[^\n]{1,200})")
+"""A rank fetching the NCCL communicator's id that the root rank puts in the store (torch >= 1.11)."""
+
+
+def _rule_store_barrier(t: _Text) -> Optional[_Hit]:
+    """The store-based barrier timed out, or waits with more workers than the world (a stale store)."""
+    for pos in t.find_all("store based barrier"):
+        found = _search(_BARRIER_RE, t, pos, before=60, after=300)
+        if found is None:
+            continue
+        m = found[1]
+        world, count = int(m.group("world"), 10), int(m.group("count"), 10)
+        facts: Facts = {"world_size": world, "worker_count": count, "key": m.group("key"),
+                        "timeout": m.group("timeout"), "waiting_rank": int(m.group("rank"))}
+        if m.group("what").startswith("Timed out"):
+            return _Hit("comm", "init-failure", 0.9, found[0] + m.start(), facts,
+                        f"Process group creation timed out in the store barrier: {count}/{world} workers "
+                        f"arrived", _INIT_NOTE)
+        if count > world:
+            return _Hit("comm", "init-failure", 0.7, found[0] + m.start(), facts,
+                        f"Store barrier counts {count} workers for a world of {world}",
+                        "more processes joined the store than the world size: a second launch (or a "
+                        "previous run) on the same MASTER_ADDR/MASTER_PORT")
+    return None
+
+
 def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
+    barrier = _rule_store_barrier(t)
+    if barrier is not None:
+        return barrier
+    pos = t.first("nccluniqueid from [")
+    if pos >= 0 and (found := _search(_UNIQUE_ID_RE, t, pos, before=200, after=600)) is not None:
+        m = found[1]
+        facts: Facts = {"waiting_rank": int(m.group("rank")), "root_rank": int(m.group("root")),
+                 "error": _shorten(m.group("error"), 160)}
+        return _Hit("comm", "init-failure", 0.85, found[0] + m.start(), facts,
+                    f"Rank {facts['waiting_rank']} could not get the NCCL id from rank {facts['root_rank']} "
+                    f"through the store ({facts['error']})",
+                    "the root rank never published the communicator id (it did not reach the collective, "
+                    "crashed, or hangs) or the store is unreachable")
     pos = t.first("waiting for clients.")
     if pos >= 0 and (found := _search(_CLIENTS_RE, t, pos, before=80, after=120)) is not None:
         m = found[1]
         joined, world = int(m.group("joined")), int(m.group("world"))
-        facts: Facts = {"timeout_s": int(m.group("s")), "joined": joined, "world_size": world,
+        facts = {"timeout_s": int(m.group("s")), "joined": joined, "world_size": world,
                         "missing": world - joined}
         return _Hit("comm", "init-failure", 0.9, pos, facts,
                     f"Rendezvous timed out after {facts['timeout_s']} s: {joined}/{world} ranks joined",
@@ -242,7 +290,9 @@ DOCS = {
         'the desync debug report ("lagging ranks", "joined but didn\'t finish") → comm/timeout'
     ),
     'c10d.rendezvous': (
-        '``Timed out ... waiting for clients. k/n clients joined``, client socket connect '
+        '``Timed out ... waiting for clients. k/n clients joined``, the store-based barrier\'s timeout (or '
+        'its wait with more workers than the world), ``... retrieving ncclUniqueId from [0] via c10d '
+        'key-value store ... got error``, client socket connect '
         'timeouts/failures, store ``wait timeout``, port in use, ``Rendezvous*Error``, NCCL bootstrap / '
         'socket connect, "connection refused"/"timed out" next to rendezvous words → comm/init-failure'
     ),

@@ -235,10 +235,13 @@ def _rule_xid(t: _Text) -> Optional[_Hit]:
     return None
 
 
-_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|Cuda failure|HIP error|cudaError[A-Z]\w{2,40})[:]? '?"
+_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|Cuda failure|HIP error|cudaError[A-Z]\w{2,40}"
+                            r"|cuda runtime error \(\d{1,4}\) ?"
+                            r"|THCudaCheck FAIL file=\S{1,300} line=\d{1,7} error=\d{1,4} ?)[:]? '?"
                             r"(?P<error>[^'\n]{1,200})")
 """Also a CUDA runtime enum before its text, as thrust prints it: ``cudaErrorIllegalAddress: an
-illegal ...``."""
+illegal ...``; and torch < 1.0's THC wordings ``cuda runtime error (39) : uncorrectable ECC error
+encountered at ...`` / ``THCudaCheck FAIL file=... line=84 error=74 : misaligned address``."""
 _CUDA_LIB_RE = re.compile(r"(?P<status>(?:CUBLAS|CUDNN|CUSOLVER|CUFFT)_STATUS_[A-Z_]{2,60})")
 _CUDA_CLASSES = (
     ("illegal memory access", "illegal-memory-access"), ("device-side assert", "device-side-assert"),
@@ -258,7 +261,8 @@ _CUDA_NOTES = {
     "driver-too-old": "the NVIDIA driver is older than the CUDA runtime PyTorch was built with",
 }
 _CUDA_NEEDLES = ("cuda error", "cuda failure '", "hip error", "_status_", "driver version is insufficient",
-                 "nvidia driver on your system is too old", "cudaerror")
+                 "nvidia driver on your system is too old", "cudaerror", "cuda runtime error (",
+                 "thcudacheck fail")
 
 
 def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
@@ -287,7 +291,7 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
                             "a cuBLAS/cuDNN call failed on the device, often after an earlier illegal "
                             "memory access; rerun with CUDA_LAUNCH_BLOCKING=1")
             error = m.group("error").strip()
-            for stop in (" CUDA kernel errors", ". ", "\n"):
+            for stop in (" CUDA kernel errors", ". ", " at /", "\n"):
                 cut = error.find(stop)
                 if cut > 0:
                     error = error[:cut]
@@ -341,6 +345,7 @@ DOCS = {
     'nvidia.xid': '``NVRM: Xid (PCI:...): N`` → memory/cuda-error',
     'cuda.error': (
         "``CUDA error: <reason>``, NCCL's ``Cuda failure '<reason>'``, cuBLAS / cuDNN execution failures, "
+        "torch < 1.0's ``cuda runtime error (N) : <reason>`` / ``THCudaCheck FAIL ... error=N : <reason>``, "
         'driver too old → memory/cuda-error'
     ),
 }

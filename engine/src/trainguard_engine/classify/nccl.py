@@ -111,6 +111,28 @@ def _rule_watchdog_status(t: _Text) -> Optional[_Hit]:
     return _Hit("comm", "timeout", 0.5, first, facts, "", supporting=True)
 
 
+_TEARDOWN_NEEDLES = ("some nccl operations have failed or timed out", "we are taking the entire process down",
+                     "failure detected by watchdog at work sequence id")
+
+
+def _rule_watchdog_teardown(t: _Text) -> Optional[_Hit]:
+    """ProcessGroupNCCL's watchdog tearing the process down (``Some NCCL operations have failed or timed
+    out ...``, ``To avoid data inconsistency, we are taking the entire process down.``, ``failure detected
+    by watchdog at work sequence id: N``) in a text whose timeout or error line itself is missing: most
+    often a collective timeout, said with less certainty than the timeout line."""
+    pos = t.first(*_TEARDOWN_NEEDLES)
+    if pos < 0:
+        return None
+    facts: Facts = {}
+    found = _search(_WATCHDOG_STATUS_RE, t, pos, before=0, after=400)
+    if found is not None:
+        facts.update(last_enqueued=int(found[1].group("enq")), last_completed=int(found[1].group("done")))
+    return _Hit("comm", "timeout", 0.6, pos, facts,
+                "NCCL watchdog tore the process down (a collective failed or timed out)",
+                "the watchdog aborts every rank after a collective timeout or an NCCL error; the first rank "
+                "to report, and its timeout or error line, say which")
+
+
 _DUMP_SIGNAL_RE = re.compile(r"Received a dump signal due to a collective timeout from\s+"
                              r"(?:rank (?P<from>\d+)|this local rank)")
 
@@ -329,5 +351,10 @@ DOCS = {
     ),
     'nccl.comm-aborted': '``NCCL communicator was aborted on rank N`` → comm/failure',
     'nccl.ib-error': '``NET/IB : Got completion from peer ... with error N`` → comm/failure',
+    'nccl.watchdog-teardown': (
+        "the watchdog's teardown without its timeout/error line (``Some NCCL operations have failed or timed "
+        "out``, ``we are taking the entire process down``, ``failure detected by watchdog at work sequence "
+        "id``) → comm/timeout, at a lower confidence"
+    ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

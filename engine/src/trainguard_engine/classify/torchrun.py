@@ -52,6 +52,9 @@ _RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (
 """torchrun's failure table ``traceback : Signal 11 (SIGSEGV) received by PID 6421`` (when its header was
 cut), glog's failure handler ``*** SIGTERM (@0x297b) received by PID 18396 ... from PID 10619``."""
 _SIGNAL_NUMBERS = {name: number for number, name in SIGNAL_NAMES.items()}
+_SPAWN_SIGNAL_RE = re.compile(r"process (?P<rank>\d+) terminated with signal (?P<name>SIG[A-Z]{2,8})")
+"""``torch.multiprocessing.spawn``'s ``ProcessExitedException: process 1 terminated with signal SIGKILL``
+(older torch: ``Exception: process 3 terminated with signal SIGKILL``); the process index is the rank."""
 
 
 def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
@@ -67,6 +70,13 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         if command is not None:
             facts["rank"] = int(command[1].group("rank"))
         return _signal_hit(found[0] + m.start(), facts, "a worker")
+    pos = t.first("terminated with signal sig")
+    if pos >= 0 and (found := _search(_SPAWN_SIGNAL_RE, t, pos, before=40, after=40)) is not None:
+        m = found[1]
+        signal = _SIGNAL_NUMBERS.get(m.group("name"), 0)
+        if signal:
+            facts = {"signal": signal, "signal_name": m.group("name"), "rank": int(m.group("rank"))}
+            return _signal_hit(found[0] + m.start(), facts, "a spawned worker")
     pos = t.first("exits with return code = -")
     if pos >= 0 and (found := _search(_RETURN_CODE_RE, t, pos, before=0, after=60)) is not None:
         signal = -int(found[1].group("code"))
@@ -273,7 +283,8 @@ DOCS = {
     'launcher.signal': (
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch), ``Received 15 death signal``, "
         "``SignalException: ... got signal: 15``, DeepSpeed's ``exits with return code = -11``, "
-        "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, a "
+        "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, "
+        "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank), a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` "
         "→ by the exit decision path for that signal"
     ),
