@@ -5,7 +5,7 @@ cumulative views. Pure, backend-neutral: what any store that keeps per-source vi
 from __future__ import annotations
 
 import json
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from trainguard_engine.records import Cluster
 
@@ -58,3 +58,17 @@ def merge_views(views: Sequence[Cluster], *, same_source: bool, max_members: int
     if not merged.message_template:
         merged.message_template = next((v.message_template for v in ordered if v.message_template), "")
     return merged
+
+
+def join_source(views: Dict[str, Cluster], source: str, given: Sequence[Cluster],
+                max_members: int) -> Optional[Tuple[Cluster, Cluster]]:
+    """Join ``given`` (records of one cluster from ``source``) into ``views`` (the stored view of every
+    source, changed in place): ``(source's new view, the merge of every view)`` to store, or None when
+    ``given`` adds nothing to ``source``'s view (a replay: nothing to write)."""
+    old = views.get(source)
+    joined = merge_views(list(given) + ([old] if old is not None else []), same_source=True,
+                         max_members=max_members)
+    if old is not None and joined == old:
+        return None
+    views[source] = joined
+    return joined, merge_views(list(views.values()), same_source=False, max_members=max_members)

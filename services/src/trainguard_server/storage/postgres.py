@@ -38,7 +38,7 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
 from .base import IncidentStore, IncidentWorkflow, Page, ProjectStore, TokenInfo
-from .cluster_merge import merge_views
+from .cluster_merge import join_source, merge_views
 from .common import (
     check_limit,
     check_project_name,
@@ -408,17 +408,14 @@ class PostgresIncidentStore(IncidentStore):
                 rows = conn.execute("SELECT source, doc FROM cluster_views WHERE project = %s AND "
                                     "fingerprint = %s", (project, fp)).fetchall()
                 views = {row[0]: Cluster.from_dict(json.loads(row[1])) for row in rows}
-                old = views.get(src)
-                joined = merge_views(given + ([old] if old is not None else []), same_source=True,
-                                     max_members=self._max_members)
-                if old is not None and joined == old:
+                changed = join_source(views, src, given, self._max_members)
+                if changed is None:
                     continue  # idempotent: nothing new from this source
-                views[src] = joined
+                joined, total = changed
                 conn.execute("INSERT INTO cluster_views (project, fingerprint, source, doc, updated_ns) "
                              "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (project, fingerprint, source) "
                              "DO UPDATE SET doc = EXCLUDED.doc, updated_ns = EXCLUDED.updated_ns",
                              (project, fp, src, json.dumps(joined.to_dict()), now))
-                total = merge_views(list(views.values()), same_source=False, max_members=self._max_members)
                 self._put_cluster(conn, project, fp, total, json.dumps(total.to_dict()))
 
         self._db.write(work)

@@ -52,7 +52,7 @@ from .base import (
     StoredEvent,
     TokenInfo,
 )
-from .cluster_merge import merge_views
+from .cluster_merge import join_source
 from .common import (
     FINITE,
     SNIPPET_TOKENS,
@@ -758,16 +758,13 @@ class SqliteIncidentStore(IncidentStore):
                 rows = conn.execute("SELECT source, doc FROM cluster_views WHERE project = ? AND "
                                     "fingerprint = ?", (project, fingerprint)).fetchall()
                 views = {row[0]: Cluster.from_dict(json.loads(row[1])) for row in rows}
-                old = views.get(source)
-                joined = merge_views(given + ([old] if old is not None else []), same_source=True,
-                                     max_members=self._max_members)
-                if old is not None and joined == old:
+                changed = join_source(views, source, given, self._max_members)
+                if changed is None:
                     continue  # idempotent: nothing new from this source
-                views[source] = joined
+                joined, total = changed
                 conn.execute("INSERT OR REPLACE INTO cluster_views (project, fingerprint, source, doc) "
                              "VALUES (?, ?, ?, ?)",
                              (project, fingerprint, source, json.dumps(joined.to_dict())))
-                total = merge_views(list(views.values()), same_source=False, max_members=self._max_members)
                 conn.execute("INSERT OR REPLACE INTO clusters (project, fingerprint, first_ns, last_ns, doc) "
                              "VALUES (?, ?, ?, ?, ?)", (project, fingerprint, int(total.first_ns),
                                                         int(total.last_ns), json.dumps(total.to_dict())))
