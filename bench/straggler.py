@@ -148,6 +148,9 @@ def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Pat
         judge(events, outcome)
         if record is not None:
             target = record / f"{scenario}.jsonl.gz"
+            if outcome.verdict() != "ok":
+                target = record / "misses" / f"{scenario}-{seed}.jsonl.gz"
+                target.parent.mkdir(parents=True, exist_ok=True)
             if not target.exists():
                 with gzip.open(target, "wt", encoding="utf-8") as fh:
                     for e in events:
@@ -163,8 +166,8 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated scenarios")
     parser.add_argument("--seeds", type=int, default=5, help="runs of each slowed scenario")
     parser.add_argument("--healthy", type=int, default=20, help="healthy runs")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--from-step", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=70)
+    parser.add_argument("--from-step", type=int, default=30)
     parser.add_argument("--factor", type=float, default=2.5)
     parser.add_argument("--run-timeout", type=float, default=240.0)
     parser.add_argument("--record", default="", help="folder: keep each scenario's first run (gzip JSONL)")

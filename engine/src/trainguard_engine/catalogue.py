@@ -697,8 +697,8 @@ class DetectionSettings:
     lora_loss_min_points: int = _setting(8, "... and at least this many of them.", minimum=3)
     # --- performance: stragglers, throughput, data wait, throttling (detectors/straggler.py) -----
     perf_warmup_steps: int = _setting(
-        5, "Performance detectors: a rank's first this-many timed steps are warm-up (allocator, DDP bucket "
-        "rebuild, compilation) and never judged.", minimum=0)
+        10, "Performance detectors: a rank's first this-many timed steps are warm-up (allocator, DDP bucket "
+        "rebuild, compilation, peers still starting) and never judged.", minimum=0)
     perf_window: int = _setting(
         8, "Performance detectors: each rank's step phases are judged as medians over its last this-many "
         "steps (an isolated checkpoint or evaluation step moves no median).", minimum=3)
@@ -708,8 +708,9 @@ class DetectionSettings:
         1.5, "perf/straggler: a rank's own time per step (data wait + forward + optimizer: the phases "
         "without a collective) >= this x the median of the other ranks' ...", minimum=1.0)
     straggler_min_share: float = _setting(
-        0.1, "... the excess is >= this share of the job's step time (a rank 2x slower in a phase that "
-        "takes 1% of the step holds nobody back) ...", minimum=0.0, maximum=1.0)
+        0.15, "... the excess is >= this share of the job's step time (a rank 2x slower in a phase that "
+        "takes 1% of the step holds nobody back; a few ms of scheduling noise on a short step is not a "
+        "straggler) ...", minimum=0.0, maximum=1.0)
     straggler_wait_share: float = _setting(
         0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
         "by >= this x the excess: they waited for it ...", minimum=0.0)
