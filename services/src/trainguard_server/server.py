@@ -235,7 +235,7 @@ class EmbeddedServer:
             token = explicit or saved.get(kind)
             if token is None or self.stores.projects.authenticate(token) is None:
                 if token is not None:
-                    self.stores.projects.add_token(project, kind, token, "bootstrap")
+                    self._register_bootstrap(project, kind, token)
                 else:
                     token = self.stores.projects.create_token(project, kind, "bootstrap")
             tokens[kind] = token
@@ -246,6 +246,21 @@ class EmbeddedServer:
                 json.dump({"project": project, **tokens}, fh)
             os.replace(tmp, path)
         return BootstrapTokens(project, tokens["ingest"], tokens["read"])
+
+    def _register_bootstrap(self, project: str, kind: str, token: str) -> None:
+        """Register an operator-given bootstrap token. Processes with data dirs of their own sharing one
+        state store (PostgreSQL: pods on different nodes) are not serialized by the data-dir lock: another
+        may register the same token between our check and our insert. "Already exists" is then fine when
+        the token now authenticates as this kind; any other refusal (malformed, revoked, another secret or
+        kind under that id) is raised."""
+        try:
+            self.stores.projects.add_token(project, kind, token, "bootstrap")
+        except ValueError:
+            info = self.stores.projects.authenticate(token)
+            if info is None or info.kind != kind:
+                raise
+            log.info("bootstrap %s token %s was registered by another process at the same time",
+                     kind, info.token_id)
 
 
 @contextmanager
