@@ -439,11 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay(sub)
     from .agent.cli import add_agent_parser
     from .gate.cli import add_gate_parser
+    from .look import add_look_parsers
     from .spool_send import add_spool_parser
 
     add_agent_parser(sub)
     add_gate_parser(sub)
     add_spool_parser(sub)
+    add_look_parsers(sub)
     return parser
 
 
