@@ -49,7 +49,7 @@ try:
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
     from .base import DidNotEnable
 
-    raise DidNotEnable("torch is not installed: pip install 'trainguard[torch]'") from _exc
+    raise DidNotEnable("torch is not installed (the SDK uses the job's own)") from _exc
 
 DeviceLike = Union[str, int, "torch.device", None]
 #: ``provider(device_type) -> {name: bytes}`` (params/grads/optimizer state on devices of that type,

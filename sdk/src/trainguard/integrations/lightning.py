@@ -32,7 +32,7 @@ except ImportError:
         from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
     except ImportError as exc:
         raise ImportError(
-            "trainguard.integrations.lightning needs PyTorch Lightning: pip install 'trainguard[lightning]'"
+            "trainguard.integrations.lightning needs PyTorch Lightning (lightning or pytorch_lightning)"
         ) from exc
 
 from .. import api

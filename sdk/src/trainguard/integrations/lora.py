@@ -54,7 +54,7 @@ try:
     import torch
     from torch import nn
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
-    raise DidNotEnable("torch is not installed: pip install 'trainguard[torch]'") from _exc
+    raise DidNotEnable("torch is not installed (the SDK uses the job's own)") from _exc
 
 from .torch import _graph_task_id, _queue_callback, unwrap_model, unwrap_optimizer
 

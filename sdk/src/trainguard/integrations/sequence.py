@@ -60,7 +60,7 @@ from .base import DidNotEnable
 try:
     import torch
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
-    raise DidNotEnable("torch is not installed: pip install 'trainguard[torch]'") from _exc
+    raise DidNotEnable("torch is not installed (the SDK uses the job's own)") from _exc
 
 if TYPE_CHECKING:
     from ..client import Client

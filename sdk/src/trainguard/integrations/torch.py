@@ -66,7 +66,7 @@ try:
     import torch
     from torch import nn
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
-    raise DidNotEnable("torch is not installed: pip install 'trainguard[torch]'") from _exc
+    raise DidNotEnable("torch is not installed (the SDK uses the job's own)") from _exc
 
 from . import cuda_memory, nvml
 from .step_timing import StepTimer, set_current

@@ -29,7 +29,7 @@ try:
 except ImportError as exc:
     raise ImportError(
         "trainguard.integrations.transformers needs Hugging Face transformers: "
-        "pip install 'trainguard[transformers]'"
+        "pip install transformers (TrainGuard uses the job's own)"
     ) from exc
 
 from .. import api
