@@ -5,7 +5,9 @@ work after a plain ``import trainguard``.
 
 One substitution, so that a server on this machine's default ports cannot get in the way: the README's
 ``127.0.0.1:4318`` becomes a free port, which ``TRAINGUARD_HTTP_PORT`` / ``TRAINGUARD_GRPC_PORT`` give the
-server it starts. The shell session runs in its own process group, ended (by its id) when the test ends.
+server it starts; and ``TRAINGUARD_ANNOUNCE=1``, because the session's stderr is a file here, not the terminal
+on which ``init()`` prints its link by default. The shell session runs in its own process group, ended (by its
+id) when the test ends.
 Bounded: 150 s for the whole session.
 """
 
