@@ -109,3 +109,9 @@ def test_the_doc_lists_every_synonym_and_format() -> None:
             assert f"`{name}" in doc, name
     for name in FORMATS:
         assert f"| `{name}` |" in doc
+
+
+def test_namespaces_are_looked_through_except_evaluation_ones() -> None:
+    assert _apply({"perf/step_time_ms": 20.0, "system/rss_mib": 1.0}) == {
+        "time/step_s": pytest.approx(0.02), "mem/rss": 2.0 ** 20}
+    assert _apply({"val/loss": 1.0, "eval/grad_norm": 2.0}) == {"val/loss": 1.0, "eval/grad_norm": 2.0}

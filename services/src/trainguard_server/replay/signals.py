@@ -43,6 +43,9 @@ from .signals_table import (
 )
 
 TRAIN_PREFIXES = ("train/", "train_", "training/", "training_", "trainer/", "train-")
+EVAL_NAMESPACES = ("val", "valid", "validation", "eval", "evaluation", "test", "dev", "holdout")
+"""Namespaces whose fields are not the training signals (``val/loss`` is no training loss); any other
+namespace (``perf/step_time_ms``, ``system/rss_mib``) is looked through when the whole name is unknown."""
 LIGHTNING_STEP_SUFFIX = "_step"
 MAX_NAMES = 65536
 """Field names whose decision is remembered (a file with more distinct names is still read, just slower)."""
@@ -300,6 +303,11 @@ class Recognizer:
             unit_sig = _BY_NAME.get(base)
             if unit_sig is not None and unit_sig.unit == unit:
                 return _Decision(unit_sig.target, factor, "signal", reason=_unit_word(unit, factor))
+        head, sep, rest = core.partition("/")
+        if sep and rest and head.lower() not in EVAL_NAMESPACES:  # "perf/step_time_ms" -> "step_time_ms"
+            inner = self._decide(rest)
+            if inner.how in ("signal", "family", "ignored"):
+                return inner
         return _Decision(name, 1.0, "kept")
 
     def _decision(self, name: str) -> _Decision:
