@@ -129,15 +129,19 @@ def test_a_host_that_is_not_this_machine(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_token_commands_in_a_directory_without_a_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    # the default data directory (.data/trainguard of the current directory) holds no server here
-    for action in (("list",), ("revoke", "--token-id", "abc")):
+    # the default data directory (.data/trainguard of the current directory) holds no server here; the
+    # dashboard's login hint, token create --kind read, is said the same
+    for action in (("list",), ("revoke", "--token-id", "abc"), ("create", "--kind", "read")):
         one_line(in_process(monkeypatch, capsys, "token", *action, cwd=tmp_path),
                  "trainguard token: no token store in .data/trainguard (no projects.db): give the server's "
                  "directory with --data-dir DIR (the 'data in DIR' line `trainguard serve` printed; "
                  "TRAINGUARD_DATA_DIR)")
-    one_line(in_process(monkeypatch, capsys, "token", "create", "--kind", "read", "--data-dir", str(tmp_path / "x")),
+    made = tmp_path / "made-before-the-server"  # a store with projects but no server's bootstrap file
+    assert in_process(monkeypatch, capsys, "token", "create", "--project", "p", "--data-dir", str(made)
+                      ).returncode == 0
+    one_line(in_process(monkeypatch, capsys, "token", "create", "--kind", "read", "--data-dir", str(made)),
              f"trainguard token: token create needs --project P (no bootstrap project in "
-             f"{tmp_path / 'x' / 'bootstrap-tokens.json'})")
+             f"{made / 'bootstrap-tokens.json'})")
     one_line(in_process(monkeypatch, capsys, "token", "revoke", cwd=tmp_path),
              "trainguard token: token revoke needs --token-id ID (trainguard token list shows them)")
 

@@ -82,15 +82,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(data_dir=args.data_dir, quick=args.quick)
 
 
-def _token_store(settings: Settings, action: str) -> Path:
-    """The data directory of a server's token store; UsageError when none is there for ``list`` and
-    ``revoke`` (a typo'd or default ``--data-dir`` would otherwise list nothing and exit 0). ``create`` with
-    a ``--project`` makes the store (projects and tokens made before the server's first start)."""
+def _token_store(settings: Settings, creates: bool) -> Path:
+    """The data directory of a server's token store; UsageError when none is there (a typo'd or default
+    ``--data-dir`` would otherwise list nothing and exit 0), unless ``creates``: ``token create --project``
+    makes the store (projects and tokens made before the server's first start)."""
     from .preflight import UsageError
     from .storage.sqlite import PROJECTS_DB
 
     data_dir = Path(settings.data_dir)
-    if settings.state_store == "sqlite" and not (data_dir / PROJECTS_DB).is_file() and action != "create":
+    if settings.state_store == "sqlite" and not (data_dir / PROJECTS_DB).is_file() and not creates:
         raise UsageError(f"no token store in {data_dir} (no {PROJECTS_DB}): give the server's directory with "
                          "--data-dir DIR (the 'data in DIR' line `trainguard serve` printed; "
                          "TRAINGUARD_DATA_DIR)")
@@ -113,7 +113,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     from .storage.base import format_ns
     from .storage.sqlite import open_sqlite_stores
 
-    data_dir = _token_store(_settings(args), args.action)
+    data_dir = _token_store(_settings(args), creates=args.action == "create" and bool(args.project))
     project = args.project or (_default_project(data_dir) if args.action == "create" else None)
     stores = open_sqlite_stores(data_dir)
     try:
