@@ -136,7 +136,8 @@ def judge(events: List[Dict[str, Any]], outcome: Outcome) -> None:
             outcome.consequences = list(inc.consequences)
 
 
-def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Path]) -> Outcome:
+def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Path],
+        all_runs: bool = False) -> Outcome:
     from_step = 0 if scenario == "healthy" else args.from_step
     out = Path(tempfile.mkdtemp(prefix=f"straggler-{scenario}-"))
     started = time.perf_counter()
@@ -148,8 +149,9 @@ def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Pat
         judge(events, outcome)
         if record is not None:
             target = record / f"{scenario}.jsonl.gz"
-            if outcome.verdict() != "ok":
-                target = record / "misses" / f"{scenario}-{seed}.jsonl.gz"
+            if outcome.verdict() != "ok" or all_runs:
+                folder = "misses" if outcome.verdict() != "ok" else "runs"
+                target = record / folder / f"{scenario}-{seed}.jsonl.gz"
                 target.parent.mkdir(parents=True, exist_ok=True)
             if not target.exists():
                 with gzip.open(target, "wt", encoding="utf-8") as fh:
@@ -171,6 +173,7 @@ def main() -> int:
     parser.add_argument("--factor", type=float, default=2.5)
     parser.add_argument("--run-timeout", type=float, default=240.0)
     parser.add_argument("--record", default="", help="folder: keep each scenario's first run (gzip JSONL)")
+    parser.add_argument("--record-all", action="store_true", help="with --record: keep every run (runs/)")
     parser.add_argument("--json", default="", help="also write the outcomes as JSON here")
     args = parser.parse_args()
     scenarios = ["healthy", "compute", "loader", "affinity", "slow_all", "timeout"]
@@ -186,7 +189,7 @@ def main() -> int:
         runs = args.healthy if scenario == "healthy" else (min(2, args.seeds) if scenario == "timeout"
                                                            else args.seeds)
         for seed in range(runs):
-            o = one(scenario, seed, args, record)
+            o = one(scenario, seed, args, record, args.record_all)
             outcomes.append(o)
             strag = f"{o.straggler_rank}, +{o.straggler_after}" if "perf/straggler" in o.kinds else "-"
             reg = f"+{o.regression_after}" if "perf/throughput-regression" in o.kinds else "-"

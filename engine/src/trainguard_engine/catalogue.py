@@ -706,17 +706,18 @@ class DetectionSettings:
         5, "Performance detectors: steps a rank needs in its window before it is compared.", minimum=2)
     straggler_ratio: float = _setting(
         1.5, "perf/straggler: a rank's own time per step (data wait + forward + optimizer: the phases "
-        "without a collective) >= this x the median of the other ranks' ...", minimum=1.0)
+        "without a collective; the lower quartile of its window, so most of its steps) >= this x the "
+        "median of the other ranks' ...", minimum=1.0)
     straggler_min_share: float = _setting(
-        0.15, "... the excess is >= this share of the job's step time (a rank 2x slower in a phase that "
-        "takes 1% of the step holds nobody back; a few ms of scheduling noise on a short step is not a "
-        "straggler) ...", minimum=0.0, maximum=1.0)
+        0.05, "... the excess is >= this share of the job's step time (a rank 2x slower in a phase that "
+        "takes 1% of the step holds nobody back) ...", minimum=0.0, maximum=1.0)
     straggler_wait_share: float = _setting(
         0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
         "by >= this x the excess: they waited for it ...", minimum=0.0)
     straggler_confirm: int = _setting(
-        3, "... on this many judged steps in a row (a step is judged once every rank reported it); as many "
-        "judged steps without it resolve the incident. Also the confirmation of perf/data-bottleneck.",
+        5, "... on this many more judged steps than not since it began (a leaky count: a judged step without "
+        "it takes one back; a step is judged once every rank reported it); as many judged steps in a row "
+        "without a candidate resolve the incident. Also the confirmation of perf/data-bottleneck.",
         minimum=1)
     regression_ratio: float = _setting(
         1.3, "perf/throughput-regression: the job's step time (median over ranks of their window medians) "

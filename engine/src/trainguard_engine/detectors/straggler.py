@@ -14,10 +14,12 @@ seconds) and their cached medians; the run's state (which steps every rank repor
 baseline, the confirmation counters) in ``detectors["perf_run"]`` of the run's first rank. A step is
 **judged** once every timed rank reported it (O(1) per batch to count, O(ranks) per judged step):
 
-* ``perf/straggler`` -- rank r is a candidate when its own time (window median) >= ``straggler_ratio`` x
-  the median of the other ranks' own times, the excess is >= ``straggler_min_share`` of the job's step
-  time, and the other ranks' rest (backward + wait) exceeds r's by >= ``straggler_wait_share`` x the
-  excess (they waited for it). A candidate on ``straggler_confirm`` judged steps in a row is named, with
+* ``perf/straggler`` -- rank r is a candidate when the lower quartile of its own times over its window
+  (most of its steps, not a few preempted ones) >= ``straggler_ratio`` x the median of the other ranks'
+  own times (window medians), that excess is >= ``straggler_min_share`` of the job's step time, and the
+  other ranks' rest (backward + wait) exceeds r's by >= ``straggler_wait_share`` x its median excess
+  (they waited for it). A leaky count (+1 on a candidate judged step, -1 otherwise) reaching
+  ``straggler_confirm`` names it, with
   its ratio, the phase where the excess is (data, forward, optimizer), since when (the first step of its
   window over the ratio) and the job's slowdown against its steady state; when every rank of one host
   (of several) is named, the host is. Comparing ranks with each other makes it blind to the whole job
@@ -145,6 +147,8 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
         column = [e[i] for e in window if e[i] is not None]
         if len(column) >= settings.perf_min_points:
             meds[name] = _median(column)
+            if name == "own":  # its lower quartile: a straggler is slow on (nearly) every step
+                meds["own_low"] = sorted(column)[len(column) // 4]
     state["med"] = meds
     return True
 
@@ -209,8 +213,9 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
     for rank, m in timed:
         others = _median_without(own_sorted, own_sorted.index(m["own"]))
         excess = m["own"] - others
-        if m["own"] < settings.straggler_ratio * others or \
-                excess < settings.straggler_min_share * job["step"]:
+        low = m.get("own_low", m["own"])
+        if low < settings.straggler_ratio * others or \
+                low - others < settings.straggler_min_share * job["step"]:
             continue
         others_rest = _median_without(rest_sorted, rest_sorted.index(m["rest"]))
         if others_rest - m["rest"] < settings.straggler_wait_share * excess:
@@ -251,8 +256,8 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
                         candidates: Dict[int, Dict[str, float]], job: Dict[str, float], step: int,
                         time_ns: int, settings: DetectionSettings) -> List[Finding]:
     confirm = settings.straggler_confirm
-    for _rank, st, _m in states:
-        st["sus"] = st.get("sus", 0) + 1 if _rank.rank in candidates else 0
+    for _rank, st, _m in states:  # leaky: a judged step without it takes one back
+        st["sus"] = st.get("sus", 0) + 1 if _rank.rank in candidates else max(0, st.get("sus", 0) - 1)
     named = sorted((r for r, st, _m in states if st["sus"] >= confirm and r.rank in candidates),
                    key=lambda r: -candidates[r.rank]["own"] / max(candidates[r.rank]["others"], 1e-12))
     open_st = run.incidents.get(STRAGGLER_KEY)
@@ -266,7 +271,8 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
                 run_state["clear"] = 0
         return []
     run_state["clear"] = 0
-    fresh = [r for r in named if r.detectors[STATE_KEY]["sus"] == confirm]
+    fresh = [r for r in named if r.rank not in (open_st.rank_first if open_st is not None and open_st.is_open
+                                                else ())]
     if open_st is not None and open_st.is_open and not fresh and \
             step - run_state.get("named_at", step) < settings.perf_window:
         return []  # named already: the evidence is refreshed every perf_window judged steps
