@@ -52,7 +52,7 @@ from bench.corpus.trainings import clip_for  # noqa: E402
 from tests.scenarios.corpus import load_events  # noqa: E402
 from trainguard_engine.catalogue import DetectionSettings  # noqa: E402
 from trainguard_engine.pipeline import Pipeline  # noqa: E402
-from trainguard_engine.records import SEVERITY_ORDER  # noqa: E402
+from trainguard_engine.records import INCIDENT_RESOLVED, SEVERITY_ORDER  # noqa: E402
 
 TIMERS_AFTER_NS = 60 * 10**9
 
@@ -151,14 +151,14 @@ def outcome_of(spec: manifest.RunSpec, truth: Dict[str, List[float]], events: Se
             {
                 f"{i.category}/{i.subtype}"
                 for i in mine
-                if i.status == "open" and SEVERITY_ORDER.get(i.severity, 0) >= alert
+                if i.status != INCIDENT_RESOLVED and SEVERITY_ORDER.get(i.severity, 0) >= alert
             }
         ),
         transient=sorted(
             {
                 f"{i.category}/{i.subtype}"
                 for i in mine
-                if i.status != "open" and SEVERITY_ORDER.get(i.severity, 0) >= alert
+                if i.status == INCIDENT_RESOLVED and SEVERITY_ORDER.get(i.severity, 0) >= alert
             }
         ),
         visible_step=visible,
