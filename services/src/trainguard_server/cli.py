@@ -307,7 +307,7 @@ def _add_replay(sub: Any) -> None:
     replay.add_argument("inputs", nargs="*", metavar="PATH", type=Path,
                         help="metrics file, run folder or tree of runs (formats: see below)")
     replay.add_argument("--format", default="", help="the format of every PATH (default: detected): "
-                        "tensorboard, mlflow, wandb, hf-trainer, megatron, deepspeed, csv, jsonl")
+                        "tensorboard, mlflow, wandb, hf-trainer, hf-log, megatron, deepspeed, csv, jsonl")
     replay.add_argument("--dry-run", action="store_true", help="read and recognise, print what would be "
                         "imported (per signal its field, what is missing, what is ignored), send nothing")
     what.add_argument("--run-id", help="the run's id (re-use it to re-import idempotently; with PATH: the "
