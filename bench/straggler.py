@@ -38,11 +38,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "fixtures" / "straggler" / "job.py"
 SETTLE_NS = 60 * 10**9
+SCENARIOS = ("healthy", "compute", "loader", "affinity", "slow_all", "timeout")
+HEADER = ("scenario   seed slow_rank rc  wall_s  straggler(rank, +steps)  regression(+steps)  verdict  "
+          "incidents")
 
 
 @dataclass
@@ -162,6 +165,49 @@ def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Pat
         shutil.rmtree(out, ignore_errors=True)
 
 
+def rejudge(folder: Path) -> List[Outcome]:
+    """Judge again the runs a ``--record DIR --record-all`` run kept (``DIR/runs``, ``DIR/misses``) with
+    this checkout's engine: the same real runs under changed detection settings."""
+    outcomes: List[Outcome] = []
+    files = sorted(folder.glob("runs/*.jsonl.gz")) + sorted(folder.glob("misses/*.jsonl.gz"))
+    def key(path: Path) -> Tuple[int, int]:
+        name, seed = path.name.split(".")[0].split("-")
+        return SCENARIOS.index(name), int(seed)
+
+    for path in sorted(files, key=key):
+        scenario, seed = path.name.split("-")[0], key(path)[1]
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            events = [json.loads(line) for line in fh if line.strip()]
+        start = next(e for e in events if e.get("lifecycle", {}).get("phase") == "START")
+        job = start["lifecycle"]["tags"]
+        slow = int(job["slow_rank"]) if scenario not in ("healthy", "slow_all") else -1
+        outcome = Outcome(scenario, seed, slow, int(job["from_step"]), 0, 0.0)
+        judge(events, outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def print_row(o: Outcome) -> None:
+    strag = f"{o.straggler_rank}, +{o.straggler_after}" if "perf/straggler" in o.kinds else "-"
+    reg = f"+{o.regression_after}" if "perf/throughput-regression" in o.kinds else "-"
+    extra = f" consequences={o.consequences}" if o.consequences else ""
+    print(f"{o.scenario:10s} {o.seed:4d} {o.slow_rank:9d} {o.rc:3d} {o.wall_s:7.1f}  {strag:23s}  "
+          f"{reg:18s}  {o.verdict():7s}  {','.join(o.unexplained) or '-'}{extra}", flush=True)
+
+
+def summary(outcomes: List[Outcome], scenarios: List[str]) -> None:
+    print("\nsummary")
+    for scenario in scenarios:
+        mine = [o for o in outcomes if o.scenario == scenario]
+        if not mine:
+            continue
+        good = sum(o.verdict() == "ok" for o in mine)
+        lat = sorted(o.straggler_after for o in mine if o.straggler_after >= 0) or \
+            sorted(o.regression_after for o in mine if o.regression_after >= 0)
+        lat_text = f" steps to detection: median {lat[len(lat) // 2]}, max {lat[-1]}" if lat else ""
+        print(f"  {scenario:10s} {good}/{len(mine)} ok{lat_text}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,36 +220,33 @@ def main() -> int:
     parser.add_argument("--run-timeout", type=float, default=240.0)
     parser.add_argument("--record", default="", help="folder: keep each scenario's first run (gzip JSONL)")
     parser.add_argument("--record-all", action="store_true", help="with --record: keep every run (runs/)")
+    parser.add_argument("--rejudge", default="", help="judge again the runs kept by --record-all")
     parser.add_argument("--json", default="", help="also write the outcomes as JSON here")
     args = parser.parse_args()
-    scenarios = ["healthy", "compute", "loader", "affinity", "slow_all", "timeout"]
+    scenarios = list(SCENARIOS)
+    if args.rejudge:
+        print(f"# re-judged with this checkout's engine: the runs kept in {args.rejudge}")
+        print(HEADER)
+        outcomes = rejudge(Path(args.rejudge))
+        for o in outcomes:
+            print_row(o)
+        summary(outcomes, scenarios)
+        return 0
     if args.only:
         scenarios = [s for s in scenarios if s in args.only.split(",")]
     record = Path(args.record) if args.record else None
     outcomes: List[Outcome] = []
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; 4 ranks, gloo, "
           f"{args.steps} steps, slowdown x{args.factor} from step {args.from_step}", flush=True)
-    print("scenario   seed slow_rank rc  wall_s  straggler(rank, +steps)  regression(+steps)  verdict  "
-          "incidents", flush=True)
+    print(HEADER, flush=True)
     for scenario in scenarios:
         runs = args.healthy if scenario == "healthy" else (min(2, args.seeds) if scenario == "timeout"
                                                            else args.seeds)
         for seed in range(runs):
             o = one(scenario, seed, args, record, args.record_all)
             outcomes.append(o)
-            strag = f"{o.straggler_rank}, +{o.straggler_after}" if "perf/straggler" in o.kinds else "-"
-            reg = f"+{o.regression_after}" if "perf/throughput-regression" in o.kinds else "-"
-            extra = f" consequences={o.consequences}" if o.consequences else ""
-            print(f"{scenario:10s} {seed:4d} {o.slow_rank:9d} {o.rc:3d} {o.wall_s:7.1f}  {strag:23s}  "
-                  f"{reg:18s}  {o.verdict():7s}  {','.join(o.unexplained) or '-'}{extra}", flush=True)
-    print("\nsummary")
-    for scenario in scenarios:
-        mine = [o for o in outcomes if o.scenario == scenario]
-        good = sum(o.verdict() == "ok" for o in mine)
-        lat = sorted(o.straggler_after for o in mine if o.straggler_after >= 0) or \
-            sorted(o.regression_after for o in mine if o.regression_after >= 0)
-        lat_text = f" steps to detection: median {lat[len(lat) // 2]}, max {lat[-1]}" if lat else ""
-        print(f"  {scenario:10s} {good}/{len(mine)} ok{lat_text}")
+            print_row(o)
+    summary(outcomes, scenarios)
     if args.json:
         Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=1))
     return 0
