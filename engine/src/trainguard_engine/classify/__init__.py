@@ -30,6 +30,10 @@
 * *Bounded and linear*: every regex is precompiled and applied only to a bounded window around an
   occurrence of a literal needle (found with ``str.find``), at most :data:`MAX_HITS` occurrences per
   needle; no pattern starts with an unbounded wildcard. A 1 MB line costs a few ``find`` passes.
+* *One shared pre-scan*: each rule lists its needles (:data:`GATES`); a text is scanned once for all of
+  them (:data:`SCAN`, ``_Text.present``), a rule none of whose needles occurs is not run, and the rules'
+  own needle look-ups are answered from the scan (tests/engine/test_classify_prescan.py: no result
+  changes with it on or off, on every line and log of the wild corpus).
 * Pure: no I/O, stdlib only.
 
 **Rules**: one module per source -- :mod:`.cuda`, :mod:`.nccl`, :mod:`.gloo`, :mod:`.c10d`,
@@ -48,7 +52,7 @@ is ``comm/rank-lost``; ``Timed out waiting ... for recv`` is what ranks see of a
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.tracebacks import parse_traceback_text
 
@@ -162,6 +166,17 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
 )
 """The text rules, most causal first (after ``torchrun.child-failed``, which is tried before all of them)."""
 
+GATES: Dict[str, FrozenSet[str]] = {
+    name: frozenset(needles) for name, needles in {
+        **torchrun.GATES, **cuda.GATES, **c10d.GATES, **nccl.GATES, **gloo.GATES, **python.GATES,
+        **numeric.GATES}.items()}
+"""Each rule's needles (lower case): a rule cannot match a text in which none of them occurs."""
+SCAN: FrozenSet[str] = frozenset().union(*GATES.values())
+"""Every needle of :data:`GATES`: what the shared pre-scan of a text looks for (``_Text.present``)."""
+_GATED: Tuple[Tuple[str, _Rule, FrozenSet[str]], ...] = ()
+PRESCAN = True
+"""Skip rules by the pre-scan (a switch for the test that proves it changes no result, and for benchmarks)."""
+
 RULE_DOCS: Dict[str, str] = {**torchrun.DOCS, **cuda.DOCS, **c10d.DOCS, **nccl.DOCS, **gloo.DOCS,
                              **python.DOCS, **numeric.DOCS}
 """What each rule recognises (``type:<name>`` and ``python.exception`` are the fallbacks of
@@ -187,9 +202,13 @@ def _check_docs() -> None:
     if order != set(RULE_DOCS):
         raise AssertionError(f"rules without a doc: {sorted(order - set(RULE_DOCS))}; "
                              f"docs without a rule: {sorted(set(RULE_DOCS) - order)}")
+    if set(GATES) != order - set(FALLBACKS):
+        raise AssertionError(f"rules without gate needles: {sorted(order - set(FALLBACKS) - set(GATES))}")
 
 
 _check_docs()
+_GATED = tuple((name, rule, GATES[name]) for name, rule in RULES)
+_CHILD_FAILED_GATE = GATES[FIRST_RULE]
 
 __all__ = ["FALLBACKS", "FIRST_RULE", "MAX_LINE_CHARS", "MAX_TEXT_CHARS", "RULES", "RULE_DOCS",
            "Classification", "classify_chain", "classify_exception", "classify_text", "format_size",
@@ -234,13 +253,18 @@ _SPAWN_RE = re.compile(r"-- Process (?P<rank>\d+) terminated with the following 
 def _classify(text: str, exc_type: str, depth: int) -> Optional[Classification]:
     if not text and not exc_type:
         return None
-    t = _Text(text)
+    prescan = PRESCAN
+    t = _Text(text, SCAN if prescan else frozenset())
+    present = t.present
     hits: List[_Hit] = []
-    torchrun = _rule_torchrun(t, depth)
+    skip = prescan and _CHILD_FAILED_GATE.isdisjoint(present)
+    torchrun = _rule_torchrun(t, depth) if not skip else None
     if torchrun is not None:
         torchrun.rule = "torchrun.child-failed"
         hits.append(torchrun)
-    for name, rule in RULES:
+    for name, rule, gate in _GATED:
+        if prescan and gate.isdisjoint(present):
+            continue
         hit = rule(t)
         if hit is not None:
             hit.rule = name

@@ -284,6 +284,19 @@ _RDZV_WORDS = ("rendezvous", "tcpstore", "init_process_group", "master_addr", "m
 failure."""
 
 
+GATES = {
+    "c10d.collective-mismatch": ("detected mismatch between collectives on ranks",),
+    "c10d.desync-report": ("to our best knowledge", "timeout at collective:"),
+    "c10d.rendezvous": ("store based barrier", "nccluniqueid from [", "waiting for clients.",
+                        "the client socket has timed out after", "the client socket has failed to connect to",
+                        "tcp client failed to connect/validate to host", "wait timeout after",
+                        "the server socket has failed to", "rendezvous", "no socket interface found",
+                        "socketstartconnect", "call to connect returned", "connection refused", "timed out"),
+}
+"""Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
+after the shared pre-scan)."""
+
+
 DOCS = {
     'c10d.collective-mismatch': '``Detected mismatch between collectives on ranks`` → comm/mismatch',
     'c10d.desync-report': (

@@ -331,6 +331,18 @@ def _next(t: _Text, pos: int) -> int:
     return best
 
 
+GATES = {
+    "cuda.oom": ("out of memory",),
+    "cuda.oom-plain": _OOM_PLAIN_NEEDLES,
+    "cuda.device-assert": ("assertion `",),
+    "nvidia.xid": ("nvrm: xid",),
+    "cuda.error": _CUDA_NEEDLES,
+    "cuda.error-cut": (_ASYNC_NOTE,),
+}
+"""Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
+after the shared pre-scan)."""
+
+
 DOCS = {
     'cuda.error-cut': (
         "PyTorch's ``CUDA kernel errors might be asynchronously reported ...`` without the error line before "

@@ -119,6 +119,18 @@ def _rule_gloo_peer_lost(t: _Text) -> Optional[_Hit]:
     return None
 
 
+GATES = {
+    "gloo.size-mismatch": ("received data size doesn't match expected size",
+                           "op.preamble.length <= op.nbytes"),
+    "gloo.monitored-barrier": ("failed to pass monitoredbarrier",),
+    "gloo.timeout": ("timed out waiting",),
+    "gloo.peer-lost": ("monitoredbarrier, but received errors", "by peer", "broken pipe",
+                       "connection closed by peer", "failed to recv, got 0 bytes"),
+}
+"""Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
+after the shared pre-scan)."""
+
+
 DOCS = {
     'gloo.size-mismatch': "gloo ``Received data size doesn't match expected size`` → comm/mismatch",
     'gloo.monitored-barrier': '``Rank N failed to pass monitoredBarrier`` → comm/timeout',

@@ -331,6 +331,21 @@ def _rule_ib_error(t: _Text) -> Optional[_Hit]:
                 "check the fabric between the two nodes (ibstat, port counters) and the peer's own state")
 
 
+GATES = {
+    "nccl.watchdog-timeout": ("watchdog caught collective operation timeout",),
+    "nccl.dump-signal": ("received a dump signal due to a collective timeout from",),
+    "nccl.watchdog-status": ("last enqueued work:", "last enqueued nccl work:",
+                             "stack trace of the failed collective:"),
+    "nccl.error": _NCCL_NEEDLES,
+    "nccl.comm-aborted": ("nccl communicator was aborted on rank",),
+    "nccl.debug": ("mismatched collective detected", "nccl warn", "nccl info"),
+    "nccl.ib-error": ("got completion from peer",),
+    "nccl.watchdog-teardown": _TEARDOWN_NEEDLES,
+}
+"""Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
+after the shared pre-scan)."""
+
+
 DOCS = {
     'nccl.debug': (
         "NCCL_DEBUG lines: ``Mismatched collective detected ... around rank N`` / ``collective mismatch "

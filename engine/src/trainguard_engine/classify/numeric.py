@@ -173,6 +173,18 @@ def _rule_loss_scale(t: _Text) -> Optional[_Hit]:
     return best
 
 
+GATES = {
+    "numeric.loss-scale-minimum": ("loss scale already at minimum", "minimum loss scale reached",
+                                   "loss scale reached", "loss scale has reached", "loss scale hit"),
+    "numeric.grad-norm-non-finite": ("in local grad norm", "nan", "inf"),
+    "numeric.loss-non-finite": ("nan", "inf", "loss became", "loss is", "loss was", "loss has become",
+                                " loss"),
+    "numeric.loss-scale": ("overflow", "loss_scale", "loss scale"),
+}
+"""Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
+after the shared pre-scan)."""
+
+
 DOCS = {
     "numeric.loss-non-finite": (
         "a loss printed as NaN/Inf (``loss: nan``, ``'loss': nan``, ``loss=nan``, ``Loss is nan``, "

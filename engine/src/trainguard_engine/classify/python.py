@@ -217,6 +217,21 @@ def _bare(exc_type: str) -> str:
     return exc_type.rsplit(".", 1)[-1]
 
 
+GATES = {
+    "autograd.anomaly-nan": ("returned nan values in its",),
+    "model.device-mismatch": tuple(needle for needle, _pattern in _DEVICE_PATTERNS),
+    "model.index-out-of-range": tuple(needle for needle, _pattern, _note in _INDEX_PATTERNS),
+    "model.shape-mismatch": tuple(needle for needle, _pattern in _SHAPE_PATTERNS),
+    "dataloader.worker": ("in dataloader worker process", "unexpected bus error encountered in worker",
+                          "unexpected segmentation fault encountered in worker",
+                          "unexpected floating-point exception encountered in worker",
+                          "dataloader worker (pid"),
+    "python.fatal-error": ("fatal python error:",),
+}
+"""Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
+after the shared pre-scan)."""
+
+
 DOCS = {
     'autograd.anomaly-nan': "``Function 'X' returned nan values in its Nth output`` → gradient/nan-source",
     'model.device-mismatch': 'tensors on different devices (incl. ``meta``) → process/exception',

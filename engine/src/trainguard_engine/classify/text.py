@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..catalogue import EXCEPTION_RULES, classify_exit
 
@@ -66,7 +66,7 @@ class _Text:
     its first line only, so lines keep their order); ``lower`` for needles; ``stream_at(pos)`` names the
     prefix of the line at ``pos`` ("" for an unprefixed line)."""
 
-    def __init__(self, raw: str) -> None:
+    def __init__(self, raw: str, scan: FrozenSet[str] = frozenset()) -> None:
         if len(raw) > MAX_TEXT_CHARS:
             raw = raw[:HEAD_CHARS] + "\n" + raw[-(MAX_TEXT_CHARS - HEAD_CHARS):]
         lines: List[str] = []
@@ -85,9 +85,23 @@ class _Text:
             offset += len(line) + 1
         self.text = "\n".join(lines) + "\n"
         self.lower = self.text.lower()
+        lower = self.lower
+        self.scanned = scan
+        self.present: FrozenSet[str] = frozenset([n for n in scan if n in lower])
+        """The needle pre-scan: which of ``scan`` (every rule's needles, :data:`..GATES`) occur -- one
+        pass per needle over the text, shared by all rules (a rule whose needles are all absent is not
+        run; ``has`` answers the others from it)."""
+
+    def has(self, needle: str) -> bool:
+        """Whether ``needle`` (lower case) occurs: the pre-scan's answer, else one ``str.find``."""
+        if needle in self.scanned:
+            return needle in self.present
+        return needle in self.lower
 
     def find_all(self, needle: str, start: int = 0) -> Iterator[int]:
         """Positions of ``needle`` (lower case) in the text, at most :data:`MAX_HITS`."""
+        if start == 0 and needle in self.scanned and needle not in self.present:
+            return
         found = 0
         pos = self.lower.find(needle, start)
         while pos >= 0 and found < MAX_HITS:
@@ -98,7 +112,10 @@ class _Text:
     def first(self, *needles: str) -> int:
         """The earliest position of any of ``needles``, or -1."""
         best = -1
+        scanned, present = self.scanned, self.present
         for needle in needles:
+            if needle in scanned and needle not in present:
+                continue
             pos = self.lower.find(needle)
             if pos >= 0 and (best < 0 or pos < best):
                 best = pos

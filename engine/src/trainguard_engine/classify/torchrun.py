@@ -274,6 +274,16 @@ def _rule_torchrun(t: _Text, depth: int) -> Optional[_Hit]:
                 extra_lines=tuple(p for p in evidence if p >= 0))
 
 
+GATES = {
+    "torchrun.child-failed": ("root cause (first observed failure):",),
+    "torchrun.worker-failed": ("failed (exitcode:",),
+    "launcher.signal": ("died with <signals.", "terminated with signal sig", "exits with return code = -",
+                        ") received by pid", "death signal", "got signal:", "segmentation fault", "killed"),
+}
+"""Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
+after the shared pre-scan)."""
+
+
 DOCS = {
     'torchrun.child-failed': (
         "torchrun's ``ChildFailedError`` summary: the root cause's own kind (its traceback, else its exit "
