@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 from typing import Dict
@@ -9,8 +11,9 @@ from typing import Dict
 import torch
 from torch import nn
 
+from trainguard_server.replay.sources.hf_log import HfLogSource
 from trainguard_server.replay.sources.hf_trainer import TrainerStateSource
-from trainguard_server.replay.sources.registry import find_runs
+from trainguard_server.replay.sources.registry import detect, find_runs
 
 
 class Regressor(nn.Module):
@@ -33,7 +36,10 @@ def test_log_history_of_a_real_trainer_run(tmp_path: Path) -> None:
                              learning_rate=0.05, max_grad_norm=1.0, report_to=[], save_strategy="steps",
                              save_steps=4, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
     trainer = Trainer(model=Regressor(), args=args, train_dataset=data)
-    trainer.train()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # disable_tqdm: its PrinterCallback prints each log dict
+        trainer.train()
+    (tmp_path / "train.log").write_text(printed.getvalue(), encoding="utf-8")
     states = sorted(out.glob("checkpoint-*/trainer_state.json"))
     assert [p.parent.name for p in states] == ["checkpoint-4", "checkpoint-8"]
     history = json.loads(states[-1].read_text())["log_history"]
@@ -48,10 +54,18 @@ def test_log_history_of_a_real_trainer_run(tmp_path: Path) -> None:
         assert "epoch" not in rec.values and rec.time_ns is None
     said = "\n".join(src.recognizer.report.lines())
     assert "ignored 'epoch': bookkeeping (epoch counter)" in said
-    # the run in the tree: the latest checkpoint's state, once
+    # what it printed: the same dicts, without steps (numbered by position)
+    log = tmp_path / "train.log"
+    assert detect(log) == "hf-log"
+    printed_src = HfLogSource(log)
+    printed_records = list(printed_src)
+    assert [r.step for r in printed_records] == [0, 1, 2, 3]
+    assert [r.values["loss"] for r in printed_records] == [round(h["loss"], 4) for h in logged]  # as printed
+    assert printed_src.recognizer.report.ignored["train_runtime"] == "end-of-training summary (HF log)"
+    # the run in the tree: the latest checkpoint's state, once (and the printed log)
     runs = find_runs(tmp_path)
     assert [(r.name, [(p.relative_to(tmp_path).as_posix(), f) for p, f in r.inputs]) for r in runs] == [
-        ("hf-out", [("hf-out/checkpoint-8/trainer_state.json", "hf-trainer")])]
+        (".", [("train.log", "hf-log")]), ("hf-out", [("hf-out/checkpoint-8/trainer_state.json", "hf-trainer")])]
     # the end-of-training summary entry (train_loss = the run's mean) is no step's loss
     history.append({"epoch": 1.0, "step": 8, "total_flos": 1.0, "train_loss": 0.4, "train_runtime": 1.2,
                     "train_samples_per_second": 50.0, "train_steps_per_second": 6.0})

@@ -61,7 +61,7 @@ def plan(paths: Sequence[Path], fmt: str = "", run_id: Optional[str] = None) -> 
         if path.is_file() or kind in ("tensorboard", "mlflow", "wandb"):
             if kind is None:
                 raise ValueError(f"cannot tell the format of {path}: give --format ({', '.join(FORMATS)})")
-            logs = [path] if kind in ("megatron", "deepspeed") else []
+            logs = [path] if kind in ("megatron", "deepspeed", "hf-log") else []
             found.append((path, ".", [(path, kind)], logs))
             continue
         runs = find_runs(path)

@@ -29,6 +29,7 @@ from ..signals import Recognizer
 from .base import Source, SourceOptions
 from .csv_table import CsvSource
 from .deepspeed import DeepSpeedLogSource
+from .hf_log import HfLogSource
 from .hf_trainer import TrainerStateSource
 from .jsonl import JsonlSource
 from .megatron import MegatronLogSource
@@ -75,7 +76,7 @@ FORMATS: Dict[str, Format] = {
         Format(
             "megatron",
             MegatronLogSource,
-            "Megatron-LM / NeMo text log (' iteration N/ M | lm loss: ... |')",
+            "Megatron-LM text log (' iteration N/ M | lm loss: ... |')",
             MegatronLogSource.detect,
         ),
         Format(
@@ -83,6 +84,12 @@ FORMATS: Dict[str, Format] = {
             DeepSpeedLogSource,
             "DeepSpeed text log ('[Rank 0] step=N, skipped=K, lr=[...]')",
             DeepSpeedLogSource.detect,
+        ),
+        Format(
+            "hf-log",
+            HfLogSource,
+            "HF Trainer's printed log dicts ({'loss': ..., 'grad_norm': ..., 'learning_rate': ...})",
+            HfLogSource.detect,
         ),
         Format(
             "csv",
@@ -196,7 +203,7 @@ def find_runs(root: Path) -> List[FoundRun]:
             elif _LOG_NAMES.match(name):
                 found = detect(path)
                 run = run_of(folder)
-                if found in ("megatron", "deepspeed"):
+                if found in ("megatron", "deepspeed", "hf-log"):
                     run.inputs.append((path, found))
                 run.logs.append(path)
     return sorted((r for r in runs.values() if r.inputs), key=lambda r: r.name)
