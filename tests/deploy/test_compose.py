@@ -28,7 +28,7 @@ FLINK_DOCKERFILE = (ROOT / "deploy" / "flink" / "Dockerfile").read_text()
 
 
 def test_the_stack_has_the_designs_parts() -> None:
-    assert {"kafka", "elasticsearch", "clickhouse"} <= set(SERVICES)
+    assert {"kafka", "elasticsearch", "clickhouse", "postgres"} <= set(SERVICES)
     assert TRAINGUARD == {"gateway", "processor", "api"}
     assert FLINK == {"flink-jobmanager", "flink-taskmanager"}
 
@@ -49,7 +49,7 @@ def test_dependencies_wait_for_health_checks_that_exist(name: str) -> None:
 
 
 def test_infrastructure_is_health_checked_and_kafka_runs_in_kraft_mode() -> None:
-    for name in ("kafka", "elasticsearch", "clickhouse"):
+    for name in ("kafka", "elasticsearch", "clickhouse", "postgres"):
         assert SERVICES[name]["healthcheck"]["test"], name
     kafka = SERVICES["kafka"]["environment"]
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller" and "ZOOKEEPER" not in " ".join(kafka)
@@ -70,14 +70,35 @@ def test_trainguard_services_run_real_commands_with_real_settings(name: str, mon
     settings = Settings()  # validates every value (types, literals)
     assert (settings.queue, settings.event_store, settings.metric_store) == ("kafka", "elasticsearch", "clickhouse")
     assert settings.processor_runtime == "flink"
+    assert settings.state_store == "postgres"  # shared state: no process is tied to another's data dir
+    assert (svc["depends_on"] or {}).get("postgres") == {"condition": "service_healthy"}, name
     host_of = {"kafka": settings.kafka_bootstrap_servers, "elasticsearch": settings.elasticsearch_hosts,
-               "clickhouse": settings.clickhouse_url}
+               "clickhouse": settings.clickhouse_url, "postgres": settings.postgres_dsn}
     for dep, address in host_of.items():
         assert dep in address, (dep, address)  # the in-network service names
     for binding in svc.get("ports", []):
         _host_port, container_port = binding.split(":")
         assert container_port in svc["command"], (name, binding)
     assert any(v.endswith(":/var/lib/trainguard") for v in svc["volumes"])  # the shared SQLite data dir
+
+
+def test_postgres_is_the_database_the_trainguard_services_connect_to() -> None:
+    """The DSN every TrainGuard service uses names the postgres service's port, user, password and database
+    (as libpq parses it), and the server keeps its data on a volume and is health-checked with pg_isready."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    pg = SERVICES["postgres"]
+    env = pg["environment"]
+    assert env["POSTGRES_USER"] == env["POSTGRES_PASSWORD"] == env["POSTGRES_DB"] == "trainguard"
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in pg["volumes"])
+    assert pg["volumes"][0].split(":")[0] in COMPOSE["volumes"]
+    check = " ".join(pg["healthcheck"]["test"])
+    assert "pg_isready" in check and f"-U {env['POSTGRES_USER']}" in check and f"-d {env['POSTGRES_DB']}" in check
+    for name in TRAINGUARD:
+        dsn = conninfo_to_dict(SERVICES[name]["environment"]["TRAINGUARD_POSTGRES_DSN"])
+        assert (dsn["host"], dsn.get("port", "5432")) == ("postgres", "5432"), name
+        assert (dsn["user"], dsn["password"], dsn["dbname"]) == (env["POSTGRES_USER"], env["POSTGRES_PASSWORD"],
+                                                                 env["POSTGRES_DB"]), name
 
 
 def test_the_dockerfile_installs_what_exists() -> None:
@@ -87,6 +108,8 @@ def test_the_dockerfile_installs_what_exists() -> None:
                  ["optional-dependencies"])
     wanted = re.search(r'\./services\[([\w,]+)\]', DOCKERFILE)
     assert wanted and set(wanted.group(1).split(",")) <= extras
+    # the stores docker-compose.yml selects: Kafka, Elasticsearch, ClickHouse, PostgreSQL
+    assert {"kafka", "elasticsearch", "clickhouse", "postgres"} <= set(wanted.group(1).split(","))
     sdk_extras = set(tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())["project"]
                      ["optional-dependencies"])
     assert set(re.search(r"\./sdk\[([\w,]+)\]", DOCKERFILE).group(1).split(",")) <= sdk_extras  # type: ignore[union-attr]
