@@ -71,11 +71,12 @@ NUMERIC_TEXT_KINDS = (("loss", "non_finite"), ("gradient", "nan-source"), ("memo
 """Numerical failures a job states in words: taken from text only while no rank of the run sends metrics
 or heartbeats (an instrumented job's metrics arrive later than its printed line, in batches; the loss,
 gradient and memory detectors judge the numbers themselves, with the step they happened at)."""
-LAUNCHER_RULES = ("torchrun.worker-failed", "launcher.signal")
+LAUNCHER_RULES = ("torchrun.worker-failed", "launcher.signal", "dataloader.worker")
 LAUNCHER_KINDS = (("process", "killed"), ("process", "exit"), ("process", "terminated"))
-"""Log lines in which a launcher says a worker was ended by a signal open that exit's kind even when no
-exit event reaches TrainGuard (a pasted log). An exit code 1 is not one (the worker's own traceback is the
-incident), nor an abort (after a watchdog timeout it is the teardown: the exit path decides)."""
+"""Log lines in which a launcher (or the DataLoader, of its workers: "Unexpected bus error encountered in
+worker") says a process was ended by a signal open that exit's kind even when no exit event reaches
+TrainGuard (a pasted log). An exit code 1 is not one (the worker's own traceback is the incident), nor an
+abort (after a watchdog timeout it is the teardown: the exit path decides)."""
 SCALE_RULE = "numeric.loss-scale"
 """An fp16 loss-scale line: a finding only at or below ``amp_text_max_scale``."""
 
