@@ -11,6 +11,11 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
 * r239 (Lightning softmax regression, SGD with an LR ~100x too high): the first update throws the loss
   from 1.9 to 81, then it swings between ~10 and ~100 with no trend: an oscillation, not a divergence
   (the swings' decay from the first jump is not a rising trend).
+* r109 (Lightning MLP, SGD, batch 4: a healthy, noisy run): its very first loss (0.044) is one lucky batch
+  well below the next ones (~0.3-0.6); the loss then falls to ~0.05 and swings there as batch-4 losses do.
+  The first value stands for the untrained level (a far-too-high LR swings above it from the first
+  update) only while the loss has never been back at or below it -- here it has, so the swings are
+  judged against the robust initial median, and no oscillation stays open on a healthy run.
 """
 
 from __future__ import annotations
@@ -63,3 +68,9 @@ def test_a_loss_swinging_with_no_trend_after_a_first_jump_is_an_oscillation() ->
 def test_the_resolved_explosion_does_not_come_back_without_a_new_climb(run_id: str) -> None:
     out = _outcome(run_id)
     assert out.open_alerts == ["loss/plateau"], out
+
+
+def test_a_noisy_healthy_run_whose_first_batch_was_lucky_ends_with_nothing_open() -> None:
+    out = _outcome("r109")
+    assert out.label == labels.HEALTHY
+    assert out.open_alerts == [], out

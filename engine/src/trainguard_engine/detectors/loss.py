@@ -401,8 +401,12 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     if not win.full:
         return _Check(False)
     # the first value is the untrained model's loss: a far-too-high LR moves the loss from the first
-    # update on, so the initial median may already be part of the swings
-    initial = min(initial, state["init"][0])
+    # update on, so the initial median may already be part of the swings -- unless the loss's level has
+    # since been at or below that first value: then it was one lucky batch (a small, noisy batch), not a
+    # level the run swings above
+    first = state["init"][0]
+    if state.get("best", math.inf) > first:
+        initial = min(initial, first)
     if win.median < tuned.oscillation_min_level * initial or win.cv < tuned.oscillation_min_cv:
         return _Check(False)
     trend = win.trend
