@@ -162,8 +162,12 @@ class SourceSummary:
     metrics: Optional[MetricsStats] = None
     log: Optional[LogStats] = None
     reader: Optional[Source] = None
-    recognition: Optional[Recognition] = None
     step_total_ns: int = 0          # "from step times": the sum of the records' step durations
+
+    @property
+    def recognition(self) -> Optional[Recognition]:
+        """What recognising this input's fields found (None: not a metrics input)."""
+        return self.reader.recognizer.report if self.reader is not None else None
 
     @property
     def key(self) -> str:
@@ -535,8 +539,7 @@ class Importer:
         self.progress.start(sum(sizes))
         sources: List[SourceSummary] = []
         for rank, reader in readers:
-            src = SourceSummary("metrics", reader.path, rank, len(sources), reader=reader,
-                                recognition=reader.recognizer.report)
+            src = SourceSummary("metrics", reader.path, rank, len(sources), reader=reader)
             src.lines, src.first_ns, src.last_ns = reader.peek()
             src.ranks = [rank]
             sources.append(src)

@@ -63,6 +63,7 @@ _FAMILIES.sort(key=lambda p: -len(p[0]))
 FAMILY_TOTALS = ("total", "global", "all", "total_norm", "global_norm")
 """A per-layer family's key that is the whole model's norm (``{"grad_norm": {"total": ...}}``)."""
 _GLOBAL_NORM = "grad/global_norm"
+_FAMILY_TARGET = "grad/layer/"
 _GRAD_FAMILY = {p for p, s in _FAMILIES if s.target == "grad/layer/"}
 _IGNORED: Dict[str, str] = dict(IGNORED)
 _SUFFIXES: Dict[str, Tuple[str, float]] = {s: (u, f) for s, u, f in UNIT_SUFFIXES}
@@ -115,8 +116,12 @@ def flatten(
     if out is None:
         out = {}
     for key, value in obj.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, dict):
+        name = f"{prefix}/{key}" if prefix else key
+        kind = type(value)
+        if kind is float:  # the common case first
+            out[name] = value
+            continue
+        if kind is dict:
             flatten(value, ignored, name, out)
             continue
         number = to_number(value)
@@ -263,9 +268,11 @@ class Recognizer:
             else:
                 self.exact[source] = (name, factor)
         self.auto = auto
-        self.report = Recognition()
         self._memo: Dict[str, _Decision] = {}
-        self._layers: Dict[str, set[str]] = {}
+        self._counts: Dict[str, int] = {}
+        self._collided: set[str] = set()
+        self._notes: Dict[str, str] = {}
+        self._note_counts: Counter[str] = Counter()
 
     # -- decisions ----------------------------------------------------------------------------------------
     def _decide(self, name: str) -> _Decision:
@@ -324,56 +331,89 @@ class Recognizer:
 
     # -- values -------------------------------------------------------------------------------------------
     def apply(self, values: Mapping[str, float]) -> Tuple[Dict[str, float], int]:
-        """The recognised values (in source order) and how many fields a ``--map`` rule dropped."""
+        """The recognised values (in source order) and how many fields a ``--map`` rule dropped. Hot path:
+        one memo lookup and one count per field; :attr:`report` is worked out from the counts on demand."""
         out: Dict[str, float] = {}
         dropped = 0
-        rep = self.report
+        memo = self._memo
+        counts = self._counts
         for name, value in values.items():
-            d = self._decision(name)
-            if d.how == "dropped":
-                dropped += 1
-                rep.dropped[name] += 1
+            d = memo.get(name)
+            if d is None:
+                d = self._decision(name)
+            n = counts.get(name)
+            if n is not None:
+                counts[name] = n + 1
+            elif len(counts) < MAX_NAMES:
+                counts[name] = 1
+            how = d.how
+            if how == "kept":
+                out[name] = value
                 continue
-            if d.how == "ignored":
-                if name in rep.ignored or len(rep.ignored) < MAX_LISTED:
-                    rep.ignored[name] = d.reason
-                rep.ignored_count[name] += 1
+            if how == "dropped":
+                dropped += 1
+                continue
+            if how == "ignored":
                 continue
             target = d.target
-            if d.how in ("signal", "family") and target != name and target in values:
-                target, d = name, _Decision(name, 1.0, "kept")
-            if d.how == "kept":
-                if len(rep.kept) < MAX_LISTED or name in rep.kept:
-                    rep.kept[name] += 1
-                out[target] = value
+            if target != name and target in values and how != "map":
+                if len(self._collided) < MAX_LISTED:
+                    self._collided.add(name)
+                out[name] = value  # the record's own TrainGuard name wins; the synonym stays as it is
                 continue
             factor = d.factor
             if factor != factor:  # memory without a unit: by the magnitude of its first value
-                if value == 0.0 or not math.isfinite(value):
+                if value == 0.0 or value != value or value in (math.inf, -math.inf):
                     factor = 1.0
                 else:
                     factor = next(f for lo, f in MEMORY_MAGNITUDE if abs(value) >= lo)
                     d.factor = factor
-                    rep.units[name] = _unit_word("bytes", factor) + " by magnitude"
-            elif d.reason and d.how == "signal":
-                rep.units.setdefault(name, d.reason)
+                    d.reason = _unit_word("bytes", factor) + " by magnitude"
             if d.flag:
                 value = 0.0 if value == 0.0 else (value if value != value else 1.0)
             elif factor != 1.0:
                 value = value * factor
             out[target] = value
-            if d.how == "family":
-                fam = (
-                    d.target[: d.target.index("/", 5) + 1] if d.target.startswith("grad/layer/") else d.target
-                )
-                rep.families.setdefault(fam, Counter())[d.reason or name] += 1
-                seen = self._layers.setdefault(fam, set())
-                if len(seen) < MAX_NAMES:
-                    seen.add(target)
-                rep.layers[fam] = len(seen)
-            else:
-                rep.signals.setdefault(target, Counter())[name] += 1
         return out, dropped
+
+    def note_ignored(self, name: str, reason: str, count: int = 1) -> None:
+        """A field a reader left out itself (e.g. a summary entry), for the report."""
+        if name in self._notes or len(self._notes) < MAX_LISTED:
+            self._notes[name] = reason
+        self._note_counts[name] += count
+
+    @property
+    def report(self) -> Recognition:
+        """What recognition found so far (see :class:`Recognition`)."""
+        rep = Recognition()
+        layers: Dict[str, int] = {}
+        for name, n in self._counts.items():
+            d = self._memo.get(name)
+            if d is None:
+                continue
+            how = d.how
+            if how == "kept" or name in self._collided:
+                if len(rep.kept) < MAX_LISTED:
+                    rep.kept[name] += n
+            elif how == "dropped":
+                rep.dropped[name] += n
+            elif how == "ignored":
+                if len(rep.ignored) < MAX_LISTED:
+                    rep.ignored[name] = d.reason
+                rep.ignored_count[name] += n
+            elif how == "family":
+                fam = _FAMILY_TARGET
+                rep.families.setdefault(fam, Counter())[d.reason or name] += n
+                layers[fam] = layers.get(fam, 0) + 1
+            else:
+                rep.signals.setdefault(d.target, Counter())[name] += n
+                if d.reason and how == "signal":
+                    rep.units[name] = d.reason
+        rep.layers.update(layers)
+        for name, reason in self._notes.items():
+            rep.ignored[name] = reason
+            rep.ignored_count[name] += self._note_counts[name]
+        return rep
 
 
 def _unit_word(unit: str, factor: float) -> str:

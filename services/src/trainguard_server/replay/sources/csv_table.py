@@ -65,7 +65,7 @@ class CsvSource(Source):
             names = _columns(header)
             for dropped, h in zip(names, header):
                 if dropped is None:
-                    self.recognizer.report.ignored[h] = "W&B export min/max envelope column"
+                    self.recognizer.note_ignored(h, "W&B export min/max envelope column", 0)
             position = -1
             for row in reader:
                 line = reader.line_num

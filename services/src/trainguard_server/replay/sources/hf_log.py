@@ -54,8 +54,7 @@ class HfLogSource(Source):
                     continue
                 if SUMMARY_FIELD in parsed:
                     for name in parsed:
-                        self.recognizer.report.ignored[name] = "end-of-training summary (HF log)"
-                        self.recognizer.report.ignored_count[name] += 1
+                        self.recognizer.note_ignored(name, "end-of-training summary (HF log)")
                     continue
                 fields: Dict[str, Any] = {str(k): v for k, v in parsed.items()}
                 yield RawRecord(number, position, fields)

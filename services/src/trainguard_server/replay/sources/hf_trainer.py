@@ -63,7 +63,6 @@ class TrainerStateSource(Source):
             if SUMMARY_FIELD in entry:
                 for name in entry:
                     if name != "step":
-                        self.recognizer.report.ignored[name] = "end-of-training summary (HF log_history)"
-                        self.recognizer.report.ignored_count[name] += 1
+                        self.recognizer.note_ignored(name, "end-of-training summary (HF log_history)")
                 continue
             yield RawRecord(index + 1, index, dict(entry))
