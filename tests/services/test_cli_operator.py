@@ -168,3 +168,18 @@ def test_version() -> None:
     assert done.returncode == 0 and done.stderr == ""
     assert re.fullmatch(r"trainguard 0\.1\.0 \(trainguard-server 0\.1\.0, trainguard-engine \S+, SDK 0\.1\.0; "
                         r"Python 3\.\d+\.\d+\)\n", done.stdout), done.stdout
+
+
+def test_replay_to_a_stopped_server_says_so_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # it used to retry silently for minutes; now one line within the 3 s connect timeout
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"step": 0, "loss": 1.0}\n')
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed when the block ends: nothing listens there
+    done = in_process(monkeypatch, capsys, "replay", "--run-id", "r1", "--metrics", str(metrics), "--token", "t",
+                      env={"TRAINGUARD_ENDPOINT": f"http://127.0.0.1:{port}"})
+    one_line(done, f"trainguard replay: cannot reach http://127.0.0.1:{port} (Connection refused): is the "
+                   "TrainGuard backend running there? (--endpoint URL, TRAINGUARD_ENDPOINT)")
+

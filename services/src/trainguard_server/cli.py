@@ -211,6 +211,7 @@ def _replay_options(args: argparse.Namespace) -> Any:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from .preflight import check_reachable
     from .replay import Importer, LocalBackend, RemoteBackend, wait_for_run
     from .replay.backends import Backend, DryRunBackend
     from .replay.report import Progress, print_status, print_summary
@@ -227,6 +228,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         elif args.data_dir:
             backend = LocalBackend(Path(args.data_dir), project=args.project, token=args.token)
         elif endpoint:
+            check_reachable(endpoint, "--endpoint URL, TRAINGUARD_ENDPOINT")  # at once, not after retries
             backend = RemoteBackend(endpoint, args.token or os.environ.get("TRAINGUARD_TOKEN"),
                                     read_token=args.read_token or os.environ.get("TRAINGUARD_READ_TOKEN"),
                                     api=args.api, user_agent="trainguard-replay")
@@ -251,6 +253,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print_summary(summary, sys.stdout)
         if summary.accepted and not args.no_wait and not args.dry_run:
             if backend.can_report:
+                if not args.quiet:
+                    print(f"waiting up to {args.wait_timeout:g} s for the backend to process run "
+                          f"{options.run_id} (--no-wait: do not wait)", file=sys.stderr, flush=True)
                 run, complete = wait_for_run(backend, summary, timeout_s=args.wait_timeout)
                 incidents = backend.incidents(options.run_id) if run is not None else []
                 print_status(run, incidents, sys.stdout, complete=complete, origins=summary.origins)

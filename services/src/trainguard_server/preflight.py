@@ -132,3 +132,24 @@ def port_error(exc: OSError, host: str, port: int, what: str, name: str) -> Usag
                           "--host (TRAINGUARD_HOST), such as 127.0.0.1 or 0.0.0.0")
     return UsageError(f"{host}:{port} ({what}) cannot be listened on: {exc.strerror}; choose another with "
                       f"{name}")
+
+
+def check_reachable(url: str, flag: str, timeout: float = 3.0) -> None:
+    """A TCP connection to ``url``'s host and port opens within ``timeout`` s (a stopped backend is said at
+    once instead of after the retries of a whole import); UsageError naming ``flag`` otherwise."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    default = {"http": 80, "https": 443, "grpc": 4317, "grpcs": 443}.get(parts.scheme, 0)
+    try:
+        host, port = parts.hostname or "", parts.port or default
+    except ValueError as exc:
+        raise UsageError(f"{flag} {url!r} is not a URL ({exc})") from None
+    if not host or not port:
+        return  # the transport says what is wrong with it
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"cannot reach {url} ({reason}): is the TrainGuard backend running there? ({flag})"
+                         ) from None
