@@ -49,6 +49,7 @@ CASES: Dict[str, Optional[str]] = {
     "external": "ci/external-values.yaml",
     "flink": "ci/flink-values.yaml",
     "existing-secret": "ci/existing-secret-values.yaml",
+    "shared": "ci/shared-values.yaml",
 }
 CHART_K8S = ("1.25", "1.37")  # Chart.yaml: kubeVersion >=1.25; the newest schemas bundled
 EXAMPLES = ROOT / "deploy" / "k8s"
@@ -332,7 +333,51 @@ def test_split_mode_points_every_process_at_the_existing_backends(monkeypatch: p
 def test_split_pods_share_one_volume_on_one_node(case: str) -> None:
     """SQLite WAL needs its processes on one host: every pod mounts the one RWO claim, and a required pod
     affinity on kubernetes.io/hostname selects every one of them (the first matches its own term)."""
-    docs = docs_of(case)
+    check_one_node(docs_of(case))
+
+
+# split mode where exactly one store is still SQLite: the one-node rules come back
+ONE_FILE_STORE = ["stateStore.type=sqlite", "eventStore.type=sqlite", "metricStore.type=sqlite"]
+
+
+@pytest.mark.parametrize("store", ONE_FILE_STORE)
+def test_split_mode_with_one_store_on_sqlite_stays_on_one_node(store: str) -> None:
+    check_one_node(render(CASES["shared"], (store,)))
+
+
+def test_split_mode_on_shared_state_drops_the_one_node_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka, PostgreSQL, Elasticsearch and ClickHouse: no pod opens a file another opens, so none is pinned
+    to a node (no pod affinity at all), none mounts a claim (the data dir is an emptyDir) and no claim is
+    made; every process points at the same PostgreSQL; three processors share one consumer group."""
+    docs = docs_of("shared")
+    dsn = "postgresql://tg@pg-0.data.svc:5432/trainguard?sslmode=require"
+    secrets = {("trainguard-postgres", "dsn"): dsn, **rendered_secrets(docs)}
+    assert "PersistentVolumeClaim" not in {d["kind"] for d in docs}
+    replicas, groups = {}, set()
+    for deployment, pod in pod_specs(docs):
+        name = deployment["metadata"]["name"]
+        replicas[name] = deployment["spec"]["replicas"]
+        assert "affinity" not in pod, name
+        (container,) = pod["containers"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert volumes[mounts["/var/lib/trainguard"]] == {"name": "data", "emptyDir": {}}, name
+        settings = settings_from(resolved_env(container, secrets), monkeypatch)
+        assert (settings.queue, settings.state_store, settings.event_store, settings.metric_store) == \
+            ("kafka", "postgres", "elasticsearch", "clickhouse"), name
+        assert (settings.postgres_dsn, settings.postgres_schema, settings.postgres_pool_size) == \
+            (dsn, "tg_prod", 4), name
+        assert settings.bootstrap_ingest_token and settings.bootstrap_read_token  # from the Secret, not the dir
+        groups.add(settings.kafka_group_id)
+    assert replicas == {"trainguard-gateway": 2, "trainguard-api": 2, "trainguard-processor": 3}
+    assert len(groups) == 1 and kinds(docs)[("Deployment", "trainguard-processor")]["spec"]["strategy"] == \
+        {"type": "Recreate"}
+    # nothing to persist: split mode on shared state renders without a volume too
+    quiet = render(CASES["shared"], ("persistence.enabled=false",))
+    assert [d["kind"] for d in quiet] == [d["kind"] for d in docs]
+
+
+def check_one_node(docs: List[Doc]) -> None:
     pods = list(pod_specs(docs))
     assert len(pods) == 3
     claims = set()
@@ -446,6 +491,14 @@ def test_the_schemas_settings_are_real_settings() -> None:
     (["mode=split", "queue.type=kafka", "queue.kafka.bootstrapServers=k:9092", "persistence.enabled=false"],
      "mode=split needs persistence.enabled=true"),
     (["processor.runtime=flink"], "processor.runtime=flink needs queue.type=kafka"),
+    (["stateStore.type=postgres"], "stateStore.type=postgres needs stateStore.postgres.dsn"),
+    (["stateStore.type=postgres", "stateStore.postgres.dsn=host=pg", "stateStore.postgres.dsnKey=dsn"],
+     "not both"),
+    (["stateStore.type=postgres", "stateStore.postgres.dsnKey=dsn"],
+     "name keys of stateStore.postgres.existingSecret"),
+    (["stateStore.postgres.schema=Prod"], "^[a-z_][a-z0-9_]{0,62}$"),
+    (["queue.type=kafka", "queue.kafka.bootstrapServers=k:9092", "processor.runtime=flink", "processor.replicas=2"],
+     "processor.replicas > 1 needs processor.runtime=embedded"),
     (["eventStore.type=elasticsearch"], "needs eventStore.elasticsearch.hosts"),
     (["metricStore.type=clickhouse"], "metricStore.type=clickhouse needs metricStore.clickhouse.url"),
     (["metricStore.type=clickhouse", "metricStore.clickhouse.host=ch", "metricStore.clickhouse.passwordKey=pw"],

@@ -68,6 +68,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "tg_%s_%s_%s" . (sha256sum (randAlphaNum 64) | trunc 16) (sha256sum (randAlphaNum 64) | trunc 48) -}}
 {{- end -}}
 
+{{/* "true" when mode=split runs on shared state only -- Kafka, PostgreSQL, Elasticsearch, ClickHouse --
+     so no pod opens a file another pod opens: no one-node affinity, no shared volume (values.yaml). */}}
+{{- define "trainguard.sharedState" -}}
+{{- $v := .Values -}}
+{{- if and (eq $v.mode "split") (eq $v.queue.type "kafka") (eq $v.stateStore.type "postgres") (eq $v.eventStore.type "elasticsearch") (eq $v.metricStore.type "clickhouse") -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* Values that no schema can express: rendering fails with a message that says what to set. */}}
 {{- define "trainguard.validate" -}}
 {{- $v := .Values -}}
@@ -77,8 +86,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (eq $v.mode "split") (ne $v.queue.type "kafka") -}}
 {{- fail "mode=split runs gateway, processor and api as separate pods, which hand batches over through Kafka: set queue.type=kafka and queue.kafka.bootstrapServers (the SQLite queue serves one process: use mode=embedded)" -}}
 {{- end -}}
-{{- if and (eq $v.mode "split") (not $v.persistence.enabled) -}}
-{{- fail "mode=split needs persistence.enabled=true: the three pods share the SQLite data directory (tokens, runs, incidents) on one volume" -}}
+{{- if and (eq $v.mode "split") (not $v.persistence.enabled) (not (include "trainguard.sharedState" .)) -}}
+{{- fail "mode=split needs persistence.enabled=true: the three pods share the SQLite data directory (tokens, runs, incidents) on one volume (or put every store on a server: stateStore.type=postgres, eventStore.type=elasticsearch, metricStore.type=clickhouse)" -}}
+{{- end -}}
+{{- $pg := $v.stateStore.postgres -}}
+{{- if and (eq $v.stateStore.type "postgres") (not $pg.dsn) (not $pg.dsnKey) -}}
+{{- fail "stateStore.type=postgres needs stateStore.postgres.dsn, or .existingSecret with .dsnKey" -}}
+{{- end -}}
+{{- if and $pg.dsn $pg.dsnKey -}}
+{{- fail "give stateStore.postgres.dsn or stateStore.postgres.dsnKey, not both" -}}
+{{- end -}}
+{{- if and (or $pg.dsnKey $pg.passwordKey) (not $pg.existingSecret) -}}
+{{- fail "stateStore.postgres.dsnKey / .passwordKey name keys of stateStore.postgres.existingSecret: set it" -}}
+{{- end -}}
+{{- if and (gt (int $v.processor.replicas) 1) (ne $v.processor.runtime "embedded") -}}
+{{- fail "processor.replicas > 1 needs processor.runtime=embedded: with processor.runtime=flink the Flink job scales (flink.parallelism)" -}}
 {{- end -}}
 {{- if and (eq $v.processor.runtime "flink") (ne $v.queue.type "kafka") -}}
 {{- fail "processor.runtime=flink needs queue.type=kafka: the Flink job reads the gateway's Kafka topic" -}}
@@ -104,8 +126,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- fail "tokens.existingSecret holds the tokens: leave tokens.ingestToken / tokens.readToken empty" -}}
 {{- end -}}
 {{- range $name, $_ := $v.settings -}}
-{{- if has $name (list "data_dir" "host" "http_port" "grpc_port" "roles" "queue" "event_store" "metric_store" "processor_runtime" "bootstrap_project" "bootstrap_ingest_token" "bootstrap_read_token") -}}
-{{- fail (printf "settings.%s is set by the chart (mode, queue, eventStore, metricStore, processor, tokens, service): use those values" $name) -}}
+{{- if has $name (list "data_dir" "host" "http_port" "grpc_port" "roles" "queue" "event_store" "metric_store" "state_store" "postgres_dsn" "postgres_schema" "postgres_pool_size" "processor_runtime" "bootstrap_project" "bootstrap_ingest_token" "bootstrap_read_token") -}}
+{{- fail (printf "settings.%s is set by the chart (mode, queue, eventStore, metricStore, stateStore, processor, tokens, service): use those values" $name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -224,6 +246,24 @@ app.kubernetes.io/component: {{ .component }}
 - name: TRAINGUARD_CLICKHOUSE_RETENTION_DAYS
   value: {{ $ch.retentionDays | quote }}
 {{- end }}
+- name: TRAINGUARD_STATE_STORE
+  value: {{ $v.stateStore.type | quote }}
+{{- if eq $v.stateStore.type "postgres" }}
+{{- $pg := $v.stateStore.postgres }}
+{{- if $pg.dsnKey }}
+{{ include "trainguard.secretEnv" (list "TRAINGUARD_POSTGRES_DSN" $pg.existingSecret $pg.dsnKey) }}
+{{- else }}
+- name: TRAINGUARD_POSTGRES_DSN
+  value: {{ $pg.dsn | quote }}
+{{- end }}
+{{- if $pg.passwordKey }}
+{{ include "trainguard.secretEnv" (list "PGPASSWORD" $pg.existingSecret $pg.passwordKey) }}
+{{- end }}
+- name: TRAINGUARD_POSTGRES_SCHEMA
+  value: {{ $pg.schema | quote }}
+- name: TRAINGUARD_POSTGRES_POOL_SIZE
+  value: {{ $pg.poolSize | quote }}
+{{- end }}
 - name: TRAINGUARD_PROCESSOR_RUNTIME
   value: {{ $v.processor.runtime | quote }}
 {{- range $name, $value := $v.settings }}
@@ -295,7 +335,8 @@ trainguard.io/data-volume: {{ include "trainguard.fullname" .root }}
 
 {{/* Pod-level fields shared by every TrainGuard pod. In mode=split every pod that mounts the data volume
      must run on the node of the others (SQLite WAL, see values.yaml): a required pod affinity on the
-     label trainguard.io/data-volume (the first pod matches its own term, so it schedules anywhere). */}}
+     label trainguard.io/data-volume (the first pod matches its own term, so it schedules anywhere) --
+     unless every store is a server (trainguard.sharedState): then no affinity and an emptyDir data dir. */}}
 {{- define "trainguard.podCommon" -}}
 serviceAccountName: {{ include "trainguard.serviceAccountName" . }}
 automountServiceAccountToken: {{ .Values.automountServiceAccountToken }}
@@ -314,7 +355,8 @@ tolerations:
 {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- $affinity := deepCopy (.Values.affinity | default dict) }}
-{{- if eq .Values.mode "split" }}
+{{- $shared := include "trainguard.sharedState" . }}
+{{- if and (eq .Values.mode "split") (not $shared) }}
 {{- $podAffinity := get $affinity "podAffinity" | default dict }}
 {{- $required := get $podAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default list }}
 {{- $term := dict "labelSelector" (dict "matchLabels" (dict "trainguard.io/data-volume" (include "trainguard.fullname" .))) "topologyKey" "kubernetes.io/hostname" }}
@@ -327,7 +369,7 @@ affinity:
 {{- end }}
 volumes:
   - name: data
-{{- if .Values.persistence.enabled }}
+{{- if and .Values.persistence.enabled (not $shared) }}
     persistentVolumeClaim:
       claimName: {{ include "trainguard.claimName" . }}
 {{- else }}
