@@ -129,11 +129,22 @@ def cmd_agent(args: argparse.Namespace) -> int:
     command: List[str] = list(args.command or [])
     if command and command[0] == "--":
         command = command[1:]
-    if not args.upstream:
-        print("trainguard agent: --upstream (TRAINGUARD_AGENT_UPSTREAM) is required", file=sys.stderr)
-        return 2
-    if not args.token:
-        print("trainguard agent: --token (TRAINGUARD_TOKEN) is required", file=sys.stderr)
+    if not args.upstream and os.environ.get("TRAINGUARD_ENDPOINT"):
+        # what the SDK uses: the job's own endpoint becomes the upstream, and the job sends to this agent
+        args.upstream = os.environ.pop("TRAINGUARD_ENDPOINT")
+    missing = [what for what, value in (
+        ("--upstream (TRAINGUARD_AGENT_UPSTREAM or TRAINGUARD_ENDPOINT)", args.upstream),
+        ("--token (TRAINGUARD_TOKEN)", args.token)) if not value]
+    if missing and command:  # the job comes first: run it as it is, and say so loudly
+        print(f"trainguard agent: WARNING: {' and '.join(missing)} not given: running the job WITHOUT "
+              "TrainGuard (nothing is captured)", file=sys.stderr, flush=True)
+        try:
+            os.execvp(command[0], command)  # the job's own exit status and signals, as without the agent
+        except OSError as exc:
+            print(f"trainguard agent: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+            return 127
+    if missing:
+        print(f"trainguard agent: {missing[0]} is required", file=sys.stderr)
         return 2
     log_files = args.log_file or [p.strip() for p in _env("LOG_FILES").split(",") if p.strip()]
     if not command and not log_files and not args.exit_file and not args.watch_process \
