@@ -715,12 +715,12 @@ class DetectionSettings:
         0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
         "by >= this x the excess: they waited for it ...", minimum=0.0)
     straggler_confirm: int = _setting(
-        5, "... on this many more judged steps than not since it began (a leaky count: a judged step without "
+        10, "... on this many more judged steps than not since it began (a leaky count: a judged step without "
         "it takes one back; a step is judged once every rank reported it); as many judged steps in a row "
         "without a candidate resolve the incident. Also the confirmation of perf/data-bottleneck.",
         minimum=1)
     regression_ratio: float = _setting(
-        1.3, "perf/throughput-regression: the job's step time (median over ranks of their window medians) "
+        1.5, "perf/throughput-regression: the job's step time (median over ranks of their window medians) "
         ">= this x its earlier steady state (or a logged throughput metric <= 1/this of it) ...",
         minimum=1.0)
     regression_min_delta_s: float = _setting(
