@@ -161,10 +161,20 @@ _OOM_PLAIN_NEEDLES = ("cuda error: out of memory", "hip error: out of memory", "
 ``THCudaCheck FAIL file=... error=2 : out of memory``."""
 
 
+_OOM_RECOVERY = "attempting to recover from oom in forward/backward pass"
+"""fairseq's trainer catching a CUDA OOM (it skips the batch; the OOM message itself may be elsewhere)."""
+
+
 def _rule_cuda_oom_plain(t: _Text) -> Optional[_Hit]:
     pos = t.first(*_OOM_PLAIN_NEEDLES)
     if pos < 0:
-        return None
+        pos = t.first(_OOM_RECOVERY)
+        if pos < 0:
+            return None
+        return _Hit("memory", "oom", 0.7, pos, {"error": _shorten(t.line_at(pos), 120)},
+                    "CUDA out of memory (fairseq recovering from it)",
+                    "fairseq caught a CUDA OOM in the forward/backward pass and skipped the batch; repeated, "
+                    "the batch (max tokens) is too large for the GPU")
     what = _shorten(t.line_at(pos), 120)
     return _Hit("memory", "oom", 0.85, pos, {"error": what},
                 "CUDA out of memory outside the caching allocator", "a raw CUDA allocation failed (CUDA "
@@ -333,7 +343,7 @@ def _next(t: _Text, pos: int) -> int:
 
 GATES = {
     "cuda.oom": ("out of memory",),
-    "cuda.oom-plain": _OOM_PLAIN_NEEDLES,
+    "cuda.oom-plain": (*_OOM_PLAIN_NEEDLES, _OOM_RECOVERY),
     "cuda.device-assert": ("assertion `",),
     "nvidia.xid": ("nvrm: xid",),
     "cuda.error": _CUDA_NEEDLES,
@@ -352,7 +362,10 @@ DOCS = {
         '``CUDA out of memory. Tried to allocate ...`` (current and older formats; HIP/XPU/MPS too) → '
         'memory/oom'
     ),
-    'cuda.oom-plain': '``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED`` → memory/oom',
+    'cuda.oom-plain': (
+        "``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED``, fairseq's ``attempting to recover "
+        "from OOM in forward/backward pass`` → memory/oom"
+    ),
     'cuda.device-assert': "a kernel's ``Assertion `...` failed`` line → memory/cuda-error",
     'nvidia.xid': '``NVRM: Xid (PCI:...): N`` → memory/cuda-error',
     'cuda.error': (
