@@ -16,6 +16,10 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   The first value stands for the untrained level (a far-too-high LR swings above it from the first
   update) only while the loss has never been back at or below it -- here it has, so the swings are
   judged against the robust initial median, and no oscillation stays open on a healthy run.
+* r114 (plain CNN, SGD, batch 2, linear LR decay: healthy, slow and noisy): flat at ~0.9x its start for
+  its first ~100 steps (a plateau then, rightly), then down to ~0.8x. The plateau clears when the rule's
+  own level test no longer holds over a full loss window (the run fell from where it started), not only
+  after a further 20 % drop below the plateau's level.
 """
 
 from __future__ import annotations
@@ -74,3 +78,9 @@ def test_a_noisy_healthy_run_whose_first_batch_was_lucky_ends_with_nothing_open(
     out = _outcome("r109")
     assert out.label == labels.HEALTHY
     assert out.open_alerts == [], out
+
+
+def test_a_plateau_clears_once_the_loss_window_is_below_the_rules_level() -> None:
+    out = _outcome("r114")
+    assert out.label == labels.HEALTHY
+    assert "loss/plateau" in out.transient and out.open_alerts == [], out

@@ -229,7 +229,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         return []
     open_kind = _open_curve_kind(run, rank)
     if open_kind is not None and _curve_cleared(run, rank, open_kind, state, initial, step, time_ns,
-                                                settings):
+                                                settings, series):
         open_kind = None
     judged = ESCALATES_TO.get(open_kind, (open_kind,)) if open_kind is not None else CURVE_KINDS
     if open_kind is not None and len(judged) == 1 and \
@@ -314,18 +314,25 @@ def _open_curve_kind(run: RunState, rank: RankState) -> Optional[str]:
 
 
 def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, Any], initial: float,
-                   step: int, time_ns: int, settings: DetectionSettings) -> bool:
+                   step: int, time_ns: int, settings: DetectionSettings,
+                   series: Sequence[Tuple[int, float, int]] = ()) -> bool:
     """Resolve the open curve incident of ``kind`` when its condition cleared (the run's health recovers);
     whether it did. The loss level (rolling median of ``rise_smooth``) against what it was when the
     incident opened (``state["opened"]``): a plateau or an oscillation whose level fell
-    ``plateau_resolve_drop`` below it (the optimiser got going / the swings settled lower), a rise that
-    gave back half of its rise, a divergence back under ``divergence_factor`` x the initial level."""
+    ``plateau_resolve_drop`` below it (the optimiser got going / the swings settled lower), a plateau
+    whose last ``loss_window`` values' median is under ``plateau_min_level`` x the initial level (the
+    negation of the rule's own level test: the run has fallen from where it started, it is converging),
+    a rise that gave back half of its rise, a divergence back under ``divergence_factor`` x the initial
+    level. A plateau never clears while nothing moves the weights."""
     opened, level = state.get("opened"), state.get("level")
     if not opened or opened.get("kind") != kind or level is None:
         return False
     at = opened["level"]
     if kind in ("plateau", "oscillation"):
         cleared = level <= (1.0 - settings.plateau_resolve_drop) * at
+        if not cleared and kind == "plateau" and len(series) >= settings.loss_window:
+            window_level = robust.median([v for _s, v, _t in series[-settings.loss_window:]])
+            cleared = window_level < settings.plateau_min_level * initial
         if cleared and kind == "plateau":  # a lower level while nothing moves the weights is noise
             cleared = not _optimisation_stuck(rank, state, step - settings.loss_window, step, settings)
     elif kind == "rise-after-fall":
