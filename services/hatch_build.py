@@ -1,10 +1,11 @@
-"""Wheel build hook: the dashboard's charting library ships inside ``trainguard-server``'s wheel.
+"""Wheel build hook: the dashboard's charting library and /docs' Swagger UI ship inside the server's wheel.
 
-``static/vendor/echarts.min.js`` is git-ignored (fetched from the npm registry by ``tools/fetch_assets.py``),
-so hatchling would leave it out; ``artifacts`` in pyproject.toml takes it in, and this hook makes sure it is
-there before a wheel is built: from a clone it runs ``tools/fetch_assets.py`` when the file is missing, and
-otherwise refuses to build a dashboard without charts (one line saying how to fix it). Editable installs are
-not checked (the Makefile fetches the asset after them).
+``static/vendor/`` (echarts.min.js, swagger-ui-bundle.js, swagger-ui.css) is git-ignored (fetched from the
+npm registry by ``tools/fetch_assets.py``), so hatchling would leave it out; ``artifacts`` in pyproject.toml
+takes it in, and this hook makes sure the files are there before a wheel is built: from a clone it runs
+``tools/fetch_assets.py`` when one is missing, and otherwise refuses to build a server whose dashboard or
+/docs cannot render (one line saying how to fix it). Editable installs are not checked (the Makefile fetches
+the assets after them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any, Dict
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-ASSET = Path("src/trainguard_server/dashboard/static/vendor/echarts.min.js")
+VENDOR = Path("src/trainguard_server/dashboard/static/vendor")
+ASSETS = ("echarts.min.js", "swagger-ui-bundle.js", "swagger-ui.css")  # tools/fetch_assets.py's
 
 
 class VendorAssetHook(BuildHookInterface):  # type: ignore[misc]
@@ -28,10 +30,10 @@ class VendorAssetHook(BuildHookInterface):  # type: ignore[misc]
         if self.target_name != "wheel" or version == "editable":
             return
         root = Path(self.root)
-        asset = root / ASSET
         fetch = root.parent / "tools" / "fetch_assets.py"
-        if not asset.is_file() and fetch.is_file():
+        if any(not (root / VENDOR / name).is_file() for name in ASSETS) and fetch.is_file():
             subprocess.run([sys.executable, str(fetch)], check=True)
-        if not asset.is_file():
-            raise RuntimeError(f"{asset} is missing: run `python tools/fetch_assets.py` (needs npm) in the "
-                               "TrainGuard clone before building the trainguard-server wheel")
+        missing = [str(root / VENDOR / name) for name in ASSETS if not (root / VENDOR / name).is_file()]
+        if missing:
+            raise RuntimeError(f"{', '.join(missing)} missing: run `python tools/fetch_assets.py` (needs "
+                               "npm) in the TrainGuard clone before building the trainguard-server wheel")

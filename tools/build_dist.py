@@ -21,6 +21,9 @@ from typing import List
 REPO = Path(__file__).resolve().parents[1]
 DISTRIBUTIONS = (("sdk", "trainguard"), ("engine", "trainguard_engine"), ("services", "trainguard_server"))
 VENDOR_MEMBER = "trainguard_server/dashboard/static/vendor/echarts.min.js"
+#: what tools/fetch_assets.py vendors: the dashboard's charts and /docs' Swagger UI
+VENDOR_MEMBERS = (VENDOR_MEMBER, "trainguard_server/dashboard/static/vendor/swagger-ui-bundle.js",
+                  "trainguard_server/dashboard/static/vendor/swagger-ui.css")
 
 
 def build(out: Path, python: str = sys.executable) -> List[Path]:
@@ -38,9 +41,10 @@ def build(out: Path, python: str = sys.executable) -> List[Path]:
             raise SystemExit(f"build_dist: expected one {stem} wheel in {out}, found {len(found)}")
         wheels.append(found[0])
     with zipfile.ZipFile(wheels[-1]) as whl:
-        if VENDOR_MEMBER not in whl.namelist():
-            raise SystemExit(f"build_dist: {wheels[-1].name} lacks {VENDOR_MEMBER}: the dashboard would "
-                             "have no charts (python tools/fetch_assets.py)")
+        missing = [m for m in VENDOR_MEMBERS if m not in whl.namelist()]
+        if missing:
+            raise SystemExit(f"build_dist: {wheels[-1].name} lacks {', '.join(missing)}: the dashboard or "
+                             "/docs would not render (python tools/fetch_assets.py)")
     return wheels
 
 

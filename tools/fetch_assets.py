@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Put the dashboard's third-party JavaScript where the server serves it: ``python tools/fetch_assets.py``.
 
-The dashboard is served by the TrainGuard process itself and must work offline (training clusters often
-are): no CDN at run time. This fetches the pinned packages from the npm registry with ``npm pack`` at install
-time and copies the one file each needs into ``services/src/trainguard_server/dashboard/static/vendor/``
-(git-ignored). Idempotent: a file already there with the pinned version's size is kept.
+The dashboard and the API's ``/docs`` (Swagger UI) are served by the TrainGuard process itself and must work
+offline (training clusters often are): no CDN at run time. This fetches the pinned packages from the npm
+registry with ``npm pack`` at install time and copies the one file each needs into
+``services/src/trainguard_server/dashboard/static/vendor/`` (git-ignored; the server wheel ships them).
+Idempotent: a file already there with the pinned version's stamp is kept.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 VENDOR = REPO / "services" / "src" / "trainguard_server" / "dashboard" / "static" / "vendor"
 ASSETS = (  # (npm package@version, file inside the package tarball, name served)
     ("echarts@6.1.0", "package/dist/echarts.min.js", "echarts.min.js"),
+    # /docs (Swagger UI, served by the API itself: it renders offline)
+    ("swagger-ui-dist@5.35.0", "package/swagger-ui-bundle.js", "swagger-ui-bundle.js"),
+    ("swagger-ui-dist@5.35.0", "package/swagger-ui.css", "swagger-ui.css"),
 )
 
 

@@ -135,6 +135,9 @@ def test_the_server_from_the_wheel_serves_the_dashboard_with_its_charts(venv: Pa
                          "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     shipped = (purelib / VENDOR_MEMBER).read_bytes()
     assert len(served) > 500_000 and served == shipped and b"echarts" in served[:4000]
+    docs = _get(server["base"] + "/docs").decode()  # /docs: Swagger UI from the wheel, not a CDN
+    assert "/ui/static/vendor/swagger-ui-bundle.js" in docs and "https://" not in docs
+    assert len(_get(server["base"] + "/ui/static/vendor/swagger-ui-bundle.js")) > 500_000
 
 
 def test_a_training_with_the_sdk_wheel_reaches_the_server(venv: Path, server: Dict[str, str]) -> None:

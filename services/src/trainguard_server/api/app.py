@@ -7,7 +7,8 @@ from typing import Any, Dict, Optional
 
 from fastapi import Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.requests import Request
 
 from .. import __version__, dashboard
@@ -21,7 +22,8 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
     """Build the app around ``services``; ``ingest_router`` adds ``POST /v1/ingest``."""
     app = FastAPI(title="TrainGuard", version=__version__,
                   description="Capture, classify and root-cause anomalies in PyTorch training jobs.",
-                  dependencies=[Depends(preflight.preflight)])
+                  dependencies=[Depends(preflight.preflight)], docs_url=None, redoc_url=None)
+    app.add_route("/docs", _swagger_ui, include_in_schema=False)  # FastAPI's own would load it from a CDN
     app.state.services = services
 
     @app.exception_handler(RequestValidationError)
@@ -40,6 +42,14 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
     _document_checks(app)
     dashboard.mount(app)
     return app
+
+
+async def _swagger_ui(_: Request) -> HTMLResponse:
+    """``/docs``: Swagger UI from the assets this process serves (tools/fetch_assets.py puts them beside the
+    dashboard's; the server wheel ships them), so it renders on a machine without internet access."""
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="TrainGuard API",
+                               swagger_js_url="/ui/static/vendor/swagger-ui-bundle.js",
+                               swagger_css_url="/ui/static/vendor/swagger-ui.css", swagger_favicon_url="")
 
 
 def _document_checks(app: FastAPI) -> None:
