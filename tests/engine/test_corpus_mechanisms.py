@@ -20,6 +20,10 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   its first ~100 steps (a plateau then, rightly), then down to ~0.8x. The plateau clears when the rule's
   own level test no longer holds over a full loss window (the run fell from where it started), not only
   after a further 20 % drop below the plateau's level.
+* r301 (plain CNN, Adam, clip 5, a NaN planted in the data at step 134): the SDK read the grad norm every
+  step at first, then (its overhead budget) every 2-6 steps; the loss went NaN at 134 with calm norms
+  before it and the step's own norm never read. The cadence that decides "this step's norm is still to
+  come" is the recent one, so the sudden NaN is the NaN source, not a bare non-finite loss.
 """
 
 from __future__ import annotations
@@ -84,3 +88,9 @@ def test_a_plateau_clears_once_the_loss_window_is_below_the_rules_level() -> Non
     out = _outcome("r114")
     assert out.label == labels.HEALTHY
     assert "loss/plateau" in out.transient and out.open_alerts == [], out
+
+
+def test_a_sudden_nan_after_the_norm_cadence_thinned_is_the_nan_source() -> None:
+    out = _outcome("r301")
+    assert out.label == "gradient/nan-source"
+    assert out.verdict == "gradient/nan-source", out

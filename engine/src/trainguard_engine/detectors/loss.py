@@ -159,15 +159,19 @@ def _sudden_nan(run: RunState, rank: RankState, name: str, step: int, time_ns: i
     steps apart) but whose sampled norms before it were calm (at least ``explosion_min_points`` finite
     readings in the window, no climb: the caller found no explosion): the NaN came suddenly from the
     forward pass or the loss -- the NaN-source story, told from what was sampled. None when there are
-    too few readings to say."""
+    too few readings to say, or when the norm was read every step lately (its value for this step is
+    still to come)."""
     gname = grad_metric(rank, settings)
     if gname is None or step in rank.history.get(gname, {}):
         return None
     before = finite_series(rank, gname, step - settings.explosion_window_steps, step - 1)
     if len(before) < settings.explosion_min_points:
         return None
-    if robust.median([b[0] - a[0] for a, b in zip(before, before[1:])]) < 2:
+    recent_cadence = [*before[-settings.explosion_min_points:], (step, 0.0, 0)]
+    if robust.median([b[0] - a[0] for a, b in zip(recent_cadence, recent_cadence[1:])]) < 2:
         return None  # read every step: this step's norm is still to come (the non-finite gradient rule)
+    # (the cadence is the recent one, up to this step: the SDK's overhead budget thins the norm's
+    # readings as a run goes on, so a run read every step at first may be sampled by the time of its NaN)
     values = [v for _s, v, _t in before]
     calm = (f"{gname} was read on {len(values)} of the {settings.explosion_window_steps} steps before it "
             f"(a sampled cadence) and stayed calm (median {fmt_number(robust.median(values))}, max "
