@@ -705,7 +705,7 @@ class DetectionSettings:
     perf_min_points: int = _setting(
         5, "Performance detectors: steps a rank needs in its window before it is compared.", minimum=2)
     straggler_ratio: float = _setting(
-        2.0, "perf/straggler: a rank's own time per step (data wait + forward + optimizer: the phases "
+        1.7, "perf/straggler: a rank's own time per step (data wait + forward + optimizer: the phases "
         "without a collective; the lower quartile of its window, so most of its steps) >= this x the "
         "median of the other ranks' ...", minimum=1.0)
     straggler_min_share: float = _setting(
