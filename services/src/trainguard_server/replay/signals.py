@@ -49,6 +49,9 @@ namespace (``perf/step_time_ms``, ``system/rss_mib``) is looked through when the
 LIGHTNING_STEP_SUFFIX = "_step"
 MAX_NAMES = 65536
 """Field names whose decision is remembered (a file with more distinct names is still read, just slower)."""
+MAX_PLANS = 1024
+"""Distinct field sets whose plan is remembered (records with other field sets take the slow path)."""
+Plan = Tuple[List[Tuple[Optional[str], float, bool]], int]
 MAX_LISTED = 200
 """Field names kept for the summary per list (all are counted)."""
 
@@ -273,6 +276,8 @@ class Recognizer:
         self._collided: set[str] = set()
         self._notes: Dict[str, str] = {}
         self._note_counts: Counter[str] = Counter()
+        self._plans: Dict[Tuple[str, ...], Plan] = {}
+        self._plan_counts: Dict[Tuple[str, ...], int] = {}
 
     # -- decisions ----------------------------------------------------------------------------------------
     def _decide(self, name: str) -> _Decision:
@@ -332,7 +337,52 @@ class Recognizer:
     # -- values -------------------------------------------------------------------------------------------
     def apply(self, values: Mapping[str, float]) -> Tuple[Dict[str, float], int]:
         """The recognised values (in source order) and how many fields a ``--map`` rule dropped. Hot path:
-        one memo lookup and one count per field; :attr:`report` is worked out from the counts on demand."""
+        a record with the same fields as an earlier one reuses that record's plan (one lookup and one count
+        per record); :attr:`report` is worked out from the counts on demand."""
+        key = tuple(values)
+        plan = self._plans.get(key)
+        if plan is None:
+            out, dropped = self._apply_slowly(values)
+            if len(self._plans) < MAX_PLANS:
+                made = self._plan_of(key, values)
+                if made is not None:
+                    self._plans[key] = made
+            return out, dropped
+        self._plan_counts[key] = self._plan_counts.get(key, 0) + 1
+        steps, dropped = plan
+        out = {}
+        for (target, factor, flag), value in zip(steps, values.values()):
+            if target is None:
+                continue
+            if flag:
+                value = 0.0 if value == 0.0 else (value if value != value else 1.0)
+            elif factor != 1.0:
+                value = value * factor
+            out[target] = value
+        return out, dropped
+
+    def _plan_of(self, key: Tuple[str, ...], values: Mapping[str, float]) -> Optional[Plan]:
+        """What :meth:`_apply_slowly` decided for a record with these fields, as steps to repeat (a memory
+        field whose unit is still to be told by its magnitude stays on the slow path)."""
+        steps: List[Tuple[Optional[str], float, bool]] = []
+        dropped = 0
+        for name in key:
+            d = self._memo.get(name)
+            if d is None or d.factor != d.factor:
+                return None
+            if d.how == "dropped":
+                dropped += 1
+                steps.append((None, 1.0, False))
+            elif d.how == "ignored":
+                steps.append((None, 1.0, False))
+            elif d.how == "kept" or (d.target != name and d.target in values and d.how != "map"):
+                steps.append((name, 1.0, False))
+            else:
+                steps.append((d.target, d.factor, d.flag))
+        return steps, dropped
+
+    def _apply_slowly(self, values: Mapping[str, float]) -> Tuple[Dict[str, float], int]:
+        """:meth:`apply` field by field (decides what it has not decided yet; counts per field)."""
         out: Dict[str, float] = {}
         dropped = 0
         memo = self._memo
@@ -387,7 +437,11 @@ class Recognizer:
         """What recognition found so far (see :class:`Recognition`)."""
         rep = Recognition()
         layers: Dict[str, int] = {}
-        for name, n in self._counts.items():
+        counts = dict(self._counts)
+        for key, times in self._plan_counts.items():
+            for name in key:
+                counts[name] = counts.get(name, 0) + times
+        for name, n in counts.items():
             d = self._memo.get(name)
             if d is None:
                 continue
