@@ -15,6 +15,8 @@ Scenarios (``--seeds N`` runs of each, seeds 0..N-1; the slow rank is ``seed % 4
 * ``affinity``    -- one rank is pinned to one core shared with a spinning process;
 * ``slow_all``    -- every rank does ``--factor`` x the work from step ``--from-step``: a regression, no
   straggler;
+* ``data_all``    -- every rank's batches go through the CPU-bound transform: a data-loader bottleneck,
+  no straggler;
 * ``timeout``     -- ``compute``, then the slow rank stops: its peers' all-reduce times out; must be one
   incident, the straggler, with the timeout as its consequence.
 
@@ -43,7 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "fixtures" / "straggler" / "job.py"
 SETTLE_NS = 60 * 10**9
-SCENARIOS = ("healthy", "compute", "loader", "affinity", "slow_all", "timeout")
+SCENARIOS = ("healthy", "compute", "loader", "affinity", "slow_all", "data_all", "timeout")
 HEADER = ("scenario   seed slow_rank rc  wall_s  straggler(rank, +steps)  regression(+steps)  verdict  "
           "incidents")
 
@@ -70,6 +72,9 @@ class Outcome:
             return "ok" if not has_s and not has_r else "FALSE ALARM"
         if s == "slow_all":
             return "ok" if has_r and not has_s else "MISSED" if not has_r else "WRONG (straggler)"
+        if s == "data_all":
+            has_d = "perf/data-bottleneck" in self.kinds
+            return "ok" if has_d and not has_s else "MISSED" if not has_d else "WRONG (straggler)"
         ok = has_s and self.straggler_rank == self.slow_rank and 0 <= self.straggler_after <= 30
         if s == "timeout":
             ok = ok and self.unexplained == ["perf/straggler"] and \
@@ -87,6 +92,8 @@ def run_job(out: Path, scenario: str, seed: int, steps: int, factor: float, from
         args += ["--slow", scenario, "--slow-rank", str(slow_rank), "--factor", str(factor)]
     elif scenario == "slow_all":
         args += ["--slow-all", str(factor)]
+    elif scenario == "data_all":
+        args += ["--slow-data-all", str(factor)]
     elif scenario == "timeout":
         args += ["--slow", "compute", "--slow-rank", str(slow_rank), "--factor", str(factor),
                  "--hang-at", str(from_step + 25), "--hang-s", "30", "--timeout-s", "8"]
@@ -141,13 +148,13 @@ def judge(events: List[Dict[str, Any]], outcome: Outcome) -> None:
 
 def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Path],
         all_runs: bool = False) -> Outcome:
-    from_step = 0 if scenario == "healthy" else args.from_step
+    from_step = 0 if scenario in ("healthy", "data_all") else args.from_step
     out = Path(tempfile.mkdtemp(prefix=f"straggler-{scenario}-"))
     started = time.perf_counter()
     try:
         rc = run_job(out, scenario, seed, args.steps, args.factor, from_step, args.run_timeout)
-        outcome = Outcome(scenario, seed, seed % 4 if scenario not in ("healthy", "slow_all") else -1,
-                          from_step, rc, time.perf_counter() - started)
+        slow = seed % 4 if scenario not in ("healthy", "slow_all", "data_all") else -1
+        outcome = Outcome(scenario, seed, slow, from_step, rc, time.perf_counter() - started)
         events = merged_events(out)
         judge(events, outcome)
         if record is not None:
@@ -180,7 +187,7 @@ def rejudge(folder: Path) -> List[Outcome]:
             events = [json.loads(line) for line in fh if line.strip()]
         start = next(e for e in events if e.get("lifecycle", {}).get("phase") == "START")
         job = start["lifecycle"]["tags"]
-        slow = int(job["slow_rank"]) if scenario not in ("healthy", "slow_all") else -1
+        slow = int(job["slow_rank"]) if scenario not in ("healthy", "slow_all", "data_all") else -1
         outcome = Outcome(scenario, seed, slow, int(job["from_step"]), 0, 0.0)
         judge(events, outcome)
         outcomes.append(outcome)
