@@ -24,6 +24,10 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   step at first, then (its overhead budget) every 2-6 steps; the loss went NaN at 134 with calm norms
   before it and the step's own norm never read. The cadence that decides "this step's norm is still to
   come" is the recent one, so the sudden NaN is the NaN source, not a bare non-finite loss.
+* r232 (Lightning CNN, SGD with an LR ~90x too high, clip 1): the LR killed the first layers (exactly zero
+  gradient) and the loss swings between ~2 and ~12, 5x its start, for 200 steps. Dead units alone do not
+  make swings "batch noise" when the loss is that far above where it started (a constant predictor sits
+  at most about there): the live layers are thrown around -- an oscillation, not a plateau.
 """
 
 from __future__ import annotations
@@ -94,3 +98,10 @@ def test_a_sudden_nan_after_the_norm_cadence_thinned_is_the_nan_source() -> None
     out = _outcome("r301")
     assert out.label == "gradient/nan-source"
     assert out.verdict == "gradient/nan-source", out
+
+
+def test_swings_far_above_the_start_with_dead_first_layers_are_an_oscillation() -> None:
+    out = _outcome("r232")
+    assert out.label == "loss/oscillation"
+    assert out.verdict == "loss/oscillation", out
+    assert "loss/plateau" not in out.kinds

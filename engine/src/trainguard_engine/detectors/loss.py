@@ -421,8 +421,9 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     if win.median < tuned.oscillation_min_level * initial or win.cv < tuned.oscillation_min_cv:
         return _Check(False)
     trend = win.trend
+    ratio = win.median / initial if initial > 0 else math.inf
     if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.steps[0], win.steps[-1],
-                                                             settings):
+                                                             settings, ratio):
         return _Check(False)  # swings while nothing moves the weights are the batches' noise: a plateau
     if not explain:
         return _Check(True, since=win.steps[0])
@@ -576,7 +577,7 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     # of which stands only while something moves the weights: with dead units or an LR of 0 what fell was
     # a bias finding the targets' mean, and the swings are the batches' noise
     if (med < tuned.plateau_min_level * initial or win.cv >= tuned.oscillation_min_cv) and \
-            not _optimisation_stuck(rank, state, steps[0], steps[-1], settings):
+            not _optimisation_stuck(rank, state, steps[0], steps[-1], settings, med / initial):
         return _Check(False)
     trend = win.trend
     if abs(trend.z) >= tuned.trend_z:
@@ -607,36 +608,43 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
 
 
 def _optimisation_stuck(rank: RankState, state: Dict[str, Any], lo: int, hi: int,
-                        settings: DetectionSettings) -> bool:
-    """Whether nothing moves the weights over steps [lo, hi]: an LR of 0, layers with exactly zero gradient on
-    the last per-layer report (dead units, a detached part), or a median global grad norm below
-    ``plateau_small_grad`` (the last ``STUCK_RECENT`` LR and norm values in the range). Then the loss's
-    swings are its batches' noise, not the optimiser's. Computed once per judged loss value
-    (``state["stuck"]`` = [hi, answer]: the curve rules share it)."""
+                        settings: DetectionSettings, level_ratio: float = 0.0) -> bool:
+    """Whether nothing moves the weights over steps [lo, hi]: an LR of 0, a median global grad norm below
+    ``plateau_small_grad``, or layers with exactly zero gradient on the last per-layer report (dead units,
+    a detached part) (the last ``STUCK_RECENT`` LR and norm values in the range). Then the loss's
+    swings are its batches' noise, not the optimiser's. Dead layers alone do not say so when the judged
+    loss level is ``level_ratio`` >= ``divergence_factor`` x its initial level: a model whose dead units
+    left it a constant predictor sits at most about where it started; far above that, the optimiser is
+    throwing the live layers around (a far-too-high LR, which is also what killed the units). Computed
+    once per judged loss value (``state["stuck"]`` = [hi, reason]: the curve rules share it)."""
     memo = state.get("stuck")
     if memo is not None and memo[0] == hi:
-        return bool(memo[1])
-    answer = _stuck_now(rank, lo, hi, settings)
-    state["stuck"] = [hi, answer]
-    return answer
+        reason = memo[1]
+    else:
+        reason = _stuck_now(rank, lo, hi, settings)
+        state["stuck"] = [hi, reason]
+    if reason == "dead" and level_ratio >= settings.divergence_factor:
+        return False
+    return bool(reason)
 
 
 STUCK_RECENT = 8
 """LR and grad-norm values (the rank's last ones) :func:`_optimisation_stuck` looks at."""
 
 
-def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> bool:
+def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> str:
+    """Why nothing moves the weights ("lr0", "small", "dead"), or "" (see :func:`_optimisation_stuck`)."""
     for name in ("opt/lr", "lr"):
         if name in rank.history:
             lrs = [v for s, v, _t in recent(rank, name, STUCK_RECENT, hi) if s >= lo]
             if lrs and all(v == 0 for v in lrs):
-                return True
+                return "lr0"
             break
-    if rank_state(rank).get("layers", {}).get("zero"):
-        return True
     gname = grad_metric(rank, settings)
     norms = [v for s, v, _t in recent(rank, gname, STUCK_RECENT, hi) if s >= lo] if gname is not None else []
-    return bool(norms) and robust.median(norms) < settings.plateau_small_grad
+    if norms and robust.median(norms) < settings.plateau_small_grad:
+        return "small"
+    return "dead" if rank_state(rank).get("layers", {}).get("zero") else ""
 
 
 def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSettings,
