@@ -25,6 +25,7 @@ are not the verdict. Printed per half:
     python -m bench.corpus.evaluate                   # both halves of what record.py wrote
     python -m bench.corpus.evaluate --split dev -v    # one half, every miss listed
     python -m bench.corpus.evaluate --json out.json
+    python -m bench.corpus.evaluate --ignore perf      # without the step-time (perf/*) incidents
 
 Nothing is asserted; targets (issue 16, on the test half) are printed beside the figures.
 """
@@ -120,20 +121,22 @@ def read_events(path: Path) -> List[Dict[str, Any]]:
     return load_events([path])
 
 
-def outcome(spec: manifest.RunSpec, out: Path, settings: DetectionSettings) -> Optional[Outcome]:
+def outcome(spec: manifest.RunSpec, out: Path, settings: DetectionSettings,
+            ignore: Sequence[str] = ()) -> Optional[Outcome]:
     stream, truth_path = out / f"{spec.id}.jsonl", out / f"{spec.id}.truth.json"
     if not stream.exists() or not truth_path.exists():
         return None
     truth = json.loads(truth_path.read_text(encoding="utf-8"))["truth"]
-    return outcome_of(spec, truth, read_events(stream), settings)
+    return outcome_of(spec, truth, read_events(stream), settings, ignore)
 
 
 def outcome_of(spec: manifest.RunSpec, truth: Dict[str, List[float]], events: Sequence[Dict[str, Any]],
-               settings: DetectionSettings) -> Outcome:
-    """The engine's verdict on one run's ``events`` beside the label its ``truth`` gives."""
+               settings: DetectionSettings, ignore: Sequence[str] = ()) -> Outcome:
+    """The engine's verdict on one run's ``events`` beside the label its ``truth`` gives; incidents of the
+    categories in ``ignore`` are left out of it (``--ignore``)."""
     label = labels_mod.label(spec, truth, clip_for(spec))
     incidents, visible, by_id = judge(events, settings)
-    mine = [i for i in incidents if not i.explained_by]
+    mine = [i for i in incidents if not i.explained_by and i.category not in ignore]
     mine.sort(key=lambda i: (i.status == "resolved", -SEVERITY_ORDER.get(i.severity, 0), i.first_ns))
     nf = labels_mod.first_nonfinite_step(truth)
     alert = SEVERITY_ORDER["warning"]
@@ -297,12 +300,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated run ids")
     parser.add_argument("--json", type=Path)
     parser.add_argument("-v", "--verbose", action="store_true", help="list every miss")
+    parser.add_argument("--ignore", default="",
+                        help="comma-separated incident categories left out of every verdict (e.g. perf: "
+                             "step-time incidents of a recording host shared with other work); printed")
     args = parser.parse_args(argv)
+    ignore = tuple(c for c in args.ignore.split(",") if c)
+    if ignore:
+        print(f"incidents of the categories {', '.join(ignore)} are left out of every verdict (--ignore)")
     settings = DetectionSettings()
     specs = manifest.load()
     if args.only:
         specs = [s for s in specs if s.id in set(args.only.split(","))]
-    outcomes = [o for o in (outcome(s, args.out, settings) for s in specs) if o is not None]
+    outcomes = [o for o in (outcome(s, args.out, settings, ignore) for s in specs) if o is not None]
     missing = len(specs) - len(outcomes)
     if missing:
         print(
