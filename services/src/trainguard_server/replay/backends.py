@@ -264,6 +264,7 @@ class DryRunBackend(Backend):
     """``--dry-run``: counts what would be sent and stores nothing (every envelope "accepted")."""
 
     description = "nowhere (--dry-run: nothing imported)"
+    dry = True
 
     def send(self, events: Sequence[Event], timeout: float) -> SendResult:
         return SendResult(accepted=len(events), duplicates=0, rejected=[])

@@ -191,7 +191,8 @@ class SourceSummary:
             m = self.metrics
             fmt = f"{self.reader.format}: " if self.reader is not None else ""
             parts = [f"{fmt}{m.lines} lines, {m.records} records, {m.points} values"]
-            step = "line position (no step field)" if m.numbered else repr(m.step_field or "-")
+            step = ("line position (no step field)" if m.numbered else repr(m.step_field) if m.step_field
+                    else "the format's step")
             parts.append(f"step from {step}")
             parts.append(f"times {self.time_mode}" + (f" ({m.time_field!r})" if m.time_field else ""))
             if m.malformed:

@@ -127,7 +127,13 @@ def import_runs(
         formats = ",".join(sorted({f for _, f in run.inputs}))
         said = (summary.error and f"ERROR {summary.error[:60]}") or (
             ", ".join(f"{i['category']}/{i['subtype']}" for i in incidents[:3])
-            or ("no incidents" if wait and backend.can_report else "imported")
+            or (
+                "no incidents"
+                if wait and backend.can_report
+                else "read (dry run)"
+                if getattr(backend, "dry", False)
+                else "imported"
+            )
         )
         records = sum(s.metrics.records for s in summary.sources if s.metrics is not None)
         rows.append((run.run_id, run.run_name, formats, records, said))
