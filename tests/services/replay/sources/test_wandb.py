@@ -27,6 +27,7 @@ def test_offline_run_history_nested_booleans_units(tmp_path: Path, monkeypatch: 
                  "grad_norm": {"encoder.layer.0": 0.1 * step, "head": 0.2},
                  "clipped": step % 3 == 0, "peak_memory_mb": 800.0 + step, "phase": "train"}, step=step)
     run.finish()
+    wandb.teardown()  # stop the wandb-core service this test started
     folders = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(folders) == 1 and detect(folders[0]) == "wandb"
 
