@@ -68,14 +68,14 @@ try:
 except ImportError as _exc:  # pragma: no cover - exercised only without torch
     raise DidNotEnable("torch is not installed (the SDK uses the job's own)") from _exc
 
-from . import cuda_memory, nvml
+from . import clip_tap, cuda_memory, nvml
 from .step_timing import StepTimer, set_current
 
 if TYPE_CHECKING:
     from ..client import Client
 
 _WATCH_KWARGS = ("layer_depth", "memory_every", "memory_interval_s", "norm_every", "log_lr",
-                 "overhead_budget", "step_timing", "nvml_interval_s")
+                 "overhead_budget", "step_timing", "nvml_interval_s", "take_clip_norms")
 #: Most steps between two global-norm readings when the overhead budget stretches the cadence: small
 #: enough that a gradient climbing over tens of steps is still seen climbing.
 MAX_ADAPTIVE_EVERY = 8
@@ -295,7 +295,8 @@ class WatchHandle:
                  clip: Optional[float], per_layer_every: int, memory_every: int, layer_depth: int,
                  norm_every: int = 1, log_lr: bool = True, overhead_budget: float = 0.005,
                  memory_interval_s: float = 0.0, step_timing: bool = True,
-                 hook_module: Optional[nn.Module] = None, nvml_interval_s: float = 0.0) -> None:
+                 hook_module: Optional[nn.Module] = None, nvml_interval_s: float = 0.0,
+                 take_clip_norms: bool = True) -> None:
         self._client = client
         self._model_ref = weakref.ref(model)
         self.layout = ParamLayout(model, layer_depth)
@@ -336,6 +337,11 @@ class WatchHandle:
         self.timer: Optional[StepTimer] = StepTimer() if step_timing else None
         self._hook_module = hook_module if hook_module is not None else model
         self.nvml: Optional[nvml.Sampler] = None
+        #: norms taken from the job's clip_grad_norm_ (integrations/clip_tap.py) instead of a second read
+        #: of the gradients: wanted unless a GradScaler scales them (its norms are unscaled by hand)
+        self._tap = take_clip_norms and self._scaler is None
+        self._tap_live = False  #: the last clip_grad_norm_ call gave this watch its norms
+        self._tap_step = -1     #: the step count whose norms the tap delivered
         self._install()
         if nvml_interval_s > 0 and not self._on_cpu:
             self.nvml = nvml.start(client, self._devices(), nvml_interval_s)
@@ -374,6 +380,8 @@ class WatchHandle:
                           f"watch(): cannot hook {type(opt).__name__}.step ({exc}); "
                           "each backward pass counts as a step")
         cuda_memory.add_attribution(self._client, self._attribution)
+        if self._tap:
+            self._tap = clip_tap.add(self)
         timer = self.timer
         if timer is not None:
             try:
@@ -399,6 +407,8 @@ class WatchHandle:
                 except AttributeError:
                     pass
         cuda_memory.remove_attribution(self._client, self._attribution)
+        if self._tap:
+            clip_tap.discard(self)
         if self.timer is not None:
             set_current(None, self.timer)
         if self.nvml is not None:
@@ -475,7 +485,7 @@ class WatchHandle:
         self._backward_seen = False
         self._backward_ran = True
         self._queued_task = -2
-        if self._norms_due(self.steps + 1):
+        if self._norms_due(self.steps + 1) and not self._tap_live:
             self._guard("gradients", self._compute_norms)
         if self.boundary == "backward":
             self._guard("step", self._on_boundary, None)
@@ -493,6 +503,28 @@ class WatchHandle:
         pending = self._pending
         if pending is not None and pending.total.device.type == "cpu":
             self._watch_for_climbs(float(pending.total))
+
+    def take_clip_norms(self, params: Sequence[Any], per_param: List[torch.Tensor],
+                        total: torch.Tensor) -> bool:
+        """The norms ``clip_grad_norm_`` just computed over ``params`` (pre-clip; see clip_tap.py): this
+        step's norms when ``params`` are exactly the watched parameters. True when taken."""
+        if self.removed or "gradients" in self._disabled:
+            return False
+        layout = self.layout.params
+        if len(params) != len(layout) or any(a is not b for a, b in zip(params, layout)):
+            return False
+        self._tap_live = True
+        self._tap_step = self.steps + 1
+        if not self._norms_due(self.steps + 1):
+            return True
+        present = len(per_param) == len(layout)
+        positions = None if present else tuple(i for i, p in enumerate(layout) if p.grad is not None)
+        device = total.device
+        stacked = torch.stack([n.to(device, torch.float32) for n in per_param])
+        self._pending = Norms(total, stacked, positions)
+        if device.type == "cpu":
+            self._watch_for_climbs(float(total))
+        return True
 
     def _watch_for_climbs(self, norm: float) -> None:
         """A CPU norm is on the host already: when it jumps (or is not finite), read every step for a
@@ -544,6 +576,10 @@ class WatchHandle:
         norms = self._pending
         self._pending = None
         backward_ran, self._backward_ran = self._backward_ran, False
+        if self._tap_live and self._tap_step != count:
+            # the clip whose norms this watch waited for did not come this step: read them again
+            # after backward from the next step on (this step's gradients may be clipped already)
+            self._tap_live = False
         if (norms is None and not backward_ran and "gradients" not in self._disabled
                 and self._norms_due(count)):
             # No backward callback ran since the last step (unhooked parameters, no autograd engine
@@ -627,7 +663,10 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
     step — a small model on CPU, where the norm pass is a real read of every gradient — they are
     computed every few steps instead, at most every ``MAX_ADAPTIVE_EVERY``; 0 disables), ``log_lr``
     (default True), ``step_timing`` (default True: the phases of each step, see :mod:`.step_timing`),
-    ``nvml_interval_s`` (default 5: NVML samples of a CUDA model's GPUs, see :mod:`.nvml`; 0 disables).
+    ``nvml_interval_s`` (default 5: NVML samples of a CUDA model's GPUs, see :mod:`.nvml`; 0 disables),
+    ``take_clip_norms`` (default True: when the job calls ``torch.nn.utils.clip_grad_norm_`` on the
+    watched parameters, its norms are reported instead of reading the gradients again, see
+    :mod:`.clip_tap`).
     Watching a model
     again replaces the previous watch of it. Also installs the OOM enricher. Raises TypeError when
     ``model`` is not an ``nn.Module`` (``trainguard.watch`` reports it).
@@ -657,7 +696,8 @@ def watch(client: Client, model: Any, optimizer: Any = None, scaler: Any = None,
         norm_every=int(kwargs.get("norm_every") or 1), log_lr=bool(kwargs.get("log_lr", True)),
         overhead_budget=float(kwargs.get("overhead_budget", opts.watch_overhead_budget)),
         step_timing=bool(kwargs.get("step_timing", True)), hook_module=_timed_module(model),
-        nvml_interval_s=float(kwargs.get("nvml_interval_s", nvml.DEFAULT_INTERVAL_S)))
+        nvml_interval_s=float(kwargs.get("nvml_interval_s", nvml.DEFAULT_INTERVAL_S)),
+        take_clip_norms=bool(kwargs.get("take_clip_norms", True)))
     _active.replace(module, handle)
     return handle
 
