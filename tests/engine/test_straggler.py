@@ -1,0 +1,150 @@
+"""The perf detectors (detectors/straggler.py) and the straggler's correlation on recorded real runs.
+
+Each fixture in tests/fixtures/straggler/ is what the SDK of the four ranks of one real
+``torchrun --nproc-per-node 4 tests/fixtures/straggler/job.py`` run wrote (gloo, CPU, this repository's
+2-core machine), merged by event time, recorded by ``bench/straggler.py --record`` (nothing edited; the
+job's START tags say how it was slowed). The full seeded set is the bench's table (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.records import Incident
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "straggler"
+SETTLE_NS = 60 * 10**9
+SLOWED = ("compute", "loader", "affinity")
+
+
+@cache
+def load(name: str) -> Tuple[Dict[str, Any], ...]:
+    with gzip.open(FIXTURES / f"{name}.jsonl.gz", "rt", encoding="utf-8") as fh:
+        return tuple(json.loads(line) for line in fh if line.strip())
+
+
+def tags(events: Tuple[Dict[str, Any], ...]) -> Dict[str, Any]:
+    start = next(e for e in events if e.get("lifecycle", {}).get("phase") == "START")
+    return dict(start["lifecycle"]["tags"])
+
+
+DEFAULTS = DetectionSettings()
+
+
+def replay(events: Tuple[Dict[str, Any], ...], settings: DetectionSettings = DEFAULTS
+           ) -> Tuple[Pipeline, Dict[str, int]]:
+    """Events one at a time, then timers a minute later; (pipeline, kind -> step of its first emission)."""
+    pipeline = Pipeline(settings)
+    first: Dict[str, int] = {}
+    for event in events:
+        for inc in pipeline.process([event]).incidents:
+            first.setdefault(f"{inc.category}/{inc.subtype}", inc.last_step)
+    pipeline.advance(int(events[-1]["time_unix_nano"]) + SETTLE_NS)
+    return pipeline, first
+
+
+def standing(pipeline: Pipeline) -> List[Incident]:
+    """The incidents not explained by another one."""
+    return [i for i in pipeline.incidents() if not i.explained_by]
+
+
+def kinds(pipeline: Pipeline) -> List[str]:
+    return sorted(f"{i.category}/{i.subtype}" for i in standing(pipeline))
+
+
+@pytest.mark.parametrize("name", SLOWED)
+def test_the_slow_rank_is_named_within_30_steps(name: str) -> None:
+    events = load(name)
+    job = tags(events)
+    pipeline, first = replay(events)
+    assert kinds(pipeline) == ["perf/straggler"], kinds(pipeline)  # no regression beside it
+    inc = standing(pipeline)[0]
+    assert inc.lead_rank == int(job["slow_rank"]) and inc.ranks == [int(job["slow_rank"])]
+    assert 0 <= first["perf/straggler"] - int(job["from_step"]) <= 30, first
+    evidence = next(e for e in inc.evidence if e.rule == "perf.straggler")
+    assert evidence.value is not None and evidence.value >= DetectionSettings().straggler_ratio
+    phase = "data" if name == "loader" else "forward"
+    assert f"(in {phase})" in inc.title, inc.title
+    assert inc.first_step >= int(job["from_step"]) - DetectionSettings().perf_window
+
+
+def test_the_whole_job_slowed_together_is_a_regression_not_a_straggler() -> None:
+    events = load("slow_all")
+    job = tags(events)
+    pipeline, first = replay(events)
+    assert kinds(pipeline) == ["perf/throughput-regression"], kinds(pipeline)
+    inc = standing(pipeline)[0]
+    ratio = next(e for e in inc.evidence if e.rule == "perf.throughput_regression").value
+    assert ratio is not None and ratio >= DetectionSettings().regression_ratio
+    assert first["perf/throughput-regression"] > int(job["from_step"])
+
+
+def test_a_healthy_run_gives_neither() -> None:
+    pipeline, _first = replay(load("healthy"))
+    assert not [k for k in kinds(pipeline) if k.startswith("perf/")], kinds(pipeline)
+
+
+def test_a_straggler_that_ends_in_a_collective_timeout_is_one_incident() -> None:
+    events = load("timeout")
+    job = tags(events)
+    pipeline, _first = replay(events)
+    assert kinds(pipeline) == ["perf/straggler"], [(i.category, i.subtype, i.title) for i in standing(pipeline)]
+    inc = standing(pipeline)[0]
+    assert inc.lead_rank == int(job["slow_rank"])
+    assert any(c.startswith("comm/timeout on ranks") for c in inc.consequences), inc.consequences
+    waiting = sorted({e.rank for e in inc.evidence if e.rule.startswith("exception.")})
+    assert waiting and int(job["slow_rank"]) not in waiting  # its peers timed out waiting for it
+    # without the straggler detector the same stream blames a peer's timeout
+    blind = DetectionSettings.from_overrides({"straggler_ratio": 1e6})
+    other, _ = replay(events, blind)
+    assert "comm/timeout" in kinds(other)
+
+
+def test_a_higher_ratio_names_nobody() -> None:
+    pipeline, _first = replay(load("compute"), DetectionSettings.from_overrides({"perf": {"straggler_ratio": 50.0}}))
+    assert "perf/straggler" not in kinds(pipeline)
+
+
+def test_snapshot_restore_and_replay_change_nothing() -> None:
+    events = load("compute")
+    straight, _ = replay(events)
+    half = len(events) // 2
+    first = Pipeline(DetectionSettings())
+    first.process(list(events[:half]))
+    resumed = Pipeline.restore(first.snapshot(), DetectionSettings())
+    resumed.process(list(events[half:]))
+    again = resumed.process(list(events))  # at-least-once delivery: everything again
+    assert again.is_empty() or all(i.to_dict() in [j.to_dict() for j in resumed.incidents()] for i in again.incidents)
+    resumed.advance(int(events[-1]["time_unix_nano"]) + SETTLE_NS)
+    assert [i.to_dict() for i in resumed.incidents()] == [i.to_dict() for i in straight.incidents()]
+
+
+def test_real_nvml_samples_of_an_h200_open_nothing_and_thermal_bits_do() -> None:
+    """tests/fixtures/straggler/nvml_h200.jsonl.gz: tests/fixtures/straggler/nvml_capture.py on one H200
+    (watch(nvml_interval_s=0.5), 4 s of training): clocks at their maximum, no clock-event reason."""
+    with gzip.open(FIXTURES / "nvml_h200.jsonl.gz", "rt", encoding="utf-8") as fh:
+        events = tuple(json.loads(line) for line in fh if line.strip())
+    samples = [p for e in events for p in e.get("metrics", {}).get("points", [])
+               if p["name"] == "gpu/throttle_reasons"]
+    assert len(samples) >= 5 and all(p["value"] == 0 for p in samples)
+    pipeline, _first = replay(events)
+    assert not [k for k in kinds(pipeline) if k.startswith("perf/")], kinds(pipeline)
+    # the same recording with NVML's HW-thermal-slowdown bit (0x40) set on every sample: what a
+    # throttled GPU reports (NVML's nvmlClocksEventReasonHwThermalSlowdown)
+    hot = json.loads(json.dumps(events))
+    for e in hot:
+        for p in e.get("metrics", {}).get("points", []):
+            if p["name"] == "gpu/throttle_reasons":
+                p["value"] = float(0x40)
+    pipeline, _first = replay(tuple(hot))
+    assert kinds(pipeline) == ["perf/throttling"]
+    inc = standing(pipeline)[0]
+    assert "HW thermal slowdown" in inc.title and "1980 MHz" in inc.title, inc.title
