@@ -78,3 +78,22 @@ def test_import_of_a_diverging_run_finds_the_divergence(tmp_path: Path, capsys: 
     found = {(i.category, i.subtype) for i in page.items}
     assert ("loss", "divergence") in found, (found, out)
     assert min(i.first_step for i in page.items if i.category == "loss") >= 35
+
+
+def test_add_scalars_children_are_the_runs_per_layer_norms(tmp_path: Path) -> None:
+    """``add_scalars("grad_norm", {layer: norm})`` writes one subfolder per layer (events tagged
+    ``grad_norm``): they belong to the run, as per-layer norms, not runs of their own."""
+    from trainguard_server.replay.sources.registry import find_runs
+
+    run = tmp_path / "logs" / "exp"
+    writer = SummaryWriter(str(run))
+    for step in range(6):
+        writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+        writer.add_scalars("grad_norm", {"encoder.0": 0.5 + step, "head": 0.25}, step)
+    writer.close()
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["grad_norm_encoder.0", "grad_norm_head"]
+    assert [(r.name, [f for _, f in r.inputs]) for r in find_runs(tmp_path / "logs")] == [("exp", ["tensorboard"])]
+    records = list(TensorBoardSource(run))
+    assert [r.step for r in records] == list(range(6))
+    assert records[5].values == {"loss": float(torch.tensor(1 / 6)), "grad/layer/encoder.0": 5.5,
+                                 "grad/layer/head": 0.25}

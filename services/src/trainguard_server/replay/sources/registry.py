@@ -34,7 +34,7 @@ from .hf_trainer import TrainerStateSource
 from .jsonl import JsonlSource
 from .megatron import MegatronLogSource
 from .mlflow_store import MlflowRunSource
-from .tensorboard import TensorBoardSource
+from .tensorboard import TensorBoardSource, add_scalars_children
 from .wandb_run import WandbRunSource
 
 
@@ -174,6 +174,9 @@ def find_runs(root: Path) -> List[FoundRun]:
         folder = Path(dirpath)
         dirnames.sort()
         fmt = _folder_format(folder)
+        if fmt == "tensorboard":  # add_scalars' subfolders are this run's, not runs of their own
+            children = {f.name for f, _ in add_scalars_children(folder)}
+            dirnames[:] = [d for d in dirnames if d not in children]
         if fmt is not None:
             run_of(folder).inputs.append((folder, fmt))
             if fmt in ("mlflow", "wandb"):
