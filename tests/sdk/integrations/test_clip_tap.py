@@ -107,10 +107,15 @@ def _count_foreach_norm(monkeypatch: pytest.MonkeyPatch) -> List[int]:
     return calls
 
 
-@pytest.mark.parametrize("take", [True, False])
-def test_gradients_are_read_once_per_step_when_the_job_clips(monkeypatch: pytest.MonkeyPatch, take: bool) -> None:
+@pytest.mark.parametrize(("take", "frozen"), [(True, False), (False, False), (True, True)])
+def test_gradients_are_read_once_per_step_when_the_job_clips(monkeypatch: pytest.MonkeyPatch, take: bool,
+                                                             frozen: bool) -> None:
+    """``frozen``: the first layer does not train (as a LoRA base model) while the job clips over all of
+    ``model.parameters()``, as HF Trainer does: the watched set is the trained ones."""
     model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if frozen:
+        model.encoder[0].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
     trainguard.watch(model, opt, clip=1.0, take_clip_norms=take)
     batches = _batches(12)
     _train(model, opt, batches[:2], 1.0)  # the first step reads them itself: the tap is learned

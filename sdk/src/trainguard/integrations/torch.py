@@ -511,7 +511,8 @@ class WatchHandle:
         if self.removed or "gradients" in self._disabled:
             return False
         layout = self.layout.params
-        if len(params) != len(layout) or any(a is not b for a, b in zip(params, layout)):
+        trained = [p for p in params if getattr(p, "requires_grad", False)]  # frozen ones (LoRA) have none
+        if len(trained) != len(layout) or any(a is not b for a, b in zip(trained, layout)):
             return False
         self._tap_live = True
         self._tap_step = self.steps + 1
