@@ -39,7 +39,9 @@ Contract of :class:`Importer` (``Importer(options, backend).run()`` → :class:`
   shifted by the same whole number of days so that the latest lands within the last day (times of day
   and spacing kept; the same shift all day; tag ``replay.time_shift_s``). START is 1 ms before a rank's
   first event; EXIT 1 ms after its last.
-* **Exit codes**: ``exit_codes[rank]``, else ``exit_code``, else inferred: 1 when the rank's logs had a
+* **Exit codes**: ``exit_codes[rank]``, else ``exit_code``, else the one the input's format recorded
+  (:meth:`.sources.base.Source.exit_code`: a W&B run's exit record, an MLflow run's FINISHED/FAILED
+  status), else inferred: 1 when the rank's logs had a
   traceback, 0 otherwise. Codes 129..192 are reported as killed by signal code - 128. Given exit codes
   are sent even when the files held nothing importable (a quiet log of a SIGKILLed rank says only that).
 * **Order and batching**: all sources are merged by (time, rank, source, line) and sent in batches of
@@ -59,7 +61,7 @@ import json
 import math
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import (
     Any,
@@ -692,6 +694,10 @@ class Importer:
             if builder.items == 0 and not o.exit_codes and o.exit_code is None:
                 summary.error = "nothing to import: no metrics record and no log line could be read"
             else:
+                recorded = {s.rank: code for s in sources if s.reader is not None
+                            for code in [s.reader.exit_code()] if code is not None}
+                if recorded and o.exit_code is None:  # the format's own record of how the run ended
+                    builder.options = replace(o, exit_codes={**recorded, **o.exit_codes})
                 default_ns = max((s.span[1] for s in sources), default=self.anchor) + self.shift
                 for event, origin, size in builder.exits(default_ns, summary):
                     sender.add(event, origin, size)

@@ -33,6 +33,11 @@ def test_file_store_run_merged_by_step(tmp_path: Path, monkeypatch: Any) -> None
     assert records[4].values["opt/lr"] == 0.01
     assert all(r.time_ns is not None and r.time_ns % 1_000_000 == 0 for r in records)
     assert [f for r in find_runs(tmp_path) for _, f in r.inputs] == ["mlflow"]
+    assert src.exit_code() == 0  # FINISHED
+    with mlflow.start_run(run_name="r2") as failed:
+        mlflow.log_metric("loss", 1.0, step=0)
+        mlflow.end_run(status="FAILED")
+    assert MlflowRunSource(tmp_path / "mlruns" / failed.info.experiment_id / failed.info.run_id).exit_code() == 1
     (folder / "metrics" / "grad_norm").write_text("garbage\n", encoding="utf-8")
     src = MlflowRunSource(folder)
     assert len(list(src)) == 10 and src.stats.malformed == 1

@@ -26,7 +26,7 @@ def test_offline_run_history_nested_booleans_units(tmp_path: Path, monkeypatch: 
         run.log({"train/loss": 1.0 / (step + 1), "train/grad_norm": 2.0,
                  "grad_norm": {"encoder.layer.0": 0.1 * step, "head": 0.2},
                  "clipped": step % 3 == 0, "peak_memory_mb": 800.0 + step, "phase": "train"}, step=step)
-    run.finish()
+    run.finish(exit_code=3)
     wandb.teardown()  # stop the wandb-core service this test started
     folders = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(folders) == 1 and detect(folders[0]) == "wandb"
@@ -41,11 +41,12 @@ def test_offline_run_history_nested_booleans_units(tmp_path: Path, monkeypatch: 
     assert [r.values["grad/clip_triggered"] for r in records[:4]] == [1.0, 0.0, 0.0, 1.0]
     assert last["mem/max_allocated"] == (800.0 + 11) * 1e6  # MB: decimal
     assert src.stats.non_numeric["phase"] == 12
+    assert src.exit_code() == 3  # the run's exit record
     assert [r.name for r in find_runs(tmp_path)] == [f"wandb/{folders[0].name}"]
 
     os.environ.pop("WANDB_MODE", None)
     code = main(["replay", "--dry-run", "--quiet", str(tmp_path / "wandb")])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "nothing imported" in out and "12 records" in out
+    assert "nothing imported" in out and "12 records" in out and "rank 0: 3" in out
     assert "grad/clip_triggered <- 'clipped'" in out and "ignored 'phase': not a number (12 values)" in out

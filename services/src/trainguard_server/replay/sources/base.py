@@ -118,6 +118,10 @@ class Source(ABC):
             key=self.key,
         )
 
+    def exit_code(self) -> Optional[int]:
+        """How the run ended, as the format recorded it (None: it does not say; known once read)."""
+        return None
+
     @abstractmethod
     def raw(self) -> Iterator[RawRecord]:
         """The input's step-records (see the module doc)."""

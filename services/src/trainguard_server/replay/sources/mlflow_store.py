@@ -16,12 +16,26 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from .base import RawRecord, Source
 
 Entry = Tuple[int, int, str, str]  # (step, timestamp ms, key, value text)
+STATUS_EXIT = {"3": 0, "FINISHED": 0, "4": 1, "FAILED": 1}
+"""MLflow's RunStatus (``meta.yaml`` stores the number) -> exit code; RUNNING/SCHEDULED/KILLED say none."""
 
 
 class MlflowRunSource(Source):
     """One MLflow file-store run (see the module doc)."""
 
     format = "mlflow"
+
+    def exit_code(self) -> Optional[int]:
+        """0 for a FINISHED run, 1 for a FAILED one (``meta.yaml``'s ``status``); None otherwise."""
+        try:
+            text = (self.path / "meta.yaml").read_text(encoding="utf-8")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "status":
+                return STATUS_EXIT.get(value.strip())
+        return None
 
     @staticmethod
     def detect(path: Path) -> bool:

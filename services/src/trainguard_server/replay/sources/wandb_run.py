@@ -77,6 +77,11 @@ class WandbRunSource(Source):
     """One W&B run folder or ``.wandb`` file (see the module doc)."""
 
     format = "wandb"
+    _exit: Optional[int] = None
+
+    def exit_code(self) -> Optional[int]:
+        """The run's exit record (``wandb.finish(exit_code=...)``; the process's code when W&B saw it)."""
+        return self._exit
 
     @staticmethod
     def detect(path: Path) -> bool:
@@ -112,7 +117,10 @@ class WandbRunSource(Source):
                 except Exception as exc:  # protobuf's DecodeError: a damaged record
                     stats.bad(index, f"record {index}: not a W&B record ({exc})")
                     continue
-                if record.WhichOneof("record_type") != "history":
+                kind = record.WhichOneof("record_type")
+                if kind == "exit":
+                    self._exit = int(record.exit.exit_code)
+                if kind != "history":
                     continue
                 stats.lines += 1
                 position += 1
