@@ -51,6 +51,7 @@ is ``comm/rank-lost``; ``Timed out waiting ... for recv`` is what ranks see of a
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
@@ -286,7 +287,12 @@ def _classify(text: str, exc_type: str, depth: int) -> Optional[Classification]:
         by_type = _by_type(exc_type, text[len(prefix):] if text.startswith(prefix) else text)
         if by_type is not None:
             return by_type
-    return _python_traceback(text, depth)
+    found = _python_traceback(text, depth)
+    spawn = _SPAWN_RE.search(text[:4096]) if found is not None and "rank" not in found.facts else None
+    if found is not None and spawn is not None:
+        # the traceback inside mp.spawn's message is the failed process's: it is the rank spawn names
+        found = dataclasses.replace(found, facts={**found.facts, "rank": int(spawn.group("rank"))})
+    return found
 
 
 def _by_type(exc_type: str, message: str) -> Optional[Classification]:
@@ -327,7 +333,10 @@ def _classify_exception(exc_type: str, message: str, depth: int) -> Classificati
         return found
     line = _first_line(message)
     headline = f"{exc_type}: {_shorten(line, 140)}" if line else exc_type
-    return Classification("process", "exception", "python.exception", 0.8, headline, {"exc_type": exc_type},
+    facts: Facts = {"exc_type": exc_type}
+    if (spawn := _SPAWN_RE.search(message[:4096])) is not None:
+        facts["rank"] = int(spawn.group("rank"))  # mp.spawn names the process that raised
+    return Classification("process", "exception", "python.exception", 0.8, headline, facts,
                           (f"{exc_type}: {_shorten(line, MAX_LINE_CHARS)}" if line else exc_type,),
                           "a Python exception: read the traceback from its innermost in-app frame")
 

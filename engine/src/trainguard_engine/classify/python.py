@@ -205,8 +205,10 @@ def _rule_fatal(t: _Text) -> Optional[_Hit]:
     msg = found[1].group("msg").strip()
     sig = _FATAL_SIGNALS.get(msg.lower())
     facts: Facts = {"error": msg}
-    if sig is None:
-        return _Hit("process", "exception", 0.5, pos, facts, f"Fatal Python error: {msg}")
+    if sig is None:  # Py_FatalError: the interpreter gives up and calls abort() -- the process is gone
+        return _Hit("process", "exit", 0.6, pos, facts, f"Fatal Python error: {msg}",
+                    "the interpreter aborted the process (Py_FatalError): an extension module corrupted "
+                    "reference counts or the interpreter state; the faulthandler stack shows where")
     facts.update(signal=sig, signal_name=SIGNAL_NAMES.get(sig, str(sig)))
     category, subtype, _said = _exit_kind(128 + sig)
     return _Hit(category, subtype, 0.5, pos, facts, f"Fatal Python error: {msg} ({facts['signal_name']})",
@@ -249,7 +251,8 @@ DOCS = {
     ),
     'python.fatal-error': (
         '``Fatal Python error: Aborted|Segmentation fault|...`` → by the exit decision path for that '
-        'signal'
+        'signal; any other fatal error (``none_dealloc: deallocating None``, ...: the interpreter aborts) '
+        '→ process/exit'
     ),
     'type:<name>': '(with ``exc_type``) :data:`~trainguard_engine.catalogue.EXCEPTION_RULES`',
     'python.exception': 'any other printed Python traceback → process/exception',

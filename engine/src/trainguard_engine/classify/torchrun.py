@@ -52,6 +52,9 @@ _RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (
 """torchrun's failure table ``traceback : Signal 11 (SIGSEGV) received by PID 6421`` (when its header was
 cut), glog's failure handler ``*** SIGTERM (@0x297b) received by PID 18396 ... from PID 10619``."""
 _SIGNAL_NUMBERS = {name: number for number, name in SIGNAL_NAMES.items()}
+_GDB_SIGNAL_RE = re.compile(r"Program (?:received|terminated with) signal (?P<name>SIG[A-Z]{2,8})")
+"""gdb's report of the debugged process's fatal signal (``Program received signal SIGSEGV, Segmentation
+fault.``)."""
 _SPAWN_SIGNAL_RE = re.compile(r"process (?P<rank>\d+) terminated with signal (?P<name>SIG[A-Z]{2,8})")
 """``torch.multiprocessing.spawn``'s ``ProcessExitedException: process 1 terminated with signal SIGKILL``
 (older torch: ``Exception: process 3 terminated with signal SIGKILL``); the process index is the rank."""
@@ -77,6 +80,13 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         if signal:
             facts = {"signal": signal, "signal_name": m.group("name"), "rank": int(m.group("rank"))}
             return _signal_hit(found[0] + m.start(), facts, "a spawned worker")
+    pos = t.first("program received signal sig", "program terminated with signal sig")
+    if pos >= 0 and (found := _search(_GDB_SIGNAL_RE, t, pos, before=0, after=60)) is not None:
+        name = found[1].group("name")
+        signal = _SIGNAL_NUMBERS.get(name, 0)
+        if signal in (4, 6, 7, 8, 9, 11):  # a fatal one (gdb also stops at SIGINT, SIGPIPE, ...)
+            return _signal_hit(found[0] + found[1].start(), {"signal": signal, "signal_name": name},
+                               "the debugged process")
     pos = t.first("exits with return code = -")
     if pos >= 0 and (found := _search(_RETURN_CODE_RE, t, pos, before=0, after=60)) is not None:
         signal = -int(found[1].group("code"))
@@ -277,7 +287,8 @@ def _rule_torchrun(t: _Text, depth: int) -> Optional[_Hit]:
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:",),
-    "launcher.signal": ("died with <signals.", "terminated with signal sig", "exits with return code = -",
+    "launcher.signal": ("died with <signals.", "terminated with signal sig", "program received signal sig",
+                        "program terminated with signal sig", "exits with return code = -",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed"),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
@@ -294,7 +305,8 @@ DOCS = {
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch), ``Received 15 death signal``, "
         "``SignalException: ... got signal: 15``, DeepSpeed's ``exits with return code = -11``, "
         "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, "
-        "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank), a "
+        "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank), gdb's ``Program received signal "
+        "SIGSEGV``, a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` "
         "→ by the exit decision path for that signal"
     ),

@@ -4,10 +4,12 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
 
 * **Lines.** The file is read as UTF-8 (undecodable bytes replaced). ANSI colour codes are removed; a line
   rewritten with carriage returns (progress bars) keeps only its final text. Blank lines produce nothing.
-* **Ranks.** A launcher prefix ``[rankN]:`` (torch >= 2.2) or ``[defaultN]:`` (older torchrun) routes the
-  line to rank N and is stripped; other ``[nameN]:`` prefixes are stripped and the line stays with the
-  file's rank, as do unprefixed lines (in a torchrun log: the agent's own output). Each rank's lines are
-  segmented on their own, so interleaved output of several ranks gives one traceback per rank.
+* **Ranks.** A launcher prefix ``[rankN]:`` (torch >= 2.2) or ``[defaultN]:`` (older torchrun), or
+  ParlAI's ``rank:  N | `` column, routes the line to rank N and is stripped (as do the unprefixed lines
+  that continue a prefixed c10 message: its CUDA hints and C++ frames); other ``[nameN]:`` prefixes are
+  stripped and the line stays with the file's rank, as do unprefixed lines (in a torchrun log: the
+  agent's own output). Each rank's lines are segmented on their own, so interleaved output of several
+  ranks gives one traceback per rank.
 * **Tracebacks.** A block starts at a top-level ``Traceback (most recent call last):`` line, a
   ``Fatal Python error:`` (faulthandler) or ``terminate called after throwing an instance of`` (C++)
   line. A Python block takes its frames, chained tracebacks (after "The above exception was the direct
@@ -61,7 +63,9 @@ MAX_TRACEBACK_CHARS = 64_000
 MAX_LINE_CHARS = 8192
 
 _PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)\]:(?: )?")
-_COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\d+(?:, ip=[\d.]+)?\) "
+_RANK_COLUMN_RE = re.compile(r"^(?P<name>rank):\s{0,4}(?P<num>\d{1,7}) \| ")
+"""ParlAI's distributed logger column ``rank:  3 | 2022-04-03 18:44:26,615 CRITICAL | ...``."""
+_COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\d+(?:, ip=[\d.]+)?\)(?: |$)"
                         r"|[a-z][\w.-]{0,60}[-_]\d{1,4} +\| ?)")
 """What a paste puts before a line: a viewer's line-number column (``[80746] ``, ``  12 | ``), Ray's
 ``(RayWorkerWrapper pid=4009) `` worker prefix or docker compose's ``trainer-worker-1    | `` service
@@ -73,6 +77,12 @@ _LOOSE_FRAME_FIX_RE = re.compile(r'^ ?File "(?=[^"\n]*", line \d+)', re.MULTILIN
 _EXCEPTION_LINE_RE = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failure)|Exception)(?::\s.*|:?)$")
 """A Python exception line (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``, ``AssertionError``)."""
+_C10_CONTINUATION_RE = re.compile(
+    r"^(?:CUDA kernel errors might be asynchronously reported|For debugging consider passing "
+    r"CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Exception raised from \w+ at |frame #\d+: "
+    r"|<omitting python frames>)")
+"""Lines that continue a c10 error message (its CUDA hints, C++ stack): torch prints the ``[rankN]:``
+prefix on the message's first line only, so they belong to that line's rank."""
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _TOP_HEADER_RE = re.compile(r"^Traceback \(most recent call last\):\s*$")
 _ANY_HEADER_RE = re.compile(r"Traceback \(most recent call last\):\s*$")
@@ -126,7 +136,7 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
     column = _COLUMN_RE.match(line)
     if column is not None:
         line = line[column.end():]
-    match = _PREFIX_RE.match(line)
+    match = _PREFIX_RE.match(line) or _RANK_COLUMN_RE.match(line)
     if match is None:
         return None, line
     rank = int(match.group("num")) if match.group("name") in ("rank", "default") else None
@@ -351,6 +361,7 @@ class LogSegmenter:
         self._streams: Dict[int, _Stream] = {}
         self._pending: List[Tuple[int, int, LogItem]] = []  # (first line, seq, item): released in order
         self._seq = 0
+        self._message_rank: Optional[int] = None  # the rank of the c10 message being continued, if any
 
     @property
     def open_blocks(self) -> int:
@@ -360,6 +371,13 @@ class LogSegmenter:
     def feed(self, number: int, line: str, time_ns: Optional[int], precision_ns: int = 1) -> None:
         """One line (already cleaned), line number ``number``."""
         prefixed, text = split_prefix(line)
+        if prefixed is not None:
+            self._message_rank = prefixed
+        elif self._message_rank is not None and text.strip():
+            if _C10_CONTINUATION_RE.match(text):
+                prefixed = self._message_rank
+            else:
+                self._message_rank = None
         rank = self.rank if prefixed is None else prefixed
         stream = self._streams.get(rank)
         if stream is None:

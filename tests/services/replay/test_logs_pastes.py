@@ -1,0 +1,47 @@
+"""The replay reader on shapes real pastes take (fixtures: tests/fixtures/wild, real logs from public issue
+threads): frame lines that lost their indentation, a docker compose service column, c10 messages whose
+``[rankN]:`` prefix is on the first line only, an mp.spawn failure naming its process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List
+
+from trainguard_engine.classify import classify_chain
+from trainguard_server.replay.logs import LogItem, LogReader
+
+WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
+
+
+def items(case: str) -> List[LogItem]:
+    return list(LogReader(WILD / case / "log.txt", 0, min_level=""))
+
+
+def test_frames_without_indentation_stay_in_their_traceback() -> None:
+    # ' File ...' and 'File ...' at columns 1 and 0 between indented lines (VICO-UoE/MTPSL#3)
+    got = items("py-shape-mat1-1")
+    assert [i.kind for i in got] == ["exception"]
+    payload = got[0].payload
+    assert payload["type"] == "RuntimeError" and payload["message"].startswith("mat1 and mat2 shapes")
+    assert len(payload["frames"]) == 4 and payload["frames"][-1]["function"] == "forward"
+
+
+def test_a_compose_service_column_is_stripped() -> None:
+    # 'daskcluster-worker-1     | Exception: ...' (saturncloud/dask-pytorch-ddp)
+    got = [i for i in items("py-assert-dask-1") if i.kind == "exception"]
+    assert len(got) == 2 and {i.payload["type"] for i in got} == {"Exception"}
+    assert all(i.payload["message"] == "'AssertionError()'" for i in got)
+
+
+def test_a_c10_message_continues_on_its_prefixed_rank() -> None:
+    # '[rank3]:[E923 ...] ... watchdog thread terminated with exception: CUDA error: misaligned address' and
+    # its unprefixed 'CUDA kernel errors might be ...' / 'frame #0: ...' lines (verl-project/verl#3579)
+    got = items("mem-misaligned-watchdog-verl-1")
+    assert {i.rank for i in got} == {3}
+
+
+def test_an_mp_spawn_failure_names_its_process_as_the_rank() -> None:
+    got = [i for i in items("py-spawn-process1-2") if i.kind == "exception"]
+    assert len(got) == 1
+    found = classify_chain(got[0].payload["type"], got[0].payload["message"], got[0].payload.get("chain") or ())
+    assert found.kind == "process/exception" and found.facts["rank"] == 1
