@@ -4,9 +4,11 @@ W&B's offline mode writes it, or an exported ``files/wandb-history.jsonl`` (``_s
 The ``.wandb`` file is W&B's record log: a 7-byte header (``:W&B``, 0xBEE1, version 0) then LevelDB-log
 framing (32 KiB blocks of chunks: CRC-32C, length, type full/first/middle/last), each record a
 ``wandb.proto.wandb_internal_pb2.Record`` -- decoded with the ``wandb`` package's own protobuf classes (an
-optional dependency: ``pip install wandb``). Only ``history`` records are metrics: their items (``key`` or
-``nested_key`` joined with ``/``; ``value_json``) with ``_step`` and ``_timestamp``; system stats, config,
-console output are skipped. Streamed record by record; a torn tail (a crashed writer) ends the read,
+optional dependency: ``pip install wandb``). ``history`` records are the metrics: their items (``key`` or
+``nested_key`` joined with ``/``; ``value_json``) with ``_step`` and ``_timestamp``; of the system stats
+(sampled by time, every 15 s by default) the process RSS (``proc.memory.rssMB``, MiB) is a record of its
+own at the latest history step, at its sample time; config and console output are skipped; the ``exit``
+record gives the exit code. Streamed record by record; a torn tail (a crashed writer) ends the read,
 counted as malformed.
 """
 
@@ -26,6 +28,10 @@ BLOCK = 32768
 CHUNK_HEADER = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 HISTORY_JSONL = "files/wandb-history.jsonl"
+STATS_RSS = "proc.memory.rssMB"
+RSS_FIELD = "proc.memory.rss_mib"
+"""W&B's system stats say ``rssMB`` for the process RSS in MiB (psutil's bytes / 2**20): imported as
+``mem/rss``, at the latest history step before the sample."""
 
 
 def _wandb_file(path: Path) -> Optional[Path]:
@@ -107,6 +113,7 @@ class WandbRunSource(Source):
         stats = self.stats
         position = -1
         index = 0
+        last_step = -1
         try:
             for data in records(found):
                 index += 1
@@ -120,6 +127,21 @@ class WandbRunSource(Source):
                 kind = record.WhichOneof("record_type")
                 if kind == "exit":
                     self._exit = int(record.exit.exit_code)
+                if kind == "stats" and last_step >= 0:
+                    rss = {i.key: i.value_json for i in record.stats.item}.get(STATS_RSS)
+                    if rss:
+                        stats.lines += 1
+                        position += 1
+                        ts = record.stats.timestamp
+                        yield RawRecord(
+                            index,
+                            position,
+                            {RSS_FIELD: rss},
+                            native=True,
+                            step=last_step,
+                            time_ns=ts.seconds * 10**9 + ts.nanos,
+                        )
+                    continue
                 if kind != "history":
                     continue
                 stats.lines += 1
@@ -133,6 +155,9 @@ class WandbRunSource(Source):
                         stats.non_numeric[key] += 1
                 if "_step" not in fields and record.history.HasField("step"):
                     fields["_step"] = record.history.step.num
+                step_value = fields.get("_step")
+                if isinstance(step_value, int) and not isinstance(step_value, bool):
+                    last_step = step_value
                 yield RawRecord(index, position, fields)
         except (ValueError, EOFError) as exc:
             stats.bad(index + 1, f"record {index + 1}: {exc}")
