@@ -97,3 +97,15 @@ def test_add_scalars_children_are_the_runs_per_layer_norms(tmp_path: Path) -> No
     assert [r.step for r in records] == list(range(6))
     assert records[5].values == {"loss": float(torch.tensor(1 / 6)), "grad/layer/encoder.0": 5.5,
                                  "grad/layer/head": 0.25}
+
+
+def test_a_torn_event_file_imports_what_was_written_and_says_so(tmp_path: Path) -> None:
+    run = tmp_path / "tb"
+    _write(run, 20)
+    (path,) = list(run.iterdir())
+    data = path.read_bytes()
+    path.write_bytes(data[:-7])  # a job killed mid-write: the last record torn
+    src = TensorBoardSource(run)
+    records = list(src)
+    assert [r.step for r in records] == list(range(20))  # the torn event was one of step 19's scalars
+    assert src.stats.malformed == 1 and "torn or damaged record" in src.stats.malformed_lines[0][1]

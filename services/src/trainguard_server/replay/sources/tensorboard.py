@@ -5,11 +5,15 @@ every value to a tensor; an optional dependency of the server: ``pip install ten
 
 Contract: an input is one event file or a run folder (its event files, read in name order: the names start
 with the writer's start time). Scalars only -- ``simple_value`` and scalar tensors of the ``scalars``
-plugin; images, histograms, text and hparams are skipped (counted). Consecutive events of the same step
-form one record (a writer flushes a step's scalars together), timed at its first event's ``wall_time``; a
-step seen again later (a restart) is a new record. Memory: one step's scalars at a time. When the
-``crc32c`` package is installed the reader's record checksum uses it (the same CRC-32C, in C; the
-tensorboard stub's is pure Python, ~1 µs a byte).
+plugin; images, histograms, text and hparams are skipped (counted). Consecutive events of the same step form
+one record (a writer flushes a step's scalars together), timed at its first event's ``wall_time``; a step
+seen again later (a restart) is a new record. ``add_scalars(main_tag, {key: v})``'s subfolders
+(``<main_tag>_<key>``, events tagged ``main_tag``) are the run's: their scalars are ``main_tag/key``
+(``add_scalars("grad_norm", per_layer)`` gives per-layer norms), merged with the run's by step. Memory: one
+step's scalars at a time. The reader stops at a torn or damaged record (a job killed mid-write): what was
+read is imported and the rest counted as malformed, with its byte offset. When the ``crc32c`` package is
+installed the reader's record checksum uses it (the same CRC-32C, in C; the tensorboard stub's is pure
+Python, ~1 µs a byte).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from .base import MissingLibrary, RawRecord, Source
 
 TFEVENTS = "tfevents"
+RECORD_FRAMING = 16
+"""A TFRecord's bytes besides its event: length (8), its CRC (4), the data's CRC (4)."""
 
 
 def _event_files(path: Path) -> List[Path]:
@@ -102,9 +108,12 @@ class TensorBoardSource(Source):
         """(step, wall time, scalars) of each event of one file that has scalars; ``rename``: an
         add_scalars child's (main tag, its key): the tag becomes ``main_tag/key``."""
         stats = self.stats
+        done = 0
         for event in loader_cls(str(path)).Load():
             stats.lines += 1
-            self._bytes(event.ByteSize() + 16)
+            size = event.ByteSize() + RECORD_FRAMING
+            done += size
+            self._bytes(size)
             if not event.HasField("summary"):
                 continue
             values: Dict[str, float] = {}
@@ -122,6 +131,12 @@ class TensorBoardSource(Source):
                     stats.non_numeric[tag] += 1
             if values:
                 yield event.step, event.wall_time, values
+        left = path.stat().st_size - done
+        if left > 0:  # the reader stops quietly at a torn or damaged record: say so
+            stats.bad(
+                stats.lines + 1,
+                f"{path.name}: a torn or damaged record at byte {done}, {left} bytes not read",
+            )
 
 
 def _first_tag(folder: Path) -> Optional[str]:
