@@ -32,7 +32,10 @@ def test_file_store_run_merged_by_step(tmp_path: Path, monkeypatch: Any) -> None
                                  "mem/max_allocated": 103.0 * 2**20}
     assert records[4].values["opt/lr"] == 0.01
     assert all(r.time_ns is not None and r.time_ns % 1_000_000 == 0 for r in records)
-    assert [f for r in find_runs(tmp_path) for _, f in r.inputs] == ["mlflow"]
+    with mlflow.start_run(run_name="deleted") as gone:
+        mlflow.log_metric("loss", 1.0, step=0)
+    mlflow.delete_run(gone.info.run_id)  # lifecycle_stage: deleted (until mlflow gc)
+    assert [(p, f) for r in find_runs(tmp_path) for p, f in r.inputs] == [(folder, "mlflow")]
     assert src.exit_code() == 0  # FINISHED
     with mlflow.start_run(run_name="r2") as failed:
         mlflow.log_metric("loss", 1.0, step=0)

@@ -2,7 +2,8 @@
 MLflow's documented ``FileStore``: ``meta.yaml`` and ``metrics/<key>`` (a key with ``/`` is a sub-path),
 each metric file one line per logged value, ``<timestamp ms> <value> <step>``.
 
-Contract: the metric files are merged by (step, timestamp) with one line of each file in memory
+Contract: a deleted run (``lifecycle_stage: deleted``, until ``mlflow gc``) is no run. The metric files
+are merged by (step, timestamp) with one line of each file in memory
 (:func:`heapq.merge`; each file is in logging order); the values of one step form one record, timed at the
 earliest timestamp among them. A line that is not ``int float int`` is malformed (counted, with its file).
 """
@@ -20,6 +21,20 @@ STATUS_EXIT = {"3": 0, "FINISHED": 0, "4": 1, "FAILED": 1}
 """MLflow's RunStatus (``meta.yaml`` stores the number) -> exit code; RUNNING/SCHEDULED/KILLED say none."""
 
 
+def _meta(run: Path) -> Dict[str, str]:
+    """The top-level ``key: value`` lines of a run's ``meta.yaml`` (as text; empty when unreadable)."""
+    out: Dict[str, str] = {}
+    try:
+        text = (run / "meta.yaml").read_text(encoding="utf-8")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line[:1].isalpha():
+            key, _, value = line.partition(":")
+            out[key.strip()] = value.strip()
+    return out
+
+
 class MlflowRunSource(Source):
     """One MLflow file-store run (see the module doc)."""
 
@@ -27,19 +42,14 @@ class MlflowRunSource(Source):
 
     def exit_code(self) -> Optional[int]:
         """0 for a FINISHED run, 1 for a FAILED one (``meta.yaml``'s ``status``); None otherwise."""
-        try:
-            text = (self.path / "meta.yaml").read_text(encoding="utf-8")
-        except OSError:
-            return None
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "status":
-                return STATUS_EXIT.get(value.strip())
-        return None
+        return STATUS_EXIT.get(_meta(self.path).get("status", ""))
 
     @staticmethod
     def detect(path: Path) -> bool:
-        return path.is_dir() and (path / "meta.yaml").is_file() and (path / "metrics").is_dir()
+        """A run folder (``meta.yaml`` + ``metrics/``) that is not deleted (``lifecycle_stage: deleted``)."""
+        if not (path.is_dir() and (path / "meta.yaml").is_file() and (path / "metrics").is_dir()):
+            return False
+        return _meta(path).get("lifecycle_stage") != "deleted"
 
     def _files(self) -> List[Tuple[str, Path]]:
         root = self.path / "metrics"

@@ -14,7 +14,8 @@ Contract:
   run), an ``mlruns/`` store (each run folder), a ``wandb/`` folder (each ``run-*``/``offline-run-*``), an
   HF output dir (``trainer_state.json``; the latest ``checkpoint-*``'s when the top has none), Lightning
   ``version_*`` folders (``metrics.csv``), and any folder with ``*.jsonl``/``*.csv`` metrics or Megatron /
-  DeepSpeed text logs. Nothing is read beyond each file's first 64 KiB.
+  DeepSpeed text logs. Hidden folders (MLflow's ``.trash`` of deleted runs) and symbolic links (W&B's
+  ``latest-run``) are not followed. Nothing is read beyond each file's first 64 KiB.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ def find_runs(root: Path) -> List[FoundRun]:
 
     for dirpath, dirnames, filenames in os.walk(root):
         folder = Path(dirpath)
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))  # .trash: MLflow's deleted runs
         fmt = _folder_format(folder)
         if fmt == "tensorboard":  # add_scalars' subfolders are this run's, not runs of their own
             children = {f.name for f, _ in add_scalars_children(folder)}
