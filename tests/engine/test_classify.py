@@ -1022,3 +1022,21 @@ def test_pipeline_log_event_with_the_real_nccl_watchdog_line() -> None:
     assert (incident.category, incident.subtype) == ("comm", "timeout")
     assert incident.title == "NCCL watchdog timeout on rank 0: ALLREDUCE SeqNum 2 ran 5069 ms"
     assert [e.rule for e in incident.evidence] == ["log.text", "exit.code"]
+
+
+@pytest.mark.parametrize(("text", "kind", "rule"), [
+    # the message formats of the libraries (the wild corpus has none of these wordings yet)
+    ("RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered", "memory/cuda-error",
+     "cuda.error"),
+    ("RuntimeError: CUDA driver error: invalid argument", "memory/cuda-error", "cuda.error"),
+    ("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered", "memory/cuda-error", "cuda.error"),
+    ("RuntimeError: [Rank 0] Caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, "
+     "NumelIn=1, NumelOut=1, Timeout(ms)=60000) ran for 60012 milliseconds before timing out.", "comm/timeout",
+     "nccl.watchdog-timeout"),
+    ("train.sh: line 3: 1234 Illegal instruction     (core dumped) python train.py", "process/exit",
+     "launcher.signal"),
+    ("Program received signal SIGSEGV, Segmentation fault.", "process/exit", "launcher.signal"),
+])
+def test_other_wordings_of_known_failures(text: str, kind: str, rule: str) -> None:
+    found = classify_text(text)
+    assert found is not None and (found.kind, found.rule) == (kind, rule)

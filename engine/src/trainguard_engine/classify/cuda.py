@@ -156,7 +156,7 @@ def _oom_note(facts: Mapping[str, Any]) -> str:
 
 _OOM_PLAIN_NEEDLES = ("cuda error: out of memory", "hip error: out of memory", "cublas_status_alloc_failed",
                       "cuda failure 'out of memory'", "cudaerrormemoryallocation", " 'out of memory'",
-                      "error=2 : out of memory")
+                      "error=2 : out of memory", "cuda_error_out_of_memory")
 """Raw CUDA allocation failures: also NCCL's ``Cuda failure 2 'out of memory'`` and torch 0.x's
 ``THCudaCheck FAIL file=... error=2 : out of memory``."""
 
@@ -245,13 +245,16 @@ def _rule_xid(t: _Text) -> Optional[_Hit]:
     return None
 
 
-_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|Cuda failure|HIP error|cudaError[A-Z]\w{2,40}"
+_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|CUDA driver error|Cuda failure|HIP error|cudaError[A-Z]\w{2,40}"
+                            r"|Triton Error \[CUDA\]|CUDA_ERROR_[A-Z_]{2,40}"
                             r"|cuda runtime error \(\d{1,4}\) ?"
                             r"|THCudaCheck FAIL file=\S{1,300} line=\d{1,7} error=\d{1,4} ?)[:]? '?"
                             r"(?P<error>[^'\n]{1,200})")
 """Also a CUDA runtime enum before its text, as thrust prints it: ``cudaErrorIllegalAddress: an
-illegal ...``; and torch < 1.0's THC wordings ``cuda runtime error (39) : uncorrectable ECC error
-encountered at ...`` / ``THCudaCheck FAIL file=... line=84 error=74 : misaligned address``."""
+illegal ...``; the driver API's (``CUDA driver error: ...``, ``CUDA_ERROR_ILLEGAL_ADDRESS: ...``),
+Triton's ``Triton Error [CUDA]: ...``; and torch < 1.0's THC wordings ``cuda runtime error (39) :
+uncorrectable ECC error encountered at ...`` / ``THCudaCheck FAIL file=... line=84 error=74 : misaligned
+address``."""
 _CUDA_LIB_RE = re.compile(r"(?P<status>(?:CUBLAS|CUDNN|CUSOLVER|CUFFT)_STATUS_[A-Z_]{2,60})")
 _CUDA_CLASSES = (
     ("illegal memory access", "illegal-memory-access"), ("device-side assert", "device-side-assert"),
@@ -272,7 +275,7 @@ _CUDA_NOTES = {
 }
 _CUDA_NEEDLES = ("cuda error", "cuda failure '", "hip error", "_status_", "driver version is insufficient",
                  "nvidia driver on your system is too old", "cudaerror", "cuda runtime error (",
-                 "thcudacheck fail")
+                 "thcudacheck fail", "cuda driver error", "triton error [cuda]", "cuda_error_")
 
 
 def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
@@ -371,6 +374,7 @@ DOCS = {
     'cuda.error': (
         "``CUDA error: <reason>``, NCCL's ``Cuda failure '<reason>'``, cuBLAS / cuDNN execution failures, "
         "torch < 1.0's ``cuda runtime error (N) : <reason>`` / ``THCudaCheck FAIL ... error=N : <reason>``, "
+        "``CUDA driver error: ...``, ``CUDA_ERROR_*: ...``, Triton's ``Triton Error [CUDA]: ...``, "
         'driver too old → memory/cuda-error'
     ),
 }

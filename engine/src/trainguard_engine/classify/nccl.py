@@ -17,7 +17,7 @@ from .text import (
     _Text,
 )
 
-_WATCHDOG_RE = re.compile(r"(?:\[Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: "
+_WATCHDOG_RE = re.compile(r"(?:\[Rank (?P<rank>\d+)\] )?(?:Watchdog c|C)aught collective operation timeout: "
                           r"(?P<work>.{0,600}?) ran for (?P<ran>\d+) milliseconds before timing out")
 _WORK_FIELDS = (
     ("seq_num", re.compile(r"SeqNum=(\d+)")), ("op_type", re.compile(r"OpType=(\w+)")),
@@ -36,7 +36,7 @@ _FR_FRAME_RE = re.compile(r"#\d+ (?P<func>\S{1,200}) from (?P<where>[^\n]{1,300}
 
 
 def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
-    for pos in t.find_all("watchdog caught collective operation timeout"):
+    for pos in t.find_all("caught collective operation timeout"):
         found = _search(_WATCHDOG_RE, t, pos, before=30, after=900)
         if found is None:
             continue
@@ -68,7 +68,7 @@ def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
         return _Hit("comm", "timeout", 0.95, offset + m.start(), facts, headline,
                     "the collective did not complete within the process group's timeout on this rank: a "
                     "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
-    pos = t.first("watchdog caught collective operation timeout")
+    pos = t.first("caught collective operation timeout")
     if pos >= 0:  # a line a terminal or a paste wrapped: what is left of it still says what happened
         cut: Facts = {}
         rank = _rank_of(t, pos, cut)
@@ -332,7 +332,7 @@ def _rule_ib_error(t: _Text) -> Optional[_Hit]:
 
 
 GATES = {
-    "nccl.watchdog-timeout": ("watchdog caught collective operation timeout",),
+    "nccl.watchdog-timeout": ("caught collective operation timeout",),
     "nccl.dump-signal": ("received a dump signal due to a collective timeout from",),
     "nccl.watchdog-status": ("last enqueued work:", "last enqueued nccl work:",
                              "stack trace of the failed collective:"),
@@ -352,7 +352,10 @@ DOCS = {
         "error`` → comm/mismatch; ``Connection reset/closed by (remote) peer|localRank N`` → comm/rank-lost; "
         "shared-memory segment or ``ibv_create_cq`` failures → comm/failure"
     ),
-    'nccl.watchdog-timeout': '``Watchdog caught collective operation timeout: WorkNCCL(...)`` → comm/timeout',
+    'nccl.watchdog-timeout': (
+        '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (and the blocking-wait wording '
+        '``Caught collective operation timeout: ...``) → comm/timeout'
+    ),
     'nccl.dump-signal': '``Received a dump signal due to a collective timeout from rank N`` → comm/timeout',
     'nccl.watchdog-status': (
         "(adds facts only) the PG status line (last enqueued / completed work) and the flight recorder's "

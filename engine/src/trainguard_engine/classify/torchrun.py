@@ -39,11 +39,15 @@ def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
 _SIGNALS_RE = re.compile(r"died with <Signals\.(?P<name>SIG\w+): (?P<sig>\d+)>")
 _LOCAL_RANK_RE = re.compile(r"--local[_-]rank=(?P<rank>\d+)")
 _DEATH_SIGNAL_RE = re.compile(r"Received (?P<sig>\d+) death signal|got signal: (?P<sig2>\d+)")
-_SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?P<what>Segmentation fault|Killed)"
+_SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?"
+                             r"(?P<what>Segmentation fault|Killed|Illegal instruction"
+                             r"|Floating point exception)"
                              r"(?: +\(core dumped\))?(?: +[^\n]{0,300})?$", re.MULTILINE)
 """A shell's report of its child's death: ``Segmentation fault (core dumped)``, ``Killed``,
+``Illegal instruction (core dumped)``, ``Floating point exception``,
 ``run.sh: line 12: 4242 Killed  python train.py`` (an abort or a bus error is left to the exit path)."""
-_SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL")}
+_SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
+                  "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE")}
 _RETURN_CODE_RE = re.compile(r"exits with return code = (?P<code>-\d+)")
 """DeepSpeed's launcher: ``[launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...]
 exits with return code = -11`` (only a signal: an exit code 1 is the worker's own traceback)."""
@@ -108,7 +112,7 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         signal = int(m.group("sig") or m.group("sig2"))
         facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
         return _signal_hit(found[0] + m.start(), facts, "the launcher")
-    pos = t.first("segmentation fault", "killed")
+    pos = t.first("segmentation fault", "killed", "illegal instruction", "floating point exception")
     if pos >= 0 and (found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None:
         signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
         return _signal_hit(found[0] + found[1].start("what"), {"signal": signal, "signal_name": name},
@@ -289,7 +293,8 @@ GATES = {
     "torchrun.worker-failed": ("failed (exitcode:",),
     "launcher.signal": ("died with <signals.", "terminated with signal sig", "program received signal sig",
                         "program terminated with signal sig", "exits with return code = -",
-                        ") received by pid", "death signal", "got signal:", "segmentation fault", "killed"),
+                        ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
+                        "illegal instruction", "floating point exception"),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -307,7 +312,8 @@ DOCS = {
         "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, "
         "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank), gdb's ``Program received signal "
         "SIGSEGV``, a "
-        "shell's ``Segmentation fault (core dumped)`` / ``Killed`` "
+        "shell's ``Segmentation fault (core dumped)`` / ``Killed`` / ``Illegal instruction`` / "
+        "``Floating point exception`` "
         "→ by the exit decision path for that signal"
     ),
 }
