@@ -2,8 +2,9 @@
 
 Each fixture in tests/fixtures/straggler/ is what the SDK of the four ranks of one real
 ``torchrun --nproc-per-node 4 tests/fixtures/straggler/job.py`` run wrote (gloo, CPU, this repository's
-2-core machine), merged by event time, recorded by ``bench/straggler.py --record`` (nothing edited; the
-job's START tags say how it was slowed). The full seeded set is the bench's table (bench/README.md).
+2-core machine), merged by event time, recorded by ``bench/straggler.py --record DIR --record-all``
+(nothing edited; the job's START tags say how it was slowed). The full seeded set (20 healthy runs, 5 of
+each slowdown) is bench/results/straggler_cpu.txt.
 """
 
 from __future__ import annotations

