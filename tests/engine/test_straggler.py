@@ -149,3 +149,11 @@ def test_real_nvml_samples_of_an_h200_open_nothing_and_thermal_bits_do() -> None
     assert kinds(pipeline) == ["perf/throttling"]
     inc = standing(pipeline)[0]
     assert "HW thermal slowdown" in inc.title and "1980 MHz" in inc.title, inc.title
+
+
+def test_every_rank_waiting_for_its_loader_is_a_data_bottleneck_not_a_straggler() -> None:
+    pipeline, _first = replay(load("data_all"))
+    assert kinds(pipeline) == ["perf/data-bottleneck"], kinds(pipeline)
+    inc = standing(pipeline)[0]
+    share = next(e for e in inc.evidence if e.rule == "perf.data_bottleneck").value
+    assert share is not None and share >= DetectionSettings().data_wait_share
