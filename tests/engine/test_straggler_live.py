@@ -1,5 +1,5 @@
 """One live 4-rank DDP job under torchrun (gloo, CPU): a rank made 2.5x slower in compute from step 5 and
-then stuck at step 30, so its peers' all-reduce times out. What the four SDKs wrote, through the engine:
+then stuck at step 42, so its peers' all-reduce times out. What the four SDKs wrote, through the engine:
 one incident, the straggler (the slow rank), the collective timeout folded in as its consequence, and
 the slow rank named within 30 steps of the slowdown. About 20 s on the 2-core machine."""
 
@@ -17,7 +17,7 @@ from trainguard_engine.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "fixtures" / "straggler" / "job.py"
-SLOW_RANK, FROM_STEP, HANG_AT = 1, 5, 30
+SLOW_RANK, FROM_STEP, HANG_AT = 1, 5, 42
 
 
 def _run(out: Path) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
@@ -25,7 +25,7 @@ def _run(out: Path) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sdk" / "src"), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", str(JOB),
-           "--out", str(out), "--run-id", f"live-{os.getpid()}", "--steps", "45", "--slow", "compute",
+           "--out", str(out), "--run-id", f"live-{os.getpid()}", "--steps", "55", "--slow", "compute",
            "--slow-rank", str(SLOW_RANK), "--factor", "2.5", "--from-step", str(FROM_STEP),
            "--hang-at", str(HANG_AT), "--hang-s", "30", "--timeout-s", "6"]
     return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
