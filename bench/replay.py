@@ -180,7 +180,9 @@ def first_issue_commit() -> str:
         text=True,
         check=True,
     ).stdout.split()
-    return f"{log[0]}^" if log else "HEAD"
+    ref = f"{log[0]}^" if log else "HEAD"
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", ref], capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def report(name: str, got: Dict[str, Any], size: int) -> Optional[float]:
