@@ -25,11 +25,12 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.91, "subtype": 0.88}, "heldout": {"category": 0.78, "subtype": 0.76}}
+FLOORS = {"tune": {"category": 0.91, "subtype": 0.88}, "heldout": {"category": 0.77, "subtype": 0.75}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
-classifier change since."""
+classifier change since; the held-out floor down by a point again at 255 -> 260 logs (a new held-out log,
+recorded before any change made for it, is missed: 51/66)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -74,6 +74,7 @@ from .cuda import (
     parse_size,
 )
 from .gloo import (
+    _rule_gloo_connect,
     _rule_gloo_peer_lost,
     _rule_gloo_size_mismatch,
     _rule_gloo_timeout,
@@ -149,6 +150,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("gloo.timeout", _rule_gloo_timeout),
     ("gloo.peer-lost", _rule_gloo_peer_lost),
     ("c10d.rendezvous", _rule_rendezvous),
+    ("gloo.connect", _rule_gloo_connect),
     ("nccl.ib-error", _rule_ib_error),
     ("nccl.watchdog-teardown", _rule_watchdog_teardown),
     ("autograd.anomaly-nan", _rule_anomaly_nan),

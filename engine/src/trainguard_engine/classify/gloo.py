@@ -14,10 +14,38 @@ from .text import (
     _rank_of,
     _ranks_text,
     _search,
+    _shorten,
     _Text,
 )
 
 _GLOO_SIZE_RE = re.compile(r"op\.preamble\.length <= op\.nbytes\. (?P<received>\d+) vs (?P<expected>\d+)")
+
+
+_FULL_MESH_RE = re.compile(r"Gloo connectFullMesh failed with (?P<error>[^\n]{0,200})")
+_PAIR_CONNECT_RE = re.compile(r"pair\.cc:\d+\] connect \[(?P<peer>[^\]\n]{1,100})\]:(?P<port>\d+): "
+                              r"(?P<error>Connection refused|Connection timed out|No route to host"
+                              r"|Network is unreachable)")
+_CONNECT_NOTE = ("gloo's ranks open a TCP pair to every other rank when a process group is created: the "
+                 "peers' addresses must be reachable (GLOO_SOCKET_IFNAME names the interface), no firewall "
+                 "between them")
+
+
+def _rule_gloo_connect(t: _Text) -> Optional[_Hit]:
+    """gloo cannot connect its ranks' pairs while a process group is created: ``Gloo connectFullMesh failed
+    with [...pair.cc:144] ...``, ``[...gloo/transport/tcp/pair.cc:799] connect [10.0.0.2]:13195: Connection
+    refused``."""
+    pos = t.first("gloo connectfullmesh failed")
+    if pos >= 0 and (found := _search(_FULL_MESH_RE, t, pos, before=0, after=260)) is not None:
+        facts: Facts = {"backend": "gloo", "error": _shorten(found[1].group("error"), 160)}
+        return _Hit("comm", "init-failure", 0.85, pos, facts,
+                    "gloo could not connect its ranks (connectFullMesh)", _CONNECT_NOTE)
+    pos = t.first("] connect [")
+    if pos >= 0 and (found := _search(_PAIR_CONNECT_RE, t, pos, before=40, after=200)) is not None:
+        m = found[1]
+        facts = {"backend": "gloo", "peer": f"{m.group('peer')}:{m.group('port')}", "error": m.group("error")}
+        return _Hit("comm", "init-failure", 0.8, found[0] + m.start(), facts,
+                    f"gloo cannot connect to peer {facts['peer']} ({m.group('error')})", _CONNECT_NOTE)
+    return None
 
 
 def _rule_gloo_size_mismatch(t: _Text) -> Optional[_Hit]:
@@ -120,6 +148,7 @@ def _rule_gloo_peer_lost(t: _Text) -> Optional[_Hit]:
 
 
 GATES = {
+    "gloo.connect": ("gloo connectfullmesh failed", "] connect ["),
     "gloo.size-mismatch": ("received data size doesn't match expected size",
                            "op.preamble.length <= op.nbytes"),
     "gloo.monitored-barrier": ("failed to pass monitoredbarrier",),
@@ -132,6 +161,10 @@ after the shared pre-scan)."""
 
 
 DOCS = {
+    'gloo.connect': (
+        "``Gloo connectFullMesh failed with ...``, gloo's ``pair.cc:N] connect [addr]:port: Connection "
+        "refused`` → comm/init-failure"
+    ),
     'gloo.size-mismatch': "gloo ``Received data size doesn't match expected size`` → comm/mismatch",
     'gloo.monitored-barrier': '``Rank N failed to pass monitoredBarrier`` → comm/timeout',
     'gloo.timeout': '``Timed out waiting Nms for recv/send operation`` → comm/timeout',
