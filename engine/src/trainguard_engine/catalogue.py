@@ -715,17 +715,17 @@ class DetectionSettings:
         0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
         "by >= this x the excess: they waited for it ...", minimum=0.0)
     straggler_confirm: int = _setting(
-        10, "... on this many more judged steps than not since it began (a leaky count: a judged step without "
-        "it takes one back; a step is judged once every rank reported it); as many judged steps in a row "
-        "without a candidate resolve the incident. Also the confirmation of perf/data-bottleneck.",
+        10, "... on this many more judged steps than not since it began (a leaky count: a judged step "
+        "without it takes one back; a step is judged once every rank reported it); as many judged steps "
+        "in a row without a candidate resolve the incident. Also the confirmation of perf/data-bottleneck.",
         minimum=1)
     regression_ratio: float = _setting(
         1.5, "perf/throughput-regression: the job's step time (median over ranks of their window medians) "
         ">= this x its earlier steady state (or a logged throughput metric <= 1/this of it) ...",
         minimum=1.0)
     regression_min_delta_s: float = _setting(
-        0.01, "... and by at least this many seconds per step (a shared host's scheduling noise moves "
-        "millisecond steps by half) ...", minimum=0.0)
+        0.05, "... and by at least this many seconds per step (a shared host's load doubles a 20 ms step "
+        "for tens of steps; lower it for fast-step jobs on dedicated nodes) ...", minimum=0.0)
     regression_baseline_steps: int = _setting(
         10, "... the steady state being the median of the first this-many judged steps after warm-up ...",
         minimum=1)
