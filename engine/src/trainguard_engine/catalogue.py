@@ -736,6 +736,11 @@ class DetectionSettings:
         0.4, "perf/data-bottleneck: the median rank's data wait (time/data_s) >= this share of its step "
         "time, for straggler_confirm judged steps (one rank's slow loader is a straggler, phase 'data').",
         minimum=0.0, maximum=1.0)
+    data_wait_min_s: float = _setting(
+        0.05, "... and that wait is >= this many seconds per step: the time from one step's end to the next "
+        "forward also holds the loop's own logging, pacing and bookkeeping, which in a small job on CPU is "
+        "most of its step without any loader problem; like regression_min_delta_s, a bottleneck worth an "
+        "alert costs tens of milliseconds a step.", minimum=0.0)
     throttle_confirm: int = _setting(
         3, "perf/throttling: NVML samples in a row (gpu/throttle_reasons) with a thermal, hardware-slowdown "
         "or power-brake reason.", minimum=1)
@@ -945,7 +950,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_min_share",
              "straggler_wait_share", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
              "regression_baseline_steps",
-             "regression_confirm", "data_wait_share", "throttle_confirm", "throughput_metrics"),
+             "regression_confirm", "data_wait_share", "data_wait_min_s", "throttle_confirm",
+             "throughput_metrics"),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
                 "amp_text_max_scale"),
     "diagnosis": ("diagnosis_lr_high",),

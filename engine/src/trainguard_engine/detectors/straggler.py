@@ -412,7 +412,8 @@ def _data_bottleneck(run: RunState, run_state: Dict[str, Any],
     if not shares:
         return []
     share = _median(shares)
-    holds = share >= settings.data_wait_share and not has_candidates
+    holds = (share >= settings.data_wait_share and job.get("data", 0.0) >= settings.data_wait_min_s
+             and not has_candidates)
     run_state["data"] = run_state.get("data", 0) + 1 if holds else 0
     open_st = run.incidents.get(DATA_KEY)
     if not holds:
