@@ -724,8 +724,10 @@ class DetectionSettings:
         ">= this x its earlier steady state (or a logged throughput metric <= 1/this of it) ...",
         minimum=1.0)
     regression_min_delta_s: float = _setting(
-        0.05, "... and by at least this many seconds per step (a shared host's load doubles a 20 ms step "
-        "for tens of steps; lower it for fast-step jobs on dedicated nodes) ...", minimum=0.0)
+        0.1, "... and by at least this many seconds per step, whether the step time or a logged throughput "
+        "shows it (a shared host's load triples a 30 ms CPU step for tens of steps -- seen on a healthy demo "
+        "run -- while a regression worth an alert costs a real accelerator job 100 ms a step and more; lower "
+        "it for fast-step jobs on dedicated nodes) ...", minimum=0.0)
     regression_baseline_steps: int = _setting(
         10, "... the steady state being the median of the first this-many judged steps after warm-up ...",
         minimum=1)

@@ -357,9 +357,9 @@ def _regression(run: RunState, run_state: Dict[str, Any],
     straggling = has_candidates or (STRAGGLER_KEY in run.incidents and run.incidents[STRAGGLER_KEY].is_open)
     straggling = straggling or any(st.is_open and (st.record.category, st.record.subtype) in EXPLAINED_BY
                                    for st in run.incidents.values())
-    slower = ratio >= settings.regression_ratio and \
-        job["step"] - base["step"] >= settings.regression_min_delta_s
-    holds = (slower or tp_ratio >= settings.regression_ratio) and not straggling
+    slower = ((ratio >= settings.regression_ratio or tp_ratio >= settings.regression_ratio)
+              and job["step"] - base["step"] >= settings.regression_min_delta_s)
+    holds = slower and not straggling
     open_st = run.incidents.get(REGRESSION_KEY)
     run_state["reg"] = run_state.get("reg", 0) + 1 if holds else 0
     if not holds:
