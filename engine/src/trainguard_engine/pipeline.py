@@ -54,11 +54,11 @@ import hashlib
 import json
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import clusters as clusters_mod
-from . import correlate, diagnosis
+from . import correlate, diagnosis, shards
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
 from .detectors import progress
@@ -389,6 +389,12 @@ class Pipeline:
             if detector.wants(rank, names, settings):
                 for finding in detector.on_metrics(run, rank, batch, settings):
                     self._apply(run, finding, settings)
+        if any(name.startswith(shards.SHARD_GLOBAL) for name in names):
+            combined = shards.fold(run, rank.rank, points)
+            if combined:  # a step every rank reported its share of: the full gradients' norms
+                target = run.ranks[min(run.ranks)]
+                self._on_metrics(run, target, replace(ev, rank=target.rank, event_id="", body={}, raw={}),
+                                 combined, settings)
 
     def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         if ev.time_ns <= rank.last_hb_ns:

@@ -156,6 +156,7 @@ class ParamLayout:
             self.param_layer.append(index[layer])
         self.layer_names: Tuple[str, ...] = tuple(names)
         self.metric_names: Tuple[str, ...] = tuple(f"grad/layer/{n}" for n in names)
+        self.shard_metric_names: Tuple[str, ...] = tuple(f"grad/shard_sumsq/layer/{n}" for n in names)
 
     def sentinels(self, most: int = 4) -> List[nn.Parameter]:
         """The first parameter of up to ``most`` layers spread over the model (first, last and evenly
@@ -175,15 +176,45 @@ class ParamLayout:
 # --- norms -----------------------------------------------------------------------------------------
 class Norms:
     """One step's gradient norms, still on the device: ``total`` (0-d) and ``per_param`` (1-D, the
-    norms of the parameters at ``positions`` in the layout; None = all of them)."""
+    norms of the parameters at ``positions`` in the layout; None = all of them). ``sharded``: the
+    gradients are DTensors (FSDP2, tensor parallelism) and these are the norms of this rank's share of
+    them only (see :func:`_shares`): reported as sums of squares for the processor to add up over the
+    ranks of the step, never combined here (that would be a collective)."""
 
-    __slots__ = ("per_param", "positions", "total")
+    __slots__ = ("per_param", "positions", "sharded", "total")
 
     def __init__(self, total: torch.Tensor, per_param: torch.Tensor,
-                 positions: Optional[Tuple[int, ...]]) -> None:
+                 positions: Optional[Tuple[int, ...]], sharded: bool = False) -> None:
         self.total = total
         self.per_param = per_param
         self.positions = positions
+        self.sharded = sharded
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    return type(tensor).__name__ == "DTensor" and hasattr(tensor, "to_local")
+
+
+def _shares(grads: List[Any]) -> Optional[Tuple[List[torch.Tensor], List[float]]]:
+    """Each DTensor gradient's local tensor and its weight in the sum of squares over all ranks: 1 where
+    this rank holds a share nobody else holds (``Shard`` on every mesh dimension, or coordinate 0 on the
+    ``Replicate`` ones), 0 for a replica another rank counts. None when a placement is ``Partial`` (a
+    pending reduction: local squares do not add up to the full gradient's)."""
+    locals_: List[torch.Tensor] = []
+    weights: List[float] = []
+    for g in grads:
+        mesh = g.device_mesh
+        weight = 1.0
+        for dim, placement in enumerate(g.placements):
+            kind = type(placement).__name__
+            if kind == "Replicate":
+                if mesh.get_local_rank(dim) != 0:
+                    weight = 0.0
+            elif kind != "Shard":
+                return None
+        locals_.append(g.to_local())
+        weights.append(weight)
+    return locals_, weights
 
 
 class GradNormComputer:
@@ -211,11 +242,19 @@ class GradNormComputer:
         positions = None
         if len(present) != len(grads):
             positions = tuple(i for i, g in enumerate(grads) if g is not None)
+        weights: Optional[List[float]] = None
+        if _is_dtensor(present[0]):  # sharded: this rank's share only, never a collective
+            shares = _shares(present)
+            if shares is None:
+                return None
+            present, weights = shares
         per_param = self._per_param_norms(present)
+        if weights is not None and not all(w == 1.0 for w in weights):
+            per_param = per_param * torch.tensor(weights, dtype=per_param.dtype).to(per_param.device)
         if divide_by is not None:
             per_param = per_param / divide_by.to(per_param.dtype)
         total = torch.linalg.vector_norm(per_param)
-        return Norms(total, per_param, positions)
+        return Norms(total, per_param, positions, sharded=weights is not None)
 
     def _per_param_norms(self, grads: List[torch.Tensor]) -> torch.Tensor:
         if not self._general:
@@ -588,7 +627,10 @@ class WatchHandle:
             # when one ran and found the step not due: the gradients here are the clipped ones.
             with torch.no_grad():
                 norms = self._guard("gradients", self._norms.compute)
-        if norms is not None:
+        if norms is not None and norms.sharded:
+            # this rank's share: the processor adds the shares of the step's ranks (docs/sharded-norms.md)
+            metrics["grad/shard_sumsq"] = norms.total * norms.total
+        elif norms is not None:
             metrics["grad/global_norm"] = norms.total
             if self.clip is not None:
                 metrics["grad/clip_triggered"] = torch.gt(norms.total, self.clip - 1e-6)
@@ -616,7 +658,10 @@ class WatchHandle:
     def _report_layers(self, step: int, norms: Norms) -> None:
         with torch.no_grad():
             vector = self._norms.layer_norms(norms)
-        self._client.log_vector(step, self.layout.metric_names, vector)
+            if norms.sharded:
+                vector = vector * vector
+        names = self.layout.shard_metric_names if norms.sharded else self.layout.metric_names
+        self._client.log_vector(step, names, vector)
 
     def _devices(self) -> List[torch.device]:
         devices: List[torch.device] = []
