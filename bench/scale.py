@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""Scale-out (issue 20): 1, 2 and 3 embedded processors in one Kafka consumer group, and a 4,096-rank run's
+per-partition checkpoint.
+
+**Group drain.** A Tansu broker (the tests' Kafka-protocol broker, memory storage) is started; for each N
+in ``--processors`` (default 1,2,3) a fresh topic of 12 partitions (and a fresh consumer group) gets a
+backlog of SDK-shaped records of many runs (default 48 runs x 16 ranks x 100 steps, bench/processor.py's
+``sdk_requests``: one record per rank and step, key = run id, so runs spread over the partitions). Then
+N worker processes (this script with ``--worker``, each a separate OS process with its own KafkaQueue,
+its own SQLite stores in its own data directory, an ``EmbeddedProcessor`` built as ``trainguard serve``
+builds it: server default settings, ``tune_gc``, the dead-letter validator) subscribe together and drain
+it. Each worker notes when it first got a record and when it last committed (it checkpoints -- saves
+its partitions' pipelines and commits their offsets -- as soon as a round finds nothing new); the parent
+watches the group's lag (end offsets of its own acknowledged publishes minus the group's committed
+offsets) until it is 0. Reported per N: total events/s = all events / (last commit - first consume over
+all workers), each worker's events/s over its own first-record-to-last-commit span, the ratio to N=1,
+CPU seconds of the workers and of the broker during the drain, and how often a worker's partitions
+changed (rebalances after the first assignment).
+
+**Checkpoint of a 4,096-rank run.** One processor over Kafka, one 4,096-rank run (bench/processor.py's
+``sdk4096`` shape, kept live: no EXIT), no periodic snapshot; after step 2 (the ``sdk4096`` shape) and
+step 20 (``--checkpoint-steps``), and one step after each, the time of ``processor.checkpoint()`` (the
+changed parts of the run's partition's pipeline saved in one transaction, offsets committed) and the
+parts and bytes it saved (a run is one part: ``largest_part_bytes``).
+
+On a 2-core machine N processors cannot go beyond ~2x one processor -- less, since the broker and the
+publisher share the same cores: the script prints ``os.cpu_count()`` and the load average beside every
+figure. The Flink half of the issue's line (parallelism 1 and 2 on the mini-cluster) is not measured here
+(bench/pipeline.py has the Flink path).
+
+    python bench/scale.py            # ~2-3 minutes
+    python bench/scale.py --quick    # a smoke run (~30 s)
+
+Nothing is asserted; numbers and ratios are printed, the last line is the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+for _p in (BENCH, REPO, REPO / "sdk" / "src", REPO / "engine" / "src", REPO / "services" / "src"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+PARTITIONS = 12
+SESSION_TIMEOUT_MS = 6000  # Tansu answers a JoinGroup after ~half of it: every worker joins the same round
+# Tansu answers a Fetch only after fetch.wait.max.ms even when records are there (Kafka answers at once)
+CONSUMER_CONFIG: Dict[str, Any] = {"fetch.wait.max.ms": 10}
+DRAIN_TIMEOUT_S = 600.0
+
+
+def _loadavg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f}/{five:.2f}/{fifteen:.2f}"
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ------------------------------------------------------------------------------------------ streams
+
+def backlog(runs: int, ranks: int, steps: int) -> Tuple[List[Tuple[str, List[bytes]]], int]:
+    """``runs`` SDK-shaped runs as serialized IngestRequest records per run id, and their event count."""
+    from processor import sdk_requests  # bench/processor.py
+
+    from trainguard import wire
+
+    out: List[Tuple[str, List[bytes]]] = []
+    events = 0
+    for r in range(runs):
+        run_id = f"scale-{r:03d}-{uuid.uuid4().hex[:6]}"
+        values = []
+        for batch in sdk_requests("bench", run_id, ranks, steps):
+            request = wire.prepare_batch(batch).request
+            events += len(request.events)
+            values.append(request.SerializeToString())
+        out.append((run_id, values))
+    return out, events
+
+
+def publisher(bootstrap: str, topic: str) -> Any:
+    """A publish-only KafkaQueue on ``topic`` (created with 12 partitions) reading ``topic``'s group lag."""
+    from trainguard_server.queue.kafka import KafkaQueue
+
+    return KafkaQueue(bootstrap, topic, group_id=topic, partitions=PARTITIONS, consume=False,
+                      max_depth=10**9, delivery_timeout_s=60.0)
+
+
+# ------------------------------------------------------------------------------------------- worker
+
+def worker(bootstrap: str, topic: str, data_dir: Path, control: Path, index: int) -> int:
+    """One processor of the group: wait for ``control/go``, subscribe, process until ``control/stop``,
+    then write ``control/result-<index>.json``."""
+    from trainguard_engine.catalogue import DetectionSettings
+    from trainguard_server.config import Settings
+    from trainguard_server.processor.embedded import EmbeddedProcessor, tune_gc
+    from trainguard_server.queue.kafka import KafkaQueue, ingest_request_problem
+    from trainguard_server.storage.select import open_stores
+
+    settings = Settings()
+    tune_gc()
+    stores = open_stores(settings, data_dir)
+    (control / f"ready-{index}").touch()
+    go, stop = control / "go", control / "stop"
+    while not go.exists():
+        time.sleep(0.005)
+    queue = KafkaQueue(bootstrap, topic, group_id=topic, partitions=PARTITIONS,
+                       validate=ingest_request_problem, session_timeout_ms=SESSION_TIMEOUT_MS,
+                       consumer_config=dict(CONSUMER_CONFIG))
+    processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, DetectionSettings(),
+                                  batch=settings.processor_batch, snapshot_every_s=settings.snapshot_every_s,
+                                  tick_interval_s=settings.tick_interval_s)
+    first = last_work = last_commit = 0.0
+    cpu_first = cpu_end = 0.0
+    owned: Tuple[int, ...] = ()
+    changes = -1  # the first assignment is not a rebalance
+    while not stop.exists():
+        started, cpu = time.time(), time.process_time()
+        n = processor.run_once(timeout=0.05)
+        now = tuple(sorted(processor.pipelines))
+        if now != owned:
+            owned, changes = now, changes + 1
+        if n:
+            if not first:
+                first, cpu_first = started, cpu
+            last_work = time.time()
+        elif last_work > last_commit:  # idle: save what is owned and commit it now
+            processor.checkpoint()
+            last_commit, cpu_end = time.time(), time.process_time()
+    result = {"index": index, "first": first, "last_commit": last_commit, "events": processor.stats.events,
+              "records": processor.stats.records, "cpu_s": cpu_end - cpu_first, "partitions": list(owned),
+              "rebalances": max(0, changes), "snapshots": processor.stats.snapshots,
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    queue.close()
+    stores.close()
+    (control / f"result-{index}.json").write_text(json.dumps(result))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ parent
+
+def drain_group(bootstrap: str, broker_pid: int, n: int, runs: Sequence[Tuple[str, List[bytes]]],
+                events: int, root: Path) -> Dict[str, Any]:
+    """Publish ``runs`` to a fresh topic, drain it with ``n`` worker processes in one group; the figures."""
+    topic = f"scale-n{n}-{uuid.uuid4().hex[:8]}"
+    control = root / f"n{n}"
+    control.mkdir()
+    pub = publisher(bootstrap, topic)
+    records = 0
+    for run_id, values in runs:
+        pub.publish(run_id, values)
+        records += len(values)
+    procs = []
+    try:
+        for i in range(n):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--bootstrap", bootstrap,
+                   "--topic", topic, "--data-dir", str(control / f"data-{i}"), "--control", str(control),
+                   "--index", str(i)]
+            with open(control / f"w{i}.log", "w") as log:
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log))
+        deadline = time.monotonic() + 120
+        while not all((control / f"ready-{i}").exists() for i in range(n)):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"workers did not start: {(control / 'w0.log').read_text()[-2000:]}")
+            time.sleep(0.02)
+        broker_cpu0 = _proc_cpu_s(broker_pid)
+        (control / "go").touch()
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while pub.depth() > 0:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"the group did not drain {topic} (lag {pub.depth()}): "
+                                   f"{(control / 'w0.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        broker_cpu = _proc_cpu_s(broker_pid) - broker_cpu0
+        load = _loadavg()
+        (control / "stop").touch()
+        for p in procs:
+            p.wait(60)
+        results = [json.loads((control / f"result-{i}.json").read_text()) for i in range(n)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        pub.close()
+    working = [r for r in results if r["events"]]
+    wall = max(r["last_commit"] for r in working) - min(r["first"] for r in working)
+    processed = sum(r["events"] for r in results)
+    return {"processors": n, "events": events, "events_processed": processed, "records": records,
+            "records_processed": sum(r["records"] for r in results), "wall_s": wall,
+            "events_per_s": processed / wall,
+            "per_processor_events_per_s": [
+                r["events"] / (r["last_commit"] - r["first"]) if r["events"] else 0.0 for r in results],
+            "partitions": [len(r["partitions"]) for r in results],
+            "worker_cpu_s": [r["cpu_s"] for r in results], "broker_cpu_s": broker_cpu,
+            "rebalances": sum(r["rebalances"] for r in results),
+            "start_skew_s": max(r["first"] for r in working) - min(r["first"] for r in working),
+            "end_skew_s": max(r["last_commit"] for r in working) - min(r["last_commit"] for r in working),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in results), "loadavg": load}
+
+
+def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: Path) -> List[Dict[str, Any]]:
+    """One processor, one ``ranks``-rank run (no EXIT: it stays live): after the run's start and each step
+    in ``stops`` a timed ``checkpoint()`` with the parts and bytes it saved (the first saves everything),
+    and one more step later another (what one step changed). Each stop is a line of figures."""
+    from processor import sdk_requests  # bench/processor.py
+
+    from trainguard import wire
+    from trainguard_engine.catalogue import DetectionSettings
+    from trainguard_server.config import Settings
+    from trainguard_server.processor.embedded import PARTITION_PREFIX, EmbeddedProcessor, tune_gc
+    from trainguard_server.queue.kafka import KafkaQueue
+    from trainguard_server.storage.select import open_stores
+
+    tune_gc()
+    run_id = f"scale-ckpt-{uuid.uuid4().hex[:6]}"
+    last = max(stops) + 1
+    requests = list(sdk_requests("bench", run_id, ranks, last))[:-ranks]  # no EXIT: the run stays live
+    values = [wire.prepare_batch(batch).request.SerializeToString() for batch in requests]
+    # records [0, ranks) are the starts, then step k's are [k * ranks, (k + 1) * ranks)
+    marks = sorted({s for s in stops} | {s + 1 for s in stops})
+    topic = f"scale-ckpt-{uuid.uuid4().hex[:8]}"
+    pub = publisher(bootstrap, topic)
+    settings = Settings()
+    stores = open_stores(settings, root / "ckpt")
+    queue = KafkaQueue(bootstrap, topic, group_id=topic, partitions=PARTITIONS,
+                       session_timeout_ms=SESSION_TIMEOUT_MS, consumer_config=dict(CONSUMER_CONFIG))
+    processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, DetectionSettings(),
+                                  batch=settings.processor_batch, snapshot_every_s=1e9,  # only ours
+                                  tick_interval_s=settings.tick_interval_s)
+    saved: List[Tuple[int, int, int]] = []  # (parts, bytes, largest part's bytes) per save_states call
+    original = stores.incidents.save_states
+
+    def counting(items: Dict[str, Optional[bytes]]) -> None:
+        sizes = [len(v) for v in items.values() if v is not None]
+        saved.append((len(items), sum(sizes), max(sizes, default=0)))
+        original(items)
+    setattr(stores.incidents, "save_states", counting)
+    out: List[Dict[str, Any]] = []
+    try:
+        if not queue.wait_ready(60):
+            raise RuntimeError("the checkpoint processor got no partition")
+        processor.checkpoint()  # the empty pipelines of the 12 partitions: saved once, not part of a figure
+        done = 0
+        for step in marks:
+            batch = values[done:(step + 1) * ranks]
+            done = (step + 1) * ranks
+            pub.publish(run_id, batch)
+            target = processor.stats.records + len(batch)
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            t0 = time.perf_counter()
+            while processor.stats.records < target:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the checkpoint run was not processed in time")
+                processor.run_once(timeout=0.1)
+            processed_s = time.perf_counter() - t0
+            saved.clear()
+            t0 = time.perf_counter()
+            processor.checkpoint()
+            took = time.perf_counter() - t0
+            keys = [k for k in stores.incidents.state_keys(PARTITION_PREFIX) if "/run/" in k]
+            out.append({"ranks": ranks, "after_step": step, "records": len(batch), "process_s": processed_s,
+                        "checkpoint_s": took, "parts": sum(p for p, _, _ in saved),
+                        "bytes": sum(b for _, b, _ in saved),
+                        "largest_part_bytes": max(m for _, _, m in saved),
+                        "run_parts_stored": len(keys), "loadavg": _loadavg()})
+    finally:
+        queue.close()
+        pub.close()
+        stores.close()
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--processors", default="1,2,3", help="the group sizes to measure")
+    p.add_argument("--runs", type=int, default=48)
+    p.add_argument("--ranks", type=int, default=16)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--checkpoint-ranks", type=int, default=4096)
+    p.add_argument("--checkpoint-steps", default="2,20",
+                   help="checkpoint after these steps of the big run, and one step after each")
+    p.add_argument("--quick", action="store_true", help="a smoke run: small backlog, 512-rank checkpoint")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    p.add_argument("--topic", help=argparse.SUPPRESS)
+    p.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--control", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args.bootstrap, args.topic, args.data_dir, args.control, args.index)
+    if args.quick:
+        args.runs, args.ranks, args.steps, args.checkpoint_ranks = 12, 4, 10, 512
+        args.checkpoint_steps = "1"
+    sizes = [int(s) for s in args.processors.split(",") if s.strip()]
+    cpus = os.cpu_count() or 1
+    print(f"# bench/scale.py date={time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} "
+          f"host={platform.node()} machine={platform.machine()} cpus={cpus} python={sys.version.split()[0]} "
+          f"loadavg={_loadavg()} quick={args.quick}", flush=True)
+    print(f"# backlog: {args.runs} runs x {args.ranks} ranks x {args.steps} steps (SDK-shaped, one record "
+          f"per rank and step, key = run id), topic of {PARTITIONS} partitions, Tansu broker (memory "
+          f"storage); each processor its own OS process and SQLite stores", flush=True)
+    from tests.support.kafka import Tansu
+
+    root = Path(tempfile.mkdtemp(prefix="trainguard-scale-"))
+    broker = Tansu(root / "tansu.log").start()
+    figures: Dict[str, Any] = {"cpus": cpus, "groups": []}
+    try:
+        assert broker.proc is not None
+        t0 = time.perf_counter()
+        runs, events = backlog(args.runs, args.ranks, args.steps)
+        print(f"# backlog built: {sum(len(v) for _, v in runs)} records, {events} events "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        base: Optional[float] = None
+        for n in sizes:
+            g = drain_group(broker.bootstrap, broker.proc.pid, n, runs, events, root)
+            base = base if base is not None else (g["events_per_s"] if n == 1 else None)
+            g["ratio_to_1"] = g["events_per_s"] / base if base else float("nan")
+            figures["groups"].append(g)
+            per = ",".join(f"{x:.0f}" for x in g["per_processor_events_per_s"])
+            print(f"scale processors={n} events={g['events_processed']} records={g['records_processed']} "
+                  f"wall_s={g['wall_s']:.2f} events_per_s={g['events_per_s']:.0f} "
+                  f"per_processor_events_per_s={per} "
+                  f"ratio_to_1={g['ratio_to_1']:.2f} partitions={','.join(map(str, g['partitions']))} "
+                  f"rebalances={g['rebalances']} start_skew_s={g['start_skew_s']:.2f} "
+                  f"end_skew_s={g['end_skew_s']:.2f} "
+                  f"worker_cpu_s={','.join(f'{c:.1f}' for c in g['worker_cpu_s'])} "
+                  f"broker_cpu_s={g['broker_cpu_s']:.1f} cpus={cpus} loadavg={g['loadavg']}", flush=True)
+        print(f"note: {cpus} cores here: N processors cannot exceed ~{cpus}x one processor (and the broker "
+              f"shares those cores), so N=3 cannot exceed ~{min(3, cpus)}x; on a loaded machine less.",
+              flush=True)
+        stops = [int(x) for x in args.checkpoint_steps.split(",") if x.strip()]
+        figures["checkpoint"] = checkpoint_figures(broker.bootstrap, args.checkpoint_ranks, stops, root)
+        for c in figures["checkpoint"]:
+            print(f"checkpoint ranks={c['ranks']} after_step={c['after_step']} records={c['records']} "
+                  f"process_s={c['process_s']:.2f} checkpoint_s={c['checkpoint_s']:.3f} parts={c['parts']} "
+                  f"bytes={c['bytes']} bytes_per_rank={c['bytes'] / c['ranks']:.0f} "
+                  f"largest_part_bytes={c['largest_part_bytes']} run_parts_stored={c['run_parts_stored']} "
+                  f"cpus={cpus} loadavg={c['loadavg']}", flush=True)
+        print("flink: not measured by this script (issue 20's parallelism 1 and 2 on the mini-cluster: "
+              "bench/pipeline.py has the Flink path)", flush=True)
+    finally:
+        broker.stop(kill=True)
+        shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(figures), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
