@@ -49,6 +49,8 @@ ORPHAN_BATCHES_PER_PASS = 4
 that a large one never holds this process's alerts back; passes follow each other quickly while any is
 left (:data:`ORPHAN_PASS_WAIT_S`)."""
 ORPHAN_PASS_WAIT_S = 0.05
+ALL_REJECTED_AFTER = 50
+"""Events refused with none accepted after which the SDK says, once, that nothing of the job arrives."""
 
 
 class EventSource(Protocol):
@@ -91,6 +93,7 @@ class Worker:
         self._backoff = 0.0
         self._retry_at = 0.0
         self._final_failed = False
+        self._first_rejection = ""  #: the backend's reason for the first event it refused
         self._net_deadline = 0.0  # shutdown: no request may run past this (time.monotonic())
         self._counting = threading.Lock()  # serialises the worker's counts with close() abandoning it
         self._abandoned = False
@@ -170,6 +173,11 @@ class Worker:
                                         f"(shutdown_timeout); what it held is counted as dropped.shutdown")
         if self._transport is not None:
             self._transport.close()
+        refused = self.stats.dropped.get("rejected", 0)
+        if refused:
+            warn_once("shutdown:rejected", f"the backend rejected {refused} of the "
+                                           f"{refused + self.stats.sent} event(s) this process sent "
+                                           f"(first reason: {self._first_rejection}); they are not stored")
         if self._spool is not None and finished:
             left = self._spool.events
             if left:
@@ -360,6 +368,7 @@ class Worker:
             self._count(drops=[("rejected", len(events))])
             self._settle(events)
             warn_once(f"rejected:{exc.status}", f"backend rejected a batch of {len(events)}: {exc}")
+            self._note_rejected(str(exc))
 
     def _on_success(self, result: SendResult, count: int, replayed: bool = False) -> None:
         self._backoff = 0.0
@@ -372,6 +381,18 @@ class Worker:
             first = result.rejected[0]
             warn_once(f"item:{first.get('code')}",
                       f"backend rejected {rejected} event(s): {first.get('message')}")
+            self._note_rejected(str(first.get("message")))
+
+    def _note_rejected(self, reason: str) -> None:
+        """After a rejection: once ``ALL_REJECTED_AFTER`` events were refused and none accepted, one loud line
+        (a wrong project or token refuses every event, and the per-reason line above said it only once)."""
+        if not self._first_rejection:
+            self._first_rejection = reason
+        refused = self.stats.dropped.get("rejected", 0)
+        if self.stats.sent == 0 and refused >= ALL_REJECTED_AFTER:
+            warn_once("rejected:all", f"every one of the {refused} event(s) sent so far was rejected by the "
+                                      f"backend ({self._first_rejection}): nothing of this job reaches "
+                                      f"TrainGuard -- check TRAINGUARD_PROJECT and the token")
 
     def _schedule_retry(self, exc: TransportError) -> None:
         opts = self._options
