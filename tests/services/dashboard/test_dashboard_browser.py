@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator, Tuple
+from typing import Any, Tuple
 
-import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.services.e2e.serve_process import ServeProcess
-from tests.services.e2e.test_serve import _train
 from tests.support.browser import shows
-from tests.support.waiting import poll
 
 WAIT_S = 30
 POINTS_JS = """
@@ -32,23 +29,6 @@ const points = o.series.reduce((n, s) => n + s.data.filter(p => Number.isFinite(
 const marks = o.series.reduce((n, s) => n + ((s.markLine && s.markLine.data) || []).length, 0);
 return [points, marks];
 """
-
-
-@pytest.fixture(scope="module")
-def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[ServeProcess, str, str]]:
-    server = ServeProcess(tmp_path_factory.mktemp("dashboard") / "data").start()
-    try:
-        diverging, crashing = "dashboard-diverging", "dashboard-crashing"
-        for kind, run_id, steps in (("diverging", diverging, 80), ("crashing", crashing, 30)):
-            proc = _train(kind, server.http_url, server.tokens["ingest"], run_id, steps=steps)
-            proc.communicate(timeout=120)
-        for run_id in (diverging, crashing):  # both processed to their end, with their incidents stored
-            run_url = f"/api/v1/runs/{run_id}"
-            assert poll(lambda u=run_url: (r := server.get_or_none(u)) and r["status"] != "running", 60), run_id
-            assert poll(lambda u=run_url: (server.get_or_none(u + "/incidents") or {}).get("items"), 60), run_id
-        yield server, diverging, crashing
-    finally:
-        server.stop()
 
 
 def shot(driver: Any, name: str) -> None:

@@ -63,35 +63,66 @@ document.getElementById("search-form").addEventListener("submit", (ev) => {
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const when = (ns) => (ns ? new Date(ns / 1e6).toLocaleString() : "—");
 const pill = (text) => `<span class="pill ${esc(text)}">${esc(text)}</span>`;
+const darkTheme = () => document.documentElement.dataset.theme === "dark";
 const num = (v) => (typeof v === "number" ? v : v === "NaN" ? NaN : v === "Infinity" ? Infinity : v === "-Infinity" ? -Infinity : Number(v));
 
 function clearPage() {
+  delete view.dataset.charts;   // set again once the new page's charts are drawn
   if (liveStream) { liveStream.abort(); liveStream = null; }
   while (charts.length) charts.pop().dispose();
 }
 
-function chart(el, title, series, markers) {
+const PALETTE = ["#2563eb", "#d97706", "#059669", "#dc2626", "#7c3aed", "#0891b2", "#db2777", "#65a30d"];
+const ZOOM_GROUP = "run-metrics";  // the run page's metric charts: one zoom moves every chart's step axis
+
+// TensorBoard's smoothing: a debiased exponential moving average over the finite points, in step order;
+// a non-finite point (NaN, inf) is drawn as is and does not enter the average. weight 0 = raw.
+function ema(points, weight) {
+  let last = 0, n = 0;
+  return points.map(([x, y]) => {
+    if (!(weight > 0) || !Number.isFinite(y)) return [x, y];
+    last = last * weight + (1 - weight) * y;
+    n += 1;
+    return [x, last / (1 - Math.pow(weight, n))];
+  });
+}
+
+// series: [{name, data: [[step, y]...], dashed?, color?}]; opts.smoothing (0..0.99): each series drawn
+// smoothed over its raw line shown faint (ids "smooth:<name>" and "raw:<name>"); opts.group connects zooms
+function chart(el, title, series, markers, opts = {}) {
   if (typeof echarts === "undefined") { el.innerHTML = '<p class="error">charting library missing (tools/fetch_assets.py)</p>'; return null; }
-  const c = echarts.init(el, null, { renderer: "canvas" });
+  const c = echarts.init(el, darkTheme() ? "dark" : null, { renderer: "canvas" });
   charts.push(c);
   // a series that spans orders of magnitude (an explosion) is read on a log axis, or its start is flat
   const ys = series.flatMap((s) => s.data.map((p) => p[1])).filter((y) => Number.isFinite(y));
-  const logScale = ys.length > 0 && ys.every((y) => y > 0) && Math.max(...ys) / Math.min(...ys) > 1e3;
+  const autoLog = ys.length > 0 && ys.every((y) => y > 0) && Math.max(...ys) / Math.min(...ys) > 1e3;
+  const canLog = ys.length > 0 && ys.every((y) => y > 0);
+  const logScale = canLog && (opts.scale ? opts.scale === "log" : autoLog);
   const marks = markers.map((m) => ({ xAxis: m.step, name: m.label, lineStyle: { color: m.color, type: "dashed" }, label: { formatter: m.label, color: m.color } }));
+  const w = opts.smoothing || 0;
+  const drawn = [];
+  series.forEach((s, i) => {
+    const color = s.color || PALETTE[i % PALETTE.length];
+    const line = { color, type: s.dashed ? "dashed" : "solid", width: 1.5 };
+    if (w > 0) drawn.push({ id: `raw:${s.name}`, name: s.name, type: "line", showSymbol: false, data: s.data, silent: true,
+      itemStyle: { color }, lineStyle: { ...line, opacity: 0.25 }, z: 1, tooltip: { show: false } });
+    drawn.push({ id: `${w > 0 ? "smooth" : "raw"}:${s.name}`, name: s.name, type: "line", showSymbol: false,
+      sampling: "lttb", data: w > 0 ? ema(s.data, w) : s.data, itemStyle: { color }, lineStyle: line, z: 2 });
+  });
+  if (drawn.length && marks.length) drawn[drawn.length - 1].markLine = { symbol: "none", data: marks };
   c.setOption({
     animation: false,
+    backgroundColor: "transparent",
     title: { text: title, textStyle: { fontSize: 13 } },
     tooltip: { trigger: "axis" },
-    legend: { top: 0, right: 0, type: "scroll", width: "60%" },
-    grid: { left: 60, right: 20, top: 36, bottom: 30 },
-    xAxis: { type: "value", name: "step", min: "dataMin", max: "dataMax" },
+    legend: { top: 20, left: 60, type: "scroll", width: "80%", textStyle: { fontSize: 11 } },
+    grid: { left: 60, right: 30, top: 52, bottom: 30 },
+    xAxis: { type: "value", name: "step", min: "dataMin", max: "dataMax", minInterval: 1 },
     yAxis: logScale ? { type: "log", name: "log" } : { type: "value", scale: true },
-    dataZoom: [{ type: "inside" }],
-    series: series.map((s, i) => ({
-      name: s.name, type: "line", showSymbol: false, sampling: "lttb", data: s.data,
-      ...(i === 0 && marks.length ? { markLine: { symbol: "none", data: marks } } : {}),
-    })),
+    dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
+    series: drawn,
   });
+  if (opts.group) c.group = opts.group;
   return c;
 }
 
@@ -149,15 +180,59 @@ async function runsPage(params) {
   document.getElementById("tag-form").addEventListener("submit", (ev) => { ev.preventDefault(); filter(); });
 }
 
+const SMOOTH_KEY = "trainguard.smoothing";
+const chosenMetrics = new Map();   // run id -> the metric names the picker shows (this tab's session)
+
+// the run's configuration as key -> text: its tags, and what its START event recorded (config, versions, argv)
+async function hyperparameters(enc, run) {
+  const out = {};
+  for (const [k, v] of Object.entries(run.tags || {})) out[`tag ${k}`] = String(v);
+  const events = await api(`/api/v1/runs/${enc}/events?kinds=lifecycle&limit=20`).catch(() => ({ items: [] }));
+  const start = events.items.map((e) => (e.payload || {}).lifecycle || {}).find((l) => l.phase === "START");
+  if (start) {
+    const flat = (prefix, obj) => {
+      for (const [k, v] of Object.entries(obj || {})) {
+        if (v && typeof v === "object" && !Array.isArray(v)) flat(`${prefix}${k}.`, v);
+        else out[`${prefix}${k}`] = Array.isArray(v) ? v.join(" ") : String(v);
+      }
+    };
+    flat("config ", start.config);
+    for (const k of ["python", "torch", "transformers", "lightning"]) if (start[k]) out[k] = String(start[k]);
+    if (start.argv) out.argv = start.argv.join(" ");
+  }
+  return out;
+}
+
+function hparamTable(mine, other, otherLabel) {
+  const keys = [...new Set([...Object.keys(mine), ...Object.keys(other || {})])].sort();
+  if (!keys.length) return '<p class="muted">The run recorded no tags or config (init(tags=..., config=...)).</p>';
+  const rows = keys.map((k) => {
+    const a = mine[k] ?? "", b = other ? (other[k] ?? "") : null;
+    const differs = other && a !== b;
+    return `<tr class="${differs ? "differs" : ""}" data-key="${esc(k)}"><td>${esc(k)}</td><td>${esc(a) || '<span class="muted">—</span>'}</td>
+      ${other ? `<td>${esc(b) || '<span class="muted">—</span>'}</td>` : ""}</tr>`;
+  }).join("");
+  const differing = other ? keys.filter((k) => (mine[k] ?? "") !== (other[k] ?? "")).length : 0;
+  return `${other ? `<p class="muted" id="hparam-diff-count">${differing} of ${keys.length} differ from ${esc(otherLabel)}</p>` : ""}
+    <table id="hparams"><thead><tr><th>Key</th><th>This run</th>${other ? `<th>${esc(otherLabel)}</th>` : ""}</tr></thead><tbody>${rows}</tbody></table>`;
+}
+
 async function runPage(runId, params) {
   const enc = encodeURIComponent(runId);
-  const [run, incidents, summary] = await Promise.all([
+  const overlayId = params.get("overlay") || "";
+  const oenc = encodeURIComponent(overlayId);
+  const [run, incidents, summary, runs] = await Promise.all([
     api(`/api/v1/runs/${enc}`), api(`/api/v1/runs/${enc}/incidents?limit=200`), api(`/api/v1/runs/${enc}/metrics/summary`),
+    api("/api/v1/runs?limit=200"),
   ]);
+  const other = overlayId ? await api(`/api/v1/runs/${oenc}`) : null;
+  const otherSummary = other ? await api(`/api/v1/runs/${oenc}/metrics/summary`) : [];
   const rankFilter = params.get("rank");
-  const names = summary.map((s) => s.name);
-  const plotted = PLOTTED.filter((n) => names.includes(n))
+  const names = [...new Set(summary.map((s) => s.name).concat(otherSummary.map((s) => s.name)))].sort();
+  const defaults = PLOTTED.filter((n) => names.includes(n))
     .concat(names.filter((n) => !PLOTTED.includes(n) && !n.startsWith("grad/layer/") && !n.startsWith("trainguard/")).slice(0, 6));
+  if (!chosenMetrics.has(runId)) chosenMetrics.set(runId, defaults);
+  const chosen = () => chosenMetrics.get(runId).filter((n) => names.includes(n));
   const markersOf = (items) => items.filter((i) => !i.explained_by && i.first_step >= 0)
     .map((i) => ({ step: i.first_step, label: `${i.category}/${i.subtype}`, color: i.severity === "critical" ? "#b42318" : "#d92d20" }));
   let markers = markersOf(incidents.items);
@@ -167,43 +242,115 @@ async function runPage(runId, params) {
   const header = (r) => `${esc(r.run_name || r.run_id)} ${pill(r.status)} ${pill(r.health)}`;
   const facts = (r) => `${esc(r.run_id)} · ${r.world_size} rank(s) · last step <span id="last-step">${r.last_step}</span> · last event ${when(r.last_event_ns)}`;
   const ranks = run.ranks.length ? run.ranks : [0];
-  const layers = names.filter((n) => n.startsWith("grad/layer/")).sort().slice(0, HEATMAP_LAYERS);
+  const layers = names.filter((n) => n.startsWith("grad/layer/") && summary.some((s) => s.name === n)).sort().slice(0, HEATMAP_LAYERS);
+  const label = (r) => r.run_name && !(other && other.run_name === run.run_name) ? r.run_name : r.run_id;
+  const smoothing = () => Math.min(0.99, Math.max(0, Number(localStorage.getItem(SMOOTH_KEY) || 0)));
+  const withParams = (changes) => {
+    const q = new URLSearchParams(params);
+    for (const [k, v] of Object.entries(changes)) { if (v) q.set(k, v); else q.delete(k); }
+    return `#/runs/${enc}${q.toString() ? `?${q}` : ""}`;
+  };
   view.innerHTML = `<h1 id="run-header">${header(run)}</h1>
     <div class="muted" id="run-facts">${facts(run)}</div>
     <h2>Incidents</h2>
     <table id="incidents"><thead><tr><th>Incident</th><th>Severity</th><th>Status</th><th>From step</th><th>Lead rank</th></tr></thead>
       <tbody>${incidentRows(incidents.items)}</tbody></table>
-    <div class="filters"><label>Rank <select id="rank"><option value="">every rank (overlay)</option>
+    <h2>Metrics</h2>
+    <div class="filters toolbar"><label>Rank <select id="rank"><option value="">every rank (overlay)</option>
       ${ranks.map((r) => `<option value="${r}" ${String(r) === rankFilter ? "selected" : ""}>rank ${r}</option>`).join("")}</select></label>
+      <label>Compare with <select id="overlay"><option value="">no other run</option>
+        ${runs.items.filter((r) => r.run_id !== runId).map((r) => `<option value="${esc(r.run_id)}" ${r.run_id === overlayId ? "selected" : ""}>${esc(r.run_name || r.run_id)} (${esc(r.run_id)})</option>`).join("")}</select></label>
+      <label title="exponential moving average, as TensorBoard's; the raw line stays faint behind">Smoothing
+        <input id="smoothing" type="range" min="0" max="0.99" step="0.01" value="${smoothing()}"><output id="smoothing-value">${smoothing().toFixed(2)}</output></label>
+      <button id="zoom-reset" title="every chart back to the whole run">Reset zoom</button>
       <span class="muted" id="live">${run.status === "running" ? "live" : ""}</span></div>
-    <div class="cards">${plotted.map((n, i) => `<div class="card"><div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")}</div>
-    ${layers.length ? `<h2>Per-layer gradient norms</h2><div class="card"><div class="chart wide" id="layer-heatmap"></div></div>` : ""}`;
-  document.getElementById("rank").addEventListener("change", (ev) => {
-    location.hash = `#/runs/${enc}${ev.target.value ? `?rank=${ev.target.value}` : ""}`;
+    <details id="picker"><summary>Metrics shown: <span id="picker-count"></span></summary>
+      <input id="metric-search" type="search" placeholder="filter metric names" autocomplete="off">
+      <button id="metric-show-matching">show only matching</button> <button id="metric-defaults">defaults</button>
+      <div id="metric-list">${names.map((n) => `<label class="metric-option" data-name="${esc(n)}"><input type="checkbox" value="${esc(n)}"> ${esc(n)}</label>`).join("")}</div>
+    </details>
+    <div class="cards" id="cards"></div>
+    ${layers.length ? `<h2>Per-layer gradient norms</h2><div class="card"><div class="chart wide" id="layer-heatmap"></div></div>` : ""}
+    <h2>Hyperparameters</h2><div id="hparam-panel" class="muted">loading…</div>`;
+  document.getElementById("rank").addEventListener("change", (ev) => { location.hash = withParams({ rank: ev.target.value }); });
+  document.getElementById("overlay").addEventListener("change", (ev) => { location.hash = withParams({ overlay: ev.target.value }); });
+  const syncPicker = () => {
+    const set = new Set(chosen());
+    document.querySelectorAll("#metric-list input").forEach((box) => { box.checked = set.has(box.value); });
+    document.getElementById("picker-count").textContent = `${set.size} of ${names.length}`;
+  };
+  const matching = () => {
+    const q = document.getElementById("metric-search").value.trim().toLowerCase();
+    return names.filter((n) => n.toLowerCase().includes(q));
+  };
+  document.getElementById("metric-search").addEventListener("input", () => {
+    const shown = new Set(matching());
+    document.querySelectorAll("#metric-list .metric-option").forEach((el) => { el.hidden = !shown.has(el.dataset.name); });
   });
-  const draw = async () => {
-    if (!plotted.length) return;
-    const q = `names=${encodeURIComponent(plotted.join(","))}&max_points=${MAX_POINTS}${rankFilter ? `&rank=${rankFilter}` : ""}`;
-    const data = await api(`/api/v1/runs/${enc}/metrics?${q}`);
-    while (charts.length) charts.pop().dispose();
-    plotted.forEach((name, i) => {
-      const byRank = data.series[name] || {};
+  const choose = (list) => { chosenMetrics.set(runId, list); syncPicker(); draw().catch(showError); };
+  document.getElementById("metric-list").addEventListener("change", (ev) => {
+    const n = ev.target.value;
+    choose(ev.target.checked ? chosen().concat([n]) : chosen().filter((x) => x !== n));
+  });
+  document.getElementById("metric-show-matching").addEventListener("click", () => choose(matching().slice(0, 24)));
+  document.getElementById("metric-defaults").addEventListener("click", () => choose(defaults));
+  syncPicker();
+  document.getElementById("smoothing").addEventListener("input", (ev) => {
+    localStorage.setItem(SMOOTH_KEY, ev.target.value);
+    document.getElementById("smoothing-value").textContent = Number(ev.target.value).toFixed(2);
+    render();
+  });
+  document.getElementById("zoom-reset").addEventListener("click", () => {
+    const first = charts.find((c) => c.group === ZOOM_GROUP);
+    if (first) first.dispatchAction({ type: "dataZoom", start: 0, end: 100 });
+  });
+  const showError = (err) => { document.getElementById("cards").innerHTML = `<p class="error">${esc(err.message)}</p>`; };
+  let data = null, otherData = null;
+  const fetchSeries = (e, list) => api(`/api/v1/runs/${e}/metrics?names=${encodeURIComponent(list.join(","))}&max_points=${MAX_POINTS}${rankFilter ? `&rank=${rankFilter}` : ""}`);
+  const render = () => {
+    for (let i = charts.length - 1; i >= 0; i--) if (charts[i].group === ZOOM_GROUP) charts.splice(i, 1)[0].dispose();
+    const list = chosen();
+    const cards = document.getElementById("cards");
+    cards.innerHTML = list.map((n, i) => `<div class="card"><div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")
+      || '<p class="muted">No metric chosen: pick some above.</p>';
+    if (!data) return;
+    list.forEach((name, i) => {
       const series = [];
-      for (const [rank, buckets] of Object.entries(byRank)) {
-        series.push({ name: `rank ${rank}`, data: buckets.map((b) => [b.step_end, num(b.max)]) });
-      }
-      chart(document.getElementById(`chart-${i}`), name, series, markers);
+      const add = (d, who, dashed) => {
+        for (const [rank, buckets] of Object.entries((d.series || {})[name] || {})) {
+          series.push({ name: other ? `${who} · rank ${rank}` : `rank ${rank}`, dashed,
+            data: buckets.map((b) => [b.step_end, num(b.max)]) });
+        }
+      };
+      add(data, label(run), false);
+      if (otherData) add(otherData, label(other), true);
+      chart(document.getElementById(`chart-${i}`), name, series, markers, { smoothing: smoothing(), group: ZOOM_GROUP });
     });
+    if (typeof echarts !== "undefined") echarts.connect(ZOOM_GROUP);
+  };
+  const draw = async () => {
+    const list = chosen();
+    [data, otherData] = list.length ? await Promise.all([fetchSeries(enc, list), other ? fetchSeries(oenc, list) : null])
+      : [{ series: {} }, null];
+    render();
+  };
+  const drawAll = async () => {
+    await draw();
     if (layers.length) await heatmap(enc, layers, rankFilter || String(ranks[0]));
   };
-  await draw();
+  await drawAll();
+  const [mine, theirs] = await Promise.all([hyperparameters(enc, run), other ? hyperparameters(oenc, other) : null]);
+  const panel = document.getElementById("hparam-panel");
+  panel.classList.remove("muted");
+  panel.innerHTML = hparamTable(mine, theirs, other ? label(other) : "");
+  view.dataset.charts = "drawn";
   if (run.status !== "running") return;
   // live: the server pushes the run and its incidents as they change; plots redraw at most every REFRESH_MS
   let lastDraw = Date.now(), pending = false;
   const redraw = () => {
     if (pending) return;
     pending = true;
-    setTimeout(() => { pending = false; lastDraw = Date.now(); draw().catch(() => {}); }, Math.max(0, REFRESH_MS - (Date.now() - lastDraw)));
+    setTimeout(() => { pending = false; lastDraw = Date.now(); drawAll().catch(() => {}); }, Math.max(0, REFRESH_MS - (Date.now() - lastDraw)));
   };
   stream(`/api/v1/runs/${enc}/stream`, (event, data) => {
     if (event === "run") {
@@ -235,7 +382,9 @@ async function heatmap(enc, layers, rank) {
   });
   const el = document.getElementById("layer-heatmap");
   if (typeof echarts === "undefined" || !el) return;
-  const c = echarts.init(el);
+  const old = echarts.getInstanceByDom(el);
+  if (old) { if (charts.includes(old)) charts.splice(charts.indexOf(old), 1); old.dispose(); }
+  const c = echarts.init(el, darkTheme() ? "dark" : null);
   charts.push(c);
   c.setOption({
     animation: false,
@@ -351,7 +500,10 @@ async function searchPage(params) {
 }
 
 // ---------------------------------------------------------------------------------------------- router
+let routeGeneration = 0;            // a route whose page was left while it loaded must not mark the view loaded
+
 async function route() {
+  const generation = ++routeGeneration;
   clearPage();
   document.getElementById("logout").hidden = !localStorage.getItem(TOKEN_KEY);
   const [path, query] = (location.hash.slice(1) || "/runs").split("?");
@@ -364,6 +516,7 @@ async function route() {
     else if (parts[0] === "clusters" && parts[1]) await clusterPage(parts[1]);
     else if (parts[0] === "clusters") await clustersPage();
     else await runsPage(params);
+    if (generation !== routeGeneration) return;
     view.dataset.loaded = location.hash || "#/runs";
     const login = document.getElementById("login");
     if (login.open) login.close();  // a token given meanwhile (another tab, a script) answered

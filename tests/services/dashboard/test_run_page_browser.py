@@ -1,0 +1,133 @@
+"""The run page as an engineer watches and debugs a run (issue 22), in headless Chromium against the package's
+real ``trainguard serve`` fed by two real SDK-instrumented trainings (conftest.py's ``fed``): TensorBoard-style
+smoothing over the raw line, the metric picker, one zoom for every chart, another run overlaid, the
+hyperparameters and their diff, dark mode, and the crash incident's traceback."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from tests.services.dashboard.test_dashboard_browser import loaded, shot
+from tests.services.e2e.serve_process import ServeProcess
+
+WAIT_S = 30
+SERIES_JS = """
+const el = document.querySelector(arguments[0]);
+const c = el && window.echarts && echarts.getInstanceByDom(el);
+if (!c) return null;
+return c.getOption().series.map(s => ({id: s.id, name: s.name, data: s.data,
+                                        dashed: (s.lineStyle || {}).type === 'dashed'}));
+"""
+ZOOM_JS = """
+return [...document.querySelectorAll('#cards .chart')].map(el => {
+  const z = echarts.getInstanceByDom(el).getOption().dataZoom[0]; return [z.start, z.end]; });
+"""
+CARDS_JS = "return [...document.querySelectorAll('#cards .chart')].map(el => el.dataset.metric);"
+Fed = Tuple[ServeProcess, str, str]
+
+
+def open_run(browser: Any, server: ServeProcess, run_id: str, query: str = "") -> None:
+    browser.get(server.http_url + "/ui/")
+    browser.execute_script(f"localStorage.setItem('trainguard.readToken', '{server.tokens['read']}')")
+    browser.get(server.http_url + "/ui/#/runs")
+    loaded(browser, "#/runs")
+    browser.get(server.http_url + f"/ui/#/runs/{run_id}{query}")
+    loaded(browser, f"#/runs/{run_id}")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "view").get_attribute("data-charts"))
+
+
+def series(browser: Any, metric: str) -> List[Dict[str, Any]]:
+    return WebDriverWait(browser, WAIT_S).until(lambda d: d.execute_script(SERIES_JS, f"[data-metric='{metric}']"))
+
+
+def loss_points(server: ServeProcess, run_id: str) -> List[List[float]]:
+    """The run's loss as the API serves it (rank 0, bucket maxima, finite points)."""
+    buckets = server.get(f"/api/v1/runs/{run_id}/metrics?names=loss&max_points=600")["series"]["loss"]["0"]
+    return [[b["step_end"], b["max"]] for b in buckets if isinstance(b["max"], float)]
+
+
+def test_smoothing_is_tensorboards_ema_over_the_raw_line_and_is_remembered(fed: Fed, browser: Any) -> None:
+    server, diverging, _ = fed
+    open_run(browser, server, diverging)
+    (raw,) = series(browser, "loss")
+    assert raw["id"] == "raw:rank 0"  # smoothing 0: the raw line alone
+    browser.execute_script("const s = document.getElementById('smoothing'); s.value = '0.6';"
+                           "s.dispatchEvent(new Event('input'));")
+    drawn = {s["id"]: s for s in series(browser, "loss")}
+    assert set(drawn) == {"raw:rank 0", "smooth:rank 0"}
+    points = [p for p in drawn["raw:rank 0"]["data"] if isinstance(p[1], (int, float))]
+    assert points == loss_points(server, diverging)[:len(points)] and len(points) >= 20
+    last, expected = 0.0, []
+    for n, (_, y) in enumerate(points[:40], 1):  # TensorBoard: debiased EMA, weight 0.6
+        last = last * 0.6 + 0.4 * y
+        expected.append(last / (1 - 0.6 ** n))
+    smoothed = [p[1] for p in drawn["smooth:rank 0"]["data"][:40]]
+    assert smoothed == [round_like(e, s) for e, s in zip(expected, smoothed)]
+    assert smoothed != [p[1] for p in points[:40]]
+    shot(browser, "run-smoothed")
+    browser.refresh()  # remembered in this browser
+    loaded(browser, f"#/runs/{diverging}")
+    assert browser.find_element(By.ID, "smoothing").get_attribute("value") == "0.6"
+    assert "smooth:rank 0" in {s["id"] for s in series(browser, "loss")}
+    browser.execute_script("localStorage.removeItem('trainguard.smoothing')")
+
+
+def round_like(expected: float, got: float) -> float:
+    """``got`` when it equals ``expected`` to 1e-9 relative (JS and Python float sums), else ``expected``."""
+    return got if abs(got - expected) <= 1e-9 * max(1.0, abs(expected)) else expected
+
+
+def test_metric_picker_and_one_zoom_for_every_chart(fed: Fed, browser: Any) -> None:
+    server, diverging, _ = fed
+    open_run(browser, server, diverging)
+    names = [s["name"] for s in server.get(f"/api/v1/runs/{diverging}/metrics/summary")]
+    browser.execute_script("document.getElementById('picker').open = true")
+    browser.execute_script("const s = document.getElementById('metric-search'); s.value = 'mem/';"
+                           "s.dispatchEvent(new Event('input'));")
+    visible = [el.get_attribute("data-name") for el in browser.find_elements(By.CSS_SELECTOR, "#metric-list .metric-option")
+               if el.is_displayed()]
+    assert visible == sorted(n for n in names if "mem/" in n) and visible
+    browser.execute_script("document.getElementById('metric-show-matching').click()")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.execute_script(CARDS_JS) == visible)
+    assert series(browser, visible[0])[0]["data"]  # drawn with its points
+    browser.execute_script("document.getElementById('metric-defaults').click()")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#cards [data-metric='loss']"))
+    tick = "document.querySelector(\"#metric-list input[value='loss']\").click()"
+    browser.execute_script(tick)  # unticked: its chart goes
+    WebDriverWait(browser, WAIT_S).until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#cards [data-metric='loss']"))
+    browser.execute_script(tick)
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#cards [data-metric='loss']"))
+
+    charts = browser.find_elements(By.CSS_SELECTOR, "#cards .chart")
+    assert len(charts) >= 3
+    assert browser.execute_script(ZOOM_JS) == [[0, 100]] * len(charts)
+    browser.execute_script("echarts.getInstanceByDom(document.querySelectorAll('#cards .chart')[1])"
+                           ".dispatchAction({type: 'dataZoom', start: 20, end: 60});")
+    assert browser.execute_script(ZOOM_JS) == [[20, 60]] * len(charts)  # one zoom moved every chart
+    browser.execute_script("document.getElementById('zoom-reset').click()")
+    assert browser.execute_script(ZOOM_JS) == [[0, 100]] * len(charts)
+
+
+def test_another_run_overlaid_dashed_with_its_hyperparameters_diffed(fed: Fed, browser: Any) -> None:
+    server, diverging, crashing = fed
+    open_run(browser, server, diverging)
+
+    Select(browser.find_element(By.ID, "overlay")).select_by_value(crashing)
+    loaded(browser, f"#/runs/{diverging}?overlay={crashing}")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "view").get_attribute("data-charts"))
+    drawn = {s["name"]: s for s in series(browser, "loss")}
+    assert set(drawn) == {"demo-diverging · rank 0", "demo-crashing · rank 0"}  # the legend says which run
+    other = drawn["demo-crashing · rank 0"]
+    assert other["dashed"] and not drawn["demo-diverging · rank 0"]["dashed"]
+    assert [p for p in other["data"] if isinstance(p[1], (int, float))] == loss_points(server, crashing)
+    rows = {r.get_attribute("data-key"): r for r in browser.find_elements(By.CSS_SELECTOR, "#hparams tbody tr")}
+    tags = server.get(f"/api/v1/runs/{diverging}")["tags"]
+    assert {f"tag {k}" for k in tags} <= set(rows) and "torch" in rows
+    kind = rows["tag kind"]
+    assert "differs" in kind.get_attribute("class") and kind.text.split()[2:] == ["diverging", "crashing"]
+    assert "differs" not in rows["torch"].get_attribute("class")  # the same torch: not flagged
+    assert browser.find_element(By.ID, "hparam-diff-count").text.startswith("2 of")  # kind and argv
+    shot(browser, "run-overlay")
