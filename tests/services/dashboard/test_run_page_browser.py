@@ -131,3 +131,61 @@ def test_another_run_overlaid_dashed_with_its_hyperparameters_diffed(fed: Fed, b
     assert "differs" not in rows["torch"].get_attribute("class")  # the same torch: not flagged
     assert browser.find_element(By.ID, "hparam-diff-count").text.startswith("2 of")  # kind and argv
     shot(browser, "run-overlay")
+
+
+DARK_CHART_JS = "return echarts.getInstanceByDom(document.querySelector('#cards .chart')).getOption().darkMode"
+
+
+def background(browser: Any) -> str:
+    return str(browser.execute_script("return getComputedStyle(document.body).backgroundColor"))
+
+
+def test_dark_mode_follows_the_system_and_the_toggle_is_remembered(fed: Fed, browser: Any) -> None:
+    server, diverging, _ = fed
+    try:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                                {"features": [{"name": "prefers-color-scheme", "value": "light"}]})
+        open_run(browser, server, diverging)
+        browser.execute_script("localStorage.removeItem('trainguard.theme'); location.reload()")
+        loaded(browser, f"#/runs/{diverging}")
+        light = background(browser)
+        assert browser.execute_script("return document.documentElement.dataset.theme") == "light"
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                                {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+        WebDriverWait(browser, WAIT_S).until(lambda d: background(d) != light)  # the system's setting, followed
+        dark = background(browser)
+        assert sum(int(c) for c in dark[dark.index("(") + 1:-1].split(",")[:3]) < 150  # dark indeed
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "view").get_attribute("data-charts"))
+        assert browser.execute_script(DARK_CHART_JS) is True  # the charts redrawn in echarts' dark theme
+        shot(browser, "run-dark")
+        browser.find_element(By.ID, "theme-toggle").click()  # the user's choice beats the system's
+        WebDriverWait(browser, WAIT_S).until(lambda d: background(d) == light)
+        browser.refresh()
+        loaded(browser, f"#/runs/{diverging}")
+        assert background(browser) == light and browser.find_element(By.ID, "theme-toggle").text == "Dark"
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "view").get_attribute("data-charts"))
+        assert browser.execute_script(DARK_CHART_JS) is not True
+    finally:
+        browser.execute_script("localStorage.removeItem('trainguard.theme')")
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
+def test_the_crash_incident_shows_its_traceback(fed: Fed, browser: Any) -> None:
+    server, _, crashing = fed
+    (incident,) = [i for i in server.get(f"/api/v1/runs/{crashing}/incidents")["items"]
+                   if (i["category"], i["subtype"]) == ("process", "exception")]
+    (event,) = server.get(f"/api/v1/runs/{crashing}/events?kinds=exception")["items"]
+    frames = event["payload"]["exception"]["frames"]
+    innermost_app = [f for f in frames if f.get("in_app")][-1]
+    open_run(browser, server, crashing)
+    browser.get(server.http_url + f"/ui/#/incidents/{incident['incident_id']}")
+    loaded(browser, "#/incidents/")
+    text = WebDriverWait(browser, WAIT_S).until(lambda d: d.execute_script(
+        "const t = document.getElementById('incident-traceback'); return t && t.textContent"))
+    assert "mat1 and mat2" in text and f"in {innermost_app['function']}" in text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#incident-frames tbody tr")
+    assert len(rows) == len(frames)
+    app_rows = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#incident-frames tr.in-app")]
+    assert len(app_rows) == sum(1 for f in frames if f.get("in_app"))
+    assert innermost_app["function"] in app_rows[-1] and f":{innermost_app['lineno']}" in app_rows[-1]
+    shot(browser, "incident-traceback")

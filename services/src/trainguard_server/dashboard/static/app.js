@@ -59,6 +59,25 @@ document.getElementById("search-form").addEventListener("submit", (ev) => {
   location.hash = `#/search?q=${encodeURIComponent(document.getElementById("search-box").value)}`;
 });
 
+// ---------------------------------------------------------------------------------------------- theme
+// dark or light: the header's toggle (kept in localStorage), else the system's prefers-color-scheme
+const THEME_KEY = "trainguard.theme";
+const systemDark = window.matchMedia("(prefers-color-scheme: dark)");
+
+function applyTheme() {
+  const theme = localStorage.getItem(THEME_KEY) || (systemDark.matches ? "dark" : "light");
+  document.documentElement.dataset.theme = theme;
+  document.getElementById("theme-toggle").textContent = theme === "dark" ? "Light" : "Dark";
+}
+
+applyTheme();
+document.getElementById("theme-toggle").addEventListener("click", () => {
+  localStorage.setItem(THEME_KEY, document.documentElement.dataset.theme === "dark" ? "light" : "dark");
+  applyTheme();
+  route();  // the charts are drawn again in the theme's colours
+});
+systemDark.addEventListener("change", () => { if (!localStorage.getItem(THEME_KEY)) { applyTheme(); route(); } });
+
 // ---------------------------------------------------------------------------------------------- helpers
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const when = (ns) => (ns ? new Date(ns / 1e6).toLocaleString() : "—");
@@ -434,6 +453,7 @@ async function incidentPage(incidentId) {
     <div>${pill(inc.severity)} ${pill(inc.status)} <span class="muted">${esc(inc.category)}/${esc(inc.subtype)} ·
       run <a href="#/runs/${encodeURIComponent(inc.run_id)}">${esc(inc.run_id)}</a></span></div>
     <h2>Summary</h2><p id="incident-summary">${esc(inc.summary)}</p>
+    <div id="incident-exception"></div>
     <div class="kv"><span class="muted">began</span><span>step ${inc.first_step}, ${when(inc.first_ns)}</span>
       <span class="muted">lead rank</span><span>${inc.lead_rank} (ranks ${inc.ranks.join(", ")})</span>
       <span class="muted">consequences</span><span>${(inc.consequences || []).map(esc).join("; ") || "—"}</span>
@@ -444,6 +464,7 @@ async function incidentPage(incidentId) {
     <h2>What to check first</h2><ol id="checks">${inc.checks.map((c) => `<li>${esc(c)}</li>`).join("")}</ol>
     <h2>Evidence</h2><ul class="plain" id="evidence">${evidenceRows}</ul>
     <h2>Timeline</h2><ul class="plain">${inc.timeline.map((t) => `<li><span class="muted">${when(t.time_ns)} · step ${t.step} · rank ${t.rank}</span> ${esc(t.what)}</li>`).join("")}</ul>`;
+  await exceptionPanel(inc);
   await workflowPanel(inc);
   // the evidence window: the run's loss and gradient norm around the onset
   const lo = Math.max(0, inc.first_step - 100), hi = Math.max(inc.last_step, inc.first_step) + 20;
@@ -453,6 +474,23 @@ async function incidentPage(incidentId) {
     for (const [rank, buckets] of Object.entries(byRank)) series.push({ name: `${name} (rank ${rank})`, data: buckets.map((b) => [b.step_end, num(b.max)]) });
   }
   chart(document.getElementById("evidence-chart"), "evidence window", series, inc.first_step >= 0 ? [{ step: inc.first_step, label: "onset", color: "#b42318" }] : []);
+}
+
+// a crash: the exception event the incident rests on (its evidence names it; else the run's first one), with
+// its frames (yours marked) and the traceback's text, as the SDK captured them
+async function exceptionPanel(inc) {
+  const ids = new Set(inc.evidence.map((e) => e.event_id).filter(Boolean));
+  if (!ids.size && !inc.fingerprint) return;
+  const page = await api(`/api/v1/runs/${encodeURIComponent(inc.run_id)}/events?kinds=exception&limit=200`);
+  const event = page.items.find((e) => ids.has(e.event_id)) || (inc.fingerprint ? page.items[0] : null);
+  if (!event) return;
+  const exc = (event.payload || {}).exception || {};
+  const frames = (exc.frames || []).map((f) => `<tr class="${f.in_app ? "in-app" : ""}"><td>${f.in_app ? "<mark>app</mark>" : "lib"}</td>
+      <td>${esc(f.function)}</td><td>${esc(f.filename)}:${f.lineno}</td><td><code>${esc(f.context_line || "")}</code></td></tr>`).join("");
+  document.getElementById("incident-exception").innerHTML = `<h2>Traceback</h2>
+    <p class="muted">rank ${event.rank} · step ${event.step} · ${esc(event.host)} · ${when(event.time_ns)}. Frames marked <mark>app</mark> are your code; the innermost is last.</p>
+    ${frames ? `<table id="incident-frames"><thead><tr><th></th><th>Function</th><th>Where</th><th>Line</th></tr></thead><tbody>${frames}</tbody></table>` : ""}
+    <pre id="incident-traceback">${esc(event.text)}</pre>`;
 }
 
 const NAME_KEY = "trainguard.name";
