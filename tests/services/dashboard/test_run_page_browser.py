@@ -189,3 +189,17 @@ def test_the_crash_incident_shows_its_traceback(fed: Fed, browser: Any) -> None:
     assert len(app_rows) == sum(1 for f in frames if f.get("in_app"))
     assert innermost_app["function"] in app_rows[-1] and f":{innermost_app['lineno']}" in app_rows[-1]
     shot(browser, "incident-traceback")
+
+
+def test_each_chart_switches_between_log_and_linear(fed: Fed, browser: Any) -> None:
+    server, diverging, _ = fed
+    open_run(browser, server, diverging)
+    axis = "return echarts.getInstanceByDom(document.querySelector(\"#cards .chart[data-metric='loss']\")).getOption().yAxis[0].type"
+    assert browser.execute_script(axis) == "log"  # the explosion spans > 1e3: log by default
+    other = "return echarts.getInstanceByDom(document.querySelector(\"#cards .chart[data-metric='opt/lr']\")).getOption().yAxis[0].type"
+    before = browser.execute_script(other)
+    browser.execute_script("document.querySelector(\"#cards .scale-toggle[data-scale-for='loss']\").click()")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.execute_script(axis) == "value")
+    assert browser.execute_script(other) == before  # that chart only
+    browser.execute_script("document.querySelector(\"#cards .scale-toggle[data-scale-for='loss']\").click()")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.execute_script(axis) == "log")

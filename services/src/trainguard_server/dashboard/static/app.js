@@ -106,6 +106,17 @@ function ema(points, weight) {
   });
 }
 
+// an axis label: plain when short, k/M/G/T up to 1e15 (320.9M), else in exponent form (1e+20, 3.2e-7)
+function tick(v) {
+  const a = Math.abs(v);
+  if (v === 0 || (a >= 1e-3 && a < 1e5)) return String(+v.toPrecision(6));
+  if (a >= 1e5 && a < 1e15) {
+    const [div, unit] = a >= 1e12 ? [1e12, "T"] : a >= 1e9 ? [1e9, "G"] : a >= 1e6 ? [1e6, "M"] : [1e3, "k"];
+    return `${+(v / div).toPrecision(4)}${unit}`;
+  }
+  return v.toExponential(2).replace(/\.?0+e/, "e");
+}
+
 // series: [{name, data: [[step, y]...], dashed?, color?}]; opts.smoothing (0..0.99): each series drawn
 // smoothed over its raw line shown faint (ids "smooth:<name>" and "raw:<name>"); opts.group connects zooms
 function chart(el, title, series, markers, opts = {}) {
@@ -137,7 +148,7 @@ function chart(el, title, series, markers, opts = {}) {
     legend: { top: 20, left: 60, type: "scroll", width: "80%", textStyle: { fontSize: 11 } },
     grid: { left: 60, right: 30, top: 52, bottom: 30 },
     xAxis: { type: "value", name: "step", min: "dataMin", max: "dataMax", minInterval: 1 },
-    yAxis: logScale ? { type: "log", name: "log" } : { type: "value", scale: true },
+    yAxis: logScale ? { type: "log", name: "log", axisLabel: { formatter: tick } } : { type: "value", scale: true, axisLabel: { formatter: tick } },
     dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
     series: drawn,
   });
@@ -201,6 +212,7 @@ async function runsPage(params) {
 
 const SMOOTH_KEY = "trainguard.smoothing";
 const chosenMetrics = new Map();   // run id -> the metric names the picker shows (this tab's session)
+const chartScales = new Map();     // metric name -> "log" | "linear" chosen on its chart (else: log when it spans 1e3)
 
 // the run's configuration as key -> text: its tags, and what its START event recorded (config, versions, argv)
 async function hyperparameters(enc, run) {
@@ -330,7 +342,9 @@ async function runPage(runId, params) {
     for (let i = charts.length - 1; i >= 0; i--) if (charts[i].group === ZOOM_GROUP) charts.splice(i, 1)[0].dispose();
     const list = chosen();
     const cards = document.getElementById("cards");
-    cards.innerHTML = list.map((n, i) => `<div class="card"><div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")
+    cards.innerHTML = list.map((n, i) => `<div class="card"><button class="scale-toggle" data-scale-for="${esc(n)}"
+        title="log or linear y axis">${esc(chartScales.get(n) === "log" ? "linear" : chartScales.get(n) === "linear" ? "log" : "log/linear")}</button>
+        <div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")
       || '<p class="muted">No metric chosen: pick some above.</p>';
     if (!data) return;
     list.forEach((name, i) => {
@@ -343,7 +357,14 @@ async function runPage(runId, params) {
       };
       add(data, label(run), false);
       if (otherData) add(otherData, label(other), true);
-      chart(document.getElementById(`chart-${i}`), name, series, markers, { smoothing: smoothing(), group: ZOOM_GROUP });
+      const c = chart(document.getElementById(`chart-${i}`), name, series, markers,
+        { smoothing: smoothing(), group: ZOOM_GROUP, scale: chartScales.get(name) });
+      const button = document.querySelector(`#cards .card:nth-child(${i + 1}) .scale-toggle`);
+      const isLog = c && c.getOption().yAxis[0].type === "log";
+      const positive = series.some((x) => x.data.length) && series.every((x) => x.data.every((p) => !Number.isFinite(p[1]) || p[1] > 0));
+      if (button) { button.textContent = isLog ? "linear" : "log"; button.disabled = !isLog && !positive; }
+      if (button && button.disabled) button.title = "a log axis needs every value > 0";
+      if (button) button.onclick = () => { chartScales.set(name, isLog ? "linear" : "log"); render(); };
     });
     if (typeof echarts !== "undefined") echarts.connect(ZOOM_GROUP);
   };
