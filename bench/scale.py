@@ -14,8 +14,11 @@ its partitions' pipelines and commits their offsets -- as soon as a round finds 
 watches the group's lag (end offsets of its own acknowledged publishes minus the group's committed
 offsets) until it is 0. Reported per N: total events/s = all events / (last commit - first consume over
 all workers), each worker's events/s over its own first-record-to-last-commit span, the ratio to N=1,
-CPU seconds of the workers and of the broker during the drain, and how often a worker's partitions
-changed (rebalances after the first assignment).
+CPU seconds of the workers and of the broker during the drain, events per worker CPU second (what one
+core gives when it is free: the figure a loaded machine disturbs least), and how often a worker's
+partitions changed (rebalances after the first assignment). Runs are not spread evenly by their keys
+over 12 partitions: ``balance_bound`` = all events / the busiest processor's events is the most the
+ratio can be with that split, however many cores.
 
 **Checkpoint of a 4,096-rank run.** One processor over Kafka, one 4,096-rank run (bench/processor.py's
 ``sdk4096`` shape, kept live: no EXIT), no periodic snapshot; after step 2 (the ``sdk4096`` shape) and
@@ -206,9 +209,13 @@ def drain_group(bootstrap: str, broker_pid: int, n: int, runs: Sequence[Tuple[st
     return {"processors": n, "events": events, "events_processed": processed, "records": records,
             "records_processed": sum(r["records"] for r in results), "wall_s": wall,
             "events_per_s": processed / wall,
+            "events_per_worker_cpu_s": processed / max(1e-9, sum(r["cpu_s"] for r in results)),
             "per_processor_events_per_s": [
                 r["events"] / (r["last_commit"] - r["first"]) if r["events"] else 0.0 for r in results],
             "partitions": [len(r["partitions"]) for r in results],
+            "events_per_processor": [r["events"] for r in results],
+            # what the partitions' share of the runs allows: the busiest processor's events bound the wall
+            "balance_bound": processed / max(1, max(r["events"] for r in results)),
             "worker_cpu_s": [r["cpu_s"] for r in results], "broker_cpu_s": broker_cpu,
             "rebalances": sum(r["rebalances"] for r in results),
             "start_skew_s": max(r["first"] for r in working) - min(r["first"] for r in working),
@@ -340,9 +347,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"wall_s={g['wall_s']:.2f} events_per_s={g['events_per_s']:.0f} "
                   f"per_processor_events_per_s={per} "
                   f"ratio_to_1={g['ratio_to_1']:.2f} partitions={','.join(map(str, g['partitions']))} "
+                  f"events_per_processor={','.join(map(str, g['events_per_processor']))} "
+                  f"balance_bound={g['balance_bound']:.2f} "
                   f"rebalances={g['rebalances']} start_skew_s={g['start_skew_s']:.2f} "
                   f"end_skew_s={g['end_skew_s']:.2f} "
                   f"worker_cpu_s={','.join(f'{c:.1f}' for c in g['worker_cpu_s'])} "
+                  f"events_per_worker_cpu_s={g['events_per_worker_cpu_s']:.0f} "
                   f"broker_cpu_s={g['broker_cpu_s']:.1f} cpus={cpus} loadavg={g['loadavg']}", flush=True)
         print(f"note: {cpus} cores here: N processors cannot exceed ~{cpus}x one processor (and the broker "
               f"shares those cores), so N=3 cannot exceed ~{min(3, cpus)}x; on a loaded machine less.",
