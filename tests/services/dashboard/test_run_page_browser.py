@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Tuple
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from tests.services.dashboard.conftest import HEALTHY
 from tests.services.dashboard.test_dashboard_browser import loaded, shot
 from tests.services.e2e.serve_process import ServeProcess
 
@@ -131,6 +132,18 @@ def test_another_run_overlaid_dashed_with_its_hyperparameters_diffed(fed: Fed, b
     assert "differs" not in rows["torch"].get_attribute("class")  # the same torch: not flagged
     assert browser.find_element(By.ID, "hparam-diff-count").text.startswith("2 of")  # kind and argv
     shot(browser, "run-overlay")
+
+    Select(browser.find_element(By.ID, "overlay")).select_by_value(HEALTHY)  # a third run
+    loaded(browser, f"#/runs/{diverging}?overlay={crashing}%2C{HEALTHY}")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "view").get_attribute("data-charts"))
+    assert {s["name"] for s in series(browser, "loss")} == {
+        "demo-diverging · rank 0", "demo-crashing · rank 0", "demo-healthy · rank 0"}
+    kind = browser.find_element(By.CSS_SELECTOR, "#hparams tr[data-key='tag kind']")
+    assert kind.text.split()[2:] == ["diverging", "crashing", "healthy"]
+    browser.execute_script(f"document.querySelector(\".remove-overlay[data-run='{crashing}']\").click()")
+    loaded(browser, f"#/runs/{diverging}?overlay={HEALTHY}")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "view").get_attribute("data-charts"))
+    assert {s["name"] for s in series(browser, "loss")} == {"demo-diverging · rank 0", "demo-healthy · rank 0"}
 
 
 DARK_CHART_JS = "return echarts.getInstanceByDom(document.querySelector('#cards .chart')).getOption().darkMode"

@@ -211,6 +211,7 @@ async function runsPage(params) {
 }
 
 const SMOOTH_KEY = "trainguard.smoothing";
+const MAX_OVERLAID = 9;            // other runs drawn on a run's charts (10 runs in all)
 const chosenMetrics = new Map();   // run id -> the metric names the picker shows (this tab's session)
 const chartScales = new Map();     // metric name -> "log" | "linear" chosen on its chart (else: log when it spans 1e3)
 
@@ -234,30 +235,27 @@ async function hyperparameters(enc, run) {
   return out;
 }
 
-function hparamTable(mine, other, otherLabel) {
-  const keys = [...new Set([...Object.keys(mine), ...Object.keys(other || {})])].sort();
+// others: [{label, values}] (the overlaid runs); a row differs when any run's value is not this run's
+function hparamTable(mine, others) {
+  const keys = [...new Set([mine, ...others.map((o) => o.values)].flatMap((v) => Object.keys(v)))].sort();
   if (!keys.length) return '<p class="muted">The run recorded no tags or config (init(tags=..., config=...)).</p>';
-  const rows = keys.map((k) => {
-    const a = mine[k] ?? "", b = other ? (other[k] ?? "") : null;
-    const differs = other && a !== b;
-    return `<tr class="${differs ? "differs" : ""}" data-key="${esc(k)}"><td>${esc(k)}</td><td>${esc(a) || '<span class="muted">—</span>'}</td>
-      ${other ? `<td>${esc(b) || '<span class="muted">—</span>'}</td>` : ""}</tr>`;
-  }).join("");
-  const differing = other ? keys.filter((k) => (mine[k] ?? "") !== (other[k] ?? "")).length : 0;
-  return `${other ? `<p class="muted" id="hparam-diff-count">${differing} of ${keys.length} differ from ${esc(otherLabel)}</p>` : ""}
-    <table id="hparams"><thead><tr><th>Key</th><th>This run</th>${other ? `<th>${esc(otherLabel)}</th>` : ""}</tr></thead><tbody>${rows}</tbody></table>`;
+  const cell = (v) => `<td>${esc(v) || '<span class="muted">—</span>'}</td>`;
+  const differs = (k) => others.some((o) => (o.values[k] ?? "") !== (mine[k] ?? ""));
+  const rows = keys.map((k) => `<tr class="${differs(k) ? "differs" : ""}" data-key="${esc(k)}"><td>${esc(k)}</td>${cell(mine[k] ?? "")}
+      ${others.map((o) => cell(o.values[k] ?? "")).join("")}</tr>`).join("");
+  return `${others.length ? `<p class="muted" id="hparam-diff-count">${keys.filter(differs).length} of ${keys.length} differ between the runs (highlighted)</p>` : ""}
+    <table id="hparams"><thead><tr><th>Key</th><th>This run</th>${others.map((o) => `<th>${esc(o.label)}</th>`).join("")}</tr></thead><tbody>${rows}</tbody></table>`;
 }
 
 async function runPage(runId, params) {
   const enc = encodeURIComponent(runId);
-  const overlayId = params.get("overlay") || "";
-  const oenc = encodeURIComponent(overlayId);
+  const overlayIds = [...new Set((params.get("overlay") || "").split(",").filter((x) => x && x !== runId))].slice(0, MAX_OVERLAID);
   const [run, incidents, summary, runs] = await Promise.all([
     api(`/api/v1/runs/${enc}`), api(`/api/v1/runs/${enc}/incidents?limit=200`), api(`/api/v1/runs/${enc}/metrics/summary`),
     api("/api/v1/runs?limit=200"),
   ]);
-  const other = overlayId ? await api(`/api/v1/runs/${oenc}`) : null;
-  const otherSummary = other ? await api(`/api/v1/runs/${oenc}/metrics/summary`) : [];
+  const others = await Promise.all(overlayIds.map((id) => api(`/api/v1/runs/${encodeURIComponent(id)}`)));
+  const otherSummary = (await Promise.all(others.map((o) => api(`/api/v1/runs/${encodeURIComponent(o.run_id)}/metrics/summary`)))).flat();
   const rankFilter = params.get("rank");
   const names = [...new Set(summary.map((s) => s.name).concat(otherSummary.map((s) => s.name)))].sort();
   const defaults = PLOTTED.filter((n) => names.includes(n))
@@ -274,7 +272,8 @@ async function runPage(runId, params) {
   const facts = (r) => `${esc(r.run_id)} · ${r.world_size} rank(s) · last step <span id="last-step">${r.last_step}</span> · last event ${when(r.last_event_ns)}`;
   const ranks = run.ranks.length ? run.ranks : [0];
   const layers = names.filter((n) => n.startsWith("grad/layer/") && summary.some((s) => s.name === n)).sort().slice(0, HEATMAP_LAYERS);
-  const label = (r) => r.run_name && !(other && other.run_name === run.run_name) ? r.run_name : r.run_id;
+  const shown = [run, ...others];
+  const label = (r) => r.run_name && shown.filter((x) => x.run_name === r.run_name).length === 1 ? r.run_name : r.run_id;
   const smoothing = () => Math.min(0.99, Math.max(0, Number(localStorage.getItem(SMOOTH_KEY) || 0)));
   const withParams = (changes) => {
     const q = new URLSearchParams(params);
@@ -289,8 +288,9 @@ async function runPage(runId, params) {
     <h2>Metrics</h2>
     <div class="filters toolbar"><label>Rank <select id="rank"><option value="">every rank (overlay)</option>
       ${ranks.map((r) => `<option value="${r}" ${String(r) === rankFilter ? "selected" : ""}>rank ${r}</option>`).join("")}</select></label>
-      <label>Compare with <select id="overlay"><option value="">no other run</option>
-        ${runs.items.filter((r) => r.run_id !== runId).map((r) => `<option value="${esc(r.run_id)}" ${r.run_id === overlayId ? "selected" : ""}>${esc(r.run_name || r.run_id)} (${esc(r.run_id)})</option>`).join("")}</select></label>
+      <label>Compare with <select id="overlay"><option value="">${others.length ? "add another run…" : "no other run"}</option>
+        ${runs.items.filter((r) => r.run_id !== runId && !overlayIds.includes(r.run_id)).map((r) => `<option value="${esc(r.run_id)}">${esc(r.run_name || r.run_id)} (${esc(r.run_id)})</option>`).join("")}</select></label>
+      <span id="overlaid">${others.map((o) => `<span class="chip">${esc(label(o))} <button class="remove-overlay" data-run="${esc(o.run_id)}" title="stop comparing">×</button></span>`).join(" ")}</span>
       <label title="exponential moving average, as TensorBoard's; the raw line stays faint behind">Smoothing
         <input id="smoothing" type="range" min="0" max="0.99" step="0.01" value="${smoothing()}"><output id="smoothing-value">${smoothing().toFixed(2)}</output></label>
       <button id="zoom-reset" title="every chart back to the whole run">Reset zoom</button>
@@ -304,7 +304,13 @@ async function runPage(runId, params) {
     ${layers.length ? `<h2>Per-layer gradient norms</h2><div class="card"><div class="chart wide" id="layer-heatmap"></div></div>` : ""}
     <h2>Hyperparameters</h2><div id="hparam-panel" class="muted">loading…</div>`;
   document.getElementById("rank").addEventListener("change", (ev) => { location.hash = withParams({ rank: ev.target.value }); });
-  document.getElementById("overlay").addEventListener("change", (ev) => { location.hash = withParams({ overlay: ev.target.value }); });
+  document.getElementById("overlay").addEventListener("change", (ev) => {
+    if (overlayIds.length >= MAX_OVERLAID) { ev.target.value = ""; return; }
+    location.hash = withParams({ overlay: overlayIds.concat([ev.target.value]).join(",") });
+  });
+  document.querySelectorAll(".remove-overlay").forEach((b) => b.addEventListener("click", () => {
+    location.hash = withParams({ overlay: overlayIds.filter((x) => x !== b.dataset.run).join(",") });
+  }));
   const syncPicker = () => {
     const set = new Set(chosen());
     document.querySelectorAll("#metric-list input").forEach((box) => { box.checked = set.has(box.value); });
@@ -336,7 +342,7 @@ async function runPage(runId, params) {
     if (first) first.dispatchAction({ type: "dataZoom", start: 0, end: 100 });
   });
   const showError = (err) => { document.getElementById("cards").innerHTML = `<p class="error">${esc(err.message)}</p>`; };
-  let data = null, otherData = null;
+  let data = null, otherData = [];
   const fetchSeries = (e, list) => api(`/api/v1/runs/${e}/metrics?names=${encodeURIComponent(list.join(","))}&max_points=${MAX_POINTS}${rankFilter ? `&rank=${rankFilter}` : ""}`);
   const render = () => {
     for (let i = charts.length - 1; i >= 0; i--) if (charts[i].group === ZOOM_GROUP) charts.splice(i, 1)[0].dispose();
@@ -351,12 +357,12 @@ async function runPage(runId, params) {
       const series = [];
       const add = (d, who, dashed) => {
         for (const [rank, buckets] of Object.entries((d.series || {})[name] || {})) {
-          series.push({ name: other ? `${who} · rank ${rank}` : `rank ${rank}`, dashed,
+          series.push({ name: others.length ? `${who} · rank ${rank}` : `rank ${rank}`, dashed,
             data: buckets.map((b) => [b.step_end, num(b.max)]) });
         }
       };
       add(data, label(run), false);
-      if (otherData) add(otherData, label(other), true);
+      others.forEach((o, j) => add(otherData[j], label(o), true));
       const c = chart(document.getElementById(`chart-${i}`), name, series, markers,
         { smoothing: smoothing(), group: ZOOM_GROUP, scale: chartScales.get(name) });
       const button = document.querySelector(`#cards .card:nth-child(${i + 1}) .scale-toggle`);
@@ -370,8 +376,9 @@ async function runPage(runId, params) {
   };
   const draw = async () => {
     const list = chosen();
-    [data, otherData] = list.length ? await Promise.all([fetchSeries(enc, list), other ? fetchSeries(oenc, list) : null])
-      : [{ series: {} }, null];
+    [data, ...otherData] = list.length
+      ? await Promise.all([fetchSeries(enc, list), ...others.map((o) => fetchSeries(encodeURIComponent(o.run_id), list))])
+      : [{ series: {} }, ...others.map(() => ({ series: {} }))];
     render();
   };
   const drawAll = async () => {
@@ -379,10 +386,10 @@ async function runPage(runId, params) {
     if (layers.length) await heatmap(enc, layers, rankFilter || String(ranks[0]));
   };
   await drawAll();
-  const [mine, theirs] = await Promise.all([hyperparameters(enc, run), other ? hyperparameters(oenc, other) : null]);
+  const [mine, ...theirs] = await Promise.all([run, ...others].map((r) => hyperparameters(encodeURIComponent(r.run_id), r)));
   const panel = document.getElementById("hparam-panel");
   panel.classList.remove("muted");
-  panel.innerHTML = hparamTable(mine, theirs, other ? label(other) : "");
+  panel.innerHTML = hparamTable(mine, others.map((o, j) => ({ label: label(o), values: theirs[j] })));
   view.dataset.charts = "drawn";
   if (run.status !== "running") return;
   // live: the server pushes the run and its incidents as they change; plots redraw at most every REFRESH_MS
