@@ -216,3 +216,18 @@ def test_each_chart_switches_between_log_and_linear(fed: Fed, browser: Any) -> N
     assert browser.execute_script(other) == before  # that chart only
     browser.execute_script("document.querySelector(\"#cards .scale-toggle[data-scale-for='loss']\").click()")
     WebDriverWait(browser, WAIT_S).until(lambda d: d.execute_script(axis) == "log")
+
+
+def test_a_downsampled_series_is_its_mean_in_a_min_max_band(fed: Fed, browser: Any) -> None:
+    server, diverging, _ = fed
+    open_run(browser, server, diverging, "?points=8")  # 56 steps in 8 buckets
+    buckets = server.get(f"/api/v1/runs/{diverging}/metrics?names=grad/global_norm&max_points=8"
+                         )["series"]["grad/global_norm"]["0"]
+    assert any(b["count"] > 1 for b in buckets)
+    drawn = {s["id"]: s["data"] for s in series(browser, "grad/global_norm")}
+    assert set(drawn) == {"raw:rank 0", "band-low:rank 0", "band-high:rank 0"}
+    assert drawn["raw:rank 0"] == [[b["step_end"], b["mean"]] for b in buckets]
+    assert drawn["band-low:rank 0"] == [[b["step_end"], b["min"]] for b in buckets]
+    highs = [p[1] for p in drawn["band-high:rank 0"]]  # stacked on the low: max - min
+    assert all(abs(h - (b["max"] - b["min"])) <= 1e-9 * max(1.0, b["max"]) for h, b in zip(highs, buckets))
+    assert any(h > 0 for h in highs)

@@ -112,7 +112,7 @@ function tick(v) {
   if (v === 0 || (a >= 1e-3 && a < 1e5)) return String(+v.toPrecision(6));
   if (a >= 1e5 && a < 1e15) {
     const [div, unit] = a >= 1e12 ? [1e12, "T"] : a >= 1e9 ? [1e9, "G"] : a >= 1e6 ? [1e6, "M"] : [1e3, "k"];
-    return `${+(v / div).toPrecision(4)}${unit}`;
+    return `${+(v / div).toPrecision(5)}${unit}`;
   }
   return v.toExponential(2).replace(/\.?0+e/, "e");
 }
@@ -138,6 +138,14 @@ function chart(el, title, series, markers, opts = {}) {
       itemStyle: { color }, lineStyle: { ...line, opacity: 0.25 }, z: 1, tooltip: { show: false } });
     drawn.push({ id: `${w > 0 ? "smooth" : "raw"}:${s.name}`, name: s.name, type: "line", showSymbol: false,
       sampling: "lttb", data: w > 0 ? ema(s.data, w) : s.data, itemStyle: { color }, lineStyle: line, z: 2 });
+    if (s.band) {  // downsampled: each bucket's min..max as a faint band around its mean
+      const stack = `band:${s.name}`, finite = (v) => (Number.isFinite(v) ? v : null);
+      drawn.push({ id: `band-low:${s.name}`, name: s.name, type: "line", stack, showSymbol: false, silent: true, z: 0,
+        data: s.band.map(([x, lo]) => [x, finite(lo)]), lineStyle: { opacity: 0 }, itemStyle: { color }, tooltip: { show: false } });
+      drawn.push({ id: `band-high:${s.name}`, name: s.name, type: "line", stack, showSymbol: false, silent: true, z: 0,
+        data: s.band.map(([x, lo, hi]) => [x, Number.isFinite(lo) && Number.isFinite(hi) ? hi - lo : null]),
+        lineStyle: { opacity: 0 }, itemStyle: { color }, areaStyle: { color, opacity: 0.15 }, tooltip: { show: false } });
+    }
   });
   if (drawn.length && marks.length) drawn[drawn.length - 1].markLine = { symbol: "none", data: marks };
   c.setOption({
@@ -343,7 +351,8 @@ async function runPage(runId, params) {
   });
   const showError = (err) => { document.getElementById("cards").innerHTML = `<p class="error">${esc(err.message)}</p>`; };
   let data = null, otherData = [];
-  const fetchSeries = (e, list) => api(`/api/v1/runs/${e}/metrics?names=${encodeURIComponent(list.join(","))}&max_points=${MAX_POINTS}${rankFilter ? `&rank=${rankFilter}` : ""}`);
+  const points = Math.min(MAX_POINTS, Math.max(2, Number(params.get("points")) || MAX_POINTS));  // ?points=: coarser
+  const fetchSeries = (e, list) => api(`/api/v1/runs/${e}/metrics?names=${encodeURIComponent(list.join(","))}&max_points=${points}${rankFilter ? `&rank=${rankFilter}` : ""}`);
   const render = () => {
     for (let i = charts.length - 1; i >= 0; i--) if (charts[i].group === ZOOM_GROUP) charts.splice(i, 1)[0].dispose();
     const list = chosen();
@@ -357,8 +366,11 @@ async function runPage(runId, params) {
       const series = [];
       const add = (d, who, dashed) => {
         for (const [rank, buckets] of Object.entries((d.series || {})[name] || {})) {
+          // one point a step: its value; a bucket of several steps: their mean, in a min..max band
+          const downsampled = buckets.some((b) => b.count > 1);
           series.push({ name: others.length ? `${who} · rank ${rank}` : `rank ${rank}`, dashed,
-            data: buckets.map((b) => [b.step_end, num(b.max)]) });
+            data: buckets.map((b) => [b.step_end, num(downsampled ? b.mean : b.max)]),
+            band: downsampled ? buckets.map((b) => [b.step_end, num(b.min), num(b.max)]) : null });
         }
       };
       add(data, label(run), false);
