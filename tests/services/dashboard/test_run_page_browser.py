@@ -231,3 +231,24 @@ def test_a_downsampled_series_is_its_mean_in_a_min_max_band(fed: Fed, browser: A
     highs = [p[1] for p in drawn["band-high:rank 0"]]  # stacked on the low: max - min
     assert all(abs(h - (b["max"] - b["min"])) <= 1e-9 * max(1.0, b["max"]) for h, b in zip(highs, buckets))
     assert any(h > 0 for h in highs)
+
+
+WIDER_JS = """return [...document.querySelectorAll('#view *')].filter(e => e.getBoundingClientRect().right > innerWidth + 1)
+  .map(e => e.tagName + '#' + e.id).slice(0, 5);"""
+
+
+def test_the_run_and_crash_pages_fit_a_760_px_window(fed: Fed, browser: Any) -> None:
+    server, diverging, crashing = fed
+    (incident,) = [i for i in server.get(f"/api/v1/runs/{crashing}/incidents")["items"]
+                   if (i["category"], i["subtype"]) == ("process", "exception")]
+    browser.set_window_size(760, 1000)
+    try:
+        open_run(browser, server, diverging, f"?overlay={crashing}")  # long argv in the hyperparameters
+        assert browser.execute_script("return innerWidth") <= 760
+        assert browser.execute_script(WIDER_JS) == []
+        browser.get(server.http_url + f"/ui/#/incidents/{incident['incident_id']}")  # long frame paths
+        loaded(browser, "#/incidents/")
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.ID, "incident-traceback"))
+        assert browser.execute_script(WIDER_JS) == []
+    finally:
+        browser.set_window_size(1400, 1000)

@@ -153,7 +153,7 @@ function chart(el, title, series, markers, opts = {}) {
     backgroundColor: "transparent",
     title: { text: title, textStyle: { fontSize: 13 } },
     tooltip: { trigger: "axis" },
-    legend: { top: 20, left: 60, type: "scroll", width: "80%", textStyle: { fontSize: 11 } },
+    legend: { top: 20, left: "center", type: "scroll", width: "75%", textStyle: { fontSize: 11 } },
     grid: { left: 60, right: 30, top: 52, bottom: 30 },
     xAxis: { type: "value", name: "step", min: "dataMin", max: "dataMax", minInterval: 1 },
     yAxis: logScale ? { type: "log", name: "log", axisLabel: { formatter: tick } } : { type: "value", scale: true, axisLabel: { formatter: tick } },
