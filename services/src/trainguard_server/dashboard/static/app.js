@@ -1,10 +1,15 @@
 // TrainGuard dashboard: a single page over the query API (/api/v1). Hash routes:
 //   #/runs[?status=…]      runs, most recently active first
-//   #/runs/<run id>        the run: incidents and plots of its metrics (every rank), incident onsets marked
-//   #/incidents/<id>       an incident: summary, hypotheses, checklist, evidence (plotted), timeline
+//   #/runs/<run id>[?overlay=<id>,<id>…&rank=<r>&points=<n>]
+//                          the run: incidents; plots of its metrics (every rank), incident onsets marked, chosen in
+//                          a metric picker, smoothed (EMA, raw faint behind), zoomed together, log/linear each,
+//                          other runs overlaid dashed; its tags/config/versions diffed against the overlaid runs
+//   #/incidents/<id>       an incident: summary, the crash's traceback, hypotheses, checklist, evidence (plotted),
+//                          workflow, timeline
 //   #/search?q=…           full-text search over raw context (tracebacks, logs)
 //   #/clusters[/<fp>]      stack-fingerprint clusters across runs and ranks; one with its sample traceback
 // The read token is asked for once and kept in localStorage; every request sends it as a bearer token.
+// Also kept in localStorage: the smoothing weight and the theme (dark/light; else the system's setting).
 "use strict";
 
 const TOKEN_KEY = "trainguard.readToken";
