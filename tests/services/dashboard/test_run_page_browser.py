@@ -144,6 +144,10 @@ def test_another_run_overlaid_dashed_with_its_hyperparameters_diffed(fed: Fed, b
     loaded(browser, f"#/runs/{diverging}?overlay={HEALTHY}")
     WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "view").get_attribute("data-charts"))
     assert {s["name"] for s in series(browser, "loss")} == {"demo-diverging · rank 0", "demo-healthy · rank 0"}
+    Select(browser.find_element(By.ID, "legend-by")).select_by_value("kind")  # runs named by a tag
+    loaded(browser, f"#/runs/{diverging}?overlay={HEALTHY}&legend=kind")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_element(By.ID, "view").get_attribute("data-charts"))
+    assert {s["name"] for s in series(browser, "loss")} == {"kind=diverging · rank 0", "kind=healthy · rank 0"}
 
 
 DARK_CHART_JS = "return echarts.getInstanceByDom(document.querySelector('#cards .chart')).getOption().darkMode"

@@ -286,7 +286,10 @@ async function runPage(runId, params) {
   const ranks = run.ranks.length ? run.ranks : [0];
   const layers = names.filter((n) => n.startsWith("grad/layer/") && summary.some((s) => s.name === n)).sort().slice(0, HEATMAP_LAYERS);
   const shown = [run, ...others];
-  const label = (r) => r.run_name && shown.filter((x) => x.run_name === r.run_name).length === 1 ? r.run_name : r.run_id;
+  const legendBy = params.get("legend") || "";  // a tag key: the runs named by that tag's value in the legends
+  const tagKeys = [...new Set(shown.flatMap((r) => Object.keys(r.tags || {})))].sort();
+  const byName = (r) => (r.run_name && shown.filter((x) => x.run_name === r.run_name).length === 1 ? r.run_name : r.run_id);
+  const label = (r) => (legendBy && tagKeys.includes(legendBy) ? `${legendBy}=${(r.tags || {})[legendBy] ?? "—"}` : byName(r));
   const smoothing = () => Math.min(0.99, Math.max(0, Number(localStorage.getItem(SMOOTH_KEY) || 0)));
   const withParams = (changes) => {
     const q = new URLSearchParams(params);
@@ -303,7 +306,9 @@ async function runPage(runId, params) {
       ${ranks.map((r) => `<option value="${r}" ${String(r) === rankFilter ? "selected" : ""}>rank ${r}</option>`).join("")}</select></label>
       <label>Compare with <select id="overlay"><option value="">${others.length ? "add another run…" : "no other run"}</option>
         ${runs.items.filter((r) => r.run_id !== runId && !overlayIds.includes(r.run_id)).map((r) => `<option value="${esc(r.run_id)}">${esc(r.run_name || r.run_id)} (${esc(r.run_id)})</option>`).join("")}</select></label>
-      <span id="overlaid">${others.map((o) => `<span class="chip">${esc(label(o))} <button class="remove-overlay" data-run="${esc(o.run_id)}" title="stop comparing">×</button></span>`).join(" ")}</span>
+      ${others.length ? `<label>Legend <select id="legend-by"><option value="">run name</option>
+        ${tagKeys.map((k) => `<option value="${esc(k)}" ${k === legendBy ? "selected" : ""}>tag ${esc(k)}</option>`).join("")}</select></label>` : ""}
+      <span id="overlaid">${others.map((o) => `<span class="chip">${esc(byName(o))} <button class="remove-overlay" data-run="${esc(o.run_id)}" title="stop comparing">×</button></span>`).join(" ")}</span>
       <label title="exponential moving average, as TensorBoard's; the raw line stays faint behind">Smoothing
         <input id="smoothing" type="range" min="0" max="0.99" step="0.01" value="${smoothing()}"><output id="smoothing-value">${smoothing().toFixed(2)}</output></label>
       <button id="zoom-reset" title="every chart back to the whole run">Reset zoom</button>
@@ -321,6 +326,8 @@ async function runPage(runId, params) {
     if (overlayIds.length >= MAX_OVERLAID) { ev.target.value = ""; return; }
     location.hash = withParams({ overlay: overlayIds.concat([ev.target.value]).join(",") });
   });
+  const legendSelect = document.getElementById("legend-by");
+  if (legendSelect) legendSelect.addEventListener("change", (ev) => { location.hash = withParams({ legend: ev.target.value }); });
   document.querySelectorAll(".remove-overlay").forEach((b) => b.addEventListener("click", () => {
     location.hash = withParams({ overlay: overlayIds.filter((x) => x !== b.dataset.run).join(",") });
   }));
@@ -406,7 +413,7 @@ async function runPage(runId, params) {
   const [mine, ...theirs] = await Promise.all([run, ...others].map((r) => hyperparameters(encodeURIComponent(r.run_id), r)));
   const panel = document.getElementById("hparam-panel");
   panel.classList.remove("muted");
-  panel.innerHTML = hparamTable(mine, others.map((o, j) => ({ label: label(o), values: theirs[j] })));
+  panel.innerHTML = hparamTable(mine, others.map((o, j) => ({ label: byName(o), values: theirs[j] })));
   view.dataset.charts = "drawn";
   if (run.status !== "running") return;
   // live: the server pushes the run and its incidents as they change; plots redraw at most every REFRESH_MS
