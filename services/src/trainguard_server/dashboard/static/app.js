@@ -156,12 +156,12 @@ function chart(el, title, series, markers, opts = {}) {
   c.setOption({
     animation: false,
     backgroundColor: "transparent",
-    title: { text: title, textStyle: { fontSize: 13 } },
+    title: { text: logScale ? `${title} (log scale)` : title, textStyle: { fontSize: 13 } },
     tooltip: { trigger: "axis" },
     legend: { top: 20, left: "center", type: "scroll", width: "75%", textStyle: { fontSize: 11 } },
     grid: { left: 60, right: 30, top: 52, bottom: 30 },
     xAxis: { type: "value", name: "step", min: "dataMin", max: "dataMax", minInterval: 1 },
-    yAxis: logScale ? { type: "log", name: "log", axisLabel: { formatter: tick } } : { type: "value", scale: true, axisLabel: { formatter: tick } },
+    yAxis: logScale ? { type: "log", axisLabel: { formatter: tick } } : { type: "value", scale: true, axisLabel: { formatter: tick } },
     dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
     series: drawn,
   });
