@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def dry_run(target: str) -> str:
     """What ``make -n TARGET`` would run from a fresh clone (every stamp missing: -B)."""
-    done = subprocess.run(["make", "-n", "-B", target], cwd=REPO, capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    # run as a top-level make: under `make test` (CI) a nested make would print "Entering directory" lines
+    done = subprocess.run(["make", "--no-print-directory", "-n", "-B", target], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -617,3 +617,26 @@ def test_memory_is_sampled_by_time_as_well_as_by_step_count() -> None:
     trainguard.init(endpoint="memory://", spool_dir="", heartbeat_interval=0, capture_exit=False,
                     watch_overhead_budget=0, capture_uncaught=False)
     assert run(0.05) >= 5  # ~0.6 s of training, a sample every 0.05 s at most
+
+
+class _SubclassedSGD(torch.optim.SGD):
+    """A custom optimizer whose step() calls its base's, as many do."""
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        return super().step(closure)
+
+
+def test_a_subclassed_optimizer_step_is_one_step() -> None:
+    """torch wraps each optimizer class's step() with the step hooks once an instance of it exists, so a
+    subclass calling super().step() runs the hooks twice: still one boundary (it counted two before)."""
+    torch.optim.SGD(mlp().parameters(), lr=0.1)  # any plain SGD earlier in the process wraps SGD.step
+    model = mlp()
+    opt = _SubclassedSGD(model.parameters(), lr=0.05)
+    trainguard.watch(model, opt)
+    for _ in range(6):
+        x, y = batch()
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    assert [s for s, _ in series(events(), "grad/global_norm")] == list(range(6))
+    assert trainguard.get_client().step == 5  # type: ignore[union-attr]

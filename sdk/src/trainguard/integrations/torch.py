@@ -381,6 +381,7 @@ class WatchHandle:
         self._tap = take_clip_norms and self._scaler is None
         self._tap_live = False  #: the last clip_grad_norm_ call gave this watch its norms
         self._tap_step = -1     #: the step count whose norms the tap delivered
+        self._step_depth = 0    #: optimizer step() calls in progress (a subclass's step calls its base's)
         self._install()
         if nvml_interval_s > 0 and not self._on_cpu:
             self.nvml = nvml.start(client, self._devices(), nvml_interval_s)
@@ -412,6 +413,7 @@ class WatchHandle:
         elif self._optimizers:
             opt = self._optimizers[-1]
             try:
+                self._handles.append(opt.register_step_pre_hook(self._before_optimizer_step))
                 self._handles.append(opt.register_step_post_hook(self._on_optimizer_step))
                 self.boundary = "optimizer.step"
             except Exception as exc:
@@ -576,7 +578,14 @@ class WatchHandle:
             self._typical_norm = norm if typical == 0 else 0.9 * typical + 0.1 * norm
 
     # --- step boundary -------------------------------------------------------------------------
+    def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self._step_depth += 1
+
     def _on_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        # an optimizer whose step() calls super().step() runs the hooks once per class level: one boundary
+        self._step_depth = max(0, self._step_depth - 1)
+        if self._step_depth:
+            return
         self._guard("step", self._on_boundary, None)
 
     def _before_scaler_update(self) -> Optional[Dict[str, Any]]:
