@@ -57,6 +57,26 @@ def _read_until_closed(sock: socket.socket) -> Tuple[bytes, float]:
         data += chunk
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole HTTP response on a kept-alive connection: the head, then content-length bytes of body
+    (they may come in separate segments)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def _ingest_head(tokens: Tokens, length: int) -> bytes:
     return (f"POST /v1/ingest HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {tokens.ingest}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
@@ -120,12 +140,12 @@ def test_slow_but_steady_uploads_and_slow_answers_are_not_cut(server: Tuple[int,
             sock.sendall(body[k:k + len(body) // 6 + 1])
             time.sleep(0.3)
         assert time.monotonic() - started > TIMEOUTS.body_idle_s
-        response = sock.recv(65536)
+        response = _read_response(sock)
         assert response.startswith(b"HTTP/1.1 200 OK\r\n"), response
         assert b'"accepted": 3' in response
         # the same connection: a handler slower than every timeout still answers
         sock.sendall(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
-        response = sock.recv(65536)
+        response = _read_response(sock)
         assert response.startswith(b"HTTP/1.1 200 OK\r\n") and response.endswith(b'{"slow":true}')
         # then idle: the keep-alive timeout closes it
         data, elapsed = _read_until_closed(sock)
