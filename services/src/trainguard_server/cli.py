@@ -110,14 +110,24 @@ def _default_project(data_dir: Path) -> str:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    """Tokens in the state store the settings name: the data directory's ``projects.db``, or PostgreSQL
+    under ``TRAINGUARD_STATE_STORE=postgres`` (where every pod reads them)."""
+    from .preflight import UsageError
     from .storage.base import format_ns
-    from .storage.sqlite import open_sqlite_stores
+    from .storage.select import open_state_stores
 
-    data_dir = _token_store(_settings(args), creates=args.action == "create" and bool(args.project))
+    settings = _settings(args)
+    data_dir = _token_store(settings, creates=args.action == "create" and bool(args.project))
     project = args.project or (_default_project(data_dir) if args.action == "create" else None)
-    stores = open_sqlite_stores(data_dir)
     try:
-        projects = stores.projects
+        incidents, projects = open_state_stores(settings, data_dir)
+    except (ValueError, RuntimeError) as exc:  # no DSN, PostgreSQL unreachable, a newer schema
+        if settings.state_store != "postgres":
+            raise
+        raise UsageError(str(exc)) from None
+    where = (f"PostgreSQL schema {settings.postgres_schema!r}" if settings.state_store == "postgres"
+             else str(data_dir))
+    try:
         if args.action == "create":
             expires = time.time_ns() + int(parse_duration(args.expires_in) * 1e9) if args.expires_in else 0
             token = projects.create_token(project or "", args.kind, args.description or "",
@@ -126,7 +136,7 @@ def cmd_token(args: argparse.Namespace) -> int:
         elif args.action == "list":
             infos = list(projects.list_tokens(project))
             if not infos:
-                print(f"no tokens{f' of project {project!r}' if project else ''} in {data_dir}",
+                print(f"no tokens{f' of project {project!r}' if project else ''} in {where}",
                       file=sys.stderr)
             for info in infos:
                 state = "revoked" if info.revoked else "expired" if info.expired() else "active"
@@ -138,7 +148,8 @@ def cmd_token(args: argparse.Namespace) -> int:
                 return 1
             print(f"revoked {args.token_id}")
     finally:
-        stores.close()
+        projects.close()
+        incidents.close()
     return 0
 
 
