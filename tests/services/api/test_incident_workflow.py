@@ -44,9 +44,13 @@ def test_acknowledge_note_resolve_and_the_library(world: World) -> None:
     resolved = post(world, f"{path}/resolve", {"by": "ana", "root_cause": "LR schedule bug: warmup to 10x"})
     assert resolved.status_code == 200
     assert resolved.json()["workflow"]["root_cause"] == "LR schedule bug: warmup to 10x"
-    # the processor's record is its own: the workflow does not change it, and survives its upserts
-    assert world.get(path).json()["status"] == inc["status"]
-    world.services.incidents.upsert_incidents([world.services.incidents.get_incident("alpha", inc["incident_id"])])
+    # one status everywhere (issue 22): resolved at once, and still after the processor upserts its own record
+    assert world.get(path).json()["status"] == "resolved"
+    record = world.services.incidents.get_incident("alpha", inc["incident_id"])
+    assert record is not None
+    record.status, record.resolved_ns = inc["status"], 0  # as the processor still sees it
+    world.services.incidents.upsert_incidents([record])
+    assert world.get(path).json()["status"] == "resolved"
     assert world.get(f"{path}/workflow").json()["workflow"]["root_cause"] == "LR schedule bug: warmup to 10x"
 
     # the same failure in a later run lists it as a similar, solved one (as the processor would record it)

@@ -6,6 +6,7 @@ from typing import Optional
 
 from fastapi import APIRouter, HTTPException, Query
 
+from .. import resolutions
 from ..deps import ProjectDep, ServicesDep
 from ..schemas import IncidentPublic, PagePublic
 from .common import CursorQuery, LimitQuery, bad_request_on_value_error, not_found
@@ -23,7 +24,8 @@ def list_incidents(project: ProjectDep, services: ServicesDep,
         raise HTTPException(400, f"status must be one of {', '.join(STATUSES)}")
     page = bad_request_on_value_error(
         lambda: services.incidents.list_incidents(project, status=status, limit=limit, cursor=cursor))
-    return PagePublic[IncidentPublic](items=[IncidentPublic(**i.to_dict()) for i in page.items],
+    shown = resolutions.incidents(services.incidents, page.items, status)
+    return PagePublic[IncidentPublic](items=[IncidentPublic(**i.to_dict()) for i in shown],
                                       next_cursor=page.next_cursor)
 
 
@@ -33,4 +35,4 @@ def get_incident(incident_id: str, project: ProjectDep, services: ServicesDep) -
     incident = services.incidents.get_incident(project, incident_id)
     if incident is None:
         raise not_found("incident", incident_id)
-    return IncidentPublic(**incident.to_dict())
+    return IncidentPublic(**resolutions.incident(services.incidents, incident).to_dict())

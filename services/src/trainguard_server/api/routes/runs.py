@@ -23,6 +23,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from ...storage.base import Bucket, QueryTimeout
+from .. import resolutions
 from ..deps import ProjectDep, Services, ServicesDep
 from ..schemas import (
     EventPublic,
@@ -97,7 +98,8 @@ def list_runs(project: ProjectDep, services: ServicesDep,
         raise HTTPException(400, f"status must be one of {', '.join(RUN_STATUSES)}")
     page = bad_request_on_value_error(
         lambda: services.incidents.list_runs(project, status=status, tag=tag, limit=limit, cursor=cursor))
-    return PagePublic[RunPublic](items=[RunPublic(**r.to_dict()) for r in page.items],
+    return PagePublic[RunPublic](items=[RunPublic(**r.to_dict())
+                                        for r in resolutions.runs(services.incidents, page.items)],
                                  next_cursor=page.next_cursor)
 
 
@@ -106,7 +108,7 @@ def get_run(run_id: str, project: ProjectDep, services: ServicesDep) -> RunPubli
     run = services.incidents.get_run(project, run_id)
     if run is None:
         raise not_found("run", run_id)
-    return RunPublic(**run.to_dict())
+    return RunPublic(**resolutions.run(services.incidents, run).to_dict())
 
 
 @router.get("/{run_id}/metrics", response_model=MetricSeriesPublic, responses=_BOUNDED,
@@ -188,7 +190,8 @@ def run_incidents(run_id: str, project: ProjectDep, services: ServicesDep,
         raise not_found("run", run_id)
     page = bad_request_on_value_error(lambda: services.incidents.list_incidents(
         project, run_id=run_id, status=status, limit=limit, cursor=cursor))
-    return PagePublic[IncidentPublic](items=[IncidentPublic(**i.to_dict()) for i in page.items],
+    shown = resolutions.incidents(services.incidents, page.items, status)
+    return PagePublic[IncidentPublic](items=[IncidentPublic(**i.to_dict()) for i in shown],
                                       next_cursor=page.next_cursor)
 
 

@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from ...config import Settings
 from ...storage.base import ProjectStore, format_ns
+from .. import resolutions
 from ..deps import ProjectDep, ServicesDep
 from ..schemas import IncidentPublic, RunPublic
 from .common import not_found
@@ -163,8 +164,9 @@ async def stream_run(run_id: str, request: Request, project: ProjectDep, service
         if run is None:
             return None
         page = services.incidents.list_incidents(project, run_id=run_id, limit=MAX_INCIDENTS)
-        return {"run": RunPublic(**run.to_dict()).model_dump(),
-                "incidents": [IncidentPublic(**i.to_dict()).model_dump() for i in page.items]}
+        return {"run": RunPublic(**resolutions.run(services.incidents, run).to_dict()).model_dump(),
+                "incidents": [IncidentPublic(**i.to_dict()).model_dump()
+                              for i in resolutions.incidents(services.incidents, page.items)]}
 
     watch = TokenWatch(services.projects, _bearer(request), project,
                        float(setting(services, "api_stream_auth_recheck_s")))

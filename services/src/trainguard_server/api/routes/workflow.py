@@ -15,6 +15,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from ...storage.base import IncidentWorkflow
+from .. import resolutions
 from ..deps import ProjectDep, ServicesDep
 from ..preflight import ReadTokenFirstRoute
 from .common import not_found
@@ -114,6 +115,7 @@ def resolve(incident_id: str, body: Resolution, project: ProjectDep,
     if not workflow.acknowledged_ns:
         workflow.acknowledged_by, workflow.acknowledged_ns = body.by, workflow.resolved_ns
     services.incidents.save_workflow(workflow)
+    resolutions.record_resolution(services.incidents, project, incident_id)  # one status everywhere
     return _public(workflow, services)
 
 

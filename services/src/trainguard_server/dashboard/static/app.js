@@ -502,7 +502,7 @@ async function incidentPage(incidentId) {
   const hypotheses = (inc.hypotheses || []).map((h) => `<li><b>${Math.round(100 * h.confidence)}%</b> ${esc(h.cause)}
       <div class="muted">${(h.why || []).map(esc).join("; ")}</div></li>`).join("");
   view.innerHTML = `<h1 id="incident-title">${esc(inc.title)}</h1>
-    <div>${pill(inc.severity)} ${pill(inc.status)} <span class="muted">${esc(inc.category)}/${esc(inc.subtype)} ·
+    <div>${pill(inc.severity)} <span id="incident-status">${pill(inc.status)}</span> <span class="muted">${esc(inc.category)}/${esc(inc.subtype)} ·
       run <a href="#/runs/${encodeURIComponent(inc.run_id)}">${esc(inc.run_id)}</a></span></div>
     <h2>Summary</h2><p id="incident-summary">${esc(inc.summary)}</p>
     <div id="incident-exception"></div>
@@ -572,7 +572,11 @@ async function workflowPanel(inc) {
       document.getElementById("wf-error").textContent = err.message;
     });
     document.getElementById("wf-ack").onclick = () => act("acknowledge", { by: by() });
-    document.getElementById("wf-resolve").onclick = () => act("resolve", { by: by(), root_cause: document.getElementById("wf-cause").value });
+    document.getElementById("wf-resolve").onclick = () => act("resolve", { by: by(), root_cause: document.getElementById("wf-cause").value })
+      .then(() => api(base)).then((now) => {  // the status as the API now says it (resolved, by a person)
+        const el = document.getElementById("incident-status");
+        if (el && now) el.innerHTML = pill(now.status);
+      }).catch(() => {});
     document.getElementById("wf-add-note").onclick = () => act("notes", { by: by(), text: document.getElementById("wf-note").value });
   };
   render(await api(`${base}/workflow`));

@@ -1,0 +1,101 @@
+"""One incident status everywhere: a person's Resolve (``POST /api/v1/incidents/{id}/resolve``) is part of the
+incident's status, and the run's health follows the status of its incidents (issue 22).
+
+The processor owns the incident and run records and upserts them whenever they change; a resolution is stored
+apart (:class:`~trainguard_server.storage.base.IncidentWorkflow`) so those upserts never lose it. So the API
+applies it whenever it answers:
+
+* an incident a person resolved is ``resolved`` (its ``resolved_ns`` the person's) whatever the processor's
+  record says -- in the incident, the run's and the project's incident lists and the live run stream;
+* a run's ``open_incidents`` and ``health`` count only the incidents still open after that (health:
+  ``critical`` when one of severity error/critical is open, ``warning`` for warning, else ``healthy``, as the
+  processor computes it), and a ``stalled`` run whose every stall a person resolved is ``running`` again;
+* :func:`record_resolution` also writes the resolved status into the stored incident and run records at once,
+  so that filtering by status (``?status=resolved``) finds it until the processor next rewrites the record.
+
+The processor's own resolution (the condition cleared) needs nothing here: its records already say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence
+
+from trainguard_engine.records import Incident, RunRecord
+
+from ..storage.base import IncidentStore
+
+RESOLVED = "resolved"
+OPEN_STATUSES = ("open", "ongoing")
+SEVERITY_ORDER = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+STALL = ("progress", "stalled")
+MAX_RUN_INCIDENTS = 500
+"""Incidents of one run read to recount its open ones (a run with more keeps the processor's count)."""
+
+
+def _resolved_ns(store: IncidentStore, project: str, incident_id: str) -> int:
+    """When a person resolved the incident (0: nobody has)."""
+    workflow = store.get_workflow(project, incident_id)
+    return workflow.resolved_ns if workflow is not None else 0
+
+
+def incident(store: IncidentStore, record: Incident) -> Incident:
+    """``record`` as the API shows it: ``resolved`` when a person resolved it (a copy; else ``record``)."""
+    if record.status == RESOLVED and record.resolved_ns:
+        return record
+    resolved_ns = _resolved_ns(store, record.project, record.incident_id)
+    if not resolved_ns:
+        return record
+    return dataclasses.replace(record, status=RESOLVED, resolved_ns=record.resolved_ns or resolved_ns)
+
+
+def incidents(store: IncidentStore, records: Sequence[Incident],
+              status: Optional[str] = None) -> List[Incident]:
+    """Each of ``records`` as :func:`incident` shows it; with ``status``, those still of that status."""
+    shown = [incident(store, r) for r in records]
+    return [r for r in shown if status is None or r.status == status]
+
+
+def health_of(open_records: Sequence[Incident]) -> str:
+    """The processor's rule: critical (an error/critical one open) > warning > healthy."""
+    worst = max((SEVERITY_ORDER.get(r.severity, 0) for r in open_records), default=-1)
+    return "critical" if worst >= SEVERITY_ORDER["error"] else "warning" if worst == 1 else "healthy"
+
+
+def run(store: IncidentStore, record: RunRecord) -> RunRecord:
+    """``record`` with ``open_incidents``, ``health`` (and a ``stalled`` status) recounted from its incidents
+    as :func:`incident` shows them, when a person resolved one of them (a copy; else ``record`` itself: the
+    processor's figures stand)."""
+    if record.open_incidents <= 0 and record.health == "healthy":
+        return record
+    page = store.list_incidents(record.project, run_id=record.run_id, limit=MAX_RUN_INCIDENTS)
+    if page.next_cursor:
+        return record
+    by_person = {i.incident_id for i in page.items if _resolved_ns(store, record.project, i.incident_id)}
+    if not by_person:
+        return record
+    still_open = [i for i in page.items if i.status in OPEN_STATUSES and i.incident_id not in by_person]
+    status = record.status
+    if status == "stalled" and not any((i.category, i.subtype) == STALL for i in still_open):
+        status = "running"
+    return dataclasses.replace(record, open_incidents=len(still_open), health=health_of(still_open),
+                               status=status)
+
+
+def runs(store: IncidentStore, records: Sequence[RunRecord]) -> List[RunRecord]:
+    return [run(store, r) for r in records]
+
+
+def record_resolution(store: IncidentStore, project: str, incident_id: str) -> None:
+    """Write a person's resolution into the stored incident and run records now (see the module docstring)."""
+    stored = store.get_incident(project, incident_id)
+    if stored is None:
+        return
+    shown = incident(store, stored)
+    if shown is not stored:
+        store.upsert_incidents([shown])
+    run_record = store.get_run(project, stored.run_id)
+    if run_record is not None:
+        recounted = run(store, run_record)
+        if recounted is not run_record:
+            store.upsert_runs([recounted])
