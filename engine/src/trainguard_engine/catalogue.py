@@ -705,20 +705,33 @@ class DetectionSettings:
     perf_min_points: int = _setting(
         5, "Performance detectors: steps a rank needs in its window before it is compared.", minimum=2)
     straggler_ratio: float = _setting(
-        1.7, "perf/straggler: a rank's own time per step (data wait + forward + optimizer: the phases "
-        "without a collective; the lower quartile of its window, so most of its steps) >= this x the "
-        "median of the other ranks' ...", minimum=1.0)
+        1.8, "perf/straggler, a sign test on a per-step paired comparison: at each judged step (every rank "
+        "reported it) a rank's own time (data wait + forward + optimizer: the phases without a collective) "
+        "is compared with the median of the other ranks' own times at that same step -- the same step "
+        "shares the host's load and the job's input, so the job slowing together cancels out; the rank is "
+        "over at that step when its own time >= this x theirs ...", minimum=1.0)
+    straggler_window: int = _setting(
+        24, "... over a rank's last this-many judged steps ...", minimum=3)
+    straggler_steps: int = _setting(
+        17, "... it is a straggler candidate when it was over on at least this many of them (a rank "
+        "persistently slower, not one preempted for a few steps: on a loaded 2-core host healthy ranks "
+        "reached 14 of 24 at 1.8x in 20 recorded runs, a rank pinned to a core shared with a spinning "
+        "process 17 within 24 steps of the contention; bench/straggler.py) ...", minimum=1)
     straggler_min_share: float = _setting(
-        0.05, "... the excess is >= this share of the job's step time (a rank 2x slower in a phase that "
-        "takes 1% of the step holds nobody back) ...", minimum=0.0, maximum=1.0)
+        0.05, "... its median excess over the others at the same step is >= this share of the job's step "
+        "time (a rank 2x slower in a phase that takes 1% of the step holds nobody back) ...",
+        minimum=0.0, maximum=1.0)
     straggler_wait_share: float = _setting(
         0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
-        "by >= this x the excess: they waited for it ...", minimum=0.0)
+        "at the same step by >= this x the excess (median over the window): they waited for it. A "
+        "candidate is named at once (the window is the confirmation).", minimum=0.0)
+    straggler_hold_steps: int = _setting(
+        12, "... while a rank is over on this many of its window's steps (a straggler forming), no "
+        "perf/throughput-regression is opened (the job is slower because of that rank) and a named "
+        "straggler is not resolved ...", minimum=1)
     straggler_confirm: int = _setting(
-        10, "... on this many more judged steps than not since it began (a leaky count: a judged step "
-        "without it takes one back; a step is judged once every rank reported it); as many judged steps "
-        "in a row without a candidate resolve the incident. Also the confirmation of perf/data-bottleneck.",
-        minimum=1)
+        10, "... it resolves after this many judged steps in a row with no rank at straggler_hold_steps. "
+        "Also the confirmation of perf/data-bottleneck (judged steps in a row).", minimum=1)
     regression_ratio: float = _setting(
         1.5, "perf/throughput-regression: the job's step time (median over ranks of their window medians) "
         ">= this x its earlier steady state (or a logged throughput metric <= 1/this of it) ...",
@@ -949,8 +962,9 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "adapter": ("lora_grad_min", "lora_confirm_reports", "lora_loss_window", "lora_loss_min_points"),
     "progress": ("stall_factor", "stall_min_s", "stall_max_s", "lost_after_s"),
     "correlation": ("rank_lost_grace_s",),
-    "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_min_share",
-             "straggler_wait_share", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
+    "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
+             "straggler_steps", "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
+             "straggler_confirm", "regression_ratio", "regression_min_delta_s",
              "regression_baseline_steps",
              "regression_confirm", "data_wait_share", "data_wait_min_s", "throttle_confirm",
              "throughput_metrics"),

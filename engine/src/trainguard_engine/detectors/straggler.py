@@ -10,24 +10,31 @@ step (backward, where DDP waits for the gradient all-reduce) is where a rank wai
 
 Pure and streaming. Per-rank state in ``RankState.detectors["perf"]``: the rank's last ``perf_window``
 timed steps after its first ``perf_warmup_steps`` (step, event time, step/own/data/forward/optimizer/rest
-seconds) and their cached medians; the run's state (which steps every rank reported, the steady-state
-baseline, the confirmation counters) in ``detectors["perf_run"]`` of the run's first rank. A step is
-**judged** once every timed rank reported it (O(1) per batch to count, O(ranks) per judged step):
+seconds) with one sorted column per phase kept incrementally (bisection in, bisection out: the window
+medians cost no sort), and its last ``straggler_window`` per-step pairs; the run's state (which steps
+every rank reported, the steady-state baseline, the confirmation counters) in ``detectors["perf_run"]``
+of the run's first rank. A step is **judged** once every timed rank reported it (O(1) per batch to
+count, O(ranks log ranks) per judged step):
 
-* ``perf/straggler`` -- rank r is a candidate when the lower quartile of its own times over its window
-  (most of its steps, not a few preempted ones) >= ``straggler_ratio`` x the median of the other ranks'
-  own times (window medians), that excess is >= ``straggler_min_share`` of the job's step time, and the
-  other ranks' rest (backward + wait) exceeds r's by >= ``straggler_wait_share`` x its median excess
-  (they waited for it). A leaky count (+1 on a candidate judged step, -1 otherwise) reaching
-  ``straggler_confirm`` names it, with
-  its ratio, the phase where the excess is (data, forward, optimizer), since when (the first step of its
-  window over the ratio) and the job's slowdown against its steady state; when every rank of one host
-  (of several) is named, the host is. Comparing ranks with each other makes it blind to the whole job
-  slowing together. It resolves after ``straggler_confirm`` judged steps without a candidate.
+* ``perf/straggler`` -- a sign test on a per-step paired comparison. At each judged step every rank's own
+  time is paired with the median of the other ranks' own times **at that same step** (the same step
+  shares the host's load and the job's input, so a loaded host or the whole job slowing moves both
+  sides); the rank is *over* at that step when its own time >= ``straggler_ratio`` x theirs. Rank r is
+  a candidate when it was over on >= ``straggler_steps`` of its last ``straggler_window`` judged steps
+  (a rank slower on most steps, not one preempted for a few: a host's transient load makes a healthy
+  rank slower for a stretch, contention or a slower device makes it slower on nearly every step), its
+  median excess over the others is >= ``straggler_min_share`` of the job's step time, and the others'
+  rest (backward + wait) exceeds r's by >= ``straggler_wait_share`` x that excess (they waited for it).
+  A candidate is named at once (the window is the confirmation), with its median per-step ratio, the
+  phase where the excess is (data, forward, optimizer), since when (the change point of its window) and
+  the job's slowdown against its steady state; when every rank of one host (of several) is named, the
+  host is. It resolves after ``straggler_confirm`` judged steps with no rank over on
+  ``straggler_hold_steps`` of its window.
 * ``perf/throughput-regression`` -- the job's step time (median over ranks of their window medians)
   >= ``regression_ratio`` x its steady state (the median of its first ``regression_baseline_steps``
   judged steps after warm-up), or the median logged throughput <= 1/``regression_ratio`` of its own,
-  on ``regression_confirm`` judged steps in a row with no straggler candidate, no open straggler and no open
+  on ``regression_confirm`` judged steps in a row with no straggler forming (no rank over on
+  ``straggler_hold_steps`` of its window), no open straggler and no open
   memory/fragmentation or memory/leak (which explain a slowing job: :data:`EXPLAINED_BY`). Warm-up
   steps are never judged; an evaluation or checkpoint pause (one long step) moves no window median.
 * ``perf/data-bottleneck`` -- the median rank's data wait >= ``data_wait_share`` of its step time on
@@ -42,6 +49,7 @@ Replayed or late steps (not newer than a rank's last) change nothing.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
@@ -70,6 +78,8 @@ GPU_CONTEXT = ("gpu/sm_clock_mhz", "gpu/sm_clock_max_mhz", "gpu/temperature_c", 
 # a window entry: [step, time_ns, step_s, own_s, data_s, forward_s, optimizer_s, rest_s] (own/... None
 # when the SDK sent no phases)
 _STEP, _TIME, _STEP_S, _OWN, _DATA, _FWD, _OPT, _REST = range(8)
+# a pair (one judged step): [step, time_ns, own_s, the others' median own_s, rest_s, the others' rest_s]
+_P_STEP, _P_TIME, _P_OWN, _P_OTHERS, _P_REST, _P_OTHERS_REST = range(6)
 _MED_FIELDS = {"step": _STEP_S, "own": _OWN, "data": _DATA, "forward": _FWD, "optimizer": _OPT,
                "rest": _REST}
 PHASES = {"data": "data loading (time/data_s)", "forward": "compute (time/forward_s)",
@@ -95,7 +105,11 @@ def _finite(value: Any) -> Optional[float]:
 
 
 def _median(values: Sequence[float]) -> float:
-    s = sorted(values)
+    return _median_sorted(sorted(values))
+
+
+def _median_sorted(s: Sequence[float]) -> float:
+    """Median of the sorted ``s`` (not empty)."""
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
@@ -126,7 +140,11 @@ def _run_state(run: RunState) -> Dict[str, Any]:
 
 def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str, float],
                settings: DetectionSettings) -> bool:
-    """Add one timed step to the rank's window; False when it is a replay, late or warm-up."""
+    """Add one timed step to the rank's window; False when it is a replay, late or warm-up.
+
+    The window's medians are kept incrementally: one sorted column per phase (``state["col"]``), the
+    new value inserted and the evicted one removed by bisection, so a step costs O(window) memory moves
+    and no sort."""
     if step <= state.get("last", -1):
         return False
     state["last"] = step
@@ -139,16 +157,26 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
     if fwd is not None:
         own = (data or 0.0) + fwd + (opt or 0.0)
         rest = max(0.0, step_s - own)
+    entry: List[Any] = [step, time_ns, step_s, own, data, fwd, opt, rest]
     window: List[List[Any]] = state.setdefault("w", [])
-    window.append([step, time_ns, step_s, own, data, fwd, opt, rest])
-    del window[:-settings.perf_window]
-    meds: Dict[str, float] = {}
+    columns: Optional[Dict[str, List[float]]] = state.get("col")
+    if columns is None:  # a new rank, or state saved before the columns were kept
+        columns = state["col"] = {name: sorted(e[i] for e in window if e[i] is not None)
+                                  for name, i in _MED_FIELDS.items()}
+    window.append(entry)
     for name, i in _MED_FIELDS.items():
-        column = [e[i] for e in window if e[i] is not None]
+        if entry[i] is not None:
+            insort(columns[name], entry[i])
+    while len(window) > settings.perf_window:
+        gone = window.pop(0)
+        for name, i in _MED_FIELDS.items():
+            if gone[i] is not None:
+                column = columns[name]
+                del column[bisect_left(column, gone[i])]
+    meds: Dict[str, float] = {}
+    for name, column in columns.items():
         if len(column) >= settings.perf_min_points:
-            meds[name] = _median(column)
-            if name == "own":  # its lower quartile: a straggler is slow on (nearly) every step
-                meds["own_low"] = sorted(column)[len(column) // 4]
+            meds[name] = _median_sorted(column)
     state["med"] = meds
     return True
 
@@ -193,34 +221,75 @@ def _judge(run: RunState, run_state: Dict[str, Any], step: int, time_ns: int,
     throughput = [st["tp"] for _r, st, _m in states if st.get("tp") is not None]
     if throughput:
         job["tp"] = _median(throughput)
+    _pair(states, step, settings)
     candidates = _stragglers(states, job, settings)
+    forming = bool(candidates) or any(st.get("pc", 0) >= settings.straggler_hold_steps
+                                      for _r, st, _m in states)
     out: List[Finding] = []
     out += _straggler_findings(run, run_state, states, candidates, job, step, time_ns, settings)
-    out += _regression(run, run_state, states, job, bool(candidates), step, time_ns, settings)
+    out += _regression(run, run_state, states, job, forming, step, time_ns, settings)
     out += _data_bottleneck(run, run_state, states, job, bool(candidates), step, time_ns, settings)
     return out
 
 
+def _entry_at(state: Dict[str, Any], step: int) -> Optional[List[Any]]:
+    """The rank's window entry of ``step`` (searched from the newest: it is the last one or close)."""
+    for entry in reversed(state.get("w", ())):
+        if entry[_STEP] == step:
+            return entry
+        if entry[_STEP] < step:
+            return None
+    return None
+
+
+def _pair(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]], step: int,
+          settings: DetectionSettings) -> None:
+    """The per-step paired comparison: each rank's own time at the judged ``step`` against the median of
+    the other ranks' own times at that same step (the same step shares the host's load and the job's
+    input), appended to the rank's last ``straggler_window`` pairs (``state["px"]``: [step, time_ns,
+    own, others, rest, others' rest]) with the count of pairs over ``straggler_ratio`` kept
+    incrementally (``state["pc"]``). O(ranks log ranks) per judged step."""
+    timed = [(st, e) for _r, st, _m in states
+             if (e := _entry_at(st, step)) is not None and e[_OWN] is not None]
+    if len(timed) < 2:
+        return
+    own_sorted = sorted(e[_OWN] for _st, e in timed)
+    rest_sorted = sorted(e[_REST] for _st, e in timed)
+    ratio = settings.straggler_ratio
+    for st, e in timed:
+        others = _median_without(own_sorted, bisect_left(own_sorted, e[_OWN]))
+        others_rest = _median_without(rest_sorted, bisect_left(rest_sorted, e[_REST]))
+        pairs: List[List[Any]] = st.setdefault("px", [])
+        pairs.append([e[_STEP], e[_TIME], e[_OWN], others, e[_REST], others_rest])
+        count = st.get("pc", 0) + (1 if e[_OWN] >= ratio * others else 0)
+        while len(pairs) > settings.straggler_window:
+            gone = pairs.pop(0)
+            count -= 1 if gone[_P_OWN] >= ratio * gone[_P_OTHERS] else 0
+        st["pc"] = count
+
+
 def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
                 job: Dict[str, float], settings: DetectionSettings) -> Dict[int, Dict[str, float]]:
-    """rank -> {own, others, rest, others_rest} of every straggler candidate."""
-    timed = [(r, m) for r, _s, m in states if "own" in m and "rest" in m]
-    if len(timed) < 2:
-        return {}
-    own_sorted = sorted(m["own"] for _r, m in timed)
-    rest_sorted = sorted(m["rest"] for _r, m in timed)
+    """rank -> {own, others, rest, others_rest, ratio} (window medians of its pairs) of every straggler
+    candidate: over ``straggler_ratio`` on >= ``straggler_steps`` of its last ``straggler_window``
+    judged steps (a sign test on the paired per-step ratio), its median excess >= ``straggler_min_share``
+    of the job's step time, the others' median extra wait >= ``straggler_wait_share`` x that excess."""
     out: Dict[int, Dict[str, float]] = {}
-    for rank, m in timed:
-        others = _median_without(own_sorted, own_sorted.index(m["own"]))
-        excess = m["own"] - others
-        low = m.get("own_low", m["own"])
-        if low < settings.straggler_ratio * others or \
-                low - others < settings.straggler_min_share * job["step"]:
+    for rank, st, _m in states:
+        if st.get("pc", 0) < settings.straggler_steps:
             continue
-        others_rest = _median_without(rest_sorted, rest_sorted.index(m["rest"]))
-        if others_rest - m["rest"] < settings.straggler_wait_share * excess:
+        pairs = st["px"]
+        excess = _median([p[_P_OWN] - p[_P_OTHERS] for p in pairs])
+        if excess < settings.straggler_min_share * job["step"]:
             continue
-        out[rank.rank] = {"own": m["own"], "others": others, "rest": m["rest"], "others_rest": others_rest}
+        wait = _median([p[_P_OTHERS_REST] - p[_P_REST] for p in pairs])
+        if wait < settings.straggler_wait_share * excess:
+            continue
+        out[rank.rank] = {"own": _median([p[_P_OWN] for p in pairs]),
+                          "others": _median([p[_P_OTHERS] for p in pairs]),
+                          "rest": _median([p[_P_REST] for p in pairs]),
+                          "others_rest": _median([p[_P_OTHERS_REST] for p in pairs]),
+                          "ratio": _median([p[_P_OWN] / max(p[_P_OTHERS], 1e-12) for p in pairs])}
     return out
 
 
@@ -242,13 +311,17 @@ def _phase_of(rank: RankState, states: Sequence[Tuple[RankState, Dict[str, Any],
     return best
 
 
-def _onset(rank: RankState, others: float, ratio: float) -> Tuple[int, int]:
-    """(step, time_ns) of the first step of the rank's window whose own time was over the ratio."""
-    window = rank.detectors[STATE_KEY]["w"]
-    for entry in window:
-        if entry[_OWN] is not None and entry[_OWN] >= ratio * others:
-            return int(entry[_STEP]), int(entry[_TIME])
-    return int(window[-1][_STEP]), int(window[-1][_TIME])
+def _onset(rank: RankState, settings: DetectionSettings) -> Tuple[int, int]:
+    """(step, time_ns) where the rank's run of over-ratio pairs began: the change point of its window,
+    the pair from which on (over - straggler_steps/straggler_window per pair) sums highest."""
+    pairs = rank.detectors[STATE_KEY]["px"]
+    share = settings.straggler_steps / settings.straggler_window
+    best, total, at = -math.inf, 0.0, pairs[-1]
+    for p in reversed(pairs):
+        total += (1.0 if p[_P_OWN] >= settings.straggler_ratio * p[_P_OTHERS] else 0.0) - share
+        if total > best:
+            best, at = total, p
+    return int(at[_P_STEP]), int(at[_P_TIME])
 
 
 def _straggler_findings(run: RunState, run_state: Dict[str, Any],
@@ -256,18 +329,18 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
                         candidates: Dict[int, Dict[str, float]], job: Dict[str, float], step: int,
                         time_ns: int, settings: DetectionSettings) -> List[Finding]:
     confirm = settings.straggler_confirm
-    for _rank, st, _m in states:  # leaky: a judged step without it takes one back
-        st["sus"] = st.get("sus", 0) + 1 if _rank.rank in candidates else max(0, st.get("sus", 0) - 1)
-    named = sorted((r for r, st, _m in states if st["sus"] >= confirm and r.rank in candidates),
-                   key=lambda r: -candidates[r.rank]["own"] / max(candidates[r.rank]["others"], 1e-12))
+    named = sorted((r for r, _st, _m in states if r.rank in candidates),
+                   key=lambda r: -candidates[r.rank]["ratio"])
     open_st = run.incidents.get(STRAGGLER_KEY)
     if not named:
         if open_st is not None and open_st.is_open:
-            run_state["clear"] = run_state.get("clear", 0) + (0 if candidates else 1)
+            forming = any(st.get("pc", 0) >= settings.straggler_hold_steps for _r, st, _m in states)
+            run_state["clear"] = run_state.get("clear", 0) + (0 if forming else 1)
             if run_state["clear"] >= confirm:
                 resolve(open_st, time_ns, step, open_st.record.lead_rank,
-                        f"no rank held the others back for {confirm} judged steps (each rank's own time "
-                        f"within {settings.straggler_ratio:g}x the others')", settings)
+                        f"no rank held the others back for {confirm} judged steps (no rank's own time "
+                        f"over {settings.straggler_ratio:g}x the others' on {settings.straggler_hold_steps} "
+                        f"of its last {settings.straggler_window} steps)", settings)
                 run_state["clear"] = 0
         return []
     run_state["clear"] = 0
@@ -278,8 +351,7 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
         return []  # named already: the evidence is refreshed every perf_window judged steps
     run_state["named_at"] = step
     lead = named[0]
-    c = candidates[lead.rank]
-    ratio = c["own"] / max(c["others"], 1e-12)
+    ratio = candidates[lead.rank]["ratio"]
     phase, mine, others_phase = _phase_of(lead, states)
     who = _who(run, [r.rank for r in named])
     slowdown = ""
@@ -294,22 +366,24 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
     out: List[Finding] = []
     for r in named:
         cr = candidates[r.rank]
-        ratio_r = cr["own"] / max(cr["others"], 1e-12)
-        began_step, began_ns = _onset(r, cr["others"], settings.straggler_ratio)
+        ratio_r = cr["ratio"]
+        began_step, began_ns = _onset(r, settings)
         ph, mine_r, oth_r = _phase_of(r, states) if r is not lead else (phase, mine, others_phase)
         mine_st = r.detectors[STATE_KEY]
+        pairs = mine_st["px"]
         description = (
-            f"rank {r.rank}: own time (data + forward + optimizer, median of its last "
-            f"{len(mine_st['w'])} steps) {cr['own'] * 1000:.1f} ms = {ratio_r:.2f}x the other "
-            f"ranks' median {cr['others'] * 1000:.1f} ms (threshold {settings.straggler_ratio:g}x), "
-            f"mostly in {ph} ({mine_r * 1000:.1f} ms vs {oth_r * 1000:.1f} ms); the others' backward + "
-            f"wait {cr['others_rest'] * 1000:.1f} ms vs its {cr['rest'] * 1000:.1f} ms: they wait for it; "
-            f"over the ratio since step {began_step} ({mine_st['sus']} judged steps in a row){slowdown}")
+            f"rank {r.rank}: own time (data + forward + optimizer) >= {settings.straggler_ratio:g}x the "
+            f"other ranks' median at the same step on {mine_st['pc']} of its last {len(pairs)} judged steps "
+            f"(threshold {settings.straggler_steps}); medians over them: {cr['own'] * 1000:.1f} ms vs "
+            f"{cr['others'] * 1000:.1f} ms, a per-step ratio of {ratio_r:.2f}x, mostly in {ph} "
+            f"({mine_r * 1000:.1f} ms vs {oth_r * 1000:.1f} ms); the others' backward + wait "
+            f"{cr['others_rest'] * 1000:.1f} ms vs its {cr['rest'] * 1000:.1f} ms: they wait for it; "
+            f"over the ratio since step {began_step}{slowdown}")
         evidence = Evidence(rule="perf.straggler", description=description, step=began_step,
                             time_ns=began_ns, rank=r.rank, metric="own_time_ratio",
                             threshold=settings.straggler_ratio, value=round(ratio_r, 4),
-                            window=[{"step": int(e[_STEP]), "own_s": e[_OWN], "step_s": e[_STEP_S]}
-                                    for e in r.detectors[STATE_KEY]["w"]])
+                            window=[{"step": int(p[_P_STEP]), "own_s": p[_P_OWN],
+                                     "others_own_s": p[_P_OTHERS]} for p in pairs])
         timeline = [TimelineEntry(time_ns=began_ns, step=began_step, rank=r.rank,
                                   what=f"rank {r.rank}: own time over {settings.straggler_ratio:g}x "
                                        f"its peers'")]
