@@ -122,8 +122,43 @@ function tick(v) {
   return v.toExponential(2).replace(/\.?0+e/, "e");
 }
 
+// a wall-time axis label: 42 s, 12.5 min, 3.25 h
+function duration(sec) {
+  const a = Math.abs(sec);
+  if (a < 120) return `${+sec.toPrecision(3)} s`;
+  if (a < 7200) return `${+(sec / 60).toPrecision(3)} min`;
+  return `${+(sec / 3600).toPrecision(3)} h`;
+}
+
+// Wall time since the run's first step, from the SDK's time/step_s (step boundary to step boundary, so the
+// sum of a run's step times up to a step is the time it reached that step): step -> seconds, linear between
+// the buckets' last steps (a downsampled bucket adds its mean times its finite count), flat outside them.
+// null when the rank (else the lowest rank) has no step times.
+const STEP_TIME = "time/step_s";
+function stepClock(d, rank) {
+  const byRank = (d.series || {})[STEP_TIME] || {};
+  const buckets = byRank[rank] || byRank[Object.keys(byRank).sort((a, b) => a - b)[0]] || [];
+  if (!buckets.length) return null;
+  const knots = [[buckets[0].step_start - 1, 0]];
+  let total = 0;
+  for (const b of buckets) {
+    const mean = num(b.mean);
+    if (Number.isFinite(mean)) total += mean * (b.count - b.nonfinite);
+    knots.push([b.step_end, total]);
+  }
+  return (step) => {
+    if (step <= knots[0][0]) return 0;
+    let lo = 0, hi = knots.length - 1;
+    if (step >= knots[hi][0]) return knots[hi][1];
+    while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (knots[mid][0] <= step) lo = mid; else hi = mid; }
+    const [s0, t0] = knots[lo], [s1, t1] = knots[hi];
+    return t0 + (t1 - t0) * (step - s0) / (s1 - s0);
+  };
+}
+
 // series: [{name, data: [[step, y]...], dashed?, color?}]; opts.smoothing (0..0.99): each series drawn
-// smoothed over its raw line shown faint (ids "smooth:<name>" and "raw:<name>"); opts.group connects zooms
+// smoothed over its raw line shown faint (ids "smooth:<name>" and "raw:<name>"); opts.group connects zooms;
+// opts.time: x is wall time in seconds (see stepClock), else the step
 function chart(el, title, series, markers, opts = {}) {
   if (typeof echarts === "undefined") { el.innerHTML = '<p class="error">charting library missing (tools/fetch_assets.py)</p>'; return null; }
   const c = echarts.init(el, darkTheme() ? "dark" : null, { renderer: "canvas" });
@@ -160,7 +195,8 @@ function chart(el, title, series, markers, opts = {}) {
     tooltip: { trigger: "axis" },
     legend: { top: 20, left: "center", type: "scroll", width: "75%", textStyle: { fontSize: 11 } },
     grid: { left: 60, right: 30, top: 52, bottom: 30 },
-    xAxis: { type: "value", name: "step", min: "dataMin", max: "dataMax", minInterval: 1 },
+    xAxis: opts.time ? { type: "value", name: "wall time", min: "dataMin", max: "dataMax", axisLabel: { formatter: duration } }
+      : { type: "value", name: "step", min: "dataMin", max: "dataMax", minInterval: 1 },
     yAxis: logScale ? { type: "log", axisLabel: { formatter: tick } } : { type: "value", scale: true, axisLabel: { formatter: tick } },
     dataZoom: [{ type: "inside", xAxisIndex: 0, filterMode: "none" }],
     series: drawn,
@@ -291,6 +327,7 @@ async function runPage(runId, params) {
   const byName = (r) => (r.run_name && shown.filter((x) => x.run_name === r.run_name).length === 1 ? r.run_name : r.run_id);
   const label = (r) => (legendBy && tagKeys.includes(legendBy) ? `${legendBy}=${(r.tags || {})[legendBy] ?? "—"}` : byName(r));
   const smoothing = () => Math.min(0.99, Math.max(0, Number(localStorage.getItem(SMOOTH_KEY) || 0)));
+  const wallTime = params.get("x") === "time";  // ?x=time: the charts' x axis is wall time since the first step
   const withParams = (changes) => {
     const q = new URLSearchParams(params);
     for (const [k, v] of Object.entries(changes)) { if (v) q.set(k, v); else q.delete(k); }
@@ -311,6 +348,8 @@ async function runPage(runId, params) {
       <span id="overlaid">${others.map((o) => `<span class="chip">${esc(byName(o))} <button class="remove-overlay" data-run="${esc(o.run_id)}" title="stop comparing">×</button></span>`).join(" ")}</span>
       <label title="exponential moving average, as TensorBoard's; the raw line stays faint behind">Smoothing
         <input id="smoothing" type="range" min="0" max="0.99" step="0.01" value="${smoothing()}"><output id="smoothing-value">${smoothing().toFixed(2)}</output></label>
+      <label title="wall time: since the run's first step, summed from its step times (time/step_s)">X axis
+        <select id="x-axis"><option value="">step</option><option value="time" ${wallTime ? "selected" : ""}>wall time</option></select></label>
       <button id="zoom-reset" title="every chart back to the whole run">Reset zoom</button>
       <span class="muted" id="live">${run.status === "running" ? "live" : ""}</span></div>
     <details id="picker"><summary>Metrics shown: <span id="picker-count"></span></summary>
@@ -322,6 +361,7 @@ async function runPage(runId, params) {
     ${layers.length ? `<h2>Per-layer gradient norms</h2><div class="card"><div class="chart wide" id="layer-heatmap"></div></div>` : ""}
     <h2>Hyperparameters</h2><div id="hparam-panel" class="muted">loading…</div>`;
   document.getElementById("rank").addEventListener("change", (ev) => { location.hash = withParams({ rank: ev.target.value }); });
+  document.getElementById("x-axis").addEventListener("change", (ev) => { location.hash = withParams({ x: ev.target.value }); });
   document.getElementById("overlay").addEventListener("change", (ev) => {
     if (overlayIds.length >= MAX_OVERLAID) { ev.target.value = ""; return; }
     location.hash = withParams({ overlay: overlayIds.concat([ev.target.value]).join(",") });
@@ -364,7 +404,10 @@ async function runPage(runId, params) {
   const showError = (err) => { document.getElementById("cards").innerHTML = `<p class="error">${esc(err.message)}</p>`; };
   let data = null, otherData = [];
   const points = Math.min(MAX_POINTS, Math.max(2, Number(params.get("points")) || MAX_POINTS));  // ?points=: coarser
-  const fetchSeries = (e, list) => api(`/api/v1/runs/${e}/metrics?names=${encodeURIComponent(list.join(","))}&max_points=${points}${rankFilter ? `&rank=${rankFilter}` : ""}`);
+  const fetchSeries = (e, chosenNames) => {
+    const list = wallTime && !chosenNames.includes(STEP_TIME) ? chosenNames.concat([STEP_TIME]) : chosenNames;
+    return api(`/api/v1/runs/${e}/metrics?names=${encodeURIComponent(list.join(","))}&max_points=${points}${rankFilter ? `&rank=${rankFilter}` : ""}`);
+  };
   const render = () => {
     for (let i = charts.length - 1; i >= 0; i--) if (charts[i].group === ZOOM_GROUP) charts.splice(i, 1)[0].dispose();
     const list = chosen();
@@ -374,21 +417,26 @@ async function runPage(runId, params) {
         <div class="chart" id="chart-${i}" data-metric="${esc(n)}"></div></div>`).join("")
       || '<p class="muted">No metric chosen: pick some above.</p>';
     if (!data) return;
+    const untimed = new Set();  // runs without step times: not drawn on a wall-time axis
+    const clock0 = wallTime ? stepClock(data, rankFilter || String(ranks[0])) : null;
+    const shownMarkers = !wallTime ? markers : clock0 ? markers.map((m) => ({ ...m, step: clock0(m.step) })) : [];
     list.forEach((name, i) => {
       const series = [];
       const add = (d, who, dashed) => {
         for (const [rank, buckets] of Object.entries((d.series || {})[name] || {})) {
+          const clock = wallTime ? stepClock(d, rank) : (step) => step;
+          if (!clock) { untimed.add(who); continue; }
           // one point a step: its value; a bucket of several steps: their mean, in a min..max band
           const downsampled = buckets.some((b) => b.count > 1);
           series.push({ name: others.length ? `${who} · rank ${rank}` : `rank ${rank}`, dashed,
-            data: buckets.map((b) => [b.step_end, num(downsampled ? b.mean : b.max)]),
-            band: downsampled ? buckets.map((b) => [b.step_end, num(b.min), num(b.max)]) : null });
+            data: buckets.map((b) => [clock(b.step_end), num(downsampled ? b.mean : b.max)]),
+            band: downsampled ? buckets.map((b) => [clock(b.step_end), num(b.min), num(b.max)]) : null });
         }
       };
       add(data, label(run), false);
       others.forEach((o, j) => add(otherData[j], label(o), true));
-      const c = chart(document.getElementById(`chart-${i}`), name, series, markers,
-        { smoothing: smoothing(), group: ZOOM_GROUP, scale: chartScales.get(name) });
+      const c = chart(document.getElementById(`chart-${i}`), name, series, shownMarkers,
+        { smoothing: smoothing(), group: ZOOM_GROUP, scale: chartScales.get(name), time: wallTime });
       const button = document.querySelector(`#cards .card:nth-child(${i + 1}) .scale-toggle`);
       const isLog = c && c.getOption().yAxis[0].type === "log";
       const positive = series.some((x) => x.data.length) && series.every((x) => x.data.every((p) => !Number.isFinite(p[1]) || p[1] > 0));
@@ -397,6 +445,8 @@ async function runPage(runId, params) {
       if (button) button.onclick = () => { chartScales.set(name, isLog ? "linear" : "log"); render(); };
     });
     if (typeof echarts !== "undefined") echarts.connect(ZOOM_GROUP);
+    if (untimed.size) cards.insertAdjacentHTML("afterbegin", `<p class="muted" id="untimed">Not on the wall-time axis (no
+      ${STEP_TIME} recorded): ${[...untimed].map(esc).join(", ")}</p>`);
   };
   const draw = async () => {
     const list = chosen();
