@@ -42,6 +42,34 @@ def bounded_append(items: List[Any], item: Any, most: int) -> None:
         del items[most // 2]
 
 
+class SeriesTail:
+    """A history series as ``(step, value, time_ns)`` triples in arrival order, kept beside its dict so the
+    detectors' "last N points" reads (:func:`~trainguard_engine.detectors.numeric.recent`) are a slice, not
+    a rebuild: derived, never serialized. Valid while ``data`` is the series' dict and their lengths agree
+    (:meth:`RankState.observe_point` appends to it, and drops it when a point replaces one or a trim
+    replaces the dict). ``bad_end``: index + 1 of the last non-finite point; ``descent``: index of the
+    last point whose step was not above its predecessor's (0: none) -- a window starting at or after
+    both is finite and in step order."""
+
+    __slots__ = ("bad_end", "data", "descent", "points")
+
+    def __init__(self, data: Dict[int, HistoryPoint]) -> None:
+        self.data = data
+        self.points: List[Tuple[int, float, int]] = []
+        self.bad_end = 0
+        self.descent = 0
+        for s, (v, t) in data.items():
+            self.append(s, v, t)
+
+    def append(self, step: int, value: float, time_ns: int) -> None:
+        points = self.points
+        if points and step <= points[-1][0]:
+            self.descent = len(points)
+        points.append((step, value, time_ns))
+        if value - value != 0.0:  # NaN or +-Inf
+            self.bad_end = len(points)
+
+
 @dataclass
 class RankState:
     """One process of a run."""
@@ -73,6 +101,8 @@ class RankState:
     # detector family -> its streaming state for this rank: small, JSON-able (finite floats only), bounded
     # by the family's own settings (see trainguard_engine.detectors.numeric.rank_state)
     detectors: Dict[str, Any] = field(default_factory=dict)
+    # name -> its SeriesTail, for the series the detectors read the last points of (derived: not serialized)
+    tails: Dict[str, SeriesTail] = field(default_factory=dict, compare=False, repr=False)
 
     # --- elementary updates -----------------------------------------------------------------
     def touch(self, time_ns: int, host: str, pid: int) -> None:
@@ -128,11 +158,18 @@ class RankState:
             return
         if context and step in series:
             return
+        tail = self.tails.get(name)
+        if tail is not None:
+            if step in series:  # a replaced point keeps its place in the dict: the tail is rebuilt later
+                del self.tails[name]
+            else:
+                tail.append(step, value, 0 if context else time_ns)
         series[step] = (value, 0 if context else time_ns)
         if len(series) > 2 * settings.history_len:
             keep = sorted(series)[-settings.history_len:]
             self.history_floor[name] = keep[0]
             self.history[name] = {s: series[s] for s in keep}
+            self.tails.pop(name, None)
         if value - value != 0.0:  # NaN or +-Inf
             first = self.first_nonfinite.get(name)
             if first is None or step < first[0]:

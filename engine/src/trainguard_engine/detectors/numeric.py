@@ -17,7 +17,7 @@ from trainguard.core.events import wire_float
 from .. import robust
 from ..catalogue import KINDS, DetectionSettings
 from ..records import Evidence, TimelineEntry
-from ..state import RankState, RunState
+from ..state import RankState, RunState, SeriesTail
 from . import fmt_number, window
 
 NUMERIC_KEY = "numeric"
@@ -129,12 +129,19 @@ def finite_series(rank: RankState, name: str, lo: int, hi: int) -> List[Tuple[in
 def recent(rank: RankState, name: str, most: int, upto: Optional[int] = None) -> List[Tuple[int, float, int]]:
     """``(step, value, time_ns)`` of the finite values among the last ``most`` points of ``name`` received
     (at steps <= ``upto`` when given), by step. Cheap (no sort of the whole history): the history keeps
-    arrival order, which is step order except for late points, which then count as recent."""
+    arrival order, which is step order except for late points, which then count as recent. Usually a
+    slice of the series' :class:`~trainguard_engine.state.SeriesTail` (no tuple built per call)."""
     data = rank.history.get(name)
-    if not data:
+    if not data or most < 1:
         return []
-    out = [(s, v, t) for s, (v, t) in itertools.islice(reversed(data.items()), most)
-           if v - v == 0.0 and (upto is None or s <= upto)]
+    tail = rank.tails.get(name)
+    if tail is None or tail.data is not data or len(tail.points) != len(data):
+        tail = rank.tails[name] = SeriesTail(data)
+    points = tail.points
+    start = max(0, len(points) - most)
+    if start >= tail.bad_end and start >= tail.descent and (upto is None or points[-1][0] <= upto):
+        return points[-most:]  # the usual case: finite, in step order, none past upto (a copy)
+    out = [p for p in points[-most:] if p[1] - p[1] == 0.0 and (upto is None or p[0] <= upto)]
     out.sort()
     return out
 
