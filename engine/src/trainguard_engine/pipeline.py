@@ -158,15 +158,25 @@ def _parse(raw: Any) -> _Event:
     kind, body = payload(raw)
     if kind is None:
         raise ValueError("envelope without a payload")
-    run_id = as_str(raw.get("run_id"))
+    get = raw.get
+    run_id = _text(get("run_id"))
     if not run_id:
         raise ValueError("envelope without a run_id")
-    return _Event(raw=raw, kind=kind, body=body, event_id=as_str(raw.get("event_id")),
-                  project=as_str(raw.get("project")), run_id=run_id, rank=as_int(raw.get("rank"), 0),
-                  step=as_int(raw.get("step"), 0), time_ns=as_int(raw.get("time_unix_nano"), 0),
-                  host=as_str(raw.get("host")), pid=as_int(raw.get("pid"), 0),
-                  world_size=max(1, as_int(raw.get("world_size"), 1)), run_name=as_str(raw.get("run_name")),
-                  trace_id=as_str(raw.get("trace_id")))
+    world = _integer(get("world_size"), 1)
+    return _Event(raw, kind, body, _text(get("event_id")), _text(get("project")), run_id,
+                  _integer(get("rank"), 0), _integer(get("step"), 0), _integer(get("time_unix_nano"), 0),
+                  _text(get("host")), _integer(get("pid"), 0), world if world > 1 else 1,
+                  _text(get("run_name")), _text(get("trace_id")))
+
+
+def _text(value: Any) -> str:
+    """:func:`~trainguard_engine.extract.as_str`, a str first (every field of every event goes through)."""
+    return value if type(value) is str else as_str(value)
+
+
+def _integer(value: Any, default: int) -> int:
+    """:func:`~trainguard_engine.extract.as_int`, an int first."""
+    return value if type(value) is int else as_int(value, default)
 
 
 def _digest(data: Mapping[str, Any]) -> str:
@@ -367,29 +377,44 @@ class Pipeline:
         if ev.kind in ("exception", "lifecycle", "log"):
             return True
         if ev.kind == "metrics":
-            return bool(ev.body.get("alert")) or any(v - v != 0.0 for _n, _s, v in points)  # NaN/Inf
+            if ev.body.get("alert"):
+                return True
+            for _n, _s, v in points:
+                if v - v != 0.0:  # NaN/Inf
+                    return True
         return False
 
     # --- handlers ---------------------------------------------------------------------------
     def _on_metrics(self, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],
                     settings: DetectionSettings) -> None:
-        if points and rank.observe_step(max(s for _n, s, _v in points), ev.time_ns):
-            progress.on_progress(run, rank, ev.time_ns, settings)
+        time_ns = ev.time_ns
+        names = set()
+        top = None
+        sharded = False
+        for name, step, _v in points:  # one pass: the names, the highest step, a shard's norm
+            if name not in names:
+                names.add(name)
+                if name.startswith(shards.SHARD_GLOBAL):
+                    sharded = True
+            if top is None or step > top:
+                top = step
+        if top is not None and rank.observe_step(top, time_ns):
+            progress.on_progress(run, rank, time_ns, settings)
+        keeps = settings.keeps_history
         for name, step, value in points:
-            if settings.keeps_history(name):
-                rank.observe_point(name, step, value, ev.time_ns, settings)
+            if keeps(name):
+                rank.observe_point(name, step, value, time_ns, settings)
         diagnosis.observe(rank, points)
         if ev.body.get("recent"):
             for name, step, value in recent_points(ev.raw):
-                if settings.keeps_history(name):
-                    rank.observe_point(name, step, value, ev.time_ns, settings, context=True)
-        batch = MetricBatch(points, ev.step, ev.time_ns, ev.event_id)
-        names = {name for name, _s, _v in points}
+                if keeps(name):
+                    rank.observe_point(name, step, value, time_ns, settings, context=True)
+        batch = MetricBatch(points, ev.step, time_ns, ev.event_id)
         for detector in DETECTORS:  # the registry's order (see detectors/registry.py)
             if detector.wants(rank, names, settings):
                 for finding in detector.on_metrics(run, rank, batch, settings):
                     self._apply(run, finding, settings)
-        if any(name.startswith(shards.SHARD_GLOBAL) for name in names):
+        if sharded:
             combined = shards.fold(run, rank.rank, points)
             if combined:  # a step every rank reported its share of: the full gradients' norms
                 target = run.ranks[min(run.ranks)]

@@ -29,7 +29,7 @@ processing-time timers (stalled and lost runs, correlation's waits) stay the pip
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Mapping, Sequence, Tuple
+from typing import AbstractSet, Any, Mapping, NamedTuple, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -50,11 +50,10 @@ class EventInfo:
     event_id: str
 
 
-@dataclass(frozen=True)
-class MetricBatch:
+class MetricBatch(NamedTuple):
     """One metric envelope of one rank as the detectors see it: its points ``(name, step, value)`` (a
     point's own step, else the envelope's; NaN and ±Inf as floats), the envelope's step, event time and
-    id."""
+    id. Immutable; a named tuple (built for every metric envelope: half a frozen dataclass's cost)."""
 
     points: Sequence[Point]
     step: int
