@@ -28,6 +28,11 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   gradient) and the loss swings between ~2 and ~12, 5x its start, for 200 steps. Dead units alone do not
   make swings "batch noise" when the loss is that far above where it started (a constant predictor sits
   at most about there): the live layers are thrown around -- an oscillation, not a plateau.
+* r166 (Lightning MLP, SGD, an LR schedule that grows exponentially, no clipping): the SDK read the grad
+  norm at steps 0, 1, 7, 15, then every step from 23 (3.5x its median); the loss left its band at ~22
+  and the norm went Inf at 35. The explosion rule needs several readings of a 6x climb (from 28 on);
+  a loss divergence that the grad norm corroborates (>= explosion_onset_factor x its median) confirms on
+  divergence_corroborated_points values instead of divergence_min_points: flagged 10 steps before.
 """
 
 from __future__ import annotations
@@ -105,3 +110,11 @@ def test_swings_far_above_the_start_with_dead_first_layers_are_an_oscillation() 
     assert out.label == "loss/oscillation"
     assert out.verdict == "loss/oscillation", out
     assert "loss/plateau" not in out.kinds
+
+
+def test_a_divergence_the_grad_norm_corroborates_is_flagged_ten_steps_before_the_inf() -> None:
+    out = _outcome("r166")
+    assert out.label == "gradient/explosion" and out.clip is None
+    assert out.verdict == "gradient/explosion", out
+    assert out.first_nonfinite is not None and out.flagged, out
+    assert out.first_nonfinite - out.flagged["step"] >= 10, out  # flagged at 27 (lead 8) before the fix

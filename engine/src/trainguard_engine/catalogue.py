@@ -528,6 +528,12 @@ class DetectionSettings:
         5, "loss/divergence: values in a row the level must stay diverged (with a rising trend or a "
         "spread below oscillation_min_cv: a loss swinging at a high level with no trend is an oscillation).",
         minimum=1)
+    divergence_corroborated_points: int = _setting(
+        3, "loss/divergence: values in a row enough instead of divergence_min_points when the global grad "
+        "norm corroborates it (its latest reading >= explosion_onset_factor x the median of the earlier "
+        "half of its readings in the last explosion_window_steps): a loss leaving its band while the "
+        "gradients grow is the start of an explosion, where every step of warning counts (the norm may be "
+        "read only every few steps, too seldom for the explosion rule's own confirmation).", minimum=1)
     rise_smooth: int = _setting(
         5, "loss/rise-after-fall: the loss level is a rolling median of this many values.", minimum=1)
     rise_min_fall: float = _setting(
@@ -944,7 +950,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "plateau_min_level", "plateau_max_change",
         "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
-        "divergence_min_points", "rise_smooth", "rise_min_fall", "rise_min_rise", "rise_min_points",
+        "divergence_min_points", "divergence_corroborated_points", "rise_smooth", "rise_min_fall",
+        "rise_min_rise", "rise_min_points",
         "layer_norm_warn", "clip_rate_warn", "vanishing_ratio", "vanishing_min_layers",
         "vanishing_min_reports", "clip_stale_window", "clip_stale_norm_ratio", "clip_stale_curvature",
         "clip_stale_curve_window", "clip_stale_min_ratio", "clip_stale_growth", "clip_onset_growth",

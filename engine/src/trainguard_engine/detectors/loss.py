@@ -265,7 +265,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             return [Finding("loss", kind, CURVE_KEYS[kind], rank.rank, first, began_ns, seen_ns=time_ns,
                             seen_step=step, host=rank.host, event_id=event_id, counts=False)]
         needed = {"rise-after-fall": tuned.rise_min_points,
-                  "divergence": tuned.divergence_min_points}.get(kind, tuned.confirm_checks)
+                  "divergence": _divergence_points(rank, step, settings)}.get(kind, tuned.confirm_checks)
         if streaks[kind] < needed or (kind == "plateau" and step - first < tuned.plateau_min_steps):
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, True)
@@ -549,6 +549,24 @@ def _roughness(values: Sequence[float]) -> float:
     if level <= 0:
         return math.inf
     return robust.median([abs(b - a) for a, b in zip(values, values[1:])]) / level
+
+
+def _divergence_points(rank: RankState, step: int, settings: DetectionSettings) -> int:
+    """Values in a row a divergence must hold: ``divergence_corroborated_points`` when the rank's global
+    grad norm grows with the loss (its latest reading >= ``explosion_onset_factor`` x the median of the
+    earlier half of its readings in the last ``explosion_window_steps``, at least
+    ``explosion_min_points`` of them), else ``divergence_min_points``. Two signals agreeing need less
+    confirmation than one; a norm read every few steps gives the explosion rule too few readings to
+    confirm a climb early, the loss's every-step level does not."""
+    gname = grad_metric(rank, settings)
+    if gname is not None:
+        lo = step - settings.explosion_window_steps
+        values = [v for s, v, _t in recent(rank, gname, settings.explosion_window_steps + 1, step) if s >= lo]
+        if len(values) >= settings.explosion_min_points:
+            baseline = climb_baseline(values)
+            if baseline > 0 and values[-1] >= settings.explosion_onset_factor * baseline:
+                return min(settings.divergence_corroborated_points, settings.divergence_min_points)
+    return settings.divergence_min_points
 
 
 def _grad_climbing(rank: RankState, step: int, settings: DetectionSettings,
