@@ -161,3 +161,30 @@ def test_every_rank_waiting_for_its_loader_is_a_data_bottleneck_not_a_straggler(
     inc = standing(pipeline)[0]
     share = next(e for e in inc.evidence if e.rule == "perf.data_bottleneck").value
     assert share is not None and share >= DetectionSettings().data_wait_share
+
+
+def test_the_incremental_window_medians_equal_the_medians_recomputed() -> None:
+    """The per-rank medians are kept incrementally (sorted columns); after every event of a recorded run
+    they equal the medians of the window recomputed from scratch, and the per-step pairs' over-ratio
+    count equals a recount."""
+    from trainguard_engine.detectors import straggler as perf
+
+    settings = DetectionSettings()
+    pipeline = Pipeline(settings)
+    checked = 0
+    for event in load("affinity_late"):
+        pipeline.process([event])
+        for run in pipeline._runs.values():
+            for rank in run.ranks.values():
+                state = rank.detectors.get(perf.STATE_KEY, {})
+                for name, i in perf._MED_FIELDS.items():
+                    column = sorted(e[i] for e in state.get("w", []) if e[i] is not None)
+                    if len(column) >= settings.perf_min_points:
+                        assert state["med"][name] == pytest.approx(perf._median(column))
+                        checked += 1
+                    else:
+                        assert name not in state.get("med", {})
+                pairs = state.get("px", [])
+                assert len(pairs) <= settings.straggler_window
+                assert state.get("pc", 0) == sum(p[2] >= settings.straggler_ratio * p[3] for p in pairs)
+    assert checked > 1000

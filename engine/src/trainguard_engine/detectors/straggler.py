@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from functools import lru_cache
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
@@ -71,6 +72,7 @@ FORWARD_S = "time/forward_s"
 BACKWARD_S = "time/backward_s"
 OPTIMIZER_S = "time/optimizer_s"
 PHASE_NAMES = (STEP_S, DATA_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S)
+_PHASE_SET = frozenset(PHASE_NAMES)
 THROTTLE = "gpu/throttle_reasons"
 GPU_CONTEXT = ("gpu/sm_clock_mhz", "gpu/sm_clock_max_mhz", "gpu/temperature_c", "gpu/power_w",
                "gpu/power_limit_w")
@@ -82,6 +84,8 @@ _STEP, _TIME, _STEP_S, _OWN, _DATA, _FWD, _OPT, _REST = range(8)
 _P_STEP, _P_TIME, _P_OWN, _P_OTHERS, _P_REST, _P_OTHERS_REST = range(6)
 _MED_FIELDS = {"step": _STEP_S, "own": _OWN, "data": _DATA, "forward": _FWD, "optimizer": _OPT,
                "rest": _REST}
+_MED_ITEMS = tuple(_MED_FIELDS.items())
+_NOTHING: List[Any] = [None] * 8  # the evicted entry when nothing is evicted
 PHASES = {"data": "data loading (time/data_s)", "forward": "compute (time/forward_s)",
           "optimizer": "the optimizer step (time/optimizer_s)"}
 
@@ -124,6 +128,11 @@ def _median_without(ordered: Sequence[float], k: int) -> float:
     return at(n // 2) if n % 2 else 0.5 * (at(n // 2 - 1) + at(n // 2))
 
 
+@lru_cache(maxsize=16)
+def _names(names: Tuple[str, ...]) -> AbstractSet[str]:
+    return frozenset(names)
+
+
 def rank_state(rank: RankState) -> Dict[str, Any]:
     state: Dict[str, Any] = rank.detectors.setdefault(STATE_KEY, {})
     return state
@@ -143,13 +152,13 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
     """Add one timed step to the rank's window; False when it is a replay, late or warm-up.
 
     The window's medians are kept incrementally: one sorted column per phase (``state["col"]``), the
-    new value inserted and the evicted one removed by bisection, so a step costs O(window) memory moves
-    and no sort."""
+    new value inserted and the evicted one removed by bisection, and only the columns that changed get
+    their median read again: a step costs a few list moves and no sort."""
     if step <= state.get("last", -1):
         return False
     state["last"] = step
-    state["n"] = state.get("n", 0) + 1
-    if state["n"] <= settings.perf_warmup_steps:
+    n = state["n"] = state.get("n", 0) + 1
+    if n <= settings.perf_warmup_steps:
         return False
     step_s = values[STEP_S]
     data, fwd, opt = values.get(DATA_S), values.get(FORWARD_S), values.get(OPTIMIZER_S)
@@ -158,27 +167,44 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
         own = (data or 0.0) + fwd + (opt or 0.0)
         rest = max(0.0, step_s - own)
     entry: List[Any] = [step, time_ns, step_s, own, data, fwd, opt, rest]
-    window: List[List[Any]] = state.setdefault("w", [])
+    window: Optional[List[List[Any]]] = state.get("w")
+    if window is None:
+        window = state["w"] = []
     columns: Optional[Dict[str, List[float]]] = state.get("col")
     if columns is None:  # a new rank, or state saved before the columns were kept
         columns = state["col"] = {name: sorted(e[i] for e in window if e[i] is not None)
                                   for name, i in _MED_FIELDS.items()}
     window.append(entry)
-    for name, i in _MED_FIELDS.items():
-        if entry[i] is not None:
-            insort(columns[name], entry[i])
-    while len(window) > settings.perf_window:
-        gone = window.pop(0)
-        for name, i in _MED_FIELDS.items():
-            if gone[i] is not None:
-                column = columns[name]
-                del column[bisect_left(column, gone[i])]
-    meds: Dict[str, float] = {}
-    for name, column in columns.items():
-        if len(column) >= settings.perf_min_points:
-            meds[name] = _median_sorted(column)
-    state["med"] = meds
+    gone = window.pop(0) if len(window) > settings.perf_window else _NOTHING
+    meds: Dict[str, float] = state.setdefault("med", {})
+    least = settings.perf_min_points
+    for name, i in _MED_ITEMS:
+        new = entry[i]
+        old = gone[i]
+        if new is None and old is None:
+            continue
+        column = columns[name]
+        if new is not None:
+            insort(column, new)
+        if old is not None:
+            del column[bisect_left(column, old)]
+        k = len(column)
+        if k >= least:
+            meds[name] = column[k // 2] if k % 2 else 0.5 * (column[k // 2 - 1] + column[k // 2])
+        else:
+            meds.pop(name, None)
+    if len(window) > settings.perf_window:  # perf_window lowered since the state was kept
+        _refold(state, settings)
     return True
+
+
+def _refold(state: Dict[str, Any], settings: DetectionSettings) -> None:
+    """Rebuild the columns and medians from the window (after a settings change)."""
+    window = state["w"]
+    del window[:-settings.perf_window]
+    state["col"] = {name: sorted(e[i] for e in window if e[i] is not None) for name, i in _MED_FIELDS.items()}
+    state["med"] = {name: _median_sorted(c) for name, c in state["col"].items()
+                    if len(c) >= settings.perf_min_points}
 
 
 def _count_report(run: RunState, run_state: Dict[str, Any], step: int) -> bool:
@@ -215,13 +241,16 @@ def _judge(run: RunState, run_state: Dict[str, Any], step: int, time_ns: int,
             states.append((rank, st, st["med"]))
     if not states:
         return []
-    job = {name: _median([m[name] for _r, _s, m in states if name in m])
-           for name in ("step", "own", "data", "forward", "optimizer", "rest")
-           if any(name in m for _r, _s, m in states)}
+    columns: Dict[str, List[float]] = {}
+    for _r, _s, m in states:
+        for name, value in m.items():
+            columns.setdefault(name, []).append(value)
+    job = {name: _median(values) for name, values in columns.items()}
     throughput = [st["tp"] for _r, st, _m in states if st.get("tp") is not None]
     if throughput:
         job["tp"] = _median(throughput)
-    _pair(states, step, settings)
+    if "own" in job:
+        _pair(states, step, settings)
     candidates = _stragglers(states, job, settings)
     forming = bool(candidates) or any(st.get("pc", 0) >= settings.straggler_hold_steps
                                       for _r, st, _m in states)
@@ -567,11 +596,14 @@ def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
     tp: Optional[float] = None
     throttle = False
     for name, s, value in batch.points:
-        if name in PHASE_NAMES:
+        if name in _PHASE_SET:
             v = _finite(value)
             if v is not None:
-                timed.setdefault(int(s), {})[name] = v
-        elif name in settings.throughput_metrics:
+                values = timed.get(s)
+                if values is None:
+                    values = timed[int(s)] = {}
+                values[name] = v
+        elif name in _names(settings.throughput_metrics):
             v = _finite(value)
             if v is not None and v > 0:
                 tp = v
