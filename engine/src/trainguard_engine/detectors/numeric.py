@@ -201,9 +201,9 @@ def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], 
             overflow = True
         elif name in settings.clip_threshold_metrics and math.isfinite(value) and value > 0:
             state.setdefault("clip", {})["tau"] = value
-    if not overflow:  # the SDK's alert batch of per-layer NaNs has no amp/overflow itself; the history does
+    overflow_history = rank.history.get("amp/overflow") if not overflow else None
+    if overflow_history:  # an SDK alert batch of per-layer NaNs has no amp/overflow; the history may
         steps = {p[1] for p in layers} | ({grad_point[1]} if grad_point is not None else set())
-        overflow_history = rank.history.get("amp/overflow", {})
         overflow = any(overflow_history.get(s, (0.0, 0))[0] >= 0.5 for s in steps)
     return grad_point, layers, loss_point, overflow
 
@@ -335,6 +335,8 @@ def climb_baseline(values: Sequence[float]) -> float:
 def note_nonfinite(state: Dict[str, Any], grad_point: Optional[Tuple[str, int, float]],
                     layers: Sequence[Tuple[str, int, float]], time_ns: int) -> None:
     """Remember the first non-finite gradient (global norm or layers) of the rank and its layers."""
+    if not layers and (grad_point is None or grad_point[2] - grad_point[2] == 0.0):
+        return  # the usual batch: nothing non-finite, no layer report to attach
     bad_layers = [n[len(LAYER_PREFIX):] for n, _s, v in layers if not math.isfinite(v)]
     pending = state.get("nonfinite")
     if grad_point is not None and not math.isfinite(grad_point[2]) and pending is None:
