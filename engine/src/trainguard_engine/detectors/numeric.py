@@ -102,6 +102,9 @@ def loss_diverged(rank: RankState, settings: DetectionSettings) -> bool:
     level, init = state.get("level"), state.get("init")
     if level is None or not init:
         return False
+    lowest = min(init)  # the base is the first value or the median, never below the lowest: a level under
+    if lowest > 0 and settings.divergence_factor > 0 and level < settings.divergence_factor * lowest:
+        return False    # factor x the lowest is under factor x the base (the usual case, no median taken)
     base = divergence_base(robust.median(list(init)), init[0], settings)
     return base > 0 and level >= settings.divergence_factor * base
 
