@@ -27,7 +27,9 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="package")
 def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[ServeProcess, str, str]]:
-    server = ServeProcess(tmp_path_factory.mktemp("dashboard") / "data").start()
+    # recorded runs are replayed into it too (test_rank_step_time_browser.py): accept their past event times
+    server = ServeProcess(tmp_path_factory.mktemp("dashboard") / "data",
+                          env={"TRAINGUARD_MAX_PAST_AGE_S": str(10 * 365 * 86400)}).start()
     try:
         diverging, crashing = "dashboard-diverging", "dashboard-crashing"
         for kind, run_id, steps in (("diverging", diverging, 80), ("crashing", crashing, 30),

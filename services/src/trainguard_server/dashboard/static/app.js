@@ -4,7 +4,9 @@
 //                          the run: incidents; plots of its metrics (every rank), incident onsets marked, chosen in
 //                          a metric picker, smoothed (EMA, raw faint behind), zoomed together, log/linear each,
 //                          other runs overlaid dashed; its tags/config/versions diffed against the overlaid runs
-//   #/incidents/<id>       an incident: summary, the crash's traceback, hypotheses, checklist, evidence (plotted),
+//                          and, for several ranks, a heatmap of their step times (ranks.js)
+//   #/incidents/<id>       an incident: summary, the crash's traceback, a perf incident's rank against the others
+//                          (ranks.js), hypotheses, checklist, evidence (plotted),
 //                          workflow, timeline
 //   #/search?q=…           full-text search over raw context (tracebacks, logs)
 //   #/clusters[/<fp>]      stack-fingerprint clusters across runs and ranks; one with its sample traceback
@@ -313,7 +315,7 @@ async function runPage(runId, params) {
   const chosen = () => chosenMetrics.get(runId).filter((n) => names.includes(n));
   const markersOf = (items) => items.filter((i) => !i.explained_by && i.first_step >= 0)
     .map((i) => ({ step: i.first_step, label: `${i.category}/${i.subtype}`, color: i.severity === "critical" ? "#b42318" : "#d92d20" }));
-  let markers = markersOf(incidents.items);
+  let markers = markersOf(incidents.items), latestIncidents = incidents.items;
   const incidentRows = (items) => items.filter((i) => !i.explained_by).map((i) => `<tr><td><a class="incident-link" href="#/incidents/${encodeURIComponent(i.incident_id)}">${esc(i.title)}</a>
         <div class="muted">${esc(i.category)}/${esc(i.subtype)}</div></td><td>${pill(i.severity)}</td><td>${pill(i.status)}</td>
         <td>${i.first_step}</td><td>${i.lead_rank}</td></tr>`).join("");
@@ -358,6 +360,7 @@ async function runPage(runId, params) {
       <div id="metric-list">${names.map((n) => `<label class="metric-option" data-name="${esc(n)}"><input type="checkbox" value="${esc(n)}"> ${esc(n)}</label>`).join("")}</div>
     </details>
     <div class="cards" id="cards"></div>
+    ${rankHeatmapSection(runId, run.ranks, summary.map((s) => s.name))}
     ${layers.length ? `<h2>Per-layer gradient norms</h2><div class="card"><div class="chart wide" id="layer-heatmap"></div></div>` : ""}
     <h2>Hyperparameters</h2><div id="hparam-panel" class="muted">loading…</div>`;
   document.getElementById("rank").addEventListener("change", (ev) => { location.hash = withParams({ rank: ev.target.value }); });
@@ -457,6 +460,7 @@ async function runPage(runId, params) {
   };
   const drawAll = async () => {
     await draw();
+    await rankHeatmap(enc, run, latestIncidents);
     if (layers.length) await heatmap(enc, layers, rankFilter || String(ranks[0]));
   };
   await drawAll();
@@ -482,6 +486,7 @@ async function runPage(runId, params) {
     } else if (event === "incidents") {
       document.querySelector("#incidents tbody").innerHTML = incidentRows(data);
       markers = markersOf(data);
+      latestIncidents = data;
       redraw();
     }
   }).catch(() => {});
@@ -556,6 +561,7 @@ async function incidentPage(incidentId) {
       run <a href="#/runs/${encodeURIComponent(inc.run_id)}">${esc(inc.run_id)}</a></span></div>
     <h2>Summary</h2><p id="incident-summary">${esc(inc.summary)}</p>
     <div id="incident-exception"></div>
+    <div id="incident-ranks"></div>
     <div class="kv"><span class="muted">began</span><span>step ${inc.first_step}, ${when(inc.first_ns)}</span>
       <span class="muted">lead rank</span><span>${inc.lead_rank} (ranks ${inc.ranks.join(", ")})</span>
       <span class="muted">consequences</span><span>${(inc.consequences || []).map(esc).join("; ") || "—"}</span>
@@ -567,6 +573,7 @@ async function incidentPage(incidentId) {
     <h2>Evidence</h2><ul class="plain" id="evidence">${evidenceRows}</ul>
     <h2>Timeline</h2><ul class="plain">${inc.timeline.map((t) => `<li><span class="muted">${when(t.time_ns)} · step ${t.step} · rank ${t.rank}</span> ${esc(t.what)}</li>`).join("")}</ul>`;
   await exceptionPanel(inc);
+  await rankComparison(inc);
   await workflowPanel(inc);
   // the evidence window: the run's loss and gradient norm around the onset
   const lo = Math.max(0, inc.first_step - 100), hi = Math.max(inc.last_step, inc.first_step) + 20;
