@@ -23,11 +23,12 @@ from trainguard_engine.records import Incident
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "straggler"
 SETTLE_NS = 60 * 10**9
-SLOWED = ("compute", "loader", "affinity", "affinity_late")
+SLOWED = ("compute", "loader", "affinity", "affinity_late", "affinity_weak")
 """affinity_late (bench/straggler.py affinity seed 2 of the tuning set): a rank pinned to a core shared with
 a spinning process, only ~10-20 ms slower per step while the loaded host's noise moves every rank's own time
 by as much; the window-median rule named nobody in it (a throughput regression instead), the per-step
-paired sign test names it."""
+paired sign test names it. affinity_weak (seed 42 of a second tuning set): the weakest contention
+recorded, over 1.8x on only 16 of 24 steps by +30 (missed at 17 of 24), named by 18 of 28 at 1.7x."""
 
 
 @cache
@@ -78,7 +79,9 @@ def test_the_slow_rank_is_named_within_30_steps(name: str) -> None:
     assert evidence.value is not None and evidence.value >= DetectionSettings().straggler_ratio
     phase = "data" if name == "loader" else "forward"
     assert f"(in {phase})" in inc.title, inc.title
-    assert inc.first_step >= int(job["from_step"]) - DetectionSettings().perf_window
+    # the onset is the change point of the rank's pairs (affinity's rank 0 was already over 1.7x on 8
+    # of the 11 steps before the contention began at 30: the host's load, then the spinner)
+    assert inc.first_step >= int(job["from_step"]) - DetectionSettings().straggler_window // 2
 
 
 def test_the_whole_job_slowed_together_is_a_regression_not_a_straggler() -> None:

@@ -711,18 +711,19 @@ class DetectionSettings:
     perf_min_points: int = _setting(
         5, "Performance detectors: steps a rank needs in its window before it is compared.", minimum=2)
     straggler_ratio: float = _setting(
-        1.8, "perf/straggler, a sign test on a per-step paired comparison: at each judged step (every rank "
+        1.7, "perf/straggler, a sign test on a per-step paired comparison: at each judged step (every rank "
         "reported it) a rank's own time (data wait + forward + optimizer: the phases without a collective) "
         "is compared with the median of the other ranks' own times at that same step -- the same step "
         "shares the host's load and the job's input, so the job slowing together cancels out; the rank is "
         "over at that step when its own time >= this x theirs ...", minimum=1.0)
     straggler_window: int = _setting(
-        24, "... over a rank's last this-many judged steps ...", minimum=3)
+        28, "... over a rank's last this-many judged steps ...", minimum=3)
     straggler_steps: int = _setting(
-        17, "... it is a straggler candidate when it was over on at least this many of them (a rank "
-        "persistently slower, not one preempted for a few steps: on a loaded 2-core host healthy ranks "
-        "reached 14 of 24 at 1.8x in 20 recorded runs, a rank pinned to a core shared with a spinning "
-        "process 17 within 24 steps of the contention; bench/straggler.py) ...", minimum=1)
+        18, "... it is a straggler candidate when it was over on at least this many of them (a rank "
+        "persistently slower, not one preempted for a stretch: on a loaded 2-core host the ranks of 26 "
+        "recorded healthy 4-rank runs reached at most 15 of 28 at 1.7x, and a rank pinned to a core shared "
+        "with a spinning process, only ~10 ms a step slower, reached 18 within 28 steps of the contention "
+        "in each of 11 runs; bench/straggler.py) ...", minimum=1)
     straggler_min_share: float = _setting(
         0.05, "... its median excess over the others at the same step is >= this share of the job's step "
         "time (a rank 2x slower in a phase that takes 1% of the step holds nobody back) ...",
@@ -732,7 +733,7 @@ class DetectionSettings:
         "at the same step by >= this x the excess (median over the window): they waited for it. A "
         "candidate is named at once (the window is the confirmation).", minimum=0.0)
     straggler_hold_steps: int = _setting(
-        12, "... while a rank is over on this many of its window's steps (a straggler forming), no "
+        14, "... while a rank is over on this many of its window's steps (a straggler forming), no "
         "perf/throughput-regression is opened (the job is slower because of that rank) and a named "
         "straggler is not resolved ...", minimum=1)
     straggler_confirm: int = _setting(
