@@ -13,6 +13,10 @@ two device syncs):
 * ``watch``       -- ``watch`` with its defaults (per-layer every 50) + ``log(loss=loss)``;
 * ``foreach``     -- hand-written: ``torch._foreach_norm`` over the gradients after backward, the total and
   per-layer norms copied to a pinned host buffer with ``non_blocking`` (no sync);
+* ablations of ``watch_every1``, to see where its cost goes: ``log_only`` (no watch, only
+  ``log(loss=loss)``), ``watch_notap`` (``take_clip_norms=False``: the gradients read a second time),
+  ``watch_notiming`` (``step_timing=False, nvml_interval_s=0``), ``watch_nomem`` (``memory_every=0,
+  memory_interval_s=0``);
 * ``lightning``   -- Lightning's ``grad_norm(model, norm_type=2)`` each step, its values read as floats
   (what ``self.log_dict(grad_norm(...))`` ends up doing).
 
@@ -112,6 +116,50 @@ def timed(step: Callable[[], torch.Tensor], steps: int, log_loss: bool) -> float
     return (time.perf_counter() - start) / steps
 
 
+def profile(step: Callable[[], torch.Tensor], model: torch.nn.Module, opt: torch.optim.Optimizer,
+            steps: int) -> str:
+    """GPU kernel time per step, bare and watched, and the kernels the watched steps add."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    def kernels(watch: bool) -> Dict[str, List[float]]:
+        handle = trainguard.watch(model, opt, clip=1.0, every=1) if watch else None
+        try:
+            for _ in range(5):
+                loss = step()
+                trainguard.log(loss=loss)
+            torch.cuda.synchronize()
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                start = time.perf_counter()
+                for _ in range(steps):
+                    loss = step()
+                    trainguard.log(loss=loss)
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - start
+        finally:
+            if handle is not None:
+                handle.remove()
+        out: Dict[str, List[float]] = {"__wall__": [wall / steps * 1e6, 1]}
+        for e in prof.key_averages():
+            dev = getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0)
+            if dev and getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
+                out[e.key] = [dev / steps, e.count / steps]
+        return out
+
+    bare_k, watch_k = kernels(False), kernels(True)
+    busy_b = sum(v[0] for k, v in bare_k.items() if k != "__wall__")
+    busy_w = sum(v[0] for k, v in watch_k.items() if k != "__wall__")
+    lines = [f"profile steps={steps} wall_us/step bare={bare_k['__wall__'][0]:.0f} "
+             f"watched={watch_k['__wall__'][0]:.0f}; GPU kernel us/step bare={busy_b:.0f} "
+             f"watched={busy_w:.0f} "
+             f"(+{busy_w - busy_b:.0f})"]
+    extra = sorted(((v[0] - bare_k.get(k, [0.0, 0.0])[0], v[1] - bare_k.get(k, [0.0, 0.0])[1], k)
+                    for k, v in watch_k.items() if k != "__wall__"), reverse=True)
+    for dt, dn, k in extra[:12]:
+        lines.append(f"  +{dt:8.1f} us/step  +{dn:5.1f} calls/step  {k[:110]}")
+    return "\n".join(lines)
+
+
 def sync_check(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, steps: int,
                tmp: str) -> str:
     trainguard.shutdown()
@@ -147,6 +195,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--variants", default="bare,watch_every1,watch,foreach,lightning")
+    p.add_argument("--quiet-worker", action="store_true",
+                   help="the SDK's threads never drain while steps are timed (everything is queued): "
+                        "what the training thread's own hooks cost, without the delivery threads")
+    p.add_argument("--profile", type=int, default=0,
+                   help="then profile this many steps bare and watched (every=1): GPU busy time per step, "
+                        "the kernels only the watched steps run, and the host time in trainguard")
     args = p.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="tg-hf-gpt2-")
     print(f"env torch={torch.__version__} device={torch.cuda.get_device_name()} "
@@ -154,8 +208,10 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"batch={args.batch}x{args.seq} bf16 fused-AdamW clip=1.0 "
           f"rounds={args.rounds} steps={args.steps}", flush=True)
     model, opt, ids = build(args.batch, args.seq)
+    quiet = ({"flush_interval": 3600.0, "max_batch_events": 1_000_000, "max_queue_events": 1_000_000}
+             if args.quiet_worker else {})
     trainguard.init(endpoint=f"file://{tmp}/events.jsonl", spool_dir="", capture_exit=False,
-                    capture_uncaught=False, heartbeat_interval=0)
+                    capture_uncaught=False, heartbeat_interval=0, **quiet)
     bare = make_step(model, opt, ids)
     for _ in range(args.warmup):
         bare()
@@ -163,9 +219,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     steps_of: Dict[str, Callable[[], float]] = {}
     steps_of["bare"] = lambda: timed(bare, args.steps, False)
 
-    def watched(every: Optional[int]) -> Callable[[], float]:
+    def watched(every: Optional[int], **options: object) -> Callable[[], float]:
         def run() -> float:
-            kwargs = {"every": every} if every is not None else {}
+            kwargs = dict(options, every=every) if every is not None else dict(options)
             handle = trainguard.watch(model, opt, clip=1.0, **kwargs)
             try:
                 return timed(bare, args.steps, True)
@@ -174,6 +230,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run
     steps_of["watch_every1"] = watched(1)
     steps_of["watch"] = watched(None)
+    steps_of["log_only"] = lambda: timed(bare, args.steps, True)
+    steps_of["watch_notap"] = watched(1, take_clip_norms=False)
+    steps_of["watch_notiming"] = watched(1, step_timing=False, nvml_interval_s=0)
+    steps_of["watch_nomem"] = watched(1, memory_every=0, memory_interval_s=0)
     foreach_step = make_step(model, opt, ids, ForeachMonitor(model))
     steps_of["foreach"] = lambda: timed(foreach_step, args.steps, False)
     if "lightning" in variants:
@@ -190,6 +250,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"variant={v} step_ms={med * 1e3:.3f} overhead={100 * (med / base - 1):+.2f}% "
               f"rounds_ms=[{', '.join(f'{x * 1e3:.2f}' for x in results[v])}]"
               + (" target=<=0.30%" if v == "watch_every1" else ""), flush=True)
+    if args.profile:
+        print(profile(bare, model, opt, args.profile), flush=True)
     print(sync_check(model, opt, ids, 20, tmp), flush=True)
     trainguard.shutdown()
     return 0

@@ -3,7 +3,8 @@
 Recorded on two H200s (tests/fixtures/nccl/rank_lost): once its DDP peer was SIGKILLed, a rank's grad-norm
 read-back waited on the hung all-reduce and the rank sent nothing more -- no heartbeat, no event -- until
 torchrun killed it. Here a stand-in device tensor whose read-back blocks until the test releases it plays
-the stuck stream (the same code path as a CUDA tensor: ``device.type != "cpu"``)."""
+the stuck stream (a non-CPU device: queued for the reader's thread exactly as a CUDA tensor is; its copy
+is the generic ``.cpu()`` one, the CUDA batch copy is tested on a GPU in test_read_back.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from trainguard.guard import reset_warnings
 class StuckDeviceTensor:
     """A 1-D "device" tensor whose copy to the host waits for ``gate`` (a stream stuck in a collective)."""
 
-    device = SimpleNamespace(type="cuda")
+    device = SimpleNamespace(type="xla")
 
     def __init__(self, gate: threading.Event, values: List[float]) -> None:
         self.gate = gate
@@ -33,6 +34,9 @@ class StuckDeviceTensor:
         return self
 
     def double(self) -> StuckDeviceTensor:
+        return self
+
+    def reshape(self, *_shape: int) -> StuckDeviceTensor:
         return self
 
     def cpu(self) -> StuckDeviceTensor:

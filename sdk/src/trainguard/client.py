@@ -34,6 +34,7 @@ from .device_reader import DeviceReader
 from .guard import warn_once
 from .integrations import fatal
 from .options import Options, default_spool_dir
+from .read_back import K_EVENT, K_METRICS, K_VECTOR, read_back
 from .stats import SdkStats
 from .transport.base import Transport
 from .transport.home import SpoolHome, WriteAhead
@@ -41,10 +42,6 @@ from .transport.orphans import Orphan, find_orphans
 from .transport.spool import DiskSpool, MemorySpool
 from .transport.worker import Spool, Worker
 from .version import SDK_NAME, __version__
-
-K_METRICS = 0
-K_EVENT = 1
-K_VECTOR = 2  # (K_VECTOR, step, t_ns, names, 1-D tensor): many metrics read back with one copy
 
 DEVICE_READ_WAIT_S = 0.05
 """How long one ``drain`` waits for device read-backs in flight (they finish in microseconds unless the
@@ -98,7 +95,7 @@ class Client:
         self._queue: Deque[Tuple[Any, ...]] = deque()
         self._max_queue = options.max_queue_events  # 0 once closed: every later event is dropped, counted
         self._max_rare = options.max_queue_events + options.queue_reserve_events
-        self._reader = DeviceReader(_read_back, max_items=options.max_queue_events)
+        self._reader = DeviceReader(read_back, max_items=options.max_queue_events)
         self._final = False
         self._wake_at = options.max_batch_events
         self._history: Dict[str, Deque[Tuple[int, float]]] = {}
@@ -533,7 +530,7 @@ class Client:
         if reader.pending():
             final = self._final or self.worker.flushing
             ready = reader.collect(FINAL_DEVICE_READ_WAIT_S if final else DEVICE_READ_WAIT_S)
-        items = ready + _read_back(host)
+        items = ready + read_back(host)
         out: List[Dict[str, Any]] = []
         for item in items:
             if item[0] == K_EVENT:
@@ -650,60 +647,6 @@ def _on_device(item: Tuple[Any, ...]) -> bool:
             if device is not None and getattr(device, "type", "cpu") != "cpu":
                 return True
     return False
-
-
-def _read_back(items: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
-    """``items`` with their tensor values read back as floats (vectors expanded); never raises."""
-    out = [_expand_vector(item) if item[0] == K_VECTOR else item for item in items]
-    _resolve_tensors(out)
-    return out
-
-
-def _expand_vector(item: Tuple[Any, ...]) -> Tuple[Any, ...]:
-    """A K_VECTOR item as a K_METRICS item (one device→host copy for the whole vector)."""
-    _, step, t_ns, names, tensor = item
-    try:
-        values = tensor.detach().double().cpu().tolist()
-    except Exception:
-        return (K_METRICS, step, t_ns, None, False)
-    return (K_METRICS, step, t_ns, dict(zip(names, values)), False)
-
-
-def _resolve_tensors(items: List[Tuple[Any, ...]]) -> None:
-    """Replace deferred tensor values in metric items with floats, with one device sync per device."""
-    pending: List[Tuple[Dict[str, Any], str, Any]] = []
-    for item in items:
-        if item[0] != K_METRICS or item[3] is None:
-            continue
-        values = item[3]
-        for name, value in values.items():
-            kind = type(value)
-            if kind is not float and kind is not int:
-                pending.append((values, name, value))
-            elif kind is int:
-                values[name] = float(value)
-    if not pending:
-        return
-    by_device: Dict[str, List[Tuple[Dict[str, Any], str, Any]]] = {}
-    for entry in pending:
-        by_device.setdefault(str(getattr(entry[2], "device", "cpu")), []).append(entry)
-    for device, entries in by_device.items():
-        try:
-            if device == "cpu":
-                floats = [float(t) for _, _, t in entries]
-            else:  # one kernel, one copy per device; .cpu() waits for the device with the GIL released
-                torch = sys.modules["torch"]
-                flat = [t if t.dim() == 0 else t.reshape(()) for _, _, t in entries]
-                floats = torch.stack(flat).double().cpu().tolist()
-        except Exception:
-            floats = []
-            for _, _, tensor in entries:
-                try:
-                    floats.append(float(tensor))
-                except Exception:
-                    floats.append(math.nan)
-        for (values, name, _), number in zip(entries, floats):
-            values[name] = float(number)
 
 
 def alert_of(values: Mapping[str, Any]) -> str:
