@@ -99,12 +99,12 @@ async function rankHeatmap(enc, run, incidents) {
     animation: false,
     backgroundColor: "transparent",
     tooltip: { formatter: (p) => `rank ${ranks[p.value[1]]} · step ${steps[p.value[0]]}: ${p.value[2].toPrecision(3)} ms` },
-    grid: { left: 130, right: 90, top: 10, bottom: 40 },
-    xAxis: { type: "category", data: steps, name: "step" },
+    grid: { left: 130, right: 90, top: 10, bottom: 44 },
+    xAxis: { type: "category", data: steps, name: "step", nameLocation: "middle", nameGap: 26 },
     yAxis: { type: "category", inverse: true, data: ranks.map((r) => `rank ${r}${stragglers.has(r) ? " · straggler" : ""}`),
       axisLabel: { color: (label) => (String(label).includes("straggler") ? "#d92d20" : darkTheme() ? "#b9b8ce" : "#6e7079") } },
     visualMap: { min: values.length ? Math.min(...values) : 0, max: values.length ? Math.max(...values) : 1, calculable: true,
-      orient: "vertical", right: 0, top: "middle", text: ["ms  slow", "fast"], inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } },
+      orient: "vertical", right: 0, top: "middle", itemHeight: 90, text: ["ms  slow", "fast"], inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } },
     series: [{ type: "heatmap", data: cells }],
   });
   el.dataset.measure = measure;
