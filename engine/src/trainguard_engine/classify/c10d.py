@@ -68,6 +68,12 @@ def _rule_collective_mismatch(t: _Text) -> Optional[_Hit]:
                               for d in _ASPECT_RE.finditer(m.group("diff") or "")]
         facts = {"rank": a["rank"], "ranks": sorted({a["rank"], b["rank"]}), "collectives": [a, b],
                  "differences": diffs}
+        seq_a, seq_b = a.get("seq_num"), b.get("seq_num")
+        if isinstance(seq_a, int) and isinstance(seq_b, int) and seq_a != seq_b:
+            # the rank behind (fewer collectives issued: it skipped some, or runs a fresh group) is the one
+            # that diverged, whichever rank reported the mismatch
+            behind = a if seq_a < seq_b else b
+            facts.update(rank=behind["rank"], lagging_ranks=[behind["rank"]], reporting_rank=a["rank"])
         if diffs:
             what = "; ".join(f"{str(d['aspect']).lower()} {d['values'][0]} vs {d['values'][1]}"
                              for d in diffs)

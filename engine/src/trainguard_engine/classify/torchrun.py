@@ -30,10 +30,25 @@ def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
         return None
     m = found[1]
     code = int(m.group("code"))
+    category, subtype, said = _launcher_exit_kind(code)
+    local = int(m.group("lr"))
+    facts: Facts = {"exitcode": code, "local_rank": local, "rank": local, "pid": int(m.group("pid"))}
+    return _Hit(category, subtype, 0.6, pos, facts, f"torchrun: local rank {local} failed ({said})",
+                _EXIT_NOTE if code > 0 else "")
+
+
+_EXIT_NOTE = ("the launcher only saw the exit code; the worker's own error (for exit code 1 usually a Python "
+              "exception) is in that worker's output, before this line")
+
+
+def _launcher_exit_kind(code: int) -> Tuple[str, str, str]:
+    """The kind of a worker exit a launcher reports: a signal's (negative code, or 128 + n) by the exit
+    decision path; a plain non-zero code is ``process/exit`` -- the launcher's line shows no exception
+    (the worker's traceback, when printed, is an exception of its own)."""
     category, subtype, said = _exit_kind(code)
-    facts: Facts = {"exitcode": code, "local_rank": int(m.group("lr")), "pid": int(m.group("pid"))}
-    return _Hit(category, subtype, 0.6, pos, facts,
-                f"torchrun: local rank {facts['local_rank']} failed ({said})", "")
+    if 0 < code < 128 and (category, subtype) == ("process", "exception"):
+        return "process", "exit", f"exit code {code}"
+    return category, subtype, said
 
 
 _SIGNALS_RE = re.compile(r"died with <Signals\.(?P<name>SIG\w+): (?P<sig>\d+)>")
@@ -48,9 +63,10 @@ _SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?"
 ``run.sh: line 12: 4242 Killed  python train.py`` (an abort or a bus error is left to the exit path)."""
 _SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
                   "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE")}
-_RETURN_CODE_RE = re.compile(r"exits with return code = (?P<code>-\d+)")
+_RETURN_CODE_RE = re.compile(r"exits with return code = (?P<code>-?\d+)")
 """DeepSpeed's launcher: ``[launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...]
-exits with return code = -11`` (only a signal: an exit code 1 is the worker's own traceback)."""
+exits with return code = -11`` (a signal), or ``= 1`` (a plain exit: the worker's own error is in its
+output)."""
 _RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (?P<name2>SIG[A-Z]+) "
                           r"\(@0x[0-9a-f]+\)) received by PID")
 """torchrun's failure table ``traceback : Signal 11 (SIGSEGV) received by PID 6421`` (when its header was
@@ -91,14 +107,22 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         if signal in (4, 6, 7, 8, 9, 11):  # a fatal one (gdb also stops at SIGINT, SIGPIPE, ...)
             return _signal_hit(found[0] + found[1].start(), {"signal": signal, "signal_name": name},
                                "the debugged process")
-    pos = t.first("exits with return code = -")
+    pos = t.first("exits with return code = ")
     if pos >= 0 and (found := _search(_RETURN_CODE_RE, t, pos, before=0, after=60)) is not None:
-        signal = -int(found[1].group("code"))
-        facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
+        code = int(found[1].group("code"))
         command = _search(_LOCAL_RANK_RE, t, pos, before=4000, after=0)
-        if command is not None:
-            facts["rank"] = int(command[1].group("rank"))
-        return _signal_hit(pos, facts, "a worker")
+        rank = int(command[1].group("rank")) if command is not None else None
+        if code > 0:
+            category, subtype, said = _launcher_exit_kind(code)
+            exit_facts: Facts = {"exitcode": code} if rank is None else {"exitcode": code, "rank": rank}
+            on = f" (rank {rank})" if rank is not None else ""
+            return _Hit(category, subtype, 0.6, pos, exit_facts, f"a worker{on} exited ({said})", _EXIT_NOTE)
+        if code < 0:
+            signal = -code
+            facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
+            if rank is not None:
+                facts["rank"] = rank
+            return _signal_hit(pos, facts, "a worker")
     pos = t.first(") received by pid")
     if pos >= 0 and (found := _search(_RECEIVED_RE, t, pos, before=60, after=20)) is not None:
         m = found[1]
@@ -267,7 +291,7 @@ def _rule_torchrun(t: _Text, depth: int) -> Optional[_Hit]:
         if root_kind.facts:
             facts["root_cause_facts"] = dict(root_kind.facts)
     elif isinstance(root_facts.get("exitcode"), int):
-        category, subtype, _said = _exit_kind(root_facts["exitcode"])
+        category, subtype, _said = _launcher_exit_kind(root_facts["exitcode"])
         confidence = 0.8
     else:
         category, subtype, confidence = "process", "exit", 0.5
@@ -292,7 +316,7 @@ GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:",),
     "launcher.signal": ("died with <signals.", "terminated with signal sig", "program received signal sig",
-                        "program terminated with signal sig", "exits with return code = -",
+                        "program terminated with signal sig", "exits with return code = ",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
                         "illegal instruction", "floating point exception"),
 }
@@ -302,13 +326,18 @@ after the shared pre-scan)."""
 
 DOCS = {
     'torchrun.child-failed': (
-        "torchrun's ``ChildFailedError`` summary: the root cause's own kind (its traceback, else its exit "
-        'code / signal by the decision path)'
+        "torchrun's ``ChildFailedError`` summary: the root cause's own kind (its traceback, else its signal "
+        'by the decision path; a plain non-zero exit code with no traceback → process/exit), the culprit its '
+        '``rank :`` field'
     ),
-    'torchrun.worker-failed': '``failed (exitcode: N) local_rank: ...`` → by the exit decision path',
+    'torchrun.worker-failed': (
+        '``failed (exitcode: N) local_rank: R`` → a signal by the exit decision path, a plain non-zero code '
+        '→ process/exit (the worker\'s own exception, if printed, is an incident of its own); the culprit R'
+    ),
     'launcher.signal': (
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch), ``Received 15 death signal``, "
-        "``SignalException: ... got signal: 15``, DeepSpeed's ``exits with return code = -11``, "
+        "``SignalException: ... got signal: 15``, DeepSpeed's ``exits with return code = -11`` (``= 1``: "
+        "process/exit; the culprit its ``--local_rank``), "
         "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, "
         "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank), gdb's ``Program received signal "
         "SIGSEGV``, a "

@@ -1,0 +1,45 @@
+"""The culprit a launcher's line or a mismatch report names (issue 17), and the kind of a plain non-zero
+exit a launcher reports. Text read from tests/fixtures/wild (each case's source.txt names its thread)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainguard_engine.classify import classify_text
+
+WILD = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
+
+
+def _line(case: str, needle: str) -> str:
+    """The first line of a wild log that contains ``needle`` (launcher prefix kept)."""
+    text = (WILD / case / "log.txt").read_text(encoding="utf-8")
+    return next(line for line in text.splitlines() if needle in line)
+
+
+def test_torchrun_worker_line_names_its_local_rank_and_a_plain_exit() -> None:
+    found = classify_text(_line("proc-exit1-launch-repvit-1", "failed (exitcode:"))
+    assert found is not None and found.rule == "torchrun.worker-failed"
+    assert found.kind == "process/exit" and found.facts["rank"] == 2
+    killed = classify_text(_line("proc-killed-elastic-exitcode-9-1", "failed (exitcode:"))
+    assert killed is not None and killed.kind == "process/killed"  # a signal keeps the exit decision path
+
+
+def test_deepspeed_launcher_exit_code_1_names_the_local_rank() -> None:
+    found = classify_text(_line("comm-root-exit1-rank4-1", "exits with return code"))
+    assert found is not None and found.kind == "process/exit" and found.facts["rank"] == 4
+    signal = classify_text(_line("proc-sigkill-deepspeed-launcher-1", "exits with return code"))
+    assert signal is not None and signal.kind == "process/killed"
+
+
+def test_torchrun_summary_without_a_traceback_is_an_exit_of_its_root_cause_rank() -> None:
+    text = (WILD / "proc-exit1-torchrun-summary-minigpt4-1" / "log.txt").read_text(encoding="utf-8")
+    found = classify_text(text)
+    assert found is not None and found.rule == "torchrun.child-failed"
+    assert found.kind == "process/exit" and found.facts["root_cause_rank"] == 0
+
+
+def test_a_fingerprint_mismatch_names_the_rank_that_is_behind() -> None:
+    for case, reporter, behind in (("comm-mismatch-fingerprint-3", 2, 3), ("comm-mismatch-fingerprint-1", 1, 7)):
+        found = classify_text(_line(case, "Detected mismatch between collectives"))
+        assert found is not None and found.kind == "comm/mismatch", case
+        assert found.facts["rank"] == behind and found.facts["reporting_rank"] == reporter, case
