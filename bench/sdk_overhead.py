@@ -329,9 +329,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="GPT-2 batch size in sequences of 1024 (48: a step of ~100 ms on an H200)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for CPU runs")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few steps (smoke test)")
+    parser.add_argument("--config", choices=("default", "hf-gpt2"), default="default",
+                        help="hf-gpt2: issue 21's exact configuration (HF GPT2LMHeadModel, 8 x 1024, bf16, "
+                             "fused AdamW, clip 1.0; bare / watch / foreach-async / Lightning interleaved) "
+                             "-- runs bench/sdk_overhead_hf_gpt2.py; needs --device cuda")
     parser.add_argument("--skip", default="",
                         help="comma list of parts to skip: log,mlp,transformer,gpt2,sync")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.config == "hf-gpt2":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import sdk_overhead_hf_gpt2  # the bench's sibling script
+
+        return sdk_overhead_hf_gpt2.main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
