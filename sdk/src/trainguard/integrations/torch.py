@@ -29,8 +29,8 @@ Hook design (all hooks are registered once, at ``watch`` time; the per-parameter
    ``memory_interval_s`` seconds of training: :func:`cuda_memory.report_memory`
    (host-side allocator counters and RSS; no device call).
 
-Where host and device synchronise: nowhere on the training thread. The worker thread reads the queued
-0-d tensors (one stacked copy per drain per device). Metrics: ``grad/global_norm``,
+Where host and device synchronise: nowhere on the training thread. The SDK's reader thread reads the
+queued tensors back (one non-blocking copy into pinned memory per drain per device: :mod:`..read_back`). Metrics: ``grad/global_norm``,
 ``grad/layer/<layer>``, ``grad/clip_triggered`` (1.0 when ``clip_grad_norm_(max_norm=clip)`` scales the
 gradients, i.e. norm > clip - 1e-6) and ``grad/clip_threshold`` (``clip``) beside each norm,
 ``amp/scale`` (the scale this step's backward used),
