@@ -156,15 +156,23 @@ class RankState:
         floor = self.history_floor.get(name)
         if floor is not None and step < floor:
             return
-        if context and step in series:
-            return
+        if context:
+            if step in series:
+                return
+            time_ns = 0  # a context point has no event time
+        size = len(series)
+        series[step] = (value, time_ns)
         tail = self.tails.get(name)
         if tail is not None:
-            if step in series:  # a replaced point keeps its place in the dict: the tail is rebuilt later
+            if len(series) == size:  # a replaced point keeps its place in the dict: the tail is rebuilt later
                 del self.tails[name]
-            else:
-                tail.append(step, value, 0 if context else time_ns)
-        series[step] = (value, 0 if context else time_ns)
+            else:  # SeriesTail.append, inline (every point of a series the detectors read goes through)
+                points = tail.points
+                if points and step <= points[-1][0]:
+                    tail.descent = len(points)
+                points.append((step, value, time_ns))
+                if value - value != 0.0:
+                    tail.bad_end = len(points)
         if len(series) > 2 * settings.history_len:
             keep = sorted(series)[-settings.history_len:]
             self.history_floor[name] = keep[0]
@@ -173,7 +181,7 @@ class RankState:
         if value - value != 0.0:  # NaN or +-Inf
             first = self.first_nonfinite.get(name)
             if first is None or step < first[0]:
-                self.first_nonfinite[name] = (step, 0 if context else time_ns)
+                self.first_nonfinite[name] = (step, time_ns)
 
     def step_time(self) -> float:
         """Seconds per step: the SDK's measurement when it sent one, else what the steps' pace shows."""
