@@ -30,6 +30,8 @@ def incident_of(world: World, project: str = "alpha") -> Dict[str, Any]:
 def test_acknowledge_note_resolve_and_the_library(world: World) -> None:
     inc = incident_of(world)
     path = f"/api/v1/incidents/{inc['incident_id']}"
+    processor_run = world.services.incidents.get_run("alpha", inc["run_id"])  # as the processor wrote it
+    assert processor_run is not None and inc["status"] in ("open", "ongoing") and processor_run.open_incidents >= 1
     empty = world.get(f"{path}/workflow").json()
     assert empty["workflow"]["acknowledged_ns"] == 0 and empty["workflow"]["category"] == inc["category"]
 
@@ -51,6 +53,9 @@ def test_acknowledge_note_resolve_and_the_library(world: World) -> None:
     record.status, record.resolved_ns = inc["status"], 0  # as the processor still sees it
     world.services.incidents.upsert_incidents([record])
     assert world.get(path).json()["status"] == "resolved"
+    world.services.incidents.upsert_runs([processor_run])  # the run's count follows, through its upserts too
+    run = world.get(f"/api/v1/runs/{inc['run_id']}").json()
+    assert run["open_incidents"] == processor_run.open_incidents - 1
     assert world.get(f"{path}/workflow").json()["workflow"]["root_cause"] == "LR schedule bug: warmup to 10x"
 
     # the same failure in a later run lists it as a similar, solved one (as the processor would record it)

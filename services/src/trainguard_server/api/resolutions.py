@@ -71,10 +71,14 @@ def run(store: IncidentStore, record: RunRecord) -> RunRecord:
     page = store.list_incidents(record.project, run_id=record.run_id, limit=MAX_RUN_INCIDENTS)
     if page.next_cursor:
         return record
-    by_person = {i.incident_id for i in page.items if _resolved_ns(store, record.project, i.incident_id)}
+    stored_open = [i for i in page.items if i.status in OPEN_STATUSES]
+    # the open ones a person resolved; and when the processor counts more open than are stored open, the
+    # stored resolved ones too (record_resolution wrote them before the processor's run record caught up)
+    candidates = stored_open if len(stored_open) == record.open_incidents else page.items
+    by_person = {i.incident_id for i in candidates if _resolved_ns(store, record.project, i.incident_id)}
     if not by_person:
         return record
-    still_open = [i for i in page.items if i.status in OPEN_STATUSES and i.incident_id not in by_person]
+    still_open = [i for i in stored_open if i.incident_id not in by_person]
     status = record.status
     if status == "stalled" and not any((i.category, i.subtype) == STALL for i in still_open):
         status = "running"
