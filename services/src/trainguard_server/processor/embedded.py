@@ -27,6 +27,7 @@ from ..queue.base import Queue, QueueRecord
 from ..queue.common import PARTITION
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricPoint, MetricStore, StoredEvent
 from .decode import Points, decode_request
+from .rank_parts import RankParts
 
 log = logging.getLogger("trainguard.processor")
 
@@ -115,6 +116,8 @@ class EmbeddedProcessor:
         #: one pipeline per partition this processor owns (a queue with one partition: just partition 0)
         self.partitioned = self.per_partition_state and bool(getattr(queue, "partitioned", False))
         self.pipelines: Dict[int, Pipeline] = {}
+        #: each pipeline's big runs stored below the run, in rank parts (only the changed ones rewritten)
+        self._rank_parts: Dict[int, RankParts] = {}
         self._legacy_state = False
         if not self.partitioned:
             self.pipelines[PARTITION] = self._restore(PARTITION)
@@ -184,10 +187,11 @@ class EmbeddedProcessor:
         keys = self.incidents.state_keys(prefix)
         parts = {key[len(prefix):]: self.incidents.load_state(key) for key in keys}
         blob = None if parts or self.partitioned else self.incidents.load_state(STATE_KEY)
+        splitter = self._rank_parts[partition] = RankParts()
         try:
             if parts:
-                return Pipeline.restore_parts({k: v for k, v in parts.items() if v is not None},
-                                              self.detection)
+                return Pipeline.restore_parts(splitter.from_store({k: v for k, v in parts.items()
+                                                                   if v is not None}), self.detection)
             if blob is None:
                 return Pipeline(self.detection)
             self._legacy_state = True  # the first checkpoint writes it as parts and deletes it
@@ -228,13 +232,16 @@ class EmbeddedProcessor:
         chosen = [(p, self.pipelines[p]) for p in partitions if p in self.pipelines]
         for partition, pipeline in chosen:
             prefix = self._prefix(partition)
-            items.update((prefix + name, blob) for name, blob in pipeline.changed_parts().items())
+            splitter = self._rank_parts.setdefault(partition, RankParts())
+            items.update((prefix + name, blob)
+                         for name, blob in splitter.to_store(pipeline.changed_parts()).items())
         if self._legacy_state:
             items[STATE_KEY] = None
         self._report_quarantined()  # a run whose state could not be serialised was left out: say which
         self.incidents.save_states(items)
-        for _partition, pipeline in chosen:
+        for partition, pipeline in chosen:
             pipeline.parts_saved()
+            self._rank_parts[partition].saved()
         self._legacy_state = False
 
     # --- partitions (a consumer group rebalanced: see queue.base.RebalanceListener) ---------------
@@ -266,6 +273,7 @@ class EmbeddedProcessor:
                                 "re-processes them from the last commit", sorted(gone), _describe(exc))
             for partition in gone:
                 self.pipelines.pop(partition, None)
+                self._rank_parts.pop(partition, None)
                 self._pending.pop(partition, None)
 
     def _next_timer_ns(self) -> int:

@@ -1,0 +1,122 @@
+"""A big run stored below the run (processor/rank_parts.py): on every recorded stream, saved through rank
+parts after every call and restored at any point, the pipeline is exactly the one a whole snapshot gives
+(byte-equal ``snapshot()``); a save rewrites only the rank parts whose ranks changed; a restarted
+processor continues from rank parts; a missing rank part quarantines that run alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional
+
+import pytest
+
+from tests.engine.test_pipeline_golden import STREAMS
+from tests.services.processor.test_embedded_rounds import _publish
+from trainguard_engine.pipeline import Pipeline
+from trainguard_server.processor import rank_parts
+from trainguard_server.processor.embedded import PARTS_PREFIX, EmbeddedProcessor
+from trainguard_server.processor.rank_parts import RANK_PART_PREFIX, RankParts, rank_part_name
+from trainguard_server.storage.sqlite import SqliteEventStore, SqliteIncidentStore, SqliteMetricStore
+
+Store = Dict[str, bytes]
+
+
+def _save(pipeline: Pipeline, splitter: RankParts, store: Store) -> Dict[str, Optional[bytes]]:
+    """What the processor's checkpoint does: the changed parts, split, into the store; then saved."""
+    written = splitter.to_store(pipeline.changed_parts())
+    for key, value in written.items():
+        if value is None:
+            store.pop(key, None)
+        else:
+            store[key] = value
+    pipeline.parts_saved()
+    splitter.saved()
+    return written
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_runs_in_rank_parts_restore_exactly_at_every_cut(name: str) -> None:
+    load_events, settings = STREAMS[name]
+    events = load_events()
+    pipeline = Pipeline(settings)
+    splitter = RankParts(split_above=0, ranks_per_part=1)  # every run split, one rank a part
+    store: Store = {}
+    step = 25
+    for i in range(0, len(events), step):
+        pipeline.process(events[i:i + step])
+        if i % (4 * step) == 0:
+            pipeline.advance(int(events[min(i + step, len(events)) - 1].get("time_unix_nano") or 0))
+        _save(pipeline, splitter, store)
+        assert any(k.startswith(RANK_PART_PREFIX) for k in store)
+        restored = Pipeline.restore_parts(RankParts().from_store(store), settings)
+        assert restored.snapshot() == pipeline.snapshot(), f"{name}: differs after event {i + step}"
+
+
+def test_a_save_rewrites_only_the_ranks_that_changed() -> None:
+    load_events, settings = STREAMS["nccl/timeout"]
+    events = load_events()
+    early = events[:len(events) // 2]
+    rank1 = [e for e in events[len(events) // 2:] if int(e.get("rank") or 0) == 1][:10]
+    assert rank1 and {int(e.get("rank") or 0) for e in early} == {0, 1}
+    pipeline = Pipeline(settings)
+    splitter = RankParts(split_above=0, ranks_per_part=1)
+    store: Store = {}
+    pipeline.process(early)
+    first = _save(pipeline, splitter, store)
+    (run_name,) = [k for k in first if k.startswith("run/")]
+    assert {rank_part_name(run_name, 0), rank_part_name(run_name, 1)} <= set(first)
+    # a restart in between: the restored splitter knows what is stored
+    splitter = RankParts(split_above=0, ranks_per_part=1)
+    pipeline = Pipeline.restore_parts(splitter.from_store(store), settings)
+    pipeline.process(rank1)
+    second = _save(pipeline, splitter, store)
+    order = list(pipeline.run_state(rank1[0]["project"], rank1[0]["run_id"]).ranks)  # type: ignore[union-attr]
+    changed = rank_part_name(run_name, order.index(1))
+    quiet = rank_part_name(run_name, order.index(0))
+    assert changed in second and quiet not in second and run_name in second
+    assert Pipeline.restore_parts(RankParts().from_store(store), settings).snapshot() == pipeline.snapshot()
+    # the run deleted: its head and every rank part go
+    gone = splitter.to_store({run_name: None})
+    assert gone == {run_name: None, rank_part_name(run_name, 0): None, rank_part_name(run_name, 1): None}
+
+
+def test_a_missing_rank_part_quarantines_that_run_alone() -> None:
+    load_events, settings = STREAMS["nccl/timeout"]
+    events = load_events()
+    other = [dict(e, run_id=e["run_id"] + "-b", event_id=e["event_id"] + "-b") for e in events]
+    pipeline = Pipeline(settings)
+    splitter = RankParts(split_above=0, ranks_per_part=1)
+    store: Store = {}
+    pipeline.process(events + other)
+    _save(pipeline, splitter, store)
+    lost = sorted(k for k in store if k.startswith(RANK_PART_PREFIX) and k.endswith("-b"))[0]
+    del store[lost]
+    reader = RankParts(split_above=0, ranks_per_part=1)
+    restored = Pipeline.restore_parts(reader.from_store(store), settings)
+    assert [q.run_id for q in restored.quarantined] == [events[0]["run_id"] + "-b"]
+    assert [r.run_id for r in restored.runs()] == [events[0]["run_id"]]
+    # the next save deletes the broken run's head and its remaining rank part
+    cleanup = reader.to_store(restored.changed_parts())
+    assert all(cleanup[k] is None for k in cleanup if k.endswith("-b"))
+    for key, value in cleanup.items():
+        if value is None:
+            store.pop(key, None)
+    assert [k for k in store if k.endswith("-b")] == []
+    assert [k for k in store if k.startswith(RANK_PART_PREFIX)]  # the healthy run's stay
+
+
+def test_a_restarted_processor_continues_from_rank_parts(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rank_parts, "SPLIT_ABOVE_BYTES", 0)
+    monkeypatch.setattr(rank_parts, "RANKS_PER_PART", 1)
+    queue, _envelopes = _publish(tmp_path)
+    incidents = SqliteIncidentStore(tmp_path / "incidents.db")
+    stores = (SqliteEventStore(tmp_path / "events.db"), SqliteMetricStore(tmp_path / "metrics.db"), incidents)
+    first = EmbeddedProcessor(queue, *stores, snapshot_every_s=0.0, tick_interval_s=1e15)
+    first.drain(timeout=10)
+    first.checkpoint()
+    keys = incidents.state_keys(PARTS_PREFIX)
+    assert any(k.startswith(PARTS_PREFIX + RANK_PART_PREFIX) for k in keys)
+    second = EmbeddedProcessor(queue, *stores, snapshot_every_s=0.0, tick_interval_s=1e15)  # a restart
+    assert second.pipeline.snapshot() == first.pipeline.snapshot()
+    queue.close()
