@@ -33,6 +33,10 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   and the norm went Inf at 35. The explosion rule needs several readings of a 6x climb (from 28 on);
   a loss divergence that the grad norm corroborates (>= explosion_onset_factor x its median) confirms on
   divergence_corroborated_points values instead of divergence_min_points: flagged 10 steps before.
+* r205 (Lightning CNN, SGD+momentum with an LR ~300x too high, clip 5): the loss rises from 3.5 to ~15 in
+  its first ~30 steps (a divergence, rightly), then swings between ~8 and ~25 with no trend for 250
+  steps, about where it was when it left its band: the divergence settles into an oscillation (resolved,
+  the oscillation open) -- a loss still growing after it left its band stays a divergence.
 """
 
 from __future__ import annotations
@@ -118,3 +122,10 @@ def test_a_divergence_the_grad_norm_corroborates_is_flagged_ten_steps_before_the
     assert out.verdict == "gradient/explosion", out
     assert out.first_nonfinite is not None and out.flagged, out
     assert out.first_nonfinite - out.flagged["step"] >= 10, out  # flagged at 27 (lead 8) before the fix
+
+
+def test_a_divergence_that_stopped_rising_and_swings_settles_into_an_oscillation() -> None:
+    out = _outcome("r205")
+    assert out.label == "loss/oscillation"
+    assert "loss/divergence" in out.transient, out  # it did leave its band first (found, then resolved)
+    assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out

@@ -504,6 +504,10 @@ class DetectionSettings:
         0.8, "loss/oscillation: the window's median >= this x the initial level (swinging at a high "
         "level, no real progress); here the lower of the first value and the initial median, since a "
         "far-too-high LR moves the loss from the first update on.")
+    oscillation_max_rise: float = _setting(
+        1.5, "loss/divergence settles into loss/oscillation when, over a full loss_window, the loss swings "
+        "with no trend and no longer rises, at a level at most this x the level at which it left its band "
+        "(higher: it kept diverging after it left the band).", minimum=1.0)
     plateau_min_level: float = _setting(
         0.9, "loss/plateau: the window's median >= this x the initial level (fell by less than 10% since "
         "the start: a run that fell and then flattened is converging, not on a plateau).")
@@ -949,7 +953,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
         "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points", "loss_window",
         "loss_baseline_points",
-        "oscillation_min_cv", "oscillation_min_level", "plateau_min_level", "plateau_max_change",
+        "oscillation_min_cv", "oscillation_min_level", "oscillation_max_rise", "plateau_min_level",
+        "plateau_max_change",
         "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
         "divergence_min_points", "divergence_corroborated_points", "rise_smooth", "rise_min_fall",
         "rise_min_rise", "rise_min_points",

@@ -236,12 +236,15 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
                                                 settings, series):
         open_kind = None
     judged = ESCALATES_TO.get(open_kind, (open_kind,)) if open_kind is not None else CURVE_KINDS
-    if open_kind is not None and len(judged) == 1 and \
-            state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
-        return []  # an open incident's last step is refreshed every few values, not on each
     streaks: Dict[str, int] = state.setdefault("streak", {})
     since: Dict[str, int] = state.setdefault("since", {})
     win = _Window(series, tuned.loss_window)
+    if open_kind == "divergence" and _divergence_settled(run, rank, name, series, win, initial, state, step,
+                                                         time_ns, settings):
+        open_kind, judged = None, ("oscillation",)
+    if open_kind is not None and len(judged) == 1 and \
+            state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
+        return []  # an open incident's last step is refreshed every few values, not on each
     for kind in CURVE_KINDS:
         if kind not in judged:
             continue
@@ -281,6 +284,41 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             relabel=kind == "divergence" and upgrades(run, "loss", kind), update_values=kind == "divergence",
             summary=f"On rank {rank.rank}, {check.summary.format(since=first)}")]
     return []
+
+
+def _divergence_settled(run: RunState, rank: RankState, name: str, series: Sequence[Tuple[int, float, int]],
+                        win: _Window, initial: float, state: Dict[str, Any], step: int, time_ns: int,
+                        settings: DetectionSettings) -> bool:
+    """Whether the open divergence of ``rank`` has settled into an oscillation, resolving it then: over a
+    full ``loss_window`` the loss swings with no trend (the oscillation rule holds) and no longer rises
+    (the divergence rule does not hold: jumping from value to value with no upward trend since it left
+    the band), at a level at most ``oscillation_max_rise`` x the one at which it left the band, on
+    ``confirm_checks`` values in a row. A far-too-high LR often throws the loss up within
+    its first steps and then keeps it swinging there: what goes on is the oscillation, at a high level
+    (the divergence stays in the run's history, resolved). The oscillation rule's streak is counted here,
+    so the caller's oscillation check opens it on the next hold."""
+    streaks: Dict[str, int] = state.setdefault("streak", {})
+    swings = _check_oscillation(rank, name, series, win, initial, state, settings, settings, False)
+    rises = _check_divergence(rank, name, series, win, initial, state, settings, settings, False)
+    opened = state.get("opened") or {}
+    if not swings.holds or rises.holds or not opened.get("level") or \
+            win.median > settings.oscillation_max_rise * opened["level"]:
+        streaks["oscillation"] = 0
+        return False
+    if streaks.get("oscillation", 0) == 0:
+        state.setdefault("since", {})["oscillation"] = swings.since
+    streaks["oscillation"] = streaks.get("oscillation", 0) + 1
+    if streaks["oscillation"] < settings.confirm_checks:
+        return False
+    streaks["oscillation"] -= 1  # the caller's check counts this value again
+    st = run.incidents.get(NUMERIC_KEY)
+    if st is None or st.record.subtype != "divergence":
+        return False
+    resolve(st, time_ns, step, rank.rank, f"rank {rank.rank}: the loss stopped rising -- it swings with no "
+            f"trend at {fmt_number(win.median)} (the loss/oscillation incident goes on from here)", settings)
+    state.pop("opened", None)
+    streaks["divergence"] = 0
+    return True
 
 
 def _flat_stretch(state: Dict[str, Any], check: _Check, win: _Window, initial: float,
