@@ -10,8 +10,10 @@ applies it whenever it answers:
 * a run's ``open_incidents`` and ``health`` count only the incidents still open after that (health:
   ``critical`` when one of severity error/critical is open, ``warning`` for warning, else ``healthy``, as the
   processor computes it), and a ``stalled`` run whose every stall a person resolved is ``running`` again;
-* :func:`record_resolution` also writes the resolved status into the stored incident and run records at once,
-  so that filtering by status (``?status=resolved``) finds it until the processor next rewrites the record.
+* :func:`record_resolution` also writes the resolved status into the stored incident record at once, so that
+  filtering incidents by status (``?status=resolved``) finds it until the processor next rewrites the record
+  (filtering runs by status still goes by the processor's record: a run whose stalls a person resolved is
+  listed under ``stalled`` and shown ``running``).
 
 The processor's own resolution (the condition cleared) needs nothing here: its records already say so.
 """
@@ -91,15 +93,12 @@ def runs(store: IncidentStore, records: Sequence[RunRecord]) -> List[RunRecord]:
 
 
 def record_resolution(store: IncidentStore, project: str, incident_id: str) -> None:
-    """Write a person's resolution into the stored incident and run records now (see the module docstring)."""
+    """Write a person's resolution into the stored incident record now (see the module docstring)."""
     stored = store.get_incident(project, incident_id)
     if stored is None:
         return
     shown = incident(store, stored)
     if shown is not stored:
         store.upsert_incidents([shown])
-    run_record = store.get_run(project, stored.run_id)
-    if run_record is not None:
-        recounted = run(store, run_record)
-        if recounted is not run_record:
-            store.upsert_runs([recounted])
+    # the run record is not rewritten: the processor rewrites it every batch of a live run, and a copy written
+    # here could land after (and undo) the processor's newer one; :func:`run` recounts it on every read
