@@ -20,7 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.services.dashboard.test_dashboard_browser import loaded, shot
-from tests.services.dashboard.test_run_page_browser import WAIT_S, open_run
+from tests.services.dashboard.test_run_page_browser import WAIT_S, WIDER_JS, open_run
 from tests.services.e2e.serve_process import ServeProcess
 from tests.support.waiting import poll
 from trainguard_engine.catalogue import DetectionSettings
@@ -145,3 +145,18 @@ def test_the_straggler_incident_shows_its_rank_against_the_others(straggler: Str
     assert {n for n, c in colours if c == "#d92d20"} == {f"rank {lead}"} and len(colours) == 4
     browser.execute_script("document.getElementById('incident-ranks').scrollIntoView()")
     shot(browser, "incident-straggler")
+
+
+def test_the_straggler_pages_fit_a_760_px_window(straggler: Straggler, browser: Any) -> None:
+    server, run_id, incident, _ = straggler
+    browser.set_window_size(760, 1000)
+    try:
+        open_run(browser, server, run_id)
+        heatmap(browser, "own")
+        assert browser.execute_script(WIDER_JS) == []
+        browser.get(server.http_url + f"/ui/#/incidents/{incident['incident_id']}")
+        loaded(browser, "#/incidents/")
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#rank-compare tbody tr"))
+        assert browser.execute_script(WIDER_JS) == []
+    finally:
+        browser.set_window_size(1400, 1000)

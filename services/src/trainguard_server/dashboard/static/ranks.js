@@ -66,7 +66,7 @@ function rankHeatmapSection(runId, ranks, names) {
   if (ranks.length < 2 || !measures.length) return "";
   const chosen = rankMeasureChosen.get(runId) || measures[0][0];
   return `<h2 id="rank-heatmap-title">Per-rank step time</h2>
-    <div class="filters"><label>Colour by <select id="rank-heatmap-measure">${measures.map(([m, label]) =>
+    <div class="filters toolbar"><label>Colour by <select id="rank-heatmap-measure">${measures.map(([m, label]) =>
       `<option value="${esc(m)}" ${m === chosen ? "selected" : ""}>${esc(label)}</option>`).join("")}</select></label>
       <span class="muted">one row per rank; a straggler's row stands out in own work (every rank's step time is the slowest one's)</span></div>
     <div class="card"><div class="chart wide" id="rank-heatmap"></div></div>`;
