@@ -1,7 +1,8 @@
 """The web dashboard, served by the same process as the query API (no separate front-end server).
 
-``/ui/`` is a single page (``static/index.html`` + ``static/app.js``) that reads everything from the query
-API with the read token the user enters once (kept in the browser's localStorage). Charts are ECharts,
+``/ui/`` is a single page (``static/index.html`` + ``static/app.js``; ``static/ranks.js``: the per-rank step
+time views) that reads everything from the query API with the read token the user enters once (kept in the
+browser's localStorage). Charts are ECharts,
 served from ``static/vendor/`` (fetched from the npm registry at install time by tools/fetch_assets.py;
 nothing is loaded from a CDN at run time).
 """
