@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Scale-out (issue 20): 1, 2 and 3 embedded processors in one Kafka consumer group, and a 4,096-rank run's
-per-partition checkpoint.
+"""Scale-out (issue 20): 1, 2 and 3 embedded processors in one Kafka consumer group, the Flink job at
+parallelism 1 and 2 beside one embedded processor on the same stream, and a 4,096-rank run's checkpoint
+(the run in one part, and below the run in rank parts).
 
 **Group drain.** A Tansu broker (the tests' Kafka-protocol broker, memory storage) is started; for each N
 in ``--processors`` (default 1,2,3) a fresh topic of 12 partitions (and a fresh consumer group) gets a
@@ -24,15 +25,26 @@ ratio can be with that split, however many cores.
 ``sdk4096`` shape, kept live: no EXIT), no periodic snapshot; after step 2 (the ``sdk4096`` shape) and
 step 20 (``--checkpoint-steps``), and one step after each, the time of ``processor.checkpoint()`` (the
 changed parts of the run's partition's pipeline saved in one transaction, offsets committed) and the
-parts and bytes it saved (a run is one part: ``largest_part_bytes``).
+parts and bytes it saved; last, the next step of 1/16 of the ranks only (``changed_ranks``). Twice in one
+process: ``mode=whole`` (the run one part, as before processor/rank_parts.py) and ``mode=rank_parts`` (the
+processor's default: a run above 1 MiB as a head and rank parts of 128 ranks, only changed ones written;
+``largest_stored_bytes`` is the biggest value under one state key); ``checkpoint_split`` lines are the
+ratios rank_parts / whole.
+
+**Flink.** ``--flink-runs`` runs of the backlog (default 16) through the Flink job
+(processor/flink_main.py ``--records``: a local mini-cluster of .venv-flink, bounded source, file sink) at
+each ``--flink-parallelism`` (1,2), and through one embedded processor over Kafka (one process, one
+core). A one-run, two-step stream is run at each parallelism too and subtracted (the mini-cluster's
+start-up, ~40 s here): ``events_per_s`` is marginal, ``events_per_s_per_slot`` = that / parallelism,
+``events_per_cpu_s`` the marginal events per CPU second of the job's whole process tree (JVM + Python
+workers, sampled from /proc); ``slot_vs_embedded_core`` is the issue's ratio (target >= 0.5).
 
 On a 2-core machine N processors cannot go beyond ~2x one processor -- less, since the broker and the
 publisher share the same cores: the script prints ``os.cpu_count()`` and the load average beside every
-figure. The Flink half of the issue's line (parallelism 1 and 2 on the mini-cluster) is not measured here
-(bench/pipeline.py has the Flink path).
+figure; parallelism 2 of the Flink job likewise.
 
-    python bench/scale.py            # ~2-3 minutes
-    python bench/scale.py --quick    # a smoke run (~30 s)
+    python bench/scale.py            # ~10 minutes (Flink ~5 of them)
+    python bench/scale.py --quick    # a smoke run (~30 s; no Flink part)
 
 Nothing is asserted; numbers and ratios are printed, the last line is the figures as JSON.
 """
@@ -223,30 +235,42 @@ def drain_group(bootstrap: str, broker_pid: int, n: int, runs: Sequence[Tuple[st
             "peak_rss_mb": max(r["peak_rss_mb"] for r in results), "loadavg": load}
 
 
-def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: Path) -> List[Dict[str, Any]]:
+def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: Path,
+                       mode: str = "rank_parts", split_above: Optional[int] = None) -> List[Dict[str, Any]]:
     """One processor, one ``ranks``-rank run (no EXIT: it stays live): after the run's start and each step
     in ``stops`` a timed ``checkpoint()`` with the parts and bytes it saved (the first saves everything),
-    and one more step later another (what one step changed). Each stop is a line of figures."""
+    and one more step later another (what one step changed); last, the next step of 1/16 of the ranks
+    only (``changed_ranks``: what a checkpoint writes when most ranks were quiet). Each stop is a line of
+    figures. ``mode``: ``rank_parts`` (the processor's default: a big run in rank parts,
+    processor/rank_parts.py; ``split_above``: its threshold, default the processor's) or ``whole`` (the run
+    in one part, as before the split)."""
     from processor import sdk_requests  # bench/processor.py
 
     from trainguard import wire
     from trainguard_engine.catalogue import DetectionSettings
     from trainguard_server.config import Settings
+    from trainguard_server.processor import rank_parts
     from trainguard_server.processor.embedded import PARTITION_PREFIX, EmbeddedProcessor, tune_gc
     from trainguard_server.queue.kafka import KafkaQueue
     from trainguard_server.storage.select import open_stores
 
     tune_gc()
     run_id = f"scale-ckpt-{uuid.uuid4().hex[:6]}"
-    last = max(stops) + 1
+    last = max(stops) + 2
     requests = list(sdk_requests("bench", run_id, ranks, last))[:-ranks]  # no EXIT: the run stays live
     values = [wire.prepare_batch(batch).request.SerializeToString() for batch in requests]
     # records [0, ranks) are the starts, then step k's are [k * ranks, (k + 1) * ranks)
     marks = sorted({s for s in stops} | {s + 1 for s in stops})
+    partial = max(1, ranks // 16)
     topic = f"scale-ckpt-{uuid.uuid4().hex[:8]}"
     pub = publisher(bootstrap, topic)
     settings = Settings()
-    stores = open_stores(settings, root / "ckpt")
+    stores = open_stores(settings, root / f"ckpt-{mode}")
+    default_split = rank_parts.SPLIT_ABOVE_BYTES
+    if mode == "whole":
+        rank_parts.SPLIT_ABOVE_BYTES = 1 << 62  # read when the processor makes a partition's RankParts
+    elif split_above is not None:
+        rank_parts.SPLIT_ABOVE_BYTES = split_above
     queue = KafkaQueue(bootstrap, topic, group_id=topic, partitions=PARTITIONS,
                        session_timeout_ms=SESSION_TIMEOUT_MS, consumer_config=dict(CONSUMER_CONFIG))
     processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, DetectionSettings(),
@@ -266,9 +290,10 @@ def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: P
             raise RuntimeError("the checkpoint processor got no partition")
         processor.checkpoint()  # the empty pipelines of the 12 partitions: saved once, not part of a figure
         done = 0
-        for step in marks:
-            batch = values[done:(step + 1) * ranks]
-            done = (step + 1) * ranks
+        for step, changed in [(m, ranks) for m in marks] + [(marks[-1] + 1, partial)]:
+            end = step * ranks + changed if changed < ranks else (step + 1) * ranks
+            batch = values[done:end]
+            done += len(batch)
             pub.publish(run_id, batch)
             target = processor.stats.records + len(batch)
             deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -282,16 +307,125 @@ def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: P
             t0 = time.perf_counter()
             processor.checkpoint()
             took = time.perf_counter() - t0
-            keys = [k for k in stores.incidents.state_keys(PARTITION_PREFIX) if "/run/" in k]
-            out.append({"ranks": ranks, "after_step": step, "records": len(batch), "process_s": processed_s,
+            keys = stores.incidents.state_keys(PARTITION_PREFIX)
+            out.append({"ranks": ranks, "after_step": step, "changed_ranks": changed, "mode": mode,
+                        "records": len(batch), "process_s": processed_s,
                         "checkpoint_s": took, "parts": sum(p for p, _, _ in saved),
                         "bytes": sum(b for _, b, _ in saved),
                         "largest_part_bytes": max(m for _, _, m in saved),
-                        "run_parts_stored": len(keys), "loadavg": _loadavg()})
+                        "run_parts_stored": sum(1 for k in keys if "/run/" in k),
+                        "rank_parts_stored": sum(1 for k in keys if f"/{rank_parts.RANK_PART_PREFIX}" in k),
+                        "largest_stored_bytes": max(len(stores.incidents.load_state(k) or b"") for k in keys),
+                        "loadavg": _loadavg()})
     finally:
+        rank_parts.SPLIT_ABOVE_BYTES = default_split
         queue.close()
         pub.close()
         stores.close()
+    return out
+
+
+# ------------------------------------------------------------------------------------------- Flink
+
+def _tree_cpu(root_pid: int, seen: Dict[int, float]) -> None:
+    """Note the CPU seconds so far of ``root_pid`` and every process below it (Linux /proc) in ``seen``."""
+    parents: Dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = {root_pid}, [root_pid]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    for pid in tree:
+        try:
+            seen[pid] = max(seen.get(pid, 0.0), _proc_cpu_s(pid))
+        except (OSError, IndexError, ValueError):
+            continue
+
+
+def flink_job(python: Path, values: Sequence[bytes], parallelism: int, root: Path) -> Tuple[float, float]:
+    """The Flink job (processor/flink_main.py ``--records``: a local mini-cluster, bounded input, results
+    to files) over ``values`` at ``parallelism``: (wall seconds, CPU seconds of the job's process tree:
+    the JVM and its Python workers, sampled every 0.2 s)."""
+    from trainguard_server.processor.flink_main import write_records
+
+    tag = uuid.uuid4().hex[:8]
+    path = root / f"flink-{tag}.bin"
+    write_records(path, values)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"), str(REPO / "services" / "src")]))
+    seen: Dict[int, float] = {}
+    with open(root / f"flink-{tag}.log", "w") as log:
+        started = time.monotonic()
+        proc = subprocess.Popen([str(python), "-m", "trainguard_server.processor.flink_main", "--records",
+                                 str(path), "--out", str(root / f"flink-out-{tag}"), "--parallelism",
+                                 str(parallelism)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            _tree_cpu(proc.pid, seen)
+            time.sleep(0.2)
+            if time.monotonic() - started > DRAIN_TIMEOUT_S * 2:
+                proc.kill()
+        wall = time.monotonic() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"the Flink job failed: {(root / f'flink-{tag}.log').read_text()[-3000:]}")
+    out = list((root / f"flink-out-{tag}").rglob("*.jsonl"))
+    if not any(f.stat().st_size for f in out):
+        raise RuntimeError("the Flink job wrote no results")
+    return wall, sum(seen.values())
+
+
+def flink_figures(bootstrap: str, broker_pid: int, runs: Sequence[Tuple[str, List[bytes]]], ranks: int,
+                  root: Path, parallelisms: Sequence[int]) -> Optional[Dict[str, Any]]:
+    """The Flink job at each of ``parallelisms`` on ``runs`` (SDK-shaped records, the same as the group
+    drain's), beside one embedded processor over Kafka draining the same records (one process: one core).
+    Start-up is taken out: each parallelism also runs a one-run, two-step stream, and the figures are
+    marginal -- (events of the stream - events of the small one) / (difference of wall, or of CPU)."""
+    python = REPO / ".venv-flink" / "bin" / "python"
+    if not python.exists():
+        print("flink: skipped: no .venv-flink (make install-flink builds it)", flush=True)
+        return None
+    from trainguard.v1 import ingest_pb2
+
+    def events_of(values: Sequence[bytes]) -> int:
+        return sum(len(ingest_pb2.IngestRequest.FromString(v).events) for v in values)
+
+    values = [v for _, vs in runs for v in vs]
+    events = events_of(values)
+    small = runs[0][1][:ranks * 3]  # the first run's starts and two steps: start-up and little else
+    small_events = events_of(small)
+    print(f"# flink stream: {len(runs)} runs of the backlog, {len(values)} records, {events} events; "
+          f"start-up run: {len(small)} records, {small_events} events; mini-cluster (apache-flink 2.3, "
+          f".venv-flink), bounded source, file sink", flush=True)
+    embedded = drain_group(bootstrap, broker_pid, 1, runs, events, root)
+    per_core = embedded["events_per_s"]
+    per_cpu = embedded["events_per_worker_cpu_s"]
+    print(f"flink_baseline embedded_processors=1 events={embedded['events_processed']} "
+          f"wall_s={embedded['wall_s']:.2f} events_per_s={per_core:.0f} events_per_cpu_s={per_cpu:.0f} "
+          f"loadavg={embedded['loadavg']}", flush=True)
+    out: Dict[str, Any] = {"events": events, "embedded_events_per_s": per_core,
+                           "embedded_events_per_cpu_s": per_cpu, "jobs": []}
+    for p in parallelisms:
+        wall0, cpu0 = flink_job(python, small, p, root)
+        wall1, cpu1 = flink_job(python, values, p, root)
+        rate = (events - small_events) / max(1e-9, wall1 - wall0)
+        per_cpu_s = (events - small_events) / max(1e-9, cpu1 - cpu0)
+        job = {"parallelism": p, "startup_wall_s": wall0, "wall_s": wall1, "events_per_s": rate,
+               "events_per_s_per_slot": rate / p, "events_per_cpu_s": per_cpu_s,
+               "slot_vs_embedded_core": rate / p / per_core, "cpu_vs_embedded_cpu": per_cpu_s / per_cpu,
+               "loadavg": _loadavg()}
+        out["jobs"].append(job)
+        print(f"flink parallelism={p} events={events} wall_s={wall1:.1f} startup_wall_s={wall0:.1f} "
+              f"events_per_s={rate:.0f} events_per_s_per_slot={rate / p:.0f} cpu_s={cpu1 - cpu0:.1f} "
+              f"events_per_cpu_s={per_cpu_s:.0f} slot_vs_embedded_core={rate / p / per_core:.2f} "
+              f"cpu_vs_embedded_cpu={per_cpu_s / per_cpu:.2f} (target slot >= 0.5 x embedded core) "
+              f"cpus={os.cpu_count()} loadavg={job['loadavg']}", flush=True)
     return out
 
 
@@ -304,6 +438,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--checkpoint-ranks", type=int, default=4096)
     p.add_argument("--checkpoint-steps", default="2,20",
                    help="checkpoint after these steps of the big run, and one step after each")
+    p.add_argument("--flink-runs", type=int, default=16,
+                   help="the Flink job's stream: the first this many runs of the backlog (0: no Flink part)")
+    p.add_argument("--flink-parallelism", default="1,2")
+    p.add_argument("--split-above", type=int, default=None,
+                   help="rank_parts mode: split runs above this many bytes (default: the processor's 1 MiB)")
     p.add_argument("--quick", action="store_true", help="a smoke run: small backlog, 512-rank checkpoint")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -317,6 +456,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.quick:
         args.runs, args.ranks, args.steps, args.checkpoint_ranks = 12, 4, 10, 512
         args.checkpoint_steps = "1"
+        args.flink_runs = 0
+        args.split_above = 256 * 1024  # the small run is split too
     sizes = [int(s) for s in args.processors.split(",") if s.strip()]
     cpus = os.cpu_count() or 1
     print(f"# bench/scale.py date={time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} "
@@ -358,15 +499,36 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"shares those cores), so N=3 cannot exceed ~{min(3, cpus)}x; on a loaded machine less.",
               flush=True)
         stops = [int(x) for x in args.checkpoint_steps.split(",") if x.strip()]
-        figures["checkpoint"] = checkpoint_figures(broker.bootstrap, args.checkpoint_ranks, stops, root)
+        figures["checkpoint"] = []
+        for mode in ("whole", "rank_parts"):
+            figures["checkpoint"] += checkpoint_figures(broker.bootstrap, args.checkpoint_ranks, stops, root,
+                                                        mode, args.split_above)
         for c in figures["checkpoint"]:
-            print(f"checkpoint ranks={c['ranks']} after_step={c['after_step']} records={c['records']} "
+            print(f"checkpoint ranks={c['ranks']} after_step={c['after_step']} "
+                  f"changed_ranks={c['changed_ranks']} mode={c['mode']} records={c['records']} "
                   f"process_s={c['process_s']:.2f} checkpoint_s={c['checkpoint_s']:.3f} parts={c['parts']} "
                   f"bytes={c['bytes']} bytes_per_rank={c['bytes'] / c['ranks']:.0f} "
-                  f"largest_part_bytes={c['largest_part_bytes']} run_parts_stored={c['run_parts_stored']} "
+                  f"largest_part_bytes={c['largest_part_bytes']} "
+                  f"largest_stored_bytes={c['largest_stored_bytes']} "
+                  f"run_parts_stored={c['run_parts_stored']} rank_parts_stored={c['rank_parts_stored']} "
                   f"cpus={cpus} loadavg={c['loadavg']}", flush=True)
-        print("flink: not measured by this script (issue 20's parallelism 1 and 2 on the mini-cluster: "
-              "bench/pipeline.py has the Flink path)", flush=True)
+        whole = {(c["after_step"], c["changed_ranks"]): c
+                 for c in figures["checkpoint"] if c["mode"] == "whole"}
+        for c in figures["checkpoint"]:
+            w = whole.get((c["after_step"], c["changed_ranks"]))
+            if c["mode"] == "rank_parts" and w is not None:
+                print(f"checkpoint_split after_step={c['after_step']} changed_ranks={c['changed_ranks']} "
+                      f"bytes_ratio={c['bytes'] / max(1, w['bytes']):.3f} "
+                      f"time_ratio={c['checkpoint_s'] / max(1e-9, w['checkpoint_s']):.2f} "
+                      f"largest_stored_ratio="
+                      f"{c['largest_stored_bytes'] / max(1, w['largest_stored_bytes']):.3f} "
+                      "(rank_parts / whole, same process)", flush=True)
+        if args.flink_runs:
+            figures["flink"] = flink_figures(broker.bootstrap, broker.proc.pid, runs[:args.flink_runs],
+                                             args.ranks, root,
+                                             [int(x) for x in args.flink_parallelism.split(",") if x.strip()])
+        else:
+            print("flink: not measured (--flink-runs 0)", flush=True)
     finally:
         broker.stop(kill=True)
         shutil.rmtree(root, ignore_errors=True)

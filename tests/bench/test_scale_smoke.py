@@ -1,7 +1,8 @@
 """bench/scale.py --quick runs to completion against a real Tansu broker with real worker processes in one
 consumer group and prints every labelled figure (no timing asserts: the numbers are whatever this machine
 gives) -- and every published event is processed once per group (at least once after a rebalance), each
-group's partitions split among its members, the big run's state kept in one part."""
+group's partitions split among its members; the big run's state in one part (mode=whole) and in rank parts
+of which a checkpoint after a few ranks' step rewrites only theirs (mode=rank_parts)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ def test_quick_run_prints_every_figure() -> None:
         rf"per_processor_events_per_s={n} ratio_to_1=1.00 partitions=12 ",
         rf"^scale processors=2 .* per_processor_events_per_s={n},{n} ratio_to_1={n} partitions=\d+,\d+ ",
         r"^note: \d+ cores here: ",
-        rf"^checkpoint ranks=512 after_step=1 records=1024 process_s={n} checkpoint_s={n} parts=\d+ "
-        r"bytes=\d+ ",
-        r"^checkpoint ranks=512 after_step=2 records=512 ",
+        rf"^checkpoint ranks=512 after_step=1 changed_ranks=512 mode=whole records=1024 process_s={n} "
+        rf"checkpoint_s={n} parts=\d+ bytes=\d+ ",
+        r"^checkpoint ranks=512 after_step=2 changed_ranks=512 mode=whole records=512 ",
+        r"^checkpoint ranks=512 after_step=3 changed_ranks=32 mode=rank_parts records=32 ",
+        rf"^checkpoint_split after_step=3 changed_ranks=32 bytes_ratio={n} time_ratio={n} ",
         r"^flink: not measured",
     ):
         assert re.search(pattern, out, re.MULTILINE), (pattern, out[-3000:])
@@ -41,6 +44,12 @@ def test_quick_run_prints_every_figure() -> None:
             assert group["events_processed"] == group["events"]
             assert group["records_processed"] == group["records"]
         assert sum(group["partitions"]) == 12 and all(group["partitions"])
-    first, more = figures["checkpoint"]
-    assert first["bytes"] > 0 and first["run_parts_stored"] == 1
-    assert more["bytes"] > 0  # the run got a step: its part is written again
+    whole = [c for c in figures["checkpoint"] if c["mode"] == "whole"]
+    split = [c for c in figures["checkpoint"] if c["mode"] == "rank_parts"]
+    assert [c["changed_ranks"] for c in whole] == [c["changed_ranks"] for c in split] == [512, 512, 32]
+    assert all(c["run_parts_stored"] == 1 and c["rank_parts_stored"] == 0 for c in whole)
+    assert all(c["bytes"] > 0 for c in whole)  # the run got a step: its part is written again
+    assert all(c["run_parts_stored"] == 1 and c["rank_parts_stored"] == 4 for c in split)  # 512 / 128
+    assert all(c["largest_stored_bytes"] < w["largest_stored_bytes"] / 2 for c, w in zip(split, whole))
+    # 32 of 512 ranks stepped: one rank part of four and the head are written, not the run
+    assert split[2]["bytes"] < whole[2]["bytes"] / 2 and split[2]["parts"] == whole[2]["parts"] + 1
