@@ -196,6 +196,60 @@ def rejudge(folder: Path) -> List[Outcome]:
     return outcomes
 
 
+def cost(baseline: str, world: int, steps: int, repeats: int) -> None:
+    """The perf detector's share of the pipeline's CPU time on bench/processor.py's SDK-shaped stream
+    (``world`` ranks, ``steps`` steps: time/step_s and the hooks' metrics, no phases), in one process:
+    the pipeline with this checkout's detector, with ``baseline``'s detector module (``git show``) in its
+    place, and with a detector that does nothing (the floor). Medians of ``repeats`` interleaved runs."""
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import processor as shapes  # bench/processor.py's stream generator
+
+    from trainguard_engine.catalogue import DetectionSettings
+    from trainguard_engine.detectors import straggler as current
+    from trainguard_engine.pipeline import Pipeline
+
+    path = "engine/src/trainguard_engine/detectors/straggler.py"
+    source = subprocess.run(["git", "show", f"{baseline}:{path}"], cwd=REPO, capture_output=True, text=True,
+                            check=True).stdout
+    spec = importlib.util.spec_from_loader("trainguard_engine.detectors._perf_baseline", loader=None)
+    assert spec is not None
+    base = importlib.util.module_from_spec(spec)
+    base.__package__ = "trainguard_engine.detectors"
+    exec(compile(source, f"{baseline}:straggler.py", "exec"), base.__dict__)
+    requests = list(shapes.sdk_requests("bench", "perf-cost", world, steps))
+    mine = current.Performance.on_metrics
+    variants = {"this checkout": lambda self, run, rank, batch, settings: current.on_metrics(
+                    run, rank, batch, settings),
+                f"baseline {baseline}": lambda self, run, rank, batch, settings: base.on_metrics(
+                    run, rank, batch, settings),
+                "no-op detector": lambda self, run, rank, batch, settings: []}
+    spent: Dict[str, List[float]] = {name: [] for name in variants}
+    try:
+        for _ in range(repeats):
+            for name, fn in variants.items():
+                current.Performance.on_metrics = fn  # type: ignore[method-assign]
+                pipeline = Pipeline(DetectionSettings())
+                started = time.process_time()
+                for request in requests:
+                    pipeline.process(request)
+                spent[name].append(time.process_time() - started)
+    finally:
+        current.Performance.on_metrics = mine  # type: ignore[method-assign]
+    med = {name: sorted(v)[len(v) // 2] for name, v in spent.items()}
+    floor = med["no-op detector"]
+    events = sum(len(r) for r in requests)
+    print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; {world} ranks x {steps} steps, "
+          f"{events} events; CPU seconds, median of {repeats}")
+    print(f"{'detector':28s} {'pipeline_s':>10s} {'detector_s':>10s} {'share':>6s} {'us/event':>9s}")
+    for name, value in med.items():
+        print(f"{name:28s} {value:10.3f} {value - floor:10.3f} {100 * (value - floor) / value:5.1f}% "
+              f"{1e6 * (value - floor) / events:9.2f}")
+    ratio = (med["this checkout"] - floor) / max(med[f"baseline {baseline}"] - floor, 1e-9)
+    print(f"detector cost, this checkout / baseline: {ratio:.2f}")
+
+
 def print_row(o: Outcome) -> None:
     strag = f"{o.straggler_rank}, +{o.straggler_after}" if "perf/straggler" in o.kinds else "-"
     reg = f"+{o.regression_after}" if "perf/throughput-regression" in o.kinds else "-"
@@ -233,7 +287,15 @@ def main() -> int:
     parser.add_argument("--record-all", action="store_true", help="with --record: keep every run (runs/)")
     parser.add_argument("--rejudge", default="", help="judge again the runs kept by --record-all")
     parser.add_argument("--json", default="", help="also write the outcomes as JSON here")
+    parser.add_argument("--cost", default="", metavar="REF",
+                        help="print the detector's CPU share on an SDK-shaped stream, beside REF's detector")
+    parser.add_argument("--cost-ranks", type=int, default=16)
+    parser.add_argument("--cost-steps", type=int, default=300)
+    parser.add_argument("--cost-repeats", type=int, default=7)
     args = parser.parse_args()
+    if args.cost:
+        cost(args.cost, args.cost_ranks, args.cost_steps, args.cost_repeats)
+        return 0
     scenarios = list(SCENARIOS)
     if args.rejudge:
         print(f"# re-judged with this checkout's engine: the runs kept in {args.rejudge}")
