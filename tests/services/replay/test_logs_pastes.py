@@ -45,3 +45,28 @@ def test_an_mp_spawn_failure_names_its_process_as_the_rank() -> None:
     assert len(got) == 1
     found = classify_chain(got[0].payload["type"], got[0].payload["message"], got[0].payload.get("chain") or ())
     assert found.kind == "process/exception" and found.facts["rank"] == 1
+
+
+def test_a_launcher_column_before_stacked_rank_prefixes_is_stripped() -> None:
+    # 'i.pretrain/0 [default2]:[rank2]: RuntimeError: Rank 2, ...' (NVIDIA-NeMo/Speech#14348): nemo-run's task
+    # column, torchrun's --tee prefix, torch's rank prefix
+    got = items("num-nemo-gradnorm-nan-default-prefix-1")
+    err = [i for i in got if "Unexpected result nan" in (i.message or i.payload.get("message", ""))]
+    assert len(err) == 1 and err[0].rank == 2
+
+
+def test_a_traceback_under_a_first_line_rank_column_stays_on_that_rank() -> None:
+    # ParlAI's 'rank:  3 | ... CRITICAL | Traceback (most recent call last):' then unprefixed frames
+    # (facebookresearch/ParlAI#4452)
+    got = [i for i in items("mem-oom-parlai-rank-logger-1") if i.kind == "exception"]
+    assert got and {i.rank for i in got} == {3}
+    assert any("CUDA out of memory" in i.payload["message"] for i in got)
+
+
+def test_torchruns_failure_entry_fields_are_its_ranks() -> None:
+    # a failure summary whose ChildFailedError line was cut: 'rank : 1 (local_rank: 1)' then
+    # 'traceback : Signal 6 (SIGABRT) received by PID ...' (czp16/Bridge-LLM-reasoning#1)
+    got = items("mem-abort-torchrun-table-sft-1")
+    signal = [i for i in got if "received by PID" in i.message]
+    assert len(signal) == 1 and signal[0].rank == 1
+    assert all(i.rank == 0 for i in got if "rank      :" in i.message)

@@ -5,8 +5,12 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
 * **Lines.** The file is read as UTF-8 (undecodable bytes replaced). ANSI colour codes are removed; a line
   rewritten with carriage returns (progress bars) keeps only its final text. Blank lines produce nothing.
 * **Ranks.** A launcher prefix ``[rankN]:`` (torch >= 2.2) or ``[defaultN]:`` (older torchrun), or
-  ParlAI's ``rank:  N | `` column, routes the line to rank N and is stripped (as do the unprefixed lines
-  that continue a prefixed c10 message: its CUDA hints and C++ frames); other ``[nameN]:`` prefixes are
+  ParlAI's ``rank:  N | `` column, routes the line to rank N and is stripped (stacked prefixes too,
+  ``[rankN]:`` winning, and a launcher's column before them: a host ``worker-5: ``, a nemo-run task
+  ``i.pretrain/0 ``); so do the unprefixed lines that continue a prefixed c10 message (its CUDA hints
+  and C++ frames) or a traceback whose header line carried the prefix (a logger that prefixes a
+  record's first line only), and the ``exitcode`` / ``error_file`` / ``traceback`` fields of a torchrun
+  failure-summary entry read outside a traceback go to its ``rank :``. Other ``[nameN]:`` prefixes are
   stripped and the line stays with the file's rank, as do unprefixed lines (in a torchrun log: the
   agent's own output). Each rank's lines are segmented on their own, so interleaved output of several
   ranks gives one traceback per rank.
@@ -70,6 +74,13 @@ _COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\
 """What a paste puts before a line: a viewer's line-number column (``[80746] ``, ``  12 | ``), Ray's
 ``(RayWorkerWrapper pid=4009) `` worker prefix or docker compose's ``trainer-worker-1    | `` service
 column."""
+_TASK_COLUMN_RE = re.compile(r"^(?:[\w.-]{1,60}/\d{1,4}|[A-Za-z][\w.-]{0,60}:) (?=\[(?:rank|default)\d+\]:)")
+"""A launcher's column before a rank prefix: pdsh / DeepSpeed's multi-node runner's host ``worker-5: ``,
+nemo-run's task ``i.pretrain/0 ``."""
+_FAILURE_ENTRY_RE = re.compile(r"^\[\d+\]:\s*$")
+_FAILURE_RANK_RE = re.compile(r"^\s{1,8}rank\s{0,8}: ?(?P<rank>\d{1,7})\b")
+_FAILURE_FIELD_RE = re.compile(r"^\s{1,8}(?:time|host|exitcode|error_file|traceback)\s{0,8}:")
+"""torchrun's failure summary: an entry ``[0]:`` then its fields; ``rank      : 3 (local_rank: 3)``."""
 _FRAME_LINE_RE = re.compile(r'^\s+File "[^"]*", line \d+')
 _LOOSE_FRAME_RE = re.compile(r'^ ?File "[^"]*", line \d+')
 """A frame line a paste lost its indentation on (``File "x.py", line 3, in f`` at column 0 or 1)."""
@@ -132,15 +143,26 @@ def clean_line(raw: str) -> str:
 
 def split_prefix(line: str) -> Tuple[Optional[int], str]:
     """(rank named by a ``[rankN]:`` / ``[defaultN]:`` prefix or None, the line without any prefix); a
-    pasted line-number column or a Ray worker prefix before it is dropped too."""
+    pasted line-number column or a Ray worker prefix before it is dropped too, and so is a launcher's
+    column before a rank prefix (a host ``worker-5: [rank22]: ...``, a nemo-run task
+    ``i.pretrain/0 [default2]:[rank2]: ...``). Of two stacked prefixes, ``[rankN]:`` (torch's global rank)
+    wins over ``[defaultN]:`` (torchrun's local rank)."""
     column = _COLUMN_RE.match(line)
     if column is not None:
         line = line[column.end():]
+    task = _TASK_COLUMN_RE.match(line)
+    if task is not None:
+        line = line[task.end():]
     match = _PREFIX_RE.match(line) or _RANK_COLUMN_RE.match(line)
     if match is None:
         return None, line
-    rank = int(match.group("num")) if match.group("name") in ("rank", "default") else None
-    return rank, line[match.end():]
+    names: Dict[str, int] = {}
+    while match is not None and len(names) < 3:
+        names.setdefault(match.group("name"), int(match.group("num")))
+        line = line[match.end():]
+        match = _PREFIX_RE.match(line)
+    rank = names.get("rank", names.get("default"))
+    return rank, line
 
 
 def line_level(line: str) -> str:
@@ -362,6 +384,8 @@ class LogSegmenter:
         self._pending: List[Tuple[int, int, LogItem]] = []  # (first line, seq, item): released in order
         self._seq = 0
         self._message_rank: Optional[int] = None  # the rank of the c10 message being continued, if any
+        self._traceback_rank: Optional[int] = None  # the rank whose prefixed traceback header is continued
+        self._entry_rank: Optional[int] = None    # the rank of the torchrun failure entry being read
 
     @property
     def open_blocks(self) -> int:
@@ -373,11 +397,25 @@ class LogSegmenter:
         prefixed, text = split_prefix(line)
         if prefixed is not None:
             self._message_rank = prefixed
-        elif self._message_rank is not None and text.strip():
-            if _C10_CONTINUATION_RE.match(text):
-                prefixed = self._message_rank
-            else:
-                self._message_rank = None
+            # a logger that prefixes a record's first line only (ParlAI's ``rank:  3 | ... | Traceback (most
+            # recent call last):``): the traceback's unprefixed lines are that rank's
+            header = _ANY_HEADER_RE.search(text) is not None and _TOP_HEADER_RE.match(text) is None
+            self._traceback_rank = prefixed if header else None
+            self._entry_rank = None
+        elif text.strip():
+            if self._message_rank is not None:
+                if _C10_CONTINUATION_RE.match(text):
+                    prefixed = self._message_rank
+                else:
+                    self._message_rank = None
+            if prefixed is None and self._traceback_rank is not None:
+                if _indented(text) or _EXCEPTION_LINE_RE.match(text) or _SEPARATOR_RE.match(text) \
+                        or _TOP_HEADER_RE.match(text):
+                    prefixed = self._traceback_rank
+                else:
+                    self._traceback_rank = None
+            if prefixed is None:
+                prefixed = self._failure_entry_rank(text)
         rank = self.rank if prefixed is None else prefixed
         stream = self._streams.get(rank)
         if stream is None:
@@ -410,6 +448,22 @@ class LogSegmenter:
                 stream.start(_PYTHON, number, text, time_ns, precision_ns, headless=True, in_message=True)
                 return
         self._line(rank, number, text, time_ns, precision_ns)
+
+    def _failure_entry_rank(self, text: str) -> Optional[int]:
+        """The rank of a field line of torchrun's failure summary read outside a traceback (its
+        ``ChildFailedError:`` line cut off): ``exitcode`` / ``error_file`` / ``traceback`` after an entry's
+        ``rank : R`` field are about rank R (``traceback : Signal 6 (SIGABRT) received by PID ...``)."""
+        own = self._streams.get(self.rank)
+        if own is not None and own.mode is not None:
+            self._entry_rank = None
+            return None
+        if (m := _FAILURE_RANK_RE.match(text)) is not None:
+            self._entry_rank = int(m.group("rank"))
+            return None
+        if self._entry_rank is not None and _FAILURE_FIELD_RE.match(text):
+            return self._entry_rank
+        self._entry_rank = None
+        return None
 
     @staticmethod
     def _cut_traceback_starts(stream: _Stream, text: str) -> bool:
