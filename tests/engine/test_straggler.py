@@ -4,7 +4,8 @@ Each fixture in tests/fixtures/straggler/ is what the SDK of the four ranks of o
 ``torchrun --nproc-per-node 4 tests/fixtures/straggler/job.py`` run wrote (gloo, CPU, this repository's
 2-core machine), merged by event time, recorded by ``bench/straggler.py --record DIR --record-all``
 (nothing edited; the job's START tags say how it was slowed). The full seeded set (20 healthy runs, 5 of
-each slowdown) is bench/results/straggler_cpu.txt.
+each slowdown) is bench/results/straggler_cpu.txt; the paired sign test's tuning and held-out sets
+bench/results/straggler_cpu_paired.txt.
 """
 
 from __future__ import annotations
