@@ -85,6 +85,7 @@ _P_STEP, _P_TIME, _P_OWN, _P_OTHERS, _P_REST, _P_OTHERS_REST = range(6)
 _MED_FIELDS = {"step": _STEP_S, "own": _OWN, "data": _DATA, "forward": _FWD, "optimizer": _OPT,
                "rest": _REST}
 _MED_ITEMS = tuple(_MED_FIELDS.items())
+_STEP_ITEMS = (("step", _STEP_S),)
 _NOTHING: List[Any] = [None] * 8  # the evicted entry when nothing is evicted
 PHASES = {"data": "data loading (time/data_s)", "forward": "compute (time/forward_s)",
           "optimizer": "the optimizer step (time/optimizer_s)"}
@@ -178,7 +179,12 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
     gone = window.pop(0) if len(window) > settings.perf_window else _NOTHING
     meds: Dict[str, float] = state.setdefault("med", {})
     least = settings.perf_min_points
-    for name, i in _MED_ITEMS:
+    if own is None and data is None and opt is None and gone[_OWN] is None and gone[_DATA] is None and \
+            gone[_OPT] is None:
+        items: Tuple[Tuple[str, int], ...] = _STEP_ITEMS  # no phases (the usual SDK stream): one column
+    else:
+        items = _MED_ITEMS
+    for name, i in items:
         new = entry[i]
         old = gone[i]
         if new is None and old is None:
@@ -595,15 +601,16 @@ def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
     timed: Dict[int, Dict[str, float]] = {}
     tp: Optional[float] = None
     throttle = False
+    throughput = _names(settings.throughput_metrics)
     for name, s, value in batch.points:
         if name in _PHASE_SET:
-            v = _finite(value)
+            v = value if value.__class__ is float and 0.0 <= value < math.inf else _finite(value)
             if v is not None:
                 values = timed.get(s)
                 if values is None:
                     values = timed[int(s)] = {}
                 values[name] = v
-        elif name in _names(settings.throughput_metrics):
+        elif name in throughput:
             v = _finite(value)
             if v is not None and v > 0:
                 tp = v
