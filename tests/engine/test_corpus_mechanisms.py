@@ -37,6 +37,10 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   its first ~30 steps (a divergence, rightly), then swings between ~8 and ~25 with no trend for 250
   steps, about where it was when it left its band: the divergence settles into an oscillation (resolved,
   the oscillation open) -- a loss still growing after it left its band stays a divergence.
+* r213 (Lightning MLP, AdamW, warmup to an LR ~70x too high, clip 1): the loss falls from 0.26 to ~0.05,
+  then swings ever higher as the LR peaks (~0.1-0.6 at the end): the swings open an oscillation at first
+  (their level just above the start), and once they sit on a significant rebound from the level the run
+  had reached, the oscillation gives way to the rise-after-fall (resolved; the rise opens).
 """
 
 from __future__ import annotations
@@ -129,3 +133,10 @@ def test_a_divergence_that_stopped_rising_and_swings_settles_into_an_oscillation
     assert out.label == "loss/oscillation"
     assert "loss/divergence" in out.transient, out  # it did leave its band first (found, then resolved)
     assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out
+
+
+def test_swings_on_a_rebound_from_a_learned_level_give_way_to_the_rise_after_fall() -> None:
+    out = _outcome("r213")
+    assert out.label == "loss/rise-after-fall"
+    assert out.verdict == "loss/rise-after-fall", out  # the oscillation stayed open and led before the fix
+    assert "loss/oscillation" not in out.open_alerts, out

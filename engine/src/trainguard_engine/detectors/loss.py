@@ -55,7 +55,9 @@ the ``numeric`` slot: a rise that goes on to leave the band becomes a divergence
 out to be the start of an explosion or a NaN, is re-classified by that finding (one incident, first_step =
 where the loss turned)."""
 ESCALATES_TO = {"rise-after-fall": ("divergence", "rise-after-fall")}
-"""The kinds still judged while a curve incident of the key's kind is open (the others wait)."""
+"""The kinds still judged while a curve incident of the key's kind is open (the others wait; an open
+divergence or oscillation may also give way, see :func:`_divergence_settled` and
+:func:`_swings_on_a_rebound`)."""
 
 
 def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
@@ -242,6 +244,9 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     if open_kind == "divergence" and _divergence_settled(run, rank, name, series, win, initial, state, step,
                                                          time_ns, settings):
         open_kind, judged = None, ("oscillation",)
+    elif open_kind == "oscillation" and _swings_on_a_rebound(run, rank, name, series, win, initial, state,
+                                                             step, time_ns, settings):
+        open_kind, judged = None, ("rise-after-fall",)
     if open_kind is not None and len(judged) == 1 and \
             state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
         return []  # an open incident's last step is refreshed every few values, not on each
@@ -318,6 +323,37 @@ def _divergence_settled(run: RunState, rank: RankState, name: str, series: Seque
             f"trend at {fmt_number(win.median)} (the loss/oscillation incident goes on from here)", settings)
     state.pop("opened", None)
     streaks["divergence"] = 0
+    return True
+
+
+def _swings_on_a_rebound(run: RunState, rank: RankState, name: str, series: Sequence[Tuple[int, float, int]],
+                         win: _Window, initial: float, state: Dict[str, Any], step: int, time_ns: int,
+                         settings: DetectionSettings) -> bool:
+    """Whether the open oscillation of ``rank`` gives way to a rise after a fall, resolving it then: the
+    rise-after-fall rule holds (the level fell by >= ``rise_min_fall`` from where it started, then rose
+    back by >= ``rise_min_rise`` of that fall with a significant trend) on ``rise_min_points`` values in
+    a row -- the swings sit on a rebound from a level the run had already reached (it learned, then lost
+    it). The rise rule's streak is counted here, so the caller's rise check opens it on the next hold."""
+    streaks: Dict[str, int] = state.setdefault("streak", {})
+    rise = _check_rise(rank, name, series, win, initial, state, settings, settings, False)
+    if rise.deferred:
+        return False
+    if not rise.holds:
+        streaks["rise-after-fall"] = 0
+        return False
+    if streaks.get("rise-after-fall", 0) == 0:
+        state.setdefault("since", {})["rise-after-fall"] = rise.since
+    streaks["rise-after-fall"] = streaks.get("rise-after-fall", 0) + 1
+    if streaks["rise-after-fall"] < settings.rise_min_points:
+        return False
+    streaks["rise-after-fall"] -= 1  # the caller's check counts this value again
+    st = run.incidents.get(CURVE_KEYS["oscillation"])
+    if st is None or not st.is_open or st.record.subtype != "oscillation":
+        return False
+    resolve(st, time_ns, step, rank.rank, f"rank {rank.rank}: the swings sit on a rebound from a level the "
+            f"run had reached (the loss/rise-after-fall incident goes on from here)", settings)
+    state.pop("opened", None)
+    streaks["oscillation"] = 0
     return True
 
 
