@@ -70,3 +70,18 @@ def test_torchruns_failure_entry_fields_are_its_ranks() -> None:
     signal = [i for i in got if "received by PID" in i.message]
     assert len(signal) == 1 and signal[0].rank == 1
     assert all(i.rank == 0 for i in got if "rank      :" in i.message)
+
+
+def test_a_paste_that_names_one_rank_as_its_own_is_that_ranks() -> None:
+    from trainguard_server.replay.logs import scan_log
+
+    # CUDA assertion lines, then '[E ProcessGroupNCCL.cpp:915] [Rank 1] NCCL watchdog thread terminated ...'
+    # (pytorch/pytorch#112488): given as rank 0 (the default), the paste is rank 1's
+    scan = scan_log(WILD / "mem-device-assert-bce-watchdog-rank1-1" / "log.txt")
+    assert scan.named == [1] and scan.own_rank(0) == 1 and scan.own_rank(5) == 5
+    # several ranks' unprefixed watchdog lines (OFA-Sys/OFA#271): no one rank's output
+    several = scan_log(WILD / "comm-watchdog-legacy-1" / "log.txt")
+    assert len(several.named) > 1 and several.own_rank(0) == 0
+    # '[rankN]:' prefixes already say whose lines are whose
+    prefixed = scan_log(WILD / "mem-misaligned-watchdog-verl-1" / "log.txt")
+    assert prefixed.own_rank(0) == 0

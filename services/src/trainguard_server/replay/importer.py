@@ -128,7 +128,8 @@ class ReplayOptions:
     project: str = ""
     metrics: Sequence[Tuple[int, Path]] = ()    # (rank, JSON-lines file); a "rank" field routes an object
     inputs: Sequence[Tuple[int, Path, str]] = ()  # (rank, file or run folder, format; "" = detected)
-    logs: Sequence[Tuple[int, Path]] = ()       # (rank of unprefixed lines, file)
+    logs: Sequence[Tuple[int, Path]] = ()       # (rank of unprefixed lines, file); rank 0 yields to the
+    #                                             one rank the file names as its own (LogScan.own_rank)
     exit_code: Optional[int] = None             # every rank's, unless exit_codes says otherwise
     exit_codes: Mapping[int, int] = field(default_factory=dict)
     world_size: Optional[int] = None
@@ -550,7 +551,8 @@ class Importer:
             src = SourceSummary("log", Path(path), rank, len(sources))
             scan = scan_log(src.path, rank, on_bytes=self.progress.add_bytes)
             src.lines, src.first_ns, src.last_ns = scan.lines, scan.first_ns, scan.last_ns
-            src.ranks = scan.ranks
+            src.rank = scan.own_rank(rank)  # a paste given as rank 0 whose text names its own rank
+            src.ranks = [src.rank] if src.rank != rank else scan.ranks
             sources.append(src)
         metrics = [s for s in sources if s.kind == "metrics"]
         logs = [s for s in sources if s.kind == "log"]

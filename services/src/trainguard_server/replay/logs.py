@@ -605,6 +605,28 @@ class LogScan:
     first_ns: Optional[int]       # first and last line timestamps
     last_ns: Optional[int]
     ranks: List[int]              # ranks named by prefixes, plus the file's rank if a line had none
+    named: List[int] = field(default_factory=list)  # ranks unprefixed lines name as their own (see below)
+
+    def own_rank(self, rank: int) -> int:
+        """The rank of the file's unprefixed lines: ``rank``, unless the file has no rank prefix at all, was
+        given as rank 0 (the default of a pasted log) and its text names exactly one rank as its own --
+        c10d's ``[Rank N]`` tag on its own message (a ``ProcessGroupNCCL`` record of the default group),
+        ``NCCL communicator was aborted on rank N``, mp.spawn's ``-- Process N terminated with the following
+        error:``, Megatron's ``Rank N: found NaN`` / ``Rank N, node ..., device D, iteration``: then the
+        paste is that rank's output (its earlier lines too: the CUDA assertion before a rank's watchdog
+        line, the OOM warning before the spawn failure)."""
+        if rank != 0 or self.ranks != [rank] or len(self.named) != 1:
+            return rank
+        return self.named[0]
+
+
+_SELF_RANK_RE = re.compile(
+    r"ProcessGroupNCCL\.cpp:\d+\] \[(?:PG [^\]\n]{0,80}\(default_pg\) )?Rank (?P<a>\d{1,7})\]"
+    r"|NCCL communicator was aborted on rank (?P<b>\d{1,7})"
+    r"|^-- Process (?P<c>\d{1,7}) terminated with the following error:"
+    r"|\bRank (?P<d>\d{1,7})(?:: found NaN|, node [^,\n]{1,200}, device \d+, iteration)")
+"""How a process's own output names its rank (what :meth:`LogScan.own_rank` reads)."""
+_SELF_RANK_NEEDLES = ("Rank ", "rank ", "-- Process ")
 
 
 def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], None]] = None) -> LogScan:
@@ -618,6 +640,7 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
     first: Optional[int] = None
     last: Optional[int] = None
     ranks: Dict[int, None] = {}
+    named: Dict[int, None] = {}
     with open(path, "rb") as fh:
         for raw in fh:
             lines += 1
@@ -627,8 +650,11 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
                 continue
             prefixed, text = split_prefix(clean_line(raw.decode("utf-8", "replace")))
             ranks[rank if prefixed is None else prefixed] = None
+            if prefixed is None and len(named) < 2 and any(n in text for n in _SELF_RANK_NEEDLES) and \
+                    (m := _SELF_RANK_RE.search(text)) is not None:
+                named[int(next(g for g in m.groups() if g is not None))] = None
             stamp = leading_stamp(text, year)
             if stamp is not None:
                 first = stamp[0] if first is None else first
                 last = stamp[0]
-    return LogScan(lines, first, last, sorted(ranks))
+    return LogScan(lines, first, last, sorted(ranks), sorted(named))
