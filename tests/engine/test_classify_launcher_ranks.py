@@ -43,3 +43,10 @@ def test_a_fingerprint_mismatch_names_the_rank_that_is_behind() -> None:
         found = classify_text(_line(case, "Detected mismatch between collectives"))
         assert found is not None and found.kind == "comm/mismatch", case
         assert found.facts["rank"] == behind and found.facts["reporting_rank"] == reporter, case
+
+
+def test_a_shell_kill_in_markdown_bold_and_ncclls_unclosed_ring() -> None:
+    killed = classify_text(_line("proc-killed-host-oom-maskrcnn-1", "Killed"))
+    assert killed is not None and killed.kind == "process/killed"  # '**Killed**' as pasted
+    ring = classify_text(_line("comm-init-ring-loop-hostid-1", "does not loop back"))
+    assert ring is not None and ring.kind == "comm/init-failure"

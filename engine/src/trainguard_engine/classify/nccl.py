@@ -282,6 +282,9 @@ _NCCL_WARN_PATTERNS: Tuple[Tuple[str, str, str, float, str], ...] = (
      "a peer's socket went away: the peer process died or its node/network failed"),
     ("connection closed by localrank", "comm", "rank-lost", 0.7,
      "a local peer's proxy connection closed: that process exited"),
+    ("does not loop back to start", "comm", "init-failure", 0.75,
+     "NCCL's ring search did not close while building the communicator (``ring N does not loop back to "
+     "start``): the ranks see different topologies (NCCL_HOSTID, topology files, mixed nodes)"),
     ("error while creating shared memory segment", "comm", "failure", 0.75,
      "NCCL could not create its shared-memory segment: /dev/shm too small (docker --shm-size) or full"),
     ("ibv_create_cq", "comm", "failure", 0.7,
@@ -350,7 +353,8 @@ DOCS = {
     'nccl.debug': (
         "NCCL_DEBUG lines: ``Mismatched collective detected ... around rank N`` / ``collective mismatch "
         "error`` → comm/mismatch; ``Connection reset/closed by (remote) peer|localRank N`` → comm/rank-lost; "
-        "shared-memory segment or ``ibv_create_cq`` failures → comm/failure"
+        "``ring N does not loop back to start`` → comm/init-failure; shared-memory segment or "
+        "``ibv_create_cq`` failures → comm/failure"
     ),
     'nccl.watchdog-timeout': (
         '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (and the blocking-wait wording '

@@ -54,13 +54,14 @@ def _launcher_exit_kind(code: int) -> Tuple[str, str, str]:
 _SIGNALS_RE = re.compile(r"died with <Signals\.(?P<name>SIG\w+): (?P<sig>\d+)>")
 _LOCAL_RANK_RE = re.compile(r"--local[_-]rank=(?P<rank>\d+)")
 _DEATH_SIGNAL_RE = re.compile(r"Received (?P<sig>\d+) death signal|got signal: (?P<sig2>\d+)")
-_SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?"
+_SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?:\*\*|__)?"
                              r"(?P<what>Segmentation fault|Killed|Illegal instruction"
                              r"|Floating point exception)"
-                             r"(?: +\(core dumped\))?(?: +[^\n]{0,300})?$", re.MULTILINE)
+                             r"(?: +\(core dumped\))?(?:\*\*|__)?(?: +[^\n]{0,300})?$", re.MULTILINE)
 """A shell's report of its child's death: ``Segmentation fault (core dumped)``, ``Killed``,
 ``Illegal instruction (core dumped)``, ``Floating point exception``,
-``run.sh: line 12: 4242 Killed  python train.py`` (an abort or a bus error is left to the exit path)."""
+``run.sh: line 12: 4242 Killed  python train.py``, also wrapped in a paste's markdown bold (``**Killed**``);
+an abort or a bus error is left to the exit path."""
 _SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
                   "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE")}
 _RETURN_CODE_RE = re.compile(r"exits with return code = (?P<code>-?\d+)")
