@@ -41,6 +41,11 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   then swings ever higher as the LR peaks (~0.1-0.6 at the end): the swings open an oscillation at first
   (their level just above the start), and once they sit on a significant rebound from the level the run
   had reached, the oscillation gives way to the rise-after-fall (resolved; the rise opens).
+* r224 (Lightning CNN, SGD, warmup to an LR ~170x too high over 74 steps, clip 5): the loss leaves its
+  band at ~9 during the warmup and keeps growing with it to ~18, swinging. A window in which the LR still
+  grew has not "stopped rising" however rough it is: without that guard the divergence settled into an
+  oscillation at step ~83 once oscillation_max_rise was 1.7 (the default 1.5 held it by a thin margin,
+  1.54).
 """
 
 from __future__ import annotations
@@ -58,12 +63,12 @@ from bench.corpus.trainings import clip_for
 CASES = Path(__file__).resolve().parents[1] / "scenarios" / "streams_varied_cases"
 
 
-def _outcome(run_id: str) -> evaluate.Outcome:
+def _outcome(run_id: str, **settings: Any) -> evaluate.Outcome:
     doc: Dict[str, Any] = json.loads(gzip.decompress((CASES / f"{run_id}.truth.json.gz").read_bytes()))
     spec = manifest.RunSpec.from_dict(doc["spec"])
     assert spec.split == "dev"  # tuned on the tune half only
     events = evaluate.read_events(CASES / f"{run_id}.jsonl.gz")
-    out = evaluate.outcome_of(spec, doc["truth"], events, evaluate.DetectionSettings())
+    out = evaluate.outcome_of(spec, doc["truth"], events, evaluate.DetectionSettings(**settings))
     assert out.label == labels.label(spec, doc["truth"], clip_for(spec))
     return out
 
@@ -140,3 +145,9 @@ def test_swings_on_a_rebound_from_a_learned_level_give_way_to_the_rise_after_fal
     assert out.label == "loss/rise-after-fall"
     assert out.verdict == "loss/rise-after-fall", out  # the oscillation stayed open and led before the fix
     assert "loss/oscillation" not in out.open_alerts, out
+
+
+def test_a_divergence_does_not_settle_while_the_lr_still_grows() -> None:
+    out = _outcome("r224", oscillation_max_rise=1.7)
+    assert out.label == "loss/divergence"
+    assert out.verdict == "loss/divergence" and "loss/oscillation" not in out.kinds, out

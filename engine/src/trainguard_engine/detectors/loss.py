@@ -297,8 +297,10 @@ def _divergence_settled(run: RunState, rank: RankState, name: str, series: Seque
     """Whether the open divergence of ``rank`` has settled into an oscillation, resolving it then: over a
     full ``loss_window`` the loss swings with no trend (the oscillation rule holds) and no longer rises
     (the divergence rule does not hold: jumping from value to value with no upward trend since it left
-    the band), at a level at most ``oscillation_max_rise`` x the one at which it left the band, on
-    ``confirm_checks`` values in a row. A far-too-high LR often throws the loss up within
+    the band), at a level at most ``oscillation_max_rise`` x the one at which it left the band, and the
+    LR did not grow over the window (a warmup still raising the LR drives the loss up: a rough loss
+    without a significant trend in between has not stopped rising), on ``confirm_checks`` values in a
+    row. A far-too-high LR often throws the loss up within
     its first steps and then keeps it swinging there: what goes on is the oscillation, at a high level
     (the divergence stays in the run's history, resolved). The oscillation rule's streak is counted here,
     so the caller's oscillation check opens it on the next hold."""
@@ -307,7 +309,8 @@ def _divergence_settled(run: RunState, rank: RankState, name: str, series: Seque
     rises = _check_divergence(rank, name, series, win, initial, state, settings, settings, False)
     opened = state.get("opened") or {}
     if not swings.holds or rises.holds or not opened.get("level") or \
-            win.median > settings.oscillation_max_rise * opened["level"]:
+            win.median > settings.oscillation_max_rise * opened["level"] or \
+            _lr_grew(rank, win.steps[0], win.steps[-1]):
         streaks["oscillation"] = 0
         return False
     if streaks.get("oscillation", 0) == 0:
@@ -324,6 +327,16 @@ def _divergence_settled(run: RunState, rank: RankState, name: str, series: Seque
     state.pop("opened", None)
     streaks["divergence"] = 0
     return True
+
+
+def _lr_grew(rank: RankState, lo: int, hi: int) -> bool:
+    """Whether the rank's LR (``opt/lr`` or ``lr``) is higher at the end of steps [lo, hi] than at their
+    start (a warmup or a schedule that increases); False when no LR is reported."""
+    for name in ("opt/lr", "lr"):
+        if name in rank.history:
+            lrs = finite_series(rank, name, lo, hi)
+            return len(lrs) >= 2 and lrs[-1][1] > lrs[0][1]
+    return False
 
 
 def _swings_on_a_rebound(run: RunState, rank: RankState, name: str, series: Sequence[Tuple[int, float, int]],
