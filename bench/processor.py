@@ -25,6 +25,7 @@ the same machine, minutes apart at most. ``--baseline none`` measures only this 
     python bench/processor.py                      # ~1 minute
     python bench/processor.py --baseline HEAD~3 --shapes sdk16
     python bench/processor.py --quick              # small streams (smoke)
+    python bench/processor.py --pipeline           # + the detection pipeline alone (CPU per event)
 
 Nothing is asserted; numbers and ratios are printed, and ``--json`` writes them.
 """
@@ -136,8 +137,40 @@ def shape_requests(shape: str, quick: bool) -> Tuple[str, Iterator[List[Dict[str
 
 # ---------------------------------------------------------------------------------------- measuring
 
-def measure(shape: str, quick: bool, root: Path) -> Dict[str, float]:
-    """Fill a fresh queue with ``shape``'s records, drain it with the server's processor; the figures."""
+def pipeline_alone(values: Sequence[bytes], batch: int) -> float:
+    """CPU microseconds per event of the detection pipeline alone over ``values`` (serialized records):
+    decoded beforehand, then ``Pipeline.process`` per ``batch`` records as the processor calls it (no
+    stores, no queue); the best of three fresh pipelines. NaN for a checkout without the engine's own
+    distribution or the processor's one-pass decoder (the comparison then stays processor-alone)."""
+    try:
+        from trainguard_engine.catalogue import DetectionSettings
+        from trainguard_engine.pipeline import Pipeline
+        from trainguard_server.processor.decode import decode_request
+    except ImportError:
+        return math.nan
+    chunks = []
+    for i in range(0, len(values), batch):
+        envelopes: List[Any] = []
+        points: List[Any] = []
+        for value in values[i:i + batch]:
+            e, p = decode_request(value)
+            envelopes.extend(e)
+            points.extend(p)
+        chunks.append((envelopes, points))
+    events = sum(len(c[0]) for c in chunks)
+    best = math.inf
+    for _ in range(3):
+        pipeline = Pipeline(DetectionSettings())
+        cpu0 = time.process_time()
+        for envelopes, points in chunks:
+            pipeline.process(envelopes, points)
+        best = min(best, time.process_time() - cpu0)
+    return 1e6 * best / events if events else math.nan
+
+
+def measure(shape: str, quick: bool, root: Path, pipeline: bool = False) -> Dict[str, float]:
+    """Fill a fresh queue with ``shape``'s records, drain it with the server's processor; the figures
+    (with ``pipeline``, also :func:`pipeline_alone`'s, measured after the drain)."""
     from trainguard import wire
     from trainguard_server.config import Settings
     from trainguard_server.processor.embedded import EmbeddedProcessor
@@ -179,24 +212,28 @@ def measure(shape: str, quick: bool, root: Path) -> Dict[str, float]:
     incidents = stores.incidents.list_incidents("bench", run_id=run_id)
     queue.close()
     stores.close()
-    return {"events": float(events), "processed": float(processed), "records": float(len(values)),
-            "wall_s": wall, "cpu_s": cpu, "events_per_s": processed / wall if wall > 0 else math.nan,
-            "us_per_event_cpu": 1e6 * cpu / processed if processed else math.nan,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-            "finished": float(record is not None and record.status == "finished"),
-            "incidents": float(len(incidents.items))}
+    out = {"events": float(events), "processed": float(processed), "records": float(len(values)),
+           "wall_s": wall, "cpu_s": cpu, "events_per_s": processed / wall if wall > 0 else math.nan,
+           "us_per_event_cpu": 1e6 * cpu / processed if processed else math.nan,
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+           "finished": float(record is not None and record.status == "finished"),
+           "incidents": float(len(incidents.items))}
+    if pipeline:
+        out["pipeline_us_per_event_cpu"] = pipeline_alone(values, settings.processor_batch)
+    return out
 
 
-def worker(shapes: Sequence[str], quick: bool) -> Dict[str, Dict[str, float]]:
+def worker(shapes: Sequence[str], quick: bool, pipeline: bool = False) -> Dict[str, Dict[str, float]]:
     """Measure every shape in a fresh temporary folder (each shape in its own data directory)."""
     root = Path(tempfile.mkdtemp(prefix="trainguard-processor-bench-"))
     try:
-        return {shape: measure(shape, quick, root) for shape in shapes}
+        return {shape: measure(shape, quick, root, pipeline) for shape in shapes}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool) -> Dict[str, Dict[str, float]]:
+def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool,
+                 pipeline: bool = False) -> Dict[str, Dict[str, float]]:
     """This script, one shape per subprocess (a fresh interpreter and peak RSS), on ``checkout``'s code."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(_sources(checkout)))
     out: Dict[str, Dict[str, float]] = {}
@@ -204,6 +241,8 @@ def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool) -> Dict[str
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shapes", shape]
         if quick:
             cmd.append("--quick")
+        if pipeline:
+            cmd.append("--pipeline")
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0:
             print(f"{checkout}: {shape} failed:\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
@@ -223,15 +262,15 @@ TARGETS = {"sdk16": 25.0, "sdk4096": 20.0, "env500": 5.0}
 """Issue 15's speed-up targets over the previous main, per shape."""
 
 
-def compare(shapes: Sequence[str], baseline: str, quick: bool,
-            baseline_path: Optional[Path] = None) -> Dict[str, Dict[str, Dict[str, float]]]:
+def compare(shapes: Sequence[str], baseline: str, quick: bool, baseline_path: Optional[Path] = None,
+            pipeline: bool = False) -> Dict[str, Dict[str, Dict[str, float]]]:
     """``{"this": {shape: figures}, "baseline": {...}}``: this checkout, then ``baseline`` (a git ref, or
     ``"none"``) checked out in a temporary worktree -- or the checkout already at ``baseline_path`` (a
     machine without the git history, e.g. a device machine given ``git archive REF``) -- measured the same
     way one after the other."""
-    results: Dict[str, Dict[str, Dict[str, float]]] = {"this": run_checkout(REPO, shapes, quick)}
+    results: Dict[str, Dict[str, Dict[str, float]]] = {"this": run_checkout(REPO, shapes, quick, pipeline)}
     if baseline_path is not None:
-        results["baseline"] = run_checkout(baseline_path.resolve(), shapes, quick)
+        results["baseline"] = run_checkout(baseline_path.resolve(), shapes, quick, pipeline)
         return results
     if baseline == "none":
         return results
@@ -239,7 +278,7 @@ def compare(shapes: Sequence[str], baseline: str, quick: bool,
     try:
         base = baseline_checkout(baseline, tmp)
         try:
-            results["baseline"] = run_checkout(base, shapes, quick)
+            results["baseline"] = run_checkout(base, shapes, quick, pipeline)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
     finally:
@@ -261,6 +300,10 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"baseline_events_per_s={base.get('events_per_s', math.nan):.0f} "
               f"baseline_cpu_us_per_event={base.get('us_per_event_cpu', math.nan):.1f} "
               f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g}", flush=True)
+        if "pipeline_us_per_event_cpu" in this:
+            mine, theirs = this["pipeline_us_per_event_cpu"], base.get("pipeline_us_per_event_cpu", math.nan)
+            print(f"pipeline_alone shape={shape} cpu_us_per_event={mine:.1f} baseline={baseline} "
+                  f"baseline_cpu_us_per_event={theirs:.1f} speedup={theirs / mine:.2f}", flush=True)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -271,16 +314,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="a baseline checkout already on disk (e.g. `git archive REF | tar -x -C DIR`); "
                         "--baseline then only names it in the output")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--pipeline", action="store_true",
+                   help="also the detection pipeline alone (decoded records, no stores): CPU per event, best "
+                        "of three, after each drain -- steadier than wall time on a loaded machine")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     if args.worker:
-        print(json.dumps(worker(shapes, args.quick)), flush=True)
+        print(json.dumps(worker(shapes, args.quick, args.pipeline)), flush=True)
         return 0
     print(f"env cpus={os.cpu_count()} python={sys.version.split()[0]} quick={args.quick} "
           f"loadavg_1m={os.getloadavg()[0]:.2f}", flush=True)
-    results = compare(shapes, args.baseline, args.quick, args.baseline_path)
+    results = compare(shapes, args.baseline, args.quick, args.baseline_path, args.pipeline)
     print_table(results, shapes, args.baseline)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
