@@ -334,7 +334,8 @@ def _add_replay(sub: Any) -> None:
     what.add_argument("--metrics", action="append", metavar="FILE", help="metrics JSON-lines of rank 0 "
                       "(repeatable; objects with a \"rank\" field go to that rank)")
     what.add_argument("--metrics-rank", action="append", metavar="RANK=FILE", help="metrics of one rank")
-    what.add_argument("--log", action="append", metavar="FILE", help="log file (stdout/stderr) of rank 0; "
+    what.add_argument("--log", action="append", metavar="FILE", help="log file (stdout/stderr) of rank 0 "
+                      "-- or, with no rank prefix, of the one rank its text names as its own; "
                       "[rankN]: prefixed lines go to rank N (repeatable)")
     what.add_argument("--log-rank", action="append", metavar="RANK=FILE", help="log file of one rank")
     what.add_argument("--exit-code", type=int, help="every rank's exit code (default: 1 for a rank whose "

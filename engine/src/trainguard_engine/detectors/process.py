@@ -75,8 +75,10 @@ LAUNCHER_RULES = ("torchrun.worker-failed", "launcher.signal", "dataloader.worke
 LAUNCHER_KINDS = (("process", "killed"), ("process", "exit"), ("process", "terminated"))
 """Log lines in which a launcher (or the DataLoader, of its workers: "Unexpected bus error encountered in
 worker") says a process was ended by a signal open that exit's kind even when no exit event reaches
-TrainGuard (a pasted log). An exit code 1 is not one (the worker's own traceback is the incident), nor an
-abort (after a watchdog timeout it is the teardown: the exit path decides)."""
+TrainGuard (a pasted log); so does a launcher's line naming a rank's non-zero exit code (torchrun's
+``failed (exitcode: N) local_rank: R``, DeepSpeed's ``exits with return code = N``): ``process/exit``, and
+the worker's own traceback, when printed, is an incident of its own. An abort is not one (after a watchdog
+timeout it is the teardown: the exit path decides)."""
 SCALE_RULE = "numeric.loss-scale"
 """An fp16 loss-scale line: a finding only at or below ``amp_text_max_scale``."""
 
