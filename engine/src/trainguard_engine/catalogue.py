@@ -800,6 +800,19 @@ class DetectionSettings:
         "memory/amp-overflow for a job that sends no metrics; a healthy run prints a few overflows while its "
         "scaler calibrates from 2^16, but a scale at or below 1 no longer scales the gradients up at all.",
         minimum=0.0)
+    amp_text_collapse_reductions: int = _setting(
+        5, "Reductions of the fp16 loss scale in a row on one rank, each line's scale lower than the last "
+        "one's (none grown back in between) and below amp_text_calibration_scale, that open "
+        "memory/amp-overflow for a job that sends no metrics: a scaler halves on every overflowing step and "
+        "skips it, so 5 in a row is a scale 32x under the usual 2^16 start, with that many steps skipped -- "
+        "past the few halvings of a healthy calibration (DeepSpeed's hysteresis first, then 2-4 halvings).",
+        minimum=1)
+    amp_text_calibration_scale: float = _setting(
+        65536.0, "Reductions of the fp16 loss scale to this value or above do not count towards "
+        "amp_text_collapse_reductions: 2^16 is the usual initial scale (torch GradScaler, apex, DeepSpeed's "
+        "initial_scale_power 16); halvings above it are the scaler searching down from a larger start "
+        "(2^32).",
+        minimum=0.0)
     # --- evidence and history bounds --------------------------------------------------------------
     history_metrics: Tuple[str, ...] = _setting(
         ("lr", "opt/lr", "amp/*", "grad/clip_triggered", "time/step_s", "seq/*", "batch/*"),
@@ -982,7 +995,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
              "regression_confirm", "data_wait_share", "data_wait_min_s", "throttle_confirm",
              "throughput_metrics"),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
-                "amp_text_max_scale"),
+                "amp_text_max_scale", "amp_text_collapse_reductions", "amp_text_calibration_scale"),
     "diagnosis": ("diagnosis_lr_high",),
     "state": ("history_len", "history_max_series", "max_evidence", "max_timeline", "max_incident_ranks",
               "max_incidents_per_run", "cluster_max_members", "max_clusters", "sample_traceback_chars",

@@ -80,19 +80,54 @@ TrainGuard (a pasted log); so does a launcher's line naming a rank's non-zero ex
 the worker's own traceback, when printed, is an incident of its own. An abort is not one (after a watchdog
 timeout it is the teardown: the exit path decides)."""
 SCALE_RULE = "numeric.loss-scale"
-"""An fp16 loss-scale line: a finding only at or below ``amp_text_max_scale``."""
+"""An fp16 loss-scale line: a finding when the scale collapsed (see :func:`_scale_collapsed`)."""
+SCALE_STATE_KEY = "amp"
+"""``RankState.detectors[SCALE_STATE_KEY]``: ``{"last": the last scale a line moved to, "run": reductions in
+a row below amp_text_calibration_scale}`` (plain JSON)."""
 
 
-def _numeric_text_wanted(run: RunState, found: Classification, settings: DetectionSettings) -> bool:
-    """Whether numerical text ``found`` may open its kind in ``run`` (always True for other text)."""
+def _numeric_text_wanted(run: RunState, found: Classification, settings: DetectionSettings,
+                         rank: Optional[RankState] = None) -> bool:
+    """Whether numerical text ``found`` may open its kind in ``run`` (always True for other text); a
+    loss-scale line also advances ``rank``'s run of reductions (without ``rank``: only the scale's floor)."""
     if (found.category, found.subtype) not in NUMERIC_TEXT_KINDS:
         return True
     if any(r.history or r.last_hb_ns for r in run.ranks.values()):
         return False
-    scale = found.facts.get("scale")
     if found.rule != SCALE_RULE:
         return True
-    return isinstance(scale, (int, float)) and scale <= settings.amp_text_max_scale
+    return _scale_collapsed(found, settings, rank)
+
+
+def _scale_collapsed(found: Classification, settings: DetectionSettings, rank: Optional[RankState]) -> bool:
+    """Whether a loss-scale line says the fp16 scale collapsed rather than calibrated.
+
+    A dynamic loss scaler halves its scale on every step whose gradients overflow (and skips that step),
+    and grows it back only after a window of clean steps. A healthy run prints a few halvings while the
+    scaler searches down from its initial scale, then stays put or oscillates (a line at a higher scale than
+    the rank's last one means it grew back in between: the count starts again). A collapse is either the
+    scale at or below ``amp_text_max_scale`` (it no longer scales the gradients up), or
+    ``amp_text_collapse_reductions`` reductions in a row, none grown back, below
+    ``amp_text_calibration_scale``: that many consecutive overflowing, skipped steps under the usual initial
+    scale. Halvings above it are the search from a larger initial scale (2^32) and do not count."""
+    scale = found.facts.get("scale")
+    if not isinstance(scale, (int, float)):
+        return False
+    low = scale <= settings.amp_text_max_scale
+    if rank is None:
+        return low
+    state: Dict[str, Any] = rank.detectors.setdefault(SCALE_STATE_KEY, {"last": None, "run": 0})
+    last = state.get("last")
+    if isinstance(last, (int, float)):
+        if scale > last:
+            state["run"] = 0  # grown back since the last line: the overflows stopped for a window
+        reduced = scale < last
+    else:  # the rank's first line: a reduction when it says so (an overflow line), not a printed value
+        reduced = any("overflow" in line.lower() for line in found.lines)
+    if reduced and scale < settings.amp_text_calibration_scale:
+        state["run"] = int(state.get("run", 0)) + 1
+    state["last"] = float(scale)
+    return low or int(state["run"]) >= settings.amp_text_collapse_reductions
 
 
 def exception_key(fingerprint: str) -> str:
@@ -126,7 +161,7 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
             found = replace(found, category="process", subtype="exit",
                             note="an abort on a rank where CUDA is not in use: neither a CUDA OOM nor a CUDA "
                                  "error -- a C++ exception or assertion, or a library that gave up")
-    if found.category in TEXT_CATEGORIES and _numeric_text_wanted(run, found, settings):
+    if found.category in TEXT_CATEGORIES and _numeric_text_wanted(run, found, settings, rank):
         key = text_key(found.category, found.subtype)
         if not handled:
             rank.exc_key = key
@@ -193,10 +228,10 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
     if found is None or (found.category not in TEXT_CATEGORIES and not (
             found.rule in LAUNCHER_RULES and (found.category, found.subtype) in LAUNCHER_KINDS)):
         return None
-    if not _numeric_text_wanted(run, found, settings):
+    if not _numeric_text_wanted(run, found, settings, rank):
         return None
     if found.confidence < settings.log_min_confidence and found.rule != SCALE_RULE:
-        return None  # a scale line's own test is amp_text_max_scale
+        return None  # a scale line's own test is _scale_collapsed
     key = text_key(found.category, found.subtype)
     origin = as_str(body.get("logger")) or as_str(body.get("source")) or "log"
     about = found.facts.get("timed_out_rank")
