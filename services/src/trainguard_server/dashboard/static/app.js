@@ -158,6 +158,15 @@ function stepClock(d, rank) {
   };
 }
 
+// a chart in `el` for a redraw: whatever chart was drawn there before is disposed and forgotten
+function freshChart(el) {
+  const old = echarts.getInstanceByDom(el);
+  if (old) { if (charts.includes(old)) charts.splice(charts.indexOf(old), 1); old.dispose(); }
+  const c = echarts.init(el, darkTheme() ? "dark" : null);
+  charts.push(c);
+  return c;
+}
+
 // series: [{name, data: [[step, y]...], dashed?, color?}]; opts.smoothing (0..0.99): each series drawn
 // smoothed over its raw line shown faint (ids "smooth:<name>" and "raw:<name>"); opts.group connects zooms;
 // opts.time: x is wall time in seconds (see stepClock), else the step
@@ -508,10 +517,7 @@ async function heatmap(enc, layers, rank) {
   });
   const el = document.getElementById("layer-heatmap");
   if (typeof echarts === "undefined" || !el) return;
-  const old = echarts.getInstanceByDom(el);
-  if (old) { if (charts.includes(old)) charts.splice(charts.indexOf(old), 1); old.dispose(); }
-  const c = echarts.init(el, darkTheme() ? "dark" : null);
-  charts.push(c);
+  const c = freshChart(el);
   c.setOption({
     animation: false,
     tooltip: { formatter: (p) => `${esc(layers[p.value[1]])}<br>step ${steps[p.value[0]]}: 10^${p.value[2].toFixed(2)}` },

@@ -91,10 +91,7 @@ async function rankHeatmap(enc, run, incidents) {
   const stragglers = stragglerRanks(incidents);
   if (typeof echarts === "undefined") return;
   el.style.height = `${Math.max(220, Math.min(900, 22 * ranks.length + 60))}px`;  // a row per rank stays readable
-  const old = echarts.getInstanceByDom(el);
-  if (old) { if (charts.includes(old)) charts.splice(charts.indexOf(old), 1); old.dispose(); }
-  const c = echarts.init(el, darkTheme() ? "dark" : null);
-  charts.push(c);
+  const c = freshChart(el);
   c.setOption({
     animation: false,
     backgroundColor: "transparent",
