@@ -120,3 +120,15 @@ def test_a_restarted_processor_continues_from_rank_parts(tmp_path: Path,
     second = EmbeddedProcessor(queue, *stores, snapshot_every_s=0.0, tick_interval_s=1e15)  # a restart
     assert second.pipeline.snapshot() == first.pipeline.snapshot()
     queue.close()
+
+
+@pytest.mark.parametrize("name", ["nccl/timeout", "corpus/gpu_fragmentation", "fixture/crashing_2rank"])
+def test_the_sliced_split_equals_the_parsed_one(name: str) -> None:
+    load_events, settings = STREAMS[name]
+    pipeline = Pipeline(settings)
+    pipeline.process(load_events())
+    splitter = RankParts(split_above=0, ranks_per_part=1)
+    for part, blob in pipeline.changed_parts().items():
+        if part.startswith("run/") and blob is not None:
+            sliced = splitter._split_text(part, blob)
+            assert sliced is not None and sliced == splitter._split_parsed(part, blob)

@@ -38,6 +38,8 @@ RANKS_PER_PART = 128
 RANK_PART_PREFIX = "ranks/"
 """Rank parts are named ``ranks/<i>/<the run part's name after 'run/'>``."""
 _RUN = "run/"
+_RANKS_KEY = ',"ranks":['
+_DECODER = json.JSONDecoder()
 
 
 def _json_bytes(doc: Any) -> bytes:
@@ -88,11 +90,11 @@ class RankParts:
                 out[name] = blob
                 continue
             stored = self._rank_parts.get(name, 0)
-            if blob is None or len(blob) <= self.split_above:
+            pieces = self._split(name, blob) if blob is not None and len(blob) > self.split_above else {}
+            if len(pieces) < 2:  # small, deleted, or no ranks to split off: the run part as it is
                 out[name] = blob
                 counts[name] = 0
             else:
-                pieces = self._split(name, blob)
                 for piece_name, piece in pieces.items():
                     if self._stored.get(piece_name) != _digest(piece):
                         out[piece_name] = piece
@@ -104,6 +106,47 @@ class RankParts:
 
     def _split(self, name: str, blob: bytes) -> Dict[str, bytes]:
         """The head and rank parts of run part ``name`` (head first)."""
+        return self._split_text(name, blob) or self._split_parsed(name, blob)
+
+    def _split_text(self, name: str, blob: bytes) -> Optional[Dict[str, bytes]]:
+        """:meth:`_split_parsed` without re-encoding: each rank's bytes are sliced out of the run part where
+        the decoder found them (half the cost); None when the part is not laid out as expected (then the
+        caller parses it whole)."""
+        text = blob.decode("ascii")
+        at = text.find(_RANKS_KEY)  # strings hold no bare quote: the first is the run's own "ranks" list
+        if at < 0:
+            return None
+        pos = at + len(_RANKS_KEY)
+        spans: List[tuple[int, int]] = []
+        scan = _DECODER.raw_decode
+        try:
+            while text[pos] != "]":
+                _rank, end = scan(text, pos)
+                spans.append((pos, end))
+                pos = end + 1 if text[end] == "," else end
+                if text[end] not in ",]":
+                    return None
+        except (ValueError, IndexError):
+            return None
+        if not spans:
+            return None
+        step = self.ranks_per_part
+        count = (len(spans) + step - 1) // step
+        marker = {"rank_parts": count, "ranks": len(spans)}
+        head = f"{text[:at]},\"ranks\":{json.dumps(marker, separators=(',', ':'))}{text[pos + 1:]}"
+        try:  # the marker must be where the run's ranks were
+            if json.loads(head)["run"]["ranks"] != marker:
+                return None
+        except (ValueError, KeyError, TypeError):
+            return None
+        pieces = {name: head.encode("ascii")}
+        for index in range(count):
+            chunk = spans[index * step:(index + 1) * step]
+            pieces[rank_part_name(name, index)] = f"[{text[chunk[0][0]:chunk[-1][1]]}]".encode("ascii")
+        return pieces
+
+    def _split_parsed(self, name: str, blob: bytes) -> Dict[str, bytes]:
+        """The head and rank parts of run part ``name``, by parsing and encoding it."""
         doc = json.loads(blob)
         run = doc["run"]
         ranks = run["ranks"]
