@@ -71,3 +71,5 @@ def test_a_scale_at_the_floor_is_a_collapse_on_its_own() -> None:
     assert low is not None
     assert _verdicts([low], DetectionSettings()) == [True]
     assert _verdicts([low], DetectionSettings(amp_text_max_scale=0.1)) == [False]
+
+

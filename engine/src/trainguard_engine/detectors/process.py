@@ -130,6 +130,16 @@ def _scale_collapsed(found: Classification, settings: DetectionSettings, rank: O
     return low or int(state["run"]) >= settings.amp_text_collapse_reductions
 
 
+def _scale_said(found: Classification, rank: RankState) -> Classification:
+    """A collapsing loss-scale line's classification naming the run of reductions it ends
+    (``reductions_in_a_row`` in its facts, and in its headline when there is more than one)."""
+    run = int(rank.detectors.get(SCALE_STATE_KEY, {}).get("run", 0))
+    if run < 2:
+        return found
+    return replace(found, facts={**found.facts, "reductions_in_a_row": run},
+                   headline=f"{found.headline}, {run} reductions in a row without growing back")
+
+
 def exception_key(fingerprint: str) -> str:
     return f"exc:{fingerprint}"
 
@@ -230,6 +240,8 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
         return None
     if not _numeric_text_wanted(run, found, settings, rank):
         return None
+    if found.rule == SCALE_RULE:
+        found = _scale_said(found, rank)
     if found.confidence < settings.log_min_confidence and found.rule != SCALE_RULE:
         return None  # a scale line's own test is _scale_collapsed
     key = text_key(found.category, found.subtype)
