@@ -201,8 +201,9 @@ DOCS = {
     "numeric.loss-scale": (
         "DeepSpeed ``OVERFLOW! ... reducing to S``, fairseq ``overflow detected, setting loss scale to S``, "
         "apex ``Gradient overflow. Skipping step ... reducing loss scale to S``, a printed "
-        "``loss_scale: S`` → memory/amp-overflow when S <= ``amp_text_max_scale`` (the process "
-        "detector's setting)"
+        "``loss_scale: S`` → memory/amp-overflow when the process detector judges a collapse (S <= "
+        "``amp_text_max_scale``, or ``amp_text_collapse_reductions`` halvings in a row below "
+        "``amp_text_calibration_scale``)"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""
