@@ -76,6 +76,7 @@ SESSION_TIMEOUT_MS = 6000  # Tansu answers a JoinGroup after ~half of it: every 
 # Tansu answers a Fetch only after fetch.wait.max.ms even when records are there (Kafka answers at once)
 CONSUMER_CONFIG: Dict[str, Any] = {"fetch.wait.max.ms": 10}
 DRAIN_TIMEOUT_S = 600.0
+FLINK_TIMEOUT_S = 600.0  # a Flink job still running after this is killed and reported as failed
 
 
 def _loadavg() -> str:
@@ -175,7 +176,7 @@ def drain_group(bootstrap: str, broker_pid: int, n: int, runs: Sequence[Tuple[st
                 events: int, root: Path) -> Dict[str, Any]:
     """Publish ``runs`` to a fresh topic, drain it with ``n`` worker processes in one group; the figures."""
     topic = f"scale-n{n}-{uuid.uuid4().hex[:8]}"
-    control = root / f"n{n}"
+    control = root / f"n{n}-{topic[-8:]}"
     control.mkdir()
     pub = publisher(bootstrap, topic)
     records = 0
@@ -350,6 +351,11 @@ def _tree_cpu(root_pid: int, seen: Dict[int, float]) -> None:
             continue
 
 
+def _last_error(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if "Error" in line or "Exception" in line]
+    return lines[-1][:300] if lines else "none in its log"
+
+
 def flink_job(python: Path, values: Sequence[bytes], parallelism: int, root: Path) -> Tuple[float, float]:
     """The Flink job (processor/flink_main.py ``--records``: a local mini-cluster, bounded input, results
     to files) over ``values`` at ``parallelism``: (wall seconds, CPU seconds of the job's process tree:
@@ -366,13 +372,20 @@ def flink_job(python: Path, values: Sequence[bytes], parallelism: int, root: Pat
         started = time.monotonic()
         proc = subprocess.Popen([str(python), "-m", "trainguard_server.processor.flink_main", "--records",
                                  str(path), "--out", str(root / f"flink-out-{tag}"), "--parallelism",
-                                 str(parallelism)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                                 str(parallelism)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        killed = False
         while proc.poll() is None:
             _tree_cpu(proc.pid, seen)
             time.sleep(0.2)
-            if time.monotonic() - started > DRAIN_TIMEOUT_S * 2:
-                proc.kill()
+            if time.monotonic() - started > FLINK_TIMEOUT_S:
+                os.killpg(proc.pid, 9)  # its whole session: the JVM and its Python workers too
+                killed = True
         wall = time.monotonic() - started
+    if killed:
+        raise RuntimeError(f"the Flink job did not end within {FLINK_TIMEOUT_S:.0f} s (killed); its last "
+                           f"Error/Exception line: "
+                           f"{_last_error((root / f'flink-{tag}.log').read_text())}")
     if proc.returncode != 0:
         raise RuntimeError(f"the Flink job failed: {(root / f'flink-{tag}.log').read_text()[-3000:]}")
     out = list((root / f"flink-out-{tag}").rglob("*.jsonl"))
@@ -412,17 +425,26 @@ def flink_figures(bootstrap: str, broker_pid: int, runs: Sequence[Tuple[str, Lis
     out: Dict[str, Any] = {"events": events, "embedded_events_per_s": per_core,
                            "embedded_events_per_cpu_s": per_cpu, "jobs": []}
     for p in parallelisms:
-        wall0, cpu0 = flink_job(python, small, p, root)
-        wall1, cpu1 = flink_job(python, values, p, root)
+        try:
+            wall0, cpu0 = flink_job(python, small, p, root)
+            wall1, cpu1 = flink_job(python, values, p, root)
+        except RuntimeError as exc:  # the job failed or ran past its time: say so, go on
+            text = str(exc)
+            out["jobs"].append({"parallelism": p, "failed": text.splitlines()[0][:400]
+                                if "did not end" in text else _last_error(text)})
+            print(f"flink parallelism={p} events={events} FAILED: {out['jobs'][-1]['failed']} "
+                  f"loadavg={_loadavg()}", flush=True)
+            continue
         rate = (events - small_events) / max(1e-9, wall1 - wall0)
-        per_cpu_s = (events - small_events) / max(1e-9, cpu1 - cpu0)
+        per_cpu_s = (events - small_events) / (cpu1 - cpu0) if cpu1 > cpu0 else float("nan")
         job = {"parallelism": p, "startup_wall_s": wall0, "wall_s": wall1, "events_per_s": rate,
                "events_per_s_per_slot": rate / p, "events_per_cpu_s": per_cpu_s,
                "slot_vs_embedded_core": rate / p / per_core, "cpu_vs_embedded_cpu": per_cpu_s / per_cpu,
                "loadavg": _loadavg()}
         out["jobs"].append(job)
         print(f"flink parallelism={p} events={events} wall_s={wall1:.1f} startup_wall_s={wall0:.1f} "
-              f"events_per_s={rate:.0f} events_per_s_per_slot={rate / p:.0f} cpu_s={cpu1 - cpu0:.1f} "
+              f"events_per_s={rate:.0f} events_per_s_per_slot={rate / p:.0f} cpu_s={cpu1:.1f} "
+              f"startup_cpu_s={cpu0:.1f} "
               f"events_per_cpu_s={per_cpu_s:.0f} slot_vs_embedded_core={rate / p / per_core:.2f} "
               f"cpu_vs_embedded_cpu={per_cpu_s / per_cpu:.2f} (target slot >= 0.5 x embedded core) "
               f"cpus={os.cpu_count()} loadavg={job['loadavg']}", flush=True)
@@ -435,12 +457,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--runs", type=int, default=48)
     p.add_argument("--ranks", type=int, default=16)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--checkpoint-ranks", type=int, default=4096)
+    p.add_argument("--checkpoint-ranks", type=int, default=4096, help="0: no checkpoint part")
     p.add_argument("--checkpoint-steps", default="2,20",
                    help="checkpoint after these steps of the big run, and one step after each")
     p.add_argument("--flink-runs", type=int, default=16,
                    help="the Flink job's stream: the first this many runs of the backlog (0: no Flink part)")
     p.add_argument("--flink-parallelism", default="1,2")
+    p.add_argument("--flink-timeout-s", type=float, default=FLINK_TIMEOUT_S,
+                   help="a Flink job still running after this is killed and reported as failed")
     p.add_argument("--split-above", type=int, default=None,
                    help="rank_parts mode: split runs above this many bytes (default: the processor's 1 MiB)")
     p.add_argument("--quick", action="store_true", help="a smoke run: small backlog, 512-rank checkpoint")
@@ -500,7 +524,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               flush=True)
         stops = [int(x) for x in args.checkpoint_steps.split(",") if x.strip()]
         figures["checkpoint"] = []
-        for mode in ("whole", "rank_parts"):
+        for mode in ("whole", "rank_parts") if args.checkpoint_ranks else ():
             figures["checkpoint"] += checkpoint_figures(broker.bootstrap, args.checkpoint_ranks, stops, root,
                                                         mode, args.split_above)
         for c in figures["checkpoint"]:
@@ -524,6 +548,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"{c['largest_stored_bytes'] / max(1, w['largest_stored_bytes']):.3f} "
                       "(rank_parts / whole, same process)", flush=True)
         if args.flink_runs:
+            globals()["FLINK_TIMEOUT_S"] = args.flink_timeout_s
             figures["flink"] = flink_figures(broker.bootstrap, broker.proc.pid, runs[:args.flink_runs],
                                              args.ranks, root,
                                              [int(x) for x in args.flink_parallelism.split(",") if x.strip()])
