@@ -24,6 +24,11 @@ from trainguard_engine.state import RankState, RunState
      "memory/amp-overflow"),
     ("Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 8.165126103939127e-202",
      "memory/amp-overflow"),
+    # num-fairseq-min-scale-1: fairseq's "Minimum loss scale reached" message, split by the paste
+    ("    ).format(self.args. scale reached (0.0001). Your loss is probably exploding. Try lowering the "
+     "learning rate, using gradient clipping or increasing the batch size.min_loss_scale))",
+     "memory/amp-overflow"),
+    ("FloatingPointError: Minimum loss.", "memory/amp-overflow"),
 ])
 def test_numeric_text_is_its_kind(line: str, kind: str) -> None:
     found = classify_text(line)

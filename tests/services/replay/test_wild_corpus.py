@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.92, "subtype": 0.89}, "heldout": {"category": 0.79, "subtype": 0.75}}
+FLOORS = {"tune": {"category": 0.93, "subtype": 0.90}, "heldout": {"category": 0.79, "subtype": 0.75}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -35,7 +35,9 @@ recorded before any change made for it, is missed: 51/66). Lowered again at 260 
 (tuned 196/219 and 189/219, held out 62/82 and 59/82); raised with the launcher-line, mismatch and reader
 changes that followed (made on tuned misses only) to what they hold: tuned 201/219 and 195/219, held out
 65/82 and 62/82; the loss-scale collapse rule (reductions in a row, made on tuned logs only): tuned 203/219
-and 197/219, held out unchanged."""
+and 197/219, held out unchanged; fairseq's minimum-loss-scale failure known by its split message and its
+``FloatingPointError: Minimum loss`` line (made on a tuned log only): tuned 204/219 and 198/219, held out
+unchanged."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

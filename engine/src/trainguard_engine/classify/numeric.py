@@ -123,13 +123,22 @@ def _grad_hit(t: _Text, pos: int, facts: Facts) -> _Hit:
 
 
 _MIN_SCALE_RE = re.compile(r"loss scale already at minimum|minimum loss scale reached|"
-                           r"loss scale (?:has )?(?:reached|hit) (?:its |the )?minimum", re.IGNORECASE)
+                           r"loss scale (?:has )?(?:reached|hit) (?:its |the )?minimum|"
+                           r"scale reached \(\s{0,4}[\d.e+-]{1,24}\s{0,4}\)|your loss is probably exploding|"
+                           r"FloatingPointError: Minimum loss\b",
+                           re.IGNORECASE)
+"""fairseq's ``Minimum loss scale reached (S). Your loss is probably exploding. ...`` is also known by its
+tail (``scale reached (S)``, ``Your loss is probably exploding``): its FloatingPointError message is built
+with ``.format(...)`` and a paste of the traceback's source line shows it split; its exception line
+``FloatingPointError: Minimum loss...`` alone is the same failure (fairseq raises no other)."""
+_MIN_SCALE_NEEDLES = ("loss scale already at minimum", "minimum loss scale reached", "loss scale reached",
+                      "loss scale has reached", "loss scale hit", "scale reached (", "probably exploding",
+                      "floatingpointerror: minimum loss")
 
 
 def _rule_loss_scale_minimum(t: _Text) -> Optional[_Hit]:
-    pos = t.first("loss scale already at minimum", "minimum loss scale reached", "loss scale reached",
-                  "loss scale has reached", "loss scale hit")
-    if pos < 0 or (found := _search(_MIN_SCALE_RE, t, pos, before=10, after=80)) is None:
+    pos = t.first(*_MIN_SCALE_NEEDLES)
+    if pos < 0 or (found := _search(_MIN_SCALE_RE, t, pos, before=30, after=80)) is None:
         return None
     facts: Facts = {"at_minimum": True}
     rank = _rank_of(t, pos, facts)
@@ -174,8 +183,7 @@ def _rule_loss_scale(t: _Text) -> Optional[_Hit]:
 
 
 GATES = {
-    "numeric.loss-scale-minimum": ("loss scale already at minimum", "minimum loss scale reached",
-                                   "loss scale reached", "loss scale has reached", "loss scale hit"),
+    "numeric.loss-scale-minimum": _MIN_SCALE_NEEDLES,
     "numeric.grad-norm-non-finite": ("in local grad norm", "nan", "inf"),
     "numeric.loss-non-finite": ("nan", "inf", "loss became", "loss is", "loss was", "loss has become",
                                 " loss"),
@@ -195,7 +203,9 @@ DOCS = {
         "NaN in local grad norm``) → gradient/nan-source"
     ),
     "numeric.loss-scale-minimum": (
-        "``Current loss scale already at minimum``, fairseq's ``Minimum loss scale reached`` → "
+        "``Current loss scale already at minimum``, fairseq's ``Minimum loss scale reached (S). Your loss is "
+        "probably exploding`` (also by its tail alone, as a pasted traceback splits it, or by its exception "
+        "line ``FloatingPointError: Minimum loss...``) → "
         "memory/amp-overflow"
     ),
     "numeric.loss-scale": (
