@@ -50,3 +50,12 @@ def test_a_shell_kill_in_markdown_bold_and_ncclls_unclosed_ring() -> None:
     assert killed is not None and killed.kind == "process/killed"  # '**Killed**' as pasted
     ring = classify_text(_line("comm-init-ring-loop-hostid-1", "does not loop back"))
     assert ring is not None and ring.kind == "comm/init-failure"
+
+
+def test_a_proxy_that_cannot_run_a_peers_init_is_a_communicator_that_never_came_up() -> None:
+    text = (WILD / "comm-init-nccl-connect-closed-1" / "log.txt").read_text(encoding="utf-8")
+    init = classify_text(_line("comm-init-nccl-connect-closed-1", "Failed to execute operation Init"))
+    assert init is not None and init.kind == "comm/init-failure"
+    assert classify_text(text).kind == "comm/init-failure"  # over the peer's 'Connection closed' that follows
+    closed = classify_text(_line("comm-init-nccl-connect-closed-1", "Connection closed by remote peer"))
+    assert closed is not None and closed.kind == "comm/rank-lost"  # alone, still a peer that went away

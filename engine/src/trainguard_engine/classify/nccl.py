@@ -276,6 +276,9 @@ _NCCL_MISMATCH_RE = re.compile(r"Mismatched collective detected, please check yo
 _NCCL_WARN_PATTERNS: Tuple[Tuple[str, str, str, float, str], ...] = (
     ("collective mismatch error", "comm", "mismatch", 0.75,
      "NCCL's network plugin received a message of another size than posted: the ranks' collectives differ"),
+    ("failed to execute operation init from rank", "comm", "init-failure", 0.75,
+     "a proxy could not run a peer's ``Init`` while the communicator was being built (``Failed to execute "
+     "operation Init from rank N``): the communicator never came up; the peer's own first error says why"),
     ("connection reset by peer", "comm", "rank-lost", 0.7,
      "a peer's socket went away: the peer process died or its node/network failed"),
     ("connection closed by remote peer", "comm", "rank-lost", 0.7,
@@ -353,8 +356,9 @@ DOCS = {
     'nccl.debug': (
         "NCCL_DEBUG lines: ``Mismatched collective detected ... around rank N`` / ``collective mismatch "
         "error`` → comm/mismatch; ``Connection reset/closed by (remote) peer|localRank N`` → comm/rank-lost; "
-        "``ring N does not loop back to start`` → comm/init-failure; shared-memory segment or "
-        "``ibv_create_cq`` failures → comm/failure"
+        "``ring N does not loop back to start`` or a proxy's ``Failed to execute operation Init from rank "
+        "N`` (it wins over a connection-closed line in the same text) → comm/init-failure; shared-memory "
+        "segment or ``ibv_create_cq`` failures → comm/failure"
     ),
     'nccl.watchdog-timeout': (
         '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (and the blocking-wait wording '
