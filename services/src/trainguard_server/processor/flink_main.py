@@ -19,8 +19,10 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import struct
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, List, Sequence
 
@@ -66,7 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overrides", default=os.environ.get("TRAINGUARD_DETECTION_OVERRIDES", "{}"))
     parser.add_argument("--settle-s", type=float, default=None)
     parser.add_argument("--checkpoint-ms", type=int, default=1000)
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("TRAINGUARD_FLINK_CHECKPOINT_DIR"),
+                        help="where checkpoints are written (a path or file:// URI; the production job needs "
+                             "a durable one); default: a temporary folder, removed when a --records job ends")
+    parser.add_argument("--restart-attempts", type=int, default=None,
+                        help="restarts before the job fails (default: 3 for --records, Flink's default "
+                             "for --kafka)")
     return parser
+
+
+def checkpoint_config(config: Any, checkpoint_dir: str, restart_attempts: int | None) -> None:
+    """Checkpoints go to files under ``checkpoint_dir``, not to the JobManager's memory: the mini-cluster's
+    default (``JobManagerCheckpointStorage``) refuses a subtask's state over 5 MiB, and a failed checkpoint
+    fails the job, which restores and grows past the limit again -- a restart loop that never ends (issue
+    20: parallelism 1 on 16 runs; bench/scale.py saw PyFlink's worker fail re-registering state
+    serializers). ``restart_attempts``: a bounded job fails after that many restarts instead of looping."""
+    uri = checkpoint_dir if "://" in checkpoint_dir else Path(checkpoint_dir).resolve().as_uri()
+    config.set_string("execution.checkpointing.storage", "filesystem")
+    config.set_string("execution.checkpointing.dir", uri)
+    if restart_attempts is not None:
+        config.set_string("restart-strategy.type", "fixed-delay")
+        config.set_string("restart-strategy.fixed-delay.attempts", str(restart_attempts))
+        config.set_string("restart-strategy.fixed-delay.delay", "1 s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .flink_job import SETTLE_S, build_job
 
     config = Configuration()
+    scratch = None if ns.checkpoint_dir else tempfile.mkdtemp(prefix="trainguard-flink-checkpoints-")
+    checkpoint_config(config, str(ns.checkpoint_dir or scratch),
+                      ns.restart_attempts if ns.restart_attempts is not None or ns.kafka else 3)
     config.set_string("python.executable", sys.executable)
     config.set_string("python.client.executable", sys.executable)
     jars = sorted(ns.jars.glob("*.jar")) if ns.jars.is_dir() else []
@@ -103,7 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 .with_output_file_config(OutputFileConfig.builder().with_part_suffix(".jsonl").build())
                 .build())
         build_job(records, sink, source_parallelism=1, overrides=overrides, settle_s=settle)
-        env.execute("trainguard (bounded)")
+        try:
+            env.execute("trainguard (bounded)")
+        finally:
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
         return 0
     return run_kafka(env, ns, overrides, settle)
 
