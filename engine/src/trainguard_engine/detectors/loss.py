@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
@@ -310,7 +311,7 @@ def _divergence_settled(run: RunState, rank: RankState, name: str, series: Seque
     opened = state.get("opened") or {}
     if not swings.holds or rises.holds or not opened.get("level") or \
             win.median > settings.oscillation_max_rise * opened["level"] or \
-            _lr_grew(rank, win.steps[0], win.steps[-1]):
+            _lr_grew(rank, win.first_step, win.last_step):
         streaks["oscillation"] = 0
         return False
     if streaks.get("oscillation", 0) == 0:
@@ -450,7 +451,7 @@ def _track_level(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]]
     width = tuned.rise_smooth
     if len(series) < width:
         return
-    level = statistics.median(v for _s, v, _t in series[-width:])
+    level = _median_of(series[-width:])
     centre = series[-(width // 2) - 1][0]
     state["levels"] = state.get("levels", 0) + 1
     if "best" not in state or level < state["best"]:
@@ -458,22 +459,52 @@ def _track_level(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]]
     state["level"] = level
 
 
+_VALUE = itemgetter(1)
+
+
+def _median_of(points: Sequence[Tuple[int, float, int]]) -> float:
+    """``statistics.median`` of the points' values, bit for bit (the same stable sort of the values in
+    time order, the same middle or mean of the two middle ones), without building the value list first;
+    NaN when empty, as :func:`robust.median`."""
+    ordered = sorted(map(_VALUE, points))
+    n = len(ordered)
+    if n == 0:
+        return math.nan
+    i = n // 2
+    return ordered[i] if n % 2 else (ordered[i - 1] + ordered[i]) / 2
+
+
 class _Window:
-    """The last ``size`` loss values, with their statistics computed once, when first asked for."""
+    """The last ``size`` loss values, with their statistics -- and their step and value lists -- computed
+    once, when first asked for (most values are judged on the median and the first and last steps)."""
 
     def __init__(self, series: Sequence[Tuple[int, float, int]], size: int) -> None:
         self.full = len(series) >= size
-        tail = series[-size:]
-        self.steps = [s for s, _v, _t in tail]
-        self.values = [v for _s, v, _t in tail]
+        self._tail = series[-size:]
+        self.first_step = self._tail[0][0] if self._tail else -1
+        self.last_step = self._tail[-1][0] if self._tail else -1
+        self._steps: Optional[List[int]] = None
+        self._values: Optional[List[float]] = None
         self._median: Optional[float] = None
         self._cv: Optional[float] = None
         self._trend: Optional[robust.MannKendall] = None
 
     @property
+    def steps(self) -> List[int]:
+        if self._steps is None:
+            self._steps = [s for s, _v, _t in self._tail]
+        return self._steps
+
+    @property
+    def values(self) -> List[float]:
+        if self._values is None:
+            self._values = [v for _s, v, _t in self._tail]
+        return self._values
+
+    @property
     def median(self) -> float:
         if self._median is None:
-            self._median = robust.median(self.values)
+            self._median = _median_of(self._tail)
         return self._median
 
     @property
@@ -509,11 +540,11 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
         return _Check(False)
     trend = win.trend
     ratio = win.median / initial if initial > 0 else math.inf
-    if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.steps[0], win.steps[-1],
+    if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.first_step, win.last_step,
                                                              settings, ratio):
         return _Check(False)  # swings while nothing moves the weights are the batches' noise: a plateau
     if not explain:
-        return _Check(True, since=win.steps[0])
+        return _Check(True, since=win.first_step)
     steps, values, med, cv = win.steps, win.values, win.median, win.cv
     lo, hi = min(values), max(values)
     level = med / initial if initial else math.inf  # an initial loss of exactly 0: any level is above it
@@ -594,7 +625,7 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
         #                       decay from a first far-too-large update)
     # (a loss coming back down but still far above its band is diverged until it is back: a spike of
     # a few bad batches does not hold the rolling level up for divergence_min_points values)
-    if trend.z < tuned.trend_z and _optimisation_stuck(rank, state, win.steps[0], win.steps[-1], settings):
+    if trend.z < tuned.trend_z and _optimisation_stuck(rank, state, win.first_step, win.last_step, settings):
         return _Check(False)  # nothing moves the weights (LR 0, dead units): the level is batch noise --
         #                       unless it rises significantly: noise has no trend (a too-high LR that
         #                       killed some units still drives the rest, and the loss, up)
@@ -677,16 +708,17 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
                    tuned: LossGradientSettings, explain: bool) -> _Check:
     if not win.full:
         return _Check(False)
-    steps, values, med = win.steps, win.values, win.median
+    med = win.median
     # a plateau unless it fell since the start (converging) or swings (the oscillation rule's) -- either
     # of which stands only while something moves the weights: with dead units or an LR of 0 what fell was
     # a bias finding the targets' mean, and the swings are the batches' noise
     if (med < tuned.plateau_min_level * initial or win.cv >= tuned.oscillation_min_cv) and \
-            not _optimisation_stuck(rank, state, steps[0], steps[-1], settings, med / initial):
+            not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
         return _Check(False)
     trend = win.trend
     if abs(trend.z) >= tuned.trend_z:
         return _Check(False)
+    steps, values = win.steps, win.values
     # Theil-Sen slope through the medians of blocks of 4 values: robust, and cheap on any window
     blocks = [(statistics.median(steps[i:i + 4]), statistics.median(values[i:i + 4]))
               for i in range(0, len(values) - 3, 4)]
@@ -741,14 +773,17 @@ def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -
     """Why nothing moves the weights ("lr0", "small", "dead"), or "" (see :func:`_optimisation_stuck`)."""
     for name in ("opt/lr", "lr"):
         if name in rank.history:
-            lrs = [v for s, v, _t in recent(rank, name, STUCK_RECENT, hi) if s >= lo]
-            if lrs and all(v == 0 for v in lrs):
+            lrs = recent(rank, name, STUCK_RECENT, hi)  # by step: the newest decides most values at once
+            if lrs and lrs[-1][0] >= lo and lrs[-1][1] == 0 and all(v == 0 for s, v, _t in lrs if s >= lo):
                 return "lr0"
             break
     gname = grad_metric(rank, settings)
-    norms = [v for s, v, _t in recent(rank, gname, STUCK_RECENT, hi) if s >= lo] if gname is not None else []
-    if norms and robust.median(norms) < settings.plateau_small_grad:
-        return "small"
+    if gname is not None:
+        norms = recent(rank, gname, STUCK_RECENT, hi)
+        if norms and norms[0][0] < lo:
+            norms = [p for p in norms if p[0] >= lo]
+        if norms and _median_of(norms) < settings.plateau_small_grad:
+            return "small"
     return "dead" if rank_state(rank).get("layers", {}).get("zero") else ""
 
 
