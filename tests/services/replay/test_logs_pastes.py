@@ -85,3 +85,15 @@ def test_a_paste_that_names_one_rank_as_its_own_is_that_ranks() -> None:
     # '[rankN]:' prefixes already say whose lines are whose
     prefixed = scan_log(WILD / "mem-misaligned-watchdog-verl-1" / "log.txt")
     assert prefixed.own_rank(0) == 0
+
+
+def test_an_nccl_error_message_is_one_item_with_its_last_error() -> None:
+    # 'GroupNCCL.cpp:1275, internal error, NCCL version 2.14.3' / 'ncclInternalError: ...' / 'Last error:' /
+    # 'Net : Connection closed by remote peer ...', then a Lightning traceback cut at the bottom
+    got = items("comm-rank-lost-internal-closed-1")
+    first = got[0]
+    assert first.kind == "log" and (first.line, first.last_line) == (1, 4)
+    assert first.message.endswith("Net : Connection closed by remote peer user<43236>")
+    found = classify_chain("", first.message)
+    assert found.kind == "comm/rank-lost"  # the reason read with its last error (alone: comm/failure)
+    assert got[1].line == 5 and "Traceback" in got[1].message

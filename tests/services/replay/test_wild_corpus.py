@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.93, "subtype": 0.90}, "heldout": {"category": 0.79, "subtype": 0.75}}
+FLOORS = {"tune": {"category": 0.93, "subtype": 0.91}, "heldout": {"category": 0.79, "subtype": 0.75}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -38,7 +38,8 @@ changes that followed (made on tuned misses only) to what they hold: tuned 201/2
 and 197/219, held out unchanged; fairseq's minimum-loss-scale failure known by its split message and its
 ``FloatingPointError: Minimum loss`` line (made on a tuned log only): tuned 204/219 and 198/219, held out
 unchanged; NCCL's proxy ``Failed to execute operation Init from rank N`` is comm/init-failure (a tuned log):
-tuned 204/219 and 199/219, held out unchanged."""
+tuned 204/219 and 199/219, held out unchanged; the reader keeps an NCCL error message with its ``Last error:``
+line (a tuned log): tuned 204/219 and 200/219, held out unchanged."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

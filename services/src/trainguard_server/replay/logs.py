@@ -28,6 +28,10 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
   whose fingerprint (fp:v1, over the whole un-truncated text) is the one the SDK computes for the same
   exception live, with the chained causes/contexts as ``chain``. A block that parses to nothing is
   emitted as plain lines.
+* **NCCL error messages** outside a traceback (a line ending in ``NCCL version X.Y.Z``, then
+  NCCL's unprefixed ``ncclXError: ...``, ``Last error:`` and the last error's line) are one log item
+  (its ``[rankN]:`` prefix, if the first line has one, applies to all), so the reason is read with the
+  last error.
 * **Everything else** is one log item per line, with the level found in it (glog letter or a level
   word) as ``level``.
 * **Time.** An item's ``time_ns`` is the timestamp its first line starts with (see
@@ -94,6 +98,13 @@ _C10_CONTINUATION_RE = re.compile(
     r"|<omitting python frames>)")
 """Lines that continue a c10 error message (its CUDA hints, C++ stack): torch prints the ``[rankN]:``
 prefix on the message's first line only, so they belong to that line's rank."""
+_NCCL_HEAD_RE = re.compile(r"NCCL version \d+(?:\.\d+){1,3}\s*$")
+"""The first line of an NCCL error message as torch prints it (``NCCL error in: ..., <reason>, NCCL version
+2.14.3``, also cut at the left by a paste); NCCL's own lines follow it unprefixed."""
+_NCCL_MORE_RE = re.compile(r"^\s*(?:nccl[A-Z]\w*Error: |Last error:\s*$)")
+"""The lines an NCCL error message goes on with: its ``ncclXError: <what it means>`` and ``Last error:`` (the
+line after which is the last error itself). The message is one log item, so the last error is read with
+the reason (``internal error`` + ``Connection closed by remote peer``)."""
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _TOP_HEADER_RE = re.compile(r"^Traceback \(most recent call last\):\s*$")
 _ANY_HEADER_RE = re.compile(r"Traceback \(most recent call last\):\s*$")
@@ -125,7 +136,7 @@ _LEVELS = {"CRITICAL": "CRITICAL", "FATAL": "CRITICAL", "ERROR": "ERROR", "WARNI
 LEVEL_ORDER = {"": 0, "DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 """Numeric levels (``logging``'s); a line without a level counts as 0."""
 
-_PYTHON, _FATAL, _TERMINATE = "python", "fatal", "terminate"
+_PYTHON, _FATAL, _TERMINATE, _NCCL = "python", "fatal", "terminate", "nccl"
 _HEADER = "Traceback (most recent call last):\n"
 UNKNOWN_EXCEPTION = "<unknown exception>"
 
@@ -309,6 +320,10 @@ class _Stream:
         if len(self.block) >= MAX_BLOCK_LINES:
             return False, False
         blank = not text.strip()
+        if self.mode == _NCCL:
+            if self.prev.strip() == "Last error:":
+                return not blank, not blank  # the last error: the message ends with it
+            return _NCCL_MORE_RE.match(text) is not None, False
         if self.mode == _TERMINATE:
             if blank or _starts_block(text) or _RECORD_RE.match(text):
                 return False, False
@@ -404,7 +419,7 @@ class LogSegmenter:
             self._entry_rank = None
         elif text.strip():
             if self._message_rank is not None:
-                if _C10_CONTINUATION_RE.match(text):
+                if _C10_CONTINUATION_RE.match(text) or self._nccl_goes_on(self._message_rank, text):
                     prefixed = self._message_rank
                 else:
                     self._message_rank = None
@@ -437,6 +452,8 @@ class LogSegmenter:
         if not text.strip():
             return
         mode = _starts_block(text)
+        if mode is None and _NCCL_HEAD_RE.search(text):
+            mode = _NCCL
         if mode is not None:
             stream.start(mode, number, text, time_ns, precision_ns)
             return
@@ -448,6 +465,11 @@ class LogSegmenter:
                 stream.start(_PYTHON, number, text, time_ns, precision_ns, headless=True, in_message=True)
                 return
         self._line(rank, number, text, time_ns, precision_ns)
+
+    def _nccl_goes_on(self, rank: int, text: str) -> bool:
+        """Whether unprefixed ``text`` goes on with the NCCL error message open on ``rank``'s stream."""
+        stream = self._streams.get(rank)
+        return stream is not None and stream.mode == _NCCL and stream.continues(text)[0]
 
     def _failure_entry_rank(self, text: str) -> Optional[int]:
         """The rank of a field line of torchrun's failure summary read outside a traceback (its
@@ -496,6 +518,9 @@ class LogSegmenter:
         if not block:
             return
         text = "\n".join(t for _, t in block)
+        if mode == _NCCL:  # one message, one log item (a lone head line is a plain line)
+            self._line(stream.rank, block[0][0], text, time_ns, precision_ns, last=block[-1][0])
+            return
         readable = _LOOSE_FRAME_FIX_RE.sub('  File "', text) if mode == _PYTHON else text
         parsed = _cut_chain(parse_traceback_text(_HEADER + readable if headless else readable))
         payload = exception_payload(parsed, text)
@@ -524,7 +549,8 @@ class LogSegmenter:
                            precision_ns=precision_ns))
         return True
 
-    def _line(self, rank: int, number: int, text: str, time_ns: Optional[int], precision_ns: int) -> None:
+    def _line(self, rank: int, number: int, text: str, time_ns: Optional[int], precision_ns: int,
+              last: Optional[int] = None) -> None:
         level = line_level(text)
         known = self.keep_below is not None and self.keep_below(text)
         if LEVEL_ORDER[level] < self.min_level and not known:
@@ -533,8 +559,8 @@ class LogSegmenter:
                 self._tail.append((rank, number, text, time_ns, precision_ns))
             return
         self.stats.recognised += known
-        self._emit(LogItem("log", rank, number, number, time_ns, level, safe_str(text, MAX_LINE_CHARS),
-                           precision_ns=precision_ns))
+        self._emit(LogItem("log", rank, number, number if last is None else last, time_ns, level,
+                           safe_str(text, MAX_LINE_CHARS), precision_ns=precision_ns))
 
     def _emit(self, item: LogItem) -> None:
         stats = self.stats
