@@ -69,11 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--settle-s", type=float, default=None)
     parser.add_argument("--checkpoint-ms", type=int, default=1000)
     parser.add_argument("--checkpoint-dir", default=os.environ.get("TRAINGUARD_FLINK_CHECKPOINT_DIR"),
-                        help="where checkpoints are written (a path or file:// URI; the production job needs "
-                             "a durable one); default: a temporary folder, removed when a --records job ends")
+                        help="where checkpoints are written (a path or URI); default: for --records a "
+                             "temporary folder, removed when the job ends; for --kafka the cluster's "
+                             "configuration (execution.checkpointing.dir)")
     parser.add_argument("--restart-attempts", type=int, default=None,
-                        help="restarts before the job fails (default: 3 for --records, Flink's default "
-                             "for --kafka)")
+                        help="restarts before the job fails (default: 3 for --records; for --kafka the "
+                             "cluster's configuration; applies with --checkpoint-dir or --records)")
     return parser
 
 
@@ -104,9 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .flink_job import SETTLE_S, build_job
 
     config = Configuration()
-    scratch = None if ns.checkpoint_dir else tempfile.mkdtemp(prefix="trainguard-flink-checkpoints-")
-    checkpoint_config(config, str(ns.checkpoint_dir or scratch),
-                      ns.restart_attempts if ns.restart_attempts is not None or ns.kafka else 3)
+    # --kafka without --checkpoint-dir: the cluster's own configuration (Helm's flinkConfiguration) decides
+    scratch = (tempfile.mkdtemp(prefix="trainguard-flink-checkpoints-")
+               if ns.records and not ns.checkpoint_dir else None)
+    if ns.checkpoint_dir or scratch:
+        checkpoint_config(config, str(ns.checkpoint_dir or scratch),
+                          ns.restart_attempts if ns.restart_attempts is not None or ns.kafka else 3)
     config.set_string("python.executable", sys.executable)
     config.set_string("python.client.executable", sys.executable)
     jars = sorted(ns.jars.glob("*.jar")) if ns.jars.is_dir() else []
