@@ -46,6 +46,11 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   grew has not "stopped rising" however rough it is: without that guard the divergence settled into an
   oscillation at step ~83 once oscillation_max_rise was 1.7 (the default 1.5 held it by a thin margin,
   1.54).
+* r187 (HF LoRA, SGD with an LR ~110x too high, clip 1): the loss falls from 4.8 to ~4.2 in its first ~40
+  steps, then stays flat there (0.87x its start) while the global grad norm collapsed from ~0.9 to ~0.02:
+  the run stopped learning. A window level below plateau_min_level (0.9) is still a plateau when it is
+  >= plateau_stalled_min_level (0.8) x the start and the grad norm is <= plateau_grad_collapse (0.1) x
+  its own early level; nothing was found before.
 """
 
 from __future__ import annotations
@@ -151,3 +156,15 @@ def test_a_divergence_does_not_settle_while_the_lr_still_grows() -> None:
     out = _outcome("r224", oscillation_max_rise=1.7)
     assert out.label == "loss/divergence"
     assert out.verdict == "loss/divergence" and "loss/oscillation" not in out.kinds, out
+
+
+def test_a_flat_loss_a_little_below_its_start_with_a_collapsed_grad_norm_is_a_plateau() -> None:
+    out = _outcome("r187")
+    assert out.label == "loss/plateau"
+    assert out.verdict == "loss/plateau", out  # nothing at all before the fix (0.87x its start >= 0.9 failed)
+    assert out.open_alerts == ["loss/plateau"], out
+
+
+def test_the_grad_collapse_plateau_is_off_with_plateau_grad_collapse_0() -> None:
+    out = _outcome("r187", plateau_grad_collapse=0.0)
+    assert "loss/plateau" not in out.kinds, out

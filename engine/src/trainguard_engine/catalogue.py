@@ -511,6 +511,15 @@ class DetectionSettings:
     plateau_min_level: float = _setting(
         0.9, "loss/plateau: the window's median >= this x the initial level (fell by less than 10% since "
         "the start: a run that fell and then flattened is converging, not on a plateau).")
+    plateau_stalled_min_level: float = _setting(
+        0.8, "loss/plateau: a window's median below plateau_min_level but >= this x the initial level is "
+        "still a plateau when the run stopped learning: the window's median global grad norm <= "
+        "plateau_grad_collapse x the norm's early level (a run that fell a little, then its gradient "
+        "collapsed and the loss went flat, has not learned).")
+    plateau_grad_collapse: float = _setting(
+        0.1, "loss/plateau: the window's median global grad norm <= this x the median of the run's first "
+        "loss_baseline_points grad-norm values means the gradient collapsed (see "
+        "plateau_stalled_min_level).", minimum=0.0)
     plateau_max_change: float = _setting(
         0.1, "loss/plateau: |Theil-Sen slope (through 4-value block medians)| x window <= this x the "
         "window's median (flat), with no significant Mann-Kendall trend and a spread below "
@@ -967,7 +976,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_max_rise", "plateau_min_level",
-        "plateau_max_change",
+        "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
         "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
         "divergence_min_points", "divergence_corroborated_points", "rise_smooth", "rise_min_fall",
         "rise_min_rise", "rise_min_points",

@@ -229,6 +229,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         init.append(value)
         return []
     initial = statistics.median(init)
+    _track_grad_start(rank, state, step, settings)
     series = recent(rank, name, tuned.loss_window, step)
     _track_level(state, series, tuned)
     if initial <= 0 or numeric_final(run, rank) or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY,
@@ -424,7 +425,8 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
         cleared = level <= (1.0 - settings.plateau_resolve_drop) * at
         if not cleared and kind == "plateau" and len(series) >= settings.loss_window:
             window_level = robust.median([v for _s, v, _t in series[-settings.loss_window:]])
-            cleared = window_level < settings.plateau_min_level * initial
+            cleared = window_level < settings.plateau_min_level * initial and not _stalled(
+                rank, state, window_level / initial, step - settings.loss_window, step, settings)
         if cleared and kind == "plateau":  # a lower level while nothing moves the weights is noise
             cleared = not _optimisation_stuck(rank, state, step - settings.loss_window, step, settings)
     elif kind == "rise-after-fall":
@@ -712,7 +714,9 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     # a plateau unless it fell since the start (converging) or swings (the oscillation rule's) -- either
     # of which stands only while something moves the weights: with dead units or an LR of 0 what fell was
     # a bias finding the targets' mean, and the swings are the batches' noise
-    if (med < tuned.plateau_min_level * initial or win.cv >= tuned.oscillation_min_cv) and \
+    fell = med < tuned.plateau_min_level * initial and \
+        not _stalled(rank, state, med / initial, win.first_step, win.last_step, settings)
+    if (fell or win.cv >= tuned.oscillation_min_cv) and \
             not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
         return _Check(False)
     trend = win.trend
@@ -763,6 +767,34 @@ def _optimisation_stuck(rank: RankState, state: Dict[str, Any], lo: int, hi: int
     if reason == "dead" and level_ratio >= settings.divergence_factor:
         return False
     return bool(reason)
+
+
+def _track_grad_start(rank: RankState, state: Dict[str, Any], step: int, settings: DetectionSettings) -> None:
+    """Keep the run's early global grad-norm level (``state["ginit"]``: the median of its first
+    ``loss_baseline_points`` finite values), read from the history while the run is young (until that many
+    were seen or ``loss_window`` steps passed since the loss's baseline was complete)."""
+    if "ginit" in state:
+        return
+    first = state.setdefault("gfrom", step)
+    gname = grad_metric(rank, settings)
+    values = [v for _s, v, _t in finite_series(rank, gname, 0, step)] if gname is not None else []
+    if len(values) >= settings.loss_baseline_points or (step - first >= settings.loss_window and values):
+        state["ginit"] = robust.median(values[:settings.loss_baseline_points])
+    elif step - first >= settings.loss_window:
+        state["ginit"] = None  # no grad norm early on: the collapse test cannot be made
+
+
+def _stalled(rank: RankState, state: Dict[str, Any], level_ratio: float, lo: int, hi: int,
+             settings: DetectionSettings) -> bool:
+    """Whether a loss that fell a little (window level >= ``plateau_stalled_min_level`` x its initial
+    level) stopped learning: the median global grad norm over steps [lo, hi] <=
+    ``plateau_grad_collapse`` x the norm's early level (:func:`_track_grad_start`)."""
+    early = state.get("ginit")
+    gname = grad_metric(rank, settings)
+    if level_ratio < settings.plateau_stalled_min_level or not early or early <= 0 or gname is None:
+        return False
+    norms = [v for s, v, _t in recent(rank, gname, settings.loss_window, hi) if s >= lo]
+    return bool(norms) and robust.median(norms) <= settings.plateau_grad_collapse * early
 
 
 STUCK_RECENT = 8
