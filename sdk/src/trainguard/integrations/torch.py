@@ -30,10 +30,10 @@ Hook design (all hooks are registered once, at ``watch`` time; the per-parameter
    (host-side allocator counters and RSS; no device call).
 
 Where host and device synchronise: nowhere on the training thread. The SDK's reader thread reads the
-queued tensors back (one non-blocking copy into pinned memory per drain per device: :mod:`..read_back`). Metrics: ``grad/global_norm``,
-``grad/layer/<layer>``, ``grad/clip_triggered`` (1.0 when ``clip_grad_norm_(max_norm=clip)`` scales the
-gradients, i.e. norm > clip - 1e-6) and ``grad/clip_threshold`` (``clip``) beside each norm,
-``amp/scale`` (the scale this step's backward used),
+queued tensors back (one non-blocking copy into pinned memory per drain per device: :mod:`..read_back`).
+Metrics: ``grad/global_norm``, ``grad/layer/<layer>``, ``grad/clip_triggered`` (1.0 when
+``clip_grad_norm_(max_norm=clip)`` scales the gradients, i.e. norm > clip - 1e-6) and
+``grad/clip_threshold`` (``clip``) beside each norm, ``amp/scale`` (the scale this step's backward used),
 ``amp/overflow`` (1.0 when the scaler found Inf/NaN gradients and skipped the step), ``time/step_s``,
 ``opt/lr``, ``mem/*``, and the step's phases ``time/data_s``, ``time/forward_s``, ``time/backward_s``,
 ``time/optimizer_s`` (host clocks at the forward hooks, the end-of-backward callback and the boundary:
