@@ -36,6 +36,10 @@ TERMINATION_CAUSES: Tuple[Kind, ...] = (*CAUSES, *COMM_FAILURES)
 """A rank terminated by its launcher (``process/terminated``) after any of these on another rank is
 that failure's consequence: torchrun stops the survivors when one rank fails. A rank terminated while it
 is in an open stall is the stall's (it was killed because it hung)."""
+EXITS_AFTER_FAILURE: Tuple[Kind, ...] = (("process", "terminated"), ("process", "exit"))
+"""A rank terminated, or a launcher's line that a rank exited non-zero (torchrun's ``failed (exitcode: 1)``),
+after one of ``TERMINATION_CAUSES`` on the run is that failure's consequence, as is a terminated rank in
+its own open stall."""
 STALLED: Kind = ("progress", "stalled")
 KILLED: Kind = ("process", "killed")
 STRAGGLER: Kind = ("perf", "straggler")
@@ -163,7 +167,7 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
     if current is not None and current.record.explained_by:
         cause = _by_id(run, current.record.explained_by)
         kind = _kind(current)
-    elif kind == ("process", "terminated"):
+    elif kind in EXITS_AFTER_FAILURE:
         cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=TERMINATION_CAUSES) or \
             _stall_of(run, finding.rank)
     elif kind == ("process", "killed") and current is None:
