@@ -75,21 +75,16 @@ def _floats(device: str, tensors: List[Any]) -> List[Any]:
     try:
         if device.startswith("cuda"):
             return _cuda_floats(tensors)
-        if device == "cpu":
-            return [_cpu_floats(t) for t in tensors]
+        if device == "cpu":  # nothing to wait for: each on its own
+            return [_tensor_floats(t) for t in tensors]
         return [t.detach().reshape(-1).double().cpu().tolist() for t in tensors]
     except Exception:
-        return [_one_by_one(t) for t in tensors]
+        return [_tensor_floats(t) for t in tensors]
 
 
-def _cpu_floats(tensor: Any) -> List[float]:
-    if hasattr(tensor, "dim") and tensor.dim() > 0:
-        return tensor.detach().reshape(-1).double().tolist()
-    return [float(tensor)]
-
-
-def _one_by_one(tensor: Any) -> Any:
-    """The slow, forgiving path after a batch read failed: this tensor alone (NaN / None if unreadable)."""
+def _tensor_floats(tensor: Any) -> Any:
+    """One tensor's elements, forgiving (NaN / None if unreadable): CPU values, and the path after a
+    device batch read failed."""
     try:
         if hasattr(tensor, "dim") and tensor.dim() > 0:
             return tensor.detach().reshape(-1).double().cpu().tolist()

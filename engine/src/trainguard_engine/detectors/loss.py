@@ -266,9 +266,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             streaks[kind] = 0
             continue
         else:
-            if streaks.get(kind, 0) == 0:
-                since[kind] = check.since
-            streaks[kind] = streaks.get(kind, 0) + 1
+            _count_hold(state, kind, check.since)
         first = since[kind]
         began_ns = point_time(rank, name, first, time_ns)
         if kind == open_kind:  # still so: extend the incident's last step
@@ -293,6 +291,16 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     return []
 
 
+def _count_hold(state: Dict[str, Any], kind: str, since: int) -> int:
+    """One more value in a row on which ``kind``'s rule holds: its streak, returned (the streak's first
+    value sets ``state["since"][kind]`` to ``since``)."""
+    streaks: Dict[str, int] = state.setdefault("streak", {})
+    if streaks.get(kind, 0) == 0:
+        state.setdefault("since", {})[kind] = since
+    streaks[kind] = streaks.get(kind, 0) + 1
+    return streaks[kind]
+
+
 def _divergence_settled(run: RunState, rank: RankState, name: str, series: Sequence[Tuple[int, float, int]],
                         win: _Window, initial: float, state: Dict[str, Any], step: int, time_ns: int,
                         settings: DetectionSettings) -> bool:
@@ -315,10 +323,7 @@ def _divergence_settled(run: RunState, rank: RankState, name: str, series: Seque
             _lr_grew(rank, win.first_step, win.last_step):
         streaks["oscillation"] = 0
         return False
-    if streaks.get("oscillation", 0) == 0:
-        state.setdefault("since", {})["oscillation"] = swings.since
-    streaks["oscillation"] = streaks.get("oscillation", 0) + 1
-    if streaks["oscillation"] < settings.confirm_checks:
+    if _count_hold(state, "oscillation", swings.since) < settings.confirm_checks:
         return False
     streaks["oscillation"] -= 1  # the caller's check counts this value again
     st = run.incidents.get(NUMERIC_KEY)
@@ -356,10 +361,7 @@ def _swings_on_a_rebound(run: RunState, rank: RankState, name: str, series: Sequ
     if not rise.holds:
         streaks["rise-after-fall"] = 0
         return False
-    if streaks.get("rise-after-fall", 0) == 0:
-        state.setdefault("since", {})["rise-after-fall"] = rise.since
-    streaks["rise-after-fall"] = streaks.get("rise-after-fall", 0) + 1
-    if streaks["rise-after-fall"] < settings.rise_min_points:
+    if _count_hold(state, "rise-after-fall", rise.since) < settings.rise_min_points:
         return False
     streaks["rise-after-fall"] -= 1  # the caller's check counts this value again
     st = run.incidents.get(CURVE_KEYS["oscillation"])
