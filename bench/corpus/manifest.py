@@ -233,18 +233,68 @@ def _draw(rng: random.Random, cause: str, index: int) -> RunSpec:
     )
 
 
+BATCH2_SEED = 20261203
+"""The second batch (issue 16, stop 29), drawn after the first had been tuned on: its own master seed,
+its causes aimed where the first batch was thin (one gradual explosion with clipping off in its test
+half; the flat-loss / explosion borderlines of an LR far too high with Adam), split by the same rule
+(per planted cause, half drawn into the test half) and recorded in ``manifest.json`` before any of its
+runs was looked at."""
+
+BATCH2_COUNTS: Dict[str, int] = {
+    "lr_explode": 24,
+    "lr_diverge": 24,
+    "warmup_too_high": 8,
+    "healthy_spike": 4,
+    "healthy_warmup_plateau": 4,
+}
+"""Runs per planted cause of the second batch (64, ids r320-r383)."""
+
+BATCH2_WHERE: Dict[str, Sequence[Tuple[str, str]]] = {
+    # gradual explosions as a user without clipping meets them: the plain loop (only the SDK's sampled
+    # norm, no logged grad_norm) and Lightning (gradient_clip_val=None)
+    "lr_explode": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("lightning", "mlp"),
+                   ("lightning", "cnn")],
+}
+
+
+def _split(rng: random.Random, drawn: Sequence[RunSpec]) -> List[RunSpec]:
+    """``drawn`` (the runs of one planted cause) with half of them, drawn by ``rng``, in the test half."""
+    count = len(drawn)
+    test = set(rng.sample(range(count), round(count * TEST_SHARE)))
+    return [
+        RunSpec(**{**s.to_dict(), "split": "test" if i in test else "dev"})  # type: ignore[arg-type]
+        for i, s in enumerate(drawn)
+    ]
+
+
+def _batch2(first_index: int) -> List[RunSpec]:
+    """The second batch: drawn as the first (:func:`_draw`), with clipping off for the growing-LR runs
+    (their framework and family drawn from ``BATCH2_WHERE``; bf16 autocast only in the plain loop, as
+    in the first batch)."""
+    rng = random.Random(BATCH2_SEED)
+    specs: List[RunSpec] = []
+    for cause, count in BATCH2_COUNTS.items():
+        drawn = []
+        for i in range(count):
+            spec = _draw(rng, cause, first_index + len(specs) + i)
+            if cause in BATCH2_WHERE:
+                framework, family = rng.choice(list(BATCH2_WHERE[cause]))
+                changed = {"framework": framework, "family": family, "clip": None,
+                           "bf16": spec.bf16 and framework == "plain"}
+                spec = RunSpec(**{**spec.to_dict(), **changed})  # type: ignore[arg-type]
+            drawn.append(spec)
+        specs.extend(_split(rng, drawn))
+    return specs
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
-    """Every spec of the corpus, split into dev and test per planted cause (half each, drawn)."""
+    """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
+    batch (320 runs from ``master_seed``), then the second (:func:`_batch2`)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
-        drawn = [_draw(rng, cause, len(specs) + i) for i in range(count)]
-        test = set(rng.sample(range(count), round(count * TEST_SHARE)))
-        specs.extend(
-            RunSpec(**{**s.to_dict(), "split": "test" if i in test else "dev"})  # type: ignore[arg-type]
-            for i, s in enumerate(drawn)
-        )
-    return specs
+        specs.extend(_split(rng, [_draw(rng, cause, len(specs) + i) for i in range(count)]))
+    return specs + _batch2(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:
