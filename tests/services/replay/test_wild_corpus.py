@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.93, "subtype": 0.91}, "heldout": {"category": 0.79, "subtype": 0.75}}
+FLOORS = {"tune": {"category": 0.92, "subtype": 0.90}, "heldout": {"category": 0.82, "subtype": 0.78}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -39,10 +39,15 @@ and 197/219, held out unchanged; fairseq's minimum-loss-scale failure known by i
 ``FloatingPointError: Minimum loss`` line (made on a tuned log only): tuned 204/219 and 198/219, held out
 unchanged; NCCL's proxy ``Failed to execute operation Init from rank N`` is comm/init-failure (a tuned log):
 tuned 204/219 and 199/219, held out unchanged; the reader keeps an NCCL error message with its ``Last error:``
-line (a tuned log): tuned 204/219 and 200/219, held out unchanged."""
+line (a tuned log): tuned 204/219 and 200/219, held out unchanged. At 301 -> 351 logs: 50 new logs (16 held
+out, 34 tuned) labelled from their threads and recorded before any classifier change made for them: tuned
+233/253 and 229/253 (the tuned floors down a point), held out 81/98 and 77/98 (the held-out floors up to
+what the enlarged held-out part scores)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
+    """A log may be one line: users paste a bare error line alone (the issue's "error lines with no
+    traceback around them"), often inside a sentence; what it must be is not empty."""
     assert len(CASES) >= 150
     assert {c.case_id for c in CASES} == set(RECORDED), "re-record: python bench/logs.py --record"
     parts = [c.part for c in CASES]
@@ -50,7 +55,7 @@ def test_the_corpus_is_large_labelled_and_sourced() -> None:
     for case in CASES:
         source = (case.path / "source.txt").read_text(encoding="utf-8")
         assert "github.com/" in source or "http" in source, case.case_id
-        assert case.lines() >= 2, case.case_id
+        assert case.lines() >= 1 and case.log.read_text(encoding="utf-8").strip(), case.case_id
     categories = {c.label.category for c in CASES}
     assert {"comm", "memory", "process", "loss", "gradient"} <= categories
 
