@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
 from .catalogue import DetectionSettings, kind
-from .state import IncidentState, RankState, RunState, bounded_append
+from .state import IncidentState, RankState, RunState, SeriesTail, bounded_append
 
 STATE_KEY = "diag"
 """``RankState.detectors`` key: ``{"peak": {metric: bytes}, "lr": [[step, lr], ...]}``."""
@@ -153,25 +154,44 @@ class Facts:
     lr_high: float = 0.1            # DetectionSettings.diagnosis_lr_high
 
 
-def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[str, List[Tuple[int, float]]]:
+Triple = Tuple[int, float, int]
+
+
+def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[Sequence[Triple], bool]:
+    """``(step, value, time_ns)`` of the first of ``names`` the rank has a history of, at steps <= ``upto``,
+    by step (empty: none), and whether they are known to be all finite. Read from the series'
+    :class:`~trainguard_engine.state.SeriesTail` (made when missing; kept by ``observe_point`` from then
+    on) when its steps only rose -- then its points are the history's items in step order, a slice, no
+    sort and no tuple built; else sorted from the history dict. Read only (a tail is the rank's)."""
     for name in names:
         data = rank.history.get(name)
         if data:
-            return name, [(s, v) for s, (v, _t) in sorted(data.items()) if s <= upto]
-    return "", []
+            tail = rank.tails.get(name)
+            if tail is None or tail.data is not data or len(tail.points) != len(data):
+                tail = rank.tails[name] = SeriesTail(data)
+            if tail.descent == 0:
+                points: Sequence[Triple] = tail.points
+                finite = tail.bad_end == 0
+            else:  # a late point: by step
+                points = [(s, *data[s]) for s in sorted(data)]
+                finite = False
+            if points[-1][0] > upto:
+                points = points[:bisect_left(points, (upto + 1,))]
+            return points, finite
+    return (), True
 
 
-def _finite(values: Sequence[Tuple[int, float]]) -> List[Tuple[int, float]]:
-    return [(s, v) for s, v in values if v - v == 0.0]
+def _finite_values(values: Sequence[Triple], finite: bool) -> List[float]:
+    """The finite values of ``values``, in order (``finite``: all are)."""
+    if finite:
+        return [p[1] for p in values]
+    return [v for _s, v, _t in values if v - v == 0.0]
 
 
-def _at(values: Sequence[Tuple[int, float]], step: int) -> Optional[float]:
-    """The value at ``step`` or the nearest before it."""
-    best = None
-    for s, v in values:
-        if s <= step:
-            best = v
-    return best
+def _at(values: Sequence[Triple], step: int) -> Optional[float]:
+    """The value at ``step`` or the nearest before it (``values`` by step)."""
+    i = bisect_left(values, (step + 1,))
+    return values[i - 1][1] if i else None
 
 
 def _times(factor: float) -> str:
@@ -201,22 +221,26 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
     step = inc.first_step if inc.first_step >= 0 else last
     related, trigger = facts.related, facts.trigger
     trigger["step"] = step
-    _name, loss = _series(rank, settings.loss_metrics, max(last, step))
+    loss, finite = _series(rank, settings.loss_metrics, max(last, step))
     if loss:
-        finite = _finite(loss)
         item: Dict[str, Any] = {}
         at = _at(loss, step)
         if at is not None:
             item["at_first_step"] = _number(at)
-        if finite:
-            item["min"] = _number(min(v for _s, v in finite))
+        values = _finite_values(loss, finite)
+        if values:
+            item["min"] = _number(min(values))
         item["last"] = _number(loss[-1][1])
         related["loss"] = item
-    _name, grads = _series(rank, settings.grad_norm_metrics, max(last, step))
+    grads, finite = _series(rank, settings.grad_norm_metrics, max(last, step))
     if grads:
         item = {}
         at = _at(grads, step)
-        before = [v for s, v in _finite(grads) if s < step][-32:]
+        below = bisect_left(grads, (step,))  # grads[:below]: the steps before the incident's
+        if finite:
+            before = [p[1] for p in grads[max(0, below - 32):below]]
+        else:
+            before = _finite_values(grads[:below], False)[-32:]
         if at is not None:
             item["at_first_step"] = _number(at)
         if before:
@@ -224,20 +248,21 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
             item["median_before"] = _number(median)
             if at is not None and median > 0 and at - at == 0.0:
                 facts.grad_jump = at / median
-        finite_all = _finite(grads)
-        if finite_all:
-            item["max"] = _number(max(v for _s, v in finite_all))
+        values = _finite_values(grads, finite)
+        if values:
+            item["max"] = _number(max(values))
         related["grad_norm"] = item
     phase = lr_phase(rank, step)
     if phase:
         related["lr"] = phase["lr"]
         trigger.update(phase)
-    clips = _finite(_series(rank, ("grad/clip_triggered",), step)[1])
+    clips, finite = _series(rank, ("grad/clip_triggered",), step)
     if clips:
-        window = [v for _s, v in clips[-32:]]
-        facts.clip_rate = sum(1 for v in window if v > 0) / len(window)
-        related["clip_rate"] = round(facts.clip_rate, 4)
-    _name, scale = _series(rank, ("amp/scale",), max(last, step))
+        window = [p[1] for p in clips[-32:]] if finite else _finite_values(clips, False)[-32:]
+        if window:
+            facts.clip_rate = sum(1 for v in window if v > 0) / len(window)
+            related["clip_rate"] = round(facts.clip_rate, 4)
+    scale, _all_finite = _series(rank, ("amp/scale",), max(last, step))
     if scale:
         facts.has_amp = True
         related["amp_scale"] = _number(scale[-1][1])
@@ -252,8 +277,8 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
         if name.startswith(BATCH_PREFIXES):
             value = data.get(step)
             if value is None:
-                below = [s for s in data if s <= step]
-                value = data[max(below)] if below else None
+                earlier = [s for s in data if s <= step]
+                value = data[max(earlier)] if earlier else None
             if value is not None:
                 batch[name] = _number(value[0])
     if batch:
