@@ -11,7 +11,7 @@ from typing import Callable, Dict, Iterator, List
 
 import pytest
 
-from trainguard_server.storage.base import Bucket, MetricPoint, MetricStore
+from trainguard_server.storage.base import Bucket, MetricColumns, MetricPoint, MetricStore
 from trainguard_server.storage.clickhouse import ClickHouseMetricStore
 from trainguard_server.storage.memory import MemoryMetricStore
 from trainguard_server.storage.sqlite import SqliteMetricStore
@@ -259,3 +259,28 @@ def test_reads_under_a_generous_time_budget_are_unchanged(store: MetricStore) ->
         budgeted = (store.series("p", "r1", ["loss"], max_points=7), store.summary("p", "r1"),
                     store.names("p", "r1"))
     assert budgeted == plain
+
+
+def test_put_columns_stores_what_put_stores(store: MetricStore) -> None:
+    """The processor's write (a batch grouped by series, :class:`MetricColumns`) equals :meth:`put` of the
+    same points: a repeated step's later value wins, non-finite values survive, ranks and runs stay apart."""
+    points = ([pt(s, 1.0 / (s + 1), name=n, rank=r) for s in range(6) for r in (0, 2) for n in ("loss", "lr")]
+              + [pt(3, math.nan, rank=2), pt(4, math.inf), pt(1, -math.inf, name="lr", rank=2), pt(3, 7.0)]
+              + [pt(s, float(s), run_id="r2", rank=5) for s in (9, 2, 5)])
+    store.put_columns(MetricColumns.of(points[:20]))
+    store.put_columns(MetricColumns.of(points[20:]))
+    store.put_columns(MetricColumns())  # empty: no-op
+    reference = MemoryMetricStore()
+    reference.put(points)
+    for run_id in ("r1", "r2"):
+        names = reference.names("p", run_id)
+        assert store.names("p", run_id) == names
+        got, want = store.series("p", run_id, names), reference.series("p", run_id, names)
+        assert {n: sorted(by_rank) for n, by_rank in got.items()} == {n: sorted(b) for n, b in want.items()}
+        for name, by_rank in want.items():
+            for rank, buckets in by_rank.items():
+                assert len(got[name][rank]) == len(buckets)
+                for mine, theirs in zip(got[name][rank], buckets):
+                    check_bucket(mine, count=theirs.count, mn=theirs.min, mx=theirs.max, mean=theirs.mean,
+                                 last=theirs.last, nonfinite=theirs.nonfinite)
+    assert store.series("p", "r1", ["loss"])["loss"][0][3].last == 7.0  # the later point of step 3 won

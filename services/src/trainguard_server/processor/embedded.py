@@ -25,7 +25,7 @@ from trainguard_engine.pipeline import Pipeline, PipelineOutput, merge_outputs
 
 from ..queue.base import Queue, QueueRecord
 from ..queue.common import PARTITION
-from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricPoint, MetricStore, StoredEvent
+from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricColumns, MetricStore, StoredEvent
 from .decode import Points, decode_request
 from .rank_parts import RankParts
 
@@ -449,28 +449,28 @@ class EmbeddedProcessor:
                       q.reason)
 
     def _store_raw(self, envelopes: Sequence[Dict[str, Any]], per_envelope: Sequence[Points]) -> None:
-        """Raw context to the event store and metric points to the metric store, one write each
-        (``per_envelope``: each envelope's points ``(name, step, value)``, None for one without metrics)."""
-        points: List[MetricPoint] = []
+        """Raw context to the event store and metric points to the metric store (grouped by series in
+        columns: :class:`~..storage.base.MetricColumns`), one write each (``per_envelope``: each envelope's
+        points ``(name, step, value)``, None for one without metrics)."""
+        columns = MetricColumns()
         stored: List[StoredEvent] = []
-        add = points.append
+        add = columns.add
         for env, mine in zip(envelopes, per_envelope):
             project = env.get("project", "")
             run_id = env.get("run_id", "")
             rank = int(env.get("rank", 0))
             time_ns = int(env.get("time_unix_nano", 0))
             if mine:
-                for name, step, value in mine:
-                    add(MetricPoint(project, run_id, rank, name, step, time_ns, value))
+                add(project, run_id, rank, time_ns, mine)
             if extract.is_raw_context(env):
                 stored.append(StoredEvent(
                     event_id=env["event_id"], project=project, run_id=run_id, rank=rank,
                     host=env.get("host", ""), kind=_kind(env), severity=env.get("severity", "INFO"),
                     step=int(env.get("step", 0)), time_ns=time_ns, text=extract.raw_text(env),
                     payload=env))
-        if points:
-            self.metrics.put(points)
-            self.stats.metric_points += len(points)
+        if columns.count:
+            self.metrics.put_columns(columns)
+            self.stats.metric_points += columns.count
         if stored:
             try:
                 self.events.put(stored)

@@ -10,7 +10,20 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Generic, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from typing import (
+    Any,
+    Dict,
+    Generic,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
@@ -60,6 +73,58 @@ class MetricPoint(NamedTuple):
     step: int
     time_ns: int
     value: float               # NaN and +-Inf are legal and stored as such
+
+
+SeriesColumns = Tuple[List[int], List[int], List[float]]
+"""One series' points of a batch as columns ``(steps, times_ns, values)``, in arrival order."""
+
+
+class MetricColumns:
+    """A batch of metric points grouped by series, in columns: ``by_rank[(project, run_id, rank)][name]``
+    is that series' :data:`SeriesColumns`. What the processor builds once per round from the decoded
+    envelopes and hands to :meth:`MetricStore.put_columns` -- no object per point, one dict lookup per
+    envelope and one per point's name. Within a series arrival order is kept, so a later point of a step
+    replaces an earlier one exactly as in :meth:`MetricStore.put`."""
+
+    __slots__ = ("by_rank", "count")
+
+    def __init__(self) -> None:
+        self.by_rank: Dict[Tuple[str, str, int], Dict[str, SeriesColumns]] = {}
+        self.count = 0
+
+    def add(self, project: str, run_id: str, rank: int, time_ns: int,
+            points: Sequence[Tuple[str, int, float]]) -> None:
+        """One envelope's points ``(name, step, value)`` (ints and floats as they are: no conversion)."""
+        by_name = self.by_rank.get((project, run_id, rank))
+        if by_name is None:
+            by_name = self.by_rank[(project, run_id, rank)] = {}
+        for name, step, value in points:
+            cols = by_name.get(name)
+            if cols is None:
+                cols = by_name[name] = ([], [], [])
+            cols[0].append(step)
+            cols[1].append(time_ns)
+            cols[2].append(value)
+        self.count += len(points)
+
+    @classmethod
+    def of(cls, points: Iterable[MetricPoint]) -> MetricColumns:
+        """``points`` grouped (step and time as int, value as float: as :meth:`MetricStore.put` reads
+        them)."""
+        out = cls()
+        for project, run_id, rank, name, step, time_ns, value in points:
+            out.add(project, run_id, int(rank), int(time_ns), ((name, int(step), float(value)),))
+        return out
+
+    def points(self) -> Iterator[MetricPoint]:
+        """Every point, series by series (arrival order within a series)."""
+        for (project, run_id, rank), by_name in self.by_rank.items():
+            for name, (steps, times, values) in by_name.items():
+                for step, time_ns, value in zip(steps, times, values):
+                    yield MetricPoint(project, run_id, rank, name, step, time_ns, value)
+
+    def __len__(self) -> int:
+        return self.count
 
 
 @dataclass
@@ -133,6 +198,12 @@ class MetricStore(ABC):
     @abstractmethod
     def put(self, points: Sequence[MetricPoint]) -> None:
         """Store points; a point with the same (project, run, rank, name, step) replaces the old one."""
+
+    def put_columns(self, columns: MetricColumns) -> None:
+        """:meth:`put` of a batch already grouped by series (what the processor writes). The default
+        flattens it; stores with a cheaper columnar write override it."""
+        if columns.count:
+            self.put(list(columns.points()))
 
     @abstractmethod
     def names(self, project: str, run_id: str) -> List[str]:

@@ -29,8 +29,10 @@ import operator
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -42,6 +44,7 @@ from .base import (
     EventStore,
     IncidentStore,
     IncidentWorkflow,
+    MetricColumns,
     MetricPoint,
     MetricStore,
     MetricSummary,
@@ -49,12 +52,16 @@ from .base import (
     ProjectStore,
     QueryTimeout,
     SearchHit,
+    SeriesColumns,
     StoredEvent,
     TokenInfo,
 )
 from .cluster_merge import join_source
 from .common import (
     FINITE,
+    NAN,
+    NEG_INF,
+    POS_INF,
     SNIPPET_TOKENS,
     bucket_width,
     check_limit,
@@ -64,7 +71,6 @@ from .common import (
     from_nonfinite_code,
     hash_secret,
     new_token,
-    nonfinite_code,
     parse_operator_token,
     parse_search_query,
     parse_tag_filter,
@@ -374,6 +380,16 @@ CREATE TABLE IF NOT EXISTS points (
 ) WITHOUT ROWID;
 """
 
+_NEW_SERIES_SQL = ("INSERT OR IGNORE INTO series (sid, project, run_id, name, rank, min_step, max_step) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
+_GROW_SERIES_SQL = "UPDATE series SET min_step = MIN(min_step, ?), max_step = MAX(max_step, ?) WHERE sid = ?"
+_UPSERT_POINT_SQL = (  # (sid, step, time_ns, value): SQLite binds NaN as NULL; +-Inf stay REAL
+    "INSERT OR REPLACE INTO points (sid, step, time_ns, value, nf) VALUES (?1, ?2, ?3, "
+    f"CASE WHEN abs(?4) < 9e999 THEN ?4 END, CASE WHEN abs(?4) < 9e999 THEN {FINITE} "
+    f"WHEN ?4 IS NULL THEN {NAN} WHEN ?4 > 0 THEN {POS_INF} ELSE {NEG_INF} END)")
+SERIES_CACHE_MAX = 200_000
+"""Series ids a metric store keeps in memory (~250 bytes each), whole runs, least recently written evicted
+first; an evicted run's series are read back with one query when it is written again."""
 _NEXT_STEP_SQL = "SELECT step FROM points WHERE sid = ? AND step >= ? AND step <= ? ORDER BY step LIMIT 1"
 _BUCKET_SQL = ("SELECT COUNT(*), MIN(value), MAX(value), AVG(value), SUM(nf != 0), MAX(step) "
                "FROM points WHERE sid = ? AND step BETWEEN ? AND ?")
@@ -398,10 +414,19 @@ class SqliteMetricStore(MetricStore):
     code in ``nf`` (SQLite would turn NaN into NULL and lose it). Downsampling runs in SQL: one
     primary-key range aggregate per non-empty bucket (see :func:`_buckets`). A read under
     :meth:`time_budget` is stopped by SQLite's progress handler inside a statement and checked between
-    statements."""
+    statements. A write is one transaction whatever its size (:meth:`put_columns`); series ids are kept
+    in memory per run (:data:`SERIES_CACHE_MAX`), never looked up point by point."""
 
-    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
+    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS,
+                 series_cache_max: int = SERIES_CACHE_MAX) -> None:
         self._db = Database(path, _METRICS_SCHEMA, synchronous=synchronous)
+        self._lock = threading.Lock()  # one put at a time: its transaction and its cache update together
+        #: (project, run) -> {(rank, name): [sid, min_step, max_step]} of committed series, least recently
+        #: written run first; rows of ``series`` are never deleted, so an entry can only be narrower than
+        #: the table's range (a write outside it updates the table, whose MIN/MAX keep the wider one)
+        self._series_cache: OrderedDict[Tuple[str, str], Dict[Tuple[int, str], List[int]]] = OrderedDict()
+        self._cached_series = 0
+        self._series_cache_max = max(1, int(series_cache_max))
         self._budget = threading.local()  # .deadline: time.monotonic() at which this thread's reads stop
 
     @contextmanager
@@ -448,29 +473,111 @@ class SqliteMetricStore(MetricStore):
                 conn.execute("COMMIT")
 
     def put(self, points: Sequence[MetricPoint]) -> None:
-        if not points:
+        if points:
+            self.put_columns(MetricColumns.of(points))
+
+    def put_columns(self, columns: MetricColumns) -> None:
+        """One transaction: the batch's new series inserted (ids assigned here, under the write lock), the
+        step ranges that grew updated, every point upserted by one ``executemany`` whose rows are built in
+        C (``zip`` of the columns; the non-finite code is computed by SQLite). Series ids come from the
+        series cache (:data:`SERIES_CACHE_MAX`); a run not in it is read once with one query."""
+        if not columns.count:
             return
-        by_series: Dict[Tuple[str, str, str, int], List[Tuple[int, int, float]]] = {}
-        for project, run_id, rank, name, step, time_ns, value in points:
-            key = (project, run_id, name, int(rank))
-            rows = by_series.get(key)
-            if rows is None:
-                rows = by_series[key] = []
-            rows.append((int(step), int(time_ns), float(value)))
-        with self._db.write() as conn:
-            keyed: List[Tuple[int, List[Tuple[int, int, float]]]] = []
-            for key, rows in by_series.items():
-                rows.sort(key=_FIRST)  # B-tree order: ~1.6x faster inserts; stable, so the last wins
-                sid = conn.execute(
-                    "INSERT INTO series (project, run_id, name, rank, min_step, max_step) "
-                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, run_id, name, rank) DO UPDATE SET "
-                    "min_step = MIN(min_step, excluded.min_step), "
-                    "max_step = MAX(max_step, excluded.max_step) "
-                    "RETURNING sid", (*key, rows[0][0], rows[-1][0])).fetchone()[0]
-                keyed.append((sid, rows))
-            keyed.sort(key=_FIRST)
-            conn.executemany("INSERT OR REPLACE INTO points (sid, step, time_ns, value, nf) "
-                             "VALUES (?, ?, ?, ?, ?)", _point_rows(keyed))
+        with self._lock:
+            with self._db.write() as conn:
+                learned = self._write_columns(conn, columns)
+            for run, entries in learned.items():  # committed: the cache may know them now
+                self._cache_run(run, entries)
+
+    def _write_columns(self, conn: sqlite3.Connection,
+                       columns: MetricColumns) -> Dict[Tuple[str, str], Dict[Tuple[int, str], List[int]]]:
+        """The writes of :meth:`put_columns` inside its transaction; returns the series entries
+        ``[sid, min_step, max_step]`` to cache once it commits (whole runs read from the table, and every
+        series written, with its new range)."""
+        learned: Dict[Tuple[str, str], Dict[Tuple[int, str], List[int]]] = {}
+        writes: List[Tuple[int, SeriesColumns]] = []
+        grown: List[Tuple[int, int, int]] = []           # (lo, hi, sid)
+        new: List[Tuple[Any, ...]] = []                  # series rows to insert
+        next_sid = 0
+        for (project, run_id, rank), by_name in columns.by_rank.items():
+            run = (project, run_id)
+            known = learned.get(run)
+            if known is None:
+                cached = self._series_cache.get(run)
+                if cached is None:
+                    known = learned[run] = self._load_run(conn, project, run_id)
+                else:
+                    self._series_cache.move_to_end(run)
+                    known = learned[run] = {}
+            else:
+                cached = self._series_cache.get(run)
+            for name, cols in by_name.items():
+                steps = cols[0]
+                lo, hi = min(steps), max(steps)
+                entry = known.get((rank, name))
+                if entry is None and cached is not None:
+                    entry = cached.get((rank, name))
+                if entry is None:
+                    if not next_sid:
+                        next_sid = conn.execute("SELECT COALESCE(MAX(sid), 0) + 1 FROM series").fetchone()[0]
+                    sid, next_sid = next_sid, next_sid + 1
+                    new.append((sid, project, run_id, name, rank, lo, hi))
+                    known[(rank, name)] = [sid, lo, hi]
+                else:
+                    sid = entry[0]
+                    if lo < entry[1] or hi > entry[2]:
+                        grown.append((lo, hi, sid))
+                        known[(rank, name)] = [sid, min(lo, entry[1]), max(hi, entry[2])]
+                writes.append((sid, cols))
+        if new:
+            inserted = conn.executemany(_NEW_SERIES_SQL, new).rowcount
+            if inserted != len(new):  # another writer created some of them since this process read the run
+                self._adopt_existing(conn, new, learned, writes, grown)
+        if grown:
+            conn.executemany(_GROW_SERIES_SQL, grown)
+        writes.sort(key=_FIRST)  # B-tree order
+        conn.executemany(_UPSERT_POINT_SQL, chain.from_iterable(
+            zip(repeat(sid, len(cols[0])), *cols) for sid, cols in writes))
+        return learned
+
+    @staticmethod
+    def _adopt_existing(conn: sqlite3.Connection, new: List[Tuple[Any, ...]],
+                        learned: Dict[Tuple[str, str], Dict[Tuple[int, str], List[int]]],
+                        writes: List[Tuple[int, SeriesColumns]], grown: List[Tuple[int, int, int]]) -> None:
+        """Series of ``new`` that were already in the table (``INSERT OR IGNORE`` skipped them): their
+        points go to the stored id, whose range is widened."""
+        moved: Dict[int, int] = {}
+        for sid, project, run_id, name, rank, lo, hi in new:
+            stored = conn.execute("SELECT sid, min_step, max_step FROM series WHERE project = ? AND "
+                                  "run_id = ? AND name = ? AND rank = ?",
+                                  (project, run_id, name, rank)).fetchone()
+            if stored is None:  # ignored for another reason (a NULL in the key): what a plain INSERT says
+                raise sqlite3.IntegrityError(f"series {(project, run_id, name, rank)!r} could not be stored")
+            if stored[0] != sid:
+                moved[sid] = stored[0]
+                grown.append((lo, hi, stored[0]))
+                learned[(project, run_id)][(rank, name)] = [stored[0], min(lo, stored[1]), max(hi, stored[2])]
+        writes[:] = [(moved.get(sid, sid), cols) for sid, cols in writes]
+
+    @staticmethod
+    def _load_run(conn: sqlite3.Connection, project: str, run_id: str) -> Dict[Tuple[int, str], List[int]]:
+        """Every stored series of a run: ``{(rank, name): [sid, min_step, max_step]}``."""
+        rows = conn.execute("SELECT rank, name, sid, min_step, max_step FROM series "
+                            "WHERE project = ? AND run_id = ?", (project, run_id))
+        return {(int(rank), name): [sid, lo, hi] for rank, name, sid, lo, hi in rows}
+
+    def _cache_run(self, run: Tuple[str, str], entries: Dict[Tuple[int, str], List[int]]) -> None:
+        """Merge a committed write's series entries into the cache, then evict the least recently written
+        runs while it holds more than ``series_cache_max`` series."""
+        cached = self._series_cache.get(run)
+        if cached is None:
+            cached = self._series_cache[run] = {}
+        before = len(cached)
+        cached.update(entries)
+        self._cached_series += len(cached) - before
+        while self._cached_series > self._series_cache_max and len(self._series_cache) > 1:
+            _, dropped = self._series_cache.popitem(last=False)
+            self._cached_series -= len(dropped)
 
     def names(self, project: str, run_id: str) -> List[str]:
         with self._read() as (conn, _):
@@ -571,19 +678,7 @@ def _buckets(conn: sqlite3.Connection, sid: int, lo: int, hi: int, width: int,
     return out
 
 
-_PointRow = Tuple[int, int, int, Optional[float], int]
-_FIRST = operator.itemgetter(0)  # a point row's step, a series' id
-
-
-def _point_rows(keyed: Sequence[Tuple[int, Sequence[Tuple[int, int, float]]]]) -> Iterator[_PointRow]:
-    """The ``points`` rows of (series id, [(step, time_ns, value)]) in order: non-finite values as NULL
-    plus their code."""
-    for sid, rows in keyed:
-        for step, time_ns, value in rows:
-            if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
-                yield sid, step, time_ns, value, FINITE
-            else:
-                yield sid, step, time_ns, None, nonfinite_code(value)
+_FIRST = operator.itemgetter(0)  # a series' id in (sid, columns)
 
 
 # ----------------------------------------------------------------------------------------------------------
