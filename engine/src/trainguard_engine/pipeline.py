@@ -55,14 +55,15 @@ import json
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from operator import itemgetter
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import clusters as clusters_mod
 from . import correlate, diagnosis, shards
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
 from .detectors import progress
-from .detectors.base import EventInfo, MetricBatch
+from .detectors.base import Detector, EventInfo, MetricBatch
 from .detectors.registry import DETECTORS
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
@@ -135,6 +136,8 @@ def merge_outputs(first: PipelineOutput, then: PipelineOutput) -> PipelineOutput
 
 @dataclass
 class _Event:
+    __slots__ = ("body", "event_id", "host", "kind", "pid", "project", "rank", "raw", "run_id", "run_name",
+                 "step", "time_ns", "trace_id", "world_size")
     raw: Mapping[str, Any]
     kind: str
     body: Mapping[str, Any]
@@ -149,6 +152,27 @@ class _Event:
     world_size: int
     run_name: str
     trace_id: str
+
+
+class _Route(NamedTuple):
+    """What one list of point names asks of the pipeline, the same for every batch carrying it: the
+    names as a set, whether one is a shard's norm, whether the diagnosis keeps any of them (memory peaks,
+    LR changes), and the detectors to call -- ``(detector, ask)``: ``ask`` False for a ``names_only``
+    detector whose :meth:`~.detectors.base.Detector.wants` said yes once (those that said no are left
+    out), True for the others (asked per batch)."""
+
+    names: FrozenSet[str]
+    sharded: bool
+    diagnosis: bool
+    detectors: Tuple[Tuple[Detector, bool], ...]
+
+
+ROUTES_MAX = 1024
+"""Most point-name lists whose :class:`_Route` a pipeline remembers (then it starts afresh): derived from
+the code alone (not the state), never snapshotted."""
+_NAME = itemgetter(0)
+_STEP = itemgetter(1)
+_DIAGNOSIS_NAMES = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
 
 
 def _parse(raw: Any) -> _Event:
@@ -229,6 +253,8 @@ class Pipeline:
         self._index = ProjectIndex()  # per-project orders, counts and sizes for the quotas
         self.next_timer_ns = 0
         self._applied = 0  # findings applied so far (tells _correlate whether anything was folded in)
+        self._routes: Dict[Tuple[str, ...], _Route] = {}  # point names -> _Route, for _routes_of
+        self._routes_of: Tuple[Detector, ...] = DETECTORS
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
         as of the last ``advance``; 0: none). Runtimes call ``advance`` at it (besides their regular tick):
         progress after it only moves deadlines later, so an early call is harmless. Not snapshotted."""
@@ -349,7 +375,8 @@ class Pipeline:
             if ev.time_ns > run.last_event_ns:  # newer: the run becomes its project's most recently active
                 run.last_event_ns = ev.time_ns  # (a replayed or late event changes no order: idempotent)
                 self._index.touch_run(run)
-        progress.on_alive(run, rank, ev.time_ns, settings)
+        if run.lost:  # (else nothing to say)
+            progress.on_alive(run, rank, ev.time_ns, settings)
         if ev.kind == "metrics":
             self._on_metrics(run, rank, ev, points, settings)
         elif ev.kind == "heartbeat":
@@ -369,7 +396,8 @@ class Pipeline:
                 self._apply_all(run, rank, detector.on_memory(run, rank, ev.body, batch, settings), settings)
         if run.incidents:
             self._correlate(run, ev.time_ns, settings, folded=self._applied != applied_before)
-        self._mark(run)
+        self._dirty_runs[key] = None  # _mark, inline
+        self._unsaved_runs[key] = None
 
     @staticmethod
     def _notable(ev: _Event, points: Sequence[Any]) -> bool:
@@ -385,36 +413,48 @@ class Pipeline:
         return False
 
     # --- handlers ---------------------------------------------------------------------------
+    def _route(self, rank: RankState, points: Sequence[Any], settings: DetectionSettings) -> _Route:
+        """The :class:`_Route` of ``points``' list of names (made on first sight, then remembered)."""
+        if self._routes_of is not DETECTORS:  # the registry was swapped (tests do): start afresh
+            self._routes.clear()
+            self._routes_of = DETECTORS
+        key = tuple(map(_NAME, points))
+        route = self._routes.get(key)
+        if route is None:
+            names = frozenset(key)
+            route = _Route(names, any(n.startswith(shards.SHARD_GLOBAL) for n in names),
+                           not names.isdisjoint(_DIAGNOSIS_NAMES),
+                           tuple((d, not d.names_only) for d in DETECTORS
+                                 if not d.names_only or d.wants(rank, names, settings)))
+            if len(self._routes) >= ROUTES_MAX:
+                self._routes.clear()
+            self._routes[key] = route
+        return route
+
     def _on_metrics(self, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],
                     settings: DetectionSettings) -> None:
         time_ns = ev.time_ns
-        names = set()
-        top = None
-        sharded = False
-        for name, step, _v in points:  # one pass: the names, the highest step, a shard's norm
-            if name not in names:
-                names.add(name)
-                if name.startswith(shards.SHARD_GLOBAL):
-                    sharded = True
-            if top is None or step > top:
-                top = step
-        if top is not None and rank.observe_step(top, time_ns):
+        route = self._route(rank, points, settings)
+        if points and rank.observe_step(max(map(_STEP, points)), time_ns):
             progress.on_progress(run, rank, time_ns, settings)
         keeps = settings.keeps_history
+        observe = rank.observe_point
         for name, step, value in points:
             if keeps(name):
-                rank.observe_point(name, step, value, time_ns, settings)
-        diagnosis.observe(rank, points)
+                observe(name, step, value, time_ns, settings)
+        if route.diagnosis:
+            diagnosis.observe(rank, points)
         if ev.body.get("recent"):
             for name, step, value in recent_points(ev.raw):
                 if keeps(name):
-                    rank.observe_point(name, step, value, time_ns, settings, context=True)
+                    observe(name, step, value, time_ns, settings, context=True)
         batch = MetricBatch(points, ev.step, time_ns, ev.event_id)
-        for detector in DETECTORS:  # the registry's order (see detectors/registry.py)
-            if detector.wants(rank, names, settings):
+        names = route.names
+        for detector, ask in route.detectors:  # the registry's order (see detectors/registry.py)
+            if not ask or detector.wants(rank, names, settings):
                 for finding in detector.on_metrics(run, rank, batch, settings):
                     self._apply(run, finding, settings)
-        if sharded:
+        if route.sharded:
             combined = shards.fold(run, rank.rank, points)
             if combined:  # a step every rank reported its share of: the full gradients' norms
                 target = run.ranks[min(run.ranks)]

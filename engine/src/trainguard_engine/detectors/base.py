@@ -14,7 +14,8 @@ and implements any of the hooks, each returning the findings it made (never rais
 
 * :meth:`Detector.on_metrics` -- one metric batch of a rank (:class:`MetricBatch`), after its points are
   in the rank's history; :meth:`Detector.wants` tells from the batch's metric names whether the call can
-  matter (most batches concern one or two families: the others are not called);
+  matter (most batches concern one or two families: the others are not called) -- remembered per list of
+  names when the detector declares ``names_only``;
 * :meth:`Detector.on_memory`  -- one ``memory`` event (a MemorySnapshot payload) of a rank;
 * :meth:`Detector.on_exception`, :meth:`Detector.on_log`, :meth:`Detector.on_heartbeat`,
   :meth:`Detector.on_exit` -- the other events of a rank (:class:`EventInfo`).
@@ -67,6 +68,10 @@ class Detector:
     name: str = ""
     kinds: Tuple[str, ...] = ()
     section: str = ""
+    names_only: bool = False
+    """True when :meth:`wants` reads nothing but ``names`` (neither the rank nor the settings): the pipeline
+    then asks once per distinct list of point names and remembers the answer (most envelopes of a run carry
+    the same few lists). False (the default): asked for every batch."""
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         """Whether :meth:`on_metrics` can find or remember anything in a batch whose point names are

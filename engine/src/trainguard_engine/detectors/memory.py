@@ -871,6 +871,7 @@ class Memory(Detector):
     name = "memory"
     kinds = ("memory/fragmentation", "memory/leak", "memory/amp-overflow", "memory/context-leak")
     section = "memory"
+    names_only = True
     METRICS = frozenset(("amp/scale", "amp/overflow", "mem/allocated", "mem/rss", "mem/device_used",
                          "mem/total_capacity", "mem/fragmentation"))
     """The metric names :func:`on_metrics` reads (every one of its checks starts from one of them)."""

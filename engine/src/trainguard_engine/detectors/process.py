@@ -398,6 +398,7 @@ class Process(Detector):
              "comm/timeout", "comm/mismatch", "comm/rank-lost", "gradient/nan-source", "loss/non_finite",
              "memory/amp-overflow")
     section = "process"
+    names_only = True
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         return False  # no metric batch is an exception, a log line or an exit

@@ -327,6 +327,7 @@ class Progress(Detector):
     name = "progress"
     kinds = ("progress/stalled", "progress/lost")
     section = "progress"
+    names_only = True
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         return False  # metric batches are progress (RankState.observe_step), not findings

@@ -256,6 +256,7 @@ class Sequences(Detector):
     name = "sequence"
     kinds = ("sequence/truncation",)
     section = "sequence"
+    names_only = True
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         return not names.isdisjoint(FIELDS)
