@@ -283,6 +283,30 @@ def test_upserting_nothing_is_a_no_op(store: IncidentStore) -> None:
     assert store.list_runs("p").items == []
 
 
+def test_get_workflows_reads_many_at_once_within_the_project(store: IncidentStore) -> None:
+    """What the API reads to show a page of runs or incidents: the workflows of the ids that have one, keyed
+    by id -- each equal to get_workflow's, none of another project's, unknown and repeated ids harmless, and
+    more ids than one SQL statement can bind."""
+    store.save_workflow(IncidentWorkflow(project="p", incident_id="a", run_id="r1", category="loss",
+                                         subtype="non_finite", resolved_by="bo", resolved_ns=20, root_cause="lr",
+                                         notes=[{"by": "ana", "time_ns": 11, "text": "on it"}]))
+    store.save_workflow(IncidentWorkflow(project="p", incident_id="b", acknowledged_by="ana", acknowledged_ns=5))
+    store.save_workflow(IncidentWorkflow(project="q", incident_id="c", resolved_ns=40))
+    got = store.get_workflows("p", ["a", "zz", "b", "c", "a"])
+    assert sorted(got) == ["a", "b"]
+    for incident_id, workflow in got.items():
+        assert workflow == store.get_workflow("p", incident_id)
+    assert got["a"].resolved_ns == 20 and got["a"].notes[0]["text"] == "on it" and got["b"].resolved_ns == 0
+    assert store.get_workflows("p", []) == {}
+    assert sorted(store.get_workflows("q", ["a", "c"])) == ["c"]
+    for i in range(1200):
+        if i % 400 == 7:
+            store.save_workflow(IncidentWorkflow(project="p", incident_id=f"many-{i}", resolved_ns=i))
+    many = store.get_workflows("p", [f"many-{i}" for i in range(1200)] + ["a"])
+    assert {k: w.resolved_ns for k, w in many.items()} == {"many-7": 7, "many-407": 407, "many-807": 807,
+                                                          "a": 20}
+
+
 def test_workflow_round_trip_survives_incident_upserts_and_builds_the_library(store: IncidentStore) -> None:
     store.upsert_incidents([incident("a", 1), incident("b", 2, run_id="r2"), incident("c", 3, project="q")])
     assert store.get_workflow("p", "a") is None

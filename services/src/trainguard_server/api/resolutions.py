@@ -21,7 +21,7 @@ The processor's own resolution (the condition cleared) needs nothing here: its r
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from trainguard_engine.records import Incident, RunRecord
 
@@ -41,20 +41,45 @@ def _resolved_ns(store: IncidentStore, project: str, incident_id: str) -> int:
     return workflow.resolved_ns if workflow is not None else 0
 
 
-def incident(store: IncidentStore, record: Incident) -> Incident:
-    """``record`` as the API shows it: ``resolved`` when a person resolved it (a copy; else ``record``)."""
-    if record.status == RESOLVED and record.resolved_ns:
-        return record
-    resolved_ns = _resolved_ns(store, record.project, record.incident_id)
-    if not resolved_ns:
+def _resolved_by_person(store: IncidentStore,
+                        wanted: Iterable[Tuple[str, str]]) -> Dict[Tuple[str, str], int]:
+    """``{(project, incident_id): resolved_ns}`` of those of ``wanted`` a person resolved: one
+    :meth:`~IncidentStore.get_workflows` read per project, however many incidents a page shows."""
+    by_project: Dict[str, List[str]] = {}
+    for project, incident_id in wanted:
+        by_project.setdefault(project, []).append(incident_id)
+    out: Dict[Tuple[str, str], int] = {}
+    for project, ids in by_project.items():
+        for incident_id, workflow in store.get_workflows(project, ids).items():
+            if workflow.resolved_ns:
+                out[(project, incident_id)] = workflow.resolved_ns
+    return out
+
+
+def _settled(record: Incident) -> bool:
+    """Already resolved in the processor's record: nothing a person did can change how it shows."""
+    return record.status == RESOLVED and bool(record.resolved_ns)
+
+
+def _shown(record: Incident, resolved_ns: int) -> Incident:
+    if not resolved_ns or _settled(record):
         return record
     return dataclasses.replace(record, status=RESOLVED, resolved_ns=record.resolved_ns or resolved_ns)
 
 
+def incident(store: IncidentStore, record: Incident) -> Incident:
+    """``record`` as the API shows it: ``resolved`` when a person resolved it (a copy; else ``record``)."""
+    if _settled(record):
+        return record
+    return _shown(record, _resolved_ns(store, record.project, record.incident_id))
+
+
 def incidents(store: IncidentStore, records: Sequence[Incident],
               status: Optional[str] = None) -> List[Incident]:
-    """Each of ``records`` as :func:`incident` shows it; with ``status``, those still of that status."""
-    shown = [incident(store, r) for r in records]
+    """Each of ``records`` as :func:`incident` shows it (one workflow read for them all); with ``status``,
+    those still of that status."""
+    resolved = _resolved_by_person(store, ((r.project, r.incident_id) for r in records if not _settled(r)))
+    shown = [_shown(r, resolved.get((r.project, r.incident_id), 0)) for r in records]
     return [r for r in shown if status is None or r.status == status]
 
 
@@ -68,28 +93,40 @@ def run(store: IncidentStore, record: RunRecord) -> RunRecord:
     """``record`` with ``open_incidents``, ``health`` (and a ``stalled`` status) recounted from its incidents
     as :func:`incident` shows them, when a person resolved one of them (a copy; else ``record`` itself: the
     processor's figures stand)."""
-    if record.open_incidents <= 0 and record.health == "healthy":
-        return record
-    page = store.list_incidents(record.project, run_id=record.run_id, limit=MAX_RUN_INCIDENTS)
-    if page.next_cursor:
-        return record
-    stored_open = [i for i in page.items if i.status in OPEN_STATUSES]
-    # the open ones a person resolved; and when the processor counts more open than are stored open, the
-    # stored resolved ones too (record_resolution wrote them before the processor's run record caught up)
-    candidates = stored_open if len(stored_open) == record.open_incidents else page.items
-    by_person = {i.incident_id for i in candidates if _resolved_ns(store, record.project, i.incident_id)}
-    if not by_person:
-        return record
-    still_open = [i for i in stored_open if i.incident_id not in by_person]
-    status = record.status
-    if status == "stalled" and not any((i.category, i.subtype) == STALL for i in still_open):
-        status = "running"
-    return dataclasses.replace(record, open_incidents=len(still_open), health=health_of(still_open),
-                               status=status)
+    return runs(store, [record])[0]
 
 
 def runs(store: IncidentStore, records: Sequence[RunRecord]) -> List[RunRecord]:
-    return [run(store, r) for r in records]
+    """Each of ``records`` as :func:`run` shows it: one incident listing per run that has open incidents
+    and one workflow read for all their candidates (not one per incident)."""
+    recount: List[Tuple[int, List[Incident], List[Incident]]] = []  # (index, stored open, candidates)
+    for index, record in enumerate(records):
+        if record.open_incidents <= 0 and record.health == "healthy":
+            continue
+        page = store.list_incidents(record.project, run_id=record.run_id, limit=MAX_RUN_INCIDENTS)
+        if page.next_cursor:
+            continue
+        stored_open = [i for i in page.items if i.status in OPEN_STATUSES]
+        # the open ones a person resolved; and when the processor counts more open than are stored open, the
+        # stored resolved ones too (record_resolution wrote them before the processor's run record caught up)
+        candidates = stored_open if len(stored_open) == record.open_incidents else page.items
+        if candidates:
+            recount.append((index, stored_open, candidates))
+    resolved = _resolved_by_person(store, ((records[index].project, i.incident_id)
+                                           for index, _, candidates in recount for i in candidates))
+    out = list(records)
+    for index, stored_open, candidates in recount:
+        record = records[index]
+        by_person = {i.incident_id for i in candidates if (record.project, i.incident_id) in resolved}
+        if not by_person:
+            continue
+        still_open = [i for i in stored_open if i.incident_id not in by_person]
+        status = record.status
+        if status == "stalled" and not any((i.category, i.subtype) == STALL for i in still_open):
+            status = "running"
+        out[index] = dataclasses.replace(record, open_incidents=len(still_open), health=health_of(still_open),
+                                         status=status)
+    return out
 
 
 def record_resolution(store: IncidentStore, project: str, incident_id: str) -> None:

@@ -317,6 +317,17 @@ class IncidentStore(ABC):
     @abstractmethod
     def get_workflow(self, project: str, incident_id: str) -> Optional[IncidentWorkflow]: ...
 
+    def get_workflows(self, project: str, incident_ids: Sequence[str]) -> Dict[str, IncidentWorkflow]:
+        """``{incident_id: workflow}`` of those of ``incident_ids`` that have one (absent: none), in one read
+        where the store can -- what the API uses to show a page of incidents or runs. The default asks
+        :meth:`get_workflow` for each."""
+        out: Dict[str, IncidentWorkflow] = {}
+        for incident_id in dict.fromkeys(incident_ids):
+            workflow = self.get_workflow(project, incident_id)
+            if workflow is not None:
+                out[incident_id] = workflow
+        return out
+
     @abstractmethod
     def save_workflow(self, workflow: IncidentWorkflow) -> None: ...
 

@@ -310,6 +310,11 @@ class MemoryIncidentStore(IncidentStore):
             doc = self._workflow.get((project, incident_id))
         return IncidentWorkflow.from_dict(json.loads(doc)) if doc else None
 
+    def get_workflows(self, project: str, incident_ids: Sequence[str]) -> Dict[str, IncidentWorkflow]:
+        with self._lock:
+            docs = {i: self._workflow.get((project, i)) for i in incident_ids}
+        return {i: IncidentWorkflow.from_dict(json.loads(doc)) for i, doc in docs.items() if doc}
+
     def save_workflow(self, workflow: IncidentWorkflow) -> None:
         with self._lock:
             self._workflow[(workflow.project, workflow.incident_id)] = json.dumps(workflow.to_dict())

@@ -451,6 +451,18 @@ class PostgresIncidentStore(IncidentStore):
                         (_k(project), _k(incident_id)))
         return IncidentWorkflow.from_dict(doc) if doc is not None else None
 
+    def get_workflows(self, project: str, incident_ids: Sequence[str]) -> Dict[str, IncidentWorkflow]:
+        asked: Dict[str, List[str]] = {}  # a stored key holds U+FFFD for a NUL: answer the ids asked
+        for incident_id in dict.fromkeys(incident_ids):
+            asked.setdefault(_k(incident_id), []).append(incident_id)
+        if not asked:
+            return {}
+        with self._db.read() as conn:
+            rows = conn.execute("SELECT incident_id, doc FROM incident_workflow WHERE project = %s AND "
+                                "incident_id = ANY(%s)", (_k(project), list(asked))).fetchall()
+        return {incident_id: IncidentWorkflow.from_dict(json.loads(doc))
+                for key, doc in rows for incident_id in asked[key]}
+
     def save_workflow(self, workflow: IncidentWorkflow) -> None:
         w = workflow
         row = (_k(w.project), _k(w.incident_id), _k(w.category), _k(w.subtype), int(w.resolved_ns),

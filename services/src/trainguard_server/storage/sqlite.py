@@ -881,6 +881,19 @@ class SqliteIncidentStore(IncidentStore):
             (project, incident_id)).fetchone()
         return IncidentWorkflow.from_dict(json.loads(row[0])) if row else None
 
+    def get_workflows(self, project: str, incident_ids: Sequence[str]) -> Dict[str, IncidentWorkflow]:
+        wanted = list(dict.fromkeys(incident_ids))
+        out: Dict[str, IncidentWorkflow] = {}
+        if not wanted:
+            return out
+        with self._db.snapshot() as conn:
+            for i in range(0, len(wanted), 500):  # under SQLite's bound-parameter limit
+                chunk = wanted[i:i + 500]
+                rows = conn.execute(f"SELECT incident_id, doc FROM incident_workflow WHERE project = ? AND "
+                                    f"incident_id IN ({','.join('?' * len(chunk))})", [project, *chunk])
+                out.update((row[0], IncidentWorkflow.from_dict(json.loads(row[1]))) for row in rows)
+        return out
+
     def save_workflow(self, workflow: IncidentWorkflow) -> None:
         w = workflow
         with self._db.write() as conn:
