@@ -17,7 +17,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from trainguard import wire
 from trainguard_server.processor.flink_main import write_records
@@ -43,11 +43,13 @@ def stream() -> List[bytes]:
 def keyed_state_bytes(values: List[bytes]) -> int:
     """What the job's run stage holds at the end, pickled as PyFlink pickles it: the premise of the test."""
     stage = RunStage()
-    states: Dict[str, Optional[PipelineBox]] = {}
+    states: Dict[str, PipelineBox] = {}
     for value in values:
-        for line in decode_record(value):
-            key = run_key_of(line)
-            states[key], _, _ = stage.on_event(states.get(key), line)
+        for item in decode_record(value):
+            box = states[run_key_of(item)] = stage.box(states.get(run_key_of(item)))
+            stage.on_record(box, item[1])
+    for box in states.values():
+        stage.flush(box)
     return sum(len(pickle.dumps(box)) for box in states.values())
 
 

@@ -11,6 +11,9 @@
 
 The mini-cluster's Python workers are this interpreter (``python.executable``) with the caller's
 ``PYTHONPATH`` (the SDK's wire schema, the engine ``trainguard_engine`` and this package must be importable).
+They run as one process per slot, as on a real cluster, not in PyFlink's default "loopback" mode for a
+local mini-cluster, where every slot's Python functions run in this client process under one GIL
+(parallelism 2 was no faster than 1 there: bench/scale.py, issue 20).
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, List, Sequence
+
+PYTHON_WORKER_MODE = "_python_worker_execution_mode"
+"""PyFlink's switch between "loopback" (a local mini-cluster's Python functions in the client process, its
+default there) and "process" (a Python worker process per slot, as on a cluster): see the module doc."""
 
 
 def write_records(path: Path, values: Iterable[bytes]) -> int:
@@ -104,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .flink_job import SETTLE_S, build_job
 
+    os.environ.setdefault(PYTHON_WORKER_MODE, "process")  # read by the environment's constructor below
     config = Configuration()
     # --kafka without --checkpoint-dir: the cluster's own configuration (Helm's flinkConfiguration) decides
     scratch = (tempfile.mkdtemp(prefix="trainguard-flink-checkpoints-")
