@@ -59,3 +59,27 @@ def test_a_proxy_that_cannot_run_a_peers_init_is_a_communicator_that_never_came_
     assert classify_text(text).kind == "comm/init-failure"  # over the peer's 'Connection closed' that follows
     closed = classify_text(_line("comm-init-nccl-connect-closed-1", "Connection closed by remote peer"))
     assert closed is not None and closed.kind == "comm/rank-lost"  # alone, still a peer that went away
+
+
+def test_nccls_bootstrap_bind_failure_and_buffer_oom_are_what_failed() -> None:
+    # nccl#293: a communicator rebuilt mid-training cannot bind its bootstrap socket (nothing before)
+    bind = classify_text(_line("comm-init-nccl-bind-in-use-mid-training-1", "Call to bind failed"))
+    assert bind is not None and bind.kind == "comm/init-failure" and bind.rule == "nccl.debug"
+    # NCCL allocating its p2p buffers on a full GPU (the peers' 'Connection closed' lines are its echo)
+    oom = classify_text(_line("comm-nccl-oom-alloc-1", "Cuda failure 'out of memory'"))
+    assert oom is not None and oom.kind == "memory/oom"
+
+
+def test_a_duplicate_gpu_line_of_its_own_is_an_init_failure() -> None:
+    # verl paste in reverse order: NCCL's last error 'Duplicate GPU detected : ...' before its
+    # 'Last error:' / ncclInvalidUsage lines (read as comm/mismatch before)
+    found = classify_text(_line("comm-init-duplicate-gpu-2", "Duplicate GPU detected"))
+    assert found is not None and found.kind == "comm/init-failure"
+    assert found.facts["ranks"] == [9, 1] and found.facts["duplicate_gpu"] is True
+
+
+def test_a_failed_ib_work_completion_is_a_peer_or_link_that_went_away() -> None:
+    # nccl-tests across two hosts: 'NET/IB : Got completion from peer ... with error 4' (NCCL returns it as
+    # ncclRemoteError, read as comm/rank-lost by nccl.error; the IB line alone said comm/failure before)
+    found = classify_text(_line("comm-rank-lost-ib-completion-1", "Got completion from peer"))
+    assert found is not None and found.kind == "comm/rank-lost" and found.facts["ib_status"] == 4

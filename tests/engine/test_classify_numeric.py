@@ -3,6 +3,8 @@ The lines are cut from logs of the wild corpus (tests/fixtures/wild/<id>/source.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainguard_engine.catalogue import DetectionSettings
@@ -67,3 +69,19 @@ def test_text_opens_a_numeric_kind_only_for_a_run_without_metrics_or_heartbeats(
     assert _numeric_text_wanted(run, high, DetectionSettings(amp_text_max_scale=128.0))
     run.ranks[0].last_hb_ns = 1  # an instrumented job: its metrics are the loss detector's
     assert not _numeric_text_wanted(run, nan, settings)
+
+
+def test_a_nan_in_a_progress_table_row_is_the_loss_going_non_finite() -> None:
+    # rows of real tables (tuned wild logs): yanmtt's 'step loss' print, DeepXDE's bracketed columns, YOLO's
+    # epoch row under its 'Epoch gpu_mem box obj cls total' header -- no 'loss' word on the line itself
+    wild = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
+    for case, needle, step in (("num-loss-nan-step-column-yanmtt-1", "76980 nan", 76980),
+                               ("num-loss-nan-deepxde-table-1", "2000 ", 2000),
+                               ("num-yolo-loss-nan-2", "41/299", 41)):
+        line = next(x for x in (wild / case / "log.txt").read_text(encoding="utf-8").splitlines() if needle in x)
+        found = classify_text(line)
+        assert found is not None and found.kind == "loss/non_finite", case
+        assert found.facts["step"] == step, case
+    for healthy in ("76970 2.6265104", "1000      [5.47e+03]    [6.44e+03]    [1.00e+00]",
+                    "step 3: nan values skipped", "INFO 12 inference done"):
+        assert classify_text(healthy) is None, healthy

@@ -49,6 +49,13 @@ WAITED_ON: Tuple[Kind, ...] = (("comm", "timeout"), ("comm", "failure"))
 still open is that straggler's consequence (issue 23): its peers were waiting on it, so the culprit is
 the slow rank, not the rank whose watchdog fired first."""
 
+AMP_OVERFLOW: Kind = ("memory", "amp-overflow")
+AFTER_AMP_OVERFLOW: Tuple[Kind, ...] = (("loss", "non_finite"), ("gradient", "nan-source"))
+"""A loss or gradient that goes non-finite while an fp16 loss-scale collapse (memory/amp-overflow) that began
+earlier is still open is that collapse's consequence: the scaler had been halving its scale over steps
+whose gradients overflowed (and were skipped) before the values themselves went NaN -- the earliest
+signal leads. A non-finite value first, and the scale collapsing after it, stays the non-finite incident."""
+
 HEARTBEAT_SLACK = 2.5
 """A rank is silent when it missed this many of its own heartbeat intervals (and rank_lost_grace_s)."""
 
@@ -179,6 +186,9 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
         cause = _hang_incident(run, finding.time_ns)
     elif kind == ("process", "exception") and _NON_FINITE_TEXT.search(str(finding.values.get("detail", ""))):
         cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=NUMERIC)
+    elif kind in AFTER_AMP_OVERFLOW and current is None:
+        cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key,
+                           kinds=(AMP_OVERFLOW,))
     if cause is None or cause.key == finding.key:
         return finding
     _remember_killed(cause)

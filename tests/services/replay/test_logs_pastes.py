@@ -97,3 +97,14 @@ def test_an_nccl_error_message_is_one_item_with_its_last_error() -> None:
     found = classify_chain("", first.message)
     assert found.kind == "comm/rank-lost"  # the reason read with its last error (alone: comm/failure)
     assert got[1].line == 5 and "Traceback" in got[1].message
+
+
+def test_a_nan_loss_after_the_fp16_scale_collapsed_is_the_collapses_consequence() -> None:
+    # BERT pre-training with apex (NVIDIA/DeepLearningExamples#543): the printed loss_scale halves at every
+    # logged step from 2.9e-11 on, then 'average_loss : nan' -- the scale collapsed first, so the NaN is its
+    # consequence (correlate.AFTER_AMP_OVERFLOW); before, the NaN loss was an incident of its own and led
+    from bench.wild import corpus, judge
+
+    case = next(c for c in corpus.load() if c.case_id == "num-amp-loss-scale-dll-1")
+    verdict = judge.replay_local(case)
+    assert verdict.kind == "memory/amp-overflow" and verdict.kinds == ("memory/amp-overflow",)

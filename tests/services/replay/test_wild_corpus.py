@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.92, "subtype": 0.90}, "heldout": {"category": 0.82, "subtype": 0.78}}
+FLOORS = {"tune": {"category": 0.94, "subtype": 0.93}, "heldout": {"category": 0.84, "subtype": 0.80}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -42,7 +42,10 @@ tuned 204/219 and 199/219, held out unchanged; the reader keeps an NCCL error me
 line (a tuned log): tuned 204/219 and 200/219, held out unchanged. At 301 -> 351 logs: 50 new logs (16 held
 out, 34 tuned) labelled from their threads and recorded before any classifier change made for them: tuned
 233/253 and 229/253 (the tuned floors down a point), held out 81/98 and 77/98 (the held-out floors up to
-what the enlarged held-out part scores)."""
+what the enlarged held-out part scores). Then, from tuned misses only: NCCL's bootstrap bind failure, its
+buffer OOM and a ``Duplicate GPU detected`` line of its own, an IB completion error as a lost peer, a NaN in a
+progress-table row, a NaN loss after an open fp16 scale collapse as its consequence: tuned 238/253 and
+236/253, held out 83/98 and 79/98."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -197,10 +197,30 @@ _NCCL_NEEDLES = ("nccl error", "ncclsystemerror", "ncclremoteerror", "ncclintern
                  "ncclinvalidargument", "ncclunhandledcudaerror")
 
 
+_DUPLICATE_GPU_RE = re.compile(r"Duplicate GPU detected : rank (?P<rank>\d+) and rank (?P<other>\d+) both on "
+                               r"CUDA device (?P<device>\w+)")
+_DUPLICATE_NOTE = ("two ranks were given the same GPU: call torch.cuda.set_device(local_rank) before "
+                   "init_process_group (or give each rank its own CUDA_VISIBLE_DEVICES)")
+
+
+def _duplicate_gpu(t: _Text) -> Optional[_Hit]:
+    """NCCL's last error ``Duplicate GPU detected : ...`` on a line of its own (a paste in reverse order, or
+    one cut above its ``NCCL error`` line)."""
+    dup = t.first("duplicate gpu detected")
+    if dup < 0 or (found := _search(_DUPLICATE_GPU_RE, t, dup, before=0, after=200)) is None:
+        return None
+    m = found[1]
+    facts: Facts = {"duplicate_gpu": True, "ranks": [int(m.group("rank")), int(m.group("other"))],
+                    "device": m.group("device"), "code": "ncclInvalidUsage"}
+    return _Hit("comm", "init-failure", 0.85, dup, facts,
+                f"NCCL: ranks {m.group('rank')} and {m.group('other')} on the same CUDA device "
+                f"{m.group('device')}", _DUPLICATE_NOTE)
+
+
 def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
     pos = t.first(*_NCCL_NEEDLES)
     if pos < 0:
-        return None
+        return _duplicate_gpu(t)
     _offset, text = t.window(pos, 0, 3000)
     facts: Facts = {}
     code = None
@@ -238,8 +258,7 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
     if "Duplicate GPU detected" in facts.get("last_error", ""):
         category, subtype, confidence = "comm", "init-failure", 0.85
         facts["duplicate_gpu"] = True
-        note = ("two ranks were given the same GPU: call torch.cuda.set_device(local_rank) before "
-                "init_process_group (or give each rank its own CUDA_VISIBLE_DEVICES)")
+        note = _DUPLICATE_NOTE
     rank = _rank_of(t, pos, facts)
     detail = facts.get("last_error") or facts.get("reason") or ""
     headline = f"{code}{_on_rank(rank)}" + (f": {_shorten(detail, 120)}" if detail else "")
@@ -274,11 +293,19 @@ _IB_STATUS = {5: "work request flushed (the queue pair went to error: usually th
 _NCCL_MISMATCH_RE = re.compile(r"Mismatched collective detected, please check your collective calls at and "
                                r"around rank (?P<rank>\d+)")
 _NCCL_WARN_PATTERNS: Tuple[Tuple[str, str, str, float, str], ...] = (
+    ("cuda failure 'out of memory'", "memory", "oom", 0.8,
+     "NCCL could not allocate its buffers on the GPU (``Cuda failure 'out of memory'``, then ``Failed to "
+     "CUDA calloc N bytes``): the device is full; the peers' closed connections that follow are its "
+     "consequence"),
     ("collective mismatch error", "comm", "mismatch", 0.75,
      "NCCL's network plugin received a message of another size than posted: the ranks' collectives differ"),
     ("failed to execute operation init from rank", "comm", "init-failure", 0.75,
      "a proxy could not run a peer's ``Init`` while the communicator was being built (``Failed to execute "
      "operation Init from rank N``): the communicator never came up; the peer's own first error says why"),
+    ("call to bind failed", "comm", "init-failure", 0.75,
+     "NCCL's bootstrap could not bind its listening socket (``Call to bind failed : Address already in "
+     "use``) while building a communicator: the port is taken (another job, or a communicator rebuilt "
+     "before the last one let go of it)"),
     ("connection reset by peer", "comm", "rank-lost", 0.7,
      "a peer's socket went away: the peer process died or its node/network failed"),
     ("connection closed by remote peer", "comm", "rank-lost", 0.7,
@@ -332,9 +359,12 @@ def _rule_ib_error(t: _Text) -> Optional[_Hit]:
     facts: Facts = {"peer": m.group("peer"), "ib_status": code, "meaning": _IB_STATUS.get(code, "IB work "
                                                                                           "completion error")}
     rank = _rank_of(t, pos, facts)
-    return _Hit("comm", "failure", 0.7, pos, facts,
+    # NCCL returns a failed IB work completion as ncclRemoteError ("remote process exited or there was a
+    # network error"): the peer or the link to it went away, as nccl.error reads that code
+    return _Hit("comm", "rank-lost", 0.7, pos, facts,
                 f"InfiniBand completion error {code} from {facts['peer']}{_on_rank(rank)}",
-                "check the fabric between the two nodes (ibstat, port counters) and the peer's own state")
+                "the peer or the link to it went away: check the peer's own state first, then the fabric "
+                "between the two nodes (ibstat, port counters)")
 
 
 GATES = {
@@ -342,7 +372,7 @@ GATES = {
     "nccl.dump-signal": ("received a dump signal due to a collective timeout from",),
     "nccl.watchdog-status": ("last enqueued work:", "last enqueued nccl work:",
                              "stack trace of the failed collective:"),
-    "nccl.error": _NCCL_NEEDLES,
+    "nccl.error": (*_NCCL_NEEDLES, "duplicate gpu detected"),
     "nccl.comm-aborted": ("nccl communicator was aborted on rank",),
     "nccl.debug": ("mismatched collective detected", "nccl warn", "nccl info"),
     "nccl.ib-error": ("got completion from peer",),
@@ -357,8 +387,10 @@ DOCS = {
         "NCCL_DEBUG lines: ``Mismatched collective detected ... around rank N`` / ``collective mismatch "
         "error`` → comm/mismatch; ``Connection reset/closed by (remote) peer|localRank N`` → comm/rank-lost; "
         "``ring N does not loop back to start`` or a proxy's ``Failed to execute operation Init from rank "
-        "N`` (it wins over a connection-closed line in the same text) → comm/init-failure; shared-memory "
-        "segment or ``ibv_create_cq`` failures → comm/failure"
+        "N`` (it wins over a connection-closed line in the same text) or the bootstrap's ``Call to bind "
+        "failed : Address already in use`` → comm/init-failure; ``Cuda failure 'out of memory'`` (NCCL "
+        "allocating its buffers) → memory/oom; shared-memory segment or ``ibv_create_cq`` failures → "
+        "comm/failure"
     ),
     'nccl.watchdog-timeout': (
         '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (and the blocking-wait wording '
@@ -373,10 +405,15 @@ DOCS = {
         '``NCCL error ...`` / ``nccl*Error``: RemoteError → comm/rank-lost; InvalidUsage / '
         'InvalidArgument → comm/mismatch; UnhandledCudaError → comm/failure (memory/oom or cuda-error when '
         'its last error names one); SystemError on a connect → comm/init-failure; a last error saying the '
-        'peer closed or reset the connection → comm/rank-lost; SystemError / InternalError → comm/failure'
+        'peer closed or reset the connection → comm/rank-lost; SystemError / InternalError → comm/failure; '
+        '``Duplicate GPU detected : rank N and rank M both on CUDA device D`` (in its last error, or on a '
+        'line of its own) → comm/init-failure'
     ),
     'nccl.comm-aborted': '``NCCL communicator was aborted on rank N`` → comm/failure',
-    'nccl.ib-error': '``NET/IB : Got completion from peer ... with error N`` → comm/failure',
+    'nccl.ib-error': (
+        '``NET/IB : Got completion from peer ... with error N`` → comm/rank-lost (NCCL returns it as '
+        'ncclRemoteError: the peer or the link to it went away)'
+    ),
     'nccl.watchdog-teardown': (
         "the watchdog's teardown without its timeout/error line (``Some NCCL operations have failed or timed "
         "out``, ``we are taking the entire process down``, ``failure detected by watchdog at work sequence "

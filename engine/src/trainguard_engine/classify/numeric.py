@@ -25,6 +25,13 @@ _LOSS_BECAME_RE = re.compile(r"\bloss (?:became|is|was|has become) (?:infinite|n
                              re.IGNORECASE)
 """detectron2's ``Loss became infinite or NaN at iteration=N``, ``loss is non-finite``."""
 _NAN_LOSS_RE = re.compile(r"\b(?:nan|inf) loss(?:es)?\b", re.IGNORECASE)
+_ROW_TOKEN = r"\[?[-+]?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|\.\d+)[A-Za-z%]{0,2}\]?,?"
+_ROW_RE = re.compile(r"\s{0,16}(?P<step>\d{1,9})(?:/\d{1,9})?(?:\s{1,16}" + _ROW_TOKEN + r"){0,12}\s{1,16}\[?"
+                     r"(?P<value>nan|inf)\]?(?:[\s,]|$)", re.IGNORECASE)
+"""A progress-table row: a step or epoch counter (``76980``, ``41/299``), numbers (``65.1G``, ``[5.47e+03]``)
+and a NaN/Inf among them -- YOLO's ``41/299  65.1G  nan  0.0152 ...`` under its ``Epoch gpu_mem box ...``
+header, DeepXDE's ``2000  [nan]  [nan]``, a ``step loss`` print ``76980 nan``. A training loop's table
+prints its losses: a non-finite value in it is the loss going non-finite."""
 _STEP_RE = re.compile(r"\b(?:iteration|iter|global[ _]step|step)\b\s{0,4}[=:\[]?\s{0,4}(?P<step>\d{1,12})",
                       re.IGNORECASE)
 
@@ -64,6 +71,27 @@ def _rule_loss_non_finite(t: _Text) -> Optional[_Hit]:
             _search(_NAN_LOSS_RE, t, pos, before=20, after=20)
         if found is not None:
             return _loss_hit(t, found[0] + found[1].start(), {"metric": "loss", "value": "nan"})
+    return _table_row(t)
+
+
+def _table_row(t: _Text) -> Optional[_Hit]:
+    """The first progress-table row (:data:`_ROW_RE`) with a NaN/Inf in it, read from its line's start."""
+    for needle in ("nan", "inf"):
+        for pos in t.find_all(needle):
+            if not _word_at(t, pos, needle):
+                continue
+            start = t.text.rfind("\n", max(0, pos - 400), pos) + 1
+            if start == 0 and pos > 400:
+                continue  # a row is a short line
+            m = _ROW_RE.match(t.text, start, min(len(t.text), pos + 12))
+            if m is None or start + m.start("value") != pos:
+                continue
+            facts: Facts = {"metric": "loss (progress table)", "value": m.group("value").lower(),
+                            "step": int(m.group("step"))}
+            rank = _rank_of(t, pos, facts)
+            return _Hit("loss", "non_finite", 0.7, pos, facts,
+                        f"The job's progress table shows {facts['value']} at {facts['step']}{_on_rank(rank)}",
+                        _LOSS_NOTE)
     return None
 
 
@@ -196,7 +224,9 @@ after the shared pre-scan)."""
 DOCS = {
     "numeric.loss-non-finite": (
         "a loss printed as NaN/Inf (``loss: nan``, ``'loss': nan``, ``loss=nan``, ``Loss is nan``, "
-        "``tensor(nan``, detectron2's ``Loss became infinite or NaN at iteration=N``) → loss/non_finite"
+        "``tensor(nan``, detectron2's ``Loss became infinite or NaN at iteration=N``), or a NaN/Inf in a "
+        "progress-table row (a step or epoch counter and numbers: YOLO's ``41/299  65.1G  nan ...``, "
+        "``76980 nan``) → loss/non_finite"
     ),
     "numeric.grad-norm-non-finite": (
         "a gradient norm printed as NaN/Inf (``grad_norm: nan``, ``gnorm inf``, Megatron's ``Rank N: found "
