@@ -33,6 +33,7 @@ import math
 import statistics
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
@@ -155,6 +156,7 @@ class Facts:
 
 
 Triple = Tuple[int, float, int]
+_VALUE = itemgetter(1)
 
 
 def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[Sequence[Triple], bool]:
@@ -184,7 +186,7 @@ def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[Sequence[
 def _finite_values(values: Sequence[Triple], finite: bool) -> List[float]:
     """The finite values of ``values``, in order (``finite``: all are)."""
     if finite:
-        return [p[1] for p in values]
+        return list(map(_VALUE, values))
     return [v for _s, v, _t in values if v - v == 0.0]
 
 
@@ -238,7 +240,7 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
         at = _at(grads, step)
         below = bisect_left(grads, (step,))  # grads[:below]: the steps before the incident's
         if finite:
-            before = [p[1] for p in grads[max(0, below - 32):below]]
+            before = list(map(_VALUE, grads[max(0, below - 32):below]))
         else:
             before = _finite_values(grads[:below], False)[-32:]
         if at is not None:
@@ -258,7 +260,7 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
         trigger.update(phase)
     clips, finite = _series(rank, ("grad/clip_triggered",), step)
     if clips:
-        window = [p[1] for p in clips[-32:]] if finite else _finite_values(clips, False)[-32:]
+        window = list(map(_VALUE, clips[-32:])) if finite else _finite_values(clips, False)[-32:]
         if window:
             facts.clip_rate = sum(1 for v in window if v > 0) / len(window)
             related["clip_rate"] = round(facts.clip_rate, 4)

@@ -434,13 +434,14 @@ def _amp(run: RunState, rank: RankState, by_name: Mapping[str, Tuple[int, float]
         state["lowest"] = min(float(state.get("lowest", scale_pt[1])), scale_pt[1])
     else:
         new_low = False
-    span = int(_cfg(settings, "amp_overflow_window", AMP_OVERFLOW_WINDOW))
     if overflow is None:
         if flag_pt is not None or (scale_pt is not None and not state.get("flag")):
             state["streak"] = 0
         if new_low and state.get("reported"):  # the halving that follows an overflow: a new lowest scale
+            span = int(_cfg(settings, "amp_overflow_window", AMP_OVERFLOW_WINDOW))
             return [_amp_update(rank, state, s, span, time_ns, event_id)]
         return []
+    span = int(_cfg(settings, "amp_overflow_window", AMP_OVERFLOW_WINDOW))
     if state.get("streak") and overflow == int(state.get("prev_of", -2)) + 1:
         state["streak"] = int(state["streak"]) + 1
     else:

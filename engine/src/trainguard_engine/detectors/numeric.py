@@ -193,12 +193,13 @@ def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], 
     grad_point: Optional[Point] = None
     loss_point: Optional[Point] = None
     overflow = False
+    grad_names, loss_names = settings.grad_norm_metrics, settings.loss_metrics
     for name, step, value in points:
-        if name in settings.grad_norm_metrics:
+        if name in grad_names:
             grad_point = (name, step, value)
         elif name.startswith(LAYER_PREFIX):
             layers.append((name, step, value))
-        elif name in settings.loss_metrics:
+        elif name in loss_names:
             loss_point = loss_point or (name, step, value)
         elif name == "amp/overflow" and value == 1.0:
             overflow = True
