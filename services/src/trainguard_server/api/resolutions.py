@@ -21,7 +21,7 @@ The processor's own resolution (the condition cleared) needs nothing here: its r
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from trainguard_engine.records import Incident, RunRecord
 
@@ -85,7 +85,11 @@ def incidents(store: IncidentStore, records: Sequence[Incident],
 
 def health_of(open_records: Sequence[Incident]) -> str:
     """The processor's rule: critical (an error/critical one open) > warning > healthy."""
-    worst = max((SEVERITY_ORDER.get(r.severity, 0) for r in open_records), default=-1)
+    return _health([r.severity for r in open_records])
+
+
+def _health(severities: Iterable[str]) -> str:
+    worst = max((SEVERITY_ORDER.get(s, 0) for s in severities), default=-1)
     return "critical" if worst >= SEVERITY_ORDER["error"] else "warning" if worst == 1 else "healthy"
 
 
@@ -96,36 +100,46 @@ def run(store: IncidentStore, record: RunRecord) -> RunRecord:
     return runs(store, [record])[0]
 
 
+class _Open(NamedTuple):
+    """What a recount needs of an incident stored open (not the record: a page holds hundreds)."""
+
+    incident_id: str
+    stall: bool
+    severity: str
+
+
 def runs(store: IncidentStore, records: Sequence[RunRecord]) -> List[RunRecord]:
     """Each of ``records`` as :func:`run` shows it: one incident listing per run that has open incidents
     and one workflow read for all their candidates (not one per incident)."""
-    recount: List[Tuple[int, List[Incident], List[Incident]]] = []  # (index, stored open, candidates)
+    recount: List[Tuple[int, List[_Open], List[str]]] = []  # (index, stored open, candidate ids)
     for index, record in enumerate(records):
         if record.open_incidents <= 0 and record.health == "healthy":
             continue
         page = store.list_incidents(record.project, run_id=record.run_id, limit=MAX_RUN_INCIDENTS)
         if page.next_cursor:
             continue
-        stored_open = [i for i in page.items if i.status in OPEN_STATUSES]
+        stored_open = [_Open(i.incident_id, (i.category, i.subtype) == STALL, i.severity)
+                       for i in page.items if i.status in OPEN_STATUSES]
         # the open ones a person resolved; and when the processor counts more open than are stored open, the
         # stored resolved ones too (record_resolution wrote them before the processor's run record caught up)
-        candidates = stored_open if len(stored_open) == record.open_incidents else page.items
+        candidates = ([i.incident_id for i in stored_open] if len(stored_open) == record.open_incidents
+                      else [i.incident_id for i in page.items])
         if candidates:
             recount.append((index, stored_open, candidates))
-    resolved = _resolved_by_person(store, ((records[index].project, i.incident_id)
-                                           for index, _, candidates in recount for i in candidates))
+    resolved = _resolved_by_person(store, ((records[index].project, incident_id)
+                                           for index, _, candidates in recount for incident_id in candidates))
     out = list(records)
     for index, stored_open, candidates in recount:
         record = records[index]
-        by_person = {i.incident_id for i in candidates if (record.project, i.incident_id) in resolved}
+        by_person = {i for i in candidates if (record.project, i) in resolved}
         if not by_person:
             continue
         still_open = [i for i in stored_open if i.incident_id not in by_person]
         status = record.status
-        if status == "stalled" and not any((i.category, i.subtype) == STALL for i in still_open):
+        if status == "stalled" and not any(i.stall for i in still_open):
             status = "running"
-        out[index] = dataclasses.replace(record, open_incidents=len(still_open), health=health_of(still_open),
-                                         status=status)
+        out[index] = dataclasses.replace(record, open_incidents=len(still_open),
+                                         health=_health(i.severity for i in still_open), status=status)
     return out
 
 
