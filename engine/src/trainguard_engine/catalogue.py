@@ -541,6 +541,13 @@ class DetectionSettings:
         5, "loss/divergence: values in a row the level must stay diverged (with a rising trend or a "
         "spread below oscillation_min_cv: a loss swinging at a high level with no trend is an oscillation).",
         minimum=1)
+    divergence_far_factor: float = _setting(
+        5.0, "loss/divergence: a level >= this x the base is diverged however rough the loss is, while the "
+        "global grad norm grows with it (see divergence_corroborated_points) and either the loss rose on "
+        "every value since it last was in its band (3+) or, before a divergence is open, the norm's latest "
+        "reading is >= explosion_jump_factor x its median; below it a rough loss with no trend since it "
+        "left its band is the oscillation rule's (a geometric blow-up doubles each step: rough, not "
+        "swinging).", minimum=1.0)
     divergence_corroborated_points: int = _setting(
         3, "loss/divergence: values in a row enough instead of divergence_min_points when the global grad "
         "norm corroborates it (its latest reading >= explosion_onset_factor x the median of the earlier "
@@ -978,7 +985,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "oscillation_min_cv", "oscillation_min_level", "oscillation_max_rise", "plateau_min_level",
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
         "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
-        "divergence_min_points", "divergence_corroborated_points", "rise_smooth", "rise_min_fall",
+        "divergence_min_points", "divergence_far_factor", "divergence_corroborated_points",
+        "rise_smooth", "rise_min_fall",
         "rise_min_rise", "rise_min_points",
         "layer_norm_warn", "clip_rate_warn", "vanishing_ratio", "vanishing_min_layers",
         "vanishing_min_reports", "clip_stale_window", "clip_stale_norm_ratio", "clip_stale_curvature",
