@@ -51,6 +51,17 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   the run stopped learning. A window level below plateau_min_level (0.9) is still a plateau when it is
   >= plateau_stalled_min_level (0.8) x the start and the grad norm is <= plateau_grad_collapse (0.1) x
   its own early level; nothing was found before.
+* r343 (Lightning MLP, SGD+momentum, an LR schedule that grows x1.15 per step, no clipping; batch 2 of the
+  corpus): the loss jumps from ~0.3 to 6.7, 15, 19, 17, 18 at steps 27-31 while the grad norm (read
+  every step) is 10-20x its median, and goes Inf at 42. Rough (each step ~doubles it), so the
+  divergence rule handed it to the oscillation rule until its Mann-Kendall trend was significant
+  (flagged at 33, lead 9); a level >= divergence_far_factor (5) x the start with the grad norm >=
+  explosion_jump_factor x its median is diverged however it jumps: flagged at 31, lead 11.
+* r330 (plain MLP, SGD, LR x1.06 per step, no clipping, only the SDK's sampled norm): the norm was read
+  at 55 (2.9x its median), then not before 63; the loss climbs on every step from 56 (1.7, 3.9, 5.0,
+  9.2, 22, 67 ...) and goes Inf at 66. A loss far above its band that rose on every value since it left
+  the band, with the norm's last reading >= explosion_onset_factor x its median, is a divergence from
+  its third value: flagged at 60 (lead 6) instead of 65 (lead 1) -- not 10: the climb is 10 steps long.
 """
 
 from __future__ import annotations
@@ -168,3 +179,26 @@ def test_a_flat_loss_a_little_below_its_start_with_a_collapsed_grad_norm_is_a_pl
 def test_the_grad_collapse_plateau_is_off_with_plateau_grad_collapse_0() -> None:
     out = _outcome("r187", plateau_grad_collapse=0.0)
     assert "loss/plateau" not in out.kinds, out
+
+
+def test_a_loss_far_above_its_start_with_the_grad_norm_exploding_is_diverged_however_rough() -> None:
+    out = _outcome("r343")
+    assert out.label == "gradient/explosion" and out.clip is None
+    assert out.verdict == "gradient/explosion", out
+    assert out.first_nonfinite is not None and out.flagged, out
+    assert out.first_nonfinite - out.flagged["step"] >= 10, out  # lead 9 before the fix
+
+
+def test_a_loss_climbing_on_every_step_under_a_sampled_norm_is_flagged_before_the_inf() -> None:
+    out = _outcome("r330")
+    assert out.label == "gradient/explosion" and out.clip is None
+    assert out.verdict == "gradient/explosion", out
+    assert out.first_nonfinite is not None and out.flagged, out
+    assert out.first_nonfinite - out.flagged["step"] >= 5, out  # lead 1 before the fix
+
+
+@pytest.mark.parametrize("run_id,lead", [("r343", 9), ("r330", 1)])
+def test_the_far_divergence_rule_is_off_with_a_huge_divergence_far_factor(run_id: str, lead: int) -> None:
+    out = _outcome(run_id, divergence_far_factor=1e9)
+    assert out.first_nonfinite is not None and out.flagged, out
+    assert out.first_nonfinite - out.flagged["step"] == lead, out

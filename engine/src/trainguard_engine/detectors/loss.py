@@ -622,7 +622,11 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
     trend, cv = win.trend, win.cv
     bar = tuned.divergence_factor * base
     out_of_band = win.values[next((i for i, v in enumerate(win.values) if v >= bar), len(win.values)):]
-    if _roughness(out_of_band) >= tuned.oscillation_min_cv and (
+    far = level >= tuned.divergence_far_factor * base and _grad_corroborates(rank, series[-1][0], settings) \
+        and (_rising_since_left(win.values, bar) or (
+            (state.get("opened") or {}).get("kind") != "divergence"
+            and _grad_corroborates(rank, series[-1][0], settings, settings.explosion_jump_factor)))
+    if not far and _roughness(out_of_band) >= tuned.oscillation_min_cv and (
             len(out_of_band) < 3 or robust.mann_kendall(out_of_band).z < tuned.trend_z):
         return _Check(False)  # jumping from value to value with no upward trend since it left the band:
         #                       the oscillation rule's (the jump itself is not a trend, nor the swings'
@@ -662,6 +666,20 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
                                      window=window(rank, name, now, settings.evidence_window))])
 
 
+def _rising_since_left(values: Sequence[float], bar: float, least: int = 3) -> bool:
+    """Whether the trailing values at or above ``bar`` (since the loss last was below it) are at least
+    ``least`` and each one higher than the one before: a loss climbing away from its band step after
+    step (a geometric blow-up is rough -- each step ~doubles it -- but it is not swinging)."""
+    n = 0
+    for i in range(len(values) - 1, -1, -1):
+        if values[i] < bar:
+            break
+        if i < len(values) - 1 and values[i] >= values[i + 1]:
+            return False
+        n += 1
+    return n >= least
+
+
 def _roughness(values: Sequence[float]) -> float:
     """Median |step-to-step change| / median level of ``values``: ~0.1 for a loss that moves smoothly
     (diverging, or coming back from a jump), >= 0.3 for one that swings from value to value."""
@@ -680,15 +698,25 @@ def _divergence_points(rank: RankState, step: int, settings: DetectionSettings) 
     ``explosion_min_points`` of them), else ``divergence_min_points``. Two signals agreeing need less
     confirmation than one; a norm read every few steps gives the explosion rule too few readings to
     confirm a climb early, the loss's every-step level does not."""
-    gname = grad_metric(rank, settings)
-    if gname is not None:
-        lo = step - settings.explosion_window_steps
-        values = [v for s, v, _t in recent(rank, gname, settings.explosion_window_steps + 1, step) if s >= lo]
-        if len(values) >= settings.explosion_min_points:
-            baseline = climb_baseline(values)
-            if baseline > 0 and values[-1] >= settings.explosion_onset_factor * baseline:
-                return min(settings.divergence_corroborated_points, settings.divergence_min_points)
+    if _grad_corroborates(rank, step, settings):
+        return min(settings.divergence_corroborated_points, settings.divergence_min_points)
     return settings.divergence_min_points
+
+
+def _grad_corroborates(rank: RankState, step: int, settings: DetectionSettings,
+                       factor: Optional[float] = None) -> bool:
+    """Whether the rank's global grad norm grows with the loss at ``step``: its latest reading >=
+    ``factor`` (default ``explosion_onset_factor``) x the median of the earlier half of its readings in
+    the last ``explosion_window_steps`` (at least ``explosion_min_points`` of them)."""
+    gname = grad_metric(rank, settings)
+    if gname is None:
+        return False
+    lo = step - settings.explosion_window_steps
+    values = [v for s, v, _t in recent(rank, gname, settings.explosion_window_steps + 1, step) if s >= lo]
+    if len(values) < settings.explosion_min_points:
+        return False
+    baseline = climb_baseline(values)
+    return baseline > 0 and values[-1] >= (factor or settings.explosion_onset_factor) * baseline
 
 
 def _grad_climbing(rank: RankState, step: int, settings: DetectionSettings,
