@@ -1,18 +1,19 @@
 """api/resolutions.py over a real SQLite incident store holding the pipeline's records of recorded streams:
 a page of runs or incidents is shown with one workflow read for the whole page (get_workflows), never one
-per incident, and shows what a person resolved -- counts, health and a stalled run's status."""
+per incident, and a page of runs with one read of its incidents' briefs (incident_briefs), never one listing
+per run -- and shows what a person resolved: counts, health and a stalled run's status."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from tests.engine.test_pipeline_golden import streams
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.records import Incident, RunRecord
 from trainguard_server.api import resolutions
-from trainguard_server.storage.base import IncidentWorkflow
+from trainguard_server.storage.base import IncidentBrief, IncidentWorkflow, Page
 from trainguard_server.storage.sqlite import SqliteIncidentStore
 
 STREAMS = ("fixture/diverging", "fixture/crashing", "corpus/stall", "corpus/dist_nan_one_rank")
@@ -27,10 +28,20 @@ class CountingIncidents(SqliteIncidentStore):
         super().__init__(path)
         self.single: List[str] = []
         self.batches: List[int] = []
+        self.listings = 0  # list_incidents calls
+        self.brief_reads = 0
 
     def get_workflow(self, project: str, incident_id: str) -> IncidentWorkflow | None:
         self.single.append(incident_id)
         return super().get_workflow(project, incident_id)
+
+    def list_incidents(self, *args: Any, **kwargs: Any) -> Page[Incident]:
+        self.listings += 1
+        return super().list_incidents(*args, **kwargs)
+
+    def incident_briefs(self, *args: Any, **kwargs: Any) -> Dict[str, Optional[List[IncidentBrief]]]:
+        self.brief_reads += 1
+        return super().incident_briefs(*args, **kwargs)
 
     def get_workflows(self, project: str, incident_ids: Sequence[str]) -> Dict[str, IncidentWorkflow]:
         self.batches.append(len(incident_ids))
@@ -67,9 +78,11 @@ def test_a_page_of_runs_reads_workflows_once_and_shows_what_people_resolved(tmp_
         runs = _fill(store)
         with_open = [r for r in runs if r.open_incidents > 0]
         assert len(with_open) >= 3 * COPIES, [(r.run_id, r.open_incidents) for r in runs]
+        store.listings = 0
         shown = resolutions.runs(store, runs)
         assert shown == runs  # nobody resolved anything: the processor's records stand
-        assert store.single == [] and len(store.batches) == 1
+        assert store.single == [] and len(store.batches) == 1  # one workflow read for the page
+        assert store.listings == 0 and store.brief_reads == 1  # one incident read for the page
 
         # a person resolves every open incident of the even copies, and the first open one of copy 1
         resolved: Dict[str, Incident] = {}
@@ -86,8 +99,10 @@ def test_a_page_of_runs_reads_workflows_once_and_shows_what_people_resolved(tmp_
                 resolved[i.incident_id] = i
         store.single.clear()
         store.batches.clear()
+        store.listings = store.brief_reads = 0
         shown = resolutions.runs(store, runs)
         assert store.single == [] and len(store.batches) == 1
+        assert store.listings == 0 and store.brief_reads == 1
         for before, after in zip(runs, shown):
             if before.open_incidents <= 0:
                 assert after is before

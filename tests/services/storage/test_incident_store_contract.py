@@ -13,7 +13,7 @@ import pytest
 
 from tests.services.storage.conftest import fresh_schema, postgres_dsn
 from trainguard_engine.records import Cluster, Evidence, Incident, RunRecord, TimelineEntry
-from trainguard_server.storage.base import IncidentStore, IncidentWorkflow, Page
+from trainguard_server.storage.base import IncidentBrief, IncidentStore, IncidentWorkflow, Page
 from trainguard_server.storage.memory import MemoryIncidentStore
 from trainguard_server.storage.postgres import PostgresIncidentStore
 from trainguard_server.storage.sqlite import SqliteIncidentStore
@@ -305,6 +305,31 @@ def test_get_workflows_reads_many_at_once_within_the_project(store: IncidentStor
     many = store.get_workflows("p", [f"many-{i}" for i in range(1200)] + ["a"])
     assert {k: w.resolved_ns for k, w in many.items()} == {"many-7": 7, "many-407": 407, "many-807": 807,
                                                           "a": 20}
+
+
+def test_incident_briefs_of_many_runs_are_their_listings_in_short(store: IncidentStore) -> None:
+    """What the API reads to recount a page of runs: each run's incidents as briefs in list_incidents order,
+    [] for a run without any, None for one over the limit; another project's runs of the same id apart."""
+    store.upsert_incidents([incident(f"a{i}", 10 + i, run_id="r1", status="open" if i % 2 else "resolved")
+                            for i in range(4)] + [incident("b0", 5, run_id="r2"), incident("b1", 5, run_id="r2"),
+                                                  incident("q0", 1, run_id="r1", project="q")])
+    stall = incident("s0", 7, run_id="r3", status="ongoing")
+    stall.category, stall.subtype, stall.severity = "progress", "stalled", "warning"
+    odd = incident("n0", 8, run_id="r4")  # names that spell JSON's missing tokens (a store must not trip on them)
+    odd.category, odd.subtype, odd.severity = "Infinity", "NaN-null", "1e999"
+    store.upsert_incidents([stall, odd])
+    briefs = store.incident_briefs("p", ["r1", "r2", "r3", "none", "r1", "r4"])
+    assert list(briefs) == ["r1", "r2", "r3", "none", "r4"] and briefs["none"] == []
+    assert (briefs["r4"] or [])[0][3:] == ("Infinity", "NaN-null", "1e999")
+    for run_id in ("r1", "r2", "r3", "r4"):
+        listed = store.list_incidents("p", run_id=run_id, limit=500).items
+        assert briefs[run_id] == [IncidentBrief(i.incident_id, i.run_id, i.status, i.category, i.subtype,
+                                                i.severity) for i in listed]
+    assert [b.incident_id for b in briefs["r1"] or []] == ["a3", "a2", "a1", "a0"]
+    assert (briefs["r3"] or [])[0][2:] == ("ongoing", "progress", "stalled", "warning")
+    assert store.incident_briefs("p", ["r1", "r2"], limit=3) == {"r1": None, "r2": briefs["r2"]}
+    assert [b.incident_id for b in store.incident_briefs("q", ["r1"])["r1"] or []] == ["q0"]
+    assert store.incident_briefs("p", []) == {}
 
 
 def test_workflow_round_trip_survives_incident_upserts_and_builds_the_library(store: IncidentStore) -> None:

@@ -21,11 +21,11 @@ The processor's own resolution (the condition cleared) needs nothing here: its r
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from trainguard_engine.records import Incident, RunRecord
 
-from ..storage.base import IncidentStore
+from ..storage.base import IncidentBrief, IncidentStore
 
 RESOLVED = "resolved"
 OPEN_STATUSES = ("open", "ongoing")
@@ -100,32 +100,30 @@ def run(store: IncidentStore, record: RunRecord) -> RunRecord:
     return runs(store, [record])[0]
 
 
-class _Open(NamedTuple):
-    """What a recount needs of an incident stored open (not the record: a page holds hundreds)."""
-
-    incident_id: str
-    stall: bool
-    severity: str
-
-
 def runs(store: IncidentStore, records: Sequence[RunRecord]) -> List[RunRecord]:
-    """Each of ``records`` as :func:`run` shows it: one incident listing per run that has open incidents
-    and one workflow read for all their candidates (not one per incident)."""
-    recount: List[Tuple[int, List[_Open], List[str]]] = []  # (index, stored open, candidate ids)
+    """Each of ``records`` as :func:`run` shows it: one read of the incident briefs of the runs that have open
+    incidents (:meth:`~IncidentStore.incident_briefs`, per project) and one workflow read for all their
+    candidates -- not one incident listing per run and one workflow read per incident."""
+    wanted: Dict[str, List[int]] = {}  # project -> indexes of the runs to recount
     for index, record in enumerate(records):
-        if record.open_incidents <= 0 and record.health == "healthy":
-            continue
-        page = store.list_incidents(record.project, run_id=record.run_id, limit=MAX_RUN_INCIDENTS)
-        if page.next_cursor:
-            continue
-        stored_open = [_Open(i.incident_id, (i.category, i.subtype) == STALL, i.severity)
-                       for i in page.items if i.status in OPEN_STATUSES]
-        # the open ones a person resolved; and when the processor counts more open than are stored open, the
-        # stored resolved ones too (record_resolution wrote them before the processor's run record caught up)
-        candidates = ([i.incident_id for i in stored_open] if len(stored_open) == record.open_incidents
-                      else [i.incident_id for i in page.items])
-        if candidates:
-            recount.append((index, stored_open, candidates))
+        if record.open_incidents > 0 or record.health != "healthy":
+            wanted.setdefault(record.project, []).append(index)
+    recount: List[Tuple[int, List[IncidentBrief], List[str]]] = []  # (index, stored open, candidate ids)
+    for project, indexes in wanted.items():
+        briefs = store.incident_briefs(project, [records[i].run_id for i in indexes], limit=MAX_RUN_INCIDENTS)
+        for index in indexes:
+            record = records[index]
+            mine = briefs.get(record.run_id)
+            if mine is None:  # more than MAX_RUN_INCIDENTS: the processor's figures stand
+                continue
+            stored_open = [i for i in mine if i.status in OPEN_STATUSES]
+            # the open ones a person resolved; and when the processor counts more open than are stored open,
+            # the stored resolved ones too (record_resolution wrote them before the processor's run record
+            # caught up)
+            candidates = [i.incident_id for i in (stored_open if len(stored_open) == record.open_incidents
+                                                  else mine)]
+            if candidates:
+                recount.append((index, stored_open, candidates))
     resolved = _resolved_by_person(store, ((records[index].project, incident_id)
                                            for index, _, candidates in recount for incident_id in candidates))
     out = list(records)
@@ -136,7 +134,7 @@ def runs(store: IncidentStore, records: Sequence[RunRecord]) -> List[RunRecord]:
             continue
         still_open = [i for i in stored_open if i.incident_id not in by_person]
         status = record.status
-        if status == "stalled" and not any(i.stall for i in still_open):
+        if status == "stalled" and not any((i.category, i.subtype) == STALL for i in still_open):
             status = "running"
         out[index] = dataclasses.replace(record, open_incidents=len(still_open),
                                          health=_health(i.severity for i in still_open), status=status)

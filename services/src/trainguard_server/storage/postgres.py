@@ -37,7 +37,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.records import Cluster, Incident, RunRecord
 
-from .base import IncidentStore, IncidentWorkflow, Page, ProjectStore, TokenInfo
+from .base import IncidentBrief, IncidentStore, IncidentWorkflow, Page, ProjectStore, TokenInfo
 from .cluster_merge import join_source, merge_views
 from .common import (
     check_limit,
@@ -369,6 +369,36 @@ class PostgresIncidentStore(IncidentStore):
             args.append(_k(status))
         return self._list("incidents", "incident_id", "first_ns", where, args, [project, run_id, status],
                           limit, cursor, Incident.from_dict)
+
+    def incident_briefs(self, project: str, run_ids: Sequence[str], *,
+                        limit: int = 500) -> Dict[str, Optional[List[IncidentBrief]]]:
+        """Two statements in one read: the runs over ``limit``, then the others' documents (read here for
+        their fields, without building records: they hold NaN, which PostgreSQL's JSON types refuse)."""
+        asked: Dict[str, List[str]] = {}  # a stored key holds U+FFFD for a NUL: answer the ids asked
+        for run_id in dict.fromkeys(run_ids):
+            asked.setdefault(_k(run_id), []).append(run_id)
+        out: Dict[str, Optional[List[IncidentBrief]]] = {r: [] for keys in asked.values() for r in keys}
+        if not asked:
+            return out
+        with self._db.read() as conn:
+            over = {row[0] for row in conn.execute(
+                "SELECT run_id FROM incidents WHERE project = %s AND run_id = ANY(%s) GROUP BY run_id "
+                "HAVING COUNT(*) > %s", (_k(project), list(asked), int(limit))).fetchall()}
+            rest = [key for key in asked if key not in over]
+            rows = conn.execute(
+                "SELECT run_id, status, doc FROM incidents WHERE project = %s AND run_id = ANY(%s) "
+                "ORDER BY run_id, first_ns DESC, incident_id", (_k(project), rest)).fetchall() if rest else []
+        for key in over:
+            for run_id in asked[key]:
+                out[run_id] = None
+        for key, status, doc in rows:
+            fields = json.loads(doc)
+            for run_id in asked[key]:
+                briefs = out[run_id]
+                assert briefs is not None  # a run over the limit has no rows here
+                briefs.append(IncidentBrief(fields["incident_id"], run_id, status, fields["category"],
+                                            fields["subtype"], fields["severity"]))
+        return out
 
     # clusters
     def upsert_clusters(self, clusters: Sequence[Cluster]) -> None:

@@ -42,6 +42,7 @@ from trainguard_engine.records import Cluster, Incident, RunRecord
 from .base import (
     Bucket,
     EventStore,
+    IncidentBrief,
     IncidentStore,
     IncidentWorkflow,
     MetricColumns,
@@ -827,6 +828,46 @@ class SqliteIncidentStore(IncidentStore):
             args.append(status)
         return self._list("incidents", "incident_id", "first_ns", where, args, [project, run_id, status],
                           limit, cursor, Incident.from_dict)
+
+    def incident_briefs(self, project: str, run_ids: Sequence[str], *,
+                        limit: int = 500) -> Dict[str, Optional[List[IncidentBrief]]]:
+        """Two statements per 400 runs in one read snapshot: the runs over ``limit``, then the others' briefs,
+        their fields read by ``json_extract`` (no document reaches Python). SQLite's JSON refuses the bare
+        NaN/Infinity of a document (``json.dumps`` writes them), so those are read from the document with
+        them spelled as null/1e999 -- which cannot touch an identifier; a field that could hold such a
+        spelling is read again from the document in Python."""
+        wanted = list(dict.fromkeys(run_ids))
+        out: Dict[str, Optional[List[IncidentBrief]]] = {run_id: [] for run_id in wanted}
+        with self._db.snapshot() as conn:
+            for i in range(0, len(wanted), 400):  # under SQLite's bound-parameter limit
+                chunk = wanted[i:i + 400]
+                over = {row[0] for row in conn.execute(
+                    f"SELECT run_id FROM incidents WHERE project = ? AND "
+                    f"run_id IN ({','.join('?' * len(chunk))}) GROUP BY run_id HAVING COUNT(*) > ?",
+                    [project, *chunk, int(limit)])}
+                for run_id in over:
+                    out[run_id] = None
+                rest = [r for r in chunk if r not in over]
+                if not rest:
+                    continue
+                rows = conn.execute(  # one parse per document: the three fields as one JSON array
+                    "SELECT incident_id, run_id, status, json_extract(CASE WHEN instr(doc, 'NaN') OR "
+                    "instr(doc, 'Infinity') THEN replace(replace(doc, 'NaN', 'null'), 'Infinity', '1e999') "
+                    "ELSE doc END, '$.category', '$.subtype', '$.severity') FROM incidents "
+                    f"WHERE project = ? AND run_id IN ({','.join('?' * len(rest))}) "
+                    "ORDER BY run_id, first_ns DESC, incident_id", [project, *rest]).fetchall()
+                for incident_id, run_id, status, fields in rows:
+                    category, subtype, severity = json.loads(fields)
+                    if not all(isinstance(f, str) and "null" not in f and "1e999" not in f
+                               for f in (category, subtype, severity)):
+                        doc = json.loads(conn.execute(
+                            "SELECT doc FROM incidents WHERE project = ? AND incident_id = ?",
+                            (project, incident_id)).fetchone()[0])
+                        category, subtype, severity = doc["category"], doc["subtype"], doc["severity"]
+                    briefs = out[run_id]
+                    assert briefs is not None  # a run over the limit has no rows here
+                    briefs.append(IncidentBrief(incident_id, run_id, status, category, subtype, severity))
+        return out
 
     # clusters
     def upsert_clusters(self, clusters: Sequence[Cluster]) -> None:
