@@ -42,6 +42,7 @@ from pyflink.datastream.state import ValueStateDescriptor
 
 from trainguard_engine.catalogue import DetectionSettings
 
+from .embedded import tune_gc
 from .flink_stages import (
     FLUSH_EVENTS,
     ClusterStage,
@@ -77,6 +78,7 @@ class _RunFunction(KeyedProcessFunction):  # type: ignore[misc]
         self.flush_events = flush_events
 
     def open(self, runtime_context: RuntimeContext) -> None:
+        tune_gc()  # this Python worker runs pipelines, as a processor does (embedded.GC_GEN0_THRESHOLD)
         self.stage = RunStage(self.overrides, self.settle_ms, self.flush_events)
         self.state = runtime_context.get_state(ValueStateDescriptor("run", Types.PICKLED_BYTE_ARRAY()))
 

@@ -34,6 +34,14 @@ PYTHON_WORKER_MODE = "_python_worker_execution_mode"
 default there) and "process" (a Python worker process per slot, as on a cluster): see the module doc."""
 
 
+BOUNDED_JVM_ARGS = "-XX:TieredStopAtLevel=1"
+"""The JVM of a ``--records`` job (a local mini-cluster living seconds to minutes) compiles with C1 only: on
+16 SDK-shaped runs C2 spent ~6 s of CPU compiling (~half the JVM's CPU, on a 2-core machine beside the
+Python workers) for code that moves bytes; C1 alone cut the job's CPU by ~30 %, start-up included
+(bench/scale.py, issue 20). ``JVM_ARGS`` set by the caller wins (``JVM_ARGS=""``: the JVM's default). A
+long-running cluster (``--kafka``) keeps its own JVM options."""
+
+
 def write_records(path: Path, values: Iterable[bytes]) -> int:
     """Write record values in the ``--records`` format; returns how many."""
     count = 0
@@ -43,6 +51,14 @@ def write_records(path: Path, values: Iterable[bytes]) -> int:
             fh.write(value)
             count += 1
     return count
+
+
+def write_lines(path: Path, values: Iterable[bytes]) -> None:
+    """Write record values as base64 text lines (what the bounded job's file source reads)."""
+    with open(path, "w", encoding="ascii") as fh:
+        for value in values:
+            fh.write(base64.b64encode(value).decode("ascii"))
+            fh.write("\n")
 
 
 def read_records(path: Path) -> List[bytes]:
@@ -106,18 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bool(ns.records) == bool(ns.kafka):
         parser.error("give --records FILE --out DIR, or --kafka BOOTSTRAP")
 
-    from pyflink.common import Configuration, Encoder, Types
+    from pyflink.common import Configuration, Encoder
     from pyflink.datastream import RuntimeExecutionMode, StreamExecutionEnvironment
 
     from .flink_job import SETTLE_S, build_job
 
     os.environ.setdefault(PYTHON_WORKER_MODE, "process")  # read by the environment's constructor below
+    if ns.records:  # the mini-cluster's JVM starts below (pyflink_gateway_server reads JVM_ARGS)
+        os.environ.setdefault("JVM_ARGS", BOUNDED_JVM_ARGS)
     config = Configuration()
     # --kafka without --checkpoint-dir: the cluster's own configuration (Helm's flinkConfiguration) decides
-    scratch = (tempfile.mkdtemp(prefix="trainguard-flink-checkpoints-")
-               if ns.records and not ns.checkpoint_dir else None)
+    scratch = Path(tempfile.mkdtemp(prefix="trainguard-flink-")) if ns.records else None
     if ns.checkpoint_dir or scratch:
-        checkpoint_config(config, str(ns.checkpoint_dir or scratch),
+        checkpoint_config(config, str(ns.checkpoint_dir or (scratch and scratch / "checkpoints")),
                           ns.restart_attempts if ns.restart_attempts is not None or ns.kafka else 3)
     config.set_string("python.executable", sys.executable)
     config.set_string("python.client.executable", sys.executable)
@@ -131,12 +148,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = json.loads(ns.overrides)
     settle = SETTLE_S if ns.settle_s is None else ns.settle_s
     if ns.records:
-        from pyflink.datastream.connectors.file_system import FileSink, OutputFileConfig
+        from pyflink.common import WatermarkStrategy
+        from pyflink.datastream.connectors.file_system import (
+            FileSink,
+            FileSource,
+            OutputFileConfig,
+            StreamFormat,
+        )
 
         if ns.out is None:
             parser.error("--records needs --out")
-        values = [base64.b64encode(v).decode("ascii") for v in read_records(ns.records)]
-        records = env.from_collection(values, type_info=Types.STRING()).set_parallelism(1)  # in order
+        assert scratch is not None
+        lines = scratch / "records.b64"
+        write_lines(lines, read_records(ns.records))
+        # the JVM reads them itself, as a Kafka source would (no transfer of every record from this process)
+        records = (env.from_source(FileSource.for_record_stream_format(StreamFormat.text_line_format(),
+                                                                      str(lines)).build(),
+                                   WatermarkStrategy.no_watermarks(), "records")
+                   .set_parallelism(1))  # one file, one reader: in order
         sink = (FileSink.for_row_format(str(ns.out), Encoder.simple_string_encoder())
                 .with_output_file_config(OutputFileConfig.builder().with_part_suffix(".jsonl").build())
                 .build())
