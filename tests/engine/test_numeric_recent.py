@@ -63,3 +63,27 @@ def test_recent_equals_the_history_read(stream: str) -> None:
     assert checked > 1000 and late > 0
     if stream in ("explosion", "nan_source"):
         assert nonfinite > 0
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_a_trim_keeps_an_ordered_tail_as_its_slice(stream: str) -> None:
+    """In the recorded order (steps only rise) a trim cuts the tail instead of dropping it: the tail
+    survives every trim and still equals the history read, non-finite values included."""
+    events = [e for e in next(s for s in SCENARIOS if s.name == stream).events() if metric_points(e)]
+    rank = RankState(0)
+    kept = checked = 0
+    for env in events:
+        points = metric_points(env)
+        for name, step, value in points:
+            before = rank.tails.get(name)
+            floor = rank.history_floor.get(name)
+            rank.observe_point(name, step, value, int(env.get("time_unix_nano", 0)), SMALL)
+            if before is not None and rank.history_floor.get(name) != floor:  # this point trimmed
+                assert rank.tails.get(name) is not None and rank.tails[name].data is rank.history[name]
+                kept += 1
+        step = max(s for _n, s, _v in points)
+        for name in {p[0] for p in points}:
+            for most, upto in itertools.product((1, 8, 16, 40), (None, step, step - 3)):
+                assert recent(rank, name, most, upto) == _reference(rank, name, most, upto), (stream, name)
+                checked += 1
+    assert kept >= 5 and checked > 500

@@ -61,6 +61,16 @@ class SeriesTail:
         for s, (v, t) in data.items():
             self.append(s, v, t)
 
+    def trimmed(self, data: Dict[int, HistoryPoint], drop: int) -> SeriesTail:
+        """The tail of ``data``, this series trimmed of its ``drop`` lowest steps -- for a tail whose steps
+        only rose (``descent`` 0: its points are the series by step), a slice instead of a rebuild."""
+        out = SeriesTail.__new__(SeriesTail)
+        out.data = data
+        out.points = self.points[drop:]
+        out.bad_end = max(0, self.bad_end - drop)
+        out.descent = 0
+        return out
+
     def append(self, step: int, value: float, time_ns: int) -> None:
         points = self.points
         if points and step <= points[-1][0]:
@@ -176,8 +186,11 @@ class RankState:
         if len(series) > 2 * settings.history_len:
             keep = sorted(series)[-settings.history_len:]
             self.history_floor[name] = keep[0]
-            self.history[name] = {s: series[s] for s in keep}
-            self.tails.pop(name, None)
+            kept = self.history[name] = {s: series[s] for s in keep}
+            tail = self.tails.pop(name, None)
+            if tail is not None and tail.descent == 0 and tail.data is series and \
+                    len(tail.points) == len(series):  # in step order: the kept steps are its last points
+                self.tails[name] = tail.trimmed(kept, len(series) - len(kept))
         if value - value != 0.0:  # NaN or +-Inf
             first = self.first_nonfinite.get(name)
             if first is None or step < first[0]:
