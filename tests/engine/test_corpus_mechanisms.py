@@ -62,6 +62,11 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   9.2, 22, 67 ...) and goes Inf at 66. A loss far above its band that rose on every value since it left
   the band, with the norm's last reading >= explosion_onset_factor x its median, is a divergence from
   its third value: flagged at 60 (lead 6) instead of 65 (lead 1) -- not 10: the climb is 10 steps long.
+* r370 (plain MLP, SGD, warmup to an LR ~33x too high, clip 1): the loss falls from 0.75 to ~0.3, then
+  rises back to ~1.0 as the LR peaks, swinging between 0.3 and 2.5. The rise-after-fall opened at 53;
+  its "half of the rise given back" test read the 5-value rolling level, which one run of low batches
+  takes there, so it resolved and the swings opened an oscillation that led. The rise is given back
+  only when the median of a full loss_window is back too: the rise-after-fall stays open and leads.
 """
 
 from __future__ import annotations
@@ -202,3 +207,10 @@ def test_the_far_divergence_rule_is_off_with_a_huge_divergence_far_factor(run_id
     out = _outcome(run_id, divergence_far_factor=1e9)
     assert out.first_nonfinite is not None and out.flagged, out
     assert out.first_nonfinite - out.flagged["step"] == lead, out
+
+
+def test_a_rise_after_fall_is_not_given_back_by_one_dip_of_a_swinging_loss() -> None:
+    out = _outcome("r370")
+    assert out.label == "loss/rise-after-fall"
+    assert out.verdict == "loss/rise-after-fall", out  # resolved at a dip, the oscillation led before the fix
+    assert out.open_alerts == ["loss/rise-after-fall"], out

@@ -434,6 +434,9 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
     elif kind == "rise-after-fall":
         best = opened.get("best", at)
         cleared = level <= best + 0.5 * max(0.0, at - best)
+        if cleared and len(series) >= settings.loss_window:  # and so over a full window: one dip of a
+            cleared = _median_of(series[-settings.loss_window:]) <= best + 0.5 * max(0.0, at - best)
+            #           swinging loss's rolling level is not the rise given back
     else:  # divergence
         cleared = level < settings.divergence_factor * divergence_base(initial, state["init"][0], settings)
     if not cleared:
