@@ -14,7 +14,7 @@ import pytest
 from trainguard import wire
 from trainguard.v1 import ingest_pb2
 from trainguard_engine.pipeline import Pipeline
-from trainguard_engine.records import Incident
+from trainguard_engine.records import Cluster, Incident, RunRecord
 from trainguard_server.config import Settings
 from trainguard_server.gateway.ingest import Gateway
 from trainguard_server.processor.embedded import PARTS_PREFIX, STATE_KEY, EmbeddedProcessor
@@ -50,11 +50,12 @@ class FlakyIncidents(SqliteIncidentStore):
         super().__init__(path)
         self.failures = failures
 
-    def upsert_incidents(self, incidents: Sequence[Incident]) -> None:
-        if self.failures > 0:
+    def upsert_records(self, runs: Sequence[RunRecord], incidents: Sequence[Incident],
+                       clusters: Sequence[Cluster]) -> None:  # the processor's one write per round
+        if incidents and self.failures > 0:
             self.failures -= 1
             raise ConnectionError("incident store unavailable")
-        super().upsert_incidents(incidents)
+        super().upsert_records(runs, incidents, clusters)
 
 
 def _publish(tmp_path: Path) -> Tuple[SqliteQueue, List[dict]]:  # type: ignore[type-arg]

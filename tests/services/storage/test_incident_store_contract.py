@@ -332,6 +332,23 @@ def test_incident_briefs_of_many_runs_are_their_listings_in_short(store: Inciden
     assert store.incident_briefs("p", []) == {}
 
 
+def test_upsert_records_is_the_three_upserts(store: IncidentStore) -> None:
+    """The processor's one write per round: runs (with their tags), incidents and clusters as the three
+    upserts store them, later records replacing earlier ones; empty parts are fine."""
+    store.upsert_records([run("r1", 5, tags={"a": "1"}), run("r2", 6)], [incident("i1", 3), incident("i2", 4)],
+                         [cluster("fp1", 7)])
+    store.upsert_records([run("r1", 8, status="failed", tags={"b": "2"})], [incident("i1", 3, status="resolved")],
+                         [])
+    store.upsert_records([], [], [cluster("fp2", 9)])
+    store.upsert_records([], [], [])
+    assert [(r.run_id, r.status) for r in store.list_runs("p").items] == [("r1", "failed"), ("r2", "running")]
+    assert [r.run_id for r in store.list_runs("p", tag="b=2").items] == ["r1"]
+    assert store.list_runs("p", tag="a").items == []  # the tags of the record that replaced it
+    assert [(i.incident_id, i.status) for i in store.list_incidents("p").items] == [("i2", "open"),
+                                                                                      ("i1", "resolved")]
+    assert [c.fingerprint for c in store.list_clusters("p").items] == ["fp2", "fp1"]
+
+
 def test_workflow_round_trip_survives_incident_upserts_and_builds_the_library(store: IncidentStore) -> None:
     store.upsert_incidents([incident("a", 1), incident("b", 2, run_id="r2"), incident("c", 3, project="q")])
     assert store.get_workflow("p", "a") is None

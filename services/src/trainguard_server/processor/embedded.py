@@ -496,15 +496,14 @@ class EmbeddedProcessor:
             del self._pending[partition]
 
     def _apply(self, partition: int, output: PipelineOutput) -> None:
-        if output.runs:
-            self.incidents.upsert_runs(output.runs)
-        if output.incidents:
-            self.incidents.upsert_incidents(output.incidents)
-        if output.clusters:
-            if self.partitioned:  # every partition's pipeline holds its own view of a cluster: merged
+        """One write of ``output``'s records (:meth:`~..storage.base.IncidentStore.upsert_records`: one
+        transaction on SQLite); over a partitioned queue the clusters are merged apart."""
+        if self.partitioned:  # every partition's pipeline holds its own view of a cluster: merged
+            self.incidents.upsert_records(output.runs, output.incidents, ())
+            if output.clusters:
                 self.incidents.merge_clusters(f"partition/{partition}", output.clusters)
-            else:
-                self.incidents.upsert_clusters(output.clusters)
+        else:
+            self.incidents.upsert_records(output.runs, output.incidents, output.clusters)
         if output.runs or output.incidents or output.clusters:
             for listener in list(self.listeners):
                 try:

@@ -285,6 +285,18 @@ class IncidentStore(ABC):
     @abstractmethod
     def upsert_runs(self, runs: Sequence[RunRecord]) -> None: ...
 
+    def upsert_records(self, runs: Sequence[RunRecord], incidents: Sequence[Incident],
+                       clusters: Sequence[Cluster]) -> None:
+        """:meth:`upsert_runs`, :meth:`upsert_incidents` and :meth:`upsert_clusters` of one processor round,
+        in one transaction where the store can (SQLite: one commit); the default calls them in that order
+        (each idempotent: a round that failed part-way is applied again whole)."""
+        if runs:
+            self.upsert_runs(runs)
+        if incidents:
+            self.upsert_incidents(incidents)
+        if clusters:
+            self.upsert_clusters(clusters)
+
     @abstractmethod
     def get_run(self, project: str, run_id: str) -> Optional[RunRecord]: ...
 

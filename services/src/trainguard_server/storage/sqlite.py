@@ -766,18 +766,37 @@ class SqliteIncidentStore(IncidentStore):
 
     # runs
     def upsert_runs(self, runs: Sequence[RunRecord]) -> None:
-        if not runs:
+        self.upsert_records(runs, (), ())
+
+    def upsert_records(self, runs: Sequence[RunRecord], incidents: Sequence[Incident],
+                       clusters: Sequence[Cluster]) -> None:
+        """One transaction (one commit: one fsync under ``synchronous=FULL``) for a processor round's
+        runs, incidents and clusters; the documents are serialised before the write lock is taken."""
+        if not (runs or incidents or clusters):
             return
-        rows = [(r.project, r.run_id, r.status, int(r.started_ns), int(r.last_event_ns),
-                 json.dumps(r.to_dict())) for r in runs]
+        run_rows = [(r.project, r.run_id, r.status, int(r.started_ns), int(r.last_event_ns),
+                     json.dumps(r.to_dict())) for r in runs]
+        tag_rows = [(r.project, r.run_id, str(k), str(v)) for r in runs for k, v in r.tags.items()]
+        incident_rows = [(i.project, i.incident_id, i.run_id, i.status, int(i.first_ns), int(i.last_ns),
+                          json.dumps(i.to_dict())) for i in incidents]
+        cluster_rows = [(c.project, c.fingerprint, int(c.first_ns), int(c.last_ns), json.dumps(c.to_dict()))
+                        for c in clusters]
         with self._db.write() as conn:
-            conn.executemany("INSERT OR REPLACE INTO runs (project, run_id, status, started_ns, "
-                             "last_event_ns, doc) VALUES (?, ?, ?, ?, ?, ?)", rows)
-            for r in runs:
-                conn.execute("DELETE FROM run_tags WHERE project = ? AND run_id = ?", (r.project, r.run_id))
+            if run_rows:
+                conn.executemany("INSERT OR REPLACE INTO runs (project, run_id, status, started_ns, "
+                                 "last_event_ns, doc) VALUES (?, ?, ?, ?, ?, ?)", run_rows)
+                conn.executemany("DELETE FROM run_tags WHERE project = ? AND run_id = ?",
+                                 [(r.project, r.run_id) for r in runs])
                 conn.executemany("INSERT OR REPLACE INTO run_tags (project, run_id, key, value) "
-                                 "VALUES (?, ?, ?, ?)",
-                                 [(r.project, r.run_id, str(k), str(v)) for k, v in r.tags.items()])
+                                 "VALUES (?, ?, ?, ?)", tag_rows)
+            if incident_rows:
+                conn.executemany("INSERT OR REPLACE INTO incidents (project, incident_id, run_id, status, "
+                                 "first_ns, last_ns, doc) VALUES (?, ?, ?, ?, ?, ?, ?)", incident_rows)
+            if cluster_rows:
+                conn.executemany("INSERT OR REPLACE INTO clusters (project, fingerprint, first_ns, last_ns, "
+                                 "doc) VALUES (?, ?, ?, ?, ?)", cluster_rows)
+                conn.executemany("DELETE FROM cluster_views WHERE project = ? AND fingerprint = ?",
+                                 [(c.project, c.fingerprint) for c in clusters])
 
     def get_run(self, project: str, run_id: str) -> Optional[RunRecord]:
         row = self._db.reader().execute("SELECT doc FROM runs WHERE project = ? AND run_id = ?",
@@ -804,13 +823,7 @@ class SqliteIncidentStore(IncidentStore):
 
     # incidents
     def upsert_incidents(self, incidents: Sequence[Incident]) -> None:
-        if not incidents:
-            return
-        rows = [(i.project, i.incident_id, i.run_id, i.status, int(i.first_ns), int(i.last_ns),
-                 json.dumps(i.to_dict())) for i in incidents]
-        with self._db.write() as conn:
-            conn.executemany("INSERT OR REPLACE INTO incidents (project, incident_id, run_id, status, "
-                             "first_ns, last_ns, doc) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        self.upsert_records((), incidents, ())
 
     def get_incident(self, project: str, incident_id: str) -> Optional[Incident]:
         row = self._db.reader().execute("SELECT doc FROM incidents WHERE project = ? AND incident_id = ?",
@@ -871,15 +884,7 @@ class SqliteIncidentStore(IncidentStore):
 
     # clusters
     def upsert_clusters(self, clusters: Sequence[Cluster]) -> None:
-        if not clusters:
-            return
-        rows = [(c.project, c.fingerprint, int(c.first_ns), int(c.last_ns), json.dumps(c.to_dict()))
-                for c in clusters]
-        with self._db.write() as conn:
-            conn.executemany("INSERT OR REPLACE INTO clusters (project, fingerprint, first_ns, last_ns, doc) "
-                             "VALUES (?, ?, ?, ?, ?)", rows)
-            conn.executemany("DELETE FROM cluster_views WHERE project = ? AND fingerprint = ?",
-                             [(c.project, c.fingerprint) for c in clusters])
+        self.upsert_records((), (), clusters)
 
     def merge_clusters(self, source: str, clusters: Sequence[Cluster]) -> None:
         """Join each record into ``source``'s view of its cluster and store the merge of all the cluster's
