@@ -33,6 +33,7 @@ applies (processor/flink_main.py ``--kafka``). The tests run this very graph on 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, Iterable, Optional
 
@@ -59,6 +60,12 @@ SETTLE_S = 60.0
 """After a run's last event, how long (event time) until its pipeline advances: past
 ``rank_lost_grace_s`` and a few heartbeats, as tests/engine/test_comm_scenarios.py judges recordings."""
 
+SPANS_ENV = "TRAINGUARD_FLINK_SPANS"
+"""For bench/scale.py: when set (in the environment the job's Python workers inherit), a file each run-stage
+subtask appends one JSON line to when it closes: ``{"first_ns", "last_ns", "records"}`` -- the wall-clock
+times its first record arrived and its last record or timer was done, and how many records it took. The
+job's throughput is then records' events over its busy span, without its start-up or end."""
+
 OBSERVATIONS = OutputTag("observations", Types.STRING())
 """Stage 1's side output: the exceptions a run counted, to stage 2."""
 
@@ -81,6 +88,20 @@ class _RunFunction(KeyedProcessFunction):  # type: ignore[misc]
         tune_gc()  # this Python worker runs pipelines, as a processor does (embedded.GC_GEN0_THRESHOLD)
         self.stage = RunStage(self.overrides, self.settle_ms, self.flush_events)
         self.state = runtime_context.get_state(ValueStateDescriptor("run", Types.PICKLED_BYTE_ARRAY()))
+        self.spans = os.environ.get(SPANS_ENV) or None
+        self.first_ns = self.last_ns = self.records = 0
+
+    def close(self) -> None:
+        if self.spans and self.records:
+            with open(self.spans, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"first_ns": self.first_ns, "last_ns": self.last_ns,
+                                     "records": self.records}) + "\n")
+
+    def _busy(self, records: int) -> None:
+        now = time.time_ns()
+        self.first_ns = self.first_ns or now
+        self.last_ns = now
+        self.records += records
 
     def process_element(self, value: Keyed, ctx: KeyedProcessFunction.Context) -> Iterable[Any]:
         box: PipelineBox = self.stage.box(self.state.value())
@@ -92,6 +113,8 @@ class _RunFunction(KeyedProcessFunction):  # type: ignore[misc]
             box.tick_ms = ctx.timer_service().current_processing_time() + self.tick_ms
             ctx.timer_service().register_processing_time_timer(box.tick_ms)
         self.state.update(box)
+        if self.spans:
+            self._busy(1)
         yield from _emit(out)
 
     def _move_timer(self, box: PipelineBox, ctx: Any, due: int) -> None:
@@ -128,6 +151,8 @@ class _RunFunction(KeyedProcessFunction):  # type: ignore[misc]
             else:  # events since moved the settle time past the watermark
                 self._move_timer(box, ctx, box.due_ms)
             self.state.update(box)
+            if self.spans:
+                self._busy(0)
             yield from _emit(out)
 
 
