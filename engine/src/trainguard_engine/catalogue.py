@@ -504,6 +504,14 @@ class DetectionSettings:
         0.8, "loss/oscillation: the window's median >= this x the initial level (swinging at a high "
         "level, no real progress); here the lower of the first value and the initial median, since a "
         "far-too-high LR moves the loss from the first update on.")
+    oscillation_noise_factor: float = _setting(
+        4.0, "loss/oscillation: judged against the run's own noise, a window swings from this x the robust "
+        "spread of the run's first 2 x loss_baseline_points loss values (when that is below "
+        "oscillation_min_cv; never below oscillation_calm_min_cv): a loss calm at the start that swings "
+        "at 4x that spread swings (the plateau rule's spread test uses the same bar).", minimum=1.0)
+    oscillation_calm_min_cv: float = _setting(
+        0.2, "loss/oscillation: the lowest robust spread that swings (see oscillation_noise_factor; ~ an "
+        "interquartile range of a quarter of the level).", minimum=0.0)
     oscillation_max_rise: float = _setting(
         1.5, "loss/divergence settles into loss/oscillation when, over a full loss_window, the loss swings "
         "with no trend and no longer rises, at a level at most this x the level at which it left its band "
@@ -753,7 +761,7 @@ class DetectionSettings:
         "at the same step by >= this x the excess (median over the window): they waited for it. A "
         "candidate is named at once (the window is the confirmation).", minimum=0.0)
     straggler_hold_steps: int = _setting(
-        14, "... while a rank is over on this many of its window's steps (a straggler forming), no "
+        10, "... while a rank is over on this many of its window's steps (a straggler forming), no "
         "perf/throughput-regression is opened (the job is slower because of that rank) and a named "
         "straggler is not resolved ...", minimum=1)
     straggler_confirm: int = _setting(
@@ -764,15 +772,23 @@ class DetectionSettings:
         ">= this x its earlier steady state (or a logged throughput metric <= 1/this of it) ...",
         minimum=1.0)
     regression_min_delta_s: float = _setting(
-        0.1, "... and by at least this many seconds per step, whether the step time or a logged throughput "
-        "shows it (a shared host's load triples a 30 ms CPU step for tens of steps -- seen on a healthy demo "
-        "run -- while a regression worth an alert costs a real accelerator job 100 ms a step and more; lower "
-        "it for fast-step jobs on dedicated nodes) ...", minimum=0.0)
+        0.1, "... and by at least this many seconds per step -- waived in a job of >= 2 ranks whose every "
+        "rank's own time (data + forward + optimizer) is >= regression_ratio x its own steady state (the "
+        "job slowed together in its own work): a shared host's load triples one process's 30 ms CPU step "
+        "for tens of steps (a healthy demo run; healthy runs of the varied corpus) and hits processes "
+        "unevenly, while a regression worth an alert in a single process costs 100 ms a step and more; "
+        "lower it for fast-step jobs on dedicated nodes ...", minimum=0.0)
+    regression_noise_k: float = _setting(
+        3.0, "... and by at least this many times the steady state's own noise: the robust spread (1.4826 x "
+        "the median absolute deviation) of the job's per-step time over its regression_baseline_steps "
+        "steady-state steps, whether the step time or a logged throughput shows it (a floor relative to the "
+        "step's own noise: a step that jumps about needs a bigger shift than a steady one) ...",
+        minimum=0.0)
     regression_baseline_steps: int = _setting(
         10, "... the steady state being the median of the first this-many judged steps after warm-up ...",
         minimum=1)
     regression_confirm: int = _setting(
-        8, "... on this many judged steps in a row, with no straggler candidate (a job held back by one "
+        8, "... on this many judged steps in a row, with no straggler forming (a job held back by one "
         "rank is that rank's incident).", minimum=1)
     data_wait_share: float = _setting(
         0.4, "perf/data-bottleneck: the median rank's data wait (time/data_s) >= this share of its step "
@@ -982,7 +998,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
         "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points", "loss_window",
         "loss_baseline_points",
-        "oscillation_min_cv", "oscillation_min_level", "oscillation_max_rise", "plateau_min_level",
+        "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
+        "oscillation_calm_min_cv", "oscillation_max_rise", "plateau_min_level",
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
         "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
         "divergence_min_points", "divergence_far_factor", "divergence_corroborated_points",
@@ -1008,7 +1025,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
              "straggler_steps", "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
              "straggler_confirm", "regression_ratio", "regression_min_delta_s",
-             "regression_baseline_steps",
+             "regression_noise_k", "regression_baseline_steps",
              "regression_confirm", "data_wait_share", "data_wait_min_s", "throttle_confirm",
              "throughput_metrics"),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
