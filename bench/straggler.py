@@ -13,6 +13,8 @@ Scenarios (``--seeds N`` runs of each, seeds 0..N-1; the slow rank is ``seed % 4
 * ``compute``     -- one rank does ``--factor`` x the work from step ``--from-step``;
 * ``loader``      -- one rank's batches go through a CPU-bound transform;
 * ``affinity``    -- one rank is pinned to one core shared with a spinning process;
+* ``affinity_weak`` -- the same with the spinner at nice ``--spin-nice`` (3: the rank keeps ~2/3 of its core,
+  ~1.5x slower: a weak contention, inside what a loaded host does to a healthy rank for a stretch);
 * ``slow_all``    -- every rank does ``--factor`` x the work from step ``--from-step``: a regression, no
   straggler;
 * ``data_all``    -- every rank's batches go through the CPU-bound transform: a data-loader bottleneck,
@@ -47,7 +49,7 @@ from typing import Any, Dict, List, Optional, Tuple
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "fixtures" / "straggler" / "job.py"
 SETTLE_NS = 60 * 10**9
-SCENARIOS = ("healthy", "compute", "loader", "affinity", "slow_all", "data_all", "timeout")
+SCENARIOS = ("healthy", "compute", "loader", "affinity", "affinity_weak", "slow_all", "data_all", "timeout")
 HEADER = ("scenario   seed slow_rank rc  wall_s  straggler(rank, +steps)  regression(+steps)  verdict  "
           "incidents")
 
@@ -85,13 +87,15 @@ class Outcome:
 
 
 def run_job(out: Path, scenario: str, seed: int, steps: int, factor: float, from_step: int,
-            timeout_s: float) -> int:
+            timeout_s: float, spin_nice: int = 3) -> int:
     run_id = f"straggler-{scenario}-{seed}-{os.getpid()}-{int(time.time())}"
     args = ["--out", str(out), "--run-id", run_id, "--steps", str(steps), "--seed", str(seed),
             "--from-step", str(from_step)]
     slow_rank = seed % 4
     if scenario in ("compute", "loader", "affinity"):
         args += ["--slow", scenario, "--slow-rank", str(slow_rank), "--factor", str(factor)]
+    elif scenario == "affinity_weak":
+        args += ["--slow", "affinity", "--slow-rank", str(slow_rank), "--spin-nice", str(spin_nice)]
     elif scenario == "slow_all":
         args += ["--slow-all", str(factor)]
     elif scenario == "data_all":
@@ -154,7 +158,8 @@ def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Pat
     out = Path(tempfile.mkdtemp(prefix=f"straggler-{scenario}-"))
     started = time.perf_counter()
     try:
-        rc = run_job(out, scenario, seed, args.steps, args.factor, from_step, args.run_timeout)
+        rc = run_job(out, scenario, seed, args.steps, args.factor, from_step, args.run_timeout,
+                     args.spin_nice)
         slow = seed % 4 if scenario not in ("healthy", "slow_all", "data_all") else -1
         outcome = Outcome(scenario, seed, slow, from_step, rc, time.perf_counter() - started)
         events = merged_events(out)
@@ -282,6 +287,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=70)
     parser.add_argument("--from-step", type=int, default=30)
     parser.add_argument("--factor", type=float, default=2.5)
+    parser.add_argument("--spin-nice", type=int, default=3, help="affinity_weak: the spinner's nice value")
     parser.add_argument("--run-timeout", type=float, default=240.0)
     parser.add_argument("--record", default="", help="folder: keep each scenario's first run (gzip JSONL)")
     parser.add_argument("--record-all", action="store_true", help="with --record: keep every run (runs/)")

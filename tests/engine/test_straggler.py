@@ -96,6 +96,42 @@ def test_the_whole_job_slowed_together_is_a_regression_not_a_straggler() -> None
     assert first["perf/throughput-regression"] > int(job["from_step"])
 
 
+def test_a_whole_job_slowdown_under_the_absolute_floor_is_a_regression_when_every_rank_slowed() -> None:
+    """slow_all_small (bench/straggler.py slow_all seed 3 of the first tuning set): the job went from ~89 to
+    ~175 ms a step, 2x, but by less than regression_min_delta_s (0.1 s; missed before); every rank's own
+    time grew >= regression_ratio x its own steady state, which waives that floor, and the shift is > 3x
+    the steady state's per-step noise (robust spread ~20 ms)."""
+    events = load("slow_all_small")
+    job = tags(events)
+    pipeline, first = replay(events)
+    assert kinds(pipeline) == ["perf/throughput-regression"], kinds(pipeline)
+    assert 0 < first["perf/throughput-regression"] - int(job["from_step"]) <= 30, first
+    inc = standing(pipeline)[0]
+    ratio = next(e for e in inc.evidence if e.rule == "perf.throughput_regression").value
+    assert ratio is not None and 1.5 <= ratio < 2.5
+    # one process's view of the same slowdown (rank 0's events alone): nothing says the job slowed
+    # together rather than a co-tenant's load on that process, so the absolute floor holds
+    alone = tuple(e for e in events if e.get("rank", 0) == 0)
+    assert kinds(replay(alone)[0]) == []
+    assert kinds(replay(alone, DetectionSettings.from_overrides(
+        {"perf": {"regression_min_delta_s": 0.05}}))[0]) == ["perf/throughput-regression"]
+    # the noise floor: asking for a shift of 10x the steady state's noise finds nothing
+    noisy = DetectionSettings.from_overrides({"perf": {"regression_noise_k": 10.0}})
+    assert kinds(replay(events, noisy)[0]) == []
+
+
+def test_a_straggler_that_slows_the_job_holds_the_regression_back() -> None:
+    """loader_slows_job (bench/straggler.py loader seed 0 of the first tuning set: one rank's CPU-bound
+    loader from step 30): the whole job is ~2.5x slower within ~10 steps,
+    before the straggler is named; the straggler forming (over straggler_ratio on straggler_hold_steps
+    of its window) keeps that slowdown from being a regression of its own (with the former 14 it was)."""
+    events = load("loader_slows_job")
+    pipeline, _first = replay(events)
+    assert kinds(pipeline) == ["perf/straggler"], kinds(pipeline)
+    late_hold = DetectionSettings.from_overrides({"perf": {"straggler_hold_steps": 14}})
+    assert kinds(replay(events, late_hold)[0]) == ["perf/straggler", "perf/throughput-regression"]
+
+
 def test_a_healthy_run_gives_neither() -> None:
     pipeline, _first = replay(load("healthy"))
     assert not [k for k in kinds(pipeline) if k.startswith("perf/")], kinds(pipeline)

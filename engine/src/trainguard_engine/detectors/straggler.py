@@ -33,8 +33,11 @@ count, O(ranks log ranks) per judged step):
 * ``perf/throughput-regression`` -- the job's step time (median over ranks of their window medians)
   >= ``regression_ratio`` x its steady state (the median of its first ``regression_baseline_steps``
   judged steps after warm-up), or the median logged throughput <= 1/``regression_ratio`` of its own,
-  on ``regression_confirm`` judged steps in a row with no straggler forming (no rank over on
-  ``straggler_hold_steps`` of its window), no open straggler and no open
+  and slower by at least ``regression_min_delta_s`` and ``regression_noise_k`` x the steady state's
+  own noise (the robust spread of the job's per-step time over those steps: a step that jumps about
+  on a shared host needs a bigger shift than a steady one), on ``regression_confirm`` judged steps in
+  a row with no straggler forming (no rank over on ``straggler_hold_steps`` of its window), no open
+  straggler and no open
   memory/fragmentation or memory/leak (which explain a slowing job: :data:`EXPLAINED_BY`). Warm-up
   steps are never judged; an evaluation or checkpoint pause (one long step) moves no window median.
 * ``perf/data-bottleneck`` -- the median rank's data wait >= ``data_wait_share`` of its step time on
@@ -455,19 +458,29 @@ def _regression(run: RunState, run_state: Dict[str, Any],
     if base is None:
         samples: List[Dict[str, float]] = run_state.setdefault("bl", [])
         samples.append(dict(job))
+        now = _step_now(states, step)
+        if now is not None:
+            run_state.setdefault("bls", []).append(now)
         if len(samples) >= settings.regression_baseline_steps:
             run_state["base"] = {name: _median([s[name] for s in samples if name in s])
                                  for name in samples[-1]}
             run_state["base_step"] = step
+            run_state["base_noise"] = _spread(run_state.pop("bls", []))
             del run_state["bl"]
+            for _r, st, m in states:  # each rank's own steady state, for the every-rank test
+                if "own" in m:
+                    st["ob"] = m["own"]
         return []
     ratio = job["step"] / max(base["step"], 1e-12)
     tp_ratio = (base["tp"] / job["tp"] if job.get("tp") and base.get("tp") else 0.0)
     straggling = has_candidates or (STRAGGLER_KEY in run.incidents and run.incidents[STRAGGLER_KEY].is_open)
     straggling = straggling or any(st.is_open and (st.record.category, st.record.subtype) in EXPLAINED_BY
                                    for st in run.incidents.values())
+    floor = settings.regression_noise_k * run_state.get("base_noise", 0.0)
+    if not _every_rank_slower(states, settings):
+        floor = max(floor, settings.regression_min_delta_s)
     slower = ((ratio >= settings.regression_ratio or tp_ratio >= settings.regression_ratio)
-              and job["step"] - base["step"] >= settings.regression_min_delta_s)
+              and job["step"] - base["step"] >= floor)
     holds = slower and not straggling
     open_st = run.incidents.get(REGRESSION_KEY)
     run_state["reg"] = run_state.get("reg", 0) + 1 if holds else 0
@@ -511,6 +524,37 @@ def _regression(run: RunState, run_state: Dict[str, Any],
         summary=(f"{detail}. Every rank slowed together (no straggler): look for what changed for the whole "
                  f"job at about step {max(0, began)} -- the nodes' clocks, power and temperatures, the "
                  f"interconnect, the input sizes."))]
+
+
+def _every_rank_slower(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
+                       settings: DetectionSettings) -> bool:
+    """True when the job has >= 2 ranks and every one's own time (data + forward + optimizer, window
+    median) is >= ``regression_ratio`` x its own steady state: the job slowed together in its own work,
+    not one process a co-tenant's burst of load slowed (which hits processes unevenly) nor ranks waiting
+    for one slow rank."""
+    if len(states) < 2:
+        return False
+    ratio = settings.regression_ratio
+    for _r, st, m in states:
+        base = st.get("ob")
+        if not base or "own" not in m or m["own"] < ratio * base:
+            return False
+    return True
+
+
+def _step_now(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]], step: int
+              ) -> Optional[float]:
+    """The job's step time at ``step`` alone: the median over ranks of their time/step_s there."""
+    values = [e[_STEP_S] for _r, st, _m in states if (e := _entry_at(st, step)) is not None]
+    return _median(values) if values else None
+
+
+def _spread(values: Sequence[float]) -> float:
+    """A robust standard deviation: 1.4826 x the median absolute deviation (0 for fewer than 3 values)."""
+    if len(values) < 3:
+        return 0.0
+    middle = _median(values)
+    return 1.4826 * _median([abs(v - middle) for v in values])
 
 
 def _data_bottleneck(run: RunState, run_state: Dict[str, Any],
