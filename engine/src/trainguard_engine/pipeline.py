@@ -168,8 +168,8 @@ class _Route(NamedTuple):
 
 
 ROUTES_MAX = 1024
-"""Most point-name lists whose :class:`_Route` a pipeline remembers (then it starts afresh): derived from
-the code alone (not the state), never snapshotted."""
+"""Most point-name lists whose :class:`_Route` a pipeline remembers per settings object (then it starts
+afresh): derived from the code and the settings (not the state), never snapshotted."""
 _NAME = itemgetter(0)
 _STEP = itemgetter(1)
 _DIAGNOSIS_NAMES = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
@@ -253,7 +253,9 @@ class Pipeline:
         self._index = ProjectIndex()  # per-project orders, counts and sizes for the quotas
         self.next_timer_ns = 0
         self._applied = 0  # findings applied so far (tells _correlate whether anything was folded in)
-        self._routes: Dict[Tuple[str, ...], _Route] = {}  # point names -> _Route, for _routes_of
+        # id(settings) -> (those settings, point names -> _Route), for the registry _routes_of (holding the
+        # settings object keeps its id from being reused by another while remembered)
+        self._routes: Dict[int, Tuple[DetectionSettings, Dict[Tuple[str, ...], _Route]]] = {}
         self._routes_of: Tuple[Detector, ...] = DETECTORS
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
         as of the last ``advance``; 0: none). Runtimes call ``advance`` at it (besides their regular tick):
@@ -414,21 +416,28 @@ class Pipeline:
 
     # --- handlers ---------------------------------------------------------------------------
     def _route(self, rank: RankState, points: Sequence[Any], settings: DetectionSettings) -> _Route:
-        """The :class:`_Route` of ``points``' list of names (made on first sight, then remembered)."""
+        """The :class:`_Route` of ``points``' list of names under ``settings`` (made on first sight, then
+        remembered)."""
         if self._routes_of is not DETECTORS:  # the registry was swapped (tests do): start afresh
             self._routes.clear()
             self._routes_of = DETECTORS
+        held = self._routes.get(id(settings))
+        if held is None or held[0] is not settings:
+            if len(self._routes) >= ROUTES_MAX:
+                self._routes.clear()
+            held = self._routes[id(settings)] = (settings, {})
+        routes = held[1]
         key = tuple(map(_NAME, points))
-        route = self._routes.get(key)
+        route = routes.get(key)
         if route is None:
             names = frozenset(key)
             route = _Route(names, any(n.startswith(shards.SHARD_GLOBAL) for n in names),
                            not names.isdisjoint(_DIAGNOSIS_NAMES),
                            tuple((d, not d.names_only) for d in DETECTORS
                                  if not d.names_only or d.wants(rank, names, settings)))
-            if len(self._routes) >= ROUTES_MAX:
-                self._routes.clear()
-            self._routes[key] = route
+            if len(routes) >= ROUTES_MAX:
+                routes.clear()
+            routes[key] = route
         return route
 
     def _on_metrics(self, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],

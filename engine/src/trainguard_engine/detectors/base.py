@@ -69,9 +69,9 @@ class Detector:
     kinds: Tuple[str, ...] = ()
     section: str = ""
     names_only: bool = False
-    """True when :meth:`wants` reads nothing but ``names`` (neither the rank nor the settings): the pipeline
-    then asks once per distinct list of point names and remembers the answer (most envelopes of a run carry
-    the same few lists). False (the default): asked for every batch."""
+    """True when :meth:`wants` reads nothing but ``names`` and ``settings`` (never the rank): the pipeline
+    then asks once per settings object and distinct list of point names and remembers the answer (most
+    envelopes of a run carry the same few lists). False (the default): asked for every batch."""
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         """Whether :meth:`on_metrics` can find or remember anything in a batch whose point names are
