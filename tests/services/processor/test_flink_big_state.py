@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from tests.services.processor.test_flink_conformance import parts_in_order
 from trainguard import wire
 from trainguard_server.processor.flink_main import write_records
 from trainguard_server.processor.flink_stages import PipelineBox, RunStage, decode_record, run_key_of
@@ -66,7 +67,7 @@ def test_parallelism_1_with_state_over_the_memory_limit_finishes(tmp_path: Path)
                           env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs: Dict[str, dict] = {}
-    for part in sorted(p for p in out.rglob("*.jsonl")):
+    for part in parts_in_order(out):
         for line in part.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             if record["kind"] == "run":

@@ -87,12 +87,22 @@ def flink(runs: List[List[Event]], tmp_path: Path) -> Tuple[List[Dict[str, Any]]
     took = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines: List[Dict[str, Any]] = []
-    parts = sorted(p for p in out.rglob("*") if p.is_file())
+    parts = parts_in_order(out)
     assert parts and not any(p.name.startswith(".") for p in parts), parts  # every part file committed
     for part in parts:
         with open(part, encoding="utf-8") as fh:
             lines += [json.loads(line) for line in fh if line.strip()]
     return lines, took
+
+
+def parts_in_order(out: Path) -> List[Path]:
+    """The FileSink's part files in the order each subtask wrote them: ``part-<subtask's uuid>-<n>.jsonl``
+    by n as a number (by name, part 10 would come before part 2 and an older upsert of a run would read as
+    its latest). A run's and a cluster's records all come from one subtask: their order is what counts."""
+    def order(path: Path) -> Tuple[str, str, int]:
+        prefix, _, n = path.name.split(".")[0].rpartition("-")
+        return str(path.parent), prefix, int(n) if n.isdigit() else -1
+    return sorted((p for p in out.rglob("*") if p.is_file()), key=order)
 
 
 def latest(lines: List[Dict[str, Any]], kind: str, key: str) -> Dict[str, Dict[str, Any]]:
