@@ -67,6 +67,11 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   its "half of the rise given back" test read the 5-value rolling level, which one run of low batches
   takes there, so it resolved and the swings opened an oscillation that led. The rise is given back
   only when the median of a full loss_window is back too: the rise-after-fall stays open and leads.
+* r201 (Lightning CNN, SGD+momentum with an LR ~110x too high, clip 1): the loss starts calm (1.35-1.6,
+  robust spread ~0.05 of its level), rises to ~2 and swings there (1.2-4) with no trend for 160 steps --
+  a robust spread of 0.17-0.30, mostly just under the fixed oscillation_min_cv (0.3), so the flat-looking
+  window was a plateau. Judged against the run's own noise (oscillation_noise_factor 4 x its early
+  spread, never below oscillation_calm_min_cv 0.2) the swings are an oscillation.
 """
 
 from __future__ import annotations
@@ -214,3 +219,15 @@ def test_a_rise_after_fall_is_not_given_back_by_one_dip_of_a_swinging_loss() -> 
     assert out.label == "loss/rise-after-fall"
     assert out.verdict == "loss/rise-after-fall", out  # resolved at a dip, the oscillation led before the fix
     assert out.open_alerts == ["loss/rise-after-fall"], out
+
+
+def test_swings_just_under_the_fixed_spread_bar_of_a_run_that_started_calm_are_an_oscillation() -> None:
+    out = _outcome("r201")
+    assert out.label == "loss/oscillation"
+    assert out.verdict == "loss/oscillation", out  # loss/plateau before the fix
+    assert "loss/plateau" not in out.kinds, out
+
+
+def test_the_own_noise_bar_is_off_when_it_equals_the_fixed_one() -> None:
+    out = _outcome("r201", oscillation_calm_min_cv=0.3)
+    assert out.verdict == "loss/plateau", out

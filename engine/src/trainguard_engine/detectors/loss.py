@@ -231,6 +231,9 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     initial = statistics.median(init)
     _track_grad_start(rank, state, step, settings)
     series = recent(rank, name, tuned.loss_window, step)
+    if "early_cv" not in state and len(series) >= 2 * tuned.loss_baseline_points:  # once (_swing_bar)
+        spread = robust.robust_cv([v for _s, v, _t in series[:2 * tuned.loss_baseline_points]])
+        state["early_cv"] = spread if math.isfinite(spread) else None
     _track_level(state, series, tuned)
     if initial <= 0 or numeric_final(run, rank) or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY,
                                                                  ADAPTER_KEY):
@@ -543,7 +546,7 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     first = state["init"][0]
     if state.get("best", math.inf) > first:
         initial = min(initial, first)
-    if win.median < tuned.oscillation_min_level * initial or win.cv < tuned.oscillation_min_cv:
+    if win.median < tuned.oscillation_min_level * initial or win.cv < _swing_bar(state, tuned):
         return _Check(False)
     trend = win.trend
     ratio = win.median / initial if initial > 0 else math.inf
@@ -555,8 +558,11 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     steps, values, med, cv = win.steps, win.values, win.median, win.cv
     lo, hi = min(values), max(values)
     level = med / initial if initial else math.inf  # an initial loss of exactly 0: any level is above it
+    bar = _swing_bar(state, tuned)
+    own = (f", {tuned.oscillation_noise_factor:g}x the run's early spread {state['early_cv']:.3f}"
+           if bar < tuned.oscillation_min_cv else "")
     description = (f"{name} over steps {steps[0]}-{steps[-1]}: robust spread {cv:.2f} of its median "
-                   f"{fmt_number(med)} (>= {tuned.oscillation_min_cv:g}), median {level:.2f}x the initial "
+                   f"{fmt_number(med)} (>= {bar:.3g}{own}), median {level:.2f}x the initial "
                    f"level {fmt_number(initial)} (>= {tuned.oscillation_min_level:g}x), no trend "
                    f"(Mann-Kendall z = {trend.z:.2f}, |z| < {tuned.trend_z:g})")
     summary = (f"{name} has been swinging between {fmt_number(lo)} and {fmt_number(hi)} (spread {cv:.2f} of "
@@ -566,8 +572,21 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     return _Check(True, since=steps[0], detail=f"swinging {fmt_number(lo)}-{fmt_number(hi)}", summary=summary,
                   evidence=[Evidence(rule="loss.oscillation", description=description, step=steps[0],
                                      time_ns=point_time(rank, name, steps[0], 0), rank=rank.rank, metric=name,
-                                     threshold=tuned.oscillation_min_cv, value=wire_float(cv),
+                                     threshold=bar, value=wire_float(cv),
                                      window=window(rank, name, steps[-1], settings.evidence_window))])
+
+
+def _swing_bar(state: Dict[str, Any], tuned: LossGradientSettings) -> float:
+    """The robust spread from which a loss window swings (the oscillation rule's, and what keeps the
+    plateau rule off): ``oscillation_min_cv`` -- or, judged against the run's own noise, as low as
+    ``oscillation_noise_factor`` x the robust spread of its first 2 x ``loss_baseline_points`` values
+    (``state["early_cv"]``), never below ``oscillation_calm_min_cv``: a run whose loss was calm at the
+    start and swings at 4x that spread swings, even under the fixed bar."""
+    early = state.get("early_cv")
+    if early is None:
+        return tuned.oscillation_min_cv
+    own = tuned.oscillation_noise_factor * early
+    return max(tuned.oscillation_calm_min_cv, min(tuned.oscillation_min_cv, own))
 
 
 def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]], win: _Window,
@@ -749,7 +768,7 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     # a bias finding the targets' mean, and the swings are the batches' noise
     fell = med < tuned.plateau_min_level * initial and \
         not _stalled(rank, state, med / initial, win.first_step, win.last_step, settings)
-    if (fell or win.cv >= tuned.oscillation_min_cv) and \
+    if (fell or win.cv >= _swing_bar(state, tuned)) and \
             not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
         return _Check(False)
     trend = win.trend
