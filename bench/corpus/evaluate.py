@@ -19,6 +19,9 @@ are not the verdict. Printed per half:
   minus the step at which the run's explosion incident was first visible, under whatever kind it had then
   (printed beside the lead: an explosion flagged before the NaN, or the loss divergence it grew out of and
   was re-classified from in place, ERROR either way) -- clipping on and off, and the share >= 10 steps;
+  beside it the same share among the *gradual* ones (the pre-clip norm climbed >= 3x its reference on the
+  ``GRADUAL_STEPS`` steps before ``nf``: ``labels.climb_steps``) and every run's climb length -- a
+  growing-LR run without clipping often goes from a calm norm to Inf in under 10 steps;
 * the same rows for the HF Trainer and Lightning runs apart;
 * ``unmanifested`` runs (their planted cause did not show in their trace): counted, never scored.
 
@@ -56,6 +59,10 @@ from trainguard_engine.pipeline import Pipeline  # noqa: E402
 from trainguard_engine.records import INCIDENT_RESOLVED, SEVERITY_ORDER  # noqa: E402
 
 TIMERS_AFTER_NS = 60 * 10**9
+GRADUAL_STEPS = 10
+"""An explosion whose pre-clip norm climbed (>= 3x its reference, labels.climb_steps) on at least this
+many steps before the first non-finite value is 'gradual': one that gave the gradients' own warning
+10 steps ahead. Printed beside the all-explosions line, which stays the issue's figure."""
 
 
 @dataclass
@@ -75,6 +82,7 @@ class Outcome:
     transient: List[str] = field(default_factory=list)  # WARNING+ kinds that closed again
     visible_step: Dict[str, int] = field(default_factory=dict)  # kind -> step when first visible
     first_nonfinite: Optional[int] = None
+    climb_steps: Optional[int] = None  # labels.climb_steps: steps the pre-clip norm climbed before nf
     flagged: Dict[str, Any] = field(default_factory=dict)  # the explosion incident: first visible {step, as}
 
     @property
@@ -166,6 +174,7 @@ def outcome_of(spec: manifest.RunSpec, truth: Dict[str, List[float]], events: Se
         ),
         visible_step=visible,
         first_nonfinite=nf,
+        climb_steps=labels_mod.climb_steps(truth),
         flagged=next(
             (
                 {"step": by_id[i.incident_id][0], "as": by_id[i.incident_id][1]}
@@ -248,6 +257,13 @@ def report(outcomes: Sequence[Outcome], title: str, verbose: bool = False) -> Di
         print(
             f"  explosions, {name}: flagged >= 10 steps before the first non-finite value "
             f"{_pct(ahead, len(values))} (target >= 90 %); leads [{shown}]"
+        )
+        spans = [o.climb_steps for o in explosions if bool(o.clip) == (name == "clip on")]
+        gradual = [v for v, c in zip(values, spans) if c is not None and c >= GRADUAL_STEPS]
+        print(
+            f"    of which gradual (the pre-clip norm >= 3x its reference on the {GRADUAL_STEPS}+ steps "
+            f"before nf): {_pct(sum(1 for v in gradual if v is not None and v >= 10), len(gradual))}; "
+            f"climb lengths [{', '.join('-' if c is None else str(c) for c in spans)}]"
         )
     frameworks: Dict[str, Dict[str, Any]] = {}
     for fw in ("plain", "hf", "lightning"):

@@ -72,6 +72,26 @@ def first_nonfinite_step(truth: Dict[str, List[float]]) -> Optional[int]:
     return int(truth["step"][min(found)]) if found else None
 
 
+def climb_steps(truth: Dict[str, List[float]]) -> Optional[int]:
+    """How many steps before ``nf`` the pre-clip norm has stayed >= 3 x ``g_ref`` without a break (the
+    explosion rule's "climb", read back from ``nf``): how much warning the gradients themselves gave.
+    None without ``nf``. Reported beside the lead (evaluate.py), never part of a label."""
+    loss, grads = truth["loss"], truth["grad_norm"]
+    found = [i for i in (_first_nonfinite(loss), _first_nonfinite(grads)) if i is not None]
+    if not found:
+        return None
+    nf = min(found)
+    g_ref = _median(grads[: max(10, nf - 40)])
+    if not g_ref > 0:
+        return None
+    n = 0
+    for g in reversed(grads[:nf]):
+        if not (math.isfinite(g) and g >= 3 * g_ref):
+            break
+        n += 1
+    return n
+
+
 def observed(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]) -> Dict[str, bool]:
     """Which of the rules above the trace satisfies (every kind, whatever was planted)."""
     loss, grads = truth["loss"], truth["grad_norm"]
