@@ -684,8 +684,14 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
                   summary=summary,
                   evidence=[Evidence(rule="loss.divergence", description=description, step=centre,
                                      time_ns=point_time(rank, name, centre, 0), rank=rank.rank, metric=name,
-                                     threshold=tuned.divergence_factor, value=level / base,
+                                     threshold=tuned.divergence_factor, value=_finite_or_none(level / base),
                                      window=window(rank, name, now, settings.evidence_window))])
+
+
+def _finite_or_none(value: float) -> Optional[float]:
+    """``value`` when finite, else None: a ratio to a base near the smallest float overflows to inf, and a
+    record never holds a bare non-finite number."""
+    return value if value - value == 0.0 else None
 
 
 def _rising_since_left(values: Sequence[float], bar: float, least: int = 3) -> bool:
