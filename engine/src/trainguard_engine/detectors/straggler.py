@@ -476,11 +476,11 @@ def _regression(run: RunState, run_state: Dict[str, Any],
     straggling = has_candidates or (STRAGGLER_KEY in run.incidents and run.incidents[STRAGGLER_KEY].is_open)
     straggling = straggling or any(st.is_open and (st.record.category, st.record.subtype) in EXPLAINED_BY
                                    for st in run.incidents.values())
-    floor = settings.regression_noise_k * run_state.get("base_noise", 0.0)
-    if not _every_rank_slower(states, settings):
-        floor = max(floor, settings.regression_min_delta_s)
-    slower = ((ratio >= settings.regression_ratio or tp_ratio >= settings.regression_ratio)
-              and job["step"] - base["step"] >= floor)
+    slower = ratio >= settings.regression_ratio or tp_ratio >= settings.regression_ratio
+    if slower:  # by more than the floors (the every-rank test only when the ratio already holds)
+        delta = job["step"] - base["step"]
+        slower = delta >= settings.regression_noise_k * run_state.get("base_noise", 0.0) and (
+            delta >= settings.regression_min_delta_s or _every_rank_slower(states, settings))
     holds = slower and not straggling
     open_st = run.incidents.get(REGRESSION_KEY)
     run_state["reg"] = run_state.get("reg", 0) + 1 if holds else 0
