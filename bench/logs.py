@@ -4,7 +4,8 @@ Prints, for the tuned part and the held-out part separately (``bench/wild/corpus
 a hash of each log's id), per category and per kind: right category, right subtype, culprit rank right
 where the label names one, root cause vs consequence right on multi-rank logs, and how many logs
 imported nothing. Then the classifier's cost in µs per log line over the whole corpus, this checkout
-beside a git ref (default ``HEAD~1``) in one run. Asserts nothing.
+beside a git ref (default ``HEAD~1``) in one run, in wall-clock time and in the child's CPU time (the
+figure to read on a loaded machine, whose scheduling inflates wall-clock passes). Asserts nothing.
 
     python bench/logs.py                     # serve + replay CLI per log, cost vs HEAD~1
     python bench/logs.py --local             # in process (the test's path), faster
@@ -119,6 +120,7 @@ def cost_beside(ref: str) -> None:
                        check=True, capture_output=True)
         try:
             rows: Dict[str, List[float]] = {"this": [], ref: []}
+            cpu: Dict[str, List[float]] = {"this": [], ref: []}
             for _ in range(2):
                 for name, checkout in (("this", REPO), (ref, wt)):
                     got = classify_cost(checkout)
@@ -126,10 +128,15 @@ def cost_beside(ref: str) -> None:
                         print(f"classifier cost [{name}]: {got['error']}")
                         continue
                     rows[name].append(got["us_per_line"])
+                    if "cpu_us_per_line" in got:
+                        cpu[name].append(got["cpu_us_per_line"])
                     print(f"classifier cost [{name}]: {got['us_per_line']:.2f} µs/line "
-                          f"({got['lines']} lines, {got['logs']} logs, best of 5 passes)")
+                          + (f"(CPU {got['cpu_us_per_line']:.2f}) " if "cpu_us_per_line" in got else "")
+                          + f"({got['lines']} lines, {got['logs']} logs, best of 5 passes)")
             if rows["this"] and rows[ref]:
                 print(f"classifier cost ratio this/{ref}: {min(rows['this']) / min(rows[ref]):.2f}x")
+            if cpu["this"] and cpu[ref]:
+                print(f"classifier CPU-time ratio this/{ref}: {min(cpu['this']) / min(cpu[ref]):.2f}x")
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(wt)],
                            capture_output=True)
