@@ -762,10 +762,13 @@ class DetectionSettings:
         "candidate is named at once (the window is the confirmation).", minimum=0.0)
     straggler_hold_steps: int = _setting(
         10, "... while a rank is over on this many of its window's steps (a straggler forming), no "
-        "perf/throughput-regression is opened (the job is slower because of that rank) and a named "
-        "straggler is not resolved ...", minimum=1)
+        "perf/throughput-regression is opened (the job is slower because of that rank) ...", minimum=1)
+    straggler_clear_steps: int = _setting(
+        14, "... while a rank is over on this many of its window's steps a named straggler is not resolved "
+        "(on a loaded host a healthy rank reaches straggler_hold_steps on ~1 judged step in 4, this on "
+        "~1 in 60) ...", minimum=1)
     straggler_confirm: int = _setting(
-        10, "... it resolves after this many judged steps in a row with no rank at straggler_hold_steps. "
+        10, "... it resolves after this many judged steps in a row with no rank at straggler_clear_steps. "
         "Also the confirmation of perf/data-bottleneck (judged steps in a row).", minimum=1)
     regression_ratio: float = _setting(
         1.5, "perf/throughput-regression: the job's step time (median over ranks of their window medians) "
@@ -1024,7 +1027,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "correlation": ("rank_lost_grace_s",),
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
              "straggler_steps", "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
-             "straggler_confirm", "regression_ratio", "regression_min_delta_s",
+             "straggler_clear_steps", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
              "regression_noise_k", "regression_baseline_steps",
              "regression_confirm", "data_wait_share", "data_wait_min_s", "throttle_confirm",
              "throughput_metrics"),
