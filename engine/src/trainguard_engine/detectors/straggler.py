@@ -29,7 +29,7 @@ count, O(ranks log ranks) per judged step):
   phase where the excess is (data, forward, optimizer), since when (the change point of its window) and
   the job's slowdown against its steady state; when every rank of one host (of several) is named, the
   host is. It resolves after ``straggler_confirm`` judged steps with no rank over on
-  ``straggler_hold_steps`` of its window.
+  ``straggler_clear_steps`` of its window.
 * ``perf/throughput-regression`` -- the job's step time (median over ranks of their window medians)
   >= ``regression_ratio`` x its steady state (the median of its first ``regression_baseline_steps``
   judged steps after warm-up), or the median logged throughput <= 1/``regression_ratio`` of its own,
@@ -372,12 +372,12 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
     open_st = run.incidents.get(STRAGGLER_KEY)
     if not named:
         if open_st is not None and open_st.is_open:
-            forming = any(st.get("pc", 0) >= settings.straggler_hold_steps for _r, st, _m in states)
+            forming = any(st.get("pc", 0) >= settings.straggler_clear_steps for _r, st, _m in states)
             run_state["clear"] = run_state.get("clear", 0) + (0 if forming else 1)
             if run_state["clear"] >= confirm:
                 resolve(open_st, time_ns, step, open_st.record.lead_rank,
                         f"no rank held the others back for {confirm} judged steps (no rank's own time "
-                        f"over {settings.straggler_ratio:g}x the others' on {settings.straggler_hold_steps} "
+                        f"over {settings.straggler_ratio:g}x the others' on {settings.straggler_clear_steps} "
                         f"of its last {settings.straggler_window} steps)", settings)
                 run_state["clear"] = 0
         return []
