@@ -287,14 +287,34 @@ def _batch2(first_index: int) -> List[RunSpec]:
     return specs
 
 
+BATCH3_SEED = 20261204
+"""The third batch (issue 16, stop 29, drawn after batch 2 had been tuned on): an LR far too high with
+Adam(W) or a warmup to a too-high peak -- where a loss can stay flat at its initial level while the
+gradient norm climbs (a plateau whose label is not an explosion) -- split by the same rule."""
+
+BATCH3_COUNTS: Dict[str, int] = {"lr_diverge": 12, "warmup_too_high": 12}
+"""Runs per planted cause of the third batch (24, ids r384-r407)."""
+
+
+def _batch3(first_index: int) -> List[RunSpec]:
+    """The third batch, drawn as the first (:func:`_draw`) from its own seed."""
+    rng = random.Random(BATCH3_SEED)
+    specs: List[RunSpec] = []
+    for cause, count in BATCH3_COUNTS.items():
+        specs.extend(_split(rng, [_draw(rng, cause, first_index + len(specs) + i) for i in range(count)]))
+    return specs
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
-    batch (320 runs from ``master_seed``), then the second (:func:`_batch2`)."""
+    batch (320 runs from ``master_seed``), then the second (:func:`_batch2`) and the third
+    (:func:`_batch3`)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
         specs.extend(_split(rng, [_draw(rng, cause, len(specs) + i) for i in range(count)]))
-    return specs + _batch2(len(specs))
+    specs += _batch2(len(specs))
+    return specs + _batch3(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:
