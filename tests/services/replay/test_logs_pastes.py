@@ -108,3 +108,16 @@ def test_a_nan_loss_after_the_fp16_scale_collapsed_is_the_collapses_consequence(
     case = next(c for c in corpus.load() if c.case_id == "num-amp-loss-scale-dll-1")
     verdict = judge.replay_local(case)
     assert verdict.kind == "memory/amp-overflow" and verdict.kinds == ("memory/amp-overflow",)
+
+
+def test_a_reset_raised_inside_init_process_group_is_an_init_failure_given_its_frames() -> None:
+    # Kubeflow mnist worker (kubeflow/trainer#2008): 'RuntimeError: Connection reset by peer' from
+    # dist.init_process_group -- its message alone is a plain exception; its frames say the group never came up
+    exc = next(i for i in items("comm-init-reset-by-peer-1") if i.kind == "exception").payload
+    assert classify_chain(exc["type"], exc["message"]).kind == "process/exception"
+    found = classify_chain(exc["type"], exc["message"], exc.get("chain") or (), exc["frames"])
+    assert found.kind == "comm/init-failure" and found.rule == "frames.process-group-init"
+    assert found.facts["raised_in"] == "init_process_group"
+    # a model error's frames (no set-up function among them) change nothing
+    shape = next(i for i in items("py-shape-mat1-1") if i.kind == "exception").payload
+    assert classify_chain(shape["type"], shape["message"], (), shape["frames"]).kind == "process/exception"

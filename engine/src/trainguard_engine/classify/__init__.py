@@ -188,7 +188,8 @@ the order rules are tried (:func:`rules_table`)."""
 
 FIRST_RULE = "torchrun.child-failed"
 """Tried before :data:`RULES`: a launcher summary names the root cause."""
-FALLBACKS = ("type:<name>", "python.exception")
+FRAMES_RULE = "frames.process-group-init"
+FALLBACKS = ("type:<name>", FRAMES_RULE, "python.exception")
 """What an exception is when no text rule matched: by its type, else a plain Python exception."""
 
 
@@ -358,11 +359,45 @@ def classify_exception(exc_type: str, message: str) -> Classification:
     return _classify_exception(exc_type or "<unknown exception>", message or "", 0)
 
 
-def classify_chain(exc_type: str, message: str, chain: Sequence[Mapping[str, Any]] = ()) -> Classification:
+_INIT_FUNCTIONS = frozenset({
+    "init_process_group", "new_group", "_new_group_with_tag", "_store_based_barrier", "_create_c10d_store",
+    "_env_rendezvous_handler", "_tcp_rendezvous_handler", "_file_rendezvous_handler", "init_distributed",
+    "init_device_mesh"})
+"""Functions of torch.distributed (and DeepSpeed's ``init_distributed``) that set a process group up."""
+_AT_INIT = (("comm", "rank-lost"), ("comm", "timeout"), ("comm", "failure"))
+"""What a peer's reset, a timeout or a generic NCCL/gloo failure is when it happens while the group is being
+set up: the group never came up (comm/init-failure), not a peer lost mid-training."""
+
+
+def _init_frame(frames: Sequence[Mapping[str, Any]]) -> str:
+    """The innermost process-group set-up function among ``frames`` (``{"function": ...}``), or ``""``."""
+    for frame in reversed(list(frames)[-128:]):
+        function = frame.get("function") if isinstance(frame, Mapping) else None
+        if isinstance(function, str) and function in _INIT_FUNCTIONS:
+            return function
+    return ""
+
+
+def classify_chain(exc_type: str, message: str, chain: Sequence[Mapping[str, Any]] = (),
+                   frames: Sequence[Mapping[str, Any]] = ()) -> Classification:
     """:func:`classify_exception` of the exception, unless it is a generic ``process/exception`` and one
     of its chained causes/contexts (``[{"type", "message"}]``) classifies as comm/* or memory/*: then that
-    one (with ``facts["via_chain"]`` naming its type), so a wrapper exception does not hide an OOM."""
+    one (with ``facts["via_chain"]`` naming its type), so a wrapper exception does not hide an OOM.
+
+    ``frames`` (the exception's own, ``[{"function", ...}]``, outermost first): a generic exception or a
+    peer reset / timeout / comm failure raised inside a process-group set-up function (``init_process_group``,
+    ``new_group``, rendezvous and store creation, DeepSpeed's ``init_distributed``) is comm/init-failure
+    (rule ``frames.process-group-init``, ``facts["raised_in"]``): ``RuntimeError: Connection reset by peer``
+    from ``init_process_group`` is a group that never came up."""
     top = classify_exception(exc_type, message)
+    init = _init_frame(frames) if frames else ""
+    if init and (top.rule == "python.exception" or (top.category, top.subtype) in _AT_INIT):
+        facts = dict(top.facts)
+        facts.update(raised_in=init, was=f"{top.category}/{top.subtype}")
+        note = (f"raised while the process group was being set up ({init}): the group never came up -- "
+                "check MASTER_ADDR/PORT, that every rank started, and the network between the nodes")
+        return Classification("comm", "init-failure", FRAMES_RULE, 0.6,
+                              f"{_shorten(top.headline, 160)} (raised in {init})", facts, top.lines, note)
     if top.rule != "python.exception":
         return top
     for link in list(chain)[:16]:

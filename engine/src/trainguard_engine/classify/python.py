@@ -255,6 +255,11 @@ DOCS = {
         '→ process/exit'
     ),
     'type:<name>': '(with ``exc_type``) :data:`~trainguard_engine.catalogue.EXCEPTION_RULES`',
+    'frames.process-group-init': (
+        '(``classify_chain`` given the exception\'s frames) a generic exception, or a peer reset / timeout / '
+        'comm failure, raised inside ``init_process_group``, ``new_group``, rendezvous or store creation or '
+        'DeepSpeed\'s ``init_distributed`` → comm/init-failure'
+    ),
     'python.exception': 'any other printed Python traceback → process/exception',
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""
