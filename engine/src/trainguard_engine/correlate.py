@@ -54,7 +54,9 @@ AFTER_AMP_OVERFLOW: Tuple[Kind, ...] = (("loss", "non_finite"), ("gradient", "na
 """A loss or gradient that goes non-finite while an fp16 loss-scale collapse (memory/amp-overflow) that began
 earlier is still open is that collapse's consequence: the scaler had been halving its scale over steps
 whose gradients overflowed (and were skipped) before the values themselves went NaN -- the earliest
-signal leads. A non-finite value first, and the scale collapsing after it, stays the non-finite incident."""
+signal leads. A non-finite value first, and the scale collapsing after it, stays the non-finite incident.
+Only where the scaler's per-step skips are unknown (a log's text): a run whose ranks report ``amp/overflow``
+tells a skipped step's NaN (the scaler's job, never an incident) from a NaN on a step it applied."""
 
 HEARTBEAT_SLACK = 2.5
 """A rank is silent when it missed this many of its own heartbeat intervals (and rank_lost_grace_s)."""
@@ -164,6 +166,11 @@ def _as_consequence(finding: Finding, cause: IncidentState) -> Finding:
                    replace_evidence=finding.replace_evidence)
 
 
+def _skips_reported(run: RunState) -> bool:
+    """Whether a rank of ``run`` reports the GradScaler's per-step overflow flag (``amp/overflow``)."""
+    return any("amp/overflow" in rank.history for rank in run.ranks.values())
+
+
 def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Finding:
     """The finding to apply for ``finding`` (rule 1): itself, or its consequence form addressed to the
     incident that explains it. Keeps the reporting rank's ``exc_key`` pointing at the cause, so that its
@@ -186,7 +193,7 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
         cause = _hang_incident(run, finding.time_ns)
     elif kind == ("process", "exception") and _NON_FINITE_TEXT.search(str(finding.values.get("detail", ""))):
         cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=NUMERIC)
-    elif kind in AFTER_AMP_OVERFLOW and current is None:
+    elif kind in AFTER_AMP_OVERFLOW and current is None and not _skips_reported(run):
         cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key,
                            kinds=(AMP_OVERFLOW,))
     if cause is None or cause.key == finding.key:
