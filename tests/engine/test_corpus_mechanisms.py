@@ -72,6 +72,13 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   a robust spread of 0.17-0.30, mostly just under the fixed oscillation_min_cv (0.3), so the flat-looking
   window was a plateau. Judged against the run's own noise (oscillation_noise_factor 4 x its early
   spread, never below oscillation_calm_min_cv 0.2) the swings are an oscillation.
+* r403 (plain GPT, Adam, warmup to an LR ~100x too high; batch 3 of the corpus): the loss falls from 4.0
+  to ~1.5, then at ~110 the grad norm jumps 5-8x and the loss goes back to its start (~3.9-4.5) and stays
+  flat there to the end, never non-finite. The pre-NaN explosion flagged at 119 stayed open to the end
+  (the verdict, a gradient incident). An explosion that never reached a non-finite value, open over a
+  flat loss within its band for plateau_min_steps, gives way (resolved) to the plateau: the right
+  category now; its label is rise-after-fall (the rebound happened > 2 loss windows before the flat
+  stretch was long enough, and the rise rule reads the last two) -- the subtype is still missed.
 """
 
 from __future__ import annotations
@@ -231,3 +238,11 @@ def test_swings_just_under_the_fixed_spread_bar_of_a_run_that_started_calm_are_a
 def test_the_own_noise_bar_is_off_when_it_equals_the_fixed_one() -> None:
     out = _outcome("r201", oscillation_calm_min_cv=0.3)
     assert out.verdict == "loss/plateau", out
+
+
+def test_an_explosion_that_never_blew_up_gives_way_to_the_flat_loss_it_left() -> None:
+    out = _outcome("r403")
+    assert out.label == "loss/rise-after-fall" and out.first_nonfinite is None
+    assert "gradient/explosion" in out.transient, out  # open, and the verdict, before the fix
+    assert "gradient/explosion" not in out.open_alerts, out
+    assert out.verdict.split("/")[0] == "loss", out  # the category; the subtype reads loss/plateau

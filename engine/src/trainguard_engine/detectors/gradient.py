@@ -91,7 +91,7 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     # (not while the loss has left its band: then the loss curve's divergence tells the story, and a
     # non-finite loss or gradient later re-classifies it as the explosion, with the climb as evidence)
     if grad_point is not None and math.isfinite(grad_point[2]) and not numeric_open and \
-            not loss_diverged(rank, settings):
+            not loss_diverged(rank, settings) and not _gave_way(run, rank, state):
         grad_state = state.setdefault("grad", {})
         if grad_point[1] > grad_state.get("last", -1):
             grad_state["last"] = grad_point[1]
@@ -112,6 +112,13 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
         if found is not None:
             out.append(found)
     return out
+
+
+def _gave_way(run: RunState, rank: RankState, state: Dict[str, Any]) -> bool:
+    """Whether a pre-NaN explosion of ``rank`` gave way to the plateau its flat loss is (loss.py's
+    ``_explosion_gave_way``) and that plateau is still open: the climb it was flagged from is not
+    flagged again (a non-finite loss or gradient still is, through the numeric rules)."""
+    return "gave_way" in state.get("grad", {}) and rank_has_open(run, rank, "loss:plateau")
 
 
 def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: int, event_id: str,

@@ -235,8 +235,9 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         spread = robust.robust_cv([v for _s, v, _t in series[:2 * tuned.loss_baseline_points]])
         state["early_cv"] = spread if math.isfinite(spread) else None
     _track_level(state, series, tuned)
-    if initial <= 0 or numeric_final(run, rank) or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY,
-                                                                 ADAPTER_KEY):
+    if initial <= 0 or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY) or (
+            numeric_final(run, rank) and not _explosion_gave_way(run, rank, name, series, initial, state,
+                                                                 step, time_ns, settings)):
         return []
     open_kind = _open_curve_kind(run, rank)
     if open_kind is not None and _curve_cleared(run, rank, open_kind, state, initial, step, time_ns,
@@ -292,6 +293,41 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             relabel=kind == "divergence" and upgrades(run, "loss", kind), update_values=kind == "divergence",
             summary=f"On rank {rank.rank}, {check.summary.format(since=first)}")]
     return []
+
+
+def _explosion_gave_way(run: RunState, rank: RankState, name: str, series: Sequence[Tuple[int, float, int]],
+                        initial: float, state: Dict[str, Any], step: int, time_ns: int,
+                        settings: DetectionSettings) -> bool:
+    """Whether the open gradient explosion of ``rank`` -- flagged from the norm's climb, before any
+    non-finite loss or gradient -- gives way to a plateau, resolving it then: the plateau rule has held
+    on a flat stretch (:func:`_flat_stretch`) of ``plateau_min_steps``+ steps while the explosion was
+    open, the loss's level under ``divergence_factor`` x its base (at its initial level, not diverged).
+    The gradients climbed and nothing blew up: the run that stays where it started has learned nothing
+    -- its plateau is what goes on (the caller's plateau check opens it on this value). Only while such
+    an explosion is open; cheap otherwise (one dict lookup)."""
+    st = run.incidents.get(NUMERIC_KEY)
+    if st is None or not st.is_open or (st.record.category, st.record.subtype) != ("gradient", "explosion"):
+        return False
+    numeric = rank_state(rank)
+    if "loss_nonfinite" in numeric or numeric.get("nonfinite"):
+        return False
+    win = _Window(series, settings.loss_window)
+    base = divergence_base(initial, state["init"][0], settings)
+    check = _check_plateau(rank, name, series, win, initial, state, settings, settings, False)
+    if not win.full or win.median >= settings.divergence_factor * base:
+        state.pop("flat", None)
+        return False
+    if not _flat_stretch(state, check, win, initial, settings):
+        return False
+    flat = state["flat"]
+    if flat["holds"] < settings.confirm_checks or step - flat["since"] < settings.plateau_min_steps:
+        return False
+    resolve(st, time_ns, step, rank.rank, f"rank {rank.rank}: {name} has stayed flat at "
+            f"{fmt_number(win.median)} ({win.median / initial:.2f}x where it started) since step "
+            f"{flat['since']} with no non-finite value: the gradients' climb did not blow the run up, it "
+            f"learns nothing (the loss/plateau incident goes on from here)", settings)
+    numeric.setdefault("grad", {})["gave_way"] = step
+    return True
 
 
 def _count_hold(state: Dict[str, Any], kind: str, since: int) -> int:
