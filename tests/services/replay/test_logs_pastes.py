@@ -121,3 +121,13 @@ def test_a_reset_raised_inside_init_process_group_is_an_init_failure_given_its_f
     # a model error's frames (no set-up function among them) change nothing
     shape = next(i for i in items("py-shape-mat1-1") if i.kind == "exception").payload
     assert classify_chain(shape["type"], shape["message"], (), shape["frames"]).kind == "process/exception"
+
+
+def test_the_pipeline_reads_an_exceptions_frames_a_reset_inside_init_process_group_is_an_init_failure() -> None:
+    # the same Kubeflow paste through the pipeline (detectors/process.py hands the event's frames to the
+    # classifier): the run's verdict is the group that never came up, not a plain exception
+    from bench.wild import corpus, judge
+
+    case = next(c for c in corpus.load() if c.case_id == "comm-init-reset-by-peer-1")
+    verdict = judge.replay_local(case)
+    assert verdict.kind == "comm/init-failure", verdict.kinds

@@ -158,7 +158,9 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
     exc_type = as_str(body.get("type")) or "<unknown exception>"
     message = as_str(body.get("message"))
     chain = body.get("chain")
-    found = classify_chain(exc_type, message, chain if isinstance(chain, Sequence) else ())
+    frames = body.get("frames")
+    found = classify_chain(exc_type, message, chain if isinstance(chain, Sequence) else (),
+                           frames if isinstance(frames, Sequence) and not isinstance(frames, str) else ())
     mechanism = as_str(body.get("mechanism")) or ("capture_exception" if handled else "uncaught")
     rule = "exception.handled" if handled else "exception.uncaught"
     event_id = as_str(event.get("event_id"))
