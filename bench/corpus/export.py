@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Copy a stratified subset of the recorded corpus into ``tests/scenarios/streams_varied/`` for CI.
 
-CI must judge detection without training 320 runs, so a fixed subset is committed: per label (what
+CI must judge detection without training 408 runs, so a fixed subset is committed: per label (what
 ``labels.py`` says the run is) the first ``--per-label`` runs of each half, by id, whose stream is under
 ``--max-bytes`` -- chosen by label and id only, never by whether the engine gets them right. Each run is
 ``<id>.jsonl.gz`` (the SDK's stream, unedited) and ``<id>.truth.json.gz`` (spec and ground truth);
