@@ -288,8 +288,29 @@ class PostgresIncidentStore(IncidentStore):
 
     # runs
     def upsert_runs(self, runs: Sequence[RunRecord]) -> None:
-        if not runs:
+        if runs:
+            self._db.write(self._runs_work(runs))
+
+    def upsert_records(self, runs: Sequence[RunRecord], incidents: Sequence[Incident],
+                       clusters: Sequence[Cluster]) -> None:
+        """The three upserts in one transaction (one commit, one round of retries on a deadlock)."""
+        works = []
+        if runs:
+            works.append(self._runs_work(runs))
+        if incidents:
+            works.append(self._incidents_work(incidents))
+        if clusters:
+            works.append(self._clusters_work(clusters))
+        if not works:
             return
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            for part in works:
+                part(conn)
+
+        self._db.write(work)
+
+    def _runs_work(self, runs: Sequence[RunRecord]) -> Callable[[psycopg.Connection[Any]], None]:
         batch = _last_per_key(runs, lambda r: (_k(r.project), _k(r.run_id)))
         rows = [(p, rid, _k(r.status), int(r.started_ns), int(r.last_event_ns), json.dumps(r.to_dict()))
                 for (p, rid), r in batch]
@@ -311,7 +332,7 @@ class PostgresIncidentStore(IncidentStore):
                                     "DO UPDATE SET value = EXCLUDED.value",
                                     tags)
 
-        self._db.write(work)
+        return work
 
     def get_run(self, project: str, run_id: str) -> Optional[RunRecord]:
         doc = self._doc("SELECT doc FROM runs WHERE project = %s AND run_id = %s", (_k(project), _k(run_id)))
@@ -337,8 +358,11 @@ class PostgresIncidentStore(IncidentStore):
 
     # incidents
     def upsert_incidents(self, incidents: Sequence[Incident]) -> None:
-        if not incidents:
-            return
+        if incidents:
+            self._db.write(self._incidents_work(incidents))
+
+    @staticmethod
+    def _incidents_work(incidents: Sequence[Incident]) -> Callable[[psycopg.Connection[Any]], None]:
         batch = _last_per_key(incidents, lambda i: (_k(i.project), _k(i.incident_id)))
         rows = [(p, iid, _k(i.run_id), _k(i.status), int(i.first_ns), int(i.last_ns), json.dumps(i.to_dict()))
                 for (p, iid), i in batch]
@@ -351,7 +375,7 @@ class PostgresIncidentStore(IncidentStore):
                     "run_id = EXCLUDED.run_id, status = EXCLUDED.status, first_ns = EXCLUDED.first_ns, "
                     "last_ns = EXCLUDED.last_ns, doc = EXCLUDED.doc", rows)
 
-        self._db.write(work)
+        return work
 
     def get_incident(self, project: str, incident_id: str) -> Optional[Incident]:
         doc = self._doc("SELECT doc FROM incidents WHERE project = %s AND incident_id = %s",
@@ -404,8 +428,10 @@ class PostgresIncidentStore(IncidentStore):
     def upsert_clusters(self, clusters: Sequence[Cluster]) -> None:
         """Replace each cluster by the record (its views from :meth:`merge_clusters` are dropped; the
         record becomes the view of source '')."""
-        if not clusters:
-            return
+        if clusters:
+            self._db.write(self._clusters_work(clusters))
+
+    def _clusters_work(self, clusters: Sequence[Cluster]) -> Callable[[psycopg.Connection[Any]], None]:
         batch = _last_per_key(clusters, lambda c: (_k(c.project), _k(c.fingerprint)))
 
         def work(conn: psycopg.Connection[Any]) -> None:
@@ -419,7 +445,7 @@ class PostgresIncidentStore(IncidentStore):
                              "VALUES (%s, %s, '', %s, %s)", (project, fp, doc, now))
                 self._put_cluster(conn, project, fp, c, doc)
 
-        self._db.write(work)
+        return work
 
     def merge_clusters(self, source: str, clusters: Sequence[Cluster]) -> None:
         """Join each record into ``source``'s view of its cluster and store the merge of all the cluster's
