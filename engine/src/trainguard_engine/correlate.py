@@ -40,6 +40,12 @@ EXITS_AFTER_FAILURE: Tuple[Kind, ...] = (("process", "terminated"), ("process", 
 """A rank terminated, or a launcher's line that a rank exited non-zero (torchrun's ``failed (exitcode: 1)``),
 after one of ``TERMINATION_CAUSES`` on the run is that failure's consequence, as is a terminated rank in
 its own open stall."""
+CRASH_EXIT: Kind = ("process", "exit")
+RANK_LOST: Kind = ("comm", "rank-lost")
+SIGABRT = 6
+"""A launcher's line that the rank a peer reported lost (``Connection closed by localRank q``) exited by a
+signal (SIGSEGV, SIGFPE, SIGBUS ...; not an abort) is that rank's crash, and the incident is it
+(:func:`_crash_leads`): the peer saw the process go away because it crashed."""
 STALLED: Kind = ("progress", "stalled")
 KILLED: Kind = ("process", "killed")
 STRAGGLER: Kind = ("perf", "straggler")
@@ -126,6 +132,55 @@ def _killed_as_rank_lost(run: RunState, cause: IncidentState, consequence: Kind,
     refresh_ranks(cause)
 
 
+def _exit_signal(finding: Finding) -> int:
+    """The signal a launcher's exit line says ended the rank (torchrun's ``failed (exitcode: -N)``, the
+    failure table's ``Signal N (SIG...)``), from the finding's classified facts; 0 when it names none."""
+    for ev in finding.evidence:
+        facts = ev.value.get("facts") if isinstance(ev.value, dict) else None
+        if not isinstance(facts, dict):
+            continue
+        signal, code = facts.get("signal"), facts.get("exitcode")
+        if isinstance(signal, int) and signal > 0:
+            return signal
+        if isinstance(code, int) and code < 0:
+            return -code
+    return 0
+
+
+def _lost_rank_crashed(cause: IncidentState, finding: Finding) -> bool:
+    """Whether ``finding`` (a launcher's line that rank q exited by a signal) is the lost rank of
+    ``cause`` (a comm/rank-lost whose lead q was named by another rank's report, NCCL's ``Connection
+    closed by localRank q``) dying of its own crash: the peer saw q's process go away *because* it crashed.
+    Not an abort (SIGABRT after a communication failure is the watchdog's teardown)."""
+    q = finding.rank
+    if _kind(cause) != RANK_LOST or q < 0 or cause.record.lead_rank != q:
+        return False
+    if not any(ev.rank >= 0 and ev.rank != q for ev in cause.record.evidence):
+        return False  # the lost rank is the reporter itself: no peer saw it go away
+    signal = _exit_signal(finding)
+    return signal > 0 and signal != SIGABRT
+
+
+def _crash_leads(run: RunState, cause: IncidentState, finding: Finding) -> Finding:
+    """``cause`` relabelled as the lost rank's crash (``finding``'s kind, led by its rank): the peers'
+    connection-closed reports become its consequence (comm/rank-lost on the reporting ranks)."""
+    q = finding.rank
+    reporters = sorted({ev.rank for ev in cause.record.evidence if ev.rank >= 0 and ev.rank != q})
+    cause.extra["lead"] = q
+    _note_consequence(cause, RANK_LOST, reporters)
+    rank = run.ranks.get(q)
+    if rank is not None and rank.exc_key == finding.key:
+        rank.exc_key = cause.key
+    said = (f"rank {q} exited by signal {_exit_signal(finding)} after its peers saw its connection close: "
+            f"the lost rank crashed, the peers' reports are consequences")
+    evidence = [*finding.evidence, Evidence(rule="correlation.crashed_peer", description=said,
+                                            step=finding.step, time_ns=finding.time_ns, rank=q)]
+    return Finding(finding.category, finding.subtype, cause.key, q, finding.step, finding.time_ns,
+                   host=finding.host, seen_ns=finding.seen_ns, seen_step=finding.seen_step,
+                   event_id=finding.event_id, evidence=evidence, timeline=finding.timeline,
+                   values=finding.values, summary=finding.summary, relabel=True)
+
+
 def _by_id(run: RunState, incident_id: str) -> Optional[IncidentState]:
     for st in run.incidents.values():
         if st.record.incident_id == incident_id:
@@ -184,6 +239,8 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
     elif kind in EXITS_AFTER_FAILURE:
         cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=TERMINATION_CAUSES) or \
             _stall_of(run, finding.rank)
+        if cause is not None and kind == CRASH_EXIT and _lost_rank_crashed(cause, finding):
+            return _crash_leads(run, cause, finding)
     elif kind == ("process", "killed") and current is None:
         cause = _stall_of(run, finding.rank)  # a hung rank SIGKILLed by a watchdog or the scheduler
     elif kind in CONSEQUENCES:

@@ -131,3 +131,26 @@ def test_the_pipeline_reads_an_exceptions_frames_a_reset_inside_init_process_gro
     case = next(c for c in corpus.load() if c.case_id == "comm-init-reset-by-peer-1")
     verdict = judge.replay_local(case)
     assert verdict.kind == "comm/init-failure", verdict.kinds
+
+
+def test_the_lost_rank_dying_of_a_signal_is_the_crash_not_a_lost_peer() -> None:
+    # StreamVLN under torchrun (InternRobotics/StreamVLN#66): rank 0's NCCL service thread says 'Connection
+    # closed by localRank 1', then the agent says local_rank 1 failed with exitcode -8 (SIGFPE) -- the peer
+    # saw rank 1's process go away because it crashed (correlate._crash_leads); before, comm/rank-lost led
+    from bench.wild import corpus, judge
+
+    case = next(c for c in corpus.load() if c.case_id == "proc-sigfpe-elastic-streamvln-1")
+    verdict = judge.replay_local(case)
+    assert (verdict.kind, verdict.lead_rank) == ("process/exit", 1), verdict
+    # many ranks' 'Connection closed by localRank N' and no exit line stay a lost peer
+    case = next(c for c in corpus.load() if c.case_id == "comm-rank-lost-service-closed-1")
+    assert judge.replay_local(case).kind == "comm/rank-lost"
+
+
+def test_the_heartbeat_monitors_stuck_watchdog_line_is_a_collective_hang() -> None:
+    # LlamaFactory streaming training stuck (hiyouga/LlamaFactory#8549): one line, 'ProcessGroupNCCL's watchdog
+    # got stuck for 480 seconds without making progress ...' -- before, it imported and opened nothing
+    (item,) = items("comm-heartbeat-stuck-streaming-llamafactory-1")
+    found = classify_chain("", item.message)
+    assert found.kind == "comm/timeout" and found.rule == "nccl.heartbeat-stuck"
+    assert found.facts["stuck_s"] == 480 and found.facts["rank"] == 2

@@ -82,6 +82,7 @@ from .gloo import (
 )
 from .nccl import (
     _rule_dump_signal,
+    _rule_heartbeat_stuck,
     _rule_ib_error,
     _rule_nccl_comm_aborted,
     _rule_nccl_debug,
@@ -153,6 +154,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("gloo.connect", _rule_gloo_connect),
     ("nccl.ib-error", _rule_ib_error),
     ("nccl.watchdog-teardown", _rule_watchdog_teardown),
+    ("nccl.heartbeat-stuck", _rule_heartbeat_stuck),
     ("autograd.anomaly-nan", _rule_anomaly_nan),
     ("model.device-mismatch", _rule_device_mismatch),
     ("model.index-out-of-range", _rule_index),

@@ -133,6 +133,27 @@ def _rule_watchdog_teardown(t: _Text) -> Optional[_Hit]:
                 "to report, and its timeout or error line, say which")
 
 
+_STUCK_RE = re.compile(r"watchdog got stuck for (?P<seconds>\d{1,9}) seconds")
+
+
+def _rule_heartbeat_stuck(t: _Text) -> Optional[_Hit]:
+    """ProcessGroupNCCL's heartbeat monitor (torch 2.3+): ``ProcessGroupNCCL's watchdog got stuck for N
+    seconds without making progress in monitoring enqueued collectives`` -- the watchdog itself hung (an
+    NCCL/CUDA call blocking it, most often inside a collective that never completes), and the monitor is
+    about to kill the process. A hang seen from inside the process group: comm/timeout, less certain than
+    a timed-out collective's own line."""
+    pos = t.first("watchdog got stuck for")
+    if pos < 0 or (found := _search(_STUCK_RE, t, pos, before=0, after=80)) is None:
+        return None
+    facts: Facts = {"stuck_s": int(found[1].group("seconds"))}
+    rank = _rank_of(t, pos, facts)
+    return _Hit("comm", "timeout", 0.6, pos, facts,
+                f"NCCL watchdog stuck for {facts['stuck_s']} s{_on_rank(rank)} (heartbeat monitor)",
+                "the watchdog made no progress on the enqueued collectives: a collective (or a CUDA call "
+                "under it) hung; find the rank that stopped calling collectives (py-spy dump of each rank, "
+                "TORCH_NCCL_TRACE_BUFFER_SIZE for the flight recorder)")
+
+
 _DUMP_SIGNAL_RE = re.compile(r"Received a dump signal due to a collective timeout from\s+"
                              r"(?:rank (?P<from>\d+)|this local rank)")
 
@@ -377,6 +398,7 @@ GATES = {
     "nccl.debug": ("mismatched collective detected", "nccl warn", "nccl info"),
     "nccl.ib-error": ("got completion from peer",),
     "nccl.watchdog-teardown": _TEARDOWN_NEEDLES,
+    "nccl.heartbeat-stuck": ("watchdog got stuck for",),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -413,6 +435,10 @@ DOCS = {
     'nccl.ib-error': (
         '``NET/IB : Got completion from peer ... with error N`` → comm/rank-lost (NCCL returns it as '
         'ncclRemoteError: the peer or the link to it went away)'
+    ),
+    'nccl.heartbeat-stuck': (
+        "the heartbeat monitor's ``ProcessGroupNCCL's watchdog got stuck for N seconds without making "
+        "progress in monitoring enqueued collectives`` (torch 2.3+) → comm/timeout, at a lower confidence"
     ),
     'nccl.watchdog-teardown': (
         "the watchdog's teardown without its timeout/error line (``Some NCCL operations have failed or timed "
