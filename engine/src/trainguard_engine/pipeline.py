@@ -56,13 +56,13 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from . import clusters as clusters_mod
 from . import correlate, diagnosis, shards
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
-from .detectors import progress
+from .detectors import progress, straggler
 from .detectors.base import Detector, EventInfo, MetricBatch
 from .detectors.registry import DETECTORS
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
@@ -247,6 +247,11 @@ class Pipeline:
         self._cluster_seq: Dict[str, int] = {}
         self._next_seq = 0
         self._unreadable_parts: List[str] = []  # stored parts restore_parts could not read: deleted next
+        # a run part encodes only the ranks touched since its last encode (issue 20): each rank's bytes as
+        # of then, and which ranks were touched since (None: all of them -- anything run-wide)
+        self._rank_bytes: Dict[str, Dict[int, bytes]] = {}
+        self._touched_ranks: Dict[str, Optional[Set[int]]] = {}
+        self._ranks_wide = False  # set by a fold that may have written other ranks than the event's
         #: runs quarantined since the runtime last took the list (see :meth:`take_quarantined`)
         self.quarantined: List[Quarantined] = []
         self._held = PipelineOutput()  # records of quarantined runs, out with the next output
@@ -307,7 +312,14 @@ class Pipeline:
         settings = self.settings_for(run.project)
         if run.incidents:
             self._unsaved_runs[run.key] = None  # correlation's waits keep notes on the incidents
+            self._touched_ranks[run.key] = None  # (and may mark silent ranks lost)
             self._correlate(run, now_ns, settings)
+        if run.key not in self._touched_ranks or self._touched_ranks[run.key] is not None:
+            for rank in run.ranks.values():  # a stall check reads and may write a rank whose deadline passed
+                deadline = progress.stall_deadline_ns(run, rank, settings)
+                if deadline and now_ns >= deadline:
+                    self._touched_ranks[run.key] = None
+                    break
         for rank, stall in progress.check_stalled(run, now_ns, settings):
             self._apply_stall(run, rank, stall, settings)
             self._mark(run)
@@ -368,6 +380,10 @@ class Pipeline:
         if rank is None:
             self.counters["ranks_dropped"] += 1
             return
+        first = run.ranks[next(iter(run.ranks))]  # where run-wide detector state lives (straggler's)
+        judged = first.detectors.get(straggler.RUN_KEY, {}).get("judged")
+        wide = run.lost or bool(run.incidents)  # on_alive, correlation: run-wide
+        self._ranks_wide = False
         rank.touch(ev.time_ns, ev.host, ev.pid)
         run.world_size = max(run.world_size, ev.world_size)
         run.run_name = run.run_name or ev.run_name
@@ -400,6 +416,17 @@ class Pipeline:
             self._correlate(run, ev.time_ns, settings, folded=self._applied != applied_before)
         self._dirty_runs[key] = None  # _mark, inline
         self._unsaved_runs[key] = None
+        # which ranks this event may have written: its own and the first (run-wide detector state), unless
+        # anything run-wide ran -- a finding applied (incidents, diagnosis), correlation, a lost run back,
+        # shards combined, a step judged across ranks (the straggler detector writes every rank's pairs)
+        if wide or run.incidents or self._ranks_wide or self._applied != applied_before or \
+                first.detectors.get(straggler.RUN_KEY, {}).get("judged") != judged:
+            self._touched_ranks[key] = None
+        else:
+            touched = self._touched_ranks.setdefault(key, set())
+            if touched is not None:
+                touched.add(rank.rank)
+                touched.add(first.rank)
 
     @staticmethod
     def _notable(ev: _Event, points: Sequence[Any]) -> bool:
@@ -464,6 +491,7 @@ class Pipeline:
                 for finding in detector.on_metrics(run, rank, batch, settings):
                     self._apply(run, finding, settings)
         if route.sharded:
+            self._ranks_wide = True  # shards.fold reads and clears every rank's shares
             combined = shards.fold(run, rank.rank, points)
             if combined:  # a step every rank reported its share of: the full gradients' norms
                 target = run.ranks[min(run.ranks)]
@@ -575,6 +603,7 @@ class Pipeline:
     def _mark(self, run: RunState) -> None:
         self._dirty_runs[run.key] = None
         self._unsaved_runs[run.key] = None
+        self._touched_ranks[run.key] = None  # (from timers and correlation: any rank may have changed)
 
     def _run(self, ev: _Event, key: str) -> RunState:
         run = self._runs.get(key)
@@ -653,6 +682,8 @@ class Pipeline:
     def _drop_run(self, key: str, now_ns: int, counter: str = "runs_evicted") -> None:
         self._index.remove_run(self._runs.pop(key))
         self._dirty_runs.pop(key, None)
+        self._rank_bytes.pop(key, None)
+        self._touched_ranks.pop(key, None)
         if self.settings.evicted_runs_remembered:
             bounded_put(self._evicted, key, now_ns, self.settings.evicted_runs_remembered)
         self.counters[counter] += 1
@@ -792,11 +823,35 @@ class Pipeline:
         """Run ``key``'s snapshot part; None (and the run quarantined) when its state cannot be serialised."""
         run = self._runs[key]
         try:
-            blob = _json_bytes({"seq": self._run_seq.get(key, 0), "run": run.to_json()})
+            blob = self._encode_run(key, run)
         except (ValueError, TypeError, RecursionError) as exc:
             self._quarantine(key, f"its state cannot be serialised: {_error_text(exc)}")
             return None
         self._index.size_run(run.project, key, len(blob))
+        return blob
+
+    def _encode_run(self, key: str, run: RunState) -> RunPart:
+        """Run ``key``'s part, the bytes of ``_json_bytes({"seq": .., "run": run.to_json()})``: the run
+        without its ranks encoded, each rank touched since the last encode (see ``_touched_ranks``) encoded,
+        the others' bytes of then joined in."""
+        head = _json_bytes({"seq": self._run_seq.get(key, 0), "run": run.to_json(with_ranks=False)})
+        at = head.find(_EMPTY_RANKS)  # the first: the run's own (a string holds no bare quote; tags are
+        if at < 0:                    # strings; incidents come after it)
+            raise ValueError("a run encoded without its ranks list")  # pragma: no cover
+        held = self._rank_bytes.get(key, {})
+        touched = self._touched_ranks.get(key, set())
+        pieces: Dict[int, bytes] = {}
+        for number, rank in run.ranks.items():
+            piece = held.get(number) if touched is not None and number not in touched else None
+            pieces[number] = _json_bytes(rank.to_json()) if piece is None else piece
+        ranks = b",".join(pieces.values())
+        start = at + len(_EMPTY_RANKS) - 1  # just after the '[' of the ranks list
+        blob = RunPart(b"".join((head[:start], ranks, head[start:])))
+        blob.ranks_at = start - 1
+        blob.ranks_end = start + len(ranks) + 1  # just after its ']'
+        blob.rank_pieces = list(pieces.values())
+        self._rank_bytes[key] = pieces
+        self._touched_ranks.pop(key, None)
         return blob
 
     def _cluster_part(self, key: str) -> Optional[bytes]:
@@ -823,7 +878,11 @@ class Pipeline:
         ``"run/<key>"`` and ``"cluster/<key>"`` as versioned JSON, ``None`` for a run or cluster that is gone
         (delete its key). Store them all in one atomic step, then call :meth:`parts_saved`;
         :meth:`restore_parts` of the stored parts equals :meth:`restore` of :meth:`snapshot`. A checkpoint
-        costs what changed: a run that got no event and has no open question is not written again."""
+        costs what changed: a run that got no event and has no open question is not written again, and a
+        run part (a :class:`RunPart`) encodes again only the ranks an event or timer may have written since
+        its last encode -- the event's rank and the run's first (run-wide detector state), or every rank
+        after anything run-wide (a finding, correlation, a judged step, shards, timers) -- byte for byte
+        the whole encoding (tests/services/processor/test_rank_parts.py)."""
         for items, seq in ((self._runs, self._run_seq), (self._clusters, self._cluster_seq)):
             for key in items:  # creation order, kept across restores (dicts keep insertion order)
                 if key not in seq:
@@ -961,6 +1020,20 @@ class Pipeline:
         pipeline._unsaved_runs = dict.fromkeys(pipeline._runs)  # no parts stored yet: all of it changed
         pipeline._unsaved_clusters = dict.fromkeys(pipeline._clusters)
         return pipeline
+
+
+class RunPart(bytes):
+    """A run's snapshot part (:meth:`Pipeline.changed_parts`): the bytes, and where its ranks are --
+    ``self[ranks_at:ranks_end]`` is the JSON list of ``rank_pieces`` (each rank's encoding, in the run's
+    order, joined by commas), for a store that keeps ranks apart without parsing the part
+    (trainguard_server.processor.rank_parts)."""
+
+    ranks_at: int
+    ranks_end: int
+    rank_pieces: List[bytes]
+
+
+_EMPTY_RANKS = b',"ranks":[]'
 
 
 def _part(prefix: str, key: str) -> str:

@@ -357,12 +357,14 @@ class RunState:
         self.episodes[name] = self.episodes.get(name, 0) + 1
         return self.episodes[name]
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self, with_ranks: bool = True) -> Dict[str, Any]:
+        """The run as JSON-able data; ``with_ranks=False``: its ``ranks`` an empty list (in the same place:
+        the pipeline joins each rank's own encoding in there, byte for byte the whole encoding)."""
         return {
             "project": self.project, "run_id": self.run_id, "run_name": self.run_name,
             "trace_id": self.trace_id, "world_size": self.world_size, "tags": self.tags,
             "started_ns": self.started_ns, "first_ns": self.first_ns, "last_event_ns": self.last_event_ns,
-            "ranks": [r.to_json() for r in self.ranks.values()],
+            "ranks": [r.to_json() for r in self.ranks.values()] if with_ranks else [],
             "incidents": [i.to_json() for i in self.incidents.values()],
             "seen": list(self.seen), "lost": self.lost, "lost_since_ns": self.lost_since_ns,
             "episodes": self.episodes, "emitted": self.emitted, "touched": self.touched,

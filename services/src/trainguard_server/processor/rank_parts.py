@@ -20,9 +20,12 @@ pipeline (partition):
   head are deleted at the next save.
 
 Exactness: ``from_store(to_store(parts)) == parts`` byte for byte (tests/services/processor/
-test_rank_parts.py). The split costs a parse of the big part and an encode of its pieces at each save;
-what it saves is bytes written when ranks stayed quiet between checkpoints, and it bounds the largest
-stored value (``RANKS_PER_PART`` ranks' state) -- one run is still one partition's, so one processor's.
+test_rank_parts.py). A run part from the pipeline is a ``trainguard_engine.pipeline.RunPart``: it says
+where its ranks list is and carries each rank's bytes (the pipeline encodes only the ranks touched since
+its last encode), so the split is a join of those, with no parse; other bytes are scanned (``_split_text``)
+or, failing that, parsed and encoded again. What the split saves is bytes written when ranks stayed quiet
+between checkpoints, and it bounds the largest stored value (``RANKS_PER_PART`` ranks' state) -- one run
+is still one partition's, so one processor's.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any, Dict, List, Mapping, Optional
+
+from trainguard_engine.pipeline import RunPart
 
 SPLIT_ABOVE_BYTES = 1 << 20
 """A run part above this many bytes is stored as a head and rank parts (~150 ranks of SDK-shaped state)."""
@@ -92,7 +97,7 @@ class RankParts:
             stored = self._rank_parts.get(name, 0)
             pieces = self._split(name, blob) if blob is not None and len(blob) > self.split_above else {}
             if len(pieces) < 2:  # small, deleted, or no ranks to split off: the run part as it is
-                out[name] = blob
+                out[name] = blob if blob is None or type(blob) is bytes else bytes(blob)
                 counts[name] = 0
             else:
                 for piece_name, piece in pieces.items():
@@ -106,7 +111,26 @@ class RankParts:
 
     def _split(self, name: str, blob: bytes) -> Dict[str, bytes]:
         """The head and rank parts of run part ``name`` (head first)."""
-        return self._split_text(name, blob) or self._split_parsed(name, blob)
+        return (self._split_pieces(name, blob) or self._split_text(name, blob)
+                or self._split_parsed(name, blob))
+
+    def _split_pieces(self, name: str, blob: bytes) -> Optional[Dict[str, bytes]]:
+        """:meth:`_split_text` from the pipeline's own per-rank encodings (a ``RunPart``: where its ranks
+        list is and each rank's bytes), without scanning the part; None when ``blob`` carries none."""
+        if not isinstance(blob, RunPart) or not blob.rank_pieces:
+            return None
+        at, end, ranks = blob.ranks_at, blob.ranks_end, blob.rank_pieces
+        if blob[at - len(_RANKS_KEY) + 1:at + 1] != _RANKS_KEY.encode("ascii"):
+            return None
+        step = self.ranks_per_part
+        count = (len(ranks) + step - 1) // step
+        marker = json.dumps({"rank_parts": count, "ranks": len(ranks)}, separators=(",", ":"))
+        head = b"".join((blob[:at], marker.encode("ascii"), blob[end:]))
+        pieces = {name: head}
+        for index in range(count):
+            chunk = ranks[index * step:(index + 1) * step]
+            pieces[rank_part_name(name, index)] = b"[" + b",".join(chunk) + b"]"
+        return pieces
 
     def _split_text(self, name: str, blob: bytes) -> Optional[Dict[str, bytes]]:
         """:meth:`_split_parsed` without re-encoding: each rank's bytes are sliced out of the run part where
