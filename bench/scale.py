@@ -25,11 +25,13 @@ ratio can be with that split, however many cores.
 ``sdk4096`` shape, kept live: no EXIT), no periodic snapshot; after step 2 (the ``sdk4096`` shape) and
 step 20 (``--checkpoint-steps``), and one step after each, the time of ``processor.checkpoint()`` (the
 changed parts of the run's partition's pipeline saved in one transaction, offsets committed) and the
-parts and bytes it saved; last, the next step of 1/16 of the ranks only (``changed_ranks``). Twice in one
-process: ``mode=whole`` (the run one part, as before processor/rank_parts.py) and ``mode=rank_parts`` (the
-processor's default: a run above 1 MiB as a head and rank parts of 128 ranks, only changed ones written;
-``largest_stored_bytes`` is the biggest value under one state key); ``checkpoint_split`` lines are the
-ratios rank_parts / whole.
+parts and bytes it saved; last, the next step of 1/16 of the ranks only (``changed_ranks``). Three times in
+one process (``--checkpoint-modes``): ``mode=whole`` (the run one part, every rank encoded at each
+checkpoint, as before processor/rank_parts.py), ``mode=rank_parts_full`` (stop 28: a run above 1 MiB as a
+head and rank parts of 128 ranks, only changed ones written, but every rank encoded and the 28 MB part
+scanned) and ``mode=rank_parts`` (the processor's default now: the pipeline encodes only the ranks touched
+since the run's last encode and hands rank_parts each rank's bytes); ``largest_stored_bytes`` is the
+biggest value under one state key; ``checkpoint_split`` lines are the ratios of each mode to whole.
 
 **Flink.** ``--flink-runs`` runs of the backlog (default 16) through the Flink job
 (processor/flink_main.py ``--records``: a local mini-cluster of .venv-flink, bounded source, file sink) at
@@ -248,11 +250,14 @@ def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: P
     and one more step later another (what one step changed); last, the next step of 1/16 of the ranks
     only (``changed_ranks``: what a checkpoint writes when most ranks were quiet). Each stop is a line of
     figures. ``mode``: ``rank_parts`` (the processor's default: a big run in rank parts,
-    processor/rank_parts.py; ``split_above``: its threshold, default the processor's) or ``whole`` (the run
-    in one part, as before the split)."""
+    processor/rank_parts.py; ``split_above``: its threshold, default the processor's; the pipeline encodes
+    only the ranks touched since the run's last encode), ``rank_parts_full`` (the same, every rank encoded
+    at each checkpoint and the part scanned into rank parts, as at stop 28) or ``whole`` (the run in one
+    part, every rank encoded, as before the split)."""
     from processor import sdk_requests  # bench/processor.py
 
     from trainguard import wire
+    from trainguard_engine import pipeline as pipeline_mod
     from trainguard_engine.catalogue import DetectionSettings
     from trainguard_server.config import Settings
     from trainguard_server.processor import rank_parts
@@ -273,6 +278,11 @@ def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: P
     settings = Settings()
     stores = open_stores(settings, root / f"ckpt-{mode}")
     default_split = rank_parts.SPLIT_ABOVE_BYTES
+    touched_only = pipeline_mod.Pipeline._encode_run
+    if mode in ("whole", "rank_parts_full"):  # every rank encoded afresh into plain bytes (stop 28's code)
+        def encode_all(self: Any, key: str, run: Any) -> bytes:
+            return pipeline_mod._json_bytes({"seq": self._run_seq.get(key, 0), "run": run.to_json()})
+        setattr(pipeline_mod.Pipeline, "_encode_run", encode_all)
     if mode == "whole":
         rank_parts.SPLIT_ABOVE_BYTES = 1 << 62  # read when the processor makes a partition's RankParts
     elif split_above is not None:
@@ -325,6 +335,7 @@ def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: P
                         "loadavg": _loadavg()})
     finally:
         rank_parts.SPLIT_ABOVE_BYTES = default_split
+        setattr(pipeline_mod.Pipeline, "_encode_run", touched_only)
         queue.close()
         pub.close()
         stores.close()
@@ -483,6 +494,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--flink-parallelism", default="1,2")
     p.add_argument("--flink-timeout-s", type=float, default=FLINK_TIMEOUT_S,
                    help="a Flink job still running after this is killed and reported as failed")
+    p.add_argument("--checkpoint-modes", default="whole,rank_parts_full,rank_parts",
+                   help="whole: one part, every rank encoded; rank_parts_full: rank parts, every rank "
+                        "encoded (stop 28); rank_parts: rank parts, only touched ranks encoded (the default)")
     p.add_argument("--split-above", type=int, default=None,
                    help="rank_parts mode: split runs above this many bytes (default: the processor's 1 MiB)")
     p.add_argument("--quick", action="store_true", help="a smoke run: small backlog, 512-rank checkpoint")
@@ -542,7 +556,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               flush=True)
         stops = [int(x) for x in args.checkpoint_steps.split(",") if x.strip()]
         figures["checkpoint"] = []
-        for mode in ("whole", "rank_parts") if args.checkpoint_ranks else ():
+        modes = [m for m in args.checkpoint_modes.split(",") if m.strip()]
+        for mode in modes if args.checkpoint_ranks else ():
             figures["checkpoint"] += checkpoint_figures(broker.bootstrap, args.checkpoint_ranks, stops, root,
                                                         mode, args.split_above)
         for c in figures["checkpoint"]:
@@ -558,13 +573,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                  for c in figures["checkpoint"] if c["mode"] == "whole"}
         for c in figures["checkpoint"]:
             w = whole.get((c["after_step"], c["changed_ranks"]))
-            if c["mode"] == "rank_parts" and w is not None:
-                print(f"checkpoint_split after_step={c['after_step']} changed_ranks={c['changed_ranks']} "
+            if c["mode"] != "whole" and w is not None:
+                print(f"checkpoint_split mode={c['mode']} after_step={c['after_step']} "
+                      f"changed_ranks={c['changed_ranks']} "
                       f"bytes_ratio={c['bytes'] / max(1, w['bytes']):.3f} "
                       f"time_ratio={c['checkpoint_s'] / max(1e-9, w['checkpoint_s']):.2f} "
                       f"largest_stored_ratio="
                       f"{c['largest_stored_bytes'] / max(1, w['largest_stored_bytes']):.3f} "
-                      "(rank_parts / whole, same process)", flush=True)
+                      f"({c['mode']} / whole, same process)", flush=True)
         if args.flink_runs:
             globals()["FLINK_TIMEOUT_S"] = args.flink_timeout_s
             figures["flink"] = flink_figures(broker.bootstrap, broker.proc.pid, runs[:args.flink_runs],
