@@ -79,6 +79,12 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   flat loss within its band for plateau_min_steps, gives way (resolved) to the plateau: the right
   category now; its label is rise-after-fall (the rebound happened > 2 loss windows before the flat
   stretch was long enough, and the rise rule reads the last two) -- the subtype is still missed.
+  Then (stop 29, second part): the rise rule's Mann-Kendall test over the values since the best level
+  sees no rise in a spike settling on a high level (8.5 down to ~3.9: the later values fall) nor in a
+  step up older than its window. A loss window that sits calm (spread under the oscillation bar) with
+  its lower quartile >= best + rise_min_rise x the fall, the best older than the window, is a rebound
+  held -- a whole window confirms it, so it opens at once; and a rise-after-fall in the numeric slot
+  whose explosion had resolved re-classifies it (as a divergence already did): loss/rise-after-fall.
 """
 
 from __future__ import annotations
@@ -241,8 +247,15 @@ def test_the_own_noise_bar_is_off_when_it_equals_the_fixed_one() -> None:
 
 
 def test_an_explosion_that_never_blew_up_gives_way_to_the_flat_loss_it_left() -> None:
-    out = _outcome("r403")
+    out = _outcome("r403", rise_min_rise=10.0)  # no rise-after-fall possible: the plateau mechanism alone
     assert out.label == "loss/rise-after-fall" and out.first_nonfinite is None
     assert "gradient/explosion" in out.transient, out  # open, and the verdict, before the fix
     assert "gradient/explosion" not in out.open_alerts, out
-    assert out.verdict.split("/")[0] == "loss", out  # the category; the subtype reads loss/plateau
+    assert out.verdict == "loss/plateau", out
+
+
+def test_a_rebound_held_on_a_calm_level_older_than_the_trend_window_is_a_rise_after_fall() -> None:
+    out = _outcome("r403")
+    assert out.label == "loss/rise-after-fall" and out.first_nonfinite is None
+    assert out.verdict == "loss/rise-after-fall", out  # loss/plateau before: the trend test saw no rise
+    assert not out.open_alerts or out.open_alerts == ["loss/rise-after-fall"], out

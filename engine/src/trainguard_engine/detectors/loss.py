@@ -206,6 +206,7 @@ class _Check:
     holds: bool
     since: int = -1              # where the condition began, as this check sees it
     deferred: bool = False       # not judged now (neither counts nor resets the streak)
+    held: bool = False           # confirmed by a whole window already (no streak to wait for)
     evidence: List[Evidence] = field(default_factory=list)
     detail: str = ""
     summary: str = ""
@@ -276,12 +277,16 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         if kind == open_kind:  # still so: extend the incident's last step
             return [Finding("loss", kind, CURVE_KEYS[kind], rank.rank, first, began_ns, seen_ns=time_ns,
                             seen_step=step, host=rank.host, event_id=event_id, counts=False)]
+        if check.held:  # a whole window confirmed it (_check_rise)
+            streaks[kind] = max(streaks[kind], tuned.rise_min_points)
         needed = {"rise-after-fall": tuned.rise_min_points,
                   "divergence": _divergence_points(rank, step, settings)}.get(kind, tuned.confirm_checks)
         if streaks[kind] < needed or (kind == "plateau" and step - first < tuned.plateau_min_steps):
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, True)
         state["opened"] = {"kind": kind, "level": state.get("level", win.median), "best": state.get("best")}
+        # a rise after the slot's explosion (or NaN) resolved re-classifies it: what cleared is history
+        relabel = kind in ("divergence", "rise-after-fall") and upgrades(run, "loss", kind)
         return [Finding(
             "loss", kind, CURVE_KEYS[kind], rank.rank, first, began_ns, seen_ns=time_ns, seen_step=step,
             host=rank.host, event_id=event_id, evidence=check.evidence,
@@ -290,7 +295,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
                       TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
                                     what=f"rank {rank.rank}: confirmed on {streaks[kind]} values in a row")],
             values={"step": first, "detail": check.detail, "value": fmt_number(value), "rank": rank.rank},
-            relabel=kind == "divergence" and upgrades(run, "loss", kind), update_values=kind == "divergence",
+            relabel=relabel, update_values=kind == "divergence" or relabel,
             summary=f"On rank {rank.rank}, {check.summary.format(since=first)}")]
     return []
 
@@ -645,29 +650,44 @@ def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
     if len(after) > most:  # keep the test bounded: an even subsample, first and last kept
         after = [after[round(i * (len(after) - 1) / (most - 1))] for i in range(most)]
     trend = robust.mann_kendall([v for _s, v in after])
-    if trend.z < tuned.trend_z:
+    # or a rebound the trend test no longer sees (a step up, or a spike settling on a high level, older
+    # than the window): the whole window sits calm above the bar -- its lower quartile >= best +
+    # rise_min_rise x the fall, its spread under the oscillation rule's bar (swings there are that rule's)
+    # -- a level the run had fallen far below, held (it learned, then lost it), not a plateau
+    held = trend.z < tuned.trend_z and win.full and best_step < win.first_step and \
+        _lower_quartile(win.values) >= best + tuned.rise_min_rise * fall and win.cv < _swing_bar(state, tuned)
+    if trend.z < tuned.trend_z and not held:
         return _Check(False)
     if _grad_climbing(rank, series[-1][0], settings, tuned):
         return _Check(False, deferred=True)  # a rising loss with a climbing gradient: the explosion rule's
     if not explain:
-        return _Check(True, since=best_step)
+        return _Check(True, since=best_step, held=held)
     now = series[-1][0]
+    low = fmt_number(_lower_quartile(win.values))
+    how = (f"the lower quartile of its last {len(win.values)} values {low} >= "
+           f"{fmt_number(best + tuned.rise_min_rise * fall)}: held since before them" if held else
+           f"Mann-Kendall z = {trend.z:.2f} >= {tuned.trend_z:g} over {trend.n} values")
     description = (f"{name} level (rolling median of {tuned.rise_smooth}) fell from {fmt_number(initial)} to "
                    f"{fmt_number(best)} at step {best_step} (a fall of {fall / initial:.0%} >= "
                    f"{tuned.rise_min_fall:.0%}), then rose to {fmt_number(level)} by step {now} "
-                   f"({rise / fall:.2f}x the fall >= {tuned.rise_min_rise:g}x; Mann-Kendall "
-                   f"z = {trend.z:.2f} >= {tuned.trend_z:g} over {trend.n} values)")
+                   f"({rise / fall:.2f}x the fall >= {tuned.rise_min_rise:g}x; {how})")
     summary = (f"{name} fell from {fmt_number(initial)} to {fmt_number(best)} by step {best_step}, then "
                f"turned and rose to {fmt_number(level)}" + _braces(lr_span(rank, best_step, now))
                + ": a too-high peak learning rate after warmup, a schedule that increases the LR, or "
                  "overfitting of noisy samples.")
-    return _Check(True, since=best_step, detail=f"up from {fmt_number(best)} to {fmt_number(level)}",
-                  summary=summary,
+    return _Check(True, since=best_step, held=held,
+                  detail=f"up from {fmt_number(best)} to {fmt_number(level)}", summary=summary,
                   evidence=[Evidence(rule="loss.rise_after_fall", description=description, step=best_step,
                                      time_ns=point_time(rank, name, best_step, 0), rank=rank.rank,
                                      metric=name,
                                      threshold=tuned.rise_min_rise, value=rise / fall,
                                      window=window(rank, name, now, settings.evidence_window))])
+
+
+def _lower_quartile(values: Sequence[float]) -> float:
+    """The value a quarter of the way up the sorted ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 4]
 
 
 def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]], win: _Window,
