@@ -381,7 +381,7 @@ class Pipeline:
             self.counters["ranks_dropped"] += 1
             return
         first = run.ranks[next(iter(run.ranks))]  # where run-wide detector state lives (straggler's)
-        judged = first.detectors.get(straggler.RUN_KEY, {}).get("judged")
+        judged = first.detectors.get(straggler.RUN_KEY, _NO_STATE).get("judged")
         wide = run.lost or bool(run.incidents)  # on_alive, correlation: run-wide
         self._ranks_wide = False
         rank.touch(ev.time_ns, ev.host, ev.pid)
@@ -419,14 +419,17 @@ class Pipeline:
         # which ranks this event may have written: its own and the first (run-wide detector state), unless
         # anything run-wide ran -- a finding applied (incidents, diagnosis), correlation, a lost run back,
         # shards combined, a step judged across ranks (the straggler detector writes every rank's pairs)
+        touched = self._touched_ranks.get(key, _NO_RANKS)
+        if touched is None:
+            return  # every rank already
         if wide or run.incidents or self._ranks_wide or self._applied != applied_before or \
-                first.detectors.get(straggler.RUN_KEY, {}).get("judged") != judged:
+                first.detectors.get(straggler.RUN_KEY, _NO_STATE).get("judged") != judged:
             self._touched_ranks[key] = None
         else:
-            touched = self._touched_ranks.setdefault(key, set())
-            if touched is not None:
-                touched.add(rank.rank)
-                touched.add(first.rank)
+            if touched is _NO_RANKS:
+                touched = self._touched_ranks[key] = set()
+            touched.add(rank.rank)
+            touched.add(first.rank)
 
     @staticmethod
     def _notable(ev: _Event, points: Sequence[Any]) -> bool:
@@ -1034,6 +1037,8 @@ class RunPart(bytes):
 
 
 _EMPTY_RANKS = b',"ranks":[]'
+_NO_STATE: Dict[str, Any] = {}  # (read only)
+_NO_RANKS: Set[int] = set()  # (read only: a run with no rank touched yet)
 
 
 def _part(prefix: str, key: str) -> str:
