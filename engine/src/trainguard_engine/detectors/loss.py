@@ -792,26 +792,28 @@ def _grad_corroborates(rank: RankState, step: int, settings: DetectionSettings,
     """Whether the rank's global grad norm grows with the loss at ``step``: its latest reading >=
     ``factor`` (default ``explosion_onset_factor``) x the median of the earlier half of its readings in
     the last ``explosion_window_steps`` (at least ``explosion_min_points`` of them)."""
-    gname = grad_metric(rank, settings)
-    if gname is None:
-        return False
-    lo = step - settings.explosion_window_steps
-    values = [v for s, v, _t in recent(rank, gname, settings.explosion_window_steps + 1, step) if s >= lo]
+    values = _grad_window(rank, step, settings)
     if len(values) < settings.explosion_min_points:
         return False
     baseline = climb_baseline(values)
     return baseline > 0 and values[-1] >= (factor or settings.explosion_onset_factor) * baseline
 
 
+def _grad_window(rank: RankState, step: int, settings: DetectionSettings) -> List[float]:
+    """The rank's global grad norm readings of the last ``explosion_window_steps`` up to ``step`` (empty
+    when it reports none)."""
+    gname = grad_metric(rank, settings)
+    if gname is None:
+        return []
+    lo = step - settings.explosion_window_steps
+    return [v for s, v, _t in recent(rank, gname, settings.explosion_window_steps + 1, step) if s >= lo]
+
+
 def _grad_climbing(rank: RankState, step: int, settings: DetectionSettings,
                    tuned: LossGradientSettings) -> bool:
     """Whether the rank's gradient norm is climbing: the latest >= explosion_onset_factor x its running
     median, rising over the last explosion_trend_points values."""
-    gname = grad_metric(rank, settings)
-    if gname is None:
-        return False
-    lo = step - settings.explosion_window_steps
-    values = [v for s, v, _t in recent(rank, gname, settings.explosion_window_steps + 1, step) if s >= lo]
+    values = _grad_window(rank, step, settings)
     if len(values) < tuned.explosion_trend_points:
         return False
     baseline = climb_baseline(values)
