@@ -25,6 +25,15 @@ sees what an earlier one decided about the same event (the numeric detectors fir
 which defers to them, after; a stall closed by an exit before the exit's own verdict). The
 processing-time timers (stalled and lost runs, correlation's waits) stay the pipeline's
 (:meth:`~trainguard_engine.pipeline.Pipeline.advance`): they act on whole runs, not on an event.
+
+What a hook may write (the snapshot depends on it): the state of the event's own rank and of the run's
+first rank (run-wide detector state lives there). The pipeline re-encodes at a checkpoint only the ranks it
+saw touched and reuses the bytes of the others (issue 20); it marks every rank of the run when a finding is
+applied, the run has incidents, gradient shards were combined or the straggler detector judged a step
+across ranks. A hook that writes another rank's state any other way must make the pipeline mark the run
+(``Pipeline`` in pipeline.py), or a restore brings that rank back stale --
+tests/services/processor/test_rank_parts.py compares the incremental encode with the whole one on recorded
+4-rank jobs after every event.
 """
 
 from __future__ import annotations
