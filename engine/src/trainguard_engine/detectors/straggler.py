@@ -691,6 +691,7 @@ class Performance(Detector):
     name = "perf"
     kinds = ("perf/straggler", "perf/throughput-regression", "perf/data-bottleneck", "perf/throttling")
     section = "perf"
+    names_only = True  # wants() reads the batch's names and the settings only
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         return STEP_S in names or THROTTLE in names or not names.isdisjoint(settings.throughput_metrics)
