@@ -10,7 +10,8 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from functools import lru_cache
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
@@ -185,6 +186,13 @@ def lr_span(rank: RankState, lo: int, hi: int) -> str:
 Point = Tuple[str, int, float]
 
 
+@lru_cache(maxsize=32)
+def name_set(names: Tuple[str, ...]) -> AbstractSet[str]:
+    """A settings tuple of metric names as a set (one hash lookup per point instead of a scan of the
+    tuple); remembered per tuple, so per settings object."""
+    return frozenset(names)
+
+
 def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], settings: DetectionSettings
                 ) -> Tuple[Optional[Point], List[Point], Optional[Point], bool]:
     """(global grad norm point, per-layer points, loss point, a GradScaler overflow step) of one batch;
@@ -193,7 +201,8 @@ def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], 
     grad_point: Optional[Point] = None
     loss_point: Optional[Point] = None
     overflow = False
-    grad_names, loss_names = settings.grad_norm_metrics, settings.loss_metrics
+    grad_names, loss_names = name_set(settings.grad_norm_metrics), name_set(settings.loss_metrics)
+    clip_names = name_set(settings.clip_threshold_metrics)
     for name, step, value in points:
         if name in grad_names:
             grad_point = (name, step, value)
@@ -203,7 +212,7 @@ def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], 
             loss_point = loss_point or (name, step, value)
         elif name == "amp/overflow" and value == 1.0:
             overflow = True
-        elif name in settings.clip_threshold_metrics and math.isfinite(value) and value > 0:
+        elif name in clip_names and math.isfinite(value) and value > 0:
             state.setdefault("clip", {})["tau"] = value
     overflow_history = rank.history.get("amp/overflow") if not overflow else None
     if overflow_history:  # an SDK alert batch of per-layer NaNs has no amp/overflow; the history may
