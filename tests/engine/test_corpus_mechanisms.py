@@ -85,6 +85,14 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   its lower quartile >= best + rise_min_rise x the fall, the best older than the window, is a rebound
   held -- a whole window confirms it, so it opens at once; and a rise-after-fall in the numeric slot
   whose explosion had resolved re-classifies it (as a divergence already did): loss/rise-after-fall.
+* r415 (HF Trainer, LoRA GPT, Adam with an LR ~216x too high, HF's default max_grad_norm 1; batch 4 of
+  the corpus): the loss falls from 5.5 to ~4.3 in the first 10 steps, then sits flat there to the end
+  (0.89x its initial level) while the pre-clip norm climbs 0.01 -> 79 and back, never non-finite. The
+  pre-NaN explosion flagged at 58 stayed open to the end (the verdict): the gave-way rule needs the
+  plateau rule, which took a level under plateau_min_level (0.9) x the start for converging. A loss
+  that fell a little is stalled (plateau_stalled_min_level, 0.8) when the norm collapsed -- and now
+  also when it climbed into an explosion flagged before any non-finite value: the explosion gives way
+  to the plateau.
 """
 
 from __future__ import annotations
@@ -259,3 +267,16 @@ def test_a_rebound_held_on_a_calm_level_older_than_the_trend_window_is_a_rise_af
     assert out.label == "loss/rise-after-fall" and out.first_nonfinite is None
     assert out.verdict == "loss/rise-after-fall", out  # loss/plateau before: the trend test saw no rise
     assert not out.open_alerts or out.open_alerts == ["loss/rise-after-fall"], out
+
+
+def test_a_flat_loss_a_little_below_its_start_under_a_climbing_clipped_norm_is_a_plateau() -> None:
+    out = _outcome("r415")
+    assert out.label == "loss/plateau" and out.first_nonfinite is None
+    assert "gradient/explosion" in out.transient, out  # open to the end, and the verdict, before the fix
+    assert "gradient/explosion" not in out.open_alerts, out
+    assert out.verdict == "loss/plateau", out
+
+
+def test_the_climbed_stall_is_off_when_the_stalled_level_equals_the_plateau_level() -> None:
+    out = _outcome("r415", plateau_stalled_min_level=0.9)  # = plateau_min_level: no stalled rule at all
+    assert out.verdict == "gradient/explosion", out

@@ -316,6 +316,7 @@ def _explosion_gave_way(run: RunState, rank: RankState, name: str, series: Seque
     numeric = rank_state(rank)
     if "loss_nonfinite" in numeric or numeric.get("nonfinite"):
         return False
+    state["climbed"] = True  # the norm climbed with nothing non-finite: a flat loss now is stalled (_stalled)
     win = _Window(series, settings.loss_window)
     base = divergence_base(initial, state["init"][0], settings)
     check = _check_plateau(rank, name, series, win, initial, state, settings, settings, False)
@@ -904,10 +905,17 @@ def _stalled(rank: RankState, state: Dict[str, Any], level_ratio: float, lo: int
              settings: DetectionSettings) -> bool:
     """Whether a loss that fell a little (window level >= ``plateau_stalled_min_level`` x its initial
     level) stopped learning: the median global grad norm over steps [lo, hi] <=
-    ``plateau_grad_collapse`` x the norm's early level (:func:`_track_grad_start`)."""
+    ``plateau_grad_collapse`` x the norm's early level (:func:`_track_grad_start`), or the norm climbed
+    into a gradient explosion (flagged before any non-finite value, :func:`_explosion_gave_way` marks
+    ``state["climbed"]``) -- under clipping the updates are thrown around at a fixed size and the loss
+    sits where the first steps left it: no more learning than a collapsed gradient gives."""
+    if level_ratio < settings.plateau_stalled_min_level:
+        return False
+    if state.get("climbed"):
+        return True
     early = state.get("ginit")
     gname = grad_metric(rank, settings)
-    if level_ratio < settings.plateau_stalled_min_level or not early or early <= 0 or gname is None:
+    if not early or early <= 0 or gname is None:
         return False
     norms = [v for s, v, _t in recent(rank, gname, settings.loss_window, hi) if s >= lo]
     return bool(norms) and robust.median(norms) <= settings.plateau_grad_collapse * early
