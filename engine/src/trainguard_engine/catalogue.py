@@ -523,7 +523,8 @@ class DetectionSettings:
         0.8, "loss/plateau: a window's median below plateau_min_level but >= this x the initial level is "
         "still a plateau when the run stopped learning: the window's median global grad norm <= "
         "plateau_grad_collapse x the norm's early level (a run that fell a little, then its gradient "
-        "collapsed and the loss went flat, has not learned).")
+        "collapsed and the loss went flat, has not learned), or the norm climbed into a gradient "
+        "explosion flagged before any non-finite value.")
     plateau_grad_collapse: float = _setting(
         0.1, "loss/plateau: the window's median global grad norm <= this x the median of the run's first "
         "loss_baseline_points grad-norm values means the gradient collapsed (see "
