@@ -1,5 +1,6 @@
 """``robust.median``, ``robust.mad`` and ``robust.theil_sen`` compute their medians without
-``statistics.median``'s call overhead (issue 15): the results must equal ``statistics.median``'s bit for
+``statistics.median``'s call overhead, ``robust.mann_kendall`` skips its exact checks when a sum and a set
+say they cannot matter (issue 15): the medians must equal ``statistics.median``'s bit for
 bit -- ints and floats, odd and even lengths, ties, -0.0 beside 0.0, huge and tiny magnitudes -- on the
 value lists the detectors actually judge (the recorded scenario streams' metric values, windowed)."""
 
@@ -62,3 +63,40 @@ def test_theil_sen_equals_the_statistics_definition() -> None:
             want = statistics.median(slopes)
             assert _bits(slope) == _bits(want)
             assert _bits(intercept) == _bits(statistics.median(y - want * x for x, y in zip(xs, win)))
+
+
+def _reference_mann_kendall(values: Sequence[float]) -> robust.MannKendall:
+    """The textbook definition: every pair subtracted, ties counted with a dict."""
+    n = len(values)
+    if n < 3:
+        return robust.MannKendall(n, 0, 0.0, 0.0)
+    s = sum((d > 0) - (d < 0) for i in range(n) for d in (values[j] - values[i] for j in range(i + 1, n)))
+    counts: Dict[float, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in counts.values() if t > 1)) / 18.0
+    if var <= 0:
+        return robust.MannKendall(n, s, 0.0, 0.0)
+    z = (s - 1) / math.sqrt(var) if s > 0 else (s + 1) / math.sqrt(var) if s < 0 else 0.0
+    return robust.MannKendall(n, s, z, s / (n * (n - 1) / 2))
+
+
+def test_mann_kendall_equals_the_pairwise_definition() -> None:
+    """Its fast paths (finiteness from one sum, ties only when a set is smaller than the values) give the
+    pairwise definition's s, z and tau exactly -- on the streams' windows, rounded (ties), and with NaN,
+    +-inf, -0.0 and finite values whose sum overflows."""
+    checked = 0
+    for values in list(_series().values())[:60]:
+        for win in _windows(values):
+            for case in (list(win), [round(v, 1) for v in win]):
+                assert robust.mann_kendall(case) == _reference_mann_kendall(case)
+                checked += 1
+    assert checked > 500
+    odd = [1.0, math.nan, 2.0, math.inf, -math.inf, 0.0, -0.0, 1e308, 1e308, 3.0, 3.0, 1.0]
+    for k in range(len(odd)):
+        case = odd[k:] + odd[:k]
+        got, want = robust.mann_kendall(case), _reference_mann_kendall(case)
+        assert (got.n, got.s) == (want.n, want.s)
+        assert got.z == want.z or (math.isnan(got.z) and math.isnan(want.z))
+    big = [1e308, 1e308, 5.0, 1e308, 2.0]  # sum overflows: the exact test, still all finite
+    assert robust.mann_kendall(big) == _reference_mann_kendall(big)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -85,7 +86,9 @@ def _kendall_s(values: Sequence[float]) -> int:
     """sum of sign(x_j - x_i) over i < j. For finite values: each value against the sorted earlier ones
     (bisect), O(n log n) comparisons instead of n^2 / 2 subtractions -- the same integer, since for
     finite floats x_j - x_i > 0 exactly when x_j > x_i. Anything else: the pairwise definition."""
-    if not all(v - v == 0.0 for v in values):  # NaN or +-inf: keep the subtraction's semantics
+    total = sum(values)  # finite when every value is (a NaN or an inf makes it non-finite); an overflow
+    #                      to inf of finite values only sends them to the exact test
+    if total - total != 0.0 and not all(v - v == 0.0 for v in values):  # NaN or +-inf: the subtraction's
         s = 0
         for i in range(len(values) - 1):
             vi = values[i]
@@ -97,11 +100,12 @@ def _kendall_s(values: Sequence[float]) -> int:
                     s -= 1
         return s
     earlier: List[float] = []
+    left, right, insert = bisect.bisect_left, bisect.bisect_right, earlier.insert
     s = 0
     for count, v in enumerate(values):
-        below = bisect.bisect_left(earlier, v)
-        s += below - (count - bisect.bisect_right(earlier, v, below))
-        earlier.insert(below, v)
+        below = left(earlier, v)
+        s += below - (count - right(earlier, v, below))
+        insert(below, v)
     return s
 
 
@@ -111,10 +115,9 @@ def mann_kendall(values: Sequence[float]) -> MannKendall:
     if n < 3:
         return MannKendall(n, 0, 0.0, 0.0)
     s = _kendall_s(values)
-    counts: Dict[float, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    ties = sum(t * (t - 1) * (2 * t + 5) for t in counts.values() if t > 1)
+    ties = 0
+    if len(set(values)) < n:  # tied values (the same equality as a dict's keys: 0.0 and -0.0 tie)
+        ties = sum(t * (t - 1) * (2 * t + 5) for t in Counter(values).values() if t > 1)
     var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
     if var <= 0:
         return MannKendall(n, s, 0.0, 0.0)
