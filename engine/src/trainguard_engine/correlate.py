@@ -100,7 +100,8 @@ def _began(run: RunState, st: IncidentState) -> int:
 
 
 def _remember_killed(cause: IncidentState) -> None:
-    """Note which rank a process/killed incident is about, before consequences add other ranks to it."""
+    """Note which rank a process/killed incident is about, before consequences add other ranks to it (it
+    stays the lead: a consequence reported at the same time on a lower rank does not take it)."""
     if _kind(cause) == KILLED:
         cause.extra.setdefault("killed_rank", cause.record.lead_rank)
 
@@ -256,6 +257,8 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
     if cause is None or cause.key == finding.key:
         return finding
     _remember_killed(cause)
+    if _kind(cause) == KILLED and cause.record.lead_rank >= 0:
+        cause.extra.setdefault("lead", cause.extra["killed_rank"])  # the killed rank, not a consequence's
     rank = run.ranks.get(finding.rank)
     if rank is not None and rank.exc_key == finding.key:
         rank.exc_key = cause.key

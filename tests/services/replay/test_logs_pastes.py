@@ -154,3 +154,20 @@ def test_the_heartbeat_monitors_stuck_watchdog_line_is_a_collective_hang() -> No
     found = classify_chain("", item.message)
     assert found.kind == "comm/timeout" and found.rule == "nccl.heartbeat-stuck"
     assert found.facts["stuck_s"] == 480 and found.facts["rank"] == 2
+
+
+def test_a_torchrun_summary_without_its_root_cause_is_the_launchers_report_not_a_crash() -> None:
+    # roboMamba under torchrun (lmzpai/roboMamba#10): the agent's glog-style line says local_rank 5 failed
+    # with exitcode -9, then its ChildFailedError summary shows only '<NO_OTHER_FAILURES>' (the root cause
+    # entry is outside the paste) -- before, that summary led as 'Crashed: ChildFailedError' on rank 0
+    from bench.wild import corpus, judge
+
+    summary = [i for i in items("proc-killed-glog-9-nootherfailures-robomamba-1") if i.kind == "exception"]
+    assert len(summary) == 1
+    found = classify_chain(summary[0].payload["type"], summary[0].payload["message"])
+    assert (found.kind, found.rule) == ("process/exit", "torchrun.summary-without-root")
+    assert found.confidence < 0.6 and found.facts["job"] == "test.py"
+    case = next(c for c in corpus.load() if c.case_id == "proc-killed-glog-9-nootherfailures-robomamba-1")
+    verdict = judge.replay_local(case)
+    assert (verdict.kind, verdict.lead_rank) == ("process/killed", 5), verdict
+    assert verdict.kinds == ("process/killed",)

@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.94, "subtype": 0.94}, "heldout": {"category": 0.86, "subtype": 0.82}}
+FLOORS = {"tune": {"category": 0.94, "subtype": 0.93}, "heldout": {"category": 0.85, "subtype": 0.81}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -50,7 +50,10 @@ out, none missed): tuned 247/262 and 245/262, held out 85/100 and 81/100; an exc
 pipeline: held out 86/100 and 82/100. At 362 -> 370 logs (8 more comm/timeout and process/exit logs, recorded
 before any change: 6 tuned, 2 held out, both right): tuned 252/268 and 250/268, held out 88/102 and 84/102;
 then, from tuned misses only, the heartbeat monitor's stuck-watchdog line and a lost rank's own signal exit
-leading its peer's connection-closed report: tuned 254/268 and 252/268, held out unchanged."""
+leading its peer's connection-closed report: tuned 254/268 and 252/268, held out unchanged.
+Lowered again at 370 -> 393 logs (issue 17, third pass): 23 new logs (5 held out) labelled from their threads
+and recorded before any change (tuned 270/286 and 266/286, held out 91/107 and 87/107); the torchrun
+summary-without-root rule (a tuned log) then: tuned 270/286 and 267/286, held out unchanged."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -191,7 +191,7 @@ the order rules are tried (:func:`rules_table`)."""
 FIRST_RULE = "torchrun.child-failed"
 """Tried before :data:`RULES`: a launcher summary names the root cause."""
 FRAMES_RULE = "frames.process-group-init"
-FALLBACKS = ("type:<name>", FRAMES_RULE, "python.exception")
+FALLBACKS = ("type:<name>", FRAMES_RULE, torchrun.SUMMARY_CUT_RULE, "python.exception")
 """What an exception is when no text rule matched: by its type, else a plain Python exception."""
 
 
@@ -336,6 +336,8 @@ def _classify_exception(exc_type: str, message: str, depth: int) -> Classificati
     found = _classify(text, exc_type, depth) if depth < 3 else None
     if found is not None:
         return found
+    if _bare(exc_type) == "ChildFailedError":
+        return torchrun.summary_without_root(exc_type, message)
     line = _first_line(message)
     headline = f"{exc_type}: {_shorten(line, 140)}" if line else exc_type
     facts: Facts = {"exc_type": exc_type}

@@ -313,6 +313,25 @@ def _rule_torchrun(t: _Text, depth: int) -> Optional[_Hit]:
                 extra_lines=tuple(p for p in evidence if p >= 0))
 
 
+
+SUMMARY_CUT_RULE = "torchrun.summary-without-root"
+
+
+def summary_without_root(exc_type: str, message: str) -> Classification:
+    """torchrun's ``ChildFailedError`` whose summary names no root cause (the paste cut it off, or it shows
+    only ``<NO_OTHER_FAILURES>``): the launcher's report that a worker failed, not an exception of the job.
+    ``process/exit`` at a low confidence, so that it folds into the failure the agent's own line names
+    (``failed (exitcode: -9) local_rank: 5``) instead of leading as a crash of its own."""
+    job = next((ln.strip()[: -len(" FAILED")] for ln in message.splitlines()[:8]
+                if ln.strip().endswith(" FAILED")), "")
+    facts: Facts = {"exc_type": exc_type, "summary_cut": True}
+    if job:
+        facts["job"] = job
+    headline = f"torchrun: {job or 'a worker'} failed (its summary names no root cause)"
+    return Classification("process", "exit", SUMMARY_CUT_RULE, 0.3, headline, facts, (exc_type,),
+                          "the launcher's summary without its root-cause entry: the failed worker's own "
+                          "line (its exit code or signal) or traceback says what happened")
+
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:",),
@@ -326,6 +345,11 @@ after the shared pre-scan)."""
 
 
 DOCS = {
+    SUMMARY_CUT_RULE: (
+        "(with ``exc_type`` ChildFailedError) a torchrun summary that names no root cause (cut off, or only "
+        "``<NO_OTHER_FAILURES>``) → process/exit at a low confidence: the launcher's report, which the "
+        "failed worker's own exit line or traceback explains"
+    ),
     'torchrun.child-failed': (
         "torchrun's ``ChildFailedError`` summary: the root cause's own kind (its traceback, else its signal "
         'by the decision path; a plain non-zero exit code with no traceback → process/exit), the culprit its '
