@@ -33,7 +33,8 @@ def test_quick_run_prints_every_figure() -> None:
         rf"checkpoint_s={n} parts=\d+ bytes=\d+ ",
         r"^checkpoint ranks=512 after_step=2 changed_ranks=512 mode=whole records=512 ",
         r"^checkpoint ranks=512 after_step=3 changed_ranks=32 mode=rank_parts records=32 ",
-        rf"^checkpoint_split after_step=3 changed_ranks=32 bytes_ratio={n} time_ratio={n} ",
+        rf"^checkpoint_split mode=rank_parts after_step=3 changed_ranks=32 bytes_ratio={n} time_ratio={n} ",
+        rf"^checkpoint_split mode=rank_parts_full after_step=3 changed_ranks=32 bytes_ratio={n} ",
         r"^flink: not measured",
     ):
         assert re.search(pattern, out, re.MULTILINE), (pattern, out[-3000:])
