@@ -24,9 +24,11 @@ from trainguard_server.storage.sqlite import SqliteEventStore, SqliteIncidentSto
 Store = Dict[str, bytes]
 
 
-def _save(pipeline: Pipeline, splitter: RankParts, store: Store) -> Dict[str, Optional[bytes]]:
-    """What the processor's checkpoint does: the changed parts, split, into the store; then saved."""
-    written = splitter.to_store(pipeline.changed_parts())
+def _save(pipeline: Pipeline, splitter: RankParts, store: Store,
+          parts: Optional[Dict[str, Optional[bytes]]] = None) -> Dict[str, Optional[bytes]]:
+    """What the processor's checkpoint does: the changed parts (``parts`` when the caller already took
+    them), split, into the store; then saved."""
+    written = splitter.to_store(pipeline.changed_parts() if parts is None else parts)
     for key, value in written.items():
         if value is None:
             store.pop(key, None)
@@ -178,14 +180,7 @@ def test_the_incremental_run_encode_equals_the_whole_one_after_every_event(name:
         for part, blob in parts.items():
             if part.startswith("run/") and blob is not None:
                 assert blob == _whole_run_part(pipeline, blob), f"{name}: {part} differs after event {i}"
-        written = splitter.to_store(parts)
-        for key, value in written.items():
-            if value is None:
-                store.pop(key, None)
-            else:
-                store[key] = value
-        pipeline.parts_saved()
-        splitter.saved()
+        _save(pipeline, splitter, store, parts)
         if i == half:
             restored = Pipeline.restore_parts(RankParts().from_store(store), settings)
     assert restored is not None and restored.snapshot() == pipeline.snapshot()
