@@ -12,7 +12,7 @@ format numbers and evidence windows the same way everywhere.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from trainguard.core.events import wire_float
 
@@ -26,6 +26,12 @@ def fmt_number(value: float) -> str:
     if math.isinf(value):
         return "Infinity" if value > 0 else "-Infinity"
     return f"{value:.4g}"
+
+
+def finite_or_none(value: Optional[float]) -> Optional[float]:
+    """``value`` when it is a finite number, else None (a record never holds a bare NaN/Inf: a ratio to a
+    base near the smallest float overflows to inf)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def fmt_duration(seconds: float) -> str:

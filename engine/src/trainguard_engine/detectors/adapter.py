@@ -40,14 +40,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
 from ..robust import mann_kendall
 from ..state import RankState, RunState
-from . import fmt_number
+from . import finite_or_none, fmt_number
 from .base import Detector, MetricBatch
 
 STATE_KEY = "lora"
@@ -123,14 +123,10 @@ def _fresh(state: Dict[str, Any], s: int, event_id: str) -> bool:
     return True
 
 
-def _finite(value: Optional[float]) -> Optional[float]:
-    return value if value is not None and math.isfinite(value) else None
-
-
 def _report(rank: RankState, state: Dict[str, Any], s: int, values: Dict[str, float], time_ns: int,
             event_id: str, settings: DetectionSettings) -> List[Finding]:
-    mean_a, mean_b = _finite(values.get(GRAD_MEAN_A)), _finite(values.get(GRAD_MEAN_B))
-    no_grad, params = _finite(values.get(NO_GRAD)), _finite(values.get(PARAMS))
+    mean_a, mean_b = finite_or_none(values.get(GRAD_MEAN_A)), finite_or_none(values.get(GRAD_MEAN_B))
+    no_grad, params = finite_or_none(values.get(NO_GRAD)), finite_or_none(values.get(PARAMS))
     reports: List[List[Any]] = state.setdefault("reports", [])
     reports.append([s, mean_a, mean_b, no_grad, params])
     del reports[:-max(1, int(_cfg(settings, "evidence_window", 20)))]

@@ -17,7 +17,7 @@ from ..catalogue import DetectionSettings
 from ..incidents import Finding, resolve
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
-from . import fmt_number, window
+from . import finite_or_none, fmt_number, window
 from .adapter import KEY as ADAPTER_KEY
 from .base import Detector, MetricBatch
 from .numeric import (
@@ -747,14 +747,8 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
                   summary=summary,
                   evidence=[Evidence(rule="loss.divergence", description=description, step=centre,
                                      time_ns=point_time(rank, name, centre, 0), rank=rank.rank, metric=name,
-                                     threshold=tuned.divergence_factor, value=_finite_or_none(level / base),
+                                     threshold=tuned.divergence_factor, value=finite_or_none(level / base),
                                      window=window(rank, name, now, settings.evidence_window))])
-
-
-def _finite_or_none(value: float) -> Optional[float]:
-    """``value`` when finite, else None: a ratio to a base near the smallest float overflows to inf, and a
-    record never holds a bare non-finite number."""
-    return value if value - value == 0.0 else None
 
 
 def _rising_since_left(values: Sequence[float], bar: float, least: int = 3) -> bool:
