@@ -64,6 +64,16 @@ CAUSES: Dict[str, Tuple[str, ...]] = {
     "clip_stale": ("gradient/clip-stale",),  # SGD with max_norm ~1/100 of the gradient norm
     "nan_data": ("gradient/nan-source",),  # one corrupted sample (log(0) target / Inf input)
     "lora_dead": ("adapter/lora-grad-break",),  # frozen base, LoRA adapters that cannot learn
+    # batch 5 only: an LR raised 10-100x mid-run after the loss fell (a step schedule written the wrong way
+    # round, a restart at the warmup peak) -- the rise after a fall, or worse
+    "lr_jump": (
+        "loss/rise-after-fall",
+        "loss/divergence",
+        "gradient/explosion",
+        "loss/oscillation",
+        "loss/plateau",
+    ),
+    "lr_tiny": ("loss/plateau",),  # an LR 1,000-10,000x too low (a unit slip): nothing moves
 }
 
 FRAMEWORKS = ("plain", "hf", "lightning")
@@ -336,17 +346,99 @@ def _batch4(first_index: int) -> List[RunSpec]:
     return specs
 
 
+BATCH5_SEED = 20261206
+"""The fifth batch (issue 16, stop 30, drawn after batches 1-4 had been tuned on): rich in the LOSS-SHAPE
+failures whose boundaries (divergence / oscillation / rise-after-fall / plateau) did not generalise from
+the dev half, across the three frameworks and more optimisers and schedules than batches 1-4 had
+(RMSprop and Adagrad beside SGD(+momentum) and Adam(W); OneCycle and linear warmup + linear decay beside
+cosine, step and linear): an LR far too high, SGD/momentum/RMSprop far above their stable LR, a warmup or a
+OneCycle to a too-high peak, an LR raised mid-run (``lr_jump``), an LR far too low (``lr_tiny``), dead
+ReLUs, and healthy runs under the new optimisers and schedules (so the new material has its negatives),
+split per planted cause by the same rule and recorded in ``manifest.json`` before any of its runs was
+trained."""
+
+BATCH5_COUNTS: Dict[str, int] = {
+    "lr_diverge": 16,
+    "oscillation": 14,
+    "lr_jump": 16,
+    "warmup_too_high": 10,
+    "lr_tiny": 8,
+    "dead_relu": 6,
+    "healthy": 12,
+}
+"""Runs per planted cause of the fifth batch (82, ids r456-r537)."""
+
+BATCH5_OPTIMIZERS = ("sgd", "sgdm", "adam", "adamw", "rmsprop", "adagrad")
+BATCH5_SCHEDULES = ("constant", "warmup_cosine", "linear", "step", "onecycle", "warmup_linear")
+
+BATCH5_WHERE: Dict[str, Sequence[Tuple[str, str]]] = {
+    "lr_diverge": [("plain", "gpt"), ("plain", "cnn"), ("plain", "mlp"), ("hf", "gpt"), ("hf", "lora"),
+                   ("lightning", "gpt"), ("lightning", "cnn"), ("lightning", "lora")],
+    "oscillation": [("plain", "cnn"), ("plain", "linear"), ("plain", "mlp"), ("hf", "linear"),
+                    ("lightning", "cnn"), ("lightning", "linear")],
+    "lr_jump": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("hf", "gpt"), ("hf", "mlp"),
+                ("lightning", "mlp"), ("lightning", "cnn"), ("lightning", "gpt")],
+    "warmup_too_high": [("plain", "mlp"), ("plain", "gpt"), ("hf", "gpt"), ("hf", "lora"),
+                        ("lightning", "mlp"), ("lightning", "cnn")],
+    "lr_tiny": [("plain", "mlp"), ("plain", "cnn"), ("hf", "gpt"), ("lightning", "mlp"),
+                ("lightning", "cnn")],
+    "dead_relu": [("plain", "mlp"), ("lightning", "mlp"), ("hf", "mlp")],
+    "healthy": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("hf", "gpt"), ("hf", "lora"),
+                ("lightning", "mlp"), ("lightning", "cnn"), ("lightning", "gpt")],
+}
+
+BATCH5_OPTIMIZERS_FOR: Dict[str, Sequence[str]] = {
+    "oscillation": ("sgd", "sgdm", "rmsprop"),
+    "lr_diverge": ("adam", "adamw", "sgdm", "rmsprop", "adagrad"),
+    "lr_jump": BATCH5_OPTIMIZERS,
+}
+
+
+def _batch5_spec(rng: random.Random, cause: str, index: int) -> RunSpec:
+    """One spec of the fifth batch: :func:`_draw`'s, then its optimiser and schedule drawn again from
+    ``rng`` among the batch's wider choices (so batches 1-4, drawn by :func:`_draw` alone, are unchanged)."""
+    spec = _draw(rng, cause, index, BATCH5_WHERE[cause])
+    optimizer = rng.choice(list(BATCH5_OPTIMIZERS_FOR.get(cause, BATCH5_OPTIMIZERS)))
+    if spec.family in ("gpt", "lora") and cause == "healthy":
+        optimizer = rng.choice(["adam", "adamw", "rmsprop"])
+    schedule = rng.choice(list(BATCH5_SCHEDULES))
+    lr_scale = spec.lr_scale
+    if cause == "oscillation":
+        schedule = "constant"
+        if optimizer != "sgd":
+            lr_scale = round(10 ** rng.uniform(1.0, 1.7), 4)  # momentum / RMSprop: unstable sooner
+    elif cause == "warmup_too_high":
+        schedule = rng.choice(["warmup_constant", "onecycle", "warmup_linear"])
+    elif cause == "lr_jump":
+        schedule = "jump_up"
+    elif cause == "lr_tiny":
+        lr_scale = round(10 ** rng.uniform(-4.0, -3.0), 8)
+    changed = {"optimizer": optimizer, "schedule": schedule, "lr_scale": lr_scale}
+    return RunSpec(**{**spec.to_dict(), **changed})  # type: ignore[arg-type]
+
+
+def _batch5(first_index: int) -> List[RunSpec]:
+    """The fifth batch (:func:`_batch5_spec`) from its own seed, split per planted cause."""
+    rng = random.Random(BATCH5_SEED)
+    specs: List[RunSpec] = []
+    for cause, count in BATCH5_COUNTS.items():
+        drawn = [_batch5_spec(rng, cause, first_index + len(specs) + i) for i in range(count)]
+        specs.extend(_split(rng, drawn))
+    return specs
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
-    batch (320 runs from ``master_seed``), then the second (:func:`_batch2`), the third (:func:`_batch3`)
-    and the fourth (:func:`_batch4`)."""
+    batch (320 runs from ``master_seed``), then the second (:func:`_batch2`), the third (:func:`_batch3`),
+    the fourth (:func:`_batch4`) and the fifth (:func:`_batch5`)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
         specs.extend(_split(rng, [_draw(rng, cause, len(specs) + i) for i in range(count)]))
     specs += _batch2(len(specs))
     specs += _batch3(len(specs))
-    return specs + _batch4(len(specs))
+    specs += _batch4(len(specs))
+    return specs + _batch5(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:

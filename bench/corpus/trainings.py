@@ -18,7 +18,9 @@ runs, ``watch_lora`` for LoRA), ``hf`` (the real ``transformers.Trainer`` with
 ``trainguard.integrations.transformers.TrainGuardCallback``, ``logging_steps=1``, its default
 ``max_grad_norm=1.0``) and ``lightning`` (the real ``pytorch_lightning.Trainer`` with
 ``trainguard.integrations.lightning.TrainGuardCallback``, ``gradient_clip_val`` where clipping is on).
-Every framework gets its optimiser and a ``LambdaLR`` of the spec's schedule from this module.
+Every framework gets its optimiser (SGD, SGD with momentum, Adam, AdamW; batch 5 also RMSprop and Adagrad)
+and a ``LambdaLR`` of the spec's schedule from this module (batch 5 adds OneCycle's shape, a linear warmup
+with a linear decay, and ``jump_up``: the LR raised 10-100x at 45 % of the run).
 
 Planted causes (``spec.cause``; nothing is injected into the SDK's data, everything happens in the training):
 see ``manifest.CAUSES``. ``variant`` picks among the ways a cause is planted (e.g. LoRA: alpha 0, A and B
@@ -46,12 +48,12 @@ from .manifest import RunSpec
 Truth = Dict[str, List[float]]
 
 SANE_LR: Dict[str, Dict[str, float]] = {
-    "mlp": {"sgd": 0.05, "sgdm": 0.02, "adam": 3e-3, "adamw": 3e-3},
-    "cnn": {"sgd": 0.3, "sgdm": 0.05, "adam": 3e-3, "adamw": 3e-3},
-    "linear": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2},
-    "gpt": {"sgd": 0.5, "sgdm": 0.1, "adam": 3e-3, "adamw": 3e-3},
-    "lora": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2},
-    "deep": {"sgd": 0.5, "sgdm": 0.2, "adam": 1e-3, "adamw": 1e-3},
+    "mlp": {"sgd": 0.05, "sgdm": 0.02, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05},
+    "cnn": {"sgd": 0.3, "sgdm": 0.05, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05},
+    "linear": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2, "rmsprop": 3e-3, "adagrad": 0.1},
+    "gpt": {"sgd": 0.5, "sgdm": 0.1, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05},
+    "lora": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2, "rmsprop": 3e-3, "adagrad": 0.05},
+    "deep": {"sgd": 0.5, "sgdm": 0.2, "adam": 1e-3, "adamw": 1e-3, "rmsprop": 5e-4, "adagrad": 0.05},
 }
 """An LR each family learns well with, per optimiser (``spec.lr_scale`` multiplies it)."""
 
@@ -276,6 +278,10 @@ def make_optimizer(spec: RunSpec, params: Any) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
     if spec.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr)
+    if spec.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=lr)
+    if spec.optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr)
     return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
 
 
@@ -296,6 +302,22 @@ def lr_factor(spec: RunSpec) -> Callable[[int], float]:
         return lambda s: min(1.0, (s + 1) / warmup)
     if kind == "linear":
         return lambda s: max(0.05, 1.0 - s / total)
+    if kind == "warmup_linear":  # a linear warmup, then a linear decay (HF's get_linear_schedule_with_warmup)
+        up = max(1, int(total * (0.25 if spec.cause == "warmup_too_high" else 0.1)))
+        return lambda s: (s + 1) / up if s < up else max(0.05, 1.0 - (s - up) / max(1, total - up))
+    if kind == "onecycle":  # OneCycleLR's shape (cosine annealing, pct_start 0.3, div 25, final div 1e4)
+        up = max(1, int(total * 0.3))
+
+        def one(s: int) -> float:
+            if s < up:
+                return 0.04 + 0.96 * 0.5 * (1 - math.cos(math.pi * s / up))
+            frac = min(1.0, (s - up) / max(1, total - up))
+            return 4e-6 + (1.0 - 4e-6) * 0.5 * (1 + math.cos(math.pi * frac))
+
+        return one
+    if kind == "jump_up":  # a step schedule written the wrong way round: x10/30/100 at 45 % of the run
+        at, jump = int(total * 0.45), (10.0, 30.0, 100.0)[v]
+        return lambda s: 1.0 if s < at else jump
     if kind == "step":
         return lambda s: 1.0 if s < total * 0.5 else 0.3 if s < total * 0.8 else 0.09
     if kind == "delayed_warmup":  # ~0 for a first stretch, then a warmup: a flat start that is healthy
