@@ -87,6 +87,22 @@ def test_run_stage_with_state_pickled_per_record_equals_one_pipeline(flush_event
     assert any(i["subtype"] == "rank-lost" for i in incidents.values())  # the timer's decision
 
 
+def test_a_live_box_pickled_at_every_record_stores_what_a_whole_snapshot_holds() -> None:
+    """The runtime pickles the live box at each bundle's end and goes on with it: each pickling merges only
+    the parts that changed (a run re-encodes only its touched ranks), and what it stores restores, after
+    every record of a multi-rank run, to the live pipeline's state byte for byte."""
+    stage = RunStage(OVERRIDES, settle_ms=60_000, flush_events=1)
+    events = BY_NAME["dist_rank_lost"].events()
+    assert len({e["rank"] for e in events}) > 1
+    box = stage.box(None)
+    for _, payload in inputs_of(events):
+        stage.on_record(box, payload)
+        stored = pickle.dumps(box)
+        assert pickle.loads(stored).pipeline.snapshot() == box.pipeline.snapshot()
+        assert len(stored) < 1.05 * sum(map(len, box.parts.values())) + 4096  # plain bytes, no rank offsets
+    assert not box.pipeline.changed_parts().keys() - {"header"}  # nothing unsaved after the last pickling
+
+
 def test_only_counted_exceptions_become_observations_and_clusters_span_runs() -> None:
     stage, clusters = RunStage(OVERRIDES), ClusterStage(OVERRIDES)
     observations: List[str] = []

@@ -98,11 +98,16 @@ class PipelineBox:
     event + settle; ``timer_ms``/``tick_ms``: the event-time and processing-time timers registered, 0:
     none). Between records it stays a live object (the engine's state cache hands the same object back);
     only when the engine serializes state -- at the end of a bundle, for a checkpoint -- is it pickled:
-    the pipeline as its versioned snapshot, the pending records as their bytes."""
+    the pipeline as its snapshot parts (``Pipeline.changed_parts``: the box keeps every part's latest
+    bytes in ``parts`` and merges in only what changed since the last pickling, so a run re-encodes only
+    the ranks touched since then -- a 4,096-rank run no longer encodes every rank at every bundle), the
+    pending records as their bytes. Pickling marks the pipeline's parts saved: every pickling of a box
+    must go through :meth:`__getstate__` (the runtime's does)."""
 
     def __init__(self, pipeline: Pipeline, overrides: str) -> None:
         self.pipeline = pipeline
         self.overrides = overrides
+        self.parts: Dict[str, bytes] = {}  # the pipeline's parts as of the last pickling
         self.pending: List[bytes] = []
         self.pending_events = 0
         self.due_ms = 0
@@ -110,14 +115,21 @@ class PipelineBox:
         self.tick_ms = 0
 
     def __getstate__(self) -> Dict[str, Any]:
-        return {"snapshot": self.pipeline.snapshot(), "overrides": self.overrides, "pending": self.pending,
+        for name, blob in self.pipeline.changed_parts().items():
+            if blob is None:
+                self.parts.pop(name, None)
+            else:
+                self.parts[name] = bytes(blob)  # a RunPart's rank offsets stay out of the state
+        self.pipeline.parts_saved()
+        return {"parts": dict(self.parts), "overrides": self.overrides, "pending": self.pending,
                 "pending_events": self.pending_events, "due_ms": self.due_ms, "timer_ms": self.timer_ms,
                 "tick_ms": self.tick_ms}
 
     def __setstate__(self, data: Dict[str, Any]) -> None:
         self.overrides = str(data["overrides"])
         settings = DetectionSettings.from_overrides(json.loads(self.overrides))
-        self.pipeline = Pipeline.restore(data["snapshot"], settings)
+        self.parts = dict(data["parts"])
+        self.pipeline = Pipeline.restore_parts(self.parts, settings)
         self.pending = list(data.get("pending", []))
         self.pending_events = int(data.get("pending_events", 0))
         self.due_ms = int(data.get("due_ms", 0))
