@@ -15,6 +15,8 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
   ``project`` set and not the token's project             ``wrong_project``
   ``run_id`` empty / longer than ``max_id_length``        ``missing_field`` / ``too_large``
   ``run_id`` containing ``/``, or ``.`` / ``..``            ``invalid_field``
+  ``run_id``, ``trace_id``, ``run_name`` or ``host`` with  ``invalid_field``
+  a control character (U+0000-U+001F, U+007F-U+009F)
   ``trace_id`` longer than ``max_id_length``              ``too_large``
   event over ``max_event_bytes`` (serialized, as sent)    ``too_large``
   any string longer than ``max_string_length`` chars      ``too_large``
@@ -30,6 +32,10 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
 * A run id is one path segment of the query API (``/api/v1/runs/{run_id}/...``): ``/`` would split it (and
   ``%2F`` is decoded before routing) and ``.`` / ``..`` are removed by clients as dot-segments, so such a
   run could be listed but never read. Those ids are refused at ingest, for HTTP and gRPC alike.
+* The names that identify a run (``run_id``, ``trace_id``, ``run_name``, ``host``) are printed as they are by
+  ``trainguard runs`` / ``incidents``, log lines and tables: a control character in one (an ANSI escape that
+  clears the operator's terminal, a newline that forges a log line, a NUL) is refused at ingest. Free text
+  (log lines, messages, tracebacks) keeps its control characters.
 * NaN and ±Inf metric values are legal. Enum fields may hold numbers this version does not name (proto3
   enums are open: a newer client's severity is kept as a number). Unknown non-payload fields in protobuf
   input are carried along untouched (the JSON path rejects them while converting, see ``trainguard.wire``).
@@ -75,6 +81,10 @@ _FIRST_PAYLOAD_NUMBER = min(_PAYLOAD_NUMBERS)
 _ID_CLASS = "[0-9A-Za-z_-]"
 _SEP = "\n"  # joins ids for the one-regex check; it is outside the id class
 _DOT_SEGMENTS = frozenset((".", ".."))
+#: C0 controls, DEL and C1 controls: refused in the identity names (see the module doc)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+#: the identity names checked for control characters, in the order they are checked
+_NAME_FIELDS = ("run_id", "trace_id", "run_name", "host")
 
 
 @dataclass(frozen=True)
@@ -194,6 +204,16 @@ def _bad_run_id(run_id: str) -> bool:
     return "/" in run_id or run_id in _DOT_SEGMENTS
 
 
+def _control_character(env: Any) -> Optional[Tuple[str, str, int]]:
+    """(field, value, position) of the first control character in one of the identity names of ``env``."""
+    for name in _NAME_FIELDS:
+        value = getattr(env, name)
+        found = _CONTROL.search(value)
+        if found:
+            return name, value, found.start()
+    return None
+
+
 def _unknown_payload_number(env: Any) -> Optional[int]:
     """The field number of a payload this schema does not know, if ``env`` carries one."""
     try:
@@ -258,6 +278,12 @@ def _check(env: Any, where: str, project: str, now_ns: int, limits: Limits,
                                           f"one URL path segment (no '/', not '.' or '..')"), mutated
     if len(env.trace_id) > max_id:
         return _too_long(where, ".trace_id", len(env.trace_id), "max_id_length", max_id), mutated
+    control = _control_character(env)
+    if control:
+        name, value, at = control
+        return Rejection("invalid_field", f"{where}.{name}: {_show(value)} has the control character "
+                                          f"U+{ord(value[at]):04X} at position {at}; a {name} is printed as "
+                                          f"is, so control characters are refused"), mutated
     if size > limits.max_event_bytes:
         return Rejection("too_large", f"{where}: {size} bytes exceeds max_event_bytes="
                                       f"{limits.max_event_bytes}"), mutated
@@ -339,8 +365,16 @@ def validate_batch(events: Sequence[events_pb2.Envelope], *, project: str, now_n
                 mutated.add(k)
 
     traces = [e.trace_id for e in events]
-    if max(map(len, set(traces))) > max_id:
+    trace_set = set(traces)
+    if max(map(len, trace_set)) > max_id:
         suspects.update(k for k, x in enumerate(traces) if len(x) > max_id)
+
+    names = {"run_id": run_set, "trace_id": trace_set}
+    for name in _NAME_FIELDS[2:]:
+        names[name] = {getattr(e, name) for e in events}
+    for name, values in names.items():
+        if _CONTROL.search(" ".join(values)):
+            suspects.update(k for k, e in enumerate(events) if _CONTROL.search(getattr(e, name)))
 
     times = [e.time_unix_nano for e in events]
     lo, hi = now_ns - limits.max_past_age_ns, now_ns + limits.max_future_skew_ns
