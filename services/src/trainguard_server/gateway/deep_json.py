@@ -9,7 +9,8 @@ walk over such an element is iterative (no recursion at any depth) and linear in
 
 Contract: the same values ``json.loads(text)["events"]`` would give for every element that decodes, in
 order; ``ValueError`` (a message for the client) for what is not ``{"events": [...]}`` JSON -- an unknown
-top-level field, a non-object top level, a syntax error, an unterminated element.
+top-level field, ``events`` given twice, a non-object top level, a syntax error, an unterminated element, or
+what the decoder's hooks refuse in an element that decodes.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def _events_array(text: str, pos: int, decoder: json.JSONDecoder) -> Tuple[List[
             if text[pos:pos + 1] not in ("[", "{"):  # pragma: no cover - only containers nest
                 raise ValueError(f"malformed JSON at char {pos}") from None
             value, pos = _walk_deep(text, pos)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, or the decoder's hooks (a NaN token, a duplicate key)
             raise ValueError(f"malformed JSON: {exc}") from None
         items.append(value)
         pos = _skip_ws(text, pos)
@@ -131,6 +132,9 @@ def split_events_json(text: str, decoder: json.JSONDecoder) -> List[Any]:
             if key != "events":
                 raise ValueError(f"IngestRequest: unknown field {json.dumps(key)} "
                                  f"(trainguard.v1.IngestRequest has: events)")
+            if events is not None:
+                raise ValueError('malformed JSON: duplicate key "events" in one object (each field may be '
+                                 'given once)')
             pos = _expect(text, pos, ":", "':'")
             events, pos = _events_array(text, pos, decoder)
             pos = _skip_ws(text, pos)

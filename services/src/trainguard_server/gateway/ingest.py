@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from collections import Counter
@@ -270,7 +271,32 @@ def _reject_nan_tokens(token: str) -> Any:
     raise ValueError(f"bare {token} is not valid JSON (write the string \"{token}\")")
 
 
-_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_nan_tokens)
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """An object's members as a dict; a key given twice is refused (``json.loads`` would keep the last one
+    silently, so a body could mean one thing to a proxy and another here; proto3 JSON parsers refuse it)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: Set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {json.dumps(key)} in one object (each field may be given "
+                                 f"once)")
+            seen.add(key)
+    return out
+
+
+def _json_error(exc: ValueError) -> str:
+    """The client's message for a body ``json.loads`` refused (Python's own advice left out)."""
+    digits = re.match(r"Exceeds the limit \((\d+) digits\) for integer string conversion(?:: value has "
+                      r"(\d+) digits)?", str(exc))
+    if digits:
+        has = f" of {digits.group(2)} digits" if digits.group(2) else ""
+        return (f"malformed JSON: a number{has} is longer than the {digits.group(1)} digits a JSON number "
+                f"may have here (an int64 has at most 19)")
+    return f"malformed JSON: {exc}"
+
+
+_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_nan_tokens, object_pairs_hook=_unique_keys)
 
 
 def batch_from_json(body: bytes, *, max_events: int) -> Batch:
@@ -289,9 +315,9 @@ def batch_from_json(body: bytes, *, max_events: int) -> Batch:
         raise InvalidRequest(f"malformed JSON: body is not valid UTF-8 ({exc.reason} at byte "
                              f"{exc.start})") from None
     try:
-        doc = json.loads(text, parse_constant=_reject_nan_tokens)
+        doc = _JSON_DECODER.decode(text)
     except ValueError as exc:
-        raise InvalidRequest(f"malformed JSON: {exc}") from None
+        raise InvalidRequest(_json_error(exc)) from None
     except RecursionError:  # nested ~1,000 deep somewhere: decode event by event
         return _batch_from_deep_json(text, len(body), max_events)
     if not isinstance(doc, dict):
