@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from fastapi import Depends, FastAPI
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from .. import __version__, dashboard
@@ -32,8 +34,19 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
         parts = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()))
+            if err.get("type") == "json_invalid":  # "body.5: JSON decode error" said neither what nor where
+                where = f"body: malformed JSON at char {where.rpartition('.')[2]}"
+                parts.append(f"{where}: {(err.get('ctx') or {}).get('error', 'cannot decode')}")
+                continue
             parts.append(f"{where}: {err.get('msg')}")
         return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Any:
+        # FastAPI's one sentence for every body it could not decode but JSON syntax: say what it was
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            return JSONResponse({"detail": _body_error(exc.__cause__)}, status_code=400)
+        return await http_exception_handler(request, exc)
 
     for module in (health, runs, stream, incidents, workflow, clusters, search, gate):
         app.include_router(module.router)
@@ -42,6 +55,14 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
     _document_checks(app)
     dashboard.mount(app)
     return app
+
+
+def _body_error(cause: Optional[BaseException]) -> str:
+    if isinstance(cause, UnicodeDecodeError):
+        return f"body: not valid UTF-8 ({cause.reason} at byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "body: JSON nested too deeply to decode (the API's bodies nest a few levels)"
+    return f"body: cannot be decoded ({type(cause).__name__}: {cause})" if cause else "body: cannot be read"
 
 
 async def _swagger_ui(_: Request) -> HTMLResponse:

@@ -8,7 +8,13 @@ the route's own dependencies and parameters:
 * an integer query parameter outside the signed 64-bit range is refused with a 422 naming it
   (``query.rank: Input should be less than or equal to 9223372036854775807``): every integer the API takes
   is bound by the stores as a 64-bit integer, and a bigger one used to reach SQLite and answer 500
-  (``OverflowError``). The bounds are also written into the served OpenAPI (:func:`int64_bounds`).
+  (``OverflowError``). The bounds are also written into the served OpenAPI (:func:`int64_bounds`); a
+  parameter's own tighter bound is the one named (``query.limit: ... less than or equal to 500``).
+* a route taking a body (:class:`ReadTokenFirstRoute`: the incident workflow, the CI gate) reads at most
+  :data:`MAX_BODY_BYTES`: a bigger body is a 413 once that much has arrived (or at once, from its
+  ``Content-Length``). FastAPI would buffer any body whole and decode it (a 300 MB note took ~560 MB of
+  the server's memory before its 4,000-character limit refused it), so one read token could starve every
+  project's ingest of memory.
 
 A route's integer parameters are found once, from its dependency tree (the endpoint's and its dependencies'
 ``int`` / ``Optional[int]`` query parameters); a value is read with pydantic's own rules (``+1``, `` 2 ``,
@@ -22,6 +28,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Dict, Iterator, List, Sequence, Tuple
 
+from fastapi import HTTPException
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -32,7 +39,12 @@ from starlette.responses import Response
 from ..storage.common import INT64_MAX, INT64_MIN
 from .deps import ensure_read_token, read_project
 
-__all__ = ["ReadTokenFirstRoute", "int64_bounds", "int_query_params", "needs_read_token", "preflight"]
+__all__ = ["MAX_BODY_BYTES", "ReadTokenFirstRoute", "int64_bounds", "int_query_params", "needs_read_token",
+           "preflight"]
+
+#: the most bytes a query-API request body may have (its bodies are small JSON objects: a note, a root
+#: cause, a gate request with its policy)
+MAX_BODY_BYTES = 1 << 20
 
 _INT = TypeAdapter(int)
 
@@ -56,40 +68,56 @@ def _is_int(annotation: Any) -> bool:
 
 def int_query_params(route: APIRoute) -> List[str]:
     """The names (aliases) of ``route``'s integer query parameters, its dependencies' included."""
-    names: List[str] = []
+    return list(_int_query_bounds(route))
+
+
+def _int_query_bounds(route: APIRoute) -> Dict[str, Tuple[int, int]]:
+    """``{alias: (lowest, highest)}`` of ``route``'s integer query parameters: their own ``ge``/``le`` (or
+    ``gt``/``lt``) within the int64 range, so a value beyond int64 is told the bound the route declares."""
+    bounds: Dict[str, Tuple[int, int]] = {}
     for dependant in _dependants(route.dependant):
-        names.extend(f.alias for f in dependant.query_params
-                     if _is_int(f.field_info.annotation) and f.alias not in names)
-    return names
+        for f in dependant.query_params:
+            if not _is_int(f.field_info.annotation) or f.alias in bounds:
+                continue
+            lo, hi = INT64_MIN, INT64_MAX
+            for rule in f.field_info.metadata:
+                if isinstance(getattr(rule, "ge", None), int):
+                    lo = max(lo, rule.ge)
+                if isinstance(getattr(rule, "gt", None), int):
+                    lo = max(lo, rule.gt + 1)
+                if isinstance(getattr(rule, "le", None), int):
+                    hi = min(hi, rule.le)
+                if isinstance(getattr(rule, "lt", None), int):
+                    hi = min(hi, rule.lt - 1)
+            bounds[f.alias] = (lo, hi)
+    return bounds
 
 
 def needs_read_token(route: APIRoute) -> bool:
     return any(d.call is read_project for d in _dependants(route.dependant))
 
 
-def _out_of_range(request: Request, names: Sequence[str]) -> List[Dict[str, Any]]:
+def _out_of_range(request: Request, bounds: Sequence[Tuple[str, int, int]]) -> List[Dict[str, Any]]:
     errors: List[Dict[str, Any]] = []
-    for name in names:
+    for name, lo, hi in bounds:
         for raw in request.query_params.getlist(name):
             try:
                 value = _INT.validate_python(raw)
             except ValidationError:
                 continue  # not an integer: FastAPI's own validation names it
-            if value > INT64_MAX:
+            if value > INT64_MAX:  # the route's own bound when tighter (``limit``: 500, not 2**63 - 1)
                 errors.append({"type": "less_than_equal", "loc": ("query", name), "input": raw,
-                               "msg": f"Input should be less than or equal to {INT64_MAX}",
-                               "ctx": {"le": INT64_MAX}})
+                               "msg": f"Input should be less than or equal to {hi}", "ctx": {"le": hi}})
             elif value < INT64_MIN:
                 errors.append({"type": "greater_than_equal", "loc": ("query", name), "input": raw,
-                               "msg": f"Input should be greater than or equal to {INT64_MIN}",
-                               "ctx": {"ge": INT64_MIN}})
+                               "msg": f"Input should be greater than or equal to {lo}", "ctx": {"ge": lo}})
     return errors
 
 
 @dataclass(frozen=True)
 class _Plan:
     needs_token: bool
-    int_params: Tuple[str, ...]
+    int_params: Tuple[Tuple[str, int, int], ...]
 
 
 _plans: Dict[int, Tuple[APIRoute, _Plan]] = {}
@@ -98,7 +126,8 @@ _plans: Dict[int, Tuple[APIRoute, _Plan]] = {}
 def _plan(route: APIRoute) -> _Plan:
     found = _plans.get(id(route))
     if found is None or found[0] is not route:
-        found = _plans[id(route)] = (route, _Plan(needs_read_token(route), tuple(int_query_params(route))))
+        found = _plans[id(route)] = (route, _Plan(needs_read_token(route), tuple(
+            (name, lo, hi) for name, (lo, hi) in _int_query_bounds(route).items())))
     return found[1]
 
 
@@ -131,9 +160,30 @@ class ReadTokenFirstRoute(APIRoute):
 
         async def token_first(request: Request) -> Response:
             await ensure_read_token(request)
+            await _read_bounded_body(request, MAX_BODY_BYTES)
             return await handler(request)
 
         return token_first
+
+
+def _too_large(size: str, limit: int) -> HTTPException:
+    return HTTPException(413, f"request body {size} is larger than {limit} bytes, the most this API takes "
+                              f"(its bodies are small JSON objects)")
+
+
+async def _read_bounded_body(request: Request, limit: int) -> None:
+    """Read ``request``'s body into the request (where FastAPI then takes it from), refusing with a 413 to
+    hold more than ``limit`` bytes: a declared ``Content-Length`` over it at once, a chunked one when it
+    gets there."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(f"of {int(declared)} bytes", limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large("of more bytes", limit)
+    request._body = bytes(body)  # Request.body() returns it from here
 
 
 def int64_bounds(schema: Dict[str, Any]) -> None:
