@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard_engine.classify import classify_text
+from trainguard_engine.classify import classify_exception, classify_text
 
 WILD = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
 
@@ -83,3 +83,18 @@ def test_a_failed_ib_work_completion_is_a_peer_or_link_that_went_away() -> None:
     # ncclRemoteError, read as comm/rank-lost by nccl.error; the IB line alone said comm/failure before)
     found = classify_text(_line("comm-rank-lost-ib-completion-1", "Got completion from peer"))
     assert found is not None and found.kind == "comm/rank-lost" and found.facts["ib_status"] == 4
+
+
+def test_an_mp_spawn_exit_code_is_that_process_exit() -> None:
+    # VITS fine-tuning (Plachtaa/VITS-fast-fine-tuning#284): after the last epoch mp.spawn's join raises
+    # 'ProcessExitedException: process 0 terminated with exit code 1' (the script calls exit() without a code)
+    # -- the process ended itself, rank 0; before, a plain process/exception
+    found = classify_exception("torch.multiprocessing.spawn.ProcessExitedException",
+                               _line("proc-spawn-exit1-after-training-vits-284-1", "terminated with exit code")
+                               .split(": ", 1)[1])
+    assert (found.kind, found.rule) == ("process/exit", "launcher.signal")
+    assert found.facts == {"exitcode": 1, "rank": 0}
+    # the signal wording keeps its exit decision path
+    killed = classify_exception("torch.multiprocessing.spawn.ProcessExitedException",
+                                "process 1 terminated with signal SIGKILL")
+    assert killed.kind == "process/killed" and killed.facts["rank"] == 1

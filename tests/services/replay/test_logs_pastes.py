@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import List
 
 from trainguard_engine.classify import classify_chain
-from trainguard_server.replay.logs import LogItem, LogReader
+from trainguard_server.replay.logs import LogItem, LogReader, unwrap_markup
 
 WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
 
@@ -171,3 +171,29 @@ def test_a_torchrun_summary_without_its_root_cause_is_the_launchers_report_not_a
     verdict = judge.replay_local(case)
     assert (verdict.kind, verdict.lead_rank) == ("process/killed", 5), verdict
     assert verdict.kinds == ("process/killed",)
+
+
+def test_an_exception_line_a_paste_wrapped_in_markdown_is_that_exception() -> None:
+    # wmyw96/FAST-NN#1 wraps the error in inline code ('`RuntimeError: Expected all tensors ...`'),
+    # haoosz/ConceptExpress#5 in bold italics ('_**RuntimeError: ...**_'): before, plain log lines that opened
+    # nothing (a model-side error opens an incident only as an exception)
+    for case, where in (("py-device-mismatch-backticks-wrapper-mm-fastnn-1", "wrapper_mm"),
+                        ("py-device-mismatch-bold-italic-conceptexpress-1", "wrapper__index_select")):
+        (item,) = items(case)
+        assert item.kind == "exception" and item.payload["type"] == "RuntimeError", case
+        message = item.payload["message"]
+        assert message.startswith("Expected all tensors") and message.endswith(f"method {where})"), message
+        found = classify_chain(item.payload["type"], message)
+        assert (found.kind, found.rule) == ("process/exception", "model.device-mismatch")
+    # a line that only starts with markup stays a line
+    assert unwrap_markup("**Epoch 3** loss 0.1") is None and unwrap_markup("`python train.py`") is None
+
+
+def test_a_retyped_cuda_error_without_spaces_is_a_cuda_error() -> None:
+    # Sierkinhane/CRNN_Chinese_Characters_Rec#137: 'RuntimeError:cuda error:unspecified launch failure' as the
+    # user typed it (no spaces, lower case) -- before, nothing was recognised in the log
+    line = (WILD / "mem-unspecified-launch-ctc-loss-crnn-1" / "log.txt").read_text(encoding="utf-8").splitlines()[-1]
+    found = classify_chain("", line)
+    assert found.kind == "memory/cuda-error" and found.facts["error_class"] == "launch-failure"
+    # the words in a sentence are not an error message
+    assert classify_chain("", "no cuda error was printed before the hang").rule == "python.exception"

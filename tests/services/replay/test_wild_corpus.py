@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.92, "subtype": 0.90}, "heldout": {"category": 0.82, "subtype": 0.78}}
+FLOORS = {"tune": {"category": 0.93, "subtype": 0.92}, "heldout": {"category": 0.82, "subtype": 0.78}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -56,7 +56,9 @@ and recorded before any change (tuned 270/286 and 266/286, held out 91/107 and 8
 summary-without-root rule (a tuned log) then: tuned 270/286 and 267/286, held out unchanged.
 Lowered again at 395 -> 443 logs (issue 17, stop 30): 48 new logs (14 held out) labelled from their threads
 and recorded before any change (tuned 297/321 and 292/321); the held-out floors were set by a script from the
-recorded verdicts, unread until the end of the pass (bench/results/logs_issue17_stop30.txt)."""
+recorded verdicts, unread until the end of the pass (bench/results/logs_issue17_stop30.txt). Then, from tuned
+misses only: an exception line wrapped in markdown read as that exception, a retyped ``cuda error:<reason>``,
+mp.spawn's ``terminated with exit code N`` as that rank's exit: tuned 300/321 and 296/321."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

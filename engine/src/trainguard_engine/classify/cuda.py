@@ -255,6 +255,9 @@ illegal ...``; the driver API's (``CUDA driver error: ...``, ``CUDA_ERROR_ILLEGA
 Triton's ``Triton Error [CUDA]: ...``; and torch < 1.0's THC wordings ``cuda runtime error (39) :
 uncorrectable ECC error encountered at ...`` / ``THCudaCheck FAIL file=... line=84 error=74 : misaligned
 address``."""
+_CUDA_ERROR_TYPED_RE = re.compile(r"(?i:cuda error): ?'?(?P<error>[^'\n]{1,200})")
+"""The same retyped by a user: any case, the space after the colon optional
+(``RuntimeError:cuda error:unspecified launch failure``)."""
 _CUDA_LIB_RE = re.compile(r"(?P<status>(?:CUBLAS|CUDNN|CUSOLVER|CUFFT)_STATUS_[A-Z_]{2,60})")
 _CUDA_CLASSES = (
     ("illegal memory access", "illegal-memory-access"), ("device-side assert", "device-side-assert"),
@@ -287,7 +290,7 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
             while pos > 0 and t.text[pos - 1].isalpha():
                 pos -= 1
         _offset, text = t.window(pos, 0, 400)
-        m = _CUDA_ERROR_RE.match(text) or _CUDA_LIB_RE.match(text)
+        m = _CUDA_ERROR_RE.match(text) or _CUDA_ERROR_TYPED_RE.match(text) or _CUDA_LIB_RE.match(text)
         if m is None and ("driver version is insufficient" in text[:60].lower()
                           or "driver on your system is too old" in text[:60].lower()):
             facts: Facts = {"error": _shorten(t.line_at(pos), 160), "error_class": "driver-too-old"}

@@ -79,6 +79,10 @@ fault.``)."""
 _SPAWN_SIGNAL_RE = re.compile(r"process (?P<rank>\d+) terminated with signal (?P<name>SIG[A-Z]{2,8})")
 """``torch.multiprocessing.spawn``'s ``ProcessExitedException: process 1 terminated with signal SIGKILL``
 (older torch: ``Exception: process 3 terminated with signal SIGKILL``); the process index is the rank."""
+_SPAWN_EXIT_RE = re.compile(r"process (?P<rank>\d+) terminated with exit code (?P<code>\d{1,10})\b")
+"""mp.spawn's ``ProcessExitedException: process 0 terminated with exit code 1``: the process ended itself
+with that code (``sys.exit``, ``os._exit``, a native crash's status on Windows) -- an exception in the
+function it ran is reported as ``-- Process N terminated with the following error:`` instead."""
 
 
 def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
@@ -101,6 +105,15 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         if signal:
             facts = {"signal": signal, "signal_name": m.group("name"), "rank": int(m.group("rank"))}
             return _signal_hit(found[0] + m.start(), facts, "a spawned worker")
+    pos = t.first("terminated with exit code ")
+    if pos >= 0 and (found := _search(_SPAWN_EXIT_RE, t, pos, before=40, after=40)) is not None:
+        m = found[1]
+        spawn_code, spawn_rank = int(m.group("code")), int(m.group("rank"))
+        if spawn_code > 0:
+            category, subtype, said = _launcher_exit_kind(spawn_code)
+            spawn_facts: Facts = {"exitcode": spawn_code, "rank": spawn_rank}
+            return _Hit(category, subtype, 0.6, found[0] + m.start(), spawn_facts,
+                        f"a spawned worker (rank {spawn_rank}) exited ({said})", _EXIT_NOTE)
     pos = t.first("program received signal sig", "program terminated with signal sig")
     if pos >= 0 and (found := _search(_GDB_SIGNAL_RE, t, pos, before=0, after=60)) is not None:
         name = found[1].group("name")
@@ -335,7 +348,8 @@ def summary_without_root(exc_type: str, message: str) -> Classification:
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:",),
-    "launcher.signal": ("died with <signals.", "terminated with signal sig", "program received signal sig",
+    "launcher.signal": ("died with <signals.", "terminated with signal sig", "terminated with exit code ",
+                        "program received signal sig",
                         "program terminated with signal sig", "exits with return code = ",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
                         "illegal instruction", "floating point exception"),
@@ -364,7 +378,8 @@ DOCS = {
         "``SignalException: ... got signal: 15``, DeepSpeed's ``exits with return code = -11`` (``= 1``: "
         "process/exit; the culprit its ``--local_rank``), "
         "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, "
-        "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank), gdb's ``Program received signal "
+        "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank; ``... with exit code 1``: "
+        "process/exit), gdb's ``Program received signal "
         "SIGSEGV``, a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` / ``Illegal instruction`` / "
         "``Floating point exception`` "

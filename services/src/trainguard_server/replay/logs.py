@@ -92,6 +92,9 @@ _LOOSE_FRAME_FIX_RE = re.compile(r'^ ?File "(?=[^"\n]*", line \d+)', re.MULTILIN
 _EXCEPTION_LINE_RE = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failure)|Exception)(?::\s.*|:?)$")
 """A Python exception line (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``, ``AssertionError``)."""
+_MARKUP_WRAP_RE = re.compile(r"^(?:`{1,3}|[*_]{1,3})(?P<body>[A-Za-z_][^`]*?)(?:`{1,3}|[*_]{1,3})?\s*$")
+"""An exception line a paste wrapped in markdown: inline code (`` `RuntimeError: ...` ``), bold or italics
+(``**...**``, ``_**...**_``); its body is read as the exception line when it is one."""
 _C10_CONTINUATION_RE = re.compile(
     r"^(?:CUDA kernel errors might be asynchronously reported|For debugging consider passing "
     r"CUDA_LAUNCH_BLOCKING|Compile with `TORCH_USE_CUDA_DSA`|Exception raised from \w+ at |frame #\d+: "
@@ -150,6 +153,15 @@ def clean_line(raw: str) -> str:
         parts = [p for p in line.split("\r") if p.strip()]
         line = parts[-1] if parts else ""
     return line.rstrip()
+
+
+def unwrap_markup(line: str) -> Optional[str]:
+    """The exception line inside ``line``'s markdown wrapping (inline code, bold, italics), or None when
+    ``line`` is not a wrapped exception line."""
+    if line[:1] not in "`*_" or (m := _MARKUP_WRAP_RE.match(line)) is None:
+        return None
+    body = m.group("body").rstrip("`*_ ")
+    return body if _EXCEPTION_LINE_RE.match(body) else None
 
 
 def split_prefix(line: str) -> Tuple[Optional[int], str]:
@@ -463,6 +475,10 @@ class LogSegmenter:
                 return
             if _EXCEPTION_LINE_RE.match(text):
                 stream.start(_PYTHON, number, text, time_ns, precision_ns, headless=True, in_message=True)
+                return
+            bare = unwrap_markup(text)
+            if bare is not None:
+                stream.start(_PYTHON, number, bare, time_ns, precision_ns, headless=True, in_message=True)
                 return
         self._line(rank, number, text, time_ns, precision_ns)
 
