@@ -93,6 +93,21 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   that fell a little is stalled (plateau_stalled_min_level, 0.8) when the norm collapsed -- and now
   also when it climbed into an explosion flagged before any non-finite value: the explosion gives way
   to the plateau.
+* r473 (plain MLP, SGD with an LR ~60x too high, clip 1; batch 5 of the corpus, stop 30): the loss jumps
+  from 0.31 to 1.7-4.9 at once and swings there (an oscillation from step 41, rightly), then from ~80
+  stops swinging and holds at ~2.9, 5x its start, to the end (robust spread 0.1-0.25, no trend): the
+  oscillation stayed open to the end, as nothing let an oscillation give way. The counterpart of the
+  divergence settling into an oscillation: the oscillation rule failing while the divergence rule holds
+  on oscillation_held_points (40, a full loss window) values in a row is a divergence -- the
+  oscillation resolves, the divergence opens.
+* r477 (Lightning softmax regression, SGD+momentum with an LR ~11x too high, clip 5; batch 5): the loss
+  swings between ~0 and ~9 from the first steps to the end, its level wandering (a window of low batches
+  around 150-165, higher swings after 200). The rise rule read the fall from the 5-value rolling level,
+  which one run of low batches takes to 0.6x under the start, and the later swings as a rebound: the
+  oscillation gave way to a rise-after-fall at 220. A rise after a fall is a rebound from a level the run
+  reached: the fall must also hold over rise_held_points (20, half a loss window) values in a row (their
+  lowest median), here 0.47x of the start -- under rise_min_fall; the real rebounds of the corpus (r213,
+  r370, r403) held theirs (0.80, 0.56, 0.63).
 """
 
 from __future__ import annotations
@@ -280,3 +295,28 @@ def test_a_flat_loss_a_little_below_its_start_under_a_climbing_clipped_norm_is_a
 def test_the_climbed_stall_is_off_when_the_stalled_level_equals_the_plateau_level() -> None:
     out = _outcome("r415", plateau_stalled_min_level=0.9)  # = plateau_min_level: no stalled rule at all
     assert out.verdict == "gradient/explosion", out
+
+
+def test_an_oscillation_that_stopped_swinging_far_above_the_start_gives_way_to_a_divergence() -> None:
+    out = _outcome("r473")
+    assert out.label == "loss/divergence" and out.first_nonfinite is None
+    assert "loss/oscillation" in out.transient, out  # open to the end, and the verdict, before the fix
+    assert out.verdict == "loss/divergence" and out.open_alerts == ["loss/divergence"], out
+    assert out.visible_step["loss/divergence"] < 160  # held at ~2.9 from ~80: one window of holds later
+
+
+def test_the_oscillation_gives_way_only_after_oscillation_held_points() -> None:
+    out = _outcome("r473", oscillation_held_points=1000)  # longer than the run: never
+    assert out.verdict == "loss/oscillation", out
+
+
+def test_a_swinging_loss_whose_rolling_level_dipped_is_not_a_rise_after_fall() -> None:
+    out = _outcome("r477")
+    assert out.label == "loss/oscillation"
+    assert "loss/rise-after-fall" not in out.kinds, out  # the verdict, open, before the fix
+    assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out
+
+
+def test_the_held_fall_is_off_with_rise_held_points_1() -> None:
+    out = _outcome("r477", rise_held_points=1)  # the lowest single value: any dip is a reached level
+    assert out.verdict == "loss/rise-after-fall", out

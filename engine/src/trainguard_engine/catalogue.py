@@ -516,6 +516,11 @@ class DetectionSettings:
         1.5, "loss/divergence settles into loss/oscillation when, over a full loss_window, the loss swings "
         "with no trend and no longer rises, at a level at most this x the level at which it left its band "
         "(higher: it kept diverging after it left the band).", minimum=1.0)
+    oscillation_held_points: int = _setting(
+        40, "loss/oscillation gives way to loss/divergence when, on this many values in a row (a full "
+        "loss_window's worth), the oscillation rule no longer holds (the loss stopped swinging, or trends) "
+        "while the divergence rule does (its level >= divergence_factor x the base): a loss thrown about "
+        "at first, then held far above where it started.", minimum=1)
     plateau_min_level: float = _setting(
         0.9, "loss/plateau: the window's median >= this x the initial level (fell by less than 10% since "
         "the start: a run that fell and then flattened is converging, not on a plateau).")
@@ -571,6 +576,10 @@ class DetectionSettings:
         "runs that start near their optimum.")
     rise_min_rise: float = _setting(
         0.5, "loss/rise-after-fall: then rose again by >= this x that fall above its lowest level.")
+    rise_held_points: int = _setting(
+        20, "loss/rise-after-fall: the fall must also hold over this many values in a row (the lowest "
+        "median of that many, half a loss_window): a rebound from a level the run reached, not from one "
+        "dip of a swinging loss's rolling level.", minimum=1)
     rise_min_points: int = _setting(
         8, "loss/rise-after-fall: the fewest values in the Mann-Kendall test of the rebound (z >= "
         "trend_z), and how many values in a row the rebound must hold (a short spike is not a rebound).",
@@ -1003,11 +1012,11 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
-        "oscillation_calm_min_cv", "oscillation_max_rise", "plateau_min_level",
+        "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_held_points", "plateau_min_level",
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
         "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
         "divergence_min_points", "divergence_far_factor", "divergence_corroborated_points",
-        "rise_smooth", "rise_min_fall",
+        "rise_smooth", "rise_min_fall", "rise_held_points",
         "rise_min_rise", "rise_min_points",
         "layer_norm_warn", "clip_rate_warn", "vanishing_ratio", "vanishing_min_layers",
         "vanishing_min_reports", "clip_stale_window", "clip_stale_norm_ratio", "clip_stale_curvature",

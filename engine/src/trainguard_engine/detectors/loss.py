@@ -247,12 +247,20 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     streaks: Dict[str, int] = state.setdefault("streak", {})
     since: Dict[str, int] = state.setdefault("since", {})
     win = _Window(series, tuned.loss_window)
+    held = tuned.rise_held_points
+    if len(series) >= held:  # the lowest level held over rise_held_points values (_check_rise)
+        level_held = _median_of(series[-held:])
+        if level_held < state.get("best_held", math.inf):
+            state["best_held"] = level_held
     if open_kind == "divergence" and _divergence_settled(run, rank, name, series, win, initial, state, step,
                                                          time_ns, settings):
         open_kind, judged = None, ("oscillation",)
     elif open_kind == "oscillation" and _swings_on_a_rebound(run, rank, name, series, win, initial, state,
                                                              step, time_ns, settings):
         open_kind, judged = None, ("rise-after-fall",)
+    elif open_kind == "oscillation" and _oscillation_held_high(run, rank, name, series, win, initial, state,
+                                                               step, time_ns, settings):
+        open_kind, judged = None, ("divergence",)
     if open_kind is not None and len(judged) == 1 and \
             state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
         return []  # an open incident's last step is refreshed every few values, not on each
@@ -413,6 +421,41 @@ def _swings_on_a_rebound(run: RunState, rank: RankState, name: str, series: Sequ
         return False
     resolve(st, time_ns, step, rank.rank, f"rank {rank.rank}: the swings sit on a rebound from a level the "
             f"run had reached (the loss/rise-after-fall incident goes on from here)", settings)
+    state.pop("opened", None)
+    streaks["oscillation"] = 0
+    return True
+
+
+def _oscillation_held_high(run: RunState, rank: RankState, name: str,
+                           series: Sequence[Tuple[int, float, int]], win: _Window, initial: float,
+                           state: Dict[str, Any], step: int, time_ns: int,
+                           settings: DetectionSettings) -> bool:
+    """Whether the open oscillation of ``rank`` gives way to a divergence, resolving it then -- the
+    counterpart of :func:`_divergence_settled`: the oscillation rule no longer holds (the window stopped
+    swinging, or trends) while the divergence rule does (the level >= ``divergence_factor`` x the base,
+    calm or rising), on ``oscillation_held_points`` values in a row. A far-too-high LR often throws the loss
+    about at first and then holds it far above where it started: what goes on is a loss diverged from its
+    start, not swings around it (the oscillation stays in the run's history, resolved). Another window of
+    swings ends the streak. The divergence rule's streak is counted here, so the caller's divergence check
+    opens it on the next hold."""
+    streaks: Dict[str, int] = state.setdefault("streak", {})
+    if not win.full:
+        return False
+    swings = _check_oscillation(rank, name, series, win, initial, state, settings, settings, False)
+    rises = _check_divergence(rank, name, series, win, initial, state, settings, settings, False)
+    if swings.holds or not rises.holds:
+        streaks["divergence"] = 0
+        return False
+    if _count_hold(state, "divergence", rises.since) < settings.oscillation_held_points:
+        return False
+    streaks["divergence"] -= 1  # the caller's check counts this value again
+    st = run.incidents.get(CURVE_KEYS["oscillation"])
+    if st is None or not st.is_open or st.record.subtype != "oscillation":
+        return False
+    resolve(st, time_ns, step, rank.rank, f"rank {rank.rank}: the loss stopped swinging around a level -- it "
+            f"has stayed at {fmt_number(win.median)}, far above where it started, for "
+            f"{settings.oscillation_held_points} values (the loss/divergence incident goes on from here)",
+            settings)
     state.pop("opened", None)
     streaks["oscillation"] = 0
     return True
@@ -648,6 +691,11 @@ def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
     fall = initial - best
     rise = level - best
     if fall < tuned.rise_min_fall * initial or rise < tuned.rise_min_rise * fall:
+        return _Check(False)
+    # a rebound from a level the run reached: the fall held over rise_held_points values (the lowest
+    # median of that many in a row), not only in the rolling level -- a swinging loss's rolling median
+    # dips far on a run of low batches without the run ever having been there
+    if initial - state.get("best_held", initial) < tuned.rise_min_fall * initial:
         return _Check(False)
     longer = recent(rank, name, 2 * tuned.loss_window, series[-1][0])
     after = [(s, v) for s, v, _t in longer if s >= best_step]
