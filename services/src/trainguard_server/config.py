@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     api_max_concurrent_queries: int = Field(
         4, ge=1, description="metric reads (series, summary) running at once; more wait for a slot, holding "
         "no thread, at most api_query_timeout_s, then get 503 with Retry-After")
+    api_max_concurrent_queries_per_project: int = Field(
+        2, ge=1, description="of those slots, the most one project's metric reads hold at once (its others "
+        "wait the same way), so one project's heavy reads leave the others a slot")
     api_query_timeout_s: float = Field(
         10.0, gt=0, description="longest a metric read may run (the SQLite metric store stops it; 503) and "
         "wait for a slot")

@@ -3,8 +3,11 @@
 Metric reads are bounded (issue 18, settings in ``config.py``) so heavy reads cannot crowd out ingest,
 which shares the process and its thread pool:
 
-* ``api_max_concurrent_queries`` metric reads (series, summary) run at once; more wait for a slot -- on the
-  event loop, holding no thread -- at most ``api_query_timeout_s``, then get 503 with ``Retry-After``;
+* ``api_max_concurrent_queries`` metric reads (series, summary) run at once, at most
+  ``api_max_concurrent_queries_per_project`` of them for one project; more wait for a slot -- on the event
+  loop, holding no thread -- at most ``api_query_timeout_s``, then get 503 with ``Retry-After``. (Without the
+  per-project bound, one project asking 8 at a time for the summary of a run with 200,000 metric names held
+  every slot: another project's plain series read waited 7-10 s, or got 503);
 * each read runs at most ``api_query_timeout_s`` (stores that can stop a read: SQLite), then 503;
 * one ``/metrics`` answer holds at most ``api_max_metric_buckets`` buckets over all its series: the buckets
   per series are lowered to fit (the answer's ``max_points`` says how many were used), and a query of more
@@ -52,29 +55,53 @@ def _busy(services: Services, detail: str) -> HTTPException:
     return HTTPException(503, detail, headers={"Retry-After": str(retry)})
 
 
+async def _acquire(slot: asyncio.Semaphore, wait: float) -> bool:
+    try:
+        await asyncio.wait_for(slot.acquire(), wait)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
 @asynccontextmanager
-async def query_slot(request: Request, services: Services) -> AsyncIterator[None]:
-    """One of the app's ``api_max_concurrent_queries`` metric-read slots, waited for without a thread;
-    503 when none frees within ``api_query_timeout_s``."""
-    slots: Optional[asyncio.Semaphore] = getattr(request.app.state, "metric_query_slots", None)
+async def query_slot(request: Request, services: Services, project: str = "") -> AsyncIterator[None]:
+    """One of the app's ``api_max_concurrent_queries`` metric-read slots, and one of ``project``'s
+    ``api_max_concurrent_queries_per_project``, waited for without a thread; 503 when none frees within
+    ``api_query_timeout_s`` (both waits together)."""
+    state = request.app.state
+    slots: Optional[asyncio.Semaphore] = getattr(state, "metric_query_slots", None)
     if slots is None:
         slots = asyncio.Semaphore(int(setting(services, "api_max_concurrent_queries")))
-        request.app.state.metric_query_slots = slots
+        state.metric_query_slots = slots
+    per_project: Optional[Dict[str, asyncio.Semaphore]] = getattr(state, "metric_query_project_slots", None)
+    if per_project is None:
+        per_project = state.metric_query_project_slots = {}
+    mine = per_project.get(project)
+    if mine is None:
+        mine = per_project[project] = asyncio.Semaphore(
+            int(setting(services, "api_max_concurrent_queries_per_project")))
     wait = float(setting(services, "api_query_timeout_s"))
+    start = asyncio.get_running_loop().time()
+    if not await _acquire(mine, wait):
+        per = setting(services, "api_max_concurrent_queries_per_project")
+        raise _busy(services, f"this project's metric query slots (api_max_concurrent_queries_per_project="
+                              f"{per}) stayed busy for api_query_timeout_s={wait:g} s: retry later")
     try:
-        await asyncio.wait_for(slots.acquire(), wait)
-    except asyncio.TimeoutError:
-        raise _busy(services, f"every metric query slot (api_max_concurrent_queries="
-                              f"{setting(services, 'api_max_concurrent_queries')}) stayed busy for "
-                              f"api_query_timeout_s={wait:g} s: retry later") from None
-    try:
-        yield
+        if not await _acquire(slots, max(0.0, wait - (asyncio.get_running_loop().time() - start))):
+            raise _busy(services, f"every metric query slot (api_max_concurrent_queries="
+                                  f"{setting(services, 'api_max_concurrent_queries')}) stayed busy for "
+                                  f"api_query_timeout_s={wait:g} s: retry later")
+        try:
+            yield
+        finally:
+            slots.release()
     finally:
-        slots.release()
+        mine.release()
 
 
-async def bounded_read(request: Request, services: Services, read: Callable[[], T]) -> T:
-    """``read()`` in a query slot, on a worker thread, under the metric store's time budget."""
+async def bounded_read(request: Request, services: Services, read: Callable[[], T], project: str = "") -> T:
+    """``read()`` in a query slot (one of ``project``'s), on a worker thread, under the metric store's time
+    budget."""
     budget = float(setting(services, "api_query_timeout_s"))
 
     def run() -> T:
@@ -85,7 +112,7 @@ async def bounded_read(request: Request, services: Services, read: Callable[[], 
             raise _busy(services, f"the query ran past api_query_timeout_s={budget:g} s and was stopped: ask "
                                   f"for fewer names, one rank or a narrower start_step..end_step") from None
 
-    async with query_slot(request, services):
+    async with query_slot(request, services, project):
         return await run_in_threadpool(run)
 
 
@@ -138,7 +165,7 @@ async def run_metrics(run_id: str, request: Request, project: ProjectDep, servic
                for name, by_rank in series.items()}
         return _json({"run_id": run_id, "max_points": per_series, "series": out})
 
-    return await bounded_read(request, services, read)
+    return await bounded_read(request, services, read, project)
 
 
 def _bucket(b: Bucket) -> Dict[str, Any]:
@@ -179,7 +206,7 @@ async def run_metric_summary(run_id: str, request: Request, project: ProjectDep,
         return [MetricSummaryPublic(**{k: wf(v) for k, v in asdict(s).items()})
                 for s in services.metrics.summary(project, run_id)]
 
-    return await bounded_read(request, services, read)
+    return await bounded_read(request, services, read, project)
 
 
 @router.get("/{run_id}/incidents", response_model=PagePublic[IncidentPublic])
