@@ -63,7 +63,7 @@ from . import correlate, diagnosis, shards
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
 from .detectors import progress, straggler
-from .detectors.base import Detector, EventInfo, MetricBatch
+from .detectors.base import Detector, EventInfo, MetricBatch, MetricRun, RunFindings
 from .detectors.registry import DETECTORS
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
@@ -154,6 +154,17 @@ class _Event:
     trace_id: str
 
 
+class _Ahead:
+    """The run of envelopes (``indices``, every one of the rank routed to the detector below ``end``) an
+    independent detector was handed for ``rank``, what it found on each, and the position whose findings
+    are due next."""
+
+    __slots__ = ("end", "found", "indices", "pos", "rank")
+
+    def __init__(self, rank: RankState, indices: List[int], end: int, pos: int, found: RunFindings) -> None:
+        self.rank, self.indices, self.end, self.pos, self.found = rank, indices, end, pos, found
+
+
 class _Route(NamedTuple):
     """What one list of point names asks of the pipeline, the same for every batch carrying it: the
     names as a set, whether one is a shard's norm, whether the diagnosis keeps any of them (memory peaks,
@@ -165,11 +176,19 @@ class _Route(NamedTuple):
     sharded: bool
     diagnosis: bool
     detectors: Tuple[Tuple[Detector, bool], ...]
+    columns: Tuple[Detector, ...]
+    """Those of ``detectors`` that declare ``independent`` (the column hook)."""
 
 
 ROUTES_MAX = 1024
 """Most point-name lists whose :class:`_Route` a pipeline remembers per settings object (then it starts
 afresh): derived from the code and the settings (not the state), never snapshotted."""
+RUN_MAX = 64
+"""Most envelopes handed to an independent detector's column hook at once (the rest of a longer run in
+further calls): what is read ahead stays small (a whole record of 500 envelopes held ahead costs more in the
+collector's passes than the calls it saves)."""
+RUN_SCAN = 512
+"""Most events read ahead for one such run (the other ranks' envelopes in between included)."""
 _NAME = itemgetter(0)
 _STEP = itemgetter(1)
 _DIAGNOSIS_NAMES = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
@@ -191,6 +210,29 @@ def _parse(raw: Any) -> _Event:
                   _integer(get("rank"), 0), _integer(get("step"), 0), _integer(get("time_unix_nano"), 0),
                   _text(get("host")), _integer(get("pid"), 0), world if world > 1 else 1,
                   _text(get("run_name")), _text(get("trace_id")))
+
+
+_HOOKS = {"memory": "on_memory", "heartbeat": "on_heartbeat", "exception": "on_exception",
+          "lifecycle": "on_exit", "log": "on_log"}
+_HOOKED: Dict[type, FrozenSet[str]] = {}
+
+
+def _event_hooks(detector: Detector) -> FrozenSet[str]:
+    """The kinds of non-metric events whose hook ``detector`` implements (overrides)."""
+    cls = type(detector)
+    kinds = _HOOKED.get(cls)
+    if kinds is None:
+        kinds = _HOOKED[cls] = frozenset(k for k, hook in _HOOKS.items()
+                                         if getattr(cls, hook) is not getattr(Detector, hook))
+    return kinds
+
+
+def _read(raw: Any, given: Optional[Sequence[Any]]) -> Tuple[_Event, Sequence[Any]]:
+    """:func:`_parse` and the event's metric points (``given``, else read from its payload)."""
+    ev = _parse(raw)
+    if ev.kind != "metrics":
+        return ev, []
+    return ev, batch_points(ev.body, ev.step) if given is None else given
 
 
 def _text(value: Any) -> str:
@@ -262,6 +304,14 @@ class Pipeline:
         # settings object keeps its id from being reused by another while remembered)
         self._routes: Dict[int, Tuple[DetectionSettings, Dict[Tuple[str, ...], _Route]]] = {}
         self._routes_of: Tuple[Detector, ...] = DETECTORS
+        # the column hook (detectors/base.py), within one process() call: the events, their given points,
+        # the index of the event being folded, envelopes already read ahead (index -> (event, points)), and
+        # per independent detector the run of envelopes it judged ahead (see _from_run)
+        self._events: Sequence[Any] = ()
+        self._given: Optional[Sequence[Optional[Sequence[Any]]]] = None
+        self._at = -1
+        self._parsed: Dict[int, Tuple[_Event, Sequence[Any]]] = {}
+        self._ahead: Dict[Tuple[Detector, int], _Ahead] = {}
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
         as of the last ``advance``; 0: none). Runtimes call ``advance`` at it (besides their regular tick):
         progress after it only moves deadlines later, so an early call is harmless. Not snapshotted."""
@@ -278,12 +328,16 @@ class Pipeline:
         ``points``, when given, holds for each event its metric points as
         :func:`~trainguard_engine.extract.metric_points` reads them (None: read them here) -- a runtime
         that already read them for its metric store passes them so they are read once."""
-        if points is None:
-            for raw in events:
-                self._process_one(raw, None)
-        else:
-            for raw, pts in zip(events, points):
-                self._process_one(raw, pts)
+        count = len(events) if points is None else min(len(events), len(points))
+        self._events, self._given = events, points
+        try:
+            for at in range(count):
+                self._at = at
+                self._process_one(events[at], None if points is None else points[at])
+        finally:  # a run of envelopes never spans two calls (see detectors/base.py)
+            self._events, self._given, self._at = (), None, -1
+            self._ahead.clear()
+            self._parsed.clear()
         return self._flush()
 
     def advance(self, now_ns: int) -> PipelineOutput:
@@ -340,15 +394,15 @@ class Pipeline:
     def _process_one(self, raw: Any, given: Optional[Sequence[Any]]) -> None:
         self.counters["events"] += 1
         applied_before = self._applied
-        try:
-            ev = _parse(raw)
-            if ev.kind != "metrics":
-                points: Sequence[Any] = []
-            else:
-                points = batch_points(ev.body, ev.step) if given is None else given
-        except (TypeError, ValueError, AttributeError):
-            self.counters["malformed"] += 1
-            return
+        read = self._parsed.pop(self._at, None) if self._parsed else None
+        if read is None:
+            try:
+                ev, points = _read(raw, given)
+            except (TypeError, ValueError, AttributeError):
+                self.counters["malformed"] += 1
+                return
+        else:
+            ev, points = read
         key = run_key(ev.project, ev.run_id)
         if key in self._evicted:
             self.counters["late"] += 1
@@ -396,7 +450,7 @@ class Pipeline:
         if run.lost:  # (else nothing to say)
             progress.on_alive(run, rank, ev.time_ns, settings)
         if ev.kind == "metrics":
-            self._on_metrics(run, rank, ev, points, settings)
+            self._on_metrics(run, rank, ev, points, settings, self._at)
         elif ev.kind == "heartbeat":
             self._on_heartbeat(run, rank, ev, settings)
         elif ev.kind == "exception":
@@ -461,17 +515,20 @@ class Pipeline:
         route = routes.get(key)
         if route is None:
             names = frozenset(key)
+            called = tuple((d, not d.names_only) for d in DETECTORS
+                           if not d.names_only or d.wants(rank, names, settings))
             route = _Route(names, any(n.startswith(shards.SHARD_GLOBAL) for n in names),
-                           not names.isdisjoint(_DIAGNOSIS_NAMES),
-                           tuple((d, not d.names_only) for d in DETECTORS
-                                 if not d.names_only or d.wants(rank, names, settings)))
+                           not names.isdisjoint(_DIAGNOSIS_NAMES), called,
+                           tuple(d for d, _ask in called if d.independent))
             if len(routes) >= ROUTES_MAX:
                 routes.clear()
             routes[key] = route
         return route
 
     def _on_metrics(self, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],
-                    settings: DetectionSettings) -> None:
+                    settings: DetectionSettings, at: int) -> None:
+        """A metric envelope (``at``: its index in the events of this ``process`` call; -1: a step's
+        combined shard norms, not an envelope)."""
         time_ns = ev.time_ns
         route = self._route(rank, points, settings)
         if points and rank.observe_step(max(map(_STEP, points)), time_ns):
@@ -489,17 +546,103 @@ class Pipeline:
                     observe(name, step, value, time_ns, settings, context=True)
         batch = MetricBatch(points, ev.step, time_ns, ev.event_id)
         names = route.names
+        columns = route.columns if at >= 0 and not route.sharded else ()
         for detector, ask in route.detectors:  # the registry's order (see detectors/registry.py)
-            if not ask or detector.wants(rank, names, settings):
-                for finding in detector.on_metrics(run, rank, batch, settings):
-                    self._apply(run, finding, settings)
+            if columns and detector in columns:
+                found = self._from_run(detector, run, rank, ev, points, batch, settings, at)
+            elif not ask or detector.wants(rank, names, settings):
+                found = detector.on_metrics(run, rank, batch, settings)
+            else:
+                continue
+            for finding in found:
+                self._apply(run, finding, settings)
         if route.sharded:
             self._ranks_wide = True  # shards.fold reads and clears every rank's shares
             combined = shards.fold(run, rank.rank, points)
             if combined:  # a step every rank reported its share of: the full gradients' norms
                 target = run.ranks[min(run.ranks)]
                 self._on_metrics(run, target, replace(ev, rank=target.rank, event_id="", body={}, raw={}),
-                                 combined, settings)
+                                 combined, settings, -1)
+
+    def _from_run(self, detector: Detector, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],
+                  batch: MetricBatch, settings: DetectionSettings, at: int) -> Sequence[Finding]:
+        """An independent detector's findings on envelope ``at`` of ``rank`` (the column hook,
+        detectors/base.py): those it found ahead when ``at`` is the next envelope of the run of this rank
+        it was handed; else it is handed the run starting here (:meth:`_run_ahead`), this envelope's
+        findings are returned and the others kept."""
+        slot = (detector, id(rank))
+        held = self._ahead.get(slot)
+        if held is not None and held.rank is rank and at < held.end:
+            if held.indices[held.pos] != at:  # (cannot happen: see _run_ahead)
+                raise RuntimeError(f"{detector!r}: envelope {held.indices[held.pos]} of its run was skipped")
+            k = held.pos
+            if k < len(held.found.findings):
+                held.pos += 1
+                return held.found.findings[k]
+            del self._ahead[slot]  # the envelope its hook raised on
+            raise held.found.error or RuntimeError(f"{detector!r}: no findings for envelope {at}")
+        indices = [at]
+        batches = [batch]
+        end = at + 1
+        if not self._notable(ev, points):
+            end = self._run_ahead(detector, rank, ev, settings, at, indices, batches)
+        if len(batches) == 1:
+            self._ahead.pop(slot, None)
+            return detector.on_metrics(run, rank, batch, settings)
+        found = detector.on_metric_run(run, rank, MetricRun(batches), settings)
+        if not found.findings:
+            assert found.error is not None
+            raise found.error
+        self._ahead[slot] = _Ahead(rank, indices, end, 1, found)
+        return found.findings[0]
+
+    def _run_ahead(self, detector: Detector, rank: RankState, ev: _Event, settings: DetectionSettings,
+                   at: int, indices: List[int], batches: List[MetricBatch]) -> int:
+        """Add to ``indices`` and ``batches`` the metric envelopes after ``at`` that continue ``rank``'s run
+        for ``detector``; the index where the run stops. Read ahead, at most RUN_SCAN events and RUN_MAX
+        envelopes: the envelopes of ``rank`` routed to ``detector`` until one of that rank that could
+        change what the detector reads or whether it is called -- an event of a kind whose hook it
+        implements (a ``memory`` event for the memory detector), an envelope of it with a non-finite
+        value or an alert (a replay of those is dropped by id), an event of another host (the rank's
+        host is read) -- or any envelope of the run carrying a shard's norm (combined into the first
+        rank's), or an event that cannot be read. The other events in between (other ranks and runs, this
+        rank's metrics the detector is not called for) leave the detector's state alone."""
+        events, given, parsed = self._events, self._given, self._parsed
+        count = len(events) if given is None else min(len(events), len(given))
+        count = min(count, at + RUN_SCAN)
+        j = at + 1
+        while j < count and len(batches) < RUN_MAX:
+            read = parsed.get(j)
+            if read is None:
+                try:
+                    read = _read(events[j], None if given is None else given[j])
+                except (TypeError, ValueError, AttributeError):
+                    return j
+                parsed[j] = read
+            nxt, points = read
+            if nxt.run_id != ev.run_id or nxt.project != ev.project:
+                j += 1
+                continue  # another run's
+            if nxt.kind != "metrics":
+                if nxt.rank == ev.rank and (nxt.kind in _event_hooks(detector) or
+                                            (nxt.host and nxt.host != rank.host)):
+                    return j
+                j += 1
+                continue
+            route = self._route(rank, points, settings)
+            if route.sharded:
+                return j
+            if nxt.rank != ev.rank or detector not in route.columns:
+                if nxt.rank == ev.rank and nxt.host and nxt.host != rank.host:
+                    return j
+                j += 1
+                continue
+            if (nxt.host and nxt.host != rank.host) or self._notable(nxt, points):
+                return j
+            indices.append(j)
+            batches.append(MetricBatch(points, nxt.step, nxt.time_ns, nxt.event_id))
+            j += 1
+        return j
 
     def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
         if ev.time_ns <= rank.last_hb_ns:

@@ -16,9 +16,27 @@ and implements any of the hooks, each returning the findings it made (never rais
   in the rank's history; :meth:`Detector.wants` tells from the batch's metric names whether the call can
   matter (most batches concern one or two families: the others are not called) -- remembered per list of
   names when the detector declares ``names_only``;
+* :meth:`Detector.on_metric_run` -- the *column hook*, for a detector that declares ``independent``: one
+  call for a run of one rank's consecutive metric envelopes (:class:`MetricRun`), returning each
+  envelope's findings apart; the pipeline applies them at each envelope's place in the registry's order,
+  so the outputs are those of calling :meth:`Detector.on_metrics` envelope by envelope (see below);
 * :meth:`Detector.on_memory`  -- one ``memory`` event (a MemorySnapshot payload) of a rank;
 * :meth:`Detector.on_exception`, :meth:`Detector.on_log`, :meth:`Detector.on_heartbeat`,
   :meth:`Detector.on_exit` -- the other events of a rank (:class:`EventInfo`).
+
+**Independent detectors and the column hook.** A detector may declare ``independent = True`` (with
+``names_only``) when its :meth:`~Detector.on_metrics` reads nothing but the batch, the settings, the
+rank's ``rank`` and ``host`` and its own state under its own key -- no other detector's state, no
+incident, no metric history, no other rank -- and nobody else reads its state; and when the findings it
+returns hold no reference into that state (copies only). Then what it finds on an envelope depends only on
+the envelopes of that rank it was given before, so the pipeline may hand it, at the first envelope of a
+run of one rank's consecutive metric envelopes that route to it (same run, rank and host; none with a
+non-finite value or an alert -- those are remembered by id and may be dropped as replays; none carrying a
+shard's norm), the whole run at once (:meth:`~Detector.on_metric_run`), keep each envelope's findings, and
+apply them when it reaches that envelope's place in the registry order: the state, records and snapshots
+are those of the envelope-by-envelope walk. The run never spans two ``process`` calls (a snapshot sees a
+detector's state as of the envelopes processed). A hook that raises at an envelope of the run is
+re-raised at that envelope's place (the run is quarantined there, as before).
 
 The pipeline walks :data:`~trainguard_engine.detectors.registry.DETECTORS` in order, so a later detector
 sees what an earlier one decided about the same event (the numeric detectors first, the loss curve,
@@ -39,7 +57,7 @@ tests/services/processor/test_rank_parts.py compares the incremental encode with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Any, Mapping, NamedTuple, Sequence, Tuple
+from typing import AbstractSet, Any, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -71,6 +89,22 @@ class MetricBatch(NamedTuple):
     event_id: str
 
 
+class MetricRun(NamedTuple):
+    """One rank's consecutive metric envelopes handed to :meth:`Detector.on_metric_run` at once: their
+    batches in arrival order (each as :meth:`Detector.on_metrics` would get it)."""
+
+    batches: Sequence[MetricBatch]
+
+
+class RunFindings(NamedTuple):
+    """What :meth:`Detector.on_metric_run` found: ``findings[i]`` for ``run.batches[i]``; ``error``: the
+    exception raised on batch ``len(findings)`` (None: every batch was judged). Nothing after the batch that
+    raised was looked at."""
+
+    findings: List[Sequence[Finding]]
+    error: Optional[Exception]
+
+
 class Detector:
     """Base class: the hooks find nothing unless overridden (see the module docstring)."""
 
@@ -82,6 +116,12 @@ class Detector:
     then asks once per settings object and distinct list of point names and remembers the answer (most
     envelopes of a run carry the same few lists). False (the default): asked for every batch."""
 
+    independent: bool = False
+    """True when :meth:`on_metrics` reads only the batch, the settings, the rank's number and host and the
+    detector's own state, nobody else reads that state and its findings hold copies only (see the module
+    docstring): the pipeline may then call :meth:`on_metric_run` once for a run of envelopes. Requires
+    ``names_only``."""
+
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         """Whether :meth:`on_metrics` can find or remember anything in a batch whose point names are
         ``names`` (the pipeline skips the call otherwise). Must be exact: False only when the call would
@@ -91,6 +131,19 @@ class Detector:
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> Sequence[Finding]:
         return ()
+
+    def on_metric_run(self, run: RunState, rank: RankState, batches: MetricRun,
+                      settings: DetectionSettings) -> RunFindings:
+        """The findings of :meth:`on_metrics` on each batch of ``batches`` in turn (an independent
+        detector may override it with a cheaper equivalent); stops at the first batch that raises."""
+        out: List[Sequence[Finding]] = []
+        on_metrics = self.on_metrics
+        for batch in batches.batches:
+            try:
+                out.append(on_metrics(run, rank, batch, settings))
+            except Exception as exc:  # re-raised by the pipeline at that envelope's place
+                return RunFindings(out, exc)
+        return RunFindings(out, None)
 
     def on_memory(self, run: RunState, rank: RankState, payload: Mapping[str, Any], batch: MetricBatch,
                   settings: DetectionSettings) -> Sequence[Finding]:

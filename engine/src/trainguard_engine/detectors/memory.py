@@ -17,7 +17,7 @@ from ..records import Evidence, TimelineEntry
 from ..robust import mann_kendall, theil_sen
 from ..state import RankState, RunState, bounded_append
 from . import fmt_duration, fmt_number
-from .base import Detector, MetricBatch
+from .base import Detector, MetricBatch, MetricRun, RunFindings
 
 STATE_KEY = "mem"
 """``RankState.detectors`` key of this family's per-rank state."""
@@ -192,8 +192,19 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     when sent, ``mem/max_allocated``: the peak the headroom gate needs) and
     the leak series of ``mem/allocated`` (else ``mem/rss``), and the context-leak check from
     ``mem/device_used`` + ``mem/total_capacity`` (device-level memory, e.g. NVML's "used")."""
+    return _judge(run, rank, {name: (s, v) for name, s, v in points}, step, time_ns, event_id, settings)
+
+
+READS = frozenset(("amp/scale", "amp/overflow", "mem/allocated", "mem/rss", "mem/reserved",
+                   "mem/max_allocated", "mem/device_used", "mem/total_capacity", "mem/fragmentation"))
+"""Every metric name :func:`_judge` looks up (the others of a batch change nothing it does)."""
+
+
+def _judge(run: RunState, rank: RankState, by_name: Mapping[str, Tuple[int, float]], step: int,
+           time_ns: int, event_id: str, settings: DetectionSettings) -> List[Finding]:
+    """:func:`on_metrics` on a batch as ``name -> (step, value)`` (the last point of each name; only the
+    names in :data:`READS` matter)."""
     out: List[Finding] = []
-    by_name = {name: (s, v) for name, s, v in points}
     if "amp/scale" in by_name or "amp/overflow" in by_name:
         out.extend(_amp(run, rank, by_name, step, time_ns, event_id, settings))
     family = rank_state(rank)
@@ -873,6 +884,7 @@ class Memory(Detector):
     kinds = ("memory/fragmentation", "memory/leak", "memory/amp-overflow", "memory/context-leak")
     section = "memory"
     names_only = True
+    independent = True  # on_metrics reads the batch, rank.rank/host and rank.detectors["mem"] only
     METRICS = frozenset(("amp/scale", "amp/overflow", "mem/allocated", "mem/rss", "mem/device_used",
                          "mem/total_capacity", "mem/fragmentation"))
     """The metric names :func:`on_metrics` reads (every one of its checks starts from one of them)."""
@@ -883,6 +895,19 @@ class Memory(Detector):
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:
         return on_metrics(run, rank, batch.points, batch.step, batch.time_ns, batch.event_id, settings)
+
+    def on_metric_run(self, run: RunState, rank: RankState, batches: MetricRun,
+                      settings: DetectionSettings) -> RunFindings:
+        """:meth:`on_metrics` on each batch in turn, reading only the points :func:`_judge` looks up."""
+        out: List[Sequence[Finding]] = []
+        reads = READS
+        try:
+            for batch in batches.batches:
+                out.append(_judge(run, rank, {name: (s, v) for name, s, v in batch.points if name in reads},
+                                  batch.step, batch.time_ns, batch.event_id, settings))
+        except Exception as exc:  # re-raised by the pipeline at that envelope's place
+            return RunFindings(out, exc)
+        return RunFindings(out, None)
 
     def on_memory(self, run: RunState, rank: RankState, payload: Mapping[str, Any], batch: MetricBatch,
                   settings: DetectionSettings) -> List[Finding]:

@@ -38,6 +38,8 @@ def _check() -> None:
         unknown = [k for k in d.kinds if k not in KINDS]
         if not d.name or not d.kinds or unknown:
             raise AssertionError(f"{d!r}: needs a name and catalogue kinds (unknown: {unknown})")
+        if d.independent and not d.names_only:
+            raise AssertionError(f"{d!r}: an independent detector (the column hook) must be names_only")
         if d.section not in SECTIONS:
             raise AssertionError(f"{d!r}: section {d.section!r} is not one of {sorted(SECTIONS)}")
 
