@@ -197,3 +197,23 @@ def test_a_retyped_cuda_error_without_spaces_is_a_cuda_error() -> None:
     assert found.kind == "memory/cuda-error" and found.facts["error_class"] == "launch-failure"
     # the words in a sentence are not an error message
     assert classify_chain("", "no cuda error was printed before the hang").rule == "python.exception"
+
+
+def test_a_traceback_cut_inside_process_group_set_up_is_one_item_that_says_the_group_never_came_up() -> None:
+    # OpenRLHF SFT (OpenRLHF/OpenRLHF, port taken): the paste ends at the frame
+    # 'torch.distributed.init_process_group(backend,' with no exception line -- before, 17 plain lines and
+    # no incident; now one exception of no known type whose innermost frame is the set-up call
+    (item,) = items("comm-init-frames-only-openrlhf-1")
+    assert item.kind == "exception" and (item.line, item.last_line) == (1, 17)
+    assert item.payload["type"] == "<unknown exception>"
+    assert item.payload["frames"][-1]["function"] == "init_process_group"
+    found = classify_chain(item.payload["type"], item.payload["message"], (), item.payload["frames"])
+    assert found.kind == "comm/init-failure" and found.facts["raised_in"] == "init_process_group"
+    # torchelastic's c10d rendezvous store creation is set-up too (pytorch/pytorch#69197: 'connect() timed
+    # out' raised in _create_tcp_store, the chained RendezvousConnectionError cut): before, process/exception
+    (cause,) = [i for i in items("comm-init-c10d-rdzv-connect-timeout-chained-69197-1") if i.kind == "exception"]
+    found = classify_chain(cause.payload["type"], cause.payload["message"], (), cause.payload["frames"])
+    assert found.kind == "comm/init-failure" and found.facts["raised_in"] == "_create_tcp_store"
+    # a traceback cut inside the launcher's own frames (launch_agent: a rendezvous or a worker failure alike)
+    # still says nothing of what failed: its lines stay lines
+    assert all(i.kind == "log" for i in items("comm-init-rdzv-timeout-2"))

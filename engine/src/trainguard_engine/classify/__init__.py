@@ -216,9 +216,9 @@ _check_docs()
 _GATED = tuple((name, rule, GATES[name]) for name, rule in RULES)
 _CHILD_FAILED_GATE = GATES[FIRST_RULE]
 
-__all__ = ["FALLBACKS", "FIRST_RULE", "MAX_LINE_CHARS", "MAX_TEXT_CHARS", "RULES", "RULE_DOCS",
-           "Classification", "classify_chain", "classify_exception", "classify_text", "format_size",
-           "parse_size", "rules_table"]
+__all__ = ["FALLBACKS", "FIRST_RULE", "INIT_FUNCTIONS", "MAX_LINE_CHARS", "MAX_TEXT_CHARS", "RULES",
+           "RULE_DOCS", "Classification", "classify_chain", "classify_exception", "classify_text",
+           "format_size", "parse_size", "rules_table"]
 
 
 ENRICHING_RULES = frozenset({"nccl.watchdog-status", "nccl.dump-signal", "c10d.desync-report",
@@ -366,8 +366,10 @@ def classify_exception(exc_type: str, message: str) -> Classification:
 _INIT_FUNCTIONS = frozenset({
     "init_process_group", "new_group", "_new_group_with_tag", "_store_based_barrier", "_create_c10d_store",
     "_env_rendezvous_handler", "_tcp_rendezvous_handler", "_file_rendezvous_handler", "init_distributed",
-    "init_device_mesh"})
-"""Functions of torch.distributed (and DeepSpeed's ``init_distributed``) that set a process group up."""
+    "init_device_mesh", "_create_tcp_store"})
+"""Functions of torch.distributed (and DeepSpeed's ``init_distributed``) that set a process group up
+(``_create_tcp_store``: torchelastic's c10d rendezvous backend creating its store)."""
+INIT_FUNCTIONS = _INIT_FUNCTIONS
 _AT_INIT = (("comm", "rank-lost"), ("comm", "timeout"), ("comm", "failure"))
 """What a peer's reset, a timeout or a generic NCCL/gloo failure is when it happens while the group is being
 set up: the group never came up (comm/init-failure), not a peer lost mid-training."""

@@ -27,7 +27,10 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
   :func:`trainguard.core.tracebacks.parse_traceback_text`; its final exception becomes one exception item
   whose fingerprint (fp:v1, over the whole un-truncated text) is the one the SDK computes for the same
   exception live, with the chained causes/contexts as ``chain``. A block that parses to nothing is
-  emitted as plain lines.
+  emitted as plain lines, and so is a Python traceback cut before its exception line -- unless it was cut
+  inside a process-group set-up function (one of its three innermost frames is ``init_process_group``,
+  DeepSpeed's ``init_distributed``, a rendezvous store's creation ...: ``classify.INIT_FUNCTIONS``): then it
+  is one exception item of no known type, whose frames say the group never came up.
 * **NCCL error messages** outside a traceback (a line ending in ``NCCL version X.Y.Z``, then
   NCCL's unprefixed ``ncclXError: ...``, ``Last error:`` and the last error's line) are one log item
   (its ``[rankN]:`` prefix, if the first line has one, applies to all), so the reason is read with the
@@ -50,7 +53,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import safe_str
 from trainguard.core.tracebacks import (
@@ -59,6 +62,7 @@ from trainguard.core.tracebacks import (
     ParsedException,
     parse_traceback_text,
 )
+from trainguard_engine.classify import INIT_FUNCTIONS
 
 from .times import leading_stamp
 
@@ -290,6 +294,13 @@ def _cut_chain(parsed: List[ParsedException]) -> List[ParsedException]:
             and parsed[-2].relation in (RELATION_CAUSE, RELATION_CONTEXT):
         return [*parsed[:-2], replace(parsed[-2], relation="")]
     return parsed
+
+
+def _cut_in_setup(payload: Mapping[str, Any]) -> bool:
+    """Whether one of ``payload``'s three innermost frames is a process-group set-up function
+    (``init_process_group``, DeepSpeed's ``init_distributed``, rendezvous store creation ...)."""
+    frames = payload.get("frames") or []
+    return any(isinstance(f, Mapping) and f.get("function") in INIT_FUNCTIONS for f in frames[-3:])
 
 
 def _frame(frame: Any) -> Dict[str, Any]:
@@ -540,6 +551,13 @@ class LogSegmenter:
         readable = _LOOSE_FRAME_FIX_RE.sub('  File "', text) if mode == _PYTHON else text
         parsed = _cut_chain(parse_traceback_text(_HEADER + readable if headless else readable))
         payload = exception_payload(parsed, text)
+        if payload is not None and payload["type"] == UNKNOWN_EXCEPTION and mode == _PYTHON \
+                and not payload.get("chain") and _cut_in_setup(payload):
+            # cut inside a process-group set-up function: where it stopped says what failed (the group never
+            # came up), so the block stays one exception item, of no known type
+            self._emit(LogItem("exception", stream.rank, block[0][0], block[-1][0], time_ns, "CRITICAL",
+                               payload=payload, precision_ns=precision_ns))
+            return
         if payload is None or (mode == _PYTHON and payload["type"] == UNKNOWN_EXCEPTION):
             # a Python traceback cut before its exception line says nothing of what failed: its lines
             # go on as lines (one may still say it, e.g. an NCCL error printed inside it; in pasted text
