@@ -4,15 +4,19 @@ Contract: both read the query API at ``--api`` (default ``TRAINGUARD_API``, else
 ``TRAINGUARD_ENDPOINT``, else ``http://127.0.0.1:4318``) with a read token (``--read-token`` /
 ``TRAINGUARD_READ_TOKEN``) and print one line per run / incident, newest activity first, the dashboard link
 last. What stops them is said in one line and exit code 2 (no token, the API unreachable or refusing the
-token, no such run); nothing is retried, so a stopped server answers at once.
+token, no such run); nothing is retried, so a stopped server answers at once. What the server stores comes
+from training jobs, so a control character in it (an ANSI escape in an exception message) is printed as its
+escape (``\\x1b``), never sent to the terminal; a run id is percent-encoded in the URL.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import time
 import urllib.error
+import urllib.parse
 from typing import Any, Dict, List
 
 from .api.read_client import ReadClient
@@ -20,6 +24,12 @@ from .preflight import UsageError
 
 DEFAULT_API = "http://127.0.0.1:4318"
 TIMEOUT_S = 10.0
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _plain(value: Any) -> str:
+    """``value`` as text a terminal shows as is: control characters spelled as escapes (``\\x1b``)."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(value))
 
 
 def api_base(given: str | None) -> str:
@@ -69,6 +79,7 @@ def _ago(ns: int) -> str:
 
 
 def _table(rows: List[List[str]]) -> str:
+    rows = [[_plain(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -91,11 +102,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_incidents(args: argparse.Namespace) -> int:
     client = _client(args)
-    run = _get(client, f"/api/v1/runs/{args.run_id}")
-    page: Dict[str, Any] = _get(client, f"/api/v1/runs/{args.run_id}/incidents")
+    segment = urllib.parse.quote(args.run_id, safe="")
+    run = _get(client, f"/api/v1/runs/{segment}")
+    page: Dict[str, Any] = _get(client, f"/api/v1/runs/{segment}/incidents")
     items = [i for i in page.get("items", []) if not i.get("explained_by")]
-    print(f"run {run['run_id']} ({run.get('run_name') or '-'}): {run['status']}, {run.get('health', '-')}, "
-          f"last step {run.get('last_step', -1)}")
+    print(_plain(f"run {run['run_id']} ({run.get('run_name') or '-'}): {run['status']}, "
+                 f"{run.get('health', '-')}, last step {run.get('last_step', -1)}"))
     if not items:
         print("no incidents")
     else:
@@ -105,8 +117,8 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         print(_table(rows))
         for incident in items[:1]:
             for check in incident.get("checks", [])[:3]:
-                print(f"  check first: {check}")
-    print(f"dashboard: {client.base}/ui/#/runs/{args.run_id}")
+                print(_plain(f"  check first: {check}"))
+    print(f"dashboard: {client.base}/ui/#/runs/{segment}")
     return 0
 
 
