@@ -6,6 +6,7 @@ Contract (docs/wire-format.md; every error body is JSON ``{"detail": "<message>"
 request                                                                answer
 =====================================================================  ===========================
 ``Content-Length`` over ``max_batch_bytes`` (checked before reading)   413
+both ``Content-Length`` and ``Transfer-Encoding`` (a smuggling shape)  400 + ``Connection: close``
 body over ``max_batch_bytes`` while reading (chunked uploads)          413
 no / malformed ``Authorization: Bearer <token>``, unknown or revoked   401 + ``WWW-Authenticate``
 a read token                                                           403
@@ -81,6 +82,8 @@ def error_response(exc: GatewayError) -> JSONResponse:
         headers["WWW-Authenticate"] = "Bearer"
     if isinstance(exc, (Backpressure, Unavailable)):
         headers["Retry-After"] = retry_after_header(exc.retry_after)
+    if isinstance(exc, AmbiguousFraming):
+        headers["Connection"] = "close"
     return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
 
 
@@ -127,9 +130,18 @@ def _media_type(value: Optional[str]) -> str:
     return (value or "").split(";", 1)[0].strip().lower()
 
 
-def _declared_length(value: Optional[str], limit: int) -> None:
+class AmbiguousFraming(InvalidRequest):
+    """A request framed two ways (HTTP 400, and the connection is closed)."""
+
+
+def _declared_length(value: Optional[str], limit: int, transfer_encoding: Optional[str] = None) -> None:
     if value is None:
         return
+    if transfer_encoding is not None:
+        # RFC 9112 6.3: the chunked framing wins here, but a proxy in front may have used Content-Length and
+        # forwarded the rest as another request (request smuggling); no client of ours sends both
+        raise AmbiguousFraming(f"the request has both Content-Length ({value}) and Transfer-Encoding "
+                               f"({transfer_encoding}): send one of them")
     try:
         length = int(value)
     except ValueError:
@@ -207,7 +219,7 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
     async def ingest(request: Request) -> Response:
         headers = request.headers
         try:
-            _declared_length(headers.get("content-length"), limit)
+            _declared_length(headers.get("content-length"), limit, headers.get("transfer-encoding"))
             token = bearer_token(headers.get("authorization"))
             auth = await run_in_threadpool(gateway.authenticate, token)
             media_type, gzipped = _check_media(headers.get("content-type"), headers.get("content-encoding"))
