@@ -98,3 +98,15 @@ def test_an_mp_spawn_exit_code_is_that_process_exit() -> None:
     killed = classify_exception("torch.multiprocessing.spawn.ProcessExitedException",
                                 "process 1 terminated with signal SIGKILL")
     assert killed.kind == "process/killed" and killed.facts["rank"] == 1
+
+
+def test_the_oom_killers_own_report_is_a_sigkill_for_host_memory() -> None:
+    # dmesg's cgroup line under a killed DataLoader worker (ymoslem/OpenNMT-Tutorial#6) and Slurm's report of
+    # the same (chenxie95/deeplearning_course_sjtu#20): before, neither line was recognised
+    found = classify_text(_line("proc-dl-worker-killed-cgroup-dmesg-opennmt-1", "Killed process"))
+    assert found is not None and (found.kind, found.rule) == ("process/killed", "launcher.signal")
+    assert found.facts == {"signal": 9, "signal_name": "SIGKILL", "killer": "oom-killer", "pid": 629,
+                           "process": "onmt_train"}
+    slurm = classify_text(_line("proc-dl-worker-exited-slurm-oom-kill-sjtu-1", "oom-kill event"))
+    assert slurm is not None and slurm.kind == "process/killed" and slurm.facts["killer"] == "oom-killer"
+    assert classify_text("the job was killed by the scheduler for running too long") is None

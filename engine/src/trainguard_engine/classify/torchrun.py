@@ -4,6 +4,7 @@ the root-cause rank, and per-worker failure lines."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.tracebacks import parse_traceback_text
@@ -85,6 +86,14 @@ with that code (``sys.exit``, ``os._exit``, a native crash's status on Windows) 
 function it ran is reported as ``-- Process N terminated with the following error:`` instead."""
 
 
+_OOM_KILLER_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process "
+                            r"(?P<pid>\d{1,10}) \((?P<comm>[^)\n]{1,64})\)"
+                            r"|Detected \d{1,6} oom[-_]kill events?")
+"""The OOM killer's own report: the kernel's (``dmesg``) ``Out of memory: Killed process 629 (python)`` /
+``Memory cgroup out of memory: Killed process ...``, Slurm's ``slurmstepd: error: Detected 1 oom-kill
+event(s) in StepId=...``."""
+
+
 def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
     """A launcher saying how a worker (or the launcher itself) was ended by a signal: the old
     ``torch.distributed.launch``'s ``CalledProcessError: Command '[... '--local_rank=7' ...]' died with
@@ -150,6 +159,17 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         signal = int(m.group("sig") or m.group("sig2"))
         facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
         return _signal_hit(found[0] + m.start(), facts, "the launcher")
+    pos = t.first("killed process", "oom-kill event")
+    if pos >= 0 and (found := _search(_OOM_KILLER_RE, t, pos, before=60, after=120)) is not None:
+        m = found[1]
+        facts = {"signal": 9, "signal_name": "SIGKILL", "killer": "oom-killer"}
+        if m.group("pid"):
+            facts.update(pid=int(m.group("pid")), process=m.group("comm"))
+        hit = _signal_hit(found[0] + m.start(), facts, f"process {m.group('pid')} ({m.group('comm')})"
+                          if m.group("pid") else "a process of the job")
+        return replace(hit, headline=f"{hit.headline}: the host's OOM killer (out of host memory)",
+                       note="the kernel's (or the job's cgroup's) OOM killer ended it: host RAM ran out -- "
+                            "DataLoader workers, pinned memory, a dataset loaded into memory")
     pos = t.first("segmentation fault", "killed", "illegal instruction", "floating point exception")
     if pos >= 0 and (found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None:
         signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
@@ -352,6 +372,7 @@ GATES = {
                         "program received signal sig",
                         "program terminated with signal sig", "exits with return code = ",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
+                        "oom-kill event",
                         "illegal instruction", "floating point exception"),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
@@ -383,7 +404,8 @@ DOCS = {
         "SIGSEGV``, a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` / ``Illegal instruction`` / "
         "``Floating point exception`` "
-        "→ by the exit decision path for that signal"
+        "→ by the exit decision path for that signal; the OOM killer's report (dmesg's ``Out of memory: "
+        "Killed process N (python)``, Slurm's ``Detected 1 oom-kill event(s)``) → process/killed (SIGKILL)"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""
