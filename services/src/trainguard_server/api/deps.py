@@ -61,8 +61,12 @@ async def ensure_read_token(request: Request) -> str:
     """:func:`authenticate_read` for ``request``, once per request (the answer is kept in its state)."""
     project: Optional[str] = getattr(request.state, _PROJECT_STATE, None)
     if project is None:
+        values = request.headers.getlist("authorization")
+        if len(values) > 1:  # which token counts would be a guess (a proxy may read another one)
+            raise HTTPException(401, f"{len(values)} Authorization headers were sent; send exactly one "
+                                     f"'Bearer <read token>'", headers={"WWW-Authenticate": "Bearer"})
         project = await run_in_threadpool(authenticate_read, get_services(request),
-                                          request.headers.get("authorization"))
+                                          values[0] if values else None)
         setattr(request.state, _PROJECT_STATE, project)
     return project
 

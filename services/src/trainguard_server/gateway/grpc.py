@@ -70,6 +70,7 @@ from .ingest import (
     Unavailable,
     batch_from_protobuf,
     bearer_token,
+    one_authorization,
     retry_after_header,
 )
 
@@ -93,10 +94,9 @@ T = TypeVar("T")
 
 
 def _token(context: Any) -> Optional[str]:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            return bearer_token(value if isinstance(value, str) else value.decode("latin-1"))
-    return None
+    values = [value if isinstance(value, str) else value.decode("latin-1")
+              for key, value in context.invocation_metadata() or () if key == "authorization"]
+    return bearer_token(one_authorization(values))
 
 
 def _batch(request: RequestLike) -> Batch:

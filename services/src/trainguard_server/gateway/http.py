@@ -8,7 +8,7 @@ request                                                                answer
 ``Content-Length`` over ``max_batch_bytes`` (checked before reading)   413
 both ``Content-Length`` and ``Transfer-Encoding`` (a smuggling shape)  400 + ``Connection: close``
 body over ``max_batch_bytes`` while reading (chunked uploads)          413
-no / malformed ``Authorization: Bearer <token>``, unknown or revoked   401 + ``WWW-Authenticate``
+no / malformed / two ``Authorization``, unknown or revoked token      401 + ``WWW-Authenticate``
 a read token                                                           403
 ``Content-Type`` not ``application/json`` / ``application/x-protobuf``  415
 ``Content-Encoding`` not ``gzip`` / ``identity``                       415
@@ -51,6 +51,7 @@ from .ingest import (
     batch_from_json,
     batch_from_protobuf,
     bearer_token,
+    one_authorization,
     retry_after_header,
 )
 
@@ -220,7 +221,7 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
         headers = request.headers
         try:
             _declared_length(headers.get("content-length"), limit, headers.get("transfer-encoding"))
-            token = bearer_token(headers.get("authorization"))
+            token = bearer_token(one_authorization(headers.getlist("authorization")))
             auth = await run_in_threadpool(gateway.authenticate, token)
             media_type, gzipped = _check_media(headers.get("content-type"), headers.get("content-encoding"))
             body = await _read_body(request, limit)

@@ -66,6 +66,7 @@ __all__ = [
     "batch_from_json",
     "batch_from_protobuf",
     "bearer_token",
+    "one_authorization",
     "retry_after_header",
 ]
 
@@ -113,6 +114,15 @@ class Unavailable(GatewayError):
 def retry_after_header(seconds: float) -> str:
     """``Retry-After`` / ``retry-after`` value: whole seconds (HTTP delta-seconds), at least 1."""
     return str(max(1, math.ceil(seconds)))
+
+
+def one_authorization(values: Sequence[str]) -> Optional[str]:
+    """The one ``Authorization`` value of a request (None without one); :class:`Unauthenticated` for more
+    than one: which token counts would be a guess (a proxy may read another one than the gateway)."""
+    if len(values) > 1:
+        raise Unauthenticated(f"{len(values)} Authorization values were sent; send exactly one "
+                              f"'Bearer <ingest token>'")
+    return values[0] if values else None
 
 
 def bearer_token(authorization: Optional[str]) -> Optional[str]:
