@@ -5,7 +5,8 @@ stores), with a valid read token:
   resident memory for one request): a few at once could take the memory every project's ingest runs in.
   Now a body over ``MAX_BODY_BYTES`` is a 413 from its ``Content-Length``, or once that much has arrived;
 * a body that is not UTF-8 or nested too deeply answered ``There was an error parsing the body``, and one
-  with a JSON syntax error ``body.5: JSON decode error``: now each says what and where;
+  with a JSON syntax error ``body.5: JSON decode error``: now each says what and where; a key given twice
+  (``{"by": "ana", "by": "mallory"}``) was read last-wins: now a 422 naming it;
 * ``limit=`` beyond int64 was told ``less than or equal to 9223372036854775807`` where the route takes 500.
 """
 
@@ -74,6 +75,8 @@ def test_a_body_within_the_limit_still_reaches_the_route(live: LiveServer) -> No
     (b'{"by": ' + b"[" * 5000 + b"]" * 5000 + b', "text": "t"}', 400,
      "body: JSON nested too deeply to decode (the API's bodies nest a few levels)"),
     (b'{"by": "ana", "text": }', 422, "body: malformed JSON at char 22: Expecting value"),
+    (b'{"by": "ana", "by": "mallory", "text": "t"}', 422,
+     'body: duplicate key "by" in one object (each field may be given once)'),  # was read last-wins
 ])
 def test_an_undecodable_body_says_what_is_wrong(live: LiveServer, body: bytes, status: int, detail: str) -> None:
     assert _post(live, NOTE, body) == {"status": status, "detail": detail}  # was "There was an error ..."

@@ -11,9 +11,10 @@ the route's own dependencies and parameters:
   (``OverflowError``). The bounds are also written into the served OpenAPI (:func:`int64_bounds`); a
   parameter's own tighter bound is the one named (``query.limit: ... less than or equal to 500``).
 * a route taking a body (:class:`ReadTokenFirstRoute`: the incident workflow, the CI gate) reads at most
-  :data:`MAX_BODY_BYTES`: a bigger body is a 413 once that much has arrived (or at once, from its
-  ``Content-Length``). FastAPI would buffer any body whole and decode it (a 300 MB note took ~560 MB of
-  the server's memory before its 4,000-character limit refused it), so one read token could starve every
+  :data:`MAX_BODY_BYTES` and refuses a JSON key given twice (422; ingest refuses it too): a bigger body is
+  a 413 once that much has arrived (or at once, from its ``Content-Length``). FastAPI would buffer any
+  body whole and decode it (a 300 MB note took ~560 MB of the server's memory before its 4,000-character
+  limit refused it), so one read token could starve every
   project's ingest of memory.
 
 A route's integer parameters are found once, from its dependency tree (the endpoint's and its dependencies'
@@ -23,10 +24,11 @@ A route's integer parameters are found once, from its dependency tree (the endpo
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Coroutine, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Coroutine, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from fastapi import HTTPException
 from fastapi.dependencies.models import Dependant
@@ -184,6 +186,34 @@ async def _read_bounded_body(request: Request, limit: int) -> None:
         if len(body) > limit:
             raise _too_large("of more bytes", limit)
     request._body = bytes(body)  # Request.body() returns it from here
+    if body and _media_type(request.headers.get("content-type")).endswith("json"):
+        try:
+            request._json = json.loads(body, object_pairs_hook=_unique_keys)  # Request.json() returns it
+        except _DuplicateKey as exc:
+            raise HTTPException(422, f"body: {exc}") from None
+        except (ValueError, RecursionError):
+            pass  # FastAPI's own decoding says what is wrong (see app.py)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """An object's members; a key given twice is refused (the last would win silently)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(f"duplicate key {json.dumps(key)} in one object (each field may be given "
+                                    f"once)")
+            seen.add(key)
+    return out
+
+
+def _media_type(value: Optional[str]) -> str:
+    return (value or "").split(";", 1)[0].strip().lower()
 
 
 def int64_bounds(schema: Dict[str, Any]) -> None:
