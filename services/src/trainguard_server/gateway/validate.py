@@ -15,8 +15,8 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
   ``project`` set and not the token's project             ``wrong_project``
   ``run_id`` empty / longer than ``max_id_length``        ``missing_field`` / ``too_large``
   ``run_id`` containing ``/``, or ``.`` / ``..``            ``invalid_field``
-  ``run_id``, ``trace_id``, ``run_name`` or ``host`` with  ``invalid_field``
-  a control character (U+0000-U+001F, U+007F-U+009F)
+  ``run_id`` or ``trace_id`` with a control character      ``invalid_field``
+  (U+0000-U+001F, U+007F-U+009F)
   ``trace_id`` longer than ``max_id_length``              ``too_large``
   event over ``max_event_bytes`` (serialized, as sent)    ``too_large``
   any string longer than ``max_string_length`` chars      ``too_large``
@@ -32,10 +32,11 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
 * A run id is one path segment of the query API (``/api/v1/runs/{run_id}/...``): ``/`` would split it (and
   ``%2F`` is decoded before routing) and ``.`` / ``..`` are removed by clients as dot-segments, so such a
   run could be listed but never read. Those ids are refused at ingest, for HTTP and gRPC alike.
-* The names that identify a run (``run_id``, ``trace_id``, ``run_name``, ``host``) are printed as they are by
-  ``trainguard runs`` / ``incidents``, log lines and tables: a control character in one (an ANSI escape that
-  clears the operator's terminal, a newline that forges a log line, a NUL) is refused at ingest. Free text
-  (log lines, messages, tracebacks) keeps its control characters.
+* The ids of a run (``run_id``, ``trace_id``) are typed in commands and URLs and written into log lines: a
+  control character in one (an ANSI escape that clears the operator's terminal, a newline that forges a log
+  line, a NUL) is refused at ingest. Names and free text (``run_name``, ``host``, log lines, messages,
+  tracebacks) keep theirs: a run name read from a file with its newline must not lose the run; whatever
+  prints them escapes them (``trainguard runs`` / ``incidents``; the dashboard shows text).
 * NaN and ±Inf metric values are legal. Enum fields may hold numbers this version does not name (proto3
   enums are open: a newer client's severity is kept as a number). Unknown non-payload fields in protobuf
   input are carried along untouched (the JSON path rejects them while converting, see ``trainguard.wire``).
@@ -83,8 +84,8 @@ _SEP = "\n"  # joins ids for the one-regex check; it is outside the id class
 _DOT_SEGMENTS = frozenset((".", ".."))
 #: C0 controls, DEL and C1 controls: refused in the identity names (see the module doc)
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-#: the identity names checked for control characters, in the order they are checked
-_NAME_FIELDS = ("run_id", "trace_id", "run_name", "host")
+#: the ids checked for control characters, in the order they are checked
+_NAME_FIELDS = ("run_id", "trace_id")
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ def _bad_run_id(run_id: str) -> bool:
 
 
 def _control_character(env: Any) -> Optional[Tuple[str, str, int]]:
-    """(field, value, position) of the first control character in one of the identity names of ``env``."""
+    """(field, value, position) of the first control character in one of the ids of ``env``."""
     for name in _NAME_FIELDS:
         value = getattr(env, name)
         found = _CONTROL.search(value)
@@ -369,10 +370,7 @@ def validate_batch(events: Sequence[events_pb2.Envelope], *, project: str, now_n
     if max(map(len, trace_set)) > max_id:
         suspects.update(k for k, x in enumerate(traces) if len(x) > max_id)
 
-    names = {"run_id": run_set, "trace_id": trace_set}
-    for name in _NAME_FIELDS[2:]:
-        names[name] = {getattr(e, name) for e in events}
-    for name, values in names.items():
+    for name, values in (("run_id", run_set), ("trace_id", trace_set)):
         if _CONTROL.search(" ".join(values)):
             suspects.update(k for k, e in enumerate(events) if _CONTROL.search(getattr(e, name)))
 
