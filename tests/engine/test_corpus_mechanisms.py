@@ -108,6 +108,14 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   reached: the fall must also hold over rise_held_points (20, half a loss window) values in a row (their
   lowest median), here 0.47x of the start -- under rise_min_fall; the real rebounds of the corpus (r213,
   r370, r403) held theirs (0.80, 0.56, 0.63).
+* r490 (plain GPT, Adagrad, its LR raised 100x at 45 % of the run, clip 1; batch 5): the loss falls from
+  4.2 to 2.1, then the jump throws it to 40-120 (a divergence from step 77, rightly), where it swings
+  with no trend, slowly coming down to ~30 -- still 7x its start at the end. The divergence settled into
+  an oscillation at 113: its swings sat within oscillation_max_rise of the level at which it left its
+  band. What an oscillation is (the label's rule too) is swings with no trend *relative to where the run
+  started*; the settling now compares the swings' level with the run's first full loss window (4.0 here;
+  r205 and r239, thrown up within their first window, still settle): a loss that climbed far above its
+  early level and swings there has not stopped diverging from it.
 """
 
 from __future__ import annotations
@@ -320,3 +328,16 @@ def test_a_swinging_loss_whose_rolling_level_dipped_is_not_a_rise_after_fall() -
 def test_the_held_fall_is_off_with_rise_held_points_1() -> None:
     out = _outcome("r477", rise_held_points=1)  # the lowest single value: any dip is a reached level
     assert out.verdict == "loss/rise-after-fall", out
+
+
+def test_swings_far_above_the_runs_early_level_do_not_settle_the_divergence() -> None:
+    out = _outcome("r490")
+    assert out.label == "loss/divergence" and out.first_nonfinite is None
+    assert "loss/oscillation" not in out.kinds, out  # the verdict, open, before the fix
+    assert out.verdict == "loss/divergence" and "loss/divergence" in out.open_alerts, out
+    assert out.visible_step["loss/divergence"] <= 80  # the jump came at 73
+
+
+def test_with_a_loose_oscillation_max_rise_the_divergence_settles_again() -> None:
+    out = _outcome("r490", oscillation_max_rise=100.0)
+    assert out.verdict == "loss/oscillation", out

@@ -514,8 +514,10 @@ class DetectionSettings:
         "interquartile range of a quarter of the level).", minimum=0.0)
     oscillation_max_rise: float = _setting(
         1.5, "loss/divergence settles into loss/oscillation when, over a full loss_window, the loss swings "
-        "with no trend and no longer rises, at a level at most this x the level at which it left its band "
-        "(higher: it kept diverging after it left the band).", minimum=1.0)
+        "with no trend and no longer rises, at a level at most this x the level of the run's first full "
+        "loss_window (no trend relative to where the run started: a loss thrown up within its first window "
+        "swings there; one that climbed far above its early level later and swings there kept diverging).",
+        minimum=1.0)
     oscillation_held_points: int = _setting(
         40, "loss/oscillation gives way to loss/divergence when, on this many values in a row (a full "
         "loss_window's worth), the oscillation rule no longer holds (the loss stopped swinging, or trends) "

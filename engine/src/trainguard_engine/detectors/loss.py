@@ -247,6 +247,8 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     streaks: Dict[str, int] = state.setdefault("streak", {})
     since: Dict[str, int] = state.setdefault("since", {})
     win = _Window(series, tuned.loss_window)
+    if win.full and "start_level" not in state:
+        state["start_level"] = win.median  # the level of the first full window (_divergence_settled)
     held = tuned.rise_held_points
     if len(series) >= held:  # the lowest level held over rise_held_points values (_check_rise)
         level_held = _median_of(series[-held:])
@@ -359,7 +361,9 @@ def _divergence_settled(run: RunState, rank: RankState, name: str, series: Seque
     """Whether the open divergence of ``rank`` has settled into an oscillation, resolving it then: over a
     full ``loss_window`` the loss swings with no trend (the oscillation rule holds) and no longer rises
     (the divergence rule does not hold: jumping from value to value with no upward trend since it left
-    the band), at a level at most ``oscillation_max_rise`` x the one at which it left the band, and the
+    the band), at a level at most ``oscillation_max_rise`` x the level of the run's first full
+    ``loss_window`` (``state["start_level"]``: swings with no trend relative to where the run started; a
+    loss that climbed far above its early level and swings there has not stopped diverging), and the
     LR did not grow over the window (a warmup still raising the LR drives the loss up: a rough loss
     without a significant trend in between has not stopped rising), on ``confirm_checks`` values in a
     row. A far-too-high LR often throws the loss up within
@@ -371,7 +375,7 @@ def _divergence_settled(run: RunState, rank: RankState, name: str, series: Seque
     rises = _check_divergence(rank, name, series, win, initial, state, settings, settings, False)
     opened = state.get("opened") or {}
     if not swings.holds or rises.holds or not opened.get("level") or \
-            win.median > settings.oscillation_max_rise * opened["level"] or \
+            win.median > settings.oscillation_max_rise * state.get("start_level", opened["level"]) or \
             _lr_grew(rank, win.first_step, win.last_step):
         streaks["oscillation"] = 0
         return False
