@@ -449,7 +449,7 @@ def enrich(run: RunState, st: IncidentState, settings: DetectionSettings) -> Non
     facts.lr_growth = float(growth) if isinstance(growth, (int, float)) else \
         math.inf if growth == "Infinity" else 0.0
     inc.hypotheses = hypotheses(inc.category, inc.subtype, facts)
-    inc.checks = contextual_checks(kind(inc.category, inc.subtype).checklist(), facts)
+    inc.checks = _checks_for(inc.category, inc.subtype, facts)
 
 
 CUDA_MEMORY_METRICS = ("mem/allocated", "mem/reserved", "mem/max_allocated")
@@ -488,6 +488,21 @@ def contextual_checks(checks: Sequence[str], facts: Facts) -> List[str]:
         return any(word in check for words in ruled_out for word in words)
 
     return [c for c in checks if not out(c)] + [c for c in checks if out(c)]
+
+
+_CHECKS: Dict[Tuple[int, Tuple[bool, ...]], Tuple[Any, Tuple[str, ...]]] = {}
+"""(id of a kind, which of _NOT_HERE apply) -> (that kind, its contextual checks): at most 8 per kind."""
+
+
+def _checks_for(category: str, subtype: str, facts: Facts) -> List[str]:
+    """:func:`contextual_checks` of the kind's checklist, remembered per kind and per what the facts rule
+    out (all they depend on; an incident is enriched on every finding applied to it)."""
+    spec = kind(category, subtype)
+    key = (id(spec), tuple(applies(facts) for applies, _words in _NOT_HERE))
+    held = _CHECKS.get(key)
+    if held is None or held[0] is not spec:
+        held = _CHECKS[key] = (spec, tuple(contextual_checks(spec.checklist(), facts)))
+    return list(held[1])
 
 
 def _merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> Dict[str, Any]:

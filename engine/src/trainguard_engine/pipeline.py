@@ -167,17 +167,19 @@ class _Ahead:
 
 class _Route(NamedTuple):
     """What one list of point names asks of the pipeline, the same for every batch carrying it: the
-    names as a set, whether one is a shard's norm, whether the diagnosis keeps any of them (memory peaks,
-    LR changes), and the detectors to call -- ``(detector, ask)``: ``ask`` False for a ``names_only``
+    names as a set, whether one is a shard's norm, the positions of those the diagnosis keeps (memory
+    peaks, LR changes), and the detectors to call -- ``(detector, ask)``: ``ask`` False for a ``names_only``
     detector whose :meth:`~.detectors.base.Detector.wants` said yes once (those that said no are left
     out), True for the others (asked per batch)."""
 
     names: FrozenSet[str]
     sharded: bool
-    diagnosis: bool
+    diagnosis: Tuple[int, ...]
     detectors: Tuple[Tuple[Detector, bool], ...]
     columns: Tuple[Detector, ...]
     """Those of ``detectors`` that declare ``independent`` (the column hook)."""
+    keep: Tuple[bool, ...]
+    """For each point of the list, whether its name has a history (``settings.keeps_history``)."""
 
 
 ROUTES_MAX = 1024
@@ -311,6 +313,7 @@ class Pipeline:
         self._given: Optional[Sequence[Optional[Sequence[Any]]]] = None
         self._at = -1
         self._parsed: Dict[int, Tuple[_Event, Sequence[Any]]] = {}
+        self._routed: Dict[int, _Route] = {}  # envelopes put in a run ahead: their route (and not notable)
         self._ahead: Dict[Tuple[Detector, int], _Ahead] = {}
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
         as of the last ``advance``; 0: none). Runtimes call ``advance`` at it (besides their regular tick):
@@ -338,6 +341,7 @@ class Pipeline:
             self._events, self._given, self._at = (), None, -1
             self._ahead.clear()
             self._parsed.clear()
+            self._routed.clear()
         return self._flush()
 
     def advance(self, now_ns: int) -> PipelineOutput:
@@ -427,7 +431,9 @@ class Pipeline:
         settings = self.settings_for(ev.project)
         run = self._run(ev, key)
         self._unsaved_runs[key] = None
-        if ev.event_id and self._notable(ev, points) and not run.remember(ev.event_id, settings):
+        routed = self._routed.pop(self._at, None) if self._routed else None  # (not notable: see _run_ahead)
+        if ev.event_id and routed is None and self._notable(ev, points) and \
+                not run.remember(ev.event_id, settings):
             self.counters["duplicates"] += 1
             return
         rank = run.rank_state(ev.rank, settings)
@@ -450,7 +456,7 @@ class Pipeline:
         if run.lost:  # (else nothing to say)
             progress.on_alive(run, rank, ev.time_ns, settings)
         if ev.kind == "metrics":
-            self._on_metrics(run, rank, ev, points, settings, self._at)
+            self._on_metrics(run, rank, ev, points, settings, self._at, routed)
         elif ev.kind == "heartbeat":
             self._on_heartbeat(run, rank, ev, settings)
         elif ev.kind == "exception":
@@ -518,29 +524,31 @@ class Pipeline:
             called = tuple((d, not d.names_only) for d in DETECTORS
                            if not d.names_only or d.wants(rank, names, settings))
             route = _Route(names, any(n.startswith(shards.SHARD_GLOBAL) for n in names),
-                           not names.isdisjoint(_DIAGNOSIS_NAMES), called,
-                           tuple(d for d, _ask in called if d.independent))
+                           tuple(i for i, n in enumerate(key) if n in _DIAGNOSIS_NAMES), called,
+                           tuple(d for d, _ask in called if d.independent),
+                           tuple(map(settings.keeps_history, key)))
             if len(routes) >= ROUTES_MAX:
                 routes.clear()
             routes[key] = route
         return route
 
     def _on_metrics(self, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],
-                    settings: DetectionSettings, at: int) -> None:
+                    settings: DetectionSettings, at: int, route: Optional[_Route] = None) -> None:
         """A metric envelope (``at``: its index in the events of this ``process`` call; -1: a step's
-        combined shard norms, not an envelope)."""
+        combined shard norms, not an envelope; ``route``: its route when already known)."""
         time_ns = ev.time_ns
-        route = self._route(rank, points, settings)
+        if route is None:
+            route = self._route(rank, points, settings)
         if points and rank.observe_step(max(map(_STEP, points)), time_ns):
             progress.on_progress(run, rank, time_ns, settings)
-        keeps = settings.keeps_history
         observe = rank.observe_point
-        for name, step, value in points:
-            if keeps(name):
+        for (name, step, value), keep in zip(points, route.keep):
+            if keep:
                 observe(name, step, value, time_ns, settings)
-        if route.diagnosis:
-            diagnosis.observe(rank, points)
+        if route.diagnosis:  # (it reads those points only)
+            diagnosis.observe(rank, [points[i] for i in route.diagnosis])
         if ev.body.get("recent"):
+            keeps = settings.keeps_history
             for name, step, value in recent_points(ev.raw):
                 if keeps(name):
                     observe(name, step, value, time_ns, settings, context=True)
@@ -640,6 +648,7 @@ class Pipeline:
             if (nxt.host and nxt.host != rank.host) or self._notable(nxt, points):
                 return j
             indices.append(j)
+            self._routed[j] = route
             batches.append(MetricBatch(points, nxt.step, nxt.time_ns, nxt.event_id))
             j += 1
         return j
