@@ -50,15 +50,23 @@ class NotifyStats:
     dropped: int = 0
 
 
+def _slack_text(value: str) -> str:
+    """``value`` shown as text by Slack / Mattermost: ``&``, ``<`` and ``>`` escaped as their formatting rules
+    ask. The title and run come from training jobs: unescaped, an exception message ``<!channel>`` paged the
+    whole channel and ``<https://x|text>`` showed a link disguised as other text."""
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def message(incident: Incident, dashboard_url: str = "") -> Dict[str, Any]:
-    """The Slack-compatible body for one incident."""
+    """The Slack-compatible body for one incident (what comes from the job escaped: :func:`_slack_text`)."""
     where = f"rank {incident.lead_rank}, step {incident.first_step}" if incident.first_step >= 0 else \
         f"rank {incident.lead_rank}"
     link = f"\n<{dashboard_url.rstrip('/')}/ui/#/incidents/{incident.incident_id}|open in TrainGuard>" \
         if dashboard_url else ""
     kind = f"{incident.category}/{incident.subtype}"
-    return {"text": f"*[{incident.severity.upper()}] {kind}* -- {incident.title}\n"
-                    f"run `{incident.run_id}` ({incident.project or 'default project'}), from {where}{link}"}
+    run = _slack_text(incident.run_id).replace("`", "'")
+    return {"text": f"*[{incident.severity.upper()}] {_slack_text(kind)}* -- {_slack_text(incident.title)}\n"
+                    f"run `{run}` ({_slack_text(incident.project or 'default project')}), from {where}{link}"}
 
 
 class WebhookNotifier:
