@@ -580,8 +580,8 @@ class DetectionSettings:
         0.5, "loss/rise-after-fall: then rose again by >= this x that fall above its lowest level.")
     rise_held_points: int = _setting(
         20, "loss/rise-after-fall: the fall must also hold over this many values in a row (the lowest "
-        "median of that many, half a loss_window): a rebound from a level the run reached, not from one "
-        "dip of a swinging loss's rolling level.", minimum=1)
+        "median of that many, half a loss_window, taken every rise_smooth values): a rebound from a level "
+        "the run reached, not from one dip of a swinging loss's rolling level.", minimum=1)
     rise_min_points: int = _setting(
         8, "loss/rise-after-fall: the fewest values in the Mann-Kendall test of the rebound (z >= "
         "trend_z), and how many values in a row the rebound must hold (a short spike is not a rebound).",

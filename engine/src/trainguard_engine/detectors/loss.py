@@ -250,7 +250,9 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     if win.full and "start_level" not in state:
         state["start_level"] = win.median  # the level of the first full window (_divergence_settled)
     held = tuned.rise_held_points
-    if len(series) >= held:  # the lowest level held over rise_held_points values (_check_rise)
+    if len(series) >= held and state.get("levels", 0) % tuned.rise_smooth == 0:
+        # the lowest level held over rise_held_points values in a row (_check_rise), taken every
+        # rise_smooth values (consecutive medians share all but that many values: cheap, and as low)
         level_held = _median_of(series[-held:])
         if level_held < state.get("best_held", math.inf):
             state["best_held"] = level_held
