@@ -7,6 +7,7 @@ next good batch is stored."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Iterator
 
@@ -77,3 +78,13 @@ def test_a_number_of_5000_digits_is_named_as_such(live: LiveServer) -> None:
         "detail": "malformed JSON: a number of 5000 digits is longer than the 4300 digits a JSON number may "
                   "have here (an int64 has at most 19)"})  # was: "... use sys.set_int_max_str_digits() ..."
     _then_a_good_batch_is_stored(live, "after-digits")
+
+
+def test_bytes_after_a_gzip_stream_are_named_as_such(live: LiveServer) -> None:
+    body = gzip.compress(json.dumps({"events": [event("gzip-tail")]}).encode())
+    r = live.client.post("/v1/ingest", content=body + b"garbage", headers={
+        "Authorization": f"Bearer {live.ingest_token}", "Content-Type": "application/json",
+        "Content-Encoding": "gzip"})
+    assert (r.status_code, r.json()) == (400, {"detail": (  # was "... incorrect header check" alone
+        f"malformed gzip body: the data after gzip member 1 (from byte {len(body)}) is not gzip (Error -3 while "
+        f"decompressing data: incorrect header check)")})

@@ -111,6 +111,7 @@ def gunzip(body: bytes, limit: int, *, max_members: int = _DEFAULT_MAX_MEMBERS) 
             raise InvalidRequest(f"gzip body has more than max_gzip_members={max_members} members; send one "
                                  f"gzip stream")
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        member_start = pos
         while not inflater.eof:
             if pos >= len(view):
                 raise InvalidRequest("malformed gzip body: truncated")
@@ -119,6 +120,9 @@ def gunzip(body: bytes, limit: int, *, max_members: int = _DEFAULT_MAX_MEMBERS) 
             try:
                 out += inflater.decompress(chunk, limit + 1 - len(out))  # max_length >= 1 here
             except zlib.error as exc:
+                if members > 1:  # e.g. bytes appended after a complete gzip stream
+                    raise InvalidRequest(f"malformed gzip body: the data after gzip member {members - 1} "
+                                         f"(from byte {member_start}) is not gzip ({exc})") from None
                 raise InvalidRequest(f"malformed gzip body: {exc}") from None
             if len(out) > limit:  # also whenever input was left unconsumed: the output cap was reached
                 raise RequestTooLarge(f"gzip body inflates to more than max_batch_bytes={limit} bytes; "
