@@ -91,3 +91,10 @@ def test_an_undecodable_body_says_what_is_wrong(live: LiveServer, body: bytes, s
 def test_an_integer_beyond_int64_is_told_the_routes_own_bound(live: LiveServer, path: str, message: str) -> None:
     r = live.client.get(path, headers=live.read_headers)
     assert (r.status_code, r.json()) == (422, {"detail": message})
+
+
+@pytest.mark.parametrize("value", ["NaN", "inf", "-Infinity"])
+def test_a_non_finite_stream_interval_is_named_as_such(live: LiveServer, value: str) -> None:
+    r = live.client.get("/api/v1/runs/r/stream", params={"interval": value}, headers=live.read_headers)
+    assert (r.status_code, r.json()) == (422, {"detail": "query.interval: Input should be a finite number"})
+    # was "Input should be less than or equal to 60" for NaN

@@ -155,7 +155,8 @@ class _CountedStream(StreamingResponse):
                        429: {"description": "api_max_streams_per_token streams are open for this token"},
                        503: {"description": "api_max_streams streams are open (Retry-After)"}})
 async def stream_run(run_id: str, request: Request, project: ProjectDep, services: ServicesDep,
-                     interval: float = Query(1.0, ge=0.2, le=60.0, description="seconds between checks "
+                     interval: float = Query(1.0, ge=0.2, le=60.0, allow_inf_nan=False,
+                                             description="seconds between checks "
                                              "(at least the server's api_stream_min_interval_s)")
                      ) -> StreamingResponse:
     interval = max(interval, float(setting(services, "api_stream_min_interval_s")))
