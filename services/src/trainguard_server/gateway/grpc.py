@@ -16,8 +16,11 @@ Contract (docs/wire-format.md):
 * otherwise ``IngestResponse`` with per-item results. ``Stream`` authenticates once, ingests each message
   as it arrives (each durably queued before the next is read), de-duplicates across the stream (at least
   its last ``STREAM_SEEN_LIMIT`` ids), indexes rejections by position across the stream, and answers one
-  summary at half-close. A failure mid-stream ends the call with its status; messages before it stay
-  queued (a retried stream is safe: idempotent by event_id).
+  summary at half-close. A stream whose rejections pass ``max_batch_events`` ends with ``INVALID_ARGUMENT``
+  (saying what it had queued): their list grew without bound in memory and, past ~8 MiB, the summary could
+  not be sent at all ("Sent message larger than max"), so the client learned nothing of what was queued.
+  A failure mid-stream ends the call with its status; messages before it stay queued (a retried stream is
+  safe: idempotent by event_id).
 
 Fairness (the server of :func:`build_grpc_server`, settings in ``config.py``): it runs on ``grpc.aio``, so a
 call waiting for its client's next message holds no thread -- only validation and the queue publish run on
@@ -143,6 +146,11 @@ class _StreamState:
         self.offset += batch.count
         if len(self.seen) > STREAM_SEEN_LIMIT:  # bounded memory on a long stream; stores dedupe anyway
             self.seen.clear()
+        limit = gateway.settings.max_batch_events
+        if len(self.total.rejected) > limit:  # the summary must fit one response, and the memory a bound
+            first = self.total.rejected[0]
+            raise InvalidRequest(f"more than max_batch_events={limit} events of this stream were rejected "
+                                 f"(the first: {first.message}); fix what sends them")
 
 
 class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
