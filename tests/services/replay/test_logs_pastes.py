@@ -5,10 +5,10 @@ threads): frame lines that lost their indentation, a docker compose service colu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import Callable, List
 
 from trainguard_engine.classify import classify_chain
-from trainguard_server.replay.logs import LogItem, LogReader, unwrap_markup
+from trainguard_server.replay.logs import LogItem, LogReader, paste_indent, unwrap_markup
 
 WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
 
@@ -217,3 +217,31 @@ def test_a_traceback_cut_inside_process_group_set_up_is_one_item_that_says_the_g
     # a traceback cut inside the launcher's own frames (launch_agent: a rendezvous or a worker failure alike)
     # still says nothing of what failed: its lines stay lines
     assert all(i.kind == "log" for i in items("comm-init-rdzv-timeout-2"))
+
+
+def _as_pasted(tmp_path: Path, case: str, how: Callable[[str], str]) -> List[LogItem]:
+    """The items of a tuned wild log after a paste or a relay put ``how(line)`` in place of every line."""
+    lines = (WILD / case / "log.txt").read_text(encoding="utf-8").splitlines()
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join(how(line) if line.strip() else line for line in lines) + "\n", encoding="utf-8")
+    return list(LogReader(path, 0, min_level=""))
+
+
+def test_what_a_paste_or_a_relay_puts_before_every_line_is_dropped(tmp_path: Path) -> None:
+    # the RLHF-V paste (RLHF-V/RLHF-V#11) quotes every line with '> '; accelerate relays a child's output as
+    # 'stderr: ...' (hiyouga/LlamaFactory#163); a markdown code block indented by a tab or 4 spaces; kubectl
+    # logs --timestamps. Before, the traceback below so pasted was plain lines and no exception, and 43
+    # (quote), 41 (stderr), 38 (tab), 44 (stamp) of the 321 tuned logs changed category so pasted
+    plain = items("comm-init-reset-by-peer-1")
+    want = [(i.kind, i.payload.get("type"), i.payload.get("message")) for i in plain if i.kind == "exception"]
+    assert want and want[0][1] == "RuntimeError"
+    for how in (lambda line: "> " + line, lambda line: "stderr: " + line, lambda line: "\t" + line,
+                lambda line: "    " + line, lambda line: "2024-05-01T10:00:00.123Z " + line):
+        got = _as_pasted(tmp_path, "comm-init-reset-by-peer-1", how)
+        assert [(i.kind, i.payload.get("type"), i.payload.get("message")) for i in got
+                if i.kind == "exception"] == want, how("")
+    # the collector's stamp is the line's time
+    stamped = _as_pasted(tmp_path, "py-keyerror-1", lambda line: "2024-05-01T10:00:00.123Z " + line)
+    assert {i.time_ns for i in stamped} == {1714557600123000000}
+    # a traceback cut at the top (frames' own 2-space indent on every line) keeps its frames
+    assert paste_indent(WILD / "mem-illegal-access-accelerator-error-megatron-miles-1" / "log.txt") == ""

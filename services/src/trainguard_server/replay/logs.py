@@ -4,6 +4,9 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
 
 * **Lines.** The file is read as UTF-8 (undecodable bytes replaced). ANSI colour codes are removed; a line
   rewritten with carriage returns (progress bars) keeps only its final text. Blank lines produce nothing.
+  What a paste or a relay puts before every line is dropped: an indent all lines share (a tab or 4+
+  spaces, :func:`paste_indent`), a markdown quote marker ``> ``, a relayed stream's ``stderr: ``, a
+  collector's ISO timestamp column (``2024-05-01T10:00:00Z ``; it is the line's time).
 * **Ranks.** A launcher prefix ``[rankN]:`` (torch >= 2.2) or ``[defaultN]:`` (older torchrun), or
   ParlAI's ``rank:  N | `` column, routes the line to rank N and is stripped (stacked prefixes too,
   ``[rankN]:`` winning, and a launcher's column before them: a host ``worker-5: ``, a nemo-run task
@@ -82,6 +85,14 @@ _COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\
 """What a paste puts before a line: a viewer's line-number column (``[80746] ``, ``  12 | ``), Ray's
 ``(RayWorkerWrapper pid=4009) `` worker prefix or docker compose's ``trainer-worker-1    | `` service
 column."""
+_PASTE_MARK_RE = re.compile(r"^(?:(?:>(?: |$))+|(?:stderr|stdout|STDERR|STDOUT): )")
+"""What a paste or a wrapper puts before every line it passes on: markdown's quote marker (``> ``, nested
+``> > ``) and a subprocess runner's stream name (``stderr: ``, as accelerate or a job wrapper relays a
+child's output)."""
+_ISO_COLUMN_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d) ")
+"""A collector's timestamp column before every line (``kubectl logs --timestamps``, CloudWatch, Loki:
+``2024-05-01T10:00:00.123456789Z <line>``): the line's time, then the line as the job printed it (the stamp is
+read as the line's time before it is dropped)."""
 _TASK_COLUMN_RE = re.compile(r"^(?:[\w.-]{1,60}/\d{1,4}|[A-Za-z][\w.-]{0,60}:) (?=\[(?:rank|default)\d+\]:)")
 """A launcher's column before a rank prefix: pdsh / DeepSpeed's multi-node runner's host ``worker-5: ``,
 nemo-run's task ``i.pretrain/0 ``."""
@@ -168,12 +179,29 @@ def unwrap_markup(line: str) -> Optional[str]:
     return body if _EXCEPTION_LINE_RE.match(body) else None
 
 
+def _outer_columns(line: str) -> str:
+    """``line`` without a paste's quote marker / relayed stream name and a column before a timestamp."""
+    mark = _PASTE_MARK_RE.match(line)
+    if mark is not None:
+        line = line[mark.end():]
+    column = _COLUMN_RE.match(line)
+    if column is not None and _ISO_COLUMN_RE.match(line, column.end()):
+        line = line[column.end():]
+    return line
+
+
 def split_prefix(line: str) -> Tuple[Optional[int], str]:
     """(rank named by a ``[rankN]:`` / ``[defaultN]:`` prefix or None, the line without any prefix); a
     pasted line-number column or a Ray worker prefix before it is dropped too, and so is a launcher's
     column before a rank prefix (a host ``worker-5: [rank22]: ...``, a nemo-run task
     ``i.pretrain/0 [default2]:[rank2]: ...``). Of two stacked prefixes, ``[rankN]:`` (torch's global rank)
-    wins over ``[defaultN]:`` (torchrun's local rank)."""
+    wins over ``[defaultN]:`` (torchrun's local rank). A markdown quote marker or a relayed stream's name
+    (``> ``, ``stderr: ``) before all of it is dropped first, then a collector's ISO timestamp column
+    (:func:`line_stamp` reads it)."""
+    line = _outer_columns(line)
+    iso = _ISO_COLUMN_RE.match(line)
+    if iso is not None:
+        line = line[iso.end():]
     column = _COLUMN_RE.match(line)
     if column is not None:
         line = line[column.end():]
@@ -190,6 +218,17 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
         match = _PREFIX_RE.match(line)
     rank = names.get("rank", names.get("default"))
     return rank, line
+
+
+def line_stamp(line: str, year: int) -> Optional[Tuple[int, int]]:
+    """(time in ns, precision in ns) of the timestamp ``line`` starts with once its prefixes are dropped, or
+    of a collector's timestamp column before them (``2024-05-01T10:00:00Z [rank1]: ...``); else None."""
+    stamp = leading_stamp(split_prefix(line)[1], year)
+    if stamp is None:
+        outer = _outer_columns(line)
+        if _ISO_COLUMN_RE.match(outer):
+            stamp = leading_stamp(outer, year)
+    return stamp
 
 
 def line_level(line: str) -> str:
@@ -642,19 +681,57 @@ class LogReader:
 
     def __iter__(self) -> Iterator[LogItem]:
         segmenter = self._segmenter
+        indent = paste_indent(self.path)
         with open(self.path, "rb") as fh:
             for number, raw in enumerate(fh, 1):
                 if self.on_bytes is not None:
                     self.on_bytes(len(raw))
                 line = clean_line(raw.decode("utf-8", "replace"))
+                if indent and line.startswith(indent):
+                    line = line[len(indent):]
                 if line.strip():
-                    stamp = leading_stamp(split_prefix(line)[1], self.year)
+                    stamp = line_stamp(line, self.year)
                     if stamp is not None:
                         self.stats.timestamped += 1
                         self._last_ts, self._last_precision = stamp
                 segmenter.feed(number, line, self._last_ts, self._last_precision)
                 yield from segmenter.take()
         yield from segmenter.flush()
+
+
+INDENT_SCAN_LINES = 2000
+"""Lines :func:`paste_indent` looks at."""
+
+
+def paste_indent(path: Path) -> str:
+    """The indent every non-blank line of the file's first :data:`INDENT_SCAN_LINES` starts with when it is a
+    tab or at least 4 spaces (a paste indented as a markdown code block, or quoted in an e-mail); else ``""``.
+    The reader drops it, so ``Traceback (most recent call last):`` is at the top level again. (Less than 4
+    spaces is a traceback cut at the top, its frames' own indent.)"""
+    common: Optional[str] = None
+    try:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh):
+                if number >= INDENT_SCAN_LINES:
+                    break
+                line = clean_line(raw.decode("utf-8", "replace"))
+                if not line.strip():
+                    continue
+                lead = line[:len(line) - len(line.lstrip(" \t"))]
+                if common is None:
+                    common = lead
+                else:
+                    k = 0
+                    while k < min(len(common), len(lead)) and common[k] == lead[k]:
+                        k += 1
+                    common = common[:k]
+                if not common:
+                    return ""
+    except OSError:
+        return ""
+    if not common:
+        return ""
+    return common if common.startswith("\t") or common.startswith("    ") else ""
 
 
 @dataclass
@@ -701,6 +778,7 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
     last: Optional[int] = None
     ranks: Dict[int, None] = {}
     named: Dict[int, None] = {}
+    indent = paste_indent(path)
     with open(path, "rb") as fh:
         for raw in fh:
             lines += 1
@@ -708,12 +786,15 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
                 on_bytes(len(raw))
             if not raw.strip():
                 continue
-            prefixed, text = split_prefix(clean_line(raw.decode("utf-8", "replace")))
+            line = clean_line(raw.decode("utf-8", "replace"))
+            if indent and line.startswith(indent):
+                line = line[len(indent):]
+            prefixed, text = split_prefix(line)
             ranks[rank if prefixed is None else prefixed] = None
             if prefixed is None and len(named) < 2 and any(n in text for n in _SELF_RANK_NEEDLES) and \
                     (m := _SELF_RANK_RE.search(text)) is not None:
                 named[int(next(g for g in m.groups() if g is not None))] = None
-            stamp = leading_stamp(text, year)
+            stamp = line_stamp(line, year)
             if stamp is not None:
                 first = stamp[0] if first is None else first
                 last = stamp[0]
