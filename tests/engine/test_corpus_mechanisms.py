@@ -45,7 +45,8 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   band at ~9 during the warmup and keeps growing with it to ~18, swinging. A window in which the LR still
   grew has not "stopped rising" however rough it is: without that guard the divergence settled into an
   oscillation at step ~83 once oscillation_max_rise was 1.7 (the default 1.5 held it by a thin margin,
-  1.54).
+  1.54 -- then against the level at which the loss left its band; since stop 30 the swings' level is
+  compared with the run's first full loss window, see r490).
 * r187 (HF LoRA, SGD with an LR ~110x too high, clip 1): the loss falls from 4.8 to ~4.2 in its first ~40
   steps, then stays flat there (0.87x its start) while the global grad norm collapsed from ~0.9 to ~0.02:
   the run stopped learning. A window level below plateau_min_level (0.9) is still a plateau when it is
