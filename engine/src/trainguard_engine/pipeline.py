@@ -624,7 +624,7 @@ class Pipeline:
             if read is None:
                 try:
                     read = _read(events[j], None if given is None else given[j])
-                except (TypeError, ValueError, AttributeError):
+                except Exception:  # malformed (or worse): that event says so itself when its turn comes
                     return j
                 parsed[j] = read
             nxt, points = read
@@ -637,7 +637,10 @@ class Pipeline:
                     return j
                 j += 1
                 continue
-            route = self._route(rank, points, settings)
+            try:
+                route = self._route(rank, points, settings)
+            except Exception:  # a detector's wants() that raises: at that envelope's turn, as before
+                return j
             if route.sharded:
                 return j
             if nxt.rank != ev.rank or detector not in route.columns:
