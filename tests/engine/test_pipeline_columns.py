@@ -140,3 +140,43 @@ def test_a_hook_that_raises_inside_a_run_quarantines_at_that_envelope(monkeypatc
     assert results[0] == results[1]
     assert "ZeroDivisionError" in results[0][0] and "step 40" in results[0][0]
     assert results[0][3]["late"] > 0  # the run's later envelopes were dropped, as before
+
+
+class _Picky(Detector):
+    """An independent detector whose ``wants`` has a bug one list of metric names meets."""
+
+    name = "picky-probe"
+    kinds = ("memory/leak",)
+    section = "memory"
+    names_only = True
+    independent = True
+
+    def wants(self, rank: RankState, names: Any, settings: Any) -> bool:
+        if "probe/odd" in names:
+            raise KeyError("probe/odd")
+        return "mem/rss" in names
+
+    def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch, settings: Any) -> Sequence[Finding]:
+        return []
+
+
+def test_an_event_read_ahead_raises_at_its_own_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list of names first seen inside a run read ahead, whose routing raises (the detector's
+    ``wants``), quarantines the run at that envelope -- not at the envelope that read it ahead."""
+    events = _metrics_only("leak")
+    at = next(i for i, e in enumerate(events) if i > len(events) // 2 and "metrics" in e
+              and [p["name"] for p in e["metrics"]["points"]] == ["loss", "lr"])
+    odd = json.loads(json.dumps(events[at]))
+    odd["metrics"]["points"].append({"name": "probe/odd", "value": 1.0})
+    events = [*events[:at], odd, *events[at + 1:]]
+    monkeypatch.setattr(pipeline_mod, "DETECTORS", (*pipeline_mod.DETECTORS, _Picky()))
+    results = []
+    for independent in (True, False):
+        monkeypatch.setattr(_Picky, "independent", independent)
+        pipeline = Pipeline()
+        out = pipeline.process(events)
+        (gone,) = pipeline.take_quarantined()
+        results.append((gone.reason, [r.to_dict() for r in out.runs], [i.to_dict() for i in out.incidents],
+                        pipeline.counters))
+    assert results[0] == results[1]
+    assert "KeyError" in results[0][0] and f"step {odd['step']}" in results[0][0]
