@@ -281,6 +281,9 @@ def start_server(data_dir: Path, serve_cmd: Optional[List[str]] = None,
                                         + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     for key in [k for k in env if k.startswith("TRAINGUARD_")]:
         del env[key]
+    # the gateway's and the processor's own rates: one project's backlog is not bounded here (serve's
+    # per-project bound, 40,000 events by default, would turn the gateway's rate into the processor's)
+    env["TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS"] = "0"
     for item in server_env:
         key, _, value = item.partition("=")
         env[key] = value

@@ -61,6 +61,15 @@ class Settings(BaseSettings):
     project_known_runs: int = Field(
         50_000, ge=1, description="run ids per project a gateway process remembers as already started "
         "(least recently seen forgotten first; a forgotten run seen again costs one new-run token)")
+    project_max_backlog_events: int = Field(
+        40_000, ge=0, description="events of one project that may wait in the queue for the processor "
+        "of the same process (0: no limit); a request that would add to a project already at this is "
+        "refused with 429 and Retry-After before anything of it is queued, so a tenant sending faster than "
+        "the processor works delays the other projects' incidents by about this many events' processing "
+        "(~2-3 s on one core) instead of its whole backlog, and can never fill max_queue_depth (50,000 "
+        "records of at least one event) for them. A project with nothing waiting is always admitted. "
+        "Bursts above it from one project are retried by the SDK (it spools meanwhile). Counted only where "
+        "the gateway, the processor and the embedded queue share a process (serve's defaults)")
     max_gzip_members: int = Field(
         16, ge=1, description="most gzip members in one gzip-encoded HTTP ingest body (the SDK sends one); "
         "more is refused with 400 before inflating them, so concatenated empty members cannot burn CPU")

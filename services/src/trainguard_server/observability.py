@@ -42,6 +42,9 @@ def render_prometheus(services: Any) -> str:
         samples.append(("trainguard_ingest_new_run_limited_total", "counter",
                         "requests answered 429: their project started new runs faster than "
                         "TRAINGUARD_PROJECT_NEW_RUNS_PER_S", [("", getattr(stats, "new_run_limited", 0))]))
+        samples.append(("trainguard_ingest_backlog_limited_total", "counter",
+                        "requests answered 429: their project had TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS "
+                        "events waiting for the processor", [("", getattr(stats, "backlog_limited", 0))]))
         samples.append(("trainguard_ingest_bytes_total", "counter", "request bytes received",
                         [("", getattr(stats, "bytes", 0))]))
     queue = getattr(services, "queue", None)

@@ -30,6 +30,7 @@ from trainguard_engine.catalogue import DetectionSettings
 from .api.app import create_app
 from .api.deps import Services
 from .config import Settings, parse_roles
+from .gateway.backlog import ProjectBacklog
 from .gateway.grpc import build_grpc_server
 from .gateway.http import ingest_router
 from .gateway.ingest import Gateway
@@ -81,7 +82,12 @@ class EmbeddedServer:
         self.queue = open_queue(s, self.data_dir, consume="processor" in roles)
         self.tokens = self._bootstrap_tokens()
         detection = DetectionSettings.from_overrides(json.loads(s.detection_overrides or "{}"))
-        self.gateway = Gateway(self.queue, self.stores.projects, s) if "gateway" in roles else None
+        backlog = None  # a project's events waiting for the processor: counted where both share this process
+        # and its queue (over Kafka other processes may consume what this gateway published)
+        if {"gateway", "processor"} <= set(roles) and s.processor_runtime != "flink" and s.queue != "kafka":
+            backlog = ProjectBacklog(s.project_max_backlog_events, s.retry_after_s, self.queue.depth)
+        self.gateway = Gateway(self.queue, self.stores.projects, s, backlog=backlog) \
+            if "gateway" in roles else None
         gateway = self.gateway
         self.processor: Optional[EmbeddedProcessor] = None
         if "processor" in roles and s.processor_runtime == "flink":
@@ -92,7 +98,8 @@ class EmbeddedServer:
                 batch=s.processor_batch, round_events=s.processor_round_events,
                 snapshot_every_s=s.snapshot_every_s,
                 tick_interval_s=s.tick_interval_s, quota_log_interval_s=s.quota_log_interval_s,
-                yield_to=(lambda: gateway.busy) if gateway is not None else None)
+                yield_to=(lambda: gateway.busy) if gateway is not None else None,
+                processed=backlog.processed if backlog is not None and backlog.enabled else None)
         if self.processor is not None and s.webhook_url:
             self.notifier = WebhookNotifier(s.webhook_url, min_severity=s.webhook_min_severity,
                                             max_per_minute=s.webhook_max_per_minute,

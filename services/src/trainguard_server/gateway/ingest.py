@@ -46,6 +46,7 @@ from trainguard.v1 import ingest_pb2
 from ..config import Settings
 from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
+from .backlog import ProjectBacklog
 from .deep_json import TooDeep, split_events_json
 from .run_rate import NewRunLimiter
 from .validate import Limits, validate_batch
@@ -412,6 +413,7 @@ class Stats:
         self.rejected: Dict[str, int] = {}  # events refused, by code (copy-on-write)
         self.backpressure = 0       # requests refused with QueueFull
         self.new_run_limited = 0    # requests refused: their project started new runs too fast
+        self.backlog_limited = 0    # requests refused: their project had too many events waiting
         self.unavailable = 0        # requests refused because the queue failed
         self.auth_failures = 0      # unauthenticated or permission denied
         self.bytes_received = 0     # decoded request bytes that reached validation
@@ -445,7 +447,7 @@ class Stats:
         with self._lock:
             return {"requests": self.requests, "accepted": self.accepted, "duplicates": self.duplicates,
                     "rejected": dict(self.rejected), "backpressure": self.backpressure,
-                    "new_run_limited": self.new_run_limited,
+                    "new_run_limited": self.new_run_limited, "backlog_limited": self.backlog_limited,
                     "unavailable": self.unavailable, "auth_failures": self.auth_failures,
                     "bytes_received": self.bytes_received, "bytes_queued": self.bytes_queued}
 
@@ -456,10 +458,12 @@ class Gateway:
     """Authenticates, validates and queues ingest requests (see the module docstring for the contract).
 
     Thread-safe: transports call it from many threads at once. ``clock`` gives the receive time (ns).
+    ``backlog``: the per-project bound on events waiting for this process's processor (None: not counted;
+    :mod:`.backlog`).
     """
 
     def __init__(self, queue: Queue, projects: ProjectStore, settings: Settings, *,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], int] = time.time_ns, backlog: Optional[ProjectBacklog] = None) -> None:
         self.queue = queue
         self.projects = projects
         self.settings = settings
@@ -468,6 +472,7 @@ class Gateway:
         self.stats = Stats()
         self.new_runs = NewRunLimiter(settings.project_new_runs_per_s, settings.project_new_runs_burst,
                                       settings.project_known_runs)
+        self.backlog = backlog if backlog is not None and backlog.enabled else None
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
@@ -492,7 +497,18 @@ class Gateway:
         if info.kind != "ingest":
             self.stats.add(auth_failures=1)
             raise PermissionDenied("token is not an ingest token")
+        if self.backlog is not None and self.backlog.full(info.project):
+            self._backlog_refusal(info.project, self.backlog.retry_after_s)
         return info
+
+    def _backlog_refusal(self, project: str, wait: float) -> None:
+        """Refuse a request of ``project``: it has its bound's worth of events waiting (:mod:`.backlog`)."""
+        assert self.backlog is not None
+        self.stats.add(backlog_limited=1)
+        raise Backpressure(f"project {project!r} has {self.backlog.waiting(project)} events waiting for the "
+                           f"processor, at most {self.backlog.limit} may "
+                           "(TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS): nothing of this request was queued; "
+                           f"retry after {retry_after_header(wait)} s", wait)
 
     # ---------------------------------------------------------------------------------------- ingest
     def ingest(self, token: Optional[str], request: ingest_pb2.IngestRequest, *,
@@ -571,15 +587,21 @@ class Gateway:
                                    f"{self.settings.project_new_runs_burst}; "
                                    "TRAINGUARD_PROJECT_NEW_RUNS_PER_S): nothing of this request was queued; "
                                    f"retry after {retry_after_header(wait)} s", wait)
+        if accepted and self.backlog is not None:
+            wait = self.backlog.admit(auth.project, len(accepted))
+            if wait is not None:
+                self._backlog_refusal(auth.project, wait)
 
-        queued = self._publish(events, accepted, verdict.run_ids, verdict.mutated, request, raw, parts)
+        queued = self._publish(events, accepted, verdict.run_ids, verdict.mutated, request, raw, parts,
+                               auth.project)
         self.stats.add_result(result, batch.wire_bytes or total, queued)
         return result
 
     # --------------------------------------------------------------------------------------- publish
     def _publish(self, events: List[Any], accepted: List[int], run_ids: List[str], mutated: Set[int],
-                 request: Any, raw: bytes, parts: Optional[List[bytes]]) -> int:
-        """Publish the accepted events, one serialized IngestRequest per run; returns the bytes queued."""
+                 request: Any, raw: bytes, parts: Optional[List[bytes]], project: str) -> int:
+        """Publish the accepted events, one serialized IngestRequest per run; returns the bytes queued.
+        Events counted in the project's backlog and not published (the queue refused them) are released."""
         if not accepted:
             return 0
         groups: Dict[str, List[int]] = {}
@@ -590,6 +612,7 @@ class Gateway:
             for k in accepted:
                 groups.setdefault(run_ids[k], []).append(k)
         values: List[Tuple[str, bytes]] = []
+        sizes = [len(members) for members in groups.values()]
         if len(groups) == 1 and len(accepted) == len(events):
             # zero-copy when nothing was normalised: exactly the bytes the client sent
             values.append((first_run, request.SerializeToString() if mutated else raw))
@@ -603,19 +626,28 @@ class Gateway:
             for run_id, members in groups.items():
                 values.append((run_id, join_events([parts[k] for k in members])))
         queued = 0
-        for run_id, value in values:
+        for i, (run_id, value) in enumerate(values):
             try:
-                self.queue.publish(run_id, [value])
-            except QueueFull as exc:
-                self.stats.add(backpressure=1)
-                raise Backpressure(f"ingest queue is full ({exc}); retry after "
-                                   f"{retry_after_header(exc.retry_after)} s", exc.retry_after) from None
-            except Exception as exc:
-                self.stats.add(unavailable=1)
-                raise Unavailable(f"ingest queue unavailable: {type(exc).__name__}: {exc}",
-                                  self.settings.retry_after_s) from None
+                self._publish_one(run_id, value)
+            except GatewayError:
+                if self.backlog is not None:  # this run's and the later runs' events were not queued
+                    self.backlog.release(project, sum(sizes[i:]))
+                raise
             queued += len(value)
         return queued
+
+    def _publish_one(self, run_id: str, value: bytes) -> None:
+        """One run's record to the queue; a refusal as :class:`Backpressure` (full) / :class:`Unavailable`."""
+        try:
+            self.queue.publish(run_id, [value])
+        except QueueFull as exc:
+            self.stats.add(backpressure=1)
+            raise Backpressure(f"ingest queue is full ({exc}); retry after "
+                               f"{retry_after_header(exc.retry_after)} s", exc.retry_after) from None
+        except Exception as exc:
+            self.stats.add(unavailable=1)
+            raise Unavailable(f"ingest queue unavailable: {type(exc).__name__}: {exc}",
+                              self.settings.retry_after_s) from None
 
 
 def _shift(message: str, index: int, offset: int) -> str:

@@ -97,7 +97,8 @@ class EmbeddedProcessor:
                  round_events: int = DEFAULT_ROUND_EVENTS,
                  snapshot_every_s: float = 5.0, tick_interval_s: float = 1.0,
                  yield_to: Optional[Callable[[], bool]] = None, max_yield_s: float = 0.05,
-                 quota_log_interval_s: float = 60.0) -> None:
+                 quota_log_interval_s: float = 60.0,
+                 processed: Optional[Callable[[Sequence[Dict[str, Any]]], None]] = None) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -113,6 +114,9 @@ class EmbeddedProcessor:
         #: ingest is the latency clients feel, processing can lag a little.
         self.yield_to = yield_to
         self.max_yield_s = max_yield_s
+        #: ``processed(envelopes)`` after each chunk went through the stores and the pipeline (the
+        #: gateway's per-project backlog count, gateway/backlog.py); it must not raise
+        self.processed = processed
         #: one pipeline per partition this processor owns (a queue with one partition: just partition 0)
         self.partitioned = self.per_partition_state and bool(getattr(queue, "partitioned", False))
         self.pipelines: Dict[int, Pipeline] = {}
@@ -412,6 +416,8 @@ class EmbeddedProcessor:
         self.stats.records += len(records)
         self.stats.events += len(envelopes)
         self.stats.rounds += 1
+        if self.processed is not None:  # through the pipeline: never processed again, even if an upsert fails
+            self.processed(envelopes)
         self._apply_pending()
 
     def _run_pipeline(self, partition: int, envelopes: Sequence[Dict[str, Any]],
