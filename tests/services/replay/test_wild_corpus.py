@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.94, "subtype": 0.92}, "heldout": {"category": 0.82, "subtype": 0.78}}
+FLOORS = {"tune": {"category": 0.94, "subtype": 0.92}, "heldout": {"category": 0.82, "subtype": 0.79}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -55,12 +55,13 @@ Lowered again at 370 -> 393 logs (issue 17, third pass): 23 new logs (5 held out
 and recorded before any change (tuned 270/286 and 266/286, held out 91/107 and 87/107); the torchrun
 summary-without-root rule (a tuned log) then: tuned 270/286 and 267/286, held out unchanged.
 Lowered again at 395 -> 443 logs (issue 17, stop 30): 48 new logs (14 held out) labelled from their threads
-and recorded before any change (tuned 297/321 and 292/321); the held-out floors were set by a script from the
-recorded verdicts, unread until the end of the pass (bench/results/logs_issue17_stop30.txt). Then, from tuned
+and recorded before any change (tuned 297/321 and 292/321, held out 101/122 and 96/122 -- the held-out floors
+were set by a script from those verdicts and read only at the end of the pass, bench/results/logs_issue17_stop30.txt). Then, from tuned
 misses only: an exception line wrapped in markdown read as that exception, a retyped ``cuda error:<reason>``,
 mp.spawn's ``terminated with exit code N`` as that rank's exit: tuned 300/321 and 296/321; a traceback cut
 inside process-group set-up frames kept as one item (and torchelastic's ``_create_tcp_store`` a set-up
-function): tuned 302/321 and 298/321."""
+function): tuned 302/321 and 298/321; held out at the end 101/122 and 97/122 (the old 108 unchanged at 92 and
+88)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
