@@ -126,18 +126,26 @@ class _Faulty(Detector):
         return []
 
 
-def test_a_hook_that_raises_inside_a_run_quarantines_at_that_envelope(monkeypatch: pytest.MonkeyPatch) -> None:
-    events = _metrics_only("leak")
-    monkeypatch.setattr(pipeline_mod, "DETECTORS", (*pipeline_mod.DETECTORS, _Faulty()))
+def _quarantined_both_ways(monkeypatch: pytest.MonkeyPatch, probe: type, events: List[Dict[str, Any]]
+                           ) -> List[Tuple[Any, ...]]:
+    """``events`` through a pipeline with ``probe`` added, declared independent and then not: the quarantine
+    reason, the run and incident records and the counters of each, asserted equal."""
+    monkeypatch.setattr(pipeline_mod, "DETECTORS", (*pipeline_mod.DETECTORS, probe()))
     results = []
     for independent in (True, False):
-        monkeypatch.setattr(_Faulty, "independent", independent)
+        monkeypatch.setattr(probe, "independent", independent)
         pipeline = Pipeline()
         out = pipeline.process(events)
         (gone,) = pipeline.take_quarantined()
         results.append((gone.reason, [r.to_dict() for r in out.runs], [i.to_dict() for i in out.incidents],
                         pipeline.counters))
     assert results[0] == results[1]
+    return results
+
+
+def test_a_hook_that_raises_inside_a_run_quarantines_at_that_envelope(monkeypatch: pytest.MonkeyPatch) -> None:
+    events = _metrics_only("leak")
+    results = _quarantined_both_ways(monkeypatch, _Faulty, events)
     assert "ZeroDivisionError" in results[0][0] and "step 40" in results[0][0]
     assert results[0][3]["late"] > 0  # the run's later envelopes were dropped, as before
 
@@ -169,14 +177,5 @@ def test_an_event_read_ahead_raises_at_its_own_turn(monkeypatch: pytest.MonkeyPa
     odd = json.loads(json.dumps(events[at]))
     odd["metrics"]["points"].append({"name": "probe/odd", "value": 1.0})
     events = [*events[:at], odd, *events[at + 1:]]
-    monkeypatch.setattr(pipeline_mod, "DETECTORS", (*pipeline_mod.DETECTORS, _Picky()))
-    results = []
-    for independent in (True, False):
-        monkeypatch.setattr(_Picky, "independent", independent)
-        pipeline = Pipeline()
-        out = pipeline.process(events)
-        (gone,) = pipeline.take_quarantined()
-        results.append((gone.reason, [r.to_dict() for r in out.runs], [i.to_dict() for i in out.incidents],
-                        pipeline.counters))
-    assert results[0] == results[1]
+    results = _quarantined_both_ways(monkeypatch, _Picky, events)
     assert "KeyError" in results[0][0] and f"step {odd['step']}" in results[0][0]

@@ -422,13 +422,21 @@ def _swings_on_a_rebound(run: RunState, rank: RankState, name: str, series: Sequ
     if _count_hold(state, "rise-after-fall", rise.since) < settings.rise_min_points:
         return False
     streaks["rise-after-fall"] -= 1  # the caller's check counts this value again
+    return _oscillation_gives_way(run, state, time_ns, step, rank.rank, f"rank {rank.rank}: the swings sit "
+                                  f"on a rebound from a level the run had reached (the loss/rise-after-fall "
+                                  f"incident goes on from here)", settings)
+
+
+def _oscillation_gives_way(run: RunState, state: Dict[str, Any], time_ns: int, step: int, rank: int,
+                           why: str, settings: DetectionSettings) -> bool:
+    """Resolve the run's open oscillation (``why``: the resolution's text) so that another loss-shape
+    incident goes on from here; False when none is open."""
     st = run.incidents.get(CURVE_KEYS["oscillation"])
     if st is None or not st.is_open or st.record.subtype != "oscillation":
         return False
-    resolve(st, time_ns, step, rank.rank, f"rank {rank.rank}: the swings sit on a rebound from a level the "
-            f"run had reached (the loss/rise-after-fall incident goes on from here)", settings)
+    resolve(st, time_ns, step, rank, why, settings)
     state.pop("opened", None)
-    streaks["oscillation"] = 0
+    state.setdefault("streak", {})["oscillation"] = 0
     return True
 
 
@@ -455,16 +463,10 @@ def _oscillation_held_high(run: RunState, rank: RankState, name: str,
     if _count_hold(state, "divergence", rises.since) < settings.oscillation_held_points:
         return False
     streaks["divergence"] -= 1  # the caller's check counts this value again
-    st = run.incidents.get(CURVE_KEYS["oscillation"])
-    if st is None or not st.is_open or st.record.subtype != "oscillation":
-        return False
-    resolve(st, time_ns, step, rank.rank, f"rank {rank.rank}: the loss stopped swinging around a level -- it "
-            f"has stayed at {fmt_number(win.median)}, far above where it started, for "
-            f"{settings.oscillation_held_points} values (the loss/divergence incident goes on from here)",
-            settings)
-    state.pop("opened", None)
-    streaks["oscillation"] = 0
-    return True
+    why = (f"rank {rank.rank}: the loss stopped swinging around a level -- it has stayed at "
+           f"{fmt_number(win.median)}, far above where it started, for {settings.oscillation_held_points} "
+           f"values (the loss/divergence incident goes on from here)")
+    return _oscillation_gives_way(run, state, time_ns, step, rank.rank, why, settings)
 
 
 def _flat_stretch(state: Dict[str, Any], check: _Check, win: _Window, initial: float,

@@ -38,6 +38,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..json_keys import DuplicateKey, unique_keys
 from ..storage.common import INT64_MAX, INT64_MIN
 from .deps import ensure_read_token, read_project
 
@@ -188,28 +189,11 @@ async def _read_bounded_body(request: Request, limit: int) -> None:
     request._body = bytes(body)  # Request.body() returns it from here
     if body and _media_type(request.headers.get("content-type")).endswith("json"):
         try:
-            request._json = json.loads(body, object_pairs_hook=_unique_keys)  # Request.json() returns it
-        except _DuplicateKey as exc:
+            request._json = json.loads(body, object_pairs_hook=unique_keys)  # Request.json() returns it
+        except DuplicateKey as exc:
             raise HTTPException(422, f"body: {exc}") from None
         except (ValueError, RecursionError):
             pass  # FastAPI's own decoding says what is wrong (see app.py)
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    """An object's members; a key given twice is refused (the last would win silently)."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKey(f"duplicate key {json.dumps(key)} in one object (each field may be given "
-                                    f"once)")
-            seen.add(key)
-    return out
 
 
 def _media_type(value: Optional[str]) -> str:

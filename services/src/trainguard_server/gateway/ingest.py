@@ -44,6 +44,7 @@ from trainguard import wire
 from trainguard.v1 import ingest_pb2
 
 from ..config import Settings
+from ..json_keys import unique_keys
 from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .backlog import ProjectBacklog
@@ -282,20 +283,6 @@ def _reject_nan_tokens(token: str) -> Any:
     raise ValueError(f"bare {token} is not valid JSON (write the string \"{token}\")")
 
 
-def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
-    """An object's members as a dict; a key given twice is refused (``json.loads`` would keep the last one
-    silently, so a body could mean one thing to a proxy and another here; proto3 JSON parsers refuse it)."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: Set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise ValueError(f"duplicate key {json.dumps(key)} in one object (each field may be given "
-                                 f"once)")
-            seen.add(key)
-    return out
-
-
 def _json_error(exc: ValueError) -> str:
     """The client's message for a body ``json.loads`` refused (Python's own advice left out)."""
     digits = re.match(r"Exceeds the limit \((\d+) digits\) for integer string conversion(?:: value has "
@@ -307,7 +294,7 @@ def _json_error(exc: ValueError) -> str:
     return f"malformed JSON: {exc}"
 
 
-_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_nan_tokens, object_pairs_hook=_unique_keys)
+_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_nan_tokens, object_pairs_hook=unique_keys)
 
 
 def batch_from_json(body: bytes, *, max_events: int) -> Batch:
