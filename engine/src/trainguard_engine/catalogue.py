@@ -463,6 +463,11 @@ class DetectionSettings:
         20.0, "Correlation: a rank that sent nothing since before its peers' collective failure began, "
         "and has not exited, is declared lost (comm/rank-lost, leading) once the failure is this many "
         "seconds old -- or 2.5x the rank's own heartbeat interval, if longer.", minimum=0.0)
+    oom_explains_s: float = _setting(
+        60.0, "Correlation: a memory exhaustion (memory/oom, a process/killed by the OOM killer) explains "
+        "a communication failure, a rank loss or a died DataLoader worker that began within this many "
+        "seconds of it, before or after (an OOM-killer report is printed after the kill, one rank's "
+        "allocation failure beside its peers' lost connections); 0: only those after it.", minimum=0.0)
     lost_after_s: float = _setting(
         300.0, "A run that has not exited and sent no event at all for this long (by the processor's "
         "clock, see Pipeline.advance) is lost: 20 missed heartbeats at the SDK's 15 s default.",
@@ -1036,7 +1041,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
                  "seq_labels_on_pad_max", "seq_eos_cut_min_frac", "seq_eos_kept_min_frac"),
     "adapter": ("lora_grad_min", "lora_confirm_reports", "lora_loss_window", "lora_loss_min_points"),
     "progress": ("stall_factor", "stall_min_s", "stall_max_s", "lost_after_s"),
-    "correlation": ("rank_lost_grace_s",),
+    "correlation": ("rank_lost_grace_s", "oom_explains_s"),
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
              "straggler_steps", "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
              "straggler_clear_steps", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
