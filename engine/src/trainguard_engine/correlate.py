@@ -1,6 +1,7 @@
 """Cross-rank root-cause correlation (DESIGN §4 "Correlation", seed 000 §3.5): the earliest signal leads,
 and what a failure causes on other ranks is evidence on it, not an incident of its own. Pure; the rules
-are specified in docs/correlation.md.
+are specified in docs/correlation.md (rule 7, a memory exhaustion explains the communication failures
+and DataLoader worker deaths around it: :func:`_exhaustion_around`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ whose gradients overflowed (and were skipped) before the values themselves went 
 signal leads. A non-finite value first, and the scale collapsing after it, stays the non-finite incident.
 Only where the scaler's per-step skips are unknown (a log's text): a run whose ranks report ``amp/overflow``
 tells a skipped step's NaN (the scaler's job, never an incident) from a NaN on a step it applied."""
+
+OOM: Kind = ("memory", "oom")
+OOM_EXPLAINS: Tuple[Kind, ...] = (("comm", "failure"), ("comm", "rank-lost"), ("comm", "timeout"))
+"""What a memory exhaustion explains within ``oom_explains_s`` of it, before or after (rule 7), besides a
+DataLoader worker's death (:data:`_WORKER_DIED`)."""
+WORKER_DEATHS: Tuple[Kind, ...] = (("process", "exception"), ("process", "exit"), ("process", "killed"))
+_WORKER_DIED = re.compile(r"DataLoader worker \(pids?\b", re.IGNORECASE)
+"""torch's ``DataLoader worker (pid(s) N) exited unexpectedly`` / ``... is killed by signal``: the main
+process saw a worker die (the OOM killer's usual victim)."""
 
 HEARTBEAT_SLACK = 2.5
 """A rank is silent when it missed this many of its own heartbeat intervals (and rank_lost_grace_s)."""
@@ -269,21 +279,27 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
 
 def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
     """Rule 1 after the fact: fold every open consequence incident whose cause began earlier into that
-    cause, and resolve it as explained. Returns the incidents changed (causes and consequences)."""
+    cause, and resolve it as explained; rule 7: a memory exhaustion explains the communication failures
+    and worker deaths around it. Returns the incidents changed (causes and consequences)."""
     changed: List[IncidentState] = []
     for st in list(run.incidents.values()):
         if st.record.explained_by:
             continue
         kind = _kind(st)
+        cause: Optional[IncidentState] = None
         if kind == STALLED:
             cause = _ended_in(run, st, settings)
-        elif not st.is_open or kind not in CONSEQUENCES:
+        elif not st.is_open:
             continue
         elif kind == ("process", "terminated"):
             cause = find_cause(run, st.record.first_ns, exclude=st.key, kinds=TERMINATION_CAUSES)
-        else:
+        elif kind in CONSEQUENCES:
             cause = find_cause(run, st.record.first_ns, exclude=st.key) or \
                 _straggler_for(run, kind, st.record.first_ns)
+        if cause is None and kind != STALLED:
+            cause = _exhaustion_around(run, st, settings)
+            if cause is not None and cause.record.lead_rank >= 0:
+                cause.extra.setdefault("lead", cause.record.lead_rank)  # the exhausted rank leads
         if cause is None:
             continue
         _fold_into(run, st, cause, settings)
@@ -291,6 +307,46 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
             cause.extra["hang"] = True
         changed += [st, cause]
     return changed
+
+
+def _exhausts_memory(st: IncidentState) -> bool:
+    """Whether ``st`` is a memory exhaustion: a device OOM, or a process the OOM killer ended (the
+    classifier's ``killer`` fact on its evidence)."""
+    if _kind(st) == OOM:
+        return True
+    return _kind(st) == KILLED and any(
+        isinstance(ev.value, dict) and isinstance(ev.value.get("facts"), dict)
+        and ev.value["facts"].get("killer") == "oom-killer" for ev in st.record.evidence)
+
+
+def _worker_died(st: IncidentState) -> bool:
+    """Whether ``st`` is the main process's report that a DataLoader worker died."""
+    return _kind(st) in WORKER_DEATHS and (
+        bool(_WORKER_DIED.search(st.record.title))
+        or any(_WORKER_DIED.search(ev.description) for ev in st.record.evidence[:4]))
+
+
+def _exhaustion_around(run: RunState, st: IncidentState,
+                       settings: DetectionSettings) -> Optional[IncidentState]:
+    """Rule 7: the open memory exhaustion that explains ``st`` -- a communication failure, rank loss or
+    DataLoader worker death (not itself a memory exhaustion) that began within ``oom_explains_s`` of it,
+    before or after (the OOM killer's report comes after the kill it reports; pasted ranks' lines are in
+    no time order). The earliest such; None when there is none."""
+    if _exhausts_memory(st) or not (_kind(st) in OOM_EXPLAINS or _worker_died(st)):
+        return None
+    at = st.record.first_ns
+    window = settings.oom_explains_s * 1e9
+    best: Optional[IncidentState] = None
+    for other in run.incidents.values():
+        if other is st or not other.is_open or other.record.explained_by or not _exhausts_memory(other):
+            continue
+        began = _began(run, other)
+        after = at - began  # how long after the exhaustion ``st`` began (negative: before it)
+        if not began or after < -window or (after > window and _kind(st) not in OOM_EXPLAINS):
+            continue  # a communication failure any time after it is its consequence, as by rule 1
+        if best is None or (began, other.key) < (_began(run, best), best.key):
+            best = other
+    return best
 
 
 def _ended_in(run: RunState, stall: IncidentState, settings: DetectionSettings) -> Optional[IncidentState]:
