@@ -84,7 +84,8 @@ class EmbeddedServer:
         detection = DetectionSettings.from_overrides(json.loads(s.detection_overrides or "{}"))
         backlog = None  # a project's events waiting for the processor: counted where both share this process
         # and its queue (over Kafka other processes may consume what this gateway published)
-        if {"gateway", "processor"} <= set(roles) and s.processor_runtime != "flink" and s.queue != "kafka":
+        if ({"gateway", "processor"} <= set(roles) and s.processor_runtime != "flink" and s.queue != "kafka"
+                and s.project_max_backlog_events > 0):
             backlog = ProjectBacklog(s.project_max_backlog_events, s.retry_after_s, self.queue.depth)
         self.gateway = Gateway(self.queue, self.stores.projects, s, backlog=backlog) \
             if "gateway" in roles else None
@@ -99,7 +100,7 @@ class EmbeddedServer:
                 snapshot_every_s=s.snapshot_every_s,
                 tick_interval_s=s.tick_interval_s, quota_log_interval_s=s.quota_log_interval_s,
                 yield_to=(lambda: gateway.busy) if gateway is not None else None,
-                processed=backlog.processed if backlog is not None and backlog.enabled else None)
+                processed=backlog.processed if backlog is not None else None)
         if self.processor is not None and s.webhook_url:
             self.notifier = WebhookNotifier(s.webhook_url, min_severity=s.webhook_min_severity,
                                             max_per_minute=s.webhook_max_per_minute,

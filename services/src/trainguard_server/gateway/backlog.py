@@ -53,12 +53,7 @@ class ProjectBacklog:
         if not self.enabled:
             return False
         with self._lock:
-            if self._waiting.get(project, 0) < self.limit:
-                return False
-            if self._depth() > 0:
-                return True
-            self._waiting.clear()  # the queue is empty: what was counted is stale
-            return False
+            return self._waiting.get(project, 0) >= self.limit and not self._cleared_if_stale()
 
     def admit(self, project: str, events: int) -> Optional[float]:
         """None when admitted (counted), else seconds to wait before a retry."""
@@ -67,12 +62,18 @@ class ProjectBacklog:
         with self._lock:
             now = self._waiting.get(project, 0)
             if now and now + events > self.limit:
-                if self._depth() > 0:
+                if not self._cleared_if_stale():
                     return self.retry_after_s
-                self._waiting.clear()  # the queue is empty: what was counted is stale
                 now = 0
             self._waiting[project] = now + events
             return None
+
+    def _cleared_if_stale(self) -> bool:
+        """(Under the lock.) When the queue is empty, what is counted is stale: clear it, True."""
+        if self._depth() > 0:
+            return False
+        self._waiting.clear()
+        return True
 
     def release(self, project: str, events: int) -> None:
         """``events`` of ``project`` left the queue (processed, or never published)."""

@@ -598,8 +598,7 @@ class Gateway:
         else:
             for k in accepted:
                 groups.setdefault(run_ids[k], []).append(k)
-        values: List[Tuple[str, bytes]] = []
-        sizes = [len(members) for members in groups.values()]
+        values: List[Tuple[str, bytes]] = []  # in the order of ``groups``
         if len(groups) == 1 and len(accepted) == len(events):
             # zero-copy when nothing was normalised: exactly the bytes the client sent
             values.append((first_run, request.SerializeToString() if mutated else raw))
@@ -618,7 +617,7 @@ class Gateway:
                 self._publish_one(run_id, value)
             except GatewayError:
                 if self.backlog is not None:  # this run's and the later runs' events were not queued
-                    self.backlog.release(project, sum(sizes[i:]))
+                    self.backlog.release(project, sum(map(len, list(groups.values())[i:])))
                 raise
             queued += len(value)
         return queued
