@@ -3,7 +3,7 @@ dashboard at /ui/."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Awaitable, Callable, Dict, MutableMapping, Optional
 
 from fastapi import Depends, FastAPI
 from fastapi.exception_handlers import http_exception_handler
@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from .. import __version__, dashboard
+from ..request_headers import framing_conflict
 from . import openapi as openapi_errors
 from . import preflight
 from .deps import Services
@@ -26,6 +27,7 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
                   description="Capture, classify and root-cause anomalies in PyTorch training jobs.",
                   dependencies=[Depends(preflight.preflight)], docs_url=None, redoc_url=None)
     app.add_route("/docs", _swagger_ui, include_in_schema=False)  # FastAPI's own would load it from a CDN
+    app.add_middleware(RefuseAmbiguousFraming)
     app.state.services = services
 
     @app.exception_handler(RequestValidationError)
@@ -55,6 +57,37 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
     _document_checks(app)
     dashboard.mount(app)
     return app
+
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class RefuseAmbiguousFraming:
+    """ASGI middleware in front of every route (query API, dashboard, docs, ingest): a request with both
+    ``Content-Length`` and ``Transfer-Encoding`` is answered 400 naming both, with ``Connection: close``,
+    before any route reads it (uvicorn would read it as chunked; a proxy framing it by ``Content-Length``
+    would see the rest as another request). The rule is :func:`~..request_headers.framing_conflict`, which
+    the ingest route applies too."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = encoding = None
+            for key, value in scope["headers"]:
+                if key == b"content-length" and length is None:
+                    length = value.decode("latin-1")
+                elif key == b"transfer-encoding" and encoding is None:
+                    encoding = value.decode("latin-1")
+            conflict = framing_conflict(length, encoding)
+            if conflict is not None:
+                await JSONResponse({"detail": conflict}, status_code=400,
+                                   headers={"Connection": "close"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _body_error(cause: Optional[BaseException]) -> str:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 from fastapi import Depends, Header, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
+from ..request_headers import HeaderConflict, one_authorization
 from ..storage.base import EventStore, IncidentStore, MetricStore, ProjectStore, format_ns
 
 
@@ -61,12 +62,11 @@ async def ensure_read_token(request: Request) -> str:
     """:func:`authenticate_read` for ``request``, once per request (the answer is kept in its state)."""
     project: Optional[str] = getattr(request.state, _PROJECT_STATE, None)
     if project is None:
-        values = request.headers.getlist("authorization")
-        if len(values) > 1:  # which token counts would be a guess (a proxy may read another one)
-            raise HTTPException(401, f"{len(values)} Authorization headers were sent; send exactly one "
-                                     f"'Bearer <read token>'", headers={"WWW-Authenticate": "Bearer"})
-        project = await run_in_threadpool(authenticate_read, get_services(request),
-                                          values[0] if values else None)
+        try:  # which token counts would be a guess (a proxy may read another one): ingest's rule too
+            value = one_authorization(request.headers.getlist("authorization"), "read", sent_as="headers")
+        except HeaderConflict as exc:
+            raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
+        project = await run_in_threadpool(authenticate_read, get_services(request), value)
         setattr(request.state, _PROJECT_STATE, project)
     return project
 

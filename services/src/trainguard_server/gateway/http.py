@@ -37,6 +37,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from ..config import Settings
+from ..request_headers import framing_conflict
 from .ingest import (
     Backpressure,
     Batch,
@@ -140,13 +141,11 @@ class AmbiguousFraming(InvalidRequest):
 
 
 def _declared_length(value: Optional[str], limit: int, transfer_encoding: Optional[str] = None) -> None:
+    conflict = framing_conflict(value, transfer_encoding)  # the query API's rule too (request_headers.py)
+    if conflict is not None:
+        raise AmbiguousFraming(conflict)
     if value is None:
         return
-    if transfer_encoding is not None:
-        # RFC 9112 6.3: the chunked framing wins here, but a proxy in front may have used Content-Length and
-        # forwarded the rest as another request (request smuggling); no client of ours sends both
-        raise AmbiguousFraming(f"the request has both Content-Length ({value}) and Transfer-Encoding "
-                               f"({transfer_encoding}): send one of them")
     try:
         length = int(value)
     except ValueError:

@@ -43,6 +43,7 @@ from google.protobuf.message import DecodeError
 from trainguard import wire
 from trainguard.v1 import ingest_pb2
 
+from .. import request_headers
 from ..config import Settings
 from ..json_keys import unique_keys
 from ..queue.base import Queue, QueueFull
@@ -120,11 +121,12 @@ def retry_after_header(seconds: float) -> str:
 
 def one_authorization(values: Sequence[str]) -> Optional[str]:
     """The one ``Authorization`` value of a request (None without one); :class:`Unauthenticated` for more
-    than one: which token counts would be a guess (a proxy may read another one than the gateway)."""
-    if len(values) > 1:
-        raise Unauthenticated(f"{len(values)} Authorization values were sent; send exactly one "
-                              f"'Bearer <ingest token>'")
-    return values[0] if values else None
+    than one: which token counts would be a guess (a proxy may read another one than the gateway). The rule
+    and its message are :func:`..request_headers.one_authorization`'s (the query API's too)."""
+    try:
+        return request_headers.one_authorization(values, "ingest")
+    except request_headers.HeaderConflict as exc:
+        raise Unauthenticated(str(exc)) from None
 
 
 def bearer_token(authorization: Optional[str]) -> Optional[str]:
