@@ -24,7 +24,7 @@ gradient/explosion     ``nf`` after a climb: in the 40 steps before ``nf`` the n
                        reached >= 10 x ``g_ref`` and was >= 3 x ``g_ref`` on >= 5 of them
 loss/oscillation       no ``nf``; the second half has no downward trend (its level >= 0.85 x the level of
                        steps 5..25 %), no upward one (<= 1.5 x it), and swings: its interquartile range >=
-                       0.25 x its level
+                       0.25 x its level; and it swings back: its lowest loss < 2 x ``init`` (stop 31)
 loss/divergence        no ``nf``, not oscillation; the last 10 % of the loss >= 1.5 x ``init`` and the
                        5-step running level >= 2 x ``init`` on >= 10 % of the steps
 loss/rise-after-fall   no ``nf``, neither of the two; the running level fell to <= 0.7 x ``init``, then
@@ -52,6 +52,25 @@ looked at): r185, r409 rise-after-fall -> divergence; r186, r204, r350, r358, r3
 Left as it was: the oscillation rule's own reference (steps 5 %-25 %, outside the 5-step window), so a loss
 that swings with no trend at a level it jumped to at once (dev r366, r413) stays oscillation -- the rule
 order (oscillation before divergence) was not reopened.
+
+**Swings held far above the start (decided at stop 31, before any detector was tuned on it, both halves).**
+A loss thrown to 25-200x its start within the first steps and swinging there with no trend (dev r366:
+4.2 -> 50-140 for 200 steps; r413: 4.2 -> 540-1,500) passed the oscillation rule only because its reference
+(steps 5-25 %) is already the blown-up level, and so never reached the divergence rule. An oscillation is
+swings around a level the run can still reach -- the planted oscillations (SGD far above its stable LR on a
+classifier) swing from far up back to their start or below (lowest second-half loss 0-1.9 x ``init`` on the
+dev half) -- while a loss that never comes back under the divergence rule's own band (2 x ``init``) on any
+step of its second half has left where it started and stayed out: a divergence, however it swings up there.
+So the oscillation rule now also asks that the second half's lowest finite loss be < 2 x ``init``; the
+order of the rules is unchanged. Dev labels moved: r366, r413 oscillation -> divergence (no other dev run;
+the test half's changes were counted in aggregate only). Also decided then, without changing a rule:
+*a plateau's start level* (dev r515: a flat, noisy Adagrad loss whose 5-step median sits 1.25x its flat
+level, so it reads 0.80 x ``init``): ``init`` stays as decided at stop 30 -- the plateau rule's 0.8 bar
+already leaves room for a noisy start; the detectors must judge "fell since the start" against the noise of
+that start, not a label against them. *An LM's chance level* (dev r506: LoRA GPT flat at ~3.96 after a
+warmup to a far-too-high LR, 0.80 x a random-init start of 5.5): not used -- a label from the trace alone
+cannot know the vocabulary, nor can the detectors (the SDK does not report the model's output size), so
+the rules stay relative to the run's own start.
 """
 
 from __future__ import annotations
@@ -152,7 +171,8 @@ def observed(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]
     level_half = _median(half)
     start = _median(loss[max(1, n // 20) : max(2, n // 4)])
     q = statistics.quantiles(half, n=4) if len(half) >= 4 else [0.0, 0.0, 0.0]
-    swinging = 0.85 * start <= level_half <= 1.5 * start and (q[2] - q[0]) >= 0.25 * level_half
+    swinging = (0.85 * start <= level_half <= 1.5 * start and (q[2] - q[0]) >= 0.25 * level_half
+                and min(_finite(half) or [math.inf]) < 2 * init)
     out["loss/oscillation"] = swinging
     diverged = not swinging and last >= 1.5 * init and sum(1 for v in running if v >= 2 * init) >= 0.1 * n
     out["loss/divergence"] = diverged
