@@ -99,6 +99,27 @@ def test_a_round_is_cut_into_chunks_of_at_most_round_events(tmp_path: Path, roun
     queue.close()
 
 
+def test_small_records_are_taken_until_a_round_holds_round_events(tmp_path: Path) -> None:
+    """A full batch of records holding fewer than ``round_events`` envelopes is followed by more in the same
+    round (one pipeline call and one write per store per ``round_events``, not per ``batch`` records)."""
+    queue, envelopes = _publish(tmp_path)
+    assert len(envelopes) > 3 * PER_REQUEST
+    metrics = CountingMetrics(tmp_path / "metrics.db")
+    incidents = SqliteIncidentStore(tmp_path / "incidents.db")
+    processor = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / "events.db"), metrics, incidents, batch=1,
+                                  round_events=2 * PER_REQUEST + 1, snapshot_every_s=1e9,
+                                  tick_interval_s=1e15)  # no timers: the recorded run's time is old
+    # 7 + 7 envelopes stay under 15: a third record is taken, which starts a second chunk
+    assert processor.run_once(timeout=1.0) == 3
+    assert processor.stats.rounds == 2 and processor.stats.events == 3 * PER_REQUEST
+    processor.drain(timeout=10)
+    processor.checkpoint()
+    assert processor.stats.events == len(envelopes) and queue.depth() == 0
+    (incident,) = incidents.list_incidents("p").items
+    assert (incident.category, incident.subtype) == ("process", "exception")
+    queue.close()
+
+
 def test_an_output_whose_upsert_failed_is_stored_once_the_store_is_back(tmp_path: Path) -> None:
     queue, _envelopes = _publish(tmp_path)
     incidents = FlakyIncidents(tmp_path / "incidents.db", failures=2)

@@ -294,9 +294,10 @@ class EmbeddedProcessor:
 
     # --- processing -----------------------------------------------------------------------------
     def run_once(self, timeout: float) -> int:
-        """One consumer round: take up to ``batch`` records (waiting up to ``timeout``), then process
-        them in chunks of at most ``round_events`` envelopes -- per chunk one decode, one write per
-        store and one pipeline call -- maybe checkpoint and run timers. Returns the records processed.
+        """One consumer round: take ``batch`` records (waiting up to ``timeout``; more while they are
+        small: :meth:`_take`), then process them in chunks of at most ``round_events`` envelopes -- per
+        chunk one decode, one write per store and one pipeline call -- maybe checkpoint and run timers.
+        Returns the records processed.
 
         A chunk whose store write fails is retried (it and every later record of the round) after a
         backoff; a pipeline output whose upsert failed is kept and applied before anything new."""
@@ -314,9 +315,9 @@ class EmbeddedProcessor:
                 raise
         if self._retry:
             records, self._retry = self._retry, []
+            chunks = self._chunks(records)
         else:
-            records = self.queue.consume(self.batch, timeout)
-        chunks = self._chunks(records)
+            chunks = self._take(timeout)
         done = 0
         for i, (chunk, envelopes, points, partitions) in enumerate(chunks):
             if i:
@@ -355,14 +356,34 @@ class EmbeddedProcessor:
         self._backoff_s = min(MAX_BACKOFF_S, max(MIN_BACKOFF_S, 2 * self._backoff_s))
         self._retry_at = time.monotonic() + self._backoff_s
 
-    def _chunks(self, records: Sequence[QueueRecord]) -> List[_Chunk]:
+    def _take(self, timeout: float) -> List[_Chunk]:
+        """A round's records, decoded into chunks: ``batch`` records (waiting up to ``timeout``), then --
+        over a queue with one partition, while the queue handed out full batches and the round holds fewer
+        than ``round_events`` envelopes -- more at once (small records, e.g. the SDK's request per rank and
+        step, then share one pipeline call and one write per store instead of one per ``batch`` records:
+        the per-round costs, commits included, are paid per ``round_events`` envelopes). A partitioned
+        queue is consumed once per round (a rebalance inside a later consume could revoke partitions
+        whose records the round already holds)."""
+        records = self.queue.consume(self.batch, timeout)
+        chunks = self._chunks(records)
+        if self.partitioned:
+            return chunks
+        while len(records) >= self.batch and sum(len(c.envelopes) for c in chunks) < self.round_events:
+            records = self.queue.consume(self.batch, 0.0)
+            chunks = self._chunks(records, chunks)
+        return chunks
+
+    def _chunks(self, records: Sequence[QueueRecord], into: Optional[List[_Chunk]] = None) -> List[_Chunk]:
         """``records`` decoded, in order, cut into chunks of at most ``round_events`` envelopes (a record
-        is never split; one larger than that is a chunk of its own)."""
-        chunks: List[_Chunk] = []
+        is never split; one larger than that is a chunk of its own). With ``into`` (chunks of the same
+        round), ``records`` continue its last chunk: ``into`` and the chunks after it are returned."""
+        chunks: List[_Chunk] = list(into or ())
         chunk: List[QueueRecord] = []
         envelopes: List[Dict[str, Any]] = []
         points: List[Points] = []
         partitions: List[int] = []
+        if chunks:
+            chunk, envelopes, points, partitions = chunks.pop()
         for record in records:
             decoded, decoded_points = self._decode(record)
             if chunk and len(envelopes) + len(decoded) > self.round_events:
