@@ -70,6 +70,16 @@ class Settings(BaseSettings):
         "records of at least one event) for them. A project with nothing waiting is always admitted. "
         "Bursts above it from one project are retried by the SDK (it spools meanwhile). Counted only where "
         "the gateway, the processor and the embedded queue share a process (serve's defaults)")
+    run_max_metric_names: int = Field(
+        5_000, ge=0, description="distinct metric names one run may have (each is a series per rank, a row "
+        "of its summary and detector state); an envelope that would add names past it is rejected alone "
+        "(code too_many_metric_names, naming the run and the count) and the rest of the request is queued; "
+        "envelopes of names the run already has are always accepted. 0: no limit. Counted per gateway "
+        "process, starting from the names the metric store already holds for the run")
+    metric_names_tracked: int = Field(
+        300_000, ge=1, description="metric names a gateway process remembers over all runs to enforce "
+        "run_max_metric_names (~100 bytes each); the least recently active runs are forgotten first and "
+        "read again from the metric store when they come back")
     max_gzip_members: int = Field(
         16, ge=1, description="most gzip members in one gzip-encoded HTTP ingest body (the SDK sends one); "
         "more is refused with 400 before inflating them, so concatenated empty members cannot burn CPU")

@@ -50,6 +50,8 @@ from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .backlog import ProjectBacklog
 from .deep_json import TooDeep, split_events_json
+from .metric_names import CODE as METRIC_NAMES_CODE
+from .metric_names import MetricNameCap, Seed
 from .run_rate import NewRunLimiter
 from .validate import Limits, validate_batch
 
@@ -448,11 +450,13 @@ class Gateway:
 
     Thread-safe: transports call it from many threads at once. ``clock`` gives the receive time (ns).
     ``backlog``: the per-project bound on events waiting for this process's processor (None: not counted;
-    :mod:`.backlog`).
+    :mod:`.backlog`). ``metric_names``: a run's metric names already stored (the metric store's ``names``,
+    where this process shares it), where :mod:`.metric_names` starts counting a run it does not remember.
     """
 
     def __init__(self, queue: Queue, projects: ProjectStore, settings: Settings, *,
-                 clock: Callable[[], int] = time.time_ns, backlog: Optional[ProjectBacklog] = None) -> None:
+                 clock: Callable[[], int] = time.time_ns, backlog: Optional[ProjectBacklog] = None,
+                 metric_names: Optional[Seed] = None) -> None:
         self.queue = queue
         self.projects = projects
         self.settings = settings
@@ -462,6 +466,8 @@ class Gateway:
         self.new_runs = NewRunLimiter(settings.project_new_runs_per_s, settings.project_new_runs_burst,
                                       settings.project_known_runs)
         self.backlog = backlog if backlog is not None and backlog.enabled else None
+        self.metric_names = MetricNameCap(settings.run_max_metric_names, settings.metric_names_tracked,
+                                          seed=metric_names)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
@@ -580,11 +586,33 @@ class Gateway:
             wait = self.backlog.admit(auth.project, len(accepted))
             if wait is not None:
                 self._backlog_refusal(auth.project, wait)
+        if accepted and self.metric_names.enabled:
+            accepted = self._cap_metric_names(auth.project, events, accepted, verdict.run_ids, batch.indices,
+                                              index_offset, result)
 
         queued = self._publish(events, accepted, verdict.run_ids, verdict.mutated, request, raw, parts,
                                auth.project)
         self.stats.add_result(result, batch.wire_bytes or total, queued)
         return result
+
+    def _cap_metric_names(self, project: str, events: List[Any], accepted: List[int], run_ids: List[str],
+                          position: Optional[List[int]], index_offset: int,
+                          result: IngestResult) -> List[int]:
+        """``accepted`` less the metric batches refused for their run's distinct names (:mod:`.metric_names`),
+        each added to ``result`` as a rejection; the backlog counted for them is released."""
+        refused = self.metric_names.refusals(project, (
+            (k, run_ids[k], events[k]) for k in accepted if events[k].WhichOneof("payload") == "metrics"))
+        if not refused:
+            return accepted
+        for k, message in refused.items():
+            index = (position[k] if position is not None else k) + index_offset
+            result.rejected.append(RejectedItem(index, events[k].event_id, METRIC_NAMES_CODE,
+                                                f"events[{index}].{message}"))
+        result.rejected.sort(key=lambda r: r.index)
+        result.accepted -= len(refused)
+        if self.backlog is not None:
+            self.backlog.release(project, len(refused))
+        return [k for k in accepted if k not in refused]
 
     # --------------------------------------------------------------------------------------- publish
     def _publish(self, events: List[Any], accepted: List[int], run_ids: List[str], mutated: Set[int],

@@ -1,0 +1,140 @@
+"""How many distinct metric names one run may have, enforced at the gateway so the client is told.
+
+Every distinct name of a run is a series in the metric store (one per rank), a row of its summary and
+state in the pipeline's detectors; without a bound, 10 requests of 20,000 new names made 200,000 series in
+one run. Contract of :class:`MetricNameCap` (thread-safe):
+
+* :meth:`refusals` ``(project, items)`` takes the metric-batch envelopes a request would queue, as
+  ``(key, run_id, envelope)`` in request order, and returns ``{key: message}`` for those refused. An
+  envelope whose point names would take its run past ``cap`` distinct names is refused *whole* (the wire's
+  unit; the caller reports it per event with code :data:`CODE` and queues the rest of the request); an
+  envelope of names the run already has is always admitted -- a run at its cap keeps logging them. The
+  names of an admitted envelope are the run's from then on. Points without a name are not counted (they
+  are not stored either); an alert's ``recent`` context is not counted (past values, not new series).
+* Counted per gateway process, since its start. A run seen for the first time (or again after being
+  forgotten) starts from the names ``seed(project, run_id)`` returns -- the metric store's, where the
+  gateway shares it (``trainguard serve``), so a restart does not reset the count -- else from none.
+* Memory: the names of at most ``budget`` names over all runs are remembered, least recently active runs
+  forgotten first (a forgotten run is seeded again when it comes back); about 100 bytes per name.
+* ``cap <= 0`` turns the bound off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from operator import attrgetter
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+__all__ = ["CODE", "MetricNameCap"]
+
+log = logging.getLogger(__name__)
+
+#: the rejection code of an envelope refused for its run's distinct metric names
+CODE = "too_many_metric_names"
+SETTING = "TRAINGUARD_RUN_MAX_METRIC_NAMES"
+
+_name = attrgetter("name")
+Seed = Callable[[str, str], Iterable[str]]
+
+
+class MetricNameCap:
+    """Distinct metric names per run (see the module doc)."""
+
+    def __init__(self, cap: int, budget: int, seed: Optional[Seed] = None) -> None:
+        self.cap = cap
+        self.budget = max(budget, cap)
+        self.seed = seed
+        self._runs: OrderedDict[Tuple[str, str], Set[str]] = OrderedDict()
+        self._tracked = 0
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.cap > 0
+
+    def names(self, project: str, run_id: str) -> int:
+        """Distinct names counted for the run now (0 when not remembered)."""
+        with self._lock:
+            return len(self._runs.get((project, run_id), ()))
+
+    def refusals(self, project: str, items: Iterable[Tuple[int, str, Any]]) -> Dict[int, str]:
+        """``{key: message}`` of the envelopes refused (see the module doc); the others' names are admitted.
+        ``items``: ``(key, run_id, envelope)`` of metric-batch envelopes (``trainguard.v1.Envelope``)."""
+        if not self.enabled:
+            return {}
+        by_run: Dict[str, List[Tuple[int, Any]]] = {}
+        for key, run_id, envelope in items:
+            by_run.setdefault(run_id, []).append((key, envelope.metrics.points))
+        out: Dict[int, str] = {}
+        for run_id, envelopes in by_run.items():
+            every: Set[str] = set()
+            for _, points in envelopes:
+                every.update(map(_name, points))
+            every.discard("")
+            self._ensure(project, run_id)
+            with self._lock:
+                known = self._run(project, run_id)
+                if every <= known:  # the steady state: a run logging the names it has
+                    continue
+                before = len(known)
+                for key, points in envelopes:
+                    names = set(map(_name, points))
+                    names.discard("")
+                    if names <= known:
+                        continue
+                    new = names - known
+                    if len(known) + len(new) > self.cap:
+                        out[key] = self._message(run_id, len(known), new)
+                        continue
+                    known |= new
+                self._tracked += len(known) - before
+                self._forget_beyond_budget(keep=(project, run_id))
+        return out
+
+    # --- internals --------------------------------------------------------------------------------
+    def _message(self, run_id: str, has: int, new: Set[str]) -> str:
+        first = min(new)
+        more = f" and {len(new) - 1} more" if len(new) > 1 else ""
+        return (f"metrics: run {run_id!r} has {has} distinct metric names and this event adds {len(new)} "
+                f"new ones ({first!r}{more}), past the {self.cap} a run may have ({SETTING}); nothing of "
+                f"this event was queued. Events naming only the run's metrics so far are accepted")
+
+    def _run(self, project: str, run_id: str) -> Set[str]:
+        """(Under the lock.) The run's names, marked most recently active."""
+        key = (project, run_id)
+        known = self._runs.get(key)
+        if known is None:
+            known = self._runs[key] = set()
+        else:
+            self._runs.move_to_end(key)
+        return known
+
+    def _ensure(self, project: str, run_id: str) -> None:
+        """Seed a run this process does not remember from ``seed`` (outside the lock: it may read a store)."""
+        with self._lock:
+            if (project, run_id) in self._runs:
+                return
+        seeded: Set[str] = set()
+        if self.seed is not None:
+            try:
+                seeded = set(self.seed(project, run_id))
+            except Exception:  # a store that cannot answer: count from the names seen from now on
+                log.warning("cannot read the metric names of run %r of project %r; counting from now",
+                            run_id, project, exc_info=True)
+        seeded.discard("")
+        with self._lock:
+            if (project, run_id) not in self._runs:
+                self._runs[(project, run_id)] = seeded
+                self._tracked += len(seeded)
+
+    def _forget_beyond_budget(self, keep: Tuple[str, str]) -> None:
+        """(Under the lock.) Forget the least recently active runs (never ``keep``) while over budget."""
+        while self._tracked > self.budget and len(self._runs) > 1:
+            key, names = next(iter(self._runs.items()))
+            if key == keep:
+                self._runs.move_to_end(key)
+                continue
+            del self._runs[key]
+            self._tracked -= len(names)
