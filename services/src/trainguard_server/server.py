@@ -87,8 +87,8 @@ class EmbeddedServer:
         if ({"gateway", "processor"} <= set(roles) and s.processor_runtime != "flink" and s.queue != "kafka"
                 and s.project_max_backlog_events > 0):
             backlog = ProjectBacklog(s.project_max_backlog_events, s.retry_after_s, self.queue.depth)
-        self.gateway = Gateway(self.queue, self.stores.projects, s, backlog=backlog) \
-            if "gateway" in roles else None
+        self.gateway = Gateway(self.queue, self.stores.projects, s, backlog=backlog,
+                               metric_names=self.stores.metrics.names) if "gateway" in roles else None
         gateway = self.gateway
         self.processor: Optional[EmbeddedProcessor] = None
         if "processor" in roles and s.processor_runtime == "flink":
