@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.94, "subtype": 0.92}, "heldout": {"category": 0.82, "subtype": 0.79}}
+FLOORS = {"tune": {"category": 0.91, "subtype": 0.9}, "heldout": {"category": 0.83, "subtype": 0.79}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -61,7 +61,12 @@ misses only: an exception line wrapped in markdown read as that exception, a ret
 mp.spawn's ``terminated with exit code N`` as that rank's exit: tuned 300/321 and 296/321; a traceback cut
 inside process-group set-up frames kept as one item (and torchelastic's ``_create_tcp_store`` a set-up
 function): tuned 302/321 and 298/321; held out at the end 101/122 and 97/122 (the old 108 unchanged at 92 and
-88)."""
+88).
+Lowered again at 443 -> 490 logs (issue 17, stop 31): 47 new logs (10 held out), mostly the numeric families
+(fp16 overflow / loss-scale lines of DeepSpeed, apex, fairseq, ColossalAI; NaN losses and NaN gradient norms of
+HF, ESPnet, mmdet, Megatron; anomaly-mode backward NaNs) and torchrun exits, labelled from their threads and
+recorded before any classifier change (tuned 329/358 and 325/358; the held-out floors set by a script from the
+recorded verdicts without printing them, bench/results/logs_issue17_stop31.txt)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
