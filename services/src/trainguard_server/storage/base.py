@@ -220,6 +220,12 @@ class MetricStore(ABC):
     def summary(self, project: str, run_id: str) -> List[MetricSummary]:
         """Per-name aggregates over all ranks."""
 
+    def summary_page(self, project: str, run_id: str, *, after: str = "",
+                     limit: int = 1000) -> List[MetricSummary]:
+        """:meth:`summary` of the run's first ``limit`` names (sorted) greater than ``after``: one page of it.
+        The default filters the whole summary; stores with a name index read only the page."""
+        return [s for s in self.summary(project, run_id) if s.name > after][:max(0, limit)]
+
     def series_keys(self, project: str, run_id: str, names: Sequence[str], *,
                     rank: Optional[int] = None) -> List[Tuple[str, int]]:
         """``(name, rank)`` of every stored series of the run among ``names`` (of ``rank`` only, if given),

@@ -632,13 +632,29 @@ class SqliteMetricStore(MetricStore):
         return out
 
     def summary(self, project: str, run_id: str) -> List[MetricSummary]:
+        return self._summary(project, run_id, None)
+
+    def summary_page(self, project: str, run_id: str, *, after: str = "",
+                     limit: int = 1000) -> List[MetricSummary]:
+        with self._read() as (conn, _):  # the page's names from the series index, then their aggregates
+            names = [r[0] for r in conn.execute(
+                "SELECT DISTINCT name FROM series WHERE project = ? AND run_id = ? AND name > ? "
+                "ORDER BY name LIMIT ?", (project, run_id, after, max(0, limit))).fetchall()]
+        out: List[MetricSummary] = []
+        for i in range(0, len(names), 500):  # under SQLite's bound-parameter limit
+            out.extend(self._summary(project, run_id, names[i:i + 500]))
+        return out
+
+    def _summary(self, project: str, run_id: str, names: Optional[Sequence[str]]) -> List[MetricSummary]:
+        """:meth:`summary` of ``names`` only (None: every name)."""
         out = []
+        only = f" AND s.name IN ({','.join('?' * len(names))})" if names is not None else ""
         with self._read() as (conn, check):
             rows = conn.execute(
                 "SELECT s.name, COUNT(*), MIN(p.step), MAX(p.step), MIN(p.value), MAX(p.value), "
                 "SUM(p.nf != 0) "
-                "FROM series s JOIN points p ON p.sid = s.sid WHERE s.project = ? AND s.run_id = ? "
-                "GROUP BY s.name ORDER BY s.name", (project, run_id)).fetchall()
+                "FROM series s JOIN points p ON p.sid = s.sid WHERE s.project = ? AND s.run_id = ?" + only +
+                " GROUP BY s.name ORDER BY s.name", (project, run_id, *(names or ()))).fetchall()
             for name, count, first, last_step, mn, mx, nonfinite in rows:
                 check()
                 last = conn.execute(
