@@ -26,6 +26,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from ...storage.base import Bucket, QueryTimeout
+from ...storage.common import MAX_CURSOR_CHARS, decode_cursor, encode_cursor
 from .. import resolutions
 from ..deps import ProjectDep, Services, ServicesDep
 from ..schemas import (
@@ -196,15 +197,44 @@ def _points_per_series(services: Services, project: str, run_id: str, names: Lis
     return max(1, min(max_points, limit // max(1, count)))
 
 
+SUMMARY_LIMIT = 1000
+SUMMARY_MAX_LIMIT = 5000
+_NEXT = {"X-Next-Cursor": {"description": "the cursor of the next page (absent on the last page)",
+                           "schema": {"type": "string"}},
+         "Link": {"description": "RFC 8288 link to the next page: <...>; rel=\"next\"",
+                  "schema": {"type": "string"}}}
+
+
 @router.get("/{run_id}/metrics/summary", response_model=List[MetricSummaryPublic],
-            responses={k: v for k, v in _BOUNDED.items() if k != 400})
-async def run_metric_summary(run_id: str, request: Request, project: ProjectDep,
-                             services: ServicesDep) -> List[MetricSummaryPublic]:
+            responses={**{k: v for k, v in _BOUNDED.items() if k != 400},
+                       200: {"description": "one page of names, sorted", "headers": _NEXT},
+                       400: {"description": "invalid cursor"}},
+            summary="Per-name aggregates over all ranks, a page of names at a time",
+            description=f"At most `limit` names ({SUMMARY_LIMIT} by default), sorted; when more follow, "
+                        "the `X-Next-Cursor` header (and a `Link: <...>; rel=\"next\"`) gives the `cursor` "
+                        "of the next page. The body stays a JSON array.")
+async def run_metric_summary(run_id: str, request: Request, response: Response, project: ProjectDep,
+                             services: ServicesDep,
+                             limit: int = Query(SUMMARY_LIMIT, ge=1, le=SUMMARY_MAX_LIMIT,
+                                                description=f"names per page, 1..{SUMMARY_MAX_LIMIT}"),
+                             cursor: Optional[str] = Query(None, max_length=MAX_CURSOR_CHARS,
+                                                           description="X-Next-Cursor of the previous page"),
+                             ) -> List[MetricSummaryPublic]:
+    scope = (project, run_id)
+    after = bad_request_on_value_error(lambda: decode_cursor(cursor, "metric_summary", scope, (str,))[0]) \
+        if cursor is not None else ""
+
     def read() -> List[MetricSummaryPublic]:
         if services.incidents.get_run(project, run_id) is None:
             raise not_found("run", run_id)
-        return [MetricSummaryPublic(**{k: wf(v) for k, v in asdict(s).items()})
-                for s in services.metrics.summary(project, run_id)]
+        page = services.metrics.summary_page(project, run_id, after=after, limit=limit + 1)
+        if len(page) > limit:
+            page = page[:limit]
+            token = encode_cursor("metric_summary", scope, (page[-1].name,))
+            response.headers["X-Next-Cursor"] = token
+            url = request.url.include_query_params(limit=limit, cursor=token)
+            response.headers["Link"] = f'<{url.path}?{url.query}>; rel="next"'
+        return [MetricSummaryPublic(**{k: wf(v) for k, v in asdict(s).items()}) for s in page]
 
     return await bounded_read(request, services, read, project)
 

@@ -39,13 +39,33 @@ async function post(path, body) {
   return data;
 }
 
-async function api(path) {
+// [body, the X-Next-Cursor header (null on a last page)] of a GET on the query API
+async function apiPage(path) {
   const token = localStorage.getItem(TOKEN_KEY);
   if (!token) throw new AuthError("no token");
   const res = await fetch(path, { headers: { Authorization: `Bearer ${token}` } });
   if (res.status === 401 || res.status === 403) throw new AuthError((await res.json()).detail || res.statusText);
   if (!res.ok) throw new Error(`${res.status}: ${(await res.json().catch(() => ({}))).detail || res.statusText}`);
-  return res.json();
+  return [await res.json(), res.headers.get("X-Next-Cursor")];
+}
+
+async function api(path) {
+  return (await apiPage(path))[0];
+}
+
+// A run's metric summary: the endpoint answers a page of names at a time (X-Next-Cursor gives the next);
+// at most SUMMARY_PAGES pages of SUMMARY_PAGE names are read (a run has at most run_max_metric_names)
+const SUMMARY_PAGE = 5000, SUMMARY_PAGES = 4;
+async function metricSummary(runId) {
+  const base = `/api/v1/runs/${encodeURIComponent(runId)}/metrics/summary?limit=${SUMMARY_PAGE}`;
+  let out = [], cursor = null;
+  for (let page = 0; page < SUMMARY_PAGES; page++) {
+    const [items, next] = await apiPage(cursor ? `${base}&cursor=${encodeURIComponent(cursor)}` : base);
+    out = out.concat(items);
+    if (!next) break;
+    cursor = next;
+  }
+  return out;
 }
 
 function askToken(message) {
@@ -311,11 +331,11 @@ async function runPage(runId, params) {
   const enc = encodeURIComponent(runId);
   const overlayIds = [...new Set((params.get("overlay") || "").split(",").filter((x) => x && x !== runId))].slice(0, MAX_OVERLAID);
   const [run, incidents, summary, runs] = await Promise.all([
-    api(`/api/v1/runs/${enc}`), api(`/api/v1/runs/${enc}/incidents?limit=200`), api(`/api/v1/runs/${enc}/metrics/summary`),
+    api(`/api/v1/runs/${enc}`), api(`/api/v1/runs/${enc}/incidents?limit=200`), metricSummary(runId),
     api("/api/v1/runs?limit=200"),
   ]);
   const others = await Promise.all(overlayIds.map((id) => api(`/api/v1/runs/${encodeURIComponent(id)}`)));
-  const otherSummary = (await Promise.all(others.map((o) => api(`/api/v1/runs/${encodeURIComponent(o.run_id)}/metrics/summary`)))).flat();
+  const otherSummary = (await Promise.all(others.map((o) => metricSummary(o.run_id)))).flat();
   const rankFilter = params.get("rank");
   const names = [...new Set(summary.map((s) => s.name).concat(otherSummary.map((s) => s.name)))].sort();
   const defaults = PLOTTED.filter((n) => names.includes(n))
