@@ -117,6 +117,15 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   started*; the settling now compares the swings' level with the run's first full loss window (4.0 here;
   r205 and r239, thrown up within their first window, still settle): a loss that climbed far above its
   early level and swings there has not stopped diverging from it.
+* r366 (Lightning GPT, Adam with an LR ~300x too high, no clipping; stop 31): the first update throws the
+  loss from 4.2 to ~54 and it swings between ~50 and ~140 for 200 steps, never back under 2x its start.
+  The label rule (decided on record at stop 31) calls that a divergence: an oscillation swings around a
+  level the run can still reach, back into its band at times. The detector's oscillation rule (and the
+  divergence rule's "rough with no trend: the oscillation's" exemption) now ask the same of the last two
+  loss windows: swings held out of the band for 2 x loss_window values are a divergence. With the default
+  swing bar r366's swings (robust spread ~0.2) never read as swings; under a lower bar (0.1) they did, and
+  the divergence settled into an oscillation that led -- now the oscillation gives way to the divergence.
+  r473's divergence is seen at ~110 instead of 138 for the same reason.
 """
 
 from __future__ import annotations
@@ -342,3 +351,15 @@ def test_swings_far_above_the_runs_early_level_do_not_settle_the_divergence() ->
 def test_with_a_loose_oscillation_max_rise_the_divergence_settles_again() -> None:
     out = _outcome("r490", oscillation_max_rise=100.0)
     assert out.verdict == "loss/oscillation", out
+
+
+def test_swings_held_out_of_the_band_for_two_windows_are_a_divergence() -> None:
+    out = _outcome("r366", oscillation_min_cv=0.15, oscillation_calm_min_cv=0.1)  # swings by this bar
+    assert out.label == "loss/divergence" and out.first_nonfinite is None
+    assert out.verdict == "loss/divergence" and out.open_alerts == ["loss/divergence"], out  # oscillation before
+    assert "loss/oscillation" not in out.open_alerts, out
+
+
+def test_an_oscillation_held_out_of_the_band_gives_way_sooner() -> None:
+    out = _outcome("r473")
+    assert out.visible_step["loss/divergence"] <= 120, out  # 138 before: the whole run's swings were out

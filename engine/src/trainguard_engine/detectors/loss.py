@@ -647,6 +647,8 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
         initial = min(initial, first)
     if win.median < tuned.oscillation_min_level * initial or win.cv < _swing_bar(state, tuned):
         return _Check(False)
+    if _held_out_of_band(rank, name, win, state, tuned):
+        return _Check(False)  # swings that never come back into the band: the divergence rule's
     trend = win.trend
     ratio = win.median / initial if initial > 0 else math.inf
     if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.first_step, win.last_step,
@@ -768,10 +770,11 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
             (state.get("opened") or {}).get("kind") != "divergence"
             and _grad_corroborates(rank, series[-1][0], settings, settings.explosion_jump_factor)))
     if not far and _roughness(out_of_band) >= tuned.oscillation_min_cv and (
-            len(out_of_band) < 3 or robust.mann_kendall(out_of_band).z < tuned.trend_z):
-        return _Check(False)  # jumping from value to value with no upward trend since it left the band:
-        #                       the oscillation rule's (the jump itself is not a trend, nor the swings'
-        #                       decay from a first far-too-large update)
+            len(out_of_band) < 3 or robust.mann_kendall(out_of_band).z < tuned.trend_z) and \
+            not _held_out_of_band(rank, name, win, state, tuned):
+        return _Check(False)  # jumping from value to value with no upward trend since it left the band,
+        #                       and back into it at times: the oscillation rule's (the jump itself is not
+        #                       a trend, nor the swings' decay from a first far-too-large update)
     # (a loss coming back down but still far above its band is diverged until it is back: a spike of
     # a few bad batches does not hold the rolling level up for divergence_min_points values)
     if trend.z < tuned.trend_z and _optimisation_stuck(rank, state, win.first_step, win.last_step, settings):
@@ -805,6 +808,20 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
                                      time_ns=point_time(rank, name, centre, 0), rank=rank.rank, metric=name,
                                      threshold=tuned.divergence_factor, value=finite_or_none(level / base),
                                      window=window(rank, name, now, settings.evidence_window))])
+
+
+def _held_out_of_band(rank: RankState, name: str, win: _Window, state: Dict[str, Any],
+                      tuned: LossGradientSettings) -> bool:
+    """Whether the loss has stayed out of its starting band -- every value >= ``divergence_factor`` x the
+    run's :func:`divergence_base` -- over the window and the one before it (2 x ``loss_window`` values, as
+    many as there are). Swings up there, however large, are not an oscillation: an oscillation swings
+    around a level the run can still reach, back into the band at times (the corpus label rule, decided at
+    stop 31); a loss thrown far above its start that swings there without ever coming back has diverged."""
+    init = state["init"]
+    bar = tuned.divergence_factor * divergence_base(robust.median(init), init[0], tuned)
+    if not bar > 0 or min(win.values) < bar:
+        return False
+    return min(v for _s, v, _t in recent(rank, name, 2 * tuned.loss_window, win.last_step)) >= bar
 
 
 def _rising_since_left(values: Sequence[float], bar: float, least: int = 3) -> bool:
