@@ -427,10 +427,42 @@ def _batch5(first_index: int) -> List[RunSpec]:
     return specs
 
 
+BATCH6_SEED = 20261207
+"""The sixth batch (issue 16, stop 31, drawn after batches 1-5 had been tuned on): the planted causes whose
+loss-shape labels (oscillation, plateau) ended with no incident at all on the test half at stop 30 --
+the biggest category loss -- and on the dev half came from an LR raised mid-run (dev r494: swings at a
+level the run had learned down to) and a warmup / OneCycle to a too-high peak (dev r506: a LoRA LM flat a
+little under its random-init start), with an LR far too low, SGD far above its stable LR and an LR far
+too high beside them, and healthy runs (the negatives a looser plateau or oscillation rule would alarm
+on). Drawn as the fifth batch (:func:`_batch5_spec`, its frameworks, optimisers and schedules) from its own
+seed, split per planted cause by the same rule, recorded in ``manifest.json`` before any of its runs was
+trained."""
+
+BATCH6_COUNTS: Dict[str, int] = {
+    "lr_jump": 16,
+    "warmup_too_high": 14,
+    "lr_tiny": 6,
+    "oscillation": 8,
+    "lr_diverge": 8,
+    "healthy": 12,
+}
+"""Runs per planted cause of the sixth batch (64, ids r538-r601)."""
+
+
+def _batch6(first_index: int) -> List[RunSpec]:
+    """The sixth batch (:func:`_batch5_spec`) from its own seed, split per planted cause."""
+    rng = random.Random(BATCH6_SEED)
+    specs: List[RunSpec] = []
+    for cause, count in BATCH6_COUNTS.items():
+        drawn = [_batch5_spec(rng, cause, first_index + len(specs) + i) for i in range(count)]
+        specs.extend(_split(rng, drawn))
+    return specs
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
     batch (320 runs from ``master_seed``), then the second (:func:`_batch2`), the third (:func:`_batch3`),
-    the fourth (:func:`_batch4`) and the fifth (:func:`_batch5`)."""
+    the fourth (:func:`_batch4`), the fifth (:func:`_batch5`) and the sixth (:func:`_batch6`)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
@@ -438,7 +470,8 @@ def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     specs += _batch2(len(specs))
     specs += _batch3(len(specs))
     specs += _batch4(len(specs))
-    return specs + _batch5(len(specs))
+    specs += _batch5(len(specs))
+    return specs + _batch6(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:
