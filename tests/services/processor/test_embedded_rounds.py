@@ -5,6 +5,7 @@ a real recorded run (the corpus's crash) published through the real gateway."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any, List, Sequence, Tuple
@@ -118,6 +119,33 @@ def test_small_records_are_taken_until_a_round_holds_round_events(tmp_path: Path
     (incident,) = incidents.list_incidents("p").items
     assert (incident.category, incident.subtype) == ("process", "exception")
     queue.close()
+
+
+def test_the_collector_rests_during_a_round_and_is_back_after_it_even_when_it_fails(tmp_path: Path) -> None:
+    """The cyclic garbage collector is paused while a round's records go through the pipeline and the stores,
+    and enabled again afterwards -- also when the round raises; a process that runs without it keeps it
+    off."""
+    during: List[bool] = []
+    for name, failures in (("ok", 0), ("failing", 1), ("off", 0)):
+        queue, _envelopes = _publish(tmp_path / name)
+        processor = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / name / "events.db"),
+                                      SqliteMetricStore(tmp_path / name / "metrics.db"),
+                                      FlakyIncidents(tmp_path / name / "incidents.db", failures), batch=10_000,
+                                      snapshot_every_s=1e9, tick_interval_s=1e15)
+        processor.listeners.append(lambda _output: during.append(gc.isenabled()))
+        if name == "off":
+            gc.disable()
+        try:
+            if failures:
+                with pytest.raises(ConnectionError):
+                    processor.run_once(timeout=1.0)
+            else:
+                assert processor.run_once(timeout=1.0) > 0
+            assert gc.isenabled() == (name != "off")
+        finally:
+            gc.enable()
+        queue.close()
+    assert during == [False, False]  # the round's output reached the stores (and listeners) inside it
 
 
 def test_an_output_whose_upsert_failed_is_stored_once_the_store_is_back(tmp_path: Path) -> None:
