@@ -118,6 +118,14 @@ class Settings(BaseSettings):
     api_stream_min_interval_s: float = Field(
         1.0, gt=0, description="a live run stream checks for changes at most this often (a smaller "
         "?interval= is raised to it)")
+    api_max_requests_per_project: int = Field(
+        8, ge=0, description="query-API requests one project (its read tokens together) may have in flight "
+        "at once, a run's live streams aside (they have their own bounds); more wait for one of its slots "
+        "on the event loop, holding no thread, at most api_request_wait_s, then get 429 with Retry-After. "
+        "One project's readers then cannot starve another's of the process they share. 0: no limit")
+    api_request_wait_s: float = Field(
+        5.0, ge=0, description="longest a project's query-API request waits for one of its "
+        "api_max_requests_per_project slots before its 429")
     api_max_concurrent_queries: int = Field(
         4, ge=1, description="metric reads (series, summary) running at once; more wait for a slot, holding "
         "no thread, at most api_query_timeout_s, then get 503 with Retry-After")

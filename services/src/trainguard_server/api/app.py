@@ -18,6 +18,7 @@ from ..request_headers import framing_conflict
 from . import openapi as openapi_errors
 from . import preflight
 from .deps import Services
+from .project_slots import ReleaseProjectSlot
 from .routes import clusters, gate, health, incidents, runs, search, stream, workflow
 
 
@@ -27,7 +28,8 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
                   description="Capture, classify and root-cause anomalies in PyTorch training jobs.",
                   dependencies=[Depends(preflight.preflight)], docs_url=None, redoc_url=None)
     app.add_route("/docs", _swagger_ui, include_in_schema=False)  # FastAPI's own would load it from a CDN
-    app.add_middleware(RefuseAmbiguousFraming)
+    app.add_middleware(ReleaseProjectSlot)
+    app.add_middleware(RefuseAmbiguousFraming)  # added last: the outermost
     app.state.services = services
 
     @app.exception_handler(RequestValidationError)

@@ -5,6 +5,8 @@ the route's own dependencies and parameters:
   ``read_project`` then reuses the answer), so a request without a valid token gets its 401/403 whatever
   else is wrong with its parameters (a route taking a body also needs :class:`ReadTokenFirstRoute`:
   FastAPI reads the body before any dependency);
+* a request with a read token (a run's live stream aside) takes one of its project's
+  ``api_max_requests_per_project`` slots, or waits for one, then 429 (:mod:`.project_slots`);
 * an integer query parameter outside the signed 64-bit range is refused with a 422 naming it
   (``query.rank: Input should be less than or equal to 9223372036854775807``): every integer the API takes
   is bound by the stores as a 64-bit integer, and a bigger one used to reach SQLite and answer 500
@@ -41,6 +43,7 @@ from starlette.responses import Response
 from ..json_keys import DuplicateKey, unique_keys
 from ..storage.common import INT64_MAX, INT64_MIN
 from .deps import ensure_read_token, read_project
+from .project_slots import take_slot
 
 __all__ = ["MAX_BODY_BYTES", "ReadTokenFirstRoute", "int64_bounds", "int_query_params", "needs_read_token",
            "preflight"]
@@ -121,6 +124,7 @@ def _out_of_range(request: Request, bounds: Sequence[Tuple[str, int, int]]) -> L
 class _Plan:
     needs_token: bool
     int_params: Tuple[Tuple[str, int, int], ...]
+    bounded: bool  # takes one of its project's request slots (project_slots.py): not a live stream
 
 
 _plans: Dict[int, Tuple[APIRoute, _Plan]] = {}
@@ -129,8 +133,10 @@ _plans: Dict[int, Tuple[APIRoute, _Plan]] = {}
 def _plan(route: APIRoute) -> _Plan:
     found = _plans.get(id(route))
     if found is None or found[0] is not route:
-        found = _plans[id(route)] = (route, _Plan(needs_read_token(route), tuple(
-            (name, lo, hi) for name, (lo, hi) in _int_query_bounds(route).items())))
+        token = needs_read_token(route)
+        found = _plans[id(route)] = (route, _Plan(token, tuple(
+            (name, lo, hi) for name, (lo, hi) in _int_query_bounds(route).items()),
+            token and not route.path.endswith("/stream")))
     return found[1]
 
 
@@ -141,7 +147,9 @@ async def preflight(request: Request) -> None:
         return
     plan = _plan(route)
     if plan.needs_token:
-        await ensure_read_token(request)
+        project = await ensure_read_token(request)
+        if plan.bounded:
+            await take_slot(request, project)
     if plan.int_params:
         errors = _out_of_range(request, plan.int_params)
         if errors:
