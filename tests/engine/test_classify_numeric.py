@@ -37,6 +37,70 @@ def test_numeric_text_is_its_kind(line: str, kind: str) -> None:
     assert found is not None and found.kind == kind, found
 
 
+WILD = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
+
+
+def _wild_line(case: str, needle: str) -> str:
+    return next(x for x in (WILD / case / "log.txt").read_text(encoding="utf-8").splitlines() if needle in x)
+
+
+def test_a_nan_loss_on_the_line_of_a_nan_grad_norm_is_the_loss() -> None:
+    # num-mmdet3d-fp16-loss-heatmap-nan-bevdet-1 (tuned): 'loss_heatmap: nan, loss: nan, grad_norm: nan' --
+    # a NaN loss makes every gradient NaN; a finite loss beside a NaN grad norm stays the gradient's
+    found = classify_text(_wild_line("num-mmdet3d-fp16-loss-heatmap-nan-bevdet-1", "Epoch [1][50/"))
+    assert found is not None and found.kind == "loss/non_finite", found
+    assert found.facts["metric"] == "task0.loss_heatmap"
+    hf = classify_text(_wild_line("num-hf-gradnorm-nan-loss-spike-gemma-1", "153318.95"))
+    assert hf is not None and hf.kind == "gradient/nan-source", hf
+
+
+def test_a_training_loops_own_nan_guards_are_the_loss() -> None:
+    # num-megatron-forward-loss-nan-rank114-qwen-next-1, num-network-outputs-nan-jointnlt-1 (tuned)
+    megatron = classify_text(_wild_line("num-megatron-forward-loss-nan-rank114-qwen-next-1", "AssertionError"))
+    assert megatron is not None and megatron.kind == "loss/non_finite", megatron
+    assert megatron.facts["rank"] == 114 and megatron.facts["metric"] == "local forward loss"
+    outputs = classify_text((WILD / "num-network-outputs-nan-jointnlt-1" / "log.txt").read_text(encoding="utf-8"))
+    assert outputs is not None and outputs.kind == "loss/non_finite", outputs
+    for healthy in ("outputs are cached in ./nan_outputs", "the model outputs is a tuple"):
+        assert classify_text(healthy) is None, healthy
+
+
+def test_anomaly_modes_warning_alone_is_the_backward_nan() -> None:
+    # num-anomaly-nan-3 (tuned): the paste ends inside the forward trace, before the RuntimeError
+    text = (WILD / "num-anomaly-nan-3" / "log.txt").read_text(encoding="utf-8")
+    found = classify_text(text)
+    assert found is not None and found.kind == "gradient/nan-source", found
+    assert found.facts["function"] == "DivBackward0"
+    # with the error it announces in the text, the error decides (an in-place modification prints the same
+    # warning)
+    inplace = text + ("RuntimeError: one of the variables needed for gradient computation has been modified "
+                      "by an inplace operation\n")
+    decided = classify_text(inplace)
+    assert decided is None or decided.kind != "gradient/nan-source", decided
+
+
+def test_more_overflow_wordings_give_the_scale() -> None:
+    # num-ds-fused-grad-overflow-iteration-2069-1 (DeepSpeed's fused optimizer) and
+    # num-fairseq-gradient-overflow-ignoring-4755-1 (fairseq 0.12), tuned
+    for case, needle, scale in (
+            ("num-ds-fused-grad-overflow-iteration-2069-1", "Overflow detected. Skipping step", 134217728.0),
+            ("num-ds-fused-grad-overflow-iteration-2069-1", "Reducing dynamic loss scale from 134217728.0",
+             67108864.0),
+            ("num-fairseq-gradient-overflow-ignoring-4755-1", "ignoring gradient", 4.0)):
+        found = classify_text(_wild_line(case, needle))
+        assert found is not None and found.kind == "memory/amp-overflow", (case, found)
+        assert found.facts["scale"] == scale, (case, found.facts)
+
+
+def test_a_printed_loss_scale_of_one_is_no_overflow() -> None:
+    # num-megatron-ds-no-lm-loss-pr434-1 (tuned): Megatron prints 'loss scale: 1.0' on every iteration of a
+    # bf16 run; a collapse to 1 is still read from an overflow line
+    line = _wild_line("num-megatron-ds-no-lm-loss-pr434-1", "iteration")
+    assert classify_text(line) is None
+    collapse = classify_text("[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2, reducing to 1")
+    assert collapse is not None and collapse.facts["scale"] == 1.0
+
+
 @pytest.mark.parametrize("line", [
     "| epoch 001 | loss 6.343 | nll_loss 4.984 | ppl 31.65 | gnorm 0.390 | loss_scale 128.000",
     "number of skipped iterations:   0 | number of nan iterations:   0 | lm loss: 2.301",

@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.91, "subtype": 0.9}, "heldout": {"category": 0.83, "subtype": 0.79}}
+FLOORS = {"tune": {"category": 0.92, "subtype": 0.91}, "heldout": {"category": 0.84, "subtype": 0.81}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -66,7 +66,10 @@ Lowered again at 443 -> 490 logs (issue 17, stop 31): 47 new logs (10 held out),
 (fp16 overflow / loss-scale lines of DeepSpeed, apex, fairseq, ColossalAI; NaN losses and NaN gradient norms of
 HF, ESPnet, mmdet, Megatron; anomaly-mode backward NaNs) and torchrun exits, labelled from their threads and
 recorded before any classifier change (tuned 329/358 and 325/358; the held-out floors set by a script from the
-recorded verdicts without printing them, bench/results/logs_issue17_stop31.txt)."""
+recorded verdicts without printing them, bench/results/logs_issue17_stop31.txt). Then, from tuned misses only:
+a NaN loss on the line of a NaN grad norm is the loss, Megatron's forward-loss NaN check and a loop's
+``outputs is NaN`` guard are the loss, anomaly mode's warning alone is the backward NaN, more overflow
+wordings, a printed loss scale of 1 is no overflow: tuned 332/358 and 328/358 (floors raised by script only)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -25,6 +25,14 @@ _LOSS_BECAME_RE = re.compile(r"\bloss (?:became|is|was|has become) (?:infinite|n
                              re.IGNORECASE)
 """detectron2's ``Loss became infinite or NaN at iteration=N``, ``loss is non-finite``."""
 _NAN_LOSS_RE = re.compile(r"\b(?:nan|inf) loss(?:es)?\b", re.IGNORECASE)
+_LOCAL_LOSS_RE = re.compile(
+    r"(?:Rank (?P<rank>\d+): )?found (?P<value>NaN|Inf) in local forward loss calculation", re.IGNORECASE)
+"""Megatron's ``Rank N: found NaN in local forward loss calculation`` (its check before the backward)."""
+_OUTPUT_NAN_RE = re.compile(r"\b(?P<key>(?:network |model )?(?:outputs?|logits|predictions?))\s{1,4}"
+                            r"(?:is|are|contains?|has|have|became|become)\s{1,4}(?P<value>nan|inf)\b",
+                            re.IGNORECASE)
+"""A training loop's own NaN guard on the forward pass: ``Network outputs is NAN! Stop Training``,
+``logits contain nan``."""
 _ROW_TOKEN = r"\[?[-+]?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|\.\d+)[A-Za-z%]{0,2}\]?,?"
 _ROW_RE = re.compile(r"\s{0,16}(?P<step>\d{1,9})(?:/\d{1,9})?(?:\s{1,16}" + _ROW_TOKEN + r"){0,12}\s{1,16}\[?"
                      r"(?P<value>nan|inf)\]?(?:[\s,]|$)", re.IGNORECASE)
@@ -53,6 +61,13 @@ def _step_near(t: _Text, pos: int, facts: Facts) -> None:
 
 
 def _rule_loss_non_finite(t: _Text) -> Optional[_Hit]:
+    pos = t.first("in local forward loss")
+    if pos >= 0 and (found := _search(_LOCAL_LOSS_RE, t, pos, before=80, after=40)) is not None:
+        m = found[1]
+        facts: Facts = {"metric": "local forward loss", "value": m.group("value").lower()}
+        if m.group("rank"):
+            facts["rank"] = int(m.group("rank"))
+        return _loss_hit(t, found[0] + m.start(), facts)
     for needle in ("nan", "inf"):
         for pos in t.find_all(needle):
             if not _word_at(t, pos, needle):
@@ -63,8 +78,15 @@ def _rule_loss_non_finite(t: _Text) -> Optional[_Hit]:
             offset, m = found
             if offset + m.start("value") != pos:  # the needle must be the loss's value
                 continue
-            facts: Facts = {"metric": m.group("key"), "value": m.group("value").lower()}
+            facts = {"metric": m.group("key"), "value": m.group("value").lower()}
             return _loss_hit(t, pos, facts)
+    for needle in ("nan", "inf"):
+        for pos in t.find_all(needle):
+            if not _word_at(t, pos, needle):
+                continue
+            found = _search(_OUTPUT_NAN_RE, t, pos, before=60, after=12)
+            if found is not None and found[0] + found[1].start("value") == pos:
+                return _loss_hit(t, pos, {"metric": found[1].group("key"), "value": needle})
     pos = t.first("loss became", "loss is", "loss was", "loss has become", " loss")
     if pos >= 0:
         found = _search(_LOSS_BECAME_RE, t, pos, before=20, after=80) or \
@@ -141,9 +163,19 @@ def _rule_grad_norm_non_finite(t: _Text) -> Optional[_Hit]:
             found = _search(_GRAD_NORM_RE, t, pos, before=60, after=12)
             if found is None or found[0] + found[1].start("value") != pos:
                 continue
+            if _loss_non_finite_on_line(t, pos):
+                return None  # the loss itself is NaN on this line: the gradients follow from it
             m = found[1]
             return _grad_hit(t, pos, {"metric": m.group("key"), "value": m.group("value").lower()})
     return None
+
+
+def _loss_non_finite_on_line(t: _Text, pos: int) -> bool:
+    """Whether the line (record) holding ``pos`` also prints a loss as NaN/Inf (mmdet's ``loss: nan,
+    grad_norm: nan``): a NaN loss makes every gradient NaN, so the loss is what went wrong first."""
+    line = t.line_at(pos)
+    return any(m.group("value") and not m.group("key").lower().startswith(("grad", "scale"))
+               for m in _LOSS_RE.finditer(line))
 
 
 def _grad_hit(t: _Text, pos: int, facts: Facts) -> _Hit:
@@ -178,10 +210,17 @@ def _rule_loss_scale_minimum(t: _Text) -> Optional[_Hit]:
 
 _NUMBER = r"(?P<scale>\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
 _OVERFLOW_RE = re.compile(
-    r"(?:OVERFLOW!(?: Rank (?P<rank>\d+))? Skipping step\. Attempted loss scale: [\d.e+-]+, reducing to "
-    r"|overflow detected, setting loss scale to:? "
+    r"(?:(?:OVERFLOW!|Overflow detected\.)?(?: ?Rank (?P<rank>\d+))? ?Skipping step\. Attempted loss scale: "
+    r"[\d.e+-]+, reducing to "
+    r"|overflow detected, (?:ignoring gradient, )?setting loss scale to:? "
+    r"|Reducing dynamic loss scale from [\d.e+-]+ to "
     r"|Gradient overflow\.\s+Skipping step, loss scaler \d+ reducing loss scale to )" + _NUMBER,
     re.IGNORECASE)
+"""DeepSpeed's ``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: A, reducing to S`` (also
+without its ``OVERFLOW!`` head, as pasted from a title), its fused optimizer's ``[Rank 0] Overflow detected.
+Skipping step. Attempted ...`` and ``Reducing dynamic loss scale from A to S``; fairseq's ``overflow
+detected, setting loss scale to: S`` and (>= 0.12) ``gradient overflow detected, ignoring gradient, setting
+loss scale to: S``; apex's ``Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to S``."""
 _SCALE_VALUE_RE = re.compile(r"\bloss[ _]scale\s{0,4}[:=]\s{0,4}" + _NUMBER, re.IGNORECASE)
 
 
@@ -189,14 +228,17 @@ def _rule_loss_scale(t: _Text) -> Optional[_Hit]:
     """The lowest scale an overflow line (or a printed ``loss_scale`` value) moved to; facts only --
     the detector decides whether it is low enough to be a collapse."""
     best: Optional[_Hit] = None
-    for needle, pattern in (("overflow", _OVERFLOW_RE), ("loss_scale", _SCALE_VALUE_RE),
+    for needle, pattern in (("overflow", _OVERFLOW_RE), ("skipping step. attempted loss scale", _OVERFLOW_RE),
+                            ("dynamic loss scale from", _OVERFLOW_RE), ("loss_scale", _SCALE_VALUE_RE),
                             ("loss scale", _SCALE_VALUE_RE)):
         for pos in t.find_all(needle):
-            found = _search(pattern, t, pos, before=40, after=160)
+            found = _search(pattern, t, pos, before=80, after=160)
             if found is None:
                 continue
             m = found[1]
             scale = float(m.group("scale"))
+            if pattern is _SCALE_VALUE_RE and scale == 1.0:
+                continue  # a printed scale of 1 is no scaling (Megatron prints it for bf16), not an overflow
             if best is not None and scale >= best.facts["scale"]:
                 continue
             facts: Facts = {"scale": scale}
@@ -214,8 +256,9 @@ GATES = {
     "numeric.loss-scale-minimum": _MIN_SCALE_NEEDLES,
     "numeric.grad-norm-non-finite": ("in local grad norm", "nan", "inf"),
     "numeric.loss-non-finite": ("nan", "inf", "loss became", "loss is", "loss was", "loss has become",
-                                " loss"),
-    "numeric.loss-scale": ("overflow", "loss_scale", "loss scale"),
+                                " loss", "in local forward loss"),
+    "numeric.loss-scale": ("overflow", "loss_scale", "loss scale", "skipping step. attempted loss scale",
+                           "dynamic loss scale from"),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""

@@ -25,16 +25,42 @@ _ANOMALY_RE = re.compile(
     r"Function '(?P<fn>\w{1,100})' returned nan values in its (?P<idx>\d+)(?:st|nd|rd|th) output")
 
 
+_ANOMALY_WARNING_RE = re.compile(
+    r"Error detected in (?P<fn>\w{1,100}Backward\w{0,8})\. Traceback of forward call that caused the error")
+"""Anomaly mode's warning before it raises: ``[W python_anomaly_mode.cpp:N] Warning: Error detected in
+DivBackward0. Traceback of forward call that caused the error:`` (the forward trace follows)."""
+_EXCEPTION_LINE_RE = re.compile(r"^\s{0,8}[\w.]{0,80}(?:Error|Exception)\b: ", re.MULTILINE)
+
+
 def _rule_anomaly_nan(t: _Text) -> Optional[_Hit]:
     pos = t.first("returned nan values in its")
     if pos < 0 or (found := _search(_ANOMALY_RE, t, pos, before=200, after=60)) is None:
-        return None
+        return _anomaly_warning(t)
     m = found[1]
     facts: Facts = {"function": m.group("fn"), "output_index": int(m.group("idx"))}
     return _Hit("gradient", "nan-source", 0.9, found[0] + m.start(), facts,
                 f"Autograd anomaly: {facts['function']} produced NaN in its output {facts['output_index']}",
                 "anomaly mode names the backward op that produced the first NaN; its forward is printed "
                 "above as 'Traceback of forward call'")
+
+
+def _anomaly_warning(t: _Text) -> Optional[_Hit]:
+    """Anomaly mode's ``Error detected in XBackward0`` warning when the error it announces is not in the
+    text (a paste cut after the forward trace): anomaly mode is switched on to hunt NaNs, and the NaN check
+    is what raises in a backward op. When an exception line is in the text it decides instead (an in-place
+    modification error prints the same warning)."""
+    pos = t.first("error detected in")
+    if pos < 0 or (found := _search(_ANOMALY_WARNING_RE, t, pos, before=10, after=160)) is None:
+        return None
+    if _EXCEPTION_LINE_RE.search(t.text) is not None:
+        return None
+    m = found[1]
+    facts: Facts = {"function": m.group("fn"), "warning_only": True}
+    return _Hit("gradient", "nan-source", 0.6, found[0] + m.start(), facts,
+                f"Autograd anomaly: an error detected in {facts['function']} (the NaN check of anomaly mode; "
+                "the error itself is not in the text)",
+                "anomaly mode names the backward op that failed; its forward is printed below as 'Traceback "
+                "of forward call'")
 
 
 _DEVICE_PATTERNS: Tuple[Tuple[str, re.Pattern[str]], ...] = (
@@ -220,7 +246,7 @@ def _bare(exc_type: str) -> str:
 
 
 GATES = {
-    "autograd.anomaly-nan": ("returned nan values in its",),
+    "autograd.anomaly-nan": ("returned nan values in its", "error detected in"),
     "model.device-mismatch": tuple(needle for needle, _pattern in _DEVICE_PATTERNS),
     "model.index-out-of-range": tuple(needle for needle, _pattern, _note in _INDEX_PATTERNS),
     "model.shape-mismatch": tuple(needle for needle, _pattern in _SHAPE_PATTERNS),
@@ -235,7 +261,11 @@ after the shared pre-scan)."""
 
 
 DOCS = {
-    'autograd.anomaly-nan': "``Function 'X' returned nan values in its Nth output`` → gradient/nan-source",
+    'autograd.anomaly-nan': (
+        "``Function 'X' returned nan values in its Nth output`` → gradient/nan-source; anomaly mode's "
+        "warning ``Error detected in XBackward0. Traceback of forward call that caused the error`` alone (no "
+        "exception line in the text: the paste cut before the error) → gradient/nan-source"
+    ),
     'model.device-mismatch': 'tensors on different devices (incl. ``meta``) → process/exception',
     'model.index-out-of-range': (
         '``index out of range in self``, ``index i is out of bounds ...``, ``Target t is out of bounds`` '
