@@ -23,7 +23,11 @@ are not the verdict. Printed per half:
   ``GRADUAL_STEPS`` steps before ``nf``: ``labels.climb_steps``) and every run's climb length -- a
   growing-LR run without clipping often goes from a calm norm to Inf in under 10 steps;
 * the same rows for the HF Trainer and Lightning runs apart;
-* ``unmanifested`` runs (their planted cause did not show in their trace): counted, never scored.
+* ``unmanifested`` runs (their planted cause did not show in their trace): counted, never scored;
+* the anomalous runs whose trace also meets the healthy rule (``labels.observed``: the loss fell to <=
+  0.85 x its start, nothing non-finite) -- only the planted cause makes them anomalous, and a detector
+  that alarmed on their shape would alarm on the healthy runs that share it -- and how many of the runs
+  left with no incident at all are such (counts only).
 
     python -m bench.corpus.evaluate                   # both halves of what record.py wrote
     python -m bench.corpus.evaluate --split dev -v    # one half, every miss listed
@@ -84,6 +88,7 @@ class Outcome:
     first_nonfinite: Optional[int] = None
     climb_steps: Optional[int] = None  # labels.climb_steps: steps the pre-clip norm climbed before nf
     flagged: Dict[str, Any] = field(default_factory=dict)  # the explosion incident: first visible {step, as}
+    learned: bool = False  # the trace also meets the healthy rule (labels.py): only its cause is anomalous
 
     @property
     def healthy(self) -> bool:
@@ -143,6 +148,7 @@ def outcome_of(spec: manifest.RunSpec, truth: Dict[str, List[float]], events: Se
     """The engine's verdict on one run's ``events`` beside the label its ``truth`` gives; incidents of the
     categories in ``ignore`` are left out of it (``--ignore``)."""
     label = labels_mod.label(spec, truth, clip_for(spec))
+    learned = bool(labels_mod.observed(spec, truth, clip_for(spec)).get(labels_mod.HEALTHY))
     incidents, visible, by_id = judge(events, settings)
     mine = [i for i in incidents if not i.explained_by and i.category not in ignore]
     mine.sort(key=lambda i: (i.status == "resolved", -SEVERITY_ORDER.get(i.severity, 0), i.first_ns))
@@ -183,6 +189,7 @@ def outcome_of(spec: manifest.RunSpec, truth: Dict[str, List[float]], events: Se
             ),
             {},
         ),
+        learned=learned,
     )
 
 
@@ -222,6 +229,13 @@ def report(outcomes: Sequence[Outcome], title: str, verbose: bool = False) -> Di
             + ", ".join(f"{k} {v}" for k, v in verdicts.most_common())
         )
     cat = sum(o.right_category for o in anomalous)
+    learned = [o for o in anomalous if o.learned]
+    silent = [o for o in anomalous if o.verdict == "-"]
+    print(
+        f"  anomalous runs whose trace also meets the healthy rule (it learned: only the planted cause "
+        f"makes them anomalous): {len(learned)}, right category {sum(o.right_category for o in learned)}; "
+        f"runs with no incident at all: {len(silent)}, of which such: {sum(o.learned for o in silent)}"
+    )
     sub = sum(o.right_subtype for o in anomalous)
     alerts = sum(1 for o in healthy if o.open_alerts)
     transient = sum(1 for o in healthy if o.transient and not o.open_alerts)
@@ -296,6 +310,9 @@ def report(outcomes: Sequence[Outcome], title: str, verbose: bool = False) -> Di
         "scored": len(scored),
         "anomalous": len(anomalous),
         "right_category": cat,
+        "learned": len(learned),
+        "no_incident": len(silent),
+        "no_incident_learned": sum(o.learned for o in silent),
         "right_subtype": sub,
         "healthy": len(healthy),
         "healthy_alerts": alerts,
