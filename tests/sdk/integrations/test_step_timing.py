@@ -193,3 +193,53 @@ def test_removing_the_watch_stops_timing_and_the_loader_report() -> None:
     assert step_timing.current() is None
     before: List[Any] = list(model._forward_pre_hooks.values()) + list(model._forward_hooks.values())
     assert before == []
+
+
+def _ddp_rank(rank: int, folder: str, port: int, slow_s: float) -> None:
+    """One rank of a real 2-process DDP job over gloo: rank 1's forward waits ``slow_s`` (a straggler)."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    trainguard.init(endpoint=f"file://{folder}/rank{rank}.jsonl", spool_dir="", heartbeat_interval=0,
+                    capture_exit=False, capture_uncaught=False, watch_overhead_budget=0)
+    model = nn.parallel.DistributedDataParallel(SlowForward(delay=slow_s if rank == 1 else 0.0))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    trainguard.watch(model, opt)
+    for x in _batches(6, 0.0):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    trainguard.shutdown(timeout=5)
+    dist.destroy_process_group()
+
+
+def test_the_backward_tail_is_the_wait_for_a_slower_rank(tmp_path: Any) -> None:
+    """Under DDP the fast rank waits for the slow one at the gradient all-reduce, after its own gradients
+    are done: that wait is its ``time/backward_wait_s``; the slow rank (last to arrive) hardly waits."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    slow_s = 0.15
+    mp.spawn(_ddp_rank, args=(str(tmp_path), port, slow_s), nprocs=2, join=True)
+    tails: Dict[int, Dict[int, float]] = {0: {}, 1: {}}
+    for rank in (0, 1):
+        for line in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines():
+            e = json.loads(line)
+            for p in e.get("metrics", {}).get("points", []):
+                if p["name"] == "time/backward_wait_s":
+                    tails[rank][e["step"]] = p["value"]
+    steps = sorted(set(tails[0]) & set(tails[1]))
+    assert len(steps) >= 4, tails
+    for s in steps[1:]:  # the first step also waits for DDP's first bucket rebuild
+        assert tails[0][s] >= 0.6 * slow_s, (s, tails)     # it waited for rank 1's slower forward
+        assert tails[1][s] < tails[0][s] - 0.5 * slow_s, (s, tails)

@@ -11,13 +11,20 @@ boundary it returns, beside ``time/step_s`` (boundary to boundary):
 * ``time/backward_s`` -- from the end of the first forward to the end of the last backward, less the
   other forwards: backward compute **and**, under DDP, the wait for the gradient all-reduce (where a fast
   rank waits for a straggler);
+* ``time/backward_wait_s`` -- the tail of the backward after the rank's own gradients were computed: from
+  the last gradient of ``watch()``'s sentinel parameters (the first parameter of the model's first layer
+  among them, whose gradient the backward computes last) to the end of the backward. Under DDP this is the
+  wait for the gradient all-reduce to finish -- where a fast rank waits for a straggler -- so
+  ``backward_s - backward_wait_s`` is the rank's own backward compute. Reported only when a sentinel's
+  gradient was seen between the forward and the end of the backward;
 * ``time/optimizer_s`` -- from the end of the backward to the boundary (clipping, ``optimizer.step``).
 
 The first three phases hold no collective in a plain DDP loop (the forward of a module without buffers,
 the loader, the optimizer), so they are a rank's *own* time: the engine compares them across ranks to
 name a straggler (``perf/straggler``), and the data share to find a loader bottleneck. On CUDA, host
 times of asynchronous kernels are launch times until something waits for the device (``loss.item()``,
-the all-reduce finaliser): a slow GPU then shows in the phase that waits. A phase whose marks are missing
+the all-reduce finaliser): a slow GPU then shows in the phase that waits (and the backward's tail holds
+the device's queued backward work as well as the all-reduce). A phase whose marks are missing
 (no forward hook ran: the model was called outside the watched module) is not reported.
 
 Cost: two ``perf_counter`` calls per forward and a few float operations per step (measured by
@@ -35,15 +42,16 @@ T = TypeVar("T")
 DATA_S = "time/data_s"
 FORWARD_S = "time/forward_s"
 BACKWARD_S = "time/backward_s"
+BACKWARD_WAIT_S = "time/backward_wait_s"
 OPTIMIZER_S = "time/optimizer_s"
-PHASES = (DATA_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S)
+PHASES = (DATA_S, FORWARD_S, BACKWARD_S, BACKWARD_WAIT_S, OPTIMIZER_S)
 
 
 class StepTimer:
     """Phase marks of the current step (one per watched module). Called on the training thread only."""
 
     __slots__ = ("_backward_end", "_first_forward", "_forward_end", "_forward_s", "_forward_start",
-                 "_loader_used", "_loader_wait")
+                 "_grad_last", "_loader_used", "_loader_wait")
 
     def __init__(self) -> None:
         self._first_forward = 0.0   #: perf_counter at the first forward of this step (0: none yet)
@@ -51,6 +59,7 @@ class StepTimer:
         self._forward_end = 0.0     #: end of the first forward of the step
         self._forward_s = 0.0       #: summed forward time of the step
         self._backward_end = 0.0    #: end of the last backward of the step
+        self._grad_last = 0.0       #: the last sentinel gradient of the step (its own backward done)
         self._loader_wait = 0.0     #: time inside timed_batches' __next__ since the last boundary
         self._loader_used = False   #: timed_batches fed this step
 
@@ -73,6 +82,11 @@ class StepTimer:
     def backward_end(self) -> None:
         self._backward_end = time.perf_counter()
 
+    def grad_ready(self) -> None:
+        """A sentinel parameter's gradient was accumulated (the latest one marks the end of the rank's
+        own backward compute)."""
+        self._grad_last = time.perf_counter()
+
     def loader_wait(self, seconds: float) -> None:
         """:func:`timed_batches` spent ``seconds`` inside the iterator's ``__next__``."""
         self._loader_wait += seconds
@@ -92,11 +106,13 @@ class StepTimer:
             out[FORWARD_S] = self._forward_s
             if bwd_end > fwd_end:
                 out[BACKWARD_S] = max(0.0, bwd_end - first - self._forward_s)
+                if fwd_end < self._grad_last <= bwd_end:
+                    out[BACKWARD_WAIT_S] = min(bwd_end - self._grad_last, out[BACKWARD_S])
                 if now >= bwd_end:
                     out[OPTIMIZER_S] = now - bwd_end
         self._first_forward = self._forward_start = self._forward_end = 0.0
         self._forward_s = self._loader_wait = 0.0
-        self._backward_end = 0.0
+        self._backward_end = self._grad_last = 0.0
         self._loader_used = False
         return out
 

@@ -482,6 +482,9 @@ class WatchHandle:
         """Sentinel hook: queue the end-of-backward callback once per backward pass."""
         if self.removed or "gradients" in self._disabled:
             return
+        timer = self.timer
+        if timer is not None:
+            timer.grad_ready()
         try:
             task = _graph_task_id() if _graph_task_id is not None else -1
             if task == self._queued_task and task != -1:
