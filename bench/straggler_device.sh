@@ -1,0 +1,23 @@
+#!/bin/bash
+# Issue 23 on the device machine (one H200, 16 vCPUs, a quiet host): bench/straggler.py's 4-rank gloo jobs on a
+# host that is not oversubscribed, and bench/sdk_overhead.py on a real H200 step for this checkout's SDK against a
+# baseline SDK tree. Run from the repository root (the device tool copies it there):
+#   bash bench/straggler_device.sh SCENARIOS_A SCENARIOS_B FIRST_SEED HEALTHY [BASELINE_SDK_SRC]
+# A: unpinned scenarios (healthy, compute, loader, slow_all); B: the affinity scenarios, which pin a rank and a
+# spinner to core 0 (one at a time), run beside A. With BASELINE_SDK_SRC (e.g. a `git archive` of the previous
+# commit's sdk/src carried along), the overhead bench runs for both SDKs at the same time on the GPU.
+# Stop 31 ran: healthy,compute affinity,affinity_weak 500 20  and  healthy,compute,slow_all affinity,loader 550 8 <base>.
+set -u
+export PYTHONPATH=$PWD/sdk/src:$PWD/engine/src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+{ uname -r; nproc; python3 -c "import torch;print('torch',torch.__version__)"; } > "$OUT/env.txt" 2>&1
+if [ -n "${5:-}" ]; then
+  ( for sdk in "$5" sdk/src; do echo "== SDK $sdk"; PYTHONPATH=$PWD/$sdk python3 bench/sdk_overhead.py --device cuda \
+      --skip log,mlp,transformer --steps 60 --blocks 6 2>&1 | grep -v Warning; done ) > "$OUT/overhead.txt" 2>&1 &
+fi
+python3 bench/straggler.py --only "$2" --seeds 4 --first-seed "$3" --record /tmp/recB --record-all > "$OUT/B.txt" 2>&1 &
+python3 bench/straggler.py --only "$1" --healthy "$4" --seeds 4 --first-seed "$3" --record /tmp/recA --record-all \
+    > "$OUT/A.txt" 2>&1
+wait
+tar -czf "$OUT/rec.tgz" -C /tmp recA recB 2>/dev/null
