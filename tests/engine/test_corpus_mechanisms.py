@@ -126,6 +126,18 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   swing bar r366's swings (robust spread ~0.2) never read as swings; under a lower bar (0.1) they did, and
   the divergence settled into an oscillation that led -- now the oscillation gives way to the divergence.
   r473's divergence is seen at ~110 instead of 138 for the same reason.
+* r515 (plain MLP, Adagrad with an LR ~1,300x too low, clip 1; stop 31): nothing moves, and the loss is
+  its batches' noise (robust spread ~0.25) around ~0.29 from the first step to the last; its first five
+  losses' median (0.36) happened to land 1.25x above that, so every window read 0.78-0.89x "where it
+  started" -- fallen, by plateau_min_level (0.9), and the swings opened an oscillation at 164. "Fell since
+  the start" now also asks that the window's values be significantly lower than the run's first
+  2 x loss_baseline_points values (a one-sided Mann-Whitney rank test, z >= trend_z): here they are not,
+  and the flat loss is the plateau (open from 101). A plateau found under plateau_min_level does not
+  clear by the level test it already failed when it opened (it would flap).
+* r506 (HF Trainer, LoRA GPT, SGD with a OneCycle to an LR ~40x too high; stop 31): the loss falls from
+  5.5 to ~3.3 in ~25 steps, rises to ~4.5 at the LR's peak, then sits at ~4.0 for 150 steps (0.80x its
+  first median, under plateau_min_level): nothing was found. Its first values already went as low as
+  3.2-3.5, so the flat stretch is not significantly below where the run started: a plateau (from 156).
 """
 
 from __future__ import annotations
@@ -363,3 +375,17 @@ def test_swings_held_out_of_the_band_for_two_windows_are_a_divergence() -> None:
 def test_an_oscillation_held_out_of_the_band_gives_way_sooner() -> None:
     out = _outcome("r473")
     assert out.visible_step["loss/divergence"] <= 120, out  # 138 before: the whole run's swings were out
+
+
+def test_a_flat_noisy_loss_whose_first_median_landed_high_is_a_plateau() -> None:
+    out = _outcome("r515")
+    assert out.label == "loss/plateau" and out.first_nonfinite is None
+    assert out.verdict == "loss/plateau" and out.open_alerts == ["loss/plateau"], out  # oscillation before
+    assert "loss/oscillation" not in out.kinds, out
+
+
+def test_a_flat_stretch_not_below_the_runs_first_values_is_a_plateau() -> None:
+    out = _outcome("r506")
+    assert out.label == "loss/plateau" and out.first_nonfinite is None
+    assert out.verdict == "loss/plateau" and out.open_alerts == ["loss/plateau"], out  # nothing before
+

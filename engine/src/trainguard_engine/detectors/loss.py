@@ -6,6 +6,7 @@ and evidence are specified in docs/detectors.md (Loss).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
@@ -232,8 +233,10 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     _track_grad_start(rank, state, step, settings)
     series = recent(rank, name, tuned.loss_window, step)
     if "early_cv" not in state and len(series) >= 2 * tuned.loss_baseline_points:  # once (_swing_bar)
-        spread = robust.robust_cv([v for _s, v, _t in series[:2 * tuned.loss_baseline_points]])
+        first = [v for _s, v, _t in series[:2 * tuned.loss_baseline_points]]
+        spread = robust.robust_cv(first)
         state["early_cv"] = spread if math.isfinite(spread) else None
+        state["early"] = sorted(first)  # the run's first values, for _fell_from_start's rank test
     _track_level(state, series, tuned)
     if initial <= 0 or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY) or (
             numeric_final(run, rank) and not _explosion_gave_way(run, rank, name, series, initial, state,
@@ -295,7 +298,8 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         if streaks[kind] < needed or (kind == "plateau" and step - first < tuned.plateau_min_steps):
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, True)
-        state["opened"] = {"kind": kind, "level": state.get("level", win.median), "best": state.get("best")}
+        state["opened"] = {"kind": kind, "level": state.get("level", win.median), "best": state.get("best"),
+                           "low": win.median < tuned.plateau_min_level * initial}
         # a rise after the slot's explosion (or NaN) resolved re-classifies it: what cleared is history
         relabel = kind in ("divergence", "rise-after-fall") and upgrades(run, "loss", kind)
         return [Finding(
@@ -520,7 +524,10 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
     at = opened["level"]
     if kind in ("plateau", "oscillation"):
         cleared = level <= (1.0 - settings.plateau_resolve_drop) * at
-        if not cleared and kind == "plateau" and len(series) >= settings.loss_window:
+        if not cleared and kind == "plateau" and len(series) >= settings.loss_window and \
+                not opened.get("low"):
+            # (a plateau found under plateau_min_level -- its fall not significant, _fell_from_start --
+            # does not clear by the level test it already failed when it opened: that would flap)
             window_level = _median_of(series[-settings.loss_window:])
             cleared = window_level < settings.plateau_min_level * initial and not _stalled(
                 rank, state, window_level / initial, step - settings.loss_window, step, settings)
@@ -904,7 +911,7 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     # a plateau unless it fell since the start (converging) or swings (the oscillation rule's) -- either
     # of which stands only while something moves the weights: with dead units or an LR of 0 what fell was
     # a bias finding the targets' mean, and the swings are the batches' noise
-    fell = med < tuned.plateau_min_level * initial and \
+    fell = _fell_from_start(state, win.values, med, initial, tuned) and \
         not _stalled(rank, state, med / initial, win.first_step, win.last_step, settings)
     if (fell or win.cv >= _swing_bar(state, tuned)) and \
             not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
@@ -936,6 +943,28 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     summary = (f"{name} has stayed at {fmt_number(med)} ({level:.2f}x where it started) since step "
                f"{{since}}, neither falling nor rising. " + _braces(verdict))
     return _Check(True, since=steps[0], detail=f"at {fmt_number(med)}", evidence=evidence, summary=summary)
+
+
+def _fell_from_start(state: Dict[str, Any], values: Sequence[float], med: float, initial: float,
+                     tuned: LossGradientSettings) -> bool:
+    """Whether a loss window (``values``, median ``med``) fell since the run's start: its median under
+    ``plateau_min_level`` x the initial level, and its values significantly lower than the run's first
+    2 x ``loss_baseline_points`` values (``state["early"]``; a one-sided Mann-Whitney rank test, z >=
+    ``trend_z``). With small, noisy batches the median of the first few losses is itself uncertain by
+    tens of percent: a loss whose batches scatter as much as at its start, around the same level, has
+    not fallen -- it sits where it started (a plateau), however its first median happened to land."""
+    if not med < tuned.plateau_min_level * initial:
+        return False
+    early: Optional[List[float]] = state.get("early")
+    if not early or not values:
+        return True
+    n1, n2 = len(early), len(values)
+    above = 0.0  # pairs (first value, window value) in which the first value is the higher one
+    for v in values:
+        lo, hi = bisect_left(early, v), bisect_right(early, v)
+        above += (n1 - hi) + 0.5 * (hi - lo)
+    spread = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
+    return spread > 0 and (above - n1 * n2 / 2.0) / spread >= tuned.trend_z
 
 
 def _optimisation_stuck(rank: RankState, state: Dict[str, Any], lo: int, hi: int,
