@@ -233,10 +233,10 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     _track_grad_start(rank, state, step, settings)
     series = recent(rank, name, tuned.loss_window, step)
     if "early_cv" not in state and len(series) >= 2 * tuned.loss_baseline_points:  # once (_swing_bar)
-        first = [v for _s, v, _t in series[:2 * tuned.loss_baseline_points]]
-        spread = robust.robust_cv(first)
+        earliest = [v for _s, v, _t in series[:2 * tuned.loss_baseline_points]]
+        spread = robust.robust_cv(earliest)
         state["early_cv"] = spread if math.isfinite(spread) else None
-        state["early"] = sorted(first)  # the run's first values, for _fell_from_start's rank test
+        state["early"] = sorted(earliest)  # the run's first values, for _fell_from_start's rank test
     _track_level(state, series, tuned)
     if initial <= 0 or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY) or (
             numeric_final(run, rank) and not _explosion_gave_way(run, rank, name, series, initial, state,
