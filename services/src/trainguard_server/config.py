@@ -62,10 +62,11 @@ class Settings(BaseSettings):
         50_000, ge=1, description="run ids per project a gateway process remembers as already started "
         "(least recently seen forgotten first; a forgotten run seen again costs one new-run token)")
     project_max_backlog_events: int = Field(
-        40_000, ge=0, description="events of one project that may wait in the queue for the processor "
-        "of the same process (0: no limit); a request that would add to a project already at this is "
-        "refused with 429 and Retry-After before anything of it is queued, so a tenant sending faster than "
-        "the processor works delays the other projects' incidents by about this many events' processing "
+        100_000, ge=0, description="events of one project that may wait in the queue for the processor "
+        "of the same process, a metric batch counting one per point (0: no limit); a request that would add "
+        "to a project already at this is refused with 429 and Retry-After before anything of it is queued, "
+        "so a tenant sending faster than "
+        "the processor works delays the other projects' incidents by about this many points' processing "
         "(~2-3 s on one core) instead of its whole backlog, and can never fill max_queue_depth (50,000 "
         "records of at least one event) for them. A project with nothing waiting is always admitted. "
         "Bursts above it from one project are retried by the SDK (it spools meanwhile). Counted only where "

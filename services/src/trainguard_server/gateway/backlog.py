@@ -17,6 +17,11 @@ Contract of :class:`ProjectBacklog` (thread-safe):
 * Counts can only be too high when a record's events are never processed (a record the processor cannot
   decode): when a project is over its bound and ``depth()`` (the queue's unconsumed records) is 0, every
   count is reset.
+* A metric batch counts one per point (at least one): the processor's work grows with the points, and a
+  project sending a few envelopes of 5,000 points each (20 runs of 5,000 metric names per step) queued 100,000
+  points per request while counted as 20 events, so the bound never held it and another project's
+  NaN-loss incident waited 7-12 s behind it. :func:`weight` (a ``trainguard.v1.Envelope``) and
+  :func:`dict_weight` (its JSON mapping, what the processor hands :meth:`processed`) agree.
 * ``limit <= 0`` turns it off. It needs the gateway, the processor and the queue in one process
   (``trainguard serve``'s defaults: the embedded SQLite queue); gateway processes apart from the processors
   (split mode) and a Kafka queue, which other processes may consume, are not counted.
@@ -26,6 +31,22 @@ from __future__ import annotations
 
 import threading
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+
+
+def weight(envelope: Any) -> int:
+    """What one envelope (a ``trainguard.v1.Envelope``) counts: its metric points, at least 1."""
+    if envelope.WhichOneof("payload") != "metrics":
+        return 1
+    return max(1, len(envelope.metrics.points))
+
+
+def dict_weight(envelope: Mapping[str, Any]) -> int:
+    """:func:`weight` of an envelope in the JSON mapping."""
+    metrics = envelope.get("metrics")
+    if not isinstance(metrics, Mapping):
+        return 1
+    points = metrics.get("points")
+    return max(1, len(points)) if isinstance(points, (list, tuple)) else 1
 
 
 class ProjectBacklog:
@@ -93,6 +114,6 @@ class ProjectBacklog:
         counts: Dict[str, int] = {}
         for envelope in envelopes:
             project = str(envelope.get("project", ""))
-            counts[project] = counts.get(project, 0) + 1
+            counts[project] = counts.get(project, 0) + dict_weight(envelope)
         for project, n in counts.items():
             self.release(project, n)

@@ -48,7 +48,7 @@ from ..config import Settings
 from ..json_keys import unique_keys
 from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
-from .backlog import ProjectBacklog
+from .backlog import ProjectBacklog, weight
 from .deep_json import TooDeep, split_events_json
 from .metric_names import CODE as METRIC_NAMES_CODE
 from .metric_names import MetricNameCap, Seed
@@ -502,7 +502,8 @@ class Gateway:
         self.stats.add(backlog_limited=1)
         raise Backpressure(f"project {project!r} has {self.backlog.waiting(project)} events waiting for the "
                            f"processor, at most {self.backlog.limit} may "
-                           "(TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS): nothing of this request was queued; "
+                           "(TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS; a metric batch counts one per point): "
+                           "nothing of this request was queued; "
                            f"retry after {retry_after_header(wait)} s", wait)
 
     # ---------------------------------------------------------------------------------------- ingest
@@ -583,7 +584,7 @@ class Gateway:
                                    "TRAINGUARD_PROJECT_NEW_RUNS_PER_S): nothing of this request was queued; "
                                    f"retry after {retry_after_header(wait)} s", wait)
         if accepted and self.backlog is not None:
-            wait = self.backlog.admit(auth.project, len(accepted))
+            wait = self.backlog.admit(auth.project, sum(weight(events[k]) for k in accepted))
             if wait is not None:
                 self._backlog_refusal(auth.project, wait)
         if accepted and self.metric_names.enabled:
@@ -611,7 +612,7 @@ class Gateway:
         result.rejected.sort(key=lambda r: r.index)
         result.accepted -= len(refused)
         if self.backlog is not None:
-            self.backlog.release(project, len(refused))
+            self.backlog.release(project, sum(weight(events[k]) for k in refused))
         return [k for k in accepted if k not in refused]
 
     # --------------------------------------------------------------------------------------- publish
@@ -647,7 +648,8 @@ class Gateway:
                 self._publish_one(run_id, value)
             except GatewayError:
                 if self.backlog is not None:  # this run's and the later runs' events were not queued
-                    self.backlog.release(project, sum(map(len, list(groups.values())[i:])))
+                    unpublished = list(groups.values())[i:]
+                    self.backlog.release(project, sum(weight(events[k]) for ks in unpublished for k in ks))
                 raise
             queued += len(value)
         return queued
