@@ -66,14 +66,17 @@ def seed_noisy(client: httpx.Client, ingest_token: str, runs: int) -> None:
     """``runs`` runs of the noisy project, each with 40 log lines, an exception and a few metrics."""
     for r in range(runs):
         run_id = f"noisy-{r:03d}"
-        events = [_envelope(run_id, s, log={"line": f"step {s} loss {1.0 / (s + 1):.4f} error budget ok",
-                                            "stream": "stdout"}) for s in range(40)]
+        events = [_envelope(run_id, s, log={"message": f"step {s} loss {1.0 / (s + 1):.4f} error budget ok",
+                                            "source": "stdout"}) for s in range(40)]
         events.append(_envelope(run_id, 40, exception={"type": "RuntimeError",
                                                        "message": f"CUDA error: device-side assert {r % 7}",
                                                        "frames": [{"filename": "train.py", "function": "step",
                                                                    "lineno": 10 + r % 5}]}))
         events.append(_envelope(run_id, 41, metrics={"points": [{"name": "loss", "value": 0.5}]}))
-        post(client, ingest_token, events).raise_for_status()
+        answer = post(client, ingest_token, events)
+        answer.raise_for_status()
+        if answer.json()["rejected"]:
+            raise RuntimeError(f"seed events rejected: {answer.json()['rejected'][:2]}")
 
 
 def noisy_reader(url: str, read_token: str, runs: int, stop: threading.Event, honour_retry: bool,
