@@ -6,7 +6,9 @@
 # A: unpinned scenarios (healthy, compute, loader, slow_all); B: the affinity scenarios, which pin a rank and a
 # spinner to core 0 (one at a time), run beside A. With BASELINE_SDK_SRC (e.g. a `git archive` of the previous
 # commit's sdk/src carried along), the overhead bench runs for both SDKs at the same time on the GPU.
-# Stop 31 ran: healthy,compute affinity,affinity_weak 500 20  and  healthy,compute,slow_all affinity,loader 550 8 <base>.
+# BENCH_ARGS (environment): more bench/straggler.py options for both processes, e.g. BENCH_ARGS="--hidden 1024".
+# Stop 31 ran: healthy,compute affinity,affinity_weak 500 20;  healthy,compute,slow_all affinity,loader 550 8 <base>;
+# and with BENCH_ARGS="--hidden 1024": healthy,compute,slow_all affinity,affinity_weak,loader 600 12.
 set -u
 export PYTHONPATH=$PWD/sdk/src:$PWD/engine/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -16,8 +18,11 @@ if [ -n "${5:-}" ]; then
   ( for sdk in "$5" sdk/src; do echo "== SDK $sdk"; PYTHONPATH=$PWD/$sdk python3 bench/sdk_overhead.py --device cuda \
       --skip log,mlp,transformer --steps 60 --blocks 6 2>&1 | grep -v Warning; done ) > "$OUT/overhead.txt" 2>&1 &
 fi
-python3 bench/straggler.py --only "$2" --seeds 4 --first-seed "$3" --record /tmp/recB --record-all > "$OUT/B.txt" 2>&1 &
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+python3 bench/straggler.py --only "$2" --seeds 4 --first-seed "$3" --record /tmp/recB --record-all ${BENCH_ARGS:-} \
+    > "$OUT/B.txt" 2>&1 &
+# shellcheck disable=SC2086
 python3 bench/straggler.py --only "$1" --healthy "$4" --seeds 4 --first-seed "$3" --record /tmp/recA --record-all \
-    > "$OUT/A.txt" 2>&1
+    ${BENCH_ARGS:-} > "$OUT/A.txt" 2>&1
 wait
 tar -czf "$OUT/rec.tgz" -C /tmp recA recB 2>/dev/null
