@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One project inflates its state with metric names, another's incidents: event -> incident latency of a
 victim project while a noisy project sends ``--runs`` runs of ``--names`` distinct metric names per step, per
-TRAINGUARD_RUN_MAX_METRIC_NAMES setting. Prints numbers and ratios, asserts nothing.
+TRAINGUARD_RUN_MAX_METRIC_NAMES setting (``--backlog``: TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS, serve's default
+unless given). Prints numbers and ratios, asserts nothing.
 
 For each setting (``--caps``, default ``5000`` -- serve's default -- and ``0``: off) a fresh ``trainguard
 serve`` subprocess (bench/ingest.py's ``start_server``) gets a second project, ``victim`` (bench/tenants.py's
@@ -35,6 +36,8 @@ for _src in (BENCH, REPO / "sdk" / "src", REPO / "services" / "src"):
 
 import ingest  # noqa: E402  (bench/ingest.py)
 import tenants  # noqa: E402  (bench/tenants.py)
+
+from trainguard_server.config import Settings  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:
@@ -88,7 +91,9 @@ def _lat(results: List[Any]) -> Dict[str, float]:
 
 def one(cap: int, args: argparse.Namespace, root: Path) -> Dict[str, float]:
     data_dir = root / f"cap-{cap}"
-    server = ingest.start_server(data_dir, server_env=[f"TRAINGUARD_RUN_MAX_METRIC_NAMES={cap}"])
+    # bench/ingest.py's start_server turns the per-project backlog bound off; this bench keeps serve's own
+    server = ingest.start_server(data_dir, server_env=[f"TRAINGUARD_RUN_MAX_METRIC_NAMES={cap}",
+                                                       f"TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS={args.backlog}"])
     try:
         victim_ingest, victim_read = tenants.token(data_dir, "ingest"), tenants.token(data_dir, "read")
         count = max(1, int(args.quiet / args.probe_interval))
@@ -125,6 +130,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--names", type=int, default=5000, help="metric names per envelope (one per run and step)")
     p.add_argument("--fresh", action="store_true", help="new names at every step (a name flood)")
+    p.add_argument("--backlog", type=int, default=Settings.model_fields["project_max_backlog_events"].default,
+                   help="TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS (default: serve's; 0: off)")
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of noise before the first loaded probe")
     p.add_argument("--quiet", type=float, default=8.0, help="seconds of probes before the noise")
@@ -134,7 +141,8 @@ def main() -> int:
     caps = [int(c) for c in args.caps.split(",")]
     kind = "fresh" if args.fresh else "same"
     print(f"# state_inflation: {args.runs} runs x {args.names} names per step ({kind} names), "
-          f"{args.duration:g} s, {os.cpu_count()} CPUs, loadavg {os.getloadavg()[0]:.1f}", flush=True)
+          f"backlog bound {args.backlog}, {args.duration:g} s, {os.cpu_count()} CPUs, "
+          f"loadavg {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         results = {c: one(c, args, Path(tmp)) for c in caps}
     if 0 in results and len(results) > 1:
