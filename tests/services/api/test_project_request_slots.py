@@ -87,3 +87,10 @@ def test_a_project_past_its_requests_in_flight_gets_429_and_another_project_is_a
     assert answers.count(200) >= 2  # the heavy reads themselves were answered
     # once they are done, the project's slots are free again
     assert httpx.get(f"{api.url}/api/v1/runs", headers=api.headers(), timeout=30).status_code == 200
+
+
+def test_the_openapi_documents_the_429(api: LiveApi) -> None:
+    paths = httpx.get(f"{api.url}/openapi.json", timeout=30).json()["paths"]
+    refused = paths["/api/v1/runs"]["get"]["responses"]["429"]
+    assert "api_max_requests_per_project" in refused["description"] and "Retry-After" in refused["headers"]
+    assert "429" in paths["/api/v1/search"]["get"]["responses"]

@@ -6,7 +6,9 @@ a 422 too -- the app's validation handler joins pydantic's errors into one sente
 :func:`document_errors` rewrites the generated schema, in place:
 
 * ``HTTPValidationError`` (what every 422 refers to) becomes ``{"detail": string}``;
-* a read route (it declares the ``Authorization`` header) documents 401 (with ``WWW-Authenticate``) and 403;
+* a read route (it declares the ``Authorization`` header) documents 401 (with ``WWW-Authenticate``) and 403,
+  and, but a run's live stream, 429 with ``Retry-After`` (its project's requests in flight:
+  :mod:`.project_slots`);
 * a route with a path parameter under ``/api/`` documents 404 (no such run / incident / cluster / baseline);
 * a route with a query parameter or a body documents 400 (a value it cannot use: a cursor from another
   listing, an unknown status, bad search syntax, an empty step range, a body that cannot be parsed);
@@ -29,6 +31,8 @@ _DESCRIPTIONS = {
     "401": "missing, unknown, revoked or expired read token",
     "403": "not a read token",
     "404": "no such object in the token's project",
+    "429": "this project has api_max_requests_per_project requests in flight and none finished within "
+           "api_request_wait_s: retry after Retry-After seconds",
 }
 
 
@@ -58,6 +62,10 @@ def document_errors(schema: Dict[str, Any]) -> None:
                 responses["401"].setdefault("headers", {"WWW-Authenticate": {
                     "description": "Bearer", "schema": {"type": "string"}}})
                 _add(responses, "403")
+                if not path.endswith("/stream"):
+                    _add(responses, "429")
+                    responses["429"].setdefault("headers", {"Retry-After": {
+                        "description": "seconds", "schema": {"type": "integer"}}})
             if "path" in where and path.startswith("/api/"):
                 _add(responses, "404")
             if "query" in where or "requestBody" in operation:
