@@ -43,7 +43,7 @@ def test_new_names_past_the_bound_are_rejected_alone_and_the_rest_stored(tmp_pat
                                                                        (3, "too_many_metric_names")]
         assert body["rejected"][0]["event_id"] == request[0]["event_id"]
         assert body["rejected"][0]["message"] == (
-            "events[0].metrics: run 'capped' has 60 distinct metric names and this event adds 60 new ones "
+            "events[0].metrics: run 'capped' has 60 distinct metric names and this event adds 60 new names "
             "('flood/00000' and 59 more), past the 100 a run may have (TRAINGUARD_RUN_MAX_METRIC_NAMES); "
             "nothing of this event was queued. Events naming only the run's metrics so far are accepted")
         live.wait_for(lambda: len(_names(live, "other")) == 90 and "loss" in _names(live, "capped"))
@@ -72,3 +72,12 @@ def test_zero_turns_the_bound_off(tmp_path: Path, cap: int) -> None:
     with live_server(tmp_path, run_max_metric_names=cap) as live:
         r = live.post_events([_metrics("free", [f"m{i}" for i in range(300)])]).json()
         assert r == {"accepted": 1, "duplicates": 0, "rejected": []}
+
+
+def test_the_message_shows_a_long_name_cut(tmp_path: Path) -> None:
+    with live_server(tmp_path, run_max_metric_names=1) as live:
+        long_name = "x" * 60_000
+        r = live.post_events([_metrics("long", ["loss"]), _metrics("long", [long_name], step=2)]).json()
+        assert r["accepted"] == 1
+        message = r["rejected"][0]["message"]
+        assert f"adds 1 new name ('{'x' * 80}...'), past the 1 a run may have" in message and len(message) < 400

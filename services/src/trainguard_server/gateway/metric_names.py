@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 #: the rejection code of an envelope refused for its run's distinct metric names
 CODE = "too_many_metric_names"
 SETTING = "TRAINGUARD_RUN_MAX_METRIC_NAMES"
+#: characters of a new name a rejection's message shows (then "...")
+NAME_SHOWN = 80
 
 _name = attrgetter("name")
 Seed = Callable[[str, str], Iterable[str]]
@@ -96,9 +98,12 @@ class MetricNameCap:
     # --- internals --------------------------------------------------------------------------------
     def _message(self, run_id: str, has: int, new: Set[str]) -> str:
         first = min(new)
+        if len(first) > NAME_SHOWN:  # a rejection's message stays small whatever the names
+            first = first[:NAME_SHOWN] + "..."
         more = f" and {len(new) - 1} more" if len(new) > 1 else ""
+        noun = "name" if len(new) == 1 else "names"
         return (f"metrics: run {run_id!r} has {has} distinct metric names and this event adds {len(new)} "
-                f"new ones ({first!r}{more}), past the {self.cap} a run may have ({SETTING}); nothing of "
+                f"new {noun} ({first!r}{more}), past the {self.cap} a run may have ({SETTING}); nothing of "
                 f"this event was queued. Events naming only the run's metrics so far are accepted")
 
     def _run(self, project: str, run_id: str) -> Set[str]:
