@@ -81,3 +81,30 @@ def test_the_message_shows_a_long_name_cut(tmp_path: Path) -> None:
         assert r["accepted"] == 1
         message = r["rejected"][0]["message"]
         assert f"adds 1 new name ('{'x' * 80}...'), past the 1 a run may have" in message and len(message) < 400
+
+
+def test_runs_forgotten_past_the_memory_budget_are_counted_again_from_the_store() -> None:
+    from trainguard.v1 import events_pb2
+    from trainguard_server.gateway.metric_names import MetricNameCap
+
+    stored = {("p", "a"): ["x", "y", "z"]}  # what the metric store holds
+    asked: List[str] = []
+
+    def seed(project: str, run_id: str) -> List[str]:
+        asked.append(run_id)
+        return stored.get((project, run_id), [])
+
+    def envelope(*names: str) -> Any:
+        env = events_pb2.Envelope(event_id="e", run_id="r")
+        for name in names:
+            env.metrics.points.add(name=name, value=1.0)
+        return env
+
+    cap = MetricNameCap(3, budget=4, seed=seed)
+    assert cap.refusals("p", [(0, "a", envelope("x", "y"))]) == {}   # known from the store: admitted
+    assert list(cap.refusals("p", [(1, "a", envelope("w"))])) == [1]  # a 4th name for run a
+    assert cap.refusals("p", [(2, "b", envelope("q", "r"))]) == {}   # 3 + 2 names > budget 4: a forgotten
+    assert cap.names("p", "a") == 0 and cap.names("p", "b") == 2
+    assert list(cap.refusals("p", [(3, "a", envelope("w"))])) == [3]  # run a is read again from the store
+    assert asked == ["a", "b", "a"]
+    assert MetricNameCap(0, budget=1).refusals("p", [(0, "a", envelope(*"abcdef"))]) == {}  # 0: off
