@@ -64,11 +64,15 @@ def observe_start(rank: RankState, body: Mapping[str, Any]) -> None:
         rank.detectors.setdefault(STATE_KEY, {})["torch"] = torch_version[:64]
 
 
-def observe(rank: RankState, points: Sequence[Tuple[str, int, float]]) -> None:
+def observe(rank: RankState, points: Sequence[Tuple[str, int, float]],
+            positions: Optional[Sequence[int]] = None) -> None:
     """Keep the peak of the memory metrics in ``points`` (one metric batch of ``rank``) and the LR's
-    change points (the history drops old steps; an incident's onset can be older)."""
+    change points (the history drops old steps; an incident's onset can be older). ``positions``: the
+    indices of the points to read (None: all of them) -- the pipeline knows per list of names which
+    ones are memory or LR metrics."""
     peak: Optional[Dict[str, float]] = None
-    for name, step, value in points:
+    for i in range(len(points)) if positions is None else positions:
+        name, step, value = points[i]
         if value - value != 0.0:
             continue
         if name.startswith("mem/") and name in MEMORY_METRICS:
@@ -83,7 +87,12 @@ def observe(rank: RankState, points: Sequence[Tuple[str, int, float]]) -> None:
 def _log_lr(rank: RankState, step: int, value: float) -> None:
     """Record (step, lr) when the LR moved by more than LR_LOG_CHANGE since the last record (bounded:
     LR_LOG_MAX entries, the middle goes first)."""
-    log: List[List[float]] = rank.detectors.setdefault(STATE_KEY, {}).setdefault("lr", [])
+    held = rank.detectors.get(STATE_KEY)  # (get, then set: no empty dict and list built per call)
+    if held is None:
+        held = rank.detectors[STATE_KEY] = {}
+    log: Optional[List[List[float]]] = held.get("lr")
+    if log is None:
+        log = held["lr"] = []
     if log:
         last_step, last = log[-1]
         if step <= last_step:

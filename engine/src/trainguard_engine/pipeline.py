@@ -546,7 +546,7 @@ class Pipeline:
             if keep:
                 observe(name, step, value, time_ns, settings)
         if route.diagnosis:  # (it reads those points only)
-            diagnosis.observe(rank, [points[i] for i in route.diagnosis])
+            diagnosis.observe(rank, points, route.diagnosis)
         if ev.body.get("recent"):
             keeps = settings.keeps_history
             for name, step, value in recent_points(ev.raw):

@@ -51,7 +51,9 @@ def rank_state(rank: RankState) -> Dict[str, Any]:
     ``grad`` (last norm step checked), ``clip`` (streak, tau), ``layers`` (vanishing streak and ratios,
     the last report's largest and zero-gradient layers), ``nonfinite`` (the first non-finite gradient
     seen, and whether it still waits for its step's loss)."""
-    state: Dict[str, Any] = rank.detectors.setdefault(STATE_KEY, {})
+    state: Optional[Dict[str, Any]] = rank.detectors.get(STATE_KEY)  # (no empty dict built per call)
+    if state is None:
+        state = rank.detectors[STATE_KEY] = {}
     return state
 
 
