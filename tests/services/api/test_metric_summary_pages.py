@@ -7,6 +7,7 @@ stores."""
 from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -74,3 +75,16 @@ def test_page_size_is_bounded_and_a_bad_cursor_is_named(api: LiveApi) -> None:
                           params={"cursor": _get(api, limit=10).headers["x-next-cursor"]},
                           headers=api.headers(), timeout=60)
     assert (other_run.status_code, other_run.json()) == (400, {"detail": "invalid cursor"})
+
+
+def test_the_next_link_of_a_run_id_of_any_text_reads_that_run(api: LiveApi) -> None:
+    run_id = "运行 ü?x#1"  # a legal run id: the Link header must stay ASCII and name this run
+    api.stores.incidents.upsert_runs([api.run.__class__(project=PROJECT, run_id=run_id, started_ns=1)])
+    api.stores.metrics.put([MetricPoint(PROJECT, run_id, 0, n, 1, 1, 1.0) for n in ("a", "b", "c")])
+    first = httpx.get(f"{api.url}/api/v1/runs/{quote(run_id, safe='')}/metrics/summary", params={"limit": 2},
+                      headers=api.headers(), timeout=60)
+    assert first.status_code == 200, first.text  # was 500 (UnicodeEncodeError writing the Link header)
+    link = first.headers["link"]
+    assert link.startswith("</api/v1/runs/%E8%BF%90%E8%A1%8C%20%C3%BC%3Fx%231/metrics/summary?limit=2&cursor=")
+    second = httpx.get(api.url + link[1:link.index(">")], headers=api.headers(), timeout=60)
+    assert [s["name"] for s in first.json() + second.json()] == ["a", "b", "c"]

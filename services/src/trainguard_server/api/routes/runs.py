@@ -21,6 +21,7 @@ import json
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar, Union
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -232,8 +233,9 @@ async def run_metric_summary(run_id: str, request: Request, response: Response, 
             page = page[:limit]
             token = encode_cursor("metric_summary", scope, (page[-1].name,))
             response.headers["X-Next-Cursor"] = token
-            url = request.url.include_query_params(limit=limit, cursor=token)
-            response.headers["Link"] = f'<{url.path}?{url.query}>; rel="next"'
+            # the path percent-encoded, as a header must be (a run id may be any text)
+            path = quote(request.scope["path"], safe="/")
+            response.headers["Link"] = f'<{path}?{urlencode({"limit": limit, "cursor": token})}>; rel="next"'
         return [MetricSummaryPublic(**{k: wf(v) for k, v in asdict(s).items()}) for s in page]
 
     return await bounded_read(request, services, read, project)
