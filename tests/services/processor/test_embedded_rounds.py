@@ -14,6 +14,7 @@ import pytest
 
 from trainguard import wire
 from trainguard.v1 import ingest_pb2
+from trainguard_engine.extract import is_raw_context
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.records import Cluster, Incident, RunRecord
 from trainguard_server.config import Settings
@@ -59,12 +60,12 @@ class FlakyIncidents(SqliteIncidentStore):
         super().upsert_records(runs, incidents, clusters)
 
 
-def _publish(tmp_path: Path) -> Tuple[SqliteQueue, List[dict]]:  # type: ignore[type-arg]
+def _publish(tmp_path: Path, stream: Path = STREAM) -> Tuple[SqliteQueue, List[dict]]:  # type: ignore[type-arg]
     queue = SqliteQueue(tmp_path / "queue.db")
     projects = SqliteProjectStore(tmp_path / "projects.db")
     gateway = Gateway(queue, projects, Settings(max_past_age_s=10 * 365 * 86400.0))
     token = projects.create_token("p", "ingest")
-    envelopes: List[Any] = [json.loads(line) for line in STREAM.read_text().splitlines() if line.strip()]
+    envelopes: List[Any] = [json.loads(line) for line in stream.read_text().splitlines() if line.strip()]
     for e in envelopes:
         e["project"] = "p"
     for i in range(0, len(envelopes), PER_REQUEST):  # several queue records
@@ -146,6 +147,24 @@ def test_the_collector_rests_during_a_round_and_is_back_after_it_even_when_it_fa
             gc.enable()
         queue.close()
     assert during == [False, False]  # the round's output reached the stores (and listeners) inside it
+
+
+def test_raw_context_is_what_extract_says_metric_batches_with_an_alert_included(tmp_path: Path) -> None:
+    """The event store gets exactly the envelopes ``extract.is_raw_context`` names -- the SDK's alert batches
+    (a NaN's recent values) among them, the plain metric batches not -- and the metric store every point."""
+    queue, envelopes = _publish(tmp_path, STREAM.with_name("nan_source.jsonl"))
+    events = SqliteEventStore(tmp_path / "events.db")
+    metrics = CountingMetrics(tmp_path / "metrics.db")
+    processor = EmbeddedProcessor(queue, events, metrics, SqliteIncidentStore(tmp_path / "incidents.db"),
+                                  snapshot_every_s=1e9, tick_interval_s=1e15)
+    processor.drain(timeout=10)
+    (run_id,) = {e["run_id"] for e in envelopes}
+    stored = {e.event_id for e in events.list_for_run("p", run_id, limit=10_000).items}
+    alerts = {e["event_id"] for e in envelopes if e.get("metrics", {}).get("alert")}
+    assert alerts and alerts <= stored
+    assert stored == {e["event_id"] for e in envelopes if is_raw_context(e)}
+    assert sum(metrics.puts) == sum(len(e["metrics"].get("points", ())) for e in envelopes if "metrics" in e)
+    queue.close()
 
 
 def test_an_output_whose_upsert_failed_is_stored_once_the_store_is_back(tmp_path: Path) -> None:

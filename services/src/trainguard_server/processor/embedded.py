@@ -495,7 +495,7 @@ class EmbeddedProcessor:
     def _store_raw(self, envelopes: Sequence[Dict[str, Any]], per_envelope: Sequence[Points]) -> None:
         """Raw context to the event store and metric points to the metric store (grouped by series in
         columns: :class:`~..storage.base.MetricColumns`), one write each (``per_envelope``: each envelope's
-        points ``(name, step, value)``, None for one without metrics)."""
+        points ``(name, step, value)``, None for one without metrics: decode.py)."""
         columns = MetricColumns()
         stored: List[StoredEvent] = []
         add = columns.add
@@ -504,8 +504,12 @@ class EmbeddedProcessor:
             run_id = env.get("run_id", "")
             rank = int(env.get("rank", 0))
             time_ns = int(env.get("time_unix_nano", 0))
-            if mine:
-                add(project, run_id, rank, time_ns, mine)
+            if mine is not None:  # a metric batch
+                if mine:
+                    add(project, run_id, rank, time_ns, mine)
+                body = env.get("metrics")
+                if type(body) is dict and not body.get("alert"):
+                    continue  # not raw context (extract.is_raw_context: a metric batch is with an alert)
             if extract.is_raw_context(env):
                 stored.append(StoredEvent(
                     event_id=env["event_id"], project=project, run_id=run_id, rank=rank,
