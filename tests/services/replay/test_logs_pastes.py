@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, List
 
 from trainguard_engine.classify import classify_chain
-from trainguard_server.replay.logs import LogItem, LogReader, paste_indent, unwrap_markup
+from trainguard_server.replay.logs import LogItem, LogReader, paste_indent, paste_wrap_width, unwrap_markup
 
 WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
 
@@ -245,3 +245,41 @@ def test_what_a_paste_or_a_relay_puts_before_every_line_is_dropped(tmp_path: Pat
     assert {i.time_ns for i in stamped} == {1714557600123000000}
     # a traceback cut at the top (frames' own 2-space indent on every line) keeps its frames
     assert paste_indent(WILD / "mem-illegal-access-accelerator-error-megatron-miles-1" / "log.txt") == ""
+
+
+def _wrapped(tmp_path: Path, case: str, width: int, padded: bool) -> Path:
+    """A tuned wild log as a terminal ``width`` columns wide shows it, copied from the screen: every long
+    line cut into ``width``-character pieces, each row padded with spaces when ``padded``."""
+    rows: List[str] = []
+    for line in (WILD / case / "log.txt").read_text(encoding="utf-8").splitlines():
+        pieces = [line[i:i + width] for i in range(0, len(line), width)] or [""]
+        rows.extend(piece.ljust(width) if padded else piece for piece in pieces)
+    path = tmp_path / f"{case}-{width}.txt"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def _said(item: LogItem) -> tuple:
+    return (item.kind, item.message.rstrip(), item.payload.get("type"),
+            str(item.payload.get("message", "")).rstrip())
+
+
+def test_lines_a_terminal_wrapped_are_joined_again(tmp_path: Path) -> None:
+    # comm-watchdog-broadcast-1 (tuned) was pasted wrapped at 137 columns: its watchdog line is one line again
+    assert paste_wrap_width(WILD / "comm-watchdog-broadcast-1" / "log.txt") == 137
+    texts = [i.message for i in items("comm-watchdog-broadcast-1")]
+    assert any("WorkNCCL(SeqNum=4, OpType=BROADCAST, NumelIn=112" in t for t in texts), texts
+    # tuned logs wrapped by a 120-column terminal (copied as is) and a 160-column one (copied from the
+    # screen, rows padded): the same items as the log itself. Before, 32 (120) and 9 (160, padded) of the
+    # 358 tuned logs changed category so pasted; after, 9 (single long lines, too little to tell a wrap)
+    # and 2
+    for case, width, padded in (("comm-watchdog-ray-1", 120, False), ("comm-gloo-recv-timeout-1", 160, True),
+                                ("proc-exit1-launch-repvit-1", 120, False)):
+        path = _wrapped(tmp_path, case, width, padded)
+        assert paste_wrap_width(path) == width, case
+        want = [_said(i) for i in items(case)]
+        assert [_said(i) for i in LogReader(path, 0, min_level="")] == want, case
+    # not a wrap: the same longest line printed by several ranks, a tqdm bar's fixed width
+    for case in ("comm-watchdog-terminate-accelerate-stuck-1", "num-loss-nan-epoch-finished-wetectron-1",
+                 "comm-nccl-system-error-ddp-init-interleaved-1", "py-typeerror-forward-1"):
+        assert paste_wrap_width(WILD / case / "log.txt") == 0, case

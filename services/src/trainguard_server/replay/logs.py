@@ -682,11 +682,10 @@ class LogReader:
     def __iter__(self) -> Iterator[LogItem]:
         segmenter = self._segmenter
         indent = paste_indent(self.path)
+        width, padded = paste_wrap(self.path)
         with open(self.path, "rb") as fh:
-            for number, raw in enumerate(fh, 1):
-                if self.on_bytes is not None:
-                    self.on_bytes(len(raw))
-                line = clean_line(raw.decode("utf-8", "replace"))
+            for number, raw in unwrapped(fh, width, self.on_bytes, padded):
+                line = clean_line(raw)
                 if indent and line.startswith(indent):
                     line = line[len(indent):]
                 if line.strip():
@@ -700,7 +699,96 @@ class LogReader:
 
 
 INDENT_SCAN_LINES = 2000
-"""Lines :func:`paste_indent` looks at."""
+"""Lines :func:`paste_indent` (and :func:`paste_wrap_width`) look at."""
+WRAP_MIN_WIDTH = 60
+"""The narrowest terminal whose hard wrap :func:`paste_wrap_width` recognises."""
+_DIGIT_RE = re.compile(r"\d")
+
+
+def _head(text: str) -> str:
+    """How a line starts, digits blurred: ``[rank1]:[E513`` and ``[rank2]:[E514`` start alike."""
+    return _DIGIT_RE.sub("0", text[:8])
+
+
+_LINE_START_RE = re.compile(
+    r"\s\s|\t|\[|-{3,}|={3,}|\*{3,}|\d{4}-\d\d-\d\d|\d{1,3}%\||[IWEF]\d{4} "
+    r"|[\w.]{0,60}(?:Error|Exception|Warning)\b|Traceback \(|terminate called|During handling"
+    r"|The above exception|(?:INFO|WARNING|ERROR|DEBUG)\b")
+"""How a line of its own starts (an indent of 2+ spaces or a tab, a bracketed prefix or tag, a date, a
+progress bar, a glog severity, an exception or warning name, a traceback's head, a rule of dashes): a piece
+of a wrapped line starting so is taken for a new line (a wrap falling just there is missed, never a line
+joined wrongly)."""
+
+
+def _continued(first: str, chunk: str, nxt: str, width: int, padded: bool = True) -> bool:
+    """Whether ``nxt`` is the rest of a line a terminal wrapped after ``chunk`` (the last piece so far of
+    the line that started with ``first``): ``chunk`` fills the terminal's width to its last column (a line
+    that ended there is padded with spaces when copied from a screen, or shorter), ``nxt`` does not start
+    the way that line did (the same line printed again by another rank starts alike) nor the way a line
+    of its own does (:data:`_LINE_START_RE`). ``padded``: the paste keeps the screen's padding (every line
+    is ``width`` long, a line's last piece padded with spaces), so a piece ending in a space ended its line;
+    without padding such a piece is a wrap that fell after a space."""
+    return len(chunk) == width and not (padded and chunk[-1:].isspace()) and bool(nxt.strip()) and \
+        _head(nxt) != _head(first) and _LINE_START_RE.match(nxt) is None
+
+
+def paste_wrap_width(path: Path) -> int:
+    """:func:`paste_wrap`'s width."""
+    return paste_wrap(path)[0]
+
+
+def paste_wrap(path: Path) -> Tuple[int, bool]:
+    """``(width, padded)``: the width a terminal hard-wrapped the pasted lines at, or 0. A paste
+    copied from a terminal (or a console that wraps) cuts every long line into pieces of exactly the
+    terminal's width, pads the last piece with spaces when copied from the screen, and no line is longer:
+    the longest lines of the file's first :data:`INDENT_SCAN_LINES` all have one length, at least
+    :data:`WRAP_MIN_WIDTH`, and at least two of them are followed by a piece that does not start like a line
+    (:func:`_continued`); one is enough when the paste kept the screen's padding (``padded``: nearly every
+    line is that long, short ones padded). A log that was not wrapped has lines of many lengths, its longest
+    usually once (or the same line from several ranks, which starts alike)."""
+    texts: List[str] = []
+    try:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh):
+                if number >= INDENT_SCAN_LINES:
+                    break
+                texts.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+    except OSError:
+        return 0, False
+    width = max((len(x) for x in texts), default=0)
+    if width < WRAP_MIN_WIDTH:
+        return 0, False
+    filled = [x for x in texts if x.strip()]
+    padded = sum(len(x) == width for x in filled) * 5 >= len(filled) * 4
+    pieces = sum(1 for a, b in zip(texts, texts[1:]) if _continued(a, a, b, width, padded))
+    if pieces >= 2 or (padded and pieces and len(filled) >= 3):
+        return width, padded
+    return 0, False
+
+
+def unwrapped(fh: Any, width: int, on_bytes: Optional[Callable[[int], None]] = None,
+              padded: bool = True) -> Iterator[Tuple[int, str]]:
+    """``(number, text)`` of each line of the binary file ``fh`` (numbered from 1, newline dropped), the
+    pieces of a line a terminal wrapped at ``width`` joined again under the first one's number (``width``
+    0: every physical line as it is). ``on_bytes(n)``: the size of every physical line read; ``padded``: see
+    :func:`_continued`."""
+    held: Optional[Tuple[int, str, str, str]] = None  # number, joined text, first piece, last piece
+    for number, raw in enumerate(fh, 1):
+        if on_bytes is not None:
+            on_bytes(len(raw))
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if held is not None:
+            if _continued(held[2], held[3], text, width, padded):
+                held = (held[0], held[1] + text, held[2], text)
+                continue
+            yield held[0], held[1]
+            held = None
+        if width and len(text) == width:
+            held = (number, text, text, text)
+            continue
+        yield number, text
+    if held is not None:
+        yield held[0], held[1]
 
 
 def paste_indent(path: Path) -> str:
@@ -773,20 +861,24 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
         year = datetime.fromtimestamp(path.stat().st_mtime).year
     except OSError:
         year = datetime.now().year
-    lines = 0
     first: Optional[int] = None
     last: Optional[int] = None
     ranks: Dict[int, None] = {}
     named: Dict[int, None] = {}
     indent = paste_indent(path)
+    width, padded = paste_wrap(path)
+    physical = [0]
+
+    def counted(n: int) -> None:
+        physical[0] += 1
+        if on_bytes is not None:
+            on_bytes(n)
+
     with open(path, "rb") as fh:
-        for raw in fh:
-            lines += 1
-            if on_bytes is not None:
-                on_bytes(len(raw))
+        for _number, raw in unwrapped(fh, width, counted, padded):
             if not raw.strip():
                 continue
-            line = clean_line(raw.decode("utf-8", "replace"))
+            line = clean_line(raw)
             if indent and line.startswith(indent):
                 line = line[len(indent):]
             prefixed, text = split_prefix(line)
@@ -798,4 +890,4 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
             if stamp is not None:
                 first = stamp[0] if first is None else first
                 last = stamp[0]
-    return LogScan(lines, first, last, sorted(ranks), sorted(named))
+    return LogScan(physical[0], first, last, sorted(ranks), sorted(named))
