@@ -77,10 +77,13 @@ class Settings(BaseSettings):
         "(code too_many_metric_names, naming the run and the count) and the rest of the request is queued; "
         "envelopes of names the run already has are always accepted. 0: no limit. Counted per gateway "
         "process, starting from the names the metric store already holds for the run")
-    metric_names_tracked: int = Field(
-        300_000, ge=1, description="metric names a gateway process remembers over all runs to enforce "
-        "run_max_metric_names (~100 bytes each); the least recently active runs are forgotten first and "
-        "read again from the metric store when they come back")
+    metric_names_memory_bytes: int = Field(
+        32 * 2**20, ge=1, description="memory a gateway process may use to remember runs' metric names for "
+        "run_max_metric_names (each name: its length + 80 bytes); the least recently active runs are "
+        "forgotten first and read again from the metric store when they come back")
+    max_metric_name_length: int = Field(
+        1024, ge=0, description="longest metric name, in characters: a metric batch with a longer one is "
+        "rejected alone (too_large, naming the point); 0: only max_string_length applies")
     max_gzip_members: int = Field(
         16, ge=1, description="most gzip members in one gzip-encoded HTTP ingest body (the SDK sends one); "
         "more is refused with 400 before inflating them, so concatenated empty members cannot burn CPU")

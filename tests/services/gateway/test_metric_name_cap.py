@@ -76,7 +76,7 @@ def test_zero_turns_the_bound_off(tmp_path: Path, cap: int) -> None:
 
 def test_the_message_shows_a_long_name_cut(tmp_path: Path) -> None:
     with live_server(tmp_path, run_max_metric_names=1) as live:
-        long_name = "x" * 60_000
+        long_name = "x" * 1_000  # under max_metric_name_length (1,024)
         r = live.post_events([_metrics("long", ["loss"]), _metrics("long", [long_name], step=2)]).json()
         assert r["accepted"] == 1
         message = r["rejected"][0]["message"]
@@ -100,7 +100,7 @@ def test_runs_forgotten_past_the_memory_budget_are_counted_again_from_the_store(
             env.metrics.points.add(name=name, value=1.0)
         return env
 
-    cap = MetricNameCap(3, budget=4, seed=seed)
+    cap = MetricNameCap(3, budget=4 * 81, seed=seed)  # 4 one-character names' worth (1 + NAME_OVERHEAD each)
     assert cap.refusals("p", [(0, "a", envelope("x", "y"))]) == {}   # known from the store: admitted
     assert list(cap.refusals("p", [(1, "a", envelope("w"))])) == [1]  # a 4th name for run a
     assert cap.refusals("p", [(2, "b", envelope("q", "r"))]) == {}   # 3 + 2 names > budget 4: a forgotten
@@ -108,3 +108,13 @@ def test_runs_forgotten_past_the_memory_budget_are_counted_again_from_the_store(
     assert list(cap.refusals("p", [(3, "a", envelope("w"))])) == [3]  # run a is read again from the store
     assert asked == ["a", "b", "a"]
     assert MetricNameCap(0, budget=1).refusals("p", [(0, "a", envelope(*"abcdef"))]) == {}  # 0: off
+
+
+def test_a_metric_name_longer_than_the_bound_refuses_its_event_alone(tmp_path: Path) -> None:
+    with live_server(tmp_path, max_metric_name_length=100) as live:
+        r = live.post_events([_metrics("names", ["loss", "n" * 101]), _metrics("names", ["loss", "n" * 100])])
+        body = r.json()
+        assert body["accepted"] == 1, body  # was 2: any name up to max_string_length (65,536) was a series
+        assert body["rejected"][0]["code"] == "too_large"
+        assert body["rejected"][0]["message"] == ("events[0].metrics.points[1].name: 101 characters exceeds "
+                                                  "max_metric_name_length=100 (TRAINGUARD_MAX_METRIC_NAME_LENGTH)")

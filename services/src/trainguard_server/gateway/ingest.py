@@ -50,7 +50,6 @@ from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .backlog import ProjectBacklog, weight
 from .deep_json import TooDeep, split_events_json
-from .metric_names import CODE as METRIC_NAMES_CODE
 from .metric_names import MetricNameCap, Seed
 from .run_rate import NewRunLimiter
 from .validate import Limits, validate_batch
@@ -466,8 +465,8 @@ class Gateway:
         self.new_runs = NewRunLimiter(settings.project_new_runs_per_s, settings.project_new_runs_burst,
                                       settings.project_known_runs)
         self.backlog = backlog if backlog is not None and backlog.enabled else None
-        self.metric_names = MetricNameCap(settings.run_max_metric_names, settings.metric_names_tracked,
-                                          seed=metric_names)
+        self.metric_names = MetricNameCap(settings.run_max_metric_names, settings.metric_names_memory_bytes,
+                                          seed=metric_names, max_length=settings.max_metric_name_length)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
@@ -599,15 +598,16 @@ class Gateway:
     def _cap_metric_names(self, project: str, events: List[Any], accepted: List[int], run_ids: List[str],
                           position: Optional[List[int]], index_offset: int,
                           result: IngestResult) -> List[int]:
-        """``accepted`` less the metric batches refused for their run's distinct names (:mod:`.metric_names`),
-        each added to ``result`` as a rejection; the backlog counted for them is released."""
+        """``accepted`` less the metric batches refused for their run's distinct names or a name too long
+        (:mod:`.metric_names`), each added to ``result`` as a rejection; the backlog counted for them is
+        released."""
         refused = self.metric_names.refusals(project, (
             (k, run_ids[k], events[k]) for k in accepted if events[k].WhichOneof("payload") == "metrics"))
         if not refused:
             return accepted
-        for k, message in refused.items():
+        for k, (code, message) in refused.items():
             index = (position[k] if position is not None else k) + index_offset
-            result.rejected.append(RejectedItem(index, events[k].event_id, METRIC_NAMES_CODE,
+            result.rejected.append(RejectedItem(index, events[k].event_id, code,
                                                 f"events[{index}].{message}"))
         result.rejected.sort(key=lambda r: r.index)
         result.accepted -= len(refused)

@@ -14,9 +14,13 @@ one run. Contract of :class:`MetricNameCap` (thread-safe):
 * Counted per gateway process, since its start. A run seen for the first time (or again after being
   forgotten) starts from the names ``seed(project, run_id)`` returns -- the metric store's, where the
   gateway shares it (``trainguard serve``), so a restart does not reset the count -- else from none.
-* Memory: the names of at most ``budget`` names over all runs are remembered, least recently active runs
-  forgotten first (a forgotten run is seeded again when it comes back); about 100 bytes per name.
-* ``cap <= 0`` turns the bound off.
+* A point name longer than ``max_length`` characters refuses its envelope too (code ``too_large``, naming
+  the point): a name is an identifier (``grad/layer/<module>``), and 5,000 names of 60,000 characters would
+  be 300 MB of one run's series names, here and in the stores.
+* Memory: the names remembered over all runs weigh at most ``budget`` (each name its length plus
+  :data:`NAME_OVERHEAD`), least recently active runs forgotten first (a forgotten run is seeded again when
+  it comes back).
+* ``cap <= 0`` turns the count off, ``max_length <= 0`` the length rule.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ CODE = "too_many_metric_names"
 SETTING = "TRAINGUARD_RUN_MAX_METRIC_NAMES"
 #: characters of a new name a rejection's message shows (then "...")
 NAME_SHOWN = 80
+#: what remembering one name costs beside its characters (a str object and a set slot), for the budget
+NAME_OVERHEAD = 80
+LENGTH_CODE = "too_large"
 
 _name = attrgetter("name")
 Seed = Callable[[str, str], Iterable[str]]
@@ -44,37 +51,45 @@ Seed = Callable[[str, str], Iterable[str]]
 class MetricNameCap:
     """Distinct metric names per run (see the module doc)."""
 
-    def __init__(self, cap: int, budget: int, seed: Optional[Seed] = None) -> None:
+    def __init__(self, cap: int, budget: int, seed: Optional[Seed] = None, max_length: int = 0) -> None:
         self.cap = cap
-        self.budget = max(budget, cap)
+        self.budget = budget
         self.seed = seed
+        self.max_length = max_length
         self._runs: OrderedDict[Tuple[str, str], Set[str]] = OrderedDict()
         self._tracked = 0
         self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
-        return self.cap > 0
+        return self.cap > 0 or self.max_length > 0
 
     def names(self, project: str, run_id: str) -> int:
         """Distinct names counted for the run now (0 when not remembered)."""
         with self._lock:
             return len(self._runs.get((project, run_id), ()))
 
-    def refusals(self, project: str, items: Iterable[Tuple[int, str, Any]]) -> Dict[int, str]:
-        """``{key: message}`` of the envelopes refused (see the module doc); the others' names are admitted.
-        ``items``: ``(key, run_id, envelope)`` of metric-batch envelopes (``trainguard.v1.Envelope``)."""
+    def refusals(self, project: str, items: Iterable[Tuple[int, str, Any]]) -> Dict[int, Tuple[str, str]]:
+        """``{key: (code, message)}`` of the envelopes refused (see the module doc); the others' names are
+        admitted. ``items``: ``(key, run_id, envelope)`` of metric-batch envelopes (``trainguard.v1
+        .Envelope``); a message starts with the field (``metrics...``), the caller puts ``events[i].``
+        before it."""
         if not self.enabled:
             return {}
         by_run: Dict[str, List[Tuple[int, Any]]] = {}
         for key, run_id, envelope in items:
             by_run.setdefault(run_id, []).append((key, envelope.metrics.points))
-        out: Dict[int, str] = {}
+        out: Dict[int, Tuple[str, str]] = {}
         for run_id, envelopes in by_run.items():
             every: Set[str] = set()
             for _, points in envelopes:
                 every.update(map(_name, points))
             every.discard("")
+            if self.max_length > 0 and every and max(map(len, every)) > self.max_length:
+                envelopes = self._long_names(envelopes, out)
+                every = {n for _, points in envelopes for n in map(_name, points)} - {""}
+            if self.cap <= 0:
+                continue
             self._ensure(project, run_id)
             with self._lock:
                 known = self._run(project, run_id)
@@ -88,12 +103,28 @@ class MetricNameCap:
                         continue
                     new = names - known
                     if len(known) + len(new) > self.cap:
-                        out[key] = self._message(run_id, len(known), new)
+                        out[key] = (CODE, self._message(run_id, len(known), new))
                         continue
                     known |= new
-                self._tracked += len(known) - before
-                self._forget_beyond_budget(keep=(project, run_id))
+                    self._tracked += _weight(new)
+                if len(known) > before:
+                    self._forget_beyond_budget(keep=(project, run_id))
         return out
+
+    def _long_names(self, envelopes: List[Tuple[int, Any]],
+                    out: Dict[int, Tuple[str, str]]) -> List[Tuple[int, Any]]:
+        """``envelopes`` less those with a point name over ``max_length``, each refused into ``out``."""
+        kept = []
+        for key, points in envelopes:
+            for j, name in enumerate(map(_name, points)):
+                if len(name) > self.max_length:
+                    out[key] = (LENGTH_CODE, f"metrics.points[{j}].name: {len(name)} characters exceeds "
+                                             f"max_metric_name_length={self.max_length} "
+                                             f"(TRAINGUARD_MAX_METRIC_NAME_LENGTH)")
+                    break
+            else:
+                kept.append((key, points))
+        return kept
 
     # --- internals --------------------------------------------------------------------------------
     def _message(self, run_id: str, has: int, new: Set[str]) -> str:
@@ -132,7 +163,7 @@ class MetricNameCap:
         with self._lock:
             if (project, run_id) not in self._runs:
                 self._runs[(project, run_id)] = seeded
-                self._tracked += len(seeded)
+                self._tracked += _weight(seeded)
 
     def _forget_beyond_budget(self, keep: Tuple[str, str]) -> None:
         """(Under the lock.) Forget the least recently active runs (never ``keep``) while over budget."""
@@ -142,4 +173,9 @@ class MetricNameCap:
                 self._runs.move_to_end(key)
                 continue
             del self._runs[key]
-            self._tracked -= len(names)
+            self._tracked -= _weight(names)
+
+
+def _weight(names: Set[str]) -> int:
+    """What remembering ``names`` costs against the budget (about their bytes)."""
+    return sum(map(len, names)) + NAME_OVERHEAD * len(names)
