@@ -3,7 +3,7 @@
 (TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS) against no bound, in one run. Prints numbers and ratios, asserts
 nothing.
 
-For each setting (``--bounds``, default ``40000`` -- serve's default -- and ``0``: off, as before) a fresh
+For each setting (``--bounds``, default ``100000`` -- serve's default -- and ``0``: off, as before) a fresh
 ``trainguard serve`` subprocess (bench/ingest.py's ``start_server``) gets a second project, ``victim``, with
 its own ingest and read tokens. Then, for ``--duration`` s, ``--clients`` processes of the bootstrap project
 send pre-built 500-envelope gRPC batches as fast as the server answers (``--inflight`` calls outstanding each;
@@ -166,7 +166,8 @@ def one(bound: int, args: argparse.Namespace, root: Path) -> Dict[str, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bounds", default="40000,0", help="TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS values; 0: off")
+    p.add_argument("--bounds", default="100000,0",
+                   help="TRAINGUARD_PROJECT_MAX_BACKLOG_EVENTS values; 0: off")
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of flood before the first probe")
     p.add_argument("--clients", type=int, default=2)
