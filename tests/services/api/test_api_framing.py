@@ -8,13 +8,11 @@ request the proxy never saw. Now every route answers 400 naming both headers and
 from __future__ import annotations
 
 import json
-import socket
 from typing import Iterator
-from urllib.parse import urlparse
 
 import pytest
 
-from tests.services.gateway.embedded_server import LiveServer, live_server
+from tests.services.gateway.embedded_server import LiveServer, live_server, raw_exchange
 
 DETAIL = "the request has both Content-Length (5) and Transfer-Encoding (chunked): send one of them"
 
@@ -23,16 +21,6 @@ DETAIL = "the request has both Content-Length (5) and Transfer-Encoding (chunked
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(tmp_path_factory.mktemp("data")) as server:
         yield server
-
-
-def _exchange(live: LiveServer, data: bytes) -> bytes:
-    url = urlparse(live.url)
-    with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
-        conn.sendall(data)
-        out = b""
-        while chunk := conn.recv(65536):  # until the server closes the connection
-            out += chunk
-        return out
 
 
 def _request(live: LiveServer, method: str, path: str, extra: str, body: bytes = b"") -> bytes:
@@ -52,7 +40,7 @@ def test_query_api_refuses_content_length_with_chunked_and_closes(live: LiveServ
                                                                   path: str) -> None:
     body = json.dumps({"by": "ana", "text": "hello"}).encode()
     after = _request(live, "GET", "/api/v1/runs", "Connection: close\r\n")
-    answer = _exchange(live, _request(live, method, path, "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+    answer = raw_exchange(live, _request(live, method, path, "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
                                       _chunked(body)) + after)
     head, _, rest = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), answer  # was 200 (runs, healthz) / 404 (notes)
@@ -62,9 +50,9 @@ def test_query_api_refuses_content_length_with_chunked_and_closes(live: LiveServ
 
 
 def test_one_framing_is_still_answered(live: LiveServer) -> None:
-    answer = _exchange(live, _request(live, "GET", "/api/v1/runs", "Connection: close\r\n"))
+    answer = raw_exchange(live, _request(live, "GET", "/api/v1/runs", "Connection: close\r\n"))
     assert answer.startswith(b"HTTP/1.1 200 "), answer
-    chunked = _exchange(live, _request(live, "POST", "/api/v1/incidents/nope/notes",
+    chunked = raw_exchange(live, _request(live, "POST", "/api/v1/incidents/nope/notes",
                                        "Transfer-Encoding: chunked\r\nConnection: close\r\n",
                                        _chunked(json.dumps({"by": "ana", "text": "hi"}).encode())))
     assert chunked.startswith(b"HTTP/1.1 404 "), chunked  # read (chunked alone is fine): no such incident

@@ -5,11 +5,13 @@ tokens and small helpers to ingest and read."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
+from urllib.parse import urlparse
 
 import httpx
 
@@ -72,3 +74,15 @@ def live_server(data_dir: Path, **settings: Any) -> Iterator[LiveServer]:
         if live is not None:
             live.client.close()
         server.stop(drain=False)
+
+
+def raw_exchange(live: LiveServer, data: bytes) -> bytes:
+    """Send ``data`` as is over one TCP connection to the live server and read until it closes the
+    connection (for requests no HTTP client would send, e.g. two framings)."""
+    url = urlparse(live.url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
+        conn.sendall(data)
+        out = b""
+        while chunk := conn.recv(65536):
+            out += chunk
+        return out

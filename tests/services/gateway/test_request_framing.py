@@ -7,29 +7,17 @@ connection is read. Raw sockets against ``trainguard serve`` (EmbeddedServer on 
 from __future__ import annotations
 
 import json
-import socket
 from typing import Iterator
-from urllib.parse import urlparse
 
 import pytest
 
-from tests.services.gateway.embedded_server import LiveServer, event, live_server
+from tests.services.gateway.embedded_server import LiveServer, event, live_server, raw_exchange
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(tmp_path_factory.mktemp("data")) as server:
         yield server
-
-
-def _exchange(live: LiveServer, data: bytes) -> bytes:
-    url = urlparse(live.url)
-    with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
-        conn.sendall(data)
-        out = b""
-        while chunk := conn.recv(65536):  # until the server closes the connection
-            out += chunk
-        return out
 
 
 def _head(live: LiveServer, extra: str) -> bytes:
@@ -44,7 +32,7 @@ def _chunked(body: bytes) -> bytes:
 def test_content_length_and_chunked_together_is_a_400_and_the_connection_closes(live: LiveServer) -> None:
     body = json.dumps({"events": [event("framed-twice")]}).encode()
     smuggled = _head(live, "Content-Length: 2\r\nConnection: close\r\n") + b"{}"
-    answer = _exchange(live, _head(live, "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n") + _chunked(body)
+    answer = raw_exchange(live, _head(live, "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n") + _chunked(body)
                        + smuggled)
     head, _, rest = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 "), answer  # was 200, and the connection stayed open
@@ -57,5 +45,5 @@ def test_content_length_and_chunked_together_is_a_400_and_the_connection_closes(
 
 def test_a_chunked_request_alone_is_still_ingested(live: LiveServer) -> None:
     body = json.dumps({"events": [event("chunked-only")]}).encode()
-    answer = _exchange(live, _head(live, "Transfer-Encoding: chunked\r\nConnection: close\r\n") + _chunked(body))
+    answer = raw_exchange(live, _head(live, "Transfer-Encoding: chunked\r\nConnection: close\r\n") + _chunked(body))
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'{"accepted": 1, "duplicates": 0, "rejected": []}')
