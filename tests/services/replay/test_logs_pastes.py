@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Callable, List
 
 from trainguard_engine.classify import classify_chain
-from trainguard_server.replay.logs import LogItem, LogReader, paste_indent, paste_wrap_width, unwrap_markup
+from trainguard_server.replay.logs import (
+    LogItem,
+    LogReader,
+    paste_indent,
+    paste_numbered,
+    paste_wrap_width,
+    unwrap_markup,
+)
 
 WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
 
@@ -283,3 +290,25 @@ def test_lines_a_terminal_wrapped_are_joined_again(tmp_path: Path) -> None:
     for case in ("comm-watchdog-terminate-accelerate-stuck-1", "num-loss-nan-epoch-finished-wetectron-1",
                  "comm-nccl-system-error-ddp-init-interleaved-1", "py-typeerror-forward-1"):
         assert paste_wrap_width(WILD / case / "log.txt") == 0, case
+
+
+def test_a_line_number_gutter_is_dropped(tmp_path: Path) -> None:
+    # an editor's or a log viewer's gutter copied with the lines ('  12 text', '12: text', '12\ttext'):
+    # before, 40 of the 358 tuned logs changed category so pasted; after, 4 (logs of one or two lines, too
+    # short to tell a gutter)
+    for case in ("comm-init-reset-by-peer-1", "proc-exit1-torchrun-summary-minigpt4-1"):
+        want = [_said(i) for i in items(case)]
+        for gutter in (lambda n: f"{n:>4} ", lambda n: f"{n}: ", lambda n: f"{n}\t"):
+            lines = (WILD / case / "log.txt").read_text(encoding="utf-8").splitlines()
+            path = tmp_path / "log.txt"
+            path.write_text("\n".join(gutter(n) + line for n, line in enumerate(lines, 1)) + "\n",
+                            encoding="utf-8")
+            assert paste_numbered(path), (case, gutter(7))
+            assert [_said(i) for i in LogReader(path, 0, min_level="")] == want, (case, gutter(7))
+    # not a gutter: a table whose first column counts steps (yanmtt's 'step loss' rows), lines that do not
+    # count by one
+    table = tmp_path / "table.txt"
+    table.write_text("76978 2.61\n76979 2.60\n76980 nan\n76981 nan\n", encoding="utf-8")
+    assert not paste_numbered(table)
+    assert not any(paste_numbered(c) for c in (WILD / "num-loss-nan-step-column-yanmtt-1" / "log.txt",
+                                                 WILD / "comm-init-reset-by-peer-1" / "log.txt"))

@@ -682,10 +682,13 @@ class LogReader:
     def __iter__(self) -> Iterator[LogItem]:
         segmenter = self._segmenter
         indent = paste_indent(self.path)
-        width, padded = paste_wrap(self.path)
+        numbered = paste_numbered(self.path)
+        width, padded = (0, False) if numbered else paste_wrap(self.path)
         with open(self.path, "rb") as fh:
             for number, raw in unwrapped(fh, width, self.on_bytes, padded):
                 line = clean_line(raw)
+                if numbered:
+                    line = drop_line_number(line)
                 if indent and line.startswith(indent):
                     line = line[len(indent):]
                 if line.strip():
@@ -764,6 +767,49 @@ def paste_wrap(path: Path) -> Tuple[int, bool]:
     if pieces >= 2 or (padded and pieces and len(filled) >= 3):
         return width, padded
     return 0, False
+
+
+_GUTTER_RE = re.compile(r"^\s{0,8}(?P<n>\d{1,7})(?=$|[ \t:|\u2502])(?::|\s?[|\u2502])?[ \t]?")
+"""An editor's or a viewer's line-number gutter: ``  12 text``, ``12\ttext``, ``12: text``, ``12 | text``."""
+_TABLE_ROW_RE = re.compile(r"[\s\d.,:;/|%+eE\[\]()-]*(?:(?:nan|inf)[\s\d.,:;/|%+eE\[\]()-]*)*$",
+                           re.IGNORECASE)
+"""What follows a number that is a table row's first column (steps or epochs, then numbers), not a gutter."""
+NUMBERED_MIN_LINES = 3
+"""The fewest lines :func:`paste_numbered` needs to tell a gutter from a table of numbers."""
+
+
+def paste_numbered(path: Path) -> bool:
+    """Whether the paste carries a line-number gutter: every line of the file's first
+    :data:`INDENT_SCAN_LINES` (blank ones included: a gutter numbers them too) starts with a number, and
+    the numbers count up by one from line to line, over at least :data:`NUMBERED_MIN_LINES` lines (a
+    progress table's first column -- steps, epochs -- does not count by one on every line, nor number
+    its blank lines): at least one numbered line must say more than numbers."""
+    last: Optional[int] = None
+    seen = 0
+    worded = False
+    try:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh):
+                if number >= INDENT_SCAN_LINES:
+                    break
+                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                m = _GUTTER_RE.match(text)
+                if m is None:
+                    return False
+                n = int(m.group("n"))
+                if last is not None and n != last + 1:
+                    return False
+                last, seen = n, seen + 1
+                worded = worded or _TABLE_ROW_RE.match(text, m.end()) is None
+    except OSError:
+        return False
+    return seen >= NUMBERED_MIN_LINES and worded
+
+
+def drop_line_number(line: str) -> str:
+    """``line`` without its gutter's number (and the one space or tab after it)."""
+    m = _GUTTER_RE.match(line)
+    return line[m.end():] if m is not None else line
 
 
 def unwrapped(fh: Any, width: int, on_bytes: Optional[Callable[[int], None]] = None,
@@ -866,7 +912,8 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
     ranks: Dict[int, None] = {}
     named: Dict[int, None] = {}
     indent = paste_indent(path)
-    width, padded = paste_wrap(path)
+    numbered = paste_numbered(path)
+    width, padded = (0, False) if numbered else paste_wrap(path)
     physical = [0]
 
     def counted(n: int) -> None:
@@ -879,6 +926,8 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
             if not raw.strip():
                 continue
             line = clean_line(raw)
+            if numbered:
+                line = drop_line_number(line)
             if indent and line.startswith(indent):
                 line = line[len(indent):]
             prefixed, text = split_prefix(line)
