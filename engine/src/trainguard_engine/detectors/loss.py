@@ -595,6 +595,7 @@ class _Window:
         self._steps: Optional[List[int]] = None
         self._values: Optional[List[float]] = None
         self._median: Optional[float] = None
+        self._ordered: Optional[List[float]] = None
         self._cv: Optional[float] = None
         self._trend: Optional[robust.MannKendall] = None
 
@@ -613,8 +614,19 @@ class _Window:
     @property
     def median(self) -> float:
         if self._median is None:
-            self._median = _median_of(self._tail)
+            ordered = self.ordered
+            n = len(ordered)
+            i = n // 2
+            # _median_of's value, bit for bit, from the sorted values kept for the rank test
+            self._median = math.nan if n == 0 else ordered[i] if n % 2 else (ordered[i - 1] + ordered[i]) / 2
         return self._median
+
+    @property
+    def ordered(self) -> List[float]:
+        """The window's values, sorted (once)."""
+        if self._ordered is None:
+            self._ordered = sorted(map(_VALUE, self._tail))
+        return self._ordered
 
     @property
     def cv(self) -> float:
@@ -911,7 +923,7 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     # a plateau unless it fell since the start (converging) or swings (the oscillation rule's) -- either
     # of which stands only while something moves the weights: with dead units or an LR of 0 what fell was
     # a bias finding the targets' mean, and the swings are the batches' noise
-    fell = _fell_from_start(state, win.values, med, initial, tuned) and \
+    fell = _fell_from_start(state, win.ordered, med, initial, tuned) and \
         not _stalled(rank, state, med / initial, win.first_step, win.last_step, settings)
     if (fell or win.cv >= _swing_bar(state, tuned)) and \
             not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
@@ -945,25 +957,28 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     return _Check(True, since=steps[0], detail=f"at {fmt_number(med)}", evidence=evidence, summary=summary)
 
 
-def _fell_from_start(state: Dict[str, Any], values: Sequence[float], med: float, initial: float,
+def _fell_from_start(state: Dict[str, Any], ordered: Sequence[float], med: float, initial: float,
                      tuned: LossGradientSettings) -> bool:
-    """Whether a loss window (``values``, median ``med``) fell since the run's start: its median under
-    ``plateau_min_level`` x the initial level, and its values significantly lower than the run's first
-    2 x ``loss_baseline_points`` values (``state["early"]``; a one-sided Mann-Whitney rank test, z >=
-    ``trend_z``). With small, noisy batches the median of the first few losses is itself uncertain by
-    tens of percent: a loss whose batches scatter as much as at its start, around the same level, has
-    not fallen -- it sits where it started (a plateau), however its first median happened to land."""
+    """Whether a loss window (its values sorted, ``ordered``; median ``med``) fell since the run's start:
+    its median under ``plateau_min_level`` x the initial level, and its values significantly lower than
+    the run's first 2 x ``loss_baseline_points`` values (``state["early"]``; a one-sided Mann-Whitney rank
+    test, z >= ``trend_z``). With small, noisy batches the median of the first few losses is itself
+    uncertain by tens of percent: a loss whose batches scatter as much as at its start, around the same
+    level, has not fallen -- it sits where it started (a plateau), however its first median landed."""
     if not med < tuned.plateau_min_level * initial:
         return False
     early: Optional[List[float]] = state.get("early")
-    if not early or not values:
+    if not early or not ordered:
         return True
-    n1, n2 = len(early), len(values)
-    above = 0.0  # pairs (first value, window value) in which the first value is the higher one
-    for v in values:
-        lo, hi = bisect_left(early, v), bisect_right(early, v)
-        above += (n1 - hi) + 0.5 * (hi - lo)
+    n1, n2 = len(early), len(ordered)
     spread = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
+    if ordered[-1] < early[0]:  # every window value under every first value: the largest z there is
+        above = float(n1 * n2)
+    else:
+        above = 0.0  # pairs (first value, window value) in which the first value is the higher one
+        for e in early:  # a few bisections of the sorted window, not one per window value
+            lo = bisect_left(ordered, e)
+            above += lo + 0.5 * (bisect_right(ordered, e) - lo)
     return spread > 0 and (above - n1 * n2 / 2.0) / spread >= tuned.trend_z
 
 
