@@ -312,3 +312,17 @@ def test_a_line_number_gutter_is_dropped(tmp_path: Path) -> None:
     assert not paste_numbered(table)
     assert not any(paste_numbered(c) for c in (WILD / "num-loss-nan-step-column-yanmtt-1" / "log.txt",
                                                  WILD / "comm-init-reset-by-peer-1" / "log.txt"))
+
+
+def test_open_mpis_tag_output_column_names_the_rank(tmp_path: Path) -> None:
+    # 'mpirun --tag-output' puts '[1,3]<stderr>:' before every line (Horovod, DeepSpeed's MPI runner): before,
+    # 42 of the 358 tuned logs changed category so pasted, 2 after (logs whose lines already carry another
+    # column first)
+    for case in ("comm-init-reset-by-peer-1", "proc-exit1-torchrun-summary-minigpt4-1"):
+        want = [_said(i) for i in items(case)]
+        got = _as_pasted(tmp_path, case, lambda line: "[1,3]<stderr>:" + line)
+        assert [_said(i) for i in got] == want, case
+        assert {i.rank for i in got} == {3}, case
+    # a [rankN]: prefix after the tag is torch's own global rank: it wins
+    (item,) = _as_pasted(tmp_path, "py-keyerror-1", lambda line: "[1,3]<stdout>:[rank5]: " + line)[-1:]
+    assert item.rank == 5

@@ -79,6 +79,9 @@ MAX_LINE_CHARS = 8192
 
 _PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)\]:(?: )?")
 _RANK_COLUMN_RE = re.compile(r"^(?P<name>rank):\s{0,4}(?P<num>\d{1,7}) \| ")
+_MPI_TAG_RE = re.compile(r"^\[\d{1,6},(?P<num>\d{1,7})\]<(?:stdout|stderr|stddiag)>:")
+"""Open MPI's ``mpirun --tag-output`` column ``[1,3]<stderr>:`` (job, then the process's rank), as Horovod
+and DeepSpeed's MPI launcher runs print every line."""
 """ParlAI's distributed logger column ``rank:  3 | 2022-04-03 18:44:26,615 CRITICAL | ...``."""
 _COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\d+(?:, ip=[\d.]+)?\)(?: |$)"
                         r"|[a-z][\w.-]{0,60}[-_]\d{1,4} +\| ?)")
@@ -194,7 +197,8 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
     """(rank named by a ``[rankN]:`` / ``[defaultN]:`` prefix or None, the line without any prefix); a
     pasted line-number column or a Ray worker prefix before it is dropped too, and so is a launcher's
     column before a rank prefix (a host ``worker-5: [rank22]: ...``, a nemo-run task
-    ``i.pretrain/0 [default2]:[rank2]: ...``). Of two stacked prefixes, ``[rankN]:`` (torch's global rank)
+    ``i.pretrain/0 [default2]:[rank2]: ...``); Open MPI's ``[1,3]<stderr>:`` tag names rank 3 (a
+    ``[rankN]:`` after it wins). Of two stacked prefixes, ``[rankN]:`` (torch's global rank)
     wins over ``[defaultN]:`` (torchrun's local rank). A markdown quote marker or a relayed stream's name
     (``> ``, ``stderr: ``) before all of it is dropped first, then a collector's ISO timestamp column
     (:func:`line_stamp` reads it)."""
@@ -208,15 +212,19 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
     task = _TASK_COLUMN_RE.match(line)
     if task is not None:
         line = line[task.end():]
+    mpi = _MPI_TAG_RE.match(line)
+    mpi_rank = None
+    if mpi is not None:
+        line, mpi_rank = line[mpi.end():], int(mpi.group("num"))
     match = _PREFIX_RE.match(line) or _RANK_COLUMN_RE.match(line)
     if match is None:
-        return None, line
+        return mpi_rank, line
     names: Dict[str, int] = {}
     while match is not None and len(names) < 3:
         names.setdefault(match.group("name"), int(match.group("num")))
         line = line[match.end():]
         match = _PREFIX_RE.match(line)
-    rank = names.get("rank", names.get("default"))
+    rank = names.get("rank", names.get("default", mpi_rank))
     return rank, line
 
 
