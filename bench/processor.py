@@ -7,7 +7,8 @@ fresh data directory gets its SQLite queue filled with the shape's serialized ``
 ``trainguard serve`` builds it (``open_stores`` + ``EmbeddedProcessor`` with the server's default
 settings: SQLite stores, ``synchronous=FULL``) and drains the queue, checkpoint included. Reported:
 events/s over the wall time of the drain (one thread; the CPU time beside it), then the ratio to the
-baseline measured the same way in the same run.
+baseline measured the same way in the same run, and on a line of its own the machine's 1-minute load
+average over the drains each figure comes from (a shared machine: figures are only comparable beside it).
 
 Shapes (``--shapes``):
 
@@ -202,12 +203,14 @@ def measure(shape: str, quick: bool, root: Path, pipeline: bool = False) -> Dict
     processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, DetectionSettings(),
                                   batch=settings.processor_batch, snapshot_every_s=settings.snapshot_every_s,
                                   tick_interval_s=settings.tick_interval_s)
+    load0 = os.getloadavg()[0]
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     processor.drain(timeout=3600)
     processor.checkpoint()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
+    load1 = os.getloadavg()[0]
     processed = processor.stats.events
     record = stores.incidents.get_run("bench", run_id)
     incidents = stores.incidents.list_incidents("bench", run_id=run_id)
@@ -218,7 +221,8 @@ def measure(shape: str, quick: bool, root: Path, pipeline: bool = False) -> Dict
            "us_per_event_cpu": 1e6 * cpu / processed if processed else math.nan,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
            "finished": float(record is not None and record.status == "finished"),
-           "incidents": float(len(incidents.items))}
+           "incidents": float(len(incidents.items)),
+           "loadavg_min": min(load0, load1), "loadavg_max": max(load0, load1)}
     if pipeline:
         out["pipeline_us_per_event_cpu"] = pipeline_alone(values, settings.processor_batch)
     return out
@@ -271,6 +275,8 @@ def _best(runs: Sequence[Dict[str, float]]) -> Dict[str, float]:
     for key in ("us_per_event_cpu", "pipeline_us_per_event_cpu"):
         if key in out:
             out[key] = min(r.get(key, math.nan) for r in runs)
+    out["loadavg_min"] = min(r.get("loadavg_min", math.nan) for r in runs)  # the machine's 1-minute load
+    out["loadavg_max"] = max(r.get("loadavg_max", math.nan) for r in runs)  # over the drains measured
     out["repeats"] = float(len(runs))
     return out
 
@@ -312,6 +318,11 @@ def compare(shapes: Sequence[str], baseline: str, quick: bool, baseline_path: Op
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _load(figures: Dict[str, float]) -> str:
+    """``"2.1-4.3"``: the 1-minute load average over a shape's drains (``nan`` when not measured)."""
+    return f"{figures.get('loadavg_min', math.nan):.1f}-{figures.get('loadavg_max', math.nan):.1f}"
+
+
 def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequence[str], baseline: str,
                 label: str = "processor_alone") -> None:
     """One line per shape: this checkout's events/s and CPU per event, the baseline's, the speed-up."""
@@ -326,6 +337,8 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"baseline_events_per_s={base.get('events_per_s', math.nan):.0f} "
               f"baseline_cpu_us_per_event={base.get('us_per_event_cpu', math.nan):.1f} "
               f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g}", flush=True)
+        print(f"{label}_load shape={shape} loadavg_1m={_load(this)} baseline_loadavg_1m={_load(base)}",
+              flush=True)
         if "pipeline_us_per_event_cpu" in this:
             mine, theirs = this["pipeline_us_per_event_cpu"], base.get("pipeline_us_per_event_cpu", math.nan)
             print(f"pipeline_alone shape={shape} cpu_us_per_event={mine:.1f} baseline={baseline} "
