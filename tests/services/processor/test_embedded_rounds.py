@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any, List, Sequence, Tuple
 
@@ -119,6 +120,37 @@ def test_small_records_are_taken_until_a_round_holds_round_events(tmp_path: Path
     assert processor.stats.events == len(envelopes) and queue.depth() == 0
     (incident,) = incidents.list_incidents("p").items
     assert (incident.category, incident.subtype) == ("process", "exception")
+    queue.close()
+
+
+class FailingOnce(SqliteQueue):
+    """The real SQLite queue whose ``fail_at``-th consume raises (the database away for a moment)."""
+
+    def __init__(self, path: Path, fail_at: int) -> None:
+        super().__init__(path)
+        self.calls, self.fail_at = 0, fail_at
+
+    def consume(self, max_records: int, timeout: float) -> List[Any]:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise sqlite3.OperationalError("disk I/O error")
+        return super().consume(max_records, timeout)
+
+
+def test_a_failing_consume_while_taking_more_keeps_the_records_taken(tmp_path: Path) -> None:
+    """When a consume for more small records raises, the round processes what it took (the queue handed
+    those out: skipping them would let a later checkpoint commit past them) and the error ends the taking."""
+    _queue, envelopes = _publish(tmp_path)  # published; read back through a queue whose 2nd consume fails
+    _queue.close()
+    queue = FailingOnce(tmp_path / "queue.db", fail_at=2)
+    processor = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / "events.db"),
+                                  SqliteMetricStore(tmp_path / "metrics.db"),
+                                  SqliteIncidentStore(tmp_path / "incidents.db"), batch=1,
+                                  round_events=100_000, snapshot_every_s=1e9, tick_interval_s=1e15)
+    assert processor.run_once(timeout=1.0) == 1 and processor.stats.events == PER_REQUEST
+    processor.drain(timeout=10)
+    processor.checkpoint()
+    assert processor.stats.events == len(envelopes) and queue.depth() == 0
     queue.close()
 
 

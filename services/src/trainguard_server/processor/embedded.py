@@ -381,12 +381,19 @@ class EmbeddedProcessor:
         step, then share one pipeline call and one write per store instead of one per ``batch`` records:
         the per-round costs, commits included, are paid per ``round_events`` envelopes). A partitioned
         queue is consumed once per round (a rebalance inside a later consume could revoke partitions
-        whose records the round already holds)."""
+        whose records the round already holds). A later consume that raises ends the taking: the round
+        goes on with the records it holds (handed out by the queue, they must go through before anything
+        after them is committed) and the next round's consume meets the error again."""
         chunks = self._chunks(records)
         if self.partitioned:
             return chunks
         while len(records) >= self.batch and sum(len(c.envelopes) for c in chunks) < self.round_events:
-            records = self.queue.consume(self.batch, 0.0)
+            try:
+                records = self.queue.consume(self.batch, 0.0)
+            except Exception as exc:
+                log.warning("taking more records for this round failed (%s); processing the %d taken",
+                            _describe(exc), sum(len(c.records) for c in chunks))
+                break
             chunks = self._chunks(records, chunks)
         return chunks
 
