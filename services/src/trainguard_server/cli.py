@@ -35,13 +35,16 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .preflight import UsageError, check_serve, port_error
-    from .server import EmbeddedServer
+    from .server import DataDirInUse, EmbeddedServer
+    from .storage.sqlite import StoreOpenError
 
     settings = _settings(args)
     check_serve(settings, flagged=_overrides(args))
     server = EmbeddedServer(settings)
     try:
         server.start()
+    except (DataDirInUse, StoreOpenError) as exc:  # another serve on the directory, a damaged file
+        raise UsageError(str(exc)) from None
     except OSError as exc:  # a port taken between the check and the bind
         if exc.errno is None:
             raise

@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from trainguard_engine.catalogue import DetectionSettings
 
@@ -47,6 +47,12 @@ SHUTDOWN_GRACE_S = 5.0
 """How long past ``shutdown_timeout_s`` a stop that blocks is waited for before the process exits anyway (the
 stop gives its last steps, closing the queue and stores, this long)."""
 BOOTSTRAP_LOCK = ".bootstrap.lock"
+PROCESSOR_LOCK = "processor.lock"
+"""Held (flock) by the process that runs the processor on the embedded SQLite queue, for its whole life."""
+
+
+class DataDirInUse(RuntimeError):
+    """Another live process runs the processor on this data directory (it holds :data:`PROCESSOR_LOCK`)."""
 
 
 @dataclass
@@ -71,13 +77,28 @@ class EmbeddedServer:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self.exit_code = 0  # of the stop: 1 when something acknowledged was not committed
+        self._lock_fd: Optional[int] = None  # PROCESSOR_LOCK while this process consumes the SQLite queue
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.stores = open_stores(s, self.data_dir)  # SQLite unless TRAINGUARD_EVENT_STORE/METRIC_STORE
         roles = self.roles = parse_roles(s.roles)
+        if "processor" in roles and s.queue != "kafka":  # one consumer of the SQLite queue and its state
+            self._lock_fd = _processor_lock(self.data_dir)
+        try:
+            self._start(s, roles)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def _start(self, s: Settings, roles: Tuple[str, ...]) -> None:
+        self.stores = open_stores(s, self.data_dir)  # SQLite unless TRAINGUARD_EVENT_STORE/METRIC_STORE
         # SQLite under data_dir unless TRAINGUARD_QUEUE=kafka; only a processor joins the consumer group
         self.queue = open_queue(s, self.data_dir, consume="processor" in roles)
         self.tokens = self._bootstrap_tokens()
@@ -170,6 +191,7 @@ class EmbeddedServer:
                 failed += _attempt("closing notifications", self.notifier.close)
             failed += _attempt("closing the queue", self.queue.close)
             failed += _attempt("closing the stores", self.stores.close)
+            self._release_lock()
             if failed:
                 self.exit_code = 1
                 log.error("shutdown incomplete (exit code 1): %s", "; ".join(failed))
@@ -269,6 +291,26 @@ class EmbeddedServer:
                 raise
             log.info("bootstrap %s token %s was registered by another process at the same time",
                      kind, info.token_id)
+
+
+def _processor_lock(data_dir: Path) -> int:
+    """Take ``data_dir/processor.lock`` (flock, not blocking) and write this pid in it; the descriptor holds
+    it until closed or the process dies (a kill -9 leaves no stale lock). DataDirInUse when another process
+    holds it: two processors on one SQLite queue would each process it and overwrite each other's state."""
+    path = data_dir / PROCESSOR_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise DataDirInUse(f"data directory {data_dir} is in use by another trainguard process (pid "
+                           f"{holder}) that runs its processor ({path} is locked): stop that process, or "
+                           "give this one another --data-dir (TRAINGUARD_DATA_DIR); a gateway or api alone "
+                           "(TRAINGUARD_ROLES=gateway,api) may share it") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 @contextmanager

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
-from trainguard_server.storage.sqlite import DEFAULT_SYNCHRONOUS, connect
+from trainguard_server.storage.sqlite import DEFAULT_SYNCHRONOUS, connect, opening
 
 from .base import Queue, QueueFull, QueueRecord
 from .common import PARTITION, check_consume_args, check_publish_args, commit_offset
@@ -80,10 +80,11 @@ class SqliteQueue(Queue):
         self._generation = 0           # bumped by every publish (under _cond)
         self._closed = False
         new_file = not self.path.exists()
-        self._writer = self._open(synchronous, page_size=PAGE_SIZE if new_file else None)
-        self._writer.execute(_SCHEMA)
-        self._reader = self._open(synchronous)
-        self._depth = int(self._writer.execute("SELECT COUNT(*) FROM records").fetchone()[0])
+        with opening(self.path):  # a damaged or read-only file: StoreOpenError naming it
+            self._writer = self._open(synchronous, page_size=PAGE_SIZE if new_file else None)
+            self._writer.execute(_SCHEMA)
+            self._reader = self._open(synchronous)
+            self._depth = int(self._writer.execute("SELECT COUNT(*) FROM records").fetchone()[0])
         self._handed = 0               # highest offset handed out; offsets start at 1
 
     def _open(self, synchronous: str, page_size: Optional[int] = None) -> sqlite3.Connection:

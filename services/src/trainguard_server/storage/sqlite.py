@@ -92,17 +92,42 @@ _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 PathLike = Union[str, Path]
 
 
+class StoreOpenError(sqlite3.DatabaseError):
+    """A SQLite file of the data directory that cannot be opened or set up, said with its path and the fix
+    (``trainguard serve`` prints it in one line, exit code 2)."""
+
+
+@contextmanager
+def opening(path: PathLike) -> Iterator[None]:
+    """Turn a SQLite error while opening or setting up ``path`` into a :class:`StoreOpenError` naming it."""
+    try:
+        yield
+    except StoreOpenError:
+        raise
+    except sqlite3.DatabaseError as exc:
+        text = str(exc)
+        if "not a database" in text or "malformed" in text:
+            raise StoreOpenError(f"{path} is not a readable SQLite database ({text}): it is damaged or not "
+                                 "TrainGuard's; restore it from a backup, or move it aside and the server "
+                                 "starts with an empty one (what it held is lost)") from None
+        raise StoreOpenError(f"{path} cannot be opened for writing ({text}): check that this user owns "
+                             "it and its -wal/-shm files, that the file system is writable and not full, and "
+                             "that --data-dir (TRAINGUARD_DATA_DIR) is the server's directory") from None
+
+
 def connect(path: PathLike, synchronous: str = DEFAULT_SYNCHRONOUS) -> sqlite3.Connection:
     """A connection in autocommit mode (explicit BEGIN/COMMIT) with the embedded backend's pragmas:
-    WAL journal, the given ``synchronous`` level, a busy timeout, in-memory temp tables."""
+    WAL journal, the given ``synchronous`` level, a busy timeout, in-memory temp tables. StoreOpenError
+    (naming the file) when it cannot be opened."""
     if synchronous.upper() not in _SYNCHRONOUS:
         raise ValueError(f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, not {synchronous!r}")
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
-    conn.execute("PRAGMA busy_timeout = 30000")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-    conn.execute("PRAGMA temp_store = MEMORY")
-    conn.execute("PRAGMA journal_size_limit = 67108864")  # shrink the WAL back to 64 MB after a checkpoint
+    with opening(path):
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        conn.execute("PRAGMA journal_size_limit = 67108864")  # the WAL back to 64 MB after a checkpoint
     return conn
 
 
@@ -118,7 +143,7 @@ class Database:
         self._readers_lock = threading.Lock()
         self._closed = False
         self._writer = connect(self.path, synchronous)
-        with self.write() as conn:
+        with opening(self.path), self.write() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"{self.path} has schema version {version}; this server knows "
