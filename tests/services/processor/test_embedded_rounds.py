@@ -102,6 +102,42 @@ def test_a_round_is_cut_into_chunks_of_at_most_round_events(tmp_path: Path, roun
     queue.close()
 
 
+class Watching(EmbeddedProcessor):
+    """The embedded processor, noting when it decodes a record and when it processes a chunk."""
+
+    log: List[Tuple[str, int]]
+
+    def _decode(self, record: Any) -> Any:
+        self.log.append(("decode", 1))
+        return super()._decode(record)
+
+    def _process(self, records: Any, *args: Any) -> None:
+        self.log.append(("process", len(records)))
+        super()._process(records, *args)
+
+
+def test_a_round_decodes_each_chunk_just_before_it_runs(tmp_path: Path) -> None:
+    """A round that took many records decodes them chunk by chunk: when a chunk runs, at most one record
+    beyond it was decoded (the one that did not fit) -- a round's memory is bounded by round_events, not by
+    how many records one consume handed out."""
+    queue, envelopes = _publish(tmp_path)
+    processor = Watching(queue, SqliteEventStore(tmp_path / "events.db"), SqliteMetricStore(tmp_path / "metrics.db"),
+                         SqliteIncidentStore(tmp_path / "incidents.db"), batch=10_000, round_events=20,
+                         snapshot_every_s=1e9, tick_interval_s=1e15)
+    processor.log = []
+    records = queue.depth()
+    assert processor.run_once(timeout=1.0) == records > 3
+    decoded = processed = 0
+    for what, count in processor.log:
+        if what == "decode":
+            decoded += count
+        else:
+            processed += count
+            assert decoded <= processed + 1
+    assert processed == decoded == records and processor.stats.events == len(envelopes)
+    queue.close()
+
+
 def test_small_records_are_taken_until_a_round_holds_round_events(tmp_path: Path) -> None:
     """A full batch of records holding fewer than ``round_events`` envelopes is followed by more in the same
     round (one pipeline call and one write per store per ``round_events``, not per ``batch`` records)."""

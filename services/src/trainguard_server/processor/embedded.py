@@ -295,7 +295,7 @@ class EmbeddedProcessor:
     # --- processing -----------------------------------------------------------------------------
     def run_once(self, timeout: float) -> int:
         """One consumer round: take ``batch`` records (waiting up to ``timeout``; more while they are
-        small: :meth:`_take`), then process them in chunks of at most ``round_events`` envelopes -- per
+        small: :meth:`_round`), then process them in chunks of at most ``round_events`` envelopes -- per
         chunk one decode, one write per store and one pipeline call -- maybe checkpoint and run timers.
         Returns the records processed.
 
@@ -348,78 +348,83 @@ class EmbeddedProcessor:
         self._retry_at = time.monotonic() + self._backoff_s
 
     def _round(self, records: List[QueueRecord], fresh: bool) -> int:
-        """Process ``records`` (and, ``fresh`` from the queue, more: :meth:`_take`) chunk by chunk; the
-        records processed. Runs with the cyclic garbage collector paused (run_once): a round's decoded
-        envelopes all live until it ends, so each young-generation collection would walk tens of thousands
-        of objects that all survive (4-6 % of a round's CPU, bench/processor.py); they are freed by
-        reference counting when this returns, before the collector is back. Waiting for records (consume's
-        timeout) and the timers and checkpoints after a round run with it as it was."""
-        chunks = self._take(records) if fresh else self._chunks(records)
+        """Process ``records`` chunk by chunk -- each chunk decoded just before it runs, so a round holds at
+        most about ``round_events`` decoded envelopes at once whatever ``batch`` records it took -- and,
+        ``fresh`` from a queue with one partition, take more while the queue hands out full batches and
+        the round has decoded fewer than ``round_events`` envelopes (small records, e.g. the SDK's request
+        per rank and step, then share one pipeline call and one write per store instead of one per
+        ``batch`` records: the per-round costs, commits included, are paid per ``round_events``
+        envelopes). A partitioned queue is consumed once per round (a rebalance inside a later consume
+        could revoke partitions whose records the round holds). Returns the records processed.
+
+        A chunk is at most ``round_events`` envelopes (a record is never split; one larger than that is a
+        chunk of its own). Runs with the cyclic garbage collector paused (run_once): a round's decoded
+        envelopes live until their chunk is through, so young-generation collections would walk tens of
+        thousands of objects that all survive (4-6 % of a round's CPU, bench/processor.py); they are
+        freed by reference counting. Waiting for records (consume's timeout) and the timers and
+        checkpoints after a round run with the collector as it was."""
+        more = fresh and not self.partitioned
+        full = len(records) >= self.batch
+        todo, at = records, 0   # records taken and not yet decoded: todo[at:]
+        carry: Optional[Tuple[QueueRecord, List[Dict[str, Any]], List[Points]]] = None  # did not fit
+        decoded_envelopes = 0
         done = 0
-        for i, (chunk, envelopes, points, partitions) in enumerate(chunks):
-            if i:
+        while True:
+            chunk = _Chunk([], [], [], [])
+            while True:
+                if carry is not None:
+                    record, decoded, decoded_points = carry
+                    carry = None
+                else:
+                    if at == len(todo):
+                        if not (more and full and decoded_envelopes < self.round_events):
+                            break
+                        todo, at = self._take_more(), 0
+                        full = len(todo) >= self.batch
+                        more = more and bool(todo)
+                        if not todo:
+                            break
+                    record = todo[at]
+                    at += 1
+                    decoded, decoded_points = self._decode(record)
+                    decoded_envelopes += len(decoded)
+                if chunk.records and len(chunk.envelopes) + len(decoded) > self.round_events:
+                    carry = (record, decoded, decoded_points)
+                    break
+                chunk.records.append(record)
+                chunk.envelopes.extend(decoded)
+                chunk.points.extend(decoded_points)
+                chunk.partitions.extend([record.partition] * len(decoded))
+            if not chunk.records:
+                return done
+            if done:
                 self._yield_to_ingest()
             try:
                 with self._lock:
-                    self._process(chunk, envelopes, points, partitions)
+                    self._process(chunk.records, chunk.envelopes, chunk.points, chunk.partitions)
             except Exception:
                 # a store is unavailable: records not yet through the stores are kept for a retry after
                 # a backoff (doubling to MAX_BACKOFF_S); nothing of them is committed meanwhile
+                later = ([carry[0]] if carry is not None else []) + list(todo[at:])
                 if not self._pending:      # the raw writes failed: this chunk again
-                    self._retry = [r for c in chunks[i:] for r in c.records]
+                    self._retry = chunk.records + later
                 else:                      # only the upserts failed: the chunk is through the pipeline
-                    self._retry = [r for c in chunks[i + 1:] for r in c.records]
+                    self._retry = later
                 self._back_off()
                 raise
-            done += len(chunk)
-        return done
+            done += len(chunk.records)
 
-    def _take(self, records: List[QueueRecord]) -> List[_Chunk]:
-        """A round's records decoded into chunks: ``records`` (a batch consumed), then -- over a queue
-        with one partition, while the queue handed out full batches and the round holds fewer than
-        ``round_events`` envelopes -- more at once (small records, e.g. the SDK's request per rank and
-        step, then share one pipeline call and one write per store instead of one per ``batch`` records:
-        the per-round costs, commits included, are paid per ``round_events`` envelopes). A partitioned
-        queue is consumed once per round (a rebalance inside a later consume could revoke partitions
-        whose records the round already holds). A later consume that raises ends the taking: the round
-        goes on with the records it holds (handed out by the queue, they must go through before anything
-        after them is committed) and the next round's consume meets the error again."""
-        chunks = self._chunks(records)
-        if self.partitioned:
-            return chunks
-        while len(records) >= self.batch and sum(len(c.envelopes) for c in chunks) < self.round_events:
-            try:
-                records = self.queue.consume(self.batch, 0.0)
-            except Exception as exc:
-                log.warning("taking more records for this round failed (%s); processing the %d taken",
-                            _describe(exc), sum(len(c.records) for c in chunks))
-                break
-            chunks = self._chunks(records, chunks)
-        return chunks
-
-    def _chunks(self, records: Sequence[QueueRecord], into: Optional[List[_Chunk]] = None) -> List[_Chunk]:
-        """``records`` decoded, in order, cut into chunks of at most ``round_events`` envelopes (a record
-        is never split; one larger than that is a chunk of its own). With ``into`` (chunks of the same
-        round), ``records`` continue its last chunk: ``into`` and the chunks after it are returned."""
-        chunks: List[_Chunk] = list(into or ())
-        chunk: List[QueueRecord] = []
-        envelopes: List[Dict[str, Any]] = []
-        points: List[Points] = []
-        partitions: List[int] = []
-        if chunks:
-            chunk, envelopes, points, partitions = chunks.pop()
-        for record in records:
-            decoded, decoded_points = self._decode(record)
-            if chunk and len(envelopes) + len(decoded) > self.round_events:
-                chunks.append(_Chunk(chunk, envelopes, points, partitions))
-                chunk, envelopes, points, partitions = [], [], [], []
-            chunk.append(record)
-            envelopes.extend(decoded)
-            points.extend(decoded_points)
-            partitions.extend([record.partition] * len(decoded))
-        if chunk:
-            chunks.append(_Chunk(chunk, envelopes, points, partitions))
-        return chunks
+    def _take_more(self) -> List[QueueRecord]:
+        """The next ``batch`` records, at once, for a round that wants more (:meth:`_round`); a consume that
+        raises ends the taking ([]): the round goes on with the records it holds (handed out by the
+        queue, they must go through before anything after them is committed) and the next round's
+        consume meets the error again."""
+        try:
+            return self.queue.consume(self.batch, 0.0)
+        except Exception as exc:
+            log.warning("taking more records for this round failed (%s); processing those taken",
+                        _describe(exc))
+            return []
 
     def _decode(self, record: QueueRecord) -> Tuple[List[Dict[str, Any]], List[Points]]:
         try:
