@@ -27,7 +27,9 @@ are not the verdict. Printed per half:
 * the anomalous runs whose trace also meets the healthy rule (``labels.observed``: the loss fell to <=
   0.85 x its start, nothing non-finite) -- only the planted cause makes them anomalous, and a detector
   that alarmed on their shape would alarm on the healthy runs that share it -- and how many of the runs
-  left with no incident at all are such (counts only).
+  left with no incident at all are such (counts only);
+* the right category and subtype under the label rule before stop 31's second decision (``labels.label``'s
+  ``shapes_on_learned``: a loss-shape label also on a run that learned), so both can be judged.
 
     python -m bench.corpus.evaluate                   # both halves of what record.py wrote
     python -m bench.corpus.evaluate --split dev -v    # one half, every miss listed
@@ -89,6 +91,7 @@ class Outcome:
     climb_steps: Optional[int] = None  # labels.climb_steps: steps the pre-clip norm climbed before nf
     flagged: Dict[str, Any] = field(default_factory=dict)  # the explosion incident: first visible {step, as}
     learned: bool = False  # the trace also meets the healthy rule (labels.py): only its cause is anomalous
+    label_before: str = ""  # the label under the rule before stop 31's second decision (shapes_on_learned)
 
     @property
     def healthy(self) -> bool:
@@ -190,6 +193,7 @@ def outcome_of(spec: manifest.RunSpec, truth: Dict[str, List[float]], events: Se
             {},
         ),
         learned=learned,
+        label_before=labels_mod.label(spec, truth, clip_for(spec), shapes_on_learned=True),
     )
 
 
@@ -237,6 +241,15 @@ def report(outcomes: Sequence[Outcome], title: str, verbose: bool = False) -> Di
         f"runs with no incident at all: {len(silent)}, of which such: {sum(o.learned for o in silent)}"
     )
     sub = sum(o.right_subtype for o in anomalous)
+    before = [o for o in outcomes if o.label_before not in (labels_mod.UNMANIFESTED, labels_mod.HEALTHY)]
+    cat_before = sum(o.verdict.split("/")[0] == o.label_before.split("/")[0] for o in before)
+    sub_before = sum(o.verdict == o.label_before for o in before)
+    print(
+        f"  under the label rule before stop 31's second decision (a loss-shape label also on a run that "
+        f"learned): right category {_pct(cat_before, len(before))}, right subtype "
+        f"{_pct(sub_before, len(before))}; loss-shape labels now unmanifested because the run learned: "
+        f"{sum(1 for o in before if o.label == labels_mod.UNMANIFESTED)}"
+    )
     alerts = sum(1 for o in healthy if o.open_alerts)
     transient = sum(1 for o in healthy if o.transient and not o.open_alerts)
     lo, hi = wilson(alerts, len(healthy))
@@ -314,6 +327,8 @@ def report(outcomes: Sequence[Outcome], title: str, verbose: bool = False) -> Di
         "no_incident": len(silent),
         "no_incident_learned": sum(o.learned for o in silent),
         "right_subtype": sub,
+        "before_stop31_rule": {"anomalous": len(before), "right_category": cat_before,
+                               "right_subtype": sub_before},
         "healthy": len(healthy),
         "healthy_alerts": alerts,
         "healthy_alert_ci": [lo, hi],

@@ -71,6 +71,25 @@ that start, not a label against them. *An LM's chance level* (dev r506: LoRA GPT
 warmup to a far-too-high LR, 0.80 x a random-init start of 5.5): not used -- a label from the trace alone
 cannot know the vocabulary, nor can the detectors (the SDK does not report the model's output size), so
 the rules stay relative to the run's own start.
+
+**No loss-shape label on a run that learned (decided at stop 31, second decision; both halves).** The four
+kinds read from the loss curve's shape alone -- ``loss/oscillation``, ``loss/plateau``, ``loss/divergence``,
+``loss/rise-after-fall`` (``LOSS_SHAPES``) -- are not given to a run whose trace *learned*: it meets the
+healthy rule (no ``nf``, the last 10 % <= 0.85 x ``start5``) and its last 10 % is <= 0.85 x ``init`` too.
+Such a run is ``unmanifested`` (reported, not scored), like a planted cause that never showed. Why: a label
+must describe what the trace shows, and a trace that learned is one a healthy run also has -- the same
+trace planted as healthy is scored healthy, where any alarm is wrong; it cannot also be scored as a
+plateau or an oscillation where no alarm is wrong (an LR jump leaving swings at 13-33 % of the start looks
+like a noisy healthy run; a LoRA loss that fell 5.5 -> 3.96 and stopped has learned what it could). Both
+starts are asked because they differ only when the loss more than doubled inside the first 5 steps: then
+``start5`` is the blown-up level, and a loss that went back to where it began (a CNN thrown 1.4 -> 260 by
+Adam and flat at 1.4 again, dev r186) has not learned though it is under 0.85 x ``start5`` -- its plateau
+label stands, as decided at stop 30. The labels from other signals (gradients, adapters, non-finite
+values) are unaffected. **Disclosure:** this was decided *after* an aggregate count of the test half's
+misses had been seen (stop 31: all 7 test runs with no incident meet the healthy rule), so
+``evaluate.py`` prints the figures under the rule before it as well (``label(..., shapes_on_learned=True)``)
+for a reader to judge. Dev labels moved (the test half's were counted only: 16): r394, r462, r506, r515,
+r522 plateau; r494, r550, r578 oscillation; r509 rise-after-fall -- all -> ``unmanifested``.
 """
 
 from __future__ import annotations
@@ -83,6 +102,8 @@ from .manifest import CAUSES, HEALTHY_CAUSES, RunSpec
 
 UNMANIFESTED = "unmanifested"
 HEALTHY = "healthy"
+LEARNED = "learned"
+"""``observed``'s key for "the trace meets the healthy rule and fell to <= 0.85 x ``init`` too" (stop 31)."""
 
 
 def _finite(values: Sequence[float]) -> List[float]:
@@ -152,6 +173,7 @@ def observed(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]
     last = _median(loss[-tail:]) if nf is None else math.nan
     out: Dict[str, bool] = {}
     out[HEALTHY] = nf is None and last <= 0.85 * start5
+    out[LEARNED] = out[HEALTHY] and last <= 0.85 * init
     if nf is not None:
         g_ref = _median(grads[: max(10, nf - 40)])
         before = _finite(grads[max(0, nf - 40) : nf])
@@ -192,12 +214,21 @@ def observed(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]
     return out
 
 
-def label(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]) -> str:
-    """``"healthy"``, ``"category/subtype"`` or ``"unmanifested"`` (see the module docstring)."""
+LOSS_SHAPES = ("loss/oscillation", "loss/divergence", "loss/rise-after-fall", "loss/plateau")
+"""The kinds read from the loss curve's shape alone: none of them is given to a trace that meets the
+healthy rule (stop 31, second decision in the module docstring)."""
+
+
+def label(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float],
+          shapes_on_learned: bool = False) -> str:
+    """``"healthy"``, ``"category/subtype"`` or ``"unmanifested"`` (see the module docstring).
+    ``shapes_on_learned``: the rule before stop 31's second decision (a loss-shape label may go to a run
+    whose trace meets the healthy rule) -- kept only so evaluate.py can print the figures both ways."""
     seen = observed(spec, truth, clip)
     if spec.cause in HEALTHY_CAUSES:
         return HEALTHY if seen.get(HEALTHY) else UNMANIFESTED
+    learned = bool(seen.get(LEARNED)) and not shapes_on_learned
     for kind in CAUSES[spec.cause]:  # in the order of the cause's kinds: the first one the trace shows
-        if seen.get(kind):
+        if seen.get(kind) and not (learned and kind in LOSS_SHAPES):
             return kind
     return UNMANIFESTED
