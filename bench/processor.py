@@ -8,7 +8,8 @@ fresh data directory gets its SQLite queue filled with the shape's serialized ``
 settings: SQLite stores, ``synchronous=FULL``) and drains the queue, checkpoint included. Reported:
 events/s over the wall time of the drain (one thread; the CPU time beside it), then the ratio to the
 baseline measured the same way in the same run, and on a line of its own the machine's 1-minute load
-average over the drains each figure comes from (a shared machine: figures are only comparable beside it).
+average over the drains each figure comes from (a shared machine: figures are only comparable beside it)
+and the peak RSS of the measuring process (the stream it built included).
 
 Shapes (``--shapes``):
 
@@ -275,6 +276,7 @@ def _best(runs: Sequence[Dict[str, float]]) -> Dict[str, float]:
     for key in ("us_per_event_cpu", "pipeline_us_per_event_cpu"):
         if key in out:
             out[key] = min(r.get(key, math.nan) for r in runs)
+    out["peak_rss_mb"] = max(r.get("peak_rss_mb", math.nan) for r in runs)
     out["loadavg_min"] = min(r.get("loadavg_min", math.nan) for r in runs)  # the machine's 1-minute load
     out["loadavg_max"] = max(r.get("loadavg_max", math.nan) for r in runs)  # over the drains measured
     out["repeats"] = float(len(runs))
@@ -337,8 +339,9 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"baseline_events_per_s={base.get('events_per_s', math.nan):.0f} "
               f"baseline_cpu_us_per_event={base.get('us_per_event_cpu', math.nan):.1f} "
               f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g}", flush=True)
-        print(f"{label}_load shape={shape} loadavg_1m={_load(this)} baseline_loadavg_1m={_load(base)}",
-              flush=True)
+        print(f"{label}_load shape={shape} loadavg_1m={_load(this)} baseline_loadavg_1m={_load(base)} "
+              f"peak_rss_mb={this.get('peak_rss_mb', math.nan):.0f} "
+              f"baseline_peak_rss_mb={base.get('peak_rss_mb', math.nan):.0f}", flush=True)
         if "pipeline_us_per_event_cpu" in this:
             mine, theirs = this["pipeline_us_per_event_cpu"], base.get("pipeline_us_per_event_cpu", math.nan)
             print(f"pipeline_alone shape={shape} cpu_us_per_event={mine:.1f} baseline={baseline} "
