@@ -41,7 +41,18 @@ interpreter, so its CPU is not shared with this script's GIL), a fresh data dire
     temporary worktree) in the same run, with the speed-up and issue 15's target per shape; then the
     500-envelope figure over the gRPC ingest rate of (1), the same stream shape (target ≥ 0.5).
 
+(7) ``gateway_alone`` -- the gateway's own cost per envelope, in process (no server, no gRPC, a queue that
+    keeps nothing): pre-built requests of ``--batch`` metric envelopes decoded and ingested
+    (``batch_from_protobuf`` / ``batch_from_json`` + ``Gateway.ingest_batch``, ``serve``'s default settings:
+    the backlog bound and the metric-name bound on), for this checkout and each ``--gateway-baseline`` ref
+    (``git archive`` into a temporary directory, imported in a subprocess of its own), alternating over
+    ``--gateway-rounds`` rounds; best per tree, the ratios, and the load average beside each figure.
+    Target: protobuf within 1.3x of the gateway before the per-run name bound and the points-counted
+    backlog (ea01d7d, the commit before 79a51a3).
+
     python bench/ingest.py                          # the full run (~2 minutes)
+    python bench/ingest.py --skip grpc,sdk,http,latency,latency_sdk,processor \
+        --gateway-baseline HEAD,ea01d7d             # gateway_alone only, beside HEAD and ea01d7d
     python bench/ingest.py --duration 20 --clients 3
     python bench/ingest.py --profile /tmp/prof      # + py-spy over the server in (1), by component
     python bench/ingest.py --profile /tmp/prof --gil          # ... sampling only the GIL holder
@@ -81,7 +92,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import processor as processor_bench  # noqa: E402  (bench/processor.py: processor-alone beside a baseline)
 
 for _src in (REPO / "sdk" / "src", REPO / "engine" / "src", REPO / "services" / "src"):
-    if _src.is_dir() and str(_src) not in sys.path:
+    # a --gateway-worker of another tree (TRAINGUARD_BENCH_TREE) imports that tree's sources (PYTHONPATH)
+    if _src.is_dir() and str(_src) not in sys.path and not os.environ.get("TRAINGUARD_BENCH_TREE"):
         sys.path.insert(0, str(_src))
 
 GRPC_TARGET = 120_000      # metric events/s through batched gRPC
@@ -1026,6 +1038,150 @@ def summarise_profile(path: Path, top: int = 12) -> None:
 
 # --------------------------------------------------------------------------------------------- main
 
+# ------------------------------------------------------------------------------ gateway alone, in process
+
+GATEWAY_TARGET_RATIO = 1.3  # protobuf decode+ingest per envelope, over the pre-79a51a3 gateway's
+
+
+def gateway_worker(kind: str, batch: int, points: int, requests: int, repeats: int, runs: int,
+                   profile: Optional[str]) -> Dict[str, Any]:
+    """(In a subprocess whose ``PYTHONPATH`` names one tree's sources.) The gateway's own cost per envelope:
+    ``requests`` pre-built request bodies of ``batch`` metric envelopes (``points`` points, the SDK's names,
+    the same every step; one run per request, ``runs`` runs in turn; unique event ids) decoded
+    (``batch_from_protobuf`` / ``batch_from_json``) and ingested (``Gateway.ingest_batch``: validation,
+    de-duplication, the per-project backlog, the per-run metric-name bound where the tree has them, the
+    publish's grouping) into a queue that keeps nothing. ``serve``'s default settings. One untimed pass
+    first (the steady state: every run's names known), then the best of ``repeats`` timed passes."""
+    import inspect
+
+    from trainguard.core import events as ev
+    from trainguard_server.config import Settings
+    from trainguard_server.gateway import ingest as gw
+    from trainguard_server.gateway.backlog import ProjectBacklog
+    from trainguard_server.queue.base import Queue
+    from trainguard_server.storage.base import TokenInfo
+
+    class NullQueue(Queue):
+        """Takes every record, keeps none (the queue's cost is not the gateway's)."""
+
+        def publish(self, key: str, values: Sequence[bytes]) -> List[int]:
+            return [0] * len(values)
+
+        def consume(self, max_records: int, timeout: float) -> List[Any]:
+            return []
+
+        def commit(self, records: Sequence[Any]) -> None:
+            return None
+
+        def depth(self) -> int:
+            return 0  # what the backlog counted is released when it reaches its bound
+
+    settings = Settings()
+    queue = NullQueue()
+    kwargs: Dict[str, Any] = {"backlog": ProjectBacklog(settings.project_max_backlog_events,
+                                                        settings.retry_after_s, queue.depth)}
+    if "metric_names" in inspect.signature(gw.Gateway).parameters:
+        kwargs["metric_names"] = lambda project, run_id: ()
+    gateway = gw.Gateway(queue, None, settings, **kwargs)  # type: ignore[arg-type]
+    project = "bench"
+    auth = TokenInfo("bench-token", project, "ingest", 0)
+    now_ns = time.time_ns()
+    bodies: List[bytes] = []
+    factories = [BatchFactory(identity(project, f"gw-run-{r}", r, runs), points, f"{r:04x}gw", now_ns)
+                 for r in range(runs)]
+    for i in range(requests):
+        r, step = i % runs, (i // runs) * batch
+        if kind == "protobuf":
+            bodies.append(factories[r].request(step, batch))
+        else:
+            ident = identity(project, f"gw-run-{r}", r, runs)
+            bodies.append(ev.encode_batch(event_dicts(ident, step, batch, points, f"{r:04x}gw", now_ns)))
+    max_events = settings.max_batch_events
+
+    def one_pass() -> float:
+        t0 = time.perf_counter()
+        for body in bodies:
+            b = gw.batch_from_protobuf(body) if kind == "protobuf" else \
+                gw.batch_from_json(body, max_events=max_events)
+            result = gateway.ingest_batch(auth, b)
+            if result.accepted != batch:
+                raise AssertionError(f"accepted {result.accepted} of {batch}: {result.rejected[:2]}")
+        return time.perf_counter() - t0
+
+    one_pass()
+    profiler = None
+    if profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
+    best = min(one_pass() for _ in range(repeats))
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    return {"us_per_envelope": best / (requests * batch) * 1e6, "source": gw.__file__,
+            "loadavg_1m": os.getloadavg()[0]}
+
+
+def tree_of(ref: str, into: Path) -> Path:
+    """``ref``'s sources (``git archive``) under ``into``; ``.`` is this checkout as it is."""
+    if ref == ".":
+        return REPO
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def gateway_alone(baseline: str, batch: int, points: int, rounds: int, profile: Optional[Path],
+                  quick: bool = False) -> Dict[str, Dict[str, List[Dict[str, Any]]]]:
+    """The gateway in process (:func:`gateway_worker`) for this checkout and ``baseline`` (git refs, comma
+    separated; 'none': this checkout alone), alternating per round, one subprocess per figure;
+    ``{tree: {kind: [figure per round]}}``. ``profile``: cProfile files of this checkout's protobuf runs.
+    ``quick``: a few requests, one timed pass (seconds; the figures mean little)."""
+    out: Dict[str, Dict[str, List[Dict[str, Any]]]] = {}
+    with tempfile.TemporaryDirectory(prefix="trainguard-gateway-bench-") as tmp:
+        trees = {"this": REPO}
+        for i, ref in enumerate(r for r in baseline.split(",") if r and r != "none"):
+            trees[ref] = tree_of(ref, Path(tmp) / f"baseline{i}")
+        sizes = (("protobuf", 16), ("json", 4)) if quick else (("protobuf", 200), ("json", 40))
+        for rnd in range(rounds):
+            for kind, requests in sizes:
+                for name, tree in trees.items():
+                    prof = str(profile / f"gateway_{kind}_{rnd}.prof") \
+                        if profile is not None and name == "this" and kind == "protobuf" else ""
+                    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                        str(tree / d / "src") for d in ("sdk", "engine", "services")),
+                        TRAINGUARD_BENCH_TREE=str(tree))
+                    cmd = [sys.executable, str(Path(__file__).resolve()), "--gateway-worker",
+                           json.dumps({"kind": kind, "batch": batch, "points": points, "requests": requests,
+                                       "repeats": 1 if quick else 5, "runs": 8, "profile": prof})]
+                    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+                    fig = json.loads(done.stdout.strip().splitlines()[-1])
+                    if not fig["source"].startswith(str(tree)):
+                        raise AssertionError(f"{name}: imported {fig['source']}, not from {tree}")
+                    out.setdefault(name, {}).setdefault(kind, []).append(fig)
+                    print(f"gateway_alone round={rnd} tree={name} kind={kind} "
+                          f"us_per_envelope={fig['us_per_envelope']:.3f} "
+                          f"loadavg_1m={fig['loadavg_1m']:.2f}", flush=True)
+    return out
+
+
+def print_gateway(figures: Dict[str, Dict[str, List[Dict[str, Any]]]], baseline: str, label: str) -> None:
+    """Best per tree and kind, and this checkout over the baseline (protobuf's target ratio beside it)."""
+    for kind in ("protobuf", "json"):
+        best = {name: min(f["us_per_envelope"] for f in kinds[kind]) for name, kinds in figures.items()}
+        loads = [f["loadavg_1m"] for kinds in figures.values() for f in kinds[kind]]
+        line = f"{label} kind={kind} this_us_per_envelope={best['this']:.3f}"
+        for ref in (r for r in baseline.split(",") if r in best):
+            ratio = best["this"] / best[ref]
+            line += f" | {ref}={best[ref]:.3f} this/{ref}={ratio:.2f}"
+            if kind == "protobuf" and ref == baseline.split(",")[-1]:
+                line += f" target<={GATEWAY_TARGET_RATIO} {'OK' if ratio <= GATEWAY_TARGET_RATIO else 'OVER'}"
+        print(f"{line} loadavg_1m={min(loads):.2f}-{max(loads):.2f} (best of {len(loads) // len(best)})",
+              flush=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=None, help="seconds per throughput window (10)")
@@ -1046,7 +1202,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="background load during the probes in events/s (overrides --bg-fraction)")
     p.add_argument("--sdk-probes", type=int, default=None, help="probes through the real SDK (5)")
     p.add_argument("--skip", default="",
-                   help="comma list of: grpc,sdk,http,latency,latency_sdk,processor")
+                   help="comma list of: grpc,sdk,http,latency,latency_sdk,processor,gateway")
     p.add_argument("--processor-shapes", default=None,
                    help="bench/processor.py's streams for processor_alone (sdk16,sdk4096,env500; "
                         "--quick: sdk16,env500)")
@@ -1065,7 +1221,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="print the breakdown of an earlier --profile file (py-spy raw format) and exit")
     p.add_argument("--keep-data", action="store_true", help="keep the servers' data directories")
     p.add_argument("--quick", action="store_true", help="a few seconds per phase (smoke test)")
+    p.add_argument("--gateway-baseline", default="none",
+                   help="git refs, comma separated, whose gateways are measured in process beside this "
+                        "checkout's (gateway_alone; the last one is the target's baseline; 'none': this "
+                        "checkout alone)")
+    p.add_argument("--gateway-rounds", type=int, default=3, help="alternating rounds of gateway_alone")
+    p.add_argument("--gateway-worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.gateway_worker is not None:  # one figure of gateway_alone, as a JSON line
+        print(json.dumps(gateway_worker(**json.loads(args.gateway_worker))), flush=True)
+        return 0
     if args.summarise_profile is not None:
         summarise_profile(args.summarise_profile)
         return 0
@@ -1177,6 +1342,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                               "latency_within_capacity")
                 finally:
                     release(server)
+        if "gateway" not in skip:
+            summary["gateway"] = gateway_alone(args.gateway_baseline, args.batch, args.points,
+                                               1 if args.quick else args.gateway_rounds, args.profile,
+                                               args.quick)
         if "processor" not in skip:
             shapes = (args.processor_shapes or ("sdk16,env500" if args.quick else
                                                 ",".join(processor_bench.SHAPES))).split(",")
@@ -1225,6 +1394,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             ratio = alone / summary["grpc"]
             print(f"summary processor_alone_env500_over_grpc_ingest={ratio:.3f} target=0.5 "
                   f"{'OK' if ratio >= 0.5 else 'BELOW'}", flush=True)
+    if "gateway" in summary:
+        print_gateway(summary["gateway"], args.gateway_baseline, "summary gateway_alone")
     if "latency_sdk" in summary:
         s = summary["latency_sdk"]
         print(f"summary sdk_event_to_incident_p50_ms={s['p50'] * 1000:.0f} max_ms={s['max'] * 1000:.0f}",
