@@ -51,6 +51,7 @@ from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .backlog import ProjectBacklog, weight
 from .deep_json import TooDeep, split_events_json
 from .metric_names import MetricNameCap, Seed
+from .point_names import PointNames, Shape
 from .run_rate import NewRunLimiter
 from .validate import Limits, validate_batch
 
@@ -467,6 +468,7 @@ class Gateway:
         self.backlog = backlog if backlog is not None and backlog.enabled else None
         self.metric_names = MetricNameCap(settings.run_max_metric_names, settings.metric_names_memory_bytes,
                                           seed=metric_names, max_length=settings.max_metric_name_length)
+        self.point_names = PointNames()
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
@@ -573,8 +575,12 @@ class Gateway:
         if len(result.rejected) > 1:
             result.rejected.sort(key=lambda r: r.index)
         result.accepted = len(accepted)
+        run_ids = verdict.run_ids
         if accepted and self.new_runs.enabled:
-            wait = self.new_runs.admit(auth.project, (verdict.run_ids[k] for k in accepted), self.clock())
+            every = len(accepted) == len(events)
+            runs: Any = (run_ids[:1] if run_ids.count(run_ids[0]) == len(run_ids) else run_ids) if every \
+                else (run_ids[k] for k in accepted)
+            wait = self.new_runs.admit(auth.project, runs, self.clock())
             if wait is not None:
                 self.stats.add(new_run_limited=1)
                 raise Backpressure(f"project {auth.project!r} is starting new runs faster than "
@@ -582,13 +588,15 @@ class Gateway:
                                    f"{self.settings.project_new_runs_burst}; "
                                    "TRAINGUARD_PROJECT_NEW_RUNS_PER_S): nothing of this request was queued; "
                                    f"retry after {retry_after_header(wait)} s", wait)
-        if accepted and self.backlog is not None:
-            wait = self.backlog.admit(auth.project, sum(weight(events[k]) for k in accepted))
+        points = _Points(self.point_names, raw, events, accepted) \
+            if accepted and (self.backlog is not None or self.metric_names.enabled) else None
+        if points is not None and self.backlog is not None:
+            wait = self.backlog.admit(auth.project, points.weight())
             if wait is not None:
                 self._backlog_refusal(auth.project, wait)
-        if accepted and self.metric_names.enabled:
+        if points is not None and self.metric_names.enabled:
             accepted = self._cap_metric_names(auth.project, events, accepted, verdict.run_ids, batch.indices,
-                                              index_offset, result)
+                                              index_offset, result, points)
 
         queued = self._publish(events, accepted, verdict.run_ids, verdict.mutated, request, raw, parts,
                                auth.project)
@@ -597,12 +605,13 @@ class Gateway:
 
     def _cap_metric_names(self, project: str, events: List[Any], accepted: List[int], run_ids: List[str],
                           position: Optional[List[int]], index_offset: int,
-                          result: IngestResult) -> List[int]:
+                          result: IngestResult, points: _Points) -> List[int]:
         """``accepted`` less the metric batches refused for their run's distinct names or a name too long
         (:mod:`.metric_names`), each added to ``result`` as a rejection; the backlog counted for them is
         released."""
-        refused = self.metric_names.refusals(project, (
-            (k, run_ids[k], events[k]) for k in accepted if events[k].WhichOneof("payload") == "metrics"))
+        if self.metric_names.admits_known(project, points.names_by_run(run_ids)):
+            return accepted  # the steady state: every run names only what it has
+        refused = self.metric_names.refusals(project, points.items(run_ids))
         if not refused:
             return accepted
         for k, (code, message) in refused.items():
@@ -666,6 +675,98 @@ class Gateway:
             self.stats.add(unavailable=1)
             raise Unavailable(f"ingest queue unavailable: {type(exc).__name__}: {exc}",
                               self.settings.retry_after_s) from None
+
+
+class _Points:
+    """The accepted envelopes' metric points, as the backlog and the name bound count them: read from the
+    request's shapes (:mod:`.point_names`, C speed) or, where the view cannot read it, from the envelopes.
+    Equal by construction to :func:`.backlog.weight` and ``[p.name for p in e.metrics.points]`` of each
+    accepted envelope ``e`` whose payload is a metric batch."""
+
+    def __init__(self, reader: PointNames, raw: bytes, events: List[Any], accepted: List[int]) -> None:
+        self.reader = reader
+        self.events = events
+        self.accepted = accepted
+        self.every = len(accepted) == len(events)
+        self.uniform: Optional[Shape] = None  # every envelope (all accepted) has this shape
+        self.shapes: Optional[List[bytes]] = None  # else one per envelope
+        names_only = reader.names_only(raw)
+        if names_only is None:
+            return
+        one = reader.uniform(names_only, len(events))
+        if one is not None:
+            self.uniform = reader.shape(one)
+        else:
+            self.shapes = reader.split(names_only, len(events))
+
+    def _counts(self) -> Optional[Dict[bytes, int]]:
+        """How many accepted envelopes have each shape (None: no shapes)."""
+        if self.shapes is None:
+            return None
+        if self.every:
+            return Counter(self.shapes)
+        return Counter(map(self.shapes.__getitem__, self.accepted))
+
+    def weight(self) -> int:
+        """What the accepted envelopes count in the project's backlog."""
+        if self.uniform is not None:
+            return self.uniform.weight * len(self.accepted)
+        counts = self._counts()
+        if counts is None:
+            return sum(weight(self.events[k]) for k in self.accepted)
+        shape = self.reader.shape
+        return sum(shape(s).weight * n for s, n in counts.items())
+
+    def _shape_of(self, k: int) -> Shape:
+        if self.uniform is not None:
+            return self.uniform
+        if self.shapes is not None:
+            return self.reader.shape(self.shapes[k])
+        envelope = self.events[k]
+        if envelope.WhichOneof("payload") != "metrics":
+            return _NOT_METRICS
+        return Shape(True, tuple(p.name for p in envelope.metrics.points), weight(envelope))
+
+    def names_by_run(self, run_ids: List[str]) -> Dict[str, Set[str]]:
+        """Run id -> the names its accepted metric batches carry (empty names left out), runs in the order
+        of their first metric batch."""
+        accepted = self.accepted
+        runs_of = run_ids if self.every else list(map(run_ids.__getitem__, accepted))
+        out: Dict[str, Set[str]] = {}
+        if self.uniform is not None:
+            if not self.uniform.metrics:
+                return out
+            names = set(self.uniform.names)
+            names.discard("")
+            if runs_of.count(runs_of[0]) == len(runs_of):  # one run (an SDK process's request)
+                return {runs_of[0]: names}
+            return {run_id: names for run_id in dict.fromkeys(runs_of)}
+        if self.shapes is not None:
+            shapes_of = self.shapes if self.every else list(map(self.shapes.__getitem__, accepted))
+            pairs: Any = dict.fromkeys(zip(runs_of, shapes_of))
+            shape: Callable[[Any], Shape] = self.reader.shape
+        else:
+            pairs = ((run_ids[k], k) for k in accepted)
+            shape = self._shape_of
+        for run_id, s in pairs:
+            got = shape(s)
+            if got.metrics:
+                out.setdefault(run_id, set()).update(got.names)
+        for names in out.values():
+            names.discard("")
+        return out
+
+    def items(self, run_ids: List[str]) -> List[Tuple[int, str, Tuple[str, ...]]]:
+        """``(k, run_id, names)`` of the accepted metric batches, in request order (:mod:`.metric_names`)."""
+        out = []
+        for k in self.accepted:
+            got = self._shape_of(k)
+            if got.metrics:
+                out.append((k, run_ids[k], got.names))
+        return out
+
+
+_NOT_METRICS = Shape(False, (), 1)
 
 
 def _shift(message: str, index: int, offset: int) -> str:

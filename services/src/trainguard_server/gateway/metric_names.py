@@ -5,7 +5,9 @@ state in the pipeline's detectors; without a bound, 10 requests of 20,000 new na
 one run. Contract of :class:`MetricNameCap` (thread-safe):
 
 * :meth:`refusals` ``(project, items)`` takes the metric-batch envelopes a request would queue, as
-  ``(key, run_id, envelope)`` in request order, and returns ``{key: message}`` for those refused. An
+  ``(key, run_id, names)`` in request order (``names``: the envelope's point names in order, as
+  :class:`.point_names.Shape` has them, or the ``trainguard.v1.Envelope`` itself), and returns
+  ``{key: (code, message)}`` for those refused. An
   envelope whose point names would take its run past ``cap`` distinct names is refused *whole* (the wire's
   unit; the caller reports it per event with code :data:`CODE` and queues the rest of the request); an
   envelope of names the run already has is always admitted -- a run at its cap keeps logging them. The
@@ -21,6 +23,10 @@ one run. Contract of :class:`MetricNameCap` (thread-safe):
   :data:`NAME_OVERHEAD`), least recently active runs forgotten first (a forgotten run is seeded again when
   it comes back).
 * ``cap <= 0`` turns the count off, ``max_length <= 0`` the length rule.
+* :meth:`admits_known` ``(project, runs)`` is the steady state's shortcut: True when :meth:`refusals` of
+  those runs' envelopes would refuse nothing and admit no new name (every run remembered and naming only
+  names it has, none too long); the runs are then marked active as :meth:`refusals` would. False changes
+  nothing (the caller then calls :meth:`refusals`).
 """
 
 from __future__ import annotations
@@ -28,8 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from operator import attrgetter
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 __all__ = ["CODE", "MetricNameCap"]
 
@@ -44,7 +49,6 @@ NAME_SHOWN = 80
 NAME_OVERHEAD = 80
 LENGTH_CODE = "too_large"
 
-_name = attrgetter("name")
 Seed = Callable[[str, str], Iterable[str]]
 
 
@@ -69,25 +73,49 @@ class MetricNameCap:
         with self._lock:
             return len(self._runs.get((project, run_id), ()))
 
-    def refusals(self, project: str, items: Iterable[Tuple[int, str, Any]]) -> Dict[int, Tuple[str, str]]:
+    def admits_known(self, project: str, runs: Dict[str, Set[str]]) -> bool:
+        """True when :meth:`refusals` of envelopes of ``runs`` (run id -> the names they carry, in the
+        order the runs first appear) would refuse nothing and admit no name; those runs are then marked
+        active as it would mark them. False: nothing changed."""
+        if not self.enabled:
+            return True
+        if self.max_length > 0:
+            for names in runs.values():
+                if names and max(map(len, names)) > self.max_length:
+                    return False
+        if self.cap <= 0:
+            return True
+        with self._lock:
+            for run_id, names in runs.items():
+                known = self._runs.get((project, run_id))
+                if known is None or not names <= known:
+                    return False
+            for run_id in runs:
+                self._runs.move_to_end((project, run_id))
+        return True
+
+    def refusals(self, project: str,
+                 items: Iterable[Tuple[int, str, Sequence[str]]]) -> Dict[int, Tuple[str, str]]:
         """``{key: (code, message)}`` of the envelopes refused (see the module doc); the others' names are
-        admitted. ``items``: ``(key, run_id, envelope)`` of metric-batch envelopes (``trainguard.v1
-        .Envelope``); a message starts with the field (``metrics...``), the caller puts ``events[i].``
+        admitted. ``items``: ``(key, run_id, names)`` of metric-batch envelopes (``names``: their points'
+        names in order); a message starts with the field (``metrics...``), the caller puts ``events[i].``
         before it."""
         if not self.enabled:
             return {}
-        by_run: Dict[str, List[Tuple[int, Any]]] = {}
-        for key, run_id, envelope in items:
-            by_run.setdefault(run_id, []).append((key, envelope.metrics.points))
+        by_run: Dict[str, List[Tuple[int, Sequence[str]]]] = {}
+        for key, run_id, names_of in items:
+            if hasattr(names_of, "metrics"):  # an envelope (trainguard.v1.Envelope) itself
+                names_of = [p.name for p in names_of.metrics.points]  # type: ignore[attr-defined]
+            by_run.setdefault(run_id, []).append((key, names_of))
         out: Dict[int, Tuple[str, str]] = {}
         for run_id, envelopes in by_run.items():
             every: Set[str] = set()
             for _, points in envelopes:
-                every.update(map(_name, points))
+                every.update(points)
             every.discard("")
             if self.max_length > 0 and every and max(map(len, every)) > self.max_length:
                 envelopes = self._long_names(envelopes, out)
-                every = {n for _, points in envelopes for n in map(_name, points)} - {""}
+                every = {n for _, points in envelopes for n in points} - {""}
             if self.cap <= 0:
                 continue
             self._ensure(project, run_id)
@@ -97,7 +125,7 @@ class MetricNameCap:
                     continue
                 before = len(known)
                 for key, points in envelopes:
-                    names = set(map(_name, points))
+                    names = set(points)
                     names.discard("")
                     if names <= known:
                         continue
@@ -111,12 +139,12 @@ class MetricNameCap:
                     self._forget_beyond_budget(keep=(project, run_id))
         return out
 
-    def _long_names(self, envelopes: List[Tuple[int, Any]],
-                    out: Dict[int, Tuple[str, str]]) -> List[Tuple[int, Any]]:
+    def _long_names(self, envelopes: List[Tuple[int, Sequence[str]]],
+                    out: Dict[int, Tuple[str, str]]) -> List[Tuple[int, Sequence[str]]]:
         """``envelopes`` less those with a point name over ``max_length``, each refused into ``out``."""
         kept = []
         for key, points in envelopes:
-            for j, name in enumerate(map(_name, points)):
+            for j, name in enumerate(points):
                 if len(name) > self.max_length:
                     out[key] = (LENGTH_CODE, f"metrics.points[{j}].name: {len(name)} characters exceeds "
                                              f"max_metric_name_length={self.max_length} "
