@@ -23,7 +23,8 @@ healthy                no ``nf``; ``level`` of the last 10 % <= 0.85 x ``start5`
 gradient/explosion     ``nf`` after a climb: in the 40 steps before ``nf`` the norm
                        reached >= 10 x ``g_ref`` and was >= 3 x ``g_ref`` on >= 5 of them
 loss/oscillation       no ``nf``; the second half has no downward trend (its level >= 0.85 x the level of
-                       steps 5..25 %), no upward one (<= 1.5 x it), and swings: its interquartile range >=
+                       steps 5..25 %, or not significantly lower by a rank test: stop 31), no upward one
+                       (<= 1.5 x it, or not significantly higher), and swings: its interquartile range >=
                        0.25 x its level; and it swings back: its lowest loss < 2 x ``init`` (stop 31)
 loss/divergence        no ``nf``, not oscillation; the last 10 % of the loss >= 1.5 x ``init`` and the
                        5-step running level >= 2 x ``init`` on >= 10 % of the steps
@@ -90,6 +91,18 @@ misses had been seen (stop 31: all 7 test runs with no incident meet the healthy
 ``evaluate.py`` prints the figures under the rule before it as well (``label(..., shapes_on_learned=True)``)
 for a reader to judge. Dev labels moved (the test half's were counted only: 16): r394, r462, r506, r515,
 r522 plateau; r494, r550, r578 oscillation; r509 rise-after-fall -- all -> ``unmanifested``.
+
+**The oscillation's trend is a level change the samples support (decided at stop 31, third decision; both
+halves).** "No trend" compared two medians -- the second half's against steps 5-25 %'s -- with fixed bars
+(0.85x, 1.5x). For a loss that swings over most of its range (an interquartile range of 65-130 % of its
+level) each median is uncertain by far more than those bars: dev r574 (SGD-momentum on a softmax
+regression, swinging 0.3-3.7 around ~1.4 for 300 steps) read 0.849x by chance and r576 (plain SGD,
+swinging 0-135 from step 16 to the end) 1.59x, so both fell through to ``loss/divergence``. Now a level
+outside the bars is a trend only when the second half's values are also significantly lower (or higher)
+than the reference's: a one-sided Mann-Whitney rank test, z >= ``TREND_Z`` (2.33, p ~ 0.01). The bars
+are unchanged and nothing that passed them fails now. These two dev runs were pointed at by the
+detector's misses (it calls both oscillations); the rule is the statistics of "no trend", not the
+detector's. Dev labels moved: r574, r576 divergence -> oscillation (no other); test half: 2 (counted only).
 """
 
 from __future__ import annotations
@@ -121,6 +134,23 @@ def _first_nonfinite(values: Sequence[float]) -> Optional[int]:
 
 def _running(loss: Sequence[float], window: int = 5) -> List[float]:
     return [_median(loss[max(0, i - window + 1) : i + 1]) for i in range(len(loss))]
+
+
+TREND_Z = 2.33
+"""A one-sided p of ~0.01: the rank test's z at which the second half's level differs from the reference's
+(the oscillation rule's trend, stop 31)."""
+
+
+def _rank_z(ref: Sequence[float], other: Sequence[float]) -> float:
+    """Mann-Whitney z of ``other`` against ``ref`` (finite values; ties count a half): > 0 when ``other``
+    tends higher. 0 when either is empty."""
+    a, b = _finite(ref), _finite(other)
+    if not a or not b:
+        return 0.0
+    higher = sum((y > x) + 0.5 * (y == x) for x in a for y in b)
+    n1, n2 = len(a), len(b)
+    spread = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
+    return (higher - n1 * n2 / 2.0) / spread if spread else 0.0
 
 
 def initial_level(loss: Sequence[float], window: int = 5) -> float:
@@ -193,7 +223,11 @@ def observed(spec: RunSpec, truth: Dict[str, List[float]], clip: Optional[float]
     level_half = _median(half)
     start = _median(loss[max(1, n // 20) : max(2, n // 4)])
     q = statistics.quantiles(half, n=4) if len(half) >= 4 else [0.0, 0.0, 0.0]
-    swinging = (0.85 * start <= level_half <= 1.5 * start and (q[2] - q[0]) >= 0.25 * level_half
+    ref = loss[max(1, n // 20) : max(2, n // 4)]
+    shift = _rank_z(ref, half) if not 0.85 * start <= level_half <= 1.5 * start else 0.0
+    no_trend = ((level_half >= 0.85 * start or shift > -TREND_Z)
+                and (level_half <= 1.5 * start or shift < TREND_Z))
+    swinging = (no_trend and (q[2] - q[0]) >= 0.25 * level_half
                 and min(_finite(half) or [math.inf]) < 2 * init)
     out["loss/oscillation"] = swinging
     diverged = not swinging and last >= 1.5 * init and sum(1 for v in running if v >= 2 * init) >= 0.1 * n

@@ -138,6 +138,12 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   5.5 to ~3.3 in ~25 steps, rises to ~4.5 at the LR's peak, then sits at ~4.0 for 150 steps (0.80x its
   first median, under plateau_min_level): nothing was found. Its first values already went as low as
   3.2-3.5, so the flat stretch is not significantly below where the run started: a plateau (from 156).
+  Since stop 31's second label decision r506 and r515 are unmanifested (their traces meet the healthy
+  rule); the detector behaviour stays tested.
+* r574, r576 (SGD on a softmax regression far above its stable LR; stop 31): the loss swings over its
+  whole range (0.3-3.7; 0-135) with no trend for the whole run; the detector says oscillation, and since
+  stop 31's third label decision (a level change is a trend only when a rank test finds it too) so does
+  the label -- it read divergence before, from a ratio of two medians that crossed its bar by chance.
 """
 
 from __future__ import annotations
@@ -395,3 +401,13 @@ def test_a_flat_stretch_not_below_the_runs_first_values_is_a_plateau() -> None:
     assert out.first_nonfinite is None
     assert out.verdict == "loss/plateau" and out.open_alerts == ["loss/plateau"], out  # nothing before
 
+
+
+@pytest.mark.parametrize("run_id", ["r574", "r576"])
+def test_a_loss_swinging_over_its_whole_range_with_no_significant_trend_is_an_oscillation(run_id: str) -> None:
+    # the label's "no trend" compared two medians with fixed bars; a loss swinging 0.3-3.7 (r574) or
+    # 0-135 (r576) crossed them by chance (0.849x, 1.59x) and was labelled a divergence before stop 31's
+    # third label decision (a level change is a trend only when a rank test also finds it)
+    out = _outcome(run_id)
+    assert out.label == "loss/oscillation" and out.first_nonfinite is None, out
+    assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out
