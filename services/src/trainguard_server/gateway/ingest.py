@@ -546,9 +546,11 @@ class Gateway:
                 parts = split_events(raw)
             return list(map(len, parts))
 
+        points = _Points(self.point_names, raw, events) \
+            if events and (self.backlog is not None or self.metric_names.enabled) else None
         verdict = validate_batch(events, project=auth.project, now_ns=self.clock(), limits=self.limits,
                                  total_bytes=total, sizes=sizes, index_offset=index_offset,
-                                 indices=batch.indices)
+                                 indices=batch.indices, kinds=points.kinds() if points is not None else None)
         ids = verdict.event_ids
         result = IngestResult(rejected=[RejectedItem(r.index + index_offset, r.event_id, r.code,
                                                      _shift(r.message, r.index, index_offset))
@@ -588,8 +590,10 @@ class Gateway:
                                    f"{self.settings.project_new_runs_burst}; "
                                    "TRAINGUARD_PROJECT_NEW_RUNS_PER_S): nothing of this request was queued; "
                                    f"retry after {retry_after_header(wait)} s", wait)
-        points = _Points(self.point_names, raw, events, accepted) \
-            if accepted and (self.backlog is not None or self.metric_names.enabled) else None
+        if not accepted:
+            points = None
+        elif points is not None:
+            points.accept(accepted)
         if points is not None and self.backlog is not None:
             wait = self.backlog.admit(auth.project, points.weight())
             if wait is not None:
@@ -683,13 +687,14 @@ class _Points:
     Equal by construction to :func:`.backlog.weight` and ``[p.name for p in e.metrics.points]`` of each
     accepted envelope ``e`` whose payload is a metric batch."""
 
-    def __init__(self, reader: PointNames, raw: bytes, events: List[Any], accepted: List[int]) -> None:
+    def __init__(self, reader: PointNames, raw: bytes, events: List[Any]) -> None:
         self.reader = reader
         self.events = events
-        self.accepted = accepted
-        self.every = len(accepted) == len(events)
-        self.uniform: Optional[Shape] = None  # every envelope (all accepted) has this shape
+        self.accepted = list(range(len(events)))
+        self.every = True
+        self.uniform: Optional[Shape] = None  # every envelope has this shape
         self.shapes: Optional[List[bytes]] = None  # else one per envelope
+        self._decoded: Dict[bytes, Shape] = {}  # this request's shapes decoded (large ones are not cached)
         names_only = reader.names_only(raw)
         if names_only is None:
             return
@@ -698,6 +703,23 @@ class _Points:
             self.uniform = reader.shape(one)
         else:
             self.shapes = reader.split(names_only, len(events))
+
+    def _shape(self, shape: bytes) -> Shape:
+        got = self._decoded.get(shape)
+        if got is None:
+            got = self._decoded[shape] = self.reader.shape(shape)
+        return got
+
+    def accept(self, accepted: List[int]) -> None:
+        """From now on count only ``accepted`` (positions in ``events``)."""
+        self.accepted = accepted
+        self.every = len(accepted) == len(self.events)
+
+    def kinds(self) -> Optional[List[Optional[str]]]:
+        """Every envelope's ``WhichOneof('payload')``, when the shapes tell (else None)."""
+        if self.uniform is not None:  # else reading the envelopes costs no more
+            return [self.uniform.kind] * len(self.events)
+        return None
 
     def _counts(self) -> Optional[Dict[bytes, int]]:
         """How many accepted envelopes have each shape (None: no shapes)."""
@@ -714,14 +736,14 @@ class _Points:
         counts = self._counts()
         if counts is None:
             return sum(weight(self.events[k]) for k in self.accepted)
-        shape = self.reader.shape
+        shape = self._shape
         return sum(shape(s).weight * n for s, n in counts.items())
 
     def _shape_of(self, k: int) -> Shape:
         if self.uniform is not None:
             return self.uniform
         if self.shapes is not None:
-            return self.reader.shape(self.shapes[k])
+            return self._shape(self.shapes[k])
         envelope = self.events[k]
         if envelope.WhichOneof("payload") != "metrics":
             return _NOT_METRICS
@@ -744,7 +766,7 @@ class _Points:
         if self.shapes is not None:
             shapes_of = self.shapes if self.every else list(map(self.shapes.__getitem__, accepted))
             pairs: Any = dict.fromkeys(zip(runs_of, shapes_of))
-            shape: Callable[[Any], Shape] = self.reader.shape
+            shape: Callable[[Any], Shape] = self._shape
         else:
             pairs = ((run_ids[k], k) for k in accepted)
             shape = self._shape_of

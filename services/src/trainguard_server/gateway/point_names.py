@@ -11,14 +11,15 @@ same names every step, so a request's shapes are nearly all one, and a shape is 
 
 Contract:
 
-* :meth:`PointNames.shapes` ``(raw)`` -> one shape per envelope of ``raw`` (in order, equal in number to
-  the envelopes ``IngestRequest.FromString(raw)`` has), or None when the view cannot read it (the caller
-  reads the envelopes then).
-* :meth:`PointNames.shape` ``(shape)`` -> :class:`Shape`: ``metrics`` (the envelope's payload is a metric
-  batch: ``WhichOneof('payload') == 'metrics'``), ``names`` (its points' names in order, empty ones
-  included, as ``[p.name for p in envelope.metrics.points]``) and ``weight`` (:func:`.backlog.weight`).
-* :meth:`PointNames.uniform` ``(raw_shapes, n)`` -> the one shape of all ``n`` envelopes when they share it
-  (checked against the last such shape: one comparison of bytes), else None.
+* :meth:`PointNames.names_only` ``(raw)`` -> ``raw`` as that view serialized (None when the view cannot
+  parse it: the caller reads the envelopes then); :meth:`PointNames.split` ``(names_only, n)`` -> one shape
+  per envelope, in order (as many as ``IngestRequest.FromString(raw)`` has envelopes).
+* :meth:`PointNames.uniform` ``(names_only, n)`` -> the one shape of all ``n`` envelopes when they share
+  it and it is the last shape a whole request had (one comparison of bytes), else None.
+* :meth:`PointNames.shape` ``(shape)`` -> :class:`Shape`: ``kind`` (the envelope's
+  ``WhichOneof('payload')``), ``metrics`` (``kind == 'metrics'``), ``names`` (its points' names in order,
+  empty ones included, as ``[p.name for p in envelope.metrics.points]``) and ``weight``
+  (:func:`.backlog.weight`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class Shape:
     metrics: bool
     names: Tuple[str, ...]
     weight: int
+    kind: Optional[str] = None  # the envelope's payload case (``WhichOneof('payload')``)
 
 
 class PointNames:
@@ -127,11 +129,12 @@ class PointNames:
         if got is not None:
             return got
         env = _Envelope.FromString(shape)
-        if env.WhichOneof("payload") == "metrics":
+        kind = env.WhichOneof("payload")
+        if kind == "metrics":
             names = tuple(p.name for p in env.metrics.points)
-            got = Shape(True, names, max(1, len(names)))
+            got = Shape(True, names, max(1, len(names)), kind)
         else:
-            got = Shape(False, (), 1)
+            got = Shape(False, (), 1, kind)
         if len(shape) <= _CACHED_BYTES:
             with self._lock:
                 if len(self._cache) >= _CACHED:

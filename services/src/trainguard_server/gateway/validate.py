@@ -328,13 +328,15 @@ def validate_envelope(env: events_pb2.Envelope, *, project: str, now_ns: int, li
 
 def validate_batch(events: Sequence[events_pb2.Envelope], *, project: str, now_ns: int, limits: Limits,
                    total_bytes: int, sizes: Optional[Callable[[], Sequence[int]]] = None,
-                   index_offset: int = 0, indices: Optional[Sequence[int]] = None) -> BatchVerdict:
+                   index_offset: int = 0, indices: Optional[Sequence[int]] = None,
+                   kinds: Optional[Sequence[Optional[str]]] = None) -> BatchVerdict:
     """:func:`validate_envelope` over ``events``, fast when (nearly) all are good; same verdicts.
 
     ``total_bytes`` bounds every event's serialized size (e.g. the request's size); ``sizes`` returns each
     event's size as received and is called only when ``total_bytes`` exceeds :attr:`Limits.small_event_bytes`
     (default: ``ByteSize()`` per event). Messages name event ``k`` as ``events[i]`` with
     ``i = (indices[k] if indices else k) + index_offset`` (its position in the client's request or stream).
+    ``kinds``, when the caller knows them, are the events' ``WhichOneof('payload')`` in order.
     """
     event_ids = [e.event_id for e in events]
     run_ids = [e.run_id for e in events]
@@ -384,7 +386,8 @@ def validate_batch(events: Sequence[events_pb2.Envelope], *, project: str, now_n
             elif not lo <= t <= hi:
                 suspects.add(k)
 
-    kinds = [e.WhichOneof("payload") for e in events]
+    if kinds is None or len(kinds) != n:
+        kinds = [e.WhichOneof("payload") for e in events]
     if None in kinds:
         suspects.update(k for k, kind in enumerate(kinds) if kind is None)
     if "exception" in kinds:
