@@ -587,6 +587,11 @@ class DetectionSettings:
         20, "loss/rise-after-fall: the fall must also hold over this many values in a row (the lowest "
         "median of that many, half a loss_window, taken every rise_smooth values): a rebound from a level "
         "the run reached, not from one dip of a swinging loss's rolling level.", minimum=1)
+    rise_calm_min_fall: float = _setting(
+        0.3, "loss/rise-after-fall, held rebound only (the last loss_window values calm above the rebound "
+        "bar): the fall held over rise_held_points values may be this x the initial level instead of "
+        "rise_min_fall -- a calm rebound to a held level after a calm fall is not a swinging loss's dip "
+        "(the label's own 30 % fall); 0.5 (= rise_min_fall) turns it off.", minimum=0.0)
     rise_min_points: int = _setting(
         8, "loss/rise-after-fall: the fewest values in the Mann-Kendall test of the rebound (z >= "
         "trend_z), and how many values in a row the rebound must hold (a short spike is not a rebound).",
@@ -1023,7 +1028,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
         "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
         "divergence_min_points", "divergence_far_factor", "divergence_corroborated_points",
-        "rise_smooth", "rise_min_fall", "rise_held_points",
+        "rise_smooth", "rise_min_fall", "rise_held_points", "rise_calm_min_fall",
         "rise_min_rise", "rise_min_points",
         "layer_norm_warn", "clip_rate_warn", "vanishing_ratio", "vanishing_min_layers",
         "vanishing_min_reports", "clip_stale_window", "clip_stale_norm_ratio", "clip_stale_curvature",
