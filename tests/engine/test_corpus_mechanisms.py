@@ -144,6 +144,12 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   whole range (0.3-3.7; 0-135) with no trend for the whole run; the detector says oscillation, and since
   stop 31's third label decision (a level change is a trend only when a rank test finds it too) so does
   the label -- it read divergence before, from a ratio of two medians that crossed its bar by chance.
+* r541 (plain CNN, Adagrad, its LR raised at ~45 % of the run; stop 31): the loss falls calmly from 1.4
+  to ~0.8 (a held fall of 43 %: the lowest 20-value median), the jump throws it to 232 once, and it
+  settles calm at ~1.3, back where it started: a plateau (0.93x the start) was its verdict, since the
+  held fall was under rise_min_fall (50 %, against a swinging loss's dips: r477). A held rebound -- a
+  calm window above the rebound bar -- now needs only rise_calm_min_fall (30 %) held: a swinging loss's
+  window is not calm, so r477 stays an oscillation (lowering rise_min_fall itself to 0.3 lost it).
 """
 
 from __future__ import annotations
@@ -411,3 +417,15 @@ def test_a_loss_swinging_over_its_whole_range_with_no_significant_trend_is_an_os
     out = _outcome(run_id)
     assert out.label == "loss/oscillation" and out.first_nonfinite is None, out
     assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out
+
+
+def test_a_calm_rebound_to_the_start_after_a_held_fall_of_a_third_is_a_rise_after_fall() -> None:
+    out = _outcome("r541")
+    assert out.label == "loss/rise-after-fall" and out.first_nonfinite is None
+    assert out.verdict == "loss/rise-after-fall", out  # a plateau before (its held fall 43 % < 50 %)
+    assert "loss/plateau" not in out.open_alerts, out
+
+
+def test_the_calm_held_fall_is_off_with_rise_calm_min_fall_at_rise_min_fall() -> None:
+    out = _outcome("r541", rise_calm_min_fall=0.5)
+    assert out.verdict == "loss/plateau", out

@@ -723,8 +723,11 @@ def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
         return _Check(False)
     # a rebound from a level the run reached: the fall held over rise_held_points values (the lowest
     # median of that many in a row), not only in the rolling level -- a swinging loss's rolling median
-    # dips far on a run of low batches without the run ever having been there
-    if initial - state.get("best_held", initial) < tuned.rise_min_fall * initial:
+    # dips far on a run of low batches without the run ever having been there. A held rebound (below:
+    # a calm window) needs only rise_calm_min_fall of it: calm after a fall held that far is a level the
+    # run reached and lost, which a swinging loss's dip is not (its window is not calm)
+    held_fall = initial - state.get("best_held", initial)
+    if held_fall < min(tuned.rise_min_fall, tuned.rise_calm_min_fall) * initial:
         return _Check(False)
     longer = recent(rank, name, 2 * tuned.loss_window, series[-1][0])
     after = [(s, v) for s, v, _t in longer if s >= best_step]
@@ -741,6 +744,8 @@ def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
     held = trend.z < tuned.trend_z and win.full and best_step < win.first_step and \
         _lower_quartile(win.values) >= best + tuned.rise_min_rise * fall and win.cv < _swing_bar(state, tuned)
     if trend.z < tuned.trend_z and not held:
+        return _Check(False)
+    if held_fall < tuned.rise_min_fall * initial and not held:
         return _Check(False)
     if _grad_climbing(rank, series[-1][0], settings, tuned):
         return _Check(False, deferred=True)  # a rising loss with a climbing gradient: the explosion rule's
