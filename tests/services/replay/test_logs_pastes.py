@@ -13,6 +13,7 @@ from trainguard_server.replay.logs import (
     LogReader,
     paste_indent,
     paste_numbered,
+    paste_relay_prefix,
     paste_wrap_width,
     unwrap_markup,
 )
@@ -326,3 +327,24 @@ def test_open_mpis_tag_output_column_names_the_rank(tmp_path: Path) -> None:
     # a [rankN]: prefix after the tag is torch's own global rank: it wins
     (item,) = _as_pasted(tmp_path, "py-keyerror-1", lambda line: "[1,3]<stdout>:[rank5]: " + line)[-1:]
     assert item.rank == 5
+
+
+def test_a_relays_logger_prefix_before_every_line_is_dropped(tmp_path: Path) -> None:
+    # a wrapper logging each line of the job's output ('2024-05-01 10:00:07,123 - root - ERROR - <line>'):
+    # before, 42 of the 358 tuned logs changed category so relayed; after, 4 (logs of one or two lines)
+    for case in ("comm-init-reset-by-peer-1", "proc-exit1-torchrun-summary-minigpt4-1"):
+        want = [_said(i) for i in items(case)]
+        lines = (WILD / case / "log.txt").read_text(encoding="utf-8").splitlines()
+        path = tmp_path / "log.txt"
+        path.write_text("\n".join(f"2024-05-01 10:00:{n % 60:02d},123 - root - ERROR - {line}"
+                                  for n, line in enumerate(lines, 1)) + "\n", encoding="utf-8")
+        assert paste_relay_prefix(path) == len("2024-05-01 10:00:07,123 - root - ERROR - "), case
+        got = list(LogReader(path, 0, min_level=""))
+        assert [_said(i) for i in got] == want, case
+        assert got[0].time_ns is not None  # the relay's stamp is the line's time
+    # a log's own records: loguru's (num-loss-nan-loguru-1, tuned) end at the ' - ' after module:function:line,
+    # so its '[R0]' rank tag stays; a log with a line its logger did not prefix (a traceback) keeps them all
+    loguru = WILD / "num-loss-nan-loguru-1" / "log.txt"
+    first = loguru.read_text(encoding="utf-8").splitlines()[0]
+    assert first[paste_relay_prefix(loguru):].startswith("[R0] | E5 iter")
+    assert paste_relay_prefix(WILD / "comm-init-reset-by-peer-1" / "log.txt") == 0

@@ -692,6 +692,7 @@ class LogReader:
         indent = paste_indent(self.path)
         numbered = paste_numbered(self.path)
         width, padded = (0, False) if numbered else paste_wrap(self.path)
+        relay = 0 if numbered or width else paste_relay_prefix(self.path)
         with open(self.path, "rb") as fh:
             for number, raw in unwrapped(fh, width, self.on_bytes, padded):
                 line = clean_line(raw)
@@ -704,6 +705,8 @@ class LogReader:
                     if stamp is not None:
                         self.stats.timestamped += 1
                         self._last_ts, self._last_precision = stamp
+                    if relay:
+                        line = line[relay:]
                 segmenter.feed(number, line, self._last_ts, self._last_precision)
                 yield from segmenter.take()
         yield from segmenter.flush()
@@ -820,6 +823,54 @@ def drop_line_number(line: str) -> str:
     return line[m.end():] if m is not None else line
 
 
+_RELAY_STAMP_RE = re.compile(r"[\[(]?0000-00-00[ T]00:00:00")
+_RELAY_LEVEL_RE = re.compile(r"\b(?:CRITICAL|ERROR|WARNING|INFO|DEBUG)\b")
+RELAY_MIN_LINES = 3
+"""The fewest lines :func:`paste_relay_prefix` needs to call a shared prefix a relay's."""
+
+
+def paste_relay_prefix(path: Path) -> int:
+    """How many characters a relay's logger put before every line (0: none). A job wrapper or a log shipper
+    that logs each line of the job's output with Python's ``logging`` (``%(asctime)s - %(name)s -
+    %(levelname)s - %(message)s``) or loguru (``time | LEVEL | module:function:line - message``) gives every
+    line one prefix that differs only in its digits: when all non-blank lines of the file's first
+    :data:`INDENT_SCAN_LINES` (at least :data:`RELAY_MIN_LINES`) start with the same text, digits aside, that
+    text starts with a date and time and holds a ``" - "`` after its level name (or after the time when it
+    names none), the prefix ends at that ``" - "``. A log whose own records carry such a prefix loses nothing
+    the classifier reads (the line's time is read before it is dropped); a log with any line without it (a
+    traceback a logger printed under its record) keeps its lines as they are."""
+    common: Optional[str] = None
+    lines = 0
+    try:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh):
+                if number >= INDENT_SCAN_LINES:
+                    break
+                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not text.strip():
+                    continue
+                blurred = _DIGIT_RE.sub("0", text[:160])
+                lines += 1
+                if common is None:
+                    common = blurred
+                else:
+                    k = 0
+                    while k < min(len(common), len(blurred)) and common[k] == blurred[k]:
+                        k += 1
+                    common = common[:k]
+                if _RELAY_STAMP_RE.match(common) is None:
+                    return 0
+    except OSError:
+        return 0
+    if common is None or lines < RELAY_MIN_LINES:
+        return 0
+    level = _RELAY_LEVEL_RE.search(common)
+    stamp = _RELAY_STAMP_RE.match(common)
+    after = level.end() if level is not None else (stamp.end() if stamp is not None else len(common))
+    cut = common.find(" - ", after)
+    return cut + 3 if cut >= 0 else 0
+
+
 def unwrapped(fh: Any, width: int, on_bytes: Optional[Callable[[int], None]] = None,
               padded: bool = True) -> Iterator[Tuple[int, str]]:
     """``(number, text)`` of each line of the binary file ``fh`` (numbered from 1, newline dropped), the
@@ -922,6 +973,7 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
     indent = paste_indent(path)
     numbered = paste_numbered(path)
     width, padded = (0, False) if numbered else paste_wrap(path)
+    relay = 0 if numbered or width else paste_relay_prefix(path)
     physical = [0]
 
     def counted(n: int) -> None:
@@ -938,13 +990,15 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
                 line = drop_line_number(line)
             if indent and line.startswith(indent):
                 line = line[len(indent):]
+            stamp = line_stamp(line, year)
+            if stamp is not None:
+                first = stamp[0] if first is None else first
+                last = stamp[0]
+            if relay:
+                line = line[relay:]
             prefixed, text = split_prefix(line)
             ranks[rank if prefixed is None else prefixed] = None
             if prefixed is None and len(named) < 2 and any(n in text for n in _SELF_RANK_NEEDLES) and \
                     (m := _SELF_RANK_RE.search(text)) is not None:
                 named[int(next(g for g in m.groups() if g is not None))] = None
-            stamp = line_stamp(line, year)
-            if stamp is not None:
-                first = stamp[0] if first is None else first
-                last = stamp[0]
     return LogScan(physical[0], first, last, sorted(ranks), sorted(named))
