@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.events import encode_batch
 from .base import SendResult, Transport, TransportError, check_ack, parse_retry_after
+from .clock import CLOCK_SKEW_CORRECT_S, ServerClock
 from .watchdog import SocketWatchdog
 
 INGEST_PATH = "/v1/ingest"
@@ -48,9 +49,11 @@ class HttpTransport(Transport):
 
     def __init__(self, endpoint: str, token: Optional[str], user_agent: str, *,
                  connect_timeout: Optional[float] = None, read_timeout: Optional[float] = None,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+                 clock_skew_s: float = CLOCK_SKEW_CORRECT_S) -> None:
         """``connect_timeout`` / ``read_timeout``: seconds (None: up to the request's whole timeout); the SDK
-        passes its ``connect_timeout`` / ``read_timeout`` options."""
+        passes its ``connect_timeout`` / ``read_timeout`` options. ``clock_skew_s``: a host clock this far
+        off the backend's (its answers' ``Date``) is corrected in the events sent (see clock.py; 0: never)."""
         parsed = urllib.parse.urlsplit(endpoint)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"not an http(s) endpoint: {endpoint!r}")
@@ -73,11 +76,33 @@ class HttpTransport(Transport):
         self._conn: Optional[http.client.HTTPConnection] = None
         self._watchdog = SocketWatchdog("trainguard-http-deadline")
         self._aborted = False
+        self.clock = ServerClock(clock_skew_s)
 
     def send(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
         """Deliver ``events``; returns once the 200's body acknowledges every one of them (see
-        :func:`parse_ack`), raises TransportError otherwise."""
-        return parse_ack(self.exchange(encode_batch(events), timeout), len(events))
+        :func:`parse_ack`), raises TransportError otherwise. Event times are corrected by the host clock's
+        offset to the backend's once known (clock.py); when an answer first shows that offset, the events it
+        refused as ``out_of_range`` are sent again, corrected, within the same ``timeout``."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        before = self.clock.offset_ns
+        result = parse_ack(self.exchange(encode_batch(self.clock.apply(events)), timeout), len(events))
+        if self.clock.offset_ns == before or not result.rejected:
+            return result
+        stale = [r for r in result.rejected if r.get("code") == "out_of_range"
+                 and type(r.get("index")) is int and 0 <= r["index"] < len(events)]
+        if not stale:
+            return result
+        again = [events[r["index"]] for r in stale]
+        try:
+            second = parse_ack(self.exchange(encode_batch(self.clock.apply(again)),
+                                             max(0.0, deadline - time.monotonic())), len(again))
+        except TransportError:
+            return result  # they stay counted as refused; the rest of the batch was acknowledged
+        kept = [r for r in result.rejected if r not in stale]
+        kept += [dict(r, index=stale[r["index"]]["index"]) for r in second.rejected
+                 if type(r.get("index")) is int and 0 <= r["index"] < len(stale)]
+        return SendResult(accepted=result.accepted + second.accepted,
+                          duplicates=result.duplicates + second.duplicates, rejected=kept)
 
     def exchange(self, body: bytes, timeout: float, content_type: str = "application/json") -> bytes:
         """POST ``body`` (of ``content_type``; the agent relays protobuf bodies) within ``timeout`` seconds
@@ -118,6 +143,7 @@ class HttpTransport(Transport):
                 sock.settimeout(per_wait if self.read_timeout is None else min(self.read_timeout, per_wait))
                 conn.request("POST", self._path, body=body, headers=headers)
                 response = conn.getresponse()
+                self.clock.observe(response.getheader("Date"), time.time_ns())
                 data, complete = _read_bounded(response, self.max_response_bytes)
                 status = response.status
                 retry_after = parse_retry_after(response.getheader("Retry-After"))

@@ -1,0 +1,66 @@
+"""The backend's clock, as the ``Date`` header of its answers tells it, for hosts whose clock is wrong.
+
+A job on a host whose clock is off (a container without NTP, a VM resumed from a snapshot) stamps its events
+with that clock. The backend refuses events more than ``max_future_skew_s`` (300 s) ahead of its own clock or
+older than ``max_past_age_s`` (30 days), every one of them, and stores those within the window at the wrong
+time (a run an hour behind is an hour old the moment it starts). :class:`ServerClock` learns the offset from
+the answers' ``Date`` header (whole seconds); once the host's clock is at least ``min_skew_s`` off, every
+event's ``time_unix_nano`` is shifted by that offset when sent (what the spool holds keeps the host's time and
+is shifted when replayed). Skews below ``min_skew_s`` are left alone: they are within the backend's window
+and a ``Date`` of one-second resolution cannot tell them better.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import threading
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..guard import warn_once
+
+CLOCK_SKEW_CORRECT_S = 30.0
+"""A host clock at least this many seconds off the backend's is corrected (0: never)."""
+
+
+class ServerClock:
+    """The offset (ns) to add to this host's event times to get the backend's; 0 until learned or when the
+    host's clock is within ``min_skew_s`` of the backend's."""
+
+    def __init__(self, min_skew_s: float = CLOCK_SKEW_CORRECT_S) -> None:
+        self.min_skew_ns = int(min_skew_s * 1e9)
+        self.offset_ns = 0
+        self.known = False  # an answer with a Date was seen
+        self._lock = threading.Lock()
+
+    def observe(self, date_header: Optional[str], local_ns: int) -> None:
+        """Learn from an answer's ``Date`` header received at this host's ``local_ns``; never raises."""
+        if not date_header or self.min_skew_ns <= 0:
+            return
+        try:
+            server = email.utils.parsedate_to_datetime(date_header)
+            server_ns = int(server.timestamp()) * 1_000_000_000 + 500_000_000  # the middle of its second
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return
+        skew = server_ns - local_ns
+        new = round(skew / 1e9) * 1_000_000_000 if abs(skew) >= self.min_skew_ns else 0
+        with self._lock:
+            self.known = True
+            if abs(new - self.offset_ns) < self.min_skew_ns:
+                return
+            self.offset_ns = new
+        if new:
+            side = "behind" if new > 0 else "ahead of"
+            warn_once(f"clock:{new}", f"this host's clock is {abs(new) // 1_000_000_000} s {side} the "
+                      "backend's (the Date of its answers): event times are corrected by that much when sent "
+                      "(fix the host's clock: NTP)")
+
+    def apply(self, events: Sequence[Dict[str, Any]]) -> Sequence[Dict[str, Any]]:
+        """``events`` with ``time_unix_nano`` shifted by the offset (copies; the originals are untouched)."""
+        offset = self.offset_ns
+        if not offset:
+            return events
+        out: List[Dict[str, Any]] = []
+        for event in events:
+            t = event.get("time_unix_nano")
+            out.append(dict(event, time_unix_nano=t + offset) if type(t) is int and t > 0 else event)
+        return out

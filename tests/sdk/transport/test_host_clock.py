@@ -1,0 +1,78 @@
+"""A training job on a host whose clock is wrong, against a real ``trainguard serve``.
+
+The host's clock is the only thing changed: the job's interpreter reads ``time.time``/``time.time_ns`` an
+hour ahead or behind (the machine's clock itself is shared with the server here, so it cannot be set).
+Before: an hour ahead, every event was refused as ``out_of_range`` (max_future_skew_s=300) and the run was
+not monitored at all (dropped == logged); an hour behind, every event was stored an hour in the past (the run
+was an hour silent the moment it started). Now the HTTP transport learns the backend's clock from its
+answers' ``Date`` and corrects the times it sends (sdk/src/trainguard/transport/clock.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+from tests.sdk.scripting import run_python
+from tests.services.e2e.serve_process import ServeProcess
+from tests.support.waiting import poll
+
+JOB = """
+import json, os, time
+skew = float(os.environ["SKEW_S"])
+real_ns, real_s = time.time_ns, time.time
+time.time_ns = lambda: real_ns() + int(skew * 1e9)   # this host's clock, wrong by skew seconds
+time.time = lambda: real_s() + skew
+import torch, trainguard
+trainguard.init(run_name=os.environ["RUN_NAME"])
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+trainguard.watch(model, opt)
+for step in range(40):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad()
+    trainguard.log(step=step, loss=loss)
+    time.sleep(0.005)
+trainguard.flush(20)
+print(json.dumps(trainguard.get_client().accounting()))
+"""
+
+
+def _job(server: ServeProcess, name: str, skew_s: float, spool: Path) -> Dict[str, Any]:
+    done = run_python(JOB, env={"TRAINGUARD_ENDPOINT": server.http_url, "TRAINGUARD_TOKEN":
+                                server.tokens["ingest"], "TRAINGUARD_SPOOL_DIR": str(spool),
+                                "SKEW_S": str(skew_s), "RUN_NAME": name}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out: Dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    out["stderr"] = done.stderr
+    return out
+
+
+def _run(server: ServeProcess, name: str) -> Dict[str, Any]:
+    runs = [r for r in server.pages("/api/v1/runs") if r["run_name"] == name]
+    assert len(runs) == 1, runs
+    run: Dict[str, Any] = runs[0]
+    return run
+
+
+def test_a_job_on_a_host_with_a_wrong_clock_is_stored_at_the_servers_time(tmp_path: Path) -> None:
+    server = ServeProcess(tmp_path / "data").start()
+    try:
+        ahead = _job(server, "ahead", 3600, tmp_path / "spool-a")
+        assert ahead["dropped"] == 0 and ahead["sent"] == ahead["logged"], ahead  # before: all refused
+        assert re.search(r"this host's clock is (3599|3600|3601) s ahead of the backend's", ahead["stderr"]), ahead
+        behind = _job(server, "behind", -3600, tmp_path / "spool-b")
+        assert behind["dropped"] == 0 and behind["sent"] == behind["logged"], behind
+        assert re.search(r"this host's clock is (3599|3600|3601) s behind the backend's", behind["stderr"]), behind
+        now = time.time_ns()
+        assert poll(lambda: _run(server, "behind")["status"] == "finished", timeout=30)
+        first = _run(server, "ahead")
+        assert abs(first["started_ns"] - now) < 120e9, first  # the first answer's refusals sent again
+        assert abs(first["last_event_ns"] - now) < 120e9, first
+        last = _run(server, "behind")
+        assert abs(last["last_event_ns"] - now) < 120e9, last  # before: an hour in the past
+    finally:
+        server.stop()
