@@ -150,6 +150,11 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   held fall was under rise_min_fall (50 %, against a swinging loss's dips: r477). A held rebound -- a
   calm window above the rebound bar -- now needs only rise_calm_min_fall (30 %) held: a swinging loss's
   window is not calm, so r477 stays an oscillation (lowering rise_min_fall itself to 0.3 lost it).
+* r428 (Lightning CNN, SGD-momentum warmed up to an LR ~10x too high; stop 31): the loss leaves its band
+  at ~104 (2.9x its start) and swings between ~2 and ~16 to the end; a run of low batches took the
+  5-value rolling level under divergence_factor x the start at ~140, the divergence resolved and an
+  oscillation at 3x the start opened and led. A divergence now clears only when the last loss_window
+  values' median is under the bar too (as a rise-after-fall's give-back already must).
 """
 
 from __future__ import annotations
@@ -429,3 +434,10 @@ def test_a_calm_rebound_to_the_start_after_a_held_fall_of_a_third_is_a_rise_afte
 def test_the_calm_held_fall_is_off_with_rise_calm_min_fall_at_rise_min_fall() -> None:
     out = _outcome("r541", rise_calm_min_fall=0.5)
     assert out.verdict == "loss/plateau", out
+
+
+def test_a_divergence_swinging_far_above_its_band_does_not_clear_on_a_run_of_low_batches() -> None:
+    out = _outcome("r428")
+    assert out.label == "loss/divergence" and out.first_nonfinite is None
+    assert out.verdict == "loss/divergence" and out.open_alerts == ["loss/divergence"], out  # oscillation before
+    assert "loss/divergence" not in out.transient, out

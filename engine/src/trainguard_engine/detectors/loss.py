@@ -540,7 +540,11 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
             cleared = _median_of(series[-settings.loss_window:]) <= best + 0.5 * max(0.0, at - best)
             #           swinging loss's rolling level is not the rise given back
     else:  # divergence
-        cleared = level < settings.divergence_factor * divergence_base(initial, state["init"][0], settings)
+        bar = settings.divergence_factor * divergence_base(initial, state["init"][0], settings)
+        cleared = level < bar
+        if cleared and len(series) >= settings.loss_window:  # and so over a full window: a run of low
+            cleared = _median_of(series[-settings.loss_window:]) < bar  # batches of a loss swinging far
+            #           above the band dips the rolling level under the bar without the loss coming back
     if not cleared:
         return False
     st = run.incidents.get(CURVE_KEYS[kind])
