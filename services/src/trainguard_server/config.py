@@ -144,7 +144,9 @@ class Settings(BaseSettings):
         "series is lowered to fit (the answer says the number used); more series than this is a 400")
 
     # --- processor ----------------------------------------------------------------------------
-    processor_batch: int = Field(256, description="queue records consumed per processing round")
+    processor_batch: int = Field(
+        256, description="queue records taken per consume; over a one-partition queue a round of small "
+        "records consumes again until it holds processor_round_events envelopes")
     processor_round_events: int = Field(8192, ge=1, description="most envelopes per pipeline call and per "
                                         "store write (a round's records are cut into such chunks)")
     snapshot_every_s: float = Field(5.0, description="how often the processor snapshots its state")
