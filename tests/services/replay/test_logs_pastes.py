@@ -14,6 +14,7 @@ from trainguard_server.replay.logs import (
     paste_indent,
     paste_numbered,
     paste_relay_prefix,
+    paste_task_labels,
     paste_wrap_width,
     unwrap_markup,
 )
@@ -348,3 +349,18 @@ def test_a_relays_logger_prefix_before_every_line_is_dropped(tmp_path: Path) -> 
     first = loguru.read_text(encoding="utf-8").splitlines()[0]
     assert first[paste_relay_prefix(loguru):].startswith("[R0] | E5 iter")
     assert paste_relay_prefix(WILD / "comm-init-reset-by-peer-1" / "log.txt") == 0
+
+
+def test_sruns_task_label_column_names_the_rank(tmp_path: Path) -> None:
+    # 'srun --label' puts the task number before every line ('2: Traceback ...'; blank lines '2:'): before, 41
+    # of the 358 tuned logs changed category so labelled (ranks 0 and 1 in turns of 7 lines), 7 after
+    for case in ("comm-init-reset-by-peer-1", "proc-exit1-torchrun-summary-minigpt4-1"):
+        want = [_said(i) for i in items(case)]
+        got = _as_pasted(tmp_path, case, lambda line: "2: " + line)
+        assert paste_task_labels(tmp_path / "log.txt"), case
+        assert [_said(i) for i in got] == want, case
+        assert {i.rank for i in got} == {2}, case
+    # numbers counting up by one are a gutter, not task labels
+    numbered = tmp_path / "numbered.txt"
+    numbered.write_text("1: a\n2: b\n3: c\n", encoding="utf-8")
+    assert not paste_task_labels(numbered) and paste_numbered(numbered)

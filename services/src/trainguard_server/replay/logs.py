@@ -691,13 +691,16 @@ class LogReader:
         segmenter = self._segmenter
         indent = paste_indent(self.path)
         numbered = paste_numbered(self.path)
-        width, padded = (0, False) if numbered else paste_wrap(self.path)
-        relay = 0 if numbered or width else paste_relay_prefix(self.path)
+        labelled = not numbered and paste_task_labels(self.path)
+        width, padded = (0, False) if numbered or labelled else paste_wrap(self.path)
+        relay = 0 if numbered or labelled or width else paste_relay_prefix(self.path)
         with open(self.path, "rb") as fh:
             for number, raw in unwrapped(fh, width, self.on_bytes, padded):
                 line = clean_line(raw)
                 if numbered:
                     line = drop_line_number(line)
+                elif labelled:
+                    line = task_label_as_prefix(line)
                 if indent and line.startswith(indent):
                     line = line[len(indent):]
                 if line.strip():
@@ -821,6 +824,42 @@ def drop_line_number(line: str) -> str:
     """``line`` without its gutter's number (and the one space or tab after it)."""
     m = _GUTTER_RE.match(line)
     return line[m.end():] if m is not None else line
+
+
+_TASK_LABEL_RE = re.compile(r"^\s{0,4}(?P<n>\d{1,5}):(?: |$)")
+"""Slurm's ``srun --label`` column: the task number before every line (``3: Traceback ...``)."""
+
+
+def paste_task_labels(path: Path) -> bool:
+    """Whether every line carries Slurm's ``srun --label`` task number: all non-blank lines of the file's
+    first :data:`INDENT_SCAN_LINES` (at least :data:`NUMBERED_MIN_LINES`) start with ``N: ``, and the
+    numbers do not count up by one from line to line (that is a line-number gutter, :func:`paste_numbered`).
+    The task number is the process's rank under srun (``SLURM_PROCID``)."""
+    numbers: List[int] = []
+    try:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh):
+                if number >= INDENT_SCAN_LINES:
+                    break
+                text = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not text.strip():
+                    continue
+                m = _TASK_LABEL_RE.match(text)
+                if m is None:
+                    return False
+                numbers.append(int(m.group("n")))
+    except OSError:
+        return False
+    if len(numbers) < NUMBERED_MIN_LINES:
+        return False
+    return not all(b == a + 1 for a, b in zip(numbers, numbers[1:]))
+
+
+def task_label_as_prefix(line: str) -> str:
+    """``line`` with its ``srun --label`` column as the launcher rank prefix ``[defaultN]:`` (a
+    ``[rankN]:`` of torch's own after it still wins, :func:`split_prefix`)."""
+    m = _TASK_LABEL_RE.match(line)
+    return f"[default{m.group('n')}]: {line[m.end():]}" if m is not None else line
 
 
 _RELAY_STAMP_RE = re.compile(r"[\[(]?0000-00-00[ T]00:00:00")
@@ -972,8 +1011,9 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
     named: Dict[int, None] = {}
     indent = paste_indent(path)
     numbered = paste_numbered(path)
-    width, padded = (0, False) if numbered else paste_wrap(path)
-    relay = 0 if numbered or width else paste_relay_prefix(path)
+    labelled = not numbered and paste_task_labels(path)
+    width, padded = (0, False) if numbered or labelled else paste_wrap(path)
+    relay = 0 if numbered or labelled or width else paste_relay_prefix(path)
     physical = [0]
 
     def counted(n: int) -> None:
@@ -988,6 +1028,8 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
             line = clean_line(raw)
             if numbered:
                 line = drop_line_number(line)
+            elif labelled:
+                line = task_label_as_prefix(line)
             if indent and line.startswith(indent):
                 line = line[len(indent):]
             stamp = line_stamp(line, year)
