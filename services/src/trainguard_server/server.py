@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -51,6 +52,14 @@ PROCESSOR_LOCK = "processor.lock"
 """Held (flock) by the process that runs the processor on the embedded SQLite queue, for its whole life."""
 
 
+OPEN_FILES_WANTED = 65536
+"""The open-files limit serve raises its soft limit to (at most the hard limit): every connection held open is
+a descriptor, and at the usual soft limit of 1,024 a thousand idle connections stopped it accepting any."""
+ACCEPT_ERROR_LOG_EVERY_S = 10.0
+"""asyncio's 'socket.accept() out of system resource' (a traceback per failed accept: 125 MB of log in 30 s
+under a connection flood) is logged at most once per this many seconds, with how many were left out."""
+
+
 class DataDirInUse(RuntimeError):
     """Another live process runs the processor on this data directory (it holds :data:`PROCESSOR_LOCK`)."""
 
@@ -82,6 +91,8 @@ class EmbeddedServer:
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
+        raise_open_files_limit()
+        _limit_accept_error_logs()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         roles = self.roles = parse_roles(s.roles)
         if "processor" in roles and s.queue != "kafka":  # one consumer of the SQLite queue and its state
@@ -291,6 +302,69 @@ class EmbeddedServer:
                 raise
             log.info("bootstrap %s token %s was registered by another process at the same time",
                      kind, info.token_id)
+
+
+def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> int:
+    """Raise this process's soft RLIMIT_NOFILE to ``wanted`` (at most the hard limit); returns the soft limit
+    now in force. Never raises (a limit that cannot be changed stays as it is)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return soft
+    return target
+
+
+class _AcceptErrorLimiter(logging.Filter):
+    """Lets one 'socket.accept() out of system resource' record through per ``every_s``, without its
+    traceback, saying what it means, the limit and how many were left out; other records pass."""
+
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: Dict[str, float] = {}
+        self._left_out: Dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if text.startswith("socket.accept() out of system resource"):
+            key = "accept"
+        elif text.startswith("Exception in callback BaseSelectorEventLoop._start_serving"):
+            key = "retry"  # the accepts asyncio retries (one per failed accept) meeting a closed listener
+        else:
+            return True
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -float("inf")) < self.every_s:
+                self._left_out[key] = self._left_out.get(key, 0) + 1
+                return False
+            self._last[key], left_out, self._left_out[key] = now, self._left_out.get(key, 0), 0
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        error = record.exc_info[1] if record.exc_info else None
+        if key == "accept":
+            record.msg = (f"cannot accept connections: {error or 'out of system resource'} -- this "
+                          f"process holds its open-files limit ({soft} descriptors; connections held open "
+                          "count): new connections wait until some close; raise the limit (ulimit -n, "
+                          "LimitNOFILE=) or find the clients holding connections "
+                          f"({left_out} more like this in the last {self.every_s:g} s)")
+        else:
+            record.msg = (f"an accept retried after the open-files limit ({soft}) found its listener closed: "
+                          f"{error!r} ({left_out} more like this in the last {self.every_s:g} s)")
+        record.args = ()
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+def _limit_accept_error_logs() -> None:
+    """Install :class:`_AcceptErrorLimiter` on asyncio's logger, once per process."""
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _AcceptErrorLimiter) for f in logger.filters):
+        logger.addFilter(_AcceptErrorLimiter(ACCEPT_ERROR_LOG_EVERY_S))
 
 
 def _processor_lock(data_dir: Path) -> int:
