@@ -38,6 +38,9 @@ gradient/nan-source    ``nf`` with no climb: ``G`` on the 10 steps before ``nf``
 adapter/lora-grad-...  the trainable adapters' gradient norm is 0 on every step
 =====================  ==================================================================================
 
+The four ``loss/*`` kinds are not given to a run that learned (healthy rule met and last 10 % <= 0.85 x
+``init``; stop 31, below).
+
 **The starting window (decided at stop 30, before any detector was tuned on batch 5, for both halves).**
 Until stop 29 ``init`` was always the median of ``L[0:5]``. In about one scored dev loss run in four (HF /
 Lightning GPT with an LR far too high: 4.2 -> 35-300 within 5 steps; Adam on the CNN: 1.4 -> 260 and back)
