@@ -545,6 +545,10 @@ class DetectionSettings:
         0.1, "loss/plateau: |Theil-Sen slope (through 4-value block medians)| x window <= this x the "
         "window's median (flat), with no significant Mann-Kendall trend and a spread below "
         "oscillation_min_cv.")
+    plateau_converged_level: float = _setting(
+        0.01, "loss/plateau: a window's median <= this x the initial level has converged, never a plateau, "
+        "whatever its gradients (they vanish at a minimum: an exact fit sits at ~1e-13 with a grad norm of "
+        "~1e-6, which plateau_small_grad alone would read as 'optimisation stuck'). 0: off.", minimum=0.0)
     plateau_small_grad: float = _setting(
         1e-2, "loss/plateau verdict: a median global grad norm below this, a layer with exactly zero "
         "gradient (last per-layer report) or an LR of 0 means 'optimisation stuck' (saturated or dead "
@@ -1026,7 +1030,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
         "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_held_points", "plateau_min_level",
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
-        "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop", "divergence_factor",
+        "plateau_converged_level", "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop",
+        "divergence_factor",
         "divergence_min_points", "divergence_far_factor", "divergence_corroborated_points",
         "rise_smooth", "rise_min_fall", "rise_held_points", "rise_calm_min_fall",
         "rise_min_rise", "rise_min_points",

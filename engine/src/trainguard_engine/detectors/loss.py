@@ -929,6 +929,9 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     if not win.full:
         return _Check(False)
     med = win.median
+    start = min(initial, state["init"][0]) if state.get("init") else initial  # a spike at the start: no start
+    if start > 0 and med <= tuned.plateau_converged_level * start:
+        return _Check(False)  # converged: at a minimum the gradients vanish too (not "optimisation stuck")
     # a plateau unless it fell since the start (converging) or swings (the oscillation rule's) -- either
     # of which stands only while something moves the weights: with dead units or an LR of 0 what fell was
     # a bias finding the targets' mean, and the swings are the batches' noise
