@@ -22,9 +22,11 @@ _GRPC_RE = re.compile(r"gRPC ingest\s+grpc://(\S+)")
 class ServeProcess:
     """``trainguard serve --data-dir D`` on ephemeral ports (or the ports of a previous start)."""
 
-    def __init__(self, data_dir: Path, env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, data_dir: Path, env: Optional[Dict[str, str]] = None,
+                 nofile: Optional[int] = None) -> None:
         self.data_dir = data_dir
         self.env = env or {}
+        self.nofile = nofile  #: the soft open-files limit serve starts with (None: this process's)
         self.proc: Optional[subprocess.Popen[str]] = None
         self.http_url = ""
         self.grpc_target = ""
@@ -36,8 +38,16 @@ class ServeProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         cmd = [sys.executable, "-m", "trainguard_server", "serve", "--data-dir", str(self.data_dir),
                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        nofile = self.nofile
+
+        def limit() -> None:  # in the child only: the test process keeps its own descriptors' room
+            if nofile is not None:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
+                                     text=True, preexec_fn=limit if nofile is not None else None)
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
