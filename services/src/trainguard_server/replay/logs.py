@@ -722,6 +722,29 @@ WRAP_MIN_WIDTH = 60
 _DIGIT_RE = re.compile(r"\d")
 
 
+def _head_lines(path: Path) -> Optional[List[str]]:
+    """The file's first :data:`INDENT_SCAN_LINES` lines, decoded (undecodable bytes replaced) and without
+    their line ends -- what the paste-shape probes below read; None when the file cannot be read."""
+    texts: List[str] = []
+    try:
+        with open(path, "rb") as fh:
+            for number, raw in enumerate(fh):
+                if number >= INDENT_SCAN_LINES:
+                    break
+                texts.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+    except OSError:
+        return None
+    return texts
+
+
+def _shared_start(a: str, b: str) -> str:
+    """The longest start ``a`` and ``b`` have in common."""
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return a[:k]
+
+
 def _head(text: str) -> str:
     """How a line starts, digits blurred: ``[rank1]:[E513`` and ``[rank2]:[E514`` start alike."""
     return _DIGIT_RE.sub("0", text[:8])
@@ -763,14 +786,8 @@ def paste_wrap(path: Path) -> Tuple[int, bool]:
     (:func:`_continued`); one is enough when the paste kept the screen's padding (``padded``: nearly every
     line is that long, short ones padded). A log that was not wrapped has lines of many lengths, its longest
     usually once (or the same line from several ranks, which starts alike)."""
-    texts: List[str] = []
-    try:
-        with open(path, "rb") as fh:
-            for number, raw in enumerate(fh):
-                if number >= INDENT_SCAN_LINES:
-                    break
-                texts.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-    except OSError:
+    texts = _head_lines(path)
+    if texts is None:
         return 0, False
     width = max((len(x) for x in texts), default=0)
     if width < WRAP_MIN_WIDTH:
@@ -801,22 +818,15 @@ def paste_numbered(path: Path) -> bool:
     last: Optional[int] = None
     seen = 0
     worded = False
-    try:
-        with open(path, "rb") as fh:
-            for number, raw in enumerate(fh):
-                if number >= INDENT_SCAN_LINES:
-                    break
-                text = raw.decode("utf-8", "replace").rstrip("\r\n")
-                m = _GUTTER_RE.match(text)
-                if m is None:
-                    return False
-                n = int(m.group("n"))
-                if last is not None and n != last + 1:
-                    return False
-                last, seen = n, seen + 1
-                worded = worded or _TABLE_ROW_RE.match(text, m.end()) is None
-    except OSError:
-        return False
+    for text in _head_lines(path) or ():
+        m = _GUTTER_RE.match(text)
+        if m is None:
+            return False
+        n = int(m.group("n"))
+        if last is not None and n != last + 1:
+            return False
+        last, seen = n, seen + 1
+        worded = worded or _TABLE_ROW_RE.match(text, m.end()) is None
     return seen >= NUMBERED_MIN_LINES and worded
 
 
@@ -836,20 +846,13 @@ def paste_task_labels(path: Path) -> bool:
     numbers do not count up by one from line to line (that is a line-number gutter, :func:`paste_numbered`).
     The task number is the process's rank under srun (``SLURM_PROCID``)."""
     numbers: List[int] = []
-    try:
-        with open(path, "rb") as fh:
-            for number, raw in enumerate(fh):
-                if number >= INDENT_SCAN_LINES:
-                    break
-                text = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if not text.strip():
-                    continue
-                m = _TASK_LABEL_RE.match(text)
-                if m is None:
-                    return False
-                numbers.append(int(m.group("n")))
-    except OSError:
-        return False
+    for text in _head_lines(path) or ():
+        if not text.strip():
+            continue
+        m = _TASK_LABEL_RE.match(text)
+        if m is None:
+            return False
+        numbers.append(int(m.group("n")))
     if len(numbers) < NUMBERED_MIN_LINES:
         return False
     return not all(b == a + 1 for a, b in zip(numbers, numbers[1:]))
@@ -880,27 +883,14 @@ def paste_relay_prefix(path: Path) -> int:
     traceback a logger printed under its record) keeps its lines as they are."""
     common: Optional[str] = None
     lines = 0
-    try:
-        with open(path, "rb") as fh:
-            for number, raw in enumerate(fh):
-                if number >= INDENT_SCAN_LINES:
-                    break
-                text = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if not text.strip():
-                    continue
-                blurred = _DIGIT_RE.sub("0", text[:160])
-                lines += 1
-                if common is None:
-                    common = blurred
-                else:
-                    k = 0
-                    while k < min(len(common), len(blurred)) and common[k] == blurred[k]:
-                        k += 1
-                    common = common[:k]
-                if _RELAY_STAMP_RE.match(common) is None:
-                    return 0
-    except OSError:
-        return 0
+    for text in _head_lines(path) or ():
+        if not text.strip():
+            continue
+        blurred = _DIGIT_RE.sub("0", text[:160])
+        lines += 1
+        common = blurred if common is None else _shared_start(common, blurred)
+        if _RELAY_STAMP_RE.match(common) is None:
+            return 0
     if common is None or lines < RELAY_MIN_LINES:
         return 0
     level = _RELAY_LEVEL_RE.search(common)
@@ -941,26 +931,14 @@ def paste_indent(path: Path) -> str:
     The reader drops it, so ``Traceback (most recent call last):`` is at the top level again. (Less than 4
     spaces is a traceback cut at the top, its frames' own indent.)"""
     common: Optional[str] = None
-    try:
-        with open(path, "rb") as fh:
-            for number, raw in enumerate(fh):
-                if number >= INDENT_SCAN_LINES:
-                    break
-                line = clean_line(raw.decode("utf-8", "replace"))
-                if not line.strip():
-                    continue
-                lead = line[:len(line) - len(line.lstrip(" \t"))]
-                if common is None:
-                    common = lead
-                else:
-                    k = 0
-                    while k < min(len(common), len(lead)) and common[k] == lead[k]:
-                        k += 1
-                    common = common[:k]
-                if not common:
-                    return ""
-    except OSError:
-        return ""
+    for text in _head_lines(path) or ():
+        line = clean_line(text)
+        if not line.strip():
+            continue
+        lead = line[:len(line) - len(line.lstrip(" \t"))]
+        common = lead if common is None else _shared_start(common, lead)
+        if not common:
+            return ""
     if not common:
         return ""
     return common if common.startswith("\t") or common.startswith("    ") else ""
