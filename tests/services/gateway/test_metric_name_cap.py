@@ -8,7 +8,7 @@ a bound of 100 so the test stays small."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -84,7 +84,6 @@ def test_the_message_shows_a_long_name_cut(tmp_path: Path) -> None:
 
 
 def test_runs_forgotten_past_the_memory_budget_are_counted_again_from_the_store() -> None:
-    from trainguard.v1 import events_pb2
     from trainguard_server.gateway.metric_names import MetricNameCap
 
     stored = {("p", "a"): ["x", "y", "z"]}  # what the metric store holds
@@ -94,11 +93,8 @@ def test_runs_forgotten_past_the_memory_budget_are_counted_again_from_the_store(
         asked.append(run_id)
         return stored.get((project, run_id), [])
 
-    def envelope(*names: str) -> Any:
-        env = events_pb2.Envelope(event_id="e", run_id="r")
-        for name in names:
-            env.metrics.points.add(name=name, value=1.0)
-        return env
+    def envelope(*names: str) -> Tuple[str, ...]:  # a metric batch's point names, as the gateway reads them
+        return names
 
     cap = MetricNameCap(3, budget=4 * 81, seed=seed)  # 4 one-character names' worth (1 + NAME_OVERHEAD each)
     assert cap.refusals("p", [(0, "a", envelope("x", "y"))]) == {}   # known from the store: admitted

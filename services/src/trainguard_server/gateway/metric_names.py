@@ -6,7 +6,7 @@ one run. Contract of :class:`MetricNameCap` (thread-safe):
 
 * :meth:`refusals` ``(project, items)`` takes the metric-batch envelopes a request would queue, as
   ``(key, run_id, names)`` in request order (``names``: the envelope's point names in order, as
-  :class:`.point_names.Shape` has them, or the ``trainguard.v1.Envelope`` itself), and returns
+  :class:`.point_names.Shape` has them), and returns
   ``{key: (code, message)}`` for those refused. An
   envelope whose point names would take its run past ``cap`` distinct names is refused *whole* (the wire's
   unit; the caller reports it per event with code :data:`CODE` and queues the rest of the request); an
@@ -104,8 +104,6 @@ class MetricNameCap:
             return {}
         by_run: Dict[str, List[Tuple[int, Sequence[str]]]] = {}
         for key, run_id, names_of in items:
-            if hasattr(names_of, "metrics"):  # an envelope (trainguard.v1.Envelope) itself
-                names_of = [p.name for p in names_of.metrics.points]  # type: ignore[attr-defined]
             by_run.setdefault(run_id, []).append((key, names_of))
         out: Dict[int, Tuple[str, str]] = {}
         for run_id, envelopes in by_run.items():
