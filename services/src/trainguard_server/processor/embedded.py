@@ -516,12 +516,8 @@ class EmbeddedProcessor:
             run_id = env.get("run_id", "")
             rank = int(env.get("rank", 0))
             time_ns = int(env.get("time_unix_nano", 0))
-            if mine is not None:  # a metric batch
-                if mine:
-                    add(project, run_id, rank, time_ns, mine)
-                body = env.get("metrics")
-                if type(body) is dict and not body.get("alert"):
-                    continue  # not raw context (extract.is_raw_context: a metric batch is with an alert)
+            if mine:
+                add(project, run_id, rank, time_ns, mine)
             if extract.is_raw_context(env):
                 stored.append(StoredEvent(
                     event_id=env["event_id"], project=project, run_id=run_id, rank=rank,
