@@ -28,7 +28,11 @@ def median(values: Sequence[float]) -> float:
     """The median (NaN for an empty sequence): ``statistics.median``'s result bit for bit (the same sort,
     the same middle value or mean of the two middle ones), without its call overhead -- the detectors
     take thousands of medians of a few dozen values per second."""
-    ordered = sorted(values)
+    return median_sorted(sorted(values))
+
+
+def median_sorted(ordered: Sequence[float]) -> float:
+    """:func:`median` of values already sorted (NaN when empty): the middle one or the mean of the two."""
     n = len(ordered)
     if n == 0:
         return math.nan

@@ -579,12 +579,7 @@ def _median_of(points: Sequence[Tuple[int, float, int]]) -> float:
     """``statistics.median`` of the points' values, bit for bit (the same stable sort of the values in
     time order, the same middle or mean of the two middle ones), without building the value list first;
     NaN when empty, as :func:`robust.median`."""
-    ordered = sorted(map(_VALUE, points))
-    n = len(ordered)
-    if n == 0:
-        return math.nan
-    i = n // 2
-    return ordered[i] if n % 2 else (ordered[i - 1] + ordered[i]) / 2
+    return robust.median_sorted(sorted(map(_VALUE, points)))
 
 
 class _Window:
@@ -618,11 +613,8 @@ class _Window:
     @property
     def median(self) -> float:
         if self._median is None:
-            ordered = self.ordered
-            n = len(ordered)
-            i = n // 2
             # _median_of's value, bit for bit, from the sorted values kept for the rank test
-            self._median = math.nan if n == 0 else ordered[i] if n % 2 else (ordered[i - 1] + ordered[i]) / 2
+            self._median = robust.median_sorted(self.ordered)
         return self._median
 
     @property
