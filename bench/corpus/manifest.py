@@ -459,10 +459,104 @@ def _batch6(first_index: int) -> List[RunSpec]:
     return specs
 
 
+BATCH7_SEED = 20261208
+"""The seventh batch (issue 16, stop 32, drawn after batches 1-6 had been tuned on): **dev only** -- material
+to study where detection gets the category right and the SUBTYPE wrong (divergence / explosion /
+oscillation / plateau / rise-after-fall borderlines) on trainings unlike those tuned on so far: optimisers no
+earlier batch had (NAdam, RAdam, Adamax, SGD with Nesterov momentum) beside the old ones, schedules no earlier
+batch had (SGDR cosine restarts, inverse-sqrt with warmup, polynomial and exponential decay) beside cosine /
+OneCycle / step, (framework, family) pairs no earlier batch had (HF Trainer on the CNN and the MLP with an LR
+far too high, Lightning on LoRA for healthy runs, bf16 autocast under Lightning too). Every run's ``split``
+is ``"dev"``: the test half stays the one fixed before tuning (batches 1-6), so its figures measure
+generalisation to trainings of a kind this batch added to dev and it never saw. Drawn from its own seed;
+recorded in ``manifest.json`` before any of its runs was trained."""
+
+BATCH7_COUNTS: Dict[str, int] = {
+    "lr_diverge": 14,
+    "oscillation": 12,
+    "lr_jump": 10,
+    "warmup_too_high": 12,
+    "lr_explode": 8,
+    "lr_tiny": 4,
+    "healthy": 12,
+    "healthy_noisy": 4,
+}
+"""Runs per planted cause of the seventh batch (76, ids r602-r677, all dev)."""
+
+BATCH7_OPTIMIZERS = ("sgd", "sgdm", "nesterov", "adam", "adamw", "nadam", "radam", "adamax", "rmsprop")
+BATCH7_SCHEDULES = ("constant", "warmup_cosine", "cosine_restarts", "inverse_sqrt", "polynomial", "exp_decay",
+                    "onecycle", "step")
+
+BATCH7_WHERE: Dict[str, Sequence[Tuple[str, str]]] = {
+    "lr_diverge": [("plain", "gpt"), ("plain", "cnn"), ("plain", "mlp"), ("hf", "gpt"), ("hf", "lora"),
+                   ("hf", "mlp"), ("hf", "cnn"), ("lightning", "gpt"), ("lightning", "cnn"),
+                   ("lightning", "mlp")],
+    "oscillation": [("plain", "cnn"), ("plain", "linear"), ("plain", "mlp"), ("hf", "linear"), ("hf", "cnn"),
+                    ("lightning", "cnn"), ("lightning", "linear")],
+    "lr_jump": BATCH5_WHERE["lr_jump"],
+    "warmup_too_high": [("plain", "mlp"), ("plain", "gpt"), ("plain", "cnn"), ("hf", "gpt"), ("hf", "lora"),
+                        ("lightning", "mlp"), ("lightning", "cnn"), ("lightning", "gpt")],
+    "lr_explode": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("hf", "mlp"), ("lightning", "mlp"),
+                   ("lightning", "cnn")],
+    "lr_tiny": BATCH5_WHERE["lr_tiny"],
+    "healthy": [("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("plain", "linear"), ("hf", "gpt"),
+                ("hf", "cnn"), ("lightning", "mlp"), ("lightning", "lora"), ("lightning", "gpt")],
+    "healthy_noisy": [("plain", "mlp"), ("plain", "cnn"), ("lightning", "mlp"), ("hf", "mlp")],
+}
+
+BATCH7_OPTIMIZERS_FOR: Dict[str, Sequence[str]] = {
+    "oscillation": ("sgd", "sgdm", "nesterov", "rmsprop"),
+    "lr_diverge": ("adam", "adamw", "nadam", "radam", "adamax", "sgdm", "nesterov", "rmsprop"),
+    "lr_explode": ("sgd", "sgdm", "nesterov"),
+}
+
+
+def _batch7_spec(rng: random.Random, cause: str, index: int) -> RunSpec:
+    """One spec of the seventh batch: :func:`_draw`'s, then its optimiser, schedule and precision drawn
+    again from ``rng`` among the batch's choices; ``split`` is ``"dev"``."""
+    spec = _draw(rng, cause, index, BATCH7_WHERE[cause])
+    optimizer = rng.choice(list(BATCH7_OPTIMIZERS_FOR.get(cause, BATCH7_OPTIMIZERS)))
+    if spec.family in ("gpt", "lora") and cause in HEALTHY_CAUSES:
+        optimizer = rng.choice(["adam", "adamw", "nadam", "radam", "adamax"])
+    if spec.framework == "hf" and optimizer in ("sgdm", "nesterov"):
+        optimizer = "sgd"  # as _draw: the HF runs' SGD has no momentum
+    schedule = rng.choice(list(BATCH7_SCHEDULES))
+    lr_scale = spec.lr_scale
+    if cause == "oscillation":
+        schedule = "constant"
+        if optimizer != "sgd":
+            lr_scale = round(10 ** rng.uniform(1.0, 1.7), 4)  # momentum / RMSprop: unstable sooner
+    elif cause == "warmup_too_high":
+        schedule = rng.choice(
+            ["warmup_constant", "onecycle", "warmup_linear", "inverse_sqrt", "warmup_cosine"]
+        )
+    elif cause == "lr_jump":
+        schedule = "jump_up"
+    elif cause == "lr_explode":
+        schedule = "exponential_up"
+    elif cause == "lr_tiny":
+        lr_scale = round(10 ** rng.uniform(-4.0, -3.0), 8)
+    bf16 = (spec.framework in ("plain", "lightning") and spec.family in ("mlp", "cnn", "gpt")
+            and rng.random() < 0.2)
+    changed = {"optimizer": optimizer, "schedule": schedule, "lr_scale": lr_scale, "bf16": bf16,
+               "split": "dev"}
+    return RunSpec(**{**spec.to_dict(), **changed})  # type: ignore[arg-type]
+
+
+def _batch7(first_index: int) -> List[RunSpec]:
+    """The seventh batch (:func:`_batch7_spec`) from its own seed: every run in the dev half."""
+    rng = random.Random(BATCH7_SEED)
+    specs: List[RunSpec] = []
+    for cause, count in BATCH7_COUNTS.items():
+        specs.extend([_batch7_spec(rng, cause, first_index + len(specs) + i) for i in range(count)])
+    return specs
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
     batch (320 runs from ``master_seed``), then the second (:func:`_batch2`), the third (:func:`_batch3`),
-    the fourth (:func:`_batch4`), the fifth (:func:`_batch5`) and the sixth (:func:`_batch6`)."""
+    the fourth (:func:`_batch4`), the fifth (:func:`_batch5`), the sixth (:func:`_batch6`) and the seventh
+    (:func:`_batch7`, dev only)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
@@ -471,7 +565,8 @@ def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     specs += _batch3(len(specs))
     specs += _batch4(len(specs))
     specs += _batch5(len(specs))
-    return specs + _batch6(len(specs))
+    specs += _batch6(len(specs))
+    return specs + _batch7(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:

@@ -8,7 +8,7 @@ defaults for everything else, its overhead budget included), ending through the 
 functions (the SDK's exit capture sends the EXIT event). Per run ``OUT/<id>.jsonl`` is the stream the SDK
 wrote, ``OUT/<id>.truth.json`` the trace measured beside it, ``OUT/<id>.log`` what it printed.
 
-    python -m bench.corpus.record                     # all 602 runs, 2 at a time (~17 min on 2 cores)
+    python -m bench.corpus.record                     # all 678 runs, 2 at a time (~20 min on 2 cores)
     python -m bench.corpus.record --only r000,r101    # some
     python -m bench.corpus.record --split dev --jobs 2
 """

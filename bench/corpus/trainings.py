@@ -20,7 +20,9 @@ runs, ``watch_lora`` for LoRA), ``hf`` (the real ``transformers.Trainer`` with
 ``trainguard.integrations.lightning.TrainGuardCallback``, ``gradient_clip_val`` where clipping is on).
 Every framework gets its optimiser (SGD, SGD with momentum, Adam, AdamW; batch 5 also RMSprop and Adagrad)
 and a ``LambdaLR`` of the spec's schedule from this module (batch 5 adds OneCycle's shape, a linear warmup
-with a linear decay, and ``jump_up``: the LR raised 10-100x at 45 % of the run).
+with a linear decay, and ``jump_up``: the LR raised 10-100x at 45 % of the run; batch 7 adds NAdam, RAdam,
+Adamax and SGD with Nesterov momentum, and SGDR cosine restarts, inverse-sqrt with warmup, polynomial and
+exponential decay).
 
 Planted causes (``spec.cause``; nothing is injected into the SDK's data, everything happens in the training):
 see ``manifest.CAUSES``. ``variant`` picks among the ways a cause is planted (e.g. LoRA: alpha 0, A and B
@@ -48,14 +50,22 @@ from .manifest import RunSpec
 Truth = Dict[str, List[float]]
 
 SANE_LR: Dict[str, Dict[str, float]] = {
-    "mlp": {"sgd": 0.05, "sgdm": 0.02, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05},
-    "cnn": {"sgd": 0.3, "sgdm": 0.05, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05},
-    "linear": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2, "rmsprop": 3e-3, "adagrad": 0.1},
-    "gpt": {"sgd": 0.5, "sgdm": 0.1, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05},
-    "lora": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2, "rmsprop": 3e-3, "adagrad": 0.05},
-    "deep": {"sgd": 0.5, "sgdm": 0.2, "adam": 1e-3, "adamw": 1e-3, "rmsprop": 5e-4, "adagrad": 0.05},
+    "mlp": {"sgd": 0.05, "sgdm": 0.02, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05,
+            "nadam": 3e-3, "radam": 3e-3, "adamax": 6e-3, "nesterov": 0.02},
+    "cnn": {"sgd": 0.3, "sgdm": 0.05, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05,
+            "nadam": 3e-3, "radam": 3e-3, "adamax": 6e-3, "nesterov": 0.05},
+    "linear": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2, "rmsprop": 3e-3, "adagrad": 0.1,
+               "nadam": 1e-2, "radam": 1e-2, "adamax": 2e-2, "nesterov": 0.1},
+    "gpt": {"sgd": 0.5, "sgdm": 0.1, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05,
+            "nadam": 3e-3, "radam": 3e-3, "adamax": 6e-3, "nesterov": 0.1},
+    "lora": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2, "rmsprop": 3e-3, "adagrad": 0.05,
+             "nadam": 1e-2, "radam": 1e-2, "adamax": 2e-2, "nesterov": 0.1},
+    "deep": {"sgd": 0.5, "sgdm": 0.2, "adam": 1e-3, "adamw": 1e-3, "rmsprop": 5e-4, "adagrad": 0.05,
+             "nadam": 1e-3, "radam": 1e-3, "adamax": 2e-3, "nesterov": 0.2},
 }
-"""An LR each family learns well with, per optimiser (``spec.lr_scale`` multiplies it)."""
+"""An LR each family learns well with, per optimiser (``spec.lr_scale`` multiplies it). Batch 7 adds NAdam,
+RAdam, Adamax (about Adam's LR; Adamax twice it, its documented default being 2e-3 to Adam's 1e-3) and SGD
+with Nesterov momentum (SGD-momentum's LR)."""
 
 VOCAB, SEQ = 64, 32
 DIM_IN = 16
@@ -282,6 +292,14 @@ def make_optimizer(spec: RunSpec, params: Any) -> torch.optim.Optimizer:
         return torch.optim.RMSprop(params, lr=lr)
     if spec.optimizer == "adagrad":
         return torch.optim.Adagrad(params, lr=lr)
+    if spec.optimizer == "nadam":
+        return torch.optim.NAdam(params, lr=lr)
+    if spec.optimizer == "radam":
+        return torch.optim.RAdam(params, lr=lr)
+    if spec.optimizer == "adamax":
+        return torch.optim.Adamax(params, lr=lr)
+    if spec.optimizer == "nesterov":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, nesterov=True)
     return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
 
 
@@ -327,6 +345,17 @@ def lr_factor(spec: RunSpec) -> Callable[[int], float]:
         return lambda s: 0.03 if s < total * 0.4 else 1.0
     if kind == "exponential_up":  # ExponentialLR(gamma > 1): a decay written the wrong way round
         gamma = (1.06, 1.1, 1.15)[v]
+        return lambda s: gamma**s
+    if kind == "cosine_restarts":  # SGDR (CosineAnnealingWarmRestarts): 3 cycles, each back at the peak
+        period = max(1, total // 3)
+        return lambda s: 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * (s % period) / period))
+    if kind == "inverse_sqrt":  # the transformer schedule: a linear warmup, then 1/sqrt(step) decay
+        up = max(1, int(total * (0.25 if spec.cause == "warmup_too_high" else 0.1)))
+        return lambda s: (s + 1) / up if s < up else math.sqrt(up / (s + 1))
+    if kind == "polynomial":  # PolynomialLR(power=2) to 2 % of the peak
+        return lambda s: max(0.02, (1.0 - s / total) ** 2)
+    if kind == "exp_decay":  # ExponentialLR(gamma < 1): 5 % of the peak at the end
+        gamma = 0.05 ** (1.0 / max(1, total))
         return lambda s: gamma**s
     if kind == "zero":
         return (lambda s: 0.0) if v % 2 == 0 else (lambda s: 1e-6)  # lr 0, or a typo of 1e-3 -> 1e-9
