@@ -38,6 +38,7 @@ import gzip
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,14 @@ class Outcome:
         return "ok" if ok else "MISSED" if not has_s else "WRONG"
 
 
+def _free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's pick): two benches side by side, or a run right after
+    another, must not meet on one rendezvous port (a fixed pid + seed formula did: EADDRINUSE)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def run_job(out: Path, scenario: str, seed: int, steps: int, factor: float, from_step: int,
             timeout_s: float, spin_nice: int = 3, hidden: int = 0) -> int:
     run_id = f"straggler-{scenario}-{seed}-{os.getpid()}-{int(time.time())}"
@@ -108,7 +117,7 @@ def run_job(out: Path, scenario: str, seed: int, steps: int, factor: float, from
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "sdk" / "src"), env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
-    port = 29500 + (os.getpid() + seed) % 2000
+    port = _free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
            str(port), "--nnodes", "1", "--node-rank", "0", str(JOB), *args]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
@@ -194,7 +203,10 @@ def rejudge(folder: Path) -> List[Outcome]:
         scenario, seed = path.name.split("-")[0], key(path)[1]
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             events = [json.loads(line) for line in fh if line.strip()]
-        start = next(e for e in events if e.get("lifecycle", {}).get("phase") == "START")
+        start = next((e for e in events if e.get("lifecycle", {}).get("phase") == "START"), None)
+        if start is None:  # the job never started (a failed rendezvous): nothing to judge
+            print(f"# {path.name}: no START event (the job did not start), not judged", flush=True)
+            continue
         job = start["lifecycle"]["tags"]
         slow = int(job["slow_rank"]) if scenario not in ("healthy", "slow_all", "data_all") else -1
         outcome = Outcome(scenario, seed, slow, int(job["from_step"]), 0, 0.0)

@@ -7,6 +7,8 @@
 # spinner to core 0 (one at a time), run beside A. With BASELINE_SDK_SRC (e.g. a `git archive` of the previous
 # commit's sdk/src carried along), the overhead bench runs for both SDKs at the same time on the GPU.
 # BENCH_ARGS (environment): more bench/straggler.py options for both processes, e.g. BENCH_ARGS="--hidden 1024".
+# LIMIT_S (environment): stop the straggler jobs after this many seconds, so that what was recorded still comes
+# back packed (the device call's limit kills everything, the packing too).
 # Stop 31 ran: healthy,compute affinity,affinity_weak 500 20;  healthy,compute,slow_all affinity,loader 550 8 <base>;
 # and with BENCH_ARGS="--hidden 1024": healthy,compute,slow_all affinity,affinity_weak,loader 600 12.
 set -u
@@ -19,10 +21,10 @@ if [ -n "${5:-}" ]; then
       --skip log,mlp,transformer --steps 60 --blocks 6 2>&1 | grep -v Warning; done ) > "$OUT/overhead.txt" 2>&1 &
 fi
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-python3 bench/straggler.py --only "$2" --seeds 4 --first-seed "$3" --record /tmp/recB --record-all ${BENCH_ARGS:-} \
+timeout "${LIMIT_S:-100000}" python3 bench/straggler.py --only "$2" --seeds 4 --first-seed "$3" --record /tmp/recB --record-all ${BENCH_ARGS:-} \
     > "$OUT/B.txt" 2>&1 &
 # shellcheck disable=SC2086
-python3 bench/straggler.py --only "$1" --healthy "$4" --seeds 4 --first-seed "$3" --record /tmp/recA --record-all \
+timeout "${LIMIT_S:-100000}" python3 bench/straggler.py --only "$1" --healthy "$4" --seeds 4 --first-seed "$3" --record /tmp/recA --record-all \
     ${BENCH_ARGS:-} > "$OUT/A.txt" 2>&1
 wait
 tar -czf "$OUT/rec.tgz" -C /tmp recA recB 2>/dev/null

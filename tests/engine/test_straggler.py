@@ -128,8 +128,37 @@ def test_a_straggler_that_slows_the_job_holds_the_regression_back() -> None:
     events = load("loader_slows_job")
     pipeline, _first = replay(events)
     assert kinds(pipeline) == ["perf/straggler"], kinds(pipeline)
+    # with the former 14 the regression opened first (step 41, the straggler named at 46): it is then the
+    # straggler's consequence -- the rank began holding the job back when the job slowed -- folded into it
     late_hold = DetectionSettings.from_overrides({"perf": {"straggler_hold_steps": 14}})
-    assert kinds(replay(events, late_hold)[0]) == ["perf/straggler", "perf/throughput-regression"]
+    held, first = replay(events, late_hold)
+    assert first["perf/throughput-regression"] < first["perf/straggler"], first
+    assert kinds(held) == ["perf/straggler"], kinds(held)
+    by_kind = {f"{i.category}/{i.subtype}": i for i in held.incidents()}
+    straggler, regression = by_kind["perf/straggler"], by_kind["perf/throughput-regression"]
+    assert regression.explained_by == straggler.incident_id
+    assert any(c.startswith("perf/throughput-regression") for c in straggler.consequences)
+    assert straggler.lead_rank == int(tags(events)["slow_rank"])
+
+
+def test_a_regression_that_began_long_before_the_straggler_is_its_own() -> None:
+    """The fold's bound: a straggler whose onset is more than straggler_window judged steps after the
+    regression's began after the job had already slowed -- a separate change, not its cause."""
+    from trainguard_engine import correlate
+
+    events = load("loader_slows_job")
+    settings = DetectionSettings.from_overrides({"perf": {"straggler_hold_steps": 14}})
+    pipeline = Pipeline(settings)
+    for event in events[:len(events) * 2 // 3]:
+        pipeline.process([event])
+    start = next(e for e in events if e.get("lifecycle", {}).get("phase") == "START")
+    run = pipeline.run_state(start["project"], start["run_id"])
+    assert run is not None
+    regression = next(st for st in run.incidents.values() if st.record.subtype == "throughput-regression")
+    straggler = run.incidents[correlate.STRAGGLER_KEY]
+    assert correlate._straggler_slowing(run, regression, settings) is straggler
+    straggler.record.first_step = regression.record.first_step + settings.straggler_window + 1
+    assert correlate._straggler_slowing(run, regression, settings) is None
 
 
 def test_a_healthy_run_gives_neither() -> None:

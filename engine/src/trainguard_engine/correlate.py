@@ -55,6 +55,12 @@ WAITED_ON: Tuple[Kind, ...] = (("comm", "timeout"), ("comm", "failure"))
 """A collective timeout (or the communication failure a peer then reports) while a named straggler is
 still open is that straggler's consequence (issue 23): its peers were waiting on it, so the culprit is
 the slow rank, not the rank whose watchdog fired first."""
+REGRESSION: Kind = ("perf", "throughput-regression")
+"""A throughput regression still open when a straggler is named is the straggler's consequence (issue 23)
+when the straggler began by the time the job slowed (at most ``straggler_window`` judged steps after the
+regression's onset): a rank forming slowly (its per-step ratio near ``straggler_ratio``) holds every rank
+back, the job's step time crosses ``regression_ratio`` first, and the rank is named later. A regression
+that began long before the straggler did is a change of its own and stays."""
 
 AMP_OVERFLOW: Kind = ("memory", "amp-overflow")
 AFTER_AMP_OVERFLOW: Tuple[Kind, ...] = (("loss", "non_finite"), ("gradient", "nan-source"))
@@ -298,6 +304,8 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
                 _straggler_for(run, kind, st.record.first_ns)
         if cause is None and kind != STALLED:
             cause = _exhaustion_around(run, st, settings)
+        elif kind == REGRESSION:
+            cause = _straggler_slowing(run, st, settings)
             if cause is not None and cause.record.lead_rank >= 0:
                 cause.extra.setdefault("lead", cause.record.lead_rank)  # the exhausted rank leads
         if cause is None:
@@ -382,6 +390,19 @@ def _straggler_for(run: RunState, kind: Kind, at_ns: int) -> Optional[IncidentSt
 
 def _stall_of(run: RunState, rank: int) -> Optional[IncidentState]:
     """The open stall ``rank`` is in: a hung process that is then terminated (by a person, the
+def _straggler_slowing(run: RunState, regression: IncidentState,
+                       settings: DetectionSettings) -> Optional[IncidentState]:
+    """The open ``perf/straggler`` that explains the open ``regression`` (:data:`REGRESSION`): it began no
+    later than ``straggler_window`` steps after the regression did; None otherwise."""
+    st = run.incidents.get(STRAGGLER_KEY)
+    if st is None or not st.is_open or st.record.explained_by or _kind(st) != STRAGGLER:
+        return None
+    began, slowed = st.record.first_step, regression.record.first_step
+    if began < 0 or slowed < 0 or began > slowed + settings.straggler_window:
+        return None
+    return st
+
+
     scheduler's time limit, a watchdog) was terminated *because* it hung."""
     for st in run.incidents.values():
         if _kind(st) == STALLED and st.is_open and not st.record.explained_by and rank in st.rank_first:
