@@ -895,6 +895,12 @@ class DetectionSettings:
     max_incidents_per_run: int = _setting(
         100, "Incidents per run; further ones are counted (incidents_suppressed), not opened.", minimum=1)
     # --- clusters -------------------------------------------------------------------------------
+    amp_text_overflow_notice: bool = _setting(
+        True, "An fp16 overflow line that is no collapse (a scaler's calibration, a few skipped steps at a "
+        "healthy scale, an overflow line naming no scale) opens memory/amp-overflow at severity info for a "
+        "job that sends no metrics -- what the log shows, said as probably harmless, without making the run "
+        "unhealthy; a collapse later on the run raises it to the kind's severity. False: such lines open "
+        "nothing.")
     cluster_max_members: int = _setting(
         100, "Runs, 'run:rank' entries and hosts listed per cluster (first seen first).", minimum=1)
     max_clusters: int = _setting(
@@ -1059,7 +1065,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
              "regression_confirm", "data_wait_share", "data_wait_min_s", "throttle_confirm",
              "throughput_metrics"),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
-                "amp_text_max_scale", "amp_text_collapse_reductions", "amp_text_calibration_scale"),
+                "amp_text_max_scale", "amp_text_collapse_reductions", "amp_text_calibration_scale",
+                "amp_text_overflow_notice"),
     "diagnosis": ("diagnosis_lr_high",),
     "state": ("history_len", "history_max_series", "max_evidence", "max_timeline", "max_incident_ranks",
               "max_incidents_per_run", "cluster_max_members", "max_clusters", "sample_traceback_chars",

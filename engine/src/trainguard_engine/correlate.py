@@ -270,6 +270,8 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
     elif kind in AFTER_AMP_OVERFLOW and current is None and not _skips_reported(run):
         cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key,
                            kinds=(AMP_OVERFLOW,))
+        if cause is not None and cause.record.severity == "info":
+            cause = None  # an overflow notice (a scaler calibrating, amp_text_overflow_notice) is no collapse
     if cause is None or cause.key == finding.key:
         return finding
     _remember_killed(cause)

@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.92, "subtype": 0.91}, "heldout": {"category": 0.84, "subtype": 0.81}}
+FLOORS = {"tune": {"category": 0.95, "subtype": 0.94}, "heldout": {"category": 0.88, "subtype": 0.84}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -69,7 +69,12 @@ recorded before any classifier change (tuned 329/358 and 325/358; the held-out f
 recorded verdicts without printing them, bench/results/logs_issue17_stop31.txt). Then, from tuned misses only:
 a NaN loss on the line of a NaN grad norm is the loss, Megatron's forward-loss NaN check and a loop's
 ``outputs is NaN`` guard are the loss, anomaly mode's warning alone is the backward NaN, more overflow
-wordings, a printed loss scale of 1 is no overflow: tuned 332/358 and 328/358 (floors raised by script only)."""
+wordings, a printed loss scale of 1 is no overflow: tuned 332/358 and 328/358 (floors raised by script only).
+Stop 32, from tuned misses only: an fp16 overflow line that is no collapse opens an info-severity notice
+(``amp_text_overflow_notice``; overflow lines naming no scale read too): tuned 342/358 and 338/358, held out
+116/132 and 111/132 (aggregate read once); the NCCL watchdog's timeout stack without its message
+(``WorkNCCL::checkTimeout`` frames) is a collective timeout naming no rank: tuned 343/358 and 339/358, held out
+117/132 and 112/132 (floors raised by script only)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

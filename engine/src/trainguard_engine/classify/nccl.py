@@ -122,7 +122,7 @@ def _rule_watchdog_teardown(t: _Text) -> Optional[_Hit]:
     often a collective timeout, said with less certainty than the timeout line."""
     pos = t.first(*_TEARDOWN_NEEDLES)
     if pos < 0:
-        return None
+        return _timeout_frame(t)
     facts: Facts = {}
     found = _search(_WATCHDOG_STATUS_RE, t, pos, before=0, after=400)
     if found is not None:
@@ -131,6 +131,30 @@ def _rule_watchdog_teardown(t: _Text) -> Optional[_Hit]:
                 "NCCL watchdog tore the process down (a collective failed or timed out)",
                 "the watchdog aborts every rank after a collective timeout or an NCCL error; the first rank "
                 "to report, and its timeout or error line, say which")
+
+
+_CHECK_TIMEOUT = ("worknccl::checktimeout(", "exception raised from checktimeout at")
+"""The watchdog's timeout check in a c10 C++ stack (``frame #1:
+c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<...>) + 0x282 (... libtorch_cuda.so)``, its
+head ``Exception raised from checkTimeout at .../ProcessGroupNCCL.cpp:N``): it throws only when a collective
+ran past its timeout, so that stack is the timeout's when the message line was cut."""
+
+
+def _timeout_frame(t: _Text) -> Optional[_Hit]:
+    """A c10 stack that shows the NCCL watchdog's timeout check raising (:data:`_CHECK_TIMEOUT`: a ``frame
+    #N:`` line, or the stack's head naming ProcessGroupNCCL) -- the stack of ``Watchdog caught collective
+    operation timeout`` without its message."""
+    pos = t.first(*_CHECK_TIMEOUT)
+    if pos < 0:
+        return None
+    line = t.line_at(pos).lower()
+    if "frame #" not in line and "processgroupnccl" not in line:
+        return None
+    return _Hit("comm", "timeout", 0.6, pos, {"from_frames": True},
+                "NCCL watchdog: a collective timed out (WorkNCCL::checkTimeout raised; its message is cut)",
+                "only the watchdog's C++ stack is shown: the collective ran past its timeout on this rank; "
+                "the full watchdog line names the collective (OpType, SeqNum) and the other ranks' lines "
+                "which one lagged")
 
 
 _STUCK_RE = re.compile(r"watchdog got stuck for (?P<seconds>\d{1,9}) seconds")
@@ -397,7 +421,7 @@ GATES = {
     "nccl.comm-aborted": ("nccl communicator was aborted on rank",),
     "nccl.debug": ("mismatched collective detected", "nccl warn", "nccl info"),
     "nccl.ib-error": ("got completion from peer",),
-    "nccl.watchdog-teardown": _TEARDOWN_NEEDLES,
+    "nccl.watchdog-teardown": (*_TEARDOWN_NEEDLES, *_CHECK_TIMEOUT),
     "nccl.heartbeat-stuck": ("watchdog got stuck for",),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
@@ -443,7 +467,10 @@ DOCS = {
     'nccl.watchdog-teardown': (
         "the watchdog's teardown without its timeout/error line (``Some NCCL operations have failed or timed "
         "out``, ``we are taking the entire process down``, ``failure detected by watchdog at work sequence "
-        "id``) → comm/timeout, at a lower confidence"
+        "id``), or a c10 C++ stack of ``WorkNCCL::checkTimeout`` raising (its ``frame #N:`` line, or "
+        "``Exception raised from checkTimeout at .../ProcessGroupNCCL.cpp``: the timeout's stack with its "
+        "message cut) → "
+        "comm/timeout, at a lower confidence"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

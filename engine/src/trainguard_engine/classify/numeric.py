@@ -222,6 +222,15 @@ Skipping step. Attempted ...`` and ``Reducing dynamic loss scale from A to S``; 
 detected, setting loss scale to: S`` and (>= 0.12) ``gradient overflow detected, ignoring gradient, setting
 loss scale to: S``; apex's ``Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to S``."""
 _SCALE_VALUE_RE = re.compile(r"\bloss[ _]scale\s{0,4}[:=]\s{0,4}" + _NUMBER, re.IGNORECASE)
+_SKIPPED_RE = re.compile(
+    r"\bFound overflow\b(?:\.? Skip step)?"
+    r"|\bGrad(?:ient)? overflow(?: on iteration:?\s{0,4}(?P<step>\d{1,12})|\.\s{0,4}Skipping step)"
+    r"|\bOVERFLOW! Skipping step\b",
+    re.IGNORECASE)
+"""An overflow line that names no scale: ColossalAI's ``Found overflow. Skip step``, DeepSpeed's fused
+optimizer's ``Grad overflow on iteration N``, apex's ``Gradient overflow.  Skipping step`` and the old
+FP16_Optimizer's ``OVERFLOW! Skipping step.`` cut before their scale (a paste, a quote in prose): one step's
+gradients overflowed and the step was skipped."""
 
 
 def _rule_loss_scale(t: _Text) -> Optional[_Hit]:
@@ -247,9 +256,29 @@ def _rule_loss_scale(t: _Text) -> Optional[_Hit]:
             rank = _rank_of(t, pos, facts)
             best = _Hit("memory", "amp-overflow", 0.6, found[0] + m.start(), facts,
                         f"fp16 gradients overflow: loss scale down to {scale:g}{_on_rank(rank)}",
-                        "the GradScaler / loss scaler keeps halving the scale: the gradients overflow on "
-                        "most steps (a too-high learning rate, a loss spike, or fp16 range limits)")
-    return best
+                        _SCALE_NOTE)
+    return best if best is not None else _skipped_step(t)
+
+
+_SCALE_NOTE = ("the GradScaler / loss scaler keeps halving the scale: the gradients overflow on most steps "
+               "(a too-high learning rate, a loss spike, or fp16 range limits)")
+
+
+def _skipped_step(t: _Text) -> Optional[_Hit]:
+    """The first overflow line that names no scale (:data:`_SKIPPED_RE`): facts ``{"overflow": True}``
+    (and the iteration when it says one), no ``scale`` -- never a collapse on its own."""
+    for pos in t.find_all("overflow"):
+        found = _search(_SKIPPED_RE, t, pos, before=20, after=40)
+        if found is None:
+            continue
+        m = found[1]
+        facts: Facts = {"overflow": True}
+        if m.group("step"):
+            facts["step"] = int(m.group("step"))
+        rank = _rank_of(t, pos, facts)
+        return _Hit("memory", "amp-overflow", 0.6, found[0] + m.start(), facts,
+                    f"fp16 gradients overflowed, step skipped{_on_rank(rank)}", _SCALE_NOTE)
+    return None
 
 
 GATES = {
@@ -284,9 +313,12 @@ DOCS = {
     "numeric.loss-scale": (
         "DeepSpeed ``OVERFLOW! ... reducing to S``, fairseq ``overflow detected, setting loss scale to S``, "
         "apex ``Gradient overflow. Skipping step ... reducing loss scale to S``, a printed "
-        "``loss_scale: S`` → memory/amp-overflow when the process detector judges a collapse (S <= "
-        "``amp_text_max_scale``, or ``amp_text_collapse_reductions`` halvings in a row below "
-        "``amp_text_calibration_scale``)"
+        "``loss_scale: S``; an overflow line naming no scale (ColossalAI ``Found overflow. Skip step``, "
+        "DeepSpeed ``Grad overflow on iteration N``, apex / FP16_Optimizer ``Gradient overflow. Skipping "
+        "step`` cut before the scale) → memory/amp-overflow when the process detector judges a collapse (S "
+        "<= ``amp_text_max_scale``, or ``amp_text_collapse_reductions`` halvings in a row below "
+        "``amp_text_calibration_scale``); an overflow line short of that is an info-severity notice "
+        "(``amp_text_overflow_notice``)"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

@@ -50,7 +50,7 @@ from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence
 
 from trainguard.core.events import wire_float
 
-from ..catalogue import EXIT_REASON_MEANINGS, DetectionSettings, classify_exit
+from ..catalogue import EXIT_REASON_MEANINGS, DetectionSettings, classify_exit, kind
 from ..classify import Classification, classify_chain, classify_text
 from ..diagnosis import cuda_in_use
 from ..extract import as_int, as_str, recent_points
@@ -241,12 +241,14 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
             found.rule in LAUNCHER_RULES and (found.category, found.subtype) in LAUNCHER_KINDS)):
         return None
     if not _numeric_text_wanted(run, found, settings, rank):
-        return None
+        return _overflow_notice(run, rank, event, body, found, step, time_ns, settings)
     if found.rule == SCALE_RULE:
         found = _scale_said(found, rank)
     if found.confidence < settings.log_min_confidence and found.rule != SCALE_RULE:
         return None  # a scale line's own test is _scale_collapsed
     key = text_key(found.category, found.subtype)
+    if found.facts.get("from_frames") and key in run.incidents:
+        return None  # the C++ stack of an error already reported (its message line came first) adds nothing
     origin = as_str(body.get("logger")) or as_str(body.get("source")) or "log"
     about = found.facts.get("timed_out_rank")
     if found.rule == RELAY_RULE and isinstance(about, int) and about != rank.rank:
@@ -257,8 +259,57 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
         return _text_finding(run, rank, found, key, "relay.text", f"log {origin}", step, time_ns,
                              as_str(event.get("event_id")), about=about)
     rank.exc_key = key  # the exit this error leads to (an abort after a watchdog timeout) is evidence on it
-    return _text_finding(run, rank, found, key, "log.text", f"log {origin}", step, time_ns,
-                         as_str(event.get("event_id")))
+    finding = _text_finding(run, rank, found, key, "log.text", f"log {origin}", step, time_ns,
+                            as_str(event.get("event_id")))
+    if finding is not None and (found.category, found.subtype) == AMP_KIND:
+        finding = replace(finding, severity=kind(*AMP_KIND).severity)  # raises an info notice's incident
+    if finding is not None and found.facts.get("from_frames") and "rank" not in found.facts:
+        # a C++ stack alone names no rank, and a paste is read as rank 0's: it is some rank's, not a lead
+        finding = replace(finding, rank=-1, host="")
+    return finding
+
+
+AMP_KIND = ("memory", "amp-overflow")
+NOTICE_SEVERITY = "info"
+
+
+def _overflow_notice(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mapping[str, Any],
+                     found: Classification, step: int, time_ns: int,
+                     settings: DetectionSettings) -> Optional[Finding]:
+    """An fp16 overflow line that is no collapse (``amp_text_overflow_notice``): memory/amp-overflow at
+    severity info, provisional (a collapse later on takes over its title and summary and raises its
+    severity), for a run without metrics; None for any other line, or a line that only prints a scale."""
+    if not settings.amp_text_overflow_notice or found.rule != SCALE_RULE:
+        return None
+    if any(r.history or r.last_hb_ns for r in run.ranks.values()):
+        return None  # the GradScaler's own metrics speak for an instrumented job
+    if not (found.facts.get("overflow") or any(_says_overflow(line) for line in found.lines)):
+        return None  # a progress line printing its scale is no overflow
+    scale = found.facts.get("scale")
+    said = (f"fp16 overflow, loss scale now {_scale_text(scale)}" if isinstance(scale, (int, float))
+            else "fp16 overflow, step skipped")
+    notice = replace(found, headline=f"{said} (most likely the loss scaler calibrating; no collapse)",
+                     note="a dynamic loss scaler skips the steps whose fp16 gradients overflow and halves "
+                     "its scale; a few at the start or now and then are how it finds its scale -- an "
+                     "incident only if they keep coming or the scale falls towards 1")
+    origin = as_str(body.get("logger")) or as_str(body.get("source")) or "log"
+    key = text_key(*AMP_KIND)
+    finding = _text_finding(run, rank, notice, key, "log.text", f"log {origin}", step, time_ns,
+                            as_str(event.get("event_id")))
+    if finding is None:
+        return None
+    st = run.incidents.get(key)
+    still_notice = st is None or bool(st.extra.get("provisional"))  # its title follows the latest scale
+    return replace(finding, severity=NOTICE_SEVERITY, provisional=True, update_values=still_notice)
+
+
+def _scale_text(scale: float) -> str:
+    return f"{scale:.0f}" if 1 <= scale < 1e15 and scale == int(scale) else f"{scale:g}"
+
+
+def _says_overflow(line: str) -> bool:
+    low = line.lower()
+    return "overflow" in low or "reducing to" in low or "reducing loss scale" in low
 
 
 def _recognised(found: Classification) -> bool:
