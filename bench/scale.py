@@ -34,9 +34,12 @@ since the run's last encode and hands rank_parts each rank's bytes); ``largest_s
 biggest value under one state key; ``checkpoint_split`` lines are the ratios of each mode to whole.
 
 **Flink.** ``--flink-runs`` runs of the backlog (default 16) through the Flink job
-(processor/flink_main.py ``--records``: a local mini-cluster of .venv-flink, bounded source, file sink) at
-each ``--flink-parallelism`` (1,2), and through one embedded processor over Kafka (one process, one
-core). ``events_per_s`` = the stream's events / the job's busy span: from the first record any run-stage
+(processor/flink_main.py ``--records``: a local mini-cluster of .venv-flink, bounded source read by a
+reader per slot, file sink) at each ``--flink-parallelism`` (1,2), and through one embedded processor over
+Kafka (one process, one core). The job's stream is in ``--flink-order``: ``live`` (default: the runs'
+records in turn, as concurrent jobs send them) or ``backlog`` (run after run: a job keyed by run then has
+one run, so one slot, busy at a time -- what stop 31 measured; :func:`flink_stream`).
+``events_per_s`` = the stream's events / the job's busy span: from the first record any run-stage
 subtask took to the last record or timer any of them finished (each subtask writes its span when it
 closes: flink_job.SPANS_ENV) -- the embedded processor's figure is likewise from its first record to its
 last commit, so neither counts its process's start-up; ``events_per_s_per_slot`` = that / parallelism;
@@ -45,6 +48,10 @@ two-step stream is run at each parallelism and subtracted (the mini-cluster's st
 for ``marginal_events_per_s`` -- on a loaded machine the difference of two noisy walls of ~30 s each is
 mostly noise -- and ``events_per_cpu_s``, the marginal events per CPU second of the job's whole process
 tree (JVM + Python workers, sampled from /proc), against the embedded processor's events per CPU second.
+``flink_busy`` lines: the records each run-stage subtask took (``balance_bound`` = all records / the
+busiest subtask's: runs hash onto slots as onto partitions), and each process's CPU seconds inside the busy
+span (the JVM, each Python worker -- one per slot --, the rest) with ``cores_used`` (their sum / the span)
+and ``events_per_busy_cpu_s``: where the cores went, and whether two slots kept two cores busy.
 
 On a 2-core machine N processors cannot go beyond ~2x one processor -- less, since the broker and the
 publisher share the same cores: the script prints ``os.cpu_count()`` and the load average beside every
@@ -344,8 +351,25 @@ def checkpoint_figures(bootstrap: str, ranks: int, stops: Sequence[int], root: P
 
 # ------------------------------------------------------------------------------------------- Flink
 
-def _tree_cpu(root_pid: int, seen: Dict[int, float]) -> None:
-    """Note the CPU seconds so far of ``root_pid`` and every process below it (Linux /proc) in ``seen``."""
+def _process_kind(pid: int) -> str:
+    """``jvm``, ``python-worker`` (a PyFlink worker: one per slot), ``client`` or ``other``."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "other"
+    if argv and argv[0].endswith(b"java"):
+        return "jvm"
+    if b"pyflink.fn_execution.beam.beam_boot" in argv:
+        return "python-worker"
+    if b"trainguard_server.processor.flink_main" in argv:
+        return "client"
+    return "other"
+
+
+def _tree_cpu(root_pid: int, seen: Dict[int, float],
+              samples: Optional[List[Tuple[float, Dict[int, float]]]] = None) -> None:
+    """Note the CPU seconds so far of ``root_pid`` and every process below it (Linux /proc) in ``seen``;
+    with ``samples``, append (wall-clock time, CPU seconds per process) too."""
     parents: Dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -360,11 +384,30 @@ def _tree_cpu(root_pid: int, seen: Dict[int, float]) -> None:
             if parent == pid and child not in tree:
                 tree.add(child)
                 frontier.append(child)
+    now: Dict[int, float] = {}
     for pid in tree:
         try:
-            seen[pid] = max(seen.get(pid, 0.0), _proc_cpu_s(pid))
+            now[pid] = seen[pid] = max(seen.get(pid, 0.0), _proc_cpu_s(pid))
         except (OSError, IndexError, ValueError):
             continue
+    if samples is not None:
+        samples.append((time.time(), now))
+
+
+def busy_cpu(samples: Sequence[Tuple[float, Dict[int, float]]], kinds: Dict[int, str], start: float,
+             end: float) -> Dict[str, Any]:
+    """CPU seconds each process of the job used between the samples nearest ``start`` and ``end`` (its busy
+    span): ``jvm``, ``python_workers`` (busiest first), ``other``, ``cores`` (all of them / the samples'
+    span) and ``window_s``."""
+    first = min(samples, key=lambda x: abs(x[0] - start))
+    last = min(samples, key=lambda x: abs(x[0] - end))
+    window = max(1e-9, last[0] - first[0])
+    used = {pid: cpu - first[1].get(pid, 0.0) for pid, cpu in last[1].items()}
+    workers = sorted((c for pid, c in used.items() if kinds.get(pid) == "python-worker"), reverse=True)
+    jvm = sum(c for pid, c in used.items() if kinds.get(pid) == "jvm")
+    other = sum(used.values()) - jvm - sum(workers)
+    return {"window_s": window, "jvm": jvm, "python_workers": workers, "other": other,
+            "cores": sum(used.values()) / window}
 
 
 def _last_error(log: str) -> str:
@@ -372,12 +415,13 @@ def _last_error(log: str) -> str:
     return lines[-1][:300] if lines else "none in its log"
 
 
-def flink_job(python: Path, values: Sequence[bytes], parallelism: int,
-              root: Path) -> Tuple[float, float, float]:
+def flink_job(python: Path, values: Sequence[bytes], parallelism: int, root: Path) -> Dict[str, Any]:
     """The Flink job (processor/flink_main.py ``--records``: a local mini-cluster, bounded input, results
-    to files) over ``values`` at ``parallelism``: (wall seconds, CPU seconds of the job's process tree:
-    the JVM and its Python workers, sampled every 0.2 s, busy seconds: from the first record any run-stage
-    subtask took to the last record or timer any finished, as they wrote them to ``SPANS_ENV``'s file)."""
+    to files) over ``values`` at ``parallelism``: ``wall`` seconds, ``cpu`` seconds of the job's process
+    tree (the JVM and its Python workers, sampled every 0.2 s), ``busy`` seconds (from the first record any
+    run-stage subtask took to the last record or timer any finished, as they wrote them to ``SPANS_ENV``'s
+    file), ``subtask_records`` (records each run-stage subtask took, most first) and ``busy_cpu`` (each
+    process's CPU seconds in the busy span: :func:`busy_cpu`)."""
     from trainguard_server.processor.flink_main import write_records
 
     tag = uuid.uuid4().hex[:8]
@@ -388,6 +432,8 @@ def flink_job(python: Path, values: Sequence[bytes], parallelism: int,
         [str(REPO / "sdk" / "src"), str(REPO / "engine" / "src"), str(REPO / "services" / "src")]),
         TRAINGUARD_FLINK_SPANS=str(spans))  # flink_job.SPANS_ENV (PyFlink is not importable here)
     seen: Dict[int, float] = {}
+    samples: List[Tuple[float, Dict[int, float]]] = []
+    kinds: Dict[int, str] = {}
     with open(root / f"flink-{tag}.log", "w") as log:
         started = time.monotonic()
         proc = subprocess.Popen([str(python), "-m", "trainguard_server.processor.flink_main", "--records",
@@ -396,7 +442,9 @@ def flink_job(python: Path, values: Sequence[bytes], parallelism: int,
                                 start_new_session=True)
         killed = False
         while proc.poll() is None:
-            _tree_cpu(proc.pid, seen)
+            _tree_cpu(proc.pid, seen, samples)
+            for pid in samples[-1][1]:
+                kinds[pid] = kinds.get(pid) or _process_kind(pid)
             time.sleep(0.2)
             if time.monotonic() - started > FLINK_TIMEOUT_S:
                 os.killpg(proc.pid, 9)  # its whole session: the JVM and its Python workers too
@@ -414,12 +462,30 @@ def flink_job(python: Path, values: Sequence[bytes], parallelism: int,
     busy = [json.loads(line) for line in spans.read_text().splitlines()] if spans.exists() else []
     if sum(b["records"] for b in busy) != len(values):
         raise RuntimeError(f"the run stage's subtasks reported {busy}, not {len(values)} records")
-    span = (max(b["last_ns"] for b in busy) - min(b["first_ns"] for b in busy)) / 1e9
-    return wall, sum(seen.values()), span
+    start, end = min(b["first_ns"] for b in busy) / 1e9, max(b["last_ns"] for b in busy) / 1e9
+    return {"wall": wall, "cpu": sum(seen.values()), "busy": end - start,
+            "subtask_records": sorted((b["records"] for b in busy), reverse=True),
+            "busy_cpu": busy_cpu(samples, kinds, start, end)}
+
+
+FLINK_ORDERS = ("live", "backlog")
+
+
+def flink_stream(runs: Sequence[Tuple[str, List[bytes]]], order: str) -> List[bytes]:
+    """The Flink job's input: ``live`` -- the runs' records in turn (every run's first record, then every
+    run's second, ...), each run's in its order, as the records of concurrent jobs reach the gateway -- or
+    ``backlog``: run after run (every record of the first run, then of the second, ...), as one file of a
+    drained topic would hold them. A job keyed by run can give a run to one slot only: on a backlog a
+    bounded reader meets one run, so one slot, at a time (issue 20, stop 32: at parallelism 2 the two
+    run-stage subtasks took turns, each idle while the other worked)."""
+    if order == "backlog":
+        return [v for _, vs in runs for v in vs]
+    longest = max((len(vs) for _, vs in runs), default=0)
+    return [vs[i] for i in range(longest) for _, vs in runs if i < len(vs)]
 
 
 def flink_figures(bootstrap: str, broker_pid: int, runs: Sequence[Tuple[str, List[bytes]]], ranks: int,
-                  root: Path, parallelisms: Sequence[int]) -> Optional[Dict[str, Any]]:
+                  root: Path, parallelisms: Sequence[int], order: str = "live") -> Optional[Dict[str, Any]]:
     """The Flink job at each of ``parallelisms`` on ``runs`` (SDK-shaped records, the same as the group
     drain's), beside one embedded processor over Kafka draining the same records (one process: one core).
     Start-up is taken out: each parallelism also runs a one-run, two-step stream, and the figures are
@@ -433,13 +499,13 @@ def flink_figures(bootstrap: str, broker_pid: int, runs: Sequence[Tuple[str, Lis
     def events_of(values: Sequence[bytes]) -> int:
         return sum(len(ingest_pb2.IngestRequest.FromString(v).events) for v in values)
 
-    values = [v for _, vs in runs for v in vs]
+    values = flink_stream(runs, order)
     events = events_of(values)
     small = runs[0][1][:ranks * 3]  # the first run's starts and two steps: start-up and little else
     small_events = events_of(small)
     print(f"# flink stream: {len(runs)} runs of the backlog, {len(values)} records, {events} events; "
-          f"start-up run: {len(small)} records, {small_events} events; mini-cluster (apache-flink 2.3, "
-          f".venv-flink), bounded source, file sink", flush=True)
+          f"order={order}; start-up run: {len(small)} records, {small_events} events; mini-cluster "
+          f"(apache-flink 2.3, .venv-flink), bounded source (a reader per slot), file sink", flush=True)
     embedded = drain_group(bootstrap, broker_pid, 1, runs, events, root)
     per_core = embedded["events_per_s"]
     per_cpu = embedded["events_per_worker_cpu_s"]
@@ -450,8 +516,8 @@ def flink_figures(bootstrap: str, broker_pid: int, runs: Sequence[Tuple[str, Lis
                            "embedded_events_per_cpu_s": per_cpu, "jobs": []}
     for p in parallelisms:
         try:
-            wall0, cpu0, _ = flink_job(python, small, p, root)
-            wall1, cpu1, busy = flink_job(python, values, p, root)
+            startup = flink_job(python, small, p, root)
+            measured = flink_job(python, values, p, root)
         except RuntimeError as exc:  # the job failed or ran past its time: say so, go on
             text = str(exc)
             out["jobs"].append({"parallelism": p, "failed": text.splitlines()[0][:400]
@@ -459,6 +525,10 @@ def flink_figures(bootstrap: str, broker_pid: int, runs: Sequence[Tuple[str, Lis
             print(f"flink parallelism={p} events={events} FAILED: {out['jobs'][-1]['failed']} "
                   f"loadavg={_loadavg()}", flush=True)
             continue
+        wall0, cpu0 = startup["wall"], startup["cpu"]
+        wall1, cpu1, busy = measured["wall"], measured["cpu"], measured["busy"]
+        used = measured["busy_cpu"]
+        subtasks = measured["subtask_records"]
         rate = (events - small_events) / max(1e-9, wall1 - wall0)
         per_cpu_s = (events - small_events) / (cpu1 - cpu0) if cpu1 > cpu0 else float("nan")
         busy_rate = events / max(1e-9, busy)
@@ -467,6 +537,9 @@ def flink_figures(bootstrap: str, broker_pid: int, runs: Sequence[Tuple[str, Lis
                "slot_vs_embedded_core": busy_rate / p / per_core,
                "marginal_events_per_s": rate, "marginal_slot_vs_embedded_core": rate / p / per_core,
                "events_per_cpu_s": per_cpu_s, "cpu_vs_embedded_cpu": per_cpu_s / per_cpu,
+               "subtask_records": subtasks, "balance_bound": sum(subtasks) / max(1, subtasks[0]),
+               "busy_cpu": used,
+               "events_per_busy_cpu_s": events / max(1e-9, used["cores"] * used["window_s"]),
                "loadavg": _loadavg()}
         out["jobs"].append(job)
         print(f"flink parallelism={p} events={events} busy_s={busy:.2f} events_per_s={busy_rate:.0f} "
@@ -477,6 +550,14 @@ def flink_figures(bootstrap: str, broker_pid: int, runs: Sequence[Tuple[str, Lis
               f"cpu_s={cpu1:.1f} startup_cpu_s={cpu0:.1f} events_per_cpu_s={per_cpu_s:.0f} "
               f"cpu_vs_embedded_cpu={per_cpu_s / per_cpu:.2f} cpus={os.cpu_count()} loadavg={job['loadavg']}",
               flush=True)
+        print(f"flink_busy parallelism={p} subtask_records={','.join(map(str, subtasks))} "
+              f"balance_bound={job['balance_bound']:.2f} cores_used={used['cores']:.2f} "
+              f"cpu_s_in_busy_span: jvm={used['jvm']:.1f} "
+              f"python_workers={','.join(f'{c:.1f}' for c in used['python_workers'])} "
+              f"other={used['other']:.1f} window_s={used['window_s']:.1f} "
+              f"events_per_busy_cpu_s={job['events_per_busy_cpu_s']:.0f} "
+              f"busy_cpu_vs_embedded_cpu={job['events_per_busy_cpu_s'] / per_cpu:.2f} cpus={os.cpu_count()} "
+              f"loadavg={job['loadavg']}", flush=True)
     return out
 
 
@@ -492,6 +573,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--flink-runs", type=int, default=16,
                    help="the Flink job's stream: the first this many runs of the backlog (0: no Flink part)")
     p.add_argument("--flink-parallelism", default="1,2")
+    p.add_argument("--flink-order", choices=FLINK_ORDERS, default="live",
+                   help="the Flink stream's order: live (the runs' records in turn) or backlog (run after "
+                        "run): flink_stream")
     p.add_argument("--flink-timeout-s", type=float, default=FLINK_TIMEOUT_S,
                    help="a Flink job still running after this is killed and reported as failed")
     p.add_argument("--checkpoint-modes", default="whole,rank_parts_full,rank_parts",
@@ -585,7 +669,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             globals()["FLINK_TIMEOUT_S"] = args.flink_timeout_s
             figures["flink"] = flink_figures(broker.bootstrap, broker.proc.pid, runs[:args.flink_runs],
                                              args.ranks, root,
-                                             [int(x) for x in args.flink_parallelism.split(",") if x.strip()])
+                                             [int(x) for x in args.flink_parallelism.split(",") if x.strip()],
+                                             args.flink_order)
         else:
             print("flink: not measured (--flink-runs 0)", flush=True)
     finally:

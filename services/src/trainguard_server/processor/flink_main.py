@@ -3,7 +3,10 @@
 * ``--records FILE``: a bounded source: FILE holds queue record values (serialized IngestRequest
   batches), each as a 4-byte big-endian length and the bytes (:func:`write_records` writes it). The job runs
   on a local mini-cluster and ends when the records are processed; results go to a ``FileSink`` in
-  ``--out DIR`` as JSON lines (part files). This is what the conformance test and ``bench/`` run.
+  ``--out DIR`` as JSON lines (part files). This is what the conformance test and ``bench/`` run. As the
+  Kafka graph reads a topic, it reads with one reader per slot (``--parallelism``), each a part of the
+  runs in their order (:func:`partition_records`), and decodes chained to its reader: with one reader
+  for every slot, the slot that held it decoded every record besides its share of the runs (issue 20).
 * ``--kafka BOOTSTRAP``: the production graph: Flink's Kafka connector reads the gateway's topic
   (``--topic``, committed offsets of ``--group-id``, record values as byte arrays) and writes the JSON
   upserts to ``--results-topic`` (at-least-once: upserts are idempotent); runs tick on processing time
@@ -27,7 +30,7 @@ import struct
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, List, Sequence
+from typing import Any, Dict, Iterable, List, Sequence
 
 PYTHON_WORKER_MODE = "_python_worker_execution_mode"
 """PyFlink's switch between "loopback" (a local mini-cluster's Python functions in the client process, its
@@ -59,6 +62,33 @@ def write_lines(path: Path, values: Iterable[bytes]) -> None:
         for value in values:
             fh.write(base64.b64encode(value).decode("ascii"))
             fh.write("\n")
+
+
+def partition_records(values: Sequence[bytes], parts: int) -> List[List[bytes]]:
+    """``values`` (serialized IngestRequests) as ``parts`` lists for the bounded job's ``parts`` readers, as
+    the gateway's topic is partitioned: every run's envelopes in one part, in their order (a record of
+    several runs is split into one IngestRequest per run, as the job's decode splits it), each part in
+    the order of ``values``. Runs go to parts largest first, each to the part with the fewest records so
+    far, so the readers -- and the decoding chained to them -- share the stream evenly (hashing 16 runs
+    onto 2 parts left one with 60 %). Values that are not IngestRequests, or hold no envelope, are
+    dropped (the job would drop them). Import PyFlink-free: the job's decode runs here too."""
+    from .flink_stages import decode_record
+
+    keyed = [decode_record(value) for value in values]
+    sizes: Dict[str, int] = {}
+    for pieces in keyed:
+        for key, _ in pieces:
+            sizes[key] = sizes.get(key, 0) + 1
+    loads = [0] * max(1, parts)
+    owner: Dict[str, int] = {}
+    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
+        owner[key] = loads.index(min(loads))
+        loads[owner[key]] += sizes[key]
+    out: List[List[bytes]] = [[] for _ in loads]
+    for pieces in keyed:
+        for key, raw in pieces:
+            out[owner[key]].append(raw)
+    return out
 
 
 def read_records(path: Path) -> List[bytes]:
@@ -159,17 +189,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ns.out is None:
             parser.error("--records needs --out")
         assert scratch is not None
-        lines = scratch / "records.b64"
-        write_lines(lines, read_records(ns.records))
-        # the JVM reads them itself, as a Kafka source would (no transfer of every record from this process)
+        lines = scratch / "records"
+        lines.mkdir()
+        for i, part in enumerate(partition_records(read_records(ns.records), ns.parallelism)):
+            write_lines(lines / f"part-{i:04d}.b64", part)
+        # the JVM reads them itself, as a Kafka source would (no transfer of every record from this process):
+        # one reader per slot, each file whole and in order (a text file is one split), as Kafka partitions
         records = (env.from_source(FileSource.for_record_stream_format(StreamFormat.text_line_format(),
                                                                       str(lines)).build(),
                                    WatermarkStrategy.no_watermarks(), "records")
-                   .set_parallelism(1))  # one file, one reader: in order
+                   .set_parallelism(ns.parallelism))
         sink = (FileSink.for_row_format(str(ns.out), Encoder.simple_string_encoder())
                 .with_output_file_config(OutputFileConfig.builder().with_part_suffix(".jsonl").build())
                 .build())
-        build_job(records, sink, source_parallelism=1, overrides=overrides, settle_s=settle)
+        build_job(records, sink, source_parallelism=ns.parallelism, overrides=overrides, settle_s=settle)
         try:
             env.execute("trainguard (bounded)")
         finally:
