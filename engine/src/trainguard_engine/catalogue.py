@@ -785,6 +785,20 @@ class DetectionSettings:
     straggler_wait_share: float = _setting(
         0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
         "at the same step by >= this x the excess (median over the window): they waited for it. A "
+    straggler_noise_k: float = _setting(
+        2.0, "... on a steady host a lower bar too: once the job's steady state is known (regression_"
+        "baseline_steps judged steps after warm-up), a rank is also over at a step when its own time >= "
+        "1 + this x the steady state's spread of every rank's per-step paired ratio (1.4826 x its median "
+        "absolute deviation), when that is below straggler_ratio -- on a quiet host ranks differ by a few "
+        "per cent and a rank 1.4-1.6x slower than its peers is plain, on an oversubscribed one the spread "
+        "keeps the bar at straggler_ratio (steady-state spread 0.05-0.34 on a quiet 16-core host, 0.42-0.89 "
+        "with four ranks on two cores; bench/results/straggler_stop32.txt) ...", minimum=0.0)
+    straggler_shift_ratio: float = _setting(
+        1.35, "... that lower bar is never below this ...", minimum=1.0)
+    straggler_shift_growth: float = _setting(
+        1.25, "... and a rank over it (not over straggler_ratio) is a candidate only when the median of its "
+        "window's paired ratios is >= this x its own in the steady state: it became slower (a rank a "
+        "host's layout makes 1.3x slower from the start is not held against it) ...", minimum=1.0)
         "candidate is named at once (the window is the confirmation).", minimum=0.0)
     straggler_hold_steps: int = _setting(
         10, "... while a rank is over on this many of its window's steps (a straggler forming), no "
@@ -1059,7 +1073,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "progress": ("stall_factor", "stall_min_s", "stall_max_s", "lost_after_s"),
     "correlation": ("rank_lost_grace_s", "oom_explains_s"),
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
-             "straggler_steps", "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
+             "straggler_steps", "straggler_noise_k", "straggler_shift_ratio", "straggler_shift_growth",
+             "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
              "straggler_clear_steps", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
              "regression_noise_k", "regression_baseline_steps",
              "regression_confirm", "data_wait_share", "data_wait_min_s", "throttle_confirm",

@@ -259,10 +259,9 @@ def _judge(run: RunState, run_state: Dict[str, Any], step: int, time_ns: int,
     if throughput:
         job["tp"] = _median(throughput)
     if "own" in job:
-        _pair(states, step, settings)
-    candidates = _stragglers(states, job, settings)
-    forming = bool(candidates) or any(st.get("pc", 0) >= settings.straggler_hold_steps
-                                      for _r, st, _m in states)
+        _pair(states, step, settings, run_state.get("t2"))
+    candidates = _stragglers(states, job, settings, run_state.get("t2"))
+    forming = bool(candidates) or any(_over(st) >= settings.straggler_hold_steps for _r, st, _m in states)
     out: List[Finding] = []
     out += _straggler_findings(run, run_state, states, candidates, job, step, time_ns, settings)
     out += _regression(run, run_state, states, job, forming, step, time_ns, settings)
@@ -280,13 +279,20 @@ def _entry_at(state: Dict[str, Any], step: int) -> Optional[List[Any]]:
     return None
 
 
+def _over(state: Dict[str, Any]) -> int:
+    """How many of the rank's window pairs are over its bar: ``straggler_ratio``, or the steady host's
+    lower bar (``pc2``) once the job has one."""
+    return max(state.get("pc", 0), state.get("pc2", 0))
+
+
 def _pair(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]], step: int,
-          settings: DetectionSettings) -> None:
+          settings: DetectionSettings, low: Optional[float] = None) -> None:
     """The per-step paired comparison: each rank's own time at the judged ``step`` against the median of
     the other ranks' own times at that same step (the same step shares the host's load and the job's
     input), appended to the rank's last ``straggler_window`` pairs (``state["px"]``: [step, time_ns,
     own, others, rest, others' rest]) with the count of pairs over ``straggler_ratio`` kept
-    incrementally (``state["pc"]``). O(ranks log ranks) per judged step."""
+    incrementally (``state["pc"]``; ``state["pc2"]`` over the steady host's lower bar ``low``, when the
+    job has one: :func:`_steady_bar`). O(ranks log ranks) per judged step."""
     timed = [(st, e) for _r, st, _m in states
              if (e := _entry_at(st, step)) is not None and e[_OWN] is not None]
     if len(timed) < 2:
@@ -300,22 +306,62 @@ def _pair(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]], 
         pairs: List[List[Any]] = st.setdefault("px", [])
         pairs.append([e[_STEP], e[_TIME], e[_OWN], others, e[_REST], others_rest])
         count = st.get("pc", 0) + (1 if e[_OWN] >= ratio * others else 0)
+        count2 = st.get("pc2", 0) + (1 if low is not None and e[_OWN] >= low * others else 0)
         while len(pairs) > settings.straggler_window:
             gone = pairs.pop(0)
             count -= 1 if gone[_P_OWN] >= ratio * gone[_P_OTHERS] else 0
+            count2 -= 1 if low is not None and gone[_P_OWN] >= low * gone[_P_OTHERS] else 0
         st["pc"] = count
+        if low is not None:
+            st["pc2"] = count2
+
+
+def _pair_ratio(p: Sequence[Any]) -> float:
+    return float(p[_P_OWN]) / max(float(p[_P_OTHERS]), 1e-12)
+
+
+def _steady_bar(run_state: Dict[str, Any],
+                states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
+                settings: DetectionSettings) -> None:
+    """When the job's steady state is set: the steady host's lower bar (``run_state["t2"]``, see
+    ``straggler_noise_k``) from the spread of every rank's paired ratios so far (all after warm-up), each
+    rank's own steady-state ratio (``pr``) and its count over the bar (``pc2``). No bar when it would not
+    be below ``straggler_ratio`` (an oversubscribed host) or there are too few pairs."""
+    ratios = sorted(_pair_ratio(p) for _r, st, _m in states for p in st.get("px", ()))
+    if len(ratios) < settings.perf_min_points * 2 or len(states) < 2:
+        return
+    mid = _median_sorted(ratios)
+    spread = 1.4826 * _median([abs(x - mid) for x in ratios])
+    bar = max(settings.straggler_shift_ratio, 1.0 + settings.straggler_noise_k * spread)
+    run_state["spread"] = round(spread, 4)
+    if bar >= settings.straggler_ratio:
+        return
+    run_state["t2"] = bar
+    for _r, st, _m in states:
+        pairs = st.get("px", [])
+        if pairs:
+            st["pr"] = _median([_pair_ratio(p) for p in pairs])
+        st["pc2"] = sum(1 for p in pairs if p[_P_OWN] >= bar * p[_P_OTHERS])
 
 
 def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
-                job: Dict[str, float], settings: DetectionSettings) -> Dict[int, Dict[str, float]]:
+                job: Dict[str, float], settings: DetectionSettings,
+                low: Optional[float] = None) -> Dict[int, Dict[str, float]]:
     """rank -> {own, others, rest, others_rest, ratio} (window medians of its pairs) of every straggler
     candidate: over ``straggler_ratio`` on >= ``straggler_steps`` of its last ``straggler_window``
-    judged steps (a sign test on the paired per-step ratio), its median excess >= ``straggler_min_share``
-    of the job's step time, the others' median extra wait >= ``straggler_wait_share`` x that excess."""
+    judged steps (a sign test on the paired per-step ratio) -- or over the steady host's lower bar ``low``
+    on as many while its window's median ratio is >= ``straggler_shift_growth`` x its steady-state one --,
+    its median excess >= ``straggler_min_share`` of the job's step time, the others' median extra wait >=
+    ``straggler_wait_share`` x that excess. ``bar`` in each: the bar it was over."""
     out: Dict[int, Dict[str, float]] = {}
     for rank, st, _m in states:
+        bar = settings.straggler_ratio
         if st.get("pc", 0) < settings.straggler_steps:
-            continue
+            if low is None or st.get("pc2", 0) < settings.straggler_steps or "pr" not in st:
+                continue
+            if _median([_pair_ratio(p) for p in st["px"]]) < settings.straggler_shift_growth * st["pr"]:
+                continue
+            bar = low
         pairs = st["px"]
         excess = _median([p[_P_OWN] - p[_P_OTHERS] for p in pairs])
         if excess < settings.straggler_min_share * job["step"]:
@@ -327,7 +373,7 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
                           "others": _median([p[_P_OTHERS] for p in pairs]),
                           "rest": _median([p[_P_REST] for p in pairs]),
                           "others_rest": _median([p[_P_OTHERS_REST] for p in pairs]),
-                          "ratio": _median([p[_P_OWN] / max(p[_P_OTHERS], 1e-12) for p in pairs])}
+                          "ratio": _median([_pair_ratio(p) for p in pairs]), "bar": bar}
     return out
 
 
@@ -349,14 +395,14 @@ def _phase_of(rank: RankState, states: Sequence[Tuple[RankState, Dict[str, Any],
     return best
 
 
-def _onset(rank: RankState, settings: DetectionSettings) -> Tuple[int, int]:
-    """(step, time_ns) where the rank's run of over-ratio pairs began: the change point of its window,
+def _onset(rank: RankState, settings: DetectionSettings, bar: float) -> Tuple[int, int]:
+    """(step, time_ns) where the rank's run of pairs over ``bar`` began: the change point of its window,
     the pair from which on (over - straggler_steps/straggler_window per pair) sums highest."""
     pairs = rank.detectors[STATE_KEY]["px"]
     share = settings.straggler_steps / settings.straggler_window
     best, total, at = -math.inf, 0.0, pairs[-1]
     for p in reversed(pairs):
-        total += (1.0 if p[_P_OWN] >= settings.straggler_ratio * p[_P_OTHERS] else 0.0) - share
+        total += (1.0 if p[_P_OWN] >= bar * p[_P_OTHERS] else 0.0) - share
         if total > best:
             best, at = total, p
     return int(at[_P_STEP]), int(at[_P_TIME])
@@ -372,7 +418,7 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
     open_st = run.incidents.get(STRAGGLER_KEY)
     if not named:
         if open_st is not None and open_st.is_open:
-            forming = any(st.get("pc", 0) >= settings.straggler_clear_steps for _r, st, _m in states)
+            forming = any(_over(st) >= settings.straggler_clear_steps for _r, st, _m in states)
             run_state["clear"] = run_state.get("clear", 0) + (0 if forming else 1)
             if run_state["clear"] >= confirm:
                 resolve(open_st, time_ns, step, open_st.record.lead_rank,
@@ -405,26 +451,31 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
     for r in named:
         cr = candidates[r.rank]
         ratio_r = cr["ratio"]
-        began_step, began_ns = _onset(r, settings)
+        bar = cr["bar"]
+        began_step, began_ns = _onset(r, settings, bar)
         ph, mine_r, oth_r = _phase_of(r, states) if r is not lead else (phase, mine, others_phase)
         mine_st = r.detectors[STATE_KEY]
         pairs = mine_st["px"]
+        over = mine_st.get("pc", 0) if bar >= settings.straggler_ratio else mine_st.get("pc2", 0)
+        why = "" if bar >= settings.straggler_ratio else (
+            f" (the steady host's bar: 1 + {settings.straggler_noise_k:g} x the steady state's spread of "
+            f"paired ratios {run_state.get('spread', 0.0):.2f}, at least {settings.straggler_shift_ratio:g}; "
+            f"its own steady-state ratio was {mine_st.get('pr', 1.0):.2f})")
         description = (
-            f"rank {r.rank}: own time (data + forward + optimizer) >= {settings.straggler_ratio:g}x the "
-            f"other ranks' median at the same step on {mine_st['pc']} of its last {len(pairs)} judged steps "
-            f"(threshold {settings.straggler_steps}); medians over them: {cr['own'] * 1000:.1f} ms vs "
+            f"rank {r.rank}: own time (data + forward + optimizer) >= {bar:.2f}x the other ranks' median at "
+            f"the same step on {over} of its last {len(pairs)} judged steps (threshold "
+            f"{settings.straggler_steps}){why}; medians over them: {cr['own'] * 1000:.1f} ms vs "
             f"{cr['others'] * 1000:.1f} ms, a per-step ratio of {ratio_r:.2f}x, mostly in {ph} "
             f"({mine_r * 1000:.1f} ms vs {oth_r * 1000:.1f} ms); the others' backward + wait "
             f"{cr['others_rest'] * 1000:.1f} ms vs its {cr['rest'] * 1000:.1f} ms: they wait for it; "
             f"over the ratio since step {began_step}{slowdown}")
         evidence = Evidence(rule="perf.straggler", description=description, step=began_step,
                             time_ns=began_ns, rank=r.rank, metric="own_time_ratio",
-                            threshold=settings.straggler_ratio, value=round(ratio_r, 4),
+                            threshold=round(bar, 4), value=round(ratio_r, 4),
                             window=[{"step": int(p[_P_STEP]), "own_s": p[_P_OWN],
                                      "others_own_s": p[_P_OTHERS]} for p in pairs])
         timeline = [TimelineEntry(time_ns=began_ns, step=began_step, rank=r.rank,
-                                  what=f"rank {r.rank}: own time over {settings.straggler_ratio:g}x "
-                                       f"its peers'")]
+                                  what=f"rank {r.rank}: own time over {bar:.2f}x its peers'")]
         out.append(Finding(
             "perf", "straggler", STRAGGLER_KEY, r.rank, began_step, began_ns, host=r.host, seen_ns=time_ns,
             seen_step=step, evidence=[evidence], timeline=timeline if r in fresh else [],
@@ -470,6 +521,7 @@ def _regression(run: RunState, run_state: Dict[str, Any],
             for _r, st, m in states:  # each rank's own steady state, for the every-rank test
                 if "own" in m:
                     st["ob"] = m["own"]
+            _steady_bar(run_state, states, settings)
         return []
     ratio = job["step"] / max(base["step"], 1e-12)
     tp_ratio = (base["tp"] / job["tp"] if job.get("tp") and base.get("tp") else 0.0)
