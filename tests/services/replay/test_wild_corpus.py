@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.95, "subtype": 0.94}, "heldout": {"category": 0.88, "subtype": 0.84}}
+FLOORS = {"tune": {"category": 0.94, "subtype": 0.93}, "heldout": {"category": 0.88, "subtype": 0.84}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -74,7 +74,9 @@ Stop 32, from tuned misses only: an fp16 overflow line that is no collapse opens
 (``amp_text_overflow_notice``; overflow lines naming no scale read too): tuned 342/358 and 338/358, held out
 116/132 and 111/132 (aggregate read once); the NCCL watchdog's timeout stack without its message
 (``WorkNCCL::checkTimeout`` frames) is a collective timeout naming no rank: tuned 343/358 and 339/358, held out
-117/132 and 112/132 (floors raised by script only)."""
+117/132 and 112/132 (floors raised by script only). At 490 -> 511 logs (stop 32): 21 new logs (4 held out),
+labelled from their threads and recorded before any classifier change made for them: tuned 356/375 and 352/375
+(the tuned floors down a point: the new tuned logs score 13/17), held out 120/136 and 115/136."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
