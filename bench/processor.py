@@ -142,14 +142,18 @@ def shape_requests(shape: str, quick: bool) -> Tuple[str, Iterator[List[Dict[str
 
 def pipeline_alone(values: Sequence[bytes], batch: int) -> float:
     """CPU microseconds per event of the detection pipeline alone over ``values`` (serialized records):
-    decoded beforehand, then ``Pipeline.process`` per ``batch`` records as the processor calls it (no
+    decoded beforehand as the processor decodes them (``read_request`` where the checkout has it, else
+    ``decode_request``), then ``Pipeline.process`` per ``batch`` records as the processor calls it (no
     stores, no queue); the best of three fresh pipelines. NaN for a checkout without the engine's own
     distribution or the processor's one-pass decoder (the comparison then stays processor-alone)."""
     try:
         from trainguard_engine.catalogue import DetectionSettings
         from trainguard_engine.pipeline import Pipeline
-        from trainguard_server.processor.decode import decode_request
+        from trainguard_server.processor import decode
     except ImportError:
+        return math.nan
+    decode_request = getattr(decode, "read_request", None) or getattr(decode, "decode_request", None)
+    if decode_request is None:
         return math.nan
     chunks = []
     for i in range(0, len(values), batch):

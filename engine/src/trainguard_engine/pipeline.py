@@ -56,7 +56,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from . import clusters as clusters_mod
 from . import correlate, diagnosis, shards
@@ -135,7 +135,14 @@ def merge_outputs(first: PipelineOutput, then: PipelineOutput) -> PipelineOutput
 
 
 @dataclass
-class _Event:
+class ReadEnvelope:
+    """An envelope as the pipeline reads it (:func:`_parse`): its payload ``kind`` and ``body`` (the
+    payload's mapping), its header fields typed (absent ones as proto3 defaults, ``world_size`` at least
+    1, ``run_id`` never empty) and ``raw``, the envelope's JSON mapping. A runtime that decoded an envelope
+    from the wire itself may hand :meth:`Pipeline.process` this in place of the dict (the processor does
+    for plain metric batches: ``trainguard_server.processor.decode.read_request``); the pipeline then reads
+    nothing from ``raw``: it must hold exactly what :func:`_parse` would read from ``raw``."""
+
     __slots__ = ("body", "event_id", "host", "kind", "pid", "project", "rank", "raw", "run_id", "run_name",
                  "step", "time_ns", "trace_id", "world_size")
     raw: Mapping[str, Any]
@@ -196,7 +203,7 @@ _STEP = itemgetter(1)
 _DIAGNOSIS_NAMES = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
 
 
-def _parse(raw: Any) -> _Event:
+def _parse(raw: Any) -> ReadEnvelope:
     """Read the envelope fields the pipeline uses; ValueError/TypeError when it cannot."""
     if not isinstance(raw, (dict, Mapping)):
         raise TypeError(f"an envelope must be an object, got {type(raw).__name__}")
@@ -208,10 +215,10 @@ def _parse(raw: Any) -> _Event:
     if not run_id:
         raise ValueError("envelope without a run_id")
     world = _integer(get("world_size"), 1)
-    return _Event(raw, kind, body, _text(get("event_id")), _text(get("project")), run_id,
-                  _integer(get("rank"), 0), _integer(get("step"), 0), _integer(get("time_unix_nano"), 0),
-                  _text(get("host")), _integer(get("pid"), 0), world if world > 1 else 1,
-                  _text(get("run_name")), _text(get("trace_id")))
+    return ReadEnvelope(raw, kind, body, _text(get("event_id")), _text(get("project")), run_id,
+                        _integer(get("rank"), 0), _integer(get("step"), 0),
+                        _integer(get("time_unix_nano"), 0), _text(get("host")), _integer(get("pid"), 0),
+                        world if world > 1 else 1, _text(get("run_name")), _text(get("trace_id")))
 
 
 _HOOKS = {"memory": "on_memory", "heartbeat": "on_heartbeat", "exception": "on_exception",
@@ -229,9 +236,10 @@ def _event_hooks(detector: Detector) -> FrozenSet[str]:
     return kinds
 
 
-def _read(raw: Any, given: Optional[Sequence[Any]]) -> Tuple[_Event, Sequence[Any]]:
-    """:func:`_parse` and the event's metric points (``given``, else read from its payload)."""
-    ev = _parse(raw)
+def _read(raw: Any, given: Optional[Sequence[Any]]) -> Tuple[ReadEnvelope, Sequence[Any]]:
+    """:func:`_parse` and the event's metric points (``given``, else read from its payload); an envelope
+    already read (a :class:`ReadEnvelope`) as it is."""
+    ev = raw if type(raw) is ReadEnvelope else _parse(raw)
     if ev.kind != "metrics":
         return ev, []
     return ev, batch_points(ev.body, ev.step) if given is None else given
@@ -312,7 +320,7 @@ class Pipeline:
         self._events: Sequence[Any] = ()
         self._given: Optional[Sequence[Optional[Sequence[Any]]]] = None
         self._at = -1
-        self._parsed: Dict[int, Tuple[_Event, Sequence[Any]]] = {}
+        self._parsed: Dict[int, Tuple[ReadEnvelope, Sequence[Any]]] = {}
         self._routed: Dict[int, _Route] = {}  # envelopes put in a run ahead: their route (and not notable)
         self._ahead: Dict[Tuple[Detector, int], _Ahead] = {}
         """When :meth:`advance` next has something to decide (the earliest stall deadline of a live rank,
@@ -324,10 +332,11 @@ class Pipeline:
         return self.project_settings.get(project, self.settings)
 
     # --- inputs -----------------------------------------------------------------------------
-    def process(self, events: Sequence[Mapping[str, Any]],
+    def process(self, events: Sequence[Union[Mapping[str, Any], ReadEnvelope]],
                 points: Optional[Sequence[Optional[Sequence[Any]]]] = None) -> PipelineOutput:
         """Fold ``events`` (envelope dicts, arrival order) into the state; every record that changed.
 
+        An event may be a :class:`ReadEnvelope` instead of its dict (read by the runtime already).
         ``points``, when given, holds for each event its metric points as
         :func:`~trainguard_engine.extract.metric_points` reads them (None: read them here) -- a runtime
         that already read them for its metric store passes them so they are read once."""
@@ -426,7 +435,7 @@ class Pipeline:
         if len(run.incidents) != before:
             self._incidents_changed(run, len(run.incidents) - before, ev.time_ns)
 
-    def _fold(self, ev: _Event, key: str, points: Sequence[Any], applied_before: int) -> None:
+    def _fold(self, ev: ReadEnvelope, key: str, points: Sequence[Any], applied_before: int) -> None:
         """Fold one parsed event into its run's state (``_process_one`` after the envelope was read)."""
         settings = self.settings_for(ev.project)
         run = self._run(ev, key)
@@ -492,7 +501,7 @@ class Pipeline:
             touched.add(first.rank)
 
     @staticmethod
-    def _notable(ev: _Event, points: Sequence[Any]) -> bool:
+    def _notable(ev: ReadEnvelope, points: Sequence[Any]) -> bool:
         """Events whose effect is not idempotent by construction: remembered by id to drop replays."""
         if ev.kind in ("exception", "lifecycle", "log"):
             return True
@@ -532,7 +541,7 @@ class Pipeline:
             routes[key] = route
         return route
 
-    def _on_metrics(self, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],
+    def _on_metrics(self, run: RunState, rank: RankState, ev: ReadEnvelope, points: Sequence[Any],
                     settings: DetectionSettings, at: int, route: Optional[_Route] = None) -> None:
         """A metric envelope (``at``: its index in the events of this ``process`` call; -1: a step's
         combined shard norms, not an envelope; ``route``: its route when already known)."""
@@ -572,8 +581,9 @@ class Pipeline:
                 self._on_metrics(run, target, replace(ev, rank=target.rank, event_id="", body={}, raw={}),
                                  combined, settings, -1)
 
-    def _from_run(self, detector: Detector, run: RunState, rank: RankState, ev: _Event, points: Sequence[Any],
-                  batch: MetricBatch, settings: DetectionSettings, at: int) -> Sequence[Finding]:
+    def _from_run(self, detector: Detector, run: RunState, rank: RankState, ev: ReadEnvelope,
+                  points: Sequence[Any], batch: MetricBatch, settings: DetectionSettings,
+                  at: int) -> Sequence[Finding]:
         """An independent detector's findings on envelope ``at`` of ``rank`` (the column hook,
         detectors/base.py): those it found ahead when ``at`` is the next envelope of the run of this rank
         it was handed; else it is handed the run starting here (:meth:`_run_ahead`), this envelope's
@@ -604,7 +614,7 @@ class Pipeline:
         self._ahead[slot] = _Ahead(rank, indices, end, 1, found)
         return found.findings[0]
 
-    def _run_ahead(self, detector: Detector, rank: RankState, ev: _Event, settings: DetectionSettings,
+    def _run_ahead(self, detector: Detector, rank: RankState, ev: ReadEnvelope, settings: DetectionSettings,
                    at: int, indices: List[int], batches: List[MetricBatch]) -> int:
         """Add to ``indices`` and ``batches`` the metric envelopes after ``at`` that continue ``rank``'s run
         for ``detector``; the index where the run stops. Read ahead, at most RUN_SCAN events and RUN_MAX
@@ -656,7 +666,8 @@ class Pipeline:
             j += 1
         return j
 
-    def _on_heartbeat(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
+    def _on_heartbeat(self, run: RunState, rank: RankState, ev: ReadEnvelope,
+                      settings: DetectionSettings) -> None:
         if ev.time_ns <= rank.last_hb_ns:
             return  # a replayed or reordered heartbeat says nothing new
         before = rank.progress_ns
@@ -670,7 +681,8 @@ class Pipeline:
         for detector in DETECTORS:
             self._apply_all(run, rank, detector.on_heartbeat(run, rank, event, settings), settings)
 
-    def _on_exception(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
+    def _on_exception(self, run: RunState, rank: RankState, ev: ReadEnvelope,
+                      settings: DetectionSettings) -> None:
         key = cluster_key(ev.project, clusters_mod.identify(ev.body)[0])
         if key not in self._clusters:
             self._room_for_cluster(ev.project)
@@ -685,7 +697,8 @@ class Pipeline:
             self._apply_all(run, rank, detector.on_exception(run, rank, event, cluster.record.fingerprint,
                                                              settings), settings)
 
-    def _on_lifecycle(self, run: RunState, rank: RankState, ev: _Event, settings: DetectionSettings) -> None:
+    def _on_lifecycle(self, run: RunState, rank: RankState, ev: ReadEnvelope,
+                      settings: DetectionSettings) -> None:
         phase = ev.body.get("phase")
         if phase in _PHASE_START:
             rank.started_ns = min(rank.started_ns, ev.time_ns) if rank.started_ns else ev.time_ns
@@ -763,7 +776,7 @@ class Pipeline:
         self._unsaved_runs[run.key] = None
         self._touched_ranks[run.key] = None  # (from timers and correlation: any rank may have changed)
 
-    def _run(self, ev: _Event, key: str) -> RunState:
+    def _run(self, ev: ReadEnvelope, key: str) -> RunState:
         run = self._runs.get(key)
         if run is None:
             self._room_for_run(ev.project, ev.time_ns)
@@ -1215,11 +1228,11 @@ def _parse_part(blob: bytes, name: str) -> Dict[str, Any]:
     return doc
 
 
-def _info(ev: _Event, step: int) -> EventInfo:
+def _info(ev: ReadEnvelope, step: int) -> EventInfo:
     return EventInfo(ev.raw, ev.body, step, ev.time_ns, ev.event_id)
 
 
-def _step_of(ev: _Event, rank: RankState) -> int:
+def _step_of(ev: ReadEnvelope, rank: RankState) -> int:
     """The step an error event belongs to: its own, else (-1: a log line or a traceback read from a log
     by the agent or ``trainguard replay``, which do not know it) the last step the rank reported."""
     return ev.step if ev.step >= 0 else rank.max_step

@@ -288,3 +288,26 @@ def test_a_whole_snapshot_of_an_older_processor_is_read_then_replaced_by_parts(t
                               SqliteMetricStore(tmp_path / "metrics.db"), incidents, snapshot_every_s=0.0)
     assert again.pipeline.snapshot() == older.snapshot()
     queue.close()
+
+
+def test_the_processed_hook_gets_each_envelope_as_its_dict(tmp_path: Path) -> None:
+    """``processed`` (the gateway's backlog count) is handed every envelope of a chunk as a mapping equal to
+    its dict -- a plain metric batch the pipeline took as read (decode.read_request) included -- so the
+    backlog's per-point weights are what the gateway counted."""
+    from trainguard_server.gateway.backlog import dict_weight
+
+    queue, envelopes = _publish(tmp_path)
+    seen: List[Any] = []
+    processor = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / "events.db"),
+                                  SqliteMetricStore(tmp_path / "metrics.db"),
+                                  SqliteIncidentStore(tmp_path / "incidents.db"), batch=10_000, round_events=20,
+                                  snapshot_every_s=1e9, tick_interval_s=1e15, processed=seen.extend)
+    records = queue.depth()
+    assert processor.run_once(timeout=1.0) == records > 3
+    want = [wire.envelope_to_dict(wire.envelope_from_dict(e)) for e in envelopes]
+    assert len(seen) == len(want)
+    assert any(not isinstance(got, dict) for got in seen)  # read as plain metric batches, not as dicts
+    assert [dict(got) for got in seen] == want
+    assert [dict_weight(got) for got in seen] == [dict_weight(w) for w in want]
+    assert sum(dict_weight(w) for w in want) > len(want)  # metric batches of several points among them
+    queue.close()

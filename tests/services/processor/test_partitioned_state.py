@@ -26,7 +26,7 @@ from tests.scenarios.corpus import SCENARIOS
 from tests.support.kafka import Tansu
 from trainguard import wire
 from trainguard_engine.catalogue import DetectionSettings
-from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.pipeline import Pipeline, ReadEnvelope
 from trainguard_server.config import Settings
 from trainguard_server.processor.embedded import PARTITION_PREFIX, EmbeddedProcessor
 from trainguard_server.queue.kafka import KafkaQueue
@@ -87,8 +87,9 @@ class Member:
         original = self.processor._run_pipeline
 
         def counting(partition: int, envelopes: Any, points: Any) -> None:
-            for env in envelopes:
-                self.seen[env["run_id"]] = self.seen.get(env["run_id"], 0) + 1
+            for env in envelopes:  # dicts, and plain metric batches already read (decode.read_request)
+                run_id = env.run_id if isinstance(env, ReadEnvelope) else env["run_id"]
+                self.seen[run_id] = self.seen.get(run_id, 0) + 1
             original(partition, envelopes, points)
         self.processor._run_pipeline = counting  # type: ignore[method-assign]
 

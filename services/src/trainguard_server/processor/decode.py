@@ -9,18 +9,29 @@ instead of a generic message walk followed by a second pass over the dicts (abou
 SDK-shaped streams; bench/processor.py). Every other envelope takes the generic path. The result is the
 same as the generic path's, field for field (tests/services/processor/test_decode.py checks it on the
 recorded streams).
+
+The embedded processor goes one step further (:func:`read_request`): a plain metric batch becomes a
+:class:`~trainguard_engine.pipeline.ReadEnvelope` -- the header fields the pipeline reads, taken from the
+message, and the points -- with no dict built at all: its ``raw`` and ``body`` are read-only mappings equal
+to the JSON mapping's (key order included), each value read from the message when asked for (the
+per-project backlog asks an envelope for its project and its points; nothing else asks for a plain batch's
+dict). The pipeline takes it as read, the metric store takes its points and its header fields.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from trainguard import wire
 from trainguard.v1 import ingest_pb2
 from trainguard_engine import extract
+from trainguard_engine.pipeline import ReadEnvelope
 
 Points = Optional[List[extract.MetricTuple]]
 """An envelope's metric points (None: not a metric batch)."""
+Envelope = Union[Dict[str, Any], ReadEnvelope]
+"""What :func:`read_request` gives for one envelope: its dict, or a plain metric batch already read."""
 
 
 def _emit_double(value: float) -> Any:
@@ -34,36 +45,145 @@ def _emit_double(value: float) -> Any:
 
 _HEADER = wire.envelope_header_emitters()
 """``(field, emit)`` of the envelope's non-payload fields, in the generic path's order."""
+_EMIT = dict(_HEADER)
 
 
-def _plain_metrics(msg: Any) -> Optional[Tuple[Dict[str, Any], List[extract.MetricTuple]]]:
-    """The dict and points of a metric-batch envelope without alert or context; None for any other."""
+def _plain_batch(msg: Any) -> Any:
+    """The MetricBatch of a metric-batch envelope without alert or context; None for any other."""
     if msg.WhichOneof("payload") != "metrics":
         return None
     batch = msg.metrics
     if batch.alert or len(batch.recent):
+        return None
+    return batch
+
+
+def _point_dicts(batch: Any) -> List[Dict[str, Any]]:
+    """The JSON mapping of a batch's points."""
+    dicts: List[Dict[str, Any]] = []
+    for point in batch.points:
+        name, value, step = point.name, point.value, point.step
+        d: Dict[str, Any] = {}
+        if name:
+            d["name"] = name
+        if value:
+            d["value"] = value if value - value == 0.0 else _emit_double(value)
+        if step:
+            d["step"] = step
+        dicts.append(d)
+    return dicts
+
+
+def _points(batch: Any, envelope_step: int) -> List[extract.MetricTuple]:
+    """A batch's points as :func:`~trainguard_engine.extract.metric_points` reads them (each field of a
+    point read once: every read builds a Python object)."""
+    points: List[extract.MetricTuple] = []
+    for point in batch.points:
+        name = point.name
+        if name:
+            step = point.step
+            points.append((name, step if step > 0 else envelope_step, point.value))
+    return points
+
+
+def _plain_metrics(msg: Any) -> Optional[Tuple[Dict[str, Any], List[extract.MetricTuple]]]:
+    """The dict and points of a metric-batch envelope without alert or context; None for any other."""
+    batch = _plain_batch(msg)
+    if batch is None:
         return None
     out: Dict[str, Any] = {}
     for name, emit in _HEADER:
         value = getattr(msg, name)
         if value:
             out[name] = value if emit is None else emit(value, False)
-    envelope_step = msg.step
-    dicts: List[Dict[str, Any]] = []
-    points: List[extract.MetricTuple] = []
-    for point in batch.points:
-        name, value, step = point.name, point.value, point.step
-        d: Dict[str, Any] = {}
-        if name:
-            d["name"] = name
-            points.append((name, step if step > 0 else envelope_step, value))
-        if value:
-            d["value"] = value if value - value == 0.0 else _emit_double(value)
-        if step:
-            d["step"] = step
-        dicts.append(d)
+    dicts = _point_dicts(batch)
     out["metrics"] = {"points": dicts} if dicts else {}
-    return out, points
+    return out, _points(batch, msg.step)
+
+
+class PlainBatch(Mapping):  # type: ignore[type-arg]
+    """The payload of a plain metric batch (points only: no alert, no recent context) as its JSON mapping,
+    rendered when first asked for anything but ``alert`` and ``recent`` (absent by construction)."""
+
+    __slots__ = ("_batch", "_dict")
+
+    def __init__(self, batch: Any) -> None:
+        self._batch = batch
+        self._dict: Optional[Dict[str, Any]] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The payload's dict (built once)."""
+        if self._dict is None:
+            dicts = _point_dicts(self._batch)
+            self._dict = {"points": dicts} if dicts else {}
+        return self._dict
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key == "points":
+            return self.as_dict().get(key, default)
+        return default
+
+    def __contains__(self, key: Any) -> bool:
+        return key == "points" and key in self.as_dict()
+
+    def __getitem__(self, key: str) -> Any:
+        return self.as_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+
+class PlainEnvelope(Mapping):  # type: ignore[type-arg]
+    """A plain metric batch's envelope as its JSON mapping (``wire.envelope_to_dict``'s dict, key order
+    included), each header field read from the message when asked for; ``metrics`` is the payload's dict."""
+
+    __slots__ = ("_body", "_msg")
+
+    def __init__(self, msg: Any, body: PlainBatch) -> None:
+        self._msg = msg
+        self._body = body
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "metrics":
+            return self._body.as_dict()
+        if key not in _EMIT:
+            raise KeyError(key)
+        value = getattr(self._msg, key)
+        if not value:
+            raise KeyError(key)
+        emit = _EMIT[key]
+        return value if emit is None else emit(value, False)
+
+    def __contains__(self, key: Any) -> bool:
+        if key == "metrics":
+            return True
+        return key in _EMIT and bool(getattr(self._msg, key))
+
+    def __iter__(self) -> Iterator[str]:
+        msg = self._msg
+        for name, _emit in _HEADER:
+            if getattr(msg, name):
+                yield name
+        yield "metrics"
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _read_plain(msg: Any) -> Optional[Tuple[ReadEnvelope, List[extract.MetricTuple]]]:
+    """A plain metric batch with a run id as the pipeline reads it, and its points; None for any other."""
+    batch = _plain_batch(msg)
+    if batch is None or not msg.run_id:
+        return None
+    step, world = msg.step, msg.world_size
+    body = PlainBatch(batch)
+    return (ReadEnvelope(PlainEnvelope(msg, body), "metrics", body, msg.event_id, msg.project, msg.run_id,
+                         msg.rank, step, msg.time_unix_nano, msg.host, msg.pid, world if world > 1 else 1,
+                         msg.run_name, msg.trace_id),
+            _points(batch, step))
 
 
 def decode_request(value: bytes) -> Tuple[List[Dict[str, Any]], List[Points]]:
@@ -77,6 +197,25 @@ def decode_request(value: bytes) -> Tuple[List[Dict[str, Any]], List[Points]]:
         if fast is not None:
             envelopes.append(fast[0])
             points.append(fast[1])
+            continue
+        env = wire.envelope_to_dict(msg)
+        envelopes.append(env)
+        points.append(extract.metric_points(env) if "metrics" in env else None)
+    return envelopes, points
+
+
+def read_request(value: bytes) -> Tuple[List[Envelope], List[Points]]:
+    """:func:`decode_request` for a runtime that hands the pipeline what it read: a plain metric batch (no
+    alert, no recent context, a run id) is a :class:`~trainguard_engine.pipeline.ReadEnvelope` whose
+    ``raw`` (a :class:`PlainEnvelope`) equals its dict; every other envelope is its dict."""
+    request = ingest_pb2.IngestRequest.FromString(value)
+    envelopes: List[Envelope] = []
+    points: List[Points] = []
+    for msg in request.events:
+        read = _read_plain(msg)
+        if read is not None:
+            envelopes.append(read[0])
+            points.append(read[1])
             continue
         env = wire.envelope_to_dict(msg)
         envelopes.append(env)

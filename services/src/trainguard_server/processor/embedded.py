@@ -17,16 +17,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from trainguard_engine import extract
 from trainguard_engine.catalogue import DetectionSettings
-from trainguard_engine.pipeline import Pipeline, PipelineOutput, merge_outputs
+from trainguard_engine.pipeline import Pipeline, PipelineOutput, ReadEnvelope, merge_outputs
 
 from ..queue.base import Queue, QueueRecord
 from ..queue.common import PARTITION
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricColumns, MetricStore, StoredEvent
-from .decode import Points, decode_request
+from .decode import Envelope, Points, read_request
 from .rank_parts import RankParts
 
 log = logging.getLogger("trainguard.processor")
@@ -65,7 +65,7 @@ class _Chunk(NamedTuple):
     """Queue records and their envelopes, decoded once, with each envelope's metric points and partition."""
 
     records: List[QueueRecord]
-    envelopes: List[Dict[str, Any]]
+    envelopes: List[Envelope]
     points: List[Points]
     partitions: List[int]
 
@@ -98,7 +98,7 @@ class EmbeddedProcessor:
                  snapshot_every_s: float = 5.0, tick_interval_s: float = 1.0,
                  yield_to: Optional[Callable[[], bool]] = None, max_yield_s: float = 0.05,
                  quota_log_interval_s: float = 60.0,
-                 processed: Optional[Callable[[Sequence[Dict[str, Any]]], None]] = None) -> None:
+                 processed: Optional[Callable[[Sequence[Mapping[str, Any]]], None]] = None) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -366,7 +366,7 @@ class EmbeddedProcessor:
         more = fresh and not self.partitioned
         full = len(records) >= self.batch
         todo, at = records, 0   # records taken and not yet decoded: todo[at:]
-        carry: Optional[Tuple[QueueRecord, List[Dict[str, Any]], List[Points]]] = None  # did not fit
+        carry: Optional[Tuple[QueueRecord, List[Envelope], List[Points]]] = None  # did not fit
         decoded_envelopes = 0
         done = 0
         while True:
@@ -426,9 +426,9 @@ class EmbeddedProcessor:
                         _describe(exc))
             return []
 
-    def _decode(self, record: QueueRecord) -> Tuple[List[Dict[str, Any]], List[Points]]:
+    def _decode(self, record: QueueRecord) -> Tuple[List[Envelope], List[Points]]:
         try:
-            return decode_request(record.value)
+            return read_request(record.value)
         except Exception as exc:  # the gateway validated it; a bad record is a bug, not data
             self.stats.undecodable += 1
             log.error("undecodable queue record %s/%s: %s", record.partition, record.offset, exc)
@@ -442,7 +442,7 @@ class EmbeddedProcessor:
         while busy() and time.monotonic() < end:
             time.sleep(0.0005)
 
-    def _process(self, records: Sequence[QueueRecord], envelopes: Sequence[Dict[str, Any]],
+    def _process(self, records: Sequence[QueueRecord], envelopes: Sequence[Envelope],
                  points: Sequence[Points], partitions: Sequence[int]) -> None:
         """One chunk: raw context and points stored, the pipeline(s) run, their upserts applied."""
         self._store_raw(envelopes, points)
@@ -451,7 +451,7 @@ class EmbeddedProcessor:
         if all(p == first for p in partitions):
             self._run_pipeline(first, envelopes, points)
         else:  # records of several partitions: each partition's envelopes, in order, to its pipeline
-            by_partition: Dict[int, Tuple[List[Dict[str, Any]], List[Points]]] = {}
+            by_partition: Dict[int, Tuple[List[Envelope], List[Points]]] = {}
             for partition, env, pts in zip(partitions, envelopes, points):
                 mine = by_partition.get(partition)
                 if mine is None:
@@ -467,10 +467,10 @@ class EmbeddedProcessor:
         self.stats.events += len(envelopes)
         self.stats.rounds += 1
         if self.processed is not None:  # through the pipeline: never processed again, even if an upsert fails
-            self.processed(envelopes)
+            self.processed([e.raw if isinstance(e, ReadEnvelope) else e for e in envelopes])
         self._apply_pending()
 
-    def _run_pipeline(self, partition: int, envelopes: Sequence[Dict[str, Any]],
+    def _run_pipeline(self, partition: int, envelopes: Sequence[Envelope],
                       points: Sequence[Points]) -> None:
         """The pipeline's part of a chunk (a runtime that runs it elsewhere overrides this), given the
         metric points ``_store_raw`` read from each envelope (read once, shared): its output becomes
@@ -504,7 +504,7 @@ class EmbeddedProcessor:
                       "ignored; its records stay in the stores; every other run goes on", q.run_id, q.project,
                       q.reason)
 
-    def _store_raw(self, envelopes: Sequence[Dict[str, Any]], per_envelope: Sequence[Points]) -> None:
+    def _store_raw(self, envelopes: Sequence[Envelope], per_envelope: Sequence[Points]) -> None:
         """Raw context to the event store and metric points to the metric store (grouped by series in
         columns: :class:`~..storage.base.MetricColumns`), one write each (``per_envelope``: each envelope's
         points ``(name, step, value)``, None for one without metrics: decode.py)."""
@@ -512,6 +512,10 @@ class EmbeddedProcessor:
         stored: List[StoredEvent] = []
         add = columns.add
         for env, mine in zip(envelopes, per_envelope):
+            if isinstance(env, ReadEnvelope):  # a plain metric batch, read by read_request: never raw context
+                if mine:
+                    add(env.project, env.run_id, env.rank, env.time_ns, mine)
+                continue
             project = env.get("project", "")
             run_id = env.get("run_id", "")
             rank = int(env.get("rank", 0))

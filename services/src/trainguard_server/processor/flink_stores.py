@@ -24,7 +24,7 @@ from trainguard_engine.records import Cluster, Incident, RunRecord
 from ..queue.base import Queue
 from ..queue.common import PARTITION
 from ..storage.base import EventStore, IncidentStore, MetricStore
-from .decode import Points
+from .decode import Envelope, Points
 from .embedded import EmbeddedProcessor
 
 log = logging.getLogger("trainguard.processor.flink")
@@ -63,7 +63,7 @@ class FlinkStoresProcessor(EmbeddedProcessor):
 
     per_partition_state = False  # the Flink job keeps the detection state
 
-    def _run_pipeline(self, partition: int, envelopes: Sequence[Dict[str, Any]],
+    def _run_pipeline(self, partition: int, envelopes: Sequence[Envelope],
                       points: Sequence[Points]) -> None:
         """Nothing: the Flink job runs the pipeline; this stores raw context and metrics only."""
 
