@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.94, "subtype": 0.93}, "heldout": {"category": 0.88, "subtype": 0.84}}
+FLOORS = {"tune": {"category": 0.95, "subtype": 0.94}, "heldout": {"category": 0.88, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -76,7 +76,10 @@ Stop 32, from tuned misses only: an fp16 overflow line that is no collapse opens
 (``WorkNCCL::checkTimeout`` frames) is a collective timeout naming no rank: tuned 343/358 and 339/358, held out
 117/132 and 112/132 (floors raised by script only). At 490 -> 511 logs (stop 32): 21 new logs (4 held out),
 labelled from their threads and recorded before any classifier change made for them: tuned 356/375 and 352/375
-(the tuned floors down a point: the new tuned logs score 13/17), held out 120/136 and 115/136."""
+(the tuned floors down a point: the new tuned logs score 13/17), held out 120/136 and 115/136. Then, from tuned
+misses only: a SIGBUS death reported in text is process/exit, gloo's 'Application timeout caused pair closure',
+a quoted NaN loss, an IDE's 'exit code 139 (interrupted by signal 11: SIGSEGV)': tuned 360/375 and 356/375,
+held out 121/136 and 116/136."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -101,9 +101,22 @@ def _rule_gloo_timeout(t: _Text) -> Optional[_Hit]:
         rank = _rank_of(t, pos, facts)
         return _Hit("comm", "timeout", 0.85, pos, facts,
                     f"gloo {facts['op']} timed out after {facts['timeout_ms']} ms{_on_rank(rank)}",
-                    "a peer did not take part in the collective in time (a straggler or a stuck rank); a "
-                    "dead peer shows as a reset connection instead")
+                    _TIMEOUT_NOTE)
+    pos = t.first(_PAIR_CLOSURE)
+    if pos >= 0:
+        facts = {"backend": "gloo"}
+        rank = _rank_of(t, pos, facts)
+        return _Hit("comm", "timeout", 0.75, pos, facts,
+                    f"gloo: application timeout caused pair closure{_on_rank(rank)}", _TIMEOUT_NOTE)
     return None
+
+
+_TIMEOUT_NOTE = ("a peer did not take part in the collective in time (a straggler or a stuck rank); a dead "
+                 "peer shows as a reset connection instead")
+_PAIR_CLOSURE = "application timeout caused pair closure"
+"""gloo's TCP pair closing a connection whose operation ran past the collective's timeout (``RuntimeError:
+Application timeout caused pair closure``): the same timeout as ``Timed out waiting Nms for send/recv``,
+said by the pair."""
 
 
 _PEER_RESET_RE = re.compile(r"(?P<op>Read|Write) error \[(?P<peer>[^\]\s]{1,100})\]:(?P<port>\d+): "
@@ -152,7 +165,7 @@ GATES = {
     "gloo.size-mismatch": ("received data size doesn't match expected size",
                            "op.preamble.length <= op.nbytes"),
     "gloo.monitored-barrier": ("failed to pass monitoredbarrier",),
-    "gloo.timeout": ("timed out waiting",),
+    "gloo.timeout": ("timed out waiting", _PAIR_CLOSURE),
     "gloo.peer-lost": ("monitoredbarrier, but received errors", "by peer", "broken pipe",
                        "connection closed by peer", "failed to recv, got 0 bytes"),
 }
@@ -167,7 +180,8 @@ DOCS = {
     ),
     'gloo.size-mismatch': "gloo ``Received data size doesn't match expected size`` → comm/mismatch",
     'gloo.monitored-barrier': '``Rank N failed to pass monitoredBarrier`` → comm/timeout',
-    'gloo.timeout': '``Timed out waiting Nms for recv/send operation`` → comm/timeout',
+    'gloo.timeout': ('``Timed out waiting Nms for recv/send operation``, the TCP pair\'s ``Application '
+                     'timeout caused pair closure`` → comm/timeout'),
     'gloo.peer-lost': (
         'gloo ``Connection reset/closed by peer``, monitoredBarrier errors from a peer, TCPStore ``Failed '
         'to recv, got 0 bytes`` → comm/rank-lost'

@@ -14,7 +14,7 @@ from typing import Optional
 
 from .text import Facts, _Hit, _on_rank, _rank_of, _search, _Text
 
-_NONFINITE = r"['\"]?(?P<value>nan|[-+]?inf(?:inity)?)\b"
+_NONFINITE = r"['\"`]?(?P<value>nan|[-+]?inf(?:inity)?)\b"
 _LOSS_KEY = r"\b(?P<key>[a-z0-9_./]{0,40}loss[a-z0-9_./]{0,40})"
 _LOSS_RE = re.compile(
     _LOSS_KEY + r"\]?['\"]?\s{0,4}(?:[:=]\s{0,8}|\s(?:is|was|became|becomes)\s{1,4}|\s{1,8})(?:tensor\()?"
@@ -24,7 +24,8 @@ _LOSS_RE = re.compile(
 _LOSS_BECAME_RE = re.compile(r"\bloss (?:became|is|was|has become) (?:infinite|non-?finite|inf or nan|nan)",
                              re.IGNORECASE)
 """detectron2's ``Loss became infinite or NaN at iteration=N``, ``loss is non-finite``."""
-_NAN_LOSS_RE = re.compile(r"\b(?:nan|inf) loss(?:es)?\b", re.IGNORECASE)
+_NAN_LOSS_RE = re.compile(r"\b(?:nan|inf)[`'\"*]{0,2} loss(?:es)?\b", re.IGNORECASE)
+"""``NaN losses``, also with the value quoted as a paste's prose does (```NaN` losses``, ``'inf' loss``)."""
 _LOCAL_LOSS_RE = re.compile(
     r"(?:Rank (?P<rank>\d+): )?found (?P<value>NaN|Inf) in local forward loss calculation", re.IGNORECASE)
 """Megatron's ``Rank N: found NaN in local forward loss calculation`` (its check before the backward)."""

@@ -212,10 +212,19 @@ def _ranks_text(ranks: Sequence[int]) -> str:
     return shown + (f" (+{len(ranks) - 16} more)" if len(ranks) > 16 else "")
 
 
+SIGBUS = 7
+
+
 def _exit_kind(code: int) -> Tuple[str, str, str]:
+    """The kind of an exit the *text* reports (a launcher's exit code, a signal it names): the exit decision
+    path, except that a death by SIGBUS (-7, 135) is ``process/exit`` -- the exit path's 'aborted: OOM or a
+    CUDA error' for 134/135 is about SIGABRT; a bus error is shared memory or a mapped file (the DataLoader's
+    own 'Unexpected bus error' line says so too)."""
     verdict = classify_exit(code)
     if verdict is None:
         return "process", "exit", "exit code 0"
+    if verdict.signal == SIGBUS or (not verdict.signal and verdict.exit_code == 128 + SIGBUS):
+        return "process", "exit", verdict.describe()
     return verdict.category, verdict.subtype, verdict.describe()
 
 

@@ -74,6 +74,10 @@ _RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (
 """torchrun's failure table ``traceback : Signal 11 (SIGSEGV) received by PID 6421`` (when its header was
 cut), glog's failure handler ``*** SIGTERM (@0x297b) received by PID 18396 ... from PID 10619``."""
 _SIGNAL_NUMBERS = {name: number for number, name in SIGNAL_NAMES.items()}
+_INTERRUPTED_RE = re.compile(
+    r"exit code \d{1,3} \(interrupted by signal (?P<sig>\d{1,2}): (?P<name>SIG[A-Z]{2,8})\)")
+"""An IDE's run console (PyCharm: ``Process finished with exit code 139 (interrupted by signal 11:
+SIGSEGV)``): the process it ran was ended by that signal."""
 _GDB_SIGNAL_RE = re.compile(r"Program (?:received|terminated with) signal (?P<name>SIG[A-Z]{2,8})")
 """gdb's report of the debugged process's fatal signal (``Program received signal SIGSEGV, Segmentation
 fault.``)."""
@@ -153,6 +157,11 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         signal = int(m.group("sig")) if m.group("sig") else _SIGNAL_NUMBERS.get(name, 0)
         if signal:
             return _signal_hit(found[0] + m.start(), {"signal": signal, "signal_name": name}, "a worker")
+    pos = t.first("(interrupted by signal ")
+    if pos >= 0 and (found := _search(_INTERRUPTED_RE, t, pos, before=60, after=40)) is not None:
+        m = found[1]
+        ide: Facts = {"signal": int(m.group("sig")), "signal_name": m.group("name")}
+        return _signal_hit(found[0] + m.start(), ide, "the process")
     pos = t.first("death signal", "got signal:")
     if pos >= 0 and (found := _search(_DEATH_SIGNAL_RE, t, pos, before=40, after=40)) is not None:
         m = found[1]
@@ -373,7 +382,7 @@ GATES = {
                         "program terminated with signal sig", "exits with return code = ",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
                         "oom-kill event",
-                        "illegal instruction", "floating point exception"),
+                        "illegal instruction", "floating point exception", "(interrupted by signal "),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -396,7 +405,8 @@ DOCS = {
     ),
     'launcher.signal': (
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch), ``Received 15 death signal``, "
-        "``SignalException: ... got signal: 15``, DeepSpeed's ``exits with return code = -11`` (``= 1``: "
+        "``SignalException: ... got signal: 15``, an IDE's ``exit code 139 (interrupted by signal 11: "
+        "SIGSEGV)``, DeepSpeed's ``exits with return code = -11`` (``= 1``: "
         "process/exit; the culprit its ``--local_rank``), "
         "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, "
         "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank; ``... with exit code 1``: "

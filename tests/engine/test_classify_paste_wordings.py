@@ -1,0 +1,72 @@
+"""Wordings of real pastes the classifier reads since stop 32 (issue 17), each a class of pastes, the lines cut
+from tuned wild-corpus logs (tests/fixtures/wild/<id>/source.txt names each thread):
+
+* a death by SIGBUS reported in text (a launcher's exit code -7/135, faulthandler's ``Bus error``) is
+  ``process/exit`` -- shared memory or a mapped file, not the exit path's "OOM or a CUDA error" of SIGABRT;
+* gloo's ``Application timeout caused pair closure`` is a collective timeout;
+* a NaN loss with its value quoted as prose quotes it (```NaN` losses``, ``loss is `nan```);
+* an IDE's run console, ``Process finished with exit code 139 (interrupted by signal 11: SIGSEGV)``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard_engine.classify import classify_text
+
+WILD = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
+
+
+def _first_line(case_id: str, needle: str) -> str:
+    for line in (WILD / case_id / "log.txt").read_text(encoding="utf-8").splitlines():
+        if needle in line:
+            return line
+    raise AssertionError(f"{case_id}: no line with {needle!r}")
+
+
+@pytest.mark.parametrize("line, rule", [
+    (_first_line("proc-sigbus-elastic-7-title-muren-1", "exitcode: -7"), "torchrun.worker-failed"),
+    ("Fatal Python error: Bus error", "python.fatal-error"),
+    ("  traceback : Signal 7 (SIGBUS) received by PID 6421", "launcher.signal"),
+    ("[launch.py:321:sigkill_handler] Killing subprocess 5567 exits with return code = 135", "launcher.signal"),
+])
+def test_a_bus_error_death_is_a_process_exit_not_a_cuda_error(line: str, rule: str) -> None:
+    found = classify_text(line)
+    assert found is not None and found.kind == "process/exit", (line, found)
+
+
+def test_an_abort_stays_the_exit_paths_oom_or_cuda_error() -> None:
+    found = classify_text("ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 0 "
+                          "(pid: 3311) of binary: /usr/bin/python")
+    assert found is not None and found.kind == "memory/oom-or-cuda-error"
+
+
+def test_gloos_pair_closure_is_a_timeout() -> None:
+    line = _first_line("comm-gloo-pair-closure-spawn-bcnet-53-1", "pair closure")
+    found = classify_text(line)
+    assert found is not None and found.kind == "comm/timeout" and found.facts["backend"] == "gloo"
+
+
+@pytest.mark.parametrize("line", [
+    _first_line("num-megatron-llm-nan-prose-falcon-33-1", "losses"),
+    "the loss is `nan` after the first epoch",
+])
+def test_a_quoted_nan_loss_is_the_loss_going_non_finite(line: str) -> None:
+    found = classify_text(line)
+    assert found is not None and found.kind == "loss/non_finite"
+
+
+@pytest.mark.parametrize("line", ["I got `banana` losses", "nan`s losses of finance"])
+def test_quotes_do_not_make_other_words_nan(line: str) -> None:
+    found = classify_text(line)
+    assert found is None or found.kind != "loss/non_finite"
+
+
+@pytest.mark.parametrize("line, kind", [
+    (_first_line("proc-segv-pycharm-139-radardistill-5-1", "exit code 139"), "process/exit"),
+    ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", "process/killed"),
+])
+def test_an_ides_signal_exit_is_that_signals(line: str, kind: str) -> None:
+    found = classify_text(line)
+    assert found is not None and found.kind == kind and found.rule == "launcher.signal"
