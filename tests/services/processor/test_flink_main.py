@@ -7,7 +7,13 @@ from typing import Any, Dict, List
 
 from tests.scenarios.corpus import BY_NAME
 from trainguard import wire
-from trainguard_server.processor.flink_main import partition_records, read_records, write_records
+from trainguard_server.processor.flink_main import (
+    BUNDLE_SIZE,
+    build_parser,
+    partition_records,
+    read_records,
+    write_records,
+)
 from trainguard_server.processor.flink_stages import decode_record, events_of
 
 
@@ -59,3 +65,9 @@ def test_records_file_round_trip(tmp_path: Any) -> None:
     values = records_of(BY_NAME["crash"].events()[:30], 7)
     assert write_records(tmp_path / "r.bin", values) == len(values)
     assert read_records(tmp_path / "r.bin") == values
+
+
+def test_bundle_size_defaults_to_bundle_size_and_can_be_set() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["--kafka", "k:9092"]).bundle_size == BUNDLE_SIZE == 100_000
+    assert parser.parse_args(["--records", "r.bin", "--bundle-size", "1000"]).bundle_size == 1000
