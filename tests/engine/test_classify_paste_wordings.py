@@ -70,3 +70,42 @@ def test_quotes_do_not_make_other_words_nan(line: str) -> None:
 def test_an_ides_signal_exit_is_that_signals(line: str, kind: str) -> None:
     found = classify_text(line)
     assert found is not None and found.kind == kind and found.rule == "launcher.signal"
+
+
+def test_a_c10_stack_raised_in_libc10_cuda_is_a_cuda_oom_or_error() -> None:
+    # mmdet: only the C++ frames of a c10::Error thrown from libc10_cuda inside TensorImpl::release_resources
+    text = (WILD / "mem-abort-c10-release-mmdet-1" / "log.txt").read_text(encoding="utf-8")
+    found = classify_text(text)
+    assert found is not None and found.kind == "memory/oom-or-cuda-error" and found.facts["from_frames"]
+    single = classify_text(_first_line("mem-abort-c10-release-mmdet-1", "libc10_cuda.so"))  # read line by line
+    assert single is not None and single.kind == "memory/oom-or-cuda-error"
+    check = classify_text("frame #2: c10::cuda::c10_cuda_check_implementation(int, char const*, char const*, int, "
+                          "bool) + 0x118 (0x7ff69c544a18 in /env/lib/python3.10/site-packages/torch/lib/libc10_cuda.so)")
+    assert check is not None and check.kind == "memory/cuda-error"
+
+
+def test_a_deep_libc10_cuda_frame_is_not_where_the_error_was_raised() -> None:
+    found = classify_text("frame #7: <unknown function> + 0x13652 (0x7fa72b58e652 in /env/torch/lib/libc10_cuda.so)")
+    assert found is None
+
+
+@pytest.mark.parametrize("line", [
+    _first_line("comm-watchdog-allgather-base-wrapped-torchtune-1165-1", "Timeout at NCCL work"),
+    _first_line("comm-watchdog-reducescatter-1", "either an error or timeout"),
+    "[rank1]:[E1002 18:16:40.662691402 ProcessGroupNCCL.cpp:756] [Rank 1] Work WorkNCCL(SeqNum=2521, "
+    "OpType=ALLREDUCE, NumelIn=160672064, NumelOut=160672064, Timeout(ms)=600000) timed out in blocking wait.",
+])
+def test_processgroupnccls_other_timeout_lines_alone_are_a_timeout(line: str) -> None:
+    found = classify_text(line)
+    assert found is not None and found.kind == "comm/timeout"
+
+
+@pytest.mark.parametrize("line", ["Bus error (core dumped)",
+                                  "/bin/bash: line 1: 12345 Bus error               (core dumped) python train.py"])
+def test_a_shells_bus_error_is_a_process_exit(line: str) -> None:
+    found = classify_text(line)
+    assert found is not None and found.kind == "process/exit" and found.facts["signal"] == 7
+
+
+def test_a_shells_abort_is_still_left_to_the_exit_path() -> None:
+    assert classify_text("Aborted (core dumped)") is None

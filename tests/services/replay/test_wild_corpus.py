@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.95, "subtype": 0.94}, "heldout": {"category": 0.88, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.96, "subtype": 0.95}, "heldout": {"category": 0.88, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -79,7 +79,8 @@ labelled from their threads and recorded before any classifier change made for t
 (the tuned floors down a point: the new tuned logs score 13/17), held out 120/136 and 115/136. Then, from tuned
 misses only: a SIGBUS death reported in text is process/exit, gloo's 'Application timeout caused pair closure',
 a quoted NaN loss, an IDE's 'exit code 139 (interrupted by signal 11: SIGSEGV)': tuned 360/375 and 356/375,
-held out 121/136 and 116/136."""
+held out 121/136 and 116/136. A c10 stack alone raised in libc10_cuda, ProcessGroupNCCL's other timeout lines
+alone, a shell's 'Bus error (core dumped)': tuned 361/375 and 357/375, held out unchanged."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

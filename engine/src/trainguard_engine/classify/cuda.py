@@ -331,11 +331,53 @@ was cut from the text."""
 def _rule_cuda_error_cut(t: _Text) -> Optional[_Hit]:
     pos = t.first(_ASYNC_NOTE)
     if pos < 0:
-        return None
+        return _c10_cuda_frames(t)
     facts: Facts = {"error_class": "unknown"}
     return _Hit("memory", "cuda-error", 0.6, pos, facts, "CUDA error (its first line is not in the text)",
                 "PyTorch prints this after a CUDA error; the error itself (illegal memory access, "
                 "device-side assert, ...) is on the line before: rerun with CUDA_LAUNCH_BLOCKING=1")
+
+
+_C10_CUDA = ("libc10_cuda.so", "c10_cuda_check_implementation")
+_ERROR_FRAME = ("c10::error::error", "std::function<std::string ()>", "torchcheckfail", "c10::detail::")
+_NEAR_RAISE_RE = re.compile(r"frame #[12]: ")
+
+
+def _c10_cuda_frames(t: _Text) -> Optional[_Hit]:
+    """A c10 C++ stack alone (its message cut) whose raising frame -- the first ``frame #N:`` past the
+    c10::Error constructor -- is in libc10_cuda: ``c10_cuda_check_implementation`` (C10_CUDA_CHECK: a CUDA
+    error) is memory/cuda-error; any other libc10_cuda frame (the caching allocator's OOM, or a CUDA check
+    inlined, e.g. freeing a tensor after an asynchronous fault) is memory/oom-or-cuda-error. It names no rank
+    (``from_frames``)."""
+    pos = t.first(*_C10_CUDA)
+    if pos < 0:
+        return None
+    start = t.lower.rfind("frame #0:", max(0, pos - 4000), pos)
+    if start < 0:  # a stack read line by line: the raising frame is #1 or #2 (after c10::Error's own)
+        line = t.line_at(pos).lower()
+        if not _NEAR_RAISE_RE.match(line):
+            return None
+        start = t.lower.rfind("\n", 0, pos) + 1
+    for line in t.lower[start: pos + 400].splitlines():
+        if not line.lstrip().startswith("frame #"):
+            continue
+        if any(marker in line for marker in _ERROR_FRAME):
+            continue  # the exception being built, not where it was raised
+        if "c10_cuda_check_implementation" in line:
+            return _Hit("memory", "cuda-error", 0.6, pos, {"from_frames": True},
+                        "CUDA error raised by C10_CUDA_CHECK (only its C++ stack is in the text)",
+                        _FRAMES_NOTE)
+        if "libc10_cuda.so" in line:
+            return _Hit("memory", "oom-or-cuda-error", 0.6, pos, {"from_frames": True},
+                        "c10 error raised in libc10_cuda: a CUDA OOM or a CUDA error (only its C++ stack "
+                        "is in the text)", _FRAMES_NOTE)
+        return None
+    return None
+
+
+_FRAMES_NOTE = ("the error's message line is cut; the stack shows it came from PyTorch's CUDA runtime "
+                "layer (libc10_cuda): look for the 'CUDA error:' or 'CUDA out of memory' line before it, or "
+                "rerun with CUDA_LAUNCH_BLOCKING=1")
 
 
 def _next(t: _Text, pos: int) -> int:
@@ -353,7 +395,7 @@ GATES = {
     "cuda.device-assert": ("assertion `",),
     "nvidia.xid": ("nvrm: xid",),
     "cuda.error": _CUDA_NEEDLES,
-    "cuda.error-cut": (_ASYNC_NOTE,),
+    "cuda.error-cut": (_ASYNC_NOTE, *_C10_CUDA),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -362,7 +404,9 @@ after the shared pre-scan)."""
 DOCS = {
     'cuda.error-cut': (
         "PyTorch's ``CUDA kernel errors might be asynchronously reported ...`` without the error line before "
-        "it → memory/cuda-error (the last rule: any named error wins)"
+        "it → memory/cuda-error; a c10 C++ stack alone whose raising frame is in libc10_cuda "
+        "(``c10_cuda_check_implementation`` → memory/cuda-error, another libc10_cuda frame → "
+        "memory/oom-or-cuda-error; no rank) (the last rule: any named error wins)"
     ),
     'cuda.oom': (
         '``CUDA out of memory. Tried to allocate ...`` (current and older formats; HIP/XPU/MPS too) → '

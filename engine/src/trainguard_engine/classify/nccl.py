@@ -79,7 +79,22 @@ def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
                     f"NCCL watchdog timeout{_on_rank(rank)} (its line is cut)",
                     "the collective did not complete within the process group's timeout on this rank: a "
                     "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
+    pos = t.first(*_TIMEOUT_SAID)
+    if pos >= 0:  # ProcessGroupNCCL's other timeout lines, when the watchdog's own line is not in the text
+        said: Facts = {}
+        rank = _rank_of(t, pos, said)
+        return _Hit("comm", "timeout", 0.8, pos, said,
+                    f"NCCL collective timeout{_on_rank(rank)} (the watchdog's own line is not in the text)",
+                    "the collective did not complete within the process group's timeout on this rank: a "
+                    "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
     return None
+
+
+_TIMEOUT_SAID = ("timeout at nccl work:", "timed out in blocking wait")
+"""ProcessGroupNCCL's lines that say a collective timed out besides the watchdog's own (torch >= 2.4's
+``[PG 1 Rank 0] Timeout at NCCL work: 7753, last enqueued NCCL work: 7755, ...``; with
+TORCH_NCCL_BLOCKING_WAIT, ``Work WorkNCCL(SeqNum=2521, OpType=ALLREDUCE, ...) timed out in blocking
+wait.``)."""
 
 
 def _rule_watchdog_status(t: _Text) -> Optional[_Hit]:
@@ -112,7 +127,8 @@ def _rule_watchdog_status(t: _Text) -> Optional[_Hit]:
 
 
 _TEARDOWN_NEEDLES = ("some nccl operations have failed or timed out", "we are taking the entire process down",
-                     "failure detected by watchdog at work sequence id")
+                     "failure detected by watchdog at work sequence id",
+                     "(either an error or timeout) detected by watchdog")
 
 
 def _rule_watchdog_teardown(t: _Text) -> Optional[_Hit]:
@@ -413,7 +429,7 @@ def _rule_ib_error(t: _Text) -> Optional[_Hit]:
 
 
 GATES = {
-    "nccl.watchdog-timeout": ("caught collective operation timeout",),
+    "nccl.watchdog-timeout": ("caught collective operation timeout", *_TIMEOUT_SAID),
     "nccl.dump-signal": ("received a dump signal due to a collective timeout from",),
     "nccl.watchdog-status": ("last enqueued work:", "last enqueued nccl work:",
                              "stack trace of the failed collective:"),
@@ -440,7 +456,8 @@ DOCS = {
     ),
     'nccl.watchdog-timeout': (
         '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (and the blocking-wait wording '
-        '``Caught collective operation timeout: ...``) → comm/timeout'
+        '``Caught collective operation timeout: ...``); without it, ``Timeout at NCCL work: N`` or ``Work '
+        'WorkNCCL(...) timed out in blocking wait`` → comm/timeout'
     ),
     'nccl.dump-signal': '``Received a dump signal due to a collective timeout from rank N`` → comm/timeout',
     'nccl.watchdog-status': (
@@ -467,7 +484,8 @@ DOCS = {
     'nccl.watchdog-teardown': (
         "the watchdog's teardown without its timeout/error line (``Some NCCL operations have failed or timed "
         "out``, ``we are taking the entire process down``, ``failure detected by watchdog at work sequence "
-        "id``), or a c10 C++ stack of ``WorkNCCL::checkTimeout`` raising (its ``frame #N:`` line, or "
+        "id``, ``Exception (either an error or timeout) detected by watchdog``), or a c10 C++ stack of "
+        "``WorkNCCL::checkTimeout`` raising (its ``frame #N:`` line, or "
         "``Exception raised from checkTimeout at .../ProcessGroupNCCL.cpp``: the timeout's stack with its "
         "message cut) → "
         "comm/timeout, at a lower confidence"

@@ -57,14 +57,16 @@ _LOCAL_RANK_RE = re.compile(r"--local[_-]rank=(?P<rank>\d+)")
 _DEATH_SIGNAL_RE = re.compile(r"Received (?P<sig>\d+) death signal|got signal: (?P<sig2>\d+)")
 _SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?:\*\*|__)?"
                              r"(?P<what>Segmentation fault|Killed|Illegal instruction"
-                             r"|Floating point exception)"
+                             r"|Floating point exception|Bus error)"
                              r"(?: +\(core dumped\))?(?:\*\*|__)?(?: +[^\n]{0,300})?$", re.MULTILINE)
 """A shell's report of its child's death: ``Segmentation fault (core dumped)``, ``Killed``,
 ``Illegal instruction (core dumped)``, ``Floating point exception``,
-``run.sh: line 12: 4242 Killed  python train.py``, also wrapped in a paste's markdown bold (``**Killed**``);
-an abort or a bus error is left to the exit path."""
+``run.sh: line 12: 4242 Killed  python train.py``, ``Bus error (core dumped)``, also wrapped in a paste's
+markdown bold (``**Killed**``); an abort is left to the exit path (after a watchdog timeout it is the
+teardown)."""
 _SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
-                  "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE")}
+                  "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE"),
+                  "bus error": (7, "SIGBUS")}
 _RETURN_CODE_RE = re.compile(r"exits with return code = (?P<code>-?\d+)")
 """DeepSpeed's launcher: ``[launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...]
 exits with return code = -11`` (a signal), or ``= 1`` (a plain exit: the worker's own error is in its
@@ -179,7 +181,8 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         return replace(hit, headline=f"{hit.headline}: the host's OOM killer (out of host memory)",
                        note="the kernel's (or the job's cgroup's) OOM killer ended it: host RAM ran out -- "
                             "DataLoader workers, pinned memory, a dataset loaded into memory")
-    pos = t.first("segmentation fault", "killed", "illegal instruction", "floating point exception")
+    pos = t.first("segmentation fault", "killed", "illegal instruction", "floating point exception",
+                  "bus error")
     if pos >= 0 and (found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None:
         signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
         return _signal_hit(found[0] + found[1].start("what"), {"signal": signal, "signal_name": name},
@@ -382,7 +385,8 @@ GATES = {
                         "program terminated with signal sig", "exits with return code = ",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
                         "oom-kill event",
-                        "illegal instruction", "floating point exception", "(interrupted by signal "),
+                        "illegal instruction", "floating point exception", "(interrupted by signal ",
+                        "bus error"),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -413,6 +417,7 @@ DOCS = {
         "process/exit), gdb's ``Program received signal "
         "SIGSEGV``, a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` / ``Illegal instruction`` / "
+        "``Bus error`` / "
         "``Floating point exception`` "
         "→ by the exit decision path for that signal; the OOM killer's report (dmesg's ``Out of memory: "
         "Killed process N (python)``, Slurm's ``Detected 1 oom-kill event(s)``) → process/killed (SIGKILL)"
