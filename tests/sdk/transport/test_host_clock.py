@@ -5,7 +5,9 @@ hour ahead or behind (the machine's clock itself is shared with the server here,
 Before: an hour ahead, every event was refused as ``out_of_range`` (max_future_skew_s=300) and the run was
 not monitored at all (dropped == logged); an hour behind, every event was stored an hour in the past (the run
 was an hour silent the moment it started). Now the HTTP transport learns the backend's clock from its
-answers' ``Date`` and corrects the times it sends (sdk/src/trainguard/transport/clock.py).
+answers' ``Date`` and corrects the times it sends (sdk/src/trainguard/transport/clock.py); the gRPC
+transport does the same from the ``date`` trailing metadata of the gateway's answers (before stop 32 it
+corrected nothing: an hour ahead, all 84 events of this job were dropped; an hour behind, stored an hour old).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict
 
+import pytest
+
 from tests.sdk.scripting import run_python
 from tests.services.e2e.serve_process import ServeProcess
 from tests.support.waiting import poll
@@ -25,7 +29,8 @@ import json, os, time
 skew = float(os.environ["SKEW_S"])
 real_ns, real_s = time.time_ns, time.time
 time.time_ns = lambda: real_ns() + int(skew * 1e9)   # this host's clock, wrong by skew seconds
-time.time = lambda: real_s() + skew
+if os.environ["FAKE_TIME_TIME"] == "1":
+    time.time = lambda: real_s() + skew
 import torch, trainguard
 trainguard.init(run_name=os.environ["RUN_NAME"])
 model = torch.nn.Linear(8, 1)
@@ -41,10 +46,16 @@ print(json.dumps(trainguard.get_client().accounting()))
 """
 
 
-def _job(server: ServeProcess, name: str, skew_s: float, spool: Path) -> Dict[str, Any]:
-    done = run_python(JOB, env={"TRAINGUARD_ENDPOINT": server.http_url, "TRAINGUARD_TOKEN":
+def _job(server: ServeProcess, name: str, skew_s: float, spool: Path, endpoint: str = "") -> Dict[str, Any]:
+    done = run_python(JOB, env={"TRAINGUARD_ENDPOINT": endpoint or server.http_url, "TRAINGUARD_TOKEN":
                                 server.tokens["ingest"], "TRAINGUARD_SPOOL_DIR": str(spool),
-                                "SKEW_S": str(skew_s), "RUN_NAME": name}, timeout=120)
+                                "SKEW_S": str(skew_s), "RUN_NAME": name,
+                                # grpc's Python layer turns a timeout into an absolute deadline with
+                                # time.time() and hands it to its C core, which reads the machine's clock:
+                                # faking time.time in this one interpreter would put every deadline an hour
+                                # off (an artefact: on a host whose clock is wrong both read the same wrong
+                                # clock). The SDK stamps events with time.time_ns, faked either way.
+                                "FAKE_TIME_TIME": "0" if endpoint.startswith("grpc") else "1"}, timeout=120)
     assert done.returncode == 0, done.stderr
     out: Dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     out["stderr"] = done.stderr
@@ -58,13 +69,15 @@ def _run(server: ServeProcess, name: str) -> Dict[str, Any]:
     return run
 
 
-def test_a_job_on_a_host_with_a_wrong_clock_is_stored_at_the_servers_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_a_job_on_a_host_with_a_wrong_clock_is_stored_at_the_servers_time(tmp_path: Path, transport: str) -> None:
     server = ServeProcess(tmp_path / "data").start()
+    endpoint = f"grpc://{server.grpc_target}" if transport == "grpc" else server.http_url
     try:
-        ahead = _job(server, "ahead", 3600, tmp_path / "spool-a")
+        ahead = _job(server, "ahead", 3600, tmp_path / "spool-a", endpoint)
         assert ahead["dropped"] == 0 and ahead["sent"] == ahead["logged"], ahead  # before: all refused
         assert re.search(r"this host's clock is (3599|3600|3601) s ahead of the backend's", ahead["stderr"]), ahead
-        behind = _job(server, "behind", -3600, tmp_path / "spool-b")
+        behind = _job(server, "behind", -3600, tmp_path / "spool-b", endpoint)
         assert behind["dropped"] == 0 and behind["sent"] == behind["logged"], behind
         assert re.search(r"this host's clock is (3599|3600|3601) s behind the backend's", behind["stderr"]), behind
         now = time.time_ns()

@@ -4,6 +4,7 @@ ends by checking that the same server still acknowledges a good batch."""
 
 from __future__ import annotations
 
+import email.utils
 import gzip
 import math
 import sqlite3
@@ -85,7 +86,10 @@ def rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
 
 
 def trailing(err: Any) -> Dict[str, str]:
-    return {k: v for k, v in (err.trailing_metadata() or ())}
+    """The call's trailing metadata but its ``date`` (every answer carries one: checked here)."""
+    metadata = {k: v for k, v in (err.trailing_metadata() or ())}
+    assert email.utils.parsedate_to_datetime(metadata.pop("date")).tzinfo is not None, metadata
+    return metadata
 
 
 def rejected(response: ingest_pb2.IngestResponse) -> List[Dict[str, Any]]:

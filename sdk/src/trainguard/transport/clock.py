@@ -1,10 +1,11 @@
-"""The backend's clock, as the ``Date`` header of its answers tells it, for hosts whose clock is wrong.
+"""The backend's clock, as the ``Date`` of its answers tells it, for hosts whose clock is wrong.
 
 A job on a host whose clock is off (a container without NTP, a VM resumed from a snapshot) stamps its events
 with that clock. The backend refuses events more than ``max_future_skew_s`` (300 s) ahead of its own clock or
 older than ``max_past_age_s`` (30 days), every one of them, and stores those within the window at the wrong
 time (a run an hour behind is an hour old the moment it starts). :class:`ServerClock` learns the offset from
-the answers' ``Date`` header (whole seconds); once the host's clock is at least ``min_skew_s`` off, every
+the answers' ``Date`` (the HTTP header; a gRPC answer's ``date`` trailing metadata, same format: whole
+seconds); once the host's clock is at least ``min_skew_s`` off, every
 event's ``time_unix_nano`` is shifted by that offset when sent (what the spool holds keeps the host's time and
 is shifted when replayed). Skews below ``min_skew_s`` are left alone: they are within the backend's window
 and a ``Date`` of one-second resolution cannot tell them better.
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import email.utils
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..guard import warn_once
+from .base import SendResult, TransportError
 
 CLOCK_SKEW_CORRECT_S = 30.0
 """A host clock at least this many seconds off the backend's is corrected (0: never)."""
@@ -64,3 +67,31 @@ class ServerClock:
             t = event.get("time_unix_nano")
             out.append(dict(event, time_unix_nano=t + offset) if type(t) is int and t > 0 else event)
         return out
+
+
+def send_corrected(clock: ServerClock, events: Sequence[Dict[str, Any]], timeout: float,
+                   send_once: Callable[[Sequence[Dict[str, Any]], float], SendResult]) -> SendResult:
+    """``send_once(events, timeout)`` with event times corrected by ``clock``; when that answer first showed
+    the offset (``send_once`` calls :meth:`ServerClock.observe`), the events it refused as ``out_of_range``
+    are sent again, corrected, within what is left of ``timeout`` -- their indexes and any second refusals
+    mapped back to ``events``. A failure of that second send leaves them counted as refused (the rest of the
+    batch was acknowledged); a failure of the first raises as ``send_once`` does."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    before = clock.offset_ns
+    result = send_once(clock.apply(events), timeout)
+    if clock.offset_ns == before or not result.rejected:
+        return result
+    stale = [r for r in result.rejected if r.get("code") == "out_of_range"
+             and type(r.get("index")) is int and 0 <= r["index"] < len(events)]
+    if not stale:
+        return result
+    again = [events[r["index"]] for r in stale]
+    try:
+        second = send_once(clock.apply(again), max(0.0, deadline - time.monotonic()))
+    except TransportError:
+        return result
+    kept = [r for r in result.rejected if r not in stale]
+    kept += [dict(r, index=stale[r["index"]]["index"]) for r in second.rejected
+             if type(r.get("index")) is int and 0 <= r["index"] < len(stale)]
+    return SendResult(accepted=result.accepted + second.accepted,
+                      duplicates=result.duplicates + second.duplicates, rejected=kept)

@@ -19,7 +19,10 @@ Contract (see :class:`trainguard.transport.base.Transport`):
     included); :meth:`abort` cancels the call in flight from another thread (a retryable TransportError
     with status ``"aborted"``);
   * the channel is created lazily on the first send, and re-created in a forked child (the parent's
-    channel is dropped there, never closed or used); :meth:`close` releases it and is idempotent.
+    channel is dropped there, never closed or used); :meth:`close` releases it and is idempotent;
+  * a host clock at least ``clock_skew_s`` off the backend's (the ``date`` trailing metadata of its
+    answers, an HTTP date) is corrected in the events sent, and the events an answer refused as
+    ``out_of_range`` when it first showed the offset are sent again, corrected (clock.py, as over HTTP).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from ..version import SDK_NAME, __version__
 from .base import SendResult, Transport, TransportError, check_ack, parse_retry_after
+from .clock import CLOCK_SKEW_CORRECT_S, ServerClock, send_corrected
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _ELEMENT_OVERHEAD = 6  # tag + length varint of one Envelope inside IngestRequest.events
@@ -86,7 +90,8 @@ class GrpcTransport(Transport):
     name = "grpc"
 
     def __init__(self, target: str, token: Optional[str], *, secure: bool = False, compression: bool = True,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 clock_skew_s: float = CLOCK_SKEW_CORRECT_S) -> None:
         self.target, self.secure = split_target(target, secure)
         if not self.target:
             raise ValueError(f"empty gRPC target: {target!r}")
@@ -100,6 +105,7 @@ class GrpcTransport(Transport):
         self._pid = 0
         self._in_flight: Any = None  # the grpc.Future of the call in progress, for abort()
         self._aborted = False
+        self.clock = ServerClock(clock_skew_s)
 
     def __repr__(self) -> str:
         return (f"GrpcTransport(target={self.target!r}, secure={self.secure}, "
@@ -143,6 +149,9 @@ class GrpcTransport(Transport):
     # --------------------------------------------------------------------------------------------- send
     def send(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
         """Deliver ``events`` within ``timeout`` seconds; see the module docstring for the contract."""
+        return send_corrected(self.clock, events, timeout, self._send_once)
+
+    def _send_once(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
         deadline = time.monotonic() + timeout
         self._aborted = False
         batch = wire.prepare_batch(events)
@@ -174,10 +183,13 @@ class GrpcTransport(Transport):
             self._in_flight = future
             if self._aborted:  # abort() came before the call existed
                 future.cancel()
-            return future.result()
+            response = future.result()
+            self.clock.observe(_metadata_value(future, "date"), time.time_ns())
+            return response
         except grpc.FutureCancelledError:
             raise TransportError("grpc call aborted", retryable=True, status="aborted") from None
         except grpc.RpcError as err:
+            self.clock.observe(_metadata_value(err, "date"), time.time_ns())
             if self._aborted:
                 raise TransportError("grpc call aborted", retryable=True, status="aborted") from None
             raise rpc_error_to_transport_error(err) from None

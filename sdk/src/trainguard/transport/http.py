@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.events import encode_batch
 from .base import SendResult, Transport, TransportError, check_ack, parse_retry_after
-from .clock import CLOCK_SKEW_CORRECT_S, ServerClock
+from .clock import CLOCK_SKEW_CORRECT_S, ServerClock, send_corrected
 from .watchdog import SocketWatchdog
 
 INGEST_PATH = "/v1/ingest"
@@ -83,26 +83,8 @@ class HttpTransport(Transport):
         :func:`parse_ack`), raises TransportError otherwise. Event times are corrected by the host clock's
         offset to the backend's once known (clock.py); when an answer first shows that offset, the events it
         refused as ``out_of_range`` are sent again, corrected, within the same ``timeout``."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        before = self.clock.offset_ns
-        result = parse_ack(self.exchange(encode_batch(self.clock.apply(events)), timeout), len(events))
-        if self.clock.offset_ns == before or not result.rejected:
-            return result
-        stale = [r for r in result.rejected if r.get("code") == "out_of_range"
-                 and type(r.get("index")) is int and 0 <= r["index"] < len(events)]
-        if not stale:
-            return result
-        again = [events[r["index"]] for r in stale]
-        try:
-            second = parse_ack(self.exchange(encode_batch(self.clock.apply(again)),
-                                             max(0.0, deadline - time.monotonic())), len(again))
-        except TransportError:
-            return result  # they stay counted as refused; the rest of the batch was acknowledged
-        kept = [r for r in result.rejected if r not in stale]
-        kept += [dict(r, index=stale[r["index"]]["index"]) for r in second.rejected
-                 if type(r.get("index")) is int and 0 <= r["index"] < len(stale)]
-        return SendResult(accepted=result.accepted + second.accepted,
-                          duplicates=result.duplicates + second.duplicates, rejected=kept)
+        return send_corrected(self.clock, events, timeout, lambda batch, left: parse_ack(
+            self.exchange(encode_batch(batch), left), len(batch)))
 
     def exchange(self, body: bytes, timeout: float, content_type: str = "application/json") -> bytes:
         """POST ``body`` (of ``content_type``; the agent relays protobuf bodies) within ``timeout`` seconds

@@ -13,6 +13,8 @@ Contract (docs/wire-format.md):
   message says "larger than max", which the SDK answers by splitting the batch;
 * queue full → ``RESOURCE_EXHAUSTED`` with trailing metadata ``retry-after: <seconds>``; queue failing →
   ``UNAVAILABLE`` with ``retry-after``;
+* every answer, success or error, carries trailing metadata ``date``: the server's clock as an HTTP date
+  (what the HTTP gateway's ``Date`` header says), from which the SDK corrects a host clock that is wrong;
 * otherwise ``IngestResponse`` with per-item results. ``Stream`` authenticates once, ingests each message
   as it arrives (each durably queued before the next is read), de-duplicates across the stream (at least
   its last ``STREAM_SEEN_LIMIT`` ids), indexes rejections by position across the stream, and answers one
@@ -36,6 +38,7 @@ the ``grpc_workers`` threads, a message at a time -- and idle streams cannot sta
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import functools
 import logging
 import threading
@@ -108,6 +111,11 @@ def _batch(request: RequestLike) -> Batch:
     return Batch(request)  # registered with the generated deserializer: already parsed
 
 
+def _date() -> Tuple[Tuple[str, str], ...]:
+    """The ``date`` trailing metadata every answer carries: this server's clock, an HTTP date."""
+    return (("date", email.utils.formatdate(usegmt=True)),)
+
+
 def _status(exc: GatewayError) -> Tuple[grpc.StatusCode, Tuple[Tuple[str, str], ...]]:
     """The status code and trailing metadata that stand for ``exc``."""
     code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), grpc.StatusCode.INTERNAL)
@@ -119,8 +127,7 @@ def _status(exc: GatewayError) -> Tuple[grpc.StatusCode, Tuple[Tuple[str, str], 
 def _abort(context: Any, exc: GatewayError) -> None:
     """End the call with the status for ``exc`` (raises, as ``context.abort`` does)."""
     code, trailing = _status(exc)
-    if trailing:
-        context.set_trailing_metadata(trailing)
+    context.set_trailing_metadata(trailing + _date())
     context.abort(code, str(exc))
 
 
@@ -171,8 +178,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
             raise  # not reached: abort raises
         except Exception as exc:
             log.exception("ingest Send failed")
+            context.set_trailing_metadata(_date())
             context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             raise
+        context.set_trailing_metadata(_date())
         return result.to_proto()
 
     def Stream(self, request_iterator: Iterator[RequestLike], context: Any) -> ingest_pb2.IngestResponse:
@@ -186,8 +195,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
             raise
         except Exception as exc:
             log.exception("ingest Stream failed")
+            context.set_trailing_metadata(_date())
             context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             raise
+        context.set_trailing_metadata(_date())
         return state.total.to_proto()
 
 
@@ -235,8 +246,7 @@ class _Failed(Exception):
         return cls(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
     async def abort(self, context: Any) -> NoReturn:
-        if self.trailing:
-            context.set_trailing_metadata(self.trailing)
+        context.set_trailing_metadata(self.trailing + _date())
         await context.abort(self.code, self.details)
         raise AssertionError("not reached: abort raises")
 
@@ -259,6 +269,7 @@ class AsyncIngestServicer:
         try:
             auth = await self._blocking(self.gateway.authenticate, _token(context))
             result = await self._blocking(lambda: self.gateway.ingest_batch(auth, _batch(request)))
+            context.set_trailing_metadata(_date())
             return result.to_proto()
         except GatewayError as exc:
             failed = _Failed.of(exc)
@@ -298,6 +309,7 @@ class AsyncIngestServicer:
                 try:
                     request = await asyncio.wait_for(messages.__anext__(), idle)
                 except StopAsyncIteration:
+                    context.set_trailing_metadata(_date())
                     return state.total.to_proto()
                 except asyncio.TimeoutError:
                     raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
