@@ -778,13 +778,6 @@ class DetectionSettings:
         "recorded healthy 4-rank runs reached at most 15 of 28 at 1.7x, and a rank pinned to a core shared "
         "with a spinning process, only ~10 ms a step slower, reached 18 within 28 steps of the contention "
         "in each of 11 runs; bench/straggler.py) ...", minimum=1)
-    straggler_min_share: float = _setting(
-        0.05, "... its median excess over the others at the same step is >= this share of the job's step "
-        "time (a rank 2x slower in a phase that takes 1% of the step holds nobody back) ...",
-        minimum=0.0, maximum=1.0)
-    straggler_wait_share: float = _setting(
-        0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
-        "at the same step by >= this x the excess (median over the window): they waited for it. A "
     straggler_noise_k: float = _setting(
         2.0, "... on a steady host a lower bar too: once the job's steady state is known (regression_"
         "baseline_steps judged steps after warm-up), a rank is also over at a step when its own time >= "
@@ -799,6 +792,13 @@ class DetectionSettings:
         1.25, "... and a rank over it (not over straggler_ratio) is a candidate only when the median of its "
         "window's paired ratios is >= this x its own in the steady state: it became slower (a rank a "
         "host's layout makes 1.3x slower from the start is not held against it) ...", minimum=1.0)
+    straggler_min_share: float = _setting(
+        0.05, "... its median excess over the others at the same step is >= this share of the job's step "
+        "time (a rank 2x slower in a phase that takes 1% of the step holds nobody back) ...",
+        minimum=0.0, maximum=1.0)
+    straggler_wait_share: float = _setting(
+        0.5, "... and the other ranks' remaining time (backward + all-reduce wait) exceeds the rank's own "
+        "at the same step by >= this x the excess (median over the window): they waited for it. A "
         "candidate is named at once (the window is the confirmation).", minimum=0.0)
     straggler_hold_steps: int = _setting(
         10, "... while a rank is over on this many of its window's steps (a straggler forming), no "
