@@ -304,10 +304,10 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
         elif kind in CONSEQUENCES:
             cause = find_cause(run, st.record.first_ns, exclude=st.key) or \
                 _straggler_for(run, kind, st.record.first_ns)
-        if cause is None and kind != STALLED:
-            cause = _exhaustion_around(run, st, settings)
         elif kind == REGRESSION:
             cause = _straggler_slowing(run, st, settings)
+        if cause is None and kind != STALLED:
+            cause = _exhaustion_around(run, st, settings)
             if cause is not None and cause.record.lead_rank >= 0:
                 cause.extra.setdefault("lead", cause.record.lead_rank)  # the exhausted rank leads
         if cause is None:
@@ -390,8 +390,6 @@ def _straggler_for(run: RunState, kind: Kind, at_ns: int) -> Optional[IncidentSt
     return st
 
 
-def _stall_of(run: RunState, rank: int) -> Optional[IncidentState]:
-    """The open stall ``rank`` is in: a hung process that is then terminated (by a person, the
 def _straggler_slowing(run: RunState, regression: IncidentState,
                        settings: DetectionSettings) -> Optional[IncidentState]:
     """The open ``perf/straggler`` that explains the open ``regression`` (:data:`REGRESSION`): it began no
@@ -405,6 +403,8 @@ def _straggler_slowing(run: RunState, regression: IncidentState,
     return st
 
 
+def _stall_of(run: RunState, rank: int) -> Optional[IncidentState]:
+    """The open stall ``rank`` is in: a hung process that is then terminated (by a person, the
     scheduler's time limit, a watchdog) was terminated *because* it hung."""
     for st in run.incidents.values():
         if _kind(st) == STALLED and st.is_open and not st.record.explained_by and rank in st.rank_first:
