@@ -614,6 +614,13 @@ class DetectionSettings:
         20, "gradient/explosion flagged before any non-finite value resolves (the run's health recovers) "
         "when this many grad-norm readings in a row are back below explosion_onset_factor x the median the "
         "climb was measured from, the loss finite and in its band: a spike that recovered.", minimum=1)
+    explosion_diverged_points: int = _setting(
+        40, "gradient/explosion flagged before any non-finite value is re-classified in place as "
+        "loss/divergence when, on this many loss values in a row (a loss_window's worth), the loss stays out "
+        "of its band (its rolling level >= divergence_factor x its base) and nothing non-finite came: the "
+        "climb was the gradient of a loss that left its band, and the run goes on far above it without "
+        "blowing up. A later non-finite value re-classifies it back (same incident, the climb's lead kept). "
+        "0: off.", minimum=0)
     layer_norm_warn: float = _setting(
         10.0, "Per-layer grad norm above which a layer is named in explosion evidence (seed: > 10 warns).")
     clip_rate_warn: float = _setting(
@@ -1045,7 +1052,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
                "confirm_checks", "evidence_window"),
     "loss_gradient": (
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
-        "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points", "loss_window",
+        "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points",
+        "explosion_diverged_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
         "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_held_points", "plateau_min_level",

@@ -457,7 +457,11 @@ def _starved(rank: RankState, losses: Sequence[float], mean_norm: float, tuned: 
     when the pre-clip norm is >= ``clip_stale_min_ratio`` x tau (every update cut to a sliver; a cut by a
     factor of 1-2 starves nothing, whatever else keeps the loss flat -- a warmup from LR ~0, say). With tau
     unknown: when the loss is flat (|z| < trend_z) and still >= ``plateau_min_level`` x the run's initial
-    level (it never got going)."""
+    level (it never got going). Never either while the loss has left its band (``loss_diverged``: its level
+    >= ``divergence_factor`` x its start, flat up there or not): a loss held far above where it started
+    under clipping is diverged, and advice to raise the threshold would make it worse."""
+    if loss_diverged(rank, tuned):
+        return False
     z = robust.mann_kendall(list(losses)).z
     if z >= tuned.trend_z:
         return False

@@ -33,6 +33,7 @@ from .numeric import (
     find_explosion,
     finite_series,
     grad_metric,
+    loss_diverged,
     lr_span,
     nan_source,
     nan_source_evidence,
@@ -238,10 +239,15 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         state["early_cv"] = spread if math.isfinite(spread) else None
         state["early"] = sorted(earliest)  # the run's first values, for _fell_from_start's rank test
     _track_level(state, series, tuned)
-    if initial <= 0 or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY) or (
-            numeric_final(run, rank) and not _explosion_gave_way(run, rank, name, series, initial, state,
-                                                                 step, time_ns, settings)):
+    if initial <= 0 or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY):
         return []
+    if numeric_final(run, rank):
+        diverged = _explosion_held_diverged(run, rank, name, series, initial, state, step, time_ns, event_id,
+                                            settings)
+        if diverged is not None:
+            return [diverged]
+        if not _explosion_gave_way(run, rank, name, series, initial, state, step, time_ns, settings):
+            return []
     open_kind = _open_curve_kind(run, rank)
     if open_kind is not None and _curve_cleared(run, rank, open_kind, state, initial, step, time_ns,
                                                 settings, series):
@@ -349,6 +355,75 @@ def _explosion_gave_way(run: RunState, rank: RankState, name: str, series: Seque
             f"learns nothing (the loss/plateau incident goes on from here)", settings)
     numeric.setdefault("grad", {})["gave_way"] = step
     return True
+
+
+HELD_DIVERGED = "explosion-diverged"
+"""The streak key of :func:`_explosion_held_diverged` (beside the curve kinds' streaks)."""
+
+
+def _explosion_held_diverged(run: RunState, rank: RankState, name: str,
+                             series: Sequence[Tuple[int, float, int]], initial: float, state: Dict[str, Any],
+                             step: int, time_ns: int, event_id: str,
+                             settings: DetectionSettings) -> Optional[Finding]:
+    """A re-classification (in place) of the open gradient explosion of ``rank`` -- flagged from the norm's
+    climb, before any non-finite loss or gradient -- as ``loss/divergence``, once the loss has stayed out of
+    its band (its rolling level >= ``divergence_factor`` x its :func:`divergence_base`, ``loss_diverged``)
+    on ``explosion_diverged_points`` values in a row with nothing non-finite: the norm climbed because the
+    loss left its band, and the run goes on far above its start without blowing up -- what it is, is a
+    divergence (the corpus label's rule too: an explosion ends in a non-finite value; swings held out of the
+    band are not an oscillation either, :func:`_held_out_of_band`). Same incident (its first step, the
+    climb's evidence and the lead it gave are kept); a later non-finite value re-classifies it back to an
+    explosion (the divergence is an escalating kind), and the curve rules judge it from here (it may
+    settle into an oscillation). None otherwise; cheap unless such an explosion is open (a dict lookup)."""
+    points = settings.explosion_diverged_points
+    st = run.incidents.get(NUMERIC_KEY)
+    if points <= 0 or st is None or not st.is_open or \
+            (st.record.category, st.record.subtype) != ("gradient", "explosion"):
+        return None
+    numeric = rank_state(rank)
+    if "loss_nonfinite" in numeric or numeric.get("nonfinite"):
+        return None
+    streaks: Dict[str, int] = state.setdefault("streak", {})
+    if not loss_diverged(rank, settings):
+        streaks[HELD_DIVERGED] = 0
+        return None
+    centre = series[-(settings.rise_smooth // 2) - 1][0] if len(series) > settings.rise_smooth else step
+    if _count_hold(state, HELD_DIVERGED, centre) < points:
+        return None
+    streaks[HELD_DIVERGED] = 0
+    first = state["since"][HELD_DIVERGED]
+    win = _Window(series, settings.loss_window)
+    level = state.get("level", win.median)
+    base = divergence_base(initial, state["init"][0], settings)
+    state["opened"] = {"kind": "divergence", "level": level, "best": state.get("best"), "low": False}
+    numeric.setdefault("grad", {}).pop("climb", None)  # no longer an explosion waiting to settle
+    began_ns = point_time(rank, name, first, time_ns)
+    ratio = level / base if base > 0 else math.inf
+    description = (f"{name} level (rolling median of {settings.rise_smooth}) >= "
+                   f"{settings.divergence_factor:g}x the initial level {fmt_number(base)} on {points} values "
+                   f"in a row since step {first}, now {fmt_number(level)} = {ratio:.3g}x, with no non-finite "
+                   f"loss or gradient after the gradient norm's climb")
+    return Finding(
+        "loss", "divergence", NUMERIC_KEY, rank.rank, first, began_ns, seen_ns=time_ns, seen_step=step,
+        host=rank.host, event_id=event_id,
+        evidence=[Evidence(rule="loss.divergence", description=description, step=first, time_ns=began_ns,
+                           rank=rank.rank, metric=name, threshold=settings.divergence_factor,
+                           value=finite_or_none(ratio),
+                           window=window(rank, name, step, settings.evidence_window), event_id=event_id)],
+        timeline=[TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                                what=f"rank {rank.rank}: {name} has stayed out of its band on {points} "
+                                     f"values in a row with nothing non-finite: the climb was the loss "
+                                     f"diverging")],
+        values={"step": first, "detail": f"{fmt_number(level)}, {ratio:.3g}x its start",
+                "value": fmt_number(series[-1][1]), "rank": rank.rank},
+        relabel=True, update_values=True,
+        summary=(f"On rank {rank.rank}, {name} left its starting band at step {first} and has stayed out of "
+                 f"it: it is at {fmt_number(level)}, {ratio:.3g}x where it started ({fmt_number(base)})"
+                 + lr_span(rank, first, step)
+                 + f". The gradient norm's climb flagged earlier was this divergence's: nothing became "
+                   f"non-finite over {points} values since. Most often a learning rate far too high for "
+                   f"this model and optimiser (or a warmup to a too-high peak, or an LR schedule that "
+                   f"increases)."))
 
 
 def _count_hold(state: Dict[str, Any], kind: str, since: int) -> int:
@@ -524,6 +599,9 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
     at = opened["level"]
     if kind in ("plateau", "oscillation"):
         cleared = level <= (1.0 - settings.plateau_resolve_drop) * at
+        if cleared and kind == "oscillation" and len(series) >= settings.loss_window:  # and so over a full
+            cleared = _median_of(series[-settings.loss_window:]) <= (1.0 - settings.plateau_resolve_drop) * at
+            #           window: a run of low batches dips a swinging loss's rolling level that far
         if not cleared and kind == "plateau" and len(series) >= settings.loss_window and \
                 not opened.get("low"):
             # (a plateau found under plateau_min_level -- its fall not significant, _fell_from_start --
