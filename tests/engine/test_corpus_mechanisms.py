@@ -171,6 +171,15 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   41. It resolved on a run of low batches (the 5-value rolling level 20 % under its opening level) and
   the same swings then opened a plateau, the verdict. An oscillation clears only when the median of a
   full loss_window fell that far too (as a divergence and a rise already did): it stays open and leads.
+* r656 (HF Trainer MLP, SGD, an LR schedule growing x1.1 per step, HF's max_grad_norm 1; batch 7, stop
+  32): the loss leaves its band at ~46 (a divergence, rightly) and climbs to ~1e26 while the pre-clip norm
+  grows slowly for 120 steps (1.7e5 -> 8e5 over the last 12), then the norm is Inf at 168. find_explosion
+  sees no climb in its window (the norm has been far up for longer than it), so the Inf was a NaN source.
+  A non-finite value that ends an open divergence of the rank is the explosion it grew into (the loss's
+  departure was the warning): gradient/explosion, the divergence's incident re-classified.
+* r326 (Lightning MLP, SGD, LR x1.06 per step, no clipping; batch 2): the norm goes 2.3 -> 46 -> 3,460 ->
+  1.4e7 -> Inf in four steps; the divergence opened one step before the Inf, too few readings for a climb:
+  a NaN source before, the explosion now.
 """
 
 from __future__ import annotations
@@ -487,3 +496,11 @@ def test_an_oscillation_does_not_clear_on_a_run_of_low_batches() -> None:
     assert out.label == "loss/oscillation" and out.first_nonfinite is None
     assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out  # plateau before
     assert "loss/plateau" not in out.kinds, out
+
+
+@pytest.mark.parametrize("run_id", ["r656", "r326"])
+def test_a_non_finite_value_that_ends_an_open_divergence_is_the_explosion(run_id: str) -> None:
+    out = _outcome(run_id)
+    assert out.label == "gradient/explosion" and out.first_nonfinite is not None
+    assert out.verdict == "gradient/explosion", out  # gradient/nan-source before
+    assert out.flagged.get("as") == "loss/divergence", out  # the divergence it grew from, one incident

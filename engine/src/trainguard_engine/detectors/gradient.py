@@ -26,6 +26,7 @@ from .numeric import (
     VANISHING_KEY,
     LossGradientSettings,
     climb_baseline,
+    diverged_before,
     find_explosion,
     finite_series,
     grad_metric,
@@ -511,7 +512,8 @@ def _pending_finding(run: RunState, rank: RankState, pending: Dict[str, Any], lo
     assert source is not None
     loss_text = "the loss of that step was still finite" if loss_seen else \
         "no non-finite loss was reported for that step"
-    explosion = find_explosion(rank, source.step + 1, time_ns, settings)
+    explosion = find_explosion(rank, source.step + 1, time_ns, settings) or \
+        diverged_before(run, rank, source.step, time_ns, settings)
     if explosion is not None:
         began = source.step if explosion.onset_step is None else min(source.step, explosion.onset_step)
         return Finding(

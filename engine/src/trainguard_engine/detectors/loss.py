@@ -29,6 +29,7 @@ from .numeric import (
     Explosion,
     LossGradientSettings,
     climb_baseline,
+    diverged_before,
     divergence_base,
     find_explosion,
     finite_series,
@@ -109,7 +110,8 @@ def _loss_finding(run: RunState, rank: RankState, name: str, step: int, value: f
         return Finding(current.record.category, current.record.subtype, NUMERIC_KEY, rank.rank, step, time_ns,
                        host=rank.host, event_id=event_id, evidence=evidence, timeline=timeline,
                        values={"value": shown, "step": step} if exploded else {}, update_values=exploded)
-    explosion = find_explosion(rank, step, time_ns, settings)
+    explosion = find_explosion(rank, step, time_ns, settings) or \
+        diverged_before(run, rank, step, time_ns, settings)
     values = {"value": shown, "step": step, "metric": name, "rank": rank.rank, "detail": ""}
     if explosion is None:
         source = nan_source(rank)

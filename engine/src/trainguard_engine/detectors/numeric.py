@@ -338,6 +338,39 @@ def find_explosion(rank: RankState, loss_step: int, time_ns: int, settings: Dete
 # explosion before the NaN
 
 
+def diverged_before(run: RunState, rank: RankState, step: int, time_ns: int,
+                    settings: DetectionSettings) -> Optional[Explosion]:
+    """The explosion evidence of a non-finite value at ``step`` that ended an open ``loss/divergence`` of
+    ``rank`` (the run's numeric incident, the rank in it, begun before ``step``) when the norm shows no
+    climb of its own in the window before it (:func:`find_explosion` found none: a norm already far up
+    for longer than the window, or read too seldom): the loss's departure from its band was the warning, so
+    what blew up is the divergence -- an explosion, not a NaN from nowhere (a NaN source comes with no
+    warning). None when no such divergence is open, or when the rank reports no global gradient norm (then
+    nothing says the gradients blew up: the non-finite loss stays ``loss/non_finite``)."""
+    if grad_metric(rank, settings) is None:
+        return None
+    st = run.incidents.get(NUMERIC_KEY)
+    if st is None or not st.is_open or (st.record.category, st.record.subtype) != DIVERGENCE or \
+            rank.rank not in st.rank_first:
+        return None
+    began = st.rank_first[rank.rank][1]
+    if not 0 <= began < step:
+        return None
+    began_ns = st.rank_first[rank.rank][0] or time_ns
+    detail = (f"the loss had left its band since step {began} (the open loss/divergence: "
+              f"{st.values.get('detail', 'far above its start')})")
+    found = Explosion(metric="loss", detail=detail, short=f"loss diverged since step {began}",
+                      earliest_ns=min(began_ns, time_ns), onset_step=began)
+    found.evidence.append(Evidence(
+        rule="loss.diverged_before_nan",
+        description=(f"the loss had diverged since step {began} before the first non-finite value at step "
+                     f"{step}: the divergence ended in it"),
+        step=began, time_ns=began_ns, rank=rank.rank, metric="loss"))
+    found.timeline.append(TimelineEntry(time_ns=began_ns, step=began, rank=rank.rank,
+                                        what=f"rank {rank.rank}: the loss left its band (a divergence)"))
+    return found
+
+
 def climb_baseline(values: Sequence[float]) -> float:
     """The running median a climb is measured against: the median of the earlier half of ``values``."""
     return robust.median(values[: max(1, len(values) // 2)])
