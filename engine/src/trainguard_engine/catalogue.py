@@ -895,6 +895,12 @@ class DetectionSettings:
         "initial_scale_power 16); halvings above it are the scaler searching down from a larger start "
         "(2^32).",
         minimum=0.0)
+    amp_text_overflow_notice: bool = _setting(
+        True, "An fp16 overflow line that is no collapse (a scaler's calibration, a few skipped steps at a "
+        "healthy scale, an overflow line naming no scale) opens memory/amp-overflow at severity info for a "
+        "job that sends no metrics -- what the log shows, said as probably harmless, without making the run "
+        "unhealthy; a collapse later on the run raises it to the kind's severity. False: such lines open "
+        "nothing.")
     # --- evidence and history bounds --------------------------------------------------------------
     history_metrics: Tuple[str, ...] = _setting(
         ("lr", "opt/lr", "amp/*", "grad/clip_triggered", "time/step_s", "seq/*", "batch/*"),
@@ -916,12 +922,6 @@ class DetectionSettings:
     max_incidents_per_run: int = _setting(
         100, "Incidents per run; further ones are counted (incidents_suppressed), not opened.", minimum=1)
     # --- clusters -------------------------------------------------------------------------------
-    amp_text_overflow_notice: bool = _setting(
-        True, "An fp16 overflow line that is no collapse (a scaler's calibration, a few skipped steps at a "
-        "healthy scale, an overflow line naming no scale) opens memory/amp-overflow at severity info for a "
-        "job that sends no metrics -- what the log shows, said as probably harmless, without making the run "
-        "unhealthy; a collapse later on the run raises it to the kind's severity. False: such lines open "
-        "nothing.")
     cluster_max_members: int = _setting(
         100, "Runs, 'run:rank' entries and hosts listed per cluster (first seen first).", minimum=1)
     max_clusters: int = _setting(
