@@ -33,7 +33,9 @@ scanned) and ``mode=rank_parts`` (the processor's default now: the pipeline enco
 since the run's last encode and hands rank_parts each rank's bytes); ``largest_stored_bytes`` is the
 biggest value under one state key; ``checkpoint_split`` lines are the ratios of each mode to whole.
 
-**Flink.** ``--flink-runs`` runs of the backlog (default 16) through the Flink job
+**Flink.** ``--flink-runs`` runs of the backlog (default all 48, as the group drain: runs hash onto slots as
+onto partitions, and a uniform hash splits 16 runs 10/6 or worse over 2 slots with probability ~0.45 --
+stop 32 measured 9/7 and 10/6 -- where 48 runs measured 25/23) through the Flink job
 (processor/flink_main.py ``--records``: a local mini-cluster of .venv-flink, bounded source read by a
 reader per slot, file sink) at each ``--flink-parallelism`` (1,2), and through one embedded processor over
 Kafka (one process, one core). The job's stream is in ``--flink-order``: ``live`` (default: the runs'
@@ -570,8 +572,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--checkpoint-ranks", type=int, default=4096, help="0: no checkpoint part")
     p.add_argument("--checkpoint-steps", default="2,20",
                    help="checkpoint after these steps of the big run, and one step after each")
-    p.add_argument("--flink-runs", type=int, default=16,
-                   help="the Flink job's stream: the first this many runs of the backlog (0: no Flink part)")
+    p.add_argument("--flink-runs", type=int, default=48,
+                   help="the Flink job's stream: the first this many runs of the backlog (0: no Flink part; "
+                        "default: the whole default backlog)")
     p.add_argument("--flink-parallelism", default="1,2")
     p.add_argument("--flink-order", choices=FLINK_ORDERS, default="live",
                    help="the Flink stream's order: live (the runs' records in turn) or backlog (run after "
