@@ -21,7 +21,7 @@ dict). The pipeline takes it as read, the metric store takes its points and its 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from trainguard import wire
 from trainguard.v1 import ingest_pb2
@@ -186,33 +186,15 @@ def _read_plain(msg: Any) -> Optional[Tuple[ReadEnvelope, List[extract.MetricTup
             _points(batch, step))
 
 
-def decode_request(value: bytes) -> Tuple[List[Dict[str, Any]], List[Points]]:
-    """The envelope dicts of one serialized ``IngestRequest`` and each one's metric points (None for
-    envelopes that are not metric batches). Raises what protobuf raises on bytes it cannot parse."""
+def _decode(value: bytes, plain: Callable[[Any], Optional[Tuple[Any, List[extract.MetricTuple]]]],
+            ) -> Tuple[List[Any], List[Points]]:
+    """Each envelope of one serialized ``IngestRequest`` as ``plain`` reads it (a plain metric batch) or else
+    as its dict, with its metric points (None for envelopes that are not metric batches)."""
     request = ingest_pb2.IngestRequest.FromString(value)
-    envelopes: List[Dict[str, Any]] = []
+    envelopes: List[Any] = []
     points: List[Points] = []
     for msg in request.events:
-        fast = _plain_metrics(msg)
-        if fast is not None:
-            envelopes.append(fast[0])
-            points.append(fast[1])
-            continue
-        env = wire.envelope_to_dict(msg)
-        envelopes.append(env)
-        points.append(extract.metric_points(env) if "metrics" in env else None)
-    return envelopes, points
-
-
-def read_request(value: bytes) -> Tuple[List[Envelope], List[Points]]:
-    """:func:`decode_request` for a runtime that hands the pipeline what it read: a plain metric batch (no
-    alert, no recent context, a run id) is a :class:`~trainguard_engine.pipeline.ReadEnvelope` whose
-    ``raw`` (a :class:`PlainEnvelope`) equals its dict; every other envelope is its dict."""
-    request = ingest_pb2.IngestRequest.FromString(value)
-    envelopes: List[Envelope] = []
-    points: List[Points] = []
-    for msg in request.events:
-        read = _read_plain(msg)
+        read = plain(msg)
         if read is not None:
             envelopes.append(read[0])
             points.append(read[1])
@@ -221,3 +203,16 @@ def read_request(value: bytes) -> Tuple[List[Envelope], List[Points]]:
         envelopes.append(env)
         points.append(extract.metric_points(env) if "metrics" in env else None)
     return envelopes, points
+
+
+def decode_request(value: bytes) -> Tuple[List[Dict[str, Any]], List[Points]]:
+    """The envelope dicts of one serialized ``IngestRequest`` and each one's metric points (None for
+    envelopes that are not metric batches). Raises what protobuf raises on bytes it cannot parse."""
+    return _decode(value, _plain_metrics)
+
+
+def read_request(value: bytes) -> Tuple[List[Envelope], List[Points]]:
+    """:func:`decode_request` for a runtime that hands the pipeline what it read: a plain metric batch (no
+    alert, no recent context, a run id) is a :class:`~trainguard_engine.pipeline.ReadEnvelope` whose
+    ``raw`` (a :class:`PlainEnvelope`) equals its dict; every other envelope is its dict."""
+    return _decode(value, _read_plain)
