@@ -53,6 +53,25 @@ def test_readyz_reports_a_data_directory_that_refuses_writes_and_recovers(tmp_pa
         server.stop()
 
 
+def test_readyz_reports_a_data_directory_deleted_under_the_server(tmp_path: Path) -> None:
+    """Stop 31's fault review: a data directory deleted under a running serve went unnoticed -- the server
+    answered 'ready' and wrote on into the unlinked files. Also a directory put back at its path is not the
+    one the stores write to."""
+    server = ServeProcess(tmp_path / "data").start()
+    try:
+        assert _readyz(server.http_url) == (200, {"status": "ready"})
+        shutil.rmtree(tmp_path / "data")
+        code, body = _readyz(server.http_url)
+        assert code == 503, body  # 200 'ready' before
+        assert any("data directory" in p and "was deleted while the server runs" in p
+                   for p in body["problems"]), body
+        (tmp_path / "data").mkdir()  # an empty directory at the same path: still not the stores' one
+        code, body = _readyz(server.http_url)
+        assert code == 503 and any("was replaced by another directory" in p for p in body["problems"]), body
+    finally:
+        server.stop()
+
+
 def test_readyz_reports_a_nearly_full_disk(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     beyond = shutil.disk_usage(tmp_path).free + 2**40  # more than this disk has free

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+import os
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Optional, Tuple
 
 from fastapi import Depends, Header, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
@@ -24,6 +25,23 @@ class Services:
     gateway: Any = None
     processor: Any = None
     settings: Any = None
+    data_dir_id: Optional[Tuple[int, int]] = field(default=None, init=False)
+    """(device, inode) of the data directory when the services were built: /readyz tells when it was deleted
+    or replaced under the running server (its stores would write on into unlinked files)."""
+
+    def __post_init__(self) -> None:
+        self.data_dir_id = directory_id(getattr(self.settings, "data_dir", None))
+
+
+def directory_id(path: Any) -> Optional[Tuple[int, int]]:
+    """(st_dev, st_ino) of the directory at ``path``; None when there is none (or no path)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if os.path.isdir(path) else None
 
 
 def get_services(request: Request) -> Services:

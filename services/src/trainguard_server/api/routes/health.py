@@ -2,9 +2,10 @@
 
 ``/readyz`` answers 503 with the list of problems when ingest cannot be served durably: the processor's
 thread is not running, its checkpoints or rounds are failing (nothing is committed: the queue only grows),
-the queue is full, the incident store does not answer, or the data directory's file system is nearly full
-(less than ``min_free_disk_bytes`` free) or refuses a write of :data:`WRITE_PROBE_BYTES` (a full disk, a
-read-only file system, a file-size limit).
+the queue is full, the incident store does not answer, the data directory was deleted or replaced while the
+server runs (its SQLite stores write on into unlinked files, lost with them), or the data directory's file
+system is nearly full (less than ``min_free_disk_bytes`` free) or refuses a write of :data:`WRITE_PROBE_BYTES`
+(a full disk, a read-only file system, a file-size limit).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Dict, List, Optional
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from ..deps import ServicesDep
+from ..deps import ServicesDep, directory_id
 
 router = APIRouter(tags=["health"])
 
@@ -43,7 +44,10 @@ def readyz(services: ServicesDep) -> JSONResponse:
         depth = services.queue.depth()
         if depth >= services.settings.max_queue_depth:
             problems.append(f"queue is full ({depth} batches)")
-    disk = _disk_problem(services.settings)
+    gone = _data_dir_gone(services)
+    if gone:
+        problems.append(gone)
+    disk = None if gone else _disk_problem(services.settings)
     if disk:
         problems.append(disk)
     try:
@@ -53,6 +57,22 @@ def readyz(services: ServicesDep) -> JSONResponse:
     if problems:
         return JSONResponse({"status": "unavailable", "problems": problems}, status_code=503)
     return JSONResponse({"status": "ready"})
+
+
+def _data_dir_gone(services: Any) -> Optional[str]:
+    """Why the data directory the server started with is no longer what it writes to: deleted, or another
+    directory now at its path; None when it is the same one (or the server started without one)."""
+    started = getattr(services, "data_dir_id", None)
+    data_dir = getattr(services.settings, "data_dir", None)
+    if started is None or data_dir is None:
+        return None
+    now = directory_id(data_dir)
+    if now == started:
+        return None
+    what = "was deleted" if now is None else "was replaced by another directory"
+    return (f"data directory {data_dir} {what} while the server runs: its stores write on into files no "
+            f"longer there (lost with them); stop the server, restore the directory (or start it on a new "
+            f"one) and start it again")
 
 
 def _disk_problem(settings: Any) -> Optional[str]:
