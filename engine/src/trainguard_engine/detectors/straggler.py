@@ -327,11 +327,10 @@ def _steady_bar(run_state: Dict[str, Any],
     ``straggler_noise_k``) from the spread of every rank's paired ratios so far (all after warm-up), each
     rank's own steady-state ratio (``pr``) and its count over the bar (``pc2``). No bar when it would not
     be below ``straggler_ratio`` (an oversubscribed host) or there are too few pairs."""
-    ratios = sorted(_pair_ratio(p) for _r, st, _m in states for p in st.get("px", ()))
+    ratios = [_pair_ratio(p) for _r, st, _m in states for p in st.get("px", ())]
     if len(ratios) < settings.perf_min_points * 2 or len(states) < 2:
         return
-    mid = _median_sorted(ratios)
-    spread = 1.4826 * _median([abs(x - mid) for x in ratios])
+    spread = _spread(ratios)
     bar = max(settings.straggler_shift_ratio, 1.0 + settings.straggler_noise_k * spread)
     run_state["spread"] = round(spread, 4)
     if bar >= settings.straggler_ratio:
