@@ -383,9 +383,16 @@ def _ended_in(run: RunState, stall: IncidentState, settings: DetectionSettings) 
 def _straggler_for(run: RunState, kind: Kind, at_ns: int) -> Optional[IncidentState]:
     """The open ``perf/straggler`` incident named before ``at_ns`` that a ``kind`` (WAITED_ON) failure is
     the consequence of; None otherwise."""
+    st = _open_straggler(run)
+    if kind not in WAITED_ON or st is None or not st.record.first_ns or st.record.first_ns > at_ns:
+        return None
+    return st
+
+
+def _open_straggler(run: RunState) -> Optional[IncidentState]:
+    """The run's open ``perf/straggler`` incident that nothing explains; None when there is none."""
     st = run.incidents.get(STRAGGLER_KEY)
-    if kind not in WAITED_ON or st is None or not st.is_open or st.record.explained_by or \
-            _kind(st) != STRAGGLER or not st.record.first_ns or st.record.first_ns > at_ns:
+    if st is None or not st.is_open or st.record.explained_by or _kind(st) != STRAGGLER:
         return None
     return st
 
@@ -394,8 +401,8 @@ def _straggler_slowing(run: RunState, regression: IncidentState,
                        settings: DetectionSettings) -> Optional[IncidentState]:
     """The open ``perf/straggler`` that explains the open ``regression`` (:data:`REGRESSION`): it began no
     later than ``straggler_window`` steps after the regression did; None otherwise."""
-    st = run.incidents.get(STRAGGLER_KEY)
-    if st is None or not st.is_open or st.record.explained_by or _kind(st) != STRAGGLER:
+    st = _open_straggler(run)
+    if st is None:
         return None
     began, slowed = st.record.first_step, regression.record.first_step
     if began < 0 or slowed < 0 or began > slowed + settings.straggler_window:
