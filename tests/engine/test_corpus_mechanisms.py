@@ -180,6 +180,16 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
 * r326 (Lightning MLP, SGD, LR x1.06 per step, no clipping; batch 2): the norm goes 2.3 -> 46 -> 3,460 ->
   1.4e7 -> Inf in four steps; the divergence opened one step before the Inf, too few readings for a climb:
   a NaN source before, the explosion now.
+* r606 (plain GPT, NAdam, a OneCycle to an LR ~120x too high, clip 1; batch 7, stop 33): the loss sits at
+  its start (~4.1), the LR's peak throws it to 5-13 (an oscillation, rightly, resolved), and from ~105
+  it is back at 4.0-4.1, flat, to the end (step 200): ~95 steps, under plateau_min_steps (100), so
+  nothing stayed open. A flat stretch that began after the loss had left its start (a 20-value median
+  more than plateau_resolve_drop from it) needs only plateau_moved_min_steps (50): no slow start is flat
+  from there. r214 (HF GPT, Adam, warmup to an LR ~280x too high, HF's max_grad_norm 1) and r582 (HF
+  GPT, Adam, OneCycle to ~200x) go 4.2 -> ~6 / ~5.5 and come back to ~4.5 / ~4.0 by the end, still
+  drifting down slowly (0.3-0.4 % of the level per step, a significant Mann-Kendall trend in their calm
+  windows): back within plateau_resolve_drop above the start, that drift is the loss settling back from
+  where it was thrown, not learning -- a plateau (nothing at all was found before).
 """
 
 from __future__ import annotations
@@ -504,3 +514,17 @@ def test_a_non_finite_value_that_ends_an_open_divergence_is_the_explosion(run_id
     assert out.label == "gradient/explosion" and out.first_nonfinite is not None
     assert out.verdict == "gradient/explosion", out  # gradient/nan-source before
     assert out.flagged.get("as") == "loss/divergence", out  # the divergence it grew from, one incident
+
+
+@pytest.mark.parametrize("run_id", ["r606", "r214", "r582"])
+def test_a_loss_back_flat_at_its_start_after_an_lr_threw_it_up_is_a_plateau(run_id: str) -> None:
+    out = _outcome(run_id)
+    assert out.label == "loss/plateau" and out.first_nonfinite is None
+    assert out.verdict == "loss/plateau" and "loss/plateau" in out.open_alerts, out  # nothing open before
+
+
+def test_the_shorter_stretch_after_the_loss_moved_is_off_at_plateau_min_steps() -> None:
+    assert _outcome("r606").visible_step["loss/plateau"] <= 150  # ~50 steps into the stretch
+    late = _outcome("r606", plateau_moved_min_steps=100)
+    assert late.visible_step.get("loss/plateau", 10**9) >= 190, late  # a full plateau_min_steps
+    assert "loss/plateau" not in _outcome("r214", plateau_moved_min_steps=100).kinds

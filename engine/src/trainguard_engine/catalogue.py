@@ -556,6 +556,13 @@ class DetectionSettings:
     plateau_min_steps: int = _setting(
         100, "loss/plateau: the flat stretch must span at least this many steps before it opens (a warmup "
         "from ~0 LR or a slow start is flat for a few dozen steps, then falls).", minimum=1)
+    plateau_moved_min_steps: int = _setting(
+        50, "loss/plateau: the flat stretch needs only this many steps (instead of plateau_min_steps) when "
+        "it began after the loss had left its start: the median of rise_held_points values in a row "
+        "more than plateau_resolve_drop away from the initial level (a far-too-high LR threw it up, or "
+        "it fell, and it came back). A slow start is flat from the first steps; a loss that moved and "
+        "came back to sit at its start has been moved by the optimiser and learns nothing. Never above "
+        "plateau_min_steps.", minimum=1)
     plateau_resolve_drop: float = _setting(
         0.2, "loss/plateau resolves (and the run's health recovers) when the loss level falls this far "
         "(a fraction) below the plateau's level.", minimum=0.0)
@@ -1058,7 +1065,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
         "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_held_points", "plateau_min_level",
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
-        "plateau_converged_level", "plateau_small_grad", "plateau_min_steps", "plateau_resolve_drop",
+        "plateau_converged_level", "plateau_small_grad", "plateau_min_steps", "plateau_moved_min_steps",
+        "plateau_resolve_drop",
         "divergence_factor",
         "divergence_min_points", "divergence_far_factor", "divergence_corroborated_points",
         "rise_smooth", "rise_min_fall", "rise_held_points", "rise_calm_min_fall",

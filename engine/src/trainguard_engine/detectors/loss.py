@@ -267,6 +267,8 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         level_held = _median_of(series[-held:])
         if level_held < state.get("best_held", math.inf):
             state["best_held"] = level_held
+        if abs(level_held - initial) > tuned.plateau_resolve_drop * initial:
+            state["moved_at"] = step  # the loss is away from its start (_plateau_min_steps)
     if open_kind == "divergence" and _divergence_settled(run, rank, name, series, win, initial, state, step,
                                                          time_ns, settings):
         open_kind, judged = None, ("oscillation",)
@@ -303,7 +305,8 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             streaks[kind] = max(streaks[kind], tuned.rise_min_points)
         needed = {"rise-after-fall": tuned.rise_min_points,
                   "divergence": _divergence_points(rank, step, settings)}.get(kind, tuned.confirm_checks)
-        if streaks[kind] < needed or (kind == "plateau" and step - first < tuned.plateau_min_steps):
+        if streaks[kind] < needed or (kind == "plateau" and step - first < _plateau_min_steps(state, first,
+                                                                                             tuned)):
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, True)
         state["opened"] = {"kind": kind, "level": state.get("level", win.median), "best": state.get("best"),
@@ -569,6 +572,19 @@ def _flat_stretch(state: Dict[str, Any], check: _Check, win: _Window, initial: f
     if check.holds:
         flat["holds"] += 1
     return check.holds
+
+
+def _plateau_min_steps(state: Dict[str, Any], since: int, tuned: LossGradientSettings) -> int:
+    """How many steps a flat stretch that began at ``since`` must span before the plateau opens:
+    ``plateau_moved_min_steps`` when the loss had been away from its start before the stretch began
+    (``state["moved_at"]``: the last step at which the median of the last ``rise_held_points`` values was
+    more than ``plateau_resolve_drop`` from the initial level) -- it moved and came back to sit where it
+    began, no slow start -- else ``plateau_min_steps``. A stretch flat from the first steps (a warmup
+    from ~0 LR) began before any such step, so it always waits the full ``plateau_min_steps``."""
+    moved = state.get("moved_at")
+    if moved is not None and moved <= since:
+        return min(tuned.plateau_moved_min_steps, tuned.plateau_min_steps)
+    return tuned.plateau_min_steps
 
 
 def _open_curve_kind(run: RunState, rank: RankState) -> Optional[str]:
@@ -1013,7 +1029,8 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
             not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
         return _Check(False)
     trend = win.trend
-    if abs(trend.z) >= tuned.trend_z:
+    returned = _returned(state, win, initial, tuned)
+    if abs(trend.z) >= tuned.trend_z and not (returned and trend.z < 0):
         return _Check(False)
     steps, values = win.steps, win.values
     # Theil-Sen slope through the medians of blocks of 4 values: robust, and cheap on any window
@@ -1031,7 +1048,8 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     description = (f"{name} over steps {steps[0]}-{steps[-1]}: median {fmt_number(med)} = {level:.2f}x the "
                    f"initial level (>= {tuned.plateau_min_level:g}x), trend {share:.1%} of the level "
                    f"over the window (<= {tuned.plateau_max_change:.0%}), Mann-Kendall z = {trend.z:.2f} "
-                   f"(|z| < {tuned.trend_z:g})")
+                   + (f"(|z| < {tuned.trend_z:g})" if abs(trend.z) < tuned.trend_z else
+                      "(back at its start after leaving it: a slow fall to where it began is no learning)"))
     evidence = [Evidence(rule="loss.plateau", description=description, step=steps[0],
                          time_ns=point_time(rank, name, steps[0], 0), rank=rank.rank, metric=name,
                          threshold=tuned.plateau_max_change, value=wire_float(share),
@@ -1039,6 +1057,17 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     summary = (f"{name} has stayed at {fmt_number(med)} ({level:.2f}x where it started) since step "
                f"{{since}}, neither falling nor rising. " + _braces(verdict))
     return _Check(True, since=steps[0], detail=f"at {fmt_number(med)}", evidence=evidence, summary=summary)
+
+
+def _returned(state: Dict[str, Any], win: _Window, initial: float, tuned: LossGradientSettings) -> bool:
+    """Whether the loss window sits back at the run's start after having left it: the loss was away from
+    its initial level before the window began (``state["moved_at"]``, see :func:`_plateau_min_steps`) and
+    the window's median is within ``plateau_resolve_drop`` above it (its lower bound is the plateau rule's
+    own ``plateau_min_level``). Such a window's slow downward drift is the loss settling back from where it
+    was thrown, not learning: the plateau rule judges its flatness by the size of the change alone."""
+    moved = state.get("moved_at")
+    return moved is not None and moved <= win.first_step and \
+        win.median <= (1.0 + tuned.plateau_resolve_drop) * initial
 
 
 def _fell_from_start(state: Dict[str, Any], ordered: Sequence[float], med: float, initial: float,
