@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     max_id_length: int = Field(128, description="longest id field (event_id, run_id, project, ...)")
     max_future_skew_s: float = Field(300.0, description="events further in the future are rejected")
     max_past_age_s: float = Field(30 * 86400.0, description="events older than this are rejected")
+    clock_skew_correct_s: float = Field(
+        30.0, ge=0, description="a request whose x-trainguard-sent-at (its sender's clock when sent) is at "
+        "least this many seconds off the gateway's clock has its event times shifted by the difference "
+        "before validation (a host clock that is wrong, from its first batch; gateway/sent_at.py); 0: never")
     max_queue_depth: int = Field(50_000, description="unprocessed batches before ingest answers 429")
     min_free_disk_bytes: int = Field(
         128 * 2**20, ge=0, description="/readyz answers 503 (disk nearly full) when the file system of "

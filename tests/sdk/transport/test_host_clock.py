@@ -8,6 +8,8 @@ was an hour silent the moment it started). Now the HTTP transport learns the bac
 answers' ``Date`` and corrects the times it sends (sdk/src/trainguard/transport/clock.py); the gRPC
 transport does the same from the ``date`` trailing metadata of the gateway's answers (before stop 32 it
 corrected nothing: an hour ahead, all 84 events of this job were dropped; an hour behind, stored an hour old).
+The first batch, sent before any answer, is shifted by the gateway from the request's own send time
+(``x-trainguard-sent-at``; since stop 33: before, a job an hour behind started an hour before its second batch).
 """
 
 from __future__ import annotations
@@ -87,5 +89,8 @@ def test_a_job_on_a_host_with_a_wrong_clock_is_stored_at_the_servers_time(tmp_pa
         assert abs(first["last_event_ns"] - now) < 120e9, first
         last = _run(server, "behind")
         assert abs(last["last_event_ns"] - now) < 120e9, last  # before: an hour in the past
+        # the first batch too, sent before any answer told the offset: the gateway shifts it from the
+        # request's x-trainguard-sent-at (before stop 33 the run started an hour before its second batch)
+        assert abs(last["started_ns"] - now) < 120e9, last
     finally:
         server.stop()

@@ -23,10 +23,14 @@ NOW_NS = 1_764_000_000_000_000_000
 
 
 def gateway_settings(**overrides: Any) -> Settings:
-    """Small limits so the limit tests stay cheap; the messages quote these numbers."""
+    """Small limits so the limit tests stay cheap; the messages quote these numbers. The gateways of these
+    tests read a clock pinned at NOW_NS while the SDK's transports stamp their requests' x-trainguard-sent-at
+    with the real clock: the sent-at correction is off (``clock_skew_correct_s=0``) unless a test turns it on
+    (tests/services/gateway/test_sent_at.py)."""
     values: Dict[str, Any] = dict(max_batch_bytes=256 * 1024, max_event_bytes=64 * 1024, max_batch_events=200,
                                   max_frames=64, max_string_length=8192, max_id_length=64,
-                                  max_future_skew_s=300.0, max_past_age_s=86400.0, retry_after_s=3.0)
+                                  max_future_skew_s=300.0, max_past_age_s=86400.0, retry_after_s=3.0,
+                                  clock_skew_correct_s=0.0)
     values.update(overrides)
     return Settings(**values)
 

@@ -24,6 +24,18 @@ from .base import SendResult, TransportError
 CLOCK_SKEW_CORRECT_S = 30.0
 """A host clock at least this many seconds off the backend's is corrected (0: never)."""
 
+SENT_AT_HEADER = "x-trainguard-sent-at"
+"""Request header (HTTP) / metadata key (gRPC): when the request was sent, unix ns, by the clock that stamped
+its events. The gateway shifts the event times of a request whose ``sent-at`` is far off its own clock, so
+even the first batch, sent before any answer told the offset, is stored at the server's time
+(``trainguard_server/gateway/sent_at.py``)."""
+
+
+def sent_at(offset_ns: int = 0) -> str:
+    """The ``x-trainguard-sent-at`` value for a request sent now whose event times were shifted by
+    ``offset_ns`` (:meth:`ServerClock.apply`; 0 for times as this host stamped them)."""
+    return str(time.time_ns() + offset_ns)
+
 
 class ServerClock:
     """The offset (ns) to add to this host's event times to get the backend's; 0 until learned or when the
@@ -57,9 +69,12 @@ class ServerClock:
                       "backend's (the Date of its answers): event times are corrected by that much when sent "
                       "(fix the host's clock: NTP)")
 
-    def apply(self, events: Sequence[Dict[str, Any]]) -> Sequence[Dict[str, Any]]:
-        """``events`` with ``time_unix_nano`` shifted by the offset (copies; the originals are untouched)."""
-        offset = self.offset_ns
+    def apply(self, events: Sequence[Dict[str, Any]],
+              offset: Optional[int] = None) -> Sequence[Dict[str, Any]]:
+        """``events`` with ``time_unix_nano`` shifted by ``offset`` (default: the offset now; copies: the
+        originals are untouched)."""
+        if offset is None:
+            offset = self.offset_ns
         if not offset:
             return events
         out: List[Dict[str, Any]] = []
@@ -70,15 +85,16 @@ class ServerClock:
 
 
 def send_corrected(clock: ServerClock, events: Sequence[Dict[str, Any]], timeout: float,
-                   send_once: Callable[[Sequence[Dict[str, Any]], float], SendResult]) -> SendResult:
-    """``send_once(events, timeout)`` with event times corrected by ``clock``; when that answer first showed
-    the offset (``send_once`` calls :meth:`ServerClock.observe`), the events it refused as ``out_of_range``
-    are sent again, corrected, within what is left of ``timeout`` -- their indexes and any second refusals
-    mapped back to ``events``. A failure of that second send leaves them counted as refused (the rest of the
-    batch was acknowledged); a failure of the first raises as ``send_once`` does."""
+                   send_once: Callable[[Sequence[Dict[str, Any]], float, int], SendResult]) -> SendResult:
+    """``send_once(events, timeout, offset_ns)`` with event times corrected by ``clock`` (``offset_ns``: by
+    how much, for the request's ``x-trainguard-sent-at``, which must be in the same clock); when that answer
+    first showed the offset (``send_once`` calls :meth:`ServerClock.observe`), the events it refused as
+    ``out_of_range`` are sent again, corrected, within what is left of ``timeout`` -- their indexes and any
+    second refusals mapped back to ``events``. A failure of that second send leaves them counted as refused
+    (the rest of the batch was acknowledged); a failure of the first raises as ``send_once`` does."""
     deadline = time.monotonic() + max(0.0, timeout)
     before = clock.offset_ns
-    result = send_once(clock.apply(events), timeout)
+    result = send_once(clock.apply(events, before), timeout, before)
     if clock.offset_ns == before or not result.rejected:
         return result
     stale = [r for r in result.rejected if r.get("code") == "out_of_range"
@@ -87,7 +103,8 @@ def send_corrected(clock: ServerClock, events: Sequence[Dict[str, Any]], timeout
         return result
     again = [events[r["index"]] for r in stale]
     try:
-        second = send_once(clock.apply(again), max(0.0, deadline - time.monotonic()))
+        offset = clock.offset_ns
+        second = send_once(clock.apply(again, offset), max(0.0, deadline - time.monotonic()), offset)
     except TransportError:
         return result
     kept = [r for r in result.rejected if r not in stale]

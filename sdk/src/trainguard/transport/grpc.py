@@ -46,7 +46,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from ..version import SDK_NAME, __version__
 from .base import SendResult, Transport, TransportError, check_ack, parse_retry_after
-from .clock import CLOCK_SKEW_CORRECT_S, ServerClock, send_corrected
+from .clock import CLOCK_SKEW_CORRECT_S, SENT_AT_HEADER, ServerClock, send_corrected, sent_at
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _ELEMENT_OVERHEAD = 6  # tag + length varint of one Envelope inside IngestRequest.events
@@ -151,7 +151,8 @@ class GrpcTransport(Transport):
         """Deliver ``events`` within ``timeout`` seconds; see the module docstring for the contract."""
         return send_corrected(self.clock, events, timeout, self._send_once)
 
-    def _send_once(self, events: Sequence[Dict[str, Any]], timeout: float) -> SendResult:
+    def _send_once(self, events: Sequence[Dict[str, Any]], timeout: float,
+                   clock_offset_ns: int) -> SendResult:
         deadline = time.monotonic() + timeout
         self._aborted = False
         batch = wire.prepare_batch(events)
@@ -163,7 +164,7 @@ class GrpcTransport(Transport):
             if remaining <= 0:
                 raise TransportError("grpc DEADLINE_EXCEEDED: send timeout spent before the last chunk",
                                      retryable=True, status="DEADLINE_EXCEEDED")
-            response = self._call(request, remaining)
+            response = self._call(request, remaining, clock_offset_ns)
             check_ack(response.accepted, response.duplicates, [r.index for r in response.rejected],
                       len(indices))
             result.accepted += response.accepted
@@ -176,9 +177,10 @@ class GrpcTransport(Transport):
             result.rejected.sort(key=lambda r: int(r["index"]))
         return result
 
-    def _call(self, request: Any, timeout: float) -> Any:
+    def _call(self, request: Any, timeout: float, clock_offset_ns: int) -> Any:
         try:
-            future = self._get_stub().Send.future(request, timeout=timeout, metadata=self._metadata,
+            metadata = (*self._metadata, (SENT_AT_HEADER, sent_at(clock_offset_ns)))
+            future = self._get_stub().Send.future(request, timeout=timeout, metadata=metadata,
                                                   wait_for_ready=False)
             self._in_flight = future
             if self._aborted:  # abort() came before the call existed

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..core.events import encode_batch
 from .base import SendResult, Transport, TransportError, check_ack, parse_retry_after
-from .clock import CLOCK_SKEW_CORRECT_S, ServerClock, send_corrected
+from .clock import CLOCK_SKEW_CORRECT_S, SENT_AT_HEADER, ServerClock, send_corrected, sent_at
 from .watchdog import SocketWatchdog
 
 INGEST_PATH = "/v1/ingest"
@@ -83,20 +83,24 @@ class HttpTransport(Transport):
         :func:`parse_ack`), raises TransportError otherwise. Event times are corrected by the host clock's
         offset to the backend's once known (clock.py); when an answer first shows that offset, the events it
         refused as ``out_of_range`` are sent again, corrected, within the same ``timeout``."""
-        return send_corrected(self.clock, events, timeout, lambda batch, left: parse_ack(
-            self.exchange(encode_batch(batch), left), len(batch)))
+        return send_corrected(self.clock, events, timeout, lambda batch, left, offset: parse_ack(
+            self.exchange(encode_batch(batch), left, clock_offset_ns=offset), len(batch)))
 
-    def exchange(self, body: bytes, timeout: float, content_type: str = "application/json") -> bytes:
+    def exchange(self, body: bytes, timeout: float, content_type: str = "application/json", *,
+                 clock_offset_ns: int = 0) -> bytes:
         """POST ``body`` (of ``content_type``; the agent relays protobuf bodies) within ``timeout`` seconds
-        and return the 200 response's body; raises TransportError as described in the module doc."""
+        and return the 200 response's body; raises TransportError as described in the module doc.
+        ``clock_offset_ns``: how far the body's event times were shifted from this host's clock (its
+        ``x-trainguard-sent-at`` header is in the same clock; clock.py)."""
         deadline = time.monotonic() + max(0.0, timeout)
         self._aborted = False
         try:
-            status, data, retry_after = self._attempt(body, deadline, content_type,
+            status, data, retry_after = self._attempt(body, deadline, content_type, clock_offset_ns,
                                                       reused=self._conn is not None)
         except _StaleConnection:
             # a kept-alive connection the server closed (restart, idle timeout): one fresh try
-            status, data, retry_after = self._attempt(body, deadline, content_type, reused=False)
+            status, data, retry_after = self._attempt(body, deadline, content_type, clock_offset_ns,
+                                                      reused=False)
         if status == 200:
             return data
         message = _error_message(data)
@@ -109,14 +113,15 @@ class HttpTransport(Transport):
         self._aborted = True
         self._watchdog.fire("aborted")
 
-    def _attempt(self, body: bytes, deadline: float, content_type: str, *, reused: bool
-                 ) -> Tuple[int, bytes, Optional[float]]:
+    def _attempt(self, body: bytes, deadline: float, content_type: str, clock_offset_ns: int, *,
+                 reused: bool) -> Tuple[int, bytes, Optional[float]]:
         """One request on the kept-alive connection (opened first if needed), within ``deadline``."""
         conn = self._connection(deadline)
         sock = conn.sock
         assert sock is not None
-        headers = self._headers if content_type == "application/json" else \
-            dict(self._headers, **{"Content-Type": content_type})
+        headers = dict(self._headers, **{SENT_AT_HEADER: sent_at(clock_offset_ns)})
+        if content_type != "application/json":
+            headers["Content-Type"] = content_type
         try:
             with self._watchdog.guard(sock, deadline):
                 if self._aborted:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import grpc
 
 from trainguard.transport.base import SendResult, TransportError
+from trainguard.transport.clock import SENT_AT_HEADER, sent_at
 from trainguard.transport.grpc import channel_options, rpc_error_to_transport_error, split_target
 from trainguard.transport.http import HttpTransport
 from trainguard.v1 import ingest_pb2
@@ -78,7 +79,8 @@ class GrpcUpstream(Upstream):
 
     def send(self, raw: bytes, timeout: float) -> SendResult:
         try:
-            return _result(self._send(raw, timeout=timeout, metadata=self._metadata, wait_for_ready=False))
+            metadata = (*self._metadata, (SENT_AT_HEADER, sent_at()))  # relayed as this host stamped them
+            return _result(self._send(raw, timeout=timeout, metadata=metadata, wait_for_ready=False))
         except grpc.RpcError as err:
             raise rpc_error_to_transport_error(err) from None
 

@@ -15,6 +15,9 @@ Contract (docs/wire-format.md):
   ``UNAVAILABLE`` with ``retry-after``;
 * every answer, success or error, carries trailing metadata ``date``: the server's clock as an HTTP date
   (what the HTTP gateway's ``Date`` header says), from which the SDK corrects a host clock that is wrong;
+* call metadata ``x-trainguard-sent-at`` (the sender's clock when it sent the call) shifts the call's event
+  times when far off this server's clock (:mod:`.sent_at`; a ``Stream`` by the value it began with); a
+  malformed one → ``INVALID_ARGUMENT``;
 * otherwise ``IngestResponse`` with per-item results. ``Stream`` authenticates once, ingests each message
   as it arrives (each durably queued before the next is read), de-duplicates across the stream (at least
   its last ``STREAM_SEEN_LIMIT`` ids), indexes rejections by position across the stream, and answers one
@@ -79,6 +82,7 @@ from .ingest import (
     one_authorization,
     retry_after_header,
 )
+from .sent_at import header_values
 
 __all__ = ["SERVICE", "STREAM_SEEN_LIMIT", "AsyncIngestServicer", "GrpcIngestServer", "IngestServicer",
            "StreamLimits", "build_grpc_server"]
@@ -105,10 +109,18 @@ def _token(context: Any) -> Optional[str]:
     return bearer_token(one_authorization(values))
 
 
-def _batch(request: RequestLike) -> Batch:
+def _batch(request: RequestLike, clock_offset_ns: int) -> Batch:
     if isinstance(request, (bytes, bytearray, memoryview)):
-        return batch_from_protobuf(bytes(request))
-    return Batch(request)  # registered with the generated deserializer: already parsed
+        batch = batch_from_protobuf(bytes(request))
+    else:
+        batch = Batch(request)  # registered with the generated deserializer: already parsed
+    batch.clock_offset_ns = clock_offset_ns
+    return batch
+
+
+def _clock_offset(gateway: Gateway, context: Any) -> int:
+    """The call's event-time shift from its ``x-trainguard-sent-at`` metadata, read when the call began."""
+    return gateway.clock_offset(header_values(context.invocation_metadata()))
 
 
 def _date() -> Tuple[Tuple[str, str], ...]:
@@ -141,14 +153,15 @@ def _stream_error(exc: GatewayError, offset: int, accepted: int) -> GatewayError
 class _StreamState:
     """What one ``Stream`` call has done so far: its running result, the ids it saw, events read."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock_offset_ns: int = 0) -> None:
         self.total = IngestResult()
         self.seen: Set[str] = set()
         self.offset = 0
+        self.clock_offset_ns = clock_offset_ns  # from the call's metadata, once: the stream's send time
 
     def ingest(self, gateway: Gateway, auth: Any, request: RequestLike) -> None:
         """Parse, validate and queue one message of the stream (blocking)."""
-        batch = _batch(request)
+        batch = _batch(request, self.clock_offset_ns)
         self.total.merge(gateway.ingest_batch(auth, batch, index_offset=self.offset, seen=self.seen))
         self.offset += batch.count
         if len(self.seen) > STREAM_SEEN_LIMIT:  # bounded memory on a long stream; stores dedupe anyway
@@ -172,7 +185,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
     def Send(self, request: RequestLike, context: Any) -> ingest_pb2.IngestResponse:
         try:
             auth = self.gateway.authenticate(_token(context))
-            result = self.gateway.ingest_batch(auth, _batch(request))
+            result = self.gateway.ingest_batch(auth, _batch(request, _clock_offset(self.gateway, context)))
         except GatewayError as exc:
             _abort(context, exc)
             raise  # not reached: abort raises
@@ -188,6 +201,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         state = _StreamState()
         try:
             auth = self.gateway.authenticate(_token(context))
+            state.clock_offset_ns = _clock_offset(self.gateway, context)
             for request in request_iterator:
                 state.ingest(self.gateway, auth, request)
         except GatewayError as exc:
@@ -268,7 +282,8 @@ class AsyncIngestServicer:
     async def Send(self, request: bytes, context: Any) -> ingest_pb2.IngestResponse:
         try:
             auth = await self._blocking(self.gateway.authenticate, _token(context))
-            result = await self._blocking(lambda: self.gateway.ingest_batch(auth, _batch(request)))
+            offset = _clock_offset(self.gateway, context)
+            result = await self._blocking(lambda: self.gateway.ingest_batch(auth, _batch(request, offset)))
             context.set_trailing_metadata(_date())
             return result.to_proto()
         except GatewayError as exc:
@@ -281,6 +296,7 @@ class AsyncIngestServicer:
     async def Stream(self, request_iterator: AsyncIterator[bytes], context: Any) -> ingest_pb2.IngestResponse:
         try:
             auth = await self._blocking(self.gateway.authenticate, _token(context))
+            offset = _clock_offset(self.gateway, context)
         except GatewayError as exc:
             await _Failed.of(exc).abort(context)
         key = auth.token_id
@@ -291,7 +307,7 @@ class AsyncIngestServicer:
                           (("retry-after", retry_after_header(self.limits.retry_after_s)),)).abort(context)
         self.open_streams[key] = self.open_streams.get(key, 0) + 1
         try:
-            return await self._stream(auth, request_iterator, context)
+            return await self._stream(auth, request_iterator, context, offset)
         finally:
             left = self.open_streams[key] - 1
             if left:
@@ -299,9 +315,9 @@ class AsyncIngestServicer:
             else:
                 del self.open_streams[key]
 
-    async def _stream(self, auth: Any, request_iterator: AsyncIterator[bytes],
-                      context: Any) -> ingest_pb2.IngestResponse:
-        state = _StreamState()
+    async def _stream(self, auth: Any, request_iterator: AsyncIterator[bytes], context: Any,
+                      clock_offset_ns: int) -> ingest_pb2.IngestResponse:
+        state = _StreamState(clock_offset_ns)
         messages = request_iterator.__aiter__()
         idle = self.limits.idle_timeout_s
         try:

@@ -55,6 +55,7 @@ from .ingest import (
     one_authorization,
     retry_after_header,
 )
+from .sent_at import SENT_AT_HEADER
 
 __all__ = ["INGEST_PATH", "JSON_TYPE", "PROTOBUF_TYPES", "UnsupportedMediaType", "gunzip", "ingest_router"]
 
@@ -174,8 +175,11 @@ def _decode(gateway: Gateway, body: bytes, media_type: str, gzipped: bool) -> Ba
     return batch_from_protobuf(body)
 
 
-def _ingest(gateway: Gateway, auth: Any, body: bytes, media_type: str, gzipped: bool) -> IngestResult:
-    return gateway.ingest_batch(auth, _decode(gateway, body, media_type, gzipped))
+def _ingest(gateway: Gateway, auth: Any, body: bytes, media_type: str, gzipped: bool,
+            clock_offset_ns: int) -> IngestResult:
+    batch = _decode(gateway, body, media_type, gzipped)
+    batch.clock_offset_ns = clock_offset_ns
+    return gateway.ingest_batch(auth, batch)
 
 
 def _check_media(content_type: Optional[str], content_encoding: Optional[str]) -> tuple[str, bool]:
@@ -227,8 +231,9 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
             token = bearer_token(one_authorization(headers.getlist("authorization")))
             auth = await run_in_threadpool(gateway.authenticate, token)
             media_type, gzipped = _check_media(headers.get("content-type"), headers.get("content-encoding"))
+            offset = gateway.clock_offset(headers.getlist(SENT_AT_HEADER))  # at receipt, before the body
             body = await _read_body(request, limit)
-            result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped)
+            result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped, offset)
         except GatewayError as exc:
             return error_response(exc)
         except ClientDisconnect:  # gone mid-body (or closed by the body timeout): nobody to answer

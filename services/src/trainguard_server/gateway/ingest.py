@@ -23,6 +23,9 @@ Contract of :class:`Gateway` (HTTP and gRPC are thin adapters over it):
   (idempotent by ``event_id``). Any other publish failure (disk full, broker down) → :class:`Unavailable`.
 * **Zero-copy fast path.** When the request's serialized bytes are known (HTTP protobuf, gRPC) and every
   event is accepted unchanged and belongs to one run, those exact bytes are what gets queued.
+* **Clocks.** A request's ``x-trainguard-sent-at`` far off the gateway's clock shifts its event times by the
+  difference before validation (:mod:`.sent_at`, ``clock_skew_correct_s``); a malformed one is
+  :class:`InvalidRequest`.
 * :attr:`Gateway.stats` counts requests, accepted, duplicates, rejected (by code), backpressure, bytes.
 """
 
@@ -53,6 +56,7 @@ from .deep_json import TooDeep, split_events_json
 from .metric_names import MetricNameCap, Seed
 from .point_names import PointNames, Shape
 from .run_rate import NewRunLimiter
+from .sent_at import clock_offset, shift_times
 from .validate import Limits, validate_batch
 
 __all__ = [
@@ -226,7 +230,8 @@ class Batch:
     ``request.events[k]`` is event ``indices[k]`` of the client's request (``indices`` None: ``k``);
     ``raw``, when known, is exactly ``request`` serialized (what the client sent); ``rejected`` are events
     refused while decoding (indexed in the client's request); ``count`` is the number of events the
-    client sent; ``wire_bytes`` the decoded body size.
+    client sent; ``wire_bytes`` the decoded body size; ``clock_offset_ns`` is added to every event time
+    before validation (:meth:`Gateway.clock_offset`, :mod:`.sent_at`).
     """
 
     request: ingest_pb2.IngestRequest
@@ -235,6 +240,7 @@ class Batch:
     rejected: List[RejectedItem] = field(default_factory=list)
     count: int = -1
     wire_bytes: int = 0
+    clock_offset_ns: int = 0
 
     def __post_init__(self) -> None:
         if self.count < 0:
@@ -507,6 +513,14 @@ class Gateway:
                            "nothing of this request was queued; "
                            f"retry after {retry_after_header(wait)} s", wait)
 
+    def clock_offset(self, sent_at: Sequence[str]) -> int:
+        """The shift (ns) for the event times of a request received now whose ``x-trainguard-sent-at``
+        values are ``sent_at`` (:mod:`.sent_at`); :class:`InvalidRequest` when they are malformed."""
+        try:
+            return clock_offset(sent_at, self.clock(), self.settings.clock_skew_correct_s)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+
     # ---------------------------------------------------------------------------------------- ingest
     def ingest(self, token: Optional[str], request: ingest_pb2.IngestRequest, *,
                raw: Optional[bytes] = None) -> IngestResult:
@@ -548,9 +562,12 @@ class Gateway:
 
         points = _Points(self.point_names, raw, events) \
             if events and (self.backlog is not None or self.metric_names.enabled) else None
+        shifted = shift_times(events, batch.clock_offset_ns) if batch.clock_offset_ns else ()
         verdict = validate_batch(events, project=auth.project, now_ns=self.clock(), limits=self.limits,
                                  total_bytes=total, sizes=sizes, index_offset=index_offset,
                                  indices=batch.indices, kinds=points.kinds() if points is not None else None)
+        if shifted:  # their bytes as received carry the host's times
+            verdict.mutated.update(shifted)
         ids = verdict.event_ids
         result = IngestResult(rejected=[RejectedItem(r.index + index_offset, r.event_id, r.code,
                                                      _shift(r.message, r.index, index_offset))
