@@ -724,6 +724,10 @@ class DetectionSettings:
         0.1, "memory/leak: least growth relative to the first block's floor.", minimum=0.0)
     leak_blocks: int = _setting(4, "memory/leak: blocks of the window whose floors (minima) must each rise.",
                                 minimum=2)
+    leak_tail_z: float = _setting(
+        2.0, "memory/leak: Mann-Kendall z the window's last half must reach by itself (the growth goes on "
+        "to the window's end; a level shift -- RSS stepping up once when a rank's work grows, then flat -- "
+        "does not). 0: off.", minimum=0.0)
     leak_peak_ratio: float = _setting(
         2.0, "memory/leak working-set rule: the all-time peak (mem/reserved on the metrics-only path) may "
         "rise at most this many times as fast as allocated memory (growing inputs are not a leak).",
@@ -1081,7 +1085,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "amp_overflow_consecutive", "amp_overflow_episodes", "amp_overflow_window", "amp_reserved_ratio",
         "amp_near_capacity_episodes", "frag_l2_rate", "frag_l2_split_share", "leak_window",
         "leak_min_samples", "leak_skip_samples", "leak_z", "leak_min_growth_bytes", "leak_min_growth_ratio",
-        "leak_blocks", "leak_peak_ratio", "leak_coarse_every", "context_leak_memory_ratio",
+        "leak_blocks", "leak_tail_z", "leak_peak_ratio", "leak_coarse_every", "context_leak_memory_ratio",
         "context_leak_allowance", "context_leak_samples"),
     "sequence": ("seq_window_checks", "seq_confirm_checks", "seq_pad_attended_max", "seq_mask_mismatch_max",
                  "seq_labels_on_pad_max", "seq_eos_cut_min_frac", "seq_eos_kept_min_frac"),

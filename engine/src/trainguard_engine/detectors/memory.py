@@ -85,6 +85,10 @@ LEAK_MIN_GROWTH_RATIO = 0.1
 """Least growth over the window relative to the level at its start."""
 LEAK_BLOCKS = 4
 """The window is split into this many blocks whose floors (minima) must each rise."""
+LEAK_TAIL_Z = 2.0
+"""Mann-Kendall z the window's last half must reach by itself: the growth goes on to the window's end. A level
+shift -- host RSS stepping up once, when a rank's work per step grows, then flat with its noise -- rises over
+the whole window (its block floors rise by the shift and the noise) but not within its last half."""
 LEAK_PEAK_RATIO = 2.0
 """(CUDA) the all-time peak may rise at most this many times as fast as allocated: faster means the
 working set grows with the inputs, not a leak."""
@@ -606,6 +610,9 @@ def leak_test(points: Sequence[Sequence[float]], settings: DetectionSettings,
                float(_cfg(settings, "leak_min_growth_ratio", LEAK_MIN_GROWTH_RATIO)) * max(0.0, floors[0]))
     if growth < need or any(b <= a for a, b in zip(floors, floors[1:])):
         return None
+    tail_z = mann_kendall(ys[n // 2:]).z
+    if tail_z < float(_cfg(settings, "leak_tail_z", LEAK_TAIL_Z)):
+        return None  # grew once, then stopped: a level shift, not a leak
     peak_slope: Optional[float] = None
     peaks = [float(p[3]) for p in points]
     if use_peak and all(pk > 0 for pk in peaks):
@@ -614,7 +621,7 @@ def leak_test(points: Sequence[Sequence[float]], settings: DetectionSettings,
             return None  # the working set grows with the inputs: not a leak
     onset = max(i for i, y in enumerate(ys) if y <= floors[0])
     return {"z": mk.z, "slope": slope, "growth": growth, "need": need, "floors": floors,
-            "peak_slope": peak_slope, "onset": onset}
+            "peak_slope": peak_slope, "onset": onset, "tail_z": tail_z}
 
 
 def _leak_sample(rank: RankState, device: str, step: int, time_ns: int, event_id: str,
