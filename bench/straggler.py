@@ -328,6 +328,8 @@ def main() -> int:
         for o in outcomes:
             print_row(o)
         summary(outcomes, scenarios)
+        if args.json:
+            Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=1))
         return 0
     if args.only:
         scenarios = [s for s in scenarios if s in args.only.split(",")]
