@@ -190,6 +190,12 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   drifting down slowly (0.3-0.4 % of the level per step, a significant Mann-Kendall trend in their calm
   windows): back within plateau_resolve_drop above the start, that drift is the loss settling back from
   where it was thrown, not learning -- a plateau (nothing at all was found before).
+* r645 (plain CNN, SGD-Nesterov, OneCycle to an LR ~86x too high, clip 5; batch 7, stop 33): calm at its
+  start (~1.3) until the LR's peak throws it about (1.0-3.7, an oscillation from 46, rightly), then from
+  ~150 it settles back at ~1.4 (1.08x its start, robust spread 0.07-0.13) to the end (240). The
+  oscillation stayed open to the end: it cleared only on a level 20 % under its opening level. An
+  oscillation whose window spread stays under oscillation_calm_min_cv (the lowest spread that swings) for
+  oscillation_held_points values has stopped: it resolves, and the flat loss is the plateau it is.
 """
 
 from __future__ import annotations
@@ -528,3 +534,15 @@ def test_the_shorter_stretch_after_the_loss_moved_is_off_at_plateau_min_steps() 
     late = _outcome("r606", plateau_moved_min_steps=100)
     assert late.visible_step.get("loss/plateau", 10**9) >= 190, late  # a full plateau_min_steps
     assert "loss/plateau" not in _outcome("r214", plateau_moved_min_steps=100).kinds
+
+
+def test_an_oscillation_that_calmed_down_near_the_start_resolves_and_the_flat_loss_is_a_plateau() -> None:
+    out = _outcome("r645")
+    assert out.label == "loss/plateau" and out.first_nonfinite is None
+    assert "loss/oscillation" in out.transient, out  # open to the end before
+    assert out.verdict == "loss/plateau" and out.open_alerts == ["loss/plateau"], out
+
+
+def test_the_calm_oscillation_stays_open_with_oscillation_calm_min_cv_0() -> None:
+    out = _outcome("r645", oscillation_calm_min_cv=0.0)
+    assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out

@@ -278,6 +278,9 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     elif open_kind == "oscillation" and _oscillation_held_high(run, rank, name, series, win, initial, state,
                                                                step, time_ns, settings):
         open_kind, judged = None, ("divergence",)
+    elif open_kind == "oscillation" and _oscillation_calmed(run, rank, win, initial, state, step, time_ns,
+                                                            settings):
+        open_kind, judged = None, CURVE_KINDS
     if open_kind is not None and len(judged) == 1 and \
             state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
         return []  # an open incident's last step is refreshed every few values, not on each
@@ -742,6 +745,30 @@ def _median4(four: Sequence[float]) -> float:
 
 def _braces(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
+
+
+def _oscillation_calmed(run: RunState, rank: RankState, win: _Window, initial: float, state: Dict[str, Any],
+                        step: int, time_ns: int, settings: DetectionSettings) -> bool:
+    """Whether the open oscillation of ``rank`` has stopped, resolving it then (the condition cleared): a
+    full ``loss_window``'s robust spread under ``oscillation_calm_min_cv`` (the lowest spread that swings,
+    whatever the run's own noise: a spread just under the run's swing bar is still swings, dev r611) on
+    ``oscillation_held_points`` values in a row, with the window's level back in the band (under
+    ``divergence_factor`` x the initial level: calm far above it is :func:`_oscillation_held_high`'s).
+    The level test alone (:func:`_curve_cleared`) asks the level to fall 20 % below where it was when the
+    swings opened -- a loss whose swings die down back near its start (a warmup's peak LR passed) may
+    settle only a little lower, and the oscillation stayed open to the end. Then every curve rule is
+    judged again (a flat loss there is the plateau rule's)."""
+    if not win.full:
+        return False
+    calm = win.cv < settings.oscillation_calm_min_cv and win.median < settings.divergence_factor * initial
+    count = state["calm"] = state.get("calm", 0) + 1 if calm else 0
+    if count < settings.oscillation_held_points:
+        return False
+    state["calm"] = 0
+    why = (f"rank {rank.rank}: the loss stopped swinging -- its robust spread has stayed under "
+           f"{settings.oscillation_calm_min_cv:.3g} of its level for {settings.oscillation_held_points} "
+           f"values, at {fmt_number(win.median)}: the condition cleared")
+    return _oscillation_gives_way(run, state, time_ns, step, rank.rank, why, settings)
 
 
 def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]], win: _Window,
