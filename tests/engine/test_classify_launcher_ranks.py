@@ -110,3 +110,31 @@ def test_the_oom_killers_own_report_is_a_sigkill_for_host_memory() -> None:
     slurm = classify_text(_line("proc-dl-worker-exited-slurm-oom-kill-sjtu-1", "oom-kill event"))
     assert slurm is not None and slurm.kind == "process/killed" and slurm.facts["killer"] == "oom-killer"
     assert classify_text("the job was killed by the scheduler for running too long") is None
+
+
+def test_the_old_launchers_exit_status_names_the_worker_by_its_local_rank() -> None:
+    # torch.distributed.launch's CalledProcessError for the command with '--local_rank=4' (no final period)
+    found = classify_text(_line("proc-launch-exit1-dino-113-1", "CalledProcessError"))
+    assert found is not None and found.rule == "launcher.signal"
+    assert found.kind == "process/exit" and found.facts["rank"] == 4 and found.facts["exitcode"] == 1
+    prose = (WILD / "proc-launch-exit1-prose-distdemo-5-1" / "log.txt").read_text(encoding="utf-8")
+    said = classify_text(prose)
+    assert said is not None and said.kind == "process/exit" and said.facts["rank"] == 1
+    # any other subprocess's exit status is no launcher's worker: a plain Python exception
+    build = classify_exception("subprocess.CalledProcessError",
+                               "Command '['ninja', '-v']' returned non-zero exit status 1.")
+    assert build.kind == "process/exception" and "rank" not in build.facts
+
+
+def test_the_launchers_global_rank_prefix_beats_a_sub_groups_rank_tag() -> None:
+    # global rank 9 is rank 1 of the sub-group 'mesh_replicate': the [rank9]: prefix names the process
+    line = _line("mem-watchdog-unspecified-launch-fastvideo-1008-1", "watchdog thread terminated")
+    found = classify_text(line)
+    assert found is not None and found.kind == "memory/cuda-error" and found.facts["rank"] == 9
+    # the reader strips the prefix: the sub-group's tag alone is not a global rank (the stream names it)
+    bare = classify_text(line.split("]:", 1)[1])
+    assert bare is not None and "rank" not in bare.facts and bare.facts["pg_rank"] == 1
+    # the default group's tag is the global rank
+    default = classify_text(line.split("]:", 1)[1].replace("PG ID 5 PG GUID 55(mesh_replicate)",
+                                                           "PG ID 0 PG GUID 0(default_pg)"))
+    assert default is not None and default.facts["rank"] == 1

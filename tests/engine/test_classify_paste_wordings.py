@@ -109,3 +109,13 @@ def test_a_shells_bus_error_is_a_process_exit(line: str) -> None:
 
 def test_a_shells_abort_is_still_left_to_the_exit_path() -> None:
     assert classify_text("Aborted (core dumped)") is None
+
+
+def test_an_extensions_cuda_runtime_error_after_a_bare_exception_type() -> None:
+    # diffvg: 'RuntimeError' alone on a line, then 'CUDA Runtime Error: an illegal memory access ... at scene.cpp'
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "wild" /
+            "mem-illegal-access-split-exception-diffvg-3-1" / "log.txt").read_text(encoding="utf-8")
+    found = classify_text(text)
+    assert found is not None and found.kind == "memory/cuda-error"
+    assert found.facts["error_class"] == "illegal-memory-access"
+    assert classify_text("no CUDA runtime error was raised") is None

@@ -906,6 +906,13 @@ class DetectionSettings:
         "initial_scale_power 16); halvings above it are the scaler searching down from a larger start "
         "(2^32).",
         minimum=0.0)
+    aborts_together_timeout_ranks: int = _setting(
+        2, "Distinct ranks a launcher reports ended by SIGABRT with no error of their own (torchrun's "
+        "failure summary, 'failed (exitcode: -6)', 'Signal 6 (SIGABRT) received by PID') at which the "
+        "aborts are read as the NCCL watchdogs' teardown after a collective timeout (comm/timeout) "
+        "instead of memory/oom-or-cuda-error: the launcher stops the other workers at the first failure, "
+        "so several ranks aborting on their own died together, at one collective's deadline. 0: off "
+        "(every bare abort stays memory/oom-or-cuda-error).", minimum=0)
     amp_text_overflow_notice: bool = _setting(
         True, "An fp16 overflow line that is no collapse (a scaler's calibration, a few skipped steps at a "
         "healthy scale, an overflow line naming no scale) opens memory/amp-overflow at severity info for a "
@@ -1101,7 +1108,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
              "throughput_metrics"),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
                 "amp_text_max_scale", "amp_text_collapse_reductions", "amp_text_calibration_scale",
-                "amp_text_overflow_notice"),
+                "amp_text_overflow_notice", "aborts_together_timeout_ranks"),
     "diagnosis": ("diagnosis_lr_high",),
     "state": ("history_len", "history_max_series", "max_evidence", "max_timeline", "max_incident_ranks",
               "max_incidents_per_run", "cluster_max_members", "max_clusters", "sample_traceback_chars",

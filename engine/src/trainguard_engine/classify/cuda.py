@@ -255,9 +255,11 @@ illegal ...``; the driver API's (``CUDA driver error: ...``, ``CUDA_ERROR_ILLEGA
 Triton's ``Triton Error [CUDA]: ...``; and torch < 1.0's THC wordings ``cuda runtime error (39) :
 uncorrectable ECC error encountered at ...`` / ``THCudaCheck FAIL file=... line=84 error=74 : misaligned
 address``."""
-_CUDA_ERROR_TYPED_RE = re.compile(r"(?i:cuda error): ?'?(?P<error>[^'\n]{1,200})")
+_CUDA_ERROR_TYPED_RE = re.compile(r"(?i:cuda (?:runtime )?error): ?'?(?P<error>[^'\n]{1,200})")
 """The same retyped by a user: any case, the space after the colon optional
-(``RuntimeError:cuda error:unspecified launch failure``)."""
+(``RuntimeError:cuda error:unspecified launch failure``); also a CUDA extension's own check, ``CUDA Runtime
+Error: an illegal memory access was encountered at scene.cpp:1523`` (diffvg; the exception's type printed
+alone on the line before)."""
 _CUDA_LIB_RE = re.compile(r"(?P<status>(?:CUBLAS|CUDNN|CUSOLVER|CUFFT)_STATUS_[A-Z_]{2,60})")
 _CUDA_CLASSES = (
     ("illegal memory access", "illegal-memory-access"), ("device-side assert", "device-side-assert"),
@@ -277,7 +279,7 @@ _CUDA_NOTES = {
     "driver-too-old": "the NVIDIA driver is older than the CUDA runtime PyTorch was built with",
 }
 _CUDA_NEEDLES = ("cuda error", "cuda failure '", "hip error", "_status_", "driver version is insufficient",
-                 "nvidia driver on your system is too old", "cudaerror", "cuda runtime error (",
+                 "nvidia driver on your system is too old", "cudaerror", "cuda runtime error",
                  "thcudacheck fail", "cuda driver error", "triton error [cuda]", "cuda_error_")
 
 
@@ -422,6 +424,7 @@ DOCS = {
         "``CUDA error: <reason>``, NCCL's ``Cuda failure '<reason>'``, cuBLAS / cuDNN execution failures, "
         "torch < 1.0's ``cuda runtime error (N) : <reason>`` / ``THCudaCheck FAIL ... error=N : <reason>``, "
         "``CUDA driver error: ...``, ``CUDA_ERROR_*: ...``, Triton's ``Triton Error [CUDA]: ...``, "
+        "an extension's ``CUDA Runtime Error: <reason>``, "
         'driver too old → memory/cuda-error'
     ),
 }

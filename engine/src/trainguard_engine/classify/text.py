@@ -170,23 +170,35 @@ def _search(pattern: re.Pattern[str], t: _Text, pos: int, before: int = WINDOW_B
     return (offset, match) if match else None
 
 
-_BRACKET_RANK_RE = re.compile(r"\[(?:PG [^\]\n]{0,80} )?Rank (?P<rank>\d+)\]")
+_BRACKET_RANK_RE = re.compile(r"\[(?:(?P<pg>PG [^\]\n]{0,80}) )?Rank (?P<rank>\d+)\]")
+_DEFAULT_PG_RE = re.compile(r"^PG (?:ID )?0\b|default_pg")
+"""A ``[PG ...]`` tag of the default process group (``PG ID 0 PG GUID 0(default_pg)``, ``PG 0``), whose
+ranks are the global ranks."""
 
 
 def _rank_of(t: _Text, pos: int, facts: Facts) -> Optional[int]:
-    """The rank the text names for ``pos``: ``facts["rank"]``, else a ``[Rank N]`` / ``[PG ... Rank N]``
-    tag on its line, else the line's ``[rankN]:`` prefix."""
+    """The rank the text names for ``pos``: ``facts["rank"]``, else the line's ``[rankN]:`` prefix, else a
+    ``[Rank N]`` / ``[PG ... Rank N]`` tag on its line. The launcher's prefix is the process's global rank;
+    the tag is its rank *within the process group* the message is about (``[rank9]:... [PG ID 5 PG GUID
+    55(mesh_replicate) Rank 1]``: global rank 9 is rank 1 of sub-group 5), the same number only in the
+    default group -- so the prefix wins where both are there, and a tag of another group alone is kept as
+    ``facts["pg_rank"]`` (with ``facts["pg"]``), not as the rank (None: the caller's stream names it)."""
     rank = facts.get("rank")
     if isinstance(rank, int):
         return rank
-    line_start = t.text.rfind("\n", max(0, pos - MAX_LINE_CHARS), pos) + 1
-    tag = _BRACKET_RANK_RE.search(t.text, line_start, pos + 200)
-    if tag is not None:
-        facts["rank"] = int(tag.group("rank"))
-        return facts["rank"]
     match = _STREAM_RANK_RE.search(t.stream_at(pos))
     if match:
         facts["rank"] = int(match.group(1))
+        return facts["rank"]
+    line_start = t.text.rfind("\n", max(0, pos - MAX_LINE_CHARS), pos) + 1
+    tag = _BRACKET_RANK_RE.search(t.text, line_start, pos + 200)
+    if tag is not None:
+        group = tag.group("pg")
+        if group and not _DEFAULT_PG_RE.search(group):
+            facts.setdefault("pg", group)
+            facts.setdefault("pg_rank", int(tag.group("rank")))
+            return None
+        facts["rank"] = int(tag.group("rank"))
         return facts["rank"]
     return None
 

@@ -54,6 +54,11 @@ def _launcher_exit_kind(code: int) -> Tuple[str, str, str]:
 
 _SIGNALS_RE = re.compile(r"died with <Signals\.(?P<name>SIG\w+): (?P<sig>\d+)>")
 _LOCAL_RANK_RE = re.compile(r"--local[_-]rank=(?P<rank>\d+)")
+_CALLED_EXIT_RE = re.compile(r"\]' returned non-zero exit status (?P<code>\d{1,3})\b")
+"""The old ``torch.distributed.launch``'s ``subprocess.CalledProcessError: Command '['python', '-u',
+'train.py', '--local_rank=3', ...]' returned non-zero exit status 1.``: the worker launched with that
+``--local_rank`` exited with that code (its own error, if any, was printed before). Only a command that
+carries ``--local_rank`` is a launcher's worker; any other subprocess's exit (a build's ``ninja``) is not."""
 _DEATH_SIGNAL_RE = re.compile(r"Received (?P<sig>\d+) death signal|got signal: (?P<sig2>\d+)")
 _SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?:\*\*|__)?"
                              r"(?P<what>Segmentation fault|Killed|Illegal instruction"
@@ -113,6 +118,16 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         if command is not None:
             facts["rank"] = int(command[1].group("rank"))
         return _signal_hit(found[0] + m.start(), facts, "a worker")
+    pos = t.first("' returned non-zero exit status ")
+    if pos >= 0 and (found := _search(_CALLED_EXIT_RE, t, pos, before=2, after=60)) is not None:
+        command = _search(_LOCAL_RANK_RE, t, pos, before=3000, after=0)
+        code = int(found[1].group("code"))
+        if command is not None and code > 0:
+            worker = int(command[1].group("rank"))
+            category, subtype, said = _launcher_exit_kind(code)
+            called: Facts = {"exitcode": code, "rank": worker, "local_rank": worker}
+            return _Hit(category, subtype, 0.6, pos, called, f"torch.distributed.launch: the worker with "
+                        f"--local_rank={worker} exited ({said})", _EXIT_NOTE)
     pos = t.first("terminated with signal sig")
     if pos >= 0 and (found := _search(_SPAWN_SIGNAL_RE, t, pos, before=40, after=40)) is not None:
         m = found[1]
@@ -380,7 +395,8 @@ def summary_without_root(exc_type: str, message: str) -> Classification:
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:",),
-    "launcher.signal": ("died with <signals.", "terminated with signal sig", "terminated with exit code ",
+    "launcher.signal": ("died with <signals.", "' returned non-zero exit status ",
+                        "terminated with signal sig", "terminated with exit code ",
                         "program received signal sig",
                         "program terminated with signal sig", "exits with return code = ",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
@@ -408,7 +424,9 @@ DOCS = {
         '→ process/exit (the worker\'s own exception, if printed, is an incident of its own); the culprit R'
     ),
     'launcher.signal': (
-        "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch), ``Received 15 death signal``, "
+        "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch; its ``CalledProcessError`` for a "
+        "command with ``--local_rank=N`` that ``returned non-zero exit status 1`` → process/exit, the "
+        "culprit N), ``Received 15 death signal``, "
         "``SignalException: ... got signal: 15``, an IDE's ``exit code 139 (interrupted by signal 11: "
         "SIGSEGV)``, DeepSpeed's ``exits with return code = -11`` (``= 1``: "
         "process/exit; the culprit its ``--local_rank``), "

@@ -173,12 +173,18 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
             found = replace(found, category="process", subtype="exit",
                             note="an abort on a rank where CUDA is not in use: neither a CUDA OOM nor a CUDA "
                                  "error -- a C++ exception or assertion, or a library that gave up")
+    together = _aborted_together(run, rank, found, settings) if not handled else None
+    if together is not None:
+        found = _as_teardown(found, together)
     if found.category in TEXT_CATEGORIES and _numeric_text_wanted(run, found, settings, rank):
-        key = text_key(found.category, found.subtype)
+        key = text_key(*ABORT_KIND) if together is not None else text_key(found.category, found.subtype)
         if not handled:
             rank.exc_key = key
-        return _text_finding(run, rank, found, key, rule, f"{exc_type} ({mechanism})", step, time_ns,
-                             event_id, fingerprint=fingerprint, exc_type=exc_type)
+        finding = _text_finding(run, rank, found, key, rule, f"{exc_type} ({mechanism})", step, time_ns,
+                                event_id, fingerprint=fingerprint, exc_type=exc_type)
+        if finding is not None and together is not None:
+            finding = replace(finding, relabel=True, update_values=True)  # the abort incident, re-read
+        return finding
     category, subtype = (found.category, found.subtype) if found.category == "process" else GENERIC_EXCEPTION
     line = first_line(message)
     detail = f"{exc_type}: {line}" if line else exc_type
@@ -246,7 +252,10 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
         found = _scale_said(found, rank)
     if found.confidence < settings.log_min_confidence and found.rule != SCALE_RULE:
         return None  # a scale line's own test is _scale_collapsed
-    key = text_key(found.category, found.subtype)
+    together = _aborted_together(run, rank, found, settings)
+    if together is not None:
+        found = _as_teardown(found, together)
+    key = text_key(*ABORT_KIND) if together is not None else text_key(found.category, found.subtype)
     if found.facts.get("from_frames") and key in run.incidents:
         return None  # the C++ stack of an error already reported (its message line came first) adds nothing
     origin = as_str(body.get("logger")) or as_str(body.get("source")) or "log"
@@ -263,6 +272,8 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
                             as_str(event.get("event_id")))
     if finding is not None and (found.category, found.subtype) == AMP_KIND:
         finding = replace(finding, severity=kind(*AMP_KIND).severity)  # raises an info notice's incident
+    if finding is not None and together is not None:
+        finding = replace(finding, relabel=True, update_values=True)  # the abort incident, re-read
     if finding is not None and found.facts.get("from_frames") and "rank" not in found.facts:
         # a C++ stack alone names no rank, and a paste is read as rank 0's: it is some rank's, not a lead
         finding = replace(finding, rank=-1, host="")
@@ -376,6 +387,77 @@ def named_rank(facts: Mapping[str, Any], default: int) -> int:
         if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < 1 << 20:
             return named
     return default
+
+
+ABORT_KIND = ("memory", "oom-or-cuda-error")
+ABORT_RULES = ("torchrun.child-failed", "torchrun.worker-failed", "launcher.signal")
+"""Rules by which a launcher reports how a worker ended (its failure summary, its per-worker lines)."""
+TIMEOUT_KIND = ("comm", "timeout")
+
+
+def aborted_ranks(rule: str, facts: Mapping[str, Any], default: int) -> List[int]:
+    """The ranks a launcher's text says were ended by SIGABRT and nothing else: torchrun's failure summary's
+    entries with signal 6 (when its root cause printed no traceback of its own), or the rank one
+    per-worker line names (``failed (exitcode: -6) local_rank: 3``, ``Signal 6 (SIGABRT) received by PID``;
+    ``default``: the stream that printed it, when the line names none). Empty for anything else."""
+    if rule == "torchrun.child-failed":
+        if facts.get("root_cause_rule"):
+            return []  # the root cause printed its own error: that is what it died of
+        failures = facts.get("failures")
+        return sorted({f["rank"] for f in (failures if isinstance(failures, list) else [])
+                       if isinstance(f, Mapping) and f.get("signal") == 6 and isinstance(f.get("rank"), int)})
+    if rule not in ABORT_RULES:
+        return []
+    signal = facts.get("signal")
+    exitcode = facts.get("exitcode")
+    if signal == 6 or (signal is None and exitcode == -6):
+        return [named_rank(facts, default)]
+    return []
+
+
+def _aborted_together(run: RunState, rank: RankState, found: Classification,
+                      settings: DetectionSettings) -> Optional[List[int]]:
+    """``aborts_together_timeout_ranks`` or more distinct ranks of the run ended by a bare SIGABRT (this
+    text's and the abort incident's earlier ones, that incident holding nothing else) while no collective
+    timeout of the run is reported in words: the sorted ranks, else None.
+
+    Why a timeout: a CUDA OOM or CUDA error raised in Python ends its process with exit code 1, not an
+    abort; a SIGABRT is C++ giving up -- in a distributed job above all the NCCL watchdog taking the process
+    down after a collective timed out. One rank's abort alone may be anything (an async CUDA error the
+    watchdog found, an assertion). But a launcher stops the surviving workers (SIGTERM) as soon as it sees
+    the first failure, so several ranks listed as aborted on their own died within the same moment: their
+    watchdogs hit the same collective's deadline together (a CUDA fault is per GPU: the others would wait
+    in the next collective and be terminated before their own timeout)."""
+    need = settings.aborts_together_timeout_ranks
+    if need <= 0 or found.kind != "/".join(ABORT_KIND) or text_key(*TIMEOUT_KIND) in run.incidents:
+        return None
+    mine = aborted_ranks(found.rule, found.facts, rank.rank)
+    if not mine:
+        return None
+    ranks = set(mine)
+    st = run.incidents.get(text_key(*ABORT_KIND))
+    if st is not None:
+        for ev in st.record.evidence:
+            value = ev.value if isinstance(ev.value, Mapping) else {}
+            said = value.get("facts")
+            earlier = aborted_ranks(str(value.get("rule", "")), said if isinstance(said, Mapping) else {},
+                                    ev.rank)
+            if not earlier:
+                return None  # the abort incident holds other evidence (an exit code, a CUDA stack): not ours
+            ranks.update(earlier)
+    return sorted(ranks) if len(ranks) >= need else None
+
+
+def _as_teardown(found: Classification, ranks: Sequence[int]) -> Classification:
+    """``found`` (a bare SIGABRT) read as the NCCL watchdogs' teardown of ``ranks`` after a timeout."""
+    shown = ", ".join(str(r) for r in ranks[:16]) + (" ..." if len(ranks) > 16 else "")
+    return replace(found, category=TIMEOUT_KIND[0], subtype=TIMEOUT_KIND[1],
+                   facts={**found.facts, "aborted_ranks": list(ranks[:64])},
+                   headline=f"Collective timeout (inferred): {len(ranks)} ranks ({shown}) aborted by SIGABRT "
+                            "together -- the NCCL watchdog's teardown; its timeout lines are not in the text",
+                   note="several ranks aborting on their own at the same moment is each one's NCCL watchdog "
+                        "taking its process down after a collective did not complete in time: find the rank "
+                        "that never reached the collective (stuck, slower, or dead) in the output above")
 
 
 def _text_summary(found: Classification, rank: int, step: int, source: str) -> str:
