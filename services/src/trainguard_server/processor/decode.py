@@ -15,7 +15,12 @@ The embedded processor goes one step further (:func:`read_request`): a plain met
 message, and the points -- with no dict built at all: its ``raw`` and ``body`` are read-only mappings equal
 to the JSON mapping's (key order included), each value read from the message when asked for (the
 per-project backlog asks an envelope for its project and its points; nothing else asks for a plain batch's
-dict). The pipeline takes it as read, the metric store takes its points and its header fields.
+dict). The pipeline takes it as read, the metric store takes its points and its header fields. Those
+mappings keep no protobuf message alive: they hold the record's bytes (which the processor holds anyway
+until its checkpoint) and the envelope's index, and parse the record again -- once, shared by its
+envelopes -- only when one of them is asked for something (a message read from Python keeps its whole
+request's parse arena alive: held for a round's ~8,000 envelopes that was ~1-2 us per envelope in
+allocation and release; bench/processor.py sdk16).
 """
 
 from __future__ import annotations
@@ -101,20 +106,40 @@ def _plain_metrics(msg: Any) -> Optional[Tuple[Dict[str, Any], List[extract.Metr
     return out, _points(batch, msg.step)
 
 
+class _Record:
+    """One serialized ``IngestRequest`` whose envelopes :func:`read_request` read, parsed again (once) when
+    the mapping of one of them is asked for: what read_request hands out holds these bytes, not a message."""
+
+    __slots__ = ("_events", "value")
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value
+        self._events: Any = None
+
+    def envelope(self, index: int) -> Any:
+        """The ``index``-th Envelope message of the request."""
+        events = self._events
+        if events is None:
+            events = self._events = ingest_pb2.IngestRequest.FromString(self.value).events
+        return events[index]
+
+
 class PlainBatch(Mapping):  # type: ignore[type-arg]
     """The payload of a plain metric batch (points only: no alert, no recent context) as its JSON mapping,
-    rendered when first asked for anything but ``alert`` and ``recent`` (absent by construction)."""
+    rendered (from envelope ``index`` of ``record``) when first asked for anything but ``alert`` and
+    ``recent`` (absent by construction)."""
 
-    __slots__ = ("_batch", "_dict")
+    __slots__ = ("_dict", "_index", "_record")
 
-    def __init__(self, batch: Any) -> None:
-        self._batch = batch
+    def __init__(self, record: _Record, index: int) -> None:
+        self._record = record
+        self._index = index
         self._dict: Optional[Dict[str, Any]] = None
 
     def as_dict(self) -> Dict[str, Any]:
         """The payload's dict (built once)."""
         if self._dict is None:
-            dicts = _point_dicts(self._batch)
+            dicts = _point_dicts(self._record.envelope(self._index).metrics)
             self._dict = {"points": dicts} if dicts else {}
         return self._dict
 
@@ -138,20 +163,28 @@ class PlainBatch(Mapping):  # type: ignore[type-arg]
 
 class PlainEnvelope(Mapping):  # type: ignore[type-arg]
     """A plain metric batch's envelope as its JSON mapping (``wire.envelope_to_dict``'s dict, key order
-    included), each header field read from the message when asked for; ``metrics`` is the payload's dict."""
+    included), each header field read from the message (envelope ``index`` of ``body``'s record) when
+    asked for; ``metrics`` is the payload's dict."""
 
     __slots__ = ("_body", "_msg")
 
-    def __init__(self, msg: Any, body: PlainBatch) -> None:
-        self._msg = msg
+    def __init__(self, body: PlainBatch) -> None:
         self._body = body
+        self._msg: Any = None
+
+    def _message(self) -> Any:
+        msg = self._msg
+        if msg is None:
+            body = self._body
+            msg = self._msg = body._record.envelope(body._index)
+        return msg
 
     def __getitem__(self, key: str) -> Any:
         if key == "metrics":
             return self._body.as_dict()
         if key not in _EMIT:
             raise KeyError(key)
-        value = getattr(self._msg, key)
+        value = getattr(self._message(), key)
         if not value:
             raise KeyError(key)
         emit = _EMIT[key]
@@ -160,10 +193,10 @@ class PlainEnvelope(Mapping):  # type: ignore[type-arg]
     def __contains__(self, key: Any) -> bool:
         if key == "metrics":
             return True
-        return key in _EMIT and bool(getattr(self._msg, key))
+        return key in _EMIT and bool(getattr(self._message(), key))
 
     def __iter__(self) -> Iterator[str]:
-        msg = self._msg
+        msg = self._message()
         for name, _emit in _HEADER:
             if getattr(msg, name):
                 yield name
@@ -173,28 +206,39 @@ class PlainEnvelope(Mapping):  # type: ignore[type-arg]
         return sum(1 for _ in self)
 
 
-def _read_plain(msg: Any) -> Optional[Tuple[ReadEnvelope, List[extract.MetricTuple]]]:
-    """A plain metric batch with a run id as the pipeline reads it, and its points; None for any other."""
+def _read_plain(msg: Any, record: _Record,
+                index: int) -> Optional[Tuple[ReadEnvelope, List[extract.MetricTuple]]]:
+    """A plain metric batch with a run id (``msg``, envelope ``index`` of ``record``) as the pipeline reads
+    it, and its points; None for any other."""
     batch = _plain_batch(msg)
     if batch is None or not msg.run_id:
         return None
     step, world = msg.step, msg.world_size
-    body = PlainBatch(batch)
-    return (ReadEnvelope(PlainEnvelope(msg, body), "metrics", body, msg.event_id, msg.project, msg.run_id,
+    body = PlainBatch(record, index)
+    return (ReadEnvelope(PlainEnvelope(body), "metrics", body, msg.event_id, msg.project, msg.run_id,
                          msg.rank, step, msg.time_unix_nano, msg.host, msg.pid, world if world > 1 else 1,
                          msg.run_name, msg.trace_id),
             _points(batch, step))
 
 
-def _decode(value: bytes, plain: Callable[[Any], Optional[Tuple[Any, List[extract.MetricTuple]]]],
+def _dict_plain(msg: Any, _record: _Record, _index: int) -> Optional[Tuple[Dict[str, Any],
+                                                                           List[extract.MetricTuple]]]:
+    """:func:`_plain_metrics` as :func:`_decode` calls it."""
+    return _plain_metrics(msg)
+
+
+def _decode(value: bytes,
+            plain: Callable[[Any, _Record, int], Optional[Tuple[Any, List[extract.MetricTuple]]]],
             ) -> Tuple[List[Any], List[Points]]:
-    """Each envelope of one serialized ``IngestRequest`` as ``plain`` reads it (a plain metric batch) or else
-    as its dict, with its metric points (None for envelopes that are not metric batches)."""
+    """Each envelope of one serialized ``IngestRequest`` as ``plain`` reads it (a plain metric batch; given
+    the message, the record and the envelope's index) or else as its dict, with its metric points (None
+    for envelopes that are not metric batches)."""
     request = ingest_pb2.IngestRequest.FromString(value)
+    record = _Record(value)
     envelopes: List[Any] = []
     points: List[Points] = []
-    for msg in request.events:
-        read = plain(msg)
+    for index, msg in enumerate(request.events):
+        read = plain(msg, record, index)
         if read is not None:
             envelopes.append(read[0])
             points.append(read[1])
@@ -208,7 +252,7 @@ def _decode(value: bytes, plain: Callable[[Any], Optional[Tuple[Any, List[extrac
 def decode_request(value: bytes) -> Tuple[List[Dict[str, Any]], List[Points]]:
     """The envelope dicts of one serialized ``IngestRequest`` and each one's metric points (None for
     envelopes that are not metric batches). Raises what protobuf raises on bytes it cannot parse."""
-    return _decode(value, _plain_metrics)
+    return _decode(value, _dict_plain)
 
 
 def read_request(value: bytes) -> Tuple[List[Envelope], List[Points]]:
