@@ -138,3 +138,15 @@ def test_the_launchers_global_rank_prefix_beats_a_sub_groups_rank_tag() -> None:
     default = classify_text(line.split("]:", 1)[1].replace("PG ID 5 PG GUID 55(mesh_replicate)",
                                                            "PG ID 0 PG GUID 0(default_pg)"))
     assert default is not None and default.facts["rank"] == 1
+
+
+def test_a_shells_floating_point_exception_in_bash_and_zsh_wordings() -> None:
+    # bash: '... line 3:  1098 Floating point exception(core dumped) python train.py ...' (no space before '(')
+    bash = classify_text(_line("proc-sigfpe-bash-line-mvsnet-53-1", "Floating point"))
+    assert bash is not None and bash.kind == "process/exit" and bash.facts["signal_name"] == "SIGFPE"
+    # zsh: lower case, the child's pid first ('    20121 floating point exception (core dumped)')
+    zsh = classify_text(_line("proc-sigfpe-zsh-lower-pytorch-44547-1", "20121"))
+    assert zsh is not None and zsh.kind == "process/exit" and zsh.facts["signal"] == 8
+    killed = classify_text("zsh: killed     python train.py --epochs 100")
+    assert killed is not None and killed.kind == "process/killed"
+    assert classify_text("the job was killed by the scheduler") is None  # prose is no shell report

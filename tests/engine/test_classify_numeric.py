@@ -149,3 +149,12 @@ def test_a_nan_in_a_progress_table_row_is_the_loss_going_non_finite() -> None:
     for healthy in ("76970 2.6265104", "1000      [5.47e+03]    [6.44e+03]    [1.00e+00]",
                     "step 3: nan values skipped", "INFO 12 inference done"):
         assert classify_text(healthy) is None, healthy
+
+
+def test_a_deepspeed_overflow_line_wrapped_before_its_scale_is_a_skipped_step() -> None:
+    # learnds: a terminal's wrap splits 'Attempted loss scal                e: 8192': no scale left to read
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "wild" /
+            "num-ds-overflow-hysteresis-wrapped-learnds-1" / "log.txt").read_text(encoding="utf-8")
+    first = text.splitlines()[0]
+    found = classify_text(first)
+    assert found is not None and found.kind == "memory/amp-overflow" and found.facts == {"overflow": True}

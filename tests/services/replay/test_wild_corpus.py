@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.96, "subtype": 0.95}, "heldout": {"category": 0.88, "subtype": 0.84}}
+FLOORS = {"tune": {"category": 0.96, "subtype": 0.95}, "heldout": {"category": 0.87, "subtype": 0.84}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -86,7 +86,12 @@ labelled from their threads before being classified, recorded together with four
 (the old launcher's ``returned non-zero exit status`` by ``--local_rank``, an extension's ``CUDA Runtime
 Error:``, the ``[rankN]:`` prefix over a sub-group's ``[PG ... Rank M]`` tag, several ranks aborted together
 read as the watchdogs' teardown -- with that label convention applied to one tuned and one held-out label):
-tuned 384/399 and 380/399, held out 128/145 and 123/145 (the held-out subtype floor down a point)."""
+tuned 384/399 and 380/399, held out 128/145 and 123/145 (the held-out subtype floor down a point). At 544 ->
+553 logs: 9 new logs (4 held out; watchdog timeouts wrapped at a fixed width, glued to tqdm, Ray- and
+time-prefixed, elided; shells' SIGFPE reports) labelled before being classified, recorded with two changes
+made on tuned misses (bash's ``Floating point exception(core dumped)`` and zsh's lower-case ``20121 floating
+point exception (core dumped)``; DeepSpeed's ``OVERFLOW! Rank 0 Skipping step.`` wrapped before its scale):
+tuned 390/404 and 386/404, held out 131/149 and 126/149 (the held-out category floor down a point)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -226,11 +226,12 @@ _SCALE_VALUE_RE = re.compile(r"\bloss[ _]scale\s{0,4}[:=]\s{0,4}" + _NUMBER, re.
 _SKIPPED_RE = re.compile(
     r"\bFound overflow\b(?:\.? Skip step)?"
     r"|\bGrad(?:ient)? overflow(?: on iteration:?\s{0,4}(?P<step>\d{1,12})|\.\s{0,4}Skipping step)"
-    r"|\bOVERFLOW! Skipping step\b",
+    r"|\bOVERFLOW!(?: Rank \d{1,7})? Skipping step\b",
     re.IGNORECASE)
 """An overflow line that names no scale: ColossalAI's ``Found overflow. Skip step``, DeepSpeed's fused
 optimizer's ``Grad overflow on iteration N``, apex's ``Gradient overflow.  Skipping step`` and the old
-FP16_Optimizer's ``OVERFLOW! Skipping step.`` cut before their scale (a paste, a quote in prose): one step's
+FP16_Optimizer's ``OVERFLOW! Skipping step.`` and DeepSpeed's ``OVERFLOW! Rank 0 Skipping step.`` cut before
+their scale (a paste, a quote in prose, a terminal's wrap splitting ``loss scal   e: 8192``): one step's
 gradients overflowed and the step was skipped."""
 
 
@@ -316,7 +317,8 @@ DOCS = {
         "apex ``Gradient overflow. Skipping step ... reducing loss scale to S``, a printed "
         "``loss_scale: S``; an overflow line naming no scale (ColossalAI ``Found overflow. Skip step``, "
         "DeepSpeed ``Grad overflow on iteration N``, apex / FP16_Optimizer ``Gradient overflow. Skipping "
-        "step`` cut before the scale) → memory/amp-overflow when the process detector judges a collapse (S "
+        "step`` and DeepSpeed ``OVERFLOW! Rank 0 Skipping step.`` cut or wrapped before the scale) → "
+        "memory/amp-overflow when the process detector judges a collapse (S "
         "<= ``amp_text_max_scale``, or ``amp_text_collapse_reductions`` halvings in a row below "
         "``amp_text_calibration_scale``); an overflow line short of that is an info-severity notice "
         "(``amp_text_overflow_notice``)"

@@ -63,12 +63,18 @@ _DEATH_SIGNAL_RE = re.compile(r"Received (?P<sig>\d+) death signal|got signal: (
 _SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?:\*\*|__)?"
                              r"(?P<what>Segmentation fault|Killed|Illegal instruction"
                              r"|Floating point exception|Bus error)"
-                             r"(?: +\(core dumped\))?(?:\*\*|__)?(?: +[^\n]{0,300})?$", re.MULTILINE)
+                             r"(?: *\(core dumped\))?(?:\*\*|__)?(?: +[^\n]{0,300})?$", re.MULTILINE)
 """A shell's report of its child's death: ``Segmentation fault (core dumped)``, ``Killed``,
 ``Illegal instruction (core dumped)``, ``Floating point exception``,
 ``run.sh: line 12: 4242 Killed  python train.py``, ``Bus error (core dumped)``, also wrapped in a paste's
 markdown bold (``**Killed**``); an abort is left to the exit path (after a watchdog timeout it is the
 teardown)."""
+_ZSH_DEATH_RE = re.compile(r"^(?:zsh: |[ \t]{0,12}(?:\[\d{1,4}\][ \t]+)?\d{1,10} )"
+                           r"(?P<what>segmentation fault|killed|illegal instruction|floating point exception"
+                           r"|bus error)(?: *\(core dumped\))?(?:[ \t]+[^\n]{0,300})?$", re.MULTILINE)
+"""zsh's report of its child's death, in lower case: ``zsh: segmentation fault (core dumped)  python
+train.py``, or with the job's pid first (``[1]    20121 floating point exception (core dumped)  python
+...``, also without the job number)."""
 _SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
                   "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE"),
                   "bus error": (7, "SIGBUS")}
@@ -198,7 +204,8 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
                             "DataLoader workers, pinned memory, a dataset loaded into memory")
     pos = t.first("segmentation fault", "killed", "illegal instruction", "floating point exception",
                   "bus error")
-    if pos >= 0 and (found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None:
+    if pos >= 0 and ((found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None
+                     or (found := _search(_ZSH_DEATH_RE, t, pos, before=300, after=400)) is not None):
         signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
         return _signal_hit(found[0] + found[1].start("what"), {"signal": signal, "signal_name": name},
                            "the process")
@@ -435,6 +442,7 @@ DOCS = {
         "process/exit), gdb's ``Program received signal "
         "SIGSEGV``, a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` / ``Illegal instruction`` / "
+        "zsh's lower-case ``20121 floating point exception (core dumped)`` / "
         "``Bus error`` / "
         "``Floating point exception`` "
         "→ by the exit decision path for that signal; the OOM killer's report (dmesg's ``Out of memory: "
