@@ -150,3 +150,13 @@ def test_a_shells_floating_point_exception_in_bash_and_zsh_wordings() -> None:
     killed = classify_text("zsh: killed     python train.py --epochs 100")
     assert killed is not None and killed.kind == "process/killed"
     assert classify_text("the job was killed by the scheduler") is None  # prose is no shell report
+
+
+def test_a_shells_core_dumped_report_mid_line_is_that_death() -> None:
+    # meshgraphnets: '... there was an error Illegal instruction (core dumped) when I ran create_infer_data.py ...'
+    said = (WILD / "proc-sigill-prose-meshgraphnets-3-1" / "log.txt").read_text(encoding="utf-8")
+    found = classify_text(said)
+    assert found is not None and found.kind == "process/exit" and found.facts["signal_name"] == "SIGILL"
+    glued = classify_text("11/56 [00:02<00:08,  5.02it/s]Segmentation fault (core dumped)")
+    assert glued is not None and glued.facts["signal"] == 11
+    assert classify_text("a segmentation fault in the loader, I think") is None  # no report: no '(core dumped)'

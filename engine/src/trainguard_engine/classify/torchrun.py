@@ -75,6 +75,11 @@ _ZSH_DEATH_RE = re.compile(r"^(?:zsh: |[ \t]{0,12}(?:\[\d{1,4}\][ \t]+)?\d{1,10}
 """zsh's report of its child's death, in lower case: ``zsh: segmentation fault (core dumped)  python
 train.py``, or with the job's pid first (``[1]    20121 floating point exception (core dumped)  python
 ...``, also without the job number)."""
+_CORE_DUMPED_RE = re.compile(r"(?P<what>Segmentation fault|Illegal instruction|Floating point exception"
+                             r"|Bus error) ?\(core dumped\)", re.IGNORECASE)
+"""A shell's death report anywhere in a line: glued to a progress bar (``5.02it/s]Segmentation fault (core
+dumped)``) or quoted mid-sentence (``there was an error Illegal instruction (core dumped) when I ran ...``);
+``(core dumped)`` marks it as the report itself, not a word in prose. (An abort is left to the exit path.)"""
 _SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
                   "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE"),
                   "bus error": (7, "SIGBUS")}
@@ -209,6 +214,11 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
         return _signal_hit(found[0] + found[1].start("what"), {"signal": signal, "signal_name": name},
                            "the process")
+    for pos in t.find_all("(core dumped)"):
+        if (found := _search(_CORE_DUMPED_RE, t, pos, before=30, after=14)) is not None:
+            signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
+            return _signal_hit(found[0] + found[1].start("what"), {"signal": signal, "signal_name": name},
+                               "the process")
     return None
 
 
@@ -409,6 +419,7 @@ GATES = {
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
                         "oom-kill event",
                         "illegal instruction", "floating point exception", "(interrupted by signal ",
+                        "(core dumped)",
                         "bus error"),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
@@ -442,7 +453,8 @@ DOCS = {
         "process/exit), gdb's ``Program received signal "
         "SIGSEGV``, a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` / ``Illegal instruction`` / "
-        "zsh's lower-case ``20121 floating point exception (core dumped)`` / "
+        "zsh's lower-case ``20121 floating point exception (core dumped)`` / any of them with "
+        "``(core dumped)`` mid-line (glued to a progress bar, quoted in a sentence) / "
         "``Bus error`` / "
         "``Floating point exception`` "
         "→ by the exit decision path for that signal; the OOM killer's report (dmesg's ``Out of memory: "
