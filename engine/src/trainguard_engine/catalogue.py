@@ -725,7 +725,7 @@ class DetectionSettings:
     leak_blocks: int = _setting(4, "memory/leak: blocks of the window whose floors (minima) must each rise.",
                                 minimum=2)
     leak_tail_z: float = _setting(
-        2.0, "memory/leak: Mann-Kendall z the window's last half must reach by itself (the growth goes on "
+        3.0, "memory/leak: Mann-Kendall z the window's last half must reach by itself (the growth goes on "
         "to the window's end; a level shift -- RSS stepping up once when a rank's work grows, then flat -- "
         "does not). 0: off.", minimum=0.0)
     leak_peak_ratio: float = _setting(

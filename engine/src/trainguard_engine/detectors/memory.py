@@ -85,10 +85,11 @@ LEAK_MIN_GROWTH_RATIO = 0.1
 """Least growth over the window relative to the level at its start."""
 LEAK_BLOCKS = 4
 """The window is split into this many blocks whose floors (minima) must each rise."""
-LEAK_TAIL_Z = 2.0
-"""Mann-Kendall z the window's last half must reach by itself: the growth goes on to the window's end. A level
-shift -- host RSS stepping up once, when a rank's work per step grows, then flat with its noise -- rises over
-the whole window (its block floors rise by the shift and the noise) but not within its last half."""
+LEAK_TAIL_Z = 3.0
+"""Mann-Kendall z the window's last half must reach by itself (the whole window's bar, LEAK_Z): the growth
+goes on to the window's end. A level shift -- host RSS stepping up once, when a rank's work per step grows,
+then flat with its noise -- rises over the whole window (its block floors rise by the shift and the noise)
+but not within its last half, where 6-10 noisy samples reach z 2.3 at most on the recorded straggler runs."""
 LEAK_PEAK_RATIO = 2.0
 """(CUDA) the all-time peak may rise at most this many times as fast as allocated: faster means the
 working set grows with the inputs, not a leak."""
