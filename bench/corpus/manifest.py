@@ -552,11 +552,77 @@ def _batch7(first_index: int) -> List[RunSpec]:
     return specs
 
 
+BATCH8_SEED = 20261209
+"""The eighth batch (issue 16, stop 33, drawn after batches 1-7 had been tuned on): **dev only** -- trainings
+that OSCILLATE in ways the dev half lacked (the test half's weakest subtype was oscillation, 11/17, while dev
+had almost only plain SGD far above its stable LR on a classifier, 24/25 right): an LR too high by different
+degrees for SGD, SGD-momentum, SGD-Nesterov, RMSprop, Adam and AdamW; cyclic (triangular) LR and SGDR warm
+restarts whose peaks are too high; step decay from a too-high LR; tiny batches (2-8) with a high LR; every
+family but the deep sigmoid MLP and LoRA; plus near-miss healthy runs (noisy tiny batches, cyclic LR and warm
+restarts at a sane peak) that swing but converge. Every run's ``split`` is ``"dev"``: the test half stays the
+one fixed before tuning (batches 1-6). Drawn from its own seed; recorded in ``manifest.json`` before any of
+its runs was trained."""
+
+BATCH8_COUNTS: Dict[str, int] = {"oscillation": 28, "healthy_noisy": 5, "healthy": 5}
+"""Runs per planted cause of the eighth batch (38, ids r678-r715, all dev)."""
+
+BATCH8_WHERE: Dict[str, Sequence[Tuple[str, str]]] = {
+    "oscillation": [("plain", "cnn"), ("plain", "linear"), ("plain", "mlp"), ("plain", "gpt"),
+                    ("hf", "linear"), ("hf", "cnn"), ("hf", "mlp"), ("lightning", "cnn"),
+                    ("lightning", "linear"), ("lightning", "mlp"), ("lightning", "gpt")],
+    "healthy_noisy": [("plain", "mlp"), ("plain", "cnn"), ("plain", "linear"), ("lightning", "cnn"),
+                      ("hf", "linear")],
+    "healthy": [("plain", "cnn"), ("plain", "linear"), ("plain", "mlp"), ("lightning", "mlp"), ("hf", "cnn")],
+}
+
+BATCH8_OPTIMIZERS = ("sgd", "sgdm", "nesterov", "rmsprop", "adam", "adamw")
+BATCH8_OSC_SCHEDULES = ("constant", "constant", "cyclic", "cosine_restarts", "step")
+BATCH8_HEALTHY_SCHEDULES = ("constant", "cyclic", "cosine_restarts", "warmup_cosine")
+BATCH8_OSC_SCALE: Dict[str, Tuple[float, float]] = {
+    "sgd": (1.2, 2.2), "sgdm": (0.8, 1.7), "nesterov": (0.8, 1.7), "rmsprop": (0.8, 1.8),
+    "adam": (1.0, 2.0), "adamw": (1.0, 2.0),
+}
+"""log10 of ``lr_scale`` per optimiser for the oscillation runs: from "somewhat" to "far" too high
+(momentum and RMSprop go unstable at a lower multiple than plain SGD)."""
+
+
+def _batch8_spec(rng: random.Random, cause: str, index: int) -> RunSpec:
+    """One spec of the eighth batch: :func:`_draw`'s, then its optimiser, schedule, batch and LR drawn again
+    from ``rng`` among the batch's choices; ``split`` is ``"dev"``."""
+    spec = _draw(rng, cause, index, BATCH8_WHERE[cause])
+    optimizer = rng.choice(list(BATCH8_OPTIMIZERS))
+    if spec.framework == "hf" and optimizer in ("sgdm", "nesterov"):
+        optimizer = "sgd"  # as _draw: the HF runs' SGD has no momentum
+    lr_scale, batch = spec.lr_scale, spec.batch
+    if cause == "oscillation":
+        schedule = rng.choice(list(BATCH8_OSC_SCHEDULES))
+        low, high = BATCH8_OSC_SCALE[optimizer]
+        lr_scale = round(10 ** rng.uniform(low, high), 4)
+        batch = rng.choice([2, 4, 8, 16, 32, 64])
+    else:
+        schedule = rng.choice(list(BATCH8_HEALTHY_SCHEDULES))
+        if cause == "healthy":
+            batch = rng.choice([8, 16, 32])
+    bf16 = spec.framework in ("plain", "lightning") and spec.family in ("mlp", "cnn") and rng.random() < 0.15
+    changed = {"optimizer": optimizer, "schedule": schedule, "lr_scale": lr_scale, "batch": batch,
+               "bf16": bf16, "split": "dev"}
+    return RunSpec(**{**spec.to_dict(), **changed})  # type: ignore[arg-type]
+
+
+def _batch8(first_index: int) -> List[RunSpec]:
+    """The eighth batch (:func:`_batch8_spec`) from its own seed: every run in the dev half."""
+    rng = random.Random(BATCH8_SEED)
+    specs: List[RunSpec] = []
+    for cause, count in BATCH8_COUNTS.items():
+        specs.extend([_batch8_spec(rng, cause, first_index + len(specs) + i) for i in range(count)])
+    return specs
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
     batch (320 runs from ``master_seed``), then the second (:func:`_batch2`), the third (:func:`_batch3`),
-    the fourth (:func:`_batch4`), the fifth (:func:`_batch5`), the sixth (:func:`_batch6`) and the seventh
-    (:func:`_batch7`, dev only)."""
+    the fourth (:func:`_batch4`), the fifth (:func:`_batch5`), the sixth (:func:`_batch6`), the seventh
+    (:func:`_batch7`, dev only) and the eighth (:func:`_batch8`, dev only)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
@@ -566,7 +632,8 @@ def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     specs += _batch4(len(specs))
     specs += _batch5(len(specs))
     specs += _batch6(len(specs))
-    return specs + _batch7(len(specs))
+    specs += _batch7(len(specs))
+    return specs + _batch8(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:

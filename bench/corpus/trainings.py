@@ -22,7 +22,7 @@ Every framework gets its optimiser (SGD, SGD with momentum, Adam, AdamW; batch 5
 and a ``LambdaLR`` of the spec's schedule from this module (batch 5 adds OneCycle's shape, a linear warmup
 with a linear decay, and ``jump_up``: the LR raised 10-100x at 45 % of the run; batch 7 adds NAdam, RAdam,
 Adamax and SGD with Nesterov momentum, and SGDR cosine restarts, inverse-sqrt with warmup, polynomial and
-exponential decay).
+exponential decay; batch 8 adds ``cyclic``, CyclicLR's triangular shape).
 
 Planted causes (``spec.cause``; nothing is injected into the SDK's data, everything happens in the training):
 see ``manifest.CAUSES``. ``variant`` picks among the ways a cause is planted (e.g. LoRA: alpha 0, A and B
@@ -349,6 +349,14 @@ def lr_factor(spec: RunSpec) -> Callable[[int], float]:
     if kind == "cosine_restarts":  # SGDR (CosineAnnealingWarmRestarts): 3 cycles, each back at the peak
         period = max(1, total // 3)
         return lambda s: 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * (s % period) / period))
+    if kind == "cyclic":  # CyclicLR's triangular shape (batch 8): 10 % of the peak up and down, 4-6 cycles
+        period = max(2, total // (4 + v))
+
+        def tri(s: int) -> float:
+            phase = (s % period) / period
+            return 0.1 + 0.9 * (1.0 - abs(2.0 * phase - 1.0))
+
+        return tri
     if kind == "inverse_sqrt":  # the transformer schedule: a linear warmup, then 1/sqrt(step) decay
         up = max(1, int(total * (0.25 if spec.cause == "warmup_too_high" else 0.1)))
         return lambda s: (s + 1) / up if s < up else math.sqrt(up / (s + 1))
