@@ -196,6 +196,13 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   oscillation stayed open to the end: it cleared only on a level 20 % under its opening level. An
   oscillation whose window spread stays under oscillation_calm_min_cv (the lowest spread that swings) for
   oscillation_held_points values has stopped: it resolves, and the flat loss is the plateau it is.
+* r684 (plain GPT, SGD-momentum, a cyclic (triangular) LR peaking ~23x too high, batch 2, clip 1; batch 8,
+  stop 33): each LR cycle throws the loss up and lets it back, and cycle after cycle the level climbs
+  (window medians 4.5 at the start -> 8-18 at the end; label divergence: its second half is significantly
+  higher than its early steps). Inside any one 40-value window the cycles hide the climb (no Mann-Kendall
+  trend), so it read as an oscillation to the end. A window whose median is above oscillation_max_rise x
+  the run's first full window's level (and its initial level), with values significantly higher than that
+  window's (rank test, z >= trend_z), is a rising loss, not swings around a level.
 """
 
 from __future__ import annotations
@@ -545,4 +552,15 @@ def test_an_oscillation_that_calmed_down_near_the_start_resolves_and_the_flat_lo
 
 def test_the_calm_oscillation_stays_open_with_oscillation_calm_min_cv_0() -> None:
     out = _outcome("r645", oscillation_calm_min_cv=0.0)
+    assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out
+
+
+def test_swings_on_a_level_that_climbs_cycle_after_cycle_are_a_divergence() -> None:
+    out = _outcome("r684")
+    assert out.label == "loss/divergence" and out.first_nonfinite is None
+    assert out.verdict == "loss/divergence" and "loss/divergence" in out.open_alerts, out  # oscillation before
+
+
+def test_the_climbing_swings_stay_an_oscillation_without_the_rise_bar() -> None:
+    out = _outcome("r684", oscillation_max_rise=1e9)
     assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out

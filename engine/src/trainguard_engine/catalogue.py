@@ -521,7 +521,10 @@ class DetectionSettings:
         1.5, "loss/divergence settles into loss/oscillation when, over a full loss_window, the loss swings "
         "with no trend and no longer rises, at a level at most this x the level of the run's first full "
         "loss_window (no trend relative to where the run started: a loss thrown up within its first window "
-        "swings there; one that climbed far above its early level later and swings there kept diverging).",
+        "swings there; one that climbed far above its early level later and swings there kept diverging). "
+        "The oscillation rule itself fails on a window whose median is above this x both that first "
+        "window's level and the initial level, its values significantly higher than that window's (rank "
+        "test, z >= trend_z): swings on a level that climbs window after window are a rising loss.",
         minimum=1.0)
     oscillation_held_points: int = _setting(
         40, "loss/oscillation gives way to loss/divergence when, on this many values in a row (a full "
@@ -810,6 +813,13 @@ class DetectionSettings:
         1.25, "... and a rank over it (not over straggler_ratio) is a candidate only when the median of its "
         "window's paired ratios is >= this x its own in the steady state: it became slower (a rank a "
         "host's layout makes 1.3x slower from the start is not held against it) ...", minimum=1.0)
+    straggler_shift_peers_growth: float = _setting(
+        1.25, "... nor while the other ranks' own time at the same steps (the median over its window) is >= "
+        "this x theirs in the steady state: the whole job's own work moved (every rank slowed together -- "
+        "a throughput regression --, or a new phase of the job), so the lower bar measured on the steady "
+        "state no longer holds; straggler_ratio still does (at their first candidate step, real stragglers' "
+        "peers ran at 0.86-1.09x their steady own time, every rank of a job slowed 2.5x together at "
+        "1.4-2.8x; bench/results/straggler_stop33.txt, round 2; 0: off) ...", minimum=0.0)
     straggler_min_share: float = _setting(
         0.05, "... its median excess over the others at the same step is >= this share of the job's step "
         "time (a rank 2x slower in a phase that takes 1% of the step holds nobody back) ...",
@@ -1101,6 +1111,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "correlation": ("rank_lost_grace_s", "oom_explains_s"),
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
              "straggler_steps", "straggler_noise_k", "straggler_shift_ratio", "straggler_shift_growth",
+             "straggler_shift_peers_growth",
              "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
              "straggler_clear_steps", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
              "regression_noise_k", "regression_baseline_steps",

@@ -260,6 +260,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     win = _Window(series, tuned.loss_window)
     if win.full and "start_level" not in state:
         state["start_level"] = win.median  # the level of the first full window (_divergence_settled)
+        state["start_values"] = list(win.ordered)  # and its values, sorted (_rose_from_start)
     held = tuned.rise_held_points
     if len(series) >= held and state.get("levels", 0) % tuned.rise_smooth == 0:
         # the lowest level held over rise_held_points values in a row (_check_rise), taken every
@@ -787,6 +788,8 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
         return _Check(False)
     if _held_out_of_band(rank, name, win, state, tuned):
         return _Check(False)  # swings that never come back into the band: the divergence rule's
+    if _rose_from_start(state, win, tuned):
+        return _Check(False)  # swings on a level that keeps climbing: a rising loss, not one that swings
     trend = win.trend
     ratio = win.median / initial if initial > 0 else math.inf
     if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.first_step, win.last_step,
@@ -813,6 +816,30 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
                                      time_ns=point_time(rank, name, steps[0], 0), rank=rank.rank, metric=name,
                                      threshold=bar, value=wire_float(cv),
                                      window=window(rank, name, steps[-1], settings.evidence_window))])
+
+
+def _rose_from_start(state: Dict[str, Any], win: _Window, tuned: LossGradientSettings) -> bool:
+    """Whether the window's level rose from where the run started swinging: its median above
+    ``oscillation_max_rise`` x the level of the run's first full ``loss_window`` (``state["start_level"]``)
+    and x its initial level (a first window of lucky batches near 0, dev r678, is not where it started),
+    and its values significantly higher than that window's (``state["start_values"]``; a one-sided
+    Mann-Whitney rank test, z >= ``trend_z``). Inside one window a loss swinging on a climbing level shows
+    no trend -- the swings (a cyclic LR's cycles, an LR far too high) hide it -- but window after window it
+    climbs: it is still rising, not swinging around a level (the same "no trend relative to where the run
+    started" that :func:`_divergence_settled` asks of a divergence that settles into swings, and the
+    corpus label's oscillation rule asks of its second half against its early steps)."""
+    start, ref = state.get("start_level"), state.get("start_values")
+    if start is None or not ref or not win.median > tuned.oscillation_max_rise * max(start, robust.median(
+            state["init"])):
+        return False
+    ordered = win.ordered
+    n1, n2 = len(ref), len(ordered)
+    spread = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
+    below = 0.0  # pairs (start value, window value) in which the window value is the higher one
+    for v in ref:
+        hi = bisect_right(ordered, v)
+        below += (n2 - hi) + 0.5 * (hi - bisect_left(ordered, v))
+    return spread > 0 and (below - n1 * n2 / 2.0) / spread >= tuned.trend_z
 
 
 def _swing_bar(state: Dict[str, Any], tuned: LossGradientSettings) -> float:
