@@ -297,3 +297,23 @@ def test_an_oversubscribed_host_keeps_the_ratio_bar() -> None:
     pipeline, _first = replay(load("compute"))
     ev = next(e for e in standing(pipeline)[0].evidence if e.rule == "perf.straggler")
     assert ev.threshold == 1.7 and "steady host's bar" not in ev.description
+
+
+def test_the_steady_bar_does_not_hold_once_the_peers_own_time_moved() -> None:
+    """quiet_slow_all_3001 (bench/straggler.py slow_all seed 3001, a tuning call of stop 33 round 2, quiet
+    16-core host): every rank does 2.5x the work from step 30. Under a steady bar lowered to 1.15 (noise_k
+    0, shift_growth 1.1) rank 0's own time is over it on enough steps to be named, and its pairs held the
+    regression back -- a false straggler in a whole-job slowdown -- while the peers' own time at those steps
+    is ~2x its steady state. straggler_shift_peers_growth (1.25) voids the steady bar there: a regression,
+    no straggler; off (0), rank 0 is named. The same lowered bar still names quiet_compute's slowed rank
+    (its peers did not move)."""
+    low = {"straggler_shift_ratio": 1.15, "straggler_noise_k": 0.0, "straggler_shift_growth": 1.1}
+    events = load("quiet_slow_all_3001")
+    assert kinds(replay(events)[0]) == ["perf/throughput-regression"]
+    guarded = replay(events, DetectionSettings.from_overrides({"perf": low}))[0]
+    assert kinds(guarded) == ["perf/throughput-regression"], kinds(guarded)
+    off = replay(events, DetectionSettings.from_overrides({"perf": {**low, "straggler_shift_peers_growth": 0.0}}))[0]
+    assert kinds(off) == ["perf/straggler"] and standing(off)[0].lead_rank == 0, kinds(off)
+    compute = load("quiet_compute")
+    named = replay(compute, DetectionSettings.from_overrides({"perf": low}))[0]
+    assert kinds(named) == ["perf/straggler"] and standing(named)[0].lead_rank == int(tags(compute)["slow_rank"])

@@ -261,7 +261,8 @@ def _judge(run: RunState, run_state: Dict[str, Any], step: int, time_ns: int,
     if "own" in job:
         _pair(states, step, settings, run_state.get("t2"))
     candidates = _stragglers(states, job, settings, run_state.get("t2"))
-    forming = bool(candidates) or any(_over(st) >= settings.straggler_hold_steps for _r, st, _m in states)
+    hold = settings.straggler_hold_steps
+    forming = bool(candidates) or any(_over(st, settings) >= hold for _r, st, _m in states)
     out: List[Finding] = []
     out += _straggler_findings(run, run_state, states, candidates, job, step, time_ns, settings)
     out += _regression(run, run_state, states, job, forming, step, time_ns, settings)
@@ -279,10 +280,14 @@ def _entry_at(state: Dict[str, Any], step: int) -> Optional[List[Any]]:
     return None
 
 
-def _over(state: Dict[str, Any]) -> int:
+def _over(state: Dict[str, Any], settings: DetectionSettings) -> int:
     """How many of the rank's window pairs are over its bar: ``straggler_ratio``, or the steady host's
-    lower bar (``pc2``) once the job has one."""
-    return max(state.get("pc", 0), state.get("pc2", 0))
+    lower bar (``pc2``) once the job has one -- unless its peers' own time moved since the steady state
+    (:func:`_peers_moved`: that bar no longer holds, for holding a regression or a named straggler too)."""
+    high, low = state.get("pc", 0), state.get("pc2", 0)
+    if low <= high or _peers_moved(state, settings):
+        return high
+    return int(low)
 
 
 def _pair(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]], step: int,
@@ -325,7 +330,8 @@ def _steady_bar(run_state: Dict[str, Any],
                 settings: DetectionSettings) -> None:
     """When the job's steady state is set: the steady host's lower bar (``run_state["t2"]``, see
     ``straggler_noise_k``) from the spread of every rank's paired ratios so far (all after warm-up), each
-    rank's own steady-state ratio (``pr``) and its count over the bar (``pc2``). No bar when it would not
+    rank's own steady-state ratio (``pr``), its peers' steady own time (``po``: the median of the others'
+    own time in its pairs) and its count over the bar (``pc2``). No bar when it would not
     be below ``straggler_ratio`` (an oversubscribed host) or there are too few pairs."""
     ratios = [_pair_ratio(p) for _r, st, _m in states for p in st.get("px", ())]
     if len(ratios) < settings.perf_min_points * 2 or len(states) < 2:
@@ -340,6 +346,7 @@ def _steady_bar(run_state: Dict[str, Any],
         pairs = st.get("px", [])
         if pairs:
             st["pr"] = _median([_pair_ratio(p) for p in pairs])
+            st["po"] = _median([p[_P_OTHERS] for p in pairs])
         st["pc2"] = sum(1 for p in pairs if p[_P_OWN] >= bar * p[_P_OTHERS])
 
 
@@ -349,7 +356,8 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
     """rank -> {own, others, rest, others_rest, ratio} (window medians of its pairs) of every straggler
     candidate: over ``straggler_ratio`` on >= ``straggler_steps`` of its last ``straggler_window``
     judged steps (a sign test on the paired per-step ratio) -- or over the steady host's lower bar ``low``
-    on as many while its window's median ratio is >= ``straggler_shift_growth`` x its steady-state one --,
+    on as many while its window's median ratio is >= ``straggler_shift_growth`` x its steady-state one and
+    its peers' own time has not itself grown ``straggler_shift_peers_growth`` x (:func:`_peers_moved`) --,
     its median excess >= ``straggler_min_share`` of the job's step time, the others' median extra wait >=
     ``straggler_wait_share`` x that excess. ``bar`` in each: the bar it was over."""
     out: Dict[int, Dict[str, float]] = {}
@@ -359,6 +367,8 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
             if low is None or st.get("pc2", 0) < settings.straggler_steps or "pr" not in st:
                 continue
             if _median([_pair_ratio(p) for p in st["px"]]) < settings.straggler_shift_growth * st["pr"]:
+                continue
+            if _peers_moved(st, settings):
                 continue
             bar = low
         pairs = st["px"]
@@ -374,6 +384,18 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
                           "others_rest": _median([p[_P_OTHERS_REST] for p in pairs]),
                           "ratio": _median([_pair_ratio(p) for p in pairs]), "bar": bar}
     return out
+
+
+def _peers_moved(state: Dict[str, Any], settings: DetectionSettings) -> bool:
+    """True when the other ranks' own time at the rank's window steps (its pairs' median) is >=
+    ``straggler_shift_peers_growth`` x theirs in the steady state (``state["po"]``): the job's own work
+    moved as a whole, so the steady host's lower bar -- measured on that steady state -- no longer holds
+    (``straggler_ratio`` still does). False when the setting is 0 or the steady value is unknown."""
+    limit = settings.straggler_shift_peers_growth
+    steady = state.get("po")
+    if not limit or not steady:
+        return False
+    return _median([p[_P_OTHERS] for p in state["px"]]) >= limit * steady
 
 
 def _phase_of(rank: RankState, states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
@@ -417,7 +439,7 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
     open_st = run.incidents.get(STRAGGLER_KEY)
     if not named:
         if open_st is not None and open_st.is_open:
-            forming = any(_over(st) >= settings.straggler_clear_steps for _r, st, _m in states)
+            forming = any(_over(st, settings) >= settings.straggler_clear_steps for _r, st, _m in states)
             run_state["clear"] = run_state.get("clear", 0) + (0 if forming else 1)
             if run_state["clear"] >= confirm:
                 resolve(open_st, time_ns, step, open_st.record.lead_rank,
