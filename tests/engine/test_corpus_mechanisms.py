@@ -203,6 +203,11 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   trend), so it read as an oscillation to the end. A window whose median is above oscillation_max_rise x
   the run's first full window's level (and its initial level), with values significantly higher than that
   window's (rank test, z >= trend_z), is a rising loss, not swings around a level.
+* r709 (healthy, plain CNN, SGD at a sane LR with warmup+cosine, batch 4; batch 8, stop 33): calm at its
+  start (robust spread 0.06, so its own swing bar is 4 x that = 0.24), it learns slowly (window medians
+  1.38 -> 1.02) and its batches get noisier as predictions sharpen (spread 0.19-0.24): an oscillation
+  opened at 172 and stayed open to the end. A window whose median is under oscillation_min_fall x the
+  first full window's level, with values significantly lower (rank test), is a loss still converging.
 """
 
 from __future__ import annotations
@@ -564,3 +569,14 @@ def test_swings_on_a_level_that_climbs_cycle_after_cycle_are_a_divergence() -> N
 def test_the_climbing_swings_stay_an_oscillation_without_the_rise_bar() -> None:
     out = _outcome("r684", oscillation_max_rise=1e9)
     assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out
+
+
+def test_noise_on_a_level_still_falling_is_not_an_oscillation() -> None:
+    out = _outcome("r709")
+    assert out.label == "healthy", out
+    assert "loss/oscillation" not in out.kinds and not out.open_alerts, out  # oscillation open to the end before
+
+
+def test_the_falling_noise_reads_as_an_oscillation_with_oscillation_min_fall_0() -> None:
+    out = _outcome("r709", oscillation_min_fall=0.0)
+    assert out.open_alerts == ["loss/oscillation"], out

@@ -526,6 +526,11 @@ class DetectionSettings:
         "window's level and the initial level, its values significantly higher than that window's (rank "
         "test, z >= trend_z): swings on a level that climbs window after window are a rising loss.",
         minimum=1.0)
+    oscillation_min_fall: float = _setting(
+        0.85, "loss/oscillation fails on a window whose median is under this x the level of the run's "
+        "first full loss_window, its values significantly lower than that window's (rank test, z >= "
+        "trend_z): noise on a level still falling window after window is a loss converging (0: off).",
+        minimum=0.0)
     oscillation_held_points: int = _setting(
         40, "loss/oscillation gives way to loss/divergence when, on this many values in a row (a full "
         "loss_window's worth), the oscillation rule no longer holds (the loss stopped swinging, or trends) "
@@ -1084,7 +1089,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "explosion_diverged_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
-        "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_held_points", "plateau_min_level",
+        "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_min_fall", "oscillation_held_points",
+        "plateau_min_level",
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
         "plateau_converged_level", "plateau_small_grad", "plateau_min_steps", "plateau_moved_min_steps",
         "plateau_resolve_drop",

@@ -790,6 +790,8 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
         return _Check(False)  # swings that never come back into the band: the divergence rule's
     if _rose_from_start(state, win, tuned):
         return _Check(False)  # swings on a level that keeps climbing: a rising loss, not one that swings
+    if _fell_since_swings_began(state, win, tuned):
+        return _Check(False)  # noise on a level still falling: a loss converging, not one that swings
     trend = win.trend
     ratio = win.median / initial if initial > 0 else math.inf
     if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.first_step, win.last_step,
@@ -832,14 +834,34 @@ def _rose_from_start(state: Dict[str, Any], win: _Window, tuned: LossGradientSet
     if start is None or not ref or not win.median > tuned.oscillation_max_rise * max(start, robust.median(
             state["init"])):
         return False
-    ordered = win.ordered
+    return _rank_z_above(ref, win.ordered) >= tuned.trend_z
+
+
+def _fell_since_swings_began(state: Dict[str, Any], win: _Window, tuned: LossGradientSettings) -> bool:
+    """Whether the window's level fell from the run's first full ``loss_window``: its median under
+    ``oscillation_min_fall`` x that window's level (``state["start_level"]``) and its values significantly
+    lower than that window's (rank test, z >= ``trend_z``) -- the downward counterpart of
+    :func:`_rose_from_start`. A classifier that learns slowly on tiny batches gets noisier as it learns
+    (its per-batch loss spreads as predictions sharpen): window by window the level falls, inside one
+    window the noise hides it. A loss still falling is converging, not swinging around a level (the
+    corpus label's "no downward trend" of its second half against its early steps)."""
+    start, ref = state.get("start_level"), state.get("start_values")
+    if start is None or not ref or not win.median < tuned.oscillation_min_fall * start:
+        return False
+    return _rank_z_above(ref, win.ordered) <= -tuned.trend_z
+
+
+def _rank_z_above(ref: Sequence[float], ordered: Sequence[float]) -> float:
+    """Mann-Whitney z of the sorted values ``ordered`` against ``ref``: > 0 when they tend higher."""
     n1, n2 = len(ref), len(ordered)
     spread = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
-    below = 0.0  # pairs (start value, window value) in which the window value is the higher one
+    if not spread > 0:
+        return 0.0
+    higher = 0.0  # pairs (reference value, window value) in which the window value is the higher one
     for v in ref:
         hi = bisect_right(ordered, v)
-        below += (n2 - hi) + 0.5 * (hi - bisect_left(ordered, v))
-    return spread > 0 and (below - n1 * n2 / 2.0) / spread >= tuned.trend_z
+        higher += (n2 - hi) + 0.5 * (hi - bisect_left(ordered, v))
+    return (higher - n1 * n2 / 2.0) / spread
 
 
 def _swing_bar(state: Dict[str, Any], tuned: LossGradientSettings) -> float:
