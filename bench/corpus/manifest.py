@@ -618,11 +618,58 @@ def _batch8(first_index: int) -> List[RunSpec]:
     return specs
 
 
+BATCH9_SEED = 20261210
+"""The ninth batch (issue 16, stop 33, round 3; drawn after batches 1-8 had been tuned on): **dev only** --
+an LR high enough that the task does NOT learn yet does not blow up, the dev material batch 8 lacked (17 of
+its 28 'oscillation' runs learned anyway at 7-100x the sane LR): the harder tasks weighted (the GPT configs,
+the CNN), plain SGD, SGD-momentum, Nesterov, RMSprop, Adam and AdamW at higher degrees than batch 8, constant
+and cyclic schedules, no clipping and clipping at 1 or 5 (the HF Trainer's is 1). Every run's ``split`` is
+``"dev"``: the test half stays the one fixed before tuning (batches 1-6). Drawn from its own seed; recorded
+in ``manifest.json`` before any of its runs was trained."""
+
+BATCH9_COUNT = 30
+"""Planted 'oscillation' runs of the ninth batch (ids r716-r745, all dev)."""
+
+BATCH9_WHERE: Sequence[Tuple[str, str]] = [
+    ("plain", "gpt"), ("plain", "gpt"), ("lightning", "gpt"), ("lightning", "gpt"), ("plain", "cnn"),
+    ("lightning", "cnn"), ("hf", "cnn"), ("plain", "mlp"), ("hf", "mlp"), ("plain", "linear"),
+]
+BATCH9_OPTIMIZERS = ("sgd", "sgdm", "nesterov", "rmsprop", "adam", "adamw")
+BATCH9_SCHEDULES = ("constant", "constant", "cyclic")
+BATCH9_SCALE: Dict[str, Tuple[float, float]] = {
+    "sgd": (1.8, 2.6), "sgdm": (1.4, 2.2), "nesterov": (1.4, 2.2), "rmsprop": (1.2, 2.0),
+    "adam": (1.6, 2.4), "adamw": (1.6, 2.4),
+}
+"""log10 of ``lr_scale`` per optimiser: about 0.5 above batch 8's range (whose low end still learned)."""
+
+
+def _batch9_spec(rng: random.Random, index: int) -> RunSpec:
+    """One spec of the ninth batch: :func:`_draw`'s 'oscillation' spec, then its optimiser, schedule, LR,
+    clipping and batch drawn again from ``rng`` among the batch's choices; ``split`` is ``"dev"``."""
+    spec = _draw(rng, "oscillation", index, BATCH9_WHERE)
+    optimizer = rng.choice(list(BATCH9_OPTIMIZERS))
+    if spec.framework == "hf" and optimizer in ("sgdm", "nesterov"):
+        optimizer = "sgd"  # as _draw: the HF runs' SGD has no momentum
+    low, high = BATCH9_SCALE[optimizer]
+    clip: Optional[float] = 1.0 if spec.framework == "hf" else rng.choice([None, None, 1.0, 5.0])
+    changed = {"optimizer": optimizer, "schedule": rng.choice(list(BATCH9_SCHEDULES)),
+               "lr_scale": round(10 ** rng.uniform(low, high), 4), "clip": clip,
+               "batch": rng.choice([8, 16, 32, 64]), "bf16": False, "split": "dev"}
+    return RunSpec(**{**spec.to_dict(), **changed})  # type: ignore[arg-type]
+
+
+def _batch9(first_index: int) -> List[RunSpec]:
+    """The ninth batch (:func:`_batch9_spec`) from its own seed: every run in the dev half."""
+    rng = random.Random(BATCH9_SEED)
+    return [_batch9_spec(rng, first_index + i) for i in range(BATCH9_COUNT)]
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
     batch (320 runs from ``master_seed``), then the second (:func:`_batch2`), the third (:func:`_batch3`),
     the fourth (:func:`_batch4`), the fifth (:func:`_batch5`), the sixth (:func:`_batch6`), the seventh
-    (:func:`_batch7`, dev only) and the eighth (:func:`_batch8`, dev only)."""
+    (:func:`_batch7`, dev only), the eighth (:func:`_batch8`, dev only) and the ninth (:func:`_batch9`, dev
+    only)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
@@ -633,7 +680,8 @@ def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     specs += _batch5(len(specs))
     specs += _batch6(len(specs))
     specs += _batch7(len(specs))
-    return specs + _batch8(len(specs))
+    specs += _batch8(len(specs))
+    return specs + _batch9(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:
