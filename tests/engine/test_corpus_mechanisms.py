@@ -208,6 +208,14 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   1.38 -> 1.02) and its batches get noisier as predictions sharpen (spread 0.19-0.24): an oscillation
   opened at 172 and stayed open to the end. A window whose median is under oscillation_min_fall x the
   first full window's level, with values significantly lower (rank test), is a loss still converging.
+* r717 (plain MLP, SGD-Nesterov with an LR ~54x too high, clip 5, batch 64; batch 9, stop 33): the loss
+  (0.45 at the start) is thrown to ~10-40 and from step ~30 swings period-2 between ~10 and ~25 to the
+  end, never back under 2x its start, while the too-high LR has killed some units (zero-gradient layer
+  reports). The oscillation rule rightly fails on swings held out of the band, but the divergence rule
+  read the dead units as "nothing moves the weights" and failed too, so the oscillation opened at ~46
+  stayed open to the end. A constant predictor left by dead units sits about where it started; at
+  >= divergence_factor x the start the live layers are thrown about (as _optimisation_stuck already
+  argued for the oscillation rule, r232): a divergence.
 """
 
 from __future__ import annotations
@@ -580,3 +588,12 @@ def test_noise_on_a_level_still_falling_is_not_an_oscillation() -> None:
 def test_the_falling_noise_reads_as_an_oscillation_with_oscillation_min_fall_0() -> None:
     out = _outcome("r709", oscillation_min_fall=0.0)
     assert out.open_alerts == ["loss/oscillation"], out
+
+
+def test_swings_held_far_above_the_band_with_dead_units_are_a_divergence() -> None:
+    out = _outcome("r717")
+    assert out.label == "loss/divergence" and out.first_nonfinite is None
+    assert out.verdict == "loss/divergence" and out.open_alerts == ["loss/divergence"], out  # oscillation before
+    assert "loss/oscillation" in out.kinds  # the swings' first stretch stays in the history, resolved
+    text = gzip.decompress((CASES / "r717.jsonl.gz").read_bytes()).decode()
+    assert '"grad/layer/net.0","value":0.0}' in text  # a zero-gradient layer report: dead units

@@ -969,10 +969,15 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
         #                       a trend, nor the swings' decay from a first far-too-large update)
     # (a loss coming back down but still far above its band is diverged until it is back: a spike of
     # a few bad batches does not hold the rolling level up for divergence_min_points values)
-    if trend.z < tuned.trend_z and _optimisation_stuck(rank, state, win.first_step, win.last_step, settings):
+    if trend.z < tuned.trend_z and _optimisation_stuck(
+            rank, state, win.first_step, win.last_step, settings,
+            level / base if _held_out_of_band(rank, name, win, state, tuned) else 0.0):
         return _Check(False)  # nothing moves the weights (LR 0, dead units): the level is batch noise --
         #                       unless it rises significantly: noise has no trend (a too-high LR that
-        #                       killed some units still drives the rest, and the loss, up)
+        #                       killed some units still drives the rest, and the loss, up). Nor do dead
+        #                       units alone once the loss has not been back in its band for 2 windows
+        #                       (_held_out_of_band, level / base >= divergence_factor: _optimisation_stuck):
+        #                       a constant predictor sits about where it started (dev r717)
     centre = series[-(tuned.rise_smooth // 2) - 1][0] if len(series) > tuned.rise_smooth else series[-1][0]
     if not explain:
         return _Check(True, since=centre)
