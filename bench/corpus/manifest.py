@@ -664,12 +664,66 @@ def _batch9(first_index: int) -> List[RunSpec]:
     return [_batch9_spec(rng, first_index + i) for i in range(BATCH9_COUNT)]
 
 
+BATCH10_SEED = 20261211
+"""The tenth batch (issue 16, stop 33, round 4; drawn after batches 1-9 had been tuned on): **dev only** --
+runs that learn first and then swing: a mid-run LR jump of only 3-10x (``jump_mid``, at 35/45/55 % of the
+run) after the loss has fallen, or SGDR warm restarts / a cyclic LR whose peak is 3-10x too high, for several
+models and optimisers, clipping on and off; plus healthy runs whose mid-run jump is mild (1.5-2x). Every
+run's ``split`` is ``"dev"``: the test half stays the one fixed before tuning (batches 1-6). Drawn from its
+own seed; recorded in ``manifest.json`` before any of its runs was trained."""
+
+BATCH10_COUNTS: Dict[str, int] = {"lr_jump": 24, "healthy": 6}
+"""Runs per planted cause of the tenth batch (30, ids r746-r775, all dev)."""
+
+BATCH10_WHERE: Sequence[Tuple[str, str]] = [
+    ("plain", "mlp"), ("plain", "cnn"), ("plain", "gpt"), ("plain", "linear"), ("hf", "mlp"), ("hf", "gpt"),
+    ("hf", "linear"), ("lightning", "mlp"), ("lightning", "cnn"), ("lightning", "gpt"),
+]
+BATCH10_OPTIMIZERS = ("sgd", "sgdm", "nesterov", "rmsprop", "adam", "adamw")
+BATCH10_JUMP_SCHEDULES = ("jump_mid", "jump_mid", "jump_mid", "cosine_restarts", "cyclic")
+
+
+def _batch10_spec(rng: random.Random, cause: str, index: int) -> RunSpec:
+    """One spec of the tenth batch: :func:`_draw`'s, then its optimiser, schedule, LR, variant, clipping and
+    batch drawn again from ``rng``. ``lr_jump``: ``jump_mid`` x3/5/10 from a sane LR, or restarts / cyclic
+    with a peak 10^0.5-10^1 too high; ``healthy``: ``jump_mid`` x1.5/2 from a sane LR. ``split`` is dev."""
+    spec = _draw(rng, cause, index, BATCH10_WHERE)
+    optimizer = rng.choice(list(BATCH10_OPTIMIZERS))
+    if spec.framework == "hf" and optimizer in ("sgdm", "nesterov"):
+        optimizer = "sgd"  # as _draw: the HF runs' SGD has no momentum
+    if spec.family == "gpt" and cause == "healthy":
+        optimizer = rng.choice(["adam", "adamw"])
+    lr_scale = round(10 ** rng.uniform(-0.2, 0.2), 4)
+    where = rng.randrange(3)
+    if cause == "lr_jump":
+        schedule = rng.choice(list(BATCH10_JUMP_SCHEDULES))
+        variant = 5 * where + rng.randrange(3)  # x3, x5 or x10
+        if schedule != "jump_mid":
+            lr_scale = round(10 ** rng.uniform(0.5, 1.0), 4)
+            variant = rng.randrange(3)
+    else:
+        schedule, variant = "jump_mid", 5 * where + 3 + rng.randrange(2)  # x1.5 or x2
+    clip: Optional[float] = 1.0 if spec.framework == "hf" else rng.choice([None, None, 1.0, 5.0])
+    changed = {"optimizer": optimizer, "schedule": schedule, "lr_scale": lr_scale, "variant": variant,
+               "clip": clip, "batch": rng.choice([16, 32, 64]), "bf16": False, "split": "dev"}
+    return RunSpec(**{**spec.to_dict(), **changed})  # type: ignore[arg-type]
+
+
+def _batch10(first_index: int) -> List[RunSpec]:
+    """The tenth batch (:func:`_batch10_spec`) from its own seed: every run in the dev half."""
+    rng = random.Random(BATCH10_SEED)
+    specs: List[RunSpec] = []
+    for cause, count in BATCH10_COUNTS.items():
+        specs.extend([_batch10_spec(rng, cause, first_index + len(specs) + i) for i in range(count)])
+    return specs
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
     batch (320 runs from ``master_seed``), then the second (:func:`_batch2`), the third (:func:`_batch3`),
     the fourth (:func:`_batch4`), the fifth (:func:`_batch5`), the sixth (:func:`_batch6`), the seventh
-    (:func:`_batch7`, dev only), the eighth (:func:`_batch8`, dev only) and the ninth (:func:`_batch9`, dev
-    only)."""
+    (:func:`_batch7`, dev only), the eighth (:func:`_batch8`, dev only), the ninth (:func:`_batch9`, dev
+    only) and the tenth (:func:`_batch10`, dev only)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
@@ -681,7 +735,8 @@ def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     specs += _batch6(len(specs))
     specs += _batch7(len(specs))
     specs += _batch8(len(specs))
-    return specs + _batch9(len(specs))
+    specs += _batch9(len(specs))
+    return specs + _batch10(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:

@@ -22,7 +22,8 @@ Every framework gets its optimiser (SGD, SGD with momentum, Adam, AdamW; batch 5
 and a ``LambdaLR`` of the spec's schedule from this module (batch 5 adds OneCycle's shape, a linear warmup
 with a linear decay, and ``jump_up``: the LR raised 10-100x at 45 % of the run; batch 7 adds NAdam, RAdam,
 Adamax and SGD with Nesterov momentum, and SGDR cosine restarts, inverse-sqrt with warmup, polynomial and
-exponential decay; batch 8 adds ``cyclic``, CyclicLR's triangular shape).
+exponential decay; batch 8 adds ``cyclic``, CyclicLR's triangular shape; batch 10 adds ``jump_mid``, a
+mid-run LR jump of only 1.5-10x).
 
 Planted causes (``spec.cause``; nothing is injected into the SDK's data, everything happens in the training):
 see ``manifest.CAUSES``. ``variant`` picks among the ways a cause is planted (e.g. LoRA: alpha 0, A and B
@@ -335,6 +336,9 @@ def lr_factor(spec: RunSpec) -> Callable[[int], float]:
         return one
     if kind == "jump_up":  # a step schedule written the wrong way round: x10/30/100 at 45 % of the run
         at, jump = int(total * 0.45), (10.0, 30.0, 100.0)[v]
+        return lambda s: 1.0 if s < at else jump
+    if kind == "jump_mid":  # batch 10: the LR raised x3/5/10 (x1.5/2: mild) at 35/45/55 % of the run
+        at, jump = int(total * (0.35, 0.45, 0.55)[(v // 5) % 3]), (3.0, 5.0, 10.0, 1.5, 2.0)[v % 5]
         return lambda s: 1.0 if s < at else jump
     if kind == "step":
         return lambda s: 1.0 if s < total * 0.5 else 0.3 if s < total * 0.8 else 0.09
