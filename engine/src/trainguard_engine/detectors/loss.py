@@ -852,15 +852,18 @@ def _fell_since_swings_began(state: Dict[str, Any], win: _Window, tuned: LossGra
 
 
 def _rank_z_above(ref: Sequence[float], ordered: Sequence[float]) -> float:
-    """Mann-Whitney z of the sorted values ``ordered`` against ``ref``: > 0 when they tend higher."""
+    """Mann-Whitney z of the sorted values ``ordered`` against the sorted ``ref``: > 0 when they tend
+    higher, < 0 lower, 0.0 when either is empty (the one rank test of _fell_from_start, _rose_from_start
+    and _fell_since_swings_began)."""
     n1, n2 = len(ref), len(ordered)
     spread = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
     if not spread > 0:
         return 0.0
-    higher = 0.0  # pairs (reference value, window value) in which the window value is the higher one
-    for v in ref:
-        hi = bisect_right(ordered, v)
-        higher += (n2 - hi) + 0.5 * (hi - bisect_left(ordered, v))
+    higher = 0.0  # pairs (reference value, value) in which the value is the higher one
+    if ordered[-1] >= ref[0]:  # else every value is under every reference value: no such pair
+        for v in ref:  # a few bisections of the sorted values, not one per value
+            hi = bisect_right(ordered, v)
+            higher += (n2 - hi) + 0.5 * (hi - bisect_left(ordered, v))
     return (higher - n1 * n2 / 2.0) / spread
 
 
@@ -1164,16 +1167,7 @@ def _fell_from_start(state: Dict[str, Any], ordered: Sequence[float], med: float
     early: Optional[List[float]] = state.get("early")
     if not early or not ordered:
         return True
-    n1, n2 = len(early), len(ordered)
-    spread = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
-    if ordered[-1] < early[0]:  # every window value under every first value: the largest z there is
-        above = float(n1 * n2)
-    else:
-        above = 0.0  # pairs (first value, window value) in which the first value is the higher one
-        for e in early:  # a few bisections of the sorted window, not one per window value
-            lo = bisect_left(ordered, e)
-            above += lo + 0.5 * (bisect_right(ordered, e) - lo)
-    return spread > 0 and (above - n1 * n2 / 2.0) / spread >= tuned.trend_z
+    return -_rank_z_above(early, ordered) >= tuned.trend_z
 
 
 def _optimisation_stuck(rank: RankState, state: Dict[str, Any], lo: int, hi: int,
