@@ -211,15 +211,17 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
                   "bus error")
     if pos >= 0 and ((found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None
                      or (found := _search(_ZSH_DEATH_RE, t, pos, before=300, after=400)) is not None):
-        signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
-        return _signal_hit(found[0] + found[1].start("what"), {"signal": signal, "signal_name": name},
-                           "the process")
+        return _shell_death_hit(*found)
     for pos in t.find_all("(core dumped)"):
         if (found := _search(_CORE_DUMPED_RE, t, pos, before=30, after=14)) is not None:
-            signal, name = _SHELL_SIGNALS[found[1].group("what").lower()]
-            return _signal_hit(found[0] + found[1].start("what"), {"signal": signal, "signal_name": name},
-                               "the process")
+            return _shell_death_hit(*found)
     return None
+
+
+def _shell_death_hit(offset: int, m: re.Match[str]) -> _Hit:
+    """The hit for a shell's death report ``m`` (group ``what``: the signal in words) found at ``offset``."""
+    signal, name = _SHELL_SIGNALS[m.group("what").lower()]
+    return _signal_hit(offset + m.start("what"), {"signal": signal, "signal_name": name}, "the process")
 
 
 def _signal_hit(pos: int, facts: Facts, who: str) -> _Hit:
