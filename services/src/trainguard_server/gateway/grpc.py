@@ -54,6 +54,7 @@ from typing import (
     Callable,
     Dict,
     Iterator,
+    List,
     NoReturn,
     Optional,
     Set,
@@ -82,7 +83,7 @@ from .ingest import (
     one_authorization,
     retry_after_header,
 )
-from .sent_at import header_values
+from .sent_at import SENT_AT_HEADER
 
 __all__ = ["SERVICE", "STREAM_SEEN_LIMIT", "AsyncIngestServicer", "GrpcIngestServer", "IngestServicer",
            "StreamLimits", "build_grpc_server"]
@@ -103,10 +104,14 @@ RequestLike = Union[bytes, ingest_pb2.IngestRequest]
 T = TypeVar("T")
 
 
+def _metadata(context: Any, key: str) -> List[str]:
+    """The call's invocation metadata values under ``key``, as text."""
+    return [value if isinstance(value, str) else value.decode("latin-1")
+            for name, value in context.invocation_metadata() or () if name == key]
+
+
 def _token(context: Any) -> Optional[str]:
-    values = [value if isinstance(value, str) else value.decode("latin-1")
-              for key, value in context.invocation_metadata() or () if key == "authorization"]
-    return bearer_token(one_authorization(values))
+    return bearer_token(one_authorization(_metadata(context, "authorization")))
 
 
 def _batch(request: RequestLike, clock_offset_ns: int) -> Batch:
@@ -120,7 +125,7 @@ def _batch(request: RequestLike, clock_offset_ns: int) -> Batch:
 
 def _clock_offset(gateway: Gateway, context: Any) -> int:
     """The call's event-time shift from its ``x-trainguard-sent-at`` metadata, read when the call began."""
-    return gateway.clock_offset(header_values(context.invocation_metadata()))
+    return gateway.clock_offset(_metadata(context, SENT_AT_HEADER))
 
 
 def _date() -> Tuple[Tuple[str, str], ...]:

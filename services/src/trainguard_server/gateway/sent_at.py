@@ -22,11 +22,11 @@ Sentry's relay corrects clock drift from its envelopes' ``sent_at`` the same way
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Sequence
 
 from trainguard.transport.clock import SENT_AT_HEADER
 
-__all__ = ["SENT_AT_HEADER", "clock_offset", "header_values", "shift_times"]
+__all__ = ["SENT_AT_HEADER", "clock_offset", "shift_times"]
 
 _NS = 1_000_000_000
 _INT64_MAX = 2**63 - 1
@@ -63,8 +63,3 @@ def shift_times(events: Sequence[Any], offset_ns: int) -> List[int]:
             changed.append(k)
     return changed
 
-
-def header_values(pairs: Optional[Sequence[Any]]) -> List[str]:
-    """The ``x-trainguard-sent-at`` values among gRPC invocation metadata ``pairs``."""
-    return [value if isinstance(value, str) else value.decode("latin-1")
-            for key, value in pairs or () if key == SENT_AT_HEADER]
