@@ -53,7 +53,7 @@ def _pretrained_model() -> Any:
     return model
 
 
-def _hf_run(tmp_path: Path, lr: float) -> List[Dict[str, Any]]:
+def _hf_run(tmp_path: Path, lr: float, logging_steps: int = 1) -> List[Dict[str, Any]]:
     """Train with the real Trainer and the SDK's callback; the envelopes the SDK sent."""
     from transformers import Trainer, TrainingArguments
 
@@ -67,7 +67,7 @@ def _hf_run(tmp_path: Path, lr: float) -> List[Dict[str, Any]]:
                     capture_uncaught=False)  # the default overhead budget
     try:
         args = TrainingArguments(output_dir=str(tmp_path), max_steps=60, per_device_train_batch_size=16,
-                                 logging_steps=1, learning_rate=lr, lr_scheduler_type="constant",
+                                 logging_steps=logging_steps, learning_rate=lr, lr_scheduler_type="constant",
                                  report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
                                  dataloader_num_workers=0)
         assert args.max_grad_norm == 1.0  # the Trainer's default clipping
@@ -119,6 +119,21 @@ def test_a_100x_learning_rate_under_hf_default_clipping_is_a_divergence_within_1
     top = incident.hypotheses[0]  # what the run says: a constant LR, clipped on most steps
     assert "learning rate far too high" in top["cause"] and top["confidence"] >= 0.5
     assert any("constant" in why for why in top["why"]) and any("clipping" in why for why in top["why"])
+
+
+def test_logged_every_20_steps_the_divergence_is_still_found_from_the_steps_own_losses(tmp_path: Path) -> None:
+    """The same run with ``logging_steps=20``: the Trainer's first logged loss is already the mean of the
+    blow-up (far above the start) -- from it alone the run looks like a loss falling from a high start.
+    The callback reports every step's own loss, so the divergence is found as with ``logging_steps=1``."""
+    events = _hf_run(tmp_path, lr=100 * SANE_LR, logging_steps=20)
+    loss = _loss(events)
+    steps = sorted(loss)
+    assert steps == list(range(60))  # every step's loss, not every 20th
+    left = next(s for s in steps if loss[s] >= 2 * loss[0])
+    judged = _judge(events)
+    assert "loss/divergence" in judged["visible"], judged["visible"]
+    assert judged["visible"]["loss/divergence"] - left <= 10
+    assert "gradient/clip-stale" not in judged["visible"]
 
 
 def test_the_same_run_at_a_sane_learning_rate_stays_healthy(tmp_path: Path) -> None:

@@ -148,3 +148,91 @@ def test_with_the_default_budget_every_reported_norm_is_the_trainers_pre_clip_no
     assert sum(1 for v in theirs.values() if v > 1.0) >= 40  # most steps clipped: a clipped read would show
     for step, value in ours.items():
         assert abs(value - theirs[step]) <= 1e-4 * theirs[step], (step, value, theirs[step])
+
+
+def _points(evs: List[Dict[str, Any]], name: str) -> Dict[int, float]:
+    return {e["step"]: p["value"] for e in evs for p in e.get("metrics", {}).get("points", [])
+            if p["name"] == name}
+
+
+def _interval_means(loss: Dict[int, float], logged: List[Dict[str, Any]]) -> List[tuple]:
+    """Per Trainer log entry with a ``loss``: (its loss, the mean of the reported per-step losses of the
+    steps it covers). Log entries count steps 1-based; the SDK's watch numbering is 0-based."""
+    out, last = [], 0
+    for entry in logged:
+        if "loss" in entry:
+            steps = range(last, entry["step"])
+            out.append((entry["loss"], sum(loss[s] for s in steps) / len(steps)))
+            last = entry["step"]
+    return out
+
+
+@pytest.mark.parametrize("model_kind", ["dict_mean", "gpt2_num_items"])
+def test_the_loss_of_every_step_is_reported_whatever_logging_steps_is(
+        sdk: Callable[[], List[Dict[str, Any]]], tmp_path: Path, model_kind: str) -> None:
+    """logging_steps=5 with gradient accumulation 2: a ``loss`` at every optimizer step (from the model's
+    own loss on the step's forwards), averaging over each logging interval to exactly the loss the
+    Trainer logged -- for a model that returns a plain mean (the Trainer averages micro-batches) and for
+    a GPT-2 normalised by ``num_items_in_batch`` (the Trainer sums them)."""
+    if not usable_or_refused():
+        return
+    from transformers import Trainer, TrainingArguments
+
+    from trainguard.integrations.transformers import TrainGuardCallback
+
+    if model_kind == "dict_mean":
+        x = torch.randn(160, 8)
+        data: List[Dict[str, Any]] = [{"x": x[i], "labels": x[i].sum().sin().reshape(1)} for i in range(160)]
+        model: Any = Regressor()
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        ids = torch.randint(0, 32, (160, 12))
+        # some label positions ignored (-100): micro-batches count different numbers of tokens
+        data = [{"input_ids": row, "labels": torch.where(row % 3 == 0, -100, row)} for row in ids]
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=12, n_embd=16, n_layer=1, n_head=2))
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=20, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=2, logging_steps=5, learning_rate=0.01,
+                             report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+                             dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[TrainGuardCallback()])
+    trainer.train()
+    loss = _points(sdk(), "loss")
+    assert sorted(loss) == list(range(20))  # every step, not every 5th
+    pairs = _interval_means(loss, trainer.state.log_history)
+    assert len(pairs) == 4
+    for logged, mean in pairs:
+        assert abs(mean - logged) <= 1e-5 * abs(logged), pairs
+
+
+def test_a_loss_the_trainer_changes_falls_back_to_the_logged_loss(
+        sdk: Callable[[], List[Dict[str, Any]]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``compute_loss`` override that adds to the model's loss: the first logging interval shows the
+    mismatch, one warning says so, and from then on the reported ``loss`` is the Trainer's logged one."""
+    if not usable_or_refused():
+        return
+    from transformers import Trainer, TrainingArguments
+
+    from trainguard.integrations.transformers import TrainGuardCallback
+
+    class Penalised(Trainer):  # type: ignore[misc]
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, **kwargs: Any) -> Any:
+            outputs = model(**inputs)
+            loss = outputs["loss"] + 1.0  # e.g. a regulariser the model does not know of
+            return (loss, outputs) if return_outputs else loss
+
+    x = torch.randn(80, 8)
+    data = [{"x": x[i], "labels": x[i].sum().sin().reshape(1)} for i in range(80)]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=15, per_device_train_batch_size=4,
+                             logging_steps=5, learning_rate=0.01, report_to=[], save_strategy="no",
+                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    trainer = Penalised(model=Regressor(), args=args, train_dataset=data, callbacks=[TrainGuardCallback()])
+    trainer.train()
+    assert capsys.readouterr().err.count("is not the loss the Trainer logs") == 1
+    loss = _points(sdk(), "loss")
+    logged = {entry["step"] - 1: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+    assert sorted(logged) == [4, 9, 14]
+    assert sorted(loss) == [0, 1, 2, 3, 4, 9, 14]  # per-step until the first check, then the logged loss
+    for step in (4, 9, 14):
+        assert loss[step] == pytest.approx(logged[step], rel=1e-6)
+    assert all(loss[s] < 1.0 + 2.0 for s in range(4))  # the model's own loss (the +1.0 is not in it)
