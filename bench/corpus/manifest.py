@@ -77,7 +77,7 @@ CAUSES: Dict[str, Tuple[str, ...]] = {
 }
 
 FRAMEWORKS = ("plain", "hf", "lightning")
-FAMILIES = ("mlp", "cnn", "gpt", "lora", "deep", "linear")
+FAMILIES = ("mlp", "cnn", "gpt", "lora", "deep", "linear", "huber")
 OPTIMIZERS = ("sgd", "sgdm", "adam", "adamw")
 SCHEDULES = ("constant", "warmup_cosine", "linear", "step")
 
@@ -718,12 +718,71 @@ def _batch10(first_index: int) -> List[RunSpec]:
     return specs
 
 
+BATCH11_SEED = 20261212
+"""The eleventh batch (issue 16, stop 34; drawn after batches 1-10 had been tuned on): **dev only** -- a
+harder task family, ``huber`` (trainings.py: the MLP teacher with heavy-tailed label noise and a Huber
+loss, whose bounded gradient leaves a wide LR band where the loss stops learning but does not blow up;
+checked with throwaway local runs before this batch was drawn: SGD ~10^1.75-10^2.25, SGD-momentum / Nesterov
+~10^1.9-10^2.5, Adam(W) ~10^2.0-10^2.6 x the sane LR swing around the start under constant, cyclic, SGDR and
+warmup-to-a-constant schedules, while at the sane LR every optimiser learns to 0.25-0.55 x its start). Planted
+'oscillation' runs in that band (constant / cyclic / SGDR), 'warmup_too_high' runs (a warmup to a peak in
+that band: the loss first falls, then swings back up), and healthy runs of the family at a sane LR; plain,
+HF and Lightning, clipping off or at 1 / 5 (the HF Trainer's is 1). Every run's ``split`` is ``"dev"``:
+the test half stays the one fixed before tuning (batches 1-6). Drawn from its own seed; recorded in
+``manifest.json`` before any of its runs was trained."""
+
+BATCH11_COUNTS: Dict[str, int] = {"oscillation": 24, "warmup_too_high": 8, "healthy": 6}
+"""Runs per planted cause of the eleventh batch (38, ids r776-r813, all dev)."""
+
+BATCH11_WHERE: Sequence[Tuple[str, str]] = [
+    ("plain", "huber"), ("plain", "huber"), ("hf", "huber"), ("lightning", "huber"), ("lightning", "huber"),
+]
+BATCH11_OPTIMIZERS = ("sgd", "sgdm", "nesterov", "sgdm", "nesterov", "adam", "adamw", "rmsprop")
+BATCH11_OSC_SCHEDULES = ("constant", "constant", "cyclic", "cosine_restarts")
+BATCH11_HEALTHY_SCHEDULES = ("constant", "warmup_cosine", "cosine_restarts", "cyclic", "linear")
+BATCH11_SCALE: Dict[str, Tuple[float, float]] = {
+    "sgd": (1.75, 2.25), "sgdm": (1.9, 2.5), "nesterov": (1.9, 2.5), "rmsprop": (2.0, 2.5),
+    "adam": (2.0, 2.6), "adamw": (2.0, 2.6),
+}
+"""log10 of ``lr_scale`` per optimiser for the planted runs: the band the throwaway runs showed."""
+
+
+def _batch11_spec(rng: random.Random, cause: str, index: int) -> RunSpec:
+    """One spec of the eleventh batch: :func:`_draw`'s, then its optimiser, schedule, LR, clipping and batch
+    drawn again from ``rng`` among the batch's choices; ``split`` is ``"dev"``."""
+    spec = _draw(rng, cause, index, BATCH11_WHERE)
+    optimizer = rng.choice(list(BATCH11_OPTIMIZERS))
+    if spec.framework == "hf" and optimizer in ("sgdm", "nesterov"):
+        optimizer = "sgd"  # as _draw: the HF runs' SGD has no momentum
+    if cause == "healthy":
+        schedule = rng.choice(list(BATCH11_HEALTHY_SCHEDULES))
+        lr_scale = round(10 ** rng.uniform(-0.2, 0.2), 4)
+    else:
+        warmup = cause == "warmup_too_high"
+        schedule = "warmup_constant" if warmup else rng.choice(list(BATCH11_OSC_SCHEDULES))
+        low, high = BATCH11_SCALE[optimizer]
+        lr_scale = round(10 ** rng.uniform(low, high), 4)
+    clip: Optional[float] = 1.0 if spec.framework == "hf" else rng.choice([None, None, 1.0, 5.0])
+    changed = {"optimizer": optimizer, "schedule": schedule, "lr_scale": lr_scale, "clip": clip,
+               "batch": rng.choice([16, 32, 64]), "bf16": False, "split": "dev"}
+    return RunSpec(**{**spec.to_dict(), **changed})  # type: ignore[arg-type]
+
+
+def _batch11(first_index: int) -> List[RunSpec]:
+    """The eleventh batch (:func:`_batch11_spec`) from its own seed: every run in the dev half."""
+    rng = random.Random(BATCH11_SEED)
+    specs: List[RunSpec] = []
+    for cause, count in BATCH11_COUNTS.items():
+        specs.extend([_batch11_spec(rng, cause, first_index + len(specs) + i) for i in range(count)])
+    return specs
+
+
 def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     """Every spec of the corpus, split into dev and test per planted cause (half each, drawn): the first
     batch (320 runs from ``master_seed``), then the second (:func:`_batch2`), the third (:func:`_batch3`),
     the fourth (:func:`_batch4`), the fifth (:func:`_batch5`), the sixth (:func:`_batch6`), the seventh
     (:func:`_batch7`, dev only), the eighth (:func:`_batch8`, dev only), the ninth (:func:`_batch9`, dev
-    only) and the tenth (:func:`_batch10`, dev only)."""
+    only), the tenth (:func:`_batch10`, dev only) and the eleventh (:func:`_batch11`, dev only)."""
     rng = random.Random(master_seed)
     specs: List[RunSpec] = []
     for cause, count in COUNTS.items():
@@ -736,7 +795,8 @@ def build(master_seed: int = MASTER_SEED) -> List[RunSpec]:
     specs += _batch7(len(specs))
     specs += _batch8(len(specs))
     specs += _batch9(len(specs))
-    return specs + _batch10(len(specs))
+    specs += _batch10(len(specs))
+    return specs + _batch11(len(specs))
 
 
 def load(path: Path = MANIFEST) -> List[RunSpec]:

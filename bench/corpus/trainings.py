@@ -11,6 +11,10 @@ Model families (all tiny, so a run takes a second or two on one core):
   adapters on ``c_attn`` and ``c_fc`` fine-tuned on the task's chain.
 * ``deep`` -- a 16-24-layer sigmoid MLP (default init) on the ``mlp`` task.
 * ``linear`` -- softmax regression on four Gaussian blobs with 10 % flipped labels.
+* ``huber`` -- (batch 11) the ``mlp`` model and teacher (its output doubled) with heavy-tailed label noise
+  (0.3 x Student-t, 2 degrees of freedom) and a Huber loss (``smooth_l1_loss``): the loss's gradient is
+  bounded, so an LR ~60-300x too high (SGD family; Adam ~100-500x) keeps the loss swinging around its start
+  without blowing up -- a wide band that stops learning but does not diverge, which the tiny tasks above lack.
 
 Frameworks: ``plain`` (the usual loop: ``trainguard.watch(model, optimizer, clip=...)``,
 ``trainguard.log(step=, loss=, lr=)``, ``clip_grad_norm_`` where clipping is on, bf16 ``autocast`` on some
@@ -61,6 +65,8 @@ SANE_LR: Dict[str, Dict[str, float]] = {
             "nadam": 3e-3, "radam": 3e-3, "adamax": 6e-3, "nesterov": 0.1},
     "lora": {"sgd": 0.5, "sgdm": 0.1, "adam": 1e-2, "adamw": 1e-2, "rmsprop": 3e-3, "adagrad": 0.05,
              "nadam": 1e-2, "radam": 1e-2, "adamax": 2e-2, "nesterov": 0.1},
+    "huber": {"sgd": 0.05, "sgdm": 0.01, "adam": 3e-3, "adamw": 3e-3, "rmsprop": 1e-3, "adagrad": 0.05,
+              "nadam": 3e-3, "radam": 3e-3, "adamax": 6e-3, "nesterov": 0.01},
     "deep": {"sgd": 0.5, "sgdm": 0.2, "adam": 1e-3, "adamw": 1e-3, "rmsprop": 5e-4, "adagrad": 0.05,
              "nadam": 1e-3, "radam": 1e-3, "adamax": 2e-3, "nesterov": 0.2},
 }
@@ -98,6 +104,9 @@ class Task:
             self.w2 = torch.randn(32, 1, generator=g) / math.sqrt(32)
         elif family == "cnn":
             self.conv = torch.randn(4, 1, 5, 5, generator=g)
+        elif family == "huber":
+            self.w1 = torch.randn(DIM_IN, 32, generator=g) / math.sqrt(DIM_IN)
+            self.w2 = torch.randn(32, 1, generator=g) / math.sqrt(32)
         elif family == "linear":
             self.centres = 1.5 * torch.randn(4, DIM_IN, generator=g)
         else:  # gpt, lora: a Markov chain, 4 successors per token
@@ -116,6 +125,11 @@ class Task:
                 else:
                     y[0, 0] = float("-inf")  # the log-target of a zero label: log(0)
             return x, y
+        if family == "huber":  # the mlp task's teacher with heavy-tailed (Student-t, 2 dof) label noise
+            x = torch.randn(b, DIM_IN, generator=gen)
+            z = torch.randn(b, 3, generator=gen)
+            noise = z[:, :1] / torch.sqrt((z[:, 1:] ** 2).mean(dim=1, keepdim=True) + 1e-12)
+            return x, 2.0 * torch.tanh(x @ self.w1) @ self.w2 + 0.3 * noise
         if family == "linear":  # Gaussian blobs around 4 centres, 10 % of the labels flipped
             y = torch.randint(0, 4, (b,), generator=gen)
             x = self.centres[y] + torch.randn(b, DIM_IN, generator=gen)
@@ -152,6 +166,7 @@ class Regressor(nn.Module):
 
     def __init__(self, spec: RunSpec) -> None:
         super().__init__()
+        self.huber = spec.family == "huber"  # batch 11: the Huber loss (heavy-tailed targets)
         if spec.family == "deep":
             depth = (16, 20, 24)[spec.variant]
             layers: List[nn.Module] = []
@@ -172,8 +187,10 @@ class Regressor(nn.Module):
 
     def forward(self, x: torch.Tensor, y: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
         out = self.net(x).float()
-        loss = nn.functional.mse_loss(out, y.float()) if y is not None else out.sum()
-        return {"loss": loss}
+        if y is None:
+            return {"loss": out.sum()}
+        fn = nn.functional.smooth_l1_loss if self.huber else nn.functional.mse_loss
+        return {"loss": fn(out, y.float())}
 
 
 class Classifier(nn.Module):
@@ -266,7 +283,7 @@ def _pretrain(model: nn.Module, spec: RunSpec, steps: int = 80) -> None:
 
 def build_model(spec: RunSpec) -> nn.Module:
     torch.manual_seed(spec.seed + 3)
-    if spec.family in ("mlp", "deep"):
+    if spec.family in ("mlp", "deep", "huber"):
         return Regressor(spec)
     if spec.family in ("cnn", "linear"):
         return Classifier(spec)
