@@ -147,3 +147,47 @@ def test_an_exception_in_training_step_is_captured_as_unhandled(
     assert len(exceptions) == 1
     assert exceptions[0]["mechanism"] == "lightning" and exceptions[0]["handled"] is False
     assert "bad batch 3" in exceptions[0]["message"]
+
+
+def test_with_gradient_accumulation_each_step_reports_its_mean_training_loss(
+        sdk: Callable[[], List[Dict[str, Any]]]) -> None:
+    """accumulate_grad_batches=4 (the last window of the epoch short: 10 batches): Lightning hands
+    on_train_batch_end the loss divided by 4; the callback reports, once per optimizer step and at the
+    step's number, the mean of what training_step returned for that step's micro-batches."""
+    if not usable_or_refused():
+        return
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        import pytorch_lightning as pl  # type: ignore[no-redef]
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainguard.integrations.lightning import TrainGuardCallback
+
+    returned: List[float] = []
+
+    class Lit(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            returned.append(float(loss.detach()))
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    x = torch.randn(80, 8)
+    loader = DataLoader(TensorDataset(x, 3 * x.sum(1, keepdim=True)), batch_size=8)  # 10 batches/epoch
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=4,
+                         callbacks=[TrainGuardCallback()])
+    trainer.fit(Lit(), loader)
+    losses = dict(_series(sdk(), "loss"))
+    assert trainer.global_step == 6 and sorted(losses) == list(range(6))  # windows 4, 4, 2 per epoch
+    windows = [returned[0:4], returned[4:8], returned[8:10], returned[10:14], returned[14:18], returned[18:20]]
+    for step, window in enumerate(windows):
+        assert losses[step] == pytest.approx(sum(window) / len(window), rel=1e-5), (step, losses, windows)

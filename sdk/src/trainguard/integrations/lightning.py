@@ -10,10 +10,14 @@
   GradScaler, if any>, clip=<gradient_clip_val when clipping by norm>)``. Lightning runs backward inside
   the optimizer's closure; the watch reads gradients at the end of backward, so the norms are the
   pre-clip ones and the step ends at the optimizer (or scaler) step as usual.
-- ``on_train_batch_end``: ``outputs["loss"]`` (a tensor; read back on the SDK's thread) as ``loss``.
-  Steps are the SDK's optimizer-step count (0-based, i.e. ``trainer.global_step - 1`` after the step),
-  the same numbering as the watch's gradient metrics; a batch that only accumulates gradients logs its
-  loss at the step it contributes to minus one, like Lightning's own loggers do with ``global_step``.
+- ``on_train_batch_end``: the training loss, once per optimizer step, as ``loss`` (a tensor; read back
+  on the SDK's thread), at the SDK's optimizer-step count (0-based, i.e. ``trainer.global_step - 1``
+  after the step), the same numbering as the watch's gradient metrics. Under automatic optimization
+  Lightning hands this hook ``outputs["loss"]`` divided by ``accumulate_grad_batches`` (the value it
+  backpropagates); the callback keeps the micro-batches' values and, on the batch whose optimizer step
+  ran, reports their mean loss -- what ``training_step`` returned, as ``self.log`` shows it -- not the
+  last micro-batch's share. Under manual optimization each batch's ``outputs["loss"]`` is reported as
+  returned.
 - ``on_exception``: the exception, as unhandled (mechanism ``lightning``), before Lightning re-raises it.
 - ``on_fit_end`` / ``teardown``: the watch is removed.
 
@@ -23,7 +27,7 @@ module raises ImportError saying what to install. Never raises into training: ev
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -40,6 +44,9 @@ from ..guard import never_raise
 
 __all__ = ["TrainGuardCallback"]
 
+MAX_MICRO_BATCHES = 4096
+"""Most micro-batch losses kept waiting for their optimizer step (then reported anyway)."""
+
 
 class TrainGuardCallback(Callback):  # type: ignore[misc]
     """Lightning callback reporting gradient/AMP/memory signals, the training loss and crashes.
@@ -55,10 +62,13 @@ class TrainGuardCallback(Callback):  # type: ignore[misc]
         self.log_loss = log_loss
         self.watch_kwargs = watch_kwargs
         self.handle: Any = None
+        self._parts: List[Any] = []  #: the pending optimizer step's micro-batch losses (each / accumulate)
+        self._global_step: Optional[int] = None
 
     @never_raise()
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._remove()
+        self._parts, self._global_step = [], int(getattr(trainer, "global_step", 0))
         scaler = getattr(_precision_plugin(trainer), "scaler", None)
         self.handle = api.watch(pl_module, list(getattr(trainer, "optimizers", []) or []) or None,
                                 scaler=scaler, clip=self.clip if self.clip is not None else _clip(trainer),
@@ -72,8 +82,24 @@ class TrainGuardCallback(Callback):  # type: ignore[misc]
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is None or not hasattr(loss, "detach"):
             return
-        step = None if self._watching() else int(getattr(trainer, "global_step", 0))
-        api.log(step=step, loss=loss.detach())
+        global_step = int(getattr(trainer, "global_step", 0))
+        step = None if self._watching() else global_step
+        if not getattr(pl_module, "automatic_optimization", True):
+            api.log(step=step, loss=loss.detach())
+            return
+        accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        if accumulate == 1:
+            api.log(step=step, loss=loss.detach())
+            return
+        parts = self._parts
+        parts.append(loss.detach())
+        if global_step == self._global_step and len(parts) < MAX_MICRO_BATCHES:
+            return  # only accumulated: its optimizer step is still to come
+        self._global_step, self._parts = global_step, []
+        import torch
+
+        total = torch.stack([p.float().reshape(()) for p in parts]).sum()
+        api.log(step=step, loss=total * (accumulate / len(parts)))  # each part is loss / accumulate
 
     @never_raise()
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
