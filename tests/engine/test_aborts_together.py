@@ -1,6 +1,6 @@
-"""Several ranks a launcher reports aborted by a bare SIGABRT are the NCCL watchdogs' teardown after a collective
-timeout (detectors/process.py ``_aborted_together``, setting ``aborts_together_timeout_ranks``); one rank's abort
-stays memory/oom-or-cuda-error. Real lines of tuned wild-corpus logs (``tests/fixtures/wild/<id>/source.txt``
+"""Ranks a launcher reports aborted by a bare SIGABRT are the NCCL watchdog's teardown after a collective
+timeout (detectors/process.py ``_aborted_together``, setting ``aborts_together_timeout_ranks``: one rank's abort
+already, by default; only several together at 2; never on a CPU-only rank). Real lines of tuned wild-corpus logs (``tests/fixtures/wild/<id>/source.txt``
 names each thread)."""
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def _signal_lines(case: str) -> List[str]:
 def test_two_ranks_aborting_together_are_a_collective_timeout() -> None:
     # picotron: the tail of torchrun's summary, ranks 7 and 0 ended by SIGABRT (the thread: watchdog timeouts)
     first, *_rest, root = _signal_lines("comm-watchdog-summary-only-picotron-1")
-    settings = DetectionSettings()
-    assert _kinds([(7, first)], settings) == ["memory/oom-or-cuda-error"]  # one rank alone: no inference
+    settings = DetectionSettings(aborts_together_timeout_ranks=2)
+    assert _kinds([(7, first)], settings) == ["memory/oom-or-cuda-error"]  # one rank alone: no inference at 2
     assert _kinds([(7, first), (0, root)], settings) == ["comm/timeout"]  # the same incident, re-read
     assert _kinds([(7, first), (0, root)], DetectionSettings(aborts_together_timeout_ranks=0)) == [
         "memory/oom-or-cuda-error"]  # off
@@ -48,6 +48,32 @@ def test_two_ranks_aborting_together_are_a_collective_timeout() -> None:
         "memory/oom-or-cuda-error"]
     # the same rank twice is one rank
     assert _kinds([(0, first), (0, root)], settings) == ["memory/oom-or-cuda-error"]
+
+
+def test_one_ranks_bare_abort_is_a_collective_timeout_by_default() -> None:
+    # nccl#1439 ('ALLREDUCE timeout'): torchrun's summary names rank 1 alone, ended by SIGABRT
+    (line,) = _signal_lines("comm-childfailed-sigabrt-title-allreduce-nccl-1439-1")
+    assert DetectionSettings().aborts_together_timeout_ranks == 1
+    assert _kinds([(1, line)], DetectionSettings()) == ["comm/timeout"]
+    # mp.spawn's wording (ALAE#61, the issue title) and torchrun's per-worker line (protenix-style glog form)
+    spawn = _log("proc-spawn-sigabrt-title-alae-1").strip()
+    assert _kinds([(0, spawn)], DetectionSettings()) == ["comm/timeout"]
+    worker = ("E0603 04:19:17.163000 104 site-packages/torch/distributed/elastic/multiprocessing/api.py:874] "
+              "failed (exitcode: -6) local_rank: 1 (pid: 107) of binary: /root/miniconda3/bin/python3.11")
+    assert _kinds([(0, worker)], DetectionSettings()) == ["comm/timeout"]
+    # an exit code that is no abort, and a SIGBUS, are not the watchdog
+    assert _kinds([(0, worker.replace("-6", "1"))], DetectionSettings()) != ["comm/timeout"]
+
+
+def test_a_cpu_only_ranks_abort_is_no_watchdog_teardown() -> None:
+    from trainguard_engine.diagnosis import observe_start
+
+    (line,) = _signal_lines("comm-childfailed-sigabrt-title-allreduce-nccl-1439-1")
+    run = RunState(project="p", run_id="r")
+    rank = run.ranks.setdefault(0, RankState(rank=0))
+    observe_start(rank, {"torch": "2.13.0+cpu"})
+    finding = on_log(run, rank, {"event_id": "e"}, {"message": line}, -1, 1, DetectionSettings())
+    assert finding is not None and finding.category != "comm"
 
 
 def test_a_summary_listing_several_aborted_ranks_is_a_collective_timeout() -> None:

@@ -922,12 +922,16 @@ class DetectionSettings:
         "(2^32).",
         minimum=0.0)
     aborts_together_timeout_ranks: int = _setting(
-        2, "Distinct ranks a launcher reports ended by SIGABRT with no error of their own (torchrun's "
-        "failure summary, 'failed (exitcode: -6)', 'Signal 6 (SIGABRT) received by PID') at which the "
-        "aborts are read as the NCCL watchdogs' teardown after a collective timeout (comm/timeout) "
-        "instead of memory/oom-or-cuda-error: the launcher stops the other workers at the first failure, "
-        "so several ranks aborting on their own died together, at one collective's deadline. 0: off "
-        "(every bare abort stays memory/oom-or-cuda-error).", minimum=0)
+        1, "Distinct ranks a launcher reports ended by SIGABRT with no error of their own (torchrun's "
+        "failure summary, 'failed (exitcode: -6)', 'Signal 6 (SIGABRT) received by PID', mp.spawn's "
+        "'process N terminated with signal SIGABRT') at which the aborts are read as the NCCL watchdog's "
+        "teardown after a collective timeout (comm/timeout) instead of memory/oom-or-cuda-error. 1 (the "
+        "default): one rank's bare abort already is -- a CUDA OOM or CUDA error raised in Python exits 1 "
+        "with its message, and every wild-corpus thread that settles a one-rank bare abort says a "
+        "collective timed out (or the network under it failed); 2: only several ranks aborting on their own "
+        "together (the launcher stops the others at the first failure, so they died at one collective's "
+        "deadline). Never on a rank where CUDA is known not to be in use. 0: off (every bare abort stays "
+        "memory/oom-or-cuda-error).", minimum=0)
     amp_text_overflow_notice: bool = _setting(
         True, "An fp16 overflow line that is no collapse (a scaler's calibration, a few skipped steps at a "
         "healthy scale, an overflow line naming no scale) opens memory/amp-overflow at severity info for a "

@@ -417,19 +417,22 @@ def aborted_ranks(rule: str, facts: Mapping[str, Any], default: int) -> List[int
 
 def _aborted_together(run: RunState, rank: RankState, found: Classification,
                       settings: DetectionSettings) -> Optional[List[int]]:
-    """``aborts_together_timeout_ranks`` or more distinct ranks of the run ended by a bare SIGABRT (this
-    text's and the abort incident's earlier ones, that incident holding nothing else) while no collective
-    timeout of the run is reported in words: the sorted ranks, else None.
+    """``aborts_together_timeout_ranks`` (default 1) or more distinct ranks of the run ended by a bare
+    SIGABRT (this text's and the abort incident's earlier ones, that incident holding nothing else) while no
+    collective timeout of the run is reported in words and CUDA is not known to be unused on this rank: the
+    sorted ranks, else None.
 
-    Why a timeout: a CUDA OOM or CUDA error raised in Python ends its process with exit code 1, not an
-    abort; a SIGABRT is C++ giving up -- in a distributed job above all the NCCL watchdog taking the process
-    down after a collective timed out. One rank's abort alone may be anything (an async CUDA error the
-    watchdog found, an assertion). But a launcher stops the surviving workers (SIGTERM) as soon as it sees
-    the first failure, so several ranks listed as aborted on their own died within the same moment: their
-    watchdogs hit the same collective's deadline together (a CUDA fault is per GPU: the others would wait
-    in the next collective and be terminated before their own timeout)."""
+    Why a timeout: a CUDA OOM or CUDA error raised in Python ends its process with exit code 1 and its
+    message, not an abort; a SIGABRT with no error of its own is C++ giving up -- in a distributed job above
+    all the NCCL watchdog taking the process down after a collective timed out (torch >= 2 does so by
+    default). Every wild-corpus thread that settles a one-rank bare abort says so (a collective timeout, or
+    the network under it failing); the launcher shows only the first rank whose watchdog fired, having
+    stopped the others (SIGTERM) at that first failure. Several ranks listed as aborted on their own died
+    within the same moment: their watchdogs hit the same collective's deadline together. A CPU-only rank has
+    no NCCL watchdog: its abort is left alone."""
     need = settings.aborts_together_timeout_ranks
-    if need <= 0 or found.kind != "/".join(ABORT_KIND) or text_key(*TIMEOUT_KIND) in run.incidents:
+    if need <= 0 or found.kind != "/".join(ABORT_KIND) or text_key(*TIMEOUT_KIND) in run.incidents \
+            or cuda_in_use(rank) is False:
         return None
     mine = aborted_ranks(found.rule, found.facts, rank.rank)
     if not mine:
@@ -449,15 +452,23 @@ def _aborted_together(run: RunState, rank: RankState, found: Classification,
 
 
 def _as_teardown(found: Classification, ranks: Sequence[int]) -> Classification:
-    """``found`` (a bare SIGABRT) read as the NCCL watchdogs' teardown of ``ranks`` after a timeout."""
+    """``found`` (a bare SIGABRT) read as the NCCL watchdog's teardown of ``ranks`` after a timeout."""
     shown = ", ".join(str(r) for r in ranks[:16]) + (" ..." if len(ranks) > 16 else "")
+    if len(ranks) == 1:
+        headline = (f"Collective timeout (inferred): rank {shown} aborted by SIGABRT with no error of its "
+                    "own -- the NCCL watchdog's teardown; its timeout lines are not in the text")
+        note = ("a rank aborting on its own is, in a distributed job, its NCCL watchdog taking the process "
+                "down after a collective did not complete in time (or its transport failed): look above for "
+                "the watchdog's lines, and for the rank that never reached the collective (stuck, slower, or "
+                "dead); if there is none, an async CUDA error or a C++ assertion remain possible")
+    else:
+        headline = (f"Collective timeout (inferred): {len(ranks)} ranks ({shown}) aborted by SIGABRT "
+                    "together -- the NCCL watchdog's teardown; its timeout lines are not in the text")
+        note = ("several ranks aborting on their own at the same moment is each one's NCCL watchdog taking "
+                "its process down after a collective did not complete in time: find the rank that never "
+                "reached the collective (stuck, slower, or dead) in the output above")
     return replace(found, category=TIMEOUT_KIND[0], subtype=TIMEOUT_KIND[1],
-                   facts={**found.facts, "aborted_ranks": list(ranks[:64])},
-                   headline=f"Collective timeout (inferred): {len(ranks)} ranks ({shown}) aborted by SIGABRT "
-                            "together -- the NCCL watchdog's teardown; its timeout lines are not in the text",
-                   note="several ranks aborting on their own at the same moment is each one's NCCL watchdog "
-                        "taking its process down after a collective did not complete in time: find the rank "
-                        "that never reached the collective (stuck, slower, or dead) in the output above")
+                   facts={**found.facts, "aborted_ranks": list(ranks[:64])}, headline=headline, note=note)
 
 
 def _text_summary(found: Classification, rank: int, step: int, source: str) -> str:
