@@ -216,6 +216,13 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   stayed open to the end. A constant predictor left by dead units sits about where it started; at
   >= divergence_factor x the start the live layers are thrown about (as _optimisation_stuck already
   argued for the oscillation rule, r232): a divergence.
+* r794 (plain MLP on the Huber-loss 'huber' task, SGD-momentum with SGDR restarts at an LR ~200x too high, no
+  clipping, batch 16; batch 11, stop 34): the loss swings 0.2-1.0 around its start (~0.5-0.8, robust spread
+  0.31-0.45) to the end, while the steps have killed the hidden ReLUs (layer reports: a gradient on all
+  three layers at step 0, zero on the two hidden ones from step 49). The dead units vetoed the swings
+  ("nothing moves the weights: batch noise") and a plateau opened. Units dead from the first report leave a
+  constant predictor from the start (its loss scatters as its batches do); units killed by the updates died
+  of steps too large, and those steps keep throwing the live layers about: the swings are the optimiser's.
 """
 
 from __future__ import annotations
@@ -597,3 +604,13 @@ def test_swings_held_far_above_the_band_with_dead_units_are_a_divergence() -> No
     assert "loss/oscillation" in out.kinds  # the swings' first stretch stays in the history, resolved
     text = gzip.decompress((CASES / "r717.jsonl.gz").read_bytes()).decode()
     assert '"grad/layer/net.0","value":0.0}' in text  # a zero-gradient layer report: dead units
+
+
+def test_swings_at_the_start_after_the_steps_killed_the_hidden_units_are_an_oscillation() -> None:
+    out = _outcome("r794")
+    assert out.label == "loss/oscillation" and out.first_nonfinite is None
+    assert out.verdict == "loss/oscillation" and "loss/plateau" not in out.kinds, out  # plateau open before
+    text = gzip.decompress((CASES / "r794.jsonl.gz").read_bytes()).decode()
+    first = text.index('"grad/layer/net.0","value":')
+    assert not text.startswith('"grad/layer/net.0","value":0.0}', first)  # alive on the first report
+    assert '"grad/layer/net.0","value":0.0}' in text  # and dead later: units the updates killed

@@ -277,6 +277,14 @@ def check_layers(run: RunState, rank: RankState, layers: Sequence[Tuple[str, int
     finite.sort(key=lambda item: -item[1])
     state["largest"] = [[n[len(LAYER_PREFIX):], wire_float(v)] for n, v in finite[:4]]
     state["zero"] = [n[len(LAYER_PREFIX):] for n, _s, v in layers if v == 0.0][:MAX_LAYERS_KEPT]
+    # the zero layers that had a gradient on an earlier report: units that died during the run (the loss
+    # detector's _stuck_now tells them from units dead from the start)
+    alive: List[str] = state.setdefault("alive", [])
+    state["died"] = bool(state["zero"]) and all(n in alive for n in state["zero"])
+    for n, _s, v in layers:
+        name = n[len(LAYER_PREFIX):]
+        if v != 0.0 and math.isfinite(v) and len(alive) < MAX_LAYERS_KEPT and name not in alive:
+            alive.append(name)
     state["count"] = len(layers)
     if len(layers) < tuned.vanishing_min_layers:
         return []

@@ -795,7 +795,7 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     trend = win.trend
     ratio = win.median / initial if initial > 0 else math.inf
     if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.first_step, win.last_step,
-                                                             settings, ratio):
+                                                             settings, ratio, swings=True):
         return _Check(False)  # swings while nothing moves the weights are the batches' noise: a plateau
     if not explain:
         return _Check(True, since=win.first_step)
@@ -1109,8 +1109,10 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     # a bias finding the targets' mean, and the swings are the batches' noise
     fell = _fell_from_start(state, win.ordered, med, initial, tuned) and \
         not _stalled(rank, state, med / initial, win.first_step, win.last_step, settings)
-    if (fell or win.cv >= _swing_bar(state, tuned)) and \
-            not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
+    if fell and not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
+        return _Check(False)
+    if win.cv >= _swing_bar(state, tuned) and not _optimisation_stuck(
+            rank, state, win.first_step, win.last_step, settings, med / initial, swings=True):
         return _Check(False)
     trend = win.trend
     returned = _returned(state, win, initial, tuned)
@@ -1171,22 +1173,29 @@ def _fell_from_start(state: Dict[str, Any], ordered: Sequence[float], med: float
 
 
 def _optimisation_stuck(rank: RankState, state: Dict[str, Any], lo: int, hi: int,
-                        settings: DetectionSettings, level_ratio: float = 0.0) -> bool:
+                        settings: DetectionSettings, level_ratio: float = 0.0, swings: bool = False) -> bool:
     """Whether nothing moves the weights over steps [lo, hi]: an LR of 0, a median global grad norm below
     ``plateau_small_grad``, or layers with exactly zero gradient on the last per-layer report (dead units,
     a detached part) (the last ``STUCK_RECENT`` LR and norm values in the range). Then the loss's
     swings are its batches' noise, not the optimiser's. Dead layers alone do not say so when the judged
     loss level is ``level_ratio`` >= ``divergence_factor`` x its initial level: a model whose dead units
     left it a constant predictor sits at most about where it started; far above that, the optimiser is
-    throwing the live layers around (a far-too-high LR, which is also what killed the units). Computed
-    once per judged loss value (``state["stuck"]`` = [hi, reason]: the curve rules share it)."""
+    throwing the live layers around (a far-too-high LR, which is also what killed the units). Nor, for
+    ``swings`` (is a window's spread the batches' noise?), do layers that had a gradient on an earlier
+    report and died during the run ("died"): units dead from the first report leave a constant predictor
+    from the start, whose loss scatters only as its batches do; units killed by the updates died of steps
+    too large (the usual way ReLUs die), and the same steps keep throwing the live layers around -- the
+    swings are the optimiser's. Computed once per judged loss value (``state["stuck"]`` = [hi, reason]: the
+    curve rules share it)."""
     memo = state.get("stuck")
     if memo is not None and memo[0] == hi:
         reason = memo[1]
     else:
         reason = _stuck_now(rank, lo, hi, settings)
         state["stuck"] = [hi, reason]
-    if reason == "dead" and level_ratio >= settings.divergence_factor:
+    if reason in ("dead", "died") and level_ratio >= settings.divergence_factor:
+        return False
+    if reason == "died" and swings:
         return False
     return bool(reason)
 
@@ -1231,7 +1240,8 @@ STUCK_RECENT = 8
 
 
 def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> str:
-    """Why nothing moves the weights ("lr0", "small", "dead"), or "" (see :func:`_optimisation_stuck`)."""
+    """Why nothing moves the weights ("lr0", "small", "dead"; "died": every zero-gradient layer had a
+    gradient on an earlier report), or "" (see :func:`_optimisation_stuck`)."""
     for name in ("opt/lr", "lr"):
         if name in rank.history:
             lrs = recent(rank, name, STUCK_RECENT, hi)  # by step: the newest decides most values at once
@@ -1245,7 +1255,10 @@ def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -
             norms = [p for p in norms if p[0] >= lo]
         if norms and _median_of(norms) < settings.plateau_small_grad:
             return "small"
-    return "dead" if rank_state(rank).get("layers", {}).get("zero") else ""
+    layers = rank_state(rank).get("layers", {})
+    if not layers.get("zero"):
+        return ""
+    return "died" if layers.get("died") else "dead"
 
 
 def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSettings,
