@@ -12,6 +12,7 @@ figure to read on a loaded machine, whose scheduling inflates wall-clock passes)
     python bench/logs.py --ref 3c85af7       # cost beside another commit
     python bench/logs.py --record            # write tests/fixtures/wild/verdicts.json (in process)
     python bench/logs.py --show-heldout-misses   # only after the held-out figures are final
+    python bench/logs.py --local --tuned-only --no-cost   # while tuning: the held-out part not even judged
 
 Held-out misses are not listed by default: tuning reads the tuned part's misses only.
 """
@@ -149,8 +150,14 @@ def main() -> None:
     ap.add_argument("--ref", default="HEAD~1", help="git ref for the classifier-cost baseline")
     ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--show-heldout-misses", action="store_true")
+    ap.add_argument("--tuned-only", action="store_true",
+                    help="judge and report the tuned part only (while tuning; not with --record)")
     args = ap.parse_args()
+    if args.tuned_only and (args.record or args.show_heldout_misses):
+        ap.error("--tuned-only judges no held-out log: it cannot record or show held-out misses")
     cases = corpus.load(kinds=corpus.catalogue_kinds())
+    if args.tuned_only:
+        cases = [c for c in cases if c.part == "tune"]
     print(f"wild corpus: {len(cases)} logs ({sum(c.part == 'heldout' for c in cases)} held out); "
           f"{platform.python_version()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     t0 = time.perf_counter()

@@ -181,10 +181,29 @@ def _rule_cuda_oom_plain(t: _Text) -> Optional[_Hit]:
                 "context creation, cuBLAS/cuDNN workspace, NCCL buffers): the GPU was already full")
 
 
-_ASSERT_RE = re.compile(r"Assertion `(?P<assertion>[^`\n]{1,300})` failed")
-_ASSERT_SITE_RE = re.compile(r"(?P<file>[^\s:]{1,300}\.cuh?):(?P<line>\d+): (?P<kernel>[^\n:]{1,200}): "
+_ASSERT_RE = re.compile(r"Assertion `(?P<assertion>[^`\n]{1,300})`"
+                        r"(?:[ \t]{0,8}\n?[ \t]{0,8}failed|[ \t]{0,8}(?=\n|$))")
+"""A kernel's assertion; a paste may wrap the line before its ``failed.`` (the line then ends after the
+assertion's closing backtick, and a reader that passes lines one by one sees it without ``failed``)."""
+_ASSERT_SITE_RE = re.compile(r"(?P<file>[^\s:]{1,300}\.cuh?):(?P<line>\d+): (?:(?P<kernel>[^\n:]{1,400}): )?"
                              r"block: \[(?P<block>[\d,]{1,40})\], thread: \[(?P<thread>[\d,]{1,40})\]")
+"""Where a device-side assert fired: ``Indexing.cu:1284: indexSelectLargeIndex: block: [..], thread:
+[..]``, also with the kernel's whole C++ signature (legacy THC: ``void indexSelectSmallIndex(TensorInfo<T,
+...>, ...) [with T = float, ...]``) or with no kernel name at all (``THCTensorIndex.cu:218: block: [..],
+thread: [..]``)."""
+_KERNEL_NAME_RE = re.compile(r"(?:^|\s)(?P<name>[A-Za-z_][\w:]{0,120})(?:<[^(]{0,200}>)?\(")
 _INDEX_ASSERT_RE = re.compile(r"index|Index|n_classes|< *numel|srcSelectDimSize|dstAddDimSize|num_classes")
+
+
+def _kernel_name(said: Optional[str]) -> str:
+    """The kernel's name from the assertion site: a bare name, or the function name in a C++ signature."""
+    if not said:
+        return "a kernel"
+    said = said.strip()
+    if "(" not in said:
+        return said
+    m = _KERNEL_NAME_RE.search(said)
+    return m.group("name") if m else _shorten(said, 80)
 
 
 def _rule_device_assert(t: _Text) -> Optional[_Hit]:
@@ -195,10 +214,11 @@ def _rule_device_assert(t: _Text) -> Optional[_Hit]:
         _offset, m = found
         line = t.line_at(pos)
         facts: Facts = {"assertion": m.group("assertion")}
-        site = _ASSERT_SITE_RE.search(line[:1000])
+        site = _ASSERT_SITE_RE.search(line[:1200])
         if site is None or ".cu" not in line:
             continue  # a C++ assert or a Python message, not a CUDA kernel's device-side assert
-        facts.update(kernel=site.group("kernel").strip(), source=f"{site.group('file')}:{site.group('line')}")
+        facts.update(kernel=_kernel_name(site.group("kernel")),
+                     source=f"{site.group('file')}:{site.group('line')}")
         index = bool(_INDEX_ASSERT_RE.search(m.group("assertion")))
         facts["index_out_of_range"] = index
         note = ("an index out of range on the GPU (embedding ids >= vocabulary size, class targets >= number "
@@ -418,7 +438,9 @@ DOCS = {
         "``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED``, fairseq's ``attempting to recover "
         "from OOM in forward/backward pass`` → memory/oom"
     ),
-    'cuda.device-assert': "a kernel's ``Assertion `...` failed`` line → memory/cuda-error",
+    'cuda.device-assert': ("a kernel's ``file.cu:N: [kernel or its C++ signature: ]block: [..], thread: [..] "
+                           "Assertion `...` failed`` line (``failed`` may be wrapped to the next line) → "
+                           "memory/cuda-error"),
     'nvidia.xid': '``NVRM: Xid (PCI:...): N`` → memory/cuda-error',
     'cuda.error': (
         "``CUDA error: <reason>``, NCCL's ``Cuda failure '<reason>'``, cuBLAS / cuDNN execution failures, "

@@ -79,6 +79,22 @@ def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
                     f"NCCL watchdog timeout{_on_rank(rank)} (its line is cut)",
                     "the collective did not complete within the process group's timeout on this rank: a "
                     "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
+    pos = t.first(") ran for ")
+    if pos >= 0 and (bare := _search(_WORK_RAN_RE, t, pos, before=600, after=40)) is not None:
+        # the watchdog's message quoted without its start ("WorkNCCL(SeqNum=5125, ...) ran for 1807734
+        # millisecond", an issue title): the work descriptor and how long it ran still say it timed out
+        offset, m = bare
+        quoted: Facts = {"backend": m.group("backend"), "ran_for_ms": int(m.group("ran"))}
+        for name, pattern in _WORK_FIELDS:
+            if (f := pattern.search(m.group("work"))) is not None:
+                quoted[name] = int(f.group(1)) if name != "op_type" else f.group(1)
+        rank = _rank_of(t, pos, quoted)
+        op = quoted.get("op_type", "collective")
+        return _Hit("comm", "timeout", 0.85, offset + m.start(), quoted,
+                    f"{quoted['backend']} collective timeout{_on_rank(rank)}: {op} ran "
+                    f"{quoted['ran_for_ms']} ms (the watchdog's line without its start)",
+                    "the collective did not complete within the process group's timeout on this rank: a "
+                    "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
     pos = t.first(*_TIMEOUT_SAID)
     if pos >= 0:  # ProcessGroupNCCL's other timeout lines, when the watchdog's own line is not in the text
         said: Facts = {}
@@ -90,6 +106,10 @@ def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
     return None
 
 
+_WORK_RAN_RE = re.compile(r"Work(?P<backend>[A-Z]{2,10})\("
+                          r"(?P<work>(?:[^()\n]|\(ms\)){0,500}?Timeout\(ms\)=\d+(?:[^()\n]|\(ms\)){0,200}?)"
+                          r"\) ran for (?P<ran>\d+) millisecond")
+"""A work descriptor with its timeout and how long it ran: the watchdog's message without its start."""
 _TIMEOUT_SAID = ("timeout at nccl work:", "timed out in blocking wait")
 """ProcessGroupNCCL's lines that say a collective timed out besides the watchdog's own (torch >= 2.4's
 ``[PG 1 Rank 0] Timeout at NCCL work: 7753, last enqueued NCCL work: 7755, ...``; with
@@ -429,7 +449,7 @@ def _rule_ib_error(t: _Text) -> Optional[_Hit]:
 
 
 GATES = {
-    "nccl.watchdog-timeout": ("caught collective operation timeout", *_TIMEOUT_SAID),
+    "nccl.watchdog-timeout": ("caught collective operation timeout", ") ran for ", *_TIMEOUT_SAID),
     "nccl.dump-signal": ("received a dump signal due to a collective timeout from",),
     "nccl.watchdog-status": ("last enqueued work:", "last enqueued nccl work:",
                              "stack trace of the failed collective:"),
@@ -455,7 +475,9 @@ DOCS = {
         "comm/failure"
     ),
     'nccl.watchdog-timeout': (
-        '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (and the blocking-wait wording '
+        '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (also quoted without its '
+        'start: ``WorkNCCL(SeqNum=.., OpType=.., Timeout(ms)=N) ran for M millisecond(s)``; and the '
+        'blocking-wait wording '
         '``Caught collective operation timeout: ...``); without it, ``Timeout at NCCL work: N`` or ``Work '
         'WorkNCCL(...) timed out in blocking wait`` → comm/timeout'
     ),

@@ -25,10 +25,21 @@ _WORKER_FAILED_RE = re.compile(
     r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\)")
 
 
+_ENTRY_NEEDLE = "exitcode  :"
+_ENTRY_EXIT_RE = re.compile(r"^[ \t]{1,8}exitcode  : ?(?P<code>\d+) \(pid: (?P<pid>\d+)\)[ \t]*$",
+                            re.MULTILINE)
+_ENTRY_RANK_RE = re.compile(r"^[ \t]{1,8}rank {6}: ?(?P<rank>\d+)(?: \(local_rank: (?P<lr>\d+)\))?[ \t]*$",
+                            re.MULTILINE)
+"""One entry of torchrun's failure summary read without the summary's ``Root Cause`` header (a tail cut at
+the top, or its lines passed on one by one): ``exitcode  : 1 (pid: 8181)`` -- the padded key and the pid are
+torchrun's own -- is that worker's exit code; the entry's ``rank      : R (local_rank: L)`` field before it,
+when in the text, names the rank (a reader passing lines one by one gives the line that rank's stream)."""
+
+
 def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
     pos = t.first("failed (exitcode:")
     if pos < 0 or (found := _search(_WORKER_FAILED_RE, t, pos, before=0, after=200)) is None:
-        return None
+        return _failure_entry(t)
     m = found[1]
     code = int(m.group("code"))
     category, subtype, said = _launcher_exit_kind(code)
@@ -36,6 +47,33 @@ def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
     facts: Facts = {"exitcode": code, "local_rank": local, "rank": local, "pid": int(m.group("pid"))}
     return _Hit(category, subtype, 0.6, pos, facts, f"torchrun: local rank {local} failed ({said})",
                 _EXIT_NOTE if code > 0 else "")
+
+
+def _failure_entry(t: _Text) -> Optional[_Hit]:
+    """A torchrun failure entry's exit code without its summary's header (see :data:`_ENTRY_EXIT_RE`); a
+    non-zero code only (a signal's entry says ``Signal N (SIG..) received by PID``, which
+    ``launcher.signal`` reads)."""
+    pos = t.first(_ENTRY_NEEDLE)
+    if pos < 0:
+        return None
+    line_start = t.text.rfind("\n", 0, pos) + 1  # '^' then matches only at a real line start
+    m = _ENTRY_EXIT_RE.search(t.text, line_start, min(len(t.text), pos + 60))
+    if m is None:
+        return None
+    code = int(m.group("code"))
+    if code <= 0:
+        return None
+    category, subtype, said = _launcher_exit_kind(code)
+    facts: Facts = {"exitcode": code, "pid": int(m.group("pid"))}
+    start = m.start()
+    named = list(_ENTRY_RANK_RE.finditer(t.text, t.text.rfind("\n", 0, max(0, start - 300)) + 1, start))
+    if named:  # the last rank field before the exit code: this entry's
+        facts["rank"] = int(named[-1].group("rank"))
+        if named[-1].group("lr") is not None:
+            facts["local_rank"] = int(named[-1].group("lr"))
+    on = f"rank {facts['rank']}" if "rank" in facts else "a worker"
+    return _Hit(category, subtype, 0.6, start, facts,
+                f"torchrun: {on} failed ({said}; its failure entry without the summary's header)", _EXIT_NOTE)
 
 
 _EXIT_NOTE = ("the launcher only saw the exit code; the worker's own error (for exit code 1 usually a Python "
@@ -413,7 +451,7 @@ def summary_without_root(exc_type: str, message: str) -> Classification:
 
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
-    "torchrun.worker-failed": ("failed (exitcode:",),
+    "torchrun.worker-failed": ("failed (exitcode:", _ENTRY_NEEDLE),
     "launcher.signal": ("died with <signals.", "' returned non-zero exit status ",
                         "terminated with signal sig", "terminated with exit code ",
                         "program received signal sig",
@@ -441,7 +479,9 @@ DOCS = {
     ),
     'torchrun.worker-failed': (
         '``failed (exitcode: N) local_rank: R`` → a signal by the exit decision path, a plain non-zero code '
-        '→ process/exit (the worker\'s own exception, if printed, is an incident of its own); the culprit R'
+        '→ process/exit (the worker\'s own exception, if printed, is an incident of its own); the culprit R. '
+        'Also a torchrun failure entry\'s ``exitcode  : N (pid: P)`` field without the summary\'s header → '
+        'process/exit, the culprit its ``rank      : R`` field (or the stream the line came from)'
     ),
     'launcher.signal': (
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch; its ``CalledProcessError`` for a "

@@ -1,0 +1,63 @@
+"""Pastes cut or wrapped where the classifier used to need the whole line (issue 17, stop 34), each a class of
+real pastes, the text from tuned wild-corpus logs (tests/fixtures/wild/<id>/source.txt names each thread):
+
+* the NCCL watchdog's message quoted without its start (``WorkNCCL(SeqNum=.., OpType=ALLREDUCE,
+  Timeout(ms)=1800000) ran for 1807734 millisecond``, an issue title) is a collective timeout;
+* a kernel's device-side assertion with its ``failed.`` wrapped to the next line (or that line not passed on),
+  with the legacy THC kernel's whole C++ signature, or with no kernel name at all (a Windows build path) is
+  memory/cuda-error;
+* one entry of torchrun's failure summary without the summary's header (``rank      : 1``, ``exitcode  : 1
+  (pid: N)``) is that rank's process/exit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainguard_engine.classify import classify_text
+
+WILD = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
+
+
+def _log(case_id: str) -> str:
+    return (WILD / case_id / "log.txt").read_text(encoding="utf-8")
+
+
+def test_a_watchdog_message_without_its_start_is_a_collective_timeout() -> None:
+    title = _log("comm-watchdog-title-truncated-dfine-118-1")
+    found = classify_text(title)
+    assert found is not None and found.kind == "comm/timeout" and found.rule == "nccl.watchdog-timeout"
+    assert found.facts["op_type"] == "ALLREDUCE" and found.facts["seq_num"] == 5125
+    assert found.facts["ran_for_ms"] == 1807734 and found.facts["timeout_ms"] == 1800000
+    # a work descriptor without its timeout, or a 'ran for' of anything else, is no timeout
+    assert classify_text("WorkNCCL(SeqNum=5125, OpType=ALLREDUCE) ran for 1807734 millisecond") is None
+    assert classify_text("the epoch (12 of 90) ran for 1807734 milliseconds") is None
+
+
+def test_device_asserts_wrapped_with_a_signature_or_without_a_kernel() -> None:
+    for case, kernel in (("mem-index-assert-wrapped-failed-genhpf-17-1", "indexSelectLargeIndex"),
+                         ("mem-thc-index-assert-small-flowtron-31-1", "indexSelectSmallIndex"),
+                         ("mem-thc-index-assert-windows-flowtron-52-1", "a kernel")):
+        found = classify_text(_log(case))
+        assert found is not None and found.kind == "memory/cuda-error", case
+        assert found.rule == "cuda.device-assert" and found.facts["kernel"] == kernel, case
+        assert found.facts["index_out_of_range"] is True, case
+    wrapped_line = _log("mem-index-assert-wrapped-failed-genhpf-17-1").splitlines()[-2]  # 'failed.' not in it
+    alone = classify_text(wrapped_line)
+    assert "failed" not in wrapped_line and alone is not None and alone.rule == "cuda.device-assert"
+    # a C++ assert outside a kernel (no .cu site with block/thread) stays no device-side assert
+    assert classify_text("python: foo.cpp:12: int main(): Assertion `x > 0` failed.") is None
+
+
+def test_a_failure_entry_without_its_summary_header_is_that_ranks_exit() -> None:
+    found = classify_text(_log("proc-exit1-table-tail-rank1-lcl-11-1"))
+    assert found is not None and found.kind == "process/exit" and found.rule == "torchrun.worker-failed"
+    assert found.facts["rank"] == 1 and found.facts["exitcode"] == 1
+    # the exit-code field alone (a reader passing lines one by one; the rank is then the line's stream)
+    alone = classify_text("  exitcode  : 1 (pid: 8181)")
+    assert alone is not None and alone.kind == "process/exit" and "rank" not in alone.facts
+    assert classify_text("  exitcode  : 1") is None  # without torchrun's pid: not its field
+    # the same fields of a signal death are launcher.signal's (its 'Signal 6 ... received by PID' line)
+    entry = ("  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 104478)\n  error_file: <N/A>\n"
+             "  traceback : Signal 6 (SIGABRT) received by PID 104478\n")
+    aborted = classify_text(entry)
+    assert aborted is not None and aborted.rule == "launcher.signal"
