@@ -76,6 +76,27 @@ def replay_local(case: Case, data_dir: Optional[Path] = None) -> Verdict:
             backend.close()
 
 
+def replay_all(cases: Sequence[Case], data_dir: Optional[Path] = None) -> Dict[str, Verdict]:
+    """:func:`replay_local` for many cases through ONE in-process backend (one data directory, one processor):
+    each log is imported as its own run (``wild-<id>``), the processor drained once, then each run's
+    incidents read. Runs share nothing in the engine (state is per run), so the verdicts are the ones
+    :func:`replay_local` gives one by one (tests/services/replay/test_wild_corpus.py checks every one against
+    the recorded verdicts) -- without a data directory, stores and processor thread per log."""
+    from trainguard_server.replay import Importer, LocalBackend, ReplayOptions
+
+    with tempfile.TemporaryDirectory(prefix="tg-wild-") as tmp:
+        backend = LocalBackend(Path(data_dir or tmp))
+        try:
+            built = {case.case_id: Importer(ReplayOptions(run_id=f"wild-{case.case_id}",
+                                                          logs=[(0, case.log)]), backend).run().built
+                     for case in cases}
+            backend.finish()
+            return {case_id: verdict_of(backend.incidents(f"wild-{case_id}"), counts)
+                    for case_id, counts in built.items()}
+        finally:
+            backend.close()
+
+
 @dataclass
 class Score:
     """One case's score: None where the label does not test that line."""

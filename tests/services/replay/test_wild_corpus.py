@@ -129,7 +129,16 @@ def test_a_label_names_its_field_when_it_is_wrong() -> None:
 
 @pytest.fixture(scope="module")
 def verdicts() -> Dict[str, judge.Verdict]:
-    return {case.case_id: judge.replay_local(case) for case in CASES}
+    """Every log imported as its own run through one in-process backend (``judge.replay_all``: one data
+    directory and processor for the corpus instead of one per log -- the per-log test costs a few ms);
+    ``test_one_log_alone_gets_the_same_verdict`` keeps the one-backend-per-log path honest."""
+    return judge.replay_all(CASES)
+
+
+def test_one_log_alone_gets_the_same_verdict(verdicts: Dict[str, judge.Verdict]) -> None:
+    # a few tuned logs of different kinds through their own backend, as `trainguard replay` imports one log
+    for case in [c for c in CASES if c.part == "tune"][::97]:
+        assert judge.replay_local(case) == verdicts[case.case_id] == RECORDED[case.case_id], case.case_id
 
 
 @pytest.mark.parametrize("case_id", [c.case_id for c in CASES])
