@@ -7,13 +7,14 @@ real pastes, the text from tuned wild-corpus logs (tests/fixtures/wild/<id>/sour
   with the legacy THC kernel's whole C++ signature, or with no kernel name at all (a Windows build path) is
   memory/cuda-error;
 * one entry of torchrun's failure summary without the summary's header (``rank      : 1``, ``exitcode  : 1
-  (pid: N)``) is that rank's process/exit."""
+  (pid: N)``) is that rank's process/exit;
+* a wrapper's ``NCCL Error 3: internal error ...`` (ncclResult_t's number) is that NCCL error."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from trainguard_engine.classify import classify_text
+from trainguard_engine.classify import classify_exception, classify_text
 
 WILD = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
 
@@ -61,3 +62,16 @@ def test_a_failure_entry_without_its_summary_header_is_that_ranks_exit() -> None
              "  traceback : Signal 6 (SIGABRT) received by PID 104478\n")
     aborted = classify_text(entry)
     assert aborted is not None and aborted.rule == "launcher.signal"
+
+
+def test_a_wrappers_numbered_nccl_error_is_that_nccl_error() -> None:
+    # prime-rl#1098: 'RuntimeError: NCCL Error 3: internal error - please report this' (ncclResult_t 3)
+    first = _log("comm-internal-error-then-watchdog-wrapped63-primerl-1098-1").splitlines()[0]
+    exc_type, _, message = first.partition(": ")
+    found = classify_exception(exc_type, message)
+    assert found.kind == "comm/failure" and found.rule == "nccl.error"
+    assert found.facts["code"] == "ncclInternalError"
+    remote = classify_exception("RuntimeError", "NCCL Error 6: remote process exited or there was a network error")
+    assert remote.kind == "comm/rank-lost"
+    # a number that is no ncclResult_t error (7: in progress) is no NCCL failure
+    assert classify_exception("RuntimeError", "NCCL Error 7: operation in progress").rule != "nccl.error"

@@ -245,6 +245,13 @@ _NCCL_SITE_RE = re.compile(r"NCCL error in: (?P<site>[^,\n]{1,300}), (?P<reason>
                            r"(?P<version>[\w.+-]{1,40})")
 _NCCL_PLAIN_RE = re.compile(r"NCCL error: (?P<reason>[^\n]{1,300}?), NCCL version (?P<version>[\w.+-]{1,40})")
 _NCCL_LAST_RE = re.compile(r"Last error:\s{0,4}\n?(?P<last>[^\n]{1,300})")
+_NCCL_NUMBERED_RE = re.compile(r"NCCL Error (?P<num>[1-6]): (?P<reason>[^\n]{1,300})")
+"""The wording of wrappers that print ncclResult_t's number and ncclGetErrorString (torch's
+``torch.cuda.nccl`` / pynccl-style bindings): ``RuntimeError: NCCL Error 3: internal error - please report
+this issue to the NCCL developers``."""
+_NCCL_RESULT_CODES = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+                      4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError"}
+"""ncclResult_t's numbers (nccl.h): 0 success, 1-6 these errors, 7 in progress."""
 _NCCL_REASONS = (
     ("remote process exited or there was a network error", "ncclRemoteError"),
     ("unhandled system error", "ncclSystemError"), ("unhandled cuda error", "ncclUnhandledCudaError"),
@@ -315,6 +322,9 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
         if code is None:
             reason = facts["reason"].lower()
             code = next((c for needle, c in _NCCL_REASONS if needle in reason), None)
+    elif (numbered := _NCCL_NUMBERED_RE.search(text)) is not None:
+        facts["reason"] = numbered.group("reason").strip()
+        code = code or _NCCL_RESULT_CODES[int(numbered.group("num"))]
     if code is None:
         return None
     facts["code"] = code
@@ -487,7 +497,8 @@ DOCS = {
         'stack of the failed collective'
     ),
     'nccl.error': (
-        '``NCCL error ...`` / ``nccl*Error``: RemoteError → comm/rank-lost; InvalidUsage / '
+        '``NCCL error ...`` / ``nccl*Error`` / a wrapper\'s ``NCCL Error N: <reason>`` (N: ncclResult_t\'s '
+        'number): RemoteError → comm/rank-lost; InvalidUsage / '
         'InvalidArgument → comm/mismatch; UnhandledCudaError → comm/failure (memory/oom or cuda-error when '
         'its last error names one); SystemError on a connect → comm/init-failure; a last error saying the '
         'peer closed or reset the connection → comm/rank-lost; SystemError / InternalError → comm/failure; '
