@@ -8,7 +8,9 @@ real pastes, the text from tuned wild-corpus logs (tests/fixtures/wild/<id>/sour
   memory/cuda-error;
 * one entry of torchrun's failure summary without the summary's header (``rank      : 1``, ``exitcode  : 1
   (pid: N)``) is that rank's process/exit;
-* a wrapper's ``NCCL Error 3: internal error ...`` (ncclResult_t's number) is that NCCL error."""
+* a wrapper's ``NCCL Error 3: internal error ...`` (ncclResult_t's number) is that NCCL error;
+* legacy THC's ``cuda runtime error (2) : out of memory`` and ``CUDA error:out of memory`` are an OOM;
+* Slurm's ``*** STEP N ON host CANCELLED AT ... ***`` is the scheduler's SIGTERM (process/terminated)."""
 
 from __future__ import annotations
 
@@ -75,3 +77,26 @@ def test_a_wrappers_numbered_nccl_error_is_that_nccl_error() -> None:
     assert remote.kind == "comm/rank-lost"
     # a number that is no ncclResult_t error (7: in progress) is no NCCL failure
     assert classify_exception("RuntimeError", "NCCL Error 7: operation in progress").rule != "nccl.error"
+
+
+def test_more_out_of_memory_wordings_are_an_oom() -> None:
+    # neural-motifs#58 (legacy THC's exception) and CR-GAN#8 (the runtime's wording typed without its space)
+    for case in ("mem-oom-thc-random-title-neuralmotifs-58-1", "mem-oom-no-space-quoted-prose-crgan-8-1"):
+        found = classify_text(_log(case))
+        assert found is not None and found.kind == "memory/oom" and found.rule == "cuda.oom-plain", case
+    assert classify_exception("RuntimeError", "CUDA driver error: out of memory").kind == "memory/oom"
+    # another cuda runtime error number is no OOM
+    assert classify_exception("RuntimeError", "cuda runtime error (700) : an illegal memory access was "
+                                              "encountered at x.cu:1").kind == "memory/cuda-error"
+
+
+def test_a_slurm_cancellation_is_the_schedulers_sigterm() -> None:
+    # myria3d#123: the step's cancellation glued to a tqdm line
+    line = next(ln for ln in _log("proc-slurm-step-cancelled-ddp-prep-myria3d-123-1").splitlines()
+                if "CANCELLED AT" in ln)
+    found = classify_text(line)
+    assert found is not None and found.kind == "process/terminated" and found.facts["slurm_job"] == "6053.0"
+    limit = classify_text("slurmstepd: error: *** JOB 494583 ON node7 CANCELLED AT 2024-04-20T09:09:37 DUE TO "
+                          "TIME LIMIT ***")
+    assert limit is not None and limit.facts["reason"] == "time limit"
+    assert classify_text("the order was cancelled at noon") is None

@@ -156,9 +156,12 @@ def _oom_note(facts: Mapping[str, Any]) -> str:
 
 _OOM_PLAIN_NEEDLES = ("cuda error: out of memory", "hip error: out of memory", "cublas_status_alloc_failed",
                       "cuda failure 'out of memory'", "cudaerrormemoryallocation", " 'out of memory'",
-                      "error=2 : out of memory", "cuda_error_out_of_memory")
-"""Raw CUDA allocation failures: also NCCL's ``Cuda failure 2 'out of memory'`` and torch 0.x's
-``THCudaCheck FAIL file=... error=2 : out of memory``."""
+                      "error=2 : out of memory", "cuda_error_out_of_memory", "cuda error:out of memory",
+                      "cuda runtime error (2) : out of memory", "cuda driver error: out of memory")
+"""Raw CUDA allocation failures: also NCCL's ``Cuda failure 2 'out of memory'``, torch 0.x's
+``THCudaCheck FAIL file=... error=2 : out of memory`` and its exception ``cuda runtime error (2) : out of
+memory at ...THCTensorRandom.cu:25``, the runtime's wording typed without its space (``CUDA error:out of
+memory``), and the driver API's (``CUDA driver error: out of memory``)."""
 
 
 _OOM_RECOVERY = "attempting to recover from oom in forward/backward pass"

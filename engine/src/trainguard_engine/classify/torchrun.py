@@ -228,6 +228,14 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         m = found[1]
         ide: Facts = {"signal": int(m.group("sig")), "signal_name": m.group("name")}
         return _signal_hit(found[0] + m.start(), ide, "the process")
+    pos = t.first(_SLURM_CANCELLED)
+    if pos >= 0 and (found := _search(_SLURM_CANCELLED_RE, t, pos, before=120, after=120)) is not None:
+        m = found[1]
+        slurm: Facts = {"signal": 15, "signal_name": "SIGTERM", "scheduler": "slurm",
+                        "slurm_job": m.group("id"), "host": m.group("host")}
+        if m.group("reason"):
+            slurm["reason"] = m.group("reason").strip().lower()
+        return _signal_hit(found[0] + m.start(), slurm, f"Slurm {m.group('what').lower()} {m.group('id')}")
     pos = t.first("death signal", "got signal:")
     if pos >= 0 and (found := _search(_DEATH_SIGNAL_RE, t, pos, before=40, after=40)) is not None:
         m = found[1]
@@ -260,6 +268,14 @@ def _shell_death_hit(offset: int, m: re.Match[str]) -> _Hit:
     """The hit for a shell's death report ``m`` (group ``what``: the signal in words) found at ``offset``."""
     signal, name = _SHELL_SIGNALS[m.group("what").lower()]
     return _signal_hit(offset + m.start("what"), {"signal": signal, "signal_name": name}, "the process")
+
+
+_SLURM_CANCELLED = "cancelled at"
+_SLURM_CANCELLED_RE = re.compile(r"\*\*\* (?P<what>JOB|STEP) (?P<id>[\d.]{1,30}) ON (?P<host>\S{1,120}) "
+                                 r"CANCELLED AT \S{1,40}(?: DUE TO (?P<reason>[A-Z][A-Z ]{0,40}?))? \*\*\*")
+"""slurmstepd's ``*** JOB 494583 ON node CANCELLED AT 2024-04-20T09:09:37 DUE TO TIME LIMIT ***`` (also a
+``STEP``, and without a reason: ``scancel``): the scheduler ended the job -- SIGTERM to its tasks, SIGKILL
+after the grace period."""
 
 
 def _signal_hit(pos: int, facts: Facts, who: str) -> _Hit:
@@ -460,7 +476,7 @@ GATES = {
                         "oom-kill event",
                         "illegal instruction", "floating point exception", "(interrupted by signal ",
                         "(core dumped)",
-                        "bus error"),
+                        "bus error", _SLURM_CANCELLED),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -498,7 +514,8 @@ DOCS = {
         "zsh's lower-case ``20121 floating point exception (core dumped)`` / any of them with "
         "``(core dumped)`` mid-line (glued to a progress bar, quoted in a sentence) / "
         "``Bus error`` / "
-        "``Floating point exception`` "
+        "``Floating point exception`` / Slurm's ``*** JOB|STEP N ON host CANCELLED AT ... [DUE TO TIME "
+        "LIMIT] ***`` (SIGTERM from the scheduler) "
         "→ by the exit decision path for that signal; the OOM killer's report (dmesg's ``Out of memory: "
         "Killed process N (python)``, Slurm's ``Detected 1 oom-kill event(s)``) → process/killed (SIGKILL)"
     ),
