@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.96, "subtype": 0.95}, "heldout": {"category": 0.87, "subtype": 0.84}}
+FLOORS = {"tune": {"category": 0.97, "subtype": 0.96}, "heldout": {"category": 0.89, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -98,7 +98,13 @@ shell's ``... (core dumped)`` report read anywhere in a line (a tuned log quotin
 instruction, illegal access, no kernel image; 5 held out) labelled before being classified and recorded with no
 classifier change (the 5 tuned ones were all right): tuned 397/411 and 393/411, held out 138/158 and
 133/158. At 569 -> 571 logs: two fairseq minimum-loss-scale quotes (1 held out), no classifier change: tuned
-398/412 and 394/412, held out 139/159 and 134/159."""
+398/412 and 394/412, held out 139/159 and 134/159. Stop 34: one rank's bare SIGABRT relabelled comm/timeout by
+rule (7 labels, 2 held out) with aborts_together_timeout_ranks 1: tuned 400/412 and 396/412, held out 143/159
+and 138/159. 571 -> 627 logs in five batches (56 new, 19 held out), each labelled from its thread and
+recorded before any change made for it, and five changes made on tuned misses only (a watchdog message without
+its start, device-side asserts wrapped / with a legacy signature / no kernel name, a failure entry without its
+summary header, a numbered ``NCCL Error N``, more OOM wordings and Slurm's ``CANCELLED AT``): tuned 436/449 and
+432/449, held out 159/178 and 152/178 (floors set by script from these figures, rounded down)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
