@@ -97,3 +97,13 @@ def test_other_evidence_on_the_abort_incident_keeps_it() -> None:
     assert aborted_ranks("launcher.signal", {"signal": 7, "rank": 2}, 5) == []  # SIGBUS is not the watchdog
     assert aborted_ranks("torchrun.child-failed", {"root_cause_rule": "cuda.oom",
                                                    "failures": [{"rank": 0, "signal": 6}]}, 0) == []
+
+
+def test_a_single_process_report_of_an_abort_is_no_ranks_teardown() -> None:
+    # a debugger's, an IDE's run console's report of ONE process: no launcher's worker rank, no watchdog inferred
+    for line in ("Program received signal SIGABRT, Aborted.",
+                 "Process finished with exit code 134 (interrupted by signal 6: SIGABRT)"):
+        kinds = _kinds([(0, line)], DetectionSettings())
+        assert kinds and "comm/timeout" not in kinds, line
+    # the same signal from a launcher's worker line is (test_one_ranks_bare_abort_is_a_collective_timeout...)
+    assert aborted_ranks("launcher.signal", {"signal": 6, "reporter": "gdb"}, 0) == []

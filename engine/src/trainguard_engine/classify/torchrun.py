@@ -198,8 +198,8 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         name = found[1].group("name")
         signal = _SIGNAL_NUMBERS.get(name, 0)
         if signal in (4, 6, 7, 8, 9, 11):  # a fatal one (gdb also stops at SIGINT, SIGPIPE, ...)
-            return _signal_hit(found[0] + found[1].start(), {"signal": signal, "signal_name": name},
-                               "the debugged process")
+            gdb: Facts = {"signal": signal, "signal_name": name, "reporter": "gdb"}
+            return _signal_hit(found[0] + found[1].start(), gdb, "the debugged process")
     pos = t.first("exits with return code = ")
     if pos >= 0 and (found := _search(_RETURN_CODE_RE, t, pos, before=0, after=60)) is not None:
         code = int(found[1].group("code"))
@@ -226,7 +226,7 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
     pos = t.first("(interrupted by signal ")
     if pos >= 0 and (found := _search(_INTERRUPTED_RE, t, pos, before=60, after=40)) is not None:
         m = found[1]
-        ide: Facts = {"signal": int(m.group("sig")), "signal_name": m.group("name")}
+        ide: Facts = {"signal": int(m.group("sig")), "signal_name": m.group("name"), "reporter": "ide"}
         return _signal_hit(found[0] + m.start(), ide, "the process")
     pos = t.first(_SLURM_CANCELLED)
     if pos >= 0 and (found := _search(_SLURM_CANCELLED_RE, t, pos, before=120, after=120)) is not None:
@@ -267,7 +267,8 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
 def _shell_death_hit(offset: int, m: re.Match[str]) -> _Hit:
     """The hit for a shell's death report ``m`` (group ``what``: the signal in words) found at ``offset``."""
     signal, name = _SHELL_SIGNALS[m.group("what").lower()]
-    return _signal_hit(offset + m.start("what"), {"signal": signal, "signal_name": name}, "the process")
+    return _signal_hit(offset + m.start("what"), {"signal": signal, "signal_name": name, "reporter": "shell"},
+                       "the process")
 
 
 _SLURM_CANCELLED = "cancelled at"
@@ -276,6 +277,11 @@ _SLURM_CANCELLED_RE = re.compile(r"\*\*\* (?P<what>JOB|STEP) (?P<id>[\d.]{1,30})
 """slurmstepd's ``*** JOB 494583 ON node CANCELLED AT 2024-04-20T09:09:37 DUE TO TIME LIMIT ***`` (also a
 ``STEP``, and without a reason: ``scancel``): the scheduler ended the job -- SIGTERM to its tasks, SIGKILL
 after the grace period."""
+
+
+SINGLE_PROCESS_REPORTERS = ("gdb", "ide", "shell")
+"""``facts["reporter"]`` of a signal death reported for one process (a debugger, an IDE's run console, a
+shell's death report), not by a distributed launcher for one of its worker ranks."""
 
 
 def _signal_hit(pos: int, facts: Facts, who: str) -> _Hit:

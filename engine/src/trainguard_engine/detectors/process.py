@@ -52,6 +52,7 @@ from trainguard.core.events import wire_float
 
 from ..catalogue import EXIT_REASON_MEANINGS, DetectionSettings, classify_exit, kind
 from ..classify import Classification, classify_chain, classify_text
+from ..classify.torchrun import SINGLE_PROCESS_REPORTERS
 from ..diagnosis import cuda_in_use
 from ..extract import as_int, as_str, recent_points
 from ..incidents import Finding
@@ -406,8 +407,8 @@ def aborted_ranks(rule: str, facts: Mapping[str, Any], default: int) -> List[int
         failures = facts.get("failures")
         return sorted({f["rank"] for f in (failures if isinstance(failures, list) else [])
                        if isinstance(f, Mapping) and f.get("signal") == 6 and isinstance(f.get("rank"), int)})
-    if rule not in ABORT_RULES:
-        return []
+    if rule not in ABORT_RULES or facts.get("reporter") in SINGLE_PROCESS_REPORTERS:
+        return []  # a debugger's, an IDE's or a shell's report of one process is no launcher's worker rank
     signal = facts.get("signal")
     exitcode = facts.get("exitcode")
     if signal == 6 or (signal is None and exitcode == -6):
