@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Run the training shapes of :mod:`bench.unseen.shapes` (none of them in bench/corpus) and judge each.
+
+Each shape runs as its own process, configured only through ``TRAINGUARD_*`` variables (a ``file://``
+endpoint); its stream is then fed, event by event, through a fresh engine pipeline with the default
+``DetectionSettings`` (``bench.corpus.evaluate.judge``). A healthy shape is right when no WARNING+ incident
+is open at its end; a failing shape when its expected kind is among its incidents (open or resolved).
+
+    python -m bench.unseen.probe                 # every shape, 2 at a time (~8 min on 2 cores)
+    python -m bench.unseen.probe --only plain_mlp_nan_input,hf_gpt2_default_logging_ok
+    python -m bench.unseen.probe --rejudge       # judge the streams already in --out again (engine changes)
+
+This set was never used to tune a detector threshold: keep it that way (it is an outside check; what it
+finds is fixed in the SDK/integrations or becomes new corpus material).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bench.corpus.evaluate import judge, read_events  # noqa: E402
+from bench.unseen.shapes import HEALTHY, SHAPES, UNMANIFESTED  # noqa: E402
+from trainguard_engine.catalogue import DetectionSettings  # noqa: E402
+from trainguard_engine.records import INCIDENT_RESOLVED, SEVERITY_ORDER  # noqa: E402
+
+DEFAULT_OUT = REPO / "bench" / "unseen" / "out"
+
+
+def record(name: str, out: Path) -> Optional[str]:
+    """Run one shape into ``out/<name>.jsonl``; an error text or None."""
+    stream = out / f"{name}.jsonl"
+    stream.unlink(missing_ok=True)
+    env = dict(
+        os.environ,
+        TRAINGUARD_ENDPOINT=stream.resolve().as_uri(),
+        TRAINGUARD_PROJECT="unseen",
+        TRAINGUARD_SPOOL_DIR=str(out / "spool" / name),
+        TRAINGUARD_FLUSH_INTERVAL="0.5",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.unseen.shapes", name], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    (out / f"{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    return None if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+
+
+def verdict(name: str, out: Path) -> Dict[str, object]:
+    """The engine's incidents on one recorded shape and whether they are what the shape expects
+    (``right`` None: not scored); ``right_but_perf``: the same with ``perf/*`` incidents left out (on a
+    shared machine a neighbour's load slows a job for real: the throughput detector is right to say so,
+    but it says nothing of the training)."""
+    expected = SHAPES[name][0]
+    incidents, visible, _ = judge(read_events(out / f"{name}.jsonl"), DetectionSettings())
+    mine = [i for i in incidents if not i.explained_by]
+    alert = SEVERITY_ORDER["warning"]
+    open_alerts = sorted(
+        {
+            f"{i.category}/{i.subtype}"
+            for i in mine
+            if i.status != INCIDENT_RESOLVED and SEVERITY_ORDER.get(i.severity, 0) >= alert
+        }
+    )
+    kinds = [
+        f"{i.category}/{i.subtype}:{i.status}@{visible.get(f'{i.category}/{i.subtype}', '?')}" for i in mine
+    ]
+
+    def right(skip_perf: bool) -> Optional[bool]:
+        if expected == UNMANIFESTED:
+            return None
+        if expected == HEALTHY:
+            return not [k for k in open_alerts if not (skip_perf and k.startswith("perf/"))]
+        return any(k.startswith(expected + ":") for k in kinds)
+
+    return {
+        "name": name,
+        "expected": expected,
+        "right": right(False),
+        "right_but_perf": right(True),
+        "incidents": kinds,
+        "open_alerts": open_alerts,
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated shape names (default: all)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--rejudge", action="store_true", help="judge the recorded streams, record nothing")
+    args = parser.parse_args(argv)
+    names: List[str] = [n for n in args.only.split(",") if n] or list(SHAPES)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.rejudge:
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            errors = dict(zip(names, pool.map(lambda n: record(n, args.out), names)))
+        for name, error in errors.items():
+            if error:
+                print(f"{name}: FAILED to run ({error})")
+        print(f"recorded {len(names)} shapes in {time.monotonic() - started:.0f} s (--jobs {args.jobs})")
+    tally = {(group, perf): [0, 0] for group in ("healthy", "failing") for perf in (True, False)}
+    for name in names:
+        if not (args.out / f"{name}.jsonl").exists():
+            continue
+        v = verdict(name, args.out)
+        mark = {True: "ok  ", False: "MISS", None: "n/a "}[v["right"]]  # type: ignore[index]
+        print(f"{mark} {name:34s} expected {v['expected']:22s} got {', '.join(v['incidents']) or '-'}")  # type: ignore[arg-type]
+        if v["right"] is None:
+            continue
+        group = "healthy" if v["expected"] == HEALTHY else "failing"
+        for perf, key in ((True, "right"), (False, "right_but_perf")):
+            tally[(group, perf)][0] += bool(v[key])
+            tally[(group, perf)][1] += 1
+    for (group, perf), (k, n) in tally.items():
+        print(f"summary {group}{'' if perf else ' (perf/* left out)'}: {k}/{n} right")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
