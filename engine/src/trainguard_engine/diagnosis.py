@@ -199,15 +199,6 @@ def _finite_values(values: Sequence[Triple], finite: bool) -> List[float]:
     return [v for _s, v, _t in values if v - v == 0.0]
 
 
-def _extreme(pick: Callable[..., float], values: Sequence[Triple], finite: bool) -> Optional[float]:
-    """``pick`` (:func:`min` or :func:`max`) of the finite values of ``values`` (None: none), read in
-    place: no list of them is built (an incident is enriched on every finding applied to it, and a
-    series holds up to twice ``history_len`` points)."""
-    if finite:
-        return pick(map(_VALUE, values)) if values else None
-    return pick((v for _s, v, _t in values if v - v == 0.0), default=None)
-
-
 def _at(values: Sequence[Triple], step: int) -> Optional[float]:
     """The value at ``step`` or the nearest before it (``values`` by step)."""
     i = bisect_left(values, (step + 1,))
@@ -247,9 +238,9 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
         at = _at(loss, step)
         if at is not None:
             item["at_first_step"] = _number(at)
-        low = _extreme(min, loss, finite)
-        if low is not None:
-            item["min"] = _number(low)
+        values = _finite_values(loss, finite)
+        if values:
+            item["min"] = _number(min(values))
         item["last"] = _number(loss[-1][1])
         related["loss"] = item
     grads, finite = _series(rank, settings.grad_norm_metrics, max(last, step))
@@ -268,9 +259,9 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
             item["median_before"] = _number(median)
             if at is not None and median > 0 and at - at == 0.0:
                 facts.grad_jump = at / median
-        high = _extreme(max, grads, finite)
-        if high is not None:
-            item["max"] = _number(high)
+        values = _finite_values(grads, finite)
+        if values:
+            item["max"] = _number(max(values))
         related["grad_norm"] = item
     phase = lr_phase(rank, step)
     if phase:
@@ -415,21 +406,6 @@ def _check_rules() -> None:
 
 _check_rules()
 
-_BY_KIND: List[Any] = [None, {}]
-"""[the RULES indexed, {kind name: its rules in RULES' order}]: made on first use, again if RULES changes."""
-
-
-def _rules_of(name: str) -> Tuple[Rule, ...]:
-    """The rules of the kind named ``name`` (``"loss/plateau"``), in :data:`RULES`' order."""
-    if _BY_KIND[0] is not RULES:
-        by_kind: Dict[str, List[Rule]] = {}
-        for rule in RULES:
-            by_kind.setdefault(rule[0], []).append(rule)
-        _BY_KIND[:] = [RULES, {k: tuple(v) for k, v in by_kind.items()}]
-    rules: Tuple[Rule, ...] = _BY_KIND[1].get(name, ())
-    return rules
-
-
 PRIORS = (3.0, 2.0, 1.5, 1.0)
 """Weights of a kind's causes in catalogue order (the most common first); later ones get the last."""
 
@@ -442,8 +418,9 @@ def hypotheses(category: str, subtype: str, facts: Facts, most: int = 5) -> List
     for i, cause in enumerate(spec.causes):
         weights[cause] = PRIORS[min(i, len(PRIORS) - 1)]
         why[cause] = []
-    for _kind, cause_id, predicate, factor, reason in _rules_of(spec.name):
-        if not predicate(facts):
+    name = spec.name
+    for rule_kind, cause_id, predicate, factor, reason in RULES:
+        if rule_kind != name or not predicate(facts):
             continue
         cause = spec.cause_text(cause_id)
         if cause not in weights:  # an extra cause: only this rule brings it in
@@ -452,8 +429,7 @@ def hypotheses(category: str, subtype: str, facts: Facts, most: int = 5) -> List
         weights[cause] *= factor
         why[cause].append(reason(facts))
     total = sum(weights.values()) or 1.0
-    order = {cause: i for i, cause in enumerate(weights)}
-    ranked = sorted(weights.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+    ranked = sorted(weights.items(), key=lambda kv: (-kv[1], list(weights).index(kv[0])))
     return [{"cause": cause, "confidence": round(w / total, 2),
              "why": why[cause] or ["prior: how often this is the cause of this kind"]}
             for cause, w in ranked[:most]]
