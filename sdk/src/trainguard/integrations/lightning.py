@@ -84,12 +84,9 @@ class TrainGuardCallback(Callback):  # type: ignore[misc]
             return
         global_step = int(getattr(trainer, "global_step", 0))
         step = None if self._watching() else global_step
-        if not getattr(pl_module, "automatic_optimization", True):
-            api.log(step=step, loss=loss.detach())
-            return
         accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
-        if accumulate == 1:
-            api.log(step=step, loss=loss.detach())
+        if accumulate == 1 or not getattr(pl_module, "automatic_optimization", True):
+            api.log(step=step, loss=loss.detach())  # the loss training_step returned, as returned
             return
         parts = self._parts
         parts.append(loss.detach())

@@ -71,6 +71,9 @@ class StepLoss:
     """
 
     def __init__(self, scale: float = 1.0) -> None:
+        import torch  # made at on_train_begin: the job's torch is loaded; the hook runs on every forward
+
+        self._torch = torch
         self.scale = scale           #: Trainer's factor on a num_items_in_batch-normalised loss
         self.parts: List[Any] = []   #: the current step's micro-batch losses
         self.normalised = False      #: whether the model normalised by num_items_in_batch
@@ -79,11 +82,8 @@ class StepLoss:
 
     def hook(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         try:
-            if not getattr(module, "training", False):
-                return
-            import torch
-
-            if not torch.is_grad_enabled():
+            torch = self._torch
+            if not getattr(module, "training", False) or not torch.is_grad_enabled():
                 return
             loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
             if loss is None or not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -98,12 +98,10 @@ class StepLoss:
         parts, self.parts = self.parts, []
         if not parts:
             return None
-        import torch
-
         if len(parts) == 1:
             value = parts[0].float()
         else:
-            stacked = torch.stack([p.float() for p in parts])
+            stacked = self._torch.stack([p.float() for p in parts])
             value = stacked.sum() if self.normalised else stacked.mean()
         if self.normalised and self.scale != 1.0:
             value = value * self.scale
@@ -121,9 +119,7 @@ class StepLoss:
         overflow, self.overflow = self.overflow, False
         if not kept or overflow:
             return None
-        import torch
-
-        return float(torch.stack(kept).mean())
+        return float(self._torch.stack(kept).mean())
 
 
 class TrainGuardCallback(TrainerCallback):  # type: ignore[misc]
