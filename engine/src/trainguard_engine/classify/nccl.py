@@ -24,6 +24,17 @@ _WORK_FIELDS = (
     ("numel_in", re.compile(r"NumelIn=(\d+)")), ("numel_out", re.compile(r"NumelOut=(\d+)")),
     ("timeout_ms", re.compile(r"Timeout\(ms\)=(\d+)")),
 )
+_TIMEOUT_NOTE = ("the collective did not complete within the process group's timeout on this rank: a peer "
+                 "never joined it (stuck, slower, or dead) or the interconnect stalled")
+
+
+def _work_facts(work: str, facts: Facts) -> None:
+    """Put the fields a work descriptor (``WorkNCCL(SeqNum=.., OpType=.., ...)``) holds into ``facts``."""
+    for name, pattern in _WORK_FIELDS:
+        if (f := pattern.search(work)) is not None:
+            facts[name] = int(f.group(1)) if name != "op_type" else f.group(1)
+
+
 _WORK_BACKEND_RE = re.compile(r"Work(?P<backend>[A-Z]{2,10})\(")
 _WORK_SHAPE_RE = re.compile(r"TensorShape=\[(?P<shape>[^\]]{0,200})\]")
 _PG_RE = re.compile(r"\[PG ID (?P<pg_id>\d+) PG GUID (?P<guid>[^\s\]()]{1,100})"
@@ -47,9 +58,7 @@ def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
         work = m.group("work")
         backend = _WORK_BACKEND_RE.search(work)
         facts["backend"] = backend.group("backend") if backend else "NCCL"
-        for name, pattern in _WORK_FIELDS:
-            if (f := pattern.search(work)) is not None:
-                facts[name] = int(f.group(1)) if name != "op_type" else f.group(1)
+        _work_facts(work, facts)
         if (shape := _WORK_SHAPE_RE.search(work)) is not None:
             facts["tensor_shape"] = _ints(shape.group("shape"))
         facts["ran_for_ms"] = int(m.group("ran"))
@@ -66,8 +75,7 @@ def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
         headline = (f"{facts['backend']} watchdog timeout{_on_rank(rank)}: {op}{seq} ran "
                     f"{facts['ran_for_ms']} ms")
         return _Hit("comm", "timeout", 0.95, offset + m.start(), facts, headline,
-                    "the collective did not complete within the process group's timeout on this rank: a "
-                    "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
+                    _TIMEOUT_NOTE)
     pos = t.first("caught collective operation timeout")
     if pos >= 0:  # a line a terminal or a paste wrapped: what is left of it still says what happened
         cut: Facts = {}
@@ -77,32 +85,27 @@ def _rule_nccl_watchdog(t: _Text) -> Optional[_Hit]:
             cut["seq_num"] = int(seq_match.group(1))
         return _Hit("comm", "timeout", 0.8, pos, cut,
                     f"NCCL watchdog timeout{_on_rank(rank)} (its line is cut)",
-                    "the collective did not complete within the process group's timeout on this rank: a "
-                    "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
+                    _TIMEOUT_NOTE)
     pos = t.first(") ran for ")
     if pos >= 0 and (bare := _search(_WORK_RAN_RE, t, pos, before=600, after=40)) is not None:
         # the watchdog's message quoted without its start ("WorkNCCL(SeqNum=5125, ...) ran for 1807734
         # millisecond", an issue title): the work descriptor and how long it ran still say it timed out
         offset, m = bare
         quoted: Facts = {"backend": m.group("backend"), "ran_for_ms": int(m.group("ran"))}
-        for name, pattern in _WORK_FIELDS:
-            if (f := pattern.search(m.group("work"))) is not None:
-                quoted[name] = int(f.group(1)) if name != "op_type" else f.group(1)
+        _work_facts(m.group("work"), quoted)
         rank = _rank_of(t, pos, quoted)
         op = quoted.get("op_type", "collective")
         return _Hit("comm", "timeout", 0.85, offset + m.start(), quoted,
                     f"{quoted['backend']} collective timeout{_on_rank(rank)}: {op} ran "
                     f"{quoted['ran_for_ms']} ms (the watchdog's line without its start)",
-                    "the collective did not complete within the process group's timeout on this rank: a "
-                    "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
+                    _TIMEOUT_NOTE)
     pos = t.first(*_TIMEOUT_SAID)
     if pos >= 0:  # ProcessGroupNCCL's other timeout lines, when the watchdog's own line is not in the text
         said: Facts = {}
         rank = _rank_of(t, pos, said)
         return _Hit("comm", "timeout", 0.8, pos, said,
                     f"NCCL collective timeout{_on_rank(rank)} (the watchdog's own line is not in the text)",
-                    "the collective did not complete within the process group's timeout on this rank: a "
-                    "peer never joined it (stuck, slower, or dead) or the interconnect stalled")
+                    _TIMEOUT_NOTE)
     return None
 
 
