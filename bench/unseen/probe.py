@@ -9,6 +9,15 @@ is open at its end; a failing shape when its expected kind is among its incident
     python -m bench.unseen.probe                 # every shape, 2 at a time (~8 min on 2 cores)
     python -m bench.unseen.probe --only plain_mlp_nan_input,hf_gpt2_default_logging_ok
     python -m bench.unseen.probe --rejudge       # judge the streams already in --out again (engine changes)
+    python -m bench.unseen.probe --heldout       # stop 35's held-out shapes (HELDOUT_SHAPES), scored with
+                                                 # the trace rules below; run ONCE, with the engine kept
+
+Held-out scoring (``HELDOUT_SHAPES``, rules decided with that list, before any of it ran): from the loss
+the run reported, its initial level is the median of its first 5 values; a failing shape is scored only
+when its cause manifested (a value >= 2x the initial level, or a non-finite one), and is right when one of
+its expected kinds (``a|b``) is among its incidents; any shape whose loss ended learned (the median of its
+last 20 values <= 0.85x the initial level, the last one finite) must also end with no WARNING+ incident
+open -- a run that blew up and recovered must not be left with a stale alarm.
 
 This set was never used to tune a detector threshold: keep it that way (it is an outside check; what it
 finds is fixed in the SDK/integrations or becomes new corpus material).
@@ -17,19 +26,21 @@ finds is fixed in the SDK/integrations or becomes new corpus material).
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.corpus.evaluate import judge, read_events  # noqa: E402
-from bench.unseen.shapes import HEALTHY, SHAPES, UNMANIFESTED  # noqa: E402
+from bench.unseen.shapes import HEALTHY, HELDOUT_SHAPES, SHAPES, UNMANIFESTED  # noqa: E402
 from trainguard_engine.catalogue import DetectionSettings  # noqa: E402
 from trainguard_engine.records import INCIDENT_RESOLVED, SEVERITY_ORDER  # noqa: E402
 
@@ -53,6 +64,66 @@ def record(name: str, out: Path) -> Optional[str]:
     )
     (out / f"{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     return None if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+
+
+def loss_trace(events: Sequence[Dict[str, Any]]) -> List[float]:
+    """The run's reported ``loss`` values, one per step (the last one sent for a step), in step order."""
+    by_step: Dict[int, float] = {}
+    for event in events:
+        for point in (event.get("metrics") or {}).get("points") or ():
+            if point.get("name") == "loss" and isinstance(event.get("step"), int):
+                by_step[event["step"]] = float(point.get("value"))
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def trace_facts(losses: Sequence[float]) -> Dict[str, Optional[bool]]:
+    """``manifested`` (a loss >= 2x the initial level or non-finite) and ``learned`` (the last 20 values'
+    median <= 0.85x the initial level, the last one finite); the initial level: the first 5 values' median."""
+    if len(losses) < 5:
+        return {"manifested": None, "learned": None}
+    start = statistics.median(losses[:5])
+    finite = [v for v in losses if math.isfinite(v)]
+    manifested = len(finite) < len(losses) or max(finite) >= 2 * start
+    learned = math.isfinite(losses[-1]) and statistics.median(losses[-20:]) <= 0.85 * start
+    return {"manifested": manifested, "learned": learned}
+
+
+def heldout_verdict(name: str, out: Path) -> Dict[str, object]:
+    """:func:`verdict` for a held-out shape, scored with the trace rules of the module's docstring."""
+    expected = HELDOUT_SHAPES[name][0]
+    events = read_events(out / f"{name}.jsonl")
+    facts = trace_facts(loss_trace(events))
+    v = _judged(name, events, expected)
+    kinds, open_alerts = v["incidents"], v["open_alerts"]
+
+    def right(skip_perf: bool) -> Optional[bool]:
+        still_open = [k for k in open_alerts if not (skip_perf and k.startswith("perf/"))]  # type: ignore[attr-defined]
+        if expected == HEALTHY:
+            return not still_open
+        if not facts["manifested"]:
+            return None
+        found = any(k.split(":")[0] in expected.split("|") for k in kinds)  # type: ignore[attr-defined]
+        return found and not (facts["learned"] and still_open)
+
+    v.update(right=right(False), right_but_perf=right(True), **facts)
+    return v
+
+
+def _judged(name: str, events: Sequence[Dict[str, Any]], expected: str) -> Dict[str, object]:
+    incidents, visible, _ = judge(events, DetectionSettings())
+    mine = [i for i in incidents if not i.explained_by]
+    alert = SEVERITY_ORDER["warning"]
+    open_alerts = sorted(
+        {
+            f"{i.category}/{i.subtype}"
+            for i in mine
+            if i.status != INCIDENT_RESOLVED and SEVERITY_ORDER.get(i.severity, 0) >= alert
+        }
+    )
+    kinds = [
+        f"{i.category}/{i.subtype}:{i.status}@{visible.get(f'{i.category}/{i.subtype}', '?')}" for i in mine
+    ]
+    return {"name": name, "expected": expected, "incidents": kinds, "open_alerts": open_alerts}
 
 
 def verdict(name: str, out: Path) -> Dict[str, object]:
@@ -98,8 +169,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--rejudge", action="store_true", help="judge the recorded streams, record nothing")
+    parser.add_argument("--heldout", action="store_true", help="stop 35's held-out shapes (run them ONCE)")
     args = parser.parse_args(argv)
-    names: List[str] = [n for n in args.only.split(",") if n] or list(SHAPES)
+    names: List[str] = [n for n in args.only.split(",") if n] or list(
+        HELDOUT_SHAPES if args.heldout else SHAPES
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.rejudge:
         started = time.monotonic()
@@ -113,9 +187,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in names:
         if not (args.out / f"{name}.jsonl").exists():
             continue
-        v = verdict(name, args.out)
+        v = heldout_verdict(name, args.out) if name in HELDOUT_SHAPES else verdict(name, args.out)
         mark = {True: "ok  ", False: "MISS", None: "n/a "}[v["right"]]  # type: ignore[index]
-        print(f"{mark} {name:34s} expected {v['expected']:22s} got {', '.join(v['incidents']) or '-'}")  # type: ignore[arg-type]
+        trace = f" [manifested {v['manifested']}, learned {v['learned']}]" if "learned" in v else ""
+        print(f"{mark} {name:34s} expected {v['expected']:22s} got {', '.join(v['incidents']) or '-'}{trace}")  # type: ignore[arg-type]
         if v["right"] is None:
             continue
         group = "healthy" if v["expected"] == HEALTHY else "failing"
