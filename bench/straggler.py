@@ -28,6 +28,9 @@ Scenarios (``--seeds N`` runs of each, seeds 0..N-1; the slow rank is ``seed % 4
     python bench/straggler.py --only healthy,affinity,compute --healthy 6 --seeds 3 --first-seed 100 \
         --record /tmp/fresh --record-all                           # a held-out set, judged later: --rejudge
 
+With ``--record``, each kept run's side channel (every rank's run-queue delay and CPU time per step, written
+by the job itself, not the SDK) is kept in ``DIR/sched/<scenario>-<seed>.tsv.gz``: bench/straggler_sched.py.
+
 On this repository's 2-core machine one run takes 15-25 s (four torch processes on two cores).
 """
 
@@ -185,9 +188,23 @@ def one(scenario: str, seed: int, args: argparse.Namespace, record: Optional[Pat
                 with gzip.open(target, "wt", encoding="utf-8") as fh:
                     for e in events:
                         fh.write(json.dumps(e, separators=(",", ":")) + "\n")
+                keep_sched(out, record / "sched" / f"{scenario}-{seed}.tsv.gz")
         return outcome
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def keep_sched(out: Path, target: Path) -> None:
+    """The job's side channel (``sched<R>.tsv``: each rank's scheduler counters per step, written by the
+    job, not the SDK) packed beside the recording, the ranks one after the other (each begins ``# rank R``);
+    ``bench/straggler_sched.py`` reads it. Nothing when the job wrote none."""
+    files = sorted(out.glob("sched*.tsv"))
+    if not files:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(target, "wt", encoding="utf-8") as fh:
+        for path in files:
+            fh.write(path.read_text(encoding="utf-8"))
 
 
 def rejudge(folder: Path) -> List[Outcome]:
