@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.97, "subtype": 0.96}, "heldout": {"category": 0.89, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.95, "subtype": 0.94}, "heldout": {"category": 0.86, "subtype": 0.83}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -104,7 +104,12 @@ and 138/159. 571 -> 627 logs in five batches (56 new, 19 held out), each labelle
 recorded before any change made for it, and five changes made on tuned misses only (a watchdog message without
 its start, device-side asserts wrapped / with a legacy signature / no kernel name, a failure entry without its
 summary header, a numbered ``NCCL Error N``, more OOM wordings and Slurm's ``CANCELLED AT``): tuned 436/449 and
-432/449, held out 159/178 and 152/178 (floors set by script from these figures, rounded down)."""
+432/449, held out 159/178 and 152/178 (floors set by script from these figures, rounded down).
+Lowered again at 631 -> 663 logs (stop 35): 32 new logs (12 held out) from classes thin in the corpus -- ROCm/HIP
+errors (invalid device function, HSA memory access faults, hipErrorLaunchFailure, ROCm device-side assertions),
+collective mismatch reports, TensorPipe RPC resets / EOFs, gloo connect failures -- labelled from their threads
+and recorded before any classifier change: tuned 452/472 and 448/472 (the 20 new tuned logs 13/20), held out
+166/191 and 159/191 (floors rounded down from these)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
