@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.95, "subtype": 0.94}, "heldout": {"category": 0.86, "subtype": 0.83}}
+FLOORS = {"tune": {"category": 0.96, "subtype": 0.95}, "heldout": {"category": 0.87, "subtype": 0.84}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -109,7 +109,9 @@ Lowered again at 631 -> 663 logs (stop 35): 32 new logs (12 held out) from class
 errors (invalid device function, HSA memory access faults, hipErrorLaunchFailure, ROCm device-side assertions),
 collective mismatch reports, TensorPipe RPC resets / EOFs, gloo connect failures -- labelled from their threads
 and recorded before any classifier change: tuned 452/472 and 448/472 (the 20 new tuned logs 13/20), held out
-166/191 and 159/191 (floors rounded down from these)."""
+166/191 and 159/191 (floors rounded down from these). Then, from tuned misses only: a kernel fault as ROCm
+prints it (HIP's device-side assertion, the HSA memory access fault, a queue aborted with HSA_STATUS_ERROR_*):
+tuned 456/472 and 452/472, held out 168/191 and 161/191."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

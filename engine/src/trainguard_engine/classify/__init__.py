@@ -37,8 +37,8 @@
 * Pure: no I/O, stdlib only.
 
 **Rules**: one module per source -- :mod:`.cuda`, :mod:`.nccl`, :mod:`.gloo`, :mod:`.c10d`,
-:mod:`.torchrun`, :mod:`.python`, :mod:`.numeric` -- each rule with its text (:data:`RULE_DOCS`), in one
-ordered list
+:mod:`.torchrun`, :mod:`.python`, :mod:`.numeric` -- each rule with its text
+(:data:`RULE_DOCS`), in one ordered list
 (:data:`RULES`); the table of what each recognises is docs/classifier.md, written from them by
 ``python tools/classifier_table.py`` (a test keeps it in sync). The shared machinery is
 :mod:`.text`.
@@ -69,6 +69,7 @@ from .cuda import (
     _rule_cuda_oom,
     _rule_cuda_oom_plain,
     _rule_device_assert,
+    _rule_rocm_fault,
     _rule_xid,
     format_size,
     parse_size,
@@ -136,6 +137,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("cuda.oom", _rule_cuda_oom),
     ("cuda.oom-plain", _rule_cuda_oom_plain),
     ("cuda.device-assert", _rule_device_assert),
+    ("rocm.gpu-fault", _rule_rocm_fault),
     ("nvidia.xid", _rule_xid),
     ("cuda.error", _rule_cuda_error),
     ("c10d.collective-mismatch", _rule_collective_mismatch),

@@ -231,6 +231,69 @@ def _rule_device_assert(t: _Text) -> Optional[_Hit]:
     return None
 
 
+_HIP_ASSERT_RE = re.compile(r"(?:(?P<file>[^\s:]{1,300}):(?P<line>\d+): (?P<kernel>[^\n]{1,800}?): )?"
+                            r"Device-side assertion `(?P<assertion>[^\n]{0,300}?)' failed")
+"""ROCm's (HIP clang's) device-side assertion: ``vectoradd_hip.cpp:50: void vectoradd_float(float *, ...):
+Device-side assertion `0' failed.`` (the quote closed with ``'``; no block/thread) -- ROCm/hip#3368."""
+_HSA_FAULT_RE = re.compile(r"Memory access fault by GPU node-(?P<node>\d{1,4}) "
+                           r"\(Agent handle: [0-9a-fA-Fx]{1,20}\) on address (?P<address>[^\s.]{1,40})\. "
+                           r"Reason: (?P<reason>[^\n.]{1,120})")
+"""The ROCm (HSA) runtime's GPU page fault -- the AMD form of an illegal memory access, printed before the
+process aborts: ``Memory access fault by GPU node-2 (Agent handle: 0x55fe...) on address 0x7fc1.... Reason:
+Page not present or supervisor privilege.`` (ROCm/ROCm#1535, a training run; ROCm/hip#2482, a failed kernel
+assert shows up as this)."""
+_HSA_ABORT_RE = re.compile(r"aborting with error : (?P<status>HSA_STATUS_ERROR_[A-Z_]{2,60}): "
+                           r"(?P<error>[^\n]{1,200}?)(?: code: (?P<code>0x[0-9a-fA-F]{1,8}))?(?=\\n|\n|$|\")")
+"""The ROCm runtime tearing a GPU queue down after a kernel fault: ``:0:rocdevice.cpp :2778: ... Callback:
+Queue 0x7fcf... aborting with error : HSA_STATUS_ERROR_EXCEPTION: An HSAIL operation resulted in a hardware
+exception. code: 0x1016`` (ROCm/hip#3368 after a device assert; milabench#397, a training benchmark's
+JSON-lines log)."""
+_HSA_CLASSES = (("MEMORY", "illegal-memory-access"), ("ILLEGAL_INSTRUCTION", "illegal-instruction"),
+                ("EXCEPTION", "hardware-exception"))
+_ROCM_NOTE = ("a GPU kernel faulted on an AMD GPU (ROCm): an out-of-bounds access or a failed device assert "
+              "in a kernel, or a build without this GPU's architecture; rerun with AMD_SERIALIZE_KERNEL=3 "
+              "(and HIP_LAUNCH_BLOCKING=1) to find the op")
+
+
+def _rule_rocm_fault(t: _Text) -> Optional[_Hit]:
+    """A kernel fault as ROCm prints it (HIP's device-side assertion, the HSA runtime's memory access
+    fault, a queue aborted with an ``HSA_STATUS_ERROR_*``): memory/cuda-error, the AMD wordings of a
+    device-side assert / illegal memory access. The assertion, the cause, wins over the runtime's fault
+    that follows it."""
+    for pos in t.find_all("device-side assertion `"):
+        found = _search(_HIP_ASSERT_RE, t, pos, before=900, after=320)
+        if found is None:
+            continue
+        m = found[1]
+        facts: Facts = {"assertion": m.group("assertion"), "error_class": "device-side-assert",
+                        "kernel": _kernel_name(m.group("kernel"))}
+        if m.group("file"):
+            facts["source"] = f"{m.group('file')}:{m.group('line')}"
+        facts["index_out_of_range"] = bool(_INDEX_ASSERT_RE.search(m.group("assertion")))
+        return _Hit("memory", "cuda-error", 0.9, found[0] + m.start(), facts,
+                    f"HIP device-side assert in {facts['kernel']}: {_shorten(facts['assertion'], 80)}",
+                    _ROCM_NOTE)
+    pos = t.first("memory access fault by gpu node-")
+    if pos >= 0 and (found := _search(_HSA_FAULT_RE, t, pos, before=0, after=300)) is not None:
+        m = found[1]
+        facts = {"error_class": "illegal-memory-access", "gpu_node": int(m.group("node")),
+                 "address": m.group("address"), "reason": m.group("reason").strip()}
+        return _Hit("memory", "cuda-error", 0.85, pos, facts,
+                    f"GPU memory access fault on GPU node {facts['gpu_node']} at {facts['address']} (ROCm): "
+                    f"{facts['reason']}", _ROCM_NOTE)
+    pos = t.first("hsa_status_error_")
+    if pos >= 0 and (found := _search(_HSA_ABORT_RE, t, pos, before=40, after=320)) is not None:
+        m = found[1]
+        status = m.group("status")
+        kind_ = next((k for needle, k in _HSA_CLASSES if needle in status), "other")
+        facts = {"error_class": kind_, "error": status, "detail": _shorten(m.group("error").strip(), 160)}
+        if m.group("code"):
+            facts["code"] = m.group("code")
+        return _Hit("memory", "cuda-error", 0.8, found[0] + m.start(), facts,
+                    f"ROCm runtime aborted a GPU queue: {status}", _ROCM_NOTE)
+    return None
+
+
 _XID_RE = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f:.]{1,24})\): (?P<xid>\d+)")
 XID_MEANINGS = {
     13: "graphics engine exception (often an illegal memory access in a kernel)",
@@ -419,6 +482,7 @@ GATES = {
     "cuda.oom-plain": (*_OOM_PLAIN_NEEDLES, _OOM_RECOVERY),
     "cuda.device-assert": ("assertion `",),
     "nvidia.xid": ("nvrm: xid",),
+    "rocm.gpu-fault": ("device-side assertion `", "memory access fault by gpu node-", "hsa_status_error_"),
     "cuda.error": _CUDA_NEEDLES,
     "cuda.error-cut": (_ASYNC_NOTE, *_C10_CUDA),
 }
@@ -445,6 +509,10 @@ DOCS = {
                            "Assertion `...` failed`` line (``failed`` may be wrapped to the next line) → "
                            "memory/cuda-error"),
     'nvidia.xid': '``NVRM: Xid (PCI:...): N`` → memory/cuda-error',
+    'rocm.gpu-fault': ("a kernel fault as ROCm prints it: HIP's ``file:N: <kernel>: Device-side assertion "
+                       "`...' failed.``, the HSA runtime's ``Memory access fault by GPU node-N (Agent "
+                       "handle: ...) on address ... Reason: ...``, a queue ``aborting with error : "
+                       "HSA_STATUS_ERROR_*: ...`` → memory/cuda-error"),
     'cuda.error': (
         "``CUDA error: <reason>``, NCCL's ``Cuda failure '<reason>'``, cuBLAS / cuDNN execution failures, "
         "torch < 1.0's ``cuda runtime error (N) : <reason>`` / ``THCudaCheck FAIL ... error=N : <reason>``, "

@@ -1,0 +1,58 @@
+"""Classes of real pastes read since stop 35 (issue 17), the lines cut from tuned wild-corpus logs
+(tests/fixtures/wild/<id>/source.txt names each thread):
+
+* a kernel fault as ROCm prints it (``rocm.gpu-fault``): HIP's ``Device-side assertion `...' failed.``, the
+  HSA runtime's ``Memory access fault by GPU node-N ...``, a queue ``aborting with error :
+  HSA_STATUS_ERROR_*`` -- memory/cuda-error, the assertion winning over the fault that follows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard_engine.classify import classify_text
+
+WILD = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
+
+
+def _log(case_id: str) -> str:
+    return (WILD / case_id / "log.txt").read_text(encoding="utf-8")
+
+
+def _line(case_id: str, needle: str) -> str:
+    return next(line for line in _log(case_id).splitlines() if needle in line)
+
+
+def test_hips_device_side_assertion_is_a_device_assert() -> None:
+    found = classify_text(_line("mem-hip-device-assert-vectoradd-hip-3368-1", "Device-side assertion"))
+    assert found is not None and found.kind == "memory/cuda-error" and found.rule == "rocm.gpu-fault"
+    assert found.facts["error_class"] == "device-side-assert"
+    assert found.facts["kernel"] == "vectoradd_float" and found.facts["source"] == "vectoradd_hip.cpp:50"
+
+
+def test_the_assertion_wins_over_the_queue_abort_after_it() -> None:
+    found = classify_text(_log("mem-hip-device-assert-vectoradd-hip-3368-1"))
+    assert found is not None and found.facts["error_class"] == "device-side-assert", found
+
+
+@pytest.mark.parametrize("case_id, address", [("mem-hip-memory-access-fault-training-rocm-1535-1", "0x7fc133800000"),
+                                              ("mem-hip-assert-memory-access-fault-hip-2482-1", "(nil)")])
+def test_the_hsa_memory_access_fault_is_an_illegal_memory_access(case_id: str, address: str) -> None:
+    found = classify_text(_line(case_id, "Memory access fault"))
+    assert found is not None and found.kind == "memory/cuda-error", found
+    assert found.facts["error_class"] == "illegal-memory-access" and found.facts["address"] == address
+    assert found.facts["reason"].startswith("Page not present")
+
+
+def test_a_queue_aborted_with_an_hsa_error_even_inside_a_json_line() -> None:
+    line = _line("mem-hip-hsa-exception-jsonl-milabench-397-1", "HSA_STATUS_ERROR")
+    found = classify_text(line)
+    assert found is not None and found.kind == "memory/cuda-error", found
+    assert found.facts["error"] == "HSA_STATUS_ERROR_EXCEPTION" and found.facts["code"] == "0x1016"
+    assert found.facts["error_class"] == "hardware-exception"
+
+
+def test_prose_about_device_side_assertions_is_not_one() -> None:
+    assert classify_text("Compile with `TORCH_USE_HIP_DSA` to enable device-side assertions.") is None
+    assert classify_text("the memory access fault by GPU node-1 happened again yesterday") is None
