@@ -3,7 +3,9 @@
 
 * a kernel fault as ROCm prints it (``rocm.gpu-fault``): HIP's ``Device-side assertion `...' failed.``, the
   HSA runtime's ``Memory access fault by GPU node-N ...``, a queue ``aborting with error :
-  HSA_STATUS_ERROR_*`` -- memory/cuda-error, the assertion winning over the fault that follows it."""
+  HSA_STATUS_ERROR_*`` -- memory/cuda-error, the assertion winning over the fault that follows it;
+* TensorPipe's RPC agent errors (``rpc.tensorpipe-agent``): a refused connection or a failed first request
+  (``#0``, ``init_rpc``'s round) is comm/init-failure, a later EOF / reset a lost peer."""
 
 from __future__ import annotations
 
@@ -56,3 +58,28 @@ def test_a_queue_aborted_with_an_hsa_error_even_inside_a_json_line() -> None:
 def test_prose_about_device_side_assertions_is_not_one() -> None:
     assert classify_text("Compile with `TORCH_USE_HIP_DSA` to enable device-side assertions.") is None
     assert classify_text("the memory access fault by GPU node-1 happened again yesterday") is None
+
+
+def test_a_refused_rpc_connection_is_an_init_failure() -> None:
+    found = classify_text(_line("comm-init-rpc-tensorpipe-econnrefused-201-1", "RPC agent"))
+    assert found is not None and found.kind == "comm/init-failure" and found.rule == "rpc.tensorpipe-agent"
+    assert found.facts["peer"] == "Test1" and found.facts["at"] == "connect"
+
+
+def test_a_failed_first_request_is_init_rpcs_round() -> None:
+    found = classify_text(_line("comm-init-rpc-tensorpipe-reset-85607-1", "outgoing request #0"))
+    assert found is not None and found.kind == "comm/init-failure", found
+    assert found.facts["at"] == "first request (init_rpc)"
+
+
+@pytest.mark.parametrize("line", [
+    _line("comm-rank-lost-rpc-tensorpipe-eof-pippy-806-1", "from worker0: eof"),
+    "[W tensorpipe_agent.cpp:596] RPC agent for worker1 encountered error when sending response to request #36 "
+    "to worker0: ECONNRESET: connection reset by peer",
+    "[W tensorpipe_agent.cpp:916] RPC agent for 3 encountered error when sending outgoing request #12 to 0: "
+    "async error on socket: Connection reset by peer",
+])
+def test_a_later_eof_or_reset_is_a_lost_peer(line: str) -> None:
+    found = classify_text(line)
+    assert found is not None and found.kind == "comm/rank-lost", (line, found)
+    assert found.facts["peer"] in ("worker0", "0")

@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.96, "subtype": 0.95}, "heldout": {"category": 0.87, "subtype": 0.84}}
+FLOORS = {"tune": {"category": 0.97, "subtype": 0.96}, "heldout": {"category": 0.89, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -111,7 +111,9 @@ collective mismatch reports, TensorPipe RPC resets / EOFs, gloo connect failures
 and recorded before any classifier change: tuned 452/472 and 448/472 (the 20 new tuned logs 13/20), held out
 166/191 and 159/191 (floors rounded down from these). Then, from tuned misses only: a kernel fault as ROCm
 prints it (HIP's device-side assertion, the HSA memory access fault, a queue aborted with HSA_STATUS_ERROR_*):
-tuned 456/472 and 452/472, held out 168/191 and 161/191."""
+tuned 456/472 and 452/472, held out 168/191 and 161/191; TensorPipe's RPC agent errors (a refused
+connection or a failed first request #0 an init failure, a later EOF / reset a lost peer): tuned 459/472 and
+455/472, held out 170/191 and 163/191."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
