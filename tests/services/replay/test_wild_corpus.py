@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.97, "subtype": 0.96}, "heldout": {"category": 0.89, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.96, "subtype": 0.96}, "heldout": {"category": 0.89, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -113,7 +113,10 @@ and recorded before any classifier change: tuned 452/472 and 448/472 (the 20 new
 prints it (HIP's device-side assertion, the HSA memory access fault, a queue aborted with HSA_STATUS_ERROR_*):
 tuned 456/472 and 452/472, held out 168/191 and 161/191; TensorPipe's RPC agent errors (a refused
 connection or a failed first request #0 an init failure, a later EOF / reset a lost peer): tuned 459/472 and
-455/472, held out 170/191 and 163/191."""
+455/472, held out 170/191 and 163/191. At 663 -> 676 logs: 13 new logs (3 held out; HIP / TF-ROCm OOMs,
+Xid 31/43 dmesg blocks, a watchdog thread's illegal access, group-creation timeouts, a DeepSpeed exit line)
+labelled before being classified and recorded with no classifier change: tuned 467/482 and 463/482 (the tuned
+category floor down a point), held out 173/194 and 166/194."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
