@@ -5,7 +5,8 @@
   HSA runtime's ``Memory access fault by GPU node-N ...``, a queue ``aborting with error :
   HSA_STATUS_ERROR_*`` -- memory/cuda-error, the assertion winning over the fault that follows it;
 * TensorPipe's RPC agent errors (``rpc.tensorpipe-agent``): a refused connection or a failed first request
-  (``#0``, ``init_rpc``'s round) is comm/init-failure, a later EOF / reset a lost peer."""
+  (``#0``, ``init_rpc``'s round) is comm/init-failure, a later EOF / reset a lost peer;
+* ROCm's out-of-memory statuses (``HIP_ERROR_OutOfMemory``, ``hipErrorOutOfMemory``) are an OOM, as CUDA's are."""
 
 from __future__ import annotations
 
@@ -83,3 +84,12 @@ def test_a_later_eof_or_reset_is_a_lost_peer(line: str) -> None:
     found = classify_text(line)
     assert found is not None and found.kind == "comm/rank-lost", (line, found)
     assert found.facts["peer"] in ("worker0", "0")
+
+
+@pytest.mark.parametrize("line", [
+    _line("mem-oom-tf-rocm-hip-error-outofmemory-keras-13889-1", "HIP_ERROR_OutOfMemory"),
+    "RuntimeError: HIP error: hipErrorOutOfMemory",
+])
+def test_rocms_out_of_memory_status_is_an_oom(line: str) -> None:
+    found = classify_text(line)
+    assert found is not None and found.kind == "memory/oom", (line, found)

@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.96, "subtype": 0.96}, "heldout": {"category": 0.89, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.97, "subtype": 0.96}, "heldout": {"category": 0.89, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -116,7 +116,9 @@ connection or a failed first request #0 an init failure, a later EOF / reset a l
 455/472, held out 170/191 and 163/191. At 663 -> 676 logs: 13 new logs (3 held out; HIP / TF-ROCm OOMs,
 Xid 31/43 dmesg blocks, a watchdog thread's illegal access, group-creation timeouts, a DeepSpeed exit line)
 labelled before being classified and recorded with no classifier change: tuned 467/482 and 463/482 (the tuned
-category floor down a point), held out 173/194 and 166/194."""
+category floor down a point), held out 173/194 and 166/194; ROCm's out-of-memory statuses
+(``HIP_ERROR_OutOfMemory``, ``hipErrorOutOfMemory``) read as CUDA's: tuned 468/482 and 464/482, held out
+unchanged."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

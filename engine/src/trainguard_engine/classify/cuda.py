@@ -157,11 +157,14 @@ def _oom_note(facts: Mapping[str, Any]) -> str:
 _OOM_PLAIN_NEEDLES = ("cuda error: out of memory", "hip error: out of memory", "cublas_status_alloc_failed",
                       "cuda failure 'out of memory'", "cudaerrormemoryallocation", " 'out of memory'",
                       "error=2 : out of memory", "cuda_error_out_of_memory", "cuda error:out of memory",
-                      "cuda runtime error (2) : out of memory", "cuda driver error: out of memory")
+                      "cuda runtime error (2) : out of memory", "cuda driver error: out of memory",
+                      "hip_error_outofmemory", "hiperroroutofmemory")
 """Raw CUDA allocation failures: also NCCL's ``Cuda failure 2 'out of memory'``, torch 0.x's
 ``THCudaCheck FAIL file=... error=2 : out of memory`` and its exception ``cuda runtime error (2) : out of
 memory at ...THCTensorRandom.cu:25``, the runtime's wording typed without its space (``CUDA error:out of
-memory``), and the driver API's (``CUDA driver error: out of memory``)."""
+memory``), and the driver API's (``CUDA driver error: out of memory``); on ROCm the same statuses,
+``HIP_ERROR_OutOfMemory`` (TensorFlow-ROCm's ``failed to allocate ... from device: HIP_ERROR_OutOfMemory``,
+the HIP form of its ``CUDA_ERROR_OUT_OF_MEMORY``; keras-team/keras#13889) and ``hipErrorOutOfMemory``."""
 
 
 _OOM_RECOVERY = "attempting to recover from oom in forward/backward pass"
@@ -502,7 +505,8 @@ DOCS = {
         'memory/oom'
     ),
     'cuda.oom-plain': (
-        "``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED``, fairseq's ``attempting to recover "
+        "``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED``, ``CUDA_ERROR_OUT_OF_MEMORY`` / "
+        "``HIP_ERROR_OutOfMemory`` / ``hipErrorOutOfMemory``, fairseq's ``attempting to recover "
         "from OOM in forward/backward pass`` → memory/oom"
     ),
     'cuda.device-assert': ("a kernel's ``file.cu:N: [kernel or its C++ signature: ]block: [..], thread: [..] "
