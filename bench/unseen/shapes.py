@@ -55,6 +55,16 @@ SHAPES: Dict[str, Tuple[str, str]] = {
         "Lightning, GRU LM, RAdam, PolynomialLR, accumulate_grad_batches 4",
     ),
     "pl_gru_sgd_clip_lr100x": ("loss/divergence", "Lightning, GRU LM, SGD momentum at LR 30, clip 1"),
+    "pl_gru_adam_accum4_lr100x": (
+        "loss/divergence|loss/oscillation|gradient/explosion|loss/rise-after-fall",
+        "Lightning, GRU LM, Adam LR 0.3, accumulate_grad_batches 4 (stop 34's lead (b): the loss rises, then "
+        "learns; a tuning shape of stop 35, not held out; first written 'loss/divergence' alone and widened "
+        "to the LR-too-high kinds after its first run peaked at 1.96x its start -- disclosed)",
+    ),
+    "pl_gru_adam_lr30x": (
+        "loss/divergence|loss/oscillation|gradient/explosion|loss/rise-after-fall",
+        "Lightning, GRU LM, Adam LR 0.1 without accumulation (a tuning variant of the same, stop 35)",
+    ),
     "lora_gpt2_ok": (
         HEALTHY,
         "HF Trainer + peft LoRA r=8 on a pre-trained GPT-2, a new pattern, LR 2e-3 cosine",
@@ -408,6 +418,8 @@ def _lightning(name: str) -> None:
         "pl_gru_sgd_onecycle_ok": ("sgd", 0.5, "onecycle", 1),
         "pl_gru_radam_poly_accum4_ok": ("radam", 3e-3, "poly", 4),
         "pl_gru_sgd_clip_lr100x": ("sgd", 30.0, "none", 1),
+        "pl_gru_adam_accum4_lr100x": ("adam", 0.3, "none", 4),
+        "pl_gru_adam_lr30x": ("adam", 0.1, "none", 1),
     }[name]
 
     class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]

@@ -629,6 +629,14 @@ class DetectionSettings:
         20, "gradient/explosion flagged before any non-finite value resolves (the run's health recovers) "
         "when this many grad-norm readings in a row are back below explosion_onset_factor x the median the "
         "climb was measured from, the loss finite and in its band: a spike that recovered.", minimum=1)
+    explosion_recovered_level: float = _setting(
+        1.0, "gradient/explosion flagged before any non-finite value also resolves when the loss has "
+        "recovered -- its rolling level <= this x where it started (the median of its first values, or the "
+        "first value when lower) -- and "
+        "the median of the last explosion_resolve_points grad-norm readings since the climb is below "
+        "explosion_onset_factor x the median the climb was measured from: the norm is back on the whole, "
+        "however spiky (an adaptive optimizer at a high LR after a blow-up it learned through), and the run "
+        "is learning below where it started. 0: off.", minimum=0.0)
     explosion_diverged_points: int = _setting(
         40, "gradient/explosion flagged before any non-finite value is re-classified in place as "
         "loss/divergence when, on this many loss values in a row (a loss_window's worth), the loss stays out "
@@ -1090,6 +1098,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "loss_gradient": (
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
         "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points",
+        "explosion_recovered_level",
         "explosion_diverged_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",

@@ -162,6 +162,7 @@ class Facts:
     cuda: Optional[bool] = None     # CUDA in use on the lead rank: True, False (known CPU-only), None
     lr: Optional[float] = None      # the LR at the incident's step (None: not reported)
     lr_high: float = 0.1            # DetectionSettings.diagnosis_lr_high
+    diverged_at: Optional[int] = None  # first step of an earlier divergence / explosion of the run
 
 
 Triple = Tuple[int, float, int]
@@ -225,6 +226,7 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
         if isinstance(ev.value, dict) and isinstance(ev.value.get("facts"), dict):
             for k, v in ev.value["facts"].items():
                 facts.facts.setdefault(k, v)
+    facts.diverged_at = _diverged_at(run, st)
     if rank is None:
         return facts
     facts.cuda = cuda_in_use(rank)
@@ -295,6 +297,25 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
     if batch:
         trigger["batch"] = dict(sorted(batch.items()))
     return facts
+
+
+DIVERGED_KINDS = frozenset({"loss/divergence", "gradient/explosion", "loss/non_finite"})
+"""Kinds that say the run's updates were too large for it: an LR too high (or a schedule taking it there)."""
+
+
+def _diverged_at(run: RunState, st: IncidentState) -> Optional[int]:
+    """The first step of another incident of ``run`` (open or resolved) of :data:`DIVERGED_KINDS` that
+    began no later than ``st``'s latest signal, or None. Every step clipping after the loss diverged is
+    the divergence's doing (updates too large for the model), not a threshold too low."""
+    inc = st.record
+    first: Optional[int] = None
+    for other in run.incidents.values():
+        rec = other.record
+        if other is st or f"{rec.category}/{rec.subtype}" not in DIVERGED_KINDS or rec.first_ns > inc.last_ns:
+            continue
+        if first is None or rec.first_step < first:
+            first = rec.first_step
+    return first
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -378,6 +399,9 @@ RULES: Tuple[Rule, ...] = (
     ("loss/oscillation", "learning-rate-too-high", _lr_high, 3.0, _lr_high_why),
     ("loss/oscillation", "learning-rate-too-high", lambda f: f.clip_rate is None or f.clip_rate < 0.3, 1.5,
      lambda f: "steps are not clipped, so every update has the LR's full size"),
+    ("gradient/clip-stale", "learning-rate-too-high", lambda f: f.diverged_at is not None, 4.0,
+     lambda f: f"the loss diverged at step {f.diverged_at} in this run: every step clips because the updates "
+               "are too large for the model; a higher threshold would let them through"),
     ("loss/plateau", "optimizer-momentum-mis-set", lambda f: f.lr_phase == "zero", 3.0,
      lambda f: "the LR is 0"),
     ("memory/oom", "activations-too-large-batch", lambda f: _big_request(f), 3.0,
@@ -480,9 +504,11 @@ _NOT_HERE: Tuple[Tuple[Callable[[Facts], bool], Tuple[str, ...]], ...] = (
     (lambda f: not f.has_amp, ("AMP", "GradScaler", "mixed precision", "fp16", "loss scale")),
     (lambda f: f.world_size <= 1, ("NCCL", "NVLink", "interconnect", "InfiniBand", "collective")),
     (lambda f: f.cuda is False, ("GPU", "nvidia-smi", "CUDA", "ECC", "Xid")),
+    (lambda f: f.diverged_at is not None, ("raise the clip threshold",)),
 )
 """What a check is about (words in its text), and when the run says that does not apply here: no
-GradScaler reported, a single process, a CPU-only job."""
+GradScaler reported, a single process, a CPU-only job, a run whose loss diverged (raising the clip
+threshold lets the too-large updates through)."""
 
 
 def contextual_checks(checks: Sequence[str], facts: Facts) -> List[str]:

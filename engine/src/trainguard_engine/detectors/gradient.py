@@ -12,6 +12,7 @@ from trainguard.core.events import from_wire_float, wire_float
 
 from .. import robust
 from ..catalogue import DetectionSettings
+from ..diagnosis import DIVERGED_KINDS
 from ..incidents import Finding, resolve
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
@@ -204,18 +205,47 @@ def _climb_settled(run: RunState, rank: RankState, state: Dict[str, Any], grad_p
     if climb is None or st is None or (st.record.category, st.record.subtype) != ("gradient", "explosion") \
             or grad_point[1] <= climb[1] or "loss_nonfinite" in state or state.get("nonfinite"):
         return
-    baseline, _step, calm = climb
-    if grad_point[2] >= settings.explosion_onset_factor * baseline or loss_diverged(rank, settings):
+    baseline, since, calm = climb
+    recovered = _recovered(rank, grad_point[0], int(since), grad_point[1], baseline, settings)
+    if recovered is None and (grad_point[2] >= settings.explosion_onset_factor * baseline
+                              or loss_diverged(rank, settings)):
         climb[2] = 0
         return
     climb[2] = calm + 1
-    if climb[2] < settings.explosion_resolve_points:
+    if recovered is None and climb[2] < settings.explosion_resolve_points:
         return
     grad_state.pop("climb", None)
-    resolve(st, time_ns, grad_point[1], rank.rank,
-            f"rank {rank.rank}: {grad_point[0]} back below {settings.explosion_onset_factor:g}x its median "
-            f"before the climb ({fmt_number(baseline)}) on {settings.explosion_resolve_points} readings in a "
-            f"row, the loss finite and in its band: the spike recovered", settings)
+    what = recovered or (f"{grad_point[0]} back below {settings.explosion_onset_factor:g}x its median "
+                         f"before the climb ({fmt_number(baseline)}) on {settings.explosion_resolve_points} "
+                         f"readings in a row, the loss finite and in its band: the spike recovered")
+    resolve(st, time_ns, grad_point[1], rank.rank, f"rank {rank.rank}: {what}", settings)
+
+
+def _recovered(rank: RankState, name: str, since: int, step: int, baseline: float,
+               settings: DetectionSettings) -> Optional[str]:
+    """Why the run recovered from a pre-NaN explosion flagged at ``since`` although its grad norm stays
+    spiky, or None: the loss's rolling level <= ``explosion_recovered_level`` x where it started (the
+    median of its first values, or the first value when lower: an LR far too high moves the loss on the
+    first update) and the median of the last ``explosion_resolve_points`` readings of
+    ``name`` after ``since`` < ``explosion_onset_factor`` x ``baseline`` (the climb's median)."""
+    factor, points = settings.explosion_recovered_level, settings.explosion_resolve_points
+    loss = rank_state(rank).get("loss", {})
+    level, init = loss.get("level"), loss.get("init")
+    if not factor > 0 or level is None or not init:
+        return None
+    start = min(robust.median(list(init)), init[0])  # the first value: an LR that threw the first update
+    if not (start > 0 and math.isfinite(level) and level <= factor * start):
+        return None
+    norms = [v for s, v in last_finite(rank, name, step, points) if s > since]
+    if len(norms) < points:
+        return None
+    median = robust.median(norms)
+    if median >= settings.explosion_onset_factor * baseline:
+        return None
+    return (f"the loss recovered (its level {fmt_number(level)} <= {factor:g}x its initial "
+            f"{fmt_number(start)}) and {name}'s median over its last {points} readings "
+            f"({fmt_number(median)}) is back below {settings.explosion_onset_factor:g}x its median before "
+            f"the climb ({fmt_number(baseline)}): the run learned through the blow-up")
 
 
 def _explosion_context(rank: RankState, lo: int, hi: int, time_ns: int, settings: DetectionSettings,
@@ -415,6 +445,10 @@ def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_n
                f"{stale_count}) = {grow:.3g} x your max_norm; at an explosion onset tau <- "
                f"min({tuned.clip_onset_growth:g} tau, {tuned.clip_max_tau:g})")
     median_norm = robust.median([v for _s, v in norms]) if norms else math.nan
+    diverged = diverged_step(run, rank)
+    advice = ("raise max_norm (or lower the LR if nearly every step clips)" if diverged is None else
+              f"the loss diverged at step {diverged}: every step clips because the updates are too large for "
+              f"the model -- lower the LR (a higher max_norm would let them through)")
     rule_text = (f"mean pre-clip grad norm of the last {len(norms)} steps {fmt_number(mean_norm)} > "
                  f"{tuned.clip_stale_norm_ratio:g} x tau" if known else
                  f"clipping triggered on each of the last {len(norms)} steps (the pre-clip norm, median "
@@ -434,7 +468,7 @@ def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_n
                  window=window(rank, loss_name, step, settings.evidence_window)),
         Evidence(rule="gradient.clip_recommendation",
                  description=f"{rec}; stale for {stale_count} steps. Every update is scaled down to tau: "
-                             f"raise max_norm (or lower the LR if nearly every step clips)",
+                             f"{advice}",
                  step=step, time_ns=time_ns, rank=rank.rank, metric="grad/clip_triggered",
                  threshold=tuned.clip_stale_growth, value=grow,
                  window=window(rank, "grad/clip_triggered", step, settings.evidence_window)),
@@ -448,7 +482,20 @@ def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_n
         values={"step": since, "detail": tau_text, "value": fmt_number(median_norm), "rank": rank.rank},
         summary=(f"On rank {rank.rank}, gradient clipping has scaled down every update since step {since} "
                  f"(pre-clip grad norm median {fmt_number(median_norm)}, {tau_text}) while the loss curve "
-                 f"stays flat: clipping is eating the update. Recommendation: {rec}."))
+                 f"stays flat: clipping is eating the update. "
+                 + (f"Recommendation: {rec}." if diverged is None else f"But {advice}.")))
+
+
+def diverged_step(run: RunState, rank: RankState) -> Optional[int]:
+    """The first step of an incident of ``run`` listing ``rank`` (open or resolved) that says its updates
+    were too large (loss/divergence, gradient/explosion, loss/non_finite), or None."""
+    first: Optional[int] = None
+    for st in run.incidents.values():
+        rec = st.record
+        if rank.rank in st.rank_first and f"{rec.category}/{rec.subtype}" in DIVERGED_KINDS and \
+                (first is None or rec.first_step < first):
+            first = rec.first_step
+    return first
 
 
 def _steady(norms: Sequence[Tuple[int, float]], tuned: LossGradientSettings) -> bool:
