@@ -19,7 +19,10 @@
 # REC_A, REC_B (environment, default /tmp/recA, /tmp/recB): where the runs are recorded; TGZ (default rec.tgz).
 # Stop 31 ran: healthy,compute affinity,affinity_weak 500 20;  healthy,compute,slow_all affinity,loader 550 8 <base>;
 # and with BENCH_ARGS="--hidden 1024": healthy,compute,slow_all affinity,affinity_weak,loader 600 12.
-# Stops 32-34 ran it with ISOLATE=0 (it was the only arrangement); stop 35 added ISOLATE.
+# Stops 32-34 ran it with ISOLATE=0 (it was the only arrangement); stop 35 added ISOLATE and ran, with
+# BENCH_ARGS="--hidden 1024": ISOLATE=0 healthy,slow_all loader,affinity,affinity_weak 6000 3 (--seeds 2), then
+# healthy,slow_all affinity,affinity_weak 6100 5 (--seeds 5), and healthy,compute,slow_all
+# loader,affinity,affinity_weak 7000 6 (bench/results/straggler_stop35.txt).
 set -u
 export PYTHONPATH=$PWD/sdk/src:$PWD/engine/src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
