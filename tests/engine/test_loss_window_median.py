@@ -3,26 +3,34 @@
 and value lists only when a rule asks for them. After every loss point of recorded streams -- in order,
 with late points, replayed envelopes, non-finite values, trims and ranks restored from their snapshot
 mid-stream -- the median must equal ``statistics.median`` of the window's values bit for bit (ties and
--0.0 beside 0.0 included), and the window's lists and end steps an eager recount."""
+-0.0 beside 0.0 included), and the window's lists and end steps an eager recount. The same for the windows
+kept sorted point by point beside the series' tail (``loss._sorted_window``: the sorted list itself, bit for
+bit, and the spread and the plateau rule's block slope taken from it)."""
 
 from __future__ import annotations
 
+import random
 import statistics
-from typing import Dict
+from typing import Dict, List
 
 import pytest
 
 from tests.scenarios.corpus import SCENARIOS
+from trainguard_engine import robust
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.detectors.numeric import recent
 from trainguard_engine.extract import metric_points, recent_points
-from trainguard_engine.state import RankState
+from trainguard_engine.state import RankState, SeriesTail
 
 SETTINGS = DetectionSettings()
 SMALL = DetectionSettings.from_overrides({"history_len": 48})  # trims every 48 points: often
 STREAMS = ("oscillation", "rise_after_fall", "plateau", "explosion", "nan_source", "healthy_lm")
-SIZES = (SETTINGS.loss_window, SETTINGS.rise_smooth, 4)
+SIZES = (SETTINGS.loss_window, SETTINGS.rise_smooth, 4, loss.SORTED_WINDOW_MIN)
+
+
+def _hex(values: List[float]) -> List[str]:
+    return [float(v).hex() for v in values]
 
 
 @pytest.mark.parametrize("stream", STREAMS)
@@ -47,9 +55,17 @@ def test_window_statistics_equal_a_recount(stream: str) -> None:
             if not SETTINGS.is_loss(name):
                 continue
             series = recent(rank, name, SETTINGS.loss_window, step)
+            source = loss._exact_tail(rank, name, series)
+            if source is not None:
+                assert series == source.points[len(source.points) - len(series):]
             for size in SIZES:
                 tail = series[-size:]
                 values = [v for _s, v, _t in tail]
+                kept = loss._Window(series, size, source)
+                assert _hex(kept.ordered) == _hex(sorted(values)), (stream, n, size)
+                assert kept.median.hex() == statistics.median(values).hex(), (stream, n, size)
+                assert kept.cv.hex() == robust.robust_cv(values).hex(), (stream, n, size)
+                assert loss._median_last(series, size, source).hex() == statistics.median(values).hex()
                 win = loss._Window(series, size)
                 assert win.median.hex() == statistics.median(values).hex(), (stream, n, size)
                 assert loss._median_of(tail).hex() == statistics.median(values).hex(), (stream, n, size)
@@ -71,3 +87,42 @@ def test_ties_and_signed_zeros_give_statistics_median() -> None:
             want = statistics.median([v for _s, v, _t in points[lo:hi]])
             assert loss._median_of(points[lo:hi]).hex() == want.hex(), (lo, hi)
     assert loss._median_of([]) != loss._median_of([])  # NaN when empty, as robust.median
+
+
+def test_sorted_window_keeps_sorted_order_bit_for_bit() -> None:
+    """Point by point, with ties, -0.0 beside 0.0, a non-finite value passing through and a trim: the kept
+    window is ``sorted()``'s list of the last ``width`` values -- the same floats in the same order."""
+    rng = random.Random(15)
+    pool = [0.0, -0.0, 1.0, 2.5, -1.0, 1e-300, 1e308]
+    for width in (16, 40):
+        data: Dict[int, tuple] = {}
+        tail = SeriesTail(data)
+        checked = 0
+        for step in range(600):
+            value = rng.choice(pool) if rng.random() < 0.7 else rng.uniform(-3, 3)
+            if step == 300:
+                value = float("nan")
+            data[step] = (value, step)
+            tail.append(step, value, step)
+            if step == 450:  # a trim: a new tail over the kept points, its windows empty
+                tail = tail.trimmed(data, 0)
+            start = len(tail.points) - width
+            if start < 0 or start < tail.bad_end or rng.random() < 0.1:  # (skipped: the next one re-sorts)
+                continue
+            want = sorted(v for _s, v, _t in tail.points[-width:])
+            assert _hex(loss._sorted_window(tail, width)) == _hex(want), (width, step)
+            checked += 1
+        assert checked > 400
+
+
+def test_block_slope_is_theil_sens() -> None:
+    """The plateau rule's slope through 4-value block medians equals ``robust.theil_sen``'s over
+    ``_median4`` of the blocks, for windows of any length (a trailing part block left out)."""
+    rng = random.Random(16)
+    for length in (0, 3, 4, 7, 8, 9, 40, 41, 43):
+        steps = sorted(rng.sample(range(10_000), length))
+        values = [rng.choice((0.0, -0.0, 1.0, rng.uniform(0, 5))) for _ in range(length)]
+        blocks = [(loss._median4(steps[i:i + 4]), loss._median4(values[i:i + 4]))
+                  for i in range(0, length - 3, 4)]
+        want, _ = robust.theil_sen([b[0] for b in blocks], [b[1] for b in blocks])
+        assert loss._block_slope(steps, values).hex() == float(want).hex(), length

@@ -49,15 +49,18 @@ class SeriesTail:
     (:meth:`RankState.observe_point` appends to it, and drops it when a point replaces one or a trim
     replaces the dict). ``bad_end``: index + 1 of the last non-finite point; ``descent``: index of the
     last point whose step was not above its predecessor's (0: none) -- a window starting at or after
-    both is finite and in step order."""
+    both is finite and in step order. ``windows``: what a detector derives from the last points and
+    updates as points arrive (e.g. the loss curve's sorted windows, keyed by the detector), dropped with
+    the tail."""
 
-    __slots__ = ("bad_end", "data", "descent", "points")
+    __slots__ = ("bad_end", "data", "descent", "points", "windows")
 
     def __init__(self, data: Dict[int, HistoryPoint]) -> None:
         self.data = data
         self.points: List[Tuple[int, float, int]] = []
         self.bad_end = 0
         self.descent = 0
+        self.windows: Dict[Any, Any] = {}
         for s, (v, t) in data.items():
             self.append(s, v, t)
 
@@ -69,6 +72,7 @@ class SeriesTail:
         out.points = self.points[drop:]
         out.bad_end = max(0, self.bad_end - drop)
         out.descent = 0
+        out.windows = {}
         return out
 
     def append(self, step: int, value: float, time_ns: int) -> None:

@@ -6,7 +6,7 @@ and evidence are specified in docs/detectors.md (Loss).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort_right
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
@@ -17,7 +17,7 @@ from .. import robust
 from ..catalogue import DetectionSettings
 from ..incidents import Finding, resolve
 from ..records import Evidence, TimelineEntry
-from ..state import RankState, RunState
+from ..state import RankState, RunState, SeriesTail
 from . import finite_or_none, fmt_number, window
 from .adapter import KEY as ADAPTER_KEY
 from .base import Detector, MetricBatch
@@ -36,6 +36,7 @@ from .numeric import (
     grad_metric,
     loss_diverged,
     lr_span,
+    name_set,
     nan_source,
     nan_source_evidence,
     note_nonfinite_batch,
@@ -66,8 +67,9 @@ divergence or oscillation may also give way, see :func:`_divergence_settled` and
 def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
                event_id: str, settings: DetectionSettings) -> List[Finding]:
     """Findings for one metric batch of ``rank`` (already folded into its history)."""
+    loss_names = name_set(settings.loss_metrics)
     for name, step, value in points:
-        if settings.is_loss(name) and not math.isfinite(value):
+        if name in loss_names and value - value != 0.0:
             if _scaler_skipped(rank, step, points):
                 return []  # the GradScaler found Inf/NaN and skipped this step: it did its job (the AMP
                 #            detector judges whether the scale keeps collapsing)
@@ -219,7 +221,8 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
              event_id: str, settings: DetectionSettings) -> List[Finding]:
     """Loss-curve findings for one metric batch of ``rank`` (already folded into its history): judged
     once per new finite loss value (module docstring)."""
-    point = next(((n, s, v) for n, s, v in points if settings.is_loss(n) and math.isfinite(v)), None)
+    loss_names = name_set(settings.loss_metrics)
+    point = next(((n, s, v) for n, s, v in points if n in loss_names and v - v == 0.0), None)
     if point is None:
         return []
     name, step, value = point
@@ -232,9 +235,10 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     if len(init) < tuned.loss_baseline_points:
         init.append(value)
         return []
-    initial = robust.median(init)  # statistics.median's value, bit for bit, cheaper
     _track_grad_start(rank, state, step, settings)
     series = recent(rank, name, tuned.loss_window, step)
+    tail = _exact_tail(rank, name, series)
+    initial = _initial(init, tail)  # statistics.median's value, bit for bit, cheaper
     if "early_cv" not in state and len(series) >= 2 * tuned.loss_baseline_points:  # once (_swing_bar)
         earliest = [v for _s, v, _t in series[:2 * tuned.loss_baseline_points]]
         spread = robust.robust_cv(earliest)
@@ -252,12 +256,12 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             return []
     open_kind = _open_curve_kind(run, rank)
     if open_kind is not None and _curve_cleared(run, rank, open_kind, state, initial, step, time_ns,
-                                                settings, series):
+                                                settings, series, tail):
         open_kind = None
     judged = ESCALATES_TO.get(open_kind, (open_kind,)) if open_kind is not None else CURVE_KINDS
     streaks: Dict[str, int] = state.setdefault("streak", {})
     since: Dict[str, int] = state.setdefault("since", {})
-    win = _Window(series, tuned.loss_window)
+    win = _Window(series, tuned.loss_window, tail)
     if win.full and "start_level" not in state:
         state["start_level"] = win.median  # the level of the first full window (_divergence_settled)
         state["start_values"] = list(win.ordered)  # and its values, sorted (_rose_from_start)
@@ -606,7 +610,7 @@ def _open_curve_kind(run: RunState, rank: RankState) -> Optional[str]:
 
 def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, Any], initial: float,
                    step: int, time_ns: int, settings: DetectionSettings,
-                   series: Sequence[Tuple[int, float, int]] = ()) -> bool:
+                   series: Sequence[Tuple[int, float, int]] = (), tail: Optional[SeriesTail] = None) -> bool:
     """Resolve the open curve incident of ``kind`` when its condition cleared (the run's health recovers);
     whether it did. The loss level (rolling median of ``rise_smooth``) against what it was when the
     incident opened (``state["opened"]``): a plateau or an oscillation whose level fell
@@ -614,7 +618,8 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
     whose last ``loss_window`` values' median is under ``plateau_min_level`` x the initial level (the
     negation of the rule's own level test: the run has fallen from where it started, it is converging),
     a rise that gave back half of its rise, a divergence back under ``divergence_factor`` x the initial
-    level. A plateau never clears while nothing moves the weights."""
+    level. A plateau never clears while nothing moves the weights. ``tail``: ``series``'s exact tail
+    (:func:`_exact_tail`), whose sorted window gives the full window's median without a sort."""
     opened, level = state.get("opened"), state.get("level")
     if not opened or opened.get("kind") != kind or level is None:
         return False
@@ -622,13 +627,14 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
     if kind in ("plateau", "oscillation"):
         cleared = level <= (1.0 - settings.plateau_resolve_drop) * at
         if cleared and kind == "oscillation" and len(series) >= settings.loss_window:  # and so over a full
-            cleared = _median_of(series[-settings.loss_window:]) <= (1.0 - settings.plateau_resolve_drop) * at
+            cleared = _median_last(series, settings.loss_window, tail) <= \
+                (1.0 - settings.plateau_resolve_drop) * at
             #           window: a run of low batches dips a swinging loss's rolling level that far
         if not cleared and kind == "plateau" and len(series) >= settings.loss_window and \
                 not opened.get("low"):
             # (a plateau found under plateau_min_level -- its fall not significant, _fell_from_start --
             # does not clear by the level test it already failed when it opened: that would flap)
-            window_level = _median_of(series[-settings.loss_window:])
+            window_level = _median_last(series, settings.loss_window, tail)
             cleared = window_level < settings.plateau_min_level * initial and not _stalled(
                 rank, state, window_level / initial, step - settings.loss_window, step, settings)
         if cleared and kind == "plateau":  # a lower level while nothing moves the weights is noise
@@ -637,13 +643,13 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
         best = opened.get("best", at)
         cleared = level <= best + 0.5 * max(0.0, at - best)
         if cleared and len(series) >= settings.loss_window:  # and so over a full window: one dip of a
-            cleared = _median_of(series[-settings.loss_window:]) <= best + 0.5 * max(0.0, at - best)
+            cleared = _median_last(series, settings.loss_window, tail) <= best + 0.5 * max(0.0, at - best)
             #           swinging loss's rolling level is not the rise given back
     else:  # divergence
         bar = settings.divergence_factor * divergence_base(initial, state["init"][0], settings)
         cleared = level < bar
         if cleared and len(series) >= settings.loss_window:  # and so over a full window: a run of low
-            cleared = _median_of(series[-settings.loss_window:]) < bar  # batches of a loss swinging far
+            cleared = _median_last(series, settings.loss_window, tail) < bar  # batches of a loss swinging far
             #           above the band dips the rolling level under the bar without the loss coming back
     if not cleared:
         return False
@@ -682,21 +688,131 @@ def _median_of(points: Sequence[Tuple[int, float, int]]) -> float:
     return robust.median_sorted(sorted(map(_VALUE, points)))
 
 
+def _exact_tail(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]]) -> Optional[SeriesTail]:
+    """The tail of ``name`` when ``series`` -- :func:`recent`'s answer for it -- is exactly the tail's last
+    ``len(series)`` points (the usual case: no non-finite or out-of-order point among them), else None.
+    (Those points are finite, in step order and at steps <= the last one's, so recent() kept every one of
+    them, in that order, and no other.)"""
+    tail = rank.tails.get(name)
+    if tail is None or not series:
+        return None
+    points = tail.points
+    start = len(points) - len(series)
+    if start < tail.bad_end or start < tail.descent or series[-1] is not points[-1]:
+        return None
+    return tail
+
+
+class _Derived:
+    """What the loss curve keeps beside its series' tail (``SeriesTail.windows["loss"]``; derived, never
+    serialized, dropped with the tail): per window width, the sorted values of the tail's last ``width``
+    points as of ``len(points)`` = ``ends[width]``, updated point by point; and the initial level with
+    the ``init`` list (and length) it was taken from."""
+
+    __slots__ = ("ends", "init", "init_len", "initial", "sorted")
+
+    def __init__(self) -> None:
+        self.ends: Dict[int, int] = {}
+        self.sorted: Dict[int, List[float]] = {}
+        self.init: Optional[List[float]] = None
+        self.init_len = 0
+        self.initial = math.nan
+
+
+def _derived(tail: SeriesTail) -> _Derived:
+    kept: Optional[_Derived] = tail.windows.get("loss")
+    if kept is None:
+        kept = tail.windows["loss"] = _Derived()
+    return kept
+
+
+def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
+    """``sorted()`` of the values of the tail's last ``width`` points, bit for bit, for a tail whose last
+    ``width`` points are finite (the caller's :func:`_exact_tail`): kept from the previous point's by one
+    removal and one insertion when one point arrived since, else sorted anew. The same list as sorted()'s,
+    order of equal values included (0.0 / -0.0): sorted() is stable (equal values in time order), the
+    value that leaves is the window's oldest -- the first of its equals, where bisect_left finds it -- and
+    the one that enters is the newest, placed after its equals (insort_right). The list is the cache's:
+    read it, never keep or change it (the next point changes it)."""
+    kept = _derived(tail)
+    points = tail.points
+    n = len(points)
+    end = kept.ends.get(width)
+    if end is not None:
+        ordered = kept.sorted[width]
+        if end == n:
+            return ordered
+        if end == n - 1 and end >= width:
+            new = points[end][1]
+            if new - new == 0.0:  # (finite, so is what leaves: it was in the window sorted before)
+                del ordered[bisect_left(ordered, points[end - width][1])]
+                insort_right(ordered, new)
+                kept.ends[width] = n
+                return ordered
+    ordered = kept.sorted[width] = sorted(map(_VALUE, points[-width:]))
+    kept.ends[width] = n
+    return ordered
+
+
+SORTED_WINDOW_MIN = 16
+"""Windows at least this wide are kept sorted point by point (:func:`_sorted_window`); a narrower one
+(the rolling level's ``rise_smooth`` values) sorts faster than the bookkeeping costs."""
+
+
+def _last_sorted(series: Sequence[Tuple[int, float, int]], width: int, tail: Optional[SeriesTail]
+                 ) -> List[float]:
+    """The values of ``series[-width:]``, sorted: :func:`_sorted_window`'s list (read only) when ``tail``
+    is ``series``'s exact tail, the series has ``width`` points and ``width`` >= ``SORTED_WINDOW_MIN``,
+    else a new sorted list."""
+    if tail is not None and width >= SORTED_WINDOW_MIN and len(series) >= width:
+        return _sorted_window(tail, width)
+    return sorted(map(_VALUE, series[-width:]))
+
+
+def _median_last(series: Sequence[Tuple[int, float, int]], width: int, tail: Optional[SeriesTail]) -> float:
+    """``_median_of(series[-width:])``, bit for bit (:func:`_last_sorted`)."""
+    return robust.median_sorted(_last_sorted(series, width, tail))
+
+
+def _initial(init: List[float], tail: Optional[SeriesTail]) -> float:
+    """``robust.median(init)`` (the run's initial loss level), taken once per ``init`` list and length
+    while the series' tail lasts (``init`` stops growing once it holds ``loss_baseline_points`` values)."""
+    if tail is None:
+        return robust.median(init)
+    kept = _derived(tail)
+    if kept.init is not init or kept.init_len != len(init):
+        kept.init, kept.init_len, kept.initial = init, len(init), robust.median(init)
+    return kept.initial
+
+
 class _Window:
     """The last ``size`` loss values, with their statistics -- and their step and value lists -- computed
-    once, when first asked for (most values are judged on the median and the first and last steps)."""
+    once, when first asked for (most values are judged on the median and the first and last steps).
+    ``source``: ``series``'s exact tail (:func:`_exact_tail`), whose sorted window is taken for
+    :attr:`ordered` instead of a sort."""
 
-    def __init__(self, series: Sequence[Tuple[int, float, int]], size: int) -> None:
-        self.full = len(series) >= size
-        self._tail = series[-size:]
-        self.first_step = self._tail[0][0] if self._tail else -1
-        self.last_step = self._tail[-1][0] if self._tail else -1
+    def __init__(self, series: Sequence[Tuple[int, float, int]], size: int,
+                 source: Optional[SeriesTail] = None) -> None:
+        n = len(series)
+        self.full = n >= size
+        self._series = series
+        self._size = size
+        self._source = source
+        self._points: Optional[Sequence[Tuple[int, float, int]]] = None
+        self.first_step = series[-size][0] if self.full else (series[0][0] if n else -1)
+        self.last_step = series[-1][0] if n else -1
         self._steps: Optional[List[int]] = None
         self._values: Optional[List[float]] = None
         self._median: Optional[float] = None
         self._ordered: Optional[List[float]] = None
         self._cv: Optional[float] = None
         self._trend: Optional[robust.MannKendall] = None
+
+    @property
+    def _tail(self) -> Sequence[Tuple[int, float, int]]:
+        if self._points is None:
+            self._points = self._series[-self._size:]
+        return self._points
 
     @property
     def steps(self) -> List[int]:
@@ -719,15 +835,21 @@ class _Window:
 
     @property
     def ordered(self) -> List[float]:
-        """The window's values, sorted (once)."""
+        """The window's values, sorted (once; read only)."""
         if self._ordered is None:
-            self._ordered = sorted(map(_VALUE, self._tail))
+            self._ordered = _last_sorted(self._series, self._size, self._source) if self.full else \
+                sorted(map(_VALUE, self._tail))
         return self._ordered
 
     @property
     def cv(self) -> float:
+        """``robust.robust_cv(self.values)``, bit for bit, from the sorted values (the median and the
+        sorted absolute deviations of a multiset of finite values do not depend on its order)."""
         if self._cv is None:
-            self._cv = robust.robust_cv(self.values)
+            ordered = self.ordered
+            med = robust.median_sorted(ordered)
+            spread = robust.MAD_TO_SIGMA * robust.median_sorted(sorted([abs(v - med) for v in ordered]))
+            self._cv = 0.0 if spread == 0.0 else (spread / abs(med) if med != 0.0 else math.inf)
         return self._cv
 
     @property
@@ -742,6 +864,18 @@ def _median4(four: Sequence[float]) -> float:
     same sort), without its call overhead: the plateau rule takes ~20 of these per judged window."""
     ordered = sorted(four)
     return (ordered[1] + ordered[2]) / 2
+
+
+def _block_slope(steps: Sequence[int], values: Sequence[float]) -> float:
+    """``robust.theil_sen``'s slope, bit for bit, through the medians (:func:`_median4`) of the blocks of 4
+    of ``steps`` / ``values`` (a trailing part block left out), without its intercept. ``steps`` rise
+    strictly (a loss series is by step, one value a step), so a block's step median is the mean of its
+    two middle steps as they stand, and no two blocks share a step median."""
+    xs = [(steps[i + 1] + steps[i + 2]) / 2 for i in range(0, len(values) - 3, 4)]
+    ys = [_median4(values[i:i + 4]) for i in range(0, len(values) - 3, 4)]
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
+              for i in range(len(xs) - 1) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    return robust.median(slopes) if slopes else 0.0
 
 
 def _braces(text: str) -> str:
@@ -1120,9 +1254,7 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
         return _Check(False)
     steps, values = win.steps, win.values
     # Theil-Sen slope through the medians of blocks of 4 values: robust, and cheap on any window
-    blocks = [(_median4(steps[i:i + 4]), _median4(values[i:i + 4]))
-              for i in range(0, len(values) - 3, 4)]
-    slope, _ = robust.theil_sen([b[0] for b in blocks], [b[1] for b in blocks])
+    slope = _block_slope(steps, values)
     change = abs(slope) * (steps[-1] - steps[0] + 1)
     if change > tuned.plateau_max_change * med:
         return _Check(False)
