@@ -31,12 +31,12 @@ from .numeric import (
     climb_baseline,
     diverged_before,
     divergence_base,
+    family_names,
     find_explosion,
     finite_series,
     grad_metric,
     loss_diverged,
     lr_span,
-    name_set,
     nan_source,
     nan_source_evidence,
     note_nonfinite_batch,
@@ -67,7 +67,7 @@ divergence or oscillation may also give way, see :func:`_divergence_settled` and
 def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
                event_id: str, settings: DetectionSettings) -> List[Finding]:
     """Findings for one metric batch of ``rank`` (already folded into its history)."""
-    loss_names = name_set(settings.loss_metrics)
+    loss_names = family_names(settings)[1]
     for name, step, value in points:
         if name in loss_names and value - value != 0.0:
             if _scaler_skipped(rank, step, points):
@@ -221,7 +221,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
              event_id: str, settings: DetectionSettings) -> List[Finding]:
     """Loss-curve findings for one metric batch of ``rank`` (already folded into its history): judged
     once per new finite loss value (module docstring)."""
-    loss_names = name_set(settings.loss_metrics)
+    loss_names = family_names(settings)[1]
     point = next(((n, s, v) for n, s, v in points if n in loss_names and v - v == 0.0), None)
     if point is None:
         return []

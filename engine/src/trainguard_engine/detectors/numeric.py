@@ -195,6 +195,23 @@ def name_set(names: Tuple[str, ...]) -> AbstractSet[str]:
     return frozenset(names)
 
 
+_NAMES_MEMO: List[Any] = [None, None]
+"""[settings, (grad, loss, clip) name sets] of the settings object last asked for (:func:`family_names`)."""
+
+
+def family_names(settings: DetectionSettings) -> Tuple[AbstractSet[str], AbstractSet[str], AbstractSet[str]]:
+    """The family's metric-name sets of ``settings`` (:func:`name_set` of ``grad_norm_metrics``,
+    ``loss_metrics``, ``clip_threshold_metrics``): for the settings object asked for last, one identity
+    test instead of three tuple hashes (settings are immutable; the pipeline asks with one object)."""
+    memo = _NAMES_MEMO
+    if memo[0] is not settings:
+        memo[1] = (name_set(settings.grad_norm_metrics), name_set(settings.loss_metrics),
+                   name_set(settings.clip_threshold_metrics))
+        memo[0] = settings
+    names: Tuple[AbstractSet[str], AbstractSet[str], AbstractSet[str]] = memo[1]
+    return names
+
+
 def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], settings: DetectionSettings
                 ) -> Tuple[Optional[Point], List[Point], Optional[Point], bool]:
     """(global grad norm point, per-layer points, loss point, a GradScaler overflow step) of one batch;
@@ -203,8 +220,7 @@ def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], 
     grad_point: Optional[Point] = None
     loss_point: Optional[Point] = None
     overflow = False
-    grad_names, loss_names = name_set(settings.grad_norm_metrics), name_set(settings.loss_metrics)
-    clip_names = name_set(settings.clip_threshold_metrics)
+    grad_names, loss_names, clip_names = family_names(settings)
     for name, step, value in points:
         if name in grad_names:
             grad_point = (name, step, value)
