@@ -236,3 +236,27 @@ def test_a_loss_the_trainer_changes_falls_back_to_the_logged_loss(
     for step in (4, 9, 14):
         assert loss[step] == pytest.approx(logged[step], rel=1e-6)
     assert all(loss[s] < 1.0 + 2.0 for s in range(4))  # the model's own loss (the +1.0 is not in it)
+
+
+def test_step_loss_sums_an_interval_in_one_tensor_and_never_writes_into_a_loss() -> None:
+    """A logging interval holds one running sum, not a tensor per step (the per-step list grew host RSS
+    ~360 KiB a step between the Trainer's logs: bench/results/unseen_probe_stop35.txt), and the sum has
+    its own storage, so the first step's loss -- the tensor the job logged -- is never added into."""
+    from trainguard.integrations.transformers import StepLoss
+
+    class Out:
+        def __init__(self, loss: torch.Tensor) -> None:
+            self.loss = loss
+
+    model = nn.Linear(1, 1).train()
+    steps = StepLoss()
+    losses = [torch.tensor(float(i), requires_grad=True) * 1.0 for i in range(1, 501)]
+    returned = []
+    for loss in losses:
+        steps.hook(model, (), {}, Out(loss))
+        returned.append(steps.take())
+    assert steps.count == 500 and steps.total.dim() == 0
+    assert not [v for v in vars(steps).values() if isinstance(v, list) and v]  # nothing kept per step
+    assert float(returned[0]) == 1.0  # the first loss is not the running sum
+    assert steps.interval_mean() == pytest.approx(250.5)
+    assert steps.total is None and steps.count == 0 and steps.interval_mean() is None
