@@ -17,6 +17,11 @@ from trainguard.integrations import nvml, step_timing
 from trainguard.integrations import torch as tg_torch
 
 DATA_DELAY, FORWARD_DELAY, OPT_DELAY = 0.040, 0.020, 0.010
+# A phase measured by the SDK beside the loop's own stopwatch differs by the hooks' cost plus whatever the OS
+# scheduler takes between the two clocks (several ms on a loaded 2-core CI machine). The slack stays well under
+# FORWARD_DELAY, so a forward wrongly counted inside the backward phase still fails the check.
+WALL_SLACK = 0.015
+assert WALL_SLACK < FORWARD_DELAY
 PHASES = ("time/step_s", "time/data_s", "time/forward_s", "time/backward_s", "time/optimizer_s")
 
 
@@ -98,10 +103,10 @@ def test_each_phase_holds_its_own_delay_and_they_add_up_to_the_step() -> None:
         assert abs((data + fwd + bwd + opt_s) - step) < 0.005, (s, data, fwd, bwd, opt_s, step)
     # the forward phase is the module's own measure of its forward (to the hook calls' cost)
     for s in steps:
-        assert abs(got["time/forward_s"][s] - model.took[s]) < 0.005, (s, got["time/forward_s"][s])
+        assert abs(got["time/forward_s"][s] - model.took[s]) < WALL_SLACK, (s, got["time/forward_s"][s])
         # backward: the loss and backward() calls; optimizer: the step() call up to its post hook
-        assert 0 < got["time/backward_s"][s] < backward[s] + 0.005, (s, backward[s])
-        assert abs(got["time/optimizer_s"][s] - step_call[s]) < 0.005, (s, step_call[s])
+        assert 0 < got["time/backward_s"][s] < backward[s] + WALL_SLACK, (s, backward[s])
+        assert abs(got["time/optimizer_s"][s] - step_call[s]) < WALL_SLACK, (s, step_call[s])
 
 
 def test_gradient_accumulation_sums_the_forwards() -> None:
@@ -122,10 +127,10 @@ def test_gradient_accumulation_sums_the_forwards() -> None:
     got = _phases()
     assert sorted(got["time/forward_s"]) == [0, 1, 2, 3, 4]
     for s in range(5):  # the three forwards of the step, as the module measured them
-        assert abs(got["time/forward_s"][s] - sum(model.took[3 * s: 3 * s + 3])) < 0.005, s
+        assert abs(got["time/forward_s"][s] - sum(model.took[3 * s: 3 * s + 3])) < WALL_SLACK, s
         # backward: the three loss + backward calls, not the two forwards between them
         # (it ends at the end-of-backward callback, a little before backward() returns)
-        assert 0 < got["time/backward_s"][s] < between[s] + 0.005, (s, between[s])
+        assert 0 < got["time/backward_s"][s] < between[s] + WALL_SLACK, (s, between[s])
 
 
 def test_timed_batches_reports_the_time_blocked_in_the_loader_only() -> None:
@@ -147,7 +152,7 @@ def test_timed_batches_reports_the_time_blocked_in_the_loader_only() -> None:
     got = _phases()["time/data_s"]
     assert sorted(got) == [0, 1, 2, 3, 4, 5]  # timed_batches knows the first step's wait too
     for s in range(6):  # the loader's time only, not the 15 ms after it
-        assert got[s] >= DATA_DELAY and abs(got[s] - waits[s]) < 0.005, (s, got[s], waits[s])
+        assert got[s] >= DATA_DELAY and abs(got[s] - waits[s]) < WALL_SLACK, (s, got[s], waits[s])
 
 
 def test_step_timing_off_reports_no_phases_and_a_data_parallel_model_is_timed_inside() -> None:
