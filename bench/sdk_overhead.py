@@ -21,6 +21,14 @@
 (c) ``sync``    — CUDA only, after each workload: watched steps under
                   ``torch.cuda.set_sync_debug_mode("error")`` prove the training thread never synchronises
                   (see :func:`check_sync`).
+(d) ``runqueue`` — the step-timing run-queue delay (``time/runqueue_s``, issue 23) beside the step timer
+                  without it (the previous commit's timer), in one run: ``--ab runqueue`` makes (b) alternate
+                  blocks of watched steps with the run-queue clock off (A) and on (B) instead of unwatched /
+                  watched, and part (d) times the timer's own per-step work (the marks of one step and its
+                  ``phases``) with the clock off and on, in alternating blocks, in CPU time of the calling
+                  thread (``time.thread_time_ns``: what the training thread pays, whatever the host runs).
+
+    python bench/sdk_overhead.py --skip log,transformer --ab runqueue   # CPU: (b) as A/B + (d)
 """
 
 from __future__ import annotations
@@ -241,7 +249,9 @@ def _block(work: Workload, steps: int, device: torch.device, log_loss: bool) -> 
 
 
 def bench_train(work: Workload, device: torch.device, blocks: int, block_steps: int, warmup: int,
-                report: Callable[[str], None]) -> None:
+                report: Callable[[str], None], ab: str = "") -> None:
+    """Unwatched (A) against watched (B) blocks, alternating; ``ab="runqueue"``: both watched, A with the
+    step timer's run-queue clock off (the timer before issue 23's signal), B with it on."""
     for _ in range(warmup):
         work.step()
     _sync(device)
@@ -253,9 +263,11 @@ def bench_train(work: Workload, device: torch.device, blocks: int, block_steps: 
         order: Tuple[bool, ...] = (False, True) if b % 2 == 0 else (True, False)
         pair: Dict[bool, float] = {}
         for watched in order:
-            if watched:
+            if watched or ab:
                 handle = trainguard.watch(work.model, work.optimizer, scaler=work.scaler, clip=work.clip)
-            pair[watched] = _block(work, block_steps, device, log_loss=watched)
+                if ab == "runqueue" and not watched and handle.timer is not None:
+                    handle.timer.close()  # A: the timer without its run-queue clock
+            pair[watched] = _block(work, block_steps, device, log_loss=watched or bool(ab))
             if handle is not None:
                 handle.remove()
                 handle = None
@@ -263,10 +275,39 @@ def bench_train(work: Workload, device: torch.device, blocks: int, block_steps: 
         on.append(pair[True])
         pair_ratios.append(pair[True] / pair[False])
     med_off, med_on = statistics.median(off), statistics.median(on)
-    report(f"train_step[{work.name}] device={device} blocks={blocks}x{block_steps} "
+    label = f"train_step_ab_{ab}" if ab else "train_step"
+    report(f"{label}[{work.name}] device={device} blocks={blocks}x{block_steps} "
            f"median_off_ms={med_off * 1e3:.3f} median_on_ms={med_on * 1e3:.3f} "
            f"overhead_ratio={med_on / med_off:.4f} pair_ratio_median={statistics.median(pair_ratios):.4f} "
            f"pair_ratio_range=[{min(pair_ratios):.4f},{max(pair_ratios):.4f}] target_ratio=1.01")
+
+
+def bench_runqueue(blocks: int, steps: int, report: Callable[[str], None]) -> None:
+    """(d): thread CPU ns per step of the step timer's own work (forward marks, end of backward, phases)
+    with the run-queue clock off (A) and on (B), alternating blocks."""
+    from trainguard.integrations.step_timing import StepTimer
+
+    samples: Dict[bool, List[float]] = {False: [], True: []}
+    reported = 0
+    for b in range(blocks):
+        for clock in ((False, True) if b % 2 == 0 else (True, False)):
+            timer = StepTimer(runqueue=clock)
+            previous = time.perf_counter()
+            started = time.thread_time_ns()
+            for _ in range(steps):
+                timer.forward_start()
+                timer.forward_end()
+                timer.backward_end()
+                now = time.perf_counter()
+                reported += len(timer.phases(previous, now))
+                previous = now
+            samples[clock].append((time.thread_time_ns() - started) / steps)
+            timer.close()
+    off, on = statistics.median(samples[False]), statistics.median(samples[True])
+    report(f"runqueue_timer blocks={blocks}x{steps} timer_ns_per_step_off={off:.0f} "
+           f"timer_ns_per_step_on={on:.0f} added_ns_per_step={on - off:.0f} "
+           f"added_range=[{min(samples[True]) - max(samples[False]):.0f},"
+           f"{max(samples[True]) - min(samples[False]):.0f}] values={reported}")
 
 
 def check_sync(work: Workload, device: torch.device, steps: int, tmp: str,
@@ -334,7 +375,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "fused AdamW, clip 1.0; bare / watch / foreach-async / Lightning interleaved) "
                              "-- runs bench/sdk_overhead_hf_gpt2.py; needs --device cuda")
     parser.add_argument("--skip", default="",
-                        help="comma list of parts to skip: log,mlp,transformer,gpt2,sync")
+                        help="comma list of parts to skip: log,mlp,transformer,gpt2,sync,runqueue")
+    parser.add_argument("--ab", choices=("", "runqueue"), default="",
+                        help="runqueue: (b) alternates watched blocks with the step timer's run-queue clock "
+                             "off / on (issue 23's signal beside the timer without it), and (d) runs")
     args, rest = parser.parse_known_args(argv)
     if args.config == "hf-gpt2":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -365,6 +409,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if "log" not in skip:
         bench_log(2_000 if quick else args.log_calls, report)
+    if args.ab == "runqueue" and "runqueue" not in skip:
+        bench_runqueue(4 if quick else 20, 500 if quick else 20_000, report)
 
     with tempfile.TemporaryDirectory() as tmp:
         # per_layer_every / memory_every keep their defaults: this is the "default settings" overhead
@@ -396,7 +442,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             workloads.append(lambda: gpt_workload(device, 2 if quick else args.batch, args.amp, cfg))
         for make in workloads:
             work = make()
-            bench_train(work, device, blocks, block_steps, warmup=2 if quick else 10, report=report)
+            bench_train(work, device, blocks, block_steps, warmup=2 if quick else 10, report=report,
+                        ab=args.ab)
             if device.type == "cuda" and "sync" not in skip:
                 check_sync(work, device, 3 if quick else 20, tmp, report)
                 trainguard.shutdown()

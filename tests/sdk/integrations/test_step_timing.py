@@ -3,6 +3,7 @@ time spent where it says, against delays the loop itself makes, and the phases a
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Dict, Iterator, List
 
@@ -248,3 +249,83 @@ def test_the_backward_tail_is_the_wait_for_a_slower_rank(tmp_path: Any) -> None:
     for s in steps[1:]:  # the first step also waits for DDP's first bucket rebuild
         assert tails[0][s] >= 0.6 * slow_s, (s, tails)     # it waited for rank 1's slower forward
         assert tails[1][s] < tails[0][s] - 0.5 * slow_s, (s, tails)
+
+
+def _spin_on(core: int) -> Any:
+    """A busy process pinned to ``core`` (a co-tenant taking the core the trainer runs on)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c",
+                             f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True:\n    pass\n"])
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.exists("/proc/thread-self/schedstat"),
+                    reason="Linux: run-queue delay and CPU affinity")
+def test_the_run_queue_delay_shows_a_co_tenant_on_the_trainers_core() -> None:
+    """``time/runqueue_s``: the training thread's wait for a core. Alone it is a small share of the step;
+    pinned to one core beside a spinning process it waits for about half of every step (CFS shares the
+    core)."""
+    model = nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.001)
+    x = torch.randn(256, 512)  # a step of ~5-10 ms: longer than a few of the scheduler's timeslices
+    threads, affinity = torch.get_num_threads(), os.sched_getaffinity(0)
+    torch.set_num_threads(1)  # the step's work on this (the training) thread only
+    trainguard.watch(model, opt)
+    spinner = None
+    try:
+        _train([x] * 8, model, opt)  # alone: steps 0-7 (step 0 has no previous boundary)
+        core = sorted(affinity)[0]
+        os.sched_setaffinity(0, {core})  # this thread only (Linux: pid 0 is the calling thread)
+        spinner = _spin_on(core)
+        time.sleep(0.05)  # the spinner is up and pinned
+        _train([x] * 9, model, opt)  # beside it: steps 8-16 (step 8 spans the spinner's start)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
+    evs = events()
+    step_s, delay = dict(series(evs, "time/step_s")), dict(series(evs, "time/runqueue_s"))
+    assert sorted(delay) == list(range(1, 17)), sorted(delay)
+    # a wait is counted when it ends, in the step it ends in: per step it may exceed the step, over steps not
+    assert all(v >= 0.0 for v in delay.values()) and sum(delay.values()) <= sum(step_s[s] for s in delay)
+    alone = sorted(delay[s] / step_s[s] for s in range(1, 8))
+    shared = sorted(delay[s] / step_s[s] for s in range(9, 17))
+    assert shared[len(shared) // 2] >= 0.3, shared
+    assert alone[len(alone) // 2] < shared[len(shared) // 2] - 0.15, (alone, shared)
+
+
+def test_the_run_queue_clock_is_per_thread_and_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    clock = step_timing.RunQueueClock()
+    here = clock.read()
+    if os.path.exists("/proc/thread-self/schedstat"):
+        assert here is not None and here >= 0 and clock.thread == threading.get_native_id()
+        seen: List[Any] = []
+        worker = threading.Thread(target=lambda: seen.append((clock.read(), clock.thread)))
+        worker.start()
+        worker.join()
+        assert seen[0][1] == worker.native_id  # reopened for the other thread, not the first one's file
+    # a boundary on another thread reports no delay for that step (it would difference two threads)
+    timer = step_timing.StepTimer()
+    timer.phases(0.0, 1.0)
+    other: List[Dict[str, float]] = []
+    worker = threading.Thread(target=lambda: other.append(timer.phases(1.0, 2.0)))
+    worker.start()
+    worker.join()
+    assert step_timing.RUNQUEUE_S not in other[0]
+    timer.close()
+    timer.close()  # idempotent
+
+    def no_proc(*_a: Any, **_k: Any) -> int:
+        raise FileNotFoundError("/proc/thread-self/schedstat")
+
+    monkeypatch.setattr(step_timing.os, "open", no_proc)
+    off = step_timing.RunQueueClock()
+    assert off.read() is None and off.read() is None  # no procfs: absent, never raising
+    timer = step_timing.StepTimer()
+    assert step_timing.RUNQUEUE_S not in timer.phases(0.0, 1.0)
+    assert step_timing.RUNQUEUE_S not in timer.phases(1.0, 2.0)

@@ -17,7 +17,14 @@ boundary it returns, beside ``time/step_s`` (boundary to boundary):
   wait for the gradient all-reduce to finish -- where a fast rank waits for a straggler -- so
   ``backward_s - backward_wait_s`` is the rank's own backward compute. Reported only when a sentinel's
   gradient was seen between the forward and the end of the backward;
-* ``time/optimizer_s`` -- from the end of the backward to the boundary (clipping, ``optimizer.step``).
+* ``time/optimizer_s`` -- from the end of the backward to the boundary (clipping, ``optimizer.step``);
+* ``time/runqueue_s`` -- Linux only: how long the training thread (the one that runs the step boundary) was
+  runnable but waiting for a core since the previous boundary (the kernel's run-queue delay, field 2 of
+  ``/proc/thread-self/schedstat``, read at each boundary). CPU contention -- a co-tenant process on the
+  rank's core, a rank pinned to a busy core -- shows here; a rank that is slow in its own work (a slower
+  device, more compute, a CPU-bound loader on the same thread) does not wait for a core and shows ~0.
+  Not reported on the first boundary, after the boundary moved to another thread (or process: a fork),
+  elsewhere than Linux, or when the kernel does not account it (schedstat reads all zeros).
 
 The first three phases hold no collective in a plain DDP loop (the forward of a module without buffers,
 the loader, the optimizer), so they are a rank's *own* time: the engine compares them across ranks to
@@ -28,11 +35,14 @@ the device's queued backward work as well as the all-reduce). A phase whose mark
 (no forward hook ran: the model was called outside the watched module) is not reported.
 
 Cost: two ``perf_counter`` calls per forward and a few float operations per step (measured by
-``bench/sdk_overhead.py``); nothing is allocated per step but the metric values. Never raises.
+``bench/sdk_overhead.py``); nothing is allocated per step but the metric values. The run-queue delay is one
+``pread`` of a file descriptor kept open on the thread's schedstat (~1.2 us of CPU per step on the 2-core VM;
+opening the file per read costs 7-13 us) plus a thread-id check. Never raises, never blocks (procfs).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Dict, Generic, Iterable, Iterator, Optional, TypeVar
@@ -44,16 +54,65 @@ FORWARD_S = "time/forward_s"
 BACKWARD_S = "time/backward_s"
 BACKWARD_WAIT_S = "time/backward_wait_s"
 OPTIMIZER_S = "time/optimizer_s"
+RUNQUEUE_S = "time/runqueue_s"
 PHASES = (DATA_S, FORWARD_S, BACKWARD_S, BACKWARD_WAIT_S, OPTIMIZER_S)
+
+
+class RunQueueClock:
+    """The calling thread's cumulative run-queue delay (seconds runnable but not running), from a file
+    descriptor kept open on its ``/proc/thread-self/schedstat`` and re-read with ``pread`` (Linux). The
+    descriptor belongs to the thread that opened it: a read from another thread (or from a forked child,
+    whose thread id differs) reopens it for that thread and starts over. After a failure to open, it stays
+    off (``read()`` returns None). Never raises."""
+
+    __slots__ = ("_fd", "_off", "_tid")
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._tid = -1
+        self._off = not hasattr(os, "pread")
+
+    def read(self) -> Optional[float]:
+        """Cumulative run-queue delay of the calling thread in seconds; None when unknown. The second
+        value returned after a thread change is the first that a caller may difference."""
+        if self._off:
+            return None
+        try:
+            tid = threading.get_native_id()
+            if tid != self._tid:
+                self.close()
+                self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._tid = tid
+            fields = os.pread(self._fd, 96, 0).split(None, 2)
+            if fields[0] == b"0":  # the kernel does not account it (sched_info off): all zeros
+                return None
+            return int(fields[1]) * 1e-9
+        except Exception:  # no procfs, the thread's entry gone, an odd line
+            self.close()
+            self._off = True
+            return None
+
+    @property
+    def thread(self) -> int:
+        """The native id of the thread whose delay was last read (-1: none)."""
+        return self._tid
+
+    def close(self) -> None:
+        fd, self._fd, self._tid = self._fd, -1, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 class StepTimer:
     """Phase marks of the current step (one per watched module). Called on the training thread only."""
 
     __slots__ = ("_backward_end", "_first_forward", "_forward_end", "_forward_s", "_forward_start",
-                 "_grad_last", "_loader_used", "_loader_wait")
+                 "_grad_last", "_loader_used", "_loader_wait", "_rq_last", "_rq_thread", "_runqueue")
 
-    def __init__(self) -> None:
+    def __init__(self, runqueue: bool = True) -> None:
         self._first_forward = 0.0   #: perf_counter at the first forward of this step (0: none yet)
         self._forward_start = 0.0   #: start of the forward in progress
         self._forward_end = 0.0     #: end of the first forward of the step
@@ -62,6 +121,9 @@ class StepTimer:
         self._grad_last = 0.0       #: the last sentinel gradient of the step (its own backward done)
         self._loader_wait = 0.0     #: time inside timed_batches' __next__ since the last boundary
         self._loader_used = False   #: timed_batches fed this step
+        self._runqueue: Optional[RunQueueClock] = RunQueueClock() if runqueue else None
+        self._rq_last = -1.0        #: the boundary thread's run-queue delay at the previous boundary
+        self._rq_thread = -1        #: ... and that thread's native id
 
     # --- marks ---------------------------------------------------------------------------------
     def forward_start(self, *_args: Any) -> None:
@@ -95,7 +157,8 @@ class StepTimer:
     # --- the boundary ----------------------------------------------------------------------------
     def phases(self, previous: float, now: float) -> Dict[str, float]:
         """The phases of the step that ran from ``previous`` to ``now`` (perf_counter values; previous 0:
-        the first step, whose data wait is unknown), and reset for the next step."""
+        the first step, whose data wait is unknown), with the calling thread's run-queue delay since the
+        previous boundary (``time/runqueue_s``, when known), and reset for the next step."""
         out: Dict[str, float] = {}
         first, fwd_end, bwd_end = self._first_forward, self._forward_end, self._backward_end
         if first and fwd_end:
@@ -110,11 +173,26 @@ class StepTimer:
                     out[BACKWARD_WAIT_S] = min(bwd_end - self._grad_last, out[BACKWARD_S])
                 if now >= bwd_end:
                     out[OPTIMIZER_S] = now - bwd_end
+        clock = self._runqueue
+        if clock is not None:
+            delay = clock.read()
+            if delay is not None:
+                if self._rq_last >= 0.0 and previous and clock.thread == self._rq_thread:
+                    out[RUNQUEUE_S] = max(0.0, delay - self._rq_last)
+                self._rq_last, self._rq_thread = delay, clock.thread
+            else:
+                self._rq_last = -1.0
         self._first_forward = self._forward_start = self._forward_end = 0.0
         self._forward_s = self._loader_wait = 0.0
         self._backward_end = self._grad_last = 0.0
         self._loader_used = False
         return out
+
+    def close(self) -> None:
+        """Close the run-queue clock's descriptor (``watch``'s ``remove()``). Idempotent."""
+        if self._runqueue is not None:
+            self._runqueue.close()
+            self._runqueue = None
 
 
 _timers_lock = threading.Lock()

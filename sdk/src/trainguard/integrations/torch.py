@@ -37,7 +37,9 @@ Metrics: ``grad/global_norm``, ``grad/layer/<layer>``, ``grad/clip_triggered`` (
 ``amp/overflow`` (1.0 when the scaler found Inf/NaN gradients and skipped the step), ``time/step_s``,
 ``opt/lr``, ``mem/*``, and the step's phases ``time/data_s``, ``time/forward_s``, ``time/backward_s``,
 ``time/optimizer_s`` (host clocks at the forward hooks, the end-of-backward callback and the boundary:
-:mod:`.step_timing`; ``step_timing=False`` turns them off). On CUDA with ``nvidia-ml-py`` installed, a
+:mod:`.step_timing`; ``step_timing=False`` turns them off) with, on Linux, ``time/runqueue_s``: how long
+the training thread waited for a core since the previous boundary (its run-queue delay, one ``pread`` of
+its schedstat per step: CPU contention). On CUDA with ``nvidia-ml-py`` installed, a
 thread of the SDK samples the GPU's SM clock, temperature, power and throttle reasons every
 ``nvml_interval_s`` seconds (:mod:`.nvml`). The worker alerts on a non-finite norm with the recent
 history of every metric.
@@ -452,6 +454,7 @@ class WatchHandle:
             clip_tap.discard(self)
         if self.timer is not None:
             set_current(None, self.timer)
+            self.timer.close()
         if self.nvml is not None:
             self.nvml.stop()
         self._pending = None
