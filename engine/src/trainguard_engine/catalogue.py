@@ -833,6 +833,21 @@ class DetectionSettings:
         "state no longer holds; straggler_ratio still does (at their first candidate step, real stragglers' "
         "peers ran at 0.86-1.09x their steady own time, every rank of a job slowed 2.5x together at "
         "1.4-2.8x; bench/results/straggler_stop33.txt, round 2; 0: off) ...", minimum=0.0)
+    straggler_runqueue_share: float = _setting(
+        0.1, "... CPU contention (where the SDK reports time/runqueue_s, the training thread's run-queue "
+        "delay per step: Linux): a rank is also a candidate when its training thread waited for a core >= "
+        "this share of the step on >= straggler_steps of its last straggler_window judged steps -- a rank "
+        "pinned to a core shared with a busy process waits 0.34-0.50 of every step, every rank with a core "
+        "of its own 0.000 on a quiet 16-core host (bench/results/straggler_stop36.txt) ...",
+        minimum=0.0, maximum=1.0)
+    straggler_runqueue_peers: float = _setting(
+        0.05, "... while the other ranks' median share (each over its window) is <= this (they had cores: "
+        "on an oversubscribed host every rank waits, and the delay names nobody) ...", minimum=0.0,
+        maximum=1.0)
+    straggler_runqueue_ratio: float = _setting(
+        1.15, "... and the median of its window's per-step paired ratios (own time over the others' median "
+        "at the same step) is >= this: its own work is slower -- never a straggler from the delay alone; "
+        "the excess and wait tests below still apply ...", minimum=1.0)
     straggler_min_share: float = _setting(
         0.05, "... its median excess over the others at the same step is >= this share of the job's step "
         "time (a rank 2x slower in a phase that takes 1% of the step holds nobody back) ...",
@@ -1130,7 +1145,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "correlation": ("rank_lost_grace_s", "oom_explains_s"),
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
              "straggler_steps", "straggler_noise_k", "straggler_shift_ratio", "straggler_shift_growth",
-             "straggler_shift_peers_growth",
+             "straggler_shift_peers_growth", "straggler_runqueue_share", "straggler_runqueue_peers",
+             "straggler_runqueue_ratio",
              "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
              "straggler_clear_steps", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
              "regression_noise_k", "regression_baseline_steps",

@@ -29,7 +29,12 @@ count, O(ranks log ranks) per judged step):
   phase where the excess is (data, forward, optimizer), since when (the change point of its window) and
   the job's slowdown against its steady state; when every rank of one host (of several) is named, the
   host is. It resolves after ``straggler_confirm`` judged steps with no rank over on
-  ``straggler_clear_steps`` of its window.
+  ``straggler_clear_steps`` of its window. Where the SDK sends ``time/runqueue_s`` (the training thread's
+  run-queue delay: Linux), CPU contention is evidence too (:func:`_contended`): a rank that waited for a
+  core >= ``straggler_runqueue_share`` of the step on ``straggler_steps`` of its window while its peers
+  waited <= ``straggler_runqueue_peers`` (median) is a candidate when the median of its paired ratios is >=
+  ``straggler_runqueue_ratio`` (its own work slower too: never from the delay alone), the excess and wait
+  tests as above. Without the signal nothing of this runs and the state is today's exactly.
 * ``perf/throughput-regression`` -- the job's step time (median over ranks of their window medians)
   >= ``regression_ratio`` x its steady state (the median of its first ``regression_baseline_steps``
   judged steps after warm-up), or the median logged throughput <= 1/``regression_ratio`` of its own,
@@ -74,17 +79,19 @@ DATA_S = "time/data_s"
 FORWARD_S = "time/forward_s"
 BACKWARD_S = "time/backward_s"
 OPTIMIZER_S = "time/optimizer_s"
+RUNQUEUE_S = "time/runqueue_s"
 PHASE_NAMES = (STEP_S, DATA_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S)
-_PHASE_SET = frozenset(PHASE_NAMES)
+_PHASE_SET = frozenset((*PHASE_NAMES, RUNQUEUE_S))
 THROTTLE = "gpu/throttle_reasons"
 GPU_CONTEXT = ("gpu/sm_clock_mhz", "gpu/sm_clock_max_mhz", "gpu/temperature_c", "gpu/power_w",
                "gpu/power_limit_w")
 
 # a window entry: [step, time_ns, step_s, own_s, data_s, forward_s, optimizer_s, rest_s] (own/... None
-# when the SDK sent no phases)
-_STEP, _TIME, _STEP_S, _OWN, _DATA, _FWD, _OPT, _REST = range(8)
-# a pair (one judged step): [step, time_ns, own_s, the others' median own_s, rest_s, the others' rest_s]
-_P_STEP, _P_TIME, _P_OWN, _P_OTHERS, _P_REST, _P_OTHERS_REST = range(6)
+# when the SDK sent no phases), + [runqueue_s] when the SDK sent the training thread's run-queue delay
+_STEP, _TIME, _STEP_S, _OWN, _DATA, _FWD, _OPT, _REST, _RQ = range(9)
+# a pair (one judged step): [step, time_ns, own_s, the others' median own_s, rest_s, the others' rest_s],
+# + [runqueue_s / step_s] when the rank's entry had it
+_P_STEP, _P_TIME, _P_OWN, _P_OTHERS, _P_REST, _P_OTHERS_REST, _P_RQ = range(7)
 _MED_FIELDS = {"step": _STEP_S, "own": _OWN, "data": _DATA, "forward": _FWD, "optimizer": _OPT,
                "rest": _REST}
 _MED_ITEMS = tuple(_MED_FIELDS.items())
@@ -171,6 +178,9 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
         own = (data or 0.0) + fwd + (opt or 0.0)
         rest = max(0.0, step_s - own)
     entry: List[Any] = [step, time_ns, step_s, own, data, fwd, opt, rest]
+    runqueue = values.get(RUNQUEUE_S)
+    if runqueue is not None:  # only then: a stream without it keeps today's state exactly
+        entry.append(runqueue)
     window: Optional[List[List[Any]]] = state.get("w")
     if window is None:
         window = state["w"] = []
@@ -305,17 +315,24 @@ def _pair(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]], 
     own_sorted = sorted(e[_OWN] for _st, e in timed)
     rest_sorted = sorted(e[_REST] for _st, e in timed)
     ratio = settings.straggler_ratio
+    busy = settings.straggler_runqueue_share
     for st, e in timed:
         others = _median_without(own_sorted, bisect_left(own_sorted, e[_OWN]))
         others_rest = _median_without(rest_sorted, bisect_left(rest_sorted, e[_REST]))
         pairs: List[List[Any]] = st.setdefault("px", [])
-        pairs.append([e[_STEP], e[_TIME], e[_OWN], others, e[_REST], others_rest])
+        pair = [e[_STEP], e[_TIME], e[_OWN], others, e[_REST], others_rest]
+        if len(e) > _RQ:  # the run-queue share of the step, and the count of pairs at >= busy (rc)
+            pair.append(e[_RQ] / max(e[_STEP_S], 1e-12))
+            st["rc"] = st.get("rc", 0) + (1 if pair[_P_RQ] >= busy else 0)
+        pairs.append(pair)
         count = st.get("pc", 0) + (1 if e[_OWN] >= ratio * others else 0)
         count2 = st.get("pc2", 0) + (1 if low is not None and e[_OWN] >= low * others else 0)
         while len(pairs) > settings.straggler_window:
             gone = pairs.pop(0)
             count -= 1 if gone[_P_OWN] >= ratio * gone[_P_OTHERS] else 0
             count2 -= 1 if low is not None and gone[_P_OWN] >= low * gone[_P_OTHERS] else 0
+            if len(gone) > _P_RQ and gone[_P_RQ] >= busy:
+                st["rc"] -= 1
         st["pc"] = count
         if low is not None:
             st["pc2"] = count2
@@ -363,14 +380,15 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
     out: Dict[int, Dict[str, float]] = {}
     for rank, st, _m in states:
         bar = settings.straggler_ratio
+        busy: Optional[Tuple[float, float]] = None
         if st.get("pc", 0) < settings.straggler_steps:
-            if low is None or st.get("pc2", 0) < settings.straggler_steps or "pr" not in st:
-                continue
-            if _median([_pair_ratio(p) for p in st["px"]]) < settings.straggler_shift_growth * st["pr"]:
-                continue
-            if _peers_moved(st, settings):
-                continue
-            bar = low
+            if low is not None and _shifted(st, settings, low):
+                bar = low
+            else:
+                busy = _contended(rank, st, states, settings)
+                if busy is None:
+                    continue
+                bar = settings.straggler_runqueue_ratio
         pairs = st["px"]
         excess = _median([p[_P_OWN] - p[_P_OTHERS] for p in pairs])
         if excess < settings.straggler_min_share * job["step"]:
@@ -383,7 +401,49 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
                           "rest": _median([p[_P_REST] for p in pairs]),
                           "others_rest": _median([p[_P_OTHERS_REST] for p in pairs]),
                           "ratio": _median([_pair_ratio(p) for p in pairs]), "bar": bar}
+        if busy is not None:
+            out[rank.rank]["runqueue"], out[rank.rank]["peers_runqueue"] = busy
     return out
+
+
+def _shifted(state: Dict[str, Any], settings: DetectionSettings, low: float) -> bool:
+    """The steady host's lower bar holds the rank: over ``low`` on >= ``straggler_steps`` of its window,
+    its median ratio >= ``straggler_shift_growth`` x its steady one, its peers not moved."""
+    if state.get("pc2", 0) < settings.straggler_steps or "pr" not in state:
+        return False
+    if _median([_pair_ratio(p) for p in state["px"]]) < settings.straggler_shift_growth * state["pr"]:
+        return False
+    return not _peers_moved(state, settings)
+
+
+def _runqueue_share(state: Dict[str, Any]) -> Optional[float]:
+    """The median run-queue share of the step over the rank's window pairs that carry one."""
+    shares = [p[_P_RQ] for p in state.get("px", ()) if len(p) > _P_RQ]
+    return _median(shares) if shares else None
+
+
+def _contended(rank: RankState, state: Dict[str, Any],
+               states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
+               settings: DetectionSettings) -> Optional[Tuple[float, float]]:
+    """CPU contention: (its median run-queue share, its peers' median) when the rank's training thread
+    waited for a core (``time/runqueue_s``) >= ``straggler_runqueue_share`` of the step on >=
+    ``straggler_steps`` of its window's steps, the other ranks' median share is <=
+    ``straggler_runqueue_peers`` (they had cores: not a whole oversubscribed host), and its own work is
+    slower -- the median of its window's paired ratios >= ``straggler_runqueue_ratio`` (never a straggler
+    from the delay alone). None otherwise, and always when the SDK sent no run-queue delay (``rc`` is kept
+    only when it did)."""
+    if state.get("rc", 0) < settings.straggler_steps:
+        return None
+    pairs = state["px"]
+    if _median([_pair_ratio(p) for p in pairs]) < settings.straggler_runqueue_ratio:
+        return None
+    peers = [share for r, st, _m in states if r is not rank and (share := _runqueue_share(st)) is not None]
+    if not peers:
+        return None
+    peers_share = _median(peers)
+    if peers_share > settings.straggler_runqueue_peers:
+        return None
+    return _runqueue_share(state) or 0.0, peers_share
 
 
 def _peers_moved(state: Dict[str, Any], settings: DetectionSettings) -> bool:
@@ -466,8 +526,10 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
     throttled = ""
     if lead.detectors[STATE_KEY].get("thr", 0) >= settings.throttle_confirm:
         throttled = " NVML reports its GPU throttled (see perf/throttling)."
+    contention = (f", its training thread waiting for a core {candidates[lead.rank]['runqueue']:.0%} of "
+                  f"each step (CPU contention)" if "runqueue" in candidates[lead.rank] else "")
     detail = (f"Straggler: {who} -- its own work per step takes {ratio:.1f}x the other ranks' "
-              f"(in {phase}); they wait for it in every collective")
+              f"(in {phase}){contention}; they wait for it in every collective")
     out: List[Finding] = []
     for r in named:
         cr = candidates[r.rank]
@@ -482,10 +544,20 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
             f" (the steady host's bar: 1 + {settings.straggler_noise_k:g} x the steady state's spread of "
             f"paired ratios {run_state.get('spread', 0.0):.2f}, at least {settings.straggler_shift_ratio:g}; "
             f"its own steady-state ratio was {mine_st.get('pr', 1.0):.2f})")
+        lead_in = (f"rank {r.rank}: own time (data + forward + optimizer) >= {bar:.2f}x the other ranks' "
+                   f"median at the same step on {over} of its last {len(pairs)} judged steps (threshold "
+                   f"{settings.straggler_steps}){why}")
+        if "runqueue" in cr:  # named on CPU contention
+            over = sum(1 for p in pairs if p[_P_OWN] >= bar * p[_P_OTHERS])
+            lead_in = (f"rank {r.rank}: CPU contention -- its training thread waited for a core (run-queue "
+                       f"delay, time/runqueue_s) >= {settings.straggler_runqueue_share:.0%} of the step on "
+                       f"{mine_st.get('rc', 0)} of its last {len(pairs)} judged steps (threshold "
+                       f"{settings.straggler_steps}; median {cr['runqueue']:.0%}, the other ranks' "
+                       f"{cr['peers_runqueue']:.0%}) while its own time (data + forward + optimizer) ran "
+                       f"at a median {ratio_r:.2f}x the other ranks' (threshold {bar:.2f}; over it on "
+                       f"{over})")
         description = (
-            f"rank {r.rank}: own time (data + forward + optimizer) >= {bar:.2f}x the other ranks' median at "
-            f"the same step on {over} of its last {len(pairs)} judged steps (threshold "
-            f"{settings.straggler_steps}){why}; medians over them: {cr['own'] * 1000:.1f} ms vs "
+            f"{lead_in}; medians over them: {cr['own'] * 1000:.1f} ms vs "
             f"{cr['others'] * 1000:.1f} ms, a per-step ratio of {ratio_r:.2f}x, mostly in {ph} "
             f"({mine_r * 1000:.1f} ms vs {oth_r * 1000:.1f} ms); the others' backward + wait "
             f"{cr['others_rest'] * 1000:.1f} ms vs its {cr['rest'] * 1000:.1f} ms: they wait for it; "
