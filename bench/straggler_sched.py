@@ -15,12 +15,21 @@ sibling or a slower clock, which no run-queue delay shows), the worst 10-step wi
 
     python bench/straggler_sched.py /tmp/rec/recA /tmp/rec/recB          # per run and rank (TUNING sets)
     python bench/straggler_sched.py --aggregate /tmp/ho/recA /tmp/ho/recB # per scenario only (held-out sets)
+    python bench/straggler_sched.py --inject DST SRC   # add the SDK's time/runqueue_s to older runs
+
+``--inject DST SRC``: copies SRC's recorded runs (``runs/``, ``misses/``) to DST with each rank's main-thread
+run-queue delay per step from SRC's side channel added to its step envelope as ``time/runqueue_s`` -- what
+the SDK of baf94d1 on sends (the same schedstat counter, read at the optimizer-step boundary; the side
+channel reads it right after the step's log call: on a run with both they agreed to the nanosecond, stop 36),
+so runs recorded before it can be judged with it (``bench/straggler.py --rejudge DST``). Prints nothing per
+run (held-out sets too).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -82,6 +91,33 @@ def rank_figures(steps: Steps, from_step: int) -> Dict[str, float]:
             "cores": len({v["core"] for v in steps.values()})}
 
 
+def inject(src: Path, dst: Path) -> int:
+    """``--inject``: SRC's recordings with ``time/runqueue_s`` from SRC's side channel, written to DST; the
+    number of runs written."""
+    written = 0
+    for sub in ("runs", "misses"):
+        for path in sorted((src / sub).glob("*.jsonl.gz")):
+            sched = src / "sched" / (path.name.split(".")[0] + ".tsv.gz")
+            delay: Dict[Tuple[int, int], float] = {}
+            if sched.exists():
+                per_rank, _notes, _cost = read(sched)
+                delay = {(r, s): v["delay"] * 1e-9 for r, steps in per_rank.items() for s, v in steps.items()}
+            target = dst / sub / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(path, "rt", encoding="utf-8") as fin, \
+                    gzip.open(target, "wt", encoding="utf-8") as out:
+                for line in fin:
+                    event = json.loads(line)
+                    points = event.get("metrics", {}).get("points", [])
+                    key = (event.get("rank", -1), event.get("step", -1))
+                    if key in delay and any(p["name"] == "time/step_s" for p in points) and \
+                            not any(p["name"] == "time/runqueue_s" for p in points):
+                        points.append({"name": "time/runqueue_s", "value": delay[key]})
+                    out.write(json.dumps(event, separators=(",", ":")) + "\n")
+            written += 1
+    return written
+
+
 def runs(folders: Sequence[Path]) -> List[Tuple[str, int, Path]]:
     out = []
     for folder in folders:
@@ -97,7 +133,13 @@ def main() -> int:
     parser.add_argument("folders", nargs="+", type=Path, help="folders bench/straggler.py --record wrote")
     parser.add_argument("--aggregate", action="store_true", help="per scenario only: for held-out sets")
     parser.add_argument("--from-step", type=int, default=30, help="the slowdown's first step (the bench's)")
+    parser.add_argument("--inject", type=Path, default=None, metavar="DST",
+                        help="copy the runs of the one folder given to DST with time/runqueue_s added")
     args = parser.parse_args()
+    if args.inject is not None:
+        (src,) = args.folders
+        print(f"{inject(src, args.inject)} runs written to {args.inject}")
+        return 0
     agg: Dict[Tuple[str, str], List[Dict[str, float]]] = defaultdict(list)
     costs: List[int] = []
     if not args.aggregate:
