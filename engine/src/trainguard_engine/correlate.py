@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .catalogue import DetectionSettings, kinds_with_role
 from .detectors import fmt_duration
@@ -42,6 +42,16 @@ EXITS_AFTER_FAILURE: Tuple[Kind, ...] = (("process", "terminated"), ("process", 
 after one of ``TERMINATION_CAUSES`` on the run is that failure's consequence, as is a terminated rank in
 its own open stall."""
 CRASH_EXIT: Kind = ("process", "exit")
+LAUNCHER_EXIT_RULES = frozenset({"torchrun.worker-failed", "torchrun.summary-without-root", "launcher.signal",
+                                 "deepspeed.launcher-teardown"})
+"""Classifier rules of a launcher's line that a worker exited (torchrun's ``failed (exitcode: 1) local_rank:
+R`` or failure entry, DeepSpeed's ``exits with return code = 1`` and ``Killing subprocess``): a
+``process/exit`` incident whose evidence is only such lines is the launcher's report of an error it did not
+see. When the rank it names (any rank, when the line names none: DeepSpeed's teardown) then prints its own
+error text -- a pasted log interleaves the launcher's stream with the worker's, or prints the entry's
+``traceback :`` field after its exit code -- that error is the cause and the exit its consequence
+(:func:`_own_error_after`), however they were ordered."""
+LAUNCHER_REPORTS: Tuple[Kind, ...] = (("process", "exit"), ("process", "killed"), ("process", "terminated"))
 RANK_LOST: Kind = ("comm", "rank-lost")
 SIGABRT = 6
 """A launcher's line that the rank a peer reported lost (``Connection closed by localRank q``) exited by a
@@ -89,18 +99,94 @@ def _kind(st: IncidentState) -> Kind:
 
 
 def find_cause(run: RunState, at_ns: int, exclude: str = "",
-               kinds: Tuple[Kind, ...] = CAUSES) -> Optional[IncidentState]:
+               kinds: Tuple[Kind, ...] = CAUSES,
+               reporters: FrozenSet[int] = frozenset()) -> Optional[IncidentState]:
     """The open incident of ``run`` of one of ``kinds`` whose earliest signal is at or before ``at_ns``
-    (the earliest such; None if there is none)."""
+    (the earliest such; None if there is none). ``reporters``: the ranks whose own error text the caller's
+    finding is -- a launcher's exit report for one of them is no cause of it (see
+    :data:`LAUNCHER_EXIT_RULES`)."""
     best: Optional[IncidentState] = None
     best_first = 0
     for st in run.incidents.values():
         if st.key == exclude or not st.is_open or st.record.explained_by or \
                 (_kind(st) not in kinds and not st.extra.get("consequences")):
             continue  # an incident that already explains consequences stays their cause, whatever its kind
+        if reporters and _reports_exit_of(st, reporters):
+            continue  # the launcher's report that this rank exited: its own error explains that, not v.v.
         first = _began(run, st)
         if first and first <= at_ns and (best is None or (first, st.key) < (best_first, best.key)):
             best, best_first = st, first
+    return best
+
+
+def _launcher_exit_ranks(st: IncidentState) -> Optional[FrozenSet[int]]:
+    """For an open ``process/exit`` incident made only of launcher exit lines (:data:`LAUNCHER_EXIT_RULES`)
+    that explains nothing: the ranks those lines are about (the rank a line names, else the stream that
+    printed it; none for DeepSpeed's teardown, which names a PID only). None for any other incident."""
+    if _kind(st) != CRASH_EXIT or not st.is_open or st.record.explained_by or st.extra.get("consequences"):
+        return None
+    ranks: Set[int] = set()
+    for ev in st.record.evidence:
+        value = ev.value if isinstance(ev.value, Mapping) else {}
+        rule = value.get("rule")
+        if not ev.rule.startswith(REPORTED) or rule not in LAUNCHER_EXIT_RULES:
+            return None  # an exit code the rank itself sent, or anything else: not a launcher's report only
+        facts = value.get("facts")
+        named = facts.get("rank") if isinstance(facts, Mapping) else None
+        if isinstance(named, int) and not isinstance(named, bool):
+            ranks.add(named)
+        elif rule != "deepspeed.launcher-teardown" and ev.rank >= 0:
+            ranks.add(ev.rank)
+    return frozenset(ranks)
+
+
+def _reports_exit_of(st: IncidentState, reporters: FrozenSet[int]) -> bool:
+    """Whether ``st`` is a launcher's exit report (:func:`_launcher_exit_ranks`) about a rank of
+    ``reporters``."""
+    ranks = _launcher_exit_ranks(st)
+    return ranks is not None and (not ranks or not ranks.isdisjoint(reporters))
+
+
+def _reporters(evidence: Sequence[Evidence]) -> FrozenSet[int]:
+    """The ranks whose own error text ``evidence`` is: each reporting evidence's rank and the rank its
+    classified facts name (``[Rank 3] ...`` printed on another stream)."""
+    ranks: Set[int] = set()
+    for ev in evidence:
+        if not ev.rule.startswith(REPORTED):
+            continue
+        if ev.rank >= 0:
+            ranks.add(ev.rank)
+        facts = ev.value.get("facts") if isinstance(ev.value, Mapping) else None
+        named = facts.get("rank") if isinstance(facts, Mapping) else None
+        if isinstance(named, int) and not isinstance(named, bool) and named >= 0:
+            ranks.add(named)
+    return frozenset(ranks)
+
+
+OWN_ERRORS: Tuple[Kind, ...] = tuple(k for k in TERMINATION_CAUSES if k not in LAUNCHER_REPORTS)
+"""What a worker's own error text can be when it explains its launcher's exit report."""
+TEARDOWN_CAUSES: Tuple[Kind, ...] = (*OWN_ERRORS, KILLED)
+"""What explains DeepSpeed's teardown (an exit report naming no rank): a worker's own error, or the launcher's
+own line naming the failed worker by a signal (``... '--local_rank=7' ...] exits with return code = -9``,
+which it prints after the teardown: process/killed; a plain code joins the teardown's process/exit)."""
+
+
+def _own_error_after(run: RunState, st: IncidentState, ranks: FrozenSet[int]) -> Optional[IncidentState]:
+    """The incident of the error text the rank(s) of launcher exit report ``st`` printed at or after it:
+    an open, unexplained incident of :data:`OWN_ERRORS` (when ``ranks`` is empty, a report naming no rank:
+    any rank's, or of :data:`TEARDOWN_CAUSES`); the one whose such text came first. None when there is
+    none."""
+    began = st.record.first_ns
+    kinds = OWN_ERRORS if ranks else TEARDOWN_CAUSES
+    best: Optional[IncidentState] = None
+    best_at = 0
+    for other in run.incidents.values():
+        if other is st or not other.is_open or other.record.explained_by or _kind(other) not in kinds:
+            continue
+        times = [ev.time_ns for ev in other.record.evidence
+                 if ev.time_ns >= began and (not ranks or not ranks.isdisjoint(_reporters((ev,))))]
+        if times and (best is None or (min(times), other.key) < (best_at, best.key)):
+            best, best_at = other, min(times)
     return best
 
 
@@ -261,7 +347,8 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
     elif kind == ("process", "killed") and current is None:
         cause = _stall_of(run, finding.rank)  # a hung rank SIGKILLed by a watchdog or the scheduler
     elif kind in CONSEQUENCES:
-        cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key) or \
+        cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key,
+                           reporters=_reporters(finding.evidence)) or \
             _straggler_for(run, kind, finding.time_ns or finding.seen_ns)
     elif kind == STALLED and current is None:
         cause = _hang_incident(run, finding.time_ns)
@@ -302,8 +389,16 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
         elif kind == ("process", "terminated"):
             cause = find_cause(run, st.record.first_ns, exclude=st.key, kinds=TERMINATION_CAUSES)
         elif kind in CONSEQUENCES:
-            cause = find_cause(run, st.record.first_ns, exclude=st.key) or \
+            cause = find_cause(run, st.record.first_ns, exclude=st.key,
+                               reporters=_reporters(st.record.evidence)) or \
                 _straggler_for(run, kind, st.record.first_ns)
+        elif kind == CRASH_EXIT and (exited := _launcher_exit_ranks(st)) is not None:
+            cause = _own_error_after(run, st, exited)
+            if cause is not None:
+                cause.extra.setdefault("lead", cause.record.lead_rank)  # the erring rank, not the launcher's
+                _fold_into(run, st, cause, settings)
+                changed += [st, cause]
+                continue
         elif kind == REGRESSION:
             cause = _straggler_slowing(run, st, settings)
         if cause is None and kind != STALLED:

@@ -127,6 +127,7 @@ from .torchrun import (
     _rule_launcher_signal,
     _rule_torchrun,
     _rule_worker_failed,
+    launcher_teardown,
 )
 
 # ----------------------------------------------------------------------------------------------------
@@ -194,7 +195,8 @@ the order rules are tried (:func:`rules_table`)."""
 FIRST_RULE = "torchrun.child-failed"
 """Tried before :data:`RULES`: a launcher summary names the root cause."""
 FRAMES_RULE = "frames.process-group-init"
-FALLBACKS = ("type:<name>", FRAMES_RULE, torchrun.SUMMARY_CUT_RULE, "python.exception")
+FALLBACKS = ("type:<name>", FRAMES_RULE, torchrun.SUMMARY_CUT_RULE, torchrun.TEARDOWN_RULE,
+             "python.exception")
 """What an exception is when no text rule matched: by its type, else a plain Python exception."""
 
 
@@ -296,6 +298,8 @@ def _classify(text: str, exc_type: str, depth: int) -> Optional[Classification]:
         if by_type is not None:
             return by_type
     found = _python_traceback(text, depth)
+    if found is None:
+        return launcher_teardown(text)  # DeepSpeed's launcher stopping its workers, nothing more
     spawn = _SPAWN_RE.search(text[:4096]) if found is not None and "rank" not in found.facts else None
     if found is not None and spawn is not None:
         # the traceback inside mp.spawn's message is the failed process's: it is the rank spawn names

@@ -471,6 +471,36 @@ def summary_without_root(exc_type: str, message: str) -> Classification:
                           "the launcher's summary without its root-cause entry: the failed worker's own "
                           "line (its exit code or signal) or traceback says what happened")
 
+TEARDOWN_RULE = "deepspeed.launcher-teardown"
+_TEARDOWN_NEEDLE = "sigkill_handler] Killing subprocess "
+_TEARDOWN_RE = re.compile(r"\[launch\.py:\d{1,5}:sigkill_handler\] Killing subprocess (?P<pid>\d{1,10})\b")
+"""DeepSpeed's launcher (``deepspeed/launcher/launch.py``) tearing its workers down: its ``sigkill_handler``
+runs when a worker exited non-zero (or the launcher was signalled), logs ``Killing subprocess PID`` for
+every worker, then raises ``CalledProcessError``. The line names a PID, never a rank."""
+
+
+def launcher_teardown(text: str) -> Optional[Classification]:
+    """DeepSpeed's ``[launch.py:N:sigkill_handler] Killing subprocess PID`` in ``text`` -- the launcher
+    stopping every worker because one of them failed -- when no rule and no Python traceback said more:
+    ``process/exit`` with no rank (which worker failed, and why, is in that worker's own output; when the
+    text shows it after this line, the process detector folds this exit into it). None without the line."""
+    pos = text.find(_TEARDOWN_NEEDLE)
+    if pos < 0:
+        return None
+    start = text.rfind("\n", 0, pos) + 1
+    m = _TEARDOWN_RE.search(text, max(start, pos - 40), pos + len(_TEARDOWN_NEEDLE) + 12)
+    if m is None:
+        return None
+    line = text[start:text.find("\n", pos) if "\n" in text[pos:] else len(text)]
+    facts: Facts = {"pid": int(m.group("pid")), "launcher": "deepspeed"}
+    return Classification("process", "exit", TEARDOWN_RULE, 0.6,
+                          "DeepSpeed's launcher killed its workers (a worker failed; its own error says why)",
+                          facts, (_shorten(line.strip(), 300),),
+                          "DeepSpeed's launcher stops every worker when one exits non-zero: the failed "
+                          "worker's own error (a traceback, an exit code with its --local_rank) says what "
+                          "happened")
+
+
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:", _ENTRY_NEEDLE),
@@ -489,6 +519,11 @@ after the shared pre-scan)."""
 
 
 DOCS = {
+    TEARDOWN_RULE: (
+        "DeepSpeed's ``[launch.py:N:sigkill_handler] Killing subprocess PID`` when no other rule and no "
+        "Python traceback matched → process/exit, no culprit (the launcher stopping its workers after one "
+        "failed; that worker's own error, printed after it, leads and this exit folds into it)"
+    ),
     SUMMARY_CUT_RULE: (
         "(with ``exc_type`` ChildFailedError) a torchrun summary that names no root cause (cut off, or only "
         "``<NO_OTHER_FAILURES>``) → process/exit at a low confidence: the launcher's report, which the "

@@ -72,14 +72,17 @@ NUMERIC_TEXT_KINDS = (("loss", "non_finite"), ("gradient", "nan-source"), ("memo
 """Numerical failures a job states in words: taken from text only while no rank of the run sends metrics
 or heartbeats (an instrumented job's metrics arrive later than its printed line, in batches; the loss,
 gradient and memory detectors judge the numbers themselves, with the step they happened at)."""
-LAUNCHER_RULES = ("torchrun.worker-failed", "launcher.signal", "dataloader.worker")
+TEARDOWN_RULE = "deepspeed.launcher-teardown"
+LAUNCHER_RULES = ("torchrun.worker-failed", "launcher.signal", "dataloader.worker", TEARDOWN_RULE)
 LAUNCHER_KINDS = (("process", "killed"), ("process", "exit"), ("process", "terminated"))
 """Log lines in which a launcher (or the DataLoader, of its workers: "Unexpected bus error encountered in
 worker") says a process was ended by a signal open that exit's kind even when no exit event reaches
 TrainGuard (a pasted log); so does a launcher's line naming a rank's non-zero exit code (torchrun's
-``failed (exitcode: N) local_rank: R``, DeepSpeed's ``exits with return code = N``): ``process/exit``, and
-the worker's own traceback, when printed, is an incident of its own. An abort is not one (after a watchdog
-timeout it is the teardown: the exit path decides)."""
+``failed (exitcode: N) local_rank: R``, DeepSpeed's ``exits with return code = N``, and its teardown
+``Killing subprocess PID``, which names no rank and so leads no incident): ``process/exit``, and the worker's
+own traceback, when printed, is an incident of its own -- the exit report's cause even when printed after it
+(correlation folds the exit into it: ``correlate.LAUNCHER_EXIT_RULES``). An abort is not one (after a
+watchdog timeout it is the teardown: the exit path decides)."""
 SCALE_RULE = "numeric.loss-scale"
 """An fp16 loss-scale line: a finding when the scale collapsed (see :func:`_scale_collapsed`)."""
 SCALE_STATE_KEY = "amp"
@@ -275,8 +278,10 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
         finding = replace(finding, severity=kind(*AMP_KIND).severity)  # raises an info notice's incident
     if finding is not None and together is not None:
         finding = replace(finding, relabel=True, update_values=True)  # the abort incident, re-read
-    if finding is not None and found.facts.get("from_frames") and "rank" not in found.facts:
-        # a C++ stack alone names no rank, and a paste is read as rank 0's: it is some rank's, not a lead
+    if finding is not None and "rank" not in found.facts and (
+            found.facts.get("from_frames") or found.rule == TEARDOWN_RULE):
+        # a C++ stack alone names no rank, and a paste is read as rank 0's: it is some rank's, not a lead;
+        # DeepSpeed's launcher stopping its workers is about all of them (the failed one is named elsewhere)
         finding = replace(finding, rank=-1, host="")
     return finding
 
