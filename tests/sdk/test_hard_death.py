@@ -16,7 +16,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "hard_death_job.py"
 NAN_AT = 300
 EXIT_CODES = {"sigkill": -signal.SIGKILL, "abort": -signal.SIGABRT, "terminate": -signal.SIGABRT, "exit": 0}
+KILLED = ("sigkill", "abort", "terminate")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,31 @@ def job_env(endpoint: str, token: str, run_id: str, spool: Path) -> Dict[str, st
 def run_job(env: Dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(JOB), *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def killed(server: ServeProcess, tmp_path_factory: pytest.TempPathFactory
+           ) -> Dict[str, Tuple[Dict[str, str], subprocess.CompletedProcess[str]]]:
+    """The three jobs killed each its own way, run at the same time (as three hosts' ranks would die: each has
+    its run id and its spool) -- the torch start-ups overlap instead of adding up. ``how`` -> (the job's
+    environment, how it ended); each test then runs its own next process and checks its own run."""
+    started = {}
+    for how in KILLED:
+        run_id = f"hard-{how}-{uuid.uuid4().hex[:6]}"
+        env = job_env(server.http_url, server.tokens["ingest"], run_id, tmp_path_factory.mktemp(how) / "spool")
+        started[how] = env, subprocess.Popen([sys.executable, str(JOB), "train", how, "--nan-at", str(NAN_AT)],
+                                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ended = {}
+    try:
+        for how, (env, proc) in started.items():
+            out, err = proc.communicate(timeout=120)
+            ended[how] = env, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for _, proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return ended
 
 
 def next_process(env: Dict[str, str]) -> Dict[str, Any]:
@@ -76,12 +102,12 @@ def exceptions(events: List[Dict[str, Any]], exc_type: str) -> List[Dict[str, An
             if e["kind"] == "exception" and e["payload"]["exception"]["type"] == exc_type]
 
 
-@pytest.mark.parametrize("how", ["sigkill", "abort", "terminate"])
-def test_the_nan_alert_and_the_exception_of_a_killed_rank_arrive_once(server: ServeProcess, tmp_path: Path,
-                                                                      how: str) -> None:
-    run_id = f"hard-{how}-{uuid.uuid4().hex[:6]}"
-    env = job_env(server.http_url, server.tokens["ingest"], run_id, tmp_path / "spool")
-    job = run_job(env, "train", how, "--nan-at", str(NAN_AT))
+@pytest.mark.parametrize("how", KILLED)
+def test_the_nan_alert_and_the_exception_of_a_killed_rank_arrive_once(
+        server: ServeProcess, killed: Dict[str, Tuple[Dict[str, str], subprocess.CompletedProcess[str]]],
+        how: str) -> None:
+    env, job = killed[how]
+    run_id = env["TRAINGUARD_RUN_ID"]
     assert job.returncode == EXIT_CODES[how], job.stderr
     if how == "terminate":
         assert "terminate called" in job.stderr
