@@ -21,11 +21,18 @@ def _events(server: ServeProcess, run_id: str, kinds: str) -> list:
 
 
 def test_clean_exit_passes_output_through_untouched(server: ServeProcess, tmp_path: Path) -> None:
-    direct = subprocess.run(job("healthy"), capture_output=True, timeout=60)
-    wrapped = run_agent(server, tmp_path, "agent-clean", job("healthy"))
+    # the same job unwrapped, run meanwhile (its output is deterministic: seeded, one line per step)
+    direct = subprocess.Popen(job("healthy"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wrapped = run_agent(server, tmp_path, "agent-clean", job("healthy"))
+        direct_out, direct_err = direct.communicate(timeout=60)
+    finally:
+        if direct.poll() is None:
+            direct.kill()
+            direct.communicate()
     assert direct.returncode == 0 and wrapped.returncode == 0, wrapped.stderr.decode()
-    assert wrapped.stdout == direct.stdout and wrapped.stdout.count(b"\n") == 20
-    assert wrapped.stderr == direct.stderr == b""
+    assert wrapped.stdout == direct_out and wrapped.stdout.count(b"\n") == 20
+    assert wrapped.stderr == direct_err == b""
     run = poll(lambda: (r := server.get_or_none("/api/v1/runs/agent-clean")) and r["status"] == "finished" and r)
     assert run, server.get_or_none("/api/v1/runs/agent-clean")
     assert run["health"] != "critical" and not server.get("/api/v1/runs/agent-clean/incidents")["items"]
