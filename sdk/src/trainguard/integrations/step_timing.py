@@ -105,6 +105,12 @@ class RunQueueClock:
             except OSError:
                 pass
 
+    def __del__(self) -> None:  # a watch dropped without remove(): its descriptor does not leak
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
 
 class StepTimer:
     """Phase marks of the current step (one per watched module). Called on the training thread only."""
