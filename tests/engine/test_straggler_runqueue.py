@@ -103,3 +103,21 @@ def test_on_an_oversubscribed_host_the_delay_names_nobody() -> None:
     events = load("oversubscribed_runqueue")
     assert any(p["name"] == RUNQUEUE for e in events for p in e.get("metrics", {}).get("points", ()))
     assert judged(events)[0] == judged(events, OFF)[0] == judged(without_runqueue(events))[0]
+
+
+def test_a_snapshot_taken_while_the_rank_waits_restores_the_same_verdict() -> None:
+    """The run-queue shares ride in the rank's window entries and pairs (and their count, ``rc``): a
+    pipeline restored from a snapshot taken after the contention began names the same rank at the same step."""
+    events = load("quiet_affinity_weak_runqueue")
+    straight = Pipeline(DEFAULTS)
+    for event in events:
+        straight.process([event])
+    cut = next(i for i, e in enumerate(events) if e.get("step", 0) >= 40)  # 10 steps into the contention
+    first = Pipeline(DEFAULTS)
+    for event in events[:cut]:
+        first.process([event])
+    resumed = Pipeline.restore(first.snapshot(), DEFAULTS)
+    for event in events[cut:]:
+        resumed.process([event])
+    assert [i.to_dict() for i in resumed.incidents()] == [i.to_dict() for i in straight.incidents()]
+    assert [i.subtype for i in resumed.incidents()] == ["straggler"]
