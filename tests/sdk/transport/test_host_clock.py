@@ -18,7 +18,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Iterator
 
 import pytest
 
@@ -71,26 +71,33 @@ def _run(server: ServeProcess, name: str) -> Dict[str, Any]:
     return run
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One server for both transports (their runs are named apart): a start less. The two jobs of a test run
+    one after the other: the clock regexes below allow the 1 s resolution of ``Date`` plus an answer under
+    0.5 s, which two torch start-ups at once on a 2-core machine would eat into."""
+    proc = ServeProcess(tmp_path_factory.mktemp("host-clock") / "data").start()
+    yield proc
+    proc.stop()
+
+
 @pytest.mark.parametrize("transport", ["http", "grpc"])
-def test_a_job_on_a_host_with_a_wrong_clock_is_stored_at_the_servers_time(tmp_path: Path, transport: str) -> None:
-    server = ServeProcess(tmp_path / "data").start()
+def test_a_job_on_a_host_with_a_wrong_clock_is_stored_at_the_servers_time(server: ServeProcess, tmp_path: Path,
+                                                                          transport: str) -> None:
     endpoint = f"grpc://{server.grpc_target}" if transport == "grpc" else server.http_url
-    try:
-        ahead = _job(server, "ahead", 3600, tmp_path / "spool-a", endpoint)
-        assert ahead["dropped"] == 0 and ahead["sent"] == ahead["logged"], ahead  # before: all refused
-        assert re.search(r"this host's clock is (3599|3600|3601) s ahead of the backend's", ahead["stderr"]), ahead
-        behind = _job(server, "behind", -3600, tmp_path / "spool-b", endpoint)
-        assert behind["dropped"] == 0 and behind["sent"] == behind["logged"], behind
-        assert re.search(r"this host's clock is (3599|3600|3601) s behind the backend's", behind["stderr"]), behind
-        now = time.time_ns()
-        assert poll(lambda: _run(server, "behind")["status"] == "finished", timeout=30)
-        first = _run(server, "ahead")
-        assert abs(first["started_ns"] - now) < 120e9, first  # the first answer's refusals sent again
-        assert abs(first["last_event_ns"] - now) < 120e9, first
-        last = _run(server, "behind")
-        assert abs(last["last_event_ns"] - now) < 120e9, last  # before: an hour in the past
-        # the first batch too, sent before any answer told the offset: the gateway shifts it from the
-        # request's x-trainguard-sent-at (before stop 33 the run started an hour before its second batch)
-        assert abs(last["started_ns"] - now) < 120e9, last
-    finally:
-        server.stop()
+    ahead = _job(server, f"ahead-{transport}", 3600, tmp_path / "spool-a", endpoint)
+    assert ahead["dropped"] == 0 and ahead["sent"] == ahead["logged"], ahead  # before: all refused
+    assert re.search(r"this host's clock is (3599|3600|3601) s ahead of the backend's", ahead["stderr"]), ahead
+    behind = _job(server, f"behind-{transport}", -3600, tmp_path / "spool-b", endpoint)
+    assert behind["dropped"] == 0 and behind["sent"] == behind["logged"], behind
+    assert re.search(r"this host's clock is (3599|3600|3601) s behind the backend's", behind["stderr"]), behind
+    now = time.time_ns()
+    assert poll(lambda: _run(server, f"behind-{transport}")["status"] == "finished", timeout=30)
+    first = _run(server, f"ahead-{transport}")
+    assert abs(first["started_ns"] - now) < 120e9, first  # the first answer's refusals sent again
+    assert abs(first["last_event_ns"] - now) < 120e9, first
+    last = _run(server, f"behind-{transport}")
+    assert abs(last["last_event_ns"] - now) < 120e9, last  # before: an hour in the past
+    # the first batch too, sent before any answer told the offset: the gateway shifts it from the
+    # request's x-trainguard-sent-at (before stop 33 the run started an hour before its second batch)
+    assert abs(last["started_ns"] - now) < 120e9, last

@@ -23,17 +23,20 @@ from trainguard_server.queue.sqlite import QUEUE_DB, SqliteQueue
 from trainguard_server.storage.sqlite import open_sqlite_stores
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Any:
-    proc = ServeProcess(tmp_path / "data").start()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One server for the training tests (each reads only its own run id; the crash's search and cluster are
+    the only ones with that text and fingerprint): a start less per test. kill -9 and SIGTERM start their
+    own."""
+    proc = ServeProcess(tmp_path_factory.mktemp("serve") / "data").start()
     yield proc
     proc.stop()
 
 
-def _train(kind: str, endpoint: str, token: str, run_id: str, steps: int) -> subprocess.Popen[str]:
+def _train(kind: str, endpoint: str, token: str, run_id: str, steps: int, spool: Path) -> subprocess.Popen[str]:
     env = dict(os.environ, TRAINGUARD_ENDPOINT=endpoint, TRAINGUARD_TOKEN=token, TRAINGUARD_RUN_ID=run_id,
                TRAINGUARD_FLUSH_INTERVAL="0.1", TRAINGUARD_HEARTBEAT_INTERVAL="1",
-               TRAINGUARD_SPOOL_DIR=str(Path(os.environ.get("TMPDIR", "/tmp")) / f"tg-spool-{run_id}"))
+               TRAINGUARD_SPOOL_DIR=str(spool))  # the test's own (a fixed /tmp path was shared by concurrent runs)
     return subprocess.Popen([sys.executable, "-m", "trainguard_server.demo.trainings", kind,
                              "--steps", str(steps), "--step-sleep", "0.02"], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -42,10 +45,10 @@ def _train(kind: str, endpoint: str, token: str, run_id: str, steps: int) -> sub
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
-def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transport: str) -> None:
+def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transport: str, tmp_path: Path) -> None:
     endpoint = f"grpc://{server.grpc_target}" if transport == "grpc" else server.http_url
     run_id = f"e2e-diverging-{transport}"
-    proc = _train("diverging", endpoint, server.tokens["ingest"], run_id, steps=80)
+    proc = _train("diverging", endpoint, server.tokens["ingest"], run_id, steps=80, spool=tmp_path / "spool")
 
     def incidents() -> Any:
         page = server.get_or_none(f"/api/v1/runs/{run_id}/incidents")
@@ -83,9 +86,9 @@ def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transpor
     print(f"\n{transport}: incident visible {latency:.3f}s after the anomalous event")
 
 
-def test_crash_is_clustered_and_searchable(server: ServeProcess) -> None:
+def test_crash_is_clustered_and_searchable(server: ServeProcess, tmp_path: Path) -> None:
     run_id = "e2e-crashing"
-    proc = _train("crashing", server.http_url, server.tokens["ingest"], run_id, steps=30)
+    proc = _train("crashing", server.http_url, server.tokens["ingest"], run_id, steps=30, spool=tmp_path / "spool")
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "mat1 and mat2 shapes cannot be multiplied" in output
     run = poll(lambda: (r := server.get_or_none(f"/api/v1/runs/{run_id}")) and r["status"] == "failed" and r)
