@@ -12,8 +12,10 @@ from typing import List, Optional, Tuple
 
 from bench.wild import judge
 from trainguard_server.replay import Importer, LocalBackend, ReplayOptions
+from trainguard_server.replay.logs import LogItem, LogReader
 
 WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
+ENTRY = "comm-mismatch-barrier-torchrun-summary-148976-1"  # pytorch/pytorch#148976
 TEARDOWN = "proc-ds-killing-subprocess-launcher-tb-1581-1"  # deepspeedai/DeepSpeed#1581
 
 
@@ -40,6 +42,38 @@ def _pasted(tmp_path: Path, lines: List[str]) -> Path:
     path = tmp_path / "log.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def test_an_entrys_traceback_field_is_that_ranks_exception() -> None:
+    # torchrun's entry for rank 1 ('rank : 1', 'exitcode : 1', then 'traceback : Traceback (most recent call
+    # last):' and the worker's frames and exception two spaces further in): before, the field's lines were
+    # plain lines of the file's rank 0 and the mismatch a log line
+    got: List[LogItem] = list(LogReader(WILD / ENTRY / "log.txt", 0, min_level=""))
+    (exc,) = [i for i in got if i.kind == "exception"]
+    assert exc.rank == 1 and exc.payload["type"] == "RuntimeError"
+    assert exc.payload["message"].startswith("Detected mismatch between collectives on ranks. Rank 1 is running")
+    assert [f["function"] for f in exc.payload["frames"]] == ["wrapper", "main", "wrapper", "barrier"]
+    assert not [i for i in got if i.kind == "log" and 'File "' in i.message]
+
+
+def test_an_entrys_traceback_field_ends_where_the_summary_goes_on(tmp_path: Path) -> None:
+    # the same entry followed by a summary's 'Root Cause' section (verbatim from zai-org/GLM-130B#100's
+    # table, proc-exit1-table-two-ranks-glm130b-1): those lines are the summary's, not the exception's
+    table = _lines("proc-exit1-table-two-ranks-glm130b-1")
+    got = list(LogReader(_pasted(tmp_path, _lines(ENTRY) + table[table.index("Root Cause (first observed "
+                                                                              "failure):") - 1:]), 0))
+    (exc,) = [i for i in got if i.kind == "exception"]
+    assert "Root Cause" not in exc.payload["message"] and "----" not in exc.payload["message"]
+    exits = [i for i in got if i.kind == "log" and "exitcode  :" in i.message]
+    assert [i.rank for i in exits] == [1, 6]
+
+
+def test_a_torchrun_entrys_exit_then_that_ranks_own_error_the_error_leads() -> None:
+    # the entry's 'exitcode : 1' (process/exit, rank 1) comes before its traceback field's mismatch: the
+    # mismatch leads and the exit is folded in (before: process/exit led, the mismatch second)
+    kinds, _lead = _shown(WILD / ENTRY / "log.txt")
+    assert kinds == ("comm/mismatch",)
+
 
 
 def test_a_launchers_exit_line_then_the_same_ranks_timeout_is_not_the_timeouts_cause(tmp_path: Path) -> None:

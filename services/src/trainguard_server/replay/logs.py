@@ -13,7 +13,9 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
   ``i.pretrain/0 ``); so do the unprefixed lines that continue a prefixed c10 message (its CUDA hints
   and C++ frames) or a traceback whose header line carried the prefix (a logger that prefixes a
   record's first line only), and the ``exitcode`` / ``error_file`` / ``traceback`` fields of a torchrun
-  failure-summary entry read outside a traceback go to its ``rank :``. Other ``[nameN]:`` prefixes are
+  failure-summary entry read outside a traceback go to its ``rank :`` (a ``traceback : Traceback (most
+  recent call last):`` field and its lines, two spaces further in, are read as that rank's traceback, the
+  two spaces dropped, ending at the first line not so indented). Other ``[nameN]:`` prefixes are
   stripped and the line stays with the file's rank, as do unprefixed lines (in a torchrun log: the
   agent's own output). Each rank's lines are segmented on their own, so interleaved output of several
   ranks gives one traceback per rank.
@@ -103,6 +105,11 @@ _FAILURE_ENTRY_RE = re.compile(r"^\[\d+\]:\s*$")
 _FAILURE_RANK_RE = re.compile(r"^\s{1,8}rank\s{0,8}: ?(?P<rank>\d{1,7})\b")
 _FAILURE_FIELD_RE = re.compile(r"^\s{1,8}(?:time|host|exitcode|error_file|traceback)\s{0,8}:")
 """torchrun's failure summary: an entry ``[0]:`` then its fields; ``rank      : 3 (local_rank: 3)``."""
+_FAILURE_TRACEBACK_RE = re.compile(r"^\s{1,8}traceback\s{0,8}: ?(?=Traceback \(most recent call last\):\s*$)")
+ENTRY_TRACEBACK_INDENT = "  "
+"""An entry's ``traceback : Traceback (most recent call last):`` field: torchrun prints the worker's traceback
+(from its error file) after the field's key, each further line indented by two more spaces than the worker
+printed it (``    File ...`` for a frame, ``  RuntimeError: ...`` for the exception line)."""
 _FRAME_LINE_RE = re.compile(r'^\s+File "[^"]*", line \d+')
 _LOOSE_FRAME_RE = re.compile(r'^ ?File "[^"]*", line \d+')
 """A frame line a paste lost its indentation on (``File "x.py", line 3, in f`` at column 0 or 1)."""
@@ -471,6 +478,7 @@ class LogSegmenter:
         self._message_rank: Optional[int] = None  # the rank of the c10 message being continued, if any
         self._traceback_rank: Optional[int] = None  # the rank whose prefixed traceback header is continued
         self._entry_rank: Optional[int] = None    # the rank of the torchrun failure entry being read
+        self._entry_traceback: Optional[int] = None  # the rank whose entry's ``traceback :`` field is read
 
     @property
     def open_blocks(self) -> int:
@@ -487,6 +495,7 @@ class LogSegmenter:
             header = _ANY_HEADER_RE.search(text) is not None and _TOP_HEADER_RE.match(text) is None
             self._traceback_rank = prefixed if header else None
             self._entry_rank = None
+            self._end_entry_traceback()
         elif text.strip():
             if self._message_rank is not None:
                 if _C10_CONTINUATION_RE.match(text) or self._nccl_goes_on(self._message_rank, text):
@@ -499,8 +508,17 @@ class LogSegmenter:
                     prefixed = self._traceback_rank
                 else:
                     self._traceback_rank = None
+            if prefixed is None and self._entry_traceback is not None:
+                if text.startswith(ENTRY_TRACEBACK_INDENT) and _FAILURE_FIELD_RE.match(text) is None \
+                        and _FAILURE_RANK_RE.match(text) is None:
+                    prefixed, text = self._entry_traceback, text[len(ENTRY_TRACEBACK_INDENT):]
+                else:
+                    self._end_entry_traceback()
             if prefixed is None:
                 prefixed = self._failure_entry_rank(text)
+                if prefixed is not None and (m := _FAILURE_TRACEBACK_RE.match(text)) is not None:
+                    text = text[m.end():]  # the worker's traceback: read as the entry's rank printed it
+                    self._entry_traceback = prefixed
         rank = self.rank if prefixed is None else prefixed
         stream = self._streams.get(rank)
         if stream is None:
@@ -539,6 +557,14 @@ class LogSegmenter:
                 stream.start(_PYTHON, number, bare, time_ns, precision_ns, headless=True, in_message=True)
                 return
         self._line(rank, number, text, time_ns, precision_ns)
+
+    def _end_entry_traceback(self) -> None:
+        """The entry's ``traceback :`` field ended (a line not indented as its lines are): its block, if still
+        open, ends with it -- what follows is the summary's, not the worker's exception message."""
+        rank, self._entry_traceback = self._entry_traceback, None
+        stream = self._streams.get(rank) if rank is not None else None
+        if stream is not None and stream.mode is not None:
+            self._close(stream)
 
     def _nccl_goes_on(self, rank: int, text: str) -> bool:
         """Whether unprefixed ``text`` goes on with the NCCL error message open on ``rank``'s stream."""
