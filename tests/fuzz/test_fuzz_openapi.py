@@ -15,7 +15,8 @@ operation), ``content_type_conformance`` and ``response_schema_conformance`` (bo
 documented schema). Figures, printed: requests sent (counted in schemathesis's HAR log of every exchange),
 5xx answers among them (from that log, independent of the checks), schema violations (the failures of the
 three conformance checks); all must be 0. Bounds: ``max_examples`` per operation and phase
-(:data:`MAX_EXAMPLES`, scaled by ``TRAINGUARD_FUZZ_SCALE``: tests/fuzz/budget.py), a live stream reads one
+(:data:`MAX_EXAMPLES`: 15 under the default ``ci`` profile, 50 under ``TRAINGUARD_FUZZ_PROFILE=full``, scaled
+by ``TRAINGUARD_FUZZ_SCALE``: tests/fuzz/budget.py), a live stream reads one
 event, each request at most 10 s, each run at most :data:`RUN_TIMEOUT_S` (about 25 s here; a hunt at a
 larger scale needs pytest's ``--timeout 0``). A seed is drawn per run and printed (``TRAINGUARD_FUZZ_SEED``
 fixes it); a failure prints schemathesis's report with a ``curl`` line that reproduces it.
@@ -43,7 +44,7 @@ from tests.fuzz.budget import examples, scale
 from tests.services.e2e.serve_process import ServeProcess
 from tests.support.waiting import poll
 
-MAX_EXAMPLES = examples(50)  # per operation and phase
+MAX_EXAMPLES = examples(50, ci=15)  # per operation and phase (full / ci profile: tests/fuzz/budget.py)
 RUN_TIMEOUT_S = round(80 * max(1.0, scale()))  # per schemathesis run: the file stays under 3 minutes
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
           "response_schema_conformance")
