@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.97, "subtype": 0.96}, "heldout": {"category": 0.89, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.97, "subtype": 0.95}, "heldout": {"category": 0.89, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -118,7 +118,14 @@ Xid 31/43 dmesg blocks, a watchdog thread's illegal access, group-creation timeo
 labelled before being classified and recorded with no classifier change: tuned 467/482 and 463/482 (the tuned
 category floor down a point), held out 173/194 and 166/194; ROCm's out-of-memory statuses
 (``HIP_ERROR_OutOfMemory``, ``hipErrorOutOfMemory``) read as CUDA's: tuned 468/482 and 464/482, held out
-unchanged."""
+unchanged. Stop 36, from tuned pastes only: a launcher's exit line for a rank, then that rank's own error text,
+is the error's consequence (and DeepSpeed's ``Killing subprocess`` teardown a process/exit naming no rank), and
+a torchrun entry's ``traceback :`` field is that rank's traceback: tuned 470/482 and 466/482, held out
+unchanged. At 676 -> 698 logs: 22 new logs (3 held out; launcher summaries beside or without a worker's cause,
+DeepSpeed teardowns, gloo peer closures and barrier timeouts, store-barrier init failures, illegal accesses in
+Ray / FSDP workers, fairseq's minimum loss scale, an exploding gradient norm) labelled before being classified
+and recorded with no classifier change: tuned 487/501 and 479/501 (the tuned subtype floor down a point: the 19
+new tuned logs 13/19), held out 176/197 and 169/197."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
