@@ -364,3 +364,15 @@ def test_sruns_task_label_column_names_the_rank(tmp_path: Path) -> None:
     numbered = tmp_path / "numbered.txt"
     numbered.write_text("1: a\n2: b\n3: c\n", encoding="utf-8")
     assert not paste_task_labels(numbered) and paste_numbered(numbered)
+
+
+def test_a_traceback_that_lost_all_its_indentation_keeps_its_frames() -> None:
+    # pytorch/gloo#148: frames AND their code lines flush left ('File ".../distributed_c10d.py", line 283, in
+    # init_process_group' then '_default_pg = ProcessGroupGloo(store, rank, world_size)'); before, the first code
+    # line was read as the exception line, the block did not parse and 'RuntimeError: Wait timeout' stood alone
+    (item,) = items("comm-init-gloo-wait-timeout-file-store-gloo-148-1")
+    assert item.kind == "exception" and item.payload["type"] == "RuntimeError"
+    assert item.payload["message"] == "Wait timeout"
+    assert [f["function"] for f in item.payload["frames"]] == ["init_process_group"]
+    found = classify_chain("RuntimeError", "Wait timeout", (), item.payload["frames"])
+    assert (found.kind, found.facts["raised_in"]) == ("comm/init-failure", "init_process_group")

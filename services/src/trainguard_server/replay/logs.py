@@ -264,6 +264,26 @@ def line_level(line: str) -> str:
     return "ERROR" if _ERROR_TEXT_RE.search(line) else ""
 
 
+def reindent_loose_frames(text: str) -> str:
+    """A Python block's frame lines that a paste set flush left (``File "x.py", line 3, in f`` at column 0 or
+    1) indented as Python prints them, and so is a frame's code line when it lost its indentation too (the
+    unindented line right after such a frame that is no exception line), so the traceback parses."""
+    if _LOOSE_FRAME_FIX_RE.search(text) is None:
+        return text
+    out: List[str] = []
+    after_frame = False
+    for line in text.split("\n"):
+        if _LOOSE_FRAME_RE.match(line):
+            out.append('  File "' + line.split('File "', 1)[1])
+            after_frame = True
+            continue
+        if after_frame and line.strip() and not _indented(line) and _EXCEPTION_LINE_RE.match(line) is None:
+            line = "    " + line
+        after_frame = False
+        out.append(line)
+    return "\n".join(out)
+
+
 def _starts_block(line: str) -> Optional[str]:
     if _TOP_HEADER_RE.match(line):
         return _PYTHON
@@ -432,6 +452,8 @@ class _Stream:
         if not self.in_message:
             if _LOOSE_FRAME_RE.match(text):
                 return True, False  # a frame whose indentation the paste lost
+            if _LOOSE_FRAME_RE.match(self.prev) and _EXCEPTION_LINE_RE.match(text) is None:
+                return True, False  # ... and its code line, flush left too (every indentation lost)
             self.in_message = True  # the exception line
             return True, False
         if _ANY_HEADER_RE.search(text):
@@ -621,7 +643,7 @@ class LogSegmenter:
         if mode == _NCCL:  # one message, one log item (a lone head line is a plain line)
             self._line(stream.rank, block[0][0], text, time_ns, precision_ns, last=block[-1][0])
             return
-        readable = _LOOSE_FRAME_FIX_RE.sub('  File "', text) if mode == _PYTHON else text
+        readable = reindent_loose_frames(text) if mode == _PYTHON else text
         parsed = _cut_chain(parse_traceback_text(_HEADER + readable if headless else readable))
         payload = exception_payload(parsed, text)
         if payload is not None and payload["type"] == UNKNOWN_EXCEPTION and mode == _PYTHON \
