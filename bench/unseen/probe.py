@@ -1,26 +1,30 @@
 #!/usr/bin/env python3
-"""Run the training shapes of :mod:`bench.unseen.shapes` (none of them in bench/corpus) and judge each.
+"""Run the unseen training shapes (:mod:`bench.unseen.sets`: none of them in bench/corpus) and judge each.
 
 Each shape runs as its own process, configured only through ``TRAINGUARD_*`` variables (a ``file://``
 endpoint); its stream is then fed, event by event, through a fresh engine pipeline with the default
 ``DetectionSettings`` (``bench.corpus.evaluate.judge``). A healthy shape is right when no WARNING+ incident
-is open at its end; a failing shape when its expected kind is among its incidents (open or resolved).
+is open at its end; a failing shape when one of its expected kinds (``a|b``) is among its incidents (open
+or resolved).
 
-    python -m bench.unseen.probe                 # every shape, 2 at a time (~8 min on 2 cores)
+    python -m bench.unseen.probe                    # stop 34's set, 2 at a time (~8 min on 2 cores)
+    python -m bench.unseen.probe --set tuning36     # stop 36's tuning set
     python -m bench.unseen.probe --only plain_mlp_nan_input,hf_gpt2_default_logging_ok
-    python -m bench.unseen.probe --rejudge       # judge the streams already in --out again (engine changes)
-    python -m bench.unseen.probe --heldout       # stop 35's held-out shapes (HELDOUT_SHAPES), scored with
-                                                 # the trace rules below; run ONCE, with the engine kept
+    python -m bench.unseen.probe --set tuning36 --rejudge  # judge the streams in --out again (engine changes)
+    python -m bench.unseen.probe --set heldout36    # stop 36's held-out set: run ONCE, with the engine kept
 
-Held-out scoring (``HELDOUT_SHAPES``, rules decided with that list, before any of it ran): from the loss
-the run reported, its initial level is the median of its first 5 values; a failing shape is scored only
-when its cause manifested (a value >= 2x the initial level, or a non-finite one), and is right when one of
-its expected kinds (``a|b``) is among its incidents; any shape whose loss ended learned (the median of its
-last 20 values <= 0.85x the initial level, the last one finite) must also end with no WARNING+ incident
-open -- a run that blew up and recovered must not be left with a stale alarm.
+Trace rules (the sets marked so in ``sets.SETS``: the held-out sets and stop 36's tuning set; decided with
+stop 35's held-out list, before any of it ran): from the loss the run reported, its initial level is the
+median of its first 5 values (or the first value when lower: stop 36, after its tuning set's first run
+showed blow-ups inside the first 5 values taken as the level, before its held-out set ran); a failing
+shape is scored only when its cause manifested (a value after the first >= 2x the initial level, or a
+non-finite one) -- for a stalling fault (every expected kind in ``STALL_KINDS``: stop
+36, before its sets ran) when its loss did NOT learn; any shape whose loss ended learned (the median of its
+last 20 values <= 0.85x the initial level, the last one finite) must also end with no WARNING+ incident open
+-- a run that blew up and recovered must not be left with a stale alarm.
 
-This set was never used to tune a detector threshold: keep it that way (it is an outside check; what it
-finds is fixed in the SDK/integrations or becomes new corpus material).
+No set here was used to tune a detector threshold except the tuning sets (stop34, tuning36); held-out sets
+are an outside check, run once.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.corpus.evaluate import judge, read_events  # noqa: E402
-from bench.unseen.shapes import HEALTHY, HELDOUT_SHAPES, SHAPES, UNMANIFESTED  # noqa: E402
+from bench.unseen import sets  # noqa: E402
+from bench.unseen.sets import HEALTHY, UNMANIFESTED  # noqa: E402
 from trainguard_engine.catalogue import DetectionSettings  # noqa: E402
 from trainguard_engine.records import INCIDENT_RESOLVED, SEVERITY_ORDER  # noqa: E402
 
@@ -77,39 +82,45 @@ def loss_trace(events: Sequence[Dict[str, Any]]) -> List[float]:
 
 
 def trace_facts(losses: Sequence[float]) -> Dict[str, Optional[bool]]:
-    """``manifested`` (a loss >= 2x the initial level or non-finite) and ``learned`` (the last 20 values'
-    median <= 0.85x the initial level, the last one finite); the initial level: the first 5 values' median."""
+    """``manifested`` (a loss after the first >= 2x the initial level, or a non-finite one) and ``learned``
+    (the last 20 values' median <= 0.85x the initial level, the last one finite); the initial level: the
+    first 5 values' median, or the first value when that is lower (stop 36: a blow-up inside the first 5
+    values must not become the level the run is measured from; nor does a first value far above a loss
+    that fell at once count as a rise)."""
     if len(losses) < 5:
         return {"manifested": None, "learned": None}
     start = statistics.median(losses[:5])
-    finite = [v for v in losses if math.isfinite(v)]
-    manifested = len(finite) < len(losses) or max(finite) >= 2 * start
+    if math.isfinite(losses[0]) and 0 < losses[0] < start:
+        start = losses[0]
+    finite = [v for v in losses[1:] if math.isfinite(v)]
+    manifested = len(finite) < len(losses) - 1 or max(finite) >= 2 * start
     learned = math.isfinite(losses[-1]) and statistics.median(losses[-20:]) <= 0.85 * start
     return {"manifested": manifested, "learned": learned}
 
 
-def heldout_verdict(name: str, out: Path) -> Dict[str, object]:
-    """:func:`verdict` for a held-out shape, scored with the trace rules of the module's docstring."""
-    expected = HELDOUT_SHAPES[name][0]
+STALL_KINDS = ("loss/plateau", "adapter/lora-grad-break")
+"""Expected kinds of a fault that stalls learning (frozen weights, an LR schedule that vanishes)."""
+
+
+def manifested(expected: str, facts: Dict[str, Optional[bool]]) -> Optional[bool]:
+    """Whether a failing shape's planted cause showed in its loss: for a stalling fault (every expected kind
+    in ``STALL_KINDS``) the loss did not learn; for any other, ``facts["manifested"]``."""
+    if all(kind in STALL_KINDS for kind in expected.split("|")):
+        return None if facts["learned"] is None else not facts["learned"]
+    return facts["manifested"]
+
+
+def verdict(name: str, out: Path, set_name: str = "") -> Dict[str, object]:
+    """The engine's incidents on one recorded shape and whether they are what the shape expects (``right``
+    None: not scored); ``right_but_perf``: the same with ``perf/*`` incidents left out (on a shared machine
+    a neighbour's load slows a job for real: the throughput detector is right to say so, but it says
+    nothing of the training). A set scored with the trace rules (module docstring) also gets ``manifested``
+    and ``learned``."""
+    set_name = set_name or sets.set_of(name)
+    expected = sets.shapes(set_name)[name][0]
     events = read_events(out / f"{name}.jsonl")
-    facts = trace_facts(loss_trace(events))
-    v = _judged(name, events, expected)
-    kinds, open_alerts = v["incidents"], v["open_alerts"]
-
-    def right(skip_perf: bool) -> Optional[bool]:
-        still_open = [k for k in open_alerts if not (skip_perf and k.startswith("perf/"))]  # type: ignore[attr-defined]
-        if expected == HEALTHY:
-            return not still_open
-        if not facts["manifested"]:
-            return None
-        found = any(k.split(":")[0] in expected.split("|") for k in kinds)  # type: ignore[attr-defined]
-        return found and not (facts["learned"] and still_open)
-
-    v.update(right=right(False), right_but_perf=right(True), **facts)
-    return v
-
-
-def _judged(name: str, events: Sequence[Dict[str, Any]], expected: str) -> Dict[str, object]:
+    traced = sets.trace_rules(set_name)
+    facts = trace_facts(loss_trace(events)) if traced else {}
     incidents, visible, _ = judge(events, DetectionSettings())
     mine = [i for i in incidents if not i.explained_by]
     alert = SEVERITY_ORDER["warning"]
@@ -123,35 +134,17 @@ def _judged(name: str, events: Sequence[Dict[str, Any]], expected: str) -> Dict[
     kinds = [
         f"{i.category}/{i.subtype}:{i.status}@{visible.get(f'{i.category}/{i.subtype}', '?')}" for i in mine
     ]
-    return {"name": name, "expected": expected, "incidents": kinds, "open_alerts": open_alerts}
-
-
-def verdict(name: str, out: Path) -> Dict[str, object]:
-    """The engine's incidents on one recorded shape and whether they are what the shape expects
-    (``right`` None: not scored); ``right_but_perf``: the same with ``perf/*`` incidents left out (on a
-    shared machine a neighbour's load slows a job for real: the throughput detector is right to say so,
-    but it says nothing of the training)."""
-    expected = SHAPES[name][0]
-    incidents, visible, _ = judge(read_events(out / f"{name}.jsonl"), DetectionSettings())
-    mine = [i for i in incidents if not i.explained_by]
-    alert = SEVERITY_ORDER["warning"]
-    open_alerts = sorted(
-        {
-            f"{i.category}/{i.subtype}"
-            for i in mine
-            if i.status != INCIDENT_RESOLVED and SEVERITY_ORDER.get(i.severity, 0) >= alert
-        }
-    )
-    kinds = [
-        f"{i.category}/{i.subtype}:{i.status}@{visible.get(f'{i.category}/{i.subtype}', '?')}" for i in mine
-    ]
 
     def right(skip_perf: bool) -> Optional[bool]:
+        still_open = [k for k in open_alerts if not (skip_perf and k.startswith("perf/"))]
         if expected == UNMANIFESTED:
             return None
         if expected == HEALTHY:
-            return not [k for k in open_alerts if not (skip_perf and k.startswith("perf/"))]
-        return any(k.split(":")[0] in expected.split("|") for k in kinds)
+            return not still_open
+        if traced and not manifested(expected, facts):
+            return None
+        found = any(k.split(":")[0] in expected.split("|") for k in kinds)
+        return found and not (traced and facts["learned"] and still_open)
 
     return {
         "name": name,
@@ -160,6 +153,7 @@ def verdict(name: str, out: Path) -> Dict[str, object]:
         "right_but_perf": right(True),
         "incidents": kinds,
         "open_alerts": open_alerts,
+        **facts,
     }
 
 
@@ -169,11 +163,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--rejudge", action="store_true", help="judge the recorded streams, record nothing")
-    parser.add_argument("--heldout", action="store_true", help="stop 35's held-out shapes (run them ONCE)")
-    args = parser.parse_args(argv)
-    names: List[str] = [n for n in args.only.split(",") if n] or list(
-        HELDOUT_SHAPES if args.heldout else SHAPES
+    parser.add_argument(
+        "--set",
+        default="stop34",
+        choices=sorted(sets.SETS),
+        help="which set (held-out sets: run them ONCE, at the end)",
     )
+    parser.add_argument(
+        "--heldout", action="store_true", help="the same as --set heldout35 (stop 35's; SPENT)"
+    )
+    args = parser.parse_args(argv)
+    set_name = "heldout35" if args.heldout else args.set
+    names: List[str] = [n for n in args.only.split(",") if n] or list(sets.shapes(set_name))
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.rejudge:
         started = time.monotonic()
@@ -187,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in names:
         if not (args.out / f"{name}.jsonl").exists():
             continue
-        v = heldout_verdict(name, args.out) if name in HELDOUT_SHAPES else verdict(name, args.out)
+        v = verdict(name, args.out)
         mark = {True: "ok  ", False: "MISS", None: "n/a "}[v["right"]]  # type: ignore[index]
         trace = f" [manifested {v['manifested']}, learned {v['learned']}]" if "learned" in v else ""
         print(f"{mark} {name:34s} expected {v['expected']:22s} got {', '.join(v['incidents']) or '-'}{trace}")  # type: ignore[arg-type]

@@ -12,15 +12,14 @@ each one is expected to give, decided from what was done to the run, not from th
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
-HEALTHY = "healthy"
-UNMANIFESTED = "-"
-"""Expected for a shape whose planted cause does not show in what the SDK reports: listed, not scored."""
+from bench.unseen.sets import HEALTHY, SETS, UNMANIFESTED, Expectations, set_of, shapes
 
-SHAPES: Dict[str, Tuple[str, str]] = {
+SHAPES: Expectations = {
     # name: (expected: "healthy" or the incident kind that must be among the run's incidents, what it is)
     "plain_lstm_adam_onecycle": (HEALTHY, "LSTM LM, Adam, OneCycleLR"),
     "plain_mlp_accum_cosine_wd": (HEALTHY, "MLP regression, AdamW wd 0.1, accumulation 4, warmup + cosine"),
@@ -78,65 +77,9 @@ SHAPES: Dict[str, Tuple[str, str]] = {
 }
 
 
-LR_TOO_HIGH = "loss/divergence|loss/oscillation|gradient/explosion"
-"""The kinds an LR too high may show as (any one found is right): the catalogue's 'LR too high' family."""
-
-HELDOUT_SHAPES: Dict[str, Tuple[str, str]] = {
-    # Stop 35's held-out set (bench/unseen/heldout.py): expectations written from what was done to each run
-    # and committed BEFORE any of them ran and before the stop's detector changes; run once at the end.
-    # expected: "healthy" or kinds separated by "|" (any one among the run's incidents, open or resolved).
-    # Scored by the trace rules of probe.py (decided with this list): a failing shape counts only when its
-    # cause manifested (a loss >= 2x its initial level, or a non-finite loss); every shape whose loss ended
-    # learned (last-20 median <= 0.85x the initial level) must end with no WARNING+ incident open (perf/*
-    # reported apart) -- a run that blew up and recovered must not be left with a stale alarm.
-    "ho_plain_tcn_adamw_warmrestarts_ok": (
-        HEALTHY,
-        "1-D CNN sequence classifier, AdamW, CosineAnnealingWarmRestarts",
-    ),
-    "ho_plain_gru_nadam_explr_ok": (
-        HEALTHY,
-        "GRU sequence regression (running mean), NAdam, ExponentialLR 0.995",
-    ),
-    "ho_plain_mlp_fp16_scaler_ok": (
-        HEALTHY,
-        "residual MLP classifier, fp16 autocast + GradScaler, unscale + clip 1",
-    ),
-    "ho_plain_resmlp_adamax_plateau_ok": (HEALTHY, "residual MLP regression, Adamax, ReduceLROnPlateau"),
-    "ho_plain_causal_lm_clip_active_ok": (
-        HEALTHY,
-        "causal Transformer LM, AdamW warmup + linear decay, clip 0.25 (active on most steps)",
-    ),
-    "ho_plain_enc_adam_lr_high_clip": (
-        LR_TOO_HIGH,
-        "Transformer encoder classifier, Adam LR 0.3 beside clip 1",
-    ),
-    "ho_plain_mlp_lr_spike_recover": (
-        LR_TOO_HIGH + "|loss/rise-after-fall",
-        "MLP regression, SGD 0.01, LR 0.1 for steps 150-157 (a bad schedule edit), then 0.01 again",
-    ),
-    "ho_plain_deep_mlp_bf16_sgd_explode": (
-        "gradient/explosion|loss/divergence|loss/non_finite",
-        "8-layer MLP without normalisation, bf16 autocast, SGD LR x1.03 a step from 1e-3, no clip",
-    ),
-    "ho_hf_bert_cls_ok": (HEALTHY, "HF Trainer, tiny BERT classifier, LR 5e-4 warmup + linear, logging 20"),
-    "ho_hf_gpt2_bf16_adafactor_ok": (HEALTHY, "HF Trainer, GPT-2 2x64, bf16, Adafactor, cosine, logging 10"),
-    "ho_hf_gpt2_lr100x_warmup_clip": (
-        LR_TOO_HIGH,
-        "HF Trainer, GPT-2 2x64, LR 0.05 (100x), warmup 50 + linear decay, max_grad_norm 1, logging 25",
-    ),
-    "ho_pl_lstm_adamw_accum2_lr_high": (
-        LR_TOO_HIGH,
-        "Lightning, LSTM LM, AdamW LR 0.1, accumulate_grad_batches 2",
-    ),
-    "ho_pl_cnn_sgd_bf16_accum2_ok": (
-        HEALTHY,
-        "Lightning, BatchNorm CNN, SGD Nesterov 0.05 cosine, bf16-mixed, accumulate_grad_batches 2",
-    ),
-    "ho_pl_mlp_adagrad_lr_high_clip": (
-        LR_TOO_HIGH,
-        "Lightning, tanh MLP regression, Adagrad LR 5, gradient_clip_val 0.5",
-    ),
-}
+def run(name: str) -> None:
+    """Run one shape of this set (``trainguard.init`` already called)."""
+    {"plain": _plain, "hf": _hf, "lora": _lora, "pl": _lightning}[name.split("_")[0]](name)
 
 
 def _plain(name: str) -> None:
@@ -144,7 +87,7 @@ def _plain(name: str) -> None:
     import torch.nn.functional as F
     from torch import nn
 
-    import trainguard
+    from bench.unseen import kit
 
     vocab, classes = 40, 4
 
@@ -156,45 +99,9 @@ def _plain(name: str) -> None:
         s = torch.cat(seq, 1)
         return s[:, :-1], s[:, 1:]
 
-    class LSTMLM(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.e, self.lstm, self.o = (
-                nn.Embedding(vocab, 32),
-                nn.LSTM(32, 64, batch_first=True),
-                nn.Linear(64, vocab),
-            )
-
-        def forward(self, x: Any) -> Any:
-            return self.o(self.lstm(self.e(x))[0])
-
-    class Enc(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.e, self.p = nn.Embedding(50, 64), nn.Parameter(torch.zeros(1, 24, 64))
-            layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True)
-            self.t, self.o = nn.TransformerEncoder(layer, 2), nn.Linear(64, 5)
-
-        def forward(self, x: Any) -> Any:
-            return self.o(self.t(self.e(x) + self.p).mean(1))
-
     def cls_batch(bs: int = 32) -> Tuple[Any, Any]:
         x = torch.randint(0, 50, (bs, 24))
         return x, (x == 7).any(1).long() + 2 * (x == 11).any(1).long() + (x[:, 0] > 40).long()
-
-    def bn_cnn() -> nn.Module:
-        return nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.BatchNorm2d(16),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.BatchNorm2d(32),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(32, classes),
-        )
 
     proto = torch.randn(classes, 1, 12, 12)
 
@@ -212,119 +119,57 @@ def _plain(name: str) -> None:
         x = torch.randn(bs, 20)
         return x, x @ w_true + 0.1 * torch.randn(bs, 1)
 
-    def ce(out: Any, y: Any) -> Any:
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-    def loop(
-        model: nn.Module,
-        opt: Any,
-        batch: Callable[[], Tuple[Any, Any]],
-        loss_fn: Callable[..., Any],
-        steps: int,
-        sched: Any = None,
-        clip: Optional[float] = None,
-        accum: int = 1,
-        autocast: bool = False,
-        nan_at: Optional[int] = None,
-        eval_every: Optional[int] = None,
-    ) -> None:
-        trainguard.watch(model, opt, clip=clip)
-        for step in range(steps):
-            opt.zero_grad(set_to_none=True)
-            total = 0.0
-            for _ in range(accum):
-                x, y = batch()
-                if nan_at is not None and step >= nan_at:
-                    x[0].fill_(float("nan"))
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                    loss = loss_fn(model(x), y) / accum
-                loss.backward()
-                total += float(loss)
-            if clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            opt.step()
-            if sched is not None:
-                sched.step()
-            trainguard.log(step=step, loss=total, lr=opt.param_groups[0]["lr"])
-            if eval_every and step % eval_every == 0:
-                with torch.no_grad():
-                    x, y = batch()
-                    trainguard.log(step=step, eval_loss=float(loss_fn(model(x), y)))
-            if not math.isfinite(total):
-                break
-
-    mlp = lambda hidden=64: nn.Sequential(nn.Linear(20, hidden), nn.ReLU(), nn.Linear(hidden, 1))  # noqa: E731
+    loop, ce, lstm, enc = kit.loop, kit.ce, lambda: kit.RecurrentLM(vocab), lambda: kit.Encoder(50, 5, 24)
     sched_lambda = torch.optim.lr_scheduler.LambdaLR
     if name == "plain_lstm_adam_onecycle":
-        m = LSTMLM()
+        m = lstm()
         o = torch.optim.Adam(m.parameters(), 3e-3)
         loop(m, o, text_batch, ce, 400, torch.optim.lr_scheduler.OneCycleLR(o, 1e-2, total_steps=400))
     elif name == "plain_mlp_accum_cosine_wd":
-        m = nn.Sequential(nn.Linear(20, 64), nn.GELU(), nn.Linear(64, 1))
+        m = kit.mlp([20, 64, 1], nn.GELU)
         o = torch.optim.AdamW(m.parameters(), 3e-3, weight_decay=0.1)
         s = sched_lambda(o, lambda t: min(1.0, (t + 1) / 40) * 0.5 * (1 + math.cos(math.pi * t / 500)))
         loop(m, o, reg_batch, F.mse_loss, 500, s, accum=4)
     elif name == "plain_bncnn_sgdm_steplr":
-        m = bn_cnn()
+        m = kit.bn_cnn(classes)
         o = torch.optim.SGD(m.parameters(), 0.05, momentum=0.9)
         loop(m, o, img_batch, ce, 450, torch.optim.lr_scheduler.StepLR(o, 150, 0.1))
     elif name == "plain_enc_labelsmooth_warmup":
-        m = Enc()
+        m = enc()
         o = torch.optim.Adam(m.parameters(), 1e-3)
-        loop(
-            m,
-            o,
-            cls_batch,
-            lambda out, y: F.cross_entropy(out, y, label_smoothing=0.1),
-            500,
-            sched_lambda(o, lambda t: min(1.0, (t + 1) / 50)),
-            clip=1.0,
-        )
+        smooth = lambda out, y: F.cross_entropy(out, y, label_smoothing=0.1)  # noqa: E731
+        loop(m, o, cls_batch, smooth, 500, sched_lambda(o, lambda t: min(1.0, (t + 1) / 50)), clip=1.0)
     elif name == "plain_mlp_bf16_adagrad_eval":
-        m = mlp(128)
-        loop(
-            m,
-            torch.optim.Adagrad(m.parameters(), 0.05),
-            reg_batch,
-            F.mse_loss,
-            400,
-            autocast=True,
-            eval_every=25,
-        )
+        m = kit.mlp([20, 128, 1])
+        o = torch.optim.Adagrad(m.parameters(), 0.05)
+        loop(m, o, reg_batch, F.mse_loss, 400, autocast=torch.bfloat16, eval_every=25)
     elif name == "plain_lstm_rmsprop_clip":
-        m = LSTMLM()
+        m = lstm()
         loop(m, torch.optim.RMSprop(m.parameters(), 2e-3), text_batch, ce, 400, clip=0.5)
     elif name == "plain_bncnn_noisy_labels":
-        m = bn_cnn()
+        m = kit.bn_cnn(classes)
         loop(m, torch.optim.Adam(m.parameters(), 1e-3), lambda: img_batch(label_noise=0.4), ce, 400)
     elif name == "plain_enc_sgd_too_high":
-        m = Enc()
+        m = enc()
         loop(m, torch.optim.SGD(m.parameters(), 3.0, momentum=0.9), cls_batch, ce, 400)
     elif name == "plain_bncnn_shuffled_labels":
-        m = bn_cnn()
+        m = kit.bn_cnn(classes)
         loop(m, torch.optim.Adam(m.parameters(), 1e-3), lambda: img_batch(random_labels=True), ce, 400)
     elif name == "plain_mlp_nan_input":
-        m = mlp()
+        m = kit.mlp([20, 64, 1])
         loop(m, torch.optim.Adam(m.parameters(), 1e-3), reg_batch, F.mse_loss, 400, nan_at=250)
     elif name == "plain_mlp_lr_zero_bug":
-        m = mlp()
+        m = kit.mlp([20, 64, 1])
         o = torch.optim.Adam(m.parameters(), 1e-3)
         loop(m, o, reg_batch, F.mse_loss, 400, sched_lambda(o, lambda t: 0.0))
     else:
         raise SystemExit(f"unknown plain shape {name}")
 
 
-def _gpt2(vocab: int, embd: int) -> Any:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=32, n_embd=embd, n_layer=2, n_head=4))
-
-
 def _hf(name: str) -> None:
     import torch
-    from transformers import Trainer, TrainingArguments
 
-    from trainguard.integrations.transformers import TrainGuardCallback
+    from bench.unseen import kit
 
     vocab = 64
     lr = {
@@ -333,44 +178,29 @@ def _hf(name: str) -> None:
         "hf_gpt2_log10_lr10000x": 5.0,
     }[name]
 
-    class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
-        def __len__(self) -> int:
-            return 100_000
-
-        def __getitem__(self, i: int) -> Dict[str, Any]:
-            start = int(torch.randint(0, vocab, (1,), generator=torch.Generator().manual_seed(i)))
-            ids = torch.tensor([(start * 5 + 3 * k) % vocab for k in range(32)])
-            return {"input_ids": ids, "labels": ids}
+    def row(i: int) -> Dict[str, Any]:
+        start = int(torch.randint(0, vocab, (1,), generator=kit.seeded(i)))
+        ids = torch.tensor([(start * 5 + 3 * k) % vocab for k in range(32)])
+        return {"input_ids": ids, "labels": ids}
 
     extra = {"logging_steps": 10} if "log10" in name else {}  # else the Trainer's default (500)
-    args = TrainingArguments(
-        output_dir="/tmp/trainguard-unseen-hf",
-        max_steps=300,
-        per_device_train_batch_size=16,
-        learning_rate=lr,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        **extra,
-    )
-    Trainer(model=_gpt2(vocab, 64), args=args, train_dataset=Rows(), callbacks=[TrainGuardCallback()]).train()
+    model = kit.hf_model("gpt2", vocab)
+    kit.hf_train(model, kit.Rows(100_000, row), "/tmp/trainguard-unseen-hf", 300, lr, **extra)
 
 
 def _lora(name: str) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import Trainer, TrainingArguments
 
-    from trainguard.integrations.transformers import TrainGuardCallback
+    from bench.unseen import kit
 
     vocab = 64
 
     def rows(n: int, seed: int, stride: int) -> Any:
-        start = torch.randint(0, vocab, (n, 1), generator=torch.Generator().manual_seed(seed))
+        start = torch.randint(0, vocab, (n, 1), generator=kit.seeded(seed))
         return (start + stride * torch.arange(32)) % vocab
 
-    base = _gpt2(vocab, 64)
+    base = kit.hf_model("gpt2", vocab)
     opt = torch.optim.Adam(base.parameters(), 3e-3)
     for i in range(120):  # pre-train on one pattern (stride 3)
         ids = rows(32, i, 3)
@@ -388,29 +218,23 @@ def _lora(name: str) -> None:
         "lora_gpt2_lr_high": (0.5, 10, "cosine"),
     }[name]
     data = [{"input_ids": r, "labels": r} for r in rows(4800, 99, 7)]  # fine-tune on a new pattern (stride 7)
-    args = TrainingArguments(
-        output_dir="/tmp/trainguard-unseen-lora",
-        max_steps=300,
-        per_device_train_batch_size=16,
-        learning_rate=lr,
+    kit.hf_train(
+        model,
+        data,
+        "/tmp/trainguard-unseen-lora",
+        300,
+        lr,
         logging_steps=logging,
         lr_scheduler_type=schedule,
         warmup_steps=20,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
     )
-    Trainer(model=model, args=args, train_dataset=data, callbacks=[TrainGuardCallback()]).train()
 
 
 def _lightning(name: str) -> None:
     import pytorch_lightning as pl
     import torch
-    import torch.nn.functional as F
-    from torch import nn
 
-    from trainguard.integrations.lightning import TrainGuardCallback
+    from bench.unseen import kit
 
     vocab, length = 48, 24
     opt_name, lr, schedule, accum = {
@@ -422,27 +246,19 @@ def _lightning(name: str) -> None:
         "pl_gru_adam_lr30x": ("adam", 0.1, "none", 1),
     }[name]
 
-    class Rows(torch.utils.data.Dataset):  # type: ignore[type-arg]
-        def __len__(self) -> int:
-            return 64 * 400
-
-        def __getitem__(self, i: int) -> Any:
-            a = int(torch.randint(0, vocab, (1,), generator=torch.Generator().manual_seed(i)))
-            s = torch.tensor([(a + 7 * k * k) % vocab for k in range(length + 1)])
-            return s[:-1], s[1:]
+    def row(i: int) -> Any:
+        a = int(torch.randint(0, vocab, (1,), generator=kit.seeded(i)))
+        s = torch.tensor([(a + 7 * k * k) % vocab for k in range(length + 1)])
+        return s[:-1], s[1:]
 
     class GRULM(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.e, self.g, self.o = (
-                nn.Embedding(vocab, 64),
-                nn.GRU(64, 96, batch_first=True),
-                nn.Linear(96, vocab),
-            )
+            self.lm = kit.RecurrentLM(vocab, 64, 96, "gru")
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             x, y = batch
-            return F.cross_entropy(self.o(self.g(self.e(x))[0]).reshape(-1, vocab), y.reshape(-1))
+            return kit.ce(self.lm(x), y)
 
         def configure_optimizers(self) -> Any:
             params = self.parameters()
@@ -459,36 +275,30 @@ def _lightning(name: str) -> None:
                 return o
             return {"optimizer": o, "lr_scheduler": {"scheduler": s, "interval": "step"}}
 
-    trainer = pl.Trainer(
-        max_steps=400 // accum,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[TrainGuardCallback()],
+    kit.lightning_fit(
+        GRULM(),
+        kit.Rows(64 * 400, row),
+        400 // accum,
         accumulate_grad_batches=accum,
         gradient_clip_val=1.0 if "clip" in name else None,
     )
-    trainer.fit(GRULM(), torch.utils.data.DataLoader(Rows(), batch_size=32))
 
 
 def main(name: str) -> None:
+    """Run shape ``name`` of any set (:mod:`bench.unseen.sets`) as this process's training."""
     import torch
 
     import trainguard
 
-    if name not in SHAPES and name not in HELDOUT_SHAPES:
-        raise SystemExit(f"unknown shape {name!r}; known: {', '.join([*SHAPES, *HELDOUT_SHAPES])}")
+    try:
+        module = importlib.import_module(SETS[set_of(name)][0])
+    except KeyError:
+        raise SystemExit(
+            f"unknown shape {name!r}; known: {', '.join(n for s in SETS for n in shapes(s))}"
+        ) from None
     torch.manual_seed(0)
     trainguard.init(run_name=name)
-    if name in HELDOUT_SHAPES:
-        from bench.unseen.heldout import run
-
-        run(name)
-        return
-    {"plain": _plain, "hf": _hf, "lora": _lora, "pl": _lightning}[name.split("_")[0]](name)
+    module.run(name)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""The sets of unseen training shapes, what each shape is expected to give, and how a set is scored.
+
+Each set is a module with ``SHAPES`` (name -> (expected, what it is)) and ``run(name)`` (the training,
+``trainguard.init`` already called); its expectations are decided from what was done to the run, not from
+the detector's answer. Importing this module (or a set's ``SHAPES``) does not import torch.
+
+``expected``: ``healthy``, ``-`` (unmanifested: listed, not scored) or incident kinds separated by ``|``
+(any one among the run's incidents, open or resolved, is right).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Dict, Tuple
+
+HEALTHY = "healthy"
+UNMANIFESTED = "-"
+"""Expected for a shape whose planted cause does not show in what the SDK reports: listed, not scored."""
+LR_TOO_HIGH = "loss/divergence|loss/oscillation|gradient/explosion"
+"""The kinds an LR too high may show as (any one found is right): the catalogue's 'LR too high' family."""
+
+Expectations = Dict[str, Tuple[str, str]]
+
+SETS: Dict[str, Tuple[str, bool]] = {
+    # set: (its module, scored with the trace rules of probe.py)
+    "stop34": ("bench.unseen.shapes", False),  # stop 34's shapes + stop 35's two tuning variants (tuned on)
+    "heldout35": ("bench.unseen.heldout", True),  # stop 35's held-out set: run once, SPENT
+    "tuning36": ("bench.unseen.tuning2", True),  # stop 36's tuning set
+    "heldout36": ("bench.unseen.heldout2", True),  # stop 36's held-out set: run ONCE, at the end
+}
+
+
+def shapes(set_name: str) -> Expectations:
+    """The ``SHAPES`` of one set."""
+    return importlib.import_module(SETS[set_name][0]).SHAPES  # type: ignore[no-any-return]
+
+
+def set_of(name: str) -> str:
+    """The set a shape belongs to (``KeyError`` when none)."""
+    for set_name in SETS:
+        if name in shapes(set_name):
+            return set_name
+    raise KeyError(name)
+
+
+def trace_rules(set_name: str) -> bool:
+    """Whether ``set_name`` is scored with the trace rules (manifested / learned) of probe.py."""
+    return SETS[set_name][1]
