@@ -30,7 +30,6 @@ latest signal.
 from __future__ import annotations
 
 import math
-import statistics
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -38,7 +37,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
-from .catalogue import DetectionSettings, kind
+from . import robust
+from .catalogue import DetectionSettings, IncidentKind, kind
 from .state import IncidentState, RankState, RunState, SeriesTail, bounded_append
 
 STATE_KEY = "diag"
@@ -81,6 +81,13 @@ def observe(rank: RankState, points: Sequence[Tuple[str, int, float]],
             if value > peak.get(name, -1.0):
                 peak[name] = float(value)
         elif name in LR_METRICS:
+            held = rank.detectors.get(STATE_KEY)
+            log = held.get("lr") if held is not None else None
+            if log:  # _log_lr's two "nothing to record" tests first, inline (most LR points record nothing)
+                last_step, last = log[-1]
+                if step <= last_step or (abs(value - last) <= LR_LOG_CHANGE * abs(last) and
+                                         (last == 0.0) == (value == 0.0)):
+                    continue
             _log_lr(rank, step, value)
 
 
@@ -200,6 +207,21 @@ def _finite_values(values: Sequence[Triple], finite: bool) -> List[float]:
     return [v for _s, v, _t in values if v - v == 0.0]
 
 
+def _least(values: Sequence[Triple], finite: bool) -> Optional[float]:
+    """``min`` of :func:`_finite_values` (None when there is none), without building the list: the same
+    values in the same order, so the same one (the first of equals)."""
+    if finite:
+        return min(map(_VALUE, values)) if values else None
+    return min((v for _s, v, _t in values if v - v == 0.0), default=None)
+
+
+def _most(values: Sequence[Triple], finite: bool) -> Optional[float]:
+    """``max`` of :func:`_finite_values` (None when there is none), as :func:`_least`."""
+    if finite:
+        return max(map(_VALUE, values)) if values else None
+    return max((v for _s, v, _t in values if v - v == 0.0), default=None)
+
+
 def _at(values: Sequence[Triple], step: int) -> Optional[float]:
     """The value at ``step`` or the nearest before it (``values`` by step)."""
     i = bisect_left(values, (step + 1,))
@@ -240,9 +262,9 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
         at = _at(loss, step)
         if at is not None:
             item["at_first_step"] = _number(at)
-        values = _finite_values(loss, finite)
-        if values:
-            item["min"] = _number(min(values))
+        low = _least(loss, finite)
+        if low is not None:
+            item["min"] = _number(low)
         item["last"] = _number(loss[-1][1])
         related["loss"] = item
     grads, finite = _series(rank, settings.grad_norm_metrics, max(last, step))
@@ -257,13 +279,13 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
         if at is not None:
             item["at_first_step"] = _number(at)
         if before:
-            median = statistics.median(before)
+            median = robust.median(before)
             item["median_before"] = _number(median)
             if at is not None and median > 0 and at - at == 0.0:
                 facts.grad_jump = at / median
-        values = _finite_values(grads, finite)
-        if values:
-            item["max"] = _number(max(values))
+        high = _most(grads, finite)
+        if high is not None:
+            item["max"] = _number(high)
         related["grad_norm"] = item
     phase = lr_phase(rank, step)
     if phase:
@@ -434,29 +456,62 @@ PRIORS = (3.0, 2.0, 1.5, 1.0)
 """Weights of a kind's causes in catalogue order (the most common first); later ones get the last."""
 
 
+_KIND_RULES: Dict[int, Tuple[IncidentKind, Tuple[Rule, ...], Tuple[Rule, ...]]] = {}
+"""id of a kind -> (that kind, the RULES these were taken from, those of its kind in RULES order)."""
+_RANKED: Dict[Tuple[int, Tuple[Tuple[int, str], ...], int],
+              Tuple[IncidentKind, Tuple[Rule, ...], Tuple[Tuple[str, float, Tuple[str, ...]], ...]]] = {}
+"""(id of a kind, the rules that held -- (index among the kind's rules, its reason) --, most) -> (that
+kind, its rules, the ranked ``(cause, confidence, why)``): what :func:`hypotheses` returns is a function
+of these alone. Derived, bounded by RANKED_MAX (then started afresh)."""
+RANKED_MAX = 4096
+
+
 def hypotheses(category: str, subtype: str, facts: Facts, most: int = 5) -> List[Dict[str, Any]]:
-    """Ranked ``[{"cause", "confidence", "why"}]`` for an incident of this kind with these facts."""
+    """Ranked ``[{"cause", "confidence", "why"}]`` for an incident of this kind with these facts.
+
+    The kind's rules are walked in :data:`RULES` order, each reason rendered when its predicate holds
+    (as ever); the ranking of the causes depends on nothing else, so it is remembered per kind and per
+    rules that held with their reasons (an incident is enriched on every finding applied to it, mostly
+    with the same outcome). Fresh dicts and lists on every call."""
     spec = kind(category, subtype)
+    held = _KIND_RULES.get(id(spec))
+    if held is None or held[0] is not spec or held[1] is not RULES:
+        name = spec.name
+        held = _KIND_RULES[id(spec)] = (spec, RULES, tuple(rule for rule in RULES if rule[0] == name))
+    fired = tuple((i, reason(facts)) for i, (_k, _c, predicate, _f, reason) in enumerate(held[2])
+                  if predicate(facts))
+    key = (id(spec), fired, most)
+    ranked = _RANKED.get(key)
+    if ranked is None or ranked[0] is not spec or ranked[1] is not held[2]:
+        if len(_RANKED) >= RANKED_MAX:
+            _RANKED.clear()
+        ranked = _RANKED[key] = (spec, held[2], _rank(spec, held[2], fired, most))
+    return [{"cause": cause, "confidence": confidence, "why": list(why)}
+            for cause, confidence, why in ranked[2]]
+
+
+def _rank(spec: IncidentKind, rules: Sequence[Rule], fired: Sequence[Tuple[int, str]],
+          most: int) -> Tuple[Tuple[str, float, Tuple[str, ...]], ...]:
+    """The ranking of :func:`hypotheses`: the causes' priors in catalogue order, each rule that held
+    (``fired``: its index in ``rules`` and its reason, in order) multiplying its cause's weight (an extra
+    cause entering at 1.0), normalised to confidences; ties keep the order the causes came in."""
     weights: Dict[str, float] = {}
     why: Dict[str, List[str]] = {}
     for i, cause in enumerate(spec.causes):
         weights[cause] = PRIORS[min(i, len(PRIORS) - 1)]
         why[cause] = []
-    name = spec.name
-    for rule_kind, cause_id, predicate, factor, reason in RULES:
-        if rule_kind != name or not predicate(facts):
-            continue
+    for i, reason in fired:
+        _k, cause_id, _p, factor, _r = rules[i]
         cause = spec.cause_text(cause_id)
         if cause not in weights:  # an extra cause: only this rule brings it in
             weights[cause] = 1.0
             why[cause] = []
         weights[cause] *= factor
-        why[cause].append(reason(facts))
+        why[cause].append(reason)
     total = sum(weights.values()) or 1.0
     ranked = sorted(weights.items(), key=lambda kv: (-kv[1], list(weights).index(kv[0])))
-    return [{"cause": cause, "confidence": round(w / total, 2),
-             "why": why[cause] or ["prior: how often this is the cause of this kind"]}
-            for cause, w in ranked[:most]]
+    prior = ("prior: how often this is the cause of this kind",)
+    return tuple((cause, round(w / total, 2), tuple(why[cause]) or prior) for cause, w in ranked[:most])
 
 
 # ----------------------------------------------------------------------------------------------------

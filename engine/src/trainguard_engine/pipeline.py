@@ -437,7 +437,8 @@ class Pipeline:
 
     def _fold(self, ev: ReadEnvelope, key: str, points: Sequence[Any], applied_before: int) -> None:
         """Fold one parsed event into its run's state (``_process_one`` after the envelope was read)."""
-        settings = self.settings_for(ev.project)
+        project_settings = self.project_settings  # (settings_for, inline: once per event)
+        settings = project_settings.get(ev.project, self.settings) if project_settings else self.settings
         run = self._run(ev, key)
         self._unsaved_runs[key] = None
         routed = self._routed.pop(self._at, None) if self._routed else None  # (not notable: see _run_ahead)
@@ -453,14 +454,19 @@ class Pipeline:
         judged = first.detectors.get(straggler.RUN_KEY, _NO_STATE).get("judged")
         wide = run.lost or bool(run.incidents)  # on_alive, correlation: run-wide
         self._ranks_wide = False
-        rank.touch(ev.time_ns, ev.host, ev.pid)
-        run.world_size = max(run.world_size, ev.world_size)
-        run.run_name = run.run_name or ev.run_name
-        run.trace_id = run.trace_id or ev.trace_id
-        if ev.time_ns:
-            run.first_ns = min(run.first_ns, ev.time_ns) if run.first_ns else ev.time_ns
-            if ev.time_ns > run.last_event_ns:  # newer: the run becomes its project's most recently active
-                run.last_event_ns = ev.time_ns  # (a replayed or late event changes no order: idempotent)
+        time_ns = ev.time_ns
+        rank.touch(time_ns, ev.host, ev.pid)
+        if ev.world_size > run.world_size:  # (written only when they change: the same values as max / or)
+            run.world_size = ev.world_size
+        if not run.run_name:
+            run.run_name = ev.run_name
+        if not run.trace_id:
+            run.trace_id = ev.trace_id
+        if time_ns:
+            if not run.first_ns or time_ns < run.first_ns:
+                run.first_ns = time_ns
+            if time_ns > run.last_event_ns:  # newer: the run becomes its project's most recently active
+                run.last_event_ns = time_ns  # (a replayed or late event changes no order: idempotent)
                 self._index.touch_run(run)
         if run.lost:  # (else nothing to say)
             progress.on_alive(run, rank, ev.time_ns, settings)
