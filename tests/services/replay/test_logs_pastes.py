@@ -376,3 +376,24 @@ def test_a_traceback_that_lost_all_its_indentation_keeps_its_frames() -> None:
     assert [f["function"] for f in item.payload["frames"]] == ["init_process_group"]
     found = classify_chain("RuntimeError", "Wait timeout", (), item.payload["frames"])
     assert (found.kind, found.facts["raised_in"]) == ("comm/init-failure", "init_process_group")
+
+
+def test_a_paste_whose_stamps_go_back_spans_its_earliest_to_its_latest() -> None:
+    # DeepAuto-AI/hip-attention#59: two yearless glog lines ('[rank4]:[E421 02:05:38...] Gloo connectFullMesh
+    # failed ...', read in the file's year), then SGLang's '[2025-04-21 02:05:39 TP4]' line: the last stamp is
+    # the earliest. The scan took (first, last) for the paste's span, the import shifted the glog lines a year
+    # into the future and the pipeline dropped them (nothing opened); the span is now (earliest, latest)
+    from datetime import datetime
+
+    from bench.wild import corpus, judge
+    from trainguard_server.replay.logs import line_stamp, scan_log
+
+    case_id = "comm-init-gloo-fullmesh-no-error-sglang-hipattention-59-1"
+    path = WILD / case_id / "log.txt"
+    scan = scan_log(path)
+    year = datetime.fromtimestamp(path.stat().st_mtime).year
+    stamps = [s[0] for s in (line_stamp(ln, year) for ln in path.read_text().splitlines()) if s is not None]
+    assert len(stamps) == 3 and stamps[-1] < stamps[0]
+    assert (scan.first_ns, scan.last_ns) == (min(stamps), max(stamps))
+    case = next(c for c in corpus.load() if c.case_id == case_id)
+    assert judge.replay_local(case).kind == "comm/init-failure"

@@ -997,7 +997,7 @@ class LogScan:
     """What one cheap pass over a log file found (no segmenting)."""
 
     lines: int                    # physical lines, blank ones included (line numbers run 1..lines)
-    first_ns: Optional[int]       # first and last line timestamps
+    first_ns: Optional[int]       # earliest and latest line timestamps
     last_ns: Optional[int]
     ranks: List[int]              # ranks named by prefixes, plus the file's rank if a line had none
     named: List[int] = field(default_factory=list)  # ranks unprefixed lines name as their own (see below)
@@ -1025,7 +1025,8 @@ _SELF_RANK_NEEDLES = ("Rank ", "rank ", "-- Process ")
 
 
 def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], None]] = None) -> LogScan:
-    """One pass over ``path``: line count, first and last timestamp, ranks present (``on_bytes(n)``: the
+    """One pass over ``path``: line count, earliest and latest line timestamp (a paste's stamps may go back:
+    two processes' clocks, a yearless glog stamp beside a dated one), ranks present (``on_bytes(n)``: the
     size of every line read)."""
     try:
         year = datetime.fromtimestamp(path.stat().st_mtime).year
@@ -1059,9 +1060,9 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
             if indent and line.startswith(indent):
                 line = line[len(indent):]
             stamp = line_stamp(line, year)
-            if stamp is not None:
-                first = stamp[0] if first is None else first
-                last = stamp[0]
+            if stamp is not None:  # the earliest and the latest: a paste's stamps need not be in order
+                first = stamp[0] if first is None else min(first, stamp[0])
+                last = stamp[0] if last is None else max(last, stamp[0])
             if relay:
                 line = line[relay:]
             prefixed, text = split_prefix(line)
