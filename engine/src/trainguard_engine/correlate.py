@@ -121,8 +121,9 @@ def find_cause(run: RunState, at_ns: int, exclude: str = "",
 
 def _launcher_exit_ranks(st: IncidentState) -> Optional[FrozenSet[int]]:
     """For an open ``process/exit`` incident made only of launcher exit lines (:data:`LAUNCHER_EXIT_RULES`)
-    that explains nothing: the ranks those lines are about (the rank a line names, else the stream that
-    printed it; none for DeepSpeed's teardown, which names a PID only). None for any other incident."""
+    that explains nothing: the global ranks those lines are about (the rank a line names, else the stream
+    that printed it; a local rank is taken for the global one, as on one node); empty for DeepSpeed's
+    teardown, which names a PID only. None for any other incident."""
     if _kind(st) != CRASH_EXIT or not st.is_open or st.record.explained_by or st.extra.get("consequences"):
         return None
     ranks: Set[int] = set()
@@ -132,7 +133,8 @@ def _launcher_exit_ranks(st: IncidentState) -> Optional[FrozenSet[int]]:
         if not ev.rule.startswith(REPORTED) or rule not in LAUNCHER_EXIT_RULES:
             return None  # an exit code the rank itself sent, or anything else: not a launcher's report only
         facts = value.get("facts")
-        named = facts.get("rank") if isinstance(facts, Mapping) else None
+        facts = facts if isinstance(facts, Mapping) else {}
+        named = facts.get("rank")
         if isinstance(named, int) and not isinstance(named, bool):
             ranks.add(named)
         elif rule != "deepspeed.launcher-teardown" and ev.rank >= 0:
@@ -140,11 +142,40 @@ def _launcher_exit_ranks(st: IncidentState) -> Optional[FrozenSet[int]]:
     return frozenset(ranks)
 
 
+def _names_global_rank(st: IncidentState) -> bool:
+    """Whether one of launcher exit report ``st``'s lines names a global rank: not only a local one
+    (:func:`_local_only`), and not DeepSpeed's teardown (a PID)."""
+    for ev in st.record.evidence:
+        value = ev.value if isinstance(ev.value, Mapping) else {}
+        facts = value.get("facts")
+        facts = facts if isinstance(facts, Mapping) else {}
+        if value.get("rule") == "deepspeed.launcher-teardown":
+            continue
+        if "rank" not in facts or not _local_only(facts, value.get("lines")):
+            return True
+    return False
+
+
+def _local_only(facts: Mapping[str, object], lines: object) -> bool:
+    """Whether a launcher line's named rank is only its local rank (``rank`` equal to ``local_rank``, and the
+    line no failure entry's ``exitcode  :`` field, whose ``rank :`` field is global)."""
+    if facts.get("local_rank") != facts.get("rank"):
+        return False
+    said = " ".join(str(x) for x in lines) if isinstance(lines, list) else ""
+    return "exitcode  :" not in said
+
+
 def _reports_exit_of(st: IncidentState, reporters: FrozenSet[int]) -> bool:
     """Whether ``st`` is a launcher's exit report (:func:`_launcher_exit_ranks`) about a rank of
-    ``reporters``."""
+    ``reporters`` (any, for DeepSpeed's teardown)."""
     ranks = _launcher_exit_ranks(st)
     return ranks is not None and (not ranks or not ranks.isdisjoint(reporters))
+
+
+def _teardown_only(st: IncidentState) -> bool:
+    """Whether ``st``'s evidence is DeepSpeed's teardown (``Killing subprocess``) only."""
+    return all(isinstance(ev.value, Mapping) and ev.value.get("rule") == "deepspeed.launcher-teardown"
+               for ev in st.record.evidence)
 
 
 def _reporters(evidence: Sequence[Evidence]) -> FrozenSet[int]:
@@ -173,11 +204,15 @@ which it prints after the teardown: process/killed; a plain code joins the teard
 
 def _own_error_after(run: RunState, st: IncidentState, ranks: FrozenSet[int]) -> Optional[IncidentState]:
     """The incident of the error text the rank(s) of launcher exit report ``st`` printed at or after it:
-    an open, unexplained incident of :data:`OWN_ERRORS` (when ``ranks`` is empty, a report naming no rank:
-    any rank's, or of :data:`TEARDOWN_CAUSES`); the one whose such text came first. None when there is
-    none."""
+    an open, unexplained incident of :data:`OWN_ERRORS` (of :data:`TEARDOWN_CAUSES` for DeepSpeed's
+    teardown); any rank's when the report names no global rank -- only a *local* one (torchrun's ``failed
+    (exitcode: 1) local_rank: 0``, DeepSpeed's ``--local_rank=0``: on a second node local rank 0 is global
+    rank 8, and error text names global ranks) or a PID (DeepSpeed's teardown); the one whose such text came
+    first. None when there is none."""
     began = st.record.first_ns
-    kinds = OWN_ERRORS if ranks else TEARDOWN_CAUSES
+    kinds = TEARDOWN_CAUSES if _teardown_only(st) else OWN_ERRORS
+    if not _names_global_rank(st):
+        ranks = frozenset()  # a local rank (or a PID) says nothing of the global rank the error text names
     best: Optional[IncidentState] = None
     best_at = 0
     for other in run.incidents.values():

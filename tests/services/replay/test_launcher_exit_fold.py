@@ -119,3 +119,18 @@ def test_deepspeeds_teardown_then_its_signal_line_for_a_rank_that_rank_was_kille
     alone = _shown(WILD / "proc-sigkill-deepspeed-llava-wsl-1" / "log.txt")
     assert alone[0] == ("process/killed",)
     assert _shown(_pasted(tmp_path, killing + killed)) == alone
+
+
+def test_an_exit_line_naming_a_local_rank_is_explained_by_any_ranks_own_error(tmp_path: Path) -> None:
+    # torchrun's 'failed (exitcode: 1) local_rank: 2' (proc-exit1-launch-repvit-1) names a local rank -- on a
+    # second node that is not global rank 2 -- so the OutOfMemoryError printed after it (DeepSpeed#3869's line,
+    # mem-oom-quoted-deepspeed-launcher-1, read as the paste's rank 0) is what the worker died of: the OOM
+    # leads, the exit is folded in (before, the rank numbers differed and the exit led)
+    (exit_line,) = [ln for ln in _lines("proc-exit1-launch-repvit-1") if "local_rank: 2 (pid" in ln]
+    oom = _lines("mem-oom-quoted-deepspeed-launcher-1")[0]
+    assert _shown(_pasted(tmp_path, [exit_line, oom]))[0] == ("memory/oom",)
+    # a failure entry's 'rank : 1' field is a global rank (pytorch/pytorch#148976's entry, its fields only):
+    # another rank's error does not explain that exit
+    entry = _lines(ENTRY)[4:10]
+    assert entry[0] == "[1]:" and entry[-1].startswith("  error_file:")
+    assert _shown(_pasted(tmp_path, [*entry, oom]))[0] == ("process/exit", "memory/oom")
