@@ -8,9 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Optional, Set
 
 import pytest
 
@@ -33,7 +34,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     proc.stop()
 
 
-def _train(kind: str, endpoint: str, token: str, run_id: str, steps: int, spool: Path) -> subprocess.Popen[str]:
+def _train(kind: str, endpoint: str, token: str, run_id: str, steps: int,
+           spool: Optional[Path] = None) -> subprocess.Popen[str]:
+    """A demo training with the SDK as ``run_id``; it spools into ``spool`` (default: a new temporary directory,
+    never a fixed path shared by concurrent runs). Also used by tests/services/dashboard and test_notify."""
+    spool = spool if spool is not None else Path(tempfile.mkdtemp(prefix=f"tg-spool-{run_id}-"))
     env = dict(os.environ, TRAINGUARD_ENDPOINT=endpoint, TRAINGUARD_TOKEN=token, TRAINGUARD_RUN_ID=run_id,
                TRAINGUARD_FLUSH_INTERVAL="0.1", TRAINGUARD_HEARTBEAT_INTERVAL="1",
                TRAINGUARD_SPOOL_DIR=str(spool))  # the test's own (a fixed /tmp path was shared by concurrent runs)
