@@ -16,7 +16,7 @@ unedited), replayed one envelope at a time as ``bench/corpus/evaluate.py`` judge
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from tests.scenarios.corpus import load_events
 from trainguard_engine.catalogue import DetectionSettings
@@ -25,11 +25,12 @@ from trainguard_engine.pipeline import Pipeline
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "unseen"
 
 
-def _incidents(name: str, settings: Optional[DetectionSettings] = None) -> Dict[str, Any]:
-    """The run's final incidents by kind, its envelopes fed one by one, the timers a minute after."""
+def _incidents(name: Union[str, Path], settings: Optional[DetectionSettings] = None) -> Dict[str, Any]:
+    """The run's final incidents by kind, its envelopes fed one by one, the timers a minute after
+    (``name``: a file of ``tests/fixtures/unseen``, or any stream's path)."""
     pipeline = Pipeline(settings or DetectionSettings())
     last_ns = 0
-    for event in load_events([FIXTURES / name]):
+    for event in load_events([name if isinstance(name, Path) else FIXTURES / name]):
         last_ns = max(last_ns, int(event.get("time_unix_nano") or 0))
         pipeline.process([event])
     pipeline.advance(last_ns + 60 * 10**9)

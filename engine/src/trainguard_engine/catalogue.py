@@ -594,6 +594,18 @@ class DetectionSettings:
         "half of its readings in the last explosion_window_steps): a loss leaving its band while the "
         "gradients grow is the start of an explosion, where every step of warning counts (the norm may be "
         "read only every few steps, too seldom for the explosion rule's own confirmation).", minimum=1)
+    divergence_blowup_factor: float = _setting(
+        1000.0, "loss/divergence opens at once, with no streak, when one finite loss value is >= this x the "
+        "run's divergence base (divergence_factor's: the lower of the first value and the first values' "
+        "median), the run's first values included: a blow-up the loss came back from -- often to a flat, "
+        "dead model sitting at its start, with spikes -- is an LR far too high whatever the rolling level "
+        "does afterwards (the dev half's healthy runs peak at 46x, a planted one-batch spike). 0: off.",
+        minimum=0.0)
+    divergence_beside_stale: bool = _setting(
+        True, "loss/divergence is still judged while a gradient/clip-stale, gradient/vanishing or "
+        "adapter/lora-grad-break incident of the rank is open (the other loss-curve rules stay muted: a "
+        "flat loss is that incident's own symptom; a loss leaving its band is not, and an LR too high "
+        "beside clipping shows that way). False: muted as well, as before stop 36.")
     rise_smooth: int = _setting(
         5, "loss/rise-after-fall: the loss level is a rolling median of this many values.", minimum=1)
     rise_min_fall: float = _setting(
@@ -1124,6 +1136,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "plateau_resolve_drop",
         "divergence_factor",
         "divergence_min_points", "divergence_far_factor", "divergence_corroborated_points",
+        "divergence_blowup_factor", "divergence_beside_stale",
         "rise_smooth", "rise_min_fall", "rise_held_points", "rise_calm_min_fall",
         "rise_min_rise", "rise_min_points",
         "layer_norm_warn", "clip_rate_warn", "vanishing_ratio", "vanishing_min_layers",

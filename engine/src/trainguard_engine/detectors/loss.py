@@ -212,6 +212,7 @@ class _Check:
     since: int = -1              # where the condition began, as this check sees it
     deferred: bool = False       # not judged now (neither counts nor resets the streak)
     held: bool = False           # confirmed by a whole window already (no streak to wait for)
+    at_once: bool = False        # confirmed by one value (a blow-up): opens with no streak
     evidence: List[Evidence] = field(default_factory=list)
     detail: str = ""
     summary: str = ""
@@ -245,9 +246,12 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         state["early_cv"] = spread if math.isfinite(spread) else None
         state["early"] = sorted(earliest)  # the run's first values, for _fell_from_start's rank test
     _track_level(state, series, tuned)
-    if initial <= 0 or rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY):
+    if initial <= 0:
         return []
-    if numeric_final(run, rank):
+    muted = rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY)
+    if muted and not tuned.divergence_beside_stale:
+        return []
+    if numeric_final(run, rank) and not muted:
         diverged = _explosion_held_diverged(run, rank, name, series, initial, state, step, time_ns, event_id,
                                             settings)
         if diverged is not None:
@@ -255,37 +259,42 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         if not _explosion_gave_way(run, rank, name, series, initial, state, step, time_ns, settings):
             return []
     open_kind = _open_curve_kind(run, rank)
+    if muted and (open_kind not in (None, "divergence") or numeric_final(run, rank)):
+        return []  # beside a clip-stale / vanishing / adapter incident only a divergence is judged
     if open_kind is not None and _curve_cleared(run, rank, open_kind, state, initial, step, time_ns,
                                                 settings, series, tail):
         open_kind = None
     judged = ESCALATES_TO.get(open_kind, (open_kind,)) if open_kind is not None else CURVE_KINDS
+    if muted:
+        judged = ("divergence",)
     streaks: Dict[str, int] = state.setdefault("streak", {})
     since: Dict[str, int] = state.setdefault("since", {})
     win = _Window(series, tuned.loss_window, tail)
-    if win.full and "start_level" not in state:
-        state["start_level"] = win.median  # the level of the first full window (_divergence_settled)
-        state["start_values"] = list(win.ordered)  # and its values, sorted (_rose_from_start)
-    held = tuned.rise_held_points
-    if len(series) >= held and state.get("levels", 0) % tuned.rise_smooth == 0:
-        # the lowest level held over rise_held_points values in a row (_check_rise), taken every
-        # rise_smooth values (consecutive medians share all but that many values: cheap, and as low)
-        level_held = _median_of(series[-held:])
-        if level_held < state.get("best_held", math.inf):
-            state["best_held"] = level_held
-        if abs(level_held - initial) > tuned.plateau_resolve_drop * initial:
-            state["moved_at"] = step  # the loss is away from its start (_plateau_min_steps)
-    if open_kind == "divergence" and _divergence_settled(run, rank, name, series, win, initial, state, step,
-                                                         time_ns, settings):
-        open_kind, judged = None, ("oscillation",)
-    elif open_kind == "oscillation" and _swings_on_a_rebound(run, rank, name, series, win, initial, state,
+    if not muted:  # the curve's other state (start level, lows held, hand-overs) waits while muted
+        if win.full and "start_level" not in state:
+            state["start_level"] = win.median  # the level of the first full window (_divergence_settled)
+            state["start_values"] = list(win.ordered)  # and its values, sorted (_rose_from_start)
+        held = tuned.rise_held_points
+        if len(series) >= held and state.get("levels", 0) % tuned.rise_smooth == 0:
+            # the lowest level held over rise_held_points values in a row (_check_rise), taken every
+            # rise_smooth values (consecutive medians share all but that many values: cheap, and as low)
+            level_held = _median_of(series[-held:])
+            if level_held < state.get("best_held", math.inf):
+                state["best_held"] = level_held
+            if abs(level_held - initial) > tuned.plateau_resolve_drop * initial:
+                state["moved_at"] = step  # the loss is away from its start (_plateau_min_steps)
+        if open_kind == "divergence" and _divergence_settled(run, rank, name, series, win, initial, state,
                                                              step, time_ns, settings):
-        open_kind, judged = None, ("rise-after-fall",)
-    elif open_kind == "oscillation" and _oscillation_held_high(run, rank, name, series, win, initial, state,
-                                                               step, time_ns, settings):
-        open_kind, judged = None, ("divergence",)
-    elif open_kind == "oscillation" and _oscillation_calmed(run, rank, win, initial, state, step, time_ns,
-                                                            settings):
-        open_kind, judged = None, CURVE_KINDS
+            open_kind, judged = None, ("oscillation",)
+        elif open_kind == "oscillation" and _swings_on_a_rebound(run, rank, name, series, win, initial,
+                                                                 state, step, time_ns, settings):
+            open_kind, judged = None, ("rise-after-fall",)
+        elif open_kind == "oscillation" and _oscillation_held_high(run, rank, name, series, win, initial,
+                                                                   state, step, time_ns, settings):
+            open_kind, judged = None, ("divergence",)
+        elif open_kind == "oscillation" and _oscillation_calmed(run, rank, win, initial, state, step,
+                                                                time_ns, settings):
+            open_kind, judged = None, CURVE_KINDS
     if open_kind is not None and len(judged) == 1 and \
             state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
         return []  # an open incident's last step is refreshed every few values, not on each
@@ -311,8 +320,9 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
                             seen_step=step, host=rank.host, event_id=event_id, counts=False)]
         if check.held:  # a whole window confirmed it (_check_rise)
             streaks[kind] = max(streaks[kind], tuned.rise_min_points)
-        needed = {"rise-after-fall": tuned.rise_min_points,
-                  "divergence": _divergence_points(rank, step, settings)}.get(kind, tuned.confirm_checks)
+        needed = 1 if check.at_once else {
+            "rise-after-fall": tuned.rise_min_points,
+            "divergence": _divergence_points(rank, step, settings)}.get(kind, tuned.confirm_checks)
         if streaks[kind] < needed or (kind == "plateau" and step - first < _plateau_min_steps(state, first,
                                                                                              tuned)):
             continue
@@ -1089,6 +1099,9 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
                       tuned: LossGradientSettings, explain: bool) -> _Check:
     level = state.get("level")
     base = divergence_base(initial, state["init"][0], tuned)
+    blown = _blown_up(win, base, tuned)
+    if blown is not None:
+        return _blowup_check(rank, name, blown, win, base, settings, tuned, explain)
     if level is None or base <= 0 or level < tuned.divergence_factor * base:
         return _Check(False)
     trend, cv = win.trend, win.cv
@@ -1141,6 +1154,41 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
                   evidence=[Evidence(rule="loss.divergence", description=description, step=centre,
                                      time_ns=point_time(rank, name, centre, 0), rank=rank.rank, metric=name,
                                      threshold=tuned.divergence_factor, value=finite_or_none(level / base),
+                                     window=window(rank, name, now, settings.evidence_window))])
+
+
+def _blown_up(win: _Window, base: float, tuned: LossGradientSettings) -> Optional[Tuple[int, float]]:
+    """The first ``(step, value)`` of the window whose loss is >= ``divergence_blowup_factor`` x ``base``
+    (the run's first values included while they are in the window), or None (off at 0)."""
+    factor = tuned.divergence_blowup_factor
+    if not factor > 0 or not base > 0:
+        return None
+    bar = factor * base
+    return next(((s, v) for s, v in zip(win.steps, win.values) if v >= bar), None)
+
+
+def _blowup_check(rank: RankState, name: str, blown: Tuple[int, float], win: _Window, base: float,
+                  settings: DetectionSettings, tuned: LossGradientSettings, explain: bool) -> _Check:
+    """The divergence rule's verdict on a blow-up: holds at once, from the blown-up value's step."""
+    at, value = blown
+    if not explain:
+        return _Check(True, since=at, at_once=True)
+    now = win.steps[-1]
+    ratio = value / base
+    description = (f"{name} reached {fmt_number(value)} at step {at} = {fmt_number(ratio)}x the run's "
+                   f"initial level {fmt_number(base)} (>= divergence_blowup_factor "
+                   f"{tuned.divergence_blowup_factor:g}x): one value that far out is a blow-up, not noise; "
+                   f"the loss is now {fmt_number(win.values[-1])}")
+    summary = (f"{name} blew up at step {{since}}: {fmt_number(value)}, {fmt_number(ratio)}x where it "
+               f"started ({fmt_number(base)})" + _braces(lr_span(rank, win.steps[0], now))
+               + ": the updates were far too large for the model -- most often a learning rate far too high "
+                 "for this model and optimiser. A loss that came back from it to a flat level near its start "
+                 "is usually a dead model (saturated or dead units), not one that recovered.")
+    return _Check(True, since=at, at_once=True, detail=f"blew up to {fmt_number(ratio)}x its start",
+                  summary=summary,
+                  evidence=[Evidence(rule="loss.blowup", description=description, step=at,
+                                     time_ns=point_time(rank, name, at, 0), rank=rank.rank, metric=name,
+                                     threshold=tuned.divergence_blowup_factor, value=finite_or_none(ratio),
                                      window=window(rank, name, now, settings.evidence_window))])
 
 
