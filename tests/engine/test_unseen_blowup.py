@@ -6,7 +6,7 @@ goes 0.116 -> 8.0e6 on the first update and swings between 1 and 3e6 for ten ste
 values, which the rolling level and the initial median absorb), then sits flat at ~0.15: the model is dead,
 a constant predictor. Before stop 36 only a loss/plateau opened (at step 360), with no word of the LR. The
 divergence rule now opens at once on one value >= ``divergence_blowup_factor`` (1000) x the run's initial
-level; 0 turns that off.
+level, once the loss is back under that bar (a blow-up it came back from); 0 turns that off.
 """
 
 from __future__ import annotations

@@ -595,11 +595,12 @@ class DetectionSettings:
         "gradients grow is the start of an explosion, where every step of warning counts (the norm may be "
         "read only every few steps, too seldom for the explosion rule's own confirmation).", minimum=1)
     divergence_blowup_factor: float = _setting(
-        1000.0, "loss/divergence opens at once, with no streak, when one finite loss value is >= this x the "
+        1000.0, "loss/divergence opens at once, with no streak, when one finite loss value was >= this x the "
         "run's divergence base (divergence_factor's: the lower of the first value and the first values' "
-        "median), the run's first values included: a blow-up the loss came back from -- often to a flat, "
-        "dead model sitting at its start, with spikes -- is an LR far too high whatever the rolling level "
-        "does afterwards (the dev half's healthy runs peak at 46x, a planted one-batch spike). 0: off.",
+        "median), the run's first values included, and the latest is back under that: a blow-up the loss "
+        "came back from (one still up there is the far divergence's or the non-finite rule's) -- often to "
+        "a flat, dead model sitting at its start, with spikes -- is an LR far too high whatever the rolling "
+        "level does afterwards (the dev half's healthy runs peak at 46x, a planted one-batch spike). 0: off.",
         minimum=0.0)
     divergence_beside_stale: bool = _setting(
         True, "loss/divergence is still judged while a gradient/clip-stale, gradient/vanishing or "

@@ -1159,12 +1159,17 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
 
 def _blown_up(win: _Window, base: float, tuned: LossGradientSettings) -> Optional[Tuple[int, float]]:
     """The first ``(step, value)`` of the window whose loss is >= ``divergence_blowup_factor`` x ``base``
-    (the run's first values included while they are in the window), or None (off at 0)."""
+    (the run's first values included while they are in the window) once the latest value is back under
+    that bar -- a blow-up the loss came back from -- or None (off at 0). A loss still up there is the far
+    divergence's, the explosion's or, when it overflows, the non-finite rule's."""
     factor = tuned.divergence_blowup_factor
     if not factor > 0 or not base > 0:
         return None
     bar = factor * base
-    return next(((s, v) for s, v in zip(win.steps, win.values) if v >= bar), None)
+    values = win.values
+    if not values or not values[-1] < bar:
+        return None
+    return next(((s, v) for s, v in zip(win.steps, values) if v >= bar), None)
 
 
 def _blowup_check(rank: RankState, name: str, blown: Tuple[int, float], win: _Window, base: float,
