@@ -24,11 +24,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from tests.engine.test_straggler import replay
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.pipeline import Pipeline
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "straggler"
-SETTLE_NS = 60 * 10**9
 RUNQUEUE = "time/runqueue_s"
 DEFAULTS = DetectionSettings()
 OFF = DetectionSettings.from_overrides({"perf": {"straggler_runqueue_share": 1.0}})
@@ -53,12 +53,7 @@ def without_runqueue(events: Tuple[Dict[str, Any], ...]) -> Tuple[Dict[str, Any]
 def judged(events: Tuple[Dict[str, Any], ...], settings: DetectionSettings = DEFAULTS
            ) -> Tuple[List[Tuple[str, int, int]], Dict[str, Any]]:
     """[(kind, lead rank, first step emitted)] of the standing incidents; the job's START tags."""
-    pipeline = Pipeline(settings)
-    first: Dict[str, int] = {}
-    for event in events:
-        for inc in pipeline.process([event]).incidents:
-            first.setdefault(f"{inc.category}/{inc.subtype}", inc.last_step)
-    pipeline.advance(int(events[-1]["time_unix_nano"]) + SETTLE_NS)
+    pipeline, first = replay(events, settings)
     standing = [(f"{i.category}/{i.subtype}", i.lead_rank, first.get(f"{i.category}/{i.subtype}", -1))
                 for i in pipeline.incidents() if not i.explained_by]
     start = next(e for e in events if e.get("lifecycle", {}).get("phase") == "START")
