@@ -4,6 +4,8 @@ threads): frame lines that lost their indentation, a docker compose service colu
 
 from __future__ import annotations
 
+import os
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, List
 
@@ -378,22 +380,39 @@ def test_a_traceback_that_lost_all_its_indentation_keeps_its_frames() -> None:
     assert (found.kind, found.facts["raised_in"]) == ("comm/init-failure", "init_process_group")
 
 
-def test_a_paste_whose_stamps_go_back_spans_its_earliest_to_its_latest() -> None:
+def test_yearless_glog_stamps_take_the_year_of_the_paste_s_dated_lines() -> None:
     # DeepAuto-AI/hip-attention#59: two yearless glog lines ('[rank4]:[E421 02:05:38...] Gloo connectFullMesh
-    # failed ...', read in the file's year), then SGLang's '[2025-04-21 02:05:39 TP4]' line: the last stamp is
-    # the earliest. The scan took (first, last) for the paste's span, the import shifted the glog lines a year
-    # into the future and the pipeline dropped them (nothing opened); the span is now (earliest, latest)
-    from datetime import datetime
-
+    # failed ...'), then SGLang's '[2025-04-21 02:05:39 TP4]' line. Read in the file's year (the checkout's),
+    # the glog lines landed a year or more away from the dated one: the import's span covered years and, before
+    # the span took (earliest, latest), the pipeline dropped them. They are one job's output: the glog lines
+    # take the dated line's year, and the paste spans about a second.
     from bench.wild import corpus, judge
-    from trainguard_server.replay.logs import line_stamp, scan_log
+    from trainguard_server.replay.logs import line_stamp, paste_year, scan_log
 
     case_id = "comm-init-gloo-fullmesh-no-error-sglang-hipattention-59-1"
     path = WILD / case_id / "log.txt"
+    assert paste_year(path) == 2025
     scan = scan_log(path)
-    year = datetime.fromtimestamp(path.stat().st_mtime).year
-    stamps = [s[0] for s in (line_stamp(ln, year) for ln in path.read_text().splitlines()) if s is not None]
-    assert len(stamps) == 3 and stamps[-1] < stamps[0]
-    assert (scan.first_ns, scan.last_ns) == (min(stamps), max(stamps))
+    stamps = [s[0] for s in (line_stamp(ln, 2025) for ln in path.read_text().splitlines()) if s is not None]
+    assert len(stamps) == 3 and (scan.first_ns, scan.last_ns) == (min(stamps), max(stamps))
+    assert 0 < scan.last_ns - scan.first_ns < 2 * 10**9
     case = next(c for c in corpus.load() if c.case_id == case_id)
     assert judge.replay_local(case).kind == "comm/init-failure"
+
+
+def test_a_glog_line_takes_the_year_of_the_last_dated_line_before_it(tmp_path: Path) -> None:
+    # the same c10 record before and after a dated Python logging line of another year: the line before reads
+    # the first dated line's year, the line after the latest dated line's -- never the file's modification time
+    from trainguard_server.replay.logs import scan_log
+
+    glog = "[rank1]:[E1231 23:59:58.000000000 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective"
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join([glog, "2023-12-31 23:59:59,000 - INFO - step 10",
+                               "2024-01-01 00:00:01,000 - INFO - step 11", glog.replace("E1231", "E0101")]) + "\n")
+    os.utime(path, (0, 2 * 10**9))  # saved in 2033: not the paste's year
+    got = [i.time_ns for i in LogReader(path, 0, min_level="")]
+    dated = [datetime(2023, 12, 31, 23, 59, 58), datetime(2023, 12, 31, 23, 59, 59),
+             datetime(2024, 1, 1, 0, 0, 1), datetime(2024, 1, 1, 23, 59, 58)]
+    assert got == [int(d.timestamp()) * 10**9 for d in dated]
+    scan = scan_log(path)
+    assert (scan.first_ns, scan.last_ns) == (got[0], got[-1])

@@ -43,10 +43,11 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
 * **Everything else** is one log item per line, with the level found in it (glog letter or a level
   word) as ``level``.
 * **Time.** An item's ``time_ns`` is the timestamp its first line starts with (see
-  :func:`.times.leading_stamp`; glog lines take the year of the file's modification time), else the
-  last timestamp seen earlier in the file, else None; ``precision_ns`` is that timestamp's precision (1 ms
-  for ``logging``'s ``,123``): the item was written at some time in ``[time_ns, time_ns + precision_ns)``
-  (an item without a stamp of its own: no earlier than ``time_ns``).
+  :func:`.times.leading_stamp`; a glog line takes the year of the last dated line before it -- of the
+  file's first dated line before any, see :func:`paste_year` --, else of the file's modification time),
+  else the last timestamp seen earlier in the file, else None; ``precision_ns`` is that timestamp's
+  precision (1 ms for ``logging``'s ``,123``): the item was written at some time in
+  ``[time_ns, time_ns + precision_ns)`` (an item without a stamp of its own: no earlier than ``time_ns``).
 * **Order.** Items come out ordered by their first line; ``line`` and ``last_line`` are 1-based.
 """
 
@@ -69,7 +70,7 @@ from trainguard.core.tracebacks import (
 )
 from trainguard_engine.classify import INIT_FUNCTIONS
 
-from .times import leading_stamp
+from .times import leading_stamp, leading_year
 
 MAX_MESSAGE_LINES = 100
 """Plain lines after an exception line that may still belong to its message."""
@@ -244,6 +245,17 @@ def line_stamp(line: str, year: int) -> Optional[Tuple[int, int]]:
         if _ISO_COLUMN_RE.match(outer):
             stamp = leading_stamp(outer, year)
     return stamp
+
+
+def line_year(line: str) -> Optional[int]:
+    """The year of the ISO date ``line`` starts with once its prefixes are dropped (or of a collector's
+    timestamp column before them), else None -- what :func:`line_stamp` reads the glog lines after it with."""
+    year = leading_year(split_prefix(line)[1])
+    if year is None:
+        outer = _outer_columns(line)
+        if _ISO_COLUMN_RE.match(outer):
+            year = leading_year(outer)
+    return year
 
 
 def line_level(line: str) -> str:
@@ -728,10 +740,7 @@ class LogReader:
         self._segmenter = LogSegmenter(rank, min_level=min_level, keep_below=keep_below, headless=headless,
                                        tail=tail)
         self.stats = self._segmenter.stats
-        try:
-            self.year = datetime.fromtimestamp(path.stat().st_mtime).year
-        except OSError:
-            self.year = datetime.now().year
+        self.year = paste_year(path)
         self._last_ts: Optional[int] = None
         self._last_precision = 1
 
@@ -752,6 +761,7 @@ class LogReader:
                 if indent and line.startswith(indent):
                     line = line[len(indent):]
                 if line.strip():
+                    self.year = line_year(line) or self.year
                     stamp = line_stamp(line, self.year)
                     if stamp is not None:
                         self.stats.timestamped += 1
@@ -783,6 +793,22 @@ def _head_lines(path: Path) -> Optional[List[str]]:
     except OSError:
         return None
     return texts
+
+
+def paste_year(path: Path) -> int:
+    """The year yearless glog stamps (``E0416 00:03:25.080 ...``) are read with until a dated line says
+    otherwise: that of the first line among the file's first :data:`INDENT_SCAN_LINES` that starts with an
+    ISO date (a paste mixing Python ``logging``'s ``2024-04-16 00:03:25,080`` with c10's glog lines is one
+    job's output, whenever the file was saved), else the year of the file's modification time, else this
+    year."""
+    for text in _head_lines(path) or ():
+        year = line_year(clean_line(text))
+        if year is not None:
+            return year
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime).year
+    except OSError:
+        return datetime.now().year
 
 
 def _shared_start(a: str, b: str) -> str:
@@ -1028,10 +1054,7 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
     """One pass over ``path``: line count, earliest and latest line timestamp (a paste's stamps may go back:
     two processes' clocks, a yearless glog stamp beside a dated one), ranks present (``on_bytes(n)``: the
     size of every line read)."""
-    try:
-        year = datetime.fromtimestamp(path.stat().st_mtime).year
-    except OSError:
-        year = datetime.now().year
+    year = paste_year(path)
     first: Optional[int] = None
     last: Optional[int] = None
     ranks: Dict[int, None] = {}
@@ -1059,6 +1082,7 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
                 line = task_label_as_prefix(line)
             if indent and line.startswith(indent):
                 line = line[len(indent):]
+            year = line_year(line) or year
             stamp = line_stamp(line, year)
             if stamp is not None:  # the earliest and the latest: a paste's stamps need not be in order
                 first = stamp[0] if first is None else min(first, stamp[0])
