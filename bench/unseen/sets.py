@@ -27,7 +27,8 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "stop34": ("bench.unseen.shapes", False),  # stop 34's shapes + stop 35's two tuning variants (tuned on)
     "heldout35": ("bench.unseen.heldout", True),  # stop 35's held-out set: run once, SPENT
     "tuning36": ("bench.unseen.tuning2", True),  # stop 36's tuning set
-    "heldout36": ("bench.unseen.heldout2", True),  # stop 36's held-out set: run ONCE, at the end
+    "heldout36": ("bench.unseen.heldout2", True),  # stop 36's held-out set: run once, SPENT
+    "heldout37": ("bench.unseen.heldout3", True),  # stop 37's held-out set: run ONCE, at the end
 }
 
 
