@@ -49,6 +49,10 @@ def _train(kind: str, endpoint: str, token: str, run_id: str, steps: int,
 
 
 
+SLOWER = ("perf", "throughput-regression")
+"""The run's own step time slower than its steady state: what a loaded machine does to it (see below)."""
+
+
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transport: str, tmp_path: Path) -> None:
     endpoint = f"grpc://{server.grpc_target}" if transport == "grpc" else server.http_url
@@ -63,9 +67,15 @@ def test_sdk_training_to_incident_through_the_api(server: ServeProcess, transpor
         return next((i for i in incidents() or () if (i["category"], i["subtype"]) == ("gradient", "explosion")),
                     None)
 
+    def divergence_incidents() -> Any:
+        return [i for i in incidents() or () if (i["category"], i["subtype"]) != SLOWER] or None
+
     # the loss far above its start while the norm grows may show first as loss/divergence (divergence_far_factor):
-    # the climb of the norm is then the explosion, found before the first non-finite value either way
-    first = poll(incidents)
+    # the climb of the norm is then the explosion, found before the first non-finite value either way.
+    # A perf/throughput-regression of this run is not about its divergence: on a loaded machine (CI's 2 cores
+    # shared with torch start-ups) the run's own step time truly rises >= 1.5x its steady state and the engine
+    # rightly says so (seen once at load 16); any other kind found first still fails the test
+    first = poll(divergence_incidents)
     found = poll(explosion)
     seen_ns = time.time_ns()
     output, _ = proc.communicate(timeout=60)
