@@ -416,3 +416,23 @@ def test_a_glog_line_takes_the_year_of_the_last_dated_line_before_it(tmp_path: P
     assert got == [int(d.timestamp()) * 10**9 for d in dated]
     scan = scan_log(path)
     assert (scan.first_ns, scan.last_ns) == (got[0], got[-1])
+
+
+def test_an_exception_line_logged_by_a_logging_library_opens_an_exception(tmp_path: Path) -> None:
+    # a record whose message is the exception line (logger.error(f"{type(e).__name__}: {e}"), loguru, basicConfig)
+    # with no traceback around it is the bare exception line it carries; a record that only names an exception
+    # class in prose stays a log line
+    from trainguard_server.replay.logs import logged_exception
+
+    lines = ["2024-05-01 12:00:00,123 - INFO - RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x4 and 8x8)",
+             "2024-05-01 12:00:01.123 | ERROR    | train:main:42 - torch.OutOfMemoryError: CUDA out of memory.",
+             "ERROR:root:KeyError: 'labels'",
+             "2024-05-01 12:00:02,000 - INFO - step 10 loss 1.0 (RuntimeError handled)"]
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join(lines) + "\n")
+    got = list(LogReader(path, 0, min_level=""))
+    assert [(i.kind, i.payload.get("type")) for i in got] == [
+        ("exception", "RuntimeError"), ("exception", "torch.OutOfMemoryError"), ("exception", "KeyError"),
+        ("log", None)]
+    assert got[0].payload["message"].startswith("mat1 and mat2 shapes")
+    assert logged_exception("RuntimeError: plain") is None and logged_exception("INFO: RuntimeError is") is None

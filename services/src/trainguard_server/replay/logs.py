@@ -70,7 +70,7 @@ from trainguard.core.tracebacks import (
 )
 from trainguard_engine.classify import INIT_FUNCTIONS
 
-from .times import leading_stamp, leading_year
+from .times import leading_stamp_year
 
 MAX_MESSAGE_LINES = 100
 """Plain lines after an exception line that may still belong to its message."""
@@ -118,6 +118,34 @@ _LOOSE_FRAME_FIX_RE = re.compile(r'^ ?File "(?=[^"\n]*", line \d+)', re.MULTILIN
 _EXCEPTION_LINE_RE = re.compile(
     r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failure)|Exception)(?::\s.*|:?)$")
 """A Python exception line (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``, ``AssertionError``)."""
+_LOGGER_HEAD_RE = re.compile(
+    r"^(?:\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?\]?[ \t]*(?:[-|][ \t]*)?)?"
+    r"(?:[\w.-]{1,60}[ \t]+-[ \t]+)?"
+    r"\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?(?:[ \t]*[-|:][ \t]*|[ \t]+)"
+    r"(?:[\w.<>]{1,60}:[\w.<>]{1,60}:\d{1,6}[ \t]+-[ \t]+)?")
+"""A logging library's header before a record's message: an optional timestamp, an optional logger name,
+then the level and its separator -- ``2024-05-01 12:00:00,123 - ERROR - ``, ``... - trainer - ERROR - ``,
+loguru's ``2024-05-01 12:00:00.123 | ERROR    | train:main:42 - ``, ``[2024-05-01 12:00:00] [ERROR] ``,
+basicConfig's ``ERROR:`` (its logger name, ``root:``, is dropped by :func:`logged_exception`)."""
+_LOGGER_NAME_RE = re.compile(r"^[\w.]{1,60}:")
+
+
+def logged_exception(line: str) -> Optional[str]:
+    """The exception line a logging library's record carries as its message (``2024-05-01 12:00:00,123 -
+    ERROR - RuntimeError: CUDA error: ...``, ``ERROR:root:ValueError: ...``): that message, when it is one
+    (:data:`_EXCEPTION_LINE_RE`); else None."""
+    head = _LOGGER_HEAD_RE.match(line)
+    if head is None or not head.end():
+        return None
+    rest = line[head.end():]
+    if _EXCEPTION_LINE_RE.match(rest):
+        return rest
+    name = _LOGGER_NAME_RE.match(rest)
+    if name is not None and _EXCEPTION_LINE_RE.match(rest[name.end():]):
+        return rest[name.end():]
+    return None
+
+
 _MARKUP_WRAP_RE = re.compile(r"^(?:`{1,3}|[*_]{1,3})(?P<body>[A-Za-z_][^`]*?)(?:`{1,3}|[*_]{1,3})?\s*$")
 """An exception line a paste wrapped in markdown: inline code (`` `RuntimeError: ...` ``), bold or italics
 (``**...**``, ``_**...**_``); its body is read as the exception line when it is one."""
@@ -239,23 +267,26 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
 def line_stamp(line: str, year: int) -> Optional[Tuple[int, int]]:
     """(time in ns, precision in ns) of the timestamp ``line`` starts with once its prefixes are dropped, or
     of a collector's timestamp column before them (``2024-05-01T10:00:00Z [rank1]: ...``); else None."""
-    stamp = leading_stamp(split_prefix(line)[1], year)
-    if stamp is None:
+    found = line_stamp_year(line, year)
+    return None if found is None else found[:2]
+
+
+def line_stamp_year(line: str, year: int) -> Optional[Tuple[int, int, Optional[int]]]:
+    """:func:`line_stamp` and the year its ISO date states (None for a yearless glog stamp, read with
+    ``year``): the year the glog lines after a dated line are read with."""
+    found = leading_stamp_year(split_prefix(line)[1], year)
+    if found is None:
         outer = _outer_columns(line)
         if _ISO_COLUMN_RE.match(outer):
-            stamp = leading_stamp(outer, year)
-    return stamp
+            found = leading_stamp_year(outer, year)
+    return found
 
 
 def line_year(line: str) -> Optional[int]:
     """The year of the ISO date ``line`` starts with once its prefixes are dropped (or of a collector's
-    timestamp column before them), else None -- what :func:`line_stamp` reads the glog lines after it with."""
-    year = leading_year(split_prefix(line)[1])
-    if year is None:
-        outer = _outer_columns(line)
-        if _ISO_COLUMN_RE.match(outer):
-            year = leading_year(outer)
-    return year
+    timestamp column before them), else None."""
+    found = line_stamp_year(line, 2000)
+    return None if found is None else found[2]
 
 
 def line_level(line: str) -> str:
@@ -587,6 +618,8 @@ class LogSegmenter:
                 stream.start(_PYTHON, number, text, time_ns, precision_ns, headless=True, in_message=True)
                 return
             bare = unwrap_markup(text)
+            if bare is None:
+                bare = logged_exception(text)
             if bare is not None:
                 stream.start(_PYTHON, number, bare, time_ns, precision_ns, headless=True, in_message=True)
                 return
@@ -761,11 +794,11 @@ class LogReader:
                 if indent and line.startswith(indent):
                     line = line[len(indent):]
                 if line.strip():
-                    self.year = line_year(line) or self.year
-                    stamp = line_stamp(line, self.year)
-                    if stamp is not None:
+                    found = line_stamp_year(line, self.year)
+                    if found is not None:
                         self.stats.timestamped += 1
-                        self._last_ts, self._last_precision = stamp
+                        self._last_ts, self._last_precision, stated = found
+                        self.year = stated or self.year
                     if relay:
                         line = line[relay:]
                 segmenter.feed(number, line, self._last_ts, self._last_precision)
@@ -1082,11 +1115,11 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
                 line = task_label_as_prefix(line)
             if indent and line.startswith(indent):
                 line = line[len(indent):]
-            year = line_year(line) or year
-            stamp = line_stamp(line, year)
-            if stamp is not None:  # the earliest and the latest: a paste's stamps need not be in order
-                first = stamp[0] if first is None else min(first, stamp[0])
-                last = stamp[0] if last is None else max(last, stamp[0])
+            found = line_stamp_year(line, year)
+            if found is not None:  # the earliest and the latest: a paste's stamps need not be in order
+                first = found[0] if first is None else min(first, found[0])
+                last = found[0] if last is None else max(last, found[0])
+                year = found[2] or year
             if relay:
                 line = line[relay:]
             prefixed, text = split_prefix(line)

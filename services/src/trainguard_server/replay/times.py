@@ -13,8 +13,8 @@ Contract:
   without an offset is **local time** (as ``logging`` prints it; set ``TZ`` to read it otherwise).
   :func:`leading_timestamp` also reads glog / c10 records (``E1129 08:12:43.061727 ...`` and
   ``[E1129 08:12:43.061727749 ProcessGroupNCCL.cpp:632]``, and c10's unpadded month: ``[E626 ...]`` is
-  June 26), which carry no year: ``year`` supplies it (:func:`leading_year`: the year of a dated line, which
-  the log reader hands to the glog lines around it).
+  June 26), which carry no year: ``year`` supplies it (:func:`leading_stamp_year` says the year a dated line
+  states, which the log reader hands to the glog lines after it).
 * :func:`leading_stamp`: the same with the stamp's **precision** in ns -- ``10 ** (9 - digits)`` for the
   fraction digits written (1 s without a fraction, 1 ms for ``logging``'s ``,123``, 1 µs for glog, at
   least 1 ns): the line was written some time in ``[stamp, stamp + precision)``.
@@ -108,23 +108,25 @@ def parse_iso(text: str) -> Optional[int]:
 def leading_stamp(line: str, year: int) -> Optional[Tuple[int, int]]:
     """(the timestamp a log line starts with, in ns; its precision, in ns) -- ISO 8601 or glog (``year`` for
     glog); else None."""
+    found = leading_stamp_year(line, year)
+    return None if found is None else found[:2]
+
+
+def leading_stamp_year(line: str, year: int) -> Optional[Tuple[int, int, Optional[int]]]:
+    """:func:`leading_stamp` and the year the line's ISO date states (None for a yearless glog stamp, read
+    with ``year``); None when the line starts with no timestamp."""
     head = line[:64]
     match = _LEADING_ISO_RE.match(head)
+    stated: Optional[int] = None
     if match is not None:
-        stamp = _to_ns(match, int(match.group("date")))
+        stated = int(match.group("date"))
+        stamp = _to_ns(match, stated)
     else:
         match = _GLOG_RE.match(head)
         if match is None:
             return None
         stamp = _to_ns(match, year)
-    return None if stamp is None else (stamp, _precision_ns(match.group("frac")))
-
-
-def leading_year(line: str) -> Optional[int]:
-    """The year of the ISO 8601 date a log line starts with (``2024-05-01 12:00:00,123 ...``), else None: what
-    a yearless glog stamp near it is read with (see :func:`leading_stamp`)."""
-    match = _LEADING_ISO_RE.match(line[:64])
-    return None if match is None else int(match.group("date"))
+    return None if stamp is None else (stamp, _precision_ns(match.group("frac")), stated)
 
 
 def leading_timestamp(line: str, year: int) -> Optional[int]:
