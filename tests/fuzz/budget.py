@@ -5,8 +5,9 @@
 * ``ci`` (the default): the counts the suite runs with everywhere unless told otherwise, sized so the whole
   suite stays inside the 30-minute CI budget on the 2-core CI machine (stop 36: the schemathesis file at 15
   examples per operation and phase instead of 50, the HTTP decoder file at 150 / 100 instead of 400 / 300;
-  before/after figures in bench/results/ci_time_stop36.txt);
-* ``full``: every test's full count (what the files ran with before stop 36) -- a deeper run before a
+  before/after figures in bench/results/ci_time_stop36.txt; stop 37: the pipeline file at 100 per test instead
+  of 300, the gRPC decoder file at 200 / 100 instead of 500 / 250, figures in ci_time_stop37.txt);
+* ``full``: every test's full count (what the files ran with before stop 36 / 37) -- a deeper run before a
   release or after touching a decoder: ``TRAINGUARD_FUZZ_PROFILE=full pytest tests/fuzz``.
 
 ``TRAINGUARD_FUZZ_SCALE`` (a positive number, default 1) then multiplies the profile's count; a longer hunt on
