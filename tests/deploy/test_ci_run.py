@@ -17,8 +17,9 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Iterator, Tuple
 
 import pytest
 import yaml
@@ -64,7 +65,8 @@ def _junit(path: Path) -> ET.Element:
     return ET.parse(path).getroot()
 
 
-def test_github_workflow_passes_a_pull_request_that_changes_nothing(tmp_path: Path) -> None:
+def _github_pull_request(tmp_path: Path) -> Tuple[Path, Any]:
+    """The GitHub workflow's canary-gate job on a pull request that changes nothing: (clone, job result)."""
     clone = _repositories(tmp_path)
     workflow: Dict[str, Any] = yaml.safe_load((CI / "github-actions.yml").read_text())
     workflow["env"].update(TRAINGUARD_HTTP_PORT=str(free_port()), TRAINGUARD_GRPC_PORT=str(free_port()))
@@ -72,6 +74,39 @@ def test_github_workflow_passes_a_pull_request_that_changes_nothing(tmp_path: Pa
               "run_id": "4242", "run_attempt": "1", "run_number": "5"}
     result = run_github_job(workflow, "canary-gate", clone, _environment(clone, tmp_path), github,
                             secrets={}, temp=tmp_path / "gh", skip=_not_installable_here)
+    return clone, result
+
+
+def _gitlab_lr_regression(tmp_path: Path) -> Tuple[Path, int, bool, str]:
+    """The GitLab trainguard-gate job on a merge request dividing the canary's LR by 10: (clone, exit code,
+    passed, output)."""
+    clone = _repositories(tmp_path)
+    trainings = clone / "services" / "src" / "trainguard_server" / "demo" / "trainings.py"
+    source = trainings.read_text()
+    assert "CANARY_LR = 0.05\n" in source
+    trainings.write_text(source.replace("CANARY_LR = 0.05\n", "CANARY_LR = 0.005\n"))
+    _git(clone, "commit", "-qam", "a merge request with a learning-rate regression")
+    pipeline: Dict[str, Any] = yaml.safe_load((CI / "gitlab-ci.yml").read_text())
+    predefined = {"CI_PIPELINE_ID": "900", "CI_JOB_ID": "901", "CI_PIPELINE_IID": "11",
+                  "CI_MERGE_REQUEST_TARGET_BRANCH_NAME": "main", "CI_DEFAULT_BRANCH": "main"}
+    ports = {"TRAINGUARD_HTTP_PORT": str(free_port()), "TRAINGUARD_GRPC_PORT": str(free_port())}
+    code, passed, output = run_gitlab_job(pipeline, "trainguard-gate", clone, _environment(clone, tmp_path),
+                                          predefined, ports, skip=_not_installable_here)
+    return clone, code, passed, output
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Future[Any]]]:
+    """Both CI jobs, started together: they share nothing (own clones, servers on their own ports, own
+    TMPDIR and spools), and each waits on torch start-ups and its server much of the time. Each test takes
+    its own job's result (an error in one job fails only its test)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {"github": pool.submit(_github_pull_request, tmp_path_factory.mktemp("github")),
+               "gitlab": pool.submit(_gitlab_lr_regression, tmp_path_factory.mktemp("gitlab"))}
+
+
+def test_github_workflow_passes_a_pull_request_that_changes_nothing(jobs: Dict[str, Future[Any]]) -> None:
+    clone, result = jobs["github"].result()
     ran = {s.name: s.ran for s in result.steps}
     assert result.passed, result.output()
     assert ran["Embedded backend (no TRAINGUARD_API secret)"] and ran["Baseline from the base branch's code "
@@ -90,19 +125,8 @@ def test_github_workflow_passes_a_pull_request_that_changes_nothing(tmp_path: Pa
     assert {case.get("name") for case in suite.iter("testcase")} >= {"loss", "fingerprints", "status"}
 
 
-def test_gitlab_job_fails_a_merge_request_that_divides_the_learning_rate(tmp_path: Path) -> None:
-    clone = _repositories(tmp_path)
-    trainings = clone / "services" / "src" / "trainguard_server" / "demo" / "trainings.py"
-    source = trainings.read_text()
-    assert "CANARY_LR = 0.05\n" in source
-    trainings.write_text(source.replace("CANARY_LR = 0.05\n", "CANARY_LR = 0.005\n"))
-    _git(clone, "commit", "-qam", "a merge request with a learning-rate regression")
-    pipeline: Dict[str, Any] = yaml.safe_load((CI / "gitlab-ci.yml").read_text())
-    predefined = {"CI_PIPELINE_ID": "900", "CI_JOB_ID": "901", "CI_PIPELINE_IID": "11",
-                  "CI_MERGE_REQUEST_TARGET_BRANCH_NAME": "main", "CI_DEFAULT_BRANCH": "main"}
-    ports = {"TRAINGUARD_HTTP_PORT": str(free_port()), "TRAINGUARD_GRPC_PORT": str(free_port())}
-    code, passed, output = run_gitlab_job(pipeline, "trainguard-gate", clone, _environment(clone, tmp_path),
-                                          predefined, ports, skip=_not_installable_here)
+def test_gitlab_job_fails_a_merge_request_that_divides_the_learning_rate(jobs: Dict[str, Future[Any]]) -> None:
+    clone, code, passed, output = jobs["gitlab"].result()
     assert (code, passed) == (1, False), output[-4000:]
     summary = (clone / "gate.md").read_text()
     assert "FAIL (exit 1)" in summary and "canary-900-901" in summary
