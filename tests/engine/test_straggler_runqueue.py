@@ -11,6 +11,12 @@ run-queue delay per step (``time/runqueue_s``, the SDK's integrations/step_timin
   and bench/straggler_sched.py --inject). Rank 1 waited for a
   core ~0.34 of every step, every other rank 0.000; its own time alternates ~1.25x / ~1.8x its peers', so
   the ratio bars did not name it within 30 steps (a miss of stop 35).
+* ``quiet_affinity_weak_sdk_runqueue`` -- bench/straggler.py affinity_weak seed 8002 from stop 37's tuning call
+  T on the device machine's quiet 16-core host (ISOLATE=1; bench/results/straggler_stop37.txt), the delay
+  sent by the SDK itself (baf94d1): rank 2 pinned from step 30 to a core shared with a spinner at nice 3,
+  waiting ~0.33 of each step. Judged over its whole window (the steps before the contention included) it was
+  named at +21: the ten calm steps kept the window's median ratio and excess under their bars four steps
+  after the 18th waited step.
 * ``oversubscribed_runqueue`` -- the same scenario (seed 8500) with today's SDK (the delay sent by the SDK
   itself) on this repository's loaded 2-core machine: four ranks on two cores, every rank waits 0.2-0.7 of
   its steps, so the delay names nobody there (its peers are not ~0).
@@ -73,6 +79,24 @@ def test_a_rank_that_waits_for_a_core_while_its_own_work_is_slower_is_named() ->
     ev = next(e for e in inc.evidence if e.rule == "perf.straggler")
     assert "CPU contention" in ev.description and "waited for a core" in ev.description, ev.description
     assert ev.threshold == DetectionSettings().straggler_runqueue_ratio
+
+
+def test_a_contended_rank_is_judged_on_the_steps_it_waited() -> None:
+    """The ratio, excess and wait tests of a contention candidate run over the window's steps on which it
+    waited: it is named once it has waited on straggler_steps of them (the window's floor), and its evidence
+    window holds only those steps -- none from before the contention began."""
+    events = load("quiet_affinity_weak_sdk_runqueue")
+    standing, job = judged(events)
+    slow, began = int(job["slow_rank"]), int(job["from_step"])
+    assert [(k, r) for k, r, _s in standing] == [("perf/straggler", slow)], standing
+    assert 0 < standing[0][2] - began <= DEFAULTS.straggler_steps, standing
+    pipeline = Pipeline(DEFAULTS)
+    for event in events:
+        pipeline.process([event])
+    (inc,) = [i for i in pipeline.incidents() if i.subtype == "straggler"]
+    ev = next(e for e in inc.evidence if e.rule == "perf.straggler")
+    assert "on those steps" in ev.description, ev.description
+    assert ev.window and min(w["step"] for w in ev.window) >= began, ev.window
 
 
 def test_without_the_delay_or_with_the_rule_off_the_detector_is_as_before() -> None:

@@ -858,9 +858,10 @@ class DetectionSettings:
         "on an oversubscribed host every rank waits, and the delay names nobody) ...", minimum=0.0,
         maximum=1.0)
     straggler_runqueue_ratio: float = _setting(
-        1.15, "... and the median of its window's per-step paired ratios (own time over the others' median "
-        "at the same step) is >= this: its own work is slower -- never a straggler from the delay alone; "
-        "the excess and wait tests below still apply ...", minimum=1.0)
+        1.15, "... and the median of its per-step paired ratios (own time over the others' median at the "
+        "same step) over the window's steps on which it waited is >= this: its own work is slower -- never "
+        "a straggler from the delay alone; the excess and wait tests below still apply, over those steps "
+        "too ...", minimum=1.0)
     straggler_min_share: float = _setting(
         0.05, "... its median excess over the others at the same step is >= this share of the job's step "
         "time (a rank 2x slower in a phase that takes 1% of the step holds nobody back) ...",

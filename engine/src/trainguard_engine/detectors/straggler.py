@@ -34,7 +34,9 @@ count, O(ranks log ranks) per judged step):
   core >= ``straggler_runqueue_share`` of the step on ``straggler_steps`` of its window while its peers
   waited <= ``straggler_runqueue_peers`` (median) is a candidate when the median of its paired ratios is >=
   ``straggler_runqueue_ratio`` (its own work slower too: never from the delay alone), the excess and wait
-  tests as above. Without the signal nothing of this runs and the state is today's exactly.
+  tests as above -- all three over the window's steps on which it waited (the steps the contention names;
+  the steps before it began are not evidence either way). Without the signal nothing of this runs and the
+  state is today's exactly.
 * ``perf/throughput-regression`` -- the job's step time (median over ranks of their window medians)
   >= ``regression_ratio`` x its steady state (the median of its first ``regression_baseline_steps``
   judged steps after warm-up), or the median logged throughput <= 1/``regression_ratio`` of its own,
@@ -376,7 +378,9 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
     on as many while its window's median ratio is >= ``straggler_shift_growth`` x its steady-state one and
     its peers' own time has not itself grown ``straggler_shift_peers_growth`` x (:func:`_peers_moved`) --,
     its median excess >= ``straggler_min_share`` of the job's step time, the others' median extra wait >=
-    ``straggler_wait_share`` x that excess. ``bar`` in each: the bar it was over."""
+    ``straggler_wait_share`` x that excess. A candidate on CPU contention (:func:`_contended`) is judged
+    on the pairs of the steps it waited (:func:`_waited_pairs`) and has ``runqueue`` and
+    ``peers_runqueue``. ``bar`` in each: the bar it was over."""
     out: Dict[int, Dict[str, float]] = {}
     for rank, st, _m in states:
         bar = settings.straggler_ratio
@@ -389,7 +393,7 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
                 if busy is None:
                     continue
                 bar = settings.straggler_runqueue_ratio
-        pairs = st["px"]
+        pairs = st["px"] if busy is None else _waited_pairs(st, settings)
         excess = _median([p[_P_OWN] - p[_P_OTHERS] for p in pairs])
         if excess < settings.straggler_min_share * job["step"]:
             continue
@@ -422,6 +426,13 @@ def _runqueue_share(state: Dict[str, Any]) -> Optional[float]:
     return _median(shares) if shares else None
 
 
+def _waited_pairs(state: Dict[str, Any], settings: DetectionSettings) -> List[List[Any]]:
+    """The rank's window pairs on whose step its training thread waited for a core >=
+    ``straggler_runqueue_share`` of the step (``rc`` counts them)."""
+    busy = settings.straggler_runqueue_share
+    return [p for p in state.get("px", ()) if len(p) > _P_RQ and p[_P_RQ] >= busy]
+
+
 def _contended(rank: RankState, state: Dict[str, Any],
                states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
                settings: DetectionSettings) -> Optional[Tuple[float, float]]:
@@ -429,13 +440,13 @@ def _contended(rank: RankState, state: Dict[str, Any],
     waited for a core (``time/runqueue_s``) >= ``straggler_runqueue_share`` of the step on >=
     ``straggler_steps`` of its window's steps, the other ranks' median share is <=
     ``straggler_runqueue_peers`` (they had cores: not a whole oversubscribed host), and its own work is
-    slower -- the median of its window's paired ratios >= ``straggler_runqueue_ratio`` (never a straggler
-    from the delay alone). None otherwise, and always when the SDK sent no run-queue delay (``rc`` is kept
+    slower -- the median of the paired ratios of the steps it waited (:func:`_waited_pairs`) >=
+    ``straggler_runqueue_ratio`` (never a straggler from the delay alone; the steps before the contention
+    began do not dilute it). None otherwise, and always when the SDK sent no run-queue delay (``rc`` is kept
     only when it did)."""
     if state.get("rc", 0) < settings.straggler_steps:
         return None
-    pairs = state["px"]
-    if _median([_pair_ratio(p) for p in pairs]) < settings.straggler_runqueue_ratio:
+    if _median([_pair_ratio(p) for p in _waited_pairs(state, settings)]) < settings.straggler_runqueue_ratio:
         return None
     peers = [share for r, st, _m in states if r is not rank and (share := _runqueue_share(st)) is not None]
     if not peers:
@@ -547,15 +558,16 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
         lead_in = (f"rank {r.rank}: own time (data + forward + optimizer) >= {bar:.2f}x the other ranks' "
                    f"median at the same step on {over} of its last {len(pairs)} judged steps (threshold "
                    f"{settings.straggler_steps}){why}")
-        if "runqueue" in cr:  # named on CPU contention
+        if "runqueue" in cr:  # named on CPU contention: judged on the steps it waited
+            pairs = _waited_pairs(mine_st, settings)
             over = sum(1 for p in pairs if p[_P_OWN] >= bar * p[_P_OTHERS])
             lead_in = (f"rank {r.rank}: CPU contention -- its training thread waited for a core (run-queue "
                        f"delay, time/runqueue_s) >= {settings.straggler_runqueue_share:.0%} of the step on "
-                       f"{mine_st.get('rc', 0)} of its last {len(pairs)} judged steps (threshold "
+                       f"{len(pairs)} of its last {len(mine_st['px'])} judged steps (threshold "
                        f"{settings.straggler_steps}; median {cr['runqueue']:.0%}, the other ranks' "
-                       f"{cr['peers_runqueue']:.0%}) while its own time (data + forward + optimizer) ran "
-                       f"at a median {ratio_r:.2f}x the other ranks' (threshold {bar:.2f}; over it on "
-                       f"{over})")
+                       f"{cr['peers_runqueue']:.0%}) while its own time (data + forward + optimizer) on "
+                       f"those steps ran at a median {ratio_r:.2f}x the other ranks' (threshold "
+                       f"{bar:.2f}; over it on {over})")
         description = (
             f"{lead_in}; medians over them: {cr['own'] * 1000:.1f} ms vs "
             f"{cr['others'] * 1000:.1f} ms, a per-step ratio of {ratio_r:.2f}x, mostly in {ph} "
