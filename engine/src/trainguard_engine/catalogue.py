@@ -468,6 +468,12 @@ class DetectionSettings:
         "a communication failure, a rank loss or a died DataLoader worker that began within this many "
         "seconds of it, before or after (an OOM-killer report is printed after the kill, one rank's "
         "allocation failure beside its peers' lost connections); 0: only those after it.", minimum=0.0)
+    device_fault_explains_s: float = _setting(
+        60.0, "Correlation: a CUDA device fault (memory/cuda-error: an illegal address, a device-side "
+        "assert, a launch failure, an ECC or Xid error) explains a collective timeout, a communication "
+        "failure or a rank loss that began within this many seconds before it (the faulting rank stops "
+        "entering collectives and its peers' watchdogs report it; pasted ranks' lines are in no time "
+        "order); any time after it, by rule 1, as before. 0: only those after it.", minimum=0.0)
     lost_after_s: float = _setting(
         300.0, "A run that has not exited and sent no event at all for this long (by the processor's "
         "clock, see Pipeline.advance) is lost: 20 missed heartbeats at the SDK's 15 s default.",
@@ -1157,7 +1163,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
                  "seq_labels_on_pad_max", "seq_eos_cut_min_frac", "seq_eos_kept_min_frac"),
     "adapter": ("lora_grad_min", "lora_confirm_reports", "lora_loss_window", "lora_loss_min_points"),
     "progress": ("stall_factor", "stall_min_s", "stall_max_s", "lost_after_s"),
-    "correlation": ("rank_lost_grace_s", "oom_explains_s"),
+    "correlation": ("rank_lost_grace_s", "oom_explains_s", "device_fault_explains_s"),
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
              "straggler_steps", "straggler_noise_k", "straggler_shift_ratio", "straggler_shift_growth",
              "straggler_shift_peers_growth", "straggler_runqueue_share", "straggler_runqueue_peers",

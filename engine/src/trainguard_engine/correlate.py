@@ -85,6 +85,10 @@ OOM: Kind = ("memory", "oom")
 OOM_EXPLAINS: Tuple[Kind, ...] = (("comm", "failure"), ("comm", "rank-lost"), ("comm", "timeout"))
 """What a memory exhaustion explains within ``oom_explains_s`` of it, before or after (rule 7), besides a
 DataLoader worker's death (:data:`_WORKER_DIED`)."""
+DEVICE_FAULT: Kind = ("memory", "cuda-error")
+"""A CUDA device fault: the rank that hit it stops entering collectives, so a communication failure or
+rank loss reported by other ranks that began up to ``device_fault_explains_s`` before it (pasted ranks'
+lines in no time order) is its consequence too (rule 7); one that began after it already is (rule 1)."""
 WORKER_DEATHS: Tuple[Kind, ...] = (("process", "exception"), ("process", "exit"), ("process", "killed"))
 _WORKER_DIED = re.compile(r"DataLoader worker \(pids?\b", re.IGNORECASE)
 """torch's ``DataLoader worker (pid(s) N) exited unexpectedly`` / ``... is killed by signal``: the main
@@ -471,14 +475,24 @@ def _exhaustion_around(run: RunState, st: IncidentState,
     """Rule 7: the open memory exhaustion that explains ``st`` -- a communication failure, rank loss or
     DataLoader worker death (not itself a memory exhaustion) that began within ``oom_explains_s`` of it,
     before or after (the OOM killer's report comes after the kill it reports; pasted ranks' lines are in
-    no time order). The earliest such; None when there is none."""
+    no time order) -- or the open CUDA device fault (:data:`DEVICE_FAULT`) that explains a communication
+    failure or rank loss of other ranks that began up to ``device_fault_explains_s`` before it (one
+    rank's illegal address beside its peers' watchdog timeouts, pasted rank after rank; a failure of the
+    faulting rank alone, e.g. NCCL's own ``unhandled cuda error``, is not one). The earliest such; None when
+    there is none."""
     if _exhausts_memory(st) or not (_kind(st) in OOM_EXPLAINS or _worker_died(st)):
         return None
     at = st.record.first_ns
-    window = settings.oom_explains_s * 1e9
     best: Optional[IncidentState] = None
     for other in run.incidents.values():
-        if other is st or not other.is_open or other.record.explained_by or not _exhausts_memory(other):
+        if other is st or not other.is_open or other.record.explained_by:
+            continue
+        if _exhausts_memory(other):
+            window = settings.oom_explains_s * 1e9
+        elif _kind(other) == DEVICE_FAULT and _kind(st) in OOM_EXPLAINS and \
+                set(st.rank_first) - set(other.rank_first):
+            window = settings.device_fault_explains_s * 1e9  # a peer's report, not the rank's own error
+        else:
             continue
         began = _began(run, other)
         after = at - began  # how long after the exhaustion ``st`` began (negative: before it)
