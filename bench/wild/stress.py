@@ -1,0 +1,102 @@
+"""Stress variants of the TUNED part's pastes (issue 17): the same paste with another rank's watchdog timeout
+before / inside / after it, a torchrun banner or DeepSpeed launcher lines around it, Ray / rank / timestamp
+prefixes on every line, Windows line endings, wrapped at 80 / 120 columns, its traceback cut at the top.
+
+Each variant is imported as its own run (in process, ``judge.replay_all``); prints every variant that loses
+the category the paste's recorded verdict got right, and a count per variant. Only tuned logs whose recorded
+verdict has the right category are used; the held-out part is never read. Variants live in a temporary
+directory, never in the corpus.
+
+    python bench/wild/stress.py memory/cuda-error
+    python bench/wild/stress.py comm/timeout,process/exit
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.wild import corpus, judge
+
+PEER_TIMEOUT = [
+    "[rank5]:[E ProcessGroupNCCL.cpp:563] [Rank 5] Watchdog caught collective operation timeout: WorkNCCL("
+    "SeqNum=1201, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800431 milliseconds "
+    "before timing out.",
+    "[rank5]:[E ProcessGroupNCCL.cpp:577] [Rank 5] Some NCCL operations have failed or timed out. Due to the "
+    "asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data."]
+TORCHRUN_BANNER = [
+    "WARNING:torch.distributed.run:", "*****************************************",
+    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your "
+    "system being overloaded, please further tune the variable for optimal performance in your application "
+    "as needed.",
+    "*****************************************"]
+DS_BEFORE = [
+    "[2024-03-01 10:00:01,123] [INFO] [launch.py:146:main] WORLD INFO DICT: {'localhost': [0, 1, 2, 3]}",
+    "[2024-03-01 10:00:01,124] [INFO] [launch.py:163:main] dist_world_size=4"]
+DS_AFTER = [
+    "[2024-03-01 10:05:01,123] [INFO] [launch.py:315:sigkill_handler] Killing subprocess 1234",
+    "[2024-03-01 10:05:01,125] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
+    "'--local_rank=3'] exits with return code = 1"]
+Variant = Tuple[str, Optional[List[str]]]
+
+
+def variants(lines: List[str]) -> Iterator[Variant]:
+    """(name, lines) per variant; lines None: the paste with Windows line endings."""
+    yield "rankprefix", ["[rank3]: " + s for s in lines]
+    yield "raypid", ["(RayTrainWorker pid=4321) " + s for s in lines]
+    yield "raypid_ip", ["(pid=4321, ip=10.0.0.2) " + s for s in lines]
+    yield "stamp", [f"2024-03-01 10:00:{i % 60:02d},123 - " + s for i, s in enumerate(lines)]
+    yield "crlf", None
+    yield "wd_after", lines + PEER_TIMEOUT
+    yield "wd_before", PEER_TIMEOUT + lines
+    mid = len(lines) // 2
+    yield "wd_mid", lines[:mid] + PEER_TIMEOUT + lines[mid:]
+    yield "torchrun_banner", TORCHRUN_BANNER + lines
+    yield "ds_around", DS_BEFORE + lines + DS_AFTER
+    tb = [i for i, s in enumerate(lines) if "Traceback (most recent call last)" in s]
+    if tb:
+        yield "cut_top", lines[tb[0] + 3:]
+    for width in (80, 120):
+        out: List[str] = []
+        for s in lines:
+            out.extend([s[i:i + width] for i in range(0, max(len(s), 1), width)])
+        yield f"wrap{width}", out
+
+
+def main(kinds: List[str]) -> None:
+    recorded = json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8"))
+    cases = [c for c in corpus.load() if c.part == "tune" and c.label.kind in kinds
+             and recorded[c.case_id]["kind"].split("/")[0] == c.label.category]
+    print(len(cases), "tuned pastes with the right category", file=sys.stderr)
+    tmp = Path(tempfile.mkdtemp(prefix="tg-stress-"))
+    made = []
+    for case in cases:
+        raw = case.log.read_bytes().decode("utf-8", "replace")
+        for name, lines in variants(raw.splitlines()):
+            path = tmp / f"{case.case_id}__{name}"
+            path.mkdir()
+            if lines is None:
+                (path / "log.txt").write_bytes(raw.replace("\r\n", "\n").replace("\n", "\r\n").encode())
+            else:
+                (path / "log.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            made.append((corpus.Case(path.name, path, case.label), case, name))
+    verdicts = judge.replay_all([m[0] for m in made])
+    lost: Counter = Counter()
+    total: Counter = Counter()
+    for variant, case, name in made:
+        got = verdicts[variant.case_id]
+        total[name] += 1
+        if got.kind.split("/")[0] != case.label.category:
+            lost[name] += 1
+            print(f"LOST {name:16s} {case.case_id}  want {case.label.kind}  got {got.kind or '-'}")
+    for name in total:
+        print(f"{name:16s} lost {lost[name]} / {total[name]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1].split(",") if len(sys.argv) > 1 else ["memory/cuda-error"])
