@@ -223,10 +223,12 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     """Loss-curve findings for one metric batch of ``rank`` (already folded into its history): judged
     once per new finite loss value (module docstring)."""
     loss_names = family_names(settings)[1]
-    point = next(((n, s, v) for n, s, v in points if n in loss_names and v - v == 0.0), None)
-    if point is None:
+    for point in points:  # the batch's first finite loss value (a plain loop: no generator)
+        if point[0] in loss_names and point[2] - point[2] == 0.0:
+            name, step, value = point
+            break
+    else:
         return []
-    name, step, value = point
     tuned = settings
     state: Dict[str, Any] = rank_state(rank).setdefault("loss", {})
     if state.setdefault("metric", name) != name or step <= state.get("last", -1):
@@ -801,6 +803,9 @@ class _Window:
     ``source``: ``series``'s exact tail (:func:`_exact_tail`), whose sorted window is taken for
     :attr:`ordered` instead of a sort."""
 
+    __slots__ = ("_cv", "_median", "_ordered", "_points", "_series", "_size", "_source", "_steps", "_trend",
+                 "_values", "first_step", "full", "last_step")
+
     def __init__(self, series: Sequence[Tuple[int, float, int]], size: int,
                  source: Optional[SeriesTail] = None) -> None:
         n = len(series)
@@ -1166,6 +1171,9 @@ def _blown_up(win: _Window, base: float, tuned: LossGradientSettings) -> Optiona
     if not factor > 0 or not base > 0:
         return None
     bar = factor * base
+    if win.full and not win.ordered[-1] >= bar:
+        return None  # the full window's largest value (its sorted values, kept) is under the bar: the scan's
+        #              answer without building the window's step and value lists
     values = win.values
     if not values or not values[-1] < bar:
         return None
