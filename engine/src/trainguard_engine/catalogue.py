@@ -945,6 +945,12 @@ class DetectionSettings:
         "oscillation: 10-100x the usual Adam/AdamW range, and the top of what plain SGD on normalised "
         "models runs at.",
         minimum=0.0)
+    diagnosis_clip_stale_loss_rise: float = _setting(
+        2.0, "A clip-stale incident whose rank's loss reached this many times its start (the lower of its "
+        "first value and its first values' median; the highest finite loss the rank's kept history holds) "
+        "ranks 'learning rate too high' first: a loss that went up while every step clipped was moved by "
+        "updates too large for the model, and a higher clip threshold would let them through. 0: off.",
+        minimum=0.0)
     amp_text_max_scale: float = _setting(
         1.0, "A job's log line saying its fp16 loss scale moved to this value or lower (DeepSpeed "
         "'OVERFLOW! ... reducing to S', fairseq 'setting loss scale to S', apex, a printed loss_scale) opens "
@@ -1176,7 +1182,7 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
                 "amp_text_max_scale", "amp_text_collapse_reductions", "amp_text_calibration_scale",
                 "amp_text_overflow_notice", "aborts_together_timeout_ranks"),
-    "diagnosis": ("diagnosis_lr_high",),
+    "diagnosis": ("diagnosis_lr_high", "diagnosis_clip_stale_loss_rise"),
     "state": ("history_len", "history_max_series", "max_evidence", "max_timeline", "max_incident_ranks",
               "max_incidents_per_run", "cluster_max_members", "max_clusters", "sample_traceback_chars",
               "dedupe_ids_per_run", "max_runs", "max_ranks_per_run", "ended_run_ttl_s", "idle_run_ttl_s",

@@ -39,6 +39,7 @@ from trainguard.core.events import wire_float
 
 from . import robust
 from .catalogue import DetectionSettings, IncidentKind, kind
+from .detectors.numeric import loss_start
 from .state import IncidentState, RankState, RunState, SeriesTail, bounded_append
 
 STATE_KEY = "diag"
@@ -170,6 +171,8 @@ class Facts:
     lr: Optional[float] = None      # the LR at the incident's step (None: not reported)
     lr_high: float = 0.1            # DetectionSettings.diagnosis_lr_high
     diverged_at: Optional[int] = None  # first step of an earlier divergence / explosion of the run
+    loss_rise: float = 0.0          # the highest finite loss kept / where the loss started (0: unknown)
+    clip_stale_loss_rise: float = 2.0  # DetectionSettings.diagnosis_clip_stale_loss_rise
 
 
 Triple = Tuple[int, float, int]
@@ -241,7 +244,8 @@ def _number(value: float) -> Any:
 
 def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings: DetectionSettings) -> Facts:
     inc = st.record
-    facts = Facts(world_size=run.world_size, lr_high=settings.diagnosis_lr_high)
+    facts = Facts(world_size=run.world_size, lr_high=settings.diagnosis_lr_high,
+                  clip_stale_loss_rise=settings.diagnosis_clip_stale_loss_rise)
     facts.rules = tuple(ev.rule for ev in inc.evidence)
     facts.silent_rank = "correlation.silent_peer" in facts.rules
     for ev in inc.evidence:
@@ -267,6 +271,9 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
             item["min"] = _number(low)
         item["last"] = _number(loss[-1][1])
         related["loss"] = item
+        start, high = loss_start(rank), _most(loss, finite)
+        if start is not None and high is not None:
+            facts.loss_rise = high / start
     grads, finite = _series(rank, settings.grad_norm_metrics, max(last, step))
     if grads:
         item = {}
@@ -367,6 +374,12 @@ def _lr_high_why(f: Facts) -> str:
     return f"the LR was {f.lr:.3g} and {f.lr_phase} at this step: high for any optimizer but plain SGD"
 
 
+def _loss_rose(f: Facts) -> bool:
+    """The loss went up to ``clip_stale_loss_rise`` x its start (and no earlier divergence says so
+    already: that rule gives the same cause its weight)."""
+    return f.diverged_at is None and 0 < f.clip_stale_loss_rise <= f.loss_rise
+
+
 def _oom_frag(f: Facts) -> bool:
     ru, req = f.facts.get("reserved_unallocated"), f.facts.get("requested")
     return isinstance(ru, int) and isinstance(req, int) and ru >= req > 0
@@ -424,6 +437,9 @@ RULES: Tuple[Rule, ...] = (
     ("gradient/clip-stale", "learning-rate-too-high", lambda f: f.diverged_at is not None, 4.0,
      lambda f: f"the loss diverged at step {f.diverged_at} in this run: every step clips because the updates "
                "are too large for the model; a higher threshold would let them through"),
+    ("gradient/clip-stale", "learning-rate-too-high", _loss_rose, 4.0,
+     lambda f: f"the loss went up to {_times(f.loss_rise)} where it started in this run while the steps "
+               "clipped: the updates are too large for the model; a higher threshold would let them through"),
     ("loss/plateau", "optimizer-momentum-mis-set", lambda f: f.lr_phase == "zero", 3.0,
      lambda f: "the LR is 0"),
     ("memory/oom", "activations-too-large-batch", lambda f: _big_request(f), 3.0,
@@ -559,11 +575,12 @@ _NOT_HERE: Tuple[Tuple[Callable[[Facts], bool], Tuple[str, ...]], ...] = (
     (lambda f: not f.has_amp, ("AMP", "GradScaler", "mixed precision", "fp16", "loss scale")),
     (lambda f: f.world_size <= 1, ("NCCL", "NVLink", "interconnect", "InfiniBand", "collective")),
     (lambda f: f.cuda is False, ("GPU", "nvidia-smi", "CUDA", "ECC", "Xid")),
-    (lambda f: f.diverged_at is not None, ("raise the clip threshold",)),
+    (lambda f: f.diverged_at is not None or _loss_rose(f), ("raise the clip threshold",)),
 )
 """What a check is about (words in its text), and when the run says that does not apply here: no
-GradScaler reported, a single process, a CPU-only job, a run whose loss diverged (raising the clip
-threshold lets the too-large updates through)."""
+GradScaler reported, a single process, a CPU-only job, a run whose loss diverged or went up to
+``diagnosis_clip_stale_loss_rise`` x its start (raising the clip threshold lets the too-large updates
+through)."""
 
 
 def contextual_checks(checks: Sequence[str], facts: Facts) -> List[str]:

@@ -98,6 +98,17 @@ def divergence_base(initial: float, first: float, settings: DetectionSettings) -
     return first if 0 < first and initial >= settings.divergence_factor * first else initial
 
 
+def loss_start(rank: RankState) -> Optional[float]:
+    """Where the rank's loss started, as the loss curve saw it: the lower of its first value and the
+    median of its first ``loss_baseline_points`` values (a blow-up on the first updates does not become
+    the start); None before the curve has its first values or when that level is not positive."""
+    init = rank_state(rank).get("loss", {}).get("init")
+    if not init:
+        return None
+    start = min(init[0], robust.median(list(init)))
+    return start if start > 0 else None
+
+
 def loss_diverged(rank: RankState, settings: DetectionSettings) -> bool:
     """Whether the rank's loss level (the loss curve's rolling median) is >= ``divergence_factor`` x its
     :func:`divergence_base`: the loss has left its band, whatever the gradient norm does."""
