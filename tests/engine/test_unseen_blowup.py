@@ -27,10 +27,14 @@ def test_a_blow_up_the_loss_came_back_from_opens_a_divergence_at_once() -> None:
     assert divergence.status == "resolved"  # the loss came back into its band (a dead model, flat there)
 
 
-def test_without_the_blow_up_rule_only_the_plateau_is_found() -> None:
-    found = _incidents(BLOWUP, DetectionSettings(divergence_blowup_factor=0.0))
+def test_without_the_blow_up_rules_only_the_plateau_is_found() -> None:
+    # both bars off: the blow-up is also one of the first updates' that left a dead model (stop 37's
+    # divergence_early_blowup_factor, 10x), which alone still opens the divergence, later
+    found = _incidents(BLOWUP, DetectionSettings(divergence_blowup_factor=0.0, divergence_early_blowup_factor=0.0))
     assert "loss/divergence" not in found
     assert "loss/plateau" in found
+    early_only = _incidents(BLOWUP, DetectionSettings(divergence_blowup_factor=0.0))["loss/divergence"]
+    assert [ev.threshold for ev in early_only.evidence if ev.rule == "loss.blowup"] == [10.0]
 
 
 # --- the divergence rule beside an open clip-stale (``divergence_beside_stale``) ---------------------------

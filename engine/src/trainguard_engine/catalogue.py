@@ -608,6 +608,19 @@ class DetectionSettings:
         "a flat, dead model sitting at its start, with spikes -- is an LR far too high whatever the rolling "
         "level does afterwards (the dev half's healthy runs peak at 46x, a planted one-batch spike). 0: off.",
         minimum=0.0)
+    divergence_early_blowup_factor: float = _setting(
+        10.0, "loss/divergence opens at once, from the blown-up value's step, when one of the run's first "
+        "divergence_early_blowup_values loss values was >= this x the run's divergence base and the whole "
+        "loss_window of values after the last such value sat dead near the start: its lower quartile >= "
+        "plateau_min_level x the base (it never learned below where it started) and its median under "
+        "divergence_factor x the base (back in its band: one still out of it is the divergence rule's). A "
+        "far-too-high LR on the first updates that left a dead, constant-predictor model read as a "
+        "vanishing gradient or a plateau (stop 36: bench/unseen tuning encoder, Adam 0.2 beside clip 0.5, "
+        "1.35 -> 19 -> ~1.4). The dev half's healthy runs peak at 2.3x their first value on their first "
+        "10 values (two noisy ones at 20-30x go on learning). 0: off.", minimum=0.0)
+    divergence_early_blowup_values: int = _setting(
+        10, "How many of the run's first loss values divergence_early_blowup_factor looks at (the first "
+        "updates).", minimum=1)
     divergence_beside_stale: bool = _setting(
         True, "loss/divergence is still judged while a gradient/clip-stale, gradient/vanishing or "
         "adapter/lora-grad-break incident of the rank is open (the other loss-curve rules stay muted: a "
@@ -1150,7 +1163,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "plateau_resolve_drop",
         "divergence_factor",
         "divergence_min_points", "divergence_far_factor", "divergence_corroborated_points",
-        "divergence_blowup_factor", "divergence_beside_stale",
+        "divergence_blowup_factor", "divergence_early_blowup_factor", "divergence_early_blowup_values",
+        "divergence_beside_stale",
         "rise_smooth", "rise_min_fall", "rise_held_points", "rise_calm_min_fall",
         "rise_min_rise", "rise_min_points",
         "layer_norm_warn", "clip_rate_warn", "vanishing_ratio", "vanishing_min_layers",

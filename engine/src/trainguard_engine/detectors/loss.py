@@ -237,7 +237,14 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     init: List[float] = state.setdefault("init", [])
     if len(init) < tuned.loss_baseline_points:
         init.append(value)
+        state.setdefault("init_steps", []).append(step)
+        if len(init) < tuned.loss_baseline_points:
+            return []
+        for at, early in zip(state.pop("init_steps"), init):  # the first values, now that the base is known
+            _note_early_blowup(state, at, early, tuned)
         return []
+    if state.get("seen", 0) < tuned.divergence_early_blowup_values:
+        _note_early_blowup(state, step, value, tuned)
     _track_grad_start(rank, state, step, settings)
     series = recent(rank, name, tuned.loss_window, step)
     tail = _exact_tail(rank, name, series)
@@ -1107,6 +1114,9 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
     blown = _blown_up(win, base, tuned)
     if blown is not None:
         return _blowup_check(rank, name, blown, win, base, settings, tuned, explain)
+    blown = _early_blowup_left_dead(state, win, base, tuned)
+    if blown is not None:
+        return _blowup_check(rank, name, blown, win, base, settings, tuned, explain, early=True)
     if level is None or base <= 0 or level < tuned.divergence_factor * base:
         return _Check(False)
     trend, cv = win.trend, win.cv
@@ -1180,18 +1190,58 @@ def _blown_up(win: _Window, base: float, tuned: LossGradientSettings) -> Optiona
     return next(((s, v) for s, v in zip(win.steps, values) if v >= bar), None)
 
 
+def _note_early_blowup(state: Dict[str, Any], step: int, value: float, tuned: LossGradientSettings) -> None:
+    """Count one of the run's first ``divergence_early_blowup_values`` loss values and remember the last one
+    >= ``divergence_early_blowup_factor`` x the run's divergence base (``state["early_blowup"]``: [step,
+    value, the step it was judged at or -1, whether it held]); the base is known once the first values are."""
+    state["seen"] = state.get("seen", 0) + 1
+    factor = tuned.divergence_early_blowup_factor
+    init = state["init"]
+    if not factor > 0 or not value - value == 0.0:
+        return
+    base = divergence_base(robust.median(init), init[0], tuned)
+    if base > 0 and value >= factor * base:
+        state["early_blowup"] = [step, value, -1, False]
+
+
+def _early_blowup_left_dead(state: Dict[str, Any], win: _Window, base: float,
+                            tuned: LossGradientSettings) -> Optional[Tuple[int, float]]:
+    """The early blow-up (:func:`_note_early_blowup`) when the first full window of values after it sat dead
+    near the start -- its lower quartile >= ``plateau_min_level`` x ``base``, its median under
+    ``divergence_factor`` x ``base`` -- judged once, on that window (the same answer for every rule that asks
+    at that step), else None."""
+    early = state.get("early_blowup")
+    if early is None or not win.full or not win.steps[0] > early[0] or not base > 0:
+        return None
+    now = win.steps[-1]
+    if early[2] < 0:
+        ordered = win.ordered
+        early[2] = now
+        early[3] = ordered[len(ordered) // 4] >= tuned.plateau_min_level * base and \
+            robust.median_sorted(ordered) < tuned.divergence_factor * base
+    return (early[0], early[1]) if early[2] == now and early[3] else None
+
+
 def _blowup_check(rank: RankState, name: str, blown: Tuple[int, float], win: _Window, base: float,
-                  settings: DetectionSettings, tuned: LossGradientSettings, explain: bool) -> _Check:
-    """The divergence rule's verdict on a blow-up: holds at once, from the blown-up value's step."""
+                  settings: DetectionSettings, tuned: LossGradientSettings, explain: bool,
+                  early: bool = False) -> _Check:
+    """The divergence rule's verdict on a blow-up: holds at once, from the blown-up value's step (``early``:
+    one of the first updates', the loss left dead after it: :func:`_early_blowup_left_dead`)."""
     at, value = blown
     if not explain:
         return _Check(True, since=at, at_once=True)
     now = win.steps[-1]
     ratio = value / base
+    if early:
+        bar = (f"divergence_early_blowup_factor {tuned.divergence_early_blowup_factor:g}x on the run's first "
+               f"{tuned.divergence_early_blowup_values} values; the {len(win.values)} values since sat dead "
+               f"near it, median {fmt_number(robust.median_sorted(win.ordered))}, never under "
+               f"{tuned.plateau_min_level:g}x it for a quarter of them")
+    else:
+        bar = f"divergence_blowup_factor {tuned.divergence_blowup_factor:g}x"
     description = (f"{name} reached {fmt_number(value)} at step {at} = {fmt_number(ratio)}x the run's "
-                   f"initial level {fmt_number(base)} (>= divergence_blowup_factor "
-                   f"{tuned.divergence_blowup_factor:g}x): one value that far out is a blow-up, not noise; "
-                   f"the loss is now {fmt_number(win.values[-1])}")
+                   f"initial level {fmt_number(base)} (>= {bar}): one value that far out is a blow-up, not "
+                   f"noise; the loss is now {fmt_number(win.values[-1])}")
     summary = (f"{name} blew up at step {{since}}: {fmt_number(value)}, {fmt_number(ratio)}x where it "
                f"started ({fmt_number(base)})" + _braces(lr_span(rank, win.steps[0], now))
                + ": the updates were far too large for the model -- most often a learning rate far too high "
@@ -1201,7 +1251,8 @@ def _blowup_check(rank: RankState, name: str, blown: Tuple[int, float], win: _Wi
                   summary=summary,
                   evidence=[Evidence(rule="loss.blowup", description=description, step=at,
                                      time_ns=point_time(rank, name, at, 0), rank=rank.rank, metric=name,
-                                     threshold=tuned.divergence_blowup_factor, value=finite_or_none(ratio),
+                                     threshold=tuned.divergence_early_blowup_factor if early else
+                                     tuned.divergence_blowup_factor, value=finite_or_none(ratio),
                                      window=window(rank, name, now, settings.evidence_window))])
 
 
