@@ -436,3 +436,14 @@ def test_an_exception_line_logged_by_a_logging_library_opens_an_exception(tmp_pa
         ("log", None)]
     assert got[0].payload["message"].startswith("mat1 and mat2 shapes")
     assert logged_exception("RuntimeError: plain") is None and logged_exception("INFO: RuntimeError is") is None
+
+
+def test_ray_s_worker_prefix_without_an_actor_name_is_dropped() -> None:
+    # Ray prefixes a task's output with '(pid=4321) ' or '(pid=4321, ip=10.0.0.2) ' when the worker has no actor
+    # name (an actor's is '(RayTrainWorker pid=4321) '): the line after it is the job's own
+    from trainguard_server.replay.logs import split_prefix
+
+    for prefix in ("(pid=4321) ", "(pid=4321, ip=10.0.0.2) ", "(RayTrainWorker pid=4321, ip=10.0.0.2) "):
+        assert split_prefix(prefix + "[rank3]: RuntimeError: CUDA error: an illegal memory access") == (
+            3, "RuntimeError: CUDA error: an illegal memory access")
+    assert split_prefix("(pid = 4321) x") == (None, "(pid = 4321) x")

@@ -86,11 +86,12 @@ _MPI_TAG_RE = re.compile(r"^\[\d{1,6},(?P<num>\d{1,7})\]<(?:stdout|stderr|stddia
 """Open MPI's ``mpirun --tag-output`` column ``[1,3]<stderr>:`` (job, then the process's rank), as Horovod
 and DeepSpeed's MPI launcher runs print every line."""
 """ParlAI's distributed logger column ``rank:  3 | 2022-04-03 18:44:26,615 CRITICAL | ...``."""
-_COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] |\(\w+ pid=\d+(?:, ip=[\d.]+)?\)(?: |$)"
+_COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] "
+                        r"|\((?:\w+ )?pid=\d+(?:, ip=[\d.]+)?\)(?: |$)"
                         r"|[a-z][\w.-]{0,60}[-_]\d{1,4} +\| ?)")
 """What a paste puts before a line: a viewer's line-number column (``[80746] ``, ``  12 | ``), Ray's
-``(RayWorkerWrapper pid=4009) `` worker prefix or docker compose's ``trainer-worker-1    | `` service
-column."""
+``(RayWorkerWrapper pid=4009) `` / ``(pid=4009, ip=10.0.0.1) `` worker prefix or docker compose's
+``trainer-worker-1    | `` service column."""
 _PASTE_MARK_RE = re.compile(r"^(?:(?:>(?: |$))+|(?:stderr|stdout|STDERR|STDOUT): )")
 """What a paste or a wrapper puts before every line it passes on: markdown's quote marker (``> ``, nested
 ``> > ``) and a subprocess runner's stream name (``stderr: ``, as accelerate or a job wrapper relays a
