@@ -66,6 +66,18 @@ def test_a_failure_entry_without_its_summary_header_is_that_ranks_exit() -> None
     assert aborted is not None and aborted.rule == "launcher.signal"
 
 
+def test_torchrun_s_worker_line_cut_after_its_exit_code_is_still_that_exit() -> None:
+    # raisf's paste (tuned): 'ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank:
+    # 0 (pid: 5343) of binary: ...' -- wrapped at 80 columns, the first piece ends at 'local_'
+    line = _log("proc-killed-elastic-9-title-only-raisf-1").splitlines()[0]
+    whole = classify_text(line)
+    assert whole is not None and whole.kind == "process/killed" and whole.facts["local_rank"] == 0
+    cut = classify_text(line[:80])
+    assert cut is not None and (cut.kind, cut.rule) == ("process/killed", "torchrun.worker-failed")
+    assert cut.facts == {"exitcode": -9}  # no rank: the line did not get that far
+    assert classify_text("failed (exitcode: ") is None
+
+
 def test_a_wrappers_numbered_nccl_error_is_that_nccl_error() -> None:
     # prime-rl#1098: 'RuntimeError: NCCL Error 3: internal error - please report this' (ncclResult_t 3)
     first = _log("comm-internal-error-then-watchdog-wrapped63-primerl-1098-1").splitlines()[0]

@@ -22,7 +22,10 @@ from .text import (
 )
 
 _WORKER_FAILED_RE = re.compile(
-    r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\)")
+    r"failed \(exitcode: (?P<code>-?\d+)\)(?: local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\))?")
+"""torchrun's ``failed (exitcode: -9) local_rank: 0 (pid: 5343) of binary: ...``; the worker's fields may be
+missing when the line was cut or a terminal wrapped it after its exit code (``... local_`` / ``rank: 0 ...``):
+the exit code alone still says how the worker ended, of an unnamed rank."""
 
 
 _ENTRY_NEEDLE = "exitcode  :"
@@ -43,6 +46,9 @@ def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
     m = found[1]
     code = int(m.group("code"))
     category, subtype, said = _launcher_exit_kind(code)
+    if m.group("lr") is None:
+        return _Hit(category, subtype, 0.6, pos, {"exitcode": code}, f"torchrun: a worker failed ({said})",
+                    _EXIT_NOTE if code > 0 else "")
     local = int(m.group("lr"))
     facts: Facts = {"exitcode": code, "local_rank": local, "rank": local, "pid": int(m.group("pid"))}
     return _Hit(category, subtype, 0.6, pos, facts, f"torchrun: local rank {local} failed ({said})",
