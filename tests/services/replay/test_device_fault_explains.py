@@ -11,17 +11,16 @@ failure`` line, ``comm-nccl-unhandled-cuda-invalid-argument-wsl-111187-1``) is n
 
 from __future__ import annotations
 
-import copy
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
 from trainguard_engine.catalogue import DetectionSettings
-from trainguard_engine.pipeline import Pipeline
 from trainguard_server.replay import Importer, LocalBackend, ReplayOptions
-from trainguard_server.replay.backends import DryRunBackend
+
+from .kept_envelopes import envelopes, shown
 
 WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
 PEER_TIMEOUT = (
@@ -63,28 +62,10 @@ def test_a_peers_timeout_pasted_before_the_cuda_error_is_its_consequence(case_id
     assert ("comm", "timeout") in explained
 
 
-class _Kept(DryRunBackend):
-    def __init__(self) -> None:
-        self.events: List[Event] = []
-
-    def send(self, events: Sequence[Event], timeout: float) -> Any:
-        self.events.extend(copy.deepcopy(list(events)))
-        return super().send(events, timeout)
-
-
-def _shown(events: Sequence[Event], settings: DetectionSettings) -> List[Tuple[str, str]]:
-    pipeline = Pipeline(settings)
-    pipeline.process(list(events))
-    pipeline.advance(max(int(e["time_unix_nano"]) for e in events) + 60 * 10**9)
-    return [(i.category, i.subtype) for i in sorted(pipeline.incidents(), key=lambda i: i.first_ns)
-            if not i.explained_by]
-
-
 def test_the_window_is_a_setting_and_the_faulting_ranks_own_failure_stays(tmp_path: Path) -> None:
-    kept = _Kept()
-    Importer(ReplayOptions(run_id="fault", logs=[(0, _variant(tmp_path, TUNED[0]))]), kept).run()
-    assert _shown(kept.events, DetectionSettings()) == [("memory", "cuda-error")]
+    events = envelopes(_variant(tmp_path, TUNED[0]), "fault")
+    assert shown(events, DetectionSettings()) == [("memory", "cuda-error")]
     # 0: only what follows the fault -- the peer's timeout printed before it stays its own incident
-    assert ("comm", "timeout") in _shown(kept.events, DetectionSettings(device_fault_explains_s=0))
+    assert ("comm", "timeout") in shown(events, DetectionSettings(device_fault_explains_s=0))
     # NCCL's unhandled cuda error and its Cuda failure line, one rank's: its comm/failure is not explained
     assert _top(WILD / "comm-nccl-unhandled-cuda-invalid-argument-wsl-111187-1" / "log.txt")[1] == []

@@ -17,12 +17,12 @@ from __future__ import annotations
 import copy
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence
 
 from trainguard_engine.catalogue import DetectionSettings
-from trainguard_engine.pipeline import Pipeline
 from trainguard_server.replay import Importer, LocalBackend, ReplayOptions
-from trainguard_server.replay.backends import DryRunBackend
+
+from .kept_envelopes import envelopes, shown
 
 WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
 NCCL = "comm-nccl-oom-alloc-1"
@@ -42,30 +42,8 @@ def _imported(case_id: str) -> List[Dict[str, Any]]:
             backend.close()
 
 
-class _Kept(DryRunBackend):
-    """The envelopes the importer sends, kept."""
-
-    def __init__(self) -> None:
-        self.events: List[Event] = []
-
-    def send(self, events: Sequence[Event], timeout: float) -> Any:
-        self.events.extend(copy.deepcopy(list(events)))
-        return super().send(events, timeout)
-
-
 def _envelopes(case_id: str) -> List[Event]:
-    backend = _Kept()
-    Importer(ReplayOptions(run_id="oom", logs=[(0, WILD / case_id / "log.txt")]), backend).run()
-    return backend.events
-
-
-def _shown(events: Sequence[Event], settings: DetectionSettings) -> List[Tuple[str, str]]:
-    """The kinds of the incidents no other one explains, earliest first."""
-    pipeline = Pipeline(settings)
-    pipeline.process(list(events))
-    pipeline.advance(max(int(e["time_unix_nano"]) for e in events) + 60 * 10**9)
-    return [(i.category, i.subtype) for i in sorted(pipeline.incidents(), key=lambda i: i.first_ns)
-            if not i.explained_by]
+    return envelopes(WILD / case_id / "log.txt", "oom")
 
 
 def _report_later(events: Sequence[Event], text: str, seconds: float) -> List[Event]:
@@ -99,17 +77,17 @@ def test_the_oom_killers_report_explains_the_dataloader_worker_that_died() -> No
 
 def test_the_window_decides_and_a_user_can_narrow_it() -> None:
     events = _envelopes(SLURM)
-    assert _shown(events, DetectionSettings()) == [("process", "killed")]
+    assert shown(events, DetectionSettings()) == [("process", "killed")]
     # 0: only what follows the exhaustion -- the worker's death printed before the report stays its own
-    assert _shown(events, DetectionSettings(oom_explains_s=0)) == [("process", "exception"), ("process", "killed")]
+    assert shown(events, DetectionSettings(oom_explains_s=0)) == [("process", "exception"), ("process", "killed")]
     within = _report_later(events, "oom-kill event", 30)
-    assert _shown(within, DetectionSettings()) == [("process", "killed")]
+    assert shown(within, DetectionSettings()) == [("process", "killed")]
     beyond = _report_later(events, "oom-kill event", 120)
-    assert _shown(beyond, DetectionSettings()) == [("process", "exception"), ("process", "killed")]
+    assert shown(beyond, DetectionSettings()) == [("process", "exception"), ("process", "killed")]
 
 
 def test_a_comm_failure_long_before_the_allocation_failure_is_not_its_consequence() -> None:
     events = _envelopes(NCCL)
-    assert _shown(events, DetectionSettings()) == [("memory", "oom")]
+    assert shown(events, DetectionSettings()) == [("memory", "oom")]
     beyond = _report_later(events, "Cuda failure 'out of memory'", 120)
-    assert sorted(_shown(beyond, DetectionSettings())) == [("comm", "rank-lost"), ("memory", "oom")]
+    assert sorted(shown(beyond, DetectionSettings())) == [("comm", "rank-lost"), ("memory", "oom")]
