@@ -46,12 +46,13 @@ def _rule_worker_failed(t: _Text) -> Optional[_Hit]:
     m = found[1]
     code = int(m.group("code"))
     category, subtype, said = _launcher_exit_kind(code)
-    if m.group("lr") is None:
-        return _Hit(category, subtype, 0.6, pos, {"exitcode": code}, f"torchrun: a worker failed ({said})",
-                    _EXIT_NOTE if code > 0 else "")
-    local = int(m.group("lr"))
-    facts: Facts = {"exitcode": code, "local_rank": local, "rank": local, "pid": int(m.group("pid"))}
-    return _Hit(category, subtype, 0.6, pos, facts, f"torchrun: local rank {local} failed ({said})",
+    facts: Facts = {"exitcode": code}
+    who = "a worker"  # the line cut or wrapped after its exit code: no rank named
+    if m.group("lr") is not None:
+        local = int(m.group("lr"))
+        facts.update(local_rank=local, rank=local, pid=int(m.group("pid")))
+        who = f"local rank {local}"
+    return _Hit(category, subtype, 0.6, pos, facts, f"torchrun: {who} failed ({said})",
                 _EXIT_NOTE if code > 0 else "")
 
 
