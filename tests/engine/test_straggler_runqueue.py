@@ -90,9 +90,7 @@ def test_a_contended_rank_is_judged_on_the_steps_it_waited() -> None:
     slow, began = int(job["slow_rank"]), int(job["from_step"])
     assert [(k, r) for k, r, _s in standing] == [("perf/straggler", slow)], standing
     assert 0 < standing[0][2] - began <= DEFAULTS.straggler_steps, standing
-    pipeline = Pipeline(DEFAULTS)
-    for event in events:
-        pipeline.process([event])
+    pipeline, _first = replay(events, DEFAULTS)
     (inc,) = [i for i in pipeline.incidents() if i.subtype == "straggler"]
     ev = next(e for e in inc.evidence if e.rule == "perf.straggler")
     assert "on those steps" in ev.description, ev.description
