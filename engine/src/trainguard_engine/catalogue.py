@@ -868,10 +868,15 @@ class DetectionSettings:
     straggler_runqueue_share: float = _setting(
         0.1, "... CPU contention (where the SDK reports time/runqueue_s, the training thread's run-queue "
         "delay per step: Linux): a rank is also a candidate when its training thread waited for a core >= "
-        "this share of the step on >= straggler_steps of its last straggler_window judged steps -- a rank "
-        "pinned to a core shared with a busy process waits 0.34-0.50 of every step, every rank with a core "
-        "of its own 0.000 on a quiet 16-core host (bench/results/straggler_stop36.txt) ...",
+        "this share of the step on >= straggler_runqueue_steps of its last straggler_window judged steps -- "
+        "a rank pinned to a core shared with a busy process waits 0.34-0.50 of every step, every rank with a "
+        "core of its own 0.000 on a quiet 16-core host (bench/results/straggler_stop36.txt) ...",
         minimum=0.0, maximum=1.0)
+    straggler_runqueue_steps: int = _setting(
+        10, "... (that many: not straggler_steps, the delay is evidence of its own -- on a quiet 16-core "
+        "host a contended rank waited on 28 of every 28 window steps, no healthy rank on more than 2, in 22 "
+        "tuning runs; a burst of preemption shorter than this names nobody; "
+        "bench/results/straggler_stop38.txt) ...", minimum=1)
     straggler_runqueue_peers: float = _setting(
         0.05, "... while the other ranks' median share (each over its window) is <= this (they had cores: "
         "on an oversubscribed host every rank waits, and the delay names nobody) ...", minimum=0.0,
@@ -1186,8 +1191,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "correlation": ("rank_lost_grace_s", "oom_explains_s", "device_fault_explains_s"),
     "perf": ("perf_warmup_steps", "perf_window", "perf_min_points", "straggler_ratio", "straggler_window",
              "straggler_steps", "straggler_noise_k", "straggler_shift_ratio", "straggler_shift_growth",
-             "straggler_shift_peers_growth", "straggler_runqueue_share", "straggler_runqueue_peers",
-             "straggler_runqueue_ratio",
+             "straggler_shift_peers_growth", "straggler_runqueue_share", "straggler_runqueue_steps",
+             "straggler_runqueue_peers", "straggler_runqueue_ratio",
              "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
              "straggler_clear_steps", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
              "regression_noise_k", "regression_baseline_steps",

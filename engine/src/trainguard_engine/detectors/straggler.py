@@ -31,12 +31,12 @@ count, O(ranks log ranks) per judged step):
   host is. It resolves after ``straggler_confirm`` judged steps with no rank over on
   ``straggler_clear_steps`` of its window. Where the SDK sends ``time/runqueue_s`` (the training thread's
   run-queue delay: Linux), CPU contention is evidence too (:func:`_contended`): a rank that waited for a
-  core >= ``straggler_runqueue_share`` of the step on ``straggler_steps`` of its window while its peers
-  waited <= ``straggler_runqueue_peers`` (median) is a candidate when the median of its paired ratios is >=
-  ``straggler_runqueue_ratio`` (its own work slower too: never from the delay alone), the excess and wait
-  tests as above -- all three over the window's steps on which it waited (the steps the contention names;
-  the steps before it began are not evidence either way). Without the signal nothing of this runs and the
-  state is today's exactly.
+  core >= ``straggler_runqueue_share`` of the step on ``straggler_runqueue_steps`` of its window while its
+  peers waited <= ``straggler_runqueue_peers`` (median) is a candidate when the median of its paired
+  ratios is >= ``straggler_runqueue_ratio`` (its own work slower too: never from the delay alone), the
+  excess and wait tests as above -- all three over the window's steps on which it waited (the steps the
+  contention names; the steps before it began are not evidence either way). Without the signal nothing of
+  this runs and the state is today's exactly.
 * ``perf/throughput-regression`` -- the job's step time (median over ranks of their window medians)
   >= ``regression_ratio`` x its steady state (the median of its first ``regression_baseline_steps``
   judged steps after warm-up), or the median logged throughput <= 1/``regression_ratio`` of its own,
@@ -438,13 +438,13 @@ def _contended(rank: RankState, state: Dict[str, Any],
                settings: DetectionSettings) -> Optional[Tuple[float, float]]:
     """CPU contention: (its median run-queue share, its peers' median) when the rank's training thread
     waited for a core (``time/runqueue_s``) >= ``straggler_runqueue_share`` of the step on >=
-    ``straggler_steps`` of its window's steps, the other ranks' median share is <=
+    ``straggler_runqueue_steps`` of its window's steps, the other ranks' median share is <=
     ``straggler_runqueue_peers`` (they had cores: not a whole oversubscribed host), and its own work is
     slower -- the median of the paired ratios of the steps it waited (:func:`_waited_pairs`) >=
     ``straggler_runqueue_ratio`` (never a straggler from the delay alone; the steps before the contention
     began do not dilute it). None otherwise, and always when the SDK sent no run-queue delay (``rc`` is kept
     only when it did)."""
-    if state.get("rc", 0) < settings.straggler_steps:
+    if state.get("rc", 0) < settings.straggler_runqueue_steps:
         return None
     if _median([_pair_ratio(p) for p in _waited_pairs(state, settings)]) < settings.straggler_runqueue_ratio:
         return None
@@ -564,7 +564,7 @@ def _straggler_findings(run: RunState, run_state: Dict[str, Any],
             lead_in = (f"rank {r.rank}: CPU contention -- its training thread waited for a core (run-queue "
                        f"delay, time/runqueue_s) >= {settings.straggler_runqueue_share:.0%} of the step on "
                        f"{len(pairs)} of its last {len(mine_st['px'])} judged steps (threshold "
-                       f"{settings.straggler_steps}; median {cr['runqueue']:.0%}, the other ranks' "
+                       f"{settings.straggler_runqueue_steps}; median {cr['runqueue']:.0%}, the other ranks' "
                        f"{cr['peers_runqueue']:.0%}) while its own time (data + forward + optimizer) on "
                        f"those steps ran at a median {ratio_r:.2f}x the other ranks' (threshold "
                        f"{bar:.2f}; over it on {over})")
