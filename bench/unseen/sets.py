@@ -28,7 +28,9 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout35": ("bench.unseen.heldout", True),  # stop 35's held-out set: run once, SPENT
     "tuning36": ("bench.unseen.tuning2", True),  # stop 36's tuning set
     "heldout36": ("bench.unseen.heldout2", True),  # stop 36's held-out set: run once, SPENT
-    "heldout37": ("bench.unseen.heldout3", True),  # stop 37's held-out set: run ONCE, at the end
+    "heldout37": ("bench.unseen.heldout3", True),  # stop 37's held-out set: run once, SPENT
+    "tuning38": ("bench.unseen.tuning3", True),  # stop 38's tuning set
+    "heldout38": ("bench.unseen.heldout4", True),  # stop 38's held-out set: judged ONCE, at the end
 }
 
 
