@@ -5,7 +5,11 @@ from tuned wild-corpus logs (tests/fixtures/wild/<id>/source.txt names each thre
   ``process/exit`` -- shared memory or a mapped file, not the exit path's "OOM or a CUDA error" of SIGABRT;
 * gloo's ``Application timeout caused pair closure`` is a collective timeout;
 * a NaN loss with its value quoted as prose quotes it (```NaN` losses``, ``loss is `nan```);
-* an IDE's run console, ``Process finished with exit code 139 (interrupted by signal 11: SIGSEGV)``."""
+* an IDE's run console, ``Process finished with exit code 139 (interrupted by signal 11: SIGSEGV)``, also
+  pasted as its status alone (``139 (interrupted by signal 11:SIGSEGV)``);
+* NCCL's ``Cuda failure 700 'an illegal memory access was encountered'`` (the error's number before its text,
+  NCCL >= 2.19) is the CUDA fault it names; a ``Cuda failure`` naming no device fault (``'invalid argument'``)
+  stays NCCL's own failure."""
 
 from __future__ import annotations
 
@@ -66,10 +70,25 @@ def test_quotes_do_not_make_other_words_nan(line: str) -> None:
 @pytest.mark.parametrize("line, kind", [
     (_first_line("proc-segv-pycharm-139-radardistill-5-1", "exit code 139"), "process/exit"),
     ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", "process/killed"),
+    (_first_line("proc-segv-139-after-tqdm-s2c-8-1", "interrupted by signal"), "process/exit"),
 ])
 def test_an_ides_signal_exit_is_that_signals(line: str, kind: str) -> None:
     found = classify_text(line)
     assert found is not None and found.kind == kind and found.rule == "launcher.signal"
+
+
+def test_nccls_numbered_cuda_failure_is_the_fault_it_names() -> None:
+    # pytorch#131755: NCCL 2.2x's 'include/alloc.h:125 NCCL WARN Cuda failure 700 '...'' alone in the paste
+    line = _first_line("mem-nccl-warn-cuda-failure-700-nan-check-131755-1", "NCCL WARN Cuda failure 700")
+    found = classify_text(line)
+    assert found is not None and found.kind == "memory/cuda-error" and found.rule == "cuda.error"
+    assert found.facts["error_class"] == "illegal-memory-access"
+    # a CUDA call NCCL made that names no device fault is NCCL's failure (nccl.error's reading), numbered or not
+    text = (WILD / "comm-nccl-unhandled-cuda-1" / "log.txt").read_text(encoding="utf-8")
+    assert "Cuda failure 1 'invalid argument'" in text
+    for pasted in (text, text.replace("Cuda failure 1 '", "Cuda failure '")):
+        found = classify_text(pasted)
+        assert found is not None and found.kind == "comm/failure" and found.rule == "nccl.error"
 
 
 def test_a_c10_stack_raised_in_libc10_cuda_is_a_cuda_oom_or_error() -> None:

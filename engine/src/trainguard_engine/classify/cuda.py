@@ -334,13 +334,16 @@ def _rule_xid(t: _Text) -> Optional[_Hit]:
     return None
 
 
-_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|CUDA driver error|Cuda failure|HIP error|cudaError[A-Z]\w{2,40}"
+_CUDA_ERROR_RE = re.compile(r"(?:CUDA error|CUDA driver error|Cuda failure(?: \d{1,4})?(?= ')|HIP error"
+                            r"|cudaError[A-Z]\w{2,40}"
                             r"|Triton Error \[CUDA\]|CUDA_ERROR_[A-Z_]{2,40}"
                             r"|cuda runtime error \(\d{1,4}\) ?"
                             r"|THCudaCheck FAIL file=\S{1,300} line=\d{1,7} error=\d{1,4} ?)[:]? '?"
                             r"(?P<error>[^'\n]{1,200})")
 """Also a CUDA runtime enum before its text, as thrust prints it: ``cudaErrorIllegalAddress: an
-illegal ...``; the driver API's (``CUDA driver error: ...``, ``CUDA_ERROR_ILLEGAL_ADDRESS: ...``),
+illegal ...``; NCCL's ``Cuda failure 'reason'`` with, since NCCL 2.19, the error's number before the quote
+(``include/alloc.h:125 NCCL WARN Cuda failure 700 'an illegal memory access was encountered'``,
+pytorch/pytorch#131755); the driver API's (``CUDA driver error: ...``, ``CUDA_ERROR_ILLEGAL_ADDRESS: ...``),
 Triton's ``Triton Error [CUDA]: ...``; and torch < 1.0's THC wordings ``cuda runtime error (39) :
 uncorrectable ECC error encountered at ...`` / ``THCudaCheck FAIL file=... line=84 error=74 : misaligned
 address``."""
@@ -367,7 +370,7 @@ _CUDA_NOTES = {
     "no-kernel-image": "the installed PyTorch has no kernels for this GPU architecture",
     "driver-too-old": "the NVIDIA driver is older than the CUDA runtime PyTorch was built with",
 }
-_CUDA_NEEDLES = ("cuda error", "cuda failure '", "hip error", "_status_", "driver version is insufficient",
+_CUDA_NEEDLES = ("cuda error", "cuda failure ", "hip error", "_status_", "driver version is insufficient",
                  "nvidia driver on your system is too old", "cudaerror", "cuda runtime error",
                  "thcudacheck fail", "cuda driver error", "triton error [cuda]", "cuda_error_")
 
@@ -407,6 +410,11 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
                 pos = _next(t, pos)
                 continue
             kind_ = next((k for needle, k in _CUDA_CLASSES if needle in error.lower()), "other")
+            if kind_ == "other" and m.group(0).startswith("Cuda failure"):
+                # NCCL's own report of a CUDA call it made: a device fault only when it names one (as
+                # nccl.error reads its Last error); 'invalid argument' & co. are NCCL's failure, its rule's
+                pos = _next(t, pos)
+                continue
             facts = {"error": error, "error_class": kind_}
             return _Hit("memory", "cuda-error", 0.9, pos, facts, f"CUDA error: {error}",
                         _CUDA_NOTES.get(kind_, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))

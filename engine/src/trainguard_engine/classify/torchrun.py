@@ -138,9 +138,11 @@ _RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (
 cut), glog's failure handler ``*** SIGTERM (@0x297b) received by PID 18396 ... from PID 10619``."""
 _SIGNAL_NUMBERS = {name: number for number, name in SIGNAL_NAMES.items()}
 _INTERRUPTED_RE = re.compile(
-    r"exit code \d{1,3} \(interrupted by signal (?P<sig>\d{1,2}): (?P<name>SIG[A-Z]{2,8})\)")
+    r"(?:exit code )?\d{1,3} \(interrupted by signal (?P<sig>\d{1,2}): ?(?P<name>SIG[A-Z]{2,8})\)")
 """An IDE's run console (PyCharm: ``Process finished with exit code 139 (interrupted by signal 11:
-SIGSEGV)``): the process it ran was ended by that signal."""
+SIGSEGV)``): the process it ran was ended by that signal. Also pasted without its ``Process finished with
+exit code`` and with no space after the colon (``139 (interrupted by signal 11:SIGSEGV)``, sangrockEG/S2C#8):
+the status (128 + the signal) before the parenthesis is what makes it this report."""
 _GDB_SIGNAL_RE = re.compile(r"Program (?:received|terminated with) signal (?P<name>SIG[A-Z]{2,8})")
 """gdb's report of the debugged process's fatal signal (``Program received signal SIGSEGV, Segmentation
 fault.``)."""
