@@ -83,18 +83,31 @@ def test_a_rank_that_waits_for_a_core_while_its_own_work_is_slower_is_named() ->
 
 def test_a_contended_rank_is_judged_on_the_steps_it_waited() -> None:
     """The ratio, excess and wait tests of a contention candidate run over the window's steps on which it
-    waited: it is named once it has waited on straggler_steps of them (the window's floor), and its evidence
-    window holds only those steps -- none from before the contention began."""
+    waited: it is named once it has waited on straggler_runqueue_steps of them, and its evidence window holds
+    only those steps -- none from before the contention began."""
     events = load("quiet_affinity_weak_sdk_runqueue")
     standing, job = judged(events)
     slow, began = int(job["slow_rank"]), int(job["from_step"])
     assert [(k, r) for k, r, _s in standing] == [("perf/straggler", slow)], standing
-    assert 0 < standing[0][2] - began <= DEFAULTS.straggler_steps, standing
+    assert 0 < standing[0][2] - began <= DEFAULTS.straggler_runqueue_steps, standing
     pipeline, _first = replay(events, DEFAULTS)
     (inc,) = [i for i in pipeline.incidents() if i.subtype == "straggler"]
     ev = next(e for e in inc.evidence if e.rule == "perf.straggler")
     assert "on those steps" in ev.description, ev.description
     assert ev.window and min(w["step"] for w in ev.window) >= began, ev.window
+
+
+def test_the_count_of_waited_steps_is_straggler_runqueue_steps() -> None:
+    """The contended rank waits on every step from the contention on, so it is named on the step it has waited
+    on straggler_runqueue_steps of them -- at the default (10), and at 18 (straggler_steps, the count before
+    stop 38) and 28 (the whole window) as overrides: the setting, not straggler_steps, decides."""
+    for name in ("quiet_affinity_weak_sdk_runqueue", "quiet_affinity_weak_runqueue"):
+        events = load(name)
+        for steps in (DEFAULTS.straggler_runqueue_steps, 18, 28):
+            settings = DetectionSettings.from_overrides({"perf": {"straggler_runqueue_steps": steps}})
+            standing, job = judged(events, settings)
+            assert [(k, r) for k, r, _s in standing] == [("perf/straggler", int(job["slow_rank"]))], standing
+            assert standing[0][2] - int(job["from_step"]) == steps - 1, (name, steps, standing)
 
 
 def test_without_the_delay_or_with_the_rule_off_the_detector_is_as_before() -> None:
