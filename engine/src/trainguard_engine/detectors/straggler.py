@@ -384,7 +384,7 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
     out: Dict[int, Dict[str, float]] = {}
     for rank, st, _m in states:
         bar = settings.straggler_ratio
-        busy: Optional[Tuple[float, float]] = None
+        busy: Optional[Tuple[float, float, List[List[Any]]]] = None
         if st.get("pc", 0) < settings.straggler_steps:
             if low is not None and _shifted(st, settings, low):
                 bar = low
@@ -393,7 +393,7 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
                 if busy is None:
                     continue
                 bar = settings.straggler_runqueue_ratio
-        pairs = st["px"] if busy is None else _waited_pairs(st, settings)
+        pairs = st["px"] if busy is None else busy[2]
         excess = _median([p[_P_OWN] - p[_P_OTHERS] for p in pairs])
         if excess < settings.straggler_min_share * job["step"]:
             continue
@@ -406,7 +406,7 @@ def _stragglers(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, floa
                           "others_rest": _median([p[_P_OTHERS_REST] for p in pairs]),
                           "ratio": _median([_pair_ratio(p) for p in pairs]), "bar": bar}
         if busy is not None:
-            out[rank.rank]["runqueue"], out[rank.rank]["peers_runqueue"] = busy
+            out[rank.rank]["runqueue"], out[rank.rank]["peers_runqueue"] = busy[0], busy[1]
     return out
 
 
@@ -435,10 +435,10 @@ def _waited_pairs(state: Dict[str, Any], settings: DetectionSettings) -> List[Li
 
 def _contended(rank: RankState, state: Dict[str, Any],
                states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
-               settings: DetectionSettings) -> Optional[Tuple[float, float]]:
-    """CPU contention: (its median run-queue share, its peers' median) when the rank's training thread
-    waited for a core (``time/runqueue_s``) >= ``straggler_runqueue_share`` of the step on >=
-    ``straggler_runqueue_steps`` of its window's steps, the other ranks' median share is <=
+               settings: DetectionSettings) -> Optional[Tuple[float, float, List[List[Any]]]]:
+    """CPU contention: (its median run-queue share, its peers' median, the pairs of the steps it waited)
+    when the rank's training thread waited for a core (``time/runqueue_s``) >= ``straggler_runqueue_share``
+    of the step on >= ``straggler_runqueue_steps`` of its window's steps, the other ranks' median share is <=
     ``straggler_runqueue_peers`` (they had cores: not a whole oversubscribed host), and its own work is
     slower -- the median of the paired ratios of the steps it waited (:func:`_waited_pairs`) >=
     ``straggler_runqueue_ratio`` (never a straggler from the delay alone; the steps before the contention
@@ -446,7 +446,8 @@ def _contended(rank: RankState, state: Dict[str, Any],
     only when it did)."""
     if state.get("rc", 0) < settings.straggler_runqueue_steps:
         return None
-    if _median([_pair_ratio(p) for p in _waited_pairs(state, settings)]) < settings.straggler_runqueue_ratio:
+    waited = _waited_pairs(state, settings)
+    if _median([_pair_ratio(p) for p in waited]) < settings.straggler_runqueue_ratio:
         return None
     peers = [share for r, st, _m in states if r is not rank and (share := _runqueue_share(st)) is not None]
     if not peers:
@@ -454,7 +455,7 @@ def _contended(rank: RankState, state: Dict[str, Any],
     peers_share = _median(peers)
     if peers_share > settings.straggler_runqueue_peers:
         return None
-    return _runqueue_share(state) or 0.0, peers_share
+    return _runqueue_share(state) or 0.0, peers_share, waited
 
 
 def _peers_moved(state: Dict[str, Any], settings: DetectionSettings) -> bool:
