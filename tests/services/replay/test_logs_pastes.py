@@ -17,8 +17,10 @@ from trainguard_server.replay.logs import (
     paste_numbered,
     paste_relay_prefix,
     paste_task_labels,
+    paste_wrap,
     paste_wrap_width,
     unwrap_markup,
+    unwrapped,
 )
 
 WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
@@ -294,6 +296,24 @@ def test_lines_a_terminal_wrapped_are_joined_again(tmp_path: Path) -> None:
     for case in ("comm-watchdog-terminate-accelerate-stuck-1", "num-loss-nan-epoch-finished-wetectron-1",
                  "comm-nccl-system-error-ddp-init-interleaved-1", "py-typeerror-forward-1"):
         assert paste_wrap_width(WILD / case / "log.txt") == 0, case
+
+
+def test_a_wrap_after_a_space_joins_in_a_mostly_full_width_paste(tmp_path: Path) -> None:
+    # proc-sigkill-deepspeed-llava-wsl-1 (tuned; one DeepSpeed exit line, itself broken once in the paste)
+    # at 80 columns: nearly every row is 80 long, so the paste reads as copied from the screen (padded), and
+    # its last full row ends in the single space of 'exits with return code = ' -- a wrap after a space, not
+    # padding (padding is spaces to the last column): '-9' joins it again and the exit reads as SIGKILL
+    path = _wrapped(tmp_path, "proc-sigkill-deepspeed-llava-wsl-1", 80, False)
+    assert paste_wrap(path) == (80, True)
+    texts = [i.message for i in LogReader(path, 0, min_level="")]
+    assert any(t.endswith("exits with return code = -9") for t in texts), texts
+    # a full row ending in two spaces or more is a line's padded end (the next row a line of its own); one
+    # ending in a single space goes on
+    rows = ["a" * 78 + "  ", "b" * 60, "c" * 79 + " ", "dd"]
+    path = tmp_path / "padded.txt"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    with path.open("rb") as fh:
+        assert [(n, len(text)) for n, text in unwrapped(fh, 80, padded=True)] == [(1, 80), (2, 60), (3, 82)]
 
 
 def test_a_line_number_gutter_is_dropped(tmp_path: Path) -> None:

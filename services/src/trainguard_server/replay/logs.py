@@ -874,10 +874,13 @@ def _continued(first: str, chunk: str, nxt: str, width: int, padded: bool = True
     that ended there is padded with spaces when copied from a screen, or shorter), ``nxt`` does not start
     the way that line did (the same line printed again by another rank starts alike) nor the way a line
     of its own does (:data:`_LINE_START_RE`). ``padded``: the paste keeps the screen's padding (every line
-    is ``width`` long, a line's last piece padded with spaces), so a piece ending in a space ended its line;
-    without padding such a piece is a wrap that fell after a space."""
-    return len(chunk) == width and not (padded and chunk[-1:].isspace()) and bool(nxt.strip()) and \
-        _head(nxt) != _head(first) and _LINE_START_RE.match(nxt) is None
+    is ``width`` long, a line's last piece padded with spaces), so a piece ending in two spaces ended its
+    line (its padding); one space at the last column is a wrap that fell after a space as often as not (a
+    line one column short of the width, padded by one, is rarer than a wrap after any of a line's spaces:
+    a DeepSpeed exit line wrapped after ``exits with return code = ``, its ``-9`` on the next row), and
+    without padding any piece ending in a space is such a wrap."""
+    return len(chunk) == width and not (padded and chunk[-2:].isspace() and len(chunk) >= 2) \
+        and bool(nxt.strip()) and _head(nxt) != _head(first) and _LINE_START_RE.match(nxt) is None
 
 
 def paste_wrap_width(path: Path) -> int:
