@@ -26,10 +26,11 @@ interpreter, so its CPU is not shared with this script's GIL), a fresh data dire
     with ``loss = NaN`` (and the SDK's ``non_finite:loss`` alert) for a fresh run, then polls
     ``GET /api/v1/runs/{run}/incidents`` (read token) every ``--poll-ms`` until the incident is there.
     latency = (when the poll that saw it returned) minus (just before the Send). p50/p99 over
-    ``--probes`` probes; ``ack`` is the Send's own round trip (durably queued). A reading is late by at
-    most one poll interval. When the processor does not keep up with that background (the backlog then
-    sets the latency, growing for as long as the load lasts), the probes run again on a fresh server at
-    half the processor's solo rate: ``latency_within_capacity``.
+    ``--probes`` probes (120: the p99 is the second highest, not the max); ``ack`` is the Send's own round
+    trip (durably queued). A reading is late by at most one poll interval. When the processor does not
+    keep up with that background (the backlog then sets the latency, growing for as long as the load
+    lasts), the probes run again on a fresh server at half the processor's solo rate:
+    ``latency_within_capacity``.
 (5) ``latency_sdk`` — a subprocess with the real SDK: ``trainguard.init(endpoint="grpc://...")``, a few
     finite steps, then ``trainguard.log(loss=nan)``; latency from that call to the incident being
     visible (the SDK sends a non-finite batch at once, through its worker thread). A handful of probes,
@@ -1191,7 +1192,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--inflight", type=int, default=2, help="requests outstanding per client")
     p.add_argument("--max-rate", type=float, default=250_000,
                    help="events/s the pre-built batches can sustain (memory: ~270 B/event)")
-    p.add_argument("--probes", type=int, default=None, help="event → incident probes (60)")
+    p.add_argument("--probes", type=int, default=None,
+                   help="event → incident probes (120: a p99 that is not the max)")
     p.add_argument("--probe-interval", type=float, default=0.1, help="seconds between probes")
     p.add_argument("--poll-ms", type=float, default=10.0, help="query API poll interval of a probe")
     p.add_argument("--probe-timeout", type=float, default=None,
@@ -1239,7 +1241,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.duration is None:
         args.duration = 1.0 if args.quick else 10.0
     if args.probes is None:
-        args.probes = 8 if args.quick else 60
+        args.probes = 8 if args.quick else 120
     if args.sdk_probes is None:
         args.sdk_probes = 1 if args.quick else 5
     if args.probe_timeout is None:
