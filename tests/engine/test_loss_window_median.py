@@ -66,6 +66,8 @@ def test_window_statistics_equal_a_recount(stream: str) -> None:
                 assert kept.median.hex() == statistics.median(values).hex(), (stream, n, size)
                 assert kept.cv.hex() == robust.robust_cv(values).hex(), (stream, n, size)
                 assert loss._median_last(series, size, source).hex() == statistics.median(values).hex()
+                if kept.full and (n + size) % 3:  # (asked for on most points: a kept S slides, else recounts)
+                    assert _trend(kept.trend) == _trend(robust.mann_kendall(values)), (stream, n, size)
                 win = loss._Window(series, size)
                 assert win.median.hex() == statistics.median(values).hex(), (stream, n, size)
                 assert loss._median_of(tail).hex() == statistics.median(values).hex(), (stream, n, size)
@@ -113,6 +115,57 @@ def test_sorted_window_keeps_sorted_order_bit_for_bit() -> None:
             assert _hex(loss._sorted_window(tail, width)) == _hex(want), (width, step)
             checked += 1
         assert checked > 400
+
+
+def _trend(mk: robust.MannKendall) -> tuple:
+    return mk.n, mk.s, mk.z.hex(), mk.tau.hex()
+
+
+def _pairwise(values: List[float]) -> robust.MannKendall:
+    """Mann-Kendall by its definition: S over every pair, the ties from a Counter."""
+    n = len(values)
+    s = sum((values[j] > values[i]) - (values[j] < values[i]) for i in range(n) for j in range(i + 1, n))
+    groups: Dict[float, int] = {}
+    for v in values:
+        groups[v] = groups.get(v, 0) + 1
+    return robust.mann_kendall_of(n, s, sum(t * (t - 1) * (2 * t + 5) for t in groups.values()))
+
+
+def test_kept_trend_slides_bit_for_bit() -> None:
+    """The Mann-Kendall test of a window kept beside the series' tail (``loss._kept_trend``: S and the tie
+    correction slid point by point) equals ``robust.mann_kendall`` of the window's values and the
+    definition's -- the same n, S, z and tau, bit for bit -- with ties, -0.0 beside 0.0, a non-finite value
+    passing through, a trim, points where nobody asks (the kept S then goes stale and is recounted) and a
+    stretch where the sorted window moves on unasked for longer than a window (the kept S is let go)."""
+    rng = random.Random(38)
+    pool = [0.0, -0.0, 1.0, 2.5, -1.0, 1e-300, 1e308]
+    for width in (16, 40):
+        data: Dict[int, tuple] = {}
+        tail = SeriesTail(data)
+        checked = 0
+        for step in range(700):
+            value = rng.choice(pool) if rng.random() < 0.6 else rng.uniform(-3, 3)
+            if step == 300:
+                value = float("nan")
+            data[step] = (value, step)
+            tail.append(step, value, step)
+            if step == 450:  # a trim: a new tail over the kept points, its windows empty
+                tail = tail.trimmed(data, 0)
+            start = len(tail.points) - width
+            if start < 0 or start < tail.bad_end:
+                continue
+            if step == 580:
+                assert width not in loss._derived(tail).kendall  # let go after a window's worth unasked
+            if rng.random() < 0.3 or 520 <= step < 580:  # the sorted window moves on, the trend is not
+                loss._sorted_window(tail, width)        # asked for (520-579: long enough to be let go)
+                continue
+            if rng.random() < 0.05:  # nothing asked: the next point re-sorts and recounts
+                continue
+            values = [v for _s, v, _t in tail.points[-width:]]
+            got = _trend(loss._kept_trend(tail, width))
+            assert got == _trend(robust.mann_kendall(values)) == _trend(_pairwise(values)), (width, step)
+            checked += 1
+        assert checked > 250
 
 
 def test_block_slope_is_theil_sens() -> None:

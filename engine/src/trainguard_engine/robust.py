@@ -86,7 +86,7 @@ class MannKendall:
     tau: float
 
 
-def _kendall_s(values: Sequence[float]) -> int:
+def kendall_s(values: Sequence[float]) -> int:
     """sum of sign(x_j - x_i) over i < j. For finite values: each value against the sorted earlier ones
     (bisect), O(n log n) comparisons instead of n^2 / 2 subtractions -- the same integer, since for
     finite floats x_j - x_i > 0 exactly when x_j > x_i. Anything else: the pairwise definition."""
@@ -114,14 +114,41 @@ def _kendall_s(values: Sequence[float]) -> int:
 
 
 def mann_kendall(values: Sequence[float]) -> MannKendall:
-    """Mann-Kendall trend test of ``values`` in time order. O(n^2): callers pass bounded windows."""
+    """Mann-Kendall trend test of ``values`` in time order. O(n log n) for finite values, else O(n^2):
+    callers pass bounded windows."""
     n = len(values)
     if n < 3:
         return MannKendall(n, 0, 0.0, 0.0)
-    s = _kendall_s(values)
-    ties = 0
+    s = kendall_s(values)
+    ties = 0  # (kendall_ties, inline: the detectors call this thousands of times a second)
     if len(set(values)) < n:  # tied values (the same equality as a dict's keys: 0.0 and -0.0 tie)
         ties = sum(t * (t - 1) * (2 * t + 5) for t in Counter(values).values() if t > 1)
+    var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
+    if var <= 0:
+        return MannKendall(n, s, 0.0, 0.0)
+    if s > 0:
+        z = (s - 1) / math.sqrt(var)
+    elif s < 0:
+        z = (s + 1) / math.sqrt(var)
+    else:
+        z = 0.0
+    return MannKendall(n, s, z, s / (n * (n - 1) / 2))
+
+
+def kendall_ties(values: Sequence[float]) -> int:
+    """The tie correction of :func:`mann_kendall`'s variance: the sum of t (t - 1) (2 t + 5) over the groups
+    of t equal values (the same equality as a dict's keys: 0.0 and -0.0 tie)."""
+    if len(set(values)) == len(values):
+        return 0
+    return sum(t * (t - 1) * (2 * t + 5) for t in Counter(values).values() if t > 1)
+
+
+def mann_kendall_of(n: int, s: int, ties: int) -> MannKendall:
+    """:func:`mann_kendall`'s result for ``n`` values whose S is ``s`` and tie correction ``ties``
+    (:func:`kendall_ties`) -- for a caller that keeps S and the ties of a sliding window itself. The same
+    arithmetic as :func:`mann_kendall`'s (kept there inline), so the same floats."""
+    if n < 3:
+        return MannKendall(n, 0, 0.0, 0.0)
     var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
     if var <= 0:
         return MannKendall(n, s, 0.0, 0.0)
