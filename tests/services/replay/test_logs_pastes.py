@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, List
 
+from bench.wild import corpus, judge
 from trainguard_engine.classify import classify_chain
 from trainguard_server.replay.logs import (
     LogItem,
@@ -76,13 +77,41 @@ def test_a_traceback_under_a_first_line_rank_column_stays_on_that_rank() -> None
     assert any("CUDA out of memory" in i.payload["message"] for i in got)
 
 
-def test_torchruns_failure_entry_fields_are_its_ranks() -> None:
-    # a failure summary whose ChildFailedError line was cut: 'rank : 1 (local_rank: 1)' then
-    # 'traceback : Signal 6 (SIGABRT) received by PID ...' (czp16/Bridge-LLM-reasoning#1)
-    got = items("mem-abort-torchrun-table-sft-1")
+def test_torchruns_failure_entry_fields_are_its_ranks(tmp_path: Path) -> None:
+    # a failure summary whose ChildFailedError line AND 'Root Cause' head were cut: 'rank : 1 (local_rank: 1)'
+    # then 'traceback : Signal 6 (SIGABRT) received by PID ...' (czp16/Bridge-LLM-reasoning#1, from its entry
+    # '[0]:' on): the entry's fields are rank 1's
+    lines = (WILD / "mem-abort-torchrun-table-sft-1" / "log.txt").read_text(encoding="utf-8").splitlines()
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join(lines[lines.index("[0]:"):]) + "\n", encoding="utf-8")
+    got = list(LogReader(path, 0, min_level=""))
     signal = [i for i in got if "received by PID" in i.message]
     assert len(signal) == 1 and signal[0].rank == 1
     assert all(i.rank == 0 for i in got if "rank      :" in i.message)
+
+
+def test_a_summary_that_names_its_root_cause_is_read_whole(tmp_path: Path) -> None:
+    # the same paste with its 'Root Cause (first observed failure):' head: read as the ChildFailedError it is
+    # the message of (as when that line is in the text), so torchrun's root cause -- rank 1's SIGABRT -- is
+    # what the classifier reads
+    got = items("mem-abort-torchrun-table-sft-1")
+    (exc,) = [i for i in got if i.kind == "exception"]
+    assert exc.payload["type"].endswith("ChildFailedError") and (exc.line, exc.last_line) == (1, 11)
+    assert "received by PID 2195196" in exc.payload["message"]
+    assert [i.message for i in got if i.kind == "log"] == ["SFT completed"]
+    found = classify_chain(exc.payload["type"], exc.payload["message"])
+    assert found.rule == "torchrun.child-failed" and found.facts["root_cause_rank"] == 1
+    # pytorch#123070's summary without its ChildFailedError line lists ranks 1-3 before its root cause,
+    # rank 0: rank 0 leads (before: rank 1, the entry listed first)
+    lead = [judge.replay_local(c).lead_rank for c in corpus.load()
+            if c.case_id == "mem-oom-fsdp-summary-only-123070-1"]
+    assert lead == [0]
+    # cut above the root cause's 'rank' field, it is read line by line as before (each entry its rank's)
+    lines = (WILD / "mem-oom-fsdp-summary-only-123070-1" / "log.txt").read_text(encoding="utf-8").splitlines()
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join(lines[:lines.index("[0]:") + 1]) + "\n", encoding="utf-8")
+    exits = [i for i in LogReader(path, 0, min_level="") if "exitcode  :" in i.message]
+    assert [i.kind for i in exits] == ["log"] * 3 and [i.rank for i in exits] == [1, 2, 3]
 
 
 def test_a_paste_that_names_one_rank_as_its_own_is_that_ranks() -> None:

@@ -107,6 +107,12 @@ _FAILURE_ENTRY_RE = re.compile(r"^\[\d+\]:\s*$")
 _FAILURE_RANK_RE = re.compile(r"^\s{1,8}rank\s{0,8}: ?(?P<rank>\d{1,7})\b")
 _FAILURE_FIELD_RE = re.compile(r"^\s{1,8}(?:time|host|exitcode|error_file|traceback)\s{0,8}:")
 """torchrun's failure summary: an entry ``[0]:`` then its fields; ``rank      : 3 (local_rank: 3)``."""
+_SUMMARY_ROOT = "Root Cause (first observed failure):"
+CHILD_FAILED_ERROR = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+_SUMMARY_LINE_RE = re.compile(r"^\s{0,8}(?:Failures:|Root Cause \(first observed failure\):|\[\d{1,7}\]:"
+                              r"|<NO_OTHER_FAILURES>|-{20,}|={20,})\s*$")
+"""The lines of torchrun's failure summary besides an entry's fields: its section heads, an entry's ``[N]:``,
+``<NO_OTHER_FAILURES>`` and its rules of dashes / equals signs (see :meth:`LogSegmenter._summary_line`)."""
 _FAILURE_TRACEBACK_RE = re.compile(r"^\s{1,8}traceback\s{0,8}: ?(?=Traceback \(most recent call last\):\s*$)")
 ENTRY_TRACEBACK_INDENT = "  "
 """An entry's ``traceback : Traceback (most recent call last):`` field: torchrun prints the worker's traceback
@@ -545,6 +551,10 @@ class LogSegmenter:
         self._traceback_rank: Optional[int] = None  # the rank whose prefixed traceback header is continued
         self._entry_rank: Optional[int] = None    # the rank of the torchrun failure entry being read
         self._entry_traceback: Optional[int] = None  # the rank whose entry's ``traceback :`` field is read
+        # a torchrun failure summary read without its ``ChildFailedError:`` line: its lines held as fed
+        # (number, line, time, precision) until it ends (see _summary_line)
+        self._summary: Optional[List[Tuple[int, str, Optional[int], int]]] = None
+        self._summary_off = False  # its lines fed again one by one (it named no root cause)
 
     @property
     def open_blocks(self) -> int:
@@ -554,6 +564,9 @@ class LogSegmenter:
     def feed(self, number: int, line: str, time_ns: Optional[int], precision_ns: int = 1) -> None:
         """One line (already cleaned), line number ``number``."""
         prefixed, text = split_prefix(line)
+        if not self._summary_off and prefixed is None and self._summary_line(number, line, text, time_ns,
+                                                                              precision_ns):
+            return
         if prefixed is not None:
             self._message_rank = prefixed
             # a logger that prefixes a record's first line only (ParlAI's ``rank:  3 | ... | Traceback (most
@@ -626,6 +639,65 @@ class LogSegmenter:
                 return
         self._line(rank, number, text, time_ns, precision_ns)
 
+    def _summary_line(self, number: int, line: str, text: str, time_ns: Optional[int],
+                      precision_ns: int) -> bool:
+        """Whether the unprefixed ``line`` was taken as part of a torchrun failure summary read without its
+        ``ChildFailedError:`` line (a paste cut above it, or a launcher's stderr apart from the worker's):
+        from its ``Failures:`` head, an entry's ``[N]:`` or field, or its ``Root Cause (first observed
+        failure):`` head -- outside a traceback -- to its closing rule of equals signs (or the first line not
+        of a summary). A summary that names its root cause's rank is read as the ``ChildFailedError`` it is
+        the message of (torchrun prints it only so), ONE exception as when its ``ChildFailedError:`` line is
+        in the text, so the classifier reads it whole: torchrun's root cause leads, not the entry listed
+        first. One that names none (cut above its root cause's ``rank`` field), or in which another entry
+        carries its worker's traceback (read line by line, that traceback is its rank's exception, the
+        error the exit came from; read whole, only the root cause's own traceback is), is fed again line by
+        line, each entry's lines its rank's, as before."""
+        summary = self._summary
+        shaped = _SUMMARY_LINE_RE.match(text) is not None or _FAILURE_FIELD_RE.match(text) is not None \
+            or _FAILURE_RANK_RE.match(text) is not None
+        if summary is None:
+            own = self._streams.get(self.rank)
+            if not shaped or text.lstrip().startswith(("-", "=")) or (
+                    own is not None and own.mode is not None):
+                return False
+            self._summary = [(number, line, time_ns, precision_ns)]
+            return True
+        rooted = any(_SUMMARY_ROOT in held[1] for held in summary)
+        entry_traceback = text.startswith(ENTRY_TRACEBACK_INDENT) and bool(text.strip()) \
+            and any(_FAILURE_TRACEBACK_RE.match(held[1]) for held in summary[-200:])
+        if shaped or entry_traceback:
+            summary.append((number, line, time_ns, precision_ns))
+            if rooted and text.lstrip().startswith("="):
+                self._end_summary()
+            return True
+        self._end_summary()
+        return False
+
+    def _end_summary(self) -> None:
+        summary, self._summary = self._summary, None
+        if not summary:
+            return
+        text = "\n".join(held[1] for held in summary)
+        root = next((i for i, held in enumerate(summary) if _SUMMARY_ROOT in held[1]), None)
+        named = root is not None and any(_FAILURE_RANK_RE.match(held[1]) for held in summary[root:])
+        others_traced = root is not None and any(_FAILURE_TRACEBACK_RE.match(held[1])
+                                                 for held in summary[:root])
+        if named and not others_traced and len(text) <= MAX_LINE_CHARS:
+            # torchrun prints this summary only as its ChildFailedError's message: read as that exception
+            parsed = parse_traceback_text(f"{_HEADER}{CHILD_FAILED_ERROR}: \n{text}")
+            payload = exception_payload(parsed, text)
+            if payload is not None and payload["type"] != UNKNOWN_EXCEPTION:
+                first, last = summary[0], summary[-1]
+                self._emit(LogItem("exception", self.rank, first[0], last[0], first[2], "CRITICAL",
+                                   payload=payload, precision_ns=first[3]))
+                return
+        self._summary_off = True
+        try:
+            for held in summary:
+                self.feed(*held)
+        finally:
+            self._summary_off = False
+
     def _end_entry_traceback(self) -> None:
         """The entry's ``traceback :`` field ended (a line not indented as its lines are): its block, if still
         open, ends with it -- what follows is the summary's, not the worker's exception message."""
@@ -668,6 +740,7 @@ class LogSegmenter:
 
     def flush(self) -> List[LogItem]:
         """Close every open block; all items left, in line order."""
+        self._end_summary()
         for stream in self._streams.values():
             if stream.mode is not None:
                 self._close(stream)
@@ -751,8 +824,8 @@ class LogSegmenter:
         pending = self._pending
         if not pending:
             return
-        limit = None if final else min((s.first_line for s in self._streams.values() if s.mode is not None),
-                                       default=None)
+        limit = None if final else min([s.first_line for s in self._streams.values() if s.mode is not None]
+                                       + ([self._summary[0][0]] if self._summary else []), default=None)
         while pending and (limit is None or pending[0][0] < limit):
             yield heapq.heappop(pending)[2]
 
