@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.97, "subtype": 0.95}, "heldout": {"category": 0.88, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.97, "subtype": 0.94}, "heldout": {"category": 0.88, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -137,7 +137,14 @@ hash split; NCCL's own 'Cuda failure 700' WARN lines, cuDNN / Paddle cuDNN failu
 mismatches printed by user code, NCCL internal errors under Ray / [rankN] prefixes, a store connect timeout in a
 rendezvous test, DataLoader bus errors, a PyCharm-style segfault exit) labelled before being classified and
 recorded with no classifier change: tuned 516/531 and 508/531 (new tuned 13/15), held out 186/209 and 178/209
-(the held-out category floor down a point: 0.8899)."""
+(the held-out category floor down a point: 0.8899). Then, from tuned misses and stress variants: NCCL's numbered
+'Cuda failure N', a status-only IDE segfault line, a wrap after a space in a screen-padded paste, a torchrun
+summary without its ChildFailedError line read whole: tuned 518/531 and 510/531, held out unchanged. At 740 ->
+751 logs: 11 new logs (1 held out; Duplicate GPU invalid-usage errors, illegal instructions from TRT-LLM,
+Fooocus and Darknet, DeepSpeed's cuBLAS 'kernel execution error' lines, NCCL unhandled CUDA errors in NVLS
+init, old 'NCCL Error 1' and CI-stamped aborts) labelled before being classified and recorded with no
+classifier change: tuned 525/541 and 513/541 (new tuned 7/10 category; the tuned subtype floor down a point),
+held out 187/210 and 179/210."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
