@@ -1545,8 +1545,12 @@ STUCK_RECENT = 8
 def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> str:
     """Why nothing moves the weights ("lr0", "small", "dead"; "died": every zero-gradient layer had a
     gradient on an earlier report), or "" (see :func:`_optimisation_stuck`)."""
+    history = rank.history
     for name in ("opt/lr", "lr"):
-        if name in rank.history:
+        if name in history:
+            newest = _newest_recent(rank, name, hi)
+            if newest is not None and (newest[1] != 0 or newest[0] < lo):
+                break  # recent()'s newest point decides (the usual case: no list built)
             lrs = recent(rank, name, STUCK_RECENT, hi)  # by step: the newest decides most values at once
             if lrs and lrs[-1][0] >= lo and lrs[-1][1] == 0 and all(v == 0 for s, v, _t in lrs if s >= lo):
                 return "lr0"
@@ -1556,12 +1560,36 @@ def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -
         norms = recent(rank, gname, STUCK_RECENT, hi)
         if norms and norms[0][0] < lo:
             norms = [p for p in norms if p[0] >= lo]
-        if norms and _median_of(norms) < settings.plateau_small_grad:
-            return "small"
+        if norms:
+            ordered = sorted(map(_VALUE, norms))  # _median_of(norms), inline
+            k = len(ordered) // 2
+            if (ordered[k] if len(ordered) % 2 else (ordered[k - 1] + ordered[k]) / 2) < \
+                    settings.plateau_small_grad:
+                return "small"
     layers = rank_state(rank).get("layers", {})
     if not layers.get("zero"):
         return ""
     return "died" if layers.get("died") else "dead"
+
+
+def _newest_recent(rank: RankState, name: str, hi: int) -> Optional[Tuple[int, float, int]]:
+    """The last point of ``recent(rank, name, STUCK_RECENT, hi)`` without building that list, when recent()
+    would answer with a plain slice of the series' tail (its fast path: the tail is current, its last
+    ``STUCK_RECENT`` points finite and in step order, none past ``hi``) -- that slice's last point is the
+    tail's; else None (ask recent())."""
+    data = rank.history.get(name)
+    tail = rank.tails.get(name)
+    if not data or tail is None or tail.data is not data:
+        return None
+    points = tail.points
+    n = len(points)
+    if n != len(data):
+        return None
+    start = n - STUCK_RECENT if n > STUCK_RECENT else 0
+    last = points[-1]
+    if start >= tail.bad_end and start >= tail.descent and last[0] <= hi:
+        return last
+    return None
 
 
 def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSettings,
