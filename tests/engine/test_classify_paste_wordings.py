@@ -91,6 +91,39 @@ def test_nccls_numbered_cuda_failure_is_the_fault_it_names() -> None:
         assert found is not None and found.kind == "comm/failure" and found.rule == "nccl.error"
 
 
+def test_nccls_own_cuda_failure_naming_no_device_fault_is_nccls_failure() -> None:
+    # pytorch#130113: 'transport/nvls.cc:246 NCCL WARN Cuda failure 3 'initialization error'' while NVLS is set
+    # up -- not a device fault (cuda.error leaves it), NCCL's unhandled CUDA error (nccl.debug)
+    line = _first_line("comm-unhandled-cuda-nvls-initialization-error-ddp-130113-1", "NCCL WARN Cuda failure")
+    found = classify_text(line)
+    assert found is not None and found.kind == "comm/failure" and found.rule == "nccl.debug"
+    assert found.facts["cuda_error"] == "initialization error"
+
+
+def test_deepspeeds_cublas_kernel_execution_error_is_a_cuda_library_error() -> None:
+    # index-tts#424: DeepSpeed's cublas_wrappers print '!!!! kernel execution error. (m: .., n: .., k: ..,
+    # error: 13)' (cuBLAS status 13 EXECUTION_FAILED, 14 INTERNAL_ERROR); an allocation failure (3) is not read
+    case = "mem-ds-cublas-kernel-execution-error-13-14-indextts-424-1"
+    for needle, status in (("error: 13)", "CUBLAS_STATUS_EXECUTION_FAILED"),
+                           ("error: 14)", "CUBLAS_STATUS_INTERNAL_ERROR")):
+        found = classify_text(_first_line(case, needle))
+        assert found is not None and found.kind == "memory/cuda-error" and found.facts["error"] == status
+    assert classify_text("!!!! kernel execution error. (m: 64, n: 64, k: 64, error: 3) ") is None
+
+
+def test_an_old_nccl_error_without_its_version_and_invalid_usage_are_read() -> None:
+    # torch 1.0's 'what():  NCCL error in: .../NCCLUtils.hpp:29, unhandled cuda error' (no NCCL version;
+    # pytorch#12744, its CI stamp column dropped by the reader), and NCCL's 'ncclInvalidUsage:' code line (no
+    # 'Error' in its name) with its 'Duplicate GPU detected' last error alone (verl#161's lines 2-4)
+    line = _first_line("comm-unhandled-cuda-terminate-ci-stamps-c10d-12744-1", "what():")
+    found = classify_text(line.split(" ", 3)[3])
+    assert found is not None and found.kind == "comm/failure" and found.facts["code"] == "ncclUnhandledCudaError"
+    assert classify_text("  what():  NCCL error in: x.cpp:29, something else") is None
+    lines = (WILD / "comm-init-duplicate-gpu-quoted-ray-verl-161-1" / "log.txt").read_text().splitlines()
+    found = classify_text("\n".join(lines[1:]))
+    assert found is not None and found.kind == "comm/init-failure" and found.facts["code"] == "ncclInvalidUsage"
+
+
 def test_a_c10_stack_raised_in_libc10_cuda_is_a_cuda_oom_or_error() -> None:
     # mmdet: only the C++ frames of a c10::Error thrown from libc10_cuda inside TensorImpl::release_resources
     text = (WILD / "mem-abort-c10-release-mmdet-1" / "log.txt").read_text(encoding="utf-8")

@@ -345,6 +345,19 @@ def test_a_wrap_after_a_space_joins_in_a_mostly_full_width_paste(tmp_path: Path)
         assert [(n, len(text)) for n, text in unwrapped(fh, 80, padded=True)] == [(1, 80), (2, 60), (3, 82)]
 
 
+def test_an_invalid_usage_nccl_message_is_one_item_and_a_ci_stamp_column_is_dropped() -> None:
+    # D-FINE#289: 'NCCL error ... invalid usage ..., NCCL version 2.19.3' goes on with 'ncclInvalidUsage: ...'
+    # (no 'Error' in the code's name), 'Last error:' and 'Duplicate GPU detected ...': one item, its last error
+    # read with the reason (before: four lines, the code line ending the message)
+    (item,) = items("comm-init-duplicate-gpu-default-device-dfine-289-1")
+    assert (item.line, item.last_line) == (1, 4) and item.message.endswith("both on CUDA device 2000")
+    # pytorch#12744: CircleCI's 'Oct 16 02:07:00 ' before every line is dropped: the traceback is one again
+    got = items("comm-unhandled-cuda-terminate-ci-stamps-c10d-12744-1")
+    assert [i.kind for i in got] == ["log", "log", "exception"]
+    assert got[1].message.startswith("  what():  NCCL error in:")
+    assert got[2].payload["message"] == "test_c10d failed! Received signal: SIGIOT"
+
+
 def test_a_line_number_gutter_is_dropped(tmp_path: Path) -> None:
     # an editor's or a log viewer's gutter copied with the lines ('  12 text', '12: text', '12\ttext'):
     # before, 40 of the 358 tuned logs changed category so pasted; after, 4 (logs of one or two lines, too

@@ -361,6 +361,19 @@ _CUDA_CLASSES = (
     ("busy or unavailable", "device-unavailable"), ("invalid device ordinal", "invalid-device"),
     ("driver version is insufficient", "driver-too-old"), ("initialization error", "initialization"),
 )
+_DEVICE_FAULTS = frozenset({"illegal-memory-access", "device-side-assert", "ecc", "launch-failure",
+                            "illegal-instruction", "misaligned-address"})
+"""The error classes that are a fault on the device itself (a kernel's or the GPU memory's): what NCCL's
+``Cuda failure '<reason>'`` must name to be that fault rather than NCCL's own failure."""
+_DS_GEMM_RE = re.compile(r"!!!! kernel execution error\. \((?:batch: \d+, )?m: \d+, n: \d+, k: \d+, "
+                         r"error: (?P<status>\d{1,3})\)")
+"""DeepSpeed's cuBLAS wrappers (csrc/includes/cublas_wrappers.h) when a GEMM fails: ``!!!! kernel execution
+error. (m: 1280, n: 3075, k: 5120, error: 13)`` -- the cuBLAS status number (index-tts/index-tts#424)."""
+_CUBLAS_STATUS = {1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
+                  7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH",
+                  11: "CUBLAS_STATUS_MAPPING_ERROR", 13: "CUBLAS_STATUS_EXECUTION_FAILED",
+                  14: "CUBLAS_STATUS_INTERNAL_ERROR", 15: "CUBLAS_STATUS_NOT_SUPPORTED"}
+_DS_GEMM_NEEDLE = "!!!! kernel execution error. ("
 _CUDA_NOTES = {
     "illegal-memory-access": "a kernel read or wrote out of bounds (custom kernels, indices, a corrupted "
                              "tensor); rerun with CUDA_LAUNCH_BLOCKING=1 to find the op",
@@ -410,16 +423,34 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
                 pos = _next(t, pos)
                 continue
             kind_ = next((k for needle, k in _CUDA_CLASSES if needle in error.lower()), "other")
-            if kind_ == "other" and m.group(0).startswith("Cuda failure"):
+            if kind_ not in _DEVICE_FAULTS and m.group(0).startswith("Cuda failure"):
                 # NCCL's own report of a CUDA call it made: a device fault only when it names one (as
-                # nccl.error reads its Last error); 'invalid argument' & co. are NCCL's failure, its rule's
+                # nccl.error reads its Last error); 'invalid argument', 'initialization error' & co. are
+                # NCCL's failure, its rule's
                 pos = _next(t, pos)
                 continue
             facts = {"error": error, "error_class": kind_}
             return _Hit("memory", "cuda-error", 0.9, pos, facts, f"CUDA error: {error}",
                         _CUDA_NOTES.get(kind_, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
         pos = _next(t, pos)
-    return None
+    return _ds_gemm_failed(t)
+
+
+def _ds_gemm_failed(t: _Text) -> Optional[_Hit]:
+    """DeepSpeed's cuBLAS wrapper reporting a failed GEMM (:data:`_DS_GEMM_RE`); an allocation failure (status
+    3) is left to the OOM rules."""
+    pos = t.first(_DS_GEMM_NEEDLE)
+    if pos < 0 or (found := _search(_DS_GEMM_RE, t, pos, before=0, after=120)) is None:
+        return None
+    code = int(found[1].group("status"))
+    if code == 3:
+        return None
+    status = _CUBLAS_STATUS.get(code, f"cuBLAS status {code}")
+    facts: Facts = {"error": status, "error_class": "library", "cublas_status": code}
+    return _Hit("memory", "cuda-error", 0.75, found[0] + found[1].start(), facts,
+                f"CUDA library error {status} (DeepSpeed's cuBLAS GEMM)",
+                "a cuBLAS call failed on the device, often after an earlier kernel fault (illegal memory "
+                "access, illegal instruction); rerun with CUDA_LAUNCH_BLOCKING=1")
 
 
 _ASYNC_NOTE = "cuda kernel errors might be asynchronously reported at some other api call"
@@ -494,7 +525,7 @@ GATES = {
     "cuda.device-assert": ("assertion `",),
     "nvidia.xid": ("nvrm: xid",),
     "rocm.gpu-fault": ("device-side assertion `", "memory access fault by gpu node-", "hsa_status_error_"),
-    "cuda.error": _CUDA_NEEDLES,
+    "cuda.error": (*_CUDA_NEEDLES, _DS_GEMM_NEEDLE),
     "cuda.error-cut": (_ASYNC_NOTE, *_C10_CUDA),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it

@@ -242,11 +242,17 @@ def _rule_dump_signal(t: _Text) -> Optional[_Hit]:
     return None
 
 
-_NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:System|Remote|Internal|InvalidUsage|InvalidArgument|"
-                           r"UnhandledCuda)Error)\b")
+_NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:(?:System|Remote|Internal|UnhandledCuda)Error"
+                           r"|InvalidUsage|InvalidArgument))\b")
+"""ncclResult_t's names as NCCL prints them (``ncclInvalidUsage`` and ``ncclInvalidArgument`` end without
+``Error``)."""
 _NCCL_SITE_RE = re.compile(r"NCCL error in: (?P<site>[^,\n]{1,300}), (?P<reason>[^\n]{1,300}?), NCCL version "
                            r"(?P<version>[\w.+-]{1,40})")
 _NCCL_PLAIN_RE = re.compile(r"NCCL error: (?P<reason>[^\n]{1,300}?), NCCL version (?P<version>[\w.+-]{1,40})")
+_NCCL_OLD_SITE_RE = re.compile(r"NCCL error in: (?P<site>[^,\n]{1,300}), (?P<reason>[^,\n]{1,200}?)"
+                               r"[ \t]*(?:\n|$)")
+"""torch < 1.1's wording, without the NCCL version (``what():  NCCL error in: .../c10d/NCCLUtils.hpp:29,
+unhandled cuda error``, pytorch/pytorch#12744): read only when the reason is one of ncclGetErrorString's."""
 _NCCL_LAST_RE = re.compile(r"Last error:\s{0,4}\n?(?P<last>[^\n]{1,300})")
 _NCCL_NUMBERED_RE = re.compile(r"NCCL Error (?P<num>[1-6]): (?P<reason>[^\n]{1,300})")
 """The wording of wrappers that print ncclResult_t's number and ncclGetErrorString (torch's
@@ -328,6 +334,12 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
     elif (numbered := _NCCL_NUMBERED_RE.search(text)) is not None:
         facts["reason"] = numbered.group("reason").strip()
         code = code or _NCCL_RESULT_CODES[int(numbered.group("num"))]
+    elif (legacy := _NCCL_OLD_SITE_RE.search(text)) is not None:
+        reason = legacy.group("reason").strip()
+        said = next((c for needle, c in _NCCL_REASONS if reason.lower().startswith(needle)), None)
+        if said is not None:
+            facts.update(reason=reason, site=legacy.group("site").strip())
+            code = code or said
     if code is None:
         return None
     facts["code"] = code
@@ -441,7 +453,26 @@ def _rule_nccl_debug(t: _Text) -> Optional[_Hit]:
         rank = _rank_of(t, pos, facts)
         return _Hit(category, subtype, confidence, pos, facts,
                     f"NCCL: {_shorten(t.line_at(pos).split('NCCL ', 1)[-1], 120)}{_on_rank(rank)}", note)
+    pos = t.first("nccl warn cuda failure")
+    if pos >= 0 and (found := _search(_WARN_CUDA_RE, t, pos, before=0, after=200)) is not None:
+        reason = found[1].group("reason")
+        if not any(needle in reason.lower() for needle in _DEVICE_SIDE):
+            facts = {"nccl_line": _shorten(t.line_at(pos), 200), "cuda_error": reason}
+            rank = _rank_of(t, pos, facts)
+            return _Hit("comm", "failure", 0.6, pos, facts,
+                        f"NCCL: a CUDA call failed ('{_shorten(reason, 80)}'){_on_rank(rank)}",
+                        _WARN_CUDA_NOTE)
     return None
+
+
+_WARN_CUDA_RE = re.compile(r"NCCL WARN Cuda failure (?:\d{1,4} )?'(?P<reason>[^'\n]{1,160})'")
+_DEVICE_SIDE = ("out of memory", "illegal memory access", "ecc error", "device-side assert",
+                "unspecified launch failure", "illegal instruction", "misaligned address")
+_WARN_CUDA_NOTE = ("NCCL's own CUDA call failed (ncclUnhandledCudaError) with no fault of the device named: "
+                   "the CUDA setup NCCL runs in (driver, CUDA_VISIBLE_DEVICES, NVLS / P2P support, "
+                   "containers)")
+"""NCCL_DEBUG's ``NCCL WARN Cuda failure 3 'initialization error'`` (pytorch/pytorch#130113, NVLS set-up): a
+CUDA call inside NCCL that names no device fault (those are cuda.error's) is NCCL's unhandled CUDA error."""
 
 
 def _rule_ib_error(t: _Text) -> Optional[_Hit]:

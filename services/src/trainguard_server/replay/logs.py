@@ -100,6 +100,10 @@ _ISO_COLUMN_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:
 """A collector's timestamp column before every line (``kubectl logs --timestamps``, CloudWatch, Loki:
 ``2024-05-01T10:00:00.123456789Z <line>``): the line's time, then the line as the job printed it (the stamp is
 read as the line's time before it is dropped)."""
+_SYSLOG_COLUMN_RE = re.compile(r"^(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ 0-3]?\d "
+                               r"\d\d:\d\d:\d\d ")
+"""A CI runner's or syslog's stamp column before every line (CircleCI's ``Oct 16 02:07:00 <line>``,
+pytorch/pytorch#12744): dropped like a collector's ISO column, so the line reads as the job printed it."""
 _TASK_COLUMN_RE = re.compile(r"^(?:[\w.-]{1,60}/\d{1,4}|[A-Za-z][\w.-]{0,60}:) (?=\[(?:rank|default)\d+\]:)")
 """A launcher's column before a rank prefix: pdsh / DeepSpeed's multi-node runner's host ``worker-5: ``,
 nemo-run's task ``i.pretrain/0 ``."""
@@ -165,8 +169,9 @@ prefix on the message's first line only, so they belong to that line's rank."""
 _NCCL_HEAD_RE = re.compile(r"NCCL version \d+(?:\.\d+){1,3}\s*$")
 """The first line of an NCCL error message as torch prints it (``NCCL error in: ..., <reason>, NCCL version
 2.14.3``, also cut at the left by a paste); NCCL's own lines follow it unprefixed."""
-_NCCL_MORE_RE = re.compile(r"^\s*(?:nccl[A-Z]\w*Error: |Last error:\s*$)")
-"""The lines an NCCL error message goes on with: its ``ncclXError: <what it means>`` and ``Last error:`` (the
+_NCCL_MORE_RE = re.compile(r"^\s*(?:nccl[A-Z]\w*Error: |ncclInvalid(?:Usage|Argument): |Last error:\s*$)")
+"""The lines an NCCL error message goes on with: its ``ncclXError: <what it means>`` (``ncclInvalidUsage:``
+and ``ncclInvalidArgument:`` have no ``Error`` in their names) and ``Last error:`` (the
 line after which is the last error itself). The message is one log item, so the last error is read with
 the reason (``internal error`` + ``Connection closed by remote peer``)."""
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -244,9 +249,9 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
     ``[rankN]:`` after it wins). Of two stacked prefixes, ``[rankN]:`` (torch's global rank)
     wins over ``[defaultN]:`` (torchrun's local rank). A markdown quote marker or a relayed stream's name
     (``> ``, ``stderr: ``) before all of it is dropped first, then a collector's ISO timestamp column
-    (:func:`line_stamp` reads it)."""
+    (:func:`line_stamp` reads it) or a CI runner's / syslog's ``Oct 16 02:07:00 `` column."""
     line = _outer_columns(line)
-    iso = _ISO_COLUMN_RE.match(line)
+    iso = _ISO_COLUMN_RE.match(line) or _SYSLOG_COLUMN_RE.match(line)
     if iso is not None:
         line = line[iso.end():]
     column = _COLUMN_RE.match(line)
