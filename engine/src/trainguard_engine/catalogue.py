@@ -654,6 +654,13 @@ class DetectionSettings:
     explosion_trend_points: int = _setting(
         10, "gradient/explosion (before NaN): the last this-many grad norms rise (Mann-Kendall "
         "z >= trend_z).", minimum=3)
+    explosion_climb_quantile: float = _setting(
+        0.75, "gradient/explosion (before NaN): the last explosion_sustain grad norms must also all be above "
+        "this quantile of the norms of the window's earlier half (the half the running median is taken "
+        "from): a climb leaves the range the norm already had. A heavy-tailed norm -- a converged model's, "
+        "its median collapsed to ~1e-4 while hard batches still give ~1 -- reaches explosion_jump_factor x "
+        "that median on every spike without leaving its range (stop 38's tuning set). 0: off.",
+        minimum=0.0, maximum=1.0)
     explosion_onset_factor: float = _setting(
         2.0, "gradient/explosion: first_step is where the norm last rose above this x its running median "
         "and stayed there.", minimum=1.0)
@@ -1156,8 +1163,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
                "confirm_checks", "evidence_window"),
     "loss_gradient": (
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
-        "explosion_trend_points", "explosion_onset_factor", "explosion_resolve_points",
-        "explosion_recovered_level",
+        "explosion_climb_quantile", "explosion_trend_points", "explosion_onset_factor",
+        "explosion_resolve_points", "explosion_recovered_level",
         "explosion_diverged_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",

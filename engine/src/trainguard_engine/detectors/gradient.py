@@ -123,6 +123,15 @@ def _gave_way(run: RunState, rank: RankState, state: Dict[str, Any]) -> bool:
     return "gave_way" in state.get("grad", {}) and rank_has_open(run, rank, "loss:plateau")
 
 
+def climb_range_top(values: Sequence[float], quantile: float) -> float:
+    """The ``quantile`` of the baseline half of ``values`` (the earlier half, as :func:`climb_baseline`'s;
+    nearest rank), which the sustained norms of a climb must all exceed; -inf when ``quantile`` is 0 (off)."""
+    if not quantile > 0:
+        return -math.inf
+    earlier = sorted(values[: max(1, len(values) // 2)])
+    return earlier[min(len(earlier) - 1, int(quantile * len(earlier)))]
+
+
 def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: int, event_id: str,
                 settings: DetectionSettings, tuned: LossGradientSettings,
                 memo: Optional[Dict[str, Any]] = None) -> Optional[Finding]:
@@ -145,6 +154,10 @@ def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: i
     factor = settings.explosion_jump_factor
     if not all(v >= factor * baseline for v in values[-tuned.explosion_sustain:]):
         return None
+    bar = climb_range_top(values, settings.explosion_climb_quantile)
+    if not all(v > bar for v in values[-tuned.explosion_sustain:]):
+        return None  # inside the range the norm already had in the baseline half: a heavy-tailed norm (a
+        #              converged model's, median collapsed, hard batches still ~1) spiking, not a climb
     trend = robust.mann_kendall(values[-tuned.explosion_trend_points:])
     if trend.z < tuned.trend_z:
         return None
