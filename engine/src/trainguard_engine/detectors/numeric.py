@@ -171,9 +171,16 @@ def grad_metric(rank: RankState, settings: DetectionSettings) -> Optional[str]:
     """The rank's global grad-norm metric: of the ``grad_norm_metrics`` it has a history of, the most
     densely sampled lately (the SDK may read its norm every few steps under its overhead budget while the
     loop logs the norm ``clip_grad_norm_`` returned every step); ties go to the first listed."""
-    present = [n for n in settings.grad_norm_metrics if n in rank.history]
-    if len(present) <= 1:
-        return present[0] if present else None
+    history = rank.history
+    found = None
+    for name in settings.grad_norm_metrics:  # the usual case, one of them present: no list built
+        if name in history:
+            if found is not None:
+                break
+            found = name
+    else:
+        return found
+    present = [n for n in settings.grad_norm_metrics if n in history]
     best, best_density = present[0], -1.0
     for name in present:
         steps = list(itertools.islice(reversed(rank.history[name]), DENSITY_POINTS))
