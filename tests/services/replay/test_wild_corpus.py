@@ -144,7 +144,12 @@ summary without its ChildFailedError line read whole: tuned 518/531 and 510/531,
 Fooocus and Darknet, DeepSpeed's cuBLAS 'kernel execution error' lines, NCCL unhandled CUDA errors in NVLS
 init, old 'NCCL Error 1' and CI-stamped aborts) labelled before being classified and recorded with no
 classifier change: tuned 525/541 and 513/541 (new tuned 7/10 category; the tuned subtype floor down a point),
-held out 187/210 and 179/210."""
+held out 187/210 and 179/210. Then NCCL invalid-usage / old-wording / CI-stamp / DeepSpeed cuBLAS families: tuned
+528/541 and 520/541, held out 188/210 and 180/210. At 751 -> 760 logs: 9 new logs (5 held out; SIGBUS exits
+from torchrun and accelerate's relay, a summary cut inside its root cause, index_select device-side asserts
+plain / with THC's C++ signature / blank-line separated / interleaved mid-line, shell segfault reports)
+labelled before being classified and recorded with no classifier change: tuned 531/545 and 523/545 (new tuned
+3/4), held out 193/215 and 185/215."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
