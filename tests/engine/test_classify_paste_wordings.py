@@ -77,6 +77,16 @@ def test_an_ides_signal_exit_is_that_signals(line: str, kind: str) -> None:
     assert found is not None and found.kind == kind and found.rule == "launcher.signal"
 
 
+def test_bashs_padded_segfault_report_with_a_long_command_is_a_segfault_exit() -> None:
+    # COMG_model#9: 'train_iu_xray.sh: line 21: 1749424 Segmentation fault      (core dumped) python main_train.py
+    # ...' -- bash pads the signal's name to a column, and the command line runs past 500 characters
+    line = _first_line("proc-segv-bash-script-line-comg-9-1", "Segmentation fault")
+    assert len(line) > 500
+    found = classify_text(line)
+    assert found is not None and found.kind == "process/exit" and found.facts["signal_name"] == "SIGSEGV"
+    assert classify_text("a segmentation fault (the kind that dumps core) is rare here") is None
+
+
 def test_nccls_numbered_cuda_failure_is_the_fault_it_names() -> None:
     # pytorch#131755: NCCL 2.2x's 'include/alloc.h:125 NCCL WARN Cuda failure 700 '...'' alone in the paste
     line = _first_line("mem-nccl-warn-cuda-failure-700-nan-check-131755-1", "NCCL WARN Cuda failure 700")

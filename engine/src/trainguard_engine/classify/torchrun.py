@@ -121,10 +121,12 @@ _ZSH_DEATH_RE = re.compile(r"^(?:zsh: |[ \t]{0,12}(?:\[\d{1,4}\][ \t]+)?\d{1,10}
 train.py``, or with the job's pid first (``[1]    20121 floating point exception (core dumped)  python
 ...``, also without the job number)."""
 _CORE_DUMPED_RE = re.compile(r"(?P<what>Segmentation fault|Illegal instruction|Floating point exception"
-                             r"|Bus error) ?\(core dumped\)", re.IGNORECASE)
+                             r"|Bus error)[ \t]{0,24}\(core dumped\)", re.IGNORECASE)
 """A shell's death report anywhere in a line: glued to a progress bar (``5.02it/s]Segmentation fault (core
 dumped)``) or quoted mid-sentence (``there was an error Illegal instruction (core dumped) when I ran ...``);
-``(core dumped)`` marks it as the report itself, not a word in prose. (An abort is left to the exit path.)"""
+``(core dumped)`` marks it as the report itself, not a word in prose. bash's job report pads the signal's name
+to a column (``train.sh: line 21: 1749424 Segmentation fault      (core dumped) python main_train.py ...``,
+its command line often longer than the whole-line forms take). (An abort is left to the exit path.)"""
 _SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
                   "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE"),
                   "bus error": (7, "SIGBUS")}
