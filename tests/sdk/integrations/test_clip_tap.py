@@ -125,6 +125,32 @@ def test_gradients_are_read_once_per_step_when_the_job_clips(monkeypatch: pytest
     assert len(series(events(), "grad/global_norm")) == 12
 
 
+def test_stale_gradients_of_frozen_parameters_are_not_reported_as_the_trained_ones(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A base model trained earlier in the same process, then frozen for an adapter, keeps its old ``.grad``:
+    torch's ``clip_grad_norm_`` over ``model.parameters()`` counts it in its total. The reported norm is the
+    trained parameters' (the watched set), so a dead adapter (every trained gradient 0) reads 0, not the
+    stale constant: the tap is not taken while a frozen parameter in the clip carries a gradient."""
+    model = Net()
+    base = model.encoder[0]
+    base.requires_grad_(False)
+    base.weight.grad = torch.full_like(base.weight, 0.5)  # left over from the earlier training
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trained, lr=0.01)
+    trainguard.watch(model, opt, clip=1e6, every=1)  # a bar nothing reaches: the stale gradient stays as is
+    want = []
+    for x, y in _batches(6):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        want.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in trained]))))
+        total = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e6))
+        assert total > want[-1] + 1e-3  # torch's total counts the stale gradient (its norm alone: 8.0)
+        opt.step()
+    got = [v for _, v in series(events(), "grad/global_norm")]
+    assert got == pytest.approx(want, rel=1e-5)
+    assert "failed" not in capsys.readouterr().err  # no hook disabled (the per-layer norms kept their shape)
+
+
 def test_a_step_without_the_clip_costs_at_most_that_steps_norm() -> None:
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -554,11 +554,19 @@ class WatchHandle:
     def take_clip_norms(self, params: Sequence[Any], per_param: List[torch.Tensor],
                         total: torch.Tensor) -> bool:
         """The norms ``clip_grad_norm_`` just computed over ``params`` (pre-clip; see clip_tap.py): this
-        step's norms when ``params`` are exactly the watched parameters. True when taken."""
+        step's norms when ``params`` are exactly the watched parameters. True when taken. Not taken when a
+        frozen parameter of the clip carries a gradient (a base model trained earlier in the same process,
+        then frozen for an adapter): clip's total and norms count it, the watched set's do not -- the
+        watch reads its own parameters' norms instead."""
         if self.removed or "gradients" in self._disabled:
             return False
         layout = self.layout.params
-        trained = [p for p in params if getattr(p, "requires_grad", False)]  # frozen ones (LoRA) have none
+        trained = []
+        for p in params:
+            if getattr(p, "requires_grad", False):
+                trained.append(p)
+            elif getattr(p, "grad", None) is not None:  # frozen (LoRA's base) yet holding a stale gradient
+                return False
         if len(trained) != len(layout) or any(a is not b for a, b in zip(trained, layout)):
             return False
         self._tap_live = True
