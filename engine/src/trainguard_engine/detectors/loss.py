@@ -757,7 +757,7 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
     value that leaves is the window's oldest -- the first of its equals, where bisect_left finds it -- and
     the one that enters is the newest, placed after its equals (insort_right). The list is the cache's:
     read it, never keep or change it (the next point changes it). A Mann-Kendall S kept for the width
-    (:func:`_kept_trend`) slides with it: see :func:`_slide_kendall`."""
+    (:func:`_kept_trend`) slides with it (the comment below says how)."""
     kept = _derived(tail)
     points = tail.points
     n = len(points)
@@ -773,39 +773,37 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
                 at = bisect_left(ordered, old)
                 del ordered[at]
                 mk = kept.kendall.get(width)
-                if mk is not None:
-                    if mk[0] == end and mk[3] < KENDALL_IDLE:
-                        _slide_kendall(mk, ordered, old, at, new)
-                        mk[0] = n
-                        mk[3] += 1
-                    else:  # stale, or not asked for lately: counted anew if asked again
-                        del kept.kendall[width]
-                insort_right(ordered, new)
+                if mk is None:
+                    insort_right(ordered, new)
+                elif mk[0] == end and mk[3] < KENDALL_IDLE:
+                    # slide the kept [_, S, ties, _] by one point, inline (once per loss value): ``ordered``
+                    # now holds the values both windows share. S of a window is S of those plus each end
+                    # value's signs against them (the oldest value comes before every other, the newest
+                    # after): S' = S - (#above old - #below old) + (#below new - #above new), counted by
+                    # bisection -- for finite floats a - b > 0 exactly when a > b, as robust.kendall_s
+                    # counts. The tie correction moves by the two values' groups, counted the same way
+                    # (equal under <: the same groups as a dict's keys, 0.0 and -0.0 together): a group of
+                    # t equal shared values weighs (t + 1) t (2 t + 7) - t (t - 1) (2 t + 5) = 6 t (t + 2)
+                    # more with the end value than without it.
+                    m = len(ordered)
+                    old_hi = bisect_right(ordered, old, at)
+                    new_lo = bisect_left(ordered, new)
+                    new_hi = bisect_right(ordered, new, new_lo)
+                    mk[1] += new_lo - (m - new_hi) - (m - old_hi) + at
+                    old_ties, new_ties = old_hi - at, new_hi - new_lo
+                    if old_ties or new_ties:
+                        mk[2] += 6 * (new_ties * (new_ties + 2) - old_ties * (old_ties + 2))
+                    mk[0] = n
+                    mk[3] += 1
+                    ordered.insert(new_hi, new)  # insort_right's place
+                else:  # stale, or not asked for lately: counted anew if asked again
+                    del kept.kendall[width]
+                    insort_right(ordered, new)
                 kept.ends[width] = n
                 return ordered
     ordered = kept.sorted[width] = sorted(map(_VALUE, points[-width:]))
     kept.ends[width] = n
     return ordered
-
-
-def _slide_kendall(mk: List[int], middle: List[float], old: float, at: int, new: float) -> None:
-    """Slide a window's kept [_, S, ties, _] (``mk``) by one point: ``old`` (its oldest value) leaves and
-    ``new`` enters; ``middle``: the values both windows share, sorted (``old`` was at index ``at`` before
-    it was removed). S of the window is S of the middle plus each end value's signs against the middle
-    (the oldest value comes before every other, the newest after): S' = S - (#above old - #below old) +
-    (#below new - #above new), counted by bisection -- for finite floats a - b > 0 exactly when a > b,
-    as :func:`robust.kendall_s` counts. The tie correction moves by the two values' groups, counted the
-    same way (equal under ``<``: the same groups as a dict's keys, 0.0 and -0.0 together): a group of t
-    equal values in the middle weighs (t + 1) t (2 t + 7) - t (t - 1) (2 t + 5) = 6 t (t + 2) more with the
-    end value than without it."""
-    m = len(middle)
-    old_hi = bisect_right(middle, old, at)
-    new_lo = bisect_left(middle, new)
-    new_hi = bisect_right(middle, new, new_lo)
-    mk[1] += new_lo - (m - new_hi) - (m - old_hi) + at
-    old_ties, new_ties = old_hi - at, new_hi - new_lo
-    if old_ties or new_ties:
-        mk[2] += 6 * (new_ties * (new_ties + 2) - old_ties * (old_ties + 2))
 
 
 def _kept_trend(tail: SeriesTail, width: int) -> robust.MannKendall:
