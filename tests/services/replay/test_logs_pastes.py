@@ -358,6 +358,22 @@ def test_an_invalid_usage_nccl_message_is_one_item_and_a_ci_stamp_column_is_drop
     assert got[2].payload["message"] == "test_c10d failed! Received signal: SIGIOT"
 
 
+def test_a_frame_line_cut_inside_its_path_is_joined_again(tmp_path: Path) -> None:
+    # comm-init-reset-by-peer-1 (tuned) at 80 columns: only its one long frame line wraps ('  File
+    # ".../distributed_c10' / 'd.py", line 360, in init_process_group'), too little to tell a terminal's width;
+    # a frame line always closes its quote, so the two rows are one line again and the traceback parses whole
+    path = _wrapped(tmp_path, "comm-init-reset-by-peer-1", 80, False)
+    assert paste_wrap_width(path) == 0
+    want = [_said(i) for i in items("comm-init-reset-by-peer-1")]
+    assert [_said(i) for i in LogReader(path, 0, min_level="")] == want
+    # not a frame's rest: the held row goes on as it was
+    rows = ['  File "/opt/x/y', "RuntimeError: boom"]
+    path = tmp_path / "open.txt"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    with path.open("rb") as fh:
+        assert list(unwrapped(fh, 0)) == [(1, rows[0]), (2, rows[1])]
+
+
 def test_a_line_number_gutter_is_dropped(tmp_path: Path) -> None:
     # an editor's or a log viewer's gutter copied with the lines ('  12 text', '12: text', '12\ttext'):
     # before, 40 of the 358 tuned logs changed category so pasted; after, 4 (logs of one or two lines, too

@@ -1089,12 +1089,40 @@ def paste_relay_prefix(path: Path) -> int:
     return cut + 3 if cut >= 0 else 0
 
 
+_OPEN_FRAME_RE = re.compile(r'^\s*File "[^"\n]*$')
+_FRAME_REST_RE = re.compile(r'^[^"\s][^"\n]*", line \d+(?:, in \S[^\n]*)?$')
+"""A traceback's frame line cut inside its file's path (``  File "/opt/conda/.../distributed_c10`` -- a frame
+line always closes its quote) and the rest of it on the next line
+(``d.py", line 360, in init_process_group``):
+a terminal's wrap of a paste too short to tell its width from (one long line), joined again."""
+
+
 def unwrapped(fh: Any, width: int, on_bytes: Optional[Callable[[int], None]] = None,
               padded: bool = True) -> Iterator[Tuple[int, str]]:
     """``(number, text)`` of each line of the binary file ``fh`` (numbered from 1, newline dropped), the
     pieces of a line a terminal wrapped at ``width`` joined again under the first one's number (``width``
-    0: every physical line as it is). ``on_bytes(n)``: the size of every physical line read; ``padded``: see
-    :func:`_continued`."""
+    0: every physical line as it is, but for a frame line cut inside its path, :data:`_OPEN_FRAME_RE`).
+    ``on_bytes(n)``: the size of every physical line read; ``padded``: see :func:`_continued`."""
+    frame: Optional[Tuple[int, str]] = None
+    for number, text in _rows(fh, width, on_bytes, padded):
+        if frame is not None:
+            if _FRAME_REST_RE.match(text):
+                yield frame[0], frame[1] + text
+                frame = None
+                continue
+            yield frame
+            frame = None
+        if _OPEN_FRAME_RE.match(text):
+            frame = (number, text)
+            continue
+        yield number, text
+    if frame is not None:
+        yield frame
+
+
+def _rows(fh: Any, width: int, on_bytes: Optional[Callable[[int], None]], padded: bool
+          ) -> Iterator[Tuple[int, str]]:
+    """:func:`unwrapped`'s terminal-width joining."""
     held: Optional[Tuple[int, str, str, str]] = None  # number, joined text, first piece, last piece
     for number, raw in enumerate(fh, 1):
         if on_bytes is not None:
