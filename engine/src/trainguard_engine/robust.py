@@ -119,20 +119,7 @@ def mann_kendall(values: Sequence[float]) -> MannKendall:
     n = len(values)
     if n < 3:
         return MannKendall(n, 0, 0.0, 0.0)
-    s = kendall_s(values)
-    ties = 0  # (kendall_ties, inline: the detectors call this thousands of times a second)
-    if len(set(values)) < n:  # tied values (the same equality as a dict's keys: 0.0 and -0.0 tie)
-        ties = sum(t * (t - 1) * (2 * t + 5) for t in Counter(values).values() if t > 1)
-    var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
-    if var <= 0:
-        return MannKendall(n, s, 0.0, 0.0)
-    if s > 0:
-        z = (s - 1) / math.sqrt(var)
-    elif s < 0:
-        z = (s + 1) / math.sqrt(var)
-    else:
-        z = 0.0
-    return MannKendall(n, s, z, s / (n * (n - 1) / 2))
+    return mann_kendall_of(n, kendall_s(values), kendall_ties(values))
 
 
 def kendall_ties(values: Sequence[float]) -> int:
@@ -145,8 +132,8 @@ def kendall_ties(values: Sequence[float]) -> int:
 
 def mann_kendall_of(n: int, s: int, ties: int) -> MannKendall:
     """:func:`mann_kendall`'s result for ``n`` values whose S is ``s`` and tie correction ``ties``
-    (:func:`kendall_ties`) -- for a caller that keeps S and the ties of a sliding window itself. The same
-    arithmetic as :func:`mann_kendall`'s (kept there inline), so the same floats."""
+    (:func:`kendall_ties`) -- :func:`mann_kendall` itself, and a caller that keeps S and the ties of a
+    sliding window: one arithmetic, so the same floats."""
     if n < 3:
         return MannKendall(n, 0, 0.0, 0.0)
     var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0

@@ -1558,12 +1558,8 @@ def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -
         norms = recent(rank, gname, STUCK_RECENT, hi)
         if norms and norms[0][0] < lo:
             norms = [p for p in norms if p[0] >= lo]
-        if norms:
-            ordered = sorted(map(_VALUE, norms))  # _median_of(norms), inline
-            k = len(ordered) // 2
-            if (ordered[k] if len(ordered) % 2 else (ordered[k - 1] + ordered[k]) / 2) < \
-                    settings.plateau_small_grad:
-                return "small"
+        if norms and _median_of(norms) < settings.plateau_small_grad:
+            return "small"
     layers = rank_state(rank).get("layers", {})
     if not layers.get("zero"):
         return ""
