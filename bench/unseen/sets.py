@@ -30,7 +30,8 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout36": ("bench.unseen.heldout2", True),  # stop 36's held-out set: run once, SPENT
     "heldout37": ("bench.unseen.heldout3", True),  # stop 37's held-out set: run once, SPENT
     "tuning38": ("bench.unseen.tuning3", True),  # stop 38's tuning set
-    "heldout38": ("bench.unseen.heldout4", True),  # stop 38's held-out set: judged ONCE, at the end
+    "heldout38": ("bench.unseen.heldout4", True),  # stop 38's held-out set: judged ONCE, SPENT
+    "heldout39": ("bench.unseen.heldout5", True),  # stop 39's held-out set: judged once per engine
 }
 
 
