@@ -240,15 +240,16 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         state.setdefault("init_steps", []).append(step)
         if len(init) < tuned.loss_baseline_points:
             return []
-        for at, early in zip(state.pop("init_steps"), init):  # the first values, now that the base is known
-            _note_early_blowup(state, at, early, tuned)
+        base = divergence_base(robust.median(init), init[0], tuned)  # known now: once for the first values
+        for at, early in zip(state.pop("init_steps"), init):
+            _note_early_blowup(state, at, early, tuned, base)
         return []
-    if state.get("seen", 0) < tuned.divergence_early_blowup_values:
-        _note_early_blowup(state, step, value, tuned)
     _track_grad_start(rank, state, step, settings)
     series = recent(rank, name, tuned.loss_window, step)
     tail = _exact_tail(rank, name, series)
     initial = _initial(init, tail)  # statistics.median's value, bit for bit, cheaper
+    if state.get("seen", 0) < tuned.divergence_early_blowup_values:  # (the base from the kept initial level)
+        _note_early_blowup(state, step, value, tuned, divergence_base(initial, init[0], tuned))
     if "early_cv" not in state and len(series) >= 2 * tuned.loss_baseline_points:  # once (_swing_bar)
         earliest = [v for _s, v, _t in series[:2 * tuned.loss_baseline_points]]
         spread = robust.robust_cv(earliest)
@@ -1247,16 +1248,16 @@ def _blown_up(win: _Window, base: float, tuned: LossGradientSettings) -> Optiona
     return next(((s, v) for s, v in zip(win.steps, values) if v >= bar), None)
 
 
-def _note_early_blowup(state: Dict[str, Any], step: int, value: float, tuned: LossGradientSettings) -> None:
+def _note_early_blowup(state: Dict[str, Any], step: int, value: float, tuned: LossGradientSettings,
+                       base: float) -> None:
     """Count one of the run's first ``divergence_early_blowup_values`` loss values and remember the last one
-    >= ``divergence_early_blowup_factor`` x the run's divergence base (``state["early_blowup"]``: [step,
-    value, the step it was judged at or -1, whether it held]); the base is known once the first values are."""
+    >= ``divergence_early_blowup_factor`` x the run's divergence ``base`` (``state["early_blowup"]``: [step,
+    value, the step it was judged at or -1, whether it held]); the base is known once the first values are
+    (the caller's: taken once for the first values, then from the kept initial level)."""
     state["seen"] = state.get("seen", 0) + 1
     factor = tuned.divergence_early_blowup_factor
-    init = state["init"]
     if not factor > 0 or not value - value == 0.0:
         return
-    base = divergence_base(robust.median(init), init[0], tuned)
     if base > 0 and value >= factor * base:
         state["early_blowup"] = [step, value, -1, False]
 
