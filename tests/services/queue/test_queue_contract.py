@@ -4,10 +4,12 @@ Adding an implementation is one line in IMPLEMENTATIONS: ``Impl(factory, durable
 takes (tmp_path, pytest request, max_depth) and opens the queue living under tmp_path — calling it again
 after ``close()`` must reopen the same queue when ``durable`` is true (a restart).
 
-The contract is what the ABC promises: order per key (a key stays in one partition), offsets increasing
-per partition, commits per partition. The memory and SQLite queues have one partition; the Kafka queue
-runs here with three, on a real broker (Tansu, tests/support/kafka.py), each test on its own topic and
-consumer group.
+The contract is what the ABC promises: order per key (a key stays in one partition and one lane of it),
+offsets increasing per partition, commits per lane. The memory and SQLite queues have one partition of many
+lanes, served round-robin (``fair``: the fairness tests at the end run on them); the Kafka queue runs here
+with three partitions (one lane each), on a real broker (Tansu, tests/support/kafka.py), each test on its
+own topic and consumer group -- fair across partitions as librdkafka fetches them, not record by record, so
+the record-level fairness tests are not its contract.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from tests.support.kafka import ReadyKafkaQueues, open_test_queue
 from trainguard_server.queue.base import Queue, QueueFull, QueueRecord
+from trainguard_server.queue.common import lane_of
 from trainguard_server.queue.memory import MemoryQueue
 from trainguard_server.queue.sqlite import SqliteQueue
 
@@ -31,6 +34,7 @@ KAFKA_NAMES = pytest.StashKey[Dict[str, str]]()
 class Impl(NamedTuple):
     open: Callable[[Path, pytest.FixtureRequest, int], Queue]
     durable: bool
+    fair: bool = False  # round-robin over lanes, record by record (the fairness tests)
 
 
 def open_kafka(tmp_path: Path, request: pytest.FixtureRequest, max_depth: int) -> Queue:
@@ -48,9 +52,10 @@ def open_kafka(tmp_path: Path, request: pytest.FixtureRequest, max_depth: int) -
 
 
 IMPLEMENTATIONS: Dict[str, Impl] = {
-    "memory": Impl(lambda tmp_path, request, max_depth: MemoryQueue(max_depth=max_depth), durable=False),
+    "memory": Impl(lambda tmp_path, request, max_depth: MemoryQueue(max_depth=max_depth), durable=False,
+                   fair=True),
     "sqlite": Impl(lambda tmp_path, request, max_depth: SqliteQueue(tmp_path / "queue.db", max_depth=max_depth),
-                   durable=True),
+                   durable=True, fair=True),
     "kafka": Impl(open_kafka, durable=True),
 }
 
@@ -62,8 +67,22 @@ def impl(request: pytest.FixtureRequest) -> Impl:
     return IMPLEMENTATIONS[request.param]
 
 
+@pytest.fixture(params=sorted(name for name, i in IMPLEMENTATIONS.items() if i.fair))
+def fair_impl(request: pytest.FixtureRequest) -> Impl:
+    return IMPLEMENTATIONS[request.param]
+
+
 @pytest.fixture
 def open_queue(impl: Impl, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenQueue]:
+    yield from _opening(impl, request, tmp_path)
+
+
+@pytest.fixture
+def open_fair_queue(fair_impl: Impl, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenQueue]:
+    yield from _opening(fair_impl, request, tmp_path)
+
+
+def _opening(impl: Impl, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenQueue]:
     opened: List[Queue] = []
 
     def open_(max_depth: int = DEFAULT_MAX_DEPTH) -> Queue:
@@ -99,11 +118,15 @@ def test_publish_returns_increasing_offsets_and_consume_hands_them_out_in_order(
     records = drain(queue)
     assert sorted((r.key, r.value, r.offset) for r in records) == sorted(published)
     partition = {r.value: r.partition for r in records}
+    lane = {r.value: (r.partition, r.lane) for r in records}
     assert partition[b"a0"] == partition[b"a1"] == partition[b"a2"]  # one key, one partition
-    for p in set(partition.values()):  # per partition: offsets increase in publish order, handed out so
+    assert lane[b"a0"] == lane[b"a1"] == lane[b"a2"]  # and one lane in it
+    for p in set(partition.values()):  # per partition: offsets increase in publish order
         mine = [x for x in published if partition[x[1]] == p]
         assert [x[2] for x in mine] == sorted(x[2] for x in mine) and len({x[2] for x in mine}) == len(mine)
-        assert [(r.key, r.value, r.offset) for r in records if r.partition == p] == mine
+    for p_lane in set(lane.values()):  # per lane: handed out in publish order
+        mine = [x for x in published if lane[x[1]] == p_lane]
+        assert [(r.key, r.value, r.offset) for r in records if (r.partition, r.lane) == p_lane] == mine
     now = time.time_ns()
     assert all(now - 60 * 10**9 < r.published_ns <= now for r in records)
 
@@ -295,3 +318,93 @@ def test_close_wakes_a_blocked_consumer(open_queue: OpenQueue) -> None:
     thread.join(10)
     assert not thread.is_alive()
     assert result == [[]] or isinstance(result[0], Exception)
+
+
+# --- fairness between keys (the queues with lanes: memory, SQLite) ---------------------------------------
+NOISY, QUIET = "noisy", "quiet"  # in different lanes (checked): lane_of 614 and 164 of 1,024
+
+
+def _two_lanes(queue: Queue) -> None:
+    lanes = queue.lanes
+    assert lane_of(NOISY, lanes) != lane_of(QUIET, lanes)
+
+
+def test_a_noisy_keys_backlog_does_not_delay_another_keys_record_beyond_one_consume(
+        open_fair_queue: OpenQueue) -> None:
+    queue = open_fair_queue()
+    _two_lanes(queue)
+    queue.publish(NOISY, [f"n{i}".encode() for i in range(500)])
+    assert [r.value for r in queue.consume(3, 0.5)] == [b"n0", b"n1", b"n2"]  # one lane: in order
+    queue.publish(QUIET, [b"q0", b"q1"])
+    first = queue.consume(2, 0.5)  # the noisy lane's turn, then the quiet one's: not its 497 behind
+    assert [r.value for r in first] == [b"n3", b"q0"]
+    assert [r.value for r in queue.consume(4, 0.5)] == [b"n4", b"q1", b"n5", b"n6"]
+    rest = drain(queue)
+    assert [r.value for r in rest] == [f"n{i}".encode() for i in range(7, 500)]
+    assert len({r.lane for r in first}) == 2
+
+
+def test_many_keys_take_turns_one_record_each(open_fair_queue: OpenQueue) -> None:
+    queue = open_fair_queue()
+    keys = [f"run-{i}" for i in range(5)]
+    lanes = queue.lanes
+    assert len({lane_of(k, lanes) for k in keys}) == len(keys)
+    for key in keys:
+        queue.publish(key, [f"{key}:{i}".encode() for i in range(20)])
+    got = queue.consume(10, 0.5)
+    assert sorted(r.key for r in got) == sorted(keys * 2)  # every key twice, none more: a round-robin
+    assert [r.key for r in got[:5]] == keys  # in the order their lanes first held records
+    records = got + drain(queue)
+    for key in keys:
+        assert [r.value for r in records if r.key == key] == [f"{key}:{i}".encode() for i in range(20)]
+
+
+def test_a_commit_covers_its_own_lane_only(fair_impl: Impl, open_fair_queue: OpenQueue) -> None:
+    """Records are handed out out of offset order across lanes: committing a later offset of one lane must
+    not drop an earlier record of another lane that is handed out and not committed (or not handed out)."""
+    queue = open_fair_queue()
+    _two_lanes(queue)
+    queue.publish(NOISY, [b"n0", b"n1", b"n2", b"n3"])
+    queue.publish(QUIET, [b"q0"])
+    got = queue.consume(2, 0.5)
+    assert [r.value for r in got] == [b"n0", b"q0"]
+    queue.commit([got[1]])          # q0: its offset is above all of the noisy records
+    assert queue.depth() == 4
+    assert [r.value for r in queue.consume(10, 0.5)] == [b"n1", b"n2", b"n3"]
+    queue.commit([got[0]])          # n0 only: n1-n3 are handed out, not committed
+    assert queue.depth() == 3
+    if fair_impl.durable:
+        queue.close()
+        queue = open_fair_queue()   # a restart: what was handed out and not committed comes again
+        assert queue.depth() == 3
+        again = drain(queue)
+        assert [r.value for r in again] == [b"n1", b"n2", b"n3"]
+        queue.commit(again)
+        assert queue.depth() == 0
+        queue.close()
+        assert open_fair_queue().depth() == 0
+
+
+def test_records_committed_before_they_were_handed_out_are_not_handed_out(open_fair_queue: OpenQueue) -> None:
+    queue = open_fair_queue()
+    _two_lanes(queue)
+    queue.publish(NOISY, [b"n0", b"n1", b"n2"])
+    queue.publish(QUIET, [b"q0"])
+    first = queue.consume(1, 0.5)
+    assert [r.value for r in first] == [b"n0"]
+    late = QueueRecord(partition=first[0].partition, offset=first[0].offset + 1, key=NOISY, value=b"n1",
+                       published_ns=first[0].published_ns, lane=first[0].lane)
+    queue.commit([late])            # n0 and n1 (everything before it in its lane)
+    assert queue.depth() == 2
+    assert sorted(r.value for r in drain(queue)) == [b"n2", b"q0"]
+
+
+def test_a_commit_of_an_unknown_lane_is_a_value_error(open_fair_queue: OpenQueue) -> None:
+    queue = open_fair_queue()
+    queue.publish(QUIET, [b"q0"])
+    record = queue.consume(1, 0.5)[0]
+    bad = QueueRecord(partition=0, offset=record.offset, key=QUIET, value=b"", published_ns=0,
+                      lane=queue.lanes)
+    with pytest.raises(ValueError):
+        queue.commit([bad])
+    assert queue.depth() == 1

@@ -6,9 +6,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 from tests.services.killing import run_until_killed
+from trainguard_server.queue.base import QueueRecord
 from trainguard_server.queue.sqlite import PAGE_SIZE, QUEUE_DB, SqliteQueue
 
 
@@ -40,7 +41,10 @@ def test_acknowledged_publishes_survive_kill_9_mid_stream(tmp_path: Path) -> Non
             assert by_offset[first].value.startswith(f"{i}:".encode()) and by_offset[first].key == f"run-{i % 3}"
             assert by_offset[second].value == f"{i}:tail".encode()
         offsets = [r.offset for r in records]
-        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+        assert len(set(offsets)) == len(offsets)
+        for key in ("run-0", "run-1", "run-2"):  # handed out round-robin over the runs, each in order
+            mine = [r.offset for r in records if r.key == key]
+            assert mine == sorted(mine)
         assert len(records) in (2 * len(acked), 2 * len(acked) + 2)  # at most the batch not yet acknowledged
         assert queue.depth() == len(records)
     finally:
@@ -93,4 +97,56 @@ def test_a_publish_from_another_process_reaches_a_waiting_consumer(tmp_path: Pat
         assert got == [b"from elsewhere"]
     finally:
         other.close()
+        queue.close()
+
+
+def test_lanes_are_not_stored_a_file_opens_with_another_lane_count(tmp_path: Path) -> None:
+    """Lanes are computed from the keys when a record is first read (the file keeps the schema of the queue
+    before lanes): a file written with one lane count -- or by a version without lanes, the same table --
+    opens with another, every key's records still in publish order and commits still per lane."""
+    path = tmp_path / QUEUE_DB
+    conn = sqlite3.connect(path)  # a file as the queue before lanes left it: one uncommitted backlog
+    conn.execute('CREATE TABLE records ("offset" INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, '
+                 "value BLOB NOT NULL, published_ns INTEGER NOT NULL)")
+    conn.executemany("INSERT INTO records (key, value, published_ns) VALUES (?, ?, 1)",
+                     [(f"run-{i % 4}", f"{i}".encode()) for i in range(40)])
+    conn.commit()
+    conn.close()
+    for lanes in (1, 64, 1024):
+        queue = SqliteQueue(path, lanes=lanes)
+        try:
+            assert queue.depth() == 40 - (lanes > 1) * 4  # the first pass committed one record per run
+            records = []
+            while batch := queue.consume(3, 0.05):
+                records += batch
+            for key in (f"run-{k}" for k in range(4)):
+                mine = [int(r.value) for r in records if r.key == key]
+                assert mine == sorted(mine) and len(mine) == (10 if lanes == 1 else 9)
+            if lanes == 1:  # one lane: the old order, offset by offset
+                assert [int(r.value) for r in records] == list(range(40))
+                first: Dict[str, QueueRecord] = {}
+                for r in records:
+                    first.setdefault(r.key, r)
+                queue.commit(list(first.values()))  # each run's first record; the rest stays
+        finally:
+            queue.close()
+
+
+def test_a_commit_deletes_each_lanes_records_in_ranges(tmp_path: Path) -> None:
+    path = tmp_path / QUEUE_DB
+    queue = SqliteQueue(path)
+    try:
+        for i in range(50):
+            queue.publish("noisy", [f"n{i}".encode()])
+            if i % 10 == 0:
+                queue.publish("quiet", [f"q{i}".encode()])
+        records = []
+        while batch := queue.consume(7, 0.05):
+            records += batch
+        assert queue.depth() == 55
+        queue.commit([r for r in records if r.key == "noisy"])
+        assert queue.depth() == 5
+        left = sqlite3.connect(path).execute("SELECT value FROM records ORDER BY \"offset\"").fetchall()
+        assert [bytes(v) for (v,) in left] == [f"q{i}".encode() for i in range(0, 50, 10)]
+    finally:
         queue.close()

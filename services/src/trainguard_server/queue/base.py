@@ -1,6 +1,15 @@
 """Queue contract: ``publish`` is durable when it returns; ``consume`` hands out records in order per key;
 ``commit`` marks records done so they are never handed out again (at-least-once delivery).
 
+Fairness between keys (runs): a key's records are in one *lane* -- a Kafka partition, or in the embedded
+queues (SQLite, memory) one of ``lanes`` sub-streams of their one partition, chosen by a stable hash of the
+key (:func:`.common.lane_of`). A lane's records are handed out in offset order; the embedded queues hand out
+round-robin over the lanes that hold records (one record from each in turn), so a key with a backlog
+delays another key's next record by at most one ``consume`` call, whatever its backlog (tenant isolation:
+one noisy run does not hold back another run's alert). Kafka serves its partitions as librdkafka fetches
+them: fair across partitions, not record by record. ``commit`` covers what came before a record in its
+lane only.
+
 Implementations: a SQLite table (:mod:`.sqlite`, the embedded default), Apache Kafka (:mod:`.kafka`: a
 topic partitioned by run id, a consumer group) and an in-memory deque for tests (:mod:`.memory`); their
 shared argument checks are in :mod:`.common`. All pass tests/services/queue/test_queue_contract.py.
@@ -22,6 +31,7 @@ class QueueRecord:
     key: str            # run id: records with one key are consumed in publish order
     value: bytes
     published_ns: int   # when the gateway published it (for processing-lag figures)
+    lane: int = 0       # the key's lane in its partition (common.lane_of; Kafka: 0, a partition is one lane)
 
 
 class QueueFull(Exception):
@@ -51,6 +61,10 @@ class Queue(ABC):
     state per partition and learns of its partitions through :meth:`set_rebalance_listener`. False: one
     partition (0), always this consumer's."""
 
+    lanes: int = 1
+    """Lanes per partition (records of a lane are handed out in offset order; the embedded queues serve
+    their many lanes round-robin; Kafka: 1, a partition is one lane)."""
+
     def set_rebalance_listener(self, listener: Optional[RebalanceListener]) -> None:
         """Report partition assignments and revocations to ``listener`` (a queue whose partitions never
         move -- ``partitioned`` False -- has nothing to report)."""
@@ -65,12 +79,13 @@ class Queue(ABC):
     @abstractmethod
     def consume(self, max_records: int, timeout: float) -> List[QueueRecord]:
         """Up to ``max_records`` records not yet committed and not yet handed out to this consumer,
-        waiting up to ``timeout`` s for the first one. After a restart, everything uncommitted is
+        waiting up to ``timeout`` s for the first one: each lane's in offset order, the lanes that hold
+        records served in turn (see the module's docstring). After a restart, everything uncommitted is
         handed out again."""
 
     @abstractmethod
     def commit(self, records: Sequence[QueueRecord]) -> None:
-        """Mark ``records`` (and everything before them in their partition) as processed."""
+        """Mark ``records`` (and everything before them in their lane of their partition) as processed."""
 
     @abstractmethod
     def depth(self) -> int:

@@ -1,13 +1,36 @@
-"""Argument checks and offset bookkeeping every queue implementation shares (SQLite, Kafka, memory), so
-all of them refuse the same bad calls with the same messages."""
+"""Argument checks, offset bookkeeping and lanes every queue implementation shares (SQLite, Kafka, memory),
+so all of them refuse the same bad calls with the same messages and hand out records in the same order."""
 
 from __future__ import annotations
 
-from typing import Sequence
+import zlib
+from collections import deque
+from typing import Deque, Dict, Generic, List, Sequence, Tuple, TypeVar
 
 from .base import QueueRecord
 
 PARTITION = 0
+
+DEFAULT_LANES = 1024
+"""Lanes of the embedded queues' one partition (``TRAINGUARD_QUEUE_LANES``): a run shares its lane -- and
+waits behind the backlog in it -- with the runs whose ids hash to the same one, so many lanes make that rare
+(1 in 1,024 for two runs; with 64 lanes ~2 of 120 quiet runs would share a noisy run's lane). A lane costs
+nothing while it is empty; the consumer walks only the lanes that hold records."""
+
+T = TypeVar("T")
+
+
+def lane_of(key: str, lanes: int) -> int:
+    """The lane of ``key`` among ``lanes``: CRC-32 of its UTF-8 bytes modulo ``lanes`` (stable across
+    processes and versions, unlike ``hash()``; a run's records always share one lane)."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % lanes
+
+
+def check_lanes(lanes: int) -> int:
+    """``lanes`` when it is a positive integer; ValueError otherwise."""
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+        raise ValueError(f"lanes must be a positive integer, not {lanes!r}")
+    return lanes
 
 
 def check_consume_args(max_records: int, timeout: float) -> None:
@@ -28,9 +51,90 @@ def commit_offset(records: Sequence[QueueRecord]) -> int:
     return top
 
 
+def commit_tops(records: Sequence[QueueRecord], lanes: int) -> Dict[int, int]:
+    """The highest offset among ``records`` per lane (all of partition 0, lanes below ``lanes``): what a
+    commit of them covers. ValueError for another partition or lane."""
+    tops: Dict[int, int] = {}
+    for record in records:
+        if record.partition != PARTITION:
+            raise ValueError(f"unknown partition {record.partition}: this queue has only partition 0")
+        lane = record.lane
+        if not 0 <= lane < lanes:
+            raise ValueError(f"unknown lane {lane}: this queue has lanes 0-{lanes - 1}")
+        if record.offset > tops.get(lane, -1):
+            tops[lane] = record.offset
+    return tops
+
+
 def check_publish_args(key: str, values: Sequence[bytes]) -> None:
     if not isinstance(key, str):
         raise TypeError("key must be a str")
     for value in values:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError("values must be bytes")
+
+
+class Lanes(Generic[T]):
+    """The records not yet handed out, per lane, and whose turn it is (not thread-safe: callers lock).
+
+    ``add`` a record's offset (and an item: the record itself, or nothing where the caller reads it
+    later) in offset order per lane; ``take(n)`` hands out up to ``n``: one from the first lane in turn,
+    which then goes to the back of the turn if it still holds records -- round-robin over the lanes that
+    hold records, a lane that gets its first record joining at the back. ``committed(lane, top)`` forgets
+    the lane's records up to ``top`` (handed out or not) and ignores any added later at or below it."""
+
+    def __init__(self) -> None:
+        self._waiting: Dict[int, Deque[Tuple[int, T]]] = {}
+        self._turns: Deque[int] = deque()
+        self._done: Dict[int, int] = {}   # lane -> highest offset committed
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, lane: int, offset: int, item: T) -> None:
+        if offset <= self._done.get(lane, -1):
+            return
+        waiting = self._waiting.get(lane)
+        if waiting is None:
+            waiting = self._waiting[lane] = deque()
+            self._turns.append(lane)
+        waiting.append((offset, item))
+        self._count += 1
+
+    def take(self, n: int) -> List[Tuple[int, int, T]]:
+        """Up to ``n`` ``(lane, offset, item)``, round-robin over the lanes (see the class)."""
+        out: List[Tuple[int, int, T]] = []
+        turns, waiting = self._turns, self._waiting
+        while len(out) < n and turns:
+            lane = turns.popleft()
+            mine = waiting[lane]
+            offset, item = mine.popleft()
+            out.append((lane, offset, item))
+            if mine:
+                turns.append(lane)
+            else:
+                del waiting[lane]
+        self._count -= len(out)
+        return out
+
+    def committed(self, lane: int, top: int) -> List[Tuple[int, T]]:
+        """Forget ``lane``'s records up to ``top``; returns those not handed out yet ``(offset, item)``."""
+        if top > self._done.get(lane, -1):
+            self._done[lane] = top
+        mine = self._waiting.get(lane)
+        gone: List[Tuple[int, T]] = []
+        if mine is None:
+            return gone
+        while mine and mine[0][0] <= top:  # committed before they were handed out (not the usual way)
+            gone.append(mine.popleft())
+        self._count -= len(gone)
+        if not mine:
+            del self._waiting[lane]
+            self._turns.remove(lane)
+        return gone
+
+    def clear(self) -> None:
+        self._waiting.clear()
+        self._turns.clear()
+        self._count = 0

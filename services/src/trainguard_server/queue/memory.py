@@ -1,8 +1,11 @@
-"""MemoryQueue: the queue contract in a deque — bounded, ordered, one partition (0), not durable.
+"""MemoryQueue: the queue contract in memory — bounded, ordered per key, fair between keys, one partition (0),
+not durable.
 
 For tests and for a server that may lose unprocessed batches on a crash. ``publish`` raises QueueFull when
 ``max_depth`` records are uncommitted (the call that crosses the line is accepted whole, so a batch is never
 split); a consumer blocked in ``consume`` wakes as soon as something is published or the queue is closed.
+Like the SQLite queue, records are handed out round-robin over the keys' lanes (:class:`.common.Lanes`),
+each lane's in offset order; ``commit`` covers a lane's records up to the committed offset.
 """
 
 from __future__ import annotations
@@ -10,24 +13,36 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Deque, List, Sequence
+from typing import Deque, Dict, List, Sequence
 
 from .base import Queue, QueueFull, QueueRecord
-from .common import PARTITION, check_consume_args, check_publish_args, commit_offset
+from .common import (
+    DEFAULT_LANES,
+    PARTITION,
+    Lanes,
+    check_consume_args,
+    check_lanes,
+    check_publish_args,
+    commit_tops,
+    lane_of,
+)
 
 
 class MemoryQueue(Queue):
     """Bounded in-memory queue; offsets start at 0 and are never reused."""
 
-    def __init__(self, max_depth: int = 50_000, *, retry_after: float = 1.0) -> None:
+    def __init__(self, max_depth: int = 50_000, *, retry_after: float = 1.0,
+                 lanes: int = DEFAULT_LANES) -> None:
         if max_depth < 1:
             raise ValueError("max_depth must be >= 1")
+        self.lanes = check_lanes(lanes)
         self._max_depth = max_depth
         self._retry_after = retry_after
         self._cond = threading.Condition()
-        self._records: Deque[QueueRecord] = deque()  # uncommitted, in offset order
+        self._waiting: Lanes[QueueRecord] = Lanes()   # not handed out yet
+        self._held: Dict[int, Deque[int]] = {}        # handed out, not committed: offsets per lane
+        self._depth = 0                               # uncommitted records
         self._next_offset = 0
-        self._handed = -1                             # highest offset handed out
         self._closed = False
 
     def publish(self, key: str, values: Sequence[bytes]) -> List[int]:
@@ -35,17 +50,19 @@ class MemoryQueue(Queue):
         with self._cond:
             if self._closed:
                 raise RuntimeError("queue is closed")
-            if len(self._records) >= self._max_depth:
-                raise QueueFull(f"queue holds {len(self._records)} unprocessed records "
+            if self._depth >= self._max_depth:
+                raise QueueFull(f"queue holds {self._depth} unprocessed records "
                                 f"(max {self._max_depth})", retry_after=self._retry_after)
             now = time.time_ns()
+            lane = lane_of(key, self.lanes)
             offsets = []
             for value in values:
-                record = QueueRecord(partition=PARTITION, offset=self._next_offset, key=key,
-                                     value=bytes(value), published_ns=now)
-                self._records.append(record)
-                offsets.append(self._next_offset)
+                offset = self._next_offset
+                self._waiting.add(lane, offset, QueueRecord(partition=PARTITION, offset=offset, key=key,
+                                                            value=bytes(value), published_ns=now, lane=lane))
+                offsets.append(offset)
                 self._next_offset += 1
+            self._depth += len(offsets)
             if offsets:
                 self._cond.notify_all()
             return offsets
@@ -54,26 +71,36 @@ class MemoryQueue(Queue):
         check_consume_args(max_records, timeout)
         deadline = time.monotonic() + timeout
         with self._cond:
-            while not self._closed and self._next_offset - 1 <= self._handed:
+            while not self._closed and not self._waiting:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
                 self._cond.wait(remaining)
-            out = [r for r in self._records if r.offset > self._handed][:max_records]
-            if out:
-                self._handed = out[-1].offset
+            out = []
+            for lane, offset, record in self._waiting.take(max_records):
+                held = self._held.get(lane)
+                if held is None:
+                    held = self._held[lane] = deque()
+                held.append(offset)
+                out.append(record)
             return out
 
     def commit(self, records: Sequence[QueueRecord]) -> None:
-        top = commit_offset(records)
+        tops = commit_tops(records, self.lanes)
         with self._cond:
-            while self._records and self._records[0].offset <= top:
-                self._records.popleft()
-            self._handed = max(self._handed, top)
+            for lane, top in tops.items():
+                held = self._held.get(lane)
+                done = 0
+                while held and held[0] <= top:
+                    held.popleft()
+                    done += 1
+                if held is not None and not held:
+                    del self._held[lane]
+                self._depth -= done + len(self._waiting.committed(lane, top))
 
     def depth(self) -> int:
         with self._cond:
-            return len(self._records)
+            return self._depth
 
     def close(self) -> None:
         with self._cond:

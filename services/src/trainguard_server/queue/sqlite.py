@@ -5,9 +5,16 @@ partition (0).
   default ``synchronous=FULL`` that commit is fsynced to the WAL, so an acknowledged batch survives a
   process kill and a power loss (``NORMAL``: a kill only). Offsets come from AUTOINCREMENT: strictly
   increasing and never reused, even after every row has been committed and deleted.
-- ``consume`` hands out uncommitted records in offset order and remembers, in memory only, the highest
-  offset handed out: after a restart everything uncommitted is handed out again (at-least-once).
-- ``commit`` deletes every row up to the highest committed offset.
+- ``consume`` hands out uncommitted records fairly between runs: each key (run id) is in one of ``lanes``
+  lanes (:func:`.common.lane_of`, a stable hash), each lane's records are handed out in offset order, and
+  the lanes that hold records take turns, one record each (:class:`.common.Lanes`) -- so a quiet run's
+  record waits behind at most one record of each other busy lane, never behind a noisy run's whole backlog.
+  Which records were handed out is kept in memory only: after a restart everything uncommitted is handed
+  out again (at-least-once). The lanes are not stored: they are computed from the keys when a record is
+  first seen (the file's schema is the one before lanes, so a queue file of any version opens as it is,
+  and ``lanes`` may change between runs of the server).
+- ``commit`` deletes, per lane, every record up to the highest committed offset of that lane (the other
+  lanes' records, handed out or not, stay).
 - ``depth`` is kept in memory (counted at open, then adjusted by publish/commit): exact while this
   process is the only writer, which is how the embedded server uses it.
 - QueueFull when ``depth() >= max_depth`` (the batch that crosses the line is accepted whole).
@@ -28,16 +35,27 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections import deque
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from trainguard_server.storage.sqlite import DEFAULT_SYNCHRONOUS, connect, opening
 
 from .base import Queue, QueueFull, QueueRecord
-from .common import PARTITION, check_consume_args, check_publish_args, commit_offset
+from .common import (
+    DEFAULT_LANES,
+    PARTITION,
+    Lanes,
+    check_consume_args,
+    check_lanes,
+    check_publish_args,
+    commit_tops,
+    lane_of,
+)
 
 QUEUE_DB = "queue.db"
 PAGE_SIZE = 16384
+_IN_LIMIT = 500  # offsets per "IN (...)" read (SQLite allows 999 variables in old builds)
 
 _SCHEMA = (
     'CREATE TABLE IF NOT EXISTS records ("offset" INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, '
@@ -62,9 +80,11 @@ class SqliteQueue(Queue):
     """Durable embedded queue in the SQLite file ``path``."""
 
     def __init__(self, path: Union[str, Path], *, max_depth: int = 50_000, retry_after: float = 1.0,
-                 synchronous: str = DEFAULT_SYNCHRONOUS, poll_interval: float = 0.25) -> None:
+                 synchronous: str = DEFAULT_SYNCHRONOUS, poll_interval: float = 0.25,
+                 lanes: int = DEFAULT_LANES) -> None:
         if max_depth < 1:
             raise ValueError("max_depth must be >= 1")
+        self.lanes = check_lanes(lanes)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._max_depth = max_depth
@@ -75,7 +95,10 @@ class SqliteQueue(Queue):
         self._arrived: List[_Waiting] = []   # publishes waiting for the next commit
         self._leading = False                # a publish is committing a group now
         self._consume_lock = threading.Lock()   # one consume() at a time
-        self._handed_lock = threading.Lock()    # guards _handed (commit must not wait for a consume)
+        self._index_lock = threading.Lock()     # guards the lanes below (commit must not wait for a consume)
+        self._waiting: Lanes[None] = Lanes()    # not handed out yet: offsets per lane, whose turn it is
+        self._held: Dict[int, Deque[int]] = {}  # handed out, not committed: offsets per lane, ascending
+        self._known = 0                         # highest offset read into the lanes; offsets start at 1
         self._cond = threading.Condition()
         self._generation = 0           # bumped by every publish (under _cond)
         self._closed = False
@@ -85,7 +108,6 @@ class SqliteQueue(Queue):
             self._writer.execute(_SCHEMA)
             self._reader = self._open(synchronous)
             self._depth = int(self._writer.execute("SELECT COUNT(*) FROM records").fetchone()[0])
-        self._handed = 0               # highest offset handed out; offsets start at 1
 
     def _open(self, synchronous: str, page_size: Optional[int] = None) -> sqlite3.Connection:
         if page_size:
@@ -196,16 +218,19 @@ class SqliteQueue(Queue):
                     generation = self._generation
                     if self._closed:
                         return []
-                with self._handed_lock:
-                    handed = self._handed
-                rows = self._reader.execute(
-                    'SELECT "offset", key, value, published_ns FROM records WHERE "offset" > ? '
-                    'ORDER BY "offset" LIMIT ?', (handed, max_records)).fetchall()
-                if rows:
-                    with self._handed_lock:
-                        self._handed = max(self._handed, int(rows[-1][0]))
-                    return [QueueRecord(partition=PARTITION, offset=int(o), key=k, value=bytes(v),
-                                        published_ns=int(ns)) for o, k, v, ns in rows]
+                self._read_new(self._reader)
+                with self._index_lock:
+                    taken = self._waiting.take(max_records)
+                    for lane, offset, _ in taken:
+                        held = self._held.get(lane)
+                        if held is None:
+                            held = self._held[lane] = deque()
+                        held.append(offset)
+                if taken:
+                    records = self._read_records(taken)
+                    if records:
+                        return records
+                    continue  # all of them committed meanwhile (by another handle): look again
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
@@ -215,23 +240,69 @@ class SqliteQueue(Queue):
                     if self._generation == generation:
                         self._cond.wait(min(remaining, self._poll_interval))
 
+    def _read_new(self, conn: sqlite3.Connection) -> None:
+        """Put the records published since the last look (by any process) in their lanes: their offsets
+        and keys only (the key is the row's first column: no value is read). Offsets become visible in
+        increasing order (one writer at a time), so nothing below the highest one seen can appear later."""
+        rows = conn.execute('SELECT "offset", key FROM records WHERE "offset" > ? ORDER BY "offset"',
+                            (self._known,)).fetchall()
+        if not rows:
+            return
+        lanes = self.lanes
+        with self._index_lock:
+            known = self._known  # another thread may have read some of them meanwhile (consume vs commit)
+            add = self._waiting.add
+            for offset, key in rows:
+                if offset > known:
+                    add(lane_of(key, lanes), offset, None)
+            self._known = max(known, int(rows[-1][0]))
+
+    def _read_records(self, taken: List[Tuple[int, int, None]]) -> List[QueueRecord]:
+        """The records of ``taken`` ``(lane, offset, _)``, in that order (one still there is skipped)."""
+        found: Dict[int, Tuple[str, bytes, int]] = {}
+        offsets = [offset for _, offset, _ in taken]
+        for at in range(0, len(offsets), _IN_LIMIT):
+            part = offsets[at:at + _IN_LIMIT]
+            marks = ",".join("?" * len(part))
+            query = f'SELECT "offset", key, value, published_ns FROM records WHERE "offset" IN ({marks})'
+            for o, k, v, ns in self._reader.execute(query, part):
+                found[int(o)] = (k, bytes(v), int(ns))
+        out: List[QueueRecord] = []
+        for lane, offset, _ in taken:
+            row = found.get(offset)
+            if row is not None:
+                out.append(QueueRecord(partition=PARTITION, offset=offset, key=row[0], value=row[1],
+                                       published_ns=row[2], lane=lane))
+        return out
+
     def commit(self, records: Sequence[QueueRecord]) -> None:
-        top = commit_offset(records)
-        if top < 0:
+        tops = commit_tops(records, self.lanes)
+        if not tops:
             return
         with self._write_lock:
             self._check_open()
+            self._read_new(self._writer)  # records this handle has not looked at yet (just reopened)
+            with self._index_lock:  # the lanes' records up to their tops: handed out or not (the latter rare)
+                gone: List[int] = []
+                for lane, top in tops.items():
+                    held = self._held.get(lane)
+                    while held and held[0] <= top:
+                        gone.append(held.popleft())
+                    if held is not None and not held:
+                        del self._held[lane]
+                    gone.extend(offset for offset, _ in self._waiting.committed(lane, top))
+            if not gone:
+                return
             conn = self._writer
             conn.execute("BEGIN IMMEDIATE")
             try:
-                deleted = conn.execute('DELETE FROM records WHERE "offset" <= ?', (top,)).rowcount
+                deleted = conn.executemany('DELETE FROM records WHERE "offset" BETWEEN ? AND ?',
+                                           _ranges(sorted(gone))).rowcount
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
             self._depth -= max(deleted, 0)
-        with self._handed_lock:
-            self._handed = max(self._handed, top)
 
     def depth(self) -> int:
         return self._depth  # an int read: never waits for a publish's fsync
@@ -247,3 +318,15 @@ class SqliteQueue(Queue):
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("queue is closed")
+
+
+def _ranges(offsets: List[int]) -> List[Tuple[int, int]]:
+    """Runs of consecutive integers in the ascending ``offsets``, as ``(first, last)``: one range delete
+    each (a noisy run's committed records are mostly consecutive)."""
+    out: List[Tuple[int, int]] = []
+    for offset in offsets:
+        if out and offset == out[-1][1] + 1:
+            out[-1] = (out[-1][0], offset)
+        else:
+            out.append((offset, offset))
+    return out
