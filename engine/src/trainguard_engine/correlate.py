@@ -444,13 +444,73 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
             cause = _exhaustion_around(run, st, settings)
             if cause is not None and cause.record.lead_rank >= 0:
                 cause.extra.setdefault("lead", cause.record.lead_rank)  # the exhausted rank leads
+        why = ""
+        if cause is None and kind != STALLED:
+            cause = _named_same_moment(run, st)
+            why = SAME_MOMENT_WHY
         if cause is None:
             continue
-        _fold_into(run, st, cause, settings)
+        _fold_into(run, st, cause, settings, why)
         if kind == STALLED:
             cause.extra["hang"] = True
         changed += [st, cause]
     return changed
+
+
+SAME_MOMENT_WHY = "the same rank's more specific error at the same moment"
+
+
+def _reading_confidence(st: IncidentState) -> Optional[float]:
+    """How specific the error text of ``st`` is: the highest classifier confidence of its evidence
+    (``value["confidence"]``: an exact PyTorch/NCCL/CUDA message with parsed fields ~0.9, a generic phrase
+    ~0.5; 0 for an exception known by its type only). None when ``st`` is not made of a rank's own error
+    text (and its exit) only -- a detector's or correlation's finding is never weighed this way."""
+    best = 0.0
+    for ev in st.record.evidence:
+        if ev.rule.startswith(EXIT_RULES):
+            continue  # how the reported error ended the process: no reading of its own
+        if not ev.rule.startswith(REPORTED):
+            return None
+        value = ev.value if isinstance(ev.value, Mapping) else {}
+        conf = value.get("confidence")
+        if isinstance(conf, (int, float)) and not isinstance(conf, bool):
+            best = max(best, float(conf))
+    return best
+
+
+def _named_same_moment(run: RunState, st: IncidentState) -> Optional[IncidentState]:
+    """Rule 9 (docs/correlation.md): the open, unexplained incident that explains ``st`` because it is the
+    same rank's more specific error at the same moment. A rank's generic report -- ``Fatal Python error:
+    Aborted`` (out of memory *or* a CUDA error), a bare ``Exception:`` re-raised by ``mp.spawn``, the
+    watchdog's ``Some NCCL operations have failed or timed out`` teardown, ``NCCL communicator was aborted``
+    -- stamped with the same time as that rank's named error (an illegal memory access, the OOM, the
+    ``Timeout at NCCL work``, an ``ncclRemoteError``) is what that error did to the process: log lines of one
+    second, or unstamped lines that take their neighbour's stamp, cannot order them, and the earliest-signal
+    rule is silent. ``st`` must be no numerical incident (a NaN, an explosion, the loss scaler's notice:
+    observations, not a crash report); both must be made of error text only (:func:`_reading_confidence`);
+    the other one must include ``st``'s lead rank and read strictly more specifically (higher classifier
+    confidence); the most specific one wins (then the lower incident key, a deterministic order). None when
+    there is none."""
+    if _kind(st) in NUMERIC or _kind(st) == AMP_OVERFLOW:
+        return None  # a value going bad (or the scaler's notice) is an observation, not a crash report
+    mine = _reading_confidence(st)
+    began = _began(run, st)
+    rank = st.record.lead_rank
+    if mine is None or not began or rank < 0:
+        return None
+    best: Optional[IncidentState] = None
+    best_conf = mine
+    for other in run.incidents.values():
+        if other is st or not other.is_open or other.record.explained_by or _began(run, other) != began:
+            continue
+        if rank not in other.rank_first and rank not in _reporters(other.record.evidence):
+            continue
+        conf = _reading_confidence(other)
+        if conf is None or conf <= mine:
+            continue
+        if best is None or (-conf, other.key) < (-best_conf, best.key):
+            best, best_conf = other, conf
+    return best
 
 
 def _exhausts_memory(st: IncidentState) -> bool:
@@ -572,7 +632,8 @@ def _hang_incident(run: RunState, at_ns: int) -> Optional[IncidentState]:
     return None
 
 
-def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings: DetectionSettings) -> None:
+def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings: DetectionSettings,
+               why: str = "") -> None:
     inc, target = st.record, cause.record
     _remember_killed(cause)
     name = f"{target.category}/{target.subtype}"
@@ -606,7 +667,7 @@ def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings:
             rank.exc_key = cause.key
     inc.explained_by = target.incident_id
     resolve(st, inc.last_ns or inc.first_ns, inc.last_step, inc.lead_rank,
-            f"explained by the {name} incident {target.incident_id} (it began earlier"
+            f"explained by the {name} incident {target.incident_id} ({why or 'it began earlier'}"
             + (f", on rank {target.lead_rank}" if target.lead_rank >= 0 else "") + ")", settings)
     cause.dirty = True
 
@@ -666,6 +727,8 @@ def check_silent_peers(run: RunState, now_ns: int, settings: DetectionSettings) 
 REPORTED = ("exception.", "log.")
 """Evidence rules of a rank that reported the failure itself (error text), as opposed to ranks folded in
 by correlation or by their exit."""
+EXIT_RULES = ("exit.",)
+"""Evidence rules of a rank's exit (its code, and what ended it)."""
 
 
 def check_lagging(run: RunState, now_ns: int, settings: DetectionSettings) -> List[Finding]:
