@@ -97,6 +97,11 @@ class Settings(BaseSettings):
         "least this many seconds off the gateway's clock has its event times shifted by the difference "
         "before validation (a host clock that is wrong, from its first batch; gateway/sent_at.py); 0: never")
     max_queue_depth: int = Field(50_000, description="unprocessed batches before ingest answers 429")
+    queue_lanes: int = Field(
+        1024, ge=1, description="the embedded queue's (SQLite) lanes: a run's records go to the lane its id "
+        "hashes to, each lane in order, the lanes holding records served in turn, one record each -- so "
+        "one run's backlog does not delay another run's alert beyond one processing chunk, unless both "
+        "hash to one lane (1 in queue_lanes). Not stored: may change between starts (queue/common.py)")
     min_free_disk_bytes: int = Field(
         128 * 2**20, ge=0, description="/readyz answers 503 (disk nearly full) when the file system of "
         "data_dir has less free space than this, or refuses a 64 KiB test write (0: neither is checked)")
@@ -153,6 +158,12 @@ class Settings(BaseSettings):
         "records consumes again until it holds processor_round_events envelopes")
     processor_round_events: int = Field(8192, ge=1, description="most envelopes per pipeline call and per "
                                         "store write (a round's records are cut into such chunks)")
+    processor_round_target_s: float = Field(
+        0.25, ge=0, description="how long one processing chunk (one pipeline call and one write per store) "
+        "should take: the processor takes only as many queue records as its recent rate processes in about "
+        "this long, so a record published now waits for about one such chunk before the fair queue hands it "
+        "out, not for a whole processor_round_events chunk (~2-3 s under load); 0: chunks of "
+        "processor_round_events (processor/embedded.py DEFAULT_ROUND_TARGET_S)")
     snapshot_every_s: float = Field(5.0, description="how often the processor snapshots its state")
     tick_interval_s: float = Field(1.0, description="how often processing-time timers run")
     shutdown_timeout_s: float = Field(

@@ -129,7 +129,7 @@ class EmbeddedServer:
             self.processor = EmbeddedProcessor(
                 self.queue, self.stores.events, self.stores.metrics, self.stores.incidents, detection,
                 batch=s.processor_batch, round_events=s.processor_round_events,
-                snapshot_every_s=s.snapshot_every_s,
+                round_target_s=s.processor_round_target_s, snapshot_every_s=s.snapshot_every_s,
                 tick_interval_s=s.tick_interval_s, quota_log_interval_s=s.quota_log_interval_s,
                 yield_to=(lambda: gateway.busy) if gateway is not None else None,
                 processed=backlog.processed if backlog is not None else None)

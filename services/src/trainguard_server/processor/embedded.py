@@ -43,8 +43,23 @@ MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 """A round that failed (a store unavailable) is retried after a backoff doubling from MIN to MAX."""
 DEFAULT_ROUND_EVENTS = 8192
-"""Envelopes per pipeline call and store write: big enough that per-call costs vanish, small enough that a
-chunk takes well under the latency budget (ingest is yielded to between chunks)."""
+"""Envelopes per pipeline call and store write at most: big enough that per-call costs vanish (ingest is
+yielded to after every this many envelopes of continuous processing)."""
+DEFAULT_ROUND_TARGET_S = 0.25
+"""How long one chunk (one pipeline call and one write per store) should take (``TRAINGUARD_PROCESSOR_ROUND_
+TARGET_S``; 0: no time bound, chunks of ``round_events``): the processor measures its recent envelopes per
+second (wall clock: what the gateway's load leaves it) and takes only as many records as it can process in
+about this long, so a record published now -- a quiet run's alert, handed out by the fair queue at its
+next consume -- waits for at most about one such chunk, not ~2-3 s of an 8,192-envelope one. The queue
+is consumed once per such round too, so its round-robin over runs turns that often."""
+MIN_ROUND_EVENTS = 256
+"""The time bound never cuts a chunk below this many envelopes (a record is never split: one bigger is a
+chunk of its own), so the per-chunk costs stay small beside the chunk's work whatever a slow chunk
+measured."""
+RATE_WEIGHT = 0.5
+"""Weight of the last chunk in the processor's running estimates of envelopes per second and per record
+(an exponential moving average: a slow chunk halves the next round at once, one outlier is half-forgotten
+by the next)."""
 
 
 GC_GEN0_THRESHOLD = 50_000
@@ -80,7 +95,7 @@ class ProcessorStats:
     undecodable: int = 0
     errors: int = 0
     snapshots: int = 0
-    last_lag_s: float = 0.0
+    last_lag_s: float = 0.0    # publish-to-processed time of the last chunk's oldest record
     rejected_events: int = 0   # raw-context events a store refused for good (a bad document), logged
     store_retries: int = 0     # rounds retried because a store was unavailable
     rounds: int = 0            # chunks processed: one pipeline call and one write per store each
@@ -94,7 +109,7 @@ class EmbeddedProcessor:
 
     def __init__(self, queue: Queue, events: EventStore, metrics: MetricStore, incidents: IncidentStore,
                  detection: Optional[DetectionSettings] = None, *, batch: int = 256,
-                 round_events: int = DEFAULT_ROUND_EVENTS,
+                 round_events: int = DEFAULT_ROUND_EVENTS, round_target_s: float = DEFAULT_ROUND_TARGET_S,
                  snapshot_every_s: float = 5.0, tick_interval_s: float = 1.0,
                  yield_to: Optional[Callable[[], bool]] = None, max_yield_s: float = 0.05,
                  quota_log_interval_s: float = 60.0,
@@ -106,6 +121,12 @@ class EmbeddedProcessor:
         self.detection = detection or DetectionSettings()
         self.batch = batch
         self.round_events = max(1, round_events)
+        self.round_target_s = max(0.0, round_target_s)
+        #: running estimates for the round's time bound (0: none yet): envelopes per second of wall clock
+        #: through _process, and envelopes per queue record
+        self.rate_events_per_s = 0.0
+        self.events_per_record = 0.0
+        self._since_yield = 0  # envelopes processed since the processor last yielded to ingest
         self.snapshot_every_s = snapshot_every_s
         self.tick_interval_s = tick_interval_s
         self.stats = ProcessorStats()
@@ -294,10 +315,11 @@ class EmbeddedProcessor:
 
     # --- processing -----------------------------------------------------------------------------
     def run_once(self, timeout: float) -> int:
-        """One consumer round: take ``batch`` records (waiting up to ``timeout``; more while they are
-        small: :meth:`_round`), then process them in chunks of at most ``round_events`` envelopes -- per
-        chunk one decode, one write per store and one pipeline call -- maybe checkpoint and run timers.
-        Returns the records processed.
+        """One consumer round: take ``batch`` records -- fewer under the time bound, about as many as the
+        recent rate processes in ``round_target_s`` (:meth:`_round_cap`) -- waiting up to ``timeout``
+        (more while they are small: :meth:`_round`), then process them in chunks of at most that many
+        envelopes (``round_events`` without the bound) -- per chunk one decode, one write per store and one
+        pipeline call -- maybe checkpoint and run timers. Returns the records processed.
 
         A chunk whose store write fails is retried (it and every later record of the round) after a
         backoff; a pipeline output whose upsert failed is kept and applied before anything new."""
@@ -315,7 +337,7 @@ class EmbeddedProcessor:
                 raise
         fresh = not self._retry
         if fresh:
-            records = self.queue.consume(self.batch, timeout)
+            records = self.queue.consume(self._take_count(self._round_cap()), timeout)
         else:
             records, self._retry = self._retry, []
         paused = bool(records) and gc.isenabled()
@@ -349,22 +371,27 @@ class EmbeddedProcessor:
 
     def _round(self, records: List[QueueRecord], fresh: bool) -> int:
         """Process ``records`` chunk by chunk -- each chunk decoded just before it runs, so a round holds at
-        most about ``round_events`` decoded envelopes at once whatever ``batch`` records it took -- and,
-        ``fresh`` from a queue with one partition, take more while the queue hands out full batches and
-        the round has decoded fewer than ``round_events`` envelopes (small records, e.g. the SDK's request
-        per rank and step, then share one pipeline call and one write per store instead of one per
-        ``batch`` records: the per-round costs, commits included, are paid per ``round_events``
-        envelopes). A partitioned queue is consumed once per round (a rebalance inside a later consume
-        could revoke partitions whose records the round holds). Returns the records processed.
+        most about one chunk's decoded envelopes at once whatever records it took -- and, ``fresh`` from a
+        queue with one partition, take more while the queue hands out all that was asked and the round has
+        decoded fewer envelopes than a chunk holds (small records, e.g. the SDK's request per rank and
+        step, then share one pipeline call and one write per store instead of one per consume: the
+        per-round costs, commits included, are paid per chunk). A partitioned queue is consumed once per
+        round (a rebalance inside a later consume could revoke partitions whose records the round holds).
+        Returns the records processed.
 
-        A chunk is at most ``round_events`` envelopes (a record is never split; one larger than that is a
-        chunk of its own). Runs with the cyclic garbage collector paused (run_once): a round's decoded
-        envelopes live until their chunk is through, so young-generation collections would walk tens of
-        thousands of objects that all survive (4-6 % of a round's CPU, bench/processor.py); they are
-        freed by reference counting. Waiting for records (consume's timeout) and the timers and
-        checkpoints after a round run with the collector as it was."""
+        A chunk is at most ``round_events`` envelopes, and under the time bound at most what the recent
+        rate processes in ``round_target_s`` (:meth:`_round_cap`; a record is never split; one larger than
+        that is a chunk of its own). After every ``round_events`` envelopes of processing the processor
+        yields to ingest requests in flight (up to ``max_yield_s``). Runs with the cyclic garbage
+        collector paused (run_once): a round's decoded envelopes live until their chunk is through, so
+        young-generation collections would walk tens of thousands of objects that all survive (4-6 % of a
+        round's CPU, bench/processor.py); they are freed by reference counting. Waiting for records
+        (consume's timeout) and the timers and checkpoints after a round run with the collector as it
+        was."""
         more = fresh and not self.partitioned
-        full = len(records) >= self.batch
+        cap = self._round_cap()
+        asked = self._take_count(cap)
+        full = len(records) >= asked
         todo, at = records, 0   # records taken and not yet decoded: todo[at:]
         carry: Optional[Tuple[QueueRecord, List[Envelope], List[Points]]] = None  # did not fit
         decoded_envelopes = 0
@@ -377,10 +404,11 @@ class EmbeddedProcessor:
                     carry = None
                 else:
                     if at == len(todo):
-                        if not (more and full and decoded_envelopes < self.round_events):
+                        if not (more and full and decoded_envelopes < cap):
                             break
-                        todo, at = self._take_more(), 0
-                        full = len(todo) >= self.batch
+                        asked = self._take_count(cap - decoded_envelopes)
+                        todo, at = self._take_more(asked), 0
+                        full = len(todo) >= asked
                         more = more and bool(todo)
                         if not todo:
                             break
@@ -388,7 +416,7 @@ class EmbeddedProcessor:
                     at += 1
                     decoded, decoded_points = self._decode(record)
                     decoded_envelopes += len(decoded)
-                if chunk.records and len(chunk.envelopes) + len(decoded) > self.round_events:
+                if chunk.records and len(chunk.envelopes) + len(decoded) > cap:
                     carry = (record, decoded, decoded_points)
                     break
                 chunk.records.append(record)
@@ -397,11 +425,14 @@ class EmbeddedProcessor:
                 chunk.partitions.extend([record.partition] * len(decoded))
             if not chunk.records:
                 return done
-            if done:
+            if self._since_yield >= self.round_events:  # a long stretch of processing: ingest's turn
+                self._since_yield = 0
                 self._yield_to_ingest()
             try:
                 with self._lock:
+                    started = time.perf_counter()
                     self._process(chunk.records, chunk.envelopes, chunk.points, chunk.partitions)
+                    self._measured(len(chunk.records), len(chunk.envelopes), time.perf_counter() - started)
             except Exception:
                 # a store is unavailable: records not yet through the stores are kept for a retry after
                 # a backoff (doubling to MAX_BACKOFF_S); nothing of them is committed meanwhile
@@ -414,13 +445,42 @@ class EmbeddedProcessor:
                 raise
             done += len(chunk.records)
 
-    def _take_more(self) -> List[QueueRecord]:
-        """The next ``batch`` records, at once, for a round that wants more (:meth:`_round`); a consume that
+    def _round_cap(self) -> int:
+        """Envelopes per chunk (and, over a queue with one partition, per round): ``round_events``, cut by
+        the time bound to what the recent rate processes in ``round_target_s`` (not below
+        ``MIN_ROUND_EVENTS``)."""
+        if self.round_target_s <= 0 or self.rate_events_per_s <= 0:
+            return self.round_events
+        fit = int(self.rate_events_per_s * self.round_target_s)
+        return max(1, min(self.round_events, max(MIN_ROUND_EVENTS, fit)))
+
+    def _take_count(self, envelopes: int) -> int:
+        """Records to take from the queue for about ``envelopes`` envelopes: ``batch`` at most, at least 1
+        (``batch`` itself while there is no time bound or no estimate yet)."""
+        if self.round_target_s <= 0 or self.events_per_record <= 0:
+            return self.batch
+        return max(1, min(self.batch, -(-max(1, envelopes) // max(1, round(self.events_per_record)))))
+
+    def _measured(self, records: int, envelopes: int, seconds: float) -> None:
+        """Fold a chunk's figures into the running estimates (see ``RATE_WEIGHT``)."""
+        self._since_yield += envelopes
+        if not records or not envelopes:
+            return
+        rate = envelopes / max(seconds, 1e-6)
+        per_record = envelopes / records
+        w = RATE_WEIGHT
+        self.rate_events_per_s = (rate if self.rate_events_per_s <= 0
+                                  else w * rate + (1 - w) * self.rate_events_per_s)
+        self.events_per_record = (per_record if self.events_per_record <= 0
+                                  else w * per_record + (1 - w) * self.events_per_record)
+
+    def _take_more(self, count: int) -> List[QueueRecord]:
+        """The next ``count`` records, at once, for a round that wants more (:meth:`_round`); a consume that
         raises ends the taking ([]): the round goes on with the records it holds (handed out by the
         queue, they must go through before anything after them is committed) and the next round's
         consume meets the error again."""
         try:
-            return self.queue.consume(self.batch, 0.0)
+            return self.queue.consume(count, 0.0)
         except Exception as exc:
             log.warning("taking more records for this round failed (%s); processing those taken",
                         _describe(exc))
@@ -461,8 +521,9 @@ class EmbeddedProcessor:
             for partition, (envs, pts_list) in by_partition.items():
                 self._run_pipeline(partition, envs, pts_list)
         now_ns = time.time_ns()
-        if records:
-            self.stats.last_lag_s = max(0.0, (now_ns - records[-1].published_ns) / 1e9)
+        if records:  # the chunk's oldest record: how far behind the most-behind run is (a fair queue
+            # hands out a quiet run's new record beside a noisy run's old ones)
+            self.stats.last_lag_s = max(0.0, (now_ns - min(r.published_ns for r in records)) / 1e9)
         self.stats.records += len(records)
         self.stats.events += len(envelopes)
         self.stats.rounds += 1

@@ -39,4 +39,4 @@ def open_queue(settings: Settings, data_dir: Path, consume: bool = True) -> Queu
     from .sqlite import QUEUE_DB, SqliteQueue
 
     return SqliteQueue(data_dir / QUEUE_DB, max_depth=settings.max_queue_depth,
-                       retry_after=settings.retry_after_s)
+                       retry_after=settings.retry_after_s, lanes=settings.queue_lanes)
