@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.97, "subtype": 0.94}, "heldout": {"category": 0.88, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.96, "subtype": 0.94}, "heldout": {"category": 0.88, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -149,7 +149,13 @@ held out 187/210 and 179/210. Then NCCL invalid-usage / old-wording / CI-stamp /
 from torchrun and accelerate's relay, a summary cut inside its root cause, index_select device-side asserts
 plain / with THC's C++ signature / blank-line separated / interleaved mid-line, shell segfault reports)
 labelled before being classified and recorded with no classifier change: tuned 531/545 and 523/545 (new tuned
-3/4), held out 193/215 and 185/215."""
+3/4), held out 193/215 and 185/215. Stop 39: the same-moment rule (correlate rule 9) moved no verdict. At 760 ->
+782 logs: 22 new logs (7 held out; Caffe / Caffe2 / CNTK / DIGITS CUDA and cuDNN failures, THC launch failures,
+thrust cudaErrorIllegalAddress typed with spaces, in backticks or in Chinese prose, SIGSEGV exits from the
+elastic agent and DeepSpeed's teardown, SIGFPE shell reports, DataLoader bus errors split over lines, listed in
+a sentence or from Paddle) labelled before being classified and recorded with no classifier change: tuned
+542/560 and 534/560 (new tuned 10/15; the tuned category floor down a point: 0.9679), held out 199/222 and
+191/222."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
