@@ -556,14 +556,11 @@ class Pipeline:
             route = self._route(rank, points, settings)
         if points and rank.observe_step(max(map(_STEP, points)), time_ns):
             progress.on_progress(run, rank, time_ns, settings)
-        observe = rank.observe_point
-        for (name, step, value), keep in zip(points, route.keep):
-            if keep:
-                observe(name, step, value, time_ns, settings)
+        rank.observe_points(points, route.keep, time_ns, settings)
         if route.diagnosis:  # (it reads those points only)
             diagnosis.observe(rank, points, route.diagnosis)
         if ev.body.get("recent"):
-            keeps = settings.keeps_history
+            keeps, observe = settings.keeps_history, rank.observe_point
             for name, step, value in recent_points(ev.raw):
                 if keeps(name):
                     observe(name, step, value, time_ns, settings, context=True)

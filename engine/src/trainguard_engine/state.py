@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import from_wire_float, wire_float
 
@@ -199,6 +199,50 @@ class RankState:
             first = self.first_nonfinite.get(name)
             if first is None or step < first[0]:
                 self.first_nonfinite[name] = (step, time_ns)
+
+    def observe_points(self, points: Sequence[Tuple[str, int, float]], keep: Sequence[bool], time_ns: int,
+                       settings: DetectionSettings) -> None:
+        """:meth:`observe_point` of each of ``points`` (one envelope's, in order) whose ``keep`` is true, at
+        ``time_ns`` -- the same steps, in one call an envelope instead of one a point (the pipeline keeps
+        every metric point a history is kept for): the settings read once, the dicts held in locals."""
+        history, floors, tails = self.history, self.history_floor, self.tails
+        max_series, history_len = settings.history_max_series, settings.history_len
+        for (name, step, value), kept in zip(points, keep):
+            if not kept:
+                continue
+            series = history.get(name)
+            if series is None:
+                if len(history) >= max_series:
+                    continue
+                series = history[name] = {}
+            floor = floors.get(name)
+            if floor is not None and step < floor:
+                continue
+            size = len(series)
+            series[step] = (value, time_ns)
+            tail = tails.get(name)
+            if tail is not None:
+                if len(series) == size:
+                    del tails[name]
+                else:
+                    tail_points = tail.points
+                    if tail_points and step <= tail_points[-1][0]:
+                        tail.descent = len(tail_points)
+                    tail_points.append((step, value, time_ns))
+                    if value - value != 0.0:
+                        tail.bad_end = len(tail_points)
+            if len(series) > 2 * history_len:
+                kept_steps = sorted(series)[-history_len:]
+                floors[name] = kept_steps[0]
+                trimmed = history[name] = {s: series[s] for s in kept_steps}
+                tail = tails.pop(name, None)
+                if tail is not None and tail.descent == 0 and tail.data is series and \
+                        len(tail.points) == len(series):
+                    tails[name] = tail.trimmed(trimmed, len(series) - len(trimmed))
+            if value - value != 0.0:
+                first = self.first_nonfinite.get(name)
+                if first is None or step < first[0]:
+                    self.first_nonfinite[name] = (step, time_ns)
 
     def step_time(self) -> float:
         """Seconds per step: the SDK's measurement when it sent one, else what the steps' pace shows."""
