@@ -9,7 +9,11 @@ from tuned wild-corpus logs (tests/fixtures/wild/<id>/source.txt names each thre
   pasted as its status alone (``139 (interrupted by signal 11:SIGSEGV)``);
 * NCCL's ``Cuda failure 700 'an illegal memory access was encountered'`` (the error's number before its text,
   NCCL >= 2.19) is the CUDA fault it names; a ``Cuda failure`` naming no device fault (``'invalid argument'``)
-  stays NCCL's own failure."""
+  stays NCCL's own failure;
+* Caffe's CUDA_CHECK through glog (``Check failed: error == cudaSuccess (74 vs. 0)  misaligned address``), a
+  CUDA runtime enum naming a device fault whatever follows it (thrust's message retyped with spaces and broken
+  after ``cudaErrorIllegalAddress``, or with full-width colons in Chinese prose) and Paddle's DataLoader
+  ``Unexpected BUS error encountered in DataLoader worker`` (stop 39)."""
 
 from __future__ import annotations
 
@@ -181,3 +185,33 @@ def test_an_extensions_cuda_runtime_error_after_a_bare_exception_type() -> None:
     assert found is not None and found.kind == "memory/cuda-error"
     assert found.facts["error_class"] == "illegal-memory-access"
     assert classify_text("no CUDA runtime error was raised") is None
+
+
+def test_caffes_cuda_check_through_glog_is_the_cuda_error_it_names() -> None:
+    # n3011/Inception_v3_GoogLeNet#2 (tuned): 'Check failed: error == cudaSuccess (74 vs. 0)  misaligned address'
+    line = _first_line("mem-caffe-misaligned-check-failed-inception-v3-2-1", "Check failed")
+    found = classify_text(line)
+    assert found is not None and found.kind == "memory/cuda-error" and found.rule == "cuda.error"
+    assert found.facts["error_class"] == "misaligned-address"
+    oom = classify_text("F0101 00:00:00.000000 1 syncedmem.cpp:56] Check failed: error == cudaSuccess (2 vs. 0)"
+                        "  out of memory")
+    assert oom is None or oom.kind != "memory/cuda-error"  # an allocation failure is the OOM rules' to read
+
+
+@pytest.mark.parametrize("case_id, needle", [
+    ("mem-thrust-copy-if-illegal-address-split-crowddet-26-1", "cudaErrorIllegalAddress"),
+    ("mem-thrust-transform-illegal-address-fullwidth-prose-semseg-45-1", "cudaErrorIllegalAddress"),
+])
+def test_a_cuda_enum_naming_a_device_fault_is_read_however_its_text_follows(case_id: str, needle: str) -> None:
+    text = (WILD / case_id / "log.txt").read_text(encoding="utf-8")
+    found = classify_text(text)
+    assert found is not None and found.kind == "memory/cuda-error", found
+    assert found.facts["error_class"] == "illegal-memory-access"
+    assert classify_text("merge_sort: failed to synchronize: cudaErrorInvalidValue ") is None  # names no fault
+
+
+def test_paddles_dataloader_bus_error_is_a_process_exit() -> None:
+    line = _first_line("proc-paddle-dl-bus-error-repeated-ppocr-9391-1", "BUS error")
+    found = classify_text(line)
+    assert found is not None and found.kind == "process/exit" and found.rule == "dataloader.worker"
+    assert found.facts["signal"] == "bus error"

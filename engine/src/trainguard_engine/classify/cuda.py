@@ -338,7 +338,8 @@ _CUDA_ERROR_RE = re.compile(r"(?:CUDA error|CUDA driver error|Cuda failure(?: \d
                             r"|cudaError[A-Z]\w{2,40}"
                             r"|Triton Error \[CUDA\]|CUDA_ERROR_[A-Z_]{2,40}"
                             r"|cuda runtime error \(\d{1,4}\) ?"
-                            r"|THCudaCheck FAIL file=\S{1,300} line=\d{1,7} error=\d{1,4} ?)[:]? '?"
+                            r"|THCudaCheck FAIL file=\S{1,300} line=\d{1,7} error=\d{1,4} ?"
+                            r"|Check failed: error == cudaSuccess \(\d{1,4} vs\. 0\) ?)[:]? '?"
                             r"(?P<error>[^'\n]{1,200})")
 """Also a CUDA runtime enum before its text, as thrust prints it: ``cudaErrorIllegalAddress: an
 illegal ...``; NCCL's ``Cuda failure 'reason'`` with, since NCCL 2.19, the error's number before the quote
@@ -346,7 +347,17 @@ illegal ...``; NCCL's ``Cuda failure 'reason'`` with, since NCCL 2.19, the error
 pytorch/pytorch#131755); the driver API's (``CUDA driver error: ...``, ``CUDA_ERROR_ILLEGAL_ADDRESS: ...``),
 Triton's ``Triton Error [CUDA]: ...``; and torch < 1.0's THC wordings ``cuda runtime error (39) :
 uncorrectable ECC error encountered at ...`` / ``THCudaCheck FAIL file=... line=84 error=74 : misaligned
+address``; Caffe's CUDA_CHECK through glog, ``Check failed: error == cudaSuccess (74 vs. 0)  misaligned
 address``."""
+_CUDA_ENUM_RE = re.compile(r"cudaError(?P<enum>[A-Z][A-Za-z]{2,40})")
+_CUDA_ENUM_CLASSES = {"IllegalAddress": "illegal-memory-access", "Assert": "device-side-assert",
+                      "ECCUncorrectable": "ecc", "LaunchFailure": "launch-failure",
+                      "IllegalInstruction": "illegal-instruction", "MisalignedAddress": "misaligned-address"}
+"""A CUDA runtime enum that names a device fault by itself, when its text is not where
+:data:`_CUDA_ERROR_RE` reads it: thrust's message retyped with spaces around the colons and broken after the
+enum (``copy_if failed to synchronize : cudaErrorIllegalAddress`` / ``an illegal memory access was
+encountered.``, xg-chu/CrowdDet#26), or with full-width colons (U+FF1A) in Chinese prose
+(sithu31296/semantic-segmentation#45)."""
 _CUDA_ERROR_TYPED_RE = re.compile(r"(?i:cuda (?:runtime )?error): ?'?(?P<error>[^'\n]{1,200})")
 """The same retyped by a user: any case, the space after the colon optional
 (``RuntimeError:cuda error:unspecified launch failure``); also a CUDA extension's own check, ``CUDA Runtime
@@ -385,7 +396,8 @@ _CUDA_NOTES = {
 }
 _CUDA_NEEDLES = ("cuda error", "cuda failure ", "hip error", "_status_", "driver version is insufficient",
                  "nvidia driver on your system is too old", "cudaerror", "cuda runtime error",
-                 "thcudacheck fail", "cuda driver error", "triton error [cuda]", "cuda_error_")
+                 "thcudacheck fail", "cuda driver error", "triton error [cuda]", "cuda_error_",
+                 "check failed: error == cudasuccess")
 
 
 def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
@@ -398,6 +410,11 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
                 pos -= 1
         _offset, text = t.window(pos, 0, 400)
         m = _CUDA_ERROR_RE.match(text) or _CUDA_ERROR_TYPED_RE.match(text) or _CUDA_LIB_RE.match(text)
+        if m is None and (enum := _CUDA_ENUM_RE.match(text)) is not None and \
+                (named := _CUDA_ENUM_CLASSES.get(enum.group("enum"))) is not None:
+            facts = {"error": enum.group(0), "error_class": named}
+            return _Hit("memory", "cuda-error", 0.85, pos, facts, f"CUDA error: {enum.group(0)}",
+                        _CUDA_NOTES.get(named, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
         if m is None and ("driver version is insufficient" in text[:60].lower()
                           or "driver on your system is too old" in text[:60].lower()):
             facts: Facts = {"error": _shorten(t.line_at(pos), 160), "error_class": "driver-too-old"}
@@ -559,6 +576,8 @@ DOCS = {
     'cuda.error': (
         "``CUDA error: <reason>``, NCCL's ``Cuda failure '<reason>'``, cuBLAS / cuDNN execution failures, "
         "torch < 1.0's ``cuda runtime error (N) : <reason>`` / ``THCudaCheck FAIL ... error=N : <reason>``, "
+        "Caffe's ``Check failed: error == cudaSuccess (N vs. 0)  <reason>``, a CUDA runtime enum naming a "
+        "device fault (``cudaErrorIllegalAddress``) however its text follows, "
         "``CUDA driver error: ...``, ``CUDA_ERROR_*: ...``, Triton's ``Triton Error [CUDA]: ...``, "
         "an extension's ``CUDA Runtime Error: <reason>``, "
         'driver too old → memory/cuda-error'

@@ -177,6 +177,16 @@ _WORKER_DIED_RE = re.compile(r"DataLoader worker \(pids?\(?s?\)? (?P<pids>[\d, ]
                              r"(?:exited unexpectedly|is killed by signal: (?P<sig>[\w ]{1,40}))")
 
 
+_WORKER_SIGNAL_NEEDLES = ("unexpected bus error encountered in worker",
+                          "unexpected segmentation fault encountered in worker",
+                          "unexpected floating-point exception encountered in worker",
+                          "unexpected bus error encountered in dataloader worker",
+                          "unexpected segmentation fault encountered in dataloader worker")
+"""A DataLoader worker's own signal handler: torch's ``ERROR: Unexpected bus error encountered in worker.``,
+Paddle's ``ERROR: Unexpected BUS error encountered in DataLoader worker. This might be caused by insufficient
+shared memory (shm) ...`` (PaddlePaddle/PaddleOCR#9391; matched in lower case)."""
+
+
 def _rule_dataloader(t: _Text) -> Optional[_Hit]:
     pos = t.first("in dataloader worker process")
     if pos >= 0 and (found := _search(_WORKER_ERROR_RE, t, pos, before=200, after=40)) is not None:
@@ -192,9 +202,7 @@ def _rule_dataloader(t: _Text) -> Optional[_Hit]:
                     f"{m.group('type')} in DataLoader worker {facts['worker']}"
                     + (f": {facts['worker_message']}" if "worker_message" in facts else ""),
                     "the dataset or collate_fn raised in a worker: the original traceback is in the message")
-    pos = t.first("unexpected bus error encountered in worker",
-                  "unexpected segmentation fault encountered in worker",
-                  "unexpected floating-point exception encountered in worker")
+    pos = t.first(*_WORKER_SIGNAL_NEEDLES)
     if pos >= 0:
         what = "bus error" if t.lower.startswith("unexpected bus", pos) else \
             "segmentation fault" if t.lower.startswith("unexpected seg", pos) else "floating-point exception"
@@ -250,10 +258,7 @@ GATES = {
     "model.device-mismatch": tuple(needle for needle, _pattern in _DEVICE_PATTERNS),
     "model.index-out-of-range": tuple(needle for needle, _pattern, _note in _INDEX_PATTERNS),
     "model.shape-mismatch": tuple(needle for needle, _pattern in _SHAPE_PATTERNS),
-    "dataloader.worker": ("in dataloader worker process", "unexpected bus error encountered in worker",
-                          "unexpected segmentation fault encountered in worker",
-                          "unexpected floating-point exception encountered in worker",
-                          "dataloader worker (pid"),
+    "dataloader.worker": ("in dataloader worker process", *_WORKER_SIGNAL_NEEDLES, "dataloader worker (pid"),
     "python.fatal-error": ("fatal python error:",),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
@@ -277,7 +282,8 @@ DOCS = {
     'dataloader.worker': (
         '``Caught X in DataLoader worker process N`` → process/exception; a worker ``killed by signal: '
         'Killed`` → process/killed, by another signal (segfault, bus error, also PyTorch\'s ``Unexpected bus '
-        'error encountered in worker``) → process/exit'
+        'error encountered in worker`` and Paddle\'s ``Unexpected BUS error encountered in DataLoader '
+        'worker``) → process/exit'
     ),
     'python.fatal-error': (
         '``Fatal Python error: Aborted|Segmentation fault|...`` → by the exit decision path for that '
