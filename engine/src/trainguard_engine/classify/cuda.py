@@ -412,8 +412,8 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
         m = _CUDA_ERROR_RE.match(text) or _CUDA_ERROR_TYPED_RE.match(text) or _CUDA_LIB_RE.match(text)
         if m is None and (enum := _CUDA_ENUM_RE.match(text)) is not None and \
                 (named := _CUDA_ENUM_CLASSES.get(enum.group("enum"))) is not None:
-            facts = {"error": enum.group(0), "error_class": named}
-            return _Hit("memory", "cuda-error", 0.85, pos, facts, f"CUDA error: {enum.group(0)}",
+            enum_facts: Facts = {"error": enum.group(0), "error_class": named}
+            return _Hit("memory", "cuda-error", 0.85, pos, enum_facts, f"CUDA error: {enum.group(0)}",
                         _CUDA_NOTES.get(named, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
         if m is None and ("driver version is insufficient" in text[:60].lower()
                           or "driver on your system is too old" in text[:60].lower()):
