@@ -14,9 +14,11 @@ directory, never in the corpus.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
@@ -36,13 +38,39 @@ TORCHRUN_BANNER = [
     "as needed.",
     "*****************************************"]
 DS_BEFORE = [
-    "[2024-03-01 10:00:01,123] [INFO] [launch.py:146:main] WORLD INFO DICT: {'localhost': [0, 1, 2, 3]}",
-    "[2024-03-01 10:00:01,124] [INFO] [launch.py:163:main] dist_world_size=4"]
+    "[{t},123] [INFO] [launch.py:146:main] WORLD INFO DICT: {{'localhost': [0, 1, 2, 3]}}",
+    "[{t},124] [INFO] [launch.py:163:main] dist_world_size=4"]
 DS_AFTER = [
-    "[2024-03-01 10:05:01,123] [INFO] [launch.py:315:sigkill_handler] Killing subprocess 1234",
-    "[2024-03-01 10:05:01,125] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
+    "[{t},123] [INFO] [launch.py:315:sigkill_handler] Killing subprocess 1234",
+    "[{t},125] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
     "'--local_rank=3'] exits with return code = 1"]
+DS_DEFAULT = (datetime(2024, 3, 1, 10, 0, 1), datetime(2024, 3, 1, 10, 0, 2))
+"""Where DeepSpeed's launcher lines go when the paste carries no full date of its own."""
+_DATE_RE = re.compile(r"(?<!\d)(20\d\d)[-/](\d\d)[-/](\d\d)[ T_](\d\d):(\d\d):(\d\d)")
 Variant = Tuple[str, Optional[List[str]]]
+
+
+def _paste_span(lines: List[str]) -> Tuple[datetime, datetime]:
+    """The first and last full date-times a paste prints (``2023-05-20 12:09:28``, ISO ``T``, torchrun's
+    ``2023-06-14_22:36:10``), or :data:`DS_DEFAULT`."""
+    seen: List[datetime] = []
+    for s in lines:
+        for m in _DATE_RE.finditer(s):
+            try:
+                seen.append(datetime(*(int(g) for g in m.groups())))
+            except ValueError:
+                continue
+    return (min(seen), max(seen)) if seen else DS_DEFAULT
+
+
+def ds_around(lines: List[str]) -> List[str]:
+    """DeepSpeed's launcher banner one second before the paste's first date and its teardown one second after
+    its last (stop 38's variant stamped them 2024-03-01, months from most pastes' own dates, and five minutes
+    apart: the earliest-signal rules read the launcher's lines as far from the error, a bench artefact)."""
+    first, last = _paste_span(lines)
+    before = (first - timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S")
+    after = (last + timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S")
+    return [x.format(t=before) for x in DS_BEFORE] + lines + [x.format(t=after) for x in DS_AFTER]
 
 
 def variants(lines: List[str]) -> Iterator[Variant]:
@@ -57,7 +85,7 @@ def variants(lines: List[str]) -> Iterator[Variant]:
     mid = len(lines) // 2
     yield "wd_mid", lines[:mid] + PEER_TIMEOUT + lines[mid:]
     yield "torchrun_banner", TORCHRUN_BANNER + lines
-    yield "ds_around", DS_BEFORE + lines + DS_AFTER
+    yield "ds_around", ds_around(lines)
     tb = [i for i, s in enumerate(lines) if "Traceback (most recent call last)" in s]
     if tb:
         yield "cut_top", lines[tb[0] + 3:]

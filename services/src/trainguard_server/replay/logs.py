@@ -59,7 +59,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from trainguard.core.events import safe_str
 from trainguard.core.tracebacks import (
@@ -560,6 +560,8 @@ class LogSegmenter:
         # (number, line, time, precision) until it ends (see _summary_line)
         self._summary: Optional[List[Tuple[int, str, Optional[int], int]]] = None
         self._summary_off = False  # its lines fed again one by one (it named no root cause)
+        self._summary_rooted = False  # a held line is its "Root Cause (first observed failure):" head
+        self._summary_traced = -1  # the index of the last held entry "traceback :" field (-1: none)
 
     @property
     def open_blocks(self) -> int:
@@ -666,12 +668,17 @@ class LogSegmenter:
                     own is not None and own.mode is not None):
                 return False
             self._summary = [(number, line, time_ns, precision_ns)]
+            self._summary_rooted = _SUMMARY_ROOT in line
+            self._summary_traced = 0 if _FAILURE_TRACEBACK_RE.match(line) else -1
             return True
-        rooted = any(_SUMMARY_ROOT in held[1] for held in summary)
+        rooted = self._summary_rooted  # flags kept as lines arrive: no rescan of the held lines per line
         entry_traceback = text.startswith(ENTRY_TRACEBACK_INDENT) and bool(text.strip()) \
-            and any(_FAILURE_TRACEBACK_RE.match(held[1]) for held in summary[-200:])
+            and self._summary_traced >= 0 and self._summary_traced >= len(summary) - 200
         if shaped or entry_traceback:
             summary.append((number, line, time_ns, precision_ns))
+            self._summary_rooted = rooted or _SUMMARY_ROOT in line
+            if _FAILURE_TRACEBACK_RE.match(line):
+                self._summary_traced = len(summary) - 1
             if rooted and text.lstrip().startswith("="):
                 self._end_summary()
             return True
@@ -852,17 +859,15 @@ class LogReader:
         self._segmenter = LogSegmenter(rank, min_level=min_level, keep_below=keep_below, headless=headless,
                                        tail=tail)
         self.stats = self._segmenter.stats
-        self.year = paste_year(path)
+        self._head = _head_lines(path)  # read once: the year here, the paste's shape when iterated
+        self.year = paste_year(path, self._head)
         self._last_ts: Optional[int] = None
         self._last_precision = 1
 
     def __iter__(self) -> Iterator[LogItem]:
         segmenter = self._segmenter
-        indent = paste_indent(self.path)
-        numbered = paste_numbered(self.path)
-        labelled = not numbered and paste_task_labels(self.path)
-        width, padded = (0, False) if numbered or labelled else paste_wrap(self.path)
-        relay = 0 if numbered or labelled or width else paste_relay_prefix(self.path)
+        indent, numbered, labelled, width, padded, relay = paste_shape(self.path, self._head)
+        self._head = None
         with open(self.path, "rb") as fh:
             for number, raw in unwrapped(fh, width, self.on_bytes, padded):
                 line = clean_line(raw)
@@ -907,13 +912,44 @@ def _head_lines(path: Path) -> Optional[List[str]]:
     return texts
 
 
-def paste_year(path: Path) -> int:
+def _head_or(path: Path, head: Optional[List[str]]) -> Optional[List[str]]:
+    """``head`` when the caller read the file's head already (:func:`paste_shape`), else a fresh read."""
+    return head if head is not None else _head_lines(path)
+
+
+class PasteShape(NamedTuple):
+    """How a paste was saved, from one read of its head (:func:`paste_shape`): what :class:`LogReader` and
+    :func:`scan_log` undo on every line."""
+
+    indent: str
+    numbered: bool
+    labelled: bool
+    width: int
+    padded: bool
+    relay: int
+
+
+def paste_shape(path: Path, head: Optional[List[str]] = None) -> PasteShape:
+    """:func:`paste_indent`, :func:`paste_numbered`, :func:`paste_task_labels`, :func:`paste_wrap` and
+    :func:`paste_relay_prefix` of ``path``, each only where the ones before leave it to decide (a numbered
+    paste is no task-labelled one, and neither is wrapped or relayed), all from one read of the file's head
+    (``head``: that read, when the caller made it)."""
+    head = _head_or(path, head)
+    indent = paste_indent(path, head)
+    numbered = paste_numbered(path, head)
+    labelled = not numbered and paste_task_labels(path, head)
+    width, padded = (0, False) if numbered or labelled else paste_wrap(path, head)
+    relay = 0 if numbered or labelled or width else paste_relay_prefix(path, head)
+    return PasteShape(indent, numbered, labelled, width, padded, relay)
+
+
+def paste_year(path: Path, head: Optional[List[str]] = None) -> int:
     """The year yearless glog stamps (``E0416 00:03:25.080 ...``) are read with until a dated line says
     otherwise: that of the first line among the file's first :data:`INDENT_SCAN_LINES` that starts with an
     ISO date (a paste mixing Python ``logging``'s ``2024-04-16 00:03:25,080`` with c10's glog lines is one
     job's output, whenever the file was saved), else the year of the file's modification time, else this
     year."""
-    for text in _head_lines(path) or ():
+    for text in _head_or(path, head) or ():
         year = line_year(clean_line(text))
         if year is not None:
             return year
@@ -961,12 +997,12 @@ def _continued(first: str, chunk: str, nxt: str, width: int, padded: bool = True
         and bool(nxt.strip()) and _head(nxt) != _head(first) and _LINE_START_RE.match(nxt) is None
 
 
-def paste_wrap_width(path: Path) -> int:
+def paste_wrap_width(path: Path, head: Optional[List[str]] = None) -> int:
     """:func:`paste_wrap`'s width."""
-    return paste_wrap(path)[0]
+    return paste_wrap(path, head)[0]
 
 
-def paste_wrap(path: Path) -> Tuple[int, bool]:
+def paste_wrap(path: Path, head: Optional[List[str]] = None) -> Tuple[int, bool]:
     """``(width, padded)``: the width a terminal hard-wrapped the pasted lines at, or 0. A paste
     copied from a terminal (or a console that wraps) cuts every long line into pieces of exactly the
     terminal's width, pads the last piece with spaces when copied from the screen, and no line is longer:
@@ -975,7 +1011,7 @@ def paste_wrap(path: Path) -> Tuple[int, bool]:
     (:func:`_continued`); one is enough when the paste kept the screen's padding (``padded``: nearly every
     line is that long, short ones padded). A log that was not wrapped has lines of many lengths, its longest
     usually once (or the same line from several ranks, which starts alike)."""
-    texts = _head_lines(path)
+    texts = _head_or(path, head)
     if texts is None:
         return 0, False
     width = max((len(x) for x in texts), default=0)
@@ -998,7 +1034,7 @@ NUMBERED_MIN_LINES = 3
 """The fewest lines :func:`paste_numbered` needs to tell a gutter from a table of numbers."""
 
 
-def paste_numbered(path: Path) -> bool:
+def paste_numbered(path: Path, head: Optional[List[str]] = None) -> bool:
     """Whether the paste carries a line-number gutter: every line of the file's first
     :data:`INDENT_SCAN_LINES` (blank ones included: a gutter numbers them too) starts with a number, and
     the numbers count up by one from line to line, over at least :data:`NUMBERED_MIN_LINES` lines (a
@@ -1007,7 +1043,7 @@ def paste_numbered(path: Path) -> bool:
     last: Optional[int] = None
     seen = 0
     worded = False
-    for text in _head_lines(path) or ():
+    for text in _head_or(path, head) or ():
         m = _GUTTER_RE.match(text)
         if m is None:
             return False
@@ -1029,13 +1065,13 @@ _TASK_LABEL_RE = re.compile(r"^\s{0,4}(?P<n>\d{1,5}):(?: |$)")
 """Slurm's ``srun --label`` column: the task number before every line (``3: Traceback ...``)."""
 
 
-def paste_task_labels(path: Path) -> bool:
+def paste_task_labels(path: Path, head: Optional[List[str]] = None) -> bool:
     """Whether every line carries Slurm's ``srun --label`` task number: all non-blank lines of the file's
     first :data:`INDENT_SCAN_LINES` (at least :data:`NUMBERED_MIN_LINES`) start with ``N: ``, and the
     numbers do not count up by one from line to line (that is a line-number gutter, :func:`paste_numbered`).
     The task number is the process's rank under srun (``SLURM_PROCID``)."""
     numbers: List[int] = []
-    for text in _head_lines(path) or ():
+    for text in _head_or(path, head) or ():
         if not text.strip():
             continue
         m = _TASK_LABEL_RE.match(text)
@@ -1060,7 +1096,7 @@ RELAY_MIN_LINES = 3
 """The fewest lines :func:`paste_relay_prefix` needs to call a shared prefix a relay's."""
 
 
-def paste_relay_prefix(path: Path) -> int:
+def paste_relay_prefix(path: Path, head: Optional[List[str]] = None) -> int:
     """How many characters a relay's logger put before every line (0: none). A job wrapper or a log shipper
     that logs each line of the job's output with Python's ``logging`` (``%(asctime)s - %(name)s -
     %(levelname)s - %(message)s``) or loguru (``time | LEVEL | module:function:line - message``) gives every
@@ -1072,7 +1108,7 @@ def paste_relay_prefix(path: Path) -> int:
     traceback a logger printed under its record) keeps its lines as they are."""
     common: Optional[str] = None
     lines = 0
-    for text in _head_lines(path) or ():
+    for text in _head_or(path, head) or ():
         if not text.strip():
             continue
         blurred = _DIGIT_RE.sub("0", text[:160])
@@ -1142,13 +1178,13 @@ def _rows(fh: Any, width: int, on_bytes: Optional[Callable[[int], None]], padded
         yield held[0], held[1]
 
 
-def paste_indent(path: Path) -> str:
+def paste_indent(path: Path, head: Optional[List[str]] = None) -> str:
     """The indent every non-blank line of the file's first :data:`INDENT_SCAN_LINES` starts with when it is a
     tab or at least 4 spaces (a paste indented as a markdown code block, or quoted in an e-mail); else ``""``.
     The reader drops it, so ``Traceback (most recent call last):`` is at the top level again. (Less than 4
     spaces is a traceback cut at the top, its frames' own indent.)"""
     common: Optional[str] = None
-    for text in _head_lines(path) or ():
+    for text in _head_or(path, head) or ():
         line = clean_line(text)
         if not line.strip():
             continue
@@ -1197,16 +1233,14 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
     """One pass over ``path``: line count, earliest and latest line timestamp (a paste's stamps may go back:
     two processes' clocks, a yearless glog stamp beside a dated one), ranks present (``on_bytes(n)``: the
     size of every line read)."""
-    year = paste_year(path)
+    head = _head_lines(path)
+    year = paste_year(path, head)
     first: Optional[int] = None
     last: Optional[int] = None
     ranks: Dict[int, None] = {}
     named: Dict[int, None] = {}
-    indent = paste_indent(path)
-    numbered = paste_numbered(path)
-    labelled = not numbered and paste_task_labels(path)
-    width, padded = (0, False) if numbered or labelled else paste_wrap(path)
-    relay = 0 if numbered or labelled or width else paste_relay_prefix(path)
+    indent, numbered, labelled, width, padded, relay = paste_shape(path, head)
+    del head
     physical = [0]
 
     def counted(n: int) -> None:
