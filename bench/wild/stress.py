@@ -47,12 +47,15 @@ DS_AFTER = [
 DS_DEFAULT = (datetime(2024, 3, 1, 10, 0, 1), datetime(2024, 3, 1, 10, 0, 2))
 """Where DeepSpeed's launcher lines go when the paste carries no full date of its own."""
 _DATE_RE = re.compile(r"(?<!\d)(20\d\d)[-/](\d\d)[-/](\d\d)[ T_](\d\d):(\d\d):(\d\d)")
+_GLOG_RE = re.compile(r"(?<![\w.])[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)")
+"""c10's yearless glog stamp (``[E131 16:15:16.707 ...``): the reader gives it the year of the file's
+modification time when no line carries a full date -- a variant's file is written now."""
 Variant = Tuple[str, Optional[List[str]]]
 
 
 def _paste_span(lines: List[str]) -> Tuple[datetime, datetime]:
     """The first and last full date-times a paste prints (``2023-05-20 12:09:28``, ISO ``T``, torchrun's
-    ``2023-06-14_22:36:10``), or :data:`DS_DEFAULT`."""
+    ``2023-06-14_22:36:10``), else its glog stamps' (:data:`_GLOG_RE`), else :data:`DS_DEFAULT`."""
     seen: List[datetime] = []
     for s in lines:
         for m in _DATE_RE.finditer(s):
@@ -60,6 +63,14 @@ def _paste_span(lines: List[str]) -> Tuple[datetime, datetime]:
                 seen.append(datetime(*(int(g) for g in m.groups())))
             except ValueError:
                 continue
+    if not seen:
+        year = datetime.now().year
+        for s in lines:
+            for m in _GLOG_RE.finditer(s):
+                try:
+                    seen.append(datetime(year, *(int(g) for g in m.groups())))
+                except ValueError:
+                    continue
     return (min(seen), max(seen)) if seen else DS_DEFAULT
 
 
