@@ -27,9 +27,13 @@ interpreter, so its CPU is not shared with this script's GIL), a fresh data dire
     ``GET /api/v1/runs/{run}/incidents`` (read token) every ``--poll-ms`` until the incident is there.
     latency = (when the poll that saw it returned) minus (just before the Send). p50/p99 over
     ``--probes`` probes (120: the p99 is the second highest, not the max); ``ack`` is the Send's own round
-    trip (durably queued). A reading is late by at most one poll interval. When the processor does not
-    keep up with that background (the backlog then sets the latency, growing for as long as the load
-    lasts), the probes run again on a fresh server at half the processor's solo rate:
+    trip (durably queued). A reading is late by at most one poll interval. The embedded queue hands out
+    one record of each run in turn and the processor's rounds are bounded by time (issue 15 (b)), so
+    the probes do not wait behind the background run's backlog; that run's own events still do when the
+    processor is past capacity: ``backlog_events_end`` (acknowledged, not processed, when the probes
+    ended) and ``backlog_s`` (that over the processing rate: how long its newest event waits), beside
+    ``processing_lag_s`` (/metrics: the last chunk's oldest record). When the processor does not keep up
+    with that background, the probes run again on a fresh server at half the processor's solo rate:
     ``latency_within_capacity``.
 (5) ``latency_sdk`` — a subprocess with the real SDK: ``trainguard.init(endpoint="grpc://...")``, a few
     finite steps, then ``trainguard.log(loss=nan)``; latency from that call to the incident being
@@ -889,14 +893,20 @@ def latency_phase(server: Server, args: argparse.Namespace, bg_rate: float,
     processed = ((m1["trainguard_processed_events_total"] - m0["trainguard_processed_events_total"])
                  / (t1w - t0w))
     lag = m1.get("trainguard_processing_lag_seconds", 0.0)
+    # the background run's own backlog when the probes ended: acknowledged, not yet processed (the probes'
+    # records are processed within their latency), and how long its newest event waits at this rate
+    backlog = m1["trainguard_ingest_events_total"] - m1["trainguard_processed_events_total"]
+    backlog_s = backlog / processed if processed > 0 else float("inf")
     out_d: Dict[str, Any] = {"p50": _percentile(lat, 0.5), "p99": _percentile(lat, 0.99), "max": max(lat),
                              "ack_p50": _percentile(acks, 0.5), "ack_p99": _percentile(acks, 0.99),
                              "bg": ingested, "processed": processed, "cpu": 100.0 * (c1 - c0) / (t1w - t0w),
-                             "kinds": dict(kinds), "n": len(lat), "lag": lag,
+                             "kinds": dict(kinds), "n": len(lat), "lag": lag, "backlog": backlog,
+                             "backlog_s": backlog_s,
                              "kept_up": lag < 1.0 and processed >= 0.9 * ingested}
     print(f"{label} background_events_per_s={ingested:.0f} (asked {bg_rate:.0f}) "
           f"processed_per_s={processed:.0f} processing_lag_s={out_d['lag']:.2f} "
-          f"kept_up={'yes' if out_d['kept_up'] else 'no'} server_cpu_pct={out_d['cpu']:.0f}", flush=True)
+          f"kept_up={'yes' if out_d['kept_up'] else 'no'} server_cpu_pct={out_d['cpu']:.0f} "
+          f"backlog_events_end={backlog:.0f} backlog_s={backlog_s:.1f}", flush=True)
     print(f"{label} event_to_incident probes={len(lat)} p50_ms={out_d['p50'] * 1000:.0f} "
           f"p99_ms={out_d['p99'] * 1000:.0f} max_ms={out_d['max'] * 1000:.0f} "
           f"ack_p50_ms={out_d['ack_p50'] * 1000:.1f} ack_p99_ms={out_d['ack_p99'] * 1000:.1f} "
@@ -1116,7 +1126,7 @@ def gateway_worker(kind: str, batch: int, points: int, requests: int, repeats: i
         profiler = cProfile.Profile()
         profiler.enable()
     best = min(one_pass() for _ in range(repeats))
-    if profiler is not None:
+    if profiler is not None and profile:
         profiler.disable()
         profiler.dump_stats(profile)
     return {"us_per_envelope": best / (requests * batch) * 1e6, "source": gw.__file__,

@@ -159,7 +159,7 @@ class Settings(BaseSettings):
     processor_round_events: int = Field(8192, ge=1, description="most envelopes per pipeline call and per "
                                         "store write (a round's records are cut into such chunks)")
     processor_round_target_s: float = Field(
-        0.25, ge=0, description="how long one processing chunk (one pipeline call and one write per store) "
+        0.1, ge=0, description="how long one processing chunk (one pipeline call and one write per store) "
         "should take: the processor takes only as many queue records as its recent rate processes in about "
         "this long, so a record published now waits for about one such chunk before the fair queue hands it "
         "out, not for a whole processor_round_events chunk (~2-3 s under load); 0: chunks of "

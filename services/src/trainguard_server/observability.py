@@ -63,7 +63,8 @@ def render_prometheus(services: Any) -> str:
         samples.append(("trainguard_processor_errors_total", "counter", "processing rounds that failed",
                         [("", pstats.errors)]))
         samples.append(("trainguard_processing_lag_seconds", "gauge",
-                        "publish-to-processed time of the latest record", [("", pstats.last_lag_s)]))
+                        "publish-to-processed time of the oldest record in the latest processing chunk "
+                        "(how far behind the most-behind run is)", [("", pstats.last_lag_s)]))
         samples.append(("trainguard_checkpoint_failures", "gauge",
                         "processor checkpoints failed in a row (0 once one succeeds; /readyz: 503 meanwhile)",
                         [("", getattr(processor, "checkpoint_failures", 0))]))

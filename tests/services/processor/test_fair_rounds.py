@@ -12,7 +12,7 @@ from typing import Dict, List
 
 from trainguard import wire
 from trainguard.core import events as ev
-from trainguard_server.processor.embedded import MIN_ROUND_EVENTS, EmbeddedProcessor
+from trainguard_server.processor.embedded import MIN_ROUND_EVENTS, RECORD_WINDOW, EmbeddedProcessor
 from trainguard_server.queue.common import lane_of
 from trainguard_server.queue.memory import MemoryQueue
 from trainguard_server.queue.sqlite import SqliteQueue
@@ -53,19 +53,29 @@ def _processor(tmp_path: Path, queue: object, **kw: object) -> EmbeddedProcessor
 def test_the_round_takes_what_the_recent_rate_processes_in_round_target_s(tmp_path: Path) -> None:
     processor = _processor(tmp_path, MemoryQueue(), batch=256, round_events=8192, round_target_s=0.25)
     assert processor._round_cap() == 8192 and processor._take_count(8192) == 256  # no estimate yet
-    processor.rate_events_per_s, processor.events_per_record = 4000.0, 500.0
+    processor.rate_events_per_s = 4000.0
+    processor.record_sizes.append(500)
     assert processor._round_cap() == 1000           # 4,000 ev/s x 0.25 s
     assert processor._take_count(1000) == 2         # two records of 500 envelopes
-    processor.events_per_record = 2.0               # the SDK's records: many, up to batch at once
+    assert processor._take_count(999) == 1 and processor._record_room() == 500
+    processor.record_sizes.clear()
+    processor.record_sizes.append(2)            # the SDK's records: many, up to batch at once
     assert processor._take_count(1000) == 256
     processor.rate_events_per_s = 10.0              # very slow: never below MIN_ROUND_EVENTS
     assert processor._round_cap() == MIN_ROUND_EVENTS
     processor.rate_events_per_s = 1e9               # very fast: never above round_events
     assert processor._round_cap() == 8192
-    processor._measured(1, 500, 1.0)                # a slow chunk halves the estimate at once
+    processor._measured(500, 500, 1.0)              # a slow chunk halves the estimate at once
     assert processor.rate_events_per_s == 0.5 * 500 + 0.5 * 1e9
+    processor.record_sizes.append(500)
+    for _ in range(RECORD_WINDOW - 1):              # the largest of the window counts, not the mean
+        processor._measured(1, 1, 0.1)
+    assert processor._record_room() == 500
+    processor._measured(1, 1, 0.1)                  # ... until it leaves the window
+    assert processor._record_room() == 1
     off = _processor(tmp_path / "off", MemoryQueue(), batch=256, round_events=8192, round_target_s=0.0)
-    off.rate_events_per_s, off.events_per_record = 4000.0, 500.0
+    off.rate_events_per_s = 4000.0
+    off.record_sizes.append(500)
     assert off._round_cap() == 8192 and off._take_count(8192) == 256  # 0: no time bound
 
 
@@ -125,7 +135,8 @@ def test_records_of_each_run_keep_their_order_across_bounded_rounds(tmp_path: Pa
     for i in range(20):
         for run in ("a", "b", "c"):
             queue.publish(run, [_metrics(run, 50 * i, 50)])
-    processor.rate_events_per_s, processor.events_per_record = 1000.0, 50.0  # as if measured: small rounds
+    processor.rate_events_per_s = 1000.0  # as if measured: small rounds
+    processor.record_sizes.append(50)
     processor.drain(timeout=60)
     assert queue.depth() == 0 and processor.stats.events == 3000
     for run in ("a", "b", "c"):

@@ -16,8 +16,9 @@ import gc
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from trainguard_engine import extract
 from trainguard_engine.catalogue import DetectionSettings
@@ -45,21 +46,28 @@ MAX_BACKOFF_S = 30.0
 DEFAULT_ROUND_EVENTS = 8192
 """Envelopes per pipeline call and store write at most: big enough that per-call costs vanish (ingest is
 yielded to after every this many envelopes of continuous processing)."""
-DEFAULT_ROUND_TARGET_S = 0.25
+DEFAULT_ROUND_TARGET_S = 0.1
 """How long one chunk (one pipeline call and one write per store) should take (``TRAINGUARD_PROCESSOR_ROUND_
 TARGET_S``; 0: no time bound, chunks of ``round_events``): the processor measures its recent envelopes per
 second (wall clock: what the gateway's load leaves it) and takes only as many records as it can process in
 about this long, so a record published now -- a quiet run's alert, handed out by the fair queue at its
 next consume -- waits for at most about one such chunk, not ~2-3 s of an 8,192-envelope one. The queue
-is consumed once per such round too, so its round-robin over runs turns that often."""
+is consumed once per such round too, so its round-robin over runs turns that often. Measured
+(bench/results/latency_issue15_stop39.txt, 500-envelope background at half the gRPC rate, the processor
+past capacity): event -> incident p99 ~0.45 s at 0.1, ~0.76 s at 0.15, ~0.91-0.94 s at 0.25, unbounded at 0
+(32 of 120 probes lost); processor-alone throughput at 0.1 within this loaded machine's noise of 0
+(bench/round_bound.py)."""
 MIN_ROUND_EVENTS = 256
 """The time bound never cuts a chunk below this many envelopes (a record is never split: one bigger is a
 chunk of its own), so the per-chunk costs stay small beside the chunk's work whatever a slow chunk
 measured."""
 RATE_WEIGHT = 0.5
-"""Weight of the last chunk in the processor's running estimates of envelopes per second and per record
-(an exponential moving average: a slow chunk halves the next round at once, one outlier is half-forgotten
-by the next)."""
+"""Weight of the last chunk in the processor's running estimate of envelopes per second (an exponential
+moving average: a slow chunk halves the next round at once, one outlier is half-forgotten by the next)."""
+RECORD_WINDOW = 16
+"""Chunks over which the processor remembers the largest record (envelopes): a round takes as many records
+as fit its time bound *at that size*, so one-envelope alerts handed out between a noisy run's 500-envelope
+records do not make it take several of the latter at once."""
 
 
 GC_GEN0_THRESHOLD = 50_000
@@ -123,9 +131,10 @@ class EmbeddedProcessor:
         self.round_events = max(1, round_events)
         self.round_target_s = max(0.0, round_target_s)
         #: running estimates for the round's time bound (0: none yet): envelopes per second of wall clock
-        #: through _process, and envelopes per queue record
+        #: through a chunk (its decode and _process), and the largest record's envelopes of each of the
+        #: last RECORD_WINDOW chunks
         self.rate_events_per_s = 0.0
-        self.events_per_record = 0.0
+        self.record_sizes: Deque[int] = deque(maxlen=RECORD_WINDOW)
         self._since_yield = 0  # envelopes processed since the processor last yielded to ingest
         self.snapshot_every_s = snapshot_every_s
         self.tick_interval_s = tick_interval_s
@@ -398,13 +407,15 @@ class EmbeddedProcessor:
         done = 0
         while True:
             chunk = _Chunk([], [], [], [])
+            chunk_started = time.perf_counter()
+            largest = 0
             while True:
                 if carry is not None:
                     record, decoded, decoded_points = carry
                     carry = None
                 else:
                     if at == len(todo):
-                        if not (more and full and decoded_envelopes < cap):
+                        if not (more and full and cap - decoded_envelopes >= self._record_room()):
                             break
                         asked = self._take_count(cap - decoded_envelopes)
                         todo, at = self._take_more(asked), 0
@@ -420,6 +431,7 @@ class EmbeddedProcessor:
                     carry = (record, decoded, decoded_points)
                     break
                 chunk.records.append(record)
+                largest = max(largest, len(decoded))
                 chunk.envelopes.extend(decoded)
                 chunk.points.extend(decoded_points)
                 chunk.partitions.extend([record.partition] * len(decoded))
@@ -430,9 +442,8 @@ class EmbeddedProcessor:
                 self._yield_to_ingest()
             try:
                 with self._lock:
-                    started = time.perf_counter()
                     self._process(chunk.records, chunk.envelopes, chunk.points, chunk.partitions)
-                    self._measured(len(chunk.records), len(chunk.envelopes), time.perf_counter() - started)
+                    self._measured(len(chunk.envelopes), largest, time.perf_counter() - chunk_started)
             except Exception:
                 # a store is unavailable: records not yet through the stores are kept for a retry after
                 # a backoff (doubling to MAX_BACKOFF_S); nothing of them is committed meanwhile
@@ -454,25 +465,35 @@ class EmbeddedProcessor:
         fit = int(self.rate_events_per_s * self.round_target_s)
         return max(1, min(self.round_events, max(MIN_ROUND_EVENTS, fit)))
 
-    def _take_count(self, envelopes: int) -> int:
-        """Records to take from the queue for about ``envelopes`` envelopes: ``batch`` at most, at least 1
-        (``batch`` itself while there is no time bound or no estimate yet)."""
-        if self.round_target_s <= 0 or self.events_per_record <= 0:
-            return self.batch
-        return max(1, min(self.batch, -(-max(1, envelopes) // max(1, round(self.events_per_record)))))
+    def _record_room(self) -> int:
+        """Room a round must still have to take more records: the recent largest record's envelopes (1
+        while there is no time bound or no estimate yet: as before, more while the round is short at all),
+        so a round takes no record that would overrun it."""
+        if self.round_target_s <= 0 or not self.record_sizes:
+            return 1
+        return max(1, max(self.record_sizes))
 
-    def _measured(self, records: int, envelopes: int, seconds: float) -> None:
-        """Fold a chunk's figures into the running estimates (see ``RATE_WEIGHT``)."""
+    def _take_count(self, envelopes: int) -> int:
+        """Records to take from the queue for ``envelopes`` envelopes of room: as many of the recent largest
+        record as fit, ``batch`` at most, at least 1 (``batch`` itself while there is no time bound or no
+        estimate yet). The largest of the last RECORD_WINDOW chunks, not the mean: a quiet run's
+        one-envelope alert beside a noisy run's 500-envelope records must not make the next consume take
+        several of the latter."""
+        if self.round_target_s <= 0 or not self.record_sizes:
+            return self.batch
+        return max(1, min(self.batch, max(1, envelopes) // self._record_room()))
+
+    def _measured(self, envelopes: int, largest: int, seconds: float) -> None:
+        """Fold a chunk's figures -- its envelopes, its largest record's and the wall time from its first
+        decode to the end of its _process -- into the running estimates (see ``RATE_WEIGHT``)."""
         self._since_yield += envelopes
-        if not records or not envelopes:
+        if not envelopes:
             return
         rate = envelopes / max(seconds, 1e-6)
-        per_record = envelopes / records
         w = RATE_WEIGHT
         self.rate_events_per_s = (rate if self.rate_events_per_s <= 0
                                   else w * rate + (1 - w) * self.rate_events_per_s)
-        self.events_per_record = (per_record if self.events_per_record <= 0
-                                  else w * per_record + (1 - w) * self.events_per_record)
+        self.record_sizes.append(largest)
 
     def _take_more(self, count: int) -> List[QueueRecord]:
         """The next ``count`` records, at once, for a round that wants more (:meth:`_round`); a consume that
