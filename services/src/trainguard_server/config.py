@@ -98,8 +98,8 @@ class Settings(BaseSettings):
         "before validation (a host clock that is wrong, from its first batch; gateway/sent_at.py); 0: never")
     max_queue_depth: int = Field(50_000, description="unprocessed batches before ingest answers 429")
     queue_lanes: int = Field(
-        1024, ge=1, description="the embedded queue's (SQLite) lanes: a run's records go to the lane its id "
-        "hashes to, each lane in order, the lanes holding records served in turn, one record each -- so "
+        65_536, ge=1, description="the embedded queue's (SQLite) lanes: a run's records go to the lane its "
+        "id hashes to, each lane in order, the lanes holding records served in turn, one record each -- so "
         "one run's backlog does not delay another run's alert beyond one processing chunk, unless both "
         "hash to one lane (1 in queue_lanes). Not stored: may change between starts (queue/common.py)")
     min_free_disk_bytes: int = Field(

@@ -13,7 +13,7 @@ from typing import Dict, List
 from trainguard import wire
 from trainguard.core import events as ev
 from trainguard_server.processor.embedded import MIN_ROUND_EVENTS, RECORD_WINDOW, EmbeddedProcessor
-from trainguard_server.queue.common import lane_of
+from trainguard_server.queue.common import DEFAULT_LANES, lane_of
 from trainguard_server.queue.memory import MemoryQueue
 from trainguard_server.queue.sqlite import SqliteQueue
 from trainguard_server.storage.sqlite import SqliteEventStore, SqliteIncidentStore, SqliteMetricStore
@@ -97,7 +97,8 @@ def _quiet_waits(tmp_path: Path, queue: object, round_target_s: float) -> int:
 
 
 def test_a_quiet_runs_alert_is_processed_in_the_next_round_not_after_the_noisy_backlog(tmp_path: Path) -> None:
-    for lanes, make in ((1024, lambda p: SqliteQueue(p / "queue.db")), (1024, lambda p: MemoryQueue())):
+    for lanes, make in ((DEFAULT_LANES, lambda p: SqliteQueue(p / "queue.db")),
+                        (DEFAULT_LANES, lambda p: MemoryQueue())):
         assert lane_of(NOISY, lanes) != lane_of(QUIET, lanes)
         path = tmp_path / f"q{len(list(tmp_path.iterdir()))}"
         path.mkdir()

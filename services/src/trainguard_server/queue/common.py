@@ -11,11 +11,14 @@ from .base import QueueRecord
 
 PARTITION = 0
 
-DEFAULT_LANES = 1024
+DEFAULT_LANES = 65_536
 """Lanes of the embedded queues' one partition (``TRAINGUARD_QUEUE_LANES``): a run shares its lane -- and
-waits behind the backlog in it -- with the runs whose ids hash to the same one, so many lanes make that rare
-(1 in 1,024 for two runs; with 64 lanes ~2 of 120 quiet runs would share a noisy run's lane). A lane costs
-nothing while it is empty; the consumer walks only the lanes that hold records."""
+waits behind the backlog in it -- with the runs whose ids hash to the same one, so many lanes make that
+rare: 1 in 65,536 for two runs. With 1,024 one probe of 120 in a bench run waited 20.6 s, the noisy run's
+backlog then -- a shared lane, most likely (bench/results/latency_issue15_stop39.txt; 120 probes meet one
+in ~11 % of runs at 1,024 lanes); with 64, ~2 of 120 quiet runs would. A lane costs nothing while it is
+empty: nothing is stored per lane, the consumer walks only the lanes that hold records, and the highest
+committed offset is remembered per lane used (an int each)."""
 
 T = TypeVar("T")
 
