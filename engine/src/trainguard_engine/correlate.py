@@ -104,11 +104,15 @@ def _kind(st: IncidentState) -> Kind:
 
 def find_cause(run: RunState, at_ns: int, exclude: str = "",
                kinds: Tuple[Kind, ...] = CAUSES,
-               reporters: FrozenSet[int] = frozenset()) -> Optional[IncidentState]:
+               reporters: FrozenSet[int] = frozenset(),
+               reading: Optional[float] = None) -> Optional[IncidentState]:
     """The open incident of ``run`` of one of ``kinds`` whose earliest signal is at or before ``at_ns``
     (the earliest such; None if there is none). ``reporters``: the ranks whose own error text the caller's
     finding is -- a launcher's exit report for one of them is no cause of it (see
-    :data:`LAUNCHER_EXIT_RULES`)."""
+    :data:`LAUNCHER_EXIT_RULES`). ``reading``: how specifically the finding's own error text reads
+    (:func:`_reading_confidence`; None: not error text) -- an incident that began at the same instant on one
+    of ``reporters`` and reads less specifically is no cause of it: it is the generic report of that error
+    (rule 9, :func:`_named_same_moment`, folds it the other way)."""
     best: Optional[IncidentState] = None
     best_first = 0
     for st in run.incidents.values():
@@ -117,6 +121,8 @@ def find_cause(run: RunState, at_ns: int, exclude: str = "",
             continue  # an incident that already explains consequences stays their cause, whatever its kind
         if reporters and _reports_exit_of(st, reporters):
             continue  # the launcher's report that this rank exited: its own error explains that, not v.v.
+        if reading is not None and _generic_same_moment(run, st, at_ns, reporters, reading):
+            continue
         first = _began(run, st)
         if first and first <= at_ns and (best is None or (first, st.key) < (best_first, best.key)):
             best, best_first = st, first
@@ -387,7 +393,8 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
         cause = _stall_of(run, finding.rank)  # a hung rank SIGKILLed by a watchdog or the scheduler
     elif kind in CONSEQUENCES:
         cause = find_cause(run, finding.time_ns or finding.seen_ns, exclude=finding.key,
-                           reporters=_reporters(finding.evidence)) or \
+                           reporters=_reporters(finding.evidence),
+                           reading=_evidence_confidence(finding.evidence)) or \
             _straggler_for(run, kind, finding.time_ns or finding.seen_ns)
     elif kind == STALLED and current is None:
         cause = _hang_incident(run, finding.time_ns)
@@ -429,7 +436,8 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
             cause = find_cause(run, st.record.first_ns, exclude=st.key, kinds=TERMINATION_CAUSES)
         elif kind in CONSEQUENCES:
             cause = find_cause(run, st.record.first_ns, exclude=st.key,
-                               reporters=_reporters(st.record.evidence)) or \
+                               reporters=_reporters(st.record.evidence),
+                               reading=_reading_confidence(st)) or \
                 _straggler_for(run, kind, st.record.first_ns)
         elif kind == CRASH_EXIT and (exited := _launcher_exit_ranks(st)) is not None:
             cause = _own_error_after(run, st, exited)
@@ -465,8 +473,26 @@ def _reading_confidence(st: IncidentState) -> Optional[float]:
     (``value["confidence"]``: an exact PyTorch/NCCL/CUDA message with parsed fields ~0.9, a generic phrase
     ~0.5; 0 for an exception known by its type only). None when ``st`` is not made of a rank's own error
     text (and its exit) only -- a detector's or correlation's finding is never weighed this way."""
+    return _evidence_confidence(st.record.evidence)
+
+
+def _generic_same_moment(run: RunState, st: IncidentState, at_ns: int, reporters: FrozenSet[int],
+                         reading: float) -> bool:
+    """Whether ``st`` began at ``at_ns`` exactly, includes one of ``reporters`` and reads less specifically
+    than ``reading`` (its error text only): the generic report of the error a finding of that instant
+    names."""
+    if not at_ns or _began(run, st) != at_ns or _kind(st) in NUMERIC or _kind(st) == AMP_OVERFLOW:
+        return False
+    if not any(r in st.rank_first or r in _reporters(st.record.evidence) for r in reporters):
+        return False
+    mine = _reading_confidence(st)
+    return mine is not None and mine < reading
+
+
+def _evidence_confidence(evidence: Sequence[Evidence]) -> Optional[float]:
+    """:func:`_reading_confidence` of a list of evidence."""
     best = 0.0
-    for ev in st.record.evidence:
+    for ev in evidence:
         if ev.rule.startswith(EXIT_RULES):
             continue  # how the reported error ended the process: no reading of its own
         if not ev.rule.startswith(REPORTED):

@@ -78,3 +78,30 @@ def test_what_a_user_reads_first_does_not_depend_on_the_run_id(case_id: str) -> 
         own.sort(key=lambda i: (SEVERITY.get(str(i["severity"]), 9), int(i["first_ns"] or 0)))
         tops.add(_kind(own[0]))
     assert tops == {CASES[case_id][0]}
+
+
+STAMPED_BEFORE = "[2024-03-01 10:00:00,123] [INFO] [launch.py:146:main] WORLD INFO DICT: {'localhost': [0, 1]}"
+
+
+@pytest.mark.parametrize("case_id", ["comm-watchdog-terminate-accelerate-stuck-1",
+                                     "comm-watchdog-interleaved-ppo-zero3-trl-1051-1"])
+def test_a_generic_crash_of_the_same_instant_does_not_explain_the_ranks_named_timeout(
+        case_id: str, tmp_path: Path) -> None:
+    """A stamped launcher line before an unstamped paste gives all its lines one instant: the watchdog's
+    timeout and the ``terminate called after throwing an instance of 'std::runtime_error'`` crash it ended in
+    (a generic exception) begin together on one rank. The crash no longer explains the timeout (the earlier
+    rule 1 took any cause of the same instant); rule 9 folds the crash into the timeout."""
+    log = tmp_path / "log.txt"
+    log.write_text(STAMPED_BEFORE + "\n" + (WILD / case_id / "log.txt").read_text(encoding="utf-8"),
+                   encoding="utf-8")
+    with tempfile.TemporaryDirectory(prefix="tg-same-") as tmp:
+        backend = LocalBackend(Path(tmp))
+        try:
+            Importer(ReplayOptions(run_id="stamped", logs=[(0, log)]), backend).run()
+            backend.finish()
+            incidents = backend.incidents("stamped")
+        finally:
+            backend.close()
+    own = [i for i in incidents if not i["explained_by"]]
+    own.sort(key=lambda i: (SEVERITY.get(str(i["severity"]), 9), int(i["first_ns"] or 0)))
+    assert _kind(own[0]) == "comm/timeout", [_kind(i) for i in own]
