@@ -218,6 +218,11 @@ class _Check:
     summary: str = ""
 
 
+_NOT_HOLDING = _Check(False)
+"""The verdict of a rule that does not hold on this value, shared (each of the four rules says so on most
+values: no object and evidence list built each time). Read only -- never change it or its evidence list."""
+
+
 def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
              event_id: str, settings: DetectionSettings) -> List[Finding]:
     """Loss-curve findings for one metric batch of ``rank`` (already folded into its history): judged
@@ -343,7 +348,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         relabel = kind in ("divergence", "rise-after-fall") and upgrades(run, "loss", kind)
         return [Finding(
             "loss", kind, CURVE_KEYS[kind], rank.rank, first, began_ns, seen_ns=time_ns, seen_step=step,
-            host=rank.host, event_id=event_id, evidence=check.evidence,
+            host=rank.host, event_id=event_id, evidence=list(check.evidence),  # (never the shared list)
             timeline=[TimelineEntry(time_ns=began_ns, step=first, rank=rank.rank,
                                     what=f"rank {rank.rank}: {name} {check.detail} since step {first}"),
                       TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
@@ -990,7 +995,7 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
                        initial: float, state: Dict[str, Any], settings: DetectionSettings,
                        tuned: LossGradientSettings, explain: bool) -> _Check:
     if not win.full:
-        return _Check(False)
+        return _NOT_HOLDING
     # the first value is the untrained model's loss: a far-too-high LR moves the loss from the first
     # update on, so the initial median may already be part of the swings -- unless the loss's level has
     # since been at or below that first value: then it was one lucky batch (a small, noisy batch), not a
@@ -999,18 +1004,18 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
     if state.get("best", math.inf) > first:
         initial = min(initial, first)
     if win.median < tuned.oscillation_min_level * initial or win.cv < _swing_bar(state, tuned):
-        return _Check(False)
+        return _NOT_HOLDING
     if _held_out_of_band(rank, name, win, state, tuned):
-        return _Check(False)  # swings that never come back into the band: the divergence rule's
+        return _NOT_HOLDING  # swings that never come back into the band: the divergence rule's
     if _rose_from_start(state, win, tuned):
-        return _Check(False)  # swings on a level that keeps climbing: a rising loss, not one that swings
+        return _NOT_HOLDING  # swings on a level that keeps climbing: a rising loss, not one that swings
     if _fell_since_swings_began(state, win, tuned):
-        return _Check(False)  # noise on a level still falling: a loss converging, not one that swings
+        return _NOT_HOLDING  # noise on a level still falling: a loss converging, not one that swings
     trend = win.trend
     ratio = win.median / initial if initial > 0 else math.inf
     if abs(trend.z) >= tuned.trend_z or _optimisation_stuck(rank, state, win.first_step, win.last_step,
                                                              settings, ratio, swings=True):
-        return _Check(False)  # swings while nothing moves the weights are the batches' noise: a plateau
+        return _NOT_HOLDING  # swings while nothing moves the weights are the batches' noise: a plateau
     if not explain:
         return _Check(True, since=win.first_step)
     steps, values, med, cv = win.steps, win.values, win.median, win.cv
@@ -1099,13 +1104,13 @@ def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
                 tuned: LossGradientSettings, explain: bool) -> _Check:
     best, best_step, level = state.get("best"), state.get("best_step", -1), state.get("level")
     if best is None or level is None:
-        return _Check(False)
+        return _NOT_HOLDING
     # where it started: the first value (the untrained model) when the first values already fell fast
     initial = max(initial, state["init"][0])
     fall = initial - best
     rise = level - best
     if fall < tuned.rise_min_fall * initial or rise < tuned.rise_min_rise * fall:
-        return _Check(False)
+        return _NOT_HOLDING
     # a rebound from a level the run reached: the fall held over rise_held_points values (the lowest
     # median of that many in a row), not only in the rolling level -- a swinging loss's rolling median
     # dips far on a run of low batches without the run ever having been there. A held rebound (below:
@@ -1113,11 +1118,11 @@ def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
     # run reached and lost, which a swinging loss's dip is not (its window is not calm)
     held_fall = initial - state.get("best_held", initial)
     if held_fall < min(tuned.rise_min_fall, tuned.rise_calm_min_fall) * initial:
-        return _Check(False)
+        return _NOT_HOLDING
     longer = recent(rank, name, 2 * tuned.loss_window, series[-1][0])
     after = [(s, v) for s, v, _t in longer if s >= best_step]
     if len(after) < tuned.rise_min_points:
-        return _Check(False)
+        return _NOT_HOLDING
     most = 2 * tuned.loss_window
     if len(after) > most:  # keep the test bounded: an even subsample, first and last kept
         after = [after[round(i * (len(after) - 1) / (most - 1))] for i in range(most)]
@@ -1129,9 +1134,9 @@ def _check_rise(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
     held = trend.z < tuned.trend_z and win.full and best_step < win.first_step and \
         _lower_quartile(win.values) >= best + tuned.rise_min_rise * fall and win.cv < _swing_bar(state, tuned)
     if trend.z < tuned.trend_z and not held:
-        return _Check(False)
+        return _NOT_HOLDING
     if held_fall < tuned.rise_min_fall * initial and not held:
-        return _Check(False)
+        return _NOT_HOLDING
     if _grad_climbing(rank, series[-1][0], settings, tuned):
         return _Check(False, deferred=True)  # a rising loss with a climbing gradient: the explosion rule's
     if not explain:
@@ -1176,7 +1181,7 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
     if blown is not None:
         return _blowup_check(rank, name, blown, win, base, settings, tuned, explain, early=True)
     if level is None or base <= 0 or level < tuned.divergence_factor * base:
-        return _Check(False)
+        return _NOT_HOLDING
     trend, cv = win.trend, win.cv
     bar = tuned.divergence_factor * base
     out_of_band = win.values[next((i for i, v in enumerate(win.values) if v >= bar), len(win.values)):]
@@ -1187,7 +1192,7 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
     if not far and _roughness(out_of_band) >= tuned.oscillation_min_cv and (
             len(out_of_band) < 3 or robust.mann_kendall(out_of_band).z < tuned.trend_z) and \
             not _held_out_of_band(rank, name, win, state, tuned):
-        return _Check(False)  # jumping from value to value with no upward trend since it left the band,
+        return _NOT_HOLDING  # jumping from value to value with no upward trend since it left the band,
         #                       and back into it at times: the oscillation rule's (the jump itself is not
         #                       a trend, nor the swings' decay from a first far-too-large update)
     # (a loss coming back down but still far above its band is diverged until it is back: a spike of
@@ -1195,7 +1200,7 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
     if trend.z < tuned.trend_z and _optimisation_stuck(
             rank, state, win.first_step, win.last_step, settings,
             level / base if _held_out_of_band(rank, name, win, state, tuned) else 0.0):
-        return _Check(False)  # nothing moves the weights (LR 0, dead units): the level is batch noise --
+        return _NOT_HOLDING  # nothing moves the weights (LR 0, dead units): the level is batch noise --
         #                       unless it rises significantly: noise has no trend (a too-high LR that
         #                       killed some units still drives the rest, and the loss, up). Nor do dead
         #                       units alone once the loss has not been back in its band for 2 windows
@@ -1403,31 +1408,31 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
                    initial: float, state: Dict[str, Any], settings: DetectionSettings,
                    tuned: LossGradientSettings, explain: bool) -> _Check:
     if not win.full:
-        return _Check(False)
+        return _NOT_HOLDING
     med = win.median
     start = min(initial, state["init"][0]) if state.get("init") else initial  # a spike at the start: no start
     if start > 0 and med <= tuned.plateau_converged_level * start:
-        return _Check(False)  # converged: at a minimum the gradients vanish too (not "optimisation stuck")
+        return _NOT_HOLDING  # converged: at a minimum the gradients vanish too (not "optimisation stuck")
     # a plateau unless it fell since the start (converging) or swings (the oscillation rule's) -- either
     # of which stands only while something moves the weights: with dead units or an LR of 0 what fell was
     # a bias finding the targets' mean, and the swings are the batches' noise
     fell = _fell_from_start(state, win.ordered, med, initial, tuned) and \
         not _stalled(rank, state, med / initial, win.first_step, win.last_step, settings)
     if fell and not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
-        return _Check(False)
+        return _NOT_HOLDING
     if win.cv >= _swing_bar(state, tuned) and not _optimisation_stuck(
             rank, state, win.first_step, win.last_step, settings, med / initial, swings=True):
-        return _Check(False)
+        return _NOT_HOLDING
     trend = win.trend
     returned = _returned(state, win, initial, tuned)
     if abs(trend.z) >= tuned.trend_z and not (returned and trend.z < 0):
-        return _Check(False)
+        return _NOT_HOLDING
     steps, values = win.steps, win.values
     # Theil-Sen slope through the medians of blocks of 4 values: robust, and cheap on any window
     slope = _block_slope(steps, values)
     change = abs(slope) * (steps[-1] - steps[0] + 1)
     if change > tuned.plateau_max_change * med:
-        return _Check(False)
+        return _NOT_HOLDING
     if not explain:
         return _Check(True, since=steps[0])
     verdict, grad_evidence = _plateau_verdict(rank, steps[0], steps[-1], settings, tuned)
