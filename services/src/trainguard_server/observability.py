@@ -63,7 +63,7 @@ def render_prometheus(services: Any) -> str:
         samples.append(("trainguard_processor_errors_total", "counter", "processing rounds that failed",
                         [("", pstats.errors)]))
         samples.append(("trainguard_processing_lag_seconds", "gauge",
-                        "publish-to-processed time of the oldest record in the latest processing chunk "
+                        "publish-to-processed time of the oldest record processed in the last second "
                         "(how far behind the most-behind run is)", [("", pstats.last_lag_s)]))
         samples.append(("trainguard_checkpoint_failures", "gauge",
                         "processor checkpoints failed in a row (0 once one succeeds; /readyz: 503 meanwhile)",

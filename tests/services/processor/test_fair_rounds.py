@@ -145,3 +145,16 @@ def test_records_of_each_run_keep_their_order_across_bounded_rounds(tmp_path: Pa
         assert offsets == sorted(offsets) and len(offsets) == 20
     assert processor.stats.rounds > 1
     queue.close()
+
+
+def test_the_lag_reported_is_the_oldest_record_of_the_last_second(tmp_path: Path) -> None:
+    """A chunk holding only a quiet run's fresh record must not hide the noisy run's lag (/metrics)."""
+    queue = MemoryQueue()
+    processor = _processor(tmp_path, queue, batch=1, round_events=10, round_target_s=0.0)
+    queue.publish(NOISY, [_metrics(NOISY, 0, 10)])
+    time.sleep(0.3)
+    queue.publish(QUIET, [_metrics(QUIET, 0, 2)])
+    processor.run_once(timeout=1.0)  # the noisy run's record (0.3 s old): the round is full (round_events)
+    processor.run_once(timeout=1.0)  # the quiet run's, fresh
+    assert (processor.stats.records, processor.stats.rounds) == (2, 2)
+    assert processor.stats.last_lag_s >= 0.3  # still the noisy run's, not the fresh record's

@@ -64,6 +64,10 @@ measured."""
 RATE_WEIGHT = 0.5
 """Weight of the last chunk in the processor's running estimate of envelopes per second (an exponential
 moving average: a slow chunk halves the next round at once, one outlier is half-forgotten by the next)."""
+LAG_WINDOW_S = 1.0
+"""The processing lag reported (``ProcessorStats.last_lag_s``, /metrics) is the largest of the chunks of the
+last this many seconds: with fair consumption one chunk may hold only a quiet run's fresh record while a
+noisy run's records wait, so the last chunk alone says little."""
 RECORD_WINDOW = 16
 """Chunks over which the processor remembers the largest record (envelopes): a round takes as many records
 as fit its time bound *at that size*, so one-envelope alerts handed out between a noisy run's 500-envelope
@@ -103,7 +107,7 @@ class ProcessorStats:
     undecodable: int = 0
     errors: int = 0
     snapshots: int = 0
-    last_lag_s: float = 0.0    # publish-to-processed time of the last chunk's oldest record
+    last_lag_s: float = 0.0    # publish-to-processed time of the oldest record of the last LAG_WINDOW_S
     rejected_events: int = 0   # raw-context events a store refused for good (a bad document), logged
     store_retries: int = 0     # rounds retried because a store was unavailable
     rounds: int = 0            # chunks processed: one pipeline call and one write per store each
@@ -136,6 +140,7 @@ class EmbeddedProcessor:
         self.rate_events_per_s = 0.0
         self.record_sizes: Deque[int] = deque(maxlen=RECORD_WINDOW)
         self._since_yield = 0  # envelopes processed since the processor last yielded to ingest
+        self._lags: Deque[Tuple[int, float]] = deque()  # (when, lag of the chunk's oldest record)
         self.snapshot_every_s = snapshot_every_s
         self.tick_interval_s = tick_interval_s
         self.stats = ProcessorStats()
@@ -542,9 +547,13 @@ class EmbeddedProcessor:
             for partition, (envs, pts_list) in by_partition.items():
                 self._run_pipeline(partition, envs, pts_list)
         now_ns = time.time_ns()
-        if records:  # the chunk's oldest record: how far behind the most-behind run is (a fair queue
-            # hands out a quiet run's new record beside a noisy run's old ones)
-            self.stats.last_lag_s = max(0.0, (now_ns - min(r.published_ns for r in records)) / 1e9)
+        if records:  # the oldest record of the chunks of the last LAG_WINDOW_S: how far behind the
+            # most-behind run is (a fair queue hands out a quiet run's new records between a noisy one's)
+            lags = self._lags
+            lags.append((now_ns, max(0.0, (now_ns - min(r.published_ns for r in records)) / 1e9)))
+            while lags and now_ns - lags[0][0] > LAG_WINDOW_S * 1e9:
+                lags.popleft()
+            self.stats.last_lag_s = max(lag for _, lag in lags)
         self.stats.records += len(records)
         self.stats.events += len(envelopes)
         self.stats.rounds += 1
