@@ -37,8 +37,11 @@ Contract of :class:`Importer` (``Importer(options, backend).run()`` → :class:`
   Re-importing the same files sends the same times. When the import would fall outside the gateway's
   window (older than ``max_past_age_s`` less one day, or more than a minute in the future) every time is
   shifted by the same whole number of days so that the latest lands within the last day (times of day
-  and spacing kept; the same shift all day; tag ``replay.time_shift_s``). START is 1 ms before a rank's
-  first event; EXIT 1 ms after its last.
+  and spacing kept; the same shift all day; tag ``replay.time_shift_s``). Files that span more than the
+  window (less one day) cannot fit it: the summary's times note says so, and from which file time on the
+  events are kept, and the rejected count says how many the backend refused ``out_of_range``
+  (:attr:`ReplaySummary.too_old_expected`). START is 1 ms before a rank's first event; EXIT 1 ms after
+  its last.
 * **Exit codes**: ``exit_codes[rank]``, else ``exit_code``, else the one the input's format recorded
   (:meth:`.sources.base.Source.exit_code`: a W&B run's exit record, an MLflow run's FINISHED/FAILED
   status), else inferred: 1 when the rank's logs had a
@@ -62,6 +65,7 @@ import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import (
     Any,
@@ -239,6 +243,7 @@ class ReplaySummary:
     exits: Dict[int, Tuple[int, bool]] = field(default_factory=dict)  # rank -> (exit code, inferred)
     time_shift_ns: int = 0
     time_note: str = ""
+    too_old_expected: bool = False  # the files span more than the backend's window (see time_note)
     last_time_ns: int = 0           # the latest event time sent (EXIT)
     elapsed_s: float = 0.0
     error: str = ""
@@ -597,6 +602,13 @@ class Importer:
                 self.shift = (now - hi) // DAY_NS * DAY_NS  # whole days: the same shift all day long
                 self.summary.time_note = (f"shifted by {self.shift // DAY_NS:+,} days (times of day and "
                                           f"spacing kept) to fit the backend's time window")
+            if hi - lo > int(o.max_past_age_s * 1e9) - DAY_NS:  # longer than the window: the oldest refused
+                self.summary.too_old_expected = True
+                cut = now - int(o.max_past_age_s * 1e9) - self.shift  # in the files' own times
+                note = (f"the files span {(hi - lo) / DAY_NS:,.1f} days, more than the backend's window "
+                        f"(max past age {o.max_past_age_s / 86400:g} days): events before {_date(cut)} "
+                        f"(file time) will be refused as out of range")
+                self.summary.time_note = "; ".join(filter(None, (self.summary.time_note, note)))
         self.summary.time_shift_ns = self.shift
         self.summary.sources = sources
         return sources
@@ -714,6 +726,11 @@ class Importer:
 
 
 _STEP_TIME = "time/step_s"
+
+
+def _date(ns: int) -> str:
+    """``ns`` as a local date and time to the second (what the summary says)."""
+    return datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _mtime_ns(path: Path) -> int:

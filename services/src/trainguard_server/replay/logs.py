@@ -44,7 +44,9 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
   word) as ``level``.
 * **Time.** An item's ``time_ns`` is the timestamp its first line starts with (see
   :func:`.times.leading_stamp`; a glog line takes the year of the last dated line before it -- of the
-  file's first dated line before any, see :func:`paste_year` --, else of the file's modification time),
+  file's first dated line before any, see :func:`paste_year` --, else of the file's modification time --,
+  or the year either side of it when that puts it nearer the stamp before it (the first dated line's
+  before any): a paste crossing a new year, or glog lines whose year the ISO lines would misstate),
   else the last timestamp seen earlier in the file, else None; ``precision_ns`` is that timestamp's
   precision (1 ms for ``logging``'s ``,123``): the item was written at some time in
   ``[time_ns, time_ns + precision_ns)`` (an item without a stamp of its own: no earlier than ``time_ns``).
@@ -283,14 +285,16 @@ def line_stamp(line: str, year: int) -> Optional[Tuple[int, int]]:
     return None if found is None else found[:2]
 
 
-def line_stamp_year(line: str, year: int) -> Optional[Tuple[int, int, Optional[int]]]:
+def line_stamp_year(line: str, year: int,
+                    near: Optional[int] = None) -> Optional[Tuple[int, int, Optional[int]]]:
     """:func:`line_stamp` and the year its ISO date states (None for a yearless glog stamp, read with
-    ``year``): the year the glog lines after a dated line are read with."""
-    found = leading_stamp_year(split_prefix(line)[1], year)
+    ``year``): the year the glog lines after a dated line are read with. ``near``: the stamp before the
+    line (see :func:`.times.leading_stamp_year`: a yearless stamp takes the year nearest it)."""
+    found = leading_stamp_year(split_prefix(line)[1], year, near)
     if found is None:
         outer = _outer_columns(line)
         if _ISO_COLUMN_RE.match(outer):
-            found = leading_stamp_year(outer, year)
+            found = leading_stamp_year(outer, year, near)
     return found
 
 
@@ -860,7 +864,7 @@ class LogReader:
                                        tail=tail)
         self.stats = self._segmenter.stats
         self._head = _head_lines(path)  # read once: the year here, the paste's shape when iterated
-        self.year = paste_year(path, self._head)
+        self.year, self._first_dated = paste_dated(path, self._head)
         self._last_ts: Optional[int] = None
         self._last_precision = 1
 
@@ -878,7 +882,8 @@ class LogReader:
                 if indent and line.startswith(indent):
                     line = line[len(indent):]
                 if line.strip():
-                    found = line_stamp_year(line, self.year)
+                    near = self._first_dated if self._last_ts is None else self._last_ts
+                    found = line_stamp_year(line, self.year, near)
                     if found is not None:
                         self.stats.timestamped += 1
                         self._last_ts, self._last_precision, stated = found
@@ -949,14 +954,21 @@ def paste_year(path: Path, head: Optional[List[str]] = None) -> int:
     ISO date (a paste mixing Python ``logging``'s ``2024-04-16 00:03:25,080`` with c10's glog lines is one
     job's output, whenever the file was saved), else the year of the file's modification time, else this
     year."""
+    return paste_dated(path, head)[0]
+
+
+def paste_dated(path: Path, head: Optional[List[str]] = None) -> Tuple[int, Optional[int]]:
+    """:func:`paste_year` and the stamp (ns) of that first dated line (None when there is none): the stamp the
+    glog lines before it are read nearest (a paste that starts in December and dates its first ISO line
+    in January)."""
     for text in _head_or(path, head) or ():
-        year = line_year(clean_line(text))
-        if year is not None:
-            return year
+        found = line_stamp_year(clean_line(text), 2000)
+        if found is not None and found[2] is not None:
+            return found[2], found[0]
     try:
-        return datetime.fromtimestamp(path.stat().st_mtime).year
+        return datetime.fromtimestamp(path.stat().st_mtime).year, None
     except OSError:
-        return datetime.now().year
+        return datetime.now().year, None
 
 
 def _shared_start(a: str, b: str) -> str:
@@ -1234,7 +1246,8 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
     two processes' clocks, a yearless glog stamp beside a dated one), ranks present (``on_bytes(n)``: the
     size of every line read)."""
     head = _head_lines(path)
-    year = paste_year(path, head)
+    year, dated = paste_dated(path, head)
+    previous = dated  # a yearless stamp is read nearest the stamp before it (the first dated before any)
     first: Optional[int] = None
     last: Optional[int] = None
     ranks: Dict[int, None] = {}
@@ -1259,8 +1272,9 @@ def scan_log(path: Path, rank: int = 0, *, on_bytes: Optional[Callable[[int], No
                 line = task_label_as_prefix(line)
             if indent and line.startswith(indent):
                 line = line[len(indent):]
-            found = line_stamp_year(line, year)
+            found = line_stamp_year(line, year, previous)
             if found is not None:  # the earliest and the latest: a paste's stamps need not be in order
+                previous = found[0]
                 first = found[0] if first is None else min(first, found[0])
                 last = found[0] if last is None else max(last, found[0])
                 year = found[2] or year

@@ -96,7 +96,11 @@ def print_summary(summary: ReplaySummary, out: IO[str]) -> None:
     w(f"  events: {summary.sent} sent ({kinds or 'none'}), {summary.accepted} accepted, "
       f"{summary.duplicates} duplicates, {sum(summary.rejected.values())} rejected\n")
     for code, n in sorted(summary.rejected.items()):
-        w(f"    rejected {code}: {n}\n")
+        why = ""
+        if code == "out_of_range":
+            why = (" (older than the backend's max past age: the files span more than its window, see times)"
+                   if summary.too_old_expected else " (outside the backend's time window)")
+        w(f"    rejected {code}: {n}{why}\n")
     for sample in summary.rejected_samples:
         w(f"      {sample}\n")
     if summary.exits:

@@ -14,7 +14,10 @@ Contract:
   :func:`leading_timestamp` also reads glog / c10 records (``E1129 08:12:43.061727 ...`` and
   ``[E1129 08:12:43.061727749 ProcessGroupNCCL.cpp:632]``, and c10's unpadded month: ``[E626 ...]`` is
   June 26), which carry no year: ``year`` supplies it (:func:`leading_stamp_year` says the year a dated line
-  states, which the log reader hands to the glog lines after it).
+  states, which the log reader hands to the glog lines after it). Given ``near`` (the log's stamp before it,
+  or its first dated line's), a yearless stamp takes instead the year among ``year`` and the ones either side
+  that puts it nearest ``near``: a glog line after ``2024-12-31 23:59:58`` stamped ``E0101 00:00:03`` is of
+  2025 (a paste crossing a new year), one before ``2025-01-01 00:00:02`` stamped ``E1231`` of 2024.
 * :func:`leading_stamp`: the same with the stamp's **precision** in ns -- ``10 ** (9 - digits)`` for the
   fraction digits written (1 s without a fraction, 1 ms for ``logging``'s ``,123``, 1 µs for glog, at
   least 1 ns): the line was written some time in ``[stamp, stamp + precision)``.
@@ -112,9 +115,33 @@ def leading_stamp(line: str, year: int) -> Optional[Tuple[int, int]]:
     return None if found is None else found[:2]
 
 
-def leading_stamp_year(line: str, year: int) -> Optional[Tuple[int, int, Optional[int]]]:
+NEAR_YEAR_NS = 182 * 86_400 * 10**9
+"""A yearless stamp read in ``year`` within this of ``near`` (half a year, less a day) is nearest in that
+year: the same date a year either side lies at least 183 days away."""
+
+
+def _glog_near(match: re.Match[str], year: int, near: int) -> Tuple[Optional[int], Optional[int]]:
+    """(the yearless stamp in the year of ``year - 1, year, year + 1`` that puts it nearest ``near``, that
+    year when it is not ``year`` else None)."""
+    stamp = _to_ns(match, year)
+    if stamp is not None and abs(stamp - near) <= NEAR_YEAR_NS:
+        return stamp, None  # the common case: one datetime
+    best: Optional[Tuple[int, int]] = None
+    for candidate in (year - 1, year, year + 1):
+        found = stamp if candidate == year else _to_ns(match, candidate)  # Feb 29 exists in leap years only
+        if found is not None and (best is None or abs(found - near) < abs(best[0] - near)):
+            best = (found, candidate)
+    if best is None:
+        return None, None
+    return best[0], (None if best[1] == year else best[1])
+
+
+def leading_stamp_year(line: str, year: int,
+                       near: Optional[int] = None) -> Optional[Tuple[int, int, Optional[int]]]:
     """:func:`leading_stamp` and the year the line's ISO date states (None for a yearless glog stamp, read
-    with ``year``); None when the line starts with no timestamp."""
+    with ``year``); None when the line starts with no timestamp. ``near`` (ns): a yearless stamp takes the
+    year of ``year - 1, year, year + 1`` nearest it (see the module doc), said as the third item when it is
+    not ``year`` (the year the glog lines after it are read with)."""
     head = line[:64]
     match = _LEADING_ISO_RE.match(head)
     stated: Optional[int] = None
@@ -125,7 +152,10 @@ def leading_stamp_year(line: str, year: int) -> Optional[Tuple[int, int, Optiona
         match = _GLOG_RE.match(head)
         if match is None:
             return None
-        stamp = _to_ns(match, year)
+        if near is None:
+            stamp = _to_ns(match, year)
+        else:
+            stamp, stated = _glog_near(match, year, near)
     return None if stamp is None else (stamp, _precision_ns(match.group("frac")), stated)
 
 
