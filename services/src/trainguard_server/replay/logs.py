@@ -35,7 +35,12 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
   emitted as plain lines, and so is a Python traceback cut before its exception line -- unless it was cut
   inside a process-group set-up function (one of its three innermost frames is ``init_process_group``,
   DeepSpeed's ``init_distributed``, a rendezvous store's creation ...: ``classify.INIT_FUNCTIONS``): then it
-  is one exception item of no known type, whose frames say the group never came up.
+  is one exception item of no known type, whose frames say the group never came up. In a paste
+  (``headless``), an exception line with no traceback is an exception item too: a bare ``RuntimeError: ...``
+  line, one wrapped in markdown (:func:`unwrap_markup`), a logging library's record of one
+  (:func:`logged_exception`), and a tool's report of one of PyTorch's exception messages without its
+  type (``Error running job: element 0 of tensors does not require grad ...``: :func:`reported_exception`,
+  read as the ``RuntimeError: ...`` PyTorch raised).
 * **NCCL error messages** outside a traceback (a line ending in ``NCCL version X.Y.Z``, then
   NCCL's unprefixed ``ncclXError: ...``, ``Last error:`` and the last error's line) are one log item
   (its ``[rankN]:`` prefix, if the first line has one, applies to all), so the reason is read with the
@@ -221,6 +226,56 @@ def clean_line(raw: str) -> str:
         parts = [p for p in line.split("\r") if p.strip()]
         line = parts[-1] if parts else ""
     return line.rstrip()
+
+
+_TORCH_MESSAGES: Tuple[Tuple[str, str], ...] = (
+    ("RuntimeError", r"element 0 of tensors does not require grad and does not have a grad_fn"),
+    ("RuntimeError", r"Trying to backward through the graph a second time"),
+    ("RuntimeError", r"one of the variables needed for gradient computation has been modified by an inplace "
+                     r"operation"),
+    ("RuntimeError", r"Expected all tensors to be on the same device, but"),
+    ("RuntimeError", r"mat1 and mat2 shapes cannot be multiplied \("),
+    ("RuntimeError", r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\)"),
+    ("RuntimeError", r"Input type \([\w.]{1,60}\) and weight type \([\w.]{1,60}\) should be the same"),
+    ("RuntimeError", r"Sizes of tensors must match except in dimension \d+"),
+    ("RuntimeError", r"shape '\[[-\d, ]{0,100}\]' is invalid for input of size \d+"),
+    ("RuntimeError", r"Given groups=\d+, weight of size"),
+    ("RuntimeError", r"expected scalar type \w+ but found \w+"),
+    ("RuntimeError", r"Error\(s\) in loading state_dict for \w+"),
+    ("IndexError", r"index out of range in self"),
+)
+_TORCH_MESSAGE_NEEDLES = ("element 0 of", "through the graph", "gradient computation", "on the same device",
+                          "mat1 and mat2", "size of tensor", "weight type", "Sizes of tensors",
+                          "invalid for input", "weight of size", "expected scalar type", "loading state_dict",
+                          "index out of range")
+"""Words of each :data:`_TORCH_MESSAGES` (a line holding none is none of them: the regex is not run)."""
+"""PyTorch's exception messages that a tool's own report prints without their type (``print(f"Error running
+job: {e}")``, ``logger.error(f"Training failed: {e}")``), with the type PyTorch raises them as: autograd
+misuse, device / dtype / shape mismatches, a state dict that does not fit, an embedding index. Only errors of
+the model's own code (process/exception): CUDA errors and OOM are read from their text already."""
+_TORCH_MESSAGE_RE = re.compile(
+    r"(?:^|(?P<lead>(?i:error|fail|exception)[^:]{0,60}):\s+)(?:"
+    + "|".join(f"(?P<m{i}>{pattern})" for i, (_type, pattern) in enumerate(_TORCH_MESSAGES)) + ")")
+
+
+def reported_exception(line: str) -> Optional[str]:
+    """A PyTorch exception message (:data:`_TORCH_MESSAGES`) a line reports without its type -- the whole
+    line, or after a lead that says it is an error (``Error running job: element 0 of tensors does not require
+    grad ...``; ``error``, ``fail`` or ``exception`` within the 60 characters before the colon, as a tool's
+    report glued to a progress bar prints it) -- as the exception line PyTorch printed
+    (``RuntimeError: element 0 of tensors ...``); else None. A line that states a level below ERROR
+    (``[WARN] GradCAM failed: ..., using fallback``, ``Warning: OCR loss failed: ...``) reports an error
+    the code handled: None."""
+    if not any(needle in line for needle in _TORCH_MESSAGE_NEEDLES):
+        return None
+    m = _TORCH_MESSAGE_RE.search(line)
+    if m is None or (m.start() > 0 and m.group("lead") is None):
+        return None
+    if line_level(line) in ("DEBUG", "INFO", "WARNING"):
+        return None
+    index = next(int(k[1:]) for k, v in m.groupdict().items() if k != "lead" and v is not None)
+    body_at = m.start(f"m{index}")
+    return f"{_TORCH_MESSAGES[index][0]}: {line[body_at:].rstrip()}"
 
 
 def unwrap_markup(line: str) -> Optional[str]:
@@ -645,6 +700,8 @@ class LogSegmenter:
             bare = unwrap_markup(text)
             if bare is None:
                 bare = logged_exception(text)
+            if bare is None:
+                bare = reported_exception(text)
             if bare is not None:
                 stream.start(_PYTHON, number, bare, time_ns, precision_ns, headless=True, in_message=True)
                 return
