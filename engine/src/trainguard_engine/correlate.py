@@ -703,6 +703,23 @@ def silence_grace_s(rank: RankState, settings: DetectionSettings) -> float:
     return max(settings.rank_lost_grace_s, HEARTBEAT_SLACK * rank.hb_interval_s)
 
 
+_WAITS: FrozenSet[Kind] = frozenset(PEER_FAILURES) | frozenset(WAITED_ON)
+"""The kinds :func:`check_lagging` (WAITED_ON) and :func:`check_silent_peers` (PEER_FAILURES) read."""
+
+
+def waits_open(run: RunState) -> bool:
+    """Whether :func:`check_lagging` or :func:`check_silent_peers` can find or note anything in ``run``
+    now: both read (and write: notes, lost ranks) only open, unexplained incidents of the kinds in
+    ``_WAITS`` and return no finding without one, whatever the time. False lets a caller skip both (a
+    run with only, say, an open loss plateau calls them on every event); their time semantics are
+    unchanged, as they are judged at every call while such an incident is open."""
+    for st in run.incidents.values():
+        inc = st.record
+        if (inc.category, inc.subtype) in _WAITS and not inc.explained_by and st.is_open:
+            return True
+    return False
+
+
 def check_silent_peers(run: RunState, now_ns: int, settings: DetectionSettings) -> List[Finding]:
     """Rule 2 at ``now_ns`` (an event time of the run, or the processor's clock): findings that turn
     an open peer failure into ``comm/rank-lost`` led by the rank(s) silent since before it began. Marks
@@ -767,7 +784,7 @@ def check_lagging(run: RunState, now_ns: int, settings: DetectionSettings) -> Li
     for st in run.incidents.values():
         inc = st.record
         if st.extra.get("lagging_done") or not st.is_open or inc.explained_by or \
-                _kind(st) not in (("comm", "timeout"), ("comm", "failure")):
+                _kind(st) not in WAITED_ON:
             continue
         began = st.extra.setdefault("began", inc.first_ns)
         reporters = {ev.rank for ev in inc.evidence if ev.rule.startswith(REPORTED)}

@@ -755,22 +755,27 @@ class Pipeline:
         cause, silent ranks named as the lost rank of their peers' failures. ``folded``: a finding was
         applied since the last call -- only then can a consequence have a new cause or a shared NaN a new
         lead (they are recomputed over the run's ranks: not on every metric event of a run with an
-        incident); the waits (lagging, silent ranks) are checked every time, as time passes."""
+        incident); the waits (lagging, silent ranks) are checked every time, as time passes, while an
+        incident they read is open (correlate.waits_open: without one they find and note nothing)."""
         changed = False
         if folded:
             for finding in correlate.check_desync(run, settings):
                 self._apply(run, finding, settings)
                 changed = True
-        for finding in correlate.check_lagging(run, now_ns, settings):
-            self._apply(run, finding, settings)
-            changed = folded = True
+        waits = correlate.waits_open(run)
+        if waits:
+            for finding in correlate.check_lagging(run, now_ns, settings):
+                self._apply(run, finding, settings)
+                changed = folded = True
         if folded:
             for st in correlate.explain(run, settings) + correlate.pin_numeric_lead(run, settings):
                 diagnosis.enrich(run, st, settings)
                 changed = True
-        for finding in correlate.check_silent_peers(run, now_ns, settings):
-            self._apply(run, finding, settings)
-            changed = True
+            waits = correlate.waits_open(run)  # findings applied, causes folded: kinds and states moved
+        if waits:
+            for finding in correlate.check_silent_peers(run, now_ns, settings):
+                self._apply(run, finding, settings)
+                changed = True
         if changed:
             self._mark(run)
 
