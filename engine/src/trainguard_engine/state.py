@@ -20,6 +20,8 @@ from .records import INCIDENT_RESOLVED, Cluster, Incident
 
 STEP_TIME_EWMA_ALPHA = 0.1
 """Weight of a new observation in the per-rank step-time average (the SDK uses the same)."""
+_KEEP_ONE = (True,)
+"""``keep`` of a one-point :meth:`RankState.observe_points` call."""
 
 # A history point: (value, event time in ns; 0 when it came from an alert's context and has no time).
 HistoryPoint = Tuple[float, int]
@@ -162,49 +164,18 @@ class RankState:
         recent values) only fill steps the history does not have yet. A series keeps at least its last
         ``history_len`` steps: it is trimmed back to that many when it reaches twice as many, and steps
         below what a trim kept are ignored from then on (so a replay cannot bring them back)."""
-        series = self.history.get(name)
-        if series is None:
-            if len(self.history) >= settings.history_max_series:
-                return
-            series = self.history[name] = {}
-        floor = self.history_floor.get(name)
-        if floor is not None and step < floor:
-            return
         if context:
-            if step in series:
+            series = self.history.get(name)
+            if series is not None and step in series:
                 return
             time_ns = 0  # a context point has no event time
-        size = len(series)
-        series[step] = (value, time_ns)
-        tail = self.tails.get(name)
-        if tail is not None:
-            if len(series) == size:  # a replaced point keeps its place in the dict: the tail is rebuilt later
-                del self.tails[name]
-            else:  # SeriesTail.append, inline (every point of a series the detectors read goes through)
-                points = tail.points
-                if points and step <= points[-1][0]:
-                    tail.descent = len(points)
-                points.append((step, value, time_ns))
-                if value - value != 0.0:
-                    tail.bad_end = len(points)
-        if len(series) > 2 * settings.history_len:
-            keep = sorted(series)[-settings.history_len:]
-            self.history_floor[name] = keep[0]
-            kept = self.history[name] = {s: series[s] for s in keep}
-            tail = self.tails.pop(name, None)
-            if tail is not None and tail.descent == 0 and tail.data is series and \
-                    len(tail.points) == len(series):  # in step order: the kept steps are its last points
-                self.tails[name] = tail.trimmed(kept, len(series) - len(kept))
-        if value - value != 0.0:  # NaN or +-Inf
-            first = self.first_nonfinite.get(name)
-            if first is None or step < first[0]:
-                self.first_nonfinite[name] = (step, time_ns)
+        self.observe_points(((name, step, value),), _KEEP_ONE, time_ns, settings)
 
     def observe_points(self, points: Sequence[Tuple[str, int, float]], keep: Sequence[bool], time_ns: int,
                        settings: DetectionSettings) -> None:
         """:meth:`observe_point` of each of ``points`` (one envelope's, in order) whose ``keep`` is true, at
-        ``time_ns`` -- the same steps, in one call an envelope instead of one a point (the pipeline keeps
-        every metric point a history is kept for): the settings read once, the dicts held in locals."""
+        ``time_ns``, in one call an envelope (the pipeline keeps every metric point a history is kept for;
+        the settings read once, the dicts held in locals): the one implementation of keeping a point."""
         history, floors, tails = self.history, self.history_floor, self.tails
         max_series, history_len = settings.history_max_series, settings.history_len
         for (name, step, value), kept in zip(points, keep):
