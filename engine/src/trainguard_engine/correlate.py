@@ -42,15 +42,25 @@ EXITS_AFTER_FAILURE: Tuple[Kind, ...] = (("process", "terminated"), ("process", 
 after one of ``TERMINATION_CAUSES`` on the run is that failure's consequence, as is a terminated rank in
 its own open stall."""
 CRASH_EXIT: Kind = ("process", "exit")
+EXCEPTION: Kind = ("process", "exception")
+TEARDOWN_RULE = "deepspeed.launcher-teardown"
+SPAWN_RERAISE_RULE = "mp.spawn.reraise"
+"""``detectors.process.SPAWN_RERAISE_RULE``: mp.spawn's parent re-raising a worker's failure from ``join``
+(a ``process/exception`` that reads as nothing more specific)."""
+NAMELESS_EXIT_RULES = frozenset({TEARDOWN_RULE, SPAWN_RERAISE_RULE})
+"""Launcher exit reports that name no global rank: DeepSpeed's teardown (a PID), mp.spawn's re-raise (the
+process index it names is the worker's index on its node; the parent's own stream is no rank's)."""
 LAUNCHER_EXIT_RULES = frozenset({"torchrun.worker-failed", "torchrun.summary-without-root", "launcher.signal",
-                                 "deepspeed.launcher-teardown"})
+                                 TEARDOWN_RULE, SPAWN_RERAISE_RULE})
 """Classifier rules of a launcher's line that a worker exited (torchrun's ``failed (exitcode: 1) local_rank:
 R`` or failure entry, DeepSpeed's ``exits with return code = 1`` and ``Killing subprocess``): a
 ``process/exit`` incident whose evidence is only such lines is the launcher's report of an error it did not
 see. When the rank it names (any rank, when the line names none: DeepSpeed's teardown) then prints its own
 error text -- a pasted log interleaves the launcher's stream with the worker's, or prints the entry's
 ``traceback :`` field after its exit code -- that error is the cause and the exit its consequence
-(:func:`_own_error_after`), however they were ordered."""
+(:func:`_own_error_after`), however they were ordered. mp.spawn's parent re-raising a worker's failure
+(``SPAWN_RERAISE_RULE``, a ``process/exception`` incident) is such a report too: ``join`` raises only after
+a worker failed, so any worker's own error text, printed before or after it, is its cause."""
 LAUNCHER_REPORTS: Tuple[Kind, ...] = (("process", "exit"), ("process", "killed"), ("process", "terminated"))
 RANK_LOST: Kind = ("comm", "rank-lost")
 SIGABRT = 6
@@ -134,20 +144,25 @@ def _launcher_exit_ranks(st: IncidentState) -> Optional[FrozenSet[int]]:
     that explains nothing: the global ranks those lines are about (the rank a line names, else the stream
     that printed it; a local rank is taken for the global one, as on one node); empty for DeepSpeed's
     teardown, which names a PID only. None for any other incident."""
-    if _kind(st) != CRASH_EXIT or not st.is_open or st.record.explained_by or st.extra.get("consequences"):
+    kind = _kind(st)
+    if kind not in (CRASH_EXIT, EXCEPTION) or not st.is_open or st.record.explained_by or \
+            st.extra.get("consequences"):
         return None
     ranks: Set[int] = set()
     for ev in st.record.evidence:
         value = ev.value if isinstance(ev.value, Mapping) else {}
         rule = value.get("rule")
-        if not ev.rule.startswith(REPORTED) or rule not in LAUNCHER_EXIT_RULES:
+        if not ev.rule.startswith(REPORTED) or rule not in LAUNCHER_EXIT_RULES or \
+                (kind == EXCEPTION) != (rule == SPAWN_RERAISE_RULE):
             return None  # an exit code the rank itself sent, or anything else: not a launcher's report only
+        if rule == SPAWN_RERAISE_RULE:
+            continue  # names no global rank: any worker's error is its cause
         facts = value.get("facts")
         facts = facts if isinstance(facts, Mapping) else {}
         named = facts.get("rank")
         if isinstance(named, int) and not isinstance(named, bool):
             ranks.add(named)
-        elif rule != "deepspeed.launcher-teardown" and ev.rank >= 0:
+        elif rule != TEARDOWN_RULE and ev.rank >= 0:
             ranks.add(ev.rank)
     return frozenset(ranks)
 
@@ -159,7 +174,7 @@ def _names_global_rank(st: IncidentState) -> bool:
         value = ev.value if isinstance(ev.value, Mapping) else {}
         facts = value.get("facts")
         facts = facts if isinstance(facts, Mapping) else {}
-        if value.get("rule") == "deepspeed.launcher-teardown":
+        if value.get("rule") in NAMELESS_EXIT_RULES:
             continue
         if "rank" not in facts or not _local_only(facts, value.get("lines")):
             return True
@@ -184,7 +199,7 @@ def _reports_exit_of(st: IncidentState, reporters: FrozenSet[int]) -> bool:
 
 def _teardown_only(st: IncidentState) -> bool:
     """Whether ``st``'s evidence is DeepSpeed's teardown (``Killing subprocess``) only."""
-    return all(isinstance(ev.value, Mapping) and ev.value.get("rule") == "deepspeed.launcher-teardown"
+    return all(isinstance(ev.value, Mapping) and ev.value.get("rule") == TEARDOWN_RULE
                for ev in st.record.evidence)
 
 
@@ -218,15 +233,18 @@ def _own_error_after(run: RunState, st: IncidentState, ranks: FrozenSet[int]) ->
     teardown); any rank's when the report names no global rank -- only a *local* one (torchrun's ``failed
     (exitcode: 1) local_rank: 0``, DeepSpeed's ``--local_rank=0``: on a second node local rank 0 is global
     rank 8, and error text names global ranks) or a PID (DeepSpeed's teardown); the one whose such text came
-    first. None when there is none."""
-    began = st.record.first_ns
+    first. mp.spawn's re-raise (``SPAWN_RERAISE_RULE``): any rank's, printed at any time (``join`` raises
+    only after a worker failed; the worker's stderr and the parent's interleave either way); never another
+    launcher report. None when there is none."""
+    began = 0 if _kind(st) == EXCEPTION else st.record.first_ns
     kinds = TEARDOWN_CAUSES if _teardown_only(st) else OWN_ERRORS
     if not _names_global_rank(st):
         ranks = frozenset()  # a local rank (or a PID) says nothing of the global rank the error text names
     best: Optional[IncidentState] = None
     best_at = 0
     for other in run.incidents.values():
-        if other is st or not other.is_open or other.record.explained_by or _kind(other) not in kinds:
+        if other is st or not other.is_open or other.record.explained_by or _kind(other) not in kinds or \
+                _launcher_exit_ranks(other) is not None:
             continue
         times = [ev.time_ns for ev in other.record.evidence
                  if ev.time_ns >= began and (not ranks or not ranks.isdisjoint(_reporters((ev,))))]
@@ -439,7 +457,7 @@ def explain(run: RunState, settings: DetectionSettings) -> List[IncidentState]:
                                reporters=_reporters(st.record.evidence),
                                reading=_reading_confidence(st)) or \
                 _straggler_for(run, kind, st.record.first_ns)
-        elif kind == CRASH_EXIT and (exited := _launcher_exit_ranks(st)) is not None:
+        elif kind in (CRASH_EXIT, EXCEPTION) and (exited := _launcher_exit_ranks(st)) is not None:
             cause = _own_error_after(run, st, exited)
             if cause is not None:
                 cause.extra.setdefault("lead", cause.record.lead_rank)  # the erring rank, not the launcher's

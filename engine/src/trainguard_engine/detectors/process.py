@@ -83,6 +83,31 @@ TrainGuard (a pasted log); so does a launcher's line naming a rank's non-zero ex
 own traceback, when printed, is an incident of its own -- the exit report's cause even when printed after it
 (correlation folds the exit into it: ``correlate.LAUNCHER_EXIT_RULES``). An abort is not one (after a
 watchdog timeout it is the teardown: the exit path decides)."""
+SPAWN_RERAISE_RULE = "mp.spawn.reraise"
+"""``torch.multiprocessing.spawn``'s parent re-raising a worker's failure from ``join`` (old torch's bare
+``Exception: `` -- its message may be empty in a paste --, ``ProcessRaisedException: -- Process N terminated
+with the following error: ...``) that reads as nothing more specific than a Python exception: the launcher's
+report of a worker's failure, as torchrun's ``ChildFailedError`` is. Its evidence's ``value`` is ``{"rule":
+SPAWN_RERAISE_RULE, "confidence": 0.0, "facts", "lines", "exc_type"}``, so that correlation reads it as a
+launcher exit report (``correlate.LAUNCHER_EXIT_RULES``): the worker's own error text, printed before or
+after it, is its cause."""
+SPAWN_MODULE_TAIL = "torch/multiprocessing/spawn.py"
+SPAWN_JOIN = "join"
+
+
+def spawn_reraise(frames: object) -> bool:
+    """Whether an exception's innermost frame (``frames``: ``[{"filename", "function", ...}]``, outermost
+    first) is ``join`` in ``torch/multiprocessing/spawn.py``: mp.spawn's parent re-raising a worker's
+    failure."""
+    if not isinstance(frames, Sequence) or isinstance(frames, str) or not frames:
+        return False
+    last = frames[-1]
+    if not isinstance(last, Mapping) or last.get("function") != SPAWN_JOIN:
+        return False
+    filename = last.get("filename")
+    return isinstance(filename, str) and filename.replace("\\", "/").endswith(SPAWN_MODULE_TAIL)
+
+
 SCALE_RULE = "numeric.loss-scale"
 """An fp16 loss-scale line: a finding when the scale collapsed (see :func:`_scale_collapsed`)."""
 SCALE_STATE_KEY = "amp"
@@ -200,10 +225,15 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
     rank.exc_key = key if not handled else rank.exc_key
     lead = named_rank(found.facts, rank.rank)
     recognised = _recognised(found)
+    value: Any = exc_type
+    if (category, subtype) == GENERIC_EXCEPTION and not handled and spawn_reraise(frames):
+        # mp.spawn's parent reporting a worker's failure: a launcher's exit report (see SPAWN_RERAISE_RULE)
+        value = {"rule": SPAWN_RERAISE_RULE, "confidence": 0.0, "facts": _jsonable(found.facts),
+                 "lines": [detail], "exc_type": exc_type}
     evidence = Evidence(
         rule=rule, description=f"rank {rank.rank} raised {detail} at step {step} ({mechanism})" + (
             f"; classified {found.rule}" if recognised else ""),
-        step=step, time_ns=time_ns, rank=rank.rank, value=exc_type, window=loss_context, event_id=event_id)
+        step=step, time_ns=time_ns, rank=rank.rank, value=value, window=loss_context, event_id=event_id)
     timeline = TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
                              what=f"rank {rank.rank} raised {detail}")
     summary = (f"{exc_type} on rank {rank.rank} at step {step} (fingerprint {fingerprint[:12]}): "
