@@ -32,7 +32,7 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "tuning38": ("bench.unseen.tuning3", True),  # stop 38's tuning set
     "heldout38": ("bench.unseen.heldout4", True),  # stop 38's held-out set: judged ONCE, SPENT
     "tuning39": ("bench.unseen.tuning4", True),  # stop 39's tuning set
-    "heldout39": ("bench.unseen.heldout5", True),  # stop 39's held-out set: judged once per engine
+    "heldout39": ("bench.unseen.heldout5", True),  # stop 39's held-out set: judged once per engine, SPENT
 }
 
 
