@@ -213,7 +213,6 @@ def _hf(name: str) -> None:
 def _lora(name: str) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
-    from torch import nn
 
     from bench.unseen import kit
 
@@ -246,24 +245,10 @@ def _lora(name: str) -> None:
         )
         return
 
-    class Logits(nn.Module):
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids: Any) -> Any:
-            return self.inner(input_ids=ids).logits
-
-    at = [0]
-
-    def batch(bs: int = 16) -> Tuple[Any, Any]:
-        ids = torch.stack([row(at[0] + k)["input_ids"] for k in range(bs)])
-        at[0] += bs
-        return ids[:, :-1], ids[:, 1:]
-
+    batch = kit.lm_batches(row)
     o = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], 2e-3)
     s = torch.optim.lr_scheduler.LambdaLR(o, kit.warmup_cosine(15, 300))
-    kit.loop(Logits(model), o, batch, kit.ce, 300, s)
+    kit.loop(kit.HFLogits(model), o, batch, kit.ce, 300, s)
 
 
 def _lightning(name: str) -> None:

@@ -215,7 +215,6 @@ def _hf(name: str) -> None:
 def _lora(name: str) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
-    from torch import nn
 
     from bench.unseen import kit
 
@@ -252,22 +251,8 @@ def _lora(name: str) -> None:
     o = early or torch.optim.Adam([p for p in model.parameters() if p.requires_grad], 3e-3)
     row = kit.lm_rows(vocab, 32, 6, seed=39_500)
 
-    class Logits(nn.Module):
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids: Any) -> Any:
-            return self.inner(input_ids=ids).logits
-
-    at = [0]
-
-    def batch(bs: int = 16) -> Tuple[Any, Any]:
-        ids = torch.stack([row(at[0] + k)["input_ids"] for k in range(bs)])
-        at[0] += bs
-        return ids[:, :-1], ids[:, 1:]
-
-    kit.loop(Logits(model), o, batch, kit.ce, 300)
+    batch = kit.lm_batches(row)
+    kit.loop(kit.HFLogits(model), o, batch, kit.ce, 300)
 
 
 def _pretrain_cls(model: Any, row: Any, n_steps: int = 60) -> None:

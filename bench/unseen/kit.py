@@ -317,6 +317,30 @@ def lm_rows(vocab: int, length: int, stride_max: int, seed: int = 0) -> Callable
     return row
 
 
+class HFLogits(nn.Module):
+    """An HF causal LM (``inner``, a peft model too) as ``ids -> logits``, for :func:`loop`'s ``model(x)``."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids: Any) -> Any:
+        return self.inner(input_ids=ids).logits
+
+
+def lm_batches(row: Callable[[int], Dict[str, Any]], bs: int = 16) -> Callable[[], Tuple[Any, Any]]:
+    """Batches of ``bs`` consecutive ``row``s (rows 0, 1, 2 ... in turn) as next-token pairs: the ids
+    without their last token, and without their first."""
+    at = [0]
+
+    def batch() -> Tuple[Any, Any]:
+        ids = torch.stack([row(at[0] + k)["input_ids"] for k in range(bs)])
+        at[0] += bs
+        return ids[:, :-1], ids[:, 1:]
+
+    return batch
+
+
 def pretrained(model: Any, row: Callable[[int], Dict[str, Any]], n_steps: int = 120, lr: float = 3e-3) -> Any:
     """``model`` (an HF causal LM) after ``n_steps`` Adam steps on batches of 32 ``row``s (no SDK)."""
     opt = torch.optim.Adam(model.parameters(), lr)

@@ -153,7 +153,6 @@ def _hf(name: str) -> None:
 def _lora(name: str) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
-    from torch import nn
 
     from bench.unseen import kit
 
@@ -188,22 +187,8 @@ def _lora(name: str) -> None:
         )
         return
 
-    class Logits(nn.Module):
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids: Any) -> Any:
-            return self.inner(input_ids=ids).logits
-
-    at = [0]
-
-    def batch(bs: int = 16) -> Tuple[Any, Any]:
-        ids = torch.stack([row(at[0] + k)["input_ids"] for k in range(bs)])
-        at[0] += bs
-        return ids[:, :-1], ids[:, 1:]
-
-    wrapped = Logits(model)
+    batch = kit.lm_batches(row)
+    wrapped = kit.HFLogits(model)
     o = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], 3e-3)
     kit.loop(wrapped, o, batch, kit.ce, 300, clip=1.0)
 
