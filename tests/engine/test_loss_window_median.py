@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from typing import Dict, List
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -91,25 +91,36 @@ def test_ties_and_signed_zeros_give_statistics_median() -> None:
     assert loss._median_of([]) != loss._median_of([])  # NaN when empty, as robust.median
 
 
+def _finite_windows(rng: random.Random, width: int, steps: int,
+                    pooled: float) -> Iterator[Tuple[int, SeriesTail]]:
+    """A series' tail, point by point, wherever its last ``width`` values are all finite: a value from a
+    pool of ties, -0.0 beside 0.0 and extremes (``pooled`` of the time) or uniform in [-3, 3], a NaN at
+    step 300 passing through, a trim at step 450 (a new tail over the kept points, its windows empty).
+    Lazy, drawing from ``rng``: the caller's own draws between two points stay in their place."""
+    pool = [0.0, -0.0, 1.0, 2.5, -1.0, 1e-300, 1e308]
+    data: Dict[int, tuple] = {}
+    tail = SeriesTail(data)
+    for step in range(steps):
+        value = rng.choice(pool) if rng.random() < pooled else rng.uniform(-3, 3)
+        if step == 300:
+            value = float("nan")
+        data[step] = (value, step)
+        tail.append(step, value, step)
+        if step == 450:
+            tail = tail.trimmed(data, 0)
+        start = len(tail.points) - width
+        if start >= 0 and start >= tail.bad_end:
+            yield step, tail
+
+
 def test_sorted_window_keeps_sorted_order_bit_for_bit() -> None:
     """Point by point, with ties, -0.0 beside 0.0, a non-finite value passing through and a trim: the kept
     window is ``sorted()``'s list of the last ``width`` values -- the same floats in the same order."""
     rng = random.Random(15)
-    pool = [0.0, -0.0, 1.0, 2.5, -1.0, 1e-300, 1e308]
     for width in (16, 40):
-        data: Dict[int, tuple] = {}
-        tail = SeriesTail(data)
         checked = 0
-        for step in range(600):
-            value = rng.choice(pool) if rng.random() < 0.7 else rng.uniform(-3, 3)
-            if step == 300:
-                value = float("nan")
-            data[step] = (value, step)
-            tail.append(step, value, step)
-            if step == 450:  # a trim: a new tail over the kept points, its windows empty
-                tail = tail.trimmed(data, 0)
-            start = len(tail.points) - width
-            if start < 0 or start < tail.bad_end or rng.random() < 0.1:  # (skipped: the next one re-sorts)
+        for step, tail in _finite_windows(rng, width, 600, pooled=0.7):
+            if rng.random() < 0.1:  # (skipped: the next one re-sorts)
                 continue
             want = sorted(v for _s, v, _t in tail.points[-width:])
             assert _hex(loss._sorted_window(tail, width)) == _hex(want), (width, step)
@@ -138,22 +149,9 @@ def test_kept_trend_slides_bit_for_bit() -> None:
     passing through, a trim, points where nobody asks (the kept S then goes stale and is recounted) and a
     stretch where the sorted window moves on unasked for longer than a window (the kept S is let go)."""
     rng = random.Random(38)
-    pool = [0.0, -0.0, 1.0, 2.5, -1.0, 1e-300, 1e308]
     for width in (16, 40):
-        data: Dict[int, tuple] = {}
-        tail = SeriesTail(data)
         checked = 0
-        for step in range(700):
-            value = rng.choice(pool) if rng.random() < 0.6 else rng.uniform(-3, 3)
-            if step == 300:
-                value = float("nan")
-            data[step] = (value, step)
-            tail.append(step, value, step)
-            if step == 450:  # a trim: a new tail over the kept points, its windows empty
-                tail = tail.trimmed(data, 0)
-            start = len(tail.points) - width
-            if start < 0 or start < tail.bad_end:
-                continue
+        for step, tail in _finite_windows(rng, width, 700, pooled=0.6):
             if step == 580:
                 assert width not in loss._derived(tail).kendall  # let go after a window's worth unasked
             if rng.random() < 0.3 or 520 <= step < 580:  # the sorted window moves on, the trend is not
