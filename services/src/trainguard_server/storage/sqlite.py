@@ -32,7 +32,6 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -409,10 +408,29 @@ CREATE TABLE IF NOT EXISTS points (
 _NEW_SERIES_SQL = ("INSERT OR IGNORE INTO series (sid, project, run_id, name, rank, min_step, max_step) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?)")
 _GROW_SERIES_SQL = "UPDATE series SET min_step = MIN(min_step, ?), max_step = MAX(max_step, ?) WHERE sid = ?"
-_UPSERT_POINT_SQL = (  # (sid, step, time_ns, value): SQLite binds NaN as NULL; +-Inf stay REAL
-    "INSERT OR REPLACE INTO points (sid, step, time_ns, value, nf) VALUES (?1, ?2, ?3, "
-    f"CASE WHEN abs(?4) < 9e999 THEN ?4 END, CASE WHEN abs(?4) < 9e999 THEN {FINITE} "
-    f"WHEN ?4 IS NULL THEN {NAN} WHEN ?4 > 0 THEN {POS_INF} ELSE {NEG_INF} END)")
+_POINT_ROW_SQL = (  # (sid, step, time_ns, value) at ?<a>..?<a+3>: SQLite binds NaN as NULL; +-Inf stay REAL
+    "(?{0}, ?{1}, ?{2}, CASE WHEN abs(?{3}) < 9e999 THEN ?{3} END, CASE WHEN abs(?{3}) < 9e999 THEN "
+    f"{FINITE} WHEN ?{{3}} IS NULL THEN {NAN} WHEN ?{{3}} > 0 THEN {POS_INF} ELSE {NEG_INF} END)")
+
+
+def _upsert_points_sql(rows: int) -> str:
+    """One statement that upserts ``rows`` points, their parameters ``(sid, step, time_ns, value)`` one
+    after the other: a multi-row ``VALUES`` whose rows SQLite inserts in order, each replacing a stored
+    point of its key -- one of them written earlier in the same statement too, exactly as that many
+    single-row statements would."""
+    return ("INSERT OR REPLACE INTO points (sid, step, time_ns, value, nf) VALUES " +
+            ", ".join(_POINT_ROW_SQL.format(4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 4) for i in range(rows)))
+
+
+POINTS_PER_STATEMENT = 128
+"""Points a metric store's upsert statement holds (512 parameters: below SQLite's oldest limit of 999).
+One statement of many rows costs about half as much CPU a point as one ``executemany`` row (the per-row
+bind, step and reset of Python's sqlite3 module are most of a point's cost): env500's points 1.46 -> 0.72
+us, 96 short series 1.51 -> 1.12 us (bench/results/processor_store_issue15_stop40.txt). A write's points
+go out as statements of this many rows, the rest as one statement each of the powers of two that sum to
+it (at most ``log2`` of this many statements, each prepared once and kept in the connection's cache)."""
+_UPSERT_POINTS_SQL = {1 << k: _upsert_points_sql(1 << k) for k in range(POINTS_PER_STATEMENT.bit_length())}
+"""The statements by rows (powers of two up to :data:`POINTS_PER_STATEMENT`)."""
 SERIES_CACHE_MAX = 200_000
 """Series ids a metric store keeps in memory (~250 bytes each), whole runs, least recently written evicted
 first; an evicted run's series are read back with one query when it is written again."""
@@ -562,8 +580,7 @@ class SqliteMetricStore(MetricStore):
         if grown:
             conn.executemany(_GROW_SERIES_SQL, grown)
         writes.sort(key=_FIRST)  # B-tree order
-        conn.executemany(_UPSERT_POINT_SQL, chain.from_iterable(
-            zip(repeat(sid, len(cols[0])), *cols) for sid, cols in writes))
+        _upsert_points(conn, writes)
         return learned
 
     @staticmethod
@@ -721,6 +738,35 @@ def _buckets(conn: sqlite3.Connection, sid: int, lo: int, hi: int, width: int,
 
 
 _FIRST = operator.itemgetter(0)  # a series' id in (sid, columns)
+
+
+def _upsert_points(conn: sqlite3.Connection, writes: Sequence[Tuple[int, SeriesColumns]]) -> None:
+    """Every point of ``writes`` (series by series, in order) upserted by multi-row statements
+    (:data:`POINTS_PER_STATEMENT`): the parameters laid out flat, ``(sid, step, time_ns, value)`` a point,
+    by four strided slice assignments a series (no tuple a point), then bound a statement's worth at a
+    time."""
+    total = sum(len(cols[0]) for _sid, cols in writes)
+    flat: List[Any] = [None] * (4 * total)
+    at = 0
+    for sid, (steps, times, values) in writes:
+        end = at + 4 * len(steps)
+        flat[at:end:4] = [sid] * len(steps)
+        flat[at + 1:end:4] = steps
+        flat[at + 2:end:4] = times
+        flat[at + 3:end:4] = values
+        at = end
+    full = POINTS_PER_STATEMENT
+    width = 4 * full
+    statement = _UPSERT_POINTS_SQL[full]
+    whole = total - total % full
+    for at in range(0, 4 * whole, width):
+        conn.execute(statement, flat[at:at + width])
+    at, rest = 4 * whole, total - whole
+    while rest:  # the last points: one statement of each power of two that sums to them, largest first
+        rows = 1 << (rest.bit_length() - 1)
+        conn.execute(_UPSERT_POINTS_SQL[rows], flat[at:at + 4 * rows])
+        at += 4 * rows
+        rest -= rows
 
 
 # ----------------------------------------------------------------------------------------------------------
