@@ -105,10 +105,37 @@ class Lanes(Generic[T]):
         waiting.append((offset, item))
         self._count += 1
 
+    def extend(self, lane: int, entries: Sequence[Tuple[int, T]]) -> None:
+        """``add`` of each ``(offset, item)`` of ``entries`` (ascending offsets, one lane), in one call: what
+        a queue reads in bulk (a run's records are consecutive in its lane)."""
+        if not entries:
+            return
+        done = self._done.get(lane, -1)
+        if entries[0][0] <= done:
+            entries = [e for e in entries if e[0] > done]
+            if not entries:
+                return
+        waiting = self._waiting.get(lane)
+        if waiting is None:
+            waiting = self._waiting[lane] = deque()
+            self._turns.append(lane)
+        waiting.extend(entries)
+        self._count += len(entries)
+
     def take(self, n: int) -> List[Tuple[int, int, T]]:
         """Up to ``n`` ``(lane, offset, item)``, round-robin over the lanes (see the class)."""
-        out: List[Tuple[int, int, T]] = []
         turns, waiting = self._turns, self._waiting
+        if len(turns) == 1:  # one lane holds records: its first n (what the turns below would hand out)
+            lane = turns[0]
+            mine = waiting[lane]
+            pop = mine.popleft
+            one = [(lane, *pop()) for _ in range(min(n, len(mine)))]
+            if not mine:
+                turns.clear()
+                del waiting[lane]
+            self._count -= len(one)
+            return one
+        out: List[Tuple[int, int, T]] = []
         while len(out) < n and turns:
             lane = turns.popleft()
             mine = waiting[lane]

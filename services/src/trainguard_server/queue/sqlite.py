@@ -36,6 +36,8 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -56,6 +58,8 @@ from .common import (
 QUEUE_DB = "queue.db"
 PAGE_SIZE = 16384
 _IN_LIMIT = 500  # offsets per "IN (...)" read (SQLite allows 999 variables in old builds)
+_KEY = itemgetter(1)  # a row's key in (offset, key)
+_LANE = itemgetter(0)  # a taken record's lane in (lane, offset, _)
 
 _SCHEMA = (
     'CREATE TABLE IF NOT EXISTS records ("offset" INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, '
@@ -221,11 +225,11 @@ class SqliteQueue(Queue):
                 self._read_new(self._reader)
                 with self._index_lock:
                     taken = self._waiting.take(max_records)
-                    for lane, offset, _ in taken:
+                    for lane, same in groupby(taken, _LANE):
                         held = self._held.get(lane)
                         if held is None:
                             held = self._held[lane] = deque()
-                        held.append(offset)
+                        held.extend(offset for _, offset, _ in same)
                 if taken:
                     records = self._read_records(taken)
                     if records:
@@ -251,28 +255,25 @@ class SqliteQueue(Queue):
         lanes = self.lanes
         with self._index_lock:
             known = self._known  # another thread may have read some of them meanwhile (consume vs commit)
-            add = self._waiting.add
-            for offset, key in rows:
-                if offset > known:
-                    add(lane_of(key, lanes), offset, None)
+            extend = self._waiting.extend
+            for key, same in groupby(rows, _KEY):  # consecutive records of one key: one lane, one call
+                extend(lane_of(key, lanes), [(offset, None) for offset, _ in same if offset > known])
             self._known = max(known, int(rows[-1][0]))
 
     def _read_records(self, taken: List[Tuple[int, int, None]]) -> List[QueueRecord]:
         """The records of ``taken`` ``(lane, offset, _)``, in that order (one still there is skipped)."""
-        found: Dict[int, Tuple[str, bytes, int]] = {}
+        found: Dict[int, Tuple[int, str, bytes, int]] = {}
         offsets = [offset for _, offset, _ in taken]
         for at in range(0, len(offsets), _IN_LIMIT):
             part = offsets[at:at + _IN_LIMIT]
             marks = ",".join("?" * len(part))
             query = f'SELECT "offset", key, value, published_ns FROM records WHERE "offset" IN ({marks})'
-            for o, k, v, ns in self._reader.execute(query, part):
-                found[int(o)] = (k, bytes(v), int(ns))
+            found.update((row[0], row) for row in self._reader.execute(query, part))
         out: List[QueueRecord] = []
         for lane, offset, _ in taken:
             row = found.get(offset)
-            if row is not None:
-                out.append(QueueRecord(partition=PARTITION, offset=offset, key=row[0], value=row[1],
-                                       published_ns=row[2], lane=lane))
+            if row is not None:  # (columns INTEGER, TEXT, BLOB, INTEGER: int, str, bytes, int as read)
+                out.append(QueueRecord(PARTITION, offset, row[1], row[2], row[3], lane))
         return out
 
     def commit(self, records: Sequence[QueueRecord]) -> None:
@@ -286,6 +287,9 @@ class SqliteQueue(Queue):
                 gone: List[int] = []
                 for lane, top in tops.items():
                     held = self._held.get(lane)
+                    if held and held[-1] <= top:  # all the lane handed out (the usual commit): at once
+                        gone.extend(held)
+                        held.clear()
                     while held and held[0] <= top:
                         gone.append(held.popleft())
                     if held is not None and not held:
@@ -321,8 +325,11 @@ class SqliteQueue(Queue):
 
 
 def _ranges(offsets: List[int]) -> List[Tuple[int, int]]:
-    """Runs of consecutive integers in the ascending ``offsets``, as ``(first, last)``: one range delete
-    each (a noisy run's committed records are mostly consecutive)."""
+    """Runs of consecutive integers in the ascending, distinct ``offsets`` (a commit's: a lane's handed-out
+    and waiting records are disjoint), as ``(first, last)``: one range delete each (a noisy run's committed
+    records are mostly consecutive)."""
+    if offsets and offsets[-1] - offsets[0] == len(offsets) - 1:  # distinct and ascending: consecutive
+        return [(offsets[0], offsets[-1])]
     out: List[Tuple[int, int]] = []
     for offset in offsets:
         if out and offset == out[-1][1] + 1:
