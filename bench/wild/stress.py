@@ -60,7 +60,8 @@ def _paste_span(lines: List[str]) -> Tuple[datetime, datetime]:
     for s in lines:
         for m in _DATE_RE.finditer(s):
             try:
-                seen.append(datetime(*(int(g) for g in m.groups())))
+                y, mo, d, h, mi, sec = (int(g) for g in m.groups())
+                seen.append(datetime(y, mo, d, h, mi, sec))
             except ValueError:
                 continue
     if not seen:
@@ -68,7 +69,8 @@ def _paste_span(lines: List[str]) -> Tuple[datetime, datetime]:
         for s in lines:
             for m in _GLOG_RE.finditer(s):
                 try:
-                    seen.append(datetime(year, *(int(g) for g in m.groups())))
+                    mo, d, h, mi, sec = (int(g) for g in m.groups())
+                    seen.append(datetime(year, mo, d, h, mi, sec))
                 except ValueError:
                     continue
     return (min(seen), max(seen)) if seen else DS_DEFAULT

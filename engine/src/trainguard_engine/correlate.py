@@ -91,6 +91,14 @@ signal leads. A non-finite value first, and the scale collapsing after it, stays
 Only where the scaler's per-step skips are unknown (a log's text): a run whose ranks report ``amp/overflow``
 tells a skipped step's NaN (the scaler's job, never an incident) from a NaN on a step it applied."""
 
+SCALER_GAVE_UP_RULE = "numeric.loss-scale-minimum"
+"""The classifier rule of the loss scaler's own fatal error: DeepSpeed's ``Current loss scale already at
+minimum - cannot decrease scale anymore. Exiting run.``, fairseq's ``FloatingPointError: Minimum loss scale
+reached``. Unlike an overflow notice or a collapsing scale (observations: the run goes on skipping steps),
+the scaler raised and the process ends because of it: a memory/amp-overflow incident with such evidence is
+a failure of the run, and a rank's exit (or a launcher's report of one) after it is its consequence
+(:func:`_scaler_gave_up_before`)."""
+
 OOM: Kind = ("memory", "oom")
 OOM_EXPLAINS: Tuple[Kind, ...] = (("comm", "failure"), ("comm", "rank-lost"), ("comm", "timeout"))
 """What a memory exhaustion explains within ``oom_explains_s`` of it, before or after (rule 7), besides a
@@ -395,7 +403,8 @@ def _skips_reported(run: RunState) -> bool:
 def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Finding:
     """The finding to apply for ``finding`` (rule 1): itself, or its consequence form addressed to the
     incident that explains it. Keeps the reporting rank's ``exc_key`` pointing at the cause, so that its
-    exit joins the cause too."""
+    exit joins the cause too -- the rank the finding names and the rank whose stream printed it (a
+    launcher's ``--local_rank=3 ... exits with return code = 1`` printed on rank 0's stream)."""
     kind = (finding.category, finding.subtype)
     cause: Optional[IncidentState] = None
     current = run.incidents.get(finding.key)
@@ -404,7 +413,7 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
         kind = _kind(current)
     elif kind in EXITS_AFTER_FAILURE:
         cause = find_cause(run, finding.time_ns, exclude=finding.key, kinds=TERMINATION_CAUSES) or \
-            _stall_of(run, finding.rank)
+            _stall_of(run, finding.rank) or _scaler_gave_up_before(run, finding.time_ns)
         if cause is not None and kind == CRASH_EXIT and _lost_rank_crashed(cause, finding):
             return _crash_leads(run, cause, finding)
     elif kind == ("process", "killed") and current is None:
@@ -428,9 +437,11 @@ def route(run: RunState, finding: Finding, settings: DetectionSettings) -> Findi
     _remember_killed(cause)
     if _kind(cause) == KILLED and cause.record.lead_rank >= 0:
         cause.extra.setdefault("lead", cause.extra["killed_rank"])  # the killed rank, not a consequence's
-    rank = run.ranks.get(finding.rank)
-    if rank is not None and rank.exc_key == finding.key:
-        rank.exc_key = cause.key
+    for reporter in {finding.rank, *(ev.rank for ev in finding.evidence)}:
+        # the stream that printed it too (a launcher's line naming another rank): its exit joins the cause
+        rank = run.ranks.get(reporter)
+        if rank is not None and rank.exc_key == finding.key:
+            rank.exc_key = cause.key
     _killed_as_rank_lost(run, cause, kind, settings)
     _note_consequence(cause, kind, [finding.rank])
     return _as_consequence(finding, cause)
@@ -656,6 +667,23 @@ def _straggler_slowing(run: RunState, regression: IncidentState,
     if began < 0 or slowed < 0 or began > slowed + settings.straggler_window:
         return None
     return st
+
+
+def _scaler_gave_up_before(run: RunState, at_ns: int) -> Optional[IncidentState]:
+    """The open, unexplained memory/amp-overflow incident whose evidence includes the loss scaler's own fatal
+    error (:data:`SCALER_GAVE_UP_RULE`) at or before ``at_ns`` (the earliest such): what a rank's exit then
+    follows from. None when there is none -- an overflow notice or a collapsing scale explains no exit."""
+    best: Optional[IncidentState] = None
+    best_at = 0
+    for st in run.incidents.values():
+        if _kind(st) != AMP_OVERFLOW or not st.is_open or st.record.explained_by:
+            continue
+        times = [ev.time_ns for ev in st.record.evidence
+                 if isinstance(ev.value, Mapping) and ev.value.get("rule") == SCALER_GAVE_UP_RULE
+                 and 0 < ev.time_ns <= at_ns]
+        if times and (best is None or (min(times), st.key) < (best_at, best.key)):
+            best, best_at = st, min(times)
+    return best
 
 
 def _stall_of(run: RunState, rank: int) -> Optional[IncidentState]:
