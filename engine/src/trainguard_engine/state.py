@@ -23,6 +23,13 @@ STEP_TIME_EWMA_ALPHA = 0.1
 _KEEP_ONE = (True,)
 """``keep`` of a one-point :meth:`RankState.observe_points` call."""
 
+RETIRED_KEYS: Dict[Tuple[str, str], Tuple[str, ...]] = {("lg", "loss"): ("stuck",)}
+"""(detector state key, part) -> keys of that part of a rank's detector state that snapshots of earlier
+code carry but this code derives and never reads: a restore drops them, so the restored pipeline's later
+snapshots are those of a pipeline that ran this code from the start. ``lg.loss.stuck``: the loss curve's
+memo of why nothing moves the weights, rewritten on every loss value until stop 40 (now
+``detectors.loss._STUCK``, outside the snapshot)."""
+
 # A history point: (value, event time in ns; 0 when it came from an alert's context and has no time).
 HistoryPoint = Tuple[float, int]
 
@@ -247,6 +254,13 @@ class RankState:
                  if k not in ("history", "history_floor", "first_nonfinite", "detectors")}
         state = cls(**plain)
         state.detectors = dict(data.get("detectors", {}))
+        for (family, part), keys in RETIRED_KEYS.items():
+            kept = state.detectors.get(family)
+            if not isinstance(kept, dict):
+                continue
+            inner = kept.get(part)
+            if isinstance(inner, dict) and not inner.keys().isdisjoint(keys):
+                state.detectors[family] = {**kept, part: {k: v for k, v in inner.items() if k not in keys}}
         state.history_floor = {name: int(v) for name, v in data.get("history_floor", {}).items()}
         state.history = {name: {int(s): (from_wire_float(v), int(t)) for s, v, t in points}
                          for name, points in data.get("history", {}).items()}

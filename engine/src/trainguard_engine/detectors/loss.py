@@ -238,6 +238,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     state: Dict[str, Any] = rank_state(rank).setdefault("loss", {})
     if state.setdefault("metric", name) != name or step <= state.get("last", -1):
         return []
+    _STUCK[0] = None  # (the memo serves this value only)
     state["last"] = step
     init: List[float] = state.setdefault("init", [])
     if len(init) < tuned.loss_baseline_points:
@@ -1492,14 +1493,14 @@ def _optimisation_stuck(rank: RankState, state: Dict[str, Any], lo: int, hi: int
     report and died during the run ("died"): units dead from the first report leave a constant predictor
     from the start, whose loss scatters only as its batches do; units killed by the updates died of steps
     too large (the usual way ReLUs die), and the same steps keep throwing the live layers around -- the
-    swings are the optimiser's. Computed once per judged loss value (``state["stuck"]`` = [hi, reason]: the
-    curve rules share it)."""
-    memo = state.get("stuck")
-    if memo is not None and memo[0] == hi:
-        reason = memo[1]
+    swings are the optimiser's. Computed once per judged loss value (:data:`_STUCK`, keyed by the rank and
+    ``hi``: the curve rules share it; derived, never in the snapshot)."""
+    memo = _STUCK
+    if memo[0] is rank and memo[1] == hi:
+        reason = memo[2]
     else:
         reason = _stuck_now(rank, lo, hi, settings)
-        state["stuck"] = [hi, reason]
+        memo[0], memo[1], memo[2] = rank, hi, reason
     if reason in ("dead", "died") and level_ratio >= settings.divergence_factor:
         return False
     if reason == "died" and swings:
@@ -1545,6 +1546,14 @@ def _stalled(rank: RankState, state: Dict[str, Any], level_ratio: float, lo: int
 STUCK_RECENT = 8
 """LR and grad-norm values (the rank's last ones) :func:`_optimisation_stuck` looks at."""
 
+_STUCK: List[Any] = [None, 0, ""]
+"""[rank, hi, reason] of :func:`_optimisation_stuck`'s last answer: a memo for the loss value being judged
+(:func:`on_curve` clears it on every value), not state -- until stop 40 it was ``state["loss"]["stuck"]``,
+rewritten in the snapshotted state on every value (a restore drops that key: ``state.RETIRED_KEYS``). The
+old memo was keyed by ``hi`` alone and kept from value to value, but ``hi`` (the judged window's last step,
+or the value's own step) rises from one judged value to the next whenever the value's point is in the
+rank's history, so it served only the value it was taken on."""
+
 
 def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> str:
     """Why nothing moves the weights ("lr0", "small", "dead"; "died": every zero-gradient layer had a
@@ -1560,7 +1569,7 @@ def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -
                 return "lr0"
             break
     gname = grad_metric(rank, settings)
-    if gname is not None:
+    if gname is not None and _low_norm_recent(rank, gname, settings.plateau_small_grad):
         norms = recent(rank, gname, STUCK_RECENT, hi)
         if norms and norms[0][0] < lo:
             norms = [p for p in norms if p[0] >= lo]
@@ -1570,6 +1579,36 @@ def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -
     if not layers.get("zero"):
         return ""
     return "died" if layers.get("died") else "dead"
+
+
+def _low_norm_recent(rank: RankState, gname: str, small: float) -> bool:
+    """False when none of the last ``STUCK_RECENT`` points of ``gname``'s current tail is under ``small``
+    -- then the median of any of them (:func:`_stuck_now`'s ``recent()`` answer: a subset of exactly those
+    points, the finite ones at steps in [lo, hi]) is >= ``small`` (the middle value, or the rounded mean of
+    two, of values all >= ``small``), so the grad norm is not "small", decided without a list or a sort;
+    True when one is, or when the tail is not current (ask recent()). Kept incrementally beside the tail
+    (``SeriesTail.windows``: derived, dropped with it): the index of the last point under ``small``, and up
+    to where the points were looked at -- one point looked at per new reading."""
+    data = rank.history.get(gname)
+    tail = rank.tails.get(gname)
+    if not data or tail is None or tail.data is not data:
+        return True
+    points = tail.points
+    n = len(points)
+    if n != len(data):
+        return True
+    key = ("stuck-low", small)
+    kept: Optional[List[int]] = tail.windows.get(key)
+    if kept is None:
+        kept = tail.windows[key] = [max(0, n - STUCK_RECENT), -1]
+    at = kept[0]
+    if at < n:
+        low = kept[1]
+        for i in range(max(at, n - STUCK_RECENT), n):
+            if points[i][1] < small:  # (NaN is not; -inf is, and sends the call to recent())
+                low = i
+        kept[0], kept[1] = n, low
+    return kept[1] >= 0 and kept[1] >= n - STUCK_RECENT
 
 
 def _newest_recent(rank: RankState, name: str, hi: int) -> Optional[Tuple[int, float, int]]:

@@ -1,0 +1,114 @@
+"""The loss curve's state format of stop 40: its memo of why nothing moves the weights (``stuck``) is no
+longer in the snapshotted state. A snapshot written by the code before the change (HEAD 0f7aeff; the
+fixtures in snapshots_0f7aeff/ are scenario streams cut mid-way, written by that code, each but the plateau
+one carrying ``lg.loss.stuck``) restores: continued with the rest of its stream it gives the records of a
+pipeline that ran this code from the start, and its later snapshots are that pipeline's (the retired key
+is dropped at restore). And the new format round-trips: snapshot -> restore -> continue == uninterrupted,
+at every cut of the loss scenarios."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.detectors import loss
+from trainguard_engine.pipeline import Pipeline
+from trainguard_engine.state import RETIRED_KEYS, RankState
+
+ROOT = Path(__file__).resolve().parents[1]
+STREAMS = ROOT / "scenarios" / "streams"
+OLD = Path(__file__).resolve().parent / "snapshots_0f7aeff"
+SETTINGS = DetectionSettings()
+FIXTURES = sorted(p.name for p in OLD.glob("*.json.gz"))
+
+
+def load(name: str) -> List[Dict[str, Any]]:
+    with open(STREAMS / f"{name}.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _loss_states(blob: bytes) -> List[Dict[str, Any]]:
+    doc = json.loads(blob)
+    return [r.get("detectors", {}).get("lg", {}).get("loss", {}) for run in doc["runs"] for r in run["ranks"]]
+
+
+def test_the_fixtures_are_there() -> None:
+    assert len(FIXTURES) == 5
+    carrying = [f for f in FIXTURES if any("stuck" in s for s in _loss_states(gzip.decompress(
+        (OLD / f).read_bytes())))]
+    assert len(carrying) == 4  # the old format's memo is in them (the plateau cut's rank had none)
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_a_snapshot_of_the_old_format_restores_and_continues_as_the_new_code(fixture: str) -> None:
+    name, cut_text = fixture[:-len(".json.gz")].rsplit("_cut", 1)
+    cut = int(cut_text)
+    events = load(name)
+    old_blob = gzip.decompress((OLD / fixture).read_bytes())
+    restored = Pipeline.restore(old_blob, SETTINGS)
+    reference = Pipeline(SETTINGS)
+    reference.process(events[:cut])
+    # the restored state is the new code's at the cut: the retired memo dropped, nothing else differs
+    assert restored.snapshot() == reference.snapshot()
+    assert not any("stuck" in s for s in _loss_states(restored.snapshot()))
+    rest = events[cut:]
+    for lo in range(0, len(rest), 7):  # continued in pieces: the same records, piece for piece
+        assert restored.process(rest[lo:lo + 7]) == reference.process(rest[lo:lo + 7])
+    assert restored.snapshot() == reference.snapshot()
+    straight = Pipeline(SETTINGS)
+    straight.process(events)
+    assert restored.incidents() == straight.incidents()
+    assert restored.snapshot() == straight.snapshot()
+
+
+@pytest.mark.parametrize("name", ("plateau", "oscillation", "rise_after_fall", "explosion", "healthy_mlp"))
+def test_the_new_format_round_trips_at_every_cut(name: str) -> None:
+    events = load(name)
+    straight = Pipeline(SETTINGS)
+    straight_out = straight.process(events)
+    for cut in range(0, len(events) + 1, 9):
+        first = Pipeline(SETTINGS)
+        first.process(events[:cut])
+        blob = first.snapshot()
+        assert not any("stuck" in s for s in _loss_states(blob))
+        restored = Pipeline.restore(blob, SETTINGS)
+        assert restored.snapshot() == blob
+        first.process(events[cut:])
+        restored.process(events[cut:])
+        assert restored.snapshot() == first.snapshot() == straight.snapshot()
+        assert restored.incidents() == straight.incidents()
+    assert straight_out == Pipeline(SETTINGS).process(events)
+
+
+def test_a_restore_drops_exactly_the_retired_keys() -> None:
+    data = RankState(0).to_json()
+    data["detectors"] = {"lg": {"loss": {"stuck": [12, ""], "last": 12, "level": 1.5}, "grad": {"x": 1}},
+                         "mem": {"stuck": 3}}
+    state = RankState.from_json(data)
+    assert state.detectors == {"lg": {"loss": {"last": 12, "level": 1.5}, "grad": {"x": 1}}, "mem": {"stuck": 3}}
+    assert data["detectors"]["lg"]["loss"]["stuck"] == [12, ""]  # the input is not changed
+    assert RETIRED_KEYS == {("lg", "loss"): ("stuck",)}
+
+
+def test_the_memo_serves_one_value_only() -> None:
+    """on_curve clears the memo on every value it judges: a value never reads its predecessor's reason."""
+    events = load("healthy_mlp")
+    pipeline = Pipeline(SETTINGS)
+    seen: List[Any] = []
+    original = loss._stuck_now
+
+    def spy(rank: Any, lo: int, hi: int, settings: DetectionSettings) -> str:
+        seen.append(hi)
+        return original(rank, lo, hi, settings)
+
+    loss._stuck_now = spy  # type: ignore[assignment]
+    try:
+        pipeline.process(events)
+    finally:
+        loss._stuck_now = original  # type: ignore[assignment]
+    assert seen and len(seen) == len(set(seen))  # one reason per judged value (and hi), none reused
