@@ -290,10 +290,11 @@ def test_a_whole_snapshot_of_an_older_processor_is_read_then_replaced_by_parts(t
     queue.close()
 
 
-def test_the_processed_hook_gets_each_envelope_as_its_dict(tmp_path: Path) -> None:
-    """``processed`` (the gateway's backlog count) is handed every envelope of a chunk as a mapping equal to
-    its dict -- a plain metric batch the pipeline took as read (decode.read_request) included -- so the
-    backlog's per-point weights are what the gateway counted."""
+def test_the_processed_hook_gets_each_envelope_as_the_backlog_reads_it(tmp_path: Path) -> None:
+    """``processed`` (the gateway's backlog count) is handed one mapping per envelope of a chunk: the
+    envelope's dict, or for a plain metric batch the pipeline took as read (decode.read_request) its project
+    and as many placeholder points as it has (embedded.backlog_entries) -- so the backlog's per-point
+    weights and projects are what the gateway counted, without rendering the batch's dict."""
     from trainguard_server.gateway.backlog import dict_weight
 
     queue, envelopes = _publish(tmp_path)
@@ -306,8 +307,12 @@ def test_the_processed_hook_gets_each_envelope_as_its_dict(tmp_path: Path) -> No
     assert processor.run_once(timeout=1.0) == records > 3
     want = [wire.envelope_to_dict(wire.envelope_from_dict(e)) for e in envelopes]
     assert len(seen) == len(want)
-    assert any(not isinstance(got, dict) for got in seen)  # read as plain metric batches, not as dicts
-    assert [dict(got) for got in seen] == want
+    plain = [got for got in seen if set(got) == {"project", "metrics"} and
+             all(p is None for p in got["metrics"].get("points", ()))]
+    assert plain  # read as plain metric batches: project and point count only
+    assert [dict(got) for got in seen if not any(got is p for p in plain)] == \
+        [w for w, got in zip(want, seen) if not any(got is p for p in plain)]
+    assert [got.get("project", "") for got in seen] == [w.get("project", "") for w in want]
     assert [dict_weight(got) for got in seen] == [dict_weight(w) for w in want]
     assert sum(dict_weight(w) for w in want) > len(want)  # metric batches of several points among them
     queue.close()

@@ -82,8 +82,13 @@ def _point_dicts(batch: Any) -> List[Dict[str, Any]]:
 def _points(batch: Any, envelope_step: int) -> List[extract.MetricTuple]:
     """A batch's points as :func:`~trainguard_engine.extract.metric_points` reads them (each field of a
     point read once: every read builds a Python object)."""
+    return _read_points(batch.points, envelope_step)
+
+
+def _read_points(messages: Any, envelope_step: int) -> List[extract.MetricTuple]:
+    """:func:`_points` of a batch's repeated ``points`` field."""
     points: List[extract.MetricTuple] = []
-    for point in batch.points:
+    for point in messages:
         name = point.name
         if name:
             step = point.step
@@ -127,14 +132,17 @@ class _Record:
 class PlainBatch(Mapping):  # type: ignore[type-arg]
     """The payload of a plain metric batch (points only: no alert, no recent context) as its JSON mapping,
     rendered (from envelope ``index`` of ``record``) when first asked for anything but ``alert`` and
-    ``recent`` (absent by construction)."""
+    ``recent`` (absent by construction). ``count``: how many points the message holds (those without a
+    name included: what the gateway's backlog counts, ``gateway.backlog.weight``), known without
+    rendering."""
 
-    __slots__ = ("_dict", "_index", "_record")
+    __slots__ = ("_dict", "_index", "_record", "count")
 
-    def __init__(self, record: _Record, index: int) -> None:
+    def __init__(self, record: _Record, index: int, count: int) -> None:
         self._record = record
         self._index = index
         self._dict: Optional[Dict[str, Any]] = None
+        self.count = count
 
     def as_dict(self) -> Dict[str, Any]:
         """The payload's dict (built once)."""
@@ -214,11 +222,12 @@ def _read_plain(msg: Any, record: _Record,
     if batch is None or not msg.run_id:
         return None
     step, world = msg.step, msg.world_size
-    body = PlainBatch(record, index)
+    messages = batch.points
+    body = PlainBatch(record, index, len(messages))
     return (ReadEnvelope(PlainEnvelope(body), "metrics", body, msg.event_id, msg.project, msg.run_id,
                          msg.rank, step, msg.time_unix_nano, msg.host, msg.pid, world if world > 1 else 1,
                          msg.run_name, msg.trace_id),
-            _points(batch, step))
+            _read_points(messages, step))
 
 
 def _dict_plain(msg: Any, _record: _Record, _index: int) -> Optional[Tuple[Dict[str, Any],
