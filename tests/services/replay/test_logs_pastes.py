@@ -345,6 +345,32 @@ def test_a_wrap_after_a_space_joins_in_a_mostly_full_width_paste(tmp_path: Path)
         assert [(n, len(text)) for n, text in unwrapped(fh, 80, padded=True)] == [(1, 80), (2, 60), (3, 82)]
 
 
+def test_a_short_message_wrapped_once_at_a_console_width_joins(tmp_path: Path) -> None:
+    # mem-hip-memory-access-fault-training-rocm-1535-1 (tuned): the HSA runtime's one long line and 'Aborted'.
+    # At 80 columns it is one wrapped piece -- too little to tell a wrap at any width, so its head and tail
+    # were two lines and the fault was not read (stress.py's wrap80: 16 tuned pastes lost, wrap120: 16).
+    # At a console's width (TERMINAL_WIDTHS) one piece is enough
+    case = "mem-hip-memory-access-fault-training-rocm-1535-1"
+    for width in (80, 120):
+        path = _wrapped(tmp_path, case, width, False)
+        assert paste_wrap(path) == (width, False), width
+        assert [_said(i) for i in LogReader(path, 0, min_level="")] == [_said(i) for i in items(case)]
+    # one piece at a width no console opens with stays two lines (a line that long by chance)
+    rows = ["x" * 81, "continues here", "short"]
+    path = tmp_path / "odd.txt"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert paste_wrap(path) == (0, False)
+    rows = ["x" * 80, "continues here", "short"]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert paste_wrap(path) == (80, False)
+    # a progress bar is as wide as the console by design: the crash printed after it is a line of its own
+    stats = "| 8/1122 [00:03<08:00,  2.32it/s]"
+    bar = "  1%|" + "#" * (80 - 5 - len(stats)) + stats
+    rows = [bar, "Floating point exception (core dumped)"]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert paste_wrap(path) == (0, False)
+
+
 def test_an_invalid_usage_nccl_message_is_one_item_and_a_ci_stamp_column_is_dropped() -> None:
     # D-FINE#289: 'NCCL error ... invalid usage ..., NCCL version 2.19.3' goes on with 'ncclInvalidUsage: ...'
     # (no 'Error' in the code's name), 'Last error:' and 'Duplicate GPU detected ...': one item, its last error
@@ -359,13 +385,16 @@ def test_an_invalid_usage_nccl_message_is_one_item_and_a_ci_stamp_column_is_drop
 
 
 def test_a_frame_line_cut_inside_its_path_is_joined_again(tmp_path: Path) -> None:
-    # comm-init-reset-by-peer-1 (tuned) at 80 columns: only its one long frame line wraps ('  File
-    # ".../distributed_c10' / 'd.py", line 360, in init_process_group'), too little to tell a terminal's width;
-    # a frame line always closes its quote, so the two rows are one line again and the traceback parses whole
-    path = _wrapped(tmp_path, "comm-init-reset-by-peer-1", 80, False)
-    assert paste_wrap_width(path) == 0
+    # comm-init-reset-by-peer-1 (tuned) at 81 columns: only its one long frame line wraps ('  File
+    # ".../distributed_c1' / '0d.py", line 360, in init_process_group'), too little to tell a terminal's width
+    # (81 is no console's, TERMINAL_WIDTHS); a frame line always closes its quote, so the two rows are one
+    # line again and the traceback parses whole. At 80 columns (a console's width) the one piece tells the
+    # wrap and the same items come out
     want = [_said(i) for i in items("comm-init-reset-by-peer-1")]
-    assert [_said(i) for i in LogReader(path, 0, min_level="")] == want
+    for width, told in ((81, 0), (80, 80)):
+        path = _wrapped(tmp_path, "comm-init-reset-by-peer-1", width, False)
+        assert paste_wrap_width(path) == told
+        assert [_said(i) for i in LogReader(path, 0, min_level="")] == want
     # not a frame's rest: the held row goes on as it was
     rows = ['  File "/opt/x/y', "RuntimeError: boom"]
     path = tmp_path / "open.txt"
@@ -473,6 +502,7 @@ def test_yearless_glog_stamps_take_the_year_of_the_paste_s_dated_lines() -> None
     scan = scan_log(path)
     stamps = [s[0] for s in (line_stamp(ln, 2025) for ln in path.read_text().splitlines()) if s is not None]
     assert len(stamps) == 3 and (scan.first_ns, scan.last_ns) == (min(stamps), max(stamps))
+    assert scan.first_ns is not None and scan.last_ns is not None
     assert 0 < scan.last_ns - scan.first_ns < 2 * 10**9
     case = next(c for c in corpus.load() if c.case_id == case_id)
     assert judge.replay_local(case).kind == "comm/init-failure"

@@ -956,6 +956,14 @@ INDENT_SCAN_LINES = 2000
 """Lines :func:`paste_indent` (and :func:`paste_wrap_width`) look at."""
 WRAP_MIN_WIDTH = 60
 """The narrowest terminal whose hard wrap :func:`paste_wrap_width` recognises."""
+_PROGRESS_BAR_RE = re.compile(r"\d{1,3}%\|.*\]\s*$")
+"""A progress bar's row, whole (tqdm's ``  1%|▎     | 8/1122 [00:03<08:00,  2.32it/s]``, ending with its
+stats): sized to the console's width. A bar with the error glued to it (``...it/s]RuntimeError: ...``)
+that the console then wrapped ends elsewhere."""
+TERMINAL_WIDTHS = frozenset({80, 100, 120, 132, 160})
+"""Terminal widths a console opens with (80 the classic default, 120 Windows' console, 132 VT100's wide mode,
+100 / 160 common presets): a paste whose longest lines all have one of these lengths needs one wrapped piece
+to show the wrap (:func:`paste_wrap`) -- a one- or two-line error message cut once by the terminal."""
 _DIGIT_RE = re.compile(r"\d")
 
 
@@ -1078,8 +1086,10 @@ def paste_wrap(path: Path, head: Optional[List[str]] = None) -> Tuple[int, bool]
     the longest lines of the file's first :data:`INDENT_SCAN_LINES` all have one length, at least
     :data:`WRAP_MIN_WIDTH`, and at least two of them are followed by a piece that does not start like a line
     (:func:`_continued`); one is enough when the paste kept the screen's padding (``padded``: nearly every
-    line is that long, short ones padded). A log that was not wrapped has lines of many lengths, its longest
-    usually once (or the same line from several ranks, which starts alike)."""
+    line is that long, short ones padded), or when that length is a console's width (:data:`TERMINAL_WIDTHS`:
+    a short error message wrapped once, its only long line exactly 80 or 120 columns). A log that was not
+    wrapped has lines of many lengths, its longest usually once (or the same line from several ranks, which
+    starts alike)."""
     texts = _head_or(path, head)
     if texts is None:
         return 0, False
@@ -1090,6 +1100,10 @@ def paste_wrap(path: Path, head: Optional[List[str]] = None) -> Tuple[int, bool]
     padded = sum(len(x) == width for x in filled) * 5 >= len(filled) * 4
     pieces = sum(1 for a, b in zip(texts, texts[1:]) if _continued(a, a, b, width, padded))
     if pieces >= 2 or (padded and pieces and len(filled) >= 3):
+        return width, padded
+    # at a console's width one wrapped piece is enough -- unless it is a progress bar, sized to the console
+    if width in TERMINAL_WIDTHS and any(_continued(a, a, b, width, padded) and not _PROGRESS_BAR_RE.search(a)
+                                        for a, b in zip(texts, texts[1:])):
         return width, padded
     return 0, False
 
