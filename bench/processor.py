@@ -29,6 +29,7 @@ the same machine, minutes apart at most. ``--baseline none`` measures only this 
     python bench/processor.py --quick              # small streams (smoke)
     python bench/processor.py --pipeline           # + the detection pipeline alone (CPU per event)
     python bench/processor.py --repeat 3           # this and the baseline take turns, best of 3 each
+    python bench/processor.py --backlog            # with serve's per-project backlog hook (its default)
 
 Nothing is asserted; numbers and ratios are printed, and ``--json`` writes them.
 """
@@ -175,9 +176,28 @@ def pipeline_alone(values: Sequence[bytes], batch: int) -> float:
     return 1e6 * best / events if events else math.nan
 
 
-def measure(shape: str, quick: bool, root: Path, pipeline: bool = False) -> Dict[str, float]:
-    """Fill a fresh queue with ``shape``'s records, drain it with the server's processor; the figures
-    (with ``pipeline``, also :func:`pipeline_alone`'s, measured after the drain)."""
+def backlog_hook(settings: Any, queue: Any) -> Dict[str, Any]:
+    """The ``processed`` keyword ``trainguard serve`` gives its processor by default (the gateway's
+    per-project backlog count, ``project_max_backlog_events`` > 0: gateway/backlog.py), for a checkout
+    whose processor and gateway have it; ``{}`` for one without (measured as before)."""
+    import inspect
+
+    from trainguard_server.processor.embedded import EmbeddedProcessor
+    try:
+        from trainguard_server.gateway.backlog import ProjectBacklog
+    except ImportError:
+        return {}
+    if "processed" not in inspect.signature(EmbeddedProcessor).parameters:
+        return {}
+    limit = getattr(settings, "project_max_backlog_events", 0) or 100_000
+    return {"processed": ProjectBacklog(limit, 1.0, queue.depth).processed}
+
+
+def measure(shape: str, quick: bool, root: Path, pipeline: bool = False,
+            backlog: bool = False) -> Dict[str, float]:
+    """Fill a fresh queue with ``shape``'s records, drain it with the server's processor (with ``backlog``,
+    also its per-project backlog hook, as serve runs it: :func:`backlog_hook`); the figures (with
+    ``pipeline``, also :func:`pipeline_alone`'s, measured after the drain)."""
     from trainguard import wire
     from trainguard_server.config import Settings
     from trainguard_server.processor.embedded import EmbeddedProcessor
@@ -205,9 +225,10 @@ def measure(shape: str, quick: bool, root: Path, pipeline: bool = False) -> Dict
     except ImportError:
         pass
     stores = open_stores(settings, data_dir)
+    hook = backlog_hook(settings, queue) if backlog else {}
     processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, DetectionSettings(),
                                   batch=settings.processor_batch, snapshot_every_s=settings.snapshot_every_s,
-                                  tick_interval_s=settings.tick_interval_s)
+                                  tick_interval_s=settings.tick_interval_s, **hook)
     load0 = os.getloadavg()[0]
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -227,23 +248,25 @@ def measure(shape: str, quick: bool, root: Path, pipeline: bool = False) -> Dict
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
            "finished": float(record is not None and record.status == "finished"),
            "incidents": float(len(incidents.items)),
-           "loadavg_min": min(load0, load1), "loadavg_max": max(load0, load1)}
+           "loadavg_min": min(load0, load1), "loadavg_max": max(load0, load1),
+           "backlog_hook": float(bool(hook))}
     if pipeline:
         out["pipeline_us_per_event_cpu"] = pipeline_alone(values, settings.processor_batch)
     return out
 
 
-def worker(shapes: Sequence[str], quick: bool, pipeline: bool = False) -> Dict[str, Dict[str, float]]:
+def worker(shapes: Sequence[str], quick: bool, pipeline: bool = False,
+           backlog: bool = False) -> Dict[str, Dict[str, float]]:
     """Measure every shape in a fresh temporary folder (each shape in its own data directory)."""
     root = Path(tempfile.mkdtemp(prefix="trainguard-processor-bench-"))
     try:
-        return {shape: measure(shape, quick, root, pipeline) for shape in shapes}
+        return {shape: measure(shape, quick, root, pipeline, backlog) for shape in shapes}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool,
-                 pipeline: bool = False) -> Dict[str, Dict[str, float]]:
+                 pipeline: bool = False, backlog: bool = False) -> Dict[str, Dict[str, float]]:
     """This script, one shape per subprocess (a fresh interpreter and peak RSS), on ``checkout``'s code."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(_sources(checkout)))
     out: Dict[str, Dict[str, float]] = {}
@@ -253,6 +276,8 @@ def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool,
             cmd.append("--quick")
         if pipeline:
             cmd.append("--pipeline")
+        if backlog:
+            cmd.append("--backlog")
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0:
             print(f"{checkout}: {shape} failed:\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)
@@ -288,14 +313,14 @@ def _best(runs: Sequence[Dict[str, float]]) -> Dict[str, float]:
 
 
 def _alternate(checkouts: Dict[str, Path], shapes: Sequence[str], quick: bool, pipeline: bool,
-               repeat: int) -> Dict[str, Dict[str, Dict[str, float]]]:
+               repeat: int, backlog: bool = False) -> Dict[str, Dict[str, Dict[str, float]]]:
     """Each shape ``repeat`` times, the checkouts taking turns (this, baseline, this, ...), best of each:
     load that comes and goes on a shared machine then falls on both alike."""
     runs: Dict[str, Dict[str, List[Dict[str, float]]]] = {label: {} for label in checkouts}
     for shape in shapes:
         for _ in range(max(1, repeat)):
             for label, checkout in checkouts.items():
-                got = run_checkout(checkout, [shape], quick, pipeline).get(shape)
+                got = run_checkout(checkout, [shape], quick, pipeline, backlog).get(shape)
                 if got is not None:
                     runs[label].setdefault(shape, []).append(got)
     return {label: {shape: _best(figures) for shape, figures in by_shape.items()}
@@ -303,21 +328,22 @@ def _alternate(checkouts: Dict[str, Path], shapes: Sequence[str], quick: bool, p
 
 
 def compare(shapes: Sequence[str], baseline: str, quick: bool, baseline_path: Optional[Path] = None,
-            pipeline: bool = False, repeat: int = 1) -> Dict[str, Dict[str, Dict[str, float]]]:
+            pipeline: bool = False, repeat: int = 1,
+            backlog: bool = False) -> Dict[str, Dict[str, Dict[str, float]]]:
     """``{"this": {shape: figures}, "baseline": {...}}``: this checkout and ``baseline`` (a git ref, or
     ``"none"``) checked out in a temporary worktree -- or the checkout already at ``baseline_path`` (a
     machine without the git history, e.g. a device machine given ``git archive REF``) -- measured the same
     way, taking turns shape by shape, ``repeat`` times each (best of them)."""
     if baseline_path is not None:
         checkouts = {"this": REPO, "baseline": baseline_path.resolve()}
-        return _alternate(checkouts, shapes, quick, pipeline, repeat)
+        return _alternate(checkouts, shapes, quick, pipeline, repeat, backlog)
     if baseline == "none":
-        return _alternate({"this": REPO}, shapes, quick, pipeline, repeat)
+        return _alternate({"this": REPO}, shapes, quick, pipeline, repeat, backlog)
     tmp = Path(tempfile.mkdtemp(prefix="trainguard-processor-baseline-"))
     try:
         base = baseline_checkout(baseline, tmp)
         try:
-            return _alternate({"this": REPO, "baseline": base}, shapes, quick, pipeline, repeat)
+            return _alternate({"this": REPO, "baseline": base}, shapes, quick, pipeline, repeat, backlog)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
     finally:
@@ -345,7 +371,9 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g}", flush=True)
         print(f"{label}_load shape={shape} loadavg_1m={_load(this)} baseline_loadavg_1m={_load(base)} "
               f"peak_rss_mb={this.get('peak_rss_mb', math.nan):.0f} "
-              f"baseline_peak_rss_mb={base.get('peak_rss_mb', math.nan):.0f}", flush=True)
+              f"baseline_peak_rss_mb={base.get('peak_rss_mb', math.nan):.0f} "
+              f"backlog_hook={this.get('backlog_hook', 0):.0f} "
+              f"baseline_backlog_hook={base.get('backlog_hook', math.nan):.0f}", flush=True)
         if "pipeline_us_per_event_cpu" in this:
             mine, theirs = this["pipeline_us_per_event_cpu"], base.get("pipeline_us_per_event_cpu", math.nan)
             print(f"pipeline_alone shape={shape} cpu_us_per_event={mine:.1f} baseline={baseline} "
@@ -366,16 +394,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="measure each shape this many times, this checkout and the baseline taking turns; "
                         "the best of each figure is printed (a shared, loaded machine)")
+    p.add_argument("--backlog", action="store_true",
+                   help="give the processor serve's default per-project backlog hook (gateway/backlog.py) "
+                        "where the checkout has it, as trainguard serve runs it (off: the processor alone)")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     if args.worker:
-        print(json.dumps(worker(shapes, args.quick, args.pipeline)), flush=True)
+        print(json.dumps(worker(shapes, args.quick, args.pipeline, args.backlog)), flush=True)
         return 0
     print(f"env cpus={os.cpu_count()} python={sys.version.split()[0]} quick={args.quick} "
-          f"loadavg_1m={os.getloadavg()[0]:.2f}", flush=True)
-    results = compare(shapes, args.baseline, args.quick, args.baseline_path, args.pipeline, args.repeat)
+          f"backlog={args.backlog} loadavg_1m={os.getloadavg()[0]:.2f}", flush=True)
+    results = compare(shapes, args.baseline, args.quick, args.baseline_path, args.pipeline, args.repeat,
+                      args.backlog)
     print_table(results, shapes, args.baseline)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
