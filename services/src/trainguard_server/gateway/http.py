@@ -11,7 +11,9 @@ body over ``max_batch_bytes`` while reading (chunked uploads)          413
 no / malformed / two ``Authorization``, unknown or revoked token      401 + ``WWW-Authenticate``
 a read token                                                           403
 ``Content-Type`` not ``application/json`` / ``application/x-protobuf``  415
-``Content-Encoding`` not ``gzip`` / ``identity``                       415
+two ``Content-Type`` headers (which one counts would be a guess)       400
+``Content-Encoding`` not ``gzip`` / ``identity`` (all its lines, one   415
+list as RFC 9110 5.3 reads them: ``gzip`` + ``identity`` is refused)
 gzip body corrupt or over ``max_gzip_members`` members / too big       400 / 413
 not JSON / not a serialized IngestRequest / no ``events`` array        400
 more than ``max_batch_events`` events                                  413
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -182,6 +184,22 @@ def _ingest(gateway: Gateway, auth: Any, body: bytes, media_type: str, gzipped: 
     return gateway.ingest_batch(auth, batch)
 
 
+def _one_content_type(values: List[str]) -> Optional[str]:
+    """The request's one ``Content-Type`` (None without one); :class:`InvalidRequest` for several: which
+    one counts would be a guess (this server took the first; a proxy may check the last)."""
+    if len(values) > 1:
+        shown = ", ".join(repr(v) for v in values[:4]) + (", ..." if len(values) > 4 else "")
+        raise InvalidRequest(f"{len(values)} Content-Type headers were sent ({shown}); send exactly one: "
+                             f"{JSON_TYPE} or {PROTOBUF_TYPES[0]}")
+    return values[0] if values else None
+
+
+def _content_encoding(values: List[str]) -> Optional[str]:
+    """The request's ``Content-Encoding`` lines as the one list RFC 9110 5.3 makes of them (``gzip`` and
+    ``identity`` on two lines are ``gzip, identity``, which :func:`_check_media` refuses), not the first."""
+    return ", ".join(values) if values else None
+
+
 def _check_media(content_type: Optional[str], content_encoding: Optional[str]) -> tuple[str, bool]:
     media_type = _media_type(content_type)
     if media_type != JSON_TYPE and media_type not in PROTOBUF_TYPES:
@@ -230,7 +248,8 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
             _declared_length(headers.get("content-length"), limit, headers.get("transfer-encoding"))
             token = bearer_token(one_authorization(headers.getlist("authorization")))
             auth = await run_in_threadpool(gateway.authenticate, token)
-            media_type, gzipped = _check_media(headers.get("content-type"), headers.get("content-encoding"))
+            media_type, gzipped = _check_media(_one_content_type(headers.getlist("content-type")),
+                                               _content_encoding(headers.getlist("content-encoding")))
             offset = gateway.clock_offset(headers.getlist(SENT_AT_HEADER))  # at receipt, before the body
             body = await _read_body(request, limit)
             result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped, offset)
