@@ -12,6 +12,9 @@ the route's own dependencies and parameters:
   is bound by the stores as a 64-bit integer, and a bigger one used to reach SQLite and answer 500
   (``OverflowError``). The bounds are also written into the served OpenAPI (:func:`int64_bounds`); a
   parameter's own tighter bound is the one named (``query.limit: ... less than or equal to 500``).
+* a query parameter given more than once (``?names=loss&names=lr``, ``?limit=1&limit=500``) is refused with a
+  422 naming it and its values: no parameter of this API is a list, and FastAPI would read the last value and
+  ignore the others without a word;
 * a route taking a body (:class:`ReadTokenFirstRoute`: the incident workflow, the CI gate) reads at most
   :data:`MAX_BODY_BYTES` and refuses a JSON key given twice (422; ingest refuses it too): a bigger body is
   a 413 once that much has arrived (or at once, from its ``Content-Length``). FastAPI would buffer any
@@ -26,6 +29,7 @@ A route's integer parameters are found once, from its dependency tree (the endpo
 
 from __future__ import annotations
 
+import collections.abc
 import json
 import types
 import typing
@@ -46,7 +50,7 @@ from .deps import ensure_read_token, read_project
 from .project_slots import take_slot
 
 __all__ = ["MAX_BODY_BYTES", "ReadTokenFirstRoute", "int64_bounds", "int_query_params", "needs_read_token",
-           "preflight"]
+           "preflight", "single_query_params"]
 
 #: the most bytes a query-API request body may have (its bodies are small JSON objects: a note, a root
 #: cause, a gate request with its policy)
@@ -120,11 +124,51 @@ def _out_of_range(request: Request, bounds: Sequence[Tuple[str, int, int]]) -> L
     return errors
 
 
+_SEQUENCES = (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.Set)
+
+
+def _is_sequence(annotation: Any) -> bool:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_is_sequence(a) for a in typing.get_args(annotation))
+    origin = typing.get_origin(annotation) or annotation
+    return isinstance(origin, type) and issubclass(origin, _SEQUENCES) and origin not in (str, bytes)
+
+
+def single_query_params(route: APIRoute) -> Dict[str, str]:
+    """``{alias: hint}`` of ``route``'s query parameters that take one value (all of this API's: ``names`` is
+    comma-separated), its dependencies' included; ``hint`` is said when one is repeated."""
+    found: Dict[str, str] = {}
+    for dependant in _dependants(route.dependant):
+        for f in dependant.query_params:
+            if f.alias in found or _is_sequence(f.field_info.annotation):
+                continue
+            comma = "comma-separated" in (f.field_info.description or "")
+            found[f.alias] = f" ({f.alias}: comma-separated)" if comma else ""
+    return found
+
+
+def _repeated(request: Request, params: Sequence[Tuple[str, str]]) -> List[Dict[str, Any]]:
+    """A 422 error for each one-value parameter given more than once: FastAPI reads the last and ignores the
+    others without a word (``names=loss&names=lr`` answered lr alone), and a proxy or cache keyed on the
+    first would see another request than the one answered."""
+    errors: List[Dict[str, Any]] = []
+    if len(request.query_params.multi_items()) == len(request.query_params):
+        return errors  # no key repeated (the common case: one comparison)
+    for name, hint in params:
+        values = request.query_params.getlist(name)
+        if len(values) > 1:
+            shown = ", ".join(repr(v[:40]) for v in values[:4]) + (", ..." if len(values) > 4 else "")
+            errors.append({"type": "repeated", "loc": ("query", name), "input": values,
+                           "msg": f"given {len(values)} times ({shown}); give it once{hint}"})
+    return errors
+
+
 @dataclass(frozen=True)
 class _Plan:
     needs_token: bool
     int_params: Tuple[Tuple[str, int, int], ...]
     bounded: bool  # takes one of its project's request slots (project_slots.py): not a live stream
+    single_params: Tuple[Tuple[str, str], ...] = ()
 
 
 _plans: Dict[int, Tuple[APIRoute, _Plan]] = {}
@@ -136,7 +180,7 @@ def _plan(route: APIRoute) -> _Plan:
         token = needs_read_token(route)
         found = _plans[id(route)] = (route, _Plan(token, tuple(
             (name, lo, hi) for name, (lo, hi) in _int_query_bounds(route).items()),
-            token and not route.path.endswith("/stream")))
+            token and not route.path.endswith("/stream"), tuple(single_query_params(route).items())))
     return found[1]
 
 
@@ -150,10 +194,11 @@ async def preflight(request: Request) -> None:
         project = await ensure_read_token(request)
         if plan.bounded:
             await take_slot(request, project)
+    errors = _repeated(request, plan.single_params)
     if plan.int_params:
-        errors = _out_of_range(request, plan.int_params)
-        if errors:
-            raise RequestValidationError(errors)
+        errors += _out_of_range(request, plan.int_params)
+    if errors:
+        raise RequestValidationError(errors)
 
 
 class ReadTokenFirstRoute(APIRoute):
