@@ -16,7 +16,8 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
   ``run_id`` empty / longer than ``max_id_length``        ``missing_field`` / ``too_large``
   ``run_id`` containing ``/``, or ``.`` / ``..``            ``invalid_field``
   ``run_id`` or ``trace_id`` with a control character      ``invalid_field``
-  (U+0000-U+001F, U+007F-U+009F)
+  (U+0000-U+001F, U+007F-U+009F) or a bidi control
+  (U+061C, U+200E-F, U+202A-E, U+2066-9)
   ``trace_id`` longer than ``max_id_length``              ``too_large``
   event over ``max_event_bytes`` (serialized, as sent)    ``too_large``
   any string longer than ``max_string_length`` chars      ``too_large``
@@ -34,9 +35,11 @@ once. Contract of :func:`validate_envelope` (one event) and :func:`validate_batc
   run could be listed but never read. Those ids are refused at ingest, for HTTP and gRPC alike.
 * The ids of a run (``run_id``, ``trace_id``) are typed in commands and URLs and written into log lines: a
   control character in one (an ANSI escape that clears the operator's terminal, a newline that forges a log
-  line, a NUL) is refused at ingest. Names and free text (``run_name``, ``host``, log lines, messages,
-  tracebacks) keep theirs: a run name read from a file with its newline must not lose the run; whatever
-  prints them escapes them (``trainguard runs`` / ``incidents``; the dashboard shows text).
+  line, a NUL) is refused at ingest, and so is a Unicode bidirectional control (``run\\u202egnp.exe`` is
+  shown as ``runexe.png`` wherever text is laid out by the bidi algorithm: one id would read as another).
+  Names and free text (``run_name``, ``host``, log lines, messages, tracebacks) keep theirs: a run name
+  read from a file with its newline must not lose the run; whatever prints them escapes them
+  (``trainguard runs`` / ``incidents``; the dashboard shows text).
 * NaN and ±Inf metric values are legal. Enum fields may hold numbers this version does not name (proto3
   enums are open: a newer client's severity is kept as a number). Unknown non-payload fields in protobuf
   input are carried along untouched (the JSON path rejects them while converting, see ``trainguard.wire``).
@@ -82,8 +85,12 @@ _FIRST_PAYLOAD_NUMBER = min(_PAYLOAD_NUMBERS)
 _ID_CLASS = "[0-9A-Za-z_-]"
 _SEP = "\n"  # joins ids for the one-regex check; it is outside the id class
 _DOT_SEGMENTS = frozenset((".", ".."))
-#: C0 controls, DEL and C1 controls: refused in the identity names (see the module doc)
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+#: Unicode's bidirectional controls (Bidi_Control: the marks, embeddings, overrides and isolates): shown as
+#: is, they reorder the text around them (``run\u202egnp.exe`` reads ``runexe.png``)
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+#: C0 controls, DEL, C1 controls and the bidi controls: refused in the identity names (see the module doc)
+_CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+_BIDI_CONTROL = re.compile(f"[{_BIDI}]")
 #: the ids checked for control characters, in the order they are checked
 _NAME_FIELDS = ("run_id", "trace_id")
 
@@ -282,6 +289,11 @@ def _check(env: Any, where: str, project: str, now_ns: int, limits: Limits,
     control = _control_character(env)
     if control:
         name, value, at = control
+        if _BIDI_CONTROL.match(value[at]):
+            return Rejection("invalid_field", f"{where}.{name}: {_show(value)} has the bidirectional "
+                                              f"control character U+{ord(value[at]):04X} at position {at}; "
+                                              f"a {name} is printed as is, where it would reorder the text "
+                                              f"around it, so bidirectional controls are refused"), mutated
         return Rejection("invalid_field", f"{where}.{name}: {_show(value)} has the control character "
                                           f"U+{ord(value[at]):04X} at position {at}; a {name} is printed as "
                                           f"is, so control characters are refused"), mutated
