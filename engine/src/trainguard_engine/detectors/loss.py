@@ -314,10 +314,16 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     if open_kind is not None and len(judged) == 1 and \
             state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
         return []  # an open incident's last step is refreshed every few values, not on each
+    free = open_kind is None and not muted and tail is not None  # (judged: CURVE_KINDS)
+    if free and _stays_quiet(rank, state, series, tail, initial, settings):  # type: ignore[arg-type]
+        streaks["oscillation"] = streaks["divergence"] = streaks["rise-after-fall"] = 0
+        return []  # what the loop below does on this value (_stays_quiet)
+    quiet = free
     for kind in CURVE_KINDS:
         if kind not in judged:
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, False)
+        quiet = quiet and check is _NOT_HOLDING
         if check.deferred:
             continue
         if kind == "plateau" and kind != open_kind:
@@ -357,7 +363,133 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             values={"step": first, "detail": check.detail, "value": fmt_number(value), "rank": rank.rank},
             relabel=relabel, update_values=kind == "divergence" or relabel,
             summary=f"On rank {rank.rank}, {check.summary.format(since=first)}")]
+    if tail is not None:
+        _derived(tail).quiet = _quiet_stretch(state, win, tail, initial, settings) if quiet else None
     return []
+
+
+class _Quiet:
+    """A quiet stretch's certificate (:func:`_quiet_stretch`): derived, kept beside the loss tail
+    (``_Derived.quiet``), never serialized. ``at``: the tail's length when it was taken; ``most``: how many
+    more points the window may take in while it holds; ``checked``: the tail's length up to which the new
+    points were found under ``blow_bar`` (the blow-up bar; inf: off); ``base``: the divergence base."""
+
+    __slots__ = ("at", "base", "blow_bar", "checked", "most", "settings")
+
+    def __init__(self, settings: DetectionSettings, at: int, most: int, base: float, blow_bar: float) -> None:
+        self.settings = settings
+        self.at = at
+        self.checked = at
+        self.most = most
+        self.base = base
+        self.blow_bar = blow_bar
+
+
+def _quiet_stretch(state: Dict[str, Any], win: _Window, tail: SeriesTail, initial: float,
+                   settings: DetectionSettings) -> Optional[_Quiet]:
+    """After a value on which no curve incident of the rank was open, nothing muted the curve and each of
+    the four rules answered "does not hold" (the shared verdict; the plateau rule on no flat stretch): for
+    how many more points of the tail the oscillation and plateau rules are proven to answer so again,
+    whatever those values -- a certificate, or None when no point is proven. The window is the tail's last
+    ``loss_window`` points (an exact tail, full); each new point replaces one of them, and a replacement
+    moves each order statistic of the sorted window by at most one place, so after ``m`` points the
+    median is at most ``ordered[w // 2 + m]`` (the upper middle value moved up ``m`` places; the median,
+    or the rounded mean of the two middle ones, is at most that). While that bound is under
+    ``oscillation_min_level`` x the lower of the initial level and the first value (the oscillation rule's
+    level, either way it takes it), under ``plateau_min_level`` x the initial level (the plateau rule's
+    "fell" level test) and under ``plateau_stalled_min_level`` x it (no "stalled" verdict), and the
+    plateau rule's rank test against the run's first values still says "significantly lower" with each
+    replaced value adding the most it can to the count of higher pairs (``len(early)``), neither rule
+    can hold whatever the values are, as long as nothing moves the weights either (:func:`_stays_quiet`
+    asks that on each value, with what the other two rules read)."""
+    w = settings.loss_window
+    if not win.full or "flat" in state or not initial > 0 or len(win.ordered) != w:
+        return None
+    early_blowup = state.get("early_blowup")
+    if early_blowup is not None and early_blowup[2] < 0:
+        return None  # (still to be judged, on a window: the divergence rule's)
+    ordered = win.ordered
+    init = state["init"]
+    first = init[0]
+    bar = min(settings.oscillation_min_level * min(initial, first), settings.plateau_min_level * initial)
+    base = divergence_base(initial, first, settings)
+    factor = settings.divergence_blowup_factor
+    blow_bar = factor * base if factor > 0 and base > 0 else math.inf
+    if not ordered[-1] < blow_bar:
+        return None
+    early: Optional[List[float]] = state.get("early")
+    rank_test = bool(early)
+    if rank_test:
+        assert early is not None
+        n1 = len(early)
+        spread = math.sqrt(n1 * w * (n1 + w + 1) / 12.0)
+        if not spread > 0:
+            return None
+        higher = _rank_higher(early, ordered)
+        half = n1 * w / 2.0
+    most = -1
+    for m in range(0, w - w // 2):
+        bound = ordered[w // 2 + m]
+        if not (bound < bar and bound / initial < settings.plateau_stalled_min_level):
+            break
+        if rank_test and not -(((higher + m * n1) - half) / spread) >= settings.trend_z:
+            break
+        most = m
+    if most < 1:
+        return None
+    return _Quiet(settings, len(tail.points), most, base, blow_bar)
+
+
+def _stays_quiet(rank: RankState, state: Dict[str, Any], series: Sequence[Tuple[int, float, int]],
+                 tail: SeriesTail, initial: float, settings: DetectionSettings) -> bool:
+    """Whether the four curve rules answer "does not hold" on this value, proven without judging them:
+    the tail's quiet certificate (:func:`_quiet_stretch`) covers this value's window (the same tail, at
+    most ``most`` points taken in since, each under the blow-up bar: :func:`_blown_up` finds none), and
+    what the rules read beside the window says so too -- the divergence rule's rolling level under its
+    bar (``state["level"]``, exact), the rise rule's fall and rise tests (exact), no flat stretch and no
+    early blow-up still to judge (the plateau's and divergence's state), and nothing that stops the
+    weights (:func:`_optimisation_stuck`'s reason, the one the plateau rule would take on this value).
+    Then the caller's loop would only zero the three streaks (and the plateau rule's flat stretch stays
+    absent): the caller does that and skips it. The certificate is dropped when it no longer covers."""
+    kept = _derived(tail)
+    quiet = kept.quiet
+    if quiet is None:
+        return False
+    points = tail.points
+    n = len(points)
+    if quiet.settings is not settings or not quiet.at < n <= quiet.at + quiet.most or \
+            len(series) < settings.loss_window:
+        kept.quiet = None
+        return False
+    blow_bar = quiet.blow_bar
+    for i in range(quiet.checked, n):
+        if not points[i][1] < blow_bar:
+            kept.quiet = None
+            return False
+    quiet.checked = n
+    if "flat" in state:
+        return False
+    early_blowup = state.get("early_blowup")
+    if early_blowup is not None and early_blowup[2] < 0:
+        return False
+    level = state.get("level")
+    base = quiet.base
+    if not (level is None or base <= 0 or level < settings.divergence_factor * base):
+        return False  # (the divergence rule's last test before it holds: the caller judges)
+    best = state.get("best")
+    if best is not None and level is not None:  # _check_rise's first tests, as it makes them
+        start = max(initial, state["init"][0])
+        fall = start - best
+        if not (fall < settings.rise_min_fall * start or level - best < settings.rise_min_rise * fall):
+            return False
+    hi = series[-1][0]
+    memo = _STUCK
+    if memo[0] is rank and memo[1] == hi:
+        reason = memo[2]
+    else:
+        reason = _stuck_now(rank, series[-settings.loss_window][0], hi, settings)
+        memo[0], memo[1], memo[2] = rank, hi, reason
+    return not reason
 
 
 def _explosion_gave_way(run: RunState, rank: RankState, name: str, series: Sequence[Tuple[int, float, int]],
@@ -738,9 +870,10 @@ class _Derived:
     since last asked for] of that window, slid along with the sorted values (:func:`_sorted_window`,
     :func:`_kept_trend`) until ``KENDALL_IDLE`` points passed unasked."""
 
-    __slots__ = ("ends", "init", "init_len", "initial", "kendall", "sorted")
+    __slots__ = ("ends", "init", "init_len", "initial", "kendall", "quiet", "sorted")
 
     def __init__(self) -> None:
+        self.quiet: Optional[_Quiet] = None
         self.ends: Dict[int, int] = {}
         self.sorted: Dict[int, List[float]] = {}
         self.kendall: Dict[int, List[int]] = {}
@@ -1079,12 +1212,20 @@ def _rank_z_above(ref: Sequence[float], ordered: Sequence[float]) -> float:
     spread = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
     if not spread > 0:
         return 0.0
-    higher = 0.0  # pairs (reference value, value) in which the value is the higher one
+    return (_rank_higher(ref, ordered) - n1 * n2 / 2.0) / spread
+
+
+def _rank_higher(ref: Sequence[float], ordered: Sequence[float]) -> float:
+    """The pairs (reference value, value) of the sorted ``ref`` and ``ordered`` in which the value is the
+    higher one, ties counting a half (the Mann-Whitney count of :func:`_rank_z_above`; exact: a sum of
+    halves). One value of ``ordered`` is in at most ``len(ref)`` of them."""
+    n2 = len(ordered)
+    higher = 0.0
     if ordered[-1] >= ref[0]:  # else every value is under every reference value: no such pair
         for v in ref:  # a few bisections of the sorted values, not one per value
             hi = bisect_right(ordered, v)
             higher += (n2 - hi) + 0.5 * (hi - bisect_left(ordered, v))
-    return (higher - n1 * n2 / 2.0) / spread
+    return higher
 
 
 def _swing_bar(state: Dict[str, Any], tuned: LossGradientSettings) -> float:
