@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .catalogue import DetectionSettings, kinds_with_role
 from .detectors import fmt_duration
@@ -507,14 +507,24 @@ def _reading_confidence(st: IncidentState) -> Optional[float]:
 
 def _generic_same_moment(run: RunState, st: IncidentState, at_ns: int, reporters: FrozenSet[int],
                          reading: float) -> bool:
-    """Whether ``st`` began at ``at_ns`` exactly, includes one of ``reporters`` and reads less specifically
-    than ``reading`` (its error text only): the generic report of the error a finding of that instant
-    names."""
-    if not at_ns or _began(run, st) != at_ns or _kind(st) in NUMERIC or _kind(st) == AMP_OVERFLOW:
+    """Rule 9 seen from the specific error (a finding that began at ``at_ns``, the own error text of
+    ``reporters``, reading ``reading``): whether ``st`` is its generic report (:func:`_less_specific_at`)."""
+    return _less_specific_at(run, st, at_ns, reporters, reading)
+
+
+def _less_specific_at(run: RunState, generic: IncidentState, began: int, ranks: AbstractSet[int],
+                      reading: float) -> bool:
+    """Rule 9's one predicate (docs/correlation.md), used in both directions (:func:`_generic_same_moment`,
+    :func:`_named_same_moment`): whether ``generic`` is the generic report of an error that began at
+    ``began``, is the own error text of one of ``ranks`` and reads ``reading`` (its classifier confidence):
+    ``generic`` began at that instant exactly, includes one of ``ranks`` (a first rank, or a rank whose text
+    it is), is no numerical incident (a NaN, an explosion, the loss scaler's notice: observations, not a
+    crash report), is made of error text only and reads strictly less specifically."""
+    if not began or _began(run, generic) != began or _kind(generic) in (*NUMERIC, AMP_OVERFLOW):
         return False
-    if not any(r in st.rank_first or r in _reporters(st.record.evidence) for r in reporters):
+    if not any(r in generic.rank_first or r in _reporters(generic.record.evidence) for r in ranks):
         return False
-    mine = _reading_confidence(st)
+    mine = _reading_confidence(generic)
     return mine is not None and mine < reading
 
 
@@ -546,23 +556,17 @@ def _named_same_moment(run: RunState, st: IncidentState) -> Optional[IncidentSta
     the other one must include ``st``'s lead rank and read strictly more specifically (higher classifier
     confidence); the most specific one wins (then the lower incident key, a deterministic order). None when
     there is none."""
-    if _kind(st) in NUMERIC or _kind(st) == AMP_OVERFLOW:
-        return None  # a value going bad (or the scaler's notice) is an observation, not a crash report
-    mine = _reading_confidence(st)
-    began = _began(run, st)
-    rank = st.record.lead_rank
-    if mine is None or not began or rank < 0:
+    if _reading_confidence(st) is None or st.record.lead_rank < 0:
         return None
     best: Optional[IncidentState] = None
-    best_conf = mine
+    best_conf = 0.0
     for other in run.incidents.values():
-        if other is st or not other.is_open or other.record.explained_by or _began(run, other) != began:
-            continue
-        if rank not in other.rank_first and rank not in _reporters(other.record.evidence):
+        if other is st or not other.is_open or other.record.explained_by:
             continue
         conf = _reading_confidence(other)
-        if conf is None or conf <= mine:
-            continue
+        lead = {st.record.lead_rank} & (set(other.rank_first) | _reporters(other.record.evidence))
+        if conf is None or not _less_specific_at(run, st, _began(run, other), lead, conf):
+            continue  # the other one must include st's lead rank and read more specifically
         if best is None or (-conf, other.key) < (-best_conf, best.key):
             best, best_conf = other, conf
     return best
