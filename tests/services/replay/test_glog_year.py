@@ -68,10 +68,23 @@ def test_glog_lines_before_the_first_dated_line_take_its_nearest_year(tmp_path: 
 
 
 def test_a_paste_of_glog_lines_only_crossing_the_new_year_keeps_its_order(tmp_path: Path) -> None:
-    # no dated line: the first stamp takes the file's year (as before), the next the year nearest it
+    # no dated line: the first stamp takes the year, of the file's and the one before, nearest the file's
+    # modification time and not after it (saved 2030-06-01: December 31 is of 2029 -- before, of 2030, half
+    # a year after the file was saved); the next the year nearest the stamp before it
     path = _write(tmp_path, ["E1231 23:59:50.000 a.cpp:1] first", "E0101 00:00:05.000 b.cpp:1] after"],
                   year_saved=2030)
-    assert _times(path) == [_ns(2030, 12, 31, 23, 59, 50), _ns(2031, 1, 1, 0, 0, 5)]
+    assert _times(path) == [_ns(2029, 12, 31, 23, 59, 50), _ns(2030, 1, 1, 0, 0, 5)]
+    scan = scan_log(path)
+    assert (scan.first_ns, scan.last_ns) == (_ns(2029, 12, 31, 23, 59, 50), _ns(2030, 1, 1, 0, 0, 5))
+
+
+def test_a_glog_only_paste_is_read_in_the_files_year_up_to_a_day_after_it_was_saved(tmp_path: Path) -> None:
+    # saved 2030-06-01 12:00: a stamp of that morning, or of the next day (another clock or time zone), is of
+    # 2030; one two days later can only be of 2029
+    for stamp, year in (("E0601 09:00:00.000", 2030), ("E0602 11:00:00.000", 2030), ("E0603 12:00:00.000", 2029)):
+        path = _write(tmp_path, [f"{stamp} a.cpp:1] x"], year_saved=2030)
+        month, day = int(stamp[1:3]), int(stamp[3:5])
+        assert _times(path) == [_ns(year, month, day, int(stamp[6:8]), 0, 0)], stamp
 
 
 def test_the_watchdog_timeout_of_a_new_year_paste_is_imported(tmp_path: Path) -> None:

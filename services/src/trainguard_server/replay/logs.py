@@ -1022,18 +1022,37 @@ def paste_year(path: Path, head: Optional[List[str]] = None) -> int:
     return paste_dated(path, head)[0]
 
 
+SAVED_SLACK_NS = 86_400 * 10**9
+"""How far after a file's modification time its first yearless glog stamp may lie and still be read in that
+year (:func:`paste_dated`): the log's host and the machine that saved the paste may keep different clocks and
+time zones (at most a day apart). Further after it, the stamp is of the year before: a log is written
+before it is saved."""
+
+
 def paste_dated(path: Path, head: Optional[List[str]] = None) -> Tuple[int, Optional[int]]:
     """:func:`paste_year` and the stamp (ns) of that first dated line (None when there is none): the stamp the
     glog lines before it are read nearest (a paste that starts in December and dates its first ISO line
-    in January)."""
+    in January). A paste without a dated line reads its first yearless stamp in the year, of the file's
+    modification time's and the one before, that puts it nearest that time and not after it (beyond
+    :data:`SAVED_SLACK_NS`): ``E1231 23:59:50`` in a file saved on 2030-01-02 is of 2029."""
+    first_yearless: Optional[str] = None
     for text in _head_or(path, head) or ():
-        found = line_stamp_year(clean_line(text), 2000)
+        line = clean_line(text)
+        found = line_stamp_year(line, 2000)
         if found is not None and found[2] is not None:
             return found[2], found[0]
+        if found is not None and first_yearless is None:
+            first_yearless = line
     try:
-        return datetime.fromtimestamp(path.stat().st_mtime).year, None
+        saved_ns = path.stat().st_mtime_ns
     except OSError:
         return datetime.now().year, None
+    year = datetime.fromtimestamp(saved_ns / 10**9).year
+    if first_yearless is not None:
+        found = line_stamp_year(first_yearless, year)
+        if found is not None and found[0] > saved_ns + SAVED_SLACK_NS:
+            year -= 1
+    return year, None
 
 
 def _shared_start(a: str, b: str) -> str:
