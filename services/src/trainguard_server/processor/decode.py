@@ -26,7 +26,7 @@ allocation and release; bench/processor.py sdk16).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from trainguard import wire
 from trainguard.v1 import ingest_pb2
@@ -214,40 +214,14 @@ class PlainEnvelope(Mapping):  # type: ignore[type-arg]
         return sum(1 for _ in self)
 
 
-def _read_plain(msg: Any, record: _Record,
-                index: int) -> Optional[Tuple[ReadEnvelope, List[extract.MetricTuple]]]:
-    """A plain metric batch with a run id (``msg``, envelope ``index`` of ``record``) as the pipeline reads
-    it, and its points; None for any other."""
-    batch = _plain_batch(msg)
-    if batch is None or not msg.run_id:
-        return None
-    step, world = msg.step, msg.world_size
-    messages = batch.points
-    body = PlainBatch(record, index, len(messages))
-    return (ReadEnvelope(PlainEnvelope(body), "metrics", body, msg.event_id, msg.project, msg.run_id,
-                         msg.rank, step, msg.time_unix_nano, msg.host, msg.pid, world if world > 1 else 1,
-                         msg.run_name, msg.trace_id),
-            _read_points(messages, step))
-
-
-def _dict_plain(msg: Any, _record: _Record, _index: int) -> Optional[Tuple[Dict[str, Any],
-                                                                           List[extract.MetricTuple]]]:
-    """:func:`_plain_metrics` as :func:`_decode` calls it."""
-    return _plain_metrics(msg)
-
-
-def _decode(value: bytes,
-            plain: Callable[[Any, _Record, int], Optional[Tuple[Any, List[extract.MetricTuple]]]],
-            ) -> Tuple[List[Any], List[Points]]:
-    """Each envelope of one serialized ``IngestRequest`` as ``plain`` reads it (a plain metric batch; given
-    the message, the record and the envelope's index) or else as its dict, with its metric points (None
-    for envelopes that are not metric batches)."""
+def decode_request(value: bytes) -> Tuple[List[Dict[str, Any]], List[Points]]:
+    """The envelope dicts of one serialized ``IngestRequest`` and each one's metric points (None for
+    envelopes that are not metric batches). Raises what protobuf raises on bytes it cannot parse."""
     request = ingest_pb2.IngestRequest.FromString(value)
-    record = _Record(value)
-    envelopes: List[Any] = []
+    envelopes: List[Dict[str, Any]] = []
     points: List[Points] = []
-    for index, msg in enumerate(request.events):
-        read = plain(msg, record, index)
+    for msg in request.events:
+        read = _plain_metrics(msg)
         if read is not None:
             envelopes.append(read[0])
             points.append(read[1])
@@ -258,14 +232,31 @@ def _decode(value: bytes,
     return envelopes, points
 
 
-def decode_request(value: bytes) -> Tuple[List[Dict[str, Any]], List[Points]]:
-    """The envelope dicts of one serialized ``IngestRequest`` and each one's metric points (None for
-    envelopes that are not metric batches). Raises what protobuf raises on bytes it cannot parse."""
-    return _decode(value, _dict_plain)
-
-
 def read_request(value: bytes) -> Tuple[List[Envelope], List[Points]]:
     """:func:`decode_request` for a runtime that hands the pipeline what it read: a plain metric batch (no
     alert, no recent context, a run id) is a :class:`~trainguard_engine.pipeline.ReadEnvelope` whose
-    ``raw`` (a :class:`PlainEnvelope`) equals its dict; every other envelope is its dict."""
-    return _decode(value, _read_plain)
+    ``raw`` (a :class:`PlainEnvelope`) equals its dict; every other envelope is its dict.
+
+    One loop over the envelopes (what the processor runs on every one: a plain batch is tested and read in
+    place, its points by :func:`_read_points`); every other envelope as :func:`decode_request` reads it."""
+    request = ingest_pb2.IngestRequest.FromString(value)
+    record = _Record(value)
+    envelopes: List[Envelope] = []
+    points: List[Points] = []
+    add_envelope, add_points = envelopes.append, points.append
+    for index, msg in enumerate(request.events):
+        if msg.WhichOneof("payload") == "metrics":
+            batch = msg.metrics
+            if not batch.alert and not len(batch.recent) and msg.run_id:  # plain, with a run id: as read
+                step, world = msg.step, msg.world_size
+                messages = batch.points
+                body = PlainBatch(record, index, len(messages))
+                add_envelope(ReadEnvelope(PlainEnvelope(body), "metrics", body, msg.event_id, msg.project,
+                                          msg.run_id, msg.rank, step, msg.time_unix_nano, msg.host, msg.pid,
+                                          world if world > 1 else 1, msg.run_name, msg.trace_id))
+                add_points(_read_points(messages, step))
+                continue
+        env = wire.envelope_to_dict(msg)
+        add_envelope(env)
+        add_points(extract.metric_points(env) if "metrics" in env else None)
+    return envelopes, points
