@@ -164,6 +164,8 @@ def _launcher_exit_ranks(st: IncidentState) -> Optional[FrozenSet[int]]:
                 (kind == EXCEPTION) != (rule == SPAWN_RERAISE_RULE):
             return None  # an exit code the rank itself sent, or anything else: not a launcher's report only
         if rule == SPAWN_RERAISE_RULE:
+            if _relays_worker_exception(value):
+                return None  # the worker's own error, relayed by join: a cause, not a launcher's report only
             continue  # names no global rank: any worker's error is its cause
         facts = value.get("facts")
         facts = facts if isinstance(facts, Mapping) else {}
@@ -173,6 +175,19 @@ def _launcher_exit_ranks(st: IncidentState) -> Optional[FrozenSet[int]]:
         elif rule != TEARDOWN_RULE and ev.rank >= 0:
             ranks.add(ev.rank)
     return frozenset(ranks)
+
+
+def _relays_worker_exception(value: Mapping[str, object]) -> bool:
+    """Whether an mp.spawn re-raise (``SPAWN_RERAISE_RULE`` evidence ``value``) carries the worker's own
+    exception: its classified facts name an exception type other than the re-raise's own --
+    ``ProcessRaisedException: -- Process 1 terminated with the following error: Traceback ... AttributeError:
+    ...`` relays the worker's ``AttributeError``, and is that worker's error report (the worker's lead, a
+    cause of its peers' collective failures), not a launcher's word that some worker failed. Old torch's
+    bare ``Exception:`` (its message cut, or only ``-- Process 3 terminated with the following error:``)
+    names none."""
+    facts = value.get("facts")
+    worker = facts.get("exc_type") if isinstance(facts, Mapping) else None
+    return isinstance(worker, str) and worker not in ("", "Exception", value.get("exc_type"))
 
 
 def _names_global_rank(st: IncidentState) -> bool:

@@ -72,3 +72,25 @@ def test_the_reraise_alone_is_still_a_crash(tmp_path: Path) -> None:
     lines = _lines()
     incidents = _imported(_pasted(tmp_path, lines[:lines.index("Exception: ") + 1]))
     assert _shown(incidents) == ["process/exception"]
+
+
+RELAYED = "py-spawn-process1-2"
+"""Tuned: ``ProcessRaisedException: -- Process 1 terminated with the following error:`` relaying the worker's
+``AttributeError`` (its traceback and exception line inside the re-raise)."""
+
+
+def test_a_reraise_relaying_the_workers_exception_is_that_workers_error(tmp_path: Path) -> None:
+    # another rank's watchdog timeout printed after it (bench/wild/stress.py's wd_after, PEER_TIMEOUT): the
+    # worker's AttributeError, relayed by join, is the cause and the timeout its consequence. Before, the
+    # re-raise was read as a launcher's word that some worker failed (naming no rank), and folded into the
+    # timeout as if the timeout were the worker's own error
+    from bench.wild import stress
+
+    lines = (WILD / RELAYED / "log.txt").read_text(encoding="utf-8").splitlines()
+    incidents = _imported(_pasted(tmp_path, lines + stress.PEER_TIMEOUT))
+    assert _shown(incidents) == ["process/exception"]
+    (crash,) = [i for i in incidents if not i.get("explained_by")]
+    assert crash["lead_rank"] == 1
+    assert all(i["explained_by"] == crash["incident_id"] for i in incidents if i is not crash)
+    # alone it is that crash too (as before)
+    assert _shown(_imported(WILD / RELAYED / "log.txt")) == ["process/exception"]
