@@ -84,6 +84,16 @@ class Settings(BaseSettings):
     max_metric_name_length: int = Field(
         1024, ge=0, description="longest metric name, in characters: a metric batch with a longer one is "
         "rejected alone (too_large, naming the point); 0: only max_string_length applies")
+    ingest_max_inflight_bytes: int = Field(
+        64 * 2**20, ge=0, description="bytes of HTTP ingest request bodies this process may hold at once "
+        "(being read or decoded, a gzip body at its inflated size; decoding takes about six times a body's "
+        "size); a request past it is answered 429 with Retry-After (before its body is read when its "
+        "Content-Length says so), so clients sending big batches together cannot take the server's memory. "
+        "A request is never refused while nothing is held. 0: no bound (gateway/inflight.py)")
+    project_max_inflight_bytes: int = Field(
+        32 * 2**20, ge=0, description="the same bound for the bodies of one project: one tenant's big "
+        "batches are answered 429 while the others' are admitted; a project holding nothing is never refused "
+        "by it. 0: no bound")
     max_gzip_members: int = Field(
         16, ge=1, description="most gzip members in one gzip-encoded HTTP ingest body (the SDK sends one); "
         "more is refused with 400 before inflating them, so concatenated empty members cannot burn CPU")

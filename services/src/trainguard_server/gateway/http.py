@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..config import Settings
 from ..request_headers import framing_conflict
+from .inflight import InflightBytes
 from .ingest import (
     Backpressure,
     Batch,
@@ -158,28 +159,67 @@ def _declared_length(value: Optional[str], limit: int, transfer_encoding: Option
                               f"split the batch")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refusing to buffer more than ``limit`` bytes (chunked uploads included)."""
+class _Held:
+    """The bytes one request holds in the process's :class:`~.inflight.InflightBytes` (None: unbounded)."""
+
+    def __init__(self, inflight: Optional[InflightBytes], project: str, retry_after: float) -> None:
+        self.inflight, self.project, self.retry_after = inflight, project, retry_after
+        self.n = 0
+
+    def take(self, n: int) -> None:
+        """Hold ``n`` more bytes; :class:`Backpressure` (429) when a bound would be passed."""
+        if self.inflight is None:
+            return
+        why = self.inflight.take(self.project, n, self.n)
+        if why is not None:
+            raise Backpressure(f"{why}: nothing of this request was queued; retry after "
+                               f"{retry_after_header(self.retry_after)} s", self.retry_after)
+        self.n += n
+
+    def fits(self, declared: Optional[str]) -> None:
+        """:class:`Backpressure` when a declared ``Content-Length`` would not fit now (nothing is taken)."""
+        if self.inflight is None or declared is None or not declared.isdigit():
+            return
+        why = self.inflight.fits(self.project, int(declared), self.n)
+        if why is not None:
+            raise Backpressure(f"{why}: nothing of this request was queued; retry after "
+                               f"{retry_after_header(self.retry_after)} s", self.retry_after)
+
+    def release(self) -> None:
+        if self.inflight is not None:
+            self.inflight.give_back(self.project, self.n)
+        self.n = 0
+
+
+async def _read_body(request: Request, limit: int, held: Optional[_Held] = None) -> bytes:
+    """The raw body, refusing to buffer more than ``limit`` bytes (chunked uploads included); each chunk is
+    taken in ``held`` as it arrives."""
     body = bytearray()
     async for chunk in request.stream():
+        if held is not None:
+            held.take(len(chunk))
         body += chunk
         if len(body) > limit:
             raise RequestTooLarge(f"body is larger than max_batch_bytes={limit}; split the batch")
     return bytes(body)
 
 
-def _decode(gateway: Gateway, body: bytes, media_type: str, gzipped: bool) -> Batch:
+def _decode(gateway: Gateway, body: bytes, media_type: str, gzipped: bool,
+            held: Optional[_Held] = None) -> Batch:
     limit = gateway.settings.max_batch_bytes
     if gzipped:
-        body = gunzip(body, limit, max_members=gateway.settings.max_gzip_members)
+        inflated = gunzip(body, limit, max_members=gateway.settings.max_gzip_members)
+        if held is not None:
+            held.take(len(inflated) - len(body))
+        body = inflated
     if media_type == JSON_TYPE:
         return batch_from_json(body, max_events=gateway.settings.max_batch_events)
     return batch_from_protobuf(body)
 
 
 def _ingest(gateway: Gateway, auth: Any, body: bytes, media_type: str, gzipped: bool,
-            clock_offset_ns: int) -> IngestResult:
-    batch = _decode(gateway, body, media_type, gzipped)
+            clock_offset_ns: int, held: Optional[_Held] = None) -> IngestResult:
+    batch = _decode(gateway, body, media_type, gzipped, held)
     batch.clock_offset_ns = clock_offset_ns
     return gateway.ingest_batch(auth, batch)
 
@@ -216,7 +256,10 @@ def _check_media(content_type: Optional[str], content_encoding: Optional[str]) -
 def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
     """A router with ``POST {path}`` serving ingest through ``gateway`` (see the module docstring)."""
     router = APIRouter(tags=["ingest"])
-    limit = gateway.settings.max_batch_bytes
+    settings = gateway.settings
+    limit = settings.max_batch_bytes
+    inflight = gateway.body_bytes
+    retry_after = settings.retry_after_s
     request_body = {
         "required": True,
         "description": "A trainguard.v1.IngestRequest: JSON {\"events\": [...]} in the proto3 JSON mapping "
@@ -244,6 +287,7 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
                  openapi_extra={"requestBody": request_body}, response_model=None)
     async def ingest(request: Request) -> Response:
         headers = request.headers
+        held: Optional[_Held] = None
         try:
             _declared_length(headers.get("content-length"), limit, headers.get("transfer-encoding"))
             token = bearer_token(one_authorization(headers.getlist("authorization")))
@@ -251,8 +295,10 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
             media_type, gzipped = _check_media(_one_content_type(headers.getlist("content-type")),
                                                _content_encoding(headers.getlist("content-encoding")))
             offset = gateway.clock_offset(headers.getlist(SENT_AT_HEADER))  # at receipt, before the body
-            body = await _read_body(request, limit)
-            result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped, offset)
+            held = _Held(inflight, auth.project, retry_after)
+            held.fits(headers.get("content-length"))
+            body = await _read_body(request, limit, held)
+            result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped, offset, held)
         except GatewayError as exc:
             return error_response(exc)
         except ClientDisconnect:  # gone mid-body (or closed by the body timeout): nobody to answer
@@ -260,6 +306,9 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
         except Exception as exc:  # a bug or a store failure: 500 (retryable for clients), logged
             log.exception("ingest failed")
             return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+        finally:
+            if held is not None:
+                held.release()
         if media_type == JSON_TYPE:
             return Response(result.to_json(), media_type=JSON_TYPE)
         return Response(result.to_proto().SerializeToString(), media_type=PROTOBUF_RESPONSE_TYPE)

@@ -53,6 +53,7 @@ from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .backlog import ProjectBacklog, weight
 from .deep_json import TooDeep, split_events_json
+from .inflight import InflightBytes
 from .metric_names import MetricNameCap, Seed
 from .point_names import PointNames, Shape
 from .run_rate import NewRunLimiter
@@ -475,6 +476,10 @@ class Gateway:
         self.metric_names = MetricNameCap(settings.run_max_metric_names, settings.metric_names_memory_bytes,
                                           seed=metric_names, max_length=settings.max_metric_name_length)
         self.point_names = PointNames()
+        total, per_project = settings.ingest_max_inflight_bytes, settings.project_max_inflight_bytes
+        #: HTTP ingest bodies held (read or being decoded), in all and per project (:mod:`.inflight`)
+        self.body_bytes: Optional[InflightBytes] = (InflightBytes(total, per_project) if total or per_project
+                                                    else None)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 

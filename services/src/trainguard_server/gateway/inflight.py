@@ -1,0 +1,85 @@
+"""The bytes of HTTP ingest request bodies one process holds at once, bounded in all and per project.
+
+A request body is buffered whole (at most ``max_batch_bytes``, 8 MiB), then decoded in a worker thread, where
+its JSON becomes Python objects and protobuf messages: about six times its size at the peak. Nothing else
+bounded how many bodies were held together (uvicorn's connections are limited only by the open-files limit):
+24 clients of one project each sending a 7.9 MB batch took ``trainguard serve`` from 136 MB to 1.28 GB of
+resident memory, and 1.1 GB stayed (the allocator keeps it), for every project's ingest and processor to
+share.
+
+Each request takes its body's bytes as they arrive (whatever its framing: a client that declares 8 MiB and
+stalls holds only what it sent), and a gzip body the rest of its inflated size once inflated; it gives them
+back when answered. A request that would take its project past ``project_max_inflight_bytes`` or the process
+past ``ingest_max_inflight_bytes`` is answered 429 with ``Retry-After`` (the SDK retries and spools
+meanwhile); a declared ``Content-Length`` that would not fit is refused so before the body is read (a clean
+429 the client reads, not one sent while it still uploads). A request is refused only for what the other
+requests hold: one of a project holding nothing else is never refused by the project's bound, nor one by the
+total while no other is held (a body larger than a bound goes through alone). gRPC decodes at most
+``grpc_workers`` messages at once; the messages waiting for a worker are held as received (not counted
+here: docs/security.md).
+
+Used on the event loop and from the worker threads (the gzip step): a lock guards the counts.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional
+
+__all__ = ["InflightBytes"]
+
+
+class InflightBytes:
+    """Bytes held per project and in all, against ``total`` and ``per_project`` (0: that bound is off)."""
+
+    def __init__(self, total: int, per_project: int) -> None:
+        self.total = total
+        self.per_project = per_project
+        self._held: Dict[str, int] = {}
+        self._all = 0
+        self._lock = threading.Lock()
+
+    def take(self, project: str, n: int, own: int = 0) -> Optional[str]:
+        """Hold ``n`` more bytes for ``project`` (a request already holding ``own``): None when taken, else
+        why not (nothing is taken then)."""
+        if n <= 0:
+            return None
+        with self._lock:
+            why = self._refusal(project, n, own)
+            if why is None:
+                self._held[project] = self._held.get(project, 0) + n
+                self._all += n
+            return why
+
+    def fits(self, project: str, n: int, own: int = 0) -> Optional[str]:
+        """Why ``project`` could not take ``n`` more bytes now (None: it could); nothing is taken."""
+        with self._lock:
+            return self._refusal(project, n, own) if n > 0 else None
+
+    def _refusal(self, project: str, n: int, own: int) -> Optional[str]:
+        # what the other requests hold decides: a request alone goes through whatever its size
+        mine = self._held.get(project, 0)
+        if self.per_project and mine > own and mine + n > self.per_project:
+            return (f"project {project!r} has {mine} bytes of ingest requests being read or decoded, at most "
+                    f"{self.per_project} may (TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES)")
+        if self.total and self._all > own and self._all + n > self.total:
+            return (f"this server has {self._all} bytes of ingest requests being read or decoded, at most "
+                    f"{self.total} may (TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES)")
+        return None
+
+    def give_back(self, project: str, n: int) -> None:
+        """Release ``n`` bytes ``project`` held."""
+        if n <= 0:
+            return
+        with self._lock:
+            left = self._held.get(project, 0) - n
+            if left > 0:
+                self._held[project] = left
+            else:
+                self._held.pop(project, None)
+            self._all = max(0, self._all - n)
+
+    def held(self, project: Optional[str] = None) -> int:
+        """Bytes held by ``project`` (None: by all)."""
+        with self._lock:
+            return self._all if project is None else self._held.get(project, 0)

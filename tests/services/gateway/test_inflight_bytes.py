@@ -1,0 +1,166 @@
+"""Request bodies held at once by HTTP ingest: nothing bounded them but the open-files limit, and each is
+decoded at about six times its size, so one project's clients sending big batches together took every
+project's server memory (24 bodies of 7.9 MB: resident 136 MB -> 1.28 GB, 1.1 GB kept). Now a project holds
+at most ``project_max_inflight_bytes`` (32 MiB) of bodies being read or decoded and the process
+``ingest_max_inflight_bytes`` (64 MiB): past it a request is answered 429 + Retry-After, before its body is
+read when its Content-Length already says it would not fit. Bytes count as they arrive (a client declaring
+8 MiB and stalling holds only what it sent) and are given back when a request ends, however it ends. Another
+project is admitted meanwhile. Against ``trainguard serve`` (EmbeddedServer on 127.0.0.1), raw sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from contextlib import ExitStack
+from typing import Iterator, List
+from urllib.parse import urlparse
+
+import pytest
+
+from tests.services.gateway.embedded_server import LiveServer, event, live_server
+from trainguard_server.config import Settings
+from trainguard_server.gateway.inflight import InflightBytes
+
+MiB = 2**20
+DEFAULT_PER_PROJECT = Settings.model_fields["project_max_inflight_bytes"].default
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with live_server(tmp_path_factory.mktemp("data")) as server:
+        yield server
+
+
+def _head(token: str, length: int) -> bytes:
+    return (f"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def _answer(conn: socket.socket) -> bytes:
+    out = b""
+    while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < _length(out):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _length(out: bytes) -> int:
+    for line in out.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0
+
+
+def _stalled_uploads(live: LiveServer, stack: ExitStack, token: str, n: int, sent: int,
+                     declared: int = 8 * MiB) -> List[socket.socket]:
+    """``n`` connections each declaring ``declared`` bytes and sending ``sent`` of them, then waiting."""
+    url = urlparse(live.url)
+    conns = []
+    for _ in range(n):
+        conn = stack.enter_context(socket.create_connection((url.hostname, url.port), timeout=20))
+        conn.sendall(_head(token, declared) + b" " * sent)
+        conns.append(conn)
+    return conns
+
+
+def _wait_held(live: LiveServer, at_least: int) -> None:
+    inflight = _inflight(live)
+    deadline = time.monotonic() + 20
+    while inflight.held() < at_least:
+        assert time.monotonic() < deadline, inflight.held()
+        time.sleep(0.02)
+
+
+def _inflight(live: LiveServer) -> InflightBytes:
+    assert live.server.gateway is not None
+    counts = live.server.gateway.body_bytes
+    assert counts is not None
+    return counts
+
+
+def test_a_project_past_its_bound_is_refused_and_another_is_admitted(live: LiveServer) -> None:
+    other = live.server.stores.projects.create_token("other", "ingest")
+    body = json.dumps({"events": [event("inflight-b")]}).encode()
+    with ExitStack() as stack:
+        _stalled_uploads(live, stack, live.ingest_token, 4, 7 * MiB)  # 28 MiB held by the project
+        _wait_held(live, 28 * MiB)
+        url = urlparse(live.url)
+        with socket.create_connection((url.hostname, url.port), timeout=20) as conn:
+            conn.sendall(_head(live.ingest_token, 8 * MiB))  # would be 36 MiB: refused before the body
+            answer = _answer(conn)
+        assert answer.startswith(b"HTTP/1.1 429"), answer[:200]  # was: read the body, then 200
+        assert b"retry-after: 1" in answer.lower()
+        detail = json.loads(answer.partition(b"\r\n\r\n")[2])["detail"]
+        assert detail.startswith(f"project 'default' has {28 * MiB} bytes of ingest requests being read or "
+                                 f"decoded, at most {DEFAULT_PER_PROJECT} may "
+                                 f"(TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES): nothing of this request was "
+                                 f"queued"), detail
+        # a small batch of the same project still fits; another project is admitted
+        assert live.post_events([event("inflight-small")]).json()["accepted"] == 1
+        r = live.client.post("/v1/ingest", content=body, headers={"Authorization": f"Bearer {other}",
+                                                                  "Content-Type": "application/json"})
+        assert r.json()["accepted"] == 1
+    # the stalled uploads closed: every byte they held is given back
+    deadline = time.monotonic() + 20
+    while _inflight(live).held() > 0:
+        assert time.monotonic() < deadline, _inflight(live).held()
+        time.sleep(0.05)
+    assert live.post_events([event("inflight-after")]).json()["accepted"] == 1
+
+
+def test_the_counts_are_given_back(live: LiveServer) -> None:
+    counts = InflightBytes(total=10, per_project=6)
+    assert counts.take("a", 4) is None and counts.take("a", 2) is None
+    assert "TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES" in (counts.take("a", 1) or "")
+    assert counts.take("b", 4) is None
+    assert "TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES" in (counts.take("c", 1) or "")
+    assert counts.fits("c", 1) is not None and counts.held() == 10
+    counts.give_back("a", 6)
+    counts.give_back("b", 4)
+    assert counts.held() == 0 and counts.take("c", 100) is None  # alone: a body over a bound goes through
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with live_server(tmp_path_factory.mktemp("small"), project_max_inflight_bytes=2 * MiB,
+                     ingest_max_inflight_bytes=3 * MiB) as server:
+        yield server
+
+
+def test_a_gzip_body_counts_at_its_inflated_size(small: LiveServer) -> None:
+    import gzip
+    padded = [event("inflight-gz", run_name="x" * 60_000) for _ in range(40)]  # ~2.4 MB of JSON
+    packed = gzip.compress(json.dumps({"events": padded}).encode())
+    assert len(packed) < 64 * 1024
+    with ExitStack() as stack:
+        _stalled_uploads(small, stack, small.ingest_token, 1, MiB // 2)
+        _wait_held(small, MiB // 2)
+        r = small.client.post("/v1/ingest", content=packed, headers={
+            "Authorization": f"Bearer {small.ingest_token}", "Content-Type": "application/json",
+            "Content-Encoding": "gzip"})
+        assert r.status_code == 429, r.text  # was 200: 60 KB on the wire, 2.4 MB decoded
+        assert "TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES" in r.json()["detail"]
+    deadline = time.monotonic() + 20
+    while _inflight(small).held() > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r = small.client.post("/v1/ingest", content=packed, headers={
+        "Authorization": f"Bearer {small.ingest_token}", "Content-Type": "application/json",
+        "Content-Encoding": "gzip"})
+    assert r.json()["accepted"] == 40  # alone it goes through, whatever its size
+
+
+def test_the_total_bound_refuses_another_project_only_when_full(small: LiveServer) -> None:
+    other = small.server.stores.projects.create_token("other", "ingest")
+    with ExitStack() as stack:
+        half = 3 * MiB // 2  # each declares half (a declared 8 MiB would not fit) and stalls one byte short
+        _stalled_uploads(small, stack, small.ingest_token, 1, half - 1, half)
+        _stalled_uploads(small, stack, other, 1, half - 1, half)
+        _wait_held(small, 3 * MiB - 2)  # the third request's body does not fit beside them
+        third = small.server.stores.projects.create_token("third", "ingest")
+        r = small.client.post("/v1/ingest", content=json.dumps({"events": [event("t")]}).encode(), headers={
+            "Authorization": f"Bearer {third}", "Content-Type": "application/json"})
+        assert r.status_code == 429 and "TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES" in r.json()["detail"], r.text
