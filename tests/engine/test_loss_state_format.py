@@ -112,3 +112,38 @@ def test_the_memo_serves_one_value_only() -> None:
     finally:
         loss._stuck_now = original  # type: ignore[assignment]
     assert seen and len(seen) == len(set(seen))  # one reason per judged value (and hi), none reused
+
+
+def test_the_memo_is_the_ranks_own_and_pipelines_on_threads_agree() -> None:
+    """The memo lives in the rank's derived state (never module state shared by every pipeline of the
+    process): pipelines judging on four threads at once give what each gives alone."""
+    assert not hasattr(loss, "_STUCK")
+    streams = [load(name) for name in ("healthy_mlp", "plateau", "oscillation", "rise_after_fall")]
+    alone = []
+    for events in streams:
+        p = Pipeline(SETTINGS)
+        p.process(events)
+        alone.append(p.snapshot())
+        ranks = [r for run in json.loads(p.snapshot())["runs"] for r in run["ranks"]]
+        assert ranks and not any("derived" in r for r in ranks)  # (never serialized)
+    import sys
+    import threading
+
+    results: Dict[int, bytes] = {}
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter lets them
+    try:
+        def work(i: int) -> None:
+            p = Pipeline(SETTINGS)
+            for event in streams[i]:
+                p.process([event])
+            results[i] = p.snapshot()
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(streams))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert [results[i] for i in range(len(streams))] == alone

@@ -27,8 +27,8 @@ RETIRED_KEYS: Dict[Tuple[str, str], Tuple[str, ...]] = {("lg", "loss"): ("stuck"
 """(detector state key, part) -> keys of that part of a rank's detector state that snapshots of earlier
 code carry but this code derives and never reads: a restore drops them, so the restored pipeline's later
 snapshots are those of a pipeline that ran this code from the start. ``lg.loss.stuck``: the loss curve's
-memo of why nothing moves the weights, rewritten on every loss value until stop 40 (now
-``detectors.loss._STUCK``, outside the snapshot)."""
+memo of why nothing moves the weights, rewritten on every loss value until stop 40 (now in
+:attr:`RankState.derived`, outside the snapshot)."""
 
 # A history point: (value, event time in ns; 0 when it came from an alert's context and has no time).
 HistoryPoint = Tuple[float, int]
@@ -126,6 +126,10 @@ class RankState:
     detectors: Dict[str, Any] = field(default_factory=dict)
     # name -> its SeriesTail, for the series the detectors read the last points of (derived: not serialized)
     tails: Dict[str, SeriesTail] = field(default_factory=dict, compare=False, repr=False)
+    # what a detector derives per rank and keeps between its calls, keyed by the detector (e.g. the loss
+    # curve's memo of why nothing moves the weights): derived, never serialized, per rank -- never module
+    # state, which every pipeline of the process (threads) would share
+    derived: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     # --- elementary updates -----------------------------------------------------------------
     def touch(self, time_ns: int, host: str, pid: int) -> None:

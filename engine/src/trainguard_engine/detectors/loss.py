@@ -238,7 +238,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     state: Dict[str, Any] = rank_state(rank).setdefault("loss", {})
     if state.setdefault("metric", name) != name or step <= state.get("last", -1):
         return []
-    _STUCK[0] = None  # (the memo serves this value only)
+    rank.derived.pop(STUCK_MEMO, None)  # (the memo serves this value only)
     state["last"] = step
     init: List[float] = state.setdefault("init", [])
     if len(init) < tuned.loss_baseline_points:
@@ -483,12 +483,12 @@ def _stays_quiet(rank: RankState, state: Dict[str, Any], series: Sequence[Tuple[
         if not (fall < settings.rise_min_fall * start or level - best < settings.rise_min_rise * fall):
             return False
     hi = series[-1][0]
-    memo = _STUCK
-    if memo[0] is rank and memo[1] == hi:
-        reason = memo[2]
+    memo = rank.derived.get(STUCK_MEMO)
+    if memo is not None and memo[0] == hi:
+        reason = memo[1]
     else:
         reason = _stuck_now(rank, series[-settings.loss_window][0], hi, settings)
-        memo[0], memo[1], memo[2] = rank, hi, reason
+        rank.derived[STUCK_MEMO] = (hi, reason)
     return not reason
 
 
@@ -1634,14 +1634,14 @@ def _optimisation_stuck(rank: RankState, state: Dict[str, Any], lo: int, hi: int
     report and died during the run ("died"): units dead from the first report leave a constant predictor
     from the start, whose loss scatters only as its batches do; units killed by the updates died of steps
     too large (the usual way ReLUs die), and the same steps keep throwing the live layers around -- the
-    swings are the optimiser's. Computed once per judged loss value (:data:`_STUCK`, keyed by the rank and
-    ``hi``: the curve rules share it; derived, never in the snapshot)."""
-    memo = _STUCK
-    if memo[0] is rank and memo[1] == hi:
-        reason = memo[2]
+    swings are the optimiser's. Computed once per judged loss value (the rank's derived :data:`STUCK_MEMO`,
+    keyed by ``hi``: the curve rules share it; never in the snapshot)."""
+    memo = rank.derived.get(STUCK_MEMO)
+    if memo is not None and memo[0] == hi:
+        reason = memo[1]
     else:
         reason = _stuck_now(rank, lo, hi, settings)
-        memo[0], memo[1], memo[2] = rank, hi, reason
+        rank.derived[STUCK_MEMO] = (hi, reason)
     if reason in ("dead", "died") and level_ratio >= settings.divergence_factor:
         return False
     if reason == "died" and swings:
@@ -1687,13 +1687,14 @@ def _stalled(rank: RankState, state: Dict[str, Any], level_ratio: float, lo: int
 STUCK_RECENT = 8
 """LR and grad-norm values (the rank's last ones) :func:`_optimisation_stuck` looks at."""
 
-_STUCK: List[Any] = [None, 0, ""]
-"""[rank, hi, reason] of :func:`_optimisation_stuck`'s last answer: a memo for the loss value being judged
-(:func:`on_curve` clears it on every value), not state -- until stop 40 it was ``state["loss"]["stuck"]``,
-rewritten in the snapshotted state on every value (a restore drops that key: ``state.RETIRED_KEYS``). The
-old memo was keyed by ``hi`` alone and kept from value to value, but ``hi`` (the judged window's last step,
-or the value's own step) rises from one judged value to the next whenever the value's point is in the
-rank's history, so it served only the value it was taken on."""
+STUCK_MEMO = "loss.stuck"
+"""The key of :func:`_optimisation_stuck`'s memo in the rank's derived state (``RankState.derived``: per
+rank, never serialized): (hi, reason) for the loss value being judged (:func:`on_curve` drops it on every
+value). Until stop 40 it was ``state["loss"]["stuck"]``, rewritten in the snapshotted state on every value
+(a restore drops that key: ``state.RETIRED_KEYS``); that memo was keyed by ``hi`` alone and kept from
+value to value, but ``hi`` (the judged window's last step, or the value's own step) rises from one judged
+value to the next whenever the value's point is in the rank's history, so it served only the value it was
+taken on."""
 
 
 def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -> str:
