@@ -39,7 +39,7 @@ def test_an_envelope_weighs_its_points_the_same_on_both_sides() -> None:
     assert weight(log) == dict_weight({"log": {"message": "hello"}}) == 1
     backlog = ProjectBacklog(limit=10, retry_after_s=1.0, depth=lambda: 1)
     assert backlog.admit("a", 8) is None
-    backlog.processed([{"project": "a", "metrics": {"points": [{}] * 5}}, {"project": "a"}])
+    backlog.processed({"a": dict_weight({"metrics": {"points": [{}] * 5}}) + dict_weight({"log": {}})})
     assert backlog.waiting("a") == 2
 
 

@@ -21,7 +21,7 @@ def test_the_count_admits_up_to_the_bound_per_project_and_releases_what_was_proc
     assert backlog.admit("a", 3) == 1.5 and backlog.waiting("a") == 8   # refused: counts nothing
     assert backlog.admit("b", 10) is None                                # another project's own bound
     assert backlog.admit("a", 2) is None and backlog.waiting("a") == 10
-    backlog.processed([{"project": "a"}] * 4 + [{"project": "b"}] * 10)
+    backlog.processed({"a": 4, "b": 10})  # what the processor hands it: a chunk's events per project
     assert (backlog.waiting("a"), backlog.waiting("b")) == (6, 0)
     assert backlog.admit("b", 500) is None  # nothing waiting: one request larger than the bound goes alone
     assert backlog.admit("b", 1) == 1.5

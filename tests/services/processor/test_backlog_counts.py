@@ -1,8 +1,8 @@
-"""The processor hands the gateway's per-project backlog (its ``processed`` hook) ``backlog_entries``: a
-plain metric batch as its project and point count instead of its rendered JSON mapping. What the backlog
-counts from them -- per project, ``dict_weight`` summed -- equals what it counts from the envelopes' JSON
-mappings, on every recorded stream and on batches with no points, nameless points and many points; and a
-processor with the hook releases exactly what the gateway admitted."""
+"""The processor hands the gateway's per-project backlog (its ``processed`` hook) ``backlog_counts``: a
+chunk's events per project, a plain metric batch weighed by its point count instead of by its rendered JSON
+mapping. It equals what ``dict_weight`` gives over the envelopes' JSON mappings, and what the gateway
+admitted (``weight`` of each message), on every recorded stream and on batches with no points, nameless
+points and many points; and a processor with the hook releases exactly what the gateway admitted."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from trainguard.v1 import ingest_pb2
 from trainguard_engine.pipeline import ReadEnvelope
 from trainguard_server.gateway.backlog import ProjectBacklog, dict_weight, weight
 from trainguard_server.processor.decode import read_request
-from trainguard_server.processor.embedded import EmbeddedProcessor, backlog_entries
+from trainguard_server.processor.embedded import EmbeddedProcessor, backlog_counts
 from trainguard_server.queue.memory import MemoryQueue
 from trainguard_server.storage.memory import MemoryEventStore, MemoryIncidentStore, MemoryMetricStore
 
 
 def _counts(envelopes: Iterable[Mapping[str, Any]]) -> Dict[str, int]:
     out: Dict[str, int] = {}
-    for env in envelopes:  # what ProjectBacklog.processed adds up
+    for env in envelopes:  # the envelopes' JSON mappings, weighed one by one
         project = str(env.get("project", ""))
         out[project] = out.get(project, 0) + dict_weight(env)
     return out
@@ -31,6 +31,13 @@ def _counts(envelopes: Iterable[Mapping[str, Any]]) -> Dict[str, int]:
 
 def _as_mappings(envelopes: Iterable[Any]) -> List[Mapping[str, Any]]:
     return [e.raw if isinstance(e, ReadEnvelope) else e for e in envelopes]
+
+
+def _admitted(value: bytes) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for env in ingest_pb2.IngestRequest.FromString(value).events:
+        out[env.project] = out.get(env.project, 0) + weight(env)
+    return out
 
 
 def _odd_request() -> bytes:
@@ -54,20 +61,17 @@ def test_backlog_counts_what_the_json_mappings_count(name: str) -> None:
     events, _settings = streams()[name]
     envelopes = events()
     for i in range(0, len(envelopes), 50):
-        read, _points = read_request(wire.prepare_batch(envelopes[i:i + 50]).request.SerializeToString())
-        assert _counts(backlog_entries(read)) == _counts(_as_mappings(read))
+        value = wire.prepare_batch(envelopes[i:i + 50]).request.SerializeToString()
+        read, _points = read_request(value)
+        assert backlog_counts(read) == _counts(_as_mappings(read)) == _admitted(value)
 
 
 def test_odd_batches_count_as_their_mappings_and_as_the_gateway_admits() -> None:
     value = _odd_request()
     read, _points = read_request(value)
     assert sum(isinstance(e, ReadEnvelope) for e in read) == 4
-    got = _counts(backlog_entries(read))
-    assert got == _counts(_as_mappings(read))
-    admitted: Dict[str, int] = {}
-    for env in ingest_pb2.IngestRequest.FromString(value).events:
-        admitted[env.project] = admitted.get(env.project, 0) + weight(env)
-    assert got == admitted == {"p1": 1 + 5000 + 2, "p2": 3 + 1}
+    got = backlog_counts(read)
+    assert got == _counts(_as_mappings(read)) == _admitted(value) == {"p1": 1 + 5000 + 2, "p2": 3 + 1}
 
 
 def test_a_processor_releases_what_was_admitted() -> None:
@@ -75,8 +79,8 @@ def test_a_processor_releases_what_was_admitted() -> None:
     queue = MemoryQueue()
     backlog = ProjectBacklog(1_000_000, 1.0, queue.depth)
     value = _odd_request()
-    for env in ingest_pb2.IngestRequest.FromString(value).events:
-        assert backlog.admit(env.project, weight(env)) is None
+    for project, n in _admitted(value).items():
+        assert backlog.admit(project, n) is None
     queue.publish("r", [value])
     processor = EmbeddedProcessor(queue, MemoryEventStore(), MemoryMetricStore(), MemoryIncidentStore(),
                                   processed=backlog.processed)

@@ -21,7 +21,8 @@ Contract of :class:`ProjectBacklog` (thread-safe):
   project sending a few envelopes of 5,000 points each (20 runs of 5,000 metric names per step) queued 100,000
   points per request while counted as 20 events, so the bound never held it and another project's
   NaN-loss incident waited 7-12 s behind it. :func:`weight` (a ``trainguard.v1.Envelope``) and
-  :func:`dict_weight` (its JSON mapping, what the processor hands :meth:`processed`) agree.
+  :func:`dict_weight` (its JSON mapping) agree; the processor hands :meth:`processed` the weights of a chunk
+  summed per project.
 * ``limit <= 0`` turns it off. It needs the gateway, the processor and the queue in one process
   (``trainguard serve``'s defaults: the embedded SQLite queue); gateway processes apart from the processors
   (split mode) and a Kafka queue, which other processes may consume, are not counted.
@@ -30,7 +31,7 @@ Contract of :class:`ProjectBacklog` (thread-safe):
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 
 def weight(envelope: Any) -> int:
@@ -107,13 +108,11 @@ class ProjectBacklog:
             else:
                 self._waiting.pop(project, None)
 
-    def processed(self, envelopes: Iterable[Mapping[str, Any]]) -> None:
-        """The processor's hook: a chunk of envelopes (each with its ``project``) went through."""
+    def processed(self, counts: Mapping[str, int]) -> None:
+        """The processor's hook: a chunk went through, ``{project: events}`` -- each envelope weighed as
+        :func:`weight` / :func:`dict_weight` weigh it, summed per project (the processor knows each
+        envelope's project and points without rendering its dict: processor/embedded.backlog_counts)."""
         if not self.enabled:
             return
-        counts: Dict[str, int] = {}
-        for envelope in envelopes:
-            project = str(envelope.get("project", ""))
-            counts[project] = counts.get(project, 0) + dict_weight(envelope)
         for project, n in counts.items():
             self.release(project, n)

@@ -24,6 +24,7 @@ from trainguard_engine import extract
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.pipeline import Pipeline, PipelineOutput, ReadEnvelope, merge_outputs
 
+from ..gateway.backlog import dict_weight
 from ..queue.base import Queue, QueueRecord
 from ..queue.common import PARTITION
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricColumns, MetricStore, StoredEvent
@@ -125,7 +126,7 @@ class EmbeddedProcessor:
                  snapshot_every_s: float = 5.0, tick_interval_s: float = 1.0,
                  yield_to: Optional[Callable[[], bool]] = None, max_yield_s: float = 0.05,
                  quota_log_interval_s: float = 60.0,
-                 processed: Optional[Callable[[Sequence[Mapping[str, Any]]], None]] = None) -> None:
+                 processed: Optional[Callable[[Mapping[str, int]], None]] = None) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -149,10 +150,9 @@ class EmbeddedProcessor:
         #: ingest is the latency clients feel, processing can lag a little.
         self.yield_to = yield_to
         self.max_yield_s = max_yield_s
-        #: ``processed(envelopes)`` after each chunk went through the stores and the pipeline (the
-        #: gateway's per-project backlog count, gateway/backlog.py); it must not raise. It is handed
-        #: :func:`backlog_entries`: each envelope's dict, a plain metric batch's as its project and the
-        #: number of its points only (what the backlog reads of it)
+        #: ``processed(counts)`` after each chunk went through the stores and the pipeline (the gateway's
+        #: per-project backlog count, gateway/backlog.py): the chunk's events per project, weighed as the
+        #: backlog admitted them (:func:`backlog_counts`); it must not raise
         self.processed = processed
         #: one pipeline per partition this processor owns (a queue with one partition: just partition 0)
         self.partitioned = self.per_partition_state and bool(getattr(queue, "partitioned", False))
@@ -560,7 +560,7 @@ class EmbeddedProcessor:
         self.stats.events += len(envelopes)
         self.stats.rounds += 1
         if self.processed is not None:  # through the pipeline: never processed again, even if an upsert fails
-            self.processed(backlog_entries(envelopes))
+            self.processed(backlog_counts(envelopes))
         self._apply_pending()
 
     def _run_pipeline(self, partition: int, envelopes: Sequence[Envelope],
@@ -729,41 +729,26 @@ class EmbeddedProcessor:
                 break
 
 
-_PLACEHOLDERS: Dict[int, Tuple[None, ...]] = {}
-"""Points lists of a given length for :func:`backlog_entries` (up to ``_PLACEHOLDERS_MAX`` points kept)."""
-_PLACEHOLDERS_MAX = 4096
-
-
-def _placeholder(count: int) -> Tuple[None, ...]:
-    held = _PLACEHOLDERS.get(count)
-    if held is None:
-        held = (None,) * count
-        if count <= _PLACEHOLDERS_MAX:
-            _PLACEHOLDERS[count] = held
-    return held
-
-
-def backlog_entries(envelopes: Sequence[Envelope]) -> List[Mapping[str, Any]]:
-    """What the ``processed`` hook is handed for a chunk's ``envelopes``: an envelope's dict as it is, and
-    for a plain metric batch read by read_request (a ReadEnvelope whose body is a
-    :class:`~.decode.PlainBatch`) a mapping of the two things the gateway's backlog reads of it
-    (gateway/backlog.py: ``project`` and, through ``dict_weight``, the length of ``metrics.points``) --
-    ``{"project": ..., "metrics": {"points": <that many None>}}`` -- instead of its JSON mapping, which
-    nothing else asks for and whose rendering (the request parsed again and a dict a point) cost more than
-    the rest of the processor outside the pipeline (sdk16 +6.1 us/event, env500 +6.9: bench/results/
-    processor_store_issue15_stop40.txt). Every other ReadEnvelope is handed as its ``raw``."""
-    out: List[Mapping[str, Any]] = []
-    append = out.append
+def backlog_counts(envelopes: Sequence[Envelope]) -> Dict[str, int]:
+    """What the ``processed`` hook is handed for a chunk's ``envelopes``: ``{project: events}``, each envelope
+    weighed as the gateway's backlog weighs it when admitting it (gateway/backlog.py: a metric batch one per
+    point, at least one; anything else one) -- a plain metric batch read by read_request (a ReadEnvelope
+    whose body is a :class:`~.decode.PlainBatch`) by its point count, known without rendering its dict (the
+    request parsed again and a dict a point: that cost more than the rest of the processor outside the
+    pipeline, sdk16 +6.1 us/event, env500 +6.9: bench/results/processor_store_issue15_stop40.txt), every
+    other envelope by ``dict_weight`` of its mapping."""
+    counts: Dict[str, int] = {}
+    get = counts.get
     for e in envelopes:
         if isinstance(e, ReadEnvelope):
             body = e.body
             if isinstance(body, PlainBatch):
-                append({"project": e.project, "metrics": {"points": _placeholder(body.count)}})
-            else:
-                append(e.raw)
-        else:
-            append(e)
-    return out
+                counts[e.project] = get(e.project, 0) + (body.count or 1)
+                continue
+            e = e.raw
+        project = str(e.get("project", ""))
+        counts[project] = get(project, 0) + dict_weight(e)
+    return counts
 
 
 def _describe(exc: BaseException) -> str:
