@@ -13,9 +13,10 @@ recorded streams).
 The embedded processor goes one step further (:func:`read_request`): a plain metric batch becomes a
 :class:`~trainguard_engine.pipeline.ReadEnvelope` -- the header fields the pipeline reads, taken from the
 message, and the points -- with no dict built at all: its ``raw`` and ``body`` are read-only mappings equal
-to the JSON mapping's (key order included), each value read from the message when asked for (the
-per-project backlog asks an envelope for its project and its points; nothing else asks for a plain batch's
-dict). The pipeline takes it as read, the metric store takes its points and its header fields. Those
+to the JSON mapping's (key order included), each value read from the message when asked for (nothing in
+the processor asks: the per-project backlog is handed its project and ``PlainBatch.count``,
+embedded.backlog_counts). The pipeline takes it as read, the metric store takes its points and its header
+fields. Those
 mappings keep no protobuf message alive: they hold the record's bytes (which the processor holds anyway
 until its checkpoint) and the envelope's index, and parse the record again -- once, shared by its
 envelopes -- only when one of them is asked for something (a message read from Python keeps its whole
