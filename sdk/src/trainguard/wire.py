@@ -12,9 +12,11 @@ Contract:
     ``Envelope.metrics.points[3].value: expected a double, got "nan" (use "NaN", ...)``.
     Unknown fields are rejected by default (the gateway says which one); ``ignore_unknown_fields=True``
     drops them. Deliberate differences from ParseDict: stricter on a bool given for a double, on a field
-    given under both its names (``run_id`` and ``runId``), and on non-canonical spellings of non-finite
-    values (``"inf"``, ``"NAN"``); laxer only on in-process values that JSON text cannot carry
-    (``float('nan')`` / ``inf``, tuples for arrays).
+    given under both its names (``run_id`` and ``runId``), on non-canonical spellings of non-finite
+    values (``"inf"``, ``"NAN"``), and on numbers written as strings outside the proto3 JSON grammar (ASCII
+    digits only: ``"1_000"``, ``"\\t5"``, non-ASCII digits are refused; ParseDict reads them as Python
+    does); laxer only on in-process values that JSON text cannot carry (``float('nan')`` / ``inf``, tuples
+    for arrays).
   * :func:`envelope_to_dict` is the inverse, in the form the SDK produces: snake_case names, enums by name,
     int64 as Python ints (not strings, unlike ``MessageToDict``), non-finite doubles as strings; fields at
     their default value are omitted (as ``MessageToDict`` does) unless ``include_defaults=True``.
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -112,6 +115,11 @@ _INT_RANGES = {
     FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1), FieldDescriptor.TYPE_FIXED64: (0, 2**64 - 1),
 }
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: a number written as a JSON string, in the proto3 JSON grammar: ASCII digits only ([0-9], not ``\d``), no
+#: ``_`` separators or surrounding whitespace, which Python's int() / float() would take ("1_000", "\t5",
+#: an Arabic-Indic "\u0663") and other proto3 parsers (a proxy's) refuse
+_INT_TEXT = re.compile(r"[-+]?[0-9]+")
+_DOUBLE_TEXT = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 def _conv_string(v: Any) -> Any:
@@ -146,6 +154,10 @@ def _conv_double(v: Any) -> Any:
         special = _NON_FINITE.get(v)
         if special is not None:
             return special
+        if _DOUBLE_TEXT.fullmatch(v) is None:
+            if v.strip().lower() in ("inf", "-inf", "+inf", "nan", "infinity", "-infinity", "+infinity"):
+                raise _Bad(f'expected a double, got {_describe(v)} (use "NaN", "Infinity" or "-Infinity")')
+            raise _Bad(f"expected a double, got {_describe(v)}")
         try:
             number = float(v)
         except ValueError:
@@ -164,7 +176,7 @@ def _int_conv(lo: int, hi: int, kind: str) -> _Conv:
                 return v
             raise _Bad(f"{v} is out of range for {kind}")
         if t is str:
-            if " " in v:
+            if _INT_TEXT.fullmatch(v) is None:
                 raise _Bad(f"expected an integer, got {_describe(v)}")
             try:
                 number = int(v)
@@ -200,7 +212,7 @@ def _enum_conv(fd: _Desc) -> _Conv:
         if type(v) is str:
             if v in names:
                 return v
-            if v.lstrip("-").isdigit():
+            if _INT_TEXT.fullmatch(v) is not None:
                 return int32(int(v))
             raise _Bad(f"unknown {enum.full_name} value {_describe(v)} "
                        f"(expected one of {', '.join(sorted(names))})")
