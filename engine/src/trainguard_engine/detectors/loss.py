@@ -285,9 +285,10 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         judged = ("divergence",)
     streaks: Dict[str, int] = state.setdefault("streak", {})
     since: Dict[str, int] = state.setdefault("since", {})
-    win = _Window(series, tuned.loss_window, tail)
+    win: Optional[_Window] = None  # (made when first read: most values return before any rule reads it)
     if not muted:  # the curve's other state (start level, lows held, hand-overs) waits while muted
-        if win.full and "start_level" not in state:
+        if "start_level" not in state and len(series) >= tuned.loss_window:  # (the window is full)
+            win = _Window(series, tuned.loss_window, tail)
             state["start_level"] = win.median  # the level of the first full window (_divergence_settled)
             state["start_values"] = list(win.ordered)  # and its values, sorted (_rose_from_start)
         held = tuned.rise_held_points
@@ -299,18 +300,21 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
                 state["best_held"] = level_held
             if abs(level_held - initial) > tuned.plateau_resolve_drop * initial:
                 state["moved_at"] = step  # the loss is away from its start (_plateau_min_steps)
-        if open_kind == "divergence" and _divergence_settled(run, rank, name, series, win, initial, state,
-                                                             step, time_ns, settings):
-            open_kind, judged = None, ("oscillation",)
-        elif open_kind == "oscillation" and _swings_on_a_rebound(run, rank, name, series, win, initial,
+        if open_kind in ("divergence", "oscillation"):  # (the hand-overs read the window)
+            win = hand = win if win is not None else _Window(series, tuned.loss_window, tail)
+            if open_kind == "divergence" and _divergence_settled(run, rank, name, series, hand, initial,
                                                                  state, step, time_ns, settings):
-            open_kind, judged = None, ("rise-after-fall",)
-        elif open_kind == "oscillation" and _oscillation_held_high(run, rank, name, series, win, initial,
-                                                                   state, step, time_ns, settings):
-            open_kind, judged = None, ("divergence",)
-        elif open_kind == "oscillation" and _oscillation_calmed(run, rank, win, initial, state, step,
-                                                                time_ns, settings):
-            open_kind, judged = None, CURVE_KINDS
+                open_kind, judged = None, ("oscillation",)
+            elif open_kind == "oscillation" and _swings_on_a_rebound(run, rank, name, series, hand, initial,
+                                                                     state, step, time_ns, settings):
+                open_kind, judged = None, ("rise-after-fall",)
+            elif open_kind == "oscillation" and _oscillation_held_high(run, rank, name, series, hand,
+                                                                       initial, state, step, time_ns,
+                                                                       settings):
+                open_kind, judged = None, ("divergence",)
+            elif open_kind == "oscillation" and _oscillation_calmed(run, rank, hand, initial, state, step,
+                                                                    time_ns, settings):
+                open_kind, judged = None, CURVE_KINDS
     if open_kind is not None and len(judged) == 1 and \
             state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
         return []  # an open incident's last step is refreshed every few values, not on each
@@ -318,6 +322,8 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     if free and _stays_quiet(rank, state, series, tail, initial, settings):  # type: ignore[arg-type]
         streaks["oscillation"] = streaks["divergence"] = streaks["rise-after-fall"] = 0
         return []  # what the loop below does on this value (_stays_quiet)
+    if win is None:
+        win = _Window(series, tuned.loss_window, tail)
     quiet = free
     for kind in CURVE_KINDS:
         if kind not in judged:
