@@ -93,11 +93,12 @@ def test_an_mp_spawn_exit_code_is_that_process_exit() -> None:
                                _line("proc-spawn-exit1-after-training-vits-284-1", "terminated with exit code")
                                .split(": ", 1)[1])
     assert (found.kind, found.rule) == ("process/exit", "launcher.signal")
-    assert found.facts == {"exitcode": 1, "rank": 0}
+    # the process index is the worker's on its node: a local rank (correlate._local_only)
+    assert found.facts == {"exitcode": 1, "rank": 0, "local_rank": 0}
     # the signal wording keeps its exit decision path
     killed = classify_exception("torch.multiprocessing.spawn.ProcessExitedException",
                                 "process 1 terminated with signal SIGKILL")
-    assert killed.kind == "process/killed" and killed.facts["rank"] == 1
+    assert killed.kind == "process/killed" and killed.facts["rank"] == killed.facts["local_rank"] == 1
 
 
 def test_the_oom_killers_own_report_is_a_sigkill_for_host_memory() -> None:

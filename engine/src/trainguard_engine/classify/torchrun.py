@@ -150,7 +150,10 @@ _GDB_SIGNAL_RE = re.compile(r"Program (?:received|terminated with) signal (?P<na
 fault.``)."""
 _SPAWN_SIGNAL_RE = re.compile(r"process (?P<rank>\d+) terminated with signal (?P<name>SIG[A-Z]{2,8})")
 """``torch.multiprocessing.spawn``'s ``ProcessExitedException: process 1 terminated with signal SIGKILL``
-(older torch: ``Exception: process 3 terminated with signal SIGKILL``); the process index is the rank."""
+(older torch: ``Exception: process 3 terminated with signal SIGKILL``). The process index is the worker's
+index on its node, taken for the rank as torchrun's ``local_rank`` is (one node): the facts say it is a
+local rank (``local_rank``), so correlation folds the report into whichever rank's own error text the paste
+shows (``correlate._local_only``)."""
 _SPAWN_EXIT_RE = re.compile(r"process (?P<rank>\d+) terminated with exit code (?P<code>\d{1,10})\b")
 """mp.spawn's ``ProcessExitedException: process 0 terminated with exit code 1``: the process ended itself
 with that code (``sys.exit``, ``os._exit``, a native crash's status on Windows) -- an exception in the
@@ -193,7 +196,9 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         m = found[1]
         signal = _SIGNAL_NUMBERS.get(m.group("name"), 0)
         if signal:
-            facts = {"signal": signal, "signal_name": m.group("name"), "rank": int(m.group("rank"))}
+            spawn_index = int(m.group("rank"))
+            facts = {"signal": signal, "signal_name": m.group("name"), "rank": spawn_index,
+                     "local_rank": spawn_index}
             return _signal_hit(found[0] + m.start(), facts, "a spawned worker")
     pos = t.first("terminated with exit code ")
     if pos >= 0 and (found := _search(_SPAWN_EXIT_RE, t, pos, before=40, after=40)) is not None:
@@ -201,7 +206,7 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         spawn_code, spawn_rank = int(m.group("code")), int(m.group("rank"))
         if spawn_code > 0:
             category, subtype, said = _launcher_exit_kind(spawn_code)
-            spawn_facts: Facts = {"exitcode": spawn_code, "rank": spawn_rank}
+            spawn_facts: Facts = {"exitcode": spawn_code, "rank": spawn_rank, "local_rank": spawn_rank}
             return _Hit(category, subtype, 0.6, found[0] + m.start(), spawn_facts,
                         f"a spawned worker (rank {spawn_rank}) exited ({said})", _EXIT_NOTE)
     pos = t.first("program received signal sig", "program terminated with signal sig")

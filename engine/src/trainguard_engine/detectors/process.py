@@ -91,6 +91,16 @@ report of a worker's failure, as torchrun's ``ChildFailedError`` is. Its evidenc
 SPAWN_RERAISE_RULE, "confidence": 0.0, "facts", "lines", "exc_type"}``, so that correlation reads it as a
 launcher exit report (``correlate.LAUNCHER_EXIT_RULES``): the worker's own error text, printed before or
 after it, is its cause."""
+LAUNCHER_SIGNAL_RULE = "launcher.signal"
+"""The classifier rule of a launcher's own report that a worker ended (``classify.torchrun``). Launchers raise
+some of these in their own process: ``torch.multiprocessing.spawn``'s ``ProcessExitedException: process N
+terminated with exit code 1`` (or ``... with signal SIGKILL``) from ``join``, ``torch.distributed.launch``'s
+``CalledProcessError: Command '[... '--local_rank=3' ...]' returned non-zero exit status 1``. Raised, its
+evidence's ``value`` is ``{"rule", "confidence", "facts", "lines", "exc_type"}`` -- what the same report
+printed as log text gets -- so that correlation reads it as the launcher exit report it is
+(``correlate.LAUNCHER_EXIT_RULES``): the worker's own traceback, which a paste often prints after the
+parent's, is its cause. The index such a report names is the worker's on its node (``facts["local_rank"]``),
+so any rank's error text may be that worker's."""
 SPAWN_MODULE_TAIL = "torch/multiprocessing/spawn.py"
 SPAWN_JOIN = "join"
 
@@ -230,6 +240,10 @@ def on_exception(run: RunState, rank: RankState, event: Mapping[str, Any], body:
         # mp.spawn's parent reporting a worker's failure: a launcher's exit report (see SPAWN_RERAISE_RULE)
         value = {"rule": SPAWN_RERAISE_RULE, "confidence": 0.0, "facts": _jsonable(found.facts),
                  "lines": [detail], "exc_type": exc_type}
+    elif found.rule == LAUNCHER_SIGNAL_RULE and not handled:
+        # a launcher's exit report raised in its own process: read as its line in a log (LAUNCHER_SIGNAL_RULE)
+        value = {"rule": found.rule, "confidence": found.confidence, "facts": _jsonable(found.facts),
+                 "lines": list(found.lines), "exc_type": exc_type}
     evidence = Evidence(
         rule=rule, description=f"rank {rank.rank} raised {detail} at step {step} ({mechanism})" + (
             f"; classified {found.rule}" if recognised else ""),
