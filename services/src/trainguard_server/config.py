@@ -158,6 +158,11 @@ class Settings(BaseSettings):
     api_query_timeout_s: float = Field(
         10.0, gt=0, description="longest a metric read may run (the SQLite metric store stops it; 503) and "
         "wait for a slot")
+    api_max_page_bytes: int = Field(
+        8 * 2**20, ge=0, description="a page of a run's events (GET /api/v1/runs/{run}/events) or of "
+        "search hits ends once its events pass this many bytes (their text and payload), with fewer than "
+        "limit items and a next_cursor going on from there: events are legal up to max_event_bytes, so 500 "
+        "of them made one answer of hundreds of MB. 0: pages of limit items whatever their size")
     api_max_metric_buckets: int = Field(
         50_000, ge=1, description="most buckets in one metrics answer over all its series: max_points per "
         "series is lowered to fit (the answer says the number used); more series than this is a 400")

@@ -38,7 +38,15 @@ from ..schemas import (
     PagePublic,
     RunPublic,
 )
-from .common import CursorQuery, LimitQuery, bad_request_on_value_error, not_found, wf
+from .common import (
+    CursorQuery,
+    LimitQuery,
+    bad_request_on_value_error,
+    event_bytes,
+    not_found,
+    pages_within,
+    wf,
+)
 from .stream import setting
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
@@ -262,7 +270,7 @@ def run_events(run_id: str, project: ProjectDep, services: ServicesDep,
     if services.incidents.get_run(project, run_id) is None:
         raise not_found("run", run_id)
     kind_list = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
-    page = bad_request_on_value_error(lambda: services.events.list_for_run(
-        project, run_id, kinds=kind_list, limit=limit, cursor=cursor))
-    return PagePublic[EventPublic](items=[EventPublic(**asdict(e)) for e in page.items],
-                                   next_cursor=page.next_cursor)
+    items, next_cursor = bad_request_on_value_error(lambda: pages_within(
+        lambda n, at: services.events.list_for_run(project, run_id, kinds=kind_list, limit=n, cursor=at),
+        limit, cursor, services.settings.api_max_page_bytes if services.settings else 0, event_bytes))
+    return PagePublic[EventPublic](items=[EventPublic(**asdict(e)) for e in items], next_cursor=next_cursor)
