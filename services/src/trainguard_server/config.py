@@ -85,13 +85,14 @@ class Settings(BaseSettings):
         1024, ge=0, description="longest metric name, in characters: a metric batch with a longer one is "
         "rejected alone (too_large, naming the point); 0: only max_string_length applies")
     ingest_max_inflight_bytes: int = Field(
-        64 * 2**20, ge=0, description="bytes of HTTP ingest request bodies this process may hold at once "
-        "(being read or decoded, a gzip body at its inflated size; decoding takes about six times a body's "
-        "size); a request past it is answered 429 with Retry-After (before its body is read when its "
-        "Content-Length says so), so clients sending big batches together cannot take the server's memory. "
-        "A request is never refused while nothing is held. 0: no bound (gateway/inflight.py)")
+        64 * 2**20, ge=0, description="bytes of ingest requests this process may hold at once (HTTP bodies "
+        "being read or decoded, a gzip body at its inflated size; gRPC messages waiting for a worker or "
+        "being decoded; decoding takes about six times a body's size); a request past it is answered 429 "
+        "with Retry-After (before its body is read when its Content-Length says so) or RESOURCE_EXHAUSTED, "
+        "so clients sending big batches together cannot take the server's memory. A request is never "
+        "refused while nothing is held. 0: no bound (gateway/inflight.py)")
     project_max_inflight_bytes: int = Field(
-        32 * 2**20, ge=0, description="the same bound for the bodies of one project: one tenant's big "
+        32 * 2**20, ge=0, description="the same bound for the requests of one project: one tenant's big "
         "batches are answered 429 while the others' are admitted; a project holding nothing is never refused "
         "by it. 0: no bound")
     max_gzip_members: int = Field(

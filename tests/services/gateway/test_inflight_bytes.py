@@ -164,3 +164,31 @@ def test_the_total_bound_refuses_another_project_only_when_full(small: LiveServe
         r = small.client.post("/v1/ingest", content=json.dumps({"events": [event("t")]}).encode(), headers={
             "Authorization": f"Bearer {third}", "Content-Type": "application/json"})
         assert r.status_code == 429 and "TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES" in r.json()["detail"], r.text
+
+
+def test_grpc_messages_share_the_bound(small: LiveServer) -> None:
+    """gRPC messages waiting for one of the ``grpc_workers`` were held uncounted: they take the same bytes."""
+    import grpc
+
+    from trainguard import wire
+    from trainguard.v1 import ingest_pb2_grpc
+
+    padded = [event("inflight-grpc", run_name="x" * 60_000) for _ in range(20)]  # ~1.2 MB
+    request = wire.ingest_request_from_dicts(padded)
+    metadata = (("authorization", f"Bearer {small.ingest_token}"),)
+    with ExitStack() as stack, grpc.insecure_channel(small.grpc_target) as channel:
+        stub = ingest_pb2_grpc.IngestServiceStub(channel)
+        _stalled_uploads(small, stack, small.ingest_token, 1, MiB, MiB + 1)  # HTTP holds 1 MiB of 2
+        _wait_held(small, MiB)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Send(request, timeout=20, metadata=metadata)  # was: accepted 20
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES" in (refused.value.details() or "")
+        assert ("retry-after", "1") in tuple(refused.value.trailing_metadata() or ())
+    deadline = time.monotonic() + 20
+    while _inflight(small).held() > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with grpc.insecure_channel(small.grpc_target) as channel:
+        assert ingest_pb2_grpc.IngestServiceStub(channel).Send(request, timeout=20, metadata=metadata).accepted == 20
+    assert _inflight(small).held() == 0  # given back after the call

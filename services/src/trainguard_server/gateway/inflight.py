@@ -1,4 +1,5 @@
-"""The bytes of HTTP ingest request bodies one process holds at once, bounded in all and per project.
+"""The bytes of ingest requests one process holds at once (HTTP bodies, gRPC messages), bounded in all
+and per project.
 
 A request body is buffered whole (at most ``max_batch_bytes``, 8 MiB), then decoded in a worker thread, where
 its JSON becomes Python objects and protobuf messages: about six times its size at the peak. Nothing else
@@ -14,9 +15,9 @@ past ``ingest_max_inflight_bytes`` is answered 429 with ``Retry-After`` (the SDK
 meanwhile); a declared ``Content-Length`` that would not fit is refused so before the body is read (a clean
 429 the client reads, not one sent while it still uploads). A request is refused only for what the other
 requests hold: one of a project holding nothing else is never refused by the project's bound, nor one by the
-total while no other is held (a body larger than a bound goes through alone). gRPC decodes at most
-``grpc_workers`` messages at once; the messages waiting for a worker are held as received (not counted
-here: docs/security.md).
+total while no other is held (a body larger than a bound goes through alone). gRPC messages take the same
+bytes from when their call is served until they are queued (``RESOURCE_EXHAUSTED`` + retry-after past it):
+before, the ones waiting for one of the ``grpc_workers`` were held uncounted.
 
 Used on the event loop and from the worker threads (the gzip step): a lock guards the counts.
 """
