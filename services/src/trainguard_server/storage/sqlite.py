@@ -429,8 +429,9 @@ bind, step and reset of Python's sqlite3 module are most of a point's cost): env
 us, 96 short series 1.51 -> 1.12 us (bench/results/processor_store_issue15_stop40.txt). A write's points
 go out as statements of this many rows, the rest as one statement each of the powers of two that sum to
 it (at most ``log2`` of this many statements, each prepared once and kept in the connection's cache)."""
-_UPSERT_POINTS_SQL = {1 << k: _upsert_points_sql(1 << k) for k in range(POINTS_PER_STATEMENT.bit_length())}
-"""The statements by rows (powers of two up to :data:`POINTS_PER_STATEMENT`)."""
+_UPSERT_POINTS_SQL = {rows: _upsert_points_sql(rows) for rows in
+                      {POINTS_PER_STATEMENT, *(1 << k for k in range(POINTS_PER_STATEMENT.bit_length()))}}
+"""The statements by rows: :data:`POINTS_PER_STATEMENT` and every power of two below it (whatever it is)."""
 SERIES_CACHE_MAX = 200_000
 """Series ids a metric store keeps in memory (~250 bytes each), whole runs, least recently written evicted
 first; an evicted run's series are read back with one query when it is written again."""
