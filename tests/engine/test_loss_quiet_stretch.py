@@ -35,10 +35,12 @@ Event = Dict[str, Any]
 
 
 class _Off:
-    """The fast path switched off (every value judged by the four rules), and a count of its use."""
+    """The fast paths switched off (every value judged by the four rules; an open plateau's window median
+    taken on every value), and a count of the quiet one's use."""
 
     def __init__(self) -> None:
         self.saved = loss._stays_quiet
+        self.saved_held = loss._level_held
         self.taken = 0
 
     def counting(self, *args: Any) -> bool:
@@ -48,10 +50,12 @@ class _Off:
 
     def __enter__(self) -> _Off:
         loss._stays_quiet = lambda *a: False  # type: ignore[assignment]
+        loss._level_held = lambda *a: False  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: Any) -> None:
         loss._stays_quiet = self.saved  # type: ignore[assignment]
+        loss._level_held = self.saved_held  # type: ignore[assignment]
 
 
 def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37, restore_every: int = 3) -> int:
@@ -260,3 +264,52 @@ def test_the_fast_path_is_taken_on_quiet_values() -> None:
     healthy = sum(_compare(s.events(), SETTINGS) for s in SCENARIOS if s.source == "cpu" and s.expected is None)
     assert taken > 500 and healthy > 100, (taken, healthy)  # (973 and 235 when written: most quiet values
     #   of the synthetic streams sit where nothing moves the weights or on a threshold, judged in full)
+
+
+def _plateau_then(kind: str, offset: int) -> List[float]:
+    """A loss flat about its start (an open plateau), then stepping down to 0.85 x it: under
+    plateau_min_level (0.9) x it, over the level test's 0.8 x the plateau's level (``down``: the plateau
+    clears on the window test, once the window's median passes the bar), first through values just over
+    the bar (``edge``: the window's lower half sits there, the bound is tight)."""
+    jitter = [1e-3 * ((k * 7) % 5 - 2) for k in range(700)]
+    if kind == "edge":
+        body = [2.0] * (300 + offset) + [1.81] * 20 + [1.7] * 60
+    else:
+        body = [2.0] * (300 + offset) + [1.7] * 60
+    return [v + jitter[k] for k, v in enumerate(body)]
+
+
+@pytest.mark.parametrize("kind", ("down", "edge"))
+def test_an_open_plateaus_held_window_level_is_as_certified(kind: str) -> None:
+    """On every value the open plateau's window test is skipped (``loss._level_held``), the window's median
+    is at or over the bar; and the run's outputs and snapshots equal those with the test made every time."""
+    saved = loss._level_held
+    held = 0
+    failed: List[str] = []
+
+    def oracle(tail: Any, bar: float, settings: DetectionSettings) -> bool:
+        nonlocal held
+        answer = saved(tail, bar, settings)
+        if answer:
+            held += 1
+            values = sorted(v for _s, v, _t in tail.points[-settings.loss_window:])
+            median = (values[19] + values[20]) / 2
+            if not median >= bar:
+                failed.append(f"{tail.points[-1][0]}: {median} < {bar}")
+        return answer
+
+    for offset in range(24):
+        events = _events_of(_plateau_then(kind, offset), f"{kind}-{offset}")
+        loss._level_held = oracle  # type: ignore[assignment]
+        try:
+            fast = Pipeline(SETTINGS)
+            out_fast = fast.process(events)
+        finally:
+            loss._level_held = saved  # type: ignore[assignment]
+        with _Off():
+            slow = Pipeline(SETTINGS)
+            out_slow = slow.process(events)
+        assert out_fast == out_slow and fast.snapshot() == slow.snapshot(), offset
+        assert [(i.subtype, i.status) for i in slow.incidents()] == [("plateau", "resolved")], offset
+    assert not failed, failed[:3]
+    assert held > 24 * 100, held

@@ -798,9 +798,13 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
                 not opened.get("low"):
             # (a plateau found under plateau_min_level -- its fall not significant, _fell_from_start --
             # does not clear by the level test it already failed when it opened: that would flap)
-            window_level = _median_last(series, settings.loss_window, tail)
-            cleared = window_level < settings.plateau_min_level * initial and not _stalled(
-                rank, state, window_level / initial, step - settings.loss_window, step, settings)
+            bar = settings.plateau_min_level * initial
+            if not _level_held(tail, bar, settings):
+                window_level = _median_last(series, settings.loss_window, tail)
+                cleared = window_level < bar and not _stalled(
+                    rank, state, window_level / initial, step - settings.loss_window, step, settings)
+                if tail is not None and not cleared:
+                    _hold_level(tail, bar, settings)
         if cleared and kind == "plateau":  # a lower level while nothing moves the weights is noise
             cleared = not _optimisation_stuck(rank, state, step - settings.loss_window, step, settings)
     elif kind == "rise-after-fall":
@@ -826,6 +830,45 @@ def _curve_cleared(run: RunState, rank: RankState, kind: str, state: Dict[str, A
     state.pop("flat", None)
     state.setdefault("streak", {})[kind] = 0
     return True
+
+
+def _hold_level(tail: SeriesTail, bar: float, settings: DetectionSettings) -> None:
+    """After an open plateau's full window was found at or over ``bar`` (plateau_min_level x the initial
+    level; the caller's :func:`_curve_cleared`, on the tail's exact last ``loss_window`` points): for how many
+    more points of the tail its median stays there whatever the values -- each new point replaces one window
+    value, so after ``m`` of them the median is at least ``ordered[(w - 1) // 2 - m]`` (the lower middle
+    value moved down ``m`` places; the median, or the rounded mean of the two middle ones, is at least it).
+    Kept beside the tail (``_Derived.held``: [settings, bar, the tail's length, how many more points]),
+    derived, never serialized; none kept when no point is proven."""
+    w = settings.loss_window
+    kept = _derived(tail)
+    ordered = kept.sorted.get(w) if kept.ends.get(w) == len(tail.points) else None
+    if ordered is None or len(ordered) != w:
+        kept.held = None
+        return
+    most = -1
+    for m in range(0, (w - 1) // 2 + 1):
+        if not ordered[(w - 1) // 2 - m] >= bar:
+            break
+        most = m
+    kept.held = [settings, bar, len(tail.points), most] if most >= 1 else None
+
+
+def _level_held(tail: Optional[SeriesTail], bar: float, settings: DetectionSettings) -> bool:
+    """Whether :func:`_hold_level`'s bound covers the tail's last ``loss_window`` points now: the same
+    tail, settings and bar, at most that many points taken in since -- then the window's median is at
+    least ``bar`` and :func:`_curve_cleared`'s window test cannot clear the plateau (its median and the
+    kept sorted window are not needed: the window is sorted anew when a rule next reads it)."""
+    if tail is None:
+        return False
+    kept = _derived(tail)
+    held = kept.held
+    if held is None:
+        return False
+    if held[0] is settings and held[1] == bar and held[2] < len(tail.points) <= held[2] + held[3]:
+        return True
+    kept.held = None
+    return False
 
 
 def _track_level(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]],
@@ -876,10 +919,11 @@ class _Derived:
     since last asked for] of that window, slid along with the sorted values (:func:`_sorted_window`,
     :func:`_kept_trend`) until ``KENDALL_IDLE`` points passed unasked."""
 
-    __slots__ = ("ends", "init", "init_len", "initial", "kendall", "quiet", "sorted")
+    __slots__ = ("ends", "held", "init", "init_len", "initial", "kendall", "quiet", "sorted")
 
     def __init__(self) -> None:
         self.quiet: Optional[_Quiet] = None
+        self.held: Optional[List[Any]] = None
         self.ends: Dict[int, int] = {}
         self.sorted: Dict[int, List[float]] = {}
         self.kendall: Dict[int, List[int]] = {}
@@ -897,13 +941,14 @@ def _derived(tail: SeriesTail) -> _Derived:
 
 def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
     """``sorted()`` of the values of the tail's last ``width`` points, bit for bit, for a tail whose last
-    ``width`` points are finite (the caller's :func:`_exact_tail`): kept from the previous point's by one
-    removal and one insertion when one point arrived since, else sorted anew. The same list as sorted()'s,
-    order of equal values included (0.0 / -0.0): sorted() is stable (equal values in time order), the
-    value that leaves is the window's oldest -- the first of its equals, where bisect_left finds it -- and
-    the one that enters is the newest, placed after its equals (insort_right). The list is the cache's:
-    read it, never keep or change it (the next point changes it). A Mann-Kendall S kept for the width
-    (:func:`_kept_trend`) slides with it (the comment below says how)."""
+    ``width`` points are finite (the caller's :func:`_exact_tail`): kept from the last one asked for by one
+    removal and one insertion per point that arrived since (each of them in the window; one, when asked on
+    every point -- an open plateau's window test may skip points, :func:`_level_held`), else sorted anew.
+    The same list as sorted()'s, order of equal values included (0.0 / -0.0): sorted() is stable (equal
+    values in time order), the value that leaves is the window's oldest -- the first of its equals, where
+    bisect_left finds it -- and the one that enters is the newest, placed after its equals (insort_right).
+    The list is the cache's: read it, never keep or change it (the next point changes it). A Mann-Kendall S
+    kept for the width (:func:`_kept_trend`) slides with it (the comment below says how)."""
     kept = _derived(tail)
     points = tail.points
     n = len(points)
@@ -912,16 +957,18 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
         ordered = kept.sorted[width]
         if end == n:
             return ordered
-        if end == n - 1 and end >= width:
-            new = points[end][1]
-            if new - new == 0.0:  # (finite, so is what leaves: it was in the window sorted before)
-                old = points[end - width][1]
+        if end >= width and n - end <= width:  # (the points since are in the window: finite)
+            mk = kept.kendall.get(width)
+            for at_end in range(end, n):  # one slide a point taken in since (one, when asked every point)
+                new = points[at_end][1]
+                if new - new != 0.0:  # (cannot be in a window of finite points; sorted anew below)
+                    break
+                old = points[at_end - width][1]
                 at = bisect_left(ordered, old)
                 del ordered[at]
-                mk = kept.kendall.get(width)
                 if mk is None:
                     insort_right(ordered, new)
-                elif mk[0] == end and mk[3] < KENDALL_IDLE:
+                elif mk[0] == at_end and mk[3] < KENDALL_IDLE:
                     # slide the kept [_, S, ties, _] by one point, inline (once per loss value): ``ordered``
                     # now holds the values both windows share. S of a window is S of those plus each end
                     # value's signs against them (the oldest value comes before every other, the newest
@@ -939,12 +986,14 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
                     old_ties, new_ties = old_hi - at, new_hi - new_lo
                     if old_ties or new_ties:
                         mk[2] += 6 * (new_ties * (new_ties + 2) - old_ties * (old_ties + 2))
-                    mk[0] = n
+                    mk[0] = at_end + 1
                     mk[3] += 1
                     ordered.insert(new_hi, new)  # insort_right's place
                 else:  # stale, or not asked for lately: counted anew if asked again
                     del kept.kendall[width]
+                    mk = None
                     insort_right(ordered, new)
+            else:
                 kept.ends[width] = n
                 return ordered
     ordered = kept.sorted[width] = sorted(map(_VALUE, points[-width:]))
