@@ -187,10 +187,12 @@ def _rule_cuda_oom_plain(t: _Text) -> Optional[_Hit]:
                 "context creation, cuBLAS/cuDNN workspace, NCCL buffers): the GPU was already full")
 
 
-_ASSERT_RE = re.compile(r"Assertion `(?P<assertion>[^`\n]{1,300})`"
+_ASSERT_RE = re.compile(r"Assertion `(?P<assertion>[^\n]{1,300}?)`"
                         r"(?:[ \t]{0,8}\n?[ \t]{0,8}failed|[ \t]{0,8}(?=\n|$))")
 """A kernel's assertion; a paste may wrap the line before its ``failed.`` (the line then ends after the
-assertion's closing backtick, and a reader that passes lines one by one sees it without ``failed``)."""
+assertion's closing backtick, and a reader that passes lines one by one sees it without ``failed``). The
+assertion's own text may hold backticks: torch.multinomial's kernel asserts ``probability tensor contains
+either `inf`, `nan` or element < 0`` (the shortest text that a closing backtick and ``failed`` end)."""
 _ASSERT_SITE_RE = re.compile(r"(?P<file>[^\s:]{1,300}\.cuh?):(?P<line>\d+): (?:(?P<kernel>[^\n:]{1,400}): )?"
                              r"block: \[(?P<block>[\d,]{1,40})\], thread: \[(?P<thread>[\d,]{1,40})\]")
 """Where a device-side assert fired: ``Indexing.cu:1284: indexSelectLargeIndex: block: [..], thread:
@@ -450,7 +452,36 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
             return _Hit("memory", "cuda-error", 0.9, pos, facts, f"CUDA error: {error}",
                         _CUDA_NOTES.get(kind_, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
         pos = _next(t, pos)
-    return _ds_gemm_failed(t)
+    return _ds_gemm_failed(t) or _cuda_op_error(t)
+
+
+_OP_ERROR_NEEDLE = "error in "
+_OP_ERROR_RE = re.compile(r"\berror in (?P<op>[A-Za-z_]\w{0,80}): (?P<error>[^\n]{1,120})")
+"""A CUDA extension op's own check of its kernel launch, ``printf("error in %s: %s\\n", op,
+cudaGetErrorString(err))``: Deformable DETR's / mmcv's ``error in ms_deformable_col2im_cuda: an illegal memory
+access was encountered``, DCNv2's ``error in modulated_deformable_im2col_cuda: no kernel image is available
+for execution on the device``. Read only when the text after the colon is the CUDA runtime's own string for
+a device fault or a missing kernel image (:data:`_OP_ERROR_CLASSES`): any other ``error in x: ...`` is not
+CUDA's."""
+_OP_ERROR_CLASSES = frozenset({*_DEVICE_FAULTS, "no-kernel-image"})
+
+
+def _cuda_op_error(t: _Text) -> Optional[_Hit]:
+    """An extension op's ``error in <op>: <CUDA runtime error string>`` (:data:`_OP_ERROR_RE`)."""
+    for pos in t.find_all(_OP_ERROR_NEEDLE):
+        found = _search(_OP_ERROR_RE, t, pos, before=0, after=220)
+        if found is None:
+            continue
+        m = found[1]
+        error = m.group("error").strip().rstrip(".")
+        kind_ = next((k for needle, k in _CUDA_CLASSES if needle in error.lower()), "other")
+        if kind_ not in _OP_ERROR_CLASSES:
+            continue
+        facts: Facts = {"error": error, "error_class": kind_, "op": m.group("op")}
+        return _Hit("memory", "cuda-error", 0.85, found[0] + m.start(), facts,
+                    f"CUDA error in {m.group('op')}: {error}",
+                    _CUDA_NOTES.get(kind_, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
+    return None
 
 
 def _ds_gemm_failed(t: _Text) -> Optional[_Hit]:
@@ -542,7 +573,7 @@ GATES = {
     "cuda.device-assert": ("assertion `",),
     "nvidia.xid": ("nvrm: xid",),
     "rocm.gpu-fault": ("device-side assertion `", "memory access fault by gpu node-", "hsa_status_error_"),
-    "cuda.error": (*_CUDA_NEEDLES, _DS_GEMM_NEEDLE),
+    "cuda.error": (*_CUDA_NEEDLES, _DS_GEMM_NEEDLE, _OP_ERROR_NEEDLE),
     "cuda.error-cut": (_ASYNC_NOTE, *_C10_CUDA),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
@@ -566,7 +597,8 @@ DOCS = {
         "from OOM in forward/backward pass`` → memory/oom"
     ),
     'cuda.device-assert': ("a kernel's ``file.cu:N: [kernel or its C++ signature: ]block: [..], thread: [..] "
-                           "Assertion `...` failed`` line (``failed`` may be wrapped to the next line) → "
+                           "Assertion `...` failed`` line (the assertion may hold backticks; ``failed`` may "
+                           "be wrapped to the next line) → "
                            "memory/cuda-error"),
     'nvidia.xid': '``NVRM: Xid (PCI:...): N`` → memory/cuda-error',
     'rocm.gpu-fault': ("a kernel fault as ROCm prints it: HIP's ``file:N: <kernel>: Device-side assertion "
@@ -579,7 +611,8 @@ DOCS = {
         "Caffe's ``Check failed: error == cudaSuccess (N vs. 0)  <reason>``, a CUDA runtime enum naming a "
         "device fault (``cudaErrorIllegalAddress``) however its text follows, "
         "``CUDA driver error: ...``, ``CUDA_ERROR_*: ...``, Triton's ``Triton Error [CUDA]: ...``, "
-        "an extension's ``CUDA Runtime Error: <reason>``, "
+        "an extension's ``CUDA Runtime Error: <reason>``, an extension op's own ``error in <op>: <reason>`` "
+        "when the reason is the CUDA runtime's string for a device fault or a missing kernel image, "
         'driver too old → memory/cuda-error'
     ),
 }

@@ -2,7 +2,8 @@
 
 Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
 
-* **Lines.** The file is read as UTF-8 (undecodable bytes replaced). ANSI colour codes are removed; a line
+* **Lines.** The file is read as UTF-8 (undecodable bytes replaced). ANSI colour codes are removed (and Ray's
+  coloured prefix pasted without its escape bytes, ``[36m(pid=12)[0m``, loses the residue); a line
   rewritten with carriage returns (progress bars) keeps only its final text. Blank lines produce nothing.
   What a paste or a relay puts before every line is dropped: an indent all lines share (a tab or 4+
   spaces, :func:`paste_indent`), a markdown quote marker ``> ``, a relayed stream's ``stderr: ``, a
@@ -182,6 +183,11 @@ and ``ncclInvalidArgument:`` have no ``Error`` in their names) and ``Last error:
 line after which is the last error itself). The message is one log item, so the last error is read with
 the reason (``internal error`` + ``Connection closed by remote peer``)."""
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_RAY_SGR_RESIDUE_RE = re.compile(r"^\[\d{1,3}(?:;\d{1,3}){0,3}m(\([^()\n]{1,200}\))\[0m")
+"""Ray's coloured worker prefix (``ESC[36m(WorkerDict pid=3175143, ip=10.49.193.113)ESC[0m``) pasted without
+its escape bytes, as a copy from a terminal or a web log viewer often leaves it: ``[36m(WorkerDict
+pid=...)[0m``. Only that shape, at the start of a line, loses its colour residue; any other ``[36m`` is kept
+as text."""
 _TOP_HEADER_RE = re.compile(r"^Traceback \(most recent call last\):\s*$")
 _ANY_HEADER_RE = re.compile(r"Traceback \(most recent call last\):\s*$")
 _SEPARATOR_RE = re.compile(r"^\s*(?:The above exception was the direct cause of the following exception:"
@@ -218,10 +224,14 @@ UNKNOWN_EXCEPTION = "<unknown exception>"
 
 
 def clean_line(raw: str) -> str:
-    """A line as a terminal would have shown it: colour codes removed, carriage-return rewrites resolved."""
+    """A line as a terminal would have shown it: colour codes removed (also the colour codes of Ray's prefix
+    that a paste kept without their escape bytes, :data:`_RAY_SGR_RESIDUE_RE`), carriage-return rewrites
+    resolved."""
     line = raw.rstrip("\r\n")
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
+    elif line.startswith("[") and "m(" in line[:16]:
+        line = _RAY_SGR_RESIDUE_RE.sub(r"\1", line, count=1)
     if "\r" in line:
         parts = [p for p in line.split("\r") if p.strip()]
         line = parts[-1] if parts else ""
