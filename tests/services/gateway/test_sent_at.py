@@ -168,3 +168,37 @@ def test_grpc_malformed_metadata_is_invalid_argument(grpc_server: Tuple[Gateway,
     assert info.value.details() == ("x-trainguard-sent-at: '12:00' is not a time in unix "  # type: ignore[attr-defined]
                                     "nanoseconds (one unsigned integer)")
     assert drain(queue) == []
+
+
+# ----------------------------------------------------------------------------- past int64 (hA2, stop 40)
+
+_PAST_INT64 = "9999999999999999999"  # 19 digits, > 2**63 - 1: before, accepted and silently ignored
+_PAST_INT64_MESSAGE = ("x-trainguard-sent-at: '9999999999999999999' is past the int64 range of unix "
+                       "nanoseconds (at most 9223372036854775807)")
+
+
+@pytest.mark.parametrize("min_skew_s", [30.0, 0.0])
+def test_clock_offset_refuses_a_time_past_int64(min_skew_s: float) -> None:
+    with pytest.raises(ValueError) as info:
+        clock_offset([_PAST_INT64], NOW_NS, min_skew_s)
+    assert str(info.value) == _PAST_INT64_MESSAGE
+    assert clock_offset([str(2**63 - 1)], NOW_NS, 0.0) == 0  # the largest int64 is still a time
+
+
+def test_http_sent_at_past_int64_is_a_precise_400(http: HttpServer) -> None:
+    drain(http.queue)
+    r = http.post(_stamped(0), {SENT_AT_HEADER: _PAST_INT64})
+    assert (r.status_code, r.json()) == (400, {"detail": _PAST_INT64_MESSAGE})
+    assert drain(http.queue) == []
+
+
+def test_grpc_sent_at_past_int64_is_invalid_argument(grpc_server: Tuple[Gateway, ControlledQueue, Tokens, Any]
+                                                     ) -> None:
+    _, queue, tokens, stub = grpc_server
+    drain(queue)
+    md = (("authorization", f"Bearer {tokens.ingest}"), (SENT_AT_HEADER, _PAST_INT64))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Send(wire.ingest_request_from_dicts(_stamped(0)), metadata=md, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert info.value.details() == _PAST_INT64_MESSAGE  # type: ignore[attr-defined]
+    assert drain(queue) == []

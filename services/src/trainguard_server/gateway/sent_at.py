@@ -11,8 +11,8 @@ one an hour ahead is not refused ``out_of_range``. The SDK sends the header in t
 sends (after its own correction), so the two never add up.
 
 * Absent: nothing shifted (older SDKs, other senders).
-* Present but not one unsigned decimal integer of at most 19 digits, or given twice: ``ValueError`` naming
-  the header, which :meth:`~.ingest.Gateway.clock_offset` turns into ``InvalidRequest`` (HTTP 400 / gRPC
+* Present but not one unsigned decimal integer of at most 19 digits, past int64 (``9999999999999999999``:
+  before, accepted and ignored), or given twice: ``ValueError`` naming the header, which :meth:`~.ingest.Gateway.clock_offset` turns into ``InvalidRequest`` (HTTP 400 / gRPC
   INVALID_ARGUMENT); nothing of the request is queued.
 * A shift that would take a time out of int64 leaves that time as it was (validation then judges it).
 * Time in flight counts in the difference: below the threshold unless a request waited that long on the way.
@@ -43,9 +43,13 @@ def clock_offset(values: Sequence[str], received_ns: int, min_skew_s: float) -> 
     if not (text.isascii() and text.isdigit() and len(text) <= 19):
         raise ValueError(f"{SENT_AT_HEADER}: {values[0][:40]!r} is not a time in unix nanoseconds "
                              "(one unsigned integer)")
+    sent_ns = int(text)
+    if sent_ns > _INT64_MAX:
+        raise ValueError(f"{SENT_AT_HEADER}: {text!r} is past the int64 range of unix nanoseconds "
+                         f"(at most {_INT64_MAX})")
     if min_skew_s <= 0:
         return 0
-    skew = received_ns - int(text)
+    skew = received_ns - sent_ns
     if abs(skew) < min_skew_s * _NS:
         return 0
     return round(skew / _NS) * _NS
