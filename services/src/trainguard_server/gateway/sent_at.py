@@ -12,8 +12,9 @@ sends (after its own correction), so the two never add up.
 
 * Absent: nothing shifted (older SDKs, other senders).
 * Present but not one unsigned decimal integer of at most 19 digits, past int64 (``9999999999999999999``:
-  before, accepted and ignored), or given twice: ``ValueError`` naming the header, which :meth:`~.ingest.Gateway.clock_offset` turns into ``InvalidRequest`` (HTTP 400 / gRPC
-  INVALID_ARGUMENT); nothing of the request is queued.
+  before, accepted and ignored), or given twice: ``ValueError`` naming the header, which
+  :meth:`~.ingest.Gateway.clock_offset` turns into ``InvalidRequest`` (HTTP 400 / gRPC INVALID_ARGUMENT);
+  nothing of the request is queued.
 * A shift that would take a time out of int64 leaves that time as it was (validation then judges it).
 * Time in flight counts in the difference: below the threshold unless a request waited that long on the way.
   A sender can only move its own events' times, which it sets anyway.
