@@ -116,8 +116,8 @@ def test_the_counts_are_given_back(live: LiveServer) -> None:
     assert counts.take("a", 4) is None and counts.take("a", 2) is None
     assert "TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES" in (counts.take("a", 1) or "")
     assert counts.take("b", 4) is None
-    assert "TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES" in (counts.take("c", 1) or "")
-    assert counts.fits("c", 1) is not None and counts.held() == 10
+    assert "TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES" in (counts.take("b", 2) or "")  # full, b past its share 5
+    assert counts.held() == 10
     counts.give_back("a", 6)
     counts.give_back("b", 4)
     assert counts.held() == 0 and counts.take("c", 100) is None  # alone: a body over a bound goes through
@@ -153,42 +153,67 @@ def test_a_gzip_body_counts_at_its_inflated_size(small: LiveServer) -> None:
     assert r.json()["accepted"] == 40  # alone it goes through, whatever its size
 
 
-def test_the_total_bound_refuses_another_project_only_when_full(small: LiveServer) -> None:
+def test_two_projects_filling_the_total_do_not_starve_a_third(small: LiveServer) -> None:
+    """hA's open item (stop 40): two projects stalling bodies up to the process total made every other
+    project's ingest 429 until the body timeout. Now a project holding nothing is admitted one body, and one
+    under its share of the total (total / projects holding bytes) more; the two holders are refused past it."""
     other = small.server.stores.projects.create_token("other", "ingest")
+    third = small.server.stores.projects.create_token("third", "ingest")
+    body = json.dumps({"events": [event("t")]}).encode()
     with ExitStack() as stack:
         half = 3 * MiB // 2  # each declares half (a declared 8 MiB would not fit) and stalls one byte short
         _stalled_uploads(small, stack, small.ingest_token, 1, half - 1, half)
         _stalled_uploads(small, stack, other, 1, half - 1, half)
-        _wait_held(small, 3 * MiB - 2)  # the third request's body does not fit beside them
-        third = small.server.stores.projects.create_token("third", "ingest")
-        r = small.client.post("/v1/ingest", content=json.dumps({"events": [event("t")]}).encode(), headers={
+        _wait_held(small, 3 * MiB - 2)  # the total is full
+        r = small.client.post("/v1/ingest", content=body, headers={
             "Authorization": f"Bearer {third}", "Content-Type": "application/json"})
-        assert r.status_code == 429 and "TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES" in r.json()["detail"], r.text
+        assert (r.status_code, r.json().get("accepted")) == (200, 1), r.text  # was 429 (total full)
+        # a second body of the third project, while its first is held: under its share (3 MiB / 3)
+        url = urlparse(small.url)
+        conn = stack.enter_context(socket.create_connection((url.hostname, url.port), timeout=20))
+        conn.sendall(_head(third, 4096) + b" " * 100)  # holds 100 bytes, stalls
+        _wait_held(small, 3 * MiB - 2 + 100)
+        r = small.client.post("/v1/ingest", content=body, headers={
+            "Authorization": f"Bearer {third}", "Content-Type": "application/json"})
+        assert (r.status_code, r.json().get("accepted")) == (200, 1), r.text
+        # the two holders are over their share: refused, naming the total and the share
+        r = small.client.post("/v1/ingest", content=body, headers={
+            "Authorization": f"Bearer {other}", "Content-Type": "application/json"})
+        assert r.status_code == 429, r.text
+        detail = r.json()["detail"]
+        assert "TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES" in detail and "share" in detail, detail
 
 
-def test_grpc_messages_share_the_bound(small: LiveServer) -> None:
-    """gRPC messages waiting for one of the ``grpc_workers`` were held uncounted: they take the same bytes."""
+def test_grpc_of_a_third_project_is_admitted_while_two_fill_the_total(small: LiveServer) -> None:
     import grpc
 
     from trainguard import wire
     from trainguard.v1 import ingest_pb2_grpc
 
-    padded = [event("inflight-grpc", run_name="x" * 60_000) for _ in range(20)]  # ~1.2 MB
-    request = wire.ingest_request_from_dicts(padded)
-    metadata = (("authorization", f"Bearer {small.ingest_token}"),)
+    other = small.server.stores.projects.create_token("other", "ingest")
+    third = small.server.stores.projects.create_token("third", "ingest")
+    request = wire.ingest_request_from_dicts([event("grpc-third", run_name="x" * 60_000) for _ in range(5)])
     with ExitStack() as stack, grpc.insecure_channel(small.grpc_target) as channel:
         stub = ingest_pb2_grpc.IngestServiceStub(channel)
-        _stalled_uploads(small, stack, small.ingest_token, 1, MiB, MiB + 1)  # HTTP holds 1 MiB of 2
-        _wait_held(small, MiB)
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.Send(request, timeout=20, metadata=metadata)  # was: accepted 20
+        half = 3 * MiB // 2
+        _stalled_uploads(small, stack, small.ingest_token, 1, half - 1, half)
+        _stalled_uploads(small, stack, other, 1, half - 1, half)
+        _wait_held(small, 3 * MiB - 2)
+        reply = stub.Send(request, timeout=20, metadata=(("authorization", f"Bearer {third}"),))
+        assert reply.accepted == 5  # was RESOURCE_EXHAUSTED (TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES)
+        with pytest.raises(grpc.RpcError) as refused:  # a holder over its share still is
+            stub.Send(request, timeout=20, metadata=(("authorization", f"Bearer {other}"),))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES" in (refused.value.details() or "")
-        assert ("retry-after", "1") in tuple(refused.value.trailing_metadata() or ())
-    deadline = time.monotonic() + 20
-    while _inflight(small).held() > 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    with grpc.insecure_channel(small.grpc_target) as channel:
-        assert ingest_pb2_grpc.IngestServiceStub(channel).Send(request, timeout=20, metadata=metadata).accepted == 20
-    assert _inflight(small).held() == 0  # given back after the call
+
+
+def test_fair_share_units() -> None:
+    counts = InflightBytes(total=10, per_project=20, max_request=5)
+    assert counts.take("a", 5) is None and counts.take("a", 5, 5) is None  # one request of a: 10, the total
+    assert counts.take("b", 5) is None  # b holds nothing: admitted one body though the total is full
+    counts.give_back("b", 5)
+    assert "TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES" in (counts.take("b", 6) or "")  # one body: max_request
+    assert counts.take("b", 3) is None and counts.take("b", 2) is None  # a second body: 5 <= 10 / 2 projects
+    assert "share" in (counts.take("b", 1) or "")  # 6 > its share 5
+    assert "share" in (counts.take("a", 1) or "")  # a holds 10 > its share 5
+    assert counts.take("c", 4) is None  # a third holding nothing
+    assert counts.held() == 19  # within total + projects x max_request

@@ -19,6 +19,19 @@ total while no other is held (a body larger than a bound goes through alone). gR
 bytes from when their call is served until they are queued (``RESOURCE_EXHAUSTED`` + retry-after past it):
 before, the ones waiting for one of the ``grpc_workers`` were held uncounted.
 
+No tenant can starve another through the total (hA, stop 40: two projects each stalling 32 MiB of uploads
+until the body timeout filled the 64 MiB total, and every other project's ingest was answered 429 for 30 s).
+When the total would be passed, a request is still admitted
+
+* if its project holds nothing else: one body (at most ``max_request``, ``max_batch_bytes``) of a project
+  with nothing in flight is always admitted;
+* or if its project then holds at most its *share* of the total: ``total`` / the number of projects holding
+  bytes (itself counted), so the share shrinks as more projects are in flight.
+
+A project over its share is refused (429 naming the total and its share) until its own bodies end. Memory
+stays bounded by ``total`` + projects in flight x ``max_request`` (projects are created by an admin's token,
+not by clients), and the per-project bound holds as before.
+
 Used on the event loop and from the worker threads (the gzip step): a lock guards the counts.
 """
 
@@ -33,9 +46,12 @@ __all__ = ["InflightBytes"]
 class InflightBytes:
     """Bytes held per project and in all, against ``total`` and ``per_project`` (0: that bound is off)."""
 
-    def __init__(self, total: int, per_project: int) -> None:
+    def __init__(self, total: int, per_project: int, max_request: int = 0) -> None:
         self.total = total
         self.per_project = per_project
+        #: the largest body one request holds (``max_batch_bytes``; 0: unknown, not checked): the size of the
+        #: one body a project with nothing in flight is always admitted
+        self.max_request = max_request
         self._held: Dict[str, int] = {}
         self._all = 0
         self._lock = threading.Lock()
@@ -64,8 +80,15 @@ class InflightBytes:
             return (f"project {project!r} has {mine} bytes of ingest requests being read or decoded, at most "
                     f"{self.per_project} may (TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES)")
         if self.total and self._all > own and self._all + n > self.total:
+            if mine <= own and (not self.max_request or own + n <= self.max_request):
+                return None  # a project with nothing else in flight: one body always
+            projects = len(self._held) + (project not in self._held)
+            share = self.total // projects
+            if mine + n <= share:
+                return None  # within its share of the total
             return (f"this server has {self._all} bytes of ingest requests being read or decoded, at most "
-                    f"{self.total} may (TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES)")
+                    f"{self.total} may (TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES), and project {project!r} holds "
+                    f"{mine}, past its share {share} (the total / {projects} projects in flight)")
         return None
 
     def give_back(self, project: str, n: int) -> None:

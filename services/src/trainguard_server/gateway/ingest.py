@@ -478,8 +478,8 @@ class Gateway:
         self.point_names = PointNames()
         total, per_project = settings.ingest_max_inflight_bytes, settings.project_max_inflight_bytes
         #: HTTP ingest bodies held (read or being decoded), in all and per project (:mod:`.inflight`)
-        self.body_bytes: Optional[InflightBytes] = (InflightBytes(total, per_project) if total or per_project
-                                                    else None)
+        self.body_bytes: Optional[InflightBytes] = (
+            InflightBytes(total, per_project, settings.max_batch_bytes) if total or per_project else None)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
