@@ -1,11 +1,13 @@
-"""Two CUDA-error wordings the classifier missed (issue 17, stop 40, from tuned pastes added by 6325b8f):
+"""CUDA-error wordings the classifier missed (issue 17, stop 40, from tuned pastes added by 6325b8f):
 
 * a kernel assertion whose own text holds backticks -- torch.multinomial's ``Assertion `probability tensor
   contains either `inf`, `nan` or element < 0` failed.`` (``mem-device-assert-multinomial-probability-grpo-
   trl-3035-1``, huggingface/trl#3035);
 * a CUDA extension op's own check, ``error in ms_deformable_col2im_cuda: an illegal memory access was
   encountered`` (``mem-illegal-address-deform-col2im-indented-mmdet-7186-1``, open-mmlab/mmdetection#7186),
-  read only when the reason is the CUDA runtime's string for a device fault or a missing kernel image.
+  read only when the reason is the CUDA runtime's string for a device fault or a missing kernel image;
+* (from 755361d's tuned paste) a kernel assertion whose backticks markdown ate, read only right after the
+  kernel site's ``thread: [..]``.
 
 The pasted lines are read from the fixtures (verbatim); lines written here are marked SYNTHETIC."""
 
@@ -73,3 +75,24 @@ def test_a_missing_kernel_image_in_an_extension_op_is_a_cuda_error() -> None:
 def test_other_error_in_lines_are_not_cuda_errors(line: str) -> None:
     found = classify_text(line)
     assert found is None or found.kind != "memory/cuda-error"
+
+
+def test_a_kernel_assertion_whose_backticks_markdown_ate_is_a_device_side_assert() -> None:
+    # mem-device-assert-no-backticks-quoted-megatron-ds-239-1 (tuned, deepspeedai/Megatron-DeepSpeed#239, added
+    # by 755361d): '> '-quoted 'thread: [124,0,0] Assertion srcIndex < srcSelectDimSize failed.'
+    line = _first_line("mem-device-assert-no-backticks-quoted-megatron-ds-239-1", "Assertion ")
+    found = classify_text(line)
+    assert found is not None and found.rule == "cuda.device-assert"
+    assert found.facts["assertion"] == "srcIndex < srcSelectDimSize"
+    assert found.facts["index_out_of_range"] is True
+
+
+@pytest.mark.parametrize("line", [
+    # SYNTHETIC: a bare 'Assertion ... failed' that is not a kernel's site line
+    "[rank0] Assertion x failed",
+    "foo.cpp:12: bar: [x] Assertion y failed.",
+    "python: ../src/thing.c:33: main: Assertion `n > 0' failed.",
+])
+def test_a_bare_assertion_needs_the_kernel_site(line: str) -> None:
+    found = classify_text(line)
+    assert found is None or found.rule != "cuda.device-assert"

@@ -4,7 +4,7 @@ asserts, NVIDIA Xid kernel-log lines, CUDA / cuBLAS / cuDNN errors."""
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Tuple
 
 from .text import (
     MAX_HITS,
@@ -214,12 +214,28 @@ def _kernel_name(said: Optional[str]) -> str:
     return m.group("name") if m else _shorten(said, 80)
 
 
-def _rule_device_assert(t: _Text) -> Optional[_Hit]:
+_BARE_ASSERT_NEEDLE = "] assertion "
+_BARE_ASSERT_RE = re.compile(r"\] Assertion (?P<assertion>[^`\n]{1,300}?) failed\b")
+"""The same assertion with its backticks lost (markdown renders `` `...` `` as code and a copy drops the
+marks: ``... thread: [124,0,0] Assertion srcIndex < srcSelectDimSize failed.``): read only right after the
+kernel site's ``thread: [..]`` and up to ``failed``."""
+
+
+def _assertions(t: _Text) -> Iterator[Tuple[int, re.Match[str]]]:
+    """Each kernel assertion of the text: ``(position, match)`` of :data:`_ASSERT_RE`, then of
+    :data:`_BARE_ASSERT_RE` (backticks lost)."""
     for pos in t.find_all("assertion `"):
         found = _search(_ASSERT_RE, t, pos, before=0, after=400)
-        if found is None:
-            continue
-        _offset, m = found
+        if found is not None:
+            yield pos, found[1]
+    for pos in t.find_all(_BARE_ASSERT_NEEDLE):
+        found = _search(_BARE_ASSERT_RE, t, pos, before=0, after=400)
+        if found is not None:
+            yield pos, found[1]
+
+
+def _rule_device_assert(t: _Text) -> Optional[_Hit]:
+    for pos, m in _assertions(t):
         line = t.line_at(pos)
         facts: Facts = {"assertion": m.group("assertion")}
         site = _ASSERT_SITE_RE.search(line[:1200])
@@ -570,7 +586,7 @@ def _next(t: _Text, pos: int) -> int:
 GATES = {
     "cuda.oom": ("out of memory",),
     "cuda.oom-plain": (*_OOM_PLAIN_NEEDLES, _OOM_RECOVERY),
-    "cuda.device-assert": ("assertion `",),
+    "cuda.device-assert": ("assertion `", _BARE_ASSERT_NEEDLE),
     "nvidia.xid": ("nvrm: xid",),
     "rocm.gpu-fault": ("device-side assertion `", "memory access fault by gpu node-", "hsa_status_error_"),
     "cuda.error": (*_CUDA_NEEDLES, _DS_GEMM_NEEDLE, _OP_ERROR_NEEDLE),
@@ -597,8 +613,8 @@ DOCS = {
         "from OOM in forward/backward pass`` → memory/oom"
     ),
     'cuda.device-assert': ("a kernel's ``file.cu:N: [kernel or its C++ signature: ]block: [..], thread: [..] "
-                           "Assertion `...` failed`` line (the assertion may hold backticks; ``failed`` may "
-                           "be wrapped to the next line) → "
+                           "Assertion `...` failed`` line (the assertion may hold backticks, or have lost "
+                           "them; ``failed`` may be wrapped to the next line) → "
                            "memory/cuda-error"),
     'nvidia.xid': '``NVRM: Xid (PCI:...): N`` → memory/cuda-error',
     'rocm.gpu-fault': ("a kernel fault as ROCm prints it: HIP's ``file:N: <kernel>: Device-side assertion "
