@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar, Union
@@ -274,3 +275,23 @@ def run_events(run_id: str, project: ProjectDep, services: ServicesDep,
         lambda n, at: services.events.list_for_run(project, run_id, kinds=kind_list, limit=n, cursor=at),
         limit, cursor, services.settings.api_max_page_bytes if services.settings else 0, event_bytes))
     return PagePublic[EventPublic](items=[EventPublic(**asdict(e)) for e in items], next_cursor=next_cursor)
+
+
+@router.get("/{run_id}/events/{event_id}", response_model=EventPublic,
+            responses={404: {"description": "no such event in this run of the project"}},
+            summary="One event of a run by its id (an incident's evidence names its event ids)")
+def run_event(run_id: str, event_id: str, project: ProjectDep, services: ServicesDep) -> EventPublic:
+    """The event as the run's page of events gives it. An event of another run or project, or an id no
+    event can have (longer than ``max_id_length`` or outside ``[0-9A-Za-z_-]``), answers 404 without a word
+    more; the dashboard's traceback panel reads an incident's exception here, whatever page it is on."""
+    max_id = services.settings.max_id_length if services.settings else 128
+    if len(event_id) > max_id or not _EVENT_ID.fullmatch(event_id):
+        raise not_found("event", event_id[:80])
+    stored = services.events.get(project, event_id)
+    if stored is None or stored.run_id != run_id:
+        raise not_found("event", event_id)
+    return EventPublic(**asdict(stored))
+
+
+_EVENT_ID = re.compile(r"[0-9A-Za-z_-]+")
+

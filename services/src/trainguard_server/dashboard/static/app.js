@@ -612,12 +612,19 @@ async function incidentPage(incidentId) {
 }
 
 // a crash: the exception event the incident rests on (its evidence names it; else the run's first one), with
-// its frames (yours marked) and the traceback's text, as the SDK captured them
+// its frames (yours marked) and the traceback's text, as the SDK captured them. The evidence's events are read
+// by id: a page of the run's exceptions ends at the API's byte bound, so the one named may be on any page.
+const EVIDENCE_READS = 8;
 async function exceptionPanel(inc) {
-  const ids = new Set(inc.evidence.map((e) => e.event_id).filter(Boolean));
-  if (!ids.size && !inc.fingerprint) return;
-  const page = await api(`/api/v1/runs/${encodeURIComponent(inc.run_id)}/events?kinds=exception&limit=200`);
-  const event = page.items.find((e) => ids.has(e.event_id)) || (inc.fingerprint ? page.items[0] : null);
+  const ids = [...new Set(inc.evidence.map((e) => e.event_id).filter(Boolean))].slice(0, EVIDENCE_READS);
+  if (!ids.length && !inc.fingerprint) return;
+  const run = `/api/v1/runs/${encodeURIComponent(inc.run_id)}`;
+  const named = await Promise.all(ids.map((id) => api(`${run}/events/${encodeURIComponent(id)}`).catch((err) => {
+    if (err instanceof AuthError) throw err;
+    return null;  // not stored as an event (a metric point's evidence) or gone: the next one
+  })));
+  let event = named.find((e) => e && e.kind === "exception") || null;
+  if (!event && inc.fingerprint) event = (await api(`${run}/events?kinds=exception&limit=1`)).items[0] || null;
   if (!event) return;
   const exc = (event.payload || {}).exception || {};
   const frames = (exc.frames || []).map((f) => `<tr class="${f.in_app ? "in-app" : ""}"><td>${f.in_app ? "<mark>app</mark>" : "lib"}</td>
