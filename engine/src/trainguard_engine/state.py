@@ -245,7 +245,10 @@ class RankState:
             "exited": self.exited, "exit_code": self.exit_code, "exit_signal": self.exit_signal,
             "exit_reason": self.exit_reason, "exit_ns": self.exit_ns, "exc_key": self.exc_key,
             "hb_interval_s": self.hb_interval_s, "lost_ns": self.lost_ns,
-            "history": {name: [[s, wire_float(v), t] for s, (v, t) in sorted(series.items())]
+            # each series in its dict's (arrival) order, not by step: recent() reads the last points
+            # received, a late point among them, and a restore must read the same (a snapshot of before
+            # stop 40 was written by step: it is read in that order, as it was then)
+            "history": {name: [[s, wire_float(v), t] for s, (v, t) in series.items()]
                         for name, series in self.history.items()},
             "history_floor": self.history_floor,
             "first_nonfinite": {name: list(v) for name, v in self.first_nonfinite.items()},
