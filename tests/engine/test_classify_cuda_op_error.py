@@ -66,17 +66,6 @@ def test_a_missing_kernel_image_in_an_extension_op_is_a_cuda_error() -> None:
     assert found.facts["error_class"] == "no-kernel-image"
 
 
-@pytest.mark.parametrize("line", [
-    # SYNTHETIC: 'error in x: ...' whose reason is not the CUDA runtime's string for a device fault
-    "error in ms_deformable_im2col_cuda: invalid configuration argument",
-    "error in parse_config: unexpected key 'lr'",
-    "Error in sys.excepthook: illegal memory access",
-])
-def test_other_error_in_lines_are_not_cuda_errors(line: str) -> None:
-    found = classify_text(line)
-    assert found is None or found.kind != "memory/cuda-error"
-
-
 def test_a_kernel_assertion_whose_backticks_markdown_ate_is_a_device_side_assert() -> None:
     # mem-device-assert-no-backticks-quoted-megatron-ds-239-1 (tuned, deepspeedai/Megatron-DeepSpeed#239, added
     # by 755361d): '> '-quoted 'thread: [124,0,0] Assertion srcIndex < srcSelectDimSize failed.'
@@ -87,12 +76,16 @@ def test_a_kernel_assertion_whose_backticks_markdown_ate_is_a_device_side_assert
     assert found.facts["index_out_of_range"] is True
 
 
-@pytest.mark.parametrize("line", [
+@pytest.mark.parametrize("line, rule", [
+    # SYNTHETIC: 'error in x: ...' whose reason is not the CUDA runtime's string for a device fault
+    ("error in ms_deformable_im2col_cuda: invalid configuration argument", "cuda.error"),
+    ("error in parse_config: unexpected key 'lr'", "cuda.error"),
+    ("Error in sys.excepthook: illegal memory access", "cuda.error"),
     # SYNTHETIC: a bare 'Assertion ... failed' that is not a kernel's site line
-    "[rank0] Assertion x failed",
-    "foo.cpp:12: bar: [x] Assertion y failed.",
-    "python: ../src/thing.c:33: main: Assertion `n > 0' failed.",
+    ("[rank0] Assertion x failed", "cuda.device-assert"),
+    ("foo.cpp:12: bar: [x] Assertion y failed.", "cuda.device-assert"),
+    ("python: ../src/thing.c:33: main: Assertion `n > 0' failed.", "cuda.device-assert"),
 ])
-def test_a_bare_assertion_needs_the_kernel_site(line: str) -> None:
+def test_look_alikes_are_not_read_by_those_rules(line: str, rule: str) -> None:
     found = classify_text(line)
-    assert found is None or found.rule != "cuda.device-assert"
+    assert found is None or (found.rule != rule and found.kind != "memory/cuda-error")

@@ -6,29 +6,13 @@ start that faulthandler's report needs and the paste read as nothing."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-from typing import Any, Dict, List
-
 import pytest
 
-from bench.wild import judge
-from trainguard_server.replay import Importer, LocalBackend, ReplayOptions
 from trainguard_server.replay.logs import clean_line
 
-WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
+from .local_import import WILD, imported, shown
+
 CASE = "mem-illegal-address-title-fatal-aborted-ray-verl-184-1"
-
-
-def _imported(path: Path, run_id: str = "ray-residue") -> List[Dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="tg-ray-residue-") as tmp:
-        backend = LocalBackend(Path(tmp))
-        try:
-            Importer(ReplayOptions(run_id=run_id, logs=[(0, path)]), backend).run()
-            backend.finish()
-            return backend.incidents(run_id)
-        finally:
-            backend.close()
 
 
 @pytest.mark.parametrize("raw, clean", [
@@ -48,6 +32,5 @@ def test_only_rays_prefix_loses_its_colour_residue(raw: str, clean: str) -> None
 
 
 def test_the_workers_fatal_error_under_a_residue_prefix_is_read() -> None:
-    incidents = _imported(WILD / CASE / "log.txt")
-    shown = [f"{i['category']}/{i['subtype']}" for i in judge.ordered(incidents)]
-    assert shown and shown[0].startswith("memory/")
+    kinds = shown(imported(WILD / CASE / "log.txt"))
+    assert kinds and kinds[0].startswith("memory/")

@@ -9,70 +9,38 @@ stayed an incident of its own, shown before the worker's OOM. Now it carries the
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
 
 import pytest
 
-from bench.wild import judge
-from trainguard_server.replay import Importer, LocalBackend, ReplayOptions
+from .local_import import WILD, imported, lines_of, pasted, shown
+from .local_import import kind as kind_of
 
-WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
 PARENT = "proc-spawn-exit1-after-training-vits-284-1"
 WORKERS = {"memory/oom": "mem-oom-cuda-error-backward-1", "process/exception": "py-nograd-1"}
 
 
-def _lines(case: str) -> List[str]:
-    return (WILD / case / "log.txt").read_text(encoding="utf-8").splitlines()
-
-
-def _imported(path: Path, run_id: str = "spawn-exit") -> List[Dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="tg-spawn-exit-") as tmp:
-        backend = LocalBackend(Path(tmp))
-        try:
-            Importer(ReplayOptions(run_id=run_id, logs=[(0, path)]), backend).run()
-            backend.finish()
-            return backend.incidents(run_id)
-        finally:
-            backend.close()
-
-
-def _kind(incident: Any) -> str:
-    return f"{incident['category']}/{incident['subtype']}"
-
-
-def _shown(incidents: List[Dict[str, Any]]) -> List[str]:
-    return [_kind(i) for i in judge.ordered(incidents)]
-
-
-def _pasted(tmp_path: Path, lines: List[str]) -> Path:
-    path = tmp_path / "log.txt"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def test_the_spawn_exit_alone_is_still_the_exit() -> None:
-    assert _shown(_imported(WILD / PARENT / "log.txt")) == ["process/exit"]
+    assert shown(imported(WILD / PARENT / "log.txt")) == ["process/exit"]
 
 
 @pytest.mark.parametrize("kind", sorted(WORKERS))
 def test_the_workers_error_printed_after_the_spawn_exit_leads(tmp_path: Path, kind: str) -> None:
-    incidents = _imported(_pasted(tmp_path, _lines(PARENT) + _lines(WORKERS[kind])))
-    assert _shown(incidents) == [kind]
-    (cause,) = [i for i in incidents if _kind(i) == kind]
-    exits = [i for i in incidents if _kind(i) == "process/exit"]
+    incidents = imported(pasted(tmp_path, lines_of(PARENT) + lines_of(WORKERS[kind])))
+    assert shown(incidents) == [kind]
+    (cause,) = [i for i in incidents if kind_of(i) == kind]
+    exits = [i for i in incidents if kind_of(i) == "process/exit"]
     assert exits and all(i["explained_by"] == cause["incident_id"] for i in exits)
 
 
 @pytest.mark.parametrize("kind", sorted(WORKERS))
 def test_the_workers_error_printed_before_the_spawn_exit_leads_too(tmp_path: Path, kind: str) -> None:
-    incidents = _imported(_pasted(tmp_path, _lines(WORKERS[kind]) + _lines(PARENT)))
-    assert _shown(incidents) == [kind]
+    incidents = imported(pasted(tmp_path, lines_of(WORKERS[kind]) + lines_of(PARENT)))
+    assert shown(incidents) == [kind]
 
 
 def test_the_spawn_exit_evidence_is_the_launchers_report() -> None:
-    (exit_,) = _imported(WILD / PARENT / "log.txt")
+    (exit_,) = imported(WILD / PARENT / "log.txt")
     values = [ev["value"] for ev in exit_["evidence"] if isinstance(ev.get("value"), dict)]
     assert values, exit_["evidence"]
     (value,) = values
@@ -86,9 +54,9 @@ def test_a_spawn_index_is_a_local_rank_so_any_ranks_error_may_be_that_workers(tm
     # is). mp.spawn's index is the worker's on its node (classify.torchrun gives it as ``local_rank``), and
     # error text names global ranks, so the worker error printed on this stream is still that exit's cause.
     # Without ``local_rank`` the report named global rank 3, whose own error the paste does not show.
-    lines = _lines(PARENT)
+    lines = lines_of(PARENT)
     assert lines[-1].endswith("process 0 terminated with exit code 1")
     lines[-1] = lines[-1].replace("process 0 ", "process 3 ")
-    incidents = _imported(_pasted(tmp_path, lines + _lines(WORKERS["memory/oom"])))
-    assert _shown(incidents) == ["memory/oom"]
-    assert _shown(_imported(_pasted(tmp_path, lines))) == ["process/exit"]
+    incidents = imported(pasted(tmp_path, lines + lines_of(WORKERS["memory/oom"])))
+    assert shown(incidents) == ["memory/oom"]
+    assert shown(imported(pasted(tmp_path, lines))) == ["process/exit"]

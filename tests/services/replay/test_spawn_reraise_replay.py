@@ -8,70 +8,42 @@ a test reorders or cuts the paste, each line is verbatim."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import List
 
 import pytest
 
-from bench.wild import judge
-from trainguard_server.replay import Importer, LocalBackend, ReplayOptions
+from .local_import import WILD, imported, kind, lines_of, pasted, shown
 
-WILD = Path(__file__).resolve().parents[2] / "fixtures" / "wild"
 CASE = "mem-unspecified-launch-failure-after-spawn-exception-cavaface-70-1"
 
 
 def _lines() -> List[str]:
-    return (WILD / CASE / "log.txt").read_text(encoding="utf-8").splitlines()
-
-
-def _imported(path: Path, run_id: str = "spawn") -> List[Dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="tg-spawn-") as tmp:
-        backend = LocalBackend(Path(tmp))
-        try:
-            Importer(ReplayOptions(run_id=run_id, logs=[(0, path)]), backend).run()
-            backend.finish()
-            return backend.incidents(run_id)
-        finally:
-            backend.close()
-
-
-def _kind(incident: Any) -> str:
-    return f"{incident['category']}/{incident['subtype']}"
-
-
-def _shown(incidents: List[Dict[str, Any]]) -> List[str]:
-    return [_kind(i) for i in judge.ordered(incidents)]
-
-
-def _pasted(tmp_path: Path, lines: List[str]) -> Path:
-    path = tmp_path / "log.txt"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return lines_of(CASE)
 
 
 @pytest.mark.parametrize("run_id", ["spawn", "wild-x", "r0"])
 def test_the_workers_cuda_error_leads_and_the_reraise_is_its_consequence(run_id: str) -> None:
-    incidents = _imported(WILD / CASE / "log.txt", run_id)
-    assert _shown(incidents) == ["memory/cuda-error"]
-    (cuda,) = [i for i in incidents if _kind(i) == "memory/cuda-error"]
-    (reraise,) = [i for i in incidents if _kind(i) == "process/exception"]
+    incidents = imported(WILD / CASE / "log.txt", run_id)
+    assert shown(incidents) == ["memory/cuda-error"]
+    (cuda,) = [i for i in incidents if kind(i) == "memory/cuda-error"]
+    (reraise,) = [i for i in incidents if kind(i) == "process/exception"]
     assert reraise["explained_by"] == cuda["incident_id"]
 
 
 def test_the_workers_error_printed_before_the_reraise_leads_too(tmp_path: Path) -> None:
     lines = _lines()
     cut = lines.index("Exception: ") + 1
-    incidents = _imported(_pasted(tmp_path, lines[cut:] + lines[:cut]))
-    assert _shown(incidents) == ["memory/cuda-error"]
-    reraises = [i for i in incidents if _kind(i) == "process/exception"]
+    incidents = imported(pasted(tmp_path, lines[cut:] + lines[:cut]))
+    assert shown(incidents) == ["memory/cuda-error"]
+    reraises = [i for i in incidents if kind(i) == "process/exception"]
     assert reraises and all(i["explained_by"] for i in reraises)
 
 
 def test_the_reraise_alone_is_still_a_crash(tmp_path: Path) -> None:
     lines = _lines()
-    incidents = _imported(_pasted(tmp_path, lines[:lines.index("Exception: ") + 1]))
-    assert _shown(incidents) == ["process/exception"]
+    incidents = imported(pasted(tmp_path, lines[:lines.index("Exception: ") + 1]))
+    assert shown(incidents) == ["process/exception"]
 
 
 RELAYED = "py-spawn-process1-2"
@@ -87,10 +59,10 @@ def test_a_reraise_relaying_the_workers_exception_is_that_workers_error(tmp_path
     from bench.wild import stress
 
     lines = (WILD / RELAYED / "log.txt").read_text(encoding="utf-8").splitlines()
-    incidents = _imported(_pasted(tmp_path, lines + stress.PEER_TIMEOUT))
-    assert _shown(incidents) == ["process/exception"]
+    incidents = imported(pasted(tmp_path, lines + stress.PEER_TIMEOUT))
+    assert shown(incidents) == ["process/exception"]
     (crash,) = [i for i in incidents if not i.get("explained_by")]
     assert crash["lead_rank"] == 1
     assert all(i["explained_by"] == crash["incident_id"] for i in incidents if i is not crash)
     # alone it is that crash too (as before)
-    assert _shown(_imported(WILD / RELAYED / "log.txt")) == ["process/exception"]
+    assert shown(imported(WILD / RELAYED / "log.txt")) == ["process/exception"]
