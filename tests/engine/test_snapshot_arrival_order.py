@@ -74,7 +74,7 @@ def _continued(events: List[Dict[str, Any]], settings: DetectionSettings, restor
 
 # synthetic loss streams with late points and replays (seed % 4 != 0): restored every third piece. These
 # (variant, seed) pairs each differed from the straight run with the points written sorted by step (records
-# in 5 of them, the final snapshot in all 8); the rest of the sweep below agreed either way.
+# in 5 of them, the final snapshot in 7); the rest of the sweep below agreed either way.
 DIFFERED = ((1, 47), (2, 21), (3, 5), (3, 7), (3, 21), (3, 35), (3, 38), (3, 46))
 
 

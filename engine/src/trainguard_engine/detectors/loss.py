@@ -1778,6 +1778,17 @@ def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -
     return "died" if layers.get("died") else "dead"
 
 
+def _current_tail(rank: RankState, name: str) -> Optional[SeriesTail]:
+    """The :class:`SeriesTail` of ``name`` when it is current -- the series is there and not empty, and its
+    tail is of that series' dict and as long as it (what :func:`recent` checks before it reads a tail) --
+    else None."""
+    data = rank.history.get(name)
+    tail = rank.tails.get(name)
+    if not data or tail is None or tail.data is not data or len(tail.points) != len(data):
+        return None
+    return tail
+
+
 def _low_norm_recent(rank: RankState, gname: str, small: float) -> bool:
     """False when none of the last ``STUCK_RECENT`` points of ``gname``'s current tail is under ``small``
     -- then the median of any of them (:func:`_stuck_now`'s ``recent()`` answer: a subset of exactly those
@@ -1786,14 +1797,11 @@ def _low_norm_recent(rank: RankState, gname: str, small: float) -> bool:
     True when one is, or when the tail is not current (ask recent()). Kept incrementally beside the tail
     (``SeriesTail.windows``: derived, dropped with it): the index of the last point under ``small``, and up
     to where the points were looked at -- one point looked at per new reading."""
-    data = rank.history.get(gname)
-    tail = rank.tails.get(gname)
-    if not data or tail is None or tail.data is not data:
+    tail = _current_tail(rank, gname)
+    if tail is None:
         return True
     points = tail.points
     n = len(points)
-    if n != len(data):
-        return True
     key = ("stuck-low", small)
     kept: Optional[List[int]] = tail.windows.get(key)
     if kept is None:
@@ -1813,14 +1821,11 @@ def _newest_recent(rank: RankState, name: str, hi: int) -> Optional[Tuple[int, f
     would answer with a plain slice of the series' tail (its fast path: the tail is current, its last
     ``STUCK_RECENT`` points finite and in step order, none past ``hi``) -- that slice's last point is the
     tail's; else None (ask recent())."""
-    data = rank.history.get(name)
-    tail = rank.tails.get(name)
-    if not data or tail is None or tail.data is not data:
+    tail = _current_tail(rank, name)
+    if tail is None:
         return None
     points = tail.points
     n = len(points)
-    if n != len(data):
-        return None
     start = n - STUCK_RECENT if n > STUCK_RECENT else 0
     last = points[-1]
     if start >= tail.bad_end and start >= tail.descent and last[0] <= hi:
