@@ -740,14 +740,17 @@ def backlog_counts(envelopes: Sequence[Envelope]) -> Dict[str, int]:
     counts: Dict[str, int] = {}
     get = counts.get
     for e in envelopes:
+        mapping: Mapping[str, Any]
         if isinstance(e, ReadEnvelope):
             body = e.body
             if isinstance(body, PlainBatch):
                 counts[e.project] = get(e.project, 0) + (body.count or 1)
                 continue
-            e = e.raw
-        project = str(e.get("project", ""))
-        counts[project] = get(project, 0) + dict_weight(e)
+            mapping = e.raw
+        else:
+            mapping = e
+        project = str(mapping.get("project", ""))
+        counts[project] = get(project, 0) + dict_weight(mapping)
     return counts
 
 
