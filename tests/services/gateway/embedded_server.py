@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from urllib.parse import urlparse
 
 import httpx
+import pytest
 
 from trainguard_server.config import Settings
 from trainguard_server.server import EmbeddedServer
@@ -40,6 +41,23 @@ class LiveServer:
 
     def get(self, path: str, **params: Any) -> httpx.Response:
         return self.client.get(path, params=params or None, headers=self.read_headers)
+
+    def grpc_send(self, events: List[Dict[str, Any]]) -> Any:
+        """One gRPC ``Send`` of ``events`` (JSON mappings) with the ingest token: its ``IngestResponse``."""
+        import grpc
+
+        from trainguard import wire
+        from trainguard.v1 import ingest_pb2_grpc
+        with grpc.insecure_channel(self.grpc_target) as channel:
+            return ingest_pb2_grpc.IngestServiceStub(channel).Send(
+                wire.ingest_request_from_dicts(events), timeout=10,
+                metadata=(("authorization", f"Bearer {self.ingest_token}"),))
+
+    def run_ids(self) -> List[str]:
+        """The ids of the bootstrap project's runs (at most 500), as the query API lists them."""
+        r = self.get("/api/v1/runs", limit=500)
+        assert r.status_code == 200, r.text
+        return [run["run_id"] for run in r.json()["items"]]
 
     def wait_for(self, check: Callable[[], bool], timeout: float = 20.0) -> None:
         """Poll ``check`` until it is true (the processor works asynchronously)."""
@@ -74,6 +92,16 @@ def live_server(data_dir: Path, **settings: Any) -> Iterator[LiveServer]:
         if live is not None:
             live.client.close()
         server.stop(drain=False)
+
+
+def module_live_server(**settings: Any) -> Any:
+    """A module-scoped pytest fixture serving a :func:`live_server` with ``settings``: ``live = module_live_server()``
+    in a test module."""
+    @pytest.fixture(scope="module")
+    def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+        with live_server(tmp_path_factory.mktemp("data"), **settings) as server:
+            yield server
+    return live
 
 
 def raw_exchange(live: LiveServer, data: bytes) -> bytes:

@@ -10,29 +10,20 @@ itself (Hebrew, Arabic letters) stays legal, and names and free text keep their 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict
 
-import grpc
 import pytest
 
-from tests.services.gateway.embedded_server import LiveServer, event, live_server
-from trainguard import wire
-from trainguard.v1 import ingest_pb2_grpc
+from tests.services.gateway.embedded_server import LiveServer, event, module_live_server
 
-# (field, hostile value, the character's code point, its position)
-HOSTILE = [
-    ("run_id", "run\u202egnp.exe", 0x202E, 3),
-    ("run_id", "\u2066a\u2069", 0x2066, 0),
-    ("run_id", "x\u200fy", 0x200F, 1),
-    ("trace_id", "job\u202a1", 0x202A, 3),
-    ("trace_id", "t\u061c", 0x061C, 1),
-]
+# field -> hostile values; each is refused naming its first bidi control's code point and position
+_BIDI = {"run_id": ("run\u202egnp.exe", "\u2066a\u2069", "x\u200fy"), "trace_id": ("job\u202a1", "t\u061c")}
+_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+HOSTILE = [(field, value, ord(ch), at) for field, values in _BIDI.items() for value in values
+           for at, ch in [next((k, c) for k, c in enumerate(value) if c in _CONTROLS)]]
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with live_server(tmp_path_factory.mktemp("data")) as server:
-        yield server
+live = module_live_server()
 
 
 def _message(index: int, field: str, value: str, code: int, at: int) -> str:
@@ -40,12 +31,6 @@ def _message(index: int, field: str, value: str, code: int, at: int) -> str:
     return (f"events[{index}].{field}: {shown} has the bidirectional control character U+{code:04X} at "
             f"position {at}; a {field} is printed as is, where it would reorder the text around it, so "
             f"bidirectional controls are refused")
-
-
-def _run_ids(live: LiveServer) -> List[str]:
-    r = live.get("/api/v1/runs", limit=500)
-    assert r.status_code == 200, r.text
-    return [run["run_id"] for run in r.json()["items"]]
 
 
 def _with(field: str, value: str) -> Dict[str, Any]:
@@ -62,15 +47,12 @@ def test_http_refuses_a_bidi_control_in_an_id_and_keeps_the_rest(live: LiveServe
     assert r.json() == {"accepted": 1, "duplicates": 0, "rejected": [  # was accepted: 2
         {"index": 1, "event_id": bad["event_id"], "code": "invalid_field",
          "message": _message(1, field, value, code, at)}]}
-    live.wait_for(lambda: "clean-bidi" in _run_ids(live))
+    live.wait_for(lambda: "clean-bidi" in live.run_ids())
 
 
 def test_grpc_refuses_the_same(live: LiveServer) -> None:
     good, bad = event("clean-bidi-grpc"), _with("run_id", "run\u202egnp.exe")
-    with grpc.insecure_channel(live.grpc_target) as channel:
-        stub = ingest_pb2_grpc.IngestServiceStub(channel)
-        response = stub.Send(wire.ingest_request_from_dicts([good, bad]), timeout=10,
-                             metadata=(("authorization", f"Bearer {live.ingest_token}"),))
+    response = live.grpc_send([good, bad])
     assert response.accepted == 1
     assert [(x.index, x.code, x.message) for x in response.rejected] == [
         (1, "invalid_field", _message(1, "run_id", "run\u202egnp.exe", 0x202E, 3))]
@@ -81,4 +63,4 @@ def test_right_to_left_letters_and_names_with_bidi_controls_stay_legal(live: Liv
     named = event("bidi-named", run_name="run\u202egnp.exe", host="h\u2066x\u2069")
     r = live.post_events([hebrew, arabic, named])
     assert r.json() == {"accepted": 3, "duplicates": 0, "rejected": []}
-    live.wait_for(lambda: {"\u05e8\u05d9\u05e6\u05d4-1", "bidi-named"} <= set(_run_ids(live)))
+    live.wait_for(lambda: {"\u05e8\u05d9\u05e6\u05d4-1", "bidi-named"} <= set(live.run_ids()))

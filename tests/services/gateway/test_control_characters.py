@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict
 
-import grpc
 import pytest
 
-from tests.services.gateway.embedded_server import LiveServer, event, live_server
+from tests.services.gateway.embedded_server import LiveServer, event, module_live_server
 from trainguard import wire
-from trainguard.v1 import ingest_pb2_grpc
 from trainguard_server.gateway.validate import Limits, validate_batch, validate_envelope
 
 # (field, hostile value, the character's code point, its position)
@@ -30,10 +28,7 @@ HOSTILE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with live_server(tmp_path_factory.mktemp("data")) as server:
-        yield server
+live = module_live_server()
 
 
 def _hostile_event(field: str, value: str) -> Dict[str, Any]:
@@ -48,12 +43,6 @@ def _message(index: int, field: str, value: str, code: int, at: int) -> str:
             f"{field} is printed as is, so control characters are refused")
 
 
-def _run_ids(live: LiveServer) -> List[str]:
-    r = live.get("/api/v1/runs", limit=500)
-    assert r.status_code == 200, r.text
-    return [run["run_id"] for run in r.json()["items"]]
-
-
 @pytest.mark.parametrize("field,value,code,at", HOSTILE)
 def test_http_refuses_a_control_character_in_a_name_and_keeps_the_rest(live: LiveServer, field: str, value: str,
                                                                       code: int, at: int) -> None:
@@ -63,21 +52,18 @@ def test_http_refuses_a_control_character_in_a_name_and_keeps_the_rest(live: Liv
     assert r.json() == {"accepted": 1, "duplicates": 0, "rejected": [  # was accepted: 2
         {"index": 1, "event_id": bad["event_id"], "code": "invalid_field",
          "message": _message(1, field, value, code, at)}]}
-    live.wait_for(lambda: "clean-http" in _run_ids(live))
-    assert not [run for run in _run_ids(live) if run != "clean-http" and run.startswith(("evil", "a\n", "nul"))]
+    live.wait_for(lambda: "clean-http" in live.run_ids())
+    assert not [run for run in live.run_ids() if run != "clean-http" and run.startswith(("evil", "a\n", "nul"))]
 
 
 def test_grpc_refuses_the_same(live: LiveServer) -> None:
     good, bad = event("clean-grpc"), _hostile_event("run_id", "evil\x1b[2J")
-    with grpc.insecure_channel(live.grpc_target) as channel:
-        stub = ingest_pb2_grpc.IngestServiceStub(channel)
-        response = stub.Send(wire.ingest_request_from_dicts([good, bad]), timeout=10,
-                             metadata=(("authorization", f"Bearer {live.ingest_token}"),))
+    response = live.grpc_send([good, bad])
     assert response.accepted == 1
     assert [(x.index, x.code, x.message) for x in response.rejected] == [
         (1, "invalid_field", _message(1, "run_id", "evil\x1b[2J", 0x1B, 4))]
-    live.wait_for(lambda: "clean-grpc" in _run_ids(live))
-    assert "evil\x1b[2J" not in _run_ids(live)
+    live.wait_for(lambda: "clean-grpc" in live.run_ids())
+    assert "evil\x1b[2J" not in live.run_ids()
 
 
 def test_names_and_free_text_keep_their_control_characters(live: LiveServer) -> None:

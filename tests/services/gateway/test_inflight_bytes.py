@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.services.gateway.embedded_server import LiveServer, event, live_server
+from tests.services.gateway.embedded_server import LiveServer, event, live_server, module_live_server
 from trainguard_server.config import Settings
 from trainguard_server.gateway.inflight import InflightBytes
 
@@ -26,10 +26,7 @@ MiB = 2**20
 DEFAULT_PER_PROJECT = Settings.model_fields["project_max_inflight_bytes"].default
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with live_server(tmp_path_factory.mktemp("data")) as server:
-        yield server
+live = module_live_server()
 
 
 def _head(token: str, length: int) -> bytes:
