@@ -90,7 +90,9 @@ class Settings(BaseSettings):
         "being decoded; decoding takes about six times a body's size); a request past it is answered 429 "
         "with Retry-After (before its body is read when its Content-Length says so) or RESOURCE_EXHAUSTED, "
         "so clients sending big batches together cannot take the server's memory. A request is never "
-        "refused while nothing is held. 0: no bound (gateway/inflight.py)")
+        "refused while nothing is held, nor while its project holds nothing else or stays within its fair "
+        "share (this bound over the projects holding bytes), so no tenant can starve another. 0: no bound "
+        "(gateway/inflight.py)")
     project_max_inflight_bytes: int = Field(
         32 * 2**20, ge=0, description="the same bound for the requests of one project: one tenant's big "
         "batches are answered 429 while the others' are admitted; a project holding nothing is never refused "
