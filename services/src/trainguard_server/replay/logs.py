@@ -1086,6 +1086,13 @@ _LINE_START_RE = re.compile(
 progress bar, a glog severity, an exception or warning name, a traceback's head, a rule of dashes): a piece
 of a wrapped line starting so is taken for a new line (a wrap falling just there is missed, never a line
 joined wrongly)."""
+_OPEN_END_RE = re.compile(r"(?:\S:|\b(?:NCCL|WARN|WARNING|INFO|ERROR|DEBUG|FATAL|CRITICAL)) $")
+"""How a wrapped piece ends when its line cannot have ended there: a colon with one space after it (a
+label whose value follows: ``thread: `` before a CUDA assert's ``[47,0,0] Assertion ...``, ``what(): ``)
+or a log tag with one space after it (``NCCL WARN `` before its ``Error : ring 0 ...``). Such a piece
+joins the next one even when that starts like a line of its own (:data:`_LINE_START_RE`: a bracket, an
+``...Error`` word) -- unless the next one is indented (a new line's own indent). Two trailing spaces are a
+padded screen's end of line, never this."""
 
 
 def _continued(first: str, chunk: str, nxt: str, width: int, padded: bool = True) -> bool:
@@ -1098,9 +1105,13 @@ def _continued(first: str, chunk: str, nxt: str, width: int, padded: bool = True
     line (its padding); one space at the last column is a wrap that fell after a space as often as not (a
     line one column short of the width, padded by one, is rarer than a wrap after any of a line's spaces:
     a DeepSpeed exit line wrapped after ``exits with return code = ``, its ``-9`` on the next row), and
-    without padding any piece ending in a space is such a wrap."""
+    without padding any piece ending in a space is such a wrap. A piece that ends open (:data:`_OPEN_END_RE`:
+    ``thread: ``, ``NCCL WARN ``) is continued by an unindented next piece even when that starts like a
+    line."""
     return len(chunk) == width and not (padded and chunk[-2:].isspace() and len(chunk) >= 2) \
-        and bool(nxt.strip()) and _head(nxt) != _head(first) and _LINE_START_RE.match(nxt) is None
+        and bool(nxt.strip()) and _head(nxt) != _head(first) \
+        and (_LINE_START_RE.match(nxt) is None
+             or (not nxt[:1].isspace() and _OPEN_END_RE.search(chunk) is not None))
 
 
 def paste_wrap_width(path: Path, head: Optional[List[str]] = None) -> int:
