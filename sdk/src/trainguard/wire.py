@@ -213,7 +213,7 @@ def _enum_conv(fd: _Desc) -> _Conv:
             if v in names:
                 return v
             if _INT_TEXT.fullmatch(v) is not None:
-                return int32(int(v))
+                return int32(v)  # int32 reads the text: past the digit limit is a _Bad, not a ValueError
             raise _Bad(f"unknown {enum.full_name} value {_describe(v)} "
                        f"(expected one of {', '.join(sorted(names))})")
         if type(v) is int:
