@@ -193,14 +193,15 @@ class _Held:
 
 async def _read_body(request: Request, limit: int, held: Optional[_Held] = None) -> bytes:
     """The raw body, refusing to buffer more than ``limit`` bytes (chunked uploads included); each chunk is
-    taken in ``held`` as it arrives."""
+    taken in ``held`` as it arrives, after the size check: a body too large for any server is a 413 (split
+    it), never a 429 (retry it) because the server happens to be busy."""
     body = bytearray()
     async for chunk in request.stream():
+        if len(body) + len(chunk) > limit:
+            raise RequestTooLarge(f"body is larger than max_batch_bytes={limit}; split the batch")
         if held is not None:
             held.take(len(chunk))
         body += chunk
-        if len(body) > limit:
-            raise RequestTooLarge(f"body is larger than max_batch_bytes={limit}; split the batch")
     return bytes(body)
 
 
