@@ -138,3 +138,10 @@ def test_a_paste_within_the_window_says_nothing_of_it(tmp_path: Path) -> None:
         backend.close()
     assert not summary.too_old_expected and "window (max past age" not in summary.time_note
     assert not summary.rejected
+
+
+def test_a_glog_only_29_february_is_read_in_the_last_leap_year(tmp_path: Path) -> None:
+    # found by the stop-40 review: saved 2029 (no 29 February), the stamp could not be read in 2029 and the
+    # paste kept 2029 -- its lines then had no time at all; it is of 2028, the last year that has the day
+    path = _write(tmp_path, ["E0229 10:00:00.000 a.cpp:1] x"], year_saved=2029)
+    assert _times(path) == [_ns(2028, 2, 29, 10, 0, 0)]

@@ -1044,7 +1044,8 @@ def paste_dated(path: Path, head: Optional[List[str]] = None) -> Tuple[int, Opti
     glog lines before it are read nearest (a paste that starts in December and dates its first ISO line
     in January). A paste without a dated line reads its first yearless stamp in the year, of the file's
     modification time's and the one before, that puts it nearest that time and not after it (beyond
-    :data:`SAVED_SLACK_NS`): ``E1231 23:59:50`` in a file saved on 2030-01-02 is of 2029."""
+    :data:`SAVED_SLACK_NS`): ``E1231 23:59:50`` in a file saved on 2030-01-02 is of 2029, ``E0229`` in a file
+    saved on 2029-01-02 of 2028 (the last year that has the day)."""
     first_yearless: Optional[str] = None
     for text in _head_or(path, head) or ():
         line = clean_line(text)
@@ -1059,9 +1060,10 @@ def paste_dated(path: Path, head: Optional[List[str]] = None) -> Tuple[int, Opti
         return datetime.now().year, None
     year = datetime.fromtimestamp(saved_ns / 10**9).year
     if first_yearless is not None:
-        found = line_stamp_year(first_yearless, year)
-        if found is not None and found[0] > saved_ns + SAVED_SLACK_NS:
-            year -= 1
+        for candidate in range(year, year - 5, -1):  # a 29 February stamp: back to the last leap year
+            found = line_stamp_year(first_yearless, candidate)
+            if found is not None and found[0] <= saved_ns + SAVED_SLACK_NS:
+                return candidate, None
     return year, None
 
 
