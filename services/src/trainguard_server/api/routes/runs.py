@@ -284,7 +284,7 @@ def run_event(run_id: str, event_id: str, project: ProjectDep, services: Service
     """The event as the run's page of events gives it. An event of another run or project, or an id no
     event can have (longer than ``max_id_length`` or outside ``[0-9A-Za-z_-]``), answers 404 without a word
     more; the dashboard's traceback panel reads an incident's exception here, whatever page it is on."""
-    max_id = services.settings.max_id_length if services.settings else 128
+    max_id = setting(services, "max_id_length")
     if len(event_id) > max_id or not _EVENT_ID.fullmatch(event_id):
         raise not_found("event", event_id[:80])
     stored = services.events.get(project, event_id)
