@@ -133,15 +133,7 @@ def _plain(name: str) -> None:
             return self.o(self.n(self.t(h)[:, 0]))
 
     def seq_batches(seed: int, bs: int = 16) -> Any:
-        row = kit.lm_rows(40, 32, 4, seed=seed)
-        at = [0]
-
-        def batch() -> Tuple[Any, Any]:
-            ids = torch.stack([row(at[0] + k)["input_ids"] for k in range(bs)])
-            at[0] += bs
-            return ids[:, :-1], ids[:, 1:]
-
-        return batch
+        return kit.lm_batches(kit.lm_rows(40, 32, 4, seed=seed), bs)
 
     def running_sum(bs: int = 24) -> Tuple[Any, Any]:
         x = torch.randint(0, 16, (bs, 20))
