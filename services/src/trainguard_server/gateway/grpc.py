@@ -14,7 +14,8 @@ Contract (docs/wire-format.md):
 * queue full → ``RESOURCE_EXHAUSTED`` with trailing metadata ``retry-after: <seconds>``; queue failing →
   ``UNAVAILABLE`` with ``retry-after``; the same ``RESOURCE_EXHAUSTED`` when the message would take its
   project (or the process) past the bound on ingest bytes in flight it shares with HTTP (:mod:`.inflight`:
-  a message counts from when its call is served until it is queued);
+  a message counts from when its call is served until its worker is done with it, even when the call is
+  cancelled meanwhile);
 * every answer, success or error, carries trailing metadata ``date``: the server's clock as an HTTP date
   (what the HTTP gateway's ``Date`` header says), from which the SDK corrects a host clock that is wrong;
 * call metadata ``x-trainguard-sent-at`` (the sender's clock when it sent the call) shifts the call's event
@@ -306,16 +307,26 @@ class AsyncIngestServicer:
         if held and self.gateway.body_bytes is not None:
             self.gateway.body_bytes.give_back(project, held)
 
+    async def _holding(self, project: str, held: int, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on a worker; the ``held`` bytes are given back when the worker is done with them, not
+        when this coroutine ends: a call cancelled (by its client, or past its deadline) while its message
+        is decoded keeps its bytes until the decode ends (before stop 41 they were given back at the
+        cancellation while the worker went on). One that never started is given back at once."""
+        try:
+            work = self.executor.submit(fn)
+        except BaseException:
+            self._give_back(project, held)
+            raise
+        work.add_done_callback(lambda _: self._give_back(project, held))  # thread-safe (a lock)
+        return await asyncio.wrap_future(work)  # cancelling this cancels ``work`` only if not yet running
+
     async def Send(self, request: bytes, context: Any) -> ingest_pb2.IngestResponse:
         try:
             auth = await self._blocking(self.gateway.authenticate, _token(context))
             offset = _clock_offset(self.gateway, context)
             held = self._take(auth.project, request)
-            try:
-                result = await self._blocking(
-                    lambda: self.gateway.ingest_batch(auth, _batch(request, offset)))
-            finally:
-                self._give_back(auth.project, held)
+            result = await self._holding(auth.project, held,
+                                         lambda: self.gateway.ingest_batch(auth, _batch(request, offset)))
             context.set_trailing_metadata(_date())
             return result.to_proto()
         except GatewayError as exc:
@@ -365,10 +376,8 @@ class AsyncIngestServicer:
                                   f"(after {state.offset} events of this stream; {state.total.accepted} "
                                   f"of them were queued, re-sending them is safe)") from None
                 held = self._take(auth.project, request)
-                try:
-                    await self._blocking(state.ingest, self.gateway, auth, request)
-                finally:
-                    self._give_back(auth.project, held)
+                await self._holding(auth.project, held,
+                                    functools.partial(state.ingest, self.gateway, auth, request))
         except _Failed as exc:
             failed = exc
         except GatewayError as exc:
