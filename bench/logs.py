@@ -13,6 +13,11 @@ figure to read on a loaded machine, whose scheduling inflates wall-clock passes)
     python bench/logs.py --record            # write tests/fixtures/wild/verdicts.json (in process)
     python bench/logs.py --show-heldout-misses   # only after the held-out figures are final
     python bench/logs.py --local --tuned-only --no-cost   # while tuning: the held-out part not even judged
+    python bench/logs.py --local --no-cost --ids-since e4e97de~1   # also the logs added since a commit alone
+
+``--ids-since REV`` reports, after the whole corpus, the logs whose ``label.json`` was added after ``REV``
+(committed since, or not yet committed) as a table of their own: the "fresh" figure of logs nobody tuned on,
+tuned-side and held-out-side apart (held-out misses still unlisted).
 
 Held-out misses are not listed by default: tuning reads the tuned part's misses only.
 """
@@ -144,6 +149,16 @@ def cost_beside(ref: str) -> None:
                            capture_output=True)
 
 
+def ids_since(rev: str) -> List[str]:
+    """Ids of the cases whose ``label.json`` was added after ``rev``: committed since (``git diff
+    --diff-filter=A rev``) or present in the working tree but not in ``rev``."""
+    wild = corpus.WILD.relative_to(REPO).as_posix()
+    done = subprocess.run(["git", "-C", str(REPO), "ls-tree", "-r", "--name-only", rev, "--", wild],
+                          capture_output=True, text=True, check=True)
+    before = {Path(p).parent.name for p in done.stdout.splitlines() if p.endswith("/label.json")}
+    return sorted(p.parent.name for p in corpus.WILD.glob("*/label.json") if p.parent.name not in before)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--local", action="store_true", help="in process instead of serve + the replay CLI")
@@ -151,6 +166,8 @@ def main() -> None:
     ap.add_argument("--ref", default="HEAD~1", help="git ref for the classifier-cost baseline")
     ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--show-heldout-misses", action="store_true")
+    ap.add_argument("--ids-since", metavar="REV",
+                    help="also report the logs added after this git revision alone (the fresh figure)")
     ap.add_argument("--tuned-only", action="store_true",
                     help="judge and report the tuned part only (while tuning; not with --record)")
     args = ap.parse_args()
@@ -169,6 +186,12 @@ def main() -> None:
     scores = [judge.score(c, verdicts[c.case_id]) for c in cases]
     shown = ("tune", "heldout") if args.show_heldout_misses else ("tune",)
     print(judge.report(scores, show_misses=shown))
+    if args.ids_since:
+        fresh = set(ids_since(args.ids_since))
+        picked = [s for c, s in zip(cases, scores) if c.case_id in fresh]
+        print(f"== fresh: the {len(picked)} logs added after {args.ids_since} "
+              f"({sum(s.part == 'heldout' for s in picked)} held out) ==")
+        print(judge.report(picked, show_misses=shown))
     if args.record:
         VERDICTS.write_text(json.dumps({k: v.to_dict() for k, v in sorted(verdicts.items())}, indent=1)
                             + "\n", encoding="utf-8")
