@@ -33,6 +33,8 @@ import processor as bench  # noqa: E402  (bench/processor.py: the streams)
 STORE_FILES = ("events.db", "metrics.db", "incidents.db", "projects.db")
 WALL_CLOCK = frozenset({"updated_ns"})
 """Columns left out of the digests: when a row was written (the state table's), not what it holds."""
+BOOKKEEPING = frozenset({"store_syncs"})
+"""Tables left out: storage/sqlite.py's SYNC_TABLE (how many checkpoint syncs a store had, not data)."""
 
 
 def table_digests(path: Path) -> Dict[str, str]:
@@ -42,7 +44,7 @@ def table_digests(path: Path) -> Dict[str, str]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
-                                             "ORDER BY name")]
+                                             "ORDER BY name") if r[0] not in BOOKKEEPING]
         out = {}
         for table in tables:
             cols = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")') if r[1] not in WALL_CLOCK]

@@ -3,9 +3,11 @@
 Exactly-once effect from at-least-once delivery:
 1. records are consumed and their events run through the pipeline; raw context, metric points and the
    pipeline's upserts are written to the stores (all writes are idempotent);
-2. every ``snapshot_every_s`` the pipeline state is saved *with the offsets it covers*, and only then are
-   those records committed on the queue; the save is incremental -- the runs and clusters that changed
-   since the last one, in one transaction (``Pipeline.changed_parts``, keys under ``PARTS_PREFIX``);
+2. every ``snapshot_every_s`` the pipeline state is saved *with the offsets it covers*, every store is
+   synced (``sync()``: the SQLite stores' per-round commits are made durable here, not each round --
+   storage/sqlite.py's Durability), and only then are those records committed on the queue; the save is
+   incremental -- the runs and clusters that changed since the last one, in one transaction
+   (``Pipeline.changed_parts``, keys under ``PARTS_PREFIX``);
 3. after a crash the last snapshot is restored and the queue redelivers everything after it; re-applying
    those records yields the same stores, and the pipeline's event-id memory keeps counts exact.
 """
@@ -259,10 +261,18 @@ class EmbeddedProcessor:
     def _save_and_commit(self) -> None:
         self._save_parts(list(self.pipelines))
         if self._uncommitted:
+            self._sync_stores()
             self.queue.commit(self._uncommitted)
             self._uncommitted = []
         self.stats.snapshots += 1
         self._last_snapshot = time.monotonic()
+
+    def _sync_stores(self) -> None:
+        """Every store's writes so far durable (``sync()``): called before any queue commit, so no offset is
+        committed before the writes of the records it covers -- their raw context, points, records and
+        the snapshot -- are on disk (a power loss included: storage/sqlite.py's Durability)."""
+        for store in (self.events, self.metrics, self.incidents):
+            store.sync()
 
     def _save_parts(self, partitions: Sequence[int]) -> None:
         """Save what changed in ``partitions``' pipelines since their last save, in one transaction
@@ -308,6 +318,7 @@ class EmbeddedProcessor:
                 try:
                     self._save_parts(sorted(gone))
                     if mine:
+                        self._sync_stores()
                         self.queue.commit(mine)
                 except Exception as exc:  # the next owner starts from the last checkpoint instead
                     log.warning("could not checkpoint revoked partitions %s (%s): their next owner "

@@ -69,6 +69,7 @@ class FlinkStoresProcessor(EmbeddedProcessor):
 
     def _checkpoint_locked(self) -> None:  # no pipeline state to save: commit what was stored
         if self._uncommitted:
+            self._sync_stores()  # durable before the offsets that cover them
             self.queue.commit(self._uncommitted)
             self._uncommitted = []
         self.stats.snapshots += 1
@@ -80,6 +81,7 @@ class FlinkStoresProcessor(EmbeddedProcessor):
             out = parse_results([r.value for r in results])
             with self._lock:
                 self._apply(PARTITION, out)  # the job's records: already one view per run and cluster
+                self.incidents.sync()  # durable before the results' offsets are committed
             self.results.commit(results)
             self.results_applied += len(results)
         return done + len(results)

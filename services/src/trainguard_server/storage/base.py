@@ -186,6 +186,12 @@ class EventStore(ABC):
                      limit: int = 100, cursor: Optional[str] = None) -> Page[StoredEvent]:
         """A run's events, oldest first."""
 
+    def sync(self) -> None:
+        """Make every write so far durable. The processor calls it on each store before it commits queue
+        offsets (processor/embedded.py): a store that defers the durability of its writes (SQLite with
+        ``sync_at_checkpoint``: storage/sqlite.py) syncs them here; one whose writes are durable when they
+        return has nothing to do (the default)."""
+
     def close(self) -> None:
         """Release resources."""
 
@@ -240,6 +246,12 @@ class MetricStore(ABC):
         :meth:`series_keys`) raise :class:`QueryTimeout` once the block has run ``seconds``. A store that
         cannot stop a read in progress ignores the budget (the default)."""
         yield
+
+    def sync(self) -> None:
+        """Make every write so far durable. The processor calls it on each store before it commits queue
+        offsets (processor/embedded.py): a store that defers the durability of its writes (SQLite with
+        ``sync_at_checkpoint``: storage/sqlite.py) syncs them here; one whose writes are durable when they
+        return has nothing to do (the default)."""
 
     def close(self) -> None:
         """Release resources."""
@@ -393,6 +405,12 @@ class IncidentStore(ABC):
     @abstractmethod
     def state_keys(self, prefix: str) -> List[str]:
         """The keys saved with ``save_state`` that start with ``prefix`` (literally: no wildcards), sorted."""
+
+    def sync(self) -> None:
+        """Make every write so far durable. The processor calls it on each store before it commits queue
+        offsets (processor/embedded.py): a store that defers the durability of its writes (SQLite with
+        ``sync_at_checkpoint``: storage/sqlite.py) syncs them here; one whose writes are durable when they
+        return has nothing to do (the default)."""
 
     def close(self) -> None:
         """Release resources."""

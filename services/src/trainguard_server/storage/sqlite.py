@@ -7,13 +7,33 @@ allows one writer per database file, so separate files let the gateway (tokens, 
 the interfaces never span two families in one transaction, so a single file would buy nothing, and each
 family can be sized, backed up or dropped on its own.
 
-Durability. WAL journal; ``synchronous=FULL`` by default: every commit is fsynced to the WAL before the
-call returns, so an acknowledged write survives a process kill *and* a power loss. That matters because
-the processor commits queue offsets once its store writes return: with NORMAL, a power loss could keep
-the (FULL) queue commit and lose the store writes it covered. Cost measured on this machine (fsync
-~0.2 ms): 2,400-point metric puts 185k points/s (NORMAL 307k), 100 KB queue publishes 1.7k/s (NORMAL
-2.5k/s); large batches barely notice. ``synchronous="NORMAL"`` is accepted: it survives a process crash
-or kill -9, but the last commits may roll back on power loss.
+Durability. WAL journal; ``synchronous=FULL`` by default: a commit that must hold when its call returns is
+fsynced to the WAL first (API writes: workflows, tokens, incidents edited by hand), so it survives a process
+kill *and* a power loss. The processor's own writes -- ``events.put``, ``metrics.put``/``put_columns``,
+``upsert_records``, ``merge_clusters``, ``save_states`` -- are *deferred* while ``sync_at_checkpoint`` is on
+(:data:`DEFAULT_SYNC_AT_CHECKPOINT`, the default): they commit at NORMAL (into the WAL, no fsync) and
+:meth:`Database.sync` (the stores' ``sync()``) makes them durable. The processor calls ``sync()`` on every
+store before each queue commit (processor/embedded.py), so exactly-once still holds on a power loss:
+
+* a queue offset is committed only after ``sync()`` of every store returned;
+* ``sync()`` commits one row (table ``store_syncs``) at the configured level: a FULL commit appends its frame
+  after every earlier frame and syncs the WAL file ("With synchronous=FULL in WAL mode, an additional sync
+  operation of the WAL file happens after each transaction commit", https://www.sqlite.org/pragma.html#pragma_synchronous);
+  fsync makes the file's whole content durable, so every deferred commit before it is on disk. Frames an
+  automatic WAL checkpoint moved into the database file were synced there by that checkpoint ("the WAL file is
+  synchronized before each checkpoint and the database file is synchronized after each completed
+  checkpoint", same page), and the WAL is written over from its start only after such a completed checkpoint;
+* so after a power loss the WAL recovers every commit up to the sync frame (frames are checksummed in a
+  chain; torn later frames end it) -- everything the committed offsets cover. Later rounds' writes may roll
+  back; their records were not committed and are delivered again (the writes are idempotent).
+
+A kill -9 loses nothing either way (a NORMAL commit is in the operating system's cache when it returns).
+Cost: one fsync per store per checkpoint instead of one per store per processor round (measured in
+bench/results/processor_store_issue15_stop41.txt). ``sync_at_checkpoint=False``: every commit at the
+configured level, as before. ``synchronous="NORMAL"`` is accepted: it survives a process crash or kill -9,
+but the last commits may roll back on power loss -- ``sync()`` then syncs nothing, so a power loss may lose
+store writes whose queue offsets were committed (the queue is its own file). (Measured without deferral,
+fsync ~0.2 ms: 2,400-point metric puts 185k points/s at FULL, 307k at NORMAL.)
 
 Concurrency. Each store has one writer connection behind a lock (writes are serialised, as SQLite would
 anyway) and one reader connection per thread: in WAL mode readers see the last committed state and never
@@ -85,6 +105,13 @@ METRICS_DB = "metrics.db"
 INCIDENTS_DB = "incidents.db"
 PROJECTS_DB = "projects.db"
 DEFAULT_SYNCHRONOUS = "FULL"
+DEFAULT_SYNC_AT_CHECKPOINT = True
+"""``sync_at_checkpoint``: the processor's writes commit at NORMAL and ``sync()`` makes them durable (the
+module docstring's power-loss argument); False: every commit at the configured ``synchronous`` level."""
+DEFERRED_SYNCHRONOUS = "NORMAL"
+"""The level of a deferred commit while ``sync_at_checkpoint`` is on and the configured level is stricter."""
+SYNC_TABLE = "store_syncs"
+"""The one-row table ``sync()`` updates: a commit that writes a WAL frame, hence a sync of the WAL at FULL."""
 SCHEMA_VERSION = 1
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -133,10 +160,22 @@ def connect(path: PathLike, synchronous: str = DEFAULT_SYNCHRONOUS) -> sqlite3.C
 class Database:
     """One SQLite file: a writer connection behind a lock and a reader connection per thread."""
 
-    def __init__(self, path: PathLike, schema: str, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
+    def __init__(self, path: PathLike, schema: str, *, synchronous: str = DEFAULT_SYNCHRONOUS,
+                 sync_at_checkpoint: bool = DEFAULT_SYNC_AT_CHECKPOINT) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._synchronous = synchronous
+        level = synchronous.upper()
+        #: the configured level (commits that must hold when they return, and sync()'s) and the level of
+        #: deferred commits; the level the writer connection is at now
+        self._level = level
+        self._deferred_level = (DEFERRED_SYNCHRONOUS if sync_at_checkpoint and level in ("FULL", "EXTRA")
+                                else level)
+        self._writer_level = level
+        #: a deferred commit happened since the last sync()
+        self.unsynced = False
+        #: sync() commits that wrote a frame (for tests and benches)
+        self.syncs = 0
         self._lock = threading.RLock()
         self._readers: Dict[threading.Thread, sqlite3.Connection] = {}
         self._readers_lock = threading.Lock()
@@ -152,12 +191,20 @@ class Database:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, *, deferred: bool = False) -> Iterator[sqlite3.Connection]:
         """The writer connection inside ``BEGIN IMMEDIATE`` … ``COMMIT`` (rolled back on an exception).
-        The commit has happened — durably, per ``synchronous`` — when the block exits."""
+        The commit has happened — durably, per ``synchronous`` — when the block exits; a ``deferred`` one
+        (the processor's writes) at :data:`DEFERRED_SYNCHRONOUS` while ``sync_at_checkpoint`` is on: durable
+        once :meth:`sync` returns."""
         with self._lock:
             self._check_open()
             conn = self._writer
+            level = self._deferred_level if deferred else self._level
+            if level != self._writer_level:
+                conn.execute(f"PRAGMA synchronous = {level}")
+                self._writer_level = level
+            if level != self._level:
+                self.unsynced = True  # before the commit: a failed one costs one needless sync() at most
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -166,6 +213,23 @@ class Database:
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def sync(self) -> None:
+        """Make every commit so far durable at the configured level: after deferred commits, one commit
+        that writes a frame (a row of :data:`SYNC_TABLE`) -- at FULL SQLite syncs the WAL after it, which
+        puts every earlier frame on disk (the module docstring's argument). Nothing when no deferred
+        commit happened since the last sync (or none is deferred: ``sync_at_checkpoint`` off, or a level
+        of NORMAL or OFF)."""
+        with self._lock:
+            if not self.unsynced:
+                return
+            with self.write() as conn:
+                conn.execute(f"CREATE TABLE IF NOT EXISTS {SYNC_TABLE} "
+                             "(id INTEGER PRIMARY KEY CHECK (id = 0), syncs INTEGER NOT NULL)")
+                conn.execute(f"INSERT INTO {SYNC_TABLE} (id, syncs) VALUES (0, 1) "
+                             "ON CONFLICT (id) DO UPDATE SET syncs = syncs + 1")
+            self.unsynced = False
+            self.syncs += 1
 
     def reader(self) -> sqlite3.Connection:
         """This thread's reader connection (autocommit: each statement sees the latest commit)."""
@@ -195,6 +259,10 @@ class Database:
         with self._lock, self._readers_lock:
             if self._closed:
                 return
+            try:
+                self.sync()  # deferred commits durable before the file is let go
+            except sqlite3.Error:
+                pass  # closing goes on: SQLite's own checkpoint at close syncs what it moves
             self._closed = True
             for conn in self._readers.values():
                 conn.close()
@@ -279,14 +347,17 @@ class SqliteEventStore(EventStore):
     """Raw context in ``events`` with an external-content FTS5 index over ``text`` (bm25 ranking,
     ``[bracketed]`` snippets). Idempotent on (project, event_id)."""
 
-    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> None:
-        self._db = Database(path, _EVENTS_SCHEMA, synchronous=synchronous)
+    def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS,
+                 sync_at_checkpoint: bool = DEFAULT_SYNC_AT_CHECKPOINT) -> None:
+        self._db = Database(path, _EVENTS_SCHEMA, synchronous=synchronous,
+                            sync_at_checkpoint=sync_at_checkpoint)
 
     def put(self, events: Sequence[StoredEvent]) -> int:
+        """A deferred write (durable once :meth:`sync` returns: the module docstring)."""
         if not events:
             return 0
         rows = [_event_row(e) for e in events]
-        with self._db.write() as conn:
+        with self._db.write(deferred=True) as conn:
             cur = conn.executemany(f"INSERT OR IGNORE INTO events ({_EVENT_COLUMNS}) "
                                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             return max(cur.rowcount, 0)
@@ -367,6 +438,9 @@ class SqliteEventStore(EventStore):
             f"WHERE events_fts MATCH ? AND rowid IN ({', '.join('?' * len(seqs))})",
             [match, *seqs]).fetchall()
         return {int(r[0]): str(r[1]) for r in rows}
+
+    def sync(self) -> None:
+        self._db.sync()
 
     def close(self) -> None:
         self._db.close()
@@ -463,8 +537,10 @@ class SqliteMetricStore(MetricStore):
     in memory per run (:data:`SERIES_CACHE_MAX`), never looked up point by point."""
 
     def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS,
-                 series_cache_max: int = SERIES_CACHE_MAX) -> None:
-        self._db = Database(path, _METRICS_SCHEMA, synchronous=synchronous)
+                 series_cache_max: int = SERIES_CACHE_MAX,
+                 sync_at_checkpoint: bool = DEFAULT_SYNC_AT_CHECKPOINT) -> None:
+        self._db = Database(path, _METRICS_SCHEMA, synchronous=synchronous,
+                            sync_at_checkpoint=sync_at_checkpoint)
         self._lock = threading.Lock()  # one put at a time: its transaction and its cache update together
         #: (project, run) -> {(rank, name): [sid, min_step, max_step]} of committed series, least recently
         #: written run first; rows of ``series`` are never deleted, so an entry can only be narrower than
@@ -525,11 +601,12 @@ class SqliteMetricStore(MetricStore):
         """One transaction: the batch's new series inserted (ids assigned here, under the write lock), the
         step ranges that grew updated, every point upserted by one ``executemany`` whose rows are built in
         C (``zip`` of the columns; the non-finite code is computed by SQLite). Series ids come from the
-        series cache (:data:`SERIES_CACHE_MAX`); a run not in it is read once with one query."""
+        series cache (:data:`SERIES_CACHE_MAX`); a run not in it is read once with one query. A deferred
+        write (durable once :meth:`sync` returns: the module docstring)."""
         if not columns.count:
             return
         with self._lock:
-            with self._db.write() as conn:
+            with self._db.write(deferred=True) as conn:
                 learned = self._write_columns(conn, columns)
             for run, entries in learned.items():  # committed: the cache may know them now
                 self._cache_run(run, entries)
@@ -710,6 +787,9 @@ class SqliteMetricStore(MetricStore):
                                          nonfinite=int(nonfinite)))
         return out
 
+    def sync(self) -> None:
+        self._db.sync()
+
     def close(self) -> None:
         self._db.close()
 
@@ -848,18 +928,25 @@ class SqliteIncidentStore(IncidentStore):
     document. Listings are newest first with keyset cursors ``(ns, id)``."""
 
     def __init__(self, path: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS,
-                 cluster_max_members: Optional[int] = None) -> None:
-        self._db = Database(path, _INCIDENTS_SCHEMA, synchronous=synchronous)
+                 cluster_max_members: Optional[int] = None,
+                 sync_at_checkpoint: bool = DEFAULT_SYNC_AT_CHECKPOINT) -> None:
+        self._db = Database(path, _INCIDENTS_SCHEMA, synchronous=synchronous,
+                            sync_at_checkpoint=sync_at_checkpoint)
         self._max_members = int(cluster_max_members or DetectionSettings().cluster_max_members)
 
     # runs
     def upsert_runs(self, runs: Sequence[RunRecord]) -> None:
-        self.upsert_records(runs, (), ())
+        self._upsert(runs, (), (), deferred=False)
 
     def upsert_records(self, runs: Sequence[RunRecord], incidents: Sequence[Incident],
                        clusters: Sequence[Cluster]) -> None:
-        """One transaction (one commit: one fsync under ``synchronous=FULL``) for a processor round's
-        runs, incidents and clusters; the documents are serialised before the write lock is taken."""
+        """One transaction for a processor round's runs, incidents and clusters; the documents are
+        serialised before the write lock is taken. A deferred write (durable once :meth:`sync` returns:
+        the module docstring); ``upsert_runs``/``upsert_incidents``/``upsert_clusters`` are not."""
+        self._upsert(runs, incidents, clusters, deferred=True)
+
+    def _upsert(self, runs: Sequence[RunRecord], incidents: Sequence[Incident], clusters: Sequence[Cluster],
+                *, deferred: bool) -> None:
         if not (runs or incidents or clusters):
             return
         run_rows = [(r.project, r.run_id, r.status, int(r.started_ns), int(r.last_event_ns),
@@ -869,7 +956,7 @@ class SqliteIncidentStore(IncidentStore):
                           json.dumps(i.to_dict())) for i in incidents]
         cluster_rows = [(c.project, c.fingerprint, int(c.first_ns), int(c.last_ns), json.dumps(c.to_dict()))
                         for c in clusters]
-        with self._db.write() as conn:
+        with self._db.write(deferred=deferred) as conn:
             if run_rows:
                 conn.executemany("INSERT OR REPLACE INTO runs (project, run_id, status, started_ns, "
                                  "last_event_ns, doc) VALUES (?, ?, ?, ?, ?, ?)", run_rows)
@@ -911,7 +998,7 @@ class SqliteIncidentStore(IncidentStore):
 
     # incidents
     def upsert_incidents(self, incidents: Sequence[Incident]) -> None:
-        self.upsert_records((), incidents, ())
+        self._upsert((), incidents, (), deferred=False)
 
     def get_incident(self, project: str, incident_id: str) -> Optional[Incident]:
         row = self._db.reader().execute("SELECT doc FROM incidents WHERE project = ? AND incident_id = ?",
@@ -972,17 +1059,18 @@ class SqliteIncidentStore(IncidentStore):
 
     # clusters
     def upsert_clusters(self, clusters: Sequence[Cluster]) -> None:
-        self.upsert_records((), (), clusters)
+        self._upsert((), (), clusters, deferred=False)
 
     def merge_clusters(self, source: str, clusters: Sequence[Cluster]) -> None:
         """Join each record into ``source``'s view of its cluster and store the merge of all the cluster's
-        views (:func:`~.cluster_merge.merge_views`), in one transaction (SQLite has one writer at a time)."""
+        views (:func:`~.cluster_merge.merge_views`), in one transaction (SQLite has one writer at a time). A
+        deferred write (durable once :meth:`sync` returns: the module docstring)."""
         if not clusters:
             return
         grouped: Dict[Tuple[str, str], List[Cluster]] = {}
         for c in clusters:
             grouped.setdefault((c.project, c.fingerprint), []).append(c)
-        with self._db.write() as conn:
+        with self._db.write(deferred=True) as conn:
             for (project, fingerprint), given in sorted(grouped.items()):
                 rows = conn.execute("SELECT source, doc FROM cluster_views WHERE project = ? AND "
                                     "fingerprint = ?", (project, fingerprint)).fetchall()
@@ -1045,9 +1133,18 @@ class SqliteIncidentStore(IncidentStore):
         return [IncidentWorkflow.from_dict(json.loads(r[0])) for r in rows]
 
     # state
+    def save_state(self, key: str, state: bytes) -> None:
+        """Durable when it returns (the gate's baselines, the notifier's memory), not deferred."""
+        self._save({key: bytes(state)}, deferred=False)
+
     def save_states(self, items: Mapping[str, Optional[bytes]]) -> None:
+        """One transaction: all or nothing. A deferred write (the processor's snapshot parts: durable once
+        :meth:`sync` returns)."""
+        self._save(items, deferred=True)
+
+    def _save(self, items: Mapping[str, Optional[bytes]], *, deferred: bool) -> None:
         now = time.time_ns()
-        with self._db.write() as conn:  # one transaction: all or nothing
+        with self._db.write(deferred=deferred) as conn:
             for key, value in items.items():
                 if value is None:
                     conn.execute("DELETE FROM state WHERE key = ?", (key,))
@@ -1080,6 +1177,9 @@ class SqliteIncidentStore(IncidentStore):
             f"ORDER BY {ns_col} DESC, {id_col} LIMIT ?", [*args, limit + 1]).fetchall()
         page = _page(rows, limit, lambda r: encode_cursor(table, scope, [r[0], r[1]]))
         return Page(items=[load(json.loads(r[2])) for r in page.items], next_cursor=page.next_cursor)
+
+    def sync(self) -> None:
+        self._db.sync()
 
     def close(self) -> None:
         self._db.close()
@@ -1185,6 +1285,9 @@ class SqliteProjectStore(ProjectStore):
         with self._db.write() as conn:
             return conn.execute("UPDATE tokens SET revoked = 1 WHERE token_id = ?", (token_id,)).rowcount > 0
 
+    def sync(self) -> None:
+        self._db.sync()
+
     def close(self) -> None:
         self._db.close()
 
@@ -1208,17 +1311,24 @@ class SqliteStores:
             store.close()
 
 
-def open_sqlite_stores(data_dir: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS) -> SqliteStores:
-    """Open (creating if needed) ``events.db``, ``metrics.db``, ``incidents.db`` and ``projects.db``."""
+def open_sqlite_stores(data_dir: PathLike, *, synchronous: str = DEFAULT_SYNCHRONOUS,
+                       sync_at_checkpoint: bool = DEFAULT_SYNC_AT_CHECKPOINT) -> SqliteStores:
+    """Open (creating if needed) ``events.db``, ``metrics.db``, ``incidents.db`` and ``projects.db``
+    (``synchronous`` and ``sync_at_checkpoint``: the module docstring's Durability)."""
     root = Path(data_dir)
-    return SqliteStores(events=SqliteEventStore(root / EVENTS_DB, synchronous=synchronous),
-                        metrics=SqliteMetricStore(root / METRICS_DB, synchronous=synchronous),
-                        incidents=SqliteIncidentStore(root / INCIDENTS_DB, synchronous=synchronous),
+    deferral = sync_at_checkpoint
+    return SqliteStores(events=SqliteEventStore(root / EVENTS_DB, synchronous=synchronous,
+                                                sync_at_checkpoint=deferral),
+                        metrics=SqliteMetricStore(root / METRICS_DB, synchronous=synchronous,
+                                                  sync_at_checkpoint=deferral),
+                        incidents=SqliteIncidentStore(root / INCIDENTS_DB, synchronous=synchronous,
+                                                      sync_at_checkpoint=deferral),
                         projects=SqliteProjectStore(root / PROJECTS_DB, synchronous=synchronous))
 
 
 __all__ = [
-    "DEFAULT_SYNCHRONOUS", "EVENTS_DB", "INCIDENTS_DB", "METRICS_DB", "PROJECTS_DB", "Database",
+    "DEFAULT_SYNCHRONOUS", "DEFAULT_SYNC_AT_CHECKPOINT", "EVENTS_DB", "INCIDENTS_DB", "METRICS_DB",
+    "PROJECTS_DB", "Database",
     "SqliteEventStore", "SqliteIncidentStore", "SqliteMetricStore", "SqliteProjectStore", "SqliteStores",
     "connect", "fts5_query", "open_sqlite_stores",
 ]
