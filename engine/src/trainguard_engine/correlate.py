@@ -740,6 +740,7 @@ def _fold_into(run: RunState, st: IncidentState, cause: IncidentState, settings:
     for r, first in st.rank_first.items():
         if r not in cause.rank_first and len(cause.rank_first) < settings.max_incident_ranks:
             cause.rank_first[r] = first
+            cause.changed()
     if st.rank_first:
         target.first_ns = min(target.first_ns, inc.first_ns) if target.first_ns else inc.first_ns
     if inc.first_step >= 0:

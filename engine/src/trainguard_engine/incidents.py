@@ -15,7 +15,8 @@ A detector never builds an :class:`~trainguard_engine.records.Incident`; it retu
   is kept in event-time order;
 * ``count`` = the distinct signals folded in (findings with ``counts=True``; duplicates never get here).
 
-:func:`resolve` closes an incident whose condition cleared. Both mark the state dirty for the output.
+:func:`resolve` closes an incident whose condition cleared. Both mark the state dirty for the output and
+count the change (:attr:`~trainguard_engine.state.RunState.changes`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def apply(run: RunState, finding: Finding, settings: DetectionSettings) -> Optio
         inc.fingerprint = finding.fingerprint
     _render(st)
     st.dirty = True
+    st.changed()
     return st
 
 
@@ -103,7 +105,7 @@ def _open(run: RunState, finding: Finding) -> IncidentState:
         summary=finding.summary or spec.description,
         first_ns=finding.time_ns, last_ns=max(finding.time_ns, finding.seen_ns),
         fingerprint=finding.fingerprint, checks=spec.checklist(), count=1 if finding.counts else 0)
-    st = IncidentState(key=finding.key, record=inc, values=dict(finding.values))
+    st = IncidentState(key=finding.key, record=inc, values=dict(finding.values), changes=run.changes)
     if finding.provisional:
         st.extra["provisional"] = True
     run.incidents[finding.key] = st
@@ -199,6 +201,7 @@ def resolve(st: IncidentState, time_ns: int, step: int, rank: int, what: str,
     inc.status, inc.resolved_ns = INCIDENT_RESOLVED, time_ns
     add_timeline(inc, TimelineEntry(time_ns=time_ns, step=step, rank=rank, what=what), settings)
     st.dirty = True
+    st.changed()
 
 
 def open_incidents(run: RunState) -> List[IncidentState]:

@@ -287,10 +287,18 @@ class IncidentState:
     extra: Dict[str, Any] = field(default_factory=dict)   # detector-specific, JSON-able
     emitted: str = ""            # digest of the record last emitted
     dirty: bool = False          # changed since the last output (never serialized: always False then)
+    # its run's incident-change counter (RunState.changes, the same list once the incident is in a run:
+    # incidents.apply's _open, RunState.from_json): derived, never serialized
+    changes: List[int] = field(default_factory=lambda: [0], compare=False, repr=False)
 
     @property
     def is_open(self) -> bool:
         return self.record.status != INCIDENT_RESOLVED
+
+    def changed(self) -> None:
+        """Count a change of what the incident says about its members -- its status, kind or ranks
+        (:attr:`RunState.changes`)."""
+        self.changes[0] += 1
 
     def to_json(self) -> Dict[str, Any]:
         return {"key": self.key, "record": self.record.to_dict(),
@@ -348,6 +356,13 @@ class RunState:
     emitted: str = ""
     touched: int = 0             # the pipeline's arrival count at its last event (quota eviction order)
     dirty: bool = False
+    changes: List[int] = field(default_factory=lambda: [0], compare=False, repr=False)
+    """How many times an incident of the run opened or changed its status, kind or ranks (one counter, in a
+    list each of its :class:`IncidentState` shares: :func:`~trainguard_engine.incidents.apply` and
+    :func:`~trainguard_engine.incidents.resolve` count, correlation too when it moves ranks into a cause).
+    While it and the number of incidents stay the same, whatever is read from the incidents' status, kind
+    and ranks stays the same (the loss curve's gates, :func:`~.detectors.loss._gates`). Derived, never
+    serialized (a restored run starts at 0 with new ranks, whose memos start empty)."""
 
     @property
     def key(self) -> str:
@@ -416,6 +431,8 @@ class RunState:
         state = cls(**plain)
         state.ranks = {r["rank"]: RankState.from_json(r) for r in data.get("ranks", [])}
         state.incidents = {i["key"]: IncidentState.from_json(i) for i in data.get("incidents", [])}
+        for st in state.incidents.values():
+            st.changes = state.changes
         state.seen = dict.fromkeys(data.get("seen", []))
         return state
 

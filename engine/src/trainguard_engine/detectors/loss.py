@@ -264,18 +264,18 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     _track_level(state, series, tuned)
     if initial <= 0:
         return []
-    muted = rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY)
+    muted, final, open_kind = _gates(run, rank)
     if muted and not tuned.divergence_beside_stale:
         return []
-    if numeric_final(run, rank) and not muted:
+    if final and not muted:
         diverged = _explosion_held_diverged(run, rank, name, series, initial, state, step, time_ns, event_id,
                                             settings)
         if diverged is not None:
             return [diverged]
         if not _explosion_gave_way(run, rank, name, series, initial, state, step, time_ns, settings):
             return []
-    open_kind = _open_curve_kind(run, rank)
-    if muted and (open_kind not in (None, "divergence") or numeric_final(run, rank)):
+        _muted, final, open_kind = _gates(run, rank)  # (read again: those two may have resolved incidents)
+    if muted and (open_kind not in (None, "divergence") or final):
         return []  # beside a clip-stale / vanishing / adapter incident only a divergence is judged
     if open_kind is not None and _curve_cleared(run, rank, open_kind, state, initial, step, time_ns,
                                                 settings, series, tail):
@@ -757,6 +757,34 @@ def _plateau_min_steps(state: Dict[str, Any], since: int, tuned: LossGradientSet
     if moved is not None and moved <= since:
         return min(tuned.plateau_moved_min_steps, tuned.plateau_min_steps)
     return tuned.plateau_min_steps
+
+
+GATES_MEMO = "loss.gates"
+"""The key of :func:`_gates`' memo in the rank's derived state (``RankState.derived``: per rank, never
+serialized): [the run's incident-change count, its number of incidents, (muted, final, open kind)]."""
+
+_NO_GATES: Tuple[bool, bool, Optional[str]] = (False, False, None)
+
+
+def _gates(run: RunState, rank: RankState) -> Tuple[bool, bool, Optional[str]]:
+    """What the run's incidents say to the loss curve of ``rank``: (muted -- an open vanishing, clip-stale
+    or adapter incident lists the rank; :func:`~.numeric.numeric_final`; :func:`_open_curve_kind`). They
+    read only the incidents' status, kind and ranks, so they are taken again only when an incident
+    opened or one of those changed since they were last taken for the rank (``RunState.changes`` and the
+    number of incidents: :mod:`..incidents` counts every such change); else the rank's memo answers, the
+    same three values. A run with no incident answers at once."""
+    incidents = run.incidents
+    if not incidents:
+        return _NO_GATES
+    changes = run.changes[0]
+    memo: Optional[List[Any]] = rank.derived.get(GATES_MEMO)
+    if memo is not None and memo[0] == changes and memo[1] == len(incidents):
+        gates: Tuple[bool, bool, Optional[str]] = memo[2]
+        return gates
+    gates = (rank_has_open(run, rank, VANISHING_KEY, CLIP_STALE_KEY, ADAPTER_KEY), numeric_final(run, rank),
+             _open_curve_kind(run, rank))
+    rank.derived[GATES_MEMO] = [changes, len(incidents), gates]
+    return gates
 
 
 def _open_curve_kind(run: RunState, rank: RankState) -> Optional[str]:
