@@ -97,6 +97,12 @@ class Settings(BaseSettings):
         32 * 2**20, ge=0, description="the same bound for the requests of one project: one tenant's big "
         "batches are answered 429 while the others' are admitted; a project holding nothing is never refused "
         "by it. 0: no bound")
+    http_body_pressure_timeout_s: float = Field(
+        5.0, gt=0, description="while the ingest bytes in flight leave no room under "
+        "ingest_max_inflight_bytes for one more max_batch_bytes body, an HTTP ingest body holding bytes "
+        "that sends no byte for this long is answered 408 (Connection: close) and its bytes given back, "
+        "instead of holding them for http_body_timeout_s (stalled uploads no longer keep the server's memory "
+        "while others wait for it)")
     max_gzip_members: int = Field(
         16, ge=1, description="most gzip members in one gzip-encoded HTTP ingest body (the SDK sends one); "
         "more is refused with 400 before inflating them, so concatenated empty members cannot burn CPU")

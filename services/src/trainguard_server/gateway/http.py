@@ -8,6 +8,8 @@ request                                                                answer
 ``Content-Length`` over ``max_batch_bytes`` (checked before reading)   413
 both ``Content-Length`` and ``Transfer-Encoding`` (a smuggling shape)  400 + ``Connection: close``
 body over ``max_batch_bytes`` while reading (chunked uploads)          413
+body holding bytes stalls ``http_body_pressure_timeout_s`` while the   408 + ``Connection: close``
+in-flight total has no room for one more ``max_batch_bytes`` body
 no / malformed / two ``Authorization``, unknown or revoked token      401 + ``WWW-Authenticate``
 a read token                                                           403
 ``Content-Type`` not ``application/json`` / ``application/x-protobuf``  415
@@ -29,9 +31,10 @@ loop keeps serving other connections.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -74,9 +77,14 @@ class UnsupportedMediaType(GatewayError):
     """A Content-Type or Content-Encoding this endpoint does not take (HTTP 415)."""
 
 
+class BodyStalled(GatewayError):
+    """A body that stopped arriving while the ingest bytes in flight are full (HTTP 408, and the connection
+    is closed: the rest of the body is never read)."""
+
+
 _STATUS: Dict[type, int] = {
     Unauthenticated: 401, PermissionDenied: 403, InvalidRequest: 400, RequestTooLarge: 413,
-    UnsupportedMediaType: 415, Backpressure: 429, Unavailable: 503,
+    UnsupportedMediaType: 415, Backpressure: 429, Unavailable: 503, BodyStalled: 408,
 }
 
 
@@ -88,7 +96,7 @@ def error_response(exc: GatewayError) -> JSONResponse:
         headers["WWW-Authenticate"] = "Bearer"
     if isinstance(exc, (Backpressure, Unavailable)):
         headers["Retry-After"] = retry_after_header(exc.retry_after)
-    if isinstance(exc, AmbiguousFraming):
+    if isinstance(exc, (AmbiguousFraming, BodyStalled)):
         headers["Connection"] = "close"
     return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
 
@@ -207,6 +215,19 @@ class _Held:
             self.inflight.give_back(self.project, self.n)
         self.n = 0
 
+    def pressure(self) -> Optional[str]:
+        """Why this request's stalled body should end now (None: it may wait): it holds bytes while the
+        process's in-flight total has no room left for one more ``max_batch_bytes`` body."""
+        counts = self.inflight
+        if counts is None or not self.n or not counts.total:
+            return None
+        held = counts.held()
+        if held + counts.max_request <= counts.total:
+            return None
+        return (f"this server holds {held} bytes of ingest requests being read or decoded, no room for "
+                f"another body of max_batch_bytes={counts.max_request} under {counts.total} "
+                f"(TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES)")
+
 
 class _InflatedBytes:
     """Takes a gzip body's inflated bytes in its request's :class:`_Held`: the body counts at its inflated
@@ -236,12 +257,41 @@ class _InflatedBytes:
             self.counted += more
 
 
-async def _read_body(request: Request, limit: int, held: Optional[_Held] = None) -> bytes:
+async def _next_chunk(chunks: AsyncIterator[bytes], held: Optional[_Held], stall_s: Optional[float]) -> bytes:
+    """The body's next chunk (:class:`StopAsyncIteration` at its end). While none comes, every ``stall_s``
+    seconds: :class:`BodyStalled` (408) if the request holds bytes the server is short of
+    (:meth:`_Held.pressure`); else it keeps waiting, up to the connection's own ``http_body_timeout_s``."""
+    if held is None or stall_s is None:
+        return await chunks.__anext__()
+    pending = asyncio.ensure_future(chunks.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=stall_s)  # waiting never cancels ``pending``
+            if done:
+                return pending.result()
+            why = held.pressure()
+            if why is not None:
+                raise BodyStalled(f"request body stalled: no byte for http_body_pressure_timeout_s="
+                                  f"{stall_s:g} s while {why}; nothing of this request was queued: send the "
+                                  f"body without pauses")
+    finally:
+        if not pending.done():
+            pending.cancel()
+
+
+async def _read_body(request: Request, limit: int, held: Optional[_Held] = None,
+                     stall_s: Optional[float] = None) -> bytes:
     """The raw body, refusing to buffer more than ``limit`` bytes (chunked uploads included); each chunk is
     taken in ``held`` as it arrives, after the size check: a body too large for any server is a 413 (split
-    it), never a 429 (retry it) because the server happens to be busy."""
+    it), never a 429 (retry it) because the server happens to be busy. With ``stall_s``, a body that sends
+    nothing for that long while the in-flight total is full is answered 408 (:func:`_next_chunk`)."""
     body = bytearray()
-    async for chunk in request.stream():
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await _next_chunk(chunks, held, stall_s)
+        except StopAsyncIteration:
+            break
         if len(body) + len(chunk) > limit:
             raise RequestTooLarge(f"body is larger than max_batch_bytes={limit}; split the batch")
         if held is not None:
@@ -304,6 +354,7 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
     limit = settings.max_batch_bytes
     inflight = gateway.body_bytes
     retry_after = settings.retry_after_s
+    stall_s = settings.http_body_pressure_timeout_s
     request_body = {
         "required": True,
         "description": "A trainguard.v1.IngestRequest: JSON {\"events\": [...]} in the proto3 JSON mapping "
@@ -321,6 +372,8 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
         400: {"description": "the body is unusable", **error},
         401: {"description": "missing, unknown or revoked token", **error},
         403: {"description": "not an ingest token", **error},
+        408: {"description": "the body stalled while the server is short of memory for bodies: resend it",
+              **error},
         413: {"description": "too many bytes or events: split the batch", **error},
         415: {"description": "unsupported Content-Type / Content-Encoding", **error},
         429: {"description": "queue full: retry after Retry-After seconds", **error},
@@ -341,7 +394,7 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
             offset = gateway.clock_offset(headers.getlist(SENT_AT_HEADER))  # at receipt, before the body
             held = _Held(inflight, auth.project, retry_after)
             held.fits(headers.get("content-length"))
-            body = await _read_body(request, limit, held)
+            body = await _read_body(request, limit, held, stall_s)
             result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped, offset, held)
         except GatewayError as exc:
             return error_response(exc)
