@@ -193,12 +193,15 @@ _ASSERT_RE = re.compile(r"Assertion `(?P<assertion>[^\n]{1,300}?)`"
 assertion's closing backtick, and a reader that passes lines one by one sees it without ``failed``). The
 assertion's own text may hold backticks: torch.multinomial's kernel asserts ``probability tensor contains
 either `inf`, `nan` or element < 0`` (the shortest text that a closing backtick and ``failed`` end)."""
-_ASSERT_SITE_RE = re.compile(r"(?P<file>[^\s:]{1,300}\.cuh?):(?P<line>\d+): (?:(?P<kernel>[^\n:]{1,400}): )?"
+_ASSERT_SITE_RE = re.compile(r"(?P<file>[^\s:]{1,300}\.cuh?):(?P<line>\d+): "
+                             r"(?:(?P<kernel>(?:[^\n:]|:(?! )){1,400}): )?"
                              r"block: \[(?P<block>[\d,]{1,40})\], thread: \[(?P<thread>[\d,]{1,40})\]")
 """Where a device-side assert fired: ``Indexing.cu:1284: indexSelectLargeIndex: block: [..], thread:
 [..]``, also with the kernel's whole C++ signature (legacy THC: ``void indexSelectSmallIndex(TensorInfo<T,
 ...>, ...) [with T = float, ...]``) or with no kernel name at all (``THCTensorIndex.cu:218: block: [..],
-thread: [..]``)."""
+thread: [..]``), or a lambda's signature whose ``::`` the kernel part may hold (torch 1.2-1.7's IndexKernel:
+``IndexKernel.cu:60: lambda [](int)->auto::operator()(int)->auto: block: [..], thread: [..]``): a colon in the
+kernel part is one not followed by a space, the site's own separators are ``: ``."""
 _KERNEL_NAME_RE = re.compile(r"(?:^|\s)(?P<name>[A-Za-z_][\w:]{0,120})(?:<[^(]{0,200}>)?\(")
 _INDEX_ASSERT_RE = re.compile(r"index|Index|n_classes|< *numel|srcSelectDimSize|dstAddDimSize|num_classes")
 

@@ -197,21 +197,28 @@ def _timeout_frame(t: _Text) -> Optional[_Hit]:
 
 
 _STUCK_RE = re.compile(r"watchdog got stuck for (?P<seconds>\d{1,9}) seconds")
+_HANG_NEEDLE = "due to processgroupnccl watchdog hang"
+"""The monitor's own verdict as it kills the process (torch 2.4+, a fatal ``[F...]`` line): ``Terminating the
+process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang.`` -- the same hang, its
+stuck time not said."""
 
 
 def _rule_heartbeat_stuck(t: _Text) -> Optional[_Hit]:
     """ProcessGroupNCCL's heartbeat monitor (torch 2.3+): ``ProcessGroupNCCL's watchdog got stuck for N
     seconds without making progress in monitoring enqueued collectives`` -- the watchdog itself hung (an
     NCCL/CUDA call blocking it, most often inside a collective that never completes), and the monitor is
-    about to kill the process. A hang seen from inside the process group: comm/timeout, less certain than
-    a timed-out collective's own line."""
+    about to kill the process; or the monitor's kill itself (:data:`_HANG_NEEDLE`). A hang seen from inside
+    the process group: comm/timeout, less certain than a timed-out collective's own line."""
     pos = t.first("watchdog got stuck for")
-    if pos < 0 or (found := _search(_STUCK_RE, t, pos, before=0, after=80)) is None:
+    if pos >= 0 and (found := _search(_STUCK_RE, t, pos, before=0, after=80)) is not None:
+        facts: Facts = {"stuck_s": int(found[1].group("seconds"))}
+        said = f"NCCL watchdog stuck for {facts['stuck_s']} s"
+    elif (pos := t.first(_HANG_NEEDLE)) >= 0:
+        facts, said = {"watchdog_hang": True}, "NCCL watchdog hang"
+    else:
         return None
-    facts: Facts = {"stuck_s": int(found[1].group("seconds"))}
     rank = _rank_of(t, pos, facts)
-    return _Hit("comm", "timeout", 0.6, pos, facts,
-                f"NCCL watchdog stuck for {facts['stuck_s']} s{_on_rank(rank)} (heartbeat monitor)",
+    return _Hit("comm", "timeout", 0.6, pos, facts, f"{said}{_on_rank(rank)} (heartbeat monitor)",
                 "the watchdog made no progress on the enqueued collectives: a collective (or a CUDA call "
                 "under it) hung; find the rank that stopped calling collectives (py-spy dump of each rank, "
                 "TORCH_NCCL_TRACE_BUFFER_SIZE for the flight recorder)")
@@ -249,6 +256,13 @@ _NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:(?:System|Remote|Internal|Unhandl
 _NCCL_SITE_RE = re.compile(r"NCCL error in: (?P<site>[^,\n]{1,300}), (?P<reason>[^\n]{1,300}?), NCCL version "
                            r"(?P<version>[\w.+-]{1,40})")
 _NCCL_PLAIN_RE = re.compile(r"NCCL error: (?P<reason>[^\n]{1,300}?), NCCL version (?P<version>[\w.+-]{1,40})")
+_NCCL_BARE_RE = re.compile(r"NCCL error: (?P<reason>(?:remote process exited or there was a network error|"
+                           r"unhandled system error|unhandled cuda error|internal error|invalid usage)"
+                           r"[^\n]{0,200})")
+"""``NCCL error: <ncclGetErrorString>`` with neither a site nor a version: vLLM's and SGLang's own NCCL
+wrapper (pynccl) raises ``RuntimeError(f"NCCL error: {error_str}")`` -- ``NCCL error: internal error -
+please report this issue to the NCCL developers``, ``NCCL error: unhandled system error (run with
+NCCL_DEBUG=INFO for details)``. Only NCCL's own result strings follow the colon."""
 _NCCL_OLD_SITE_RE = re.compile(r"NCCL error in: (?P<site>[^,\n]{1,300}), (?P<reason>[^,\n]{1,200}?)"
                                r"[ \t]*(?:\n|$)")
 """torch < 1.1's wording, without the NCCL version (``what():  NCCL error in: .../c10d/NCCLUtils.hpp:29,
@@ -268,7 +282,13 @@ _NCCL_REASONS = (
     ("invalid argument", "ncclInvalidArgument"),
 )
 _CONNECT_RE = re.compile(r"socketStartConnect|[Cc]onnect to \S+ failed|[Cc]all to connect returned|"
-                         r"Connection refused|bootstrap", re.IGNORECASE)
+                         r"Connection refused|bootstrap|ncclSocketInit|no socket interface", re.IGNORECASE)
+"""An NCCL error whose reason or ``Last error:`` is the bootstrap / socket set-up: a connect that failed,
+NCCL finding no usable interface (``Bootstrap : no socket interface found``, ``ncclSocketInit: connecting to
+address with family N ...`` -- NCCL_SOCKET_IFNAME naming an interface that is not there)."""
+_SETUP_CODES = ("ncclSystemError", "ncclInternalError")
+"""The codes such a set-up failure comes as: ``unhandled system error`` (a failed connect) and ``internal
+error`` / ``Internal check failed`` (NCCL >= 2.19 for a missing socket interface)."""
 _NCCL_KINDS = {
     "ncclRemoteError": ("comm", "rank-lost", 0.75, "a peer process exited or the network between the ranks "
                         "failed: look for the peer's own incident first, then the interconnect"),
@@ -334,6 +354,10 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
     elif (numbered := _NCCL_NUMBERED_RE.search(text)) is not None:
         facts["reason"] = numbered.group("reason").strip()
         code = code or _NCCL_RESULT_CODES[int(numbered.group("num"))]
+    elif (bare := _NCCL_BARE_RE.search(text)) is not None:
+        reason = bare.group("reason").strip()
+        facts["reason"] = reason
+        code = code or next(c for needle, c in _NCCL_REASONS if reason.lower().startswith(needle))
     elif (legacy := _NCCL_OLD_SITE_RE.search(text)) is not None:
         reason = legacy.group("reason").strip()
         said = next((c for needle, c in _NCCL_REASONS if reason.lower().startswith(needle)), None)
@@ -348,8 +372,8 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
         facts["last_error"] = last.group("last").strip()
         extra = (pos + last.start("last"),)
     category, subtype, confidence, note = _NCCL_KINDS[code]
-    if code == "ncclSystemError" and _CONNECT_RE.search(facts.get("last_error", "") + " " +
-                                                        facts.get("reason", "")):
+    set_up = f"{facts.get('last_error', '')} {facts.get('reason', '')}"
+    if code in _SETUP_CODES and _CONNECT_RE.search(set_up):
         category, subtype, confidence = "comm", "init-failure", 0.7
         note = ("NCCL could not connect to a peer (bootstrap or transport): addresses, NCCL_SOCKET_IFNAME, "
                 "firewall")
@@ -412,6 +436,11 @@ _NCCL_WARN_PATTERNS: Tuple[Tuple[str, str, str, float, str], ...] = (
      "NCCL's bootstrap could not bind its listening socket (``Call to bind failed : Address already in "
      "use``) while building a communicator: the port is taken (another job, or a communicator rebuilt "
      "before the last one let go of it)"),
+    ("call to connect failed", "comm", "init-failure", 0.7,
+     "NCCL could not open a socket to a peer while setting up (``WARN Call to connect failed : Connection "
+     "refused / timed out``, bootstrap or transport): the address NCCL picked is not reachable -- "
+     "NCCL_SOCKET_IFNAME, firewalls, every rank started; the peers' closed connections that follow are its "
+     "consequence"),
     ("connection reset by peer", "comm", "rank-lost", 0.7,
      "a peer's socket went away: the peer process died or its node/network failed"),
     ("connection closed by remote peer", "comm", "rank-lost", 0.7,
@@ -429,6 +458,18 @@ _NCCL_WARN_PATTERNS: Tuple[Tuple[str, str, str, float, str], ...] = (
 """NCCL_DEBUG lines (``host:pid:tid [dev] file:line NCCL WARN ...``) that say what failed, most causal
 first (a mismatch before the peers' resets it causes)."""
 _LOCAL_RANK_RE = re.compile(r"Connection closed by localRank (?P<rank>\d+)")
+_OLD_WARN_RE = re.compile(r"\[\d{1,3}\] [\w./-]{1,200}\.(?:h|hpp|cc|cu|cpp):\d{1,6} WARN ")
+"""NCCL < 2.3's debug line, without the word NCCL: ``host:pid:tid [0] include/socket.h:360 WARN Call to
+connect failed : Connection timed out`` (also with the host hidden: ``*server name* [0]
+include/socket.h:185 WARN ...``). Read only around :data:`_OLD_WARN_NEEDLE`, the one such line a pattern
+below reads."""
+_OLD_WARN_NEEDLE = "warn call to connect failed"
+
+
+def _old_warn(t: _Text) -> bool:
+    """Whether the text holds NCCL < 2.3's ``[dev] file:line WARN Call to connect failed`` line."""
+    pos = t.first(_OLD_WARN_NEEDLE)
+    return pos >= 0 and _search(_OLD_WARN_RE, t, pos, before=260, after=8) is not None
 
 
 def _rule_nccl_debug(t: _Text) -> Optional[_Hit]:
@@ -441,7 +482,7 @@ def _rule_nccl_debug(t: _Text) -> Optional[_Hit]:
                     f"NCCL: mismatched collective at and around rank {facts['around_rank']}",
                     "the ranks called different collectives (or sizes) in the same position: start at the "
                     "named rank; NCCL_DEBUG_SUBSYS=COLL lists each rank's calls")
-    if t.first("nccl warn", "nccl info") < 0:
+    if t.first("nccl warn", "nccl info") < 0 and not _old_warn(t):
         return None
     for needle, category, subtype, confidence, note in _NCCL_WARN_PATTERNS:
         pos = t.first(needle)
@@ -499,10 +540,10 @@ GATES = {
                              "stack trace of the failed collective:"),
     "nccl.error": (*_NCCL_NEEDLES, "duplicate gpu detected"),
     "nccl.comm-aborted": ("nccl communicator was aborted on rank",),
-    "nccl.debug": ("mismatched collective detected", "nccl warn", "nccl info"),
+    "nccl.debug": ("mismatched collective detected", "nccl warn", "nccl info", _OLD_WARN_NEEDLE),
     "nccl.ib-error": ("got completion from peer",),
     "nccl.watchdog-teardown": (*_TEARDOWN_NEEDLES, *_CHECK_TIMEOUT),
-    "nccl.heartbeat-stuck": ("watchdog got stuck for",),
+    "nccl.heartbeat-stuck": ("watchdog got stuck for", _HANG_NEEDLE),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""

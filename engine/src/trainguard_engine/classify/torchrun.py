@@ -104,7 +104,11 @@ _CALLED_EXIT_RE = re.compile(r"\]' returned non-zero exit status (?P<code>\d{1,3
 'train.py', '--local_rank=3', ...]' returned non-zero exit status 1.``: the worker launched with that
 ``--local_rank`` exited with that code (its own error, if any, was printed before). Only a command that
 carries ``--local_rank`` is a launcher's worker; any other subprocess's exit (a build's ``ninja``) is not."""
-_DEATH_SIGNAL_RE = re.compile(r"Received (?P<sig>\d+) death signal|got signal: (?P<sig2>\d+)")
+_DEATH_SIGNAL_RE = re.compile(r"Received (?:(?P<sig>\d+)|Signals\.(?P<name>SIG[A-Z]{2,8})) death signal|"
+                              r"got signal: (?P<sig2>\d+)")
+"""The elastic agent's ``Received 15 death signal, shutting down workers``; torch >= 2.2 names the signal
+(``Received Signals.SIGINT death signal, shutting down workers``: a Ctrl-C, the agent forwarding it);
+``SignalException: Process N got signal: 15``."""
 _SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?:\*\*|__)?"
                              r"(?P<what>Segmentation fault|Killed|Illegal instruction"
                              r"|Floating point exception|Bus error)"
@@ -253,9 +257,10 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
             slurm["reason"] = m.group("reason").strip().lower()
         return _signal_hit(found[0] + m.start(), slurm, f"Slurm {m.group('what').lower()} {m.group('id')}")
     pos = t.first("death signal", "got signal:")
-    if pos >= 0 and (found := _search(_DEATH_SIGNAL_RE, t, pos, before=40, after=40)) is not None:
+    if (pos >= 0 and (found := _search(_DEATH_SIGNAL_RE, t, pos, before=40, after=40)) is not None
+            and (signal := int(found[1].group("sig") or found[1].group("sig2")
+                               or _SIGNAL_NUMBERS.get(found[1].group("name"), 0)))):
         m = found[1]
-        signal = int(m.group("sig") or m.group("sig2"))
         facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
         return _signal_hit(found[0] + m.start(), facts, "the launcher")
     pos = t.first("killed process", "oom-kill event")
