@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 PAYLOAD_KINDS = ("metrics", "exception", "lifecycle", "heartbeat", "log", "memory")
@@ -53,11 +54,40 @@ def from_wire_float(value: WireFloat) -> float:
     raise ValueError(f"not a double: {value!r}")
 
 
+#: what the server refuses in a metric name (docs/security.md): C0 controls, DEL, C1 controls and Unicode's
+#: bidirectional controls -- the server's rule for run ids too (gateway/validate.py)
+_NAME_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def metric_name(name: Any) -> Any:
+    """``name`` as sent: a string holding a control or bidirectional control character gets each one
+    written as its escape (``"loss\\x1b[2J"`` -> ``"loss\\\\x1b[2J"``), so the server, which refuses such
+    names, keeps the event and its other metrics; anything else is returned as is. Never raises."""
+    if type(name) is str and _NAME_CONTROL.search(name):
+        return _NAME_CONTROL.sub(_escape, name)
+    return name
+
+
+def _names_clean(values: Iterable[Any]) -> bool:
+    """True when no name of ``values`` needs :func:`metric_name` (one regex over all, the common case)."""
+    try:
+        return _NAME_CONTROL.search("".join(values)) is None
+    except TypeError:  # a name that is not a string: check one by one
+        return False
+
+
 def metric_points(values: Mapping[str, float], step: Optional[int] = None) -> List[Dict[str, Any]]:
-    """Metric messages for ``values``; ``step`` (if given) is stamped on each point."""
+    """Metric messages for ``values``; ``step`` (if given) is stamped on each point. Names go through
+    :func:`metric_name`."""
     points: List[Dict[str, Any]] = []
+    escape = not _names_clean(values)
     for name, value in values.items():
-        point: Dict[str, Any] = {"name": name, "value": wire_float(value)}
+        point: Dict[str, Any] = {"name": metric_name(name) if escape else name, "value": wire_float(value)}
         if step is not None:
             point["step"] = step
         points.append(point)
@@ -65,8 +95,9 @@ def metric_points(values: Mapping[str, float], step: Optional[int] = None) -> Li
 
 
 def recent_points(recent: Iterable[Tuple[str, int, float]]) -> List[Dict[str, Any]]:
-    """Metric messages for ``(name, step, value)`` context values, each with its own step."""
-    return [{"name": n, "step": s, "value": wire_float(v)} for n, s, v in recent]
+    """Metric messages for ``(name, step, value)`` context values, each with its own step (names as in
+    :func:`metric_name`)."""
+    return [{"name": metric_name(n), "step": s, "value": wire_float(v)} for n, s, v in recent]
 
 
 def metrics_payload(values: Mapping[str, float], alert: str = "",

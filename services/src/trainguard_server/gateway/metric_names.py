@@ -19,10 +19,16 @@ one run. Contract of :class:`MetricNameCap` (thread-safe):
 * A point name longer than ``max_length`` characters refuses its envelope too (code ``too_large``, naming
   the point): a name is an identifier (``grad/layer/<module>``), and 5,000 names of 60,000 characters would
   be 300 MB of one run's series names, here and in the stores.
+* A point name holding a control character (C0, DEL, C1) or a Unicode bidirectional control refuses its
+  envelope too (code ``invalid_field``, naming the point, the code point and its position): a metric name is
+  printed as is -- the dashboard, the CLI, notifications, log lines -- where an ESC sequence clears a
+  terminal, a newline forges a log line and a bidi control reorders the text around it (the rule of
+  ``run_id``, :mod:`.validate`). Names the metric store already holds with one (stored before this rule)
+  are not seeded as known, so they are refused as new ones are. Always on.
 * Memory: the names remembered over all runs weigh at most ``budget`` (each name its length plus
   :data:`NAME_OVERHEAD`), least recently active runs forgotten first (a forgotten run is seeded again when
   it comes back).
-* ``cap <= 0`` turns the count off, ``max_length <= 0`` the length rule.
+* ``cap <= 0`` turns the count off, ``max_length <= 0`` the length rule (the character rule stays).
 * :meth:`admits_known` ``(project, runs)`` is the steady state's shortcut: True when :meth:`refusals` of
   those runs' envelopes would refuse nothing and admit no new name (every run remembered and naming only
   names it has, none too long); the runs are then marked active as :meth:`refusals` would. False changes
@@ -36,6 +42,8 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from .validate import BIDI_CONTROL, CONTROL, show
+
 __all__ = ["CODE", "MetricNameCap"]
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,7 @@ NAME_SHOWN = 80
 #: what remembering one name costs beside its characters (a str object and a set slot), for the budget
 NAME_OVERHEAD = 80
 LENGTH_CODE = "too_large"
+CHARACTER_CODE = "invalid_field"
 
 Seed = Callable[[str, str], Iterable[str]]
 
@@ -66,7 +75,7 @@ class MetricNameCap:
 
     @property
     def enabled(self) -> bool:
-        return self.cap > 0 or self.max_length > 0
+        return True  # the character rule is always on
 
     def names(self, project: str, run_id: str) -> int:
         """Distinct names counted for the run now (0 when not remembered)."""
@@ -77,14 +86,12 @@ class MetricNameCap:
         """True when :meth:`refusals` of envelopes of ``runs`` (run id -> the names they carry, in the
         order the runs first appear) would refuse nothing and admit no name; those runs are then marked
         active as it would mark them. False: nothing changed."""
-        if not self.enabled:
-            return True
         if self.max_length > 0:
             for names in runs.values():
                 if names and max(map(len, names)) > self.max_length:
                     return False
-        if self.cap <= 0:
-            return True
+        if self.cap <= 0:  # names a run knows were checked when admitted; without the count, check them here
+            return not any(CONTROL.search("".join(names)) for names in runs.values())
         with self._lock:
             for run_id, names in runs.items():
                 known = self._runs.get((project, run_id))
@@ -100,8 +107,6 @@ class MetricNameCap:
         admitted. ``items``: ``(key, run_id, names)`` of metric-batch envelopes (``names``: their points'
         names in order); a message starts with the field (``metrics...``), the caller puts ``events[i].``
         before it."""
-        if not self.enabled:
-            return {}
         by_run: Dict[str, List[Tuple[int, Sequence[str]]]] = {}
         for key, run_id, names_of in items:
             by_run.setdefault(run_id, []).append((key, names_of))
@@ -113,6 +118,9 @@ class MetricNameCap:
             every.discard("")
             if self.max_length > 0 and every and max(map(len, every)) > self.max_length:
                 envelopes = self._long_names(envelopes, out)
+                every = {n for _, points in envelopes for n in points} - {""}
+            if CONTROL.search("".join(every)):
+                envelopes = self._control_names(envelopes, out)
                 every = {n for _, points in envelopes for n in points} - {""}
             if self.cap <= 0:
                 continue
@@ -152,6 +160,27 @@ class MetricNameCap:
                 kept.append((key, points))
         return kept
 
+    def _control_names(self, envelopes: List[Tuple[int, Sequence[str]]],
+                       out: Dict[int, Tuple[str, str]]) -> List[Tuple[int, Sequence[str]]]:
+        """``envelopes`` less those with a point name holding a control character, each refused into
+        ``out``."""
+        kept = []
+        for key, points in envelopes:
+            for j, name in enumerate(points):
+                found = CONTROL.search(name)
+                if found:
+                    at = found.start()
+                    kind = "the bidirectional control character" if BIDI_CONTROL.match(name[at]) else \
+                        "the control character"
+                    out[key] = (CHARACTER_CODE, f"metrics.points[{j}].name: {show(name)} has {kind} "
+                                                f"U+{ord(name[at]):04X} at position {at}; a metric name is "
+                                                f"printed as is (dashboard, CLI, notifications, logs), so "
+                                                f"control and bidirectional control characters are refused")
+                    break
+            else:
+                kept.append((key, points))
+        return kept
+
     # --- internals --------------------------------------------------------------------------------
     def _message(self, run_id: str, has: int, new: Set[str]) -> str:
         first = min(new)
@@ -186,6 +215,8 @@ class MetricNameCap:
                 log.warning("cannot read the metric names of run %r of project %r; counting from now",
                             run_id, project, exc_info=True)
         seeded.discard("")
+        if CONTROL.search("".join(seeded)):  # stored before the character rule: not known, so refused
+            seeded = {name for name in seeded if not CONTROL.search(name)}
         with self._lock:
             if (project, run_id) not in self._runs:
                 self._runs[(project, run_id)] = seeded

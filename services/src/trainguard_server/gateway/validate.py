@@ -91,6 +91,8 @@ _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 #: C0 controls, DEL, C1 controls and the bidi controls: refused in the identity names (see the module doc)
 _CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
 _BIDI_CONTROL = re.compile(f"[{_BIDI}]")
+#: the same rules under public names (metric point names follow them too: :mod:`.metric_names`)
+CONTROL, BIDI_CONTROL = _CONTROL, _BIDI_CONTROL
 #: the ids checked for control characters, in the order they are checked
 _NAME_FIELDS = ("run_id", "trace_id")
 
@@ -154,6 +156,9 @@ def _id_patterns(max_len: int) -> Tuple[Pattern[str], Pattern[str]]:
 def _show(value: str, limit: int = 40) -> str:
     """A value quoted for a message: JSON-escaped, long ones cut."""
     return json.dumps(value if len(value) <= limit else value[: limit - 3] + "...", ensure_ascii=True)
+
+
+show = _show
 
 
 def _too_long(where: str, what: str, length: int, limit_name: str, limit: int) -> Rejection:
