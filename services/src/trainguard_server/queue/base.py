@@ -18,13 +18,14 @@ shared argument checks are in :mod:`.common`. All pass tests/services/queue/test
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import List, Optional, Protocol, Sequence
+from typing import List, NamedTuple, Optional, Protocol, Sequence
 
 
-@dataclass(frozen=True)
-class QueueRecord:
-    """One published message. ``value`` is a serialized ``trainguard.v1.IngestRequest``."""
+class QueueRecord(NamedTuple):
+    """One published message. ``value`` is a serialized ``trainguard.v1.IngestRequest``. Immutable; a
+    NamedTuple, not a frozen dataclass, because a consumer builds one per record: 0.21 us against 0.69
+    (whose ``__init__`` sets each field through ``object.__setattr__``), measured on 6,432 records
+    (bench/results/processor_store_issue15_stop41.txt)."""
 
     partition: int
     offset: int
