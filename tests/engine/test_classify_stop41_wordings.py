@@ -14,7 +14,9 @@ e4e97de, which were labelled and recorded before any of these rules existed:
 * the heartbeat monitor's kill, ``Terminating the process ... due to ProcessGroupNCCL watchdog hang``, is the
   hang it reports (comm/timeout, as its ``watchdog got stuck for N seconds`` line);
 * the elastic agent's ``Received Signals.SIGINT death signal`` (torch >= 2.2 names the signal) is that signal's
-  exit, as ``Received 2 death signal`` was."""
+  exit, as ``Received 2 death signal`` was;
+* ``colossalai run``'s last line, ``Error: failed to run torchrun ... on <host>[, is localhost: ..., exception:
+  Encountered a bad command exit code!]``, is a process exit (no rank)."""
 
 from __future__ import annotations
 
@@ -127,3 +129,18 @@ def test_the_heartbeat_monitors_kill_for_a_watchdog_hang_is_a_timeout() -> None:
 def test_the_agents_named_death_signal_is_that_signal(line: str, signal: int, kind: str) -> None:
     found = classify_text(line)
     assert found is not None and found.kind == kind and found.facts["signal"] == signal
+
+
+@pytest.mark.parametrize("line", [
+    _lines("proc-exit-colossalai-run-failed-one-line-2441-1", "Error: failed to run"),
+    _lines("proc-exit1-summary-colossalai-run-2642-1", "Error: failed to run"),
+])
+def test_colossalai_runs_failed_command_is_a_process_exit(line: str) -> None:
+    found = classify_text(line)
+    assert found is not None and found.kind == "process/exit" and found.rule == "launcher.signal"
+    assert found.facts == {"launcher": "torchrun", "host": "127.0.0.1"}
+
+
+def test_failing_to_run_something_in_prose_is_not_a_runner() -> None:
+    found = classify_text("Error: failed to run my script on the cluster, any idea?")
+    assert found is None or found.rule != "launcher.signal"

@@ -104,6 +104,12 @@ _CALLED_EXIT_RE = re.compile(r"\]' returned non-zero exit status (?P<code>\d{1,3
 'train.py', '--local_rank=3', ...]' returned non-zero exit status 1.``: the worker launched with that
 ``--local_rank`` exited with that code (its own error, if any, was printed before). Only a command that
 carries ``--local_rank`` is a launcher's worker; any other subprocess's exit (a build's ``ninja``) is not."""
+_RUNNER_NEEDLE = "error: failed to run "
+_RUNNER_FAILED_RE = re.compile(r"Error: failed to run (?P<launcher>torchrun|python3?|deepspeed)\b"
+                               r"[^\n]{0,3000}? on (?P<host>[\w.:-]{1,100})(?=,| *$|\n)", re.MULTILINE)
+"""``colossalai run``'s report of a node's failed command (its last line, often all a user pastes): ``Error:
+failed to run torchrun --nproc_per_node=4 ... train.py on 127.0.0.1, is localhost: True, exception:
+Encountered a bad command exit code!`` (older: the line ends after the host). A process exit, no rank."""
 _DEATH_SIGNAL_RE = re.compile(r"Received (?:(?P<sig>\d+)|Signals\.(?P<name>SIG[A-Z]{2,8})) death signal|"
                               r"got signal: (?P<sig2>\d+)")
 """The elastic agent's ``Received 15 death signal, shutting down workers``; torch >= 2.2 names the signal
@@ -236,6 +242,13 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
             if rank is not None:
                 facts["rank"] = rank
             return _signal_hit(pos, facts, "a worker")
+    pos = t.first(_RUNNER_NEEDLE)
+    if pos >= 0 and (found := _search(_RUNNER_FAILED_RE, t, pos, before=0, after=4000)) is not None:
+        runner: Facts = {"launcher": found[1].group("launcher"), "host": found[1].group("host")}
+        return _Hit("process", "exit", 0.6, found[0] + found[1].start(), runner,
+                    f"colossalai run: {runner['launcher']} failed on {runner['host']}",
+                    "the multi-node runner reports that the command it started on that host exited with an "
+                    "error; the workers' own output above (or on that host) says why")
     pos = t.first(") received by pid")
     if pos >= 0 and (found := _search(_RECEIVED_RE, t, pos, before=60, after=20)) is not None:
         m = found[1]
@@ -525,7 +538,7 @@ def launcher_teardown(text: str) -> Optional[Classification]:
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:", _ENTRY_NEEDLE),
-    "launcher.signal": ("died with <signals.", "' returned non-zero exit status ",
+    "launcher.signal": (_RUNNER_NEEDLE, "died with <signals.", "' returned non-zero exit status ",
                         "terminated with signal sig", "terminated with exit code ",
                         "program received signal sig",
                         "program terminated with signal sig", "exits with return code = ",
