@@ -555,9 +555,10 @@ DOCS = {
         "error`` → comm/mismatch; ``Connection reset/closed by (remote) peer|localRank N`` → comm/rank-lost; "
         "``ring N does not loop back to start`` or a proxy's ``Failed to execute operation Init from rank "
         "N`` (it wins over a connection-closed line in the same text) or the bootstrap's ``Call to bind "
-        "failed : Address already in use`` → comm/init-failure; ``Cuda failure 'out of memory'`` (NCCL "
-        "allocating its buffers) → memory/oom; shared-memory segment or ``ibv_create_cq`` failures → "
-        "comm/failure"
+        "failed : Address already in use`` or ``Call to connect failed : ...`` (also NCCL < 2.3's line "
+        "without the word NCCL, ``[0] include/socket.h:360 WARN Call to connect failed``) → "
+        "comm/init-failure; ``Cuda failure 'out of memory'`` (NCCL allocating its buffers) → memory/oom; "
+        "shared-memory segment or ``ibv_create_cq`` failures → comm/failure"
     ),
     'nccl.watchdog-timeout': (
         '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (also quoted without its '
@@ -575,7 +576,10 @@ DOCS = {
         '``NCCL error ...`` / ``nccl*Error`` / a wrapper\'s ``NCCL Error N: <reason>`` (N: ncclResult_t\'s '
         'number): RemoteError → comm/rank-lost; InvalidUsage / '
         'InvalidArgument → comm/mismatch; UnhandledCudaError → comm/failure (memory/oom or cuda-error when '
-        'its last error names one); SystemError on a connect → comm/init-failure; a last error saying the '
+        'its last error names one); SystemError on a connect, or SystemError / InternalError whose last '
+        'error is the socket set-up (``Bootstrap : no socket interface found``, ``ncclSocketInit``) → '
+        'comm/init-failure; also a wrapper\'s bare ``NCCL error: internal error`` (vLLM / SGLang pynccl); '
+        'a last error saying the '
         'peer closed or reset the connection → comm/rank-lost; SystemError / InternalError → comm/failure; '
         '``Duplicate GPU detected : rank N and rank M both on CUDA device D`` (in its last error, or on a '
         'line of its own) → comm/init-failure'
@@ -587,7 +591,9 @@ DOCS = {
     ),
     'nccl.heartbeat-stuck': (
         "the heartbeat monitor's ``ProcessGroupNCCL's watchdog got stuck for N seconds without making "
-        "progress in monitoring enqueued collectives`` (torch 2.3+) → comm/timeout, at a lower confidence"
+        "progress in monitoring enqueued collectives`` (torch 2.3+), or its kill ``Terminating the process "
+        "after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang`` (torch 2.4+) → "
+        "comm/timeout, at a lower confidence"
     ),
     'nccl.watchdog-teardown': (
         "the watchdog's teardown without its timeout/error line (``Some NCCL operations have failed or timed "

@@ -577,7 +577,8 @@ DOCS = {
     'launcher.signal': (
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch; its ``CalledProcessError`` for a "
         "command with ``--local_rank=N`` that ``returned non-zero exit status 1`` → process/exit, the "
-        "culprit N), ``Received 15 death signal``, "
+        "culprit N), ``Received 15 death signal`` (or ``Received Signals.SIGINT death signal``), "
+        "``colossalai run``'s ``Error: failed to run torchrun ... on <host>`` → process/exit, "
         "``SignalException: ... got signal: 15``, an IDE's ``exit code 139 (interrupted by signal 11: "
         "SIGSEGV)``, DeepSpeed's ``exits with return code = -11`` (``= 1``: "
         "process/exit; the culprit its ``--local_rank``), "
