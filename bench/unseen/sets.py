@@ -33,7 +33,9 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout38": ("bench.unseen.heldout4", True),  # stop 38's held-out set: judged ONCE, SPENT
     "tuning39": ("bench.unseen.tuning4", True),  # stop 39's tuning set
     "heldout39": ("bench.unseen.heldout5", True),  # stop 39's held-out set: judged once per engine, SPENT
-    "heldout40": ("bench.unseen.heldout6", True),  # stop 40's held-out set: judged once per engine
+    "heldout40": ("bench.unseen.heldout6", True),  # stop 40's held-out set: judged once per engine, SPENT
+    "tuning41": ("bench.unseen.tuning5", True),  # stop 41's tuning set
+    "heldout41": ("bench.unseen.heldout7", True),  # stop 41's held-out set: judged once per engine
 }
 
 
