@@ -945,12 +945,14 @@ class _Derived:
     the ``init`` list (and length) it was taken from; per window width whose trend was asked for,
     ``kendall[width]`` = [``len(points)`` it holds for, the Mann-Kendall S, the tie correction, points slid
     since last asked for] of that window, slid along with the sorted values (:func:`_sorted_window`,
-    :func:`_kept_trend`) until ``KENDALL_IDLE`` points passed unasked."""
+    :func:`_kept_trend`) until ``KENDALL_IDLE`` points passed unasked; ``blocks``: the plateau rule's
+    block medians by the index of the block's first point (:func:`_kept_block_slope`)."""
 
-    __slots__ = ("ends", "held", "init", "init_len", "initial", "kendall", "quiet", "sorted")
+    __slots__ = ("blocks", "ends", "held", "init", "init_len", "initial", "kendall", "quiet", "sorted")
 
     def __init__(self) -> None:
         self.quiet: Optional[_Quiet] = None
+        self.blocks: Dict[int, Tuple[float, float]] = {}
         self.held: Optional[List[Any]] = None
         self.ends: Dict[int, int] = {}
         self.sorted: Dict[int, List[float]] = {}
@@ -1153,6 +1155,16 @@ class _Window:
         return self._cv
 
     @property
+    def block_slope(self) -> float:
+        """``_block_slope(self.steps, self.values)``, bit for bit: from the tail's kept block medians
+        (:func:`_kept_block_slope`) when ``source`` is the series' exact tail and the window is full, else
+        from the window's step and value lists."""
+        source = self._source
+        if source is not None and self.full:
+            return _kept_block_slope(source, self._size)
+        return _block_slope(self.steps, self.values)
+
+    @property
     def trend(self) -> robust.MannKendall:
         if self._trend is None:
             source = self._source
@@ -1175,6 +1187,37 @@ def _block_slope(steps: Sequence[int], values: Sequence[float]) -> float:
     two middle steps as they stand, and no two blocks share a step median."""
     xs = [(steps[i + 1] + steps[i + 2]) / 2 for i in range(0, len(values) - 3, 4)]
     ys = [_median4(values[i:i + 4]) for i in range(0, len(values) - 3, 4)]
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
+              for i in range(len(xs) - 1) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    return robust.median(slopes) if slopes else 0.0
+
+
+def _kept_block_slope(tail: SeriesTail, width: int) -> float:
+    """:func:`_block_slope` of the steps and values of the tail's last ``width`` points (a tail whose last
+    ``width`` points are finite and in step order: :func:`_exact_tail`), bit for bit. A block's step and
+    value medians depend on its 4 points alone, so they are kept beside the tail by the index of the
+    block's first point (``_Derived.blocks``; the tail's points never move while it lasts) and taken
+    again only for a block not met before: a window that moved on by a multiple of 4 points shares the
+    blocks of the overlap (an open incident's window, judged every ``loss_window // 4`` values, every
+    second time; a window judged on every value, every fourth). The same xs and ys in the same order as
+    :func:`_block_slope` builds them, then the same slopes and median."""
+    kept = _derived(tail)
+    blocks = kept.blocks
+    points = tail.points
+    n = len(points)
+    start = n - width
+    if len(blocks) > 4 * (width // 4) + 4:  # (the blocks of the four alignments of a window, at most)
+        for old in [k for k in blocks if k < start]:
+            del blocks[old]
+    xs: List[float] = []
+    ys: List[float] = []
+    for at in range(start, n - 3, 4):
+        block = blocks.get(at)
+        if block is None:
+            p0, p1, p2, p3 = points[at:at + 4]
+            block = blocks[at] = ((p1[0] + p2[0]) / 2, _median4((p0[1], p1[1], p2[1], p3[1])))
+        xs.append(block[0])
+        ys.append(block[1])
     slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
               for i in range(len(xs) - 1) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
     return robust.median(slopes) if slopes else 0.0
@@ -1652,14 +1695,15 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     returned = _returned(state, win, initial, tuned)
     if abs(trend.z) >= tuned.trend_z and not (returned and trend.z < 0):
         return _NOT_HOLDING
-    steps, values = win.steps, win.values
     # Theil-Sen slope through the medians of blocks of 4 values: robust, and cheap on any window
-    slope = _block_slope(steps, values)
-    change = abs(slope) * (steps[-1] - steps[0] + 1)
+    slope = win.block_slope
+    first, last = win.first_step, win.last_step  # (the window's first and last steps: it is full)
+    change = abs(slope) * (last - first + 1)
     if change > tuned.plateau_max_change * med:
         return _NOT_HOLDING
     if not explain:
-        return _Check(True, since=steps[0])
+        return _Check(True, since=first)
+    steps = win.steps
     verdict, grad_evidence = _plateau_verdict(rank, steps[0], steps[-1], settings, tuned)
     level = med / initial if initial else math.inf  # an initial loss of exactly 0: any level is above it
     share = change / med if med else 0.0  # a level of 0 passed the gate above only without any change
