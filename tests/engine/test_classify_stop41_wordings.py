@@ -16,7 +16,10 @@ e4e97de, which were labelled and recorded before any of these rules existed:
 * the elastic agent's ``Received Signals.SIGINT death signal`` (torch >= 2.2 names the signal) is that signal's
   exit, as ``Received 2 death signal`` was;
 * ``colossalai run``'s last line, ``Error: failed to run torchrun ... on <host>[, is localhost: ..., exception:
-  Encountered a bad command exit code!]``, is a process exit (no rank)."""
+  Encountered a bad command exit code!]``, is a process exit (no rank);
+* Ray's memory monitor killing workers for host RAM (``N Workers (tasks / actors) killed due to memory pressure
+  (OOM)``, ``Task was killed due to the node running low on memory``) is process/killed, as the kernel's OOM
+  killer (found on f141fc2's second fresh batch, tuned side)."""
 
 from __future__ import annotations
 
@@ -144,3 +147,20 @@ def test_colossalai_runs_failed_command_is_a_process_exit(line: str) -> None:
 def test_failing_to_run_something_in_prose_is_not_a_runner() -> None:
     found = classify_text("Error: failed to run my script on the cluster, any idea?")
     assert found is None or found.rule != "launcher.signal"
+
+
+@pytest.mark.parametrize("text, workers", [
+    (_lines("proc-killed-raylet-memory-pressure-flower-sim-2157-1", "killed due to memory pressure"), 4),
+    (_lines("proc-killed-raylet-memory-pressure-wrapped-wmpo-3-1", "killed due to memory pressure", 2), 2),
+    ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.", None),
+])
+def test_rays_memory_monitor_kill_is_a_kill_for_host_memory(text: str, workers: int) -> None:
+    found = classify_text(text)
+    assert found is not None and found.kind == "process/killed" and found.facts["killer"] == "ray-memory-monitor"
+    assert found.facts.get("workers_killed") == workers
+
+
+def test_a_ray_worker_that_crashed_for_other_reasons_is_no_memory_kill() -> None:
+    found = classify_text("(raylet) A worker died or was killed while executing a task by an unexpected system "
+                          "error. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits")
+    assert found is None or found.facts.get("killer") != "ray-memory-monitor"

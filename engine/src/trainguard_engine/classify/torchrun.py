@@ -170,6 +170,13 @@ with that code (``sys.exit``, ``os._exit``, a native crash's status on Windows) 
 function it ran is reported as ``-- Process N terminated with the following error:`` instead."""
 
 
+_RAY_OOM_NEEDLES = ("killed due to memory pressure (oom)", "killed due to the node running low on memory")
+_RAY_OOM_RE = re.compile(r"(?:(?P<workers>\d{1,6}) Workers \(tasks / actors\) killed due to memory pressure "
+                         r"\(OOM\)|Task was killed due to the node running low on memory)")
+"""Ray's memory monitor killing workers for host memory: the raylet's ``(raylet) ... node_manager.cc:3084: 4
+Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons ...``
+and the task's ``ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.``
+-- a kill (SIGKILL) for host RAM, as the kernel's OOM killer."""
 _OOM_KILLER_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process "
                             r"(?P<pid>\d{1,10}) \((?P<comm>[^)\n]{1,64})\)"
                             r"|Detected \d{1,6} oom[-_]kill events?")
@@ -276,6 +283,16 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         m = found[1]
         facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
         return _signal_hit(found[0] + m.start(), facts, "the launcher")
+    pos = t.first(*_RAY_OOM_NEEDLES)
+    if pos >= 0 and (found := _search(_RAY_OOM_RE, t, pos, before=80, after=80)) is not None:
+        ray: Facts = {"signal": 9, "signal_name": "SIGKILL", "killer": "ray-memory-monitor"}
+        if found[1].group("workers"):
+            ray["workers_killed"] = int(found[1].group("workers"))
+        hit = _signal_hit(found[0] + found[1].start(), ray, "Ray's memory monitor")
+        return replace(hit, headline=f"{hit.headline}: workers killed for host memory (Ray OOM)",
+                       note="Ray's memory monitor killed workers because the node's host RAM crossed "
+                            "RAY_memory_usage_threshold: rollout/dataloader/offload buffers in CPU memory; "
+                            "give the node more memory, fewer workers per node, or lower CPU-side buffers")
     pos = t.first("killed process", "oom-kill event")
     if pos >= 0 and (found := _search(_OOM_KILLER_RE, t, pos, before=60, after=120)) is not None:
         m = found[1]
@@ -538,7 +555,8 @@ def launcher_teardown(text: str) -> Optional[Classification]:
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:", _ENTRY_NEEDLE),
-    "launcher.signal": (_RUNNER_NEEDLE, "died with <signals.", "' returned non-zero exit status ",
+    "launcher.signal": (_RUNNER_NEEDLE, *_RAY_OOM_NEEDLES, "died with <signals.",
+                        "' returned non-zero exit status ",
                         "terminated with signal sig", "terminated with exit code ",
                         "program received signal sig",
                         "program terminated with signal sig", "exits with return code = ",
@@ -578,7 +596,9 @@ DOCS = {
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch; its ``CalledProcessError`` for a "
         "command with ``--local_rank=N`` that ``returned non-zero exit status 1`` → process/exit, the "
         "culprit N), ``Received 15 death signal`` (or ``Received Signals.SIGINT death signal``), "
-        "``colossalai run``'s ``Error: failed to run torchrun ... on <host>`` → process/exit, "
+        "``colossalai run``'s ``Error: failed to run torchrun ... on <host>`` → process/exit, Ray's memory "
+        "monitor's ``N Workers (tasks / actors) killed due to memory pressure (OOM)`` / ``Task was killed "
+        "due to the node running low on memory`` → process/killed (host RAM), "
         "``SignalException: ... got signal: 15``, an IDE's ``exit code 139 (interrupted by signal 11: "
         "SIGSEGV)``, DeepSpeed's ``exits with return code = -11`` (``= 1``: "
         "process/exit; the culprit its ``--local_rank``), "
