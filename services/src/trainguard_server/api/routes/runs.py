@@ -27,6 +27,7 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from ...gateway.validate import PAYLOADS
 from ...storage.base import Bucket, QueryTimeout
 from ...storage.common import MAX_CURSOR_CHARS, decode_cursor, encode_cursor
 from .. import resolutions
@@ -48,12 +49,16 @@ from .common import (
     pages_within,
     wf,
 )
+from .incidents import STATUSES
 from .stream import setting
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
 MAX_POINTS_LIMIT = 10_000
 RUN_STATUSES = ("running", "finished", "failed", "stalled", "lost")
+#: an event's kind is its payload (the wire schema's ``Envelope.payload`` oneof; an alert is a metrics event)
+EVENT_KINDS = PAYLOADS
+INCIDENT_STATUSES = STATUSES
 T = TypeVar("T")
 _BOUNDED: Dict[Union[int, str], Dict[str, Any]] = {
     400: {"description": "a bad range, or more series than api_max_metric_buckets"},
@@ -254,6 +259,8 @@ async def run_metric_summary(run_id: str, request: Request, response: Response, 
 def run_incidents(run_id: str, project: ProjectDep, services: ServicesDep,
                   status: Optional[str] = Query(None, description="open | ongoing | resolved"),
                   limit: int = LimitQuery, cursor: Optional[str] = CursorQuery) -> PagePublic[IncidentPublic]:
+    if status is not None and status not in INCIDENT_STATUSES:  # as /api/v1/incidents: a typo is no filter
+        raise HTTPException(400, f"status must be one of {', '.join(INCIDENT_STATUSES)}")
     if services.incidents.get_run(project, run_id) is None:
         raise not_found("run", run_id)
     page = bad_request_on_value_error(lambda: services.incidents.list_incidents(
@@ -268,9 +275,13 @@ def run_incidents(run_id: str, project: ProjectDep, services: ServicesDep,
 def run_events(run_id: str, project: ProjectDep, services: ServicesDep,
                kinds: Optional[str] = Query(None, max_length=256, description="comma-separated kinds"),
                limit: int = LimitQuery, cursor: Optional[str] = CursorQuery) -> PagePublic[EventPublic]:
+    kind_list = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
+    unknown = [k for k in kind_list or () if k not in EVENT_KINDS]
+    if unknown:  # a typo must not read as "no such events"
+        raise HTTPException(400, f"kinds: {unknown[0]!r} is not a kind of event; the kinds are "
+                                 f"{', '.join(EVENT_KINDS)}")
     if services.incidents.get_run(project, run_id) is None:
         raise not_found("run", run_id)
-    kind_list = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
     items, next_cursor = bad_request_on_value_error(lambda: pages_within(
         lambda n, at: services.events.list_for_run(project, run_id, kinds=kind_list, limit=n, cursor=at),
         limit, cursor, services.settings.api_max_page_bytes if services.settings else 0, event_bytes))
