@@ -51,6 +51,18 @@ def bounded_append(items: List[Any], item: Any, most: int) -> None:
         del items[most // 2]
 
 
+class Shiftable:
+    """What a detector keeps beside a :class:`SeriesTail` (``windows``) and can carry over a trim."""
+
+    __slots__ = ()
+
+    def shifted(self, drop: int) -> bool:
+        """Move every point index kept by ``-drop`` (the tail lost its first ``drop`` points, the others
+        unchanged and in the same order); False when what is kept needs a dropped point (then it is
+        dropped with the old tail)."""
+        return False
+
+
 class SeriesTail:
     """A history series as ``(step, value, time_ns)`` triples in arrival order, kept beside its dict so the
     detectors' "last N points" reads (:func:`~trainguard_engine.detectors.numeric.recent`) are a slice, not
@@ -75,13 +87,19 @@ class SeriesTail:
 
     def trimmed(self, data: Dict[int, HistoryPoint], drop: int) -> SeriesTail:
         """The tail of ``data``, this series trimmed of its ``drop`` lowest steps -- for a tail whose steps
-        only rose (``descent`` 0: its points are the series by step), a slice instead of a rebuild."""
+        only rose (``descent`` 0: its points are the series by step), a slice instead of a rebuild. What a
+        detector keeps in ``windows`` by point index goes with it when it can move its indices back by
+        ``drop`` (a ``shifted(drop)`` method that answers True: :meth:`Shiftable.shifted`); the rest is
+        dropped, as with a new tail."""
         out = SeriesTail.__new__(SeriesTail)
         out.data = data
         out.points = self.points[drop:]
         out.bad_end = max(0, self.bad_end - drop)
         out.descent = 0
         out.windows = {}
+        for key, kept in self.windows.items():
+            if isinstance(kept, Shiftable) and kept.shifted(drop):
+                out.windows[key] = kept
         return out
 
     def append(self, step: int, value: float, time_ns: int) -> None:

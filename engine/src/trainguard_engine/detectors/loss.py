@@ -17,7 +17,7 @@ from .. import robust
 from ..catalogue import DetectionSettings
 from ..incidents import Finding, resolve
 from ..records import Evidence, TimelineEntry
-from ..state import RankState, RunState, SeriesTail
+from ..state import RankState, RunState, SeriesTail, Shiftable
 from . import finite_or_none, fmt_number, window
 from .adapter import KEY as ADAPTER_KEY
 from .base import Detector, MetricBatch
@@ -938,7 +938,7 @@ def _exact_tail(rank: RankState, name: str, series: Sequence[Tuple[int, float, i
     return tail
 
 
-class _Derived:
+class _Derived(Shiftable):
     """What the loss curve keeps beside its series' tail (``SeriesTail.windows["loss"]``; derived, never
     serialized, dropped with the tail): per window width, the sorted values of the tail's last ``width``
     points as of ``len(points)`` = ``ends[width]``, updated point by point; and the initial level with
@@ -960,6 +960,41 @@ class _Derived:
         self.init: Optional[List[float]] = None
         self.init_len = 0
         self.initial = math.nan
+
+
+    def shifted(self, drop: int) -> bool:
+        """After a trim of the history (:meth:`SeriesTail.trimmed`: the tail's first ``drop`` points gone,
+        the others as they were): every kept index moved back by ``drop``. A sorted window (and its S) or a
+        held level whose window reached into the dropped points, a quiet certificate taken on such a window
+        and the blocks that began there go (they would be taken anew); the rest stays valid as it was -- it
+        depends only on the points' values and order, and those did not change. True: keep it."""
+        for width in [w for w, end in self.ends.items() if end - drop < w]:
+            del self.ends[width]
+            del self.sorted[width]
+        for width, end in self.ends.items():
+            self.ends[width] = end - drop
+        for width in list(self.kendall):
+            mk = self.kendall[width]
+            if mk[0] - drop < width:
+                del self.kendall[width]
+            else:
+                mk[0] -= drop
+        quiet = self.quiet
+        if quiet is not None:
+            if quiet.at - drop < quiet.settings.loss_window:
+                self.quiet = None
+            else:
+                quiet.at -= drop
+                quiet.checked -= drop
+        held = self.held
+        if held is not None:
+            if held[2] - drop < held[0].loss_window:
+                self.held = None
+            else:
+                held[2] -= drop
+        if self.blocks:
+            self.blocks = {at - drop: block for at, block in self.blocks.items() if at >= drop}
+        return True
 
 
 def _derived(tail: SeriesTail) -> _Derived:
