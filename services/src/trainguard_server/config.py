@@ -221,6 +221,11 @@ class Settings(BaseSettings):
         "processor (queue -> pipeline -> stores) and api (query API); `trainguard serve` runs all three, "
         "`trainguard gateway|processor|api` one each (they share the queue -- Kafka -- and the stores)")
     # --- store backends -----------------------------------------------------------------------------
+    sqlite_sync_at_checkpoint: bool = Field(
+        True, description="SQLite stores: the processor's per-round writes commit at synchronous=NORMAL and "
+        "every store is synced once per checkpoint, before the queue offsets are committed (durable before "
+        "what covers them is: docs/reliability.md 'Durability of the embedded stores'); false: every commit "
+        "fsynced (synchronous=FULL), as before")
     event_store: Literal["sqlite", "elasticsearch"] = Field(
         "sqlite", description="raw context (tracebacks, logs, envelopes): sqlite under data_dir (FTS5), or "
                               "Elasticsearch")

@@ -1,6 +1,7 @@
 """``sync_at_checkpoint`` (storage/sqlite.py's Durability): the processor's writes commit at NORMAL and
 ``sync()`` makes them durable with one FULL commit that writes a frame; every other write keeps the
-configured level; off, or under ``synchronous=NORMAL``, nothing is deferred and ``sync()`` writes nothing."""
+configured level; off (``TRAINGUARD_SQLITE_SYNC_AT_CHECKPOINT=false``), or under ``synchronous=NORMAL``, nothing
+is deferred and ``sync()`` writes nothing."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import sqlite3
 from pathlib import Path
 from typing import List
 
+import pytest
+
 from trainguard_engine.records import Incident, RunRecord
+from trainguard_server.config import Settings
 from trainguard_server.storage.base import MetricPoint, StoredEvent
+from trainguard_server.storage.select import open_stores
 from trainguard_server.storage.sqlite import (
     SYNC_TABLE,
     SqliteEventStore,
@@ -110,3 +115,17 @@ def test_close_syncs_what_was_deferred(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "events.db")
     assert conn.execute(f"SELECT syncs FROM {SYNC_TABLE}").fetchone() == (1,)
     conn.close()
+
+
+def test_the_server_setting_turns_it_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, deferred in (("false", False), (None, True)):
+        if value is None:
+            monkeypatch.delenv("TRAINGUARD_SQLITE_SYNC_AT_CHECKPOINT", raising=False)
+        else:
+            monkeypatch.setenv("TRAINGUARD_SQLITE_SYNC_AT_CHECKPOINT", value)
+        stores = open_stores(Settings(), tmp_path / str(value))
+        try:
+            for store in (stores.events, stores.metrics, stores.incidents):
+                assert (store._db._deferred_level == "NORMAL") is deferred  # type: ignore[attr-defined]
+        finally:
+            stores.close()

@@ -54,7 +54,7 @@ def open_event_store(settings: Settings, data_dir: Path) -> EventStore:
             replicas=settings.elasticsearch_replicas,
             retention_days=settings.elasticsearch_retention_days or None,
             manage_template=settings.elasticsearch_manage_template)
-    return SqliteEventStore(data_dir / EVENTS_DB)
+    return SqliteEventStore(data_dir / EVENTS_DB, sync_at_checkpoint=settings.sqlite_sync_at_checkpoint)
 
 
 def open_metric_store(settings: Settings, data_dir: Path) -> MetricStore:
@@ -70,7 +70,7 @@ def open_metric_store(settings: Settings, data_dir: Path) -> MetricStore:
                                           username=settings.clickhouse_user,
                                           password=settings.clickhouse_password,
                                           secure=settings.clickhouse_secure, **options)
-    return SqliteMetricStore(data_dir / METRICS_DB)
+    return SqliteMetricStore(data_dir / METRICS_DB, sync_at_checkpoint=settings.sqlite_sync_at_checkpoint)
 
 
 def open_state_stores(settings: Settings, data_dir: Path) -> Tuple[IncidentStore, ProjectStore]:
@@ -81,7 +81,9 @@ def open_state_stores(settings: Settings, data_dir: Path) -> Tuple[IncidentStore
         pg = open_postgres_stores(settings.postgres_dsn, schema=settings.postgres_schema,
                                   pool_size=settings.postgres_pool_size)
         return pg.incidents, pg.projects
-    return SqliteIncidentStore(data_dir / INCIDENTS_DB), SqliteProjectStore(data_dir / PROJECTS_DB)
+    deferral = settings.sqlite_sync_at_checkpoint
+    return (SqliteIncidentStore(data_dir / INCIDENTS_DB, sync_at_checkpoint=deferral),
+            SqliteProjectStore(data_dir / PROJECTS_DB))
 
 
 def open_stores(settings: Settings, data_dir: Path) -> Stores:

@@ -29,11 +29,12 @@ store before each queue commit (processor/embedded.py), so exactly-once still ho
 
 A kill -9 loses nothing either way (a NORMAL commit is in the operating system's cache when it returns).
 Cost: one fsync per store per checkpoint instead of one per store per processor round (measured in
-bench/results/processor_store_issue15_stop41.txt). ``sync_at_checkpoint=False``: every commit at the
-configured level, as before. ``synchronous="NORMAL"`` is accepted: it survives a process crash or kill -9,
-but the last commits may roll back on power loss -- ``sync()`` then syncs nothing, so a power loss may lose
-store writes whose queue offsets were committed (the queue is its own file). (Measured without deferral,
-fsync ~0.2 ms: 2,400-point metric puts 185k points/s at FULL, 307k at NORMAL.)
+bench/results/processor_store_issue15_stop41.txt). ``sync_at_checkpoint=False`` (a server:
+``TRAINGUARD_SQLITE_SYNC_AT_CHECKPOINT=false``): every commit at the configured level, as before.
+``synchronous="NORMAL"`` is accepted: it survives a process crash or kill -9, but the last commits may roll
+back on power loss -- ``sync()`` then syncs nothing, so a power loss may lose store writes whose queue
+offsets were committed (the queue is its own file). (Measured without deferral, fsync ~0.2 ms: 2,400-point
+metric puts 185k points/s at FULL, 307k at NORMAL.)
 
 Concurrency. Each store has one writer connection behind a lock (writes are serialised, as SQLite would
 anyway) and one reader connection per thread: in WAL mode readers see the last committed state and never
