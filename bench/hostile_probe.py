@@ -1,0 +1,634 @@
+#!/usr/bin/env python3
+"""Black-box adversarial probe of a running ``trainguard serve`` (HTTP ingest, query API, gRPC): the brief's
+rule 4 -- bad input gets a clear 4xx (or a per-event rejection naming the field) and loses nothing else; no
+project can hurt another.
+
+It starts a fresh ``trainguard serve`` with its defaults (or probes one given by ``--url`` + ``--tokens``),
+makes projects A (the victim) and B (the attacker) with their own ingest and read tokens, gives each a run
+with a NaN-loss incident, then sends every attack below as B over real sockets (``http.client``, raw
+sockets for what no client would send, ``grpcio`` with raw bytes). After each attack A sends one event
+(its answer must be 200, ``accepted: 1``). An attack *fails* when it is answered 5xx, does not finish within
+``--timeout`` s, leaves ``/readyz`` not 200, or when A's event is not accepted; B reading or writing A's
+things must get 404 / ``wrong_project``. At the end every event A sent must be readable with A's read
+token (nothing lost) and A's incident still there. Prints one line per attack and a summary; exit status 1
+when any attack failed.
+
+    python bench/hostile_probe.py                  # ~1-2 minutes on a 2-core machine
+    python bench/hostile_probe.py --only api       # attacks whose name starts with "api"
+
+Attacks: deeply nested JSON, huge numbers, NaN/Inf as strings and bare literals, duplicate keys, wrong and
+doubled content types, oversized and many headers, absent / wrong / other-kind / other-project tokens, many
+tiny requests, unicode (astral, RTL, combining, noncharacters, escaped lone surrogates) in every field, ids
+holding path characters, each query-API route (GET, POST, PUT) with hostile path and query values and
+bodies, and gRPC with garbage, other-project events and hostile metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from urllib.parse import quote
+
+REPO = Path(__file__).resolve().parent.parent
+for _src in (REPO / "sdk" / "src", REPO / "services" / "src", REPO / "engine" / "src"):
+    if str(_src) not in sys.path:
+        sys.path.insert(0, str(_src))
+
+Answer = Tuple[int, bytes]
+
+# ------------------------------------------------------------------------------------------ the server
+
+
+class Target:
+    """Where the server listens and the two projects' tokens."""
+
+    def __init__(self, host: str, port: int, grpc_port: int, tokens: Dict[Tuple[str, str], str]) -> None:
+        self.host, self.port, self.grpc_port, self.tokens = host, port, grpc_port, tokens
+
+    def token(self, project: str, kind: str) -> str:
+        return self.tokens[(project, kind)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(data_dir: Path) -> Tuple[subprocess.Popen[bytes], Target]:
+    """A fresh ``trainguard serve`` (defaults) with projects A and B."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env["PYTHONPATH"] = os.pathsep.join(str(REPO / d / "src") for d in ("sdk", "engine", "services"))
+    tokens: Dict[Tuple[str, str], str] = {}
+    for project in "AB":
+        for kind in ("ingest", "read"):
+            out = subprocess.run([sys.executable, "-m", "trainguard_server", "token", "create", "--project",
+                                  project, "--kind", kind, "--data-dir", str(data_dir)], env=env, check=True,
+                                 capture_output=True, text=True).stdout
+            tokens[(project, kind)] = next(w for w in out.split() if w.startswith(f"tg_{kind}_"))
+    port, grpc_port = _free_port(), _free_port()
+    log = open(data_dir / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "trainguard_server", "serve", "--data-dir", str(data_dir),
+                             "--http-port", str(port), "--grpc-port", str(grpc_port)], stdout=log,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    target = Target("127.0.0.1", port, grpc_port, tokens)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if request(target, "GET", "/readyz", timeout=2)[0] == 200:
+                return proc, target
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log_text = (data_dir / "serve.log").read_text()[-2000:]
+            raise RuntimeError(f"trainguard serve did not start: {log_text}")
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------------------- requests
+
+SLOW: List[Tuple[float, str]] = []
+
+
+def request(t: Target, method: str, path: str, body: bytes = b"", headers: Optional[Dict[str, str]] = None,
+            timeout: float = 40.0) -> Answer:
+    """The status and body of one request (status 0: the connection was reset or closed, body says how;
+    -1: the answer's body was cut off)."""
+    conn = http.client.HTTPConnection(t.host, t.port, timeout=timeout)
+    started = time.monotonic()
+    try:
+        conn.request(method, path, body=body if body or method in ("POST", "PUT") else None,
+                     headers=headers or {})
+        r = conn.getresponse()
+        try:
+            return r.status, r.read()
+        except http.client.IncompleteRead as exc:
+            return -1, f"{r.status} cut off after {len(exc.partial)} bytes: {method} {path[:200]}".encode()
+    except (ConnectionError, http.client.RemoteDisconnected) as exc:
+        return 0, f"{exc!r}: {method} {path[:100]}".encode()
+    finally:
+        conn.close()
+        took = time.monotonic() - started
+        if took > 2:
+            SLOW.append((took, f"{method} {path[:160]}"))
+
+
+def raw(t: Target, data: bytes, timeout: float = 40.0) -> Answer:
+    """``data`` as is over one connection; the status of the first answer (0: closed without one)."""
+    with socket.create_connection((t.host, t.port), timeout=timeout) as conn:
+        try:
+            conn.sendall(data)
+        except OSError:
+            pass  # the server may close before reading it all (e.g. a 431)
+        out = b""
+        try:
+            while b"\r\n\r\n" not in out:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                out += chunk
+        except ConnectionResetError:
+            pass
+    head = out.split(b"\r\n", 1)[0].split()
+    return (int(head[1]) if len(head) > 1 and head[1].isdigit() else 0), out[:400]
+
+
+def auth(t: Target, project: str, kind: str) -> Dict[str, str]:
+    return {"Authorization": f"Bearer {t.token(project, kind)}"}
+
+
+def ingest(t: Target, project: str, body: Any, ctype: str = "application/json",
+           extra: Optional[Dict[str, str]] = None) -> Answer:
+    headers = {**auth(t, project, "ingest"), "Content-Type": ctype, **(extra or {})}
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return request(t, "POST", "/v1/ingest", data, headers)
+
+
+def read(t: Target, project: str, path: str) -> Answer:
+    return request(t, "GET", path, headers=auth(t, project, "read"))
+
+
+def event(run_id: str, step: Any = 0, value: Any = 1.0, name: str = "loss", **fields: Any) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"event_id": uuid.uuid4().hex, "run_id": run_id, "step": step,
+                           "time_unix_nano": time.time_ns(), "severity": "INFO",
+                           "metrics": {"points": [{"name": name, "value": value}]}}
+    out.update(fields)
+    return out
+
+
+def body(*events: Dict[str, Any]) -> bytes:
+    return json.dumps({"events": list(events)}).encode()
+
+
+# -------------------------------------------------------------------------------------------- attacks
+
+Attack = Callable[[Target, Dict[str, Any]], Any]
+ATTACKS: List[Tuple[str, Attack]] = []
+
+
+def attack(name: str) -> Callable[[Attack], Attack]:
+    def register(fn: Attack) -> Attack:
+        ATTACKS.append((name, fn))
+        return fn
+    return register
+
+
+def _many(*answers: Answer) -> List[Answer]:
+    return list(answers)
+
+
+NESTED = 100_000
+UNICODE = ["损失", "خسارة", "🔥\U0001F600", "e\u0301\u0301\u0301", "\uffff\U0010ffff", "\u200d\u2060",
+           "a" * 500 + "\u00e9"]
+
+
+@attack("ingest/nested-json")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    return _many(ingest(t, "B", b'{"events": ' + b"[" * NESTED + b"]" * NESTED + b"}"),
+                 ingest(t, "B", b'{"events": [' + b'{"a":' * NESTED + b"1" + b"}" * NESTED + b"]}"),
+                 ingest(t, "B", body(event("b", value=json.loads("[" * 900 + "]" * 900)))),
+                 ingest(t, "B", b"[" * 5_000_000))
+
+
+@attack("ingest/huge-numbers")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    digits = "9" * 5000
+    return _many(ingest(t, "B", body(event("b", value=1e308 * 10))),
+                 ingest(t, "B", ('{"events": [' + json.dumps(event("b"))[:-1] + ', "pid": ' + digits + "}]}")
+                        .encode()),
+                 ingest(t, "B", body(event("b", step=2**70))),
+                 ingest(t, "B", body(event("b", step=-(2**63) - 1))),
+                 ingest(t, "B", body(event("b", time_unix_nano=10**30))),
+                 ingest(t, "B", ('{"events": [' + json.dumps(event("b"))[:-1] + ', "rank": 1e99999}]}')
+                        .encode()),
+                 ingest(t, "B", b'{"events": [], "x": 0.' + b"1" * 1_000_000 + b"}"))
+
+
+@attack("ingest/nan-inf")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    out = []
+    for literal in (b"NaN", b"Infinity", b"-Infinity", b"nan", b"inf"):
+        e = json.dumps(event("b")).encode().replace(b'"value": 1.0', b'"value": ' + literal)
+        out.append(ingest(t, "B", b'{"events": [' + e + b"]}"))
+    for text in ("NaN", "Infinity", "-Infinity", "nan", "inf", "-nan", "1e999", "0x10", ""):
+        out.append(ingest(t, "B", body(event("b", value=text))))
+        out.append(ingest(t, "B", body(event("b", step=text))))
+    return out
+
+
+@attack("ingest/duplicate-keys")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    e = json.dumps(event("b"))
+    return _many(ingest(t, "B", b'{"events": [], "events": [' + e.encode() + b"]}"),
+                 ingest(t, "B", ('{"events": [' + e[:-1] + ', "run_id": "other"}]}').encode()),
+                 ingest(t, "B", b'{"events": [{"event_id": "a", "event\\u005fid": "b"}]}'))
+
+
+@attack("ingest/content-types")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    ok = body(event("b"))
+    out = [ingest(t, "B", ok, ctype) for ctype in (
+        "text/plain", "application/json; charset=latin-1", "multipart/form-data; boundary=x",
+        "application/x-www-form-urlencoded", "", "application/json, application/x-protobuf",
+        "APPLICATION/JSON", "application/x-protobuf", "application/grpc")]
+    out.append(ingest(t, "B", ok, extra={"Content-Encoding": "br"}))
+    out.append(ingest(t, "B", ok, extra={"Content-Encoding": "gzip"}))
+    out.append(raw(t, b"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                   + t.token("B", "ingest").encode()
+                   + b"\r\nContent-Type: application/json\r\nContent-Type: text/plain\r\nContent-Length: "
+                   + str(len(ok)).encode() + b"\r\n\r\n" + ok))
+    return out
+
+
+@attack("http/oversized-headers")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    tok = t.token("B", "ingest").encode()
+    ok = body(event("b"))
+    base = (b"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + tok
+            + b"\r\nContent-Type: application/json\r\n")
+    return _many(raw(t, base + b"X-Big: " + b"a" * 100_000 + b"\r\nContent-Length: " + str(len(ok)).encode()
+                     + b"\r\n\r\n" + ok),
+                 raw(t, base + b"".join(b"X-%d: v\r\n" % i for i in range(10_000)) + b"Content-Length: "
+                     + str(len(ok)).encode() + b"\r\n\r\n" + ok),
+                 raw(t, base + b"X-Big: " + b"a" * 2_000_000 + b"\r\n\r\n"),
+                 raw(t, b"GET /api/v1/runs?" + b"a" * 200_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
+                 raw(t, b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + b"x" * 100_000
+                     + b"\r\n\r\n"))
+
+
+@attack("auth/tokens")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    ok = body(event("b"))
+    out = []
+    for value in (None, "Bearer", "Bearer ", "Basic YTpi", "bearer " + t.token("B", "ingest"),
+                  "Bearer " + t.token("B", "read"), "Bearer " + t.token("B", "ingest") + "x",
+                  "Bearer " + "x" * 8000,
+                  "Bearer tg_ingest_\u00e9"):
+        headers = {"Content-Type": "application/json"}
+        if value is not None:
+            headers["Authorization"] = value
+        try:
+            out.append(request(t, "POST", "/v1/ingest", ok, headers))
+        except UnicodeEncodeError:
+            out.append(raw(t, ("POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: " + str(value)
+                               + "\r\nContent-Type: application/json\r\nContent-Length: " + str(len(ok))
+                               + "\r\n\r\n").encode() + ok))
+    for path in ("/api/v1/runs", f"/api/v1/runs/{s['a_run']}", "/api/v1/incidents", "/api/v1/search?q=loss"):
+        out.append(request(t, "GET", path))
+        out.append(request(t, "GET", path, headers=auth(t, "B", "ingest")))
+    return out
+
+
+@attack("tenant/cross-project")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """B's tokens against A's things: every answer 404 / wrong_project; A's run unchanged."""
+    a_run, a_inc = s["a_run"], s["a_incident"]
+    answers = [ingest(t, "B", body(event(a_run, 99, project="A")))]
+    for path in (f"/api/v1/runs/{a_run}", f"/api/v1/runs/{a_run}/metrics", f"/api/v1/runs/{a_run}/events",
+                 f"/api/v1/runs/{a_run}/incidents", f"/api/v1/runs/{a_run}/metrics/summary",
+                 f"/api/v1/incidents/{a_inc}", f"/api/v1/incidents/{a_inc}/workflow",
+                 f"/api/v1/runs/{a_run}/events/{s['a_event']}"):
+        answers.append(read(t, "B", path))
+    # B logs a NaN to its own run of the same name: B's run, B's incident; A's run is not touched
+    answers.append(ingest(t, "B", body(event(a_run, 99, value="NaN"))))
+    s["b_same_name"] = len(answers) - 1
+    for verb, payload in (("acknowledge", {"by": "mallory"}),
+                          ("resolve", {"by": "mallory", "root_cause": "x"}),
+                          ("notes", {"by": "mallory", "text": "pwned"})):
+        answers.append(request(t, "POST", f"/api/v1/incidents/{a_inc}/{verb}", json.dumps(payload).encode(),
+                               {**auth(t, "B", "read"), "Content-Type": "application/json"}))
+    s["cross"] = answers
+    return answers
+
+
+@attack("ingest/many-tiny-requests")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    def one(i: int) -> Answer:
+        return ingest(t, "B", body(event(f"tiny-{i % 50}", i)))
+    with ThreadPoolExecutor(32) as pool:
+        return list(pool.map(one, range(3000)))
+
+
+@attack("ingest/unicode-every-field")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    out = []
+    for text in UNICODE:
+        e = event(text, name=text, host=text, run_name=text, trace_id=text, sdk=text)
+        log = event(text, log={"message": text * 3, "logger": text, "level": text, "source": text})
+        del log["metrics"]
+        exc = event(text, exception={"type": text, "message": text, "traceback": text,
+                                     "context": {text: text},
+                                     "frames": [{"filename": text, "function": text, "lineno": 1,
+                                                 "module": text, "context_line": text}]})
+        del exc["metrics"]
+        out.append(ingest(t, "B", body(e, log, exc)))
+    out.append(ingest(t, "B", b'{"events": [{"event_id": "x", "run_id": "\\ud800", "metrics": {}}]}'))
+    out.append(ingest(t, "B", b'{"events": [{"event_id": "x", "run_id": "\\udfff\\ud800"}]}'))
+    out.append(ingest(t, "B", b'{"events": [{"event_id": "x", "run_id": "ok", "metrics": {"points": '
+                              b'[{"name": "\\u0000", "value": 1}]}}]}'))
+    return out
+
+
+PATHY = ["../x", "..", ".", "a/b", "a%2Fb", "a\\b", "a?b", "a#b", "%00", " ", "a b", "~", "a;b", "%2e%2e",
+         "con", "a\u202eb", "\u00e9", "run\x00id", "x" * 300]
+
+
+@attack("ingest/path-ids")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    out = [ingest(t, "B", body(event(run_id, trace_id=run_id, event_id=run_id))) for run_id in PATHY]
+    out += [ingest(t, "B", body(event(run_id))) for run_id in PATHY]
+    return out
+
+
+def _api_paths(run: str, inc: str, event_id: str, fp: str, name: str) -> List[Tuple[str, str]]:
+    return [("GET", f"/api/v1/runs/{run}"), ("GET", f"/api/v1/runs/{run}/metrics"),
+            ("GET", f"/api/v1/runs/{run}/metrics/summary"), ("GET", f"/api/v1/runs/{run}/incidents"),
+            ("GET", f"/api/v1/runs/{run}/events"), ("GET", f"/api/v1/runs/{run}/events/{event_id}"),
+            ("GET", f"/api/v1/incidents/{inc}"), ("GET", f"/api/v1/incidents/{inc}/workflow"),
+            ("GET", f"/api/v1/clusters/{fp}"), ("GET", f"/api/v1/baselines/{name}")]
+
+
+@attack("api/hostile-path-ids")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    out = []
+    for value in PATHY + UNICODE + ["%ff%fe", "%", "%zz", "x" * 100_000]:
+        enc = quote(value, safe="%") if "%" in value else quote(value, safe="")
+        for _method, path in _api_paths(enc, enc, enc, enc, enc):
+            out.append(read(t, "B", path))
+    return out
+
+
+QUERY_VALUES = ["NaN", "nan", "inf", "-inf", "Infinity", "1e999", "-1", "0", "9" * 5000, "1.5", "", "%00",
+                "\u00e9\U0001F600", "a,b,,", "x" * 5000, "true", "[1]", "{}", "' OR 1=1 --", "\"unterminated"]
+QUERIES = {"/api/v1/runs": ["status", "tag", "limit", "cursor"],
+           "/api/v1/runs/{run}/metrics": ["names", "rank", "start_step", "end_step", "max_points"],
+           "/api/v1/runs/{run}/metrics/summary": ["limit", "cursor"],
+           "/api/v1/runs/{run}/incidents": ["status", "limit", "cursor"],
+           "/api/v1/runs/{run}/events": ["kinds", "limit", "cursor"],
+           "/api/v1/runs/{run}/stream": ["interval"],
+           "/api/v1/incidents": ["status", "limit", "cursor"], "/api/v1/clusters": ["limit", "cursor"],
+           "/api/v1/search": ["q", "run_id", "limit", "cursor"], "/api/v1/baselines": []}
+
+
+@attack("api/hostile-query-values")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    out = []
+    for route, params in QUERIES.items():
+        path = route.replace("{run}", s["b_run"])
+        for param in params:
+            for value in QUERY_VALUES:
+                q = f"{param}={quote(value, safe='%')}"
+                answer = _stream_or_get(t, path + "?" + q)
+                out.append(answer)
+            out.append(_stream_or_get(t, f"{path}?{param}=1&{param}=2"))
+        out.append(_stream_or_get(t, f"{path}?unknown=1&" + "&".join(f"p{i}=1" for i in range(2000))))
+    return out
+
+
+def _stream_or_get(t: Target, path: str) -> Answer:
+    """GET ``path``; an SSE stream answered 200 is read for a moment and closed (it never ends)."""
+    conn = http.client.HTTPConnection(t.host, t.port, timeout=40)
+    try:
+        conn.request("GET", path, headers=auth(t, "B", "read"))
+        r = conn.getresponse()
+        if r.status == 200 and "event-stream" in (r.getheader("content-type") or ""):
+            return r.status, b"(stream)"
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+BODIES: List[Tuple[str, bytes]] = [
+    ("nested", b'{"by": ' + b"[" * NESTED + b"]" * NESTED + b"}"),
+    ("dup", b'{"by": "a", "by": "b", "text": "x"}'),
+    ("nan", b'{"by": NaN, "text": Infinity}'), ("huge-number", b'{"by": 1' + b"0" * 5000 + b"}"),
+    ("not-utf8", b'{"by": "\xff\xfe"}'), ("surrogate", b'{"by": "\\ud800", "text": "\\udfff"}'),
+    ("unicode", json.dumps({"by": UNICODE[2], "text": "".join(UNICODE), "root_cause": UNICODE[1]}).encode()),
+    ("array", b"[1, 2]"), ("null", b"null"), ("empty", b""),
+    ("big", b'{"by": "a", "text": "' + b"x" * 2_000_000 + b'"}'),
+    ("control", json.dumps({"by": "a\x1b[2J", "text": "\x00\n"}).encode())]
+
+
+@attack("api/hostile-bodies")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    out = []
+    inc = s["b_incident"]
+    routes = [("POST", f"/api/v1/incidents/{inc}/acknowledge"), ("POST", f"/api/v1/incidents/{inc}/resolve"),
+              ("POST", f"/api/v1/incidents/{inc}/notes"), ("PUT", "/api/v1/baselines/probe"),
+              ("POST", "/api/v1/gate")]
+    for method, path in routes:
+        for _name, data in BODIES:
+            for ctype in ("application/json", "text/plain"):
+                out.append(request(t, method, path, data, {**auth(t, "B", "read"), "Content-Type": ctype}))
+        out.append(request(t, method, path, b"{}", auth(t, "B", "ingest")))
+        out.append(request(t, method, path, b"{}", {}))
+    gate = [{"run_id": s["b_run"], "baseline": "x" * 10_000}, {"runs": [s["b_run"]] * 100_000},
+            {"run_id": "NaN", "max_regression": float("inf")}]
+    for g in gate:
+        out.append(request(t, "POST", "/api/v1/gate", json.dumps(g).encode(),
+                           {**auth(t, "B", "read"), "Content-Type": "application/json"}))
+    for name in PATHY + UNICODE:
+        out.append(request(t, "PUT", "/api/v1/baselines/" + quote(name, safe=""),
+                           json.dumps({"runs": [s["b_run"]]}).encode(),
+                           {**auth(t, "B", "read"), "Content-Type": "application/json"}))
+    return out
+
+
+@attack("grpc/hostile")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    import grpc
+
+    from trainguard import wire
+    out: List[Any] = []
+    with grpc.insecure_channel(f"{t.host}:{t.grpc_port}") as channel:
+        send = channel.unary_unary("/trainguard.v1.IngestService/Send")
+        good = wire.ingest_request_from_dicts([event("g")]).SerializeToString()
+        cases: List[Tuple[bytes, Tuple[Tuple[str, str], ...]]] = [
+            (b"\xff" * 100, (("authorization", f"Bearer {t.token('B', 'ingest')}"),)),
+            (b"\x0a" + b"\xff" * 10, (("authorization", f"Bearer {t.token('B', 'ingest')}"),)),
+            (good, ()), (good, (("authorization", f"Bearer {t.token('B', 'read')}"),)),
+            (good, (("authorization", "Bearer x" * 1000),)),
+            (good, (("authorization", f"Bearer {t.token('B', 'ingest')}"), ("x-trainguard-sent-at", "NaN"))),
+            (wire.ingest_request_from_dicts([event(s["a_run"], project="A")]).SerializeToString(),
+             (("authorization", f"Bearer {t.token('B', 'ingest')}"),)),
+            (wire.ingest_request_from_dicts([event(u, name=u) for u in UNICODE]).SerializeToString(),
+             (("authorization", f"Bearer {t.token('B', 'ingest')}"),)),
+            (b"\x0a\x00" * 1000, (("authorization", f"Bearer {t.token('B', 'ingest')}"),)),
+        ]
+        for message, metadata in cases:
+            try:
+                send(message, metadata=metadata, timeout=30)
+                out.append((200, b"OK"))
+            except grpc.RpcError as exc:
+                code = exc.code()
+                out.append((500 if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) else 400,
+                            f"{code.name}: {exc.details()}"[:200].encode()))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the checks
+
+def setup(t: Target) -> Dict[str, Any]:
+    """A's and B's runs, each with a NaN-loss incident; their ids."""
+    s: Dict[str, Any] = {"a_run": "a-run", "b_run": "b-run", "victim_ids": []}
+    for project, run in (("A", s["a_run"]), ("B", s["b_run"])):
+        events = [event(run, i, 2.0 - 0.1 * i) for i in range(6)] + [event(run, 6, "NaN")]
+        status, data = ingest(t, project, {"events": events})
+        assert status == 200 and json.loads(data)["accepted"] == 7, data
+        s[f"{project.lower()}_event"] = events[0]["event_id"]
+        deadline = time.monotonic() + 30
+        while True:
+            status, data = read(t, project, f"/api/v1/runs/{run}/incidents")
+            items = json.loads(data).get("items", []) if status == 200 else []
+            if items:
+                s[f"{project.lower()}_incident"] = items[0]["incident_id"]
+                break
+            assert time.monotonic() < deadline, f"no incident for {project}'s NaN loss"
+            time.sleep(0.2)
+    return s
+
+
+def victim(t: Target, s: Dict[str, Any]) -> Optional[str]:
+    """A sends one log event (read back by id at the end); None when accepted, else why not."""
+    e = event(s["a_run"], 100 + len(s["victim_ids"]), log={"logger": "victim", "level": "INFO",
+                                                           "message": "still here", "source": "logging"})
+    del e["metrics"]
+    try:
+        status, data = ingest(t, "A", {"events": [e]})
+    except OSError as exc:
+        return f"victim: {exc!r}"
+    if status != 200 or json.loads(data).get("accepted") != 1:
+        return f"victim: {status} {data[:200]!r}"
+    s["victim_ids"].append(e["event_id"])
+    return None
+
+
+def judge(name: str, answers: Any, s: Dict[str, Any]) -> List[str]:
+    problems = []
+    for status, data in answers if isinstance(answers, list) else [answers]:
+        if status >= 500 or status < 0 or (status == 0 and not _closing_is_an_answer(data)):
+            problems.append(f"{status} {bytes(data)[:200]!r}")
+    if name == "tenant/cross-project":
+        for k, (status, data) in enumerate(s["cross"][1:], start=1):
+            if k != s["b_same_name"] and status != 404:
+                problems.append(f"B reached A's thing: {status} {bytes(data)[:200]!r}")
+        first = json.loads(s["cross"][0][1])
+        if first.get("accepted") != 0 or first["rejected"][0]["code"] != "wrong_project":
+            problems.append(f"B wrote as A: {first}")
+    return problems
+
+
+def _closing_is_an_answer(data: bytes) -> bool:
+    """A request no HTTP server must read (a 100 KB request line or header) may be answered by a reset."""
+    return len(data) < 400 and (b"aaaa" in data or b"xxxx" in data or (b"GET /api" in data and b"%" in data))
+
+
+def final_check(t: Target, s: Dict[str, Any]) -> List[str]:
+    """Every event A sent is readable with A's token; A's incident is still open and A's alone."""
+    problems = []
+    deadline = time.monotonic() + 30
+    missing = list(s["victim_ids"])
+    while missing and time.monotonic() < deadline:  # the processor stores them asynchronously
+        missing = [i for i in missing if read(t, "A", f"/api/v1/runs/{s['a_run']}/events/{i}")[0] != 200]
+        if missing:
+            time.sleep(0.5)
+    if missing:
+        problems.append(f"{len(missing)} of A's {len(s['victim_ids'])} events not readable (lost?)")
+    status, data = read(t, "A", f"/api/v1/incidents/{s['a_incident']}")
+    if status != 200 or json.loads(data).get("status") != "open":
+        problems.append(f"A's incident: {status} {data[:200]!r}")  # B tried to acknowledge / resolve it
+    status, data = read(t, "A", f"/api/v1/runs/{s['a_run']}/metrics?names=loss&start_step=99&end_step=99")
+    if status != 200 or any(any(ranks.values()) for ranks in json.loads(data)["series"].values()):
+        problems.append(f"B's same-named run reached A's: {status} {data[:200]!r}")
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help="run only attacks whose name starts with this")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds an attack may take")
+    ap.add_argument("--show", action="store_true", help="print every answer (status and its first bytes)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hostile-probe-") as tmp:
+        proc, t = spawn(Path(tmp))
+        try:
+            s = setup(t)
+            failed = 0
+            for name, fn in ATTACKS:
+                if args.only and not name.startswith(args.only):
+                    continue
+                started = time.monotonic()
+                box: Dict[str, Any] = {}
+                runner = threading.Thread(target=_run_into, args=(box, fn, t, s), daemon=True)
+                runner.start()
+                runner.join(args.timeout)
+                took = time.monotonic() - started
+                if runner.is_alive():
+                    problems = [f"no answer within {args.timeout:g} s"]
+                elif "a" not in box:
+                    problems = ["the attack itself raised (see the traceback above)"]
+                else:
+                    problems = judge(name, box["a"], s)
+                why = victim(t, s)
+                if why:
+                    problems.append(why)
+                ready = request(t, "GET", "/readyz", timeout=10)[0]
+                if ready != 200:
+                    problems.append(f"/readyz {ready}")
+                counts: Dict[int, int] = {}
+                for status, _ in box.get("a", []) if isinstance(box.get("a"), list) else []:
+                    counts[status] = counts.get(status, 0) + 1
+                shown = ", ".join(f"{k}x{v}" for k, v in sorted(counts.items()))
+                print(f"{'FAIL' if problems else 'ok  '} {name:28} {took:6.1f} s  {shown}", flush=True)
+                for problem in problems[:8]:
+                    print(f"       {problem}", flush=True)
+                if args.show and isinstance(box.get("a"), list):
+                    for status, data in box["a"]:
+                        print(f"       {status} {bytes(data)[:160]!r}")
+                for took_s, what in SLOW:
+                    print(f"       slow ({took_s:.1f} s): {what}", flush=True)
+                SLOW.clear()
+                failed += bool(problems)
+            problems = final_check(t, s)
+            for problem in problems:
+                print(f"FAIL final: {problem}")
+            verdict = "passed" if not problems else "FAILED"
+            print(f"{failed} attack(s) failed; final check {verdict} (A's {len(s['victim_ids'])} events "
+                  f"readable, its incident open, its run untouched); server RSS {_rss_mb(proc.pid)} MB")
+            return 1 if failed or problems else 0
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _run_into(box: Dict[str, Any], fn: Attack, t: Target, s: Dict[str, Any]) -> None:
+    box["a"] = fn(t, s)
+
+
+def _rss_mb(pid: int) -> int:
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
