@@ -19,7 +19,7 @@ from trainguard.v1 import ingest_pb2
 from trainguard_server.config import Settings
 from trainguard_server.gateway.ingest import Gateway
 from trainguard_server.processor.embedded import EmbeddedProcessor
-from trainguard_server.queue.base import QueueRecord
+from trainguard_server.queue.base import Queue, QueueRecord
 from trainguard_server.queue.sqlite import SqliteQueue
 from trainguard_server.storage.sqlite import SYNC_TABLE, SqliteProjectStore, SqliteStores, open_sqlite_stores
 
@@ -192,3 +192,50 @@ def test_a_processor_killed_mid_drain_then_restarted_leaves_the_stores_of_an_uni
     assert got == want
     for table in ("events.db/events", "metrics.db/points", "incidents.db/incidents", "incidents.db/state"):
         assert not want[table].endswith(" rows=0"), table  # the streams wrote to every store
+
+
+class _Partitioned(Queue):
+    """A queue whose one partition (0) moves between consumers (as Kafka's do): hands out ``values``, logs
+    its commits."""
+
+    partitioned = True
+
+    def __init__(self, values: List[bytes], log: _Log) -> None:
+        self.records = [QueueRecord(0, i, "run", v, 0) for i, v in enumerate(values)]
+        self.log = log
+
+    def publish(self, key: str, values: Sequence[bytes]) -> List[int]:
+        raise NotImplementedError
+
+    def consume(self, max_records: int, timeout: float) -> List[QueueRecord]:
+        taken, self.records = self.records[:max_records], self.records[max_records:]
+        return taken
+
+    def commit(self, records: Sequence[QueueRecord]) -> None:
+        self.log.entries.append(("queue", "commit"))
+
+    def depth(self) -> int:
+        return len(self.records)
+
+
+def test_a_revoked_partitions_records_are_committed_after_every_store_is_synced(tmp_path: Path) -> None:
+    _publish(tmp_path)
+    source = SqliteQueue(tmp_path / "queue.db")
+    values = [r.value for r in source.consume(10_000, 0.0)]
+    source.close()
+    log = _Log()
+    queue = _Partitioned(values, log)
+    stores = open_sqlite_stores(tmp_path)
+    for label in ("events", "metrics", "incidents"):
+        log.wrap(getattr(stores, label), "sync", label)
+    processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, batch=8,
+                                  round_target_s=0.0, snapshot_every_s=1e9, tick_interval_s=1e15)
+    try:
+        processor.partitions_assigned([0])
+        assert processor.run_once(timeout=0.0) > 0
+        assert ("queue", "commit") not in log.entries  # no checkpoint due: nothing committed yet
+        processor.partitions_revoked([0], lost=False)  # the group rebalanced: save, sync, commit, drop
+        assert log.entries[-1] == ("queue", "commit")
+        assert {label for label, _ in log.entries[:-1]} == {"events", "metrics", "incidents"}
+    finally:
+        stores.close()
