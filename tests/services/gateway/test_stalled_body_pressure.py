@@ -7,16 +7,18 @@ ordinary timeout. Against ``trainguard serve`` (EmbeddedServer on 127.0.0.1), ra
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 from contextlib import ExitStack
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 from urllib.parse import urlparse
 
 import pytest
 
 from tests.services.gateway.embedded_server import LiveServer, event, live_server
+from trainguard_server.gateway.http import BodyStalled, _Held, _read_body
 from trainguard_server.gateway.inflight import InflightBytes
 
 MiB = 2**20
@@ -118,3 +120,49 @@ def _length(out: bytes) -> int:
         if line.lower().startswith(b"content-length:"):
             return int(line.split(b":")[1])
     return 0
+
+
+class _Stalling:
+    """A request whose body sends ``first`` and then nothing."""
+
+    def __init__(self, first: bytes) -> None:
+        self.first = first
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        yield self.first
+        await asyncio.Event().wait()  # never set
+        yield b""  # pragma: no cover
+
+
+def _full() -> InflightBytes:
+    counts = InflightBytes(total=1_000, per_project=0, max_request=500)
+    assert counts.take("other", 400) is None
+    return counts
+
+
+def test_unit_a_stalled_body_under_pressure_is_408_and_gives_its_bytes_back() -> None:
+    counts = _full()
+    held = _Held(counts, "p", 1.0)
+
+    async def read() -> None:
+        await _read_body(_Stalling(b"x" * 200), 10_000, held, 0.05)  # type: ignore[arg-type]
+
+    started = time.monotonic()
+    with pytest.raises(BodyStalled, match=r"http_body_pressure_timeout_s=0\.05"):
+        asyncio.run(read())
+    assert time.monotonic() - started < 1
+    assert counts.held("p") == 0 and counts.held() == 400
+
+
+def test_unit_another_cancellation_is_not_turned_into_a_408() -> None:
+    counts = _full()
+    held = _Held(counts, "p", 1.0)
+
+    async def read_then_cancel() -> None:
+        task = asyncio.ensure_future(_read_body(_Stalling(b"x"), 10_000, held, 5.0))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(read_then_cancel())

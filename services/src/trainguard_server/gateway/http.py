@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -257,26 +257,51 @@ class _InflatedBytes:
             self.counted += more
 
 
-async def _next_chunk(chunks: AsyncIterator[bytes], held: Optional[_Held], stall_s: Optional[float]) -> bytes:
-    """The body's next chunk (:class:`StopAsyncIteration` at its end). While none comes, every ``stall_s``
-    seconds: :class:`BodyStalled` (408) if the request holds bytes the server is short of
-    (:meth:`_Held.pressure`); else it keeps waiting, up to the connection's own ``http_body_timeout_s``."""
-    if held is None or stall_s is None:
-        return await chunks.__anext__()
-    pending = asyncio.ensure_future(chunks.__anext__())
-    try:
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=stall_s)  # waiting never cancels ``pending``
-            if done:
-                return pending.result()
-            why = held.pressure()
+class _StallWatch:
+    """Ends a body that stalls while the server is short of bytes (:meth:`_Held.pressure`): a timer looks
+    ``stall_s`` after the body's last chunk (:meth:`arrived` notes when); when no chunk came since and the
+    pressure is on, it cancels the reading task, which :func:`_read_body` answers with :class:`BodyStalled`
+    (408); else it looks again ``stall_s`` after the last chunk. One timer per request, not a task per chunk
+    (a chunk costs a clock read); the cancellation can only land where the task waits for the body's next
+    chunk (the timer runs only while the task is suspended, and the body's reads are its only waits until
+    :meth:`stop`)."""
+
+    def __init__(self, held: _Held, stall_s: float) -> None:
+        self.held, self.stall_s = held, stall_s
+        self.why: Optional[str] = None
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self.last = self._loop.time()
+        self._timer: Optional[asyncio.TimerHandle] = self._loop.call_later(stall_s, self._look)
+
+    def arrived(self) -> None:
+        self.last = self._loop.time()
+
+    def _look(self) -> None:
+        self._timer = None
+        quiet = self._loop.time() - self.last
+        if quiet >= self.stall_s and self._task is not None:
+            why = self.held.pressure()
             if why is not None:
-                raise BodyStalled(f"request body stalled: no byte for http_body_pressure_timeout_s="
-                                  f"{stall_s:g} s while {why}; nothing of this request was queued: send the "
-                                  f"body without pauses")
-    finally:
-        if not pending.done():
-            pending.cancel()
+                self.why = why
+                self.held.release()  # now: another watch looking in this same instant sees them given back
+                self._task.cancel()
+                return
+        self._timer = self._loop.call_later(max(self.stall_s - quiet, 0.0) or self.stall_s, self._look)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def stalled(self) -> BodyStalled:
+        """The 408 for the cancellation this watch caused (the task's cancel request is withdrawn)."""
+        uncancel = getattr(self._task, "uncancel", None)  # Python >= 3.11 counts cancel requests
+        if uncancel is not None:
+            uncancel()
+        return BodyStalled(f"request body stalled: no byte for http_body_pressure_timeout_s={self.stall_s:g} "
+                           f"s while {self.why}; nothing of this request was queued: send the body without "
+                           f"pauses")
 
 
 async def _read_body(request: Request, limit: int, held: Optional[_Held] = None,
@@ -284,19 +309,25 @@ async def _read_body(request: Request, limit: int, held: Optional[_Held] = None,
     """The raw body, refusing to buffer more than ``limit`` bytes (chunked uploads included); each chunk is
     taken in ``held`` as it arrives, after the size check: a body too large for any server is a 413 (split
     it), never a 429 (retry it) because the server happens to be busy. With ``stall_s``, a body that sends
-    nothing for that long while the in-flight total is full is answered 408 (:func:`_next_chunk`)."""
+    nothing for that long while the in-flight total is full is answered 408 (:class:`_StallWatch`)."""
     body = bytearray()
-    chunks = request.stream().__aiter__()
-    while True:
-        try:
-            chunk = await _next_chunk(chunks, held, stall_s)
-        except StopAsyncIteration:
-            break
-        if len(body) + len(chunk) > limit:
-            raise RequestTooLarge(f"body is larger than max_batch_bytes={limit}; split the batch")
-        if held is not None:
-            held.take(len(chunk))
-        body += chunk
+    watch = _StallWatch(held, stall_s) if held is not None and held.inflight is not None and stall_s else None
+    try:
+        async for chunk in request.stream():
+            if watch is not None:
+                watch.arrived()
+            if len(body) + len(chunk) > limit:
+                raise RequestTooLarge(f"body is larger than max_batch_bytes={limit}; split the batch")
+            if held is not None:
+                held.take(len(chunk))
+            body += chunk
+    except asyncio.CancelledError:
+        if watch is not None and watch.why is not None:
+            raise watch.stalled() from None
+        raise
+    finally:
+        if watch is not None:
+            watch.stop()
     return bytes(body)
 
 
