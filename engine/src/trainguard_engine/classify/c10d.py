@@ -160,10 +160,13 @@ _BARRIER_RE = re.compile(
 """c10d's store-based barrier at process-group creation (torch 1.8-2.0): the error after its timeout, and
 the INFO line it prints while it waits."""
 _UNIQUE_ID_RE = re.compile(
-    r"\[(?P<rank>\d+)\] is setting up NCCL communicator and retr\w{1,12} ncclUniqueId from \[(?P<root>\d+)\] "
+    r"(?:\[(?P<rank>\d+)\] )?is setting up NCCL communicator and retr\w{1,12} ncclUniqueId "
+    r"from \[(?P<root>\d+)\] "
     r"via c10d key-value store by key '(?P<key>[^'\n]{0,100})', but store->get\('[^'\n]{0,100}'\) got "
     r"(?:error|exception): (?P<error>[^\n]{1,200})")
-"""A rank fetching the NCCL communicator's id that the root rank puts in the store (torch >= 1.11)."""
+"""A rank fetching the NCCL communicator's id that the root rank puts in the store (torch >= 1.11). The
+message starts with the waiting rank in brackets (``[1] is setting up ...``); a paste or a reader that took
+that tag for a line-number column leaves the message without it, which still names the root rank."""
 
 
 def _rule_store_barrier(t: _Text) -> Optional[_Hit]:
@@ -195,10 +198,13 @@ def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
     pos = t.first("nccluniqueid from [")
     if pos >= 0 and (found := _search(_UNIQUE_ID_RE, t, pos, before=200, after=600)) is not None:
         m = found[1]
-        facts: Facts = {"waiting_rank": int(m.group("rank")), "root_rank": int(m.group("root")),
-                 "error": _shorten(m.group("error"), 160)}
+        waiting = m.group("rank")
+        facts: Facts = {"root_rank": int(m.group("root")), "error": _shorten(m.group("error"), 160)}
+        if waiting is not None:
+            facts = {"waiting_rank": int(waiting), **facts}
+        who = f"Rank {waiting}" if waiting is not None else "A rank"
         return _Hit("comm", "init-failure", 0.85, found[0] + m.start(), facts,
-                    f"Rank {facts['waiting_rank']} could not get the NCCL id from rank {facts['root_rank']} "
+                    f"{who} could not get the NCCL id from rank {facts['root_rank']} "
                     f"through the store ({facts['error']})",
                     "the root rank never published the communicator id (it did not reach the collective, "
                     "crashed, or hangs) or the store is unreachable")

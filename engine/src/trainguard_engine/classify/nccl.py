@@ -441,6 +441,10 @@ _NCCL_WARN_PATTERNS: Tuple[Tuple[str, str, str, float, str], ...] = (
      "refused / timed out``, bootstrap or transport): the address NCCL picked is not reachable -- "
      "NCCL_SOCKET_IFNAME, firewalls, every rank started; the peers' closed connections that follow are its "
      "consequence"),
+    ("invalid rank requested", "comm", "init-failure", 0.7,
+     "NCCL's communicator init was asked for a rank outside the communicator (``init.cc:N NCCL WARN Invalid "
+     "rank requested : R/N``): the rank or world size the launcher gave the job is wrong (RANK / WORLD_SIZE, "
+     "the number of nodes or processes per node), so the communicator is never built"),
     ("connection reset by peer", "comm", "rank-lost", 0.7,
      "a peer's socket went away: the peer process died or its node/network failed"),
     ("connection closed by remote peer", "comm", "rank-lost", 0.7,
@@ -556,7 +560,8 @@ DOCS = {
         "``ring N does not loop back to start`` or a proxy's ``Failed to execute operation Init from rank "
         "N`` (it wins over a connection-closed line in the same text) or the bootstrap's ``Call to bind "
         "failed : Address already in use`` or ``Call to connect failed : ...`` (also NCCL < 2.3's line "
-        "without the word NCCL, ``[0] include/socket.h:360 WARN Call to connect failed``) → "
+        "without the word NCCL, ``[0] include/socket.h:360 WARN Call to connect failed``) or the init's "
+        "``Invalid rank requested : R/N`` (a rank outside the communicator: wrong RANK / WORLD_SIZE) → "
         "comm/init-failure; ``Cuda failure 'out of memory'`` (NCCL allocating its buffers) → memory/oom; "
         "shared-memory segment or ``ibv_create_cq`` failures → comm/failure"
     ),

@@ -183,6 +183,22 @@ _OOM_KILLER_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Kil
 """The OOM killer's own report: the kernel's (``dmesg``) ``Out of memory: Killed process 629 (python)`` /
 ``Memory cgroup out of memory: Killed process ...``, Slurm's ``slurmstepd: error: Detected 1 oom-kill
 event(s) in StepId=...``."""
+_SLURM_MEMORY_RE = re.compile(r"(?:(?:Job|Step) [\d.]{1,30} exceeded memory limit \(\d{1,20} > \d{1,20}\), "
+                              r"being killed|Exceeded (?:job|step) memory limit)")
+"""Slurm's memory enforcement (``JobAcctGatherParams=OverMemoryKill``): ``slurmstepd: error: Job 7518 exceeded
+memory limit (626359956 > 512000000), being killed`` / ``Exceeded job memory limit`` -- Slurm kills the job
+for host memory; the ``*** JOB N ... CANCELLED AT ... ***`` line that follows is that kill, not a
+cancellation of its own."""
+_MPIRUN_SIGNAL_RE = re.compile(r"process rank (?P<rank>\d{1,7}) with PID \d{1,10} on node \S{1,120} "
+                               r"exited on signal (?P<sig>\d{1,2})\b")
+"""Open MPI's launcher (``mpirun``, as Horovod and DeepSpeed's MPI runner start workers): ``mpirun noticed
+that process rank 1 with PID 0 on node n1 exited on signal 4 (Illegal instruction: 4).`` -- worker rank 1 was
+ended by that signal."""
+_CONTAINER_FAILED_RE = re.compile(r"Container rank (?P<rank>\d{1,7}) status failed cmd \[[^\n]{0,4000}?\] "
+                                  r"code (?P<code>-?\d{1,4})\b")
+"""Paddle's launcher (``python -m paddle.distributed.launch``): ``LAUNCH ERROR ... Container failed !!!`` then
+``Container rank 0 status failed cmd ['python', '-u', 'train.py', ...] code 1 log log/workerlog.0`` -- that
+worker exited with that code (a negative code: killed by that signal); its own error is in its workerlog."""
 
 
 def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
@@ -268,6 +284,36 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         m = found[1]
         ide: Facts = {"signal": int(m.group("sig")), "signal_name": m.group("name"), "reporter": "ide"}
         return _signal_hit(found[0] + m.start(), ide, "the process")
+    pos = t.first("exited on signal ")
+    if pos >= 0 and (found := _search(_MPIRUN_SIGNAL_RE, t, pos, before=120, after=40)) is not None:
+        m = found[1]
+        signal = int(m.group("sig"))
+        if signal in SIGNAL_NAMES:
+            mpi: Facts = {"signal": signal, "signal_name": SIGNAL_NAMES[signal], "rank": int(m.group("rank")),
+                          "launcher": "mpirun"}
+            return _signal_hit(found[0] + m.start(), mpi, "mpirun: a worker")
+    pos = t.first("container rank ")
+    if pos >= 0 and (found := _search(_CONTAINER_FAILED_RE, t, pos, before=0, after=4100)) is not None:
+        m = found[1]
+        code, rank = int(m.group("code")), int(m.group("rank"))
+        if code < 0 and -code in SIGNAL_NAMES:
+            paddle: Facts = {"signal": -code, "signal_name": SIGNAL_NAMES[-code], "rank": rank,
+                             "launcher": "paddle"}
+            return _signal_hit(found[0] + m.start(), paddle, "paddle.distributed.launch: a worker")
+        if code > 0:
+            category, subtype, said = _launcher_exit_kind(code)
+            container: Facts = {"exitcode": code, "rank": rank, "launcher": "paddle"}
+            return _Hit(category, subtype, 0.6, found[0] + m.start(), container,
+                        f"paddle.distributed.launch: the worker of rank {rank} exited ({said})", _EXIT_NOTE)
+    pos = t.first("exceeded memory limit", "exceeded job memory limit", "exceeded step memory limit")
+    if pos >= 0 and (found := _search(_SLURM_MEMORY_RE, t, pos, before=60, after=120)) is not None:
+        memory: Facts = {"signal": 9, "signal_name": "SIGKILL", "scheduler": "slurm",
+                         "killer": "slurm-memory-limit"}
+        hit = _signal_hit(found[0] + found[1].start(), memory, "Slurm")
+        return replace(hit, headline=f"{hit.headline}: the job exceeded its memory limit (host memory)",
+                       note="Slurm killed the job because its tasks used more host RAM than the job asked "
+                            "for (--mem / --mem-per-cpu): DataLoader workers, a dataset loaded into memory, "
+                            "pinned buffers; ask for more memory or use less")
     pos = t.first(_SLURM_CANCELLED)
     if pos >= 0 and (found := _search(_SLURM_CANCELLED_RE, t, pos, before=120, after=120)) is not None:
         m = found[1]
@@ -561,7 +607,8 @@ GATES = {
                         "program received signal sig",
                         "program terminated with signal sig", "exits with return code = ",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
-                        "oom-kill event",
+                        "oom-kill event", "exited on signal ", "container rank ", "exceeded memory limit",
+                        "exceeded job memory limit", "exceeded step memory limit",
                         "illegal instruction", "floating point exception", "(interrupted by signal ",
                         "(core dumped)",
                         "bus error", _SLURM_CANCELLED),
@@ -613,7 +660,12 @@ DOCS = {
         "``Floating point exception`` / Slurm's ``*** JOB|STEP N ON host CANCELLED AT ... [DUE TO TIME "
         "LIMIT] ***`` (SIGTERM from the scheduler) "
         "→ by the exit decision path for that signal; the OOM killer's report (dmesg's ``Out of memory: "
-        "Killed process N (python)``, Slurm's ``Detected 1 oom-kill event(s)``) → process/killed (SIGKILL)"
+        "Killed process N (python)``, Slurm's ``Detected 1 oom-kill event(s)``, Slurm's memory limit "
+        "``Job N exceeded memory limit (A > B), being killed`` -- it wins over the ``CANCELLED AT`` line it "
+        "causes) → process/killed (SIGKILL); Open MPI's ``mpirun noticed that process rank N with PID P on "
+        "node H exited on signal S`` → by the exit decision path for S, the culprit N; Paddle's launcher "
+        "``Container rank N status failed cmd [...] code C`` → process/exit (C < 0: by the decision path for "
+        "signal -C), the culprit N"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

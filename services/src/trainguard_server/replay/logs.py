@@ -88,18 +88,22 @@ MAX_MESSAGE_CHARS = 8192
 MAX_TRACEBACK_CHARS = 64_000
 MAX_LINE_CHARS = 8192
 
-_PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)\]:(?: )?")
+_PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)(?:\|\d{1,7})?\]:(?: )?")
+"""A launcher's tag before every line a process prints: torch's ``[rank3]:``, torchrun's ``[default0]:``, a
+role-named tag (TorchX / torchelastic roles: ``[trainer3]:``, with a replica index ``[trainer0|0]:``); only
+``rank`` and ``default`` name a rank (:func:`split_prefix`), any other name is dropped as a tag."""
 _RANK_COLUMN_RE = re.compile(r"^(?P<name>rank):\s{0,4}(?P<num>\d{1,7}) \| ")
 _MPI_TAG_RE = re.compile(r"^\[\d{1,6},(?P<num>\d{1,7})\]<(?:stdout|stderr|stddiag)>:")
 """Open MPI's ``mpirun --tag-output`` column ``[1,3]<stderr>:`` (job, then the process's rank), as Horovod
 and DeepSpeed's MPI launcher runs print every line."""
 """ParlAI's distributed logger column ``rank:  3 | 2022-04-03 18:44:26,615 CRITICAL | ...``."""
 _COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] "
-                        r"|\((?:\w+ )?pid=\d+(?:, ip=[\d.]+)?\)(?: |$)"
+                        r"|\((?:[\w.-]{1,60},? )?(?:rank=\d{1,7} )?pid=\d+(?:, ip=[\d.]+)?\)(?: |$)"
                         r"|[a-z][\w.-]{0,60}[-_]\d{1,4} +\| ?)")
 """What a paste puts before a line: a viewer's line-number column (``[80746] ``, ``  12 | ``), Ray's
-``(RayWorkerWrapper pid=4009) `` / ``(pid=4009, ip=10.0.0.1) `` worker prefix or docker compose's
-``trainer-worker-1    | `` service column."""
+``(RayWorkerWrapper pid=4009) `` / ``(pid=4009, ip=10.0.0.1) `` worker prefix (also SkyPilot's
+``(task-name, pid=18593) ``, vLLM's ``(VllmWorker rank=1 pid=12231) `` / ``(EngineCore_DP0 pid=33630) ``) or
+docker compose's ``trainer-worker-1    | `` service column."""
 _PASTE_MARK_RE = re.compile(r"^(?:(?:>(?: |$))+|(?:stderr|stdout|STDERR|STDOUT): )")
 """What a paste or a wrapper puts before every line it passes on: markdown's quote marker (``> ``, nested
 ``> > ``) and a subprocess runner's stream name (``stderr: ``, as accelerate or a job wrapper relays a
@@ -182,6 +186,10 @@ _NCCL_MORE_RE = re.compile(r"^\s*(?:nccl[A-Z]\w*Error: |ncclInvalid(?:Usage|Argu
 and ``ncclInvalidArgument:`` have no ``Error`` in their names) and ``Last error:`` (the
 line after which is the last error itself). The message is one log item, so the last error is read with
 the reason (``internal error`` + ``Connection closed by remote peer``)."""
+_NCCL_REASON_RE = re.compile(r"^\s*nccl[A-Z]\w*Error: ")
+"""An NCCL message whose ``NCCL error in: ..., NCCL version ...`` head is not in the paste (cut, or printed
+by a wrapper that drops it): its ``ncclXError: <what it means>`` line opens the message, so its ``Last
+error:`` line and the last error after it are read with it (one log item), as with the head."""
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _RAY_SGR_RESIDUE_RE = re.compile(r"^\[\d{1,3}(?:;\d{1,3}){0,3}m(\([^()\n]{1,200}\))\[0m")
 """Ray's coloured worker prefix (``ESC[36m(WorkerDict pid=3175143, ip=10.49.193.113)ESC[0m``) pasted without
@@ -695,7 +703,7 @@ class LogSegmenter:
         if not text.strip():
             return
         mode = _starts_block(text)
-        if mode is None and _NCCL_HEAD_RE.search(text):
+        if mode is None and (_NCCL_HEAD_RE.search(text) or _NCCL_REASON_RE.match(text)):
             mode = _NCCL
         if mode is not None:
             stream.start(mode, number, text, time_ns, precision_ns)

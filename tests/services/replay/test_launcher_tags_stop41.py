@@ -1,0 +1,74 @@
+"""Launcher and runner tags the reader drops before the classifier reads a line, and an NCCL message whose head
+is not in the paste (stop 41, hL2; from tuned wild-corpus logs):
+
+* a role-named launcher tag with a replica index, ``[trainer0|0]:`` (TorchX / torchelastic roles), is a tag
+  like ``[trainer3]:`` -- before, only ``[nameN]:`` was, so under ``[trainer0|0]:`` NCCL's ``Last error:`` line
+  was not seen as one (``comm-init-nccl-socket-init-family-trainer-prefix-1837-1``, pytorch/pytorch#1837 of
+  mmpretrain, tuned);
+* NCCL's ``ncclXError: <meaning>`` line opens the NCCL message when the paste lacks its ``NCCL error in: ...,
+  NCCL version ...`` head, so its ``Last error:`` and the last error after it are read with it (one item): the
+  same log's ``ncclInternalError: Internal check failed.`` / ``Last error:`` / ``ncclSocketInit: ...`` is a
+  set-up failure (comm/init-failure), where each line alone read as a generic internal error (comm/failure);
+* a worker column in parentheses with a name and a comma (SkyPilot's ``(en-hi-spot, pid=18593) ``,
+  ``comm-timeout-ray-prefixed-allreduce-axolotl-qwen-moe-1495-1``) or vLLM's ``(VllmWorker rank=1 pid=12231) ``
+  / ``(EngineCore_DP0 pid=33630) `` is dropped like Ray's ``(RayWorker pid=..)``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard_server.replay.logs import LogReader, split_prefix
+
+from .local_import import WILD, imported, pasted, shown
+
+CASE_1837 = "comm-init-nccl-socket-init-family-trainer-prefix-1837-1"
+
+
+@pytest.mark.parametrize("line, rank, rest", [
+    ("[trainer0|0]:Last error:", None, "Last error:"),
+    ("[trainer0|0]:ncclInternalError: Internal check failed.", None, "ncclInternalError: Internal check failed."),
+    ("[trainer3]:twshared1016:1958:1958 [3] NCCL INFO x", None, "twshared1016:1958:1958 [3] NCCL INFO x"),
+    ("[rank3]:[trainer1|2]: z", 3, "z"),
+    ("(en-hi-spot, pid=18593) [E ProcessGroupNCCL.cpp:475] [Rank 1] Watchdog caught",
+     None, "[E ProcessGroupNCCL.cpp:475] [Rank 1] Watchdog caught"),
+    ("(VllmWorker rank=1 pid=12231) ERROR 03-25 21:13:53 multiproc_executor.py:374] Traceback",
+     None, "ERROR 03-25 21:13:53 multiproc_executor.py:374] Traceback"),
+    ("(EngineCore_DP0 pid=33630) Traceback (most recent call last):", None, "Traceback (most recent call last):"),
+    # unchanged: Ray's own prefixes and text in parentheses that is no worker column
+    ("(RayTrainWorker pid=3738, ip=172.17.130.64) [W socket.cpp:432] y", None, "[W socket.cpp:432] y"),
+    ("(pid=4009, ip=10.0.0.1) x", None, "x"),
+    ("(see above, pid=12 was killed) x", None, "(see above, pid=12 was killed) x"),
+    ("[trainer0|x]: y", None, "[trainer0|x]: y"),
+])
+def test_launcher_tags(line: str, rank: object, rest: str) -> None:
+    assert split_prefix(line) == (rank, rest)
+
+
+def _messages(path: Path) -> list:
+    return [item.message for item in LogReader(path) if item.kind == "log"]
+
+
+def test_headless_nccl_message_is_one_item_under_a_role_tag(tmp_path: Path) -> None:
+    path = pasted(tmp_path, [
+        "[trainer0|0]:ncclInternalError: Internal check failed.",
+        "[trainer0|0]:Last error:",
+        "[trainer0|0]:ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor AF_INET6(10)",
+        "[trainer0|0]:after",
+    ])
+    assert _messages(path) == [
+        "ncclInternalError: Internal check failed.\nLast error:\n"
+        "ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor AF_INET6(10)",
+        "after"]
+
+
+def test_headless_nccl_message_without_a_last_error_is_its_own_line(tmp_path: Path) -> None:
+    path = pasted(tmp_path, ["ncclSystemError: System call (socket, malloc, munmap, etc) failed.",
+                             "RuntimeError: something else"])
+    assert _messages(path)[0] == "ncclSystemError: System call (socket, malloc, munmap, etc) failed."
+
+
+def test_the_1837_paste_reads_as_a_set_up_failure() -> None:
+    kinds = shown(imported(WILD / CASE_1837 / "log.txt"))
+    assert kinds and kinds[0] == "comm/init-failure"
