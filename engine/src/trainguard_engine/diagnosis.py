@@ -180,27 +180,38 @@ _VALUE = itemgetter(1)
 
 
 def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[Sequence[Triple], bool]:
+    """:func:`_series_tail` without the tail."""
+    points, finite, _tail = _series_tail(rank, names, upto)
+    return points, finite
+
+
+def _series_tail(rank: RankState, names: Sequence[str], upto: int
+                 ) -> Tuple[Sequence[Triple], bool, Optional[SeriesTail]]:
     """``(step, value, time_ns)`` of the first of ``names`` the rank has a history of, at steps <= ``upto``,
     by step (empty: none), and whether they are known to be all finite. Read from the series'
     :class:`~trainguard_engine.state.SeriesTail` (made when missing; kept by ``observe_point`` from then
     on) when its steps only rose -- then its points are the history's items in step order, a slice, no
-    sort and no tuple built; else sorted from the history dict. Read only (a tail is the rank's)."""
+    sort and no tuple built; else sorted from the history dict. Read only (a tail is the rank's). The
+    third value: that tail when the points are its whole list (``points is tail.points``), else None."""
     for name in names:
         data = rank.history.get(name)
         if data:
             tail = rank.tails.get(name)
             if tail is None or tail.data is not data or len(tail.points) != len(data):
                 tail = rank.tails[name] = SeriesTail(data)
+            whole: Optional[SeriesTail] = tail
             if tail.descent == 0:
                 points: Sequence[Triple] = tail.points
                 finite = tail.bad_end == 0
             else:  # a late point: by step
                 points = [(s, *data[s]) for s in sorted(data)]
                 finite = False
+                whole = None
             if points[-1][0] > upto:
                 points = points[:bisect_left(points, (upto + 1,))]
-            return points, finite
-    return (), True
+                whole = None
+            return points, finite, whole
+    return (), True, None
 
 
 def _finite_values(values: Sequence[Triple], finite: bool) -> List[float]:
@@ -223,6 +234,36 @@ def _most(values: Sequence[Triple], finite: bool) -> Optional[float]:
     if finite:
         return max(map(_VALUE, values)) if values else None
     return max((v for _s, v, _t in values if v - v == 0.0), default=None)
+
+
+EXTREMES_KEY = "diagnosis.extremes"
+"""The key of :func:`_extremes`' kept [points looked at, min, max] in a series tail's ``windows``."""
+
+
+def _extremes(values: Sequence[Triple], finite: bool, tail: Optional[SeriesTail]
+              ) -> Tuple[Optional[float], Optional[float]]:
+    """``(_least(values, finite), _most(values, finite))``, the same floats: when ``values`` is the whole
+    point list of ``tail`` (:func:`_series_tail`) and all finite, from the lowest and highest value kept
+    beside the tail (``windows[EXTREMES_KEY]``: derived, dropped with the tail -- its points only grow while
+    it lasts) and updated with the points that arrived since, one comparison each; else as they are. A
+    later value equal to the kept one does not replace it (``<`` / ``>``), so the kept one is the first of
+    its equals, as min() and max() answer (0.0 and -0.0 included)."""
+    if tail is None or not finite or values is not tail.points or not values:
+        return _least(values, finite), _most(values, finite)
+    n = len(values)
+    kept: Optional[List[Any]] = tail.windows.get(EXTREMES_KEY)
+    if kept is None:
+        kept = tail.windows[EXTREMES_KEY] = [n, min(map(_VALUE, values)), max(map(_VALUE, values))]
+    elif kept[0] < n:
+        low, high = kept[1], kept[2]
+        for i in range(kept[0], n):
+            v = values[i][1]
+            if v < low:
+                low = v
+            elif v > high:
+                high = v
+        kept[0], kept[1], kept[2] = n, low, high
+    return kept[1], kept[2]
 
 
 def _at(values: Sequence[Triple], step: int) -> Optional[float]:
@@ -260,21 +301,21 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
     step = inc.first_step if inc.first_step >= 0 else last
     related, trigger = facts.related, facts.trigger
     trigger["step"] = step
-    loss, finite = _series(rank, settings.loss_metrics, max(last, step))
+    loss, finite, tail = _series_tail(rank, settings.loss_metrics, max(last, step))
     if loss:
         item: Dict[str, Any] = {}
         at = _at(loss, step)
         if at is not None:
             item["at_first_step"] = _number(at)
-        low = _least(loss, finite)
+        low, high = _extremes(loss, finite, tail)
         if low is not None:
             item["min"] = _number(low)
         item["last"] = _number(loss[-1][1])
         related["loss"] = item
-        start, high = loss_start(rank), _most(loss, finite)
+        start = loss_start(rank)
         if start is not None and high is not None:
             facts.loss_rise = high / start
-    grads, finite = _series(rank, settings.grad_norm_metrics, max(last, step))
+    grads, finite, tail = _series_tail(rank, settings.grad_norm_metrics, max(last, step))
     if grads:
         item = {}
         at = _at(grads, step)
@@ -290,7 +331,7 @@ def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings
             item["median_before"] = _number(median)
             if at is not None and median > 0 and at - at == 0.0:
                 facts.grad_jump = at / median
-        high = _most(grads, finite)
+        high = _extremes(grads, finite, tail)[1]
         if high is not None:
             item["max"] = _number(high)
         related["grad_norm"] = item
