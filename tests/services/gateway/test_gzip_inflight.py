@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import tracemalloc
 import zlib
 from types import SimpleNamespace
 from typing import Any, List
@@ -69,16 +70,35 @@ def _bomb(size: int) -> bytes:
     return gzip.compress(b'{"events": []' + b" " * (size - 14) + b"}", 9)
 
 
-def test_a_gzip_body_past_its_project_bound_stops_inflating_there(produced: List[int]) -> None:
+def _peak(fn: Any) -> int:
+    """The most memory Python held (traced) while ``fn`` ran, beyond what it held before."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        try:
+            fn()
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+        return peak - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_gzip_body_past_its_project_bound_is_refused_without_holding_it_inflated() -> None:
     inflight = InflightBytes(total=0, per_project=2 * MiB)
     assert inflight.take("b", MiB // 2) is None  # another request of project b holds 512 KiB
     body = _bomb(8 * MiB - 1)
     held = _Held(inflight, "b", 1.0)
     held.take(len(body))
-    with pytest.raises(Backpressure, match="TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES"):
-        _decode(_gateway(), body, JSON_TYPE, True, held)
-    # was 8 MiB: inflated whole, then refused; now stopped within one piece of the 1.5 MiB left to b
-    assert produced[0] <= 2 * MiB - MiB // 2 + GUNZIP_CHUNK, produced[0]
+
+    def decode() -> None:
+        with pytest.raises(Backpressure, match="TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES"):
+            _decode(_gateway(), body, JSON_TYPE, True, held)
+
+    # was 16 MiB and more: inflated whole (8 MiB and its copy), then refused; now refused by its stated size
+    # before inflating (then checked for a 413 / 400 without keeping what it inflates)
+    assert _peak(decode) < MiB
     held.release()
     assert inflight.held("b") == MiB // 2  # this request's bytes all given back
 
@@ -108,16 +128,20 @@ def test_past_max_batch_bytes_is_413_before_429(produced: List[int]) -> None:
     held.release()
 
 
-def test_a_trailer_that_understates_its_size_still_stops_at_the_bound(produced: List[int]) -> None:
+def test_a_trailer_that_understates_its_size_still_stops_at_the_bound() -> None:
     inflight = InflightBytes(total=0, per_project=2 * MiB)
     assert inflight.take("b", MiB // 2) is None
     bomb = _bomb(8 * MiB - 1)
     body = bomb[:-4] + (100).to_bytes(4, "little")  # ISIZE says 100 bytes
     held = _Held(inflight, "b", 1.0)
     held.take(len(body))
-    with pytest.raises(Backpressure):
-        _decode(_gateway(), body, JSON_TYPE, True, held)
-    assert produced[0] <= 2 * MiB - MiB // 2 + GUNZIP_CHUNK, produced[0]
+
+    def decode() -> None:
+        with pytest.raises((Backpressure, http.InvalidRequest)):  # the check finds the length wrong: 400
+            _decode(_gateway(), body, JSON_TYPE, True, held)
+
+    # kept at most the 1.5 MiB left to b and one piece (and the bytearray's spare room) before the refusal
+    assert _peak(decode) < 4 * MiB
     held.release()
     assert inflight.held("b") == MiB // 2
 
@@ -149,3 +173,23 @@ def test_concurrent_gzip_bodies_of_one_project_are_admitted_whole(tmp_path: Any)
         assert codes.count(200) >= 5, codes
         assert live.server.gateway is not None and live.server.gateway.body_bytes is not None
         assert live.server.gateway.body_bytes.held() == 0
+
+
+@pytest.mark.parametrize("corrupt", [False, True], ids=["bomb", "truncated"])
+def test_a_too_large_or_broken_gzip_body_is_413_or_400_even_when_busy(produced: List[int], corrupt: bool) -> None:
+    """A 100 MB gzip bomb (and a truncated gzip body) on a busy server: 413 (split it) / 400, not 429 (retry
+    it, unchanged, for ever): the in-flight reservation of its stated size is refused, and the body is then
+    checked without keeping what it inflates (found by bench/hostile_probe.py: the bomb got 429)."""
+    inflight = InflightBytes(total=0, per_project=2 * MiB)
+    assert inflight.take("b", int(1.9 * MiB)) is None
+    body = _bomb(100 * MiB)
+    if corrupt:  # 3 MiB of JSON cut short, its last 4 bytes stating 2 MiB
+        whole = _bomb(3 * MiB)
+        body = whole[: len(whole) // 2] + (2 * MiB).to_bytes(4, "little")
+    held = _Held(inflight, "b", 1.0)
+    expected = (http.InvalidRequest, "malformed gzip body") if corrupt else (RequestTooLarge, "max_batch_bytes")
+    with pytest.raises(expected[0], match=expected[1]):
+        _decode(_gateway(), body, JSON_TYPE, True, held)
+    assert produced[0] <= 8 * MiB + GUNZIP_CHUNK  # checked, nothing kept
+    held.release()
+    assert inflight.held("b") == int(1.9 * MiB)

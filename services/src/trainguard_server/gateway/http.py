@@ -108,7 +108,7 @@ _DEFAULT_MAX_MEMBERS: int = Settings.model_fields["max_gzip_members"].default
 
 
 def gunzip(body: bytes, limit: int, *, max_members: int = _DEFAULT_MAX_MEMBERS,
-           grow: Optional[Callable[[int], None]] = None) -> bytes:
+           grow: Optional[Callable[[int], None]] = None, keep: bool = True) -> bytes:
     """Inflate a gzip body of at most ``max_members`` members without ever holding more than ``limit`` + 1
     bytes; the CPU spent is linear in ``len(body)`` + ``limit``.
 
@@ -118,11 +118,16 @@ def gunzip(body: bytes, limit: int, *, max_members: int = _DEFAULT_MAX_MEMBERS,
     inflated beyond it -- not once the whole body is inflated (stop 41: 64 concurrent 8 KB gzip bodies each
     inflating to 8 MiB took the server from 80 MB to 752 MB before any of their inflated bytes was counted).
 
+    ``keep=False`` checks the body without keeping what it inflates (returns ``b""``): what
+    :func:`_decode` does before answering 429, so that a body too large for any server or not gzip at all
+    gets its 413 / 400 rather than a 429 its client would retry unchanged.
+
     :class:`RequestTooLarge` when it inflates past ``limit`` (a gzip bomb stops there);
     :class:`InvalidRequest` when it is not gzip, is truncated, or has more than ``max_members`` members
     (concatenated members, e.g. thousands of empty ones, are refused before the extra one is inflated).
     """
     out = bytearray()
+    size = 0
     view = memoryview(body)
     pos, members = 0, 0
     while pos < len(view) or not members:
@@ -138,7 +143,7 @@ def gunzip(body: bytes, limit: int, *, max_members: int = _DEFAULT_MAX_MEMBERS,
             data: Any = view[pos:pos + GUNZIP_CHUNK]
             pos += len(data)
             while True:  # one input chunk may inflate to many output pieces
-                cap = min(GUNZIP_CHUNK, limit + 1 - len(out))  # >= 1 here
+                cap = min(GUNZIP_CHUNK, limit + 1 - size)  # >= 1 here
                 try:
                     piece = inflater.decompress(data, cap)
                 except zlib.error as exc:
@@ -146,12 +151,14 @@ def gunzip(body: bytes, limit: int, *, max_members: int = _DEFAULT_MAX_MEMBERS,
                         raise InvalidRequest(f"malformed gzip body: the data after gzip member {members - 1} "
                                              f"(from byte {member_start}) is not gzip ({exc})") from None
                     raise InvalidRequest(f"malformed gzip body: {exc}") from None
-                if len(out) + len(piece) > limit:
+                if size + len(piece) > limit:
                     raise RequestTooLarge(f"gzip body inflates to more than max_batch_bytes={limit} bytes; "
                                           f"split the batch")
                 if grow is not None and piece:
                     grow(len(piece))
-                out += piece
+                size += len(piece)
+                if keep:
+                    out += piece
                 data = inflater.unconsumed_tail
                 # done with this chunk once its input is used and zlib had no more output to give (a full
                 # piece may leave output pending inside zlib: ask again with no input)
@@ -229,12 +236,19 @@ class _Held:
                 f"(TRAINGUARD_INGEST_MAX_INFLIGHT_BYTES)")
 
 
+def gzip_stated_size(body: bytes) -> int:
+    """The size a gzip body's trailer states (ISIZE: its last member's inflated size mod 2**32; 0 when the
+    body is shorter than a gzip member can be). A gzip body inflates to at least this many bytes: ISIZE is
+    the size mod 2**32, and the last member is part of the whole."""
+    return int.from_bytes(body[-4:], "little") if len(body) >= 18 else 0  # 18: header 10 + trailer 8
+
+
 class _InflatedBytes:
     """Takes a gzip body's inflated bytes in its request's :class:`_Held`: the body counts at its inflated
     size (its compressed bytes, already held, stand for the first of them).
 
-    The size its gzip trailer states (ISIZE: the last member's size mod 2**32, what any gzip writer puts
-    there) is taken at once, before inflating, capped at ``limit``: concurrent bodies are admitted or refused
+    The size its gzip trailer states (:func:`gzip_stated_size`, what any gzip writer puts there) is taken at
+    once, before inflating, capped at ``limit``: concurrent bodies are admitted or refused
     whole, as a ``Content-Length`` is, instead of each taking a part and all of them refused for the parts
     the others took (stop 41: 64 concurrent 8 MiB gzip bodies of one project, taken piece by piece, were all
     answered 429). Whatever inflates beyond that (a trailer that understates, several members) is taken as
@@ -243,8 +257,7 @@ class _InflatedBytes:
     def __init__(self, held: _Held, body: bytes, limit: int) -> None:
         self.held, self.counted = held, len(body)
         self.inflated = 0
-        stated = int.from_bytes(body[-4:], "little") if len(body) >= 18 else 0  # 18: the smallest gzip
-        more = min(stated, limit) - self.counted
+        more = min(gzip_stated_size(body), limit) - self.counted
         if more > 0:
             held.take(more)  # Backpressure (429) before anything is inflated
             self.counted += more
@@ -335,8 +348,13 @@ def _decode(gateway: Gateway, body: bytes, media_type: str, gzipped: bool,
             held: Optional[_Held] = None) -> Batch:
     limit = gateway.settings.max_batch_bytes
     if gzipped:
-        grow = None if held is None else _InflatedBytes(held, body, limit).grow
-        body = gunzip(body, limit, max_members=gateway.settings.max_gzip_members, grow=grow)
+        members = gateway.settings.max_gzip_members
+        try:
+            grow = None if held is None else _InflatedBytes(held, body, limit).grow
+            body = gunzip(body, limit, max_members=members, grow=grow)
+        except Backpressure:
+            gunzip(body, limit, max_members=members, keep=False)  # 413 / 400 first when the body is so
+            raise
     if media_type == JSON_TYPE:
         return batch_from_json(body, max_events=gateway.settings.max_batch_events)
     return batch_from_protobuf(body)
