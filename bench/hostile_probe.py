@@ -478,6 +478,44 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     return out
 
 
+@attack("ingest/concurrent-bodies")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """Memory: 64 gzip bodies of 8 KB each inflating to 8 MiB, a 100 MB gzip bomb, 24 JSON batches of 7.9 MB,
+    all at once (the in-flight bounds answer 429 / 413; RSS is printed)."""
+    import gzip
+    inflating = gzip.compress(b'{"events": []' + b" " * (8 * 2**20 - 100) + b"}", 9)
+    bomb = gzip.compress(b" " * 100_000_000, 9)
+    big = body(*[event("big", i, run_name="x" * 60_000) for i in range(130)])
+    gz = {"Content-Encoding": "gzip"}
+    jobs: List[Callable[[], Answer]] = [lambda: ingest(t, "B", inflating, extra=gz)] * 64
+    jobs += [lambda: ingest(t, "B", bomb, extra=gz)]
+    jobs += [lambda: ingest(t, "B", big)] * 24
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(lambda job: job(), jobs))
+
+
+@attack("grpc/stream-hostile")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    import grpc
+
+    from trainguard import wire
+    token = (("authorization", f"Bearer {t.token('B', 'ingest')}"),)
+    invalid = wire.ingest_request_from_dicts([{"event_id": "", "run_id": "r"}] * 100).SerializeToString()
+    good = wire.ingest_request_from_dicts([event("stream-b", i) for i in range(10)]).SerializeToString()
+    out: List[Any] = []
+    with grpc.insecure_channel(f"{t.host}:{t.grpc_port}") as channel:
+        stream = channel.stream_unary("/trainguard.v1.IngestService/Stream")
+        for messages in ([b"\xff" * 50] * 20, [invalid] * 200, [good, b"\x0a\x01", good], [good] * 300, []):
+            try:
+                stream(iter(messages), metadata=token, timeout=30)
+                out.append((200, b"OK"))
+            except grpc.RpcError as exc:
+                code = exc.code()
+                out.append((500 if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) else 400,
+                            f"{code.name}: {exc.details()}"[:200].encode()))
+    return out
+
+
 # ------------------------------------------------------------------------------------------ the checks
 
 def setup(t: Target) -> Dict[str, Any]:
@@ -513,6 +551,30 @@ def victim(t: Target, s: Dict[str, Any]) -> Optional[str]:
         return f"victim: {status} {data[:200]!r}"
     s["victim_ids"].append(e["event_id"])
     return None
+
+
+def victim_incident(t: Target, s: Dict[str, Any], started: float, box: Dict[str, Any]) -> None:
+    """While an attack runs: A logs a NaN loss to a fresh run (0.1 s after the attack began) and polls its
+    incidents; ``box['incident_s']``: seconds from A's send to the incident (None: not within the bound)."""
+    time.sleep(max(0.0, started + 0.1 - time.monotonic()))
+    run = f"victim-{uuid.uuid4().hex[:8]}"
+    events = [event(run, i, 2.0 - 0.1 * i) for i in range(6)] + [event(run, 6, "NaN")]
+    sent = time.monotonic()
+    try:
+        status, data = ingest(t, "A", {"events": events})
+    except OSError as exc:
+        box["incident_why"] = f"A's NaN batch: {exc!r}"
+        return
+    if status != 200:
+        box["incident_why"] = f"A's NaN batch: {status} {data[:200]!r}"
+        return
+    while time.monotonic() - sent < box["bound_s"]:
+        status, data = read(t, "A", f"/api/v1/runs/{run}/incidents")
+        if status == 200 and json.loads(data).get("items"):
+            box["incident_s"] = time.monotonic() - sent
+            return
+        time.sleep(0.05)
+    box["incident_why"] = f"A's NaN-loss incident not open within {box['bound_s']:g} s"
 
 
 def judge(name: str, answers: Any, s: Dict[str, Any]) -> List[str]:
@@ -560,6 +622,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="run only attacks whose name starts with this")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds an attack may take")
     ap.add_argument("--show", action="store_true", help="print every answer (status and its first bytes)")
+    ap.add_argument("--incident-bound-s", type=float, default=10.0,
+                    help="A's NaN-loss incident, sent during an attack, must open within this many seconds")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="hostile-probe-") as tmp:
         proc, t = spawn(Path(tmp))
@@ -573,8 +637,12 @@ def main() -> int:
                 box: Dict[str, Any] = {}
                 runner = threading.Thread(target=_run_into, args=(box, fn, t, s), daemon=True)
                 runner.start()
+                probe: Dict[str, Any] = {"bound_s": args.incident_bound_s}
+                watcher = threading.Thread(target=victim_incident, args=(t, s, started, probe), daemon=True)
+                watcher.start()
                 runner.join(args.timeout)
                 took = time.monotonic() - started
+                watcher.join(args.incident_bound_s + 5)
                 if runner.is_alive():
                     problems = [f"no answer within {args.timeout:g} s"]
                 elif "a" not in box:
@@ -584,6 +652,10 @@ def main() -> int:
                 why = victim(t, s)
                 if why:
                     problems.append(why)
+                if "incident_why" in probe:
+                    problems.append(probe["incident_why"])
+                incident = f"{probe['incident_s']:.2f} s" if "incident_s" in probe else "-"
+                s.setdefault("incident_s", []).append(probe.get("incident_s"))
                 ready = request(t, "GET", "/readyz", timeout=10)[0]
                 if ready != 200:
                     problems.append(f"/readyz {ready}")
@@ -591,7 +663,10 @@ def main() -> int:
                 for status, _ in box.get("a", []) if isinstance(box.get("a"), list) else []:
                     counts[status] = counts.get(status, 0) + 1
                 shown = ", ".join(f"{k}x{v}" for k, v in sorted(counts.items()))
-                print(f"{'FAIL' if problems else 'ok  '} {name:28} {took:6.1f} s  {shown}", flush=True)
+                mark = "FAIL" if problems else "ok  "
+                rss = _rss_mb(proc.pid)
+                print(f"{mark} {name:28} {took:6.1f} s  A's incident {incident:>7}  RSS {rss:5d} MB  {shown}",
+                      flush=True)
                 for problem in problems[:8]:
                     print(f"       {problem}", flush=True)
                 if args.show and isinstance(box.get("a"), list):
