@@ -313,6 +313,18 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     return answers
 
 
+@attack("tenant/event-id-claim")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """B sends first the event ids A is about to use (a log and a metric batch): A's events must still be
+    accepted and readable (de-duplication is per project)."""
+    claimed = uuid.uuid4().hex
+    s["claimed"] = claimed
+    e = event("claim", 1, event_id=claimed, log={"logger": "b", "level": "INFO", "message": "B's",
+                                                  "source": "logging"})
+    del e["metrics"]
+    return _many(ingest(t, "B", body(e)), ingest(t, "B", body(event("claim", 2, event_id=claimed))))
+
+
 @attack("ingest/many-tiny-requests")
 def _(t: Target, s: Dict[str, Any]) -> Any:
     def one(i: int) -> Answer:
@@ -543,6 +555,8 @@ def victim(t: Target, s: Dict[str, Any]) -> Optional[str]:
     e = event(s["a_run"], 100 + len(s["victim_ids"]), log={"logger": "victim", "level": "INFO",
                                                            "message": "still here", "source": "logging"})
     del e["metrics"]
+    if s.get("claimed"):  # an id B sent first (tenant/event-id-claim)
+        e["event_id"] = s.pop("claimed")
     try:
         status, data = ingest(t, "A", {"events": [e]})
     except OSError as exc:
