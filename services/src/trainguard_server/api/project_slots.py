@@ -92,16 +92,39 @@ Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
 
+#: an answer's body goes to the server in pieces of at most this many bytes (see :class:`ReleaseProjectSlot`)
+ANSWER_PIECE = 64 * 1024
+
+
 class ReleaseProjectSlot:
     """ASGI middleware: gives back the project slot a request took (:func:`take_slot`) once the app has
-    answered it, response sent or not."""
+    answered it, response sent or not.
+
+    A body larger than :data:`ANSWER_PIECE` is handed to the server in pieces: uvicorn waits for the
+    connection's write buffer to drain before it takes the next one, so the slot is held until the answer is
+    (nearly) written. Handed whole, an answer its client never reads stayed in the write buffer after the
+    slot was given back (and after the connection was closed): 60 such connections of one project's read
+    token took the server from 155 to 517 MB (stop 41). Now unread answers are bounded by the project's slots;
+    only its own requests wait."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        async def send_in_pieces(message: MutableMapping[str, Any]) -> None:
+            body = message.get("body", b"") if message.get("type") == "http.response.body" else b""
+            if len(body) <= ANSWER_PIECE:
+                await send(message)
+                return
+            more = bool(message.get("more_body", False))
+            view = memoryview(body)
+            for start in range(0, len(body), ANSWER_PIECE):
+                last = start + ANSWER_PIECE >= len(body)
+                await send({"type": "http.response.body", "body": bytes(view[start:start + ANSWER_PIECE]),
+                            "more_body": more or not last})
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_in_pieces if scope.get("type") == "http" else send)
         finally:
             state = scope.get("state")
             project = state.pop(_STATE_KEY, None) if isinstance(state, dict) else None
