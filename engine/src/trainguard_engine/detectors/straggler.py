@@ -45,7 +45,10 @@ count, O(ranks log ranks) per judged step):
   on a shared host needs a bigger shift than a steady one), on ``regression_confirm`` judged steps in
   a row with no straggler forming (no rank over on ``straggler_hold_steps`` of its window), no open
   straggler and no open
-  memory/fragmentation or memory/leak (which explain a slowing job: :data:`EXPLAINED_BY`). Warm-up
+  memory/fragmentation or memory/leak (which explain a slowing job: :data:`EXPLAINED_BY`), and not while
+  the job's training threads waited for a core >= ``regression_runqueue_share`` of their step (where the
+  SDK sends ``time/runqueue_s``: the host's CPU oversubscribed, the slowdown the machine's, not the job's;
+  an open regression resolves then, as when the step time comes back). Warm-up
   steps are never judged; an evaluation or checkpoint pause (one long step) moves no window median.
 * ``perf/data-bottleneck`` -- the median rank's data wait >= ``data_wait_share`` of its step time on
   ``straggler_confirm`` judged steps with no straggler candidate (one rank's slow loader is a straggler
@@ -639,16 +642,21 @@ def _regression(run: RunState, run_state: Dict[str, Any],
         delta = job["step"] - base["step"]
         slower = delta >= settings.regression_noise_k * run_state.get("base_noise", 0.0) and (
             delta >= settings.regression_min_delta_s or _every_rank_slower(states, settings))
-    holds = slower and not straggling
     open_st = run.incidents.get(REGRESSION_KEY)
+    is_open = open_st is not None and open_st.is_open
+    waited = _host_contended(states, settings) if slower or is_open else None
+    holds = slower and not straggling and waited is None
     run_state["reg"] = run_state.get("reg", 0) + 1 if holds else 0
     if not holds:
-        if open_st is not None and open_st.is_open and not straggling:
+        if open_st is not None and is_open and not straggling:
             run_state["reg_clear"] = run_state.get("reg_clear", 0) + 1
             if run_state["reg_clear"] >= settings.regression_confirm:
-                resolve(open_st, time_ns, step, open_st.record.lead_rank,
-                        f"the job's step time is back within {settings.regression_ratio:g}x its steady state",
-                        settings)
+                why = (f"the job's step time is back within {settings.regression_ratio:g}x its steady state"
+                       if waited is None else
+                       f"the training thread waits for a core {waited:.0%} of its step (median; >= "
+                       f"regression_runqueue_share {settings.regression_runqueue_share:g}): the host's CPU "
+                       f"is oversubscribed, the slower step is the machine's, not the job's")
+                resolve(open_st, time_ns, step, open_st.record.lead_rank, why, settings)
         return []
     run_state["reg_clear"] = 0
     if run_state["reg"] != settings.regression_confirm:
@@ -682,6 +690,26 @@ def _regression(run: RunState, run_state: Dict[str, Any],
         summary=(f"{detail}. Every rank slowed together (no straggler): look for what changed for the whole "
                  f"job at about step {max(0, began)} -- the nodes' clocks, power and temperatures, the "
                  f"interconnect, the input sizes."))]
+
+
+def _host_contended(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
+                    settings: DetectionSettings) -> Optional[float]:
+    """The job's run-queue share -- the median over ranks of each rank's median of ``time/runqueue_s`` /
+    ``time/step_s`` over its window's steps that carry it -- when it is >= ``regression_runqueue_share``
+    (the training threads waited for a core most of their step: the host's CPU is oversubscribed); None
+    otherwise, when the setting is 0, and always when the SDK sent no run-queue delay."""
+    limit = settings.regression_runqueue_share
+    if not limit > 0:
+        return None
+    shares = []
+    for _r, st, _m in states:
+        own = [e[_RQ] / e[_STEP_S] for e in st.get("w", ()) if len(e) > _RQ and e[_STEP_S] > 0]
+        if own:
+            shares.append(_median(own))
+    if not shares:
+        return None
+    share = _median(shares)
+    return share if share >= limit else None
 
 
 def _every_rank_slower(states: Sequence[Tuple[RankState, Dict[str, Any], Dict[str, float]]],
