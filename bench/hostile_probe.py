@@ -528,6 +528,37 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     return out
 
 
+@attack("api/unread-answers")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """B stores ~9 MB of log events, then opens 40 connections asking for a page of them and never reads the
+    answers (a 4 KB receive window): the server must not keep 40 pages (RSS printed); A's reads go on."""
+    for k in range(8):
+        events = []
+        for i in range(20):
+            e = event("fat", k * 20 + i, log={"logger": "x", "level": "INFO", "message": "y" * 60_000,
+                                              "source": "logging"})
+            del e["metrics"]
+            events.append(e)
+        ingest(t, "B", body(*events))
+    time.sleep(3)
+    out: List[Answer] = []
+    conns = []
+    try:
+        for _ in range(40):
+            conn = socket.socket()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            conn.connect((t.host, t.port))
+            conn.sendall(f"GET /api/v1/runs/fat/events?limit=500 HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                         f"Bearer {t.token('B', 'read')}\r\n\r\n".encode())
+            conns.append(conn)
+        time.sleep(2)
+        out.append(read(t, "A", "/api/v1/runs"))
+    finally:
+        for conn in conns:
+            conn.close()
+    return out
+
+
 # ------------------------------------------------------------------------------------------ the checks
 
 def setup(t: Target) -> Dict[str, Any]:
