@@ -9,6 +9,7 @@ directory, never in the corpus.
 
     python bench/wild/stress.py memory/cuda-error
     python bench/wild/stress.py comm/timeout,process/exit
+    python bench/wild/stress.py --formats memory/oom,process/exit   # a launcher / runner tag on every line
 """
 
 from __future__ import annotations
@@ -109,7 +110,44 @@ def variants(lines: List[str]) -> Iterator[Variant]:
         yield f"wrap{width}", out
 
 
-def main(kinds: List[str]) -> None:
+FORMATS: Tuple[Tuple[str, str], ...] = (
+    ("default", "[default0]:"),
+    ("default_rank", "[default0]:[rank3]: "),
+    ("tasklabel", "3: "),
+    ("mpi_tag", "[1,3]<stderr>:"),
+    ("iso", "{iso}.123456789Z "),
+    ("ansi_ray", "\x1b[36m(RayTrainWorker pid=4321, ip=10.0.0.2)\x1b[0m "),
+    ("ray_residue", "[36m(RayTrainWorker pid=4321, ip=10.0.0.2)[0m "),
+    ("host_rank", "worker-5: [rank3]: "),
+    ("quote", "> "),
+    ("stderr", "stderr: "),
+    ("syslog", "Oct 16 02:07:00 "),
+    ("aml", "{t} [job-x-worker-1, unknown_ip] "),
+    ("trainer_tag", "[trainer0|0]:"),
+    ("skypilot", "(task-name, pid=18593) "),
+    ("vllm_worker", "(VllmWorker rank=1 pid=12231) "),
+    ("compose", "trainer-worker-1  | "),
+    ("kubectl_prefix", "[pod/train-worker-0/pytorch] "),
+    ("bracket_stamp", "[{t}] "),
+)
+"""``--formats``: a launcher's, runner's or collector's tag on EVERY line of the paste (torchrun's
+``[default0]:``, srun --label's ``3: ``, Open MPI's ``--tag-output``, a collector's ISO stamp, Ray's coloured
+worker column with and without its escape bytes, pdsh's host, markdown quotes, a relayed stream name, syslog,
+Azure ML's ``<date> [<node>, <ip>]``, TorchX roles, SkyPilot, vLLM's workers, docker compose, ``kubectl logs
+--prefix``, a bracketed stamp): the reading must not depend on how the lines were carried. A stamp in a tag
+is the paste's first date (:func:`_paste_span`), as a collector stamps the lines when they were written (a
+stamp years from the paste's own dates would only test the import's time window)."""
+
+
+def format_variants(lines: List[str]) -> Iterator[Variant]:
+    first = _paste_span(lines)[0]
+    t, iso = first.strftime("%Y-%m-%d %H:%M:%S"), first.strftime("%Y-%m-%dT%H:%M:%S")
+    for name, tag in FORMATS:
+        tag = tag.replace("{t}", t).replace("{iso}", iso)
+        yield name, [tag + s for s in lines]
+
+
+def main(kinds: List[str], formats: bool = False) -> None:
     recorded = json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8"))
     cases = [c for c in corpus.load() if c.part == "tune" and c.label.kind in kinds
              and recorded[c.case_id]["kind"].split("/")[0] == c.label.category]
@@ -118,7 +156,7 @@ def main(kinds: List[str]) -> None:
     made = []
     for case in cases:
         raw = case.log.read_bytes().decode("utf-8", "replace")
-        for name, lines in variants(raw.splitlines()):
+        for name, lines in (format_variants if formats else variants)(raw.splitlines()):
             path = tmp / f"{case.case_id}__{name}"
             path.mkdir()
             if lines is None:
@@ -140,4 +178,5 @@ def main(kinds: List[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1].split(",") if len(sys.argv) > 1 else ["memory/cuda-error"])
+    args = [a for a in sys.argv[1:] if a != "--formats"]
+    main(args[0].split(",") if args else ["memory/cuda-error"], formats="--formats" in sys.argv[1:])

@@ -11,7 +11,11 @@ is not in the paste (stop 41, hL2; from tuned wild-corpus logs):
   set-up failure (comm/init-failure), where each line alone read as a generic internal error (comm/failure);
 * a worker column in parentheses with a name and a comma (SkyPilot's ``(en-hi-spot, pid=18593) ``,
   ``comm-timeout-ray-prefixed-allreduce-axolotl-qwen-moe-1495-1``) or vLLM's ``(VllmWorker rank=1 pid=12231) ``
-  / ``(EngineCore_DP0 pid=33630) `` is dropped like Ray's ``(RayWorker pid=..)``."""
+  / ``(EngineCore_DP0 pid=33630) `` is dropped like Ray's ``(RayWorker pid=..)``;
+* ``kubectl logs --prefix``'s ``[pod/<pod>/<container>] `` column is dropped on every line, and a column the
+  same on every line that starts with a stamp -- a bracketed stamp, or a stamp and the source in brackets
+  (Azure ML's ``<date> [<node>, <ip>] ``) -- is dropped as a relay's logger prefix is (the line's time read
+  first), so the lines under it read as the job printed them."""
 
 from __future__ import annotations
 
@@ -72,3 +76,51 @@ def test_headless_nccl_message_without_a_last_error_is_its_own_line(tmp_path: Pa
 def test_the_1837_paste_reads_as_a_set_up_failure() -> None:
     kinds = shown(imported(WILD / CASE_1837 / "log.txt"))
     assert kinds and kinds[0] == "comm/init-failure"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A collector's column on EVERY line (bench/wild/stress.py --formats: tuned pastes that read right, with the
+# column added; before, 48 of 639 lost their category under ``kubectl logs --prefix``'s column, 48 under a
+# bracketed stamp and 49 under Azure ML's ``<date> [<node>, <ip>]`` -- the column hid the traceback's lines)
+
+CASE_TB = "py-typeerror-forward-1"
+
+
+@pytest.mark.parametrize("line, rank, rest", [
+    ("[pod/train-worker-0/pytorch] [rank3]: x", 3, "x"),
+    ("[pod/train-worker-0/pytorch]   File \"train.py\", line 3, in <module>", None,
+     "  File \"train.py\", line 3, in <module>"),
+    ("[pod/train-worker-0/pytorch] 2024-05-01T10:00:00.123Z [rank1]: y", 1, "y"),
+    ("[pod] x", None, "[pod] x"),
+    ("[pod/a b/c] x", None, "[pod/a b/c] x"),
+])
+def test_kubectl_prefix(line: str, rank: object, rest: str) -> None:
+    assert split_prefix(line) == (rank, rest)
+
+
+@pytest.mark.parametrize("tag", [
+    "[2020-05-07 21:07:16] ",
+    "[2020-05-07 21:07:16,123] ",
+    "2020-05-07 21:07:16 [job-x-worker-1, unknown_ip] ",
+    "[pod/train-worker-0/pytorch] ",
+])
+def test_a_column_on_every_line_does_not_hide_the_traceback(tmp_path: Path, tag: str) -> None:
+    lines = (WILD / CASE_TB / "log.txt").read_text(encoding="utf-8").splitlines()
+    path = pasted(tmp_path, [tag + s for s in lines])
+    assert shown(imported(path))[:1] == ["process/exception"]
+
+
+def test_relay_column_shapes(tmp_path: Path) -> None:
+    from trainguard_server.replay.logs import paste_relay_prefix
+
+    body = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>',
+            "TypeError: forward() missing 1 required positional argument: 'x'"]
+    stamped = [f"[2020-05-07 21:07:1{i}] " + s for i, s in enumerate(body)]
+    assert paste_relay_prefix(pasted(tmp_path, stamped)) == len("[2020-05-07 21:07:10] ")
+    aml = [f"2020-05-07 21:07:1{i} [job-x-worker-1, unknown_ip] " + s for i, s in enumerate(body)]
+    assert paste_relay_prefix(pasted(tmp_path, aml)) == len("2020-05-07 21:07:10 [job-x-worker-1, unknown_ip] ")
+    # a level in brackets after the stamp is a logger's record, not a source column
+    records = [f"2020-05-07 21:07:1{i} [ERROR] " + s for i, s in enumerate(body)]
+    assert paste_relay_prefix(pasted(tmp_path, records)) == 0
+    # one line without the column: the paste keeps its lines as they are
+    assert paste_relay_prefix(pasted(tmp_path, [*stamped, "plain line"])) == 0

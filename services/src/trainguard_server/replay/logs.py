@@ -108,6 +108,9 @@ _PASTE_MARK_RE = re.compile(r"^(?:(?:>(?: |$))+|(?:stderr|stdout|STDERR|STDOUT):
 """What a paste or a wrapper puts before every line it passes on: markdown's quote marker (``> ``, nested
 ``> > ``) and a subprocess runner's stream name (``stderr: ``, as accelerate or a job wrapper relays a
 child's output)."""
+_KUBECTL_PREFIX_RE = re.compile(r"^\[pod/[^\s/\]]{1,253}/[^\s\]]{1,63}\] ")
+"""``kubectl logs --prefix``'s source column before every line (``[pod/train-worker-0/pytorch] ``; with
+``--timestamps`` an ISO stamp follows it): dropped like a relayed stream's name."""
 _ISO_COLUMN_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d) ")
 """A collector's timestamp column before every line (``kubectl logs --timestamps``, CloudWatch, Loki:
 ``2024-05-01T10:00:00.123456789Z <line>``): the line's time, then the line as the job printed it (the stamp is
@@ -306,10 +309,13 @@ def unwrap_markup(line: str) -> Optional[str]:
 
 
 def _outer_columns(line: str) -> str:
-    """``line`` without a paste's quote marker / relayed stream name and a column before a timestamp."""
+    """``line`` without a paste's quote marker / relayed stream name, ``kubectl logs --prefix``'s source
+    column and a column before a timestamp."""
     mark = _PASTE_MARK_RE.match(line)
     if mark is not None:
         line = line[mark.end():]
+    if line.startswith("[pod/") and (pod := _KUBECTL_PREFIX_RE.match(line)) is not None:
+        line = line[pod.end():]
     column = _COLUMN_RE.match(line)
     if column is not None and _ISO_COLUMN_RE.match(line, column.end()):
         line = line[column.end():]
@@ -1236,7 +1242,8 @@ def paste_relay_prefix(path: Path, head: Optional[List[str]] = None) -> int:
     line one prefix that differs only in its digits: when all non-blank lines of the file's first
     :data:`INDENT_SCAN_LINES` (at least :data:`RELAY_MIN_LINES`) start with the same text, digits aside, that
     text starts with a date and time and holds a ``" - "`` after its level name (or after the time when it
-    names none), the prefix ends at that ``" - "``. A log whose own records carry such a prefix loses nothing
+    names none), the prefix ends at that ``" - "`` (else at the end of a carrier's column,
+    :data:`_CARRIER_COLUMN_RE`). A log whose own records carry such a prefix loses nothing
     the classifier reads (the line's time is read before it is dropped); a log with any line without it (a
     traceback a logger printed under its record) keeps its lines as they are."""
     common: Optional[str] = None
@@ -1255,7 +1262,22 @@ def paste_relay_prefix(path: Path, head: Optional[List[str]] = None) -> int:
     stamp = _RELAY_STAMP_RE.match(common)
     after = level.end() if level is not None else (stamp.end() if stamp is not None else len(common))
     cut = common.find(" - ", after)
-    return cut + 3 if cut >= 0 else 0
+    if cut >= 0:
+        return cut + 3
+    carrier = _CARRIER_COLUMN_RE.match(common)
+    return carrier.end() if carrier is not None else 0
+
+
+_CARRIER_COLUMN_RE = re.compile(
+    r"\[0000-00-00[ T]00:00:00(?:[.,]0{1,9})?\] "
+    r"|0000-00-00[ T]00:00:00(?:[.,]0{1,9})? "
+    r"\[(?!(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\])[^\]\n]{1,200}\] ")
+"""A collector's or runner's column, the same on every line (digits aside), that :func:`paste_relay_prefix`
+drops when it has no logger's `` - `` to end at: a bracketed stamp (``[2024-03-01 10:00:00] ``) or a stamp
+and the source in brackets (Azure ML's ``2021-02-05 05:32:39 [job-...-worker-1, unknown_ip] ``; a level in
+brackets is a logger's record, not a source). Under it a traceback's lines, a faulthandler's report or a
+rank tag do not start their lines, so the segmenter could not read them; the line's time is read before the
+column is dropped, and a paste with any line without the column keeps its lines as they are."""
 
 
 _OPEN_FRAME_RE = re.compile(r'^\s*File "[^"\n]*$')
