@@ -430,6 +430,8 @@ def _amp(run: RunState, rank: RankState, by_name: Mapping[str, Tuple[int, float]
     state = rank_state(rank).setdefault("amp", {})
     scale_pt = by_name.get("amp/scale")
     flag_pt = by_name.get("amp/overflow")
+    if flag_pt is None and scale_pt is not None and _amp_steady(state, scale_pt):
+        return []
     s = (flag_pt or scale_pt or (step, 0.0))[0]
     if s <= int(state.get("last", -1)):
         return []  # replayed or late: never counts twice
@@ -499,6 +501,24 @@ def _amp(run: RunState, rank: RankState, by_name: Mapping[str, Tuple[int, float]
     state["reported"] = [rule, threshold, value, int(start[0]), int(start[1]) or time_ns]
     return [_amp_finding(rank, state, rule, threshold, value, int(start[0]), int(start[1]) or time_ns,
                          overflow, len(episodes), span, time_ns, event_id)]
+
+
+def _amp_steady(state: Dict[str, Any], scale_pt: Tuple[int, float]) -> bool:
+    """:func:`_amp` on a batch with a scale point and no overflow flag, in short, for the usual point -- the
+    scale as before (``state["scale"]``), not under the lowest kept, no flag ever sent, a new step: True
+    after doing what :func:`_amp` does with it (no trajectory entry: the same scale; no halving: the kept
+    scale is finite and > 0, so the value is over half of itself; no new lowest; the streak reset; nothing
+    to report), the same state writes in the same order; False (nothing done) otherwise."""
+    s, value = scale_pt
+    prev, lowest = state.get("scale"), state.get("lowest")
+    if prev is None or value != prev[1] or lowest is None or value < float(lowest) or state.get("flag") or \
+            s <= int(state.get("last", -1)):
+        return False
+    state["last"] = s
+    state["scale"] = [s, value]
+    state["lowest"] = min(float(lowest), value)
+    state["streak"] = 0
+    return True
 
 
 def _amp_update(rank: RankState, state: Dict[str, Any], step: int, span: int, time_ns: int,
