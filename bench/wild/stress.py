@@ -129,21 +129,26 @@ FORMATS: Tuple[Tuple[str, str], ...] = (
     ("compose", "trainer-worker-1  | "),
     ("kubectl_prefix", "[pod/train-worker-0/pytorch] "),
     ("bracket_stamp", "[{t}] "),
+    ("vllm_record", "ERROR {md} [multiproc_executor.py:374] "),
+    ("vllm_worker_record", "(VllmWorker rank=1 pid=12231) ERROR {md} [multiproc_executor.py:374] "),
+    ("sglang", "[{t} DP4 TP4] "),
 )
 """``--formats``: a launcher's, runner's or collector's tag on EVERY line of the paste (torchrun's
 ``[default0]:``, srun --label's ``3: ``, Open MPI's ``--tag-output``, a collector's ISO stamp, Ray's coloured
 worker column with and without its escape bytes, pdsh's host, markdown quotes, a relayed stream name, syslog,
 Azure ML's ``<date> [<node>, <ip>]``, TorchX roles, SkyPilot, vLLM's workers, docker compose, ``kubectl logs
---prefix``, a bracketed stamp): the reading must not depend on how the lines were carried. A stamp in a tag
-is the paste's first date (:func:`_paste_span`), as a collector stamps the lines when they were written (a
-stamp years from the paste's own dates would only test the import's time window)."""
+--prefix``, a bracketed stamp, vLLM's logger record header ``ERROR 03-25 21:13:53 [file.py:374] `` (alone and
+under its worker column), SGLang's ``[<date> DP4 TP4] ``): the reading must not depend on how the lines were
+carried. A stamp in a tag is the paste's first date (:func:`_paste_span`), as a collector stamps the lines
+when they were written (a stamp years from the paste's own dates would only test the import's time window)."""
 
 
 def format_variants(lines: List[str]) -> Iterator[Variant]:
     first = _paste_span(lines)[0]
     t, iso = first.strftime("%Y-%m-%d %H:%M:%S"), first.strftime("%Y-%m-%dT%H:%M:%S")
     for name, tag in FORMATS:
-        tag = tag.replace("{t}", t).replace("{iso}", iso)
+        md = first.strftime("%m-%d %H:%M:%S")
+        tag = tag.replace("{t}", t).replace("{iso}", iso).replace("{md}", md)
         yield name, [tag + s for s in lines]
 
 

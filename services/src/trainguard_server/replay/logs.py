@@ -108,6 +108,15 @@ _PASTE_MARK_RE = re.compile(r"^(?:(?:>(?: |$))+|(?:stderr|stdout|STDERR|STDOUT):
 """What a paste or a wrapper puts before every line it passes on: markdown's quote marker (``> ``, nested
 ``> > ``) and a subprocess runner's stream name (``stderr: ``, as accelerate or a job wrapper relays a
 child's output)."""
+_VLLM_HEADER_RE = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
+                             r"\[?[\w.-]{1,80}:\d{1,6}\] ")
+"""vLLM's logger header (``ERROR 03-25 21:13:53 [multiproc_executor.py:374] ``, before v0.8 without the
+opening bracket): its formatter repeats it on every line of a multi-line message, so a traceback vLLM logs
+carries it on each of its lines. :func:`split_prefix` drops it where the rest of the line is a traceback's
+(its header, a frame or code line, an exception line): the traceback reads as one; a record's own line keeps
+its header (its level)."""
+_CARRIED_TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\):|\s|(?:[A-Za-z_]\w*\.)*[A-Z]\w*"
+                                   r"(?:Error|Exception|Interrupt|Failure)(?::|$)")
 _KUBECTL_PREFIX_RE = re.compile(r"^\[pod/[^\s/\]]{1,253}/[^\s\]]{1,63}\] ")
 """``kubectl logs --prefix``'s source column before every line (``[pod/train-worker-0/pytorch] ``; with
 ``--timestamps`` an ISO stamp follows it): dropped like a relayed stream's name."""
@@ -330,7 +339,8 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
     ``[rankN]:`` after it wins). Of two stacked prefixes, ``[rankN]:`` (torch's global rank)
     wins over ``[defaultN]:`` (torchrun's local rank). A markdown quote marker or a relayed stream's name
     (``> ``, ``stderr: ``) before all of it is dropped first, then a collector's ISO timestamp column
-    (:func:`line_stamp` reads it) or a CI runner's / syslog's ``Oct 16 02:07:00 `` column."""
+    (:func:`line_stamp` reads it) or a CI runner's / syslog's ``Oct 16 02:07:00 `` column. vLLM's logger
+    header before a traceback's line (:data:`_VLLM_HEADER_RE`) is dropped after a worker column."""
     line = _outer_columns(line)
     iso = _ISO_COLUMN_RE.match(line) or _SYSLOG_COLUMN_RE.match(line)
     if iso is not None:
@@ -338,6 +348,9 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
     column = _COLUMN_RE.match(line)
     if column is not None:
         line = line[column.end():]
+    if line[:1] in "DIWEC" and (header := _VLLM_HEADER_RE.match(line)) is not None \
+            and _CARRIED_TRACEBACK_RE.match(line, header.end()):
+        line = line[header.end():]
     task = _TASK_COLUMN_RE.match(line)
     if task is not None:
         line = line[task.end():]
@@ -1269,11 +1282,12 @@ def paste_relay_prefix(path: Path, head: Optional[List[str]] = None) -> int:
 
 
 _CARRIER_COLUMN_RE = re.compile(
-    r"\[0000-00-00[ T]00:00:00(?:[.,]0{1,9})?\] "
+    r"\[0000-00-00[ T]00:00:00(?:[.,]0{1,9})?(?: [A-Z]{2,4}0{1,4}){0,4}\] "
     r"|0000-00-00[ T]00:00:00(?:[.,]0{1,9})? "
     r"\[(?!(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\])[^\]\n]{1,200}\] ")
 """A collector's or runner's column, the same on every line (digits aside), that :func:`paste_relay_prefix`
-drops when it has no logger's `` - `` to end at: a bracketed stamp (``[2024-03-01 10:00:00] ``) or a stamp
+drops when it has no logger's `` - `` to end at: a bracketed stamp (``[2024-03-01 10:00:00] ``, also with
+SGLang's parallel ranks ``[2025-03-19 11:39:39 DP4 TP4] ``) or a stamp
 and the source in brackets (Azure ML's ``2021-02-05 05:32:39 [job-...-worker-1, unknown_ip] ``; a level in
 brackets is a logger's record, not a source). Under it a traceback's lines, a faulthandler's report or a
 rank tag do not start their lines, so the segmenter could not read them; the line's time is read before the
