@@ -156,3 +156,25 @@ def test_vllm_and_sglang_tags_do_not_hide_the_traceback(tmp_path: Path, tag: str
     lines = (WILD / CASE_TB / "log.txt").read_text(encoding="utf-8").splitlines()
     path = pasted(tmp_path, [tag + s for s in lines])
     assert shown(imported(path))[:1] == ["process/exception"]
+
+
+# A blank line of the job's output under a tag is the tag alone, its trailing space lost (a saved paste drops
+# it): ``stderr:`` / ``[pod/x/y]`` / vLLM's header alone are that blank line, and a stamp column alone on a
+# line does not keep paste_relay_prefix from finding the column (bench/wild/stress.py --formats: under
+# ``stderr: `` 7 of 639 tuned pastes lost their category before, 3 after -- a blank line inside a traceback
+# had become text)
+
+@pytest.mark.parametrize("line", ["stderr:", "STDOUT:", "[pod/train-worker-0/pytorch]",
+                                  "ERROR 03-25 21:13:53 [multiproc_executor.py:374]"])
+def test_a_tag_alone_is_a_blank_line(line: str) -> None:
+    assert split_prefix(line) == (None, "")
+
+
+def test_a_stamp_column_alone_on_a_line(tmp_path: Path) -> None:
+    from trainguard_server.replay.logs import paste_relay_prefix
+
+    lines = ["[2020-05-07 21:07:10] Traceback (most recent call last):",
+             '[2020-05-07 21:07:11]   File "train.py", line 3, in <module>',
+             "[2020-05-07 21:07:12]",
+             "[2020-05-07 21:07:13] TypeError: forward() missing 1 required positional argument: 'x'"]
+    assert paste_relay_prefix(pasted(tmp_path, lines)) == len("[2020-05-07 21:07:10] ")

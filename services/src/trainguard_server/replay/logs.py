@@ -104,20 +104,20 @@ _COLUMN_RE = re.compile(r"^(?:\[\d{1,9}\] |\s{0,6}\d{1,7} [|\u2502] "
 ``(RayWorkerWrapper pid=4009) `` / ``(pid=4009, ip=10.0.0.1) `` worker prefix (also SkyPilot's
 ``(task-name, pid=18593) ``, vLLM's ``(VllmWorker rank=1 pid=12231) `` / ``(EngineCore_DP0 pid=33630) ``) or
 docker compose's ``trainer-worker-1    | `` service column."""
-_PASTE_MARK_RE = re.compile(r"^(?:(?:>(?: |$))+|(?:stderr|stdout|STDERR|STDOUT): )")
+_PASTE_MARK_RE = re.compile(r"^(?:(?:>(?: |$))+|(?:stderr|stdout|STDERR|STDOUT):(?: |$))")
 """What a paste or a wrapper puts before every line it passes on: markdown's quote marker (``> ``, nested
 ``> > ``) and a subprocess runner's stream name (``stderr: ``, as accelerate or a job wrapper relays a
 child's output)."""
 _VLLM_HEADER_RE = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
-                             r"\[?[\w.-]{1,80}:\d{1,6}\] ")
+                             r"\[?[\w.-]{1,80}:\d{1,6}\](?: |$)")
 """vLLM's logger header (``ERROR 03-25 21:13:53 [multiproc_executor.py:374] ``, before v0.8 without the
 opening bracket): its formatter repeats it on every line of a multi-line message, so a traceback vLLM logs
 carries it on each of its lines. :func:`split_prefix` drops it where the rest of the line is a traceback's
 (its header, a frame or code line, an exception line): the traceback reads as one; a record's own line keeps
 its header (its level)."""
-_CARRIED_TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\):|\s|(?:[A-Za-z_]\w*\.)*[A-Z]\w*"
+_CARRIED_TRACEBACK_RE = re.compile(r"$|Traceback \(most recent call last\):|\s|(?:[A-Za-z_]\w*\.)*[A-Z]\w*"
                                    r"(?:Error|Exception|Interrupt|Failure)(?::|$)")
-_KUBECTL_PREFIX_RE = re.compile(r"^\[pod/[^\s/\]]{1,253}/[^\s\]]{1,63}\] ")
+_KUBECTL_PREFIX_RE = re.compile(r"^\[pod/[^\s/\]]{1,253}/[^\s\]]{1,63}\](?: |$)")
 """``kubectl logs --prefix``'s source column before every line (``[pod/train-worker-0/pytorch] ``; with
 ``--timestamps`` an ISO stamp follows it): dropped like a relayed stream's name."""
 _ISO_COLUMN_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d) ")
@@ -1264,7 +1264,7 @@ def paste_relay_prefix(path: Path, head: Optional[List[str]] = None) -> int:
     for text in _head_or(path, head) or ():
         if not text.strip():
             continue
-        blurred = _DIGIT_RE.sub("0", text[:160])
+        blurred = _DIGIT_RE.sub("0", text[:160]) + " "  # a line of the prefix alone lost its trailing space
         lines += 1
         common = blurred if common is None else _shared_start(common, blurred)
         if _RELAY_STAMP_RE.match(common) is None:
