@@ -93,6 +93,20 @@ def test_slurm_memory_limit_is_a_kill_for_memory() -> None:
     assert alone is not None and alone.kind == "process/terminated"
 
 
+_TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 7, in main\n'
+              '    raise ValueError("bad config: lr must be positive")\nValueError: bad config: lr must be positive\n')
+
+
+@pytest.mark.parametrize("notice", ["slurmstepd: error: Exceeded step memory limit at some point.",
+                                    "slurmstepd: error: Exceeded job memory limit at some point."])
+def test_slurm_accounting_notice_is_not_a_kill(notice: str) -> None:
+    """Slurm's ``Exceeded step memory limit at some point.`` is the accounting plugin's notice of a past peak, printed
+    at the step's end whatever ended it: the traceback beside it stays the verdict (stop 41 review)."""
+    c = classify_text(_TRACEBACK + notice + "\n")
+    assert c is not None and c.kind == "process/exception"
+    assert classify_text(notice) is None or classify_text(notice).kind != "process/killed"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("text", [
     "the process exited on signal 4 (Illegal instruction: 4).",
     "Container rank 0 status ok cmd ['python'] code 0",

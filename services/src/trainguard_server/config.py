@@ -158,6 +158,11 @@ class Settings(BaseSettings):
     api_request_wait_s: float = Field(
         5.0, ge=0, description="longest a project's query-API request waits for one of its "
         "api_max_requests_per_project slots before its 429")
+    api_answer_write_timeout_s: float = Field(
+        30.0, gt=0, description="longest one 64 KiB piece of a query-API answer may wait for its client to "
+        "read the one before (the request holds one of its project's api_max_requests_per_project slots "
+        "meanwhile); past it the connection is closed without the rest of the answer and the slot given "
+        "back, so clients that never read cannot keep their project's slots")
     api_max_concurrent_queries: int = Field(
         4, ge=1, description="metric reads (series, summary) running at once; more wait for a slot, holding "
         "no thread, at most api_query_timeout_s, then get 503 with Retry-After")

@@ -35,6 +35,15 @@ def test_other_names_are_sent_as_logged() -> None:
     assert [p["name"] for p in ev.metric_points(dict.fromkeys(names, 0.5))] == names
 
 
+def test_a_str_subclass_name_is_escaped_too() -> None:
+    """numpy.str_ (a names list read back from an array) is a str subclass: escaped like a str (stop 41 review:
+    ``type(name) is str`` sent it as is and the server refused the whole event)."""
+    class Name(str):
+        pass
+
+    assert [p["name"] for p in ev.metric_points({"ok": 1.0, Name("loss\x1b"): 2.0})] == ["ok", "loss\\x1b"]
+
+
 def test_recent_points_escape_too() -> None:
     assert ev.recent_points([("l\toss", 3, 1.0)]) == [{"name": "l\\x09oss", "step": 3, "value": 1.0}]
 

@@ -21,12 +21,13 @@ import pytest
 from tests.services.gateway.embedded_server import LiveServer, event, live_server
 
 SLOTS = 4
+WRITE_TIMEOUT_S = 3.0  # api_answer_write_timeout_s here (default 30): well past the first test's 1 s look
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(tmp_path_factory.mktemp("unread"), api_max_requests_per_project=SLOTS,
-                     api_request_wait_s=0.5) as server:
+                     api_request_wait_s=0.5, api_answer_write_timeout_s=WRITE_TIMEOUT_S) as server:
         yield server
 
 
@@ -79,3 +80,30 @@ def test_a_read_answer_is_whole(live: LiveServer) -> None:
     assert r.status_code == 200
     body = r.json()
     assert body["items"] and int(r.headers["content-length"]) == len(r.content)
+
+
+def test_answers_never_read_give_their_slots_back_after_the_write_timeout(live: LiveServer) -> None:
+    """Clients that keep their connections open and never read hold their project's slots for
+    api_answer_write_timeout_s a piece, not for as long as they stay connected (stop 41 review: 8 such
+    connections kept project B's reads at 429 at 8, 35 and 95 s)."""
+    seen = live.get("/api/v1/runs/fat/events", limit=1)
+    run = "fat" if seen.status_code == 200 and seen.json()["items"] else _fat_run(live)
+    with ExitStack() as stack:
+        conns = [_unread(live, stack, f"/api/v1/runs/{run}/events?limit=500") for _ in range(SLOTS)]
+        time.sleep(1.0)
+        assert live.get("/api/v1/runs").status_code == 429  # held while the pieces wait
+        deadline = time.monotonic() + WRITE_TIMEOUT_S + 15
+        while live.get("/api/v1/runs").status_code != 200:  # the connections are still open here
+            assert time.monotonic() < deadline, "slots still held past api_answer_write_timeout_s"
+            time.sleep(0.2)
+        short = 0
+        for conn in conns:  # answers ended early: what arrives is shorter than the Content-Length
+            conn.settimeout(10)
+            got = b""
+            while chunk := conn.recv(1 << 20):
+                got += chunk
+            head, _, body = got.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            short += len(body) < length
+        assert short >= 1  # (one may have been written whole while the others gave their slots back)

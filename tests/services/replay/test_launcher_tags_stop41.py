@@ -178,3 +178,13 @@ def test_a_stamp_column_alone_on_a_line(tmp_path: Path) -> None:
              "[2020-05-07 21:07:12]",
              "[2020-05-07 21:07:13] TypeError: forward() missing 1 required positional argument: 'x'"]
     assert paste_relay_prefix(pasted(tmp_path, lines)) == len("[2020-05-07 21:07:10] ")
+
+
+def test_stacked_tags_are_stripped_a_bounded_number_of_times() -> None:
+    """A line of thousands of repeated tags strips MAX_STACKED_PREFIXES of them and keeps the rest as text (each
+    strip copies the line: unbounded, a 1 MB line of ``[rank0]:`` took seconds -- stop 41 review); real stacks of
+    two or three tags are stripped whole."""
+    from trainguard_server.replay.logs import MAX_STACKED_PREFIXES
+    rank, rest = split_prefix("[rank3]:" * 1000 + "RuntimeError: boom")
+    assert rank == 3 and rest == "[rank3]:" * (1000 - MAX_STACKED_PREFIXES) + "RuntimeError: boom"
+    assert split_prefix("[default1]:[rank1]:RuntimeError: boom") == (1, "RuntimeError: boom")

@@ -184,11 +184,13 @@ _OOM_KILLER_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Kil
 ``Memory cgroup out of memory: Killed process ...``, Slurm's ``slurmstepd: error: Detected 1 oom-kill
 event(s) in StepId=...``."""
 _SLURM_MEMORY_RE = re.compile(r"(?:(?:Job|Step) [\d.]{1,30} exceeded memory limit \(\d{1,20} > \d{1,20}\), "
-                              r"being killed|Exceeded (?:job|step) memory limit)")
+                              r"being killed|Exceeded (?:job|step) memory limit(?! at some point))")
 """Slurm's memory enforcement (``JobAcctGatherParams=OverMemoryKill``): ``slurmstepd: error: Job 7518 exceeded
 memory limit (626359956 > 512000000), being killed`` / ``Exceeded job memory limit`` -- Slurm kills the job
 for host memory; the ``*** JOB N ... CANCELLED AT ... ***`` line that follows is that kill, not a
-cancellation of its own."""
+cancellation of its own. ``Exceeded step memory limit at some point.`` is NOT a kill: the accounting plugin's
+notice that the step's peak passed the limit (printed at the step's end, whatever ended it), so the error
+printed beside it stays the verdict."""
 _MPIRUN_SIGNAL_RE = re.compile(r"process rank (?P<rank>\d{1,7}) with PID \d{1,10} on node \S{1,120} "
                                r"exited on signal (?P<sig>\d{1,2})\b")
 """Open MPI's launcher (``mpirun``, as Horovod and DeepSpeed's MPI runner start workers): ``mpirun noticed

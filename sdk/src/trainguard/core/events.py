@@ -68,7 +68,7 @@ def metric_name(name: Any) -> Any:
     """``name`` as sent: a string holding a control or bidirectional control character gets each one
     written as its escape (``"loss\\x1b[2J"`` -> ``"loss\\\\x1b[2J"``), so the server, which refuses such
     names, keeps the event and its other metrics; anything else is returned as is. Never raises."""
-    if type(name) is str and _NAME_CONTROL.search(name):
+    if isinstance(name, str) and _NAME_CONTROL.search(name):  # numpy.str_ too: a str subclass
         return _NAME_CONTROL.sub(_escape, name)
     return name
 

@@ -18,6 +18,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from typing import Any, Awaitable, Callable, Dict, MutableMapping
 
@@ -26,7 +27,9 @@ from starlette.requests import Request
 
 from .routes.stream import setting
 
-__all__ = ["ProjectSlots", "ReleaseProjectSlot", "take_slot"]
+__all__ = ["AnswerStalled", "ProjectSlots", "ReleaseProjectSlot", "take_slot"]
+
+log = logging.getLogger(__name__)
 
 SETTING = "TRAINGUARD_API_MAX_REQUESTS_PER_PROJECT"
 _STATE_KEY = "trainguard_project_slot"  # in the request's scope state: the project whose slot it holds
@@ -96,6 +99,14 @@ ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 ANSWER_PIECE = 64 * 1024
 
 
+class AnswerStalled(Exception):
+    """An answer's piece its client left unread for ``api_answer_write_timeout_s`` (after ``sent`` bytes)."""
+
+    def __init__(self, sent: int) -> None:
+        super().__init__(f"answer not read after {sent} bytes")
+        self.sent = sent
+
+
 class ReleaseProjectSlot:
     """ASGI middleware: gives back the project slot a request took (:func:`take_slot`) once the app has
     answered it, response sent or not.
@@ -105,7 +116,10 @@ class ReleaseProjectSlot:
     (nearly) written. Handed whole, an answer its client never reads stayed in the write buffer after the
     slot was given back (and after the connection was closed): 60 such connections of one project's read
     token took the server from 155 to 517 MB (stop 41). Now unread answers are bounded by the project's slots;
-    only its own requests wait."""
+    only its own requests wait -- and only ``api_answer_write_timeout_s`` a piece: a piece its client does not
+    make room for within it ends the answer there (uvicorn closes the connection, the rest is never buffered)
+    and the slot is given back (before, 8 never-read answers kept a project's reads at 429 for as long as
+    their connections stayed open: stop 41 review)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -118,13 +132,22 @@ class ReleaseProjectSlot:
                 return
             more = bool(message.get("more_body", False))
             view = memoryview(body)
+            timeout = float(setting(scope["app"].state.services, "api_answer_write_timeout_s"))
             for start in range(0, len(body), ANSWER_PIECE):
                 last = start + ANSWER_PIECE >= len(body)
-                await send({"type": "http.response.body", "body": bytes(view[start:start + ANSWER_PIECE]),
-                            "more_body": more or not last})
+                piece = {"type": "http.response.body", "body": bytes(view[start:start + ANSWER_PIECE]),
+                         "more_body": more or not last}
+                try:
+                    await asyncio.wait_for(send(piece), timeout)
+                except asyncio.TimeoutError:
+                    raise AnswerStalled(start) from None
 
         try:
             await self.app(scope, receive, send_in_pieces if scope.get("type") == "http" else send)
+        except AnswerStalled as stalled:  # the answer ends here: uvicorn closes the unfinished response
+            log.info("query-API answer to %s not read for api_answer_write_timeout_s after %d bytes: the "
+                     "connection is closed and its project's slot given back", scope.get("path"),
+                     stalled.sent)
         finally:
             state = scope.get("state")
             project = state.pop(_STATE_KEY, None) if isinstance(state, dict) else None

@@ -89,6 +89,9 @@ MAX_TRACEBACK_CHARS = 64_000
 MAX_LINE_CHARS = 8192
 
 _PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)(?:\|\d{1,7})?\]:(?: )?")
+MAX_STACKED_PREFIXES = 8
+"""How many ``[rankN]:``-style tags are stripped from one line at most (real logs stack two or three: a
+launcher's and torch's own); more stay in the text, so a line of thousands of them costs linear time."""
 """A launcher's tag before every line a process prints: torch's ``[rank3]:``, torchrun's ``[default0]:``, a
 role-named tag (TorchX / torchelastic roles: ``[trainer3]:``, with a replica index ``[trainer0|0]:``); only
 ``rank`` and ``default`` name a rank (:func:`split_prefix`), any other name is dropped as a tag."""
@@ -362,7 +365,9 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
     if match is None:
         return mpi_rank, line
     names: Dict[str, int] = {}
-    while match is not None and len(names) < 3:
+    for _ in range(MAX_STACKED_PREFIXES):  # a bound: each strip copies the line (a 1 MB line of "[rank0]:"s)
+        if match is None or len(names) >= 3:
+            break
         names.setdefault(match.group("name"), int(match.group("num")))
         line = line[match.end():]
         match = _PREFIX_RE.match(line)
