@@ -16,10 +16,10 @@ from typing import Any, Dict, List
 
 import pytest
 
+from tests.engine.fast_slow import run_fast_and_slow
 from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import memory
-from trainguard_engine.pipeline import Pipeline
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -57,20 +57,7 @@ class _Whole:
 
 def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37, restore_every: int = 3) -> int:
     counting = _Counting()
-    fast, slow = Pipeline(settings), Pipeline(settings)
-    for k, lo in enumerate(range(0, len(events), piece)):
-        part = events[lo:lo + piece]
-        with counting:
-            out_fast = fast.process(part)
-        with _Whole():
-            out_slow = slow.process(part)
-        assert out_fast == out_slow, lo
-        blob = fast.snapshot()
-        assert blob == slow.snapshot(), lo
-        if k % restore_every == restore_every - 1:
-            fast = Pipeline.restore(blob, settings)
-            slow = Pipeline.restore(blob, settings)
-    assert fast.incidents() == slow.incidents()
+    run_fast_and_slow(events, settings, counting, _Whole, piece, restore_every)
     return counting.taken
 
 

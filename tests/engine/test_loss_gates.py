@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
+from tests.engine.fast_slow import run_fast_and_slow
 from tests.engine.test_loss_quiet_stretch import SMALL_HISTORY, VARIANTS, _loss_stream
 from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine import correlate, incidents
@@ -25,7 +26,6 @@ from trainguard_engine.detectors import loss
 from trainguard_engine.detectors.adapter import KEY as ADAPTER_KEY
 from trainguard_engine.detectors.numeric import CLIP_STALE_KEY, VANISHING_KEY, numeric_final, rank_has_open
 from trainguard_engine.incidents import Finding
-from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RunState
 
 SETTINGS = DetectionSettings()
@@ -87,20 +87,7 @@ def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37,
     from the first's snapshot every few pieces: the memo starts empty there): the same outputs and
     snapshots piece by piece, and the oracle's agreement on every call."""
     oracle = _Oracle()
-    fast, slow = Pipeline(settings), Pipeline(settings)
-    for k, lo in enumerate(range(0, len(events), piece)):
-        part = events[lo:lo + piece]
-        with oracle:
-            out_fast = fast.process(part)
-        with _Slow():
-            out_slow = slow.process(part)
-        assert out_fast == out_slow, lo
-        blob = fast.snapshot()
-        assert blob == slow.snapshot(), lo
-        if k % restore_every == restore_every - 1:
-            fast = Pipeline.restore(blob, settings)
-            slow = Pipeline.restore(blob, settings)
-    assert fast.incidents() == slow.incidents()
+    run_fast_and_slow(events, settings, oracle, _Slow, piece, restore_every)
     assert not oracle.failed, oracle.failed[:3]
     return oracle
 

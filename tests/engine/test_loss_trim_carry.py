@@ -15,13 +15,13 @@ from typing import Any, Dict, List
 
 import pytest
 
+from tests.engine.fast_slow import run_fast_and_slow
 from tests.engine.test_loss_quiet_stretch import SMALL_HISTORY, VARIANTS, _events_of, _loss_stream
 from tests.engine.test_plateau_block_slope import _open_plateau
 from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine import robust
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
-from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import SeriesTail
 
 SETTINGS = DetectionSettings()
@@ -88,20 +88,7 @@ class _Dropped:
 
 def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37, restore_every: int = 3) -> _Oracle:
     oracle = _Oracle()
-    fast, slow = Pipeline(settings), Pipeline(settings)
-    for k, lo in enumerate(range(0, len(events), piece)):
-        part = events[lo:lo + piece]
-        with oracle:
-            out_fast = fast.process(part)
-        with _Dropped():
-            out_slow = slow.process(part)
-        assert out_fast == out_slow, lo
-        blob = fast.snapshot()
-        assert blob == slow.snapshot(), lo
-        if k % restore_every == restore_every - 1:
-            fast = Pipeline.restore(blob, settings)
-            slow = Pipeline.restore(blob, settings)
-    assert fast.incidents() == slow.incidents()
+    run_fast_and_slow(events, settings, oracle, _Dropped, piece, restore_every)
     assert not oracle.failed, oracle.failed[:3]
     return oracle
 
