@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import random
-from typing import Any, Dict, List
+from typing import Any, ContextManager, Dict, List
+from unittest.mock import patch
 
 import pytest
 
@@ -43,21 +44,14 @@ class _Counting:
         memory._amp_steady = self.saved  # type: ignore[assignment]
 
 
-class _Whole:
+def _whole() -> ContextManager[object]:
     """The whole rule on every batch (the short path off)."""
-
-    def __enter__(self) -> _Whole:
-        self.saved = memory._amp_steady
-        memory._amp_steady = lambda state, scale_pt: False  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        memory._amp_steady = self.saved  # type: ignore[assignment]
+    return patch.object(memory, "_amp_steady", lambda state, scale_pt: False)
 
 
 def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37, restore_every: int = 3) -> int:
     counting = _Counting()
-    run_fast_and_slow(events, settings, counting, _Whole, piece, restore_every)
+    run_fast_and_slow(events, settings, counting, _whole, piece, restore_every)
     return counting.taken
 
 

@@ -10,7 +10,8 @@ and snapshots equal those of a pipeline that takes min() and max() every time, p
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Tuple
+from unittest.mock import patch
 
 import pytest
 
@@ -59,19 +60,14 @@ class _Oracle:
         diagnosis._extremes = self.saved  # type: ignore[assignment]
 
 
-class _Slow:
-    def __enter__(self) -> _Slow:
-        self.saved = diagnosis._extremes
-        diagnosis._extremes = _plain  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        diagnosis._extremes = self.saved  # type: ignore[assignment]
+def _slow() -> ContextManager[object]:
+    """The extremes scanned from the whole series on every refresh (the kept ones off)."""
+    return patch.object(diagnosis, "_extremes", _plain)
 
 
 def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37, restore_every: int = 3) -> _Oracle:
     oracle = _Oracle()
-    run_fast_and_slow(events, settings, oracle, _Slow, piece, restore_every)
+    run_fast_and_slow(events, settings, oracle, _slow, piece, restore_every)
     assert not oracle.failed, oracle.failed[:3]
     return oracle
 

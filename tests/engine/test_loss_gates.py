@@ -13,7 +13,8 @@ incidents share it, a snapshot never carries it."""
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Tuple
+from unittest.mock import patch
 
 import pytest
 
@@ -69,16 +70,9 @@ class _Oracle:
         loss._gates = self.saved  # type: ignore[assignment]
 
 
-class _Slow:
+def _slow() -> ContextManager[object]:
     """The memo off: the gates taken from the incidents on every value."""
-
-    def __enter__(self) -> _Slow:
-        self.saved = loss._gates
-        loss._gates = _taken  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        loss._gates = self.saved  # type: ignore[assignment]
+    return patch.object(loss, "_gates", _taken)
 
 
 def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37,
@@ -87,7 +81,7 @@ def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37,
     from the first's snapshot every few pieces: the memo starts empty there): the same outputs and
     snapshots piece by piece, and the oracle's agreement on every call."""
     oracle = _Oracle()
-    run_fast_and_slow(events, settings, oracle, _Slow, piece, restore_every)
+    run_fast_and_slow(events, settings, oracle, _slow, piece, restore_every)
     assert not oracle.failed, oracle.failed[:3]
     return oracle
 

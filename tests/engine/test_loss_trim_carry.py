@@ -11,7 +11,8 @@ robust.mann_kendall of the window's values; and each kept part is carried (not o
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, ContextManager, Dict, List
+from unittest.mock import patch
 
 import pytest
 
@@ -74,21 +75,14 @@ class _Oracle:
         loss._Derived.shifted, loss._sorted_window, loss._kept_trend = self.saved  # type: ignore[method-assign]
 
 
-class _Dropped:
+def _dropped() -> ContextManager[object]:
     """As before: a trim drops what the curve kept (taken anew)."""
-
-    def __enter__(self) -> _Dropped:
-        self.saved = loss._Derived.shifted
-        loss._Derived.shifted = lambda kept, drop: False  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        loss._Derived.shifted = self.saved  # type: ignore[method-assign]
+    return patch.object(loss._Derived, "shifted", lambda kept, drop: False)
 
 
 def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37, restore_every: int = 3) -> _Oracle:
     oracle = _Oracle()
-    run_fast_and_slow(events, settings, oracle, _Dropped, piece, restore_every)
+    run_fast_and_slow(events, settings, oracle, _dropped, piece, restore_every)
     assert not oracle.failed, oracle.failed[:3]
     return oracle
 

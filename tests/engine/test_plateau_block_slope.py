@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Dict, List
+from typing import Any, ContextManager, Dict, List
+from unittest.mock import patch
 
 import pytest
 
@@ -61,19 +62,14 @@ class _Oracle:
         loss._kept_block_slope = self.saved  # type: ignore[assignment]
 
 
-class _Slow:
-    def __enter__(self) -> _Slow:
-        self.saved = loss._kept_block_slope
-        loss._kept_block_slope = _listed  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        loss._kept_block_slope = self.saved  # type: ignore[assignment]
+def _slow() -> ContextManager[object]:
+    """The block slope from the listed blocks on every refresh (the kept medians off)."""
+    return patch.object(loss, "_kept_block_slope", _listed)
 
 
 def _compare(events: List[Event], settings: DetectionSettings, piece: int = 37, restore_every: int = 3) -> _Oracle:
     oracle = _Oracle()
-    run_fast_and_slow(events, settings, oracle, _Slow, piece, restore_every)
+    run_fast_and_slow(events, settings, oracle, _slow, piece, restore_every)
     assert not oracle.failed, oracle.failed[:3]
     return oracle
 
