@@ -114,3 +114,22 @@ def raw_exchange(live: LiveServer, data: bytes) -> bytes:
         while chunk := conn.recv(65536):
             out += chunk
         return out
+
+
+def read_answer(conn: socket.socket) -> bytes:
+    """One HTTP answer read from a raw socket: its head and as many body bytes as its Content-Length says (less
+    when the server closes first)."""
+    out = b""
+    while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < _content_length(out):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _content_length(out: bytes) -> int:
+    for line in out.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0

@@ -18,7 +18,13 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.services.gateway.embedded_server import LiveServer, event, live_server, module_live_server
+from tests.services.gateway.embedded_server import (
+    LiveServer,
+    event,
+    live_server,
+    module_live_server,
+    read_answer,
+)
 from trainguard_server.config import Settings
 from trainguard_server.gateway.inflight import InflightBytes
 
@@ -32,23 +38,6 @@ live = module_live_server()
 def _head(token: str, length: int) -> bytes:
     return (f"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
-
-
-def _answer(conn: socket.socket) -> bytes:
-    out = b""
-    while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < _length(out):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        out += chunk
-    return out
-
-
-def _length(out: bytes) -> int:
-    for line in out.partition(b"\r\n\r\n")[0].split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return int(line.split(b":")[1])
-    return 0
 
 
 def _stalled_uploads(live: LiveServer, stack: ExitStack, token: str, n: int, sent: int,
@@ -87,7 +76,7 @@ def test_a_project_past_its_bound_is_refused_and_another_is_admitted(live: LiveS
         url = urlparse(live.url)
         with socket.create_connection((url.hostname, url.port), timeout=20) as conn:
             conn.sendall(_head(live.ingest_token, 8 * MiB))  # would be 36 MiB: refused before the body
-            answer = _answer(conn)
+            answer = read_answer(conn)
         assert answer.startswith(b"HTTP/1.1 429"), answer[:200]  # was: read the body, then 200
         assert b"retry-after: 1" in answer.lower()
         detail = json.loads(answer.partition(b"\r\n\r\n")[2])["detail"]

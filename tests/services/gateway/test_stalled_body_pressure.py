@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.services.gateway.embedded_server import LiveServer, event, live_server
+from tests.services.gateway.embedded_server import LiveServer, event, live_server, read_answer
 from trainguard_server.gateway.http import BodyStalled, _Held, _read_body
 from trainguard_server.gateway.inflight import InflightBytes
 
@@ -105,26 +105,9 @@ def test_a_slow_body_without_pressure_keeps_the_ordinary_timeout(small: LiveServ
         time.sleep(1.5)  # three pressure timeouts, but room for a whole max_batch_bytes body: no pressure
         assert _inflight(small).held() == 10
         conn.sendall(body[10:])
-        head, _, answer = _answer_one(conn).partition(b"\r\n\r\n")
+        head, _, answer = read_answer(conn).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), head
         assert json.loads(answer)["accepted"] == 1
-
-
-def _answer_one(conn: socket.socket) -> bytes:
-    out = b""
-    while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < _length(out):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        out += chunk
-    return out
-
-
-def _length(out: bytes) -> int:
-    for line in out.partition(b"\r\n\r\n")[0].split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return int(line.split(b":")[1])
-    return 0
 
 
 class _Stalling:
