@@ -111,8 +111,9 @@ def test_the_counts_are_given_back(live: LiveServer) -> None:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    # the stalled uploads of these tests are not ended by the pressure timeout (H30) while they run
     with live_server(tmp_path_factory.mktemp("small"), project_max_inflight_bytes=2 * MiB,
-                     ingest_max_inflight_bytes=3 * MiB) as server:
+                     ingest_max_inflight_bytes=3 * MiB, http_body_pressure_timeout_s=120) as server:
         yield server
 
 

@@ -38,7 +38,12 @@ the ``grpc_workers`` threads, a message at a time -- and idle streams cannot sta
 * ``grpc_max_streams_per_token``: open ``Stream`` calls per ingest token; one more → ``RESOURCE_EXHAUSTED``
   "too many open streams" with ``retry-after``;
 * ``grpc_stream_idle_timeout_s``: a ``Stream`` that receives no message for this long ends with
-  ``DEADLINE_EXCEEDED`` "stream idle ..." (what it sent before stays queued).
+  ``DEADLINE_EXCEEDED`` "stream idle ..." (what it sent before stays queued); a ``Send`` whose message does
+  not arrive within it ends so too;
+* a ``Send`` is served as client-streaming (the wire is a unary call's): its token is checked and
+  ``max_batch_bytes`` reserved in the bounds on ingest bytes in flight before its message is read, waiting
+  (message unread) up to ``grpc_receive_wait_s`` for room; HTTP/2 bandwidth-delay probing is off, so a call
+  whose message is not being read holds at most its 64 KiB window (docs/security.md H34).
 """
 
 from __future__ import annotations
@@ -242,12 +247,16 @@ class StreamLimits:
     per_token: int = 16
     idle_timeout_s: float = 60.0
     retry_after_s: float = 1.0
+    #: how long a ``Send`` waits, its message unread, for room to hold ``max_batch_bytes`` under the bounds on
+    #: ingest bytes in flight before it is answered RESOURCE_EXHAUSTED (``grpc_receive_wait_s``)
+    receive_wait_s: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> StreamLimits:
         return cls(per_connection=settings.grpc_max_streams_per_connection,
                    per_token=settings.grpc_max_streams_per_token,
-                   idle_timeout_s=settings.grpc_stream_idle_timeout_s, retry_after_s=settings.retry_after_s)
+                   idle_timeout_s=settings.grpc_stream_idle_timeout_s, retry_after_s=settings.retry_after_s,
+                   receive_wait_s=getattr(settings, "grpc_receive_wait_s", cls.receive_wait_s))
 
 
 class _Failed(Exception):
@@ -283,6 +292,8 @@ class AsyncIngestServicer:
         self.executor = executor
         self.limits = limits
         self.open_streams: Dict[str, int] = {}
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._room = asyncio.Event()  # set (and replaced) when bytes are given back: waiting Sends retry
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
@@ -306,6 +317,64 @@ class AsyncIngestServicer:
     def _give_back(self, project: str, held: int) -> None:
         if held and self.gateway.body_bytes is not None:
             self.gateway.body_bytes.give_back(project, held)
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(self._wake)  # from a worker's done-callback or the loop
+                except RuntimeError:  # the loop closed meanwhile
+                    pass
+
+    def _wake(self) -> None:
+        self._room.set()
+        self._room = asyncio.Event()
+
+    async def _reserve(self, project: str) -> int:
+        """Before a ``Send``'s message is read: hold ``max_batch_bytes`` (the most its message may be) in the
+        bound on ingest bytes in flight, waiting for room up to ``receive_wait_s`` (on the event loop, no
+        thread; the message stays unread, so gRPC's core holds at most its stream's flow-control window);
+        :class:`Backpressure` (RESOURCE_EXHAUSTED + retry-after) when none came. The bytes held (0: no bound).
+
+        Before stop 42 the message was received whole by gRPC's core before the servicer was called (a
+        unary handler), and only then counted: 4 connections x 100 calls each sending 8 MB less one byte,
+        without a token, took ``trainguard serve`` from 78 MB to 3.2 GB, held for as long as they stalled."""
+        counts = self.gateway.body_bytes
+        n = self.gateway.settings.max_batch_bytes
+        if counts is None or n <= 0:
+            return 0
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        deadline = loop.time() + self.limits.receive_wait_s
+        while True:
+            room = self._room
+            why = counts.take(project, n)
+            if why is None:
+                return n
+            left = deadline - loop.time()
+            if left <= 0:
+                wait = self.limits.retry_after_s
+                raise Backpressure(f"{why}: this call waited receive_wait_s={self.limits.receive_wait_s:g} s "
+                                   f"for room to receive a message of up to max_batch_bytes={n} bytes; "
+                                   f"nothing of this message was queued; retry after "
+                                   f"{retry_after_header(wait)} s", wait)
+            try:  # HTTP gives bytes back without waking us: look again at least every 50 ms
+                await asyncio.wait_for(room.wait(), min(left, 0.05))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _one_message(self, request_iterator: AsyncIterator[bytes]) -> bytes:
+        """A ``Send``'s message (served as client-streaming so that the call is authenticated and its bytes
+        reserved before the message is read): the first message, within ``idle_timeout_s``."""
+        idle = self.limits.idle_timeout_s
+        try:
+            message = await asyncio.wait_for(request_iterator.__aiter__().__anext__(), idle)
+        except StopAsyncIteration:
+            raise _Failed(grpc.StatusCode.INVALID_ARGUMENT,
+                          "Send carried no message: send one IngestRequest") from None
+        except asyncio.TimeoutError:
+            raise _Failed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"the Send's message did not arrive within grpc_stream_idle_timeout_s={idle:g} s; "
+                          f"nothing of it was queued") from None
+        return bytes(message)
 
     async def _holding(self, project: str, held: int, fn: Callable[[], T]) -> T:
         """Run ``fn`` on a worker; the ``held`` bytes are given back when the worker is done with them, not
@@ -320,20 +389,35 @@ class AsyncIngestServicer:
         work.add_done_callback(lambda _: self._give_back(project, held))  # thread-safe (a lock)
         return await asyncio.wrap_future(work)  # cancelling this cancels ``work`` only if not yet running
 
-    async def Send(self, request: bytes, context: Any) -> ingest_pb2.IngestResponse:
+    async def Send(self, request_iterator: AsyncIterator[bytes], context: Any) -> ingest_pb2.IngestResponse:
+        """Served as client-streaming (the wire is the same as a unary call's): the token is checked and
+        the message's bytes reserved (:meth:`_reserve`) before the message is read, so a call without a
+        valid token, or past its project's bound, never gets its message buffered whole."""
+        reserved = 0
+        project = ""
         try:
             auth = await self._blocking(self.gateway.authenticate, _token(context))
             offset = _clock_offset(self.gateway, context)
-            held = self._take(auth.project, request)
-            result = await self._holding(auth.project, held,
+            project = auth.project
+            reserved = await self._reserve(project)
+            request = await self._one_message(request_iterator)
+            held = min(reserved, len(request)) if reserved else 0
+            self._give_back(project, reserved - held)  # keep what the message holds
+            reserved = 0
+            result = await self._holding(project, held,
                                          lambda: self.gateway.ingest_batch(auth, _batch(request, offset)))
             context.set_trailing_metadata(_date())
             return result.to_proto()
+        except _Failed as exc:
+            failed = exc
         except GatewayError as exc:
             failed = _Failed.of(exc)
         except Exception as exc:
             log.exception("ingest Send failed")
             failed = _Failed.internal(exc)
+        finally:
+            if reserved:  # the message never came (or the call was cancelled): give the reservation back
+                self._give_back(project, reserved)
         await failed.abort(context)
 
     async def Stream(self, request_iterator: AsyncIterator[bytes], context: Any) -> ingest_pb2.IngestResponse:
@@ -424,8 +508,9 @@ class GrpcIngestServer:
         self._server = grpc.aio.server(options=options)
         serialize = ingest_pb2.IngestResponse.SerializeToString
         handlers = {
-            "Send": grpc.unary_unary_rpc_method_handler(self.servicer.Send, request_deserializer=None,
-                                                        response_serializer=serialize),
+            # client-streaming on this side (a unary call's wire is the same): see AsyncIngestServicer.Send
+            "Send": grpc.stream_unary_rpc_method_handler(self.servicer.Send, request_deserializer=None,
+                                                         response_serializer=serialize),
             "Stream": grpc.stream_unary_rpc_method_handler(self.servicer.Stream, request_deserializer=None,
                                                            response_serializer=serialize),
         }
@@ -480,7 +565,12 @@ def build_grpc_server(gateway: Gateway, host: str, port: int, max_message_bytes:
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max(max_message_bytes, 4 * 1024 * 1024)),
                ("grpc.max_concurrent_streams", limits.per_connection),
-               ("grpc.so_reuseport", 0)]
+               ("grpc.so_reuseport", 0),
+               # no bandwidth-delay probing: with it gRPC's core raised every stream's HTTP/2 window to 32-64
+               # MiB, so a call's whole message was received and held before any servicer code ran, and a
+               # call waiting in Send's reservation (the message unread) still took its 8 MiB. Without it a
+               # stream not being read holds at most 64 KiB, one being read a window of about 1 MiB.
+               ("grpc.http2.bdp_probe", 0)]
     server = GrpcIngestServer(gateway, host, port, options, limits,
                               workers if workers is not None else settings.grpc_workers)
     return server, server.port

@@ -1,0 +1,90 @@
+"""gRPC ``Send`` calls whose message stops one byte short (sent by hand over HTTP/2: ``grpc_raw.py``) are held
+by gRPC's core, before the servicer runs; nothing bounded them (security.md H34). Before stop 42 the servicer
+was a unary handler (called once the message had arrived whole) and gRPC's bandwidth-delay probing raised
+every stream's window to 32-64 MiB: 4 connections x 100 such calls without a token took ``trainguard serve``
+from 78 MB to 3.2 GB. Now ``Send`` is served as client-streaming: the token is checked and ``max_batch_bytes``
+reserved in the bounds on ingest bytes in flight before the message is read; a call waiting for room reads
+nothing, and a stream not being read holds at most its 64 KiB window (probing off).
+
+Black-box measure: the bytes the server's HTTP/2 flow control let the client send, which is what the server
+agreed to hold. Real ``build_grpc_server`` on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, List
+
+import grpc
+import pytest
+
+from tests.services.gateway.grpc_raw import StalledCalls
+from tests.services.gateway.helpers import metric_event, new_gateway
+from trainguard import wire
+from trainguard.v1 import ingest_pb2_grpc
+from trainguard_server.gateway.grpc import build_grpc_server
+
+MiB = 2**20
+MESSAGE = 8 * MiB - 64  # under max_batch_bytes
+CALLS = 20
+UNAUTHENTICATED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED = 16, 4, 8
+
+
+@pytest.fixture
+def served() -> Iterator[Any]:
+    gateway, _queue, tokens = new_gateway(max_batch_bytes=8 * MiB, max_event_bytes=MiB,
+                                          ingest_max_inflight_bytes=64 * MiB, project_max_inflight_bytes=32 * MiB,
+                                          grpc_stream_idle_timeout_s=4.0)
+    server, port = build_grpc_server(gateway, "127.0.0.1", 0, 8 * MiB)
+    server.start()
+    opened: List[StalledCalls] = []
+    try:
+        yield gateway, tokens, port, opened
+    finally:
+        for calls in opened:
+            calls.close()
+        server.stop(None).wait(10)
+
+
+def _open(opened: List[StalledCalls], port: int, token: Any) -> StalledCalls:
+    calls = StalledCalls("127.0.0.1", port, CALLS, MESSAGE, token=token)
+    opened.append(calls)
+    calls.pump(quiet_s=1.0, deadline_s=30)
+    return calls
+
+
+def _until(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_stalled_sends_of_a_project_are_held_within_its_bound_and_another_project_is_served(served: Any) -> None:
+    gateway, tokens, port, opened = served
+    calls = _open(opened, port, tokens.other_project)
+    # 4 calls read (32 MiB: the project's bound, reserved at max_batch_bytes each), 16 wait unread (64 KiB)
+    assert calls.sent_bytes <= 32 * MiB + CALLS * 128 * 1024, calls.sent_bytes  # was 20 x 8 MiB = 160 MiB
+    assert gateway.body_bytes is not None and gateway.body_bytes.held("other") == 32 * MiB
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # another project: served meanwhile
+        reply = ingest_pb2_grpc.IngestServiceStub(channel).Send(
+            wire.ingest_request_from_dicts([metric_event()]), timeout=20,
+            metadata=(("authorization", f"Bearer {tokens.ingest}"),))
+    assert reply.accepted == 1
+    # a waiting call is refused after the receive wait (5 s), a stalled one after the idle timeout (4 s; then
+    # waiting calls take its room and stall in turn): every call ends, and everything is given back
+    _until(lambda: len(calls.status) == CALLS)
+    codes = sorted(calls.status.values())
+    assert set(codes) == {DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED} and codes.count(DEADLINE_EXCEEDED) >= 4, codes
+    _until(lambda: gateway.body_bytes.held() == 0)
+
+
+def test_sends_without_a_valid_token_are_refused_before_their_message_is_read(served: Any) -> None:
+    gateway, tokens, port, opened = served
+    calls = _open(opened, port, None)
+    _until(lambda: len(calls.status) == CALLS)
+    assert set(calls.status.values()) == {UNAUTHENTICATED}
+    assert calls.sent_bytes <= CALLS * 128 * 1024, calls.sent_bytes  # was 160 MiB, read whole before the check
+    revoked = _open(opened, port, tokens.revoked)
+    _until(lambda: len(revoked.status) == CALLS)
+    assert revoked.sent_bytes <= CALLS * 128 * 1024, revoked.sent_bytes
+    assert gateway.body_bytes is not None and gateway.body_bytes.held() == 0
