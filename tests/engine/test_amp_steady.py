@@ -102,7 +102,9 @@ def test_synthetic_amp_streams_are_unchanged(seed: int) -> None:
 
 
 def test_the_short_path_is_taken_on_most_steady_batches() -> None:
-    taken = sum(_compare(_amp_stream(seed), SETTINGS, piece=10 ** 9) for seed in range(0, 40, 4))
+    # (the column hook folds stretches of these batches without it since stop 42: test_amp_steady_column.py)
+    with patch.object(memory, "_steady_column", lambda rank, batches, first, scale_pt: 0):
+        taken = sum(_compare(_amp_stream(seed), SETTINGS, piece=10 ** 9) for seed in range(0, 40, 4))
     assert taken > 1000, taken  # (1550 when written: half the streams send the flag, some grow every 7 steps)
 
 

@@ -521,6 +521,49 @@ def _amp_steady(state: Dict[str, Any], scale_pt: Tuple[int, float]) -> bool:
     return True
 
 
+def _steady_column(rank: RankState, batches: Sequence[MetricBatch], first: int, scale_pt: Tuple[int, float]
+                   ) -> int:
+    """:func:`_judge` on ``batches[first:]`` for as long as each is what :func:`_amp_steady` takes -- its
+    only point of :data:`READS` is ``amp/scale`` (``scale_pt``: ``batches[first]``'s), the scale kept, not
+    under the lowest, no flag ever sent, a later step than the last -- folded as a column: how many batches
+    were taken (0: not even ``first``, nothing written). On each such batch _judge makes only _amp_steady's
+    writes (the rest of the rule needs other points) and finds nothing; the scale each compares with is the
+    one the batch before kept (the same value: each equals it), the lowest and the flag are not written, so
+    the state after them is _amp_steady's writes of the last one alone, made once here in the same order:
+    ``last``, ``scale`` (the last batch's step and value), ``lowest`` (``min`` of the kept lowest and that
+    value, as written), ``streak``. A state without an AMP part takes the whole rule (which makes one)."""
+    family = rank.detectors.get(STATE_KEY)
+    state = family.get("amp") if family is not None else None
+    if state is None:
+        return 0
+    s, value = scale_pt
+    prev, lowest = state.get("scale"), state.get("lowest")
+    if prev is None or value != prev[1] or lowest is None or value < float(lowest) or state.get("flag") or \
+            s <= int(state.get("last", -1)):  # (_amp_steady's test, in its order)
+        return 0
+    kept, low = prev[1], float(lowest)
+    reads = READS
+    k, n = first + 1, len(batches)
+    while k < n:  # the next batch: its last amp/scale point (as _judge's dict keeps it), no other point read
+        point: Optional[Tuple[int, float]] = None
+        for name, s_k, v_k in batches[k].points:
+            if name in reads:
+                if name != "amp/scale":
+                    break
+                point = (s_k, v_k)
+        else:
+            if point is not None and point[1] == kept and not point[1] < low and point[0] > int(s):
+                s, value = point
+                k += 1
+                continue
+        break
+    state["last"] = s
+    state["scale"] = [s, value]
+    state["lowest"] = min(low, value)
+    state["streak"] = 0
+    return k - first
+
+
 def _amp_update(rank: RankState, state: Dict[str, Any], step: int, span: int, time_ns: int,
                 event_id: str) -> Finding:
     """Refresh the open incident's evidence (scale trajectory, overflow steps) and title; no new count."""
@@ -926,13 +969,25 @@ class Memory(Detector):
 
     def on_metric_run(self, run: RunState, rank: RankState, batches: MetricRun,
                       settings: DetectionSettings) -> RunFindings:
-        """:meth:`on_metrics` on each batch in turn, reading only the points :func:`_judge` looks up."""
+        """:meth:`on_metrics` on each batch in turn, reading only the points :func:`_judge` looks up; a
+        stretch of batches whose only such point is a steady GradScaler scale (:func:`_amp_steady` would take
+        each) is folded as a column (:func:`_steady_column`)."""
         out: List[Sequence[Finding]] = []
         reads = READS
+        items = batches.batches
+        i, n = 0, len(items)
         try:
-            for batch in batches.batches:
-                out.append(_judge(run, rank, {name: (s, v) for name, s, v in batch.points if name in reads},
-                                  batch.step, batch.time_ns, batch.event_id, settings))
+            while i < n:
+                batch = items[i]
+                by_name = {name: (s, v) for name, s, v in batch.points if name in reads}
+                if len(by_name) == 1 and "amp/scale" in by_name:
+                    taken = _steady_column(rank, items, i, by_name["amp/scale"])
+                    if taken:
+                        out.extend([] for _ in range(taken))
+                        i += taken
+                        continue
+                out.append(_judge(run, rank, by_name, batch.step, batch.time_ns, batch.event_id, settings))
+                i += 1
         except Exception as exc:  # re-raised by the pipeline at that envelope's place
             return RunFindings(out, exc)
         return RunFindings(out, None)
