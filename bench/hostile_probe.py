@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parent.parent
-for _src in (REPO / "sdk" / "src", REPO / "services" / "src", REPO / "engine" / "src"):
+for _src in (REPO / "sdk" / "src", REPO / "services" / "src", REPO / "engine" / "src", REPO):
     if str(_src) not in sys.path:
         sys.path.insert(0, str(_src))
 
@@ -526,6 +526,60 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
                 out.append((500 if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) else 400,
                             f"{code.name}: {exc.details()}"[:200].encode()))
     return out
+
+
+@attack("grpc/stalled-sends")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """Memory (H34): 4 HTTP/2 connections x 100 ``Send`` calls of B, each sending 8 MB less one byte of an
+    8 MB message and then nothing, and 2 x 100 such calls without a token (sent by hand: grpc_raw.py);
+    meanwhile A's ``Send`` must be accepted. Fails when the server let in more than B's and the total's
+    bounds allow (64 MiB + the calls' 64 KiB windows); after the connections close, B's own ``Send`` must be
+    accepted again."""
+    import grpc
+
+    from tests.services.gateway.grpc_raw import StalledCalls
+    from trainguard import wire
+    out: List[Answer] = []
+    b_token = t.token("B", "ingest")
+    opened = [StalledCalls(t.host, t.grpc_port, 100, 8_000_000, token=b_token) for _ in range(4)]
+    opened += [StalledCalls(t.host, t.grpc_port, 100, 8_000_000) for _ in range(2)]
+    try:
+        pumps = [threading.Thread(target=c.pump, kwargs={"quiet_s": 2.0, "deadline_s": 30.0}) for c in opened]
+        for pump in pumps:
+            pump.start()
+        for pump in pumps:
+            pump.join()
+        taken = sum(c.sent_bytes for c in opened)
+        bound = 64 * 2**20 + len(opened) * 100 * 128 * 1024
+        out.append((200 if taken <= bound else 500, f"server let in {taken} bytes (bound {bound})".encode()))
+        unauthenticated = [code for c in opened[4:] for code in c.status.values()]
+        out.append((200 if unauthenticated.count(16) == 200 else 500,
+                    f"calls without a token ended {sorted(set(unauthenticated))}".encode()))
+        out.append(_grpc_send(t, "A", wire, grpc))
+    finally:
+        for c in opened:
+            c.close()
+    deadline = time.monotonic() + 20
+    while True:  # the closed connections' calls give their reservations back
+        status, data = _grpc_send(t, "B", wire, grpc)
+        if status == 200 or time.monotonic() > deadline:
+            out.append((status, data))
+            return out
+        time.sleep(0.2)
+
+
+def _grpc_send(t: Target, project: str, wire: Any, grpc: Any) -> Answer:
+    request = wire.ingest_request_from_dicts([event(f"{project.lower()}-grpc", 1)])
+    with grpc.insecure_channel(f"{t.host}:{t.grpc_port}") as channel:
+        try:
+            reply = channel.unary_unary("/trainguard.v1.IngestService/Send")(
+                request.SerializeToString(), timeout=20,
+                metadata=(("authorization", f"Bearer {t.token(project, 'ingest')}"),))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            status = 400 if code == grpc.StatusCode.INVALID_ARGUMENT else 503
+            return status, f"{code.name}: {exc.details()}".encode()
+    return 200, reply
 
 
 @attack("api/unread-answers")

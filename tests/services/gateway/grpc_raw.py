@@ -180,6 +180,11 @@ class StalledCalls:
         return self.sent_bytes
 
     def close(self) -> None:
+        """End the connection (shutdown first: a bare close while the reader thread is in recv sends no FIN)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:

@@ -88,3 +88,19 @@ def test_sends_without_a_valid_token_are_refused_before_their_message_is_read(se
     _until(lambda: len(revoked.status) == CALLS)
     assert revoked.sent_bytes <= CALLS * 128 * 1024, revoked.sent_bytes
     assert gateway.body_bytes is not None and gateway.body_bytes.held() == 0
+
+
+def test_a_closed_connection_gives_its_calls_reservations_back_at_once() -> None:
+    gateway, _queue, tokens = new_gateway(max_batch_bytes=8 * MiB, max_event_bytes=MiB,
+                                          ingest_max_inflight_bytes=64 * MiB, project_max_inflight_bytes=32 * MiB,
+                                          grpc_stream_idle_timeout_s=120.0)
+    server, port = build_grpc_server(gateway, "127.0.0.1", 0, 8 * MiB)
+    server.start()
+    try:
+        calls = StalledCalls("127.0.0.1", port, CALLS, MESSAGE, token=tokens.other_project)
+        calls.pump(quiet_s=1.0, deadline_s=30)
+        assert gateway.body_bytes is not None and gateway.body_bytes.held("other") == 32 * MiB
+        calls.close()
+        _until(lambda: gateway.body_bytes.held() == 0, timeout=20)  # not after the 120 s idle timeout
+    finally:
+        server.stop(None).wait(10)
