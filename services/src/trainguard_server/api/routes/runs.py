@@ -154,13 +154,59 @@ def get_run(run_id: str, project: ProjectDep, services: ServicesDep) -> RunPubli
     return RunPublic(**resolutions.run(services.incidents, run).to_dict())
 
 
+NAMES_HELP = ("comma-separated, each stripped of spaces at its ends; in a name, write a comma as \\, a "
+              "backslash before a comma, a space or a backslash as \\\\, and a space at the name's start or "
+              "end as '\\ ' (any other backslash is itself); default: all")
+
+_ESCAPED = frozenset(",\\ ")
+
+
+def metric_name_list(names: str) -> List[str]:
+    """The metric names a ``names`` parameter lists: split on commas, each name stripped of spaces at its
+    ends, empty names dropped -- as before stop 42 -- where a backslash before a comma, a space or a backslash
+    makes that character part of the name (``a\\,b`` is the name ``a,b``; ``\\ x`` the name `` x``; ``c\\\\``
+    the name ``c\\``) and any other backslash is itself (the SDK's escaped names, ``loss\\x1b``, are named
+    as stored). A metric name may hold commas and spaces at its ends (security.md H31, H35): before, such a
+    name could not be asked for at all."""
+    out: List[str] = []
+    chars: List[str] = []
+    kept: List[bool] = []  # per character: escaped (never stripped)
+
+    def end_name() -> None:
+        lo, hi = 0, len(chars)
+        while lo < hi and chars[lo].isspace() and not kept[lo]:
+            lo += 1
+        while hi > lo and chars[hi - 1].isspace() and not kept[hi - 1]:
+            hi -= 1
+        if hi > lo:
+            out.append("".join(chars[lo:hi]))
+        chars.clear()
+        kept.clear()
+
+    i = 0
+    while i < len(names):
+        c = names[i]
+        if c == "\\" and i + 1 < len(names) and names[i + 1] in _ESCAPED:
+            chars.append(names[i + 1])
+            kept.append(True)
+            i += 2
+            continue
+        if c == ",":
+            end_name()
+        else:
+            chars.append(c)
+            kept.append(False)
+        i += 1
+    end_name()
+    return out
+
+
 @router.get("/{run_id}/metrics", response_model=MetricSeriesPublic, responses=_BOUNDED,
             summary="Downsampled series: min/max/mean per bucket, so spikes survive",
             description="At most api_max_metric_buckets buckets in all: with many series, fewer than "
                         "max_points each (the answer's max_points is the number used).")
 async def run_metrics(run_id: str, request: Request, project: ProjectDep, services: ServicesDep,
-                      names: Optional[str] = Query(None, max_length=4096,
-                                                   description="comma-separated; default: all"),
+                      names: Optional[str] = Query(None, max_length=4096, description=NAMES_HELP),
                       rank: Optional[int] = Query(None, ge=0),
                       start_step: Optional[int] = Query(None, ge=0),
                       end_step: Optional[int] = Query(None, ge=0),
@@ -172,8 +218,7 @@ async def run_metrics(run_id: str, request: Request, project: ProjectDep, servic
             raise not_found("run", run_id)
         if start_step is not None and end_step is not None and end_step < start_step:
             raise HTTPException(400, "end_step must be >= start_step")
-        wanted: List[str] = ([n.strip() for n in names.split(",") if n.strip()] if names
-                             else services.metrics.names(project, run_id))
+        wanted: List[str] = metric_name_list(names) if names else services.metrics.names(project, run_id)
         per_series = _points_per_series(services, project, run_id, wanted, rank, max_points)
         series = services.metrics.series(project, run_id, wanted, rank=rank, start_step=start_step,
                                          end_step=end_step, max_points=per_series)
