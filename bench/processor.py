@@ -249,10 +249,19 @@ def measure(shape: str, quick: bool, root: Path, pipeline: bool = False,
            "finished": float(record is not None and record.status == "finished"),
            "incidents": float(len(incidents.items)),
            "loadavg_min": min(load0, load1), "loadavg_max": max(load0, load1),
-           "backlog_hook": float(bool(hook))}
+           "backlog_hook": float(bool(hook)), "native_reader": float(_native_reader())}
     if pipeline:
         out["pipeline_us_per_event_cpu"] = pipeline_alone(values, settings.processor_batch)
     return out
+
+
+def _native_reader() -> bool:
+    """Whether the measured processor reads records with the native reader (processor/_fastread.c)."""
+    try:
+        from trainguard_server.processor import decode
+    except ImportError:
+        return False
+    return getattr(decode, "NATIVE", None) is not None
 
 
 def worker(shapes: Sequence[str], quick: bool, pipeline: bool = False,
@@ -265,9 +274,26 @@ def worker(shapes: Sequence[str], quick: bool, pipeline: bool = False,
         shutil.rmtree(root, ignore_errors=True)
 
 
+NATIVE_BUILDER = Path("services/src/trainguard_server/processor/native.py")
+"""A checkout with the processor's optional native reader builds it with this (as its package build does)."""
+
+
+def build_native(checkout: Path) -> bool:
+    """Build ``checkout``'s native reader in place, as installing the package does (services/hatch_build.py),
+    where it has one and it is not built yet; False where it has none or it did not build (the protobuf
+    path then runs: the figures say which, ``native_reader``)."""
+    builder = checkout / NATIVE_BUILDER
+    if not builder.is_file():
+        return False
+    if any(builder.parent.glob("_fastread*.so")):
+        return True
+    return subprocess.run([sys.executable, str(builder)], capture_output=True, check=False).returncode == 0
+
+
 def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool,
                  pipeline: bool = False, backlog: bool = False) -> Dict[str, Dict[str, float]]:
     """This script, one shape per subprocess (a fresh interpreter and peak RSS), on ``checkout``'s code."""
+    build_native(checkout)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(_sources(checkout)))
     out: Dict[str, Dict[str, float]] = {}
     for shape in shapes:
@@ -373,7 +399,9 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"peak_rss_mb={this.get('peak_rss_mb', math.nan):.0f} "
               f"baseline_peak_rss_mb={base.get('peak_rss_mb', math.nan):.0f} "
               f"backlog_hook={this.get('backlog_hook', 0):.0f} "
-              f"baseline_backlog_hook={base.get('backlog_hook', math.nan):.0f}", flush=True)
+              f"baseline_backlog_hook={base.get('backlog_hook', math.nan):.0f} "
+              f"native_reader={this.get('native_reader', 0):.0f} "
+              f"baseline_native_reader={base.get('native_reader', 0):.0f}", flush=True)
         if "pipeline_us_per_event_cpu" in this:
             mine, theirs = this["pipeline_us_per_event_cpu"], base.get("pipeline_us_per_event_cpu", math.nan)
             print(f"pipeline_alone shape={shape} cpu_us_per_event={mine:.1f} baseline={baseline} "

@@ -22,10 +22,20 @@ until its checkpoint) and the envelope's index, and parse the record again -- on
 envelopes -- only when one of them is asked for something (a message read from Python keeps its whole
 request's parse arena alive: held for a round's ~8,000 envelopes that was ~1-2 us per envelope in
 allocation and release; bench/processor.py sdk16).
+
+Reading through protobuf costs a Python object per message and per field read (upb: ~0.5 us a point, ~2 us
+an envelope's header and wrappers). Where the package was built with its native reader (_fastread.c, our
+own C; processor/native.py builds it, :data:`NATIVE`), read_request takes a request's plain batches straight
+from its bytes in one call -- header values, and each point's ``(name, step, value)`` with one str per
+distinct name -- and reads only its other envelopes through protobuf; what it hands out is the same object
+for object (tests/services/processor/test_fastread.py compares both on the recorded streams, hand-written
+wire cases and random mutations). Without it (no compiler, another schema) everything goes through
+protobuf: :func:`read_request_protobuf`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -38,6 +48,68 @@ Points = Optional[List[extract.MetricTuple]]
 """An envelope's metric points (None: not a metric batch)."""
 Envelope = Union[Dict[str, Any], ReadEnvelope]
 """What :func:`read_request` gives for one envelope: its dict, or a plain metric batch already read."""
+
+
+def _native_reader() -> Any:
+    """The native reader (``_fastread``, built from _fastread.c with the package: processor/native.py);
+    None without it, or when the generated schema is not the one it was written for."""
+    try:
+        from . import _fastread  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _fastread if schema_matches() else None
+
+
+def schema_matches() -> bool:
+    """Whether the generated ``IngestRequest`` schema is the one _fastread.c was written for: the fields of
+    Envelope, MetricBatch and Metric -- every one, with its number, type and whether it repeats --, the
+    payload oneof's members, a little-endian machine (doubles are copied from the wire as they are)."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    expected = {
+        "Envelope": {"event_id": (1, F.TYPE_STRING), "project": (2, F.TYPE_STRING),
+                     "run_id": (3, F.TYPE_STRING), "trace_id": (4, F.TYPE_STRING),
+                     "host": (5, F.TYPE_STRING), "pid": (6, F.TYPE_INT32),
+                     "rank": (7, F.TYPE_INT32), "local_rank": (8, F.TYPE_INT32),
+                     "world_size": (9, F.TYPE_INT32), "step": (10, F.TYPE_INT64),
+                     "time_unix_nano": (11, F.TYPE_INT64), "severity": (12, F.TYPE_ENUM),
+                     "run_name": (13, F.TYPE_STRING), "sdk": (14, F.TYPE_STRING),
+                     "group_rank": (15, F.TYPE_INT32), "metrics": (20, F.TYPE_MESSAGE),
+                     "exception": (21, F.TYPE_MESSAGE), "lifecycle": (22, F.TYPE_MESSAGE),
+                     "heartbeat": (23, F.TYPE_MESSAGE), "log": (24, F.TYPE_MESSAGE),
+                     "memory": (25, F.TYPE_MESSAGE)},
+        "MetricBatch": {"points": (1, F.TYPE_MESSAGE), "alert": (2, F.TYPE_STRING),
+                        "recent": (3, F.TYPE_MESSAGE)},
+        "Metric": {"name": (1, F.TYPE_STRING), "value": (2, F.TYPE_DOUBLE), "step": (3, F.TYPE_INT64)},
+    }
+    events = ingest_pb2.IngestRequest.DESCRIPTOR.fields_by_name["events"]
+    envelope = events.message_type
+    batch = envelope.fields_by_name["metrics"].message_type
+    metric = batch.fields_by_name["points"].message_type
+    found = {"Envelope": envelope, "MetricBatch": batch, "Metric": metric}
+    repeated = {("MetricBatch", "points"), ("MetricBatch", "recent")}
+    if events.number != 1 or events.type != F.TYPE_MESSAGE or not _repeats(events) or \
+            sys.byteorder != "little":
+        return False
+    for name, fields in expected.items():
+        have = {f.name: (f.number, f.type) for f in found[name].fields}
+        if have != fields:
+            return False
+        for f in found[name].fields:
+            if _repeats(f) != ((name, f.name) in repeated):
+                return False
+    payload = envelope.oneofs_by_name.get("payload")
+    return payload is not None and sorted(f.number for f in payload.fields) == [20, 21, 22, 23, 24, 25]
+
+
+def _repeats(field: Any) -> bool:
+    """Whether a field descriptor's field repeats (``is_repeated`` in protobuf >= 6, ``label`` before)."""
+    flag = getattr(field, "is_repeated", None)
+    return bool(flag) if flag is not None else field.label == field.LABEL_REPEATED
+
+
+NATIVE: Any = _native_reader()
+"""The native reader :func:`read_request` uses (None: protobuf alone; tests set it)."""
 
 
 def _emit_double(value: float) -> Any:
@@ -238,26 +310,60 @@ def read_request(value: bytes) -> Tuple[List[Envelope], List[Points]]:
     alert, no recent context, a run id) is a :class:`~trainguard_engine.pipeline.ReadEnvelope` whose
     ``raw`` (a :class:`PlainEnvelope`) equals its dict; every other envelope is its dict.
 
-    One loop over the envelopes (what the processor runs on every one: a plain batch is tested and read in
-    place, its points by :func:`_read_points`); every other envelope as :func:`decode_request` reads it."""
+    With the native reader (:data:`NATIVE`) the plain batches are read from the request's bytes in one call,
+    and the other envelopes (if any) from the request parsed by protobuf then; a request the native reader
+    declines (its rules: _fastread.c) is read by :func:`read_request_protobuf`, as without it. Either way the
+    result is the same, field for field (tests/services/processor/test_fastread.py)."""
+    rows = NATIVE.read(value) if NATIVE is not None else None
+    if rows is None:
+        return read_request_protobuf(value)
+    record = _Record(value)
+    envelopes: List[Envelope] = []
+    points: List[Points] = []
+    add_envelope, add_points = envelopes.append, points.append
+    events: Any = None
+    for index, row in enumerate(rows):
+        if row is not None:
+            header, count, mine = row
+            body = PlainBatch(record, index, count)
+            add_envelope(ReadEnvelope(PlainEnvelope(body), "metrics", body, *header))
+            add_points(mine)
+            continue
+        if events is None:
+            events = ingest_pb2.IngestRequest.FromString(value).events
+        env, pts = _read_message(record, index, events[index])
+        add_envelope(env)
+        add_points(pts)
+    return envelopes, points
+
+
+def read_request_protobuf(value: bytes) -> Tuple[List[Envelope], List[Points]]:
+    """:func:`read_request` through protobuf alone: the request parsed, then each envelope read from its
+    message (:func:`_read_message`)."""
     request = ingest_pb2.IngestRequest.FromString(value)
     record = _Record(value)
     envelopes: List[Envelope] = []
     points: List[Points] = []
     add_envelope, add_points = envelopes.append, points.append
     for index, msg in enumerate(request.events):
-        if msg.WhichOneof("payload") == "metrics":
-            batch = msg.metrics
-            if not batch.alert and not len(batch.recent) and msg.run_id:  # plain, with a run id: as read
-                step, world = msg.step, msg.world_size
-                messages = batch.points
-                body = PlainBatch(record, index, len(messages))
-                add_envelope(ReadEnvelope(PlainEnvelope(body), "metrics", body, msg.event_id, msg.project,
-                                          msg.run_id, msg.rank, step, msg.time_unix_nano, msg.host, msg.pid,
-                                          world if world > 1 else 1, msg.run_name, msg.trace_id))
-                add_points(_read_points(messages, step))
-                continue
-        env = wire.envelope_to_dict(msg)
+        env, pts = _read_message(record, index, msg)
         add_envelope(env)
-        add_points(extract.metric_points(env) if "metrics" in env else None)
+        add_points(pts)
     return envelopes, points
+
+
+def _read_message(record: _Record, index: int, msg: Any) -> Tuple[Envelope, Points]:
+    """Envelope ``index`` of ``record`` read from its message: a plain batch (tested and read in place, its
+    points by :func:`_read_points`) as read; every other envelope as :func:`decode_request` reads it."""
+    if msg.WhichOneof("payload") == "metrics":
+        batch = msg.metrics
+        if not batch.alert and not len(batch.recent) and msg.run_id:  # plain, with a run id: as read
+            step, world = msg.step, msg.world_size
+            messages = batch.points
+            body = PlainBatch(record, index, len(messages))
+            return (ReadEnvelope(PlainEnvelope(body), "metrics", body, msg.event_id, msg.project, msg.run_id,
+                                 msg.rank, step, msg.time_unix_nano, msg.host, msg.pid,
+                                 world if world > 1 else 1, msg.run_name, msg.trace_id),
+                    _read_points(messages, step))
+    env = wire.envelope_to_dict(msg)
+    return env, extract.metric_points(env) if "metrics" in env else None

@@ -1,0 +1,484 @@
+/* The processor's optional native reader of queue records (serialized trainguard.v1.IngestRequest).
+ *
+ * read(value) -> list, one item per envelope of the request, in order: for a *plain* metric batch (payload
+ * ``metrics`` set once and no other payload field after it, no ``alert``, no ``recent`` point, a non-empty
+ * ``run_id``) the tuple ``(header, count, points)``:
+ *   header -- (event_id, project, run_id, rank, step, time_unix_nano, host, pid, world_size, run_name,
+ *              trace_id): ReadEnvelope's header fields in its order, as protobuf reads them (proto3 defaults
+ *              when absent, the last occurrence when a field is repeated; world_size at least 1);
+ *   count  -- the batch's point messages (those without a name included);
+ *   points -- ``(name, step, value)`` of its points with a non-empty name, ``step`` the point's when > 0,
+ *             else the envelope's (what decode._read_points builds);
+ * None for any other envelope (the caller reads it with protobuf). Returns None for the whole request when
+ * its bytes hold anything this reader does not take apart exactly as protobuf does (a known field with
+ * another wire type, a field number 0, groups, a string that is not UTF-8 -- every string field of a plain
+ * envelope is checked, ``sdk`` included --, a varint longer than 64 bits, a truncated field): the caller then
+ * reads the request with protobuf, whose errors are the errors. Unknown fields are skipped, as protobuf
+ * skips them. A plain envelope's reader never needs protobuf's parse.
+ *
+ * Field numbers: proto/trainguard/v1/events.proto (decode.py checks them against the generated descriptors
+ * before it uses this module). Our own code; no dependency beyond the Python C API.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    const unsigned char *p;
+    const unsigned char *end;
+} Cursor;
+
+/* 0 on success, -1 when truncated or longer than 10 bytes */
+static int read_varint(Cursor *c, uint64_t *out) {
+    uint64_t v = 0;
+    int shift = 0;
+    while (c->p < c->end && shift < 70) {
+        unsigned char b = *c->p++;
+        if (shift == 63 && (b & 0x7e)) return -1; /* more than 64 bits: protobuf's to judge */
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+        shift += 7;
+    }
+    return -1;
+}
+
+/* Skip a field's value of wire type wt; -1 on a group or truncation. */
+static int skip_value(Cursor *c, unsigned wt) {
+    uint64_t n;
+    switch (wt) {
+    case 0:
+        return read_varint(c, &n);
+    case 1:
+        if (c->end - c->p < 8) return -1;
+        c->p += 8;
+        return 0;
+    case 2:
+        if (read_varint(c, &n) < 0 || n > (uint64_t)(c->end - c->p)) return -1;
+        c->p += n;
+        return 0;
+    case 5:
+        if (c->end - c->p < 4) return -1;
+        c->p += 4;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* A length-delimited value: its bytes in [*start, *start + *len). */
+static int read_len(Cursor *c, const unsigned char **start, Py_ssize_t *len) {
+    uint64_t n;
+    if (read_varint(c, &n) < 0 || n > (uint64_t)(c->end - c->p)) return -1;
+    *start = c->p;
+    *len = (Py_ssize_t)n;
+    c->p += n;
+    return 0;
+}
+
+typedef struct {
+    const unsigned char *s;
+    Py_ssize_t n;
+} Slice;
+
+/* Strings seen in this request (names and repeated header values): one str object per distinct text. */
+#define CACHE_MAX 64
+typedef struct {
+    Slice key[CACHE_MAX];
+    PyObject *value[CACHE_MAX];
+    int count;
+    PyObject *empty;
+} StrCache;
+
+static PyObject *cached_str(StrCache *cache, Slice s) {
+    int i;
+    PyObject *obj;
+    if (s.n == 0) {
+        Py_INCREF(cache->empty);
+        return cache->empty;
+    }
+    for (i = 0; i < cache->count; i++) {
+        if (cache->key[i].n == s.n && memcmp(cache->key[i].s, s.s, (size_t)s.n) == 0) {
+            Py_INCREF(cache->value[i]);
+            return cache->value[i];
+        }
+    }
+    obj = PyUnicode_DecodeUTF8((const char *)s.s, s.n, "strict");
+    if (obj == NULL) return NULL;
+    if (cache->count < CACHE_MAX) {
+        cache->key[cache->count] = s;
+        Py_INCREF(obj);
+        cache->value[cache->count++] = obj;
+    }
+    return obj;
+}
+
+static void cache_clear(StrCache *cache) {
+    int i;
+    for (i = 0; i < cache->count; i++) Py_DECREF(cache->value[i]);
+    cache->count = 0;
+}
+
+#define BAIL_RECORD -2 /* the whole request goes to protobuf */
+#define NOT_PLAIN -1   /* this envelope goes to protobuf */
+
+/* A string occurrence that is not returned (overwritten by a later one, sdk, alert) checked as protobuf
+ * checks it: 0 when UTF-8, BAIL_RECORD when not, -3 on a Python error. */
+static int check_utf8(StrCache *cache, Slice s) {
+    PyObject *o;
+    if (s.s == NULL || s.n == 0) return 0;
+    o = cached_str(cache, s);
+    if (o != NULL) {
+        Py_DECREF(o);
+        return 0;
+    }
+    if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        return BAIL_RECORD;
+    }
+    return -3;
+}
+
+/* One Metric message: appends (name, step, value) to points when its name is not empty. */
+static int read_point(const unsigned char *s, Py_ssize_t n, int64_t env_step, StrCache *cache,
+                      PyObject *points) {
+    Cursor c = {s, s + n};
+    Slice name = {NULL, 0};
+    int64_t step = 0;
+    uint64_t bits = 0, tag, v;
+    double value;
+    PyObject *tuple, *o;
+    int rc;
+    while (c.p < c.end) {
+        if (read_varint(&c, &tag) < 0) return BAIL_RECORD;
+        switch (tag) {
+        case (1 << 3) | 2:
+            if ((rc = check_utf8(cache, name)) < 0) return rc; /* an earlier occurrence */
+            if (read_len(&c, &name.s, &name.n) < 0) return BAIL_RECORD;
+            break;
+        case (2 << 3) | 1:
+            if (c.end - c.p < 8) return BAIL_RECORD;
+            memcpy(&bits, c.p, 8); /* little-endian wire = x86/ARM little-endian host (checked at import) */
+            c.p += 8;
+            break;
+        case (3 << 3) | 0:
+            if (read_varint(&c, &v) < 0) return BAIL_RECORD;
+            step = (int64_t)v;
+            break;
+        default:
+            if ((tag >> 3) >= 1 && (tag >> 3) <= 3) return BAIL_RECORD; /* a known field, another wire type */
+            if (tag >> 3 == 0 || skip_value(&c, (unsigned)(tag & 7)) < 0) return BAIL_RECORD;
+        }
+    }
+    if (name.n == 0) return 0;
+    memcpy(&value, &bits, 8);
+    tuple = PyTuple_New(3);
+    if (tuple == NULL) return -3;
+    o = cached_str(cache, name);
+    if (o == NULL) {
+        Py_DECREF(tuple);
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            return BAIL_RECORD;
+        }
+        return -3;
+    }
+    PyTuple_SET_ITEM(tuple, 0, o);
+    o = PyLong_FromLongLong(step > 0 ? step : env_step);
+    if (o == NULL) {
+        Py_DECREF(tuple);
+        return -3;
+    }
+    PyTuple_SET_ITEM(tuple, 1, o);
+    o = PyFloat_FromDouble(value);
+    if (o == NULL) {
+        Py_DECREF(tuple);
+        return -3;
+    }
+    PyTuple_SET_ITEM(tuple, 2, o);
+    if (PyList_Append(points, tuple) < 0) {
+        Py_DECREF(tuple);
+        return -3;
+    }
+    Py_DECREF(tuple);
+    return 0;
+}
+
+/* Header string fields, in the tuple's order */
+enum { F_EVENT_ID, F_PROJECT, F_RUN_ID, F_HOST, F_RUN_NAME, F_TRACE_ID, F_STRINGS };
+
+/* One Envelope: its tuple (new reference) in *out, or NOT_PLAIN / BAIL_RECORD / -3 (a Python error). */
+static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, PyObject **out) {
+    Cursor c = {s, s + n};
+    Slice str[F_STRINGS], sdk = {NULL, 0};
+    uint64_t tag, v;
+    int32_t pid = 0, rank = 0, world = 0;
+    int64_t step = 0, time_ns = 0;
+    const unsigned char *batch = NULL;
+    Py_ssize_t batch_n = 0;
+    int metrics_seen = 0, other_payload = 0, i, rc;
+    memset(str, 0, sizeof(str));
+    while (c.p < c.end) {
+        if (read_varint(&c, &tag) < 0) return BAIL_RECORD;
+        unsigned field = (unsigned)(tag >> 3), wt = (unsigned)(tag & 7);
+        int which = -1;
+        switch (field) {
+        case 1: which = F_EVENT_ID; break;
+        case 2: which = F_PROJECT; break;
+        case 3: which = F_RUN_ID; break;
+        case 4: which = F_TRACE_ID; break;
+        case 5: which = F_HOST; break;
+        case 13: which = F_RUN_NAME; break;
+        default: break;
+        }
+        if (which >= 0) {
+            if ((rc = check_utf8(cache, str[which])) < 0) return rc; /* an earlier occurrence */
+            if (wt != 2 || read_len(&c, &str[which].s, &str[which].n) < 0) return BAIL_RECORD;
+            continue;
+        }
+        switch (field) {
+        case 6: case 7: case 9: case 10: case 11:
+            if (wt != 0 || read_varint(&c, &v) < 0) return BAIL_RECORD;
+            if (field == 6) pid = (int32_t)(uint32_t)v;
+            else if (field == 7) rank = (int32_t)(uint32_t)v;
+            else if (field == 9) world = (int32_t)(uint32_t)v;
+            else if (field == 10) step = (int64_t)v;
+            else time_ns = (int64_t)v;
+            break;
+        case 8: case 12: case 15: /* local_rank, severity, group_rank: not read */
+            if (wt != 0 || read_varint(&c, &v) < 0) return BAIL_RECORD;
+            break;
+        case 14: /* sdk: not returned, but checked (UTF-8) as protobuf checks it */
+            if (wt != 2 || read_len(&c, &sdk.s, &sdk.n) < 0) return BAIL_RECORD;
+            if ((rc = check_utf8(cache, sdk)) < 0) return rc;
+            break;
+        case 20:
+            if (wt != 2 || read_len(&c, &batch, &batch_n) < 0) return BAIL_RECORD;
+            metrics_seen++;
+            break;
+        case 21: case 22: case 23: case 24: case 25:
+            if (wt != 2 || skip_value(&c, wt) < 0) return BAIL_RECORD;
+            other_payload = 1;
+            break;
+        default:
+            if (field == 0 || field <= 25 || skip_value(&c, wt) < 0) return BAIL_RECORD;
+        }
+    }
+    /* plain: metrics is the payload, given once, and no other member of the oneof ever (a repeated message
+     * field merges, a replaced member's bytes are still checked: protobuf's to read) */
+    if (metrics_seen != 1 || other_payload || str[F_RUN_ID].n == 0) return NOT_PLAIN;
+    {
+        /* the batch: no alert, no recent point; its points */
+        Cursor b = {batch, batch + batch_n};
+        Py_ssize_t count = 0;
+        PyObject *points, *tuple, *o;
+        const unsigned char *ps = NULL;
+        Py_ssize_t pn = 0;
+        int alert = 0;
+        while (b.p < b.end) {
+            if (read_varint(&b, &tag) < 0) return BAIL_RECORD;
+            switch (tag) {
+            case (1 << 3) | 2:
+                if (read_len(&b, &ps, &pn) < 0) return BAIL_RECORD;
+                count++;
+                break;
+            case (2 << 3) | 2:
+                if (read_len(&b, &ps, &pn) < 0) return BAIL_RECORD;
+                alert = pn > 0; /* the last occurrence is the value; each one is checked */
+                {
+                    Slice a = {ps, pn};
+                    if ((rc = check_utf8(cache, a)) < 0) return rc;
+                }
+                break;
+            case (3 << 3) | 2:
+                return NOT_PLAIN; /* a recent point */
+            default:
+                if ((tag >> 3) >= 1 && (tag >> 3) <= 3) return BAIL_RECORD;
+                if (tag >> 3 == 0 || skip_value(&b, (unsigned)(tag & 7)) < 0) return BAIL_RECORD;
+            }
+        }
+        if (alert) return NOT_PLAIN;
+        points = PyList_New(0);
+        if (points == NULL) return -3;
+        b.p = batch;
+        while (b.p < b.end) {
+            read_varint(&b, &tag); /* checked above */
+            if (tag == ((1 << 3) | 2)) {
+                read_len(&b, &ps, &pn);
+                rc = read_point(ps, pn, step, cache, points);
+                if (rc < 0) {
+                    Py_DECREF(points);
+                    return rc;
+                }
+            } else {
+                skip_value(&b, (unsigned)(tag & 7));
+            }
+        }
+        tuple = PyTuple_New(11);
+        if (tuple == NULL) {
+            Py_DECREF(points);
+            return -3;
+        }
+        {
+            static const int order[] = {F_EVENT_ID, F_PROJECT, F_RUN_ID, -1, -2, -3, F_HOST, -4, -5,
+                                        F_RUN_NAME, F_TRACE_ID};
+            for (i = 0; i < 11; i++) {
+                int k = order[i];
+                if (k >= 0) {
+                    o = k == F_EVENT_ID ? PyUnicode_DecodeUTF8((const char *)str[k].s, str[k].n, "strict")
+                                        : cached_str(cache, str[k]);
+                } else if (k == -1) {
+                    o = PyLong_FromLong(rank);
+                } else if (k == -2) {
+                    o = PyLong_FromLongLong(step);
+                } else if (k == -3) {
+                    o = PyLong_FromLongLong(time_ns);
+                } else if (k == -4) {
+                    o = PyLong_FromLong(pid);
+                } else {
+                    o = PyLong_FromLong(world > 1 ? world : 1); /* the pipeline's world_size: at least 1 */
+                }
+                if (o == NULL) {
+                    Py_DECREF(tuple);
+                    Py_DECREF(points);
+                    if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                        PyErr_Clear();
+                        return BAIL_RECORD;
+                    }
+                    return -3;
+                }
+                PyTuple_SET_ITEM(tuple, i, o);
+            }
+        }
+        o = Py_BuildValue("(NnN)", tuple, count, points); /* steals tuple and points */
+        if (o == NULL) return -3;
+        *out = o;
+        return 0;
+    }
+}
+
+static PyObject *fastread_read(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    Cursor c;
+    PyObject *result, *item;
+    StrCache cache;
+    uint64_t tag;
+    const unsigned char *es;
+    Py_ssize_t en;
+    int rc;
+    (void)self;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    c.p = (const unsigned char *)view.buf;
+    c.end = c.p + view.len;
+    cache.count = 0;
+    cache.empty = PyUnicode_FromStringAndSize("", 0);
+    result = cache.empty == NULL ? NULL : PyList_New(0);
+    if (result == NULL) goto fail;
+    while (c.p < c.end) {
+        if (read_varint(&c, &tag) < 0) goto bail;
+        if (tag != ((1 << 3) | 2)) {
+            if ((tag >> 3) == 1 || tag >> 3 == 0 || skip_value(&c, (unsigned)(tag & 7)) < 0) goto bail;
+            continue;
+        }
+        if (read_len(&c, &es, &en) < 0) goto bail;
+        item = NULL;
+        rc = read_envelope(es, en, &cache, &item);
+        if (rc == BAIL_RECORD) goto bail;
+        if (rc == -3) goto fail;
+        if (rc == NOT_PLAIN) {
+            Py_INCREF(Py_None);
+            item = Py_None;
+        }
+        if (PyList_Append(result, item) < 0) {
+            Py_DECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+    cache_clear(&cache);
+    Py_XDECREF(cache.empty);
+    PyBuffer_Release(&view);
+    return result;
+bail:
+    Py_DECREF(result);
+    cache_clear(&cache);
+    Py_XDECREF(cache.empty);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(result);
+    cache_clear(&cache);
+    Py_XDECREF(cache.empty);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* add_points(by_name, time_ns, points) -> int: storage.base.MetricColumns.add's loop for one envelope --
+ * each (name, step, value) of ``points`` appended to ``by_name[name]``'s (steps, times, values) lists (a new
+ * ([], [], []) for a new name), ``time_ns`` as the time of each; returns len(points). Every item must be a
+ * tuple of three (what read() and decode build); TypeError otherwise, before anything is added. */
+static PyObject *fastread_add_points(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *by_name, *time_ns, *points, *item, *cols;
+    Py_ssize_t i, n;
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "add_points(by_name, time_ns, points)");
+        return NULL;
+    }
+    by_name = args[0];
+    time_ns = args[1];
+    points = args[2];
+    if (!PyDict_CheckExact(by_name) || !PyList_CheckExact(points)) {
+        PyErr_SetString(PyExc_TypeError, "add_points: a dict and a list");
+        return NULL;
+    }
+    n = PyList_GET_SIZE(points);
+    for (i = 0; i < n; i++) {
+        item = PyList_GET_ITEM(points, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3) {
+            PyErr_SetString(PyExc_TypeError, "add_points: every point a (name, step, value) tuple");
+            return NULL;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        item = PyList_GET_ITEM(points, i);
+        cols = PyDict_GetItemWithError(by_name, PyTuple_GET_ITEM(item, 0)); /* borrowed */
+        if (cols == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            cols = Py_BuildValue("([][][])");
+            if (cols == NULL) return NULL;
+            if (PyDict_SetItem(by_name, PyTuple_GET_ITEM(item, 0), cols) < 0) {
+                Py_DECREF(cols);
+                return NULL;
+            }
+            Py_DECREF(cols); /* the dict holds it */
+        }
+        if (!PyTuple_CheckExact(cols) || PyTuple_GET_SIZE(cols) != 3 ||
+            !PyList_CheckExact(PyTuple_GET_ITEM(cols, 0)) || !PyList_CheckExact(PyTuple_GET_ITEM(cols, 1)) ||
+            !PyList_CheckExact(PyTuple_GET_ITEM(cols, 2))) {
+            PyErr_SetString(PyExc_TypeError, "add_points: a series' columns are a tuple of three lists");
+            return NULL;
+        }
+        if (PyList_Append(PyTuple_GET_ITEM(cols, 0), PyTuple_GET_ITEM(item, 1)) < 0 ||
+            PyList_Append(PyTuple_GET_ITEM(cols, 1), time_ns) < 0 ||
+            PyList_Append(PyTuple_GET_ITEM(cols, 2), PyTuple_GET_ITEM(item, 2)) < 0)
+            return NULL;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef methods[] = {
+    {"add_points", (PyCFunction)(void (*)(void))fastread_add_points, METH_FASTCALL,
+     "add_points(by_name, time_ns, points) -> int: MetricColumns.add's loop for one envelope."},
+    {"read", fastread_read, METH_O,
+     "read(value) -> list | None: each envelope's plain-metric-batch tuple or None (see the source)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastread",
+                                    "The processor's optional native reader of queue records.", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__fastread(void) { return PyModule_Create(&module); }
