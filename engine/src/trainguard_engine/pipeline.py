@@ -628,43 +628,59 @@ class Pipeline:
         host is read) -- or any envelope of the run carrying a shard's norm (combined into the first
         rank's), or an event that cannot be read. The other events in between (other ranks and runs, this
         rank's metrics the detector is not called for) leave the detector's state alone."""
-        events, given, parsed = self._events, self._given, self._parsed
+        events, given, parsed, routed = self._events, self._given, self._parsed, self._routed
         count = len(events) if given is None else min(len(events), len(given))
         count = min(count, at + RUN_SCAN)
+        # the routes of ``settings`` (made by _route for envelope ``at``): looked up here, _route on a miss
+        held = self._routes.get(id(settings)) if self._routes_of is DETECTORS else None
+        routes = held[1] if held is not None and held[0] is settings else None
+        run_id, project, host = ev.run_id, ev.project, rank.host
         j = at + 1
         while j < count and len(batches) < RUN_MAX:
             read = parsed.get(j)
             if read is None:
-                try:
-                    read = _read(events[j], None if given is None else given[j])
-                except Exception:  # malformed (or worse): that event says so itself when its turn comes
-                    return j
+                raw = events[j]
+                points = None if given is None else given[j]
+                if points is not None and type(raw) is ReadEnvelope and raw.kind == "metrics":
+                    read = (raw, points)  # (_read, inline: an envelope the runtime read, with its points)
+                else:
+                    try:
+                        read = _read(raw, points)
+                    except Exception:  # malformed (or worse): that event says so itself when its turn comes
+                        return j
                 parsed[j] = read
             nxt, points = read
-            if nxt.run_id != ev.run_id or nxt.project != ev.project:
+            if nxt.run_id != run_id or nxt.project != project:
                 j += 1
                 continue  # another run's
             if nxt.kind != "metrics":
                 if nxt.rank == ev.rank and (nxt.kind in _event_hooks(detector) or
-                                            (nxt.host and nxt.host != rank.host)):
+                                            (nxt.host and nxt.host != host)):
                     return j
                 j += 1
                 continue
             try:
-                route = self._route(rank, points, settings)
+                route = routes.get(tuple(map(_NAME, points))) if routes is not None else None
+                if route is None:
+                    route = self._route(rank, points, settings)
             except Exception:  # a detector's wants() that raises: at that envelope's turn, as before
                 return j
             if route.sharded:
                 return j
             if nxt.rank != ev.rank or detector not in route.columns:
-                if nxt.rank == ev.rank and nxt.host and nxt.host != rank.host:
+                if nxt.rank == ev.rank and nxt.host and nxt.host != host:
                     return j
                 j += 1
                 continue
-            if (nxt.host and nxt.host != rank.host) or self._notable(nxt, points):
+            if nxt.host and nxt.host != host:
                 return j
+            if nxt.body.get("alert"):  # (_notable, inline: a metric envelope)
+                return j
+            for _n, _s, v in points:
+                if v - v != 0.0:
+                    return j
             indices.append(j)
-            self._routed[j] = route
+            routed[j] = route
             batches.append(MetricBatch(points, nxt.step, nxt.time_ns, nxt.event_id))
             j += 1
         return j
