@@ -10,6 +10,9 @@ directory, never in the corpus.
     python bench/wild/stress.py memory/cuda-error
     python bench/wild/stress.py comm/timeout,process/exit
     python bench/wild/stress.py --formats memory/oom,process/exit   # a launcher / runner tag on every line
+    python bench/wild/stress.py --formats --only=vllm_record,pdsh_host memory/oom   # those tags only
+
+A tuned paste added after the last ``bench/logs.py --record`` (no recorded verdict yet) is left out.
 """
 
 from __future__ import annotations
@@ -132,13 +135,17 @@ FORMATS: Tuple[Tuple[str, str], ...] = (
     ("vllm_record", "ERROR {md} [multiproc_executor.py:374] "),
     ("vllm_worker_record", "(VllmWorker rank=1 pid=12231) ERROR {md} [multiproc_executor.py:374] "),
     ("sglang", "[{t} DP4 TP4] "),
+    ("pdsh_host", "gpu-q-13: "),
+    ("vllm_v1_worker", "(Worker_DP0_TP0_EP0 pid=5609) "),
 )
 """``--formats``: a launcher's, runner's or collector's tag on EVERY line of the paste (torchrun's
 ``[default0]:``, srun --label's ``3: ``, Open MPI's ``--tag-output``, a collector's ISO stamp, Ray's coloured
 worker column with and without its escape bytes, pdsh's host, markdown quotes, a relayed stream name, syslog,
 Azure ML's ``<date> [<node>, <ip>]``, TorchX roles, SkyPilot, vLLM's workers, docker compose, ``kubectl logs
 --prefix``, a bracketed stamp, vLLM's logger record header ``ERROR 03-25 21:13:53 [file.py:374] `` (alone and
-under its worker column), SGLang's ``[<date> DP4 TP4] ``): the reading must not depend on how the lines were
+under its worker column), SGLang's ``[<date> DP4 TP4] ``, pdsh's host column alone ``gpu-q-13: ``
+(DeepSpeed's multi-node runner without torch's rank tag), vLLM v1's worker column
+``(Worker_DP0_TP0_EP0 pid=5609) ``): the reading must not depend on how the lines were
 carried. A stamp in a tag is the paste's first date (:func:`_paste_span`), as a collector stamps the lines
 when they were written (a stamp years from the paste's own dates would only test the import's time window)."""
 
@@ -152,9 +159,9 @@ def format_variants(lines: List[str]) -> Iterator[Variant]:
         yield name, [tag + s for s in lines]
 
 
-def main(kinds: List[str], formats: bool = False) -> None:
+def main(kinds: List[str], formats: bool = False, only: Optional[List[str]] = None) -> None:
     recorded = json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8"))
-    cases = [c for c in corpus.load() if c.part == "tune" and c.label.kind in kinds
+    cases = [c for c in corpus.load() if c.part == "tune" and c.label.kind in kinds and c.case_id in recorded
              and recorded[c.case_id]["kind"].split("/")[0] == c.label.category]
     print(len(cases), "tuned pastes with the right category", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix="tg-stress-"))
@@ -162,6 +169,8 @@ def main(kinds: List[str], formats: bool = False) -> None:
     for case in cases:
         raw = case.log.read_bytes().decode("utf-8", "replace")
         for name, lines in (format_variants if formats else variants)(raw.splitlines()):
+            if only and name not in only:
+                continue
             path = tmp / f"{case.case_id}__{name}"
             path.mkdir()
             if lines is None:
@@ -183,5 +192,7 @@ def main(kinds: List[str], formats: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--formats"]
-    main(args[0].split(",") if args else ["memory/cuda-error"], formats="--formats" in sys.argv[1:])
+    picked = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")]
+    args = [a for a in sys.argv[1:] if a != "--formats" and not a.startswith("--only=")]
+    main(args[0].split(",") if args else ["memory/cuda-error"], formats="--formats" in sys.argv[1:],
+         only=picked[0] if picked else None)

@@ -389,7 +389,8 @@ _CUDA_CLASSES = (
     ("illegal memory access", "illegal-memory-access"), ("device-side assert", "device-side-assert"),
     ("ecc error", "ecc"), ("unspecified launch failure", "launch-failure"),
     ("illegal instruction", "illegal-instruction"), ("misaligned address", "misaligned-address"),
-    ("no kernel image", "no-kernel-image"), ("launch timed out", "launch-timeout"),
+    ("no kernel image", "no-kernel-image"), ("invalid device function", "no-kernel-image"),
+    ("launch timed out", "launch-timeout"),
     ("busy or unavailable", "device-unavailable"), ("invalid device ordinal", "invalid-device"),
     ("driver version is insufficient", "driver-too-old"), ("initialization error", "initialization"),
 )
@@ -471,7 +472,7 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
             return _Hit("memory", "cuda-error", 0.9, pos, facts, f"CUDA error: {error}",
                         _CUDA_NOTES.get(kind_, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
         pos = _next(t, pos)
-    return _ds_gemm_failed(t) or _cuda_op_error(t)
+    return _ds_gemm_failed(t) or _cuda_op_error(t) or _cuda_check_at(t)
 
 
 _OP_ERROR_NEEDLE = "error in "
@@ -500,6 +501,36 @@ def _cuda_op_error(t: _Text) -> Optional[_Hit]:
         return _Hit("memory", "cuda-error", 0.85, found[0] + m.start(), facts,
                     f"CUDA error in {m.group('op')}: {error}",
                     _CUDA_NOTES.get(kind_, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
+    return None
+
+
+_CHECK_AT_NEEDLE = " at line "
+_CHECK_AT_RE = re.compile(r"(?:^|\s)Error (?P<error>[a-z][a-z ,'-]{2,100}?) at line (?P<line>\d{1,7}) "
+                          r"in file "
+                          r"(?P<file>\S{1,300})")
+"""A CUDA extension's check macro that prints the runtime's string and the source site, ``printf("Error %s at
+line %d in file %s\\n", cudaGetErrorString(status), __LINE__, __FILE__)``: bitsandbytes' CUDA_CHECK_RETURN,
+``Error invalid device ordinal at line 393 in file .../csrc/pythonInterface.c`` (artidoro/qlora#255),
+``Error invalid device function at line 508 in file .../csrc/ops.cu`` -- the file name often wrapped by the
+terminal. Read only when the text between ``Error`` and ``at line`` is one of the CUDA runtime's own strings
+(:data:`_CUDA_CLASSES`)."""
+
+
+def _cuda_check_at(t: _Text) -> Optional[_Hit]:
+    """An extension's ``Error <CUDA runtime error string> at line N in file F`` (:data:`_CHECK_AT_RE`)."""
+    for pos in t.find_all(_CHECK_AT_NEEDLE):
+        found = _search(_CHECK_AT_RE, t, pos, before=120, after=40)
+        if found is None:
+            continue
+        m = found[1]
+        error = m.group("error").strip()
+        kind_ = next((k for needle, k in _CUDA_CLASSES if needle in error.lower()), "other")
+        if kind_ == "other":
+            continue
+        facts: Facts = {"error": error, "error_class": kind_, "site": f"{m.group('file')}:{m.group('line')}"}
+        return _Hit("memory", "cuda-error", 0.8, found[0] + m.start("error"), facts, f"CUDA error: {error}",
+                    _CUDA_NOTES.get(kind_, "a CUDA call failed in an extension's kernel launch; rerun with "
+                                           "CUDA_LAUNCH_BLOCKING=1"))
     return None
 
 
@@ -592,7 +623,7 @@ GATES = {
     "cuda.device-assert": ("assertion `", _BARE_ASSERT_NEEDLE),
     "nvidia.xid": ("nvrm: xid",),
     "rocm.gpu-fault": ("device-side assertion `", "memory access fault by gpu node-", "hsa_status_error_"),
-    "cuda.error": (*_CUDA_NEEDLES, _DS_GEMM_NEEDLE, _OP_ERROR_NEEDLE),
+    "cuda.error": (*_CUDA_NEEDLES, _DS_GEMM_NEEDLE, _OP_ERROR_NEEDLE, _CHECK_AT_NEEDLE),
     "cuda.error-cut": (_ASYNC_NOTE, *_C10_CUDA),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
@@ -632,6 +663,8 @@ DOCS = {
         "``CUDA driver error: ...``, ``CUDA_ERROR_*: ...``, Triton's ``Triton Error [CUDA]: ...``, "
         "an extension's ``CUDA Runtime Error: <reason>``, an extension op's own ``error in <op>: <reason>`` "
         "when the reason is the CUDA runtime's string for a device fault or a missing kernel image, "
+        "an extension's check macro ``Error <CUDA runtime string> at line N in file F`` (bitsandbytes' "
+        "``Error invalid device ordinal at line 393 in file .../pythonInterface.c``), "
         'driver too old → memory/cuda-error'
     ),
 }

@@ -304,6 +304,20 @@ _NCCL_KINDS = {
                                "says which): a CUDA driver/runtime or NCCL version mismatch, or an earlier "
                                "CUDA error on this rank (illegal memory access, ECC, Xid)"),
 }
+_INIT_CONTEXT_RE = re.compile(r"ncclCommInitRank|\binit_process_group\b|processing method init_device\b|"
+                              r"\binit_worker_distributed_environment\b|\binit_model_parallel_group\b|"
+                              r"\binitialize_model_parallel\b|\bPyNcclCommunicator\(|"
+                              r"\b_new_process_group_helper\b|\bfrom_engine_args\b|\b_init_executor\b")
+"""Where an NCCL system/internal error is raised while a communicator is being created: NCCL's own
+``ncclCommInitRank`` (also ``...Config``), torch's ``init_process_group`` / ``_new_process_group_helper``,
+vLLM's worker setting up its device (``Exception in worker VllmWorkerProcess while processing method
+init_device: NCCL error: unhandled system error``, vllm-project/vllm#7800) and its model-parallel groups
+(``init_worker_distributed_environment``, ``initialize_model_parallel``, ``init_model_parallel_group``,
+pynccl's ``PyNcclCommunicator(``) while its engine is built (``from_engine_args``, ``_init_executor``: no
+request has run yet). Read in the traceback around the error line (:data:`INIT_CONTEXT_WINDOW`
+characters either side): the same error later in a run, inside a collective, stays NCCL's failure."""
+INIT_CONTEXT_WINDOW = 2500
+"""How far (characters, either side of the NCCL error line) a set-up frame counts as the error's context."""
 _PEER_GONE_RE = re.compile(r"[Cc]onnection (?:closed|reset) by (?:remote )?peer|"
                            r"Connection closed by localRank|[Bb]roken pipe")
 """A last error saying the other end went away: the peer died (its own incident is the cause)."""
@@ -377,6 +391,13 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
         category, subtype, confidence = "comm", "init-failure", 0.7
         note = ("NCCL could not connect to a peer (bootstrap or transport): addresses, NCCL_SOCKET_IFNAME, "
                 "firewall")
+    if (category, subtype) == ("comm", "failure") and code in _SETUP_CODES and \
+            _INIT_CONTEXT_RE.search(t.window(pos, INIT_CONTEXT_WINDOW, INIT_CONTEXT_WINDOW)[1]):
+        category, subtype, confidence = "comm", "init-failure", 0.65
+        facts["during"] = "communicator set-up"
+        note = ("NCCL failed while the communicator was being created (its set-up: sockets, shared memory, "
+                "IB devices, the peers' addresses): NCCL_DEBUG=INFO names the failing call; check "
+                "NCCL_SOCKET_IFNAME, /dev/shm, every rank started with the same world")
     said = f"{facts.get('last_error', '')} {facts.get('reason', '')}"
     if code in ("ncclInternalError", "ncclSystemError", "ncclRemoteError") and _PEER_GONE_RE.search(said):
         category, subtype, confidence = "comm", "rank-lost", 0.75
@@ -583,7 +604,13 @@ DOCS = {
         'InvalidArgument → comm/mismatch; UnhandledCudaError → comm/failure (memory/oom or cuda-error when '
         'its last error names one); SystemError on a connect, or SystemError / InternalError whose last '
         'error is the socket set-up (``Bootstrap : no socket interface found``, ``ncclSocketInit``) → '
-        'comm/init-failure; also a wrapper\'s bare ``NCCL error: internal error`` (vLLM / SGLang pynccl); '
+        'comm/init-failure; SystemError / InternalError raised while a communicator is created (its '
+        'traceback shows ``ncclCommInitRank``, ``init_process_group``, vLLM\'s ``processing method '
+        'init_device`` '
+        '/ ``init_worker_distributed_environment`` / ``initialize_model_parallel``, pynccl\'s '
+        '``PyNcclCommunicator(``, an engine being built: ``from_engine_args``) → comm/init-failure; also a '
+        'wrapper\'s bare ``NCCL error: internal error`` '
+        '(vLLM / SGLang pynccl); '
         'a last error saying the '
         'peer closed or reset the connection → comm/rank-lost; SystemError / InternalError → comm/failure; '
         '``Duplicate GPU detected : rank N and rank M both on CUDA device D`` (in its last error, or on a '

@@ -177,6 +177,33 @@ _RAY_OOM_RE = re.compile(r"(?:(?P<workers>\d{1,6}) Workers \(tasks / actors\) ki
 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons ...``
 and the task's ``ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.``
 -- a kill (SIGKILL) for host RAM, as the kernel's OOM killer."""
+_RAY_WORKER_DIED = "a worker died or was killed while executing a task by an unexpected system error"
+_RAY_WORKER_DIED_RE = re.compile(r"A worker died or was killed while executing a task by an unexpected "
+                                 r"system error\.(?:[^\n]{0,400}?Worker PID: (?P<pid>\d{1,10}))?"
+                                 r"(?:[^\n]{0,200}?Worker exit type: (?P<exit_type>[A-Z_]{3,40}))?")
+"""The raylet's report of a worker process that vanished without an exception of its own: ``(raylet) A worker
+died or was killed while executing a task by an unexpected system error. ... Worker PID: 87687 Worker exit
+type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file.
+Some common causes include: (1) the process was killed by the OOM killer due to high memory usage, (2) ray
+stop --force was called, or (3) the worker crashed unexpectedly due to SIGSEGV ...`` (verl-project/verl#4921).
+Read as a kill (SIGKILL from outside: Ray's first and most common cause, the host OOM killer), at a lower
+confidence than a report that names the killer; a crash of its own would have printed its signal."""
+_GLIBC_ABORT_RE = re.compile(
+    r"(?:\*\*\* Error in `[^`\n]{1,300}': )?(?P<msg>double free or corruption \((?:!prev|fasttop|out|top)\)"
+    r"|free\(\): (?:invalid pointer|invalid size|invalid next size \((?:fast|normal)\)|double free detected "
+    r"in tcache 2)|munmap_chunk\(\): invalid pointer|corrupted size vs\. prev_size"
+    r"|corrupted double-linked list"
+    r"|malloc\(\): (?:corrupted top size|memory corruption|unaligned tcache chunk detected|invalid size "
+    r"\(unsorted\)|unsorted double linked list corrupted)|malloc_consolidate\(\): invalid chunk size"
+    r"|realloc\(\): invalid (?:pointer|next size|old size))")
+"""glibc's heap checks, each of which aborts the process (SIGABRT) on the spot: ``double free or corruption
+(!prev)`` -- older glibc wraps it as ``*** Error in `python': double free or corruption (!prev): 0x... ***``
+and prints a backtrace (MendelXu/SAN#6) --, ``free(): invalid pointer``, ``munmap_chunk(): invalid pointer``,
+``corrupted size vs. prev_size``, ``malloc(): corrupted top size`` ... Native code (an extension, a decoder
+in a DataLoader worker, a library's threads at exit) corrupted the heap: the abort is that crash
+(process/exit), not the out-of-memory or CUDA error an unexplained SIGABRT stands for on the exit path."""
+_GLIBC_NEEDLES = ("double free or corruption", "free(): ", "munmap_chunk(): ", "corrupted size vs. prev_size",
+                  "corrupted double-linked list", "malloc(): ", "malloc_consolidate(): ", "realloc(): ")
 _OOM_KILLER_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process "
                             r"(?P<pid>\d{1,10}) \((?P<comm>[^)\n]{1,64})\)"
                             r"|Detected \d{1,6} oom[-_]kill events?")
@@ -352,6 +379,30 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         return replace(hit, headline=f"{hit.headline}: the host's OOM killer (out of host memory)",
                        note="the kernel's (or the job's cgroup's) OOM killer ended it: host RAM ran out -- "
                             "DataLoader workers, pinned memory, a dataset loaded into memory")
+    pos = t.first(_RAY_WORKER_DIED)
+    if pos >= 0 and (found := _search(_RAY_WORKER_DIED_RE, t, pos, before=0, after=800)) is not None:
+        m = found[1]
+        died: Facts = {"signal": 9, "signal_name": "SIGKILL", "reporter": "raylet"}
+        if m.group("pid"):
+            died["pid"] = int(m.group("pid"))
+        if m.group("exit_type"):
+            died["exit_type"] = m.group("exit_type")
+        hit = _signal_hit(found[0] + m.start(), died, "a Ray worker")
+        return replace(hit, confidence=0.6, headline="a Ray worker died without an error of its own (raylet: "
+                       f"{died.get('exit_type', 'unexpected system error')}), most often killed",
+                       note="the raylet lost the worker process without an exception from it: most often the "
+                            "host's OOM killer (check dmesg / the node's memory), else 'ray stop --force' or "
+                            "a native crash; the dead worker's log under /tmp/ray/session_latest/logs says "
+                            "which")
+    pos = t.first(*_GLIBC_NEEDLES)
+    if pos >= 0 and (found := _search(_GLIBC_ABORT_RE, t, pos, before=320, after=120)) is not None:
+        m = found[1]
+        glibc: Facts = {"error": m.group("msg"), "signal": 6, "signal_name": "SIGABRT", "reporter": "glibc"}
+        return _Hit("process", "exit", 0.6, found[0] + m.start("msg"), glibc,
+                    f"glibc aborted the process: {m.group('msg')} (SIGABRT)",
+                    "glibc found the heap corrupted and aborted the process: a native extension or library "
+                    "wrote past a buffer or freed twice (often in DataLoader workers: num_workers=0 confirms "
+                    "it); update or rebuild the native package")
     pos = t.first("segmentation fault", "killed", "illegal instruction", "floating point exception",
                   "bus error")
     if pos >= 0 and ((found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None
@@ -603,7 +654,8 @@ def launcher_teardown(text: str) -> Optional[Classification]:
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:", _ENTRY_NEEDLE),
-    "launcher.signal": (_RUNNER_NEEDLE, *_RAY_OOM_NEEDLES, "died with <signals.",
+    "launcher.signal": (_RUNNER_NEEDLE, *_RAY_OOM_NEEDLES, _RAY_WORKER_DIED, *_GLIBC_NEEDLES,
+                        "died with <signals.",
                         "' returned non-zero exit status ",
                         "terminated with signal sig", "terminated with exit code ",
                         "program received signal sig",
@@ -667,7 +719,14 @@ DOCS = {
         "causes) → process/killed (SIGKILL); Open MPI's ``mpirun noticed that process rank N with PID P on "
         "node H exited on signal S`` → by the exit decision path for S, the culprit N; Paddle's launcher "
         "``Container rank N status failed cmd [...] code C`` → process/exit (C < 0: by the decision path for "
-        "signal -C), the culprit N"
+        "signal -C), the culprit N; the raylet's ``A worker died or was killed while executing a task by an "
+        "unexpected system error ... Worker exit type: SYSTEM_ERROR`` → process/killed at a lower confidence "
+        "(a worker gone without an error of its own: Ray's first cause, the OOM killer); glibc's "
+        "heap-corruption aborts (``double free or corruption (!prev)``, also older glibc's ``*** Error in "
+        "`python': ... ***``, ``free(): invalid pointer``, ``munmap_chunk(): invalid pointer``, ``corrupted "
+        "size vs. prev_size``, ``malloc(): corrupted top size``, ...) → process/exit (SIGABRT: a native "
+        "crash, "
+        "not the OOM or CUDA error the exit path reads an unexplained abort as)"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

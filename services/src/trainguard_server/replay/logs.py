@@ -89,6 +89,12 @@ MAX_TRACEBACK_CHARS = 64_000
 MAX_LINE_CHARS = 8192
 
 _PREFIX_RE = re.compile(r"^\[(?P<name>[A-Za-z_]+)(?P<num>\d+)(?:\|\d{1,7})?\]:(?: )?")
+_SPACED_TAGS = ("rank", "default")
+"""Tags after which one space is the tag's, not the line's: torch's ``[rank3]: `` (its own prefix ends with a
+space) and torchrun's ``[default0]:`` (read so since the corpus's pastes hold both). A role's tag
+(``[trainer3]:``, ``[trainer0|0]:``) is glued to what the process printed, so the spaces after it, when more
+than one, are the line's indentation -- a torchrun failure entry's ``  traceback : ...`` field and its
+worker's traceback lines keep their columns (one space before text is read as the tag's, as before)."""
 MAX_STACKED_PREFIXES = 8
 """How many ``[rankN]:``-style tags are stripped from one line at most (real logs stack two or three: a
 launcher's and torch's own); more stay in the text, so a line of thousands of them costs linear time."""
@@ -119,7 +125,13 @@ carries it on each of its lines. :func:`split_prefix` drops it where the rest of
 (its header, a frame or code line, an exception line): the traceback reads as one; a record's own line keeps
 its header (its level)."""
 _CARRIED_TRACEBACK_RE = re.compile(r"$|Traceback \(most recent call last\):|\s|(?:[A-Za-z_]\w*\.)*[A-Z]\w*"
-                                   r"(?:Error|Exception|Interrupt|Failure)(?::|$)")
+                                   r"(?:Error|Exception|Interrupt|Failure)(?::|$)|File \"|frame #\d{1,4}: "
+                                   r"|Exception raised from |terminate called after throwing |what\(\): "
+                                   r"|Last error:")
+"""The rest of a line under vLLM's header that is part of a multi-line error message, not a record of its own:
+a traceback's header, frame (also one a paste set flush left, ``File "x.py", line 3``), code or exception
+line, the C++ stack of a c10 error (``frame #3: c10d::ProcessGroupNCCL::...``, ``Exception raised from ...``),
+``terminate called after throwing ...`` / ``what():`` and NCCL's ``Last error:``."""
 _KUBECTL_PREFIX_RE = re.compile(r"^\[pod/[^\s/\]]{1,253}/[^\s\]]{1,63}\](?: |$)")
 """``kubectl logs --prefix``'s source column before every line (``[pod/train-worker-0/pytorch] ``; with
 ``--timestamps`` an ISO stamp follows it): dropped like a relayed stream's name."""
@@ -369,7 +381,11 @@ def split_prefix(line: str) -> Tuple[Optional[int], str]:
         if match is None or len(names) >= 3:
             break
         names.setdefault(match.group("name"), int(match.group("num")))
-        line = line[match.end():]
+        end = match.end()
+        if match.group("name") not in _SPACED_TAGS and match.group(0).endswith(" ") \
+                and line.startswith(" ", end):
+            end -= 1  # a role's tag glued to an indented line: the spaces after it are the line's own
+        line = line[end:]
         match = _PREFIX_RE.match(line)
     rank = names.get("rank", names.get("default", mpi_rank))
     return rank, line
@@ -771,16 +787,16 @@ class LogSegmenter:
                     own is not None and own.mode is not None):
                 return False
             self._summary = [(number, line, time_ns, precision_ns)]
-            self._summary_rooted = _SUMMARY_ROOT in line
-            self._summary_traced = 0 if _FAILURE_TRACEBACK_RE.match(line) else -1
+            self._summary_rooted = _SUMMARY_ROOT in text
+            self._summary_traced = 0 if _FAILURE_TRACEBACK_RE.match(text) else -1
             return True
         rooted = self._summary_rooted  # flags kept as lines arrive: no rescan of the held lines per line
         entry_traceback = text.startswith(ENTRY_TRACEBACK_INDENT) and bool(text.strip()) \
             and self._summary_traced >= 0 and self._summary_traced >= len(summary) - 200
         if shaped or entry_traceback:
             summary.append((number, line, time_ns, precision_ns))
-            self._summary_rooted = rooted or _SUMMARY_ROOT in line
-            if _FAILURE_TRACEBACK_RE.match(line):
+            self._summary_rooted = rooted or _SUMMARY_ROOT in text
+            if _FAILURE_TRACEBACK_RE.match(text):
                 self._summary_traced = len(summary) - 1
             if rooted and text.lstrip().startswith("="):
                 self._end_summary()
@@ -792,11 +808,13 @@ class LogSegmenter:
         summary, self._summary = self._summary, None
         if not summary:
             return
-        text = "\n".join(held[1] for held in summary)
-        root = next((i for i, held in enumerate(summary) if _SUMMARY_ROOT in held[1]), None)
-        named = root is not None and any(_FAILURE_RANK_RE.match(held[1]) for held in summary[root:])
-        others_traced = root is not None and any(_FAILURE_TRACEBACK_RE.match(held[1])
-                                                 for held in summary[:root])
+        # the lines as the job printed them: a tag that names no rank (``[trainer0|0]:``, a relayed stream's
+        # name) is not part of the summary the classifier reads; the held lines keep it for a feed again
+        texts = [split_prefix(held[1])[1] for held in summary]
+        text = "\n".join(texts)
+        root = next((i for i, said in enumerate(texts) if _SUMMARY_ROOT in said), None)
+        named = root is not None and any(_FAILURE_RANK_RE.match(said) for said in texts[root:])
+        others_traced = root is not None and any(_FAILURE_TRACEBACK_RE.match(said) for said in texts[:root])
         if named and not others_traced and len(text) <= MAX_LINE_CHARS:
             # torchrun prints this summary only as its ChildFailedError's message: read as that exception
             parsed = parse_traceback_text(f"{_HEADER}{CHILD_FAILED_ERROR}: \n{text}")
@@ -1225,9 +1243,11 @@ _TASK_LABEL_RE = re.compile(r"^\s{0,4}(?P<n>\d{1,5}):(?: |$)")
 def paste_task_labels(path: Path, head: Optional[List[str]] = None) -> bool:
     """Whether every line carries Slurm's ``srun --label`` task number: all non-blank lines of the file's
     first :data:`INDENT_SCAN_LINES` (at least :data:`NUMBERED_MIN_LINES`) start with ``N: ``, and the
-    numbers do not count up by one from line to line (that is a line-number gutter, :func:`paste_numbered`).
+    numbers do not count up by one from line to line (that is a line-number gutter, :func:`paste_numbered`);
+    a shorter paste when all its lines carry one task's label and one of them is a Python exception line.
     The task number is the process's rank under srun (``SLURM_PROCID``)."""
     numbers: List[int] = []
+    said_exception = False
     for text in _head_or(path, head) or ():
         if not text.strip():
             continue
@@ -1235,8 +1255,11 @@ def paste_task_labels(path: Path, head: Optional[List[str]] = None) -> bool:
         if m is None:
             return False
         numbers.append(int(m.group("n")))
+        said_exception = said_exception or _EXCEPTION_LINE_RE.match(text[m.end():]) is not None
     if len(numbers) < NUMBERED_MIN_LINES:
-        return False
+        # too short to tell from a table; one task's label on each line of a Python error (``3: RuntimeError:
+        # Expected to have finished reduction ...``, a one-line srun --label paste) is the label
+        return bool(numbers) and said_exception and len(set(numbers)) == 1
     return not all(b == a + 1 for a, b in zip(numbers, numbers[1:]))
 
 
@@ -1261,7 +1284,9 @@ def paste_relay_prefix(path: Path, head: Optional[List[str]] = None) -> int:
     :data:`INDENT_SCAN_LINES` (at least :data:`RELAY_MIN_LINES`) start with the same text, digits aside, that
     text starts with a date and time and holds a ``" - "`` after its level name (or after the time when it
     names none), the prefix ends at that ``" - "`` (else at the end of a carrier's column,
-    :data:`_CARRIER_COLUMN_RE`). A log whose own records carry such a prefix loses nothing
+    :data:`_CARRIER_COLUMN_RE`); or the text is a host's column alone (:data:`_HOST_COLUMN_RE`: pdsh's
+    ``gpu-q-13: `` as DeepSpeed's multi-node runner puts it before every line). A log whose own records carry
+    such a prefix loses nothing
     the classifier reads (the line's time is read before it is dropped); a log with any line without it (a
     traceback a logger printed under its record) keeps its lines as they are."""
     common: Optional[str] = None
@@ -1272,10 +1297,13 @@ def paste_relay_prefix(path: Path, head: Optional[List[str]] = None) -> int:
         blurred = _DIGIT_RE.sub("0", text[:160]) + " "  # a line of the prefix alone lost its trailing space
         lines += 1
         common = blurred if common is None else _shared_start(common, blurred)
-        if _RELAY_STAMP_RE.match(common) is None:
+        if _RELAY_STAMP_RE.match(common) is None and _HOST_COLUMN_RE.match(common) is None:
             return 0
     if common is None or lines < RELAY_MIN_LINES:
         return 0
+    if _RELAY_STAMP_RE.match(common) is None:
+        host = _HOST_COLUMN_RE.match(common)
+        return host.end() if host is not None else 0
     level = _RELAY_LEVEL_RE.search(common)
     stamp = _RELAY_STAMP_RE.match(common)
     after = level.end() if level is not None else (stamp.end() if stamp is not None else len(common))
@@ -1286,6 +1314,11 @@ def paste_relay_prefix(path: Path, head: Optional[List[str]] = None) -> int:
     return carrier.end() if carrier is not None else 0
 
 
+_HOST_COLUMN_RE = re.compile(r"(?=[a-z0-9_.-]{0,62}[0-9-])[a-z][a-z0-9_.-]{0,62}: ")
+"""pdsh's host column (DeepSpeed's multi-node runner, ``pdsh -w``): ``gpu-q-13: `` before every line a node's
+processes print, no rank tag after it (deepspeedai/DeepSpeed#2899); read as a column only when the same on
+every line (digits aside) and the name holds a digit or a hyphen as host names do (``worker-5``,
+``node001``, ``ip-10-0-0-1``) -- a tool's own ``wandb: `` or ``stderr: `` is not a host."""
 _CARRIER_COLUMN_RE = re.compile(
     r"\[0000-00-00[ T]00:00:00(?:[.,]0{1,9})?(?: [A-Z]{2,4}0{1,4}){0,4}\] "
     r"|0000-00-00[ T]00:00:00(?:[.,]0{1,9})? "
