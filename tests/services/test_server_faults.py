@@ -268,3 +268,26 @@ def test_kill_9_while_http_and_grpc_clients_send_loses_and_doubles_nothing(tmp_p
         assert cluster["count"] == len(exceptions)
     finally:
         restarted.stop()
+
+
+def test_sigterm_with_grpc_sends_waiting_for_their_message_ends_them_cleanly(tmp_path: Path) -> None:
+    """20 ``Send`` calls stalled 1 byte short of their message (4 reading, 16 waiting for room: H34) when
+    SIGTERM comes: each is ended UNAVAILABLE, serve exits 0 within seconds, and no call's task is left for the
+    loop to destroy (before, one "Task was destroyed but it is pending!" ERROR per waiting call)."""
+    from tests.services.gateway.grpc_raw import StalledCalls
+
+    server = ServeProcess(tmp_path / "data").start()
+    host, port = server.grpc_target.rsplit(":", 1)
+    calls = StalledCalls(host, int(port), 20, 8_000_000, token=server.tokens["ingest"])
+    try:
+        calls.pump(quiet_s=1.0, deadline_s=30)
+        server.signal(signal.SIGTERM)
+        assert server.wait(40) == 0, "".join(server.output)[-3000:]
+        output = "".join(server.output)
+        assert "queue drained" in output
+        assert "Task was destroyed but it is pending" not in output, output[-3000:]
+        assert poll(lambda: len(calls.status) == 20, timeout=10)
+        assert set(calls.status.values()) == {14}, calls.status  # UNAVAILABLE: the SDK retries it
+    finally:
+        calls.close()
+        server.stop()

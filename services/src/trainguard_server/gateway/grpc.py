@@ -293,7 +293,9 @@ class AsyncIngestServicer:
         self.limits = limits
         self.open_streams: Dict[str, int] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._room = asyncio.Event()  # set (and replaced) when bytes are given back: waiting Sends retry
+        #: Sends waiting for room (futures on the loop, no task each: a stop with calls waiting leaves no task
+        #: pending), resolved when bytes are given back
+        self._waiting: Set[asyncio.Future[None]] = set()
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
@@ -325,8 +327,25 @@ class AsyncIngestServicer:
                     pass
 
     def _wake(self) -> None:
-        self._room.set()
-        self._room = asyncio.Event()
+        for waiter in self._waiting:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _room_or(self, timeout: float) -> None:
+        """Until bytes are given back (:meth:`_wake`) or ``timeout`` seconds passed."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiting.add(waiter)
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        timer = loop.call_later(timeout, wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiting.discard(waiter)
 
     async def _reserve(self, project: str) -> int:
         """Before a ``Send``'s message is read: hold ``max_batch_bytes`` (the most its message may be) in the
@@ -345,7 +364,6 @@ class AsyncIngestServicer:
         self._loop = loop
         deadline = loop.time() + self.limits.receive_wait_s
         while True:
-            room = self._room
             why = counts.take(project, n)
             if why is None:
                 return n
@@ -356,10 +374,7 @@ class AsyncIngestServicer:
                                    f"for room to receive a message of up to max_batch_bytes={n} bytes; "
                                    f"nothing of this message was queued; retry after "
                                    f"{retry_after_header(wait)} s", wait)
-            try:  # HTTP gives bytes back without waking us: look again at least every 50 ms
-                await asyncio.wait_for(room.wait(), min(left, 0.05))
-            except asyncio.TimeoutError:
-                pass
+            await self._room_or(min(left, 0.05))  # HTTP gives bytes back without waking us: look every 50 ms
 
     async def _one_message(self, request_iterator: AsyncIterator[bytes]) -> bytes:
         """A ``Send``'s message (served as client-streaming so that the call is authenticated and its bytes
@@ -541,6 +556,14 @@ class GrpcIngestServer:
             if self._server is not None:
                 await self._server.stop(grace)
         finally:
+            # the calls the stop cancelled (a Send waiting for room or its message, an idle Stream) end before
+            # the loop does: stopping it under them logged "Task was destroyed but it is pending!" per call
+            current = asyncio.current_task()
+            pending = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=2.0)
             asyncio.get_running_loop().stop()
 
 
