@@ -76,7 +76,8 @@ dist: $(ASSETS)  ## wheels of trainguard, trainguard-engine, trainguard-server i
 test: install $(FLINK_STAMP) $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP) $(POSTGRES_STAMP)  ## the whole suite: lint, types, tests
 	$(BIN)/ruff check sdk engine services tests bench tools
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q --durations=25  # the slowest tests, in every CI log
+	$(BIN)/python services/src/trainguard_server/processor/native.py  # the processor's native reader (the editable install builds it too: services/hatch_build.py)
+	TRAINGUARD_REQUIRE_NATIVE=1 $(BIN)/python -m pytest -q --durations=25  # the slowest tests, in every CI log
 
 proto: install  ## regenerate sdk/src/trainguard/v1 from proto/ (reproducible; see docs/wire-format.md)
 	$(BIN)/python tools/gen_proto.py
