@@ -114,11 +114,13 @@ def lr_phase(rank: RankState, step: int) -> Dict[str, Any]:
     """``{"lr", "lr_phase", "lr_growth"}`` at ``step`` from the LR change log (empty when unknown).
     The phase is ``rising`` / ``decaying`` when the LR moved within LR_RECENT_STEPS before the step,
     ``zero`` for an LR of 0, else ``constant``; growth is the LR at the step / the first LR seen."""
-    log = rank.detectors.get(STATE_KEY, {}).get("lr") or []
-    below = [i for i, (s, _v) in enumerate(log) if s <= step]
-    if not below:
+    held = rank.detectors.get(STATE_KEY)
+    log = (held.get("lr") if held is not None else None) or _NONE
+    i = len(log) - 1  # the last record at or before the step (the log need not be by step: looked up so)
+    while i >= 0 and not log[i][0] <= step:
+        i -= 1
+    if i < 0:
         return {}
-    i = below[-1]
     s_i, lr = log[i]
     out: Dict[str, Any] = {"lr": _number(lr)}
     if lr == 0:
@@ -278,9 +280,29 @@ def _times(factor: float) -> str:
 
 
 def _number(value: float) -> Any:
-    """7 significant digits, or the JSON mapping's spelling of a non-finite value."""
+    """7 significant digits, or the JSON mapping's spelling of a non-finite value. A finite non-zero float's
+    answer is remembered (:data:`_NUMBERS`); others are rendered each time."""
+    if type(value) is float and value - value == 0.0 and value:
+        out = _NUMBERS.get(value)
+        if out is None:
+            if len(_NUMBERS) >= NUMBERS_MAX:
+                _NUMBERS.clear()
+            out = _NUMBERS[value] = _render(value)
+        return out
+    return _render(value)
+
+
+def _render(value: float) -> Any:
     out = wire_float(value)
     return float(f"{out:.7g}") if isinstance(out, float) else out
+
+
+_NUMBERS: Dict[float, float] = {}
+"""A finite non-zero float -> its :func:`_number` (a float: equal such floats are the same value -- no signed
+zero, no NaN -- so the answer is a function of the key). Derived, bounded by NUMBERS_MAX (then started
+afresh): an incident is enriched on every finding applied to it, mostly with the same values."""
+NUMBERS_MAX = 4096
+_NONE: Tuple[Any, ...] = ()
 
 
 def _facts(run: RunState, rank: Optional[RankState], st: IncidentState, settings: DetectionSettings) -> Facts:
@@ -604,11 +626,13 @@ CUDA_MEMORY_METRICS = ("mem/allocated", "mem/reserved", "mem/max_allocated")
 def cuda_in_use(rank: RankState) -> Optional[bool]:
     """Whether the rank uses CUDA: True when it reported CUDA allocator memory, False when its START
     said a CPU-only torch build (``+cpu``) and no CUDA memory was seen, None when nothing says."""
-    peak = rank.detectors.get(STATE_KEY, {}).get("peak", {})
-    if any(name in peak for name in CUDA_MEMORY_METRICS) or any(name in rank.history
-                                                                for name in CUDA_MEMORY_METRICS):
-        return True
-    torch_version = str(rank.detectors.get(STATE_KEY, {}).get("torch", ""))
+    held = rank.detectors.get(STATE_KEY)
+    peak = held.get("peak", _NONE) if held is not None else _NONE
+    history = rank.history
+    for name in CUDA_MEMORY_METRICS:
+        if name in peak or name in history:  # (any in the peaks, else any in the history: True either way)
+            return True
+    torch_version = str(held.get("torch", "")) if held is not None else ""
     return False if torch_version.endswith("+cpu") else None
 
 
