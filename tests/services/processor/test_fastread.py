@@ -40,6 +40,8 @@ def reader(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    prepared = decode.prepare_native(module)
+    assert prepared is module, "the native reader refused this schema or these classes (decode.prepare_native)"
     return module
 
 

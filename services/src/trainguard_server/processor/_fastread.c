@@ -21,6 +21,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -470,7 +471,149 @@ static PyObject *fastread_add_points(PyObject *self, PyObject *const *args, Py_s
     return PyLong_FromSsize_t(n);
 }
 
+/* --- read_envelopes: read()'s plain batches as the objects decode.read_request hands out ------------------
+ * setup(classes, slots) is given, by decode.py, the three classes (ReadEnvelope, PlainBatch, PlainEnvelope)
+ * and for each the member descriptors of its __slots__ in the order of its __init__'s assignments
+ * (ReadEnvelope: raw, kind, body, then the header fields in read()'s order; PlainBatch: _record, _index,
+ * _dict, count; PlainEnvelope: _body, _msg). read_envelopes(value, record) then builds, for each plain batch,
+ * what ``ReadEnvelope(PlainEnvelope(body), "metrics", body, *header)`` with ``body = PlainBatch(record,
+ * index, count)`` builds -- each object allocated by its type and its slots set to those values, which is
+ * all those __init__s do (decode.py checks the classes are the ones it knows; the tests compare every
+ * object with the protobuf path's) -- without running Python code per envelope. */
+#define RE_SLOTS 14
+#define PB_SLOTS 4
+#define PE_SLOTS 2
+static PyTypeObject *re_type = NULL, *pb_type = NULL, *pe_type = NULL;
+static Py_ssize_t re_off[RE_SLOTS], pb_off[PB_SLOTS], pe_off[PE_SLOTS];
+static PyObject *kind_metrics = NULL;
+
+static int slot_offsets(PyObject *type, PyObject *descrs, Py_ssize_t *out, Py_ssize_t n) {
+    Py_ssize_t i;
+    if (!PyType_Check(type) || !PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != n) return -1;
+    for (i = 0; i < n; i++) {
+        PyObject *d = PyTuple_GET_ITEM(descrs, i);
+        PyMemberDef *m;
+        if (!Py_IS_TYPE(d, &PyMemberDescr_Type)) return -1;
+        if (((PyDescrObject *)d)->d_type != (PyTypeObject *)type) return -1;
+        m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) return -1;
+        out[i] = m->offset;
+    }
+    return 0;
+}
+
+static PyObject *fastread_setup(PyObject *self, PyObject *args) {
+    PyObject *re, *pb, *pe, *re_d, *pb_d, *pe_d;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &re, &pb, &pe, &re_d, &pb_d, &pe_d)) return NULL;
+    if (slot_offsets(re, re_d, re_off, RE_SLOTS) < 0 || slot_offsets(pb, pb_d, pb_off, PB_SLOTS) < 0 ||
+        slot_offsets(pe, pe_d, pe_off, PE_SLOTS) < 0) {
+        re_type = pb_type = pe_type = NULL;
+        PyErr_SetString(PyExc_TypeError, "setup: a class or a slot is not what read_envelopes builds");
+        return NULL;
+    }
+    if (kind_metrics == NULL) {
+        kind_metrics = PyUnicode_InternFromString("metrics");
+        if (kind_metrics == NULL) return NULL;
+    }
+    Py_INCREF(re);
+    Py_INCREF(pb);
+    Py_INCREF(pe);
+    Py_XDECREF(re_type);
+    Py_XDECREF(pb_type);
+    Py_XDECREF(pe_type);
+    re_type = (PyTypeObject *)re;
+    pb_type = (PyTypeObject *)pb;
+    pe_type = (PyTypeObject *)pe;
+    Py_RETURN_NONE;
+}
+
+/* a new instance of type with its slots at off[] set to vals[] (new references taken) */
+static PyObject *filled(PyTypeObject *type, const Py_ssize_t *off, PyObject **vals, Py_ssize_t n) {
+    Py_ssize_t i;
+    PyObject *obj = type->tp_alloc(type, 0);
+    if (obj == NULL) return NULL;
+    for (i = 0; i < n; i++) {
+        Py_INCREF(vals[i]);
+        *(PyObject **)((char *)obj + off[i]) = vals[i];
+    }
+    return obj;
+}
+
+/* read_envelopes(value, record) -> (envelopes, points, complete) | None: read()'s rows as objects -- for a
+ * plain batch its ReadEnvelope and its points list, None and None for any other envelope (complete False
+ * when there is one) -- or None where read() returns None. */
+static PyObject *fastread_read_envelopes(PyObject *self, PyObject *args) {
+    PyObject *value, *record, *rows, *envs = NULL, *pts = NULL, *out;
+    Py_ssize_t i, n;
+    int complete = 1;
+    if (re_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "read_envelopes: setup() first");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OO", &value, &record)) return NULL;
+    rows = fastread_read(self, value);
+    if (rows == NULL || rows == Py_None) return rows;
+    n = PyList_GET_SIZE(rows);
+    envs = PyList_New(n);
+    pts = PyList_New(n);
+    if (envs == NULL || pts == NULL) goto fail;
+    for (i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i), *header, *index, *body, *raw, *env;
+        PyObject *vals[RE_SLOTS];
+        Py_ssize_t k;
+        if (row == Py_None) {
+            complete = 0;
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(envs, i, Py_None);
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(pts, i, Py_None);
+            continue;
+        }
+        header = PyTuple_GET_ITEM(row, 0);
+        index = PyLong_FromSsize_t(i);
+        if (index == NULL) goto fail;
+        vals[0] = record;
+        vals[1] = index;
+        vals[2] = Py_None;
+        vals[3] = PyTuple_GET_ITEM(row, 1);
+        body = filled(pb_type, pb_off, vals, PB_SLOTS);
+        Py_DECREF(index);
+        if (body == NULL) goto fail;
+        vals[0] = body;
+        vals[1] = Py_None;
+        raw = filled(pe_type, pe_off, vals, PE_SLOTS);
+        if (raw == NULL) {
+            Py_DECREF(body);
+            goto fail;
+        }
+        vals[0] = raw;
+        vals[1] = kind_metrics;
+        vals[2] = body;
+        for (k = 0; k < 11; k++) vals[3 + k] = PyTuple_GET_ITEM(header, k);
+        env = filled(re_type, re_off, vals, RE_SLOTS);
+        Py_DECREF(raw);
+        Py_DECREF(body);
+        if (env == NULL) goto fail;
+        PyList_SET_ITEM(envs, i, env);
+        Py_INCREF(PyTuple_GET_ITEM(row, 2));
+        PyList_SET_ITEM(pts, i, PyTuple_GET_ITEM(row, 2));
+    }
+    Py_DECREF(rows);
+    out = Py_BuildValue("(NNO)", envs, pts, complete ? Py_True : Py_False);
+    return out;
+fail:
+    Py_DECREF(rows);
+    Py_XDECREF(envs);
+    Py_XDECREF(pts);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"setup", fastread_setup, METH_VARARGS,
+     "setup(ReadEnvelope, PlainBatch, PlainEnvelope, their slot descriptors x3): the classes read_envelopes builds."},
+    {"read_envelopes", fastread_read_envelopes, METH_VARARGS,
+     "read_envelopes(value, record) -> (envelopes, points, complete) | None (see the source)."},
     {"add_points", (PyCFunction)(void (*)(void))fastread_add_points, METH_FASTCALL,
      "add_points(by_name, time_ns, points) -> int: MetricColumns.add's loop for one envelope."},
     {"read", fastread_read, METH_O,

@@ -35,6 +35,7 @@ protobuf: :func:`read_request_protobuf`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
@@ -57,7 +58,39 @@ def _native_reader() -> Any:
         from . import _fastread  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return _fastread if schema_matches() else None
+    return prepare_native(_fastread)
+
+
+_READ_ENVELOPE_SLOTS = ("raw", "kind", "body", "event_id", "project", "run_id", "rank", "step", "time_ns",
+                        "host", "pid", "world_size", "run_name", "trace_id")
+"""ReadEnvelope's fields in its __init__'s order (the header ones in the native reader's order)."""
+_PLAIN_BATCH_SLOTS = ("_record", "_index", "_dict", "count")
+_PLAIN_ENVELOPE_SLOTS = ("_body", "_msg")
+
+
+def prepare_native(module: Any) -> Any:
+    """``module`` (a built _fastread) set up to build what :func:`read_request` hands out, or None when the
+    schema or the classes are not the ones it was written for: ReadEnvelope a dataclass whose fields are
+    exactly its slots, in :data:`_READ_ENVELOPE_SLOTS`' order, with no ``__post_init__`` (its generated
+    __init__ then only assigns them, which is what the reader does); PlainBatch and PlainEnvelope this
+    module's, with the slots their __init__s assign."""
+    if not schema_matches():
+        return None
+    if not dataclasses.is_dataclass(ReadEnvelope) or hasattr(ReadEnvelope, "__post_init__") or \
+            tuple(f.name for f in dataclasses.fields(ReadEnvelope)) != _READ_ENVELOPE_SLOTS or \
+            set(getattr(ReadEnvelope, "__slots__", ())) != set(_READ_ENVELOPE_SLOTS) or \
+            set(PlainBatch.__slots__) != set(_PLAIN_BATCH_SLOTS) or \
+            set(PlainEnvelope.__slots__) != set(_PLAIN_ENVELOPE_SLOTS):
+        return None
+    try:
+        module.setup(ReadEnvelope, PlainBatch, PlainEnvelope,
+                     *(tuple(cls.__dict__[name] for name in names)
+                       for cls, names in ((ReadEnvelope, _READ_ENVELOPE_SLOTS),
+                                          (PlainBatch, _PLAIN_BATCH_SLOTS),
+                                          (PlainEnvelope, _PLAIN_ENVELOPE_SLOTS))))
+    except (TypeError, KeyError):
+        return None
+    return module
 
 
 def schema_matches() -> bool:
@@ -108,8 +141,6 @@ def _repeats(field: Any) -> bool:
     return bool(flag) if flag is not None else field.label == field.LABEL_REPEATED
 
 
-NATIVE: Any = _native_reader()
-"""The native reader :func:`read_request` uses (None: protobuf alone; tests set it)."""
 
 
 def _emit_double(value: float) -> Any:
@@ -310,30 +341,23 @@ def read_request(value: bytes) -> Tuple[List[Envelope], List[Points]]:
     alert, no recent context, a run id) is a :class:`~trainguard_engine.pipeline.ReadEnvelope` whose
     ``raw`` (a :class:`PlainEnvelope`) equals its dict; every other envelope is its dict.
 
-    With the native reader (:data:`NATIVE`) the plain batches are read from the request's bytes in one call,
-    and the other envelopes (if any) from the request parsed by protobuf then; a request the native reader
-    declines (its rules: _fastread.c) is read by :func:`read_request_protobuf`, as without it. Either way the
-    result is the same, field for field (tests/services/processor/test_fastread.py)."""
-    rows = NATIVE.read(value) if NATIVE is not None else None
-    if rows is None:
+    With the native reader (:data:`NATIVE`) the plain batches are read from the request's bytes, and their
+    ReadEnvelopes built, in one call (``read_envelopes``: :func:`prepare_native`), and the other envelopes
+    (if any) from the request parsed by protobuf then; a request the native reader declines (its rules:
+    _fastread.c) is read by :func:`read_request_protobuf`, as without it. Either way the result is the same,
+    object for object (tests/services/processor/test_fastread.py)."""
+    if NATIVE is None:
         return read_request_protobuf(value)
     record = _Record(value)
-    envelopes: List[Envelope] = []
-    points: List[Points] = []
-    add_envelope, add_points = envelopes.append, points.append
-    events: Any = None
-    for index, row in enumerate(rows):
-        if row is not None:
-            header, count, mine = row
-            body = PlainBatch(record, index, count)
-            add_envelope(ReadEnvelope(PlainEnvelope(body), "metrics", body, *header))
-            add_points(mine)
-            continue
-        if events is None:
-            events = ingest_pb2.IngestRequest.FromString(value).events
-        env, pts = _read_message(record, index, events[index])
-        add_envelope(env)
-        add_points(pts)
+    read = NATIVE.read_envelopes(value, record)
+    if read is None:
+        return read_request_protobuf(value)
+    envelopes, points, complete = read
+    if not complete:  # the envelopes that are not plain batches: through protobuf
+        events = ingest_pb2.IngestRequest.FromString(value).events
+        for index, env in enumerate(envelopes):
+            if env is None:
+                envelopes[index], points[index] = _read_message(record, index, events[index])
     return envelopes, points
 
 
@@ -367,3 +391,7 @@ def _read_message(record: _Record, index: int, msg: Any) -> Tuple[Envelope, Poin
                     _read_points(messages, step))
     env = wire.envelope_to_dict(msg)
     return env, extract.metric_points(env) if "metrics" in env else None
+
+
+NATIVE: Any = _native_reader()
+"""The native reader :func:`read_request` uses (None: protobuf alone; tests set it)."""
