@@ -16,7 +16,9 @@ are cut from those wild-corpus logs (tests/fixtures/wild/<id>/source.txt names e
   crash, process/exit by SIGABRT -- not the OOM-or-CUDA-error the exit path reads an unexplained abort as;
 * the raylet's ``A worker died or was killed while executing a task by an unexpected system error ... Worker
   exit type: SYSTEM_ERROR`` is a worker killed from outside (process/killed, at a lower confidence;
-  verl-project/verl#4921)."""
+  verl-project/verl#4921), and so is a dead actor's ``The actor is dead because its worker process has died.
+  Worker exit type: SYSTEM_ERROR`` as its caller's ``ray.exceptions.ActorDiedError`` prints it (verl#1633's
+  shape; ``NODE_OUT_OF_MEMORY``: Ray's memory monitor; ``USER_ERROR`` is the actor's own exception)."""
 
 from __future__ import annotations
 
@@ -169,3 +171,31 @@ def test_raylet_memory_monitor_still_names_its_kill() -> None:
             "Workers crashed due to other reasons at node (ID: 1, IP: 10.0.0.1) over the last time period.")
     c = classify_text(text)
     assert c is not None and c.kind == "process/killed" and c.facts["killer"] == "ray-memory-monitor"
+
+
+ACTOR_DIED = "\n".join([
+    "Traceback (most recent call last):",
+    "  File \"/home/u/verl/verl/single_controller/ray/base.py\", line 49, in func",
+    "    output = ray.get(output)",
+    "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+    "\tclass_name: create_colocated_worker_cls.<locals>.WorkerDict",
+    "\tpid: 1373150",
+    "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+    "Worker unexpectedly exits with a connection error code 2. End of file. There are some potential root causes. "
+    "(1) The process is killed by SIGKILL by OOM killer due to high memory usage."])
+
+
+def test_dead_actor_system_error_is_a_kill() -> None:
+    c = classify_text(ACTOR_DIED)
+    assert c is not None and c.kind == "process/killed" and c.rule == "launcher.signal"
+    assert c.facts["exit_type"] == "SYSTEM_ERROR" and "killer" not in c.facts
+
+
+def test_dead_actor_out_of_node_memory_names_rays_monitor() -> None:
+    c = classify_text(ACTOR_DIED.replace("SYSTEM_ERROR", "NODE_OUT_OF_MEMORY"))
+    assert c is not None and c.kind == "process/killed" and c.facts["killer"] == "ray-memory-monitor"
+
+
+def test_dead_actor_of_its_own_error_is_no_kill() -> None:
+    c = classify_text(ACTOR_DIED.replace("SYSTEM_ERROR", "USER_ERROR"))
+    assert c is None or c.kind != "process/killed"

@@ -49,6 +49,28 @@ def test_vllm_header_over_an_error_message_line(rest: str) -> None:
     assert split_prefix("(VllmWorker rank=1 pid=12231) " + HEADER + rest) == (None, rest)
 
 
+def test_vllm_header_naming_the_files_path() -> None:
+    header = "(Worker_DP0_TP0_EP0 pid=5609) ERROR 06-04 12:45:50 [v1/executor/multiproc_executor.py:932] "
+    rest = '  File "/vllm-workspace/vllm_ascend/worker/model_runner_v1.py", line 1902, in _sync_batch_across_dp'
+    assert split_prefix(header + rest) == (None, rest)
+    record = "INFO 06-04 12:45:50 [v1/engine/core.py:61] Initializing a V1 LLM engine"
+    assert split_prefix(record) == (None, record)
+
+
+def test_dead_ray_actor_in_a_paste_opens_a_kill(tmp_path: Path) -> None:
+    path = pasted(tmp_path, [
+        "Traceback (most recent call last):",
+        '  File "/home/u/verl/verl/single_controller/ray/base.py", line 49, in func',
+        "    output = ray.get(output)",
+        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+        "\tclass_name: create_colocated_worker_cls.<locals>.WorkerDict",
+        "\tpid: 1373150",
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+        "Worker unexpectedly exits with a connection error code 2. End of file."])
+    kinds = shown(imported(path))
+    assert kinds and kinds[0] == "process/killed"
+
+
 @pytest.mark.parametrize("line", [
     HEADER + "Added request chatcmpl-1.",
     HEADER + "frames seen: 12",

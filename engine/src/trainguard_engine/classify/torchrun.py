@@ -188,6 +188,14 @@ Some common causes include: (1) the process was killed by the OOM killer due to 
 stop --force was called, or (3) the worker crashed unexpectedly due to SIGSEGV ...`` (verl-project/verl#4921).
 Read as a kill (SIGKILL from outside: Ray's first and most common cause, the host OOM killer), at a lower
 confidence than a report that names the killer; a crash of its own would have printed its signal."""
+_RAY_ACTOR_DEAD = "its worker process has died. worker exit type: "
+_RAY_ACTOR_DEAD_RE = re.compile(r"The actor is dead because its worker process has died\. Worker exit type: "
+                                r"(?P<exit_type>SYSTEM_ERROR|NODE_OUT_OF_MEMORY)\b")
+"""The same loss as the caller of a dead actor reads it, in ``ray.exceptions.ActorDiedError: The actor died
+unexpectedly before finishing this task. ... The actor is dead because its worker process has died. Worker
+exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2 ...``
+(verl, OpenRLHF); ``NODE_OUT_OF_MEMORY``: Ray's memory monitor killed it. A ``USER_ERROR`` exit is the actor's
+own exception (its traceback is printed), not read here."""
 _GLIBC_ABORT_RE = re.compile(
     r"(?:\*\*\* Error in `[^`\n]{1,300}': )?(?P<msg>double free or corruption \((?:!prev|fasttop|out|top)\)"
     r"|free\(\): (?:invalid pointer|invalid size|invalid next size \((?:fast|normal)\)|double free detected "
@@ -379,14 +387,17 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         return replace(hit, headline=f"{hit.headline}: the host's OOM killer (out of host memory)",
                        note="the kernel's (or the job's cgroup's) OOM killer ended it: host RAM ran out -- "
                             "DataLoader workers, pinned memory, a dataset loaded into memory")
-    pos = t.first(_RAY_WORKER_DIED)
-    if pos >= 0 and (found := _search(_RAY_WORKER_DIED_RE, t, pos, before=0, after=800)) is not None:
+    pos = t.first(_RAY_WORKER_DIED, _RAY_ACTOR_DEAD)
+    if pos >= 0 and ((found := _search(_RAY_WORKER_DIED_RE, t, pos, before=0, after=800)) is not None
+                     or (found := _search(_RAY_ACTOR_DEAD_RE, t, pos, before=80, after=120)) is not None):
         m = found[1]
         died: Facts = {"signal": 9, "signal_name": "SIGKILL", "reporter": "raylet"}
-        if m.group("pid"):
+        if "pid" in m.groupdict() and m.group("pid"):
             died["pid"] = int(m.group("pid"))
         if m.group("exit_type"):
             died["exit_type"] = m.group("exit_type")
+        if died.get("exit_type") == "NODE_OUT_OF_MEMORY":
+            died["killer"] = "ray-memory-monitor"
         hit = _signal_hit(found[0] + m.start(), died, "a Ray worker")
         return replace(hit, confidence=0.6, headline="a Ray worker died without an error of its own (raylet: "
                        f"{died.get('exit_type', 'unexpected system error')}), most often killed",
@@ -654,7 +665,7 @@ def launcher_teardown(text: str) -> Optional[Classification]:
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:", _ENTRY_NEEDLE),
-    "launcher.signal": (_RUNNER_NEEDLE, *_RAY_OOM_NEEDLES, _RAY_WORKER_DIED, *_GLIBC_NEEDLES,
+    "launcher.signal": (_RUNNER_NEEDLE, *_RAY_OOM_NEEDLES, _RAY_WORKER_DIED, _RAY_ACTOR_DEAD, *_GLIBC_NEEDLES,
                         "died with <signals.",
                         "' returned non-zero exit status ",
                         "terminated with signal sig", "terminated with exit code ",
@@ -720,7 +731,9 @@ DOCS = {
         "node H exited on signal S`` → by the exit decision path for S, the culprit N; Paddle's launcher "
         "``Container rank N status failed cmd [...] code C`` → process/exit (C < 0: by the decision path for "
         "signal -C), the culprit N; the raylet's ``A worker died or was killed while executing a task by an "
-        "unexpected system error ... Worker exit type: SYSTEM_ERROR`` → process/killed at a lower confidence "
+        "unexpected system error ... Worker exit type: SYSTEM_ERROR`` (or a dead actor's ``The actor is dead "
+        "because its worker process has died. Worker exit type: SYSTEM_ERROR|NODE_OUT_OF_MEMORY``) → "
+        "process/killed at a lower confidence "
         "(a worker gone without an error of its own: Ray's first cause, the OOM killer); glibc's "
         "heap-corruption aborts (``double free or corruption (!prev)``, also older glibc's ``*** Error in "
         "`python': ... ***``, ``free(): invalid pointer``, ``munmap_chunk(): invalid pointer``, ``corrupted "

@@ -118,12 +118,13 @@ _PASTE_MARK_RE = re.compile(r"^(?:(?:>(?: |$))+|(?:stderr|stdout|STDERR|STDOUT):
 ``> > ``) and a subprocess runner's stream name (``stderr: ``, as accelerate or a job wrapper relays a
 child's output)."""
 _VLLM_HEADER_RE = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,6})? "
-                             r"\[?[\w.-]{1,80}:\d{1,6}\](?: |$)")
+                             r"\[?[\w./-]{1,120}:\d{1,6}\](?: |$)")
 """vLLM's logger header (``ERROR 03-25 21:13:53 [multiproc_executor.py:374] ``, before v0.8 without the
-opening bracket): its formatter repeats it on every line of a multi-line message, so a traceback vLLM logs
-carries it on each of its lines. :func:`split_prefix` drops it where the rest of the line is a traceback's
-(its header, a frame or code line, an exception line): the traceback reads as one; a record's own line keeps
-its header (its level)."""
+opening bracket; with the file's path under the package in later builds and plugins,
+``[v1/executor/multiproc_executor.py:932]``, vllm-project/vllm#45092): its formatter repeats it on every line
+of a multi-line message, so a traceback vLLM logs carries it on each of its lines. :func:`split_prefix` drops
+it where the rest of the line is a multi-line error's (:data:`_CARRIED_TRACEBACK_RE`): the traceback or the
+message reads as one; a record's own line keeps its header (its level)."""
 _CARRIED_TRACEBACK_RE = re.compile(r"$|Traceback \(most recent call last\):|\s|(?:[A-Za-z_]\w*\.)*[A-Z]\w*"
                                    r"(?:Error|Exception|Interrupt|Failure)(?::|$)|File \"|frame #\d{1,4}: "
                                    r"|Exception raised from |terminate called after throwing |what\(\): "
