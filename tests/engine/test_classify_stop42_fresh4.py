@@ -18,7 +18,9 @@ are cut from those wild-corpus logs (tests/fixtures/wild/<id>/source.txt names e
   exit type: SYSTEM_ERROR`` is a worker killed from outside (process/killed, at a lower confidence;
   verl-project/verl#4921), and so is a dead actor's ``The actor is dead because its worker process has died.
   Worker exit type: SYSTEM_ERROR`` as its caller's ``ray.exceptions.ActorDiedError`` prints it (verl#1633's
-  shape; ``NODE_OUT_OF_MEMORY``: Ray's memory monitor; ``USER_ERROR`` is the actor's own exception)."""
+  shape; ``NODE_OUT_OF_MEMORY``: Ray's memory monitor; ``USER_ERROR`` is the actor's own exception);
+* Megatron-LM's training-log row counting ``number of nan iterations: N`` above 0 is a non-finite loss (seen in
+  NVIDIA/Megatron-LM#60's rows while collecting; no corpus log has a non-zero count), a zero count is not."""
 
 from __future__ import annotations
 
@@ -199,3 +201,19 @@ def test_dead_actor_out_of_node_memory_names_rays_monitor() -> None:
 def test_dead_actor_of_its_own_error_is_no_kill() -> None:
     c = classify_text(ACTOR_DIED.replace("SYSTEM_ERROR", "USER_ERROR"))
     assert c is None or c.kind != "process/killed"
+
+
+MEGATRON_ROW = (" iteration       20/  120000 | elapsed time per iteration (ms): 1993.9 | learning rate: 1.000E-04 | "
+                "lm loss: 7.1E+00 | loss scale: 8388608.0 | number of skipped iterations:   0 | number of nan "
+                "iterations:   {n} |")
+
+
+def test_megatron_nan_iterations_counted() -> None:
+    c = classify_text(MEGATRON_ROW.format(n=3))
+    assert c is not None and c.kind == "loss/non_finite" and c.rule == "numeric.loss-non-finite"
+    assert c.facts["nan_iterations"] == 3 and c.facts["step"] == 20
+
+
+def test_megatron_row_without_nan_iterations_is_no_loss_failure() -> None:
+    c = classify_text(MEGATRON_ROW.format(n=0))
+    assert c is None or c.kind != "loss/non_finite"

@@ -29,6 +29,12 @@ _NAN_LOSS_RE = re.compile(r"\b(?:nan|inf)[`'\"*]{0,2} loss(?:es)?\b", re.IGNOREC
 _LOCAL_LOSS_RE = re.compile(
     r"(?:Rank (?P<rank>\d+): )?found (?P<value>NaN|Inf) in local forward loss calculation", re.IGNORECASE)
 """Megatron's ``Rank N: found NaN in local forward loss calculation`` (its check before the backward)."""
+_NAN_ITERATIONS = "number of nan iterations:"
+_NAN_ITERATIONS_RE = re.compile(r"number of nan iterations:\s{0,8}(?P<count>\d{1,9})\b")
+"""Megatron-LM's training log row counts the iterations whose loss was NaN/Inf since the last row
+(``iteration 20/ 120000 | ... | lm loss: 7.1E+00 | loss scale: 8388608.0 | number of skipped iterations:   0 |
+number of nan iterations:   3 |``): a count above 0 is a non-finite loss even where the row's own ``lm loss``
+is an average of the finite ones."""
 _OUTPUT_NAN_RE = re.compile(r"\b(?P<key>(?:network |model )?(?:outputs?|logits|predictions?))\s{1,4}"
                             r"(?:is|are|contains?|has|have|became|become)\s{1,4}(?P<value>nan|inf)\b",
                             re.IGNORECASE)
@@ -69,6 +75,12 @@ def _rule_loss_non_finite(t: _Text) -> Optional[_Hit]:
         if m.group("rank"):
             facts["rank"] = int(m.group("rank"))
         return _loss_hit(t, found[0] + m.start(), facts)
+    for pos in t.find_all(_NAN_ITERATIONS):
+        found = _search(_NAN_ITERATIONS_RE, t, pos, before=0, after=40)
+        if found is not None and int(found[1].group("count")) > 0:
+            count = int(found[1].group("count"))
+            counted: Facts = {"metric": "loss", "value": "nan", "nan_iterations": count}
+            return _loss_hit(t, found[0] + found[1].start(), counted)
     for needle in ("nan", "inf"):
         for pos in t.find_all(needle):
             if not _word_at(t, pos, needle):
@@ -300,7 +312,7 @@ DOCS = {
         "a loss printed as NaN/Inf (``loss: nan``, ``'loss': nan``, ``loss=nan``, ``Loss is nan``, "
         "``tensor(nan``, detectron2's ``Loss became infinite or NaN at iteration=N``), or a NaN/Inf in a "
         "progress-table row (a step or epoch counter and numbers: YOLO's ``41/299  65.1G  nan ...``, "
-        "``76980 nan``) → loss/non_finite"
+        "``76980 nan``), Megatron's row count ``number of nan iterations: N`` above 0 → loss/non_finite"
     ),
     "numeric.grad-norm-non-finite": (
         "a gradient norm printed as NaN/Inf (``grad_norm: nan``, ``gnorm inf``, Megatron's ``Rank N: found "
