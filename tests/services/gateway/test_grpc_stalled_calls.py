@@ -104,3 +104,29 @@ def test_a_closed_connection_gives_its_calls_reservations_back_at_once() -> None
         _until(lambda: gateway.body_bytes.held() == 0, timeout=20)  # not after the 120 s idle timeout
     finally:
         server.stop(None).wait(10)
+
+
+def test_concurrent_sends_past_the_reserved_room_wait_for_it_and_are_all_accepted() -> None:
+    """The reservation waits rather than refuses: 24 concurrent Sends of one project whose bound holds two
+    reservations (2 x max_batch_bytes) are all accepted, none RESOURCE_EXHAUSTED (a refusing design would answer
+    most of them retry-after, and the SDK would wait 1 s per batch)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gateway, _queue, tokens = new_gateway(max_batch_bytes=MiB, max_event_bytes=MiB, max_batch_events=500,
+                                          ingest_max_inflight_bytes=4 * MiB, project_max_inflight_bytes=2 * MiB)
+    server, port = build_grpc_server(gateway, "127.0.0.1", 0, MiB)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            send = ingest_pb2_grpc.IngestServiceStub(channel).Send
+
+            def one(k: int) -> int:
+                request = wire.ingest_request_from_dicts([metric_event(step=k * 100 + i) for i in range(50)])
+                reply = send(request, timeout=30, metadata=(("authorization", f"Bearer {tokens.ingest}"),))
+                return int(reply.accepted)
+
+            with ThreadPoolExecutor(24) as pool:
+                assert list(pool.map(one, range(24))) == [50] * 24
+        assert gateway.body_bytes is not None and gateway.body_bytes.held() == 0
+    finally:
+        server.stop(None).wait(10)
