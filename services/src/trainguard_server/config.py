@@ -136,7 +136,13 @@ class Settings(BaseSettings):
         "RESOURCE_EXHAUSTED and retry-after")
     grpc_stream_idle_timeout_s: float = Field(
         60.0, gt=0, description="a gRPC Stream that receives no message for this long ends with "
-        "DEADLINE_EXCEEDED (what it sent before stays queued)")
+        "DEADLINE_EXCEEDED (what it sent before stays queued); so does a Send whose message does not arrive "
+        "within it")
+    grpc_receive_wait_s: float = Field(
+        5.0, gt=0, description="a gRPC Send reserves max_batch_bytes under ingest_max_inflight_bytes / "
+        "project_max_inflight_bytes before its message is read (gRPC's core would otherwise hold the whole "
+        "message before it is counted); one finding no room waits this long, its message unread, then is "
+        "answered RESOURCE_EXHAUSTED with retry-after (docs/security.md H34)")
 
     # --- query API ------------------------------------------------------------------------------
     api_stream_auth_recheck_s: float = Field(

@@ -130,3 +130,29 @@ def test_concurrent_sends_past_the_reserved_room_wait_for_it_and_are_all_accepte
         assert gateway.body_bytes is not None and gateway.body_bytes.held() == 0
     finally:
         server.stop(None).wait(10)
+
+
+def test_a_send_finding_no_room_is_refused_after_grpc_receive_wait_s() -> None:
+    gateway, _queue, tokens = new_gateway(max_batch_bytes=8 * MiB, max_event_bytes=MiB,
+                                          ingest_max_inflight_bytes=64 * MiB, project_max_inflight_bytes=8 * MiB,
+                                          grpc_stream_idle_timeout_s=60.0, grpc_receive_wait_s=0.5)
+    server, port = build_grpc_server(gateway, "127.0.0.1", 0, 8 * MiB)
+    server.start()
+    stalled = StalledCalls("127.0.0.1", port, 1, MESSAGE, token=tokens.ingest)  # holds the project's 8 MiB
+    try:
+        stalled.pump(quiet_s=1.0, deadline_s=30)
+        assert gateway.body_bytes is not None and gateway.body_bytes.held() == 8 * MiB
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as refused:
+                ingest_pb2_grpc.IngestServiceStub(channel).Send(
+                    wire.ingest_request_from_dicts([metric_event()]), timeout=30,
+                    metadata=(("authorization", f"Bearer {tokens.ingest}"),))
+            waited = time.monotonic() - started
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "TRAINGUARD_GRPC_RECEIVE_WAIT_S" in (refused.value.details() or "")
+        assert "TRAINGUARD_PROJECT_MAX_INFLIGHT_BYTES" in (refused.value.details() or "")
+        assert 0.4 <= waited < 20, waited  # it waited (0.5 s), then was refused; not the 60 s idle timeout
+    finally:
+        stalled.close()
+        server.stop(None).wait(10)

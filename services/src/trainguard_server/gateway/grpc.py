@@ -258,7 +258,7 @@ class StreamLimits:
         return cls(per_connection=settings.grpc_max_streams_per_connection,
                    per_token=settings.grpc_max_streams_per_token,
                    idle_timeout_s=settings.grpc_stream_idle_timeout_s, retry_after_s=settings.retry_after_s,
-                   receive_wait_s=getattr(settings, "grpc_receive_wait_s", cls.receive_wait_s))
+                   receive_wait_s=settings.grpc_receive_wait_s)
 
 
 class _Failed(Exception):
@@ -391,8 +391,9 @@ class AsyncIngestServicer:
             left = deadline - loop.time()
             if left <= 0:
                 wait = self.limits.retry_after_s
-                raise Backpressure(f"{why}: this call waited receive_wait_s={self.limits.receive_wait_s:g} s "
-                                   f"for room to receive a message of up to max_batch_bytes={n} bytes; "
+                raise Backpressure(f"{why}: this call waited {self.limits.receive_wait_s:g} s "
+                                   f"(TRAINGUARD_GRPC_RECEIVE_WAIT_S) for room to receive a message of up to "
+                                   f"max_batch_bytes={n} bytes; "
                                    f"nothing of this message was queued; retry after "
                                    f"{retry_after_header(wait)} s", wait)
             waited = True
