@@ -141,3 +141,22 @@ def test_a_route_missing_from_the_settings_routes_is_made() -> None:
     events = _mixed(2)[:300]
     with patch.object(pipeline_mod, "ROUTES_MAX", 1):
         assert _compare(events, 300, read=True) > 10
+
+
+@pytest.mark.parametrize("seed", range(0, 12, 2))
+def test_read_records_give_what_their_dicts_give(seed: int) -> None:
+    """The pipeline takes a ReadEnvelope with its points as it is (no _read; stop 42): the decoded records
+    give, piece by piece, the outputs and snapshots their envelopes' dicts (``raw``) give without points."""
+    pieces = list(_records(_mixed(seed), 89 + seed))
+    read, plain = Pipeline(SETTINGS, PROJECTS), Pipeline(SETTINGS, PROJECTS)
+    taken = 0
+    for k, (envelopes, points) in enumerate(pieces):
+        taken += sum(type(e) is ReadEnvelope for e in envelopes)
+        out_read = read.process(envelopes, points)
+        out_plain = plain.process([e.raw if type(e) is ReadEnvelope else e for e in envelopes])
+        assert out_read == out_plain, k
+        blob = read.snapshot()
+        assert blob == plain.snapshot(), k
+        if k % 3 == 2:
+            read, plain = Pipeline.restore(blob, SETTINGS, PROJECTS), Pipeline.restore(blob, SETTINGS, PROJECTS)
+    assert read.counters == plain.counters and taken > 300

@@ -408,22 +408,24 @@ class Pipeline:
         self.counters["events"] += 1
         applied_before = self._applied
         read = self._parsed.pop(self._at, None) if self._parsed else None
-        if read is None:
+        if read is not None:
+            ev, points = read
+        elif given is not None and type(raw) is ReadEnvelope and raw.kind == "metrics":
+            ev, points = raw, given  # (_read, inline: an envelope the runtime read, with its points)
+        else:
             try:
                 ev, points = _read(raw, given)
             except (TypeError, ValueError, AttributeError):
                 self.counters["malformed"] += 1
                 return
-        else:
-            ev, points = read
-        key = run_key(ev.project, ev.run_id)
+        key = f"{ev.project}\x00{ev.run_id}"  # (run_key, inline)
         if key in self._evicted:
             self.counters["late"] += 1
             return
         held = self._runs.get(key)
         before = len(held.incidents) if held is not None else 0
         try:
-            self._fold(ev, key, points, applied_before)
+            self._fold(ev, key, points, applied_before, held)
         except Exception as exc:  # a bug met by this run's data stops this run only
             run = self._runs.get(key)
             if run is not None:
@@ -435,21 +437,26 @@ class Pipeline:
         if len(run.incidents) != before:
             self._incidents_changed(run, len(run.incidents) - before, ev.time_ns)
 
-    def _fold(self, ev: ReadEnvelope, key: str, points: Sequence[Any], applied_before: int) -> None:
-        """Fold one parsed event into its run's state (``_process_one`` after the envelope was read)."""
+    def _fold(self, ev: ReadEnvelope, key: str, points: Sequence[Any], applied_before: int,
+              run: Optional[RunState] = None) -> None:
+        """Fold one parsed event into its run's state (``_process_one`` after the envelope was read; ``run``:
+        the run of ``key`` when it is held already)."""
         project_settings = self.project_settings  # (settings_for, inline: once per event)
         settings = project_settings.get(ev.project, self.settings) if project_settings else self.settings
-        run = self._run(ev, key)
+        if run is None:
+            run = self._run(ev, key)
         self._unsaved_runs[key] = None
         routed = self._routed.pop(self._at, None) if self._routed else None  # (not notable: see _run_ahead)
         if ev.event_id and routed is None and self._notable(ev, points) and \
                 not run.remember(ev.event_id, settings):
             self.counters["duplicates"] += 1
             return
-        rank = run.rank_state(ev.rank, settings)
+        rank = run.ranks.get(ev.rank)
         if rank is None:
-            self.counters["ranks_dropped"] += 1
-            return
+            rank = run.rank_state(ev.rank, settings)
+            if rank is None:
+                self.counters["ranks_dropped"] += 1
+                return
         first = run.ranks[next(iter(run.ranks))]  # where run-wide detector state lives (straggler's)
         judged = first.detectors.get(straggler.RUN_KEY, _NO_STATE).get("judged")
         wide = run.lost or bool(run.incidents)  # on_alive, correlation: run-wide
@@ -467,7 +474,7 @@ class Pipeline:
                 run.first_ns = time_ns
             if time_ns > run.last_event_ns:  # newer: the run becomes its project's most recently active
                 run.last_event_ns = time_ns  # (a replayed or late event changes no order: idempotent)
-                self._index.touch_run(run)
+                self._index.touch_run(run, key)
         if run.lost:  # (else nothing to say)
             progress.on_alive(run, rank, ev.time_ns, settings)
         if ev.kind == "metrics":
@@ -489,8 +496,7 @@ class Pipeline:
                 self._apply_all(run, rank, detector.on_memory(run, rank, ev.body, batch, settings), settings)
         if run.incidents:
             self._correlate(run, ev.time_ns, settings, folded=self._applied != applied_before)
-        self._dirty_runs[key] = None  # _mark, inline
-        self._unsaved_runs[key] = None
+        self._dirty_runs[key] = None  # _mark, inline (_unsaved_runs: set on entry)
         # which ranks this event may have written: its own and the first (run-wide detector state), unless
         # anything run-wide ran -- a finding applied (incidents, diagnosis), correlation, a lost run back,
         # shards combined, a step judged across ranks (the straggler detector writes every rank's pairs)

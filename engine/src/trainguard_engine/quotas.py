@@ -47,10 +47,12 @@ class ProjectIndex:
         self.touched = 0                                # arrivals counted so far (the orders' clock)
 
     # --- runs -------------------------------------------------------------------------------------
-    def touch_run(self, run: RunState) -> None:
-        """``run`` is new or got an event newer than any before: its project's most recently active run."""
+    def touch_run(self, run: RunState, key: Optional[str] = None) -> None:
+        """``run`` is new or got an event newer than any before: its project's most recently active run
+        (``key``: its :attr:`~trainguard_engine.state.RunState.key`, when the caller has it)."""
         mine = self.runs.setdefault(run.project, {})
-        key = run.key
+        if key is None:
+            key = run.key
         if mine and next(reversed(mine)) != key:
             mine.pop(key, None)
         mine[key] = None

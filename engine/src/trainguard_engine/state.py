@@ -207,6 +207,7 @@ class RankState:
         the settings read once, the dicts held in locals): the one implementation of keeping a point."""
         history, floors, tails = self.history, self.history_floor, self.tails
         max_series, history_len = settings.history_max_series, settings.history_len
+        limit = 2 * history_len
         for (name, step, value), kept in zip(points, keep):
             if not kept:
                 continue
@@ -220,9 +221,10 @@ class RankState:
                 continue
             size = len(series)
             series[step] = (value, time_ns)
+            grown = len(series)
             tail = tails.get(name)
             if tail is not None:
-                if len(series) == size:
+                if grown == size:
                     del tails[name]
                 else:
                     tail_points = tail.points
@@ -231,7 +233,7 @@ class RankState:
                     tail_points.append((step, value, time_ns))
                     if value - value != 0.0:
                         tail.bad_end = len(tail_points)
-            if len(series) > 2 * history_len:
+            if grown > limit:
                 kept_steps = sorted(series)[-history_len:]
                 floors[name] = kept_steps[0]
                 trimmed = history[name] = {s: series[s] for s in kept_steps}
