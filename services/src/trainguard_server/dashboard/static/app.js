@@ -53,6 +53,14 @@ async function api(path) {
   return (await apiPage(path))[0];
 }
 
+// The ?names= value naming these metrics, URL-encoded: comma-separated, and in a name a backslash, a comma
+// and a space at either end escaped with a backslash (the API's syntax: a metric name may hold commas and
+// spaces at its ends, docs/security.md H35)
+function namesParam(names) {
+  const one = (n) => n.replace(/\\/g, "\\\\").replace(/,/g, "\\,").replace(/^ | $/g, (m) => "\\" + m);
+  return encodeURIComponent(names.map(one).join(","));
+}
+
 // A run's metric summary: the endpoint answers a page of names at a time (X-Next-Cursor gives the next);
 // at most SUMMARY_PAGES pages of SUMMARY_PAGE names are read (a run has at most run_max_metric_names)
 const SUMMARY_PAGE = 5000, SUMMARY_PAGES = 4;
@@ -438,7 +446,7 @@ async function runPage(runId, params) {
   const points = Math.min(MAX_POINTS, Math.max(2, Number(params.get("points")) || MAX_POINTS));  // ?points=: coarser
   const fetchSeries = (e, chosenNames) => {
     const list = wallTime && !chosenNames.includes(STEP_TIME) ? chosenNames.concat([STEP_TIME]) : chosenNames;
-    return api(`/api/v1/runs/${e}/metrics?names=${encodeURIComponent(list.join(","))}&max_points=${points}${rankFilter ? `&rank=${rankFilter}` : ""}`);
+    return api(`/api/v1/runs/${e}/metrics?names=${namesParam(list)}&max_points=${points}${rankFilter ? `&rank=${rankFilter}` : ""}`);
   };
   const render = () => {
     for (let i = charts.length - 1; i >= 0; i--) if (charts[i].group === ZOOM_GROUP) charts.splice(i, 1)[0].dispose();
@@ -523,7 +531,7 @@ async function runPage(runId, params) {
 
 async function heatmap(enc, layers, rank) {
   // steps x layers, colour = log10 of the bucket's largest norm: an exploding or dead layer stands out
-  const data = await api(`/api/v1/runs/${enc}/metrics?names=${encodeURIComponent(layers.join(","))}&rank=${rank}&max_points=${HEATMAP_POINTS}`);
+  const data = await api(`/api/v1/runs/${enc}/metrics?names=${namesParam(layers)}&rank=${rank}&max_points=${HEATMAP_POINTS}`);
   const steps = [...new Set(layers.flatMap((n) => ((data.series[n] || {})[rank] || []).map((b) => b.step_end)))].sort((a, b) => a - b);
   const cells = [];
   let lo = Infinity, hi = -Infinity;

@@ -1,6 +1,6 @@
 // Per-rank step time (issue 23): the run page's heatmap (ranks x steps, colour = time per step) and a perf
 // incident's rank against the others (a chart and a table of medians). Loaded before app.js, whose helpers
-// (api, num, esc, chart, charts, darkTheme) it calls.
+// (api, namesParam, num, esc, chart, charts, darkTheme) it calls.
 //
 // What is measured, per rank and step, from the metrics the SDK records (bucket means when downsampled):
 //   own work     time/data_s + time/forward_s + time/optimizer_s: the rank's own time, without the wait inside
@@ -79,7 +79,7 @@ async function rankHeatmap(enc, run, incidents) {
   if (!el || !select) return;
   select.onchange = () => { rankMeasureChosen.set(run.run_id, select.value); rankHeatmap(enc, run, incidents).catch(() => {}); };
   const measure = select.value;
-  const data = await api(`/api/v1/runs/${enc}/metrics?names=${encodeURIComponent(measureNames(measure).join(","))}`
+  const data = await api(`/api/v1/runs/${enc}/metrics?names=${namesParam(measureNames(measure))}`
     + `&start_step=0&end_step=${Math.max(0, run.last_step)}&max_points=${RANK_HEATMAP_POINTS}`);
   const byRank = perRankSeconds(data, measure);
   const ranks = Object.keys(byRank).map(Number).sort((a, b) => a - b).slice(0, RANK_HEATMAP_RANKS);
@@ -118,7 +118,7 @@ async function rankComparison(inc) {
   if ((run.ranks || []).length < 2) return;
   const from = Math.max(0, inc.first_step), to = Math.max(inc.last_step, inc.first_step);
   const lo = Math.max(0, from - 30), hi = to + 10;
-  const data = await api(`/api/v1/runs/${enc}/metrics?names=${encodeURIComponent(OWN_PHASES.concat(["time/step_s"]).join(","))}`
+  const data = await api(`/api/v1/runs/${enc}/metrics?names=${namesParam(OWN_PHASES.concat(["time/step_s"]))}`
     + `&start_step=${lo}&end_step=${hi}&max_points=${RANK_HEATMAP_POINTS}`);
   const measure = Object.keys((data.series || {})["time/forward_s"] || {}).length ? OWN_WORK : "time/step_s";
   const byRank = perRankSeconds(data, measure);
