@@ -54,7 +54,8 @@ class StalledCalls:
 
     def __init__(self, host: str, port: int, calls: int, message_bytes: int, short: int = 1,
                  method: str = "/trainguard.v1.IngestService/Send", token: Optional[str] = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, no_message: bool = False) -> None:
+        """``no_message``: each call ends its side right after its headers, with no message at all."""
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.lock = threading.Condition()
@@ -83,8 +84,9 @@ class StalledCalls:
             stream = 1 + 2 * i
             with self.lock:
                 self.stream_window[stream] = self.initial_window
-                self.to_send[stream] = body_total
-            self._write(_frame(HEADERS, END_HEADERS, stream, block))
+                if not no_message:
+                    self.to_send[stream] = body_total
+            self._write(_frame(HEADERS, END_HEADERS | (END_STREAM if no_message else 0), stream, block))
         self.prefix = b"\x00" + struct.pack(">I", message_bytes)
 
     def _write(self, data: bytes) -> None:

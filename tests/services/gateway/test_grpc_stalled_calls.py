@@ -156,3 +156,12 @@ def test_a_send_finding_no_room_is_refused_after_grpc_receive_wait_s() -> None:
     finally:
         stalled.close()
         server.stop(None).wait(10)
+
+
+def test_a_send_with_no_message_is_invalid_argument(served: Any) -> None:
+    gateway, tokens, port, opened = served
+    calls = StalledCalls("127.0.0.1", port, 3, 0, token=tokens.ingest, no_message=True)
+    opened.append(calls)
+    _until(lambda: len(calls.status) == 3, timeout=20)
+    assert set(calls.status.values()) == {3}, calls.status  # INVALID_ARGUMENT "Send carried no message"
+    assert gateway.body_bytes is not None and gateway.body_bytes.held() == 0
