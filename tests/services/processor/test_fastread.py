@@ -283,8 +283,9 @@ def test_what_the_reader_takes(native_on: Any) -> None:
 
 
 def test_random_mutations(native_on: Any) -> None:
-    """3,000 seeded mutations of real records (bytes flipped, dropped, inserted, cut): read_request with
-    the native reader reads each one as protobuf does, or raises where protobuf raises."""
+    """3,000 seeded mutations of real records (bytes flipped, dropped, inserted, cut) and 2,000 random byte
+    strings: read_request with the native reader reads each one as protobuf does, or raises where protobuf
+    raises."""
     rng = random.Random(15)
     values = _values()[:4] + list(CASES.values())
     for _ in range(3000):
@@ -303,6 +304,18 @@ def test_random_mutations(native_on: Any) -> None:
             else:
                 del data[at:]
         _check(bytes(data))
+    for _ in range(2000):  # random bytes, some behind a valid request's first bytes
+        head = rng.choice(values)[:rng.randrange(40)] if rng.random() < 0.5 else b""
+        _check(head + bytes(rng.randrange(256) for _ in range(rng.randrange(64))))
+
+
+def test_bytes_only(native_on: Any) -> None:
+    """The reader takes bytes only (immutable while read); a bytearray or memoryview is protobuf's."""
+    value = _values()[0]
+    assert native_on.read(value) is not None
+    for other in (bytearray(value), memoryview(value)):
+        assert native_on.read(other) is None
+        _same(decode.read_request(other), decode.read_request_protobuf(value))  # type: ignore[arg-type]
 
 
 def test_pipeline_the_same(native_on: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -403,6 +416,10 @@ def test_add_points_refuses_what_is_not_a_point(reader: Any) -> None:
     by_name: dict = {}
     with pytest.raises(TypeError):
         reader.add_points(by_name, 1, [("a", 1, 1.0), ["b", 2, 2.0]])
+    with pytest.raises(TypeError):
+        reader.add_points(by_name, 1, [("a", 1, 1.0), (b"b", 2, 2.0)])
+    with pytest.raises(TypeError):
+        reader.add_points(by_name, 1, [("a", 1, 1.0), ("b", 2)])
     assert by_name == {}
     assert reader.add_points(by_name, 7, [("a", 1, 1.0), ("a", 2, 2.0), ("b", 1, 0.5)]) == 3
     assert by_name == {"a": ([1, 2], [7, 7], [1.0, 2.0]), "b": ([1], [7], [0.5])}

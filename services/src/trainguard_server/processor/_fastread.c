@@ -16,6 +16,15 @@
  * reads the request with protobuf, whose errors are the errors. Unknown fields are skipped, as protobuf
  * skips them. A plain envelope's reader never needs protobuf's parse.
  *
+ * ``value`` must be ``bytes`` (immutable while it is read); anything else gives None (protobuf reads it).
+ *
+ * Memory safety (records are untrusted bytes -- a Kafka topic anyone with access can write): every read is
+ * bounded by the buffer's end before it happens (varints, lengths, fixed64); lengths are compared with what
+ * is left before use; no recursion (three fixed levels); each loop advances at least one byte; strings point
+ * into the buffer only during the call (the per-call cache holds their Python objects). read_envelopes
+ * builds only objects whose types and slot offsets setup() verified (member descriptors of those very
+ * types); add_points holds what it uses and re-reads its list at each point (allocating may run finalizers).
+ *
  * Field numbers: proto/trainguard/v1/events.proto (decode.py checks them against the generated descriptors
  * before it uses this module). Our own code; no dependency beyond the Python C API.
  */
@@ -45,6 +54,14 @@ static int read_varint(Cursor *c, uint64_t *out) {
         shift += 7;
     }
     return -1;
+}
+
+/* A field's tag: -1 unless a varint of at most 5 bytes, at most 32 bits, with a field number (protobuf's
+ * own limits: anything else is its to judge). */
+static int read_tag(Cursor *c, uint64_t *out) {
+    const unsigned char *start = c->p;
+    if (read_varint(c, out) < 0 || c->p - start > 5 || *out > 0xFFFFFFFFu || (*out >> 3) == 0) return -1;
+    return 0;
 }
 
 /* Skip a field's value of wire type wt; -1 on a group or truncation. */
@@ -154,7 +171,7 @@ static int read_point(const unsigned char *s, Py_ssize_t n, int64_t env_step, St
     PyObject *tuple, *o;
     int rc;
     while (c.p < c.end) {
-        if (read_varint(&c, &tag) < 0) return BAIL_RECORD;
+        if (read_tag(&c, &tag) < 0) return BAIL_RECORD;
         switch (tag) {
         case (1 << 3) | 2:
             if ((rc = check_utf8(cache, name)) < 0) return rc; /* an earlier occurrence */
@@ -223,7 +240,7 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
     int metrics_seen = 0, other_payload = 0, i, rc;
     memset(str, 0, sizeof(str));
     while (c.p < c.end) {
-        if (read_varint(&c, &tag) < 0) return BAIL_RECORD;
+        if (read_tag(&c, &tag) < 0) return BAIL_RECORD;
         unsigned field = (unsigned)(tag >> 3), wt = (unsigned)(tag & 7);
         int which = -1;
         switch (field) {
@@ -280,7 +297,7 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
         Py_ssize_t pn = 0;
         int alert = 0;
         while (b.p < b.end) {
-            if (read_varint(&b, &tag) < 0) return BAIL_RECORD;
+            if (read_tag(&b, &tag) < 0) return BAIL_RECORD;
             switch (tag) {
             case (1 << 3) | 2:
                 if (read_len(&b, &ps, &pn) < 0) return BAIL_RECORD;
@@ -305,17 +322,15 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
         points = PyList_New(0);
         if (points == NULL) return -3;
         b.p = batch;
-        while (b.p < b.end) {
-            read_varint(&b, &tag); /* checked above */
-            if (tag == ((1 << 3) | 2)) {
-                read_len(&b, &ps, &pn);
-                rc = read_point(ps, pn, step, cache, points);
-                if (rc < 0) {
-                    Py_DECREF(points);
-                    return rc;
-                }
-            } else {
-                skip_value(&b, (unsigned)(tag & 7));
+        while (b.p < b.end) { /* the bytes walked above (immutable: read() takes bytes only) */
+            if (read_tag(&b, &tag) < 0) rc = BAIL_RECORD;
+            else if (tag == ((1 << 3) | 2))
+                rc = read_len(&b, &ps, &pn) < 0 ? BAIL_RECORD : read_point(ps, pn, step, cache, points);
+            else
+                rc = skip_value(&b, (unsigned)(tag & 7)) < 0 ? BAIL_RECORD : 0;
+            if (rc < 0) {
+                Py_DECREF(points);
+                return rc;
             }
         }
         tuple = PyTuple_New(11);
@@ -371,6 +386,7 @@ static PyObject *fastread_read(PyObject *self, PyObject *arg) {
     Py_ssize_t en;
     int rc;
     (void)self;
+    if (!PyBytes_CheckExact(arg)) Py_RETURN_NONE; /* bytes only (immutable while read): protobuf reads the rest */
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     c.p = (const unsigned char *)view.buf;
     c.end = c.p + view.len;
@@ -379,7 +395,7 @@ static PyObject *fastread_read(PyObject *self, PyObject *arg) {
     result = cache.empty == NULL ? NULL : PyList_New(0);
     if (result == NULL) goto fail;
     while (c.p < c.end) {
-        if (read_varint(&c, &tag) < 0) goto bail;
+        if (read_tag(&c, &tag) < 0) goto bail;
         if (tag != ((1 << 3) | 2)) {
             if ((tag >> 3) == 1 || tag >> 3 == 0 || skip_value(&c, (unsigned)(tag & 7)) < 0) goto bail;
             continue;
@@ -420,10 +436,12 @@ fail:
 /* add_points(by_name, time_ns, points) -> int: storage.base.MetricColumns.add's loop for one envelope --
  * each (name, step, value) of ``points`` appended to ``by_name[name]``'s (steps, times, values) lists (a new
  * ([], [], []) for a new name), ``time_ns`` as the time of each; returns len(points). Every item must be a
- * tuple of three (what read() and decode build); TypeError otherwise, before anything is added. */
+ * tuple of three with a str name (what read() and decode build); TypeError otherwise, before anything is
+ * added. */
 static PyObject *fastread_add_points(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *by_name, *time_ns, *points, *item, *cols;
     Py_ssize_t i, n;
+    int bad;
     (void)self;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "add_points(by_name, time_ns, points)");
@@ -437,38 +455,54 @@ static PyObject *fastread_add_points(PyObject *self, PyObject *const *args, Py_s
         return NULL;
     }
     n = PyList_GET_SIZE(points);
-    for (i = 0; i < n; i++) {
+    for (i = 0; i < n; i++) { /* nothing is added unless every point is a (str, step, value) tuple */
         item = PyList_GET_ITEM(points, i);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3) {
-            PyErr_SetString(PyExc_TypeError, "add_points: every point a (name, step, value) tuple");
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0))) {
+            PyErr_SetString(PyExc_TypeError, "add_points: every point a (name: str, step, value) tuple");
             return NULL;
         }
     }
-    for (i = 0; i < n; i++) {
+    /* Allocating a series' lists may run the garbage collector, hence finalizers, hence any Python code:
+     * the list and the dict are read again at each point and what is used is held. */
+    for (i = 0; i < PyList_GET_SIZE(points); i++) {
         item = PyList_GET_ITEM(points, i);
-        cols = PyDict_GetItemWithError(by_name, PyTuple_GET_ITEM(item, 0)); /* borrowed */
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0))) {
+            PyErr_SetString(PyExc_RuntimeError, "add_points: the points changed while being added");
+            return NULL;
+        }
+        Py_INCREF(item);
+        cols = PyDict_GetItemWithError(by_name, PyTuple_GET_ITEM(item, 0)); /* str keys: no Python code */
         if (cols == NULL) {
-            if (PyErr_Occurred()) return NULL;
-            cols = Py_BuildValue("([][][])");
-            if (cols == NULL) return NULL;
-            if (PyDict_SetItem(by_name, PyTuple_GET_ITEM(item, 0), cols) < 0) {
-                Py_DECREF(cols);
+            if (PyErr_Occurred()) {
+                Py_DECREF(item);
                 return NULL;
             }
-            Py_DECREF(cols); /* the dict holds it */
+            cols = Py_BuildValue("([][][])");
+            if (cols == NULL || PyDict_SetItem(by_name, PyTuple_GET_ITEM(item, 0), cols) < 0) {
+                Py_XDECREF(cols);
+                Py_DECREF(item);
+                return NULL;
+            }
+        } else {
+            Py_INCREF(cols);
         }
-        if (!PyTuple_CheckExact(cols) || PyTuple_GET_SIZE(cols) != 3 ||
-            !PyList_CheckExact(PyTuple_GET_ITEM(cols, 0)) || !PyList_CheckExact(PyTuple_GET_ITEM(cols, 1)) ||
-            !PyList_CheckExact(PyTuple_GET_ITEM(cols, 2))) {
+        bad = !PyTuple_CheckExact(cols) || PyTuple_GET_SIZE(cols) != 3 ||
+              !PyList_CheckExact(PyTuple_GET_ITEM(cols, 0)) || !PyList_CheckExact(PyTuple_GET_ITEM(cols, 1)) ||
+              !PyList_CheckExact(PyTuple_GET_ITEM(cols, 2));
+        if (bad) {
             PyErr_SetString(PyExc_TypeError, "add_points: a series' columns are a tuple of three lists");
-            return NULL;
+        } else {
+            bad = PyList_Append(PyTuple_GET_ITEM(cols, 0), PyTuple_GET_ITEM(item, 1)) < 0 ||
+                  PyList_Append(PyTuple_GET_ITEM(cols, 1), time_ns) < 0 ||
+                  PyList_Append(PyTuple_GET_ITEM(cols, 2), PyTuple_GET_ITEM(item, 2)) < 0;
         }
-        if (PyList_Append(PyTuple_GET_ITEM(cols, 0), PyTuple_GET_ITEM(item, 1)) < 0 ||
-            PyList_Append(PyTuple_GET_ITEM(cols, 1), time_ns) < 0 ||
-            PyList_Append(PyTuple_GET_ITEM(cols, 2), PyTuple_GET_ITEM(item, 2)) < 0)
-            return NULL;
+        Py_DECREF(cols);
+        Py_DECREF(item);
+        if (bad) return NULL;
     }
-    return PyLong_FromSsize_t(n);
+    return PyLong_FromSsize_t(i); /* the points added (all of them unless the list shrank meanwhile) */
 }
 
 /* --- read_envelopes: read()'s plain batches as the objects decode.read_request hands out ------------------
