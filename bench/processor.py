@@ -285,8 +285,10 @@ def build_native(checkout: Path) -> bool:
     builder = checkout / NATIVE_BUILDER
     if not builder.is_file():
         return False
-    if any(builder.parent.glob("_fastread*.so")):
-        return True
+    source = builder.with_name("_fastread.c")
+    built = list(builder.parent.glob("_fastread*.so"))
+    if built and source.is_file() and all(b.stat().st_mtime >= source.stat().st_mtime for b in built):
+        return True  # built from this source already
     return subprocess.run([sys.executable, str(builder)], capture_output=True, check=False).returncode == 0
 
 

@@ -348,6 +348,7 @@ def test_schema_check() -> None:
     the reader is not used -- update the C with the schema); the package's own built copy, if any, is the
     one decode uses."""
     assert decode.schema_matches()
+    assert decode.prepare_native(object()) is None  # not a reader (no VERSION): protobuf path
     assert native.target_name().startswith("_fastread") and native.target_name().endswith(".so")
     built = Path(decode.__file__).with_name(native.target_name())
     assert (decode.NATIVE is not None) == built.is_file()

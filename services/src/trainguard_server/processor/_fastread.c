@@ -658,4 +658,15 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastread",
                                     "The processor's optional native reader of queue records.", -1, methods,
                                     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__fastread(void) { return PyModule_Create(&module); }
+/* What decode.py's prepare_native requires (READER_VERSION there): a module built from an older source is
+ * not used (protobuf path) -- raise it with every change of what read/read_envelopes/add_points do. */
+#define READER_VERSION 3
+
+PyMODINIT_FUNC PyInit__fastread(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", READER_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -61,6 +61,8 @@ def _native_reader() -> Any:
     return prepare_native(_fastread)
 
 
+READER_VERSION = 3
+"""The _fastread.c this decode.py was written with (its ``VERSION``): another build is not used."""
 _READ_ENVELOPE_SLOTS = ("raw", "kind", "body", "event_id", "project", "run_id", "rank", "step", "time_ns",
                         "host", "pid", "world_size", "run_name", "trace_id")
 """ReadEnvelope's fields in its __init__'s order (the header ones in the native reader's order)."""
@@ -74,8 +76,8 @@ def prepare_native(module: Any) -> Any:
     exactly its slots, in :data:`_READ_ENVELOPE_SLOTS`' order, with no ``__post_init__`` (its generated
     __init__ then only assigns them, which is what the reader does); PlainBatch and PlainEnvelope this
     module's, with the slots their __init__s assign."""
-    if not schema_matches():
-        return None
+    if getattr(module, "VERSION", None) != READER_VERSION or not schema_matches():
+        return None  # a module built from another source (a stale build in place), or another schema
     if not dataclasses.is_dataclass(ReadEnvelope) or hasattr(ReadEnvelope, "__post_init__") or \
             tuple(f.name for f in dataclasses.fields(ReadEnvelope)) != _READ_ENVELOPE_SLOTS or \
             set(getattr(ReadEnvelope, "__slots__", ())) != set(_READ_ENVELOPE_SLOTS) or \
@@ -88,7 +90,7 @@ def prepare_native(module: Any) -> Any:
                        for cls, names in ((ReadEnvelope, _READ_ENVELOPE_SLOTS),
                                           (PlainBatch, _PLAIN_BATCH_SLOTS),
                                           (PlainEnvelope, _PLAIN_ENVELOPE_SLOTS))))
-    except (TypeError, KeyError):
+    except (TypeError, KeyError, AttributeError):
         return None
     return module
 
