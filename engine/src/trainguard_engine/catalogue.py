@@ -698,6 +698,29 @@ class DetectionSettings:
         "climb was the gradient of a loss that left its band, and the run goes on far above it without "
         "blowing up. A later non-finite value re-classifies it back (same incident, the climb's lead kept). "
         "0: off.", minimum=0)
+    spike_factor: float = _setting(
+        10.0, "loss/spike (warning) opens on one finite loss value >= this x the median of the spike_window "
+        "values before it (and >= spike_over_max x their largest): one bad batch that hit the run (stop 41's "
+        "GRU, residual MLP and LoRA Llama: the loss 100-7,750x for ONE step, then normal, and no incident). "
+        "With spike_over_max and spike_start_level, no healthy shape of tuning36/38/39/41/42 has a value "
+        "over all three bars at 5, 8 or 10; tuning42's clipped Lightning CNN's x100 batch is 11.4x. 0: off.",
+        minimum=0.0)
+    spike_over_max: float = _setting(
+        3.0, "... and >= this x the LARGEST of those values: a value of the range the loss already had "
+        "(a hard batch that comes back now and then, a heavy-tailed loss) is not a spike.", minimum=1.0)
+    spike_start_level: float = _setting(
+        1.0, "... and >= this x the run's initial loss level (the median of its first loss_baseline_points "
+        "values, or the first when lower): the bad batch undid what the run had learned. A converged "
+        "classifier's one hard batch is far above its collapsed median but far below its start (tuning36's "
+        "healthy ViT: 0.002 -> 0.07 at 0.04x its start, 32-50x its median; tuning41's GRU bad batch: 2.2x "
+        "its start, the others 100x and more). 0: off.", minimum=0.0)
+    spike_window: int = _setting(
+        40, "The loss values before a value that loss/spike measures it against (at least half of them "
+        "needed: the first values of a run are not judged).", minimum=4)
+    spike_resolve_points: int = _setting(
+        3, "An open loss/spike resolves after this many finite loss values in a row below the larger of "
+        "spike_over_max x the largest value before the spike and 1/spike_factor of the spike: the one bad "
+        "value is behind the run (a run that stays high is then the loss-curve rules' to judge).", minimum=1)
     layer_norm_warn: float = _setting(
         10.0, "Per-layer grad norm above which a layer is named in explosion evidence (seed: > 10 warns).")
     clip_rate_warn: float = _setting(
@@ -1191,7 +1214,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "explosion_jump_factor", "explosion_window_steps", "explosion_min_points", "explosion_sustain",
         "explosion_climb_quantile", "explosion_trend_points", "explosion_onset_factor",
         "explosion_resolve_points", "explosion_recovered_level", "explosion_settled_spread",
-        "explosion_settled_level", "explosion_diverged_points", "loss_window",
+        "explosion_settled_level", "explosion_diverged_points", "spike_factor", "spike_over_max",
+        "spike_start_level", "spike_window", "spike_resolve_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
         "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_min_fall", "oscillation_held_points",

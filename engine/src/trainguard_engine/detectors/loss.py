@@ -1982,6 +1982,148 @@ def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSetti
         window=window(rank, gname or "", hi, settings.evidence_window))]
 
 
+# ----------------------------------------------------------------------------------------------------
+# one bad batch: a single loss value far above the run's range
+
+
+SPIKE_KEY = "loss:spike"
+"""The incident slot of loss/spike (one per run; a later spike opens it again)."""
+
+
+def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
+             event_id: str, settings: DetectionSettings) -> List[Finding]:
+    """loss/spike for one metric batch of ``rank`` (already in its history; docs/detectors.md).
+
+    A finite loss value >= ``spike_factor`` x the median of the ``spike_window`` values before it, >=
+    ``spike_over_max`` x their largest and >= ``spike_start_level`` x the run's initial level (the median
+    of its first ``loss_baseline_points`` values, or the first when lower) is a candidate; its bar is the
+    larger of ``spike_over_max`` x that largest and 1/``spike_factor`` of the spike. The incident opens
+    (dated at the spike) on the first later value back under the bar -- one bad batch the run absorbed --
+    and resolves once ``spike_resolve_points`` values in a row are under it. A candidate is dropped when a
+    non-finite loss comes first, when the rank's numeric slot (explosion, divergence, NaN) opens, or after
+    ``spike_window`` values still above the bar: the first step of an explosion or a level change is the
+    other rules' story. None is taken while the numeric slot or an oscillation is open on the rank."""
+    if not settings.spike_factor > 0:
+        return []
+    loss_names = family_names(settings)[1]
+    for point in points:
+        if point[0] in loss_names:
+            name, step, value = point
+            break
+    else:
+        return []
+    state: Dict[str, Any] = rank_state(rank).setdefault("spike", {})
+    if state.setdefault("metric", name) != name or step <= state.get("last", -1):
+        return []
+    state["last"] = step
+    if value - value != 0.0:  # non-finite: the NaN rules' (a candidate was the start of it)
+        state.pop("pending", None)
+        return []
+    busy = rank_has_open(run, rank, NUMERIC_KEY, "loss:oscillation")
+    held = state.get("open")  # [bar, values in a row under it, step of the spike]
+    if held is not None:
+        st = run.incidents.get(SPIKE_KEY)
+        if st is None or not st.is_open:
+            state.pop("open")
+        elif value < held[0]:
+            held[1] += 1
+            if held[1] >= settings.spike_resolve_points:
+                state.pop("open")
+                resolve(st, time_ns, step, rank.rank,
+                        f"rank {rank.rank}: {name} back below {fmt_number(held[0])} on "
+                        f"{settings.spike_resolve_points} values in a row since the spike at step {held[2]}: "
+                        f"the run absorbed the bad batch", settings)
+            return []
+        else:
+            held[1] = 0
+    pending = state.get("pending")  # {step, value, median, top, bar, time_ns, event_id, waited}
+    if pending is not None:
+        if busy:
+            state.pop("pending")
+        elif value < pending["bar"]:
+            state.pop("pending")
+            state["open"] = [pending["bar"], 1, pending["step"]]
+            return [_spike_finding(rank, name, pending, step, time_ns, settings)]
+        else:
+            pending["waited"] += 1
+            if pending["waited"] >= settings.spike_window:
+                state.pop("pending")
+            return []
+    if busy:
+        return []  # an explosion, divergence or swings already tell the story: their values are no spike
+    before = recent(rank, name, settings.spike_window + 1, step)
+    prior = [v for s, v, _t in before if s < step][-settings.spike_window:]
+    if len(prior) < max(2, settings.spike_window // 2):
+        return []
+    top = max(prior)
+    if not (top > 0 and value >= settings.spike_over_max * top):
+        return []
+    med = robust.median(prior)
+    if not (med > 0 and value >= settings.spike_factor * med):
+        return []
+    init: List[float] = rank_state(rank).get("loss", {}).get("init") or []
+    if len(init) < settings.loss_baseline_points:
+        return []
+    start = robust.median(init)
+    if 0 < init[0] < start:
+        start = init[0]
+    if not value >= settings.spike_start_level * start:
+        return []  # a converged model's one hard batch: far above its collapsed median, not its start
+    state["pending"] = {"step": step, "value": value, "median": med, "top": top, "count": len(prior),
+                        "bar": max(settings.spike_over_max * top, value / settings.spike_factor),
+                        "time_ns": time_ns, "event_id": event_id, "waited": 0}
+    return []
+
+
+def _spike_finding(rank: RankState, name: str, spike: Dict[str, Any], step: int, time_ns: int,
+                   settings: DetectionSettings) -> Finding:
+    """The loss/spike Finding for a candidate (:func:`on_spike`) confirmed at ``step``."""
+    at, value, med, top = spike["step"], spike["value"], spike["median"], spike["top"]
+    ratio = value / med
+    evidence = [Evidence(
+        rule="loss.spike",
+        description=(f"{name} {fmt_number(value)} at step {at}: {ratio:.3g}x the median "
+                     f"{fmt_number(med)} of the {spike['count']} values before it "
+                     f"(>= {settings.spike_factor:g}x) and {value / top:.3g}x their largest "
+                     f"{fmt_number(top)} (>= {settings.spike_over_max:g}x); back under "
+                     f"{fmt_number(spike['bar'])} at step {step}"),
+        step=at, time_ns=spike["time_ns"], rank=rank.rank, metric=name, threshold=settings.spike_factor,
+        value=wire_float(ratio), window=window(rank, name, step, settings.evidence_window),
+        event_id=spike["event_id"])]
+    norm_text = ""
+    gname = grad_metric(rank, settings)
+    norm_at = rank.history.get(gname, {}).get(at) if gname else None
+    if gname and norm_at is not None and math.isfinite(norm_at[0]):
+        norms = [v for s, v, _t in recent(rank, gname, settings.spike_window + 1, at) if s < at]
+        norm_med = robust.median(norms) if norms else 0.0
+        if norm_med > 0:
+            norm_ratio = norm_at[0] / norm_med
+            norm_text = f"; {gname} {fmt_number(norm_at[0])}, {norm_ratio:.3g}x its median"
+            evidence.append(Evidence(
+                rule="loss.spike_grad_norm",
+                description=(f"{gname} {fmt_number(norm_at[0])} at step {at}: {norm_ratio:.3g}x the median "
+                             f"{fmt_number(norm_med)} of the {len(norms)} readings before it"),
+                step=at, time_ns=spike["time_ns"], rank=rank.rank, metric=gname, value=wire_float(norm_ratio),
+                window=window(rank, gname, step, settings.evidence_window), event_id=spike["event_id"]))
+    return Finding(
+        "loss", "spike", SPIKE_KEY, rank.rank, at, spike["time_ns"], host=rank.host, seen_ns=time_ns,
+        seen_step=step, event_id=spike["event_id"], evidence=evidence,
+        timeline=[TimelineEntry(time_ns=spike["time_ns"], step=at, rank=rank.rank,
+                                what=f"rank {rank.rank}: {name} {fmt_number(value)} at step {at}, "
+                                     f"{ratio:.3g}x its median{norm_text}"),
+                  TimelineEntry(time_ns=time_ns, step=step, rank=rank.rank,
+                                what=f"rank {rank.rank}: {name} back under {fmt_number(spike['bar'])} "
+                                     f"at step {step}")],
+        values={"detail": f"{ratio:.3g}x its median", "value": fmt_number(value), "step": at, "metric": name,
+                "rank": rank.rank},
+        summary=(f"On rank {rank.rank}, {name} jumped to {fmt_number(value)} at step {at}, {ratio:.3g}x "
+                 f"the median of the values before it and {value / top:.3g}x their largest{norm_text}, "
+                 f"then came back: one bad batch (inputs or labels in other units, an outlier, a loss "
+                 f"summed or weighted wrongly on that step). Look at that step's batch. It resolves once "
+                 f"the loss stays back; if the run does not recover, the loss-curve and gradient incidents "
+                 f"say how it goes on."))
+
+
 _CHECKS = {"oscillation": _check_oscillation, "divergence": _check_divergence, "rise-after-fall": _check_rise,
            "plateau": _check_plateau}
 
@@ -2008,7 +2150,7 @@ class LossCurve(Detector):
     detectors, so it runs after them."""
 
     name = "loss.curve"
-    kinds = ("loss/oscillation", "loss/divergence", "loss/rise-after-fall", "loss/plateau")
+    kinds = ("loss/oscillation", "loss/divergence", "loss/rise-after-fall", "loss/plateau", "loss/spike")
     section = "loss_gradient"
     names_only = True  # wants() reads the batch's names and the settings only
 
@@ -2017,4 +2159,6 @@ class LossCurve(Detector):
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:
-        return on_curve(run, rank, batch.points, batch.time_ns, batch.event_id, settings)
+        found = on_curve(run, rank, batch.points, batch.time_ns, batch.event_id, settings)
+        spike = on_spike(run, rank, batch.points, batch.time_ns, batch.event_id, settings)
+        return found + spike if spike else found
