@@ -117,11 +117,11 @@ def schema_matches() -> bool:
                         "recent": (3, F.TYPE_MESSAGE)},
         "Metric": {"name": (1, F.TYPE_STRING), "value": (2, F.TYPE_DOUBLE), "step": (3, F.TYPE_INT64)},
     }
-    events = ingest_pb2.IngestRequest.DESCRIPTOR.fields_by_name["events"]
-    envelope = events.message_type
-    batch = envelope.fields_by_name["metrics"].message_type
-    metric = batch.fields_by_name["points"].message_type
-    found = {"Envelope": envelope, "MetricBatch": batch, "Metric": metric}
+    events: Any = ingest_pb2.IngestRequest.DESCRIPTOR.fields_by_name["events"]
+    envelope: Any = events.message_type  # (message fields: a descriptor, never None)
+    batch: Any = envelope.fields_by_name["metrics"].message_type
+    metric: Any = batch.fields_by_name["points"].message_type
+    found: Dict[str, Any] = {"Envelope": envelope, "MetricBatch": batch, "Metric": metric}
     repeated = {("MetricBatch", "points"), ("MetricBatch", "recent")}
     if events.number != 1 or events.type != F.TYPE_MESSAGE or not _repeats(events) or \
             sys.byteorder != "little":
