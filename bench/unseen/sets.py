@@ -37,7 +37,7 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "tuning41": ("bench.unseen.tuning5", True),  # stop 41's tuning set
     "heldout41": ("bench.unseen.heldout7", True),  # stop 41's held-out set: judged once per engine, SPENT
     "tuning42": ("bench.unseen.tuning6", True),  # stop 42's tuning set
-    "heldout42": ("bench.unseen.heldout8", True),  # stop 42's held-out set: judged once per engine
+    "heldout42": ("bench.unseen.heldout8", True),  # stop 42's held-out set: judged once per engine, SPENT
 }
 
 
