@@ -1989,6 +1989,10 @@ def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSetti
 SPIKE_KEY = "loss:spike"
 """The incident slot of loss/spike (one per run; a later spike opens it again)."""
 
+SPIKE_START_MEMO = "loss.spike_start"
+"""The key of the run's start level for :func:`on_spike` in the rank's derived state (``RankState.derived``:
+never serialized): computed once the loss curve's ``init`` values are all in (they never change after)."""
+
 
 def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
              event_id: str, settings: DetectionSettings) -> List[Finding]:
@@ -2019,7 +2023,6 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     if value - value != 0.0:  # non-finite: the NaN rules' (a candidate was the start of it)
         state.pop("pending", None)
         return []
-    busy = rank_has_open(run, rank, NUMERIC_KEY, "loss:oscillation")
     held = state.get("open")  # [bar, values in a row under it, step of the spike]
     if held is not None:
         st = run.incidents.get(SPIKE_KEY)
@@ -2038,7 +2041,7 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             held[1] = 0
     pending = state.get("pending")  # {step, value, median, top, bar, time_ns, event_id, waited}
     if pending is not None:
-        if busy:
+        if rank_has_open(run, rank, NUMERIC_KEY, "loss:oscillation"):
             state.pop("pending")
         elif value < pending["bar"]:
             state.pop("pending")
@@ -2049,7 +2052,20 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             if pending["waited"] >= settings.spike_window:
                 state.pop("pending")
             return []
-    if busy:
+    # The rejections below change nothing, so the cheapest come first: most values of a learning run are
+    # under its start level, and that level is fixed once the curve's first values are in.
+    start = rank.derived.get(SPIKE_START_MEMO)
+    if start is None:
+        init: List[float] = rank_state(rank).get("loss", {}).get("init") or []
+        if len(init) < settings.loss_baseline_points:
+            return []
+        start = robust.median(init)
+        if 0 < init[0] < start:
+            start = init[0]
+        rank.derived[SPIKE_START_MEMO] = start  # (init no longer changes; derived: rebuilt after a restore)
+    if not value >= settings.spike_start_level * start:
+        return []  # a converged model's one hard batch: far above its collapsed median, not its start
+    if rank_has_open(run, rank, NUMERIC_KEY, "loss:oscillation"):
         return []  # an explosion, divergence or swings already tell the story: their values are no spike
     before = recent(rank, name, settings.spike_window + 1, step)
     prior = [v for s, v, _t in before if s < step][-settings.spike_window:]
@@ -2061,14 +2077,6 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     med = robust.median(prior)
     if not (med > 0 and value >= settings.spike_factor * med):
         return []
-    init: List[float] = rank_state(rank).get("loss", {}).get("init") or []
-    if len(init) < settings.loss_baseline_points:
-        return []
-    start = robust.median(init)
-    if 0 < init[0] < start:
-        start = init[0]
-    if not value >= settings.spike_start_level * start:
-        return []  # a converged model's one hard batch: far above its collapsed median, not its start
     state["pending"] = {"step": step, "value": value, "median": med, "top": top, "count": len(prior),
                         "bar": max(settings.spike_over_max * top, value / settings.spike_factor),
                         "time_ns": time_ns, "event_id": event_id, "waited": 0}
