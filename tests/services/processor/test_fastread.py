@@ -253,6 +253,12 @@ CASES = {
     "field number 0": _request(_header() + _field(0, 0, b"\x01") + _metrics(_point())),
     "11-byte varint": _request(_header() + _field(7, 0, b"\xff" * 10 + b"\x01") + _metrics(_point())),
     "10-byte varint, top bits": _request(_header() + _field(10, 0, b"\xff" * 9 + b"\x7f") + _metrics(_point())),
+    # length prefixes padded with 0x80 bytes: upb takes at most 5 bytes (hR's review, stop 42)
+    "6-byte batch length": bytes.fromhex("0a0b1a0172a201808080808000"),
+    "5-byte batch length": bytes.fromhex("0a0a1a0172a2018080808000"),
+    "6-byte point length": _request(_header() + _string(20, b"\x0a\x80\x80\x80\x80\x80\x00")),
+    "6-byte unknown field length": _request(_header() + b"\xca\x02\x80\x80\x80\x80\x80\x00" +
+                                            _metrics(_point())),
     "truncated": _request(_header() + _metrics(_point()))[:-3],
     "truncated length": _request(_header() + _metrics(_point())) + b"\x0a\x40\x0a",
     "mixed": _request(_header() + _metrics(_point()), _header(event_id="e2") + _string(24, _string(1, "hi")),

@@ -64,6 +64,15 @@ static int read_tag(Cursor *c, uint64_t *out) {
     return 0;
 }
 
+/* A length prefix: -1 unless a varint of at most 5 bytes, at most INT32_MAX and within the bytes left
+ * (upb's _upb_Decoder_DecodeSize refuses a longer or larger one as a corrupt wire format). */
+static int read_size(Cursor *c, uint64_t *out) {
+    const unsigned char *start = c->p;
+    if (read_varint(c, out) < 0 || c->p - start > 5 || *out > 0x7FFFFFFFu || *out > (uint64_t)(c->end - c->p))
+        return -1;
+    return 0;
+}
+
 /* Skip a field's value of wire type wt; -1 on a group or truncation. */
 static int skip_value(Cursor *c, unsigned wt) {
     uint64_t n;
@@ -75,7 +84,7 @@ static int skip_value(Cursor *c, unsigned wt) {
         c->p += 8;
         return 0;
     case 2:
-        if (read_varint(c, &n) < 0 || n > (uint64_t)(c->end - c->p)) return -1;
+        if (read_size(c, &n) < 0) return -1;
         c->p += n;
         return 0;
     case 5:
@@ -90,7 +99,7 @@ static int skip_value(Cursor *c, unsigned wt) {
 /* A length-delimited value: its bytes in [*start, *start + *len). */
 static int read_len(Cursor *c, const unsigned char **start, Py_ssize_t *len) {
     uint64_t n;
-    if (read_varint(c, &n) < 0 || n > (uint64_t)(c->end - c->p)) return -1;
+    if (read_size(c, &n) < 0) return -1;
     *start = c->p;
     *len = (Py_ssize_t)n;
     c->p += n;
@@ -660,7 +669,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastread",
 
 /* What decode.py's prepare_native requires (READER_VERSION there): a module built from an older source is
  * not used (protobuf path) -- raise it with every change of what read/read_envelopes/add_points do. */
-#define READER_VERSION 3
+#define READER_VERSION 4
 
 PyMODINIT_FUNC PyInit__fastread(void) {
     PyObject *m = PyModule_Create(&module);
