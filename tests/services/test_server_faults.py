@@ -276,7 +276,10 @@ def test_sigterm_with_grpc_sends_waiting_for_their_message_ends_them_cleanly(tmp
     loop to destroy (before, one "Task was destroyed but it is pending!" ERROR per waiting call)."""
     from tests.services.gateway.grpc_raw import StalledCalls
 
-    server = ServeProcess(tmp_path / "data").start()
+    server = ServeProcess(tmp_path / "data", env={
+        # only the stop may end the waiting calls: with the default 5 s a slow machine's upload lets some
+        # waiters give up first (RESOURCE_EXHAUSTED) before the SIGTERM (hR's review, stop 42)
+        "TRAINGUARD_GRPC_RECEIVE_WAIT_S": "60"}).start()
     host, port = server.grpc_target.rsplit(":", 1)
     calls = StalledCalls(host, int(port), 20, 8_000_000, token=server.tokens["ingest"])
     try:
