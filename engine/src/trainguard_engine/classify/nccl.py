@@ -304,7 +304,8 @@ _NCCL_KINDS = {
                                "says which): a CUDA driver/runtime or NCCL version mismatch, or an earlier "
                                "CUDA error on this rank (illegal memory access, ECC, Xid)"),
 }
-_INIT_CONTEXT_RE = re.compile(r"ncclCommInitRank|\binit_process_group\b|processing method init_device\b|"
+_INIT_CONTEXT_RE = re.compile(r"ncclCommInitRank|\binit_process_group\b(?!\(\) with a device_id)|"
+                              r"processing method init_device\b|"
                               r"\binit_worker_distributed_environment\b|\binit_model_parallel_group\b|"
                               r"\binitialize_model_parallel\b|\bPyNcclCommunicator\(|"
                               r"\b_new_process_group_helper\b|\bfrom_engine_args\b|\b_init_executor\b")
@@ -315,7 +316,9 @@ init_device: NCCL error: unhandled system error``, vllm-project/vllm#7800) and i
 (``init_worker_distributed_environment``, ``initialize_model_parallel``, ``init_model_parallel_group``,
 pynccl's ``PyNcclCommunicator(``) while its engine is built (``from_engine_args``, ``_init_executor``: no
 request has run yet). Read in the traceback around the error line (:data:`INIT_CONTEXT_WINDOW`
-characters either side): the same error later in a run, inside a collective, stays NCCL's failure."""
+characters either side): the same error later in a run, inside a collective, stays NCCL's failure. torch's
+warning at the first barrier of a healthy run (``... or call init_process_group() with a device_id.``) is no
+set-up context (hR's review, stop 42)."""
 INIT_CONTEXT_WINDOW = 2500
 """How far (characters, either side of the NCCL error line) a set-up frame counts as the error's context."""
 _PEER_GONE_RE = re.compile(r"[Cc]onnection (?:closed|reset) by (?:remote )?peer|"

@@ -212,6 +212,12 @@ in a DataLoader worker, a library's threads at exit) corrupted the heap: the abo
 (process/exit), not the out-of-memory or CUDA error an unexplained SIGABRT stands for on the exit path."""
 _GLIBC_NEEDLES = ("double free or corruption", "free(): ", "munmap_chunk(): ", "corrupted size vs. prev_size",
                   "corrupted double-linked list", "malloc(): ", "malloc_consolidate(): ", "realloc(): ")
+_TRACEBACK_HEAD = "traceback (most recent call last)"
+_PYTHON_ERROR_LINE_RE = re.compile(r"(?m)^[ \t]*[A-Za-z_][\w.]{0,160}(?:Error|Exception)(?::|[ \t]*$)")
+"""A Python traceback, or an exception's own line (``KeyError: 'labels'``: the text a traceback's message is
+classified from), printed BEFORE a glibc abort: that exception is the root and the abort a teardown
+consequence (native libraries' atexit after the error), so the abort is not read here (hR's review, stop 42:
+``KeyError: 'labels'`` then ``double free or corruption (!prev)`` read process/exit, not the KeyError)."""
 _OOM_KILLER_RE = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process "
                             r"(?P<pid>\d{1,10}) \((?P<comm>[^)\n]{1,64})\)"
                             r"|Detected \d{1,6} oom[-_]kill events?")
@@ -406,7 +412,9 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
                             "a native crash; the dead worker's log under /tmp/ray/session_latest/logs says "
                             "which")
     pos = t.first(*_GLIBC_NEEDLES)
-    if pos >= 0 and (found := _search(_GLIBC_ABORT_RE, t, pos, before=320, after=120)) is not None:
+    if (pos >= 0 and not 0 <= t.first(_TRACEBACK_HEAD) < pos
+            and _PYTHON_ERROR_LINE_RE.search(t.text, max(0, pos - 4096), pos) is None
+            and (found := _search(_GLIBC_ABORT_RE, t, pos, before=320, after=120)) is not None):
         m = found[1]
         glibc: Facts = {"error": m.group("msg"), "signal": 6, "signal_name": "SIGABRT", "reporter": "glibc"}
         return _Hit("process", "exit", 0.6, found[0] + m.start("msg"), glibc,
