@@ -43,9 +43,12 @@ def test_a_clipped_lstm_whose_loss_was_weighted_x10000_on_one_step() -> None:
     assert norm and "grad" in norm[0].metric, [e.rule for e in spike.evidence]
 
 
-def test_natural_spikes_of_hard_batches_are_no_spike() -> None:
-    """Every 17th batch all random tokens: the loss jumps 3-10x its median each time, but never past the
-    window's largest (the previous hard batch is in it)."""
+def test_a_healthy_trainer_run_with_random_rows_gets_no_spike() -> None:
+    """A healthy HF Trainer GPT-2 run (tuning42) whose data carries random-token rows: the Trainer samples rows at
+    random, so each batch holds ~1/17 of them and its loss stays within ~1.5x the window's median (hR's review,
+    stop 42: the fixture does NOT hold 3-10x natural spikes, as this test's first docstring said -- a healthy
+    stream with natural spikes >= 10x its median is still missing here; bench/results/unseen_probe_stop42.txt's
+    earlier tuning sets are the evidence for those)."""
     assert SPIKE not in _incidents(FIXTURES / "hf_gpt2_adamw_hard_batches_ok.jsonl.gz")
 
 
