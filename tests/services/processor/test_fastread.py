@@ -442,3 +442,19 @@ def test_required_native_is_there() -> None:
         assert decode.NATIVE is not None, (
             f"TRAINGUARD_REQUIRE_NATIVE=1 but {native.target_name()} is not built beside processor/decode.py "
             "(python services/src/trainguard_server/processor/native.py builds it)")
+
+
+def test_a_stale_build_is_refused_with_a_warning(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A module built from another source (its VERSION not decode's) is not used, and the log says so with
+    the rebuild command (before, the fallback to protobuf was silent: hR's review, stop 42)."""
+    import sys
+    import types
+
+    stale = types.ModuleType("trainguard_server.processor._fastread")
+    stale.VERSION = decode.READER_VERSION - 1  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "trainguard_server.processor._fastread", stale)
+    monkeypatch.setattr(sys.modules["trainguard_server.processor"], "_fastread", stale, raising=False)
+    with caplog.at_level("WARNING", logger=decode.__name__):
+        assert decode._native_reader() is None
+    assert "is not used" in caplog.text and "trainguard_server.processor.native" in caplog.text

@@ -36,6 +36,7 @@ protobuf: :func:`read_request_protobuf`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from collections.abc import Mapping
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
@@ -58,7 +59,13 @@ def _native_reader() -> Any:
         from . import _fastread  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return prepare_native(_fastread)
+    prepared = prepare_native(_fastread)
+    if prepared is None:  # built, not for this source or schema: say so (the protobuf path reads all)
+        logging.getLogger(__name__).warning(
+            "the processor's native reader %s is not used: built from another source (VERSION %s, this code "
+            "wants %s) or for another schema -- rebuild it: python -m trainguard_server.processor.native",
+            getattr(_fastread, "__file__", "_fastread"), getattr(_fastread, "VERSION", None), READER_VERSION)
+    return prepared
 
 
 READER_VERSION = 4
