@@ -18,7 +18,7 @@ import math
 import random
 import struct
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -95,6 +95,18 @@ def _outcome(read: Callable[[bytes], Any], value: bytes) -> Any:
         return read(value)
     except Exception as exc:  # what protobuf raises on bytes it cannot parse
         return type(exc)
+
+
+def _read_by_five(values: List[bytes]) -> Iterator[Tuple[List[Any], List[Any]]]:
+    """read_request over ``values`` five records at a time (a processor chunk): each chunk's envelopes and points."""
+    for i in range(0, len(values), 5):
+        envs: List[Any] = []
+        pts: List[Any] = []
+        for value in values[i:i + 5]:
+            e, p = decode.read_request(value)
+            envs += e
+            pts += p
+        yield envs, pts
 
 
 def _check(value: bytes) -> Any:
@@ -337,13 +349,7 @@ def test_pipeline_the_same(native_on: Any, monkeypatch: pytest.MonkeyPatch) -> N
             monkeypatch.setattr(decode, "NATIVE", reader)
             pipeline = Pipeline(settings)
             outs = []
-            for i in range(0, len(values), 5):
-                envs: List[Any] = []
-                pts: List[Any] = []
-                for value in values[i:i + 5]:
-                    e, p = decode.read_request(value)
-                    envs += e
-                    pts += p
+            for envs, pts in _read_by_five(values):
                 outs.append(pipeline.process(envs, pts))
             outputs.append((outs, pipeline.snapshot()))
         assert outputs[0] == outputs[1], name
@@ -381,13 +387,7 @@ def _store_raw_rounds(values: List[bytes], reader: Any, monkeypatch: pytest.Monk
     store = _Columns()
     fake = types.SimpleNamespace(metrics=store, events=types.SimpleNamespace(put=lambda stored: None),
                                  stats=ProcessorStats())
-    for i in range(0, len(values), 5):
-        envs: List[Any] = []
-        pts: List[Any] = []
-        for value in values[i:i + 5]:
-            e, p = decode.read_request(value)
-            envs += e
-            pts += p
+    for envs, pts in _read_by_five(values):
         EmbeddedProcessor._store_raw(fake, envs, pts)  # type: ignore[arg-type]
     return store.rounds
 
