@@ -150,8 +150,6 @@ def _repeats(field: Any) -> bool:
     return bool(flag) if flag is not None else field.label == field.LABEL_REPEATED
 
 
-
-
 def _emit_double(value: float) -> Any:
     """A double as the JSON mapping writes it (NaN and +-Inf as strings)."""
     if value - value == 0.0:

@@ -618,18 +618,14 @@ class EmbeddedProcessor:
         add = columns.add
         native = decode.NATIVE  # the native reader's add_points: MetricColumns.add's loop in C
         add_points = native.add_points if native is not None else None
-        by_rank, added = columns.by_rank, 0
+        add_with = columns.add_with
         for env, mine in zip(envelopes, per_envelope):
             if isinstance(env, ReadEnvelope):  # a plain metric batch, read by read_request: never raw context
                 if mine:
                     if add_points is None or type(mine) is not list:
                         add(env.project, env.run_id, env.rank, env.time_ns, mine)
                     else:
-                        key = (env.project, env.run_id, env.rank)
-                        by_name = by_rank.get(key)
-                        if by_name is None:
-                            by_name = by_rank[key] = {}
-                        added += add_points(by_name, env.time_ns, mine)
+                        add_with(add_points, env.project, env.run_id, env.rank, env.time_ns, mine)
                 continue
             project = env.get("project", "")
             run_id = env.get("run_id", "")
@@ -643,7 +639,6 @@ class EmbeddedProcessor:
                     host=env.get("host", ""), kind=_kind(env), severity=env.get("severity", "INFO"),
                     step=int(env.get("step", 0)), time_ns=time_ns, text=extract.raw_text(env),
                     payload=env))
-        columns.count += added
         if columns.count:
             self.metrics.put_columns(columns)
             self.stats.metric_points += columns.count

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import (
     Any,
+    Callable,
     Dict,
     Generic,
     Iterable,
@@ -79,6 +80,10 @@ SeriesColumns = Tuple[List[int], List[int], List[float]]
 """One series' points of a batch as columns ``(steps, times_ns, values)``, in arrival order."""
 
 
+PointTuple = Tuple[str, int, float]
+"""One point of an envelope as the processor reads it: ``(name, step, value)``."""
+
+
 class MetricColumns:
     """A batch of metric points grouped by series, in columns: ``by_rank[(project, run_id, rank)][name]``
     is that series' :data:`SeriesColumns`. What the processor builds once per round from the decoded
@@ -92,12 +97,24 @@ class MetricColumns:
         self.by_rank: Dict[Tuple[str, str, int], Dict[str, SeriesColumns]] = {}
         self.count = 0
 
-    def add(self, project: str, run_id: str, rank: int, time_ns: int,
-            points: Sequence[Tuple[str, int, float]]) -> None:
-        """One envelope's points ``(name, step, value)`` (ints and floats as they are: no conversion)."""
+    def series_of(self, project: str, run_id: str, rank: int) -> Dict[str, SeriesColumns]:
+        """The rank's series by name (made empty on first use)."""
         by_name = self.by_rank.get((project, run_id, rank))
         if by_name is None:
             by_name = self.by_rank[(project, run_id, rank)] = {}
+        return by_name
+
+    def add_with(self, add_points: Callable[[Dict[str, SeriesColumns], int, List[PointTuple]], int],
+                 project: str, run_id: str, rank: int, time_ns: int,
+                 points: List[PointTuple]) -> None:
+        """:meth:`add` through ``add_points`` (the processor's native reader's: the same loop in C, which
+        returns how many points it added)."""
+        self.count += add_points(self.series_of(project, run_id, rank), time_ns, points)
+
+    def add(self, project: str, run_id: str, rank: int, time_ns: int,
+            points: Sequence[Tuple[str, int, float]]) -> None:
+        """One envelope's points ``(name, step, value)`` (ints and floats as they are: no conversion)."""
+        by_name = self.series_of(project, run_id, rank)
         for name, step, value in points:
             cols = by_name.get(name)
             if cols is None:
