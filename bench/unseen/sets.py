@@ -38,6 +38,8 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout41": ("bench.unseen.heldout7", True),  # stop 41's held-out set: judged once per engine, SPENT
     "tuning42": ("bench.unseen.tuning6", True),  # stop 42's tuning set
     "heldout42": ("bench.unseen.heldout8", True),  # stop 42's held-out set: judged once per engine, SPENT
+    "tuning43": ("bench.unseen.tuning7", True),  # stop 43's tuning set
+    "heldout43": ("bench.unseen.heldout9", True),  # stop 43's held-out set: judge once per engine
 }
 
 
