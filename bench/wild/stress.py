@@ -138,6 +138,7 @@ FORMATS: Tuple[Tuple[str, str], ...] = (
     ("pdsh_host", "gpu-q-13: "),
     ("vllm_v1_worker", "(Worker_DP0_TP0_EP0 pid=5609) "),
     ("vllm_v1_record", "(Worker_DP0_TP0_EP0 pid=5609) ERROR {md} [v1/executor/multiproc_executor.py:932] "),
+    ("metaflow", "{t}.977 [177/train/578 (pid 28936)] [09c561ee-a44c-4795-967c-7183a83b3160] "),
 )
 """``--formats``: a launcher's, runner's or collector's tag on EVERY line of the paste (torchrun's
 ``[default0]:``, srun --label's ``3: ``, Open MPI's ``--tag-output``, a collector's ISO stamp, Ray's coloured
@@ -146,7 +147,8 @@ Azure ML's ``<date> [<node>, <ip>]``, TorchX roles, SkyPilot, vLLM's workers, do
 --prefix``, a bracketed stamp, vLLM's logger record header ``ERROR 03-25 21:13:53 [file.py:374] `` (alone and
 under its worker column), SGLang's ``[<date> DP4 TP4] ``, pdsh's host column alone ``gpu-q-13: ``
 (DeepSpeed's multi-node runner without torch's rank tag), vLLM v1's worker column
-``(Worker_DP0_TP0_EP0 pid=5609) `` alone and before a header naming the file's path):
+``(Worker_DP0_TP0_EP0 pid=5609) `` alone and before a header naming the file's path, Metaflow's
+``<date> [run/step/task (pid N)] [<log id>] ``):
 the reading must not depend on how the lines were
 carried. A stamp in a tag is the paste's first date (:func:`_paste_span`), as a collector stamps the lines
 when they were written (a stamp years from the paste's own dates would only test the import's time window)."""

@@ -105,6 +105,7 @@ from .python import (
     _rule_device_mismatch,
     _rule_fatal,
     _rule_index,
+    _rule_ray_wrapped,
     _rule_shape,
 )
 from .text import (
@@ -171,6 +172,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("torchrun.worker-failed", _rule_worker_failed),
     ("launcher.signal", _rule_launcher_signal),
     ("python.fatal-error", _rule_fatal),
+    ("ray.task-error", _rule_ray_wrapped),
     ("cuda.error-cut", _rule_cuda_error_cut),
 )
 """The text rules, most causal first (after ``torchrun.child-failed``, which is tried before all of them)."""
@@ -373,9 +375,13 @@ def classify_exception(exc_type: str, message: str) -> Classification:
 _INIT_FUNCTIONS = frozenset({
     "init_process_group", "new_group", "_new_group_with_tag", "_store_based_barrier", "_create_c10d_store",
     "_env_rendezvous_handler", "_tcp_rendezvous_handler", "_file_rendezvous_handler", "init_distributed",
-    "init_device_mesh", "_create_tcp_store"})
+    "init_device_mesh", "_create_tcp_store", "ncclCommInitRank", "initialize_model_parallel",
+    "init_model_parallel_group", "init_distributed_environment"})
 """Functions of torch.distributed (and DeepSpeed's ``init_distributed``) that set a process group up
-(``_create_tcp_store``: torchelastic's c10d rendezvous backend creating its store)."""
+(``_create_tcp_store``: torchelastic's c10d rendezvous backend creating its store), and the serving and
+model-parallel stacks' own: Megatron's / vLLM's / SGLang's ``initialize_model_parallel``,
+``init_model_parallel_group``, ``init_distributed_environment``, and their pynccl wrapper's
+``ncclCommInitRank`` (sgl-project/sglang#4289: ``NCCL error: unhandled system error`` raised there)."""
 INIT_FUNCTIONS = _INIT_FUNCTIONS
 _AT_INIT = (("comm", "rank-lost"), ("comm", "timeout"), ("comm", "failure"))
 """What a peer's reset, a timeout or a generic NCCL/gloo failure is when it happens while the group is being

@@ -167,12 +167,30 @@ memory``), and the driver API's (``CUDA driver error: out of memory``); on ROCm 
 the HIP form of its ``CUDA_ERROR_OUT_OF_MEMORY``; keras-team/keras#13889) and ``hipErrorOutOfMemory``."""
 
 
+_OOM_XLA_NEEDLES = ("resource_exhausted: out of memory", "resource exhausted: out of memory",
+                    "resource exhausted: oom when allocating", "== cudasuccess (2 vs. 0)")
+"""The same failure as other frameworks' allocators word it: XLA's (JAX's
+``jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456
+bytes.``, jax-ml/jax#13428; older XLA ``Resource exhausted: Out of memory while trying to allocate ...``),
+TensorFlow's op kernel (``Resource exhausted: OOM when allocating tensor with shape[256,832,7,7]``,
+tensorflow/tensorflow#4735) and Caffe's CUDA_CHECK through glog on error 2, cudaErrorMemoryAllocation
+(``Check failed: error == cudaSuccess (2 vs. 0)  out of memory``, taokong/RON#4). TensorFlow's BFC
+allocator's ``ran out of memory trying to allocate`` is not one of them: it is also the warning of an
+allocation the caller retries ("The caller indicates that this is not a failure")."""
+
+
 _OOM_RECOVERY = "attempting to recover from oom in forward/backward pass"
 """fairseq's trainer catching a CUDA OOM (it skips the batch; the OOM message itself may be elsewhere)."""
 
 
 def _rule_cuda_oom_plain(t: _Text) -> Optional[_Hit]:
     pos = t.first(*_OOM_PLAIN_NEEDLES)
+    if pos < 0 and (pos := t.first(*_OOM_XLA_NEEDLES)) >= 0:
+        return _Hit("memory", "oom", 0.85, pos, {"error": _shorten(t.line_at(pos), 120)},
+                    "out of accelerator memory (the framework's allocator)",
+                    "the framework's device allocator (XLA, TensorFlow, Caffe) could not allocate: the "
+                    "GPU/TPU was full -- a smaller batch or model shard; with JAX, memory another process or "
+                    "XLA_PYTHON_CLIENT_PREALLOCATE already holds")
     if pos < 0:
         pos = t.first(_OOM_RECOVERY)
         if pos < 0:
@@ -619,7 +637,7 @@ def _next(t: _Text, pos: int) -> int:
 
 GATES = {
     "cuda.oom": ("out of memory",),
-    "cuda.oom-plain": (*_OOM_PLAIN_NEEDLES, _OOM_RECOVERY),
+    "cuda.oom-plain": (*_OOM_PLAIN_NEEDLES, *_OOM_XLA_NEEDLES, _OOM_RECOVERY),
     "cuda.device-assert": ("assertion `", _BARE_ASSERT_NEEDLE),
     "nvidia.xid": ("nvrm: xid",),
     "rocm.gpu-fault": ("device-side assertion `", "memory access fault by gpu node-", "hsa_status_error_"),
@@ -644,7 +662,9 @@ DOCS = {
     'cuda.oom-plain': (
         "``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED``, ``CUDA_ERROR_OUT_OF_MEMORY`` / "
         "``HIP_ERROR_OutOfMemory`` / ``hipErrorOutOfMemory``, fairseq's ``attempting to recover "
-        "from OOM in forward/backward pass`` → memory/oom"
+        "from OOM in forward/backward pass``; other allocators' wordings: XLA's ``RESOURCE_EXHAUSTED: Out of "
+        "memory while trying to allocate ...`` (JAX), TensorFlow's ``Resource exhausted: OOM when allocating "
+        "tensor ...``, Caffe's ``Check failed: error == cudaSuccess (2 vs. 0)  out of memory`` → memory/oom"
     ),
     'cuda.device-assert': ("a kernel's ``file.cu:N: [kernel or its C++ signature: ]block: [..], thread: [..] "
                            "Assertion `...` failed`` line (the assertion may hold backticks, or have lost "

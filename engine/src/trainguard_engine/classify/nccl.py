@@ -419,22 +419,27 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
     return _Hit(category, subtype, confidence, pos, facts, headline, note, extra_lines=extra)
 
 
-_ABORTED_RE = re.compile(r"NCCL communicator was aborted on rank (?P<rank>\d+)\.(?: Original reason for "
+_ABORTED_RE = re.compile(r"NCCL communicator was aborted(?: on rank (?P<rank>\d+))?\.(?: Original reason for "
                          r"failure was: (?P<reason>[^\n]{0,600}))?")
+"""Also torch < 1.8's bare ``RuntimeError: NCCL communicator was aborted.`` (no rank, no reason:
+karfly/learnable-triangulation-pytorch#81)."""
 
 
 def _rule_nccl_comm_aborted(t: _Text) -> Optional[_Hit]:
-    pos = t.first("nccl communicator was aborted on rank")
+    pos = t.first("nccl communicator was aborted")
     if pos < 0:
         return None
     found = _search(_ABORTED_RE, t, pos, before=0, after=800)
     if found is None:
         return None
     m = found[1]
-    facts: Facts = {"rank": int(m.group("rank"))}
+    facts: Facts = {}
+    if m.group("rank"):
+        facts["rank"] = int(m.group("rank"))
     if m.group("reason"):
         facts["reason"] = _shorten(m.group("reason"), 300)
-    return _Hit("comm", "failure", 0.6, pos, facts, f"NCCL communicator aborted on rank {facts['rank']}",
+    on = f" on rank {facts['rank']}" if "rank" in facts else ""
+    return _Hit("comm", "failure", 0.6, pos, facts, f"NCCL communicator aborted{on}",
                 "the process group was aborted after an earlier failure: the original reason is the cause")
 
 
@@ -567,7 +572,7 @@ GATES = {
     "nccl.watchdog-status": ("last enqueued work:", "last enqueued nccl work:",
                              "stack trace of the failed collective:"),
     "nccl.error": (*_NCCL_NEEDLES, "duplicate gpu detected"),
-    "nccl.comm-aborted": ("nccl communicator was aborted on rank",),
+    "nccl.comm-aborted": ("nccl communicator was aborted",),
     "nccl.debug": ("mismatched collective detected", "nccl warn", "nccl info", _OLD_WARN_NEEDLE),
     "nccl.ib-error": ("got completion from peer",),
     "nccl.watchdog-teardown": (*_TEARDOWN_NEEDLES, *_CHECK_TIMEOUT),
@@ -619,7 +624,8 @@ DOCS = {
         '``Duplicate GPU detected : rank N and rank M both on CUDA device D`` (in its last error, or on a '
         'line of its own) → comm/init-failure'
     ),
-    'nccl.comm-aborted': '``NCCL communicator was aborted on rank N`` → comm/failure',
+    'nccl.comm-aborted': ('``NCCL communicator was aborted on rank N`` (torch < 1.8: ``NCCL communicator was '
+                          'aborted.``, no rank) → comm/failure'),
     'nccl.ib-error': (
         '``NET/IB : Got completion from peer ... with error N`` → comm/rank-lost (NCCL returns it as '
         'ncclRemoteError: the peer or the link to it went away)'

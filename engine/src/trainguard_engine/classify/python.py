@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 
 from ..catalogue import SIGNAL_NAMES
 from .text import (
+    _TYPE_RULES,
     Facts,
     _exit_kind,
     _Hit,
@@ -253,6 +254,32 @@ def _bare(exc_type: str) -> str:
     return exc_type.rsplit(".", 1)[-1]
 
 
+_RAY_WRAPPED_RE = re.compile(r"\bRay(?:Task|Actor)Error\((?P<inner>[A-Za-z_][\w.]{0,120})\)(?::[ \t]*"
+                             r"(?P<rest>[^\n]{0,300}))?")
+"""Ray's error for a remote task or actor method that raised, printed with the task's exception class in
+parentheses (``ray.exceptions.RayTaskError(OutOfMemoryError): ray::DTensorPolicyWorkerV2.get_logprobs()
+(pid=..., repr=DTensorPolicyWorkerV2[rank=0])``, NVIDIA-NeMo/RL#3793): that class is the worker's own
+error, whose message the paste may not hold."""
+
+
+def _rule_ray_wrapped(t: _Text) -> Optional[_Hit]:
+    pos = t.first("raytaskerror(", "rayactorerror(")
+    if pos < 0 or (found := _search(_RAY_WRAPPED_RE, t, pos, before=3, after=400)) is None:
+        return None
+    m = found[1]
+    inner = m.group("inner")
+    bare = _bare(inner)
+    rule = next((r for r, _pattern in _TYPE_RULES if inner in r.types or bare in r.types), None)
+    if rule is None:
+        return None  # a generic class (RuntimeError): the worker's traceback and message say what it was
+    facts: Facts = {"exc_type": inner, "wrapper": "ray"}
+    rest = (m.group("rest") or "").strip()
+    headline = f"{inner} in a Ray task" + (f": {_shorten(rest, 120)}" if rest else "")
+    return _Hit(rule.category, rule.subtype, min(rule.confidence, 0.85), found[0] + m.start(), facts,
+                headline, "Ray wrapped the remote task's exception (its class in parentheses): read it as "
+                "that exception of the worker named after ray::")
+
+
 GATES = {
     "autograd.anomaly-nan": ("returned nan values in its", "error detected in"),
     "model.device-mismatch": tuple(needle for needle, _pattern in _DEVICE_PATTERNS),
@@ -260,6 +287,7 @@ GATES = {
     "model.shape-mismatch": tuple(needle for needle, _pattern in _SHAPE_PATTERNS),
     "dataloader.worker": ("in dataloader worker process", *_WORKER_SIGNAL_NEEDLES, "dataloader worker (pid"),
     "python.fatal-error": ("fatal python error:",),
+    "ray.task-error": ("raytaskerror(", "rayactorerror("),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -294,7 +322,14 @@ DOCS = {
     'frames.process-group-init': (
         '(``classify_chain`` given the exception\'s frames) a generic exception, or a peer reset / timeout / '
         'comm failure, raised inside ``init_process_group``, ``new_group``, rendezvous or store creation or '
-        'DeepSpeed\'s ``init_distributed`` → comm/init-failure'
+        'DeepSpeed\'s ``init_distributed``, or the model-parallel / serving stacks\' set-up '
+        '(``initialize_model_parallel``, ``init_model_parallel_group``, ``init_distributed_environment``, '
+        'a pynccl wrapper\'s ``ncclCommInitRank``) → comm/init-failure'
+    ),
+    'ray.task-error': (
+        "Ray's ``RayTaskError(<Class>)`` / ``RayActorError(<Class>)`` when the class is one an "
+        "exception-type rule names (``RayTaskError(OutOfMemoryError): ray::Worker.method() ...``) → that "
+        "rule's kind (a generic class: no match, the worker's traceback decides)"
     ),
     'python.exception': 'any other printed Python traceback → process/exception',
 }

@@ -237,6 +237,11 @@ _MPIRUN_SIGNAL_RE = re.compile(r"process rank (?P<rank>\d{1,7}) with PID \d{1,10
 """Open MPI's launcher (``mpirun``, as Horovod and DeepSpeed's MPI runner start workers): ``mpirun noticed
 that process rank 1 with PID 0 on node n1 exited on signal 4 (Illegal instruction: 4).`` -- worker rank 1 was
 ended by that signal."""
+_DIED_FROM_SIGNAL_RE = re.compile(r"(?:\b(?P<who>rank|process|worker|task) (?P<rank>\d{1,7}) )?"
+                                  r"died from signal (?P<sig>\d{1,2})\b")
+"""A launcher's per-process report of a signal death (ezpz's ``rank 0 died from signal 11 and dumped core``
+then ``rank 4 died from signal 9`` as it kills the rest, saforem2/ezpz#210): the first such line is the
+process that crashed; ``rank N`` names its rank."""
 _CONTAINER_FAILED_RE = re.compile(r"Container rank (?P<rank>\d{1,7}) status failed cmd \[[^\n]{0,4000}?\] "
                                   r"code (?P<code>-?\d{1,4})\b")
 """Paddle's launcher (``python -m paddle.distributed.launch``): ``LAUNCH ERROR ... Container failed !!!`` then
@@ -335,6 +340,15 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
             mpi: Facts = {"signal": signal, "signal_name": SIGNAL_NAMES[signal], "rank": int(m.group("rank")),
                           "launcher": "mpirun"}
             return _signal_hit(found[0] + m.start(), mpi, "mpirun: a worker")
+    pos = t.first("died from signal ")
+    if pos >= 0 and (found := _search(_DIED_FROM_SIGNAL_RE, t, pos, before=40, after=20)) is not None:
+        m = found[1]
+        signal = int(m.group("sig"))
+        if signal in SIGNAL_NAMES:
+            died_from: Facts = {"signal": signal, "signal_name": SIGNAL_NAMES[signal]}
+            if m.group("who") == "rank":
+                died_from["rank"] = int(m.group("rank"))
+            return _signal_hit(found[0] + m.start(), died_from, "a worker")
     pos = t.first("container rank ")
     if pos >= 0 and (found := _search(_CONTAINER_FAILED_RE, t, pos, before=0, after=4100)) is not None:
         m = found[1]
@@ -680,7 +694,8 @@ GATES = {
                         "program received signal sig",
                         "program terminated with signal sig", "exits with return code = ",
                         ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
-                        "oom-kill event", "exited on signal ", "container rank ", "exceeded memory limit",
+                        "oom-kill event", "exited on signal ", "died from signal ", "container rank ",
+                        "exceeded memory limit",
                         "exceeded job memory limit", "exceeded step memory limit",
                         "illegal instruction", "floating point exception", "(interrupted by signal ",
                         "(core dumped)",
@@ -736,7 +751,9 @@ DOCS = {
         "Killed process N (python)``, Slurm's ``Detected 1 oom-kill event(s)``, Slurm's memory limit "
         "``Job N exceeded memory limit (A > B), being killed`` -- it wins over the ``CANCELLED AT`` line it "
         "causes) → process/killed (SIGKILL); Open MPI's ``mpirun noticed that process rank N with PID P on "
-        "node H exited on signal S`` → by the exit decision path for S, the culprit N; Paddle's launcher "
+        "node H exited on signal S`` → by the exit decision path for S, the culprit N; a launcher's "
+        "``rank N died from signal S [and dumped core]`` (ezpz) → by the exit decision path for S, the "
+        "culprit N (the first such line: the others are the launcher's kills); Paddle's launcher "
         "``Container rank N status failed cmd [...] code C`` → process/exit (C < 0: by the decision path for "
         "signal -C), the culprit N; the raylet's ``A worker died or was killed while executing a task by an "
         "unexpected system error ... Worker exit type: SYSTEM_ERROR`` (or a dead actor's ``The actor is dead "

@@ -41,7 +41,8 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
   line, one wrapped in markdown (:func:`unwrap_markup`), a logging library's record of one
   (:func:`logged_exception`), and a tool's report of one of PyTorch's exception messages without its
   type (``Error running job: element 0 of tensors does not require grad ...``: :func:`reported_exception`,
-  read as the ``RuntimeError: ...`` PyTorch raised).
+  read as the ``RuntimeError: ...`` PyTorch raised), and a sentence quoting one after saying it is an error
+  (``it report a error:"RuntimeError: ..."``: :func:`quoted_exception`).
 * **NCCL error messages** outside a traceback (a line ending in ``NCCL version X.Y.Z``, then
   NCCL's unprefixed ``ncclXError: ...``, ``Last error:`` and the last error's line) are one log item
   (its ``[rankN]:`` prefix, if the first line has one, applies to all), so the reason is read with the
@@ -322,6 +323,26 @@ def reported_exception(line: str) -> Optional[str]:
     index = next(int(k[1:]) for k, v in m.groupdict().items() if k != "lead" and v is not None)
     body_at = m.start(f"m{index}")
     return f"{_TORCH_MESSAGES[index][0]}: {line[body_at:].rstrip()}"
+
+
+_QUOTED_EXCEPTION_RE = re.compile(
+    r"(?i:error|fail|exception)[^:\n]{0,60}:\s{0,4}[\"'\u201c\u2018](?P<body>(?:[A-Za-z_]\w*\.)*[A-Z]\w*"
+    r"(?:Error|Exception): [^\"\u201d\n]{1,2000}?)[\"'\u201d\u2019]?\s*$")
+"""An exception line a sentence quotes after saying it is an error (``it report a error:"RuntimeError:
+[enforce fail at inline_container.cc:144] . PytorchStreamReader failed reading zip archive: failed finding
+central directory"``, open-mmlab/mmdetection#4835): the quoted line, to the end of the line."""
+
+
+def quoted_exception(line: str) -> Optional[str]:
+    """The exception line a prose line quotes after an error lead (:data:`_QUOTED_EXCEPTION_RE`), or None. A
+    line that states a level below ERROR reports an error the code handled: None."""
+    if "rror: " not in line and "xception: " not in line:
+        return None
+    if (m := _QUOTED_EXCEPTION_RE.search(line)) is None:
+        return None
+    if line_level(line) in ("DEBUG", "INFO", "WARNING"):
+        return None
+    return m.group("body").rstrip()
 
 
 def unwrap_markup(line: str) -> Optional[str]:
@@ -761,6 +782,8 @@ class LogSegmenter:
                 bare = logged_exception(text)
             if bare is None:
                 bare = reported_exception(text)
+            if bare is None:
+                bare = quoted_exception(text)
             if bare is not None:
                 stream.start(_PYTHON, number, bare, time_ns, precision_ns, headless=True, in_message=True)
                 return
@@ -1323,12 +1346,14 @@ every line (digits aside) and the name holds a digit or a hyphen as host names d
 _CARRIER_COLUMN_RE = re.compile(
     r"\[0000-00-00[ T]00:00:00(?:[.,]0{1,9})?(?: [A-Z]{2,4}0{1,4}){0,4}\] "
     r"|0000-00-00[ T]00:00:00(?:[.,]0{1,9})? "
-    r"\[(?!(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\])[^\]\n]{1,200}\] ")
+    r"(?:\[(?!(?:CRITICAL|ERROR|WARNING|WARN|INFO|DEBUG)\])[^\]\n]{1,200}\] ){1,3}")
 """A collector's or runner's column, the same on every line (digits aside), that :func:`paste_relay_prefix`
 drops when it has no logger's `` - `` to end at: a bracketed stamp (``[2024-03-01 10:00:00] ``, also with
 SGLang's parallel ranks ``[2025-03-19 11:39:39 DP4 TP4] ``) or a stamp
-and the source in brackets (Azure ML's ``2021-02-05 05:32:39 [job-...-worker-1, unknown_ip] ``; a level in
-brackets is a logger's record, not a source). Under it a traceback's lines, a faulthandler's report or a
+and the source in brackets (Azure ML's ``2021-02-05 05:32:39 [job-...-worker-1, unknown_ip] ``; up to three
+such brackets, as Metaflow's ``2023-04-29 06:01:12.977 [177/train/578 (pid 28936)] [09c561ee-...] ``,
+databrickslabs/dolly#139; a level in brackets is a logger's record, not a source).
+Under it a traceback's lines, a faulthandler's report or a
 rank tag do not start their lines, so the segmenter could not read them; the line's time is read before the
 column is dropped, and a paste with any line without the column keeps its lines as they are."""
 
