@@ -176,8 +176,9 @@ class _Route(NamedTuple):
     """What one list of point names asks of the pipeline, the same for every batch carrying it: the
     names as a set, whether one is a shard's norm, the positions of those the diagnosis keeps (memory
     peaks, LR changes), and the detectors to call -- ``(detector, ask)``: ``ask`` False for a ``names_only``
-    detector whose :meth:`~.detectors.base.Detector.wants` said yes once (those that said no are left
-    out), True for the others (asked per batch)."""
+    detector whose :meth:`~.detectors.base.Detector.wants` said yes once, or another whose
+    :meth:`~.detectors.base.Detector.wants_names` said yes (those that said no are left out), True for the
+    others (asked per batch): see :func:`_asking`."""
 
     names: FrozenSet[str]
     sharded: bool
@@ -201,6 +202,18 @@ RUN_SCAN = 512
 _NAME = itemgetter(0)
 _STEP = itemgetter(1)
 _DIAGNOSIS_NAMES = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
+
+
+def _asking(detector: Detector, rank: RankState, names: FrozenSet[str], settings: DetectionSettings
+            ) -> Tuple[Detector, Optional[bool]]:
+    """How a route calls ``detector`` on a batch of point names ``names``: ask False (called without asking:
+    a ``names_only`` detector that said yes, or one whose :meth:`~.detectors.base.Detector.wants_names`
+    said yes), True (:meth:`~.detectors.base.Detector.wants` asked per batch), None (never called: the
+    names alone said no)."""
+    if detector.names_only:
+        return detector, False if detector.wants(rank, names, settings) else None
+    decided = detector.wants_names(names, settings)
+    return detector, True if decided is None else False if decided else None
 
 
 def _parse(raw: Any) -> ReadEnvelope:
@@ -542,8 +555,8 @@ class Pipeline:
         route = routes.get(key)
         if route is None:
             names = frozenset(key)
-            called = tuple((d, not d.names_only) for d in DETECTORS
-                           if not d.names_only or d.wants(rank, names, settings))
+            called = tuple((d, ask) for d, ask in (_asking(d, rank, names, settings) for d in DETECTORS)
+                           if ask is not None)
             route = _Route(names, any(n.startswith(shards.SHARD_GLOBAL) for n in names),
                            tuple(i for i, n in enumerate(key) if n in _DIAGNOSIS_NAMES), called,
                            tuple(d for d, _ask in called if d.independent),

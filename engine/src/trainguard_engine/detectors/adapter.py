@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import AbstractSet, Any, Dict, List, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -288,11 +288,16 @@ class Adapters(Detector):
     kinds = ("adapter/lora-grad-break",)
     section = "adapter"
 
-    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+    def wants_names(self, names: AbstractSet[str], settings: DetectionSettings) -> Optional[bool]:
+        """True for a batch with an adapter report, False for one without a loss point either; else None
+        (a loss point matters only to a rank that reported adapters: a pending break waits for the loss)."""
         if not names.isdisjoint((GRAD_MEAN_A, GRAD_MEAN_B, NO_GRAD, PARAMS)):
             return True
-        # a loss point matters only to a rank that reported adapters (a pending break waits for the loss)
-        return STATE_KEY in rank.detectors and not names.isdisjoint(settings.loss_metrics)
+        return None if not names.isdisjoint(settings.loss_metrics) else False
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        decided = self.wants_names(names, settings)
+        return decided if decided is not None else STATE_KEY in rank.detectors
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:

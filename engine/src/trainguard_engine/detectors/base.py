@@ -15,7 +15,8 @@ and implements any of the hooks, each returning the findings it made (never rais
 * :meth:`Detector.on_metrics` -- one metric batch of a rank (:class:`MetricBatch`), after its points are
   in the rank's history; :meth:`Detector.wants` tells from the batch's metric names whether the call can
   matter (most batches concern one or two families: the others are not called) -- remembered per list of
-  names when the detector declares ``names_only``;
+  names when the detector declares ``names_only``, or where :meth:`Detector.wants_names` says the names
+  alone decide;
 * :meth:`Detector.on_metric_run` -- the *column hook*, for a detector that declares ``independent``: one
   call for a run of one rank's consecutive metric envelopes (:class:`MetricRun`), returning each
   envelope's findings apart; the pipeline applies them at each envelope's place in the registry's order,
@@ -127,6 +128,14 @@ class Detector:
         ``names`` (the pipeline skips the call otherwise). Must be exact: False only when the call would
         return nothing and change nothing that matters. Default: always."""
         return True
+
+    def wants_names(self, names: AbstractSet[str], settings: DetectionSettings) -> Optional[bool]:
+        """For a detector that is not ``names_only``: what :meth:`wants` answers for every rank on a batch
+        whose point names are ``names``, when the names and ``settings`` alone decide it (True or False),
+        remembered per list of names like a ``names_only`` answer; None when the rank's state decides (then
+        :meth:`wants` is asked per batch). Must agree with :meth:`wants` wherever it is not None. Default:
+        None."""
+        return None
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> Sequence[Finding]:

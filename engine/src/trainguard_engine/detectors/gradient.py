@@ -28,6 +28,7 @@ from .numeric import (
     LossGradientSettings,
     climb_baseline,
     diverged_before,
+    diverged_state,
     find_explosion,
     finite_series,
     grad_metric,
@@ -69,12 +70,17 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     """Findings of the gradient detectors for one metric batch of ``rank`` (already in its history, and
     after :func:`trainguard_engine.detectors.loss.on_metrics` judged any non-finite loss in it)."""
     tuned = settings
-    state = rank_state(rank)
+    detectors = rank.detectors
+    state: Optional[Dict[str, Any]] = detectors.get(STATE_KEY)  # (rank_state, inline)
+    if state is None:
+        state = detectors[STATE_KEY] = {}
     out: List[Finding] = []
     grad_point, layers, loss_point, overflow = read_batch(rank, state, points, settings)
-    numeric_open = numeric_final(run, rank)
-    # 1. a non-finite gradient waiting for its step's loss
-    if not numeric_open and not overflow:
+    numeric_open = numeric_final(run, rank) if run.incidents else False  # (no incident: not open)
+    # 1. a non-finite gradient waiting for its step's loss (note_nonfinite's "nothing to note" test inline:
+    # no layer report and no non-finite norm, the usual batch)
+    if not numeric_open and not overflow and \
+            (layers or (grad_point is not None and grad_point[2] - grad_point[2] != 0.0)):
         note_nonfinite(state, grad_point, layers, time_ns)
     if layers:
         out.extend(check_layers(run, rank, layers, time_ns, event_id, settings, tuned))
@@ -92,25 +98,27 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     # 2. a climbing gradient norm before any NaN
     # (not while the loss has left its band: then the loss curve's divergence tells the story, and a
     # non-finite loss or gradient later re-classifies it as the explosion, with the climb as evidence)
-    if grad_point is not None and math.isfinite(grad_point[2]) and not numeric_open and \
-            not loss_diverged(rank, settings) and not _gave_way(run, rank, state):
-        grad_state = state.setdefault("grad", {})
-        if grad_point[1] > grad_state.get("last", -1):
-            grad_state["last"] = grad_point[1]
-            gate = grad_state.get("gate")  # [baseline, step it was computed at]
-            far_below = (gate is not None and grad_point[1] - gate[1] < CLIMB_GATE_STEPS
-                         and grad_point[2] < 0.5 * settings.explosion_jump_factor * gate[0])
-            found = None if far_below else check_climb(run, rank, grad_point[0], grad_point[1], time_ns,
-                                                       event_id, settings, tuned, memo=grad_state)
-            if found is not None:
-                out.append(found)
-                numeric_open = True
-                grad_state["climb"] = [grad_state["gate"][0], grad_point[1], 0]  # [baseline, step, calm]
-    elif grad_point is not None and math.isfinite(grad_point[2]) and numeric_open:
-        _climb_settled(run, rank, state, grad_point, time_ns, settings)
+    if grad_point is not None and math.isfinite(grad_point[2]):
+        if numeric_open:
+            _climb_settled(run, rank, state, grad_point, time_ns, settings)
+        elif not diverged_state(state, settings) and not _gave_way(run, rank, state):
+            grad_state: Optional[Dict[str, Any]] = state.get("grad")
+            if grad_state is None:
+                grad_state = state["grad"] = {}
+            if grad_point[1] > grad_state.get("last", -1):
+                grad_state["last"] = grad_point[1]
+                gate = grad_state.get("gate")  # [baseline, step it was computed at]
+                far_below = (gate is not None and grad_point[1] - gate[1] < CLIMB_GATE_STEPS
+                             and grad_point[2] < 0.5 * settings.explosion_jump_factor * gate[0])
+                found = None if far_below else check_climb(run, rank, grad_point[0], grad_point[1], time_ns,
+                                                           event_id, settings, tuned, memo=grad_state)
+                if found is not None:
+                    out.append(found)
+                    numeric_open = True
+                    grad_state["climb"] = [grad_state["gate"][0], grad_point[1], 0]  # [baseline, step, calm]
     # 3. clipping that eats the update (judged when the step's loss arrives)
     if loss_point is not None and math.isfinite(loss_point[2]) and not numeric_open:
-        found = check_clip(run, rank, loss_point[0], loss_point[1], time_ns, event_id, settings, tuned)
+        found = check_clip(run, rank, loss_point[0], loss_point[1], time_ns, event_id, settings, tuned, state)
         if found is not None:
             out.append(found)
     return out
@@ -120,7 +128,8 @@ def _gave_way(run: RunState, rank: RankState, state: Dict[str, Any]) -> bool:
     """Whether a pre-NaN explosion of ``rank`` gave way to the plateau its flat loss is (loss.py's
     ``_explosion_gave_way``) and that plateau is still open: the climb it was flagged from is not
     flagged again (a non-finite loss or gradient still is, through the numeric rules)."""
-    return "gave_way" in state.get("grad", {}) and rank_has_open(run, rank, "loss:plateau")
+    grad_state = state.get("grad")
+    return grad_state is not None and "gave_way" in grad_state and rank_has_open(run, rank, "loss:plateau")
 
 
 def climb_range_top(values: Sequence[float], quantile: float) -> float:
@@ -436,10 +445,16 @@ def clip_tau(rank: RankState, lo: int, hi: int, name: str) -> Tuple[Optional[flo
 
 
 def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_ns: int, event_id: str,
-               settings: DetectionSettings, tuned: LossGradientSettings) -> Optional[Finding]:
+               settings: DetectionSettings, tuned: LossGradientSettings,
+               family: Optional[Dict[str, Any]] = None) -> Optional[Finding]:
     """The clip-stale rule when the loss of ``step`` arrives (judged at steps with a reported grad norm:
-    a sparse norm cadence makes the streak count reports, not steps); a Finding or None."""
-    state = rank_state(rank).setdefault("clip", {})
+    a sparse norm cadence makes the streak count reports, not steps); a Finding or None. ``family``: the
+    rank's family state (:func:`rank_state`) when the caller holds it."""
+    if family is None:
+        family = rank_state(rank)
+    state = family.get("clip")
+    if state is None:
+        state = family["clip"] = {}
     if step <= state.get("last", -1):
         return None
     state["last"] = step
@@ -660,11 +675,18 @@ class Gradients(Detector):
     kinds = ("gradient/explosion", "gradient/nan-source", "gradient/vanishing", "gradient/clip-stale")
     section = "loss_gradient"
 
-    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+    def wants_names(self, names: AbstractSet[str], settings: DetectionSettings) -> Optional[bool]:
+        """True for a batch with a point of the family (a grad norm, a loss, a clip threshold, a GradScaler
+        overflow flag, a layer's norm); else None: a pending wait ends on any batch (the rank decides)."""
         if not (names.isdisjoint(settings.grad_norm_metrics) and names.isdisjoint(settings.loss_metrics)
                 and names.isdisjoint(settings.clip_threshold_metrics) and "amp/overflow" not in names):
             return True
         if any(n.startswith(LAYER_PREFIX) for n in names):
+            return True
+        return None
+
+    def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        if self.wants_names(names, settings):
             return True
         pending = rank.detectors.get(STATE_KEY, {}).get("nonfinite")  # its wait ends on any batch
         return pending is not None and bool(pending.get("waiting"))

@@ -112,7 +112,14 @@ def loss_start(rank: RankState) -> Optional[float]:
 def loss_diverged(rank: RankState, settings: DetectionSettings) -> bool:
     """Whether the rank's loss level (the loss curve's rolling median) is >= ``divergence_factor`` x its
     :func:`divergence_base`: the loss has left its band, whatever the gradient norm does."""
-    state = rank_state(rank).get("loss", {})
+    return diverged_state(rank_state(rank), settings)
+
+
+def diverged_state(family: Dict[str, Any], settings: DetectionSettings) -> bool:
+    """:func:`loss_diverged` of the rank whose family state (:func:`rank_state`) is ``family``."""
+    state = family.get("loss")
+    if state is None:
+        return False
     level, init = state.get("level"), state.get("init")
     if level is None or not init:
         return False
@@ -230,25 +237,62 @@ def family_names(settings: DetectionSettings) -> Tuple[AbstractSet[str], Abstrac
     return names
 
 
+_OTHER, _GRAD, _LAYER, _LOSS, _AMP, _AMP_CLIP, _CLIP = range(7)
+"""The role of a point name in :func:`read_batch` (``_AMP_CLIP``: ``amp/overflow`` when it is a clip
+threshold name too: a value other than 1 is then read as a threshold)."""
+ROLES_MAX = 4096
+"""Most point names whose role :func:`read_batch` remembers per settings object (then it starts afresh)."""
+_ROLES: List[Tuple[Any, Dict[str, int]]] = [(None, {})]
+"""``[(settings, name -> role)]`` of the settings object :func:`read_batch` was last asked with: one slot
+replaced whole, so that a thread never reads one settings object's roles under another's."""
+
+
+def _role(name: str, settings: DetectionSettings) -> int:
+    """What :func:`read_batch` reads a point of ``name`` as (the first that applies, its tests' order)."""
+    grad_names, loss_names, clip_names = family_names(settings)
+    if name in grad_names:
+        return _GRAD
+    if name.startswith(LAYER_PREFIX):
+        return _LAYER
+    if name in loss_names:
+        return _LOSS
+    if name == "amp/overflow":
+        return _AMP_CLIP if name in clip_names else _AMP
+    return _CLIP if name in clip_names else _OTHER
+
+
 def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], settings: DetectionSettings
-                ) -> Tuple[Optional[Point], List[Point], Optional[Point], bool]:
+               ) -> Tuple[Optional[Point], List[Point], Optional[Point], bool]:
     """(global grad norm point, per-layer points, loss point, a GradScaler overflow step) of one batch;
-    remembers a clip threshold it carries."""
+    remembers a clip threshold it carries. A point's role is decided by its name alone (:func:`_role`,
+    remembered per name): most points of a batch are none of these, one lookup each."""
     layers: List[Point] = []
     grad_point: Optional[Point] = None
     loss_point: Optional[Point] = None
     overflow = False
-    grad_names, loss_names, clip_names = family_names(settings)
-    for name, step, value in points:
-        if name in grad_names:
+    held = _ROLES[0]
+    if held[0] is not settings:
+        held = _ROLES[0] = (settings, {})
+    roles = held[1]
+    for point in points:
+        role = roles.get(point[0])
+        if role is None:
+            if len(roles) >= ROLES_MAX:
+                held = _ROLES[0] = (settings, {})
+                roles = held[1]
+            role = roles[point[0]] = _role(point[0], settings)
+        if not role:
+            continue
+        name, step, value = point
+        if role == _GRAD:
             grad_point = (name, step, value)
-        elif name.startswith(LAYER_PREFIX):
+        elif role == _LAYER:
             layers.append((name, step, value))
-        elif name in loss_names:
+        elif role == _LOSS:
             loss_point = loss_point or (name, step, value)
-        elif name == "amp/overflow" and value == 1.0:
+        elif role != _CLIP and value == 1.0:  # amp/overflow
             overflow = True
-        elif name in clip_names and math.isfinite(value) and value > 0:
+        elif role != _AMP and math.isfinite(value) and value > 0:  # a clip threshold
             state.setdefault("clip", {})["tau"] = value
     overflow_history = rank.history.get("amp/overflow") if not overflow else None
     if overflow_history:  # an SDK alert batch of per-layer NaNs has no amp/overflow; the history may
