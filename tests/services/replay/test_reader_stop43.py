@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard_server.replay.logs import paste_relay_prefix, quoted_exception
+from trainguard_server.replay.logs import line_level, paste_relay_prefix, quoted_exception
 
 from .local_import import imported, pasted, shown
 
@@ -106,3 +106,20 @@ def test_xla_out_of_memory_exception_is_an_oom(tmp_path: Path) -> None:
         "BufferAssignment OOM Debugging.",
     ])
     assert shown(imported(path)) == ["memory/oom"]
+
+
+@pytest.mark.parametrize("line, level", [
+    ("[NeMo W 2024-03-20 18:55:16 nemo_logging:349] /opt/nemo/utils/model_utils.py:311: deprecated call", "WARNING"),
+    ("[NeMo I 2024-03-20 18:55:16 exp_manager:394] Experiments will be logged at /results/run", "INFO"),
+    ("[NeMo E 2024-03-20 18:55:17 exp_manager:812] Could not save the checkpoint to /results/run", "ERROR"),
+    ("E1129 08:12:43.123456 1234 file.cpp:12] glog still reads", "ERROR"),
+    ("[NeMo X 2024-03-20 18:55:16 nemo_logging:349] not a level letter", ""),
+])
+def test_nemo_record_level(line: str, level: str) -> None:
+    assert line_level(line) == level
+
+
+def test_a_nemo_warning_quoting_an_error_is_not_an_exception(tmp_path: Path) -> None:
+    # NeMo's W record of an error the code handled is not the job's failure
+    assert quoted_exception("[NeMo W 2024-03-20 18:55:16 optimizers:55] Apex failed to load: 'ImportError: "
+                            "cannot import name fused_adam'") is None

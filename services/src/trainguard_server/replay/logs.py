@@ -240,9 +240,11 @@ _RECORD_RE = re.compile(
     r"|Exception in thread |Exception ignored in|Process [\w-]+:$"
     r"|(?:srun|slurmstepd|wandb|mpirun|torchrun): )"
 )
-_GLOG_LEVEL_RE = re.compile(r"^\[?([IWEF])(?:\d{3,4} \d\d:\d\d:\d\d| [\w.]+:\d+\])")
+_GLOG_LEVEL_RE = re.compile(r"^\[?(?:NeMo )?([IWEF])(?:\d{3,4} \d\d:\d\d:\d\d| [\w.]+:\d+\]"
+                            r"|(?<=NeMo [IWEF]) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d [\w.]{1,80}:\d{1,6}\])")
 """glog / c10 records: ``E1129 08:12:43``, c10's unpadded month ``[E626 06:24:44``, undated
-``[E file.cpp:12]``."""
+``[E file.cpp:12]``; NeMo's logger, the same letters: ``[NeMo W 2024-03-20 18:55:16 nemo_logging:349] ``,
+``[NeMo E ...]``, ``[NeMo I ...]``."""
 _LEVEL_RE = re.compile(r"\b(CRITICAL|FATAL|ERROR|WARNING|WARN|INFO|DEBUG)\b|(Warning):")  # "...Warning:"
 _ERROR_TEXT_RE = re.compile(r"Segmentation fault|core dumped|Bus error|^Killed\b|\bAborted\b|out of memory",
                             re.IGNORECASE)
