@@ -165,3 +165,25 @@ def test_a_send_with_no_message_is_invalid_argument(served: Any) -> None:
     _until(lambda: len(calls.status) == 3, timeout=20)
     assert set(calls.status.values()) == {3}, calls.status  # INVALID_ARGUMENT "Send carried no message"
     assert gateway.body_bytes is not None and gateway.body_bytes.held() == 0
+
+
+def test_stalled_streams_of_a_project_are_held_within_its_bound_and_another_project_is_served(
+        served: Any) -> None:
+    """``Stream`` calls (16: ``grpc_max_streams_per_token``) each sending 8 MB less one byte of a message, then
+    nothing (security.md H36). Before stop 43 a Stream's next message was read before it was counted: all 16
+    were received, 128 MiB per token held for the idle timeout outside every bound (3 such tokens: 384 MiB)."""
+    gateway, tokens, port, opened = served
+    calls = StalledCalls("127.0.0.1", port, 16, MESSAGE, method="/trainguard.v1.IngestService/Stream",
+                         token=tokens.other_project)
+    opened.append(calls)
+    calls.pump(quiet_s=1.0, deadline_s=30)
+    # 4 streams read (the project's 32 MiB, reserved at max_batch_bytes each), 12 wait unread (64 KiB each)
+    assert calls.sent_bytes <= 32 * MiB + 16 * 128 * 1024, calls.sent_bytes  # was 16 x 8 MiB = 128 MiB
+    assert gateway.body_bytes is not None and gateway.body_bytes.held("other") == 32 * MiB
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:  # another project: served meanwhile
+        reply = ingest_pb2_grpc.IngestServiceStub(channel).Send(
+            wire.ingest_request_from_dicts([metric_event()]), timeout=20,
+            metadata=(("authorization", f"Bearer {tokens.ingest}"),))
+    assert reply.accepted == 1
+    calls.close()
+    _until(lambda: gateway.body_bytes.held() == 0)

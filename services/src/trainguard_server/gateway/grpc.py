@@ -252,13 +252,16 @@ class StreamLimits:
     #: how long a ``Send`` waits, its message unread, for room to hold ``max_batch_bytes`` under the bounds on
     #: ingest bytes in flight before it is answered RESOURCE_EXHAUSTED (``grpc_receive_wait_s``)
     receive_wait_s: float = 5.0
+    #: ``grpc_workers`` threads one project's work may take at once (0: all); see :class:`_FairWork`
+    per_project_workers: int = 4
 
     @classmethod
     def from_settings(cls, settings: Any) -> StreamLimits:
         return cls(per_connection=settings.grpc_max_streams_per_connection,
                    per_token=settings.grpc_max_streams_per_token,
                    idle_timeout_s=settings.grpc_stream_idle_timeout_s, retry_after_s=settings.retry_after_s,
-                   receive_wait_s=settings.grpc_receive_wait_s)
+                   receive_wait_s=settings.grpc_receive_wait_s,
+                   per_project_workers=getattr(settings, "grpc_workers_per_project", cls.per_project_workers))
 
 
 class _Failed(Exception):
@@ -284,120 +287,241 @@ class _Failed(Exception):
         raise AssertionError("not reached: abort raises")
 
 
+class _FairWork:
+    """The blocking work of gRPC ingest on ``workers`` threads of ``executor``, the keys (projects) with work
+    queued taking turns one job each, and one project running at most ``per_key`` jobs at once
+    (``grpc_workers_per_project``; authentication, whose project is not known yet, is not bounded so), so a
+    project with hundreds of messages queued delays another project's message by about one job, and shares the
+    one GIL with fewer of its threads. Before stop 43 the pool's one FIFO queue put a quiet project's message
+    behind every queued message of a noisy one, and all 8 threads ran the noisy one's: 1,000 concurrent Sends
+    of one project took the quiet one's ack p50 from ~3 ms to 0.3-1.4 s (bench/grpc_waiters.py; 15-18 ms with
+    4 per project, 9-15 ms with 2, at 11-26 % and 20-40 % less of the noisy project's throughput: fewer of its
+    publishes share a queue commit). Jobs are ``concurrent.futures`` futures: cancelling one not yet running
+    cancels it, and its done-callbacks run either way."""
+
+    def __init__(self, executor: futures.Executor, workers: int, per_key: int = 0) -> None:
+        self.executor = executor
+        self.workers = max(1, workers)
+        self.per_key = per_key if per_key > 0 else self.workers
+        self._queued: Dict[str, Deque[Tuple[futures.Future[Any], Callable[[], Any]]]] = {}
+        self._turns: Deque[str] = collections.deque()
+        self._running: Dict[str, int] = {}
+        self._busy = 0
+        self._lock = threading.Lock()
+
+    def submit(self, key: str, fn: Callable[[], T]) -> futures.Future[T]:
+        job: futures.Future[T] = futures.Future()
+        with self._lock:
+            queue = self._queued.get(key)
+            if queue is None:
+                queue = self._queued[key] = collections.deque()
+                self._turns.append(key)
+            queue.append((job, fn))
+        self._dispatch()
+        return job
+
+    def _next(self) -> Optional[Tuple[str, futures.Future[Any], Callable[[], Any]]]:
+        """The next job to start (under the lock): the first key in turn below ``per_key``."""
+        if self._busy >= self.workers:
+            return None
+        for _ in range(len(self._turns)):
+            key = self._turns.popleft()
+            if key != _AUTH and self._running.get(key, 0) >= self.per_key:
+                self._turns.append(key)
+                continue
+            queue = self._queued[key]
+            job, fn = queue.popleft()
+            if queue:
+                self._turns.append(key)
+            else:
+                del self._queued[key]
+            return key, job, fn
+        return None
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._lock:
+                found = self._next()
+                if found is None:
+                    return
+                key, job, fn = found
+                if not job.set_running_or_notify_cancel():
+                    continue  # cancelled while queued (its done-callbacks ran)
+                self._busy += 1
+                self._running[key] = self._running.get(key, 0) + 1
+            try:
+                self.executor.submit(self._run, key, job, fn)
+            except BaseException as exc:  # the executor is shut down (a stop)
+                self._done(key)
+                job.set_exception(exc)
+
+    def _done(self, key: str) -> None:
+        with self._lock:
+            self._busy -= 1
+            left = self._running[key] - 1
+            if left:
+                self._running[key] = left
+            else:
+                del self._running[key]
+
+    def _run(self, key: str, job: futures.Future[Any], fn: Callable[[], Any]) -> None:
+        try:
+            result = fn()
+        except BaseException as exc:
+            job.set_exception(exc)
+        else:
+            job.set_result(result)
+        finally:
+            self._done(key)
+            self._dispatch()
+
+
+#: the key of authentication work in :class:`_FairWork` (the project is not known yet): a turn of its own
+_AUTH = "\0auth"
+
+
 class AsyncIngestServicer:
     """``IngestService`` for a ``grpc.aio`` server (raw bytes in). Blocking gateway work runs on
     ``executor``; waiting for a client's next message holds no thread. Open streams are counted per token
     on the event loop's thread (no lock needed)."""
 
-    def __init__(self, gateway: Gateway, executor: futures.Executor, limits: StreamLimits) -> None:
+    def __init__(self, gateway: Gateway, executor: futures.Executor, limits: StreamLimits,
+                 workers: int = 8) -> None:
         self.gateway = gateway
         self.executor = executor
+        self.work = _FairWork(executor, workers, limits.per_project_workers)
         self.limits = limits
         self.open_streams: Dict[str, int] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        #: Sends waiting for room, oldest first (futures on the loop, no task each: a stop with calls waiting
-        #: leaves no task pending); a give-back wakes the oldest, which wakes the next once it took its room
-        self._waiting: Deque[asyncio.Future[None]] = collections.deque()
+        #: Sends waiting for room per project, oldest first (futures on the loop, no task each: a stop with
+        #: calls waiting leaves no task pending), and the projects with waiters in turn order (:meth:`_grant`)
+        self._waiting: Dict[str, Deque[asyncio.Future[int]]] = {}
+        self._turns: Deque[str] = collections.deque()
+        self._grant_due = False
 
-    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args))
-
-    def _take(self, project: str, request: Any) -> int:
-        """Hold a message's bytes in the gateway's bound on ingest bytes in flight (:mod:`.inflight`, shared
-        with HTTP) while it waits for a worker and is decoded: the bytes held (0: unbounded);
-        :class:`Backpressure` (RESOURCE_EXHAUSTED + retry-after) past it. Without it the messages waiting
-        for one of the ``grpc_workers`` were held uncounted (24 concurrent 6.9 MB Sends: RSS +1.2 GB)."""
-        counts = self.gateway.body_bytes
-        n = len(request) if isinstance(request, (bytes, bytearray, memoryview)) else 0
-        if counts is None or not n:
-            return 0
-        why = counts.take(project, n)
-        if why is not None:
-            wait = self.limits.retry_after_s
-            raise Backpressure(f"{why}: nothing of this message was queued; retry after "
-                               f"{retry_after_header(wait)} s", wait)
-        return n
+    async def _authenticate(self, context: Any) -> Any:
+        return await asyncio.wrap_future(self.work.submit(_AUTH, functools.partial(self.gateway.authenticate,
+                                                                                  _token(context))))
 
     def _give_back(self, project: str, held: int) -> None:
+        """Give ``held`` bytes back (the bound's listener then grants waiting Sends their room)."""
         if held and self.gateway.body_bytes is not None:
             self.gateway.body_bytes.give_back(project, held)
-            loop = self._loop
-            if not self._waiting or loop is None or loop.is_closed():
-                return  # no Send waits (one that starts waiting now looks again within 50 ms)
-            try:
-                if asyncio.get_running_loop() is loop:
-                    self._wake()
-                    return
-            except RuntimeError:  # a worker's done-callback: no loop in this thread
-                pass
-            try:
-                loop.call_soon_threadsafe(self._wake)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
 
-    def _wake(self) -> None:
-        """Wake the oldest waiting Send (one: waking them all on every give-back cost ~10 us per event with
-        32 senders of one project, each retrying its take for nothing)."""
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve on ``loop``: from now on every give-back of ingest bytes, gRPC's or HTTP's, grants waiting
+        Sends their room (:meth:`_granted`)."""
+        self._loop = loop
+        if self.gateway.body_bytes is not None:
+            self.gateway.body_bytes.listeners.append(self._room_freed)
 
-    async def _room_or(self, timeout: float) -> None:
-        """Until bytes are given back (:meth:`_wake`) or ``timeout`` seconds passed."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiting.append(waiter)
-        def wake() -> None:
-            if not waiter.done():
-                waiter.set_result(None)
+    def detach(self) -> None:
+        counts = self.gateway.body_bytes
+        if counts is not None and self._room_freed in counts.listeners:
+            counts.listeners.remove(self._room_freed)
 
-        timer = loop.call_later(timeout, wake)
+    def _room_freed(self) -> None:
+        """Bytes were given back (any thread): grant waiting Sends on the loop, once per loop turn however
+        many give-backs came meanwhile."""
+        loop = self._loop
+        if not self._waiting or self._grant_due or loop is None:
+            return  # no Send waits (one that starts waiting runs a grant after queueing itself)
+        self._grant_due = True
         try:
-            await waiter
-        finally:
-            timer.cancel()
-            if not waiter.done():  # cancelled: not in the queue for a wake it would swallow
-                waiter.cancel()
-            try:
-                self._waiting.remove(waiter)
-            except ValueError:  # already taken off by _wake
-                pass
+            if asyncio.get_running_loop() is loop:
+                loop.call_soon(self._grant)
+                return
+        except RuntimeError:  # a worker's thread, or HTTP's: no loop in this thread
+            pass
+        try:
+            loop.call_soon_threadsafe(self._grant)
+        except RuntimeError:  # the loop closed meanwhile
+            self._grant_due = False
 
-    async def _reserve(self, project: str) -> int:
+    def _grant(self) -> None:
+        """Hand room to waiting Sends (on the loop): the projects with waiters in turn, each its oldest
+        waiters first for as long as its take succeeds, so a project at its bound does not hold up another
+        whose Send fits (before stop 43 one give-back woke the oldest waiter only, and a waiter that could
+        not take the room did not pass it on), and a project with a thousand waiting Sends gets no more
+        turns than one with one. The waiter's future is given the bytes reserved for it."""
+        self._grant_due = False
+        counts = self.gateway.body_bytes
+        if counts is None:
+            return
+        n = self.gateway.settings.max_batch_bytes
+        for _ in range(len(self._turns)):
+            project = self._turns.popleft()
+            queue = self._waiting.get(project)
+            while queue:
+                waiter = queue[0]
+                if waiter.done():  # timed out or cancelled
+                    queue.popleft()
+                    continue
+                if counts.take(project, n) is not None:
+                    break
+                queue.popleft()
+                waiter.set_result(n)
+            if queue:
+                self._turns.append(project)
+            else:
+                self._waiting.pop(project, None)
+
+    async def _reserve(self, project: str, wait_s: Optional[float] = None) -> int:
         """Before a ``Send``'s message is read: hold ``max_batch_bytes`` (the most its message may be) in the
         bound on ingest bytes in flight, waiting for room up to ``receive_wait_s`` (on the event loop, no
         thread; the message stays unread, so gRPC's core holds at most its stream's flow-control window);
         :class:`Backpressure` (RESOURCE_EXHAUSTED + retry-after) when none came. The bytes held (0: no bound).
+        ``wait_s``: how long to wait instead (a ``Stream``'s next message: its idle timeout).
 
         Before stop 42 the message was received whole by gRPC's core before the servicer was called (a
         unary handler), and only then counted: 4 connections x 100 calls each sending 8 MB less one byte,
-        without a token, took ``trainguard serve`` from 78 MB to 3.2 GB, held for as long as they stalled."""
+        without a token, took ``trainguard serve`` from 78 MB to 3.2 GB, held for as long as they stalled.
+
+        A Send finding no room queues behind its project's earlier waiters and is granted room by the next
+        give-back that leaves enough (:meth:`_grant`); before stop 43 every waiter looked again every 50 ms
+        (1,000 waiting Sends: 14-35 % of a core) and a give-back woke one waiter, which did not pass it on."""
         counts = self.gateway.body_bytes
         n = self.gateway.settings.max_batch_bytes
         if counts is None or n <= 0:
             return 0
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        deadline = loop.time() + self.limits.receive_wait_s
-        waited = False
-        while True:
+        if project not in self._waiting:  # FIFO within a project: no overtaking its waiting Sends
             why = counts.take(project, n)
             if why is None:
-                if waited:
-                    self._wake()  # there may be room for the next one too
                 return n
-            left = deadline - loop.time()
-            if left <= 0:
-                wait = self.limits.retry_after_s
-                raise Backpressure(f"{why}: this call waited {self.limits.receive_wait_s:g} s "
-                                   f"(TRAINGUARD_GRPC_RECEIVE_WAIT_S) for room to receive a message of up to "
-                                   f"max_batch_bytes={n} bytes; "
-                                   f"nothing of this message was queued; retry after "
-                                   f"{retry_after_header(wait)} s", wait)
-            waited = True
-            await self._room_or(min(left, 0.05))  # HTTP gives bytes back without waking us: look every 50 ms
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self.attach(loop)
+        waiter: asyncio.Future[int] = loop.create_future()
+        if project not in self._waiting:
+            self._waiting[project] = collections.deque()
+            self._turns.append(project)
+        self._waiting[project].append(waiter)
+
+        def give_up() -> None:
+            if not waiter.done():
+                waiter.set_result(0)
+
+        wait = self.limits.receive_wait_s if wait_s is None else wait_s
+        timer = loop.call_later(wait, give_up)
+        self._grant()  # room given back before this waiter was queued is granted now
+        try:
+            granted = await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self._give_back(project, waiter.result())  # granted just before the cancel
+            raise
+        finally:
+            timer.cancel()
+        if granted:
+            return granted
+        why = counts.fits(project, n) or "no room was given back"
+        setting = ("TRAINGUARD_GRPC_RECEIVE_WAIT_S" if wait_s is None
+                   else "TRAINGUARD_GRPC_STREAM_IDLE_TIMEOUT_S")
+        retry = self.limits.retry_after_s
+        raise Backpressure(f"{why}: this call waited {wait:g} s ({setting}) for room to receive a message of "
+                           f"up to max_batch_bytes={n} bytes; "
+                           f"nothing of this message was queued; retry after "
+                           f"{retry_after_header(retry)} s", retry)
 
     async def _one_message(self, request_iterator: AsyncIterator[bytes]) -> bytes:
         """A ``Send``'s message (served as client-streaming so that the call is authenticated and its bytes
@@ -420,7 +544,7 @@ class AsyncIngestServicer:
         is decoded keeps its bytes until the decode ends (before stop 41 they were given back at the
         cancellation while the worker went on). One that never started is given back at once."""
         try:
-            work = self.executor.submit(fn)
+            work = self.work.submit(project, fn)
         except BaseException:
             self._give_back(project, held)
             raise
@@ -434,7 +558,7 @@ class AsyncIngestServicer:
         reserved = 0
         project = ""
         try:
-            auth = await self._blocking(self.gateway.authenticate, _token(context))
+            auth = await self._authenticate(context)
             offset = _clock_offset(self.gateway, context)
             project = auth.project
             reserved = await self._reserve(project)
@@ -460,7 +584,7 @@ class AsyncIngestServicer:
 
     async def Stream(self, request_iterator: AsyncIterator[bytes], context: Any) -> ingest_pb2.IngestResponse:
         try:
-            auth = await self._blocking(self.gateway.authenticate, _token(context))
+            auth = await self._authenticate(context)
             offset = _clock_offset(self.gateway, context)
         except GatewayError as exc:
             await _Failed.of(exc).abort(context)
@@ -482,11 +606,19 @@ class AsyncIngestServicer:
 
     async def _stream(self, auth: Any, request_iterator: AsyncIterator[bytes], context: Any,
                       clock_offset_ns: int) -> ingest_pb2.IngestResponse:
+        """Each next message is read only once ``max_batch_bytes`` is reserved for it, as a ``Send``'s is
+        (waiting for room up to the idle timeout: the client sees a slow stream). Before stop 43 the next
+        message was read unreserved: gRPC's core received up to ``max_batch_bytes`` for every open stream
+        before the servicer counted it -- 16 streams x 8 MiB per ingest token held for the 60 s idle timeout,
+        outside every bound (security.md H36)."""
         state = _StreamState(clock_offset_ns)
         messages = request_iterator.__aiter__()
         idle = self.limits.idle_timeout_s
+        project = auth.project
+        reserved = 0
         try:
             while True:
+                reserved = await self._reserve(project, idle)
                 try:
                     request = await asyncio.wait_for(messages.__anext__(), idle)
                 except StopAsyncIteration:
@@ -497,8 +629,10 @@ class AsyncIngestServicer:
                                   f"stream idle for more than grpc_stream_idle_timeout_s={idle:g} s "
                                   f"(after {state.offset} events of this stream; {state.total.accepted} "
                                   f"of them were queued, re-sending them is safe)") from None
-                held = self._take(auth.project, request)
-                await self._holding(auth.project, held,
+                held = min(reserved, len(request)) if reserved else 0
+                self._give_back(project, reserved - held)  # keep what the message holds
+                reserved = 0
+                await self._holding(project, held,
                                     functools.partial(state.ingest, self.gateway, auth, request))
         except _Failed as exc:
             failed = exc
@@ -507,6 +641,9 @@ class AsyncIngestServicer:
         except Exception as exc:
             log.exception("ingest Stream failed")
             failed = _Failed.internal(exc)
+        finally:
+            if reserved:  # the message never came (half-close, idle, cancelled): give the reservation back
+                self._give_back(project, reserved)
         await failed.abort(context)
 
 
@@ -518,9 +655,10 @@ class GrpcIngestServer:
     def __init__(self, gateway: Gateway, host: str, port: int, options: Any, limits: StreamLimits,
                  workers: int) -> None:
         self.executor = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc-ingest")
-        self.servicer = AsyncIngestServicer(gateway, self.executor, limits)
+        self.servicer = AsyncIngestServicer(gateway, self.executor, limits, workers)
         self._stopped = threading.Event()
         self._loop = asyncio.new_event_loop()
+        self.servicer.attach(self._loop)
         self._thread = threading.Thread(target=self._run, name="grpc-ingest-loop", daemon=True)
         self._thread.start()
         self._server: Any = None
@@ -535,6 +673,7 @@ class GrpcIngestServer:
         try:
             self._loop.run_forever()
         finally:
+            self.servicer.detach()
             self.executor.shutdown(wait=False)
             self._loop.close()
             self._stopped.set()

@@ -42,7 +42,7 @@ Used on the event loop and from the worker threads (the gzip step): a lock guard
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 __all__ = ["InflightBytes"]
 
@@ -59,6 +59,9 @@ class InflightBytes:
         self._held: Dict[str, int] = {}
         self._all = 0
         self._lock = threading.Lock()
+        #: called (from the thread giving back, outside the lock) after bytes are given back: the gRPC
+        #: ingest's Sends waiting for room are granted it then, whichever protocol's request gave it back
+        self.listeners: List[Callable[[], None]] = []
 
     def take(self, project: str, n: int, own: int = 0) -> Optional[str]:
         """Hold ``n`` more bytes for ``project`` (a request already holding ``own``): None when taken, else
@@ -106,6 +109,8 @@ class InflightBytes:
             else:
                 self._held.pop(project, None)
             self._all = max(0, self._all - n)
+        for listener in list(self.listeners):
+            listener()
 
     def held(self, project: Optional[str] = None) -> int:
         """Bytes held by ``project`` (None: by all)."""
