@@ -128,6 +128,10 @@ class Settings(BaseSettings):
     # gRPC fairness (gateway/grpc.py): idle streams hold no thread and cannot starve other clients
     grpc_workers: int = Field(8, ge=1, description="threads running gRPC ingest's blocking work (validation, "
                               "queue publish), a message at a time; a call waiting for its client holds none")
+    grpc_workers_per_project: int = Field(
+        4, ge=0, description="gRPC ingest work (validation, queueing) one project may run on the "
+        "grpc_workers threads at once; the projects with work take turns, so one project's many calls "
+        "delay another's by about one job; 0: no bound (docs/security.md H34)")
     grpc_max_streams_per_connection: int = Field(
         100, ge=1, description="concurrent gRPC calls one connection may have open (HTTP/2 "
         "MAX_CONCURRENT_STREAMS; the client queues more)")
