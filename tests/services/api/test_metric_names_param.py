@@ -14,7 +14,8 @@ import pytest
 from tests.services.gateway.embedded_server import LiveServer, event, module_live_server
 
 live = module_live_server()
-NAMES = ["a,b", "a", "b", " x", "x", "y ", "y", "c\\", "loss\\x1b[2J", "loss", "lr", "p, q"]
+NAMES = ["a,b", "a", "b", " x", "x", "y ", "y", "c\\", "loss\\x1b[2J", "loss", "lr", "p, q", "z\u00a0", "z",
+         "\u3000w", "w"]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,8 @@ def _asked(live: LiveServer, run: str, names: str) -> Dict[str, float]:
     ("loss\\x1b[2J", ["loss\\x1b[2J"]),       # the SDK's escaped name, as before
     ("loss, lr", ["loss", "lr"]),             # unchanged
     (" x , y ", ["x", "y"]),                  # unchanged: unescaped edge spaces are stripped
+    ("z\\\u00a0", ["z\u00a0"]),                # stop 43: was the name z\\ (the backslash kept, the NBSP stripped): nothing
+    ("\\\u3000w,z\u00a0", ["\u3000w", "z"]),    # an ideographic space escaped; an unescaped NBSP stripped
 ])
 def test_names_selects_any_legal_metric_name(live: LiveServer, run: str, names: str, wanted: List[str]) -> None:
     got = _asked(live, run, names)
@@ -53,3 +56,4 @@ def test_the_list_syntax() -> None:
     assert metric_name_list("a\\,b, c ,,\\ d\\ ") == ["a,b", "c", " d "]
     assert metric_name_list("\\\\\\,") == ["\\,"] and metric_name_list(",") == [] and metric_name_list(" ") == []
     assert metric_name_list("a\\b") == ["a\\b"] and metric_name_list("a\\") == ["a\\"]
+    assert metric_name_list("\\\u00a0a\\\u2003,\\\t") == ["\u00a0a\u2003", "\t"]  # any white space (stop 43)

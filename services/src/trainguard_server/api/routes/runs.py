@@ -154,20 +154,22 @@ def get_run(run_id: str, project: ProjectDep, services: ServicesDep) -> RunPubli
     return RunPublic(**resolutions.run(services.incidents, run).to_dict())
 
 
-NAMES_HELP = ("comma-separated, each stripped of spaces at its ends; in a name, write a comma as \\, a "
-              "backslash before a comma, a space or a backslash as \\\\, and a space at the name's start or "
-              "end as '\\ ' (any other backslash is itself); default: all")
+NAMES_HELP = ("comma-separated, each stripped of white space at its ends; in a name, write a comma as \\, a "
+              "backslash before a comma, a white-space character or a backslash as \\\\, and a white-space "
+              "character at the name's start or end (a space, U+00A0, ...) with a backslash before it, as "
+              "'\\ ' (any other backslash is itself); default: all")
 
-_ESCAPED = frozenset(",\\ ")
+_ESCAPED = frozenset(",\\")  # and every white-space character (str.isspace: what stripping removes)
 
 
 def metric_name_list(names: str) -> List[str]:
-    """The metric names a ``names`` parameter lists: split on commas, each name stripped of spaces at its
-    ends, empty names dropped -- as before stop 42 -- where a backslash before a comma, a space or a backslash
-    makes that character part of the name (``a\\,b`` is the name ``a,b``; ``\\ x`` the name `` x``; ``c\\\\``
-    the name ``c\\``) and any other backslash is itself (the SDK's escaped names, ``loss\\x1b``, are named
-    as stored). A metric name may hold commas and spaces at its ends (security.md H31, H35): before, such a
-    name could not be asked for at all."""
+    """The metric names a ``names`` parameter lists: split on commas, each name stripped of white space at its
+    ends, empty names dropped -- as before stop 42 -- where a backslash before a comma, a white-space
+    character (any that stripping removes: a space, U+00A0, U+3000, ...; before stop 43 only a space) or a
+    backslash makes that character part of the name (``a\\,b`` is the name ``a,b``; ``\\ x`` the name
+    `` x``; ``c\\\\`` the name ``c\\``) and any other backslash is itself (the SDK's escaped names,
+    ``loss\\x1b``, are named as stored). A metric name may hold commas and spaces at its ends (security.md
+    H31, H35): before, such a name could not be asked for at all."""
     out: List[str] = []
     chars: List[str] = []
     kept: List[bool] = []  # per character: escaped (never stripped)
@@ -186,7 +188,7 @@ def metric_name_list(names: str) -> List[str]:
     i = 0
     while i < len(names):
         c = names[i]
-        if c == "\\" and i + 1 < len(names) and names[i + 1] in _ESCAPED:
+        if c == "\\" and i + 1 < len(names) and (names[i + 1] in _ESCAPED or names[i + 1].isspace()):
             chars.append(names[i + 1])
             kept.append(True)
             i += 2

@@ -54,10 +54,13 @@ async function api(path) {
 }
 
 // The ?names= value naming these metrics, URL-encoded: comma-separated, and in a name a backslash, a comma
-// and a space at either end escaped with a backslash (the API's syntax: a metric name may hold commas and
-// spaces at its ends, docs/security.md H35)
+// and a white-space character at either end (a space, U+00A0, ...: what the API strips, Python's isspace)
+// escaped with a backslash (the API's syntax: a metric name may hold commas and spaces at its ends,
+// docs/security.md H35)
+const NAME_SPACE = "[\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";  // = isspace
+const EDGE_SPACE = new RegExp(`^${NAME_SPACE}|${NAME_SPACE}$`, "g");
 function namesParam(names) {
-  const one = (n) => n.replace(/\\/g, "\\\\").replace(/,/g, "\\,").replace(/^ | $/g, (m) => "\\" + m);
+  const one = (n) => n.replace(/\\/g, "\\\\").replace(/,/g, "\\,").replace(EDGE_SPACE, (m) => "\\" + m);
   return encodeURIComponent(names.map(one).join(","));
 }
 
