@@ -20,7 +20,13 @@ from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.records import Cluster, Incident, RunRecord
 from trainguard_server.config import Settings
 from trainguard_server.gateway.ingest import Gateway
-from trainguard_server.processor.embedded import PARTS_PREFIX, STATE_KEY, EmbeddedProcessor
+from trainguard_server.processor.embedded import (
+    GC_GEN0_THRESHOLD,
+    PARTS_PREFIX,
+    STATE_KEY,
+    EmbeddedProcessor,
+    tune_gc,
+)
 from trainguard_server.queue.sqlite import SqliteQueue
 from trainguard_server.storage.base import MetricColumns
 from trainguard_server.storage.sqlite import (
@@ -215,6 +221,40 @@ def test_the_collector_rests_during_a_round_and_is_back_after_it_even_when_it_fa
             gc.enable()
         queue.close()
     assert during == [False, False]  # the round's output reached the stores (and listeners) inside it
+
+
+def test_pause_gc_false_leaves_the_collector_running_during_a_round(tmp_path: Path) -> None:
+    """``pause_gc=False`` (the policy overridden): the collector stays enabled inside the round too."""
+    during: List[bool] = []
+    queue, _envelopes = _publish(tmp_path)
+    processor = EmbeddedProcessor(queue, SqliteEventStore(tmp_path / "events.db"),
+                                  SqliteMetricStore(tmp_path / "metrics.db"),
+                                  SqliteIncidentStore(tmp_path / "incidents.db"), batch=10_000,
+                                  snapshot_every_s=1e9, tick_interval_s=1e15, pause_gc=False)
+    processor.listeners.append(lambda _output: during.append(gc.isenabled()))
+    assert processor.run_once(timeout=1.0) > 0
+    assert during == [True] and gc.isenabled()
+    queue.close()
+
+
+def test_tune_gc_raises_the_young_threshold_only() -> None:
+    """``tune_gc`` sets the young generation's threshold to GC_GEN0_THRESHOLD (or the one given) when that
+    is higher than the interpreter's, keeps the older generations' thresholds, and keeps a higher one (0:
+    Python's kept)."""
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 11, 12)
+        tune_gc()
+        assert gc.get_threshold() == (GC_GEN0_THRESHOLD, 11, 12)
+        tune_gc(0)
+        assert gc.get_threshold() == (GC_GEN0_THRESHOLD, 11, 12)
+        tune_gc(GC_GEN0_THRESHOLD * 2)
+        assert gc.get_threshold() == (GC_GEN0_THRESHOLD * 2, 11, 12)
+        gc.set_threshold(700, 11, 12)
+        tune_gc(0)
+        assert gc.get_threshold() == (700, 11, 12)
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_raw_context_is_what_extract_says_metric_batches_with_an_alert_included(tmp_path: Path) -> None:
