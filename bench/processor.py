@@ -8,8 +8,10 @@ fresh data directory gets its SQLite queue filled with the shape's serialized ``
 settings: SQLite stores, ``synchronous=FULL``) and drains the queue, checkpoint included. Reported:
 events/s over the wall time of the drain (one thread; the CPU time beside it), then the ratio to the
 baseline measured the same way in the same run, and on a line of its own the machine's 1-minute load
-average over the drains each figure comes from (a shared machine: figures are only comparable beside it)
-and the peak RSS of the measuring process (the stream it built included).
+average over the drains each figure comes from (a shared machine: figures are only comparable beside it),
+the peak RSS of the measuring process (the stream it built included) and the CPU time the drain spent
+inside the cyclic garbage collector's collections, per event, with their count (``gc.callbacks``: what the
+processor's GC policy leaves, processor/embedded.py ``GC_GEN0_THRESHOLD``).
 
 Shapes (``--shapes``):
 
@@ -37,6 +39,7 @@ Nothing is asserted; numbers and ratios are printed, and ``--json`` writes them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -230,10 +233,15 @@ def measure(shape: str, quick: bool, root: Path, pipeline: bool = False,
                                   batch=settings.processor_batch, snapshot_every_s=settings.snapshot_every_s,
                                   tick_interval_s=settings.tick_interval_s, **hook)
     load0 = os.getloadavg()[0]
+    in_gc = _GcClock()
+    gc.callbacks.append(in_gc)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
-    processor.drain(timeout=3600)
-    processor.checkpoint()
+    try:
+        processor.drain(timeout=3600)
+        processor.checkpoint()
+    finally:
+        gc.callbacks.remove(in_gc)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     load1 = os.getloadavg()[0]
@@ -249,10 +257,29 @@ def measure(shape: str, quick: bool, root: Path, pipeline: bool = False,
            "finished": float(record is not None and record.status == "finished"),
            "incidents": float(len(incidents.items)),
            "loadavg_min": min(load0, load1), "loadavg_max": max(load0, load1),
-           "backlog_hook": float(bool(hook)), "native_reader": float(_native_reader())}
+           "backlog_hook": float(bool(hook)), "native_reader": float(_native_reader()),
+           "gc_us_per_event": 1e6 * in_gc.seconds / processed if processed else math.nan,
+           "gc_collections": float(in_gc.collections)}
     if pipeline:
         out["pipeline_us_per_event_cpu"] = pipeline_alone(values, settings.processor_batch)
     return out
+
+
+class _GcClock:
+    """A ``gc.callbacks`` entry that adds up the CPU time spent inside the cyclic collector's collections
+    (and counts them): what the processor's GC policy (processor/embedded.py GC_GEN0_THRESHOLD) leaves."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, _info: Dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._started
+            self.collections += 1
 
 
 def _native_reader() -> bool:
@@ -403,7 +430,11 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"backlog_hook={this.get('backlog_hook', 0):.0f} "
               f"baseline_backlog_hook={base.get('backlog_hook', math.nan):.0f} "
               f"native_reader={this.get('native_reader', 0):.0f} "
-              f"baseline_native_reader={base.get('native_reader', 0):.0f}", flush=True)
+              f"baseline_native_reader={base.get('native_reader', 0):.0f} "
+              f"gc_us_per_event={this.get('gc_us_per_event', math.nan):.2f} "
+              f"gc_collections={this.get('gc_collections', math.nan):.0f} "
+              f"baseline_gc_us_per_event={base.get('gc_us_per_event', math.nan):.2f} "
+              f"baseline_gc_collections={base.get('gc_collections', math.nan):.0f}", flush=True)
         if "pipeline_us_per_event_cpu" in this:
             mine, theirs = this["pipeline_us_per_event_cpu"], base.get("pipeline_us_per_event_cpu", math.nan)
             print(f"pipeline_alone shape={shape} cpu_us_per_event={mine:.1f} baseline={baseline} "
