@@ -107,3 +107,55 @@ def test_failure_inside_a_stack_group_set_up_is_init_failure(function: str) -> N
     later = classify_chain("RuntimeError", "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for "
                            "details)", frames=[{"function": "main"}, {"function": "all_reduce"}])
     assert (later.category, later.subtype) == ("comm", "failure")
+
+
+# hR's review of f9c7ed1 (stop 43): two readings that outranked a Python error printed in the same text
+
+_TRACEBACK = ("Traceback (most recent call last):\n"
+              '  File "train.py", line 80, in <module>\n'
+              "    main()\n"
+              '  File "train.py", line 60, in main\n'
+              "    batch = collate(samples)\n"
+              "ValueError: too many values to unpack (expected 2)\n")
+_STEPS = "".join(f"step {i} loss {2.3 - i * 0.01:.3f}\n" for i in range(20))
+
+
+@pytest.mark.parametrize("warning", [
+    "2023-05-05 11:11:11.123456: W external/xla/xla/service/gpu/conv_algorithm_picker.cc:852] Failed to "
+    "determine best cudnn convolution algorithm for: %cudnn-conv = (f32[1,64,112,112]{3,2,1,0}) custom-call(...)\n"
+    "Original error: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8589934592 bytes.\n"
+    "To ignore this failure and try to use a fallback algorithm, use "
+    "XLA_FLAGS=--xla_gpu_strict_conv_algorithm_picker=false.\n",
+    "2024-01-01 00:00:00.000: W external/xla/xla/service/gpu/gemm_algorithm_picker.cc:300] Autotuning failed: "
+    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1073741824 bytes.\n",
+    "W1010 10:00:00.000000  4242 autotuner_util.cc:100] RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+    "512 bytes; falling back\n",
+])
+def test_xla_autotuner_recovered_oom_is_not_the_error(warning: str) -> None:
+    found = classify_text(warning + _STEPS + _TRACEBACK)
+    assert found is not None and (found.category, found.subtype) == ("process", "exception")
+    assert "ValueError" in found.headline
+
+
+def test_xla_error_record_out_of_memory_is_oom() -> None:
+    text = ("2019-06-13 01:17:08.886805: E external/org_tensorflow/tensorflow/compiler/xla/python/"
+            "local_client.cc:672] Execution of replica 0 failed: Resource exhausted: Out of memory while trying "
+            "to allocate 5520758552 bytes.\n")
+    assert _kind(text) == "memory/oom"
+
+
+@pytest.mark.parametrize("tail, exception", [
+    ("rank 1 died from signal 15\nrank 2 died from signal 15\nrank 3 died from signal 9\n", "ValueError"),
+    ("process 2 died from signal 6\n", "ValueError"),
+])
+def test_died_from_signal_after_a_python_error_is_the_launchers_kill(tail: str, exception: str) -> None:
+    found = classify_text(_TRACEBACK + tail)
+    assert found is not None and (found.category, found.subtype) == ("process", "exception")
+    assert exception in found.headline
+
+
+def test_died_from_signal_prefers_a_crash_over_the_launchers_kills() -> None:
+    found = classify_text("rank 0 died from signal 9\nrank 1 died from signal 15\nrank 3 died from signal 11 "
+                          "and dumped core\n")
+    assert found is not None and (found.category, found.subtype) == ("process", "exit")
+    assert found.facts["signal"] == 11 and found.facts["rank"] == 3

@@ -176,7 +176,28 @@ TensorFlow's op kernel (``Resource exhausted: OOM when allocating tensor with sh
 tensorflow/tensorflow#4735) and Caffe's CUDA_CHECK through glog on error 2, cudaErrorMemoryAllocation
 (``Check failed: error == cudaSuccess (2 vs. 0)  out of memory``, taokong/RON#4). TensorFlow's BFC
 allocator's ``ran out of memory trying to allocate`` is not one of them: it is also the warning of an
-allocation the caller retries ("The caller indicates that this is not a failure")."""
+allocation the caller retries ("The caller indicates that this is not a failure"). Nor is XLA's wording inside
+a record its autotuner recovers from -- a glog ``W`` / ``I`` record (``W external/xla/xla/service/gpu/
+conv_algorithm_picker.cc:852] Failed to determine best cudnn convolution algorithm ... Original error:
+RESOURCE_EXHAUSTED: Out of memory ...``, gemm autotuning alike): :func:`_xla_oom` skips those."""
+_GLOG_RECORD_RE = re.compile(r"(?:^|[\s:\]])(?P<level>[IWEF])"
+                             r"(?:\d{4} \d\d:\d\d:\d\d(?:\.\d{1,9})?\s+\d{1,10})?"
+                             r"\s?[\w/.-]{1,200}\.(?:cc|cpp|h):\d{1,6}\] ", re.MULTILINE)
+"""A glog record's head (``W external/xla/.../conv_algorithm_picker.cc:852] ``, ``E1010 10:00:00.000 123
+local_client.cc:672] ``): its letter is the record's level."""
+
+
+def _xla_oom(t: _Text) -> int:
+    """The first XLA / TensorFlow / Caffe out-of-memory wording (:data:`_OOM_XLA_NEEDLES`) that is not XLA's
+    inside a glog W/I record (the last record head within 1000 characters before it), or -1."""
+    for needle in _OOM_XLA_NEEDLES:
+        for pos in t.find_all(needle):
+            if needle.startswith("resource") and "out of memory" in needle:
+                heads = list(_GLOG_RECORD_RE.finditer(t.text, max(0, pos - 1000), pos))
+                if heads and heads[-1].group("level") in "WI":
+                    continue
+            return pos
+    return -1
 
 
 _OOM_RECOVERY = "attempting to recover from oom in forward/backward pass"
@@ -185,7 +206,7 @@ _OOM_RECOVERY = "attempting to recover from oom in forward/backward pass"
 
 def _rule_cuda_oom_plain(t: _Text) -> Optional[_Hit]:
     pos = t.first(*_OOM_PLAIN_NEEDLES)
-    if pos < 0 and (pos := t.first(*_OOM_XLA_NEEDLES)) >= 0:
+    if pos < 0 and (pos := _xla_oom(t)) >= 0:
         return _Hit("memory", "oom", 0.85, pos, {"error": _shorten(t.line_at(pos), 120)},
                     "out of accelerator memory (the framework's allocator)",
                     "the framework's device allocator (XLA, TensorFlow, Caffe) could not allocate: the "
@@ -664,7 +685,8 @@ DOCS = {
         "``HIP_ERROR_OutOfMemory`` / ``hipErrorOutOfMemory``, fairseq's ``attempting to recover "
         "from OOM in forward/backward pass``; other allocators' wordings: XLA's ``RESOURCE_EXHAUSTED: Out of "
         "memory while trying to allocate ...`` (JAX), TensorFlow's ``Resource exhausted: OOM when allocating "
-        "tensor ...``, Caffe's ``Check failed: error == cudaSuccess (2 vs. 0)  out of memory`` → memory/oom"
+        "tensor ...``, Caffe's ``Check failed: error == cudaSuccess (2 vs. 0)  out of memory`` (not XLA's "
+        "inside a glog W/I record its autotuner recovers from) → memory/oom"
     ),
     'cuda.device-assert': ("a kernel's ``file.cu:N: [kernel or its C++ signature: ]block: [..], thread: [..] "
                            "Assertion `...` failed`` line (the assertion may hold backticks, or have lost "

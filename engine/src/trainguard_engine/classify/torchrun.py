@@ -249,6 +249,31 @@ _CONTAINER_FAILED_RE = re.compile(r"Container rank (?P<rank>\d{1,7}) status fail
 worker exited with that code (a negative code: killed by that signal); its own error is in its workerlog."""
 
 
+def _died_from_signal(t: _Text) -> Optional[_Hit]:
+    """:data:`_DIED_FROM_SIGNAL_RE`'s report: the first line whose signal is not the launcher's kill (9, 15),
+    else the first line -- unless a Python exception was printed before it (a traceback's head, or an
+    exception's line within 4096 characters): then the launcher is reporting the processes it killed after
+    that error, and the error is the verdict (the glibc abort's guard)."""
+    found: List[Tuple[int, Any]] = []
+    for pos in t.find_all("died from signal "):
+        start = max(0, pos - 30)
+        own = (m for m in _DIED_FROM_SIGNAL_RE.finditer(t.text, start, pos + 24)
+               if m.start() <= pos < m.end())
+        m = next(own, None)  # this occurrence's own report, not the line's before it
+        if m is not None and int(m.group("sig")) in SIGNAL_NAMES:
+            found.append((m.start(), m))
+    if not found:
+        return None
+    at, m = next(((p, m) for p, m in found if int(m.group("sig")) not in (9, 15)), found[0])
+    if 0 <= t.first(_TRACEBACK_HEAD) < at or _PYTHON_ERROR_LINE_RE.search(t.text, max(0, at - 4096), at):
+        return None
+    signal = int(m.group("sig"))
+    facts: Facts = {"signal": signal, "signal_name": SIGNAL_NAMES[signal]}
+    if m.group("who") == "rank":
+        facts["rank"] = int(m.group("rank"))
+    return _signal_hit(at, facts, "a worker")
+
+
 def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
     """A launcher saying how a worker (or the launcher itself) was ended by a signal: the old
     ``torch.distributed.launch``'s ``CalledProcessError: Command '[... '--local_rank=7' ...]' died with
@@ -340,15 +365,9 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
             mpi: Facts = {"signal": signal, "signal_name": SIGNAL_NAMES[signal], "rank": int(m.group("rank")),
                           "launcher": "mpirun"}
             return _signal_hit(found[0] + m.start(), mpi, "mpirun: a worker")
-    pos = t.first("died from signal ")
-    if pos >= 0 and (found := _search(_DIED_FROM_SIGNAL_RE, t, pos, before=40, after=20)) is not None:
-        m = found[1]
-        signal = int(m.group("sig"))
-        if signal in SIGNAL_NAMES:
-            died_from: Facts = {"signal": signal, "signal_name": SIGNAL_NAMES[signal]}
-            if m.group("who") == "rank":
-                died_from["rank"] = int(m.group("rank"))
-            return _signal_hit(found[0] + m.start(), died_from, "a worker")
+    from_signal = _died_from_signal(t)
+    if from_signal is not None:
+        return from_signal
     pos = t.first("container rank ")
     if pos >= 0 and (found := _search(_CONTAINER_FAILED_RE, t, pos, before=0, after=4100)) is not None:
         m = found[1]
@@ -753,7 +772,8 @@ DOCS = {
         "causes) → process/killed (SIGKILL); Open MPI's ``mpirun noticed that process rank N with PID P on "
         "node H exited on signal S`` → by the exit decision path for S, the culprit N; a launcher's "
         "``rank N died from signal S [and dumped core]`` (ezpz) → by the exit decision path for S, the "
-        "culprit N (the first such line: the others are the launcher's kills); Paddle's launcher "
+        "culprit N (the first line of another signal than 9/15, the launcher's kills; none after a Python "
+        "exception printed before it: that error is the verdict); Paddle's launcher "
         "``Container rank N status failed cmd [...] code C`` → process/exit (C < 0: by the decision path for "
         "signal -C), the culprit N; the raylet's ``A worker died or was killed while executing a task by an "
         "unexpected system error ... Worker exit type: SYSTEM_ERROR`` (or a dead actor's ``The actor is dead "
