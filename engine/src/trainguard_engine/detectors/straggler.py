@@ -155,8 +155,10 @@ def rank_state(rank: RankState) -> Dict[str, Any]:
 
 
 def _run_state(run: RunState) -> Dict[str, Any]:
-    first = run.ranks[next(iter(run.ranks))]
-    state: Dict[str, Any] = first.detectors.setdefault(RUN_KEY, {})
+    detectors = run.ranks[next(iter(run.ranks))].detectors
+    state: Optional[Dict[str, Any]] = detectors.get(RUN_KEY)
+    if state is None:
+        state = detectors[RUN_KEY] = {}
     return state
 
 
@@ -195,7 +197,9 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
                                   for name, i in _MED_FIELDS.items()}
     window.append(entry)
     gone = window.pop(0) if len(window) > settings.perf_window else _NOTHING
-    meds: Dict[str, float] = state.setdefault("med", {})
+    meds: Optional[Dict[str, float]] = state.get("med")
+    if meds is None:
+        meds = state["med"] = {}
     least = settings.perf_min_points
     if own is None and data is None and opt is None and gone[_OWN] is None and gone[_DATA] is None and \
             gone[_OPT] is None:
@@ -235,7 +239,9 @@ def _count_report(run: RunState, run_state: Dict[str, Any], step: int) -> bool:
     """Count that one more rank reported ``step``; True when every timed rank has (judge it now)."""
     if step <= run_state.get("judged", -1):
         return False
-    counts: List[List[int]] = run_state.setdefault("cnt", [])
+    counts: Optional[List[List[int]]] = run_state.get("cnt")
+    if counts is None:
+        counts = run_state["cnt"] = []
     for entry in counts:
         if entry[0] == step:
             entry[1] += 1
@@ -245,10 +251,13 @@ def _count_report(run: RunState, run_state: Dict[str, Any], step: int) -> bool:
         counts.sort()
         del counts[:-RECENT_STEPS]
     expected = run_state.get("ranks", 0)
-    done = [e for e in counts if e[1] >= expected]
-    if not done:
+    judged: Optional[int] = None  # the latest step every timed rank reported
+    for entry in counts:
+        if entry[1] >= expected and (judged is None or entry[0] > judged):
+            judged = entry[0]
+    if judged is None:
         return False
-    run_state["judged"] = max(e[0] for e in done)
+    run_state["judged"] = judged
     run_state["cnt"] = [e for e in counts if e[0] > run_state["judged"]]
     return True
 
@@ -825,29 +834,65 @@ def _throttle(run: RunState, rank: RankState, state: Dict[str, Any], batch: Metr
 
 # ----------------------------------------------------------------------------------------------------
 
+_PHASE, _THROUGHPUT, _THROTTLE = 1, 2, 3
+"""The role of a point name in :func:`on_metrics` (0: none)."""
+ROLES_MAX = 4096
+"""Most point names whose role :func:`on_metrics` remembers per settings object (then it starts afresh)."""
+_ROLES: List[Tuple[Any, Dict[str, int]]] = [(None, {})]
+"""``[(settings, name -> role)]`` of the settings object :func:`on_metrics` was last asked with: one slot
+replaced whole, so that a thread never reads one settings object's roles under another's."""
+
+
+def _role(name: str, settings: DetectionSettings) -> int:
+    """What :func:`on_metrics` reads a point of ``name`` as (the first that applies, its tests' order)."""
+    if name in _PHASE_SET:
+        return _PHASE
+    if name in _names(settings.throughput_metrics):
+        return _THROUGHPUT
+    return _THROTTLE if name == THROTTLE else 0
+
+
 def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
                settings: DetectionSettings) -> List[Finding]:
-    """Findings for one metric batch of ``rank``."""
-    timed: Dict[int, Dict[str, float]] = {}
+    """Findings for one metric batch of ``rank``. A point's role is decided by its name alone (:func:`_role`,
+    remembered per name): most points of a batch are none of the family's, one lookup each."""
+    timed: Optional[Dict[int, Dict[str, float]]] = None
     tp: Optional[float] = None
     throttle = False
-    throughput = _names(settings.throughput_metrics)
-    for name, s, value in batch.points:
-        if name in _PHASE_SET:
+    held = _ROLES[0]
+    if held[0] is not settings:
+        held = _ROLES[0] = (settings, {})
+    roles = held[1]
+    for point in batch.points:
+        role = roles.get(point[0])
+        if role is None:
+            if len(roles) >= ROLES_MAX:
+                held = _ROLES[0] = (settings, {})
+                roles = held[1]
+            role = roles[point[0]] = _role(point[0], settings)
+        if not role:
+            continue
+        name, s, value = point
+        if role == _PHASE:
             v = value if value.__class__ is float and 0.0 <= value < math.inf else _finite(value)
             if v is not None:
+                if timed is None:
+                    timed = {}
                 values = timed.get(s)
                 if values is None:
                     values = timed[int(s)] = {}
                 values[name] = v
-        elif name in throughput:
+        elif role == _THROUGHPUT:
             v = _finite(value)
             if v is not None and v > 0:
                 tp = v
-        elif name == THROTTLE:
+        else:
             throttle = True
     out: List[Finding] = []
-    state = rank_state(rank)
+    detectors = rank.detectors
+    state: Optional[Dict[str, Any]] = detectors.get(STATE_KEY)  # (rank_state, inline)
+    if state is None:
+        state = detectors[STATE_KEY] = {}
     if tp is not None:
         tps: List[float] = state.setdefault("tpw", [])
         tps.append(tp)
@@ -856,7 +901,9 @@ def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
             state["tp"] = _median(tps)
     if throttle:
         out += _throttle(run, rank, state, batch, settings)
-    for step in sorted(timed):
+    if timed is None:
+        return out
+    for step in sorted(timed) if len(timed) > 1 else timed:
         values = timed[step]
         if STEP_S not in values:
             continue
