@@ -568,6 +568,67 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
         time.sleep(0.2)
 
 
+@attack("grpc/stalled-streams")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """Memory (H36, stop 43): 2 connections x 16 ``Stream`` calls of B (``grpc_max_streams_per_token``), each
+    sending 8 MB less one byte of its first message and then nothing; a Stream's next message is reserved like
+    a Send's before it is read. Fails when the server let in more than B's bound allows (32 MiB + the waiting
+    streams' 64 KiB windows; was 122 MiB) or A's ``Send`` is not accepted meanwhile."""
+    import grpc
+
+    from tests.services.gateway.grpc_raw import StalledCalls
+    from trainguard import wire
+    out: List[Answer] = []
+    opened = [StalledCalls(t.host, t.grpc_port, 16, 8_000_000, method="/trainguard.v1.IngestService/Stream",
+                           token=t.token("B", "ingest")) for _ in range(2)]
+    try:
+        for c in opened:
+            c.pump(quiet_s=2.0, deadline_s=30.0)
+        taken = sum(c.sent_bytes for c in opened)
+        bound = 32 * 2**20 + 32 * 128 * 1024
+        out.append((200 if taken <= bound else 500, f"server let in {taken} bytes (bound {bound})".encode()))
+        out.append(_grpc_send(t, "A", wire, grpc))
+    finally:
+        for c in opened:
+            c.close()
+    return out
+
+
+@attack("grpc/waiting-flood")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """Memory (H37, stop 43): 60 connections x 100 ``Send`` calls of B, each sending 8 MB less one byte, then
+    nothing. Only 4 read at once (B's 32 MiB bound); each waiting call's stream holds its 64 KiB window, so
+    the waiting ones were memory outside every bound (6,000 calls: ~400 MiB for the 5 s receive wait); now
+    at most ``grpc_max_waiting_per_project`` (256) wait and the rest are refused at once. Fails when the calls
+    the server has not ended still hold more than 32 MiB + 256 x 128 KiB 2 s after the last byte was sent
+    (a fresh server: 46.5 MiB; 221 MiB before, RSS 369 MB), or A's ``Send`` is not accepted meanwhile."""
+    import grpc
+
+    from tests.services.gateway.grpc_raw import StalledCalls
+    from trainguard import wire
+    out: List[Answer] = []
+    b_token = t.token("B", "ingest")
+    opened = [StalledCalls(t.host, t.grpc_port, 100, 8_000_000, token=b_token) for _ in range(60)]
+    try:
+        pumps = [threading.Thread(target=c.pump, kwargs={"quiet_s": 1.0, "deadline_s": 30.0}) for c in opened]
+        for pump in pumps:
+            pump.start()
+        for pump in pumps:
+            pump.join()
+        bound = 32 * 2**20 + 256 * 128 * 1024
+        settle = time.monotonic() + 2.0  # the server ends the refused calls (well inside the receive wait)
+        while (held := sum(c.held_bytes() for c in opened)) > bound and time.monotonic() < settle:
+            time.sleep(0.2)
+        taken = sum(c.sent_bytes for c in opened)
+        out.append((200 if held <= bound else 500, f"calls not ended hold {held} bytes (bound {bound}); "
+                                                   f"{taken} bytes let in, refused calls' included".encode()))
+        out.append(_grpc_send(t, "A", wire, grpc))
+    finally:
+        for c in opened:
+            c.close()
+    return out
+
+
 def _grpc_send(t: Target, project: str, wire: Any, grpc: Any) -> Answer:
     request = wire.ingest_request_from_dicts([event(f"{project.lower()}-grpc", 1)])
     with grpc.insecure_channel(f"{t.host}:{t.grpc_port}") as channel:

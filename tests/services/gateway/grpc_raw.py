@@ -64,6 +64,7 @@ class StalledCalls:
         self.stream_window: Dict[int, int] = {}
         self.to_send: Dict[int, int] = {}
         self.sent_bytes = 0
+        self.sent_on: Dict[int, int] = {}  # message bytes sent per call
         self.reset: List[int] = []
         #: the grpc-status each ended call's trailers gave (when sent as a literal, as gRPC's core does)
         self.status: Dict[int, int] = {}
@@ -178,8 +179,15 @@ class StalledCalls:
                 except OSError:
                     return self.sent_bytes
                 self.sent_bytes += n
+                self.sent_on[stream] = self.sent_on.get(stream, 0) + n
             last_progress = time.monotonic()
         return self.sent_bytes
+
+    def held_bytes(self) -> int:
+        """The message bytes sent on calls the server has not ended: what it holds for them now."""
+        with self.lock:
+            ended = set(self.reset)
+            return sum(n for stream, n in self.sent_on.items() if stream not in ended)
 
     def close(self) -> None:
         """End the connection (shutdown first: a bare close while the reader thread is in recv sends no FIN)."""

@@ -171,3 +171,33 @@ def test_a_project_runs_at_most_its_share_of_the_workers_and_another_project_get
         for j in jobs:
             j.result(30)
     assert len(started) == 6
+
+
+def test_past_max_waiting_per_project_a_send_is_refused_at_once_and_given_up_waiters_leave_the_queue(
+        served: Any) -> None:
+    """Each waiting call's stream holds up to its 64 KiB HTTP/2 window: 100 connections x 100 Sends of one token
+    held 197 MiB (RSS 80 -> 297 MB) before stop 43, outside every bound (security.md H37)."""
+    import dataclasses
+
+    from trainguard_server.gateway.ingest import Backpressure
+
+    gateway, server = served
+    counts = gateway.body_bytes
+    servicer = server.servicer
+    servicer.limits = dataclasses.replace(servicer.limits, max_waiting_per_project=3, receive_wait_s=0.2)
+    assert counts.take("A", 2 * MiB) is None  # A at its bound
+    calls = [_reserve(server, "A") for _ in range(3)]
+    refused = _reserve(server, "A")
+    assert refused.done(), "the fourth waiting Send of A was not refused at once"
+    with pytest.raises(Backpressure, match="TRAINGUARD_GRPC_MAX_WAITING_PER_PROJECT"):
+        refused.result()
+    other = _reserve(server, "B")  # another project is not counted with A
+    assert other.done() and other.result() == MiB
+    for call in calls:  # the receive wait (0.2 s) ends them; they leave the queue
+        with pytest.raises(Backpressure, match="TRAINGUARD_GRPC_RECEIVE_WAIT_S"):
+            call.result(30)
+    _turns(server)
+    assert "A" not in servicer._waiting
+    again = [_reserve(server, "A") for _ in range(3)]  # room for three waiting again
+    assert not any(call.done() for call in again)
+    _end(server, gateway, again)

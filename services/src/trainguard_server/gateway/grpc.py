@@ -254,6 +254,9 @@ class StreamLimits:
     receive_wait_s: float = 5.0
     #: ``grpc_workers`` threads one project's work may take at once (0: all); see :class:`_FairWork`
     per_project_workers: int = 4
+    #: calls of one project waiting for room in :meth:`AsyncIngestServicer._reserve` (0: no bound); one more
+    #: is refused at once: each waiting call's stream holds its 64 KiB HTTP/2 window (security.md H37)
+    max_waiting_per_project: int = 256
 
     @classmethod
     def from_settings(cls, settings: Any) -> StreamLimits:
@@ -261,7 +264,9 @@ class StreamLimits:
                    per_token=settings.grpc_max_streams_per_token,
                    idle_timeout_s=settings.grpc_stream_idle_timeout_s, retry_after_s=settings.retry_after_s,
                    receive_wait_s=settings.grpc_receive_wait_s,
-                   per_project_workers=getattr(settings, "grpc_workers_per_project", cls.per_project_workers))
+                   per_project_workers=settings.grpc_workers_per_project,
+                   max_waiting_per_project=getattr(settings, "grpc_max_waiting_per_project",
+                                                   cls.max_waiting_per_project))
 
 
 class _Failed(Exception):
@@ -466,6 +471,19 @@ class AsyncIngestServicer:
             else:
                 self._waiting.pop(project, None)
 
+    def _forget(self, project: str, waiter: asyncio.Future[int]) -> None:
+        """Take a waiter that timed out or was cancelled off its project's queue at once (a granted one is
+        already off it): the queue holds only calls still waiting (``max_waiting_per_project`` counts it)."""
+        queue = self._waiting.get(project)
+        if queue is None or (waiter.done() and not waiter.cancelled() and waiter.result()):
+            return
+        try:
+            queue.remove(waiter)
+        except ValueError:
+            pass
+        if not queue:
+            del self._waiting[project]  # its turn is dropped by the next _grant
+
     async def _reserve(self, project: str, wait_s: Optional[float] = None) -> int:
         """Before a ``Send``'s message is read: hold ``max_batch_bytes`` (the most its message may be) in the
         bound on ingest bytes in flight, waiting for room up to ``receive_wait_s`` (on the event loop, no
@@ -488,6 +506,15 @@ class AsyncIngestServicer:
             why = counts.take(project, n)
             if why is None:
                 return n
+        queued = self._waiting.get(project)
+        most = self.limits.max_waiting_per_project
+        if most and queued is not None and len(queued) >= most:
+            retry = self.limits.retry_after_s
+            full = counts.fits(project, n) or "no room"
+            raise Backpressure(f"project {project!r} has {len(queued)} gRPC calls waiting for room to "
+                               f"receive their messages, at most {most} may "
+                               f"(TRAINGUARD_GRPC_MAX_WAITING_PER_PROJECT; {full}): nothing of this message "
+                               f"was queued; retry after {retry_after_header(retry)} s", retry)
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self.attach(loop)
@@ -512,6 +539,7 @@ class AsyncIngestServicer:
             raise
         finally:
             timer.cancel()
+            self._forget(project, waiter)
         if granted:
             return granted
         why = counts.fits(project, n) or "no room was given back"
