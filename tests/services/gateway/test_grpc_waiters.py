@@ -197,7 +197,36 @@ def test_past_max_waiting_per_project_a_send_is_refused_at_once_and_given_up_wai
         with pytest.raises(Backpressure, match="TRAINGUARD_GRPC_RECEIVE_WAIT_S"):
             call.result(30)
     _turns(server)
-    assert "A" not in servicer._waiting
+    assert ("A", False) not in servicer._waiting
     again = [_reserve(server, "A") for _ in range(3)]  # room for three waiting again
     assert not any(call.done() for call in again)
     _end(server, gateway, again)
+
+
+def test_streams_waiting_for_their_next_message_leave_their_project_room_for_a_send(served: Any) -> None:
+    """A live ``Stream`` holds its next message's reservation while its client is idle (H36). With the
+    project's bound holding 2 reservations, 2 idle Streams took both: the project's Sends waited for a Stream's
+    next message and its HTTP bodies were answered 429 (hR, stop 43). The Streams' share is the bound less one
+    reservation."""
+    gateway, server = served
+    counts = gateway.body_bytes
+    first = _on_loop(server, server.servicer._reserve("A", 60.0, stream=True))
+    _turns(server)
+    assert first.done() and first.result() == MiB
+    second = _on_loop(server, server.servicer._reserve("A", 60.0, stream=True))
+    _turns(server)
+    assert not second.done()  # past the Streams' share (2 MiB - 1 MiB), though the bound has room
+    send = _reserve(server, "A")
+    assert send.done() and send.result() == MiB  # the Send finds the room
+    assert counts.fits("A", MiB) is not None  # the project is at its bound now: an HTTP body would wait
+    counts.give_back("A", MiB)  # the Send's message decoded
+    _turns(server)
+    assert not second.done()  # still the Streams' share
+    server._loop.call_soon_threadsafe(server.servicer._stream_release, "A", MiB)  # the first's message came
+    counts.give_back("A", MiB)
+    _turns(server)
+    assert second.done() and second.result() == MiB
+    server._loop.call_soon_threadsafe(server.servicer._stream_release, "A", MiB)
+    counts.give_back("A", MiB)
+    _turns(server)
+    assert counts.held() == 0 and not server.servicer._stream_reserved

@@ -400,8 +400,11 @@ class AsyncIngestServicer:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         #: Sends waiting for room per project, oldest first (futures on the loop, no task each: a stop with
         #: calls waiting leaves no task pending), and the projects with waiters in turn order (:meth:`_grant`)
-        self._waiting: Dict[str, Deque[asyncio.Future[int]]] = {}
-        self._turns: Deque[str] = collections.deque()
+        #: (keyed by project and whether the calls are Streams: their share is bounded apart, _stream_room)
+        self._waiting: Dict[Tuple[str, bool], Deque[asyncio.Future[int]]] = {}
+        self._turns: Deque[Tuple[str, bool]] = collections.deque()
+        #: bytes per project reserved by Streams for a next message not yet arrived (:meth:`_stream_room`)
+        self._stream_reserved: Dict[str, int] = {}
         self._grant_due = False
 
     async def _authenticate(self, context: Any) -> Any:
@@ -455,26 +458,52 @@ class AsyncIngestServicer:
             return
         n = self.gateway.settings.max_batch_bytes
         for _ in range(len(self._turns)):
-            project = self._turns.popleft()
-            queue = self._waiting.get(project)
+            key = self._turns.popleft()
+            project, stream = key
+            queue = self._waiting.get(key)
             while queue:
                 waiter = queue[0]
                 if waiter.done():  # timed out or cancelled
                     queue.popleft()
                     continue
-                if counts.take(project, n) is not None:
+                if (stream and not self._stream_room(project, n)) or counts.take(project, n) is not None:
                     break
                 queue.popleft()
+                if stream:
+                    self._stream_reserved[project] = self._stream_reserved.get(project, 0) + n
                 waiter.set_result(n)
             if queue:
-                self._turns.append(project)
+                self._turns.append(key)
             else:
-                self._waiting.pop(project, None)
+                self._waiting.pop(key, None)
 
-    def _forget(self, project: str, waiter: asyncio.Future[int]) -> None:
+    def _stream_room(self, project: str, n: int) -> bool:
+        """Whether a Stream of ``project`` may reserve ``n`` more bytes for its next message: the project's
+        Streams waiting for their clients hold at most its bound less one ``max_batch_bytes`` (3 of its 4
+        reservations at the defaults; one Stream always), so its Sends and HTTP bodies always find room. A
+        live Stream holds its reservation while its client is idle: without this share, 4 idle Streams of a
+        project answered every HTTP ingest request of the project 429 and made its Sends wait for a Stream's
+        next message (hR, stop 43)."""
+        counts = self.gateway.body_bytes
+        held = self._stream_reserved.get(project, 0)
+        if counts is None or not counts.per_project or not held:
+            return True
+        return held + n <= counts.per_project - n
+
+    def _stream_release(self, project: str, n: int) -> None:
+        """A Stream's reservation for its next message ended (the message came, or the stream did)."""
+        left = self._stream_reserved.get(project, 0) - n
+        if left > 0:
+            self._stream_reserved[project] = left
+        else:
+            self._stream_reserved.pop(project, None)
+        if n:
+            self._room_freed()  # a Stream waiting for the Streams' share may go on
+
+    def _forget(self, key: Tuple[str, bool], waiter: asyncio.Future[int]) -> None:
         """Take a waiter that timed out or was cancelled off its project's queue at once (a granted one is
         already off it): the queue holds only calls still waiting (``max_waiting_per_project`` counts it)."""
-        queue = self._waiting.get(project)
+        queue = self._waiting.get(key)
         if queue is None or (waiter.done() and not waiter.cancelled() and waiter.result()):
             return
         try:
@@ -482,14 +511,16 @@ class AsyncIngestServicer:
         except ValueError:
             pass
         if not queue:
-            del self._waiting[project]  # its turn is dropped by the next _grant
+            del self._waiting[key]  # its turn is dropped by the next _grant
 
-    async def _reserve(self, project: str, wait_s: Optional[float] = None) -> int:
+    async def _reserve(self, project: str, wait_s: Optional[float] = None, stream: bool = False) -> int:
         """Before a ``Send``'s message is read: hold ``max_batch_bytes`` (the most its message may be) in the
         bound on ingest bytes in flight, waiting for room up to ``receive_wait_s`` (on the event loop, no
         thread; the message stays unread, so gRPC's core holds at most its stream's flow-control window);
         :class:`Backpressure` (RESOURCE_EXHAUSTED + retry-after) when none came. The bytes held (0: no bound).
-        ``wait_s``: how long to wait instead (a ``Stream``'s next message: its idle timeout).
+        ``wait_s``: how long to wait instead (a ``Stream``'s next message: its idle timeout). ``stream``: for
+        a Stream's next message (within the Streams' share, :meth:`_stream_room`; the caller ends the
+        reservation with :meth:`_stream_release`).
 
         Before stop 42 the message was received whole by gRPC's core before the servicer was called (a
         unary handler), and only then counted: 4 connections x 100 calls each sending 8 MB less one byte,
@@ -502,16 +533,19 @@ class AsyncIngestServicer:
         n = self.gateway.settings.max_batch_bytes
         if counts is None or n <= 0:
             return 0
-        if project not in self._waiting:  # FIFO within a project: no overtaking its waiting Sends
+        key = (project, stream)
+        if key not in self._waiting and (not stream or self._stream_room(project, n)):  # FIFO: no overtaking
             why = counts.take(project, n)
             if why is None:
+                if stream:
+                    self._stream_reserved[project] = self._stream_reserved.get(project, 0) + n
                 return n
-        queued = self._waiting.get(project)
+        waiting = sum(len(self._waiting.get((project, kind), ())) for kind in (False, True))
         most = self.limits.max_waiting_per_project
-        if most and queued is not None and len(queued) >= most:
+        if most and waiting >= most:
             retry = self.limits.retry_after_s
             full = counts.fits(project, n) or "no room"
-            raise Backpressure(f"project {project!r} has {len(queued)} gRPC calls waiting for room to "
+            raise Backpressure(f"project {project!r} has {waiting} gRPC calls waiting for room to "
                                f"receive their messages, at most {most} may "
                                f"(TRAINGUARD_GRPC_MAX_WAITING_PER_PROJECT; {full}): nothing of this message "
                                f"was queued; retry after {retry_after_header(retry)} s", retry)
@@ -519,10 +553,10 @@ class AsyncIngestServicer:
         if self._loop is None:
             self.attach(loop)
         waiter: asyncio.Future[int] = loop.create_future()
-        if project not in self._waiting:
-            self._waiting[project] = collections.deque()
-            self._turns.append(project)
-        self._waiting[project].append(waiter)
+        if key not in self._waiting:
+            self._waiting[key] = collections.deque()
+            self._turns.append(key)
+        self._waiting[key].append(waiter)
 
         def give_up() -> None:
             if not waiter.done():
@@ -535,11 +569,13 @@ class AsyncIngestServicer:
             granted = await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.result():
+                if stream:
+                    self._stream_release(project, waiter.result())
                 self._give_back(project, waiter.result())  # granted just before the cancel
             raise
         finally:
             timer.cancel()
-            self._forget(project, waiter)
+            self._forget(key, waiter)
         if granted:
             return granted
         why = counts.fits(project, n) or "no room was given back"
@@ -646,7 +682,7 @@ class AsyncIngestServicer:
         reserved = 0
         try:
             while True:
-                reserved = await self._reserve(project, idle)
+                reserved = await self._reserve(project, idle, stream=True)
                 try:
                     request = await asyncio.wait_for(messages.__anext__(), idle)
                 except StopAsyncIteration:
@@ -658,6 +694,7 @@ class AsyncIngestServicer:
                                   f"(after {state.offset} events of this stream; {state.total.accepted} "
                                   f"of them were queued, re-sending them is safe)") from None
                 held = min(reserved, len(request)) if reserved else 0
+                self._stream_release(project, reserved)
                 self._give_back(project, reserved - held)  # keep what the message holds
                 reserved = 0
                 await self._holding(project, held,
@@ -671,6 +708,7 @@ class AsyncIngestServicer:
             failed = _Failed.internal(exc)
         finally:
             if reserved:  # the message never came (half-close, idle, cancelled): give the reservation back
+                self._stream_release(project, reserved)
                 self._give_back(project, reserved)
         await failed.abort(context)
 
