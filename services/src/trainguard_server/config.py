@@ -142,6 +142,12 @@ class Settings(BaseSettings):
         60.0, gt=0, description="a gRPC Stream that receives no message for this long ends with "
         "DEADLINE_EXCEEDED (what it sent before stays queued); so does a Send whose message does not arrive "
         "within it")
+    grpc_max_waiting_per_project: int = Field(
+        256, ge=0, description="gRPC calls of one project waiting for room under the bounds on ingest "
+        "bytes in flight (a Send before its message is read, a Stream before its next); one more is "
+        "refused at once with RESOURCE_EXHAUSTED + retry-after: each waiting call's HTTP/2 stream holds up "
+        "to 64 KiB the server has received (100 connections x 100 Sends of one token held 197 MiB "
+        "outside every bound); 0: no bound (docs/security.md H37)")
     grpc_receive_wait_s: float = Field(
         5.0, gt=0, description="a gRPC Send reserves max_batch_bytes under ingest_max_inflight_bytes / "
         "project_max_inflight_bytes before its message is read (gRPC's core would otherwise hold the whole "
@@ -203,6 +209,13 @@ class Settings(BaseSettings):
         "this long, so a record published now waits for about one such chunk before the fair queue hands it "
         "out, not for a whole processor_round_events chunk (~2-3 s under load); 0: chunks of "
         "processor_round_events (processor/embedded.py DEFAULT_ROUND_TARGET_S)")
+    processor_gc_gen0_threshold: int = Field(
+        50_000, ge=0, description="young-generation collection threshold in a process that runs a "
+        "processor (processor/embedded.py GC_GEN0_THRESHOLD: Python's 700 made the collector walk the "
+        "pipeline's long-lived state 8-15 % of a round's CPU); 0 or below the interpreter's: kept")
+    processor_gc_pause: bool = Field(
+        True, description="the cyclic collector rests during each processing round (EmbeddedProcessor "
+        "pause_gc; garbage is collected between rounds)")
     snapshot_every_s: float = Field(5.0, description="how often the processor snapshots its state")
     tick_interval_s: float = Field(1.0, description="how often processing-time timers run")
     shutdown_timeout_s: float = Field(

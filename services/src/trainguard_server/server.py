@@ -132,7 +132,8 @@ class EmbeddedServer:
                 round_target_s=s.processor_round_target_s, snapshot_every_s=s.snapshot_every_s,
                 tick_interval_s=s.tick_interval_s, quota_log_interval_s=s.quota_log_interval_s,
                 yield_to=(lambda: gateway.busy) if gateway is not None else None,
-                processed=backlog.processed if backlog is not None else None)
+                processed=backlog.processed if backlog is not None else None,
+                pause_gc=s.processor_gc_pause)
         if self.processor is not None and s.webhook_url:
             self.notifier = WebhookNotifier(s.webhook_url, min_severity=s.webhook_min_severity,
                                             max_per_minute=s.webhook_max_per_minute,
@@ -142,7 +143,7 @@ class EmbeddedServer:
         # waiting for the GIL is not held for the default 5 ms at every hand-over
         sys.setswitchinterval(0.0005)
         if self.processor is not None:
-            tune_gc()
+            tune_gc(s.processor_gc_gen0_threshold)
         self.services = Services(events=self.stores.events, metrics=self.stores.metrics,
                                  incidents=self.stores.incidents, projects=self.stores.projects,
                                  queue=self.queue, gateway=self.gateway, processor=self.processor,

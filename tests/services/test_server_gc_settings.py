@@ -1,0 +1,57 @@
+"""``trainguard serve`` applies the processor's garbage-collection settings (config.py
+``processor_gc_gen0_threshold`` / ``processor_gc_pause``; the policy and its figures: processor/embedded.py
+GC_GEN0_THRESHOLD): an operator's values reach the running processor, the defaults stay the documented ones."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Iterator, Tuple
+
+import pytest
+
+from trainguard_server.config import Settings
+from trainguard_server.processor.embedded import GC_GEN0_THRESHOLD
+from trainguard_server.server import EmbeddedServer
+
+
+@pytest.fixture
+def kept_threshold() -> Iterator[Tuple[int, int, int]]:
+    """The interpreter's thresholds, put back after the test (tune_gc is process-wide)."""
+    before = gc.get_threshold()
+    gc.set_threshold(700, before[1], before[2])
+    yield before
+    gc.set_threshold(*before)
+
+
+def _serve(tmp_path: Path, **values: object) -> EmbeddedServer:
+    server = EmbeddedServer(Settings(data_dir=tmp_path, http_port=0, grpc_port=0, **values))  # type: ignore[arg-type]
+    server.start()
+    return server
+
+
+def test_defaults_are_the_documented_policy(tmp_path: Path, kept_threshold: Tuple[int, int, int]) -> None:
+    assert Settings().processor_gc_gen0_threshold == GC_GEN0_THRESHOLD
+    server = _serve(tmp_path)
+    try:
+        assert server.processor is not None and server.processor.pause_gc is True
+        assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD
+    finally:
+        server.stop()
+
+
+def test_operator_values_reach_the_processor(tmp_path: Path, kept_threshold: Tuple[int, int, int]) -> None:
+    server = _serve(tmp_path, processor_gc_gen0_threshold=123_456, processor_gc_pause=False)
+    try:
+        assert server.processor is not None and server.processor.pause_gc is False
+        assert gc.get_threshold()[0] == 123_456
+    finally:
+        server.stop()
+
+
+def test_zero_keeps_the_interpreters_threshold(tmp_path: Path, kept_threshold: Tuple[int, int, int]) -> None:
+    server = _serve(tmp_path, processor_gc_gen0_threshold=0)
+    try:
+        assert gc.get_threshold()[0] == 700
+    finally:
+        server.stop()
