@@ -92,7 +92,8 @@ pause alone, 0.09-0.13 with the threshold alone and 0.04-0.06 with both (one you
 500-envelope drain (60,000 events) 3.1-4.1, 0.00, 0.87-1.07 and 0.00. Peak RSS over the drain is the same
 under every policy (117-125 MB, within one policy's spread): no cyclic garbage builds up, the pipeline's
 garbage is freed by reference counting. Both are overridable: ``tune_gc(threshold)`` (0: the
-interpreter's kept) and ``pause_gc=False``."""
+interpreter's kept) and ``pause_gc=False`` -- in ``trainguard serve`` the settings
+``TRAINGUARD_PROCESSOR_GC_GEN0_THRESHOLD`` and ``TRAINGUARD_PROCESSOR_GC_PAUSE`` (config.py)."""
 
 
 def tune_gc(threshold: int = GC_GEN0_THRESHOLD) -> None:
