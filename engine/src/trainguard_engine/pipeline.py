@@ -202,6 +202,8 @@ RUN_SCAN = 512
 _NAME = itemgetter(0)
 _STEP = itemgetter(1)
 _DIAGNOSIS_NAMES = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
+_NOTABLE_KINDS = ("exception", "lifecycle", "log")
+"""Kinds of events remembered by id whatever they hold (:meth:`Pipeline._notable`)."""
 
 
 def _asking(detector: Detector, rank: RankState, names: FrozenSet[str], settings: DetectionSettings
@@ -460,10 +462,19 @@ class Pipeline:
             run = self._run(ev, key)
         self._unsaved_runs[key] = None
         routed = self._routed.pop(self._at, None) if self._routed else None  # (not notable: see _run_ahead)
-        if ev.event_id and routed is None and self._notable(ev, points) and \
-                not run.remember(ev.event_id, settings):
-            self.counters["duplicates"] += 1
-            return
+        if ev.event_id and routed is None:
+            if ev.kind == "metrics":  # (_notable, inline)
+                notable = bool(ev.body.get("alert"))
+                if not notable:
+                    for _n, _s, v in points:
+                        if v - v != 0.0:  # NaN/Inf
+                            notable = True
+                            break
+            else:
+                notable = ev.kind in _NOTABLE_KINDS
+            if notable and not run.remember(ev.event_id, settings):
+                self.counters["duplicates"] += 1
+                return
         rank = run.ranks.get(ev.rank)
         if rank is None:
             rank = run.rank_state(ev.rank, settings)
@@ -528,7 +539,7 @@ class Pipeline:
     @staticmethod
     def _notable(ev: ReadEnvelope, points: Sequence[Any]) -> bool:
         """Events whose effect is not idempotent by construction: remembered by id to drop replays."""
-        if ev.kind in ("exception", "lifecycle", "log"):
+        if ev.kind in _NOTABLE_KINDS:
             return True
         if ev.kind == "metrics":
             if ev.body.get("alert"):
@@ -571,8 +582,12 @@ class Pipeline:
         """A metric envelope (``at``: its index in the events of this ``process`` call; -1: a step's
         combined shard norms, not an envelope; ``route``: its route when already known)."""
         time_ns = ev.time_ns
-        if route is None:
-            route = self._route(rank, points, settings)
+        if route is None:  # (_route, inline on a hit: the routes of ``settings``, held and current)
+            held = self._routes.get(id(settings)) if self._routes_of is DETECTORS else None
+            if held is not None and held[0] is settings:
+                route = held[1].get(tuple(map(_NAME, points)))
+            if route is None:
+                route = self._route(rank, points, settings)
         if points and rank.observe_step(max(map(_STEP, points)), time_ns):
             progress.on_progress(run, rank, time_ns, settings)
         rank.observe_points(points, route.keep, time_ns, settings)
