@@ -53,6 +53,7 @@ import collections
 import email.utils
 import functools
 import logging
+import resource
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -799,6 +800,18 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
+def max_connections(settings: Any) -> int:
+    """The gRPC connections the server accepts at once (H38): ``grpc_max_connections``, or when 0 half this
+    process's open-files limit, so that idle gRPC connections cannot take the descriptors HTTP, the stores and
+    the queue need (900 such connections against a limit of 800 left HTTP ingest timing out for as long as
+    they were held). Past it gRPC's core closes a new connection at once."""
+    wanted = int(getattr(settings, "grpc_max_connections", 0) or 0)
+    if wanted > 0:
+        return wanted
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(64, (soft if soft != resource.RLIM_INFINITY else 65_536) // 2)
+
+
 def build_grpc_server(gateway: Gateway, host: str, port: int, max_message_bytes: int,
                       workers: Optional[int] = None) -> Tuple[GrpcIngestServer, int]:
     """``(server, bound port)``: a not yet started server of ``IngestService`` on ``host:port`` (port 0: any
@@ -821,7 +834,16 @@ def build_grpc_server(gateway: Gateway, host: str, port: int, max_message_bytes:
                # MiB, so a call's whole message was received and held before any servicer code ran, and a
                # call waiting in Send's reservation (the message unread) still took its 8 MiB. Without it a
                # stream not being read holds at most 64 KiB, one being read a window of about 1 MiB.
-               ("grpc.http2.bdp_probe", 0)]
+               ("grpc.http2.bdp_probe", 0),
+               # a connection is a file descriptor of the process HTTP shares (H38): one that has not
+               # completed its HTTP/2 handshake within http_header_timeout_s (as an HTTP request head must),
+               # or that has no call for grpc_stream_idle_timeout_s, is closed (GOAWAY; a client reconnects on
+               # its next call), and at most max_connections() are open. Before stop 43 idle connections were
+               # held for ever (without a handshake for 120 s) and unbounded, so they could take every
+               # descriptor, and with them HTTP's and every tenant's ingest.
+               ("grpc.server_handshake_timeout_ms", max(1, int(settings.http_header_timeout_s * 1000))),
+               ("grpc.max_connection_idle_ms", max(1, int(limits.idle_timeout_s * 1000))),
+               ("grpc.max_allowed_incoming_connections", max_connections(settings))]
     server = GrpcIngestServer(gateway, host, port, options, limits,
                               workers if workers is not None else settings.grpc_workers)
     return server, server.port
