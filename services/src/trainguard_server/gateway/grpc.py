@@ -266,8 +266,7 @@ class StreamLimits:
                    idle_timeout_s=settings.grpc_stream_idle_timeout_s, retry_after_s=settings.retry_after_s,
                    receive_wait_s=settings.grpc_receive_wait_s,
                    per_project_workers=settings.grpc_workers_per_project,
-                   max_waiting_per_project=getattr(settings, "grpc_max_waiting_per_project",
-                                                   cls.max_waiting_per_project))
+                   max_waiting_per_project=settings.grpc_max_waiting_per_project)
 
 
 class _Failed(Exception):
