@@ -132,6 +132,10 @@ class Settings(BaseSettings):
         4, ge=0, description="gRPC ingest work (validation, queueing) one project may run on the "
         "grpc_workers threads at once; the projects with work take turns, so one project's many calls "
         "delay another's by about one job; 0: no bound (docs/security.md H34)")
+    grpc_max_connections: int = Field(
+        0, ge=0, description="gRPC connections the server accepts at once; past it a new connection is "
+        "closed at once. 0: half this process's open-files limit, so idle gRPC connections (no token "
+        "needed) cannot take the descriptors HTTP, the stores and the queue need (docs/security.md H38)")
     grpc_max_streams_per_connection: int = Field(
         100, ge=1, description="concurrent gRPC calls one connection may have open (HTTP/2 "
         "MAX_CONCURRENT_STREAMS; the client queues more)")
