@@ -79,11 +79,29 @@ def test_a_snapshot_of_the_old_format_restores_and_continues_as_the_new_code(fix
     rest = events[cut:]
     for lo in range(0, len(rest), 7):  # continued in pieces: the same records, piece for piece
         assert restored.process(rest[lo:lo + 7]) == reference.process(rest[lo:lo + 7])
-    assert restored.snapshot() == reference.snapshot()
+    assert _without_record(restored.snapshot()) == _without_record(reference.snapshot())
     straight = Pipeline(SETTINGS)
     straight.process(events)
     assert restored.incidents() == straight.incidents()
-    assert restored.snapshot() == straight.snapshot()
+    assert _without_record(restored.snapshot()) == _without_record(straight.snapshot())
+    assert all(a <= b for a, b in zip(_records(restored.snapshot()), _records(straight.snapshot())))
+
+
+def _records(blob: bytes) -> List[float]:
+    return [rank.get("detectors", {}).get("lg", {}).get("spike", {}).get("record", 0.0)
+            for run in json.loads(blob)["runs"] for rank in run["ranks"]]
+
+
+def _without_record(blob: bytes) -> Dict[str, Any]:
+    """The snapshot ``blob`` as data, less loss/spike's record of the run's own excursions (stop 43): a
+    restore from a snapshot older than it starts it afresh at the cut, so it holds the excursions since the
+    cut only -- never more than the uninterrupted run's (checked)."""
+    doc = json.loads(blob)
+    for run in doc["runs"]:
+        for rank in run["ranks"]:
+            spike = rank.get("detectors", {}).get("lg", {}).get("spike", {})
+            spike.pop("record", None)
+    return doc
 
 
 @pytest.mark.parametrize("name", ("plateau", "oscillation", "rise_after_fall", "explosion", "healthy_mlp"))

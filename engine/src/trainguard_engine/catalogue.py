@@ -699,11 +699,16 @@ class DetectionSettings:
         "blowing up. A later non-finite value re-classifies it back (same incident, the climb's lead kept). "
         "0: off.", minimum=0)
     spike_factor: float = _setting(
-        10.0, "loss/spike (warning) opens on one finite loss value >= this x the median of the spike_window "
+        7.0, "loss/spike (warning) opens on one finite loss value >= this x the median of the spike_window "
         "values before it (and >= spike_over_max x their largest): one bad batch that hit the run (stop 41's "
         "GRU, residual MLP and LoRA Llama: the loss 100-7,750x for ONE step, then normal, and no incident). "
         "With spike_over_max and spike_start_level, no healthy shape of tuning36/38/39/41/42 has a value "
-        "over all three bars at 5, 8 or 10; tuning42's clipped Lightning CNN's x100 batch is 11.4x. 0: off.",
+        "over all three bars at 5, 8 or 10; tuning42's clipped Lightning CNN's x100 batch is 11.4x. "
+        "10 -> 7 at stop 43, once spike_over_record and spike_tail_power keep heavy-tailed noise out: "
+        "a batch x10 on a falling curve is under 10x the median of the 40 higher values before it "
+        "(simulated log-normal curves, sigma 0.05-0.2: 2 of 10 caught at 10, 10 of 10 at 7; tuning43's "
+        "noisy-label CNN at batch "
+        "32); still no healthy shape of tuning36-43 gets one. 0: off.",
         minimum=0.0)
     spike_over_max: float = _setting(
         3.0, "... and >= this x the LARGEST of those values: a value of the range the loss already had "
@@ -714,6 +719,22 @@ class DetectionSettings:
         "classifier's one hard batch is far above its collapsed median but far below its start (tuning36's "
         "healthy ViT: 0.002 -> 0.07 at 0.04x its start, 32-50x its median; tuning41's GRU bad batch: 2.2x "
         "its start, the others 100x and more). 0: off.", minimum=0.0)
+    spike_over_record: float = _setting(
+        3.0, "... and its ratio to the loss's rolling level (the median of rise_smooth values) >= this x the "
+        "largest such ratio of the run's earlier values (its record; none taken while the numeric slot is "
+        "open, none from a value taken as a spike): a heavy-tailed healthy loss (tiny batches, "
+        "heavy-tailed targets, noisy labels, sparse rewards) shows how far its own noise reaches, and a bad "
+        "batch must go further (stop 43: a loss of iid Pareto(2-3) noise got loss/spike on ~2 of 3 runs of "
+        "3,000 steps; with this bar and spike_tail_power, 1-3 of 20). 0: off.", minimum=0.0)
+    spike_tail_power: float = _setting(
+        5.0, "... and >= the window's median x (its spike_tail_quantile value / its median) ** this: the bar "
+        "scales with the window's own spread (for a Pareto tail of any index, a healthy value passes it with "
+        "probability ~0.5 x 5^-power at quantile 0.9 -- the spread of 40 values is a noisy estimate, hence "
+        "the record bar beside it). A smooth run's spread (~1.1-1.3) leaves spike_factor the binding bar. "
+        "0: off.", minimum=0.0)
+    spike_tail_quantile: float = _setting(
+        0.9, "The quantile of the spike_window values that spike_tail_power measures the window's spread "
+        "with (nearest rank).", minimum=0.5, maximum=1.0)
     spike_window: int = _setting(
         40, "The loss values before a value that loss/spike measures it against (at least half of them "
         "needed: the first values of a run are not judged).", minimum=4)
@@ -1215,7 +1236,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "explosion_climb_quantile", "explosion_trend_points", "explosion_onset_factor",
         "explosion_resolve_points", "explosion_recovered_level", "explosion_settled_spread",
         "explosion_settled_level", "explosion_diverged_points", "spike_factor", "spike_over_max",
-        "spike_start_level", "spike_window", "spike_resolve_points", "loss_window",
+        "spike_start_level", "spike_over_record", "spike_tail_power", "spike_tail_quantile", "spike_window",
+        "spike_resolve_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
         "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_min_fall", "oscillation_held_points",

@@ -1478,7 +1478,7 @@ def _check_divergence(rank: RankState, name: str, series: Sequence[Tuple[int, fl
     level = state.get("level")
     base = divergence_base(initial, state["init"][0], tuned)
     blown = _blown_up(win, base, tuned)
-    if blown is not None:
+    if blown is not None and not spike_claims(rank, blown[0], win.values[-1], settings):
         return _blowup_check(rank, name, blown, win, base, settings, tuned, explain)
     blown = _early_blowup_left_dead(state, win, base, tuned)
     if blown is not None:
@@ -2006,7 +2006,19 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     and resolves once ``spike_resolve_points`` values in a row are under it. A candidate is dropped when a
     non-finite loss comes first, when the rank's numeric slot (explosion, divergence, NaN) opens, or after
     ``spike_window`` values still above the bar: the first step of an explosion or a level change is the
-    other rules' story. None is taken while the numeric slot or an oscillation is open on the rank."""
+    other rules' story. None is taken while the numeric slot or an oscillation is open on the rank.
+
+    A heavy-tailed healthy loss (tiny batches, heavy-tailed targets, noisy labels, sparse rewards) has
+    values far above its window now and then; two more bars measure the value against the run's own noise
+    (stop 43): its ratio to the loss curve's rolling level (the median of ``rise_smooth`` values) must be
+    >= ``spike_over_record`` x the largest such ratio of the run's earlier values (its record: every value
+    judged here and not taken as a candidate, none while the numeric slot is open), and
+    the value >= the window's median x (its ``spike_tail_quantile`` value / its median) **
+    ``spike_tail_power``. A candidate that also reached the divergence blow-up bar
+    (``divergence_blowup_factor`` x the run's divergence base) is the spike's when the value that confirms
+    it is back under ``spike_over_max`` x the window's largest -- one bad batch: the blow-up rule does not
+    claim it (:func:`spike_claims`), its reading is this incident's evidence -- and the blow-up's
+    (loss/divergence) when it is not: the spike is dropped."""
     if not settings.spike_factor > 0:
         return []
     loss_names = family_names(settings)[1]
@@ -2045,15 +2057,27 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             state.pop("pending")
         elif value < pending["bar"]:
             state.pop("pending")
+            blow = _spike_blowup_bar(rank, pending["value"], settings)
+            if blow and not value < settings.spike_over_max * pending["top"]:
+                return []  # blown up and not back in its range: the divergence blow-up's story
+            if blow:
+                state["claimed"] = pending["step"]  # (spike_claims: the blow-up rule leaves this value)
             state["open"] = [pending["bar"], 1, pending["step"]]
-            return [_spike_finding(rank, name, pending, step, time_ns, settings)]
+            return [_spike_finding(rank, name, pending, step, time_ns, settings, blow)]
         else:
             pending["waited"] += 1
             if pending["waited"] >= settings.spike_window:
                 state.pop("pending")
             return []
-    # The rejections below change nothing, so the cheapest come first: most values of a learning run are
-    # under its start level, and that level is fixed once the curve's first values are in.
+    # The rejections below change nothing but the record, so the cheapest come first: a value within
+    # spike_over_record x the run's record of its own excursions (most values), then one under the run's
+    # start level (fixed once the curve's first values are in).
+    level = rank_state(rank).get("loss", {}).get("level")  # (on_curve's rolling level, this value's)
+    ratio = value / level if level is not None and level > 0 else 0.0
+    if ratio < settings.spike_over_record * state.get("record", 0.0):
+        if ratio > state.get("record", 0.0):
+            _fold_record(run, rank, state, ratio)
+        return []
     start = rank.derived.get(SPIKE_START_MEMO)
     if start is None:
         init: List[float] = rank_state(rank).get("loss", {}).get("init") or []
@@ -2064,28 +2088,74 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             start = init[0]
         rank.derived[SPIKE_START_MEMO] = start  # (init no longer changes; derived: rebuilt after a restore)
     if not value >= settings.spike_start_level * start:
+        _fold_record(run, rank, state, ratio)
         return []  # a converged model's one hard batch: far above its collapsed median, not its start
     if rank_has_open(run, rank, NUMERIC_KEY, "loss:oscillation"):
         return []  # an explosion, divergence or swings already tell the story: their values are no spike
     before = recent(rank, name, settings.spike_window + 1, step)
     prior = [v for s, v, _t in before if s < step][-settings.spike_window:]
     if len(prior) < max(2, settings.spike_window // 2):
+        _fold_record(run, rank, state, ratio)
         return []
     top = max(prior)
     if not (top > 0 and value >= settings.spike_over_max * top):
+        _fold_record(run, rank, state, ratio)
         return []
-    med = robust.median(prior)
+    ordered = sorted(prior)
+    med = robust.median_sorted(ordered)
     if not (med > 0 and value >= settings.spike_factor * med):
+        _fold_record(run, rank, state, ratio)
         return []
+    at_q = min(len(ordered) - 1, int(settings.spike_tail_quantile * (len(ordered) - 1) + 0.5))
+    spread = ordered[at_q] / med
+    if settings.spike_tail_power > 0 and not value >= med * spread ** settings.spike_tail_power:
+        _fold_record(run, rank, state, ratio)
+        return []  # the window's own spread reaches that far: a heavy-tailed loss's natural value
     state["pending"] = {"step": step, "value": value, "median": med, "top": top, "count": len(prior),
                         "bar": max(settings.spike_over_max * top, value / settings.spike_factor),
-                        "time_ns": time_ns, "event_id": event_id, "waited": 0}
+                        "time_ns": time_ns, "event_id": event_id, "waited": 0, "spread": spread,
+                        "ratio": ratio, "record": state.get("record", 0.0)}
     return []
 
 
+def _fold_record(run: RunState, rank: RankState, state: Dict[str, Any], ratio: float) -> None:
+    """Fold a value's ratio to the rolling level into the run's record (:func:`on_spike`), unless the
+    numeric slot is open on the rank (an explosion's climb or a divergence is not the run's noise; an
+    oscillation's swings count: a heavy-tailed loss often reads as one)."""
+    if ratio > state.get("record", 0.0) and not rank_has_open(run, rank, NUMERIC_KEY):
+        state["record"] = ratio
+
+
+def _spike_blowup_bar(rank: RankState, value: float, settings: DetectionSettings) -> float:
+    """The divergence blow-up bar (``divergence_blowup_factor`` x the run's divergence base) when
+    ``value`` reached it, else 0."""
+    init: List[float] = rank_state(rank).get("loss", {}).get("init") or []
+    factor = settings.divergence_blowup_factor
+    if not init or not factor > 0:
+        return 0.0
+    bar = factor * divergence_base(robust.median(init), init[0], settings)
+    return bar if bar > 0 and value >= bar else 0.0
+
+
+def spike_claims(rank: RankState, at: int, latest: float, settings: DetectionSettings) -> bool:
+    """Whether the loss value at step ``at`` -- one the divergence blow-up rule would read, the loss now
+    ``latest`` -- is loss/spike's (:func:`on_spike`): a spike already opened on it past the blow-up bar, or
+    the candidate at ``at`` that ``latest`` confirms, back under ``spike_over_max`` x the window's largest
+    before it (one bad batch the run absorbed, not a run blown up)."""
+    spike = rank_state(rank).get("spike")
+    if not spike:
+        return False
+    if spike.get("claimed") == at:
+        return True
+    pending = spike.get("pending")
+    return pending is not None and pending["step"] == at and latest < pending["bar"] and \
+        latest < settings.spike_over_max * pending["top"]
+
+
 def _spike_finding(rank: RankState, name: str, spike: Dict[str, Any], step: int, time_ns: int,
-                   settings: DetectionSettings) -> Finding:
-    """The loss/spike Finding for a candidate (:func:`on_spike`) confirmed at ``step``."""
+                   settings: DetectionSettings, blow: float = 0.0) -> Finding:
+    """The loss/spike Finding for a candidate (:func:`on_spike`) confirmed at ``step`` (``blow``: the
+    divergence blow-up bar it also reached, else 0)."""
     at, value, med, top = spike["step"], spike["value"], spike["median"], spike["top"]
     ratio = value / med
     evidence = [Evidence(
@@ -2098,6 +2168,28 @@ def _spike_finding(rank: RankState, name: str, spike: Dict[str, Any], step: int,
         step=at, time_ns=spike["time_ns"], rank=rank.rank, metric=name, threshold=settings.spike_factor,
         value=wire_float(ratio), window=window(rank, name, step, settings.evidence_window),
         event_id=spike["event_id"])]
+    if "spread" in spike:  # (a candidate taken before stop 43's bars has none)
+        evidence.append(Evidence(
+            rule="loss.spike_noise",
+            description=(f"the run's own noise: the value is {spike['ratio']:.3g}x the rolling level, "
+                         f"the run's earlier values at most {spike['record']:.3g}x "
+                         f"(>= {settings.spike_over_record:g}x that needed); the window's "
+                         f"{settings.spike_tail_quantile:g} quantile is {spike['spread']:.3g}x its median "
+                         f"(the value >= that ** {settings.spike_tail_power:g} x the median)"),
+            step=at, time_ns=spike["time_ns"], rank=rank.rank, metric=name,
+            threshold=settings.spike_over_record, value=wire_float(spike["ratio"]),
+            event_id=spike["event_id"]))
+    if blow:
+        evidence.append(Evidence(
+            rule="loss.spike_blowup",
+            description=(f"{name} {fmt_number(value)} at step {at} is >= the divergence blow-up bar "
+                         f"{fmt_number(blow)} (divergence_blowup_factor "
+                         f"{settings.divergence_blowup_factor:g}x the run's start), but the next value "
+                         f"was back under {settings.spike_over_max:g}x the largest before it: one bad "
+                         f"batch the run absorbed, not a run the updates blew up (loss/divergence does "
+                         f"not open for it)"),
+            step=at, time_ns=spike["time_ns"], rank=rank.rank, metric=name,
+            threshold=settings.divergence_blowup_factor, value=wire_float(value), event_id=spike["event_id"]))
     norm_text = ""
     gname = grad_metric(rank, settings)
     norm_at = rank.history.get(gname, {}).get(at) if gname else None
