@@ -61,6 +61,7 @@ class TimeoutH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._header_timer: Optional[asyncio.TimerHandle] = None
         self._body_timer: Optional[asyncio.TimerHandle] = None
+        self._lingering: Optional[asyncio.TimerHandle] = None
 
     # --- uvicorn's hooks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -68,17 +69,34 @@ class TimeoutH11Protocol(H11Protocol):
         self._update_timers()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:
+            return  # after a 400 for a malformed request: what the client still sends is dropped
         super().data_received(data)
         self._update_timers()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
-            self._update_timers()  # a pipelined request head is (partly) buffered already
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 for a request h11 refuses (a request head past h11's 16 KiB while incomplete, bad
+        framing), then a *lingering* close: the answer and a FIN go out, what the client still sends is read
+        and dropped, and the connection closes when the client closes its side or after ``header_s``. uvicorn
+        closed at once, so a client still sending its request (a 200 KB request line) got a reset and lost
+        the answer (``bench/hostile_probe.py`` api/hostile-path-ids: status 0)."""
+        if not self.transport.can_write_eof():
+            super().send_400_response(msg)
+            return
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        event = h11.Response(status_code=400, reason=b"Bad Request", headers=headers)
+        for part in (event, h11.Data(data=msg.encode("ascii")), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(part) or b"")
+        self.transport.write_eof()  # the client's EOF then closes the transport (uvicorn's eof_received)
+        self._cancel_header()
+        self._cancel_body()
+        self._lingering = self.loop.call_later(self.timeouts.header_s, self.transport.close)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._cancel_header()
         self._cancel_body()
+        if self._lingering is not None:
+            self._lingering.cancel()
         super().connection_lost(exc)
 
     # --- timers -------------------------------------------------------------------------------------

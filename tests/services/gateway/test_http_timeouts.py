@@ -160,3 +160,23 @@ def test_trainguard_serve_applies_the_settings(tmp_path: Path) -> None:
             data, elapsed = _read_until_closed(sock)  # was: still open after WAIT_S
         assert data.startswith(b"HTTP/1.1 408") and elapsed < WAIT_S / 2
         assert live.client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_a_request_head_past_h11s_limit_is_answered_400_while_the_client_still_sends(
+        server: Tuple[int, Tokens]) -> None:
+    """A 200 KB request line, sent in pieces: h11 refuses the head once 16 KiB of it are buffered, and uvicorn
+    closed the connection at once with the client still sending -- a reset, the 400 lost (stop 43,
+    bench/hostile_probe.py api/hostile-path-ids status 0). Now the 400 and a FIN go out and the rest is read
+    and dropped until the client closes (or header_s)."""
+    port, _tokens = server
+    sock = _connect(port)
+    head = b"GET /" + b"x" * 200_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    try:
+        for i in range(0, len(head), 8192):
+            sock.sendall(head[i:i + 8192])
+            time.sleep(0.002)
+        sock.shutdown(socket.SHUT_WR)
+        answer, _took = _read_until_closed(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
