@@ -804,9 +804,8 @@ def max_connections(settings: Any) -> int:
     process's open-files limit, so that idle gRPC connections cannot take the descriptors HTTP, the stores and
     the queue need (900 such connections against a limit of 800 left HTTP ingest timing out for as long as
     they were held). Past it gRPC's core closes a new connection at once."""
-    wanted = int(getattr(settings, "grpc_max_connections", 0) or 0)
-    if wanted > 0:
-        return wanted
+    if settings.grpc_max_connections > 0:
+        return int(settings.grpc_max_connections)
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return max(64, (soft if soft != resource.RLIM_INFINITY else 65_536) // 2)
 
