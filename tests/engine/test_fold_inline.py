@@ -2,8 +2,9 @@
 event is remembered by id (``_notable``) inline, and ``Pipeline._on_metrics`` looks a batch's route up in the
 routes of its settings itself (``_route`` only on a miss).
 
-Checked against the code before (a11e7e4's ``_fold`` and ``_on_metrics``, kept here verbatim and run in a copy of
-the module's namespace): outputs, snapshots and counters piece by piece with restores on every corpus scenario
+Checked against the code before (a11e7e4's ``_fold`` and ``_on_metrics``), kept here verbatim ON PURPOSE as the
+pre-change reference (the fast path is inline code in those two methods: no switch gives the old path back by
+patching) and run in a copy of the module's namespace: outputs, snapshots and counters piece by piece with restores on every corpus scenario
 sent once and with every event replayed later (duplicates of exceptions, lifecycle, logs, alerts and non-finite
 batches dropped by id, the others folded again), and on two projects with their own settings and a shard's norm
 combined across ranks."""

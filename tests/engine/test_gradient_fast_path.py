@@ -9,7 +9,8 @@
   detectors are then called without asking ``wants`` per batch (or left out of the route) where the names
   alone decide.
 
-Checked against the code before (kept here verbatim as the reference): outputs and snapshots piece by piece
+Checked against the code before, kept here verbatim ON PURPOSE as the pre-change reference (the fast path is
+inline code: there is no switch that gives the old path back by patching): outputs and snapshots piece by piece
 with restores (tests/engine/fast_slow.py) on every corpus scenario and on synthetic gradient streams (grad
 norms climbing, NaN/inf norms and layers, clip flags and thresholds, GradScaler overflow flags, losses, other
 names), under the default settings and settings where ``amp/overflow`` is a clip threshold name too; the role
@@ -30,7 +31,7 @@ import pytest
 from tests.engine.fast_slow import run_fast_and_slow
 from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine.catalogue import DetectionSettings
-from trainguard_engine.detectors import adapter, gradient, numeric
+from trainguard_engine.detectors import adapter, gradient, numeric, roles
 from trainguard_engine.detectors.adapter import Adapters
 from trainguard_engine.detectors.gradient import Gradients
 from trainguard_engine.incidents import Finding
@@ -292,8 +293,8 @@ def _random_points(rng: random.Random) -> List[Point]:
 @pytest.mark.parametrize("settings", [SETTINGS, AMP_CLIP], ids=["default", "amp-clip"])
 def test_read_batch_reads_what_it_read_before(settings: DetectionSettings, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(43)
-    monkeypatch.setattr(numeric, "ROLES_MAX", 5)  # the memo starts afresh every few names too
-    monkeypatch.setattr(numeric, "_ROLES", [(None, {})])
+    monkeypatch.setattr(roles, "ROLES_MAX", 5)  # the memo starts afresh every few names too
+    monkeypatch.setattr(numeric, "_ROLES", roles.RoleMemo())
     for _ in range(3000):
         rank, before_rank = RankState(rank=0), RankState(rank=0)
         if rng.random() < 0.5:
@@ -306,7 +307,7 @@ def test_read_batch_reads_what_it_read_before(settings: DetectionSettings, monke
         assert numeric.read_batch(rank, state, points, settings) == \
             _read_batch_before(before_rank, before_state, points, settings)
         assert state == before_state
-    assert len(numeric._ROLES[0][1]) <= 5
+    assert len(numeric._ROLES.of(settings)) <= 5
 
 
 def test_wants_names_agrees_with_wants() -> None:
@@ -332,3 +333,20 @@ def test_wants_names_agrees_with_wants() -> None:
                             decided += 1
                             assert said == want, (det, names, said)
     assert decided > 10000
+
+
+def test_two_settings_objects_alternating_keep_their_roles() -> None:
+    """The role memo (detectors/roles.py) is per settings object: projects with their own settings, alternating,
+    each keep theirs (a name that is a clip threshold under one is nothing under the other)."""
+    memo = roles.RoleMemo()
+    for _ in range(3):
+        for settings, want in ((SETTINGS, numeric._AMP), (AMP_CLIP, numeric._AMP_CLIP)):
+            held = memo.of(settings)
+            role = held.get("amp/overflow")
+            if role is None:
+                role = roles.remember(held, "amp/overflow", numeric._role("amp/overflow", settings))
+            assert role == want
+    assert len(memo.held) == 2 and memo.of(SETTINGS) is memo.of(SETTINGS)
+    for k in range(roles.SETTINGS_MAX + 1):
+        memo.of(DetectionSettings.from_overrides({"history_len": 100 + k}))
+    assert len(memo.held) <= roles.SETTINGS_MAX

@@ -4,7 +4,9 @@ tests per point, builds the per-step dict only for a batch with a phase point an
 ``_fold_step``, ``_count_report`` and ``_run_state`` get their state dicts without building an empty one per call,
 and ``_count_report`` finds the step to judge without a list.
 
-Checked against the code before (a11e7e4, kept here verbatim and run in a copy of the module's namespace): outputs
+Checked against the code before (a11e7e4), kept here verbatim ON PURPOSE as the pre-change reference (the fast
+path is inline code: no switch gives the old path back by patching) and run in a copy of the module's namespace
+(its helpers are the module's own, unchanged; the four replaced functions the old ones): outputs
 and snapshots piece by piece with restores (tests/engine/fast_slow.py) on every recorded straggler fixture (4-rank
 jobs: stragglers, regressions, loaders, NVML throttling, run-queue delay), every corpus scenario and synthetic
 streams (phases, throughput, throttle bits, odd values, points at other steps, late and replayed steps, a rank
@@ -27,6 +29,7 @@ import pytest
 from tests.engine.fast_slow import run_fast_and_slow
 from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.detectors import roles as roles_mod
 from trainguard_engine.detectors import straggler
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "straggler"
@@ -290,15 +293,15 @@ def test_the_synthetic_streams_reach_the_rules() -> None:
 
 
 def test_roles_are_remembered_and_start_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(straggler, "ROLES_MAX", 3)
-    monkeypatch.setattr(straggler, "_ROLES", [(None, {})])
+    monkeypatch.setattr(roles_mod, "ROLES_MAX", 3)
+    monkeypatch.setattr(straggler, "_ROLES", roles_mod.RoleMemo())
     roles = _Roles()
     with roles:
         _compare(_stream(1)[:300], piece=50)
-    assert len(straggler._ROLES[0][1]) <= 3
+    assert len(straggler._ROLES.of(SETTINGS)) <= 3
     assert roles.decided > 10  # (the memo restarted: names decided again)
-    monkeypatch.setattr(straggler, "ROLES_MAX", 4096)
-    monkeypatch.setattr(straggler, "_ROLES", [(None, {})])
+    monkeypatch.setattr(roles_mod, "ROLES_MAX", 4096)
+    monkeypatch.setattr(straggler, "_ROLES", roles_mod.RoleMemo())
     roles = _Roles()
     with roles:
         _compare(_stream(1)[:300], piece=50)

@@ -20,6 +20,7 @@ from ..catalogue import KINDS, DetectionSettings
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState, SeriesTail
 from . import fmt_number, window
+from .roles import RoleMemo, remember
 
 NUMERIC_KEY = "numeric"
 """The incident slot of the run's divergence story (one per run): non-finite loss, gradient explosion,
@@ -240,11 +241,8 @@ def family_names(settings: DetectionSettings) -> Tuple[AbstractSet[str], Abstrac
 _OTHER, _GRAD, _LAYER, _LOSS, _AMP, _AMP_CLIP, _CLIP = range(7)
 """The role of a point name in :func:`read_batch` (``_AMP_CLIP``: ``amp/overflow`` when it is a clip
 threshold name too: a value other than 1 is then read as a threshold)."""
-ROLES_MAX = 4096
-"""Most point names whose role :func:`read_batch` remembers per settings object (then it starts afresh)."""
-_ROLES: List[Tuple[Any, Dict[str, int]]] = [(None, {})]
-"""``[(settings, name -> role)]`` of the settings object :func:`read_batch` was last asked with: one slot
-replaced whole, so that a thread never reads one settings object's roles under another's."""
+_ROLES = RoleMemo()
+"""The roles :func:`read_batch` decided (:func:`_role`), per settings object and name."""
 
 
 def _role(name: str, settings: DetectionSettings) -> int:
@@ -270,17 +268,12 @@ def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], 
     grad_point: Optional[Point] = None
     loss_point: Optional[Point] = None
     overflow = False
-    held = _ROLES[0]
-    if held[0] is not settings:
-        held = _ROLES[0] = (settings, {})
-    roles = held[1]
+    last = _ROLES.last  # (RoleMemo.of, inline for the settings asked for last)
+    roles = last[1] if last[0] is settings else _ROLES.of(settings)
     for point in points:
         role = roles.get(point[0])
         if role is None:
-            if len(roles) >= ROLES_MAX:
-                held = _ROLES[0] = (settings, {})
-                roles = held[1]
-            role = roles[point[0]] = _role(point[0], settings)
+            role = remember(roles, point[0], _role(point[0], settings))
         if not role:
             continue
         name, step, value = point

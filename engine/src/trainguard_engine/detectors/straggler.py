@@ -71,6 +71,7 @@ from ..incidents import Finding, resolve
 from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from .base import Detector, MetricBatch
+from .roles import RoleMemo, remember
 
 STATE_KEY = "perf"
 RUN_KEY = "perf_run"
@@ -836,11 +837,8 @@ def _throttle(run: RunState, rank: RankState, state: Dict[str, Any], batch: Metr
 
 _PHASE, _THROUGHPUT, _THROTTLE = 1, 2, 3
 """The role of a point name in :func:`on_metrics` (0: none)."""
-ROLES_MAX = 4096
-"""Most point names whose role :func:`on_metrics` remembers per settings object (then it starts afresh)."""
-_ROLES: List[Tuple[Any, Dict[str, int]]] = [(None, {})]
-"""``[(settings, name -> role)]`` of the settings object :func:`on_metrics` was last asked with: one slot
-replaced whole, so that a thread never reads one settings object's roles under another's."""
+_ROLES = RoleMemo()
+"""The roles :func:`on_metrics` decided (:func:`_role`), per settings object and name."""
 
 
 def _role(name: str, settings: DetectionSettings) -> int:
@@ -859,17 +857,12 @@ def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
     timed: Optional[Dict[int, Dict[str, float]]] = None
     tp: Optional[float] = None
     throttle = False
-    held = _ROLES[0]
-    if held[0] is not settings:
-        held = _ROLES[0] = (settings, {})
-    roles = held[1]
+    last = _ROLES.last  # (RoleMemo.of, inline for the settings asked for last)
+    roles = last[1] if last[0] is settings else _ROLES.of(settings)
     for point in batch.points:
         role = roles.get(point[0])
         if role is None:
-            if len(roles) >= ROLES_MAX:
-                held = _ROLES[0] = (settings, {})
-                roles = held[1]
-            role = roles[point[0]] = _role(point[0], settings)
+            role = remember(roles, point[0], _role(point[0], settings))
         if not role:
             continue
         name, s, value = point
