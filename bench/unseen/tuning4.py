@@ -28,8 +28,10 @@ STALL = "loss/plateau"
 DEAD_ADAPTER = "adapter/lora-grad-break|loss/plateau"
 BAD_BATCH = (
     "loss/divergence|loss/rise-after-fall|loss/oscillation|gradient/explosion"
-    "|loss/non_finite|gradient/nan-source"
+    "|loss/non_finite|gradient/nan-source|loss/spike"
 )
+# (loss/spike added at stop 43: the kind made for one bad batch at stop 42, after this set was written; a
+#  one-value blow-up that came back is now that kind alone, where it had been loss/divergence and loss/spike)
 
 SHAPES: Expectations = {
     "tu9_plain_mlpreg_sgdm_restarts_ok": (

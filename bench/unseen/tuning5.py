@@ -36,8 +36,10 @@ from bench.unseen.sets import HEALTHY, Expectations
 
 BAD_BATCH = (
     "loss/divergence|loss/rise-after-fall|loss/oscillation|gradient/explosion"
-    "|loss/non_finite|gradient/nan-source"
+    "|loss/non_finite|gradient/nan-source|loss/spike"
 )
+# (loss/spike added at stop 43: the kind made for one bad batch at stop 42, after this set was written; a
+#  one-value blow-up that came back is now that kind alone, where it had been loss/divergence and loss/spike)
 """A bad batch whose huge update knocks the model off: any of the curve / gradient kinds that say so."""
 SLOWER = "perf/throughput-regression"
 
