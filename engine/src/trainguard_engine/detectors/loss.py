@@ -2028,7 +2028,8 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             break
     else:
         return []
-    state: Dict[str, Any] = rank_state(rank).setdefault("spike", {})
+    lg_state = rank_state(rank)
+    state: Dict[str, Any] = lg_state.setdefault("spike", {})
     if state.setdefault("metric", name) != name or step <= state.get("last", -1):
         return []
     state["last"] = step
@@ -2072,10 +2073,12 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     # The rejections below change nothing but the record, so the cheapest come first: a value within
     # spike_over_record x the run's record of its own excursions (most values), then one under the run's
     # start level (fixed once the curve's first values are in).
-    level = rank_state(rank).get("loss", {}).get("level")  # (on_curve's rolling level, this value's)
+    curve = lg_state.get("loss")
+    level = curve.get("level") if curve is not None else None  # (on_curve's rolling level, this value's)
     ratio = value / level if level is not None and level > 0 else 0.0
-    if ratio < settings.spike_over_record * state.get("record", 0.0):
-        if ratio > state.get("record", 0.0):
+    record = state.get("record", 0.0)
+    if ratio < settings.spike_over_record * record:
+        if ratio > record:
             _fold_record(run, rank, state, ratio)
         return []
     start = rank.derived.get(SPIKE_START_MEMO)
