@@ -39,7 +39,7 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "tuning42": ("bench.unseen.tuning6", True),  # stop 42's tuning set
     "heldout42": ("bench.unseen.heldout8", True),  # stop 42's held-out set: judged once per engine, SPENT
     "tuning43": ("bench.unseen.tuning7", True),  # stop 43's tuning set
-    "heldout43": ("bench.unseen.heldout9", True),  # stop 43's held-out set: judge once per engine
+    "heldout43": ("bench.unseen.heldout9", True),  # stop 43's held-out set: judged once per engine, SPENT
 }
 
 
