@@ -1,5 +1,5 @@
 """loss/spike against the run's own noise (stop 43: ``spike_over_record``, ``spike_tail_power``,
-``spike_tail_quantile``; ``spike_factor`` 10 -> 7) and one story for a one-value blow-up that came back, on
+``spike_tail_quantile``; ``spike_factor`` 10 -> 8) and one story for a one-value blow-up that came back, on
 real recordings of bench/unseen's tuning set tuning43 (``tests/fixtures/tuning43``, the SDK's streams
 unedited, replayed one envelope at a time).
 
@@ -66,7 +66,7 @@ def test_a_healthy_heavy_tailed_run_gets_no_spike() -> None:
 
 def test_one_batch_x10_on_a_falling_curve_is_caught() -> None:
     """CNN on noisy prototypes, 30 % random labels, SGD, batch 32; step 160's loss x10. Its value is under
-    10x the median of the 40 (higher) values before it -- missed at spike_factor 10 -- and over 7x."""
+    10x the median of the 40 (higher) values before it (10.0x) -- missed at spike_factor 10 -- and over 8x."""
     stream = FIXTURES / "plain_cnn_sgd_noisy_labels_b32_bad_batch.jsonl.gz"
     found = _incidents(stream)
     assert found[SPIKE].first_step == 160 and found[SPIKE].status == "resolved"
