@@ -18,7 +18,7 @@ from trainguard import wire
 from trainguard.v1 import ingest_pb2
 from trainguard_server.config import Settings
 from trainguard_server.gateway.ingest import Gateway
-from trainguard_server.processor.embedded import EmbeddedProcessor
+from trainguard_server.processor.embedded import OFFSETS_PREFIX, EmbeddedProcessor
 from trainguard_server.queue.base import Queue, QueueRecord
 from trainguard_server.queue.sqlite import SqliteQueue
 from trainguard_server.storage.sqlite import SYNC_TABLE, SqliteProjectStore, SqliteStores, open_sqlite_stores
@@ -192,6 +192,88 @@ def test_a_processor_killed_mid_drain_then_restarted_leaves_the_stores_of_an_uni
     assert got == want
     for table in ("events.db/events", "metrics.db/points", "incidents.db/incidents", "incidents.db/state"):
         assert not want[table].endswith(" rows=0"), table  # the streams wrote to every store
+
+
+class _CrashAtCommit(BaseException):
+    """The process dies here (nothing after it runs): raised by a queue commit."""
+
+
+def _crash_between_snapshot_and_commit(data_dir: Path, checkpoint: int) -> None:
+    """A processor on ``data_dir`` that dies at its ``checkpoint``-th queue commit -- after that checkpoint's
+    snapshot was saved and every store synced, before the records the snapshot covers are committed --
+    then a new one on the same directory that restores and drains (the queue redelivers those records)."""
+    processor, queue, stores = _processor(data_dir)
+    commits = 0
+    inner_commit = queue.commit
+
+    def commit(taken: Sequence[QueueRecord]) -> None:
+        nonlocal commits
+        commits += 1
+        if commits == checkpoint:
+            raise _CrashAtCommit()
+        inner_commit(taken)
+
+    queue.commit = commit  # type: ignore[method-assign]
+    try:
+        while processor.run_once(timeout=0.0):
+            pass
+        raise AssertionError("drained before the crash")
+    except _CrashAtCommit:
+        pass
+    finally:
+        queue.close()
+        stores.close()
+    processor, queue, stores = _processor(data_dir)
+    redelivered = queue.depth()
+    processor.drain(timeout=120)
+    processor.checkpoint()
+    queue.close()
+    stores.close()
+    assert redelivered > 0
+
+
+def test_records_a_snapshot_covers_redelivered_after_a_crash_before_its_commit_are_not_counted_twice(
+        tmp_path: Path) -> None:
+    """A crash between a checkpoint's snapshot and its queue commit: the restarted processor is handed the
+    records that snapshot covers again (at-least-once); they are written to the stores again (idempotent)
+    but not to the pipeline, whose snapshot saved the offsets it covers -- so the stores, the records and
+    the pipeline's counters are those of a drain never interrupted (before: counters['events'] counted the
+    replayed envelopes again, 597 vs 592, and the killed-mid-drain test above failed whenever SIGKILL came
+    in that window)."""
+    crashed, whole = tmp_path / "crashed", tmp_path / "whole"
+    _publish(crashed)
+    shutil.copytree(crashed, whole)
+    processor, queue, stores = _processor(whole)
+    processor.drain(timeout=120)
+    processor.checkpoint()
+    queue.close()
+    stores.close()
+    _crash_between_snapshot_and_commit(crashed, checkpoint=10)
+    got, want = _digests(crashed), _digests(whole)
+    assert got == want
+
+
+def test_a_snapshot_saved_without_offsets_restores_and_replays_as_before(tmp_path: Path) -> None:
+    """A snapshot written before the offsets were saved with it (no OFFSETS_PREFIX row): the restore works
+    and every redelivered record goes through the pipeline, as before (the records and stores are the same
+    as an uninterrupted drain's; only the pipeline's event counter counts the replayed envelopes again)."""
+    processor, queue, stores = _processor(tmp_path)
+    records = _publish(tmp_path)
+    for _ in range(4):
+        processor.run_once(timeout=0.0)
+    processor.checkpoint()
+    stores.incidents.save_states({key: None for key in stores.incidents.state_keys(OFFSETS_PREFIX)})
+    assert stores.incidents.state_keys(OFFSETS_PREFIX) == []
+    queue.close()
+    stores.close()
+    processor, queue, stores = _processor(tmp_path)
+    assert not processor._covered  # nothing known covered: every record to the pipeline
+    processor.drain(timeout=120)
+    processor.checkpoint()
+    assert processor.stats.records == records - 4 and queue.depth() == 0
+    assert stores.incidents.state_keys(OFFSETS_PREFIX) == [OFFSETS_PREFIX + "embedded"]
+    queue.close()
+    stores.close()
 
 
 class _Partitioned(Queue):

@@ -3,18 +3,23 @@
 Exactly-once effect from at-least-once delivery:
 1. records are consumed and their events run through the pipeline; raw context, metric points and the
    pipeline's upserts are written to the stores (all writes are idempotent);
-2. every ``snapshot_every_s`` the pipeline state is saved *with the offsets it covers*, every store is
+2. every ``snapshot_every_s`` the pipeline state is saved *with the offsets it covers* (per partition and
+   lane, the highest offset whose record went through the pipeline: :data:`OFFSETS_PREFIX`), every store is
    synced (``sync()``: the SQLite stores' per-round commits are made durable here, not each round --
    storage/sqlite.py's Durability), and only then are those records committed on the queue; the save is
    incremental -- the runs and clusters that changed since the last one, in one transaction
    (``Pipeline.changed_parts``, keys under ``PARTS_PREFIX``);
-3. after a crash the last snapshot is restored and the queue redelivers everything after it; re-applying
-   those records yields the same stores, and the pipeline's event-id memory keeps counts exact.
+3. after a crash the last snapshot is restored and the queue redelivers everything after its last
+   commit -- records the snapshot already covers too, when the crash came between a snapshot's save and
+   its queue commit: those are written to the stores again (idempotent; a store's deferred writes lost with
+   a power loss are redone) but not handed to the pipeline again, so its state and counters are exactly
+   those of an uninterrupted run; re-applying the records after them yields the same stores.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import threading
 import time
@@ -41,6 +46,12 @@ STATE_KEY = "pipeline/embedded"
 PARTS_PREFIX = "pipeline/embedded/"
 """The pipeline's snapshot parts (``Pipeline.changed_parts``) are state keys under this prefix (a queue with
 one partition: SQLite, memory)."""
+OFFSETS_PREFIX = "pipeline/offsets/"
+"""What a pipeline snapshot covers is saved with it, in the same transaction, under this prefix (``embedded``
+over a queue with one partition, ``partition/<partition>`` over a partitioned one: outside the parts'
+prefixes): JSON ``[[lane, offset], ...]``, the highest offset per lane whose record went through that
+pipeline. A snapshot saved before this existed has none: its restore hands every redelivered record to the
+pipeline, as before."""
 PARTITION_PREFIX = "pipeline/partition/"
 """Over a partitioned queue (Kafka) each partition's pipeline has its parts under ``<this><partition>/``:
 a processor restores the partitions it is assigned, saves and commits those it gives up."""
@@ -178,6 +189,11 @@ class EmbeddedProcessor:
         #: one pipeline per partition this processor owns (a queue with one partition: just partition 0)
         self.partitioned = self.per_partition_state and bool(getattr(queue, "partitioned", False))
         self.pipelines: Dict[int, Pipeline] = {}
+        #: per partition, per lane: the highest offset whose record went through that partition's pipeline
+        #: (saved with its snapshot: OFFSETS_PREFIX), and of those restored, the lanes whose redelivered
+        #: records at or below it the pipeline already has (emptied as the lanes pass them)
+        self._tops: Dict[int, Dict[int, int]] = {}
+        self._covered: Dict[int, Dict[int, int]] = {}
         #: each pipeline's big runs stored below the run, in rank parts (only the changed ones rewritten)
         self._rank_parts: Dict[int, RankParts] = {}
         self._legacy_state = False
@@ -243,6 +259,24 @@ class EmbeddedProcessor:
         """Where ``partition``'s pipeline keeps its snapshot parts."""
         return f"{PARTITION_PREFIX}{partition}/" if self.partitioned else PARTS_PREFIX
 
+    def _offsets_key(self, partition: int) -> str:
+        """Where ``partition``'s pipeline keeps the offsets its snapshot covers (:data:`OFFSETS_PREFIX`)."""
+        return f"{OFFSETS_PREFIX}partition/{partition}" if self.partitioned else f"{OFFSETS_PREFIX}embedded"
+
+    def _load_offsets(self, partition: int) -> None:
+        """The offsets ``partition``'s restored snapshot covers (none saved: nothing is skipped)."""
+        blob = self.incidents.load_state(self._offsets_key(partition))
+        if blob is None:
+            return
+        try:
+            tops = {int(lane): int(offset) for lane, offset in json.loads(blob)}
+        except (ValueError, TypeError) as exc:  # unreadable: every redelivered record to the pipeline
+            log.error("the offsets of the pipeline snapshot are unreadable (%s); redelivered records go "
+                      "through the pipeline again", exc)
+            return
+        self._tops[partition] = dict(tops)
+        self._covered[partition] = tops
+
     def _restore(self, partition: int) -> Pipeline:
         """``partition``'s pipeline as last saved (empty when nothing was)."""
         prefix = self._prefix(partition)
@@ -250,8 +284,11 @@ class EmbeddedProcessor:
         parts = {key[len(prefix):]: self.incidents.load_state(key) for key in keys}
         blob = None if parts or self.partitioned else self.incidents.load_state(STATE_KEY)
         splitter = self._rank_parts[partition] = RankParts()
+        self._tops.pop(partition, None)
+        self._covered.pop(partition, None)
         try:
             if parts:
+                self._load_offsets(partition)
                 return Pipeline.restore_parts(splitter.from_store({k: v for k, v in parts.items()
                                                                    if v is not None}), self.detection)
             if blob is None:
@@ -305,6 +342,9 @@ class EmbeddedProcessor:
             splitter = self._rank_parts.setdefault(partition, RankParts())
             items.update((prefix + name, blob)
                          for name, blob in splitter.to_store(pipeline.changed_parts()).items())
+            tops = self._tops.get(partition)
+            if tops:
+                items[self._offsets_key(partition)] = json.dumps(sorted(tops.items())).encode()
         if self._legacy_state:
             items[STATE_KEY] = None
         self._report_quarantined()  # a run whose state could not be serialised was left out: say which
@@ -346,6 +386,8 @@ class EmbeddedProcessor:
                 self.pipelines.pop(partition, None)
                 self._rank_parts.pop(partition, None)
                 self._pending.pop(partition, None)
+                self._tops.pop(partition, None)
+                self._covered.pop(partition, None)
 
     def _next_timer_ns(self) -> int:
         """The earliest ``next_timer_ns`` of the pipelines (0: none)."""
@@ -445,6 +487,7 @@ class EmbeddedProcessor:
         done = 0
         while True:
             chunk = _Chunk([], [], [], [])
+            replayed: Optional[List[bool]] = None  # per envelope: its record the pipeline has (restored)
             chunk_started = time.perf_counter()
             largest = 0
             while True:
@@ -470,6 +513,12 @@ class EmbeddedProcessor:
                     break
                 chunk.records.append(record)
                 largest = max(largest, len(decoded))
+                if self._covered and self._is_covered(record):
+                    if replayed is None:
+                        replayed = [False] * len(chunk.envelopes)
+                    replayed.extend([True] * len(decoded))
+                elif replayed is not None:
+                    replayed.extend([False] * len(decoded))
                 chunk.envelopes.extend(decoded)
                 chunk.points.extend(decoded_points)
                 chunk.partitions.extend([record.partition] * len(decoded))
@@ -480,7 +529,7 @@ class EmbeddedProcessor:
                 self._yield_to_ingest()
             try:
                 with self._lock:
-                    self._process(chunk.records, chunk.envelopes, chunk.points, chunk.partitions)
+                    self._process(chunk.records, chunk.envelopes, chunk.points, chunk.partitions, replayed)
                     self._measured(len(chunk.envelopes), largest, time.perf_counter() - chunk_started)
             except Exception:
                 # a store is unavailable: records not yet through the stores are kept for a retry after
@@ -561,13 +610,32 @@ class EmbeddedProcessor:
         while busy() and time.monotonic() < end:
             time.sleep(0.0005)
 
+    def _is_covered(self, record: QueueRecord) -> bool:
+        """Whether ``record`` went through its partition's pipeline before the snapshot it was restored
+        from (redelivered because the crash came before that snapshot's queue commit)."""
+        covered = self._covered.get(record.partition)
+        if covered is None:
+            return False
+        top = covered.get(record.lane)
+        return top is not None and record.offset <= top
+
     def _process(self, records: Sequence[QueueRecord], envelopes: Sequence[Envelope],
-                 points: Sequence[Points], partitions: Sequence[int]) -> None:
-        """One chunk: raw context and points stored, the pipeline(s) run, their upserts applied."""
+                 points: Sequence[Points], partitions: Sequence[int],
+                 replayed: Optional[Sequence[bool]] = None) -> None:
+        """One chunk: raw context and points stored, the pipeline(s) run, their upserts applied. Envelopes
+        ``replayed`` (their records the restored pipeline already has: :meth:`_is_covered`) are stored
+        again but not handed to the pipeline."""
         self._store_raw(envelopes, points)
         self._uncommitted.extend(records)  # committed at the next checkpoint, which waits for _pending
+        all_envelopes = envelopes
+        if replayed is not None:
+            envelopes = [e for e, skip in zip(envelopes, replayed) if not skip]
+            points = [p for p, skip in zip(points, replayed) if not skip]
+            partitions = [p for p, skip in zip(partitions, replayed) if not skip]
         first = partitions[0] if partitions else PARTITION
-        if all(p == first for p in partitions):
+        if not envelopes:
+            pass  # every record of the chunk went through the pipeline before its restored snapshot
+        elif all(p == first for p in partitions):
             self._run_pipeline(first, envelopes, points)
         else:  # records of several partitions: each partition's envelopes, in order, to its pipeline
             by_partition: Dict[int, Tuple[List[Envelope], List[Points]]] = {}
@@ -579,6 +647,20 @@ class EmbeddedProcessor:
                 mine[1].append(pts)
             for partition, (envs, pts_list) in by_partition.items():
                 self._run_pipeline(partition, envs, pts_list)
+        tops = self._tops
+        for record in records:  # through the pipeline: what the next snapshot covers (OFFSETS_PREFIX)
+            lane_tops = tops.get(record.partition)
+            if lane_tops is None:
+                lane_tops = tops[record.partition] = {}
+            if record.offset > lane_tops.get(record.lane, -1):
+                lane_tops[record.lane] = record.offset
+        if self._covered:  # a lane past its restored offset is forgotten: nothing at or below it comes again
+            for record in records:
+                covered = self._covered.get(record.partition)
+                if covered is not None and record.offset > covered.get(record.lane, record.offset):
+                    del covered[record.lane]
+                    if not covered:
+                        del self._covered[record.partition]
         now_ns = time.time_ns()
         if records:  # the oldest record of the chunks of the last LAG_WINDOW_S: how far behind the
             # most-behind run is (a fair queue hands out a quiet run's new records between a noisy one's)
@@ -588,10 +670,10 @@ class EmbeddedProcessor:
                 lags.popleft()
             self.stats.last_lag_s = max(lag for _, lag in lags)
         self.stats.records += len(records)
-        self.stats.events += len(envelopes)
+        self.stats.events += len(all_envelopes)
         self.stats.rounds += 1
         if self.processed is not None:  # through the pipeline: never processed again, even if an upsert fails
-            self.processed(backlog_counts(envelopes))
+            self.processed(backlog_counts(all_envelopes))
         self._apply_pending()
 
     def _run_pipeline(self, partition: int, envelopes: Sequence[Envelope],
