@@ -53,9 +53,9 @@ def _publish(data_dir: Path) -> int:
     return records
 
 
-def _processor(data_dir: Path) -> Tuple[EmbeddedProcessor, SqliteQueue, SqliteStores]:
+def _processor(data_dir: Path, **queue_options: Any) -> Tuple[EmbeddedProcessor, SqliteQueue, SqliteStores]:
     stores = open_sqlite_stores(data_dir)
-    queue = SqliteQueue(data_dir / "queue.db")
+    queue = SqliteQueue(data_dir / "queue.db", **queue_options)
     # chunks of one record, no time bound (chunk borders do not depend on the machine), a checkpoint
     # after every round, no timers (the recorded runs are years old)
     processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, batch=1,
@@ -198,10 +198,9 @@ class _CrashAtCommit(BaseException):
     """The process dies here (nothing after it runs): raised by a queue commit."""
 
 
-def _crash_between_snapshot_and_commit(data_dir: Path, checkpoint: int) -> None:
+def _crash_at_commit(data_dir: Path, checkpoint: int) -> None:
     """A processor on ``data_dir`` that dies at its ``checkpoint``-th queue commit -- after that checkpoint's
-    snapshot was saved and every store synced, before the records the snapshot covers are committed --
-    then a new one on the same directory that restores and drains (the queue redelivers those records)."""
+    snapshot was saved and every store synced, before the records the snapshot covers are committed."""
     processor, queue, stores = _processor(data_dir)
     commits = 0
     inner_commit = queue.commit
@@ -223,6 +222,12 @@ def _crash_between_snapshot_and_commit(data_dir: Path, checkpoint: int) -> None:
     finally:
         queue.close()
         stores.close()
+
+
+def _crash_between_snapshot_and_commit(data_dir: Path, checkpoint: int) -> None:
+    """:func:`_crash_at_commit`, then a new processor on the same directory that restores and drains (the
+    queue redelivers the records that snapshot covers)."""
+    _crash_at_commit(data_dir, checkpoint)
     processor, queue, stores = _processor(data_dir)
     redelivered = queue.depth()
     processor.drain(timeout=120)
@@ -272,6 +277,46 @@ def test_a_snapshot_saved_without_offsets_restores_and_replays_as_before(tmp_pat
     processor.checkpoint()
     assert processor.stats.records == records - 4 and queue.depth() == 0
     assert stores.incidents.state_keys(OFFSETS_PREFIX) == [OFFSETS_PREFIX + "embedded"]
+    queue.close()
+    stores.close()
+
+
+def test_a_cover_saved_under_another_lane_count_is_ignored_and_nothing_is_skipped(tmp_path: Path) -> None:
+    """The queue computes a record's lane from its key when it reads it, and ``queue_lanes`` may change
+    between starts: a snapshot's offsets saved over one lane count name other runs' records under another,
+    so a restart with another count hands every redelivered record to the pipeline (none skipped: a skip
+    there would lose records that never went through detection); with the same count the cover is used."""
+    same, other = tmp_path / "same", tmp_path / "other"
+    _publish(same)
+    shutil.copytree(same, other)
+    for data_dir in (same, other):
+        _crash_at_commit(data_dir, checkpoint=10)
+    processor, queue, stores = _processor(same)
+    assert processor._covered  # the crash's snapshot covers redelivered records: used
+    queue.close()
+    stores.close()
+    processor, queue, stores = _processor(other, lanes=7)
+    assert not processor._covered
+    redelivered = queue.depth()
+    processor.drain(timeout=120)
+    assert processor.stats.records == redelivered and queue.depth() == 0
+    queue.close()
+    stores.close()
+
+
+def test_the_saved_cover_holds_only_what_came_after_the_last_commit(tmp_path: Path) -> None:
+    """A committed record is never delivered again, so the offsets saved with a snapshot cover only the
+    records through the pipeline since the last queue commit -- not every lane ever used, re-serialised at
+    every checkpoint (up to 65,536 lanes) -- and they say the queue's lane count."""
+    _publish(tmp_path)
+    processor, queue, stores = _processor(tmp_path)
+    processor.drain(timeout=120)  # a checkpoint after every round of one record (snapshot_every_s 0)
+    processor.checkpoint()
+    assert queue.depth() == 0 and not processor._tops  # every record committed: nothing left to cover
+    blobs = [stores.incidents.load_state(key) for key in stores.incidents.state_keys(OFFSETS_PREFIX)]
+    assert len(blobs) == 1 and blobs[0] is not None
+    saved = json.loads(blobs[0])
+    assert saved["lanes"] == queue.lanes and len(saved["tops"]) == 1  # the last round's one record
     queue.close()
     stores.close()
 

@@ -49,9 +49,13 @@ one partition: SQLite, memory)."""
 OFFSETS_PREFIX = "pipeline/offsets/"
 """What a pipeline snapshot covers is saved with it, in the same transaction, under this prefix (``embedded``
 over a queue with one partition, ``partition/<partition>`` over a partitioned one: outside the parts'
-prefixes): JSON ``[[lane, offset], ...]``, the highest offset per lane whose record went through that
-pipeline. A snapshot saved before this existed has none: its restore hands every redelivered record to the
-pipeline, as before."""
+prefixes): JSON ``{"lanes": <the queue's lane count>, "tops": [[lane, offset], ...]}``, the highest offset
+per lane whose record went through that pipeline since the last queue commit (a committed record is never
+delivered again, so the tops start empty after each commit). The queue computes lanes from the keys when it
+reads (``queue_lanes`` may change between starts), so a cover saved under another lane count is ignored, as
+is a snapshot saved before this existed (none) or in the list-only form of its first version: their restore
+hands every redelivered record to the pipeline, as before (counters may count a replay twice; no record is
+skipped)."""
 PARTITION_PREFIX = "pipeline/partition/"
 """Over a partitioned queue (Kafka) each partition's pipeline has its parts under ``<this><partition>/``:
 a processor restores the partitions it is assigned, saves and commits those it gives up."""
@@ -269,10 +273,18 @@ class EmbeddedProcessor:
         if blob is None:
             return
         try:
-            tops = {int(lane): int(offset) for lane, offset in json.loads(blob)}
-        except (ValueError, TypeError) as exc:  # unreadable: every redelivered record to the pipeline
+            saved = json.loads(blob)
+            if not isinstance(saved, dict):  # the list-only form (no lane count): lanes unknown
+                return
+            tops = {int(lane): int(offset) for lane, offset in saved["tops"]}
+            lanes = int(saved["lanes"])
+        except (ValueError, TypeError, KeyError) as exc:  # unreadable: every redelivered one to the pipeline
             log.error("the offsets of the pipeline snapshot are unreadable (%s); redelivered records go "
                       "through the pipeline again", exc)
+            return
+        if lanes != self.queue.lanes:  # lanes are computed when read: another count numbers them otherwise
+            log.info("the pipeline snapshot's offsets were saved over %d queue lanes, the queue has %d now; "
+                     "redelivered records go through the pipeline again", lanes, self.queue.lanes)
             return
         self._tops[partition] = dict(tops)
         self._covered[partition] = tops
@@ -320,6 +332,9 @@ class EmbeddedProcessor:
             self._sync_stores()
             self.queue.commit(self._uncommitted)
             self._uncommitted = []
+            # every record through a pipeline so far is committed (never delivered again): the next
+            # snapshot covers only what comes after (OFFSETS_PREFIX), not every lane ever used
+            self._tops.clear()
         self.stats.snapshots += 1
         self._last_snapshot = time.monotonic()
 
@@ -344,7 +359,8 @@ class EmbeddedProcessor:
                          for name, blob in splitter.to_store(pipeline.changed_parts()).items())
             tops = self._tops.get(partition)
             if tops:
-                items[self._offsets_key(partition)] = json.dumps(sorted(tops.items())).encode()
+                items[self._offsets_key(partition)] = json.dumps(
+                    {"lanes": self.queue.lanes, "tops": sorted(tops.items())}).encode()
         if self._legacy_state:
             items[STATE_KEY] = None
         self._report_quarantined()  # a run whose state could not be serialised was left out: say which
