@@ -34,6 +34,16 @@ def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
     return False
 
 
+def _served(sock: socket.socket, within_s: float) -> bool:
+    """Whether the server answers ``sock``'s preface (its SETTINGS frame) within ``within_s``: it has
+    accepted the connection and counts it (no sleep standing in for that on a slow machine)."""
+    sock.settimeout(within_s)
+    try:
+        return bool(sock.recv(65536))
+    except OSError:
+        return False
+
+
 @pytest.fixture(params=[1.0, 120.0], ids=["short-timeouts", "long-timeouts"])
 def port(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     monkeypatch.setattr(grpc_gateway, "max_connections", lambda settings: 3, raising=False)
@@ -68,7 +78,7 @@ def test_connections_past_max_connections_are_closed_at_once(port: int) -> None:
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(PREFACE)
             held.append(sock)
-        time.sleep(0.3)  # the server has accepted them
+            assert _served(sock, 30), "one of the first three connections was not served"
         extra = socket.create_connection(("127.0.0.1", port))
         held.append(extra)
         extra.sendall(PREFACE)

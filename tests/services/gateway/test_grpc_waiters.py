@@ -203,6 +203,26 @@ def test_past_max_waiting_per_project_a_send_is_refused_at_once_and_given_up_wai
     _end(server, gateway, again)
 
 
+def test_waiters_that_give_up_one_at_a_time_leave_one_turn_per_project(served: Any) -> None:
+    """A project at its bound whose Sends give up one at a time (client cancels, short deadlines), each
+    followed by a new one: its queue is dropped with each give-up, and before the fix every new waiter added
+    ANOTHER turn that the next grants kept re-queueing (hR, stop 43: 3,000 give-ups -> 3,000 turns; one
+    grant with one live waiter then cost 5.5 ms, on every give-back of every project) -- one tenant made
+    every tenant's gRPC ingest pay for its abandoned calls. Now a project has at most one turn."""
+    gateway, server = served
+    servicer = server.servicer
+    assert gateway.body_bytes.take("A", 2 * MiB) is None  # A at its bound
+    for _ in range(40):
+        call = _reserve(server, "A")
+        assert not call.done()
+        _end(server, gateway, [call])
+    live = _reserve(server, "A")
+    other = _reserve(server, "B")  # a give-back of another project runs the grants
+    assert other.done() and other.result() == MiB
+    assert len(servicer._turns) <= 1 and list(servicer._turns) == [("A", False)]
+    _end(server, gateway, [live])
+
+
 def test_streams_waiting_for_their_next_message_leave_their_project_room_for_a_send(served: Any) -> None:
     """A live ``Stream`` holds its next message's reservation while its client is idle (H36). With the
     project's bound holding 2 reservations, 2 idle Streams took both: the project's Sends waited for a Stream's

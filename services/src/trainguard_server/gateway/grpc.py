@@ -403,6 +403,9 @@ class AsyncIngestServicer:
         #: (keyed by project and whether the calls are Streams: their share is bounded apart, _stream_room)
         self._waiting: Dict[Tuple[str, bool], Deque[asyncio.Future[int]]] = {}
         self._turns: Deque[Tuple[str, bool]] = collections.deque()
+        #: the keys with an entry in ``_turns`` (one each: a key whose last waiter gave up keeps its turn
+        #: until the next _grant drops it, and a new waiter of it meanwhile must not add another)
+        self._turned: Set[Tuple[str, bool]] = set()
         #: bytes per project reserved by Streams for a next message not yet arrived (:meth:`_stream_room`)
         self._stream_reserved: Dict[str, int] = {}
         self._grant_due = False
@@ -476,6 +479,7 @@ class AsyncIngestServicer:
                 self._turns.append(key)
             else:
                 self._waiting.pop(key, None)
+                self._turned.discard(key)
 
     def _stream_room(self, project: str, n: int) -> bool:
         """Whether a Stream of ``project`` may reserve ``n`` more bytes for its next message: the project's
@@ -511,7 +515,7 @@ class AsyncIngestServicer:
         except ValueError:
             pass
         if not queue:
-            del self._waiting[key]  # its turn is dropped by the next _grant
+            del self._waiting[key]  # its turn is dropped by the next _grant (``_turned`` keeps it single)
 
     async def _reserve(self, project: str, wait_s: Optional[float] = None, stream: bool = False) -> int:
         """Before a ``Send``'s message is read: hold ``max_batch_bytes`` (the most its message may be) in the
@@ -555,7 +559,9 @@ class AsyncIngestServicer:
         waiter: asyncio.Future[int] = loop.create_future()
         if key not in self._waiting:
             self._waiting[key] = collections.deque()
-            self._turns.append(key)
+            if key not in self._turned:  # (its turn may outlive a queue _forget dropped)
+                self._turned.add(key)
+                self._turns.append(key)
         self._waiting[key].append(waiter)
 
         def give_up() -> None:
