@@ -51,6 +51,20 @@ left (:data:`ORPHAN_PASS_WAIT_S`)."""
 ORPHAN_PASS_WAIT_S = 0.05
 ALL_REJECTED_AFTER = 50
 """Events refused with none accepted after which the SDK says, once, that nothing of the job arrives."""
+RETRY_AFTER_SPREAD = 0.5
+"""A server's Retry-After is honoured (never sooner) and spread over up to this share more at random, so
+the ranks of a large job refused together (e.g. a project's waiting-call bound, security.md H37) do not all
+come back at the same instant, every Retry-After, as one herd."""
+
+
+def retry_delay(backoff: float, retry_after: Optional[float],
+                draw: Callable[[], float] = random.random) -> float:
+    """Seconds before the next try: the jittered backoff (half to all of ``backoff``), or, when the server
+    named a Retry-After, at least that and up to :data:`RETRY_AFTER_SPREAD` more, whichever is later."""
+    delay = backoff * (0.5 + draw() / 2)
+    if retry_after is not None:
+        delay = max(delay, retry_after * (1.0 + RETRY_AFTER_SPREAD * draw()))
+    return delay
 
 
 class EventSource(Protocol):
@@ -397,10 +411,7 @@ class Worker:
     def _schedule_retry(self, exc: TransportError) -> None:
         opts = self._options
         self._backoff = min(opts.backoff_max, max(opts.backoff_initial, self._backoff * 2))
-        delay = self._backoff * (0.5 + random.random() / 2)
-        if exc.retry_after is not None:
-            delay = max(delay, exc.retry_after)
-        self._retry_at = time.monotonic() + delay
+        self._retry_at = time.monotonic() + retry_delay(self._backoff, exc.retry_after)
 
     def _to_spool(self, events: List[Event]) -> None:
         spool = self._get_spool()
