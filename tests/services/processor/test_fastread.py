@@ -386,7 +386,8 @@ def _store_raw_rounds(values: List[bytes], reader: Any, monkeypatch: pytest.Monk
     monkeypatch.setattr(decode, "NATIVE", reader)
     store = _Columns()
     fake = types.SimpleNamespace(metrics=store, events=types.SimpleNamespace(put=lambda stored: None),
-                                 stats=ProcessorStats())
+                                 stats=ProcessorStats(),
+                                 _write_metrics=store.put_columns)  # each chunk's columns (no write-behind)
     for envs, pts in _read_by_five(values):
         EmbeddedProcessor._store_raw(fake, envs, pts)  # type: ignore[arg-type]
     return store.rounds

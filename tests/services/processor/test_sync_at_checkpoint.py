@@ -118,7 +118,7 @@ def test_every_store_is_synced_after_its_writes_and_before_each_queue_commit(tmp
     records = _publish(tmp_path)
     processor, queue, stores = _processor(tmp_path)
     log = _Log()
-    writes = {"events": ("put",), "metrics": ("put_columns",),
+    writes = {"events": ("put",), "metrics": ("put_columns", "put_columns_many"),
               "incidents": ("upsert_records", "merge_clusters", "save_states")}
     for label, methods in writes.items():
         store = getattr(stores, label)

@@ -2,7 +2,8 @@
 
 Exactly-once effect from at-least-once delivery:
 1. records are consumed and their events run through the pipeline; raw context, metric points and the
-   pipeline's upserts are written to the stores (all writes are idempotent);
+   pipeline's upserts are written to the stores (all writes are idempotent; the metric points of a few
+   chunks in one transaction, written before anything relies on them: :data:`METRIC_WRITE_CHUNKS`);
 2. every ``snapshot_every_s`` the pipeline state is saved *with the offsets it covers* (per partition and
    lane, the highest offset whose record went through the pipeline: :data:`OFFSETS_PREFIX`), every store is
    synced (``sync()``: the SQLite stores' per-round commits are made durable here, not each round --
@@ -87,6 +88,22 @@ LAG_WINDOW_S = 1.0
 """The processing lag reported (``ProcessorStats.last_lag_s``, /metrics) is the largest of the chunks of the
 last this many seconds: with fair consumption one chunk may hold only a quiet run's fresh record while a
 noisy run's records wait, so the last chunk alone says little."""
+METRIC_WRITE_CHUNKS = 4
+"""Metric write-behind: the metric points of this many chunks are written to the metric store in ONE
+transaction (``MetricStore.put_columns_many``: each chunk's own writes, so the same series ids and rows as
+one write per chunk), not one transaction per chunk (1 or less: one per chunk, as before). Measured
+(bench/results/processor_store_issue15_stop43.txt, SQLite, 96 series, 4096-byte pages): at ~90 points a
+series a chunk 1.05-1.09 us/point one chunk a transaction, 0.89-0.92 four; at 20 points 1.8 -> 1.1 (five).
+Held points are written before anything that reads or relies on them: before a pipeline output with
+incidents is applied (an incident is never in the store before its points), before every checkpoint's
+store sync (so before any queue commit: the durability argument of storage/sqlite.py is unchanged), on
+stop (its checkpoint), when a round finds nothing to process (caught up) and after
+:data:`METRIC_WRITE_DELAY_S` -- so a run's live metrics reach the query API (another thread) at most about
+that much later than without it. A failed write keeps them held (written again by the next write; the
+chunk whose write failed is retried with its round, as before)."""
+METRIC_WRITE_DELAY_S = 0.5
+"""The longest metric points are held by the write-behind (:data:`METRIC_WRITE_CHUNKS`): checked after each
+chunk and after each round (0: every chunk writes its own, as with one chunk)."""
 RECORD_WINDOW = 16
 """Chunks over which the processor remembers the largest record (envelopes): a round takes as many records
 as fit its time bound *at that size*, so one-envelope alerts handed out between a noisy run's 500-envelope
@@ -159,7 +176,8 @@ class EmbeddedProcessor:
                  yield_to: Optional[Callable[[], bool]] = None, max_yield_s: float = 0.05,
                  quota_log_interval_s: float = 60.0,
                  processed: Optional[Callable[[Mapping[str, int]], None]] = None,
-                 pause_gc: bool = True) -> None:
+                 pause_gc: bool = True, metric_write_chunks: int = METRIC_WRITE_CHUNKS,
+                 metric_write_delay_s: float = METRIC_WRITE_DELAY_S) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -190,6 +208,12 @@ class EmbeddedProcessor:
         #: the cyclic garbage collector rests while a round's records are processed (:meth:`run_once`;
         #: the policy and its figures: :data:`GC_GEN0_THRESHOLD`); False: the collector runs as it is set
         self.pause_gc = pause_gc
+        #: the metric write-behind (:data:`METRIC_WRITE_CHUNKS`): chunks' metric columns not yet written,
+        #: oldest first, and since when the oldest is held (time.monotonic())
+        self.metric_write_chunks = max(1, int(metric_write_chunks))
+        self.metric_write_delay_s = max(0.0, float(metric_write_delay_s))
+        self._held_metrics: List[MetricColumns] = []
+        self._held_since = 0.0
         #: one pipeline per partition this processor owns (a queue with one partition: just partition 0)
         self.partitioned = self.per_partition_state and bool(getattr(queue, "partitioned", False))
         self.pipelines: Dict[int, Pipeline] = {}
@@ -341,7 +365,9 @@ class EmbeddedProcessor:
     def _sync_stores(self) -> None:
         """Every store's writes so far durable (``sync()``): called before any queue commit, so no offset is
         committed before the writes of the records it covers -- their raw context, points, records and
-        the snapshot -- are on disk (a power loss included: storage/sqlite.py's Durability)."""
+        the snapshot -- are on disk (a power loss included: storage/sqlite.py's Durability); the metric
+        points the write-behind holds are written first (:data:`METRIC_WRITE_CHUNKS`)."""
+        self._write_held_metrics()
         for store in (self.events, self.metrics, self.incidents):
             store.sync()
 
@@ -465,6 +491,8 @@ class EmbeddedProcessor:
                 self._apply_pending()
                 self._report_quarantined()
                 self._report_quotas()
+            if self._held_metrics and (not done or now - self._held_since >= self.metric_write_delay_s):
+                self._write_held_metrics()  # caught up, or held long enough: the query API sees them
             if self._uncommitted and now - self._last_snapshot >= self.snapshot_every_s:
                 self._checkpoint_locked()
         return done
@@ -757,16 +785,58 @@ class EmbeddedProcessor:
                     step=int(env.get("step", 0)), time_ns=time_ns, text=extract.raw_text(env),
                     payload=env))
         if columns.count:
-            self.metrics.put_columns(columns)
+            self._write_metrics(columns)
             self.stats.metric_points += columns.count
         if stored:
             try:
                 self.events.put(stored)
             except EventsRejected as exc:  # the store wrote the rest of the batch
                 if not exc.permanent:
+                    self._unhold(columns)
                     raise  # unavailable for some of them: the round is retried
                 self.stats.rejected_events += len(exc.rejected)  # refused for good: logged, not retried
                 log.error("%s", exc)
+            except BaseException:
+                self._unhold(columns)  # the chunk is retried with its round: it holds them again then
+                raise
+
+    def _write_metrics(self, columns: MetricColumns) -> None:
+        """A chunk's metric points to the metric store: held by the write-behind (:data:`METRIC_WRITE_
+        CHUNKS`) and written with the held ones once ``metric_write_chunks`` chunks or
+        ``metric_write_delay_s`` are reached. If that write fails, this chunk's are dropped from the held
+        ones (its round is retried: it holds them again) and the earlier chunks' stay held."""
+        held = self._held_metrics
+        if not held:
+            if self.metric_write_chunks <= 1 or self.metric_write_delay_s <= 0:
+                self.metrics.put_columns(columns)  # no write-behind: one write per chunk
+                return
+            self._held_since = time.monotonic()
+        held.append(columns)
+        if (len(held) >= self.metric_write_chunks
+                or time.monotonic() - self._held_since >= self.metric_write_delay_s):
+            try:
+                self._write_held_metrics()
+            except BaseException:
+                self._unhold(columns)
+                raise
+
+    def _unhold(self, columns: MetricColumns) -> None:
+        """Forget ``columns`` if the write-behind still holds them (their chunk failed: it is retried)."""
+        held = self._held_metrics
+        if held and held[-1] is columns:
+            held.pop()
+
+    def _write_held_metrics(self) -> None:
+        """Write every chunk's metric points the write-behind holds, in one transaction; on failure they
+        stay held (written by the next call) and the error is raised."""
+        held = self._held_metrics
+        if not held:
+            return
+        if len(held) == 1:
+            self.metrics.put_columns(held[0])
+        else:
+            self.metrics.put_columns_many(held)
+        self._held_metrics = []
 
     def _emit_later(self, partition: int, output: PipelineOutput) -> None:
         """Queue ``partition``'s ``output`` for the stores (merged with one still pending: later records
@@ -785,7 +855,10 @@ class EmbeddedProcessor:
 
     def _apply(self, partition: int, output: PipelineOutput) -> None:
         """One write of ``output``'s records (:meth:`~..storage.base.IncidentStore.upsert_records`: one
-        transaction on SQLite); over a partitioned queue the clusters are merged apart."""
+        transaction on SQLite); over a partitioned queue the clusters are merged apart. Held metric points
+        are written first when it has incidents (an incident is never in the store before its points)."""
+        if output.incidents:
+            self._write_held_metrics()
         if self.partitioned:  # every partition's pipeline holds its own view of a cluster: merged
             self.incidents.upsert_records(output.runs, output.incidents, ())
             if output.clusters:

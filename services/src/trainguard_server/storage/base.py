@@ -228,6 +228,13 @@ class MetricStore(ABC):
         if columns.count:
             self.put(list(columns.points()))
 
+    def put_columns_many(self, batches: Sequence[MetricColumns]) -> None:
+        """:meth:`put_columns` of each batch, in order (the processor's write-behind: several chunks'
+        points at once); the stores end as after one ``put_columns`` per batch. The default writes them one
+        by one; a store whose write has a per-transaction cost (SQLite) writes them in one."""
+        for columns in batches:
+            self.put_columns(columns)
+
     @abstractmethod
     def names(self, project: str, run_id: str) -> List[str]:
         """Metric names of a run, sorted."""

@@ -612,12 +612,34 @@ class SqliteMetricStore(MetricStore):
             for run, entries in learned.items():  # committed: the cache may know them now
                 self._cache_run(run, entries)
 
-    def _write_columns(self, conn: sqlite3.Connection,
-                       columns: MetricColumns) -> Dict[Tuple[str, str], Dict[Tuple[int, str], List[int]]]:
+    def put_columns_many(self, batches: Sequence[MetricColumns]) -> None:
+        """:meth:`put_columns` of each batch, in order, in ONE transaction: each batch's writes are those
+        its own ``put_columns`` makes (the series it creates get the ids they would get, its points are
+        upserted after the earlier batches', later ones win), so the tables end as after one
+        ``put_columns`` per batch; the series a batch created or widened are known to the next one through
+        the transaction's own ``learned`` entries (the cache learns them only once it commits). Fewer, larger
+        transactions cost less a point when the batches are small (a few series' tail pages dirtied once,
+        not once a batch: bench/results/processor_store_issue15_stop43.txt). A deferred write."""
+        batches = [columns for columns in batches if columns.count]
+        if not batches:
+            return
+        with self._lock:
+            learned: Dict[Tuple[str, str], Dict[Tuple[int, str], List[int]]] = {}
+            with self._db.write(deferred=True) as conn:
+                for columns in batches:
+                    self._write_columns(conn, columns, learned)
+            for run, entries in learned.items():  # committed: the cache may know them now
+                self._cache_run(run, entries)
+
+    def _write_columns(self, conn: sqlite3.Connection, columns: MetricColumns,
+                       learned: Optional[Dict[Tuple[str, str], Dict[Tuple[int, str], List[int]]]] = None,
+                       ) -> Dict[Tuple[str, str], Dict[Tuple[int, str], List[int]]]:
         """The writes of :meth:`put_columns` inside its transaction; returns the series entries
         ``[sid, min_step, max_step]`` to cache once it commits (whole runs read from the table, and every
-        series written, with its new range)."""
-        learned: Dict[Tuple[str, str], Dict[Tuple[int, str], List[int]]] = {}
+        series written, with its new range) -- ``learned`` when given (those of earlier batches of the same
+        transaction, :meth:`put_columns_many`: updated in place and consulted before the cache)."""
+        if learned is None:
+            learned = {}
         writes: List[Tuple[int, SeriesColumns]] = []
         grown: List[Tuple[int, int, int]] = []           # (lo, hi, sid)
         new: List[Tuple[Any, ...]] = []                  # series rows to insert
