@@ -133,7 +133,8 @@ class EmbeddedServer:
                 tick_interval_s=s.tick_interval_s, quota_log_interval_s=s.quota_log_interval_s,
                 yield_to=(lambda: gateway.busy) if gateway is not None else None,
                 processed=backlog.processed if backlog is not None else None,
-                pause_gc=s.processor_gc_pause)
+                pause_gc=s.processor_gc_pause, metric_write_chunks=s.processor_metric_write_chunks,
+                metric_write_delay_s=s.processor_metric_write_delay_s)
         if self.processor is not None and s.webhook_url:
             self.notifier = WebhookNotifier(s.webhook_url, min_severity=s.webhook_min_severity,
                                             max_per_minute=s.webhook_max_per_minute,

@@ -1,6 +1,8 @@
-"""``trainguard serve`` applies the processor's garbage-collection settings (config.py
+"""``trainguard serve`` applies the processor's settings: its garbage-collection policy (config.py
 ``processor_gc_gen0_threshold`` / ``processor_gc_pause``; the policy and its figures: processor/embedded.py
-GC_GEN0_THRESHOLD): an operator's values reach the running processor, the defaults stay the documented ones."""
+GC_GEN0_THRESHOLD) and its metric write-behind (``processor_metric_write_chunks`` /
+``processor_metric_write_delay_s``): an operator's values reach the running processor, the defaults stay the
+documented ones."""
 
 from __future__ import annotations
 
@@ -45,6 +47,16 @@ def test_operator_values_reach_the_processor(tmp_path: Path, kept_threshold: Tup
     try:
         assert server.processor is not None and server.processor.pause_gc is False
         assert gc.get_threshold()[0] == 123_456
+    finally:
+        server.stop()
+
+
+def test_the_metric_write_behind_settings_reach_the_processor(tmp_path: Path,
+                                                               kept_threshold: Tuple[int, int, int]) -> None:
+    server = _serve(tmp_path, processor_metric_write_chunks=9, processor_metric_write_delay_s=0.25)
+    try:
+        assert server.processor is not None
+        assert (server.processor.metric_write_chunks, server.processor.metric_write_delay_s) == (9, 0.25)
     finally:
         server.stop()
 
