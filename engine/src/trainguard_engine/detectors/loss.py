@@ -235,12 +235,17 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     else:
         return []
     tuned = settings
-    state: Dict[str, Any] = rank_state(rank).setdefault("loss", {})
+    family = rank_state(rank)
+    state: Optional[Dict[str, Any]] = family.get("loss")  # (get, set when absent: no empty dict per value)
+    if state is None:
+        state = family["loss"] = {}
     if state.setdefault("metric", name) != name or step <= state.get("last", -1):
         return []
     rank.derived.pop(STUCK_MEMO, None)  # (the memo serves this value only)
     state["last"] = step
-    init: List[float] = state.setdefault("init", [])
+    init: Optional[List[float]] = state.get("init")
+    if init is None:
+        init = state["init"] = []
     if len(init) < tuned.loss_baseline_points:
         init.append(value)
         state.setdefault("init_steps", []).append(step)
@@ -250,7 +255,8 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         for at, early in zip(state.pop("init_steps"), init):
             _note_early_blowup(state, at, early, tuned, base)
         return []
-    _track_grad_start(rank, state, step, settings)
+    if "ginit" not in state:  # (_track_grad_start's first test: no call once the level is known)
+        _track_grad_start(rank, state, step, settings)
     series = recent(rank, name, tuned.loss_window, step)
     tail = _exact_tail(rank, name, series)
     initial = _initial(init, tail)  # statistics.median's value, bit for bit, cheaper
@@ -283,8 +289,12 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     judged = ESCALATES_TO.get(open_kind, (open_kind,)) if open_kind is not None else CURVE_KINDS
     if muted:
         judged = ("divergence",)
-    streaks: Dict[str, int] = state.setdefault("streak", {})
-    since: Dict[str, int] = state.setdefault("since", {})
+    streaks: Optional[Dict[str, int]] = state.get("streak")  # (get, set when absent: as setdefault)
+    if streaks is None:
+        streaks = state["streak"] = {}
+    since: Optional[Dict[str, int]] = state.get("since")
+    if since is None:
+        since = state["since"] = {}
     win: Optional[_Window] = None  # (made when first read: most values return before any rule reads it)
     if not muted:  # the curve's other state (start level, lows held, hand-overs) waits while muted
         if "start_level" not in state and len(series) >= tuned.loss_window:  # (the window is full)
@@ -1879,21 +1889,10 @@ def _stuck_now(rank: RankState, lo: int, hi: int, settings: DetectionSettings) -
             norms = [p for p in norms if p[0] >= lo]
         if norms and _median_of(norms) < settings.plateau_small_grad:
             return "small"
-    layers = rank_state(rank).get("layers", {})
-    if not layers.get("zero"):
+    layers: Optional[Dict[str, Any]] = rank_state(rank).get("layers")  # (no empty dict built per call)
+    if not layers or not layers.get("zero"):
         return ""
     return "died" if layers.get("died") else "dead"
-
-
-def _current_tail(rank: RankState, name: str) -> Optional[SeriesTail]:
-    """The :class:`SeriesTail` of ``name`` when it is current -- the series is there and not empty, and its
-    tail is of that series' dict and as long as it (what :func:`recent` checks before it reads a tail) --
-    else None."""
-    data = rank.history.get(name)
-    tail = rank.tails.get(name)
-    if not data or tail is None or tail.data is not data or len(tail.points) != len(data):
-        return None
-    return tail
 
 
 def _low_norm_recent(rank: RankState, gname: str, small: float) -> bool:
@@ -1904,11 +1903,14 @@ def _low_norm_recent(rank: RankState, gname: str, small: float) -> bool:
     True when one is, or when the tail is not current (ask recent()). Kept incrementally beside the tail
     (``SeriesTail.windows``: derived, dropped with it): the index of the last point under ``small``, and up
     to where the points were looked at -- one point looked at per new reading."""
-    tail = _current_tail(rank, gname)
-    if tail is None:
+    data = rank.history.get(gname)  # (the tail is current: what recent() checks first)
+    tail = rank.tails.get(gname)
+    if not data or tail is None or tail.data is not data:
         return True
     points = tail.points
     n = len(points)
+    if n != len(data):
+        return True
     key = ("stuck-low", small)
     kept: Optional[List[int]] = tail.windows.get(key)
     if kept is None:
@@ -1928,11 +1930,14 @@ def _newest_recent(rank: RankState, name: str, hi: int) -> Optional[Tuple[int, f
     would answer with a plain slice of the series' tail (its fast path: the tail is current, its last
     ``STUCK_RECENT`` points finite and in step order, none past ``hi``) -- that slice's last point is the
     tail's; else None (ask recent())."""
-    tail = _current_tail(rank, name)
-    if tail is None:
+    data = rank.history.get(name)  # (the tail is current: what recent() checks first)
+    tail = rank.tails.get(name)
+    if not data or tail is None or tail.data is not data:
         return None
     points = tail.points
     n = len(points)
+    if n != len(data):
+        return None
     start = n - STUCK_RECENT if n > STUCK_RECENT else 0
     last = points[-1]
     if start >= tail.bad_end and start >= tail.descent and last[0] <= hi:
