@@ -239,6 +239,7 @@ class EmbeddedProcessor:
         self._retry_at = 0.0
         #: pipeline outputs not yet in the stores (their upsert failed), by partition: applied first
         self._pending: Dict[int, PipelineOutput] = {}
+        self._through = False  # the chunk in hand went through its pipeline(s) (:meth:`_process`)
         self._backoff_s = 0.0
         self._last_snapshot = time.monotonic()
         self._last_tick = 0.0
@@ -579,7 +580,7 @@ class EmbeddedProcessor:
                 # a store is unavailable: records not yet through the stores are kept for a retry after
                 # a backoff (doubling to MAX_BACKOFF_S); nothing of them is committed meanwhile
                 later = ([carry[0]] if carry is not None else []) + list(todo[at:])
-                if not self._pending:      # the raw writes failed: this chunk again
+                if not self._through:      # the raw writes or the pipeline failed: this chunk again
                     self._retry = chunk.records + later
                 else:                      # only the upserts failed: the chunk is through the pipeline
                     self._retry = later
@@ -669,6 +670,11 @@ class EmbeddedProcessor:
         """One chunk: raw context and points stored, the pipeline(s) run, their upserts applied. Envelopes
         ``replayed`` (their records the restored pipeline already has: :meth:`_is_covered`) are stored
         again but not handed to the pipeline."""
+        # whether this chunk went through its pipeline(s) (run_once's retry decision; before stop 43 it read
+        # a non-empty _pending as that, and an output an earlier failure left there -- e.g. a Kafka
+        # rebalance's save that could not apply it -- made a chunk whose raw writes failed count as through:
+        # not retried, committed later without detection)
+        self._through = False
         self._store_raw(envelopes, points)
         self._uncommitted.extend(records)  # committed at the next checkpoint, which waits for _pending
         all_envelopes = envelopes
@@ -716,6 +722,7 @@ class EmbeddedProcessor:
         self.stats.records += len(records)
         self.stats.events += len(all_envelopes)
         self.stats.rounds += 1
+        self._through = True
         if self.processed is not None:  # through the pipeline: never processed again, even if an upsert fails
             self.processed(backlog_counts(all_envelopes))
         self._apply_pending()
