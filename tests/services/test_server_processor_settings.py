@@ -51,6 +51,17 @@ def test_operator_values_reach_the_processor(tmp_path: Path, kept_threshold: Tup
         server.stop()
 
 
+def test_the_metric_write_behind_is_off_by_default(tmp_path: Path, kept_threshold: Tuple[int, int, int]) -> None:
+    """A run's record becomes visible when its chunk's output is applied: with its points held a client could
+    list the run and read no metrics (two end-to-end tests did, stop 43), so by default every chunk writes its
+    own points."""
+    server = _serve(tmp_path)
+    try:
+        assert server.processor is not None and server.processor.metric_write_chunks == 1
+    finally:
+        server.stop()
+
+
 def test_the_metric_write_behind_settings_reach_the_processor(tmp_path: Path,
                                                                kept_threshold: Tuple[int, int, int]) -> None:
     server = _serve(tmp_path, processor_metric_write_chunks=9, processor_metric_write_delay_s=0.25)

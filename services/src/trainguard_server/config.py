@@ -214,11 +214,12 @@ class Settings(BaseSettings):
         "out, not for a whole processor_round_events chunk (~2-3 s under load); 0: chunks of "
         "processor_round_events (processor/embedded.py DEFAULT_ROUND_TARGET_S)")
     processor_metric_write_chunks: int = Field(
-        4, ge=1, description="the metric points of this many processor chunks are written to the metric "
-        "store in one transaction (1: one per chunk, as before); held points are written before an output "
-        "with incidents is applied, before every checkpoint's store sync (so before any queue commit), on "
-        "stop, when a round finds nothing and after processor_metric_write_delay_s (processor/embedded.py "
-        "METRIC_WRITE_CHUNKS)")
+        1, ge=1, description="the metric points of this many processor chunks are written to the metric "
+        "store in one transaction (1, the default: one per chunk; more: a listed run may show no metrics "
+        "for up to processor_metric_write_delay_s, for fewer transactions); held points are written "
+        "before an output with incidents is applied, before every checkpoint's store sync (so before any "
+        "queue commit), on stop, when a round finds nothing and after processor_metric_write_delay_s "
+        "(processor/embedded.py METRIC_WRITE_CHUNKS)")
     processor_metric_write_delay_s: float = Field(
         0.5, ge=0, description="the longest the processor holds metric points before writing them (0: every "
         "chunk writes its own): a run's live metrics reach the query API at most about this much later")

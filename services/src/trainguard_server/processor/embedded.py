@@ -88,19 +88,23 @@ LAG_WINDOW_S = 1.0
 """The processing lag reported (``ProcessorStats.last_lag_s``, /metrics) is the largest of the chunks of the
 last this many seconds: with fair consumption one chunk may hold only a quiet run's fresh record while a
 noisy run's records wait, so the last chunk alone says little."""
-METRIC_WRITE_CHUNKS = 4
-"""Metric write-behind: the metric points of this many chunks are written to the metric store in ONE
-transaction (``MetricStore.put_columns_many``: each chunk's own writes, so the same series ids and rows as
-one write per chunk), not one transaction per chunk (1 or less: one per chunk, as before). Measured
-(bench/results/processor_store_issue15_stop43.txt, SQLite, 96 series, 4096-byte pages): at ~90 points a
-series a chunk 1.05-1.09 us/point one chunk a transaction, 0.89-0.92 four; at 20 points 1.8 -> 1.1 (five).
-Held points are written before anything that reads or relies on them: before a pipeline output with
-incidents is applied (an incident is never in the store before its points), before every checkpoint's
+METRIC_WRITE_CHUNKS = 1
+"""Metric write-behind, OFF by default (1): with more, the metric points of this many chunks are written to
+the metric store in ONE transaction (``MetricStore.put_columns_many``: each chunk's own writes, so the same
+series ids and rows as one write per chunk), not one transaction per chunk (1 or less: one per chunk).
+Measured (bench/results/processor_store_issue15_stop43.txt, SQLite, 96 series, 4096-byte pages): at ~90
+points a series a chunk 1.05-1.09 us/point one chunk a transaction, 0.89-0.92 four; at 20 points 1.8 ->
+1.1 (five). Held points are written before anything that reads or relies on them: before a pipeline output
+with incidents is applied (an incident is never in the store before its points), before every checkpoint's
 store sync (so before any queue commit: the durability argument of storage/sqlite.py is unchanged), on
 stop (its checkpoint), when a round finds nothing to process (caught up) and after
 :data:`METRIC_WRITE_DELAY_S` -- so a run's live metrics reach the query API (another thread) at most about
 that much later than without it. A failed write keeps them held (written again by the next write; the
-chunk whose write failed is retried with its round, as before)."""
+chunk whose write failed is retried with its round, as before). Why off by default: a run's record is
+upserted when its chunk's output is applied, so with points held a client could list a run -- or see its
+events -- and read no metrics for it for up to the delay (the fresh-clone CI caught two end-to-end tests doing
+exactly that, stop 43), for a gain of ~0.35 us/event (sdk16's metric writes) that the whole-drain bench cannot
+resolve. An operator who wants fewer transactions turns it on (TRAINGUARD_PROCESSOR_METRIC_WRITE_CHUNKS)."""
 METRIC_WRITE_DELAY_S = 0.5
 """The longest metric points are held by the write-behind (:data:`METRIC_WRITE_CHUNKS`): checked after each
 chunk and after each round (0: every chunk writes its own, as with one chunk)."""
