@@ -629,6 +629,42 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     return out
 
 
+@attack("http/pipelined-stall")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """Slowloris through keep-alive + pipelining (stop 44, H40): 20 connections each send a request and, in
+    the same segment, the head of a second one with a few bytes of its body (10 of them: only half its head),
+    then nothing. The second request begins when the first one's response completes, with no byte arriving
+    after it, so only a timer armed then can end it; 1a27038 had dropped that hook and such a connection was
+    held for ever. Fails when one is not closed (408) within ``http_body_timeout_s`` (30 s) + 10 s."""
+    first = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    stall_body = (f"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t.token('B', 'ingest')}\r\n"
+                  "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"events\": [").encode()
+    stall_head = b"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nContent-"
+
+    def one(data: bytes) -> Answer:
+        with socket.create_connection((t.host, t.port), timeout=40.0) as conn:
+            conn.sendall(first + data)
+            out = b""
+            try:
+                while True:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    out += chunk
+            except socket.timeout:
+                return 500, b"held open 40 s after its first answer: " + out[:200]
+            except ConnectionResetError:
+                pass
+        answers = out.split(b"HTTP/1.1 ")
+        last = answers[-1].split(b" ", 1)[0] if len(answers) > 2 else b""
+        if last != b"408":
+            return 500, b"no 408 for the stalled request: " + out[-300:]
+        return 408, out[-200:]
+
+    with ThreadPoolExecutor(20) as pool:
+        return list(pool.map(one, [stall_body] * 10 + [stall_head] * 10))
+
+
 def _grpc_send(t: Target, project: str, wire: Any, grpc: Any) -> Answer:
     request = wire.ingest_request_from_dicts([event(f"{project.lower()}-grpc", 1)])
     with grpc.insecure_channel(f"{t.host}:{t.grpc_port}") as channel:

@@ -74,6 +74,20 @@ class TimeoutH11Protocol(H11Protocol):
         super().data_received(data)
         self._update_timers()
 
+    def on_response_complete(self) -> None:
+        """uvicorn arms its keep-alive timer here and hands the bytes of a pipelined request that arrived
+        meanwhile to h11 (and the app). No byte may arrive after that, so the timers are armed here too: a
+        next head already begun is held to ``header_s`` (with a 408, as when its bytes come later: the
+        keep-alive timer, meant for an idle connection, is dropped), a next request whose body stalls to
+        ``body_idle_s``. 1b37cf7 added this hook; 1a27038 dropped it unsaid, and a pipelined request whose
+        body stopped after a few bytes was then held for ever (the app waiting, no timer armed; stop 44)."""
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
+            self._unset_keepalive_if_required()  # not idle: the next request has begun
+            self._update_timers()
+
     def send_400_response(self, msg: str) -> None:
         """uvicorn's 400 for a request h11 refuses (a request head past h11's 16 KiB while incomplete, bad
         framing), then a *lingering* close: the answer and a FIN go out, what the client still sends is read

@@ -180,3 +180,36 @@ def test_a_request_head_past_h11s_limit_is_answered_400_while_the_client_still_s
     finally:
         sock.close()
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+
+
+def test_a_pipelined_request_whose_body_stalls_after_a_response_gets_408(server: Tuple[int, Tokens]) -> None:
+    """Keep-alive + pipelining: a first request, and in the same segment the head of a second one and part of
+    its body, then silence. The second request starts when the first one's response completes (uvicorn's
+    ``on_response_complete`` hands the buffered bytes to the app): no byte arrives after that, so only a timer
+    armed there can end the stalled body. 1a27038 dropped that hook: the connection was held for ever (the app
+    waiting for a body that never comes, no timer armed)."""
+    port, tokens = server
+    first = b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"
+    with _connect(port) as sock:
+        sock.sendall(first + _ingest_head(tokens, 1000) + b'{"events": [')
+        response = _read_response(sock)
+        assert response.startswith(b"HTTP/1.1 200 OK\r\n"), response
+        data, elapsed = _read_until_closed(sock)  # was: socket.timeout (held for ever)
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), data[:200]
+    assert elapsed < WAIT_S
+
+
+def test_a_pipelined_half_head_after_a_response_is_cut_at_the_header_deadline(
+        server: Tuple[int, Tokens]) -> None:
+    """The same with only part of the second request's head buffered: it is answered 408 at the header
+    deadline, counted from the response (the keep-alive timer alone would close it without an answer, and a
+    trickle of bytes restarts nothing)."""
+    port, _tokens = server
+    first = b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"
+    with _connect(port) as sock:
+        sock.sendall(first + b"POST /v1/ingest HTTP/1.1\r\nHost: t\r\nContent-")
+        response = _read_response(sock)
+        assert response.startswith(b"HTTP/1.1 200 OK\r\n"), response
+        data, elapsed = _read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), data[:200]
+    assert elapsed < WAIT_S
