@@ -119,12 +119,14 @@ class Tally:
 
         return {"sends": len(lat), "codes": self.codes, "details": self.details,
                 "accepted_events": self.accepted,
-                "events_per_s": round(self.accepted / seconds), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
-                "max_ms": round(lat[-1] * 1000, 1) if lat else float("nan")}
+                "events_per_s": round(self.accepted / seconds), "p50_ms": pct(0.5), "p90_ms": pct(0.9),
+                "p99_ms": pct(0.99), "max_ms": round(lat[-1] * 1000, 1) if lat else float("nan"),
+                # the first call connects (its channel's handshake): a slow first call is not a slow Send
+                "first_ms": round(self.lat[0] * 1000, 1) if self.lat else float("nan")}
 
 
 async def _sender(stub: Any, token: str, project: str, sender: int, events: int, stop_at: float,
-                  tally: Tally) -> None:
+                  tally: Tally, pause_s: float = 0.2) -> None:
     import grpc
 
     from trainguard.v1 import ingest_pb2
@@ -142,8 +144,10 @@ async def _sender(stub: Any, token: str, project: str, sender: int, events: int,
             tally.details.setdefault(code, str(exc.details())[:300])
         tally.lat.append(time.monotonic() - started)
         tally.codes[code] = tally.codes.get(code, 0) + 1
-        if code != "OK":
-            await asyncio.sleep(0.2)
+        if code != "OK" and pause_s:
+            await asyncio.sleep(pause_s)
+        elif code != "OK":
+            await asyncio.sleep(0)  # an attacker: at once again (let the other senders run)
 
 
 def _quiet(grpc_port: int, token: str, events: int, seconds: float, out: Any) -> None:
@@ -173,7 +177,14 @@ def _quiet(grpc_port: int, token: str, events: int, seconds: float, out: Any) ->
     out.put((tally.lat, tally.codes, tally.details, tally.accepted))
 
 
-async def _load(grpc_port: int, tokens: Dict[str, str], senders: int, events: int, seconds: float) -> Tally:
+def bad_token(token: str) -> str:
+    """``token`` with its secret's last characters changed: a well-formed token of an existing id whose
+    secret does not match (the costliest refusal: a store lookup and a hash, twice)."""
+    return token[:-6] + ("xxxxxx" if not token.endswith("xxxxxx") else "yyyyyy")
+
+
+async def _load(grpc_port: int, tokens: Dict[str, str], senders: int, events: int, seconds: float,
+                bad: bool = False) -> Tally:
     import grpc
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}",
                                           options=[("grpc.use_local_subchannel_pool", 1)])
@@ -181,7 +192,8 @@ async def _load(grpc_port: int, tokens: Dict[str, str], senders: int, events: in
     stubs = [c.unary_unary(SERVICE) for c in channels]
     noisy = Tally()
     stop_at = time.monotonic() + seconds
-    await asyncio.gather(*(_sender(stubs[i % len(stubs)], tokens["A"], "A", i, events, stop_at, noisy)
+    token, pause = (bad_token(tokens["A"]), 0.0) if bad else (tokens["A"], 0.2)
+    await asyncio.gather(*(_sender(stubs[i % len(stubs)], token, "A", i, events, stop_at, noisy, pause)
                            for i in range(senders)))
     for c in channels:
         await c.close()
@@ -194,6 +206,9 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=10, help="events per Send")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--no-quiet", dest="quiet", action="store_false", help="no project-B sender")
+    ap.add_argument("--bad-token", action="store_true",
+                    help="A's senders use a token whose secret is wrong (refused UNAUTHENTICATED) and send "
+                         "again at once: a flood of authentications (hR, stop 43: they shared one FIFO)")
     ap.add_argument("--src", type=Path, default=REPO, help="checkout whose server to run (A/B)")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server")
     args = ap.parse_args()
@@ -215,7 +230,8 @@ def main() -> int:
                 target=_quiet, args=(grpc_port, tokens["B"], args.events, args.seconds, results))
             if args.quiet:
                 quiet.start()
-            noisy = asyncio.run(_load(grpc_port, tokens, args.senders, args.events, args.seconds))
+            noisy = asyncio.run(_load(grpc_port, tokens, args.senders, args.events, args.seconds,
+                                      args.bad_token))
             if args.quiet:
                 calm.lat, calm.codes, calm.details, calm.accepted = results.get(timeout=120)
                 quiet.join(30)
@@ -225,7 +241,8 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(30)
-    out = {"src": str(args.src), "senders": args.senders, "events": args.events, "seconds": round(took, 1),
+    out = {"src": str(args.src), "senders": args.senders, "bad_token": args.bad_token,
+           "events": args.events, "seconds": round(took, 1),
            "A": noisy.summary(took), "B": calm.summary(took) if args.quiet else None,
            "server_cpu_s": round(cpu, 2),
            "server_cpu_us_per_event": round(cpu / max(1, noisy.accepted + calm.accepted) * 1e6, 1),
