@@ -43,7 +43,7 @@ from pyflink.datastream.state import ValueStateDescriptor
 
 from trainguard_engine.catalogue import DetectionSettings
 
-from .embedded import tune_gc
+from .embedded import GC_GEN0_THRESHOLD, tune_gc
 from .flink_stages import (
     FLUSH_EVENTS,
     ClusterStage,
@@ -77,15 +77,19 @@ def _emit(out: Flushed) -> Iterable[Any]:
 
 
 class _RunFunction(KeyedProcessFunction):  # type: ignore[misc]
-    def __init__(self, overrides: str, settle_s: float, processing_time_s: float, flush_events: int) -> None:
+    def __init__(self, overrides: str, settle_s: float, processing_time_s: float, flush_events: int,
+                 gc_gen0_threshold: int = GC_GEN0_THRESHOLD) -> None:
         self.overrides = overrides
         self.settle_ms = int(settle_s * 1000)
         self.grid_ms = max(1000, self.settle_ms)
         self.tick_ms = int(processing_time_s * 1000)
         self.flush_events = flush_events
+        self.gc_gen0_threshold = gc_gen0_threshold
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        tune_gc()  # this Python worker runs pipelines, as a processor does (embedded.GC_GEN0_THRESHOLD)
+        # this Python worker runs pipelines, as a processor does: the operator's threshold (serve's
+        # processor_gc_gen0_threshold, flink_main.py --gc-gen0-threshold; embedded.GC_GEN0_THRESHOLD)
+        tune_gc(self.gc_gen0_threshold)
         self.stage = RunStage(self.overrides, self.settle_ms, self.flush_events)
         self.state = runtime_context.get_state(ValueStateDescriptor("run", Types.PICKLED_BYTE_ARRAY()))
         self.spans = os.environ.get(SPANS_ENV) or None
@@ -172,19 +176,21 @@ class _ClusterFunction(KeyedProcessFunction):  # type: ignore[misc]
 
 def build_job(records: DataStream, sink: Any, *, source_parallelism: int, overrides: Optional[dict] = None,
               settle_s: float = SETTLE_S, processing_time_s: float = 0.0,
-              flush_events: int = FLUSH_EVENTS) -> DataStream:
+              flush_events: int = FLUSH_EVENTS, gc_gen0_threshold: int = GC_GEN0_THRESHOLD) -> DataStream:
     """Wire the job from ``records`` (a stream of IngestRequest values: bytes, or base64 text) to ``sink``
     (a Flink ``Sink`` of strings); returns the output stream. ``source_parallelism`` must be the source's:
     decoding runs chained to it, so a run's records reach its key in the order the source read them (one
     Kafka partition per run; a rebalance in between would reorder them). ``overrides``: detection setting
-    overrides (as ``TRAINGUARD_DETECTION_OVERRIDES``); ``flush_events``: see flink_stages.FLUSH_EVENTS."""
+    overrides (as ``TRAINGUARD_DETECTION_OVERRIDES``); ``flush_events``: see flink_stages.FLUSH_EVENTS;
+    ``gc_gen0_threshold``: the run stage's workers' young-generation threshold (:func:`.embedded.tune_gc`: 0
+    or below the interpreter's keeps that one), as ``trainguard serve``'s processor_gc_gen0_threshold."""
     settings = json.dumps(overrides or {})
     DetectionSettings.from_overrides(json.loads(settings))  # a bad override fails here, not in a worker
     keyed: Any = Types.TUPLE([Types.STRING(), Types.PRIMITIVE_ARRAY(Types.BYTE())])
     inputs = (records.flat_map(decode_record, output_type=keyed).name("decode")
               .set_parallelism(source_parallelism))
     staged = (inputs.key_by(run_key_of, key_type=Types.STRING())
-              .process(_RunFunction(settings, settle_s, processing_time_s, flush_events),
+              .process(_RunFunction(settings, settle_s, processing_time_s, flush_events, gc_gen0_threshold),
                        output_type=Types.STRING())
               .name("runs"))
     clusters = (staged.get_side_output(OBSERVATIONS)

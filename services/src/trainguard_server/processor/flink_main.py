@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Sequence
 
+from .embedded import GC_GEN0_THRESHOLD
+
 PYTHON_WORKER_MODE = "_python_worker_execution_mode"
 """PyFlink's switch between "loopback" (a local mini-cluster's Python functions in the client process, its
 default there) and "process" (a Python worker process per slot, as on a cluster): see the module doc."""
@@ -55,6 +57,25 @@ stop 32). Bundles still end on ``python.fn-execution.bundle.time``'s timer, at e
 end of the input; what is in flight to a worker stays bounded by its data channel (Beam's queue of 5 chunks
 of ~1 MB), not by the bundle, so memory does not grow with it. Bundles are invisible to the results and to
 exactly-once (a checkpoint ends the bundle first)."""
+
+
+GC_GEN0_ENV = "TRAINGUARD_PROCESSOR_GC_GEN0_THRESHOLD"
+"""``trainguard serve``'s setting (config.py ``processor_gc_gen0_threshold``): the job's default for
+``--gc-gen0-threshold`` too, so one deployment's value reaches the Flink workers that run its pipelines."""
+
+
+def gc_gen0_default() -> int:
+    """``--gc-gen0-threshold``'s default: :data:`GC_GEN0_ENV` when set, else ``GC_GEN0_THRESHOLD``."""
+    raw = os.environ.get(GC_GEN0_ENV, "").strip()
+    if not raw:
+        return GC_GEN0_THRESHOLD
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SystemExit(f"{GC_GEN0_ENV}={raw!r}: not an integer") from None
+    if value < 0:
+        raise SystemExit(f"{GC_GEN0_ENV}={raw!r}: must be >= 0")
+    return value
 
 
 def write_records(path: Path, values: Iterable[bytes]) -> int:
@@ -132,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--overrides", default=os.environ.get("TRAINGUARD_DETECTION_OVERRIDES", "{}"))
     parser.add_argument("--settle-s", type=float, default=None)
+    parser.add_argument("--gc-gen0-threshold", type=int, default=gc_gen0_default(),
+                        help="young-generation collection threshold of the workers that run pipelines "
+                             "(default: TRAINGUARD_PROCESSOR_GC_GEN0_THRESHOLD, serve's setting, else "
+                             f"{GC_GEN0_THRESHOLD}: processor/embedded.py GC_GEN0_THRESHOLD; 0: the "
+                             "interpreter's kept)")
     parser.add_argument("--checkpoint-ms", type=int, default=1000)
     parser.add_argument("--bundle-size", type=int, default=BUNDLE_SIZE,
                         help="python.fn-execution.bundle.size: elements per Python bundle (see BUNDLE_SIZE)")
@@ -217,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sink = (FileSink.for_row_format(str(ns.out), Encoder.simple_string_encoder())
                 .with_output_file_config(OutputFileConfig.builder().with_part_suffix(".jsonl").build())
                 .build())
-        build_job(records, sink, source_parallelism=ns.parallelism, overrides=overrides, settle_s=settle)
+        build_job(records, sink, source_parallelism=ns.parallelism, overrides=overrides, settle_s=settle,
+                  gc_gen0_threshold=ns.gc_gen0_threshold)
         try:
             env.execute("trainguard (bounded)")
         finally:
@@ -262,7 +289,7 @@ def run_kafka(env: Any, ns: argparse.Namespace, overrides: dict, settle: float) 
     for key, value in client.items():
         sink_builder.set_property(str(key), str(value))
     build_job(records, sink_builder.build(), source_parallelism=ns.parallelism, overrides=overrides,
-              settle_s=settle, processing_time_s=ns.tick_s)
+              settle_s=settle, processing_time_s=ns.tick_s, gc_gen0_threshold=ns.gc_gen0_threshold)
     env.execute("trainguard")
     return 0
 
