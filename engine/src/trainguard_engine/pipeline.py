@@ -56,7 +56,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from . import clusters as clusters_mod
 from . import correlate, diagnosis, shards
@@ -96,6 +96,24 @@ QUARANTINE_REASON_CHARS = 2000
 QUARANTINE_LIST_MAX = 1000
 """Most quarantined runs listed in :attr:`Pipeline.quarantined` until the runtime takes them (the counter
 counts them all)."""
+
+
+PLAIN_BODIES: Set[type] = set()
+"""Types of a :class:`ReadEnvelope`'s ``body`` that hold neither ``alert`` nor ``recent`` by construction:
+a runtime's reader of plain metric batches registers its own with :func:`plain_body` (the processor's
+``trainguard_server.processor.decode.PlainBatch``). The pipeline does not ask such a body for them -- two
+Python ``get`` calls per envelope on a mapping that would answer None (issue 15) --; any other body
+(a dict, a subclass) is asked as before. A type registered here must answer None to ``get("alert")`` and
+``get("recent")`` for every instance (tests/engine/test_plain_body.py checks the processor's)."""
+
+
+_Body = TypeVar("_Body", bound=type)
+
+
+def plain_body(cls: _Body) -> _Body:
+    """Register ``cls`` in :data:`PLAIN_BODIES` (a class decorator: returns it unchanged)."""
+    PLAIN_BODIES.add(cls)
+    return cls
 
 
 @dataclass(frozen=True)
@@ -464,7 +482,8 @@ class Pipeline:
         routed = self._routed.pop(self._at, None) if self._routed else None  # (not notable: see _run_ahead)
         if ev.event_id and routed is None:
             if ev.kind == "metrics":  # (_notable, inline)
-                notable = bool(ev.body.get("alert"))
+                body = ev.body
+                notable = type(body) not in PLAIN_BODIES and bool(body.get("alert"))
                 if not notable:
                     for _n, _s, v in points:
                         if v - v != 0.0:  # NaN/Inf
@@ -542,7 +561,7 @@ class Pipeline:
         if ev.kind in _NOTABLE_KINDS:
             return True
         if ev.kind == "metrics":
-            if ev.body.get("alert"):
+            if type(ev.body) not in PLAIN_BODIES and ev.body.get("alert"):
                 return True
             for _n, _s, v in points:
                 if v - v != 0.0:  # NaN/Inf
@@ -593,7 +612,8 @@ class Pipeline:
         rank.observe_points(points, route.keep, time_ns, settings)
         if route.diagnosis:  # (it reads those points only)
             diagnosis.observe(rank, points, route.diagnosis)
-        if ev.body.get("recent"):
+        body = ev.body  # (a plain body holds no recent context: PLAIN_BODIES)
+        if type(body) not in PLAIN_BODIES and body.get("recent"):
             keeps, observe = settings.keeps_history, rank.observe_point
             for name, step, value in recent_points(ev.raw):
                 if keeps(name):
@@ -708,7 +728,8 @@ class Pipeline:
                 continue
             if nxt.host and nxt.host != host:
                 return j
-            if nxt.body.get("alert"):  # (_notable, inline: a metric envelope)
+            body = nxt.body  # (_notable, inline: a metric envelope)
+            if type(body) not in PLAIN_BODIES and body.get("alert"):
                 return j
             for _n, _s, v in points:
                 if v - v != 0.0:

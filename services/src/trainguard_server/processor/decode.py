@@ -44,7 +44,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 from trainguard import wire
 from trainguard.v1 import ingest_pb2
 from trainguard_engine import extract
-from trainguard_engine.pipeline import ReadEnvelope
+from trainguard_engine.pipeline import ReadEnvelope, plain_body
 
 Points = Optional[List[extract.MetricTuple]]
 """An envelope's metric points (None: not a metric batch)."""
@@ -240,12 +240,14 @@ class _Record:
         return events[index]
 
 
+@plain_body
 class PlainBatch(Mapping):  # type: ignore[type-arg]
     """The payload of a plain metric batch (points only: no alert, no recent context) as its JSON mapping,
     rendered (from envelope ``index`` of ``record``) when first asked for anything but ``alert`` and
-    ``recent`` (absent by construction). ``count``: how many points the message holds (those without a
-    name included: what the gateway's backlog counts, ``gateway.backlog.weight``), known without
-    rendering."""
+    ``recent`` (absent by construction: registered with the pipeline as a plain body, which it then does
+    not ask for them -- ``trainguard_engine.pipeline.PLAIN_BODIES``). ``count``: how many points the
+    message holds (those without a name included: what the gateway's backlog counts,
+    ``gateway.backlog.weight``), known without rendering."""
 
     __slots__ = ("_dict", "_index", "_record", "count")
 
