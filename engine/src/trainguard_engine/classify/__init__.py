@@ -93,6 +93,7 @@ from .nccl import (
     _rule_watchdog_teardown,
 )
 from .numeric import (
+    _rule_check_numerics,
     _rule_grad_norm_non_finite,
     _rule_loss_non_finite,
     _rule_loss_scale,
@@ -166,6 +167,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("model.shape-mismatch", _rule_shape),
     ("dataloader.worker", _rule_dataloader),
     ("numeric.loss-scale-minimum", _rule_loss_scale_minimum),
+    ("numeric.check-numerics", _rule_check_numerics),
     ("numeric.grad-norm-non-finite", _rule_grad_norm_non_finite),
     ("numeric.loss-non-finite", _rule_loss_non_finite),
     ("numeric.loss-scale", _rule_loss_scale),

@@ -283,6 +283,8 @@ def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
                     "firewall")
     for needle in ("connection refused", "timed out"):
         for error in t.find_all(needle):
+            if t.lower.endswith(("not ", "never "), max(0, error - 6), error):
+                continue  # negated: submitit's 'Job has not timed out.' near the job's MASTER_ADDR line
             near = t.lower[max(0, error - 300): error + 300]
             if any(word in near for word in _RDZV_WORDS):
                 facts = {"error": _shorten(t.line_at(error), 200)}

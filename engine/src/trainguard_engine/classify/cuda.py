@@ -52,7 +52,10 @@ def format_size(size: int) -> str:
 # Memory and CUDA
 
 
-_OOM_START_RE = re.compile(r"(?P<backend>CUDA|HIP|XPU|MPS)(?: backend)? out of memory")
+_OOM_START_RE = re.compile(r"(?P<backend>CUDA|HIP|XPU|MPS|NPU|MLU|MUSA)(?: backend)? out of memory")
+"""PyTorch's caching allocator's words on every backend that reuses them: CUDA, HIP, XPU, MPS, and the
+out-of-tree ones (Ascend's torch_npu ``NPU out of memory. Tried to allocate 386.00 MiB (NPU 2; 60.97 GiB
+total capacity; ...)``, hiyouga/LlamaFactory#5491; Cambricon's ``MLU``, Moore Threads' ``MUSA``)."""
 _OOM_REQUEST_RE = re.compile(r"Tried to allocate " + _sz("requested"))
 _OOM_DEVICE_RE = re.compile(r"GPU (?P<device>\d+) has a total capac(?:i)?ty of " + _sz("capacity")
                             + r" of which " + _sz("free") + r" is free")
@@ -63,7 +66,7 @@ _OOM_ALLOC_RE = re.compile(
     r"Of the allocated memory " + _sz("allocated") + r" is allocated by PyTorch,\s?(?:with "
     + _sz("private") + r" allocated in private pools \(e\.g\., CUDA Graphs\),\s?)?and " + _sz("unalloc")
     + r" is reserved by PyTorch but unallocated")
-_OOM_LEGACY_DEVICE_RE = re.compile(r"\(GPU (?P<device>\d+); ")
+_OOM_LEGACY_DEVICE_RE = re.compile(r"\((?:GPU|NPU|MLU|MUSA) (?P<device>\d+); ")
 _OOM_LEGACY_FIELDS = (
     ("capacity", re.compile(_sz("v") + r" total capacity")),
     ("allocated", re.compile(_sz("v") + r" already allocated")),
@@ -126,7 +129,8 @@ def _rule_cuda_oom(t: _Text) -> Optional[_Hit]:
 
 def _oom_headline(facts: Mapping[str, Any]) -> str:
     backend = facts.get("backend", "CUDA")
-    where = f" on GPU {facts['device']}" if "device" in facts else ""
+    unit = backend if backend in ("NPU", "MLU", "MUSA") else "GPU"
+    where = f" on {unit} {facts['device']}" if "device" in facts else ""
     parts = []
     if isinstance(facts.get("requested"), int):
         parts.append(f"tried to allocate {format_size(facts['requested'])}")
@@ -168,13 +172,22 @@ the HIP form of its ``CUDA_ERROR_OUT_OF_MEMORY``; keras-team/keras#13889) and ``
 
 
 _OOM_XLA_NEEDLES = ("resource_exhausted: out of memory", "resource exhausted: out of memory",
-                    "resource exhausted: oom when allocating", "== cudasuccess (2 vs. 0)")
+                    "resource exhausted: oom when allocating", "== cudasuccess (2 vs. 0)",
+                    "out of memory error on gpu", "cudamalloc failed: out of memory",
+                    "cudamalloc retry failed: out of memory", "out of memory to allocate",
+                    "out of memory allocating")
 """The same failure as other frameworks' allocators word it: XLA's (JAX's
 ``jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456
 bytes.``, jax-ml/jax#13428; older XLA ``Resource exhausted: Out of memory while trying to allocate ...``),
 TensorFlow's op kernel (``Resource exhausted: OOM when allocating tensor with shape[256,832,7,7]``,
 tensorflow/tensorflow#4735) and Caffe's CUDA_CHECK through glog on error 2, cudaErrorMemoryAllocation
-(``Check failed: error == cudaSuccess (2 vs. 0)  out of memory``, taokong/RON#4). TensorFlow's BFC
+(``Check failed: error == cudaSuccess (2 vs. 0)  out of memory``, taokong/RON#4); PaddlePaddle's
+allocator (``ResourceExhaustedError: Out of memory error on GPU 0. Cannot allocate 25.000244MB memory on GPU
+0``, PaddlePaddle/ERNIE#479), MXNet's storage manager (``src/storage/./pooled_storage_manager.h:80: cudaMalloc
+failed: out of memory``, apache/mxnet#5340; ``cudaMalloc retry failed: out of memory``) and CuPy's memory pool
+under Chainer (``Exception in main training loop: out of memory to allocate 163840000 bytes (total 1673061376
+bytes)``, motokimura/spacenet_building_detection#3; newer CuPy: ``Out of memory allocating 25,600,000 bytes
+(allocated so far: ...)``). TensorFlow's BFC
 allocator's ``ran out of memory trying to allocate`` is not one of them: it is also the warning of an
 allocation the caller retries ("The caller indicates that this is not a failure"). Nor is XLA's wording inside
 a record its autotuner recovers from -- a glog ``W`` / ``I`` record (``W external/xla/xla/service/gpu/
@@ -209,9 +222,9 @@ def _rule_cuda_oom_plain(t: _Text) -> Optional[_Hit]:
     if pos < 0 and (pos := _xla_oom(t)) >= 0:
         return _Hit("memory", "oom", 0.85, pos, {"error": _shorten(t.line_at(pos), 120)},
                     "out of accelerator memory (the framework's allocator)",
-                    "the framework's device allocator (XLA, TensorFlow, Caffe) could not allocate: the "
-                    "GPU/TPU was full -- a smaller batch or model shard; with JAX, memory another process or "
-                    "XLA_PYTHON_CLIENT_PREALLOCATE already holds")
+                    "the framework's device allocator (XLA, TensorFlow, Caffe, Paddle, MXNet, CuPy) could "
+                    "not allocate: the GPU/TPU was full -- a smaller batch or model shard; with JAX, memory "
+                    "another process or XLA_PYTHON_CLIENT_PREALLOCATE already holds")
     if pos < 0:
         pos = t.first(_OOM_RECOVERY)
         if pos < 0:
@@ -391,11 +404,27 @@ def _rule_xid(t: _Text) -> Optional[_Hit]:
                     f"GPU Xid {xid} at PCI {m.group('pci')}: {meaning}",
                     "a driver-level GPU fault: check the node's hardware (dmesg, nvidia-smi -q) before the "
                     "code")
+    pos = t.first(*_GPU_LOST_NEEDLES)
+    if pos >= 0:
+        lost: Facts = {"error": _shorten(t.line_at(pos), 160), "error_class": "gpu-lost"}
+        return _Hit("memory", "cuda-error", 0.75, pos, lost,
+                    "the GPU is lost: the driver can no longer reach it",
+                    "a GPU that fell off the bus or stopped answering the driver (Xid 79 in dmesg): a "
+                    "hardware, power or PCIe fault -- reset or reboot the node and check it before rerunning")
     return None
 
 
+_GPU_LOST_NEEDLES = ("unable to determine the device handle for gpu", "gpu has fallen off the bus",
+                     "gpu is lost.")
+"""The driver's and nvidia-smi's words for a GPU it can no longer reach, when no ``NVRM: Xid`` line is in the
+text: nvidia-smi's ``Unable to determine the device handle for GPU0000:03:00.0: Unknown Error`` (a training
+job hung on that node, dmesg full of PCIe AER errors; rwth-i6/returnn#1486) or ``...: GPU is lost.  Reboot
+the system to recover this GPU``, and the kernel log's ``GPU has fallen off the bus`` without its Xid
+prefix."""
+
+
 _CUDA_ERROR_RE = re.compile(r"(?:CUDA error|CUDA driver error|Cuda failure(?: \d{1,4})?(?= ')|HIP error"
-                            r"|cudaError[A-Z]\w{2,40}"
+                            r"|cudaError[A-Z]\w{2,40}|hipError[A-Z]\w{2,40}"
                             r"|Triton Error \[CUDA\]|CUDA_ERROR_[A-Z_]{2,40}"
                             r"|cuda runtime error \(\d{1,4}\) ?"
                             r"|THCudaCheck FAIL file=\S{1,300} line=\d{1,7} error=\d{1,4} ?"
@@ -405,7 +434,10 @@ _CUDA_ERROR_RE = re.compile(r"(?:CUDA error|CUDA driver error|Cuda failure(?: \d
 illegal ...``; NCCL's ``Cuda failure 'reason'`` with, since NCCL 2.19, the error's number before the quote
 (``include/alloc.h:125 NCCL WARN Cuda failure 700 'an illegal memory access was encountered'``,
 pytorch/pytorch#131755); the driver API's (``CUDA driver error: ...``, ``CUDA_ERROR_ILLEGAL_ADDRESS: ...``),
-Triton's ``Triton Error [CUDA]: ...``; and torch < 1.0's THC wordings ``cuda runtime error (39) :
+Triton's ``Triton Error [CUDA]: ...``; the HIP runtime's enum before its text, as ROCm prints a failure
+it aborts on (``"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"`` then
+``Aborted (core dumped)``, ROCm/legacy-rocm-build#1560); and torch < 1.0's THC wordings ``cuda runtime error
+(39) :
 uncorrectable ECC error encountered at ...`` / ``THCudaCheck FAIL file=... line=84 error=74 : misaligned
 address``; Caffe's CUDA_CHECK through glog, ``Check failed: error == cudaSuccess (74 vs. 0)  misaligned
 address``."""
@@ -429,6 +461,8 @@ _CUDA_CLASSES = (
     ("ecc error", "ecc"), ("unspecified launch failure", "launch-failure"),
     ("illegal instruction", "illegal-instruction"), ("misaligned address", "misaligned-address"),
     ("no kernel image", "no-kernel-image"), ("invalid device function", "no-kernel-image"),
+    ("code object for all current devices", "no-kernel-image"),
+    ("binary for current devices", "no-kernel-image"),
     ("launch timed out", "launch-timeout"),
     ("busy or unavailable", "device-unavailable"), ("invalid device ordinal", "invalid-device"),
     ("driver version is insufficient", "driver-too-old"), ("initialization error", "initialization"),
@@ -452,13 +486,14 @@ _CUDA_NOTES = {
     "device-side-assert": "a kernel's assertion failed, most often an index out of range (embedding ids, "
                           "class targets); rerun with CUDA_LAUNCH_BLOCKING=1",
     "ecc": "an uncorrectable memory error on the GPU: a hardware fault, drain the node",
-    "no-kernel-image": "the installed PyTorch has no kernels for this GPU architecture",
+    "no-kernel-image": "the installed framework has no kernels for this GPU architecture (on ROCm: its gfx "
+                       "target is not in the build; HSA_OVERRIDE_GFX_VERSION, or a build for it)",
     "driver-too-old": "the NVIDIA driver is older than the CUDA runtime PyTorch was built with",
 }
 _CUDA_NEEDLES = ("cuda error", "cuda failure ", "hip error", "_status_", "driver version is insufficient",
                  "nvidia driver on your system is too old", "cudaerror", "cuda runtime error",
                  "thcudacheck fail", "cuda driver error", "triton error [cuda]", "cuda_error_",
-                 "check failed: error == cudasuccess")
+                 "check failed: error == cudasuccess", "hiperror")
 
 
 def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
@@ -501,6 +536,12 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
                 pos = _next(t, pos)
                 continue
             kind_ = next((k for needle, k in _CUDA_CLASSES if needle in error.lower()), "other")
+            hip = m.group(0).startswith("hipError")
+            if hip:
+                error = error.rstrip('"!')
+                if kind_ == "other" and "NoBinaryForGpu" in m.group(0):
+                    # the enum names it; its text may be cut at an apostrophe (``Coudn't``)
+                    kind_, error = "no-kernel-image", m.group(0).split(":")[0]
             if kind_ not in _DEVICE_FAULTS and m.group(0).startswith("Cuda failure"):
                 # NCCL's own report of a CUDA call it made: a device fault only when it names one (as
                 # nccl.error reads its Last error); 'invalid argument', 'initialization error' & co. are
@@ -508,7 +549,7 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
                 pos = _next(t, pos)
                 continue
             facts = {"error": error, "error_class": kind_}
-            return _Hit("memory", "cuda-error", 0.9, pos, facts, f"CUDA error: {error}",
+            return _Hit("memory", "cuda-error", 0.9, pos, facts, f"{'HIP' if hip else 'CUDA'} error: {error}",
                         _CUDA_NOTES.get(kind_, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
         pos = _next(t, pos)
     return _ds_gemm_failed(t) or _cuda_op_error(t) or _cuda_check_at(t)
@@ -660,7 +701,7 @@ GATES = {
     "cuda.oom": ("out of memory",),
     "cuda.oom-plain": (*_OOM_PLAIN_NEEDLES, *_OOM_XLA_NEEDLES, _OOM_RECOVERY),
     "cuda.device-assert": ("assertion `", _BARE_ASSERT_NEEDLE),
-    "nvidia.xid": ("nvrm: xid",),
+    "nvidia.xid": ("nvrm: xid", *_GPU_LOST_NEEDLES),
     "rocm.gpu-fault": ("device-side assertion `", "memory access fault by gpu node-", "hsa_status_error_"),
     "cuda.error": (*_CUDA_NEEDLES, _DS_GEMM_NEEDLE, _OP_ERROR_NEEDLE, _CHECK_AT_NEEDLE),
     "cuda.error-cut": (_ASYNC_NOTE, *_C10_CUDA),
@@ -692,7 +733,9 @@ DOCS = {
                            "Assertion `...` failed`` line (the assertion may hold backticks, or have lost "
                            "them; ``failed`` may be wrapped to the next line) → "
                            "memory/cuda-error"),
-    'nvidia.xid': '``NVRM: Xid (PCI:...): N`` → memory/cuda-error',
+    'nvidia.xid': ("``NVRM: Xid (PCI:...): N``; a GPU the driver lost without that line: nvidia-smi's "
+                   "``Unable to determine the device handle for GPU...: Unknown Error`` / ``GPU is lost``, "
+                   "``GPU has fallen off the bus`` → memory/cuda-error"),
     'rocm.gpu-fault': ("a kernel fault as ROCm prints it: HIP's ``file:N: <kernel>: Device-side assertion "
                        "`...' failed.``, the HSA runtime's ``Memory access fault by GPU node-N (Agent "
                        "handle: ...) on address ... Reason: ...``, a queue ``aborting with error : "

@@ -40,6 +40,17 @@ _OUTPUT_NAN_RE = re.compile(r"\b(?P<key>(?:network |model )?(?:outputs?|logits|p
                             re.IGNORECASE)
 """A training loop's own NaN guard on the forward pass: ``Network outputs is NAN! Stop Training``,
 ``logits contain nan``."""
+_DIST_INVALID = "but found invalid values"
+_DIST_INVALID_RE = re.compile(
+    r"Expected parameter (?P<param>\w{1,40}) (?:\((?:Tensor|Parameter) of shape \([\d, ]{0,80}\)\) )?of "
+    r"distribution (?P<dist>\w{1,40})[^\n]{0,400}?but found invalid values:\s{0,8}tensor\(\[*\s{0,8}"
+    r"(?P<value>nan|-?inf)\b")
+"""torch.distributions' argument check failing on a model's output that went non-finite: ``ValueError:
+Expected parameter logits (Tensor of shape (280, 13)) of distribution Categorical(logits: torch.Size([280,
+13])) to satisfy the constraint IndependentConstraint(Real(), 1), but found invalid values: tensor([[nan,
+nan, ...`` (an RL policy's or a VAE's head; IDSIA/hhmarl_2D#15). Read only when the values shown start with
+NaN/Inf: a NaN forward output is the training having diverged (a negative scale or a probability above 1 is
+a modelling bug, not this)."""
 _ROW_TOKEN = r"\[?[-+]?(?:\d+(?:\.\d+)?(?:e[-+]?\d+)?|\.\d+)[A-Za-z%]{0,2}\]?,?"
 _ROW_RE = re.compile(r"\s{0,16}(?P<step>\d{1,9})(?:/\d{1,9})?(?:\s{1,16}" + _ROW_TOKEN + r"){0,12}\s{1,16}\[?"
                      r"(?P<value>nan|inf)\]?(?:[\s,]|$)", re.IGNORECASE)
@@ -100,6 +111,11 @@ def _rule_loss_non_finite(t: _Text) -> Optional[_Hit]:
             found = _search(_OUTPUT_NAN_RE, t, pos, before=60, after=12)
             if found is not None and found[0] + found[1].start("value") == pos:
                 return _loss_hit(t, pos, {"metric": found[1].group("key"), "value": needle})
+    pos = t.first(_DIST_INVALID)
+    if pos >= 0 and (found := _search(_DIST_INVALID_RE, t, pos, before=600, after=60)) is not None:
+        m = found[1]
+        said = f"{m.group('dist')} {m.group('param')} (the model's output)"
+        return _loss_hit(t, found[0] + m.start("value"), {"metric": said, "value": m.group("value")})
     pos = t.first("loss became", "loss is", "loss was", "loss has become", " loss")
     if pos >= 0:
         found = _search(_LOSS_BECAME_RE, t, pos, before=20, after=80) or \
@@ -159,6 +175,34 @@ _GRAD_NORM_RE = re.compile(
 _LOCAL_NAN_RE = re.compile(r"(?:Rank (?P<rank>\d+): )?found (?P<value>NaN|Inf) in local grad norm",
                            re.IGNORECASE)
 """Megatron's ``Rank N: found NaN in local grad norm in backward pass before data-parallel ...``."""
+
+
+_CHECK_NUMERICS = "tensor had "
+_CHECK_NUMERICS_RE = re.compile(r"(?P<what>[^\n]{0,300}?)\s{0,2}: Tensor had (?P<value>NaN|Inf) values")
+"""TensorFlow's CheckNumerics op (``tf.debugging.check_numerics``, the estimators' gradient check): ``<its
+message> : Tensor had NaN values``; the message names the tensor -- ``Gradient for fpn_cells/.../bias:0 is
+NaN`` (google/automl#344), ``CheckGradient/geom_net/.../gamma``, ``LossTensor is inf or nan.``."""
+_GRADIENT_FOR_RE = re.compile(r"Gradient for (?P<var>\S{1,200}) is (?:NaN|Inf)")
+
+
+def _rule_check_numerics(t: _Text) -> Optional[_Hit]:
+    """TensorFlow's ``... : Tensor had NaN|Inf values``: the loss's check (its message names a loss) →
+    loss/non_finite, any other tensor's (a gradient, an activation: where the NaN was first caught) →
+    gradient/nan-source."""
+    pos = t.first(_CHECK_NUMERICS)
+    if pos < 0 or (found := _search(_CHECK_NUMERICS_RE, t, pos, before=300, after=30)) is None:
+        return None
+    m = found[1]
+    what = m.group("what").strip().lstrip("> ").strip()
+    if ": " in what and "Gradient for" not in what.split(": ")[-1]:
+        what = what.split(": ")[-1]  # the exception's type or a task prefix before the op's message
+    var = _GRADIENT_FOR_RE.search(what)
+    value = m.group("value").lower()
+    if "loss" in what.lower() and var is None:
+        return _loss_hit(t, found[0] + m.start("value"), {"metric": what or "loss", "value": value})
+    facts: Facts = {"metric": var.group("var") if var else (what or "a checked tensor"), "value": value,
+                    "check": "CheckNumerics"}
+    return _grad_hit(t, found[0] + m.start("value"), facts)
 
 
 def _rule_grad_norm_non_finite(t: _Text) -> Optional[_Hit]:
@@ -298,8 +342,9 @@ def _skipped_step(t: _Text) -> Optional[_Hit]:
 GATES = {
     "numeric.loss-scale-minimum": _MIN_SCALE_NEEDLES,
     "numeric.grad-norm-non-finite": ("in local grad norm", "nan", "inf"),
+    "numeric.check-numerics": (_CHECK_NUMERICS,),
     "numeric.loss-non-finite": ("nan", "inf", "loss became", "loss is", "loss was", "loss has become",
-                                " loss", "in local forward loss"),
+                                " loss", "in local forward loss", _DIST_INVALID),
     "numeric.loss-scale": ("overflow", "loss_scale", "loss scale", "skipping step. attempted loss scale",
                            "dynamic loss scale from"),
 }
@@ -312,7 +357,14 @@ DOCS = {
         "a loss printed as NaN/Inf (``loss: nan``, ``'loss': nan``, ``loss=nan``, ``Loss is nan``, "
         "``tensor(nan``, detectron2's ``Loss became infinite or NaN at iteration=N``), or a NaN/Inf in a "
         "progress-table row (a step or epoch counter and numbers: YOLO's ``41/299  65.1G  nan ...``, "
-        "``76980 nan``), Megatron's row count ``number of nan iterations: N`` above 0 → loss/non_finite"
+        "``76980 nan``), Megatron's row count ``number of nan iterations: N`` above 0, torch.distributions' "
+        "``Expected parameter logits (...) of distribution Categorical(...) ... but found invalid values: "
+        "tensor([[nan, ...`` (a model output gone NaN) → loss/non_finite"
+    ),
+    "numeric.check-numerics": (
+        "TensorFlow's CheckNumerics ``<message> : Tensor had NaN|Inf values``: a message naming a loss "
+        "(``LossTensor is inf or nan.``) → loss/non_finite; any other tensor (``Gradient for <variable> is "
+        "NaN``, ``CheckGradient/...``) → gradient/nan-source, the tensor named"
     ),
     "numeric.grad-norm-non-finite": (
         "a gradient norm printed as NaN/Inf (``grad_norm: nan``, ``gnorm inf``, Megatron's ``Rank N: found "

@@ -115,6 +115,26 @@ _DEATH_SIGNAL_RE = re.compile(r"Received (?:(?P<sig>\d+)|Signals\.(?P<name>SIG[A
 """The elastic agent's ``Received 15 death signal, shutting down workers``; torch >= 2.2 names the signal
 (``Received Signals.SIGINT death signal, shutting down workers``: a Ctrl-C, the agent forwarding it);
 ``SignalException: Process N got signal: 15``."""
+_STOP_SIGNALS = frozenset({1, 2, 3, 15})
+"""The signals the elastic agent catches to shut its workers down (SIGHUP, SIGINT, SIGQUIT, SIGTERM): a
+death signal the agent *received* is a request from outside to stop -- the job was terminated, whatever the
+signal's number (``Received 1 death signal`` after the terminal that ran it closed, OpenMOSS/MOSS#237)."""
+_GLUED_KILLED_RE = re.compile(r"(?<=[\d\]%|)])(?P<what>Killed)[ \t]*$", re.MULTILINE)
+"""A shell's ``Killed`` glued to the progress line it interrupted: the bar's last redraw left the cursor
+mid-line (``165376/296960 [=====>....] - ETA: 365s - loss: 2.1371Killed``, keras-team/keras#3476;
+``...| 20/1094 [00:41<11:04,  1.62it/s]Killed``): the word at the very end of the line, right after a digit or
+a bar's bracket."""
+_BASH_JOB_RE = re.compile(r": line \d{1,6}: +\d{1,10} (?P<what>Segmentation fault|Killed|Illegal instruction"
+                          r"|Floating point exception|Bus error)\b")
+"""bash's job report (``<script>: line 6:  3305 Killed  $JACROOT/bin/jac-run "$@"``) anywhere in a line:
+glued after a progress bar (vacancy/NSCL-PyTorch-Release#23), where the whole-line form cannot start at the
+script's name."""
+_SUBMITIT_RE = re.compile(r"Caught signal (?P<name>SIG[A-Z0-9]{2,8}) on \S{1,200}: this job is "
+                          r"(?P<why>preempted|timed-out)")
+"""submitit's handler for the signal Slurm sends before it ends a job (``submitit WARNING (...) - Caught
+signal SIGHUP on learnfair0293: this job is preempted.``, then ``Requeued job ...`` / ``Exiting
+gracefully after preemption/timeout.``; facebookincubator/submitit#1701): the scheduler took the job back
+(preemption) or its time ran out."""
 _SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?:\*\*|__)?"
                              r"(?P<what>Segmentation fault|Killed|Illegal instruction"
                              r"|Floating point exception|Bus error)"
@@ -404,7 +424,15 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
                                or _SIGNAL_NUMBERS.get(found[1].group("name"), 0)))):
         m = found[1]
         facts = {"signal": signal, "signal_name": SIGNAL_NAMES.get(signal, f"signal {signal}")}
-        return _signal_hit(found[0] + m.start(), facts, "the launcher")
+        hit = _signal_hit(found[0] + m.start(), facts, "the launcher")
+        if signal in _STOP_SIGNALS:
+            return replace(hit, category="process", subtype="terminated",
+                           headline=f"the launcher was asked to stop ({facts['signal_name']}) and shut its "
+                                    "workers down",
+                           note="a signal from outside the job (a closed terminal or ssh session: SIGHUP; "
+                                "the scheduler or an operator: SIGTERM; Ctrl-C: SIGINT) stopped the "
+                                "launcher; nohup/tmux/screen keep a run alive after the session ends")
+        return hit
     pos = t.first(*_RAY_OOM_NEEDLES)
     if pos >= 0 and (found := _search(_RAY_OOM_RE, t, pos, before=80, after=80)) is not None:
         ray: Facts = {"signal": 9, "signal_name": "SIGKILL", "killer": "ray-memory-monitor"}
@@ -463,6 +491,25 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
     for pos in t.find_all("(core dumped)"):
         if (found := _search(_CORE_DUMPED_RE, t, pos, before=30, after=14)) is not None:
             return _shell_death_hit(*found)
+    for pos in t.find_all(": line "):
+        if (found := _search(_BASH_JOB_RE, t, pos, before=0, after=60)) is not None:
+            return _shell_death_hit(*found)
+    for pos in t.find_all("killed"):
+        if t.text.startswith("Killed", pos) and \
+                (found := _search(_GLUED_KILLED_RE, t, pos, before=1, after=40)) is not None:
+            return _shell_death_hit(*found)
+    pos = t.first("this job is ")
+    if pos >= 0 and (found := _search(_SUBMITIT_RE, t, pos, before=250, after=40)) is not None:
+        m = found[1]
+        signal = _SIGNAL_NUMBERS.get(m.group("name"), 0)
+        why = m.group("why")
+        sub: Facts = {"signal": signal, "signal_name": m.group("name"), "reporter": "submitit",
+                      "reason": "preemption" if why == "preempted" else "time limit"}
+        return _Hit("process", "terminated", 0.7, found[0] + m.start(), sub,
+                    f"Slurm {'preempted' if why == 'preempted' else 'timed out'} the job (submitit caught "
+                    f"{m.group('name')})",
+                    "the scheduler ended the job from outside (preemption, or its time limit): not a crash "
+                    "-- submitit requeues it when the job is checkpointable")
     return None
 
 
@@ -718,7 +765,7 @@ GATES = {
                         "exceeded job memory limit", "exceeded step memory limit",
                         "illegal instruction", "floating point exception", "(interrupted by signal ",
                         "(core dumped)",
-                        "bus error", _SLURM_CANCELLED),
+                        "bus error", _SLURM_CANCELLED, ": line ", "this job is "),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -784,7 +831,13 @@ DOCS = {
         "`python': ... ***``, ``free(): invalid pointer``, ``munmap_chunk(): invalid pointer``, ``corrupted "
         "size vs. prev_size``, ``malloc(): corrupted top size``, ...) → process/exit (SIGABRT: a native "
         "crash, "
-        "not the OOM or CUDA error the exit path reads an unexplained abort as)"
+        "not the OOM or CUDA error the exit path reads an unexplained abort as); a shell's ``Killed`` glued "
+        "to the end of the progress line it interrupted (``- loss: 2.1371Killed``) and bash's job report "
+        "``<script>: line N: PID Killed ...`` anywhere in a line → by the exit decision path (SIGKILL: "
+        "process/killed); the elastic agent's death signal (``Received N death signal``, ``got signal: N``) "
+        "for SIGHUP, SIGINT, SIGQUIT or SIGTERM → process/terminated (the launcher asked to stop from "
+        "outside); submitit's ``Caught signal SIGx on <host>: this job is preempted|timed-out`` → "
+        "process/terminated"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

@@ -42,7 +42,8 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
   (:func:`logged_exception`), and a tool's report of one of PyTorch's exception messages without its
   type (``Error running job: element 0 of tensors does not require grad ...``: :func:`reported_exception`,
   read as the ``RuntimeError: ...`` PyTorch raised), and a sentence quoting one after saying it is an error
-  (``it report a error:"RuntimeError: ..."``: :func:`quoted_exception`).
+  (``it report a error:"RuntimeError: ..."``: :func:`quoted_exception`), or pasting one with its qualified
+  type at a sentence's end (``... this isssue.      tensorflow.python.framework.errors_impl.X: ...``).
 * **NCCL error messages** outside a traceback (a line ending in ``NCCL version X.Y.Z``, then
   NCCL's unprefixed ``ncclXError: ...``, ``Last error:`` and the last error's line) are one log item
   (its ``[rankN]:`` prefix, if the first line has one, applies to all), so the reason is read with the
@@ -335,12 +336,22 @@ _QUOTED_EXCEPTION_RE = re.compile(
 central directory"``, open-mmlab/mmdetection#4835): the quoted line, to the end of the line."""
 
 
+_INLINE_EXCEPTION_RE = re.compile(
+    r"(?:[.!?:;)]\s{1,8}|\s{2,})"
+    r"(?P<body>(?:[a-z_][a-z0-9_]*\.){1,8}[A-Z]\w*(?:Error|Exception): [^\n]{1,2000})$")
+"""A qualified exception line pasted at the end of a sentence, with no quote around it (``I am also getting
+this isssue.      tensorflow.python.framework.errors_impl.ResourceExhaustedError: ...; No space left on
+device``, keras-team/keras-tuner#390): the type's module path (Python prints one for every exception not a
+builtin) after a sentence's end or a run of spaces marks the rest of the line as the exception line."""
+
+
 def quoted_exception(line: str) -> Optional[str]:
-    """The exception line a prose line quotes after an error lead (:data:`_QUOTED_EXCEPTION_RE`), or None. A
-    line that states a level below ERROR reports an error the code handled: None."""
+    """The exception line a prose line quotes after an error lead (:data:`_QUOTED_EXCEPTION_RE`), or pastes
+    after a sentence with its qualified type (:data:`_INLINE_EXCEPTION_RE`), or None. A line that states a
+    level below ERROR reports an error the code handled: None."""
     if "rror: " not in line and "xception: " not in line:
         return None
-    if (m := _QUOTED_EXCEPTION_RE.search(line)) is None:
+    if (m := _QUOTED_EXCEPTION_RE.search(line)) is None and (m := _INLINE_EXCEPTION_RE.search(line)) is None:
         return None
     if line_level(line) in ("DEBUG", "INFO", "WARNING"):
         return None
