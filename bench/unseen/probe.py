@@ -81,8 +81,10 @@ def loss_trace(events: Sequence[Dict[str, Any]]) -> List[float]:
     return [by_step[k] for k in sorted(by_step)]
 
 
-def trace_facts(losses: Sequence[float]) -> Dict[str, Optional[bool]]:
-    """``manifested`` (a loss after the first >= 2x the initial level, or a non-finite one) and ``learned``
+def trace_facts(losses: Sequence[float], jump: bool = False) -> Dict[str, Optional[bool]]:
+    """``manifested`` (a loss after the first >= 2x the initial level, or a non-finite one; with ``jump``
+    (the sets of ``sets.JUMP_RULE``) also a value >= ``sets.JUMP_FACTOR`` x the median of the
+    ``sets.JUMP_POINTS`` values before it) and ``learned``
     (the last 20 values' median <= 0.85x the initial level, the last one finite); the initial level: the
     first 5 values' median, or the first value when that is lower (stop 36: a blow-up inside the first 5
     values must not become the level the run is measured from; nor does a first value far above a loss
@@ -94,6 +96,12 @@ def trace_facts(losses: Sequence[float]) -> Dict[str, Optional[bool]]:
         start = losses[0]
     finite = [v for v in losses[1:] if math.isfinite(v)]
     manifested = len(finite) < len(losses) - 1 or max(finite) >= 2 * start
+    if jump and not manifested:
+        k = sets.JUMP_POINTS
+        manifested = any(
+            losses[i] >= sets.JUMP_FACTOR * statistics.median(losses[i - k : i])
+            for i in range(k, len(losses))
+        )
     learned = math.isfinite(losses[-1]) and statistics.median(losses[-20:]) <= 0.85 * start
     return {"manifested": manifested, "learned": learned}
 
@@ -120,7 +128,7 @@ def verdict(name: str, out: Path, set_name: str = "") -> Dict[str, object]:
     expected = sets.shapes(set_name)[name][0]
     events = read_events(out / f"{name}.jsonl")
     traced = sets.trace_rules(set_name)
-    facts = trace_facts(loss_trace(events)) if traced else {}
+    facts = trace_facts(loss_trace(events), set_name in sets.JUMP_RULE) if traced else {}
     incidents, visible, _ = judge(events, DetectionSettings())
     mine = [i for i in incidents if not i.explained_by]
     alert = SEVERITY_ORDER["warning"]

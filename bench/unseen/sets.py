@@ -40,7 +40,17 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout42": ("bench.unseen.heldout8", True),  # stop 42's held-out set: judged once per engine, SPENT
     "tuning43": ("bench.unseen.tuning7", True),  # stop 43's tuning set
     "heldout43": ("bench.unseen.heldout9", True),  # stop 43's held-out set: judged once per engine, SPENT
+    "tuning44": ("bench.unseen.tuning8", True),  # stop 44's tuning set
+    "heldout44": ("bench.unseen.heldout10", True),  # stop 44's held-out set: judged once per engine
 }
+
+JUMP_RULE = frozenset({"tuning44", "heldout44"})
+"""Sets (stop 44, decided before either ran) whose failing shapes also count as manifested on a one-step
+jump: a loss value >= ``JUMP_FACTOR`` x the median of the ``JUMP_POINTS`` values before it. One bad batch on
+a run that learned far below its start lands under 2x the initial level (probe.py's rule) and was never
+scored."""
+JUMP_FACTOR = 10.0
+JUMP_POINTS = 20
 
 
 def shapes(set_name: str) -> Expectations:
