@@ -665,6 +665,128 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
         return list(pool.map(one, [stall_body] * 10 + [stall_head] * 10))
 
 
+@attack("grpc/bad-token-flood")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """H41 (stop 44): 300 concurrent gRPC ``Send`` callers with B's token id and a wrong secret, each sending
+    again as soon as it is refused, for 6 s; A sends a ``Send`` every 0.2 s meanwhile. Fails when one of A's
+    is not accepted, or a bad call is answered anything but UNAUTHENTICATED (or REFUSED_STREAM)."""
+    import asyncio
+
+    import grpc
+
+    from trainguard import wire
+    bad = t.token("B", "ingest")[:-6] + "xxxxxx"
+    data = wire.ingest_request_from_dicts([event("b-bad", 1)]).SerializeToString()
+    stop = threading.Event()
+    codes: Dict[str, int] = {}
+
+    async def flood() -> None:
+        async with grpc.aio.insecure_channel(f"{t.host}:{t.grpc_port}") as channel:
+            stub = channel.unary_unary("/trainguard.v1.IngestService/Send")
+
+            async def one() -> None:
+                while not stop.is_set():
+                    try:
+                        await stub(data, metadata=(("authorization", f"Bearer {bad}"),), timeout=20)
+                        code = "OK"
+                    except grpc.aio.AioRpcError as exc:
+                        code = exc.code().name
+                        if code != "UNAUTHENTICATED":
+                            code += f" ({exc.details()})"[:160]
+                    codes[code] = codes.get(code, 0) + 1
+            await asyncio.gather(*(one() for _ in range(300)))
+
+    runner = threading.Thread(target=lambda: asyncio.run(flood()), daemon=True)
+    runner.start()
+    out: List[Answer] = []
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < 6.0:
+            out.append(_grpc_send(t, "A", wire, grpc))
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        runner.join(30)
+    # UNAVAILABLE "RST_STREAM ... error code 7": REFUSED_STREAM, past the connection's max_concurrent_streams
+    # before the client read the server's SETTINGS (retryable; nothing of it was read)
+    wrong = sum(n for code, n in codes.items() if code != "UNAUTHENTICATED" and "error code 7" not in code)
+    out.append((200 if not wrong else 500, f"bad-token calls: {codes}".encode()))
+    return out
+
+
+@attack("grpc/h2-frames")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """HTTP/2 abuse of the gRPC port below gRPC (stop 44), 4 connections each for 3 s, without a token unless
+    said: a rapid reset (HEADERS of a ``Send`` with B's token, then RST_STREAM, 100 streams per write), a PING
+    flood, a SETTINGS flood (50 entries a frame), a header block continued for ever (CONTINUATION frames of
+    16 KB), calls with 800 KB of metadata. gRPC's core answers all of them (nothing reaches a servicer but the
+    rapid reset's calls, each cancelled); A's ``Send`` after each must be accepted. The server's memory grows
+    under the metadata and SETTINGS floods (glibc keeps it; security.md known items): printed, not judged."""
+    import grpc
+
+    from tests.services.gateway import grpc_raw as h2
+    from trainguard import wire
+    continuation = 0x9
+
+    def block(token: str, extra: List[Tuple[str, str]]) -> bytes:
+        return h2._hpack([(":method", "POST"), (":scheme", "http"),
+                          (":path", "/trainguard.v1.IngestService/Send"), (":authority", "x"),
+                          ("content-type", "application/grpc"), ("te", "trailers"),
+                          ("authorization", f"Bearer {token}"), *extra])
+
+    def frames(kind: str, sid: int) -> bytes:
+        if kind == "rapid-reset":
+            head = block(t.token("B", "ingest"), [])
+            cancel = b"\x00\x00\x00\x08"
+            return b"".join(h2._frame(h2.HEADERS, h2.END_HEADERS, sid + 2 * k, head)
+                            + h2._frame(h2.RST_STREAM, 0, sid + 2 * k, cancel) for k in range(100))
+        if kind == "ping":
+            return h2._frame(h2.PING, 0, 0, b"12345678") * 500
+        if kind == "settings":
+            return h2._frame(h2.SETTINGS, 0, 0, b"\x00\x04\x00\x00\xff\xff" * 50) * 200
+        if kind == "continuation":
+            first = h2._frame(h2.HEADERS, 0, 1, block("nope", [])) if sid == 1 else b""
+            return first + h2._frame(continuation, 0, 1, h2._hpack([("x-pad", "a" * 16_000)])) * 16
+        whole = block("nope", [(f"x-m{k}", "v" * 8000) for k in range(100)])
+        parts = [whole[i:i + 16_000] for i in range(0, len(whole), 16_000)]
+        last = len(parts) - 2
+        rest = (h2._frame(continuation, h2.END_HEADERS if k == last else 0, sid, p)
+                for k, p in enumerate(parts[1:]))
+        return h2._frame(h2.HEADERS, 0, sid, parts[0]) + b"".join(rest)
+
+    def abuse(kind: str) -> int:
+        sent = 0
+        with socket.create_connection((t.host, t.grpc_port), timeout=10) as conn:
+            conn.sendall(h2.PREFACE + h2._frame(h2.SETTINGS, 0, 0, b""))
+            reader = threading.Thread(target=lambda: _drain(conn), daemon=True)
+            reader.start()
+            sid, end = 1, time.monotonic() + 3.0
+            try:
+                while time.monotonic() < end:
+                    conn.sendall(frames(kind, sid))
+                    sid += 200 if kind == "rapid-reset" else 2
+                    sent += 1
+            except OSError:
+                pass  # the server closed it (GOAWAY): what it should do
+        return sent
+
+    out: List[Answer] = []
+    for kind in ("rapid-reset", "ping", "settings", "continuation", "metadata"):
+        with ThreadPoolExecutor(4) as pool:
+            sent = sum(pool.map(abuse, [kind] * 4))
+        status, data = _grpc_send(t, "A", wire, grpc)
+        out.append((status, f"{kind}: {sent} writes, then A's Send: {bytes(data)[:120]!r}".encode()))
+    return out
+
+
+def _drain(conn: socket.socket) -> None:
+    try:
+        while conn.recv(1 << 20):
+            pass
+    except OSError:
+        pass
+
+
 def _grpc_send(t: Target, project: str, wire: Any, grpc: Any) -> Answer:
     request = wire.ingest_request_from_dicts([event(f"{project.lower()}-grpc", 1)])
     with grpc.insecure_channel(f"{t.host}:{t.grpc_port}") as channel:
