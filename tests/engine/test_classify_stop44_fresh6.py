@@ -179,3 +179,75 @@ def test_a_negated_timeout_near_a_master_addr_is_not_a_rendezvous_failure() -> N
             "job INFO - Job has not timed out. Ran 3 minutes out of requested 60 minutes.")
     assert _kind(text) != "comm/init-failure"
     assert _kind("MASTER_ADDR=node1 MASTER_PORT=29500\nthe rendezvous timed out after 900 s") == "comm/init-failure"
+
+
+# ------------------------------------------------------------------------------------------------------
+# Second change of stop 44: an older tuned-side miss (NCCL's INFO trace without a WARN line) and wordings seen
+# while collecting the batch, in threads not in the corpus (JAX's coordination service, Paddle's BadAlloc,
+# MindSpore's memory pool)
+
+
+def test_an_nccl_info_error_trace_through_the_bootstrap_is_an_init_failure() -> None:
+    text = ("node7:4242:4300 [1] NCCL INFO misc/socket.cc:538 -> 2\n"
+            "node7:4242:4300 [1] NCCL INFO bootstrap.cc:281 -> 2\n"
+            "node7:4242:4300 [1] NCCL INFO init.cc:1400 -> 2\n"
+            "node7:4242:4242 [1] NCCL INFO group.cc:109 -> 2")
+    found = classify_text(text)
+    assert found is not None and (found.category, found.subtype, found.rule) == ("comm", "init-failure",
+                                                                                 "nccl.debug")
+    assert found.facts["nccl_result"] == 2
+
+
+def test_an_nccl_info_trace_through_init_alone_is_not_read_as_the_bootstrap() -> None:
+    # the transport's set-up inside a first collective fails through init.cc too
+    text = ("node7:4242:4300 [0] NCCL INFO transport/p2p.cc:275 -> 3\n"
+            "node7:4242:4300 [0] NCCL INFO init.cc:1014 -> 3")
+    assert _kind(text) != "comm/init-failure"
+
+
+@pytest.mark.parametrize("text", [
+    "jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: PjRT_Client_Connect. "
+    "Timed out task names:\n/job:jax_worker/replica:0/task:2",
+    "Stopping coordination service as cluster registration failed.\nOriginal error: DEADLINE_EXCEEDED: Barrier "
+    "timed out. Id: [Init]Wait_for_all_tasks_to_register::0. This usually happens because a task triggered the "
+    "barrier too early or too slowly.",
+    "Additional GRPC error information from remote target unknown_target_for_coordination_leader while calling "
+    "/tensorflow.CoordinationService/RegisterTask:\nE0101 client.cc:96] Coordination service agent in error "
+    "status: DEADLINE_EXCEEDED: Deadline Exceeded",
+])
+def test_jax_coordination_start_up_timeout_is_an_init_failure(text: str) -> None:
+    found = classify_text(text)
+    assert found is not None and (found.category, found.subtype, found.rule) == ("comm", "init-failure",
+                                                                                 "xla.coordination")
+
+
+def test_a_programs_own_jax_barrier_is_not_read_as_start_up() -> None:
+    text = ("jaxlib.xla_extension.XlaRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Barrier_id: "
+            "checkpoint_sync_7. Timed out task names:\n/job:jax_worker/replica:0/task:1")
+    assert _kind(text) != "comm/init-failure"
+
+
+@pytest.mark.parametrize("text, task", [
+    ("E0101 coordination_service.cc:1170] /job:jax_worker/replica:0/task:5 has been set to ERROR in coordination "
+     "service: UNAVAILABLE: Task /job:jax_worker/replica:0/task:5 heartbeat timeout. This indicates that the "
+     "remote task has failed, got preempted, or crashed unexpectedly.", 5),
+    ("F0101 client.h:77] Terminating process because the JAX distributed service detected fatal errors. This most "
+     "likely indicates that another task died; see the other task logs for more details.", None),
+])
+def test_jax_coordination_lost_task_is_a_lost_rank(text: str, task: object) -> None:
+    found = classify_text(text)
+    assert found is not None and (found.category, found.subtype, found.rule) == ("comm", "rank-lost",
+                                                                                 "xla.coordination")
+    assert found.facts.get("lost_task") == task
+
+
+@pytest.mark.parametrize("text", [
+    "terminate called after throwing an instance of 'paddle::memory::allocation::BadAlloc'\n  what():  ",
+    "[WARNING] PRE_ACT(4242,7f00,python):2024-01-01-10:00:00.000.000 [mindspore/ccsrc/backend/common/mem_reuse/"
+    "mem_dynamic_allocator.cc:303] CalMemBlockAllocSize] Memory not enough: current free memory size[0] is "
+    "smaller than required size[8388608].",
+    "[ERROR] DEVICE(4242,7f00,python):2024-01-01-10:00:00.000.100 [mindspore/ccsrc/runtime/pynative/"
+    "run_op_helper.cc:383] MallocForKernelOutput] Allocate output memory failed, node:Default/MatMul-op12",
+])
+def test_paddle_and_mindspore_allocators_out_of_memory(text: str) -> None:
+    assert _kind(text) == "memory/oom"

@@ -156,6 +156,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("gloo.timeout", _rule_gloo_timeout),
     ("gloo.peer-lost", _rule_gloo_peer_lost),
     ("rpc.tensorpipe-agent", rpc._rule_tensorpipe_agent),
+    ("xla.coordination", rpc._rule_coordination),
     ("c10d.rendezvous", _rule_rendezvous),
     ("gloo.connect", _rule_gloo_connect),
     ("nccl.ib-error", _rule_ib_error),

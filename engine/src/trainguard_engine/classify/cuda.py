@@ -175,7 +175,8 @@ _OOM_XLA_NEEDLES = ("resource_exhausted: out of memory", "resource exhausted: ou
                     "resource exhausted: oom when allocating", "== cudasuccess (2 vs. 0)",
                     "out of memory error on gpu", "cudamalloc failed: out of memory",
                     "cudamalloc retry failed: out of memory", "out of memory to allocate",
-                    "out of memory allocating")
+                    "out of memory allocating", "memory::allocation::badalloc",
+                    "memory not enough: current free memory size", "allocate output memory failed")
 """The same failure as other frameworks' allocators word it: XLA's (JAX's
 ``jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456
 bytes.``, jax-ml/jax#13428; older XLA ``Resource exhausted: Out of memory while trying to allocate ...``),
@@ -187,8 +188,11 @@ allocator (``ResourceExhaustedError: Out of memory error on GPU 0. Cannot alloca
 failed: out of memory``, apache/mxnet#5340; ``cudaMalloc retry failed: out of memory``) and CuPy's memory pool
 under Chainer (``Exception in main training loop: out of memory to allocate 163840000 bytes (total 1673061376
 bytes)``, motokimura/spacenet_building_detection#3; newer CuPy: ``Out of memory allocating 25,600,000 bytes
-(allocated so far: ...)``). TensorFlow's BFC
-allocator's ``ran out of memory trying to allocate`` is not one of them: it is also the warning of an
+(allocated so far: ...)``); Paddle's C++ allocator exception (``terminate called after throwing an instance of
+'paddle::memory::allocation::BadAlloc'``, PaddlePaddle/Paddle#42341) and MindSpore's device memory pool
+(``Memory not enough: current free memory size[0] is smaller than required size[29491200].``, then
+``MallocForKernelOutput] Allocate output memory failed, node:...``; mindspore-lab/mindone#465). TensorFlow's
+BFC allocator's ``ran out of memory trying to allocate`` is not one of them: it is also the warning of an
 allocation the caller retries ("The caller indicates that this is not a failure"). Nor is XLA's wording inside
 a record its autotuner recovers from -- a glog ``W`` / ``I`` record (``W external/xla/xla/service/gpu/
 conv_algorithm_picker.cc:852] Failed to determine best cudnn convolution algorithm ... Original error:

@@ -489,7 +489,8 @@ _NCCL_WARN_PATTERNS: Tuple[Tuple[str, str, str, float, str], ...] = (
      "creating InfiniBand resources failed (locked-memory limit: ulimit -l, or the HCA's resources)"),
 )
 """NCCL_DEBUG lines (``host:pid:tid [dev] file:line NCCL WARN ...``) that say what failed, most causal
-first (a mismatch before the peers' resets it causes)."""
+first (a mismatch before the peers' resets it causes). Without a WARN line, an error traced through
+``bootstrap.cc`` (:data:`_INIT_TRACE_RE`) is the set-up's."""
 _LOCAL_RANK_RE = re.compile(r"Connection closed by localRank (?P<rank>\d+)")
 _OLD_WARN_RE = re.compile(r"\[\d{1,3}\] [\w./-]{1,200}\.(?:h|hpp|cc|cu|cpp):\d{1,6} WARN ")
 """NCCL < 2.3's debug line, without the word NCCL: ``host:pid:tid [0] include/socket.h:360 WARN Call to
@@ -536,7 +537,31 @@ def _rule_nccl_debug(t: _Text) -> Optional[_Hit]:
             return _Hit("comm", "failure", 0.6, pos, facts,
                         f"NCCL: a CUDA call failed ('{_shorten(reason, 80)}'){_on_rank(rank)}",
                         _WARN_CUDA_NOTE)
+    for pos in t.find_all(_INIT_TRACE_NEEDLE):
+        if (found := _search(_INIT_TRACE_RE, t, pos, before=20, after=40)) is not None:
+            code = int(found[1].group("code"))
+            trace: Facts = {"nccl_line": _shorten(t.line_at(pos), 200), "nccl_result": code,
+                            "meaning": _NCCL_RESULTS.get(code, "an NCCL error")}
+            rank = _rank_of(t, pos, trace)
+            return _Hit("comm", "init-failure", 0.6, found[0] + found[1].start(), trace,
+                        f"NCCL: the ranks' bootstrap failed ({trace['meaning']}, returned through "
+                        f"bootstrap.cc){_on_rank(rank)}",
+                        "NCCL_DEBUG=INFO traced an error up through its bootstrap (the ranks exchanging "
+                        "their addresses to build the communicator) with no WARN line: addresses, "
+                        "NCCL_SOCKET_IFNAME, a firewall between the nodes")
     return None
+
+
+_INIT_TRACE_NEEDLE = "nccl info bootstrap.cc:"
+_INIT_TRACE_RE = re.compile(r"NCCL INFO bootstrap\.cc:\d{1,6} -> (?P<code>[1-7])\b")
+"""NCCL_DEBUG=INFO's trace of an error as it returns through each function (``file.cc:line -> code``): one
+through ``bootstrap.cc`` -- the ranks exchanging addresses to build a communicator -- with a non-zero
+ncclResult_t and no WARN line (``misc/socket.cc:564 -> 2``, ``bootstrap.cc:270 -> 2``, ``init.cc:1303 ->
+2``: the bootstrap's connect failed, NVIDIA/nccl#1099) is a communicator that never came up. A trace through
+``init.cc`` alone is not read: the transport's set-up inside a first collective fails through it too
+(``transport/p2p.cc``, ``init.cc -> 3`` before the collective's own ``ncclInternalError``)."""
+_NCCL_RESULTS = {1: "an unhandled CUDA error", 2: "a system error", 3: "an internal error",
+                 4: "an invalid argument", 5: "an invalid usage", 6: "a remote error", 7: "in progress"}
 
 
 _WARN_CUDA_RE = re.compile(r"NCCL WARN Cuda failure (?:\d{1,4} )?'(?P<reason>[^'\n]{1,160})'")
@@ -592,7 +617,9 @@ DOCS = {
         "without the word NCCL, ``[0] include/socket.h:360 WARN Call to connect failed``) or the init's "
         "``Invalid rank requested : R/N`` (a rank outside the communicator: wrong RANK / WORLD_SIZE) → "
         "comm/init-failure; ``Cuda failure 'out of memory'`` (NCCL allocating its buffers) → memory/oom; "
-        "shared-memory segment or ``ibv_create_cq`` failures → comm/failure"
+        "shared-memory segment or ``ibv_create_cq`` failures → comm/failure; with no WARN line, an error "
+        "NCCL_DEBUG=INFO traces back through its bootstrap (``NCCL INFO bootstrap.cc:N -> 2``) "
+        "→ comm/init-failure"
     ),
     'nccl.watchdog-timeout': (
         '``Watchdog caught collective operation timeout: WorkNCCL(...)`` (also quoted without its '
