@@ -84,7 +84,10 @@ class TimeoutH11Protocol(H11Protocol):
         super().on_response_complete()
         if self.transport.is_closing():
             return
-        if self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]:
+        # only when the next cycle began (our side IDLE, or SEND_RESPONSE once its head was read): a request
+        # answered before its body was read (our side DONE) keeps uvicorn's keep-alive timer, as before
+        began = self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE)
+        if began and (self.conn.their_state is not h11.IDLE or self.conn.trailing_data[0]):
             self._unset_keepalive_if_required()  # not idle: the next request has begun
             self._update_timers()
 

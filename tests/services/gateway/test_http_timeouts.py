@@ -213,3 +213,23 @@ def test_a_pipelined_half_head_after_a_response_is_cut_at_the_header_deadline(
         data, elapsed = _read_until_closed(sock)
     assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), data[:200]
     assert elapsed < WAIT_S
+
+
+def test_a_request_answered_before_its_body_keeps_the_keep_alive_timer() -> None:
+    """The hook above arms the timers only when the next request has begun: a request answered before its
+    body was read (here 401: the token is checked first) whose client then goes quiet is still closed by the
+    keep-alive timer (0.6 s), not held for the body timer (60 s here)."""
+    gateway, _, _tokens = new_gateway()
+    app = FastAPI()
+    app.include_router(ingest_router(gateway))
+    http = HttpThread(app, "127.0.0.1", 0, "test-http",
+                      timeouts=HttpTimeouts(header_s=0.6, body_idle_s=60.0, keep_alive_s=0.6))
+    http.start()
+    try:
+        with _connect(http.port) as sock:
+            sock.sendall(b"POST /v1/ingest HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer nope\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"events\": [")
+            data, _elapsed = _read_until_closed(sock)  # socket.timeout (WAIT_S) if held for the body timer
+        assert data.startswith(b"HTTP/1.1 401 "), data[:200]
+    finally:
+        http.stop(5)
