@@ -136,6 +136,15 @@ class Settings(BaseSettings):
         0, ge=0, description="gRPC connections the server accepts at once; past it a new connection is "
         "closed at once. 0: half this process's open-files limit, so idle gRPC connections (no token "
         "needed) cannot take the descriptors HTTP, the stores and the queue need (docs/security.md H38)")
+    memory_trim_interval_s: float = Field(
+        30.0, ge=0, description="every this many seconds trainguard serve gives freed heap memory back to "
+        "the operating system (glibc malloc_trim) when its resident memory grew by memory_trim_min_growth_mb "
+        "since the last give-back: a burst (an HTTP/2 header or SETTINGS flood on the gRPC port, a batch of "
+        "big bodies) otherwise leaves the process at its peak for the rest of its life (docs/security.md "
+        "H42). A give-back takes ~0.1-0.2 s with the allocator locked. 0: never")
+    memory_trim_min_growth_mb: int = Field(
+        64, ge=1, description="see memory_trim_interval_s: the growth of resident memory (MB) since the last "
+        "give-back that makes the next one worth its pause")
     grpc_max_streams_per_connection: int = Field(
         100, ge=1, description="concurrent gRPC calls one connection may have open (HTTP/2 "
         "MAX_CONCURRENT_STREAMS; the client queues more)")
