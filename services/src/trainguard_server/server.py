@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from trainguard_engine.catalogue import DetectionSettings
 
+from . import memory_trim
 from .api.app import create_app
 from .api.deps import Services
 from .config import Settings, parse_roles
@@ -36,6 +37,7 @@ from .gateway.grpc import build_grpc_server
 from .gateway.http import ingest_router
 from .gateway.ingest import Gateway
 from .http_thread import HttpThread
+from .memory_trim import MemoryTrim
 from .notify import WebhookNotifier
 from .processor.embedded import EmbeddedProcessor, tune_gc
 from .queue import open_queue
@@ -229,10 +231,21 @@ class EmbeddedServer:
 
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
+        trim = self.memory_trim()
         while not self._stopped.wait(0.5):
             if asked and time.monotonic() - asked[0] > self.settings.shutdown_timeout_s + SHUTDOWN_GRACE_S:
                 self._overran()
+            if not asked:
+                trim.tick()
         return self.exit_code
+
+    def memory_trim(self) -> MemoryTrim:
+        """The give-back of freed heap memory after a burst (memory_trim.py, security.md H42), from the
+        settings ``memory_trim_interval_s`` (0: off) and ``memory_trim_min_growth_mb``."""
+        s = self.settings
+        interval = float(getattr(s, "memory_trim_interval_s", memory_trim.INTERVAL_S))
+        growth = int(getattr(s, "memory_trim_min_growth_mb", memory_trim.MIN_GROWTH_MB))
+        return MemoryTrim(interval, growth * 2**20)
 
     def _overran(self) -> None:
         """The stop blocked past the deadline: log what was not committed (from memory: the stores may be
