@@ -91,3 +91,6 @@ def test_serve_builds_it_from_the_settings(tmp_path: Path) -> None:
     server = EmbeddedServer(Settings(data_dir=str(tmp_path)))
     trim = server.memory_trim()
     assert trim.interval_s == 30.0 and trim.min_growth_bytes == 64 * MiB
+    off = EmbeddedServer(Settings(data_dir=str(tmp_path), memory_trim_interval_s=0,
+                                  memory_trim_min_growth_mb=8)).memory_trim()
+    assert not off.enabled and off.min_growth_bytes == 8 * MiB

@@ -22,13 +22,15 @@ import os
 import time
 from typing import Callable, Optional, Tuple
 
+from .config import Settings
+
 __all__ = ["MemoryTrim", "resident_bytes"]
 
 log = logging.getLogger(__name__)
 
 #: defaults of the settings ``memory_trim_interval_s`` and ``memory_trim_min_growth_mb`` (config.py)
-INTERVAL_S = 30.0
-MIN_GROWTH_MB = 64
+INTERVAL_S: float = Settings.model_fields["memory_trim_interval_s"].default
+MIN_GROWTH_MB: int = Settings.model_fields["memory_trim_min_growth_mb"].default
 
 
 def resident_bytes() -> int:

@@ -28,7 +28,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from trainguard_engine.catalogue import DetectionSettings
 
-from . import memory_trim
 from .api.app import create_app
 from .api.deps import Services
 from .config import Settings, parse_roles
@@ -243,9 +242,7 @@ class EmbeddedServer:
         """The give-back of freed heap memory after a burst (memory_trim.py, security.md H42), from the
         settings ``memory_trim_interval_s`` (0: off) and ``memory_trim_min_growth_mb``."""
         s = self.settings
-        interval = float(getattr(s, "memory_trim_interval_s", memory_trim.INTERVAL_S))
-        growth = int(getattr(s, "memory_trim_min_growth_mb", memory_trim.MIN_GROWTH_MB))
-        return MemoryTrim(interval, growth * 2**20)
+        return MemoryTrim(s.memory_trim_interval_s, s.memory_trim_min_growth_mb * 2**20)
 
     def _overran(self) -> None:
         """The stop blocked past the deadline: log what was not committed (from memory: the stores may be
