@@ -57,7 +57,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 from trainguard.core.tracebacks import parse_traceback_text
 
-from . import c10d, cuda, gloo, nccl, numeric, python, rpc, torchrun
+from . import c10d, cuda, gloo, nccl, numeric, python, rpc, torchrun, vocab
 from .c10d import (
     _rule_collective_mismatch,
     _rule_desync_report,
@@ -190,9 +190,12 @@ SCAN: FrozenSet[str] = frozenset().union(*GATES.values())
 _GATED: Tuple[Tuple[str, _Rule, FrozenSet[str]], ...] = ()
 PRESCAN = True
 """Skip rules by the pre-scan (a switch for the test that proves it changes no result, and for benchmarks)."""
+VOCABULARY = True
+"""Consult the vocabulary fallback (:mod:`.vocab`) where no specific rule matched (a switch for the tests
+that prove it moves no specific reading, and for A/B measurements)."""
 
 RULE_DOCS: Dict[str, str] = {**torchrun.DOCS, **cuda.DOCS, **c10d.DOCS, **nccl.DOCS, **gloo.DOCS,
-                             **rpc.DOCS, **python.DOCS, **numeric.DOCS}
+                             **rpc.DOCS, **python.DOCS, **numeric.DOCS, **vocab.DOCS}
 """What each rule recognises (``type:<name>`` and ``python.exception`` are the fallbacks of
 :func:`classify_exception`), from the rule modules; the table in docs/classifier.md is rendered from it in
 the order rules are tried (:func:`rules_table`)."""
@@ -200,9 +203,13 @@ the order rules are tried (:func:`rules_table`)."""
 FIRST_RULE = "torchrun.child-failed"
 """Tried before :data:`RULES`: a launcher summary names the root cause."""
 FRAMES_RULE = "frames.process-group-init"
+VOCAB_RULES = tuple(vocab.PREFIX + name for name in vocab.PRECEDENCE)
+"""The vocabulary fallback (:mod:`.vocab`): consulted only where the answer would be nothing or
+``python.exception``."""
 FALLBACKS = ("type:<name>", FRAMES_RULE, torchrun.SUMMARY_CUT_RULE, torchrun.TEARDOWN_RULE,
-             "python.exception")
-"""What an exception is when no text rule matched: by its type, else a plain Python exception."""
+             *VOCAB_RULES, "python.exception")
+"""What an exception is when no text rule matched: by its type, else by the general vocabulary of its
+message, else a plain Python exception."""
 
 
 def rules_table() -> str:
@@ -226,9 +233,23 @@ _check_docs()
 _GATED = tuple((name, rule, GATES[name]) for name, rule in RULES)
 _CHILD_FAILED_GATE = GATES[FIRST_RULE]
 
-__all__ = ["FALLBACKS", "FIRST_RULE", "INIT_FUNCTIONS", "MAX_LINE_CHARS", "MAX_TEXT_CHARS", "RULES",
-           "RULE_DOCS", "Classification", "classify_chain", "classify_exception", "classify_text",
-           "format_size", "parse_size", "rules_table"]
+__all__ = [
+    "FALLBACKS",
+    "FIRST_RULE",
+    "INIT_FUNCTIONS",
+    "MAX_LINE_CHARS",
+    "MAX_TEXT_CHARS",
+    "RULES",
+    "RULE_DOCS",
+    "VOCAB_RULES",
+    "Classification",
+    "classify_chain",
+    "classify_exception",
+    "classify_text",
+    "format_size",
+    "parse_size",
+    "rules_table",
+]
 
 
 ENRICHING_RULES = frozenset({"nccl.watchdog-status", "nccl.dump-signal", "c10d.desync-report",
@@ -351,6 +372,8 @@ def _classify_exception(exc_type: str, message: str, depth: int) -> Classificati
     if _bare(exc_type) == "ChildFailedError":
         return torchrun.summary_without_root(exc_type, message)
     line = _first_line(message)
+    if VOCABULARY and (worded := vocab.classify_fallback(f"{exc_type}: {line}")) is not None:
+        return worded  # the exception line itself: what follows it in a pasted text is not its message
     headline = f"{exc_type}: {_shorten(line, 140)}" if line else exc_type
     facts: Facts = {"exc_type": exc_type}
     if (spawn := _SPAWN_RE.search(message[:4096])) is not None:
@@ -366,7 +389,10 @@ def classify_text(text: str, *, exc_type: str = "") -> Optional[Classification]:
     ``exc_type`` (the exception's type, qualified or bare) lets the exception-type rules decide when no
     text rule matches. A printed Python traceback with no specific rule gives ``process/exception``
     (or its type's rule). Never raises on any string."""
-    return _classify(text or "", exc_type or "", 0)
+    found = _classify(text or "", exc_type or "", 0)
+    if found is None and VOCABULARY:
+        found = vocab.classify_fallback(text or "")
+    return found
 
 
 def classify_exception(exc_type: str, message: str) -> Classification:
@@ -413,21 +439,23 @@ def classify_chain(exc_type: str, message: str, chain: Sequence[Mapping[str, Any
     from ``init_process_group`` is a group that never came up."""
     top = classify_exception(exc_type, message)
     init = _init_frame(frames) if frames else ""
-    if init and (top.rule == "python.exception" or (top.category, top.subtype) in _AT_INIT):
+    generic = top.rule == "python.exception" or top.rule.startswith(vocab.PREFIX)
+    if init and (generic or (top.category, top.subtype) in _AT_INIT):
         facts = dict(top.facts)
         facts.update(raised_in=init, was=f"{top.category}/{top.subtype}")
         note = (f"raised while the process group was being set up ({init}): the group never came up -- "
                 "check MASTER_ADDR/PORT, that every rank started, and the network between the nodes")
         return Classification("comm", "init-failure", FRAMES_RULE, 0.6,
                               f"{_shorten(top.headline, 160)} (raised in {init})", facts, top.lines, note)
-    if top.rule != "python.exception":
+    if not generic:
         return top
     for link in list(chain)[:16]:
         if not isinstance(link, Mapping):
             continue
         link_type, link_message = str(link.get("type") or ""), str(link.get("message") or "")
         found = classify_text(link_message, exc_type=link_type)
-        if found is not None and found.category in ("comm", "memory"):
+        if found is not None and found.category in ("comm", "memory") \
+                and not found.rule.startswith(vocab.PREFIX):
             facts = dict(found.facts)
             facts["via_chain"] = link_type
             return Classification(found.category, found.subtype, found.rule, found.confidence, found.headline,
