@@ -372,7 +372,7 @@ def _classify_exception(exc_type: str, message: str, depth: int) -> Classificati
     if _bare(exc_type) == "ChildFailedError":
         return torchrun.summary_without_root(exc_type, message)
     line = _first_line(message)
-    if VOCABULARY and (worded := vocab.classify_fallback(f"{exc_type}: {line}")) is not None:
+    if VOCABULARY and (worded := vocab.classify_fallback(f"{exc_type}: {line}", exception=True)) is not None:
         return worded  # the exception line itself: what follows it in a pasted text is not its message
     headline = f"{exc_type}: {_shorten(line, 140)}" if line else exc_type
     facts: Facts = {"exc_type": exc_type}

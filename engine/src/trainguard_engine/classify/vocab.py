@@ -54,10 +54,21 @@ ordered). Below :data:`MIN_SCORE`: nothing.
 An exception is read by its own line (``Type: first line of the message``); a text by its error-bearing
 lines.
 
-A reading has confidence :data:`CONFIDENCE` (0.6): just at the default of ``log_min_confidence``, so a
-deployment that raises that setting above 0.6 keeps the layer off log lines (exceptions always open an
-incident). Pure, bounded: each line is cut to :data:`MAX_VOCAB_LINE_CHARS` and every pattern is one
-precompiled regex search.
+**Recovered or hypothetical** (:data:`_RECOVERED`): a line that says the program retries, falls back, or
+states a setting or what *would* fail (``retrying in 1 s``, ``falling back``, ``timeout set to 1800 s``,
+``a collective that takes longer will fail``) states no failure and is not read.
+
+**Confidence.** An exception's reading, or a line that carries an explicit error mark (:data:`_MARKED`:
+an exception type ``SomethingError:``, ``ERROR`` / ``FATAL`` / ``CRITICAL``, a glog ``E`` / ``F`` record,
+``[ERROR]``, ``error:`` / ``fatal:`` at its start, ``terminate called``, ``what():``), has
+:data:`CONFIDENCE` (0.6, at the default of ``log_min_confidence``: such a log line opens an incident); any
+other line's reading has :data:`UNMARKED_CONFIDENCE` (0.5, below it: a live log record -- whose level word
+the SDK does not put in the message -- or an unmarked printed line does not open an incident on its
+wording alone). A deployment that raises ``log_min_confidence`` above 0.6 keeps the layer off log lines
+altogether (exceptions always open an incident).
+
+Pure, bounded: each line is cut to :data:`MAX_VOCAB_LINE_CHARS` and every pattern is one precompiled
+regex search.
 """
 
 from __future__ import annotations
@@ -74,7 +85,11 @@ PREFIX = "vocab."
 MIN_SCORE = 2
 """The least score of a kind for a reading (a term naming the kind alone weighs 2, a word of a pair 1)."""
 CONFIDENCE = 0.6
-"""The confidence of a reading (see the module docstring: at ``log_min_confidence``'s default)."""
+"""The confidence of an exception's reading or a marked line's (see the module docstring: at
+``log_min_confidence``'s default)."""
+UNMARKED_CONFIDENCE = 0.5
+"""The confidence of a reading of a line without an explicit error mark (below ``log_min_confidence``'s
+default: such a log line alone opens no incident)."""
 MAX_VOCAB_LINES = 200
 """Lines of a text read, from its end (errors come last)."""
 MAX_VOCAB_LINE_CHARS = 2_000
@@ -106,6 +121,16 @@ _CODE = re.compile(r"^\W{0,12}(?:-->\s*\d+\s+)?(?:raise |return |if |elif |def |
 timeout=timeout)``): code, not what happened (the exception line that follows is read)."""
 _LOUD = re.compile(r"\b(?:ERROR|FATAL|CRITICAL)\b|^\W{0,8}(?:\S+ ){0,3}?\[?[EF]\d{4} \d\d:"
                    r"|(?:^|\s)[EF] [\w/.-]+\.(?:cc|cpp|h|py):\d+\]")
+_RECOVERED = re.compile(
+    r"\bretr(?:y|ying|ies)\b|\bfall(?:ing|s)? back\b|\bfallback\b|\b(?:will|would|may|might|could|can)"
+    r" (?:fail|time ?out|be killed|run out)|\bset to\b|\btime ?out\s*[:=]\s*\d|\bignor(?:e|ed|ing)\b"
+    r"|\bskipp(?:ed|ing)\b", _I)
+"""A line saying the program recovers, or what would happen: not a failure (see the module docstring)."""
+_MARKED = re.compile(
+    r"\b[A-Z]\w*(?:Error|Exception|Exhausted|NotMet)\b\s*:|\b(?:ERROR|FATAL|CRITICAL)\b|\[error\]"
+    r"|^\W{0,8}(?:\S+ ){0,3}?\[?[EF]\d{4} \d\d:|(?:^|\s)[EF] [\w/.-]+\.(?:cc|cpp|h|py):\d+\]"
+    r"|^\W{0,4}(?:error|fatal)\s*:|terminate called|what\(\):")
+"""An explicit error mark on a line (see the module docstring, **Confidence**)."""
 _LOSS_MARKERS = re.compile(r"non-?finite|not finite|invalid|detected|encountered|diverg|stopp|halt", _I)
 """A loss line is read only when it says something went wrong (or an error marker is on it): a plain ``loss:
 nan`` in a metrics line is the specific rules' (numeric.loss-non-finite)."""
@@ -165,7 +190,8 @@ def _error_lines(text: str) -> List[str]:
         line = whole[:MAX_VOCAB_LINE_CHARS]
         if not (ERROR_MARKERS.search(line) or (_LOSS_MARKERS.search(line) and _LOSS.search(line))):
             continue
-        if _OWN.search(line) or _CODE.search(line) or (_QUIET.search(line) and not _LOUD.search(line)):
+        if _OWN.search(line) or _CODE.search(line) or _RECOVERED.search(line) \
+                or (_QUIET.search(line) and not _LOUD.search(line)):
             continue
         out.append(line)
     return out
@@ -225,9 +251,10 @@ def _process(line: str, text: str) -> Tuple[int, List[str], str]:
     return 2, [term], kind
 
 
-def classify_fallback(text: str) -> Optional[Classification]:
+def classify_fallback(text: str, *, exception: bool = False) -> Optional[Classification]:
     """The vocabulary's reading of ``text`` (see the module docstring), or None when no kind scores
-    :data:`MIN_SCORE`. Only for text that no specific rule recognised."""
+    :data:`MIN_SCORE`. Only for text that no specific rule recognised; ``exception``: the text is an
+    exception's own line (``Type: message``), read at :data:`CONFIDENCE`."""
     if not text:
         return None
     best: Dict[str, Tuple[int, List[str], str, str]] = {}  # vocabulary -> (score, terms, kind, line)
@@ -251,7 +278,8 @@ def classify_fallback(text: str) -> Optional[Classification]:
     kind_category, _, subtype = kind.partition("/")
     line = line.strip()
     facts = {"vocabulary": terms, "score": score}
-    return Classification(kind_category, subtype, PREFIX + vocabulary, CONFIDENCE,
+    confidence = CONFIDENCE if exception or _MARKED.search(line) else UNMARKED_CONFIDENCE
+    return Classification(kind_category, subtype, PREFIX + vocabulary, confidence,
                           f"{kind} by its wording: {_shorten(line, 140)}", facts,
                           (_shorten(line, MAX_LINE_CHARS),),
                           f"no specific rule knows this message; its words ({', '.join(terms)}) are the "
@@ -266,7 +294,9 @@ DOCS = {
     PREFIX + "memory": "Fallback when no rule matched (or only `python.exception`): an error-bearing line "
     "in the general vocabulary of running out of memory -- `out of [device] memory`, `OOM`, "
     "`ResourceExhausted`, `cannot / failed to allocate`, `insufficient / not enough memory`, `malloc failed` "
-    "→ memory/oom (confidence 0.6); not a line about host memory (`MemoryError`, `Errno 12`, `bad_alloc`)",
+    "→ memory/oom (confidence 0.6 for an exception or a line with an error mark, else 0.5); not a line "
+    "about host memory (`MemoryError`, `Errno 12`, `bad_alloc`); no layer reading of a line that retries, "
+    "falls back or states a setting",
     PREFIX + "comm": "Fallback: a collective word (NCCL, RCCL, HCCL, gloo, MPI, c10d, Horovod, collective, "
     "allreduce, rendezvous, barrier, process group) with a failure word on one error-bearing line → "
     "comm/init-failure (start-up words), comm/timeout, comm/rank-lost (reset, closed, lost) or comm/failure",
