@@ -97,6 +97,13 @@ class Settings(BaseSettings):
         32 * 2**20, ge=0, description="the same bound for the requests of one project: one tenant's big "
         "batches are answered 429 while the others' are admitted; a project holding nothing is never refused "
         "by it. 0: no bound")
+    project_max_http_bodies: int = Field(
+        256, ge=0, description="HTTP ingest bodies of one project being read at once: one more is "
+        "answered 429 with Retry-After and Connection: close before its body is read, so one tenant's slow "
+        "uploads (each may trickle a byte just inside http_body_timeout_s for as long as it likes) hold at "
+        "most this many connections, not the server's descriptors: 1,100 such bodies took a server with "
+        "1,024 open files to 500s on every new connection's token check (docs/security.md H43; "
+        "gateway/body_count.py). 0: no bound")
     http_body_pressure_timeout_s: float = Field(
         5.0, gt=0, description="while the ingest bytes in flight leave no room under "
         "ingest_max_inflight_bytes for one more max_batch_bytes body, an HTTP ingest body holding bytes "
