@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...gate.baselines import Baseline
 from ...gate.policy import Policy, policy_from_dict
 from ...gate.service import GateError, GateService
+from ...storage.common import decode_cursor, encode_cursor
 from ..deps import ProjectDep, ServicesDep
 from ..preflight import ReadTokenFirstRoute
-from .common import not_found
+from .common import MAX_LIMIT, CursorQuery, not_found
 
 router = APIRouter(prefix="/api/v1", tags=["CI gate"], route_class=ReadTokenFirstRoute)
 
@@ -48,6 +49,12 @@ class BaselinePublic(BaseModel):
 
 class BaselineList(BaseModel):
     items: List[BaselinePublic]
+    next_cursor: Optional[str] = Field(None, description="the `cursor` of the next page (null on the last)")
+
+
+#: baselines in one page of ``GET /baselines`` unless ``limit`` says otherwise: each answer is bounded by the
+#: page, not by how many the project defined (stop 44: 2,000 baselines were one 5.1 MB answer of 0.47 s)
+BASELINES_PAGE = 50
 
 
 class GateRequest(BaseModel):
@@ -108,11 +115,26 @@ def define_baseline(name: str, body: BaselineDefine, project: ProjectDep,
     return _public(baseline)
 
 
-@router.get("/baselines", response_model=BaselineList, summary="The project's baselines")
-def list_baselines(project: ProjectDep, services: ServicesDep) -> BaselineList:
+@router.get("/baselines", response_model=BaselineList, responses={400: {"description": "invalid cursor"}},
+            summary="The project's baselines, by name, a page at a time")
+def list_baselines(project: ProjectDep, services: ServicesDep,
+                   limit: int = Query(BASELINES_PAGE, ge=1, le=MAX_LIMIT,
+                                      description=f"page size, 1..{MAX_LIMIT}"),
+                   cursor: Optional[str] = CursorQuery) -> BaselineList:
+    """Baselines in name order; ``next_cursor`` (null on the last page) is the ``cursor`` of the next page.
+    Only the page's baselines are read and summarised, not every one the project has."""
     service = _service(project, services)
-    found = [service.get(n) for n in service.names()]
-    return BaselineList(items=[_public(b) for b in found if b is not None])
+    names = sorted(service.names())
+    if cursor is not None:
+        try:
+            after = decode_cursor(cursor, "baselines", [project], [str])[0]
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        names = [n for n in names if n > after]
+    page = names[:limit]
+    found = [service.get(n) for n in page]
+    more = encode_cursor("baselines", [project], [page[-1]]) if len(names) > limit else None
+    return BaselineList(items=[_public(b) for b in found if b is not None], next_cursor=more)
 
 
 @router.get("/baselines/{name}", response_model=BaselinePublic, responses={404: {"description": "unknown"}})
