@@ -665,6 +665,63 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
         return list(pool.map(one, [stall_body] * 10 + [stall_head] * 10))
 
 
+SLOW_BODIES = 300  # more than project_max_http_bodies' default (256)
+
+
+@attack("http/slow-bodies")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """Slow uploads of one tenant (stop 44, H43): B opens ``SLOW_BODIES`` HTTP ingest requests, each sending
+    its head (``Content-Length: 100000``) and one byte of body, then trickling a byte a second, as a client
+    just inside ``http_body_timeout_s`` may for ever; A ingests meanwhile. Before H43 every one was read (and
+    held as long as it trickled: against an open-files limit of 1,024, 1,100 of them made the server answer
+    500 to every new connection). Fails when none of B's is refused 429 (its bodies in flight not bounded),
+    when a refusal lacks ``Retry-After`` or is not ``Connection: close``, or when A's ingest is not
+    accepted."""
+    head = (f"POST /v1/ingest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {t.token('B', 'ingest')}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{").encode()
+    conns: List[socket.socket] = []
+    answers: Dict[int, bytes] = {}
+    out: List[Answer] = []
+    try:
+        for _ in range(SLOW_BODIES):
+            conn = socket.create_connection((t.host, t.port), timeout=10)
+            conn.sendall(head)
+            conn.setblocking(False)
+            conns.append(conn)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # the refusals come once each token is checked
+            for k, conn in enumerate(conns):
+                if k in answers:
+                    continue
+                try:
+                    data = conn.recv(4096)  # the answer first: a trickle after a close could reset it
+                except (BlockingIOError, InterruptedError):
+                    try:
+                        conn.send(b" ")  # still being read: one more byte, as a trickler would
+                    except OSError:
+                        pass
+                    continue
+                except OSError as exc:
+                    data = repr(exc).encode()
+                answers[k] = data or b"closed without an answer"
+            out.append(ingest(t, "A", body(event("a-beside-slow-bodies", len(out)))))
+            time.sleep(1.0)
+    finally:
+        for conn in conns:
+            conn.close()
+    refused = [a for a in answers.values() if a.startswith(b"HTTP/1.1 429")]
+    other = [a for a in answers.values() if not a.startswith(b"HTTP/1.1 429")]
+    bad = [a for a in refused if b"retry-after:" not in a.lower() or b"connection: close" not in a.lower()]
+    a_refused = [a for a in out if a[0] != 200]
+    ok = refused and not bad and not other and not a_refused
+    shown = (other or bad or [a[1] for a in a_refused] or refused or [b""])[0][:200]
+    why = (f"B's {SLOW_BODIES} slow bodies: {len(refused)} answered 429, {len(other)} otherwise, "
+           f"{SLOW_BODIES - len(answers)} being read; A's ingest not accepted {len(a_refused)} of "
+           f"{len(out)}: {shown!r}")
+    out.append((429 if ok else 500, why.encode()))
+    return out
+
+
 @attack("grpc/bad-token-flood")
 def _(t: Target, s: Dict[str, Any]) -> Any:
     """H41 (stop 44): 300 concurrent gRPC ``Send`` callers with B's token id and a wrong secret, each sending

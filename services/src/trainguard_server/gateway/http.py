@@ -10,6 +10,8 @@ both ``Content-Length`` and ``Transfer-Encoding`` (a smuggling shape)  400 + ``C
 body over ``max_batch_bytes`` while reading (chunked uploads)          413
 body holding bytes stalls ``http_body_pressure_timeout_s`` while the   408 + ``Connection: close``
 in-flight total has no room for one more ``max_batch_bytes`` body
+the project has ``project_max_http_bodies`` bodies being read already   429 + ``Retry-After`` +
+(checked before reading: slow uploads hold only their tenant's turns)   ``Connection: close``
 no / malformed / two ``Authorization``, unknown or revoked token      401 + ``WWW-Authenticate``
 a read token                                                           403
 ``Content-Type`` not ``application/json`` / ``application/x-protobuf``  415
@@ -77,6 +79,11 @@ class UnsupportedMediaType(GatewayError):
     """A Content-Type or Content-Encoding this endpoint does not take (HTTP 415)."""
 
 
+class TooManyBodies(Backpressure):
+    """A project already has ``project_max_http_bodies`` ingest bodies being read (HTTP 429 + ``Retry-After``
+    + ``Connection: close``, before the body is read: security.md H43)."""
+
+
 class BodyStalled(GatewayError):
     """A body that stopped arriving while the ingest bytes in flight are full (HTTP 408, and the connection
     is closed: the rest of the body is never read)."""
@@ -96,7 +103,7 @@ def error_response(exc: GatewayError) -> JSONResponse:
         headers["WWW-Authenticate"] = "Bearer"
     if isinstance(exc, (Backpressure, Unavailable)):
         headers["Retry-After"] = retry_after_header(exc.retry_after)
-    if isinstance(exc, (AmbiguousFraming, BodyStalled)):
+    if isinstance(exc, (AmbiguousFraming, BodyStalled, TooManyBodies)):
         headers["Connection"] = "close"
     return JSONResponse({"detail": str(exc)}, status_code=status, headers=headers)
 
@@ -402,6 +409,7 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
     settings = gateway.settings
     limit = settings.max_batch_bytes
     inflight = gateway.body_bytes
+    bodies = gateway.http_bodies
     retry_after = settings.retry_after_s
     stall_s = settings.http_body_pressure_timeout_s
     request_body = {
@@ -425,7 +433,8 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
               **error},
         413: {"description": "too many bytes or events: split the batch", **error},
         415: {"description": "unsupported Content-Type / Content-Encoding", **error},
-        429: {"description": "queue full: retry after Retry-After seconds", **error},
+        429: {"description": "queue full, or the project's bytes or bodies in flight at their bound: retry "
+                             "after Retry-After seconds", **error},
         503: {"description": "queue failing: retry after Retry-After seconds", **error},
     }
 
@@ -443,7 +452,14 @@ def ingest_router(gateway: Gateway, *, path: str = INGEST_PATH) -> APIRouter:
             offset = gateway.clock_offset(headers.getlist(SENT_AT_HEADER))  # at receipt, before the body
             held = _Held(inflight, auth.project, retry_after)
             held.fits(headers.get("content-length"))
-            body = await _read_body(request, limit, held, stall_s)
+            why = bodies.enter(auth.project)
+            if why is not None:
+                raise TooManyBodies(f"{why}: nothing of this request was queued; retry after "
+                                    f"{retry_after_header(retry_after)} s", retry_after)
+            try:
+                body = await _read_body(request, limit, held, stall_s)
+            finally:
+                bodies.leave(auth.project)
             result = await run_in_threadpool(_ingest, gateway, auth, body, media_type, gzipped, offset, held)
         except GatewayError as exc:
             return error_response(exc)

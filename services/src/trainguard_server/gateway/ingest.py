@@ -52,6 +52,9 @@ from ..json_keys import unique_keys
 from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .backlog import ProjectBacklog, weight
+from .body_count import DEFAULT_LIMIT as _DEFAULT_BODIES
+from .body_count import SETTING as _BODIES_SETTING
+from .body_count import ProjectBodies
 from .deep_json import TooDeep, split_events_json
 from .inflight import InflightBytes
 from .metric_names import MetricNameCap, Seed
@@ -480,6 +483,8 @@ class Gateway:
         #: HTTP ingest bodies held (read or being decoded), in all and per project (:mod:`.inflight`)
         self.body_bytes: Optional[InflightBytes] = (
             InflightBytes(total, per_project, settings.max_batch_bytes) if total or per_project else None)
+        #: HTTP ingest bodies being read, per project (:mod:`.body_count`; security.md H43)
+        self.http_bodies = ProjectBodies(int(getattr(settings, _BODIES_SETTING, _DEFAULT_BODIES)))
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
