@@ -26,8 +26,6 @@ LIMIT = 2
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(tmp_path_factory.mktemp("bodies"), project_max_http_bodies=LIMIT) as server:
-        assert server.server.gateway is not None
-        server.server.gateway.http_bodies.limit = LIMIT  # until config.py has the setting (read with getattr)
         yield server
 
 
@@ -93,6 +91,10 @@ def test_past_the_bound_a_projects_body_is_429_before_it_is_read_and_another_pro
         _wait(lambda: bodies.reading(project) == 0)
     head, _ = _post(live, live.ingest_token, "after")
     assert head.startswith(b"HTTP/1.1 200"), head
+
+
+def test_the_setting_reaches_the_gateway(live: LiveServer) -> None:
+    assert _bodies(live).limit == LIMIT and DEFAULT_LIMIT == 256
 
 
 def test_bodies_read_one_after_another_never_meet_the_bound(live: LiveServer) -> None:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import threading
 from typing import Dict, Optional
 
+from ..config import Settings
+
 __all__ = ["DEFAULT_LIMIT", "SETTING", "ProjectBodies"]
 
-#: what ``Settings.project_max_http_bodies`` defaults to (read with this default until the setting exists)
-DEFAULT_LIMIT = 256
 SETTING = "project_max_http_bodies"
+DEFAULT_LIMIT: int = Settings.model_fields[SETTING].default
 
 
 class ProjectBodies:

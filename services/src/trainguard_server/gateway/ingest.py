@@ -52,8 +52,6 @@ from ..json_keys import unique_keys
 from ..queue.base import Queue, QueueFull
 from ..storage.base import ProjectStore, TokenInfo, format_ns
 from .backlog import ProjectBacklog, weight
-from .body_count import DEFAULT_LIMIT as _DEFAULT_BODIES
-from .body_count import SETTING as _BODIES_SETTING
 from .body_count import ProjectBodies
 from .deep_json import TooDeep, split_events_json
 from .inflight import InflightBytes
@@ -484,7 +482,7 @@ class Gateway:
         self.body_bytes: Optional[InflightBytes] = (
             InflightBytes(total, per_project, settings.max_batch_bytes) if total or per_project else None)
         #: HTTP ingest bodies being read, per project (:mod:`.body_count`; security.md H43)
-        self.http_bodies = ProjectBodies(int(getattr(settings, _BODIES_SETTING, _DEFAULT_BODIES)))
+        self.http_bodies = ProjectBodies(settings.project_max_http_bodies)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
 
