@@ -169,3 +169,13 @@ def test_the_layer_moves_no_specific_reading_of_the_wild_corpus() -> None:
         if with_it != without:
             moved.append(f"{case}: {without.rule} -> {with_it.rule if with_it else None}")
     assert read > 2_000 and not moved, f"{len(moved)} specific readings moved"  # ids unlisted: held-out logs
+
+
+def test_the_fast_reading_of_error_marks_is_the_regex_on_every_wild_line() -> None:
+    vocab = classify.vocab
+    lines = [line for _case, text in _texts() for line in text.splitlines()[:400]]
+    assert len(lines) > 5_000
+    for line in lines:
+        assert vocab._error_bearing(line, line.lower()) == (vocab.ERROR_MARKERS.search(line) is not None), line
+        if vocab.ERROR_MARKERS.search(line) or (vocab._LOSS_MARKERS.search(line) and vocab._LOSS.search(line)):
+            assert any(needle in line.lower() for needle in vocab._NEEDLES), line
