@@ -27,7 +27,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def check_name(name: str) -> str:
     """``name`` when it is a valid baseline name (letters, digits, ``._-``, up to 128), else ValueError."""
-    if not NAME_RE.match(name or ""):
+    if not NAME_RE.fullmatch(name or ""):
         raise ValueError(f"a baseline name is 1-128 letters, digits, '.', '_' or '-' (starting with a letter "
                          f"or digit), got {name!r}")
     return name
@@ -67,6 +67,12 @@ class BaselineRepo:
         return f"gate.baseline/{project}/{name}"
 
     def get(self, project: str, name: str) -> Optional[Baseline]:
+        """``project``'s baseline ``name``; None when there is none or ``name`` is not a baseline name. A name
+        with a '/' must not be looked up: project ``a``'s ``b/y`` is the key of project ``a/b``'s ``y``
+        (stop 44: ``POST /api/v1/gate`` with ``"baseline": "b/y"`` resolved the other tenant's baseline and
+        went on to gate the candidate against it)."""
+        if not NAME_RE.fullmatch(name or ""):
+            return None
         blob = self.state.load_state(self._key(project, name))
         return Baseline.from_dict(json.loads(blob)) if blob else None
 
@@ -74,6 +80,15 @@ class BaselineRepo:
         prefix = self._key(project, "")
         # a name never holds '/': a longer one belongs to a project whose name extends this one ("a/b")
         return [key[len(prefix):] for key in self.state.state_keys(prefix) if "/" not in key[len(prefix):]]
+
+    def delete(self, project: str, name: str) -> bool:
+        """Remove ``name``; False when the project has no such baseline (or ``name`` is not a baseline name:
+        see :meth:`get`)."""
+        if self.get(project, name) is None:
+            return False
+        key = self._key(project, name)
+        self.state.save_states({key: None})  # a None value deletes its key
+        return True
 
     def save(self, baseline: Baseline) -> None:
         """One key per baseline, so saves from any number of API processes never lose one another."""

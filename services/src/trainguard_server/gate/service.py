@@ -18,6 +18,10 @@ class GateError(ValueError):
     """A request the gate refuses (bad name, no runs, unknown runs): the message says why."""
 
 
+class TooManyBaselines(GateError):
+    """A new baseline for a project already holding ``project_max_baselines`` (HTTP 409)."""
+
+
 class GateService:
     """The gate over one project's stores."""
 
@@ -32,14 +36,23 @@ class GateService:
         return [policy.loss.metric, *policy.step_time.metrics, *policy.peak_memory.metrics]
 
     def define(self, name: str, policy: Policy, *, tag: str = "", runs: Sequence[str] = (),
-               description: str = "") -> Baseline:
+               description: str = "", max_baselines: int = 0) -> Baseline:
         """(Re)define ``name`` from the runs carrying ``tag`` or the ``runs`` listed, profile them under
         ``policy`` and store it. GateError when the name is bad, both or neither source is given, the tag
-        matches no run, or a listed run does not exist."""
+        matches no run, or a listed run does not exist; :class:`TooManyBaselines` when ``name`` is new and
+        the project already holds ``max_baselines`` (0: no bound; checked before anything is profiled;
+        concurrent definitions may pass it by how many run at once)."""
         try:
             check_name(name)
         except ValueError as exc:
             raise GateError(str(exc)) from None
+        if max_baselines and self.repo.get(self.project, name) is None:
+            held = len(self.repo.names(self.project))
+            if held >= max_baselines:
+                raise TooManyBaselines(
+                    f"project {self.project!r} holds {held} baselines, the most project_max_baselines="
+                    f"{max_baselines} (TRAINGUARD_PROJECT_MAX_BASELINES) allows: redefine one, or delete one "
+                    f"(DELETE /api/v1/baselines/{{name}}) first")
         if bool(tag) == bool(runs):
             raise GateError("define a baseline from a tag or from a list of runs (one of them)")
         if tag:
@@ -74,6 +87,10 @@ class GateService:
 
     def names(self) -> List[str]:
         return self.repo.names(self.project)
+
+    def delete(self, name: str) -> bool:
+        """Remove baseline ``name``; False when there is none."""
+        return self.repo.delete(self.project, name)
 
     def gate(self, baseline_name: str, candidate: str, policy: Policy) -> Verdict:
         """The verdict for run ``candidate`` against baseline ``baseline_name``; undecided (exit 2) with the

@@ -1,22 +1,23 @@
 """The CI gate: named baselines (a set of runs summarised into a profile) and the verdict for a canary run.
 
-Like the incident workflow's actions, defining a baseline takes the project's read token (whoever can read
-a project's runs can profile them; there is no finer role yet). The gate answers 200 with a verdict for
-every outcome it can describe -- including ``undecided`` (an unknown baseline or run, a run still
-running): the verdict's ``exit_code`` and ``reason`` say what a CI job should do. A malformed request or
-policy is a 422 naming the field.
+Like the incident workflow's actions, defining or deleting a baseline takes the project's read token
+(whoever can read a project's runs can profile them; there is no finer role yet). A project holds at most
+``project_max_baselines`` (a new name past it is 409: redefine or delete one); the listing is paged. The
+gate answers 200 with a verdict for every outcome it can describe -- including ``undecided`` (an unknown
+baseline or run, a run still running): the verdict's ``exit_code`` and ``reason`` say what a CI job should
+do. A malformed request or policy is a 422 naming the field.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...gate.baselines import Baseline
 from ...gate.policy import Policy, policy_from_dict
-from ...gate.service import GateError, GateService
+from ...gate.service import GateError, GateService, TooManyBaselines
 from ...storage.common import decode_cursor, encode_cursor
 from ..deps import ProjectDep, ServicesDep
 from ..preflight import ReadTokenFirstRoute
@@ -55,6 +56,12 @@ class BaselineList(BaseModel):
 #: baselines in one page of ``GET /baselines`` unless ``limit`` says otherwise: each answer is bounded by the
 #: page, not by how many the project defined (stop 44: 2,000 baselines were one 5.1 MB answer of 0.47 s)
 BASELINES_PAGE = 50
+#: ``project_max_baselines``'s default, read with it until config.py has the setting
+DEFAULT_MAX_BASELINES = 1000
+
+
+def _max_baselines(services: Any) -> int:
+    return int(getattr(services.settings, "project_max_baselines", DEFAULT_MAX_BASELINES))
 
 
 class GateRequest(BaseModel):
@@ -103,16 +110,28 @@ def _public(baseline: Baseline) -> BaselinePublic:
 
 
 @router.put("/baselines/{name}", response_model=BaselinePublic,
+            responses={409: {"description": "a new name while the project holds project_max_baselines"}},
             summary="Define (or redefine) a named baseline from a tag or a list of runs")
 def define_baseline(name: str, body: BaselineDefine, project: ProjectDep,
                     services: ServicesDep) -> BaselinePublic:
     policy = _policy(body.policy)
     try:
         baseline = _service(project, services).define(name, policy, tag=body.tag, runs=body.runs,
-                                                       description=body.description)
+                                                       description=body.description,
+                                                       max_baselines=_max_baselines(services))
+    except TooManyBaselines as exc:
+        raise HTTPException(409, str(exc)) from None
     except GateError as exc:
         raise HTTPException(422, str(exc)) from None
     return _public(baseline)
+
+
+@router.delete("/baselines/{name}", status_code=204, response_class=Response,
+               responses={404: {"description": "unknown"}}, summary="Delete a named baseline")
+def delete_baseline(name: str, project: ProjectDep, services: ServicesDep) -> Response:
+    if not _service(project, services).delete(name):
+        raise not_found("baseline", name)
+    return Response(status_code=204)
 
 
 @router.get("/baselines", response_model=BaselineList, responses={400: {"description": "invalid cursor"}},
