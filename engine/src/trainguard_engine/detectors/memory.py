@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_left, bisect_right
 from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
@@ -14,7 +15,7 @@ from trainguard.core.events import wire_float
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
-from ..robust import mann_kendall, theil_sen
+from ..robust import MannKendall, mann_kendall, mann_kendall_of, theil_sen
 from ..state import RankState, RunState, bounded_append
 from . import fmt_duration, fmt_number
 from .base import Detector, MetricBatch, MetricRun, RunFindings
@@ -652,13 +653,17 @@ def _blocks(values: Sequence[float], k: int) -> List[List[float]]:
 
 
 def leak_test(points: Sequence[Sequence[float]], settings: DetectionSettings,
-              use_peak: bool) -> Optional[Dict[str, Any]]:
+              use_peak: bool, trend: Optional[MannKendall] = None) -> Optional[Dict[str, Any]]:
     """The leak rules (module docstring) on ``points`` = ``[step, time_ns, value, peak]`` in step order;
     None unless every rule holds, else the figures: ``z``, ``slope`` (bytes/step), ``growth``, ``need``
     (the growth threshold), ``floors``, ``peak_slope`` (None when not judged) and ``onset`` (index of the
-    first point of the growth)."""
+    first point of the growth). ``trend``: the Mann-Kendall test of the points' values when the caller keeps
+    it (:class:`_SlidingTrend`): the usual answer -- no rising trend, None whatever the steps say -- is then
+    given without reading the points; past it everything is computed from the points, as without."""
     n = len(points)
     if n < int(_cfg(settings, "leak_min_samples", LEAK_MIN_SAMPLES)):
+        return None
+    if trend is not None and trend.z < _cfg(settings, "leak_z", LEAK_Z):
         return None
     xs = [float(p[0]) for p in points]
     ys = [float(p[2]) for p in points]
@@ -688,6 +693,96 @@ def leak_test(points: Sequence[Sequence[float]], settings: DetectionSettings,
             "peak_slope": peak_slope, "onset": onset, "tail_z": tail_z}
 
 
+def _tie_term(t: int) -> int:
+    """One group of ``t`` equal values' share of the Mann-Kendall tie correction (robust.kendall_ties)."""
+    return t * (t - 1) * (2 * t + 5)
+
+
+class _SlidingTrend:
+    """The Mann-Kendall S and tie correction of a leak series' ``fine`` window (the values of its points, in
+    order), kept as the window slides -- a point appended, the oldest dropped, the newest replaced -- so a
+    sample costs a few bisections instead of the whole test (robust.mann_kendall_of: the same integers, so
+    the same floats). Derived (:attr:`RankState.derived`), never serialized: valid while ``fine`` is the
+    series' list and ``values`` as long as it (only :func:`_leak_sample` changes it, and updates this in
+    step); else built again from the points. Finite values only (``_num`` reads nothing else)."""
+
+    __slots__ = ("counts", "fine", "ordered", "s", "ties", "values")
+
+    def __init__(self, fine: List[List[Any]]) -> None:
+        self.fine = fine
+        self.values: List[float] = []
+        self.ordered: List[float] = []
+        self.counts: Dict[float, int] = {}
+        self.s = 0
+        self.ties = 0
+        for p in fine:
+            self.append(float(p[2]))
+
+    def append(self, y: float) -> None:
+        ordered = self.ordered
+        below = bisect_left(ordered, y)
+        self.s += below - (len(ordered) - bisect_right(ordered, y, below))
+        ordered.insert(below, y)
+        self.values.append(y)
+        c = self.counts.get(y, 0)
+        self.counts[y] = c + 1
+        self.ties += _tie_term(c + 1) - _tie_term(c)
+
+    def _forget(self, y: float) -> None:
+        ordered = self.ordered
+        del ordered[bisect_left(ordered, y)]
+        c = self.counts[y]
+        if c > 1:
+            self.counts[y] = c - 1
+        else:
+            del self.counts[y]
+        self.ties += _tie_term(c - 1) - _tie_term(c)
+
+    def drop_first(self) -> None:
+        y = self.values.pop(0)
+        self._forget(y)
+        ordered = self.ordered  # its pairs with every later value: sign(later - y)
+        below = bisect_left(ordered, y)
+        self.s -= (len(ordered) - bisect_right(ordered, y, below)) - below
+
+    def drop_last(self) -> None:
+        y = self.values.pop()
+        self._forget(y)
+        ordered = self.ordered  # its pairs with every earlier value: sign(y - earlier)
+        below = bisect_left(ordered, y)
+        self.s -= below - (len(ordered) - bisect_right(ordered, y, below))
+
+    def test(self) -> MannKendall:
+        return mann_kendall_of(len(self.values), self.s, self.ties)
+
+
+_TREND_KEY = "memory.leak.trend"
+"""Key of the leak series' :class:`_SlidingTrend` s (per device) in :attr:`RankState.derived`."""
+
+
+def _kept_trend(rank: RankState, device: str, fine: List[List[Any]]) -> Optional[_SlidingTrend]:
+    """The :class:`_SlidingTrend` of ``device``'s ``fine`` window when it is current, else None."""
+    kept = rank.derived.get(_TREND_KEY)
+    trend = kept.get(device) if kept is not None else None
+    if trend is not None and trend.fine is fine and len(trend.values) == len(fine):
+        return trend
+    return None
+
+
+def _new_trend(rank: RankState, device: str, fine: List[List[Any]]) -> Optional[_SlidingTrend]:
+    """A :class:`_SlidingTrend` of ``fine`` kept for ``device`` (None, none kept: a non-finite value)."""
+    kept = rank.derived.get(_TREND_KEY)
+    if kept is None:
+        kept = rank.derived[_TREND_KEY] = {}
+    for p in fine:
+        y = float(p[2])
+        if y - y != 0.0:
+            kept.pop(device, None)
+            return None
+    trend = kept[device] = _SlidingTrend(fine)
+    return trend
+
+
 def _leak_sample(rank: RankState, device: str, step: int, time_ns: int, event_id: str,
                  settings: DetectionSettings, value: float, peak: float, payload: Mapping[str, Any],
                  source: str) -> List[Finding]:
@@ -709,13 +804,23 @@ def _leak_sample(rank: RankState, device: str, step: int, time_ns: int, event_id
     point = [step, time_ns, value, peak]
     fine: List[List[Any]] = series["fine"]
     acc: List[List[Any]] = series["acc"]
+    trend = _kept_trend(rank, device, fine)  # (kept in step with fine below)
+    if trend is not None and value - value != 0.0:
+        trend = None
     if fine and int(fine[-1][0]) == step:  # a second sample of one step: the later one stands
         fine[-1] = point
+        if trend is not None:
+            trend.drop_last()
+            trend.append(float(value))
         if acc and int(acc[-1][0]) == step:
             acc[-1] = point
     else:
         fine.append(point)
         del fine[:-window_n]
+        if trend is not None:
+            trend.append(float(value))
+            while len(trend.values) > len(fine):
+                trend.drop_first()
         acc.append(point)
         if len(acc) >= int(_cfg(settings, "leak_coarse_every", LEAK_COARSE_EVERY)):
             values = sorted(float(p[2]) for p in acc)
@@ -723,8 +828,11 @@ def _leak_sample(rank: RankState, device: str, step: int, time_ns: int, event_id
                                      max(float(p[3]) for p in acc)])
             del series["coarse"][:-window_n]
             acc.clear()
+    if trend is None:
+        trend = _new_trend(rank, device, fine)
     use_peak = source in ("allocated", "mem/allocated")
-    verdict, points, scale = leak_test(fine, settings, use_peak), fine, "samples"
+    kept = trend.test() if trend is not None else None
+    verdict, points, scale = leak_test(fine, settings, use_peak, kept), fine, "samples"
     if verdict is None:
         verdict, points, scale = leak_test(series["coarse"], settings, use_peak), series["coarse"], "coarse"
     reported = series.get("reported")
