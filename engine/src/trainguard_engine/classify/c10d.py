@@ -191,6 +191,54 @@ def _rule_store_barrier(t: _Text) -> Optional[_Hit]:
     return None
 
 
+_RETRY_WARNING_RE = re.compile(
+    r"\[w(?:\d{3,4} [\d:.]+(?: +\d+)?)? ?[\w./-]*\.cpp:\d+\]|\bwarn(?:ing)?\b|^\W{0,4}w\d{3,4} ",
+    re.MULTILINE)
+"""A warning's mark before c10d's ``The client socket has failed to connect to ...`` (``[W socket.cpp:663]``,
+``[W427 01:04:16.149509694 socket.cpp:752]``, a glog ``W1108`` record, ``WARNING``): torch prints it for each
+attempt while it keeps retrying until its timeout -- the failure is the raised error or the timeout."""
+_WENT_ON_RE = re.compile(
+    r"^[^\n]{0,200}?(?:\b(?:epoch|step|iter(?:ation)?|batch)\b\s*[:=#\[(]?\s*\d|\bloss\b\s*[:=]?\s*-?\d"
+    r"|\d\s*it/s\b|\d{1,3}%\|)", re.MULTILINE)
+"""A training-progress line (a step / epoch / iteration / batch counter, a loss value, a progress bar): after
+c10d's connect warnings it says the retries succeeded and the run went on."""
+
+
+def connect_retry(line: str) -> bool:
+    """Whether ``line`` is c10d's warning for one failed connect attempt (:data:`_RETRY_WARNING_RE`): the
+    connection failed only if the log does not go on training after it (:func:`went_on`)."""
+    lower = line.lower()
+    pos = lower.find("the client socket has failed to connect to")
+    return pos >= 0 and _RETRY_WARNING_RE.search(lower, 0, pos) is not None
+
+
+def went_on(line: str) -> bool:
+    """Whether ``line`` is a training-progress line (:data:`_WENT_ON_RE`)."""
+    return _WENT_ON_RE.search(line.lower()) is not None
+
+
+def _connect_failure(t: _Text) -> int:
+    """Where c10d's ``The client socket has failed to connect to ...`` says the connection failed, or -1. An
+    error-level line or a raised error's always does; a warning-level one (:data:`_RETRY_WARNING_RE`, torch's
+    message for one attempt while it retries -- healthy runs print it while the master comes up: NeMo#7351,
+    PiPPy#158 CI) does only when no training-progress line (:data:`_WENT_ON_RE`) follows it: a log that ends
+    in the attempts (or in the error they end in) is the failure; one that goes on training is not."""
+    went_on = -1  # where the progress line found after an earlier attempt starts (it follows later ones too)
+    for pos in t.find_all("the client socket has failed to connect to"):
+        line_start = t.lower.rfind("\n", 0, pos) + 1
+        if _RETRY_WARNING_RE.search(t.lower, line_start, pos) is None:
+            return pos
+        line_end = t.lower.find("\n", pos)
+        if line_end < 0:
+            return pos
+        if went_on <= line_end:
+            progress = _WENT_ON_RE.search(t.lower, line_end + 1)
+            if progress is None:
+                return pos
+            went_on = progress.start()
+    return -1
+
+
 def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
     barrier = _rule_store_barrier(t)
     if barrier is not None:
@@ -225,7 +273,7 @@ def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
         return _Hit("comm", "init-failure", 0.9, pos, facts,
                     f"Rendezvous store {facts['host']}:{facts['port']} unreachable (timed out after "
                     f"{facts['timeout_ms']} ms)", _INIT_NOTE)
-    pos = t.first("the client socket has failed to connect to")
+    pos = _connect_failure(t)
     if pos >= 0 and (found := _search(_SOCKET_FAILED_RE, t, pos, before=0, after=400)) is not None:
         target = found[1].group("target")
         facts = {"target": _shorten(target, 200)}
@@ -265,6 +313,8 @@ def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
     pos = t.first("rendezvous")
     if pos >= 0:
         for at in t.find_all("rendezvous"):
+            if "failed to shutdown the rendezvous" in t.line_at(at).lower():
+                continue  # elastic's end-of-job clean-up warning: the job itself already ended
             found = _search(_RDZV_ERR_RE, t, at, before=0, after=300)
             if found is not None:
                 m = found[1]
@@ -320,7 +370,10 @@ DOCS = {
         '``Timed out ... waiting for clients. k/n clients joined``, the store-based barrier\'s timeout (or '
         'its wait with more workers than the world), ``... retrieving ncclUniqueId from [0] via c10d '
         'key-value store ... got error``, client socket connect '
-        'timeouts/failures, store ``wait timeout``, port in use, ``Rendezvous*Error``, NCCL bootstrap / '
+        'timeouts/failures (c10d\'s ``[W ...]`` warning for one connect attempt only when no training-progress '
+        'line follows it: healthy runs print it while the master comes up), store ``wait timeout``, port in '
+        'use, ``Rendezvous*Error`` (not elastic\'s end-of-job "failed to shutdown the rendezvous"), NCCL '
+        'bootstrap / '
         'socket connect, "connection refused"/"timed out" next to rendezvous words → comm/init-failure'
     ),
 }

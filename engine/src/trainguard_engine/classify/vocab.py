@@ -117,7 +117,8 @@ def _error_bearing(line: str, low: str) -> bool:
     """Whether :data:`ERROR_MARKERS` matches ``line`` (``low``: the line lower-cased)."""
     return any(word in low for word in _MARKER_WORDS) or _MARKER_REST.search(line) is not None
 _QUIET = re.compile(
-    r"^\W{0,8}(?:\S+ ){0,3}?\[?[IWD]\d{4} \d\d:|(?:^|\s)[IWD] [\w/.-]+\.(?:cc|cpp|h|py):\d+\]"
+    r"^\W{0,8}(?:\S+ ){0,3}?(?:\[?\w+\]:)?\[?[IWD]\d{3,4} \d\d:"
+    r"|(?:^|[\s\[])[IWD] [\w/.-]+\.(?:cc|cpp|h|py):\d+\]"
     r"|\b(?:INFO|DEBUG|TRACE|WARN|WARNING|NOTICE)\b|\w*Warning\b|\bwarn\("
     r"|\bNCCL (?:INFO|WARN)\b")
 _OWN = re.compile(r"\bNCCL (?:INFO|WARN)\b|ProcessGroup\w*\.(?:cpp|hpp):\d+\]"
@@ -131,8 +132,8 @@ _CODE = re.compile(r"^\W{0,12}(?:-->\s*\d+\s+)?(?:raise |return |if |elif |def |
                    r"|^\s*[\w.\[\]]+\s*=\s*[\w.]+\(")
 """A source line a traceback quotes (``raise RuntimeError("... failed")``, ``pg = ProcessGroupGloo(...,
 timeout=timeout)``): code, not what happened (the exception line that follows is read)."""
-_LOUD = re.compile(r"\b(?:ERROR|FATAL|CRITICAL)\b|^\W{0,8}(?:\S+ ){0,3}?\[?[EF]\d{4} \d\d:"
-                   r"|(?:^|\s)[EF] [\w/.-]+\.(?:cc|cpp|h|py):\d+\]")
+_LOUD = re.compile(r"\b(?:ERROR|FATAL|CRITICAL)\b|^\W{0,8}(?:\S+ ){0,3}?(?:\[?\w+\]:)?\[?[EF]\d{3,4} \d\d:"
+                   r"|(?:^|[\s\[])[EF] [\w/.-]+\.(?:cc|cpp|h|py):\d+\]")
 _RECOVERED = re.compile(
     r"\bretr(?:y|ying|ies)\b|\bfall(?:ing|s)? back\b|\bfallback\b|\b(?:will|would|may|might|could|can)"
     r" (?:fail|time ?out|be killed|run out)|\bset to\b|\btime ?out\s*[:=]\s*\d|\bignor(?:e|ed|ing)\b"
@@ -140,7 +141,8 @@ _RECOVERED = re.compile(
 """A line saying the program recovers, or what would happen: not a failure (see the module docstring)."""
 _MARKED = re.compile(
     r"\b[A-Z]\w*(?:Error|Exception|Exhausted|NotMet)\b\s*:|\b(?:ERROR|FATAL|CRITICAL)\b|\[error\]"
-    r"|^\W{0,8}(?:\S+ ){0,3}?\[?[EF]\d{4} \d\d:|(?:^|\s)[EF] [\w/.-]+\.(?:cc|cpp|h|py):\d+\]"
+    r"|^\W{0,8}(?:\S+ ){0,3}?(?:\[?\w+\]:)?\[?[EF]\d{3,4} \d\d:"
+    r"|(?:^|[\s\[])[EF] [\w/.-]+\.(?:cc|cpp|h|py):\d+\]"
     r"|^\W{0,4}(?:error|fatal)\s*:|terminate called|what\(\):")
 """An explicit error mark on a line (see the module docstring, **Confidence**)."""
 _LOSS_MARKERS = re.compile(r"non-?finite|not finite|invalid|detected|encountered|diverg|stopp|halt", _I)

@@ -79,6 +79,7 @@ from trainguard.core.tracebacks import (
     parse_traceback_text,
 )
 from trainguard_engine.classify import INIT_FUNCTIONS
+from trainguard_engine.classify.c10d import connect_retry, went_on
 
 from .times import leading_stamp_year
 
@@ -97,6 +98,11 @@ space) and torchrun's ``[default0]:`` (read so since the corpus's pastes hold bo
 (``[trainer3]:``, ``[trainer0|0]:``) is glued to what the process printed, so the spaces after it, when more
 than one, are the line's indentation -- a torchrun failure entry's ``  traceback : ...`` field and its
 worker's traceback lines keep their columns (one space before text is read as the tag's, as before)."""
+UNSETTLED_MAX_PENDING = 10_000
+"""How many items may wait behind an unsettled one (an inline exception, c10d's connect-retry warning: kept
+only if no training-progress line follows, see :class:`LogSegmenter`) before it is emitted as it is: a bound
+on the memory a long log with no progress line after it holds, not a detection setting (a log that goes on
+training shows a progress line long before)."""
 MAX_STACKED_PREFIXES = 8
 """How many ``[rankN]:``-style tags are stripped from one line at most (real logs stack two or three: a
 launcher's and torch's own); more stay in the text, so a line of thousands of them costs linear time."""
@@ -345,14 +351,26 @@ device``, keras-team/keras-tuner#390): the type's module path (Python prints one
 builtin) after a sentence's end or a run of spaces marks the rest of the line as the exception line."""
 
 
+_HANDLED_LEAD_RE = re.compile(
+    r"\bretr(?:y|ying|ies)\b|\bfall(?:ing|s)? ?back\b|\bfallback\b|\bignor(?:e|ed|ing)\b|\bskipp(?:ed|ing)\b"
+    r"|\bcontinu(?:e|es|ing)\b|\binstead\b|\btry(?:ing)? again\b", re.IGNORECASE)
+"""Wording before an inline exception (:data:`_INLINE_EXCEPTION_RE`) that says the program handled it: it
+retries, falls back, ignores or skips it, goes on (``Retrying in 1s [Retry 1/5].  requests.exceptions.
+ConnectionError: ...``, ``Could not import flash attention, falling back to eager.  transformers...Error:
+...`` -- a healthy run's own report of an exception it recovered from, not the log's exception)."""
+
+
 def quoted_exception(line: str) -> Optional[str]:
     """The exception line a prose line quotes after an error lead (:data:`_QUOTED_EXCEPTION_RE`), or pastes
-    after a sentence with its qualified type (:data:`_INLINE_EXCEPTION_RE`), or None. A line that states a
-    level below ERROR reports an error the code handled: None."""
+    after a sentence with its qualified type (:data:`_INLINE_EXCEPTION_RE`) that does not say the program
+    handled it (:data:`_HANDLED_LEAD_RE`), or None. A line that states a level below ERROR reports an error
+    the code handled: None."""
     if "rror: " not in line and "xception: " not in line:
         return None
-    if (m := _QUOTED_EXCEPTION_RE.search(line)) is None and (m := _INLINE_EXCEPTION_RE.search(line)) is None:
-        return None
+    if (m := _QUOTED_EXCEPTION_RE.search(line)) is None:
+        m = _INLINE_EXCEPTION_RE.search(line)
+        if m is None or _HANDLED_LEAD_RE.search(line, 0, m.start("body")):
+            return None
     if line_level(line) in ("DEBUG", "INFO", "WARNING"):
         return None
     return m.group("body").rstrip()
@@ -608,6 +626,8 @@ class _Stream:
         self.seen_thread = False
         self.prev = ""                           # previous non-blank line of the block
         self.headless = False                    # a Python block cut at the top (no header line)
+        self.unsettled = False                   # an inline exception: kept only if the run did not go on
+        self.went_on = False                     # ... and a progress line came while it was read
 
     @property
     def first_line(self) -> int:
@@ -618,6 +638,7 @@ class _Stream:
         self.mode, self.block, self.time_ns, self.precision_ns = mode, [(number, text)], time_ns, precision_ns
         self.in_message, self.message_lines, self.seen_thread, self.prev = in_message, 0, False, text
         self.headless = headless
+        self.unsettled = self.went_on = False
 
     def continues(self, text: str) -> Tuple[bool, bool]:
         """(the line belongs to the open block, the block ends with it)."""
@@ -714,6 +735,10 @@ class LogSegmenter:
         self._summary_off = False  # its lines fed again one by one (it named no root cause)
         self._summary_rooted = False  # a held line is its "Root Cause (first observed failure):" head
         self._summary_traced = -1  # the index of the last held entry "traceback :" field (-1: none)
+        # items that say something failed only if the run did not go on after them (an inline exception
+        # a sentence reports, c10d's warning for one connect attempt): held until a training-progress line
+        # drops them or the end of the log (or UNSETTLED_MAX_PENDING items waiting behind them) emits them
+        self._unsettled: List[LogItem] = []
 
     @property
     def open_blocks(self) -> int:
@@ -723,6 +748,8 @@ class LogSegmenter:
     def feed(self, number: int, line: str, time_ns: Optional[int], precision_ns: int = 1) -> None:
         """One line (already cleaned), line number ``number``."""
         prefixed, text = split_prefix(line)
+        if (self._unsettled or any(s.unsettled for s in self._streams.values())) and went_on(text):
+            self._go_on()
         if not self._summary_off and prefixed is None and self._summary_line(number, line, text, time_ns,
                                                                               precision_ns):
             return
@@ -795,10 +822,13 @@ class LogSegmenter:
                 bare = logged_exception(text)
             if bare is None:
                 bare = reported_exception(text)
+            inline = False
             if bare is None:
                 bare = quoted_exception(text)
+                inline = bare is not None and _QUOTED_EXCEPTION_RE.search(text) is None
             if bare is not None:
                 stream.start(_PYTHON, number, bare, time_ns, precision_ns, headless=True, in_message=True)
+                stream.unsettled = inline
                 return
         self._line(rank, number, text, time_ns, precision_ns)
 
@@ -905,8 +935,36 @@ class LogSegmenter:
             and not _indented(stream.prev) and _ANY_HEADER_RE.search(stream.prev) is None
 
     def take(self) -> List[LogItem]:
-        """Items whose first line precedes every open block's, in line order."""
+        """Items whose first line precedes every open block's and every unsettled item's, in line order."""
+        if self._unsettled and len(self._pending) > UNSETTLED_MAX_PENDING:
+            self._settle()
         return list(self._release())
+
+    def _go_on(self) -> None:
+        """A training-progress line: the unsettled items before it reported what the run recovered from."""
+        for item in self._unsettled:
+            self._uncount(item)
+        self._unsettled.clear()
+        for stream in self._streams.values():
+            if stream.unsettled:
+                stream.went_on = True
+
+    def _uncount(self, item: LogItem) -> None:
+        stats = self.stats
+        if item.kind == "log":
+            stats.log_lines -= 1
+        else:
+            stats.exceptions -= 1
+        stats.ranks[item.rank] -= 1
+        if not stats.ranks[item.rank]:
+            del stats.ranks[item.rank]
+
+    def _settle(self) -> None:
+        """The unsettled items, emitted: the run did not go on after them (as far as the log shows)."""
+        for item in self._unsettled:
+            self._seq += 1
+            heapq.heappush(self._pending, (item.line, self._seq, item))
+        self._unsettled.clear()
 
     def flush(self) -> List[LogItem]:
         """Close every open block; all items left, in line order."""
@@ -914,6 +972,7 @@ class LogSegmenter:
         for stream in self._streams.values():
             if stream.mode is not None:
                 self._close(stream)
+        self._settle()
         if self.stats.log_lines + self.stats.exceptions == 0:
             for rank, number, text, time_ns, precision_ns in self._tail:
                 self.stats.below_level -= 1
@@ -925,9 +984,13 @@ class LogSegmenter:
     def _close(self, stream: _Stream) -> None:
         time_ns, precision_ns = stream.time_ns, stream.precision_ns
         headless, mode = stream.headless, stream.mode
+        unsettled, dropped = stream.unsettled, stream.went_on
+        stream.unsettled = stream.went_on = False
         block = stream.take()
         if not block:
             return
+        if unsettled and dropped:
+            return  # an inline exception the run went on after: what it recovered from
         text = "\n".join(t for _, t in block)
         if mode == _NCCL:  # one message, one log item (a lone head line is a plain line)
             self._line(stream.rank, block[0][0], text, time_ns, precision_ns, last=block[-1][0])
@@ -955,7 +1018,7 @@ class LogSegmenter:
                 self._line(stream.rank, number, line, time_ns, precision_ns)
             return
         self._emit(LogItem("exception", stream.rank, block[0][0], block[-1][0], time_ns, "CRITICAL",
-                           payload=payload, precision_ns=precision_ns))
+                           payload=payload, precision_ns=precision_ns), unsettled=unsettled)
 
     def _bare_exception(self, rank: int, number: int, line: str, time_ns: Optional[int],
                         precision_ns: int) -> bool:
@@ -978,15 +1041,19 @@ class LogSegmenter:
             return
         self.stats.recognised += known
         self._emit(LogItem("log", rank, number, number if last is None else last, time_ns, level,
-                           safe_str(text, MAX_LINE_CHARS), precision_ns=precision_ns))
+                           safe_str(text, MAX_LINE_CHARS), precision_ns=precision_ns),
+                   unsettled=connect_retry(text))
 
-    def _emit(self, item: LogItem) -> None:
+    def _emit(self, item: LogItem, unsettled: bool = False) -> None:
         stats = self.stats
         if item.kind == "log":
             stats.log_lines += 1
         else:
             stats.exceptions += 1
         stats.ranks[item.rank] = stats.ranks.get(item.rank, 0) + 1
+        if unsettled:
+            self._unsettled.append(item)
+            return
         self._seq += 1
         heapq.heappush(self._pending, (item.line, self._seq, item))
 
@@ -995,7 +1062,8 @@ class LogSegmenter:
         if not pending:
             return
         limit = None if final else min([s.first_line for s in self._streams.values() if s.mode is not None]
-                                       + ([self._summary[0][0]] if self._summary else []), default=None)
+                                       + ([self._summary[0][0]] if self._summary else [])
+                                       + [item.line for item in self._unsettled], default=None)
         while pending and (limit is None or pending[0][0] < limit):
             yield heapq.heappop(pending)[2]
 
