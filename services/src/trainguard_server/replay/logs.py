@@ -739,6 +739,7 @@ class LogSegmenter:
         # a sentence reports, c10d's warning for one connect attempt): held until a training-progress line
         # drops them or the end of the log (or UNSETTLED_MAX_PENDING items waiting behind them) emits them
         self._unsettled: List[LogItem] = []
+        self._watch = False  # an unsettled item or block may be open: lines are checked for progress
 
     @property
     def open_blocks(self) -> int:
@@ -748,8 +749,11 @@ class LogSegmenter:
     def feed(self, number: int, line: str, time_ns: Optional[int], precision_ns: int = 1) -> None:
         """One line (already cleaned), line number ``number``."""
         prefixed, text = split_prefix(line)
-        if (self._unsettled or any(s.unsettled for s in self._streams.values())) and went_on(text):
-            self._go_on()
+        if self._watch:  # something unsettled was read: does the run go on?
+            if not self._unsettled and not any(s.unsettled for s in self._streams.values()):
+                self._watch = False
+            elif went_on(text):
+                self._go_on()
         if not self._summary_off and prefixed is None and self._summary_line(number, line, text, time_ns,
                                                                               precision_ns):
             return
@@ -829,6 +833,7 @@ class LogSegmenter:
             if bare is not None:
                 stream.start(_PYTHON, number, bare, time_ns, precision_ns, headless=True, in_message=True)
                 stream.unsettled = inline
+                self._watch = self._watch or inline
                 return
         self._line(rank, number, text, time_ns, precision_ns)
 
@@ -1042,7 +1047,7 @@ class LogSegmenter:
         self.stats.recognised += known
         self._emit(LogItem("log", rank, number, number if last is None else last, time_ns, level,
                            safe_str(text, MAX_LINE_CHARS), precision_ns=precision_ns),
-                   unsettled=connect_retry(text))
+                   unsettled="socket has failed to connect" in text and connect_retry(text))
 
     def _emit(self, item: LogItem, unsettled: bool = False) -> None:
         stats = self.stats
@@ -1053,6 +1058,7 @@ class LogSegmenter:
         stats.ranks[item.rank] = stats.ranks.get(item.rank, 0) + 1
         if unsettled:
             self._unsettled.append(item)
+            self._watch = True
             return
         self._seq += 1
         heapq.heappush(self._pending, (item.line, self._seq, item))
