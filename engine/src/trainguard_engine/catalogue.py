@@ -537,6 +537,27 @@ class DetectionSettings:
         "first full loss_window, its values significantly lower than that window's (rank test, z >= "
         "trend_z): noise on a level still falling window after window is a loss converging (0: off).",
         minimum=0.0)
+    oscillation_min_serial: float = _setting(
+        0.0, "loss/oscillation: OFF by default (0; stop 44 measured it, see docs/detectors.md). When > 0, "
+        "a window with a heavy upper tail (oscillation_heavy_tail) opens only on swings with a shape: the "
+        "lag-1 rank autocorrelation of its values (in step order) at least this in size -- the loss runs in "
+        "stretches or alternates -- unless its lower quartile is >= oscillation_iid_level x the initial "
+        "level. Independent draws of a noisy loss give ~0 +- 0.16 over 40 values (~1 % of windows reach "
+        "0.4). 0.4 with oscillation_heavy_tail 1 (every window) quiets tuning43/44's and heldout43's healthy "
+        "heavy-tailed oscillations (healthy right: tuning43 3/6 -> 3/6 but 3 fewer oscillations, tuning44 "
+        "5/7 -> 7/7, heldout43 6/8 -> 8/8) but also the dev corpus's labelled LR-too-high oscillations "
+        "(r201, r477, r645, r709, r794: unshaped swings, robust spread 0.2-0.7, near the start); with "
+        "oscillation_heavy_tail 2.5 the corpus keeps them and most of the gain is gone.",
+        minimum=0.0, maximum=1.0)
+    oscillation_heavy_tail: float = _setting(
+        2.5, "loss/oscillation asks a shape (oscillation_min_serial, when on) only of a window with a heavy "
+        "upper tail: its 0.9 quantile (nearest rank) >= this x its median (1: of every window).", minimum=1.0)
+    oscillation_iid_level: float = _setting(
+        2.0, "loss/oscillation (oscillation_min_serial on): a heavy-tailed window opens without a shape when "
+        "its LOWER QUARTILE is >= this x the initial level (the rule's own, see oscillation_min_level): the "
+        "whole window thrown up far above the start, not a wide tail over a start that a few lucky first "
+        "values set low (tuning36-44's LR-too-high runs with unshaped swings: lower quartile 2.0-33x; the "
+        "healthy heavy-tailed ones 0.4-1.8x, their medians up to 3.8x).", minimum=0.0)
     oscillation_held_points: int = _setting(
         40, "loss/oscillation gives way to loss/divergence when, on this many values in a row (a full "
         "loss_window's worth), the oscillation rule no longer holds (the loss stopped swinging, or trends) "
@@ -1244,7 +1265,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "spike_resolve_points", "loss_window",
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
-        "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_min_fall", "oscillation_held_points",
+        "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_min_fall", "oscillation_min_serial",
+        "oscillation_heavy_tail", "oscillation_iid_level", "oscillation_held_points",
         "plateau_min_level",
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
         "plateau_converged_level", "plateau_small_grad", "plateau_min_steps", "plateau_moved_min_steps",

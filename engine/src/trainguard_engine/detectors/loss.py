@@ -339,6 +339,9 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         if kind not in judged:
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, False)
+        if kind == "oscillation" and check.holds and open_kind != kind and \
+                not _swings_shaped(win, initial, state, tuned):
+            check = _NOT_HOLDING  # a noisy loss, not swings: values independent of each other, near the start
         quiet = quiet and check is _NOT_HOLDING
         if check.deferred:
             continue
@@ -1342,6 +1345,46 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
                                      time_ns=point_time(rank, name, steps[0], 0), rank=rank.rank, metric=name,
                                      threshold=bar, value=wire_float(cv),
                                      window=window(rank, name, steps[-1], settings.evidence_window))])
+
+
+def _swings_shaped(win: _Window, initial: float, state: Dict[str, Any], tuned: LossGradientSettings) -> bool:
+    """Whether a window on which the oscillation rule holds swings with a shape, so that it may OPEN an
+    oscillation: a window whose upper tail is light (its 0.9 quantile under ``oscillation_heavy_tail`` x its
+    median) swings as before; a heavy-tailed one only when the lag-1 autocorrelation of its values' ranks
+    (in step order) is at least ``oscillation_min_serial`` in size -- the loss wanders in runs or
+    alternates -- or its lower quartile is at least ``oscillation_iid_level`` x the rule's initial level
+    (the lower of the initial level and the first value unless the loss has been at or below that value).
+    Off unless ``oscillation_min_serial`` > 0 (the default is off: docs/detectors.md). Independent draws
+    of a heavy-tailed loss (tiny batches, noisy labels, sparse rewards) near where the run started
+    spread as wide as an LR's swings but have no such order (stop 44). Judged only when the rest of the
+    rule holds (rare): one sort of ``loss_window`` values."""
+    bar = tuned.oscillation_min_serial
+    if not bar > 0:
+        return True
+    ordered = win.ordered
+    n = len(ordered)
+    if ordered[min(n - 1, int(0.9 * n))] < tuned.oscillation_heavy_tail * win.median:
+        return True  # a spread without a heavy upper tail: swings as before stop 44 (the corpus's LR swings)
+    first = state["init"][0]
+    if state.get("best", math.inf) > first:
+        initial = min(initial, first)
+    if ordered[n // 4] >= tuned.oscillation_iid_level * initial:
+        return True  # its lower quartile that far above the start: the whole window was thrown up
+    return abs(_lag1_rank_autocorrelation(win.values)) >= bar
+
+
+def _lag1_rank_autocorrelation(values: Sequence[float]) -> float:
+    """The lag-1 autocorrelation of the ranks of ``values`` (ties broken by position): ~0 for independent
+    draws whatever their distribution, > 0 when the values run in stretches, < 0 when they alternate.
+    0.0 for fewer than 3 values."""
+    n = len(values)
+    if n < 3:
+        return 0.0
+    ranks = [0.0] * n
+    for r, i in enumerate(sorted(range(n), key=values.__getitem__)):
+        ranks[i] = r - (n - 1) / 2.0
+    den = sum(r * r for r in ranks)
+    return sum(ranks[i] * ranks[i + 1] for i in range(n - 1)) / den if den > 0 else 0.0
 
 
 def _rose_from_start(state: Dict[str, Any], win: _Window, tuned: LossGradientSettings) -> bool:
