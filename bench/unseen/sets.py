@@ -41,7 +41,7 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "tuning43": ("bench.unseen.tuning7", True),  # stop 43's tuning set
     "heldout43": ("bench.unseen.heldout9", True),  # stop 43's held-out set: judged once per engine, SPENT
     "tuning44": ("bench.unseen.tuning8", True),  # stop 44's tuning set
-    "heldout44": ("bench.unseen.heldout10", True),  # stop 44's held-out set: judged once per engine
+    "heldout44": ("bench.unseen.heldout10", True),  # stop 44's held-out set: judged once per engine, SPENT
 }
 
 JUMP_RULE = frozenset({"tuning44", "heldout44"})
