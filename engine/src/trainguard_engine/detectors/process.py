@@ -52,6 +52,7 @@ from trainguard.core.events import wire_float
 
 from ..catalogue import EXIT_REASON_MEANINGS, DetectionSettings, classify_exit, kind
 from ..classify import Classification, classify_chain, classify_text
+from ..classify.c10d import connect_retry
 from ..classify.torchrun import SINGLE_PROCESS_REPORTERS
 from ..diagnosis import cuda_in_use
 from ..extract import as_int, as_str, recent_points
@@ -73,6 +74,12 @@ NUMERIC_TEXT_KINDS = (("loss", "non_finite"), ("gradient", "nan-source"), ("memo
 or heartbeats (an instrumented job's metrics arrive later than its printed line, in batches; the loss,
 gradient and memory detectors judge the numbers themselves, with the step they happened at)."""
 TEARDOWN_RULE = "deepspeed.launcher-teardown"
+CONNECT_RULE = "c10d.rendezvous"
+"""The rule that reads c10d's warning for one failed connect attempt (``[W socket.cpp:N] [c10d] The client
+socket has failed to connect to ...``): torch prints it per attempt while the master comes up, healthy runs
+too, so a LIVE record of it opens nothing (whether the attempts ended in a failure only the raised error or
+an error-level line says); a replayed log's reader passes it on only when the log did not go on training
+after it (tags ``replay: true``, set by ``trainguard replay``)."""
 LAUNCHER_RULES = ("torchrun.worker-failed", "launcher.signal", "dataloader.worker", TEARDOWN_RULE)
 LAUNCHER_KINDS = (("process", "killed"), ("process", "exit"), ("process", "terminated"))
 """Log lines in which a launcher (or the DataLoader, of its workers: "Unexpected bus error encountered in
@@ -294,6 +301,8 @@ def on_log(run: RunState, rank: RankState, event: Mapping[str, Any], body: Mappi
     if found is None or (found.category not in TEXT_CATEGORIES and not (
             found.rule in LAUNCHER_RULES and (found.category, found.subtype) in LAUNCHER_KINDS)):
         return None
+    if found.rule == CONNECT_RULE and run.tags.get("replay") != "true" and connect_retry(message):
+        return None  # one attempt of a live run: its failure arrives as the raised error / an [E ...] line
     if not _numeric_text_wanted(run, found, settings, rank):
         return _overflow_notice(run, rank, event, body, found, step, time_ns, settings)
     if found.rule == SCALE_RULE:
