@@ -97,6 +97,12 @@ class Settings(BaseSettings):
         32 * 2**20, ge=0, description="the same bound for the requests of one project: one tenant's big "
         "batches are answered 429 while the others' are admitted; a project holding nothing is never refused "
         "by it. 0: no bound")
+    project_max_baselines: int = Field(
+        1000, ge=0, description="gate baselines one project may hold (PUT /api/v1/baselines/{name}); "
+        "defining one more is answered 409 naming this setting -- redefine one or delete one (DELETE "
+        "/api/v1/baselines/{name}) first; redefining an existing name is always allowed. Each is stored "
+        "with its profile (2-6 KB), so a read token could otherwise fill the incident store without bound "
+        "(docs/security.md). Concurrent definitions may pass it by how many run at once. 0: no bound")
     project_max_http_bodies: int = Field(
         256, ge=0, description="HTTP ingest bodies of one project being read at once: one more is "
         "answered 429 with Retry-After and Connection: close before its body is read, so one tenant's slow "
