@@ -12,21 +12,17 @@ import httpx
 import pytest
 
 from tests.services.gateway.embedded_server import LiveServer, event, live_server
-from trainguard_server.api.routes import gate as gate_routes
 
 LIMIT = 3
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    patch = pytest.MonkeyPatch()
-    patch.setattr(gate_routes, "DEFAULT_MAX_BASELINES", LIMIT)  # until config.py has the setting
     with live_server(tmp_path_factory.mktemp("baseline-tenants"), project_max_baselines=LIMIT) as server:
         r = server.post_events([event("base-run", step) for step in range(3)])
         assert r.status_code == 200, r.text
         server.wait_for(lambda: server.get("/api/v1/runs/base-run").status_code == 200)
         yield server
-    patch.undo()
 
 
 def _put(live: LiveServer, name: str, headers: Dict[str, str], run: str = "base-run") -> httpx.Response:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...config import Settings
 from ...gate.baselines import Baseline
 from ...gate.policy import Policy, policy_from_dict
 from ...gate.service import GateError, GateService, TooManyBaselines
@@ -56,12 +57,14 @@ class BaselineList(BaseModel):
 #: baselines in one page of ``GET /baselines`` unless ``limit`` says otherwise: each answer is bounded by the
 #: page, not by how many the project defined (stop 44: 2,000 baselines were one 5.1 MB answer of 0.47 s)
 BASELINES_PAGE = 50
-#: ``project_max_baselines``'s default, read with it until config.py has the setting
-DEFAULT_MAX_BASELINES = 1000
 
 
 def _max_baselines(services: Any) -> int:
-    return int(getattr(services.settings, "project_max_baselines", DEFAULT_MAX_BASELINES))
+    """``project_max_baselines`` of the serving process (its default where the app has no settings)."""
+    settings = services.settings
+    if isinstance(settings, Settings):
+        return settings.project_max_baselines
+    return int(Settings.model_fields["project_max_baselines"].default)
 
 
 class GateRequest(BaseModel):
