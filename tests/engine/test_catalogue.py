@@ -89,6 +89,9 @@ def test_killed_says_oom_killer_and_preemption() -> None:
     (143, 15, ("process", "terminated")),
     (-15, 0, ("process", "terminated")),
     (130, 2, ("process", "terminated")),
+    (129, 1, ("process", "terminated")),  # SIGHUP: a closed terminal / ssh session, a stop from outside
+    (-1, 0, ("process", "terminated")),
+    (129, 0, ("process", "terminated")),
     (139, 11, ("process", "exit")),
     (2, 0, ("process", "exit")),
 ])
