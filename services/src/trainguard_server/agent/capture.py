@@ -46,7 +46,8 @@ class OutputCapture:
         self.emit = emit
         self.step_of = step_of
         self.block_quiet_ns = int(block_quiet_s * 1e9)
-        self.segmenter = LogSegmenter(rank, min_level=min_level, keep_below=recognised)
+        # live: nothing waits for a progress line that a hang never prints (LogSegmenter.hold_unsettled)
+        self.segmenter = LogSegmenter(rank, min_level=min_level, keep_below=recognised, hold_unsettled=False)
         self.last_line_ns = 0
         self.lines = 0
         self.sent = 0

@@ -711,13 +711,20 @@ class LogSegmenter:
     printed with no traceback at all (``RuntimeError: ...``) are exceptions too (``trainguard replay``;
     a live job's output always has its header). ``tail``: when nothing at all passed the level by the end,
     the last ``tail`` lines left out are emitted after all (a file of a job that died without an error
-    line still shows what it printed last); 0 keeps nothing."""
+    line still shows what it printed last); 0 keeps nothing. ``hold_unsettled`` (default True: a file or a
+    paste): an item that says something failed only if the run did not go on (an inline exception after a
+    sentence, c10d's warning for one connect attempt) waits for a progress line (dropped) or the end
+    (emitted), holding later items back; False (a live tail) emits it at once."""
 
     def __init__(self, rank: int = 0, *, min_level: str = "",
                  keep_below: Optional[Callable[[str], bool]] = None, headless: bool = False,
-                 tail: int = 0) -> None:
+                 tail: int = 0, hold_unsettled: bool = True) -> None:
         self.rank = rank
         self.headless = headless
+        # False (a live tail: the agent): an unsettled item is emitted at once, in line order like any other
+        # -- a live log cannot wait for a progress line that may never come (a hang), and a held item holds
+        # every later one; the engine judges such a live record itself (detectors/process.py CONNECT_RULE)
+        self.hold_unsettled = hold_unsettled
         self._tail: Deque[Tuple[int, int, str, Optional[int], int]] = deque(maxlen=max(0, tail))
         self.min_level = LEVEL_ORDER[min_level]
         self.keep_below = keep_below
@@ -1056,7 +1063,7 @@ class LogSegmenter:
         else:
             stats.exceptions += 1
         stats.ranks[item.rank] = stats.ranks.get(item.rank, 0) + 1
-        if unsettled:
+        if unsettled and self.hold_unsettled:
             self._unsettled.append(item)
             self._watch = True
             return
