@@ -381,7 +381,10 @@ def test_the_classifier_reads_each_ranks_real_log(name: str) -> None:
         text = rank_log(name, rank)
         found = classify_text(text)
         if not exceptions(events):
-            assert found is None, (rank, found)
+            # nothing that opens an incident: the vocabulary fallback (classify/vocab.py) may read a bare
+            # word of the harness's own line ('capture[rank1] SIGKILL to self') below log_min_confidence
+            assert found is None or (found.rule.startswith("vocab.")
+                                     and found.confidence < SETTINGS.log_min_confidence), (rank, found)
             continue
         assert found is not None and found.kind == expected
         assert found.confidence >= SETTINGS.log_min_confidence

@@ -218,7 +218,8 @@ OTHER_VARIABLES: FrozenSet[str] = frozenset({
 })
 OTHER_PREFIXES: Tuple[str, ...] = (
     "TRAINGUARD_AGENT_", "TRAINGUARD_KAFKA_", "TRAINGUARD_ELASTICSEARCH_", "TRAINGUARD_CLICKHOUSE_",
-    "TRAINGUARD_BOOTSTRAP_", "TRAINGUARD_WEBHOOK_", "TRAINGUARD_PROJECT_", "TRAINGUARD_FUZZ_")
+    "TRAINGUARD_BOOTSTRAP_", "TRAINGUARD_WEBHOOK_", "TRAINGUARD_PROJECT_", "TRAINGUARD_FUZZ_",
+    "TRAINGUARD_MEMORY_TRIM_")
 #: How alike (difflib's ratio of the names after ``TRAINGUARD_``) an unknown variable must be to an option
 #: to be called a typo of it.
 MISSPELLING_CUTOFF = 0.8
