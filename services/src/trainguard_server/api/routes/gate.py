@@ -15,7 +15,6 @@ from typing import Any, Dict, List, Optional
 from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...config import Settings
 from ...gate.baselines import Baseline
 from ...gate.policy import Policy, policy_from_dict
 from ...gate.service import GateError, GateService, TooManyBaselines
@@ -23,6 +22,7 @@ from ...storage.common import decode_cursor, encode_cursor
 from ..deps import ProjectDep, ServicesDep
 from ..preflight import ReadTokenFirstRoute
 from .common import MAX_LIMIT, CursorQuery, not_found
+from .stream import setting
 
 router = APIRouter(prefix="/api/v1", tags=["CI gate"], route_class=ReadTokenFirstRoute)
 
@@ -57,14 +57,6 @@ class BaselineList(BaseModel):
 #: baselines in one page of ``GET /baselines`` unless ``limit`` says otherwise: each answer is bounded by the
 #: page, not by how many the project defined (stop 44: 2,000 baselines were one 5.1 MB answer of 0.47 s)
 BASELINES_PAGE = 50
-
-
-def _max_baselines(services: Any) -> int:
-    """``project_max_baselines`` of the serving process (its default where the app has no settings)."""
-    settings = services.settings
-    if isinstance(settings, Settings):
-        return settings.project_max_baselines
-    return int(Settings.model_fields["project_max_baselines"].default)
 
 
 class GateRequest(BaseModel):
@@ -118,10 +110,10 @@ def _public(baseline: Baseline) -> BaselinePublic:
 def define_baseline(name: str, body: BaselineDefine, project: ProjectDep,
                     services: ServicesDep) -> BaselinePublic:
     policy = _policy(body.policy)
+    limit = int(setting(services, "project_max_baselines"))
     try:
         baseline = _service(project, services).define(name, policy, tag=body.tag, runs=body.runs,
-                                                       description=body.description,
-                                                       max_baselines=_max_baselines(services))
+                                                       description=body.description, max_baselines=limit)
     except TooManyBaselines as exc:
         raise HTTPException(409, str(exc)) from None
     except GateError as exc:
