@@ -122,12 +122,17 @@ def mann_kendall(values: Sequence[float]) -> MannKendall:
     return mann_kendall_of(n, kendall_s(values), kendall_ties(values))
 
 
+def kendall_tie_term(t: int) -> int:
+    """One group of ``t`` equal values' share of :func:`kendall_ties`: t (t - 1) (2 t + 5)."""
+    return t * (t - 1) * (2 * t + 5)
+
+
 def kendall_ties(values: Sequence[float]) -> int:
-    """The tie correction of :func:`mann_kendall`'s variance: the sum of t (t - 1) (2 t + 5) over the groups
-    of t equal values (the same equality as a dict's keys: 0.0 and -0.0 tie)."""
+    """The tie correction of :func:`mann_kendall`'s variance: the sum of :func:`kendall_tie_term` over the
+    groups of t equal values (the same equality as a dict's keys: 0.0 and -0.0 tie)."""
     if len(set(values)) == len(values):
         return 0
-    return sum(t * (t - 1) * (2 * t + 5) for t in Counter(values).values() if t > 1)
+    return sum(kendall_tie_term(t) for t in Counter(values).values() if t > 1)
 
 
 def mann_kendall_of(n: int, s: int, ties: int) -> MannKendall:

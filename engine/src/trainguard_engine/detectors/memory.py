@@ -15,7 +15,7 @@ from trainguard.core.events import wire_float
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
-from ..robust import MannKendall, mann_kendall, mann_kendall_of, theil_sen
+from ..robust import MannKendall, kendall_tie_term, mann_kendall, mann_kendall_of, theil_sen
 from ..state import RankState, RunState, bounded_append
 from . import fmt_duration, fmt_number
 from .base import Detector, MetricBatch, MetricRun, RunFindings
@@ -693,11 +693,6 @@ def leak_test(points: Sequence[Sequence[float]], settings: DetectionSettings,
             "peak_slope": peak_slope, "onset": onset, "tail_z": tail_z}
 
 
-def _tie_term(t: int) -> int:
-    """One group of ``t`` equal values' share of the Mann-Kendall tie correction (robust.kendall_ties)."""
-    return t * (t - 1) * (2 * t + 5)
-
-
 class _SlidingTrend:
     """The Mann-Kendall S and tie correction of a leak series' ``fine`` window (the values of its points, in
     order), kept as the window slides -- a point appended, the oldest dropped, the newest replaced -- so a
@@ -726,7 +721,7 @@ class _SlidingTrend:
         self.values.append(y)
         c = self.counts.get(y, 0)
         self.counts[y] = c + 1
-        self.ties += _tie_term(c + 1) - _tie_term(c)
+        self.ties += kendall_tie_term(c + 1) - kendall_tie_term(c)
 
     def _forget(self, y: float) -> None:
         ordered = self.ordered
@@ -736,7 +731,7 @@ class _SlidingTrend:
             self.counts[y] = c - 1
         else:
             del self.counts[y]
-        self.ties += _tie_term(c - 1) - _tie_term(c)
+        self.ties += kendall_tie_term(c - 1) - kendall_tie_term(c)
 
     def drop_first(self) -> None:
         y = self.values.pop(0)
