@@ -50,6 +50,9 @@ FINAL_DEVICE_READ_WAIT_S = 2.0
 """The same while a flush or the final drain at exit is waiting for everything queued."""
 DEVICE_WAIT_REPORT_S = 1.0
 """A heartbeat reports ``sdk_stats["device_wait_s"]`` once the current read-back waited this long."""
+HAND_LOCK_WAIT_S = 0.1
+"""The longest an alert written ahead waits for the worker to finish popping a batch (microseconds; past it,
+the context is read without the lock, best-effort)."""
 
 ExceptionEnricher = Callable[[BaseException], Optional[Mapping[str, str]]]
 _CAPTURED_ATTR = "__trainguard_captured__"
@@ -99,6 +102,10 @@ class Client:
         self._final = False
         self._wake_at = options.max_batch_events
         self._history: Dict[str, Deque[Tuple[int, float]]] = {}
+        # the items drain() has popped and not yet folded into _history, and the lock under which it pops
+        # them: _recent_so_far reads the queue and these at one moment, so no value is in neither
+        self._in_hand: List[Tuple[Any, ...]] = []
+        self._hand_lock = threading.Lock()
         self._enrichers: List[ExceptionEnricher] = []
         self.step = -1
         self._user_steps = False
@@ -214,18 +221,30 @@ class Client:
         return str(event["event_id"]) if ahead.write(event, key=alert) else None
 
     def _recent_so_far(self) -> List[Tuple[str, int, float]]:
-        """:meth:`recent_metrics` plus the host values still queued (the worker has not seen them yet): the
-        context of an event written ahead, which may be all the backend ever gets."""
+        """:meth:`recent_metrics` plus the host values the worker has not folded into it yet (still queued,
+        or popped by :meth:`drain` and in hand): the context of an event written ahead, which may be all
+        the backend ever gets. The queue and the items in hand are read at one moment (under the lock the
+        worker pops under, waited for briefly), the history after them; a value folded in between is in
+        both and kept once."""
         keep = self.options.recent_metrics
+        locked = self._hand_lock.acquire(timeout=HAND_LOCK_WAIT_S)  # never stuck, whatever holds it
+        try:
+            unfolded = list(self._in_hand) + list(self._queue)[-keep * 4:]  # atomic copies
+        finally:
+            if locked:
+                self._hand_lock.release()
         series: Dict[str, Deque[Tuple[int, float]]] = {}
         for name, step, value in self.recent_metrics():
             series.setdefault(name, deque(maxlen=keep)).append((step, value))
-        for item in list(self._queue)[-keep * 4:]:  # one atomic copy; the worker pops concurrently
+        for item in unfolded:
             if item[0] != K_METRICS or not item[3]:
                 continue
             for name, value in item[3].items():
                 if type(value) is float or type(value) is int:
-                    series.setdefault(name, deque(maxlen=keep)).append((item[1], float(value)))
+                    values = series.setdefault(name, deque(maxlen=keep))
+                    point = (item[1], float(value))
+                    if point not in values:
+                        values.append(point)
         return [(name, step, value) for name, values in series.items() for step, value in values]
 
     def _write_event_ahead(self, event: Dict[str, Any]) -> None:
@@ -509,11 +528,21 @@ class Client:
         """Pop up to ``max_events`` queue items and build their envelopes (worker thread)."""
         queue = self._queue
         items: List[Tuple[Any, ...]] = []
+        with self._hand_lock:  # see _recent_so_far: a popped item is in hand until it is in _history
+            try:
+                while len(items) < max_events:
+                    items.append(queue.popleft())
+            except IndexError:
+                pass
+            self._in_hand = items
         try:
-            while len(items) < max_events:
-                items.append(queue.popleft())
-        except IndexError:
-            pass
+            return self._build(items)
+        finally:
+            self._in_hand = []
+
+    def _build(self, items: List[Tuple[Any, ...]]) -> List[Dict[str, Any]]:
+        """The envelopes of popped ``items`` and of device values read back since; folds the metric values
+        into the recent history (worker thread)."""
         self.stats.drained += len(items)
         reader = self._reader
         if not items and not reader.pending():
@@ -624,6 +653,8 @@ class Client:
         what the user logs or captures in it; no heartbeats or lifecycle events (:attr:`forked_child`)."""
         self._pid = os.getpid()
         self._queue = deque()
+        self._in_hand = []
+        self._hand_lock = threading.Lock()  # the parent's worker may have held it at the fork
         self.identity = identity_mod.RunIdentity(**{**self.identity.__dict__, "pid": self._pid})
         self._base = self._envelope_base()
         if self.home is not None:  # a directory of its own, claimed when first needed
