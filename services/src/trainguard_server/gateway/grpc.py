@@ -68,6 +68,7 @@ from typing import (
     List,
     NoReturn,
     Optional,
+    OrderedDict,
     Set,
     Tuple,
     TypeVar,
@@ -385,8 +386,61 @@ class _FairWork:
 #: the key of authentication work in :class:`_FairWork` for a token not seen to pass (the project is not
 #: known yet): one turn all such tokens share; a token that passed before is checked in ``_AUTH + project``
 _AUTH = "\0auth"
-#: token texts remembered with their project for :meth:`AsyncIngestServicer._auth_key` (then forgotten all)
+#: token texts remembered with their project for :meth:`AsyncIngestServicer._auth_key` (:class:`_TokenTurns`)
 AUTH_KEYS_MAX = 4096
+
+
+class _TokenTurns:
+    """Token texts seen to pass, with their project, at most ``size`` of them, so that a known token's
+    authentication is queued in its project's turn (:meth:`AsyncIngestServicer._auth_key`). Full, it forgets
+    the least recently used token of the project holding the most (ties: the project used least recently), so
+    one project's many distinct tokens push out only its own: a quiet tenant's one token stays as long as any
+    project holds more. Before stop 45 the whole table was cleared at ``size`` entries -- one tenant using
+    4,096 distinct tokens sent every tenant's next check back to the shared ``_AUTH`` turn (security.md H45).
+    Used on the event loop's thread only (no lock)."""
+
+    def __init__(self, size: int = AUTH_KEYS_MAX) -> None:
+        self.size = max(1, size)
+        self._project: Dict[str, str] = {}
+        #: project -> its tokens, least recently used first; projects least recently used first
+        self._tokens: OrderedDict[str, OrderedDict[str, None]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._project)
+
+    def get(self, token: str) -> Optional[str]:
+        project = self._project.get(token)
+        if project is not None:
+            self._tokens[project].move_to_end(token)
+            self._tokens.move_to_end(project)
+        return project
+
+    def put(self, token: str, project: str) -> None:
+        known = self._project.get(token)
+        if known is not None:
+            if known == project:
+                self.get(token)
+                return
+            self._forget(token)
+        if len(self._project) >= self.size:
+            self._evict()
+        self._project[token] = project
+        tokens = self._tokens.get(project)
+        if tokens is None:
+            tokens = self._tokens[project] = collections.OrderedDict()
+        tokens[token] = None
+        self._tokens.move_to_end(project)
+
+    def _evict(self) -> None:
+        most = max(self._tokens, key=lambda project: len(self._tokens[project]))  # the first of the largest
+        self._forget(next(iter(self._tokens[most])))
+
+    def _forget(self, token: str) -> None:
+        project = self._project.pop(token)
+        tokens = self._tokens[project]
+        del tokens[token]
+        if not tokens:
+            del self._tokens[project]
 
 
 class AsyncIngestServicer:
@@ -413,8 +467,8 @@ class AsyncIngestServicer:
         #: bytes per project reserved by Streams for a next message not yet arrived (:meth:`_stream_room`)
         self._stream_reserved: Dict[str, int] = {}
         self._grant_due = False
-        #: token text -> its authentication's :class:`_FairWork` key (:meth:`_auth_key`), on the loop's thread
-        self._auth_keys: Dict[str, str] = {}
+        #: token text -> its project, for its authentication's :class:`_FairWork` key (:meth:`_auth_key`)
+        self._auth_keys = _TokenTurns(AUTH_KEYS_MAX)
 
     async def _authenticate(self, context: Any) -> Any:
         """The call's token checked on a worker, in the turn of its project when the same token text passed
@@ -437,12 +491,11 @@ class AsyncIngestServicer:
         project's ack p50 / p90 from ~3 ms to 59 / 503 ms (bench/grpc_waiters.py --bad-token)."""
         if not token:
             return _AUTH
-        return self._auth_keys.get(token, _AUTH)
+        project = self._auth_keys.get(token)
+        return _AUTH if project is None else _AUTH + project
 
     def _remember_token(self, token: str, project: str) -> None:
-        if len(self._auth_keys) >= AUTH_KEYS_MAX:
-            self._auth_keys.clear()  # bounded memory; a token forgotten here waits in the shared turn once
-        self._auth_keys[token] = _AUTH + project
+        self._auth_keys.put(token, project)  # bounded; a flood of one project's tokens forgets its own first
 
     def _give_back(self, project: str, held: int) -> None:
         """Give ``held`` bytes back (the bound's listener then grants waiting Sends their room)."""
