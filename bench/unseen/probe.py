@@ -12,6 +12,7 @@ or resolved).
     python -m bench.unseen.probe --only plain_mlp_nan_input,hf_gpt2_default_logging_ok
     python -m bench.unseen.probe --set tuning36 --rejudge  # judge the streams in --out again (engine changes)
     python -m bench.unseen.probe --set heldout36    # stop 36's held-out set: run ONCE, with the engine kept
+    python -m bench.unseen.probe --set tuning44 --rejudge --setting oscillation_min_serial=0.4  # a setting
 
 Trace rules (the sets marked so in ``sets.SETS``: the held-out sets and stop 36's tuning set; decided with
 stop 35's held-out list, before any of it ran): from the loss the run reported, its initial level is the
@@ -30,6 +31,7 @@ are an outside check, run once.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -110,26 +112,30 @@ STALL_KINDS = ("loss/plateau", "adapter/lora-grad-break")
 """Expected kinds of a fault that stalls learning (frozen weights, an LR schedule that vanishes)."""
 
 
-def manifested(expected: str, facts: Dict[str, Optional[bool]]) -> Optional[bool]:
+def manifested(expected: str, facts: Dict[str, Optional[bool]], set_name: str = "") -> Optional[bool]:
     """Whether a failing shape's planted cause showed in its loss: for a stalling fault (every expected kind
-    in ``STALL_KINDS``) the loss did not learn; for any other, ``facts["manifested"]``."""
-    if all(kind in STALL_KINDS for kind in expected.split("|")):
+    in ``STALL_KINDS``, plus ``gradient/vanishing`` in the sets of ``sets.VANISH_STALL``) the loss did not
+    learn; for any other, ``facts["manifested"]``."""
+    stall = STALL_KINDS + (("gradient/vanishing",) if set_name in sets.VANISH_STALL else ())
+    if all(kind in stall for kind in expected.split("|")):
         return None if facts["learned"] is None else not facts["learned"]
     return facts["manifested"]
 
 
-def verdict(name: str, out: Path, set_name: str = "") -> Dict[str, object]:
+def verdict(
+    name: str, out: Path, set_name: str = "", settings: Optional[DetectionSettings] = None
+) -> Dict[str, object]:
     """The engine's incidents on one recorded shape and whether they are what the shape expects (``right``
     None: not scored); ``right_but_perf``: the same with ``perf/*`` incidents left out (on a shared machine
     a neighbour's load slows a job for real: the throughput detector is right to say so, but it says
     nothing of the training). A set scored with the trace rules (module docstring) also gets ``manifested``
-    and ``learned``."""
+    and ``learned``. ``settings``: the engine's (default: ``DetectionSettings()``)."""
     set_name = set_name or sets.set_of(name)
     expected = sets.shapes(set_name)[name][0]
     events = read_events(out / f"{name}.jsonl")
     traced = sets.trace_rules(set_name)
     facts = trace_facts(loss_trace(events), set_name in sets.JUMP_RULE) if traced else {}
-    incidents, visible, _ = judge(events, DetectionSettings())
+    incidents, visible, _ = judge(events, settings or DetectionSettings())
     mine = [i for i in incidents if not i.explained_by]
     alert = SEVERITY_ORDER["warning"]
     open_alerts = sorted(
@@ -149,7 +155,7 @@ def verdict(name: str, out: Path, set_name: str = "") -> Dict[str, object]:
             return None
         if expected == HEALTHY:
             return not still_open
-        if traced and not manifested(expected, facts):
+        if traced and not manifested(expected, facts, set_name):
             return None
         found = any(k.split(":")[0] in expected.split("|") for k in kinds)
         return found and not (traced and facts["learned"] and still_open)
@@ -180,7 +186,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--heldout", action="store_true", help="the same as --set heldout35 (stop 35's; SPENT)"
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="judge with this detection setting overridden (VALUE read as JSON, else text); repeatable",
+    )
     args = parser.parse_args(argv)
+    overrides: Dict[str, Any] = {}
+    for item in args.setting:
+        key, _, text = item.partition("=")
+        try:
+            overrides[key.strip()] = json.loads(text)
+        except ValueError:
+            overrides[key.strip()] = text
+    settings = DetectionSettings.from_overrides(overrides)
     set_name = "heldout35" if args.heldout else args.set
     names: List[str] = [n for n in args.only.split(",") if n] or list(sets.shapes(set_name))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in names:
         if not (args.out / f"{name}.jsonl").exists():
             continue
-        v = verdict(name, args.out)
+        v = verdict(name, args.out, set_name, settings)
         mark = {True: "ok  ", False: "MISS", None: "n/a "}[v["right"]]  # type: ignore[index]
         trace = f" [manifested {v['manifested']}, learned {v['learned']}]" if "learned" in v else ""
         print(f"{mark} {name:34s} expected {v['expected']:22s} got {', '.join(v['incidents']) or '-'}{trace}")  # type: ignore[arg-type]

@@ -42,15 +42,21 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout43": ("bench.unseen.heldout9", True),  # stop 43's held-out set: judged once per engine, SPENT
     "tuning44": ("bench.unseen.tuning8", True),  # stop 44's tuning set
     "heldout44": ("bench.unseen.heldout10", True),  # stop 44's held-out set: judged once per engine, SPENT
+    "heldout45": ("bench.unseen.heldout11", True),  # stop 45's held-out set: judged once per setting
 }
 
-JUMP_RULE = frozenset({"tuning44", "heldout44"})
+JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45"})
 """Sets (stop 44, decided before either ran) whose failing shapes also count as manifested on a one-step
 jump: a loss value >= ``JUMP_FACTOR`` x the median of the ``JUMP_POINTS`` values before it. One bad batch on
 a run that learned far below its start lands under 2x the initial level (probe.py's rule) and was never
 scored."""
 JUMP_FACTOR = 10.0
 JUMP_POINTS = 20
+
+VANISH_STALL = frozenset({"heldout45"})
+"""Sets (stop 45, decided with heldout45 before it ran) in which ``gradient/vanishing`` also counts as a
+stalling kind (probe.STALL_KINDS): a dead-ReLU net never rises 2x its start, so it is scored when its loss
+did not learn."""
 
 
 def shapes(set_name: str) -> Expectations:
