@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.96, "subtype": 0.94}, "heldout": {"category": 0.88, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.959, "subtype": 0.936}, "heldout": {"category": 0.88, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -155,7 +155,11 @@ thrust cudaErrorIllegalAddress typed with spaces, in backticks or in Chinese pro
 elastic agent and DeepSpeed's teardown, SIGFPE shell reports, DataLoader bus errors split over lines, listed in
 a sentence or from Paddle) labelled before being classified and recorded with no classifier change: tuned
 542/560 and 534/560 (new tuned 10/15; the tuned category floor down a point: 0.9679), held out 199/222 and
-191/222."""
+191/222. At 1060 -> 1087 logs (stop 45, hL, fresh batch 8: 27 new logs, 7 held out, labelled before being
+classified, 5f92fbb): tuned 740/771 (0.9598; the tuned category floor down to 0.959: the new tuned logs score
+19/20 but the floor sat at the older figure's edge) and 721/771 subtype (0.9352: the new tuned logs 15/20);
+after this stop's tuned-side change 740/771 and 722/771 (the tuned subtype floor down to 0.936), held out
+281/316 and 269/316 before and after it."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -405,12 +405,16 @@ _INIT_FUNCTIONS = frozenset({
     "init_process_group", "new_group", "_new_group_with_tag", "_store_based_barrier", "_create_c10d_store",
     "_env_rendezvous_handler", "_tcp_rendezvous_handler", "_file_rendezvous_handler", "init_distributed",
     "init_device_mesh", "_create_tcp_store", "ncclCommInitRank", "initialize_model_parallel",
-    "init_model_parallel_group", "init_distributed_environment"})
+    "init_model_parallel_group", "init_distributed_environment", "init_distributed_mode", "init_dist",
+    "init_parallel_env"})
 """Functions of torch.distributed (and DeepSpeed's ``init_distributed``) that set a process group up
 (``_create_tcp_store``: torchelastic's c10d rendezvous backend creating its store), and the serving and
 model-parallel stacks' own: Megatron's / vLLM's / SGLang's ``initialize_model_parallel``,
 ``init_model_parallel_group``, ``init_distributed_environment``, and their pynccl wrapper's
-``ncclCommInitRank`` (sgl-project/sglang#4289: ``NCCL error: unhandled system error`` raised there)."""
+``ncclCommInitRank`` (sgl-project/sglang#4289: ``NCCL error: unhandled system error`` raised there); and a
+program's own distributed start-up function by the names the common code bases give it -- the DeiT / MAE
+family's ``init_distributed_mode`` (its ``barrier()`` is the first collective: NVIDIA/nccl#1546), mmcv's
+``init_dist``, Paddle's ``init_parallel_env`` -- whose failure is the group not coming up."""
 INIT_FUNCTIONS = _INIT_FUNCTIONS
 _AT_INIT = (("comm", "rank-lost"), ("comm", "timeout"), ("comm", "failure"))
 """What a peer's reset, a timeout or a generic NCCL/gloo failure is when it happens while the group is being

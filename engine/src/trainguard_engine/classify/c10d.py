@@ -199,17 +199,25 @@ _RETRY_WARNING_RE = re.compile(
 attempt while it keeps retrying until its timeout -- the failure is the raised error or the timeout."""
 _WENT_ON_RE = re.compile(
     r"^[^\n]{0,200}?(?:\b(?:epoch|step|iter(?:ation)?|batch)\b\s*[:=#\[(]?\s*\d|\bloss\b\s*[:=]?\s*-?\d"
-    r"|\d\s*it/s\b|\d{1,3}%\|)", re.MULTILINE)
-"""A training-progress line (a step / epoch / iteration / batch counter, a loss value, a progress bar): after
-c10d's connect warnings it says the retries succeeded and the run went on."""
+    r"|\d\s*it/s\b|\d{1,3}%\||\bnccl info\b[^\n]{0,200}\binit complete\b)", re.MULTILINE)
+"""A training-progress line (a step / epoch / iteration / batch counter, a loss value, a progress bar), or
+NCCL's ``NCCL INFO comm 0x... rank R nranks N ... - Init COMPLETE`` (the communicator was built: its
+connections succeeded): after connect warnings it says the retries succeeded and the run went on."""
+_NCCL_RETRY_RE = re.compile(r"\bnccl info\b[^\n]{0,200}?\bcall to connect returned\b[^\n]{0,120}\bretrying\b")
+"""NCCL_DEBUG=INFO's line for one connect attempt to a peer that is not listening yet (``NCCL INFO Call to
+connect returned Connection refused, retrying``): NCCL retries (NCCL_SOCKET_RETRY_CNT) and healthy runs print
+it while a peer comes up; the failure is the WARN / error that follows when the retries run out."""
 
 
 def connect_retry(line: str) -> bool:
-    """Whether ``line`` is c10d's warning for one failed connect attempt (:data:`_RETRY_WARNING_RE`): the
-    connection failed only if the log does not go on training after it (:func:`went_on`)."""
+    """Whether ``line`` is c10d's warning for one failed connect attempt (:data:`_RETRY_WARNING_RE`), or
+    NCCL's INFO line for one (:data:`_NCCL_RETRY_RE`): the connection failed only if the log does not go on
+    training after it (:func:`went_on`)."""
     lower = line.lower()
     pos = lower.find("the client socket has failed to connect to")
-    return pos >= 0 and _RETRY_WARNING_RE.search(lower, 0, pos) is not None
+    if pos >= 0:
+        return _RETRY_WARNING_RE.search(lower, 0, pos) is not None
+    return "retrying" in lower and _NCCL_RETRY_RE.search(lower) is not None
 
 
 def went_on(line: str) -> bool:
@@ -237,6 +245,19 @@ def _connect_failure(t: _Text) -> int:
                 return pos
             went_on = progress.start()
     return -1
+
+
+def _nccl_retries_went_on(t: _Text) -> bool:
+    """Whether every NCCL ``Call to connect returned ..., retrying`` INFO line of the text is followed by a
+    training-progress line or NCCL's ``Init COMPLETE`` (:data:`_WENT_ON_RE`): the retries succeeded. An
+    error- or warning-level NCCL line saying a connect failed is read by its own needle, not here."""
+    last = -1
+    for pos in t.find_all("call to connect returned"):
+        line_end = t.lower.find("\n", pos)
+        if line_end < 0 or not _NCCL_RETRY_RE.search(t.line_at(pos).lower()):
+            return False
+        last = line_end
+    return last >= 0 and _WENT_ON_RE.search(t.lower, last + 1) is not None
 
 
 def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
@@ -325,6 +346,8 @@ def _rule_rendezvous(t: _Text) -> Optional[_Hit]:
                             f"{m.group('error')}" + (f": {facts['message']}" if "message" in facts else ""),
                             _INIT_NOTE)
     pos = t.first("no socket interface found", "socketstartconnect", "call to connect returned")
+    if pos >= 0 and _nccl_retries_went_on(t):
+        pos = t.first("no socket interface found", "socketstartconnect")
     if pos >= 0:
         facts = {"error": _shorten(t.line_at(pos), 200)}
         return _Hit("comm", "init-failure", 0.65, pos, facts,
@@ -375,7 +398,9 @@ DOCS = {
         '``wait timeout``, port in '
         'use, ``Rendezvous*Error`` (not elastic\'s end-of-job "failed to shutdown the rendezvous"), NCCL '
         'bootstrap / '
-        'socket connect, "connection refused"/"timed out" next to rendezvous words → comm/init-failure'
+        'socket connect (NCCL\'s ``NCCL INFO Call to connect returned ..., retrying`` only when neither a '
+        'training-progress line nor NCCL\'s ``Init COMPLETE`` follows it), "connection refused"/"timed out" '
+        'next to rendezvous words → comm/init-failure'
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

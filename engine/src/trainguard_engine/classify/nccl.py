@@ -286,6 +286,21 @@ _CONNECT_RE = re.compile(r"socketStartConnect|[Cc]onnect to \S+ failed|[Cc]all t
 """An NCCL error whose reason or ``Last error:`` is the bootstrap / socket set-up: a connect that failed,
 NCCL finding no usable interface (``Bootstrap : no socket interface found``, ``ncclSocketInit: connecting to
 address with family N ...`` -- NCCL_SOCKET_IFNAME naming an interface that is not there)."""
+_CONNECT_TRACE_RE = re.compile(r"NCCL (?:INFO|WARN) (?:Call to connect returned [^\n]{0,80}retrying|"
+                               r"socketStartConnect: Connect to \S+ failed|Call to connect failed)")
+"""NCCL_DEBUG's own lines of a connect to a peer that does not succeed (``NCCL INFO Call to connect returned
+Connection refused, retrying``, ``misc/socket.cc:N NCCL WARN socketStartConnect: Connect to <addr> failed``,
+``Call to connect failed``) printed by the process whose system / internal error they precede or follow
+(NVIDIA/nccl#948: the error line pasted above its NCCL_DEBUG=INFO output): the error is the connect's.
+Read only within :data:`INIT_CONTEXT_WINDOW` of the error line. A retry line alone is no error (healthy runs
+print it while a peer comes up): it only says what an NCCL system / internal error was."""
+
+
+def _connect_trace(t: _Text, pos: int) -> bool:
+    """Whether NCCL's own trace of a failing connect lies around the NCCL error at ``pos``."""
+    return _CONNECT_TRACE_RE.search(t.window(pos, INIT_CONTEXT_WINDOW, INIT_CONTEXT_WINDOW)[1]) is not None
+
+
 _SETUP_CODES = ("ncclSystemError", "ncclInternalError")
 """The codes such a set-up failure comes as: ``unhandled system error`` (a failed connect) and ``internal
 error`` / ``Internal check failed`` (NCCL >= 2.19 for a missing socket interface)."""
@@ -308,14 +323,20 @@ _INIT_CONTEXT_RE = re.compile(r"ncclCommInitRank|\binit_process_group\b(?!\(\) w
                               r"processing method init_device\b|"
                               r"\binit_worker_distributed_environment\b|\binit_model_parallel_group\b|"
                               r"\binitialize_model_parallel\b|\bPyNcclCommunicator\(|"
-                              r"\b_new_process_group_helper\b|\bfrom_engine_args\b|\b_init_executor\b")
+                              r"\b_new_process_group_helper\b|\bfrom_engine_args\b|\b_init_executor\b|"
+                              r"\binit_distributed(?:_mode)?\b|\binit_dist\b|\binit_parallel_env\b")
 """Where an NCCL system/internal error is raised while a communicator is being created: NCCL's own
 ``ncclCommInitRank`` (also ``...Config``), torch's ``init_process_group`` / ``_new_process_group_helper``,
 vLLM's worker setting up its device (``Exception in worker VllmWorkerProcess while processing method
 init_device: NCCL error: unhandled system error``, vllm-project/vllm#7800) and its model-parallel groups
 (``init_worker_distributed_environment``, ``initialize_model_parallel``, ``init_model_parallel_group``,
 pynccl's ``PyNcclCommunicator(``) while its engine is built (``from_engine_args``, ``_init_executor``: no
-request has run yet). Read in the traceback around the error line (:data:`INIT_CONTEXT_WINDOW`
+request has run yet). Also a program's distributed start-up function by the names the common code bases
+give it (``init_distributed_mode`` of the DeiT / MAE family -- its ``barrier()`` is the first collective,
+NVIDIA/nccl#1546 --, DeepSpeed's ``init_distributed``, mmcv's ``init_dist``, Paddle's
+``init_parallel_env``). Not DistributedDataParallel's construction (``_verify_model_across_ranks``): the
+corpus labels an NCCL system error there comm/failure (OpenPCDet#1215, ColossalAI#1320). Read in the
+traceback around the error line (:data:`INIT_CONTEXT_WINDOW`
 characters either side): the same error later in a run, inside a collective, stays NCCL's failure. torch's
 warning at the first barrier of a healthy run (``... or call init_process_group() with a device_id.``) is no
 set-up context (hR's review, stop 42)."""
@@ -390,7 +411,7 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
         extra = (pos + last.start("last"),)
     category, subtype, confidence, note = _NCCL_KINDS[code]
     set_up = f"{facts.get('last_error', '')} {facts.get('reason', '')}"
-    if code in _SETUP_CODES and _CONNECT_RE.search(set_up):
+    if code in _SETUP_CODES and (_CONNECT_RE.search(set_up) or _connect_trace(t, pos)):
         category, subtype, confidence = "comm", "init-failure", 0.7
         note = ("NCCL could not connect to a peer (bootstrap or transport): addresses, NCCL_SOCKET_IFNAME, "
                 "firewall")
@@ -638,12 +659,16 @@ DOCS = {
         'number): RemoteError → comm/rank-lost; InvalidUsage / '
         'InvalidArgument → comm/mismatch; UnhandledCudaError → comm/failure (memory/oom or cuda-error when '
         'its last error names one); SystemError on a connect, or SystemError / InternalError whose last '
-        'error is the socket set-up (``Bootstrap : no socket interface found``, ``ncclSocketInit``) → '
+        'error is the socket set-up (``Bootstrap : no socket interface found``, ``ncclSocketInit``) or '
+        'whose process\'s NCCL_DEBUG lines around it show a connect failing (``Call to connect returned '
+        'Connection refused, retrying``, ``socketStartConnect: Connect to ... failed``) → '
         'comm/init-failure; SystemError / InternalError raised while a communicator is created (its '
         'traceback shows ``ncclCommInitRank``, ``init_process_group``, vLLM\'s ``processing method '
         'init_device`` '
         '/ ``init_worker_distributed_environment`` / ``initialize_model_parallel``, pynccl\'s '
-        '``PyNcclCommunicator(``, an engine being built: ``from_engine_args``) → comm/init-failure; also a '
+        '``PyNcclCommunicator(``, an engine being built: ``from_engine_args``; a start-up function: '
+        '``init_distributed_mode``, ``init_distributed``, ``init_dist``, ``init_parallel_env``) → '
+        'comm/init-failure; also a '
         'wrapper\'s bare ``NCCL error: internal error`` '
         '(vLLM / SGLang pynccl); '
         'a last error saying the '

@@ -822,7 +822,9 @@ class LogSegmenter:
             stream.start(mode, number, text, time_ns, precision_ns)
             return
         if self.headless:
-            if _FRAME_LINE_RE.match(text):
+            if _FRAME_LINE_RE.match(text) or _LOOSE_FRAME_RE.match(text):
+                # a paste cut inside a traceback; its first frame may have lost its indentation (copied
+                # from the middle of the frame line's row, or into backticks: NVIDIA/nccl#1546)
                 stream.start(_PYTHON, number, text, time_ns, precision_ns, headless=True)
                 return
             if _EXCEPTION_LINE_RE.match(text):
@@ -1054,7 +1056,8 @@ class LogSegmenter:
         self.stats.recognised += known
         self._emit(LogItem("log", rank, number, number if last is None else last, time_ns, level,
                            safe_str(text, MAX_LINE_CHARS), precision_ns=precision_ns),
-                   unsettled="socket has failed to connect" in text and connect_retry(text))
+                   unsettled=("socket has failed to connect" in text or "retrying" in text)
+                   and connect_retry(text))
 
     def _emit(self, item: LogItem, unsettled: bool = False) -> None:
         stats = self.stats
