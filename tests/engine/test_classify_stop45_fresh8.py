@@ -11,7 +11,10 @@ existed). The test lines are written for the wording (not copied from the batch'
   failed``) is that connect's failure (comm/init-failure);
 * NCCL's ``NCCL INFO Call to connect returned ..., retrying`` is ONE attempt: followed by NCCL's ``Init
   COMPLETE`` or by training it opens nothing (a healthy run prints it while a peer comes up); a log that ends
-  in the attempts still reads comm/init-failure.
+  in the attempts still reads comm/init-failure;
+* an IDE's run-console report with the full-width parentheses and colon a CJK input method or console gives
+  it (``Process finished with exit code 137 \uff08interrupted by signal 9\uff1a SIGKILL\uff09``) is the signal it
+  reports, as its ASCII form was (from batch 7's tuned misses, 9d246b0).
 
 Not changed: an NCCL system error raised in DistributedDataParallel's construction (``_verify_model_across_ranks``)
 stays comm/failure (the corpus labels it so); a proxy's failed ``Connect`` next to ``Connection closed by remote
@@ -132,3 +135,15 @@ def test_connect_retry_and_went_on_see_nccls_lines() -> None:
     assert not connect_retry("NCCL INFO Connected all rings, retrying nothing")
     assert went_on(_COMPLETE)
     assert not went_on("node07:51310:51362 [2] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB")
+
+
+@pytest.mark.parametrize("text, kind, signal", [
+    ("Process finished with exit code 137 \uff08interrupted by signal 9\uff1a SIGKILL\uff09", "process/killed", 9),
+    ("\u8fdb\u7a0b\u5df2\u7ed3\u675f\uff0c\u9000\u51fa\u4ee3\u7801 exit code 139\uff08interrupted by signal 11:SIGSEGV\uff09",
+     "process/exit", 11),
+    ("Process finished with exit code 143 (interrupted by signal 15\uff1aSIGTERM)", "process/terminated", 15),
+])
+def test_ide_report_with_full_width_punctuation(text: str, kind: str, signal: int) -> None:
+    found = classify_text(text)
+    assert found is not None and (f"{found.category}/{found.subtype}", found.rule) == (kind, "launcher.signal")
+    assert found.facts["signal"] == signal and found.facts["reporter"] == "ide"

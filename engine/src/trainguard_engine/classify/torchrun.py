@@ -170,11 +170,14 @@ _RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (
 cut), glog's failure handler ``*** SIGTERM (@0x297b) received by PID 18396 ... from PID 10619``."""
 _SIGNAL_NUMBERS = {name: number for number, name in SIGNAL_NAMES.items()}
 _INTERRUPTED_RE = re.compile(
-    r"(?:exit code )?\d{1,3} \(interrupted by signal (?P<sig>\d{1,2}): ?(?P<name>SIG[A-Z]{2,8})\)")
+    r"(?:exit code )?\d{1,3} ?[(\uff08]interrupted by signal (?P<sig>\d{1,2}) ?[:\uff1a] ?"
+    r"(?P<name>SIG[A-Z]{2,8}) ?[)\uff09]")
 """An IDE's run console (PyCharm: ``Process finished with exit code 139 (interrupted by signal 11:
 SIGSEGV)``): the process it ran was ended by that signal. Also pasted without its ``Process finished with
-exit code`` and with no space after the colon (``139 (interrupted by signal 11:SIGSEGV)``, sangrockEG/S2C#8):
-the status (128 + the signal) before the parenthesis is what makes it this report."""
+exit code`` and with no space after the colon (``139 (interrupted by signal 11:SIGSEGV)``, sangrockEG/S2C#8),
+and with the full-width parentheses and colon a CJK input method or console gives it (``exit code 137
+\uff08interrupted by signal 9\uff1a SIGKILL\uff09``, yolo family#15): the status (128 + the signal) before the
+parenthesis is what makes it this report."""
 _GDB_SIGNAL_RE = re.compile(r"Program (?:received|terminated with) signal (?P<name>SIG[A-Z]{2,8})")
 """gdb's report of the debugged process's fatal signal (``Program received signal SIGSEGV, Segmentation
 fault.``)."""
@@ -372,7 +375,7 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
         signal = int(m.group("sig")) if m.group("sig") else _SIGNAL_NUMBERS.get(name, 0)
         if signal:
             return _signal_hit(found[0] + m.start(), {"signal": signal, "signal_name": name}, "a worker")
-    pos = t.first("(interrupted by signal ")
+    pos = t.first("interrupted by signal ")
     if pos >= 0 and (found := _search(_INTERRUPTED_RE, t, pos, before=60, after=40)) is not None:
         m = found[1]
         ide: Facts = {"signal": int(m.group("sig")), "signal_name": m.group("name"), "reporter": "ide"}
@@ -763,7 +766,7 @@ GATES = {
                         "oom-kill event", "exited on signal ", "died from signal ", "container rank ",
                         "exceeded memory limit",
                         "exceeded job memory limit", "exceeded step memory limit",
-                        "illegal instruction", "floating point exception", "(interrupted by signal ",
+                        "illegal instruction", "floating point exception", "interrupted by signal ",
                         "(core dumped)",
                         "bus error", _SLURM_CANCELLED, ": line ", "this job is "),
 }
@@ -801,7 +804,8 @@ DOCS = {
         "monitor's ``N Workers (tasks / actors) killed due to memory pressure (OOM)`` / ``Task was killed "
         "due to the node running low on memory`` → process/killed (host RAM), "
         "``SignalException: ... got signal: 15``, an IDE's ``exit code 139 (interrupted by signal 11: "
-        "SIGSEGV)``, DeepSpeed's ``exits with return code = -11`` (``= 1``: "
+        "SIGSEGV)`` (also with full-width ``\uff08 \uff1a \uff09``), DeepSpeed's ``exits with return code "
+        "= -11`` (``= 1``: "
         "process/exit; the culprit its ``--local_rank``), "
         "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, "
         "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank; ``... with exit code 1``: "
