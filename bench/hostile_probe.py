@@ -836,6 +836,57 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     return out
 
 
+@attack("http/open-files-burst")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """H46 (stop 45): the server's open-files limit lowered to what it holds + 12 (prlimit), then 80 of B's
+    ingest requests at once, each on its own connection: a request on a thread new to the server cannot open
+    that thread's projects-database reader. Each must be answered 200 or 503 + ``Retry-After`` naming too many
+    open files (before: 500 ``StoreOpenError`` blaming permissions); the limit is put back, every refused
+    batch is resent, and every one of B's events must be readable once. Waits 1 s first: A's incident batch
+    (sent 0.1 s in) is not part of the burst."""
+    import resource
+
+    pid = s["server_pid"]
+    time.sleep(1.0)
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    run = f"b-burst-{uuid.uuid4().hex[:6]}"
+    def log_event(step: int) -> Dict[str, Any]:
+        e = event(run, step, log={"logger": "burst", "level": "INFO", "message": f"b {step}"})
+        del e["metrics"]
+        return e
+
+    batches = [[log_event(10 * k + i) for i in range(3)] for k in range(80)]
+    held = len(os.listdir(f"/proc/{pid}/fd"))
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (held + 12, hard))
+    try:
+        with ThreadPoolExecutor(80) as pool:
+            first = list(pool.map(lambda b: ingest(t, "B", {"events": b}), batches))
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    out: List[Answer] = []
+    for answer, batch in zip(first, batches):
+        status, data = answer
+        if status not in (200, 503) or (status == 503 and b"too many open files" not in data):
+            out.append((500, b"burst: " + bytes(data)[:200]))  # judged a failure
+        else:
+            out.append(answer if status == 200 else (200, b"burst: 503 too many open files"))
+        if status != 200:
+            again = ingest(t, "B", {"events": batch})
+            out.append(again if again[0] == 200 else (500, b"resent: " + bytes(again[1])[:200]))
+    wanted = {e["event_id"] for b in batches for e in b}
+    deadline, seen = time.monotonic() + 30, 0
+    while time.monotonic() < deadline:
+        status, data = read(t, "B", f"/api/v1/runs/{run}/events?limit=500")
+        seen = len(json.loads(data).get("items", [])) if status == 200 else 0
+        if seen >= len(wanted):
+            break
+        time.sleep(0.5)
+    refused = sum(1 for status, _ in first if status != 200)
+    out.append((200 if seen == len(wanted) else 500,
+                f"B's events readable {seen} of {len(wanted)}; {refused} of 80 refused first".encode()))
+    return out
+
+
 def _drain(conn: socket.socket) -> None:
     try:
         while conn.recv(1 << 20):
@@ -1004,6 +1055,7 @@ def main() -> int:
         proc, t = spawn(Path(tmp))
         try:
             s = setup(t)
+            s["server_pid"] = proc.pid
             failed = 0
             for name, fn in ATTACKS:
                 if args.only and not name.startswith(args.only):

@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from .. import __version__, dashboard
 from ..request_headers import framing_conflict
+from ..storage.base import OutOfFiles
 from . import openapi as openapi_errors
 from . import preflight
 from .deps import Services
@@ -51,6 +52,12 @@ def create_app(services: Services, ingest_router: Optional[object] = None) -> Fa
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
             return JSONResponse({"detail": _body_error(exc.__cause__)}, status_code=400)
         return await http_exception_handler(request, exc)
+
+    @app.exception_handler(OutOfFiles)
+    async def _out_of_files(_: Request, exc: OutOfFiles) -> JSONResponse:
+        # a new thread's store connection during a burst of connections: retryable, not a 500 (H46)
+        detail = f"the server cannot open its stores now: {exc.reason}; retry after 1 s"
+        return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "1"})
 
     for module in (health, runs, stream, incidents, workflow, clusters, search, gate):
         app.include_router(module.router)

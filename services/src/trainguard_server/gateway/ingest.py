@@ -32,6 +32,7 @@ Contract of :class:`Gateway` (HTTP and gRPC are thin adapters over it):
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import threading
@@ -50,7 +51,7 @@ from .. import request_headers
 from ..config import Settings
 from ..json_keys import unique_keys
 from ..queue.base import Queue, QueueFull
-from ..storage.base import ProjectStore, TokenInfo, format_ns
+from ..storage.base import OutOfFiles, ProjectStore, TokenInfo, format_ns
 from .backlog import ProjectBacklog, weight
 from .body_count import ProjectBodies
 from .deep_json import TooDeep, split_events_json
@@ -60,6 +61,8 @@ from .point_names import PointNames, Shape
 from .run_rate import NewRunLimiter
 from .sent_at import clock_offset, shift_times
 from .validate import Limits, validate_batch
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "Backpressure",
@@ -485,6 +488,10 @@ class Gateway:
         self.http_bodies = ProjectBodies(settings.project_max_http_bodies)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
+        #: when the last token check refused for want of descriptors was logged (monotonic s; one line per
+        #: 10 s, however many a burst refuses: a flood must not fill the log) and how many since
+        self._out_of_files_logged = -math.inf
+        self._out_of_files_since = 0
 
     @property
     def busy(self) -> bool:
@@ -497,10 +504,17 @@ class Gateway:
         if not token:
             self.stats.add(auth_failures=1)
             raise Unauthenticated("missing bearer token (send 'Authorization: Bearer <ingest token>')")
-        info = self.projects.authenticate(token)
+        try:
+            info = self.projects.authenticate(token)
+            expired = self.projects.expired_at(token) if info is None else 0
+        except OutOfFiles as exc:  # a burst of connections holds every descriptor: 503, not 500 (H46)
+            self.stats.add(unavailable=1)
+            self._log_out_of_files(exc)
+            wait = self.settings.retry_after_s
+            raise Unavailable(f"the server cannot check tokens now: {exc.reason}; nothing of this request "
+                              f"was queued; retry after {retry_after_header(wait)} s", wait) from None
         if info is None:
             self.stats.add(auth_failures=1)
-            expired = self.projects.expired_at(token)
             if expired:
                 raise Unauthenticated(f"token expired at {format_ns(expired)}: create a new one")
             raise Unauthenticated("invalid or revoked token")
@@ -510,6 +524,15 @@ class Gateway:
         if self.backlog is not None and self.backlog.full(info.project):
             self._backlog_refusal(info.project, self.backlog.retry_after_s)
         return info
+
+    def _log_out_of_files(self, exc: OutOfFiles) -> None:
+        with self._inflight_lock:
+            self._out_of_files_since += 1
+            now = time.monotonic()
+            if now - self._out_of_files_logged < 10.0:
+                return
+            count, self._out_of_files_since, self._out_of_files_logged = self._out_of_files_since, 0, now
+        _log.warning("token check answered 503 (%d since the last such line, one a 10 s): %s", count, exc)
 
     def _backlog_refusal(self, project: str, wait: float) -> None:
         """Refuse a request of ``project``: it has its bound's worth of events waiting (:mod:`.backlog`)."""

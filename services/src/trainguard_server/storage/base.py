@@ -213,6 +213,18 @@ class EventStore(ABC):
         """Release resources."""
 
 
+class OutOfFiles(RuntimeError):
+    """A store could not open a file or a connection because this process is at its open-files limit
+    (EMFILE / ENFILE: a burst of client connections holds the descriptors). Transient: the request may be
+    retried once descriptors are given back -- servers answer it 503 + ``Retry-After`` (security.md H46),
+    never 500, and nothing of the request is kept. ``reason``: the cause without the server's paths (what a
+    client is told)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
 class QueryTimeout(RuntimeError):
     """A read ran past the time budget of :meth:`MetricStore.time_budget` and was stopped."""
 

@@ -44,9 +44,12 @@ threads that have exited are closed when the next thread opens one; ``close()`` 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import operator
+import os
+import resource
 import sqlite3
 import threading
 import time
@@ -69,6 +72,7 @@ from .base import (
     MetricPoint,
     MetricStore,
     MetricSummary,
+    OutOfFiles,
     Page,
     ProjectStore,
     QueryTimeout,
@@ -124,6 +128,35 @@ class StoreOpenError(sqlite3.DatabaseError):
     (``trainguard serve`` prints it in one line, exit code 2)."""
 
 
+class TooManyOpenFiles(StoreOpenError, OutOfFiles):
+    """A SQLite file that could not be opened because the process is at its open-files limit (a new thread's
+    reader connection during a burst of connections): not the file's fault, and retryable (HTTP 503)."""
+
+
+#: descriptors a SQLite connection in WAL mode may open (the file, its -wal and -shm)
+_CONNECTION_FILES = 3
+
+
+def _out_of_descriptors() -> Optional[str]:
+    """Why this process cannot open a connection's descriptors now (EMFILE: its open-files limit; ENFILE:
+    the system's), else None. SQLite says only 'unable to open database file' for every failed open(2)."""
+    opened: List[int] = []
+    try:
+        for _ in range(_CONNECTION_FILES):
+            opened.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError as exc:
+        if exc.errno == errno.EMFILE:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            return f"this process has too many open files: all {soft} descriptors of its open-files limit "\
+                   "(RLIMIT_NOFILE) are in use"
+        if exc.errno == errno.ENFILE:
+            return "the system has too many open files (ENFILE: its file table is full)"
+    finally:
+        for fd in opened:
+            os.close(fd)
+    return None
+
+
 @contextmanager
 def opening(path: PathLike) -> Iterator[None]:
     """Turn a SQLite error while opening or setting up ``path`` into a :class:`StoreOpenError` naming it."""
@@ -133,6 +166,12 @@ def opening(path: PathLike) -> Iterator[None]:
         raise
     except sqlite3.DatabaseError as exc:
         text = str(exc)
+        short = _out_of_descriptors() if "unable to open" in text else None
+        if short is not None:
+            raise TooManyOpenFiles(f"{path} cannot be opened now ({text}): {short} -- most likely held by "
+                                   "a burst of client connections; retry in a moment (a server that meets "
+                                   "this often needs a higher 'ulimit -n' or a proxy bounding connections)",
+                                   short) from None
         if "not a database" in text or "malformed" in text:
             raise StoreOpenError(f"{path} is not a readable SQLite database ({text}): it is damaged or not "
                                  "TrainGuard's; restore it from a backup, or move it aside and the server "
