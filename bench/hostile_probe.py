@@ -228,6 +228,25 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     return out
 
 
+@attack("ingest/lone-surrogates")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """H47 (stop 45): a lone surrogate ("\\udfff" in the JSON) where the rejection quotes what was sent -- a
+    tag key, a stats key, an unknown field's name, an enum's text, the event id, a too-deep field's name --
+    each beside a clean event: 200, that event rejected (before: 500, the clean one queued anyway)."""
+    lone = "\udfff"
+    bads = [event("b", lifecycle={"phase": "START", "tags": {lone: "v"}}),
+            event("b", heartbeat={"last_step": 1, "sdk_stats": {lone: 1.0}}),
+            event("b", **{f"x{lone}": 1}), event("b", severity=f"ERROR{lone}"),
+            event("b", event_id=f"e{lone}")]
+    for bad in bads[:2]:
+        del bad["metrics"]  # one payload each
+    out = [ingest(t, "B", body(event("b"), bad)) for bad in bads]
+    deep = json.dumps(event("b"))[:-1] + ', "tags\\udfff": ' + "[" * 5000 + "]" * 5000 + "}"
+    out.append(ingest(t, "B", ('{"events": [' + json.dumps(event("b")) + ", " + deep + "]}").encode()))
+    return [(status, data) if status != 200 or json.loads(data).get("accepted") == 1
+            else (500, b"not 1 accepted: " + data[:200]) for status, data in out]
+
+
 @attack("ingest/duplicate-keys")
 def _(t: Target, s: Dict[str, Any]) -> Any:
     e = json.dumps(event("b"))

@@ -95,7 +95,10 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return '"' + (value if len(value) <= 40 else value[:37] + "...") + '"'
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        # a lone surrogate (JSON's "\udfff") shown as that escape: quoted raw, the message -- hence the whole
+        # ingest answer -- could not be encoded as UTF-8 (HTTP 500 after the batch's good events were queued)
+        return '"' + shown.encode("utf-8", "backslashreplace").decode("utf-8") + '"'
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, dict):
