@@ -329,7 +329,9 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             state.get("levels", 0) % max(tuned.confirm_checks, tuned.loss_window // 4):
         return []  # an open incident's last step is refreshed every few values, not on each
     free = open_kind is None and not muted and tail is not None  # (judged: CURVE_KINDS)
-    if free and _stays_quiet(rank, state, series, tail, initial, settings):  # type: ignore[arg-type]
+    if free and (_young_quiet(state, series, tail, initial, settings)  # type: ignore[arg-type]
+                 if len(series) < tuned.loss_window  # (free: tail is not None)
+                 else _stays_quiet(rank, state, series, tail, initial, settings)):  # type: ignore[arg-type]
         streaks["oscillation"] = streaks["divergence"] = streaks["rise-after-fall"] = 0
         return []  # what the loop below does on this value (_stays_quiet)
     if win is None:
@@ -509,6 +511,39 @@ def _stays_quiet(rank: RankState, state: Dict[str, Any], series: Sequence[Tuple[
         reason = _stuck_now(rank, series[-settings.loss_window][0], hi, settings)
         rank.derived[STUCK_MEMO] = (hi, reason)
     return not reason
+
+
+def _young_quiet(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]], tail: SeriesTail,
+                 initial: float, settings: DetectionSettings) -> bool:
+    """:func:`_stays_quiet`'s answer for a window not full yet (fewer than ``loss_window`` values in
+    ``series``, the tail's exact last points: finite): whether the four curve rules answer "does not hold"
+    on this value, proven by the tests they make first, exactly. The oscillation and plateau rules answer
+    so on a window that is not full (their first test), and the plateau rule's flat stretch is left as it
+    is (:func:`_flat_stretch` changes it only on a full window or a holding check); the rise rule's fall
+    and rise tests (:func:`_check_rise`'s first, as :func:`_stays_quiet` makes them); the divergence rule's
+    blow-up scan (:func:`_blown_up`: no value at or over the bar, or the newest one still over it -- for
+    finite values, the largest under the bar is "none over it"), its early blow-up (judged only on a full
+    window: :func:`_early_blowup_left_dead`) and its rolling level under ``divergence_factor`` x its base
+    (its last test before it holds). Then the caller's loop would only zero the three streaks and leave
+    the tail without a quiet certificate (:func:`_quiet_stretch` takes none on such a window): the caller
+    zeroes them, this drops the certificate. Else False (the caller judges the rules)."""
+    init = state["init"]
+    level, best = state.get("level"), state.get("best")
+    if best is not None and level is not None:  # _check_rise's first tests, as it makes them
+        start = max(initial, init[0])
+        fall = start - best
+        if not (fall < settings.rise_min_fall * start or level - best < settings.rise_min_rise * fall):
+            return False
+    base = divergence_base(initial, init[0], settings)
+    factor = settings.divergence_blowup_factor
+    if factor > 0 and base > 0 and series:
+        bar = factor * base
+        if series[-1][1] < bar and not max(map(_VALUE, series)) < bar:
+            return False  # (a blow-up the loss came back from: the rule's, judged in full)
+    if not (level is None or base <= 0 or level < settings.divergence_factor * base):
+        return False
+    _derived(tail).quiet = None
+    return True
 
 
 def _explosion_gave_way(run: RunState, rank: RankState, name: str, series: Sequence[Tuple[int, float, int]],
