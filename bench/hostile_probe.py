@@ -67,9 +67,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(data_dir: Path) -> Tuple[subprocess.Popen[bytes], Target]:
-    """A fresh ``trainguard serve`` (defaults) with projects A and B."""
+def spawn(data_dir: Path,
+          settings: Optional[Dict[str, str]] = None) -> Tuple[subprocess.Popen[bytes], Target]:
+    """A fresh ``trainguard serve`` (defaults, less ``settings``: ``TRAINGUARD_*`` variables) with projects
+    A and B."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env.update(settings or {})
     env["PYTHONPATH"] = os.pathsep.join(str(REPO / d / "src") for d in ("sdk", "engine", "services"))
     tokens: Dict[Tuple[str, str], str] = {}
     for project in "AB":
@@ -957,6 +960,67 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
         for conn in conns:
             conn.close()
     return out
+
+
+@attack("state/evicted-run-memory")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """H48: B's flood of distinct run ids must not make the pipeline forget A's evicted, finished run. On a
+    server of its own with small bounds (ended runs evicted at the next tick, 50 runs a project, 200 evicted
+    runs remembered, no new-run rate limit) so that the flood takes seconds: A's run raises and exits 1,
+    is evicted, B sends 1,000 one-event runs, then A's exception is delivered again (at-least-once) with a
+    NaN. Fails when A's run record is no longer ``failed`` or A's run has more incidents than before."""
+    overrides = {"project_max_runs": 50, "evicted_runs_remembered": 200, "ended_run_ttl_s": 0}
+    with tempfile.TemporaryDirectory(prefix="hostile-probe-evicted-") as tmp:
+        proc, own = spawn(Path(tmp), {"TRAINGUARD_DETECTION_OVERRIDES": json.dumps(overrides),
+                                      "TRAINGUARD_PROJECT_NEW_RUNS_PER_S": "0"})
+        try:
+            return _evicted_run_memory(own)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _evicted_run_memory(t: Target) -> List[Answer]:
+    run = "a-finished"
+    crash = event(run, 6, exception={"type": "ValueError", "message": "bad batch", "handled": False,
+                                     "frames": [{"filename": "/job/loader.py", "function": "load",
+                                                 "lineno": 3, "in_app": True}]})
+    del crash["metrics"]
+    done = event(run, 7, lifecycle={"phase": "EXIT", "exit_code": 1})
+    del done["metrics"]
+    answers = [ingest(t, "A", {"events": [event(run, i, 2.0 - 0.1 * i) for i in range(6)] + [crash]})]
+    answers.append(ingest(t, "A", {"events": [done]}))
+
+    def state() -> Tuple[str, int]:
+        status, data = read(t, "A", f"/api/v1/runs/{run}")
+        kind = json.loads(data).get("status", "?") if status == 200 else f"HTTP {status}"
+        status, data = read(t, "A", f"/api/v1/runs/{run}/incidents")
+        return kind, len(json.loads(data).get("items", [])) if status == 200 else -1
+
+    def settled(marker_project: str, marker_run: str) -> None:
+        """Wait until an event sent after everything else is stored (the processor took what came before)."""
+        answers.append(ingest(t, marker_project, {"events": [event(marker_run, 0)]}))
+        deadline = time.monotonic() + 30
+        while read(t, marker_project, f"/api/v1/runs/{marker_run}")[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    deadline = time.monotonic() + 30
+    while state()[0] != "failed" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    before = state()
+    time.sleep(2.5)  # two ticks: the ended run is evicted
+    for chunk in range(4):
+        answers.append(ingest(t, "B", {"events": [event(f"flood-{chunk}-{i}", 0) for i in range(250)]}))
+    settled("B", "flood-marker")
+    answers.append(ingest(t, "A", {"events": [crash, event(run, 8, "NaN")]}))
+    settled("A", "a-marker")
+    after = state()
+    if before[0] != "failed" or after != before:
+        answers.append((599, f"A's evicted run changed: {before} -> {after} after B's flood".encode()))
+    return answers
 
 
 # ------------------------------------------------------------------------------------------ the checks

@@ -28,7 +28,9 @@
   read from the pipeline's default settings; everything else from the event's project's settings).
 * *Per-project quotas* (:mod:`.quotas`): runs, clusters, incidents and state bytes per project; a project
   beyond a quota, or holding the most when the pipeline is full, loses its own runs or clusters -- never
-  another project's. :attr:`Pipeline.quota_evictions` counts them per (project, quota).
+  another project's. :attr:`Pipeline.quota_evictions` counts them per (project, quota). The memory of
+  evicted runs is shared fairly too (:class:`~.quotas.EvictedRuns`): a project's flood of run ids makes it
+  forget its own evicted runs, never another project's (security.md H48).
 * *Never raises on input*: an envelope that cannot be read (no payload, no run id, a non-integer step) is
   counted in ``counters["malformed"]`` and skipped.
 * *One run cannot stop the others* (issue 18, finding 1): no record and no state holds a non-finite
@@ -67,7 +69,7 @@ from .detectors.base import Detector, EventInfo, MetricBatch, MetricRun, RunFind
 from .detectors.registry import DETECTORS
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
-from .quotas import ProjectIndex
+from .quotas import EvictedRuns, ProjectIndex
 from .records import (
     RUN_FAILED,
     RUN_FINISHED,
@@ -79,7 +81,7 @@ from .records import (
     RunRecord,
     finite_copy,
 )
-from .state import ClusterState, IncidentState, RankState, RunState, bounded_put, cluster_key, run_key
+from .state import ClusterState, IncidentState, RankState, RunState, cluster_key, run_key
 
 SNAPSHOT_FORMAT = "trainguard.pipeline"
 SNAPSHOT_VERSION = 1
@@ -319,7 +321,7 @@ class Pipeline:
         self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._runs: Dict[str, RunState] = {}
         self._clusters: Dict[str, ClusterState] = {}
-        self._evicted: Dict[str, int] = {}   # run key -> when evicted (ns), bounded
+        self._evicted = EvictedRuns()   # run key -> when evicted (ns), bounded, shared fairly (H48)
         self._dirty_runs: Dict[str, None] = {}
         self._dirty_clusters: Dict[str, None] = {}
         # incremental snapshots (changed_parts / parts_saved): what changed since the last saved parts,
@@ -935,7 +937,7 @@ class Pipeline:
         self._rank_bytes.pop(key, None)
         self._touched_ranks.pop(key, None)
         if self.settings.evicted_runs_remembered:
-            bounded_put(self._evicted, key, now_ns, self.settings.evicted_runs_remembered)
+            self._evicted.put(key, now_ns, self.settings.evicted_runs_remembered)
         self.counters[counter] += 1
 
     def _quarantine(self, key: str, reason: str) -> None:
@@ -1209,7 +1211,7 @@ class Pipeline:
             pipeline._clusters[key] = cluster
             pipeline._cluster_seq[key] = seq
         pipeline._next_seq = int(header.get("next_seq", 0))
-        pipeline._evicted = {str(k): int(t) for k, t in header.get("evicted", [])}
+        pipeline._evicted = EvictedRuns((str(k), int(t)) for k, t in header.get("evicted", []))
         pipeline._index = ProjectIndex.of_state(pipeline._runs, pipeline._clusters)
         for run, nbytes in sizes:
             pipeline._index.size_run(run.project, run.key, nbytes)
@@ -1263,7 +1265,7 @@ class Pipeline:
                 continue  # a cluster's record stays in the stores; a later occurrence starts it again
             pipeline._clusters[cluster_key(cluster.record.project, cluster.record.fingerprint)] = \
                 cluster
-        pipeline._evicted = {str(k): int(t) for k, t in doc.get("evicted", [])}
+        pipeline._evicted = EvictedRuns((str(k), int(t)) for k, t in doc.get("evicted", []))
         pipeline.counters.update({k: int(v) for k, v in doc.get("counters", {}).items() if k in COUNTERS})
         pipeline.counters["runs_quarantined"] += lost
         pipeline._index = ProjectIndex.of_state(pipeline._runs, pipeline._clusters)

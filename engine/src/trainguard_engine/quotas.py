@@ -21,7 +21,7 @@ clusters' ``touched`` counts at a restore, so a restored pipeline evicts exactly
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, ItemsView, Iterable, Mapping, Optional, Tuple
 
 from .state import ClusterState, RunState
 
@@ -145,3 +145,60 @@ class ProjectIndex:
             index.clusters.setdefault(cluster.record.project, {})[key] = None
         index.touched = max([r.touched for r in runs.values()] + [c.touched for c in clusters.values()] + [0])
         return index
+
+
+class EvictedRuns:
+    """The evicted runs the pipeline remembers (run key -> when evicted, ns), so that their late events are
+    dropped rather than starting a new, partial record (``evicted_runs_remembered``, all projects together).
+
+    Shared fairly (security.md H48): when full, a project holding more than its share (the bound over the
+    projects remembered) forgets its own oldest entry, else the project holding the most forgets its
+    oldest (ties: the greater name) -- never a smaller project's. Before, the oldest entry went whatever
+    its project, so one project's flood of tens of thousands of run ids (each evicted within its own
+    ``project_max_runs``) pushed every other project's evicted runs out of memory: a late or redelivered
+    event of another project's finished run then started it again, as ``running``, and opened its
+    incidents again. Iteration (snapshots) is in order of eviction, as before."""
+
+    __slots__ = ("by_project", "when")
+
+    def __init__(self, items: Iterable[Tuple[str, int]] = ()) -> None:
+        self.when: Dict[str, int] = {}
+        self.by_project: Dict[str, Dict[str, None]] = {}  # project -> its keys, oldest first
+        for key, t in items:
+            self.when.pop(key, None)
+            self.when[key] = t
+        for key in self.when:
+            self.by_project.setdefault(_project_of(key), {})[key] = None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.when
+
+    def __len__(self) -> int:
+        return len(self.when)
+
+    def items(self) -> ItemsView[str, int]:
+        return self.when.items()
+
+    def put(self, key: str, t: int, most: int) -> None:
+        """Remember run ``key`` evicted at ``t``; beyond ``most`` entries, forget as the class doc says."""
+        project = _project_of(key)
+        mine = self.by_project.setdefault(project, {})
+        if key in self.when:
+            del self.when[key]
+            mine.pop(key, None)
+        self.when[key] = t
+        mine[key] = None
+        while len(self.when) > most:
+            over = project if len(mine) > max(1, most // len(self.by_project)) else \
+                max(self.by_project, key=lambda p: (len(self.by_project[p]), p))
+            theirs = self.by_project[over]
+            oldest = next(iter(theirs))
+            del theirs[oldest]
+            del self.when[oldest]
+            if not theirs:
+                del self.by_project[over]
+
+
+def _project_of(key: str) -> str:
+    """The project of a run key (``project NUL run_id``, :func:`~trainguard_engine.state.run_key`)."""
+    return key.partition("\x00")[0]
