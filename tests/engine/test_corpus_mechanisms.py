@@ -108,7 +108,9 @@ of ``bench/corpus``, unedited, gzipped), replayed through the engine as ``bench/
   oscillation gave way to a rise-after-fall at 220. A rise after a fall is a rebound from a level the run
   reached: the fall must also hold over rise_held_points (20, half a loss window) values in a row (their
   lowest median), here 0.47x of the start -- under rise_min_fall; the real rebounds of the corpus (r213,
-  r370, r403) held theirs (0.80, 0.56, 0.63).
+  r370, r403) held theirs (0.80, 0.56, 0.63). Relabelled ``unmanifested`` at stop 45 (bench/corpus/labels.py
+  NO_DETECTABLE_FAILURE: noisy from step 1 with no order, like healthy heavy-tailed noise; not scored);
+  the mechanism -- a swinging loss's dip is no reached level -- is still checked on it.
 * r490 (plain GPT, Adagrad, its LR raised 100x at 45 % of the run, clip 1; batch 5): the loss falls from
   4.2 to 2.1, then the jump throws it to 40-120 (a divergence from step 77, rightly), where it swings
   with no trend, slowly coming down to ~30 -- still 7x its start at the end. The divergence settled into
@@ -429,7 +431,7 @@ def test_the_oscillation_gives_way_only_after_oscillation_held_points() -> None:
 
 def test_a_swinging_loss_whose_rolling_level_dipped_is_not_a_rise_after_fall() -> None:
     out = _outcome("r477")
-    assert out.label == "loss/oscillation"
+    assert out.label == labels.UNMANIFESTED  # stop 45: loss/oscillation before (labels.NO_DETECTABLE_FAILURE)
     assert "loss/rise-after-fall" not in out.kinds, out  # the verdict, open, before the fix
     assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out
 
