@@ -42,7 +42,7 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout43": ("bench.unseen.heldout9", True),  # stop 43's held-out set: judged once per engine, SPENT
     "tuning44": ("bench.unseen.tuning8", True),  # stop 44's tuning set
     "heldout44": ("bench.unseen.heldout10", True),  # stop 44's held-out set: judged once per engine, SPENT
-    "heldout45": ("bench.unseen.heldout11", True),  # stop 45's held-out set: judged once per setting
+    "heldout45": ("bench.unseen.heldout11", True),  # stop 45's held-out set: judged once per setting, SPENT
 }
 
 JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45"})
