@@ -545,9 +545,10 @@ class DetectionSettings:
         "level. Independent draws of a noisy loss give ~0 +- 0.16 over 40 values (~1 % of windows reach "
         "0.4). 0.4 with oscillation_heavy_tail 1 (every window) quiets tuning43/44's and heldout43's healthy "
         "heavy-tailed oscillations (healthy right: tuning43 3/6 -> 3/6 but 3 fewer oscillations, tuning44 "
-        "5/7 -> 7/7, heldout43 6/8 -> 8/8) but also the dev corpus's labelled LR-too-high oscillations "
-        "(r201, r477, r645, r709, r794: unshaped swings, robust spread 0.2-0.7, near the start); with "
-        "oscillation_heavy_tail 2.5 the corpus keeps them and most of the gain is gone.",
+        "5/7 -> 7/7, heldout43 6/8 -> 8/8) but also loses dev corpus verdicts (r201, r794: LR-too-high "
+        "runs whose updates killed units; r645's transient oscillation; r709's knob test); with "
+        "oscillation_heavy_tail 2.5 the corpus keeps them and most of the gain is gone. Stop 45's "
+        "pre-registered heldout45: on = off (7/8 healthy, 5/8 faults).",
         minimum=0.0, maximum=1.0)
     oscillation_heavy_tail: float = _setting(
         2.5, "loss/oscillation asks a shape (oscillation_min_serial, when on) only of a window with a heavy "
