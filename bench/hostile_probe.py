@@ -909,6 +909,48 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     return out
 
 
+@attack("http/open-files-metric-seeds")
+def _(t: Target, s: Dict[str, Any]) -> Any:
+    """H49 (stop 45): as ``http/open-files-burst``, but the 80 batches are metrics of 80 runs the gateway has
+    not seen, so each asks the metric store for the run's names (the per-run metric-name cap's seed) while
+    every descriptor is held. Besides each answer being 200 or 503, the server's log must hold at most one
+    line ``cannot read the metric names`` per 10 s of the burst, plus one (before: one warning with a
+    traceback per run whose seed failed: 13 in a 16-24 s burst in 2 of 3 runs before H49)."""
+    import resource
+
+    pid, log_path = s["server_pid"], s.get("server_log")
+    time.sleep(1.0)
+    start = log_path.stat().st_size if log_path else 0
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    tag = uuid.uuid4().hex[:6]
+    batches = [[event(f"b-seed-{tag}-{k}", i, 1.0 / (1 + i), name=f"m{i}") for i in range(3)]
+               for k in range(80)]
+    held = len(os.listdir(f"/proc/{pid}/fd"))
+    began = time.monotonic()
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (held + 12, hard))
+    try:
+        with ThreadPoolExecutor(80) as pool:
+            first = list(pool.map(lambda b: ingest(t, "B", {"events": b}), batches))
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    out: List[Answer] = []
+    for status, data in first:
+        if status not in (200, 503) or (status == 503 and b"too many open files" not in data):
+            out.append((500, b"burst: " + bytes(data)[:200]))  # judged a failure
+        else:
+            out.append((200, b"burst: " + bytes(data)[:60]))
+    if log_path:
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            text = f.read()
+        lines = text.count(b"cannot read the metric names")
+        tracebacks = text.count(b"Traceback (most recent call last)")
+        most = 1 + int((time.monotonic() - began) / 10)  # one line per 10 s of the burst
+        out.append((200 if lines <= most else 500, f"log: {lines} metric-name seed lines (at most {most}), "
+                    f"{tracebacks} tracebacks, {len(text)} bytes".encode()))
+    return out
+
+
 def _drain(conn: socket.socket) -> None:
     try:
         while conn.recv(1 << 20):
@@ -1139,6 +1181,7 @@ def main() -> int:
         try:
             s = setup(t)
             s["server_pid"] = proc.pid
+            s["server_log"] = Path(tmp) / "serve.log"
             failed = 0
             for name, fn in ATTACKS:
                 if args.only and not name.startswith(args.only):

@@ -29,6 +29,10 @@ one run. Contract of :class:`MetricNameCap` (thread-safe):
   :data:`NAME_OVERHEAD`), least recently active runs forgotten first (a forgotten run is seeded again when
   it comes back).
 * ``cap <= 0`` turns the count off, ``max_length <= 0`` the length rule (the character rule stays).
+* A seed that fails (a store that cannot answer: too many open files during a connection burst, H46) is
+  logged at most once per :data:`SEED_FAILURE_LOG_EVERY_S` seconds, with how many runs failed since the last
+  line (security.md H49): one line (and its traceback, unless it is the known ``OutOfFiles``) per window,
+  not one traceback per request of every run a burst touches.
 * :meth:`admits_known` ``(project, runs)`` is the steady state's shortcut: True when :meth:`refusals` of
   those runs' envelopes would refuse nothing and admit no new name (every run remembered and naming only
   names it has, none too long); the runs are then marked active as :meth:`refusals` would. False changes
@@ -39,9 +43,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ..storage.base import OutOfFiles
 from .validate import BIDI_CONTROL, CONTROL, show
 
 __all__ = ["CODE", "MetricNameCap"]
@@ -56,6 +62,8 @@ NAME_SHOWN = 80
 #: what remembering one name costs beside its characters (a str object and a set slot), for the budget
 NAME_OVERHEAD = 80
 LENGTH_CODE = "too_large"
+#: a failing seed is logged at most once per this many seconds, with the count of failures since
+SEED_FAILURE_LOG_EVERY_S = 10.0
 CHARACTER_CODE = "invalid_field"
 
 Seed = Callable[[str, str], Iterable[str]]
@@ -72,6 +80,10 @@ class MetricNameCap:
         self._runs: OrderedDict[Tuple[str, str], Set[str]] = OrderedDict()
         self._tracked = 0
         self._lock = threading.Lock()
+        #: monotonic seconds (a test may replace it); when a seed failure was last logged; failures since
+        self.clock: Callable[[], float] = time.monotonic
+        self._seed_failure_logged = -float("inf")
+        self._seed_failures = 0
 
     @property
     def enabled(self) -> bool:
@@ -211,9 +223,8 @@ class MetricNameCap:
         if self.seed is not None:
             try:
                 seeded = set(self.seed(project, run_id))
-            except Exception:  # a store that cannot answer: count from the names seen from now on
-                log.warning("cannot read the metric names of run %r of project %r; counting from now",
-                            run_id, project, exc_info=True)
+            except Exception as exc:  # a store that cannot answer: count from the names seen from now on
+                self._seed_failed(project, run_id, exc)
         seeded.discard("")
         if CONTROL.search("".join(seeded)):  # stored before the character rule: not known, so refused
             seeded = {name for name in seeded if not CONTROL.search(name)}
@@ -221,6 +232,19 @@ class MetricNameCap:
             if (project, run_id) not in self._runs:
                 self._runs[(project, run_id)] = seeded
                 self._tracked += _weight(seeded)
+
+    def _seed_failed(self, project: str, run_id: str, exc: Exception) -> None:
+        """Log a failed seed: at most one line per SEED_FAILURE_LOG_EVERY_S, counting those left out."""
+        with self._lock:
+            self._seed_failures += 1
+            now = self.clock()
+            if now - self._seed_failure_logged < SEED_FAILURE_LOG_EVERY_S:
+                return
+            count, self._seed_failures, self._seed_failure_logged = self._seed_failures, 0, now
+        log.warning("cannot read the metric names of run %r of project %r (%s: %s); counting its names from "
+                    "now (%d run(s) since the last such line, one line per %g s)", run_id, project,
+                    type(exc).__name__, exc, count, SEED_FAILURE_LOG_EVERY_S,
+                    exc_info=not isinstance(exc, OutOfFiles))
 
     def _forget_beyond_budget(self, keep: Tuple[str, str]) -> None:
         """(Under the lock.) Forget the least recently active runs (never ``keep``) while over budget."""
