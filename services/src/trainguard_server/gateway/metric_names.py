@@ -26,8 +26,11 @@ one run. Contract of :class:`MetricNameCap` (thread-safe):
   ``run_id``, :mod:`.validate`). Names the metric store already holds with one (stored before this rule)
   are not seeded as known, so they are refused as new ones are. Always on.
 * Memory: the names remembered over all runs weigh at most ``budget`` (each name its length plus
-  :data:`NAME_OVERHEAD`), least recently active runs forgotten first (a forgotten run is seeded again when
-  it comes back).
+  :data:`NAME_OVERHEAD`); beyond it the project whose remembered names weigh the most forgets its least
+  recently active run (a forgotten run is seeded again when it comes back) -- never a lighter project's
+  (security.md H50: before, the least recently active run of any project went, so one tenant sending new
+  runs of many names made every other tenant's runs be read again from the metric store, request after
+  request).
 * ``cap <= 0`` turns the count off, ``max_length <= 0`` the length rule (the character rule stays).
 * A seed that fails (a store that cannot answer: too many open files during a connection burst, H46) is
   logged at most once per :data:`SEED_FAILURE_LOG_EVERY_S` seconds, with how many runs failed since the last
@@ -77,7 +80,10 @@ class MetricNameCap:
         self.budget = budget
         self.seed = seed
         self.max_length = max_length
-        self._runs: OrderedDict[Tuple[str, str], Set[str]] = OrderedDict()
+        self._runs: Dict[Tuple[str, str], Set[str]] = {}
+        #: per project: its remembered runs, least recently active first, and what their names weigh
+        self._order: Dict[str, OrderedDict[str, None]] = {}
+        self._weights: Dict[str, int] = {}
         self._tracked = 0
         self._lock = threading.Lock()
         #: monotonic seconds (a test may replace it); when a seed failure was last logged; failures since
@@ -109,8 +115,9 @@ class MetricNameCap:
                 known = self._runs.get((project, run_id))
                 if known is None or not names <= known:
                     return False
+            order = self._order[project]
             for run_id in runs:
-                self._runs.move_to_end((project, run_id))
+                order.move_to_end(run_id)
         return True
 
     def refusals(self, project: str,
@@ -152,7 +159,7 @@ class MetricNameCap:
                         out[key] = (CODE, self._message(run_id, len(known), new))
                         continue
                     known |= new
-                    self._tracked += _weight(new)
+                    self._add_weight(project, _weight(new))
                 if len(known) > before:
                     self._forget_beyond_budget(keep=(project, run_id))
         return out
@@ -209,10 +216,21 @@ class MetricNameCap:
         key = (project, run_id)
         known = self._runs.get(key)
         if known is None:
-            known = self._runs[key] = set()
+            known = self._remember(project, run_id, set())
         else:
-            self._runs.move_to_end(key)
+            self._order[project].move_to_end(run_id)
         return known
+
+    def _remember(self, project: str, run_id: str, names: Set[str]) -> Set[str]:
+        """(Under the lock.) Remember a run not remembered, as its project's most recently active."""
+        self._runs[(project, run_id)] = names
+        self._order.setdefault(project, OrderedDict())[run_id] = None
+        self._add_weight(project, _weight(names))
+        return names
+
+    def _add_weight(self, project: str, weight: int) -> None:
+        self._tracked += weight
+        self._weights[project] = self._weights.get(project, 0) + weight
 
     def _ensure(self, project: str, run_id: str) -> None:
         """Seed a run this process does not remember from ``seed`` (outside the lock: it may read a store)."""
@@ -230,8 +248,7 @@ class MetricNameCap:
             seeded = {name for name in seeded if not CONTROL.search(name)}
         with self._lock:
             if (project, run_id) not in self._runs:
-                self._runs[(project, run_id)] = seeded
-                self._tracked += _weight(seeded)
+                self._remember(project, run_id, seeded)
 
     def _seed_failed(self, project: str, run_id: str, exc: Exception) -> None:
         """Log a failed seed: at most one line per SEED_FAILURE_LOG_EVERY_S, counting those left out."""
@@ -247,14 +264,27 @@ class MetricNameCap:
                     exc_info=not isinstance(exc, OutOfFiles))
 
     def _forget_beyond_budget(self, keep: Tuple[str, str]) -> None:
-        """(Under the lock.) Forget the least recently active runs (never ``keep``) while over budget."""
+        """(Under the lock.) While over budget, the project whose names weigh the most (ties: the greater
+        name) forgets its least recently active run (never ``keep``)."""
+        weights = self._weights
         while self._tracked > self.budget and len(self._runs) > 1:
-            key, names = next(iter(self._runs.items()))
-            if key == keep:
-                self._runs.move_to_end(key)
-                continue
-            del self._runs[key]
-            self._tracked -= _weight(names)
+            project = max(weights, key=lambda p: (weights[p], p))
+            order = self._order[project]
+            run_id = next(iter(order))
+            if (project, run_id) == keep:
+                if len(order) > 1:
+                    order.move_to_end(run_id)
+                    run_id = next(iter(order))
+                else:  # keep is its project's only run: the next heaviest project's
+                    project = max((p for p in weights if p != project), key=lambda p: (weights[p], p))
+                    order = self._order[project]
+                    run_id = next(iter(order))
+            del order[run_id]
+            names = self._runs.pop((project, run_id))
+            self._add_weight(project, -_weight(names))
+            if not order:
+                del self._order[project]
+                del self._weights[project]
 
 
 def _weight(names: Set[str]) -> int:
