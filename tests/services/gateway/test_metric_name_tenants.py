@@ -67,3 +67,9 @@ def test_the_run_being_admitted_is_never_the_one_forgotten() -> None:
     assert cap.refusals("B", [(0, "b", names("p", 2))]) == {}
     assert cap.refusals("A", [(0, "a", names("r", 6))]) == {}  # A's one run alone is over budget: B goes
     assert (cap.names("A", "a"), cap.names("B", "b")) == (6, 0)
+
+
+def test_a_request_without_metrics_of_a_project_with_no_run_remembered_is_admitted() -> None:
+    cap, _ = counting_cap(budget_names=4)
+    assert cap.admits_known("C", {}) is True  # 15a0270b raised KeyError here: every such ingest answered 500
+    assert cap.admits_known("C", {"c": {"x"}}) is False

@@ -115,9 +115,10 @@ class MetricNameCap:
                 known = self._runs.get((project, run_id))
                 if known is None or not names <= known:
                     return False
-            order = self._order[project]
-            for run_id in runs:
-                order.move_to_end(run_id)
+            if runs:  # (every one remembered, so its project has an order)
+                order = self._order[project]
+                for run_id in runs:
+                    order.move_to_end(run_id)
         return True
 
     def refusals(self, project: str,
