@@ -103,7 +103,10 @@ def _open_plateau(seed: int) -> List[float]:
 def test_open_plateaus_refreshed_are_unchanged(seed: int) -> None:
     events = _events_of(_open_plateau(seed), f"flat-{seed}")
     settings = (SETTINGS, SMALL_HISTORY, VARIANTS[3])[seed % 3]
-    oracle = _compare(events, settings, piece=41 + seed)
+    # (with the slope's bound off: since stop 45 a refresh whose bound decides the size test takes no
+    # slope -- tests/engine/test_loss_plateau_bounds.py -- and these flat plateaus would ask for few)
+    with patch.object(loss._Window, "slope_bound", lambda win: math.inf):
+        oracle = _compare(events, settings, piece=41 + seed)
     assert oracle.calls > 40 and oracle.reused > 4 * oracle.calls // 10, (oracle.calls, oracle.reused)
 
 

@@ -1237,6 +1237,31 @@ class _Window:
             self._cv = 0.0 if spread == 0.0 else (spread / abs(med) if med != 0.0 else math.inf)
         return self._cv
 
+    def cv_under(self, bar: float) -> bool:
+        """True when :attr:`cv` < ``bar`` is certain from the window's range, without the sorted
+        deviations (False: not proven -- ask :attr:`cv`). Each deviation |v - median| is at most
+        ``d`` = max(largest - median, median - smallest) (float subtraction is monotone, and its
+        rounding symmetric), so is their median (the middle one, or the mean of two such: at most
+        ``d``), and MAD_TO_SIGMA x it / |median| is at most MAD_TO_SIGMA x ``d`` / |median| (products and
+        quotients of positives round monotonically); cv is that, or 0.0 when the spread is 0."""
+        if self._cv is not None:
+            return self._cv < bar
+        ordered = self.ordered
+        med = self.median
+        if not med != 0.0 or not ordered:
+            return False
+        d = max(ordered[-1] - med, med - ordered[0])
+        return (robust.MAD_TO_SIGMA * d) / abs(med) < bar
+
+    def slope_bound(self) -> float:
+        """An upper bound on abs(:attr:`block_slope`) without the pairwise slopes (the plateau rule's
+        size test needs only "at most this"): from the kept blocks (:func:`_kept_block_slope_bound`)
+        when ``source`` is the series' exact tail and the window is full, else inf (not proven)."""
+        source = self._source
+        if source is not None and self.full:
+            return _kept_block_slope_bound(source, self._size)
+        return math.inf
+
     @property
     def block_slope(self) -> float:
         """``_block_slope(self.steps, self.values)``, bit for bit: from the tail's kept block medians
@@ -1304,6 +1329,43 @@ def _kept_block_slope(tail: SeriesTail, width: int) -> float:
     slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
               for i in range(len(xs) - 1) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
     return robust.median(slopes) if slopes else 0.0
+
+
+def _kept_block_slope_bound(tail: SeriesTail, width: int) -> float:
+    """An upper bound on abs(:func:`_kept_block_slope` (tail, width)), from the same kept blocks (taken, and
+    dropped, as it takes them): the block step medians ``xs`` and value medians ``ys`` it would read; when
+    ``xs`` rise strictly, every pair's step gap is at least the smallest gap of neighbours, ``g`` (float
+    subtraction is monotone), every pair's value change at most max(ys) - min(ys), so every slope is at
+    most (max(ys) - min(ys)) / ``g`` in size (quotients of positives round monotonically) and so is their
+    median (one of them, or the mean of two: between them). 0.0 with fewer than two blocks (no slope: the
+    slope is 0.0); inf when ``xs`` do not rise strictly (not proven)."""
+    kept = _derived(tail)
+    blocks = kept.blocks
+    points = tail.points
+    n = len(points)
+    start = n - width
+    if len(blocks) > 4 * (width // 4) + 4:  # (as _kept_block_slope keeps them)
+        for old in [k for k in blocks if k < start]:
+            del blocks[old]
+    xs: List[float] = []
+    ys: List[float] = []
+    for at in range(start, n - 3, 4):
+        block = blocks.get(at)
+        if block is None:
+            p0, p1, p2, p3 = points[at:at + 4]
+            block = blocks[at] = ((p1[0] + p2[0]) / 2, _median4((p0[1], p1[1], p2[1], p3[1])))
+        xs.append(block[0])
+        ys.append(block[1])
+    if len(xs) < 2:
+        return 0.0
+    gap = math.inf
+    for i in range(len(xs) - 1):
+        step = xs[i + 1] - xs[i]
+        if not step > 0:
+            return math.inf
+        if step < gap:
+            gap = step
+    return (max(ys) - min(ys)) / gap
 
 
 def _braces(text: str) -> str:
@@ -1811,16 +1873,19 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
         not _stalled(rank, state, med / initial, win.first_step, win.last_step, settings)
     if fell and not _optimisation_stuck(rank, state, win.first_step, win.last_step, settings, med / initial):
         return _NOT_HOLDING
-    if win.cv >= _swing_bar(state, tuned) and not _optimisation_stuck(
+    swing = _swing_bar(state, tuned)  # (a spread surely under it: no sorted deviations, win.cv_under)
+    if not win.cv_under(swing) and win.cv >= swing and not _optimisation_stuck(
             rank, state, win.first_step, win.last_step, settings, med / initial, swings=True):
         return _NOT_HOLDING
     trend = win.trend
     returned = _returned(state, win, initial, tuned)
     if abs(trend.z) >= tuned.trend_z and not (returned and trend.z < 0):
         return _NOT_HOLDING
+    first, last = win.first_step, win.last_step  # (the window's first and last steps: it is full)
+    if not explain and _change_within(win, first, last, tuned.plateau_max_change * med):
+        return _Check(True, since=first)  # the size test below passes whatever the slope (win.slope_bound)
     # Theil-Sen slope through the medians of blocks of 4 values: robust, and cheap on any window
     slope = win.block_slope
-    first, last = win.first_step, win.last_step  # (the window's first and last steps: it is full)
     change = abs(slope) * (last - first + 1)
     if change > tuned.plateau_max_change * med:
         return _NOT_HOLDING
@@ -1842,6 +1907,13 @@ def _check_plateau(rank: RankState, name: str, series: Sequence[Tuple[int, float
     summary = (f"{name} has stayed at {fmt_number(med)} ({level:.2f}x where it started) since step "
                f"{{since}}, neither falling nor rising. " + _braces(verdict))
     return _Check(True, since=steps[0], detail=f"at {fmt_number(med)}", evidence=evidence, summary=summary)
+
+
+def _change_within(win: _Window, first: int, last: int, limit: float) -> bool:
+    """True when the plateau rule's size test -- abs(block slope) x (last - first + 1) > ``limit`` -- is
+    certain to fail (the change is within the limit) from :meth:`_Window.slope_bound` (a product of
+    non-negatives rounds monotonically: the change is at most the bound's); False: not proven."""
+    return win.slope_bound() * (last - first + 1) <= limit
 
 
 def _returned(state: Dict[str, Any], win: _Window, initial: float, tuned: LossGradientSettings) -> bool:
