@@ -11,7 +11,13 @@ Contract of :class:`WebhookNotifier` (a processor listener: ``processor.listener
   incident store), saved so that a restart -- which re-emits the incidents it restores -- sends nothing
   twice.
 * **Rate limit**: at most ``max_per_minute`` messages in any minute; what exceeds it is counted and sent as
-  one summary ("N more incidents ...") when the minute allows again. Nothing is dropped silently.
+  one summary ("N more incidents ...", by project) when the minute allows again. Nothing is dropped
+  silently. **Shared fairly** between projects (security.md H51): the next message is the oldest of the
+  project with the fewest messages in the last minute, and while the minute is full only the waiting
+  incidents of projects that had at least their share of it (``max_per_minute`` over the projects sending or
+  waiting) go into the summary -- another project's wait for a free slot (one frees within the minute) and
+  are sent on their own, before the summary. Before, every incident queued while the minute was full went into
+  the summary, so one project's flood of incidents hid every other project's behind "N more".
 * **Never blocks the processor**: the listener only queues (bounded, ``max_queue``; overflow counted);
   a daemon thread posts, retrying a failed post ``retries`` times with backoff, then counts it failed.
 * ``stats`` counts sent / deduplicated / suppressed (rate-limited into summaries) / failed / dropped.
@@ -27,7 +33,7 @@ import urllib.error
 import urllib.request
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Optional
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
 
 from trainguard_engine.pipeline import PipelineOutput
 from trainguard_engine.records import Incident
@@ -92,10 +98,12 @@ class WebhookNotifier:
         self.stats = NotifyStats()
         self._sent_ids: OrderedDict[str, None] = OrderedDict(
             (i, None) for i in self._load_sent())
-        self._queue: Deque[Dict[str, Any]] = deque()
+        self._queues: Dict[str, Deque[Dict[str, Any]]] = {}  # project -> its bodies waiting, oldest first
+        self._queued = 0
         self._max_queue = max_queue
-        self._window: Deque[float] = deque()   # send times within the last minute
-        self._held = 0                         # incidents over the limit, not yet summarised
+        #: (send time, project; None: a summary) of the messages sent within the last minute
+        self._window: Deque[Tuple[float, Optional[str]]] = deque()
+        self._held: Dict[str, int] = {}        # project -> incidents over the limit, not yet summarised
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="trainguard-webhook", daemon=True)
@@ -113,16 +121,17 @@ class WebhookNotifier:
             self._sent_ids[incident.incident_id] = None
             while len(self._sent_ids) > REMEMBERED:
                 self._sent_ids.popitem(last=False)
-            fresh.append(message(incident, self.dashboard_url))
+            fresh.append((incident.project, message(incident, self.dashboard_url)))
         if not fresh:
             return
         self._save_sent()
         with self._cond:
-            for body in fresh:
-                if len(self._queue) >= self._max_queue:
+            for project, body in fresh:
+                if self._queued >= self._max_queue:
                     self.stats.dropped += 1
                     continue
-                self._queue.append(body)
+                self._queues.setdefault(project, deque()).append(body)
+                self._queued += 1
             self._cond.notify_all()
 
     def close(self, timeout: float = 5.0) -> None:
@@ -136,35 +145,74 @@ class WebhookNotifier:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._held and not self._stop:
+                while not self._queued and not self._held and not self._stop:
                     self._cond.wait(1.0)
-                if self._stop and not self._queue and not self._held:
+                if self._stop and not self._queued and not self._held:
                     return
             now = self.clock()
-            while self._window and now - self._window[0] >= 60.0:
+            while self._window and now - self._window[0][0] >= 60.0:
                 self._window.popleft()
-            body: Optional[Dict[str, Any]] = None
             with self._cond:
-                if len(self._window) < self.max_per_minute:
-                    if self._held:  # the minute allows again: one summary of what was held back
-                        body = {"text": f"... and {self._held} more TrainGuard incident(s) in the last "
-                                        f"minute (over the limit of {self.max_per_minute} messages/minute): "
-                                        f"see the dashboard"}
-                        self._held = 0
-                    elif self._queue:
-                        body = self._queue.popleft()
+                sent = self._sent_by_project()
+                if len(self._window) >= self.max_per_minute:
+                    self._hold_over_share(sent)
+                    body, project = None, None
                 else:
-                    while self._queue:  # over the limit: hold them for the summary
-                        self._queue.popleft()
-                        self._held += 1
-                        self.stats.suppressed += 1
+                    body, project = self._next(sent)
             if body is None:
                 if self._stop:
                     return
-                time.sleep(0.25)  # over the limit: wait for the minute to allow the summary
+                time.sleep(0.25)  # over the limit: wait for the minute to allow the next message
                 continue
-            self._window.append(now)
+            self._window.append((now, project))
             self._send(body)
+
+    def _sent_by_project(self) -> Dict[str, int]:
+        sent: Dict[str, int] = {}
+        for _, project in self._window:
+            if project is not None:  # a summary's slot is nobody's
+                sent[project] = sent.get(project, 0) + 1
+        return sent
+
+    def _share(self, sent: Dict[str, int]) -> int:
+        """(Under the lock.) The messages a minute one project may take: the limit over the projects that
+        sent in the last minute or are waiting (at least 1)."""
+        projects = set(sent) | set(self._queues) | set(self._held)
+        return max(1, self.max_per_minute // max(1, len(projects)))
+
+    def _hold_over_share(self, sent: Dict[str, int]) -> None:
+        """(Under the lock; the minute is full.) The waiting incidents of projects that had their share of
+        the minute go into the summary; the others' wait for the next free slot."""
+        share = self._share(sent)
+        for project in [p for p in self._queues if sent.get(p, 0) >= share]:
+            waiting = self._queues.pop(project)
+            self._held[project] = self._held.get(project, 0) + len(waiting)
+            self._queued -= len(waiting)
+            self.stats.suppressed += len(waiting)
+
+    def _next(self, sent: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        """(Under the lock; a slot is free.) A waiting incident of a project below its share (the one with
+        the fewest messages in the minute; ties: the first queued), else the summary of what was held,
+        else the next waiting incident."""
+        share = self._share(sent)
+        below = [p for p in self._queues if sent.get(p, 0) < share]
+        if below or not self._held:
+            candidates = below or list(self._queues)
+            if not candidates:
+                return None, None
+            project = min(candidates, key=lambda p: sent.get(p, 0))  # stable: the first queued wins ties
+            waiting = self._queues[project]
+            body = waiting.popleft()
+            self._queued -= 1
+            if not waiting:
+                del self._queues[project]
+            return body, project
+        total = sum(self._held.values())
+        by = ", ".join(f"{_slack_text(p or 'default project')}: {n}"
+                       for p, n in sorted(self._held.items(), key=lambda kv: (-kv[1], kv[0])))
+        self._held = {}
+        return {"text": f"... and {total} more TrainGuard incident(s) in the last minute (over the limit of "
+                        f"{self.max_per_minute} messages/minute; {by}): see the dashboard"}, None
 
     def _send(self, body: Dict[str, Any]) -> None:
         data = json.dumps(body).encode()

@@ -1,0 +1,85 @@
+"""security.md H51: one project's flood of incidents must not hide another project's behind the webhook's
+summary.
+
+The webhook sends at most ``max_per_minute`` messages a minute, server-wide; what exceeded it was folded into
+one "N more incidents" summary -- every incident queued while the minute was full, whatever its project. So
+a project whose runs raise incidents by the hundred (a sweep of diverging jobs, or a hostile tenant) had
+every other project's new incidents summarised away. Now the next message is the waiting one of the project
+with the fewest in the minute, and only projects that had their share of the minute are summarised; another
+project's incident waits for the next free slot and is sent on its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import List
+
+from tests.support.waiting import poll
+from trainguard_engine.pipeline import PipelineOutput
+from trainguard_engine.records import Incident
+from trainguard_server.notify import WebhookNotifier
+
+
+def incident(project: str, k: int) -> Incident:
+    return Incident(incident_id=f"{project}-{k}", project=project, run_id=f"run-{k}", category="loss",
+                    subtype="non_finite", severity="critical", status="open", title=f"NaN loss {project}{k}",
+                    first_step=10, lead_rank=0)
+
+
+class Posts:
+    def __init__(self) -> None:
+        self.texts: List[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, url: str, data: bytes, timeout: float) -> None:
+        with self.lock:
+            self.texts.append(data.decode())
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.texts)
+
+
+def test_b_s_incident_is_sent_on_its_own_while_a_floods() -> None:
+    now = [1000.0]
+    posts = Posts()
+    notifier = WebhookNotifier("http://hook", max_per_minute=5, clock=lambda: now[0], post=posts)
+    notifier(PipelineOutput(incidents=[incident("A", k) for k in range(20)]))
+    assert poll(lambda: posts.count() == 5, 10)
+    notifier(PipelineOutput(incidents=[incident("B", 0)]))  # the minute is full of A's
+    time.sleep(0.6)
+    assert posts.count() == 5 and notifier.stats.suppressed == 15  # A's 15 held; B's waits
+    now[0] += 61.0
+    assert poll(lambda: posts.count() == 7, 10)
+    notifier.close()
+    b_s, summary = posts.texts[5], posts.texts[6]
+    assert "NaN loss B0" in b_s  # before: held too, "... and 16 more" with no sign of B
+    assert "15 more TrainGuard incident(s)" in summary and "A: 15" in summary and "B:" not in summary
+
+
+def test_two_projects_flooding_together_take_turns() -> None:
+    now = [1000.0]
+    posts = Posts()
+    notifier = WebhookNotifier("http://hook", max_per_minute=4, clock=lambda: now[0], post=posts)
+    notifier(PipelineOutput(incidents=[incident("A", k) for k in range(10)] +
+                            [incident("B", k) for k in range(10)]))
+    assert poll(lambda: posts.count() == 4, 10)
+    time.sleep(0.5)
+    notifier.close()
+    firsts = [t.split("NaN loss ")[1][0] for t in posts.texts[:4]]
+    assert sorted(firsts) == ["A", "A", "B", "B"]  # before: A, A, A, A
+    assert notifier.stats.suppressed == 16
+
+
+def test_one_project_alone_keeps_the_whole_minute() -> None:
+    now = [1000.0]
+    posts = Posts()
+    notifier = WebhookNotifier("http://hook", max_per_minute=5, clock=lambda: now[0], post=posts)
+    notifier(PipelineOutput(incidents=[incident("A", k) for k in range(8)]))
+    assert poll(lambda: posts.count() == 5, 10)
+    time.sleep(0.5)
+    assert posts.count() == 5 and notifier.stats.suppressed == 3
+    now[0] += 61.0
+    assert poll(lambda: posts.count() == 6, 10)
+    notifier.close()
+    assert "3 more TrainGuard incident(s)" in posts.texts[-1] and "A: 3" in posts.texts[-1]
