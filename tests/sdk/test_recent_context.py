@@ -74,3 +74,32 @@ def test_values_the_worker_holds_between_pop_and_fold_are_in_the_context(
     # folded now: each value once, not once from the history and again from the batch that was in hand
     assert _loss_steps(client._recent_so_far()) == list(range(20))
     assert _loss_steps(client.recent_metrics()) == list(range(20))
+
+
+def test_a_value_logged_again_at_the_same_step_is_kept_each_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The context is the history's own record wherever the values are (an lr logged per micro-batch, or
+    every value of a loop that never sets a step, repeats (step, value)): no value merged away."""
+    held = _HeldReadBack()
+    monkeypatch.setattr(client_mod, "read_back", held)
+    trainguard.init(endpoint=f"file://{tmp_path / 'events.jsonl'}", project="t", spool_dir="",
+                    capture_exit=False, capture_uncaught=False, recent_metrics=32)
+    client = trainguard.get_client()
+    assert client is not None
+    for _ in range(3):
+        trainguard.log(step=7, lr=0.1)
+    assert trainguard.flush(5)
+    held.armed = True
+    for _ in range(3):
+        trainguard.log(step=8, lr=0.1)
+    trainguard.flush(0.0)
+    assert held.entered.wait(10), "the worker never drained the second batch"
+    try:
+        lr = [(step, value) for name, step, value in client._recent_so_far() if name == "lr"]
+        assert lr == [(7, 0.1)] * 3 + [(8, 0.1)] * 3
+    finally:
+        held.release.set()
+    assert trainguard.flush(5)
+    assert client._recent_so_far() == client.recent_metrics()
+    assert [(step, value) for name, step, value in client.recent_metrics() if name == "lr"] == \
+        [(7, 0.1)] * 3 + [(8, 0.1)] * 3

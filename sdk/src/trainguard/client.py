@@ -102,9 +102,10 @@ class Client:
         self._final = False
         self._wake_at = options.max_batch_events
         self._history: Dict[str, Deque[Tuple[int, float]]] = {}
-        # the items drain() has popped and not yet folded into _history, and the lock under which it pops
-        # them: _recent_so_far reads the queue and these at one moment, so no value is in neither
-        self._in_hand: List[Tuple[Any, ...]] = []
+        # the metric items drain() has popped and not yet folded into _history (by id, in queue order), and
+        # the lock under which it pops them and folds each: _recent_so_far reads history, hand and queue at
+        # one moment, so every value is in exactly one of them
+        self._in_hand: Dict[int, Tuple[Any, ...]] = {}
         self._hand_lock = threading.Lock()
         self._enrichers: List[ExceptionEnricher] = []
         self.step = -1
@@ -223,28 +224,25 @@ class Client:
     def _recent_so_far(self) -> List[Tuple[str, int, float]]:
         """:meth:`recent_metrics` plus the host values the worker has not folded into it yet (still queued,
         or popped by :meth:`drain` and in hand): the context of an event written ahead, which may be all
-        the backend ever gets. The queue and the items in hand are read at one moment (under the lock the
-        worker pops under, waited for briefly), the history after them; a value folded in between is in
-        both and kept once."""
+        the backend ever gets. History, hand and queue are read at one moment, under the lock the worker
+        pops and folds under (waited for briefly; past that, read without it, best-effort)."""
         keep = self.options.recent_metrics
         locked = self._hand_lock.acquire(timeout=HAND_LOCK_WAIT_S)  # never stuck, whatever holds it
         try:
-            unfolded = list(self._in_hand) + list(self._queue)[-keep * 4:]  # atomic copies
+            history = self.recent_metrics()
+            unfolded = list(self._in_hand.values()) + list(self._queue)[-keep * 4:]  # atomic copies
         finally:
             if locked:
                 self._hand_lock.release()
         series: Dict[str, Deque[Tuple[int, float]]] = {}
-        for name, step, value in self.recent_metrics():
+        for name, step, value in history:
             series.setdefault(name, deque(maxlen=keep)).append((step, value))
         for item in unfolded:
             if item[0] != K_METRICS or not item[3]:
                 continue
             for name, value in item[3].items():
                 if type(value) is float or type(value) is int:
-                    values = series.setdefault(name, deque(maxlen=keep))
-                    point = (item[1], float(value))
-                    if point not in values:
-                        values.append(point)
+                    series.setdefault(name, deque(maxlen=keep)).append((item[1], float(value)))
         return [(name, step, value) for name, values in series.items() for step, value in values]
 
     def _write_event_ahead(self, event: Dict[str, Any]) -> None:
@@ -534,11 +532,11 @@ class Client:
                     items.append(queue.popleft())
             except IndexError:
                 pass
-            self._in_hand = items
+            self._in_hand = {id(item): item for item in items if item[0] == K_METRICS}
         try:
             return self._build(items)
         finally:
-            self._in_hand = []
+            self._in_hand = {}  # what is left waits for the device (no host value in it) or was dropped
 
     def _build(self, items: List[Tuple[Any, ...]]) -> List[Dict[str, Any]]:
         """The envelopes of popped ``items`` and of device values read back since; folds the metric values
@@ -592,11 +590,13 @@ class Client:
         recent = self.recent_metrics() if alert else ()
         keep = self.options.recent_metrics
         history = self._history
-        for name, value in values.items():
-            series = history.get(name)
-            if series is None:
-                series = history[name] = deque(maxlen=keep)
-            series.append((step, value))
+        with self._hand_lock:  # from the hand into the history at one moment (see _recent_so_far)
+            for name, value in values.items():
+                series = history.get(name)
+                if series is None:
+                    series = history[name] = deque(maxlen=keep)
+                series.append((step, value))
+            self._in_hand.pop(id(item), None)
         payload = ev.metrics_payload(values, alert=alert, recent=recent)
         return ev.envelope(self._base, "metrics", payload, step=step, time_unix_nano=t_ns,
                            severity="ERROR" if alert else "INFO",
@@ -653,7 +653,7 @@ class Client:
         what the user logs or captures in it; no heartbeats or lifecycle events (:attr:`forked_child`)."""
         self._pid = os.getpid()
         self._queue = deque()
-        self._in_hand = []
+        self._in_hand = {}
         self._hand_lock = threading.Lock()  # the parent's worker may have held it at the fork
         self.identity = identity_mod.RunIdentity(**{**self.identity.__dict__, "pid": self._pid})
         self._base = self._envelope_base()
