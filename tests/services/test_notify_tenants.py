@@ -10,6 +10,7 @@ project's incident waits for the next free slot and is sent on its own."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import List
@@ -17,7 +18,8 @@ from typing import List
 from tests.support.waiting import poll
 from trainguard_engine.pipeline import PipelineOutput
 from trainguard_engine.records import Incident
-from trainguard_server.notify import WebhookNotifier
+from trainguard_server.notify import STATE_KEY, WebhookNotifier
+from trainguard_server.storage.memory import MemoryIncidentStore
 
 
 def incident(project: str, k: int) -> Incident:
@@ -83,3 +85,45 @@ def test_one_project_alone_keeps_the_whole_minute() -> None:
     assert poll(lambda: posts.count() == 6, 10)
     notifier.close()
     assert "3 more TrainGuard incident(s)" in posts.texts[-1] and "A: 3" in posts.texts[-1]
+
+
+def test_another_projects_10000_incidents_do_not_make_b_s_open_incident_posted_again() -> None:
+    """H52: the ids sent were forgotten oldest first whatever their project, so after 10,000 of A's
+    incidents B's open incident -- re-emitted at each update -- was posted a second time."""
+    now = [1000.0]
+    posts = Posts()
+    notifier = WebhookNotifier("http://hook", max_per_minute=1_000_000, max_queue=20_000, clock=lambda: now[0],
+                               post=posts)
+    notifier(PipelineOutput(incidents=[incident("B", 0)]))
+    notifier(PipelineOutput(incidents=[incident("A", k) for k in range(10_000)]))
+    notifier(PipelineOutput(incidents=[incident("B", 0)]))  # B's incident updated (more evidence)
+    assert poll(lambda: posts.count() >= 10_001, 30)
+    time.sleep(0.3)
+    notifier.close()
+    assert sum("NaN loss B0" in t for t in posts.texts) == 1  # before: 2
+    assert notifier.stats.deduplicated == 1
+
+
+def test_what_was_sent_survives_a_restart_by_project() -> None:
+    store = MemoryIncidentStore()
+    posts = Posts()
+    first = WebhookNotifier("http://hook", state=store, post=posts)
+    first(PipelineOutput(incidents=[incident("B", 0), incident("A", 0)]))
+    assert poll(lambda: posts.count() == 2, 10)
+    first.close()
+    again = WebhookNotifier("http://hook", state=store, post=posts)  # a restart re-emits both
+    again(PipelineOutput(incidents=[incident("B", 0), incident("A", 0)]))
+    time.sleep(0.3)
+    again.close()
+    assert posts.count() == 2 and again.stats.deduplicated == 2
+
+
+def test_ids_saved_before_the_projects_were_kept_are_still_not_sent_twice() -> None:
+    store = MemoryIncidentStore()
+    store.save_state(STATE_KEY, json.dumps(["B-0"]).encode())  # the format saved before H52
+    posts = Posts()
+    notifier = WebhookNotifier("http://hook", state=store, post=posts)
+    notifier(PipelineOutput(incidents=[incident("B", 0)]))
+    time.sleep(0.3)
+    notifier.close()
+    assert posts.count() == 0 and notifier.stats.deduplicated == 1

@@ -7,9 +7,10 @@ Contract of :class:`WebhookNotifier` (a processor listener: ``processor.listener
   ``{"text": ...}`` -- what Slack's and Mattermost's incoming webhooks take -- naming the severity, the kind,
   the title, the run, where it started (rank, step) and a link to its dashboard page when ``dashboard_url``
   is set.
-* **Once per incident**: the ids sent are remembered (bounded, newest kept) and, with ``state`` (the
-  incident store), saved so that a restart -- which re-emits the incidents it restores -- sends nothing
-  twice.
+* **Once per incident**: the ids sent are remembered (:data:`REMEMBERED`, shared fairly: past it the
+  project remembered most forgets its oldest, never another project's -- security.md H52) and, with
+  ``state`` (the incident store), saved so that a restart -- which re-emits the incidents it restores --
+  sends nothing twice.
 * **Rate limit**: at most ``max_per_minute`` messages in any minute; what exceeds it is counted and sent as
   one summary ("N more incidents ...", by project) when the minute allows again. Nothing is dropped
   silently. **Shared fairly** between projects (security.md H51): the next message is the oldest of the
@@ -31,11 +32,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from trainguard_engine.pipeline import PipelineOutput
+from trainguard_engine.quotas import EvictedRuns
 from trainguard_engine.records import Incident
 
 from .storage.base import IncidentStore
@@ -96,8 +98,11 @@ class WebhookNotifier:
         self.clock = clock
         self._post = post or _http_post
         self.stats = NotifyStats()
-        self._sent_ids: OrderedDict[str, None] = OrderedDict(
-            (i, None) for i in self._load_sent())
+        #: ``project NUL incident id`` of the incidents sent (the engine's fair bounded memory: before, the
+        #: oldest id went whatever its project, so 10,000 of one project's incidents made every other
+        #: project's open incidents be posted again at their next update)
+        self._legacy_ids: Set[str] = set()
+        self._sent_ids = EvictedRuns((key, 0) for key in self._load_sent())
         self._queues: Dict[str, Deque[Dict[str, Any]]] = {}  # project -> its bodies waiting, oldest first
         self._queued = 0
         self._max_queue = max_queue
@@ -115,12 +120,11 @@ class WebhookNotifier:
         for incident in output.incidents:
             if incident.explained_by or SEVERITY_ORDER.get(incident.severity, 0) < self.min_rank:
                 continue
-            if incident.incident_id in self._sent_ids:
+            key = f"{incident.project}\x00{incident.incident_id}"
+            if key in self._sent_ids or incident.incident_id in self._legacy_ids:
                 self.stats.deduplicated += 1
                 continue
-            self._sent_ids[incident.incident_id] = None
-            while len(self._sent_ids) > REMEMBERED:
-                self._sent_ids.popitem(last=False)
+            self._sent_ids.put(key, 0, REMEMBERED)
             fresh.append((incident.project, message(incident, self.dashboard_url)))
         if not fresh:
             return
@@ -229,18 +233,27 @@ class WebhookNotifier:
                 time.sleep(min(5.0, 0.2 * 2 ** attempt))
 
     # --- remembering what was sent --------------------------------------------------------------
-    def _load_sent(self) -> list:
+    def _load_sent(self) -> List[str]:
         if self.state is None:
             return []
         blob = self.state.load_state(STATE_KEY)
         try:
-            return list(json.loads(blob))[-REMEMBERED:] if blob else []
+            saved = list(json.loads(blob)) if blob else []
         except (ValueError, TypeError):
             return []
+        # [project, id] pairs; a bare id (saved before H52) is remembered under no project
+        keys = []
+        for item in saved[-REMEMBERED:]:
+            if isinstance(item, list) and len(item) == 2:
+                keys.append(f"{item[0]}\x00{item[1]}")
+            elif isinstance(item, str):  # a bare id, saved before H52: its project is not known
+                self._legacy_ids.add(item)
+        return keys
 
     def _save_sent(self) -> None:
         if self.state is not None:
-            self.state.save_state(STATE_KEY, json.dumps(list(self._sent_ids)).encode())
+            self.state.save_state(STATE_KEY, json.dumps([key.split("\x00", 1) for key, _ in
+                                                        self._sent_ids.items()]).encode())
 
 
 def _http_post(url: str, data: bytes, timeout: float) -> None:
