@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard_engine.classify import classify_chain, classify_text
+from trainguard_engine.classify import classify_chain, classify_exception, classify_text
 from trainguard_engine.classify.c10d import connect_retry, went_on
 
 
@@ -147,3 +147,95 @@ def test_ide_report_with_full_width_punctuation(text: str, kind: str, signal: in
     found = classify_text(text)
     assert found is not None and (f"{found.category}/{found.subtype}", found.rule) == (kind, "launcher.signal")
     assert found.facts["signal"] == signal and found.facts["reporter"] == "ide"
+
+
+# ---- hR's review of 63b7fcf (stop 45), fixed by hL2: F1, F2, F3, F6 ----
+
+_DS_START = [  # what every DeepSpeed job logs at start (deepspeed/comm/comm.py), long before any collective
+    "[2024-05-01 10:00:01,100] [INFO] [comm.py:637:init_distributed] cdb=None",
+    "[2024-05-01 10:00:01,101] [INFO] [comm.py:668:init_distributed] Initializing TorchBackend in DeepSpeed with "
+    "backend nccl",
+    "[2024-05-01 10:00:05,000] [INFO] [logging.py:96:log_dist] [Rank 0] DeepSpeed info: version=0.14.0"]
+_DS_STEPS = [f"[2024-05-01 10:01:{i:02d},000] [INFO] [logging.py:96:log_dist] [Rank 0] step={i}, skipped=0, "
+             "lr=[1e-05], mom=[(0.9, 0.999)]" for i in range(1, 9)]
+_MID_RUN_IB = [
+    "Traceback (most recent call last):",
+    '  File "train.py", line 180, in main',
+    "    model_engine.backward(loss)",
+    '  File "/usr/lib/python3/site-packages/deepspeed/runtime/engine.py", line 1976, in backward',
+    "    self.allreduce_gradients()",
+    '  File "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py", line 2050, in all_reduce',
+    "    work = group.allreduce([tensor], opts)",
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+    "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3",
+    "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
+    "Last error:",
+    "NET/IB : Got async event : port error"]
+
+
+@pytest.mark.parametrize("start", [_DS_START, ["Namespace(batch_size=8, init_distributed=True, lr=0.0001)"],
+                                   ["config: {'dist_params': {'backend': 'nccl'}, 'init_dist': 'pytorch'}"]])
+def test_start_up_names_outside_a_frame_are_no_set_up_context(start: list) -> None:
+    """F1: DeepSpeed's start INFO records and a config dump name the start-up functions as words; an NCCL
+    system error raised mid-run in all_reduce after them stays NCCL's failure (it read init-failure)."""
+    assert _kind("\n".join([*start, *_DS_STEPS, *_MID_RUN_IB])) == "comm/failure"
+    in_frame = [*_MID_RUN_IB[:5], '  File "/opt/ds/deepspeed/comm/comm.py", line 670, in init_distributed',
+                "    cdb = TorchBackend(dist_backend, timeout, init_method, rank, world_size)", *_MID_RUN_IB[5:]]
+    assert _kind("\n".join([*start, *in_frame])) == "comm/init-failure"
+
+
+_RETRIES = [_RETRY, _RETRY.replace("refused", "timed out")]
+
+
+@pytest.mark.parametrize("went_on", [[_COMPLETE, *_DS_STEPS], _DS_STEPS, [_COMPLETE]])
+def test_nccl_retries_the_run_went_on_from_do_not_explain_a_later_error(went_on: list) -> None:
+    """F2: retries, then Init COMPLETE and/or training, then an IB port error in all_reduce: the retries
+    succeeded, the error is NCCL's failure mid-run (it read init-failure)."""
+    assert _kind("\n".join([*_RETRIES, *went_on, *_MID_RUN_IB])) == "comm/failure"
+    assert _kind("\n".join([*went_on, *_RETRIES, *_MID_RUN_IB])) == "comm/init-failure"
+
+
+_HF_LOGS = ["{'loss': 2.3012, 'grad_norm': 1.53, 'learning_rate': 4.9e-05, 'epoch': 0.01}",
+            "{'loss': 2.1003, 'grad_norm': 1.21, 'learning_rate': 4.8e-05, 'epoch': 0.02}",
+            "{'train_runtime': 120.5, 'train_samples_per_second': 30.1, 'train_loss': 2.2, 'epoch': 1.0}"]
+_C10D_RETRY = ("[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 (errno: 99 "
+               "- Cannot assign requested address).")
+
+
+def test_hf_trainer_log_dicts_are_training_progress() -> None:
+    """F3: the HF Trainer's dict log lines say the run went on, after NCCL's or c10d's retries."""
+    assert all(went_on(line) for line in _HF_LOGS)
+    assert not went_on("{'eval_runtime': 3.1, 'eval_samples_per_second': 50.2}")
+    assert classify_text("\n".join([_RETRY, _RETRY, *_HF_LOGS])) is None
+    assert classify_text("\n".join([_C10D_RETRY, *_HF_LOGS])) is None
+    assert _kind("\n".join([*_HF_LOGS[:1], _C10D_RETRY])) == "comm/init-failure"
+
+
+_MMCV = [{"function": "<module>"}, {"function": "main"}, {"function": "init_dist"},
+         {"function": "_init_dist_pytorch"}]
+
+
+@pytest.mark.parametrize("exc_type, message, frames", [
+    ("KeyError", "'RANK'", [*_MMCV, {"function": "__getitem__"}]),
+    ("ZeroDivisionError", "integer division or modulo by zero", _MMCV),
+    ("RuntimeError", "context has already been set", [*_MMCV[:3], {"function": "set_start_method"}]),
+    ("ValueError", "invalid literal for int() with base 10: ''",
+     [{"function": "<module>"}, {"function": "main"}, {"function": "init_distributed_mode"}]),
+    ("RuntimeError", "CUDA error: invalid device ordinal",
+     [*_MMCV[:3], {"function": "set_device"}]),
+])
+def test_other_exceptions_in_a_program_start_up_function_stay_theirs(exc_type: str, message: str,
+                                                                     frames: list) -> None:
+    """F6: a program wrapper's body reads the environment, picks the device, sets the start method: only a
+    comm error raised there is the group not coming up."""
+    chained = classify_chain(exc_type, message, frames=frames)
+    assert chained.rule != "frames.process-group-init" and chained.category != "comm"
+    assert (classify_exception(exc_type, message).category, classify_exception(exc_type, message).subtype) == (
+        chained.category, chained.subtype)
+
+
+def test_torch_set_up_functions_still_take_any_exception() -> None:
+    chained = classify_chain("KeyError", "'MASTER_ADDR'", frames=[
+        *_MMCV, {"function": "init_process_group"}, {"function": "_env_rendezvous_handler"}])
+    assert (chained.category, chained.subtype, chained.rule) == ("comm", "init-failure", "frames.process-group-init")
+    assert chained.facts["raised_in"] == "_env_rendezvous_handler"

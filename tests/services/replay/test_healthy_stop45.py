@@ -74,3 +74,42 @@ def test_paste_starting_at_a_flush_left_frame_keeps_it() -> None:
 
 def test_nccl_error_raised_in_the_start_up_function_reads_init_failure(tmp_path: Path) -> None:
     assert shown(imported(pasted(tmp_path, LOOSE_TRACEBACK)))[:1] == ["comm/init-failure"]
+
+
+# ---- hR's review of 63b7fcf (stop 45), fixed by hL2: F3 and F6 through replay ----
+
+HF_LOGS = ["{'loss': 2.3012, 'grad_norm': 1.53, 'learning_rate': 4.9e-05, 'epoch': 0.01}",
+           "{'loss': 2.1003, 'grad_norm': 1.21, 'learning_rate': 4.8e-05, 'epoch': 0.02}",
+           "{'train_runtime': 120.5, 'train_samples_per_second': 30.1, 'train_loss': 2.2, 'epoch': 1.0}"]
+RINGS = ["gpu-a:7710:7764 [0] NCCL INFO Channel 00/02 :    0   1", "gpu-a:7710:7764 [0] NCCL INFO Connected all rings",
+         "gpu-a:7710:7764 [0] NCCL INFO Connected all trees"]
+C10D_RETRY = ("[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 (errno: 99 - "
+              "Cannot assign requested address).")
+
+
+@pytest.mark.parametrize("lines", [[RETRY, RETRY, *RINGS, *HF_LOGS], [C10D_RETRY, *HF_LOGS]])
+def test_retries_an_hf_trainer_run_went_on_from_open_nothing(tmp_path: Path, lines: List[str]) -> None:
+    """F3: the HF Trainer's dict log lines (no tqdm bar, no Init COMPLETE in the paste) are training."""
+    assert shown(imported(pasted(tmp_path, lines))) == []
+
+
+MMCV_HEAD = [
+    "Traceback (most recent call last):",
+    '  File "tools/train.py", line 187, in <module>',
+    "    main()",
+    '  File "tools/train.py", line 102, in main',
+    "    init_dist(args.launcher, **cfg.dist_params)",
+    '  File "/usr/local/lib/python3.7/site-packages/mmcv/runner/dist_utils.py", line 18, in init_dist',
+    "    _init_dist_pytorch(backend, **kwargs)"]
+
+
+@pytest.mark.parametrize("tail", [
+    ['  File "/usr/local/lib/python3.7/site-packages/mmcv/runner/dist_utils.py", line 29, in _init_dist_pytorch',
+     "    rank = int(os.environ['RANK'])", '  File "/usr/lib/python3.7/os.py", line 679, in __getitem__',
+     "    raise KeyError(key) from None", "KeyError: 'RANK'"],
+    ['  File "/usr/local/lib/python3.7/site-packages/mmcv/runner/dist_utils.py", line 32, in _init_dist_pytorch',
+     "    torch.cuda.set_device(rank % num_gpus)", "ZeroDivisionError: integer division or modulo by zero"],
+])
+def test_a_non_comm_exception_in_mmcv_init_dist_stays_an_exception(tmp_path: Path, tail: List[str]) -> None:
+    """F6: only a comm error raised in a program's start-up function is the group not coming up."""
+    assert shown(imported(pasted(tmp_path, [*MMCV_HEAD, *tail]))) == ["process/exception"]

@@ -405,27 +405,33 @@ _INIT_FUNCTIONS = frozenset({
     "init_process_group", "new_group", "_new_group_with_tag", "_store_based_barrier", "_create_c10d_store",
     "_env_rendezvous_handler", "_tcp_rendezvous_handler", "_file_rendezvous_handler", "init_distributed",
     "init_device_mesh", "_create_tcp_store", "ncclCommInitRank", "initialize_model_parallel",
-    "init_model_parallel_group", "init_distributed_environment", "init_distributed_mode", "init_dist",
-    "init_parallel_env"})
+    "init_model_parallel_group", "init_distributed_environment"})
 """Functions of torch.distributed (and DeepSpeed's ``init_distributed``) that set a process group up
 (``_create_tcp_store``: torchelastic's c10d rendezvous backend creating its store), and the serving and
 model-parallel stacks' own: Megatron's / vLLM's / SGLang's ``initialize_model_parallel``,
 ``init_model_parallel_group``, ``init_distributed_environment``, and their pynccl wrapper's
-``ncclCommInitRank`` (sgl-project/sglang#4289: ``NCCL error: unhandled system error`` raised there); and a
-program's own distributed start-up function by the names the common code bases give it -- the DeiT / MAE
-family's ``init_distributed_mode`` (its ``barrier()`` is the first collective: NVIDIA/nccl#1546), mmcv's
-``init_dist``, Paddle's ``init_parallel_env`` -- whose failure is the group not coming up."""
+``ncclCommInitRank`` (sgl-project/sglang#4289: ``NCCL error: unhandled system error`` raised there). Any
+exception raised inside one is the group not coming up."""
 INIT_FUNCTIONS = _INIT_FUNCTIONS
+_PROGRAM_INIT_FUNCTIONS = frozenset({"init_distributed_mode", "init_dist", "init_parallel_env"})
+"""A program's own distributed start-up function by the names the common code bases give it -- the DeiT /
+MAE family's ``init_distributed_mode`` (its ``barrier()`` is the first collective: NVIDIA/nccl#1546), mmcv's
+``init_dist``, Paddle's ``init_parallel_env``. Their bodies also read the environment, pick the device and set
+the start method, so only a comm error raised in one (an NCCL / gloo failure, a peer reset, a timeout:
+:data:`_AT_INIT`, not the generic fallback) is the group not coming up; any other exception there
+(``KeyError: 'RANK'``, ``ZeroDivisionError`` from ``rank % num_gpus`` with no GPU visible, ``context has
+already been set``) stays what it is (hR's review, stop 45, F6)."""
 _AT_INIT = (("comm", "rank-lost"), ("comm", "timeout"), ("comm", "failure"))
 """What a peer's reset, a timeout or a generic NCCL/gloo failure is when it happens while the group is being
 set up: the group never came up (comm/init-failure), not a peer lost mid-training."""
 
 
-def _init_frame(frames: Sequence[Mapping[str, Any]]) -> str:
-    """The innermost process-group set-up function among ``frames`` (``{"function": ...}``), or ``""``."""
+def _init_frame(frames: Sequence[Mapping[str, Any]], names: frozenset = _INIT_FUNCTIONS) -> str:
+    """The innermost process-group set-up function (one of ``names``) among ``frames``
+    (``{"function": ...}``), or ``""``."""
     for frame in reversed(list(frames)[-128:]):
         function = frame.get("function") if isinstance(frame, Mapping) else None
-        if isinstance(function, str) and function in _INIT_FUNCTIONS:
+        if isinstance(function, str) and function in names:
             return function
     return ""
 
@@ -444,6 +450,8 @@ def classify_chain(exc_type: str, message: str, chain: Sequence[Mapping[str, Any
     top = classify_exception(exc_type, message)
     init = _init_frame(frames) if frames else ""
     generic = top.rule == "python.exception" or top.rule.startswith(vocab.PREFIX)
+    if not init and frames and not generic and (top.category, top.subtype) in _AT_INIT:
+        init = _init_frame(frames, _PROGRAM_INIT_FUNCTIONS)
     if init and (generic or (top.category, top.subtype) in _AT_INIT):
         facts = dict(top.facts)
         facts.update(raised_in=init, was=f"{top.category}/{top.subtype}")

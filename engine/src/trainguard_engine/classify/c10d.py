@@ -198,9 +198,12 @@ _RETRY_WARNING_RE = re.compile(
 ``[W427 01:04:16.149509694 socket.cpp:752]``, a glog ``W1108`` record, ``WARNING``): torch prints it for each
 attempt while it keeps retrying until its timeout -- the failure is the raised error or the timeout."""
 _WENT_ON_RE = re.compile(
-    r"^[^\n]{0,200}?(?:\b(?:epoch|step|iter(?:ation)?|batch)\b\s*[:=#\[(]?\s*\d|\bloss\b\s*[:=]?\s*-?\d"
+    r"^[^\n]{0,200}?(?:\b(?:epoch|step|iter(?:ation)?|batch)\b['\"]?\s*[:=#\[(]?\s*\d"
+    r"|\bloss\b['\"]?\s*[:=]?\s*-?\d"
     r"|\d\s*it/s\b|\d{1,3}%\||\bnccl info\b[^\n]{0,200}\binit complete\b)", re.MULTILINE)
-"""A training-progress line (a step / epoch / iteration / batch counter, a loss value, a progress bar), or
+"""A training-progress line (a step / epoch / iteration / batch counter, a loss value -- also as a quoted
+dict key, the HF Trainer's ``{'loss': 2.3012, 'grad_norm': 1.53, ..., 'epoch': 0.01}`` (hR's review, stop 45,
+F3) --, a progress bar), or
 NCCL's ``NCCL INFO comm 0x... rank R nranks N ... - Init COMPLETE`` (the communicator was built: its
 connections succeeded): after connect warnings it says the retries succeeded and the run went on."""
 _NCCL_RETRY_RE = re.compile(r"\bnccl info\b[^\n]{0,200}?\bcall to connect returned\b[^\n]{0,120}\bretrying\b")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
+from .c10d import _WENT_ON_RE
 from .text import (
     Facts,
     _Hit,
@@ -293,12 +294,28 @@ Connection refused, retrying``, ``misc/socket.cc:N NCCL WARN socketStartConnect:
 ``Call to connect failed``) printed by the process whose system / internal error they precede or follow
 (NVIDIA/nccl#948: the error line pasted above its NCCL_DEBUG=INFO output): the error is the connect's.
 Read only within :data:`INIT_CONTEXT_WINDOW` of the error line. A retry line alone is no error (healthy runs
-print it while a peer comes up): it only says what an NCCL system / internal error was."""
+print it while a peer comes up): it only says what an NCCL system / internal error was, and only when no
+training-progress line or NCCL ``Init COMPLETE`` (:func:`c10d.went_on`'s lines) lies between it and the error:
+a retry the run went on from is a connect that succeeded, and a later error mid-run is not its failure (hR's
+review, stop 45, F2)."""
 
 
 def _connect_trace(t: _Text, pos: int) -> bool:
-    """Whether NCCL's own trace of a failing connect lies around the NCCL error at ``pos``."""
-    return _CONNECT_TRACE_RE.search(t.window(pos, INIT_CONTEXT_WINDOW, INIT_CONTEXT_WINDOW)[1]) is not None
+    """Whether NCCL's own trace of a failing connect lies around the NCCL error at ``pos``: a WARN /
+    ``Call to connect failed`` line anywhere in the window, a ``..., retrying`` line only with no
+    training-progress line (:data:`c10d._WENT_ON_RE`) between it and the error line."""
+    offset, text = t.window(pos, INIT_CONTEXT_WINDOW, INIT_CONTEXT_WINDOW)
+    error_start = t.lower.rfind("\n", 0, pos) + 1
+    error_end = t.lower.find("\n", pos)
+    error_end = len(t.lower) if error_end < 0 else error_end
+    for m in _CONNECT_TRACE_RE.finditer(text):
+        if not m.group(0).endswith("retrying"):
+            return True
+        start, end = offset + m.start(), offset + m.end()
+        between = (end, error_start) if end <= error_start else (error_end, start)
+        if between[0] >= between[1] or _WENT_ON_RE.search(t.lower, between[0], between[1]) is None:
+            return True
+    return False
 
 
 _SETUP_CODES = ("ncclSystemError", "ncclInternalError")
@@ -324,7 +341,8 @@ _INIT_CONTEXT_RE = re.compile(r"ncclCommInitRank|\binit_process_group\b(?!\(\) w
                               r"\binit_worker_distributed_environment\b|\binit_model_parallel_group\b|"
                               r"\binitialize_model_parallel\b|\bPyNcclCommunicator\(|"
                               r"\b_new_process_group_helper\b|\bfrom_engine_args\b|\b_init_executor\b|"
-                              r"\binit_distributed(?:_mode)?\b|\binit_dist\b|\binit_parallel_env\b")
+                              r"\bline \d+,? in (?:init_distributed(?:_mode)?|init_dist|init_parallel_env)"
+                              r"[ \t\r]*$", re.MULTILINE)
 """Where an NCCL system/internal error is raised while a communicator is being created: NCCL's own
 ``ncclCommInitRank`` (also ``...Config``), torch's ``init_process_group`` / ``_new_process_group_helper``,
 vLLM's worker setting up its device (``Exception in worker VllmWorkerProcess while processing method
@@ -334,7 +352,10 @@ pynccl's ``PyNcclCommunicator(``) while its engine is built (``from_engine_args`
 request has run yet). Also a program's distributed start-up function by the names the common code bases
 give it (``init_distributed_mode`` of the DeiT / MAE family -- its ``barrier()`` is the first collective,
 NVIDIA/nccl#1546 --, DeepSpeed's ``init_distributed``, mmcv's ``init_dist``, Paddle's
-``init_parallel_env``). Not DistributedDataParallel's construction (``_verify_model_across_ranks``): the
+``init_parallel_env``), but only as a traceback frame's function (``File "...", line N, in init_dist``): as a
+bare word they are no set-up context -- DeepSpeed logs ``[comm.py:637:init_distributed] cdb=None`` at every
+start and configs print ``init_distributed=True``, so a mid-run error would read as set-up (hR's review,
+stop 45, F1). Not DistributedDataParallel's construction (``_verify_model_across_ranks``): the
 corpus labels an NCCL system error there comm/failure (OpenPCDet#1215, ColossalAI#1320). Read in the
 traceback around the error line (:data:`INIT_CONTEXT_WINDOW`
 characters either side): the same error later in a run, inside a collective, stays NCCL's failure. torch's
@@ -660,14 +681,16 @@ DOCS = {
         'InvalidArgument → comm/mismatch; UnhandledCudaError → comm/failure (memory/oom or cuda-error when '
         'its last error names one); SystemError on a connect, or SystemError / InternalError whose last '
         'error is the socket set-up (``Bootstrap : no socket interface found``, ``ncclSocketInit``) or '
-        'whose process\'s NCCL_DEBUG lines around it show a connect failing (``Call to connect returned '
-        'Connection refused, retrying``, ``socketStartConnect: Connect to ... failed``) → '
+        'whose process\'s NCCL_DEBUG lines around it show a connect failing (``socketStartConnect: Connect '
+        'to ... failed``; ``Call to connect returned Connection refused, retrying`` only with no '
+        'training-progress line or ``Init COMPLETE`` between it and the error) → '
         'comm/init-failure; SystemError / InternalError raised while a communicator is created (its '
         'traceback shows ``ncclCommInitRank``, ``init_process_group``, vLLM\'s ``processing method '
         'init_device`` '
         '/ ``init_worker_distributed_environment`` / ``initialize_model_parallel``, pynccl\'s '
-        '``PyNcclCommunicator(``, an engine being built: ``from_engine_args``; a start-up function: '
-        '``init_distributed_mode``, ``init_distributed``, ``init_dist``, ``init_parallel_env``) → '
+        '``PyNcclCommunicator(``, an engine being built: ``from_engine_args``; a start-up function as a '
+        'frame\'s function, ``File "...", line N, in init_distributed_mode`` / ``init_distributed`` / '
+        '``init_dist`` / ``init_parallel_env``, not the bare word) → '
         'comm/init-failure; also a '
         'wrapper\'s bare ``NCCL error: internal error`` '
         '(vLLM / SGLang pynccl); '

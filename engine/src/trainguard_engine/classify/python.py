@@ -324,9 +324,10 @@ DOCS = {
         'comm failure, raised inside ``init_process_group``, ``new_group``, rendezvous or store creation or '
         'DeepSpeed\'s ``init_distributed``, or the model-parallel / serving stacks\' set-up '
         '(``initialize_model_parallel``, ``init_model_parallel_group``, ``init_distributed_environment``, '
-        'a pynccl wrapper\'s ``ncclCommInitRank``), or a program\'s start-up function '
-        '(``init_distributed_mode``, mmcv\'s ``init_dist``, Paddle\'s ``init_parallel_env``) → '
-        'comm/init-failure'
+        'a pynccl wrapper\'s ``ncclCommInitRank``), or a peer reset / timeout / comm failure (not a '
+        'generic exception: ``KeyError: \'RANK\'`` stays process/exception) raised inside a program\'s '
+        'start-up function (``init_distributed_mode``, mmcv\'s ``init_dist``, Paddle\'s '
+        '``init_parallel_env``) → comm/init-failure'
     ),
     'ray.task-error': (
         "Ray's ``RayTaskError(<Class>)`` / ``RayActorError(<Class>)`` when the class is one an "
