@@ -1151,8 +1151,9 @@ class DetectionSettings:
     idle_run_ttl_s: float = _setting(
         7 * 86400.0, "A run that never ended is evicted this long after its last event.", minimum=0.0)
     evicted_runs_remembered: int = _setting(
-        10_000, "Evicted runs remembered so that late events for them are dropped rather than "
-        "starting a new, partial record.", minimum=0)
+        10_000, "Evicted runs remembered, all projects together, so that late events for them are dropped "
+        "rather than starting a new, partial record; shared fairly: when full, the project remembered most "
+        "forgets its own oldest (docs/security.md H48).", minimum=0)
     # --- per-project quotas (issue 18: one project cannot evict another's live runs) ------------------
     project_max_runs: int = _setting(
         10_000, "Runs of one project kept in state; a new run beyond it evicts one of that project's own "

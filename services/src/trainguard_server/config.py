@@ -277,7 +277,10 @@ class Settings(BaseSettings):
                              "empty: off. De-duplicated per incident, rate-limited (notify.py)")
     webhook_min_severity: Literal["warning", "error", "critical"] = Field(
         "critical", description="the least severe incident that is notified")
-    webhook_max_per_minute: int = Field(10, ge=1, description="messages per minute; more are summarised")
+    webhook_max_per_minute: int = Field(
+        10, ge=1, description="messages per minute, all projects together; more are summarised. Shared "
+        "fairly: the project with the fewest messages in the minute goes first, and only projects past their "
+        "share are summarised (docs/security.md H51)")
     dashboard_url: str = Field("", description="public base URL of the dashboard, for links in notifications")
 
     roles: str = Field(
