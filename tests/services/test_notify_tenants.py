@@ -127,3 +127,71 @@ def test_ids_saved_before_the_projects_were_kept_are_still_not_sent_twice() -> N
     time.sleep(0.3)
     notifier.close()
     assert posts.count() == 0 and notifier.stats.deduplicated == 1
+
+
+class GatedPosts(Posts):
+    """A slow webhook: the first post waits until ``gate`` is set (as 4 tries of a 5 s timeout would);
+    ``inside`` is set once the sender is in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.inside = threading.Event()
+
+    def __call__(self, url: str, data: bytes, timeout: float) -> None:
+        self.inside.set()
+        assert self.gate.wait(30)
+        super().__call__(url, data, timeout)
+
+
+def _accounted(texts: List[str]) -> int:
+    """The incidents posted on their own plus those counted in summaries."""
+    return sum(int(t.split("... and ")[1].split(" more")[0]) if "... and " in t else 1 for t in list(texts))
+
+
+def test_a_s_flood_during_a_slow_post_does_not_drop_b_s_incident() -> None:
+    """F9 (stop 45): the queue's bound (``max_queue``) was one for all projects and an incident past it was
+    dropped -- not posted, not summarised -- after its id was remembered as sent. While the sender sat in a
+    slow post, A's queued flood made B's one incident vanish, and B's next update was deduplicated."""
+    now = [1000.0]
+    posts = GatedPosts()
+    notifier = WebhookNotifier("http://hook", max_per_minute=5, max_queue=20, clock=lambda: now[0], post=posts)
+    notifier(PipelineOutput(incidents=[incident("A", 0)]))
+    assert posts.inside.wait(10)  # the sender is inside its first post
+    notifier(PipelineOutput(incidents=[incident("A", k) for k in range(1, 31)]))  # A's flood meanwhile
+    notifier(PipelineOutput(incidents=[incident("B", 0)]))  # B's one critical incident
+    posts.gate.set()
+    assert poll(lambda: posts.count() == 5, 10)  # the minute's 5
+    now[0] += 61.0  # the next minute: the summary of A's excess
+    assert poll(lambda: _accounted(posts.texts) == 32, 10)  # every incident posted or summarised (before: 21, 11 dropped)
+    notifier(PipelineOutput(incidents=[incident("B", 0)]))  # B's incident updated later
+    time.sleep(0.3)
+    notifier.close()
+    own = [t for t in posts.texts if "... and " not in t]
+    assert sum("NaN loss B0" in t for t in own) == 1  # before: never posted
+    assert "NaN loss B0" in posts.texts[1]  # B's turn comes right after the post A's flood waited on
+    assert all("B:" not in t for t in posts.texts if "... and " in t)  # only A's excess is summarised
+    assert _accounted(posts.texts) == 32 and notifier.stats.deduplicated == 1
+
+
+def test_the_queue_stays_bounded_and_each_project_keeps_its_share() -> None:
+    posts = GatedPosts()
+    notifier = WebhookNotifier("http://hook", max_per_minute=1_000_000, max_queue=30, post=posts)
+    notifier(PipelineOutput(incidents=[incident("A", 0)]))
+    assert posts.inside.wait(10)
+    notifier(PipelineOutput(incidents=[incident("A", k) for k in range(1, 101)]))
+    notifier(PipelineOutput(incidents=[incident("B", k) for k in range(100)]))
+    notifier(PipelineOutput(incidents=[incident("C", k) for k in range(5)]))
+    posts.gate.set()
+    assert poll(lambda: any("... and " in t for t in posts.texts), 10)
+    time.sleep(0.3)
+    notifier.close()
+    own = [t for t in posts.texts if "... and " not in t]
+    assert len(own) == 1 + 30  # the post A's flood waited on + the queue, never more than max_queue
+    by = {p: sum(f"NaN loss {p}" in t for t in own) for p in "ABC"}
+    # A filled the queue alone; B, then C, under their share (30 over the projects waiting) took room from
+    # the project waiting the most (its newest incident held): A and B keep at least their share of 10
+    assert by == {"A": 1 + 12, "B": 13, "C": 5}, by  # before: A 1 + 30, B and C dropped
+    assert _accounted(posts.texts) == 206
+    summary = next(t for t in posts.texts if "... and " in t)
+    assert "A: 88" in summary and "B: 87" in summary and "C:" not in summary

@@ -19,9 +19,16 @@ Contract of :class:`WebhookNotifier` (a processor listener: ``processor.listener
   waiting) go into the summary -- another project's wait for a free slot (one frees within the minute) and
   are sent on their own, before the summary. Before, every incident queued while the minute was full went into
   the summary, so one project's flood of incidents hid every other project's behind "N more".
-* **Never blocks the processor**: the listener only queues (bounded, ``max_queue``; overflow counted);
-  a daemon thread posts, retrying a failed post ``retries`` times with backoff, then counts it failed.
-* ``stats`` counts sent / deduplicated / suppressed (rate-limited into summaries) / failed / dropped.
+* **Never blocks the processor**: the listener only queues, bounded by ``max_queue`` **shared by project**
+  (each its share: ``max_queue`` over the projects waiting); a project's incidents past its share -- or, the
+  queue full, the newest of the project waiting the most, to make room for a project under its share -- are
+  held into the summary, by project, like those over the rate limit. Before (F9 of stop 45) one bound served
+  every project and an incident past it was dropped, not even summarised, and already remembered as sent: one
+  project's flood during a slow post made another project's incident vanish for good. An id is remembered as
+  sent once its incident is queued or held. A daemon thread posts, retrying a failed post ``retries`` times
+  with backoff, then counts it failed.
+* ``stats`` counts sent / deduplicated / suppressed (held into summaries: over the rate limit or past a
+  project's share of the queue) / failed.
 """
 
 from __future__ import annotations
@@ -55,7 +62,6 @@ class NotifyStats:
     deduplicated: int = 0
     suppressed: int = 0
     failed: int = 0
-    dropped: int = 0
 
 
 def _slack_text(value: str) -> str:
@@ -124,19 +130,50 @@ class WebhookNotifier:
             if key in self._sent_ids or incident.incident_id in self._legacy_ids:
                 self.stats.deduplicated += 1
                 continue
-            self._sent_ids.put(key, 0, REMEMBERED)
-            fresh.append((incident.project, message(incident, self.dashboard_url)))
+            fresh.append((key, incident.project, message(incident, self.dashboard_url)))
         if not fresh:
             return
-        self._save_sent()
         with self._cond:
-            for project, body in fresh:
-                if self._queued >= self._max_queue:
-                    self.stats.dropped += 1
+            for key, project, body in fresh:
+                if key in self._sent_ids:  # the same incident twice in one output
+                    self.stats.deduplicated += 1
                     continue
-                self._queues.setdefault(project, deque()).append(body)
-                self._queued += 1
+                self._enqueue(project, body)
+                self._sent_ids.put(key, 0, REMEMBERED)  # remembered once queued or held, never before
             self._cond.notify_all()
+        self._save_sent()
+
+    def _enqueue(self, project: str, body: Dict[str, Any]) -> None:
+        """(Under the lock.) Queue ``body`` within its project's share of ``max_queue`` (``max_queue`` over
+        the projects waiting, this one included); past it the incident is held -- counted into the summary, by
+        project. When the whole queue is full and this project is under its share, the newest incident of the
+        project waiting the most is held instead, to make room. Before (F9 of stop 45), the bound was one for
+        all projects and an incident past it was dropped -- neither posted nor summarised -- so during a slow
+        post one project's flood made another project's single incident vanish (and, already remembered as
+        sent, it was never posted at its next update either)."""
+        waiting = self._queues.get(project)
+        mine = len(waiting) if waiting else 0
+        projects = set(self._queues) | set(self._held) | {project}
+        share = max(1, self._max_queue // len(projects))
+        if mine < share and self._queued >= self._max_queue and self._queues:
+            # the project waiting the most (stable: the first queued wins ties)
+            largest = max(self._queues, key=lambda p: len(self._queues[p]))
+            if len(self._queues[largest]) > mine:
+                self._queues[largest].pop()  # its newest: its older incidents keep their turn
+                self._queued -= 1
+                self._hold(largest, 1)
+                if not self._queues[largest]:
+                    del self._queues[largest]
+        if mine >= share or self._queued >= self._max_queue:
+            self._hold(project, 1)
+            return
+        self._queues.setdefault(project, deque()).append(body)
+        self._queued += 1
+
+    def _hold(self, project: str, n: int) -> None:
+        """(Under the lock.) ``n`` of ``project``'s incidents go into the next summary."""
+        self._held[project] = self._held.get(project, 0) + n
+        self.stats.suppressed += n
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is queued (within ``timeout``), then stop."""
@@ -190,9 +227,8 @@ class WebhookNotifier:
         share = self._share(sent)
         for project in [p for p in self._queues if sent.get(p, 0) >= share]:
             waiting = self._queues.pop(project)
-            self._held[project] = self._held.get(project, 0) + len(waiting)
             self._queued -= len(waiting)
-            self.stats.suppressed += len(waiting)
+            self._hold(project, len(waiting))
 
     def _next(self, sent: Dict[str, int]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         """(Under the lock; a slot is free.) A waiting incident of a project below its share (the one with
