@@ -157,9 +157,19 @@ def _out_of_descriptors() -> Optional[str]:
     return None
 
 
+#: why a file this process holds open already could not be opened again, when the descriptors are free by
+#: the time they are counted (other requests gave theirs back in between)
+_RAN_SHORT = "this process ran out of open files a moment ago (a burst of client connections holds them)"
+
+
 @contextmanager
-def opening(path: PathLike) -> Iterator[None]:
-    """Turn a SQLite error while opening or setting up ``path`` into a :class:`StoreOpenError` naming it."""
+def opening(path: PathLike, *, open_already: bool = False) -> Iterator[None]:
+    """Turn a SQLite error while opening or setting up ``path`` into a :class:`StoreOpenError` naming it.
+    ``open_already``: the file is held open by this process (a :class:`Database`'s writer) and has been set
+    up, so SQLite's 'unable to open' can only be short descriptors: :class:`TooManyOpenFiles` outright, the
+    descriptor count (:func:`_out_of_descriptors`) only for its message. Inferred from the count alone (review
+    F5 of stop 45), a burst's other requests closing their sockets between the failed open and the count made
+    it the 'check that this user owns it' error -> HTTP 500 with the server's path."""
     try:
         yield
     except StoreOpenError:
@@ -167,6 +177,8 @@ def opening(path: PathLike) -> Iterator[None]:
     except sqlite3.DatabaseError as exc:
         text = str(exc)
         short = _out_of_descriptors() if "unable to open" in text else None
+        if short is None and open_already and "unable to open" in text:
+            short = _RAN_SHORT
         if short is not None:
             raise TooManyOpenFiles(f"{path} cannot be opened now ({text}): {short} -- most likely held by "
                                    "a burst of client connections; retry in a moment (a server that meets "
@@ -181,13 +193,14 @@ def opening(path: PathLike) -> Iterator[None]:
                              "that --data-dir (TRAINGUARD_DATA_DIR) is the server's directory") from None
 
 
-def connect(path: PathLike, synchronous: str = DEFAULT_SYNCHRONOUS) -> sqlite3.Connection:
+def connect(path: PathLike, synchronous: str = DEFAULT_SYNCHRONOUS, *,
+            open_already: bool = False) -> sqlite3.Connection:
     """A connection in autocommit mode (explicit BEGIN/COMMIT) with the embedded backend's pragmas:
     WAL journal, the given ``synchronous`` level, a busy timeout, in-memory temp tables. StoreOpenError
-    (naming the file) when it cannot be opened."""
+    (naming the file) when it cannot be opened (``open_already``: see :func:`opening`)."""
     if synchronous.upper() not in _SYNCHRONOUS:
         raise ValueError(f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, not {synchronous!r}")
-    with opening(path):
+    with opening(path, open_already=open_already):
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
         conn.execute("PRAGMA busy_timeout = 30000")
         conn.execute("PRAGMA journal_mode = WAL")
@@ -277,7 +290,8 @@ class Database:
         me = threading.current_thread()
         conn = self._readers.get(me)
         if conn is None:
-            conn = connect(self.path, self._synchronous)
+            # the writer holds the file open: failing to open it again is short descriptors (F5)
+            conn = connect(self.path, self._synchronous, open_already=True)
             conn.execute("PRAGMA query_only = ON")
             with self._readers_lock:
                 for thread in [t for t in self._readers if not t.is_alive()]:
