@@ -858,6 +858,21 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     return out
 
 
+def _at_file_limit(t: Target, pid: int, batches: List[List[Dict[str, Any]]]) -> List[Answer]:
+    """B's ``batches`` sent at once, each on its own connection, while the server's open-files limit is
+    lowered (prlimit) to the descriptors it holds + 12; the limit put back after. Their answers, in order."""
+    import resource
+
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    held = len(os.listdir(f"/proc/{pid}/fd"))
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (held + 12, hard))
+    try:
+        with ThreadPoolExecutor(len(batches)) as pool:
+            return list(pool.map(lambda b: ingest(t, "B", {"events": b}), batches))
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+
+
 @attack("http/open-files-burst")
 def _(t: Target, s: Dict[str, Any]) -> Any:
     """H46 (stop 45): the server's open-files limit lowered to what it holds + 12 (prlimit), then 80 of B's
@@ -866,11 +881,8 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     open files (before: 500 ``StoreOpenError`` blaming permissions); the limit is put back, every refused
     batch is resent, and every one of B's events must be readable once. Waits 1 s first: A's incident batch
     (sent 0.1 s in) is not part of the burst."""
-    import resource
-
     pid = s["server_pid"]
     time.sleep(1.0)
-    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
     run = f"b-burst-{uuid.uuid4().hex[:6]}"
     def log_event(step: int) -> Dict[str, Any]:
         e = event(run, step, log={"logger": "burst", "level": "INFO", "message": f"b {step}"})
@@ -878,13 +890,7 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
         return e
 
     batches = [[log_event(10 * k + i) for i in range(3)] for k in range(80)]
-    held = len(os.listdir(f"/proc/{pid}/fd"))
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (held + 12, hard))
-    try:
-        with ThreadPoolExecutor(80) as pool:
-            first = list(pool.map(lambda b: ingest(t, "B", {"events": b}), batches))
-    finally:
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    first = _at_file_limit(t, pid, batches)
     out: List[Answer] = []
     for answer, batch in zip(first, batches):
         status, data = answer
@@ -916,23 +922,14 @@ def _(t: Target, s: Dict[str, Any]) -> Any:
     every descriptor is held. Besides each answer being 200 or 503, the server's log must hold at most one
     line ``cannot read the metric names`` per 10 s of the burst, plus one (before: one warning with a
     traceback per run whose seed failed: 13 in a 16-24 s burst in 2 of 3 runs before H49)."""
-    import resource
-
     pid, log_path = s["server_pid"], s.get("server_log")
     time.sleep(1.0)
     start = log_path.stat().st_size if log_path else 0
-    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
     tag = uuid.uuid4().hex[:6]
     batches = [[event(f"b-seed-{tag}-{k}", i, 1.0 / (1 + i), name=f"m{i}") for i in range(3)]
                for k in range(80)]
-    held = len(os.listdir(f"/proc/{pid}/fd"))
     began = time.monotonic()
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (held + 12, hard))
-    try:
-        with ThreadPoolExecutor(80) as pool:
-            first = list(pool.map(lambda b: ingest(t, "B", {"events": b}), batches))
-    finally:
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    first = _at_file_limit(t, pid, batches)
     out: List[Answer] = []
     for status, data in first:
         if status not in (200, 503) or (status == 503 and b"too many open files" not in data):
