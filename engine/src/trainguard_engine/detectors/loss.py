@@ -1300,17 +1300,12 @@ def _block_slope(steps: Sequence[int], values: Sequence[float]) -> float:
     return robust.median(slopes) if slopes else 0.0
 
 
-def _kept_block_slope(tail: SeriesTail, width: int) -> float:
-    """:func:`_block_slope` of the steps and values of the tail's last ``width`` points (a tail whose last
-    ``width`` points are finite and in step order: :func:`_exact_tail`), bit for bit. A block's step and
-    value medians depend on its 4 points alone, so they are kept beside the tail by the index of the
-    block's first point (``_Derived.blocks``; the tail's points never move while it lasts) and taken
-    again only for a block not met before: a window that moved on by a multiple of 4 points shares the
-    blocks of the overlap (an open incident's window, judged every ``loss_window // 4`` values, every
-    second time; a window judged on every value, every fourth). The same xs and ys in the same order as
-    :func:`_block_slope` builds them, then the same slopes and median."""
-    kept = _derived(tail)
-    blocks = kept.blocks
+def _kept_blocks(tail: SeriesTail, width: int) -> Tuple[List[float], List[float]]:
+    """The block step medians ``xs`` and value medians ``ys`` of the tail's last ``width`` points, in
+    :func:`_block_slope`'s order, from the blocks kept beside the tail (``_Derived.blocks``, by the index of
+    a block's first point; a block not met before is taken and kept; those before the window dropped once
+    more than the four alignments of a window are kept)."""
+    blocks = _derived(tail).blocks
     points = tail.points
     n = len(points)
     start = n - width
@@ -1326,6 +1321,19 @@ def _kept_block_slope(tail: SeriesTail, width: int) -> float:
             block = blocks[at] = ((p1[0] + p2[0]) / 2, _median4((p0[1], p1[1], p2[1], p3[1])))
         xs.append(block[0])
         ys.append(block[1])
+    return xs, ys
+
+
+def _kept_block_slope(tail: SeriesTail, width: int) -> float:
+    """:func:`_block_slope` of the steps and values of the tail's last ``width`` points (a tail whose last
+    ``width`` points are finite and in step order: :func:`_exact_tail`), bit for bit. A block's step and
+    value medians depend on its 4 points alone, so they are kept beside the tail by the index of the
+    block's first point (``_Derived.blocks``; the tail's points never move while it lasts) and taken
+    again only for a block not met before: a window that moved on by a multiple of 4 points shares the
+    blocks of the overlap (an open incident's window, judged every ``loss_window // 4`` values, every
+    second time; a window judged on every value, every fourth). The same xs and ys in the same order as
+    :func:`_block_slope` builds them, then the same slopes and median."""
+    xs, ys = _kept_blocks(tail, width)
     slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
               for i in range(len(xs) - 1) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
     return robust.median(slopes) if slopes else 0.0
@@ -1339,23 +1347,7 @@ def _kept_block_slope_bound(tail: SeriesTail, width: int) -> float:
     most (max(ys) - min(ys)) / ``g`` in size (quotients of positives round monotonically) and so is their
     median (one of them, or the mean of two: between them). 0.0 with fewer than two blocks (no slope: the
     slope is 0.0); inf when ``xs`` do not rise strictly (not proven)."""
-    kept = _derived(tail)
-    blocks = kept.blocks
-    points = tail.points
-    n = len(points)
-    start = n - width
-    if len(blocks) > 4 * (width // 4) + 4:  # (as _kept_block_slope keeps them)
-        for old in [k for k in blocks if k < start]:
-            del blocks[old]
-    xs: List[float] = []
-    ys: List[float] = []
-    for at in range(start, n - 3, 4):
-        block = blocks.get(at)
-        if block is None:
-            p0, p1, p2, p3 = points[at:at + 4]
-            block = blocks[at] = ((p1[0] + p2[0]) / 2, _median4((p0[1], p1[1], p2[1], p3[1])))
-        xs.append(block[0])
-        ys.append(block[1])
+    xs, ys = _kept_blocks(tail, width)
     if len(xs) < 2:
         return 0.0
     gap = math.inf
