@@ -42,18 +42,24 @@ class _HeldReadBack:
         return self._real(items)
 
 
-def _loss_steps(recent: List[Tuple[str, int, float]]) -> List[int]:
-    return [step for name, step, _ in recent if name == "loss"]
-
-
-def test_values_the_worker_holds_between_pop_and_fold_are_in_the_context(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _held_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tuple[_HeldReadBack, Any]:
+    """A client (file endpoint, 32 recent values a metric) whose worker can be held in read_back."""
     held = _HeldReadBack()
     monkeypatch.setattr(client_mod, "read_back", held)
     trainguard.init(endpoint=f"file://{tmp_path / 'events.jsonl'}", project="t", spool_dir="",
                     capture_exit=False, capture_uncaught=False, recent_metrics=32)
     client = trainguard.get_client()
     assert client is not None
+    return held, client
+
+
+def _loss_steps(recent: List[Tuple[str, int, float]]) -> List[int]:
+    return [step for name, step, _ in recent if name == "loss"]
+
+
+def test_values_the_worker_holds_between_pop_and_fold_are_in_the_context(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    held, client = _held_client(tmp_path, monkeypatch)
     for step in range(10):
         trainguard.log(step=step, loss=1.0 / (step + 1))
     assert trainguard.flush(5)
@@ -80,12 +86,7 @@ def test_a_value_logged_again_at_the_same_step_is_kept_each_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The context is the history's own record wherever the values are (an lr logged per micro-batch, or
     every value of a loop that never sets a step, repeats (step, value)): no value merged away."""
-    held = _HeldReadBack()
-    monkeypatch.setattr(client_mod, "read_back", held)
-    trainguard.init(endpoint=f"file://{tmp_path / 'events.jsonl'}", project="t", spool_dir="",
-                    capture_exit=False, capture_uncaught=False, recent_metrics=32)
-    client = trainguard.get_client()
-    assert client is not None
+    held, client = _held_client(tmp_path, monkeypatch)
     for _ in range(3):
         trainguard.log(step=7, lr=0.1)
     assert trainguard.flush(5)
