@@ -39,7 +39,7 @@ def failing_seed(exc: Exception) -> Seed:
 
 def cap_with(exc: Exception) -> Tuple[MetricNameCap, Clock]:
     cap = MetricNameCap(cap=5, budget=10**6, seed=failing_seed(exc))
-    clock = cap.clock = Clock()
+    clock = cap.seed_log.clock = Clock()
     return cap, clock
 
 

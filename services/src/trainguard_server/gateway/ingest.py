@@ -56,6 +56,7 @@ from .backlog import ProjectBacklog, weight
 from .body_count import ProjectBodies
 from .deep_json import TooDeep, split_events_json
 from .inflight import InflightBytes
+from .log_window import LogWindow
 from .metric_names import MetricNameCap, Seed
 from .point_names import PointNames, Shape
 from .run_rate import NewRunLimiter
@@ -498,10 +499,8 @@ class Gateway:
         self.http_bodies = ProjectBodies(settings.project_max_http_bodies)
         self._inflight = 0
         self._inflight_lock = threading.Lock()
-        #: when the last token check refused for want of descriptors was logged (monotonic s; one line per
-        #: 10 s, however many a burst refuses: a flood must not fill the log) and how many since
-        self._out_of_files_logged = -math.inf
-        self._out_of_files_since = 0
+        #: token checks refused for want of descriptors: one log line per 10 s, however many a burst refuses
+        self._out_of_files_log = LogWindow(10.0)
 
     @property
     def busy(self) -> bool:
@@ -536,12 +535,9 @@ class Gateway:
         return info
 
     def _log_out_of_files(self, exc: OutOfFiles) -> None:
-        with self._inflight_lock:
-            self._out_of_files_since += 1
-            now = time.monotonic()
-            if now - self._out_of_files_logged < 10.0:
-                return
-            count, self._out_of_files_since, self._out_of_files_logged = self._out_of_files_since, 0, now
+        count = self._out_of_files_log.due()
+        if not count:
+            return
         _log.warning("token check answered 503 (%d since the last such line, one a 10 s): %s", count, exc)
 
     def _backlog_refusal(self, project: str, wait: float) -> None:

@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import OrderedDict
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..storage.base import OutOfFiles
+from .log_window import LogWindow
 from .validate import BIDI_CONTROL, CONTROL, show
 
 __all__ = ["CODE", "MetricNameCap"]
@@ -86,10 +86,8 @@ class MetricNameCap:
         self._weights: Dict[str, int] = {}
         self._tracked = 0
         self._lock = threading.Lock()
-        #: monotonic seconds (a test may replace it); when a seed failure was last logged; failures since
-        self.clock: Callable[[], float] = time.monotonic
-        self._seed_failure_logged = -float("inf")
-        self._seed_failures = 0
+        #: failed seeds: one log line per SEED_FAILURE_LOG_EVERY_S (its clock may be replaced: tests)
+        self.seed_log = LogWindow(SEED_FAILURE_LOG_EVERY_S)
 
     @property
     def enabled(self) -> bool:
@@ -253,12 +251,9 @@ class MetricNameCap:
 
     def _seed_failed(self, project: str, run_id: str, exc: Exception) -> None:
         """Log a failed seed: at most one line per SEED_FAILURE_LOG_EVERY_S, counting those left out."""
-        with self._lock:
-            self._seed_failures += 1
-            now = self.clock()
-            if now - self._seed_failure_logged < SEED_FAILURE_LOG_EVERY_S:
-                return
-            count, self._seed_failures, self._seed_failure_logged = self._seed_failures, 0, now
+        count = self.seed_log.due()
+        if not count:
+            return
         log.warning("cannot read the metric names of run %r of project %r (%s: %s); counting its names from "
                     "now (%d run(s) since the last such line, one line per %g s)", run_id, project,
                     type(exc).__name__, exc, count, SEED_FAILURE_LOG_EVERY_S,
