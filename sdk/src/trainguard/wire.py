@@ -57,6 +57,7 @@ __all__ = [
     "ingest_request_from_dicts",
     "ingest_request_to_dicts",
     "prepare_batch",
+    "utf8_safe",
 ]
 
 Envelope = events_pb2.Envelope
@@ -89,16 +90,23 @@ _DROP = object()  # marks a key that from_dict removes (null value, unknown fiel
 _Emit = Optional[Callable[[Any, bool], Any]]  # (value, include_defaults); None: emitted as is
 
 
+def utf8_safe(text: str) -> str:
+    """``text`` as a string that encodes as UTF-8: a lone surrogate (JSON's ``"\udfff"``) of what a client
+    sent -- a value, key or event id quoted back in an error -- shown as that escape. Quoted raw, the whole
+    ingest answer (JSON and protobuf alike) could not be encoded: HTTP 500 after the batch's good events
+    were queued (security.md H47)."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        # a lone surrogate (JSON's "\udfff") shown as that escape: quoted raw, the message -- hence the whole
-        # ingest answer -- could not be encoded as UTF-8 (HTTP 500 after the batch's good events were queued)
-        return '"' + shown.encode("utf-8", "backslashreplace").decode("utf-8") + '"'
+        return '"' + utf8_safe(value if len(value) <= 40 else value[:37] + "...") + '"'
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, dict):

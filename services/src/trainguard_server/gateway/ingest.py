@@ -168,17 +168,8 @@ class RejectedItem:
     message: str
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"index": self.index, "event_id": _utf8(self.event_id), "code": self.code,
-                "message": _utf8(self.message)}
-
-
-def _utf8(text: str) -> str:
-    """``text`` as a string that encodes as UTF-8: a lone surrogate (JSON's ``"\udfff"``) of what the client
-    sent -- an event id or a key quoted back in a rejection -- shown as that escape. Raw, it failed the whole
-    answer (JSON and protobuf alike) after the batch's good events were queued (security.md H47)."""
-    if text.isascii():
-        return text
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return {"index": self.index, "event_id": wire.utf8_safe(self.event_id), "code": self.code,
+                "message": wire.utf8_safe(self.message)}
 
 
 @dataclass
