@@ -493,16 +493,10 @@ def _stays_quiet(rank: RankState, state: Dict[str, Any], series: Sequence[Tuple[
     early_blowup = state.get("early_blowup")
     if early_blowup is not None and early_blowup[2] < 0:
         return False
-    level = state.get("level")
-    base = quiet.base
-    if not (level is None or base <= 0 or level < settings.divergence_factor * base):
+    if not _level_under_bar(state, quiet.base, settings):
         return False  # (the divergence rule's last test before it holds: the caller judges)
-    best = state.get("best")
-    if best is not None and level is not None:  # _check_rise's first tests, as it makes them
-        start = max(initial, state["init"][0])
-        fall = start - best
-        if not (fall < settings.rise_min_fall * start or level - best < settings.rise_min_rise * fall):
-            return False
+    if not _rise_fails(state, initial, settings):
+        return False
     hi = series[-1][0]
     memo = rank.derived.get(STUCK_MEMO)
     if memo is not None and memo[0] == hi:
@@ -527,23 +521,39 @@ def _young_quiet(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]]
     (its last test before it holds). Then the caller's loop would only zero the three streaks and leave
     the tail without a quiet certificate (:func:`_quiet_stretch` takes none on such a window): the caller
     zeroes them, this drops the certificate. Else False (the caller judges the rules)."""
-    init = state["init"]
-    level, best = state.get("level"), state.get("best")
-    if best is not None and level is not None:  # _check_rise's first tests, as it makes them
-        start = max(initial, init[0])
-        fall = start - best
-        if not (fall < settings.rise_min_fall * start or level - best < settings.rise_min_rise * fall):
-            return False
-    base = divergence_base(initial, init[0], settings)
+    if not _rise_fails(state, initial, settings):
+        return False
+    base = divergence_base(initial, state["init"][0], settings)
     factor = settings.divergence_blowup_factor
     if factor > 0 and base > 0 and series:
         bar = factor * base
         if series[-1][1] < bar and not max(map(_VALUE, series)) < bar:
             return False  # (a blow-up the loss came back from: the rule's, judged in full)
-    if not (level is None or base <= 0 or level < settings.divergence_factor * base):
+    if not _level_under_bar(state, base, settings):
         return False
     _derived(tail).quiet = None
     return True
+
+
+def _rise_fails(state: Dict[str, Any], initial: float, settings: DetectionSettings) -> bool:
+    """Whether the rise rule's first tests fail on this value, as :func:`_check_rise` makes them (exact):
+    no fall from the start of ``rise_min_fall`` x it yet, or no rise since of ``rise_min_rise`` x the fall
+    (True too while there is no level or best yet). For the quiet proofs (:func:`_stays_quiet`,
+    :func:`_young_quiet`)."""
+    level, best = state.get("level"), state.get("best")
+    if best is None or level is None:
+        return True
+    start = max(initial, state["init"][0])
+    fall = start - best
+    return fall < settings.rise_min_fall * start or level - best < settings.rise_min_rise * fall
+
+
+def _level_under_bar(state: Dict[str, Any], base: float, settings: DetectionSettings) -> bool:
+    """Whether the divergence rule's rolling level (``state["level"]``) is under ``divergence_factor`` x
+    ``base`` -- its last test before it holds -- or there is no level or base to test (exact). For the quiet
+    proofs."""
+    level = state.get("level")
+    return level is None or base <= 0 or level < settings.divergence_factor * base
 
 
 def _explosion_gave_way(run: RunState, rank: RankState, name: str, series: Sequence[Tuple[int, float, int]],
