@@ -288,6 +288,8 @@ def test_requests_the_gate_refuses(world: World) -> None:
     assert status == 422 and "unknown key loss.kk" in answer["detail"]
     status, answer = call(world.server, "PUT", "/api/v1/baselines/nothing", {"tag": "gate=none"})
     assert status == 422 and "no run of project 'default' has the tag 'gate=none'" in answer["detail"]
+    status, answer = call(world.server, "PUT", "/api/v1/baselines/blank", {"tag": "\u000b", "policy": None})
+    assert status == 422 and "invalid tag filter" in answer["detail"], (status, answer)  # was a 500
     status, answer = call(world.server, "PUT", "/api/v1/baselines/ghosts", {"runs": ["base-0", "ghost"]})
     assert status == 422 and "unknown run(s) in project 'default': ghost" in answer["detail"]
     status, answer = call(world.server, "PUT", "/api/v1/baselines/bad%20name", {"runs": ["base-0"]})

@@ -7,6 +7,7 @@ import time
 from typing import List, Optional, Sequence
 
 from ..storage.base import EventStore, IncidentStore, MetricStore
+from ..storage.common import parse_tag_filter
 from .baselines import Baseline, BaselineRepo, check_name
 from .compare import Verdict, evaluate, undecided
 from .fetch import MAX_RUNS, StoreReader
@@ -39,9 +40,10 @@ class GateService:
                description: str = "", max_baselines: int = 0) -> Baseline:
         """(Re)define ``name`` from the runs carrying ``tag`` or the ``runs`` listed, profile them under
         ``policy`` and store it. GateError when the name is bad, both or neither source is given, the tag
-        matches no run, or a listed run does not exist; :class:`TooManyBaselines` when ``name`` is new and
-        the project already holds ``max_baselines`` (0: no bound; checked before anything is profiled;
-        concurrent definitions may pass it by how many run at once)."""
+        has no key (only white space before any '=') or matches no run, or a listed run does not exist;
+        :class:`TooManyBaselines` when ``name`` is new and the project already holds ``max_baselines`` (0: no
+        bound; checked before anything is profiled; concurrent definitions may pass it by how many run at
+        once)."""
         try:
             check_name(name)
         except ValueError as exc:
@@ -56,6 +58,10 @@ class GateService:
         if bool(tag) == bool(runs):
             raise GateError("define a baseline from a tag or from a list of runs (one of them)")
         if tag:
+            try:
+                parse_tag_filter(tag)  # a key of only white space is the caller's error, not the store's
+            except ValueError as exc:
+                raise GateError(str(exc)) from None
             run_ids = self.reader.runs_with_tag(tag)
             if not run_ids:
                 raise GateError(f"no run of project {self.project!r} has the tag {tag!r}")
