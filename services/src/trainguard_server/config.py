@@ -134,6 +134,13 @@ class Settings(BaseSettings):
         "id hashes to, each lane in order, the lanes holding records served in turn, one record each -- so "
         "one run's backlog does not delay another run's alert beyond one processing chunk, unless both "
         "hash to one lane (1 in queue_lanes). Not stored: may change between starts (queue/common.py)")
+    queue_partitions: int = Field(
+        0, ge=0, le=1024, description="partitions of the embedded queue (SQLite): a run's records go to "
+        "partition (its lane modulo queue_partitions) and the processor keeps one detection state per "
+        "partition, so partitions can be processed in parallel (processor_workers). 0: auto -- 1 (one "
+        "state, as before) without processor_workers, else 16. Fixed when the queue file first holds a "
+        "count above 1 (like a Kafka topic's partitions): a later different value is ignored with a "
+        "warning (queue/sqlite.py)")
     min_free_disk_bytes: int = Field(
         128 * 2**20, ge=0, description="/readyz answers 503 (disk nearly full) when the file system of "
         "data_dir has less free space than this, or refuses a 64 KiB test write (0: neither is checked)")
@@ -235,6 +242,12 @@ class Settings(BaseSettings):
         "this long, so a record published now waits for about one such chunk before the fair queue hands it "
         "out, not for a whole processor_round_events chunk (~2-3 s under load); 0: chunks of "
         "processor_round_events (processor/embedded.py DEFAULT_ROUND_TARGET_S)")
+    processor_workers: int = Field(
+        0, ge=0, le=256, description="worker processes that run the detection pipeline, each for its share "
+        "of the queue's partitions (0: the pipeline runs in the processor's own thread, as before). The "
+        "processor process keeps the queue, the stores, snapshots, notifications and the per-project "
+        "backlog; a worker gets its partitions' records and returns their detection output "
+        "(processor/pool.py). More workers help a stream of many runs; one run is one partition's work")
     processor_metric_write_chunks: int = Field(
         1, ge=1, description="the metric points of this many processor chunks are written to the metric "
         "store in one transaction (1, the default: one per chunk; more: a listed run may show no metrics "
