@@ -9,7 +9,9 @@ offsets increasing per partition, commits per lane. The memory and SQLite queues
 lanes, served round-robin (``fair``: the fairness tests at the end run on them); the Kafka queue runs here
 with three partitions (one lane each), on a real broker (Tansu, tests/support/kafka.py), each test on its
 own topic and consumer group -- fair across partitions as librdkafka fetches them, not record by record, so
-the record-level fairness tests are not its contract.
+the record-level fairness tests are not its contract. The embedded queues run a second time with four
+partitions (``-p4``: a lane's records in partition lane % 4, all of them this consumer's), where everything
+here holds as with one; what partitions add is in test_embedded_partitions.py.
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ IMPLEMENTATIONS: Dict[str, Impl] = {
     "sqlite": Impl(lambda tmp_path, request, max_depth: SqliteQueue(tmp_path / "queue.db", max_depth=max_depth),
                    durable=True, fair=True),
     "kafka": Impl(open_kafka, durable=True),
+    "memory-p4": Impl(lambda tmp_path, request, max_depth: MemoryQueue(max_depth=max_depth, partitions=4),
+                      durable=False, fair=True),
+    "sqlite-p4": Impl(lambda tmp_path, request, max_depth: SqliteQueue(tmp_path / "queue.db", max_depth=max_depth,
+                                                                       partitions=4),
+                      durable=True, fair=True),
 }
 
 OpenQueue = Callable[..., Queue]

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from .base import Queue
 
+AUTO_PARTITIONS = 16
+"""The embedded queue's partitions when ``queue_partitions`` is 0 (auto) and ``processor_workers`` is set:
+enough for as many workers as a host has cores, few enough that a worker's share is many runs."""
 if TYPE_CHECKING:
     from ..config import Settings
 
@@ -39,4 +42,14 @@ def open_queue(settings: Settings, data_dir: Path, consume: bool = True) -> Queu
     from .sqlite import QUEUE_DB, SqliteQueue
 
     return SqliteQueue(data_dir / QUEUE_DB, max_depth=settings.max_queue_depth,
-                       retry_after=settings.retry_after_s, lanes=settings.queue_lanes)
+                       retry_after=settings.retry_after_s, lanes=settings.queue_lanes,
+                       partitions=embedded_partitions(settings))
+
+
+def embedded_partitions(settings: Settings) -> int:
+    """The partitions asked of the embedded queue: ``queue_partitions``, or when 0 (auto) 16 with
+    ``processor_workers`` and 1 without (the queue file keeps the count it first had above 1:
+    queue/sqlite.py)."""
+    if settings.queue_partitions:
+        return settings.queue_partitions
+    return AUTO_PARTITIONS if settings.processor_workers > 0 else 1

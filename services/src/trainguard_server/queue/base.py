@@ -2,13 +2,15 @@
 ``commit`` marks records done so they are never handed out again (at-least-once delivery).
 
 Fairness between keys (runs): a key's records are in one *lane* -- a Kafka partition, or in the embedded
-queues (SQLite, memory) one of ``lanes`` sub-streams of their one partition, chosen by a stable hash of the
-key (:func:`.common.lane_of`). A lane's records are handed out in offset order; the embedded queues hand out
-round-robin over the lanes that hold records (one record from each in turn), so a key with a backlog
-delays another key's next record by at most one ``consume`` call, whatever its backlog (tenant isolation:
-one noisy run does not hold back another run's alert). Kafka serves its partitions as librdkafka fetches
-them: fair across partitions, not record by record. ``commit`` covers what came before a record in its
-lane only.
+queues (SQLite, memory) one of ``lanes`` sub-streams, chosen by a stable hash of the key
+(:func:`.common.lane_of`), of their one partition -- or of partition ``lane % partitions`` when they have
+several (``TRAINGUARD_QUEUE_PARTITIONS``: the lanes are served as one, the partitions only tell the
+processor which detection state a record belongs to). A lane's records are handed out in offset order;
+the embedded queues hand out round-robin over the lanes that hold records (one record from each in turn),
+so a key with a backlog delays another key's next record by at most one ``consume`` call, whatever its
+backlog (tenant isolation: one noisy run does not hold back another run's alert). Kafka serves its
+partitions as librdkafka fetches them: fair across partitions, not record by record. ``commit`` covers what
+came before a record in its lane only.
 
 Implementations: a SQLite table (:mod:`.sqlite`, the embedded default), Apache Kafka (:mod:`.kafka`: a
 topic partitioned by run id, a consumer group) and an in-memory deque for tests (:mod:`.memory`); their
@@ -58,17 +60,19 @@ class Queue(ABC):
     """A durable, ordered-per-key log of ingest batches with one consumer group."""
 
     partitioned: bool = False
-    """True when partitions move between the members of a consumer group (Kafka): a consumer then keeps
-    state per partition and learns of its partitions through :meth:`set_rebalance_listener`. False: one
-    partition (0), always this consumer's."""
+    """True when the queue has several partitions: a consumer then keeps state per partition and learns
+    of its partitions through :meth:`set_rebalance_listener` -- over Kafka they move between the members
+    of a consumer group; the embedded queues with ``partitions`` above 1 assign all of them to their one
+    consumer, once, and never revoke them (:class:`.common.StaticPartitions`). False: one partition (0),
+    always this consumer's."""
 
     lanes: int = 1
     """Lanes per partition (records of a lane are handed out in offset order; the embedded queues serve
     their many lanes round-robin; Kafka: 1, a partition is one lane)."""
 
     def set_rebalance_listener(self, listener: Optional[RebalanceListener]) -> None:
-        """Report partition assignments and revocations to ``listener`` (a queue whose partitions never
-        move -- ``partitioned`` False -- has nothing to report)."""
+        """Report partition assignments and revocations to ``listener`` (a queue that is not
+        ``partitioned`` -- one partition, 0 -- has nothing to report)."""
 
     @abstractmethod
     def publish(self, key: str, values: Sequence[bytes]) -> List[int]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from typing import Deque, Dict, Generic, List, Sequence, Tuple, TypeVar
+from typing import Deque, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
 
-from .base import QueueRecord
+from .base import QueueRecord, RebalanceListener
 
 PARTITION = 0
 
@@ -36,6 +36,13 @@ def check_lanes(lanes: int) -> int:
     return lanes
 
 
+def check_partitions(partitions: int) -> int:
+    """``partitions`` when it is a positive integer; ValueError otherwise."""
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise ValueError(f"partitions must be a positive integer, not {partitions!r}")
+    return partitions
+
+
 def check_consume_args(max_records: int, timeout: float) -> None:
     """ValueError unless ``max_records`` ≥ 1 and ``timeout`` ≥ 0 (shared by the queue implementations)."""
     if isinstance(max_records, bool) or not isinstance(max_records, int) or max_records < 1:
@@ -54,16 +61,21 @@ def commit_offset(records: Sequence[QueueRecord]) -> int:
     return top
 
 
-def commit_tops(records: Sequence[QueueRecord], lanes: int) -> Dict[int, int]:
-    """The highest offset among ``records`` per lane (all of partition 0, lanes below ``lanes``): what a
-    commit of them covers. ValueError for another partition or lane."""
+def commit_tops(records: Sequence[QueueRecord], lanes: int, partitions: int = 1) -> Dict[int, int]:
+    """The highest offset among ``records`` per lane (lanes below ``lanes``, each record of its lane's
+    partition, ``lane % partitions``): what a commit of them covers. ValueError for another partition or
+    lane."""
     tops: Dict[int, int] = {}
     for record in records:
-        if record.partition != PARTITION:
-            raise ValueError(f"unknown partition {record.partition}: this queue has only partition 0")
+        if not 0 <= record.partition < partitions:
+            held = "only partition 0" if partitions == 1 else f"partitions 0-{partitions - 1}"
+            raise ValueError(f"unknown partition {record.partition}: this queue has {held}")
         lane = record.lane
         if not 0 <= lane < lanes:
             raise ValueError(f"unknown lane {lane}: this queue has lanes 0-{lanes - 1}")
+        if record.partition != lane % partitions:
+            raise ValueError(f"partition {record.partition} does not hold lane {lane} (lane {lane} is in "
+                             f"partition {lane % partitions} of {partitions})")
         if record.offset > tops.get(lane, -1):
             tops[lane] = record.offset
     return tops
@@ -75,6 +87,34 @@ def check_publish_args(key: str, values: Sequence[bytes]) -> None:
     for value in values:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError("values must be bytes")
+
+
+class StaticPartitions:
+    """The partitions of an embedded queue (SQLite, memory): a lane's records are in partition ``lane %
+    partitions``, and the queue's one consumer owns every partition, always. A rebalance listener set on
+    a queue of several partitions is told ``partitions_assigned(range(partitions))`` once, from the
+    first ``consume`` after it was set (the consuming thread, as Kafka's are), and never told of a
+    revocation; with one partition it is never called (the queue is not ``partitioned``)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.count = check_partitions(partitions)
+        self._listener: Optional[RebalanceListener] = None
+        self._told = True
+
+    def listen(self, listener: Optional[RebalanceListener]) -> None:
+        """``listener`` is told of the assignment at the next :meth:`tell` (None: nobody is)."""
+        self._listener = listener
+        self._told = listener is None or self.count == 1
+
+    def tell(self) -> None:
+        """Tell the listener of its partitions if it was not told yet (from ``consume``, before it takes
+        records). One that raises is told again at the next call."""
+        if self._told:
+            return
+        listener = self._listener
+        if listener is not None:
+            listener.partitions_assigned(range(self.count))
+        self._told = True
 
 
 class Lanes(Generic[T]):

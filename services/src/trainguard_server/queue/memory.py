@@ -1,5 +1,6 @@
-"""MemoryQueue: the queue contract in memory — bounded, ordered per key, fair between keys, one partition (0),
-not durable.
+"""MemoryQueue: the queue contract in memory — bounded, ordered per key, fair between keys, not durable; one
+partition (0), or ``partitions`` of them as the SQLite queue has (its docstring: a lane's records are in
+partition ``lane % partitions``, all of them this consumer's).
 
 For tests and for a server that may lose unprocessed batches on a crash. ``publish`` raises QueueFull when
 ``max_depth`` records are uncommitted (the call that crosses the line is accepted whole, so a batch is never
@@ -13,13 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Deque, Dict, List, Sequence
+from typing import Deque, Dict, List, Optional, Sequence
 
-from .base import Queue, QueueFull, QueueRecord
+from .base import Queue, QueueFull, QueueRecord, RebalanceListener
 from .common import (
     DEFAULT_LANES,
-    PARTITION,
     Lanes,
+    StaticPartitions,
     check_consume_args,
     check_lanes,
     check_publish_args,
@@ -32,10 +33,13 @@ class MemoryQueue(Queue):
     """Bounded in-memory queue; offsets start at 0 and are never reused."""
 
     def __init__(self, max_depth: int = 50_000, *, retry_after: float = 1.0,
-                 lanes: int = DEFAULT_LANES) -> None:
+                 lanes: int = DEFAULT_LANES, partitions: int = 1) -> None:
         if max_depth < 1:
             raise ValueError("max_depth must be >= 1")
         self.lanes = check_lanes(lanes)
+        self._partitions = StaticPartitions(partitions)
+        self.partitions = self._partitions.count
+        self.partitioned = self.partitions > 1
         self._max_depth = max_depth
         self._retry_after = retry_after
         self._cond = threading.Condition()
@@ -55,10 +59,11 @@ class MemoryQueue(Queue):
                                 f"(max {self._max_depth})", retry_after=self._retry_after)
             now = time.time_ns()
             lane = lane_of(key, self.lanes)
+            partition = lane % self.partitions
             offsets = []
             for value in values:
                 offset = self._next_offset
-                self._waiting.add(lane, offset, QueueRecord(partition=PARTITION, offset=offset, key=key,
+                self._waiting.add(lane, offset, QueueRecord(partition=partition, offset=offset, key=key,
                                                             value=bytes(value), published_ns=now, lane=lane))
                 offsets.append(offset)
                 self._next_offset += 1
@@ -67,9 +72,13 @@ class MemoryQueue(Queue):
                 self._cond.notify_all()
             return offsets
 
+    def set_rebalance_listener(self, listener: Optional[RebalanceListener]) -> None:
+        self._partitions.listen(listener)
+
     def consume(self, max_records: int, timeout: float) -> List[QueueRecord]:
         check_consume_args(max_records, timeout)
         deadline = time.monotonic() + timeout
+        self._partitions.tell()
         with self._cond:
             while not self._closed and not self._waiting:
                 remaining = deadline - time.monotonic()
@@ -86,7 +95,7 @@ class MemoryQueue(Queue):
             return out
 
     def commit(self, records: Sequence[QueueRecord]) -> None:
-        tops = commit_tops(records, self.lanes)
+        tops = commit_tops(records, self.lanes, self.partitions)
         with self._cond:
             for lane, top in tops.items():
                 held = self._held.get(lane)

@@ -1,5 +1,5 @@
 """SqliteQueue: the embedded server's durable queue — one table in its own file (``queue.db``), one
-partition (0).
+partition (0) or ``partitions`` of them.
 
 - ``publish`` inserts all values in one transaction and returns their offsets after COMMIT; with the
   default ``synchronous=FULL`` that commit is fsynced to the WAL, so an acknowledged batch survives a
@@ -15,6 +15,20 @@ partition (0).
   and ``lanes`` may change between runs of the server).
 - ``commit`` deletes, per lane, every record up to the highest committed offset of that lane (the other
   lanes' records, handed out or not, stay).
+- Partitions (``TRAINGUARD_QUEUE_PARTITIONS``): with ``partitions`` P > 1 a record is in partition ``lane %
+  P`` (``QueueRecord.partition``; a lane, so a run, is in one partition), the queue is ``partitioned`` and
+  its one consumer owns every partition, always (a static assignment): a rebalance listener is told
+  ``partitions_assigned(range(P))`` once, from the first ``consume`` after it is set, and never of a
+  revocation -- so the processor keeps one detection state per partition, as over Kafka, and may run
+  partitions in parallel. Consuming, fairness (one round-robin over every lane, whatever its partition)
+  and commits are those of one partition. P is stored in the file (table ``meta``, created then) the first
+  time it opens with P > 1, like a Kafka topic's partition count: every later open uses the stored P,
+  whatever it is asked for (a warning says so when they differ), since the processor's state is kept per
+  partition. A file without it (one partition; any older version's) opens as it is. A run's partition
+  is ``crc32(run id) % P`` whenever P divides ``lanes`` (the default 65,536 and any power of two up to it):
+  a change of ``lanes`` then moves no run; with other counts it may move runs to another partition, whose
+  state does not know them (a warning at open says so). ``partitions`` 1 (the default): partition 0, not
+  ``partitioned``, no listener calls, nothing stored.
 - ``depth`` is kept in memory (counted at open, then adjusted by publish/commit): exact while this
   process is the only writer, which is how the embedded server uses it.
 - QueueFull when ``depth() >= max_depth`` (the batch that crosses the line is accepted whole).
@@ -32,6 +46,7 @@ than 4 KiB and 64 KiB for ~100 KB records.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -43,17 +58,20 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 from trainguard_server.storage.sqlite import DEFAULT_SYNCHRONOUS, connect, opening
 
-from .base import Queue, QueueFull, QueueRecord
+from .base import Queue, QueueFull, QueueRecord, RebalanceListener
 from .common import (
     DEFAULT_LANES,
-    PARTITION,
     Lanes,
+    StaticPartitions,
     check_consume_args,
     check_lanes,
+    check_partitions,
     check_publish_args,
     commit_tops,
     lane_of,
 )
+
+log = logging.getLogger("trainguard.queue.sqlite")
 
 QUEUE_DB = "queue.db"
 PAGE_SIZE = 16384
@@ -65,6 +83,8 @@ _SCHEMA = (
     'CREATE TABLE IF NOT EXISTS records ("offset" INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, '
     "value BLOB NOT NULL, published_ns INTEGER NOT NULL)"
 )
+_META = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+_PARTITIONS = "partitions"  # meta's row of the partition count (absent: one partition)
 
 
 class _Waiting:
@@ -85,10 +105,11 @@ class SqliteQueue(Queue):
 
     def __init__(self, path: Union[str, Path], *, max_depth: int = 50_000, retry_after: float = 1.0,
                  synchronous: str = DEFAULT_SYNCHRONOUS, poll_interval: float = 0.25,
-                 lanes: int = DEFAULT_LANES) -> None:
+                 lanes: int = DEFAULT_LANES, partitions: int = 1) -> None:
         if max_depth < 1:
             raise ValueError("max_depth must be >= 1")
         self.lanes = check_lanes(lanes)
+        check_partitions(partitions)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._max_depth = max_depth
@@ -112,6 +133,39 @@ class SqliteQueue(Queue):
             self._writer.execute(_SCHEMA)
             self._reader = self._open(synchronous)
             self._depth = int(self._writer.execute("SELECT COUNT(*) FROM records").fetchone()[0])
+            self._partitions = StaticPartitions(self._stored_partitions(partitions))
+        self.partitions = self._partitions.count
+        self.partitioned = self.partitions > 1
+        if self.partitioned and self.lanes % self.partitions:
+            log.warning("%s: %d lanes are not a multiple of its %d partitions: a run's partition (its lane "
+                        "modulo %d) then depends on queue_lanes, and a later change of it moves runs to a "
+                        "partition whose detection state does not know them", self.path, self.lanes,
+                        self.partitions, self.partitions)
+
+    def _stored_partitions(self, asked: int) -> int:
+        """The file's partition count: the one stored (a warning when ``asked`` differs), else ``asked``
+        -- stored now when above 1 (a file of one partition is left as it is)."""
+        conn = self._writer
+        stored: Optional[int] = None
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+            row = conn.execute("SELECT value FROM meta WHERE name = ?", (_PARTITIONS,)).fetchone()
+            stored = int(row[0]) if row is not None else None
+        if stored is not None:
+            if stored != asked:
+                log.warning("%s holds %d partitions (fixed when it was first opened with more than one); "
+                            "%d asked for now is ignored -- to change it, start from an empty queue file",
+                            self.path, stored, asked)
+            return check_partitions(stored)
+        if asked > 1:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(_META)
+                conn.execute("INSERT INTO meta (name, value) VALUES (?, ?)", (_PARTITIONS, str(asked)))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        return asked
 
     def _open(self, synchronous: str, page_size: Optional[int] = None) -> sqlite3.Connection:
         if page_size:
@@ -213,10 +267,14 @@ class SqliteQueue(Queue):
             w.offsets = list(range(last - len(w.rows) + 1, last + 1))
             self._depth += len(w.rows)
 
+    def set_rebalance_listener(self, listener: Optional[RebalanceListener]) -> None:
+        self._partitions.listen(listener)
+
     def consume(self, max_records: int, timeout: float) -> List[QueueRecord]:
         check_consume_args(max_records, timeout)
         deadline = time.monotonic() + timeout
         with self._consume_lock:
+            self._partitions.tell()
             while True:
                 with self._cond:
                     generation = self._generation
@@ -270,14 +328,15 @@ class SqliteQueue(Queue):
             query = f'SELECT "offset", key, value, published_ns FROM records WHERE "offset" IN ({marks})'
             found.update((row[0], row) for row in self._reader.execute(query, part))
         out: List[QueueRecord] = []
+        partitions = self.partitions
         for lane, offset, _ in taken:
             row = found.get(offset)
             if row is not None:  # (columns INTEGER, TEXT, BLOB, INTEGER: int, str, bytes, int as read)
-                out.append(QueueRecord(PARTITION, offset, row[1], row[2], row[3], lane))
+                out.append(QueueRecord(lane % partitions, offset, row[1], row[2], row[3], lane))
         return out
 
     def commit(self, records: Sequence[QueueRecord]) -> None:
-        tops = commit_tops(records, self.lanes)
+        tops = commit_tops(records, self.lanes, self.partitions)
         if not tops:
             return
         with self._write_lock:
