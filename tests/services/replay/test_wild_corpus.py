@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.959, "subtype": 0.936}, "heldout": {"category": 0.88, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.951, "subtype": 0.929}, "heldout": {"category": 0.88, "subtype": 0.85}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -159,7 +159,12 @@ a sentence or from Paddle) labelled before being classified and recorded with no
 classified, 5f92fbb): tuned 740/771 (0.9598; the tuned category floor down to 0.959: the new tuned logs score
 19/20 but the floor sat at the older figure's edge) and 721/771 subtype (0.9352: the new tuned logs 15/20);
 after this stop's tuned-side change 740/771 and 722/771 (the tuned subtype floor down to 0.936), held out
-281/316 and 269/316 before and after it."""
+281/316 and 269/316 before and after it. At 1087 -> 1112 logs (stop 46, hL, fresh batch 9: 25 new logs, 5 held
+out, labelled before being classified, aa50343; JAX, Composer, Megatron, ColossalAI, Horovod, Ray, inductor,
+PEFT, Slurm stacks on purpose): the new tuned logs scored 10/20 at their first measurement (tuned 751/791 and
+733/791); after this stop's first tuned-side change (Composer's launcher lines) 753/791 = 0.9519 and 735/791 =
+0.9292 -- the tuned floors down to 0.951 and 0.929 (the older 771 tuned logs unchanged: the drop is the new
+batch's unread stacks, not a regression); held out 285/321 and 273/321 before and after it."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

@@ -104,6 +104,14 @@ _CALLED_EXIT_RE = re.compile(r"\]' returned non-zero exit status (?P<code>\d{1,3
 'train.py', '--local_rank=3', ...]' returned non-zero exit status 1.``: the worker launched with that
 ``--local_rank`` exited with that code (its own error, if any, was printed before). Only a command that
 carries ``--local_rank`` is a launcher's worker; any other subprocess's exit (a build's ``ninja``) is not."""
+_COMPOSER_NEEDLES = ("crashed with exit code ", ") exited with code ")
+_COMPOSER_EXIT_RE = re.compile(r"\b(?:Global rank|Rank) (?P<rank>\d{1,5}) "
+                               r"(?:\(PID (?P<pid>\d+)\) exited with code|crashed with exit code) "
+                               r"(?P<code>-?\d{1,3})\b")
+"""MosaicML Composer's launcher (``composer train.py ...``) reporting a rank's end:
+``ERROR:composer.cli.launcher:Rank 1 crashed with exit code 1.`` (older) or ``Global rank 0 (PID 208865)
+exited with code -11`` (newer) -- the code as ``subprocess`` gives it, a signal negative (``-7`` SIGBUS,
+``-9``, ``-11``)."""
 _RUNNER_NEEDLE = "error: failed to run "
 _RUNNER_FAILED_RE = re.compile(r"Error: failed to run (?P<launcher>torchrun|python3?|deepspeed)\b"
                                r"[^\n]{0,3000}? on (?P<host>[\w.:-]{1,100})(?=,| *$|\n)", re.MULTILINE)
@@ -361,6 +369,9 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
             if rank is not None:
                 facts["rank"] = rank
             return _signal_hit(pos, facts, "a worker")
+    composer = _composer_exit(t)
+    if composer is not None:
+        return composer
     pos = t.first(_RUNNER_NEEDLE)
     if pos >= 0 and (found := _search(_RUNNER_FAILED_RE, t, pos, before=0, after=4000)) is not None:
         runner: Facts = {"launcher": found[1].group("launcher"), "host": found[1].group("host")}
@@ -394,16 +405,10 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
     pos = t.first("container rank ")
     if pos >= 0 and (found := _search(_CONTAINER_FAILED_RE, t, pos, before=0, after=4100)) is not None:
         m = found[1]
-        code, rank = int(m.group("code")), int(m.group("rank"))
-        if code < 0 and -code in SIGNAL_NAMES:
-            paddle: Facts = {"signal": -code, "signal_name": SIGNAL_NAMES[-code], "rank": rank,
-                             "launcher": "paddle"}
-            return _signal_hit(found[0] + m.start(), paddle, "paddle.distributed.launch: a worker")
-        if code > 0:
-            category, subtype, said = _launcher_exit_kind(code)
-            container: Facts = {"exitcode": code, "rank": rank, "launcher": "paddle"}
-            return _Hit(category, subtype, 0.6, found[0] + m.start(), container,
-                        f"paddle.distributed.launch: the worker of rank {rank} exited ({said})", _EXIT_NOTE)
+        paddle = _rank_exit(found[0] + m.start(), int(m.group("code")), int(m.group("rank")), "paddle",
+                            "paddle.distributed.launch")
+        if paddle is not None:
+            return paddle
     pos = t.first("exceeded memory limit", "exceeded job memory limit", "exceeded step memory limit")
     if pos >= 0 and (found := _search(_SLURM_MEMORY_RE, t, pos, before=60, after=120)) is not None:
         memory: Facts = {"signal": 9, "signal_name": "SIGKILL", "scheduler": "slurm",
@@ -534,6 +539,33 @@ after the grace period."""
 SINGLE_PROCESS_REPORTERS = ("gdb", "ide", "shell")
 """``facts["reporter"]`` of a signal death reported for one process (a debugger, an IDE's run console, a
 shell's death report), not by a distributed launcher for one of its worker ranks."""
+
+
+def _composer_exit(t: _Text) -> Optional[_Hit]:
+    """Composer's launcher line for the first rank it saw end (see :data:`_COMPOSER_EXIT_RE`): a signal by the
+    exit decision path, a plain non-zero code ``process/exit``; the culprit its rank."""
+    pos = t.first(*_COMPOSER_NEEDLES)
+    if pos < 0 or (found := _search(_COMPOSER_EXIT_RE, t, pos, before=60, after=30)) is None:
+        return None
+    m = found[1]
+    return _rank_exit(found[0] + m.start(), int(m.group("code")), int(m.group("rank")), "composer",
+                      "composer's launcher")
+
+
+def _rank_exit(at: int, code: int, rank: int, launcher: str, who: str) -> Optional[_Hit]:
+    """A launcher's report that the worker of ``rank`` ended with ``code``: a negative code is the signal it
+    stands for (by the exit decision path), a positive one a plain exit (:func:`_launcher_exit_kind`); the
+    culprit ``rank``. None for 0 or a negative code that is no known signal."""
+    if code < 0 and -code in SIGNAL_NAMES:
+        facts: Facts = {"signal": -code, "signal_name": SIGNAL_NAMES[-code], "rank": rank,
+                        "launcher": launcher}
+        return _signal_hit(at, facts, f"{who}: a worker")
+    if code <= 0:
+        return None
+    category, subtype, said = _launcher_exit_kind(code)
+    exited: Facts = {"exitcode": code, "rank": rank, "launcher": launcher}
+    return _Hit(category, subtype, 0.6, at, exited, f"{who}: the worker of rank {rank} exited ({said})",
+                _EXIT_NOTE)
 
 
 def _signal_hit(pos: int, facts: Facts, who: str) -> _Hit:
@@ -756,7 +788,8 @@ def launcher_teardown(text: str) -> Optional[Classification]:
 GATES = {
     "torchrun.child-failed": ("root cause (first observed failure):",),
     "torchrun.worker-failed": ("failed (exitcode:", _ENTRY_NEEDLE),
-    "launcher.signal": (_RUNNER_NEEDLE, *_RAY_OOM_NEEDLES, _RAY_WORKER_DIED, _RAY_ACTOR_DEAD, *_GLIBC_NEEDLES,
+    "launcher.signal": (_RUNNER_NEEDLE, *_COMPOSER_NEEDLES, *_RAY_OOM_NEEDLES, _RAY_WORKER_DIED,
+                        _RAY_ACTOR_DEAD, *_GLIBC_NEEDLES,
                         "died with <signals.",
                         "' returned non-zero exit status ",
                         "terminated with signal sig", "terminated with exit code ",
@@ -800,7 +833,9 @@ DOCS = {
         "``died with <Signals.SIGSEGV: 11>`` (torch.distributed.launch; its ``CalledProcessError`` for a "
         "command with ``--local_rank=N`` that ``returned non-zero exit status 1`` → process/exit, the "
         "culprit N), ``Received 15 death signal`` (or ``Received Signals.SIGINT death signal``), "
-        "``colossalai run``'s ``Error: failed to run torchrun ... on <host>`` → process/exit, Ray's memory "
+        "``colossalai run``'s ``Error: failed to run torchrun ... on <host>`` → process/exit, MosaicML "
+        "Composer's launcher ``Rank N crashed with exit code C`` / ``Global rank N (PID P) exited with code "
+        "C`` → process/exit (C < 0: by the decision path for signal -C), the culprit N, Ray's memory "
         "monitor's ``N Workers (tasks / actors) killed due to memory pressure (OOM)`` / ``Task was killed "
         "due to the node running low on memory`` → process/killed (host RAM), "
         "``SignalException: ... got signal: 15``, an IDE's ``exit code 139 (interrupted by signal 11: "

@@ -1,0 +1,66 @@
+"""Wordings the classifier reads since stop 46 (hL), each a class of pastes, found on the TUNED side of the
+ninth fresh batch (aa50343: 25 logs labelled and committed before the classifier ran on them, measured once at
+that commit before any of these rules existed):
+
+* MosaicML Composer's launcher reporting a rank's end -- ``ERROR:composer.cli.launcher:Rank 1 crashed with exit
+  code 1.`` (older Composer) and ``Global rank 0 (PID 147193) exited with code 1`` (newer) -- is that rank's
+  exit, as torchrun's ``failed (exitcode: 1) local_rank: 1`` and DeepSpeed's ``exits with return code = 1``
+  are: a plain code is process/exit (the rank's own error, when printed, is an incident of its own), a
+  negative code the signal it stands for; the culprit is the rank it names. Both batch-9 pastes (mosaicml/
+  examples#292, llm-foundry#726) opened nothing before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard_engine.classify import classify_text
+
+WILD = Path(__file__).resolve().parents[1] / "fixtures" / "wild"
+
+
+def _read(text: str) -> tuple:
+    found = classify_text(text)
+    return () if found is None else (f"{found.category}/{found.subtype}", found.facts.get("rank"))
+
+
+@pytest.mark.parametrize("case, rank", [
+    ("proc-exit1-composer-launcher-rank1-crashed-resource-tracker-mosaicml-examples-292-1", 1),
+    ("proc-exit1-composer-engine-closed-rank0-exited-code-1-llm-foundry-726-1", 0),
+])
+def test_composer_launcher_exit_pastes_read_process_exit(case: str, rank: int) -> None:
+    assert _read((WILD / case / "log.txt").read_text(encoding="utf-8")) == ("process/exit", rank)
+
+
+@pytest.mark.parametrize("line, kind, rank", [
+    ("ERROR:composer.cli.launcher:Rank 3 crashed with exit code 1.", "process/exit", 3),
+    ("ERROR:composer.cli.launcher:Global rank 5 (PID 208865) exited with code 2", "process/exit", 5),
+    ("ERROR:composer.cli.launcher:Rank 0 crashed with exit code -11.", "process/exit", 0),  # SIGSEGV
+    ("ERROR:composer.cli.launcher:Global rank 2 (PID 4410) exited with code -9", "process/killed", 2),
+])
+def test_composer_launcher_lines_read_by_their_code(line: str, kind: str, rank: int) -> None:
+    text = ("2024-05-07 09:39:45,572: rank0[1003][MainThread]: INFO: composer.trainer.trainer: Run name: r1\n"
+            f"{line}\nWaiting up to 30 seconds for all training processes to terminate. Press Ctrl-C to exit "
+            "immediately.\n")
+    assert _read(text) == (kind, rank)
+
+
+def test_composer_signal_keeps_its_name() -> None:
+    found = classify_text("ERROR:composer.cli.launcher:Global rank 0 (PID 208865) exited with code -11\n")
+    assert found is not None and found.facts.get("signal_name") == "SIGSEGV"
+
+
+@pytest.mark.parametrize("text", [
+    "ERROR:composer.cli.launcher:Global rank 0 (PID 208865) exited with code 0\n",
+    # a healthy Composer run's own records: nothing ended
+    "2023-04-24 16:03:12,379: rank0[1003409][MainThread]: DEBUG: composer.utils.dist: Initializing torch.dist: "
+    "global_rank=0, local_rank=0, world_size=8, local_world_size=8, node_rank=0\n"
+    "2023-04-24 16:05:40,101: rank0[1003409][MainThread]: INFO: composer.trainer.trainer: Spinning the "
+    "dataloaders\n[batch=10/4800]:\n\t Train time/epoch: 0\n\t Train loss/train/total: 2.3012\n",
+    # prose about a crash is not the launcher's line
+    "the docs say a rank that crashed with exit code 1 should print its traceback first\n",
+])
+def test_no_composer_exit_no_reading(text: str) -> None:
+    assert _read(text) == ()
