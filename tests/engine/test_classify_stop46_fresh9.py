@@ -64,3 +64,52 @@ def test_composer_signal_keeps_its_name() -> None:
 ])
 def test_no_composer_exit_no_reading(text: str) -> None:
     assert _read(text) == ()
+
+
+# ---- Horovod's shutdown message (batch 9's tuned side: OpenNMT-tf#985, DeepLearningExamples#972) ----
+
+_SHUT = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an attempt to "
+         "allreduce, allgather or broadcast a tensor after one of the ranks finished execution. If the shutdown "
+         "was caused by an exception, you should see the exception in the log before the first shutdown "
+         "message.")
+
+
+@pytest.mark.parametrize("case", [
+    "comm-rank-lost-horovod-shut-down-early-stopping-opennmt-tf-985-1",
+    "comm-rank-lost-horovod-shut-down-op-requires-ncf-deeplearningexamples-972-1",
+])
+def test_horovod_shutdown_pastes_read_rank_lost(case: str) -> None:
+    found = classify_text((WILD / case / "log.txt").read_text(encoding="utf-8"))
+    assert found is not None and (found.kind, found.rule) == ("comm/rank-lost", "horovod.shut-down")
+
+
+@pytest.mark.parametrize("text", [
+    f"[1,0]<stderr>:tensorflow.python.framework.errors_impl.UnknownError: 2 root error(s) found.\n"
+    f"[1,0]<stderr>:  (0) Unknown: {_SHUT}\n",
+    "horovod.common.exceptions.HorovodInternalError: " + _SHUT.replace("was caused", "has been caused") + "\n",
+])
+def test_horovod_shutdown_wordings_read_rank_lost(text: str) -> None:
+    assert _read(text)[:1] == ("comm/rank-lost",)
+
+
+def test_an_exception_printed_before_the_shutdown_is_the_cause() -> None:
+    text = ("[1,1]<stderr>:Traceback (most recent call last):\n"
+            '[1,1]<stderr>:  File "train.py", line 88, in <module>\n'
+            "[1,1]<stderr>:    batch = next(it)\n"
+            "[1,1]<stderr>:KeyError: 'image'\n"
+            "[1,1]<stderr>:\n[1,1]<stderr>:\n[1,1]<stderr>:\n"
+            f"[1,0]<stderr>:W tensorflow/core/framework/op_kernel.cc:1651] OP_REQUIRES failed at mpi_ops.cc:316 : "
+            f"Unknown: {_SHUT}\n")
+    found = classify_text(text)  # the rule steps aside (what else the whole text reads is not this rule's)
+    assert found is None or (found.rule != "horovod.shut-down" and found.kind != "comm/rank-lost")
+    assert _read(text.split("[1,1]<stderr>:\n", 1)[1]) [:1] == ("comm/rank-lost",)  # without it: a peer gone
+
+
+@pytest.mark.parametrize("text", [
+    "[1,0]<stdout>:Epoch 0/100, Batch 16/29316\n[1,0]<stdout>:Total loss is  236.61468505859375 ETA is  "
+    "7:57:00.494483\n[1,1]<stdout>:Epoch 0/100, Batch 17/29316\n",
+    "the FAQ: if Horovod has been shut down, look for the first rank's exception\n",
+])
+def test_no_horovod_shutdown_no_reading(text: str) -> None:
+    found = classify_text(text)
+    assert found is None or found.rule != "horovod.shut-down"

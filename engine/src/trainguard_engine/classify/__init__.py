@@ -37,7 +37,7 @@
 * Pure: no I/O, stdlib only.
 
 **Rules**: one module per source -- :mod:`.cuda`, :mod:`.nccl`, :mod:`.gloo`, :mod:`.c10d`,
-:mod:`.torchrun`, :mod:`.rpc`, :mod:`.python`, :mod:`.numeric` -- each rule with its text
+:mod:`.torchrun`, :mod:`.rpc`, :mod:`.horovod`, :mod:`.python`, :mod:`.numeric` -- each rule with its text
 (:data:`RULE_DOCS`), in one ordered list
 (:data:`RULES`); the table of what each recognises is docs/classifier.md, written from them by
 ``python tools/classifier_table.py`` (a test keeps it in sync). The shared machinery is
@@ -57,7 +57,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 from trainguard.core.tracebacks import parse_traceback_text
 
-from . import c10d, cuda, gloo, nccl, numeric, python, rpc, torchrun, vocab
+from . import c10d, cuda, gloo, horovod, nccl, numeric, python, rpc, torchrun, vocab
 from .c10d import (
     _rule_collective_mismatch,
     _rule_desync_report,
@@ -155,6 +155,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("nccl.debug", _rule_nccl_debug),
     ("gloo.timeout", _rule_gloo_timeout),
     ("gloo.peer-lost", _rule_gloo_peer_lost),
+    ("horovod.shut-down", horovod._rule_shut_down),
     ("rpc.tensorpipe-agent", rpc._rule_tensorpipe_agent),
     ("xla.coordination", rpc._rule_coordination),
     ("c10d.rendezvous", _rule_rendezvous),
@@ -183,7 +184,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
 GATES: Dict[str, FrozenSet[str]] = {
     name: frozenset(needles) for name, needles in {
         **torchrun.GATES, **cuda.GATES, **c10d.GATES, **nccl.GATES, **gloo.GATES, **python.GATES,
-        **numeric.GATES, **rpc.GATES}.items()}
+        **numeric.GATES, **rpc.GATES, **horovod.GATES}.items()}
 """Each rule's needles (lower case): a rule cannot match a text in which none of them occurs."""
 SCAN: FrozenSet[str] = frozenset().union(*GATES.values())
 """Every needle of :data:`GATES`: what the shared pre-scan of a text looks for (``_Text.present``)."""
@@ -195,7 +196,7 @@ VOCABULARY = True
 that prove it moves no specific reading, and for A/B measurements)."""
 
 RULE_DOCS: Dict[str, str] = {**torchrun.DOCS, **cuda.DOCS, **c10d.DOCS, **nccl.DOCS, **gloo.DOCS,
-                             **rpc.DOCS, **python.DOCS, **numeric.DOCS, **vocab.DOCS}
+                             **rpc.DOCS, **horovod.DOCS, **python.DOCS, **numeric.DOCS, **vocab.DOCS}
 """What each rule recognises (``type:<name>`` and ``python.exception`` are the fallbacks of
 :func:`classify_exception`), from the rule modules; the table in docs/classifier.md is rendered from it in
 the order rules are tried (:func:`rules_table`)."""
