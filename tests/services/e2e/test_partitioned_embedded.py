@@ -6,8 +6,9 @@ while it works through a backlog of real recorded runs, then started again.
 Each backlog is queued by a `trainguard serve` that runs no processor (TRAINGUARD_ROLES=gateway: every batch
 acknowledged, nothing processed) before a whole `trainguard serve` works through it. At the end every run has
 exactly its verdict (nothing lost, nothing doubled, no incident on a healthy run), every acknowledged
-raw-context event is stored, every acknowledged metric point is stored exactly once, and a clean stop leaves
-the queue empty and the detection state saved per partition.
+raw-context event is stored, every acknowledged metric point is stored exactly once, each crash cluster (its
+runs in several partitions) counts what one pipeline over every event counts, and a clean stop leaves the
+queue empty and the detection state saved per partition.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests.support.processes import bootstrap_tokens, healthy, start_role, stop_
 from tests.support.waiting import poll
 from trainguard.transport.http import HttpTransport
 from trainguard_engine.extract import metric_points
+from trainguard_engine.pipeline import Pipeline
 from trainguard_server.processor.embedded import PARTITION_PREFIX, PARTS_PREFIX
 from trainguard_server.queue.common import DEFAULT_LANES, lane_of
 from trainguard_server.storage.sqlite import open_sqlite_stores
@@ -51,6 +53,7 @@ class Sent:
         self.expected: Dict[str, Any] = {}
         self.raw_ids: List[str] = []
         self.loss_points: Dict[str, int] = {}
+        self.events: List[Dict[str, Any]] = []  # every event, in the order sent
 
     def copy_of(self, name: str, project: str) -> Tuple[str, List[Dict[str, Any]]]:
         """A new copy of the corpus run ``name`` in ``project`` (a new run id, its events ending a second
@@ -62,6 +65,7 @@ class Sent:
         self.raw_ids += [e["event_id"] for e in events if RAW_CONTEXT & e.keys()]
         self.loss_points[run_id] = len({(e.get("rank", 0), step) for e in events
                                         for n, step, _v in metric_points(e) if n == "loss"})
+        self.events += events
         return run_id, events
 
 
@@ -146,6 +150,7 @@ def test_partitioned_sqlite_queue_every_run_exact_after_a_sigkill(tmp_path: Path
         assert poll(lambda: _judged(tmp_path, sent.expected) == len(sent.expected), 60), log.read_text()[-3000:]
         assert f"holds {PARTITIONS} partitions" in log.read_text()
         _assert_exact(data, sent, sent.expected)
+        _assert_clusters_as_one_pipeline(data, sent)
         stop_all([server])
         assert server.returncode == 0 and _queue_file(data)[1] == 0, log.read_text()[-3000:]
         _assert_state_per_partition(data, 3)  # 40 random run ids in 2 or fewer: ~5e-12
@@ -172,6 +177,24 @@ def _assert_exact(data: Path, sent: Sent, runs: Dict[str, Any]) -> None:
     assert verdicts == {run_id: [kind] if kind else [] for run_id, kind in runs.items()}
     assert losses == {run_id: [sent.loss_points[run_id]] for run_id in runs}  # each point once
     assert missing == []
+
+
+def _assert_clusters_as_one_pipeline(data: Path, sent: Sent) -> None:
+    """Each crash cluster -- one fingerprint, its runs in several partitions, so in several pipelines -- is
+    stored with what one pipeline over every event sent counts."""
+    reference = Pipeline()
+    reference.process(sent.events)
+    wanted = {c.fingerprint: (c.count, sorted(c.runs)) for c in reference.clusters()
+              if any(r.startswith("crash-") for r in c.runs)}
+    spread = max(len({lane_of(r, DEFAULT_LANES) % PARTITIONS for r in runs}) for _, runs in wanted.values())
+    assert spread > 1  # 8 crash runs of random ids all in one partition: 6e-5
+    project = bootstrap_tokens(data)["project"]
+    stores = open_sqlite_stores(data)
+    try:
+        stored = {f: stores.incidents.get_cluster(project, f) for f in wanted}
+    finally:
+        stores.close()
+    assert {f: (c.count, sorted(c.runs)) if c else None for f, c in stored.items()} == wanted
 
 
 def _assert_state_per_partition(data: Path, at_least: int) -> None:

@@ -187,7 +187,7 @@ def test_the_file_keeps_the_count_it_first_had_above_one(tmp_path: Path, caplog:
             queue = SqliteQueue(path, partitions=asked)
         assert queue.partitions == P and queue.partitioned
         warned = [r.getMessage() for r in caplog.records]
-        assert len(warned) == 1 and f"holds {P} partitions" in warned[0] and f"{asked} asked" in warned[0]
+        assert len(warned) == 1 and f"holds {P} partitions" in warned[0] and f"the {asked} asked" in warned[0]
         again = {r.value: r for r in drain(queue)}  # redelivered: in the partitions they had
         assert sorted(again) == [b"a1", b"b0"]
         assert all(again[v].partition == first[v].partition for v in again)

@@ -152,9 +152,9 @@ class SqliteQueue(Queue):
             stored = int(row[0]) if row is not None else None
         if stored is not None:
             if stored != asked:
-                log.warning("%s holds %d partitions (fixed when it was first opened with more than one); "
-                            "%d asked for now is ignored -- to change it, start from an empty queue file",
-                            self.path, stored, asked)
+                log.warning("%s holds %d partitions, fixed when it was first opened with more than one (the "
+                            "processor keeps its detection state per partition): the %d asked for now are "
+                            "ignored", self.path, stored, asked)
             return check_partitions(stored)
         if asked > 1:
             conn.execute("BEGIN IMMEDIATE")
