@@ -7,17 +7,22 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import pytest
 
+from tests.scenarios.corpus import BY_NAME, retimed
+from trainguard import wire
 from trainguard_server.config import Settings
+from trainguard_server.processor.embedded import EmbeddedProcessor
 from trainguard_server.queue import AUTO_PARTITIONS, embedded_partitions, open_queue
 from trainguard_server.queue.base import Queue, QueueRecord
 from trainguard_server.queue.common import lane_of
 from trainguard_server.queue.memory import MemoryQueue
 from trainguard_server.queue.sqlite import QUEUE_DB, SqliteQueue
+from trainguard_server.storage.sqlite import SqliteEventStore, SqliteIncidentStore, SqliteMetricStore
 
 P = 4
 KEYS = [f"run-{i}" for i in range(40)]
@@ -243,3 +248,35 @@ def test_partitions_must_be_a_positive_integer(tmp_path: Path) -> None:
             MemoryQueue(partitions=bad)
         with pytest.raises(ValueError, match="partitions"):
             SqliteQueue(tmp_path / QUEUE_DB, partitions=bad)
+
+
+# --- a data directory whose queue turns partitioned (processor_workers set: auto 16) ----------------------
+UPGRADE_BUG = ("BUG processor (requests.txt, hQ stop 46): over a partitioned queue the processor does not "
+               "restore a one-partition snapshot (pipeline/embedded/), so a run in flight starts again from an "
+               "empty state and its explosion is reported a second time")
+
+
+@pytest.mark.parametrize("before, after", [
+    (1, 1), (P, P), pytest.param(1, P, marks=pytest.mark.xfail(strict=True, reason=UPGRADE_BUG))])
+def test_a_run_in_flight_across_a_restart_keeps_its_one_verdict(tmp_path: Path, before: int, after: int) -> None:
+    """The recorded explosion run, its first 200 envelopes (the explosion among them) processed and
+    checkpointed over a queue of ``before`` partitions, the rest after a restart over ``after``: one
+    incident, as one pipeline over the whole run reports."""
+    events = retimed(BY_NAME["explosion"].events(), time.time_ns() - 10**9)
+    run_id, project = events[0]["run_id"], events[0]["project"]
+    for partitions, part in ((before, events[:200]), (after, events[200:])):
+        queue = SqliteQueue(tmp_path / QUEUE_DB, partitions=partitions)
+        stores = (SqliteEventStore(tmp_path / "events.db"), SqliteMetricStore(tmp_path / "metrics.db"),
+                  SqliteIncidentStore(tmp_path / "incidents.db"))
+        try:
+            queue.publish(run_id, [wire.prepare_batch(part[at:at + 50]).request.SerializeToString()
+                                   for at in range(0, len(part), 50)])
+            processor = EmbeddedProcessor(queue, *stores, snapshot_every_s=0.0, tick_interval_s=1e15)
+            processor.drain(30)
+            processor.checkpoint()
+            found = [(i.category, i.subtype) for i in stores[2].list_incidents(project, run_id=run_id).items]
+            assert queue.depth() == 0 and queue.partitions == max(before, partitions)
+        finally:
+            for closing in (queue, *stores):
+                closing.close()
+    assert found == [BY_NAME["explosion"].expected]
