@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from trainguard_engine import extract
 from trainguard_engine.catalogue import DetectionSettings
@@ -38,6 +38,7 @@ from ..queue.common import PARTITION
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricColumns, MetricStore, StoredEvent
 from . import decode
 from .decode import Envelope, PlainBatch, Points, read_request
+from .pool import JobRecord, PipelinePool, PoolFailed, RemotePipeline, Started, job_record
 from .rank_parts import RankParts
 
 log = logging.getLogger("trainguard.processor")
@@ -143,12 +144,14 @@ def tune_gc(threshold: int = GC_GEN0_THRESHOLD) -> None:
 
 
 class _Chunk(NamedTuple):
-    """Queue records and their envelopes, decoded once, with each envelope's metric points and partition."""
+    """Queue records and their envelopes, decoded once, with each envelope's metric points and partition,
+    and each record's count of envelopes."""
 
     records: List[QueueRecord]
     envelopes: List[Envelope]
     points: List[Points]
     partitions: List[int]
+    sizes: List[int]
 
 
 @dataclass
@@ -181,7 +184,7 @@ class EmbeddedProcessor:
                  quota_log_interval_s: float = 60.0,
                  processed: Optional[Callable[[Mapping[str, int]], None]] = None,
                  pause_gc: bool = True, metric_write_chunks: int = METRIC_WRITE_CHUNKS,
-                 metric_write_delay_s: float = METRIC_WRITE_DELAY_S) -> None:
+                 metric_write_delay_s: float = METRIC_WRITE_DELAY_S, processor_workers: int = 0) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -220,7 +223,13 @@ class EmbeddedProcessor:
         self._held_since = 0.0
         #: one pipeline per partition this processor owns (a queue with one partition: just partition 0)
         self.partitioned = self.per_partition_state and bool(getattr(queue, "partitioned", False))
-        self.pipelines: Dict[int, Pipeline] = {}
+        #: over a partitioned queue with ``processor_workers`` (> 0), the pipelines run in that many worker
+        #: processes (processor/pool.py) and ``pipelines`` holds their stand-ins; 0: in this thread
+        self.pool: Optional[PipelinePool] = None
+        if self.partitioned and processor_workers > 0:
+            self.pool = PipelinePool(processor_workers, self.detection, self._stored_parts, pause_gc=pause_gc,
+                                     gc_threshold=gc.get_threshold()[0])
+        self.pipelines: Dict[int, Union[Pipeline, RemotePipeline]] = {}
         #: per partition, per lane: the highest offset whose record went through that partition's pipeline
         #: (saved with its snapshot: OFFSETS_PREFIX), and of those restored, the lanes whose redelivered
         #: records at or below it the pipeline already has (emptied as the lanes pass them)
@@ -267,7 +276,13 @@ class EmbeddedProcessor:
         if self.partitioned:
             raise AttributeError("a processor over a partitioned queue has one pipeline per partition "
                                  "(.pipelines)")
-        return self.pipelines[PARTITION]
+        return self._local(PARTITION)
+
+    def _local(self, partition: int) -> Pipeline:
+        """``partition``'s pipeline, run in this thread (no worker pool)."""
+        pipeline = self.pipelines[partition]
+        assert isinstance(pipeline, Pipeline), "the pipelines run in worker processes"
+        return pipeline
 
     @property
     def counters(self) -> Dict[str, int]:
@@ -318,15 +333,24 @@ class EmbeddedProcessor:
         self._tops[partition] = dict(tops)
         self._covered[partition] = tops
 
-    def _restore(self, partition: int) -> Pipeline:
-        """``partition``'s pipeline as last saved (empty when nothing was)."""
+    def _stored_parts(self, partition: int) -> Dict[str, Optional[bytes]]:
+        """``partition``'s snapshot parts as stored (names without the prefix; split by rank_parts)."""
         prefix = self._prefix(partition)
         keys = self.incidents.state_keys(prefix)
-        parts = {key[len(prefix):]: self.incidents.load_state(key) for key in keys}
+        return {key[len(prefix):]: self.incidents.load_state(key) for key in keys}
+
+    def _restore(self, partition: int) -> Union[Pipeline, RemotePipeline]:
+        """``partition``'s pipeline as last saved (empty when nothing was); with a worker pool, hosted by
+        its worker (which joins the rank parts and restores it)."""
+        parts = self._stored_parts(partition)
         blob = None if parts or self.partitioned else self.incidents.load_state(STATE_KEY)
-        splitter = self._rank_parts[partition] = RankParts()
         self._tops.pop(partition, None)
         self._covered.pop(partition, None)
+        if self.pool is not None:
+            if parts:
+                self._load_offsets(partition)
+            return self.pool.build(partition, {k: v for k, v in parts.items() if v is not None})
+        splitter = self._rank_parts[partition] = RankParts()
         try:
             if parts:
                 self._load_offsets(partition)
@@ -382,12 +406,15 @@ class EmbeddedProcessor:
         those records were emitted)."""
         self._apply_pending()
         items: Dict[str, Optional[bytes]] = {}
-        chosen = [(p, self.pipelines[p]) for p in partitions if p in self.pipelines]
-        for partition, pipeline in chosen:
+        chosen = [p for p in partitions if p in self.pipelines]
+        if self.pool is not None:  # asked of every worker at once
+            changed = self.pool.changed(chosen)
+        else:
+            changed = [self._rank_parts.setdefault(p, RankParts()).to_store(self._local(p).changed_parts())
+                       for p in chosen]
+        for partition, parts in zip(chosen, changed):
             prefix = self._prefix(partition)
-            splitter = self._rank_parts.setdefault(partition, RankParts())
-            items.update((prefix + name, blob)
-                         for name, blob in splitter.to_store(pipeline.changed_parts()).items())
+            items.update((prefix + name, blob) for name, blob in parts.items())
             tops = self._tops.get(partition)
             if tops:
                 items[self._offsets_key(partition)] = json.dumps(
@@ -396,8 +423,10 @@ class EmbeddedProcessor:
             items[STATE_KEY] = None
         self._report_quarantined()  # a run whose state could not be serialised was left out: say which
         self.incidents.save_states(items)
-        for partition, pipeline in chosen:
-            pipeline.parts_saved()
+        if self.pool is not None:
+            self.pool.saved(chosen)
+        for partition in chosen if self.pool is None else ():
+            self._local(partition).parts_saved()
             self._rank_parts[partition].saved()
         self._legacy_state = False
 
@@ -429,6 +458,11 @@ class EmbeddedProcessor:
                 except Exception as exc:  # the next owner starts from the last checkpoint instead
                     log.warning("could not checkpoint revoked partitions %s (%s): their next owner "
                                 "re-processes them from the last commit", sorted(gone), _describe(exc))
+            if self.pool is not None:
+                try:
+                    self.pool.drop(sorted(gone))
+                except PoolFailed as exc:  # the pool rebuilds only the partitions it still hosts
+                    log.warning("%s", exc)
             for partition in gone:
                 self.pipelines.pop(partition, None)
                 self._rank_parts.pop(partition, None)
@@ -441,7 +475,7 @@ class EmbeddedProcessor:
         due = [p.next_timer_ns for p in list(self.pipelines.values()) if p.next_timer_ns]
         return min(due) if due else 0
 
-    def _pipeline_for(self, partition: int) -> Pipeline:
+    def _pipeline_for(self, partition: int) -> Union[Pipeline, RemotePipeline]:
         """``partition``'s pipeline (restored on first use: a record can only come from an owned one)."""
         pipeline = self.pipelines.get(partition)
         if pipeline is None:
@@ -491,8 +525,11 @@ class EmbeddedProcessor:
             if now - self._last_tick >= self.tick_interval_s or (due and time.time_ns() >= due):
                 self._last_tick = now
                 now_ns = time.time_ns()
-                for partition, pipeline in list(self.pipelines.items()):
-                    self._emit_later(partition, pipeline.advance(now_ns))
+                owned = list(self.pipelines)
+                advanced = (self.pool.advance(owned, now_ns) if self.pool is not None
+                            else [self._local(p).advance(now_ns) for p in owned])
+                for partition, output in zip(owned, advanced):
+                    self._emit_later(partition, output)
                 self._apply_pending()
                 self._report_quarantined()
                 self._report_quotas()
@@ -535,7 +572,7 @@ class EmbeddedProcessor:
         decoded_envelopes = 0
         done = 0
         while True:
-            chunk = _Chunk([], [], [], [])
+            chunk = _Chunk([], [], [], [], [])
             replayed: Optional[List[bool]] = None  # per envelope: its record the pipeline has (restored)
             chunk_started = time.perf_counter()
             largest = 0
@@ -571,6 +608,7 @@ class EmbeddedProcessor:
                 chunk.envelopes.extend(decoded)
                 chunk.points.extend(decoded_points)
                 chunk.partitions.extend([record.partition] * len(decoded))
+                chunk.sizes.append(len(decoded))
             if not chunk.records:
                 return done
             if self._since_yield >= self.round_events:  # a long stretch of processing: ingest's turn
@@ -578,7 +616,8 @@ class EmbeddedProcessor:
                 self._yield_to_ingest()
             try:
                 with self._lock:
-                    self._process(chunk.records, chunk.envelopes, chunk.points, chunk.partitions, replayed)
+                    self._process(chunk.records, chunk.envelopes, chunk.points, chunk.partitions, replayed,
+                                  chunk.sizes)
                     self._measured(len(chunk.envelopes), largest, time.perf_counter() - chunk_started)
             except Exception:
                 # a store is unavailable: records not yet through the stores are kept for a retry after
@@ -670,25 +709,39 @@ class EmbeddedProcessor:
 
     def _process(self, records: Sequence[QueueRecord], envelopes: Sequence[Envelope],
                  points: Sequence[Points], partitions: Sequence[int],
-                 replayed: Optional[Sequence[bool]] = None) -> None:
+                 replayed: Optional[Sequence[bool]] = None, sizes: Optional[Sequence[int]] = None) -> None:
         """One chunk: raw context and points stored, the pipeline(s) run, their upserts applied. Envelopes
         ``replayed`` (their records the restored pipeline already has: :meth:`_is_covered`) are stored
-        again but not handed to the pipeline."""
+        again but not handed to the pipeline. ``sizes``: each record's count of envelopes (what the worker
+        pool needs; None: the records are decoded again to learn it)."""
         # whether this chunk went through its pipeline(s) (run_once's retry decision; before stop 43 it read
         # a non-empty _pending as that, and an output an earlier failure left there -- e.g. a Kafka
         # rebalance's save that could not apply it -- made a chunk whose raw writes failed count as through:
         # not retried, committed later without detection)
         self._through = False
-        self._store_raw(envelopes, points)
-        self._uncommitted.extend(records)  # committed at the next checkpoint, which waits for _pending
-        all_envelopes = envelopes
+        all_envelopes, all_points = envelopes, points
         if replayed is not None:
             envelopes = [e for e, skip in zip(envelopes, replayed) if not skip]
             points = [p for p, skip in zip(points, replayed) if not skip]
             partitions = [p for p, skip in zip(partitions, replayed) if not skip]
+        started: Optional[Tuple[List[int], Started]] = None
+        if self.pool is not None and envelopes:  # the workers run the pipelines while this stores
+            if sizes is None:
+                sizes = [len(self._decode(record)[0]) for record in records]
+            started = self._start_pooled(records, all_envelopes, sizes, partitions)
+        try:
+            self._store_raw(all_envelopes, all_points)
+        except BaseException:
+            if started is not None:  # the chunk is retried: its pipelines rebuilt without it first
+                assert self.pool is not None
+                self.pool.abandon(started[1])
+            raise
+        self._uncommitted.extend(records)  # committed at the next checkpoint, which waits for _pending
         first = partitions[0] if partitions else PARTITION
         if not envelopes:
             pass  # every record of the chunk went through the pipeline before its restored snapshot
+        elif started is not None:
+            self._collect_pooled(*started)
         elif all(p == first for p in partitions):
             self._run_pipeline(first, envelopes, points)
         else:  # records of several partitions: each partition's envelopes, in order, to its pipeline
@@ -731,12 +784,43 @@ class EmbeddedProcessor:
             self.processed(backlog_counts(all_envelopes))
         self._apply_pending()
 
+    def _start_pooled(self, records: Sequence[QueueRecord], envelopes: Sequence[Envelope],
+                      sizes: Sequence[int], partitions: Sequence[int]) -> Tuple[List[int], Started]:
+        """The pipelines' part of a chunk in the worker pool, sent: each partition with envelopes for its
+        pipeline (``partitions``, the envelopes', in order) gets its records (``envelopes``: all of the
+        chunk's, ``sizes`` per record) but those its restored snapshot covers, every worker at once
+        (:func:`~.pool.job_record`). Returns the partitions in the order they first appear, and what
+        :meth:`_collect_pooled` reads."""
+        order = list(dict.fromkeys(partitions))
+        values: Dict[int, List[JobRecord]] = {p: [] for p in order}
+        at = 0
+        for record, size in zip(records, sizes):
+            mine = values.get(record.partition)
+            if mine is not None and not (self._covered and self._is_covered(record)):
+                mine.append(job_record(record.value, envelopes[at:at + size]))
+            at += size
+        for partition in order:
+            self._pipeline_for(partition)  # hosted on first use
+        assert self.pool is not None
+        return order, self.pool.start([(p, values[p]) for p in order])
+
+    def _collect_pooled(self, order: List[int], started: Started) -> None:
+        """The outputs of :meth:`_start_pooled`'s jobs become ``_pending`` in partition order (as in this
+        thread)."""
+        assert self.pool is not None
+        for partition, output in zip(order, self.pool.collect(started)):
+            self._emit_later(partition, output)
+        self._report_quarantined()
+        self._report_quotas()
+
     def _run_pipeline(self, partition: int, envelopes: Sequence[Envelope],
                       points: Sequence[Points]) -> None:
         """The pipeline's part of a chunk (a runtime that runs it elsewhere overrides this), given the
         metric points ``_store_raw`` read from each envelope (read once, shared): its output becomes
         ``_pending`` until the stores have it."""
-        self._emit_later(partition, self._pipeline_for(partition).process(envelopes, points))
+        pipeline = self._pipeline_for(partition)
+        assert isinstance(pipeline, Pipeline)
+        self._emit_later(partition, pipeline.process(envelopes, points))
         self._report_quarantined()
         self._report_quotas()
 
@@ -929,7 +1013,11 @@ class EmbeddedProcessor:
             if drain:
                 self.drain(max(0.0, end - time.monotonic()))
         finally:
-            self.checkpoint()  # what went through is committed even when the drain failed part-way
+            try:
+                self.checkpoint()  # what went through is committed even when the drain failed part-way
+            finally:
+                if self.pool is not None:  # its workers exit (never outliving the processor)
+                    self.pool.close()
 
     def not_committed(self) -> str:
         """What this processor holds that is not committed yet, from memory alone (no store or queue call:

@@ -1,0 +1,86 @@
+"""Issue 15: a pipeline worker (processor/pool.py) never outlives the processor process -- it exits when its
+pipe closes, also when the processor is killed outright (SIGKILL: no stop, no atexit) -- and a pool's
+``close`` leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_server.processor.pool import PipelinePool
+
+REPO = Path(__file__).resolve().parents[3]
+
+PARENT = """
+import os, sys, time
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_server.processor.pool import PipelinePool
+
+if __name__ == "__main__":
+    pool = PipelinePool(2, DetectionSettings(), lambda partition: {})
+    pool.ready()
+    print(" ".join(str(w.process.pid) for w in pool.workers), flush=True)
+    time.sleep(60)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie waiting for a reaper counts as exited: it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_workers_exit_when_the_processor_is_killed(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert parent.stdout is not None
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(pid) for pid in pids), "a pipeline worker outlived its processor"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_close_leaves_no_process() -> None:
+    pool = PipelinePool(2, DetectionSettings(), lambda partition: {})
+    pool.build(3, {})
+    workers = list(pool.workers)
+    pool.close()
+    for worker in workers:
+        assert not worker.process.is_alive() and worker.process.exitcode == 0
+        try:  # reaped by close: no zombie
+            os.waitpid(worker.process.pid or 0, os.WNOHANG)
+            raise AssertionError("the worker was not reaped")
+        except ChildProcessError:
+            pass
+
+
+def test_workers_ignore_the_terminal_interrupt() -> None:
+    """Ctrl-C reaches the whole process group: the processor drains and stops its workers itself."""
+    pool = PipelinePool(1, DetectionSettings(), lambda partition: {})
+    try:
+        pool.ready()
+        os.kill(pool.workers[0].process.pid or 0, signal.SIGINT)
+        time.sleep(0.2)
+        assert pool.workers[0].process.is_alive()
+        pool.build(0, {})  # still answers
+    finally:
+        pool.close()
