@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+import pytest
+
 from tests.scenarios.corpus import BY_NAME, retimed
 from tests.services.e2e.test_processor_killed_on_kafka import _judged
 from tests.support.net import free_port
@@ -109,9 +111,13 @@ def _queue_file(data: Path) -> Tuple[List[Tuple[str, str]], int]:
         conn.close()
 
 
-def test_partitioned_sqlite_queue_every_run_exact_after_a_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-thread", "two-workers"])
+def test_partitioned_sqlite_queue_every_run_exact_after_a_sigkill(tmp_path: Path, workers: int) -> None:
+    """``workers`` 2: the partitions' pipelines run in worker processes (processor/pool.py, serve's
+    TRAINGUARD_PROCESSOR_WORKERS), SIGKILLed with the server (they exit when their pipe closes)."""
     data = tmp_path / "data"
     env = dict(os.environ, TRAINGUARD_QUEUE="sqlite", TRAINGUARD_QUEUE_PARTITIONS=str(PARTITIONS),
+               TRAINGUARD_PROCESSOR_WORKERS=str(workers),
                TRAINGUARD_DATA_DIR=str(data), TRAINGUARD_HOST="127.0.0.1",
                TRAINGUARD_MAX_PAST_AGE_S=str(10 * 365 * 86400), TRAINGUARD_SNAPSHOT_EVERY_S="0.2",
                TRAINGUARD_PROCESSOR_BATCH="8")
@@ -134,7 +140,10 @@ def test_partitioned_sqlite_queue_every_run_exact_after_a_sigkill(tmp_path: Path
 
         second = _queue_backlog(env, log, data, sent, KILL_COPIES)
         queued = _queue_file(data)[1]
-        server = _serve(env, log, free_port(), "gateway,processor,api")
+        # a checkpoint after every round of at most 256 envelopes: the first commit comes after the first
+        # round whatever the machine's speed (at 0.2 s a fast processor had worked the backlog off by then)
+        server = _serve(dict(env, TRAINGUARD_SNAPSHOT_EVERY_S="0", TRAINGUARD_PROCESSOR_ROUND_EVENTS="256"), log,
+                        free_port(), "gateway,processor,api")
         procs.append(server)
         # the first commit (a checkpoint: snapshot saved, then its records deleted from the queue) is the cue
         assert poll(lambda: _queue_file(data)[1] < queued, 60, interval=0.01), log.read_text()[-3000:]

@@ -100,6 +100,16 @@ def test_one_partition_is_as_before(open_embedded: OpenEmbedded) -> None:
     assert {r.partition for r in records} == {0} and listener.calls == []
 
 
+def test_the_embedded_queues_never_revoke_and_kafka_may(open_embedded: OpenEmbedded) -> None:
+    """A processing round may consume again only where a consume cannot revoke partitions it holds
+    records of (processor/embedded.py ``_round``): the embedded queues, partitioned or not, never do."""
+    from trainguard_server.queue.kafka import KafkaQueue
+
+    assert open_embedded().revokes_partitions is False
+    assert open_embedded(partitions=4).revokes_partitions is False
+    assert KafkaQueue.revokes_partitions is True
+
+
 def test_the_listener_is_told_once_on_the_consuming_thread_and_never_revoked(open_embedded: OpenEmbedded) -> None:
     queue = open_embedded(partitions=P)
     listener = Recorder()

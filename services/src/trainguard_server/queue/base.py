@@ -66,6 +66,12 @@ class Queue(ABC):
     consumer, once, and never revoke them (:class:`.common.StaticPartitions`). False: one partition (0),
     always this consumer's."""
 
+    revokes_partitions: bool = False
+    """True when a later :meth:`consume` may revoke partitions this consumer holds records of (a consumer
+    group rebalancing: Kafka), so a processing round must not consume again before its records are through;
+    False (the embedded queues: one partition, or static partitions never revoked): a round may take more
+    records while it has room (processor/embedded.py ``_round``)."""
+
     lanes: int = 1
     """Lanes per partition (records of a lane are handed out in offset order; the embedded queues serve
     their many lanes round-robin; Kafka: 1, a partition is one lane)."""

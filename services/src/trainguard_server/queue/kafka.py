@@ -126,6 +126,7 @@ class KafkaQueue(Queue):
     """Queue on the Kafka topic ``topic``, consumed by the consumer group ``group_id``."""
 
     partitioned = True
+    revokes_partitions = True  # a rebalance inside consume() moves partitions to another member
 
     def __init__(self, bootstrap_servers: str, topic: str = DEFAULT_TOPIC, *, group_id: str = DEFAULT_GROUP,
                  partitions: int = 12, replication_factor: int = -1,

@@ -45,6 +45,7 @@ from ..gateway.ingest import (
     batch_from_json,
 )
 from ..processor.embedded import EmbeddedProcessor
+from ..queue import embedded_partitions
 from ..queue.sqlite import QUEUE_DB, SqliteQueue
 from ..storage.base import TokenInfo
 from ..storage.sqlite import open_sqlite_stores
@@ -204,8 +205,11 @@ class LocalBackend(Backend):
                                       kind="ingest", created_ns=time.time_ns(),
                                       description="trainguard replay")
             self.project = self.auth.project
+            # the queue as `trainguard serve` opens it on this data dir (lanes, partitions): the detection
+            # state replay leaves is then under the partitions a later serve restores
             self.queue = SqliteQueue(self.data_dir / QUEUE_DB, max_depth=settings.max_queue_depth,
-                                     retry_after=settings.retry_after_s)
+                                     retry_after=settings.retry_after_s, lanes=settings.queue_lanes,
+                                     partitions=embedded_partitions(settings))
             detection = DetectionSettings.from_overrides(json.loads(settings.detection_overrides or "{}"))
             self.processor = EmbeddedProcessor(self.queue, self.stores.events, self.stores.metrics,
                                                self.stores.incidents, detection,
