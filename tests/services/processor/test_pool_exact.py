@@ -51,11 +51,13 @@ RECORD = 50  # corpus envelopes per record
 class PartitionedQueue(Queue):
     """A partitioned queue in memory (what hQ's embedded queues present): a key's records in lane
     ``lane_of(key)``, partition ``lane % partitions``; handed out in publish order; the listener told of
-    every partition at the first consume."""
+    every partition at the first consume; ``revokes``: whether the processor must assume a later consume
+    may revoke partitions (Kafka: one consume per round) or not (the embedded queues: rounds filled)."""
 
     partitioned = True
 
-    def __init__(self, partitions: int = PARTITIONS, lanes: int = LANES) -> None:
+    def __init__(self, partitions: int = PARTITIONS, lanes: int = LANES, revokes: bool = False) -> None:
+        self.revokes_partitions = revokes
         self.partitions = partitions
         self.lanes = lanes
         self._records: List[QueueRecord] = []
@@ -86,6 +88,15 @@ class PartitionedQueue(Queue):
 
     def commit(self, records: Sequence[QueueRecord]) -> None:
         self._done.update((r.lane, r.offset) for r in records)
+
+    def reopen(self) -> PartitionedQueue:
+        """The queue as a restarted processor finds it: what is not committed handed out again."""
+        again = PartitionedQueue(self.partitions, self.lanes, self.revokes_partitions)
+        again._records = self._records
+        again._done = self._done
+        again._next = min((i for i, r in enumerate(self._records) if (r.lane, r.offset) not in self._done),
+                          default=len(self._records))
+        return again
 
     def depth(self) -> int:
         return len(self._records) - len(self._done)
@@ -151,7 +162,7 @@ def _time_after(stream: Sequence[Tuple[str, bytes]]) -> int:
 
 def run_stream(stream: Sequence[Tuple[str, bytes]], root: Path, workers: int, monkeypatch: Any, *,
                batch: int = 16, checkpoint_every: int = 5, kill_after: Optional[int] = None,
-               store_away_after: Optional[int] = None) -> Dict[str, str]:
+               store_away_after: Optional[int] = None, revokes: bool = False) -> Dict[str, str]:
     """Process ``stream`` round by round (a tick each round at a clock one second further; a checkpoint
     every ``checkpoint_every`` rounds; with ``kill_after``, worker 0 killed after that many rounds; with
     ``store_away_after``, the metric store's next write after that many rounds fails once) and return the
@@ -160,7 +171,7 @@ def run_stream(stream: Sequence[Tuple[str, bytes]], root: Path, workers: int, mo
     clock = Clock(start)
     monkeypatch.setattr(embedded, "time", clock.module())
     root.mkdir(parents=True)
-    queue = PartitionedQueue()
+    queue = PartitionedQueue(revokes=revokes)
     for key, value in stream:
         queue.publish(key, [value])
     stores = open_stores(Settings(), root)
@@ -230,21 +241,25 @@ STREAMS = {"corpus": corpus_stream, "sdk16": lambda: bench_stream("sdk16", 6),
            "env500": lambda: bench_stream("env500", 6)}
 
 
-@pytest.mark.parametrize("name", sorted(STREAMS))
-def test_workers_leave_what_the_thread_leaves(name: str, tmp_path: Path, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("name,revokes", [("corpus", False), ("corpus", True), ("sdk16", False),
+                                          ("env500", True)])
+def test_workers_leave_what_the_thread_leaves(name: str, revokes: bool, tmp_path: Path,
+                                              monkeypatch: Any) -> None:
     stream = STREAMS[name]()
     batch = 4 if name == "env500" else 16
-    expected = run_stream(stream, tmp_path / "w0", 0, monkeypatch, batch=batch)
+    expected = run_stream(stream, tmp_path / "w0", 0, monkeypatch, batch=batch, revokes=revokes)
     assert "incidents" in " ".join(expected) and int(expected["emitted"].split("=")[1]) > 0
     for workers in (1, 2):
-        got = run_stream(stream, tmp_path / f"w{workers}", workers, monkeypatch, batch=batch)
+        got = run_stream(stream, tmp_path / f"w{workers}", workers, monkeypatch, batch=batch, revokes=revokes)
         assert got == expected, workers
 
 
 def test_killed_worker_is_rebuilt_exactly(tmp_path: Path, monkeypatch: Any) -> None:
     stream = bench_stream("sdk16", 6)
-    expected = run_stream(stream, tmp_path / "w0", 0, monkeypatch, checkpoint_every=4)
-    got = run_stream(stream, tmp_path / "killed", 2, monkeypatch, checkpoint_every=4, kill_after=6)
+    # one consume of 16 records a round (a queue that may revoke partitions): many rounds to kill between
+    expected = run_stream(stream, tmp_path / "w0", 0, monkeypatch, checkpoint_every=4, revokes=True)
+    got = run_stream(stream, tmp_path / "killed", 2, monkeypatch, checkpoint_every=4, kill_after=6,
+                     revokes=True)
     assert got == expected
 
 
@@ -252,6 +267,57 @@ def test_store_failure_while_workers_run_is_retried_exactly(tmp_path: Path, monk
     """The workers get a chunk before its raw context and points are stored: when that store write fails,
     the chunk's outputs are dropped and its pipelines rebuilt without it before the retry."""
     stream = bench_stream("sdk16", 4)
-    expected = run_stream(stream, tmp_path / "w0", 0, monkeypatch, checkpoint_every=3)
-    got = run_stream(stream, tmp_path / "away", 2, monkeypatch, checkpoint_every=3, store_away_after=4)
+    expected = run_stream(stream, tmp_path / "w0", 0, monkeypatch, checkpoint_every=3, revokes=True)
+    got = run_stream(stream, tmp_path / "away", 2, monkeypatch, checkpoint_every=3, store_away_after=4,
+                     revokes=True)
     assert got == expected
+
+
+def test_stop_after_a_worker_death_commits_only_what_a_pipeline_saw(tmp_path: Path) -> None:
+    """hR's F7: a worker dies while a chunk is collected; ``stop`` during the retry's backoff checkpoints --
+    the failed chunk's records must stay uncommitted (processed after a restart), so every run ends with
+    the incidents of an uninterrupted drain."""
+    stream = corpus_stream()
+    settings = DetectionSettings.from_overrides({"stall_min_s": 5.0})
+
+    def processor(queue: PartitionedQueue, root: Path, workers: int) -> Tuple[EmbeddedProcessor, Any]:
+        stores = open_stores(Settings(), root)
+        return EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, settings, batch=16,
+                                 snapshot_every_s=1e12, tick_interval_s=1e12, round_target_s=0.0,
+                                 processor_workers=workers), stores
+
+    def incidents(root: Path) -> Tuple[str, str]:
+        tables = table_digests(root / "incidents.db")
+        return tables["incidents"], tables["runs"]
+
+    queue = PartitionedQueue(revokes=True)
+    for key, value in stream:
+        queue.publish(key, [value])
+    plain, plain_stores = processor(queue, tmp_path / "plain", 0)
+    plain.stop(drain=True, timeout=60)
+    plain_stores.close()
+    expected = incidents(tmp_path / "plain")
+    assert "rows=0" not in expected[0]
+
+    queue = PartitionedQueue(revokes=True)
+    for key, value in stream:
+        queue.publish(key, [value])
+    first, stores = processor(queue, tmp_path / "pooled", 1)
+    assert first.pool is not None
+    for _ in range(3):
+        first.run_once(timeout=0.0)
+    os.kill(first.pool.workers[0].process.pid or 0, signal.SIGKILL)
+    first.pool.workers[0].process.join(10)
+    with pytest.raises(PoolFailed):
+        first.run_once(timeout=0.0)
+    failed = list(first._retry)
+    assert failed
+    first.stop(drain=True, timeout=5)  # the backoff ends the drain at once; the checkpoint commits
+    assert not any((r.lane, r.offset) in queue._done for r in failed), "committed records no pipeline saw"
+    stores.close()
+
+    again, stores = processor(queue.reopen(), tmp_path / "pooled", 1)
+    again.stop(drain=True, timeout=60)
+    assert again.queue.depth() == 0
+    stores.close()
+    assert incidents(tmp_path / "pooled") == expected

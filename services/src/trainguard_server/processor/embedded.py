@@ -546,12 +546,13 @@ class EmbeddedProcessor:
     def _round(self, records: List[QueueRecord], fresh: bool) -> int:
         """Process ``records`` chunk by chunk -- each chunk decoded just before it runs, so a round holds at
         most about one chunk's decoded envelopes at once whatever records it took -- and, ``fresh`` from a
-        queue with one partition, take more while the queue hands out all that was asked and the round has
-        decoded fewer envelopes than a chunk holds (small records, e.g. the SDK's request per rank and
-        step, then share one pipeline call and one write per store instead of one per consume: the
-        per-round costs, commits included, are paid per chunk). A partitioned queue is consumed once per
-        round (a rebalance inside a later consume could revoke partitions whose records the round holds).
-        Returns the records processed.
+        queue with one partition or static ones, take more while the queue hands out all that was asked
+        and the round has decoded fewer envelopes than a chunk holds (small records, e.g. the SDK's request
+        per rank and step, then share one pipeline call and one write per store instead of one per
+        consume: the per-round costs, commits included, are paid per chunk). A queue whose partitions may
+        be revoked (Kafka; ``revokes_partitions``, True unless the queue says otherwise) is consumed once
+        per round (a rebalance inside a later consume could revoke partitions whose records the round
+        holds); the embedded queues' static partitions never are. Returns the records processed.
 
         A chunk is at most ``round_events`` envelopes, and under the time bound at most what the recent
         rate processes in ``round_target_s`` (:meth:`_round_cap`; a record is never split; one larger than
@@ -563,7 +564,7 @@ class EmbeddedProcessor:
         counting. Waiting for records
         (consume's timeout) and the timers and checkpoints after a round run with the collector as it
         was."""
-        more = fresh and not self.partitioned
+        more = fresh and not (self.partitioned and getattr(self.queue, "revokes_partitions", True))
         cap = self._round_cap()
         asked = self._take_count(cap)
         full = len(records) >= asked
@@ -736,7 +737,6 @@ class EmbeddedProcessor:
                 assert self.pool is not None
                 self.pool.abandon(started[1])
             raise
-        self._uncommitted.extend(records)  # committed at the next checkpoint, which waits for _pending
         first = partitions[0] if partitions else PARTITION
         if not envelopes:
             pass  # every record of the chunk went through the pipeline before its restored snapshot
@@ -754,6 +754,10 @@ class EmbeddedProcessor:
                 mine[1].append(pts)
             for partition, (envs, pts_list) in by_partition.items():
                 self._run_pipeline(partition, envs, pts_list)
+        # through the pipeline(s): committed at the next checkpoint, which waits for _pending (not before:
+        # a chunk whose pipeline call failed -- a worker died -- is retried, and a checkpoint meanwhile, e.g.
+        # a stop during the backoff, must not commit records no pipeline saw)
+        self._uncommitted.extend(records)
         tops = self._tops
         for record in records:  # through the pipeline: what the next snapshot covers (OFFSETS_PREFIX)
             lane_tops = tops.get(record.partition)
