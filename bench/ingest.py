@@ -456,9 +456,13 @@ def _grpc_channel(target: str) -> Any:
 
 
 def grpc_client(kind: str, target: str, token: str, project: str, client: int, clients: int, batch: int,
-                points: int, inflight: int, n_batches: int, ready: Any, window: Any, out: Any) -> None:
+                points: int, inflight: int, n_batches: int, ready: Any, window: Any, out: Any,
+                runs: int = 1) -> None:
     """One client process. ``kind``: ``prebuilt`` (raw bytes built before the window), ``sdk`` (the SDK's
-    converter + GrpcTransport in the window) or ``rate:<events/s>`` (prebuilt, paced; background load)."""
+    converter + GrpcTransport in the window) or ``rate:<events/s>`` (prebuilt, paced; background load).
+    ``runs`` (prebuilt and paced): the client's batches go to that many runs in turn (``--runs-per-client``),
+    each run's steps in order -- a platform's many runs, which a partitioned processor spreads over its
+    workers; 1: one run per client, as before."""
     import grpc
 
     from trainguard.v1 import ingest_pb2
@@ -477,9 +481,14 @@ def grpc_client(kind: str, target: str, token: str, project: str, client: int, c
 
         transport = GrpcTransport(target, token)  # gzip on, as the SDK's default
         transport.send(event_dicts(ident, 0, 1, points, prefix + "w", now_ns), 10.0)  # warm the channel
-    else:
+    elif runs <= 1:
         factory = BatchFactory(ident, points, prefix, now_ns)
         requests = [factory.request(i * batch, batch) for i in range(n_batches)]
+    else:  # run r's event ids: the client's prefix with r in place of the pid's top byte (still unique)
+        factories = [BatchFactory(identity(project, f"{run_id}-{r}", client, clients), points,
+                                  f"{client:04x}{r:02x}{os.getpid() & 0xFFFFFF:06x}", now_ns)
+                     for r in range(runs)]
+        requests = [factories[i % runs].request((i // runs) * batch, batch) for i in range(n_batches)]
     res.build_s = time.perf_counter() - t0
     channel = _grpc_channel(target)
     send = channel.unary_unary(SEND_METHOD, request_serializer=None,
@@ -701,9 +710,10 @@ def run_load(label: str, target: Any, server: Server, args: argparse.Namespace, 
     window = ctx.Array("d", 2)
     out = ctx.Queue()
     conn_arg: Any = server.grpc_target if target is grpc_client else server.http_port
+    extra = (args.runs_per_client,) if target is grpc_client else ()
     procs = [ctx.Process(target=target, args=(kind, conn_arg, server.ingest_token, server.project, i, clients,
                                               args.batch, args.points, args.inflight, n_batches, ready,
-                                              window, out), daemon=True)
+                                              window, out, *extra), daemon=True)
              for i in range(clients)]
     for p in procs:
         p.start()
@@ -1197,6 +1207,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=None, help="seconds per throughput window (10)")
     p.add_argument("--clients", type=int, default=2, help="client processes per throughput phase")
+    p.add_argument("--runs-per-client", type=int, default=1,
+                   help="runs each gRPC client's prebuilt batches go to in turn (1: one run per client)")
     p.add_argument("--batch", type=int, default=500, help="envelopes per request")
     p.add_argument("--points", type=int, default=5, help="metric points per envelope (3-8)")
     p.add_argument("--inflight", type=int, default=2, help="requests outstanding per client")
@@ -1266,7 +1278,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     print(f"env python={platform.python_version()} grpcio={grpc.__version__} "
           f"protobuf={google.protobuf.__version__} cpus={os.cpu_count()} duration_s={args.duration:g} "
-          f"clients={args.clients} batch={args.batch} points={args.points} inflight={args.inflight} "
+          f"clients={args.clients} runs_per_client={args.runs_per_client} batch={args.batch} "
+          f"points={args.points} inflight={args.inflight} "
           f"loadavg_1m={os.getloadavg()[0]:.2f}", flush=True)
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="trainguard-ingest-bench-"))
     root.mkdir(parents=True, exist_ok=True)

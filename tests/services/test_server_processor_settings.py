@@ -7,13 +7,15 @@ documented ones."""
 from __future__ import annotations
 
 import gc
+import logging
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import pytest
 
 from trainguard_server.config import Settings
 from trainguard_server.processor.embedded import GC_GEN0_THRESHOLD
+from trainguard_server.queue import AUTO_PARTITIONS
 from trainguard_server.server import EmbeddedServer
 
 
@@ -76,5 +78,35 @@ def test_zero_keeps_the_interpreters_threshold(tmp_path: Path, kept_threshold: T
     server = _serve(tmp_path, processor_gc_gen0_threshold=0)
     try:
         assert gc.get_threshold()[0] == 700
+    finally:
+        server.stop()
+
+
+def test_workers_reach_the_processor_with_the_configured_collector(tmp_path: Path,
+                                                                    kept_threshold: Tuple[int, int, int]) -> None:
+    """TRAINGUARD_PROCESSOR_WORKERS runs the partitions' pipelines in that many processes, which take the
+    operator's collector threshold (hR F6: the pool was built before tune_gc and took the interpreter's 700)."""
+    server = _serve(tmp_path, processor_workers=2, processor_gc_gen0_threshold=123_456)
+    try:
+        assert server.processor is not None and server.processor.pool is not None
+        assert len(server.processor.pool.workers) == 2 and server.queue.partitions == AUTO_PARTITIONS
+        assert server.processor.pool._args[2] == 123_456  # (settings, pause_gc, gc_threshold) sent to each
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("partitions, workers, said", [
+    (1, 2, "processor_workers=2 is ignored: the queue has one partition"),
+    (4, 5, "processor_workers=5: only 4 have work"),
+    (4, 4, None)])
+def test_workers_that_cannot_all_work_are_said(tmp_path: Path, kept_threshold: Tuple[int, int, int],
+                                               caplog: pytest.LogCaptureFixture, partitions: int, workers: int,
+                                               said: Optional[str]) -> None:
+    with caplog.at_level(logging.WARNING, logger="trainguard.server"):
+        server = _serve(tmp_path, processor_workers=workers, queue_partitions=partitions)
+    try:
+        warned = [r.getMessage() for r in caplog.records if "processor_workers" in r.getMessage()]
+        assert warned == ([] if said is None else [warned[0]]) and (said is None or said in warned[0]), warned
+        assert server.processor is not None and (server.processor.pool is None) == (partitions == 1)
     finally:
         server.stop()

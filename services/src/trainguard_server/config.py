@@ -133,7 +133,8 @@ class Settings(BaseSettings):
         65_536, ge=1, description="the embedded queue's (SQLite) lanes: a run's records go to the lane its "
         "id hashes to, each lane in order, the lanes holding records served in turn, one record each -- so "
         "one run's backlog does not delay another run's alert beyond one processing chunk, unless both "
-        "hash to one lane (1 in queue_lanes). Not stored: may change between starts (queue/common.py)")
+        "hash to one lane (1 in queue_lanes). May change between starts while the queue has one partition; "
+        "fixed with queue_partitions above 1 (queue/sqlite.py)")
     queue_partitions: int = Field(
         0, ge=0, le=1024, description="partitions of the embedded queue (SQLite): a run's records go to "
         "partition (its lane modulo queue_partitions) and the processor keeps one detection state per "

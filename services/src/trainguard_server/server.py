@@ -61,6 +61,22 @@ ACCEPT_ERROR_LOG_EVERY_S = 10.0
 under a connection flood) is logged at most once per this many seconds, with how many were left out."""
 
 
+def _check_workers(workers: int, queue: Any) -> None:
+    """Say so when ``processor_workers`` cannot all be used: a queue of one partition runs the pipeline in
+    the processor's thread (no workers at all), and a worker beyond the partition count gets none."""
+    if workers <= 0:
+        return
+    if not getattr(queue, "partitioned", False):
+        log.warning("processor_workers=%d is ignored: the queue has one partition, so the pipeline runs in "
+                    "the processor's thread (TRAINGUARD_QUEUE_PARTITIONS 0 -- auto -- or above 1 partitions "
+                    "it)", workers)
+        return
+    partitions = getattr(queue, "partitions", None)  # Kafka: the group shares the topic's, told later
+    if isinstance(partitions, int) and workers > partitions:
+        log.warning("processor_workers=%d: only %d have work -- the queue has %d partitions, one worker each "
+                    "at most", workers, partitions, partitions)
+
+
 class DataDirInUse(RuntimeError):
     """Another live process runs the processor on this data directory (it holds :data:`PROCESSOR_LOCK`)."""
 
@@ -124,6 +140,9 @@ class EmbeddedServer:
                                metric_names=self.stores.metrics.names) if "gateway" in roles else None
         gateway = self.gateway
         self.processor: Optional[EmbeddedProcessor] = None
+        if "processor" in roles:
+            tune_gc(s.processor_gc_gen0_threshold)  # before the processor: its pipeline workers take it too
+            _check_workers(s.processor_workers, self.queue)
         if "processor" in roles and s.processor_runtime == "flink":
             self.processor = self._flink_stores()
         elif "processor" in roles:
@@ -144,8 +163,6 @@ class EmbeddedServer:
         # ingest threads and the processor share one interpreter: switch often so an ingest request
         # waiting for the GIL is not held for the default 5 ms at every hand-over
         sys.setswitchinterval(0.0005)
-        if self.processor is not None:
-            tune_gc(s.processor_gc_gen0_threshold)
         self.services = Services(events=self.stores.events, metrics=self.stores.metrics,
                                  incidents=self.stores.incidents, projects=self.stores.projects,
                                  queue=self.queue, gateway=self.gateway, processor=self.processor,

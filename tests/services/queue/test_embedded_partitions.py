@@ -18,8 +18,9 @@ from trainguard import wire
 from trainguard_server.config import Settings
 from trainguard_server.processor.embedded import EmbeddedProcessor
 from trainguard_server.queue import AUTO_PARTITIONS, embedded_partitions, open_queue
-from trainguard_server.queue.base import Queue, QueueRecord
-from trainguard_server.queue.common import lane_of
+from trainguard_server.queue import sqlite as sqlite_queue
+from trainguard_server.queue.base import Queue, QueueFull, QueueRecord
+from trainguard_server.queue.common import DEFAULT_LANES, lane_of
 from trainguard_server.queue.memory import MemoryQueue
 from trainguard_server.queue.sqlite import QUEUE_DB, SqliteQueue
 from trainguard_server.storage.sqlite import SqliteEventStore, SqliteIncidentStore, SqliteMetricStore
@@ -178,13 +179,20 @@ def test_a_commit_covers_its_lane_in_its_partition_only(open_embedded: OpenEmbed
 
 # --- the SQLite file keeps its partition count ------------------------------------------------------------
 def _meta(path: Path) -> List[Tuple[str, str]]:
+    """The file's meta rows but its id (queue_id: every file has one), sorted."""
     conn = sqlite3.connect(str(path))
     try:
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
             return []
-        return [(str(n), str(v)) for n, v in conn.execute("SELECT name, value FROM meta")]
+        return sorted((str(n), str(v)) for n, v in conn.execute("SELECT name, value FROM meta")
+                      if n != "queue_id")
     finally:
         conn.close()
+
+
+def _fixed(partitions: int, lanes: int = DEFAULT_LANES) -> List[Tuple[str, str]]:
+    """The meta rows of a file partitioned at ``partitions`` over ``lanes`` lanes."""
+    return [("lanes", str(lanes)), ("partitions", str(partitions))]
 
 
 def test_the_file_keeps_the_count_it_first_had_above_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -195,7 +203,7 @@ def test_the_file_keeps_the_count_it_first_had_above_one(tmp_path: Path, caplog:
     first = {r.value: r for r in drain(queue)}
     queue.commit([first[b"a0"]])
     queue.close()
-    assert _meta(path) == [("partitions", str(P))]
+    assert _meta(path) == _fixed(P)
     for asked in (8, 1):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="trainguard.queue.sqlite"):
@@ -210,7 +218,7 @@ def test_the_file_keeps_the_count_it_first_had_above_one(tmp_path: Path, caplog:
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="trainguard.queue.sqlite"):
         SqliteQueue(path, partitions=P).close()
-    assert caplog.records == [] and _meta(path) == [("partitions", str(P))]
+    assert caplog.records == [] and _meta(path) == _fixed(P)
 
 
 def test_a_file_of_one_partition_is_left_as_it_is_until_opened_with_more(tmp_path: Path) -> None:
@@ -218,24 +226,102 @@ def test_a_file_of_one_partition_is_left_as_it_is_until_opened_with_more(tmp_pat
     queue = SqliteQueue(path)
     queue.publish("run-a", [b"a0"])
     queue.close()
-    assert _meta(path) == []  # a file of one partition: the schema of every older version
-    queue = SqliteQueue(path, partitions=1)
+    assert _meta(path) == []  # a file of one partition fixes no count (its id only)
+    queue = SqliteQueue(path, partitions=1, lanes=64)  # its lanes may change between starts
+    assert queue.lanes == 64
     queue.close()
     assert _meta(path) == []
     queue = SqliteQueue(path, partitions=P)  # an older file, now partitioned: its records keep their lanes
-    assert queue.partitions == P and _meta(path) == [("partitions", str(P))]
+    assert queue.partitions == P and _meta(path) == _fixed(P)
     [record] = drain(queue)
     assert record.value == b"a0" and record.partition == lane_of("run-a", queue.lanes) % P
     queue.close()
 
 
-def test_lanes_not_a_multiple_of_the_partitions_are_warned_of(tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_the_lanes_are_fixed_with_the_partitions(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A run's partition is its lane modulo the partitions: a later queue_lanes would move runs to a partition
+    whose detection state does not know them (their incidents reported again: hR F9), so the lane count is
+    stored with the partition count and kept, with a warning."""
+    path = tmp_path / QUEUE_DB
+    queue = SqliteQueue(path, lanes=997, partitions=P)
+    queue.publish("run-a", [b"a0"])
+    [before] = drain(queue)
+    queue.close()
+    assert _meta(path) == _fixed(P, 997)
     with caplog.at_level(logging.WARNING, logger="trainguard.queue.sqlite"):
-        SqliteQueue(tmp_path / "a.db", lanes=64, partitions=P).close()
-        assert caplog.records == []
-        SqliteQueue(tmp_path / "b.db", lanes=66, partitions=P).close()
-    assert len(caplog.records) == 1 and "not a multiple" in caplog.records[0].getMessage()
+        queue = SqliteQueue(path, lanes=1001, partitions=P)
+    assert queue.lanes == 997 and [r.getMessage() for r in caplog.records if "997 lanes" in r.getMessage()]
+    [after] = drain(queue)
+    assert (after.lane, after.partition) == (before.lane, before.partition) == (lane_of("run-a", 997),
+                                                                               lane_of("run-a", 997) % P)
+    queue.close()
+
+
+def test_each_file_has_its_own_id_kept_across_opens(tmp_path: Path) -> None:
+    """Queue.identity: what a processor saves with the offsets its snapshot covers (hR F1: a file moved
+    aside numbers its records from 1 again)."""
+    first = SqliteQueue(tmp_path / "a.db")
+    ident = first.identity
+    first.close()
+    again = SqliteQueue(tmp_path / "a.db", partitions=P)
+    other = SqliteQueue(tmp_path / "b.db")
+    assert len(ident) == 32 and again.identity == ident and other.identity not in ("", ident)
+    assert MemoryQueue().identity != MemoryQueue().identity
+    again.close()
+    other.close()
+
+
+@pytest.mark.parametrize("asked", [(P, P), (P, 8)], ids=["same", "different"])
+def test_processes_opening_a_new_file_at_once_agree(tmp_path: Path, asked: Tuple[int, int]) -> None:
+    """Two handles (as two processes: their own connections) opening a new file together: neither fails
+    (hR F5: check-then-insert lost a race 1 in 40 with a UNIQUE error), both read one count and one id."""
+    for trial in range(12):
+        opened, failed = _open_together(tmp_path / f"q{trial}.db", asked)
+        assert failed == []
+        assert len({q.partitions for q in opened}) == 1 and len({q.identity for q in opened}) == 1
+        for q in opened:
+            q.close()
+
+
+def _open_together(path: Path, asked: Tuple[int, ...]) -> Tuple[List[SqliteQueue], List[BaseException]]:
+    """One SqliteQueue per count in ``asked`` on ``path``, opened by as many threads at once."""
+    barrier = threading.Barrier(len(asked))
+    opened: List[SqliteQueue] = []
+    failed: List[BaseException] = []
+
+    def open_(partitions: int) -> None:
+        barrier.wait()
+        try:
+            opened.append(SqliteQueue(path, partitions=partitions))
+        except BaseException as exc:  # the failure is the finding
+            failed.append(exc)
+
+    threads = [threading.Thread(target=open_, args=(n,)) for n in asked]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return opened, failed
+
+
+def test_a_handle_that_does_not_consume_sees_another_process_commit(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gateway beside a processor in another process (hR F4): its depth counted only its own publishes, so
+    at max_depth it refused every publish though the processor had emptied the file."""
+    monkeypatch.setattr(sqlite_queue, "RECOUNT_EVERY_S", 0.0)
+    gateway = SqliteQueue(tmp_path / QUEUE_DB, max_depth=10, partitions=P)
+    processor = SqliteQueue(tmp_path / QUEUE_DB, max_depth=10, partitions=P)
+    gateway.publish("run-a", [b"x"] * 10)
+    processor.commit(drain(processor))
+    assert processor.depth() == 0 and gateway.depth() == 0
+    assert len(gateway.publish("run-a", [b"y"])) == 1  # was QueueFull
+    monkeypatch.setattr(sqlite_queue, "RECOUNT_EVERY_S", 3600.0)  # no recount: the kept count, as before
+    gateway.publish("run-a", [b"z"] * 9)
+    processor.commit(drain(processor))
+    with pytest.raises(QueueFull):
+        gateway.publish("run-a", [b"w"])
+    gateway.close()
+    processor.close()
 
 
 @pytest.mark.parametrize("partitions, workers, expected", [
@@ -261,13 +347,7 @@ def test_partitions_must_be_a_positive_integer(tmp_path: Path) -> None:
 
 
 # --- a data directory whose queue turns partitioned (processor_workers set: auto 16) ----------------------
-UPGRADE_BUG = ("BUG processor (requests.txt, hQ stop 46): over a partitioned queue the processor does not "
-               "restore a one-partition snapshot (pipeline/embedded/), so a run in flight starts again from an "
-               "empty state and its explosion is reported a second time")
-
-
-@pytest.mark.parametrize("before, after", [
-    (1, 1), (P, P), pytest.param(1, P, marks=pytest.mark.xfail(strict=True, reason=UPGRADE_BUG))])
+@pytest.mark.parametrize("before, after", [(1, 1), (P, P), (1, P)])
 def test_a_run_in_flight_across_a_restart_keeps_its_one_verdict(tmp_path: Path, before: int, after: int) -> None:
     """The recorded explosion run, its first 200 envelopes (the explosion among them) processed and
     checkpointed over a queue of ``before`` partitions, the rest after a restart over ``after``: one

@@ -66,6 +66,13 @@ class Queue(ABC):
     consumer, once, and never revoke them (:class:`.common.StaticPartitions`). False: one partition (0),
     always this consumer's."""
 
+    identity: str = ""
+    """Which queue (file, instance) the offsets belong to: a random id made when the queue was created (the
+    embedded queues), "" when unknown (Kafka: a topic deleted and made again numbers from 0 too, unseen
+    here). A processor saves it with the offsets its snapshot covers and ignores a cover saved for another
+    queue (processor/embedded.py OFFSETS_PREFIX): a queue file moved aside or restored from a backup numbers
+    its records anew, and a stale cover would skip them."""
+
     revokes_partitions: bool = False
     """True when a later :meth:`consume` may revoke partitions this consumer holds records of (a consumer
     group rebalancing: Kafka), so a processing round must not consume again before its records are through;

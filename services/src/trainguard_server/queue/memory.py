@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence
 
@@ -40,6 +41,7 @@ class MemoryQueue(Queue):
         self._partitions = StaticPartitions(partitions)
         self.partitions = self._partitions.count
         self.partitioned = self.partitions > 1
+        self.identity = uuid.uuid4().hex  # offsets start at 1 in every instance
         self._max_depth = max_depth
         self._retry_after = retry_after
         self._cond = threading.Condition()

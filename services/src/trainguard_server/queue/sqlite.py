@@ -10,9 +10,9 @@ partition (0) or ``partitions`` of them.
   the lanes that hold records take turns, one record each (:class:`.common.Lanes`) -- so a quiet run's
   record waits behind at most one record of each other busy lane, never behind a noisy run's whole backlog.
   Which records were handed out is kept in memory only: after a restart everything uncommitted is handed
-  out again (at-least-once). The lanes are not stored: they are computed from the keys when a record is
-  first seen (the file's schema is the one before lanes, so a queue file of any version opens as it is,
-  and ``lanes`` may change between runs of the server).
+  out again (at-least-once). The lanes are computed from the keys when a record is first seen (the
+  records table is the one before lanes, so a queue file of any version opens as it is; ``lanes`` may
+  change between runs of the server while the file has one partition).
 - ``commit`` deletes, per lane, every record up to the highest committed offset of that lane (the other
   lanes' records, handed out or not, stay).
 - Partitions (``TRAINGUARD_QUEUE_PARTITIONS``): with ``partitions`` P > 1 a record is in partition ``lane %
@@ -21,16 +21,20 @@ partition (0) or ``partitions`` of them.
   ``partitions_assigned(range(P))`` once, from the first ``consume`` after it is set, and never of a
   revocation -- so the processor keeps one detection state per partition, as over Kafka, and may run
   partitions in parallel. Consuming, fairness (one round-robin over every lane, whatever its partition)
-  and commits are those of one partition. P is stored in the file (table ``meta``, created then) the first
-  time it opens with P > 1, like a Kafka topic's partition count: every later open uses the stored P,
-  whatever it is asked for (a warning says so when they differ), since the processor's state is kept per
-  partition. A file without it (one partition; any older version's) opens as it is. A run's partition
-  is ``crc32(run id) % P`` whenever P divides ``lanes`` (the default 65,536 and any power of two up to it):
-  a change of ``lanes`` then moves no run; with other counts it may move runs to another partition, whose
-  state does not know them (a warning at open says so). ``partitions`` 1 (the default): partition 0, not
-  ``partitioned``, no listener calls, nothing stored.
-- ``depth`` is kept in memory (counted at open, then adjusted by publish/commit): exact while this
-  process is the only writer, which is how the embedded server uses it.
+  and commits are those of one partition. P is stored in the file (table ``meta``) the first time it
+  opens with P > 1, like a Kafka topic's partition count, and the lane count with it (a run's partition is
+  its lane modulo P: another lane count would move runs to a partition whose state does not know them):
+  every later open uses the stored P and lanes, whatever it is asked for (a warning says so when they
+  differ). Two processes opening a new file at once agree: the rows are written and read back in one
+  write transaction, the first writer's stand. ``partitions`` 1 (the default): partition 0, not
+  ``partitioned``, no listener calls, no count stored, ``lanes`` free to change between starts.
+- ``identity``: a random id the file gets when first opened by this version (``meta``), kept for its life: a
+  processor saves it with the offsets its snapshot covers, so a queue file moved aside or restored from a
+  backup -- offsets from 1 again -- is not mistaken for the one the cover was written for.
+- ``depth`` is kept in memory (counted at open, then adjusted by publish/commit): exact in a process that
+  both publishes and consumes (``trainguard serve``); a handle that only publishes or only consumes (a
+  gateway and a processor in two processes on one data dir) counts the file again at most every
+  :data:`RECOUNT_EVERY_S`, and before refusing a publish at the limit.
 - QueueFull when ``depth() >= max_depth`` (the batch that crosses the line is accepted whole).
 - A consumer waiting in ``consume(timeout)`` is woken by a publish in this process through a Condition;
   it also re-reads the table every ``poll_interval`` s, so another process's publishes are seen too.
@@ -50,6 +54,7 @@ import logging
 import sqlite3
 import threading
 import time
+import uuid
 from collections import deque
 from itertools import groupby
 from operator import itemgetter
@@ -85,6 +90,12 @@ _SCHEMA = (
 )
 _META = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
 _PARTITIONS = "partitions"  # meta's row of the partition count (absent: one partition)
+_LANES = "lanes"            # meta's row of the lane count, stored with the partitions (absent: not fixed)
+_QUEUE_ID = "queue_id"      # meta's row of the file's random id (Queue.identity)
+RECOUNT_EVERY_S = 1.0
+"""A handle that does not consume (a gateway beside a processor in another process) never sees the commits
+that lower the depth: its :meth:`SqliteQueue.depth`, and its QueueFull check at the limit, count the file's
+records again at most this often."""
 
 
 class _Waiting:
@@ -127,45 +138,56 @@ class SqliteQueue(Queue):
         self._cond = threading.Condition()
         self._generation = 0           # bumped by every publish (under _cond)
         self._closed = False
+        self._consumed = False   # consume() was called: this handle commits
+        self._published = False  # publish() was called: with _consumed, its own count is exact
         new_file = not self.path.exists()
         with opening(self.path):  # a damaged or read-only file: StoreOpenError naming it
             self._writer = self._open(synchronous, page_size=PAGE_SIZE if new_file else None)
             self._writer.execute(_SCHEMA)
             self._reader = self._open(synchronous)
-            self._depth = int(self._writer.execute("SELECT COUNT(*) FROM records").fetchone()[0])
-            self._partitions = StaticPartitions(self._stored_partitions(partitions))
+            self._depth = self._count()
+            meta = self._meta(partitions)
+        self.identity = meta[_QUEUE_ID]
+        self._partitions = StaticPartitions(check_partitions(int(meta.get(_PARTITIONS, "1"))))
         self.partitions = self._partitions.count
         self.partitioned = self.partitions > 1
-        if self.partitioned and self.lanes % self.partitions:
-            log.warning("%s: %d lanes are not a multiple of its %d partitions: a run's partition (its lane "
-                        "modulo %d) then depends on queue_lanes, and a later change of it moves runs to a "
-                        "partition whose detection state does not know them", self.path, self.lanes,
-                        self.partitions, self.partitions)
+        if self.partitioned:  # a run's partition is its lane modulo the count: both stay as first stored
+            self.lanes = check_lanes(int(meta.get(_LANES, str(self.lanes))))
+        if self.partitions != partitions:
+            log.warning("%s holds %d partitions, fixed when it was first opened with more than one (the "
+                        "processor keeps its detection state per partition): the %d asked for now are "
+                        "ignored", self.path, self.partitions, partitions)
+        if self.partitioned and self.lanes != lanes:
+            log.warning("%s holds %d lanes, fixed with its %d partitions (a run's partition is its lane "
+                        "modulo them): the %d asked for now (queue_lanes) are ignored", self.path, self.lanes,
+                        self.partitions, lanes)
+        self._recounted = time.monotonic()
 
-    def _stored_partitions(self, asked: int) -> int:
-        """The file's partition count: the one stored (a warning when ``asked`` differs), else ``asked``
-        -- stored now when above 1 (a file of one partition is left as it is)."""
+    def _count(self) -> int:
+        """Records in the file now (published, not committed, by any process)."""
+        return int(self._writer.execute("SELECT COUNT(*) FROM records").fetchone()[0])
+
+    def _meta(self, partitions: int) -> Dict[str, str]:
+        """The file's meta rows, made complete in one write transaction (so two processes opening a new file
+        at once agree -- the first to write decides): the file's random id (:attr:`identity`, made once), and
+        when ``partitions`` > 1 and none is stored yet, the partition count and the lane count (both fixed
+        from then on: a file of one partition stores neither)."""
         conn = self._writer
-        stored: Optional[int] = None
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
-            row = conn.execute("SELECT value FROM meta WHERE name = ?", (_PARTITIONS,)).fetchone()
-            stored = int(row[0]) if row is not None else None
-        if stored is not None:
-            if stored != asked:
-                log.warning("%s holds %d partitions, fixed when it was first opened with more than one (the "
-                            "processor keeps its detection state per partition): the %d asked for now are "
-                            "ignored", self.path, stored, asked)
-            return check_partitions(stored)
-        if asked > 1:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.execute(_META)
-                conn.execute("INSERT INTO meta (name, value) VALUES (?, ?)", (_PARTITIONS, str(asked)))
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        return asked
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(_META)
+            rows = [(_QUEUE_ID, uuid.uuid4().hex)]
+            if partitions > 1:
+                rows += [(_PARTITIONS, str(partitions)), (_LANES, str(self.lanes))]
+                if conn.execute("SELECT 1 FROM meta WHERE name = ?", (_PARTITIONS,)).fetchone():
+                    rows = rows[:1]  # the count stored first stays, and the lanes stored with it
+            conn.executemany("INSERT OR IGNORE INTO meta (name, value) VALUES (?, ?)", rows)
+            meta = {str(name): str(value) for name, value in conn.execute("SELECT name, value FROM meta")}
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return meta
 
     def _open(self, synchronous: str, page_size: Optional[int] = None) -> sqlite3.Connection:
         if page_size:
@@ -180,6 +202,7 @@ class SqliteQueue(Queue):
         check_publish_args(key, values)
         if not values:
             return []
+        self._published = True
         mine = _Waiting(key, [bytes(v) for v in values])
         group = self._group
         with group:
@@ -234,6 +257,9 @@ class SqliteQueue(Queue):
     def _admit(self, batch: List[_Waiting]) -> List[_Waiting]:
         """The waiters the depth limit lets in, in arrival order (the one that crosses the line whole)."""
         accepted: List[_Waiting] = []
+        if self._depth >= self._max_depth and time.monotonic() - self._recounted >= RECOUNT_EVERY_S:
+            self._depth = self._count()  # at the limit: another process may have committed (under the lock)
+            self._recounted = time.monotonic()
         depth = self._depth
         for w in batch:
             if depth >= self._max_depth:
@@ -273,6 +299,7 @@ class SqliteQueue(Queue):
     def consume(self, max_records: int, timeout: float) -> List[QueueRecord]:
         check_consume_args(max_records, timeout)
         deadline = time.monotonic() + timeout
+        self._consumed = True
         with self._consume_lock:
             self._partitions.tell()
             while True:
@@ -368,7 +395,21 @@ class SqliteQueue(Queue):
             self._depth -= max(deleted, 0)
 
     def depth(self) -> int:
-        return self._depth  # an int read: never waits for a publish's fsync
+        """Records published and not committed: kept in memory (an int read, never waiting for a publish's
+        fsync) by a handle that both publishes and consumes (``trainguard serve``); one that only publishes
+        or only consumes -- a gateway and a processor in two processes -- counts the file again at most
+        every :data:`RECOUNT_EVERY_S`."""
+        if not (self._consumed and self._published) and time.monotonic() - self._recounted >= RECOUNT_EVERY_S:
+            self._recount()
+        return max(0, self._depth)
+
+    def _recount(self) -> None:
+        """The depth from the file (under the write lock, so no publish of this handle is half counted)."""
+        with self._write_lock:
+            if self._closed:
+                return
+            self._depth = self._count()
+            self._recounted = time.monotonic()
 
     def close(self) -> None:
         with self._cond:
