@@ -105,7 +105,8 @@ def _queue_file(data: Path) -> Tuple[List[Tuple[str, str]], int]:
     """The queue file's meta rows and its records."""
     conn = sqlite3.connect(str(data / "queue.db"))
     try:
-        return ([(str(n), str(v)) for n, v in conn.execute("SELECT name, value FROM meta")],
+        return (sorted((str(n), str(v)) for n, v in conn.execute("SELECT name, value FROM meta")
+                       if n != "queue_id"),
                 int(conn.execute("SELECT COUNT(*) FROM records").fetchone()[0]))
     finally:
         conn.close()
@@ -127,7 +128,7 @@ def test_partitioned_sqlite_queue_every_run_exact_after_a_sigkill(tmp_path: Path
     try:
         first = _queue_backlog(env, log, data, sent, COPIES)
         meta, queued = _queue_file(data)
-        assert meta == [("partitions", str(PARTITIONS))] and queued > 0  # stored by the first open
+        assert meta == [("lanes", str(DEFAULT_LANES)), ("partitions", str(PARTITIONS))] and queued > 0  # stored
         assert len({lane_of(r, DEFAULT_LANES) % PARTITIONS for r in first}) >= 2  # spread (10 random ids in one: 4e-6)
 
         server = _serve(env, log, free_port(), "gateway,processor,api")
