@@ -23,20 +23,29 @@ _SHUT_DOWN_RE = re.compile(r"Horovod has been shut down\. This (?:was|has been) 
                            r"on one of the ranks")
 _ERROR_LINE_RE = re.compile(r"(?m)^[ \t]*(?:\[[^\]\n]{1,24}\][^:\n]{0,24}:)?[ \t]*[A-Za-z_][\w.]{0,160}"
                             r"(?:Error|Exception)(?::|[ \t]*$)")
-"""A Python exception's own line (``ValueError: ...``, also behind an mpirun ``[1,0]<stderr>:`` prefix)."""
+"""A Python exception's own line (``ValueError: ...``, also behind an mpirun ``[1,0]<stderr>:`` prefix).
+Anchored at a line's start, every quantifier bounded: a scan of all the text before the message is linear."""
+_HEADER_RE = re.compile(r"[ \t]{0,8}\d{1,6} root error\(s\) found|"
+                        r"[^\n]{0,300}?\bOP_REQUIRES failed")
+"""What follows the exception type on a header that names no culprit, only the shutdown below it:
+TensorFlow's ``UnknownError: 2 root error(s) found.`` (its ``(0) Unknown: Horovod has been shut down ...``
+follows) or an ``OP_REQUIRES failed at mpi_ops.cc:316 : Unknown: ...`` line."""
 _NOTE = ("Horovod stopped because another rank raised an exception or finished early (training ended on one "
          "rank, e.g. by early stopping, while the others still reduce): that rank's own log holds the cause")
 
 
 def _rule_shut_down(t: _Text) -> Optional[_Hit]:
     """Horovod's ``Horovod has been shut down. This was caused by an exception on one of the ranks ...`` with
-    no other exception printed before it → comm/rank-lost."""
+    no exception printed anywhere before it (from the text's start; TensorFlow's header of the shutdown
+    itself, :data:`_HEADER_RE`, is none) → comm/rank-lost. One printed before it, even on the line right
+    above (mpirun interleaves the ranks: the culprit's ``[1,0]<stderr>:ValueError: ...`` and a survivor's
+    shutdown line), is the cause: the rule steps aside."""
     pos = t.first(_NEEDLE)
     if pos < 0 or (found := _search(_SHUT_DOWN_RE, t, pos, before=0, after=120)) is None:
         return None
     line_start = t.text.rfind("\n", 0, pos) + 1
-    for m in _ERROR_LINE_RE.finditer(t.text, max(0, line_start - 4096), line_start):
-        if t.text.count("\n", m.end(), line_start) > 2:  # not the shutdown's own header ("2 root error(s)")
+    for m in _ERROR_LINE_RE.finditer(t.text, 0, line_start):
+        if _HEADER_RE.match(t.text, m.end()) is None:  # no header of the shutdown's own: the cause
             return None
     facts: Facts = {"backend": "horovod"}
     rank = _rank_of(t, pos, facts)
@@ -53,7 +62,8 @@ DOCS = {
         "attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished execution`` "
         "(also ``This has been caused by``; behind mpirun's ``[1,3]<stderr>:`` or inside TensorFlow's "
         "``OP_REQUIRES failed ... Unknown:``) → comm/rank-lost: a peer raised or finished first (steps aside "
-        "when an exception line is printed before it: that exception is the cause)"
+        "when an exception line is printed anywhere before it, other than TensorFlow's ``N root error(s) "
+        "found`` header of the shutdown itself: that exception is the cause)"
     ),
 }
 """What the rule recognises (docs/classifier.md is made of these)."""

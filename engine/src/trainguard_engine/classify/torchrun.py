@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from trainguard.core.tracebacks import parse_traceback_text
 
@@ -20,6 +20,7 @@ from .text import (
     _shorten,
     _Text,
 )
+from .vocab import UNMARKED_CONFIDENCE
 
 _WORKER_FAILED_RE = re.compile(
     r"failed \(exitcode: (?P<code>-?\d+)\)(?: local_rank: (?P<lr>\d+) \(pid: (?P<pid>\d+)\))?")
@@ -112,6 +113,27 @@ _COMPOSER_EXIT_RE = re.compile(r"\b(?:Global rank|Rank) (?P<rank>\d{1,5}) "
 ``ERROR:composer.cli.launcher:Rank 1 crashed with exit code 1.`` (older) or ``Global rank 0 (PID 208865)
 exited with code -11`` (newer) -- the code as ``subprocess`` gives it, a signal negative (``-7`` SIGBUS,
 ``-9``, ``-11``)."""
+_COMPOSER_KILL_CODES = (-9, -15)
+"""The codes of the signals Composer's launcher sends itself: SIGTERM to every rank still running once one
+ended non-zero (or on Ctrl-C), SIGKILL to those alive 30 s later. Its last line, ``Global rank N (PID P)
+exited with code C``, names the FIRST rank in rank order whose code is non-zero -- most often such a
+survivor (rank 0, -15), not the rank that failed: that one the launcher reported first, ``Rank M crashed
+with exit code C.`` (Composer itself skips -9/-15 in its crash report: "the launcher script killed the
+training process")."""
+_COMPOSER_KILL_NEEDLES = ("killing global rank ", "failed to kill global rank ")
+_COMPOSER_KILL_RE = re.compile(r"(?:Killing|Failed to kill) global rank (?P<rank>\d{1,5}) \(PID \d{1,20}\) "
+                               r"with SIGTERM")
+COMPOSER_BARE_KILL_CONFIDENCE = UNMARKED_CONFIDENCE
+"""The confidence of a ``Global rank N (PID P) exited with code -9/-15`` line read without the launcher's
+kill lines or a ``Rank M crashed`` line beside it: the rank's own death as the text shows it, but more
+often the launcher's own kill whose context is elsewhere -- below ``log_min_confidence``'s default, so a
+log record of that line alone (live capture, ``trainguard replay``: one record per line) opens no incident;
+the rank's own signal death is the monitor's ``Rank N crashed with exit code -9.``, printed before it."""
+_COMPOSER_KILL_NOTE = ("Composer's launcher sends SIGTERM, then SIGKILL after 30 s, to the ranks still "
+                       "running once one rank ended, and this line names the first rank in rank order that "
+                       "ended non-zero: a 'Rank M crashed' line before it names the rank that failed; "
+                       "without one, the signal came from outside (the OOM killer, the scheduler, an "
+                       "operator)")
 _RUNNER_NEEDLE = "error: failed to run "
 _RUNNER_FAILED_RE = re.compile(r"Error: failed to run (?P<launcher>torchrun|python3?|deepspeed)\b"
                                r"[^\n]{0,3000}? on (?P<host>[\w.:-]{1,100})(?=,| *$|\n)", re.MULTILINE)
@@ -543,13 +565,50 @@ shell's death report), not by a distributed launcher for one of its worker ranks
 
 def _composer_exit(t: _Text) -> Optional[_Hit]:
     """Composer's launcher line for the first rank it saw end (see :data:`_COMPOSER_EXIT_RE`): a signal by the
-    exit decision path, a plain non-zero code ``process/exit``; the culprit its rank."""
-    pos = t.first(*_COMPOSER_NEEDLES)
-    if pos < 0 or (found := _search(_COMPOSER_EXIT_RE, t, pos, before=60, after=30)) is None:
+    exit decision path, a plain non-zero code ``process/exit``; the culprit its rank. A ``Global rank N (PID
+    P) exited with code -9/-15`` line is the launcher's own kill, read as nothing, when the text says the
+    launcher killed that rank or that a rank crashed (:func:`_composer_kills`); with neither it is read as
+    the rank's own death, at :data:`COMPOSER_BARE_KILL_CONFIDENCE`."""
+    lines = sorted(_composer_lines(t), key=lambda line: line[0])
+    if not lines:
         return None
-    m = found[1]
-    return _rank_exit(found[0] + m.start(), int(m.group("code")), int(m.group("rank")), "composer",
-                      "composer's launcher")
+    crashed = any(m.group("pid") is None for _, m in lines)
+    killed = _composer_kills(t)
+    for at, m in lines:
+        code, rank = int(m.group("code")), int(m.group("rank"))
+        kill = m.group("pid") is not None and code in _COMPOSER_KILL_CODES
+        if kill and (crashed or rank in killed):
+            continue  # the survivor the launcher stopped after another rank's end
+        hit = _rank_exit(at, code, rank, "composer", "composer's launcher")
+        if hit is not None and kill:
+            return replace(hit, confidence=COMPOSER_BARE_KILL_CONFIDENCE, note=_COMPOSER_KILL_NOTE)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _composer_lines(t: _Text) -> List[Tuple[int, re.Match[str]]]:
+    """``(offset, match)`` of each Composer launcher line (at most ``MAX_HITS`` of each needle)."""
+    out: List[Tuple[int, re.Match[str]]] = []
+    for needle in _COMPOSER_NEEDLES:
+        for pos in t.find_all(needle):
+            own = (m for m in _COMPOSER_EXIT_RE.finditer(t.text, max(0, pos - 60), pos + 30)
+                   if m.start() <= pos < m.end())
+            m = next(own, None)  # this occurrence's line, not the one before it
+            if m is not None:
+                out.append((m.start(), m))
+    return out
+
+
+def _composer_kills(t: _Text) -> Set[int]:
+    """The ranks Composer's launcher says it stopped (``Killing global rank N (PID P) with SIGTERM``,
+    ``Failed to kill global rank N (PID P) with SIGTERM; terminating with SIGKILL instead``)."""
+    ranks: Set[int] = set()
+    for needle in _COMPOSER_KILL_NEEDLES:
+        for pos in t.find_all(needle):
+            if (found := _search(_COMPOSER_KILL_RE, t, pos, before=0, after=80)) is not None:
+                ranks.add(int(found[1].group("rank")))
+    return ranks
 
 
 def _rank_exit(at: int, code: int, rank: int, launcher: str, who: str) -> Optional[_Hit]:
@@ -835,7 +894,10 @@ DOCS = {
         "culprit N), ``Received 15 death signal`` (or ``Received Signals.SIGINT death signal``), "
         "``colossalai run``'s ``Error: failed to run torchrun ... on <host>`` → process/exit, MosaicML "
         "Composer's launcher ``Rank N crashed with exit code C`` / ``Global rank N (PID P) exited with code "
-        "C`` → process/exit (C < 0: by the decision path for signal -C), the culprit N, Ray's memory "
+        "C`` → process/exit (C < 0: by the decision path for signal -C), the culprit N (``Global rank N ... "
+        "exited with code -9/-15`` beside ``Killing global rank N`` / ``Failed to kill global rank N`` or a "
+        "``Rank M crashed`` line: the launcher's own kill of a survivor, read as nothing; alone: at 0.5, "
+        "below ``log_min_confidence``), Ray's memory "
         "monitor's ``N Workers (tasks / actors) killed due to memory pressure (OOM)`` / ``Task was killed "
         "due to the node running low on memory`` → process/killed (host RAM), "
         "``SignalException: ... got signal: 15``, an IDE's ``exit code 139 (interrupted by signal 11: "
