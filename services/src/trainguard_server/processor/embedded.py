@@ -40,6 +40,7 @@ from . import decode
 from .decode import Envelope, PlainBatch, Points, read_request
 from .pool import JobRecord, PipelinePool, PoolFailed, RemotePipeline, Started, job_record
 from .rank_parts import RankParts
+from .repartition import split_single_state
 
 log = logging.getLogger("trainguard.processor")
 
@@ -240,10 +241,18 @@ class EmbeddedProcessor:
         self._legacy_state = False
         if not self.partitioned:
             self.pipelines[PARTITION] = self._restore(PARTITION)
+        elif not getattr(queue, "revokes_partitions", True) and not incidents.state_keys(PARTITION_PREFIX):
+            # an embedded queue turned partitioned: the one state is handed to the partitions, each run to
+            # its own (processor/repartition.py; Kafka places keys by its own hash: not there)
+            split_single_state(incidents, self.detection, lanes=queue.lanes,
+                               partitions=int(getattr(queue, "partitions", 1)), single_prefix=PARTS_PREFIX,
+                               whole_key=STATE_KEY, single_offsets=self._offsets_key(PARTITION, single=True),
+                               prefix_of=self._prefix, offsets_of=self._offsets_key)
         elif incidents.state_keys(PARTS_PREFIX) or incidents.load_state(STATE_KEY) is not None:
-            log.warning("a pipeline snapshot of a version without per-partition state is in the store (%r): "
-                        "it is not restored over a partitioned queue (detection state rebuilds from new "
-                        "events; every record stays in the stores)", PARTS_PREFIX)
+            log.warning("a one-partition pipeline snapshot (%r) is in the store: it is not restored "
+                        "over this partitioned queue (per-partition state exists already, or the queue "
+                        "places runs by a hash of its own: Kafka); detection state rebuilds from new "
+                        "events", PARTS_PREFIX)
         self._report_quarantined()
         self._uncommitted: List[QueueRecord] = []
         #: records whose round failed (a store unavailable): processed again, before anything new, after
@@ -307,9 +316,12 @@ class EmbeddedProcessor:
         """Where ``partition``'s pipeline keeps its snapshot parts."""
         return f"{PARTITION_PREFIX}{partition}/" if self.partitioned else PARTS_PREFIX
 
-    def _offsets_key(self, partition: int) -> str:
-        """Where ``partition``'s pipeline keeps the offsets its snapshot covers (:data:`OFFSETS_PREFIX`)."""
-        return f"{OFFSETS_PREFIX}partition/{partition}" if self.partitioned else f"{OFFSETS_PREFIX}embedded"
+    def _offsets_key(self, partition: int, single: bool = False) -> str:
+        """Where ``partition``'s pipeline keeps the offsets its snapshot covers (:data:`OFFSETS_PREFIX`;
+        ``single``: where a one-partition processor does)."""
+        if self.partitioned and not single:
+            return f"{OFFSETS_PREFIX}partition/{partition}"
+        return f"{OFFSETS_PREFIX}embedded"
 
     def _load_offsets(self, partition: int) -> None:
         """The offsets ``partition``'s restored snapshot covers (none saved: nothing is skipped)."""

@@ -1,0 +1,80 @@
+"""A data directory whose queue turns partitioned (processor_workers set on it) keeps its runs' detection state:
+the one-partition snapshot is handed to the partitions (processor/repartition.py), each run to its own.
+
+The scenario corpus (real trainings, several projects' runs, exceptions that cluster) is processed half over a
+one-partition SQLite queue and checkpointed; the rest is published and processed after a restart over the
+same queue file turned 4-partition (in the thread, and with 2 workers). The incidents, runs and clusters
+tables must equal those of the same two halves with the queue left at one partition -- no incident reported
+again, no cluster count restarted -- and the one-partition keys must be gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+from tests.scenarios.corpus import SCENARIOS
+from tests.services.processor.test_pool_exact import table_digests
+from trainguard import wire
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_server.config import Settings
+from trainguard_server.processor.embedded import PARTS_PREFIX, EmbeddedProcessor
+from trainguard_server.queue.sqlite import QUEUE_DB, SqliteQueue
+from trainguard_server.storage.select import open_stores
+
+RECORD = 50
+SETTINGS = DetectionSettings.from_overrides({"stall_min_s": 5.0})
+
+
+def _halves() -> Tuple[List[Tuple[str, bytes]], List[Tuple[str, bytes]]]:
+    first, second = [], []
+    for scenario in SCENARIOS:
+        events = scenario.events()
+        run_id = str(events[0]["run_id"])
+        values = [wire.prepare_batch(events[i:i + RECORD]).request.SerializeToString()
+                  for i in range(0, len(events), RECORD)]
+        half = (len(values) + 1) // 2
+        first.extend((run_id, v) for v in values[:half])
+        second.extend((run_id, v) for v in values[half:])
+    return first, second
+
+
+def _drain(root: Path, records: List[Tuple[str, bytes]], partitions: int, workers: int) -> None:
+    queue = SqliteQueue(root / QUEUE_DB, max_depth=100_000, partitions=partitions)
+    stores = open_stores(Settings(), root)
+    try:
+        for key, value in records:
+            queue.publish(key, [value])
+        processor = EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents, SETTINGS,
+                                      snapshot_every_s=0.0, tick_interval_s=1e15, round_target_s=0.0,
+                                      processor_workers=workers)
+        processor.stop(drain=True, timeout=120)
+        assert queue.depth() == 0
+    finally:
+        queue.close()
+        stores.close()
+
+
+def _tables(root: Path) -> Dict[str, str]:
+    digests = table_digests(root / "incidents.db")
+    return {t: digests[t] for t in ("incidents", "runs", "clusters")}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_queue_turned_partitioned_keeps_every_run_state(tmp_path: Path, workers: int) -> None:
+    first, second = _halves()
+    _drain(tmp_path / "kept", first, 1, 0)
+    _drain(tmp_path / "kept", second, 1, 0)
+    expected = _tables(tmp_path / "kept")
+    assert "rows=0" not in expected["incidents"] and "rows=0" not in expected["clusters"]
+
+    _drain(tmp_path / "turned", first, 1, 0)
+    _drain(tmp_path / "turned", second, 4, workers)
+    assert _tables(tmp_path / "turned") == expected
+    stores = open_stores(Settings(), tmp_path / "turned")
+    try:
+        assert stores.incidents.state_keys(PARTS_PREFIX) == []
+    finally:
+        stores.close()
