@@ -52,13 +52,15 @@ one partition: SQLite, memory)."""
 OFFSETS_PREFIX = "pipeline/offsets/"
 """What a pipeline snapshot covers is saved with it, in the same transaction, under this prefix (``embedded``
 over a queue with one partition, ``partition/<partition>`` over a partitioned one: outside the parts'
-prefixes): JSON ``{"lanes": <the queue's lane count>, "tops": [[lane, offset], ...]}``, the highest offset
-per lane whose record went through that pipeline since the last queue commit (a committed record is never
-delivered again, so the tops start empty after each commit). The queue computes lanes from the keys when it
-reads (``queue_lanes`` may change between starts), so a cover saved under another lane count is ignored, as
-is a snapshot saved before this existed (none) or in the list-only form of its first version: their restore
-hands every redelivered record to the pipeline, as before (counters may count a replay twice; no record is
-skipped)."""
+prefixes): JSON ``{"lanes": <the queue's lane count>, "queue": <its identity>, "tops": [[lane, offset],
+...]}``, the highest offset per lane whose record went through that pipeline since the last queue commit (a
+committed record is never delivered again, so the tops start empty after each commit). The queue computes
+lanes from the keys when it reads (``queue_lanes`` may change between starts), so a cover saved under
+another lane count is ignored, as is one saved for another queue (``Queue.identity``, when both are known: a
+queue file moved aside or restored from a backup numbers its records anew -- hR's F1 of stop 46; a cover
+without it is read as before), a snapshot saved before this existed (none) or in the list-only form of its
+first version: their restore hands every redelivered record to the pipeline, as before (counters may count
+a replay twice; no record is skipped)."""
 PARTITION_PREFIX = "pipeline/partition/"
 """Over a partitioned queue (Kafka) each partition's pipeline has its parts under ``<this><partition>/``:
 a processor restores the partitions it is assigned, saves and commits those it gives up."""
@@ -323,6 +325,13 @@ class EmbeddedProcessor:
             return f"{OFFSETS_PREFIX}partition/{partition}"
         return f"{OFFSETS_PREFIX}embedded"
 
+    def _cover(self, tops: List[Tuple[int, int]]) -> Dict[str, Any]:
+        """What :data:`OFFSETS_PREFIX` keeps for ``tops``: the lane count, the queue's identity (when it has
+        one: ``Queue.identity``) and the tops."""
+        identity = str(getattr(self.queue, "identity", "") or "")
+        return ({"lanes": self.queue.lanes, "queue": identity, "tops": tops} if identity
+                else {"lanes": self.queue.lanes, "tops": tops})
+
     def _load_offsets(self, partition: int) -> None:
         """The offsets ``partition``'s restored snapshot covers (none saved: nothing is skipped)."""
         blob = self.incidents.load_state(self._offsets_key(partition))
@@ -334,6 +343,7 @@ class EmbeddedProcessor:
                 return
             tops = {int(lane): int(offset) for lane, offset in saved["tops"]}
             lanes = int(saved["lanes"])
+            written_for = str(saved.get("queue", ""))
         except (ValueError, TypeError, KeyError) as exc:  # unreadable: every redelivered one to the pipeline
             log.error("the offsets of the pipeline snapshot are unreadable (%s); redelivered records go "
                       "through the pipeline again", exc)
@@ -341,6 +351,12 @@ class EmbeddedProcessor:
         if lanes != self.queue.lanes:  # lanes are computed when read: another count numbers them otherwise
             log.info("the pipeline snapshot's offsets were saved over %d queue lanes, the queue has %d now; "
                      "redelivered records go through the pipeline again", lanes, self.queue.lanes)
+            return
+        identity = str(getattr(self.queue, "identity", "") or "")
+        if written_for and identity and written_for != identity:  # another queue file: its offsets mean
+            # other records (a file moved aside or restored numbers its records anew; hR F1)
+            log.warning("the pipeline snapshot's offsets were saved for another queue (%s, this one is %s); "
+                        "redelivered records go through the pipeline again", written_for, identity)
             return
         self._tops[partition] = dict(tops)
         self._covered[partition] = tops
@@ -430,7 +446,7 @@ class EmbeddedProcessor:
             tops = self._tops.get(partition)
             if tops:
                 items[self._offsets_key(partition)] = json.dumps(
-                    {"lanes": self.queue.lanes, "tops": sorted(tops.items())}).encode()
+                    self._cover(sorted(tops.items()))).encode()
         if self._legacy_state:
             items[STATE_KEY] = None
         self._report_quarantined()  # a run whose state could not be serialised was left out: say which

@@ -116,4 +116,5 @@ def _covers(blob: Optional[bytes], lanes: int, partitions: int,
     per: Dict[int, List[List[int]]] = {}
     for lane, offset in sorted(tops):
         per.setdefault(lane % partitions, []).append([lane, offset])
-    return {offsets_of(p): json.dumps({"lanes": lanes, "tops": mine}).encode() for p, mine in per.items()}
+    head = {k: saved[k] for k in ("lanes", "queue") if k in saved}  # the queue it was saved for goes along
+    return {offsets_of(p): json.dumps({**head, "tops": mine}).encode() for p, mine in per.items()}
