@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from trainguard_engine.catalogue import DetectionSettings
-from trainguard_server.processor.pool import PipelinePool
+from trainguard_server.processor.pool import PipelinePool, PoolFailed
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -64,6 +66,8 @@ def test_close_leaves_no_process() -> None:
     pool.build(3, {})
     workers = list(pool.workers)
     pool.close()
+    with pytest.raises(PoolFailed, match="closed"):  # a call after close says so
+        pool.advance([3], 0)
     for worker in workers:
         assert not worker.process.is_alive() and worker.process.exitcode == 0
         try:  # reaped by close: no zombie

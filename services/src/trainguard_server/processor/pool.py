@@ -305,6 +305,8 @@ class PipelinePool:
         self.rebuilds = 0  # how many times the partitions were rebuilt after a failure
 
     def _owner(self, partition: int) -> int:
+        if not self.workers:
+            raise PoolFailed("the pipeline pool is closed (the processor was stopped)")
         return partition % len(self.workers)
 
     def _gather(self, calls: Mapping[int, Tuple[Any, ...]]) -> Dict[int, Any]:
@@ -314,6 +316,8 @@ class PipelinePool:
     def _send(self, calls: Mapping[int, Tuple[Any, ...]]) -> Tuple[List[int], List[str]]:
         """Send each worker index its call (rebuilding the partitions first after a failure): the indices
         sent to and the errors met."""
+        if not self.workers:
+            raise PoolFailed("the pipeline pool is closed (the processor was stopped)")
         if any(worker.waiting for worker in self.workers):  # a call was interrupted before its replies
             self._broken = True
         self._mend()
