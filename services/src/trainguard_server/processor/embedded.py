@@ -38,7 +38,7 @@ from ..queue.common import PARTITION
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricColumns, MetricStore, StoredEvent
 from . import decode
 from .decode import Envelope, PlainBatch, Points, read_request
-from .pool import JobRecord, PipelinePool, PoolFailed, RemotePipeline, Started, job_record
+from .pool import ISOLATE_AFTER, JobRecord, PipelinePool, PoolFailed, RemotePipeline, Started, job_record
 from .rank_parts import RankParts
 from .repartition import split_single_state
 
@@ -146,6 +146,14 @@ def tune_gc(threshold: int = GC_GEN0_THRESHOLD) -> None:
         gc.set_threshold(threshold, gen1, gen2)
 
 
+class PooledChunk(NamedTuple):
+    """A chunk's jobs for the worker pool -- per partition, ``(run key, record)`` pairs -- and their call,
+    started (None: to run one run at a time)."""
+
+    jobs: List[Tuple[int, List[Tuple[str, JobRecord]]]]
+    started: Optional[Started]
+
+
 class _Chunk(NamedTuple):
     """Queue records and their envelopes, decoded once, with each envelope's metric points and partition,
     and each record's count of envelopes."""
@@ -187,7 +195,8 @@ class EmbeddedProcessor:
                  quota_log_interval_s: float = 60.0,
                  processed: Optional[Callable[[Mapping[str, int]], None]] = None,
                  pause_gc: bool = True, metric_write_chunks: int = METRIC_WRITE_CHUNKS,
-                 metric_write_delay_s: float = METRIC_WRITE_DELAY_S, processor_workers: int = 0) -> None:
+                 metric_write_delay_s: float = METRIC_WRITE_DELAY_S, processor_workers: int = 0,
+                 pool_isolate_after: int = ISOLATE_AFTER) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -233,6 +242,11 @@ class EmbeddedProcessor:
             self.pool = PipelinePool(processor_workers, self.detection, self._stored_parts, pause_gc=pause_gc,
                                      gc_threshold=gc.get_threshold()[0])
         self.pipelines: Dict[int, Union[Pipeline, RemotePipeline]] = {}
+        #: pool chunks failed in a row, and after how many the next runs one run at a time; the runs whose
+        #: records ended their worker then (run id -> why): their records are stored, not detected on
+        self._pool_failures = 0
+        self.pool_isolate_after = max(1, pool_isolate_after)
+        self.poisoned_runs: Dict[str, str] = {}
         #: per partition, per lane: the highest offset whose record went through that partition's pipeline
         #: (saved with its snapshot: OFFSETS_PREFIX), and of those restored, the lanes whose redelivered
         #: records at or below it the pipeline already has (emptied as the lanes pass them)
@@ -753,7 +767,7 @@ class EmbeddedProcessor:
             envelopes = [e for e, skip in zip(envelopes, replayed) if not skip]
             points = [p for p, skip in zip(points, replayed) if not skip]
             partitions = [p for p, skip in zip(partitions, replayed) if not skip]
-        started: Optional[Tuple[List[int], Started]] = None
+        started: Optional[PooledChunk] = None
         if self.pool is not None and envelopes:  # the workers run the pipelines while this stores
             if sizes is None:
                 sizes = [len(self._decode(record)[0]) for record in records]
@@ -763,13 +777,14 @@ class EmbeddedProcessor:
         except BaseException:
             if started is not None:  # the chunk is retried: its pipelines rebuilt without it first
                 assert self.pool is not None
-                self.pool.abandon(started[1])
+                if started.started is not None:
+                    self.pool.abandon(started.started)
             raise
         first = partitions[0] if partitions else PARTITION
         if not envelopes:
             pass  # every record of the chunk went through the pipeline before its restored snapshot
         elif started is not None:
-            self._collect_pooled(*started)
+            self._collect_pooled(started)
         elif all(p == first for p in partitions):
             self._run_pipeline(first, envelopes, points)
         else:  # records of several partitions: each partition's envelopes, in order, to its pipeline
@@ -817,30 +832,51 @@ class EmbeddedProcessor:
         self._apply_pending()
 
     def _start_pooled(self, records: Sequence[QueueRecord], envelopes: Sequence[Envelope],
-                      sizes: Sequence[int], partitions: Sequence[int]) -> Tuple[List[int], Started]:
+                      sizes: Sequence[int], partitions: Sequence[int]) -> PooledChunk:
         """The pipelines' part of a chunk in the worker pool, sent: each partition with envelopes for its
         pipeline (``partitions``, the envelopes', in order) gets its records (``envelopes``: all of the
-        chunk's, ``sizes`` per record) but those its restored snapshot covers, every worker at once
-        (:func:`~.pool.job_record`). Returns the partitions in the order they first appear, and what
-        :meth:`_collect_pooled` reads."""
+        chunk's, ``sizes`` per record) but those its restored snapshot covers and those of runs left out
+        (:attr:`poisoned_runs`), every worker at once (:func:`~.pool.job_record`) -- unless the last
+        ``pool_isolate_after`` chunks failed: then nothing is sent yet (:meth:`_collect_pooled` runs them
+        one run at a time). Returns what :meth:`_collect_pooled` reads."""
         order = list(dict.fromkeys(partitions))
-        values: Dict[int, List[JobRecord]] = {p: [] for p in order}
+        keyed: Dict[int, List[Tuple[str, JobRecord]]] = {p: [] for p in order}
         at = 0
+        poisoned = self.poisoned_runs
         for record, size in zip(records, sizes):
-            mine = values.get(record.partition)
-            if mine is not None and not (self._covered and self._is_covered(record)):
-                mine.append(job_record(record.value, envelopes[at:at + size]))
+            mine = keyed.get(record.partition)
+            if (mine is not None and not (self._covered and self._is_covered(record))
+                    and not (poisoned and record.key in poisoned)):
+                mine.append((record.key, job_record(record.value, envelopes[at:at + size])))
             at += size
         for partition in order:
             self._pipeline_for(partition)  # hosted on first use
         assert self.pool is not None
-        return order, self.pool.start([(p, values[p]) for p in order])
+        jobs = [(p, keyed[p]) for p in order]
+        if self._pool_failures >= self.pool_isolate_after:
+            return PooledChunk(jobs, None)
+        return PooledChunk(jobs, self.pool.start([(p, [r for _, r in mine]) for p, mine in jobs]))
 
-    def _collect_pooled(self, order: List[int], started: Started) -> None:
+    def _collect_pooled(self, chunk: PooledChunk) -> None:
         """The outputs of :meth:`_start_pooled`'s jobs become ``_pending`` in partition order (as in this
-        thread)."""
+        thread); run one run at a time after failed chunks (:data:`~.pool.ISOLATE_AFTER`), a run whose
+        records kill its worker is left out from then on (logged)."""
         assert self.pool is not None
-        for partition, output in zip(order, self.pool.collect(started)):
+        try:
+            if chunk.started is not None:
+                outputs = self.pool.collect(chunk.started)
+            else:
+                outputs, culprits = self.pool.process_runs(chunk.jobs)
+                for key in culprits:
+                    self.poisoned_runs[key] = "its records end the pipeline worker that runs them"
+                    log.error("run %r: its records end the pipeline worker that runs them (every time: %d "
+                              "chunks failed in a row, then it alone); its later records are stored but not "
+                              "given to detection; every other run goes on", key, self._pool_failures)
+        except PoolFailed:
+            self._pool_failures += 1
+            raise
+        self._pool_failures = 0
+        for (partition, _), output in zip(chunk.jobs, outputs):
             self._emit_later(partition, output)
         self._report_quarantined()
         self._report_quotas()
