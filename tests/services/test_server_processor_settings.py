@@ -86,9 +86,11 @@ def test_workers_reach_the_processor_with_the_configured_collector(tmp_path: Pat
                                                                     kept_threshold: Tuple[int, int, int]) -> None:
     """TRAINGUARD_PROCESSOR_WORKERS runs the partitions' pipelines in that many processes, which take the
     operator's collector threshold (hR F6: the pool was built before tune_gc and took the interpreter's 700)."""
-    server = _serve(tmp_path, processor_workers=2, processor_gc_gen0_threshold=123_456)
+    server = _serve(tmp_path, processor_workers=2, processor_gc_gen0_threshold=123_456,
+                    processor_pool_isolate_after=5)
     try:
         assert server.processor is not None and server.processor.pool is not None
+        assert server.processor.pool_isolate_after == 5
         assert len(server.processor.pool.workers) == 2 and server.queue.partitions == AUTO_PARTITIONS
         assert server.processor.pool._args[2] == 123_456  # (settings, pause_gc, gc_threshold) sent to each
     finally:

@@ -249,6 +249,11 @@ class Settings(BaseSettings):
         "processor process keeps the queue, the stores, snapshots, notifications and the per-project "
         "backlog; a worker gets its partitions' records and returns their detection output "
         "(processor/pool.py). More workers help a stream of many runs; one run is one partition's work")
+    processor_pool_isolate_after: int = Field(
+        2, ge=1, description="with processor_workers: after this many processing chunks failed in a row "
+        "(a worker died on each), the next chunk is run one run at a time, and a run whose records end its "
+        "worker is left out of detection (its events are still stored; logged) so the other runs go on "
+        "(processor/pool.py ISOLATE_AFTER)")
     processor_metric_write_chunks: int = Field(
         1, ge=1, description="the metric points of this many processor chunks are written to the metric "
         "store in one transaction (1, the default: one per chunk; more: a listed run may show no metrics "

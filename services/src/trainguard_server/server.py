@@ -154,7 +154,8 @@ class EmbeddedServer:
                 yield_to=(lambda: gateway.busy) if gateway is not None else None,
                 processed=backlog.processed if backlog is not None else None,
                 pause_gc=s.processor_gc_pause, metric_write_chunks=s.processor_metric_write_chunks,
-                metric_write_delay_s=s.processor_metric_write_delay_s, processor_workers=s.processor_workers)
+                metric_write_delay_s=s.processor_metric_write_delay_s, processor_workers=s.processor_workers,
+                pool_isolate_after=s.processor_pool_isolate_after)
         if self.processor is not None and s.webhook_url:
             self.notifier = WebhookNotifier(s.webhook_url, min_severity=s.webhook_min_severity,
                                             max_per_minute=s.webhook_max_per_minute,
