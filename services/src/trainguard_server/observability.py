@@ -73,6 +73,17 @@ def render_prometheus(services: Any) -> str:
                         "runs whose state was dropped because it could not go on (not serialisable, a "
                         "processing error): the others went on; each is logged",
                         [("", counters.get("runs_quarantined", 0))]))
+        left_out = getattr(processor, "poisoned_runs", None)
+        if left_out is not None and hasattr(left_out, "by_project"):
+            samples.append(("trainguard_processor_runs_left_out_total", "counter",
+                            "runs left out of detection because their records ended the pipeline worker "
+                            "(alone, after a fresh rebuild, every time); each is logged and on /readyz",
+                            [("", left_out.total)]))
+            samples.append(("trainguard_processor_runs_left_out", "gauge",
+                            "runs left out of detection now, by project (tried again at the first "
+                            "checkpoint after TRAINGUARD_PROCESSOR_POOL_LEFT_OUT_S)",
+                            [(f'{{project="{_label(p)}"}}', n)
+                             for p, n in sorted(left_out.by_project().items())] or [("", 0)]))
         quota = getattr(processor, "quota_evictions", None) or {}
         samples.append(("trainguard_project_quota_evictions_total", "counter",
                         "runs or clusters a project lost because it hit a per-project quota (or held the "

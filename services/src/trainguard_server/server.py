@@ -156,6 +156,16 @@ class EmbeddedServer:
                 pause_gc=s.processor_gc_pause, metric_write_chunks=s.processor_metric_write_chunks,
                 metric_write_delay_s=s.processor_metric_write_delay_s, processor_workers=s.processor_workers,
                 pool_isolate_after=s.processor_pool_isolate_after)
+        try:
+            self._serve(s, roles)
+        except BaseException:  # its pipeline workers end too (else the exit waits on them forever: G2)
+            if self.processor is not None:
+                self.processor.halt()
+            raise
+
+    def _serve(self, s: Settings, roles: Tuple[str, ...]) -> None:
+        """:meth:`_start`'s second half, after the processor is built: the processor started, the gRPC
+        and HTTP servers bound and started."""
         if self.processor is not None and s.webhook_url:
             self.notifier = WebhookNotifier(s.webhook_url, min_severity=s.webhook_min_severity,
                                             max_per_minute=s.webhook_max_per_minute,

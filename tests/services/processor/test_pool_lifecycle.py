@@ -4,12 +4,14 @@ pipe closes, also when the processor is killed outright (SIGKILL: no stop, no at
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -88,3 +90,62 @@ def test_workers_ignore_the_terminal_interrupt() -> None:
         pool.build(0, {})  # still answers
     finally:
         pool.close()
+
+
+NEVER_CLOSED = """
+import sys
+from trainguard_engine.catalogue import DetectionSettings
+from trainguard_server.processor.pool import PipelinePool
+
+if __name__ == "__main__":
+    pool = PipelinePool(2, DetectionSettings(), lambda partition: {})
+    pool.ready()  # started: SIGTERM (multiprocessing's exit hook) is ignored from here on
+    print(" ".join(str(w.process.pid) for w in pool.workers), flush=True)
+    raise RuntimeError("a start failing after the processor was built")
+"""
+
+
+def test_the_process_exits_with_a_pool_never_closed(tmp_path: Path) -> None:
+    """hR2's G2 (/tmp/hR2/exit_hang2.py): the interpreter's exit closed nothing and joined workers that
+    ignore SIGTERM and wait on their open pipe -- forever. The pool's own exit hook closes the pipes first."""
+    script = tmp_path / "never_closed.py"
+    script.write_text(NEVER_CLOSED)
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    pids: List[int] = []
+    try:
+        assert child.stdout is not None
+        pids = [int(p) for p in child.stdout.readline().split()]
+        assert child.wait(30) == 1, "the process did not exit"
+        assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        for pid in pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_server_start_failing_after_the_processor_was_built_ends_its_workers(tmp_path: Path) -> None:
+    """hR2's G2 (/tmp/hR2/serve_port_race.py): the gRPC port taken when serve binds it, after the processor
+    and its workers started -- start raises, and no worker is left (before: left up, the exit then hung)."""
+    import socket
+
+    from trainguard_server.config import Settings
+    from trainguard_server.server import EmbeddedServer
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        settings = Settings(data_dir=tmp_path / "data", host="127.0.0.1", http_port=0,
+                            grpc_port=taken.getsockname()[1], processor_workers=2)
+        server = EmbeddedServer(settings)
+        with pytest.raises(OSError, match="cannot bind"):
+            server.start()
+        assert server.processor is not None and server.processor.pool is not None
+        assert server.processor.pool.workers == [] and not server.processor.alive
+        assert not [p for p in multiprocessing.active_children() if p.name.startswith("trainguard-pipeline")]
+    finally:
+        taken.close()

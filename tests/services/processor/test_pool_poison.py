@@ -66,6 +66,6 @@ def test_a_run_that_kills_its_worker_is_left_out_and_the_rest_go_on(tmp_path: Pa
     without, _ = _drain(tmp_path / "without", others, 0)  # what the other runs end with
     monkeypatch.setattr(poolmod._Worker, "send", dying)
     got, processor = _drain(tmp_path / "poisoned", stream, 2)
-    assert list(processor.poisoned_runs) == [poison]
+    assert [run for _, run in processor.poisoned_runs] == [poison]  # (project, run id)
     assert processor.pool is not None and processor.pool.rebuilds >= 2
     assert got == without  # its records never reached a pipeline: no run record, no incident of its own

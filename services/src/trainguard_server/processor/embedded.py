@@ -38,6 +38,7 @@ from ..queue.common import PARTITION
 from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricColumns, MetricStore, StoredEvent
 from . import decode
 from .decode import Envelope, PlainBatch, Points, read_request
+from .left_out import HOLD_S, LeftOutRuns, RunId, project_of
 from .pool import ISOLATE_AFTER, JobRecord, PipelinePool, PoolFailed, RemotePipeline, Started, job_record
 from .rank_parts import RankParts
 from .repartition import split_single_state
@@ -150,7 +151,7 @@ class PooledChunk(NamedTuple):
     """A chunk's jobs for the worker pool -- per partition, ``(run key, record)`` pairs -- and their call,
     started (None: to run one run at a time)."""
 
-    jobs: List[Tuple[int, List[Tuple[str, JobRecord]]]]
+    jobs: List[Tuple[int, List[Tuple[RunId, JobRecord]]]]
     started: Optional[Started]
 
 
@@ -196,7 +197,7 @@ class EmbeddedProcessor:
                  processed: Optional[Callable[[Mapping[str, int]], None]] = None,
                  pause_gc: bool = True, metric_write_chunks: int = METRIC_WRITE_CHUNKS,
                  metric_write_delay_s: float = METRIC_WRITE_DELAY_S, processor_workers: int = 0,
-                 pool_isolate_after: int = ISOLATE_AFTER) -> None:
+                 pool_isolate_after: int = ISOLATE_AFTER, pool_left_out_s: float = HOLD_S) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -243,10 +244,11 @@ class EmbeddedProcessor:
                                      gc_threshold=gc.get_threshold()[0])
         self.pipelines: Dict[int, Union[Pipeline, RemotePipeline]] = {}
         #: pool chunks failed in a row, and after how many the next runs one run at a time; the runs whose
-        #: records ended their worker then (run id -> why): their records are stored, not detected on
+        #: records ended their worker then, by (project, run id): their records are stored, not detected
+        #: on, until a checkpoint ``pool_left_out_s`` later (processor/left_out.py)
         self._pool_failures = 0
         self.pool_isolate_after = max(1, pool_isolate_after)
-        self.poisoned_runs: Dict[str, str] = {}
+        self.poisoned_runs = LeftOutRuns(pool_left_out_s)
         #: per partition, per lane: the highest offset whose record went through that partition's pipeline
         #: (saved with its snapshot: OFFSETS_PREFIX), and of those restored, the lanes whose redelivered
         #: records at or below it the pipeline already has (emptied as the lanes pass them)
@@ -420,6 +422,8 @@ class EmbeddedProcessor:
             raise
         self.checkpoint_failures = 0
         self.last_checkpoint_error = ""
+        if self.poisoned_runs:
+            self.poisoned_runs.expire()
 
     def _save_and_commit(self) -> None:
         self._save_parts(list(self.pipelines))
@@ -840,14 +844,16 @@ class EmbeddedProcessor:
         ``pool_isolate_after`` chunks failed: then nothing is sent yet (:meth:`_collect_pooled` runs them
         one run at a time). Returns what :meth:`_collect_pooled` reads."""
         order = list(dict.fromkeys(partitions))
-        keyed: Dict[int, List[Tuple[str, JobRecord]]] = {p: [] for p in order}
+        keyed: Dict[int, List[Tuple[RunId, JobRecord]]] = {p: [] for p in order}
         at = 0
         poisoned = self.poisoned_runs
         for record, size in zip(records, sizes):
             mine = keyed.get(record.partition)
-            if (mine is not None and not (self._covered and self._is_covered(record))
-                    and not (poisoned and record.key in poisoned)):
-                mine.append((record.key, job_record(record.value, envelopes[at:at + size])))
+            if mine is not None and not (self._covered and self._is_covered(record)):
+                mine_envelopes = envelopes[at:at + size]
+                run = (project_of(mine_envelopes), record.key)  # the queue key is the run id alone
+                if not (poisoned and run in poisoned):
+                    mine.append((run, job_record(record.value, mine_envelopes)))
             at += size
         for partition in order:
             self._pipeline_for(partition)  # hosted on first use
@@ -867,11 +873,8 @@ class EmbeddedProcessor:
                 outputs = self.pool.collect(chunk.started)
             else:
                 outputs, culprits = self.pool.process_runs(chunk.jobs)
-                for key in culprits:
-                    self.poisoned_runs[key] = "its records end the pipeline worker that runs them"
-                    log.error("run %r: its records end the pipeline worker that runs them (every time: %d "
-                              "chunks failed in a row, then it alone); its later records are stored but not "
-                              "given to detection; every other run goes on", key, self._pool_failures)
+                for run in culprits:
+                    self.poisoned_runs.mark(run, self._pool_failures)
         except PoolFailed:
             self._pool_failures += 1
             raise
@@ -1059,14 +1062,15 @@ class EmbeddedProcessor:
 
     def problems(self) -> List[str]:
         """Why this processor cannot keep up with what is acknowledged right now (empty: it can): checkpoints
-        failing (nothing is committed: the queue only grows) or rounds failing (a store unavailable)."""
+        failing (nothing is committed: the queue only grows) or rounds failing (a store unavailable); and
+        the runs left out of detection now (their records end a pipeline worker: :attr:`poisoned_runs`)."""
         out: List[str] = []
         if self.last_checkpoint_error:
             out.append(f"checkpoints failing ({self.checkpoint_failures} in a row; nothing is committed): "
                        f"{self.last_checkpoint_error}")
         if self.last_round_error:
             out.append(f"processing failing (retrying with backoff): {self.last_round_error}")
-        return out
+        return out + self.poisoned_runs.problems()
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop the thread; with ``drain``, process what is queued first; always checkpoint -- all of it
@@ -1086,6 +1090,15 @@ class EmbeddedProcessor:
             finally:
                 if self.pool is not None:  # its workers exit (never outliving the processor)
                     self.pool.close()
+
+    def halt(self, timeout: float = 5.0) -> None:
+        """Stop the thread and end the pool's workers, with no drain and no checkpoint: for a start that
+        failed after this was built (nothing it took is committed: the queue hands it out again)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.pool is not None:
+            self.pool.close()
 
     def not_committed(self) -> str:
         """What this processor holds that is not committed yet, from memory alone (no store or queue call:

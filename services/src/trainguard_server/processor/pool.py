@@ -23,6 +23,7 @@ outlives the processor process.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import multiprocessing
@@ -30,7 +31,7 @@ import signal
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union
 
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.pipeline import Pipeline, PipelineOutput, Quarantined, merge_outputs
@@ -41,10 +42,15 @@ ISOLATE_AFTER = 2
 """Chunks in a row whose pool call failed (a worker died) before the next is run one run at a time
 (:meth:`PipelinePool.process_runs`): a run whose records kill its worker every time (its state grown past
 memory, a bug it triggers) is then found and left out, and every other run goes on (hR's F8 of stop 46)."""
+STRIKES = 2
+"""Calls of a run, alone and each after a fresh rebuild, that must fail before
+:meth:`PipelinePool.process_runs` blames it: one failure may be another cause's (the OOM killer, a worker's
+MemoryError) -- hR2's G1."""
 STOP_TIMEOUT_S = 5.0
 """How long :meth:`PipelinePool.close` waits for a worker to exit after asking it to (then it is killed)."""
 
 Parts = Dict[str, Optional[bytes]]
+RunKey = TypeVar("RunKey")  # how process_runs's caller names a run (hashable)
 Op = Tuple[Any, ...]  # ("process", records) | ("advance", now_ns) | ("changed",): a partition's logged call
 JobRecord = Union[bytes, Tuple[bytes, Dict[int, Dict[str, Any]]]]
 """A record for a worker: its value, or its value and the envelopes the worker must take as the processor
@@ -307,6 +313,9 @@ class PipelinePool:
         self._log: Dict[int, List[Op]] = {}  # per partition: its calls since its last saved snapshot
         self._broken = False
         self.rebuilds = 0  # how many times the partitions were rebuilt after a failure
+        # at interpreter exit, before multiprocessing's own hook (registered earlier: run later) SIGTERMs the
+        # workers -- which ignore it -- and joins them while their pipes are open here (hR2's G2)
+        atexit.register(self._at_exit)
 
     def _owner(self, partition: int) -> int:
         if not self.workers:
@@ -376,31 +385,43 @@ class PipelinePool:
         the outputs in the order of ``jobs``."""
         return self.collect(self.start(jobs))
 
-    def process_runs(self, jobs: Sequence[Tuple[int, List[Tuple[str, JobRecord]]]]
-                     ) -> Tuple[List[PipelineOutput], List[str]]:
+    def process_runs(self, jobs: Sequence[Tuple[int, List[Tuple[RunKey, JobRecord]]]],
+                     strikes: int = STRIKES) -> Tuple[List[PipelineOutput], List[RunKey]]:
         """:meth:`process` of ``(partition, [(run key, record), ...])`` jobs one run at a time (a partition's
         runs in the order they first appear, each run's records in order): the outputs per job (merged), and
-        the runs whose call failed -- their records left out. A failure before a run's call (the rebuild)
-        raises: no run is blamed for it. Slower, and a partition's runs no longer interleave within the
-        chunk (only their own order counts for a run; cross-run state -- clusters, quotas -- may see
-        another order than in the thread): for after :data:`ISOLATE_AFTER` failed chunks."""
+        the runs whose call failed ``strikes`` times in a row, alone, each time after a fresh rebuild -- their
+        records left out (a run whose call fails fewer times goes on: the failure was not its own). A failure
+        before a run's call (the rebuild) raises: no run is blamed for it. Slower, and a partition's runs no
+        longer interleave within the chunk (only their own order counts for a run; cross-run state --
+        clusters, quotas -- may see another order than in the thread): for after :data:`ISOLATE_AFTER`
+        failed chunks."""
         outputs: List[PipelineOutput] = []
-        culprits: List[str] = []
+        culprits: List[RunKey] = []
         for partition, records in jobs:
-            runs: Dict[str, List[JobRecord]] = {}
+            runs: Dict[RunKey, List[JobRecord]] = {}
             for key, record in records:
                 runs.setdefault(key, []).append(record)
             merged = PipelineOutput()
             for key, mine in runs.items():
-                self._mend()
-                try:
-                    output = self.process([(partition, mine)])[0]
-                except PoolFailed:
+                output = self._run_alone(partition, mine, max(1, strikes))
+                if output is None:
                     culprits.append(key)
-                    continue
-                merged = merge_outputs(merged, output)
+                else:
+                    merged = merge_outputs(merged, output)
             outputs.append(merged)
         return outputs, culprits
+
+    def _run_alone(self, partition: int, records: List[JobRecord], strikes: int) -> Optional[PipelineOutput]:
+        """``records`` (one run's) through ``partition``'s pipeline, up to ``strikes`` times, each after the
+        rebuild the failure before it asks for (:meth:`_mend`: its own failure raises); None: every call
+        failed."""
+        for _ in range(strikes):
+            self._mend()
+            try:
+                return self.process([(partition, records)])[0]
+            except PoolFailed:
+                continue
+        return None
 
     def start(self, jobs: Sequence[Tuple[int, List[JobRecord]]]) -> Started:
         """:meth:`process`'s first half: the jobs sent, the workers at them while the caller does other work;
@@ -496,6 +517,20 @@ class PipelinePool:
 
     def close(self) -> None:
         """Stop every worker (each exits; one that does not within STOP_TIMEOUT_S is killed)."""
+        atexit.unregister(self._at_exit)
         for worker in self.workers:
             worker.stop()
+        self.workers = []
+
+    def _at_exit(self) -> None:
+        """The process exits with the pool not closed (e.g. a server start failing after the processor was
+        built): every worker's pipe closed first -- each ends at that EOF, after its call in hand -- then
+        reaped (killed after STOP_TIMEOUT_S), so the exit never waits on a worker."""
+        for worker in self.workers:
+            worker.conn.close()
+        for worker in self.workers:
+            worker.process.join(STOP_TIMEOUT_S)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
         self.workers = []
