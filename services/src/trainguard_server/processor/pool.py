@@ -394,22 +394,42 @@ class PipelinePool:
         before a run's call (the rebuild) raises: no run is blamed for it. Slower, and a partition's runs no
         longer interleave within the chunk (only their own order counts for a run; cross-run state --
         clusters, quotas -- may see another order than in the thread): for after :data:`ISOLATE_AFTER`
-        failed chunks."""
+        failed chunks. All or nothing, as :meth:`process`: should anything else fail part-way (a rebuild
+        raising), the runs already through are undone too (:meth:`_undo_from`) before it raises."""
         outputs: List[PipelineOutput] = []
         culprits: List[RunKey] = []
-        for partition, records in jobs:
-            runs: Dict[RunKey, List[JobRecord]] = {}
-            for key, record in records:
-                runs.setdefault(key, []).append(record)
-            merged = PipelineOutput()
-            for key, mine in runs.items():
-                output = self._run_alone(partition, mine, max(1, strikes))
-                if output is None:
-                    culprits.append(key)
-                else:
-                    merged = merge_outputs(merged, output)
-            outputs.append(merged)
+        marks = self._marks([partition for partition, _ in jobs])
+        try:
+            for partition, records in jobs:
+                runs: Dict[RunKey, List[JobRecord]] = {}
+                for key, record in records:
+                    runs.setdefault(key, []).append(record)
+                merged = PipelineOutput()
+                for key, mine in runs.items():
+                    output = self._run_alone(partition, mine, max(1, strikes))
+                    if output is None:
+                        culprits.append(key)
+                    else:
+                        merged = merge_outputs(merged, output)
+                outputs.append(merged)
+        except BaseException:
+            self._undo_from(marks)
+            raise
         return outputs, culprits
+
+    def _marks(self, partitions: Sequence[int]) -> Dict[int, Tuple[int, int]]:
+        """Where ``partitions``' logs and unreported quarantined runs stand now (for :meth:`_undo_from`)."""
+        return {p: (len(self._log[p]), len(self.pipelines[p]._quarantined)) for p in partitions}
+
+    def _undo_from(self, marks: Mapping[int, Tuple[int, int]]) -> None:
+        """Forget the calls since ``marks`` (:meth:`_marks`): their outputs never reach the caller, so the
+        pipelines are rebuilt without them before the next call, and what they quarantined is dropped (a
+        retry reports it) -- hR2's G1: a per-run pass failing part-way left earlier runs' records in the
+        pipelines, their retry a replay that emits nothing (incidents lost)."""
+        for partition, (logged, quarantined) in marks.items():
+            del self._log[partition][logged:]
+            del self.pipelines[partition]._quarantined[quarantined:]
+        self._broken = True
 
     def _run_alone(self, partition: int, records: List[JobRecord], strikes: int) -> Optional[PipelineOutput]:
         """``records`` (one run's) through ``partition``'s pipeline, up to ``strikes`` times, each after the
