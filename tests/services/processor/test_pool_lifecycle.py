@@ -149,3 +149,47 @@ def test_a_server_start_failing_after_the_processor_was_built_ends_its_workers(t
         assert not [p for p in multiprocessing.active_children() if p.name.startswith("trainguard-pipeline")]
     finally:
         taken.close()
+
+
+def test_a_hung_worker_does_not_hold_the_stop(tmp_path: Path) -> None:
+    """hR2's probe /tmp/hR2/hung_worker_stop.py: a worker that never answers (SIGSTOPped, as a detector stuck
+    in a loop) held ``stop(timeout=3)`` forever (the processor thread in its recv, holding the round lock). A
+    wait for a reply now gives up at the stop's deadline: the worker is replaced for the checkpoint, then
+    ended; nothing it did not answer for is committed -- a restart reports the run's explosion once."""
+    import threading
+
+    from tests.scenarios.corpus import BY_NAME, retimed
+    from trainguard import wire
+    from trainguard_server.processor.embedded import EmbeddedProcessor
+    from trainguard_server.queue.sqlite import QUEUE_DB, SqliteQueue
+    from trainguard_server.storage.sqlite import SqliteEventStore, SqliteIncidentStore, SqliteMetricStore
+
+    queue = SqliteQueue(tmp_path / QUEUE_DB, partitions=4)
+    stores = (SqliteEventStore(tmp_path / "e.db"), SqliteMetricStore(tmp_path / "m.db"),
+              SqliteIncidentStore(tmp_path / "i.db"))
+    events = retimed(BY_NAME["explosion"].events(), time.time_ns() - 10**9)
+    queue.publish("r", [wire.prepare_batch(events[a:a + 50]).request.SerializeToString()
+                        for a in range(0, len(events), 50)])
+    processor = EmbeddedProcessor(queue, *stores, snapshot_every_s=1e9, tick_interval_s=1e15, processor_workers=1)
+    assert processor.pool is not None
+    processor.pool.ready()
+    hung = processor.pool.workers[0].process
+    os.kill(hung.pid or 0, signal.SIGSTOP)
+    try:
+        processor.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        stopper = threading.Thread(target=processor.stop, kwargs={"drain": True, "timeout": 3.0}, daemon=True)
+        stopper.start()
+        stopper.join(30)
+        assert not stopper.is_alive(), "stop() did not return"
+        assert time.monotonic() - started < 3.0 + 2 * processor.pool.stop_timeout_s
+        assert not hung.is_alive() and processor.pool.workers == []
+    finally:
+        if hung.is_alive():
+            os.kill(hung.pid or 0, signal.SIGKILL)
+    again = EmbeddedProcessor(queue, *stores, snapshot_every_s=1e9, tick_interval_s=1e15)
+    again.stop(drain=True, timeout=30)
+    found = [(i.category, i.subtype) for i in stores[2].list_incidents(str(events[0]["project"]),
+                                                                       run_id=str(events[0]["run_id"])).items]
+    assert found == [("gradient", "explosion")]

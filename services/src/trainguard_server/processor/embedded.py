@@ -1078,6 +1078,8 @@ class EmbeddedProcessor:
         deadline bounds that). Raises when a round or the checkpoint fails (what was not committed stays
         queued: :meth:`not_committed` says how much)."""
         end = time.monotonic() + timeout
+        if self.pool is not None:  # a hung worker fails its call at the deadline instead of holding the stop
+            self.pool.deadline = end
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -1086,6 +1088,8 @@ class EmbeddedProcessor:
                 self.drain(max(0.0, end - time.monotonic()))
         finally:
             try:
+                if self.pool is not None:  # the checkpoint's own bound (a hung worker is replaced first)
+                    self.pool.deadline = time.monotonic() + self.pool.stop_timeout_s
                 self.checkpoint()  # what went through is committed even when the drain failed part-way
             finally:
                 if self.pool is not None:  # its workers exit (never outliving the processor)

@@ -28,6 +28,7 @@ import gc
 import logging
 import multiprocessing
 import signal
+import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -47,6 +48,8 @@ STRIKES = 2
 :meth:`PipelinePool.process_runs` blames it: one failure may be another cause's (the OOM killer, a worker's
 MemoryError) -- hR2's G1."""
 STOP_TIMEOUT_S = 5.0
+POLL_S = 0.1
+"""How often a wait for a worker's reply looks at :attr:`PipelinePool.deadline` (set while stopping)."""
 """How long :meth:`PipelinePool.close` waits for a worker to exit after asking it to (then it is killed)."""
 
 Parts = Dict[str, Optional[bytes]]
@@ -275,7 +278,13 @@ class _Worker:
         self.conn.send(message)
         self.waiting += 1
 
-    def receive(self) -> Any:
+    def receive(self, deadline: Callable[[], Optional[float]]) -> Any:
+        """The next reply; raises :class:`PoolFailed` when ``deadline()`` (time.monotonic()) passes first."""
+        while not self.conn.poll(POLL_S):
+            until = deadline()
+            if until is not None and time.monotonic() >= until:
+                raise PoolFailed(f"pipeline worker {self.process.name} did not answer before the stop's "
+                                 "deadline (hung?)")
         status, result = self.conn.recv()
         self.waiting -= 1
         if status != "ok":
@@ -300,6 +309,8 @@ class PipelinePool:
     """``workers`` processes hosting the pipelines of the partitions handed to :meth:`build`; ``load(p)``
     reads partition ``p``'s stored snapshot parts (for a rebuild after a failure: module doc)."""
 
+    stop_timeout_s = STOP_TIMEOUT_S
+
     def __init__(self, workers: int, settings: DetectionSettings,
                  load: Callable[[int], Mapping[str, Optional[bytes]]],
                  *, pause_gc: bool = True, gc_threshold: int = 0, context: str = "spawn") -> None:
@@ -313,9 +324,16 @@ class PipelinePool:
         self._log: Dict[int, List[Op]] = {}  # per partition: its calls since its last saved snapshot
         self._broken = False
         self.rebuilds = 0  # how many times the partitions were rebuilt after a failure
+        #: while stopping: when (time.monotonic()) a wait for a worker's reply gives up -- a worker that
+        #: hangs fails the call (the pool broken: it is replaced) instead of holding the stop forever;
+        #: None: no bound
+        self.deadline: Optional[float] = None
         # at interpreter exit, before multiprocessing's own hook (registered earlier: run later) SIGTERMs the
         # workers -- which ignore it -- and joins them while their pipes are open here (hR2's G2)
         atexit.register(self._at_exit)
+
+    def _deadline(self) -> Optional[float]:
+        return self.deadline
 
     def _owner(self, partition: int) -> int:
         if not self.workers:
@@ -351,7 +369,7 @@ class PipelinePool:
         results: Dict[int, Any] = {}
         for index in sent:
             try:
-                results[index] = self.workers[index].receive()
+                results[index] = self.workers[index].receive(self._deadline)
             except (EOFError, OSError, PoolFailed) as exc:
                 errors.append(f"worker {index}: {exc!r}")
         if errors:
