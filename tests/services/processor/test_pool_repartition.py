@@ -78,3 +78,20 @@ def test_a_queue_turned_partitioned_keeps_every_run_state(tmp_path: Path, worker
         assert stores.incidents.state_keys(PARTS_PREFIX) == []
     finally:
         stores.close()
+
+
+def test_back_to_one_partition_warns_of_the_partition_states(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                             ) -> None:
+    """hR2's G5: a data dir whose queue is one partition again (queue.db moved aside, processor_workers unset)
+    ignored the per-partition states without a word."""
+    from trainguard_server.processor.embedded import PARTITION_PREFIX
+
+    stores = open_stores(Settings(), tmp_path)
+    try:
+        stores.incidents.save_state(f"{PARTITION_PREFIX}2/run/x", b"{}")
+        queue = SqliteQueue(tmp_path / QUEUE_DB)
+        with caplog.at_level("WARNING", logger="trainguard.processor"):
+            EmbeddedProcessor(queue, stores.events, stores.metrics, stores.incidents).stop(drain=False)
+        assert any("per-partition pipeline snapshots" in r.getMessage() for r in caplog.records)
+    finally:
+        stores.close()

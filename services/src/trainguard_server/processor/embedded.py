@@ -258,6 +258,11 @@ class EmbeddedProcessor:
         self._rank_parts: Dict[int, RankParts] = {}
         self._legacy_state = False
         if not self.partitioned:
+            if self.per_partition_state and incidents.state_keys(PARTITION_PREFIX):  # hR2's G5
+                log.warning("per-partition pipeline snapshots (%r) are in the store, but this queue has "
+                            "one partition: they are not restored here (runs in flight start from the "
+                            "one-partition state, else empty), and a queue partitioned again later would "
+                            "restore them, older", PARTITION_PREFIX)
             self.pipelines[PARTITION] = self._restore(PARTITION)
         elif not getattr(queue, "revokes_partitions", True) and not incidents.state_keys(PARTITION_PREFIX):
             # an embedded queue turned partitioned: the one state is handed to the partitions, each run to
