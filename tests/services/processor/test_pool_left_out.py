@@ -158,3 +158,29 @@ def test_a_run_left_out_is_tried_again_after_its_hold(tmp_path: Path, monkeypatc
         assert _incidents(incidents, "A", "run-1") == EXPLOSION
     finally:
         processor.stop(drain=False)
+
+
+def test_a_run_that_hangs_its_worker_is_left_out_with_a_call_timeout(tmp_path: Path, monkeypatch: Any) -> None:
+    """hR2's G4: a worker that HANGS on a run's records (SIGSTOPped here, as a detector stuck in a loop) stalled
+    every partition, and isolation never saw it (only deaths count). With ``pool_call_timeout_s`` a call past
+    it fails as a death does: the hung worker is replaced, the run found and left out, the others go on."""
+    poison = _values("healthy_mlp", "A", "stuck", "aaaaaaaa")
+    plan = [("stuck", v) for v in poison]
+    plan += [("b-other", v) for v in _values("explosion", "B", "b-other", "cccccccc")]
+    send = poolmod._Worker.send
+    hung: List[int] = []
+
+    def hanging(self: Any, *message: Any) -> None:
+        if message[0] == "process" and any((r if isinstance(r, bytes) else r[0]) in set(poison)
+                                           for _, records in message[1] for r in records):
+            os.kill(self.process.pid, signal.SIGSTOP)
+            hung.append(self.process.pid)
+        send(self, *message)
+
+    monkeypatch.setattr(poolmod._Worker, "send", hanging)
+    processor, incidents = _drain(tmp_path, plan, pool_left_out_s=3600.0, pool_call_timeout_s=1.0)
+    try:
+        assert list(processor.poisoned_runs) == [("A", "stuck")] and len(hung) >= 2
+        assert _incidents(incidents, "B", "b-other") == EXPLOSION
+    finally:
+        processor.stop(drain=False)  # the hung workers were killed and reaped when replaced

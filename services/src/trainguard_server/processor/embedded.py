@@ -197,7 +197,8 @@ class EmbeddedProcessor:
                  processed: Optional[Callable[[Mapping[str, int]], None]] = None,
                  pause_gc: bool = True, metric_write_chunks: int = METRIC_WRITE_CHUNKS,
                  metric_write_delay_s: float = METRIC_WRITE_DELAY_S, processor_workers: int = 0,
-                 pool_isolate_after: int = ISOLATE_AFTER, pool_left_out_s: float = HOLD_S) -> None:
+                 pool_isolate_after: int = ISOLATE_AFTER, pool_left_out_s: float = HOLD_S,
+                 pool_call_timeout_s: float = 0.0) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -241,7 +242,7 @@ class EmbeddedProcessor:
         self.pool: Optional[PipelinePool] = None
         if self.partitioned and processor_workers > 0:
             self.pool = PipelinePool(processor_workers, self.detection, self._stored_parts, pause_gc=pause_gc,
-                                     gc_threshold=gc.get_threshold()[0])
+                                     gc_threshold=gc.get_threshold()[0], call_timeout_s=pool_call_timeout_s)
         self.pipelines: Dict[int, Union[Pipeline, RemotePipeline]] = {}
         #: pool chunks failed in a row, and after how many the next runs one run at a time; the runs whose
         #: records ended their worker then, by (project, run id): their records are stored, not detected

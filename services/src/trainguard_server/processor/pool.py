@@ -283,8 +283,7 @@ class _Worker:
         while not self.conn.poll(POLL_S):
             until = deadline()
             if until is not None and time.monotonic() >= until:
-                raise PoolFailed(f"pipeline worker {self.process.name} did not answer before the stop's "
-                                 "deadline (hung?)")
+                raise PoolFailed(f"pipeline worker {self.process.name} did not answer in time (hung?)")
         status, result = self.conn.recv()
         self.waiting -= 1
         if status != "ok":
@@ -313,7 +312,8 @@ class PipelinePool:
 
     def __init__(self, workers: int, settings: DetectionSettings,
                  load: Callable[[int], Mapping[str, Optional[bytes]]],
-                 *, pause_gc: bool = True, gc_threshold: int = 0, context: str = "spawn") -> None:
+                 *, pause_gc: bool = True, gc_threshold: int = 0, context: str = "spawn",
+                 call_timeout_s: float = 0.0) -> None:
         if workers < 1:
             raise ValueError("a pipeline pool needs at least one worker")
         self._context = multiprocessing.get_context(context)
@@ -328,12 +328,22 @@ class PipelinePool:
         #: hangs fails the call (the pool broken: it is replaced) instead of holding the stop forever;
         #: None: no bound
         self.deadline: Optional[float] = None
+        #: > 0: a call whose replies take longer fails as a dead worker's would (the worker, hung, is
+        #: replaced; a run that hangs it every time is then found and left out: hR2's G4); 0: no bound
+        self.call_timeout_s = max(0.0, float(call_timeout_s))
         # at interpreter exit, before multiprocessing's own hook (registered earlier: run later) SIGTERMs the
         # workers -- which ignore it -- and joins them while their pipes are open here (hR2's G2)
         atexit.register(self._at_exit)
 
-    def _deadline(self) -> Optional[float]:
-        return self.deadline
+    def _bound(self) -> Callable[[], Optional[float]]:
+        """When the waits for a call's replies, from now, give up: the stop's :attr:`deadline` or
+        :attr:`call_timeout_s` from now, whichever comes first (None: never)."""
+        limit = time.monotonic() + self.call_timeout_s if self.call_timeout_s > 0 else None
+
+        def until() -> Optional[float]:
+            stop = self.deadline
+            return stop if limit is None else limit if stop is None else min(stop, limit)
+        return until
 
     def _owner(self, partition: int) -> int:
         if not self.workers:
@@ -367,9 +377,10 @@ class PipelinePool:
         raises :class:`PoolFailed` once all replies are read."""
         sent, errors = sending
         results: Dict[int, Any] = {}
+        bound = self._bound()
         for index in sent:
             try:
-                results[index] = self.workers[index].receive(self._deadline)
+                results[index] = self.workers[index].receive(bound)
             except (EOFError, OSError, PoolFailed) as exc:
                 errors.append(f"worker {index}: {exc!r}")
         if errors:
