@@ -710,7 +710,8 @@ def run_load(label: str, target: Any, server: Server, args: argparse.Namespace, 
     window = ctx.Array("d", 2)
     out = ctx.Queue()
     conn_arg: Any = server.grpc_target if target is grpc_client else server.http_port
-    extra = (args.runs_per_client,) if target is grpc_client else ()
+    # bench/pipeline.py calls this with its own arguments, which have no --runs-per-client
+    extra = (getattr(args, "runs_per_client", 1),) if target is grpc_client else ()
     procs = [ctx.Process(target=target, args=(kind, conn_arg, server.ingest_token, server.project, i, clients,
                                               args.batch, args.points, args.inflight, n_batches, ready,
                                               window, out, *extra), daemon=True)

@@ -139,3 +139,27 @@ def test_readyz_reports_a_checkpoint_that_fails_on_a_full_store(tmp_path: Path) 
     finally:
         writer.execute("PRAGMA max_page_count = 1073741823")
         backend.close()
+
+
+def test_a_run_left_out_of_detection_is_a_note_not_unready(tmp_path: Path) -> None:
+    """A run whose records end a pipeline worker is left out of detection (processor/left_out.py): /readyz
+    names it in ``notes`` and stays 200 -- one project's run must not take the server out of a load balancer's
+    rotation for every project (it was a 503 problem when first built)."""
+    import time
+
+    backend = Backend(tmp_path)
+    processor = EmbeddedProcessor(backend.queue, backend.events, backend.metrics, backend.incidents)
+    client = TestClient(create_app(Services(
+        events=backend.events, metrics=backend.metrics, incidents=backend.incidents, projects=backend.projects,
+        queue=backend.queue, processor=processor, settings=Settings(data_dir=tmp_path))))
+    processor.start()
+    try:
+        processor.poisoned_runs.runs[("tenant-a", "slurm-4242")] = time.monotonic()
+        answer = client.get("/readyz")
+        assert answer.status_code == 200 and answer.json()["status"] == "ready", answer.json()
+        [note] = answer.json()["notes"]
+        assert "'slurm-4242' of project 'tenant-a' left out of detection" in note
+        processor.poisoned_runs.runs.clear()
+        assert client.get("/readyz").json() == {"status": "ready"}
+    finally:
+        processor.stop(drain=False)

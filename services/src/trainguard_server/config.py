@@ -254,6 +254,16 @@ class Settings(BaseSettings):
         "(a worker died on each), the next chunk is run one run at a time, and a run whose records end its "
         "worker is left out of detection (its events are still stored; logged) so the other runs go on "
         "(processor/pool.py ISOLATE_AFTER)")
+    processor_pool_left_out_s: float = Field(
+        60.0, ge=0, description="with processor_workers: a run left out of detection (its records ended the "
+        "pipeline worker alone, twice, after fresh rebuilds) is given to detection again at the first "
+        "successful checkpoint at least this many seconds later; while left out /readyz names it in its "
+        "notes and /metrics counts it (processor/left_out.py HOLD_S)")
+    processor_pool_call_timeout_s: float = Field(
+        0.0, ge=0, description="with processor_workers: above 0, a pipeline-worker call whose replies take "
+        "longer than this fails as a dead worker's would (the hung worker is replaced; a run that hangs it "
+        "every time is left out as above); 0: no bound (a hung worker stalls every partition until stop). "
+        "Use generous values: a rebuild replays up to snapshot_every_s of records in one call")
     processor_metric_write_chunks: int = Field(
         1, ge=1, description="the metric points of this many processor chunks are written to the metric "
         "store in one transaction (1, the default: one per chunk; more: a listed run may show no metrics "

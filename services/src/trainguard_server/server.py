@@ -155,7 +155,9 @@ class EmbeddedServer:
                 processed=backlog.processed if backlog is not None else None,
                 pause_gc=s.processor_gc_pause, metric_write_chunks=s.processor_metric_write_chunks,
                 metric_write_delay_s=s.processor_metric_write_delay_s, processor_workers=s.processor_workers,
-                pool_isolate_after=s.processor_pool_isolate_after)
+                pool_isolate_after=s.processor_pool_isolate_after,
+                pool_left_out_s=s.processor_pool_left_out_s,
+                pool_call_timeout_s=s.processor_pool_call_timeout_s)
         try:
             self._serve(s, roles)
         except BaseException:  # its pipeline workers end too (else the exit waits on them forever: G2)

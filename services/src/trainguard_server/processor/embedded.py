@@ -1068,15 +1068,21 @@ class EmbeddedProcessor:
 
     def problems(self) -> List[str]:
         """Why this processor cannot keep up with what is acknowledged right now (empty: it can): checkpoints
-        failing (nothing is committed: the queue only grows) or rounds failing (a store unavailable); and
-        the runs left out of detection now (their records end a pipeline worker: :attr:`poisoned_runs`)."""
+        failing (nothing is committed: the queue only grows) or rounds failing (a store unavailable). The
+        runs left out of detection are :meth:`notes`, not problems: one project's run must not make the
+        whole server unready (a readiness probe would take it out of service for every project)."""
         out: List[str] = []
         if self.last_checkpoint_error:
             out.append(f"checkpoints failing ({self.checkpoint_failures} in a row; nothing is committed): "
                        f"{self.last_checkpoint_error}")
         if self.last_round_error:
             out.append(f"processing failing (retrying with backoff): {self.last_round_error}")
-        return out + self.poisoned_runs.problems()
+        return out
+
+    def notes(self) -> List[str]:
+        """What /readyz shows beside its status without failing it: the runs left out of detection now (their
+        records end a pipeline worker: :attr:`poisoned_runs`), one line each naming project and run."""
+        return self.poisoned_runs.problems()
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop the thread; with ``drain``, process what is queued first; always checkpoint -- all of it

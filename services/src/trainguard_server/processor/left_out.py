@@ -77,7 +77,7 @@ class LeftOutRuns:
         return out
 
     def problems(self) -> List[str]:
-        """One /readyz problem per run left out now."""
+        """One line per run left out now (/readyz shows them as notes, /metrics counts them)."""
         return [f"run {run!r} of project {project!r} left out of detection ({WHY}): its records are stored, "
                 f"not detected on; tried again at the first checkpoint after {self.hold_s:.0f} s"
                 for project, run in sorted(self.runs)]

@@ -203,11 +203,32 @@ def connect(path: PathLike, synchronous: str = DEFAULT_SYNCHRONOUS, *,
     with opening(path, open_already=open_already):
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
         conn.execute("PRAGMA busy_timeout = 30000")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(conn)
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("PRAGMA journal_size_limit = 67108864")  # the WAL back to 64 MB after a checkpoint
     return conn
+
+
+WAL_SWITCH_WAIT_S = 30.0
+"""How long :func:`connect` retries switching a file to WAL while another connection holds it: SQLite answers
+"database is locked" at once, without its busy handler, when two processes open a new file together (the
+second sees the first's rollback-journal lock while it switches; a role of serve and a gateway started at
+once -- tests/services/queue/test_embedded_partitions.py's opening race hit it 3 times in 60)."""
+
+
+def _switch_to_wal(conn: sqlite3.Connection) -> None:
+    """``PRAGMA journal_mode = WAL``, retried every 20 ms for up to :data:`WAL_SWITCH_WAIT_S` while the file
+    is locked (any other error at once)."""
+    deadline = time.monotonic() + WAL_SWITCH_WAIT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 class Database:

@@ -5,7 +5,9 @@ thread is not running, its checkpoints or rounds are failing (nothing is committ
 the queue is full, the incident store does not answer, the data directory was deleted or replaced while the
 server runs (its SQLite stores write on into unlinked files, lost with them), or the data directory's file
 system is nearly full (less than ``min_free_disk_bytes`` free) or refuses a write of :data:`WRITE_PROBE_BYTES`
-(a full disk, a read-only file system, a file-size limit).
+(a full disk, a read-only file system, a file-size limit). ``notes`` lists what an operator should see without
+the server being unready: the runs the processor's pipeline workers left out of detection (one project's run
+must not take the server out of service for every project).
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ def readyz(services: ServicesDep) -> JSONResponse:
         services.incidents.load_state("readyz-probe")
     except Exception as exc:  # a store that cannot answer
         problems.append(f"incident store: {exc}")
+    notes: List[str] = getattr(processor, "notes", list)() if processor is not None else []
+    extra = {"notes": notes} if notes else {}  # e.g. a run left out of detection: shown, not unready
     if problems:
-        return JSONResponse({"status": "unavailable", "problems": problems}, status_code=503)
-    return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unavailable", "problems": problems, **extra}, status_code=503)
+    return JSONResponse({"status": "ready", **extra})
 
 
 def _data_dir_gone(services: Any) -> Optional[str]:
