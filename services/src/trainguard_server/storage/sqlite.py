@@ -159,7 +159,8 @@ def _out_of_descriptors() -> Optional[str]:
 
 #: why a file this process holds open already could not be opened again, when the descriptors are free by
 #: the time they are counted (other requests gave theirs back in between)
-_RAN_SHORT = "this process ran out of open files a moment ago (a burst of client connections holds them)"
+_RAN_SHORT = ("this process had too many open files a moment ago: its open-files limit (RLIMIT_NOFILE) was "
+              "reached while a burst of client connections held them")
 
 
 @contextmanager
