@@ -93,9 +93,9 @@ _PARTITIONS = "partitions"  # meta's row of the partition count (absent: one par
 _LANES = "lanes"            # meta's row of the lane count, stored with the partitions (absent: not fixed)
 _QUEUE_ID = "queue_id"      # meta's row of the file's random id (Queue.identity)
 RECOUNT_EVERY_S = 1.0
-"""A handle that does not consume (a gateway beside a processor in another process) never sees the commits
-that lower the depth: its :meth:`SqliteQueue.depth`, and its QueueFull check at the limit, count the file's
-records again at most this often."""
+"""A handle that only publishes or only consumes (a gateway and a processor in two processes) does not see
+the other's publishes or commits: its :meth:`SqliteQueue.depth`, and any handle's QueueFull check at the
+limit, count the file's records again at most this often."""
 
 
 class _Waiting:
@@ -257,9 +257,8 @@ class SqliteQueue(Queue):
     def _admit(self, batch: List[_Waiting]) -> List[_Waiting]:
         """The waiters the depth limit lets in, in arrival order (the one that crosses the line whole)."""
         accepted: List[_Waiting] = []
-        if self._depth >= self._max_depth and time.monotonic() - self._recounted >= RECOUNT_EVERY_S:
-            self._depth = self._count()  # at the limit: another process may have committed (under the lock)
-            self._recounted = time.monotonic()
+        if self._depth >= self._max_depth:  # at the limit: another process may have committed
+            self._recount_due()
         depth = self._depth
         for w in batch:
             if depth >= self._max_depth:
@@ -400,14 +399,15 @@ class SqliteQueue(Queue):
         or only consumes -- a gateway and a processor in two processes -- counts the file again at most
         every :data:`RECOUNT_EVERY_S`."""
         if not (self._consumed and self._published) and time.monotonic() - self._recounted >= RECOUNT_EVERY_S:
-            self._recount()
+            with self._write_lock:  # so no publish of this handle is half counted
+                if not self._closed:
+                    self._recount_due()
         return max(0, self._depth)
 
-    def _recount(self) -> None:
-        """The depth from the file (under the write lock, so no publish of this handle is half counted)."""
-        with self._write_lock:
-            if self._closed:
-                return
+    def _recount_due(self) -> None:
+        """The depth from the file when the last count is :data:`RECOUNT_EVERY_S` old (under the write
+        lock)."""
+        if time.monotonic() - self._recounted >= RECOUNT_EVERY_S:
             self._depth = self._count()
             self._recounted = time.monotonic()
 
