@@ -68,6 +68,15 @@ def render_prometheus(services: Any) -> str:
         samples.append(("trainguard_checkpoint_failures", "gauge",
                         "processor checkpoints failed in a row (0 once one succeeds; /readyz: 503 meanwhile)",
                         [("", getattr(processor, "checkpoint_failures", 0))]))
+        pool = getattr(processor, "pool", None)
+        if pool is not None:
+            samples.append(("trainguard_processor_pool_log_bytes", "gauge",
+                            "record bytes the pipeline pool keeps since the last checkpoint (to rebuild a "
+                            "dead worker); at TRAINGUARD_PROCESSOR_POOL_LOG_MAX_MB no record is taken until "
+                            "a checkpoint succeeds", [("", pool.log_bytes)]))
+            samples.append(("trainguard_processor_held_back_total", "counter",
+                            "rounds that took no record because the pool's log was at its bound",
+                            [("", getattr(pstats, "held_back", 0))]))
         counters = getattr(processor, "counters", None) or {}
         samples.append(("trainguard_runs_quarantined_total", "counter",
                         "runs whose state was dropped because it could not go on (not serialisable, a "

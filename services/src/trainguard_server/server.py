@@ -157,7 +157,8 @@ class EmbeddedServer:
                 metric_write_delay_s=s.processor_metric_write_delay_s, processor_workers=s.processor_workers,
                 pool_isolate_after=s.processor_pool_isolate_after,
                 pool_left_out_s=s.processor_pool_left_out_s,
-                pool_call_timeout_s=s.processor_pool_call_timeout_s)
+                pool_call_timeout_s=s.processor_pool_call_timeout_s,
+                pool_log_max_bytes=s.processor_pool_log_max_mb * 1024 * 1024)
         try:
             self._serve(s, roles)
         except BaseException:  # its pipeline workers end too (else the exit waits on them forever: G2)

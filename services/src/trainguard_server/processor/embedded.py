@@ -113,6 +113,11 @@ resolve. An operator who wants fewer transactions turns it on (TRAINGUARD_PROCES
 METRIC_WRITE_DELAY_S = 0.5
 """The longest metric points are held by the write-behind (:data:`METRIC_WRITE_CHUNKS`): checked after each
 chunk and after each round (0: every chunk writes its own, as with one chunk)."""
+POOL_LOG_MAX_BYTES = 256 * 1024 * 1024
+"""With pipeline workers: the most record bytes the pool keeps for a rebuild (the records since the last
+checkpoint, processor/pool.py) before the processor checkpoints ahead of time -- and, while that checkpoint
+fails, takes no more records (TRAINGUARD_PROCESSOR_POOL_LOG_MAX_MB). At snapshot_every_s 5 and ~40k events/s
+of ~150-byte envelopes the log holds ~30 MB between checkpoints."""
 RECORD_WINDOW = 16
 """Chunks over which the processor remembers the largest record (envelopes): a round takes as many records
 as fit its time bound *at that size*, so one-envelope alerts handed out between a noisy run's 500-envelope
@@ -180,6 +185,7 @@ class ProcessorStats:
     rejected_events: int = 0   # raw-context events a store refused for good (a bad document), logged
     store_retries: int = 0     # rounds retried because a store was unavailable
     rounds: int = 0            # chunks processed: one pipeline call and one write per store each
+    held_back: int = 0         # rounds that took no record: the pipeline pool's replay log at its bound
 
 
 class EmbeddedProcessor:
@@ -198,7 +204,7 @@ class EmbeddedProcessor:
                  pause_gc: bool = True, metric_write_chunks: int = METRIC_WRITE_CHUNKS,
                  metric_write_delay_s: float = METRIC_WRITE_DELAY_S, processor_workers: int = 0,
                  pool_isolate_after: int = ISOLATE_AFTER, pool_left_out_s: float = HOLD_S,
-                 pool_call_timeout_s: float = 0.0) -> None:
+                 pool_call_timeout_s: float = 0.0, pool_log_max_bytes: int = POOL_LOG_MAX_BYTES) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -248,6 +254,9 @@ class EmbeddedProcessor:
         #: records ended their worker then, by (project, run id): their records are stored, not detected
         #: on, until a checkpoint ``pool_left_out_s`` later (processor/left_out.py)
         self._pool_failures = 0
+        #: the pool's replay log (record values since the last checkpoint, processor/pool.py) may hold this
+        #: many bytes; over it, no record is taken until a checkpoint empties it (:meth:`run_once`)
+        self.pool_log_max_bytes = max(1, int(pool_log_max_bytes))
         self.pool_isolate_after = max(1, pool_isolate_after)
         self.poisoned_runs = LeftOutRuns(pool_left_out_s)
         #: per partition, per lane: the highest offset whose record went through that partition's pipeline
@@ -557,6 +566,14 @@ class EmbeddedProcessor:
                 self._back_off()
                 raise
         fresh = not self._retry
+        if fresh and self.pool is not None and self.pool.log_bytes > self.pool_log_max_bytes:
+            # the records since the last checkpoint, kept for a worker's rebuild, reached their bound
+            # (checkpoints failing, or far apart): checkpoint before taking more -- while that fails (it
+            # raises: the caller backs off) nothing new is taken; the queue keeps the records and the
+            # gateway's backlog bound pushes back, instead of this process's memory growing (G7)
+            self.stats.held_back += 1
+            with self._lock:
+                self._checkpoint_locked()
         if fresh:
             records = self.queue.consume(self._take_count(self._round_cap()), timeout)
         else:

@@ -97,6 +97,12 @@ def job_record(value: bytes, envelopes: Sequence[Any]) -> JobRecord:
     return value if kept is None else (value, kept)
 
 
+def record_bytes(record: JobRecord) -> int:
+    """What :class:`PipelinePool`'s replay log holds for ``record``, in bytes: its value's (the envelopes a
+    map-field record carries beside it are counted at the size of the value again, a bound for them)."""
+    return len(record) if isinstance(record, bytes) else 2 * len(record[0])
+
+
 class PoolFailed(RuntimeError):
     """A worker died or a call failed in it: the pool rebuilds its partitions before its next call."""
 
@@ -322,6 +328,7 @@ class PipelinePool:
         self.workers: List[_Worker] = [_Worker(self._context, i, self._args) for i in range(workers)]
         self.pipelines: Dict[int, RemotePipeline] = {}
         self._log: Dict[int, List[Op]] = {}  # per partition: its calls since its last saved snapshot
+        self._log_bytes: Dict[int, int] = {}  # per partition: the record bytes its log holds (record_bytes)
         self._broken = False
         self.rebuilds = 0  # how many times the partitions were rebuilt after a failure
         #: while stopping: when (time.monotonic()) a wait for a worker's reply gives up -- a worker that
@@ -389,6 +396,13 @@ class PipelinePool:
                              "before the next call): " + "; ".join(errors))
         return results
 
+    @property
+    def log_bytes(self) -> int:
+        """The record bytes the replay logs hold now, over every partition: what a checkpoint frees
+        (:meth:`saved`). The processor stops taking records while it is over its bound
+        (``processor_pool_log_max_mb``: embedded.py ``pool_log_max_bytes``)."""
+        return sum(self._log_bytes.values())
+
     def _by_worker(self, partitions: Sequence[int]) -> Dict[int, List[int]]:
         out: Dict[int, List[int]] = {}
         for p in partitions:
@@ -406,6 +420,7 @@ class PipelinePool:
         """Host ``partition``'s pipeline, restored from its ``stored`` parts (raw, as the store has them)."""
         info = self.call_one(partition, "build", partition, dict(stored))
         self._log[partition] = []
+        self._log_bytes[partition] = 0
         pipeline = self.pipelines[partition] = RemotePipeline(self, partition, info)
         return pipeline
 
@@ -457,6 +472,8 @@ class PipelinePool:
         pipelines, their retry a replay that emits nothing (incidents lost)."""
         for partition, (logged, quarantined) in marks.items():
             del self._log[partition][logged:]
+            self._log_bytes[partition] = sum(sum(map(record_bytes, op[1])) for op in self._log[partition]
+                                             if op[0] == "process")
             del self.pipelines[partition]._quarantined[quarantined:]
         self._broken = True
 
@@ -498,6 +515,8 @@ class PipelinePool:
             for (partition, values), (output, info) in zip(mine, replies[index]):
                 self.pipelines[partition].update(info)
                 self._log[partition].append(("process", values))
+                self._log_bytes[partition] = self._log_bytes.get(partition, 0) + \
+                    sum(map(record_bytes, values))
                 got[partition] = output
         return [got[p] for p, _ in jobs]
 
@@ -525,6 +544,7 @@ class PipelinePool:
         should this call fail, the rebuild starts from those stored parts)."""
         for p in partitions:
             self._log[p] = []
+            self._log_bytes[p] = 0
         self._gather({i: ("saved", mine) for i, mine in self._by_worker(partitions).items()})
 
     def drop(self, partitions: Sequence[int]) -> None:
@@ -532,6 +552,7 @@ class PipelinePool:
         for p in partitions:
             self.pipelines.pop(p, None)
             self._log.pop(p, None)
+            self._log_bytes.pop(p, None)
         if not self._broken:  # a rebuild hosts only what is left
             self._gather({i: ("drop", mine) for i, mine in self._by_worker(partitions).items()})
 
