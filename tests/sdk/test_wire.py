@@ -367,3 +367,30 @@ def test_docs_wire_format_examples_are_valid() -> None:
         kinds.add(msg.WhichOneof("payload"))
         assert _same(msg, json_format.ParseDict(doc, events_pb2.Envelope()))
     assert kinds == set(ev.PAYLOAD_KINDS)
+
+
+_MAP_ORDER_SCRIPT = """
+import sys
+from trainguard import wire
+from trainguard.v1 import events_pb2
+msg = events_pb2.Envelope.FromString(bytes.fromhex(sys.argv[1]))
+d = wire.envelope_to_dict(msg)
+print(",".join(d["lifecycle"]["tags"]) + "|" + ",".join(d["lifecycle"]["sdk_stats"]))
+"""
+
+
+def test_map_fields_read_in_sorted_key_order_in_every_process() -> None:
+    """A parsed protobuf map's own order is its process's (upb seeds its hash tables per process): the dict
+    read from the same bytes must not depend on the process (the pipeline workers read records the processor
+    read too: processor/pool.py), so map keys come out sorted."""
+    keys = [f"k{(i * 7919) % 101:03d}" for i in range(40)]
+    msg = wire.envelope_from_dict({"event_id": "e", "project": "p", "run_id": "r", "lifecycle": {
+        "phase": "START", "tags": {k: k for k in keys}, "sdk_stats": {k: 1.0 for k in keys}}})
+    wanted = ",".join(sorted(keys)) + "|" + ",".join(sorted(keys))
+    seen = set()
+    for seed in ("1", "2", "3"):
+        out = subprocess.run([sys.executable, "-c", _MAP_ORDER_SCRIPT, msg.SerializeToString().hex()],
+                             capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed})
+        seen.add(out.stdout.strip())
+    assert seen == {wanted}

@@ -514,9 +514,11 @@ def _map_field(fd: _Desc, strict: bool) -> _Field:
         return out
 
     def emit_map(v: Any, include_defaults: bool) -> Any:
+        # keys in sorted order: a parsed map's own order is its process's (upb seeds its hash tables per
+        # process), so the same bytes would read as differently ordered dicts in two processes
         if vemit is None:
-            return dict(v)
-        return {k: vemit(x, include_defaults) for k, x in v.items()}
+            return {k: v[k] for k in sorted(v)}
+        return {k: vemit(v[k], include_defaults) for k in sorted(v)}
     return _Field(fd.name, conv_map, emit_map, False)
 
 

@@ -39,7 +39,7 @@ from ..storage.base import EventsRejected, EventStore, IncidentStore, MetricColu
 from . import decode
 from .decode import Envelope, PlainBatch, Points, read_request
 from .left_out import HOLD_S, LeftOutRuns, RunId, project_of
-from .pool import ISOLATE_AFTER, JobRecord, PipelinePool, PoolFailed, RemotePipeline, Started, job_record
+from .pool import ISOLATE_AFTER, JobRecord, PipelinePool, PoolFailed, RemotePipeline, Started
 from .rank_parts import RankParts
 from .repartition import split_single_state
 
@@ -863,7 +863,7 @@ class EmbeddedProcessor:
         """The pipelines' part of a chunk in the worker pool, sent: each partition with envelopes for its
         pipeline (``partitions``, the envelopes', in order) gets its records (``envelopes``: all of the
         chunk's, ``sizes`` per record) but those its restored snapshot covers and those of runs left out
-        (:attr:`poisoned_runs`), every worker at once (:func:`~.pool.job_record`) -- unless the last
+        (:attr:`poisoned_runs`), every worker at once -- unless the last
         ``pool_isolate_after`` chunks failed: then nothing is sent yet (:meth:`_collect_pooled` runs them
         one run at a time). Returns what :meth:`_collect_pooled` reads."""
         order = list(dict.fromkeys(partitions))
@@ -876,7 +876,7 @@ class EmbeddedProcessor:
                 mine_envelopes = envelopes[at:at + size]
                 run = (project_of(mine_envelopes), record.key)  # the queue key is the run id alone
                 if not (poisoned and run in poisoned):
-                    mine.append((run, job_record(record.value, mine_envelopes)))
+                    mine.append((run, record.value))
             at += size
         for partition in order:
             self._pipeline_for(partition)  # hosted on first use

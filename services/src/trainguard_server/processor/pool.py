@@ -32,7 +32,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.pipeline import Pipeline, PipelineOutput, Quarantined, merge_outputs
@@ -55,52 +55,9 @@ POLL_S = 0.1
 Parts = Dict[str, Optional[bytes]]
 RunKey = TypeVar("RunKey")  # how process_runs's caller names a run (hashable)
 Op = Tuple[Any, ...]  # ("process", records) | ("advance", now_ns) | ("changed",): a partition's logged call
-JobRecord = Union[bytes, Tuple[bytes, Dict[int, Dict[str, Any]]]]
-"""A record for a worker: its value, or its value and the envelopes the worker must take as the processor
-read them (by index: :func:`job_record`)."""
-
-
-def _map_fields() -> Dict[str, Tuple[str, ...]]:
-    """Per payload of an Envelope (``exception``, ``lifecycle``, ...), its protobuf map fields."""
-    from trainguard.v1 import events_pb2
-
-    out: Dict[str, Tuple[str, ...]] = {}
-    for payload in events_pb2.Envelope.DESCRIPTOR.fields:
-        if payload.message_type is not None:
-            maps = tuple(f.name for f in payload.message_type.fields
-                         if f.message_type is not None and f.message_type.GetOptions().map_entry)
-            if maps:
-                out[payload.name] = maps
-    return out
-
-
-MAP_FIELDS = _map_fields()
-"""Protobuf map fields come out of a parse in an order of that process's own (upb seeds its hash tables per
-process): an envelope dict with such a map of two or more keys is sent to the worker as the processor read
-it, so the pipeline sees the same key order in either process (run tags, config, memory stats)."""
-
-
-def job_record(value: bytes, envelopes: Sequence[Any]) -> JobRecord:
-    """What a worker is sent of a record: ``value``, plus the envelopes (of ``envelopes``: the record's as
-    this process read them) whose map fields a parse elsewhere may order otherwise (:data:`MAP_FIELDS`)."""
-    kept: Optional[Dict[int, Dict[str, Any]]] = None
-    for index, env in enumerate(envelopes):
-        if type(env) is not dict:  # a plain metric batch (a ReadEnvelope): no map
-            continue
-        for payload, fields in MAP_FIELDS.items():
-            body = env.get(payload)
-            if body is not None and any(len(body.get(f) or ()) > 1 for f in fields):
-                if kept is None:
-                    kept = {}
-                kept[index] = env
-                break
-    return value if kept is None else (value, kept)
-
-
-def record_bytes(record: JobRecord) -> int:
-    """What :class:`PipelinePool`'s replay log holds for ``record``, in bytes: its value's (the envelopes a
-    map-field record carries beside it are counted at the size of the value again, a bound for them)."""
-    return len(record) if isinstance(record, bytes) else 2 * len(record[0])
+JobRecord = bytes
+"""A record for a worker: its queue value (the worker reads it itself; map fields read in sorted key order in
+any process: trainguard.wire)."""
 
 
 class PoolFailed(RuntimeError):
@@ -155,14 +112,10 @@ class _Host:
             envelopes: List[Any] = []
             points: List[Any] = []
             for record in records:
-                value, kept = (record, None) if isinstance(record, bytes) else record
                 try:
-                    decoded, decoded_points = read_request(value)
+                    decoded, decoded_points = read_request(record)
                 except Exception:  # the processor counted and logged it (its own decode failed too)
                     continue
-                if kept:
-                    for index, env in kept.items():
-                        decoded[index] = env
                 envelopes.extend(decoded)
                 points.extend(decoded_points)
             pipeline = self.pipelines[partition]
@@ -328,7 +281,7 @@ class PipelinePool:
         self.workers: List[_Worker] = [_Worker(self._context, i, self._args) for i in range(workers)]
         self.pipelines: Dict[int, RemotePipeline] = {}
         self._log: Dict[int, List[Op]] = {}  # per partition: its calls since its last saved snapshot
-        self._log_bytes: Dict[int, int] = {}  # per partition: the record bytes its log holds (record_bytes)
+        self._log_bytes: Dict[int, int] = {}  # per partition: the record bytes its log holds
         self._broken = False
         self.rebuilds = 0  # how many times the partitions were rebuilt after a failure
         #: while stopping: when (time.monotonic()) a wait for a worker's reply gives up -- a worker that
@@ -472,7 +425,7 @@ class PipelinePool:
         pipelines, their retry a replay that emits nothing (incidents lost)."""
         for partition, (logged, quarantined) in marks.items():
             del self._log[partition][logged:]
-            self._log_bytes[partition] = sum(sum(map(record_bytes, op[1])) for op in self._log[partition]
+            self._log_bytes[partition] = sum(sum(map(len, op[1])) for op in self._log[partition]
                                              if op[0] == "process")
             del self.pipelines[partition]._quarantined[quarantined:]
         self._broken = True
@@ -516,7 +469,7 @@ class PipelinePool:
                 self.pipelines[partition].update(info)
                 self._log[partition].append(("process", values))
                 self._log_bytes[partition] = self._log_bytes.get(partition, 0) + \
-                    sum(map(record_bytes, values))
+                    sum(map(len, values))
                 got[partition] = output
         return [got[p] for p, _ in jobs]
 
