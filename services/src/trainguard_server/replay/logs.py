@@ -36,7 +36,12 @@ Contract of :class:`LogReader` (iterate it; :attr:`LogReader.stats` counts):
   emitted as plain lines, and so is a Python traceback cut before its exception line -- unless it was cut
   inside a process-group set-up function (one of its three innermost frames is ``init_process_group``,
   DeepSpeed's ``init_distributed``, a rendezvous store's creation ...: ``classify.INIT_FUNCTIONS``): then it
-  is one exception item of no known type, whose frames say the group never came up. In a paste
+  is one exception item of no known type, whose frames say the group never came up -- or unless pasted
+  text ends inside it (its last line a frame's) and nothing before says what failed (no exception item,
+  no line ``keep_below`` recognises): then the process raised there and the paste cut the exception line
+  off, one exception item of no known type as well; not a launcher's own traceback (torchrun,
+  ``torch.distributed.launch``, DeepSpeed's / Accelerate's launchers) nor one whose innermost frame is
+  start-up or supervision code (runpy, torchelastic, a ``bin/`` stub): :func:`_raised_in_program`. In a paste
   (``headless``), an exception line with no traceback is an exception item too: a bare ``RuntimeError: ...``
   line, one wrapped in markdown (:func:`unwrap_markup`), a logging library's record of one
   (:func:`logged_exception`), and a tool's report of one of PyTorch's exception messages without its
@@ -602,6 +607,33 @@ def _cut_in_setup(payload: Mapping[str, Any]) -> bool:
     return any(isinstance(f, Mapping) and f.get("function") in INIT_FUNCTIONS for f in frames[-3:])
 
 
+_LAUNCHER_PATH_RE = re.compile(r"torch/distributed/(?:run|launch)\.py|torch/distributed/launcher/"
+                               r"|deepspeed/launcher/|accelerate/commands/")
+"""A launcher's own code: torchrun / ``torch.distributed.launch``, DeepSpeed's and Accelerate's launchers."""
+_BOOTSTRAP_PATH_RE = re.compile(r"torch/distributed/elastic/|/runpy\.py$|/bin/[\w.-]+$")
+"""Code that only starts or supervises the program: torchelastic's agent and ``@record`` wrapper, runpy, a
+console script's ``bin/`` stub."""
+
+
+def _ends_in_frames(block: Sequence[Tuple[int, str]]) -> bool:
+    """Whether a block's last non-blank line is part of a frame: its ``File "...", line N`` line (indented
+    or not) or an indented line under it (the source line, its carets) -- the text stops inside the stack,
+    not in lines that merely followed one."""
+    last = next((line for _, line in reversed(block) if line.strip()), "")
+    return _LOOSE_FRAME_RE.match(last) is not None or last[:1].isspace()
+
+
+def _raised_in_program(frames: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a traceback cut before its exception line was raised in the program: it has frames, none of
+    them a launcher's own (:data:`_LAUNCHER_PATH_RE`: the launcher's traceback after a worker failed, the
+    workers' own errors and its summary being what tell the failure), and its innermost frame is not only
+    start-up or supervision code (:data:`_BOOTSTRAP_PATH_RE`)."""
+    paths = [str(f.get("filename") or "").replace("\\", "/") for f in frames if isinstance(f, Mapping)]
+    if not paths or any(_LAUNCHER_PATH_RE.search(p) for p in paths):
+        return False
+    return _BOOTSTRAP_PATH_RE.search(paths[-1]) is None
+
+
 def _frame(frame: Any) -> Dict[str, Any]:
     out: Dict[str, Any] = {"filename": frame.filename, "module": frame.module, "function": frame.function,
                            "lineno": frame.lineno, "in_app": frame.in_app}
@@ -985,7 +1017,7 @@ class LogSegmenter:
         self._end_summary()
         for stream in self._streams.values():
             if stream.mode is not None:
-                self._close(stream)
+                self._close(stream, at_end=self.headless)
         self._settle()
         if self.stats.log_lines + self.stats.exceptions == 0:
             for rank, number, text, time_ns, precision_ns in self._tail:
@@ -995,7 +1027,8 @@ class LogSegmenter:
         self._tail.clear()
         return list(self._release(final=True))
 
-    def _close(self, stream: _Stream) -> None:
+    def _close(self, stream: _Stream, at_end: bool = False) -> None:
+        """Emit the block ``stream`` holds. ``at_end``: pasted text ends inside it (see :meth:`flush`)."""
         time_ns, precision_ns = stream.time_ns, stream.precision_ns
         headless, mode = stream.headless, stream.mode
         unsettled, dropped = stream.unsettled, stream.went_on
@@ -1030,6 +1063,14 @@ class LogSegmenter:
                         stream.rank, number, line, time_ns, precision_ns):
                     continue
                 self._line(stream.rank, number, line, time_ns, precision_ns)
+            if at_end and mode == _PYTHON and payload is not None and not payload.get("chain") \
+                    and not self.stats.exceptions and not self.stats.recognised \
+                    and _ends_in_frames(block) and _raised_in_program(payload["frames"]):
+                # the paste ends inside this traceback and nothing else in it says what failed (no exception,
+                # no line the classifier recognises): the process raised here and the paste (or the excerpt
+                # it came from) cut the exception line off -- an exception of no known type
+                self._emit(LogItem("exception", stream.rank, block[0][0], block[-1][0], time_ns, "CRITICAL",
+                                   payload=payload, precision_ns=precision_ns))
             return
         self._emit(LogItem("exception", stream.rank, block[0][0], block[-1][0], time_ns, "CRITICAL",
                            payload=payload, precision_ns=precision_ns), unsettled=unsettled)
