@@ -13,7 +13,7 @@ from typing import Iterator, Optional, Tuple
 
 import pytest
 
-from trainguard_server.config import Settings
+from trainguard_server.config import Settings, auto_workers
 from trainguard_server.processor.embedded import GC_GEN0_THRESHOLD
 from trainguard_server.queue import AUTO_PARTITIONS
 from trainguard_server.server import EmbeddedServer
@@ -115,3 +115,18 @@ def test_workers_that_cannot_all_work_are_said(tmp_path: Path, kept_threshold: T
         assert server.processor is not None and (server.processor.pool is None) == (partitions == 1)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("cores, workers", [(1, 0), (2, 0), (3, 1), (4, 2), (16, 14), (64, 16)])
+def test_auto_workers_leave_two_cores_to_the_processor_and_gateway(cores: int, workers: int) -> None:
+    assert auto_workers(cores) == workers
+
+
+def test_minus_one_is_auto_for_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINGUARD_PROCESSOR_WORKERS", "-1")
+    assert Settings().processor_workers == auto_workers()
+    monkeypatch.setenv("TRAINGUARD_PROCESSOR_WORKERS", "3")
+    assert Settings().processor_workers == 3
+    monkeypatch.setenv("TRAINGUARD_PROCESSOR_WORKERS", "-2")
+    with pytest.raises(ValueError, match="greater than or equal to -1"):
+        Settings()

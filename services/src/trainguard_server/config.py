@@ -3,10 +3,11 @@ flag. Defaults run the embedded backend under ``./.data/trainguard``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, Optional, Tuple
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROLES = ("gateway", "processor", "api")
@@ -19,6 +20,24 @@ def parse_roles(text: str) -> Tuple[str, ...]:
     if unknown or not wanted:
         raise ValueError(f"roles must be a comma list of {', '.join(ROLES)}; got {text!r}")
     return tuple(r for r in ROLES if r in wanted)
+
+
+AUTO_WORKERS_SPARE_CORES = 2
+"""``processor_workers=-1`` (auto) leaves this many of the machine's cores to the processor process (queue,
+stores, snapshots) and the gateway: ``cores - 2`` workers, at most :data:`AUTO_WORKERS_MAX`, none below 3
+cores."""
+AUTO_WORKERS_MAX = 16
+"""The most workers auto picks: the embedded queue's automatic partition count (queue.AUTO_PARTITIONS), one
+partition per worker at most."""
+
+
+def auto_workers(cores: Optional[int] = None) -> int:
+    """The worker count ``processor_workers=-1`` stands for on a machine with ``cores`` usable cores (None:
+    this process's CPU affinity, else os.cpu_count())."""
+    if cores is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(0, min(AUTO_WORKERS_MAX, cores - AUTO_WORKERS_SPARE_CORES))
 
 
 class Settings(BaseSettings):
@@ -244,11 +263,18 @@ class Settings(BaseSettings):
         "out, not for a whole processor_round_events chunk (~2-3 s under load); 0: chunks of "
         "processor_round_events (processor/embedded.py DEFAULT_ROUND_TARGET_S)")
     processor_workers: int = Field(
-        0, ge=0, le=256, description="worker processes that run the detection pipeline, each for its share "
-        "of the queue's partitions (0: the pipeline runs in the processor's own thread, as before). The "
+        0, ge=-1, le=256, description="worker processes that run the detection pipeline, each for its share "
+        "of the queue's partitions (0: the pipeline runs in the processor's own thread, as before; -1: auto, "
+        "the machine's cores less 2, at most 16 -- 0 on 2 cores -- read once at start). The "
         "processor process keeps the queue, the stores, snapshots, notifications and the per-project "
         "backlog; a worker gets its partitions' records and returns their detection output "
         "(processor/pool.py). More workers help a stream of many runs; one run is one partition's work")
+    @field_validator("processor_workers")
+    @classmethod
+    def _resolve_auto_workers(cls, value: int) -> int:
+        """-1 (auto) becomes :func:`auto_workers` for this machine."""
+        return auto_workers() if value == -1 else value
+
     processor_pool_isolate_after: int = Field(
         2, ge=1, description="with processor_workers: after this many processing chunks failed in a row "
         "(a worker died on each), the next chunk is run one run at a time, and a run whose records end its "
