@@ -5,6 +5,9 @@
 * ``gradient.on_metrics`` skips ``numeric_final`` on a run without incidents, tests note_nonfinite's "nothing
   to note" inline, reads the loss level from the family state it holds (``numeric.diverged_state``) and hands
   that state to ``check_clip``;
+* ``check_clip`` answers early on a step that is not clipped while no streak runs (``gradient._clip_quiet``,
+  stop 47: the reference path below turns it off), and the pipeline asks ``Detector.wants_rank`` where the
+  names alone left the answer open;
 * a route (pipeline.py) asks ``Detector.wants_names`` once per list of point names: the gradient and adapter
   detectors are then called without asking ``wants`` per batch (or left out of the route) where the names
   alone decide.
@@ -33,6 +36,7 @@ from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import adapter, gradient, numeric, roles
 from trainguard_engine.detectors.adapter import Adapters
+from trainguard_engine.detectors.base import Detector
 from trainguard_engine.detectors.gradient import Gradients
 from trainguard_engine.incidents import Finding
 from trainguard_engine.state import RankState, RunState
@@ -158,33 +162,36 @@ def _before() -> Iterator[None]:
         stack.enter_context(patch.object(Gradients, "wants_names", lambda self, names, settings: None))
         stack.enter_context(patch.object(Adapters, "wants", _adapter_wants_before))
         stack.enter_context(patch.object(Adapters, "wants_names", lambda self, names, settings: None))
+        stack.enter_context(patch.object(gradient, "_clip_quiet", lambda state, history, step: False))
+        # every batch asked through ``wants`` (the base class's wants_rank: the names' part not known)
+        stack.enter_context(patch.object(Gradients, "wants_rank", Detector.wants_rank))
+        stack.enter_context(patch.object(Adapters, "wants_rank", Detector.wants_rank))
         yield
 
 
 class _Asked:
-    """Counts the fast pipeline's ``wants`` calls of the two detectors (re-entered for every piece)."""
+    """Counts the fast pipeline's ``wants`` / ``wants_rank`` calls of the two detectors (re-entered for every
+    piece)."""
 
     def __init__(self) -> None:
         self.calls = 0
-        self.saved = (Gradients.wants, Adapters.wants)
+        self.saved = (Gradients.wants, Adapters.wants, Gradients.wants_rank, Adapters.wants_rank)
 
     def __enter__(self) -> _Asked:
-        g_wants, a_wants = self.saved
+        def counted(asked: Any) -> Any:
+            def ask(det: Any, rank: RankState, names: AbstractSet[str], s: DetectionSettings) -> bool:
+                self.calls += 1
+                return bool(asked(det, rank, names, s))
+            return ask
 
-        def counted_g(det: Gradients, rank: RankState, names: AbstractSet[str], s: DetectionSettings) -> bool:
-            self.calls += 1
-            return g_wants(det, rank, names, s)
-
-        def counted_a(det: Adapters, rank: RankState, names: AbstractSet[str], s: DetectionSettings) -> bool:
-            self.calls += 1
-            return a_wants(det, rank, names, s)
-
-        Gradients.wants = counted_g  # type: ignore[method-assign]
-        Adapters.wants = counted_a  # type: ignore[method-assign]
+        g_wants, a_wants, g_rank, a_rank = self.saved
+        Gradients.wants, Adapters.wants = counted(g_wants), counted(a_wants)  # type: ignore[method-assign]
+        Gradients.wants_rank, Adapters.wants_rank = counted(g_rank), counted(a_rank)  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        Gradients.wants, Adapters.wants = self.saved  # type: ignore[method-assign]
+        Gradients.wants, Adapters.wants, Gradients.wants_rank, Adapters.wants_rank = \
+            self.saved  # type: ignore[method-assign]
 
 
 def _compare(events: List[Event], settings: DetectionSettings = SETTINGS, piece: int = 37,
@@ -282,6 +289,23 @@ def test_the_synthetic_streams_reach_the_rules() -> None:
     assert len(kinds) >= 3, kinds
 
 
+def test_the_quiet_clip_path_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_clip's early answer (gradient._clip_quiet, off in the reference path above) is taken on loss batches
+    of the synthetic streams, and not on all (a streak, a threshold, a clipped step): both paths are compared."""
+    from trainguard_engine.pipeline import Pipeline
+    answers: List[bool] = []
+    quiet = gradient._clip_quiet
+
+    def counted(state: Dict[str, Any], history: Dict[str, Dict[int, Any]], step: int) -> bool:
+        answers.append(quiet(state, history, step))
+        return answers[-1]
+
+    monkeypatch.setattr(gradient, "_clip_quiet", counted)
+    for seed in range(12):
+        Pipeline(SETTINGS).process(_gradient_stream(seed))
+    assert 0 < answers.count(True) < len(answers), (answers.count(True), len(answers))
+
+
 # --- the role reader and the names-decided wants, batch by batch ---------------------------------------------
 
 def _random_points(rng: random.Random) -> List[Point]:
@@ -319,7 +343,7 @@ def test_wants_names_agrees_with_wants() -> None:
         if adapters:
             rank.detectors[adapter.STATE_KEY] = {}
         ranks.append(rank)
-    decided = 0
+    decided = asked = 0
     for settings in (SETTINGS, AMP_CLIP):
         for k in range(0, 4):
             for combo in itertools.combinations(NAMES, k):
@@ -332,7 +356,10 @@ def test_wants_names_agrees_with_wants() -> None:
                         if said is not None:
                             decided += 1
                             assert said == want, (det, names, said)
-    assert decided > 10000
+                        else:
+                            asked += 1
+                            assert det.wants_rank(rank, names, settings) == want, (det, names)
+    assert decided > 10000 and asked > 1000, (decided, asked)
 
 
 def test_two_settings_objects_alternating_keep_their_roles() -> None:

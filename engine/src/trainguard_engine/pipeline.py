@@ -507,7 +507,14 @@ class Pipeline:
         wide = run.lost or bool(run.incidents)  # on_alive, correlation: run-wide
         self._ranks_wide = False
         time_ns = ev.time_ns
-        rank.touch(time_ns, ev.host, ev.pid)
+        if ev.host:  # (rank.touch, inline)
+            rank.host = ev.host
+        if ev.pid:
+            rank.pid = ev.pid
+        if rank.first_ns == 0 or 0 < time_ns < rank.first_ns:
+            rank.first_ns = time_ns
+        if time_ns > rank.last_ns:
+            rank.last_ns = time_ns
         if ev.world_size > run.world_size:  # (written only when they change: the same values as max / or)
             run.world_size = ev.world_size
         if not run.run_name:
@@ -609,8 +616,8 @@ class Pipeline:
                 route = held[1].get(tuple(map(_NAME, points)))
             if route is None:
                 route = self._route(rank, points, settings)
-        if points and rank.observe_step(max(map(_STEP, points)), time_ns):
-            progress.on_progress(run, rank, time_ns, settings)
+        if points and rank.observe_step(max(map(_STEP, points)), time_ns) and run.incidents:
+            progress.on_progress(run, rank, time_ns, settings)  # (it reads an open stall incident only)
         rank.observe_points(points, route.keep, time_ns, settings)
         if route.diagnosis:  # (it reads those points only)
             diagnosis.observe(rank, points, route.diagnosis)
@@ -626,12 +633,13 @@ class Pipeline:
         for detector, ask in route.detectors:  # the registry's order (see detectors/registry.py)
             if columns and detector in columns:
                 found = self._from_run(detector, run, rank, ev, points, batch, settings, at)
-            elif not ask or detector.wants(rank, names, settings):
+            elif not ask or detector.wants_rank(rank, names, settings):
                 found = detector.on_metrics(run, rank, batch, settings)
             else:
                 continue
-            for finding in found:
-                self._apply(run, finding, settings)
+            if found:
+                for finding in found:
+                    self._apply(run, finding, settings)
         if route.sharded:
             self._ranks_wide = True  # shards.fold reads and clears every rank's shares
             combined = shards.fold(run, rank.rank, points)

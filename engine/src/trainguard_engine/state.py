@@ -151,7 +151,7 @@ class RankState:
 
     # --- elementary updates -----------------------------------------------------------------
     def touch(self, time_ns: int, host: str, pid: int) -> None:
-        """An event of this rank was observed at ``time_ns``."""
+        """An event of this rank was observed at ``time_ns`` (Pipeline._fold inlines it: change both)."""
         if host:
             self.host = host
         if pid:

@@ -297,7 +297,10 @@ class Adapters(Detector):
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         decided = self.wants_names(names, settings)
-        return decided if decided is not None else STATE_KEY in rank.detectors
+        return decided if decided is not None else self.wants_rank(rank, names, settings)
+
+    def wants_rank(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        return STATE_KEY in rank.detectors  # a pending break waits for the loss
 
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> List[Finding]:

@@ -137,6 +137,12 @@ class Detector:
         None."""
         return None
 
+    def wants_rank(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
+        """:meth:`wants` on a batch whose ``names`` :meth:`wants_names` answered None for under ``settings``
+        (the pipeline asks this per batch then: the names' part of the answer is known already, so an
+        override reads only the rank's state). Must agree with :meth:`wants` there. Default: :meth:`wants`."""
+        return self.wants(rank, names, settings)
+
     def on_metrics(self, run: RunState, rank: RankState, batch: MetricBatch,
                    settings: DetectionSettings) -> Sequence[Finding]:
         return ()

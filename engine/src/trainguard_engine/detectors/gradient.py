@@ -444,6 +444,17 @@ def clip_tau(rank: RankState, lo: int, hi: int, name: str) -> Tuple[Optional[flo
     return (max(unclipped) if unclipped else None), (min(clipped) if clipped else None), False
 
 
+def _clip_quiet(state: Dict[str, Any], history: Dict[str, Dict[int, Any]], step: int) -> bool:
+    """Whether :func:`check_clip` at ``step`` (past its ``last`` test) returns None and changes nothing
+    more, whatever the grad norm (so without looking for it): no threshold reported, the step not clipped
+    and the streak already reset (``streak`` 0, ``since`` -1 -- what the not-clipped branch writes)."""
+    if "tau" in state or state.get("streak") != 0 or state.get("since") != -1:
+        return False
+    flags = history.get("grad/clip_triggered")
+    flag = flags.get(step) if flags else None
+    return flag is None or flag[0] < 0.5
+
+
 def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_ns: int, event_id: str,
                settings: DetectionSettings, tuned: LossGradientSettings,
                family: Optional[Dict[str, Any]] = None) -> Optional[Finding]:
@@ -458,10 +469,14 @@ def check_clip(run: RunState, rank: RankState, loss_name: str, step: int, time_n
     if step <= state.get("last", -1):
         return None
     state["last"] = step
+    history = rank.history
+    if _clip_quiet(state, history, step):
+        return None
     gname = grad_metric(rank, settings)
-    if gname is None or step not in rank.history.get(gname, {}):
+    norms_kept = history.get(gname) if gname is not None else None
+    if norms_kept is None or step not in norms_kept:
         return None  # no norm reported at this step (a sparse cadence): nothing new to judge
-    flags = rank.history.get("grad/clip_triggered")
+    flags = history.get("grad/clip_triggered")
     flag = flags.get(step) if flags else None
     if "tau" not in state and (flag is None or flag[0] < 0.5):  # not clipped now (or no clip): cheap
         state["streak"], state["since"] = 0, -1
@@ -686,8 +701,9 @@ class Gradients(Detector):
         return None
 
     def wants(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
-        if self.wants_names(names, settings):
-            return True
+        return bool(self.wants_names(names, settings)) or self.wants_rank(rank, names, settings)
+
+    def wants_rank(self, rank: RankState, names: AbstractSet[str], settings: DetectionSettings) -> bool:
         pending = rank.detectors.get(STATE_KEY, {}).get("nonfinite")  # its wait ends on any batch
         return pending is not None and bool(pending.get("waiting"))
 
