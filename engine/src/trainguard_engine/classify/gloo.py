@@ -21,7 +21,10 @@ from .text import (
 _GLOO_SIZE_RE = re.compile(r"op\.preamble\.length <= op\.nbytes\. (?P<received>\d+) vs (?P<expected>\d+)")
 
 
-_FULL_MESH_RE = re.compile(r"Gloo connectFullMesh failed with (?P<error>[^\n]{0,200})")
+_FULL_MESH_RE = re.compile(r"Gloo connectFullMesh failed(?: with (?P<error>[^\n]{0,200}))?")
+"""gloo's ``Gloo connectFullMesh failed with [...pair.cc:N] ...``, also cut or quoted before its reason
+(``"RuntimeError: Gloo connectFullMesh failed ..."`` in a sentence): gloo raises it only when the group's
+pairs cannot connect."""
 _PAIR_CONNECT_RE = re.compile(r"pair\.cc:\d+\] connect \[(?P<peer>[^\]\n]{1,100})\]:(?P<port>\d+): "
                               r"(?P<error>Connection refused|Connection timed out|No route to host"
                               r"|Network is unreachable)")
@@ -36,7 +39,8 @@ def _rule_gloo_connect(t: _Text) -> Optional[_Hit]:
     refused``."""
     pos = t.first("gloo connectfullmesh failed")
     if pos >= 0 and (found := _search(_FULL_MESH_RE, t, pos, before=0, after=260)) is not None:
-        facts: Facts = {"backend": "gloo", "error": _shorten(found[1].group("error"), 160)}
+        error = found[1].group("error")
+        facts: Facts = {"backend": "gloo", **({"error": _shorten(error, 160)} if error else {})}
         return _Hit("comm", "init-failure", 0.85, pos, facts,
                     "gloo could not connect its ranks (connectFullMesh)", _CONNECT_NOTE)
     pos = t.first("] connect [")
@@ -175,8 +179,8 @@ after the shared pre-scan)."""
 
 DOCS = {
     'gloo.connect': (
-        "``Gloo connectFullMesh failed with ...``, gloo's ``pair.cc:N] connect [addr]:port: Connection "
-        "refused`` → comm/init-failure"
+        "``Gloo connectFullMesh failed with ...`` (also cut or quoted before its reason), gloo's "
+        "``pair.cc:N] connect [addr]:port: Connection refused`` → comm/init-failure"
     ),
     'gloo.size-mismatch': "gloo ``Received data size doesn't match expected size`` → comm/mismatch",
     'gloo.monitored-barrier': '``Rank N failed to pass monitoredBarrier`` → comm/timeout',
