@@ -257,9 +257,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         return []
     if "ginit" not in state:  # (_track_grad_start's first test: no call once the level is known)
         _track_grad_start(rank, state, step, settings)
-    series = recent(rank, name, tuned.loss_window, step)
-    tail = _exact_tail(rank, name, series)
-    initial = _initial(init, tail)  # statistics.median's value, bit for bit, cheaper
+    series, tail, initial = _loss_series(rank, name, tuned.loss_window, step, init)
     if state.get("seen", 0) < tuned.divergence_early_blowup_values:  # (the base from the kept initial level)
         _note_early_blowup(state, step, value, tuned, divergence_base(initial, init[0], tuned))
     if "early_cv" not in state and len(series) >= 2 * tuned.loss_baseline_points:  # once (_swing_bar)
@@ -472,9 +470,9 @@ def _stays_quiet(rank: RankState, state: Dict[str, Any], series: Sequence[Tuple[
     weights (:func:`_optimisation_stuck`'s reason, the one the plateau rule would take on this value).
     Then the caller's loop would only zero the three streaks (and the plateau rule's flat stretch stays
     absent): the caller does that and skips it. The certificate is dropped when it no longer covers."""
-    kept = _derived(tail)
-    quiet = kept.quiet
-    if quiet is None:
+    kept: Optional[_Derived] = tail.windows.get("loss")
+    quiet = kept.quiet if kept is not None else None
+    if kept is None or quiet is None:
         return False
     points = tail.points
     n = len(points)
@@ -947,9 +945,9 @@ def _level_held(tail: Optional[SeriesTail], bar: float, settings: DetectionSetti
     kept sorted window are not needed: the window is sorted anew when a rule next reads it)."""
     if tail is None:
         return False
-    kept = _derived(tail)
-    held = kept.held
-    if held is None:
+    kept: Optional[_Derived] = tail.windows.get("loss")
+    held = kept.held if kept is not None else None
+    if kept is None or held is None:
         return False
     if held[0] is settings and held[1] == bar and held[2] < len(tail.points) <= held[2] + held[3]:
         return True
@@ -959,15 +957,19 @@ def _level_held(tail: Optional[SeriesTail], bar: float, settings: DetectionSetti
 
 def _track_level(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]],
                  tuned: LossGradientSettings) -> None:
-    """Fold the newest rolling-median level into the lowest level seen (streaming: a few numbers)."""
+    """Fold the newest rolling-median level into the lowest level seen (streaming: a few numbers). The
+    level is :func:`_median_of` the last ``rise_smooth`` points, bit for bit (the same sort, the middle
+    value or the mean of the two middle ones), taken inline: once per loss value."""
     width = tuned.rise_smooth
     if len(series) < width:
         return
-    level = _median_of(series[-width:])
-    centre = series[-(width // 2) - 1][0]
+    ordered = sorted(map(_VALUE, series[-width:]))
+    half = width // 2
+    level = ordered[half] if width % 2 else (ordered[half - 1] + ordered[half]) / 2
     state["levels"] = state.get("levels", 0) + 1
-    if "best" not in state or level < state["best"]:
-        state["best"], state["best_step"] = level, centre
+    best = state.get("best")
+    if best is None or level < best:
+        state["best"], state["best_step"] = level, series[-half - 1][0]
     state["level"] = level
 
 
@@ -979,6 +981,29 @@ def _median_of(points: Sequence[Tuple[int, float, int]]) -> float:
     time order, the same middle or mean of the two middle ones), without building the value list first;
     NaN when empty, as :func:`robust.median`."""
     return robust.median_sorted(sorted(map(_VALUE, points)))
+
+
+def _loss_series(rank: RankState, name: str, most: int, upto: int, init: List[float]
+                 ) -> Tuple[Sequence[Tuple[int, float, int]], Optional[SeriesTail], float]:
+    """``recent(rank, name, most, upto)``, its :func:`_exact_tail` and :func:`_initial` of ``init`` (the
+    run's initial level), in one pass when recent() would answer with a plain slice of the series' tail
+    (its fast path: the tail current, its last ``most`` points finite and in step order, none past
+    ``upto``) -- then that tail is the exact one -- and the tail keeps the level of this ``init``; else
+    the three calls. Once per loss value."""
+    tail = rank.tails.get(name)
+    if tail is not None:
+        points = tail.points
+        n = len(points)
+        if n and n == len(tail.data) and tail.data is rank.history.get(name):
+            start = n - most if n > most else 0
+            if start >= tail.bad_end and start >= tail.descent and points[-1][0] <= upto:
+                kept: Optional[_Derived] = tail.windows.get("loss")
+                if kept is not None and kept.init is init and kept.init_len == len(init):
+                    return points[-most:], tail, kept.initial
+                return points[-most:], tail, _initial(init, tail)
+    series = recent(rank, name, most, upto)
+    tail = _exact_tail(rank, name, series)
+    return series, tail, _initial(init, tail)
 
 
 def _exact_tail(rank: RankState, name: str, series: Sequence[Tuple[int, float, int]]) -> Optional[SeriesTail]:
@@ -1072,7 +1097,7 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
     bisect_left finds it -- and the one that enters is the newest, placed after its equals (insort_right).
     The list is the cache's: read it, never keep or change it (the next point changes it). A Mann-Kendall S
     kept for the width (:func:`_kept_trend`) slides with it (the comment below says how)."""
-    kept = _derived(tail)
+    kept = tail.windows.get("loss") or _derived(tail)
     points = tail.points
     n = len(points)
     end = kept.ends.get(width)
@@ -1171,7 +1196,7 @@ def _initial(init: List[float], tail: Optional[SeriesTail]) -> float:
     while the series' tail lasts (``init`` stops growing once it holds ``loss_baseline_points`` values)."""
     if tail is None:
         return robust.median(init)
-    kept = _derived(tail)
+    kept = tail.windows.get("loss") or _derived(tail)
     if kept.init is not init or kept.init_len != len(init):
         kept.init, kept.init_len, kept.initial = init, len(init), robust.median(init)
     return kept.initial
@@ -2186,7 +2211,9 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
     else:
         return []
     lg_state = rank_state(rank)
-    state: Dict[str, Any] = lg_state.setdefault("spike", {})
+    state: Optional[Dict[str, Any]] = lg_state.get("spike")  # (get, set when absent: no dict per value)
+    if state is None:
+        state = lg_state["spike"] = {}
     if state.setdefault("metric", name) != name or step <= state.get("last", -1):
         return []
     state["last"] = step
