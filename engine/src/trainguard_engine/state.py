@@ -216,24 +216,25 @@ class RankState:
                 if len(history) >= max_series:
                     continue
                 series = history[name] = {}
-            floor = floors.get(name)
-            if floor is not None and step < floor:
-                continue
-            size = len(series)
-            series[step] = (value, time_ns)
-            grown = len(series)
-            tail = tails.get(name)
-            if tail is not None:
-                if grown == size:
+            if floors:
+                floor = floors.get(name)
+                if floor is not None and step < floor:
+                    continue
+            if step in series:  # a point replaced: the tail no longer matches the series
+                series[step] = (value, time_ns)
+                if name in tails:
                     del tails[name]
-                else:
+            else:
+                series[step] = (value, time_ns)
+                tail = tails.get(name)
+                if tail is not None:
                     tail_points = tail.points
                     if tail_points and step <= tail_points[-1][0]:
                         tail.descent = len(tail_points)
                     tail_points.append((step, value, time_ns))
                     if value - value != 0.0:
                         tail.bad_end = len(tail_points)
-            if grown > limit:
+            if len(series) > limit:
                 kept_steps = sorted(series)[-history_len:]
                 floors[name] = kept_steps[0]
                 trimmed = history[name] = {s: series[s] for s in kept_steps}

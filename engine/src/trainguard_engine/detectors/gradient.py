@@ -101,11 +101,16 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
     if grad_point is not None and math.isfinite(grad_point[2]):
         if numeric_open:
             _climb_settled(run, rank, state, grad_point, time_ns, settings)
-        elif not diverged_state(state, settings) and not _gave_way(run, rank, state):
+        elif not diverged_state(state, settings):
             grad_state: Optional[Dict[str, Any]] = state.get("grad")
             if grad_state is None:
                 grad_state = state["grad"] = {}
-            if grad_point[1] > grad_state.get("last", -1):
+            elif "gave_way" in grad_state and rank_has_open(run, rank, "loss:plateau"):
+                # a pre-NaN explosion that gave way to the plateau its flat loss is (loss.py's
+                # _explosion_gave_way), still open: the climb is not flagged again (a non-finite loss or
+                # gradient still is, through the numeric rules)
+                grad_state = None
+            if grad_state is not None and grad_point[1] > grad_state.get("last", -1):
                 grad_state["last"] = grad_point[1]
                 gate = grad_state.get("gate")  # [baseline, step it was computed at]
                 far_below = (gate is not None and grad_point[1] - gate[1] < CLIMB_GATE_STEPS
@@ -122,14 +127,6 @@ def on_metrics(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, 
         if found is not None:
             out.append(found)
     return out
-
-
-def _gave_way(run: RunState, rank: RankState, state: Dict[str, Any]) -> bool:
-    """Whether a pre-NaN explosion of ``rank`` gave way to the plateau its flat loss is (loss.py's
-    ``_explosion_gave_way``) and that plateau is still open: the climb it was flagged from is not
-    flagged again (a non-finite loss or gradient still is, through the numeric rules)."""
-    grad_state = state.get("grad")
-    return grad_state is not None and "gave_way" in grad_state and rank_has_open(run, rank, "loss:plateau")
 
 
 def climb_range_top(values: Sequence[float], quantile: float) -> float:

@@ -876,7 +876,7 @@ def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
                     values = timed[int(s)] = {}
                 values[name] = v
         elif role == _THROUGHPUT:
-            v = _finite(value)
+            v = value if value.__class__ is float and 0.0 <= value < math.inf else _finite(value)
             if v is not None and v > 0:
                 tp = v
         else:
@@ -887,11 +887,14 @@ def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
     if state is None:
         state = detectors[STATE_KEY] = {}
     if tp is not None:
-        tps: List[float] = state.setdefault("tpw", [])
+        tps: Optional[List[float]] = state.get("tpw")
+        if tps is None:
+            tps = state["tpw"] = []
         tps.append(tp)
-        del tps[:-settings.perf_window]
+        if len(tps) > settings.perf_window:
+            del tps[:-settings.perf_window]
         if len(tps) >= settings.perf_min_points:
-            state["tp"] = _median(tps)
+            state["tp"] = _median_sorted(sorted(tps))
     if throttle:
         out += _throttle(run, rank, state, batch, settings)
     if timed is None:
