@@ -419,12 +419,15 @@ def _rule_xid(t: _Text) -> Optional[_Hit]:
 
 
 _GPU_LOST_NEEDLES = ("unable to determine the device handle for gpu", "gpu has fallen off the bus",
-                     "gpu is lost.")
+                     "gpu is lost.", "ur_result_error_device_lost", "ze_result_error_device_lost")
 """The driver's and nvidia-smi's words for a GPU it can no longer reach, when no ``NVRM: Xid`` line is in the
 text: nvidia-smi's ``Unable to determine the device handle for GPU0000:03:00.0: Unknown Error`` (a training
 job hung on that node, dmesg full of PCIe AER errors; rwth-i6/returnn#1486) or ``...: GPU is lost.  Reboot
 the system to recover this GPU``, and the kernel log's ``GPU has fallen off the bus`` without its Xid
-prefix."""
+prefix; on Intel GPUs (XPU) the Level Zero / Unified Runtime status for the same event,
+``UR_RESULT_ERROR_DEVICE_LOST`` / ``ZE_RESULT_ERROR_DEVICE_LOST`` (``RuntimeError: level_zero backend failed
+with error: 20 (UR_RESULT_ERROR_DEVICE_LOST)`` while the xe driver resets the engine; intel/torch-xpu-ops
+#5164)."""
 
 
 _CUDA_ERROR_RE = re.compile(r"(?:CUDA error|CUDA driver error|Cuda failure(?: \d{1,4})?(?= ')|HIP error"
@@ -739,7 +742,8 @@ DOCS = {
                            "memory/cuda-error"),
     'nvidia.xid': ("``NVRM: Xid (PCI:...): N``; a GPU the driver lost without that line: nvidia-smi's "
                    "``Unable to determine the device handle for GPU...: Unknown Error`` / ``GPU is lost``, "
-                   "``GPU has fallen off the bus`` → memory/cuda-error"),
+                   "``GPU has fallen off the bus``; Intel XPU's ``UR_RESULT_ERROR_DEVICE_LOST`` / "
+                   "``ZE_RESULT_ERROR_DEVICE_LOST`` → memory/cuda-error"),
     'rocm.gpu-fault': ("a kernel fault as ROCm prints it: HIP's ``file:N: <kernel>: Device-side assertion "
                        "`...' failed.``, the HSA runtime's ``Memory access fault by GPU node-N (Agent "
                        "handle: ...) on address ... Reason: ...``, a queue ``aborting with error : "
