@@ -454,7 +454,7 @@ class Pipeline:
                 self.counters["malformed"] += 1
                 return
         key = f"{ev.project}\x00{ev.run_id}"  # (run_key, inline)
-        if key in self._evicted:
+        if key in self._evicted.when:  # (EvictedRuns.__contains__, inline)
             self.counters["late"] += 1
             return
         held = self._runs.get(key)
@@ -526,7 +526,13 @@ class Pipeline:
                 run.first_ns = time_ns
             if time_ns > run.last_event_ns:  # newer: the run becomes its project's most recently active
                 run.last_event_ns = time_ns  # (a replayed or late event changes no order: idempotent)
-                self._index.touch_run(run, key)
+                index = self._index
+                mine = index.runs.get(run.project)
+                if mine and next(reversed(mine)) == key:  # already its project's latest (touch_run, inline)
+                    index.touched += 1
+                    run.touched = index.touched
+                else:
+                    index.touch_run(run, key)
         if run.lost:  # (else nothing to say)
             progress.on_alive(run, rank, ev.time_ns, settings)
         if ev.kind == "metrics":

@@ -49,7 +49,8 @@ class ProjectIndex:
     # --- runs -------------------------------------------------------------------------------------
     def touch_run(self, run: RunState, key: Optional[str] = None) -> None:
         """``run`` is new or got an event newer than any before: its project's most recently active run
-        (``key``: its :attr:`~trainguard_engine.state.RunState.key`, when the caller has it)."""
+        (``key``: its :attr:`~trainguard_engine.state.RunState.key`, when the caller has it). Pipeline._fold
+        inlines the case of the project's latest run touched again: change both."""
         mine = self.runs.setdefault(run.project, {})
         if key is None:
             key = run.key

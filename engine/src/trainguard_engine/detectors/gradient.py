@@ -26,7 +26,6 @@ from .numeric import (
     STATE_KEY,
     VANISHING_KEY,
     LossGradientSettings,
-    climb_baseline,
     diverged_before,
     diverged_state,
     find_explosion,
@@ -151,15 +150,17 @@ def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: i
     series = [p for p in recent(rank, name, settings.explosion_window_steps + 1, step) if p[0] >= lo]
     if len(series) < max(tuned.explosion_trend_points, 2 * tuned.explosion_sustain, 4):
         return None
-    values = [v for _s, v, _t in series]
-    baseline = climb_baseline(values)
+    # climb_baseline of the values, read from the earlier half alone: the usual call ends at the sustain
+    # test, before the whole list of values is built
+    baseline = robust.median([v for _s, v, _t in series[: max(1, len(series) // 2)]])
     if memo is not None and baseline > 0:
         memo["gate"] = [baseline, step]
     if not baseline > 0:
         return None
     factor = settings.explosion_jump_factor
-    if not all(v >= factor * baseline for v in values[-tuned.explosion_sustain:]):
+    if not all(p[1] >= factor * baseline for p in series[-tuned.explosion_sustain:]):
         return None
+    values = [v for _s, v, _t in series]
     bar = climb_range_top(values, settings.explosion_climb_quantile)
     if not all(v > bar for v in values[-tuned.explosion_sustain:]):
         return None  # inside the range the norm already had in the baseline half: a heavy-tailed norm (a
