@@ -88,12 +88,12 @@ def test_workers_reach_the_processor_with_the_configured_collector(tmp_path: Pat
     operator's collector threshold (hR F6: the pool was built before tune_gc and took the interpreter's 700)."""
     server = _serve(tmp_path, processor_workers=2, processor_gc_gen0_threshold=123_456,
                     processor_pool_isolate_after=5, processor_pool_left_out_s=7.5,
-                    processor_pool_call_timeout_s=90.0, processor_pool_log_max_mb=3)
+                    processor_pool_call_timeout_s=90.0, processor_uncommitted_max_mb=3)
     try:
         assert server.processor is not None and server.processor.pool is not None
         assert server.processor.pool_isolate_after == 5 and server.processor.poisoned_runs.hold_s == 7.5
         assert server.processor.pool.call_timeout_s == 90.0
-        assert server.processor.pool_log_max_bytes == 3 * 1024 * 1024
+        assert server.processor.uncommitted_max_bytes == 3 * 1024 * 1024
         assert len(server.processor.pool.workers) == 2 and server.queue.partitions == AUTO_PARTITIONS
         assert server.processor.pool._args[2] == 123_456  # (settings, pause_gc, gc_threshold) sent to each
     finally:

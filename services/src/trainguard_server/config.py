@@ -290,11 +290,12 @@ class Settings(BaseSettings):
         "longer than this fails as a dead worker's would (the hung worker is replaced; a run that hangs it "
         "every time is left out as above); 0: no bound (a hung worker stalls every partition until stop). "
         "Use generous values: a rebuild replays up to snapshot_every_s of records in one call")
-    processor_pool_log_max_mb: int = Field(
-        256, ge=1, description="with processor_workers: the most megabytes of records the pool keeps since "
-        "the last checkpoint (to rebuild a dead worker's pipelines); over it the processor checkpoints ahead "
-        "of snapshot_every_s and, while checkpoints fail, takes no new records (the queue keeps them; the "
-        "gateway's backlog bound pushes back) instead of growing without bound")
+    processor_uncommitted_max_mb: int = Field(
+        256, ge=1, description="the most megabytes of records the processor holds taken and not yet "
+        "committed (until the next checkpoint; with processor_workers the pool keeps the same records to "
+        "rebuild a dead worker); over it the processor checkpoints ahead of snapshot_every_s and, while "
+        "checkpoints fail, takes no new records (the queue keeps them; the gateway's backlog bound pushes "
+        "back) instead of growing without bound")
     processor_metric_write_chunks: int = Field(
         1, ge=1, description="the metric points of this many processor chunks are written to the metric "
         "store in one transaction (1, the default: one per chunk; more: a listed run may show no metrics "

@@ -68,15 +68,15 @@ def render_prometheus(services: Any) -> str:
         samples.append(("trainguard_checkpoint_failures", "gauge",
                         "processor checkpoints failed in a row (0 once one succeeds; /readyz: 503 meanwhile)",
                         [("", getattr(processor, "checkpoint_failures", 0))]))
-        pool = getattr(processor, "pool", None)
-        if pool is not None:
-            samples.append(("trainguard_processor_pool_log_bytes", "gauge",
-                            "record bytes the pipeline pool keeps since the last checkpoint (to rebuild a "
-                            "dead worker); at TRAINGUARD_PROCESSOR_POOL_LOG_MAX_MB no record is taken until "
-                            "a checkpoint succeeds", [("", pool.log_bytes)]))
-            samples.append(("trainguard_processor_held_back_total", "counter",
-                            "rounds that took no record because the pool's log was at its bound",
-                            [("", getattr(pstats, "held_back", 0))]))
+        samples.append(("trainguard_processor_uncommitted_bytes", "gauge",
+                        "record bytes the processor holds taken and not yet committed (until the next "
+                        "checkpoint); over TRAINGUARD_PROCESSOR_UNCOMMITTED_MAX_MB it checkpoints before "
+                        "taking more, and takes none while that fails",
+                        [("", getattr(processor, "_uncommitted_bytes", 0))]))
+        samples.append(("trainguard_processor_early_checkpoints_total", "counter",
+                        "checkpoints tried before a round because the uncommitted records were over "
+                        "TRAINGUARD_PROCESSOR_UNCOMMITTED_MAX_MB (each failed one takes no records)",
+                        [("", getattr(pstats, "held_back", 0))]))
         counters = getattr(processor, "counters", None) or {}
         samples.append(("trainguard_runs_quarantined_total", "counter",
                         "runs whose state was dropped because it could not go on (not serialisable, a "

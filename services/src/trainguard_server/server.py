@@ -158,7 +158,7 @@ class EmbeddedServer:
                 pool_isolate_after=s.processor_pool_isolate_after,
                 pool_left_out_s=s.processor_pool_left_out_s,
                 pool_call_timeout_s=s.processor_pool_call_timeout_s,
-                pool_log_max_bytes=s.processor_pool_log_max_mb * 1024 * 1024)
+                uncommitted_max_bytes=s.processor_uncommitted_max_mb * 1024 * 1024)
         try:
             self._serve(s, roles)
         except BaseException:  # its pipeline workers end too (else the exit waits on them forever: G2)

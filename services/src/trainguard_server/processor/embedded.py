@@ -113,11 +113,12 @@ resolve. An operator who wants fewer transactions turns it on (TRAINGUARD_PROCES
 METRIC_WRITE_DELAY_S = 0.5
 """The longest metric points are held by the write-behind (:data:`METRIC_WRITE_CHUNKS`): checked after each
 chunk and after each round (0: every chunk writes its own, as with one chunk)."""
-POOL_LOG_MAX_BYTES = 256 * 1024 * 1024
-"""With pipeline workers: the most record bytes the pool keeps for a rebuild (the records since the last
-checkpoint, processor/pool.py) before the processor checkpoints ahead of time -- and, while that checkpoint
-fails, takes no more records (TRAINGUARD_PROCESSOR_POOL_LOG_MAX_MB). At snapshot_every_s 5 and ~40k events/s
-of ~150-byte envelopes the log holds ~30 MB between checkpoints."""
+UNCOMMITTED_MAX_BYTES = 256 * 1024 * 1024
+"""The most record bytes the processor holds taken and not committed (until the next checkpoint; with
+pipeline workers the pool keeps the same records to rebuild a dead worker, processor/pool.py) before it
+checkpoints ahead of time -- and, while that checkpoint fails, takes no more records
+(TRAINGUARD_PROCESSOR_UNCOMMITTED_MAX_MB). At snapshot_every_s 5 and ~40k events/s of ~150-byte envelopes
+it holds ~30 MB between checkpoints."""
 RECORD_WINDOW = 16
 """Chunks over which the processor remembers the largest record (envelopes): a round takes as many records
 as fit its time bound *at that size*, so one-envelope alerts handed out between a noisy run's 500-envelope
@@ -185,7 +186,7 @@ class ProcessorStats:
     rejected_events: int = 0   # raw-context events a store refused for good (a bad document), logged
     store_retries: int = 0     # rounds retried because a store was unavailable
     rounds: int = 0            # chunks processed: one pipeline call and one write per store each
-    held_back: int = 0         # rounds that took no record: the pipeline pool's replay log at its bound
+    held_back: int = 0         # checkpoints taken early: the records held uncommitted over their bound
 
 
 class EmbeddedProcessor:
@@ -204,7 +205,8 @@ class EmbeddedProcessor:
                  pause_gc: bool = True, metric_write_chunks: int = METRIC_WRITE_CHUNKS,
                  metric_write_delay_s: float = METRIC_WRITE_DELAY_S, processor_workers: int = 0,
                  pool_isolate_after: int = ISOLATE_AFTER, pool_left_out_s: float = HOLD_S,
-                 pool_call_timeout_s: float = 0.0, pool_log_max_bytes: int = POOL_LOG_MAX_BYTES) -> None:
+                 pool_call_timeout_s: float = 0.0,
+                 uncommitted_max_bytes: int = UNCOMMITTED_MAX_BYTES) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
@@ -254,9 +256,11 @@ class EmbeddedProcessor:
         #: records ended their worker then, by (project, run id): their records are stored, not detected
         #: on, until a checkpoint ``pool_left_out_s`` later (processor/left_out.py)
         self._pool_failures = 0
-        #: the pool's replay log (record values since the last checkpoint, processor/pool.py) may hold this
-        #: many bytes; over it, no record is taken until a checkpoint empties it (:meth:`run_once`)
-        self.pool_log_max_bytes = max(1, int(pool_log_max_bytes))
+        #: the records taken and not yet committed (held until the next checkpoint; with a worker pool also
+        #: kept to rebuild a dead worker) may hold this many bytes; over it a checkpoint comes first, and
+        #: while that fails no record is taken (:meth:`run_once`)
+        self.uncommitted_max_bytes = max(1, int(uncommitted_max_bytes))
+        self._uncommitted_bytes = 0
         self.pool_isolate_after = max(1, pool_isolate_after)
         self.poisoned_runs = LeftOutRuns(pool_left_out_s)
         #: per partition, per lane: the highest offset whose record went through that partition's pipeline
@@ -446,6 +450,7 @@ class EmbeddedProcessor:
             self._sync_stores()
             self.queue.commit(self._uncommitted)
             self._uncommitted = []
+            self._uncommitted_bytes = 0
             # every record through a pipeline so far is committed (never delivered again): the next
             # snapshot covers only what comes after (OFFSETS_PREFIX), not every lane ever used
             self._tops.clear()
@@ -509,6 +514,7 @@ class EmbeddedProcessor:
         with self._lock:
             mine = [r for r in self._uncommitted if r.partition in gone]
             self._uncommitted = [r for r in self._uncommitted if r.partition not in gone]
+            self._uncommitted_bytes = sum(len(r.value) for r in self._uncommitted)
             self._retry = [r for r in self._retry if r.partition not in gone]
             if not lost:
                 try:
@@ -566,14 +572,22 @@ class EmbeddedProcessor:
                 self._back_off()
                 raise
         fresh = not self._retry
-        if fresh and self.pool is not None and self.pool.log_bytes > self.pool_log_max_bytes:
-            # the records since the last checkpoint, kept for a worker's rebuild, reached their bound
-            # (checkpoints failing, or far apart): checkpoint before taking more -- while that fails (it
-            # raises: the caller backs off) nothing new is taken; the queue keeps the records and the
+        if fresh and self._uncommitted_bytes > self.uncommitted_max_bytes:
+            # the records held since the last checkpoint (and, with workers, kept to rebuild one) are over
+            # their bound -- checkpoints failing, or far apart: checkpoint before taking more; while that
+            # fails (it raises, after backing off) nothing new is taken: the queue keeps the records and the
             # gateway's backlog bound pushes back, instead of this process's memory growing (G7)
+            wait = self._retry_at - time.monotonic()
+            if wait > 0:
+                time.sleep(min(wait, timeout))
+                return 0
             self.stats.held_back += 1
             with self._lock:
-                self._checkpoint_locked()
+                try:
+                    self._checkpoint_locked()
+                except Exception:
+                    self._back_off()
+                    raise
         if fresh:
             records = self.queue.consume(self._take_count(self._round_cap()), timeout)
         else:
@@ -828,6 +842,7 @@ class EmbeddedProcessor:
         # a chunk whose pipeline call failed -- a worker died -- is retried, and a checkpoint meanwhile, e.g.
         # a stop during the backoff, must not commit records no pipeline saw)
         self._uncommitted.extend(records)
+        self._uncommitted_bytes += sum(len(r.value) for r in records)
         tops = self._tops
         for record in records:  # through the pipeline: what the next snapshot covers (OFFSETS_PREFIX)
             lane_tops = tops.get(record.partition)

@@ -72,6 +72,7 @@ class FlinkStoresProcessor(EmbeddedProcessor):
             self._sync_stores()  # durable before the offsets that cover them
             self.queue.commit(self._uncommitted)
             self._uncommitted = []
+            self._uncommitted_bytes = 0
         self.stats.snapshots += 1
 
     def run_once(self, timeout: float) -> int:

@@ -55,6 +55,10 @@ POLL_S = 0.1
 Parts = Dict[str, Optional[bytes]]
 RunKey = TypeVar("RunKey")  # how process_runs's caller names a run (hashable)
 Op = Tuple[Any, ...]  # ("process", records) | ("advance", now_ns) | ("changed",): a partition's logged call
+CHANGED: Op = ("changed",)
+"""A logged ``changed_parts`` call. Two in a row leave the pipeline as one does (the second assigns no new
+sequence numbers and encodes no rank again), so the log keeps one: a checkpoint failing every round (a store
+down) would otherwise add one per partition per retry, each replayed by a rebuild (hR's M1 of stop 47)."""
 JobRecord = bytes
 """A record for a worker: its queue value (the worker reads it itself; map fields read in sorted key order in
 any process: trainguard.wire)."""
@@ -281,7 +285,6 @@ class PipelinePool:
         self.workers: List[_Worker] = [_Worker(self._context, i, self._args) for i in range(workers)]
         self.pipelines: Dict[int, RemotePipeline] = {}
         self._log: Dict[int, List[Op]] = {}  # per partition: its calls since its last saved snapshot
-        self._log_bytes: Dict[int, int] = {}  # per partition: the record bytes its log holds
         self._broken = False
         self.rebuilds = 0  # how many times the partitions were rebuilt after a failure
         #: while stopping: when (time.monotonic()) a wait for a worker's reply gives up -- a worker that
@@ -349,13 +352,6 @@ class PipelinePool:
                              "before the next call): " + "; ".join(errors))
         return results
 
-    @property
-    def log_bytes(self) -> int:
-        """The record bytes the replay logs hold now, over every partition: what a checkpoint frees
-        (:meth:`saved`). The processor stops taking records while it is over its bound
-        (``processor_pool_log_max_mb``: embedded.py ``pool_log_max_bytes``)."""
-        return sum(self._log_bytes.values())
-
     def _by_worker(self, partitions: Sequence[int]) -> Dict[int, List[int]]:
         out: Dict[int, List[int]] = {}
         for p in partitions:
@@ -373,12 +369,11 @@ class PipelinePool:
         """Host ``partition``'s pipeline, restored from its ``stored`` parts (raw, as the store has them)."""
         info = self.call_one(partition, "build", partition, dict(stored))
         self._log[partition] = []
-        self._log_bytes[partition] = 0
         pipeline = self.pipelines[partition] = RemotePipeline(self, partition, info)
         return pipeline
 
     def process(self, jobs: Sequence[Tuple[int, List[JobRecord]]]) -> List[PipelineOutput]:
-        """Each ``(partition, records)`` (:func:`job_record`) through its pipeline, the workers in parallel;
+        """Each ``(partition, records)`` (record values) through its pipeline, the workers in parallel;
         the outputs in the order of ``jobs``."""
         return self.collect(self.start(jobs))
 
@@ -425,8 +420,6 @@ class PipelinePool:
         pipelines, their retry a replay that emits nothing (incidents lost)."""
         for partition, (logged, quarantined) in marks.items():
             del self._log[partition][logged:]
-            self._log_bytes[partition] = sum(sum(map(len, op[1])) for op in self._log[partition]
-                                             if op[0] == "process")
             del self.pipelines[partition]._quarantined[quarantined:]
         self._broken = True
 
@@ -468,8 +461,6 @@ class PipelinePool:
             for (partition, values), (output, info) in zip(mine, replies[index]):
                 self.pipelines[partition].update(info)
                 self._log[partition].append(("process", values))
-                self._log_bytes[partition] = self._log_bytes.get(partition, 0) + \
-                    sum(map(len, values))
                 got[partition] = output
         return [got[p] for p, _ in jobs]
 
@@ -479,7 +470,7 @@ class PipelinePool:
 
     def changed(self, partitions: Sequence[int]) -> List[Parts]:
         """Each partition's changed snapshot parts, split for the store (rank_parts), in parallel."""
-        return [parts for parts, _ in self._each(partitions, "changed", ("changed",))]
+        return [parts for parts, _ in self._each(partitions, "changed", CHANGED)]
 
     def _each(self, partitions: Sequence[int], call: str, op: Op, *args: Any) -> List[Tuple[Any, Info]]:
         groups = self._by_worker(partitions)
@@ -488,7 +479,9 @@ class PipelinePool:
         for index, mine in groups.items():
             for partition, reply in zip(mine, replies[index]):
                 self.pipelines[partition].update(reply[1])
-                self._log[partition].append(op)
+                logged = self._log[partition]
+                if not (op == CHANGED and logged and logged[-1] == CHANGED):
+                    logged.append(op)  # (a changed_parts right after another changes nothing: one kept)
                 got[partition] = reply
         return [got[p] for p in partitions]
 
@@ -497,7 +490,6 @@ class PipelinePool:
         should this call fail, the rebuild starts from those stored parts)."""
         for p in partitions:
             self._log[p] = []
-            self._log_bytes[p] = 0
         self._gather({i: ("saved", mine) for i, mine in self._by_worker(partitions).items()})
 
     def drop(self, partitions: Sequence[int]) -> None:
@@ -505,7 +497,6 @@ class PipelinePool:
         for p in partitions:
             self.pipelines.pop(p, None)
             self._log.pop(p, None)
-            self._log_bytes.pop(p, None)
         if not self._broken:  # a rebuild hosts only what is left
             self._gather({i: ("drop", mine) for i, mine in self._by_worker(partitions).items()})
 
