@@ -9,8 +9,9 @@ incidents a second time. :func:`split_single_state` hands it over once, before a
 * each run to the partition of its run id (``lane_of(run_id, lanes) % partitions``: where the queue puts the
   run's records from now on), its evicted-run memory likewise;
 * each cluster whole to one partition (its first run's), and the store's view of that partition seeded with
-  the cluster as stored (``merge_clusters``): the partitions' views are summed, so the merged count goes on
-  from the stored one whichever partition meets the fingerprint next;
+  the cluster as the snapshot holds it (``merge_clusters``): the partitions' views are summed, so the merged
+  count goes on from there whichever partition meets the fingerprint next (records after the snapshot are
+  delivered again and counted in their runs' partitions -- once: not also through the seed);
 * the counters to partition 0 (/metrics sums the partitions);
 * the offsets the snapshot covers (``OFFSETS_PREFIX``), lane by lane to each lane's partition, so records
   redelivered after it are not handed to a pipeline twice;
@@ -76,10 +77,11 @@ def split_single_state(incidents: IncidentStore, detection: DetectionSettings, *
         runs = cluster.get("record", {}).get("runs") or [""]
         partition = partition_of(str(runs[0])) if runs[0] else 0
         docs[partition]["clusters"].append(cluster)
-        record = cluster["record"]
-        stored_cluster = incidents.get_cluster(record["project"], record["fingerprint"])
-        if stored_cluster is not None:
-            seeds.setdefault(partition, []).append(stored_cluster)
+        # the partition's view is seeded with the cluster AS SNAPSHOTTED (what that partition's pipeline
+        # holds), not as stored: after a crash the stored one also counts records the snapshot does not
+        # cover, which come again -- in their runs' partitions, whose views are summed with this one (stop
+        # 46's G6: a cluster of two runs in two partitions was counted 3 times for 2 occurrences)
+        seeds.setdefault(partition, []).append(Cluster.from_dict(cluster["record"]))
     items: Dict[str, Optional[bytes]] = {key: None for key in keys}
     items[whole_key] = None
     items[single_offsets] = None
