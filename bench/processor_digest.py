@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import shutil
 import sqlite3
 import sys
@@ -35,12 +36,21 @@ WALL_CLOCK = frozenset({"updated_ns"})
 """Columns left out of the digests: when a row was written (the state table's), not what it holds."""
 BOOKKEEPING = frozenset({"store_syncs"})
 """Tables left out: storage/sqlite.py's SYNC_TABLE (how many checkpoint syncs a store had, not data)."""
+QUEUE_ID = re.compile(rb'"queue": "[0-9a-f]+"')
+"""The queue file's random id inside a saved offsets cover (processor/embedded.py OFFSETS_PREFIX): a fresh
+queue file has a new one each drain, so it is masked (else two drains of the same stream never digest
+alike)."""
+
+
+def _masked(row: Any) -> Any:
+    return tuple(QUEUE_ID.sub(b'"queue": "-"', v) if isinstance(v, bytes) else
+                 QUEUE_ID.sub(b'"queue": "-"', v.encode()).decode() if isinstance(v, str) else v for v in row)
 
 
 def table_digests(path: Path) -> Dict[str, str]:
     """``{table: sha256}`` of every table of one SQLite file (FTS shadow tables included; the columns of
-    :data:`WALL_CLOCK` left out), rows ordered by every column (a total order that needs no knowledge of
-    the keys)."""
+    :data:`WALL_CLOCK` left out, the queue id masked: :data:`QUEUE_ID`), rows ordered by every column (a
+    total order that needs no knowledge of the keys)."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
@@ -52,7 +62,7 @@ def table_digests(path: Path) -> Dict[str, str]:
             h = hashlib.sha256()
             n = 0
             for row in conn.execute(f'SELECT {order} FROM "{table}" ORDER BY {order}'):
-                h.update(repr(row).encode())
+                h.update(repr(_masked(row)).encode())
                 n += 1
             out[table] = f"{h.hexdigest()[:16]} rows={n}"
         return out
