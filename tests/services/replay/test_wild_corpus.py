@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.951, "subtype": 0.929}, "heldout": {"category": 0.88, "subtype": 0.85}}
+FLOORS = {"tune": {"category": 0.951, "subtype": 0.929}, "heldout": {"category": 0.88, "subtype": 0.849}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -164,7 +164,13 @@ out, labelled before being classified, aa50343; JAX, Composer, Megatron, Colossa
 PEFT, Slurm stacks on purpose): the new tuned logs scored 10/20 at their first measurement (tuned 751/791 and
 733/791); after this stop's first tuned-side change (Composer's launcher lines) 753/791 = 0.9519 and 735/791 =
 0.9292 -- the tuned floors down to 0.951 and 0.929 (the older 771 tuned logs unchanged: the drop is the new
-batch's unread stacks, not a regression); held out 285/321 and 273/321 before and after it."""
+batch's unread stacks, not a regression); held out 285/321 and 273/321 before and after it. At 1137 -> 1167
+logs (stop 47, hL2, fresh batch 11: 30 new logs, 14 held out, labelled before being classified, c35c7e9;
+ROCm, Habana, Horovod/mpirun, Ray, JAX/TPU, SageMaker, caffe2 stacks on purpose): held out 306/345 and 293/345
+= 0.8493 (the 14 new held-out logs 11/14 and 10/14; the 331 older ones unchanged at 295/331 and 283/331) --
+the held-out subtype floor down to 0.849; the tuned-side changes that followed (mpirun with a redacted PID,
+absl's signal-handler forms, old gloo's pair ``Connect timeout``) left the held-out figures where they were
+(tuned 785 -> 788/822 and 767 -> 770/822)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

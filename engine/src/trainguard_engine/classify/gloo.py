@@ -25,9 +25,13 @@ _FULL_MESH_RE = re.compile(r"Gloo connectFullMesh failed(?: with (?P<error>[^\n]
 """gloo's ``Gloo connectFullMesh failed with [...pair.cc:N] ...``, also cut or quoted before its reason
 (``"RuntimeError: Gloo connectFullMesh failed ..."`` in a sentence): gloo raises it only when the group's
 pairs cannot connect."""
-_PAIR_CONNECT_RE = re.compile(r"pair\.cc:\d+\] connect \[(?P<peer>[^\]\n]{1,100})\]:(?P<port>\d+): "
+_PAIR_CONNECT_RE = re.compile(r"pair\.cc:\d+\] (?:connect \[(?P<peer>[^\]\n]{1,100})\]:(?P<port>\d+): "
                               r"(?P<error>Connection refused|Connection timed out|No route to host"
-                              r"|Network is unreachable)")
+                              r"|Network is unreachable)"
+                              r"|(?P<old>Connect timeout) \[(?P<peer2>[^\]\n]{1,100})\]:(?P<port2>\d+))")
+"""gloo's pair failing to connect to its peer: ``[...pair.cc:799] connect [10.0.0.2]:13195: Connection
+refused``, and older gloo's ``[.../gloo/transport/tcp/pair.cc:611] Connect timeout [172.17.27.13]:27023``
+(caffe2#360): a pair connects only while the group forms."""
 _CONNECT_NOTE = ("gloo's ranks open a TCP pair to every other rank when a process group is created: the "
                  "peers' addresses must be reachable (GLOO_SOCKET_IFNAME names the interface), no firewall "
                  "between them")
@@ -43,12 +47,14 @@ def _rule_gloo_connect(t: _Text) -> Optional[_Hit]:
         facts: Facts = {"backend": "gloo", **({"error": _shorten(error, 160)} if error else {})}
         return _Hit("comm", "init-failure", 0.85, pos, facts,
                     "gloo could not connect its ranks (connectFullMesh)", _CONNECT_NOTE)
-    pos = t.first("] connect [")
+    pos = t.first("] connect [", "] connect timeout [")
     if pos >= 0 and (found := _search(_PAIR_CONNECT_RE, t, pos, before=40, after=200)) is not None:
         m = found[1]
-        facts = {"backend": "gloo", "peer": f"{m.group('peer')}:{m.group('port')}", "error": m.group("error")}
+        error = m.group("error") or m.group("old")
+        peer = f"{m.group('peer') or m.group('peer2')}:{m.group('port') or m.group('port2')}"
+        facts = {"backend": "gloo", "peer": peer, "error": error}
         return _Hit("comm", "init-failure", 0.8, found[0] + m.start(), facts,
-                    f"gloo cannot connect to peer {facts['peer']} ({m.group('error')})", _CONNECT_NOTE)
+                    f"gloo cannot connect to peer {peer} ({error})", _CONNECT_NOTE)
     return None
 
 
@@ -165,7 +171,7 @@ def _rule_gloo_peer_lost(t: _Text) -> Optional[_Hit]:
 
 
 GATES = {
-    "gloo.connect": ("gloo connectfullmesh failed", "] connect ["),
+    "gloo.connect": ("gloo connectfullmesh failed", "] connect [", "] connect timeout ["),
     "gloo.size-mismatch": ("received data size doesn't match expected size",
                            "op.preamble.length <= op.nbytes"),
     "gloo.monitored-barrier": ("failed to pass monitoredbarrier",),
@@ -180,7 +186,8 @@ after the shared pre-scan)."""
 DOCS = {
     'gloo.connect': (
         "``Gloo connectFullMesh failed with ...`` (also cut or quoted before its reason), gloo's "
-        "``pair.cc:N] connect [addr]:port: Connection refused`` → comm/init-failure"
+        "``pair.cc:N] connect [addr]:port: Connection refused`` (older gloo: ``pair.cc:N] Connect timeout "
+        "[addr]:port``) → comm/init-failure"
     ),
     'gloo.size-mismatch': "gloo ``Received data size doesn't match expected size`` → comm/mismatch",
     'gloo.monitored-barrier': '``Rank N failed to pass monitoredBarrier`` → comm/timeout',

@@ -194,10 +194,14 @@ _RETURN_CODE_RE = re.compile(r"exits with return code = (?P<code>-?\d+)")
 """DeepSpeed's launcher: ``[launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...]
 exits with return code = -11`` (a signal), or ``= 1`` (a plain exit: the worker's own error is in its
 output)."""
-_RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (?P<name2>SIG[A-Z]+) "
-                          r"\(@0x[0-9a-f]+\)) received by PID")
+_RECEIVED_RE = re.compile(r"(?:Signal (?P<sig>\d+) \((?P<name>SIG\w+)\)|\*\*\* (?P<name2>SIG[A-Z]{2,8})"
+                          r"(?: \(@(?:0x[0-9a-f]+|\(nil\))\)(?:, see \S{1,60})?)?) received by PID \d")
 """torchrun's failure table ``traceback : Signal 11 (SIGSEGV) received by PID 6421`` (when its header was
-cut), glog's failure handler ``*** SIGTERM (@0x297b) received by PID 18396 ... from PID 10619``."""
+cut), and the failure-signal handler of Google's runtimes (glog / absl, as TPU, JAX and TensorFlow print it)
+in its three forms: ``*** SIGTERM (@0x297b) received by PID 18396 ... from PID 10619``, with a null fault
+address and its ``see`` link (redacted in open builds: ``*** SIGSEGV (@(nil)), see gl__________41#s15
+received by PID 11743 (TID 12350) on cpu 17; stack trace: ***``, jax#12456), and without the address
+(``*** SIGABRT received by PID 9361 (TID 9361) on cpu 40 from PID 9361; stack trace: ***``)."""
 _SIGNAL_NUMBERS = {name: number for number, name in SIGNAL_NAMES.items()}
 _INTERRUPTED_RE = re.compile(
     r"(?:exit code )?\d{1,3} ?[(\uff08]interrupted by signal (?P<sig>\d{1,2}) ?[:\uff1a] ?"
@@ -285,11 +289,12 @@ for host memory; the ``*** JOB N ... CANCELLED AT ... ***`` line that follows is
 cancellation of its own. ``Exceeded step memory limit at some point.`` is NOT a kill: the accounting plugin's
 notice that the step's peak passed the limit (printed at the step's end, whatever ended it), so the error
 printed beside it stays the verdict."""
-_MPIRUN_SIGNAL_RE = re.compile(r"process rank (?P<rank>\d{1,7}) with PID \d{1,10} on node \S{1,120} "
+_MPIRUN_SIGNAL_RE = re.compile(r"process rank (?P<rank>\d{1,7}) with PID \S{1,20} on node \S{1,120} "
                                r"exited on signal (?P<sig>\d{1,2})\b")
 """Open MPI's launcher (``mpirun``, as Horovod and DeepSpeed's MPI runner start workers): ``mpirun noticed
 that process rank 1 with PID 0 on node n1 exited on signal 4 (Illegal instruction: 4).`` -- worker rank 1 was
-ended by that signal."""
+ended by that signal. The PID (as the host) is any token: pasters replace it (``with PID xxxxxx on node
+xxxxxxxx``, Aware-of-the-history#2)."""
 _DIED_FROM_SIGNAL_RE = re.compile(r"(?:\b(?P<who>rank|process|worker|task) (?P<rank>\d{1,7}) )?"
                                   r"died from signal (?P<sig>\d{1,2})\b")
 """A launcher's per-process report of a signal death (ezpz's ``rank 0 died from signal 11 and dumped core``
@@ -401,8 +406,8 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
                     f"colossalai run: {runner['launcher']} failed on {runner['host']}",
                     "the multi-node runner reports that the command it started on that host exited with an "
                     "error; the workers' own output above (or on that host) says why")
-    pos = t.first(") received by pid")
-    if pos >= 0 and (found := _search(_RECEIVED_RE, t, pos, before=60, after=20)) is not None:
+    pos = t.first(" received by pid ")
+    if pos >= 0 and (found := _search(_RECEIVED_RE, t, pos, before=120, after=20)) is not None:
         m = found[1]
         name = m.group("name") or m.group("name2")
         signal = int(m.group("sig")) if m.group("sig") else _SIGNAL_NUMBERS.get(name, 0)
@@ -854,7 +859,7 @@ GATES = {
                         "terminated with signal sig", "terminated with exit code ",
                         "program received signal sig",
                         "program terminated with signal sig", "exits with return code = ",
-                        ") received by pid", "death signal", "got signal:", "segmentation fault", "killed",
+                        " received by pid ", "death signal", "got signal:", "segmentation fault", "killed",
                         "oom-kill event", "exited on signal ", "died from signal ", "container rank ",
                         "exceeded memory limit",
                         "exceeded job memory limit", "exceeded step memory limit",
@@ -904,7 +909,8 @@ DOCS = {
         "SIGSEGV)`` (also with full-width ``\uff08 \uff1a \uff09``), DeepSpeed's ``exits with return code "
         "= -11`` (``= 1``: "
         "process/exit; the culprit its ``--local_rank``), "
-        "``Signal 11 (SIGSEGV) received by PID`` / glog's ``*** SIGTERM (@0x..) received by PID``, "
+        "``Signal 11 (SIGSEGV) received by PID`` / glog's and absl's ``*** SIGTERM (@0x..) received by PID`` "
+        "(also ``(@(nil)), see ...`` or no address), "
         "mp.spawn's ``process 1 terminated with signal SIGKILL`` (the rank; ``... with exit code 1``: "
         "process/exit), gdb's ``Program received signal "
         "SIGSEGV``, a "
