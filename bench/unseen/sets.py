@@ -43,13 +43,14 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "tuning44": ("bench.unseen.tuning8", True),  # stop 44's tuning set
     "heldout44": ("bench.unseen.heldout10", True),  # stop 44's held-out set: judged once per engine, SPENT
     "heldout45": ("bench.unseen.heldout11", True),  # stop 45's held-out set: judged once per setting, SPENT
+    "heldout47": ("bench.unseen.heldout12", True),  # stop 47's held-out set: judged once, default settings
 }
 
-JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45"})
-"""Sets (stop 44, decided before either ran) whose failing shapes also count as manifested on a one-step
-jump: a loss value >= ``JUMP_FACTOR`` x the median of the ``JUMP_POINTS`` values before it. One bad batch on
-a run that learned far below its start lands under 2x the initial level (probe.py's rule) and was never
-scored."""
+JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45", "heldout47"})
+"""Sets (stop 44, decided before either ran; heldout47 added with its file, before it ran) whose failing
+shapes also count as manifested on a one-step jump: a loss value >= ``JUMP_FACTOR`` x the median of the
+``JUMP_POINTS`` values before it. One bad batch on a run that learned far below its start lands under 2x the
+initial level (probe.py's rule) and was never scored."""
 JUMP_FACTOR = 10.0
 JUMP_POINTS = 20
 
