@@ -304,18 +304,24 @@ _TORCH_MESSAGES: Tuple[Tuple[str, str], ...] = (
     ("RuntimeError", r"expected scalar type \w+ but found \w+"),
     ("RuntimeError", r"Error\(s\) in loading state_dict for \w+"),
     ("IndexError", r"index out of range in self"),
+    ("RuntimeError", r"An attempt has been made to start a new process before the"),
 )
 _TORCH_MESSAGE_NEEDLES = ("element 0 of", "through the graph", "gradient computation", "on the same device",
                           "mat1 and mat2", "size of tensor", "weight type", "Sizes of tensors",
                           "invalid for input", "weight of size", "expected scalar type", "loading state_dict",
-                          "index out of range")
+                          "index out of range", "start a new process before")
 """Words of each :data:`_TORCH_MESSAGES` (a line holding none is none of them: the regex is not run)."""
 """PyTorch's exception messages that a tool's own report prints without their type (``print(f"Error running
 job: {e}")``, ``logger.error(f"Training failed: {e}")``), with the type PyTorch raises them as: autograd
 misuse, device / dtype / shape mismatches, a state dict that does not fit, an embedding index. Only errors of
-the model's own code (process/exception): CUDA errors and OOM are read from their text already."""
+the model's own code (process/exception): CUDA errors and OOM are read from their text already. Also
+CPython's ``multiprocessing`` refusing to start a child while a spawned child imports the main module
+(``RuntimeError: An attempt has been made to start a new process before the`` / ``current process has
+finished its bootstrapping phase.`` -- a script without the ``__main__`` guard under spawn: Windows / macOS
+DataLoader workers, ``mp.spawn``), whose message is a triple-quoted text pasted with its indentation and
+often without the ``RuntimeError:`` line: the message's lines may be indented."""
 _TORCH_MESSAGE_RE = re.compile(
-    r"(?:^|(?P<lead>(?i:error|fail|exception)[^:]{0,60}):\s+)(?:"
+    r"(?:^[ \t]{0,12}|(?P<lead>(?i:error|fail|exception)[^:]{0,60}):\s+)(?:"
     + "|".join(f"(?P<m{i}>{pattern})" for i, (_type, pattern) in enumerate(_TORCH_MESSAGES)) + ")")
 
 
