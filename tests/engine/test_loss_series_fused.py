@@ -166,3 +166,18 @@ def test_the_oracle_sees_a_different_level() -> None:
         Pipeline(SETTINGS).process(list(_loss_stream(0)))
     assert oracle.failed
     assert (loss._loss_series, loss._track_level) == originals
+
+
+def test_no_window_reads_nothing_as_recent_does() -> None:
+    """``most`` < 1 (a loss window of 0, only reachable past the settings' own minimum): the fused read answers
+    as recent() does -- nothing -- instead of the whole tail (hR2's L2 of stop 47)."""
+    pipeline = Pipeline(SETTINGS)
+    pipeline.process(list(_loss_stream(0)))
+    ranks = [rank for run in pipeline._runs.values() for rank in run.ranks.values() if rank.tails]
+    assert ranks
+    for rank in ranks:
+        for name in rank.tails:
+            assert recent(rank, name, 0, 10 ** 9) == []
+            series, tail, _initial = loss._loss_series(rank, name, 0, 10 ** 9, [])
+            assert list(series) == [] and tail is None
+            assert list(loss._loss_series(rank, name, 5, 10 ** 9, [])[0]) == recent(rank, name, 5, 10 ** 9)

@@ -991,7 +991,7 @@ def _loss_series(rank: RankState, name: str, most: int, upto: int, init: List[fl
     ``upto``) -- then that tail is the exact one -- and the tail keeps the level of this ``init``; else
     the three calls. Once per loss value."""
     tail = rank.tails.get(name)
-    if tail is not None:
+    if tail is not None and most >= 1:  # (recent()'s own guard: most < 1 answers nothing -- hR2's L2)
         points = tail.points
         n = len(points)
         if n and n == len(tail.data) and tail.data is rank.history.get(name):
