@@ -43,7 +43,7 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "tuning44": ("bench.unseen.tuning8", True),  # stop 44's tuning set
     "heldout44": ("bench.unseen.heldout10", True),  # stop 44's held-out set: judged once per engine, SPENT
     "heldout45": ("bench.unseen.heldout11", True),  # stop 45's held-out set: judged once per setting, SPENT
-    "heldout47": ("bench.unseen.heldout12", True),  # stop 47's held-out set: judged once, default settings
+    "heldout47": ("bench.unseen.heldout12", True),  # stop 47's held-out set: judged once (default), SPENT
 }
 
 JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45", "heldout47"})
