@@ -16,10 +16,11 @@ import gzip
 import json
 import statistics
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
 from tests.engine.test_unseen_streams import _incidents
 from trainguard_engine.catalogue import DetectionSettings
+from trainguard_engine.pipeline import Pipeline
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tuning43"
 SPIKE = "loss/spike"
@@ -96,3 +97,18 @@ def test_a_bad_batch_on_a_loss_with_two_modes_is_caught() -> None:
     stream = FIXTURES / "lora_gpt2_adamw_bs1_bad_batch.jsonl.gz"
     assert _incidents(stream)[SPIKE].first_step == 150
     assert SPIKE not in _incidents(stream, DetectionSettings(spike_tail_power=5.0))
+
+
+def test_a_window_too_spread_for_the_tail_power_is_no_crash() -> None:
+    """A window whose 0.9 quantile is 1e200 times its median (the whole double range: the fuzz suite's metric
+    series, stop 47): the heavy-tail bar median x spread ** power overflows a float -- it raised OverflowError
+    and the run was quarantined; now the bar is infinite (no value reaches it) and the run goes on."""
+    def loss_at(step: int, value: float) -> Dict[str, Any]:
+        return {"event_id": f"e{step}", "project": "p", "run_id": "r", "rank": 0, "world_size": 1,
+                "time_unix_nano": 1_764_000_000_000_000_000 + step * 10**9, "step": step,
+                "metrics": {"points": [{"name": "loss", "value": value, "step": step}]}}
+    values = [1e-100 if s % 5 == 0 and s else 1e-300 for s in range(60)] + [1.0, 1e-300, 1e-300]
+    pipeline = Pipeline(DetectionSettings())
+    out = pipeline.process([loss_at(s, v) for s, v in enumerate(values)])
+    assert pipeline.counters["runs_quarantined"] == 0, pipeline.take_quarantined()
+    assert out.runs and SPIKE not in {f"{i.category}/{i.subtype}" for i in out.incidents}

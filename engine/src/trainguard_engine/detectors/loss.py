@@ -2176,6 +2176,16 @@ SPIKE_START_MEMO = "loss.spike_start"
 never serialized): computed once the loss curve's ``init`` values are all in (they never change after)."""
 
 
+def _tail_bar(med: float, spread: float, power: float) -> float:
+    """``med x spread ** power``, the heavy-tail bar of :func:`on_spike`; infinite where the power overflows a
+    float (a window whose 0.9 quantile is ~1e154+ times its median: no value reaches that bar) -- it raised
+    OverflowError there, and the run was quarantined (the fuzz suite's metric series found it, stop 47)."""
+    try:
+        return med * spread ** power
+    except OverflowError:
+        return math.inf
+
+
 def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, float]], time_ns: int,
              event_id: str, settings: DetectionSettings) -> List[Finding]:
     """loss/spike for one metric batch of ``rank`` (already in its history; docs/detectors.md).
@@ -2295,7 +2305,7 @@ def on_spike(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
         return []
     at_q = min(len(ordered) - 1, int(settings.spike_tail_quantile * (len(ordered) - 1) + 0.5))
     spread = ordered[at_q] / med
-    if settings.spike_tail_power > 0 and not value >= med * spread ** settings.spike_tail_power:
+    if settings.spike_tail_power > 0 and not value >= _tail_bar(med, spread, settings.spike_tail_power):
         _fold_record(run, rank, state, ratio)
         return []  # the window's own spread reaches that far: a heavy-tailed loss's natural value
     state["pending"] = {"step": step, "value": value, "median": med, "top": top, "count": len(prior),
