@@ -72,11 +72,11 @@ def render_prometheus(services: Any) -> str:
                         "record bytes the processor holds taken and not yet committed (until the next "
                         "checkpoint); over TRAINGUARD_PROCESSOR_UNCOMMITTED_MAX_MB it checkpoints before "
                         "taking more, and takes none while that fails",
-                        [("", getattr(processor, "_uncommitted_bytes", 0))]))
+                        [("", getattr(processor, "uncommitted_bytes", 0))]))
         samples.append(("trainguard_processor_early_checkpoints_total", "counter",
                         "checkpoints tried before a round because the uncommitted records were over "
                         "TRAINGUARD_PROCESSOR_UNCOMMITTED_MAX_MB (each failed one takes no records)",
-                        [("", getattr(pstats, "held_back", 0))]))
+                        [("", getattr(pstats, "early_checkpoints", 0))]))
         counters = getattr(processor, "counters", None) or {}
         samples.append(("trainguard_runs_quarantined_total", "counter",
                         "runs whose state was dropped because it could not go on (not serialisable, a "

@@ -49,12 +49,12 @@ def test_over_the_bound_the_processor_checkpoints_before_taking_more(tmp_path: P
                                   processor_workers=workers, uncommitted_max_bytes=1)
     try:
         processor.run_once(1.0)
-        held = processor._uncommitted_bytes
+        held = processor.uncommitted_bytes
         assert held > 1 and processor.stats.snapshots == 0  # no checkpoint due by the clock
         second = rest()
         processor.run_once(1.0)  # over the bound: a checkpoint first, then the next records
-        assert processor.stats.held_back == 1 and processor.stats.snapshots == 1
-        assert processor._uncommitted_bytes == second  # the first half committed (else held + second)
+        assert processor.stats.early_checkpoints == 1 and processor.stats.snapshots == 1
+        assert processor.uncommitted_bytes == second  # the first half committed (else held + second)
     finally:
         processor.stop(drain=False, timeout=5.0)
         _close(queue, stores)
@@ -75,7 +75,7 @@ def test_while_checkpoints_fail_over_the_bound_no_record_is_taken(tmp_path: Path
 
     try:
         processor.run_once(1.0)
-        taken, held = processor.stats.records, processor._uncommitted_bytes
+        taken, held = processor.stats.records, processor.uncommitted_bytes
         rest()
         monkeypatch.setattr(stores[2], "save_states", failing)
         with pytest.raises(OSError, match="disk full"):
@@ -86,7 +86,7 @@ def test_while_checkpoints_fail_over_the_bound_no_record_is_taken(tmp_path: Path
         for _ in range(3):
             with pytest.raises(OSError, match="disk full"):
                 processor.run_once(1.0)
-        assert len(calls) == 4 and processor.stats.records == taken and processor._uncommitted_bytes == held
+        assert len(calls) == 4 and processor.stats.records == taken and processor.uncommitted_bytes == held
         assert processor.checkpoint_failures == 4 and "checkpoints failing" in processor.problems()[0]
         if processor.pool is not None:  # one changed_parts call logged per partition, not one per failure
             for log in processor.pool._log.values():

@@ -186,7 +186,7 @@ class ProcessorStats:
     rejected_events: int = 0   # raw-context events a store refused for good (a bad document), logged
     store_retries: int = 0     # rounds retried because a store was unavailable
     rounds: int = 0            # chunks processed: one pipeline call and one write per store each
-    held_back: int = 0         # checkpoints taken early: the records held uncommitted over their bound
+    early_checkpoints: int = 0  # checkpoints tried before a round: uncommitted records over their bound
 
 
 class EmbeddedProcessor:
@@ -447,15 +447,24 @@ class EmbeddedProcessor:
     def _save_and_commit(self) -> None:
         self._save_parts(list(self.pipelines))
         if self._uncommitted:
-            self._sync_stores()
-            self.queue.commit(self._uncommitted)
-            self._uncommitted = []
-            self._uncommitted_bytes = 0
+            self._commit_held()
             # every record through a pipeline so far is committed (never delivered again): the next
             # snapshot covers only what comes after (OFFSETS_PREFIX), not every lane ever used
             self._tops.clear()
         self.stats.snapshots += 1
         self._last_snapshot = time.monotonic()
+
+    def _commit_held(self) -> None:
+        """Commit every record taken so far, after the stores' writes are durable (:meth:`_sync_stores`)."""
+        self._sync_stores()
+        self.queue.commit(self._uncommitted)
+        self._uncommitted = []
+        self._uncommitted_bytes = 0
+
+    @property
+    def uncommitted_bytes(self) -> int:
+        """The record bytes taken and not committed yet (bounded by :attr:`uncommitted_max_bytes`)."""
+        return self._uncommitted_bytes
 
     def _sync_stores(self) -> None:
         """Every store's writes so far durable (``sync()``): called before any queue commit, so no offset is
@@ -560,9 +569,7 @@ class EmbeddedProcessor:
         A chunk whose store write fails is retried (it and every later record of the round) after a
         backoff; a pipeline output whose upsert failed is kept and applied before anything new."""
         if self._pending or self._retry:
-            wait = self._retry_at - time.monotonic()
-            if wait > 0:
-                time.sleep(min(wait, timeout))
+            if self._backing_off(timeout):
                 return 0
             self.stats.store_retries += 1
             try:
@@ -577,11 +584,9 @@ class EmbeddedProcessor:
             # their bound -- checkpoints failing, or far apart: checkpoint before taking more; while that
             # fails (it raises, after backing off) nothing new is taken: the queue keeps the records and the
             # gateway's backlog bound pushes back, instead of this process's memory growing (G7)
-            wait = self._retry_at - time.monotonic()
-            if wait > 0:
-                time.sleep(min(wait, timeout))
+            if self._backing_off(timeout):
                 return 0
-            self.stats.held_back += 1
+            self.stats.early_checkpoints += 1
             with self._lock:
                 try:
                     self._checkpoint_locked()
@@ -621,6 +626,14 @@ class EmbeddedProcessor:
             if self._uncommitted and now - self._last_snapshot >= self.snapshot_every_s:
                 self._checkpoint_locked()
         return done
+
+    def _backing_off(self, timeout: float) -> bool:
+        """True (after sleeping up to ``timeout``) while the backoff of a failed retry still runs."""
+        wait = self._retry_at - time.monotonic()
+        if wait > 0:
+            time.sleep(min(wait, timeout))
+            return True
+        return False
 
     def _back_off(self) -> None:
         self._backoff_s = min(MAX_BACKOFF_S, max(MIN_BACKOFF_S, 2 * self._backoff_s))

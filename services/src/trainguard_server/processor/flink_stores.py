@@ -69,10 +69,7 @@ class FlinkStoresProcessor(EmbeddedProcessor):
 
     def _checkpoint_locked(self) -> None:  # no pipeline state to save: commit what was stored
         if self._uncommitted:
-            self._sync_stores()  # durable before the offsets that cover them
-            self.queue.commit(self._uncommitted)
-            self._uncommitted = []
-            self._uncommitted_bytes = 0
+            self._commit_held()  # durable before the offsets that cover them
         self.stats.snapshots += 1
 
     def run_once(self, timeout: float) -> int:
