@@ -170,7 +170,9 @@ static int check_utf8(StrCache *cache, Slice s) {
 }
 
 /* One Metric message: appends (name, step, value) to points when its name is not empty. */
-static int read_point(const unsigned char *s, Py_ssize_t n, int64_t env_step, StrCache *cache,
+/* ``env_step``: the envelope's step as an int object, shared by every point without a step of its own (an int
+ * is immutable: the same value as one object per point, fewer allocations). */
+static int read_point(const unsigned char *s, Py_ssize_t n, PyObject *env_step, StrCache *cache,
                       PyObject *points) {
     Cursor c = {s, s + n};
     Slice name = {NULL, 0};
@@ -214,7 +216,12 @@ static int read_point(const unsigned char *s, Py_ssize_t n, int64_t env_step, St
         return -3;
     }
     PyTuple_SET_ITEM(tuple, 0, o);
-    o = PyLong_FromLongLong(step > 0 ? step : env_step);
+    if (step > 0) {
+        o = PyLong_FromLongLong(step);
+    } else {
+        Py_INCREF(env_step);
+        o = env_step;
+    }
     if (o == NULL) {
         Py_DECREF(tuple);
         return -3;
@@ -237,8 +244,24 @@ static int read_point(const unsigned char *s, Py_ssize_t n, int64_t env_step, St
 /* Header string fields, in the tuple's order */
 enum { F_EVENT_ID, F_PROJECT, F_RUN_ID, F_HOST, F_RUN_NAME, F_TRACE_ID, F_STRINGS };
 
-/* One Envelope: its tuple (new reference) in *out, or NOT_PLAIN / BAIL_RECORD / -3 (a Python error). */
-static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, PyObject **out) {
+/* What read_envelope reads of a plain batch (new references): the header fields in the order of read()'s
+ * header tuple, the point messages' count, the points list. */
+#define HEADER_FIELDS 11
+typedef struct {
+    PyObject *header[HEADER_FIELDS];
+    Py_ssize_t count;
+    PyObject *points;
+} Plain;
+
+static void plain_clear(Plain *plain) {
+    int i;
+    for (i = 0; i < HEADER_FIELDS; i++) Py_CLEAR(plain->header[i]);
+    Py_CLEAR(plain->points);
+}
+
+/* One Envelope: its fields in *out (0), or NOT_PLAIN / BAIL_RECORD / -3 (a Python error; *out then holds
+ * nothing). */
+static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, Plain *out) {
     Cursor c = {s, s + n};
     Slice str[F_STRINGS], sdk = {NULL, 0};
     uint64_t tag, v;
@@ -301,7 +324,7 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
         /* the batch: no alert, no recent point; its points */
         Cursor b = {batch, batch + batch_n};
         Py_ssize_t count = 0;
-        PyObject *points, *tuple, *o;
+        PyObject *points, *step_obj, *o;
         const unsigned char *ps = NULL;
         Py_ssize_t pn = 0;
         int alert = 0;
@@ -328,29 +351,31 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
             }
         }
         if (alert) return NOT_PLAIN;
+        step_obj = PyLong_FromLongLong(step); /* the header's step, and each point's without its own */
+        if (step_obj == NULL) return -3;
         points = PyList_New(0);
-        if (points == NULL) return -3;
+        if (points == NULL) {
+            Py_DECREF(step_obj);
+            return -3;
+        }
         b.p = batch;
         while (b.p < b.end) { /* the bytes walked above (immutable: read() takes bytes only) */
             if (read_tag(&b, &tag) < 0) rc = BAIL_RECORD;
             else if (tag == ((1 << 3) | 2))
-                rc = read_len(&b, &ps, &pn) < 0 ? BAIL_RECORD : read_point(ps, pn, step, cache, points);
+                rc = read_len(&b, &ps, &pn) < 0 ? BAIL_RECORD : read_point(ps, pn, step_obj, cache, points);
             else
                 rc = skip_value(&b, (unsigned)(tag & 7)) < 0 ? BAIL_RECORD : 0;
             if (rc < 0) {
                 Py_DECREF(points);
+                Py_DECREF(step_obj);
                 return rc;
             }
-        }
-        tuple = PyTuple_New(11);
-        if (tuple == NULL) {
-            Py_DECREF(points);
-            return -3;
         }
         {
             static const int order[] = {F_EVENT_ID, F_PROJECT, F_RUN_ID, -1, -2, -3, F_HOST, -4, -5,
                                         F_RUN_NAME, F_TRACE_ID};
-            for (i = 0; i < 11; i++) {
+            memset(out, 0, sizeof(*out));
+            for (i = 0; i < HEADER_FIELDS; i++) {
                 int k = order[i];
                 if (k >= 0) {
                     o = k == F_EVENT_ID ? PyUnicode_DecodeUTF8((const char *)str[k].s, str[k].n, "strict")
@@ -358,7 +383,8 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
                 } else if (k == -1) {
                     o = PyLong_FromLong(rank);
                 } else if (k == -2) {
-                    o = PyLong_FromLongLong(step);
+                    Py_INCREF(step_obj);
+                    o = step_obj;
                 } else if (k == -3) {
                     o = PyLong_FromLongLong(time_ns);
                 } else if (k == -4) {
@@ -367,132 +393,144 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
                     o = PyLong_FromLong(world > 1 ? world : 1); /* the pipeline's world_size: at least 1 */
                 }
                 if (o == NULL) {
-                    Py_DECREF(tuple);
+                    plain_clear(out);
                     Py_DECREF(points);
+                    Py_DECREF(step_obj);
                     if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
                         PyErr_Clear();
                         return BAIL_RECORD;
                     }
                     return -3;
                 }
-                PyTuple_SET_ITEM(tuple, i, o);
+                out->header[i] = o;
             }
         }
-        o = Py_BuildValue("(NnN)", tuple, count, points); /* steals tuple and points */
-        if (o == NULL) return -3;
-        *out = o;
+        Py_DECREF(step_obj);
+        out->count = count;
+        out->points = points;
         return 0;
     }
 }
 
-static PyObject *fastread_read(PyObject *self, PyObject *arg) {
+/* What walk_request does with each envelope, in order: ``plain`` its fields (emit takes its references,
+ * whatever it returns) or NULL when it is not a plain batch; 0, or -1 with a Python error. */
+typedef int (*EmitFn)(void *ctx, Py_ssize_t index, Plain *plain);
+
+/* Every envelope of the request ``arg`` read and handed to emit: 1 when read, 0 when the request must go to
+ * protobuf (read()'s None), -1 on a Python error. */
+static int walk_request(PyObject *arg, EmitFn emit, void *ctx) {
     Py_buffer view;
     Cursor c;
-    PyObject *result, *item;
     StrCache cache;
     uint64_t tag;
     const unsigned char *es;
-    Py_ssize_t en;
-    int rc;
-    (void)self;
-    if (!PyBytes_CheckExact(arg)) Py_RETURN_NONE; /* bytes only (immutable while read): protobuf reads the rest */
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t en, index = 0;
+    Plain plain;
+    int rc, result = 1;
+    if (!PyBytes_CheckExact(arg)) return 0; /* bytes only (immutable while read): protobuf reads the rest */
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return -1;
     c.p = (const unsigned char *)view.buf;
     c.end = c.p + view.len;
     cache.count = 0;
     cache.empty = PyUnicode_FromStringAndSize("", 0);
-    result = cache.empty == NULL ? NULL : PyList_New(0);
-    if (result == NULL) goto fail;
-    while (c.p < c.end) {
-        if (read_tag(&c, &tag) < 0) goto bail;
+    if (cache.empty == NULL) result = -1;
+    while (result == 1 && c.p < c.end) {
+        if (read_tag(&c, &tag) < 0) {
+            result = 0;
+            break;
+        }
         if (tag != ((1 << 3) | 2)) {
-            if ((tag >> 3) == 1 || tag >> 3 == 0 || skip_value(&c, (unsigned)(tag & 7)) < 0) goto bail;
+            if ((tag >> 3) == 1 || tag >> 3 == 0 || skip_value(&c, (unsigned)(tag & 7)) < 0) result = 0;
             continue;
         }
-        if (read_len(&c, &es, &en) < 0) goto bail;
-        item = NULL;
-        rc = read_envelope(es, en, &cache, &item);
-        if (rc == BAIL_RECORD) goto bail;
-        if (rc == -3) goto fail;
-        if (rc == NOT_PLAIN) {
-            Py_INCREF(Py_None);
-            item = Py_None;
+        if (read_len(&c, &es, &en) < 0) {
+            result = 0;
+            break;
         }
-        if (PyList_Append(result, item) < 0) {
-            Py_DECREF(item);
-            goto fail;
-        }
-        Py_DECREF(item);
+        rc = read_envelope(es, en, &cache, &plain);
+        if (rc == BAIL_RECORD) result = 0;
+        else if (rc == -3) result = -1;
+        else if (emit(ctx, index++, rc == NOT_PLAIN ? NULL : &plain) < 0) result = -1;
     }
     cache_clear(&cache);
     Py_XDECREF(cache.empty);
     PyBuffer_Release(&view);
     return result;
-bail:
+}
+
+/* read()'s row of an envelope appended to the list ctx */
+static int emit_row(void *ctx, Py_ssize_t index, Plain *plain) {
+    PyObject *item, *header;
+    int i, rc;
+    (void)index;
+    if (plain == NULL) return PyList_Append((PyObject *)ctx, Py_None);
+    header = PyTuple_New(HEADER_FIELDS);
+    if (header == NULL) {
+        plain_clear(plain);
+        return -1;
+    }
+    for (i = 0; i < HEADER_FIELDS; i++) {
+        PyTuple_SET_ITEM(header, i, plain->header[i]);
+        plain->header[i] = NULL;
+    }
+    item = Py_BuildValue("(NnN)", header, plain->count, plain->points); /* steals header and points */
+    plain->points = NULL;
+    if (item == NULL) return -1;
+    rc = PyList_Append((PyObject *)ctx, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+static PyObject *fastread_read(PyObject *self, PyObject *arg) {
+    PyObject *result = PyList_New(0);
+    int rc;
+    (void)self;
+    if (result == NULL) return NULL;
+    rc = walk_request(arg, emit_row, result);
+    if (rc == 1) return result;
     Py_DECREF(result);
-    cache_clear(&cache);
-    Py_XDECREF(cache.empty);
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
-fail:
-    Py_XDECREF(result);
-    cache_clear(&cache);
-    Py_XDECREF(cache.empty);
-    PyBuffer_Release(&view);
+    if (rc == 0) Py_RETURN_NONE;
     return NULL;
 }
 
-/* add_points(by_name, time_ns, points) -> int: storage.base.MetricColumns.add's loop for one envelope --
- * each (name, step, value) of ``points`` appended to ``by_name[name]``'s (steps, times, values) lists (a new
- * ([], [], []) for a new name), ``time_ns`` as the time of each; returns len(points). Every item must be a
- * tuple of three with a str name (what read() and decode build); TypeError otherwise, before anything is
- * added. */
-static PyObject *fastread_add_points(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *by_name, *time_ns, *points, *item, *cols;
-    Py_ssize_t i, n;
-    int bad;
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "add_points(by_name, time_ns, points)");
-        return NULL;
-    }
-    by_name = args[0];
-    time_ns = args[1];
-    points = args[2];
-    if (!PyDict_CheckExact(by_name) || !PyList_CheckExact(points)) {
-        PyErr_SetString(PyExc_TypeError, "add_points: a dict and a list");
-        return NULL;
-    }
-    n = PyList_GET_SIZE(points);
-    for (i = 0; i < n; i++) { /* nothing is added unless every point is a (str, step, value) tuple */
-        item = PyList_GET_ITEM(points, i);
+/* Whether every item of the list ``points`` is a (str, step, value) tuple: what add_points appends. */
+static int points_ok(PyObject *points) {
+    Py_ssize_t i, n = PyList_GET_SIZE(points);
+    for (i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(points, i);
         if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3 ||
-            !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0))) {
-            PyErr_SetString(PyExc_TypeError, "add_points: every point a (name: str, step, value) tuple");
-            return NULL;
-        }
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0)))
+            return 0;
     }
-    /* Allocating a series' lists may run the garbage collector, hence finalizers, hence any Python code:
-     * the list and the dict are read again at each point and what is used is held. */
+    return 1;
+}
+
+/* The points of the list ``points`` (points_ok) appended to ``by_name`` (an exact dict): the points added,
+ * or -1 with a Python error. Allocating a series' lists may run the garbage collector, hence finalizers,
+ * hence any Python code: the list and the dict are read again at each point and what is used is held. */
+static Py_ssize_t append_points(PyObject *by_name, PyObject *time_ns, PyObject *points) {
+    PyObject *item, *cols;
+    Py_ssize_t i;
+    int bad;
     for (i = 0; i < PyList_GET_SIZE(points); i++) {
         item = PyList_GET_ITEM(points, i);
         if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 3 ||
             !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0))) {
             PyErr_SetString(PyExc_RuntimeError, "add_points: the points changed while being added");
-            return NULL;
+            return -1;
         }
         Py_INCREF(item);
         cols = PyDict_GetItemWithError(by_name, PyTuple_GET_ITEM(item, 0)); /* str keys: no Python code */
         if (cols == NULL) {
             if (PyErr_Occurred()) {
                 Py_DECREF(item);
-                return NULL;
+                return -1;
             }
             cols = Py_BuildValue("([][][])");
             if (cols == NULL || PyDict_SetItem(by_name, PyTuple_GET_ITEM(item, 0), cols) < 0) {
                 Py_XDECREF(cols);
                 Py_DECREF(item);
-                return NULL;
+                return -1;
             }
         } else {
             Py_INCREF(cols);
@@ -509,9 +547,33 @@ static PyObject *fastread_add_points(PyObject *self, PyObject *const *args, Py_s
         }
         Py_DECREF(cols);
         Py_DECREF(item);
-        if (bad) return NULL;
+        if (bad) return -1;
     }
-    return PyLong_FromSsize_t(i); /* the points added (all of them unless the list shrank meanwhile) */
+    return i; /* the points added (all of them unless the list shrank meanwhile) */
+}
+
+/* add_points(by_name, time_ns, points) -> int: storage.base.MetricColumns.add's loop for one envelope --
+ * each (name, step, value) of ``points`` appended to ``by_name[name]``'s (steps, times, values) lists (a new
+ * ([], [], []) for a new name), ``time_ns`` as the time of each; returns len(points). Every item must be a
+ * tuple of three with a str name (what read() and decode build); TypeError otherwise, before anything is
+ * added. */
+static PyObject *fastread_add_points(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t added;
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "add_points(by_name, time_ns, points)");
+        return NULL;
+    }
+    if (!PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "add_points: a dict and a list");
+        return NULL;
+    }
+    if (!points_ok(args[2])) { /* nothing is added unless every point is a (str, step, value) tuple */
+        PyErr_SetString(PyExc_TypeError, "add_points: every point a (name: str, step, value) tuple");
+        return NULL;
+    }
+    added = append_points(args[0], args[1], args[2]);
+    return added < 0 ? NULL : PyLong_FromSsize_t(added);
 }
 
 /* --- read_envelopes: read()'s plain batches as the objects decode.read_request hands out ------------------
@@ -585,71 +647,150 @@ static PyObject *filled(PyTypeObject *type, const Py_ssize_t *off, PyObject **va
 
 /* read_envelopes(value, record) -> (envelopes, points, complete) | None: read()'s rows as objects -- for a
  * plain batch its ReadEnvelope and its points list, None and None for any other envelope (complete False
- * when there is one) -- or None where read() returns None. */
+ * when there is one) -- or None where read() returns None. The objects are built from what read_envelope
+ * read, with no row tuple between. */
+typedef struct {
+    PyObject *record, *envs, *pts;
+    int complete;
+} Built;
+
+static int emit_objects(void *ctx, Py_ssize_t i, Plain *plain) {
+    Built *built = (Built *)ctx;
+    PyObject *index, *body, *raw, *env, *count;
+    PyObject *vals[RE_SLOTS];
+    Py_ssize_t k;
+    int rc;
+    if (plain == NULL) {
+        built->complete = 0;
+        if (PyList_Append(built->envs, Py_None) < 0) return -1;
+        return PyList_Append(built->pts, Py_None);
+    }
+    env = NULL;
+    index = PyLong_FromSsize_t(i);
+    count = PyLong_FromSsize_t(plain->count);
+    if (index != NULL && count != NULL) {
+        vals[0] = built->record;
+        vals[1] = index;
+        vals[2] = Py_None;
+        vals[3] = count;
+        body = filled(pb_type, pb_off, vals, PB_SLOTS);
+        if (body != NULL) {
+            vals[0] = body;
+            vals[1] = Py_None;
+            raw = filled(pe_type, pe_off, vals, PE_SLOTS);
+            if (raw != NULL) {
+                vals[0] = raw;
+                vals[1] = kind_metrics;
+                vals[2] = body;
+                for (k = 0; k < HEADER_FIELDS; k++) vals[3 + k] = plain->header[k];
+                env = filled(re_type, re_off, vals, RE_SLOTS);
+                Py_DECREF(raw);
+            }
+            Py_DECREF(body);
+        }
+    }
+    Py_XDECREF(index);
+    Py_XDECREF(count);
+    rc = env == NULL ? -1 : PyList_Append(built->envs, env);
+    Py_XDECREF(env);
+    if (rc == 0) rc = PyList_Append(built->pts, plain->points);
+    plain_clear(plain);
+    return rc;
+}
+
 static PyObject *fastread_read_envelopes(PyObject *self, PyObject *args) {
-    PyObject *value, *record, *rows, *envs = NULL, *pts = NULL, *out;
-    Py_ssize_t i, n;
-    int complete = 1;
+    PyObject *value;
+    Built built;
+    int rc;
+    (void)self;
     if (re_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "read_envelopes: setup() first");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OO", &value, &record)) return NULL;
-    rows = fastread_read(self, value);
-    if (rows == NULL || rows == Py_None) return rows;
-    n = PyList_GET_SIZE(rows);
-    envs = PyList_New(n);
-    pts = PyList_New(n);
-    if (envs == NULL || pts == NULL) goto fail;
-    for (i = 0; i < n; i++) {
-        PyObject *row = PyList_GET_ITEM(rows, i), *header, *index, *body, *raw, *env;
-        PyObject *vals[RE_SLOTS];
-        Py_ssize_t k;
-        if (row == Py_None) {
-            complete = 0;
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(envs, i, Py_None);
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(pts, i, Py_None);
-            continue;
-        }
-        header = PyTuple_GET_ITEM(row, 0);
-        index = PyLong_FromSsize_t(i);
-        if (index == NULL) goto fail;
-        vals[0] = record;
-        vals[1] = index;
-        vals[2] = Py_None;
-        vals[3] = PyTuple_GET_ITEM(row, 1);
-        body = filled(pb_type, pb_off, vals, PB_SLOTS);
-        Py_DECREF(index);
-        if (body == NULL) goto fail;
-        vals[0] = body;
-        vals[1] = Py_None;
-        raw = filled(pe_type, pe_off, vals, PE_SLOTS);
-        if (raw == NULL) {
-            Py_DECREF(body);
-            goto fail;
-        }
-        vals[0] = raw;
-        vals[1] = kind_metrics;
-        vals[2] = body;
-        for (k = 0; k < 11; k++) vals[3 + k] = PyTuple_GET_ITEM(header, k);
-        env = filled(re_type, re_off, vals, RE_SLOTS);
-        Py_DECREF(raw);
-        Py_DECREF(body);
-        if (env == NULL) goto fail;
-        PyList_SET_ITEM(envs, i, env);
-        Py_INCREF(PyTuple_GET_ITEM(row, 2));
-        PyList_SET_ITEM(pts, i, PyTuple_GET_ITEM(row, 2));
-    }
-    Py_DECREF(rows);
-    out = Py_BuildValue("(NNO)", envs, pts, complete ? Py_True : Py_False);
-    return out;
-fail:
-    Py_DECREF(rows);
-    Py_XDECREF(envs);
-    Py_XDECREF(pts);
+    if (!PyArg_ParseTuple(args, "OO", &value, &built.record)) return NULL;
+    built.complete = 1;
+    built.envs = PyList_New(0);
+    built.pts = PyList_New(0);
+    rc = built.envs == NULL || built.pts == NULL ? -1 : walk_request(value, emit_objects, &built);
+    if (rc == 1) return Py_BuildValue("(NNO)", built.envs, built.pts, built.complete ? Py_True : Py_False);
+    Py_XDECREF(built.envs);
+    Py_XDECREF(built.pts);
+    if (rc == 0) Py_RETURN_NONE;
     return NULL;
+}
+
+/* add_read(by_rank, envelopes, points, start) -> (stop, added): MetricColumns.add_with(add_points, ...) of
+ * each envelope from ``start`` on that the native reader's type built (exactly setup()'s ReadEnvelope, every
+ * slot set) with a non-empty list of points that add_points takes -- the series of
+ * ``by_rank[(project, run_id, rank)]`` (a new dict for a new key), its time ``time_ns`` --, one envelope
+ * after the other; an envelope with no points (an empty list, None) adds nothing. Stops at the first
+ * envelope it does not take (the caller handles that one as before, then calls again from the next):
+ * ``stop`` is its index (len(envelopes) when none), ``added`` the points added before it. ``envelopes``
+ * and ``points`` exact lists of one length, ``by_rank`` an exact dict; TypeError otherwise. */
+enum { RE_PROJECT = 4, RE_RUN_ID = 5, RE_RANK = 6, RE_TIME_NS = 8 }; /* their index in re_off[] */
+static PyObject *fastread_add_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *by_rank, *envs, *pts;
+    Py_ssize_t i, start, added = 0;
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "add_read(by_rank, envelopes, points, start)");
+        return NULL;
+    }
+    by_rank = args[0];
+    envs = args[1];
+    pts = args[2];
+    start = PyLong_AsSsize_t(args[3]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    if (!PyDict_CheckExact(by_rank) || !PyList_CheckExact(envs) || !PyList_CheckExact(pts) ||
+        PyList_GET_SIZE(envs) != PyList_GET_SIZE(pts) || start < 0) {
+        PyErr_SetString(PyExc_TypeError, "add_read: a dict, two lists of one length and an index");
+        return NULL;
+    }
+    if (re_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "add_read: setup() first");
+        return NULL;
+    }
+    /* the lists are read again at each envelope (appending may run Python code: append_points) */
+    for (i = start; i < PyList_GET_SIZE(envs) && i < PyList_GET_SIZE(pts); i++) {
+        PyObject *env = PyList_GET_ITEM(envs, i), *mine = PyList_GET_ITEM(pts, i);
+        PyObject *project, *run_id, *rank, *time_ns, *key, *by_name;
+        Py_ssize_t got;
+        if (Py_TYPE(env) != re_type) break;
+        if (mine == Py_None || (PyList_CheckExact(mine) && PyList_GET_SIZE(mine) == 0)) continue;
+        if (!PyList_CheckExact(mine) || !points_ok(mine)) break;
+        project = *(PyObject **)((char *)env + re_off[RE_PROJECT]);
+        run_id = *(PyObject **)((char *)env + re_off[RE_RUN_ID]);
+        rank = *(PyObject **)((char *)env + re_off[RE_RANK]);
+        time_ns = *(PyObject **)((char *)env + re_off[RE_TIME_NS]);
+        if (project == NULL || run_id == NULL || rank == NULL || time_ns == NULL) break;
+        Py_INCREF(env);
+        Py_INCREF(mine);
+        key = PyTuple_Pack(3, project, run_id, rank);
+        by_name = key == NULL ? NULL : PyDict_GetItemWithError(by_rank, key); /* may run __eq__/__hash__ */
+        if (by_name != NULL) {
+            Py_INCREF(by_name);
+        } else if (key != NULL && !PyErr_Occurred()) {
+            by_name = PyDict_New();
+            if (by_name != NULL && PyDict_SetItem(by_rank, key, by_name) < 0) Py_CLEAR(by_name);
+        }
+        Py_XDECREF(key);
+        got = -1;
+        if (by_name != NULL) {
+            if (PyDict_CheckExact(by_name) && PyList_CheckExact(mine) && points_ok(mine)) {
+                Py_INCREF(time_ns);
+                got = append_points(by_name, time_ns, mine);
+                Py_DECREF(time_ns);
+            } else {
+                PyErr_SetString(PyExc_TypeError, "add_read: a rank's series are a dict");
+            }
+            Py_DECREF(by_name);
+        }
+        Py_DECREF(mine);
+        Py_DECREF(env);
+        if (got < 0) return NULL;
+        added += got;
+    }
+    return Py_BuildValue("(nn)", i, added);
 }
 
 static PyMethodDef methods[] = {
@@ -659,6 +800,8 @@ static PyMethodDef methods[] = {
      "read_envelopes(value, record) -> (envelopes, points, complete) | None (see the source)."},
     {"add_points", (PyCFunction)(void (*)(void))fastread_add_points, METH_FASTCALL,
      "add_points(by_name, time_ns, points) -> int: MetricColumns.add's loop for one envelope."},
+    {"add_read", (PyCFunction)(void (*)(void))fastread_add_read, METH_FASTCALL,
+     "add_read(by_rank, envelopes, points, start) -> (stop, added): add_points of the plain batches."},
     {"read", fastread_read, METH_O,
      "read(value) -> list | None: each envelope's plain-metric-batch tuple or None (see the source)."},
     {NULL, NULL, 0, NULL}};
@@ -669,7 +812,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastread",
 
 /* What decode.py's prepare_native requires (READER_VERSION there): a module built from an older source is
  * not used (protobuf path) -- raise it with every change of what read/read_envelopes/add_points do. */
-#define READER_VERSION 4
+#define READER_VERSION 5
 
 PyMODINIT_FUNC PyInit__fastread(void) {
     PyObject *m = PyModule_Create(&module);

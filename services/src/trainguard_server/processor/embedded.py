@@ -981,7 +981,20 @@ class EmbeddedProcessor:
         native = decode.NATIVE  # the native reader's add_points: MetricColumns.add's loop in C
         add_points = native.add_points if native is not None else None
         add_with = columns.add_with
-        for env, mine in zip(envelopes, per_envelope):
+        # its add_read: that loop over the plain batches' envelopes in C, up to the next envelope it does
+        # not take (handled below, as without it, then add_read again from the one after)
+        end = min(len(envelopes), len(per_envelope))
+        add_read = native.add_read if native is not None and type(envelopes) is list and \
+            type(per_envelope) is list and len(envelopes) == len(per_envelope) else None
+        at = 0
+        while at < end:
+            if add_read is not None:
+                at, added = add_read(columns.by_rank, envelopes, per_envelope, at)
+                columns.count += added
+                if at >= end:
+                    break
+            env, mine = envelopes[at], per_envelope[at]
+            at += 1
             if isinstance(env, ReadEnvelope):  # a plain metric batch, read by read_request: never raw context
                 if mine:
                     if add_points is None or type(mine) is not list:

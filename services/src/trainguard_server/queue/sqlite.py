@@ -56,6 +56,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from functools import partial
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -83,6 +84,14 @@ PAGE_SIZE = 16384
 _IN_LIMIT = 500  # offsets per "IN (...)" read (SQLite allows 999 variables in old builds)
 _KEY = itemgetter(1)  # a row's key in (offset, key)
 _LANE = itemgetter(0)  # a taken record's lane in (lane, offset, _)
+_RANGE_SQL = ('SELECT ?1, "offset", key, value, published_ns, ?4 FROM records '
+              'WHERE "offset" BETWEEN ?2 AND ?3 ORDER BY "offset"')
+"""A range of one lane's records, each row a :class:`QueueRecord`'s fields in order (partition and lane
+bound: ``(partition, first, last, lane)``; INTEGER, TEXT, BLOB, INTEGER columns read as int, str, bytes,
+int)."""
+_AS_RECORD = partial(tuple.__new__, QueueRecord)
+"""A row of :data:`_RANGE_SQL` as a QueueRecord (a NamedTuple is a tuple: built in C, no ``__new__`` call in
+Python)."""
 
 _SCHEMA = (
     'CREATE TABLE IF NOT EXISTS records ("offset" INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, '
@@ -345,7 +354,14 @@ class SqliteQueue(Queue):
             self._known = max(known, int(rows[-1][0]))
 
     def _read_records(self, taken: List[Tuple[int, int, None]]) -> List[QueueRecord]:
-        """The records of ``taken`` ``(lane, offset, _)``, in that order (one still there is skipped)."""
+        """The records of ``taken`` ``(lane, offset, _)``, in that order (one still there is skipped).
+        Consecutive offsets of one lane (a run's backlog: the usual take) are read with one range query
+        whose rows are the records themselves (:data:`_RANGE_SQL`), no per-record Python code."""
+        lane, first = taken[0][0], taken[0][1]
+        if taken[-1][1] - first == len(taken) - 1 and len(set(map(_LANE, taken))) == 1:
+            # one lane's offsets ascend: first..last with as many offsets as records is every one between
+            return list(map(_AS_RECORD, self._reader.execute(
+                _RANGE_SQL, (lane % self.partitions, first, first + len(taken) - 1, lane))))
         found: Dict[int, Tuple[int, str, bytes, int]] = {}
         offsets = [offset for _, offset, _ in taken]
         for at in range(0, len(offsets), _IN_LIMIT):
