@@ -145,6 +145,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("cuda.error", _rule_cuda_error),
     ("c10d.collective-mismatch", _rule_collective_mismatch),
     ("gloo.size-mismatch", _rule_gloo_size_mismatch),
+    ("horovod.mismatch", horovod._rule_mismatch),
     ("nccl.watchdog-timeout", _rule_nccl_watchdog),
     ("hccl.timeout", hccl._rule_hccl_timeout),
     ("c10d.desync-report", _rule_desync_report),

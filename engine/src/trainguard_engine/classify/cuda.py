@@ -176,7 +176,9 @@ _OOM_XLA_NEEDLES = ("resource_exhausted: out of memory", "resource exhausted: ou
                     "out of memory error on gpu", "cudamalloc failed: out of memory",
                     "cudamalloc retry failed: out of memory", "out of memory to allocate",
                     "out of memory allocating", "memory::allocation::badalloc",
-                    "memory not enough: current free memory size", "allocate output memory failed")
+                    "memory not enough: current free memory size", "allocate output memory failed",
+                    "resource_exhausted: failed to allocate request for",
+                    "resource exhausted: failed to allocate request for")
 """The same failure as other frameworks' allocators word it: XLA's (JAX's
 ``jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456
 bytes.``, jax-ml/jax#13428; older XLA ``Resource exhausted: Out of memory while trying to allocate ...``),
@@ -191,7 +193,10 @@ bytes)``, motokimura/spacenet_building_detection#3; newer CuPy: ``Out of memory 
 (allocated so far: ...)``); Paddle's C++ allocator exception (``terminate called after throwing an instance of
 'paddle::memory::allocation::BadAlloc'``, PaddlePaddle/Paddle#42341) and MindSpore's device memory pool
 (``Memory not enough: current free memory size[0] is smaller than required size[29491200].``, then
-``MallocForKernelOutput] Allocate output memory failed, node:...``; mindspore-lab/mindone#465). TensorFlow's
+``MallocForKernelOutput] Allocate output memory failed, node:...``; mindspore-lab/mindone#465); XLA's
+StreamExecutor allocator adapter, its fixed ``Failed to allocate request for %s (%uB) on device ordinal %d``
+under the status (``RESOURCE_EXHAUSTED: Failed to allocate request for 176.00MiB (184549376B) on device
+ordinal 0``, google-deepmind/jax_privacy#10; older XLA ``Resource exhausted: ...``). TensorFlow's
 BFC allocator's ``ran out of memory trying to allocate`` is not one of them: it is also the warning of an
 allocation the caller retries ("The caller indicates that this is not a failure"). Nor is XLA's wording inside
 a record its autotuner recovers from -- a glog ``W`` / ``I`` record (``W external/xla/xla/service/gpu/
@@ -209,7 +214,7 @@ def _xla_oom(t: _Text) -> int:
     inside a glog W/I record (the last record head within 1000 characters before it), or -1."""
     for needle in _OOM_XLA_NEEDLES:
         for pos in t.find_all(needle):
-            if needle.startswith("resource") and "out of memory" in needle:
+            if needle.startswith("resource") and ("out of memory" in needle or "allocate request" in needle):
                 heads = list(_GLOG_RECORD_RE.finditer(t.text, max(0, pos - 1000), pos))
                 if heads and heads[-1].group("level") in "WI":
                     continue
@@ -473,6 +478,7 @@ _CUDA_CLASSES = (
     ("launch timed out", "launch-timeout"),
     ("busy or unavailable", "device-unavailable"), ("invalid device ordinal", "invalid-device"),
     ("driver version is insufficient", "driver-too-old"), ("initialization error", "initialization"),
+    ("compiled with an unsupported toolchain", "driver-too-old"),
 )
 _DEVICE_FAULTS = frozenset({"illegal-memory-access", "device-side-assert", "ecc", "launch-failure",
                             "illegal-instruction", "misaligned-address"})
@@ -495,12 +501,17 @@ _CUDA_NOTES = {
     "ecc": "an uncorrectable memory error on the GPU: a hardware fault, drain the node",
     "no-kernel-image": "the installed framework has no kernels for this GPU architecture (on ROCm: its gfx "
                        "target is not in the build; HSA_OVERRIDE_GFX_VERSION, or a build for it)",
-    "driver-too-old": "the NVIDIA driver is older than the CUDA runtime PyTorch was built with",
+    "driver-too-old": "the NVIDIA driver is older than the CUDA the framework (or its PTX) was built with",
 }
+_PTX_TOOLCHAIN = "the provided ptx was compiled with an unsupported toolchain"
+"""The CUDA runtime's own string for cudaErrorUnsupportedPtxVersion (222): PTX built by a newer CUDA than the
+driver can JIT -- reported by whatever made the call, also without a ``CUDA error:`` prefix (jaxlib's
+``operation cudaGetLastError() failed: the provided PTX was compiled with an unsupported toolchain.``,
+naruya/VaxNeRF#1; Triton's and PyTorch's ``CUDA error: the provided PTX ...``)."""
 _CUDA_NEEDLES = ("cuda error", "cuda failure ", "hip error", "_status_", "driver version is insufficient",
                  "nvidia driver on your system is too old", "cudaerror", "cuda runtime error",
                  "thcudacheck fail", "cuda driver error", "triton error [cuda]", "cuda_error_",
-                 "check failed: error == cudasuccess", "hiperror")
+                 "check failed: error == cudasuccess", "hiperror", _PTX_TOOLCHAIN)
 
 
 def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
@@ -519,9 +530,10 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
             return _Hit("memory", "cuda-error", 0.85, pos, enum_facts, f"CUDA error: {enum.group(0)}",
                         _CUDA_NOTES.get(named, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
         if m is None and ("driver version is insufficient" in text[:60].lower()
-                          or "driver on your system is too old" in text[:60].lower()):
+                          or "driver on your system is too old" in text[:60].lower()
+                          or text[:60].lower().startswith(_PTX_TOOLCHAIN)):
             facts: Facts = {"error": _shorten(t.line_at(pos), 160), "error_class": "driver-too-old"}
-            return _Hit("memory", "cuda-error", 0.8, pos, facts, "CUDA driver too old for this PyTorch",
+            return _Hit("memory", "cuda-error", 0.8, pos, facts, "CUDA driver too old for this build",
                         _CUDA_NOTES["driver-too-old"])
         if m is not None:
             if "status" in m.groupdict():
@@ -732,7 +744,8 @@ DOCS = {
         "``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED``, ``CUDA_ERROR_OUT_OF_MEMORY`` / "
         "``HIP_ERROR_OutOfMemory`` / ``hipErrorOutOfMemory``, fairseq's ``attempting to recover "
         "from OOM in forward/backward pass``; other allocators' wordings: XLA's ``RESOURCE_EXHAUSTED: Out of "
-        "memory while trying to allocate ...`` (JAX), TensorFlow's ``Resource exhausted: OOM when allocating "
+        "memory while trying to allocate ...`` / ``Failed to allocate request for ...`` (JAX), "
+        "TensorFlow's ``Resource exhausted: OOM when allocating "
         "tensor ...``, Caffe's ``Check failed: error == cudaSuccess (2 vs. 0)  out of memory`` (not XLA's "
         "inside a glog W/I record its autotuner recovers from) → memory/oom"
     ),
@@ -758,7 +771,8 @@ DOCS = {
         "when the reason is the CUDA runtime's string for a device fault or a missing kernel image, "
         "an extension's check macro ``Error <CUDA runtime string> at line N in file F`` (bitsandbytes' "
         "``Error invalid device ordinal at line 393 in file .../pythonInterface.c``), "
-        'driver too old → memory/cuda-error'
+        "driver too old (also the runtime's bare ``the provided PTX was compiled with an unsupported "
+        "toolchain``) → memory/cuda-error"
     ),
 }
 """What each rule of this module recognises, and the kind it gives (docs/classifier.md is made of these)."""

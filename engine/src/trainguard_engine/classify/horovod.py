@@ -1,4 +1,5 @@
-"""Classifier rule for Horovod's view of a peer that left: once one rank raised or finished, Horovod stops its
+"""Classifier rules for Horovod: its view of a peer that left (and its coordinator's mismatch report,
+:func:`_rule_mismatch`): once one rank raised or finished, Horovod stops its
 background loop, and every collective the other ranks still submit (``hvd.allreduce``, the
 ``DistributedOptimizer``'s gradient reduction, TensorFlow's ``HorovodAllreduce`` ops) fails with
 
@@ -53,7 +54,37 @@ def _rule_shut_down(t: _Text) -> Optional[_Hit]:
                 f"Horovod has been shut down{_on_rank(rank)}: another rank raised or finished first", _NOTE)
 
 
-GATES = {"horovod.shut-down": (_NEEDLE,)}
+_MISMATCH_NEEDLE = ", but another rank "
+_MISMATCH_RE = re.compile(r"Mismatched (?P<what>[A-Za-z_/ ]{2,60}): One rank (?P<one>[^\n]{1,200}?), "
+                          r"but another rank (?P<other>[^\n]{1,200}?)\.?[ \t]*$", re.MULTILINE)
+"""Horovod's coordinator refusing a collective the ranks submitted differently (horovod/common/controller.cc,
+its fixed ``Mismatched <what>: One rank ..., but another rank ...`` forms): ``Mismatched data types: One rank
+had type float32, but another rank had type float16.``, ``Mismatched MPI operations: One rank did an
+ALLREDUCE, but another rank did an ALLGATHER.``, ``Mismatched ALLREDUCE tensor shapes: One rank sent a
+tensor of shape [10], but another rank sent a tensor of shape [12].``, ``Mismatched BROADCAST root ranks:
+...``, ``Mismatched ALLREDUCE CPU/GPU device selection: One rank specified device GPU, but another rank
+specified device CPU.`` (horovod/horovod#748, through TensorFlow's ``FailedPreconditionError``)."""
+
+
+def _rule_mismatch(t: _Text) -> Optional[_Hit]:
+    """Horovod's ``Mismatched <what>: One rank ..., but another rank ...`` → comm/mismatch: the ranks
+    submitted the same-named collective with different types, shapes, devices or operations."""
+    pos = t.first(_MISMATCH_NEEDLE)
+    if pos < 0 or (found := _search(_MISMATCH_RE, t, pos, before=300, after=240)) is None:
+        return None
+    m = found[1]
+    facts: Facts = {"backend": "horovod", "mismatch": m.group("what").strip(),
+                    "error": f"Mismatched {m.group('what')}: One rank {m.group('one')}, but another rank "
+                             f"{m.group('other')}"}
+    rank = _rank_of(t, found[0] + m.start(), facts)
+    return _Hit("comm", "mismatch", 0.85, found[0] + m.start(), facts,
+                f"Horovod: ranks disagree on a collective ({m.group('what').strip()}){_on_rank(rank)}",
+                "the ranks submitted the same collective differently (dtype, shape, device or operation): a "
+                "rank-dependent code path or model, or a node whose framework does not see its GPU "
+                "(CPU on one rank, GPU on the others)")
+
+
+GATES = {"horovod.shut-down": (_NEEDLE,), "horovod.mismatch": (_MISMATCH_NEEDLE,)}
 """The rule's needle (see ``classify.GATES``)."""
 
 DOCS = {
@@ -65,5 +96,9 @@ DOCS = {
         "when an exception line is printed anywhere before it, other than TensorFlow's ``N root error(s) "
         "found`` header of the shutdown itself: that exception is the cause)"
     ),
+    "horovod.mismatch": (
+        "Horovod's coordinator ``Mismatched <what>: One rank ..., but another rank ...`` (data types, MPI "
+        "operations, tensor shapes, root ranks, CPU/GPU device selection) → comm/mismatch"
+    ),
 }
-"""What the rule recognises (docs/classifier.md is made of these)."""
+"""What the rules recognise (docs/classifier.md is made of these)."""

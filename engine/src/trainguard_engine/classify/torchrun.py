@@ -187,9 +187,36 @@ dumped)``) or quoted mid-sentence (``there was an error Illegal instruction (cor
 ``(core dumped)`` marks it as the report itself, not a word in prose. bash's job report pads the signal's name
 to a column (``train.sh: line 21: 1749424 Segmentation fault      (core dumped) python main_train.py ...``,
 its command line often longer than the whole-line forms take). (An abort is left to the exit path.)"""
+_SHELL_L10N = {
+    "已杀死": "killed", "段错误": "segmentation fault", "总线错误": "bus error",
+    "非法指令": "illegal instruction", "浮点数例外": "floating point exception",
+    "強制結束": "killed", "程式記憶體區段錯誤": "segmentation fault", "匯流排錯誤": "bus error",
+    "無效指令": "illegal instruction",
+    "強制終了": "killed", "バスエラー": "bus error", "浮動小数点例外": "floating point exception",
+    "죽었음": "killed", "세그멘테이션 오류": "segmentation fault", "버스 오류": "bus error",
+    "Getötet": "killed", "Speicherzugriffsfehler": "segmentation fault", "Bus-Zugriffsfehler": "bus error",
+    "Ungültiger Maschinenbefehl": "illegal instruction",
+    "Processus arrêté": "killed", "Erreur de segmentation": "segmentation fault",
+    "Убито": "killed", "Ошибка сегментирования": "segmentation fault", "Ошибка шины": "bus error",
+    "Terminado (killed)": "killed", "Violación de segmento": "segmentation fault",
+    "Morto": "killed", "Falha de segmentação": "segmentation fault",
+    "Ucciso": "killed", "Errore di segmentazione": "segmentation fault",
+}
+"""The same report in the shell's locale: bash prints the C library's ``strsignal`` text, which glibc
+translates -- its catalogs' (libc.mo) words for SIGKILL, SIGSEGV, SIGBUS, SIGILL and SIGFPE in zh_CN, zh_TW,
+ja, ko, de, fr, ru, es, pt_BR and it (``已杀死`` after a DreamerV3 run's metrics, danijar/dreamerv3#203;
+``段错误`` with its core-dumped note), mapped to the English word."""
+_L10N_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:\*\*|__)?(?P<what>"
+                            + "|".join(re.escape(w) for w in sorted(_SHELL_L10N, key=len, reverse=True))
+                            + r")(?:[ \t]*[(\uff08][^)\uff09\n]{1,40}[)\uff09])?(?:\*\*|__)?"
+                            r"(?:[ \t]+[^\n]{0,300})?$",
+                            re.MULTILINE)
+"""A localized shell death report (:data:`_SHELL_L10N`) as the English whole-line form is read, its
+``(core dumped)`` in the locale's words, in ASCII or full-width brackets (zh_CN's)."""
 _SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
                   "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE"),
                   "bus error": (7, "SIGBUS")}
+_L10N_NEEDLES = tuple(word.lower() for word in _SHELL_L10N)
 _RETURN_CODE_RE = re.compile(r"exits with return code = (?P<code>-?\d+)")
 """DeepSpeed's launcher: ``[launch.py:N:sigkill_handler] ['python', '-u', 'train.py', '--local_rank=1', ...]
 exits with return code = -11`` (a signal), or ``= 1`` (a plain exit: the worker's own error is in its
@@ -523,6 +550,13 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
     if pos >= 0 and ((found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None
                      or (found := _search(_ZSH_DEATH_RE, t, pos, before=300, after=400)) is not None):
         return _shell_death_hit(*found)
+    pos = t.first(*_L10N_NEEDLES)
+    if pos >= 0 and (found := _search(_L10N_DEATH_RE, t, pos, before=300, after=400)) is not None:
+        said = found[1].group("what")
+        signal, name = _SHELL_SIGNALS[_SHELL_L10N[said]]
+        return _signal_hit(found[0] + found[1].start("what"),
+                           {"signal": signal, "signal_name": name, "reporter": "shell", "said": said},
+                           "the process")
     for pos in t.find_all("(core dumped)"):
         if (found := _search(_CORE_DUMPED_RE, t, pos, before=30, after=14)) is not None:
             return _shell_death_hit(*found)
@@ -865,7 +899,7 @@ GATES = {
                         "exceeded job memory limit", "exceeded step memory limit",
                         "illegal instruction", "floating point exception", "interrupted by signal ",
                         "(core dumped)",
-                        "bus error", _SLURM_CANCELLED, ": line ", "this job is "),
+                        "bus error", _SLURM_CANCELLED, ": line ", "this job is ", *_L10N_NEEDLES),
 }
 """Each rule's needles: the rule cannot match a text in which none of them occurs (the classifier skips it
 after the shared pre-scan)."""
@@ -915,6 +949,7 @@ DOCS = {
         "process/exit), gdb's ``Program received signal "
         "SIGSEGV``, a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` / ``Illegal instruction`` / "
+        "the same in the shell's locale (glibc's words: ``已杀死``, ``段错误``, ``Getötet``, ...) / "
         "zsh's lower-case ``20121 floating point exception (core dumped)`` / any of them with "
         "``(core dumped)`` mid-line (glued to a progress bar, quoted in a sentence) / "
         "``Bus error`` / "

@@ -1558,9 +1558,12 @@ def _rows(fh: Any, width: int, on_bytes: Optional[Callable[[int], None]], padded
 def paste_indent(path: Path, head: Optional[List[str]] = None) -> str:
     """The indent every non-blank line of the file's first :data:`INDENT_SCAN_LINES` starts with when it is a
     tab or at least 4 spaces (a paste indented as a markdown code block, or quoted in an e-mail); else ``""``.
-    The reader drops it, so ``Traceback (most recent call last):`` is at the top level again. (Less than 4
-    spaces is a traceback cut at the top, its frames' own indent.)"""
+    The reader drops it, so ``Traceback (most recent call last):`` is at the top level again. Less than 4
+    spaces is mostly a traceback cut at the top, its frames' own indent: it is the paste's only when a line
+    Python prints at column 0 -- a traceback's header or an exception line -- sits at it (an error pasted
+    under a sentence indented by two spaces, ``  AssertionError: FSDP assumes ...``, Lumina-mGPT#18)."""
     common: Optional[str] = None
+    lines = []
     for text in _head_or(path, head) or ():
         line = clean_line(text)
         if not line.strip():
@@ -1569,9 +1572,14 @@ def paste_indent(path: Path, head: Optional[List[str]] = None) -> str:
         common = lead if common is None else _shared_start(common, lead)
         if not common:
             return ""
+        lines.append(line)
     if not common:
         return ""
-    return common if common.startswith("\t") or common.startswith("    ") else ""
+    if common.startswith("\t") or common.startswith("    "):
+        return common
+    at_column_0 = (line[len(common):] for line in lines if not line[len(common)].isspace())
+    return common if any(text == _HEADER.rstrip("\n") or _EXCEPTION_LINE_RE.match(text)
+                         for text in at_column_0) else ""
 
 
 @dataclass
