@@ -120,8 +120,45 @@ typedef struct {
     PyObject *empty;
 } StrCache;
 
+/* ASCII strings of earlier requests (names, project, run id, host...: the same few over and over), kept
+ * across calls in a direct-mapped table by a hash of their bytes: a string found there is that object
+ * again (an ASCII str is its bytes: equal to what decoding them gives), not decoded and allocated anew --
+ * and the pipeline's dict lookups by it meet the same object, its hash already known. A slot holds the last
+ * string that hashed to it (at most KEPT_SLOTS strings of at most KEPT_MAX bytes are kept alive). */
+#define KEPT_SLOTS 1024
+#define KEPT_MAX 128
+static PyObject *kept[KEPT_SLOTS];
+
+static size_t kept_slot(Slice s) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    Py_ssize_t i;
+    for (i = 0; i < s.n; i++) h = (h ^ s.s[i]) * 16777619u;
+    return (size_t)(h & (KEPT_SLOTS - 1));
+}
+
+/* A new reference to the kept string of s's bytes, or NULL (none: no error set). */
+static PyObject *kept_str(Slice s, size_t slot) {
+    PyObject *obj = kept[slot];
+    if (obj == NULL || !PyUnicode_IS_COMPACT_ASCII(obj) || PyUnicode_GET_LENGTH(obj) != s.n ||
+        memcmp(PyUnicode_DATA(obj), s.s, (size_t)s.n) != 0)
+        return NULL;
+    Py_INCREF(obj);
+    return obj;
+}
+
+/* Keep obj (the string of s's bytes) in its slot when it is ASCII and short. */
+static void keep_str(PyObject *obj, size_t slot) {
+    PyObject *old;
+    if (!PyUnicode_IS_COMPACT_ASCII(obj) || PyUnicode_GET_LENGTH(obj) > KEPT_MAX) return;
+    old = kept[slot];
+    Py_INCREF(obj);
+    kept[slot] = obj;
+    Py_XDECREF(old); /* a str: no Python code runs */
+}
+
 static PyObject *cached_str(StrCache *cache, Slice s) {
     int i;
+    size_t slot;
     PyObject *obj;
     if (s.n == 0) {
         Py_INCREF(cache->empty);
@@ -133,8 +170,13 @@ static PyObject *cached_str(StrCache *cache, Slice s) {
             return cache->value[i];
         }
     }
-    obj = PyUnicode_DecodeUTF8((const char *)s.s, s.n, "strict");
-    if (obj == NULL) return NULL;
+    slot = s.n <= KEPT_MAX ? kept_slot(s) : 0;
+    obj = s.n <= KEPT_MAX ? kept_str(s, slot) : NULL;
+    if (obj == NULL) {
+        obj = PyUnicode_DecodeUTF8((const char *)s.s, s.n, "strict");
+        if (obj == NULL) return NULL;
+        if (s.n <= KEPT_MAX) keep_str(obj, slot);
+    }
     if (cache->count < CACHE_MAX) {
         cache->key[cache->count] = s;
         Py_INCREF(obj);
