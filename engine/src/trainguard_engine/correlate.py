@@ -535,7 +535,8 @@ def _less_specific_at(run: RunState, generic: IncidentState, began: int, ranks: 
     ``generic`` began at that instant exactly, includes one of ``ranks`` (a first rank, or a rank whose text
     it is), is no numerical incident (a NaN, an explosion, the loss scaler's notice: observations, not a
     crash report), is made of error text only and reads strictly less specifically."""
-    if not began or _began(run, generic) != began or _kind(generic) in (*NUMERIC, AMP_OVERFLOW):
+    if not began or _began(run, generic) != began or _kind(generic) in NUMERIC or \
+            _kind(generic) == AMP_OVERFLOW:
         return False
     if not any(r in generic.rank_first or r in _reporters(generic.record.evidence) for r in ranks):
         return False

@@ -67,6 +67,7 @@ from .catalogue import DetectionSettings
 from .detectors import progress, straggler
 from .detectors.base import Detector, EventInfo, MetricBatch, MetricRun, RunFindings
 from .detectors.registry import DETECTORS
+from .envelope import ReadEnvelope
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
 from .incidents import Finding
 from .quotas import EvictedRuns, ProjectIndex
@@ -81,6 +82,7 @@ from .records import (
     RunRecord,
     finite_copy,
 )
+from .run_part import RunPart
 from .state import ClusterState, IncidentState, RankState, RunState, cluster_key, run_key
 
 SNAPSHOT_FORMAT = "trainguard.pipeline"
@@ -154,39 +156,10 @@ def merge_outputs(first: PipelineOutput, then: PipelineOutput) -> PipelineOutput
     return PipelineOutput(list(runs.values()), list(incidents.values()), list(clusters.values()))
 
 
-@dataclass
-class ReadEnvelope:
-    """An envelope as the pipeline reads it (:func:`_parse`): its payload ``kind`` and ``body`` (the
-    payload's mapping), its header fields typed (absent ones as proto3 defaults, ``world_size`` at least
-    1, ``run_id`` never empty) and ``raw``, the envelope's JSON mapping. A runtime that decoded an envelope
-    from the wire itself may hand :meth:`Pipeline.process` this in place of the dict (the processor does
-    for plain metric batches: ``trainguard_server.processor.decode.read_request``); the pipeline then reads
-    nothing from ``raw``: it must hold exactly what :func:`_parse` would read from ``raw``."""
-
-    __slots__ = ("body", "event_id", "host", "kind", "pid", "project", "rank", "raw", "run_id", "run_name",
-                 "step", "time_ns", "trace_id", "world_size")
-    raw: Mapping[str, Any]
-    kind: str
-    body: Mapping[str, Any]
-    event_id: str
-    project: str
-    run_id: str
-    rank: int
-    step: int
-    time_ns: int
-    host: str
-    pid: int
-    world_size: int
-    run_name: str
-    trace_id: str
-
-
 class _Ahead:
     """The run of envelopes (``indices``, every one of the rank routed to the detector below ``end``) an
     independent detector was handed for ``rank``, what it found on each, and the position whose findings
     are due next."""
-
-    __slots__ = ("end", "found", "indices", "pos", "rank")
 
     def __init__(self, rank: RankState, indices: List[int], end: int, pos: int, found: RunFindings) -> None:
         self.rank, self.indices, self.end, self.pos, self.found = rank, indices, end, pos, found
@@ -1286,17 +1259,6 @@ class Pipeline:
         pipeline._unsaved_runs = dict.fromkeys(pipeline._runs)  # no parts stored yet: all of it changed
         pipeline._unsaved_clusters = dict.fromkeys(pipeline._clusters)
         return pipeline
-
-
-class RunPart(bytes):
-    """A run's snapshot part (:meth:`Pipeline.changed_parts`): the bytes, and where its ranks are --
-    ``self[ranks_at:ranks_end]`` is the JSON list of ``rank_pieces`` (each rank's encoding, in the run's
-    order, joined by commas), for a store that keeps ranks apart without parsing the part
-    (trainguard_server.processor.rank_parts)."""
-
-    ranks_at: int
-    ranks_end: int
-    rank_pieces: List[bytes]
 
 
 _EMPTY_RANKS = b',"ranks":[]'

@@ -160,8 +160,6 @@ class EvictedRuns:
     event of another project's finished run then started it again, as ``running``, and opened its
     incidents again. Iteration (snapshots) is in order of eviction, as before."""
 
-    __slots__ = ("by_project", "when")
-
     def __init__(self, items: Iterable[Tuple[str, int]] = ()) -> None:
         self.when: Dict[str, int] = {}
         self.by_project: Dict[str, Dict[str, None]] = {}  # project -> its keys, oldest first

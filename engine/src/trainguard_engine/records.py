@@ -141,11 +141,16 @@ class Incident:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> Incident:
-        inc = _from_dict(cls, data)
-        inc.evidence = [e if isinstance(e, Evidence) else Evidence.from_dict(e) for e in inc.evidence]
-        inc.timeline = [t if isinstance(t, TimelineEntry) else TimelineEntry.from_dict(t)
-                        for t in inc.timeline]
-        return inc
+        # converted before the record is built: its fields hold what they say (List[Evidence], ...) from
+        # the start -- a compiled engine (engine/native_build.py) checks them as they are set
+        data = dict(data)
+        if "evidence" in data:
+            data["evidence"] = [e if isinstance(e, Evidence) else Evidence.from_dict(e)
+                                for e in data["evidence"]]
+        if "timeline" in data:
+            data["timeline"] = [t if isinstance(t, TimelineEntry) else TimelineEntry.from_dict(t)
+                                for t in data["timeline"]]
+        return _from_dict(cls, data)
 
 
 @dataclass

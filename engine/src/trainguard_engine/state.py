@@ -54,8 +54,6 @@ def bounded_append(items: List[Any], item: Any, most: int) -> None:
 class Shiftable:
     """What a detector keeps beside a :class:`SeriesTail` (``windows``) and can carry over a trim."""
 
-    __slots__ = ()
-
     def shifted(self, drop: int) -> bool:
         """Move every point index kept by ``-drop`` (the tail lost its first ``drop`` points, the others
         unchanged and in the same order); False when what is kept needs a dropped point (then it is
@@ -74,16 +72,15 @@ class SeriesTail:
     updates as points arrive (e.g. the loss curve's sorted windows, keyed by the detector), dropped with
     the tail."""
 
-    __slots__ = ("bad_end", "data", "descent", "points", "windows")
-
-    def __init__(self, data: Dict[int, HistoryPoint]) -> None:
+    def __init__(self, data: Dict[int, HistoryPoint], build: bool = True) -> None:
         self.data = data
         self.points: List[Tuple[int, float, int]] = []
         self.bad_end = 0
         self.descent = 0
         self.windows: Dict[Any, Any] = {}
-        for s, (v, t) in data.items():
-            self.append(s, v, t)
+        if build:
+            for s, (v, t) in data.items():
+                self.append(s, v, t)
 
     def trimmed(self, data: Dict[int, HistoryPoint], drop: int) -> SeriesTail:
         """The tail of ``data``, this series trimmed of its ``drop`` lowest steps -- for a tail whose steps
@@ -91,8 +88,7 @@ class SeriesTail:
         detector keeps in ``windows`` by point index goes with it when it can move its indices back by
         ``drop`` (a ``shifted(drop)`` method that answers True: :meth:`Shiftable.shifted`); the rest is
         dropped, as with a new tail."""
-        out = SeriesTail.__new__(SeriesTail)
-        out.data = data
+        out = SeriesTail(data, False)
         out.points = self.points[drop:]
         out.bad_end = max(0, self.bad_end - drop)
         out.descent = 0

@@ -285,7 +285,7 @@ class Adapters(Detector):
     """``watch_lora()`` reports: adapters that stopped getting gradients (:func:`on_metrics`)."""
 
     name = "adapter"
-    kinds = ("adapter/lora-grad-break",)
+    kinds: Tuple[str, ...] = ("adapter/lora-grad-break",)
     section = "adapter"
 
     def wants_names(self, names: AbstractSet[str], settings: DetectionSettings) -> Optional[bool]:

@@ -685,7 +685,8 @@ class Gradients(Detector):
     its loss, a climbing global norm, per-layer vanishing, clipping that eats the update."""
 
     name = "gradient"
-    kinds = ("gradient/explosion", "gradient/nan-source", "gradient/vanishing", "gradient/clip-stale")
+    kinds: Tuple[str, ...] = ("gradient/explosion", "gradient/nan-source", "gradient/vanishing",
+                              "gradient/clip-stale")
     section = "loss_gradient"
 
     def wants_names(self, names: AbstractSet[str], settings: DetectionSettings) -> Optional[bool]:

@@ -393,8 +393,6 @@ class _Quiet:
     more points the window may take in while it holds; ``checked``: the tail's length up to which the new
     points were found under ``blow_bar`` (the blow-up bar; inf: off); ``base``: the divergence base."""
 
-    __slots__ = ("at", "base", "blow_bar", "checked", "most", "settings")
-
     def __init__(self, settings: DetectionSettings, at: int, most: int, base: float, blow_bar: float) -> None:
         self.settings = settings
         self.at = at
@@ -1031,8 +1029,6 @@ class _Derived(Shiftable):
     :func:`_kept_trend`) until ``KENDALL_IDLE`` points passed unasked; ``blocks``: the plateau rule's
     block medians by the index of the block's first point (:func:`_kept_block_slope`)."""
 
-    __slots__ = ("blocks", "ends", "held", "init", "init_len", "initial", "kendall", "quiet", "sorted")
-
     def __init__(self) -> None:
         self.quiet: Optional[_Quiet] = None
         self.blocks: Dict[int, Tuple[float, float]] = {}
@@ -1207,9 +1203,6 @@ class _Window:
     once, when first asked for (most values are judged on the median and the first and last steps).
     ``source``: ``series``'s exact tail (:func:`_exact_tail`), whose sorted window is taken for
     :attr:`ordered` instead of a sort."""
-
-    __slots__ = ("_cv", "_median", "_ordered", "_points", "_series", "_size", "_source", "_steps", "_trend",
-                 "_values", "first_step", "full", "last_step")
 
     def __init__(self, series: Sequence[Tuple[int, float, int]], size: int,
                  source: Optional[SeriesTail] = None) -> None:
@@ -2430,7 +2423,7 @@ class NonFiniteLoss(Detector):
     the NaN source (:func:`on_metrics`)."""
 
     name = "loss.non_finite"
-    kinds = ("loss/non_finite", "gradient/explosion", "gradient/nan-source")
+    kinds: Tuple[str, ...] = ("loss/non_finite", "gradient/explosion", "gradient/nan-source")
     section = "loss_gradient"
     names_only = True  # wants() reads the batch's names and the settings only
 
@@ -2447,7 +2440,8 @@ class LossCurve(Detector):
     detectors, so it runs after them."""
 
     name = "loss.curve"
-    kinds = ("loss/oscillation", "loss/divergence", "loss/rise-after-fall", "loss/plateau", "loss/spike")
+    kinds: Tuple[str, ...] = ("loss/oscillation", "loss/divergence", "loss/rise-after-fall", "loss/plateau",
+                              "loss/spike")
     section = "loss_gradient"
     names_only = True  # wants() reads the batch's names and the settings only
 

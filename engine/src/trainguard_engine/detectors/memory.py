@@ -701,8 +701,6 @@ class _SlidingTrend:
     series' list and ``values`` as long as it (only :func:`_leak_sample` changes it, and updates this in
     step); else built again from the points. Finite values only (``_num`` reads nothing else)."""
 
-    __slots__ = ("counts", "fine", "ordered", "s", "ties", "values")
-
     def __init__(self, fine: List[List[Any]]) -> None:
         self.fine = fine
         self.values: List[float] = []
@@ -1055,7 +1053,8 @@ class Memory(Detector):
     (:func:`on_metrics`)."""
 
     name = "memory"
-    kinds = ("memory/fragmentation", "memory/leak", "memory/amp-overflow", "memory/context-leak")
+    kinds: Tuple[str, ...] = ("memory/fragmentation", "memory/leak", "memory/amp-overflow",
+                              "memory/context-leak")
     section = "memory"
     names_only = True
     independent = True  # on_metrics reads the batch, rank.rank/host and rank.detectors["mem"] only

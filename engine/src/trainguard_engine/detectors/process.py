@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
@@ -598,10 +598,10 @@ class Process(Detector):
     printed (the classifier), and the exit-code decision path."""
 
     name = "process"
-    kinds = ("process/exception", "process/killed", "process/terminated", "process/exit", "memory/oom",
-             "memory/oom-or-cuda-error", "memory/cuda-error", "comm/failure", "comm/init-failure",
-             "comm/timeout", "comm/mismatch", "comm/rank-lost", "gradient/nan-source", "loss/non_finite",
-             "memory/amp-overflow")
+    kinds: Tuple[str, ...] = ("process/exception", "process/killed", "process/terminated", "process/exit",
+                              "memory/oom", "memory/oom-or-cuda-error", "memory/cuda-error", "comm/failure",
+                              "comm/init-failure", "comm/timeout", "comm/mismatch", "comm/rank-lost",
+                              "gradient/nan-source", "loss/non_finite", "memory/amp-overflow")
     section = "process"
     names_only = True
 

@@ -325,7 +325,7 @@ class Progress(Detector):
     the pipeline's timers (:func:`check_lost`, :func:`check_stalled`)."""
 
     name = "progress"
-    kinds = ("progress/stalled", "progress/lost")
+    kinds: Tuple[str, ...] = ("progress/stalled", "progress/lost")
     section = "progress"
     names_only = True
 

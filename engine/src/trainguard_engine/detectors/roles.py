@@ -22,8 +22,6 @@ class RoleMemo:
     (``last = memo.last; roles = last[1] if last[0] is settings else memo.of(settings)``: no call on the
     usual batch, one pipeline's settings)."""
 
-    __slots__ = ("held", "last")
-
     def __init__(self) -> None:
         self.held: Dict[int, Tuple[Any, Dict[str, int]]] = {}
         self.last: Tuple[Any, Dict[str, int]] = (None, {})

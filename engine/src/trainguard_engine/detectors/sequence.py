@@ -254,7 +254,7 @@ class Sequences(Detector):
     """``check_batch()`` reports: padding and truncation bugs (:func:`on_metrics`)."""
 
     name = "sequence"
-    kinds = ("sequence/truncation",)
+    kinds: Tuple[str, ...] = ("sequence/truncation",)
     section = "sequence"
     names_only = True
 

@@ -918,7 +918,8 @@ class Performance(Detector):
     """Straggler, throughput regression, data-loader bottleneck, GPU throttling (:func:`on_metrics`)."""
 
     name = "perf"
-    kinds = ("perf/straggler", "perf/throughput-regression", "perf/data-bottleneck", "perf/throttling")
+    kinds: Tuple[str, ...] = ("perf/straggler", "perf/throughput-regression", "perf/data-bottleneck",
+                              "perf/throttling")
     section = "perf"
     names_only = True  # wants() reads the batch's names and the settings only
 
