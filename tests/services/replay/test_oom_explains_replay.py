@@ -7,7 +7,8 @@ out-of-memory report is printed *after* what it caused:
 * ``proc-dl-worker-exited-slurm-oom-kill-sjtu-1``: ``DataLoader worker (pid(s) N) exited unexpectedly``,
   then Slurm's ``Detected 1 oom-kill event(s)`` (printed when the step ends, after the kill).
 
-Before the rule each log's lead was the consequence (comm/rank-lost, process/exception). The window is
+Before the rule each log's lead was the consequence (comm/rank-lost, the worker's death: process/exception
+then, process/exit since stop 48's reading of a worker that 'exited unexpectedly'). The window is
 checked on the importer's own envelopes through the engine's pipeline under overridden settings, with
 the report moved past it.
 """
@@ -79,11 +80,11 @@ def test_the_window_decides_and_a_user_can_narrow_it() -> None:
     events = _envelopes(SLURM)
     assert shown(events, DetectionSettings()) == [("process", "killed")]
     # 0: only what follows the exhaustion -- the worker's death printed before the report stays its own
-    assert shown(events, DetectionSettings(oom_explains_s=0)) == [("process", "exception"), ("process", "killed")]
+    assert shown(events, DetectionSettings(oom_explains_s=0)) == [("process", "exit"), ("process", "killed")]
     within = _report_later(events, "oom-kill event", 30)
     assert shown(within, DetectionSettings()) == [("process", "killed")]
     beyond = _report_later(events, "oom-kill event", 120)
-    assert shown(beyond, DetectionSettings()) == [("process", "exception"), ("process", "killed")]
+    assert shown(beyond, DetectionSettings()) == [("process", "exit"), ("process", "killed")]
 
 
 def test_a_comm_failure_long_before_the_allocation_failure_is_not_its_consequence() -> None:

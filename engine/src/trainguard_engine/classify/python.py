@@ -221,8 +221,11 @@ def _rule_dataloader(t: _Text) -> Optional[_Hit]:
                 "copies), 'Bus error' a too small /dev/shm")
         signal = str(facts.get("signal", "")).lower()
         # a worker is a host process: SIGKILL is the OOM-killer; a crash by any other signal is the worker's
-        # own (a segfault in a native decoder, a bus error from /dev/shm), never a CUDA abort
-        subtype = "killed" if signal == "killed" else "exit" if signal else "exception"
+        # own (a segfault in a native decoder, a bus error from /dev/shm), never a CUDA abort. 'exited
+        # unexpectedly' names no signal: the worker process ended without reporting an exception (a Python
+        # error in a worker is re-raised as 'Caught X in DataLoader worker process N', read above), so it is
+        # the process's abnormal exit too
+        subtype = "killed" if signal == "killed" else "exit"
         return _Hit("process", subtype, 0.75, pos, facts,
                     "DataLoader worker died" + (f" ({facts['signal']})" if "signal" in facts else ""), note)
     return None
@@ -311,7 +314,8 @@ DOCS = {
         '``Caught X in DataLoader worker process N`` → process/exception; a worker ``killed by signal: '
         'Killed`` → process/killed, by another signal (segfault, bus error, also PyTorch\'s ``Unexpected bus '
         'error encountered in worker`` and Paddle\'s ``Unexpected BUS error encountered in DataLoader '
-        'worker``) → process/exit'
+        'worker``) or ``DataLoader worker (pid(s) N) exited unexpectedly`` (no signal named: the worker '
+        'process ended without an exception of its own) → process/exit'
     ),
     'python.fatal-error': (
         '``Fatal Python error: Aborted|Segmentation fault|...`` → by the exit decision path for that '
