@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from trainguard_engine import extract
@@ -691,21 +692,23 @@ class EmbeddedProcessor:
                     at += 1
                     decoded, decoded_points = self._decode(record)
                     decoded_envelopes += len(decoded)
-                if chunk.records and len(chunk.envelopes) + len(decoded) > cap:
+                size = len(decoded)
+                if chunk.records and len(chunk.envelopes) + size > cap:
                     carry = (record, decoded, decoded_points)
                     break
                 chunk.records.append(record)
-                largest = max(largest, len(decoded))
+                if size > largest:
+                    largest = size
                 if self._covered and self._is_covered(record):
                     if replayed is None:
                         replayed = [False] * len(chunk.envelopes)
-                    replayed.extend([True] * len(decoded))
+                    replayed.extend([True] * size)
                 elif replayed is not None:
-                    replayed.extend([False] * len(decoded))
+                    replayed.extend([False] * size)
                 chunk.envelopes.extend(decoded)
                 chunk.points.extend(decoded_points)
-                chunk.partitions.extend([record.partition] * len(decoded))
-                chunk.sizes.append(len(decoded))
+                chunk.partitions.extend([record.partition] * size)
+                chunk.sizes.append(size)
             if not chunk.records:
                 return done
             if self._since_yield >= self.round_events:  # a long stretch of processing: ingest's turn
@@ -839,7 +842,7 @@ class EmbeddedProcessor:
             pass  # every record of the chunk went through the pipeline before its restored snapshot
         elif started is not None:
             self._collect_pooled(started)
-        elif all(p == first for p in partitions):
+        elif partitions.count(first) == len(partitions):  # one partition (the usual case)
             self._run_pipeline(first, envelopes, points)
         else:  # records of several partitions: each partition's envelopes, in order, to its pipeline
             by_partition: Dict[int, Tuple[List[Envelope], List[Points]]] = {}
@@ -855,14 +858,15 @@ class EmbeddedProcessor:
         # a chunk whose pipeline call failed -- a worker died -- is retried, and a checkpoint meanwhile, e.g.
         # a stop during the backoff, must not commit records no pipeline saw)
         self._uncommitted.extend(records)
-        self._uncommitted_bytes += sum(len(r.value) for r in records)
+        self._uncommitted_bytes += sum(map(len, map(_VALUE, records)))
         tops = self._tops
-        for record in records:  # through the pipeline: what the next snapshot covers (OFFSETS_PREFIX)
-            lane_tops = tops.get(record.partition)
+        # through the pipeline: what the next snapshot covers (OFFSETS_PREFIX)
+        for partition, lane, offset in map(_PARTITION_LANE_OFFSET, records):
+            lane_tops = tops.get(partition)
             if lane_tops is None:
-                lane_tops = tops[record.partition] = {}
-            if record.offset > lane_tops.get(record.lane, -1):
-                lane_tops[record.lane] = record.offset
+                lane_tops = tops[partition] = {}
+            if offset > lane_tops.get(lane, -1):
+                lane_tops[lane] = offset
         if self._covered:  # a lane past its restored offset is forgotten: nothing at or below it comes again
             for record in records:
                 covered = self._covered.get(record.partition)
@@ -874,7 +878,7 @@ class EmbeddedProcessor:
         if records:  # the oldest record of the chunks of the last LAG_WINDOW_S: how far behind the
             # most-behind run is (a fair queue hands out a quiet run's new records between a noisy one's)
             lags = self._lags
-            lags.append((now_ns, max(0.0, (now_ns - min(r.published_ns for r in records)) / 1e9)))
+            lags.append((now_ns, max(0.0, (now_ns - min(map(_PUBLISHED, records))) / 1e9)))
             while lags and now_ns - lags[0][0] > LAG_WINDOW_S * 1e9:
                 lags.popleft()
             self.stats.last_lag_s = max(lag for _, lag in lags)
@@ -1214,6 +1218,11 @@ def backlog_counts(envelopes: Sequence[Envelope]) -> Dict[str, int]:
         project = str(mapping.get("project", ""))
         counts[project] = get(project, 0) + dict_weight(mapping)
     return counts
+
+
+_VALUE = attrgetter("value")
+_PUBLISHED = attrgetter("published_ns")
+_PARTITION_LANE_OFFSET = attrgetter("partition", "lane", "offset")
 
 
 def _describe(exc: BaseException) -> str:

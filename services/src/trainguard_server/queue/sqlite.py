@@ -371,10 +371,11 @@ class SqliteQueue(Queue):
             found.update((row[0], row) for row in self._reader.execute(query, part))
         out: List[QueueRecord] = []
         partitions = self.partitions
+        get, add = found.get, out.append
         for lane, offset, _ in taken:
-            row = found.get(offset)
+            row = get(offset)
             if row is not None:  # (columns INTEGER, TEXT, BLOB, INTEGER: int, str, bytes, int as read)
-                out.append(QueueRecord(lane % partitions, offset, row[1], row[2], row[3], lane))
+                add(_AS_RECORD((lane % partitions, offset, row[1], row[2], row[3], lane)))
         return out
 
     def commit(self, records: Sequence[QueueRecord]) -> None:
