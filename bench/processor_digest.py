@@ -113,6 +113,15 @@ def drain(shape: str, root: Path, round_target_s: float) -> Dict[str, str]:
     return out
 
 
+def engine_native() -> int:
+    """1 when this process runs the engine's compiled build (trainguard_engine/_native.py), else 0 (a pure
+    run, or a checkout without the build)."""
+    import trainguard_engine.pipeline  # noqa: F401  (the package decides when it is imported)
+
+    native = sys.modules.get("trainguard_engine._native")
+    return int(bool(native is not None and native.compiled_modules().get("pipeline")))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="sdk16,env500")
@@ -121,6 +130,8 @@ def main() -> int:
                    help="drain into this (new) folder and keep it (to diff two checkouts' stores)")
     args = p.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="trainguard-processor-digest-"))
+    # on stderr: the digest lines of a compiled and a pure run compare as they are
+    print(f"engine_native={engine_native()}", file=sys.stderr, flush=True)
     try:
         for shape in [s.strip() for s in args.shapes.split(",") if s.strip()]:
             for key, value in drain(shape, root, args.round_target_s).items():

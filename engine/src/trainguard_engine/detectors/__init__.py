@@ -16,7 +16,10 @@ from typing import Any, Dict, List, Optional
 
 from trainguard.core.events import wire_float
 
+from .. import _native
 from ..state import RankState
+
+_native.detectors_path(__path__)  # the compiled detectors first, when the engine's build is used
 
 
 def fmt_number(value: float) -> str:
