@@ -11,7 +11,7 @@
   unsupported toolchain``, is a CUDA error (the driver older than the toolchain) also without a ``CUDA error:``
   prefix (jaxlib's ``operation cudaGetLastError() failed: ...``; VaxNeRF#1 read process/exception).
 * The shell's death report in its locale -- glibc's translated ``strsignal`` words (``已杀死`` for Killed,
-  ``段错误`` for Segmentation fault, ``Getötet``, ...) -- is read as the English whole-line form (dreamerv3#203
+  ``段错误`` for Segmentation fault; zh_CN only since hL4's fix of hR3's HIGH-1) -- is read as bash prints it (dreamerv3#203
   read nothing).
 * A line naming failures by example (``an error such as OOM``: Ray Train's TrainingFailedError boilerplate) is
   no statement of one (ray#47974 read memory/oom from it).
@@ -105,9 +105,8 @@ def test_the_ptx_toolchain_string_is_a_cuda_error(line: str) -> None:
     ("已杀死", "process/killed"),
     ("段错误 (核心已转储)", "process/exit"),
     ("段错误\uff08核心已转储\uff09 python train.py", "process/exit"),  # full-width brackets
-    ("Speicherzugriffsfehler (Speicherabzug geschrieben)", "process/exit"),
-    ("Getötet", "process/killed"),
-    ("強制終了", "process/killed"),
+    ("run.sh: 第 6 行\uff1a  3305 已杀死                  python train.py", "process/killed"),  # bash's job report
+    ("**已杀死**", "process/killed"),
 ])
 def test_localized_shell_death_reports(line: str, kind: str) -> None:
     assert _reading(f"epoch 3 step 120 loss 0.41\n{line}\n") == (kind, "launcher.signal")
@@ -117,9 +116,31 @@ def test_localized_shell_death_reports(line: str, kind: str) -> None:
     "o processo foi Morto ontem",                      # a word of a sentence, not the shell's report
     "已杀死进程的数量: 0",                                  # a counter in a log line
     "已放弃 (核心已转储)",                                  # an abort: left to the exit path, as in English
+    # hR3's HIGH-1 probes (stop 48): a word that starts a sentence, after a free 'xxx: ' prefix, or another
+    # locale's word (only zh_CN's are read now)
+    "提示: 段错误 时请尝试设置 num_workers=0",
+    "  on_segfault: 段错误 (重启)",
+    "已杀死 3 个僵尸进程",
+    "Episódio 12: Morto após 340 passos, recompensa -1.0",
+    "Status do agente: Morto",
+    "INFO: Processus arrêté proprement après 10 époques, checkpoint sauvegardé",
+    "Эпизод 45: Убито врагов 12, награда 35.0",
+    "세그멘테이션 오류 방지를 위해 num_workers=0 으로 설정합니다",
+    "強制終了 (Ctrl+C) で学習を中断できます",
+    "Hinweis: Speicherzugriffsfehler beim DataLoader? Setze num_workers=0",
+    "Partita 7: Ucciso dal nemico al passo 210, punteggio 120",
+    "**Morto** é o estado do agente quando a vida chega a zero",
 ])
 def test_localized_words_in_other_lines_are_no_death_report(line: str) -> None:
+    text = f"epoch 1 step 40 loss 0.52 lr 3.0e-04\n{line}\nepoch 1 step 50 loss 0.50 lr 3.0e-04\n"
+    assert _reading(text)[1] != "launcher.signal"
     assert _reading(line)[1] != "launcher.signal"
+
+
+def test_a_later_report_is_read_after_an_earlier_mention() -> None:
+    """Every occurrence is tried, not the first only (hR3 LOW-7c)."""
+    text = "清理: 已杀死的僵尸进程数 0\n" + "epoch 1 step 2 loss 0.3\n" * 29 + "已杀死\n"
+    assert _reading(text) == ("process/killed", "launcher.signal")
 
 
 @pytest.mark.parametrize("line", [

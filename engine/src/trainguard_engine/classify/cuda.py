@@ -14,6 +14,7 @@ from .text import (
     _shorten,
     _Text,
 )
+from .vocab import _RECOVERED
 
 # ----------------------------------------------------------------------------------------------------
 # Sizes
@@ -203,21 +204,51 @@ a record its autotuner recovers from -- a glog ``W`` / ``I`` record (``W externa
 conv_algorithm_picker.cc:852] Failed to determine best cudnn convolution algorithm ... Original error:
 RESOURCE_EXHAUSTED: Out of memory ...``, gemm autotuning alike): :func:`_xla_oom` skips those."""
 _GLOG_RECORD_RE = re.compile(r"(?:^|[\s:\]])(?P<level>[IWEF])"
-                             r"(?:\d{4} \d\d:\d\d:\d\d(?:\.\d{1,9})?\s+\d{1,10})?"
+                             r"(?:\d{4} \d\d:\d\d:\d{2,10}(?:\.\d{1,9})?\s+\d{1,10})?"
                              r"\s?[\w/.-]{1,200}\.(?:cc|cpp|h):\d{1,6}\] ", re.MULTILINE)
 """A glog record's head (``W external/xla/.../conv_algorithm_picker.cc:852] ``, ``E1010 10:00:00.000 123
-local_client.cc:672] ``): its letter is the record's level."""
+local_client.cc:672] ``, absl's ``W0000 00:00:1712345678.123456   12345 gemm_fusion_autotuner.cc:1045] ``
+with seconds since the epoch): its letter is the record's level."""
+_PY_QUIET_HEAD_RE = re.compile(r"(?:WARNING|INFO|DEBUG):[\w.]{1,100}:")
+"""Python logging's default head of a warning or info record (``WARNING:absl:...``)."""
+_AUTOTUNE_CANDIDATE = "Profiling failure on "
+"""XLA's conv autotuner's fixed report of one candidate algorithm failing (``  Profiling failure on cuDNN
+engine 1#TC: RESOURCE_EXHAUSTED: Failed to allocate request ...``), listed under its ``All algorithms tried
+... Falling back to default algorithm.  Per-algorithm errors:`` warning: a candidate, not the run, failed --
+and the replay reader passes such an indented line on without its record's head."""
+
+
+def _quiet_record(t: _Text, pos: int) -> bool:
+    """Whether the wording at ``pos`` sits where nothing failed: in a glog W/I record (the last record head
+    within 1000 characters before it; else the head of the record's first line, its indented continuation
+    lines -- a conv autotuner's per-candidate errors under a warning whose HLO runs past 1000 characters --
+    included), on a Python logging WARNING/INFO line, on one candidate's autotuning failure
+    (:data:`_AUTOTUNE_CANDIDATE`), or on a line saying the program recovers (vocab's ``_RECOVERED``:
+    ``retrying``, ``falling back``, ...)."""
+    text = t.text
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    line = text[start:end if end >= 0 else len(text)]
+    if _PY_QUIET_HEAD_RE.match(line) or _RECOVERED.search(line) or _AUTOTUNE_CANDIDATE in line:
+        return True
+    heads = list(_GLOG_RECORD_RE.finditer(text, max(0, pos - 1000), pos))
+    if not heads:
+        steps = 0
+        while start > 0 and text[start:start + 1] in (" ", "\t") and steps < 64:
+            start = text.rfind("\n", 0, start - 1) + 1
+            steps += 1
+        heads = list(_GLOG_RECORD_RE.finditer(text, start, min(pos, start + 400)))[:1]
+    return bool(heads) and heads[-1].group("level") in "WI"
 
 
 def _xla_oom(t: _Text) -> int:
     """The first XLA / TensorFlow / Caffe out-of-memory wording (:data:`_OOM_XLA_NEEDLES`) that is not XLA's
-    inside a glog W/I record (the last record head within 1000 characters before it), or -1."""
+    where nothing failed (:func:`_quiet_record`: an autotuner's W/I record, a recovered attempt), or -1."""
     for needle in _OOM_XLA_NEEDLES:
         for pos in t.find_all(needle):
-            if needle.startswith("resource") and ("out of memory" in needle or "allocate request" in needle):
-                heads = list(_GLOG_RECORD_RE.finditer(t.text, max(0, pos - 1000), pos))
-                if heads and heads[-1].group("level") in "WI":
-                    continue
+            if needle.startswith("resource") and ("out of memory" in needle or "allocate request" in needle) \
+                    and _quiet_record(t, pos):
+                continue
             return pos
     return -1
 
@@ -529,6 +560,10 @@ def _rule_cuda_error(t: _Text) -> Optional[_Hit]:
             enum_facts: Facts = {"error": enum.group(0), "error_class": named}
             return _Hit("memory", "cuda-error", 0.85, pos, enum_facts, f"CUDA error: {enum.group(0)}",
                         _CUDA_NOTES.get(named, "a CUDA call failed; rerun with CUDA_LAUNCH_BLOCKING=1"))
+        if m is None and text[:60].lower().startswith(_PTX_TOOLCHAIN) and \
+                (t.text[pos - 1:pos] in ("'", '"', "\u2018", "\u201c", "`") or _quiet_record(t, pos)):
+            pos = _next(t, pos)  # quoted (a FAQ about the message), or a warning the caller falls back from
+            continue
         if m is None and ("driver version is insufficient" in text[:60].lower()
                           or "driver on your system is too old" in text[:60].lower()
                           or text[:60].lower().startswith(_PTX_TOOLCHAIN)):

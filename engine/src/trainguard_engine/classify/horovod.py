@@ -55,15 +55,20 @@ def _rule_shut_down(t: _Text) -> Optional[_Hit]:
 
 
 _MISMATCH_NEEDLE = ", but another rank "
-_MISMATCH_RE = re.compile(r"Mismatched (?P<what>[A-Za-z_/ ]{2,60}): One rank (?P<one>[^\n]{1,200}?), "
-                          r"but another rank (?P<other>[^\n]{1,200}?)\.?[ \t]*$", re.MULTILINE)
+_MISMATCH_RE = re.compile(r"Mismatched (?P<what>data types|(?:MPI )?operations|prescale and/or postscale "
+                          r"factors|(?:[A-Z_]{3,20} )?(?:tensor shapes|root ranks|CPU/GPU device "
+                          r"selection)): One rank (?P<one>[^\n]{1,200}?), but another rank "
+                          r"(?P<other>[^\n]{1,200}?)\.?[ \t]*$", re.MULTILINE)
 """Horovod's coordinator refusing a collective the ranks submitted differently (horovod/common/controller.cc,
 its fixed ``Mismatched <what>: One rank ..., but another rank ...`` forms): ``Mismatched data types: One rank
 had type float32, but another rank had type float16.``, ``Mismatched MPI operations: One rank did an
 ALLREDUCE, but another rank did an ALLGATHER.``, ``Mismatched ALLREDUCE tensor shapes: One rank sent a
 tensor of shape [10], but another rank sent a tensor of shape [12].``, ``Mismatched BROADCAST root ranks:
 ...``, ``Mismatched ALLREDUCE CPU/GPU device selection: One rank specified device GPU, but another rank
-specified device CPU.`` (horovod/horovod#748, through TensorFlow's ``FailedPreconditionError``)."""
+specified device CPU.`` (horovod/horovod#748, through TensorFlow's ``FailedPreconditionError``). ``<what>`` is
+controller.cc's own set (the request type upper case: ALLREDUCE, ALLGATHER, BROADCAST, ADASUM, ALLTOALL,
+REDUCE), not free text: ``Note: Mismatched learning rates: One rank ..., but another rank ...`` is prose
+(hR3 LOW-6)."""
 
 
 def _rule_mismatch(t: _Text) -> Optional[_Hit]:

@@ -87,10 +87,13 @@ class _Text:
         self.lower = self.text.lower()
         lower = self.lower
         self.scanned = scan
-        self.present: FrozenSet[str] = frozenset([n for n in scan if n in lower])
+        ascii_only = lower.isascii()  # O(1): CPython keeps the flag
+        self.present: FrozenSet[str] = frozenset([n for n in scan if (not ascii_only or n.isascii())
+                                                  and n in lower])
         """The needle pre-scan: which of ``scan`` (every rule's needles, :data:`..GATES`) occur -- one
         pass per needle over the text, shared by all rules (a rule whose needles are all absent is not
-        run; ``has`` answers the others from it)."""
+        run; ``has`` answers the others from it). A needle with a non-ASCII character cannot occur in an
+        ASCII text: it is not searched there."""
 
     def has(self, needle: str) -> bool:
         """Whether ``needle`` (lower case) occurs: the pre-scan's answer, else one ``str.find``."""

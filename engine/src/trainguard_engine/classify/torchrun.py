@@ -190,29 +190,26 @@ its command line often longer than the whole-line forms take). (An abort is left
 _SHELL_L10N = {
     "已杀死": "killed", "段错误": "segmentation fault", "总线错误": "bus error",
     "非法指令": "illegal instruction", "浮点数例外": "floating point exception",
-    "強制結束": "killed", "程式記憶體區段錯誤": "segmentation fault", "匯流排錯誤": "bus error",
-    "無效指令": "illegal instruction",
-    "強制終了": "killed", "バスエラー": "bus error", "浮動小数点例外": "floating point exception",
-    "죽었음": "killed", "세그멘테이션 오류": "segmentation fault", "버스 오류": "bus error",
-    "Getötet": "killed", "Speicherzugriffsfehler": "segmentation fault", "Bus-Zugriffsfehler": "bus error",
-    "Ungültiger Maschinenbefehl": "illegal instruction",
-    "Processus arrêté": "killed", "Erreur de segmentation": "segmentation fault",
-    "Убито": "killed", "Ошибка сегментирования": "segmentation fault", "Ошибка шины": "bus error",
-    "Terminado (killed)": "killed", "Violación de segmento": "segmentation fault",
-    "Morto": "killed", "Falha de segmentação": "segmentation fault",
-    "Ucciso": "killed", "Errore di segmentazione": "segmentation fault",
 }
 """The same report in the shell's locale: bash prints the C library's ``strsignal`` text, which glibc
-translates -- its catalogs' (libc.mo) words for SIGKILL, SIGSEGV, SIGBUS, SIGILL and SIGFPE in zh_CN, zh_TW,
-ja, ko, de, fr, ru, es, pt_BR and it (``已杀死`` after a DreamerV3 run's metrics, danijar/dreamerv3#203;
-``段错误`` with its core-dumped note), mapped to the English word."""
-_L10N_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:\*\*|__)?(?P<what>"
+translates -- its zh_CN catalog's (libc.mo) words for SIGKILL, SIGSEGV, SIGBUS, SIGILL and SIGFPE (``已杀死``
+after a DreamerV3 run's metrics, danijar/dreamerv3#203; ``段错误`` with its core-dumped note). Only the locale
+a real paste showed: the other locales' words (stop 48's first form had nine more) read ordinary sentences
+as deaths once a word starts a line ('Morto após 340 passos', 'Processus arrêté proprement', hR3 HIGH-1) and
+cost the shared pre-scan on every long log (hR3 MEDIUM-2)."""
+_CORE_DUMPED_L10N = ("核心已转储", "core dumped")
+"""bash's ``(core dumped)`` note in the same locale (bash.mo's zh_CN text), or untranslated."""
+_L10N_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}[:\uff1a][ \t]*\d{1,10}[ \t]+)?(?:\*\*|__)?(?P<what>"
                             + "|".join(re.escape(w) for w in sorted(_SHELL_L10N, key=len, reverse=True))
-                            + r")(?:[ \t]*[(\uff08][^)\uff09\n]{1,40}[)\uff09])?(?:\*\*|__)?"
-                            r"(?:[ \t]+[^\n]{0,300})?$",
+                            + r")(?P<core>[ \t]*[(\uff08](?:" + "|".join(map(re.escape, _CORE_DUMPED_L10N))
+                            + r")[)\uff09])?(?:\*\*|__)?"
+                            r"(?:[ \t]{2,}[^\n]{0,300}|(?(core)[ \t]+[^\n]{0,300}))?[ \t]*$",
                             re.MULTILINE)
-"""A localized shell death report (:data:`_SHELL_L10N`) as the English whole-line form is read, its
-``(core dumped)`` in the locale's words, in ASCII or full-width brackets (zh_CN's)."""
+"""A localized shell death report (:data:`_SHELL_L10N`) as bash prints it: the word alone on its line, or
+after bash's job-report prefix ending in the job's pid (``run.sh: 第 6 行\uff1a  3305 已杀死   python
+train.py``), its ``(core dumped)`` note in the locale's words in ASCII or full-width brackets, the command
+line after it or after two or more spaces (bash pads the word to a column) -- not a word that starts a
+sentence."""
 _SHELL_SIGNALS = {"segmentation fault": (11, "SIGSEGV"), "killed": (9, "SIGKILL"),
                   "illegal instruction": (4, "SIGILL"), "floating point exception": (8, "SIGFPE"),
                   "bus error": (7, "SIGBUS")}
@@ -550,11 +547,12 @@ def _rule_launcher_signal(t: _Text) -> Optional[_Hit]:
     if pos >= 0 and ((found := _search(_SHELL_DEATH_RE, t, pos, before=300, after=400)) is not None
                      or (found := _search(_ZSH_DEATH_RE, t, pos, before=300, after=400)) is not None):
         return _shell_death_hit(*found)
-    pos = t.first(*_L10N_NEEDLES)
-    if pos >= 0 and (found := _search(_L10N_DEATH_RE, t, pos, before=300, after=400)) is not None:
-        said = found[1].group("what")
+    l10n = next((l10n_m for needle in _L10N_NEEDLES for pos in t.find_all(needle)
+                 if (l10n_m := _search(_L10N_DEATH_RE, t, pos, before=300, after=400)) is not None), None)
+    if l10n is not None:
+        said = l10n[1].group("what")
         signal, name = _SHELL_SIGNALS[_SHELL_L10N[said]]
-        return _signal_hit(found[0] + found[1].start("what"),
+        return _signal_hit(l10n[0] + l10n[1].start("what"),
                            {"signal": signal, "signal_name": name, "reporter": "shell", "said": said},
                            "the process")
     for pos in t.find_all("(core dumped)"):
@@ -949,7 +947,8 @@ DOCS = {
         "process/exit), gdb's ``Program received signal "
         "SIGSEGV``, a "
         "shell's ``Segmentation fault (core dumped)`` / ``Killed`` / ``Illegal instruction`` / "
-        "the same in the shell's locale (glibc's words: ``已杀死``, ``段错误``, ``Getötet``, ...) / "
+        "the same in the shell's zh_CN locale, alone on its line or in bash's job report (glibc's words: "
+        "``已杀死``, ``段错误``, ...) / "
         "zsh's lower-case ``20121 floating point exception (core dumped)`` / any of them with "
         "``(core dumped)`` mid-line (glued to a progress bar, quoted in a sentence) / "
         "``Bus error`` / "

@@ -137,11 +137,13 @@ _LOUD = re.compile(r"\b(?:ERROR|FATAL|CRITICAL)\b|^\W{0,8}(?:\S+ ){0,3}?(?:\[?\w
 _RECOVERED = re.compile(
     r"\bretr(?:y|ying|ies)\b|\bfall(?:ing|s)? back\b|\bfallback\b|\b(?:will|would|may|might|could|can)"
     r" (?:fail|time ?out|be killed|run out)|\bset to\b|\btime ?out\s*[:=]\s*\d|\bignor(?:e|ed|ing)\b"
-    r"|\bskipp(?:ed|ing)\b|\b(?:errors?|failures?|issues?|problems?) such as\b", _I)
+    r"|\bskipp(?:ed|ing)\b|\b(?:errors?|failures?|issues?|problems?) such as\b"
+    r"(?! (?:this|these|that|those)\b)", _I)
 """A line saying the program recovers, or what would happen, or naming failures by example (Ray Train's
 ``TrainingFailedError: ... (assuming that the error is not caused by your own application logic, but rather
 an error such as OOM), you can restart the run ...``, ray-project/ray#47974): not a failure (see the module
-docstring)."""
+docstring); ``problems such as this`` points back at a failure the line states, and is no example (hR3
+LOW-8)."""
 _MARKED = re.compile(
     r"\b[A-Z]\w*(?:Error|Exception|Exhausted|NotMet)\b\s*:|\b(?:ERROR|FATAL|CRITICAL)\b|\[error\]"
     r"|^\W{0,8}(?:\S+ ){0,3}?(?:\[?\w+\]:)?\[?[EF]\d{3,4} \d\d:"

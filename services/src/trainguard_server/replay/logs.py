@@ -1560,8 +1560,11 @@ def paste_indent(path: Path, head: Optional[List[str]] = None) -> str:
     tab or at least 4 spaces (a paste indented as a markdown code block, or quoted in an e-mail); else ``""``.
     The reader drops it, so ``Traceback (most recent call last):`` is at the top level again. Less than 4
     spaces is mostly a traceback cut at the top, its frames' own indent: it is the paste's only when a line
-    Python prints at column 0 -- a traceback's header or an exception line -- sits at it (an error pasted
-    under a sentence indented by two spaces, ``  AssertionError: FSDP assumes ...``, Lumina-mGPT#18)."""
+    Python prints at column 0 sits at it -- a traceback's header anywhere, or an exception line as the last
+    non-blank line scanned, where Python prints it (an error pasted under a sentence indented by two spaces,
+    ``  AssertionError: FSDP assumes ...``, Lumina-mGPT#18). An exception-shaped line among others (a metric
+    named by its class, ``  MeanSquaredError: 0.0213``; a retried request's warning) is not one (hR3
+    MEDIUM-4)."""
     common: Optional[str] = None
     lines = []
     for text in _head_or(path, head) or ():
@@ -1577,9 +1580,11 @@ def paste_indent(path: Path, head: Optional[List[str]] = None) -> str:
         return ""
     if common.startswith("\t") or common.startswith("    "):
         return common
-    at_column_0 = (line[len(common):] for line in lines if not line[len(common)].isspace())
-    return common if any(text == _HEADER.rstrip("\n") or _EXCEPTION_LINE_RE.match(text)
-                         for text in at_column_0) else ""
+    at_column_0 = [line[len(common):] for line in lines if not line[len(common)].isspace()]
+    if any(text == _HEADER.rstrip("\n") for text in at_column_0):
+        return common
+    last = lines[-1][len(common):]
+    return common if not last[:1].isspace() and _EXCEPTION_LINE_RE.match(last) else ""
 
 
 @dataclass
