@@ -807,7 +807,15 @@ static PyObject *fastread_add_read(PyObject *self, PyObject *const *args, Py_ssi
         if (project == NULL || run_id == NULL || rank == NULL || time_ns == NULL) break;
         Py_INCREF(env);
         Py_INCREF(mine);
+        /* held: allocating below (the key first) may run Python code (a finalizer) that rebinds a slot */
+        Py_INCREF(time_ns);
+        Py_INCREF(project);
+        Py_INCREF(run_id);
+        Py_INCREF(rank);
         key = PyTuple_Pack(3, project, run_id, rank);
+        Py_DECREF(project);
+        Py_DECREF(run_id);
+        Py_DECREF(rank);
         by_name = key == NULL ? NULL : PyDict_GetItemWithError(by_rank, key); /* may run __eq__/__hash__ */
         if (by_name != NULL) {
             Py_INCREF(by_name);
@@ -819,14 +827,13 @@ static PyObject *fastread_add_read(PyObject *self, PyObject *const *args, Py_ssi
         got = -1;
         if (by_name != NULL) {
             if (PyDict_CheckExact(by_name) && PyList_CheckExact(mine) && points_ok(mine)) {
-                Py_INCREF(time_ns);
                 got = append_points(by_name, time_ns, mine);
-                Py_DECREF(time_ns);
             } else {
                 PyErr_SetString(PyExc_TypeError, "add_read: a rank's series are a dict");
             }
             Py_DECREF(by_name);
         }
+        Py_DECREF(time_ns);
         Py_DECREF(mine);
         Py_DECREF(env);
         if (got < 0) return NULL;
