@@ -11,6 +11,8 @@ as failures, and what the fixes must keep.
 * LOW-5: the bare PTX-toolchain string quoted, in a W record or a fallback line: no CUDA error.
 * LOW-6: Horovod's ``Mismatched <what>`` only for controller.cc's own ``<what>``.
 * LOW-8: ``problems such as this`` does not hide the failure the line states.
+* (context in HIGH-1, pre-existing) the English whole-line form took any text after the word:
+  ``INFO: Killed 2 stale dataloader workers before restart`` read process/killed.
 """
 
 from __future__ import annotations
@@ -103,3 +105,25 @@ def test_the_prescan_skips_non_ascii_needles_in_an_ascii_text() -> None:
     assert ascii_text.present == {"killed"} and not ascii_text.has("已杀死")
     wide = _Text("epoch 1 loss 0.5\n已杀死\n", scan)
     assert wide.present == {"已杀死"}
+
+
+@pytest.mark.parametrize("line, kind", [
+    ("Killed", "process/killed"),
+    ("**Killed**", "process/killed"),
+    ("Segmentation fault (core dumped)", "process/exit"),
+    ("run.sh: line 12: 4242 Killed                  python train.py", "process/killed"),
+    ("./train.sh: line 3:  1098 Floating point exception(core dumped) python train.py --x", "process/exit"),
+    ("[good:02778] Signal: Segmentation fault (11)", "process/exit"),
+    ("Killed  python train.py", "process/killed"),
+])
+def test_the_shells_english_reports_are_read(line: str, kind: str) -> None:
+    assert _reading(_in_a_log(line)) == (kind, "launcher.signal")
+
+
+@pytest.mark.parametrize("line", [
+    "INFO: Killed 2 stale dataloader workers before restart",
+    "Killed 3 enemies, reward 35.0",
+    "Segmentation fault handler installed",
+])
+def test_sentences_starting_with_the_english_word_are_no_report(line: str) -> None:
+    assert _reading(_in_a_log(line))[1] != "launcher.signal"

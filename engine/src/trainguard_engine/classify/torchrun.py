@@ -168,12 +168,17 @@ gracefully after preemption/timeout.``; facebookincubator/submitit#1701): the sc
 _SHELL_DEATH_RE = re.compile(r"^(?:[^\n]{0,200}: )?(?:line \d+: +\d+ )?(?:\*\*|__)?"
                              r"(?P<what>Segmentation fault|Killed|Illegal instruction"
                              r"|Floating point exception|Bus error)"
-                             r"(?: *\(core dumped\))?(?:\*\*|__)?(?: +[^\n]{0,300})?$", re.MULTILINE)
+                             r"(?: *\(core dumped\))?(?:\*\*|__)?"
+                             r"(?:(?<=\)) *[^\n]{0,300}| {2,}[^\n]{0,300}| \(\d{1,3}\)[^\n]{0,300}"
+                             r"| process \d[^\n]{0,300})?[ \t]*$", re.MULTILINE)
 """A shell's report of its child's death: ``Segmentation fault (core dumped)``, ``Killed``,
 ``Illegal instruction (core dumped)``, ``Floating point exception``,
 ``run.sh: line 12: 4242 Killed  python train.py``, ``Bus error (core dumped)``, also wrapped in a paste's
 markdown bold (``**Killed**``); an abort is left to the exit path (after a watchdog timeout it is the
-teardown)."""
+teardown). Text after the word only as the shell prints it -- after ``(core dumped)``, after two or more
+spaces (bash pads the word to a column before the command), Open MPI's ``Signal: Segmentation fault (11)``,
+or dmesg's ``Killed process N`` --: ``INFO: Killed 2 stale dataloader workers``, ``Killed 3 enemies, reward
+35.0`` are sentences (hR3's stop-48 probes)."""
 _ZSH_DEATH_RE = re.compile(r"^(?:zsh: |[ \t]{0,12}(?:\[\d{1,4}\][ \t]+)?\d{1,10} )"
                            r"(?P<what>segmentation fault|killed|illegal instruction|floating point exception"
                            r"|bus error)(?: *\(core dumped\))?(?:[ \t]+[^\n]{0,300})?$", re.MULTILINE)
