@@ -13,7 +13,7 @@ K8S_STAMP := $(K8S_TOOLS)/.installed
 SHELL_TOOLS_STAMP := $(VENV)/.shell-tools
 POSTGRES_STAMP := $(VENV)/.postgres
 
-.PHONY: install install-flink demo dist test lint typecheck proto bench clean
+.PHONY: install install-flink engine-native demo dist test lint typecheck proto bench clean
 
 # the embedded default alone (make demo): torch CPU + the server's runtime deps, the three packages editable
 $(DEMO_STAMP): requirements/demo.txt sdk/pyproject.toml engine/pyproject.toml services/pyproject.toml
@@ -63,7 +63,11 @@ $(K8S_STAMP): $(STAMP) tools/k8s_tools.py
 	$(BIN)/python tools/k8s_tools.py $(K8S_TOOLS)
 	touch $(K8S_STAMP)
 
-install: $(STAMP) $(ASSETS)  ## .venv: the three packages (editable), torch (CPU), test tools; dashboard assets
+install: $(STAMP) $(ASSETS)  ## .venv: the three packages (editable), torch (CPU), test tools; dashboard assets; the compiled engine
+	-$(BIN)/python engine/native_build.py  # optional: without mypyc or a compiler the engine runs pure (one warning line)
+
+engine-native: $(STAMP)  ## the engine's hot modules compiled with mypyc into engine/build/native (~2.5 min on 2 cores; a no-op when current)
+	$(BIN)/python engine/native_build.py
 
 install-flink: $(FLINK_STAMP)  ## .venv-flink: PyFlink 2.3 + the Kafka connector jars (scale-out; make test builds it)
 
@@ -77,6 +81,7 @@ test: install $(FLINK_STAMP) $(BROWSER_STAMP) $(K8S_STAMP) $(SHELL_TOOLS_STAMP) 
 	$(BIN)/ruff check sdk engine services tests bench tools
 	$(BIN)/mypy
 	$(BIN)/python services/src/trainguard_server/processor/native.py  # the processor's native reader (the editable install builds it too: services/hatch_build.py)
+	$(BIN)/python engine/native_build.py  # the engine's compiled hot modules (tests/engine/test_engine_native.py requires them)
 	TRAINGUARD_REQUIRE_NATIVE=1 $(BIN)/python -m pytest -q --durations=25  # the slowest tests, in every CI log
 
 proto: install  ## regenerate sdk/src/trainguard/v1 from proto/ (reproducible; see docs/wire-format.md)

@@ -25,6 +25,10 @@ from trainguard_engine.detectors import memory
 from trainguard_engine.detectors.base import MetricBatch
 from trainguard_engine.state import RankState
 
+ENGINE_PURE = "replaces memory._steady_column with the slow path"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import json
 import re
 import sys
@@ -37,8 +36,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from trainguard.core.tracebacks import parse_traceback_text
+from trainguard_engine import _native
 from trainguard_engine import classify as classify_mod
-from trainguard_engine import pipeline as pipeline_mod
 from trainguard_engine.catalogue import KINDS, DetectionSettings, kind
 from trainguard_engine.classify import (
     FALLBACKS,
@@ -1010,7 +1009,7 @@ def test_survivor_and_cause_are_separate_kinds() -> None:
     assert kinds["text:comm/rank-lost"].title.startswith("Peer connection lost on rank 1: gloo connection reset")
 
 
-ROUTES_LOGS = "on_log" in inspect.getsource(pipeline_mod)
+ROUTES_LOGS = "on_log" in _native.source_path("pipeline").read_text()  # (compiled: no getsource)
 
 
 @pytest.mark.skipif(not ROUTES_LOGS, reason="pipeline.py does not route log events to process.on_log yet")

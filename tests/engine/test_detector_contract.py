@@ -19,6 +19,10 @@ from trainguard_engine.detectors import registry
 from trainguard_engine.detectors.base import Detector, EventInfo, MetricBatch
 from trainguard_engine.state import RunState
 
+ENGINE_PURE = "subclasses the registered detectors to record their findings"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 ENGINE = Path(pipeline_mod.__file__).resolve().parent
 SHARED_SECTIONS = ("common", "state")
 

@@ -23,6 +23,10 @@ from trainguard_engine import diagnosis
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.state import SeriesTail
 
+ENGINE_PURE = "replaces diagnosis._extremes with its plain version"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
 Pair = Tuple[Optional[float], Optional[float]]

@@ -25,6 +25,10 @@ from trainguard_engine import diagnosis
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.state import RankState
 
+ENGINE_PURE = "feeds ints and bools to diagnosis._number, outside its float annotation (compiled: converted)"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
 

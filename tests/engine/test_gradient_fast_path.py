@@ -41,6 +41,10 @@ from trainguard_engine.detectors.gradient import Gradients
 from trainguard_engine.incidents import Finding
 from trainguard_engine.state import RankState, RunState
 
+ENGINE_PURE = "counts gradient._clip_quiet calls"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 AMP_CLIP = DetectionSettings.from_overrides({"clip_threshold_metrics": ["grad/clip_threshold", "amp/overflow"]})
 Event = Dict[str, Any]

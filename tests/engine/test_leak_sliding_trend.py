@@ -27,6 +27,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import memory
 from trainguard_engine.robust import kendall_s, kendall_ties, mann_kendall
 
+ENGINE_PURE = "counts memory.mann_kendall / leak_test calls"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 SHORT = DetectionSettings.from_overrides({"leak_window": 14, "leak_min_samples": 6, "leak_skip_samples": 1})
 GIB = 2.0 ** 30

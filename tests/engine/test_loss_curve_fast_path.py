@@ -34,6 +34,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.state import RankState
 
+ENGINE_PURE = "replaces loss._track_level with a counting copy"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
 

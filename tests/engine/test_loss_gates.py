@@ -29,6 +29,10 @@ from trainguard_engine.detectors.numeric import CLIP_STALE_KEY, VANISHING_KEY, n
 from trainguard_engine.incidents import Finding
 from trainguard_engine.state import RunState
 
+ENGINE_PURE = "wraps loss._gates with an oracle"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
 Gates = Tuple[bool, bool, Optional[str]]

@@ -24,6 +24,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.state import SeriesTail
 
+ENGINE_PURE = "counts the plateau bounds' calls"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 
 

@@ -29,6 +29,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.pipeline import Pipeline
 
+ENGINE_PURE = "replaces loss._stays_quiet with a counting copy"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 SMALL_HISTORY = DetectionSettings.from_overrides({"history_len": 48})
 Event = Dict[str, Any]

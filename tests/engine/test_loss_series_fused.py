@@ -27,6 +27,10 @@ from trainguard_engine.detectors.numeric import recent
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RankState, SeriesTail
 
+ENGINE_PURE = "wraps loss._loss_series and loss._track_level with an oracle"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
 Points = Sequence[Tuple[int, float, int]]

@@ -20,6 +20,10 @@ from trainguard_engine.detectors import loss
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RETIRED_KEYS, RankState
 
+ENGINE_PURE = "spies on loss._stuck_now"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 ROOT = Path(__file__).resolve().parents[1]
 STREAMS = ROOT / "scenarios" / "streams"
 OLD = Path(__file__).resolve().parent / "snapshots_0f7aeff"

@@ -25,6 +25,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.state import SeriesTail
 
+ENGINE_PURE = "replaces loss._sorted_window / _kept_trend and _Derived.shifted with oracles"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 SHORT = DetectionSettings.from_overrides({"history_len": 24, "loss_window": 20})
 Event = Dict[str, Any]

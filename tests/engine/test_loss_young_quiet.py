@@ -24,6 +24,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.pipeline import Pipeline
 
+ENGINE_PURE = "replaces loss._young_quiet / on_curve with an oracle and deep-copies states"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.state import RankState, SeriesTail
@@ -42,8 +42,20 @@ class Model:
             self.first_bad[name] = (step, time_ns)
 
 
+def _canon(value: Any) -> Any:
+    """``value`` with every NaN spelled ``"NaN"``: a compiled engine (engine/native_build.py) keeps floats
+    unboxed and hands back a new NaN object each time, and containers compare NaN by identity first."""
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    if isinstance(value, dict):
+        return {k: _canon(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_canon(v) for v in value)
+    return value
+
+
 def _check(rank: RankState, model: Model) -> None:
-    assert rank.history == model.series
+    assert _canon(rank.history) == _canon(model.series)
     for name, points in rank.history.items():
         assert list(points) == list(model.series[name])  # the dicts' order too
     assert rank.history_floor == model.floor
@@ -51,7 +63,8 @@ def _check(rank: RankState, model: Model) -> None:
     for name, tail in rank.tails.items():  # a kept tail is the one its series would make now
         assert tail.data is rank.history[name]
         fresh = SeriesTail(rank.history[name])
-        assert (tail.points, tail.bad_end, tail.descent) == (fresh.points, fresh.bad_end, fresh.descent)
+        assert _canon((tail.points, tail.bad_end, tail.descent)) == \
+            _canon((fresh.points, fresh.bad_end, fresh.descent))
 
 
 def _value(rng: random.Random) -> float:

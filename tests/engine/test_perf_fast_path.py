@@ -32,6 +32,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import roles as roles_mod
 from trainguard_engine.detectors import straggler
 
+ENGINE_PURE = "replaces straggler's functions with their earlier versions and counts _role"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "straggler"
 SETTINGS = DetectionSettings()
 ODD = DetectionSettings.from_overrides({"throughput_metrics": ["time/data_s", "gpu/throttle_reasons",

@@ -28,6 +28,10 @@ from trainguard_engine.incidents import Finding
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RankState, RunState
 
+ENGINE_PURE = "subclasses the memory detector to count the columns it is handed"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 GPU = Path(__file__).resolve().parents[1] / "scenarios" / "streams_gpu"
 BY_NAME = {s.name: s for s in SCENARIOS}
 Event = Dict[str, Any]

@@ -22,6 +22,10 @@ from trainguard_engine.incidents import Finding
 from trainguard_engine.pipeline import Pipeline, PipelineOutput
 from trainguard_engine.state import RankState, RunState
 
+ENGINE_PURE = "adds a failing subclass of a detector to the pipeline"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 T0 = 1_700_000_000 * 10**9
 Event = Dict[str, Any]
 

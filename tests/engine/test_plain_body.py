@@ -31,6 +31,10 @@ from trainguard_engine.detectors.memory import Memory
 from trainguard_engine.pipeline import PLAIN_BODIES, Pipeline, ReadEnvelope
 from trainguard_server.processor import decode
 
+ENGINE_PURE = "counts the column hook's runs through patch.object on Memory"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
 

@@ -23,6 +23,10 @@ from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 
+ENGINE_PURE = "replaces loss._kept_block_slope and _Window.slope_bound"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
 

@@ -25,6 +25,10 @@ from trainguard_engine.detectors.memory import Memory
 from trainguard_engine.pipeline import Pipeline, ReadEnvelope
 from trainguard_server.processor import decode
 
+ENGINE_PURE = "counts calls of Memory.on_metric_run through patch.object"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 Event = Dict[str, Any]
 SETTINGS = DetectionSettings()
 PROJECTS = {"q": DetectionSettings.from_overrides({"history_len": 24})}

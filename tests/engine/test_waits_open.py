@@ -23,6 +23,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RunState
 
+ENGINE_PURE = "replaces correlate.waits_open under the pipeline and deep-copies run states"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 SETTINGS = DetectionSettings(stall_min_s=5.0)
 """The stall floor the dist scenarios are judged with (tests/engine/test_comm_scenarios.py)."""
 SETTLE_S = 60.0

@@ -22,6 +22,10 @@ from tests.scenarios.corpus import load_events
 from trainguard_engine import shards
 from trainguard_engine.pipeline import Pipeline
 
+ENGINE_PURE = "spies on shards.fold, which the compiled pipeline calls directly"
+"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
+replaces engine internals, which compiled callers do not see."""
+
 JOB = Path(__file__).resolve().parents[2] / "fixtures" / "fsdp" / "job.py"
 
 
