@@ -24,7 +24,10 @@ Shapes (``--shapes``):
 The baseline (``--baseline REF``, default ``HEAD``: the last commit, i.e. the previous main when the
 work is uncommitted) is checked out with ``git worktree`` into a temporary folder and measured by this
 same script in a subprocess whose ``PYTHONPATH`` points at that checkout's sources: the same streams,
-the same machine, minutes apart at most. ``--baseline none`` measures only this checkout.
+the same machine, minutes apart at most. ``--baseline none`` measures only this checkout. Each checkout
+that has the engine's build script (engine/native_build.py) runs its compiled engine, built first when
+missing or stale (as ``make install`` does; ~2.5 min); ``--engine-pure`` measures this checkout on its
+pure-Python engine instead. Every figure line says which ran: ``engine_native=1/0`` (and the baseline's).
 
     python bench/processor.py                      # ~1 minute
     python bench/processor.py --baseline HEAD~3 --shapes sdk16
@@ -32,6 +35,7 @@ the same machine, minutes apart at most. ``--baseline none`` measures only this 
     python bench/processor.py --pipeline           # + the detection pipeline alone (CPU per event)
     python bench/processor.py --repeat 3           # this and the baseline take turns, best of 3 each
     python bench/processor.py --backlog            # with serve's per-project backlog hook (its default)
+    python bench/processor.py --engine-pure        # this checkout's engine pure (TRAINGUARD_ENGINE_NATIVE=0)
 
 Nothing is asserted; numbers and ratios are printed, and ``--json`` writes them.
 """
@@ -258,6 +262,7 @@ def measure(shape: str, quick: bool, root: Path, pipeline: bool = False,
            "incidents": float(len(incidents.items)),
            "loadavg_min": min(load0, load1), "loadavg_max": max(load0, load1),
            "backlog_hook": float(bool(hook)), "native_reader": float(_native_reader()),
+           "engine_native": float(_engine_native()),
            "gc_us_per_event": 1e6 * in_gc.seconds / processed if processed else math.nan,
            "gc_collections": float(in_gc.collections)}
     if pipeline:
@@ -291,6 +296,12 @@ def _native_reader() -> bool:
     return getattr(decode, "NATIVE", None) is not None
 
 
+def _engine_native() -> bool:
+    """Whether the measured processor runs the engine's compiled hot modules (engine/native_build.py)."""
+    native = sys.modules.get("trainguard_engine._native")
+    return bool(native is not None and native.compiled_modules().get("pipeline"))
+
+
 def worker(shapes: Sequence[str], quick: bool, pipeline: bool = False,
            backlog: bool = False) -> Dict[str, Dict[str, float]]:
     """Measure every shape in a fresh temporary folder (each shape in its own data directory)."""
@@ -319,11 +330,32 @@ def build_native(checkout: Path) -> bool:
     return subprocess.run([sys.executable, str(builder)], capture_output=True, check=False).returncode == 0
 
 
-def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool,
-                 pipeline: bool = False, backlog: bool = False) -> Dict[str, Dict[str, float]]:
-    """This script, one shape per subprocess (a fresh interpreter and peak RSS), on ``checkout``'s code."""
+ENGINE_BUILDER = Path("engine/native_build.py")
+"""A checkout with the engine's compiled build builds it with this (as ``make install`` does)."""
+
+
+def build_engine(checkout: Path) -> bool:
+    """Build ``checkout``'s compiled engine (out of its source tree; nothing to do when current), where it
+    has the build script; False where it has none or it did not build (its pure engine then runs: the
+    figures say which, ``engine_native``)."""
+    builder = checkout / ENGINE_BUILDER
+    if not builder.is_file():
+        return False
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(_sources(checkout)))
+    return subprocess.run([sys.executable, str(builder)], capture_output=True, env=env,
+                          check=False).returncode == 0
+
+
+def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool, pipeline: bool = False,
+                 backlog: bool = False, engine_pure: bool = False) -> Dict[str, Dict[str, float]]:
+    """This script, one shape per subprocess (a fresh interpreter and peak RSS), on ``checkout``'s code
+    (with ``engine_pure``, its pure-Python engine: ``TRAINGUARD_ENGINE_NATIVE=0``)."""
     build_native(checkout)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(_sources(checkout)))
+    if engine_pure:
+        env["TRAINGUARD_ENGINE_NATIVE"] = "0"
+    else:
+        build_engine(checkout)
     out: Dict[str, Dict[str, float]] = {}
     for shape in shapes:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shapes", shape]
@@ -368,14 +400,17 @@ def _best(runs: Sequence[Dict[str, float]]) -> Dict[str, float]:
 
 
 def _alternate(checkouts: Dict[str, Path], shapes: Sequence[str], quick: bool, pipeline: bool,
-               repeat: int, backlog: bool = False) -> Dict[str, Dict[str, Dict[str, float]]]:
+               repeat: int, backlog: bool = False,
+               engine_pure: bool = False) -> Dict[str, Dict[str, Dict[str, float]]]:
     """Each shape ``repeat`` times, the checkouts taking turns (this, baseline, this, ...), best of each:
-    load that comes and goes on a shared machine then falls on both alike."""
+    load that comes and goes on a shared machine then falls on both alike (``engine_pure``: this checkout
+    on its pure-Python engine)."""
     runs: Dict[str, Dict[str, List[Dict[str, float]]]] = {label: {} for label in checkouts}
     for shape in shapes:
         for _ in range(max(1, repeat)):
             for label, checkout in checkouts.items():
-                got = run_checkout(checkout, [shape], quick, pipeline, backlog).get(shape)
+                got = run_checkout(checkout, [shape], quick, pipeline, backlog,
+                                   engine_pure and label == "this").get(shape)
                 if got is not None:
                     runs[label].setdefault(shape, []).append(got)
     return {label: {shape: _best(figures) for shape, figures in by_shape.items()}
@@ -383,22 +418,23 @@ def _alternate(checkouts: Dict[str, Path], shapes: Sequence[str], quick: bool, p
 
 
 def compare(shapes: Sequence[str], baseline: str, quick: bool, baseline_path: Optional[Path] = None,
-            pipeline: bool = False, repeat: int = 1,
-            backlog: bool = False) -> Dict[str, Dict[str, Dict[str, float]]]:
+            pipeline: bool = False, repeat: int = 1, backlog: bool = False,
+            engine_pure: bool = False) -> Dict[str, Dict[str, Dict[str, float]]]:
     """``{"this": {shape: figures}, "baseline": {...}}``: this checkout and ``baseline`` (a git ref, or
     ``"none"``) checked out in a temporary worktree -- or the checkout already at ``baseline_path`` (a
     machine without the git history, e.g. a device machine given ``git archive REF``) -- measured the same
     way, taking turns shape by shape, ``repeat`` times each (best of them)."""
     if baseline_path is not None:
         checkouts = {"this": REPO, "baseline": baseline_path.resolve()}
-        return _alternate(checkouts, shapes, quick, pipeline, repeat, backlog)
+        return _alternate(checkouts, shapes, quick, pipeline, repeat, backlog, engine_pure)
     if baseline == "none":
-        return _alternate({"this": REPO}, shapes, quick, pipeline, repeat, backlog)
+        return _alternate({"this": REPO}, shapes, quick, pipeline, repeat, backlog, engine_pure)
     tmp = Path(tempfile.mkdtemp(prefix="trainguard-processor-baseline-"))
     try:
         base = baseline_checkout(baseline, tmp)
         try:
-            return _alternate({"this": REPO, "baseline": base}, shapes, quick, pipeline, repeat, backlog)
+            return _alternate({"this": REPO, "baseline": base}, shapes, quick, pipeline, repeat, backlog,
+                              engine_pure)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
     finally:
@@ -423,7 +459,9 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"cpu_us_per_event={this.get('us_per_event_cpu', math.nan):.1f} baseline={baseline} "
               f"baseline_events_per_s={base.get('events_per_s', math.nan):.0f} "
               f"baseline_cpu_us_per_event={base.get('us_per_event_cpu', math.nan):.1f} "
-              f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g}", flush=True)
+              f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g} "
+              f"engine_native={this.get('engine_native', 0):.0f} "
+              f"baseline_engine_native={base.get('engine_native', 0):.0f}", flush=True)
         print(f"{label}_load shape={shape} loadavg_1m={_load(this)} baseline_loadavg_1m={_load(base)} "
               f"peak_rss_mb={this.get('peak_rss_mb', math.nan):.0f} "
               f"baseline_peak_rss_mb={base.get('peak_rss_mb', math.nan):.0f} "
@@ -438,7 +476,9 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
         if "pipeline_us_per_event_cpu" in this:
             mine, theirs = this["pipeline_us_per_event_cpu"], base.get("pipeline_us_per_event_cpu", math.nan)
             print(f"pipeline_alone shape={shape} cpu_us_per_event={mine:.1f} baseline={baseline} "
-                  f"baseline_cpu_us_per_event={theirs:.1f} speedup={theirs / mine:.2f}", flush=True)
+                  f"baseline_cpu_us_per_event={theirs:.1f} speedup={theirs / mine:.2f} "
+                  f"engine_native={this.get('engine_native', 0):.0f} "
+                  f"baseline_engine_native={base.get('engine_native', 0):.0f}", flush=True)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -458,6 +498,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--backlog", action="store_true",
                    help="give the processor serve's default per-project backlog hook (gateway/backlog.py) "
                         "where the checkout has it, as trainguard serve runs it (off: the processor alone)")
+    p.add_argument("--engine-pure", action="store_true",
+                   help="measure this checkout on its pure-Python engine (TRAINGUARD_ENGINE_NATIVE=0); by "
+                        "default each checkout with engine/native_build.py runs its compiled build")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -466,9 +509,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(worker(shapes, args.quick, args.pipeline, args.backlog)), flush=True)
         return 0
     print(f"env cpus={os.cpu_count()} python={sys.version.split()[0]} quick={args.quick} "
-          f"backlog={args.backlog} loadavg_1m={os.getloadavg()[0]:.2f}", flush=True)
+          f"backlog={args.backlog} engine_pure={args.engine_pure} loadavg_1m={os.getloadavg()[0]:.2f}",
+          flush=True)
     results = compare(shapes, args.baseline, args.quick, args.baseline_path, args.pipeline, args.repeat,
-                      args.backlog)
+                      args.backlog, args.engine_pure)
     print_table(results, shapes, args.baseline)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
