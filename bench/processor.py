@@ -26,8 +26,9 @@ work is uncommitted) is checked out with ``git worktree`` into a temporary folde
 same script in a subprocess whose ``PYTHONPATH`` points at that checkout's sources: the same streams,
 the same machine, minutes apart at most. ``--baseline none`` measures only this checkout. Each checkout
 that has the engine's build script (engine/native_build.py) runs its compiled engine, built first when
-missing or stale (as ``make install`` does; ~2.5 min); ``--engine-pure`` measures this checkout on its
-pure-Python engine instead. Every figure line says which ran: ``engine_native=1/0`` (and the baseline's).
+missing or stale (as ``make install`` does; ~2.5 min; not with ``--quick``: a current build is used, else
+the pure engine); ``--engine-pure`` measures this checkout on its pure-Python engine instead. Each shape's
+``_load`` line says which ran: ``engine_native=1/0`` (and the baseline's), beside ``native_reader``.
 
     python bench/processor.py                      # ~1 minute
     python bench/processor.py --baseline HEAD~3 --shapes sdk16
@@ -354,7 +355,7 @@ def run_checkout(checkout: Path, shapes: Sequence[str], quick: bool, pipeline: b
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(_sources(checkout)))
     if engine_pure:
         env["TRAINGUARD_ENGINE_NATIVE"] = "0"
-    else:
+    elif not quick:  # (a smoke run builds nothing: a current build is used, else the pure engine)
         build_engine(checkout)
     out: Dict[str, Dict[str, float]] = {}
     for shape in shapes:
@@ -459,9 +460,7 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"cpu_us_per_event={this.get('us_per_event_cpu', math.nan):.1f} baseline={baseline} "
               f"baseline_events_per_s={base.get('events_per_s', math.nan):.0f} "
               f"baseline_cpu_us_per_event={base.get('us_per_event_cpu', math.nan):.1f} "
-              f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g} "
-              f"engine_native={this.get('engine_native', 0):.0f} "
-              f"baseline_engine_native={base.get('engine_native', 0):.0f}", flush=True)
+              f"speedup={speedup:.2f} target={TARGETS.get(shape, math.nan):g}", flush=True)
         print(f"{label}_load shape={shape} loadavg_1m={_load(this)} baseline_loadavg_1m={_load(base)} "
               f"peak_rss_mb={this.get('peak_rss_mb', math.nan):.0f} "
               f"baseline_peak_rss_mb={base.get('peak_rss_mb', math.nan):.0f} "
@@ -469,6 +468,8 @@ def print_table(results: Dict[str, Dict[str, Dict[str, float]]], shapes: Sequenc
               f"baseline_backlog_hook={base.get('backlog_hook', math.nan):.0f} "
               f"native_reader={this.get('native_reader', 0):.0f} "
               f"baseline_native_reader={base.get('native_reader', 0):.0f} "
+              f"engine_native={this.get('engine_native', 0):.0f} "
+              f"baseline_engine_native={base.get('engine_native', 0):.0f} "
               f"gc_us_per_event={this.get('gc_us_per_event', math.nan):.2f} "
               f"gc_collections={this.get('gc_collections', math.nan):.0f} "
               f"baseline_gc_us_per_event={base.get('gc_us_per_event', math.nan):.2f} "
