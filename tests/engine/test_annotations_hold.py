@@ -3,13 +3,18 @@ module's class (trainguard_engine/_native.py HOT) the pipeline holds or hands ou
 says -- a ``float`` a float (never an int: compiled, ``3`` would become ``3.0`` in a record), an ``int`` an int
 (never a bool), a ``List[Evidence]`` Evidence objects (the env500 bug of stop 47). Walked after every golden
 stream (tests/engine/test_pipeline_golden.py), every 500 envelopes, at the end and restored from its snapshot,
-and on each output record.
+and on each output record; and every argument of every call of a compiled module's function on the way
+(a ``sys.setprofile`` hook: ``diagnosis._number(3)`` would be a lie -- compiled, it sees ``3.0``).
 It runs on the pure engine (a subprocess under the compiled one: ``ENGINE_PURE``), which keeps the
 attributes as they were set -- the compiled one has already converted or refused them."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
 import sys
+import types
 import typing
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -91,6 +96,31 @@ def lies(root: Any) -> Set[Tuple[str, str, str, str]]:
     return found
 
 
+def _functions() -> Dict[types.CodeType, Tuple[str, Dict[str, Any], Optional[str]]]:
+    """Every function and method of the compiled modules (dataclasses' generated ``__init__``s left out: their
+    fields are the attributes :func:`lies` checks) by code object: its name, its parameters' annotations
+    and the name of its ``*args`` parameter (annotated per element)."""
+    out: Dict[types.CodeType, Tuple[str, Dict[str, Any], Optional[str]]] = {}
+    for name in sorted(MODULES):
+        module = importlib.import_module(name)
+        candidates: List[Any] = []
+        for value in vars(module).values():
+            if isinstance(value, type) and value.__module__ == name:
+                generated = dataclasses.is_dataclass(value)
+                candidates += [v for k, v in vars(value).items() if not (generated and k == "__init__")]
+            else:
+                candidates.append(value)
+        for fn in candidates:
+            fn = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+            if isinstance(fn, types.FunctionType) and fn.__module__ == name:
+                hints = typing.get_type_hints(fn, vars(module))
+                hints.pop("return", None)
+                star = inspect.getfullargspec(fn).varargs
+                if hints:
+                    out[fn.__code__] = (fn.__qualname__, hints, star)
+    return out
+
+
 def test_the_walk_finds_a_lie() -> None:
     """The check has teeth: an int in a float field, a dict in the evidence list, a bool in an int field."""
     incident = Incident("i", "p", "r", "loss", "non_finite", "error")
@@ -103,12 +133,60 @@ def test_the_walk_finds_a_lie() -> None:
     assert ("Incident", "evidence") in {(cls, name) for cls, name, _k, _t in lies([incident])}
 
 
+class _Arguments:
+    """A ``sys.setprofile`` hook: every call of a compiled module's function, its arguments checked against
+    its parameters' annotations (what a compiled function converts or refuses on the way in)."""
+
+    def __init__(self) -> None:
+        self.functions = _functions()
+        self.found: Set[Tuple[str, str, str, str]] = set()
+
+    def __call__(self, frame: Any, event: str, _arg: Any) -> None:
+        if event != "call":
+            return
+        known = self.functions.get(frame.f_code)
+        if known is None:
+            return
+        name, hints, star = known
+        local = frame.f_locals
+        for param, kind in hints.items():
+            if param in local:
+                values = local[param] if param == star else (local[param],)
+                for value in values:
+                    if not holds(value, kind):
+                        self.found.add((name, param, str(kind), type(value).__name__))
+
+
+def test_the_argument_check_finds_a_lie() -> None:
+    from trainguard_engine import diagnosis
+
+    check = _Arguments()
+    sys.setprofile(check)
+    try:
+        diagnosis._number(3)  # an int where a float is annotated (compiled: 3.0)
+    finally:
+        sys.setprofile(None)
+    assert check.found == {("_number", "value", "<class 'float'>", "int"),
+                           ("_render", "value", "<class 'float'>", "int")}
+
+
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_every_annotation_holds_on_a_golden_stream(name: str) -> None:
     load_events, settings = STREAMS[name]
     events = load_events()
     pipeline = Pipeline(settings)
     found: Set[Tuple[str, str, str, str]] = set()
+    arguments = _Arguments()
+    sys.setprofile(arguments)
+    try:
+        for i in range(0, len(events), 50):
+            pipeline.process(events[i:i + 50])
+        pipeline.advance(max(int(e.get("time_unix_nano") or 0) for e in events) + 60 * 10**9)
+        Pipeline.restore(pipeline.snapshot(), settings)
+    finally:
+        sys.setprofile(None)
+    assert not arguments.found, sorted(arguments.found)
+    pipeline = Pipeline(settings)
     last: Optional[int] = None
     for i in range(0, len(events), 50):
         out = pipeline.process(events[i:i + 50])
