@@ -21,7 +21,9 @@
  * Memory safety (records are untrusted bytes -- a Kafka topic anyone with access can write): every read is
  * bounded by the buffer's end before it happens (varints, lengths, fixed64); lengths are compared with what
  * is left before use; no recursion (three fixed levels); each loop advances at least one byte; strings point
- * into the buffer only during the call (the per-call cache holds their Python objects). read_envelopes
+ * into the buffer only during the call (the per-call cache holds their Python objects; short ASCII strings --
+ * names, project, run id, host, and the checked-only ones such as ``sdk`` -- are also kept across calls in a
+ * module-wide table of at most KEPT_SLOTS objects: kept_str below; returned event ids never are). read_envelopes
  * builds only objects whose types and slot offsets setup() verified (member descriptors of those very
  * types); add_points holds what it uses and re-reads its list at each point (allocating may run finalizers).
  *
@@ -861,7 +863,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastread",
 
 /* What decode.py's prepare_native requires (READER_VERSION there): a module built from an older source is
  * not used (protobuf path) -- raise it with every change of what read/read_envelopes/add_points do. */
-#define READER_VERSION 5
+#define READER_VERSION 6
 
 PyMODINIT_FUNC PyInit__fastread(void) {
     PyObject *m = PyModule_Create(&module);

@@ -68,7 +68,7 @@ def _native_reader() -> Any:
     return prepared
 
 
-READER_VERSION = 5
+READER_VERSION = 6
 """The _fastread.c this decode.py was written with (its ``VERSION``): another build is not used."""
 _READ_ENVELOPE_SLOTS = ("raw", "kind", "body", "event_id", "project", "run_id", "rank", "step", "time_ns",
                         "host", "pid", "world_size", "run_name", "trace_id")
