@@ -28,6 +28,8 @@ from typing import List, Optional
 
 ENGINE = Path(__file__).resolve().parent
 PACKAGE = ENGINE / "src" / "trainguard_engine"
+SCRIPT = Path(__file__).resolve()
+"""This script: its sha256 goes into the manifest (an edited recipe makes the build stale)."""
 GROUP = "trainguard_engine.native"
 """mypyc's group: its shared library is ``trainguard_engine/native__mypyc<EXT_SUFFIX>``, found through the
 package path like the modules."""
@@ -63,10 +65,21 @@ def _setup_script(sources: List[str], opt_level: str) -> str:
 def build(dest: Optional[Path] = None, force: bool = False, quiet: bool = True) -> Optional[Path]:
     """Compile the hot modules into ``dest`` (default ``engine/build/native``) unless a current build is
     there already; the build folder, or None when it could not be built (no mypyc, no compiler: the pure
-    modules are used; one warning line)."""
+    modules are used; one warning line). Builds into one ``dest`` run one at a time (``<dest>.build.lock``):
+    a second waits, then finds the first's build current."""
     native = loader()
     dest = Path(dest) if dest is not None else Path(native.BUILD)
-    if not force and native.check(dest, PACKAGE) is None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    serial = native.locked(shared=False, lock=dest.parent / (dest.name + ".build.lock"))
+    try:
+        return _build(native, dest, force, quiet)
+    finally:
+        if serial is not None:
+            serial.close()
+
+
+def _build(native: ModuleType, dest: Path, force: bool, quiet: bool) -> Optional[Path]:
+    if not force and native.check(dest, PACKAGE, SCRIPT) is None:
         return dest
     started = time.monotonic()
     if importlib.util.find_spec("mypyc") is None:
@@ -78,6 +91,7 @@ def build(dest: Optional[Path] = None, force: bool = False, quiet: bool = True) 
     shutil.copytree(PACKAGE, stage / "trainguard_engine", ignore=shutil.ignore_patterns(
         "__pycache__", "*.so", "*.pyd", "data"))
     digests = native.source_digests(stage / "trainguard_engine")
+    recipe = native.script_digest(SCRIPT)  # (as it was when the build began)
     sources = [f"trainguard_engine/{m.replace('.', '/')}.py" for m in native.HOT]
     opt_level = os.environ.get("MYPYC_OPT_LEVEL", "3")
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -114,13 +128,19 @@ def build(dest: Optional[Path] = None, force: bool = False, quiet: bool = True) 
     import mypy.version  # (present: mypyc is)
 
     manifest = {"interpreter": native.interpreter(), "modules": list(native.HOT), "sources": digests,
+                "script": recipe,
                 "mypyc": mypy.version.__version__, "opt_level": opt_level,
                 "build_seconds": round(time.monotonic() - started, 1)}
     (out / native.MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     old = dest.parent / (dest.name + f".{os.getpid()}.old")
-    if dest.exists():
-        os.replace(dest, old)
-    os.replace(out, dest)  # the manifest moves with the modules it describes
+    swap = native.locked(shared=False, lock=dest.parent / (dest.name + ".lock"))
+    try:  # readers (the package's activate) hold it shared around their check and imports
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(out, dest)  # the manifest moves with the modules it describes
+    finally:
+        if swap is not None:
+            swap.close()
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(stage, ignore_errors=True)
     return dest

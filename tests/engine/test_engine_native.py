@@ -41,6 +41,7 @@ def _copy_engine(tmp: Path, with_build: bool) -> Path:
     copy's ``src`` folder."""
     src = tmp / "engine" / "src"
     shutil.copytree(_native.PACKAGE, src / "trainguard_engine", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(_native.SCRIPT, tmp / "engine" / "native_build.py")  # its sha is in the manifest too
     if with_build:
         shutil.copytree(_native.BUILD, tmp / "engine" / "build" / "native")
     return src
@@ -74,12 +75,13 @@ def _fake_build(build: Path, package: Path) -> None:
     """A build folder whose manifest describes ``package`` as it is now (empty stand-ins for the modules):
     what :func:`_native.check` reads."""
     suffix = _native.interpreter()["ext_suffix"]
-    for name in _native.HOT:
+    for name in (*_native.HOT, _native.GROUP_LIBRARY):
         target = build / "trainguard_engine" / (name.replace(".", "/") + suffix)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(b"")
     manifest = {"interpreter": _native.interpreter(), "modules": list(_native.HOT),
-                "sources": _native.source_digests(package)}
+                "sources": _native.source_digests(package),
+                "script": _native.script_digest(package.parents[1] / "native_build.py")}
     (build / _native.MANIFEST).write_text(json.dumps(manifest))
 
 

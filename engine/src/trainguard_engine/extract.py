@@ -38,7 +38,8 @@ def as_int(value: Any, default: int = 0) -> int:
 
 
 def as_float(value: Any, default: float = 0.0) -> float:
-    """A double field (number or the JSON mapping's strings); ``default`` when absent."""
+    """A double field (number or the JSON mapping's strings); ``default`` when absent. Raises ValueError for
+    anything else, an int beyond the double range included (a malformed value, as in both builds)."""
     if type(value) is float:
         return value
     if value is None:
@@ -48,7 +49,10 @@ def as_float(value: Any, default: float = 0.0) -> float:
         if not math.isfinite(number):
             raise ValueError(f"not a double: {value!r}")
         return number
-    return from_wire_float(value)
+    try:
+        return from_wire_float(value)
+    except (OverflowError, RecursionError):  # an int past the double range; a value nested past repr's reach
+        raise ValueError(f"not a double: a value of type {type(value).__name__} out of range") from None
 
 
 def as_str(value: Any) -> str:

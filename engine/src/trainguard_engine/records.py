@@ -29,16 +29,31 @@ INCIDENT_RESOLVED = "resolved"  # the condition cleared (progress resumed) or a 
 SEVERITY_ORDER = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 
 
-def _plain(value: Any) -> Any:
+MAX_DEPTH = 200
+"""How deep the JSON-shaped values records hold may nest (lists, tuples, dicts in one another) for
+:func:`_plain` and :func:`finite_copy`: deeper is malformed (ValueError, the same in both builds -- pure
+Python would hit the recursion limit near 1,000 levels, compiled code the C stack much later). What the
+gateway lets through nests at most 100 levels (protobuf's limit), an envelope's own fields a few."""
+
+
+def too_deep() -> ValueError:
+    """The error of a value nested past :data:`MAX_DEPTH`."""
+    return ValueError(f"a value nested more than {MAX_DEPTH} levels deep")
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
     """A copy of ``value`` with every list, tuple and dict copied (what ``dataclasses.asdict`` does to a
-    field's value, for the JSON-shaped values records hold; leaves are immutable scalars), ~10x faster."""
+    field's value, for the JSON-shaped values records hold; leaves are immutable scalars), ~10x faster.
+    Raises ValueError past :data:`MAX_DEPTH`."""
     kind = type(value)
-    if kind is dict:
-        return {k: _plain(v) for k, v in value.items()}
-    if kind is list:
-        return [_plain(v) for v in value]
-    if kind is tuple:
-        return tuple(_plain(v) for v in value)
+    if kind is dict or kind is list or kind is tuple:
+        if depth >= MAX_DEPTH:
+            raise too_deep()
+        if kind is dict:
+            return {k: _plain(v, depth + 1) for k, v in value.items()}
+        if kind is list:
+            return [_plain(v, depth + 1) for v in value]
+        return tuple(_plain(v, depth + 1) for v in value)
     if kind in (str, int, float, bool) or value is None:
         return value
     if hasattr(value, "to_dict"):
@@ -209,20 +224,23 @@ class RunRecord:
         return _from_dict(cls, data)
 
 
-def finite_copy(value: Any) -> Any:
+def finite_copy(value: Any, depth: int = 0) -> Any:
     """A copy of a JSON-shaped ``value`` in which every non-finite float is spelled as the proto3 JSON
     mapping spells it (``"NaN"``, ``"Infinity"``, ``"-Infinity"``: what evidence values and the metric API
     use). Records never hold a bare NaN/Inf: the pipeline applies this to a record that would (a value
-    computed where no detector sanitised it) and counts it (``counters["nonfinite_encoded"]``)."""
+    computed where no detector sanitised it) and counts it (``counters["nonfinite_encoded"]``). Raises
+    ValueError past :data:`MAX_DEPTH`."""
     kind = type(value)
     if kind is float:
         if value - value == 0.0:
             return value
         return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
-    if kind is dict:
-        return {k: finite_copy(v) for k, v in value.items()}
-    if kind in (list, tuple):
-        return [finite_copy(v) for v in value]
+    if kind is dict or kind is list or kind is tuple:
+        if depth >= MAX_DEPTH:
+            raise too_deep()
+        if kind is dict:
+            return {k: finite_copy(v, depth + 1) for k, v in value.items()}
+        return [finite_copy(v, depth + 1) for v in value]
     return value
 
 

@@ -82,6 +82,11 @@ class SeriesTail:
             for s, (v, t) in data.items():
                 self.append(s, v, t)
 
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        """Copied and pickled as its fields (copy, deepcopy, pickle): a compiled class cannot be made without
+        ``data`` the way ``copyreg`` makes an object, so both builds rebuild it from them (:func:`_tail`)."""
+        return _tail, (self.data, self.points, self.bad_end, self.descent, self.windows)
+
     def trimmed(self, data: Dict[int, HistoryPoint], drop: int) -> SeriesTail:
         """The tail of ``data``, this series trimmed of its ``drop`` lowest steps -- for a tail whose steps
         only rose (``descent`` 0: its points are the series by step), a slice instead of a rebuild. What a
@@ -105,6 +110,14 @@ class SeriesTail:
         points.append((step, value, time_ns))
         if value - value != 0.0:  # NaN or +-Inf
             self.bad_end = len(points)
+
+
+def _tail(data: Dict[int, HistoryPoint], points: List[Tuple[int, float, int]], bad_end: int, descent: int,
+          windows: Dict[Any, Any]) -> SeriesTail:
+    """A :class:`SeriesTail` from its fields, as :meth:`SeriesTail.__reduce__` hands them."""
+    out = SeriesTail(data, False)
+    out.points, out.bad_end, out.descent, out.windows = points, bad_end, descent, windows
+    return out
 
 
 @dataclass

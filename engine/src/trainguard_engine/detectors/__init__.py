@@ -17,9 +17,11 @@ from typing import Any, Dict, List, Optional
 from trainguard.core.events import wire_float
 
 from .. import _native
-from ..state import RankState
 
-_native.detectors_path(__path__)  # the compiled detectors first, when the engine's build is used
+_native.detectors_path(__path__)  # the compiled detectors first, when the engine's build is used (first:
+# before any import below could reach a detector module)
+
+from ..state import RankState  # noqa: E402
 
 
 def fmt_number(value: float) -> str:
