@@ -1,6 +1,11 @@
-"""Test modules marked ``ENGINE_PURE = "<why>"`` run on the pure engine when the compiled one is loaded
-(tests/support/engine_pure.py)."""
+"""The engine's pure-Python runs under its compiled build: tests marked ``@pytest.mark.engine_pure("<why>")``
+and modules that say ``ENGINE_PURE = "<why>"`` run on the pure engine in a subprocess when the compiled one is
+loaded (tests/support/engine_pure.py)."""
 
-from tests.support.engine_pure import pytest_pycollect_makemodule
+from tests.support.engine_pure import (
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_pycollect_makemodule,
+)
 
-__all__ = ["pytest_pycollect_makemodule"]
+__all__ = ["pytest_collection_modifyitems", "pytest_configure", "pytest_pycollect_makemodule"]

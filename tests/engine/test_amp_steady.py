@@ -22,9 +22,10 @@ from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import memory
 
-ENGINE_PURE = "replaces memory._amp_steady / _steady_column with the slow path"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces memory._amp_steady / _steady_column with the slow path")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -105,6 +106,7 @@ def test_synthetic_amp_streams_are_unchanged(seed: int) -> None:
     _compare(_amp_stream(seed), SETTINGS, piece=23 + seed % 7)
 
 
+@PURE
 def test_the_short_path_is_taken_on_most_steady_batches() -> None:
     # (the column hook folds stretches of these batches without it since stop 42: test_amp_steady_column.py)
     with patch.object(memory, "_steady_column", lambda rank, batches, first, scale_pt: 0):

@@ -25,9 +25,10 @@ from trainguard_engine.detectors import memory
 from trainguard_engine.detectors.base import MetricBatch
 from trainguard_engine.state import RankState
 
-ENGINE_PURE = "replaces memory._steady_column with the slow path"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces memory._steady_column with the slow path")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -116,6 +117,7 @@ def test_corpus_scenarios_are_unchanged(scenario: str) -> None:
     _compare(events, piece=41)
 
 
+@PURE
 def test_long_columns_are_taken() -> None:
     seen = [_compare(_amp_stream(seed), piece=400) for seed in range(0, 40, 4)]
     assert sum(c.batches for c in seen) > 1000, [c.batches for c in seen]

@@ -25,7 +25,7 @@ from trainguard_engine import _native
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.records import Evidence, Incident
 
-ENGINE_PURE = "checks the pure engine's attributes against the annotations the compiled one enforces"
+PURE = pytest.mark.engine_pure("checks the pure engine's attributes against the annotations the compiled one enforces")
 MODULES = frozenset("trainguard_engine." + m for m in _native.HOT)
 _HINTS: Dict[type, Dict[str, Any]] = {}
 
@@ -121,6 +121,7 @@ def _functions() -> Dict[types.CodeType, Tuple[str, Dict[str, Any], Optional[str
     return out
 
 
+@PURE
 def test_the_walk_finds_a_lie() -> None:
     """The check has teeth: an int in a float field, a dict in the evidence list, a bool in an int field."""
     incident = Incident("i", "p", "r", "loss", "non_finite", "error")
@@ -157,6 +158,7 @@ class _Arguments:
                         self.found.add((name, param, str(kind), type(value).__name__))
 
 
+@PURE
 def test_the_argument_check_finds_a_lie() -> None:
     from trainguard_engine import diagnosis
 
@@ -170,6 +172,7 @@ def test_the_argument_check_finds_a_lie() -> None:
                            ("_render", "value", "<class 'float'>", "int")}
 
 
+@PURE
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_every_annotation_holds_on_a_golden_stream(name: str) -> None:
     load_events, settings = STREAMS[name]

@@ -19,9 +19,10 @@ from trainguard_engine.detectors import registry
 from trainguard_engine.detectors.base import Detector, EventInfo, MetricBatch
 from trainguard_engine.state import RunState
 
-ENGINE_PURE = "subclasses the registered detectors to record their findings"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("subclasses the registered detectors to record their findings")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 ENGINE = Path(pipeline_mod.__file__).resolve().parent
 SHARED_SECTIONS = ("common", "state")
@@ -77,12 +78,14 @@ def observed() -> Dict[str, Set[str]]:
     return seen
 
 
+@PURE
 @pytest.mark.parametrize("detector", registry.DETECTORS, ids=lambda d: d.name)
 def test_findings_are_of_the_declared_kinds(detector: Detector, observed: Dict[str, Set[str]]) -> None:
     assert observed[detector.name] <= set(detector.kinds), detector.name
     assert set(detector.kinds) <= set(KINDS)
 
 
+@PURE
 def test_the_corpus_exercises_the_detectors(observed: Dict[str, Set[str]]) -> None:
     found = set().union(*observed.values())
     for kind in ("loss/plateau", "gradient/explosion", "gradient/clip-stale", "memory/leak",
@@ -100,6 +103,7 @@ def _settings_read(detector: Detector) -> Set[str]:
     return {n for n in names if n in SECTION_OF}
 
 
+@PURE
 @pytest.mark.parametrize("detector", registry.DETECTORS, ids=lambda d: d.name)
 def test_a_detector_reads_its_own_section_and_the_shared_ones(detector: Detector) -> None:
     read = _settings_read(detector)
@@ -152,6 +156,7 @@ def test_odd_events_give_findings_not_exceptions(detector: Detector) -> None:
             assert isinstance(list(found), list)
 
 
+@PURE
 def test_a_bad_registration_fails_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
     class Stray(Detector):
         name, kinds, section = "stray", ("loss/imaginary",), "loss_gradient"
@@ -211,6 +216,7 @@ class Checking(Detector):
         return self.inner.on_exit(run, rank, event, settings)
 
 
+@PURE
 def test_wants_is_exact_on_every_recorded_stream() -> None:
     skipped: Dict[str, int] = defaultdict(int)
     original = pipeline_mod.DETECTORS

@@ -23,9 +23,10 @@ from trainguard_engine import diagnosis
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.state import SeriesTail
 
-ENGINE_PURE = "replaces diagnosis._extremes with its plain version"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces diagnosis._extremes with its plain version")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -88,6 +89,7 @@ def test_synthetic_threshold_streams_are_unchanged(seed: int) -> None:
     _compare(list(_loss_stream(seed)), VARIANTS[seed % len(VARIANTS)], piece=23 + seed % 5)
 
 
+@PURE
 @pytest.mark.parametrize("seed", range(12))
 def test_open_plateaus_are_unchanged_and_kept(seed: int) -> None:
     settings = (SETTINGS, SMALL_HISTORY, VARIANTS[3])[seed % 3]

@@ -25,9 +25,10 @@ from trainguard_engine import diagnosis
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.state import RankState
 
-ENGINE_PURE = "feeds ints and bools to diagnosis._number, outside its float annotation (compiled: converted)"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("feeds ints and bools to diagnosis._number, outside its float annotation (compiled: converted)")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -101,6 +102,7 @@ def _values(rng: random.Random) -> List[Any]:
     return out
 
 
+@PURE
 def test_number_answers_as_before_for_any_value() -> None:
     values = _values(random.Random(7))
     for _ in range(2):  # (the second pass from what was remembered)
@@ -108,6 +110,7 @@ def test_number_answers_as_before_for_any_value() -> None:
             assert _same(diagnosis._number(value), _number_before(value)), value
 
 
+@PURE
 def test_number_remembers_only_finite_non_zero_floats_and_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(diagnosis, "_NUMBERS", {})
     for value in (0.0, -0.0, math.nan, math.inf, 3, True):

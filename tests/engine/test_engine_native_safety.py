@@ -208,3 +208,56 @@ def test_make_builds_the_compiled_engine_once_and_opts_out_with_engine_native_0(
     off = _make_n("test", "ENGINE_NATIVE=0")
     assert "native_build.py" not in off and "TRAINGUARD_REQUIRE_NATIVE" not in off
     assert "TRAINGUARD_ENGINE_NATIVE=0 .venv/bin/python -m pytest" in off
+
+
+PROBE_MODULE = '''
+import pytest
+from trainguard_engine import _native
+
+PURE = pytest.mark.engine_pure("probe")
+
+
+@PURE
+def test_pure_here():
+    assert not _native.ACTIVE
+
+
+def test_compiled_here():
+    assert _native.ACTIVE
+
+
+@PURE
+@pytest.mark.parametrize("x", [1, 2])
+def test_marked(x):
+    assert x == 1, "x is not one"
+
+
+@PURE
+def test_skips():
+    pytest.skip("because")
+'''
+
+
+def _pytest_in(folder: Path, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        str(REPO / p) for p in (".", "sdk/src", "engine/src", "services/src")))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider", "--rootdir",
+                           str(folder), *args], cwd=folder, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    return done.stdout
+
+
+def test_marked_tests_run_pure_one_by_one_and_the_others_compiled(tmp_path: Path) -> None:
+    """MEDIUM-3: a marked test runs on the pure engine and reports its own outcome (pass, fail, skip); the
+    module's other tests run compiled; node ids and ``-k`` select as usual."""
+    _real_build()
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n"
+                                          "from tests.conftest import __all__  # noqa: F401\n")
+    (tmp_path / "test_probe.py").write_text(PROBE_MODULE)
+    whole = _pytest_in(tmp_path)
+    assert "1 failed, 3 passed, 1 skipped" in whole, whole
+    assert "FAILED test_probe.py::test_marked[2]" in whole and "(pure engine) because" in whole, whole
+    picked = _pytest_in(tmp_path, "-k", "pure_here or compiled_here")
+    assert "2 passed, 3 deselected" in picked, picked
+    one = _pytest_in(tmp_path, "test_probe.py::test_marked[1]")
+    assert "1 passed" in one, one

@@ -41,9 +41,10 @@ from trainguard_engine.detectors.gradient import Gradients
 from trainguard_engine.incidents import Finding
 from trainguard_engine.state import RankState, RunState
 
-ENGINE_PURE = "counts gradient._clip_quiet calls"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("counts gradient._clip_quiet calls")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 AMP_CLIP = DetectionSettings.from_overrides({"clip_threshold_metrics": ["grad/clip_threshold", "amp/overflow"]})
@@ -293,6 +294,7 @@ def test_the_synthetic_streams_reach_the_rules() -> None:
     assert len(kinds) >= 3, kinds
 
 
+@PURE
 def test_the_quiet_clip_path_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     """check_clip's early answer (gradient._clip_quiet, off in the reference path above) is taken on loss batches
     of the synthetic streams, and not on all (a streak, a threshold, a clipped step): both paths are compared."""
@@ -318,6 +320,7 @@ def _random_points(rng: random.Random) -> List[Point]:
             for n in rng.sample(NAMES, rng.randint(0, 7))]
 
 
+@PURE
 @pytest.mark.parametrize("settings", [SETTINGS, AMP_CLIP], ids=["default", "amp-clip"])
 def test_read_batch_reads_what_it_read_before(settings: DetectionSettings, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(43)

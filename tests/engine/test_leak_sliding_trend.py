@@ -27,9 +27,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import memory
 from trainguard_engine.robust import kendall_s, kendall_ties, mann_kendall
 
-ENGINE_PURE = "counts memory.mann_kendall / leak_test calls"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("counts memory.mann_kendall / leak_test calls")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 SHORT = DetectionSettings.from_overrides({"leak_window": 14, "leak_min_samples": 6, "leak_skip_samples": 1})
@@ -183,6 +184,7 @@ class _Each:
         return self._now.__exit__(*exc)
 
 
+@PURE
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("settings", [SETTINGS, SHORT], ids=["defaults", "short-window"])
 def test_kept_trend_gives_what_the_whole_window_gives(seed: int, settings: DetectionSettings) -> None:

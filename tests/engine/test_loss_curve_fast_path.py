@@ -34,9 +34,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.state import RankState
 
-ENGINE_PURE = "replaces loss._track_level with a counting copy"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces loss._track_level with a counting copy")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -330,6 +331,7 @@ def test_synthetic_loss_streams_are_unchanged(seed: int) -> None:
              restore_every=2 + seed % 2)
 
 
+@PURE
 def test_the_streams_reach_the_judged_path() -> None:
     judged = sum(_compare(list(_loss_stream(seed)), SETTINGS) for seed in range(4))
     assert judged > 1000

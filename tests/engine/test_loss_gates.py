@@ -29,9 +29,10 @@ from trainguard_engine.detectors.numeric import CLIP_STALE_KEY, VANISHING_KEY, n
 from trainguard_engine.incidents import Finding
 from trainguard_engine.state import RunState
 
-ENGINE_PURE = "wraps loss._gates with an oracle"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("wraps loss._gates with an oracle")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -116,12 +117,14 @@ def _two_ranks(seed: int) -> List[Event]:
     return out
 
 
+@PURE
 @pytest.mark.parametrize("seed", range(0, 48, 3))
 def test_two_ranks_of_one_run_are_unchanged(seed: int) -> None:
     oracle = _compare(_two_ranks(seed), VARIANTS[seed % len(VARIANTS)], piece=29)
     assert oracle.calls > 500
 
 
+@PURE
 def test_the_memo_answers_on_runs_with_incidents() -> None:
     """The memo is used where it matters: on values of runs that hold incidents (not only the empty run's
     shortcut)."""

@@ -24,9 +24,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.state import SeriesTail
 
-ENGINE_PURE = "counts the plateau bounds' calls"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("counts the plateau bounds' calls")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 
@@ -193,6 +194,7 @@ def _plateau_values(kind: str, seed: int) -> List[float]:
 KINDS = ("flat", "drift", "swing", "fall")
 
 
+@PURE
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("seed", range(4))
 def test_open_plateau_streams_are_unchanged(kind: str, seed: int) -> None:

@@ -29,9 +29,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.pipeline import Pipeline
 
-ENGINE_PURE = "replaces loss._stays_quiet with a counting copy"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces loss._stays_quiet with a counting copy")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 SMALL_HISTORY = DetectionSettings.from_overrides({"history_len": 48})
@@ -229,6 +230,7 @@ def _events_of(values: List[float], run_id: str) -> List[Event]:
             for step, v in enumerate(values)]
 
 
+@PURE
 @pytest.mark.parametrize("kind", ("step", "rank", "stalled", "diverge", "blow"))
 def test_the_bounds_on_edge(kind: str) -> None:
     settings = VARIANTS[2] if kind == "stalled" else SETTINGS
@@ -263,6 +265,7 @@ def test_synthetic_streams_on_the_thresholds_are_unchanged(seed: int) -> None:
     _compare(events, VARIANTS[seed % len(VARIANTS)], piece=23 + seed % 5)
 
 
+@PURE
 def test_the_fast_path_is_taken_on_quiet_values() -> None:
     taken = sum(_compare(list(_loss_stream(seed)), SETTINGS) for seed in range(48))
     healthy = sum(_compare(s.events(), SETTINGS) for s in SCENARIOS if s.source == "cpu" and s.expected is None)
@@ -283,6 +286,7 @@ def _plateau_then(kind: str, offset: int) -> List[float]:
     return [v + jitter[k] for k, v in enumerate(body)]
 
 
+@PURE
 @pytest.mark.parametrize("kind", ("down", "edge"))
 def test_an_open_plateaus_held_window_level_is_as_certified(kind: str) -> None:
     """On every value the open plateau's window test is skipped (``loss._level_held``), the window's median

@@ -27,9 +27,10 @@ from trainguard_engine.detectors.numeric import recent
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RankState, SeriesTail
 
-ENGINE_PURE = "wraps loss._loss_series and loss._track_level with an oracle"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("wraps loss._loss_series and loss._track_level with an oracle")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -143,6 +144,7 @@ def test_the_fused_reads_change_nothing(case: str) -> None:
     _oracle_over(events(), settings, piece, restore_every)
 
 
+@PURE
 def test_both_paths_are_taken() -> None:
     """On the synthetic streams many values have an exact tail (the fused path's case) and many others do
     not (a non-finite or out-of-order point in the window: the three calls): both are checked above."""
@@ -153,6 +155,7 @@ def test_both_paths_are_taken() -> None:
     assert calls > 500 and calls // 4 < fused < calls - calls // 4, (fused, calls)
 
 
+@PURE
 def test_the_oracle_sees_a_different_level() -> None:
     """The oracle can fail: a rolling median that takes the lower middle value is caught -- and the module's
     own functions are back afterwards (the first version left the broken median in place: the loss tests

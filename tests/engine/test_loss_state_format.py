@@ -20,9 +20,10 @@ from trainguard_engine.detectors import loss
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RETIRED_KEYS, RankState
 
-ENGINE_PURE = "spies on loss._stuck_now"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("spies on loss._stuck_now")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAMS = ROOT / "scenarios" / "streams"
@@ -137,6 +138,7 @@ def test_a_restore_drops_exactly_the_retired_keys() -> None:
     assert RETIRED_KEYS == {("lg", "loss"): ("stuck",)}
 
 
+@PURE
 def test_the_memo_serves_one_value_only() -> None:
     """on_curve clears the memo on every value it judges: a value never reads its predecessor's reason."""
     events = load("healthy_mlp")

@@ -25,9 +25,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.state import SeriesTail
 
-ENGINE_PURE = "replaces loss._sorted_window / _kept_trend and _Derived.shifted with oracles"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces loss._sorted_window / _kept_trend and _Derived.shifted with oracles")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 SHORT = DetectionSettings.from_overrides({"history_len": 24, "loss_window": 20})
@@ -122,6 +123,7 @@ def test_converging_runs_are_unchanged(seed: int) -> None:
     _compare(_events_of(_converging(seed), f"down-{seed}"), settings, piece=29 + seed)
 
 
+@PURE
 @pytest.mark.parametrize("at", range(120, 142))
 def test_a_blow_up_right_after_a_trim_is_judged(at: int) -> None:
     """A converging run (quiet certificates on most values) whose loss blows up once about its first trim
@@ -133,6 +135,7 @@ def test_a_blow_up_right_after_a_trim_is_judged(at: int) -> None:
     assert oracle.carried["trims"] >= 1
 
 
+@PURE
 def test_each_kept_part_is_carried() -> None:
     """Each part is carried over some trim (the test above would pass, trivially, if all were dropped)."""
     total: Dict[str, int] = {}

@@ -24,9 +24,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 from trainguard_engine.pipeline import Pipeline
 
-ENGINE_PURE = "replaces loss._young_quiet / on_curve with an oracle and deep-copies states"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces loss._young_quiet / on_curve with an oracle and deep-copies states")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 
@@ -133,6 +134,7 @@ def _young_values(kind: str, at: int) -> List[float]:
 KINDS = ("blow", "over", "early", "rise", "climb", "fall")
 
 
+@PURE
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_young_value_taken_is_one_no_rule_holds_on(kind: str) -> None:
     oracle = _Oracle()
@@ -168,6 +170,7 @@ def test_corpus_scenarios_are_unchanged(scenario: str) -> None:
     assert not oracle.failed, oracle.failed[:3]
 
 
+@PURE
 def test_the_young_path_is_taken() -> None:
     """Most young values of a healthy run take it (the full judgement is left to the values a rule may
     hold on)."""

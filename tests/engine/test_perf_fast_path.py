@@ -32,9 +32,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import roles as roles_mod
 from trainguard_engine.detectors import straggler
 
-ENGINE_PURE = "replaces straggler's functions with their earlier versions and counts _role"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces straggler's functions with their earlier versions and counts _role")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "straggler"
 SETTINGS = DetectionSettings()
@@ -296,6 +297,7 @@ def test_the_synthetic_streams_reach_the_rules() -> None:
     assert "perf/straggler" in kinds and "perf/throttling" in kinds, kinds
 
 
+@PURE
 def test_roles_are_remembered_and_start_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(roles_mod, "ROLES_MAX", 3)
     monkeypatch.setattr(straggler, "_ROLES", roles_mod.RoleMemo())

@@ -28,9 +28,10 @@ from trainguard_engine.incidents import Finding
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RankState, RunState
 
-ENGINE_PURE = "subclasses the memory detector to count the columns it is handed"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("subclasses the memory detector to count the columns it is handed")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 GPU = Path(__file__).resolve().parents[1] / "scenarios" / "streams_gpu"
 BY_NAME = {s.name: s for s in SCENARIOS}
@@ -84,6 +85,7 @@ def _outputs(events: Sequence[Event], chunk: int) -> Tuple[List[Dict[str, Any]],
     return records, pipeline.snapshot()
 
 
+@PURE
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_runs_of_envelopes_give_what_one_envelope_at_a_time_gives(name: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,6 +102,7 @@ def test_runs_of_envelopes_give_what_one_envelope_at_a_time_gives(name: str,
     assert any(records for records, _snapshot in by_runs)
 
 
+@PURE
 def test_findings_on_later_envelopes_of_a_run_are_exercised(monkeypatch: pytest.MonkeyPatch) -> None:
     """At least one stream above has findings on an envelope after the first of its run (else the
     comparison would not show that they are applied at their place)."""
@@ -147,6 +150,7 @@ def _quarantined_both_ways(monkeypatch: pytest.MonkeyPatch, probe: type, events:
     return results
 
 
+@PURE
 def test_a_hook_that_raises_inside_a_run_quarantines_at_that_envelope(monkeypatch: pytest.MonkeyPatch) -> None:
     events = _metrics_only("leak")
     results = _quarantined_both_ways(monkeypatch, _Faulty, events)
@@ -172,6 +176,7 @@ class _Picky(Detector):
         return []
 
 
+@PURE
 def test_an_event_read_ahead_raises_at_its_own_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     """A list of names first seen inside a run read ahead, whose routing raises (the detector's
     ``wants``), quarantines the run at that envelope -- not at the envelope that read it ahead."""

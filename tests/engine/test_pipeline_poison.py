@@ -22,9 +22,10 @@ from trainguard_engine.incidents import Finding
 from trainguard_engine.pipeline import Pipeline, PipelineOutput
 from trainguard_engine.state import RankState, RunState
 
-ENGINE_PURE = "adds a failing subclass of a detector to the pipeline"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("adds a failing subclass of a detector to the pipeline")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 T0 = 1_700_000_000 * 10**9
 Event = Dict[str, Any]
@@ -224,6 +225,7 @@ class _Faulty(Detector):
         return []
 
 
+@PURE
 def test_an_event_whose_processing_raises_quarantines_its_run_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline_mod, "DETECTORS", (*pipeline_mod.DETECTORS, _Faulty()))
     pipeline = Pipeline()

@@ -31,9 +31,10 @@ from trainguard_engine.detectors.memory import Memory
 from trainguard_engine.pipeline import PLAIN_BODIES, Pipeline, ReadEnvelope
 from trainguard_server.processor import decode
 
-ENGINE_PURE = "counts the column hook's runs through patch.object on Memory"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("counts the column hook's runs through patch.object on Memory")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -134,6 +135,7 @@ def _handed(envelopes: List[Any], points: Optional[List[Any]]) -> List[List[str]
     return runs
 
 
+@PURE
 @pytest.mark.parametrize("read", [False, True])
 def test_the_read_ahead_stops_at_an_alert_and_never_starts_on_one(read: bool) -> None:
     events = [_metrics(s) for s in range(1, 9)]

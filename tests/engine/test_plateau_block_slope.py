@@ -23,9 +23,10 @@ from tests.scenarios.corpus import SCENARIOS
 from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.detectors import loss
 
-ENGINE_PURE = "replaces loss._kept_block_slope and _Window.slope_bound"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces loss._kept_block_slope and _Window.slope_bound")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings()
 Event = Dict[str, Any]
@@ -103,6 +104,7 @@ def _open_plateau(seed: int) -> List[float]:
     return out
 
 
+@PURE
 @pytest.mark.parametrize("seed", range(12))
 def test_open_plateaus_refreshed_are_unchanged(seed: int) -> None:
     events = _events_of(_open_plateau(seed), f"flat-{seed}")

@@ -25,9 +25,10 @@ from trainguard_engine.detectors.memory import Memory
 from trainguard_engine.pipeline import Pipeline, ReadEnvelope
 from trainguard_server.processor import decode
 
-ENGINE_PURE = "counts calls of Memory.on_metric_run through patch.object"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("counts calls of Memory.on_metric_run through patch.object")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 Event = Dict[str, Any]
 SETTINGS = DetectionSettings()
@@ -115,12 +116,14 @@ def _compare(events: List[Event], per: int, read: bool) -> int:
     return handed[0]
 
 
+@PURE
 @pytest.mark.parametrize("seed", range(12))
 def test_read_records_give_what_one_envelope_at_a_time_gives(seed: int) -> None:
     events = _mixed(seed)
     assert _compare(events, 97 + seed, read=True) > 100
 
 
+@PURE
 @pytest.mark.parametrize("seed", range(0, 12, 3))
 def test_dicts_give_what_one_envelope_at_a_time_gives(seed: int) -> None:
     assert _compare(_mixed(seed), 61, read=False) > 100
@@ -139,6 +142,7 @@ def test_the_streams_hold_what_the_read_ahead_must_stop_at() -> None:
     assert "NaN" in text and "Infinity" in text
 
 
+@PURE
 def test_a_route_missing_from_the_settings_routes_is_made() -> None:
     """A read-ahead envelope whose name list has no route yet (the routes were started afresh) gets one made
     by _route, as before."""

@@ -23,9 +23,10 @@ from trainguard_engine.catalogue import DetectionSettings
 from trainguard_engine.pipeline import Pipeline
 from trainguard_engine.state import RunState
 
-ENGINE_PURE = "replaces correlate.waits_open under the pipeline and deep-copies run states"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("replaces correlate.waits_open under the pipeline and deep-copies run states")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 SETTINGS = DetectionSettings(stall_min_s=5.0)
 """The stall floor the dist scenarios are judged with (tests/engine/test_comm_scenarios.py)."""
@@ -50,6 +51,7 @@ def _state(run: RunState) -> str:
     return json.dumps(run.to_json(), sort_keys=True, default=repr)
 
 
+@PURE
 @pytest.mark.parametrize("name", NAMES)
 def test_without_an_open_wait_neither_check_finds_or_writes_anything(name: str) -> None:
     events = BY_NAME[name].events()
@@ -98,6 +100,7 @@ def test_always_calling_both_checks_gives_the_same_incidents_and_snapshot(
     assert _judged(events) == gated
 
 
+@PURE
 @pytest.mark.parametrize("name", ["dist_rank_lost", "dist_timeout"])
 def test_the_comparison_has_teeth_a_gate_that_never_opens_changes_the_outcome(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,13 +22,15 @@ from tests.scenarios.corpus import load_events
 from trainguard_engine import shards
 from trainguard_engine.pipeline import Pipeline
 
-ENGINE_PURE = "spies on shards.fold, which the compiled pipeline calls directly"
-"""Run on the pure engine when the compiled one is loaded (tests/support/engine_pure.py): it watches or
-replaces engine internals, which compiled callers do not see."""
+PURE = pytest.mark.engine_pure("spies on shards.fold, which the compiled pipeline calls directly")
+"""Why the tests marked with it run on the pure engine when the compiled one is loaded
+(tests/support/engine_pure.py): they watch or replace engine internals, which compiled callers do not see;
+the module's other tests run compiled."""
 
 JOB = Path(__file__).resolve().parents[2] / "fixtures" / "fsdp" / "job.py"
 
 
+@PURE
 def test_fsdp2_norms_are_the_full_gradients_norms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = dict(os.environ, OUT=str(tmp_path), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
