@@ -261,3 +261,18 @@ def test_marked_tests_run_pure_one_by_one_and_the_others_compiled(tmp_path: Path
     assert "2 passed, 3 deselected" in picked, picked
     one = _pytest_in(tmp_path, "test_probe.py::test_marked[1]")
     assert "1 passed" in one, one
+
+
+def test_settings_built_directly_hold_floats_and_tuples_as_from_overrides_makes_them() -> None:
+    """LOW-6: ``DetectionSettings(stall_min_s=5)`` kept the int (pure evidence said ``5``, compiled ``5.0``);
+    a list for a tuple setting quarantined runs in both builds."""
+    from trainguard_engine.catalogue import DetectionSettings
+
+    direct = DetectionSettings(stall_min_s=5, stall_factor=3, explosion_jump_factor=10, trend_z=3,
+                               loss_metrics=["loss", "train/loss"])  # type: ignore[arg-type]
+    assert direct == DetectionSettings.from_overrides({"stall_min_s": 5, "stall_factor": 3,
+                                                       "explosion_jump_factor": 10, "trend_z": 3,
+                                                       "loss_metrics": ["loss", "train/loss"]})
+    assert type(direct.stall_min_s) is float and type(direct.trend_z) is float
+    assert direct.loss_metrics == ("loss", "train/loss")
+    assert DetectionSettings(history_len=64).history_len == 64 and type(DetectionSettings().history_len) is int

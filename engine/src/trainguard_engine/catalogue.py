@@ -1173,6 +1173,10 @@ class DetectionSettings:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            kind = type(_default_of(f))
+            if (kind is float and type(value) is int) or (kind is tuple and type(value) is list):
+                value = kind(value)  # as from_overrides takes them: the compiled engine reads floats, tuples
+                object.__setattr__(self, f.name, value)
             lo, hi = f.metadata.get("min"), f.metadata.get("max")
             if lo is not None and value < lo:
                 raise ValueError(f"detection setting {f.name} must be >= {lo}, got {value!r}")
