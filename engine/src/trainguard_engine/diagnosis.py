@@ -33,7 +33,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Final, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
@@ -42,12 +42,12 @@ from .catalogue import DetectionSettings, IncidentKind, kind
 from .detectors.numeric import loss_start
 from .state import IncidentState, RankState, RunState, SeriesTail, bounded_append
 
-STATE_KEY = "diag"
+STATE_KEY: Final = "diag"
 """``RankState.detectors`` key: ``{"peak": {metric: bytes}, "lr": [[step, lr], ...]}``."""
-MEMORY_METRICS = ("mem/max_allocated", "mem/allocated", "mem/reserved", "mem/rss")
-LR_METRICS = ("opt/lr", "lr")
+MEMORY_METRICS: Final = ("mem/max_allocated", "mem/allocated", "mem/reserved", "mem/rss")
+LR_METRICS: Final = ("opt/lr", "lr")
 BATCH_PREFIXES = ("seq/", "batch/")
-LR_LOG_CHANGE = 0.05
+LR_LOG_CHANGE: Final = 0.05
 """The LR change log records a value that moved by more than this fraction since the last record."""
 LR_LOG_MAX = 64
 LR_RECENT_STEPS = 16
@@ -178,7 +178,7 @@ class Facts:
 
 
 Triple = Tuple[int, float, int]
-_VALUE = itemgetter(1)
+_VALUE: Final = itemgetter(1)
 
 
 def _series(rank: RankState, names: Sequence[str], upto: int) -> Tuple[Sequence[Triple], bool]:

@@ -58,14 +58,27 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Any, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Set, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Dict,
+    Final,
+    FrozenSet,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from . import clusters as clusters_mod
 from . import correlate, diagnosis, shards
 from . import incidents as incident_mod
 from .catalogue import DetectionSettings
 from .detectors import progress, straggler
-from .detectors.base import Detector, EventInfo, MetricBatch, MetricRun, RunFindings
+from .detectors.base import Detector, EventInfo, MetricBatch, MetricRun, RunFindings, new_batch
 from .detectors.registry import DETECTORS
 from .envelope import ReadEnvelope
 from .extract import as_float, as_int, as_str, batch_points, payload, recent_points
@@ -102,7 +115,7 @@ QUARANTINE_LIST_MAX = 1000
 counts them all)."""
 
 
-PLAIN_BODIES: Set[type] = set()
+PLAIN_BODIES: Final[Set[type]] = set()
 """Types of a :class:`ReadEnvelope`'s ``body`` that hold neither ``alert`` nor ``recent`` by construction:
 a runtime's reader of plain metric batches registers its own with :func:`plain_body` (the processor's
 ``trainguard_server.processor.decode.PlainBatch``). The pipeline does not ask such a body for them -- two
@@ -192,10 +205,10 @@ further calls): what is read ahead stays small (a whole record of 500 envelopes 
 collector's passes than the calls it saves)."""
 RUN_SCAN = 512
 """Most events read ahead for one such run (the other ranks' envelopes in between included)."""
-_NAME = itemgetter(0)
-_STEP = itemgetter(1)
-_DIAGNOSIS_NAMES = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
-_NOTABLE_KINDS = ("exception", "lifecycle", "log")
+_NAME: Final = itemgetter(0)
+_STEP: Final = itemgetter(1)
+_DIAGNOSIS_NAMES: Final = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
+_NOTABLE_KINDS: Final = ("exception", "lifecycle", "log")
 """Kinds of events remembered by id whatever they hold (:meth:`Pipeline._notable`)."""
 
 
@@ -455,8 +468,9 @@ class Pipeline:
             run = self._run(ev, key)
         self._unsaved_runs[key] = None
         routed = self._routed.pop(self._at, None) if self._routed else None  # (not notable: see _run_ahead)
-        if ev.event_id and routed is None:
-            if ev.kind == "metrics":  # (_notable, inline)
+        kind, event_id, time_ns = ev.kind, ev.event_id, ev.time_ns  # (read once: ``ev``'s class is pure)
+        if event_id and routed is None:
+            if kind == "metrics":  # (_notable, inline)
                 body = ev.body
                 notable = type(body) not in PLAIN_BODIES and bool(body.get("alert"))
                 if not notable:
@@ -465,8 +479,8 @@ class Pipeline:
                             notable = True
                             break
             else:
-                notable = ev.kind in _NOTABLE_KINDS
-            if notable and not run.remember(ev.event_id, settings):
+                notable = kind in _NOTABLE_KINDS
+            if notable and not run.remember(event_id, settings):
                 self.counters["duplicates"] += 1
                 return
         rank = run.ranks.get(ev.rank)
@@ -479,17 +493,17 @@ class Pipeline:
         judged = first.detectors.get(straggler.RUN_KEY, _NO_STATE).get("judged")
         wide = run.lost or bool(run.incidents)  # on_alive, correlation: run-wide
         self._ranks_wide = False
-        time_ns = ev.time_ns
-        if ev.host:  # (rank.touch, inline)
-            rank.host = ev.host
-        if ev.pid:
-            rank.pid = ev.pid
+        host, pid, world_size = ev.host, ev.pid, ev.world_size
+        if host:  # (rank.touch, inline)
+            rank.host = host
+        if pid:
+            rank.pid = pid
         if rank.first_ns == 0 or 0 < time_ns < rank.first_ns:
             rank.first_ns = time_ns
         if time_ns > rank.last_ns:
             rank.last_ns = time_ns
-        if ev.world_size > run.world_size:  # (written only when they change: the same values as max / or)
-            run.world_size = ev.world_size
+        if world_size > run.world_size:  # (written only when they change: the same values as max / or)
+            run.world_size = world_size
         if not run.run_name:
             run.run_name = ev.run_name
         if not run.trace_id:
@@ -507,26 +521,26 @@ class Pipeline:
                 else:
                     index.touch_run(run, key)
         if run.lost:  # (else nothing to say)
-            progress.on_alive(run, rank, ev.time_ns, settings)
-        if ev.kind == "metrics":
+            progress.on_alive(run, rank, time_ns, settings)
+        if kind == "metrics":
             self._on_metrics(run, rank, ev, points, settings, self._at, routed)
-        elif ev.kind == "heartbeat":
+        elif kind == "heartbeat":
             self._on_heartbeat(run, rank, ev, settings)
-        elif ev.kind == "exception":
+        elif kind == "exception":
             self._on_exception(run, rank, ev, settings)
-        elif ev.kind == "lifecycle":
+        elif kind == "lifecycle":
             self._on_lifecycle(run, rank, ev, settings)
-        elif ev.kind == "log":  # error text printed by the job (process), an agent's hang report (progress)
+        elif kind == "log":  # error text printed by the job (process), an agent's hang report (progress)
             event = _info(ev, _step_of(ev, rank))
             for detector in DETECTORS:
                 self._apply_all(run, rank, detector.on_log(run, rank, event, settings), settings)
-        elif ev.kind == "memory":
+        elif kind == "memory":
             diagnosis.observe_memory(rank, ev.body)
-            batch = MetricBatch((), ev.step, ev.time_ns, ev.event_id)
+            batch = new_batch((), ev.step, time_ns, event_id)
             for detector in DETECTORS:
                 self._apply_all(run, rank, detector.on_memory(run, rank, ev.body, batch, settings), settings)
         if run.incidents:
-            self._correlate(run, ev.time_ns, settings, folded=self._applied != applied_before)
+            self._correlate(run, time_ns, settings, folded=self._applied != applied_before)
         self._dirty_runs[key] = None  # _mark, inline (_unsaved_runs: set on entry)
         # which ranks this event may have written: its own and the first (run-wide detector state), unless
         # anything run-wide ran -- a finding applied (incidents, diagnosis), correlation, a lost run back,
@@ -606,7 +620,7 @@ class Pipeline:
             for name, step, value in recent_points(ev.raw):
                 if keeps(name):
                     observe(name, step, value, time_ns, settings, context=True)
-        batch = MetricBatch(points, ev.step, time_ns, ev.event_id)
+        batch = new_batch(points, ev.step, time_ns, ev.event_id)
         names = route.names
         columns = route.columns if at >= 0 and not route.sharded else ()
         for detector, ask in route.detectors:  # the registry's order (see detectors/registry.py)
@@ -725,7 +739,7 @@ class Pipeline:
                     return j
             indices.append(j)
             routed[j] = route
-            batches.append(MetricBatch(points, nxt.step, nxt.time_ns, nxt.event_id))
+            batches.append(new_batch(points, nxt.step, nxt.time_ns, nxt.event_id))
             j += 1
         return j
 
@@ -1262,8 +1276,8 @@ class Pipeline:
 
 
 _EMPTY_RANKS = b',"ranks":[]'
-_NO_STATE: Dict[str, Any] = {}  # (read only)
-_NO_RANKS: Set[int] = set()  # (read only: a run with no rank touched yet)
+_NO_STATE: Final[Dict[str, Any]] = {}  # (read only)
+_NO_RANKS: Final[Set[int]] = set()  # (read only: a run with no rank touched yet)
 
 
 def _part(prefix: str, key: str) -> str:

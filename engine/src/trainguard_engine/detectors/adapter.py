@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Final, List, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -50,7 +50,7 @@ from ..state import RankState, RunState
 from . import finite_or_none, fmt_number
 from .base import Detector, MetricBatch
 
-STATE_KEY = "lora"
+STATE_KEY: Final = "lora"
 """``RankState.detectors`` key of this family's per-rank state."""
 KEY = "adapter:lora-grad-break"
 

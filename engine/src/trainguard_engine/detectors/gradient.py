@@ -6,7 +6,7 @@ the rules are specified in docs/detectors.md (Gradient).
 from __future__ import annotations
 
 import math
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Final, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import from_wire_float, wire_float
 
@@ -45,7 +45,7 @@ from .numeric import (
     upgrades,
 )
 
-CLIMB_GATE_STEPS = 8
+CLIMB_GATE_STEPS: Final = 8
 """Steps a computed climb baseline gates the explosion check (see :func:`check_climb`)."""
 """Most layer names kept in state and evidence (first ones, and the largest norms)."""
 

@@ -9,7 +9,7 @@ import math
 from bisect import bisect_left, bisect_right, insort_right
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Final, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
@@ -50,7 +50,7 @@ from .numeric import (
 
 __all__ = ["NUMERIC_KEY", "Explosion", "find_explosion", "on_curve", "on_metrics"]
 
-CURVE_KINDS = ("oscillation", "divergence", "rise-after-fall", "plateau")
+CURVE_KINDS: Final = ("oscillation", "divergence", "rise-after-fall", "plateau")
 """Loss-curve subtypes, in the order they are judged (the first that confirms wins)."""
 CURVE_KEYS = {"divergence": NUMERIC_KEY, "rise-after-fall": NUMERIC_KEY, "oscillation": "loss:oscillation",
               "plateau": "loss:plateau"}
@@ -218,7 +218,7 @@ class _Check:
     summary: str = ""
 
 
-_NOT_HOLDING = _Check(False)
+_NOT_HOLDING: Final = _Check(False)
 """The verdict of a rule that does not hold on this value, shared (each of the four rules says so on most
 values: no object and evidence list built each time). Read only -- never change it or its evidence list."""
 
@@ -971,7 +971,7 @@ def _track_level(state: Dict[str, Any], series: Sequence[Tuple[int, float, int]]
     state["level"] = level
 
 
-_VALUE = itemgetter(1)
+_VALUE: Final = itemgetter(1)
 
 
 def _median_of(points: Sequence[Tuple[int, float, int]]) -> float:
@@ -1162,7 +1162,7 @@ def _kept_trend(tail: SeriesTail, width: int) -> robust.MannKendall:
     return robust.mann_kendall_of(width, mk[1], mk[2])
 
 
-KENDALL_IDLE = 16
+KENDALL_IDLE: Final = 16
 """Points a kept Mann-Kendall S slides unasked before it is let go (:func:`_sorted_window`). An open curve
 incident's trend is asked every ``loss_window // 4`` values (10 by default): sliding S that far costs less
 than counting it anew over a window of 40 (callgrind, env500); much further, more."""
@@ -2026,10 +2026,10 @@ def _stalled(rank: RankState, state: Dict[str, Any], level_ratio: float, lo: int
     return bool(norms) and robust.median(norms) <= settings.plateau_grad_collapse * early
 
 
-STUCK_RECENT = 8
+STUCK_RECENT: Final = 8
 """LR and grad-norm values (the rank's last ones) :func:`_optimisation_stuck` looks at."""
 
-STUCK_MEMO = "loss.stuck"
+STUCK_MEMO: Final = "loss.stuck"
 """The key of :func:`_optimisation_stuck`'s memo in the rank's derived state (``RankState.derived``: per
 rank, never serialized): (hi, reason) for the loss value being judged (:func:`on_curve` drops it on every
 value). Until stop 40 it was ``state["loss"]["stuck"]``, rewritten in the snapshotted state on every value
@@ -2161,10 +2161,10 @@ def _plateau_verdict(rank: RankState, lo: int, hi: int, settings: DetectionSetti
 # one bad batch: a single loss value far above the run's range
 
 
-SPIKE_KEY = "loss:spike"
+SPIKE_KEY: Final = "loss:spike"
 """The incident slot of loss/spike (one per run; a later spike opens it again)."""
 
-SPIKE_START_MEMO = "loss.spike_start"
+SPIKE_START_MEMO: Final = "loss.spike_start"
 """The key of the run's start level for :func:`on_spike` in the rank's derived state (``RankState.derived``:
 never serialized): computed once the loss curve's ``init`` values are all in (they never change after)."""
 

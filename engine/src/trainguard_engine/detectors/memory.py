@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from bisect import bisect_left, bisect_right
-from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Final, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
@@ -20,7 +20,7 @@ from ..state import RankState, RunState, bounded_append
 from . import fmt_duration, fmt_number
 from .base import Detector, MetricBatch, MetricRun, RunFindings
 
-STATE_KEY = "mem"
+STATE_KEY: Final = "mem"
 """``RankState.detectors`` key of this family's per-rank state."""
 FRAG_KEY = "memory:fragmentation"
 CONTEXT_LEAK_SEVERITY = {"high": "error", "medium": "warning"}

@@ -11,7 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Final, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
 
@@ -22,7 +22,7 @@ from ..state import RankState, RunState, SeriesTail
 from . import fmt_number, window
 from .roles import RoleMemo, remember
 
-NUMERIC_KEY = "numeric"
+NUMERIC_KEY: Final = "numeric"
 """The incident slot of the run's divergence story (one per run): non-finite loss, gradient explosion,
 NaN source, and the loss rising after a fall, which they re-classify when it turns out to be their start."""
 RISE = ("loss", "rise-after-fall")
@@ -31,8 +31,8 @@ ESCALATING = (RISE, DIVERGENCE)
 """Kinds of the numeric slot that a later explosion or NaN re-classifies (the story is not over)."""
 """The one kind in the numeric slot that a later explosion / NaN re-classifies (escalates)."""
 VANISHING_KEY = "gradient:vanishing"
-CLIP_STALE_KEY = "gradient:clip-stale"
-STATE_KEY = "lg"
+CLIP_STALE_KEY: Final = "gradient:clip-stale"
+STATE_KEY: Final = "lg"
 """``RankState.detectors`` key of the loss/gradient family's per-rank state."""
 LAYER_PREFIX = "grad/layer/"
 MAX_LAYERS_KEPT = 16
@@ -238,7 +238,13 @@ def family_names(settings: DetectionSettings) -> Tuple[AbstractSet[str], Abstrac
     return names
 
 
-_OTHER, _GRAD, _LAYER, _LOSS, _AMP, _AMP_CLIP, _CLIP = range(7)
+_OTHER: Final = 0
+_GRAD: Final = 1
+_LAYER: Final = 2
+_LOSS: Final = 3
+_AMP: Final = 4
+_AMP_CLIP: Final = 5
+_CLIP: Final = 6
 """The role of a point name in :func:`read_batch` (``_AMP_CLIP``: ``amp/overflow`` when it is a clip
 threshold name too: a value other than 1 is then read as a threshold)."""
 _ROLES = RoleMemo()

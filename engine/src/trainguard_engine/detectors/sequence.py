@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import AbstractSet, Any, Dict, List, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Final, List, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
@@ -43,7 +43,7 @@ from ..records import Evidence, TimelineEntry
 from ..state import RankState, RunState
 from .base import Detector, MetricBatch
 
-STATE_KEY = "seq"
+STATE_KEY: Final = "seq"
 """``RankState.detectors`` key of this family's per-rank state."""
 KEY = "sequence:truncation"
 

@@ -64,7 +64,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from functools import lru_cache
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Final, List, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding, resolve
@@ -73,36 +73,50 @@ from ..state import RankState, RunState
 from .base import Detector, MetricBatch
 from .roles import RoleMemo, remember
 
-STATE_KEY = "perf"
-RUN_KEY = "perf_run"
+STATE_KEY: Final = "perf"
+RUN_KEY: Final = "perf_run"
 STRAGGLER_KEY = "perf:straggler"
 REGRESSION_KEY = "perf:regression"
 DATA_KEY = "perf:data"
 THROTTLE_KEY = "perf:throttling"
 
-STEP_S = "time/step_s"
-DATA_S = "time/data_s"
-FORWARD_S = "time/forward_s"
-BACKWARD_S = "time/backward_s"
-OPTIMIZER_S = "time/optimizer_s"
-RUNQUEUE_S = "time/runqueue_s"
+STEP_S: Final = "time/step_s"
+DATA_S: Final = "time/data_s"
+FORWARD_S: Final = "time/forward_s"
+BACKWARD_S: Final = "time/backward_s"
+OPTIMIZER_S: Final = "time/optimizer_s"
+RUNQUEUE_S: Final = "time/runqueue_s"
 PHASE_NAMES = (STEP_S, DATA_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S)
 _PHASE_SET = frozenset((*PHASE_NAMES, RUNQUEUE_S))
-THROTTLE = "gpu/throttle_reasons"
+THROTTLE: Final = "gpu/throttle_reasons"
 GPU_CONTEXT = ("gpu/sm_clock_mhz", "gpu/sm_clock_max_mhz", "gpu/temperature_c", "gpu/power_w",
                "gpu/power_limit_w")
 
 # a window entry: [step, time_ns, step_s, own_s, data_s, forward_s, optimizer_s, rest_s] (own/... None
 # when the SDK sent no phases), + [runqueue_s] when the SDK sent the training thread's run-queue delay
-_STEP, _TIME, _STEP_S, _OWN, _DATA, _FWD, _OPT, _REST, _RQ = range(9)
+_STEP: Final = 0
+_TIME: Final = 1
+_STEP_S: Final = 2
+_OWN: Final = 3
+_DATA: Final = 4
+_FWD: Final = 5
+_OPT: Final = 6
+_REST: Final = 7
+_RQ: Final = 8
 # a pair (one judged step): [step, time_ns, own_s, the others' median own_s, rest_s, the others' rest_s],
 # + [runqueue_s / step_s] when the rank's entry had it
-_P_STEP, _P_TIME, _P_OWN, _P_OTHERS, _P_REST, _P_OTHERS_REST, _P_RQ = range(7)
+_P_STEP: Final = 0
+_P_TIME: Final = 1
+_P_OWN: Final = 2
+_P_OTHERS: Final = 3
+_P_REST: Final = 4
+_P_OTHERS_REST: Final = 5
+_P_RQ: Final = 6
 _MED_FIELDS = {"step": _STEP_S, "own": _OWN, "data": _DATA, "forward": _FWD, "optimizer": _OPT,
                "rest": _REST}
-_MED_ITEMS = tuple(_MED_FIELDS.items())
-_STEP_ITEMS = (("step", _STEP_S),)
-_NOTHING: List[Any] = [None] * 8  # the evicted entry when nothing is evicted
+_MED_ITEMS: Final = tuple(_MED_FIELDS.items())
+_STEP_ITEMS: Final = (("step", _STEP_S),)
+_NOTHING: Final[List[Any]] = [None] * 8  # the evicted entry when nothing is evicted
 PHASES = {"data": "data loading (time/data_s)", "forward": "compute (time/forward_s)",
           "optimizer": "the optimizer step (time/optimizer_s)"}
 
@@ -113,7 +127,7 @@ THROTTLE_BITS = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW ther
 EXPLAINED_BY = (("memory", "fragmentation"), ("memory", "leak"))
 """Open incidents that already explain a job getting slower (the allocator working harder): no
 perf/throughput-regression is opened beside them."""
-RECENT_STEPS = 8
+RECENT_STEPS: Final = 8
 """Steps whose report counts are kept while waiting for every rank."""
 
 
@@ -835,7 +849,9 @@ def _throttle(run: RunState, rank: RankState, state: Dict[str, Any], batch: Metr
 
 # ----------------------------------------------------------------------------------------------------
 
-_PHASE, _THROUGHPUT, _THROTTLE = 1, 2, 3
+_PHASE: Final = 1
+_THROUGHPUT: Final = 2
+_THROTTLE: Final = 3
 """The role of a point name in :func:`on_metrics` (0: none)."""
 _ROLES = RoleMemo()
 """The roles :func:`on_metrics` decided (:func:`_role`), per settings object and name."""
