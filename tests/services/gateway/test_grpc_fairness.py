@@ -87,8 +87,9 @@ def test_many_idle_streams_do_not_block_another_clients_send(stop_later: List[An
     assert gateway.settings.grpc_workers == 8
     # 4 x the worker threads of idle streams, from two tokens of the same project, on two connections
     second = gateway.projects.create_token(PROJECT, "ingest")
-    stop_later.append(IdleStreams(target, tokens.ingest, 16))
-    stop_later.append(IdleStreams(target, second, 16))
+    stop_later.append(IdleStreams(target, tokens.ingest, 16, first=[metric_event(20)]))
+    stop_later.append(IdleStreams(target, second, 16, first=[metric_event(21)]))
+    wait_until(lambda: queue.depth() == 32)  # every idle stream is open on the server, not only in the client
     event = metric_event(1)
     response = send(target, tokens.other_project, [metric_event(2, project="other")])
     assert (response.accepted, list(response.rejected)) == (1, [])
@@ -106,9 +107,12 @@ def test_many_idle_streams_do_not_block_another_clients_send(stop_later: List[An
 
 
 def test_streams_per_token_are_bounded(stop_later: List[Any]) -> None:
-    server, gateway, _, tokens, target = serve(grpc_max_streams_per_token=3, retry_after_s=2.0)
+    server, gateway, queue, tokens, target = serve(grpc_max_streams_per_token=3, retry_after_s=2.0)
     stop_later.append(server)
-    stop_later.append(IdleStreams(target, tokens.ingest, 3))
+    stop_later.append(IdleStreams(target, tokens.ingest, 3, first=[metric_event(10)]))
+    # each idle stream has sent its first message, so the server holds all 3 open (before: the 4th call could
+    # reach the server before one of the 3 futures had, and was served -- CI at cd33fb85 saw it once)
+    wait_until(lambda: queue.depth() == 3)
     with connect(target) as channel:
         stub = ingest_pb2_grpc.IngestServiceStub(channel)
         md = (("authorization", f"Bearer {tokens.ingest}"),)
