@@ -16,8 +16,9 @@ POSTGRES_STAMP := $(VENV)/.postgres
 # by make test; ENGINE_NATIVE=0 (make install/test ENGINE_NATIVE=0: no compiler here) builds none and tests pure
 ENGINE_NATIVE ?= 1
 NATIVE_FAILED := $(VENV)/.engine-native-failed
+NATIVE_COMPILE = $(BIN)/python engine/native_build.py && rm -f $(NATIVE_FAILED)
 ifeq ($(ENGINE_NATIVE),1)
-NATIVE_BUILD = $(BIN)/python engine/native_build.py && rm -f $(NATIVE_FAILED) || { touch $(NATIVE_FAILED); \
+NATIVE_BUILD = $(NATIVE_COMPILE) || { touch $(NATIVE_FAILED); \
 	echo "the engine runs pure Python (make test will stop: make test ENGINE_NATIVE=0 tests pure)"; }
 NATIVE_REQUIRED = test ! -f $(NATIVE_FAILED) || { echo "the compiled engine failed to build at make install \
 	(above); make engine-native retries it, make test ENGINE_NATIVE=0 tests the pure engine"; exit 1; }
@@ -82,7 +83,7 @@ install: $(STAMP) $(ASSETS)  ## .venv: the three packages (editable), torch (CPU
 	$(NATIVE_BUILD)
 
 engine-native: $(STAMP)  ## the engine's hot modules compiled with mypyc into engine/build/native (~2.5 min on 2 cores; a no-op when current)
-	$(BIN)/python engine/native_build.py && rm -f $(NATIVE_FAILED)
+	$(NATIVE_COMPILE)
 
 install-flink: $(FLINK_STAMP)  ## .venv-flink: PyFlink 2.3 + the Kafka connector jars (scale-out; make test builds it)
 
