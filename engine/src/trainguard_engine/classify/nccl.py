@@ -320,7 +320,10 @@ def _connect_trace(t: _Text, pos: int) -> bool:
 
 _SETUP_CODES = ("ncclSystemError", "ncclInternalError")
 """The codes such a set-up failure comes as: ``unhandled system error`` (a failed connect) and ``internal
-error`` / ``Internal check failed`` (NCCL >= 2.19 for a missing socket interface)."""
+error`` / ``Internal check failed`` (NCCL >= 2.19 for a missing socket interface). Newer NCCL (2.27) returns
+``invalid usage`` for the same bootstrap failure, its ``Last error:`` saying so (``Bootstrap : no socket
+interface found``, NVIDIA-NeMo/Speech#15019): read as set-up only by that last error -- an ``invalid usage``
+without one stays NCCL's mismatch reading (ranks disagreeing on a call)."""
 _NCCL_KINDS = {
     "ncclRemoteError": ("comm", "rank-lost", 0.75, "a peer process exited or the network between the ranks "
                         "failed: look for the peer's own incident first, then the interconnect"),
@@ -432,7 +435,8 @@ def _rule_nccl_error(t: _Text) -> Optional[_Hit]:
         extra = (pos + last.start("last"),)
     category, subtype, confidence, note = _NCCL_KINDS[code]
     set_up = f"{facts.get('last_error', '')} {facts.get('reason', '')}"
-    if code in _SETUP_CODES and (_CONNECT_RE.search(set_up) or _connect_trace(t, pos)):
+    if (code in _SETUP_CODES and (_CONNECT_RE.search(set_up) or _connect_trace(t, pos))) or \
+            (code == "ncclInvalidUsage" and _CONNECT_RE.search(facts.get("last_error", ""))):
         category, subtype, confidence = "comm", "init-failure", 0.7
         note = ("NCCL could not connect to a peer (bootstrap or transport): addresses, NCCL_SOCKET_IFNAME, "
                 "firewall")

@@ -180,8 +180,14 @@ _LOOSE_FRAME_RE = re.compile(r'^ ?File "[^"]*", line \d+')
 """A frame line a paste lost its indentation on (``File "x.py", line 3, in f`` at column 0 or 1)."""
 _LOOSE_FRAME_FIX_RE = re.compile(r'^ ?File "(?=[^"\n]*", line \d+)', re.MULTILINE)
 _EXCEPTION_LINE_RE = re.compile(
-    r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failure)|Exception)(?::\s.*|:?)$")
-"""A Python exception line (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``, ``AssertionError``)."""
+    r"^(?:(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception|Interrupt|Failure)|Exception)(?::\s.*|:?)"
+    r"|(?:[A-Za-z_]\w*\.)*(?:exc|exceptions|errors)\.[A-Z]\w*(?<!Warning): \S.*)$")
+"""A Python exception line (``RuntimeError: ...``, ``torch.OutOfMemoryError: ...``, ``AssertionError``), also
+one whose class is named for no error but is qualified by a module of exceptions (``exc``, ``exceptions``,
+``errors``) and followed by a message: ``torch._dynamo.exc.FailOnRecompileLimitHit: recompile_limit reached
+with fullgraph=True ...`` (microsoft/dion#23), ``torch._dynamo.exc.BackendCompilerFailed: ...``,
+``ray.exceptions.RayTaskError: ...``. A warning class there (``urllib3.exceptions.InsecureRequestWarning:``)
+is no exception line."""
 _LOGGER_HEAD_RE = re.compile(
     r"^(?:\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?\]?[ \t]*(?:[-|][ \t]*)?)?"
     r"(?:[\w.-]{1,60}[ \t]+-[ \t]+)?"
@@ -226,7 +232,9 @@ _NCCL_MORE_RE = re.compile(r"^\s*(?:nccl[A-Z]\w*Error: |ncclInvalid(?:Usage|Argu
 """The lines an NCCL error message goes on with: its ``ncclXError: <what it means>`` (``ncclInvalidUsage:``
 and ``ncclInvalidArgument:`` have no ``Error`` in their names) and ``Last error:`` (the
 line after which is the last error itself). The message is one log item, so the last error is read with
-the reason (``internal error`` + ``Connection closed by remote peer``)."""
+the reason (``internal error`` + ``Connection closed by remote peer``). A paste that double-spaces its lines
+(a blank line after each, NVIDIA-NeMo/Speech#15019) keeps the message open over its blank lines: the next
+non-blank line still goes on with it when it is one of these (or the last error after ``Last error:``)."""
 _NCCL_REASON_RE = re.compile(r"^\s*nccl[A-Z]\w*Error: ")
 """An NCCL message whose ``NCCL error in: ..., NCCL version ...`` head is not in the paste (cut, or printed
 by a wrapper that drops it): its ``ncclXError: <what it means>`` line opens the message, so its ``Last
@@ -684,8 +692,10 @@ class _Stream:
             return False, False
         blank = not text.strip()
         if self.mode == _NCCL:
+            if blank:
+                return True, False  # a double-spaced paste: the message may go on after its blank lines
             if self.prev.strip() == "Last error:":
-                return not blank, not blank  # the last error: the message ends with it
+                return True, True  # the last error: the message ends with it
             return _NCCL_MORE_RE.match(text) is not None, False
         if self.mode == _TERMINATE:
             if blank or _starts_block(text) or _RECORD_RE.match(text):
