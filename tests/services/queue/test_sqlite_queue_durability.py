@@ -153,12 +153,15 @@ def test_a_commit_deletes_each_lanes_records_in_ranges(tmp_path: Path) -> None:
 
 
 def test_commit_does_not_rewrite_a_records_pages_as_zeros(tmp_path: Path) -> None:
-    """A commit deletes its records without writing their overflow pages again as zeros (SECURE_DELETE
-    FAST): on a SQLite built with secure delete ON (Debian's) the DELETE wrote every page of the record
-    into the WAL once more -- a 1 MB record, 1 MB of WAL frames -- now only the few b-tree and free-list
-    pages it changes. The record's row is gone either way."""
+    """A commit deletes its records without writing their pages again as zeros (SECURE_DELETE OFF, on
+    both connections, whatever the SQLite build's default): on a SQLite built with secure delete ON
+    (Debian's) the DELETE wrote every page of the record into the WAL once more -- a 1 MB record, 1 MB of
+    WAL frames -- now only the few b-tree and free-list pages it changes. The record's row is gone
+    either way."""
     queue = SqliteQueue(tmp_path / QUEUE_DB)
     try:
+        for conn in (queue._writer, queue._reader):
+            assert conn.execute("PRAGMA secure_delete").fetchone()[0] == 0
         value = bytes(range(256)) * 4096  # 1 MiB: ~64 overflow pages of 16 KiB
         queue.publish("run-a", [value])
         records = queue.consume(1, 0.1)

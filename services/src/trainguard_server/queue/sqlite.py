@@ -45,8 +45,8 @@ acknowledged) only after that COMMIT, so durability is the same as one transacti
 fail, each of its publishes is retried alone, so one publish's failure is never another's. Writes go
 through one writer connection; the consumer reads on its own connection, so WAL lets it read while a
 publish commits. The file's page size is 16 KiB (set when it is created): measured faster
-than 4 KiB and 64 KiB for ~100 KB records. Deleted records are not overwritten with zeros beyond the pages
-written anyway (:data:`SECURE_DELETE`).
+than 4 KiB and 64 KiB for ~100 KB records. Deleted records are not overwritten with zeros
+(:data:`SECURE_DELETE`).
 """
 
 from __future__ import annotations
@@ -82,15 +82,17 @@ log = logging.getLogger("trainguard.queue.sqlite")
 
 QUEUE_DB = "queue.db"
 PAGE_SIZE = 16384
-SECURE_DELETE = "FAST"
-"""The queue connections' ``PRAGMA secure_delete``: FAST -- a committed record's bytes are zeroed only
-where that costs no extra write (inside a b-tree page written anyway), its overflow pages go to the
-free list as they are (reused by later publishes). Some SQLite builds default to ON (Debian's, which
-this interpreter links: SQLITE_SECURE_DELETE), which writes every page of every committed record again,
-as zeros, into the WAL and then the file: for ~120 KB records (bench/ingest.py's 500 events) a commit
-cost 0.15 ms CPU and 0.46 ms wall a record instead of 0.05 / 0.11, and a checkpoint's commit of a
-serve backlog's ~1,000 records ~0.5 s (hP2, stop 49). Others default to OFF; FAST is the same on
-every build. The rows are the same either way; queue records are transient (deleted once processed)."""
+SECURE_DELETE = "OFF"
+"""The queue connections' ``PRAGMA secure_delete``: OFF (SQLite's own default) -- a committed record's
+bytes are left where they were (free space inside a page, or a free-list page, reused by later
+publishes), not overwritten with zeros. Some SQLite builds default to ON (Debian's, which this
+interpreter links: SQLITE_SECURE_DELETE), which wrote every page of every committed record again, as
+zeros, into the WAL and then the file: for ~120 KB records (bench/ingest.py's 500 events) a commit cost
+0.15 ms CPU and 0.46 ms wall a record instead of 0.05 / 0.11 (FAST), and a checkpoint's commit of a
+serve backlog's ~1,000 records ~0.5 s; FAST still zeroed small records inside their pages (SDK-shaped
+records, sdk16: 2.3 % of the processor's own instructions; OFF). Zeroing would hide nothing: the
+records' content is kept in the stores' files anyway (metric points, raw events). The rows are the same
+either way (hP2, stop 49)."""
 _IN_LIMIT = 500  # offsets per "IN (...)" read (SQLite allows 999 variables in old builds)
 _KEY = itemgetter(1)  # a row's key in (offset, key)
 _LANE = itemgetter(0)  # a taken record's lane in (lane, offset, _)
