@@ -206,10 +206,30 @@ collector's passes than the calls it saves)."""
 RUN_SCAN = 512
 """Most events read ahead for one such run (the other ranks' envelopes in between included)."""
 _NAME: Final = itemgetter(0)
-_STEP: Final = itemgetter(1)
+_STEP: Final = itemgetter(1)  # (unused here since _max_step; reference code in tests reads it)
 _DIAGNOSIS_NAMES: Final = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
 _NOTABLE_KINDS: Final = ("exception", "lifecycle", "log")
 """Kinds of events remembered by id whatever they hold (:meth:`Pipeline._notable`)."""
+
+
+def _finite_values(points: Sequence[Tuple[str, Any, float]]) -> bool:
+    """Whether every value of ``points`` is finite (compiled: each point read as a tuple -- no iterator per
+    point, as ``for _n, _s, v in points`` makes)."""
+    for point in points:
+        value = point[2]
+        if value - value != 0.0:  # NaN/Inf
+            return False
+    return True
+
+
+def _max_step(points: Sequence[Tuple[str, int, Any]]) -> int:
+    """``max`` of the steps of ``points`` (not empty), without the builtin's argument parsing and a map."""
+    top = points[0][1]
+    for point in points:
+        step = point[1]
+        if step > top:
+            top = step
+    return top
 
 
 def _asking(detector: Detector, rank: RankState, names: FrozenSet[str], settings: DetectionSettings
@@ -472,12 +492,8 @@ class Pipeline:
         if event_id and routed is None:
             if kind == "metrics":  # (_notable, inline)
                 body = ev.body
-                notable = type(body) not in PLAIN_BODIES and bool(body.get("alert"))
-                if not notable:
-                    for _n, _s, v in points:
-                        if v - v != 0.0:  # NaN/Inf
-                            notable = True
-                            break
+                notable = (type(body) not in PLAIN_BODIES and bool(body.get("alert"))) or \
+                    not _finite_values(points)
             else:
                 notable = kind in _NOTABLE_KINDS
             if notable and not run.remember(event_id, settings):
@@ -565,9 +581,7 @@ class Pipeline:
         if ev.kind == "metrics":
             if type(ev.body) not in PLAIN_BODIES and ev.body.get("alert"):
                 return True
-            for _n, _s, v in points:
-                if v - v != 0.0:  # NaN/Inf
-                    return True
+            return not _finite_values(points)
         return False
 
     # --- handlers ---------------------------------------------------------------------------
@@ -609,7 +623,7 @@ class Pipeline:
                 route = held[1].get(tuple(map(_NAME, points)))
             if route is None:
                 route = self._route(rank, points, settings)
-        if points and rank.observe_step(max(map(_STEP, points)), time_ns) and run.incidents:
+        if points and rank.observe_step(_max_step(points), time_ns) and run.incidents:
             progress.on_progress(run, rank, time_ns, settings)  # (it reads an open stall incident only)
         rank.observe_points(points, route.keep, time_ns, settings)
         if route.diagnosis:  # (it reads those points only)
@@ -732,11 +746,8 @@ class Pipeline:
             if nxt.host and nxt.host != host:
                 return j
             body = nxt.body  # (_notable, inline: a metric envelope)
-            if type(body) not in PLAIN_BODIES and body.get("alert"):
+            if (type(body) not in PLAIN_BODIES and body.get("alert")) or not _finite_values(points):
                 return j
-            for _n, _s, v in points:
-                if v - v != 0.0:
-                    return j
             indices.append(j)
             routed[j] = route
             batches.append(new_batch(points, nxt.step, nxt.time_ns, nxt.event_id))

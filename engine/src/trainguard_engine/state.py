@@ -209,17 +209,28 @@ class RankState:
             time_ns = 0  # a context point has no event time
         self.observe_points(((name, step, value),), _KEEP_ONE, time_ns, settings)
 
-    def observe_points(self, points: Sequence[Tuple[str, int, float]], keep: Sequence[bool], time_ns: int,
+    def observe_points(self, points: Sequence[Tuple[str, Any, Any]], keep: Sequence[bool], time_ns: int,
                        settings: DetectionSettings) -> None:
         """:meth:`observe_point` of each of ``points`` (one envelope's, in order) whose ``keep`` is true, at
         ``time_ns``, in one call an envelope (the pipeline keeps every metric point a history is kept for;
-        the settings read once, the dicts held in locals): the one implementation of keeping a point."""
+        the settings read once, the dicts held in locals): the one implementation of keeping a point.
+
+        Each point's step and value objects are stored as they came (compiled: ``at`` boxed once, no float
+        or int made per point; the value unboxed only for the finiteness test)."""
         history, floors, tails = self.history, self.history_floor, self.tails
         max_series, history_len = settings.history_max_series, settings.history_len
         limit = 2 * history_len
-        for (name, step, value), kept in zip(points, keep):
-            if not kept:
+        at: Any = time_ns
+        keeps = keep if isinstance(keep, tuple) else tuple(keep)  # (a route's: a tuple, read by index)
+        n = len(keeps)
+        i = -1
+        for point in points:
+            i += 1
+            if i >= n:  # (as zip(points, keep): the shorter ends it)
+                break
+            if not keeps[i]:
                 continue
+            name, step, value = point
             series = history.get(name)
             if series is None:
                 if len(history) >= max_series:
@@ -230,18 +241,19 @@ class RankState:
                 if floor is not None and step < floor:
                     continue
             if step in series:  # a point replaced: the tail no longer matches the series
-                series[step] = (value, time_ns)
+                series[step] = (value, at)
                 if name in tails:
                     del tails[name]
             else:
-                series[step] = (value, time_ns)
+                series[step] = (value, at)
                 tail = tails.get(name)
                 if tail is not None:
-                    tail_points = tail.points
+                    tail_points: List[Any] = tail.points
                     if tail_points and step <= tail_points[-1][0]:
                         tail.descent = len(tail_points)
-                    tail_points.append((step, value, time_ns))
-                    if value - value != 0.0:
+                    tail_points.append((step, value, at))
+                    number: float = value
+                    if number - number != 0.0:  # NaN or +-Inf
                         tail.bad_end = len(tail_points)
             if len(series) > limit:
                 kept_steps = sorted(series)[-history_len:]
@@ -251,7 +263,8 @@ class RankState:
                 if tail is not None and tail.descent == 0 and tail.data is series and \
                         len(tail.points) == len(series):
                     tails[name] = tail.trimmed(trimmed, len(series) - len(trimmed))
-            if value - value != 0.0:
+            number = value
+            if number - number != 0.0:  # NaN or +-Inf
                 first = self.first_nonfinite.get(name)
                 if first is None or step < first[0]:
                     self.first_nonfinite[name] = (step, time_ns)

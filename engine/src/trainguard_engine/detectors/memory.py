@@ -122,6 +122,8 @@ def rank_state(rank: RankState) -> Dict[str, Any]:
 
 
 def _num(value: Any) -> Optional[float]:
+    if value is None:  # (what float() raises TypeError on, the commonest absent field: no exception raised)
+        return None
     try:
         out = float(value)
     except (TypeError, ValueError):
