@@ -44,7 +44,7 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout44": ("bench.unseen.heldout10", True),  # stop 44's held-out set: judged once per engine, SPENT
     "heldout45": ("bench.unseen.heldout11", True),  # stop 45's held-out set: judged once per setting, SPENT
     "heldout47": ("bench.unseen.heldout12", True),  # stop 47's held-out set: judged once (default), SPENT
-    "heldout49": ("bench.unseen.heldout13", True),  # stop 49's held-out set: per-fault checks (its MANIFEST)
+    "heldout49": ("bench.unseen.heldout13", True),  # stop 49's held-out set: judged once (MANIFEST), SPENT
 }
 
 JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45", "heldout47", "heldout49"})
