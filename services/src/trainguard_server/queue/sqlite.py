@@ -88,11 +88,11 @@ bytes are left where they were (free space inside a page, or a free-list page, r
 publishes), not overwritten with zeros. Some SQLite builds default to ON (Debian's, which this
 interpreter links: SQLITE_SECURE_DELETE), which wrote every page of every committed record again, as
 zeros, into the WAL and then the file: for ~120 KB records (bench/ingest.py's 500 events) a commit cost
-0.15 ms CPU and 0.46 ms wall a record instead of 0.05 / 0.11 (FAST), and a checkpoint's commit of a
-serve backlog's ~1,000 records ~0.5 s; FAST still zeroed small records inside their pages (SDK-shaped
-records, sdk16: 2.3 % of the processor's own instructions; OFF). Zeroing would hide nothing: the
-records' content is kept in the stores' files anyway (metric points, raw events). The rows are the same
-either way (hP2, stop 49)."""
+0.15 ms CPU and 0.46 ms wall a record instead of 0.06 / 0.06, and a checkpoint's commit of a serve
+backlog's ~1,000 records ~0.5 s; the processor's own part of an env500 drain (pipeline stubbed) 245-248 ms
+CPU instead of 222-224 (/work/notes/s49/hP2_report.md). FAST would still zero small records inside
+their pages. Zeroing would hide nothing: the records' content is kept in the stores' files anyway
+(metric points, raw events). The rows are the same either way (hP2, stop 49)."""
 _IN_LIMIT = 500  # offsets per "IN (...)" read (SQLite allows 999 variables in old builds)
 _KEY = itemgetter(1)  # a row's key in (offset, key)
 _LANE = itemgetter(0)  # a taken record's lane in (lane, offset, _)
