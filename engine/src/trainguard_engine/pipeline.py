@@ -1213,8 +1213,8 @@ class Pipeline:
                 elif name.startswith("cluster/"):
                     doc = _parse_part(blob, name)
                     clusters.append((int(doc["seq"]), ClusterState.from_json(doc["cluster"])))
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-                pipeline._unreadable_part(name, exc)
+            except Exception as exc:  # whatever one part holds (OverflowError: 1e400; IndexError: a short
+                pipeline._unreadable_part(name, exc)  # list) leaves that part out, never the partition
         for seq, run in sorted(runs, key=lambda item: item[0]):
             pipeline._runs[run.key] = run
             pipeline._run_seq[run.key] = seq
@@ -1262,7 +1262,7 @@ class Pipeline:
         for item in doc.get("runs", []):
             try:
                 run = RunState.from_json(item)
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            except Exception as exc:
                 lost += 1  # that run alone is left out: quarantined
                 who = item if isinstance(item, dict) else {}
                 pipeline.quarantined.append(Quarantined(
@@ -1273,7 +1273,7 @@ class Pipeline:
         for item in doc.get("clusters", []):
             try:
                 cluster = ClusterState.from_json(item)
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            except Exception:
                 continue  # a cluster's record stays in the stores; a later occurrence starts it again
             pipeline._clusters[cluster_key(cluster.record.project, cluster.record.fingerprint)] = \
                 cluster

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Final, List, Optional, Sequence, Tuple
 
 from trainguard.core.events import from_wire_float, wire_float
 
@@ -32,6 +32,47 @@ memo of why nothing moves the weights, rewritten on every loss value until stop 
 
 # A history point: (value, event time in ns; 0 when it came from an alert's context and has no time).
 HistoryPoint = Tuple[float, int]
+
+
+RANK_KINDS: Final[Dict[str, str]] = {
+    "rank": "int", "host": "str", "pid": "int", "first_ns": "int", "last_ns": "int", "started_ns": "int",
+    "max_step": "int", "progress_ns": "int", "step_time_s": "float", "sdk_step_time_s": "float",
+    "last_hb_ns": "int", "exited": "bool", "exit_code": "int", "exit_signal": "int", "exit_reason": "str",
+    "exit_ns": "int", "exc_key": "str", "hb_interval_s": "float", "lost_ns": "int"}
+"""What :meth:`RankState.from_json` accepts in each scalar field (see :func:`check_kinds`)."""
+
+RUN_KINDS: Final[Dict[str, str]] = {
+    "project": "str", "run_id": "str", "run_name": "str", "trace_id": "str", "world_size": "int",
+    "tags": "dict", "started_ns": "int", "first_ns": "int", "last_event_ns": "int", "lost": "bool",
+    "lost_since_ns": "int", "episodes": "dict", "emitted": "str", "touched": "int"}
+"""What :meth:`RunState.from_json` accepts in each scalar field (see :func:`check_kinds`)."""
+
+
+def check_kinds(owner: str, plain: Dict[str, Any], kinds: Dict[str, str]) -> None:
+    """TypeError when a restored ``owner``'s field does not hold what this code writes there: "int" an int
+    (not a bool), "float" a finite float (or an int), "str" a str, "bool" a bool, "dict" a dict. A part
+    from a foreign or corrupt writer is refused at restore -- its run quarantined, the rest restored --
+    instead of failing later outside the run: a store's upsert retried forever (``"x"`` or 1e400 as a
+    time), the header's JSON (an infinite eviction time). Names not in ``kinds`` are left to the
+    constructor (which refuses unknown ones). Ints are not bounded: the pipeline keeps any int an event
+    gave it (the gateway bounds what it lets through)."""
+    for name, value in plain.items():
+        kind = kinds.get(name)
+        if kind is None:
+            continue
+        if kind == "int":
+            ok = type(value) is int
+        elif kind == "float":
+            ok = (type(value) is float and math.isfinite(value)) or type(value) is int
+        elif kind == "str":
+            ok = type(value) is str
+        elif kind == "bool":
+            ok = type(value) is bool
+        else:
+            ok = type(value) is dict
+        if not ok:
+            shown = "a non-finite float" if type(value) is float else f"a {type(value).__name__}"
+            raise TypeError(f"{owner}.{name} holds {shown}, where this code writes {kind}")
 
 
 def bounded_put(mapping: Dict[Any, Any], key: Any, value: Any, most: int) -> None:
@@ -302,6 +343,7 @@ class RankState:
     def from_json(cls, data: Dict[str, Any]) -> RankState:
         plain = {k: v for k, v in data.items()
                  if k not in ("history", "history_floor", "first_nonfinite", "detectors")}
+        check_kinds("rank", plain, RANK_KINDS)
         state = cls(**plain)
         state.detectors = dict(data.get("detectors", {}))
         for (family, part), keys in RETIRED_KEYS.items():
@@ -471,6 +513,7 @@ class RunState:
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> RunState:
         plain = {k: v for k, v in data.items() if k not in ("ranks", "incidents", "seen")}
+        check_kinds("run", plain, RUN_KINDS)
         state = cls(**plain)
         state.ranks = {r["rank"]: RankState.from_json(r) for r in data.get("ranks", [])}
         state.incidents = {i["key"]: IncidentState.from_json(i) for i in data.get("incidents", [])}
