@@ -77,6 +77,10 @@ def render_prometheus(services: Any) -> str:
                         "checkpoints tried before a round because the uncommitted records were over "
                         "TRAINGUARD_PROCESSOR_UNCOMMITTED_MAX_MB (each failed one takes no records)",
                         [("", getattr(pstats, "early_checkpoints", 0))]))
+        samples.append(("trainguard_processor_rejected_records_total", "counter",
+                        "run, incident and cluster records the incident store refused for good (a value "
+                        "outside its types): dropped, the others written; each is logged",
+                        [("", getattr(pstats, "rejected_records", 0))]))
         counters = getattr(processor, "counters", None) or {}
         samples.append(("trainguard_runs_quarantined_total", "counter",
                         "runs whose state was dropped because it could not go on (not serialisable, a "

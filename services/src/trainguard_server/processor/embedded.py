@@ -27,7 +27,20 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from trainguard_engine import extract
 from trainguard_engine.catalogue import DetectionSettings
@@ -173,6 +186,12 @@ class _Chunk(NamedTuple):
     sizes: List[int]
 
 
+_Record = TypeVar("_Record")
+UNWRITABLE = (ValueError, TypeError, OverflowError)
+"""What a store's write raises for a record it can never take (a value outside its types), as opposed to
+being unavailable (sqlite3/psycopg/HTTP errors): that record is dropped, not retried (_apply_apart)."""
+
+
 @dataclass
 class ProcessorStats:
     """Counters exposed on /metrics."""
@@ -188,6 +207,7 @@ class ProcessorStats:
     store_retries: int = 0     # rounds retried because a store was unavailable
     rounds: int = 0            # chunks processed: one pipeline call and one write per store each
     early_checkpoints: int = 0  # checkpoints tried before a round: uncommitted records over their bound
+    rejected_records: int = 0  # run/incident/cluster records the incident store refused for good, logged
 
 
 class EmbeddedProcessor:
@@ -1093,18 +1113,56 @@ class EmbeddedProcessor:
         are written first when it has incidents (an incident is never in the store before its points)."""
         if output.incidents:
             self._write_held_metrics()
-        if self.partitioned:  # every partition's pipeline holds its own view of a cluster: merged
-            self.incidents.upsert_records(output.runs, output.incidents, ())
-            if output.clusters:
-                self.incidents.merge_clusters(f"partition/{partition}", output.clusters)
-        else:
-            self.incidents.upsert_records(output.runs, output.incidents, output.clusters)
+        try:
+            self._upsert(partition, output.runs, output.incidents, output.clusters)
+        except UNWRITABLE:
+            output = self._apply_apart(partition, output)
         if output.runs or output.incidents or output.clusters:
             for listener in list(self.listeners):
                 try:
                     listener(output)
                 except Exception:
                     log.exception("processor listener failed")
+
+    def _upsert(self, partition: int, runs: Sequence[Any], incidents: Sequence[Any],
+                clusters: Sequence[Any]) -> None:
+        if self.partitioned:  # every partition's pipeline holds its own view of a cluster: merged
+            self.incidents.upsert_records(runs, incidents, ())
+            if clusters:
+                self.incidents.merge_clusters(f"partition/{partition}", clusters)
+        else:
+            self.incidents.upsert_records(runs, incidents, clusters)
+
+    def _apply_apart(self, partition: int, output: PipelineOutput) -> PipelineOutput:
+        """``output``'s records written one at a time after their joint write raised :data:`UNWRITABLE` (a
+        value the store cannot take -- e.g. a time beyond SQL's 64 bits from a foreign state part): each
+        record the store refuses that way is dropped for good (counted in ``rejected_records``, logged),
+        so one bad record never holds the partition's other records and checkpoints back (before, the
+        output was retried forever). Any other error -- the store unavailable -- propagates and the output
+        stays pending, as before. Returns what was written."""
+        return PipelineOutput(runs=self._each_alone(partition, "run", output.runs, 0),
+                              incidents=self._each_alone(partition, "incident", output.incidents, 1),
+                              clusters=self._each_alone(partition, "cluster", output.clusters, 2))
+
+    def _each_alone(self, partition: int, what: str, items: Sequence[_Record], slot: int) -> List[_Record]:
+        """``items`` (an output's runs, incidents or clusters: ``slot`` 0, 1, 2) each written in its own
+        upsert; those the store refuses with :data:`UNWRITABLE` dropped (counted, logged); the written ones
+        returned."""
+        kept: List[_Record] = []
+        for item in items:
+            alone: List[List[Any]] = [[], [], []]
+            alone[slot].append(item)
+            try:
+                self._upsert(partition, *alone)
+            except UNWRITABLE as exc:
+                self.stats.rejected_records += 1
+                log.error("the incident store refused %s %r of project %r for good (%s); it is dropped, the "
+                          "partition's other records are written", what,
+                          getattr(item, "incident_id", "") or getattr(item, "run_id", "") or
+                          getattr(item, "fingerprint", ""), getattr(item, "project", ""), _describe(exc))
+            else:
+                kept.append(item)
+        return kept
 
     # --- thread ---------------------------------------------------------------------------------
     @property
