@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
 from tests.engine.test_pipeline_poison import healthy_run
 from tests.services.processor.test_poison_run import Backend, _now
-from trainguard_server.processor.embedded import PARTS_PREFIX
+from trainguard_server.processor.embedded import PARTS_PREFIX, EmbeddedProcessor
+
+Event = Dict[str, Any]
 
 HOSTILE_PART = PARTS_PREFIX + "run/hostile%00h1"
 CASES = [("started_ns", '"x"'), ("started_ns", "1e400"), ("last_event_ns", "1e400")]
 
 
-def check_restart_with_a_tampered_part(root: Path, field: str, raw: str) -> None:
+def restart_with_a_tampered_part(root: Path, field: str, raw: str) -> Tuple[Backend, EmbeddedProcessor, List[Event]]:
+    """Two projects' runs half published and processed, the hostile run's stored part given ``raw`` (JSON) as
+    ``run.<field>``, then a restart on the same files (new handles) with the second halves published: the
+    open backend (the caller closes it), the new processor (not yet run) and the calm run's events."""
     hostile, calm = _now(healthy_run("hostile", "h1")), _now(healthy_run("calm", "c1"))
     half_h, half_c = len(hostile) // 2, len(calm) // 2
     backend = Backend(root)
@@ -35,12 +41,16 @@ def check_restart_with_a_tampered_part(root: Path, field: str, raw: str) -> None
     doc["run"][field] = "@@TAMPERED@@"
     backend.incidents.save_state(HOSTILE_PART, json.dumps(doc).replace('"@@TAMPERED@@"', raw).encode())
     backend.close()
+    backend = Backend(root)
+    again = backend.processor()
+    backend.publish(hostile[half_h:])
+    backend.publish(calm[half_c:])
+    return backend, again, calm
 
-    backend = Backend(root)  # a restart on the same files
+
+def check_restart_with_a_tampered_part(root: Path, field: str, raw: str) -> None:
+    backend, again, calm = restart_with_a_tampered_part(root, field, raw)
     try:
-        again = backend.processor()
-        backend.publish(hostile[half_h:])
-        backend.publish(calm[half_c:])
         again.drain(30)  # before: the upsert failed at every retry (ValueError / OverflowError)
         assert again.stats.errors == 0 and backend.queue.depth() == 0
         again.stop(drain=True)  # before: raised the upsert's error

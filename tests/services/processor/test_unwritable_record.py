@@ -8,41 +8,21 @@ test_embedded_rounds.py."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import pytest
 
-from tests.engine.test_pipeline_poison import healthy_run
-from tests.services.processor.test_poison_run import Backend, _now
+from tests.services.processor.test_hostile_state_part import restart_with_a_tampered_part
 from trainguard_server.api.deps import Services
 from trainguard_server.observability import render_prometheus
-from trainguard_server.processor.embedded import PARTS_PREFIX
-
-HOSTILE_PART = PARTS_PREFIX + "run/hostile%00h1"
 
 
 def test_a_record_beyond_the_stores_types_is_dropped_not_retried_forever(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    hostile, calm = _now(healthy_run("hostile", "h1")), _now(healthy_run("calm", "c1"))
-    half_h, half_c = len(hostile) // 2, len(calm) // 2
-    backend = Backend(tmp_path)
-    backend.publish(hostile[:half_h])
-    backend.publish(calm[:half_c])
-    first = backend.processor()
-    first.drain(30)
-    first.stop(drain=False)
-    doc = json.loads(backend.incidents.load_state(HOSTILE_PART))
-    doc["run"]["started_ns"] = 2**63 + 5  # an int: restored; SQLite's INTEGER cannot hold it
-    backend.incidents.save_state(HOSTILE_PART, json.dumps(doc).encode())
-    backend.close()
-
-    backend = Backend(tmp_path)  # a restart on the same files
+    # an int: restored (the kind checks take any int); SQLite's INTEGER cannot hold it
+    backend, again, calm = restart_with_a_tampered_part(tmp_path, "started_ns", str(2**63 + 5))
     try:
-        again = backend.processor()
-        backend.publish(hostile[half_h:])
-        backend.publish(calm[half_c:])
         with caplog.at_level(logging.ERROR, logger="trainguard.processor"):
             again.drain(30)  # before: OverflowError at every retry, the queue never drained
         assert again.stats.errors == 0 and backend.queue.depth() == 0

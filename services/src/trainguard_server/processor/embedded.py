@@ -27,20 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import (
-    Any,
-    Callable,
-    Deque,
-    Dict,
-    List,
-    Mapping,
-    NamedTuple,
-    Optional,
-    Sequence,
-    Tuple,
-    TypeVar,
-    Union,
-)
+from typing import Any, Callable, Deque, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from trainguard_engine import extract
 from trainguard_engine.catalogue import DetectionSettings
@@ -186,7 +173,6 @@ class _Chunk(NamedTuple):
     sizes: List[int]
 
 
-_Record = TypeVar("_Record")
 UNWRITABLE = (ValueError, TypeError, OverflowError)
 """What a store's write raises for a record it can never take (a value outside its types), as opposed to
 being unavailable (sqlite3/psycopg/HTTP errors): that record is dropped, not retried (_apply_apart)."""
@@ -1144,11 +1130,11 @@ class EmbeddedProcessor:
                               incidents=self._each_alone(partition, "incident", output.incidents, 1),
                               clusters=self._each_alone(partition, "cluster", output.clusters, 2))
 
-    def _each_alone(self, partition: int, what: str, items: Sequence[_Record], slot: int) -> List[_Record]:
+    def _each_alone(self, partition: int, what: str, items: Sequence[Any], slot: int) -> List[Any]:
         """``items`` (an output's runs, incidents or clusters: ``slot`` 0, 1, 2) each written in its own
         upsert; those the store refuses with :data:`UNWRITABLE` dropped (counted, logged); the written ones
         returned."""
-        kept: List[_Record] = []
+        kept: List[Any] = []
         for item in items:
             alone: List[List[Any]] = [[], [], []]
             alone[slot].append(item)
