@@ -54,7 +54,7 @@ CASES: List[Tuple[str, str, Tuple[Any, ...], str]] = [
 ]
 
 
-def _tampered(blob: bytes, path: Tuple[Any, ...], raw: str) -> bytes:
+def tampered(blob: bytes, path: Tuple[Any, ...], raw: str) -> bytes:
     doc = json.loads(blob)
     at = doc
     for step in path[:-1]:
@@ -69,7 +69,7 @@ def check_case(part: str, path: Tuple[Any, ...], raw: str) -> None:
     before.process(calm[:20] + hostile)
     parts = {k: v for k, v in before.changed_parts().items() if v is not None}
     name = next(k for k in parts if k.startswith(f"{part}/hostile"))
-    parts[name] = _tampered(parts[name], path, raw)
+    parts[name] = tampered(parts[name], path, raw)
     assert raw.encode() in parts[name]
 
     after = Pipeline.restore_parts(parts)  # before: raised (the whole partition then started empty)

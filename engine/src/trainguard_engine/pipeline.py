@@ -206,7 +206,6 @@ collector's passes than the calls it saves)."""
 RUN_SCAN = 512
 """Most events read ahead for one such run (the other ranks' envelopes in between included)."""
 _NAME: Final = itemgetter(0)
-_STEP: Final = itemgetter(1)  # (unused here since _max_step; reference code in tests reads it)
 _DIAGNOSIS_NAMES: Final = frozenset(diagnosis.MEMORY_METRICS + diagnosis.LR_METRICS)
 _NOTABLE_KINDS: Final = ("exception", "lifecycle", "log")
 """Kinds of events remembered by id whatever they hold (:meth:`Pipeline._notable`)."""

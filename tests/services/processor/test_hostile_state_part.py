@@ -9,13 +9,13 @@ Docker and Flink ship)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
 
 from tests.engine.test_pipeline_poison import healthy_run
+from tests.engine.test_restore_hostile_parts import tampered
 from tests.services.processor.test_poison_run import Backend, _now
 from trainguard_server.processor.embedded import PARTS_PREFIX, EmbeddedProcessor
 
@@ -37,9 +37,8 @@ def restart_with_a_tampered_part(root: Path, field: str, raw: str) -> Tuple[Back
     first = backend.processor()
     first.drain(30)
     first.stop(drain=False)
-    doc = json.loads(backend.incidents.load_state(HOSTILE_PART))
-    doc["run"][field] = "@@TAMPERED@@"
-    backend.incidents.save_state(HOSTILE_PART, json.dumps(doc).replace('"@@TAMPERED@@"', raw).encode())
+    backend.incidents.save_state(HOSTILE_PART, tampered(backend.incidents.load_state(HOSTILE_PART),
+                                                         ("run", field), raw))
     backend.close()
     backend = Backend(root)
     again = backend.processor()
