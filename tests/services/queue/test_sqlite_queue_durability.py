@@ -175,3 +175,51 @@ def test_commit_does_not_rewrite_a_records_pages_as_zeros(tmp_path: Path) -> Non
         assert queue.consume(1, 0.0) == []
     finally:
         queue.close()
+
+
+def _deletes(queue: SqliteQueue) -> List[str]:
+    """The DELETE statements the queue's writer runs from now on."""
+    seen: List[str] = []
+    queue._writer.set_trace_callback(lambda sql: seen.append(sql) if sql.startswith("DELETE") else None)
+    return seen
+
+
+def test_a_commit_of_every_record_empties_the_table_whole(tmp_path: Path) -> None:
+    """A commit whose one range holds every record of the file (a drained queue's checkpoint) empties the
+    table with one unfiltered DELETE (SQLite's truncate optimization: pages freed whole, not row by row);
+    the depth, the rows left (none) and the offsets of later publishes are those of a range delete."""
+    queue = SqliteQueue(tmp_path / QUEUE_DB)
+    try:
+        queue.publish("run-a", [f"a{i}".encode() for i in range(20)])
+        queue.publish("run-b", [f"b{i}".encode() for i in range(20)])
+        records = []
+        while batch := queue.consume(9, 0.05):
+            records += batch
+        deletes = _deletes(queue)
+        queue.commit(records)
+        assert deletes == ["DELETE FROM records"]
+        assert queue.depth() == 0
+        assert queue._writer.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 0
+        assert queue.publish("run-a", [b"next"]) == [41]  # AUTOINCREMENT: offsets are never reused
+    finally:
+        queue.close()
+
+
+def test_a_commit_that_leaves_records_deletes_its_range_only(tmp_path: Path) -> None:
+    """Records outside the committed range -- published after the take (above it) or of another run
+    (below it) -- stay: the range delete, never the whole table."""
+    path = tmp_path / QUEUE_DB
+    queue = SqliteQueue(path)
+    try:
+        queue.publish("run-b", [b"b0"])  # offset 1: below run-a's records
+        queue.publish("run-a", [f"a{i}".encode() for i in range(10)])
+        records = [r for r in queue.consume(20, 0.05) if r.key == "run-a"]
+        queue.publish("run-a", [b"later"])  # offset 12: above the committed range
+        deletes = _deletes(queue)
+        queue.commit(records)
+        assert deletes == ['DELETE FROM records WHERE "offset" BETWEEN 2 AND 11']
+        left = sqlite3.connect(path).execute('SELECT value FROM records ORDER BY "offset"').fetchall()
+        assert [bytes(v) for (v,) in left] == [b"b0", b"later"]
+        assert queue.depth() == 2
+    finally:
+        queue.close()

@@ -14,7 +14,8 @@ partition (0) or ``partitions`` of them.
   records table is the one before lanes, so a queue file of any version opens as it is; ``lanes`` may
   change between runs of the server while the file has one partition).
 - ``commit`` deletes, per lane, every record up to the highest committed offset of that lane (the other
-  lanes' records, handed out or not, stay).
+  lanes' records, handed out or not, stay); a commit of every record the file holds empties the table
+  whole (:func:`_delete`).
 - Partitions (``TRAINGUARD_QUEUE_PARTITIONS``): with ``partitions`` P > 1 a record is in partition ``lane %
   P`` (``QueueRecord.partition``; a lane, so a run, is in one partition), the queue is ``partitioned`` and
   its one consumer owns every partition, always (a static assignment): a rebalance listener is told
@@ -101,6 +102,9 @@ _RANGE_SQL = ('SELECT ?1, "offset", key, value, published_ns, ?4 FROM records '
 """A range of one lane's records, each row a :class:`QueueRecord`'s fields in order (partition and lane
 bound: ``(partition, first, last, lane)``; INTEGER, TEXT, BLOB, INTEGER columns read as int, str, bytes,
 int)."""
+_DELETE_SQL = 'DELETE FROM records WHERE "offset" BETWEEN ? AND ?'
+_CLEAR_SQL = "DELETE FROM records"  # every row: SQLite's truncate optimization (pages freed whole)
+_BOUNDS_SQL = 'SELECT (SELECT MIN("offset") FROM records), (SELECT MAX("offset") FROM records)'
 _AS_RECORD = partial(tuple.__new__, QueueRecord)
 """A row of :data:`_RANGE_SQL` as a QueueRecord (a NamedTuple is a tuple: built in C, no ``__new__`` call in
 Python)."""
@@ -416,8 +420,7 @@ class SqliteQueue(Queue):
             conn = self._writer
             conn.execute("BEGIN IMMEDIATE")
             try:
-                deleted = conn.executemany('DELETE FROM records WHERE "offset" BETWEEN ? AND ?',
-                                           _ranges(sorted(gone))).rowcount
+                deleted = _delete(conn, _ranges(sorted(gone)))
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -453,6 +456,22 @@ class SqliteQueue(Queue):
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("queue is closed")
+
+
+def _delete(conn: sqlite3.Connection, ranges: List[Tuple[int, int]]) -> int:
+    """Delete the records of ``ranges`` (``(first, last)`` offsets) inside the caller's write transaction;
+    returns how many rows went. When one range holds every record the file has (the lowest and highest
+    offsets, two rowid look-ups, fall in it: a drained queue's checkpoint) the table is emptied with a
+    plain ``DELETE FROM records`` -- the same rows, but SQLite's truncate optimization frees the table's
+    pages whole instead of deleting row by row (6,432 SDK-sized records: ~0.7 ms CPU instead of ~3.7).
+    The write transaction keeps any other writer out between the look-up and the delete; the
+    AUTOINCREMENT sequence is kept either way (offsets are never reused)."""
+    if len(ranges) == 1:
+        first, last = ranges[0]
+        low, high = conn.execute(_BOUNDS_SQL).fetchone()
+        if low is not None and first <= low and high <= last:
+            return int(conn.execute(_CLEAR_SQL).rowcount)
+    return int(conn.executemany(_DELETE_SQL, ranges).rowcount)
 
 
 def _ranges(offsets: List[int]) -> List[Tuple[int, int]]:
