@@ -45,14 +45,16 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout45": ("bench.unseen.heldout11", True),  # stop 45's held-out set: judged once per setting, SPENT
     "heldout47": ("bench.unseen.heldout12", True),  # stop 47's held-out set: judged once (default), SPENT
     "heldout49": ("bench.unseen.heldout13", True),  # stop 49's held-out set: judged once (MANIFEST), SPENT
+    "heldout50": ("bench.unseen.heldout14", True),  # stop 50's held-out set: run ONCE (MANIFEST)
 }
 
-JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45", "heldout47", "heldout49"})
+JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45", "heldout47", "heldout49", "heldout50"})
 """Sets (stop 44, decided before either ran; heldout47 added with its file, before it ran) whose failing
-shapes also count as manifested on a one-step jump (heldout49 too, added with its file, before it ran; its
-own per-fault checks, heldout13.MANIFEST, are its primary scoring): a loss value >= ``JUMP_FACTOR`` x the
-median of the ``JUMP_POINTS`` values before it. One bad batch on a run that learned far below its start lands
-under 2x the initial level (probe.py's rule) and was never scored."""
+shapes also count as manifested on a one-step jump (heldout49 and heldout50 too, each added with its file,
+before it ran; their own per-fault checks, heldout13.MANIFEST and heldout14.MANIFEST, are their primary
+scoring): a loss value >= ``JUMP_FACTOR`` x the median of the ``JUMP_POINTS`` values before it. One bad
+batch on a run that learned far below its start lands under 2x the initial level (probe.py's rule) and was
+never scored."""
 JUMP_FACTOR = 10.0
 JUMP_POINTS = 20
 
