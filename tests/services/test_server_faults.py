@@ -103,8 +103,8 @@ def test_a_full_disk_is_a_retryable_503_and_loses_nothing_acknowledged(tmp_path:
         after = [_log("full", 9000 + i) for i in range(100)]
         assert _post(server, after)[0] == 200
         acked.update(e["event_id"] for e in after)
-        assert poll(lambda: len(server.pages("/api/v1/runs/full/events", kinds="log")) >= len(acked), timeout=60)
-        ids = [e["event_id"] for e in server.pages("/api/v1/runs/full/events", kinds="log")]
+        assert poll(lambda: len(server.run_events("full", kinds="log")) >= len(acked), timeout=60)
+        ids = [e["event_id"] for e in server.run_events("full", kinds="log")]
         assert set(ids) == acked and len(ids) == len(acked)  # all acknowledged, once; nothing refused stored
     finally:
         server.stop()
@@ -249,7 +249,7 @@ def test_kill_9_while_http_and_grpc_clients_send_loses_and_doubles_nothing(tmp_p
     restarted.start()
     try:
         def stored() -> List[Dict[str, Any]]:
-            return restarted.pages(f"/api/v1/runs/{run_id}/events", kinds="log,exception")
+            return restarted.run_events(run_id, kinds="log,exception")
 
         poll(lambda: len(stored()) >= len(acked), timeout=90, interval=0.5)
         items = stored()

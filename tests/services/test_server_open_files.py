@@ -110,7 +110,7 @@ def test_a_burst_past_the_open_files_limit_is_a_retryable_503_naming_the_cause_a
                 status, body, _ = _post(server, batches[k])
                 assert status == 200, (status, body)
         expected = {e["event_id"] for batch in batches.values() for e in batch}
-        assert poll(lambda: len(server.pages(f"/api/v1/runs/{RUN}/events", kinds="log")) >= len(expected),
+        assert poll(lambda: len(server.run_events(RUN, kinds="log")) >= len(expected),
                     timeout=60)
         ids = [e["event_id"] for e in server.pages(f"/api/v1/runs/{RUN}/events", kinds="log")]
         assert set(ids) == expected and len(ids) == len(expected)  # every batch stored, once

@@ -131,5 +131,5 @@ def test_upstreams_deliver_queued_bytes_over_grpc_and_http(server: ServeProcess)
                 raise AssertionError("a wrong token was accepted")
         finally:
             upstream.close()
-    assert poll(lambda: len(server.pages("/api/v1/runs/upstream-grpc/events", kinds="log")) == 3
+    assert poll(lambda: len(server.run_events("upstream-grpc", kinds="log")) == 3
                 if server.get_or_none("/api/v1/runs/upstream-grpc") else False, timeout=20)

@@ -105,6 +105,16 @@ class ServeProcess:
                 return None
             raise
 
+    def run_events(self, run_id: str, kinds: Optional[str] = None) -> list[Any]:
+        """The run's stored events (``kinds``: a comma list); none while the processor has not stored the run
+        yet (the API's 404) -- what a poll for a run's events after a (re)start needs."""
+        try:
+            return self.pages(f"/api/v1/runs/{run_id}/events", kinds=kinds)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+            return []
+
     def pages(self, path: str, **params: Any) -> list[Any]:
         """Every item of a paginated listing."""
         items: list[Any] = []

@@ -164,11 +164,10 @@ def test_kill_9_mid_stream_loses_nothing_acknowledged_and_duplicates_nothing(tmp
     restarted.start()
     try:
         def all_there() -> Any:
-            stored = restarted.pages(f"/api/v1/runs/{run_id}/events", kinds="log,exception")
+            stored = restarted.run_events(run_id, kinds="log,exception")
             return stored if len(stored) >= len(acked) else None
 
-        stored = poll(all_there, timeout=60, interval=0.5) or restarted.pages(
-            f"/api/v1/runs/{run_id}/events", kinds="log,exception")
+        stored = poll(all_there, timeout=60, interval=0.5) or restarted.run_events(run_id, kinds="log,exception")
         ids = [e["event_id"] for e in stored]
         assert acked <= set(ids), f"{len(acked - set(ids))} acknowledged events lost"
         assert len(ids) == len(set(ids)), "an event stored twice"
