@@ -620,7 +620,49 @@ _WARN_CUDA_NOTE = ("NCCL's own CUDA call failed (ncclUnhandledCudaError) with no
 CUDA call inside NCCL that names no device fault (those are cuda.error's) is NCCL's unhandled CUDA error."""
 
 
+_IB_FATAL_EVENTS = ("local catastrophic error", "port error", "local work queue catastrophic error",
+                    "invalid request local work queue error", "local access violation work queue error",
+                    "cq error", "srq catastrophic error", "path migration request error")
+"""libibverbs' names (``ibv_event_type_str``) of the asynchronous events that are fatal to the adapter, a
+port, a queue pair or a completion queue; the others (``GID table change``, ``port active``, ``LID change``,
+``client reregistration``) are routine and NCCL < 2.19 prints them at the same WARN level."""
+_IB_ASYNC_RE = re.compile(r"NET/IB\s?:\s?(?:(?P<dev>[\w.-]{1,40}):\d{1,3}\s)?(?:Got async event\s?:\s?|"
+                          r"async (?P<fatal>fatal )?event on \w{1,12}\s?(?:\([^)\n]{0,40}\))?\s?:\s?)"
+                          r"(?P<event>[A-Za-z][A-Za-z ]{2,60})")
+"""NCCL's IB transport reporting an asynchronous event of the adapter: ``NET/IB : Got async event : local
+catastrophic error`` (NCCL < 2.19, every event at WARN), ``NET/IB : mlx5_ib0:1 async fatal event on QP
+(0x7f69f01519a8): local access violation work queue error`` (NCCL 2.19+ says which are fatal)."""
+_IB_ASYNC_NEEDLES = ("got async event", "async fatal event")
+
+
+def _ib_fatal_event(t: _Text) -> Optional[_Hit]:
+    """A fatal asynchronous event of the local InfiniBand adapter (``_IB_ASYNC_RE``): the local NIC, port or
+    queue pair failed -- a fault of the fabric under this rank, not a peer that went away."""
+    for needle in _IB_ASYNC_NEEDLES:
+        for pos in t.find_all(needle):
+            found = _search(_IB_ASYNC_RE, t, pos, before=80, after=140)
+            if found is None:
+                continue
+            m = found[1]
+            event = m.group("event").strip().lower()
+            if not m.group("fatal") and event not in _IB_FATAL_EVENTS:
+                continue
+            facts: Facts = {"ib_event": event}
+            if m.group("dev"):
+                facts["device"] = m.group("dev")
+            rank = _rank_of(t, pos, facts)
+            return _Hit("comm", "failure", 0.7, found[0] + m.start(), facts,
+                        f"InfiniBand adapter fault: {event}{_on_rank(rank)}",
+                        "the local InfiniBand adapter, port or queue pair reported a fatal event: the node's "
+                        "fabric failed under the job (ibstat, port counters, the kernel log); the peers' "
+                        "errors follow from it")
+    return None
+
+
 def _rule_ib_error(t: _Text) -> Optional[_Hit]:
+    fatal = _ib_fatal_event(t)
+    if fatal is not None:
+        return fatal
     pos = t.first("got completion from peer")
     if pos < 0 or (found := _search(_IB_RE, t, pos, before=0, after=200)) is None:
         return None
@@ -645,7 +687,7 @@ GATES = {
     "nccl.error": (*_NCCL_NEEDLES, "duplicate gpu detected"),
     "nccl.comm-aborted": ("nccl communicator was aborted",),
     "nccl.debug": ("mismatched collective detected", "nccl warn", "nccl info", _OLD_WARN_NEEDLE),
-    "nccl.ib-error": ("got completion from peer",),
+    "nccl.ib-error": ("got completion from peer", *_IB_ASYNC_NEEDLES),
     "nccl.watchdog-teardown": (*_TEARDOWN_NEEDLES, *_CHECK_TIMEOUT),
     "nccl.heartbeat-stuck": ("watchdog got stuck for", _HANG_NEEDLE),
 }
@@ -707,7 +749,10 @@ DOCS = {
                           'aborted.``, no rank) → comm/failure'),
     'nccl.ib-error': (
         '``NET/IB : Got completion from peer ... with error N`` → comm/rank-lost (NCCL returns it as '
-        'ncclRemoteError: the peer or the link to it went away)'
+        'ncclRemoteError: the peer or the link to it went away); before it, a fatal asynchronous event of '
+        'the local adapter -- ``NET/IB : Got async event : local catastrophic error`` (or a port error, a '
+        "queue pair's or completion queue's error; routine events such as ``GID table change`` are not "
+        "read), NCCL 2.19+'s ``async fatal event on QP (...): ...`` → comm/failure"
     ),
     'nccl.heartbeat-stuck': (
         "the heartbeat monitor's ``ProcessGroupNCCL's watchdog got stuck for N seconds without making "
