@@ -117,9 +117,18 @@ def test_workers_that_cannot_all_work_are_said(tmp_path: Path, kept_threshold: T
         server.stop()
 
 
-@pytest.mark.parametrize("cores, workers", [(1, 0), (2, 0), (3, 1), (4, 2), (16, 14), (64, 16)])
-def test_auto_workers_leave_two_cores_to_the_processor_and_gateway(cores: int, workers: int) -> None:
+@pytest.mark.parametrize("cores, workers", [(1, 0), (2, 2), (3, 2), (4, 2), (5, 3), (16, 14), (64, 16)])
+def test_auto_workers_leave_two_cores_but_take_two_from_two_cores(cores: int, workers: int) -> None:
     assert auto_workers(cores) == workers
+
+
+def test_the_default_is_auto_over_the_embedded_queue_and_none_over_kafka_or_flink(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRAINGUARD_PROCESSOR_WORKERS", raising=False)  # the suite's pin (tests/conftest.py)
+    assert Settings().processor_workers == auto_workers()
+    assert Settings(queue="kafka").processor_workers == 0
+    assert Settings(processor_runtime="flink").processor_workers == 0
+    assert Settings(queue="kafka", processor_workers=3).processor_workers == 3  # asked for: kept
 
 
 def test_minus_one_is_auto_for_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,17 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings_from(_overrides(args))
 
 
+
+def _detection_where(server: Any) -> str:
+    """Where the detection pipeline runs, for serve's banner: in worker processes (processor_workers) or in
+    the processor's own thread."""
+    if server.settings.processor_runtime == "flink":
+        return "detection in the Flink job"
+    pool = getattr(server.processor, "pool", None)
+    if pool is not None:
+        return f"detection in {len(pool.workers)} worker processes (TRAINGUARD_PROCESSOR_WORKERS)"
+    return "detection in the processor's thread"
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .preflight import UsageError, check_serve, port_error
     from .server import DataDirInUse, EmbeddedServer
@@ -64,7 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if "processor" in roles:
         st = server.settings
         lines.append(f"  processor          queue {st.queue} -> events {st.event_store}, "
-                     f"metrics {st.metric_store}")
+                     f"metrics {st.metric_store}; {_detection_where(server)}")
     lines += [f"  project {tokens.project!r}: ingest token {tokens.ingest}",
               f"                      read token   {tokens.read}",
               f"  tokens are kept in {server.data_dir / 'bootstrap-tokens.json'} (mode 0600); more: "

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal, Optional, Tuple
 
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROLES = ("gateway", "processor", "api")
@@ -23,9 +23,15 @@ def parse_roles(text: str) -> Tuple[str, ...]:
 
 
 AUTO_WORKERS_SPARE_CORES = 2
-"""``processor_workers=-1`` (auto) leaves this many of the machine's cores to the processor process (queue,
-stores, snapshots) and the gateway: ``cores - 2`` workers, at most :data:`AUTO_WORKERS_MAX`, none below 3
-cores."""
+"""``processor_workers=-1`` (auto, the default) leaves this many of the machine's cores to the processor
+process (queue, stores, snapshots) and the gateway: ``cores - 2`` workers, at most :data:`AUTO_WORKERS_MAX`,
+at least :data:`AUTO_WORKERS_MIN` from 2 cores on, none on one core."""
+AUTO_WORKERS_MIN = 2
+"""The fewest workers auto picks on a machine of 2 cores or more. Measured on a 2-core VM
+(bench/results/processor_pool_stop46.txt, latency_issue15_stop49.txt): 2 workers drain ~1.5x the events per
+second of the in-thread pipeline, and in ``serve`` beat it on every figure -- gRPC ingest +10-16 %, processor
+alone +47 %, event -> incident p99 lower; 1 worker gains ~1.1x (its pipeline overlaps only the processor's own
+part of the same chunk)."""
 AUTO_WORKERS_MAX = 16
 """The most workers auto picks: the embedded queue's automatic partition count (queue.AUTO_PARTITIONS), one
 partition per worker at most."""
@@ -37,7 +43,9 @@ def auto_workers(cores: Optional[int] = None) -> int:
     if cores is None:
         affinity = getattr(os, "sched_getaffinity", None)
         cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
-    return max(0, min(AUTO_WORKERS_MAX, cores - AUTO_WORKERS_SPARE_CORES))
+    if cores < 2:
+        return 0
+    return max(AUTO_WORKERS_MIN, min(AUTO_WORKERS_MAX, cores - AUTO_WORKERS_SPARE_CORES))
 
 
 class Settings(BaseSettings):
@@ -263,17 +271,25 @@ class Settings(BaseSettings):
         "out, not for a whole processor_round_events chunk (~2-3 s under load); 0: chunks of "
         "processor_round_events (processor/embedded.py DEFAULT_ROUND_TARGET_S)")
     processor_workers: int = Field(
-        0, ge=-1, le=256, description="worker processes that run the detection pipeline, each for its share "
-        "of the queue's partitions (0: the pipeline runs in the processor's own thread, as before; -1: auto, "
-        "the machine's cores less 2, at most 16 -- 0 on 2 cores -- read once at start). The "
+        -1, ge=-1, le=256, description="worker processes that run the detection "
+        "pipeline, each for its share of the queue's partitions (-1, the default: auto -- over the embedded "
+        "queue the machine's cores less 2, at least 2 from 2 cores on, at most 16, none on one core, read "
+        "once at start; none over Kafka, where processors scale out as a consumer group, nor with the Flink "
+        "runtime; 0: the "
+        "pipeline runs in the processor's own thread, over a queue of one partition unless "
+        "queue_partitions says otherwise). The "
         "processor process keeps the queue, the stores, snapshots, notifications and the per-project "
         "backlog; a worker gets its partitions' records and returns their detection output "
         "(processor/pool.py). More workers help a stream of many runs; one run is one partition's work")
-    @field_validator("processor_workers")
-    @classmethod
-    def _resolve_auto_workers(cls, value: int) -> int:
-        """-1 (auto) becomes :func:`auto_workers` for this machine."""
-        return auto_workers() if value == -1 else value
+
+    @model_validator(mode="after")
+    def _resolve_auto_workers(self) -> Settings:
+        """-1 (auto) becomes :func:`auto_workers` for this machine over the embedded queue and runtime; 0
+        over Kafka (a consumer group spreads the partitions over processes and hosts) and with Flink."""
+        if self.processor_workers == -1:
+            embedded = self.queue == "sqlite" and self.processor_runtime == "embedded"
+            self.processor_workers = auto_workers() if embedded else 0
+        return self
 
     processor_pool_isolate_after: int = Field(
         2, ge=1, description="with processor_workers: after this many processing chunks failed in a row "

@@ -142,7 +142,8 @@ class EmbeddedServer:
         self.processor: Optional[EmbeddedProcessor] = None
         if "processor" in roles:
             tune_gc(s.processor_gc_gen0_threshold)  # before the processor: its pipeline workers take it too
-            _check_workers(s.processor_workers, self.queue)
+            if s.processor_runtime != "flink":  # the Flink job runs the pipelines: no workers here
+                _check_workers(s.processor_workers, self.queue)
         if "processor" in roles and s.processor_runtime == "flink":
             self.processor = self._flink_stores()
         elif "processor" in roles:

@@ -19,6 +19,11 @@ _HTTP_RE = re.compile(r"HTTP ingest \+ API\s+(http://\S+)")
 _GRPC_RE = re.compile(r"gRPC ingest\s+grpc://(\S+)")
 
 
+WORKERS_PINNED = "TRAINGUARD_TEST_WORKERS_PINNED"
+"""Set by tests/conftest.py when it pinned TRAINGUARD_PROCESSOR_WORKERS=0 for the suite's in-process servers:
+``trainguard serve`` started here then runs its real default instead."""
+
+
 class ServeProcess:
     """``trainguard serve --data-dir D`` on ephemeral ports (or the ports of a previous start)."""
 
@@ -36,6 +41,8 @@ class ServeProcess:
 
     def start(self, timeout: float = 30.0) -> ServeProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        if env.pop(WORKERS_PINNED, None) and "TRAINGUARD_PROCESSOR_WORKERS" not in self.env:
+            del env["TRAINGUARD_PROCESSOR_WORKERS"]  # serve's own default (auto), not the suite's pin
         cmd = [sys.executable, "-m", "trainguard_server", "serve", "--data-dir", str(self.data_dir),
                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
         nofile = self.nofile

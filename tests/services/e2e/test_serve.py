@@ -20,6 +20,7 @@ from tests.support.waiting import poll
 from trainguard.core.events import new_event_id
 from trainguard.transport.base import TransportError
 from trainguard.transport.grpc import GrpcTransport
+from trainguard_server.config import auto_workers
 from trainguard_server.queue.sqlite import QUEUE_DB, SqliteQueue
 from trainguard_server.storage.sqlite import open_sqlite_stores
 
@@ -47,6 +48,15 @@ def _train(kind: str, endpoint: str, token: str, run_id: str, steps: int,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+
+
+def test_serve_runs_its_default_detection_workers(server: ServeProcess) -> None:
+    """Without TRAINGUARD_PROCESSOR_WORKERS, serve picks auto's worker count for this machine (2 on 2 cores)
+    and says where detection runs; this module's trainings are detected through those workers."""
+    workers = auto_workers()
+    banner = "".join(server.output)
+    said = f"detection in {workers} worker processes" if workers else "detection in the processor's thread"
+    assert said in banner, banner
 
 
 SLOWER = ("perf", "throughput-regression")
