@@ -9,11 +9,11 @@ from __future__ import annotations
 import gc
 import logging
 from pathlib import Path
-from typing import Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import pytest
 
-from trainguard_server.config import Settings, auto_workers
+from trainguard_server.config import Settings, auto_workers, cgroup_cpu_limit
 from trainguard_server.processor.embedded import GC_GEN0_THRESHOLD
 from trainguard_server.queue import AUTO_PARTITIONS
 from trainguard_server.server import EmbeddedServer
@@ -139,3 +139,19 @@ def test_minus_one_is_auto_for_this_machine(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("TRAINGUARD_PROCESSOR_WORKERS", "-2")
     with pytest.raises(ValueError, match="greater than or equal to -1"):
         Settings()
+
+
+@pytest.mark.parametrize("files, cores", [
+    ({"cpu.max": "max 100000\n"}, None),  # v2, no quota
+    ({"cpu.max": "150000 100000\n"}, 2),  # --cpus 1.5: 2 cores' worth, rounded up
+    ({"cpu.max": "400000 100000\n"}, 4),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, no quota
+    ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+    ({"cpu.max": "garbage\n"}, None),
+    ({}, None)])
+def test_a_containers_cpu_quota_caps_the_cores_auto_sees(tmp_path: Path, files: Dict[str, str],
+                                                         cores: Optional[int]) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpu_limit(tmp_path) == cores

@@ -37,12 +37,41 @@ AUTO_WORKERS_MAX = 16
 partition per worker at most."""
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> Optional[int]:
+    """The cores this process's CPU quota allows, rounded up (a container's ``--cpus`` / a pod's CPU limit:
+    cgroup v2 ``cpu.max``, v1 ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None without a quota or
+    where none can be read."""
+    try:
+        v2 = root / "cpu.max"
+        if v2.is_file():
+            quota, _, period = v2.read_text().strip().partition(" ")
+        else:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        if quota in ("max", "-1") or not period:
+            return None
+        q, p = int(quota), int(period)
+    except (OSError, ValueError):
+        return None
+    return max(1, -(-q // p)) if q > 0 and p > 0 else None
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity (else os.cpu_count()), at most its cgroup's quota."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    limit = cgroup_cpu_limit()
+    return min(cores, limit) if limit is not None else cores
+
+
 def auto_workers(cores: Optional[int] = None) -> int:
     """The worker count ``processor_workers=-1`` stands for on a machine with ``cores`` usable cores (None:
-    this process's CPU affinity, else os.cpu_count())."""
+    :func:`usable_cores` -- the CPU affinity, capped by a container's CPU quota)."""
     if cores is None:
-        affinity = getattr(os, "sched_getaffinity", None)
-        cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+        cores = usable_cores()
     if cores < 2:
         return 0
     return max(AUTO_WORKERS_MIN, min(AUTO_WORKERS_MAX, cores - AUTO_WORKERS_SPARE_CORES))
