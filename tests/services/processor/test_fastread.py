@@ -138,8 +138,13 @@ def _sdk_request(rank: int, step: int) -> List[Any]:
                         step=step, time_unix_nano=10**18 + step, event_id=f"e-{rank}-{step}-h"),
             ev.envelope(ident, "metrics", ev.metrics_payload({"loss": 2.0 - step * 1e-3, "lr": 3e-4}), step=step,
                         time_unix_nano=10**18 + step + 1, event_id=f"e-{rank}-{step}-l"),
-            ev.envelope(ident, "memory", {"device": "cuda:0", "allocated": 5}, step=step,
-                        time_unix_nano=10**18 + step + 2, event_id=f"e-{rank}-{step}-m")]
+            ev.envelope(ident, "memory", {"device": "cuda:0", "allocated": 5} if rank == 0 else
+                        {"device": f"cuda:{rank % 8}", "allocated": 5 << 30, "reserved": 6 << 30, "free": 1,
+                         "fragmentation": 0.25 if step != 2 else math.nan, "num_ooms": step == 300,
+                         "rss": 3 << 30, "summary": "|  PyTorch CUDA memory summary  |",
+                         "stats": {"num_alloc_retries": 0.0, "active_bytes.all.peak": 5e9,
+                                   "allocation.all.current": 1.0e4 + step, "inactive_split.all": -0.0}},
+                        step=step, time_unix_nano=10**18 + step + 2, event_id=f"e-{rank}-{step}-m")]
 
 
 def _values() -> List[bytes]:
@@ -155,14 +160,16 @@ def _values() -> List[bytes]:
 
 
 def test_benchmark_shapes(native_on: Any) -> None:
-    """SDK-shaped requests (two plain batches and a memory event) and a 500-envelope one: the plain batches
-    are the native reader's, the memory event protobuf's."""
+    """SDK-shaped requests (two plain batches and a memory event, with and without stats) and a 500-envelope
+    one: the plain batches and the memory events are the native reader's (a memory event as its dict)."""
     for value in _values():
         rows = _check(value)
-        assert rows is not None and any(row is not None for row in rows)
+        assert rows is not None and all(row is not None for row in rows)
         envelopes, _points = decode.read_request(value)
         for row, env in zip(rows, envelopes):
-            assert (row is None) == isinstance(env, dict)
+            assert isinstance(row, dict) == isinstance(env, dict)
+            if isinstance(env, dict):
+                assert "memory" in env and row == env and list(row) == list(env)
 
 
 # --- hand-written wire bytes --------------------------------------------------------------------------
@@ -218,6 +225,65 @@ def _request(*envelopes: bytes) -> bytes:
 def _metrics(*points: bytes, extra: bytes = b"") -> bytes:
     return _string(20, b"".join(points) + extra)
 
+
+def _memory(fields: bytes) -> bytes:
+    return _string(25, fields)
+
+
+def _entry(key: Any = "k", value: Optional[float] = 1.0, extra: bytes = b"") -> bytes:
+    body = _string(1, key) if key is not None else b""
+    if value is not None:
+        body += _field(2, 1, _bits(value))
+    return _string(13, body + extra)
+
+
+MEMORY_CASES = {  # a MemorySnapshot's bytes (payload field 25)
+    "empty": _memory(b""),
+    "every field": _memory(_string(1, "cuda:1") + b"".join(_int(n, n << 30) for n in (2, 3, 4, 5, 6, 7)) +
+                           _field(8, 1, _bits(0.125)) + _int(9, 2) + _int(10, 1) + _int(11, 5 << 30) +
+                           _string(12, "summary\n|===|") + _entry("b", 2.0) + _entry("a", 1.0)),
+    "fields reversed": _memory(_entry("z", 1.0) + _string(12, "s") + _int(11, 1) + _field(8, 1, _bits(0.5)) +
+                               _int(2, 9) + _string(1, "cpu")),
+    "zeros": _memory(_string(1, "") + _int(2, 0) + _field(8, 1, _bits(0.0)) + _string(12, "")),
+    "negative and huge": _memory(_int(2, -5) + _int(3, (1 << 63) - 1) + _int(4, -(1 << 63))),
+    "fragmentation NaN": _memory(_field(8, 1, _bits(math.nan))),
+    "fragmentation +inf": _memory(_field(8, 1, _bits(math.inf))),
+    "fragmentation -inf": _memory(_field(8, 1, _bits(-math.inf))),
+    "fragmentation -0.0": _memory(_field(8, 1, _bits(-0.0))),
+    "fragmentation tiny": _memory(_field(8, 1, _bits(5e-324))),
+    "stats sorted, last value wins": _memory(_entry("b", 1.0) + _entry("a", 2.0) + _entry("b", 3.0) +
+                                             _entry("B", 4.0) + _entry("é", 5.0) + _entry("a.b", 6.0)),
+    "stats non-finite and zero": _memory(_entry("n", math.nan) + _entry("i", math.inf) + _entry("m", -math.inf) +
+                                         _entry("z", 0.0) + _entry("nz", -0.0)),
+    "stats entry without key": _memory(_entry(None, 2.0)),
+    "stats entry without value": _memory(_entry("k", None)),
+    "stats entry empty": _memory(_string(13, b"")),
+    "stats entry fields reversed": _memory(_string(13, _field(2, 1, _bits(2.0)) + _string(1, "k"))),
+    "stats entry key repeated": _memory(_string(13, _string(1, "a") + _string(1, "b") + _field(2, 1, _bits(1.0)))),
+    "stats entry unknown field": _memory(_entry(extra=_int(3, 1))),
+    "stats entry value as varint": _memory(_string(13, _string(1, "k") + _int(2, 1))),
+    "stats entry bad utf-8 key": _memory(_entry(b"k\xff")),
+    "stats entry truncated": _memory(_string(13, _string(1, "k") + b"\x11\x00")),
+    "field repeated": _memory(_int(2, 1) + _int(2, 2)),
+    "device repeated": _memory(_string(1, "a") + _string(1, "b")),
+    "unknown field": _memory(_int(14, 1)),
+    "unknown string field": _memory(_string(20, "x")),
+    "int field as string": _memory(_string(2, "x")),
+    "device as varint": _memory(_int(1, 1)),
+    "fragmentation as varint": _memory(_int(8, 1)),
+    "fragmentation as fixed32": _memory(_field(8, 5, b"\0\0\0\0")),
+    "bad utf-8 device": _memory(_string(1, b"cu\xffda")),
+    "bad utf-8 summary": _memory(_string(12, b"\xed\xa0\x80")),
+    "truncated double": _memory(_field(8, 1, b"\0\0\0")),
+    "11-byte varint": _memory(_field(2, 0, b"\xff" * 10 + b"\x01")),
+    "group": _memory(_field(2, 3, b"") + _field(2, 4, b"")),
+}
+"""MemorySnapshot payloads: the native reader builds the dicts of those protobuf reads plainly and leaves
+the others (a field twice, unknown fields, other wire types, bad UTF-8) to protobuf."""
+MEMORY_TAKEN = ("empty", "every field", "fields reversed", "zeros", "negative and huge", "fragmentation NaN",
+                "fragmentation +inf", "fragmentation -inf", "fragmentation -0.0", "fragmentation tiny",
+                "stats sorted, last value wins", "stats non-finite and zero", "stats entry without key",
+                "stats entry without value", "stats entry empty", "stats entry fields reversed")
 
 CASES = {
     "plain": _request(_header() + _metrics(_point(), _point("lr", 3e-4, 9))),
@@ -277,6 +343,21 @@ CASES = {
                                             _metrics(_point())),
     "truncated": _request(_header() + _metrics(_point()))[:-3],
     "truncated length": _request(_header() + _metrics(_point())) + b"\x0a\x40\x0a",
+    **{f"memory {name}": _request(_header() + _int(12, 2) + _string(14, "sdk/1") + payload)
+       for name, payload in MEMORY_CASES.items()},
+    "memory, every header field": _request(_string(1, "e") + _string(2, "p") + _string(3, "r") + _string(4, "t") +
+                                           _string(5, "h") + _int(6, 7) + _int(7, -1) + _int(8, 3) + _int(9, 8) +
+                                           _int(10, -1) + _int(11, 5) + _int(12, 5) + _string(13, "n") +
+                                           _string(14, "s") + _int(15, -1) + _memory(_string(1, "cuda:0"))),
+    "memory, no header": _request(_memory(_int(2, 1))),
+    "memory, unknown severity": _request(_header() + _int(12, 9) + _memory(_int(2, 1))),
+    "memory, negative severity": _request(_header() + _int(12, -2) + _memory(_int(2, 1))),
+    "memory twice (merged)": _request(_header() + _memory(_int(2, 1)) + _memory(_int(3, 1))),
+    "memory then metrics": _request(_header() + _memory(_int(2, 1)) + _metrics(_point())),
+    "metrics then memory": _request(_header() + _metrics(_point()) + _memory(_int(2, 1))),
+    "memory then log": _request(_header() + _memory(_int(2, 1)) + _string(24, _string(1, "hi"))),
+    "memory, bad utf-8 header": _request(_header(project=b"p\xc3") + _memory(_int(2, 1))),
+    "memory, header repeated": _request(_header() + _string(5, "h1") + _string(5, "h2") + _memory(_int(2, 1))),
     "mixed": _request(_header() + _metrics(_point()), _header(event_id="e2") + _string(24, _string(1, "hi")),
                       _header(event_id="e3") + _metrics(_point("lr", 2.0))),
 }
@@ -299,6 +380,14 @@ def test_what_the_reader_takes(native_on: Any) -> None:
                  "envelope unknown fields", "request unknown field"):
         rows = native_on.read(CASES[case])
         assert rows is not None and rows[0] is not None, case
+    for case in (*(f"memory {name}" for name in MEMORY_TAKEN), "memory, every header field", "memory, no header",
+                 "memory, unknown severity", "memory, negative severity", "memory, header repeated"):
+        rows = native_on.read(CASES[case])
+        assert rows is not None and isinstance(rows[0], dict) and "memory" in rows[0], case
+    for case in (*(f"memory {name}" for name in MEMORY_CASES if name not in MEMORY_TAKEN),
+                 "memory twice (merged)", "memory then metrics", "metrics then memory", "memory then log",
+                 "memory, bad utf-8 header"):
+        assert native_on.read(CASES[case]) == [None], case
     for case in ("bad utf-8 name", "bad utf-8 sdk", "truncated", "11-byte varint", "group wire type",
                  "envelope known field, another wire type", "point field of another wire type"):
         assert native_on.read(CASES[case]) is None, case

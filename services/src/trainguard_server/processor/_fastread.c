@@ -9,6 +9,8 @@
  *   count  -- the batch's point messages (those without a name included);
  *   points -- ``(name, step, value)`` of its points with a non-empty name, ``step`` the point's when > 0,
  *             else the envelope's (what decode._read_points builds);
+ * for a memory envelope (payload ``memory`` set once and no other payload field ever) its dict, as
+ * wire.envelope_to_dict builds it (memory_envelope below; anything unusual in its payload's bytes: None);
  * None for any other envelope (the caller reads it with protobuf). Returns None for the whole request when
  * its bytes hold anything this reader does not take apart exactly as protobuf does (a known field with
  * another wire type, a field number 0, groups, a string that is not UTF-8 -- every string field of a plain
@@ -285,6 +287,222 @@ static int read_point(const unsigned char *s, Py_ssize_t n, PyObject *env_step, 
     return 0;
 }
 
+#define MEMORY 1 /* read_envelope: a memory envelope, its dict built */
+
+/* --- memory envelopes ------------------------------------------------------------------------------------
+ * An envelope whose payload is ``memory`` (a MemorySnapshot), given once and no other payload member ever,
+ * becomes its dict -- wire.envelope_to_dict's, key for key, in its order, type for type: the header fields
+ * that are not their default, by field number (``severity`` by its name, a number without one as the int),
+ * then ``memory``: its fields that are not their default, by field number, a double as a float or
+ * "NaN"/"Infinity"/"-Infinity" (wire's emit), ``stats`` when it has entries: its keys sorted (wire's
+ * emit_map), each key's last value. Anything else in the payload's bytes -- a field given twice, an unknown
+ * field, another wire type, a string that is not UTF-8, a map entry with more than a key and a value --
+ * leaves the envelope to protobuf (NOT_PLAIN). The header's checks are read_envelope's. */
+#define HEAD_FIELDS 15
+#define MEM_FIELDS 13
+static const char *const head_names[HEAD_FIELDS] = {
+    "event_id", "project", "run_id", "trace_id", "host", "pid", "rank", "local_rank", "world_size", "step",
+    "time_unix_nano", "severity", "run_name", "sdk", "group_rank"};
+static const char *const mem_names[MEM_FIELDS] = {
+    "device", "allocated", "reserved", "active", "max_allocated", "total_capacity", "free", "fragmentation",
+    "num_alloc_retries", "num_ooms", "rss", "summary", "stats"};
+#define SEVERITIES 6
+static const char *const severity_names[SEVERITIES] = {"SEVERITY_UNSPECIFIED", "DEBUG", "INFO", "WARNING",
+                                                       "ERROR", "CRITICAL"};
+static PyObject *head_keys[HEAD_FIELDS], *mem_keys[MEM_FIELDS], *severity_strs[SEVERITIES];
+static PyObject *key_memory, *str_nan, *str_inf, *str_ninf;
+
+static int make_keys(void) {
+    int i;
+    for (i = 0; i < HEAD_FIELDS; i++)
+        if ((head_keys[i] = PyUnicode_InternFromString(head_names[i])) == NULL) return -1;
+    for (i = 0; i < MEM_FIELDS; i++)
+        if ((mem_keys[i] = PyUnicode_InternFromString(mem_names[i])) == NULL) return -1;
+    for (i = 0; i < SEVERITIES; i++)
+        if ((severity_strs[i] = PyUnicode_InternFromString(severity_names[i])) == NULL) return -1;
+    key_memory = PyUnicode_InternFromString("memory");
+    str_nan = PyUnicode_InternFromString("NaN");
+    str_inf = PyUnicode_InternFromString("Infinity");
+    str_ninf = PyUnicode_InternFromString("-Infinity");
+    return key_memory == NULL || str_nan == NULL || str_inf == NULL || str_ninf == NULL ? -1 : 0;
+}
+
+/* A double as wire's _emit_double writes it (a new reference). */
+static PyObject *emit_double(double d) {
+    PyObject *o;
+    if (d - d == 0.0) return PyFloat_FromDouble(d);
+    o = d != d ? str_nan : (d > 0 ? str_inf : str_ninf);
+    Py_INCREF(o);
+    return o;
+}
+
+/* A str of s, the request's cached one (cached: 1) or a new one: NULL with NOT_PLAIN in *rc when not
+ * UTF-8, NULL with -3 on another error. */
+static PyObject *text_str(StrCache *cache, Slice s, int cached, int *rc) {
+    PyObject *o = cached ? cached_str(cache, s) : PyUnicode_DecodeUTF8((const char *)s.s, s.n, "strict");
+    if (o == NULL) {
+        *rc = -3;
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            *rc = NOT_PLAIN;
+        }
+    }
+    return o;
+}
+
+/* One ``stats`` map entry (the cursor at its length) into *stats (created at the first): 0, NOT_PLAIN, or
+ * -3 with a Python error. A missing key is "", a missing value 0.0 (protobuf's defaults). */
+static int map_entry(Cursor *c, StrCache *cache, PyObject **stats) {
+    const unsigned char *es;
+    Py_ssize_t en;
+    Cursor e;
+    uint64_t tag;
+    Slice key = {NULL, 0};
+    double value = 0.0;
+    int got_key = 0, got_value = 0, rc = 0;
+    PyObject *k, *v;
+    if (read_len(c, &es, &en) < 0) return NOT_PLAIN;
+    e.p = es;
+    e.end = es + en;
+    while (e.p < e.end) {
+        if (read_tag(&e, &tag) < 0) return NOT_PLAIN;
+        if (tag == ((1 << 3) | 2) && !got_key) {
+            if (read_len(&e, &key.s, &key.n) < 0) return NOT_PLAIN;
+            got_key = 1;
+        } else if (tag == ((2 << 3) | 1) && !got_value) {
+            if (e.end - e.p < 8) return NOT_PLAIN;
+            memcpy(&value, e.p, 8); /* little-endian: decode.schema_matches */
+            e.p += 8;
+            got_value = 1;
+        } else {
+            return NOT_PLAIN;
+        }
+    }
+    if (*stats == NULL && (*stats = PyDict_New()) == NULL) return -3;
+    k = text_str(cache, key, 1, &rc);
+    if (k == NULL) return rc;
+    v = PyFloat_FromDouble(value);
+    if (v == NULL || PyDict_SetItem(*stats, k, v) < 0) rc = -3; /* str keys: no Python code runs */
+    Py_DECREF(k);
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* ``stats`` as wire emits it: its keys sorted, each value emit_double'd (a new dict), or NULL (-3). */
+static PyObject *sorted_stats(PyObject *stats) {
+    PyObject *keys = PyDict_Keys(stats), *out = NULL;
+    Py_ssize_t i;
+    if (keys == NULL || PyList_Sort(keys) < 0 || (out = PyDict_New()) == NULL) goto fail;
+    for (i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i), *v = PyDict_GetItemWithError(stats, k), *o;
+        if (v == NULL || !PyFloat_CheckExact(v)) goto fail;
+        o = emit_double(PyFloat_AS_DOUBLE(v));
+        if (o == NULL || PyDict_SetItem(out, k, o) < 0) {
+            Py_XDECREF(o);
+            goto fail;
+        }
+        Py_DECREF(o);
+    }
+    Py_DECREF(keys);
+    return out;
+fail:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the stats map changed while sorted");
+    Py_XDECREF(keys);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+/* Set d[key] = o (o's reference taken; NULL: rc says why). 0, or NOT_PLAIN / -3. */
+static int put(PyObject *d, PyObject *key, PyObject *o, int rc) {
+    if (o == NULL) return rc == NOT_PLAIN ? NOT_PLAIN : -3;
+    rc = PyDict_SetItem(d, key, o) < 0 ? -3 : 0;
+    Py_DECREF(o);
+    return rc;
+}
+
+/* The dict of a memory envelope into *out (MEMORY), or NOT_PLAIN / -3. ``text`` and ``num``: the header's
+ * string and number fields by field number (read_envelope's); s, n: the MemorySnapshot's bytes. */
+static int memory_envelope(const Slice *text, const int64_t *num, const unsigned char *s, Py_ssize_t n,
+                           StrCache *cache, PyObject **out) {
+    Cursor c = {s, s + n};
+    Slice mtext[MEM_FIELDS + 1];
+    uint64_t mnum[MEM_FIELDS + 1], tag;
+    double fragmentation = 0.0;
+    unsigned seen = 0, field, wt;
+    PyObject *stats = NULL, *mem = NULL, *env = NULL, *o;
+    int rc = NOT_PLAIN, i;
+    memset(mtext, 0, sizeof(mtext));
+    memset(mnum, 0, sizeof(mnum));
+    while (c.p < c.end) {
+        if (read_tag(&c, &tag) < 0) goto done;
+        field = (unsigned)(tag >> 3);
+        wt = (unsigned)(tag & 7);
+        if (field < 1 || field > MEM_FIELDS) goto done; /* unknown: protobuf's */
+        if (field != 13) {                                /* a scalar given twice: protobuf's */
+            if (seen & (1u << field)) goto done;
+            seen |= 1u << field;
+        }
+        if (field == 1 || field == 12) {
+            if (wt != 2 || read_len(&c, &mtext[field].s, &mtext[field].n) < 0) goto done;
+        } else if (field == 8) {
+            if (wt != 1 || c.end - c.p < 8) goto done;
+            memcpy(&fragmentation, c.p, 8);
+            c.p += 8;
+        } else if (field == 13) {
+            if (wt != 2) goto done;
+            rc = map_entry(&c, cache, &stats);
+            if (rc < 0) goto done;
+            rc = NOT_PLAIN;
+        } else if (wt != 0 || read_varint(&c, &mnum[field]) < 0) {
+            goto done;
+        }
+    }
+    rc = -3;
+    if ((mem = PyDict_New()) == NULL || (env = PyDict_New()) == NULL) goto done;
+    rc = 0;
+    for (i = 1; i <= MEM_FIELDS && rc == 0; i++) {
+        if (i == 1 || i == 12) {
+            if (mtext[i].n == 0) continue;
+            o = text_str(cache, mtext[i], i == 1, &rc);
+        } else if (i == 8) {
+            if (fragmentation == 0.0) continue; /* 0.0 and -0.0 are falsy, NaN is not: wire's test */
+            o = emit_double(fragmentation);
+        } else if (i == 13) {
+            if (stats == NULL || PyDict_GET_SIZE(stats) == 0) continue;
+            o = sorted_stats(stats);
+        } else {
+            if (mnum[i] == 0) continue;
+            o = PyLong_FromLongLong((int64_t)mnum[i]);
+        }
+        rc = put(mem, mem_keys[i - 1], o, rc);
+    }
+    for (i = 1; i <= HEAD_FIELDS && rc == 0; i++) {
+        if (i <= 5 || i == 13 || i == 14) {
+            if (text[i].n == 0) continue;
+            o = text_str(cache, text[i], i != 1, &rc); /* event ids are never kept (read_envelope) */
+        } else {
+            if (num[i] == 0) continue;
+            if (i == 12 && num[i] > 0 && num[i] < SEVERITIES) {
+                o = severity_strs[num[i]];
+                Py_INCREF(o);
+            } else {
+                o = PyLong_FromLongLong(num[i]);
+            }
+        }
+        rc = put(env, head_keys[i - 1], o, rc);
+    }
+    if (rc == 0) rc = PyDict_SetItem(env, key_memory, mem) < 0 ? -3 : MEMORY;
+done:
+    Py_XDECREF(stats);
+    Py_XDECREF(mem);
+    if (rc == MEMORY) {
+        *out = env;
+    } else {
+        Py_XDECREF(env);
+    }
+    return rc;
+}
+
 /* Header string fields, in the tuple's order */
 enum { F_EVENT_ID, F_PROJECT, F_RUN_ID, F_HOST, F_RUN_NAME, F_TRACE_ID, F_STRINGS };
 
@@ -303,17 +521,20 @@ static void plain_clear(Plain *plain) {
     Py_CLEAR(plain->points);
 }
 
-/* One Envelope: its fields in *out (0), or NOT_PLAIN / BAIL_RECORD / -3 (a Python error; *out then holds
- * nothing). */
-static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, Plain *out) {
+static int memory_envelope(const Slice *text, const int64_t *num, const unsigned char *s, Py_ssize_t n,
+                           StrCache *cache, PyObject **out);
+
+/* One Envelope: its fields in *out (0), a memory envelope's dict in *other (MEMORY), or NOT_PLAIN /
+ * BAIL_RECORD / -3 (a Python error; *out then holds nothing). */
+static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, Plain *out, PyObject **other) {
     Cursor c = {s, s + n};
     Slice str[F_STRINGS], sdk = {NULL, 0};
     uint64_t tag, v;
-    int32_t pid = 0, rank = 0, world = 0;
+    int32_t pid = 0, rank = 0, world = 0, local_rank = 0, severity = 0, group_rank = 0;
     int64_t step = 0, time_ns = 0;
-    const unsigned char *batch = NULL;
-    Py_ssize_t batch_n = 0;
-    int metrics_seen = 0, other_payload = 0, i, rc;
+    const unsigned char *batch = NULL, *memory = NULL;
+    Py_ssize_t batch_n = 0, memory_n = 0;
+    int metrics_seen = 0, other_payload = 0, memory_seen = 0, other_kind = 0, i, rc;
     memset(str, 0, sizeof(str));
     while (c.p < c.end) {
         if (read_tag(&c, &tag) < 0) return BAIL_RECORD;
@@ -342,8 +563,11 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
             else if (field == 10) step = (int64_t)v;
             else time_ns = (int64_t)v;
             break;
-        case 8: case 12: case 15: /* local_rank, severity, group_rank: not read */
+        case 8: case 12: case 15: /* local_rank, severity, group_rank: a memory envelope's dict only */
             if (wt != 0 || read_varint(&c, &v) < 0) return BAIL_RECORD;
+            if (field == 8) local_rank = (int32_t)(uint32_t)v;
+            else if (field == 12) severity = (int32_t)(uint32_t)v; /* an open enum: int32 */
+            else group_rank = (int32_t)(uint32_t)v;
             break;
         case 14: /* sdk: not returned, but checked (UTF-8) as protobuf checks it */
             if (wt != 2 || read_len(&c, &sdk.s, &sdk.n) < 0) return BAIL_RECORD;
@@ -353,9 +577,14 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
             if (wt != 2 || read_len(&c, &batch, &batch_n) < 0) return BAIL_RECORD;
             metrics_seen++;
             break;
-        case 21: case 22: case 23: case 24: case 25:
+        case 21: case 22: case 23: case 24:
             if (wt != 2 || skip_value(&c, wt) < 0) return BAIL_RECORD;
+            other_payload = other_kind = 1;
+            break;
+        case 25:
+            if (wt != 2 || read_len(&c, &memory, &memory_n) < 0) return BAIL_RECORD;
             other_payload = 1;
+            memory_seen++;
             break;
         default:
             if (field == 0 || field <= 25 || skip_value(&c, wt) < 0) return BAIL_RECORD;
@@ -363,6 +592,28 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
     }
     /* plain: metrics is the payload, given once, and no other member of the oneof ever (a repeated message
      * field merges, a replaced member's bytes are still checked: protobuf's to read) */
+    if (metrics_seen == 0 && memory_seen == 1 && !other_kind) { /* a memory envelope: its dict */
+        Slice text[HEAD_FIELDS + 1];
+        int64_t num[HEAD_FIELDS + 1];
+        memset(text, 0, sizeof(text));
+        memset(num, 0, sizeof(num));
+        text[1] = str[F_EVENT_ID];
+        text[2] = str[F_PROJECT];
+        text[3] = str[F_RUN_ID];
+        text[4] = str[F_TRACE_ID];
+        text[5] = str[F_HOST];
+        text[13] = str[F_RUN_NAME];
+        text[14] = sdk;
+        num[6] = pid;
+        num[7] = rank;
+        num[8] = local_rank;
+        num[9] = world;
+        num[10] = step;
+        num[11] = time_ns;
+        num[12] = severity;
+        num[15] = group_rank;
+        return memory_envelope(text, num, memory, memory_n, cache, other);
+    }
     if (metrics_seen != 1 || other_payload || str[F_RUN_ID].n == 0) return NOT_PLAIN;
     {
         /* the batch: no alert, no recent point; its points */
@@ -457,8 +708,9 @@ static int read_envelope(const unsigned char *s, Py_ssize_t n, StrCache *cache, 
 }
 
 /* What walk_request does with each envelope, in order: ``plain`` its fields (emit takes its references,
- * whatever it returns) or NULL when it is not a plain batch; 0, or -1 with a Python error. */
-typedef int (*EmitFn)(void *ctx, Py_ssize_t index, Plain *plain);
+ * whatever it returns) or NULL when it is not a plain batch; ``other`` a memory envelope's dict (emit takes
+ * the reference) or NULL; 0, or -1 with a Python error. */
+typedef int (*EmitFn)(void *ctx, Py_ssize_t index, Plain *plain, PyObject *other);
 
 /* Every envelope of the request ``arg`` read and handed to emit: 1 when read, 0 when the request must go to
  * protobuf (read()'s None), -1 on a Python error. */
@@ -470,6 +722,7 @@ static int walk_request(PyObject *arg, EmitFn emit, void *ctx) {
     const unsigned char *es;
     Py_ssize_t en, index = 0;
     Plain plain;
+    PyObject *other;
     int rc, result = 1;
     if (!PyBytes_CheckExact(arg)) return 0; /* bytes only (immutable while read): protobuf reads the rest */
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return -1;
@@ -491,10 +744,11 @@ static int walk_request(PyObject *arg, EmitFn emit, void *ctx) {
             result = 0;
             break;
         }
-        rc = read_envelope(es, en, &cache, &plain);
+        other = NULL;
+        rc = read_envelope(es, en, &cache, &plain, &other);
         if (rc == BAIL_RECORD) result = 0;
         else if (rc == -3) result = -1;
-        else if (emit(ctx, index++, rc == NOT_PLAIN ? NULL : &plain) < 0) result = -1;
+        else if (emit(ctx, index++, rc == 0 ? &plain : NULL, rc == MEMORY ? other : NULL) < 0) result = -1;
     }
     cache_clear(&cache);
     Py_XDECREF(cache.empty);
@@ -503,10 +757,15 @@ static int walk_request(PyObject *arg, EmitFn emit, void *ctx) {
 }
 
 /* read()'s row of an envelope appended to the list ctx */
-static int emit_row(void *ctx, Py_ssize_t index, Plain *plain) {
+static int emit_row(void *ctx, Py_ssize_t index, Plain *plain, PyObject *other) {
     PyObject *item, *header;
     int i, rc;
     (void)index;
+    if (other != NULL) {
+        rc = PyList_Append((PyObject *)ctx, other);
+        Py_DECREF(other);
+        return rc;
+    }
     if (plain == NULL) return PyList_Append((PyObject *)ctx, Py_None);
     header = PyTuple_New(HEADER_FIELDS);
     if (header == NULL) {
@@ -698,12 +957,17 @@ typedef struct {
     int complete;
 } Built;
 
-static int emit_objects(void *ctx, Py_ssize_t i, Plain *plain) {
+static int emit_objects(void *ctx, Py_ssize_t i, Plain *plain, PyObject *other) {
     Built *built = (Built *)ctx;
     PyObject *index, *body, *raw, *env, *count;
     PyObject *vals[RE_SLOTS];
     Py_ssize_t k;
     int rc;
+    if (other != NULL) { /* a memory envelope: its dict, no points (not a metric batch) */
+        rc = PyList_Append(built->envs, other);
+        Py_DECREF(other);
+        return rc < 0 ? -1 : PyList_Append(built->pts, Py_None);
+    }
     if (plain == NULL) {
         built->complete = 0;
         if (PyList_Append(built->envs, Py_None) < 0) return -1;
@@ -863,11 +1127,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastread",
 
 /* What decode.py's prepare_native requires (READER_VERSION there): a module built from an older source is
  * not used (protobuf path) -- raise it with every change of what read/read_envelopes/add_points do. */
-#define READER_VERSION 6
+#define READER_VERSION 7
 
 PyMODINIT_FUNC PyInit__fastread(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", READER_VERSION) < 0) {
+    if (m != NULL && (make_keys() < 0 || PyModule_AddIntConstant(m, "VERSION", READER_VERSION) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

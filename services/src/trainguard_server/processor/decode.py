@@ -27,7 +27,9 @@ Reading through protobuf costs a Python object per message and per field read (u
 an envelope's header and wrappers). Where the package was built with its native reader (_fastread.c, our
 own C; processor/native.py builds it, :data:`NATIVE`), read_request takes a request's plain batches straight
 from its bytes in one call -- header values, and each point's ``(name, step, value)`` with one str per
-distinct name -- and reads only its other envelopes through protobuf; what it hands out is the same object
+distinct name -- and the memory envelopes' dicts (the SDK's periodic memory snapshots: ~4 us each through
+protobuf, the whole request parsed and the generic conversion), and reads only its other envelopes through
+protobuf; what it hands out is the same object
 for object (tests/services/processor/test_fastread.py compares both on the recorded streams, hand-written
 wire cases and random mutations). Without it (no compiler, another schema) everything goes through
 protobuf: :func:`read_request_protobuf`.
@@ -68,7 +70,7 @@ def _native_reader() -> Any:
     return prepared
 
 
-READER_VERSION = 6
+READER_VERSION = 7
 """The _fastread.c this decode.py was written with (its ``VERSION``): another build is not used."""
 _READ_ENVELOPE_SLOTS = ("raw", "kind", "body", "event_id", "project", "run_id", "rank", "step", "time_ns",
                         "host", "pid", "world_size", "run_name", "trace_id")
@@ -104,8 +106,10 @@ def prepare_native(module: Any) -> Any:
 
 def schema_matches() -> bool:
     """Whether the generated ``IngestRequest`` schema is the one _fastread.c was written for: the fields of
-    Envelope, MetricBatch and Metric -- every one, with its number, type and whether it repeats --, the
-    payload oneof's members, a little-endian machine (doubles are copied from the wire as they are)."""
+    Envelope, MetricBatch, Metric, MemorySnapshot and its ``stats`` entries -- every one, with its number,
+    type and whether it repeats --, the payload oneof's members, the Severity names by number (a memory
+    envelope's dict names its severity), a little-endian machine (doubles are copied from the wire as they
+    are)."""
     from google.protobuf.descriptor import FieldDescriptor as F
 
     expected = {
@@ -123,15 +127,31 @@ def schema_matches() -> bool:
         "MetricBatch": {"points": (1, F.TYPE_MESSAGE), "alert": (2, F.TYPE_STRING),
                         "recent": (3, F.TYPE_MESSAGE)},
         "Metric": {"name": (1, F.TYPE_STRING), "value": (2, F.TYPE_DOUBLE), "step": (3, F.TYPE_INT64)},
+        "MemorySnapshot": {"device": (1, F.TYPE_STRING), "allocated": (2, F.TYPE_INT64),
+                           "reserved": (3, F.TYPE_INT64), "active": (4, F.TYPE_INT64),
+                           "max_allocated": (5, F.TYPE_INT64), "total_capacity": (6, F.TYPE_INT64),
+                           "free": (7, F.TYPE_INT64), "fragmentation": (8, F.TYPE_DOUBLE),
+                           "num_alloc_retries": (9, F.TYPE_INT64), "num_ooms": (10, F.TYPE_INT64),
+                           "rss": (11, F.TYPE_INT64), "summary": (12, F.TYPE_STRING),
+                           "stats": (13, F.TYPE_MESSAGE)},
+        "StatsEntry": {"key": (1, F.TYPE_STRING), "value": (2, F.TYPE_DOUBLE)},
     }
     events: Any = ingest_pb2.IngestRequest.DESCRIPTOR.fields_by_name["events"]
     envelope: Any = events.message_type  # (message fields: a descriptor, never None)
     batch: Any = envelope.fields_by_name["metrics"].message_type
     metric: Any = batch.fields_by_name["points"].message_type
-    found: Dict[str, Any] = {"Envelope": envelope, "MetricBatch": batch, "Metric": metric}
-    repeated = {("MetricBatch", "points"), ("MetricBatch", "recent")}
+    memory: Any = envelope.fields_by_name["memory"].message_type if "memory" in envelope.fields_by_name \
+        else None
+    stats: Any = memory.fields_by_name["stats"].message_type if memory is not None and \
+        "stats" in memory.fields_by_name else None
+    if stats is None or not stats.GetOptions().map_entry:
+        return False
+    found: Dict[str, Any] = {"Envelope": envelope, "MetricBatch": batch, "Metric": metric,
+                             "MemorySnapshot": memory, "StatsEntry": stats}
+    repeated = {("MetricBatch", "points"), ("MetricBatch", "recent"), ("MemorySnapshot", "stats")}
+    severity = envelope.fields_by_name["severity"].enum_type
     if events.number != 1 or events.type != F.TYPE_MESSAGE or not _repeats(events) or \
-            sys.byteorder != "little":
+            sys.byteorder != "little" or {v.number: v.name for v in severity.values} != SEVERITY_NAMES:
         return False
     for name, fields in expected.items():
         have = {f.name: (f.number, f.type) for f in found[name].fields}
@@ -142,6 +162,10 @@ def schema_matches() -> bool:
                 return False
     payload = envelope.oneofs_by_name.get("payload")
     return payload is not None and sorted(f.number for f in payload.fields) == [20, 21, 22, 23, 24, 25]
+
+
+SEVERITY_NAMES = {0: "SEVERITY_UNSPECIFIED", 1: "DEBUG", 2: "INFO", 3: "WARNING", 4: "ERROR", 5: "CRITICAL"}
+"""The Severity enum's names by number, as _fastread.c writes them."""
 
 
 def _repeats(field: Any) -> bool:
