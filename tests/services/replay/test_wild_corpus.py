@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.951, "subtype": 0.929}, "heldout": {"category": 0.88, "subtype": 0.849}}
+FLOORS = {"tune": {"category": 0.951, "subtype": 0.929}, "heldout": {"category": 0.876, "subtype": 0.838}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -170,7 +170,13 @@ ROCm, Habana, Horovod/mpirun, Ray, JAX/TPU, SageMaker, caffe2 stacks on purpose)
 = 0.8493 (the 14 new held-out logs 11/14 and 10/14; the 331 older ones unchanged at 295/331 and 283/331) --
 the held-out subtype floor down to 0.849; the tuned-side changes that followed (mpirun with a redacted PID,
 absl's signal-handler forms, old gloo's pair ``Connect timeout``) left the held-out figures where they were
-(tuned 785 -> 788/822 and 767 -> 770/822)."""
+(tuned 785 -> 788/822 and 767 -> 770/822). At 1298 -> 1325 logs (stop 50, hL8, fresh batch 17: 27 new logs, 13
+held out, labelled before being classified, c723b30c; TensorFlow collectives, AWS Neuron, Megatron, Caffe, Keras,
+JAX/T5X, DeepSpeed, Slurm stacks on purpose): held out 348/397 = 0.8766 and 333/397 = 0.8388 (the 13 new
+held-out logs 6/13 and 5/13 at their first measurement; the 384 older ones unchanged at 342/384 and 328/384) --
+the held-out floors down to 0.876 and 0.838; the tuned-side change that followed (TensorFlow's collective
+``Shape mismatch in the collective instance N`` as comm/mismatch) left the held-out figures where they were
+(tuned 885 -> 886/928 and 861 -> 863/928)."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:

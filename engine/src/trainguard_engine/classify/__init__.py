@@ -37,7 +37,8 @@
 * Pure: no I/O, stdlib only.
 
 **Rules**: one module per source -- :mod:`.cuda`, :mod:`.nccl`, :mod:`.gloo`, :mod:`.c10d`,
-:mod:`.torchrun`, :mod:`.rpc`, :mod:`.horovod`, :mod:`.hccl`, :mod:`.python`, :mod:`.numeric` -- each rule
+:mod:`.torchrun`, :mod:`.rpc`, :mod:`.horovod`, :mod:`.hccl`, :mod:`.tfcollective`, :mod:`.python`,
+:mod:`.numeric` -- each rule
 with its text (:data:`RULE_DOCS`), in one ordered list
 (:data:`RULES`); the table of what each recognises is docs/classifier.md, written from them by
 ``python tools/classifier_table.py`` (a test keeps it in sync). The shared machinery is
@@ -57,7 +58,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 from trainguard.core.tracebacks import parse_traceback_text
 
-from . import c10d, cuda, gloo, hccl, horovod, nccl, numeric, python, rpc, torchrun, vocab
+from . import c10d, cuda, gloo, hccl, horovod, nccl, numeric, python, rpc, tfcollective, torchrun, vocab
 from .c10d import (
     _rule_collective_mismatch,
     _rule_desync_report,
@@ -146,6 +147,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
     ("c10d.collective-mismatch", _rule_collective_mismatch),
     ("gloo.size-mismatch", _rule_gloo_size_mismatch),
     ("horovod.mismatch", horovod._rule_mismatch),
+    ("tensorflow.collective-shape-mismatch", tfcollective._rule_shape_mismatch),
     ("nccl.watchdog-timeout", _rule_nccl_watchdog),
     ("hccl.timeout", hccl._rule_hccl_timeout),
     ("c10d.desync-report", _rule_desync_report),
@@ -186,7 +188,7 @@ RULES: Tuple[Tuple[str, _Rule], ...] = (
 GATES: Dict[str, FrozenSet[str]] = {
     name: frozenset(needles) for name, needles in {
         **torchrun.GATES, **cuda.GATES, **c10d.GATES, **nccl.GATES, **gloo.GATES, **python.GATES,
-        **numeric.GATES, **rpc.GATES, **horovod.GATES, **hccl.GATES}.items()}
+        **numeric.GATES, **rpc.GATES, **horovod.GATES, **hccl.GATES, **tfcollective.GATES}.items()}
 """Each rule's needles (lower case): a rule cannot match a text in which none of them occurs."""
 SCAN: FrozenSet[str] = frozenset().union(*GATES.values())
 """Every needle of :data:`GATES`: what the shared pre-scan of a text looks for (``_Text.present``)."""
@@ -198,8 +200,8 @@ VOCABULARY = True
 that prove it moves no specific reading, and for A/B measurements)."""
 
 RULE_DOCS: Dict[str, str] = {**torchrun.DOCS, **cuda.DOCS, **c10d.DOCS, **nccl.DOCS, **gloo.DOCS,
-                             **rpc.DOCS, **horovod.DOCS, **hccl.DOCS, **python.DOCS, **numeric.DOCS,
-                             **vocab.DOCS}
+                             **rpc.DOCS, **horovod.DOCS, **hccl.DOCS, **tfcollective.DOCS, **python.DOCS,
+                             **numeric.DOCS, **vocab.DOCS}
 """What each rule recognises (``type:<name>`` and ``python.exception`` are the fallbacks of
 :func:`classify_exception`), from the rule modules; the table in docs/classifier.md is rendered from it in
 the order rules are tried (:func:`rules_table`)."""
