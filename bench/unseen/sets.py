@@ -45,7 +45,7 @@ SETS: Dict[str, Tuple[str, bool]] = {
     "heldout45": ("bench.unseen.heldout11", True),  # stop 45's held-out set: judged once per setting, SPENT
     "heldout47": ("bench.unseen.heldout12", True),  # stop 47's held-out set: judged once (default), SPENT
     "heldout49": ("bench.unseen.heldout13", True),  # stop 49's held-out set: judged once (MANIFEST), SPENT
-    "heldout50": ("bench.unseen.heldout14", True),  # stop 50's held-out set: run ONCE (MANIFEST)
+    "heldout50": ("bench.unseen.heldout14", True),  # stop 50's held-out set: judged once (MANIFEST), SPENT
 }
 
 JUMP_RULE = frozenset({"tuning44", "heldout44", "heldout45", "heldout47", "heldout49", "heldout50"})
