@@ -25,7 +25,7 @@ CASES = corpus.load(kinds=corpus.catalogue_kinds())
 RECORDED: Dict[str, judge.Verdict] = {
     k: judge.Verdict.from_dict(v)
     for k, v in json.loads((corpus.WILD / "verdicts.json").read_text(encoding="utf-8")).items()}
-FLOORS = {"tune": {"category": 0.951, "subtype": 0.929}, "heldout": {"category": 0.876, "subtype": 0.838}}
+FLOORS = {"tune": {"category": 0.951, "subtype": 0.929}, "heldout": {"category": 0.870, "subtype": 0.829}}
 """Right category / subtype, anomalous logs, at least (the recorded verdicts' figures, rounded down). Lowered
 once when the corpus grew from 206 to 240 logs (those 34 new logs were labelled and recorded before any
 change to the classifier, so they scored what it did on logs it had never seen), raised with each
@@ -176,7 +176,13 @@ JAX/T5X, DeepSpeed, Slurm stacks on purpose): held out 348/397 = 0.8766 and 333/
 held-out logs 6/13 and 5/13 at their first measurement; the 384 older ones unchanged at 342/384 and 328/384) --
 the held-out floors down to 0.876 and 0.838; the tuned-side change that followed (TensorFlow's collective
 ``Shape mismatch in the collective instance N`` as comm/mismatch) left the held-out figures where they were
-(tuned 885 -> 886/928 and 861 -> 863/928)."""
+(tuned 885 -> 886/928 and 861 -> 863/928). At 1325 -> 1351 logs (stop 50, hL9, fresh batch 18: 26 new logs, 13
+held out, labelled before being classified, e9d34ef0; JAX, Composer, Horovod, Ray/verl, DeepSpeed checkpoint
+resumes, bitsandbytes, Caffe, NCCL Cuda failure 802 and process/terminated shapes on purpose): held out 357/410 =
+0.8707 and 340/410 = 0.8293 (the 13 new held-out logs 9/13 and 7/13 at their first measurement; the 397 older
+ones unchanged at 348/397 and 333/397) -- the held-out floors down to 0.870 and 0.829; no classifier change
+followed (the batch's one tuned miss is a loss series, which the replay path reads line by line); tuned
+898/941 = 0.9543 and 875/941 = 0.9299, the tuned floors unchanged."""
 
 
 def test_the_corpus_is_large_labelled_and_sourced() -> None:
