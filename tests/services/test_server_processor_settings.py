@@ -117,6 +117,22 @@ def test_workers_that_cannot_all_work_are_said(tmp_path: Path, kept_threshold: T
         server.stop()
 
 
+def test_auto_workers_over_a_queue_made_one_partition_are_no_warning(
+        tmp_path: Path, kept_threshold: Tuple[int, int, int], caplog: pytest.LogCaptureFixture) -> None:
+    """Nobody asked for workers: auto's pick over TRAINGUARD_QUEUE_PARTITIONS=1 runs the pipeline in the
+    thread and says so at INFO, not as a warning about a setting the operator never made (hR7's F3.4)."""
+    with caplog.at_level(logging.INFO, logger="trainguard.server"):
+        server = _serve(tmp_path, processor_workers=-1, queue_partitions=1)
+    try:
+        assert server.settings.processor_workers_auto and server.processor is not None
+        assert server.processor.pool is None
+        said = [r for r in caplog.records if "processor_workers" in r.getMessage()]
+        assert all(r.levelno < logging.WARNING for r in said), [r.getMessage() for r in said]
+        assert len(said) == (1 if server.settings.processor_workers > 0 else 0)
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("cores, workers", [(1, 0), (2, 2), (3, 2), (4, 2), (5, 3), (16, 14), (64, 16)])
 def test_auto_workers_leave_two_cores_but_take_two_from_two_cores(cores: int, workers: int) -> None:
     assert auto_workers(cores) == workers
@@ -148,10 +164,21 @@ def test_minus_one_is_auto_for_this_machine(monkeypatch: pytest.MonkeyPatch) -> 
     ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, no quota
     ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
     ({"cpu.max": "garbage\n"}, None),
-    ({}, None)])
+    ({}, None),
+    # the process's own cgroup below the root (a systemd unit's CPUQuota=300%, docker --cgroupns=host)
+    ({"cpu.max": "max 100000\n", "system.slice/tg.service/cpu.max": "300000 100000\n",
+      "@proc": "0::/system.slice/tg.service\n"}, 3),
+    # a quota on a parent, none on the leaf: the lowest on the way up counts
+    ({"cpu.max": "max 100000\n", "kubepods/cpu.max": "200000 100000\n", "kubepods/pod1/cpu.max": "max 100000\n",
+      "@proc": "0::/kubepods/pod1\n"}, 2),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n",
+      "cpu/docker/abc/cpu.cfs_quota_us": "400000\n", "cpu/docker/abc/cpu.cfs_period_us": "100000\n",
+      "@proc": "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n"}, 4)])
 def test_a_containers_cpu_quota_caps_the_cores_auto_sees(tmp_path: Path, files: Dict[str, str],
                                                          cores: Optional[int]) -> None:
+    root, proc = tmp_path / "cgroup", tmp_path / "proc-self-cgroup"
     for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    assert cgroup_cpu_limit(tmp_path) == cores
+        path = proc if name == "@proc" else root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert cgroup_cpu_limit(root, proc) == cores

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal, Optional, Tuple
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROLES = ("gateway", "processor", "api")
@@ -38,25 +38,56 @@ partition per worker at most."""
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
 
 
-def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> Optional[int]:
-    """The cores this process's CPU quota allows, rounded up (a container's ``--cpus`` / a pod's CPU limit:
-    cgroup v2 ``cpu.max``, v1 ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None without a quota or
-    where none can be read."""
+def _cgroup_dirs(root: Path, proc_cgroup: Path) -> Tuple[Path, ...]:
+    """The CPU controller's directories of this process's cgroup, from its own up to ``root`` (v2: the
+    unified hierarchy; v1: the ``cpu`` one); just ``root`` (or ``root/cpu``) when /proc/self/cgroup says
+    nothing usable -- a container's own namespace shows its cgroup as the root."""
+    v2 = (root / "cpu.max").is_file() or not (root / "cpu").is_dir()
+    base = root if v2 else root / "cpu"
+    rel = ""
     try:
-        v2 = root / "cpu.max"
+        for line in proc_cgroup.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if (v2 and controllers == "") or (not v2 and "cpu" in controllers.split(",")):
+                rel = path.strip("/")
+                break
+    except (OSError, ValueError):
+        rel = ""
+    here = base / rel if rel and ".." not in rel.split("/") else base
+    dirs = [here]
+    while here != base:
+        here = here.parent
+        dirs.append(here)
+    return tuple(dirs)
+
+
+def _quota_cores(directory: Path) -> Optional[int]:
+    """The cores the CPU quota set on ``directory`` allows, rounded up; None without one or unreadable."""
+    try:
+        v2 = directory / "cpu.max"
         if v2.is_file():
             quota, _, period = v2.read_text().strip().partition(" ")
         else:
-            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
-            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+            quota = (directory / "cpu.cfs_quota_us").read_text().strip()
+            period = (directory / "cpu.cfs_period_us").read_text().strip()
         if quota in ("max", "-1") or not period:
             return None
         q, p = int(quota), int(period)
     except (OSError, ValueError):
         return None
     return max(1, -(-q // p)) if q > 0 and p > 0 else None
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> Optional[int]:
+    """The cores this process's CPU quota allows -- a container's ``--cpus``, a pod's CPU limit, a systemd
+    unit's CPUQuota: the lowest quota on its cgroup or any above it (cgroup v2 ``cpu.max``, v1
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``), rounded UP (1.5 CPUs count as 2: the workers then
+    share them with the processor and the gateway); None without a quota or where none can be read."""
+    limits = [c for c in map(_quota_cores, _cgroup_dirs(root, proc_cgroup)) if c is not None]
+    return min(limits) if limits else None
 
 
 def usable_cores() -> int:
@@ -318,7 +349,15 @@ class Settings(BaseSettings):
         if self.processor_workers == -1:
             embedded = self.queue == "sqlite" and self.processor_runtime == "embedded"
             self.processor_workers = auto_workers() if embedded else 0
+            self._workers_auto = True
         return self
+
+    _workers_auto: bool = PrivateAttr(False)
+
+    @property
+    def processor_workers_auto(self) -> bool:
+        """Whether ``processor_workers`` is auto's pick (the default), not a count someone asked for."""
+        return self._workers_auto
 
     processor_pool_isolate_after: int = Field(
         2, ge=1, description="with processor_workers: after this many processing chunks failed in a row "

@@ -61,15 +61,16 @@ ACCEPT_ERROR_LOG_EVERY_S = 10.0
 under a connection flood) is logged at most once per this many seconds, with how many were left out."""
 
 
-def _check_workers(workers: int, queue: Any) -> None:
+def _check_workers(workers: int, queue: Any, auto: bool = False) -> None:
     """Say so when ``processor_workers`` cannot all be used: a queue of one partition runs the pipeline in
-    the processor's thread (no workers at all), and a worker beyond the partition count gets none."""
+    the processor's thread (no workers at all), and a worker beyond the partition count gets none. Auto's
+    pick (``auto``) over a queue someone made one partition is said at INFO: nobody asked for workers."""
     if workers <= 0:
         return
     if not getattr(queue, "partitioned", False):
-        log.warning("processor_workers=%d is ignored: the queue has one partition, so the pipeline runs in "
-                    "the processor's thread (TRAINGUARD_QUEUE_PARTITIONS 0 -- auto -- or above 1 partitions "
-                    "it)", workers)
+        say = log.info if auto else log.warning
+        say("processor_workers=%d is ignored: the queue has one partition, so the pipeline runs in the "
+            "processor's thread (TRAINGUARD_QUEUE_PARTITIONS 0 -- auto -- or above 1 partitions it)", workers)
         return
     partitions = getattr(queue, "partitions", None)  # Kafka: the group shares the topic's, told later
     if isinstance(partitions, int) and workers > partitions:
@@ -143,7 +144,7 @@ class EmbeddedServer:
         if "processor" in roles:
             tune_gc(s.processor_gc_gen0_threshold)  # before the processor: its pipeline workers take it too
             if s.processor_runtime != "flink":  # the Flink job runs the pipelines: no workers here
-                _check_workers(s.processor_workers, self.queue)
+                _check_workers(s.processor_workers, self.queue, auto=s.processor_workers_auto)
         if "processor" in roles and s.processor_runtime == "flink":
             self.processor = self._flink_stores()
         elif "processor" in roles:

@@ -29,6 +29,8 @@ partition (0) or ``partitions`` of them.
   differ). Two processes opening a new file at once agree: the rows are written and read back in one
   write transaction, the first writer's stand. ``partitions`` 1 (the default): partition 0, not
   ``partitioned``, no listener calls, no count stored, ``lanes`` free to change between starts.
+  ``partitions`` None (a publish-only handle, e.g. a gateway-only process): the file's count, deciding
+  nothing and warning of nothing -- the processor's handle decides.
 - ``identity``: a random id the file gets when first opened by this version (``meta``), kept for its life: a
   processor saves it with the offsets its snapshot covers, so a queue file moved aside or restored from a
   backup -- offsets from 1 again -- is not mistaken for the one the cover was written for.
@@ -141,11 +143,12 @@ class SqliteQueue(Queue):
 
     def __init__(self, path: Union[str, Path], *, max_depth: int = 50_000, retry_after: float = 1.0,
                  synchronous: str = DEFAULT_SYNCHRONOUS, poll_interval: float = 0.25,
-                 lanes: int = DEFAULT_LANES, partitions: int = 1) -> None:
+                 lanes: int = DEFAULT_LANES, partitions: Optional[int] = 1) -> None:
         if max_depth < 1:
             raise ValueError("max_depth must be >= 1")
         self.lanes = check_lanes(lanes)
-        check_partitions(partitions)
+        if partitions is not None:  # None: a publish-only handle -- the file's count, whatever it is
+            check_partitions(partitions)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._max_depth = max_depth
@@ -171,14 +174,14 @@ class SqliteQueue(Queue):
             self._writer.execute(_SCHEMA)
             self._reader = self._open(synchronous)
             self._depth = self._count()
-            meta = self._meta(partitions)
+            meta = self._meta(partitions or 1)
         self.identity = meta[_QUEUE_ID]
         self._partitions = StaticPartitions(check_partitions(int(meta.get(_PARTITIONS, "1"))))
         self.partitions = self._partitions.count
         self.partitioned = self.partitions > 1
         if self.partitioned:  # a run's partition is its lane modulo the count: both stay as first stored
             self.lanes = check_lanes(int(meta.get(_LANES, str(self.lanes))))
-        if self.partitions != partitions:
+        if partitions is not None and self.partitions != partitions:
             log.warning("%s holds %d partitions, fixed when it was first opened with more than one (the "
                         "processor keeps its detection state per partition): the %d asked for now are "
                         "ignored", self.path, self.partitions, partitions)
