@@ -569,23 +569,32 @@ CREATE TABLE IF NOT EXISTS points (
 _NEW_SERIES_SQL = ("INSERT OR IGNORE INTO series (sid, project, run_id, name, rank, min_step, max_step) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?)")
 _GROW_SERIES_SQL = "UPDATE series SET min_step = MIN(min_step, ?), max_step = MAX(max_step, ?) WHERE sid = ?"
-_POINTS_FROM_SQL = (  # a VALUES subquery's columns are column1..column4: (sid, step, time_ns, value)
+_POINT_ROW_SQL = (  # (sid, step, time_ns, value) at ?<a>..?<a+3>: SQLite binds NaN as NULL; +-Inf stay REAL
+    "(?{0}, ?{1}, ?{2}, CASE WHEN abs(?{3}) < 9e999 THEN ?{3} END, CASE WHEN abs(?{3}) < 9e999 THEN "
+    f"{FINITE} WHEN ?{{3}} IS NULL THEN {NAN} WHEN ?{{3}} > 0 THEN {POS_INF} ELSE {NEG_INF} END)")
+_POINTS_FROM_SQL = (  # the same over a VALUES subquery, whose columns are column1..column4
     "INSERT OR REPLACE INTO points (sid, step, time_ns, value, nf) SELECT column1, column2, column3, "
     "CASE WHEN abs(column4) < 9e999 THEN column4 END, CASE WHEN abs(column4) < 9e999 THEN "
     f"{FINITE} WHEN column4 IS NULL THEN {NAN} WHEN column4 > 0 THEN {POS_INF} ELSE {NEG_INF} END "
     "FROM (VALUES {rows})")
-"""SQLite binds NaN as NULL; +-Inf stay REAL: the value column is NULL unless finite, ``nf`` says which."""
 
 
 def _upsert_points_sql(rows: int) -> str:
     """One statement that upserts ``rows`` points, their parameters ``(sid, step, time_ns, value)`` one
-    after the other: a multi-row ``VALUES`` (a co-routine yielding its rows in order) whose rows SQLite
-    inserts in order, each replacing a stored point of its key -- one of them written earlier in the
-    same statement too, exactly as that many single-row statements would. The value's two CASE
-    expressions are written once, in the SELECT over the VALUES, not once a row: the statement's text
-    and program are a quarter as long -- preparing the statements of every size costs ~0.8 ms instead
-    of ~2.5 per connection, once per process (a bench/processor.py drain's; 0.13 us/event of sdk16),
-    and running them the same (stop 50, hP3)."""
+    after the other: a multi-row ``VALUES`` whose rows SQLite inserts in order (a co-routine yielding
+    them in order), each replacing a stored point of its key -- one of them written earlier in the same
+    statement too, exactly as that many single-row statements would.
+
+    Two forms of the same statement: :data:`POINTS_PER_STATEMENT` rows (most points go through it) with
+    the value's two CASE expressions in each row; fewer rows (a write's last points) as a SELECT over the
+    VALUES, the CASE expressions written once. The second's text and program are a fraction as long --
+    preparing the sizes below POINTS_PER_STATEMENT costs ~0.3 ms instead of ~1.2, once per connection
+    (a bench/processor.py drain's) -- but it runs ~1.7 % more instructions a point (the co-routine's
+    yield and copies: 40,960 points 347.7M vs 341.9M): right for the few last points only (stop 50,
+    hP3)."""
+    if rows == POINTS_PER_STATEMENT:
+        return ("INSERT OR REPLACE INTO points (sid, step, time_ns, value, nf) VALUES " + ", ".join(
+            _POINT_ROW_SQL.format(4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 4) for i in range(rows)))
     return _POINTS_FROM_SQL.format(rows=", ".join(
         f"(?{4 * i + 1}, ?{4 * i + 2}, ?{4 * i + 3}, ?{4 * i + 4})" for i in range(rows)))
 
