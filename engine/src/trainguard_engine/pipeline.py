@@ -505,7 +505,7 @@ class Pipeline:
                 self.counters["ranks_dropped"] += 1
                 return
         first = run.ranks[next(iter(run.ranks))]  # where run-wide detector state lives (straggler's)
-        judged = first.detectors.get(straggler.RUN_KEY, _NO_STATE).get("judged")
+        judged = _judged(first.detectors)
         wide = run.lost or bool(run.incidents)  # on_alive, correlation: run-wide
         self._ranks_wide = False
         host, pid, world_size = ev.host, ev.pid, ev.world_size
@@ -564,7 +564,7 @@ class Pipeline:
         if touched is None:
             return  # every rank already
         if wide or run.incidents or self._ranks_wide or self._applied != applied_before or \
-                first.detectors.get(straggler.RUN_KEY, _NO_STATE).get("judged") != judged:
+                _judged(first.detectors) != judged:
             self._touched_ranks[key] = None
         else:
             if touched is _NO_RANKS:
@@ -615,7 +615,9 @@ class Pipeline:
                     settings: DetectionSettings, at: int, route: Optional[_Route] = None) -> None:
         """A metric envelope (``at``: its index in the events of this ``process`` call; -1: a step's
         combined shard norms, not an envelope; ``route``: its route when already known)."""
-        time_ns = ev.time_ns
+        envelope: Any = ev  # (the batch's step and time: the envelope's own objects, not boxed again)
+        time_at = envelope.time_ns
+        time_ns: int = time_at
         if route is None:  # (_route, inline on a hit: the routes of ``settings``, held and current)
             held = self._routes.get(id(settings)) if self._routes_of is DETECTORS else None
             if held is not None and held[0] is settings:
@@ -633,7 +635,7 @@ class Pipeline:
             for name, step, value in recent_points(ev.raw):
                 if keeps(name):
                     observe(name, step, value, time_ns, settings, context=True)
-        batch = new_batch(points, ev.step, time_ns, ev.event_id)
+        batch = new_batch(points, envelope.step, time_at, ev.event_id)
         names = route.names
         columns = route.columns if at >= 0 and not route.sharded else ()
         for detector, ask in route.detectors:  # the registry's order (see detectors/registry.py)
@@ -705,12 +707,14 @@ class Pipeline:
         held = self._routes.get(id(settings)) if self._routes_of is DETECTORS else None
         routes = held[1] if held is not None and held[0] is settings else None
         run_id, project, host = ev.run_id, ev.project, rank.host
+        ev_rank = ev.rank
         j = at + 1
         while j < count and len(batches) < RUN_MAX:
-            read = parsed.get(j)
+            index: Any = j  # (boxed once: the key and position of every read below)
+            read = parsed.get(index)
             if read is None:
-                raw = events[j]
-                points = None if given is None else given[j]
+                raw = events[index]
+                points = None if given is None else given[index]
                 if points is not None and type(raw) is ReadEnvelope and raw.kind == "metrics":
                     read = (raw, points)  # (_read, inline: an envelope the runtime read, with its points)
                 else:
@@ -718,13 +722,13 @@ class Pipeline:
                         read = _read(raw, points)
                     except Exception:  # malformed (or worse): that event says so itself when its turn comes
                         return j
-                parsed[j] = read
+                parsed[index] = read
             nxt, points = read
             if nxt.run_id != run_id or nxt.project != project:
                 j += 1
                 continue  # another run's
             if nxt.kind != "metrics":
-                if nxt.rank == ev.rank and (nxt.kind in _event_hooks(detector) or
+                if nxt.rank == ev_rank and (nxt.kind in _event_hooks(detector) or
                                             (nxt.host and nxt.host != host)):
                     return j
                 j += 1
@@ -737,8 +741,9 @@ class Pipeline:
                 return j
             if route.sharded:
                 return j
-            if nxt.rank != ev.rank or detector not in route.columns:
-                if nxt.rank == ev.rank and nxt.host and nxt.host != host:
+            nxt_rank = nxt.rank
+            if nxt_rank != ev_rank or detector not in route.columns:
+                if nxt_rank == ev_rank and nxt.host and nxt.host != host:
                     return j
                 j += 1
                 continue
@@ -747,9 +752,10 @@ class Pipeline:
             body = nxt.body  # (_notable, inline: a metric envelope)
             if (type(body) not in PLAIN_BODIES and body.get("alert")) or not _finite_values(points):
                 return j
-            indices.append(j)
-            routed[j] = route
-            batches.append(new_batch(points, nxt.step, nxt.time_ns, nxt.event_id))
+            indices.append(index)
+            routed[index] = route
+            nxt_any: Any = nxt  # (its step and time as objects: see _on_metrics)
+            batches.append(new_batch(points, nxt_any.step, nxt_any.time_ns, nxt.event_id))
             j += 1
         return j
 
@@ -1287,6 +1293,16 @@ class Pipeline:
 
 _EMPTY_RANKS = b',"ranks":[]'
 _NO_STATE: Final[Dict[str, Any]] = {}  # (read only)
+
+
+def _judged(detectors: Dict[str, Any]) -> Any:
+    """``detectors.get(straggler.RUN_KEY, {}).get("judged")``: the run-wide straggler part's last judged
+    step (compiled: a dict read when the part is a dict, as this code writes it)."""
+    part = detectors.get(straggler.RUN_KEY, _NO_STATE)
+    if isinstance(part, dict):
+        run_part: Dict[str, Any] = part
+        return run_part.get("judged")
+    return part.get("judged")  # (a foreign part's: read, or raise, as before)
 _NO_RANKS: Final[Set[int]] = set()  # (read only: a run with no rank touched yet)
 
 

@@ -14,7 +14,6 @@ slope is the median of pairwise slopes (29% breakdown point). Ratios to a median
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -86,6 +85,32 @@ class MannKendall:
     tau: float
 
 
+def bisect_left_of(ordered: List[float], x: float, lo: int = 0) -> int:
+    """``bisect.bisect_left(ordered, x, lo)`` of a sorted list of floats (0 <= ``lo``), the same index
+    (the same ``<`` comparisons); compiled: native float comparisons, no boxed ``x``, no call into bisect."""
+    hi = len(ordered)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ordered[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def bisect_right_of(ordered: List[float], x: float, lo: int = 0) -> int:
+    """``bisect.bisect_right(ordered, x, lo)`` of a sorted list of floats (0 <= ``lo``): see
+    :func:`bisect_left_of`."""
+    hi = len(ordered)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < ordered[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def kendall_s(values: Sequence[float]) -> int:
     """sum of sign(x_j - x_i) over i < j. For finite values: each value against the sorted earlier ones
     (bisect), O(n log n) comparisons instead of n^2 / 2 subtractions -- the same integer, since for
@@ -104,12 +129,11 @@ def kendall_s(values: Sequence[float]) -> int:
                     s -= 1
         return s
     earlier: List[float] = []
-    left, right, insert = bisect.bisect_left, bisect.bisect_right, earlier.insert
     s = 0
     for count, v in enumerate(values):
-        below = left(earlier, v)
-        s += below - (count - right(earlier, v, below))
-        insert(below, v)
+        below = bisect_left_of(earlier, v)
+        s += below - (count - bisect_right_of(earlier, v, below))
+        earlier.insert(below, v)
     return s
 
 

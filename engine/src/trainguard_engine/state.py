@@ -278,7 +278,7 @@ class RankState:
                     continue
                 series = history[name] = {}
             if floors:
-                floor = floors.get(name)
+                floor: Any = floors.get(name)  # (an object: compared with the point's step, not boxed again)
                 if floor is not None and step < floor:
                     continue
             if step in series:  # a point replaced: the tail no longer matches the series
@@ -297,9 +297,10 @@ class RankState:
                     if number - number != 0.0:  # NaN or +-Inf
                         tail.bad_end = len(tail_points)
             if len(series) > limit:
-                kept_steps = sorted(series)[-history_len:]
+                kept: Dict[Any, Any] = series  # (objects: its steps and points kept as they are, not rebuilt)
+                kept_steps: List[Any] = sorted(kept)[-history_len:]
                 floors[name] = kept_steps[0]
-                trimmed = history[name] = {s: series[s] for s in kept_steps}
+                trimmed = history[name] = {s: kept[s] for s in kept_steps}
                 tail = tails.pop(name, None)
                 if tail is not None and tail.descent == 0 and tail.data is series and \
                         len(tail.points) == len(series):

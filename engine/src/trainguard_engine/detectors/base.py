@@ -91,13 +91,16 @@ class MetricBatch(NamedTuple):
 
 
 _TUPLE_NEW: Final[Any] = tuple.__new__
+_BATCH_CLASS: Final[Any] = MetricBatch
+"""The class :func:`new_batch` makes (compiled: a static, not a read of the module's globals per call)."""
 
 
-def new_batch(points: Sequence[Point], step: int, time_ns: int, event_id: str) -> MetricBatch:
+def new_batch(points: Sequence[Point], step: Any, time_ns: Any, event_id: str) -> MetricBatch:
     """``MetricBatch(points, step, time_ns, event_id)``, the same object, built as the named tuple's own
     ``__new__`` builds it (``tuple.__new__``) without calling that Python-level function (the compiled
-    pipeline builds one per metric envelope)."""
-    batch: MetricBatch = _TUPLE_NEW(MetricBatch, (points, step, time_ns, event_id))
+    pipeline builds one per metric envelope). ``step`` and ``time_ns`` are ints, taken as objects: the
+    envelope's own, stored as they are (compiled: not unboxed and boxed again)."""
+    batch: MetricBatch = _TUPLE_NEW(_BATCH_CLASS, (points, step, time_ns, event_id))
     return batch
 
 

@@ -147,7 +147,12 @@ def check_climb(run: RunState, rank: RankState, name: str, step: int, time_ns: i
     baseline, a median over the window's earlier half, cannot halve that fast), which keeps the
     per-event cost of a healthy run low."""
     lo = step - settings.explosion_window_steps
-    series = [p for p in recent(rank, name, settings.explosion_window_steps + 1, step) if p[0] >= lo]
+    series = recent(rank, name, settings.explosion_window_steps + 1, step)  # (by step: those >= lo, a suffix)
+    first = 0
+    while first < len(series) and series[first][0] < lo:
+        first += 1
+    if first:
+        series = series[first:]  # (a slice: the points themselves, compiled not rebuilt one by one)
     if len(series) < max(tuned.explosion_trend_points, 2 * tuned.explosion_sustain, 4):
         return None
     # climb_baseline of the values, read from the earlier half alone: the usual call ends at the sustain

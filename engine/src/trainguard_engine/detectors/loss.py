@@ -6,7 +6,7 @@ and evidence are specified in docs/detectors.md (Loss).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import AbstractSet, Any, Dict, Final, List, Optional, Sequence, Tuple
@@ -1108,10 +1108,10 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
                 if new - new != 0.0:  # (cannot be in a window of finite points; sorted anew below)
                     break
                 old = points[at_end - width][1]
-                at = bisect_left(ordered, old)
+                at = robust.bisect_left_of(ordered, old)
                 del ordered[at]
                 if mk is None:
-                    insort_right(ordered, new)
+                    ordered.insert(robust.bisect_right_of(ordered, new), new)  # (insort_right)
                 elif mk[0] == at_end and mk[3] < KENDALL_IDLE:
                     # slide the kept [_, S, ties, _] by one point, inline (once per loss value): ``ordered``
                     # now holds the values both windows share. S of a window is S of those plus each end
@@ -1123,9 +1123,9 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
                     # t equal shared values weighs (t + 1) t (2 t + 7) - t (t - 1) (2 t + 5) = 6 t (t + 2)
                     # more with the end value than without it.
                     m = len(ordered)
-                    old_hi = bisect_right(ordered, old, at)
-                    new_lo = bisect_left(ordered, new)
-                    new_hi = bisect_right(ordered, new, new_lo)
+                    old_hi = robust.bisect_right_of(ordered, old, at)
+                    new_lo = robust.bisect_left_of(ordered, new)
+                    new_hi = robust.bisect_right_of(ordered, new, new_lo)
                     mk[1] += new_lo - (m - new_hi) - (m - old_hi) + at
                     old_ties, new_ties = old_hi - at, new_hi - new_lo
                     if old_ties or new_ties:
@@ -1136,7 +1136,7 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
                 else:  # stale, or not asked for lately: counted anew if asked again
                     del kept.kendall[width]
                     mk = None
-                    insort_right(ordered, new)
+                    ordered.insert(robust.bisect_right_of(ordered, new), new)  # (insort_right)
             else:
                 kept.ends[width] = n
                 return ordered

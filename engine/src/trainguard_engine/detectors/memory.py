@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from bisect import bisect_left, bisect_right
 from typing import AbstractSet, Any, Dict, Final, List, Mapping, Optional, Sequence, Tuple
 
 from trainguard.core.events import wire_float
@@ -15,7 +14,15 @@ from trainguard.core.events import wire_float
 from ..catalogue import DetectionSettings
 from ..incidents import Finding
 from ..records import Evidence, TimelineEntry
-from ..robust import MannKendall, kendall_tie_term, mann_kendall, mann_kendall_of, theil_sen
+from ..robust import (
+    MannKendall,
+    bisect_left_of,
+    bisect_right_of,
+    kendall_tie_term,
+    mann_kendall,
+    mann_kendall_of,
+    theil_sen,
+)
 from ..state import RankState, RunState, bounded_append
 from . import fmt_duration, fmt_number
 from .base import Detector, MetricBatch, MetricRun, RunFindings
@@ -715,8 +722,8 @@ class _SlidingTrend:
 
     def append(self, y: float) -> None:
         ordered = self.ordered
-        below = bisect_left(ordered, y)
-        self.s += below - (len(ordered) - bisect_right(ordered, y, below))
+        below = bisect_left_of(ordered, y)
+        self.s += below - (len(ordered) - bisect_right_of(ordered, y, below))
         ordered.insert(below, y)
         self.values.append(y)
         c = self.counts.get(y, 0)
@@ -725,7 +732,7 @@ class _SlidingTrend:
 
     def _forget(self, y: float) -> None:
         ordered = self.ordered
-        del ordered[bisect_left(ordered, y)]
+        del ordered[bisect_left_of(ordered, y)]
         c = self.counts[y]
         if c > 1:
             self.counts[y] = c - 1
@@ -737,15 +744,15 @@ class _SlidingTrend:
         y = self.values.pop(0)
         self._forget(y)
         ordered = self.ordered  # its pairs with every later value: sign(later - y)
-        below = bisect_left(ordered, y)
-        self.s -= (len(ordered) - bisect_right(ordered, y, below)) - below
+        below = bisect_left_of(ordered, y)
+        self.s -= (len(ordered) - bisect_right_of(ordered, y, below)) - below
 
     def drop_last(self) -> None:
         y = self.values.pop()
         self._forget(y)
         ordered = self.ordered  # its pairs with every earlier value: sign(y - earlier)
-        below = bisect_left(ordered, y)
-        self.s -= below - (len(ordered) - bisect_right(ordered, y, below))
+        below = bisect_left_of(ordered, y)
+        self.s -= below - (len(ordered) - bisect_right_of(ordered, y, below))
 
     def test(self) -> MannKendall:
         return mann_kendall_of(len(self.values), self.s, self.ties)

@@ -121,14 +121,31 @@ def diverged_state(family: Dict[str, Any], settings: DetectionSettings) -> bool:
     state = family.get("loss")
     if state is None:
         return False
-    level, init = state.get("level"), state.get("init")
+    if isinstance(state, dict):  # (what this code writes: its reads are dict reads, compiled)
+        loss: Dict[str, Any] = state
+        level, init = loss.get("level"), loss.get("init")
+    else:  # (a foreign part's: read, or raise, as before)
+        level, init = state.get("level"), state.get("init")
     if level is None or not init:
         return False
-    lowest = min(init)  # the base is the first value or the median, never below the lowest: a level under
-    if lowest > 0 and settings.divergence_factor > 0 and level < settings.divergence_factor * lowest:
+    # the base is the first value or the median, never below the lowest: a level under
+    lowest = least(init) if type(init) is list else min(init)
+    factor = settings.divergence_factor
+    if lowest > 0 and factor > 0 and level < factor * lowest:
         return False    # factor x the lowest is under factor x the base (the usual case, no median taken)
     base = divergence_base(robust.median(list(init)), init[0], settings)
-    return base > 0 and level >= settings.divergence_factor * base
+    return base > 0 and level >= factor * base
+
+
+def least(values: List[float]) -> float:
+    """``min(values)`` of a non-empty list: the same value (the first of the least, by the same ``<``
+    comparisons); compiled, a native loop instead of a call of the builtin."""
+    out = values[0]
+    for i in range(1, len(values)):
+        v = values[i]
+        if v < out:
+            out = v
+    return out
 
 
 def point_time(rank: RankState, name: str, step: int, default: int) -> int:
@@ -270,25 +287,30 @@ def read_batch(rank: RankState, state: Dict[str, Any], points: Sequence[Point], 
     """(global grad norm point, per-layer points, loss point, a GradScaler overflow step) of one batch;
     remembers a clip threshold it carries. A point's role is decided by its name alone (:func:`_role`,
     remembered per name): most points of a batch are none of these, one lookup each."""
-    layers: List[Point] = []
-    grad_point: Optional[Point] = None
-    loss_point: Optional[Point] = None
+    # the points handed back are the batch's own tuples (compiled: none rebuilt from its unboxed fields)
+    layers: List[Any] = []
+    grad_point: Any = None
+    loss_point: Any = None
     overflow = False
     last = _ROLES.last  # (RoleMemo.of, inline for the settings asked for last)
     roles = last[1] if last[0] is settings else _ROLES.of(settings)
-    for point in points:
-        role = roles.get(point[0])
+    batch: Sequence[Any] = points
+    for point in batch:
+        name = point[0]
+        role = roles.get(name)
         if role is None:
-            role = remember(roles, point[0], _role(point[0], settings))
+            role = remember(roles, name, _role(name, settings))
         if not role:
             continue
-        name, step, value = point
+        if len(point) != 3:  # (as the unpacking of a point into name, step, value: not a point)
+            raise ValueError(f"a metric point of {len(point)} fields")
+        value = point[2]
         if role == _GRAD:
-            grad_point = (name, step, value)
+            grad_point = point
         elif role == _LAYER:
-            layers.append((name, step, value))
+            layers.append(point)
         elif role == _LOSS:
-            loss_point = loss_point or (name, step, value)
+            loss_point = loss_point or point
         elif role != _CLIP and value == 1.0:  # amp/overflow
             overflow = True
         elif role != _AMP and math.isfinite(value) and value > 0:  # a clip threshold

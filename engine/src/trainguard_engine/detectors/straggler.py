@@ -62,13 +62,14 @@ Replayed or late steps (not newer than a rank's last) change nothing.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from functools import lru_cache
 from typing import AbstractSet, Any, Dict, Final, List, Optional, Sequence, Tuple
 
 from ..catalogue import DetectionSettings
 from ..incidents import Finding, resolve
 from ..records import Evidence, TimelineEntry
+from ..robust import bisect_left_of, bisect_right_of
 from ..state import RankState, RunState
 from .base import Detector, MetricBatch
 from .roles import RoleMemo, remember
@@ -228,9 +229,9 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
             continue
         column = columns[name]
         if new is not None:
-            insort(column, new)
+            column.insert(bisect_right_of(column, new), new)  # (insort)
         if old is not None:
-            del column[bisect_left(column, old)]
+            del column[bisect_left_of(column, old)]
         k = len(column)
         if k >= least:
             meds[name] = column[k // 2] if k % 2 else 0.5 * (column[k // 2 - 1] + column[k // 2])
