@@ -385,7 +385,8 @@ class Pipeline:
         try:
             for at in range(count):
                 self._at = at
-                self._process_one(events[at], None if points is None else points[at])
+                index: Any = at  # (boxed once for both reads)
+                self._process_one(events[index], None if points is None else points[index])
         finally:  # a run of envelopes never spans two calls (see detectors/base.py)
             self._events, self._given, self._at = (), None, -1
             self._ahead.clear()
@@ -504,7 +505,7 @@ class Pipeline:
             if rank is None:
                 self.counters["ranks_dropped"] += 1
                 return
-        first = run.ranks[next(iter(run.ranks))]  # where run-wide detector state lives (straggler's)
+        first = run.first_rank()  # where run-wide detector state lives (straggler's)
         judged = _judged(first.detectors)
         wide = run.lost or bool(run.incidents)  # on_alive, correlation: run-wide
         self._ranks_wide = False

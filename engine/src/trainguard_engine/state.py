@@ -454,6 +454,13 @@ class RunState:
     def key(self) -> str:
         return run_key(self.project, self.run_id)
 
+    def first_rank(self) -> RankState:
+        """``ranks[next(iter(ranks))]``, the first rank seen (StopIteration when there is none), read by a
+        loop (compiled: no builtin called)."""
+        for rank in self.ranks.values():
+            return rank
+        raise StopIteration
+
     def rank_state(self, rank: int, settings: DetectionSettings) -> Optional[RankState]:
         """The state of ``rank``, created on first sight; None beyond max_ranks_per_run."""
         state = self.ranks.get(rank)

@@ -1093,7 +1093,7 @@ def _sorted_window(tail: SeriesTail, width: int) -> List[float]:
     bisect_left finds it -- and the one that enters is the newest, placed after its equals (insort_right).
     The list is the cache's: read it, never keep or change it (the next point changes it). A Mann-Kendall S
     kept for the width (:func:`_kept_trend`) slides with it (the comment below says how)."""
-    kept = tail.windows.get("loss") or _derived(tail)
+    kept: _Derived = tail.windows.get("loss") or _derived(tail)  # (typed: its fields read natively)
     points = tail.points
     n = len(points)
     end = kept.ends.get(width)
@@ -1192,7 +1192,7 @@ def _initial(init: List[float], tail: Optional[SeriesTail]) -> float:
     while the series' tail lasts (``init`` stops growing once it holds ``loss_baseline_points`` values)."""
     if tail is None:
         return robust.median(init)
-    kept = tail.windows.get("loss") or _derived(tail)
+    kept: _Derived = tail.windows.get("loss") or _derived(tail)  # (typed: its fields read natively)
     if kept.init is not init or kept.init_len != len(init):
         kept.init, kept.init_len, kept.initial = init, len(init), robust.median(init)
     return kept.initial
@@ -1340,10 +1340,11 @@ def _kept_blocks(tail: SeriesTail, width: int) -> Tuple[List[float], List[float]
     if len(blocks) > 4 * (width // 4) + 4:  # (the blocks of the four alignments of a window, at most)
         for old in [k for k in blocks if k < start]:
             del blocks[old]
-    xs: List[float] = []
-    ys: List[float] = []
+    xs: List[Any] = []  # (floats)
+    ys: List[Any] = []
+    kept: Dict[Any, Any] = blocks  # (each block's two floats read as the objects kept: none made again)
     for at in range(start, n - 3, 4):
-        block = blocks.get(at)
+        block = kept.get(at)
         if block is None:
             p0, p1, p2, p3 = points[at:at + 4]
             block = blocks[at] = ((p1[0] + p2[0]) / 2, _median4((p0[1], p1[1], p2[1], p3[1])))

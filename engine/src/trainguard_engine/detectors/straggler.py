@@ -171,7 +171,7 @@ def rank_state(rank: RankState) -> Dict[str, Any]:
 
 
 def _run_state(run: RunState) -> Dict[str, Any]:
-    detectors = run.ranks[next(iter(run.ranks))].detectors
+    detectors = run.first_rank().detectors
     state: Optional[Dict[str, Any]] = detectors.get(RUN_KEY)
     if state is None:
         state = detectors[RUN_KEY] = {}
@@ -212,7 +212,8 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
         columns = state["col"] = {name: sorted(e[i] for e in window if e[i] is not None)
                                   for name, i in _MED_FIELDS.items()}
     window.append(entry)
-    gone = window.pop(0) if len(window) > settings.perf_window else _NOTHING
+    most = settings.perf_window  # (read once: see the end)
+    gone = window.pop(0) if len(window) > most else _NOTHING
     meds: Optional[Dict[str, float]] = state.get("med")
     if meds is None:
         meds = state["med"] = {}
@@ -237,7 +238,7 @@ def _fold_step(state: Dict[str, Any], step: int, time_ns: int, values: Dict[str,
             meds[name] = column[k // 2] if k % 2 else 0.5 * (column[k // 2 - 1] + column[k // 2])
         else:
             meds.pop(name, None)
-    if len(window) > settings.perf_window:  # perf_window lowered since the state was kept
+    if len(window) > most:  # perf_window lowered since the state was kept
         _refold(state, settings)
     return True
 
@@ -908,8 +909,9 @@ def on_metrics(run: RunState, rank: RankState, batch: MetricBatch,
         if tps is None:
             tps = state["tpw"] = []
         tps.append(tp)
-        if len(tps) > settings.perf_window:
-            del tps[:-settings.perf_window]
+        most = settings.perf_window  # (read once)
+        if len(tps) > most:
+            del tps[:-most]
         if len(tps) >= settings.perf_min_points:
             state["tp"] = _median_sorted(sorted(tps))
     if throttle:
