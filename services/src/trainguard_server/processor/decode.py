@@ -160,8 +160,22 @@ def schema_matches() -> bool:
         for f in found[name].fields:
             if _repeats(f) != ((name, f.name) in repeated):
                 return False
+    if not (written_as_c_writes(envelope) and written_as_c_writes(memory)):
+        return False
     payload = envelope.oneofs_by_name.get("payload")
     return payload is not None and sorted(f.number for f in payload.fields) == [20, 21, 22, 23, 24, 25]
+
+
+def written_as_c_writes(message: Any) -> bool:
+    """Whether wire.envelope_to_dict writes ``message``'s dict as _fastread.c does: its fields declared in
+    field-number order (the C writes by number, wire by declaration) and no scalar with explicit presence
+    (wire writes such a field even when 0; the C skips zeros) -- hR7's F1.1: a reordered declaration
+    or an ``optional`` field would pass the name/number/type check and make the two paths differ."""
+    numbers = [f.number for f in message.fields]
+    if numbers != sorted(numbers):
+        return False
+    return not any(getattr(f, "has_presence", False) and not _repeats(f) and f.message_type is None
+                   for f in message.fields)  # proto3 `optional` (a synthetic oneof) or a scalar oneof member
 
 
 SEVERITY_NAMES = {0: "SEVERITY_UNSPECIFIED", 1: "DEBUG", 2: "INFO", 3: "WARNING", 4: "ERROR", 5: "CRITICAL"}
