@@ -383,6 +383,13 @@ def test_swings_just_under_the_fixed_spread_bar_of_a_run_that_started_calm_are_a
     assert "loss/plateau" not in out.kinds, out
 
 
+def test_unshaped_swings_new_to_a_calm_run_open_without_a_shape() -> None:
+    """The shape test (on since stop 50) lets r201's heavy-tailed swings open because they are new to the
+    run: their spread is 5.4-8.3x its early spread (oscillation_shape_new_factor 3). Without that gate the
+    verdict is lost, as stop 44 found."""
+    assert _outcome("r201", oscillation_shape_new_factor=0.0).verdict != "loss/oscillation"
+
+
 def test_the_own_noise_bar_is_off_when_it_equals_the_fixed_one() -> None:
     out = _outcome("r201", oscillation_calm_min_cv=0.3)
     assert out.verdict == "loss/plateau", out
@@ -433,7 +440,12 @@ def test_a_swinging_loss_whose_rolling_level_dipped_is_not_a_rise_after_fall() -
     out = _outcome("r477")
     assert out.label == labels.UNMANIFESTED  # stop 45: loss/oscillation before (labels.NO_DETECTABLE_FAILURE)
     assert "loss/rise-after-fall" not in out.kinds, out  # the verdict, open, before the fix
-    assert out.verdict == "loss/oscillation" and out.open_alerts == ["loss/oscillation"], out
+    # its swings are heavy-tailed noise without a shape: since stop 50 (the shape test on) nothing opens;
+    # with the test off (stops 44-49) they opened an oscillation, and still no rise-after-fall
+    assert out.verdict == "-" and not out.open_alerts, out
+    off = _outcome("r477", oscillation_min_serial=0.0)
+    assert "loss/rise-after-fall" not in off.kinds, off
+    assert off.verdict == "loss/oscillation" and off.open_alerts == ["loss/oscillation"], off
 
 
 def test_the_held_fall_is_off_with_rise_held_points_1() -> None:
@@ -612,6 +624,9 @@ def test_swings_held_far_above_the_band_with_dead_units_are_a_divergence() -> No
 
 def test_swings_at_the_start_after_the_steps_killed_the_hidden_units_are_an_oscillation() -> None:
     out = _outcome("r794")
+    # r794's spread is no newer than healthy noise (0.7-1.0x its early spread): the dead units are what let
+    # its unshaped swings open with the shape test on -- without either gate they do not
+    assert _outcome("r794", oscillation_shape_new_factor=0.0).verdict != "loss/oscillation"
     assert out.label == "loss/oscillation" and out.first_nonfinite is None
     assert out.verdict == "loss/oscillation" and "loss/plateau" not in out.kinds, out  # plateau open before
     text = gzip.decompress((CASES / "r794.jsonl.gz").read_bytes()).decode()

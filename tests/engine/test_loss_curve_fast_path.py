@@ -150,7 +150,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, False)
         if kind == "oscillation" and check.holds and open_kind != kind and \
-                not _swings_shaped(win, initial, state, tuned):  # (stop 44's rule change, mirrored)
+                not _swings_shaped(win, initial, state, tuned, rank):  # (stop 44's rule change, mirrored)
             check = _NOT_HOLDING
         quiet = quiet and check is _NOT_HOLDING
         if check.deferred:

@@ -1,7 +1,8 @@
 """loss/oscillation against a noisy loss (stop 44: ``oscillation_min_serial``, ``oscillation_iid_level``), on
 real recordings (``tests/fixtures/tuning44``, the SDK's streams unedited, replayed one envelope at a time).
-The test is opt-in (``oscillation_min_serial`` 0 by default): the dev corpus labels unshaped swings near the
-start as LR-too-high oscillations (docs/detectors.md).
+The test is on by default since stop 50 (stops 44-49: opt-in), gated so that the dev corpus's unshaped
+LR-too-high swings near the start still open: swings new to the run (``oscillation_shape_new_factor``) or
+units the updates killed (docs/detectors.md).
 
 Stop 43: the oscillation rule (a robust spread >= 0.3 of the level, near or above the start, no trend) opened
 on healthy runs whose per-step loss is heavy-tailed or noisy -- values drawn independently, however wide,
@@ -20,10 +21,10 @@ from trainguard_engine.detectors.loss import _lag1_rank_autocorrelation
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tuning44"
 OSC = "loss/oscillation"
-ON = DetectionSettings(oscillation_min_serial=0.4, oscillation_heavy_tail=1.0)
-"""Stop 44's opt-in shape test, asked of every window."""
-BEFORE = DetectionSettings()
-"""The default: off (any spread opens, as before stop 44)."""
+ON = DetectionSettings()
+"""The default since stop 50: stop 44's shape test asked of every window, with its two gates."""
+BEFORE = DetectionSettings(oscillation_min_serial=0.0)
+"""Off (any spread opens), the default of stops 44-49."""
 
 
 def test_a_heavy_tailed_healthy_run_gets_no_oscillation() -> None:
@@ -47,7 +48,8 @@ def test_an_lr_too_high_that_swings_in_stretches_is_still_an_oscillation() -> No
     stream = FIXTURES / "tuning36_vit_adamw_lr100x_clip.jsonl.gz"
     assert _incidents(stream, ON)[OSC].first_step == _incidents(stream, BEFORE)[OSC].first_step
     # the shape is what opens it here: with an impossible autocorrelation bar it does not open
-    never = DetectionSettings(oscillation_min_serial=1.0, oscillation_heavy_tail=1.0)
+    never = DetectionSettings(oscillation_min_serial=1.0, oscillation_heavy_tail=1.0,
+                              oscillation_shape_new_factor=0.0)
     assert OSC not in _incidents(stream, never)
 
 

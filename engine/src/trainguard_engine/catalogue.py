@@ -538,7 +538,8 @@ class DetectionSettings:
         "trend_z): noise on a level still falling window after window is a loss converging (0: off).",
         minimum=0.0)
     oscillation_min_serial: float = _setting(
-        0.0, "loss/oscillation: OFF by default (0; stop 44 measured it, see docs/detectors.md). When > 0, "
+        0.4, "loss/oscillation (0: off; on by default since stop 50, gated by oscillation_shape_new_factor "
+        "and units the updates killed -- docs/detectors.md). When > 0, "
         "a window with a heavy upper tail (oscillation_heavy_tail) opens only on swings with a shape: the "
         "lag-1 rank autocorrelation of its values (in step order) at least this in size -- the loss runs in "
         "stretches or alternates -- unless its lower quartile is >= oscillation_iid_level x the initial "
@@ -548,10 +549,11 @@ class DetectionSettings:
         "5/7 -> 7/7, heldout43 6/8 -> 8/8) but also loses dev corpus verdicts (r201, r794: LR-too-high "
         "runs whose updates killed units; r645's transient oscillation; r709's knob test); with "
         "oscillation_heavy_tail 2.5 the corpus keeps them and most of the gain is gone. Stop 45's "
-        "pre-registered heldout45: on = off (7/8 healthy, 5/8 faults).",
+        "pre-registered heldout45: on = off (7/8 healthy, 5/8 faults). Stop 50: with the two gates the "
+        "dev corpus keeps every verdict and tuning44 goes 5/7 -> 7/7.",
         minimum=0.0, maximum=1.0)
     oscillation_heavy_tail: float = _setting(
-        2.5, "loss/oscillation asks a shape (oscillation_min_serial, when on) only of a window with a heavy "
+        1.0, "loss/oscillation asks a shape (oscillation_min_serial, when on) only of a window with a heavy "
         "upper tail: its 0.9 quantile (nearest rank) >= this x its median (1: of every window).", minimum=1.0)
     oscillation_iid_level: float = _setting(
         2.0, "loss/oscillation (oscillation_min_serial on): a heavy-tailed window opens without a shape when "
@@ -559,6 +561,13 @@ class DetectionSettings:
         "whole window thrown up far above the start, not a wide tail over a start that a few lucky first "
         "values set low (tuning36-44's LR-too-high runs with unshaped swings: lower quartile 2.0-33x; the "
         "healthy heavy-tailed ones 0.4-1.8x, their medians up to 3.8x).", minimum=0.0)
+    oscillation_shape_new_factor: float = _setting(
+        3.0, "loss/oscillation (oscillation_min_serial on): a heavy-tailed window opens without a shape "
+        "when its robust spread is >= this x the robust spread of the run's first 2 x loss_baseline_points "
+        "values (or that early spread is unknown): swings the run did not have at its start are new -- an "
+        "LR that started throwing a calm loss about -- not the run's own noise (0: never; stop 50: "
+        "tuning43/44's healthy heavy-tailed runs 0.6-1.8x, the dev corpus's LR-too-high runs that started "
+        "calm r201 5.4-8.3x, r645 4.3-4.8x; 2 to 3 keep every verdict, 1.5 and 4 do not).", minimum=0.0)
     oscillation_held_points: int = _setting(
         40, "loss/oscillation gives way to loss/divergence when, on this many values in a row (a full "
         "loss_window's worth), the oscillation rule no longer holds (the loss stopped swinging, or trends) "
@@ -1272,7 +1281,8 @@ SECTIONS: Dict[str, Tuple[str, ...]] = {
         "loss_baseline_points",
         "oscillation_min_cv", "oscillation_min_level", "oscillation_noise_factor",
         "oscillation_calm_min_cv", "oscillation_max_rise", "oscillation_min_fall", "oscillation_min_serial",
-        "oscillation_heavy_tail", "oscillation_iid_level", "oscillation_held_points",
+        "oscillation_heavy_tail", "oscillation_iid_level", "oscillation_shape_new_factor",
+        "oscillation_held_points",
         "plateau_min_level",
         "plateau_stalled_min_level", "plateau_grad_collapse", "plateau_max_change",
         "plateau_converged_level", "plateau_small_grad", "plateau_min_steps", "plateau_moved_min_steps",

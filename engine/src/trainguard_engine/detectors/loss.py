@@ -340,7 +340,7 @@ def on_curve(run: RunState, rank: RankState, points: Sequence[Tuple[str, int, fl
             continue
         check = _CHECKS[kind](rank, name, series, win, initial, state, settings, tuned, False)
         if kind == "oscillation" and check.holds and open_kind != kind and \
-                not _swings_shaped(win, initial, state, tuned):
+                not _swings_shaped(win, initial, state, tuned, rank):
             check = _NOT_HOLDING  # a noisy loss, not swings: values independent of each other, near the start
         quiet = quiet and check is _NOT_HOLDING
         if check.deferred:
@@ -1465,7 +1465,8 @@ def _check_oscillation(rank: RankState, name: str, series: Sequence[Tuple[int, f
                                      window=window(rank, name, steps[-1], settings.evidence_window))])
 
 
-def _swings_shaped(win: _Window, initial: float, state: Dict[str, Any], tuned: LossGradientSettings) -> bool:
+def _swings_shaped(win: _Window, initial: float, state: Dict[str, Any], tuned: LossGradientSettings,
+                   rank: Optional[RankState] = None) -> bool:
     """Whether a window on which the oscillation rule holds swings with a shape, so that it may OPEN an
     oscillation: a window whose upper tail is light (its 0.9 quantile under ``oscillation_heavy_tail`` x its
     median) swings as before; a heavy-tailed one only when the lag-1 autocorrelation of its values' ranks
@@ -1488,6 +1489,13 @@ def _swings_shaped(win: _Window, initial: float, state: Dict[str, Any], tuned: L
         initial = min(initial, first)
     if ordered[n // 4] >= tuned.oscillation_iid_level * initial:
         return True  # its lower quartile that far above the start: the whole window was thrown up
+    early = state.get("early_cv")
+    new_bar = tuned.oscillation_shape_new_factor
+    if new_bar > 0 and (early is None or win.cv >= new_bar * early):
+        return True  # a run that started calmer than it swings now: the swings are new, not its own noise
+    layers: Optional[Dict[str, Any]] = rank_state(rank).get("layers") if rank is not None else None
+    if new_bar > 0 and layers and layers.get("zero") and layers.get("died"):
+        return True  # units the updates killed: steps too large, which throw the live layers about too
     return abs(_lag1_rank_autocorrelation(win.values)) >= bar
 
 
