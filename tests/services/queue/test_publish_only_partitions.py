@@ -1,5 +1,5 @@
 """A publish-only handle of the embedded queue (a gateway-only process: ``open_queue(consume=False)``) never
-decides the file's partition count: the processor's handle does, from its own ``processor_workers`` -- so a
+decides the file's partition count from ``processor_workers`` (auto): the processor's handle does, from its own -- so a
 gateway whose machine or container gives auto workers cannot partition the queue of a processor pinned to the
 in-thread pipeline (hR7's F3.1, stop 50), and it says nothing about a count it did not ask for."""
 
@@ -54,3 +54,13 @@ def test_a_consuming_handle_still_warns_of_a_count_it_cannot_have(tmp_path: Path
     assert again.partitions == 16
     assert "holds 16 partitions" in caplog.text and "the 4 asked for now are ignored" in caplog.text
     again.close()
+
+
+def test_a_gateway_asked_for_partitions_explicitly_still_makes_them(tmp_path: Path) -> None:
+    """TRAINGUARD_QUEUE_PARTITIONS is the operator's, the same for every process: a gateway that opens the
+    file first with it stores it (tests/services/e2e/test_partitioned_embedded.py queues through one)."""
+    gateway = _opened(Settings(processor_workers=0, queue_partitions=4), tmp_path, consume=False)
+    try:
+        assert gateway.partitions == 4 and gateway.partitioned
+    finally:
+        gateway.close()

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 def open_queue(settings: Settings, data_dir: Path, consume: bool = True) -> Queue:
     """The queue ``settings.queue`` selects, configured from ``settings``; ``consume=False`` for a process
     that only publishes (a Kafka gateway does not join the processors' consumer group; an embedded queue's
-    publish-only handle takes the file's partition count and never decides it -- the processor does, from
-    its own ``processor_workers``)."""
+    publish-only handle asks only an explicit ``queue_partitions``: what auto would derive from
+    ``processor_workers`` is the processor's to decide, from its own)."""
     if settings.queue == "kafka":
         from .kafka import KafkaQueue, ingest_request_problem  # confluent-kafka only when asked for
 
@@ -43,9 +43,9 @@ def open_queue(settings: Settings, data_dir: Path, consume: bool = True) -> Queu
             create_topics=settings.kafka_create_topics, consume=consume)
     from .sqlite import QUEUE_DB, SqliteQueue
 
+    asked = embedded_partitions(settings) if consume else settings.queue_partitions or None
     return SqliteQueue(data_dir / QUEUE_DB, max_depth=settings.max_queue_depth,
-                       retry_after=settings.retry_after_s, lanes=settings.queue_lanes,
-                       partitions=embedded_partitions(settings) if consume else None)
+                       retry_after=settings.retry_after_s, lanes=settings.queue_lanes, partitions=asked)
 
 
 def embedded_partitions(settings: Settings) -> int:
