@@ -33,7 +33,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings_from(_overrides(args))
 
 
-
 def _detection_where(server: Any) -> str:
     """Where the detection pipeline runs, for serve's banner: in worker processes (processor_workers) or in
     the processor's own thread."""
@@ -43,6 +42,7 @@ def _detection_where(server: Any) -> str:
     if pool is not None:
         return f"detection in {len(pool.workers)} worker processes (TRAINGUARD_PROCESSOR_WORKERS)"
     return "detection in the processor's thread"
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .preflight import UsageError, check_serve, port_error
